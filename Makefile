@@ -1,0 +1,54 @@
+# One command per chore. `make lab` and `make test` each install everything first.
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.installed
+# CPU build of torch for machines without an NVIDIA GPU; GPU machines keep or get a CUDA build.
+TORCH_CPU ?= torch==2.13.0
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: install lab test test-fast lint bench browser-deps clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade --quiet pip
+ifeq ($(HAS_GPU),1)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch>=2.3,<3"
+else
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet $(TORCH_CPU)
+endif
+	$(PIP) install --quiet -e ".[test]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Chromium for the browser tests (Playwright drives it; no browser download).
+browser-deps:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
+	  else sudo apt-get update -q && sudo apt-get install -y -q chromium; fi; }
+
+lab: install
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 notebooks/00_start_here.ipynb
+
+test: install browser-deps
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check workbench tests benchmarks
+	$(VENV)/bin/ruff format --check workbench tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: install
+	$(PY) benchmarks/estimator.py
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/sampler.py
+	$(PY) benchmarks/panels.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,67 @@
+"""Shared fixtures: restore global torch state, tear down process groups, GPU marker."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CUDA; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_state():
+    """Each test starts and ends with torch's global state as it found it."""
+    import sys
+
+    if "torch" not in sys.modules:
+        yield
+        return
+    import torch
+
+    rng = torch.get_rng_state()
+    dtype = torch.get_default_dtype()
+    threads = torch.get_num_threads()
+    grad = torch.is_grad_enabled()
+    yield
+    torch.set_rng_state(rng)
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(grad)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def no_leaked_threads():
+    """Fails the test if it leaves non-daemon or workbench threads running."""
+    before = set(threading.enumerate())
+    yield
+    import time
+
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not extra:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"threads left running: {[t.name for t in extra]}")

@@ -1,0 +1,308 @@
+"""Training configuration: one frozen dataclass, validated up front.
+
+`TrainConfig` never imports torch, pynvml or ipywidgets. Every problem is reported
+at once in a single `ValueError`, each line naming the field, the bad value and
+what is allowed. Derived quantities are methods that take runtime facts
+(`effective_batch_size(world_size)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any
+
+
+class StrEnum(str, Enum):
+    """A str enum whose `str()` is its value (Python 3.10 compatible)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def choices(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    AMP_FP16 = "amp-fp16"  # torch autocast fp16 + GradScaler: fp32 weights and grads
+    AMP_BF16 = "amp-bf16"  # torch autocast bf16: fp32 weights and grads
+    FP16 = "fp16"  # DeepSpeed 16-bit: fp16 weights/grads, fp32 master copy, dynamic loss scale
+    BF16 = "bf16"  # DeepSpeed 16-bit: bf16 weights/grads, fp32 master copy
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return self in (Precision.FP16, Precision.BF16)
+
+
+class OptimizerName(StrEnum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"  # with momentum
+    SGD_NOMOMENTUM = "sgd-nomomentum"
+    ADAM8BIT = "adam8bit"  # estimator only (bitsandbytes-style 8-bit states)
+
+
+class LRSchedule(StrEnum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+    ONECYCLE = "onecycle"
+
+
+class LRScaling(StrEnum):
+    NONE = "none"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+
+
+class OffloadDevice(StrEnum):
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class Device(StrEnum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+_ENUM_FIELDS: dict[str, type[StrEnum]] = {
+    "precision": Precision,
+    "optimizer": OptimizerName,
+    "lr_schedule": LRSchedule,
+    "lr_scaling": LRScaling,
+    "offload_optimizer": OffloadDevice,
+    "offload_params": OffloadDevice,
+    "device": Device,
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training run. Every field can be changed on a live `Session`
+    through `session.update(field=value)`.
+
+    Sizes: `micro_batch` samples per forward pass per rank; `grad_accum` micro-batches
+    per optimizer step. `clip_grad_norm=None` disables clipping.
+    """
+
+    precision: Precision | str = Precision.FP32
+    optimizer: OptimizerName | str = OptimizerName.ADAMW
+    micro_batch: int = 8
+    grad_accum: int = 1
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    momentum: float = 0.9
+    lr_schedule: LRSchedule | str = LRSchedule.CONSTANT
+    warmup_steps: int = 0
+    total_steps: int = 1000  # horizon of the cosine / onecycle schedules
+    lr_scaling: LRScaling | str = LRScaling.NONE
+    clip_grad_norm: float | None = None
+    activation_checkpointing: bool = False
+    num_workers: int = 0
+    pin_memory: bool = False
+    zero_stage: int = 0
+    offload_optimizer: OffloadDevice | str = OffloadDevice.NONE
+    offload_params: OffloadDevice | str = OffloadDevice.NONE
+    nvme_path: str | None = None
+    loss_scale_init: float = 2.0**16
+    loss_scale_growth: float = 2.0
+    loss_scale_backoff: float = 0.5
+    loss_scale_interval: int = 2000
+    seed: int = 0
+    device: Device | str = Device.AUTO
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
+    keep_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        for name, enum in _ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, enum) and isinstance(value, str):
+                try:
+                    object.__setattr__(self, name, enum(value.strip().lower()))
+                except ValueError:
+                    pass  # reported by validate()
+        problems = self.problems()
+        if problems:
+            raise ValueError(_format(problems))
+
+    # ----------------------------------------------------------------- checking
+    def problems(self) -> list[str]:
+        """Every problem with this config, one line each (empty when valid)."""
+        p: list[str] = []
+        for name, enum in _ENUM_FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                p.append(f"{name}={value!r}: must be one of {', '.join(enum.choices())}")
+
+        def positive_int(name: str, *, minimum: int = 1, optional: bool = False) -> None:
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            if not _is_int(v) or v < minimum:
+                allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
+                p.append(f"{name}={v!r}: must be {allowed}")
+
+        def positive_float(
+            name: str, *, allow_zero: bool = False, optional: bool = False, maximum: float | None = None
+        ) -> None:
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            ok = _is_number(v) and (v >= 0 if allow_zero else v > 0)
+            if ok and maximum is not None:
+                ok = v <= maximum
+            if not ok:
+                rng = ">= 0" if allow_zero else "> 0"
+                if maximum is not None:
+                    rng += f" and <= {maximum}"
+                p.append(
+                    f"{name}={v!r}: must be a finite number {rng}" + (" or None" if optional else "")
+                )
+
+        positive_int("micro_batch")
+        positive_int("grad_accum")
+        positive_float("lr")
+        positive_float("weight_decay", allow_zero=True)
+        positive_float("momentum", allow_zero=True, maximum=1.0)
+        positive_int("warmup_steps", minimum=0)
+        positive_int("total_steps")
+        positive_float("clip_grad_norm", optional=True)
+        positive_int("num_workers", minimum=0)
+        positive_float("loss_scale_init")
+        positive_float("loss_scale_growth")
+        positive_float("loss_scale_backoff", maximum=1.0)
+        positive_int("loss_scale_interval")
+        positive_int("seed", minimum=0)
+        positive_int("checkpoint_every_steps", optional=True)
+        positive_float("checkpoint_every_seconds", optional=True)
+        positive_int("keep_checkpoints")
+        for name in ("activation_checkpointing", "pin_memory"):
+            if not isinstance(getattr(self, name), bool):
+                p.append(f"{name}={getattr(self, name)!r}: must be True or False")
+        if not _is_int(self.zero_stage) or not 0 <= self.zero_stage <= 3:
+            p.append(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
+        if self.nvme_path is not None and not isinstance(self.nvme_path, str):
+            p.append(f"nvme_path={self.nvme_path!r}: must be a directory path or None")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, str):
+            p.append(f"checkpoint_dir={self.checkpoint_dir!r}: must be a directory path or None")
+        if p:
+            return p  # combination checks assume well-typed fields
+
+        if self.optimizer is OptimizerName.ADAM8BIT:
+            p.append(
+                "optimizer='adam8bit': is available in the memory estimator only; a Session "
+                "trains with adamw, adam, sgd or sgd-nomomentum"
+            )
+        if self.zero_stage == 0:
+            if self.offload_optimizer is not OffloadDevice.NONE:
+                p.append(
+                    f"offload_optimizer={self.offload_optimizer.value!r}: needs zero_stage 1, 2 "
+                    "or 3 (zero_stage=0)"
+                )
+        if self.offload_params is not OffloadDevice.NONE and self.zero_stage != 3:
+            p.append(
+                f"offload_params={self.offload_params.value!r}: parameter offload needs "
+                f"zero_stage=3 (zero_stage={self.zero_stage})"
+            )
+        if self.precision.is_deepspeed and self.zero_stage == 0:
+            # DeepSpeed's own 16-bit modes run through the DeepSpeed engine, which also
+            # supports stage 0; allowed, the Session routes them through DeepSpeed.
+            pass
+        uses_nvme = OffloadDevice.NVME in (self.offload_optimizer, self.offload_params)
+        if uses_nvme:
+            if not self.nvme_path:
+                p.append("nvme_path=None: NVMe offload needs nvme_path, a writable directory")
+            elif not (os.path.isdir(self.nvme_path) and os.access(self.nvme_path, os.W_OK)):
+                p.append(f"nvme_path={self.nvme_path!r}: must be an existing writable directory")
+        if self.warmup_steps > self.total_steps:
+            p.append(
+                f"warmup_steps={self.warmup_steps}: must not exceed total_steps={self.total_steps}"
+            )
+        return p
+
+    def validate(self) -> None:
+        """Raise `ValueError` listing every problem (a constructed config is already valid)."""
+        problems = self.problems()
+        if problems:
+            raise ValueError(_format(problems))
+
+    # ----------------------------------------------------------------- changing
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A new validated config with `changes` applied; unknown names are reported too."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(
+                _format(
+                    [
+                        f"{name}={changes[name]!r}: unknown setting; known settings: "
+                        + ", ".join(sorted(known))
+                        for name in unknown
+                    ]
+                )
+            )
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                _format([f"{k}={data[k]!r}: unknown setting" for k in unknown])
+            )
+        return cls(**data)
+
+    # ----------------------------------------------------------------- derived
+    def effective_batch_size(self, world_size: int = 1) -> int:
+        """Samples per optimizer step across all data-parallel ranks."""
+        if not _is_int(world_size) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r}: must be an integer >= 1")
+        return int(self.micro_batch) * int(self.grad_accum) * world_size
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        """True when the run needs the DeepSpeed engine (ZeRO >= 1 or DeepSpeed 16-bit)."""
+        return int(self.zero_stage) >= 1 or Precision(self.precision).is_deepspeed
+
+    def to_deepspeed(self, world_size: int = 1) -> dict[str, Any]:
+        """A DeepSpeed config dict that `deepspeed.initialize` accepts."""
+        from workbench.dsconfig import to_deepspeed
+
+        return to_deepspeed(self, world_size=world_size)
+
+    @classmethod
+    def from_deepspeed(cls, source: dict[str, Any] | str | os.PathLike[str]) -> TrainConfig:
+        """Read a DeepSpeed config (dict or JSON path) back into a TrainConfig."""
+        from workbench.dsconfig import from_deepspeed
+
+        return from_deepspeed(source)
+
+
+def _plain(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def _format(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"invalid setting: {problems[0]}"
+    return f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {x}" for x in problems)
