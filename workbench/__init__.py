@@ -22,7 +22,7 @@ _LAZY = {
     "EstimatorPanel": "workbench.ui",
     "TrainingPanel": "workbench.ui",
     "MonitorPanel": "workbench.ui",
-    "count_parameters": "workbench.estimate.torch_count",
+    "count_parameters": "workbench.modelstats",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
