@@ -8,6 +8,7 @@ what is allowed. Derived quantities are methods that take runtime facts
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -133,10 +134,8 @@ class TrainConfig:
         for name, enum in _ENUM_FIELDS.items():
             value = getattr(self, name)
             if not isinstance(value, enum) and isinstance(value, str):
-                try:
+                with contextlib.suppress(ValueError):  # reported by problems()
                     object.__setattr__(self, name, enum(value.strip().lower()))
-                except ValueError:
-                    pass  # reported by validate()
         problems = self.problems()
         if problems:
             raise ValueError(_format(problems))
@@ -159,7 +158,11 @@ class TrainConfig:
                 p.append(f"{name}={v!r}: must be {allowed}")
 
         def positive_float(
-            name: str, *, allow_zero: bool = False, optional: bool = False, maximum: float | None = None
+            name: str,
+            *,
+            allow_zero: bool = False,
+            optional: bool = False,
+            maximum: float | None = None,
         ) -> None:
             v = getattr(self, name)
             if optional and v is None:
@@ -172,7 +175,8 @@ class TrainConfig:
                 if maximum is not None:
                     rng += f" and <= {maximum}"
                 p.append(
-                    f"{name}={v!r}: must be a finite number {rng}" + (" or None" if optional else "")
+                    f"{name}={v!r}: must be a finite number {rng}"
+                    + (" or None" if optional else "")
                 )
 
         positive_int("micro_batch")
@@ -204,27 +208,28 @@ class TrainConfig:
         if p:
             return p  # combination checks assume well-typed fields
 
+        precision = Precision(self.precision)
+        offload_opt = OffloadDevice(self.offload_optimizer)
+        offload_par = OffloadDevice(self.offload_params)
         if self.optimizer is OptimizerName.ADAM8BIT:
             p.append(
                 "optimizer='adam8bit': is available in the memory estimator only; a Session "
                 "trains with adamw, adam, sgd or sgd-nomomentum"
             )
-        if self.zero_stage == 0:
-            if self.offload_optimizer is not OffloadDevice.NONE:
-                p.append(
-                    f"offload_optimizer={self.offload_optimizer.value!r}: needs zero_stage 1, 2 "
-                    "or 3 (zero_stage=0)"
-                )
-        if self.offload_params is not OffloadDevice.NONE and self.zero_stage != 3:
+        if self.zero_stage == 0 and offload_opt is not OffloadDevice.NONE:
             p.append(
-                f"offload_params={self.offload_params.value!r}: parameter offload needs "
+                f"offload_optimizer={offload_opt.value!r}: needs zero_stage 1, 2 "
+                "or 3 (zero_stage=0)"
+            )
+        if offload_par is not OffloadDevice.NONE and self.zero_stage != 3:
+            p.append(
+                f"offload_params={offload_par.value!r}: parameter offload needs "
                 f"zero_stage=3 (zero_stage={self.zero_stage})"
             )
-        if self.precision.is_deepspeed and self.zero_stage == 0:
-            # DeepSpeed's own 16-bit modes run through the DeepSpeed engine, which also
-            # supports stage 0; allowed, the Session routes them through DeepSpeed.
-            pass
-        uses_nvme = OffloadDevice.NVME in (self.offload_optimizer, self.offload_params)
+        # DeepSpeed's own 16-bit modes (fp16/bf16) with zero_stage=0 are allowed: the
+        # Session routes them through the DeepSpeed engine, which supports stage 0.
+        del precision
+        uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
         if uses_nvme:
             if not self.nvme_path:
                 p.append("nvme_path=None: NVMe offload needs nvme_path, a writable directory")
@@ -267,9 +272,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(
-                _format([f"{k}={data[k]!r}: unknown setting" for k in unknown])
-            )
+            raise ValueError(_format([f"{k}={data[k]!r}: unknown setting" for k in unknown]))
         return cls(**data)
 
     # ----------------------------------------------------------------- derived
@@ -288,14 +291,16 @@ class TrainConfig:
         """A DeepSpeed config dict that `deepspeed.initialize` accepts."""
         from workbench.dsconfig import to_deepspeed
 
-        return to_deepspeed(self, world_size=world_size)
+        result: dict[str, Any] = to_deepspeed(self, world_size=world_size)
+        return result
 
     @classmethod
     def from_deepspeed(cls, source: dict[str, Any] | str | os.PathLike[str]) -> TrainConfig:
         """Read a DeepSpeed config (dict or JSON path) back into a TrainConfig."""
         from workbench.dsconfig import from_deepspeed
 
-        return from_deepspeed(source)
+        config: TrainConfig = from_deepspeed(source)
+        return config
 
 
 def _plain(v: Any) -> Any:
