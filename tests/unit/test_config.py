@@ -1,0 +1,110 @@
+"""TrainConfig: validation reports every problem at once, names field, value and choices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from workbench.config import OffloadDevice, Precision, TrainConfig
+
+
+def test_defaults_are_valid_and_enums_coerced():
+    cfg = TrainConfig(precision="AMP-BF16", optimizer="sgd", lr_schedule="cosine")
+    assert cfg.precision is Precision.AMP_BF16
+    assert cfg.precision == "amp-bf16"  # str enum compares equal to its value
+    assert cfg.problems() == []
+    cfg.validate()
+
+
+def test_every_problem_reported_at_once():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(micro_batch=0, precision="fp8", lr=float("nan"), zero_stage=5, num_workers=-1)
+    text = str(info.value)
+    assert text.startswith("5 invalid settings")
+    assert "micro_batch=0: must be an integer >= 1" in text
+    assert "precision='fp8': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16" in text
+    assert "lr=nan: must be a finite number > 0" in text
+    assert "zero_stage=5: must be 0, 1, 2 or 3" in text
+    assert "num_workers=-1" in text
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"micro_batch": "8"}, r"micro_batch='8': must be an integer >= 1"),
+        ({"grad_accum": True}, r"grad_accum=True: must be an integer"),
+        ({"clip_grad_norm": -1.0}, r"clip_grad_norm=-1.0: must be a finite number > 0 or None"),
+        ({"momentum": 1.5}, r"momentum=1.5: .*<= 1.0"),
+        ({"optimizer": "adam8bit"}, r"adam8bit.*estimator only"),
+        ({"offload_optimizer": "cpu"}, r"offload_optimizer='cpu': needs zero_stage 1, 2 or 3"),
+        ({"offload_params": "cpu", "zero_stage": 2}, r"offload_params='cpu'.*zero_stage=3"),
+        ({"offload_optimizer": "nvme", "zero_stage": 2}, r"nvme_path=None: NVMe offload needs"),
+        (
+            {"offload_optimizer": "nvme", "zero_stage": 2, "nvme_path": "/definitely/not/here"},
+            r"nvme_path='/definitely/not/here': must be an existing writable directory",
+        ),
+        ({"warmup_steps": 50, "total_steps": 10}, r"warmup_steps=50: must not exceed"),
+        ({"activation_checkpointing": "yes"}, r"activation_checkpointing='yes': must be True"),
+    ],
+)
+def test_bad_values_name_field_value_and_allowed(changes, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        TrainConfig(**changes)
+
+
+def test_nvme_with_writable_dir_is_accepted(tmp_path):
+    cfg = TrainConfig(zero_stage=3, offload_params="nvme", nvme_path=str(tmp_path))
+    assert cfg.offload_params is OffloadDevice.NVME
+    assert cfg.uses_deepspeed
+
+
+def test_replace_validates_and_rejects_unknown_names():
+    cfg = TrainConfig()
+    assert cfg.replace(grad_accum=4).grad_accum == 4
+    assert cfg.grad_accum == 1  # frozen: original untouched
+    with pytest.raises(
+        ValueError, match=r"grad_acum=4: unknown setting; known settings: .*grad_accum"
+    ):
+        cfg.replace(grad_acum=4)
+    with pytest.raises(ValueError, match=r"grad_accum=0"):
+        cfg.replace(grad_accum=0)
+
+
+def test_effective_batch_size_is_a_method_of_world_size():
+    cfg = TrainConfig(micro_batch=8, grad_accum=4)
+    assert cfg.effective_batch_size() == 32
+    assert cfg.effective_batch_size(world_size=8) == 256
+    with pytest.raises(ValueError, match=r"world_size=0: must be an integer >= 1"):
+        cfg.effective_batch_size(0)
+
+
+def test_uses_deepspeed():
+    assert not TrainConfig().uses_deepspeed
+    assert not TrainConfig(precision="amp-fp16").uses_deepspeed
+    assert TrainConfig(precision="bf16").uses_deepspeed
+    assert TrainConfig(zero_stage=1).uses_deepspeed
+
+
+def test_dict_round_trip():
+    cfg = TrainConfig(precision="amp-bf16", grad_accum=4, clip_grad_norm=1.0, seed=3)
+    data = cfg.to_dict()
+    assert data["precision"] == "amp-bf16"
+    assert TrainConfig.from_dict(data) == cfg
+    with pytest.raises(ValueError, match="bogus=1: unknown setting"):
+        TrainConfig.from_dict({**data, "bogus": 1})
+
+
+@given(
+    micro=st.one_of(st.integers(-5, 64), st.floats(allow_nan=True), st.text(max_size=3)),
+    lr=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2, 2)),
+)
+def test_random_inputs_either_construct_or_raise_value_error(micro, lr):
+    try:
+        cfg = TrainConfig(micro_batch=micro, lr=lr)
+    except ValueError:
+        return
+    assert isinstance(cfg.micro_batch, int) and cfg.micro_batch >= 1
+    assert math.isfinite(cfg.lr) and cfg.lr > 0
