@@ -15,6 +15,7 @@ adapters (one per `Sampler`) may be open at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -148,10 +149,9 @@ class NvmlAdapter:
     def _shutdown(self) -> None:
         if self._initialized:
             self._initialized = False
-            try:
+            # the driver may already be gone; then there is nothing left to release
+            with contextlib.suppress(Exception):
                 self._backend.nvmlShutdown()
-            except Exception:
-                pass  # the driver may already be gone; nothing left to release
 
     @property
     def device_count(self) -> int:
@@ -216,12 +216,16 @@ class NvmlAdapter:
             )
             # NVML reports PCIe throughput in KB/s over a 20 ms window
             tx = self._field(
-                lambda: 1024.0
-                * b.nvmlDeviceGetPcieThroughput(h, _code(b, "NVML_PCIE_UTIL_TX_BYTES", 0))
+                lambda: (
+                    1024.0
+                    * b.nvmlDeviceGetPcieThroughput(h, _code(b, "NVML_PCIE_UTIL_TX_BYTES", 0))
+                )
             )
             rx = self._field(
-                lambda: 1024.0
-                * b.nvmlDeviceGetPcieThroughput(h, _code(b, "NVML_PCIE_UTIL_RX_BYTES", 1))
+                lambda: (
+                    1024.0
+                    * b.nvmlDeviceGetPcieThroughput(h, _code(b, "NVML_PCIE_UTIL_RX_BYTES", 1))
+                )
             )
             procs = self._field(lambda: list(b.nvmlDeviceGetComputeRunningProcesses(h)))
         except _Lost:

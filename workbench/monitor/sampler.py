@@ -98,7 +98,7 @@ class Sampler:
 
     @property
     def source(self) -> str:
-        """"nvml" when GPUs are read through NVML, "host" for CPU/memory only."""
+        """Either "nvml" when GPUs are read through NVML, "host" for CPU/memory only."""
         return self._source
 
     @property
