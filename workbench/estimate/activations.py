@@ -1,0 +1,172 @@
+"""Activation memory of a decoder-only transformer (Korthikanti et al. 2022).
+
+Reference: V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2022, Section 4 and Table 2, with tensor parallel size t = 1. Notation: s sequence
+length, b micro-batch, h hidden size, a attention heads, L layers, v vocabulary.
+
+Per layer, with 16-bit activations and 1-byte dropout masks, the paper stores
+`sbh(34 + 5as/h)` bytes. We keep that sum split into *element* terms (16-bit tensors,
+2 bytes each) and *mask* terms (1 byte each), so that 32-bit activations double only the
+element terms:
+
+    attention  elements: 5sbh (LN output = QKV input, Q, K, V, projection input)
+                         + 2as^2b (softmax output, dropout output)
+               masks:    as^2b (attention dropout) + sbh (output dropout)
+    MLP        elements: 9sbh (first linear input sbh, GeLU input 4sbh, GeLU output 4sbh)
+               masks:    sbh (output dropout)
+    layernorms elements: 2sbh (the inputs of the two layernorms)
+
+    no recomputation:  elements 16sbh + 2as^2b, masks 2sbh + as^2b  -> 34sbh + 5as^2b bytes
+    selective:         elements 16sbh,          masks 2sbh          -> 34sbh bytes
+    full:              elements sbh (the layer input)                -> 2sbh bytes
+
+Without dropout (`dropout=False`) the masks vanish and the softmax output is the only
+attention-score tensor kept (elements 16sbh + as^2b).
+
+What the totals include besides `L` stored layers (documented choices):
+
+* Recomputation working set (`recompute_bytes`): while the backward pass recomputes,
+  one layer's recomputed tensors exist at a time. With *selective* recomputation that is
+  one layer's attention-core tensors (the `5as^2b` terms). With *full* checkpointing that
+  is one complete layer at the no-recomputation size, minus the layer input which is
+  already stored as that layer's checkpoint. So with one layer all three modes agree,
+  and full <= selective <= none holds for every shape.
+* Embedding (`embedding_bytes`): the input dropout mask, sbh bytes (the dropout output
+  is the first layer's input and is counted there).
+* Output (`output_bytes`): the final layernorm's input (sbh elements), the output
+  projection's input (sbh elements) and the logits kept in fp32 for the cross-entropy
+  loss, 4sbv bytes whatever the activation precision (Section 4.3: 4sbh(1 + v/h) in total
+  at 16 bits).
+
+Not included: the transient peak of the backward pass (gradients of activations, about
+one layer's worth), memory of fused kernels that store less (flash attention stores no
+`as^2b` terms), and tensor/sequence parallel sharding (t = 1 only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+
+class Checkpointing(str, Enum):
+    """Activation recomputation: none, selective (attention core), full (per layer)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def choices(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+@dataclass(frozen=True)
+class ActivationBreakdown:
+    """Activation bytes of one forward pass kept for the backward pass, on one GPU.
+
+    `per_layer_*` are what one layer stores under the checkpointing mode (Table 2 of
+    Korthikanti et al. at 16 bits); `layers_bytes = layers * per_layer_bytes`.
+    `total_bytes` = layers + recompute working set + embedding + output terms.
+    """
+
+    checkpointing: str
+    activation_bytes_per_element: int
+    dropout: bool
+    per_layer_element_bytes: int
+    per_layer_mask_bytes: int
+    per_layer_bytes: int
+    layers_bytes: int
+    recompute_bytes: int
+    embedding_bytes: int
+    output_bytes: int
+    logits_bytes: int
+    total_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _layer_terms(s: int, b: int, h: int, a: int, dropout: bool) -> tuple[int, int, int, int]:
+    """(linear elements, attention-score elements, linear mask bytes, score mask bytes)."""
+    sbh = s * b * h
+    as2b = a * s * s * b
+    if dropout:
+        return 16 * sbh, 2 * as2b, 2 * sbh, as2b
+    return 16 * sbh, as2b, 0, 0
+
+
+def transformer_activation_bytes(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq_len: int,
+    micro_batch: int,
+    vocab: int,
+    checkpointing: str | Checkpointing = Checkpointing.NONE,
+    activation_bytes_per_element: int = 2,
+    dropout: bool = True,
+) -> ActivationBreakdown:
+    """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
+
+    `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. Arguments are
+    trusted to be positive integers (`estimate_memory` validates them); a bad
+    `checkpointing` name raises `ValueError`.
+    """
+    try:
+        mode = Checkpointing(checkpointing)
+    except ValueError:
+        raise ValueError(
+            f"checkpointing={checkpointing!r}: must be one of {', '.join(Checkpointing.choices())}"
+        ) from None
+    s, b, h, a, v, n = seq_len, micro_batch, hidden, heads, vocab, layers
+    e = activation_bytes_per_element
+    lin_el, score_el, lin_mask, score_mask = _layer_terms(s, b, h, a, dropout)
+    full_layer = e * (lin_el + score_el) + lin_mask + score_mask
+    layer_input = e * s * b * h
+
+    if mode is Checkpointing.NONE:
+        per_el, per_mask, recompute = e * (lin_el + score_el), lin_mask + score_mask, 0
+    elif mode is Checkpointing.SELECTIVE:
+        per_el, per_mask = e * lin_el, lin_mask
+        recompute = e * score_el + score_mask
+    else:
+        per_el, per_mask = layer_input, 0
+        recompute = full_layer - layer_input
+
+    per_layer = per_el + per_mask
+    embedding = s * b * h if dropout else 0
+    logits = 4 * s * b * v
+    output = e * 2 * s * b * h + logits
+    total = n * per_layer + recompute + embedding + output
+    return ActivationBreakdown(
+        checkpointing=mode.value,
+        activation_bytes_per_element=e,
+        dropout=dropout,
+        per_layer_element_bytes=per_el,
+        per_layer_mask_bytes=per_mask,
+        per_layer_bytes=per_layer,
+        layers_bytes=n * per_layer,
+        recompute_bytes=recompute,
+        embedding_bytes=embedding,
+        output_bytes=output,
+        logits_bytes=logits,
+        total_bytes=total,
+    )
+
+
+def params_from_shape(*, layers: int, hidden: int, seq_len: int, vocab: int) -> int:
+    """Parameters of a GPT-style decoder with tied input/output embeddings.
+
+    12Lh^2 + 13Lh + Vh + sh + 2h: per layer QKV (3h^2 + 3h), attention projection
+    (h^2 + h), MLP with 4h inner size (8h^2 + 5h) and two layernorms (4h); token embedding
+    (Vh, shared with the output projection), learned position embedding (sh) and the
+    final layernorm (2h).
+    """
+    h = hidden
+    return 12 * layers * h * h + 13 * layers * h + vocab * h + seq_len * h + 2 * h

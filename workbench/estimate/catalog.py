@@ -1,0 +1,172 @@
+"""GPU catalog: memory capacity and peak dense throughput from vendor data sheets.
+
+Figures are *dense* (no 2:4 sparsity) peak rates in FLOP/s. `peak_fp32_flops` is the
+non-tensor-core FP32 rate; `peak_tf32_flops` is the TF32 tensor-core rate where the part
+has one. 16-bit tensor rates are with FP32 accumulate (what training uses; GeForce parts
+run FP16-accumulate twice as fast, which training does not use).
+
+Memory: `memory_bytes` is the data sheet capacity read as binary units (memory parts
+are power-of-two sized, so an "80GB" A100 has 80 GiB = 85.9e9 bytes, which is what
+`nvidia-smi` reports for it). Some parts expose less to programs: GDDR parts with ECC on
+(T4, A10G, L4, L40S) show about 6% less, and the H100/H200 show about 0.5% less. The
+per-GPU framework overhead of the estimator (`overhead_gib`) is where to add that margin.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_GIB = 1 << 30
+_T = 1e12
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator: capacity in bytes, peak dense rates in FLOP/s (None: not supported)."""
+
+    name: str
+    description: str
+    memory_bytes: int
+    peak_fp16_flops: float
+    peak_bf16_flops: float | None
+    peak_fp32_flops: float
+    peak_tf32_flops: float | None
+    source: str
+
+    def peak_flops(self, sixteen_bit: bool, *, bf16: bool = False) -> float | None:
+        """The peak rate training runs at: 16-bit tensor rate, or plain FP32."""
+        if not sixteen_bit:
+            return self.peak_fp32_flops
+        return self.peak_bf16_flops if bf16 else self.peak_fp16_flops
+
+
+_V100_SRC = "NVIDIA Tesla V100 data sheet (SXM2): FP32 15.7 TFLOPS, tensor 125 TFLOPS"
+_A100_SRC = (
+    "NVIDIA A100 Tensor Core GPU data sheet (SXM): FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS dense"
+)
+_H100_SRC = (
+    "NVIDIA H100 Tensor Core GPU data sheet (SXM): FP32 67, TF32 494.5, BF16/FP16 989.5 TFLOPS "
+    "dense (the sheet lists 989 / 1979 with sparsity)"
+)
+
+# fmt: off
+# name, description, memory GiB, FP16, BF16, FP32, TF32 (dense TFLOPS; None: not supported),
+# source.
+_TABLE: tuple[tuple[str, str, int, float, float | None, float, float | None, str], ...] = (
+    ("v100-16gb", "NVIDIA V100 SXM2 16 GB (HBM2)", 16, 125, None, 15.7, None, _V100_SRC),
+    ("v100-32gb", "NVIDIA V100 SXM2 32 GB (HBM2)", 32, 125, None, 15.7, None, _V100_SRC),
+    ("t4", "NVIDIA T4 16 GB (GDDR6)", 16, 65, None, 8.1, None,
+     "NVIDIA T4 Tensor Core GPU data sheet: FP32 8.1, mixed FP16/FP32 65 TFLOPS"),
+    ("a10g", "NVIDIA A10G 24 GB (GDDR6, AWS EC2 G5)", 24, 70, 70, 35, 35,
+     "No NVIDIA data sheet exists for the AWS-only A10G; AWS EC2 G5 figures: FP32 35, "
+     "TF32 35, BF16/FP16 70 TFLOPS dense (the A10's sheet lists 31.2 / 125)"),
+    ("l4", "NVIDIA L4 24 GB (GDDR6)", 24, 121, 121, 30.3, 60,
+     "NVIDIA L4 Tensor Core GPU data sheet: FP32 30.3, TF32 60, BF16/FP16 121 TFLOPS dense "
+     "(120 / 242 with sparsity)"),
+    ("rtx-3090", "NVIDIA GeForce RTX 3090 24 GB (GDDR6X)", 24, 71, 71, 35.6, 35.6,
+     "NVIDIA Ampere GA102 GPU architecture whitepaper, RTX 3090: FP32 35.6, TF32 35.6, "
+     "FP16/BF16 with FP32 accumulate 71 TFLOPS dense"),
+    ("rtx-4090", "NVIDIA GeForce RTX 4090 24 GB (GDDR6X)", 24, 165.2, 165.2, 82.6, 82.6,
+     "NVIDIA Ada GPU architecture whitepaper, RTX 4090: FP32 82.6, TF32 82.6, FP16/BF16 with "
+     "FP32 accumulate 165.2 TFLOPS dense"),
+    ("a100-40gb", "NVIDIA A100 SXM4 40 GB (HBM2)", 40, 312, 312, 19.5, 156, _A100_SRC),
+    ("a100-80gb", "NVIDIA A100 SXM4 80 GB (HBM2e)", 80, 312, 312, 19.5, 156, _A100_SRC),
+    ("l40s", "NVIDIA L40S 48 GB (GDDR6)", 48, 362.05, 362.05, 91.6, 183,
+     "NVIDIA L40S GPU data sheet: FP32 91.6, TF32 183, BF16/FP16 362.05 TFLOPS dense "
+     "(366 / 733 with sparsity)"),
+    ("h100-80gb", "NVIDIA H100 SXM5 80 GB (HBM3)", 80, 989.5, 989.5, 67, 494.5, _H100_SRC),
+    ("h200-141gb", "NVIDIA H200 SXM 141 GB (HBM3e)", 141, 989.5, 989.5, 67, 494.5,
+     "NVIDIA H200 Tensor Core GPU data sheet (SXM): 141 GB, FP32 67, TF32 494.5, BF16/FP16 "
+     "989.5 TFLOPS dense (same compute as the H100 SXM)"),
+    ("mi300x", "AMD Instinct MI300X 192 GB (HBM3)", 192, 1307.4, 1307.4, 163.4, 653.7,
+     "AMD Instinct MI300X data sheet: FP32 vector 81.7 / matrix 163.4, TF32 653.7, BF16/FP16 "
+     "1307.4 TFLOPS dense; FP32 here is the matrix rate"),
+)
+# fmt: on
+
+
+def _tflops(x: float | None) -> float | None:
+    return None if x is None else x * _T
+
+
+GPUS: dict[str, GpuSpec] = {
+    row[0]: GpuSpec(
+        name=row[0],
+        description=row[1],
+        memory_bytes=row[2] * _GIB,
+        peak_fp16_flops=row[3] * _T,
+        peak_bf16_flops=_tflops(row[4]),
+        peak_fp32_flops=row[5] * _T,
+        peak_tf32_flops=_tflops(row[6]),
+        source=row[7],
+    )
+    for row in _TABLE
+}
+
+_NOISE = ("nvidia", "amd", "instinct", "geforce", "tesla", "rtx", "sxm5", "sxm4", "sxm2", "sxm")
+
+
+def _compact(name: str) -> str:
+    key = re.sub(r"[^a-z0-9]", "", name.lower())
+    for word in _NOISE:
+        key = key.replace(word, "")
+    return key[:-2] if key.endswith("gb") else key
+
+
+def _aliases() -> dict[str, str]:
+    table: dict[str, str] = {}
+    for name, spec in GPUS.items():
+        table[_compact(name)] = name
+        gib = spec.memory_bytes // _GIB
+        base = _compact(name)
+        if base.endswith(str(gib)):
+            base = base[: -len(str(gib))]
+        table.setdefault(base + str(gib), name)
+    # A bare family name is enough when the family has one size in the catalog.
+    families: dict[str, list[str]] = {}
+    for name in GPUS:
+        families.setdefault(_compact(name.split("-")[0]), []).append(name)
+    for family, members in families.items():
+        if len(members) == 1:
+            table.setdefault(family, members[0])
+    table.setdefault("3090", "rtx-3090")
+    table.setdefault("4090", "rtx-4090")
+    return table
+
+
+_ALIASES = _aliases()
+_AMBIGUOUS = {
+    fam: [n for n in GPUS if _compact(n.split("-")[0]) == fam]
+    for fam in {_compact(n.split("-")[0]) for n in GPUS}
+}
+_AMBIGUOUS = {k: v for k, v in _AMBIGUOUS.items() if k and len(v) > 1}
+
+
+def gpu_names() -> list[str]:
+    """Canonical catalog names, in catalog order."""
+    return list(GPUS)
+
+
+def find_gpu(name: str) -> GpuSpec | str:
+    """The spec for a forgiving `name` (`h100`, `H100-80GB`, `a100 80gb`, `RTX 4090` ...),
+    or a one-line reason why there is none (unknown or ambiguous name)."""
+    if not isinstance(name, str):
+        return f"must be a GPU name, one of {', '.join(GPUS)}"
+    key = _compact(name)
+    if not key:
+        return f"must be a GPU name, one of {', '.join(GPUS)}"
+    hit = _ALIASES.get(key)
+    if hit is not None:
+        return GPUS[hit]
+    if key in _AMBIGUOUS:
+        return f"is ambiguous: say which one of {', '.join(_AMBIGUOUS[key])}"
+    return f"unknown GPU; known GPUs: {', '.join(GPUS)}"
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """Like `find_gpu` but raises `ValueError` naming the value and the known names."""
+    found = find_gpu(name)
+    if isinstance(found, str):
+        raise ValueError(f"gpu={name!r}: {found}")
+    return found

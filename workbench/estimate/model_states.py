@@ -1,0 +1,145 @@
+"""Model-state bytes (parameters, gradients, optimizer states) per GPU: the accounting seam.
+
+An *accounting* is one function `ModelStateQuery -> ModelStates`. This module implements
+`"paper"`, the ZeRO paper's model (Rajbhandari et al. 2020, Section 3.1 and Figure 1):
+
+    bytes per parameter    weights  grads  optimizer states (K)
+    fp32                      4       4     adam/adamw 8, sgd 4, sgd-nomomentum 0, adam8bit 2
+    amp-fp16, amp-bf16        4       4     same as fp32 (autocast keeps fp32 weights/grads)
+    fp16, bf16                2       2     4 (fp32 master copy) + the fp32 states above
+                                            (K = 12 for Adam, as in the paper)
+
+`adam8bit` stores two 1-byte states per parameter (bitsandbytes-style; its small
+per-block quantisation constants are ignored).
+
+ZeRO over N data-parallel GPUs: stage 1 shards the optimizer column, stage 2 also the
+gradients, stage 3 also the parameters. Rounding: a sharded column holds
+`ceil(n_params / N)` parameters on every GPU (the last shard is padded, as real
+partitioning does), so bytes are never under-counted.
+
+Offload (ZeRO-Offload, Ren et al. 2021): optimizer offload (stages 1-3) moves the
+gradient and optimizer-state columns of this GPU to host memory, where the optimizer step
+runs; the GPU keeps its 16-bit (or fp32) parameters. Parameter offload (stage 3) moves
+the parameter shard too. Moved bytes are reported in `cpu_offload_bytes`, per GPU (a node
+with 8 GPUs holds 8 times that). Transient GPU buffers (communication buckets, the
+gathered layer under stage 3) are not counted; DeepSpeed's own estimator adds 4 bytes x
+the largest layer's parameters for stage 3.
+
+Adding an accounting (for example DeepSpeed's real buffer layout): write a function
+`model_states(query: ModelStateQuery) -> ModelStates` in a new module and add ONE line
+to `ACCOUNTINGS` below, e.g. `"deepspeed": "workbench.estimate.deepspeed_layout:model_states"`.
+The module is imported only when that accounting is asked for. Validation of the
+inputs happens before the function is called (`estimate_memory` does it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from workbench.config import OptimizerName, Precision
+
+# name -> "module:function". The function takes a ModelStateQuery, returns ModelStates.
+ACCOUNTINGS: dict[str, str] = {
+    "paper": "workbench.estimate.model_states:paper_model_states",
+}
+
+#: fp32 optimizer-state bytes per parameter, without any master copy.
+OPTIMIZER_STATE_BYTES: dict[OptimizerName, int] = {
+    OptimizerName.ADAMW: 8,  # exp_avg + exp_avg_sq, fp32
+    OptimizerName.ADAM: 8,
+    OptimizerName.SGD: 4,  # momentum buffer
+    OptimizerName.SGD_NOMOMENTUM: 0,
+    OptimizerName.ADAM8BIT: 2,  # two 8-bit states
+}
+
+#: (weight bytes, gradient bytes, master-copy bytes) per parameter.
+PRECISION_BYTES: dict[Precision, tuple[int, int, int]] = {
+    Precision.FP32: (4, 4, 0),
+    Precision.AMP_FP16: (4, 4, 0),
+    Precision.AMP_BF16: (4, 4, 0),
+    Precision.FP16: (2, 2, 4),
+    Precision.BF16: (2, 2, 4),
+}
+
+
+@dataclass(frozen=True)
+class ModelStateQuery:
+    """Validated inputs of an accounting function."""
+
+    n_params: int
+    precision: Precision
+    optimizer: OptimizerName
+    zero_stage: int
+    gpus: int
+    offload_optimizer: bool
+    offload_params: bool
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per-GPU bytes of the model states, and the per-GPU bytes kept in host memory."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    cpu_offload_bytes: int
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    """Bytes per parameter before sharding; `optimizer` includes any fp32 master copy."""
+
+    weights: int
+    grads: int
+    optimizer: int
+
+
+def bytes_per_param(precision: Precision, optimizer: OptimizerName) -> BytesPerParam:
+    """The one place where the paper accounting's per-parameter bytes are decided."""
+    weights, grads, master = PRECISION_BYTES[precision]
+    return BytesPerParam(weights, grads, master + OPTIMIZER_STATE_BYTES[optimizer])
+
+
+def _shard(n_params: int, gpus: int) -> int:
+    return -(-n_params // gpus)  # ceil division: never under-count
+
+
+def paper_model_states(q: ModelStateQuery) -> ModelStates:
+    """ZeRO-paper accounting (see the module docstring)."""
+    per = bytes_per_param(q.precision, q.optimizer)
+    shard = _shard(q.n_params, q.gpus)
+    full = q.n_params
+    params = per.weights * (shard if q.zero_stage >= 3 else full)
+    grads = per.grads * (shard if q.zero_stage >= 2 else full)
+    optim = per.optimizer * (shard if q.zero_stage >= 1 else full)
+    cpu = 0
+    if q.offload_optimizer:
+        cpu += grads + optim
+        grads = optim = 0
+    if q.offload_params:
+        cpu += params
+        params = 0
+    return ModelStates(params, grads, optim, cpu)
+
+
+_RESOLVED: dict[str, Callable[[ModelStateQuery], ModelStates]] = {}
+
+
+def accounting_function(name: str) -> Callable[[ModelStateQuery], ModelStates]:
+    """The function registered as `name` in `ACCOUNTINGS` (imported on first use)."""
+    fn = _RESOLVED.get(name)
+    if fn is None:
+        if name == "paper":
+            fn = paper_model_states
+        else:
+            module, _, attr = ACCOUNTINGS[name].partition(":")
+            fn = getattr(importlib.import_module(module), attr)
+        _RESOLVED[name] = fn
+    return fn
+
+
+def model_states(q: ModelStateQuery, accounting: str = "paper") -> ModelStates:
+    """Model-state bytes per GPU under `accounting` (a key of `ACCOUNTINGS`)."""
+    return accounting_function(accounting)(q)
