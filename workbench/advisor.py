@@ -1,0 +1,751 @@
+"""Advisor: plain rules that turn step records and hardware samples into advice.
+
+    advise(session.records(), samples=sampler.history(), config=cfg, device="cuda")
+
+Each rule looks at measured values only, needs a stated minimum of evidence before it
+fires, and returns an `Advice` whose `apply` (when not None) is a settings change a
+panel can hand to `session.update(**advice.apply)` (TrainConfig field names).
+
+Rules and their minimum evidence (records counted after the warm-up ones are dropped):
+
+=====================  ==============================================================
+id                     fires when
+=====================  ==============================================================
+nonfinite-loss         a non-finite loss in the last RECENT_STEPS steps (1 is enough)
+loss-scale-collapse    >= MIN_OVERFLOW_SKIPS skipped steps after the scaler's initial
+                       calibration in the last RECENT_STEPS, or the scale fell below 1
+data-loader-stall      median data_seconds > 20% of median step_seconds over the last
+                       RECENT_STEPS (>= MIN_STEPS steps, the first step dropped)
+low-gpu-util           median GPU utilization < 50% over >= MIN_STEPS readings with
+                       micro_batch <= SMALL_MICRO_BATCH (skipped while the loader stalls)
+memory-growth          rss_bytes or cuda_allocated_bytes rises steadily over
+                       >= MIN_LEAK_STEPS steps with no settings change in between
+tensor-core-alignment  16-bit precision on a GPU and a model dimension not divisible by 8
+lr-not-scaled          the effective batch changed, lr did not, lr_scaling is "none"
+                       (>= 1 step before and the step of the change)
+precision-slower       the current precision ran > 5% slower than another precision
+                       measured at the same batch settings (>= MIN_PRECISION_STEPS each)
+grad-norm-spike        a grad_norm > 5x the median of the >= MIN_SPIKE_BASELINE steps
+                       before it, in the last RECENT_STEPS, without effective clipping
+=====================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workbench.config import LRScaling, OptimizerName, Precision, TrainConfig
+
+Severity = Literal["info", "warning", "critical"]
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+RECENT_STEPS = 50  # rules look at this many newest records
+MIN_STEPS = 5
+MIN_OVERFLOW_SKIPS = 3
+MIN_SCALED_STEPS = 10
+MIN_LEAK_STEPS = 20
+LEAK_WARMUP_STEPS = 3  # allocator caches and optimizer state appear in the first steps
+MIN_PRECISION_STEPS = 3
+MIN_SPIKE_BASELINE = 10
+SPIKE_FACTOR = 5.0
+STALL_FRACTION = 0.20
+LOW_GPU_UTIL_PERCENT = 50.0
+SMALL_MICRO_BATCH = 32
+SLOWER_MARGIN = 0.05
+LEAK_MIN_RSS_BYTES = 8 * 2**20
+LEAK_MIN_CUDA_BYTES = 2**20
+LEAK_MIN_FRACTION = 0.02
+_SIXTEEN_BIT = {p.value for p in Precision if p is not Precision.FP32}
+_DEVICES = ("cpu", "cuda")
+_NUMERIC_FIELDS = (
+    "loss",
+    "samples_per_s",
+    "step_seconds",
+    "data_seconds",
+    "lr",
+    "grad_norm",
+    "scale",
+    "rss_bytes",
+    "cuda_allocated_bytes",
+    "gpu_util_percent",
+    "gpu_memory_used_bytes",
+)
+_INT_FIELDS = ("step", "micro_batch", "grad_accum", "world_size", "rank", "num_workers")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One piece of advice. `apply` is a TrainConfig change for `session.update(**apply)`."""
+
+    id: str
+    severity: Severity
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    apply: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- input
+@dataclass(frozen=True)
+class _Rec:
+    """The fields of a StepRecord the rules read, checked and normalized."""
+
+    step: int
+    loss: float | None
+    samples_per_s: float | None
+    step_seconds: float | None
+    data_seconds: float | None
+    lr: float | None
+    grad_norm: float | None
+    scale: float | None
+    skipped: bool
+    precision: str | None
+    micro_batch: int | None
+    grad_accum: int | None
+    world_size: int
+    rank: int
+    zero_stage: int | None
+    activation_checkpointing: bool
+    num_workers: int | None
+    clip_grad_norm: float | None
+    changes: Mapping[str, Any]
+    rss_bytes: float | None
+    cuda_allocated_bytes: float | None
+    gpu_util_percent: float | None
+    gpu_memory_used_bytes: float | None
+
+    @property
+    def effective_batch(self) -> int | None:
+        if self.micro_batch is None or self.grad_accum is None:
+            return None
+        return self.micro_batch * self.grad_accum * self.world_size
+
+
+def _get(obj: Any, name: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _record(obj: Any, i: int) -> _Rec:
+    where = f"records[{i}]"
+    if isinstance(obj, (str, bytes)) or obj is None:
+        raise ValueError(f"{where}={obj!r}: must be a StepRecord or a dict of its fields")
+    nums: dict[str, float | None] = {}
+    for name in _NUMERIC_FIELDS:
+        v = _get(obj, name)
+        if v is not None and not _is_number(v):
+            raise ValueError(f"{where}.{name}={v!r}: must be a number or None")
+        nums[name] = None if v is None else float(v)
+    ints: dict[str, int | None] = {}
+    for name in _INT_FIELDS:
+        v = _get(obj, name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise ValueError(f"{where}.{name}={v!r}: must be an integer or None")
+        ints[name] = v
+    if ints["step"] is None:
+        raise ValueError(f"{where}.step=None: every record needs its step number (an integer)")
+    changes = _get(obj, "changes") or {}
+    if not isinstance(changes, Mapping):
+        raise ValueError(f"{where}.changes={changes!r}: must be a dict of applied settings")
+    precision = _get(obj, "precision")
+    zero = _get(obj, "zero_stage")
+    clip = _get(obj, "clip_grad_norm")
+    return _Rec(
+        step=ints["step"],
+        loss=nums["loss"],
+        samples_per_s=nums["samples_per_s"],
+        step_seconds=nums["step_seconds"],
+        data_seconds=nums["data_seconds"],
+        lr=nums["lr"],
+        grad_norm=nums["grad_norm"],
+        scale=nums["scale"],
+        skipped=bool(_get(obj, "skipped")),
+        precision=None if precision is None else str(precision),
+        micro_batch=ints["micro_batch"],
+        grad_accum=ints["grad_accum"],
+        world_size=ints["world_size"] or 1,
+        rank=ints["rank"] or 0,
+        zero_stage=zero if isinstance(zero, int) else None,
+        activation_checkpointing=bool(_get(obj, "activation_checkpointing")),
+        num_workers=ints["num_workers"],
+        clip_grad_norm=float(clip) if _is_number(clip) else None,
+        changes=changes,
+        rss_bytes=nums["rss_bytes"],
+        cuda_allocated_bytes=nums["cuda_allocated_bytes"],
+        gpu_util_percent=nums["gpu_util_percent"],
+        gpu_memory_used_bytes=nums["gpu_memory_used_bytes"],
+    )
+
+
+def _records(records: Any) -> list[_Rec]:
+    if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Iterable):
+        raise ValueError(f"records={records!r}: must be a sequence of StepRecord objects or dicts")
+    recs = [_record(r, i) for i, r in enumerate(records)]
+    if recs:  # one rank's view: several ranks' records would count every step twice
+        rank = min(r.rank for r in recs)
+        recs = [r for r in recs if r.rank == rank]
+    return sorted(recs, key=lambda r: r.step)
+
+
+@dataclass(frozen=True)
+class _GpuReading:
+    util_percent: float | None
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+
+
+def _samples(samples: Any) -> list[_GpuReading]:
+    if samples is None:
+        return []
+    if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
+        raise ValueError(f"samples={samples!r}: must be a sequence of monitor Samples or None")
+    out: list[_GpuReading] = []
+    for i, s in enumerate(samples):
+        gpus = _get(s, "gpus")
+        if gpus is None or isinstance(gpus, (str, bytes)):
+            raise ValueError(f"samples[{i}]={s!r}: must be a monitor Sample (with .gpus)")
+        if not gpus:
+            out.append(_GpuReading(None, None, None))
+            continue
+        g = gpus[0]
+        vals: list[float | None] = []
+        for n in ("util_percent", "memory_used_bytes", "memory_total_bytes"):
+            v = _get(g, n)
+            if v is not None and not _is_number(v):
+                raise ValueError(f"samples[{i}].gpus[0].{n}={v!r}: must be a number or None")
+            vals.append(None if v is None else float(v))
+        out.append(_GpuReading(vals[0], vals[1], vals[2]))
+    return out
+
+
+def _model_dims(model_dims: Any) -> dict[str, int]:
+    if model_dims is None:
+        return {}
+    if not isinstance(model_dims, Mapping):
+        raise ValueError(
+            f"model_dims={model_dims!r}: must be a dict like {{'hidden_size': 768}} or None"
+        )
+    out: dict[str, int] = {}
+    for k, v in model_dims.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"model_dims[{k!r}]={v!r}: must be an integer >= 1")
+        out[str(k)] = v
+    return out
+
+
+# --------------------------------------------------------------------------- helpers
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _sig(x: float, digits: int = 2) -> float:
+    """`x` rounded to `digits` significant figures."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    recs: list[_Rec]
+    recent: list[_Rec]
+    gpu: list[_GpuReading]
+    config: TrainConfig | None
+    device: str | None
+    dims: dict[str, int]
+
+    @property
+    def latest(self) -> _Rec | None:
+        return self.recs[-1] if self.recs else None
+
+    def setting(self, name: str) -> Any:
+        """Current value of a setting: the config's, else the newest record's."""
+        if self.config is not None:
+            value = getattr(self.config, name)
+            return value.value if hasattr(value, "value") else value
+        return getattr(self.latest, name, None) if self.latest is not None else None
+
+
+# --------------------------------------------------------------------------- rules
+def _rule_nonfinite_loss(c: _Ctx) -> list[Advice]:
+    bad = [r for r in c.recent if r.loss is not None and not math.isfinite(r.loss)]
+    if not bad:
+        return []
+    precision = c.setting("precision")
+    lr = c.setting("lr")
+    steps = [r.step for r in bad]
+    apply: dict[str, Any]
+    if precision in (Precision.AMP_FP16.value, Precision.FP16.value):
+        target = "amp-bf16" if precision == Precision.AMP_FP16.value else "bf16"
+        apply = {"precision": target}
+        what = (
+            f"fp16 overflows at 65504; {target} has the fp32 exponent range. If the GPU has "
+            "no bf16 (before Ampere), lower loss_scale_init or lr instead"
+        )
+    else:
+        apply = {}
+        what = "the run is diverging"
+        if isinstance(lr, (int, float)):
+            apply["lr"] = _sig(lr / 2, 3)
+            what += f"; halve lr ({lr:g} -> {apply['lr']:g})"
+        if c.setting("clip_grad_norm") is None:
+            apply["clip_grad_norm"] = 1.0
+            what += " and clip gradients at 1.0"
+    return [
+        Advice(
+            id="nonfinite-loss",
+            severity="critical",
+            message=(
+                f"Loss was not finite at {len(bad)} of the last {len(c.recent)} steps "
+                f"(first at step {steps[0]}, value {bad[0].loss}) with precision "
+                f"{precision}: {what}."
+            ),
+            evidence={"steps": steps, "losses": [r.loss for r in bad], "precision": precision},
+            apply=apply or None,
+        )
+    ]
+
+
+def _rule_loss_scale(c: _Ctx) -> list[Advice]:
+    scaled = [r for r in c.recs if r.scale is not None]
+    if len(scaled) < MIN_SCALED_STEPS:
+        return []
+    # skipped steps from the very start are the scaler calibrating down from its init value
+    calib = 0
+    while calib < len(scaled) and scaled[calib].skipped:
+        calib += 1
+    window = scaled[calib:][-RECENT_STEPS:]
+    if not window:
+        return []
+    skips = [r.step for r in window if r.skipped]
+    last_scale = window[-1].scale
+    assert last_scale is not None
+    collapsed = last_scale < 1.0
+    if len(skips) < MIN_OVERFLOW_SKIPS and not collapsed:
+        return []
+    precision = c.setting("precision")
+    target = "bf16" if precision == Precision.FP16.value else "amp-bf16"
+    # a loss_scale_init at or below the scale the run settled at avoids the calibration skips
+    settled = max(1.0, 2.0 ** math.floor(math.log2(max(last_scale, 1.0))))
+    return [
+        Advice(
+            id="loss-scale-collapse",
+            severity="critical" if collapsed else "warning",
+            message=(
+                f"The fp16 loss scaler overflowed at {len(skips)} of the last {len(window)} "
+                f"steps after calibration (scale now {last_scale:g}); every skipped step is "
+                f"lost work. Switch to {target} (no loss scaling needed) if the GPU supports "
+                f"bf16; otherwise set loss_scale_init={settled:g} and lower lr."
+            ),
+            evidence={
+                "skipped_steps": skips,
+                "scale_first": window[0].scale,
+                "scale_last": last_scale,
+                "calibration_steps": calib,
+            },
+            apply={"precision": target},
+        )
+    ]
+
+
+def _rule_data_stall(c: _Ctx) -> list[Advice]:
+    first = c.recs[0] if c.recs else None  # pays for starting the loader's workers
+    recs = [
+        r
+        for r in c.recent
+        if r is not first and r.data_seconds is not None and r.step_seconds is not None
+    ]
+    if len(recs) < MIN_STEPS:
+        return []
+    data = _median([r.data_seconds for r in recs if r.data_seconds is not None])
+    step = _median([r.step_seconds for r in recs if r.step_seconds is not None])
+    if step <= 0 or data <= STALL_FRACTION * step:
+        return []
+    workers = c.setting("num_workers")
+    workers = workers if isinstance(workers, int) else 0
+    cpus = os.cpu_count() or 1
+    apply: dict[str, Any] = {}
+    if workers < cpus:
+        apply["num_workers"] = min(cpus, max(2, workers * 2))
+    if c.device == "cuda" and c.setting("pin_memory") is False:
+        apply["pin_memory"] = True
+    fix = (
+        f"raise num_workers from {workers} to {apply['num_workers']}"
+        if "num_workers" in apply
+        else f"num_workers={workers} already uses every CPU core; make the data pipeline "
+        "cheaper (pre-tokenize, cache decoded samples)"
+    )
+    if apply.get("pin_memory"):
+        fix += " and pin host memory for faster copies to the GPU"
+    return [
+        Advice(
+            id="data-loader-stall",
+            severity="warning",
+            message=(
+                f"The loop waits for data {data / step:.0%} of each step (median "
+                f"{data * 1000:.1f} ms of {step * 1000:.1f} ms over {len(recs)} steps): {fix}."
+            ),
+            evidence={
+                "data_seconds_median": data,
+                "step_seconds_median": step,
+                "data_fraction": data / step,
+                "num_workers": workers,
+                "steps": len(recs),
+            },
+            apply=apply or None,
+        )
+    ]
+
+
+def _rule_low_gpu_util(c: _Ctx, stalled: bool) -> list[Advice]:
+    if stalled or c.device == "cpu":
+        return []  # the loader is the cause; its advice comes first
+    utils = _finite(g.util_percent for g in c.gpu[-RECENT_STEPS:])
+    source = "samples"
+    if len(utils) < MIN_STEPS:
+        utils = _finite(r.gpu_util_percent for r in c.recent)
+        source = "step records"
+    if len(utils) < MIN_STEPS:
+        return []
+    util = _median(utils)
+    mb = c.setting("micro_batch")
+    ga = c.setting("grad_accum")
+    if util >= LOW_GPU_UTIL_PERCENT or not isinstance(mb, int) or mb > SMALL_MICRO_BATCH:
+        return []
+    ga = ga if isinstance(ga, int) else 1
+    apply: dict[str, Any] = {"micro_batch": mb * 2}
+    if ga >= 2 and ga % 2 == 0:
+        apply["grad_accum"] = ga // 2
+        how = (
+            f"micro_batch {mb} -> {mb * 2} with grad_accum {ga} -> {ga // 2} keeps the "
+            "effective batch (and the optimization) the same"
+        )
+    else:
+        how = f"micro_batch {mb} -> {mb * 2} (this doubles the effective batch; rescale lr)"
+    fractions = [
+        g.memory_used_bytes / g.memory_total_bytes
+        for g in c.gpu[-RECENT_STEPS:]
+        if g.memory_used_bytes is not None and g.memory_total_bytes
+    ]
+    mem_frac = _median(fractions) if fractions else None
+    if mem_frac is not None and mem_frac > 0.85:
+        apply["activation_checkpointing"] = True
+        how += "; GPU memory is nearly full, so turn on activation checkpointing to make room"
+    return [
+        Advice(
+            id="low-gpu-util",
+            severity="warning",
+            message=(
+                f"The GPU is busy only {util:.0f}% of the time (median of {len(utils)} "
+                f"{source}) at micro_batch={mb}: larger batches give it more work per launch; "
+                f"{how}."
+            ),
+            evidence={
+                "gpu_util_percent_median": util,
+                "readings": len(utils),
+                "micro_batch": mb,
+                "grad_accum": ga,
+                "gpu_memory_used_fraction": mem_frac,
+            },
+            apply=apply,
+        )
+    ]
+
+
+def _third_medians(values: list[float]) -> tuple[float, float, float]:
+    n = len(values)
+    a, b = n // 3, 2 * n // 3
+    return _median(values[:a]), _median(values[a:b]), _median(values[b:])
+
+
+def _rule_memory_growth(c: _Ctx) -> list[Advice]:
+    # the newest stretch of steps with no settings change
+    start = 0
+    for i, r in enumerate(c.recs):
+        if r.changes:
+            start = i
+    segment = c.recs[start:][LEAK_WARMUP_STEPS:]
+    out: list[Advice] = []
+    metrics: list[tuple[str, Callable[[_Rec], float | None], float]] = [
+        ("cuda_allocated_bytes", lambda r: r.cuda_allocated_bytes, LEAK_MIN_CUDA_BYTES),
+        ("rss_bytes", lambda r: r.rss_bytes, LEAK_MIN_RSS_BYTES),
+    ]
+    for name, get, floor in metrics:
+        pts = [(r.step, v) for r in segment if (v := get(r)) is not None and math.isfinite(v)]
+        if len(pts) < MIN_LEAK_STEPS:
+            continue
+        values = [v for _, v in pts]
+        m1, m2, m3 = _third_medians(values)
+        grew = m3 - m1
+        if grew <= max(floor, LEAK_MIN_FRACTION * m1):
+            continue
+        # steady growth, not one jump: each half of the run adds a share of it
+        if m2 - m1 < 0.25 * grew or m3 - m2 < 0.25 * grew:
+            continue
+        steps = pts[-1][0] - pts[0][0]
+        per_step = (values[-1] - values[0]) / steps if steps > 0 else grew
+        out.append(
+            Advice(
+                id="memory-growth",
+                severity="warning",
+                message=(
+                    f"{name} grew by {_mib(grew)} between steps {pts[0][0]} and "
+                    f"{pts[-1][0]} (about {per_step / 1024:.0f} KiB per step) with no setting "
+                    "changed: something keeps references across steps, e.g. a loss tensor "
+                    "stored without .item(), a growing list of outputs, or a cache."
+                ),
+                evidence={
+                    "metric": name,
+                    "first_step": pts[0][0],
+                    "last_step": pts[-1][0],
+                    "median_first_third_bytes": m1,
+                    "median_middle_third_bytes": m2,
+                    "median_last_third_bytes": m3,
+                    "bytes_per_step": per_step,
+                },
+                apply=None,
+            )
+        )
+    return out
+
+
+def _rule_alignment(c: _Ctx) -> list[Advice]:
+    precision = c.setting("precision")
+    if precision not in _SIXTEEN_BIT or c.device == "cpu" or not c.dims:
+        return []
+    bad = {k: v for k, v in c.dims.items() if v % 8}
+    if not bad:
+        return []
+    pads = ", ".join(f"{k}={v} -> {math.ceil(v / 8) * 8}" for k, v in bad.items())
+    return [
+        Advice(
+            id="tensor-core-alignment",
+            severity="info",
+            message=(
+                f"With {precision}, Tensor Cores run matrix multiplies fastest when the sizes "
+                f"are multiples of 8; pad {pads}."
+            ),
+            evidence={"precision": precision, "misaligned": bad},
+            apply=None,
+        )
+    ]
+
+
+def _rule_lr_scaling(c: _Ctx) -> list[Advice]:
+    if c.config is not None and LRScaling(c.config.lr_scaling) is not LRScaling.NONE:
+        return []
+    change = None
+    for i in range(len(c.recs) - 1, 0, -1):
+        before, after = c.recs[i - 1], c.recs[i]
+        if "lr" in after.changes:
+            return []  # lr was set by hand after (or with) the last batch change
+        eb0, eb1 = before.effective_batch, after.effective_batch
+        if eb0 is not None and eb1 is not None and eb0 != eb1:
+            change = (before, after)
+            break
+    if change is None:
+        return []
+    before, after = change
+    if before.lr is None or after.lr is None or before.lr <= 0:
+        return []
+    if abs(after.lr / before.lr - 1) > 0.05:
+        return []  # lr moved with the batch
+    eb0, eb1 = before.effective_batch, after.effective_batch
+    assert eb0 is not None and eb1 is not None
+    base = float(c.config.lr) if c.config is not None else after.lr
+    ratio = eb1 / eb0
+    linear = _sig(base * ratio, 3)
+    sqrt = _sig(base * math.sqrt(ratio), 3)
+    optimizer = c.setting("optimizer")
+    adam_like = optimizer in (OptimizerName.ADAM.value, OptimizerName.ADAMW.value)
+    rule, new_lr = ("sqrt", sqrt) if adam_like else ("linear", linear)
+    why = (
+        "the square-root rule suits Adam-type optimizers"
+        if adam_like
+        else "the linear rule suits SGD"
+    )
+    return [
+        Advice(
+            id="lr-not-scaled",
+            severity="info",
+            message=(
+                f"The effective batch changed from {eb0} to {eb1} at step {after.step} but lr "
+                f"stayed {base:g}. Linear rule: lr={linear:g}; square-root rule: lr={sqrt:g} "
+                f"({why}; or set lr_scaling to have it done automatically)."
+            ),
+            evidence={
+                "step": after.step,
+                "effective_batch_before": eb0,
+                "effective_batch_after": eb1,
+                "lr": base,
+                "lr_linear": linear,
+                "lr_sqrt": sqrt,
+                "rule": rule,
+            },
+            apply={"lr": new_lr},
+        )
+    ]
+
+
+def _rule_precision_speed(c: _Ctx) -> list[Advice]:
+    latest = c.latest
+    if latest is None or latest.precision is None:
+        return []
+
+    def key(r: _Rec) -> tuple[Any, ...]:
+        return (r.micro_batch, r.grad_accum, r.world_size, r.zero_stage, r.activation_checkpointing)
+
+    # group by precision at the current batch settings; drop each stretch's first step
+    # (it pays for the switch: new autocast kernels, a rebuilt engine)
+    speeds: dict[str, list[float]] = {}
+    prev: _Rec | None = None
+    for r in c.recs:
+        first_of_stretch = prev is None or prev.precision != r.precision or key(prev) != key(r)
+        prev = r
+        if first_of_stretch or r.changes or r.skipped or key(r) != key(latest):
+            continue
+        if r.precision is None or r.samples_per_s is None or not math.isfinite(r.samples_per_s):
+            continue
+        speeds.setdefault(r.precision, []).append(r.samples_per_s)
+    medians = {p: _median(v) for p, v in speeds.items() if len(v) >= MIN_PRECISION_STEPS}
+    current = latest.precision
+    if current not in medians or len(medians) < 2:
+        return []
+    best = max(medians, key=lambda p: medians[p])
+    if best == current or medians[current] >= medians[best] * (1 - SLOWER_MARGIN):
+        return []
+    ratio = medians[current] / medians[best]
+    where = f" on this device ({c.device})" if c.device else ""
+    note = (
+        " Most CPUs have no fast 16-bit matrix units, so autocast adds conversions "
+        "without speeding up the math."
+        if c.device == "cpu" and current in _SIXTEEN_BIT
+        else ""
+    )
+    return [
+        Advice(
+            id="precision-slower",
+            severity="warning",
+            message=(
+                f"Measured{where}: {current} runs at {medians[current]:.1f} samples/s, "
+                f"{best} at {medians[best]:.1f} samples/s ({ratio:.2f}x); switch to {best}." + note
+            ),
+            evidence={
+                "samples_per_s_median": medians,
+                "steps": {p: len(speeds[p]) for p in medians},
+                "current": current,
+                "faster": best,
+            },
+            apply={"precision": best},
+        )
+    ]
+
+
+def _rule_grad_spike(c: _Ctx) -> list[Advice]:
+    norms = [
+        (r.step, r.grad_norm)
+        for r in c.recs
+        if not r.skipped and r.grad_norm is not None and math.isfinite(r.grad_norm)
+    ]
+    recent_steps = {r.step for r in c.recent}
+    spikes: list[tuple[int, float, float]] = []
+    for i in range(MIN_SPIKE_BASELINE, len(norms)):
+        step, g = norms[i]
+        if step not in recent_steps:
+            continue
+        baseline = _median([n for _, n in norms[max(0, i - RECENT_STEPS) : i]])
+        if baseline > 0 and g > SPIKE_FACTOR * baseline:
+            spikes.append((step, g, baseline))
+    if not spikes:
+        return []
+    typical = _median([n for _, n in norms])
+    clip = c.setting("clip_grad_norm")
+    if isinstance(clip, (int, float)) and clip <= SPIKE_FACTOR * typical:
+        return []  # clipping already caps these spikes
+    suggest = _sig(2 * typical, 2)
+    now = f"clip_grad_norm={clip:g} is above the spikes' level" if clip else "clipping is off"
+    return [
+        Advice(
+            id="grad-norm-spike",
+            severity="warning",
+            message=(
+                f"Gradient norm spiked {len(spikes)} time(s) in the last {len(c.recent)} steps "
+                f"(largest {max(s[1] for s in spikes):.3g} vs a running median of "
+                f"{spikes[0][2]:.3g}) and {now}: clip at {suggest:g} (about twice the "
+                "typical norm) to keep single bad batches from derailing training."
+            ),
+            evidence={
+                "spikes": [{"step": s, "grad_norm": g, "median_before": b} for s, g, b in spikes],
+                "grad_norm_median": typical,
+                "clip_grad_norm": clip,
+            },
+            apply={"clip_grad_norm": suggest},
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- entry
+def advise(
+    records: Sequence[Any],
+    *,
+    samples: Sequence[Any] | None = None,
+    config: TrainConfig | None = None,
+    device: str | None = None,
+    model_dims: Mapping[str, int] | None = None,
+) -> list[Advice]:
+    """Advice for a run, most severe first.
+
+    records: StepRecord objects (or dicts with their field names), any order.
+    samples: monitor `Sample`s (the first GPU is read); config: the run's TrainConfig;
+    device: "cpu" or "cuda" (default: config.device, else "cuda" when records carry CUDA
+    memory); model_dims: sizes such as {"hidden_size": 1000, "vocab_size": 50257}.
+    """
+    recs = _records(records)
+    gpu = _samples(samples)
+    if config is not None and not isinstance(config, TrainConfig):
+        raise ValueError(f"config={config!r}: must be a TrainConfig or None")
+    if device is not None and device not in _DEVICES:
+        raise ValueError(f"device={device!r}: must be one of {', '.join(_DEVICES)} or None")
+    if device is None:
+        if config is not None and str(config.device) in _DEVICES:
+            device = str(config.device)
+        elif any(r.cuda_allocated_bytes is not None for r in recs):
+            device = "cuda"
+    ctx = _Ctx(
+        recs=recs,
+        recent=recs[-RECENT_STEPS:],
+        gpu=gpu,
+        config=config,
+        device=device,
+        dims=_model_dims(model_dims),
+    )
+    stall = _rule_data_stall(ctx)
+    advice = [
+        *_rule_nonfinite_loss(ctx),
+        *_rule_loss_scale(ctx),
+        *stall,
+        *_rule_low_gpu_util(ctx, stalled=bool(stall)),
+        *_rule_memory_growth(ctx),
+        *_rule_grad_spike(ctx),
+        *_rule_precision_speed(ctx),
+        *_rule_lr_scaling(ctx),
+        *_rule_alignment(ctx),
+    ]
+    return sorted(advice, key=lambda a: _SEVERITY_ORDER[a.severity])
