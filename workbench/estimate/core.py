@@ -240,10 +240,14 @@ def estimate_memory(
     given = [k for k, v in raw.items() if v is not None]
     has_shape = len(given) == len(SHAPE_FIELDS)
     if given and not has_shape:
+        missing = [k for k in SHAPE_FIELDS if k not in given]
         need = ", ".join(f"`{k}`" for k in SHAPE_FIELDS)
-        for k in SHAPE_FIELDS:
-            if k not in given:
-                p.append(Problem(k, None, f"a transformer shape needs all of {need}", missing=True))
+        also = f" (also missing: {', '.join(f'`{k}`' for k in missing[1:])})" if missing[1:] else ""
+        p.append(
+            Problem(
+                missing[0], None, f"a transformer shape needs all of {need}{also}", missing=True
+            )
+        )
     if not given and n_params is None:
         p.append(
             Problem(
@@ -292,11 +296,9 @@ def estimate_memory(
             p.append(Problem(name, flag, "must be True or False"))
     if stage is not None:
         if offload_optimizer is True and stage == 0:
-            p.append(
-                Problem("offload_optimizer", True, "needs `zero_stage` 1, 2 or 3 (zero_stage=0)")
-            )
+            p.append(Problem("offload_optimizer", True, "needs `zero_stage` 1, 2 or 3 (got 0)"))
         if offload_params is True and stage != 3:
-            p.append(Problem("offload_params", True, f"needs `zero_stage` 3 (zero_stage={stage})"))
+            p.append(Problem("offload_params", True, f"needs `zero_stage` 3 (got {stage})"))
 
     spec: GpuSpec | None = None
     if gpu is not None:
@@ -313,7 +315,7 @@ def estimate_memory(
     if tokens is not None:
         n_tokens = _finite(tokens)
         if n_tokens is None or n_tokens <= 0:
-            p.append(Problem("tokens", tokens, "must be a finite number > 0 or None"))
+            p.append(Problem("tokens", tokens, "must be a finite number > 0"))
     util = _finite(mfu)
     if util is None or not 0 < util <= 1:
         p.append(Problem("mfu", mfu, "must be a finite number > 0 and <= 1"))
@@ -322,9 +324,7 @@ def estimate_memory(
         price = _finite(price_per_gpu_hour)
         if price is None or price < 0:
             p.append(
-                Problem(
-                    "price_per_gpu_hour", price_per_gpu_hour, "must be a finite number >= 0 or None"
-                )
+                Problem("price_per_gpu_hour", price_per_gpu_hour, "must be a finite number >= 0")
             )
     if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))

@@ -1,0 +1,414 @@
+"""`workbench` command line: `workbench estimate | ...`.
+
+Subcommands are registered in `COMMANDS`, one line each, and each is imported only when
+it runs, so `workbench estimate` never imports torch, deepspeed or ipywidgets.
+
+Adding a subcommand (e.g. `launch` from `workbench/train/launch.py`):
+
+1. In your module, write an adder that receives the subcommand's own
+   `argparse.ArgumentParser`, adds its arguments and returns the function that runs it::
+
+       def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+           parser.add_argument("script")
+           return run  # run(args) -> exit status (0 ok; use parser.error(...) for bad input)
+
+2. Add one line to `COMMANDS` below::
+
+       "launch": ("workbench.train.launch:add_parser", "run a training script on N ranks"),
+
+Bad input anywhere should end as `parser.error("--flag VALUE: what is allowed")`: this
+module's parser prints it as one line and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+Runner = Callable[[argparse.Namespace], int]
+Adder = Callable[[argparse.ArgumentParser], Runner]
+
+# name -> ("module:adder", one-line help). The module is imported only when `name` runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "estimate": (
+        "workbench.cli:add_estimate_parser",
+        "per-GPU memory, time and cost of a training setup (pure math, no GPU needed)",
+    ),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        message = re.sub(r"^argument ([^:]+): ", lambda m: m.group(1).split("/")[-1] + " ", message)
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _load(target: str) -> Adder:
+    module, _, attr = target.partition(":")
+    adder: Adder = getattr(importlib.import_module(module), attr)
+    return adder
+
+
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, Runner | None]:
+    """The top-level parser; only `command`'s own arguments are loaded (lazily)."""
+    from workbench import __version__
+
+    parser = _Parser(
+        prog="workbench",
+        description="Make PyTorch training faster and leaner. Run `workbench COMMAND -h`.",
+    )
+    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    runner: Runner | None = None
+    for name, (target, help_text) in COMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            runner = _load(target)(sub_parser)
+    return parser, runner
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `workbench` console script; returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser, runner = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(args_list)
+    if runner is None:
+        parser.error("a command is required: " + ", ".join(COMMANDS))
+    try:
+        return runner(args)
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
+
+
+# ==================================================================== estimate
+# field of estimate_memory -> (flag, how the flag's text is read)
+_FLAGS: dict[str, tuple[str, str]] = {
+    "n_params": ("--params", "whole"),
+    "layers": ("--layers", "int"),
+    "hidden": ("--hidden", "int"),
+    "heads": ("--heads", "int"),
+    "seq_len": ("--seq-len", "int"),
+    "vocab": ("--vocab", "int"),
+    "micro_batch": ("--micro-batch", "int"),
+    "precision": ("--precision", "str"),
+    "optimizer": ("--optimizer", "str"),
+    "zero_stage": ("--zero", "int"),
+    "gpus": ("--gpus", "int"),
+    "offload_optimizer": ("--offload-optimizer", "bool"),
+    "offload_params": ("--offload-params", "bool"),
+    "checkpointing": ("--checkpointing", "str"),
+    "gpu": ("--gpu", "str"),
+    "overhead_gib": ("--overhead-gib", "float"),
+    "tokens": ("--tokens", "float"),
+    "mfu": ("--mfu", "float"),
+    "price_per_gpu_hour": ("--price-per-gpu-hour", "float"),
+}
+_READ_ERRORS = {
+    "whole": "must be a whole number >= 1 (e.g. 7.5e9)",
+    "int": "must be an integer >= 1",
+    "float": "must be a number",
+}
+_READ_ERROR_OF_FLAG = {
+    "--zero": "must be 0, 1, 2 or 3",
+    "--overhead-gib": "must be a finite number >= 0",
+    "--tokens": "must be a finite number > 0 (e.g. 300e9)",
+    "--mfu": "must be a finite number > 0 and <= 1",
+    "--price-per-gpu-hour": "must be a finite number >= 0",
+}
+_UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
+
+
+def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
+    """Arguments of `workbench estimate`; returns its runner."""
+    from workbench.estimate import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
+
+    model = parser.add_argument_group("model (give --params, or the shape flags, or both)")
+    model.add_argument("--params", metavar="N", help="parameter count, e.g. 7.5e9")
+    model.add_argument("--layers", metavar="L")
+    model.add_argument("--hidden", metavar="H")
+    model.add_argument("--heads", metavar="A")
+    model.add_argument("--seq-len", metavar="S")
+    model.add_argument("--vocab", metavar="V")
+    model.add_argument("--micro-batch", metavar="B", default="1", help="samples per GPU (1)")
+    setup = parser.add_argument_group("training setup")
+    setup.add_argument(
+        "--precision", default="fp32", help="fp32, amp-fp16, amp-bf16, fp16, bf16 (fp32)"
+    )
+    setup.add_argument(
+        "--optimizer", default="adamw", help="adamw, adam, sgd, sgd-nomomentum, adam8bit (adamw)"
+    )
+    setup.add_argument("--zero", default="0", metavar="STAGE", help="ZeRO stage 0-3 (0)")
+    setup.add_argument("--gpus", default="1", metavar="N", help="data-parallel GPUs (1)")
+    setup.add_argument("--offload-optimizer", action="store_true", help="ZeRO stage 1-3")
+    setup.add_argument("--offload-params", action="store_true", help="ZeRO stage 3")
+    setup.add_argument(
+        "--checkpointing", default="none", help="activation recomputation: none, selective, full"
+    )
+    hw = parser.add_argument_group("hardware, time and cost")
+    hw.add_argument("--gpu", help="GPU type, e.g. h100-80gb (see --list-gpus)")
+    hw.add_argument(
+        "--overhead-gib",
+        default=str(DEFAULT_OVERHEAD_GIB),
+        metavar="GIB",
+        help=f"per-GPU framework overhead ({DEFAULT_OVERHEAD_GIB})",
+    )
+    hw.add_argument("--tokens", metavar="T", help="training tokens, e.g. 300e9")
+    hw.add_argument(
+        "--mfu", default=str(DEFAULT_MFU), help=f"model FLOPs utilisation ({DEFAULT_MFU})"
+    )
+    hw.add_argument("--price-per-gpu-hour", metavar="PRICE")
+    out = parser.add_argument_group("output")
+    out.add_argument("--units", default="gib", help="gib (2^30 bytes, default) or gb (1e9 bytes)")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--compare-stages", action="store_true", help="ZeRO stages 0-3 side by side")
+    out.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
+    return lambda args: run_estimate(args, parser)
+
+
+def _read(text: str, kind: str) -> Any:
+    """Flag text -> value, or raise ValueError."""
+    if kind == "float":
+        return float(text)
+    try:
+        return int(text.replace("_", ""))
+    except ValueError:
+        f = float(text)
+        if math.isfinite(f) and f.is_integer():
+            return int(f)
+        if kind == "int":
+            raise
+        raise ValueError(text) from None
+
+
+def _estimate_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    problems: list[str] = []
+    for field, (flag, kind) in _FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None or kind in ("bool", "str"):
+            options[field] = value
+            continue
+        try:
+            options[field] = _read(value, kind)
+        except ValueError:
+            allowed = _READ_ERROR_OF_FLAG.get(flag, _READ_ERRORS[kind])
+            problems.append(f"{flag} {value}: {allowed}")
+    if args.units.strip().lower() not in _UNITS:
+        problems.append(f"--units {args.units}: must be gib or gb")
+    if problems:
+        parser.error("; ".join(problems))
+    return options
+
+
+def _cli_error(
+    exc: ValueError, args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> NoReturn:
+    from workbench.estimate import EstimateInputError
+
+    if not isinstance(exc, EstimateInputError):
+        parser.error(" ".join(str(exc).split()))
+    flag_of = {field: flag for field, (flag, _) in _FLAGS.items()}
+
+    def name(field: str) -> str:
+        return flag_of.get(field, field)
+
+    lines = []
+    for p in exc.problems:
+        flag = name(p.field)
+        if p.missing or _FLAGS.get(p.field, ("", ""))[1] == "bool":
+            text = p.render(name).replace(f"{flag}=True: ", f"{flag}: ")
+        else:
+            raw = getattr(args, flag[2:].replace("-", "_"), p.value)
+            text = p.render(name, value_text=str(raw))
+            text = text.replace(f"{flag}={raw}: ", f"{flag} {raw}: ", 1)
+        lines.append(text)
+    parser.error("; ".join(lines))
+
+
+def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run `workbench estimate` on parsed arguments; returns the exit status."""
+    from workbench.estimate import compare_stages, estimate_memory
+
+    if args.list_gpus:
+        print(_gpu_table(as_json=args.json))
+        return 0
+    options = _estimate_options(args, parser)
+    unit_bytes, unit_name = _UNITS[args.units.strip().lower()]
+    try:
+        if args.compare_stages:
+            options.pop("zero_stage")
+            stages = compare_stages(**options)
+        else:
+            stages = (estimate_memory(**options),)
+    except ValueError as exc:
+        _cli_error(exc, args, parser)
+    if args.json:
+        if args.compare_stages:
+            print(json.dumps({"stages": [e.to_dict() for e in stages]}, indent=2))
+        else:
+            print(json.dumps(stages[0].to_dict(), indent=2))
+    elif args.compare_stages:
+        print(_stages_table(stages, unit_bytes, unit_name))
+    else:
+        print(_report(stages[0], unit_bytes, unit_name))
+    return 0
+
+
+# ---------------------------------------------------------------- printing
+def _fmt(value: int | None, unit: int) -> str:
+    return "-" if value is None else f"{value / unit:,.2f}"
+
+
+def _count(n: float) -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.4g}{suffix}"
+    return f"{n:g}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} hours"
+    return f"{seconds:,.0f} s"
+
+
+def _headline(e: Any) -> str:
+    gpus = f"{e.gpus} GPU" + ("s" if e.gpus > 1 else "")
+    parts = [f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
+    parts += [f"ZeRO stage {e.zero_stage}", gpus]
+    if e.offload_optimizer:
+        parts.append("optimizer offload")
+    if e.offload_params:
+        parts.append("parameter offload")
+    if e.layers is not None:
+        parts.append(f"micro-batch {e.micro_batch}, checkpointing {e.checkpointing}")
+    return ", ".join(parts)
+
+
+def _report(e: Any, unit: int, unit_name: str) -> str:
+    act = (
+        _fmt(e.activation_bytes, unit)
+        if e.activation_bytes is not None
+        else "not counted (no shape given: --layers --hidden --heads --seq-len --vocab)"
+    )
+    rows = [
+        ("parameters", _fmt(e.params_bytes, unit)),
+        ("gradients", _fmt(e.grads_bytes, unit)),
+        ("optimizer states", _fmt(e.optimizer_bytes, unit)),
+        ("activations", act),
+        ("total", _fmt(e.total_bytes, unit)),
+        ("framework overhead", _fmt(e.overhead_bytes, unit)),
+        ("total + overhead", _fmt(e.required_bytes, unit)),
+    ]
+    if e.cpu_offload_bytes:
+        rows.append(("offloaded to CPU", _fmt(e.cpu_offload_bytes, unit)))
+    width = max(len(r[1]) for r in rows[:3] + rows[4:])
+    lines = [
+        _headline(e),
+        f"per GPU, {unit_name} ({'2^30' if unit_name == 'GiB' else '10^9'} bytes):",
+    ]
+    lines += [
+        f"  {label:<20}{value:>{width}}"
+        if value[:1].isdigit() or value == "-"
+        else f"  {label:<20}{value}"
+        for label, value in rows
+    ]
+    if e.gpu is not None:
+        verdict = "fits" if e.fits else "does NOT fit"
+        lines.append(f"{e.gpu}: {_fmt(e.gpu_memory_bytes, unit)} {unit_name} per GPU -> {verdict}")
+        if e.layers is not None:
+            mmb = e.max_micro_batch
+            lines.append(
+                "largest micro-batch that fits: "
+                + (str(mmb) if mmb is not None else "none (not even 1)")
+            )
+    if e.train_flops is not None:
+        factor = 8 if e.checkpointing == "full" else 6
+        line = f"compute: {factor} x params x tokens = {e.train_flops:.3g} FLOPs"
+        if e.train_seconds is not None:
+            line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at MFU {e.mfu:g}"
+            if e.cost is not None:
+                line += f"; cost {e.cost:,.0f} at {e.price_per_gpu_hour:g} per GPU-hour"
+        elif e.gpu is None:
+            line += " (name a --gpu for time and cost)"
+        else:
+            line += f" ({e.gpu} has no {e.precision} tensor rate in its data sheet: time not known)"
+        lines.append(line)
+    if unit_name == "GiB":
+        lines.append("(--units gb prints decimal GB, 10^9 bytes, the ZeRO paper's unit)")
+    return "\n".join(lines)
+
+
+def _stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
+    head = [f"per GPU, {unit_name}"] + [f"stage {e.zero_stage}" for e in stages]
+    rows: list[list[str]] = [
+        ["parameters"] + [_fmt(e.params_bytes, unit) for e in stages],
+        ["gradients"] + [_fmt(e.grads_bytes, unit) for e in stages],
+        ["optimizer states"] + [_fmt(e.optimizer_bytes, unit) for e in stages],
+        ["activations"] + [_fmt(e.activation_bytes, unit) for e in stages],
+        ["total"] + [_fmt(e.total_bytes, unit) for e in stages],
+        ["offloaded to CPU"] + [_fmt(e.cpu_offload_bytes, unit) for e in stages],
+    ]
+    if stages[0].gpu is not None:
+        rows.append([f"fits {stages[0].gpu}"] + ["yes" if e.fits else "no" for e in stages])
+        if stages[0].layers is not None:
+            rows.append(["max micro-batch"] + [str(e.max_micro_batch or "none") for e in stages])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    out = [_headline(stages[0]).replace(f"ZeRO stage {stages[0].zero_stage}", "ZeRO stages 0-3")]
+    for r in [head, *rows]:
+        out.append(
+            r[0].ljust(widths[0])
+            + "".join(f"  {c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True))
+        )
+    if stages[0].activation_bytes is None:
+        out.append(
+            "activations not counted: no shape given (--layers --hidden --heads --seq-len --vocab)"
+        )
+    return "\n".join(out)
+
+
+def _gpu_table(*, as_json: bool) -> str:
+    from workbench.estimate import GPUS
+
+    if as_json:
+        return json.dumps({"gpus": [vars(g) for g in GPUS.values()]}, indent=2)
+    head = ["name", "GiB", "FP16 TFLOPS", "BF16", "FP32", "TF32", "description"]
+    rows = [
+        [
+            g.name,
+            f"{g.memory_bytes / (1 << 30):g}",
+            f"{g.peak_fp16_flops / 1e12:g}",
+            "-" if g.peak_bf16_flops is None else f"{g.peak_bf16_flops / 1e12:g}",
+            f"{g.peak_fp32_flops / 1e12:g}",
+            "-" if g.peak_tf32_flops is None else f"{g.peak_tf32_flops / 1e12:g}",
+            g.description,
+        ]
+        for g in GPUS.values()
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [head, *rows]
+    ]
+    lines.append(
+        "dense peak rates from vendor data sheets (sources in workbench/estimate/catalog.py)"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

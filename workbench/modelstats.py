@@ -1,0 +1,40 @@
+"""Parameter count of a torch module, shared weights counted once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -> int:
+    """Number of parameters of `module`, each shared (tied) weight counted once.
+
+    A weight is shared when the same `Parameter` object is registered twice (tied
+    embeddings) or when two `Parameter`s view the same storage with the same offset,
+    shape and strides. Parameters on the `meta` device are deduplicated by identity
+    only (they have no storage). `trainable_only` counts parameters with
+    `requires_grad=True`.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"module={type(module).__name__}: must be a torch.nn.Module")
+    if not isinstance(trainable_only, bool):
+        raise ValueError(f"trainable_only={trainable_only!r}: must be True or False")
+    seen: set[Any] = set()
+    total = 0
+    for p in module.parameters():  # already skips repeats of the same Parameter object
+        if trainable_only and not p.requires_grad:
+            continue
+        if p.device.type != "meta" and p.numel() > 0:
+            key = (
+                p.device,
+                p.untyped_storage().data_ptr(),
+                p.storage_offset(),
+                tuple(p.shape),
+                p.stride(),
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+        total += p.numel()
+    return total
