@@ -1,0 +1,414 @@
+"""EstimatorPanel: a view over `workbench.estimate.estimate_memory` / `compare_stages`.
+
+Inputs are text fields parsed here (typed garbage is reported beside the field) and
+dropdowns for the choices. Any change recomputes the estimate and redraws one persistent
+figure: a stacked bar of the per-GPU memory of this setup next to ZeRO stages 0-3 side
+by side, each with the GPU's memory as a horizontal line. Invalid input shows its message
+beside the field and the last valid chart stays.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+from matplotlib.patches import Rectangle
+
+from workbench.config import OptimizerName, Precision
+from workbench.estimate import (
+    DEFAULT_MFU,
+    DEFAULT_OVERHEAD_GIB,
+    Checkpointing,
+    EstimateInputError,
+    MemoryEstimate,
+    compare_stages,
+    estimate_memory,
+    gpu_names,
+)
+from workbench.ui._common import (
+    UNITS,
+    Chart,
+    Field,
+    PanelBase,
+    dropdown_field,
+    format_bytes,
+    format_seconds,
+    parse_count,
+    parse_float,
+    parse_int,
+    status_html,
+    text_field,
+)
+
+SEGMENTS = (
+    ("params_bytes", "parameters", "#1565c0"),
+    ("grads_bytes", "gradients", "#43a047"),
+    ("optimizer_bytes", "optimizer states", "#fb8c00"),
+    ("activation_bytes", "activations", "#8e24aa"),
+    ("overhead_bytes", "framework overhead", "#bdbdbd"),
+)
+MODE_PARAMS = "parameter count"
+MODE_SHAPE = "transformer shape"
+
+# UI labels of estimator fields (used to name fields in messages)
+LABELS = {
+    "n_params": "parameters",
+    "layers": "layers",
+    "hidden": "hidden size",
+    "heads": "attention heads",
+    "seq_len": "sequence length",
+    "vocab": "vocabulary",
+    "micro_batch": "micro-batch",
+    "precision": "precision",
+    "optimizer": "optimizer",
+    "zero_stage": "ZeRO stage",
+    "gpus": "GPUs",
+    "offload_optimizer": "offload optimizer",
+    "offload_params": "offload parameters",
+    "checkpointing": "checkpointing",
+    "gpu": "GPU type",
+    "overhead_gib": "overhead (GiB)",
+    "tokens": "training tokens",
+    "mfu": "MFU",
+    "price_per_gpu_hour": "price per GPU-hour",
+}
+SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+
+class EstimatorPanel(PanelBase):
+    """Interactive memory / time / cost estimate.
+
+    `fields[name]` are the inputs (names as in `estimate_memory`), `estimate` the last
+    valid `MemoryEstimate`, `stages` the last valid stage 0-3 comparison, `errors()`
+    the messages now shown beside fields.
+    """
+
+    def __init__(self, *, units: str = "GiB", **initial: Any) -> None:
+        super().__init__()
+        if units not in UNITS:
+            raise ValueError(f"units={units!r}: must be one of {', '.join(UNITS)}")
+        defaults: dict[str, Any] = {
+            "n_params": "7B",
+            "layers": "32",
+            "hidden": "4096",
+            "heads": "32",
+            "seq_len": "2048",
+            "vocab": "32000",
+            "micro_batch": "1",
+            "precision": Precision.AMP_BF16.value,
+            "optimizer": OptimizerName.ADAMW.value,
+            "zero_stage": 2,
+            "gpus": "8",
+            "offload_optimizer": False,
+            "offload_params": False,
+            "checkpointing": Checkpointing.SELECTIVE.value,
+            "gpu": "a100-80gb",
+            "overhead_gib": f"{DEFAULT_OVERHEAD_GIB:g}",
+            "tokens": "140B",
+            "mfu": f"{DEFAULT_MFU:g}",
+            "price_per_gpu_hour": "2.0",
+        }
+        unknown = sorted(set(initial) - set(defaults) - {"mode"})
+        if unknown:
+            raise ValueError(
+                f"{unknown[0]}={initial[unknown[0]]!r}: unknown input; known inputs: "
+                + ", ".join(["mode", *defaults])
+            )
+        mode = initial.pop("mode", MODE_SHAPE)
+        if mode not in (MODE_PARAMS, MODE_SHAPE):
+            raise ValueError(f"mode={mode!r}: must be {MODE_PARAMS!r} or {MODE_SHAPE!r}")
+        values = {**defaults, **{k: v for k, v in initial.items()}}
+        for k in values:
+            if k in defaults and isinstance(defaults[k], str) and not isinstance(values[k], str):
+                values[k] = f"{values[k]:g}" if isinstance(values[k], float) else str(values[k])
+
+        f: dict[str, Field] = {}
+        for name in ("n_params", *SHAPE_FIELDS, "micro_batch", "gpus", "overhead_gib",
+                     "tokens", "mfu", "price_per_gpu_hour"):
+            f[name] = text_field(LABELS[name], values[name], f"wb-est-{name.replace('_', '-')}")
+        f["tokens"].widget.placeholder = "e.g. 300B (empty: no time)"
+        f["price_per_gpu_hour"].widget.placeholder = "USD (empty: no cost)"
+        f["precision"] = dropdown_field(
+            LABELS["precision"], Precision.choices(), values["precision"], "wb-est-precision"
+        )
+        f["optimizer"] = dropdown_field(
+            LABELS["optimizer"], OptimizerName.choices(), values["optimizer"], "wb-est-optimizer"
+        )
+        f["zero_stage"] = dropdown_field(
+            LABELS["zero_stage"], [0, 1, 2, 3], values["zero_stage"], "wb-est-zero-stage"
+        )
+        f["checkpointing"] = dropdown_field(
+            LABELS["checkpointing"], Checkpointing.choices(), values["checkpointing"],
+            "wb-est-checkpointing",
+        )
+        f["gpu"] = dropdown_field(LABELS["gpu"], gpu_names(), values["gpu"], "wb-est-gpu")
+        for name in ("offload_optimizer", "offload_params"):
+            f[name] = Field(
+                LABELS[name],
+                widgets.Checkbox(value=bool(values[name]), indent=False),
+                f"wb-est-{name.replace('_', '-')}",
+            )
+        self.fields = f
+        self.mode = widgets.ToggleButtons(options=[MODE_PARAMS, MODE_SHAPE], value=mode)
+        self.mode.add_class("wb-est-mode")
+        self.units = widgets.ToggleButtons(options=list(UNITS), value=units)
+        self.units.add_class("wb-est-units")
+        self.summary = widgets.HTML()
+        self.summary.add_class("wb-est-summary")
+        self.status = widgets.HTML()
+        self.status.add_class("wb-est-status")
+
+        self.estimate: MemoryEstimate | None = None
+        self.stages: tuple[MemoryEstimate, ...] = ()
+        self.recomputes = 0
+
+        self.chart = Chart(8.5, 3.6, css="wb-est-chart")
+        self._build_chart()
+
+        left = widgets.VBox(
+            [
+                widgets.HTML("<b>Model</b>"),
+                self.mode,
+                *(f[n].box for n in ("n_params", *SHAPE_FIELDS, "micro_batch")),
+                widgets.HTML("<b>Training setup</b>"),
+                *(f[n].box for n in ("precision", "optimizer", "checkpointing", "zero_stage",
+                                     "gpus", "offload_optimizer", "offload_params", "gpu",
+                                     "overhead_gib")),
+                widgets.HTML("<b>Time and cost</b>"),
+                *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour")),
+                widgets.HBox([widgets.HTML("<b>units</b>",
+                                           layout=widgets.Layout(width="150px")), self.units]),
+            ],
+            layout=widgets.Layout(min_width="470px"),
+        )
+        right = widgets.VBox([self.chart.image, self.summary, self.status])
+        self.widget = widgets.HBox([left, right], layout=widgets.Layout(padding="6px"))
+        self.widget.add_class("wb-estimator-panel")
+
+        for field in f.values():
+            field.widget.observe(self._on_change, names="value")
+        self.mode.observe(self._on_mode, names="value")
+        self.units.observe(self._on_units, names="value")
+        self._apply_mode_visibility()
+        self.recompute()
+
+    # ------------------------------------------------------------------ chart
+    def _build_chart(self) -> None:
+        fig = self.chart.figure
+        fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.1, wspace=0.28)
+        self._ax_setup = fig.add_subplot(1, 2, 1)
+        self._ax_stages = fig.add_subplot(1, 2, 2)
+        self._rects: dict[str, list[Rectangle]] = {}
+        for name, label, color in SEGMENTS:
+            bars = self._ax_setup.bar([0], [0.0], width=0.6, color=color, label=label)
+            sbars = self._ax_stages.bar(range(4), [0.0] * 4, width=0.6, color=color)
+            self._rects[name] = [*bars.patches, *sbars.patches]
+        self._gpu_lines = [
+            ax.axhline(0.0, color="#c62828", linestyle="--", linewidth=1.5)
+            for ax in (self._ax_setup, self._ax_stages)
+        ]
+        self._gpu_label = self._ax_setup.text(
+            0.98, 0.0, "", color="#c62828", fontsize=8, ha="right", va="bottom",
+            transform=self._ax_setup.get_yaxis_transform(),
+        )
+        self._totals = [
+            self._ax_setup.text(0, 0, "", ha="center", va="bottom", fontsize=8),
+            *(self._ax_stages.text(i, 0, "", ha="center", va="bottom", fontsize=8)
+              for i in range(4)),
+        ]
+        self._ax_setup.set_xticks([0])
+        self._ax_setup.set_xlim(-0.7, 0.7)
+        self._ax_stages.set_xticks(range(4))
+        self._ax_stages.set_xticklabels([f"ZeRO {i}" for i in range(4)])
+        self._ax_stages.set_title("compare stages (per GPU)", fontsize=10)
+        self._ax_setup.legend(loc="upper left", fontsize=7, framealpha=0.85)
+        for ax in (self._ax_setup, self._ax_stages):
+            ax.grid(True, axis="y", alpha=0.3)
+
+    def _draw(self) -> None:
+        e, stages = self.estimate, self.stages
+        if e is None:
+            return
+        unit = UNITS[self.units.value]
+        columns = [e, *stages]
+        tops = []
+        for col, est in enumerate(columns):
+            bottom = 0.0
+            for name, _label, _color in SEGMENTS:
+                h = (getattr(est, name) or 0) / unit
+                rect = self._rects[name][col]
+                rect.set_y(bottom)
+                rect.set_height(h)
+                bottom += h
+            tops.append(bottom)
+            self._totals[col].set_position((0 if col == 0 else col - 1, bottom))
+            self._totals[col].set_text(f"{bottom:,.1f}")
+        gpu_mem = e.gpu_memory_bytes / unit if e.gpu_memory_bytes else None
+        for line in self._gpu_lines:
+            line.set_visible(gpu_mem is not None)
+            if gpu_mem is not None:
+                line.set_ydata([gpu_mem, gpu_mem])
+        self._gpu_label.set_text(
+            f"{e.gpu}: {gpu_mem:,.0f} {self.units.value}" if gpu_mem is not None else ""
+        )
+        self._gpu_label.set_y(gpu_mem or 0.0)
+        ymax = max([*tops, gpu_mem or 0.0, 1e-9]) * 1.18
+        for ax in (self._ax_setup, self._ax_stages):
+            ax.set_ylim(0, ymax)
+            ax.set_ylabel(f"{self.units.value} per GPU")
+        fits = "fits" if e.fits else ("does not fit" if e.fits is False else "")
+        self._ax_setup.set_title(f"this setup (ZeRO {e.zero_stage}) {fits}", fontsize=10)
+        self._ax_setup.set_xticklabels([f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"])
+        for i, label in enumerate(self._ax_stages.get_xticklabels()):
+            label.set_fontweight("bold" if i == e.zero_stage else "normal")
+        self.chart.render()
+
+    def chart_data(self) -> dict[str, list[float]]:
+        """Segment heights now drawn, in the chart's units: [this setup, stage 0..3]."""
+        return {name: [r.get_height() for r in rects] for name, rects in self._rects.items()}
+
+    def gpu_line_value(self) -> float | None:
+        line = self._gpu_lines[0]
+        return float(line.get_ydata()[0]) if line.get_visible() else None
+
+    def charts(self) -> list[Chart]:
+        return [self.chart]
+
+    # ------------------------------------------------------------------ inputs
+    def _apply_mode_visibility(self) -> None:
+        shape = self.mode.value == MODE_SHAPE
+        self.fields["n_params"].box.layout.display = "none" if shape else None
+        for name in SHAPE_FIELDS:
+            self.fields[name].box.layout.display = None if shape else "none"
+
+    def _on_mode(self, _change: dict[str, Any]) -> None:
+        self._apply_mode_visibility()
+        self.recompute()
+
+    def _on_units(self, _change: dict[str, Any]) -> None:
+        self._show_summary()
+        self._draw()
+
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        self.recompute()
+
+    def read_inputs(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """(keyword arguments for estimate_memory, field -> parse error)."""
+        f = self.fields
+        kwargs: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+
+        def take(name: str, fn: Any, **kw: Any) -> None:
+            try:
+                kwargs[name] = fn(LABELS[name], f[name].value, **kw)
+            except ValueError as exc:
+                errors[name] = str(exc)
+
+        if self.mode.value == MODE_SHAPE:
+            for name in SHAPE_FIELDS:
+                take(name, parse_int, minimum=1)
+        else:
+            take("n_params", parse_count)
+        take("micro_batch", parse_int, minimum=1)
+        take("gpus", parse_int, minimum=1)
+        take("overhead_gib", parse_float, minimum=0.0)
+        take("mfu", parse_float, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+        take("price_per_gpu_hour", parse_float, minimum=0.0, optional=True)
+        tokens_text = f["tokens"].value.strip()
+        if tokens_text:
+            take("tokens", parse_count)
+        else:
+            kwargs["tokens"] = None
+        for name in ("precision", "optimizer", "zero_stage", "checkpointing", "gpu",
+                     "offload_optimizer", "offload_params"):
+            kwargs[name] = f[name].value
+        return kwargs, errors
+
+    def recompute(self) -> bool:
+        """Parse the inputs, estimate, redraw. False (and messages beside the fields, the
+        last valid chart kept) when an input is invalid."""
+        self.recomputes += 1
+        kwargs, errors = self.read_inputs()
+        estimate: MemoryEstimate | None = None
+        stages: tuple[MemoryEstimate, ...] = ()
+        if not errors:
+            try:
+                estimate = estimate_memory(**kwargs)
+                opts = {k: v for k, v in kwargs.items() if k != "zero_stage"}
+                stages = compare_stages(**opts)
+            except EstimateInputError as exc:
+                for p in exc.problems:
+                    name = p.field if p.field in self.fields else "n_params"
+                    text = p.render(name=lambda n: LABELS.get(n, n))
+                    errors[name] = f"{errors[name]}; {text}" if name in errors else text
+            except ValueError as exc:  # any other rejection: show it, keep the chart
+                errors["n_params"] = str(exc)
+        for name, field in self.fields.items():
+            field.set_error(errors.get(name))
+        if errors:
+            self.status.value = status_html(
+                "error",
+                "Invalid input (see the message beside the field); the chart shows the last "
+                "valid estimate.",
+            )
+            return False
+        assert estimate is not None
+        self.estimate, self.stages = estimate, stages
+        self.status.value = ""
+        self._show_summary()
+        self._draw()
+        return True
+
+    def errors(self) -> dict[str, str]:
+        """Messages now shown beside fields, by field name."""
+        return {n: f.error_text for n, f in self.fields.items() if f.error_text}
+
+    # ------------------------------------------------------------------ summary
+    def _show_summary(self) -> None:
+        e = self.estimate
+        if e is None:
+            return
+        u = self.units.value
+        rows = [
+            ("parameters", f"{e.n_params:,}"),
+            ("model states per GPU", format_bytes(e.model_states_bytes, u)),
+            ("activations per GPU", format_bytes(e.activation_bytes, u)
+             if e.activation_bytes is not None else "n/a (give a transformer shape)"),
+            ("total per GPU", format_bytes(e.total_bytes, u)),
+            ("+ framework overhead", format_bytes(e.required_bytes, u)),
+        ]
+        if e.gpu_memory_bytes is not None:
+            verdict = (
+                '<span style="color:#2e7d32"><b>fits</b></span>'
+                if e.fits
+                else '<span style="color:#c62828"><b>does not fit</b></span>'
+            )
+            rows.append((f"{e.gpu} ({format_bytes(e.gpu_memory_bytes, u)})", verdict))
+            if e.activation_bytes is not None:
+                rows.append(
+                    ("max micro-batch", str(e.max_micro_batch) if e.max_micro_batch else
+                     "none (not even 1 fits)")
+                )
+        if e.cpu_offload_bytes:
+            rows.append(("CPU offload per GPU", format_bytes(e.cpu_offload_bytes, u)))
+        if e.train_flops is not None:
+            rows.append(("training FLOPs", f"{e.train_flops:.3g}"))
+            rows.append(("time", format_seconds(e.train_seconds)
+                         + (f" on {e.gpus} GPUs at MFU {e.mfu:g}" if e.train_seconds else "")))
+            if e.cost is not None:
+                rows.append(("cost", f"${e.cost:,.0f}"))
+        cells = "".join(
+            f"<tr><td style='padding-right:12px'>{html.escape(k)}</td><td>{v}</td></tr>"
+            for k, v in rows
+        )
+        self.summary.value = f"<table>{cells}</table>"
+
+    def __repr__(self) -> str:
+        e = self.estimate
+        if e is None:
+            return "EstimatorPanel(no valid estimate)"
+        return (
+            f"EstimatorPanel(total per GPU {format_bytes(e.total_bytes, self.units.value)}, "
+            f"ZeRO {e.zero_stage}, {e.gpus} GPU(s), fits={e.fits})"
+        )
