@@ -499,14 +499,17 @@ def _rule_memory_growth(c: _Ctx) -> list[Advice]:
         # steady growth, not one jump: each half of the run adds a share of it
         if m2 - m1 < 0.25 * grew or m3 - m2 < 0.25 * grew:
             continue
-        steps = pts[-1][0] - pts[0][0]
-        per_step = (values[-1] - values[0]) / steps if steps > 0 else grew
+        # rate between the middles of the first and last thirds, robust to single outliers
+        s1, _, s3 = _third_medians([float(step) for step, _ in pts])
+        span = s3 - s1
+        per_step = grew / span if span > 0 else grew
+        total = per_step * (pts[-1][0] - pts[0][0])
         out.append(
             Advice(
                 id="memory-growth",
                 severity="warning",
                 message=(
-                    f"{name} grew by {_mib(grew)} between steps {pts[0][0]} and "
+                    f"{name} grew by about {_mib(total)} between steps {pts[0][0]} and "
                     f"{pts[-1][0]} (about {per_step / 1024:.0f} KiB per step) with no setting "
                     "changed: something keeps references across steps, e.g. a loss tensor "
                     "stored without .item(), a growing list of outputs, or a cache."
@@ -576,11 +579,13 @@ def _rule_lr_scaling(c: _Ctx) -> list[Advice]:
     optimizer = c.setting("optimizer")
     adam_like = optimizer in (OptimizerName.ADAM.value, OptimizerName.ADAMW.value)
     rule, new_lr = ("sqrt", sqrt) if adam_like else ("linear", linear)
-    why = (
-        "the square-root rule suits Adam-type optimizers"
-        if adam_like
-        else "the linear rule suits SGD"
-    )
+    if adam_like:
+        why = "the square-root rule suits Adam-type optimizers"
+    elif optimizer is None:
+        why = "optimizer not known: linear suits SGD, square-root suits Adam"
+    else:
+        why = "the linear rule suits SGD"
+
     return [
         Advice(
             id="lr-not-scaled",
