@@ -19,7 +19,7 @@ def _wait_for(sampler: Sampler, n: int, timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("interval", [0, -0.5, math.nan, math.inf, "0.5", None, True, [0.5]])
+@pytest.mark.parametrize("interval", [0, -0.5, 0.001, math.nan, math.inf, "0.5", None, True, [0.5]])
 def test_bad_interval_names_field_value_and_allowed(interval: object) -> None:
     with pytest.raises(ValueError, match=r"interval=.*must be a finite number of seconds > 0"):
         Sampler(interval=interval)  # type: ignore[arg-type]

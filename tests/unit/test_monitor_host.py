@@ -39,7 +39,7 @@ def test_process_cpu_follows_this_process_load() -> None:
     busy = reader.read().process_cpu_percent
     assert idle is not None and busy is not None
     assert busy > idle
-    assert busy > 10.0  # 0.3 s of CPU inside the window
+    assert busy > 2.0  # 0.3 s of CPU inside the window (under 15 s even on a busy host)
 
 
 def test_rss_grows_when_this_process_allocates() -> None:

@@ -293,3 +293,24 @@ def test_sampler_survives_gpu_loss_in_its_thread(no_leaked_threads: None) -> Non
     assert history[0].gpus[0].lost is False
     assert history[-1].gpus[0].lost is True and history[-1].gpu_util_percent is None
     assert history[-1].gpus[1].lost is False
+
+
+def test_two_samplers_on_one_driver_do_not_interfere(no_leaked_threads: None) -> None:
+    fake = FakeNvml()
+    a = Sampler(interval=0.02, backend=fake)
+    b = Sampler(interval=0.02, backend=fake)
+    try:
+        assert fake.init_count == 2  # NVML counts nvmlInit/nvmlShutdown pairs itself
+        a.close()
+        assert fake.shutdown_count == 1
+        taken = b.samples_taken
+        deadline = time.time() + 10
+        while b.samples_taken < taken + 2 and time.time() < deadline:
+            time.sleep(0.01)
+        latest = b.latest()
+        assert latest is not None and latest.gpus[0].util_percent is not None
+        assert b.last_error is None
+    finally:
+        a.close()
+        b.close()
+    assert fake.shutdown_count == 2

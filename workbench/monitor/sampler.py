@@ -22,6 +22,7 @@ from workbench.monitor.nvml import NvmlAdapter, NvmlUnavailable
 from workbench.monitor.types import SOURCE_HOST, SOURCE_NVML, Sample
 
 DEFAULT_WINDOW_SECONDS = 600.0  # default capacity keeps about ten minutes of samples
+MIN_INTERVAL_SECONDS = 0.01  # one sample costs ~0.5 ms of CPU; faster would busy a core
 _ids = itertools.count(1)  # thread names only; carries no state between samplers
 
 
@@ -30,11 +31,12 @@ def _check_interval(interval: Any) -> float:
         isinstance(interval, (int, float))
         and not isinstance(interval, bool)
         and math.isfinite(interval)
-        and interval > 0
+        and interval >= MIN_INTERVAL_SECONDS
     )
     if not ok:
         raise ValueError(
-            f"interval={interval!r}: must be a finite number of seconds > 0 (e.g. 0.5)"
+            f"interval={interval!r}: must be a finite number of seconds > 0 and >= "
+            f"{MIN_INTERVAL_SECONDS} (e.g. 0.5)"
         )
     return float(interval)
 
