@@ -47,7 +47,7 @@ from workbench.estimate.model_states import (
     ModelStateQuery,
     ModelStates,
     bytes_per_param,
-    model_states,
+    model_state_bytes,
 )
 
 __all__ = [
@@ -71,7 +71,7 @@ __all__ = [
     "find_gpu",
     "get_gpu",
     "gpu_names",
-    "model_states",
+    "model_state_bytes",
     "params_from_shape",
     "transformer_activation_bytes",
 ]

@@ -23,7 +23,7 @@ from workbench.estimate.activations import (
     transformer_activation_bytes,
 )
 from workbench.estimate.catalog import GpuSpec, find_gpu
-from workbench.estimate.model_states import ACCOUNTINGS, ModelStateQuery, model_states
+from workbench.estimate.model_states import ACCOUNTINGS, ModelStateQuery, model_state_bytes
 
 GIB = 1 << 30
 
@@ -345,7 +345,7 @@ def estimate_memory(
     assert stage is not None and n_gpus is not None and mb is not None
     assert overhead is not None and util is not None
 
-    states = model_states(
+    states = model_state_bytes(
         ModelStateQuery(n, prec, opt, stage, n_gpus, offload_optimizer, offload_params),
         accounting,
     )

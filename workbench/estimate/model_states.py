@@ -140,6 +140,6 @@ def accounting_function(name: str) -> Callable[[ModelStateQuery], ModelStates]:
     return fn
 
 
-def model_states(q: ModelStateQuery, accounting: str = "paper") -> ModelStates:
+def model_state_bytes(q: ModelStateQuery, accounting: str = "paper") -> ModelStates:
     """Model-state bytes per GPU under `accounting` (a key of `ACCOUNTINGS`)."""
     return accounting_function(accounting)(q)

@@ -1,0 +1,478 @@
+"""Estimator figures pinned to published and hand-computed numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workbench.config import OptimizerName, Precision
+from workbench.estimate import (
+    GIB,
+    GPUS,
+    EstimateInputError,
+    bytes_per_param,
+    compare_stages,
+    estimate_memory,
+    get_gpu,
+    params_from_shape,
+    transformer_activation_bytes,
+)
+
+GPT3 = dict(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257)
+
+
+# ------------------------------------------------------------------ model states
+def test_175b_fp32_adamw_no_zero_is_2_8_tb():
+    e = estimate_memory(n_params=175e9, precision="fp32", optimizer="adamw", zero_stage=0, gpus=1)
+    assert e.params_bytes == 700 * 10**9
+    assert e.grads_bytes == 700 * 10**9
+    assert e.optimizer_bytes == 1400 * 10**9
+    assert e.total_bytes == 2800 * 10**9
+    assert e.activation_bytes is None
+    assert e.cpu_offload_bytes == 0
+
+
+def test_zero_paper_figure_1_at_paper_rounding():
+    stages = compare_stages(n_params=7.5e9, precision="fp16", optimizer="adam", gpus=64)
+    assert [round(e.total_bytes / 1e9, 1) for e in stages] == [120.0, 31.4, 16.6, 1.9]
+    assert [e.zero_stage for e in stages] == [0, 1, 2, 3]
+
+
+def test_zero_stage_columns_for_7_5b_on_64_gpus():
+    shard = 7_500_000_000 // 64  # divides exactly
+    s1 = estimate_memory(n_params=7.5e9, precision="bf16", optimizer="adamw", zero_stage=1, gpus=64)
+    assert (s1.params_bytes, s1.grads_bytes, s1.optimizer_bytes) == (15e9, 15e9, 12 * shard)
+    s2 = estimate_memory(n_params=7.5e9, precision="bf16", zero_stage=2, gpus=64)
+    assert (s2.params_bytes, s2.grads_bytes, s2.optimizer_bytes) == (15e9, 2 * shard, 12 * shard)
+    s3 = estimate_memory(n_params=7.5e9, precision="bf16", zero_stage=3, gpus=64)
+    assert (s3.params_bytes, s3.grads_bytes, s3.optimizer_bytes) == (
+        2 * shard,
+        2 * shard,
+        12 * shard,
+    )
+
+
+@pytest.mark.parametrize(
+    ("precision", "optimizer", "expected"),
+    [
+        ("fp32", "adamw", (4, 4, 8)),
+        ("fp32", "sgd", (4, 4, 4)),
+        ("fp32", "sgd-nomomentum", (4, 4, 0)),
+        ("fp32", "adam8bit", (4, 4, 2)),
+        ("amp-fp16", "adam", (4, 4, 8)),
+        ("amp-bf16", "sgd", (4, 4, 4)),
+        ("fp16", "adam", (2, 2, 12)),  # K = 12: fp32 master + two fp32 states
+        ("bf16", "sgd", (2, 2, 8)),
+        ("bf16", "sgd-nomomentum", (2, 2, 4)),  # the master copy alone
+        ("fp16", "adam8bit", (2, 2, 6)),
+    ],
+)
+def test_bytes_per_parameter(precision, optimizer, expected):
+    per = bytes_per_param(Precision(precision), OptimizerName(optimizer))
+    assert (per.weights, per.grads, per.optimizer) == expected
+    e = estimate_memory(n_params=1000, precision=precision, optimizer=optimizer)
+    assert (e.params_bytes, e.grads_bytes, e.optimizer_bytes) == tuple(1000 * x for x in expected)
+
+
+def test_sharding_rounds_up_per_gpu():
+    e = estimate_memory(n_params=10, precision="fp32", optimizer="adam", zero_stage=3, gpus=3)
+    # ceil(10 / 3) = 4 parameters on every GPU
+    assert (e.params_bytes, e.grads_bytes, e.optimizer_bytes) == (16, 16, 32)
+    assert 3 * e.total_bytes >= estimate_memory(n_params=10, optimizer="adam").total_bytes
+
+
+def test_stage_zero_replicates_on_every_gpu():
+    one = estimate_memory(n_params=1e9, precision="bf16")
+    many = estimate_memory(n_params=1e9, precision="bf16", gpus=512)
+    assert one.total_bytes == many.total_bytes
+
+
+def test_optimizer_offload_moves_gradients_and_optimizer_states_to_cpu():
+    base = estimate_memory(n_params=1e9, precision="bf16", zero_stage=2, gpus=8)
+    off = estimate_memory(
+        n_params=1e9, precision="bf16", zero_stage=2, gpus=8, offload_optimizer=True
+    )
+    assert off.params_bytes == base.params_bytes == 2 * 10**9
+    assert off.grads_bytes == off.optimizer_bytes == 0
+    assert off.cpu_offload_bytes == base.grads_bytes + base.optimizer_bytes
+    assert off.total_bytes + off.cpu_offload_bytes == base.total_bytes
+
+
+def test_parameter_offload_moves_the_parameter_shard():
+    kw = dict(n_params=1e9, precision="bf16", zero_stage=3, gpus=4, offload_optimizer=True)
+    base = estimate_memory(**kw)
+    both = estimate_memory(**kw, offload_params=True)
+    assert both.params_bytes == 0 and both.total_bytes == 0
+    assert both.cpu_offload_bytes == base.cpu_offload_bytes + base.params_bytes == 16 * 250_000_000
+
+
+def test_parameter_count_from_shape_gpt3():
+    n = params_from_shape(layers=96, hidden=12288, seq_len=2048, vocab=50257)
+    h = 12288
+    assert n == 12 * 96 * h * h + 13 * 96 * h + 50257 * h + 2048 * h + 2 * h
+    assert n == 174_604_259_328  # "175B"
+    assert estimate_memory(**GPT3).n_params == n
+
+
+def test_explicit_n_params_wins_over_shape_for_model_states():
+    e = estimate_memory(n_params=1000, **GPT3)
+    assert e.n_params == 1000 and e.params_bytes == 4000
+    assert e.activation_bytes is not None and e.activation_bytes > 0
+
+
+# ------------------------------------------------------------------ activations
+S, B, H, A = 2048, 1, 12288, 96  # GPT-3 175B, micro-batch 1
+SBH = S * B * H  # 25,165,824
+AS2B = A * S * S * B  # 402,653,184
+
+
+def test_korthikanti_table_2_per_layer_gpt3():
+    kw = dict(layers=96, hidden=H, heads=A, seq_len=S, micro_batch=B, vocab=50257)
+    none = transformer_activation_bytes(**kw, checkpointing="none")
+    selective = transformer_activation_bytes(**kw, checkpointing="selective")
+    full = transformer_activation_bytes(**kw, checkpointing="full")
+    assert none.per_layer_bytes == SBH * (34 + 5 * A * S // H) == 2_868_903_936
+    assert 5 * A * S / H == 80  # the paper's "5as/h = 80 for GPT-3"
+    assert selective.per_layer_bytes == 34 * SBH == 855_638_016
+    assert full.per_layer_bytes == 2 * SBH == 50_331_648
+    assert none.per_layer_element_bytes == 2 * (16 * SBH + 2 * AS2B)
+    assert none.per_layer_mask_bytes == 2 * SBH + AS2B
+
+
+def test_gpt3_full_checkpointing_total_by_hand():
+    b = transformer_activation_bytes(
+        layers=96, hidden=H, heads=A, seq_len=S, micro_batch=1, vocab=50257, checkpointing="full"
+    )
+    layers = 96 * 2 * SBH  # 2sbhL = 4,831,838,208
+    recompute = SBH * (34 + 80) - 2 * SBH  # one layer recomputed; its input is already stored
+    embedding = SBH  # input dropout mask
+    logits = 4 * S * 50257
+    output = 2 * SBH + 2 * SBH + logits  # final LN input, output projection input, fp32 logits
+    assert (b.layers_bytes, b.recompute_bytes) == (layers, recompute)
+    assert (b.embedding_bytes, b.logits_bytes, b.output_bytes) == (embedding, logits, output)
+    assert b.total_bytes == layers + recompute + embedding + output == 8_187_944_960
+
+
+def test_fp32_activations_double_only_element_terms():
+    kw = dict(layers=2, hidden=64, heads=4, seq_len=32, micro_batch=3, vocab=65)
+    half = transformer_activation_bytes(**kw, activation_bytes_per_element=2)
+    full = transformer_activation_bytes(**kw, activation_bytes_per_element=4)
+    assert full.per_layer_element_bytes == 2 * half.per_layer_element_bytes
+    assert full.per_layer_mask_bytes == half.per_layer_mask_bytes
+    sbh, as2b = 32 * 3 * 64, 4 * 32 * 32 * 3
+    assert full.per_layer_bytes == 66 * sbh + 9 * as2b
+    assert full.logits_bytes == half.logits_bytes == 4 * 32 * 3 * 65
+
+
+def test_without_dropout_no_masks_and_one_score_tensor():
+    kw = dict(layers=2, hidden=64, heads=4, seq_len=32, micro_batch=1, vocab=65)
+    b = transformer_activation_bytes(**kw, dropout=False)
+    sbh, as2b = 32 * 64, 4 * 32 * 32
+    assert b.per_layer_mask_bytes == 0 and b.embedding_bytes == 0
+    assert b.per_layer_bytes == 32 * sbh + 2 * as2b
+
+
+def test_one_layer_all_checkpointing_modes_agree():
+    kw = dict(layers=1, hidden=64, heads=4, seq_len=32, micro_batch=2, vocab=65)
+    totals = {
+        m: transformer_activation_bytes(**kw, checkpointing=m).total_bytes
+        for m in ("none", "selective", "full")
+    }
+    assert len(set(totals.values())) == 1
+
+
+def test_estimate_uses_16_bit_activations_except_for_fp32():
+    kw = dict(**GPT3, micro_batch=2)
+    for precision, element in (("fp32", 4), ("amp-bf16", 2), ("fp16", 2)):
+        e = estimate_memory(**kw, precision=precision)
+        assert e.activations is not None
+        assert e.activations.activation_bytes_per_element == element
+        assert (
+            e.total_bytes == e.params_bytes + e.grads_bytes + e.optimizer_bytes + e.activation_bytes
+        )
+
+
+def test_activations_are_linear_in_micro_batch():
+    one = estimate_memory(**GPT3, micro_batch=1, checkpointing="selective").activation_bytes
+    seven = estimate_memory(**GPT3, micro_batch=7, checkpointing="selective").activation_bytes
+    assert seven == 7 * one
+
+
+def test_bad_checkpointing_name_in_activation_function():
+    with pytest.raises(
+        ValueError, match=r"checkpointing='some': must be one of none, selective, full"
+    ):
+        transformer_activation_bytes(
+            layers=1, hidden=8, heads=2, seq_len=4, micro_batch=1, vocab=5, checkpointing="some"
+        )
+
+
+# ------------------------------------------------------------------ GPU, fits, max batch
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [
+        ("h100", "h100-80gb"),
+        ("h100-80gb", "h100-80gb"),
+        ("H100 80GB", "h100-80gb"),
+        ("NVIDIA H100 SXM5 80GB", "h100-80gb"),
+        ("A100-80GB", "a100-80gb"),
+        ("a100_40gb", "a100-40gb"),
+        ("V100-32GB", "v100-32gb"),
+        ("RTX 4090", "rtx-4090"),
+        ("3090", "rtx-3090"),
+        ("h200", "h200-141gb"),
+        ("MI300X", "mi300x"),
+        ("l40s", "l40s"),
+        ("T4", "t4"),
+    ],
+)
+def test_gpu_lookup_is_forgiving(name, canonical):
+    assert get_gpu(name).name == canonical
+
+
+def test_catalog_has_the_asked_gpus_with_sources():
+    for g in GPUS.values():
+        assert g.memory_bytes > 0 and g.peak_fp16_flops > g.peak_fp32_flops > 0
+        assert g.source
+    assert GPUS["h100-80gb"].memory_bytes == 80 * GIB
+    assert GPUS["h200-141gb"].memory_bytes == 141 * GIB
+
+
+def test_unknown_and_ambiguous_gpu_names():
+    with pytest.raises(
+        ValueError, match=r"gpu='b300': unknown GPU; known GPUs: v100-16gb, .*mi300x"
+    ):
+        get_gpu("b300")
+    with pytest.raises(ValueError, match=r"gpu='a100': is ambiguous: .*a100-40gb, a100-80gb"):
+        estimate_memory(n_params=1e9, gpu="a100")
+
+
+def test_fits_compares_total_plus_overhead_with_gpu_memory():
+    # 5e9 fp32 params with sgd-nomomentum: 40e9 bytes; an A100-40GB has 42.9e9 bytes.
+    kw = dict(n_params=5e9, optimizer="sgd-nomomentum", gpu="a100-40gb")
+    assert estimate_memory(**kw).fits is True
+    room = 40 * GIB - 40 * 10**9
+    assert estimate_memory(**kw, overhead_gib=room / GIB).fits is True
+    assert estimate_memory(**kw, overhead_gib=(room + 1) / GIB).fits is False
+    assert estimate_memory(n_params=5e9).fits is None
+
+
+def test_max_micro_batch_is_the_largest_that_fits():
+    kw = dict(**GPT3, precision="bf16", zero_stage=3, gpus=1024, checkpointing="full", gpu="h100")
+    e = estimate_memory(**kw)
+    m = e.max_micro_batch
+    assert m is not None and m >= 1
+    assert estimate_memory(**kw, micro_batch=m).fits is True
+    assert estimate_memory(**kw, micro_batch=m + 1).fits is False
+
+
+def test_max_micro_batch_none_cases():
+    assert estimate_memory(**GPT3).max_micro_batch is None  # no GPU named
+    assert estimate_memory(n_params=1e6, gpu="t4").max_micro_batch is None  # no shape
+    nothing = estimate_memory(**GPT3, gpu="h100")  # 2.8 TB of model states on one GPU
+    assert nothing.fits is False and nothing.max_micro_batch is None
+
+
+def test_overhead_is_reported_and_not_in_total():
+    e = estimate_memory(n_params=1000, overhead_gib=2.5)
+    assert e.overhead_bytes == int(2.5 * GIB)
+    assert e.total_bytes == 16_000
+    assert e.required_bytes == e.total_bytes + e.overhead_bytes
+
+
+# ------------------------------------------------------------------ compute
+def test_training_flops_time_and_cost():
+    e = estimate_memory(
+        n_params=7e9,
+        precision="bf16",
+        gpus=8,
+        gpu="h100",
+        tokens=1e12,
+        mfu=0.5,
+        price_per_gpu_hour=3.0,
+    )
+    assert e.train_flops == 6 * 7e9 * 1e12
+    assert e.train_seconds == pytest.approx(e.train_flops / (8 * 989.5e12 * 0.5))
+    assert e.cost == pytest.approx(e.train_seconds / 3600 * 8 * 3.0)
+
+
+def test_full_checkpointing_costs_8_flops_per_param_token():
+    e = estimate_memory(**GPT3, checkpointing="full", tokens=300e9)
+    assert e.train_flops == 8 * e.n_params * 300e9
+
+
+def test_fp32_uses_the_fp32_peak_and_16_bit_the_tensor_peak():
+    kw = dict(n_params=1e9, gpu="a100-80gb", tokens=1e9)
+    t32 = estimate_memory(**kw, precision="fp32").train_seconds
+    t16 = estimate_memory(**kw, precision="amp-fp16").train_seconds
+    assert t32 / t16 == pytest.approx(312 / 19.5)
+
+
+def test_compute_fields_none_when_not_asked():
+    e = estimate_memory(n_params=1e9, gpu="h100")
+    assert (e.train_flops, e.train_seconds, e.cost) == (None, None, None)
+    no_gpu = estimate_memory(n_params=1e9, tokens=1e9, price_per_gpu_hour=2)
+    assert no_gpu.train_flops == 6e18 and no_gpu.train_seconds is None and no_gpu.cost is None
+    no_bf16 = estimate_memory(n_params=1e9, tokens=1e9, gpu="v100-32gb", precision="bf16")
+    assert no_bf16.train_seconds is None  # the V100 has no bf16 tensor rate
+
+
+# ------------------------------------------------------------------ results and seams
+def test_to_dict_is_json_ready_and_echoes_inputs():
+    import json
+
+    e = estimate_memory(
+        **GPT3, precision="BF16", optimizer="Adam", gpu="h100", zero_stage=1, gpus=8
+    )
+    d = json.loads(json.dumps(e.to_dict()))
+    for key in (
+        "n_params",
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activation_bytes",
+        "total_bytes",
+        "overhead_bytes",
+        "cpu_offload_bytes",
+        "gpu",
+        "gpu_memory_bytes",
+        "fits",
+        "max_micro_batch",
+    ):
+        assert d[key] == getattr(e, key)
+    assert (d["precision"], d["optimizer"], d["zero_stage"], d["gpus"]) == ("bf16", "adam", 1, 8)
+    assert d["activations"]["total_bytes"] == e.activation_bytes
+
+
+def test_result_is_frozen():
+    e = estimate_memory(n_params=10)
+    with pytest.raises(AttributeError):
+        e.total_bytes = 0  # type: ignore[misc]
+
+
+def test_compare_stages_applies_offload_where_supported():
+    stages = compare_stages(
+        n_params=1e9, precision="bf16", gpus=4, offload_optimizer=True, offload_params=True
+    )
+    assert [(e.offload_optimizer, e.offload_params) for e in stages] == [
+        (False, False),
+        (True, False),
+        (True, False),
+        (True, True),
+    ]
+    with pytest.raises(ValueError, match="zero_stage=2: is set by compare_stages"):
+        compare_stages(n_params=1e9, zero_stage=2)
+
+
+def test_accounting_seam_imports_a_registered_module_lazily(monkeypatch):
+    import sys
+    import types
+
+    import workbench.estimate.model_states as ms
+
+    def doubled(q):
+        base = ms.paper_model_states(q)
+        return ms.ModelStates(2 * base.params_bytes, base.grads_bytes, base.optimizer_bytes, 0)
+
+    fake = types.ModuleType("fake_layout")
+    fake.model_states = doubled  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_layout", fake)
+    monkeypatch.setitem(ms.ACCOUNTINGS, "fake", "fake_layout:model_states")
+    monkeypatch.setattr(ms, "_RESOLVED", {})
+    e = estimate_memory(n_params=100, accounting="fake")
+    assert e.params_bytes == 800 and e.grads_bytes == 400 and e.accounting == "fake"
+    assert estimate_memory(n_params=100).params_bytes == 400
+
+
+def test_unknown_accounting_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"accounting='deepspeed': must be one of paper"):
+        estimate_memory(n_params=100, accounting="deepspeed")
+
+
+# ------------------------------------------------------------------ errors
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(
+            n_params=-5,
+            precision="fp64",
+            optimizer="lion",
+            zero_stage=5,
+            gpus=0,
+            checkpointing="some",
+            gpu="tpu",
+            mfu=1.5,
+            overhead_gib=-1,
+            tokens=math.nan,
+            price_per_gpu_hour=-2,
+            micro_batch=0,
+        )
+    fields = [p.field for p in info.value.problems]
+    assert fields == [
+        "n_params",
+        "micro_batch",
+        "precision",
+        "optimizer",
+        "checkpointing",
+        "zero_stage",
+        "gpus",
+        "gpu",
+        "overhead_gib",
+        "tokens",
+        "mfu",
+        "price_per_gpu_hour",
+    ]
+    text = str(info.value)
+    assert text.startswith("12 invalid estimate inputs:")
+    assert "precision='fp64': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16" in text
+    assert "optimizer='lion': must be one of adamw, adam, sgd, sgd-nomomentum, adam8bit" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(n_params=0), r"n_params=0: must be a whole number >= 1"),
+        (dict(n_params=math.nan), r"n_params=nan: must be a whole number >= 1"),
+        (dict(n_params="7e9"), r"n_params='7e9': must be a whole number >= 1"),
+        (dict(n_params=1.5), r"n_params=1.5: must be a whole number"),
+        (dict(n_params=True), r"n_params=True: must be a whole number"),
+        (
+            dict(n_params=1e9, layers=-1, hidden=8, heads=2, seq_len=4, vocab=5),
+            r"layers=-1: must be an integer >= 1",
+        ),
+        (dict(n_params=1e9, zero_stage=4), r"zero_stage=4: must be 0, 1, 2 or 3"),
+        (dict(n_params=1e9, zero_stage=-1), r"zero_stage=-1: must be 0, 1, 2 or 3"),
+        (
+            dict(n_params=1e9, offload_params=True, zero_stage=2),
+            r"offload_params=True: needs zero_stage 3 \(got 2\)",
+        ),
+        (
+            dict(n_params=1e9, offload_optimizer=True),
+            r"offload_optimizer=True: needs zero_stage 1, 2 or 3 \(got 0\)",
+        ),
+        (
+            dict(n_params=1e9, offload_optimizer="yes"),
+            r"offload_optimizer='yes': must be True or False",
+        ),
+        (dict(n_params=10, gpus=11), r"gpus=11: must not exceed the parameter count \(10\)"),
+        (
+            dict(layers=2, hidden=10, heads=3, seq_len=4, vocab=5),
+            r"heads=3: must divide hidden=10 evenly",
+        ),
+        (
+            dict(layers=2, hidden=8),
+            r"heads is missing: a transformer shape needs all of layers, hidden, heads, seq_len, vocab \(also missing: seq_len, vocab\)",
+        ),
+        (dict(), r"n_params is missing: give n_params or a transformer shape"),
+        (dict(n_params=1e9, mfu=0), r"mfu=0: must be a finite number > 0 and <= 1"),
+        (
+            dict(n_params=1e9, overhead_gib=math.inf),
+            r"overhead_gib=inf: must be a finite number >= 0",
+        ),
+        (dict(n_params=1e9, gpu=""), r"gpu='': must be a GPU name"),
+        (dict(n_params=1e9, gpu=80), r"gpu=80: must be a GPU name"),
+    ],
+)
+def test_invalid_inputs_name_field_value_and_allowed(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        estimate_memory(**kwargs)
