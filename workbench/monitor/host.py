@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 # psutil fields already counted in `user` / `nice` on Linux (see psutil._cpu_tot_time)
 _GUEST_FIELDS = ("guest", "guest_nice")

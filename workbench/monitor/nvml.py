@@ -52,7 +52,7 @@ class NvmlNotInstalled(NvmlUnavailable, ImportError):
 def load_backend() -> Any:
     """Import the real NVML bindings or raise `NvmlNotInstalled` naming the package."""
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
     except ImportError as exc:
         raise NvmlNotInstalled(
             f"NVML bindings are not installed ({exc}); install them with `{INSTALL_HINT}`"
@@ -94,7 +94,7 @@ class NvmlAdapter:
     """Reads every GPU NVML sees. Use `open()` (or just `read()`), then `close()`."""
 
     def __init__(self, backend: Any | None = None, *, pid: int | None = None) -> None:
-        self._backend = backend
+        self._backend: Any = backend  # None until open() loads the real module
         self._pid = os.getpid() if pid is None else pid
         self._lock = threading.Lock()
         self._initialized = False
@@ -196,7 +196,21 @@ class NvmlAdapter:
         )
 
     def _lost_sample(self, index: int) -> GpuSample:
-        return GpuSample(index, self._names[index], *([None] * 10), lost=True)
+        return GpuSample(
+            index=index,
+            name=self._names[index],
+            util_percent=None,
+            memory_used_bytes=None,
+            memory_total_bytes=None,
+            power_watts=None,
+            power_limit_watts=None,
+            temperature_c=None,
+            sm_clock_mhz=None,
+            pcie_tx_bytes_per_s=None,
+            pcie_rx_bytes_per_s=None,
+            process_memory_bytes=None,
+            lost=True,
+        )
 
     def _read_one(self, index: int) -> GpuSample:
         if index in self._lost:
