@@ -1,0 +1,377 @@
+"""`workbench estimate`: in-process through main(argv), subprocess for exit codes and imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import COMMANDS, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors and --help
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_for_175b_fp32(capsys):
+    code, out, _ = run(
+        [
+            "estimate",
+            "--params",
+            "175e9",
+            "--precision",
+            "fp32",
+            "--optimizer",
+            "adamw",
+            "--zero",
+            "0",
+            "--gpus",
+            "1",
+            "--json",
+        ],
+        capsys,
+    )
+    assert code == 0
+    d = json.loads(out)
+    assert (d["params_bytes"], d["grads_bytes"], d["optimizer_bytes"]) == (700e9, 700e9, 1400e9)
+    assert d["total_bytes"] == 2800e9 and d["activation_bytes"] is None
+    assert d["n_params"] == 175 * 10**9
+    for key in (
+        "overhead_bytes",
+        "cpu_offload_bytes",
+        "gpu",
+        "gpu_memory_bytes",
+        "fits",
+        "max_micro_batch",
+    ):
+        assert key in d
+
+
+def test_json_zero2_on_64_gpus(capsys):
+    code, out, _ = run(
+        [
+            "estimate",
+            "--params",
+            "7.5e9",
+            "--precision",
+            "fp16",
+            "--optimizer",
+            "adam",
+            "--zero",
+            "2",
+            "--gpus",
+            "64",
+            "--json",
+        ],
+        capsys,
+    )
+    assert code == 0
+    assert round(json.loads(out)["total_bytes"] / 1e9, 1) == 16.6
+
+
+def test_gpt3_shape_on_h100(capsys):
+    argv = [
+        "estimate",
+        "--layers",
+        "96",
+        "--hidden",
+        "12288",
+        "--heads",
+        "96",
+        "--vocab",
+        "50257",
+        "--seq-len",
+        "2048",
+        "--micro-batch",
+        "1",
+        "--checkpointing",
+        "full",
+        "--precision",
+        "bf16",
+        "--zero",
+        "3",
+        "--gpus",
+        "1024",
+        "--gpu",
+        "h100-80gb",
+    ]
+    code, out, _ = run([*argv, "--json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    from workbench.estimate import estimate_memory
+
+    e = estimate_memory(
+        layers=96,
+        hidden=12288,
+        heads=96,
+        vocab=50257,
+        seq_len=2048,
+        checkpointing="full",
+        precision="bf16",
+        zero_stage=3,
+        gpus=1024,
+        gpu="h100-80gb",
+    )
+    assert d == json.loads(json.dumps(e.to_dict()))
+    assert d["gpu"] == "h100-80gb" and d["fits"] is True and d["max_micro_batch"] >= 1
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    assert "h100-80gb" in out and "fits" in out and "largest micro-batch that fits:" in out
+    assert f"{e.total_bytes / 2**30:,.2f}" in out  # GiB by default
+
+
+def test_human_table_says_its_unit(capsys):
+    _, out, _ = run(["estimate", "--params", "175e9"], capsys)
+    assert "GiB (2^30 bytes)" in out and "2,607.70" in out  # 2.8e12 bytes in GiB
+    assert "activations" in out and "not counted" in out
+    _, out, _ = run(["estimate", "--params", "175e9", "--units", "gb"], capsys)
+    assert "GB (10^9 bytes)" in out and "2,800.00" in out
+
+
+def test_compare_stages_table_and_json(capsys):
+    argv = [
+        "estimate",
+        "--params",
+        "7.5e9",
+        "--precision",
+        "fp16",
+        "--optimizer",
+        "adam",
+        "--gpus",
+        "64",
+        "--compare-stages",
+    ]
+    code, out, _ = run([*argv, "--units", "gb"], capsys)
+    assert code == 0
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    assert total.split()[1:] == ["120.00", "31.41", "16.64", "1.88"]
+    code, out, _ = run([*argv, "--json"], capsys)
+    stages = json.loads(out)["stages"]
+    assert [s["zero_stage"] for s in stages] == [0, 1, 2, 3]
+    assert [round(s["total_bytes"] / 1e9, 1) for s in stages] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_time_and_cost(capsys):
+    code, out, _ = run(
+        [
+            "estimate",
+            "--params",
+            "7e9",
+            "--precision",
+            "bf16",
+            "--gpus",
+            "8",
+            "--gpu",
+            "h100",
+            "--tokens",
+            "1e12",
+            "--price-per-gpu-hour",
+            "3",
+            "--json",
+        ],
+        capsys,
+    )
+    d = json.loads(out)
+    assert d["train_flops"] == 6 * 7e9 * 1e12
+    assert d["cost"] == pytest.approx(d["train_seconds"] / 3600 * 8 * 3)
+
+
+def test_offload_flags(capsys):
+    code, out, _ = run(
+        [
+            "estimate",
+            "--params",
+            "1e9",
+            "--precision",
+            "bf16",
+            "--zero",
+            "3",
+            "--gpus",
+            "4",
+            "--offload-optimizer",
+            "--offload-params",
+            "--json",
+        ],
+        capsys,
+    )
+    d = json.loads(out)
+    assert d["total_bytes"] == 0 and d["cpu_offload_bytes"] == 16 * 250_000_000
+
+
+def test_list_gpus(capsys):
+    code, out, _ = run(["estimate", "--list-gpus"], capsys)
+    assert code == 0
+    for name in ("h100-80gb", "a100-40gb", "mi300x", "rtx-4090", "t4"):
+        assert name in out
+    code, out, _ = run(["estimate", "--list-gpus", "--json"], capsys)
+    assert {g["name"] for g in json.loads(out)["gpus"]} >= {"h200-141gb", "l40s"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--zero", "5"], "error: --zero 5: must be 0, 1, 2 or 3"),
+        (["--zero", "two"], "error: --zero two: must be 0, 1, 2 or 3"),
+        (
+            ["--precision", "fp64"],
+            "error: --precision fp64: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16",
+        ),
+        (["--optimizer", "lion"], "error: --optimizer lion: must be one of adamw, adam, sgd"),
+        (
+            ["--gpu", "a100"],
+            "error: --gpu a100: is ambiguous: say which one of a100-40gb, a100-80gb",
+        ),
+        (["--gpu", "b300"], "error: --gpu b300: unknown GPU; known GPUs: v100-16gb"),
+        (["--gpus", "0"], "error: --gpus 0: must be an integer >= 1"),
+        (["--gpus", "2.5"], "error: --gpus 2.5: must be an integer >= 1"),
+        (["--offload-params"], "error: --offload-params: needs --zero 3 (got 0)"),
+        (["--offload-optimizer"], "error: --offload-optimizer: needs --zero 1, 2 or 3 (got 0)"),
+        (
+            ["--layers", "2"],
+            "error: --hidden is missing: a transformer shape needs all of --layers, --hidden",
+        ),
+        (
+            ["--layers", "2", "--hidden", "10", "--heads", "3", "--seq-len", "4", "--vocab", "5"],
+            "error: --heads 3: must divide --hidden=10 evenly",
+        ),
+        (["--mfu", "1.5"], "error: --mfu 1.5: must be a finite number > 0 and <= 1"),
+        (["--mfu", "fast"], "error: --mfu fast: must be a finite number > 0 and <= 1"),
+        (["--tokens", "-1"], "error: --tokens -1: must be a finite number > 0"),
+        (["--overhead-gib", "nan"], "error: --overhead-gib nan: must be a finite number >= 0"),
+        (["--units", "tb"], "error: --units tb: must be gib or gb"),
+        (
+            ["--checkpointing", "some"],
+            "error: --checkpointing some: must be one of none, selective, full",
+        ),
+        (["--micro-batch", "0"], "error: --micro-batch 0: must be an integer >= 1"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args, message, capsys):
+    code, out, err = run(["estimate", "--params", "1e9", *args], capsys)
+    assert code == 2 and out == ""
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_params_and_missing_model(capsys):
+    code, _, err = run(["estimate", "--params", "1.5"], capsys)
+    assert code == 2 and "--params 1.5: must be a whole number >= 1" in err
+    code, _, err = run(["estimate", "--params=-7e9"], capsys)
+    assert code == 2 and "--params -7e9: must be a whole number >= 1" in err
+    # argparse reads "-7e9" after a space as an option: still one line and status 2
+    code, _, err = run(["estimate", "--params", "-7e9"], capsys)
+    assert code == 2 and err.strip() == "workbench estimate: error: --params expected one argument"
+    code, _, err = run(["estimate"], capsys)
+    assert code == 2 and "--params is missing: give --params or a transformer shape" in err
+
+
+def test_several_problems_on_one_line(capsys):
+    code, _, err = run(["estimate", "--params", "1e9", "--zero", "7", "--precision", "x"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--precision x: must be one of" in err and "--zero 7: must be 0, 1, 2 or 3" in err
+
+
+def test_no_command_and_unknown_command(capsys):
+    code, _, err = run([], capsys)
+    assert code == 2 and "a command is required: estimate" in err
+    code, _, err = run(["frobnicate"], capsys)
+    assert code == 2 and "invalid choice: 'frobnicate'" in err
+
+
+def test_subcommands_are_loaded_only_when_they_run(monkeypatch):
+    calls = []
+
+    def adder(parser):
+        calls.append(parser.prog)
+        parser.add_argument("--n", type=int, default=1)
+        return lambda args: 40 + args.n
+
+    import types
+
+    fake = types.ModuleType("fake_cmd")
+    fake.add_parser = adder  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_cmd", fake)
+    monkeypatch.setitem(COMMANDS, "fake", ("fake_cmd:add_parser", "a test command"))
+    assert main(["estimate", "--params", "10", "--json"]) == 0
+    assert calls == []  # not loaded for another command
+    assert main(["fake", "--n", "2"]) == 42
+    assert calls == ["workbench fake"]
+    parser, runner = build_parser(None)
+    assert runner is None and "fake" in parser.format_help()
+
+
+# ------------------------------------------------------------------ subprocess
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_subprocess_bad_flag_exit_2_no_traceback():
+    r = _cli("estimate", "--params", "1e9", "--zero", "5")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == "workbench estimate: error: --zero 5: must be 0, 1, 2 or 3"
+    r = _cli("estimate", "--params", "1e9", "--nonsense")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "unrecognized arguments: --nonsense" in r.stderr
+
+
+def test_subprocess_ok():
+    r = _cli(
+        "estimate",
+        "--params",
+        "7.5e9",
+        "--precision",
+        "fp16",
+        "--optimizer",
+        "adam",
+        "--zero",
+        "2",
+        "--gpus",
+        "64",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total_bytes"] == 15_000_000_000 + 14 * 117_187_500
+
+
+def test_estimate_imports_no_torch_deepspeed_or_ipywidgets():
+    code = (
+        "import sys, io, contextlib\n"
+        "from workbench.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['estimate', '--layers', '2', '--hidden', '64', '--heads', '4', '--seq-len',"
+        " '32', '--vocab', '65', '--gpu', 'h100', '--compare-stages'])\n"
+        "    main(['estimate', '--params', '1e9', '--json'])\n"
+        "import workbench\n"
+        "workbench.estimate_memory(n_params=10)\n"
+        "heavy = [m for m in ('torch', 'deepspeed', 'ipywidgets', 'pynvml', 'numpy', 'matplotlib')"
+        " if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_pyproject_console_script_points_at_main():
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert data["project"]["scripts"]["workbench"] == "workbench.cli:main"
