@@ -7,6 +7,7 @@ closing the panels an earlier run of the same notebook cell left behind).
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import math
@@ -149,7 +150,9 @@ class Field:
         self.error.add_class(f"{css}-error")
         self.box = widgets.HBox(
             [
-                widgets.HTML(f"<b>{html.escape(label)}</b>", layout=widgets.Layout(width=label_width)),
+                widgets.HTML(
+                    f"<b>{html.escape(label)}</b>", layout=widgets.Layout(width=label_width)
+                ),
                 widget,
                 self.error,
             ],
@@ -295,10 +298,8 @@ class RefreshTimer:
             except Exception as exc:  # keep refreshing; say what went wrong
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 if self._on_error is not None:
-                    try:
+                    with contextlib.suppress(Exception):
                         self._on_error(exc)
-                    except Exception:
-                        pass
             self.ticks += 1
 
     def stop(self) -> None:
@@ -313,39 +314,38 @@ class RefreshTimer:
 # --------------------------------------------------------------------------- panels
 
 
-def _current_cell() -> tuple[str | None, str | None]:
-    """(cell id, execute-request msg id) of the notebook cell running now, if any."""
+def _current_cell() -> tuple[Any, str | None, str | None]:
+    """(IPython shell, cell id, execute-request msg id) of the notebook cell running now;
+    (None, None, None) outside a kernel or when the front end sends no cell id."""
     try:
         from IPython import get_ipython
 
         shell = get_ipython()
         kernel = getattr(shell, "kernel", None)
         if kernel is None:
-            return None, None
+            return None, None, None
         parent = kernel.get_parent("shell") or {}
         cell_id = (parent.get("metadata") or {}).get("cellId")
         msg_id = (parent.get("header") or {}).get("msg_id")
-        return cell_id, msg_id
+        return shell, cell_id, msg_id
     except Exception:
-        return None, None
+        return None, None, None
 
 
 def _register_with_cell(panel: PanelBase) -> None:
     """Close panels that an earlier run of this same cell created (re-running a cell must
-    not leave their timers running). The registry lives on the IPython shell."""
-    cell_id, msg_id = _current_cell()
-    if cell_id is None:
+    not leave their timers running). The registry lives on the IPython shell, so each
+    kernel has its own and nothing is kept at module level."""
+    shell, cell_id, msg_id = _current_cell()
+    if shell is None or cell_id is None:
         return
-    from IPython import get_ipython
-
-    shell = get_ipython()
     registry: dict[str, list[tuple[str | None, weakref.ref[PanelBase]]]] | None = getattr(
         shell, "_workbench_panels", None
     )
     if registry is None:
         registry = {}
         try:
-            shell._workbench_panels = registry  # type: ignore[union-attr]
+            shell._workbench_panels = registry
         except Exception:
             return
     keep: list[tuple[str | None, weakref.ref[PanelBase]]] = []

@@ -124,8 +124,16 @@ class EstimatorPanel(PanelBase):
                 values[k] = f"{values[k]:g}" if isinstance(values[k], float) else str(values[k])
 
         f: dict[str, Field] = {}
-        for name in ("n_params", *SHAPE_FIELDS, "micro_batch", "gpus", "overhead_gib",
-                     "tokens", "mfu", "price_per_gpu_hour"):
+        for name in (
+            "n_params",
+            *SHAPE_FIELDS,
+            "micro_batch",
+            "gpus",
+            "overhead_gib",
+            "tokens",
+            "mfu",
+            "price_per_gpu_hour",
+        ):
             f[name] = text_field(LABELS[name], values[name], f"wb-est-{name.replace('_', '-')}")
         f["tokens"].widget.placeholder = "e.g. 300B (empty: no time)"
         f["price_per_gpu_hour"].widget.placeholder = "USD (empty: no cost)"
@@ -139,7 +147,9 @@ class EstimatorPanel(PanelBase):
             LABELS["zero_stage"], [0, 1, 2, 3], values["zero_stage"], "wb-est-zero-stage"
         )
         f["checkpointing"] = dropdown_field(
-            LABELS["checkpointing"], Checkpointing.choices(), values["checkpointing"],
+            LABELS["checkpointing"],
+            Checkpointing.choices(),
+            values["checkpointing"],
             "wb-est-checkpointing",
         )
         f["gpu"] = dropdown_field(LABELS["gpu"], gpu_names(), values["gpu"], "wb-est-gpu")
@@ -172,13 +182,25 @@ class EstimatorPanel(PanelBase):
                 self.mode,
                 *(f[n].box for n in ("n_params", *SHAPE_FIELDS, "micro_batch")),
                 widgets.HTML("<b>Training setup</b>"),
-                *(f[n].box for n in ("precision", "optimizer", "checkpointing", "zero_stage",
-                                     "gpus", "offload_optimizer", "offload_params", "gpu",
-                                     "overhead_gib")),
+                *(
+                    f[n].box
+                    for n in (
+                        "precision",
+                        "optimizer",
+                        "checkpointing",
+                        "zero_stage",
+                        "gpus",
+                        "offload_optimizer",
+                        "offload_params",
+                        "gpu",
+                        "overhead_gib",
+                    )
+                ),
                 widgets.HTML("<b>Time and cost</b>"),
                 *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour")),
-                widgets.HBox([widgets.HTML("<b>units</b>",
-                                           layout=widgets.Layout(width="150px")), self.units]),
+                widgets.HBox(
+                    [widgets.HTML("<b>units</b>", layout=widgets.Layout(width="150px")), self.units]
+                ),
             ],
             layout=widgets.Layout(min_width="470px"),
         )
@@ -209,13 +231,21 @@ class EstimatorPanel(PanelBase):
             for ax in (self._ax_setup, self._ax_stages)
         ]
         self._gpu_label = self._ax_setup.text(
-            0.98, 0.0, "", color="#c62828", fontsize=8, ha="right", va="bottom",
+            0.98,
+            0.0,
+            "",
+            color="#c62828",
+            fontsize=8,
+            ha="right",
+            va="bottom",
             transform=self._ax_setup.get_yaxis_transform(),
         )
         self._totals = [
             self._ax_setup.text(0, 0, "", ha="center", va="bottom", fontsize=8),
-            *(self._ax_stages.text(i, 0, "", ha="center", va="bottom", fontsize=8)
-              for i in range(4)),
+            *(
+                self._ax_stages.text(i, 0, "", ha="center", va="bottom", fontsize=8)
+                for i in range(4)
+            ),
         ]
         self._ax_setup.set_xticks([0])
         self._ax_setup.set_xlim(-0.7, 0.7)
@@ -320,8 +350,15 @@ class EstimatorPanel(PanelBase):
             take("tokens", parse_count)
         else:
             kwargs["tokens"] = None
-        for name in ("precision", "optimizer", "zero_stage", "checkpointing", "gpu",
-                     "offload_optimizer", "offload_params"):
+        for name in (
+            "precision",
+            "optimizer",
+            "zero_stage",
+            "checkpointing",
+            "gpu",
+            "offload_optimizer",
+            "offload_params",
+        ):
             kwargs[name] = f[name].value
         return kwargs, errors
 
@@ -373,8 +410,12 @@ class EstimatorPanel(PanelBase):
         rows = [
             ("parameters", f"{e.n_params:,}"),
             ("model states per GPU", format_bytes(e.model_states_bytes, u)),
-            ("activations per GPU", format_bytes(e.activation_bytes, u)
-             if e.activation_bytes is not None else "n/a (give a transformer shape)"),
+            (
+                "activations per GPU",
+                format_bytes(e.activation_bytes, u)
+                if e.activation_bytes is not None
+                else "n/a (give a transformer shape)",
+            ),
             ("total per GPU", format_bytes(e.total_bytes, u)),
             ("+ framework overhead", format_bytes(e.required_bytes, u)),
         ]
@@ -387,15 +428,22 @@ class EstimatorPanel(PanelBase):
             rows.append((f"{e.gpu} ({format_bytes(e.gpu_memory_bytes, u)})", verdict))
             if e.activation_bytes is not None:
                 rows.append(
-                    ("max micro-batch", str(e.max_micro_batch) if e.max_micro_batch else
-                     "none (not even 1 fits)")
+                    (
+                        "max micro-batch",
+                        str(e.max_micro_batch) if e.max_micro_batch else "none (not even 1 fits)",
+                    )
                 )
         if e.cpu_offload_bytes:
             rows.append(("CPU offload per GPU", format_bytes(e.cpu_offload_bytes, u)))
         if e.train_flops is not None:
             rows.append(("training FLOPs", f"{e.train_flops:.3g}"))
-            rows.append(("time", format_seconds(e.train_seconds)
-                         + (f" on {e.gpus} GPUs at MFU {e.mfu:g}" if e.train_seconds else "")))
+            rows.append(
+                (
+                    "time",
+                    format_seconds(e.train_seconds)
+                    + (f" on {e.gpus} GPUs at MFU {e.mfu:g}" if e.train_seconds else ""),
+                )
+            )
             if e.cost is not None:
                 rows.append(("cost", f"${e.cost:,.0f}"))
         cells = "".join(

@@ -36,8 +36,11 @@ class Gauge:
         self.text = widgets.HTML("n/a", layout=widgets.Layout(width="230px"))
         self.text.add_class(f"{css}-text")
         self.box = widgets.HBox(
-            [widgets.HTML(f"<b>{html.escape(label)}</b>", layout=widgets.Layout(width="150px")),
-             self.bar, self.text],
+            [
+                widgets.HTML(f"<b>{html.escape(label)}</b>", layout=widgets.Layout(width="150px")),
+                self.bar,
+                self.text,
+            ],
             layout=widgets.Layout(align_items="center"),
         )
 
@@ -143,7 +146,9 @@ class MonitorPanel(PanelBase):
         self.gauge_box.children = tuple(rows)
         self._layout_source = key
         self._ax.set_title(
-            "GPU 0 utilization and memory" if source == "nvml" and n_gpus else "host CPU and memory",
+            "GPU 0 utilization and memory"
+            if source == "nvml" and n_gpus
+            else "host CPU and memory",
             fontsize=10,
         )
 

@@ -1,0 +1,183 @@
+"""EstimatorPanel driven headless: set field values and check estimate, chart and errors."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pytest
+
+from workbench.estimate import GIB, compare_stages, estimate_memory
+from workbench.ui import EstimatorPanel
+
+
+@pytest.fixture
+def panel():
+    p = EstimatorPanel()
+    yield p
+    p.close()
+
+
+def _set(panel: EstimatorPanel, name: str, value) -> None:
+    panel.fields[name].widget.value = value
+
+
+def test_default_chart_matches_the_estimator(panel: EstimatorPanel) -> None:
+    e = panel.estimate
+    assert e is not None and panel.errors() == {}
+    expected = estimate_memory(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        seq_len=2048,
+        vocab=32000,
+        micro_batch=1,
+        precision="amp-bf16",
+        optimizer="adamw",
+        zero_stage=2,
+        gpus=8,
+        checkpointing="selective",
+        gpu="a100-80gb",
+        tokens=140e9,
+        price_per_gpu_hour=2.0,
+    )
+    assert e == expected
+    data = panel.chart_data()
+    assert data["params_bytes"][0] == pytest.approx(expected.params_bytes / GIB)
+    assert data["activation_bytes"][0] == pytest.approx(expected.activation_bytes / GIB)
+    stages = compare_stages(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        seq_len=2048,
+        vocab=32000,
+        micro_batch=1,
+        precision="amp-bf16",
+        optimizer="adamw",
+        gpus=8,
+        checkpointing="selective",
+        gpu="a100-80gb",
+        tokens=140e9,
+        price_per_gpu_hour=2.0,
+    )
+    assert data["optimizer_bytes"][1:] == pytest.approx([s.optimizer_bytes / GIB for s in stages])
+    assert panel.gpu_line_value() == pytest.approx(80.0)
+    assert panel.chart.png.startswith(b"\x89PNG")
+    summary = panel.summary.value
+    assert "fits" in summary and "max micro-batch" in summary and "cost" in summary
+
+
+def test_change_recomputes_and_redraws_in_place(panel: EstimatorPanel) -> None:
+    figure, image, axes = panel.chart.figure, panel.chart.image, list(panel.chart.figure.axes)
+    before_act = panel.chart_data()["activation_bytes"][0]
+    before_png, renders = panel.chart.png, panel.chart.renders
+    _set(panel, "micro_batch", "4")
+    assert panel.estimate.micro_batch == 4
+    assert panel.chart_data()["activation_bytes"][0] == pytest.approx(4 * before_act)
+    assert panel.chart.renders == renders + 1 and panel.chart.png != before_png
+    assert panel.chart.image.value == panel.chart.png
+    # the same figure, axes and image widget: no new figure per change, nothing in pyplot
+    assert panel.chart.figure is figure and panel.chart.image is image
+    assert list(panel.chart.figure.axes) == axes
+    assert plt.get_fignums() == []
+
+
+def test_stage_and_gpu_type_and_units(panel: EstimatorPanel) -> None:
+    _set(panel, "zero_stage", 3)
+    assert panel.estimate.zero_stage == 3
+    assert panel.chart_data()["params_bytes"][0] == pytest.approx(
+        panel.stages[3].params_bytes / GIB
+    )
+    _set(panel, "gpu", "h200-141gb")
+    assert panel.gpu_line_value() == pytest.approx(141.0)
+    gib_total = sum(v[0] for v in panel.chart_data().values())
+    panel.units.value = "GB"
+    gb_total = sum(v[0] for v in panel.chart_data().values())
+    assert gb_total == pytest.approx(gib_total * GIB / 1e9)
+    assert "GB" in panel.summary.value and "GiB" not in panel.summary.value
+
+
+def test_parameter_count_mode_175b(panel: EstimatorPanel) -> None:
+    panel.mode.value = "parameter count"
+    _set(panel, "n_params", "175B")
+    _set(panel, "precision", "fp16")
+    _set(panel, "optimizer", "adam")
+    _set(panel, "zero_stage", 0)
+    _set(panel, "gpus", "1")
+    e = panel.estimate
+    assert e.n_params == 175_000_000_000
+    assert e.total_bytes == 16 * 175_000_000_000  # 2.8 TB of model states
+    assert e.activation_bytes is None and e.fits is False
+    assert panel.chart_data()["activation_bytes"][0] == 0
+    assert "does not fit" in panel.summary.value
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("micro_batch", "abc", "micro-batch: 'abc' is not a whole number >= 1"),
+        ("micro_batch", "", "micro-batch: empty"),
+        ("micro_batch", "0", "micro-batch: 0 is out of range"),
+        ("gpus", "-2", "GPUs: -2 is out of range"),
+        ("gpus", "2.5", "GPUs: '2.5' is not a whole number"),
+        ("layers", "many", "layers: 'many' is not a whole number"),
+        ("mfu", "1.5", "MFU: 1.5 is out of range"),
+        ("mfu", "0", "MFU: 0 is out of range"),
+        ("overhead_gib", "nan", "overhead (GiB): nan is out of range"),
+        ("tokens", "lots", "training tokens: 'lots' is not a count"),
+        ("price_per_gpu_hour", "-1", "price per GPU-hour: -1 is out of range"),
+    ],
+)
+def test_bad_text_shows_error_beside_field_and_keeps_chart(
+    panel: EstimatorPanel, name: str, value: str, expected: str
+) -> None:
+    estimate, png, data = panel.estimate, panel.chart.png, panel.chart_data()
+    _set(panel, name, value)
+    errors = panel.errors()
+    assert list(errors) == [name]
+    assert errors[name].startswith(expected)
+    assert panel.fields[name].error.value  # rendered next to the field
+    assert panel.estimate is estimate and panel.chart.png == png and panel.chart_data() == data
+    assert "last valid" in panel.status.value
+
+
+def test_estimator_rejections_land_beside_the_right_field(panel: EstimatorPanel) -> None:
+    _set(panel, "offload_params", True)  # needs ZeRO 3; default stage is 2
+    errors = panel.errors()
+    assert list(errors) == ["offload_params"]
+    assert "offload parameters" in errors["offload_params"] and "3" in errors["offload_params"]
+    _set(panel, "zero_stage", 3)
+    assert panel.errors() == {} and panel.estimate.offload_params is True
+    assert panel.chart_data()["params_bytes"][0] == 0  # parameters live on the CPU
+    _set(panel, "heads", "33")
+    assert "must divide" in panel.errors()["heads"]
+
+
+def test_fixing_input_clears_error(panel: EstimatorPanel) -> None:
+    _set(panel, "micro_batch", "x")
+    assert "micro_batch" in panel.errors()
+    _set(panel, "micro_batch", "2")
+    assert panel.errors() == {} and panel.estimate.micro_batch == 2
+    assert panel.status.value == ""
+
+
+def test_empty_tokens_means_no_time(panel: EstimatorPanel) -> None:
+    _set(panel, "tokens", "")
+    assert panel.errors() == {}
+    assert panel.estimate.train_seconds is None and "cost" not in panel.summary.value
+
+
+def test_constructor_rejects_unknown_inputs() -> None:
+    with pytest.raises(ValueError, match="bogus=1: unknown input"):
+        EstimatorPanel(bogus=1)
+    with pytest.raises(ValueError, match="units='MB'"):
+        EstimatorPanel(units="MB")
+
+
+def test_initial_values_and_static_png() -> None:
+    p = EstimatorPanel(mode="parameter count", n_params=1.3e9, gpus=2, zero_stage=1)
+    try:
+        assert p.estimate.n_params == 1_300_000_000 and p.estimate.gpus == 2
+        bundle = p._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        assert bundle["image/png"]
+    finally:
+        p.close()

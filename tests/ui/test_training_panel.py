@@ -1,0 +1,233 @@
+"""TrainingPanel driven headless over a step-by-step FakeSession (no threads): controls,
+buttons, charts, advice and bad input."""
+
+from __future__ import annotations
+
+import pytest
+from ui_fakes import FakeSession
+
+from workbench.config import TrainConfig
+from workbench.ui import TrainingPanel
+
+
+@pytest.fixture
+def session() -> FakeSession:
+    return FakeSession()
+
+
+@pytest.fixture
+def panel(session: FakeSession):
+    p = TrainingPanel(session, autostart=False)
+    yield p
+    p.close()
+
+
+def _set(panel: TrainingPanel, name: str, value) -> None:
+    panel.controls[name].widget.value = value
+
+
+def test_control_change_reaches_the_session_and_the_charts(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    session.step()
+    _set(panel, "grad_accum", "8")
+    assert session.updates == [{"grad_accum": 8}]
+    assert "grad_accum=8 queued" in panel.message_text
+    session.step()  # the change takes effect at this step
+    session.step()
+    panel.refresh()
+    assert session.config.grad_accum == 8
+    assert "grad_accum=8" in panel.status_text
+    data = panel.chart_data()
+    assert data["steps"] == [1.0, 2.0, 3.0]
+    assert data["change_steps"] == [2.0]
+    assert panel.change_steps == [(2, "grad_accum=8")]
+
+
+def test_every_control_maps_to_its_setting(panel: TrainingPanel, session: FakeSession) -> None:
+    _set(panel, "precision", "amp-bf16")
+    _set(panel, "micro_batch", "4")
+    _set(panel, "clip_grad_norm", "1.0")
+    _set(panel, "activation_checkpointing", True)
+    _set(panel, "num_workers", "2")
+    _set(panel, "lr", "1e-3")
+    _set(panel, "lr_schedule", "cosine")
+    _set(panel, "zero_stage", 1)
+    _set(panel, "offload_optimizer", "cpu")
+    assert session.updates == [
+        {"precision": "amp-bf16"},
+        {"micro_batch": 4},
+        {"clip_grad_norm": 1.0},
+        {"activation_checkpointing": True},
+        {"num_workers": 2},
+        {"lr": 1e-3},
+        {"lr_schedule": "cosine"},
+        {"zero_stage": 1},
+        {"offload_optimizer": "cpu"},
+    ]
+    assert panel.errors() == {}
+    session.step()
+    _set(panel, "clip_grad_norm", "")  # empty clears clipping
+    assert session.updates[-1] == {"clip_grad_norm": None}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("grad_accum", "abc", "accumulation: 'abc' is not a whole number from 1"),
+        ("grad_accum", "", "accumulation: empty"),
+        ("grad_accum", "0", "accumulation: 0 is out of range"),
+        ("micro_batch", "-3", "micro-batch: -3 is out of range"),
+        ("micro_batch", "2.5", "micro-batch: '2.5' is not a whole number"),
+        ("num_workers", "-1", "loader workers: -1 is out of range"),
+        ("lr", "fast", "learning rate: 'fast' is not a number > 0"),
+        ("lr", "0", "learning rate: 0 is out of range"),
+        ("lr", "inf", "learning rate: inf is out of range"),
+        ("clip_grad_norm", "-1", "clip grad norm: -1 is out of range"),
+    ],
+)
+def test_bad_input_message_and_session_unchanged(
+    panel: TrainingPanel, session: FakeSession, name: str, value: str, expected: str
+) -> None:
+    config = session.config
+    _set(panel, name, value)
+    assert panel.errors()[name].startswith(expected)
+    assert expected in panel.message_text
+    assert session.updates == [] and session.config is config
+
+
+def test_session_rejection_is_shown_and_choice_reverts(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    _set(panel, "offload_optimizer", "cpu")  # needs ZeRO stage 1-3; the session says so
+    err = panel.errors()["offload_optimizer"]
+    assert "offload_optimizer='cpu'" in err and "zero_stage" in err
+    assert panel.controls["offload_optimizer"].widget.value == "none"
+    assert session.updates == [] and str(session.config.offload_optimizer) == "none"
+    _set(panel, "offload_params", "cpu")
+    assert "zero_stage=3" in panel.errors()["offload_params"]
+
+
+def test_fixing_a_field_clears_its_error(panel: TrainingPanel, session: FakeSession) -> None:
+    _set(panel, "grad_accum", "x")
+    assert "grad_accum" in panel.errors()
+    _set(panel, "grad_accum", "4")
+    assert "grad_accum" not in panel.errors() and session.updates == [{"grad_accum": 4}]
+
+
+def test_buttons_and_wrong_states(panel: TrainingPanel, session: FakeSession) -> None:
+    b = panel.buttons
+    b["pause"].click()
+    assert session.state == "idle" and "pause: only a running session" in panel.message_text
+    b["stop"].click()
+    assert session.state == "idle" and "stop: nothing to stop" in panel.message_text
+    b["start"].click()
+    assert session.state == "running"
+    b["start"].click()
+    assert session.state == "running" and "start: already started" in panel.message_text
+    b["resume"].click()
+    assert "resume: only a paused session" in panel.message_text
+    b["pause"].click()
+    assert session.state == "paused"
+    b["resume"].click()
+    assert session.state == "running"
+    b["save"].click()
+    assert session.checkpoints and session.checkpoints[0] in panel.message_text
+    b["stop"].click()
+    assert session.state == "stopped"
+    panel.refresh()
+    assert panel.status_text.startswith("stopped")
+
+
+def test_session_exceptions_become_messages(panel: TrainingPanel, session: FakeSession) -> None:
+    def broken(**_kw):
+        raise RuntimeError("engine rebuild failed")
+
+    session.update = broken  # type: ignore[method-assign]
+    _set(panel, "micro_batch", "16")
+    assert "micro-batch: engine rebuild failed" in panel.message_text
+
+    def no_ckpt():
+        raise ValueError("checkpoint_dir is not set")
+
+    session.save_checkpoint = no_ckpt  # type: ignore[method-assign]
+    panel.buttons["save"].click()
+    assert "save: checkpoint_dir is not set" in panel.message_text
+
+
+def test_profile_runs_off_the_kernel_thread(panel: TrainingPanel) -> None:
+    panel.buttons["profile"].click()
+    panel._profile_thread.join(timeout=10)
+    assert "profile: profiled 3 steps" in panel.message_text
+
+
+def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> None:
+    for i in range(5):
+        session.step(loss=2.0 - 0.1 * i, data_seconds=0.02, compute_seconds=0.08)
+    panel.refresh()
+    data = panel.chart_data()
+    assert data["loss"] == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
+    assert data["data_seconds"] == pytest.approx([0.02] * 5)
+    assert data["step_seconds"] == pytest.approx([0.1] * 5)
+    assert data["samples_per_s"] == pytest.approx([80.0] * 5)
+    mem = panel.memory_chart_data()
+    assert mem["labels"] == ["parameters", "gradients", "optimizer"]
+    assert mem["measured"] == pytest.approx([4000 / 2**30, 4000 / 2**30, 8000 / 2**30])
+    renders = panel.chart.renders
+    panel.refresh()  # nothing new: no redraw
+    assert panel.chart.renders == renders
+
+
+def test_settings_changed_elsewhere_show_in_the_controls(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    session.update(micro_batch=32)
+    session.step()
+    panel.refresh()
+    assert panel.controls["micro_batch"].widget.value == "32"
+    assert session.updates == [{"micro_batch": 32}]  # showing it did not send it back
+
+
+def test_advice_apply_button_updates_the_session(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    for _ in range(8):  # the loop waits for data most of each step
+        session.step(data_seconds=0.08, compute_seconds=0.02)
+    panel.refresh()
+    ids = [a.id for a in panel.advice]
+    assert "data-loader-stall" in ids
+    advice = next(a for a in panel.advice if a.id == "data-loader-stall")
+    button = next(
+        w.children[1]
+        for w in panel.advice_box.children
+        if len(w.children) == 2
+        and "wb-advice-apply-data-loader-stall" in w.children[1]._dom_classes
+    )
+    button.click()
+    assert session.updates[-1] == advice.apply
+    assert "applied advice" in panel.message_text
+    assert panel.apply_advice("no-such-advice") is False
+
+
+def test_rejects_non_session_and_fast_refresh() -> None:
+    with pytest.raises(ValueError, match="must be a workbench.Session"):
+        TrainingPanel(object())
+    with pytest.raises(ValueError, match="interval_s=0.1"):
+        TrainingPanel(FakeSession(TrainConfig()), refresh_s=0.1)
+
+
+def test_timer_refreshes_and_close_stops_it(session: FakeSession, no_leaked_threads) -> None:
+    import time
+
+    p = TrainingPanel(session, refresh_s=0.25)
+    try:
+        session.step()
+        deadline = time.monotonic() + 10
+        while not p.records and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(p.records) == 1 and p.timer.running
+    finally:
+        p.close()
+    assert not p.timer.running and p.closed
+    bundle = p._repr_mimebundle_()  # closed: no widget view, the PNG remains
+    assert "application/vnd.jupyter.widget-view+json" not in bundle and bundle["image/png"]

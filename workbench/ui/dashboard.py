@@ -1,0 +1,79 @@
+"""`dashboard()`: the training, estimator and monitor panels together in tabs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.ui._common import Chart, PanelBase
+from workbench.ui.estimator import EstimatorPanel
+from workbench.ui.monitor import MonitorPanel
+from workbench.ui.training import TrainingPanel
+
+TAB_TITLES = ("Training", "Memory estimator", "Hardware monitor")
+
+
+class Dashboard(PanelBase):
+    """The three panels in tabs. `close()` closes the panels, and the session and sampler
+    when the dashboard created them (ones passed in stay open; their owner closes them)."""
+
+    def __init__(self, session: Any | None = None, sampler: Any | None = None) -> None:
+        super().__init__()
+        self._owned: list[Any] = []
+        try:
+            if sampler is None:
+                from workbench.monitor import Sampler
+
+                sampler = Sampler(interval=0.5)
+                self._owned.append(sampler)
+            if session is None:
+                from workbench.config import TrainConfig
+                from workbench.train.session import Session
+
+                session = Session(TrainConfig(), model="tiny-gpt")
+                self._owned.insert(0, session)
+            self.session = session
+            self.sampler = sampler
+            self.training = TrainingPanel(session, sampler=sampler)
+            self.estimator = EstimatorPanel()
+            self.monitor = MonitorPanel(sampler)
+        except BaseException:
+            for obj in self._owned:
+                obj.close()
+            raise
+        self.tabs = widgets.Tab(
+            children=[self.training.widget, self.estimator.widget, self.monitor.widget]
+        )
+        self.tabs.titles = TAB_TITLES
+        self.tabs.add_class("wb-dashboard-tabs")
+        self.widget = widgets.VBox([self.tabs])
+        self.widget.add_class("wb-dashboard")
+
+    @property
+    def panels(self) -> tuple[PanelBase, ...]:
+        return (self.training, self.estimator, self.monitor)
+
+    def charts(self) -> list[Chart]:
+        return [c for p in self.panels for c in p.charts()]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        for p in self.panels:
+            p.close()
+        for obj in self._owned:
+            obj.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"Dashboard({self.training!r}, {self.monitor!r})"
+
+
+def dashboard(session: Any | None = None, sampler: Any | None = None) -> Dashboard:
+    """Training, memory estimator and hardware monitor in tabs.
+
+    `session=None` creates (and owns) `Session(TrainConfig(), model="tiny-gpt")`;
+    `sampler=None` creates (and owns) a `Sampler`. Display the result in a notebook.
+    """
+    return Dashboard(session=session, sampler=sampler)

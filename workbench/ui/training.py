@@ -1,0 +1,735 @@
+"""TrainingPanel: controls bound to `Session.update()`, buttons, live charts, advice.
+
+The panel never trains. Controls call `session.update(field=value)`; a rejected value
+shows the session's message beside the control and leaves the session unchanged.
+A refresh timer (at most 4 Hz) reads `session.records_since(n)`, `session.state`,
+`session.events` and `session.memory()` snapshots and redraws one persistent figure:
+loss, samples/s, the step time split into data and compute, and memory measured vs
+predicted; a dotted vertical line marks each step where a settings change took effect.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.config import LRSchedule, OffloadDevice, Precision
+from workbench.ui._common import (
+    GIB,
+    Chart,
+    Field,
+    PanelBase,
+    RefreshTimer,
+    dropdown_field,
+    parse_float,
+    parse_int,
+    status_html,
+    strip_tags,
+    text_field,
+)
+
+MAX_POINTS = 2000  # points kept per chart line
+ADVICE_EVERY_SECONDS = 2.0
+STATUS_KEYS = (
+    "precision",
+    "micro_batch",
+    "grad_accum",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_params",
+    "clip_grad_norm",
+    "activation_checkpointing",
+    "num_workers",
+    "lr",
+    "lr_schedule",
+)
+
+
+@dataclass(frozen=True)
+class Control:
+    name: str  # TrainConfig field
+    label: str
+    kind: str  # "int" | "float" | "optional-float" | "choice" | "bool"
+    options: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+CONTROLS: tuple[Control, ...] = (
+    Control("precision", "precision", "choice", tuple(Precision.choices())),
+    Control("micro_batch", "micro-batch", "int", minimum=1, maximum=1 << 20),
+    Control("grad_accum", "accumulation", "int", minimum=1, maximum=1 << 16),
+    Control("zero_stage", "ZeRO stage", "choice", (0, 1, 2, 3)),
+    Control("offload_optimizer", "offload optimizer", "choice", tuple(OffloadDevice.choices())),
+    Control("offload_params", "offload parameters", "choice", tuple(OffloadDevice.choices())),
+    Control("clip_grad_norm", "clip grad norm", "optional-float", minimum=0.0),
+    Control("activation_checkpointing", "checkpointing", "bool"),
+    Control("num_workers", "loader workers", "int", minimum=0, maximum=256),
+    Control("lr", "learning rate", "float", minimum=0.0),
+    Control("lr_schedule", "LR schedule", "choice", tuple(LRSchedule.choices())),
+)
+
+
+def _plain(v: Any) -> Any:
+    return getattr(v, "value", v) if not isinstance(v, (bool, int, float, str)) else v
+
+
+def _fmt_value(v: Any) -> str:
+    v = _plain(v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _state_name(state: Any) -> str:
+    return str(getattr(state, "value", state)).lower()
+
+
+class TrainingPanel(PanelBase):
+    """Live view and controls of a `workbench.Session`.
+
+    `controls[name]` are the setting fields (TrainConfig names), `buttons[name]` the
+    actions (start, pause, resume, stop, save, profile), `message` the last feedback,
+    `status` the status line. `refresh()` runs one timer tick on the calling thread.
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        *,
+        sampler: Any | None = None,
+        refresh_s: float = 0.5,
+        autostart: bool = True,
+    ) -> None:
+        super().__init__()
+        for name in ("config", "update", "records_since", "state", "start", "stop"):
+            if not hasattr(session, name):
+                raise ValueError(
+                    f"session={session!r}: must be a workbench.Session (missing {name!r})"
+                )
+        self.session = session
+        self.sampler = sampler
+        self._lock = threading.RLock()
+        self._sync_owner: int | None = None
+        self._closing = False
+
+        # ------------------------------------------------------------ controls
+        self.controls: dict[str, Field] = {}
+        cfg = session.config
+        for c in CONTROLS:
+            css = f"wb-train-{c.name.replace('_', '-')}"
+            value = _plain(getattr(cfg, c.name))
+            if c.kind == "choice":
+                field = dropdown_field(c.label, c.options, value, css)
+            elif c.kind == "bool":
+                field = Field(c.label, widgets.Checkbox(value=bool(value), indent=False), css)
+            else:
+                field = text_field(c.label, "" if value is None else _fmt_value(value), css)
+                if c.kind == "optional-float":
+                    field.widget.placeholder = "empty: no clipping"
+            field.widget.observe(self._control_handler(c), names="value")
+            self.controls[c.name] = field
+        self._shown_config = {c.name: _plain(getattr(cfg, c.name)) for c in CONTROLS}
+
+        # ------------------------------------------------------------ buttons
+        self.buttons: dict[str, widgets.Button] = {}
+        for name, label, icon, style in (
+            ("start", "start", "play", "success"),
+            ("pause", "pause", "pause", ""),
+            ("resume", "resume", "play", ""),
+            ("stop", "stop", "stop", "danger"),
+            ("save", "save checkpoint", "save", ""),
+            ("profile", "profile 3 steps", "tachometer", ""),
+        ):
+            b = widgets.Button(
+                description=label,
+                icon=icon,
+                button_style=style,
+                layout=widgets.Layout(width="auto"),
+            )
+            b.add_class(f"wb-train-btn-{name}")
+            b.on_click(self._button_handler(name))
+            self.buttons[name] = b
+        self._profile_thread: threading.Thread | None = None
+
+        # ------------------------------------------------------------ outputs
+        self.status = widgets.HTML()
+        self.status.add_class("wb-train-status")
+        self.message = widgets.HTML()
+        self.message.add_class("wb-train-message")
+        self.events_html = widgets.HTML()
+        self.events_html.add_class("wb-train-events")
+        self.advice_box = widgets.VBox()
+        self.advice_box.add_class("wb-train-advice")
+        self.advice: list[Any] = []
+        self._advice_rows: dict[str, tuple[widgets.HTML, widgets.Button]] = {}
+        self._last_advice_time = 0.0
+        self.records: list[Any] = []
+        self.change_steps: list[tuple[int, str]] = []  # (step, "grad_accum=8")
+        self._events_seen = 0
+        self.chart = Chart(10.0, 5.6, dpi=72, css="wb-train-chart")
+        self._build_chart()
+        self._dirty = True
+        self._last_state: str | None = None
+
+        left = widgets.VBox(
+            [
+                widgets.HTML("<b>Settings</b> (applied at the next optimizer step)"),
+                *(f.box for f in self.controls.values()),
+            ],
+            layout=widgets.Layout(min_width="480px"),
+        )
+        right = widgets.VBox(
+            [
+                widgets.HBox(list(self.buttons.values())),
+                self.status,
+                self.message,
+                self.chart.image,
+                widgets.HTML("<b>Advice</b>"),
+                self.advice_box,
+                self.events_html,
+            ]
+        )
+        self.widget = widgets.HBox([left, right], layout=widgets.Layout(padding="6px"))
+        self.widget.add_class("wb-training-panel")
+
+        self.refresh()
+        self.timer = RefreshTimer(
+            self.refresh, refresh_s, name="workbench-ui-training", on_error=self._on_timer_error
+        )
+        if autostart:
+            self.timer.start()
+
+    # ================================================================= controls
+    def _control_handler(self, c: Control) -> Callable[[dict[str, Any]], None]:
+        def handler(change: dict[str, Any]) -> None:
+            if self._sync_owner == threading.get_ident():
+                return  # the panel itself is showing the session's value
+            with self._lock:
+                try:
+                    self._apply_control(c, change["new"])
+                except Exception as exc:  # never a traceback in the output
+                    self._say("error", f"{c.label}: {exc}")
+
+        return handler
+
+    def _parse(self, c: Control, raw: Any) -> Any:
+        if c.kind == "int":
+            return parse_int(
+                c.label,
+                str(raw),
+                minimum=int(c.minimum or 0),
+                maximum=None if c.maximum is None else int(c.maximum),
+            )
+        if c.kind == "float":
+            return parse_float(
+                c.label, str(raw), minimum=c.minimum, maximum=c.maximum, exclusive_minimum=True
+            )
+        if c.kind == "optional-float":
+            return parse_float(
+                c.label,
+                str(raw),
+                minimum=c.minimum,
+                maximum=c.maximum,
+                exclusive_minimum=True,
+                optional=True,
+            )
+        return raw
+
+    def _apply_control(self, c: Control, raw: Any) -> None:
+        field = self.controls[c.name]
+        try:
+            value = self._parse(c, raw)
+        except ValueError as exc:
+            field.set_error(str(exc))
+            self._say("error", f"not applied: {exc}")
+            return
+        current = _plain(getattr(self.session.config, c.name))
+        try:
+            self.session.update(**{c.name: value})
+        except ValueError as exc:
+            msg = _one_line(exc)
+            field.set_error(msg)
+            self._say("error", f"not applied: {msg}")
+            if c.kind in ("choice", "bool"):
+                self._show_value(c, current)  # the control shows what the session runs
+            return
+        field.set_error(None)
+        self._say(
+            "ok", f"{c.name}={_fmt_value(value)} queued; it takes effect at the next optimizer step"
+        )
+
+    def _show_value(self, c: Control, value: Any) -> None:
+        w = self.controls[c.name].widget
+        shown = value
+        if c.kind not in ("choice", "bool"):
+            shown = "" if value is None else _fmt_value(value)
+        self._sync_owner = threading.get_ident()
+        try:
+            if w.value != shown:
+                w.value = shown
+        finally:
+            self._sync_owner = None
+
+    def _sync_controls(self) -> None:
+        """Show settings the session changed by other means (code, advice, rollback)."""
+        cfg = self.session.config
+        for c in CONTROLS:
+            now = _plain(getattr(cfg, c.name))
+            if self._shown_config.get(c.name) != now:
+                self._shown_config[c.name] = now
+                self._show_value(c, now)
+                self.controls[c.name].set_error(None)
+
+    # ================================================================= buttons
+    def _button_handler(self, name: str) -> Callable[[widgets.Button], None]:
+        def handler(_b: widgets.Button) -> None:
+            with self._lock:
+                try:
+                    self._do(name)
+                except Exception as exc:  # wrong state etc.: a message, no traceback
+                    self._say("error", f"{name}: {_one_line(exc)}")
+            self._dirty = True
+
+        return handler
+
+    def _do(self, name: str) -> None:
+        s = self.session
+        state = _state_name(s.state)
+        if name == "start":
+            if state in ("running", "paused"):
+                raise RuntimeError(f"already started (state: {state}); use pause/resume/stop")
+            s.start()
+            self._say("ok", "started")
+        elif name == "pause":
+            if state != "running":
+                raise RuntimeError(f"only a running session can pause (state: {state})")
+            s.pause()
+            self._say("ok", "pause requested; the loop stops at the next optimizer step")
+        elif name == "resume":
+            if state != "paused":
+                raise RuntimeError(f"only a paused session can resume (state: {state})")
+            s.resume()
+            self._say("ok", "resumed")
+        elif name == "stop":
+            if state not in ("running", "paused"):
+                raise RuntimeError(f"nothing to stop (state: {state})")
+            s.stop()
+            self._say("ok", "stop requested")
+        elif name == "save":
+            path = s.save_checkpoint()
+            self._say("ok", f"checkpoint saved: {path}")
+        elif name == "profile":
+            self._start_profile()
+        else:  # pragma: no cover - buttons are fixed above
+            raise ValueError(f"unknown action {name!r}")
+
+    def _start_profile(self) -> None:
+        if self._profile_thread is not None and self._profile_thread.is_alive():
+            raise RuntimeError("a profile is already running")
+
+        def run() -> None:
+            try:
+                result = self.session.profile(steps=3)
+                self._say("ok", f"profile: {_summarize(result)}")
+            except Exception as exc:
+                self._say("error", f"profile: {_one_line(exc)}")
+
+        self._say("info", "profiling 3 steps ...")
+        self._profile_thread = threading.Thread(
+            target=run, name="workbench-ui-profile", daemon=True
+        )
+        self._profile_thread.start()
+
+    def _say(self, kind: str, text: str) -> None:
+        self.message.value = status_html(kind, text)
+
+    @property
+    def message_text(self) -> str:
+        return strip_tags(self.message.value)
+
+    @property
+    def status_text(self) -> str:
+        return strip_tags(self.status.value)
+
+    def errors(self) -> dict[str, str]:
+        """Messages now shown beside controls, by TrainConfig field name."""
+        return {n: f.error_text for n, f in self.controls.items() if f.error_text}
+
+    # ================================================================= charts
+    def _build_chart(self) -> None:
+        fig = self.chart.figure
+        fig.subplots_adjust(left=0.07, right=0.98, top=0.93, bottom=0.09, hspace=0.42, wspace=0.22)
+        ax = fig.subplots(2, 2)
+        self._ax_loss, self._ax_speed, self._ax_time, self._ax_mem = ax.ravel()
+        (self._line_loss,) = self._ax_loss.plot([], [], color="#1565c0", linewidth=1.2)
+        (self._line_speed,) = self._ax_speed.plot([], [], color="#2e7d32", linewidth=1.2)
+        (self._line_compute,) = self._ax_time.plot(
+            [], [], color="#6a1b9a", linewidth=1.0, label="data + compute"
+        )
+        (self._line_data,) = self._ax_time.plot(
+            [], [], color="#ef6c00", linewidth=1.0, label="data"
+        )
+        self._fills: list[Any] = []
+        self._ax_loss.set_title("loss", fontsize=10)
+        self._ax_speed.set_title("samples / s", fontsize=10)
+        self._ax_time.set_title("step time: data loading vs compute (s)", fontsize=10)
+        self._ax_mem.set_title("memory: measured vs predicted (GiB)", fontsize=10)
+        self._ax_time.legend(loc="upper left", fontsize=7)
+        for a in (self._ax_loss, self._ax_speed, self._ax_time):
+            a.grid(True, alpha=0.3)
+            a.set_xlabel("optimizer step", fontsize=8)
+        self._change_lines: list[Any] = []
+        self._mem_bars: list[Any] = []
+        self._mem_labels: tuple[str, ...] = ()
+        self._mem_empty = self._ax_mem.text(
+            0.5,
+            0.5,
+            "no memory figures yet",
+            ha="center",
+            va="center",
+            transform=self._ax_mem.transAxes,
+            fontsize=9,
+            color="#777",
+        )
+
+    def chart_data(self) -> dict[str, list[float]]:
+        """What the chart lines now hold (for tests and the benchmark)."""
+        return {
+            "steps": list(self._line_loss.get_xdata()),
+            "loss": list(self._line_loss.get_ydata()),
+            "samples_per_s": list(self._line_speed.get_ydata()),
+            "data_seconds": list(self._line_data.get_ydata()),
+            "step_seconds": list(self._line_compute.get_ydata()),
+            "change_steps": [
+                float(line.get_xdata()[0])
+                for line in self._change_lines
+                if line.axes is self._ax_loss
+            ],
+        }
+
+    def memory_pairs(self) -> list[tuple[str, float | None, float | None]]:
+        """(what, measured bytes, predicted bytes) for the memory chart."""
+        fn = getattr(self.session, "memory", None)
+        if fn is None:
+            return []
+        m = fn()
+        return _memory_pairs(m)
+
+    def _draw(self) -> None:
+        recs = self.records[-MAX_POINTS:]
+        steps = [r.step for r in recs]
+        nan = float("nan")
+
+        def col(name: str) -> list[float]:
+            out = []
+            for r in recs:
+                v = getattr(r, name, None)
+                out.append(nan if v is None or not math.isfinite(v) else float(v))
+            return out
+
+        self._line_loss.set_data(steps, col("loss"))
+        self._line_speed.set_data(steps, col("samples_per_s"))
+        data = col("data_seconds")
+        step_s = col("step_seconds")
+        self._line_data.set_data(steps, data)
+        self._line_compute.set_data(steps, step_s)
+        for f in self._fills:
+            f.remove()
+        self._fills = []
+        if steps:
+            self._fills.append(
+                self._ax_time.fill_between(steps, 0, data, color="#ef6c00", alpha=0.35, linewidth=0)
+            )
+            self._fills.append(
+                self._ax_time.fill_between(
+                    steps, data, step_s, color="#6a1b9a", alpha=0.25, linewidth=0
+                )
+            )
+        for a in (self._ax_loss, self._ax_speed, self._ax_time):
+            a.relim()
+            a.autoscale_view()
+        # a vertical line at each step where settings changed
+        drawn = {(float(line.get_xdata()[0]), line.axes) for line in self._change_lines}
+        for step, text in self.change_steps:
+            for a in (self._ax_loss, self._ax_speed, self._ax_time):
+                if (float(step), a) not in drawn:
+                    line = a.axvline(step, color="#c62828", linestyle=":", linewidth=1.2)
+                    line.set_gid(text)
+                    self._change_lines.append(line)
+                    if a is self._ax_loss:
+                        a.annotate(
+                            text,
+                            (step, 1.0),
+                            xycoords=("data", "axes fraction"),
+                            fontsize=7,
+                            color="#c62828",
+                            rotation=90,
+                            va="top",
+                            ha="right",
+                        )
+        self._draw_memory()
+        self.chart.render()
+
+    def _draw_memory(self) -> None:
+        try:
+            pairs = self.memory_pairs()
+        except Exception:
+            pairs = []
+        pairs = [p for p in pairs if p[1] is not None or p[2] is not None]
+        labels = tuple(p[0] for p in pairs)
+        ax = self._ax_mem
+        if labels != self._mem_labels:
+            for b in self._mem_bars:
+                b.remove()
+            self._mem_bars = []
+            x = list(range(len(labels)))
+            if labels:
+                self._mem_bars.append(
+                    ax.bar(
+                        [i - 0.2 for i in x],
+                        [0.0] * len(x),
+                        width=0.4,
+                        color="#1565c0",
+                        label="measured",
+                    )
+                )
+                self._mem_bars.append(
+                    ax.bar(
+                        [i + 0.2 for i in x],
+                        [0.0] * len(x),
+                        width=0.4,
+                        color="#bdbdbd",
+                        label="predicted",
+                    )
+                )
+                ax.set_xticks(x)
+                ax.set_xticklabels(labels, fontsize=8)
+                ax.legend(loc="upper right", fontsize=7)
+            self._mem_labels = labels
+        self._mem_empty.set_visible(not labels)
+        if not labels:
+            return
+        top = 0.0
+        for (_, measured, predicted), mbar, pbar in zip(
+            pairs, self._mem_bars[0].patches, self._mem_bars[1].patches, strict=True
+        ):
+            mbar.set_height((measured or 0) / GIB)
+            pbar.set_height((predicted or 0) / GIB)
+            top = max(top, (measured or 0) / GIB, (predicted or 0) / GIB)
+        ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
+
+    def memory_chart_data(self) -> dict[str, list[float]]:
+        """Heights of the measured and predicted memory bars now drawn, in GiB."""
+        if not self._mem_bars:
+            return {"labels": [], "measured": [], "predicted": []}  # type: ignore[dict-item]
+        return {
+            "labels": list(self._mem_labels),  # type: ignore[dict-item]
+            "measured": [p.get_height() for p in self._mem_bars[0].patches],
+            "predicted": [p.get_height() for p in self._mem_bars[1].patches],
+        }
+
+    def charts(self) -> list[Chart]:
+        return [self.chart]
+
+    # ================================================================= refresh
+    def refresh(self) -> None:
+        """One tick: read new records/events/state, update the view; draw if anything changed."""
+        if self._closing:
+            return
+        s = self.session
+        new = s.records_since(len(self.records))
+        if new:
+            self.records.extend(new)
+            for r in new:
+                changes = getattr(r, "changes", None) or {}
+                if changes:
+                    text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in changes.items())
+                    self.change_steps.append((r.step, text))
+            if len(self.records) > 20 * MAX_POINTS:  # keep memory bounded on long runs
+                drop = len(self.records) - 10 * MAX_POINTS
+                self._dropped = getattr(self, "_dropped", 0) + drop
+                self.records = self.records[drop:]
+            self._dirty = True
+        state = _state_name(s.state)
+        if state != self._last_state:
+            self._last_state = state
+            self._dirty = True
+        with self._lock:
+            self._sync_controls()
+        self._update_status(state)
+        self._update_events()
+        now = time.monotonic()
+        if new and now - self._last_advice_time >= ADVICE_EVERY_SECONDS:
+            self._last_advice_time = now
+            self._update_advice()
+        if self._dirty or not self.chart.png:
+            self._dirty = False
+            self._draw()
+
+    def _update_status(self, state: str) -> None:
+        cfg = self.session.config
+        parts = [state]
+        if self.records:
+            r = self.records[-1]
+            parts.append(f"step {r.step}")
+            if r.loss is not None and math.isfinite(r.loss):
+                parts.append(f"loss {r.loss:.4f}")
+            parts.append(f"{r.samples_per_s:.1f} samples/s")
+        settings = " ".join(f"{k}={_fmt_value(getattr(cfg, k))}" for k in STATUS_KEYS)
+        kind = {"running": "ok", "error": "error", "paused": "warning"}.get(state, "info")
+        text = " · ".join(parts)
+        err = getattr(self.session, "error", None)
+        if state == "error" and err:
+            text += f" · {_one_line(err)}"
+        value = status_html(kind, text) + f"<br><code>{html.escape(settings)}</code>"
+        if self.status.value != value:
+            self.status.value = value
+
+    def _update_events(self) -> None:
+        events = list(getattr(self.session, "events", ()) or ())
+        if len(events) == self._events_seen:
+            return
+        for ev in events[self._events_seen :]:
+            if getattr(ev, "kind", "") == "change-failed":
+                self._shown_config = {}  # re-show every setting the session now runs
+        self._events_seen = len(events)
+        rows = []
+        for ev in events[-6:]:
+            sev = getattr(ev, "severity", "info")
+            kind = {"error": "error", "warning": "warning"}.get(sev, "info")
+            rows.append(status_html(kind, f"step {ev.step}: {ev.kind}: {ev.message}"))
+        self.events_html.value = "<br>".join(rows)
+
+    def _update_advice(self) -> None:
+        try:
+            from workbench.advisor import advise
+
+            samples = self.sampler.history() if self.sampler is not None else None
+            advice = advise(self.records[-500:], samples=samples, config=self.session.config)
+        except Exception as exc:
+            self.advice = []
+            self.advice_box.children = (
+                widgets.HTML(status_html("warning", f"advisor unavailable: {_one_line(exc)}")),
+            )
+            return
+        self.advice = advice
+        ids = [a.id for a in advice]
+        if ids != list(self._advice_rows):
+            rows = {}
+            for a in advice:
+                text = widgets.HTML()
+                button = widgets.Button(description="apply", layout=widgets.Layout(width="80px"))
+                button.add_class(f"wb-advice-apply-{a.id}")
+                button.on_click(self._advice_handler(a.id))
+                rows[a.id] = (text, button)
+            self._advice_rows = rows
+            self.advice_box.children = tuple(
+                widgets.HBox([t, b]) if a.apply else widgets.HBox([t])
+                for a, (t, b) in zip(advice, rows.values(), strict=True)
+            )
+        for a in advice:
+            text, _ = self._advice_rows[a.id]
+            kind = {"critical": "error", "warning": "warning"}.get(a.severity, "info")
+            extra = ""
+            if a.apply:
+                extra = " → " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in a.apply.items())
+            value = status_html(kind, f"[{a.severity}] {a.message}{extra}")
+            if text.value != value:
+                text.value = value
+
+    def _advice_handler(self, advice_id: str) -> Callable[[widgets.Button], None]:
+        def handler(_b: widgets.Button) -> None:
+            with self._lock:
+                self.apply_advice(advice_id)
+
+        return handler
+
+    def apply_advice(self, advice_id: str) -> bool:
+        """Hand the advice's settings change to `session.update`; False with a message when
+        the advice is gone or the session rejects it."""
+        match = [a for a in self.advice if a.id == advice_id]
+        if not match or not match[0].apply:
+            self._say("error", f"advice {advice_id!r}: no change to apply")
+            return False
+        change = dict(match[0].apply)
+        try:
+            self.session.update(**change)
+        except Exception as exc:
+            self._say("error", f"advice {advice_id!r} not applied: {_one_line(exc)}")
+            return False
+        self._say(
+            "ok", "applied advice: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in change.items())
+        )
+        return True
+
+    def _on_timer_error(self, exc: BaseException) -> None:
+        self._say("error", f"refresh failed: {type(exc).__name__}: {_one_line(exc)}")
+
+    # ================================================================= lifecycle
+    def close(self) -> None:
+        """Stop the refresh timer and close the widgets. The session keeps running:
+        close it with `session.close()` (a dashboard closes a session it created)."""
+        if self.closed:
+            return
+        self._closing = True
+        self.timer.stop()
+        t = self._profile_thread
+        if t is not None and t.is_alive():
+            t.join(timeout=30)
+        super().close()
+
+    def __repr__(self) -> str:
+        state = _state_name(self.session.state)
+        return f"TrainingPanel(state={state!r}, records={len(self.records)})"
+
+
+def _one_line(exc: Any) -> str:
+    text = str(exc).strip()
+    lines = [x.strip(" -") for x in text.splitlines() if x.strip()]
+    return "; ".join(lines) if lines else type(exc).__name__
+
+
+def _summarize(result: Any) -> str:
+    if result is None:
+        return "done"
+    for name in ("summary", "table"):
+        v = getattr(result, name, None)
+        if isinstance(v, str):
+            return v.splitlines()[0] if v else "done"
+    text = str(result)
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def _memory_pairs(m: Any) -> list[tuple[str, float | None, float | None]]:
+    """Pairs from a `session.memory()` result: an object or dict with `measured` and
+    `predicted` parts, each having params/grads/optimizer(/activation/total) bytes."""
+    if m is None:
+        return []
+
+    def get(obj: Any, name: str) -> Any:
+        if isinstance(obj, dict):
+            return obj.get(name)
+        return getattr(obj, name, None)
+
+    measured, predicted = get(m, "measured"), get(m, "predicted")
+    out = []
+    for label, name in (
+        ("parameters", "params_bytes"),
+        ("gradients", "grads_bytes"),
+        ("optimizer", "optimizer_bytes"),
+        ("activations", "activation_bytes"),
+        ("total", "total_bytes"),
+    ):
+        mv = get(measured, name) if measured is not None else get(m, f"measured_{name}")
+        pv = get(predicted, name) if predicted is not None else get(m, f"predicted_{name}")
+        if mv is not None or pv is not None:
+            out.append((label, mv, pv))
+    return out
