@@ -214,6 +214,8 @@ def estimate_memory(
     `heads`, `seq_len`, `vocab`) from which the parameter count is derived (tied
     embeddings) and activations are estimated; with both, `n_params` counts the model
     states and the shape the activations. `gpus` is the data-parallel size N.
+    `accounting` picks how model-state bytes are counted (a key of
+    `workbench.estimate.model_states.ACCOUNTINGS`; "paper" is the ZeRO paper's model).
 
     Raises `EstimateInputError` (a `ValueError`) listing every invalid input at once.
     """
