@@ -1,0 +1,702 @@
+"""`DeepSpeedBackend`: ZeRO stages 0-3 and DeepSpeed 16-bit through a real DeepSpeed engine.
+
+Implements the `Backend` contract of `workbench/train/backend.py` and carries the same
+backend-neutral state as `PlainBackend` (see `workbench/train/plain.py`):
+
+    {"format": 1, "model": {name: fp32 tensor},
+     "optimizer": {"family": "adam" | "sgd" | None, "state": {name: {"exp_avg": ..., ...}}},
+     "scaler": {"scale", "growth_tracker", "init_scale"} | None,
+     "scheduler": {"steps": int}, "steps": int, "overflow_steps": int}
+
+so a Session can switch ZeRO stage or precision at a step boundary in either direction.
+
+How it works
+------------
+* Process group: in a plain notebook process the backend sets MASTER_ADDR/MASTER_PORT/
+  RANK/LOCAL_RANK/WORLD_SIZE (only the ones a launcher has not set) and calls
+  `deepspeed.init_distributed` with the accelerator's backend (gloo on CPU, NCCL on CUDA).
+  The group is shared by the backends alive in this process and destroyed (and the
+  variables restored) when the last one that needed it closes, so a live switch keeps it
+  and a closed Session leaves nothing behind. Under a launcher the group is never touched.
+* The engine trains a private deep copy of the model: DeepSpeed casts weights to 16 bit,
+  flattens them into buffers and (stage 3) partitions them and hooks the module; the
+  caller's model stays as it was, so a PlainBackend built later from `export_state()` gets
+  a clean fp32 model.
+* The engine's config is `config.to_deepspeed(world_size)` (what `workbench export`
+  writes) with three runtime adjustments, all documented in docs/deepspeed.md: the LR
+  schedule is applied by the backend with `workbench.train.schedule.lr_at` (identical to
+  PlainBackend; the exported JSON carries DeepSpeed's equivalent scheduler block),
+  gradient buckets are capped at the model's size and stage-3 persistence thresholds are
+  0 (so tiny models are really partitioned), and amp-bf16 uses torch autocast around the
+  engine's forward instead of DeepSpeed's `torch_autocast` block (same effect).
+* Gradient accumulation: `backward` marks the accumulation boundary itself
+  (`engine.set_gradient_accumulation_boundary`) so `step()` is called once per optimizer
+  step as the contract says; DeepSpeed divides each micro-batch loss by
+  gradient_accumulation_steps (the contract's 1/grad_accum).
+* Weights and optimizer state move in and out by parameter name with DeepSpeed's
+  `safe_get/safe_set_full_fp32_param` and `..._optimizer_state` (ZeRO 1-3; collective
+  under ZeRO-3, so every rank calls them), or by flat-buffer offsets for the stage-0
+  16-bit optimizer and by parameter for the stage-0 fp32 optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.train.backend import ModelStateBytes, StepOutcome
+from workbench.train.schedule import lr_at
+
+STATE_FORMAT = 1
+DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
+
+_FAMILY = {
+    OptimizerName.ADAMW: "adam",
+    OptimizerName.ADAM: "adam",
+    OptimizerName.SGD: "sgd",
+    OptimizerName.SGD_NOMOMENTUM: None,
+}
+_STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",), None: ()}
+
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+# --------------------------------------------------------------------------- process group
+class _ProcessGroupLease:
+    """Reference count on the default process group when this process created it.
+
+    The one piece of process-wide state here, because torch.distributed's default group
+    is process-wide itself: backends alive at the same time (old and new during a live
+    switch) share it, and the last one to close destroys it.
+    """
+
+    users = 0
+    created = False
+    env_added: tuple[str, ...] = ()
+
+    @classmethod
+    def acquire(cls) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            cls.users += 1
+            return
+        # Not initialized: any earlier lease is stale (e.g. a test fixture destroyed it).
+        cls._restore_env()
+        cls.users = 0
+        cls.created = False
+        _forget_stale_groups()
+        added = []
+        defaults = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+        }
+        for key in _DIST_ENV:
+            if key not in os.environ:
+                os.environ[key] = defaults[key]
+                added.append(key)
+        try:
+            import deepspeed
+            from deepspeed.accelerator import get_accelerator
+
+            deepspeed.init_distributed(
+                dist_backend=get_accelerator().communication_backend_name(),
+                auto_mpi_discovery=False,
+                verbose=False,
+            )
+        except BaseException:
+            for key in added:
+                os.environ.pop(key, None)
+            raise
+        cls.env_added = tuple(added)
+        cls.created = True
+        cls.users = 1
+
+    @classmethod
+    def release(cls) -> None:
+        import torch.distributed as dist
+
+        cls.users = max(0, cls.users - 1)
+        if cls.users == 0 and cls.created:
+            if dist.is_initialized():
+                import deepspeed.comm as ds_comm
+
+                ds_comm.destroy_process_group()  # also drops DeepSpeed's cached sub-groups
+            cls.created = False
+            cls._restore_env()
+
+    @classmethod
+    def _restore_env(cls) -> None:
+        for key in cls.env_added:
+            os.environ.pop(key, None)
+        cls.env_added = ()
+
+
+def _forget_stale_groups() -> None:
+    """DeepSpeed caches sub-groups of the default group in module globals; after someone
+    else destroyed the default group they point at dead groups and the next engine fails
+    ("Group ... is not registered"). Drop them before creating a new default group."""
+    with contextlib.suppress(Exception):
+        from deepspeed.utils import groups
+
+        groups._release_process_group_references(group=None)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- config
+def engine_config(config: TrainConfig, world_size: int, n_params: int) -> dict[str, Any]:
+    """The dict handed to `deepspeed.initialize`: `to_deepspeed` plus the runtime
+    adjustments listed in the module docstring."""
+    from workbench.dsconfig import to_deepspeed
+
+    ds = to_deepspeed(config, world_size=world_size)
+    ds.pop("scheduler", None)  # the backend applies lr_at() itself
+    ds.pop("torch_autocast", None)  # amp-bf16: torch autocast around forward
+    # Capped at the model's size, rounded up to DeepSpeed's alignment (a multiple of 64).
+    bucket = -(-max(1, min(DS_DEFAULT_BUCKET, int(n_params))) // 64) * 64
+    zero = ds["zero_optimization"]
+    if zero["stage"] >= 1:
+        zero["reduce_bucket_size"] = bucket
+        zero["allgather_bucket_size"] = bucket
+    if zero["stage"] == 3:
+        zero["stage3_prefetch_bucket_size"] = bucket
+        zero["stage3_param_persistence_threshold"] = 0
+        zero["stage3_model_persistence_threshold"] = 0
+    ds["steps_per_print"] = 2**62
+    ds["wall_clock_breakdown"] = False
+    return ds
+
+
+def _check_supported(config: TrainConfig) -> None:
+    precision = Precision(config.precision)
+    if precision is Precision.AMP_FP16:
+        raise ValueError(
+            "precision='amp-fp16': with the DeepSpeed backend (zero_stage >= 1 or several "
+            "ranks) use precision='fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16'"
+        )
+    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
+        raise ValueError("optimizer='adam8bit': is available in the memory estimator only")
+
+
+# --------------------------------------------------------------------------- backend
+class DeepSpeedBackend:
+    """A DeepSpeed engine behind the `Backend` contract (see the module docstring)."""
+
+    def __init__(
+        self, config: TrainConfig, model: nn.Module, *, state: dict[str, Any] | None = None
+    ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"config={config!r}: must be a TrainConfig")
+        _check_supported(config)
+        self.config = config
+        self._closed = True  # until fully built
+        self.engine: Any = None
+        self._hooks: list[Any] = []
+        _ProcessGroupLease.acquire()
+        try:
+            self._build(model, state)
+        except BaseException:
+            self._teardown()
+            _ProcessGroupLease.release()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ building
+    def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
+        import deepspeed
+        import torch.distributed as dist
+
+        config = self.config
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.precision = Precision(config.precision)
+        self._family = _FAMILY[OptimizerName(config.optimizer)]
+        self._base_lr = float(config.lr)
+        self._accum = int(config.grad_accum)
+        self._micro = 0
+        self.steps = 0
+        self.overflow_steps = 0
+        self._grads_bytes = 0
+
+        if state is not None:
+            _check_state_matches(model, state)
+        module = copy.deepcopy(model)
+        if state is not None:
+            with torch.no_grad():
+                for name, p in module.named_parameters():
+                    p.copy_(state["model"][name].to(p.device, p.dtype))
+        self._half = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}.get(
+            self.precision
+        )
+        if self._half is not None:
+            self._hooks.append(
+                module.register_forward_pre_hook(_cast_inputs(self._half), with_kwargs=True)
+            )
+        if self.precision is Precision.AMP_BF16:
+            self._autocast: Any = _autocast_factory(torch.bfloat16)
+        else:
+            self._autocast = nullcontext
+        n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        if n_params == 0:
+            raise ValueError("model: has no trainable parameters (requires_grad=True)")
+        self.ds_config = engine_config(config, self.world_size, n_params)
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        engine, _, _, _ = deepspeed.initialize(
+            model=module, model_parameters=trainable, config=self.ds_config,
+            dist_init_required=False,
+        )
+        self.engine = engine
+        self.module: nn.Module = engine
+        self._layout = _layout_of(engine)
+        self._named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+        if state is not None:
+            self._load(state)
+        self._set_lr()
+
+    # ------------------------------------------------------------------ the loop
+    def autocast(self) -> AbstractContextManager[Any]:
+        return self._autocast()  # type: ignore[no-any-return]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._micro += 1
+        boundary = self._micro >= self._accum
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        self.engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
+        if not boundary:
+            self.engine.step()  # not a boundary: DeepSpeed only advances its micro counter
+
+    def step(self) -> StepOutcome:
+        engine = self.engine
+        if self._micro < self._accum:
+            # Fewer backward calls than grad_accum: finish the accumulation anyway.
+            engine.set_gradient_accumulation_boundary(True)
+        lr = float(engine.optimizer.param_groups[0]["lr"])
+        own_norm = None
+        if self._layout == "basic":
+            own_norm = self._basic_grad_norm()  # host waits for the device here
+        self._grads_bytes = self._count_grads()
+        skipped_before = engine.skipped_steps
+        engine.step()
+        self._micro = 0
+        skipped = engine.skipped_steps > skipped_before
+        norm = engine.get_global_grad_norm()
+        if norm is None:
+            norm = own_norm
+        grad_norm = None if norm is None else float(norm)  # host waits for the device here
+        if skipped:
+            self.overflow_steps += 1
+        else:
+            self.steps += 1
+            self._set_lr()
+        return StepOutcome(grad_norm=grad_norm, skipped=skipped, scale=self._scale(), lr=lr)
+
+    def zero_grad(self) -> None:
+        self._micro = 0
+        opt = self.engine.optimizer
+        with contextlib.suppress(TypeError):
+            opt.zero_grad(set_to_none=True)
+            return
+        opt.zero_grad()
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the next optimizer step."""
+        return float(self.engine.optimizer.param_groups[0]["lr"])
+
+    def _set_lr(self) -> None:
+        lr = lr_at(self.config, self.steps, self._base_lr)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _basic_grad_norm(self) -> float | None:
+        grads = [p.grad for _, p in self._named if p.grad is not None]
+        if not grads:
+            return None
+        return float(torch.nn.utils.get_total_norm(grads))
+
+    def _scale(self) -> float | None:
+        if self.precision is not Precision.FP16:
+            return None
+        opt = self.engine.optimizer
+        for attr in ("cur_scale", "loss_scale"):
+            value = getattr(opt, attr, None)
+            if isinstance(value, (int, float, torch.Tensor)):
+                return float(value)
+        scaler = getattr(opt, "loss_scaler", None)
+        return None if scaler is None else float(scaler.cur_scale)
+
+    # ------------------------------------------------------------------ state
+    def export_state(self) -> dict[str, Any]:
+        """Full fp32 weights and optimizer state by parameter name (collective under
+        ZeRO-3: every rank must call it)."""
+        model: dict[str, torch.Tensor] = {}
+        opt_state: dict[str, dict[str, Any]] = {}
+        base = _base_optimizer(self.engine)
+        has_state = any(bool(s) for s in base.state.values())
+        keys = [k for k in _STATE_KEYS[self._family] if has_state]
+        step = self._optimizer_step()
+        for name, p, master, states in self._slots(keys):
+            model[name] = master
+            if keys:
+                entry: dict[str, Any] = dict(states)
+                entry["step"] = torch.tensor(float(step)) if self._family == "adam" else None
+                opt_state[name] = {k: v for k, v in entry.items() if v is not None}
+        scaler_state = None
+        if self.precision is Precision.FP16:
+            scale = self._scale()
+            scaler_state = {
+                "scale": float(scale) if scale is not None else float(self.config.loss_scale_init),
+                "growth_tracker": 0,
+                "init_scale": float(self.config.loss_scale_init),
+            }
+        return {
+            "format": STATE_FORMAT,
+            "model": model,
+            "optimizer": {"family": self._family, "state": opt_state},
+            "scaler": scaler_state,
+            "scheduler": {"steps": self.steps},
+            "steps": self.steps,
+            "overflow_steps": self.overflow_steps,
+        }
+
+    def _optimizer_step(self) -> int:
+        base = _base_optimizer(self.engine)
+        # FusedAdam advances only the last tensor's counter of a group: take the largest.
+        steps = [
+            int(st["step"].item() if isinstance(st["step"], torch.Tensor) else st["step"])
+            for st in base.state.values()
+            if "step" in st
+        ]
+        return max(steps) if steps else self.steps
+
+    def _slots(self, keys: list[str]) -> Iterator[tuple[str, Any, torch.Tensor, dict[str, torch.Tensor]]]:
+        """(name, param, full fp32 weight, {state key: full fp32 tensor}) per parameter."""
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        engine = self.engine
+        if self._layout == "basic":
+            base = engine.optimizer
+            for name, p in self._named:
+                st = base.state.get(p, {})
+                yield name, p, p.detach().float().clone(), {
+                    k: st[k].detach().float().clone() for k in keys if k in st
+                }
+        elif self._layout == "flat16":
+            opt = engine.optimizer
+            base = opt.optimizer
+            index = {id(p): name for name, p in self._named}
+            for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat):
+                st = base.state.get(flat, {})
+                offset = 0
+                for p in group:
+                    n = p.numel()
+                    name = index[id(p)]
+                    yield name, p, flat[offset : offset + n].detach().view_as(p).clone(), {
+                        k: st[k][offset : offset + n].detach().view_as(p).clone()
+                        for k in keys if k in st
+                    }
+                    offset += n
+        else:
+            for name, p in self._named:
+                w = safe_get_full_fp32_param(p)
+                states = {}
+                for k in keys:
+                    v = safe_get_full_optimizer_state(p, k)
+                    if v is not None:
+                        states[k] = v.detach().float().cpu().clone()
+                yield name, p, w.detach().float().cpu().clone().view(_shape(p)), states
+
+    def _load(self, state: dict[str, Any]) -> None:
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        engine = self.engine
+        weights = state["model"]
+        optim = state.get("optimizer") or {}
+        saved = optim.get("state") or {}
+        keys = list(_STATE_KEYS[self._family])
+        carry = bool(saved) and optim.get("family") == self._family and bool(keys)
+        if carry and any(any(k not in saved.get(n, {}) for k in keys) for n, _ in self._named):
+            carry = False
+        step = int(state.get("steps", 0))
+        if carry:
+            first = saved[self._named[0][0]]
+            if "step" in first:
+                v = first["step"]
+                step = int(v.item() if isinstance(v, torch.Tensor) else v)
+            self._materialize_state(keys, step)
+        if self._layout == "basic":
+            base = engine.optimizer
+            if carry:
+                for name, p in self._named:
+                    st = base.state[p]
+                    for k in keys:
+                        st[k].copy_(saved[name][k].to(st[k].device, st[k].dtype))
+        elif self._layout == "flat16":
+            opt = engine.optimizer
+            base = opt.optimizer
+            index = {id(p): name for name, p in self._named}
+            with torch.no_grad():
+                for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat):
+                    offset = 0
+                    for p in group:
+                        n = p.numel()
+                        name = index[id(p)]
+                        flat[offset : offset + n].copy_(weights[name].reshape(-1).to(flat.dtype))
+                        if carry:
+                            for k in keys:
+                                base.state[flat][k][offset : offset + n].copy_(
+                                    saved[name][k].reshape(-1).to(flat.dtype)
+                                )
+                        offset += n
+        else:
+            for name, p in self._named:
+                safe_set_full_fp32_param(p, weights[name].float().to(_device_of(p)))
+                if carry:
+                    for k in keys:
+                        safe_set_full_optimizer_state(p, saved[name][k].float().to(_device_of(p)), k)
+        self.steps = int(state.get("steps", 0))
+        self.overflow_steps = int(state.get("overflow_steps", 0))
+        scaler = state.get("scaler")
+        if (
+            self.precision is Precision.FP16
+            and scaler
+            and float(scaler.get("init_scale", -1)) == float(self.config.loss_scale_init)
+        ):
+            opt = engine.optimizer
+            if hasattr(opt, "cur_scale"):
+                opt.cur_scale = float(scaler["scale"])
+            loss_scaler = getattr(opt, "loss_scaler", None)
+            if loss_scaler is not None and hasattr(loss_scaler, "cur_scale"):
+                loss_scaler.cur_scale = float(scaler["scale"])
+        engine.global_steps = self.steps + self.overflow_steps
+        engine.skipped_steps = self.overflow_steps
+
+    def _materialize_state(self, keys: list[str], step: int) -> None:
+        """Create the optimizer's (lazily built) state tensors so they can be written."""
+        engine = self.engine
+        base = _base_optimizer(engine)
+        torch_adam = isinstance(base, (torch.optim.Adam, torch.optim.AdamW))
+        opt = engine.optimizer
+        flats = {
+            "basic": [p for _, p in self._named],
+            "flat16": getattr(opt, "fp32_groups_flat", None),
+            "zero12": getattr(opt, "single_partition_of_fp32_groups", None),
+            "zero3": getattr(opt, "fp32_partitioned_groups_flat", None),
+        }[self._layout]
+        for flat in flats or []:
+            st = base.state[flat]
+            for k in keys:
+                if k not in st:
+                    st[k] = torch.zeros_like(flat, memory_format=torch.preserve_format)
+            if self._family == "adam":
+                st["step"] = torch.tensor(float(step)) if torch_adam else step
+        for group in base.param_groups:
+            if self._family == "adam" and "step" in group:
+                group["step"] = step
+        if self._layout == "zero12":
+            engine.optimizer._lazy_init_hp_params_optimizer_state()
+
+    # ------------------------------------------------------------------ memory
+    def model_state_bytes(self) -> ModelStateBytes:
+        """This rank's bytes, counted from its own tensors.
+
+        params: the module's parameters as this rank holds them (ZeRO-3: its partition,
+        `param.ds_tensor`). grads: gradient tensors this rank held at the last step
+        boundary, just before the optimizer ran (p.grad, or the ZeRO partitions and the
+        stage-3 reduce bucket). optimizer: every optimizer-state tensor plus the fp32
+        master weights (ZeRO's partition, or the stage-0 16-bit flat copy).
+        """
+        return ModelStateBytes(
+            params_bytes=self._count_params(),
+            grads_bytes=self._grads_bytes,
+            optimizer_bytes=self._count_optimizer(),
+        )
+
+    def _count_params(self) -> int:
+        total = 0
+        for _, p in self._named:
+            t = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
+            total += _nbytes(t)
+        return total
+
+    def _count_grads(self) -> int:
+        opt = self.engine.optimizer
+        if self._layout in ("basic", "flat16"):
+            return sum(_nbytes(p.grad) for _, p in self._named if p.grad is not None)
+        if self._layout == "zero12":
+            total = 0
+            for group in getattr(opt, "averaged_gradients", {}).values():
+                total += sum(_nbytes(g) for g in group if g is not None)
+            return total
+        total = _nbytes(getattr(opt, "grad_partitions_flat_buffer", None))
+        for bucket in getattr(opt, "ipg_buckets", {}).values():
+            total += _nbytes(getattr(bucket, "buffer", None))
+        return total
+
+    def _count_optimizer(self) -> int:
+        opt = self.engine.optimizer
+        base = _base_optimizer(self.engine)
+        total = sum(
+            _nbytes(v) for st in base.state.values() for v in st.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        )
+        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat",
+                     "fp32_groups_flat"):
+            for t in getattr(opt, attr, None) or []:
+                total += _nbytes(t)
+        return total
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Destroy the engine, free its buffers, drop the process group if this was the
+        last backend using one this process created. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+        _ProcessGroupLease.release()
+
+    def _teardown(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        engine = self.engine
+        self.engine = None
+        self.module = None  # type: ignore[assignment]
+        self._named = []
+        if engine is not None:
+            opt = engine.optimizer
+            with contextlib.suppress(Exception):
+                engine.destroy()
+            base = getattr(opt, "optimizer", opt)
+            if base is not None and hasattr(base, "state"):
+                with contextlib.suppress(Exception):
+                    base.state.clear()
+                    base.param_groups.clear()
+            if opt is not None:
+                _free_flat_buffers(opt)
+            del engine, opt, base
+        gc.collect()
+
+    def __enter__(self) -> DeepSpeedBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- helpers
+def _layout_of(engine: Any) -> str:
+    opt = engine.optimizer
+    name = type(opt).__name__
+    if name == "DeepSpeedZeroOptimizer_Stage3":
+        return "zero3"
+    if name in ("DeepSpeedZeroOptimizer", "BF16_Optimizer"):
+        return "zero12"
+    if hasattr(opt, "fp32_groups_flat") and hasattr(opt, "fp16_groups"):
+        return "flat16"
+    return "basic"
+
+
+def _base_optimizer(engine: Any) -> Any:
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", None)
+    return inner if inner is not None and hasattr(inner, "state") else opt
+
+
+def _nbytes(t: Any) -> int:
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        return 0
+    return int(t.numel() * t.element_size())
+
+
+def _shape(p: Any) -> torch.Size:
+    return p.ds_shape if hasattr(p, "ds_shape") else p.shape
+
+
+def _device_of(p: Any) -> torch.device:
+    t = p.ds_tensor if hasattr(p, "ds_tensor") else p
+    return t.device
+
+
+def _free_flat_buffers(opt: Any) -> None:
+    """Drop the optimizer's references to its flat buffers and partitions (the big
+    allocations DeepSpeed keeps alive when something else still references the
+    optimizer object; see DeepSpeed issues #4527 and #5102)."""
+    for attr in list(vars(opt)):
+        value = getattr(opt, attr, None)
+        if isinstance(value, torch.Tensor) or (
+            isinstance(value, (list, dict)) and _holds_tensor(value)
+        ):
+            with contextlib.suppress(Exception):
+                setattr(opt, attr, None)
+
+
+def _holds_tensor(value: Any) -> bool:
+    items = value.values() if isinstance(value, dict) else value
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            return True
+        if isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x):
+            return True
+    return False
+
+
+def _check_state_matches(model: nn.Module, state: dict[str, Any]) -> None:
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name not in weights:
+            raise ValueError(
+                f"state: no weights for parameter {name}; the state belongs to a different model"
+            )
+        if tuple(weights[name].shape) != tuple(p.shape):
+            raise ValueError(
+                f"state: parameter {name} has shape {tuple(weights[name].shape)}, the model "
+                f"has {tuple(p.shape)}"
+            )
+
+
+def _cast_inputs(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def cast(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+                return x.to(dtype)
+            return x
+
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    return hook
+
+
+def _autocast_factory(dtype: torch.dtype) -> Any:
+    from deepspeed.accelerator import get_accelerator
+
+    device_type = get_accelerator().device_name()
+
+    def autocast() -> AbstractContextManager[Any]:
+        return torch.autocast(device_type=device_type, dtype=dtype)
+
+    return autocast
+
