@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.config import OptimizerName, Precision, TrainConfig
 from workbench.train.backend import ModelStateBytes, StepOutcome
 from workbench.train.schedule import lr_at
 
@@ -353,7 +353,7 @@ class DeepSpeedBackend:
         has_state = any(bool(s) for s in base.state.values())
         keys = [k for k in _STATE_KEYS[self._family] if has_state]
         step = self._optimizer_step()
-        for name, p, master, states in self._slots(keys):
+        for name, _p, master, states in self._slots(keys):
             model[name] = master
             if keys:
                 entry: dict[str, Any] = dict(states)
@@ -403,7 +403,7 @@ class DeepSpeedBackend:
             opt = engine.optimizer
             base = opt.optimizer
             index = {id(p): name for name, p in self._named}
-            for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat):
+            for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat, strict=False):
                 st = base.state.get(flat, {})
                 offset = 0
                 for p in group:
@@ -454,7 +454,7 @@ class DeepSpeedBackend:
             base = opt.optimizer
             index = {id(p): name for name, p in self._named}
             with torch.no_grad():
-                for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat):
+                for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat, strict=False):
                     offset = 0
                     for p in group:
                         n = p.numel()
