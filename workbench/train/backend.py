@@ -65,3 +65,24 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release everything (engines, process groups, buffers). Idempotent."""
+
+
+def build_backend(
+    config: Any, model: torch.nn.Module, *, state: dict[str, Any] | None = None, world_size: int = 1
+) -> Backend:
+    """The backend for `config`: `PlainBackend` unless the config needs DeepSpeed
+    (`config.uses_deepspeed`) or the run has several ranks (`world_size > 1`), in which
+    case `workbench.train.zero.DeepSpeedBackend` (imported only then)."""
+    if config.uses_deepspeed or world_size > 1:
+        try:
+            from workbench.train.zero import DeepSpeedBackend  # type: ignore[attr-defined]
+        except ImportError as exc:
+            raise ValueError(
+                f"zero_stage={config.zero_stage}, precision={config.precision}, "
+                f"world_size={world_size}: needs the DeepSpeed backend "
+                f"(workbench.train.zero.DeepSpeedBackend), which is not available: {exc}"
+            ) from exc
+        return DeepSpeedBackend(config, model, state=state)  # type: ignore[no-any-return]
+    from workbench.train.plain import PlainBackend
+
+    return PlainBackend(config, model, state=state)

@@ -1,0 +1,230 @@
+"""`tiny-gpt`: a small character-level GPT (nanoGPT-style) on Shakespeare's sonnets.
+
+The model is built so that Korthikanti et al. (2022), Table 2, describes what it keeps
+for the backward pass, tensor by tensor (`workbench.estimate.transformer_activation_bytes`):
+
+per block (pre-LN), with s sequence length, b micro-batch, h hidden, a heads,
+"elements" in the activation dtype and 1-byte dropout masks:
+
+    ln_1 input                 sbh     (layer_norm saves its input)
+    qkv linear input           sbh     (the ln_1 output)
+    Q, K, V                    3sbh    (the two batched matmuls save them)
+    softmax output             as^2b   (`ScaledMaskedSoftmax` saves only its output)
+    attention dropout          as^2b mask + as^2b output (saved by the matmul with V)
+    projection input           sbh
+    projection dropout         sbh mask
+    ln_2 input                 sbh
+    fc input                   sbh
+    GELU input                 4sbh
+    fc_proj input (GELU out)   4sbh
+    MLP dropout                sbh mask
+
+Attention is written out by hand (no fused scaled_dot_product_attention, which stores
+no `as^2b` terms). Scaling, causal masking and softmax are one autograd function that
+computes in fp32 and stores its output in the compute dtype, as Megatron's fused
+softmax does, so the softmax runs in fp32 under autocast without storing fp32 scores.
+
+Small extras the formula ignores: layer-norm mean/rstd (two fp32 values per token per
+layer norm), the int64 token ids kept by the embedding and the loss, and (under
+autocast on CPU) the residual stream, which stays fp32, so each layer-norm input is
+4 bytes per element instead of 2: about +4sbh bytes per layer under amp-bf16/amp-fp16.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_TEXT = DATA_DIR / "sonnets.txt"
+
+
+class ScaledMaskedSoftmax(torch.autograd.Function):
+    """softmax(scale * scores with the causal mask) computed in fp32; saves only the
+    output, in the input dtype (Megatron's FusedScaleMaskSoftmax does the same)."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        probs = torch.softmax(scores.float().mul(scale).masked_fill(mask, float("-inf")), dim=-1)
+        out = probs.to(scores.dtype)
+        ctx.scale = scale
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (out,) = ctx.saved_tensors
+        y = out.float()
+        g = grad_out.float()
+        grad = y * (g - (g * y).sum(dim=-1, keepdim=True)) * ctx.scale
+        return grad.to(grad_out.dtype), None, None
+
+
+class MaskDropout(nn.Module):
+    """Dropout that keeps a 1-byte mask for backward on every device.
+
+    `nn.Dropout` on CPU multiplies by a float noise tensor and so keeps 4 bytes per
+    element; `torch.native_dropout` keeps a bool mask, as the fused CUDA kernel does.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return torch.native_dropout(x, self.p, True)[0]
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, seq_len: int, dropout: float) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"heads={heads}: must divide hidden={hidden} evenly")
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.attn_drop = MaskDropout(dropout)
+        self.resid_drop = MaskDropout(dropout)
+        mask = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
+        self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        d = h // self.heads
+        q, k, v = self.qkv(x).split(h, dim=2)
+        q = q.reshape(b, s, self.heads, d).transpose(1, 2)
+        k = k.reshape(b, s, self.heads, d).transpose(1, 2)
+        v = v.reshape(b, s, self.heads, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1)
+        att = ScaledMaskedSoftmax.apply(scores, self.causal_mask[:s, :s], 1.0 / math.sqrt(d))
+        att = self.attn_drop(att)
+        y = (att @ v).transpose(1, 2).reshape(b, s, h)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(hidden, 4 * hidden)
+        self.fc_proj = nn.Linear(4 * hidden, hidden)
+        self.drop = MaskDropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc_proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block; marked checkpointable (see workbench.train.checkpointing)."""
+
+    _workbench_checkpointable = True
+
+    def __init__(self, hidden: int, heads: int, seq_len: int, dropout: float) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(hidden)
+        self.attn = CausalSelfAttention(hidden, heads, seq_len, dropout)
+        self.ln_2 = nn.LayerNorm(hidden)
+        self.mlp = MLP(hidden, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TinyGPT(nn.Module):
+    """Token + learned position embeddings, `layers` pre-LN blocks, final layer norm and
+    an output head tied to the token embedding. Returns logits (b, s, vocab).
+
+    Parameter count: 12Lh^2 + 13Lh + Vh + sh + 2h, the formula of
+    `workbench.estimate.activations.params_from_shape`.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab: int,
+        seq_len: int = 64,
+        layers: int = 4,
+        hidden: int = 128,
+        heads: int = 4,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.seq_len = seq_len
+        self.wte = nn.Embedding(vocab, hidden)
+        self.wpe = nn.Embedding(seq_len, hidden)
+        self.drop = MaskDropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(hidden, heads, seq_len, dropout) for _ in range(layers)
+        )
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.wte.weight  # tied
+        self.apply(self._init)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # GPT-2 scaled init of residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * layers))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        s = idx.shape[1]
+        if s > self.seq_len:
+            raise ValueError(f"sequence length {s}: the model was built for seq_len={self.seq_len}")
+        pos = torch.arange(s, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class CharDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Every window of `seq_len + 1` characters: x = chars[i:i+s], y = chars[i+1:i+s+1]."""
+
+    def __init__(self, text: str, seq_len: int) -> None:
+        if len(text) <= seq_len + 1:
+            raise ValueError(f"text of {len(text)} characters is too short for seq_len={seq_len}")
+        self.chars = sorted(set(text))
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.data = torch.tensor([self.stoi[c] for c in text], dtype=torch.int64)
+        self.seq_len = seq_len
+
+    @property
+    def vocab(self) -> int:
+        return len(self.chars)
+
+    def __len__(self) -> int:
+        return len(self.data) - self.seq_len - 1
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.data[i : i + self.seq_len + 1]
+        return chunk[:-1], chunk[1:]
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-character cross-entropy over all positions (computed in fp32)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def load_text(path: str | Path | None = None) -> str:
+    return Path(path or DEFAULT_TEXT).read_text(encoding="utf-8")

@@ -1,0 +1,214 @@
+"""Measured memory of a training setup, next to the estimator's prediction.
+
+What is measured, and how:
+
+* `params_bytes`, `grads_bytes`, `optimizer_bytes`: counted from the tensors themselves
+  (`Backend.model_state_bytes()`), each distinct storage once (tied weights share one).
+  Gradients are counted right after a probe backward pass, before they are dropped.
+  `optimizer_bytes` includes per-tensor bookkeeping the estimator leaves out: Adam keeps
+  a 4-byte fp32 `step` counter per parameter tensor. That part is reported on its own
+  as `optimizer_step_counter_bytes` (every 0-dim tensor of the optimizer state), so
+  `optimizer_bytes - optimizer_step_counter_bytes` is what the ZeRO-paper accounting
+  predicts. Optimizer states exist only after the first optimizer step.
+* `activation_bytes`: every tensor autograd saves for the backward pass of one probe
+  micro-batch (forward + loss), caught with `torch.autograd.graph.saved_tensors_hooks`
+  and counted once per storage. Parameters and buffers saved for backward (and their
+  autocast copies: a chain of view/copy ops ending at a leaf parameter) are not
+  activations; they are reported as `parameter_saved_bytes`. With activation
+  checkpointing the inputs of checkpointed blocks are what the forward keeps, and they
+  are counted (forward pre-hooks on those blocks); the recomputation during backward is
+  a transient, not counted.
+* `cuda_max_allocated_bytes` (CUDA): `torch.cuda.max_memory_allocated()` over the probe
+  step (the peak statistics are reset before it). `peak_rss_bytes` (CPU): the process's
+  peak resident set size (`resource.getrusage`), a whole-process high-water mark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.train.backend import Backend, ModelStateBytes
+from workbench.train.checkpointing import checkpointable_modules, is_checkpointing
+from workbench.train.plain import storage_bytes
+
+_VIEW_OR_COPY = frozenset(
+    {
+        "ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
+        "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0",
+        "SliceBackward0", "SelectBackward0", "CloneBackward0", "ReshapeAliasBackward0",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ActivationMeasure:
+    activation_bytes: int
+    parameter_saved_bytes: int
+    by_dtype: dict[str, int] = field(default_factory=dict)  # activation bytes per dtype
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Measured bytes of one setup (see the module docstring) and the prediction."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    optimizer_step_counter_bytes: int
+    activation_bytes: int
+    parameter_saved_bytes: int
+    activation_bytes_by_dtype: dict[str, int]
+    micro_batch: int
+    precision: str
+    optimizer: str
+    activation_checkpointing: bool
+    world_size: int
+    n_params: int
+    cuda_max_allocated_bytes: int | None
+    peak_rss_bytes: int | None
+    predicted: Any | None  # workbench.estimate.MemoryEstimate, None when it could not run
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activation_bytes
+
+    @property
+    def predicted_activation_bytes(self) -> int | None:
+        """The prediction comparable with `activation_bytes`: the estimator's activations
+        without its recomputation working set (a backward-pass transient)."""
+        pred = self.predicted
+        if pred is None or pred.activation_bytes is None:
+            return None
+        extra = pred.activations.recompute_bytes if pred.activations is not None else 0
+        return int(pred.activation_bytes - extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["predicted"] = self.predicted.to_dict() if self.predicted is not None else None
+        return d
+
+
+def _is_parameter_derived(t: torch.Tensor, param_storages: set[int]) -> bool:
+    if t.untyped_storage().data_ptr() in param_storages:
+        return True
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None or type(fn).__name__ not in _VIEW_OR_COPY:
+            return False
+        nexts = [f for f, _ in fn.next_functions if f is not None]
+        if len(nexts) != 1:
+            return False
+        fn = nexts[0]
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+    return False
+
+
+def measure_activations(
+    model: nn.Module, forward_and_loss: Callable[[], torch.Tensor]
+) -> tuple[torch.Tensor, ActivationMeasure]:
+    """Run `forward_and_loss()` with hooks that record what autograd saves; returns the
+    loss (its graph alive, ready for backward) and the measure."""
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_storages |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    acts: dict[int, tuple[int, str]] = {}
+    params: dict[int, int] = {}
+
+    def record(t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        if st.nbytes() == 0 or t.device.type == "meta":
+            return
+        if _is_parameter_derived(t, param_storages):
+            params[st.data_ptr()] = st.nbytes()
+        else:
+            acts[st.data_ptr()] = (st.nbytes(), str(t.dtype).replace("torch.", ""))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        record(t)
+        return t
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def pre_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                record(a)
+
+    handles = [
+        m.register_forward_pre_hook(pre_hook)
+        for m in checkpointable_modules(model)
+        if is_checkpointing(m)
+    ]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            loss = forward_and_loss()
+    finally:
+        for h in handles:
+            h.remove()
+    by_dtype: dict[str, int] = {}
+    for nbytes, dtype in acts.values():
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+    measure = ActivationMeasure(
+        activation_bytes=sum(by_dtype.values()),
+        parameter_saved_bytes=sum(params.values()),
+        by_dtype=by_dtype,
+    )
+    return loss, measure
+
+
+def step_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    if optimizer is None:
+        return 0
+    return storage_bytes(
+        v
+        for st in optimizer.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() == 0
+    )
+
+
+def probe(
+    backend: Backend,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    inputs: Any,
+    targets: Any,
+) -> tuple[ActivationMeasure, ModelStateBytes]:
+    """One forward+backward on a micro-batch: activations measured in the forward,
+    model states counted while the gradients exist; the gradients are then dropped."""
+    module = backend.module
+
+    def forward_and_loss() -> torch.Tensor:
+        with backend.autocast():
+            out = module(inputs)
+        return loss_fn(out.float() if isinstance(out, torch.Tensor) else out, targets)
+
+    loss, measure = measure_activations(_inner_module(module), forward_and_loss)
+    backend.backward(loss)
+    del loss
+    states = backend.model_state_bytes()
+    backend.zero_grad()
+    return measure, states
+
+
+def _inner_module(module: nn.Module) -> nn.Module:
+    """The user's model inside a wrapper such as a DeepSpeed engine (`.module`)."""
+    inner = getattr(module, "module", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+def peak_rss_bytes() -> int | None:
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+    except (ImportError, OSError):  # pragma: no cover - non-POSIX
+        return None

@@ -1,0 +1,252 @@
+"""`PlainBackend`: a torch optimizer + a precision policy on one device (no DeepSpeed).
+
+Implements the `Backend` contract of `workbench/train/backend.py`. Built once per
+setting; the Session rebuilds it (carrying `export_state()`) when a setting it reads
+changes. The module stays the same object across rebuilds.
+
+Backend-neutral state (`export_state()`, also what a checkpoint stores):
+
+    {"format": 1,
+     "model": {param_name: fp32 tensor},                # named_parameters(), ties once
+     "optimizer": {"family": "adam" | "sgd" | None,
+                   "state": {param_name: {"exp_avg": ..., "exp_avg_sq": ..., "step": ...}}},
+     "scaler": {"scale": float, "growth_tracker": int, "init_scale": float} | None,
+     "scheduler": {"steps": int},
+     "steps": int,                                      # optimizer steps applied
+     "overflow_steps": int}                             # steps the loss scaler skipped
+
+Optimizer state moves between optimizers of the same family (adam <-> adamw keep their
+moments; sgd keeps its momentum buffer); across families it starts fresh. A loss scale
+carries over while `loss_scale_init` is unchanged; a new `loss_scale_init` restarts it.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import OptimizerName, TrainConfig
+from workbench.train.backend import ModelStateBytes, StepOutcome
+from workbench.train.precision import PrecisionPolicy, build_precision
+from workbench.train.schedule import lr_at
+
+STATE_FORMAT = 1
+
+_FAMILY = {
+    OptimizerName.ADAMW: "adam",
+    OptimizerName.ADAM: "adam",
+    OptimizerName.SGD: "sgd",
+    OptimizerName.SGD_NOMOMENTUM: None,
+}
+
+
+def named_unique_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """`model.named_parameters()` (tied parameters appear once, under their first name)."""
+    return list(model.named_parameters())
+
+
+def storage_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind `tensors` (shared storage counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    opt = OptimizerName(config.optimizer)
+    lr, wd = float(config.lr), float(config.weight_decay)
+    if opt is OptimizerName.ADAMW:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+    if opt is OptimizerName.ADAM:
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    if opt is OptimizerName.SGD:
+        return torch.optim.SGD(params, lr=lr, momentum=float(config.momentum), weight_decay=wd)
+    if opt is OptimizerName.SGD_NOMOMENTUM:
+        return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=wd)
+    raise ValueError(
+        f"optimizer={opt.value!r}: a Session trains with adamw, adam, sgd or sgd-nomomentum"
+    )
+
+
+class PlainBackend:
+    """torch optimizer + autocast/GradScaler policy + LR schedule on the model's device.
+
+    `config.lr` is the learning rate the optimizer uses (the Session passes the value
+    after `lr_scaling`). Gradients are divided by `grad_accum` in `backward`.
+    """
+
+    def __init__(
+        self, config: TrainConfig, model: nn.Module, *, state: dict[str, Any] | None = None
+    ) -> None:
+        self.config = config
+        self.module = model
+        self._named = named_unique_parameters(model)
+        trainable = [p for _, p in self._named if p.requires_grad]
+        if not trainable:
+            raise ValueError("model: has no trainable parameters (requires_grad=True)")
+        self._params = trainable
+        self.device = trainable[0].device
+        self.policy: PrecisionPolicy = build_precision(config, self.device.type)
+        self.optimizer = build_optimizer(config, trainable)
+        self._family = _FAMILY[OptimizerName(config.optimizer)]
+        self._inv_accum = 1.0 / int(config.grad_accum)
+        self._clip = config.clip_grad_norm
+        self._base_lr = float(config.lr)
+        self.steps = 0
+        self.overflow_steps = 0
+        self._closed = False
+        if state is not None:
+            self._load(state)
+        self._set_lr()
+        self._apply_step = self._step_scaled if self.policy.scaler is not None else self._step_plain
+
+    # ------------------------------------------------------------------ the loop
+    def autocast(self) -> AbstractContextManager[Any]:
+        return self.policy.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.policy.scale(loss * self._inv_accum).backward()
+
+    def step(self) -> StepOutcome:
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm, skipped, scale = self._apply_step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if skipped:
+            self.overflow_steps += 1
+        else:
+            self.steps += 1
+            self._set_lr()
+        return StepOutcome(grad_norm=grad_norm, skipped=skipped, scale=scale, lr=lr)
+
+    def _grad_norm(self) -> torch.Tensor:
+        if self._clip is not None:
+            return torch.nn.utils.clip_grad_norm_(self._params, self._clip)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads)
+
+    def _step_plain(self) -> tuple[float | None, bool, float | None]:
+        norm = float(self._grad_norm())  # host waits for the device here (once per step)
+        self.optimizer.step()
+        return norm, False, None
+
+    def _step_scaled(self) -> tuple[float | None, bool, float | None]:
+        scaler = self.policy.scaler
+        assert scaler is not None
+        scaler.unscale_(self.optimizer)  # before clipping: clip the true gradients
+        norm = float(self._grad_norm())  # host waits for the device here
+        before = scaler.get_scale()
+        scaler.step(self.optimizer)  # skipped when the unscaled grads hold inf/nan
+        scaler.update()
+        after = scaler.get_scale()
+        return norm, after < before, after
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _set_lr(self) -> None:
+        lr = lr_at(self.config, self.steps, self._base_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the next optimizer step."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------ state
+    def export_state(self) -> dict[str, Any]:
+        ids = {id(p): name for name, p in self._named}
+        opt_state: dict[str, dict[str, Any]] = {}
+        for p, st in self.optimizer.state.items():
+            name = ids.get(id(p))
+            if name is not None and st:
+                opt_state[name] = {k: v for k, v in st.items() if v is not None}
+        scaler = self.policy.scaler
+        scaler_state = None
+        if scaler is not None:
+            scaler_state = {
+                "scale": float(scaler.get_scale()),
+                "growth_tracker": int(scaler.state_dict().get("_growth_tracker", 0)),
+                "init_scale": float(self.config.loss_scale_init),
+            }
+        return {
+            "format": STATE_FORMAT,
+            "model": {name: p.detach() for name, p in self._named},
+            "optimizer": {"family": self._family, "state": opt_state},
+            "scaler": scaler_state,
+            "scheduler": {"steps": self.steps},
+            "steps": self.steps,
+            "overflow_steps": self.overflow_steps,
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        weights = state.get("model") or {}
+        missing = [name for name, _ in self._named if name not in weights]
+        if missing:
+            raise ValueError(
+                f"state: no weights for parameter(s) {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                + "; the state belongs to a different model"
+            )
+        with torch.no_grad():
+            for name, p in self._named:
+                w = weights[name]
+                if tuple(w.shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"state: parameter {name} has shape {tuple(w.shape)}, the model "
+                        f"has {tuple(p.shape)}"
+                    )
+                if w.data_ptr() != p.data_ptr():
+                    p.copy_(w)
+        optim = state.get("optimizer") or {}
+        if optim.get("family") is not None and optim.get("family") == self._family:
+            by_name = dict(self._named)
+            for name, st in (optim.get("state") or {}).items():
+                p = by_name.get(name)
+                if p is None or not p.requires_grad:
+                    continue
+                self.optimizer.state[p] = {
+                    k: (v.to(p.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                    for k, v in st.items()
+                }
+        self.steps = int(state.get("steps", (state.get("scheduler") or {}).get("steps", 0)))
+        self.overflow_steps = int(state.get("overflow_steps", 0))
+        saved_scaler = state.get("scaler")
+        scaler = self.policy.scaler
+        if (
+            scaler is not None
+            and saved_scaler
+            and float(saved_scaler.get("init_scale", -1)) == float(self.config.loss_scale_init)
+        ):
+            scaler.load_state_dict(
+                {
+                    "scale": float(saved_scaler["scale"]),
+                    "growth_factor": float(self.config.loss_scale_growth),
+                    "backoff_factor": float(self.config.loss_scale_backoff),
+                    "growth_interval": int(self.config.loss_scale_interval),
+                    "_growth_tracker": int(saved_scaler.get("growth_tracker", 0)),
+                }
+            )
+
+    def model_state_bytes(self) -> ModelStateBytes:
+        """Bytes of parameters, gradients present now, and every optimizer-state tensor
+        (including Adam's 4-byte `step` counter per parameter tensor)."""
+        params = storage_bytes(p for _, p in self._named)
+        grads = storage_bytes(p.grad for _, p in self._named if p.grad is not None)
+        optim = storage_bytes(
+            v for st in self.optimizer.state.values() for v in st.values()
+        )
+        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.optimizer.state.clear()
+        self.optimizer.param_groups.clear()

@@ -1,0 +1,95 @@
+"""Precision policies: one object per setting, built once, so the loop has no mode checks.
+
+    policy = build_precision(config, device_type="cpu")
+    with policy.autocast():
+        out = model(x)
+    loss = loss_fn(out.float(), y)          # loss in fp32, outside autocast
+    policy.scale(loss).backward()
+
+* fp32: no autocast, no scaler.
+* amp-bf16: `torch.autocast(dtype=bfloat16)`; bf16 has fp32's exponent range, no scaler.
+* amp-fp16: `torch.autocast(dtype=float16)` + `torch.amp.GradScaler` with the config's
+  loss_scale_init / growth / backoff / interval. Steps whose gradients overflow are
+  skipped by the scaler and counted by the backend.
+
+CPU autocast in torch 2.x supports both bfloat16 and float16 (`GradScaler("cpu")`
+exists since torch 2.3). The DeepSpeed 16-bit modes (fp16, bf16) are not policies here:
+the DeepSpeed engine owns its precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.config import Precision, TrainConfig
+
+_AMP_DTYPES = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
+
+
+def _identity(loss: torch.Tensor) -> torch.Tensor:
+    return loss
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Autocast context factory + optional GradScaler for one precision setting."""
+
+    precision: Precision
+    device_type: str
+    dtype: torch.dtype | None  # autocast dtype; None for fp32
+    scaler: torch.amp.GradScaler | None
+    autocast: Callable[[], AbstractContextManager[Any]]
+    scale: Callable[[torch.Tensor], torch.Tensor]  # the scaler's scale(), or identity
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        return self.dtype or torch.float32
+
+
+def amp_supported(precision: Precision | str, device_type: str) -> str | None:
+    """None when `precision` runs on `device_type`, else a one-line reason."""
+    p = Precision(precision)
+    if p not in _AMP_DTYPES:
+        return None
+    if not torch.amp.autocast_mode.is_autocast_available(device_type):
+        return f"torch {torch.__version__} has no autocast for device {device_type!r}"
+    if p is Precision.AMP_BF16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU does not support bfloat16 (compute capability < 8.0)"
+    return None
+
+
+def build_precision(config: TrainConfig, device_type: str) -> PrecisionPolicy:
+    """The policy for `config.precision` on `device_type` ("cpu" or "cuda")."""
+    p = Precision(config.precision)
+    if p.is_deepspeed:
+        raise ValueError(
+            f"precision={p.value!r}: is DeepSpeed's 16-bit mode and runs through the DeepSpeed "
+            "backend; the plain backend supports fp32, amp-bf16 and amp-fp16"
+        )
+    reason = amp_supported(p, device_type)
+    if reason:
+        raise ValueError(f"precision={p.value!r}: not available here: {reason}")
+    dtype = _AMP_DTYPES.get(p)
+    if dtype is None:
+        return PrecisionPolicy(p, device_type, None, None, nullcontext, _identity)
+
+    def autocast() -> AbstractContextManager[Any]:
+        return torch.autocast(device_type=device_type, dtype=dtype)
+
+    scaler = None
+    scale = _identity
+    if p is Precision.AMP_FP16:
+        scaler = torch.amp.GradScaler(
+            device_type,
+            init_scale=float(config.loss_scale_init),
+            growth_factor=float(config.loss_scale_growth),
+            backoff_factor=float(config.loss_scale_backoff),
+            growth_interval=int(config.loss_scale_interval),
+        )
+        scale = scaler.scale
+    return PrecisionPolicy(p, device_type, dtype, scaler, autocast, scale)
