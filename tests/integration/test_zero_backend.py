@@ -1,0 +1,182 @@
+"""DeepSpeedBackend in this process on CPU (gloo): stages 0-3, live switches, teardown."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.train.backend import Backend, ModelStateBytes, build_backend
+from workbench.train.plain import PlainBackend
+from workbench.train.zero import DeepSpeedBackend
+
+ACCUM = 2
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step * 10 + micro)
+    x = torch.randn(4, 8, generator=g)
+    return x, 0.1 * x.sum(1, keepdim=True)
+
+
+def train(backend: Backend, steps: int, start: int = 0) -> list[float]:
+    """The contract's loop (workbench/train/backend.py)."""
+    losses = []
+    for step in range(start, start + steps):
+        total = 0.0
+        for micro in range(ACCUM):
+            x, y = batch(step, micro)
+            with backend.autocast():
+                out = backend.module(x)
+            loss = nn.functional.mse_loss(out.float(), y)
+            backend.backward(loss)
+            total += float(loss.detach())
+        outcome = backend.step()
+        assert not outcome.skipped
+        assert outcome.grad_norm is not None and outcome.grad_norm > 0
+        losses.append(total / ACCUM)
+    return losses
+
+
+def eval_loss(backend: Backend) -> float:
+    x, y = batch(999, 0)
+    with torch.no_grad(), backend.autocast():
+        out = backend.module(x)
+    return float(nn.functional.mse_loss(out.float(), y))
+
+
+def cfg(**kw: object) -> TrainConfig:
+    return TrainConfig(micro_batch=4, grad_accum=ACCUM, lr=1e-2, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_stages_train_and_continue_exactly(stage: int, precision: str) -> None:
+    config = cfg(zero_stage=stage, precision=precision)
+    # Reference: 5 uninterrupted steps.
+    with DeepSpeedBackend(config, tiny_model()) as ref:
+        assert isinstance(ref, Backend)
+        before = eval_loss(ref)
+        expected = train(ref, 5)
+        assert eval_loss(ref) < before  # it learns
+        mem = ref.model_state_bytes()
+    assert isinstance(mem, ModelStateBytes)
+    assert mem.params_bytes > 0 and mem.grads_bytes > 0 and mem.optimizer_bytes > 0
+    # 3 steps, export, a fresh engine from the state, 2 more steps: same losses.
+    first = DeepSpeedBackend(config, tiny_model())
+    got = train(first, 3)
+    state = first.export_state()
+    second = DeepSpeedBackend(config, tiny_model(), state=state)
+    first.close()
+    got += train(second, 2, start=3)
+    second.close()
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_bf16_halves_weight_bytes_and_keeps_fp32_master() -> None:
+    n = sum(p.numel() for p in tiny_model().parameters())
+    with DeepSpeedBackend(cfg(zero_stage=1, precision="bf16"), tiny_model()) as b:
+        train(b, 1)
+        mem = b.model_state_bytes()
+        state = b.export_state()
+    assert mem.params_bytes == 2 * n
+    # fp32 master (4) + exp_avg (4) + exp_avg_sq (4) per parameter, one rank
+    assert mem.optimizer_bytes >= 12 * n
+    assert all(t.dtype == torch.float32 for t in state["model"].values())
+
+
+@pytest.mark.parametrize(("start", "switch_to"), [
+    ({"zero_stage": 0}, {"zero_stage": 2}),
+    ({"zero_stage": 2}, {"zero_stage": 0}),  # back to the plain backend
+    ({"zero_stage": 1}, {"zero_stage": 3}),
+    ({"zero_stage": 3}, {"zero_stage": 1}),
+])
+def test_switch_between_backends_keeps_the_loss_curve(start: dict, switch_to: dict) -> None:
+    reference = build_backend(cfg(**start), tiny_model())
+    expected = train(reference, 5)
+    reference.close()
+    model = tiny_model()
+    old = build_backend(cfg(**start), model)
+    got = train(old, 3)
+    new = build_backend(cfg(**switch_to), model, state=old.export_state())
+    old.close()
+    assert isinstance(new, PlainBackend if switch_to["zero_stage"] == 0 else DeepSpeedBackend)
+    got += train(new, 2, start=3)
+    new.close()
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_ten_switches_do_not_grow_rss() -> None:
+    proc = psutil.Process()
+    model = tiny_model()
+    backend: Backend = DeepSpeedBackend(cfg(zero_stage=1), model)
+    train(backend, 1)
+    rss: list[int] = []
+    for i in range(10):
+        stage = (i % 3) + 1
+        new = DeepSpeedBackend(cfg(zero_stage=stage), model, state=backend.export_state())
+        backend.close()
+        backend = new
+        train(backend, 1, start=i + 1)
+        gc.collect()
+        rss.append(proc.memory_info().rss)
+    backend.close()
+    assert not torch.distributed.is_initialized()  # the last backend released the group
+    assert rss[-1] <= rss[0] * 1.10, [r // 2**20 for r in rss]
+
+
+def test_close_releases_process_group_and_environment() -> None:
+    before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    b = DeepSpeedBackend(cfg(zero_stage=2), tiny_model())
+    assert torch.distributed.is_initialized()
+    b.close()
+    b.close()  # idempotent
+    assert not torch.distributed.is_initialized()
+    assert {k: os.environ.get(k) for k in before} == before
+    # and a next backend works
+    with DeepSpeedBackend(cfg(zero_stage=3), tiny_model()) as again:
+        train(again, 1)
+
+
+def test_failed_build_leaves_old_backend_training() -> None:
+    model = tiny_model()
+    old = DeepSpeedBackend(cfg(zero_stage=1), model)
+    train(old, 1)
+    bad_state = old.export_state()
+    bad_state["model"] = dict(bad_state["model"])
+    bad_state["model"]["0.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"0\.weight has shape \(3, 3\)"):
+        DeepSpeedBackend(cfg(zero_stage=2), model, state=bad_state)
+    assert torch.distributed.is_initialized()  # still the old backend's group
+    train(old, 1, start=1)
+    old.close()
+    assert not torch.distributed.is_initialized()
+
+
+def test_unsupported_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="precision='amp-fp16'"):
+        DeepSpeedBackend(cfg(zero_stage=1, precision="amp-fp16"), tiny_model())
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(ValueError, match="config="):
+        DeepSpeedBackend({"zero_stage": 1}, tiny_model())  # type: ignore[arg-type]
+
+
+def test_amp_bf16_with_zero_uses_autocast() -> None:
+    with DeepSpeedBackend(cfg(zero_stage=2, precision="amp-bf16"), tiny_model()) as b:
+        x, _ = batch(0, 0)
+        with b.autocast():
+            out = b.module(x)
+        assert out.dtype == torch.bfloat16
+        before = eval_loss(b)
+        train(b, 5)
+        assert eval_loss(b) < before
