@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,22 @@ class DataStream:
             self._pending_count += n
 
     def peek(self) -> Any:
-        batch = self.next()
-        self.push_front([batch])
-        return batch
+        """The next batch without consuming it (a user DataLoader's batch is read and
+        put back; from a Dataset, the next `micro_batch` samples are collated directly,
+        leaving the loader untouched)."""
+        if self.user_loader or self._pending:
+            batch = self.next()
+            self.push_front([batch])
+            return batch
+        assert self._sampler is not None
+        self._sampler.base.set_epoch(self.epoch)
+        order = list(self._sampler.base)
+        idx = order[self.offset : self.offset + self.micro_batch]
+        if len(idx) < self.micro_batch:  # the epoch ends: the loader would start the next
+            self._sampler.base.set_epoch(self.epoch + 1)
+            idx = list(self._sampler.base)[: self.micro_batch]
+        batch = default_collate([self.source[i] for i in idx])  # type: ignore[index]
+        return move_to(batch, self.device, self._non_blocking)
 
     # ------------------------------------------------------------------ changing
     def rebuilt(

@@ -198,7 +198,7 @@ class Session:
             raise ValueError(f"loss_fn={loss_fn!r}: must be callable(outputs, targets)")
         if isinstance(data, DataLoader) and data.batch_size and data.batch_size != config.micro_batch:
             config = config.replace(micro_batch=int(data.batch_size))
-        self.model: nn.Module = module
+        self._model: nn.Module = module
         self._loss_fn = loss_fn
         self._data_source = data
         self._user_loader = isinstance(data, DataLoader)
@@ -242,11 +242,11 @@ class Session:
             position = DataPosition(**payload["data"]) if payload.get("data") else None
             state = payload["backend"]
             self.history = [StepRecord.from_dict(r) for r in payload.get("history", [])]
-        self.model.to(self.device)
-        self.model.train()
+        module.to(self.device)
+        module.train()
         if payload is not None:
             self._load_buffers(payload.get("buffers") or {})
-        set_activation_checkpointing(self.model, bool(config.activation_checkpointing))
+        set_activation_checkpointing(module, bool(config.activation_checkpointing))
         self._data = DataStream(
             data,
             micro_batch=int(config.micro_batch),
@@ -260,7 +260,7 @@ class Session:
         )
         try:
             self._backend: Backend = build_backend(
-                self._backend_config(config), self.model, state=state, world_size=self.world_size
+                self._backend_config(config), module, state=state, world_size=self.world_size
             )
         except BaseException:
             self._data.close()
@@ -274,6 +274,11 @@ class Session:
     def config(self) -> TrainConfig:
         """The settings in effect (queued changes are in `pending_changes`)."""
         return self._config
+
+    @property
+    def model(self) -> nn.Module:
+        """The module being trained (inside a DeepSpeed engine: the engine's module)."""
+        return self._inner(self._backend)
 
     @property
     def pending_changes(self) -> dict[str, Any]:
@@ -399,7 +404,7 @@ class Session:
                 p.append(
                     f"loss_scale_backoff={config.loss_scale_backoff!r}: must be < 1 for amp-fp16"
                 )
-        if config.activation_checkpointing and not checkpointable_modules(self.model):
+        if config.activation_checkpointing and not checkpointable_modules(self._model):
             p.append(
                 "activation_checkpointing=True: the model has no checkpointable blocks; mark "
                 "them with workbench.train.checkpointing.mark_checkpointable(model, [names])"
@@ -514,17 +519,17 @@ class Session:
             if changed & BACKEND_FIELDS:
                 state = self._backend.export_state()
                 new_backend = build_backend(
-                    self._backend_config(target), self.model, state=state,
+                    self._backend_config(target), self._model, state=state,
                     world_size=self.world_size,
                 )
             if "activation_checkpointing" in changed:
-                set_activation_checkpointing(self.model, bool(target.activation_checkpointing))
+                self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
         except BaseException:
             if new_data is not None:
                 new_data.close()
             if new_backend is not None:
                 new_backend.close()
-            set_activation_checkpointing(self.model, bool(old.activation_checkpointing))
+            self._set_checkpointing(bool(old.activation_checkpointing), None)
             raise
         if new_data is not None:
             self._data, old_data = new_data, self._data
@@ -540,6 +545,18 @@ class Session:
             self._changes_for_next_record.update(
                 {k: _plain(getattr(target, k)) for k in changed}
             )
+
+    def _set_checkpointing(self, enabled: bool, new_backend: Backend | None) -> None:
+        """On the base model and on the module an engine trains (DeepSpeed's copy)."""
+        set_activation_checkpointing(self._model, enabled)
+        for backend in (self._backend, new_backend):
+            if backend is not None and self._inner(backend) is not self._model:
+                set_activation_checkpointing(self._inner(backend), enabled)
+
+    @staticmethod
+    def _inner(backend: Backend) -> nn.Module:
+        inner = getattr(backend.module, "module", None)
+        return inner if isinstance(inner, nn.Module) else backend.module
 
     # ------------------------------------------------------------------ running
     def _check_open(self, action: str) -> None:
@@ -994,7 +1011,7 @@ class Session:
         )
 
     def _load_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
-        own = dict(self.model.named_buffers())
+        own = dict(self._model.named_buffers())
         with torch.no_grad():
             for name, value in buffers.items():
                 if name in own:

@@ -1,0 +1,162 @@
+"""`Session.profile()`: torch.profiler around a few real training steps.
+
+Schedule: wait 1 step, warm up 1 step, record `steps` steps (so `steps + 2` optimizer
+steps run, and count as training). CPU activity always, CUDA when the session runs on a
+GPU. The loop labels its phases with `record_function` ("workbench.data",
+"workbench.forward", "workbench.backward", "workbench.optimizer"); their inclusive host
+time divided by the recorded steps' time gives the phase shares (on CUDA these are host
+times, which include the waits where the host syncs with the device).
+
+With `record_memory=True` the profiler also records shapes, memory and stacks, and
+torch's memory profiler (`torch.profiler._memory_profiler`, a private API) sorts the
+bytes alive at the peak into parameter / gradient / optimizer-state / activation /
+temporary / input / autograd-detail / unknown. When that API is missing or fails,
+`memory_by_category` is None and `notes` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+if TYPE_CHECKING:  # pragma: no cover
+    from workbench.train.session import Session
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    name: str
+    calls: int
+    self_cpu_seconds: float
+    cpu_total_seconds: float
+    self_device_seconds: float | None  # CUDA self time, None on CPU
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """What `Session.profile()` found. `phase_shares` maps data / forward / backward /
+    optimizer / other to shares of the recorded steps' host time (summing to 1)."""
+
+    steps: int
+    step_seconds: float  # mean host time of a recorded step
+    operators: tuple[OperatorRow, ...]  # top operators by self time
+    table: str  # torch's key_averages table, same order
+    phase_seconds: dict[str, float]
+    phase_shares: dict[str, float]
+    trace_path: str
+    memory_by_category: dict[str, int] | None  # bytes at the peak, per category
+    memory_peak_bytes: int | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _memory_split(prof: Any, device: torch.device) -> tuple[dict[str, int] | None, int | None, str | None]:
+    try:
+        from torch.profiler import _memory_profiler as mp
+
+        timeline = mp.MemoryProfileTimeline(prof._memory_profile())
+        times, sizes = timeline._coalesce_timeline(str(device))
+        names = ["unknown_0"] + [
+            (c.name.lower() if c is not None else "unknown") for c in mp._CATEGORY_TO_COLORS
+        ]
+    except Exception as exc:  # private API: absent or changed in this torch version
+        return None, None, f"memory split not available from torch {torch.__version__}: {exc}"
+    if not sizes:
+        return None, None, "the memory profiler recorded no allocations on this device"
+    peak = max(sizes, key=sum)
+    split: dict[str, int] = {}
+    for name, value in zip(names, peak, strict=False):
+        key = "unknown" if name.startswith("unknown") else name
+        split[key] = split.get(key, 0) + int(value)
+    return split, int(sum(peak)), None
+
+
+def profile_session(
+    session: Session, *, steps: int, record_memory: bool, trace_path: str | os.PathLike[str] | None
+) -> ProfileResult:
+    cuda = session.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if trace_path is None:
+        trace_path = Path(tempfile.gettempdir()) / (
+            f"workbench-{session.id}-step{session.step}-{int(time.time())}.trace.json"
+        )
+    trace = Path(trace_path)
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+
+    def on_ready(p: Any) -> None:
+        p.export_chrome_trace(str(trace))
+        written.append(str(trace))
+
+    prof = profile(
+        activities=activities,
+        schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
+        on_trace_ready=on_ready,
+        record_shapes=record_memory,
+        profile_memory=record_memory,
+        with_stack=record_memory,
+    )
+    with prof:
+        session._run_with_hook(steps + 2, prof.step)
+
+    events = prof.key_averages()
+    by_name = {e.key: e for e in events}
+    us = 1e-6
+    step_total = sum(e.cpu_time_total for e in events if e.key.startswith("ProfilerStep"))
+    phase_seconds = {
+        name: (by_name[f"workbench.{name}"].cpu_time_total * us if f"workbench.{name}" in by_name else 0.0)
+        for name in PHASES
+    }
+    total_s = step_total * us if step_total else sum(phase_seconds.values())
+    phase_seconds["other"] = max(0.0, total_s - sum(phase_seconds.values()))
+    shares = {k: (v / total_s if total_s > 0 else 0.0) for k, v in phase_seconds.items()}
+
+    def self_device(e: Any) -> float | None:
+        return float(getattr(e, "self_device_time_total", 0.0)) * us if cuda else None
+
+    ops = [
+        e for e in events
+        if not e.key.startswith(("ProfilerStep", "workbench.")) and e.self_cpu_time_total > 0
+    ]
+    sort_key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    ops.sort(key=lambda e: getattr(e, sort_key, 0.0), reverse=True)
+    rows = tuple(
+        OperatorRow(
+            name=e.key,
+            calls=int(e.count),
+            self_cpu_seconds=e.self_cpu_time_total * us,
+            cpu_total_seconds=e.cpu_time_total * us,
+            self_device_seconds=self_device(e),
+        )
+        for e in ops[:20]
+    )
+    notes: list[str] = []
+    split = peak = None
+    if record_memory:
+        split, peak, note = _memory_split(prof, session.device)
+        if note:
+            notes.append(note)
+    else:
+        notes.append("record_memory=False: no memory split")
+    if not written:
+        notes.append("the profiler produced no trace (no steps were recorded)")
+    return ProfileResult(
+        steps=steps,
+        step_seconds=total_s / steps,
+        operators=rows,
+        table=events.table(sort_by=sort_key, row_limit=20),
+        phase_seconds=phase_seconds,
+        phase_shares=shares,
+        trace_path=written[0] if written else str(trace),
+        memory_by_category=split,
+        memory_peak_bytes=peak,
+        notes=tuple(notes),
+    )
