@@ -115,18 +115,6 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "mfu": ("--mfu", "float"),
     "price_per_gpu_hour": ("--price-per-gpu-hour", "float"),
 }
-_READ_ERRORS = {
-    "whole": "must be a whole number >= 1 (e.g. 7.5e9)",
-    "int": "must be an integer >= 1",
-    "float": "must be a number",
-}
-_READ_ERROR_OF_FLAG = {
-    "--zero": "must be 0, 1, 2 or 3",
-    "--overhead-gib": "must be a finite number >= 0",
-    "--tokens": "must be a finite number > 0 (e.g. 300e9)",
-    "--mfu": "must be a finite number > 0 and <= 1",
-    "--price-per-gpu-hour": "must be a finite number >= 0",
-}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 
 
@@ -149,7 +137,7 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
     setup.add_argument(
         "--optimizer", default="adamw", help="adamw, adam, sgd, sgd-nomomentum, adam8bit (adamw)"
     )
-    setup.add_argument("--zero", default="0", metavar="STAGE", help="ZeRO stage 0-3 (0)")
+    setup.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
     setup.add_argument("--gpus", default="1", metavar="N", help="data-parallel GPUs (1)")
     setup.add_argument("--offload-optimizer", action="store_true", help="ZeRO stage 1-3")
     setup.add_argument("--offload-params", action="store_true", help="ZeRO stage 3")
@@ -178,63 +166,61 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
 
 
 def _read(text: str, kind: str) -> Any:
-    """Flag text -> value, or raise ValueError."""
-    if kind == "float":
-        return float(text)
+    """Flag text -> number. Text that is not a number of that kind is passed on as it is:
+    `estimate_memory` then reports it together with every other problem."""
     try:
-        return int(text.replace("_", ""))
-    except ValueError:
-        f = float(text)
-        if math.isfinite(f) and f.is_integer():
-            return int(f)
-        if kind == "int":
-            raise
-        raise ValueError(text) from None
-
-
-def _estimate_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    problems: list[str] = []
-    for field, (flag, kind) in _FLAGS.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is None or kind in ("bool", "str"):
-            options[field] = value
-            continue
+        if kind == "float":
+            return float(text)
         try:
-            options[field] = _read(value, kind)
+            return int(text.replace("_", ""))
         except ValueError:
-            allowed = _READ_ERROR_OF_FLAG.get(flag, _READ_ERRORS[kind])
-            problems.append(f"{flag} {value}: {allowed}")
+            f = float(text)
+            if math.isfinite(f) and f.is_integer():
+                return int(f)
+    except ValueError:
+        pass
+    return text
+
+
+def _flag(field: str) -> str:
+    return _FLAGS[field][0] if field in _FLAGS else field
+
+
+def _arg(args: argparse.Namespace, flag: str) -> Any:
+    return getattr(args, flag.lstrip("-").replace("-", "_"), None)
+
+
+def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """(keyword arguments for estimate_memory, problems only the CLI knows about)."""
+    options: dict[str, Any] = {}
+    for field, (flag, kind) in _FLAGS.items():
+        value = _arg(args, flag)
+        options[field] = value if value is None or kind in ("bool", "str") else _read(value, kind)
+    problems = []
+    if args.zero is None:
+        options["zero_stage"] = 0
+    elif args.compare_stages:
+        problems.append(f"--zero {args.zero}: leave it out with --compare-stages (stages 0-3)")
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {args.units}: must be gib or gb")
-    if problems:
-        parser.error("; ".join(problems))
-    return options
+    return options, problems
 
 
-def _cli_error(
-    exc: ValueError, args: argparse.Namespace, parser: argparse.ArgumentParser
-) -> NoReturn:
+def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
+    """The estimator's problems with flag names and the values as typed."""
     from workbench.estimate import EstimateInputError
 
     if not isinstance(exc, EstimateInputError):
-        parser.error(" ".join(str(exc).split()))
-    flag_of = {field: flag for field, (flag, _) in _FLAGS.items()}
-
-    def name(field: str) -> str:
-        return flag_of.get(field, field)
-
+        return [" ".join(str(exc).split())]
     lines = []
     for p in exc.problems:
-        flag = name(p.field)
-        if p.missing or _FLAGS.get(p.field, ("", ""))[1] == "bool":
-            text = p.render(name).replace(f"{flag}=True: ", f"{flag}: ")
+        flag = _flag(p.field)
+        if _FLAGS.get(p.field, ("", ""))[1] == "bool":  # a switch: no value to show
+            lines.append(p.render(_flag, value_text="", sep=""))
         else:
-            raw = getattr(args, flag[2:].replace("-", "_"), p.value)
-            text = p.render(name, value_text=str(raw))
-            text = text.replace(f"{flag}={raw}: ", f"{flag} {raw}: ", 1)
-        lines.append(text)
-    parser.error("; ".join(lines))
+            raw = _arg(args, flag)
+            lines.append(p.render(_flag, value_text=str(p.value if raw is None else raw), sep=" "))
+    return lines
 
 
 def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -244,8 +230,7 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if args.list_gpus:
         print(_gpu_table(as_json=args.json))
         return 0
-    options = _estimate_options(args, parser)
-    unit_bytes, unit_name = _UNITS[args.units.strip().lower()]
+    options, problems = _estimate_options(args)
     try:
         if args.compare_stages:
             options.pop("zero_stage")
@@ -253,7 +238,10 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         else:
             stages = (estimate_memory(**options),)
     except ValueError as exc:
-        _cli_error(exc, args, parser)
+        parser.error("; ".join(_problem_lines(exc, args) + problems))
+    if problems:
+        parser.error("; ".join(problems))
+    unit_bytes, unit_name = _UNITS[args.units.strip().lower()]
     if args.json:
         if args.compare_stages:
             print(json.dumps({"stages": [e.to_dict() for e in stages]}, indent=2))
@@ -272,6 +260,8 @@ def _fmt(value: int | None, unit: int) -> str:
 
 
 def _count(n: float) -> str:
+    if n >= 1e15:
+        return f"{n:.4g}"
     for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= div:
             return f"{n / div:.4g}{suffix}"

@@ -281,6 +281,48 @@ def test_several_problems_on_one_line(capsys):
     assert "--precision x: must be one of" in err and "--zero 7: must be 0, 1, 2 or 3" in err
 
 
+def test_unreadable_and_out_of_range_values_are_reported_together(capsys):
+    argv = ["estimate", "--layers", "0", "--hidden", "-1", "--heads", "x", "--seq-len", "1.5"]
+    code, out, err = run([*argv, "--vocab", "nan", "--mfu", "fast", "--units", "tb"], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    for part in (
+        "--layers 0: must be an integer >= 1",
+        "--hidden -1: must be an integer >= 1",
+        "--heads x: must be an integer >= 1",
+        "--seq-len 1.5: must be an integer >= 1",
+        "--vocab nan: must be an integer >= 1",
+        "--mfu fast: must be a finite number > 0 and <= 1",
+        "--units tb: must be gib or gb",
+    ):
+        assert part in err
+
+
+def test_zero_flag_is_refused_with_compare_stages(capsys):
+    argv = ["estimate", "--params", "1e9", "--compare-stages", "--zero"]
+    code, out, err = run([*argv, "2"], capsys)
+    assert code == 2 and out == ""
+    assert "--zero 2: leave it out with --compare-stages" in err
+    code, _, err = run([*argv, "9"], capsys)  # not silently ignored either
+    assert code == 2 and "--zero 9" in err
+
+
+def test_zero_defaults_to_stage_0(capsys):
+    code, out, _ = run(["estimate", "--params", "1e9", "--json"], capsys)
+    assert code == 0 and json.loads(out)["zero_stage"] == 0
+
+
+def test_headline_of_absurd_sizes_stays_readable(capsys):
+    code, out, _ = run(["estimate", "--params", "1e30"], capsys)
+    assert code == 0 and out.splitlines()[0].startswith("1e+30 parameters, fp32")
+    _, out, _ = run(["estimate", "--params", "7.5e9"], capsys)
+    assert out.splitlines()[0].startswith("7.5B parameters")
+
+
+def test_gpu_named_as_the_driver_reports_it(capsys):
+    code, out, _ = run(["estimate", "--params", "1e9", "--gpu", "NVIDIA H100 80GB HBM3"], capsys)
+    assert code == 0 and "h100-80gb: 80.00 GiB per GPU -> fits" in out
+
+
 def test_no_command_and_unknown_command(capsys):
     code, _, err = run([], capsys)
     assert code == 2 and "a command is required: estimate" in err

@@ -11,10 +11,12 @@ from workbench.estimate import (
     GIB,
     GPUS,
     EstimateInputError,
+    ModelStateQuery,
     bytes_per_param,
     compare_stages,
     estimate_memory,
     get_gpu,
+    model_state_bytes,
     params_from_shape,
     transformer_activation_bytes,
 )
@@ -115,6 +117,15 @@ def test_parameter_count_from_shape_gpt3():
     assert estimate_memory(**GPT3).n_params == n
 
 
+def test_gpu_limit_uses_the_parameter_count_derived_from_the_shape():
+    tiny = dict(layers=1, hidden=1, heads=1, seq_len=1, vocab=1)
+    n = params_from_shape(layers=1, hidden=1, seq_len=1, vocab=1)
+    assert n == 12 + 13 + 1 + 1 + 2
+    assert estimate_memory(**tiny, gpus=n).gpus == n
+    with pytest.raises(ValueError, match=rf"gpus={n + 1}: must not exceed the parameter count"):
+        estimate_memory(**tiny, gpus=n + 1)
+
+
 def test_explicit_n_params_wins_over_shape_for_model_states():
     e = estimate_memory(n_params=1000, **GPT3)
     assert e.n_params == 1000 and e.params_bytes == 4000
@@ -199,6 +210,33 @@ def test_activations_are_linear_in_micro_batch():
     assert seven == 7 * one
 
 
+def test_public_helpers_reject_bad_sizes_and_names():
+    with pytest.raises(
+        ValueError,
+        match=r"transformer_activation_bytes: layers=0, hidden=1.5, micro_batch=True: each "
+        r"must be an integer >= 1",
+    ):
+        transformer_activation_bytes(
+            layers=0, hidden=1.5, heads=2, seq_len=4, micro_batch=True, vocab=5
+        )
+    with pytest.raises(ValueError, match=r"dropout='no': must be True or False"):
+        transformer_activation_bytes(
+            layers=1, hidden=8, heads=2, seq_len=4, micro_batch=1, vocab=5, dropout="no"
+        )
+    with pytest.raises(ValueError, match=r"params_from_shape: vocab=-5: each must be"):
+        params_from_shape(layers=1, hidden=8, seq_len=4, vocab=-5)
+    with pytest.raises(
+        ValueError,
+        match=r"precision='fp8': must be one of fp32, .*; optimizer='lion': must be one of adamw",
+    ):
+        bytes_per_param("fp8", "lion")
+    assert bytes_per_param("bf16", "adam") == bytes_per_param(Precision.BF16, OptimizerName.ADAM)
+    with pytest.raises(ValueError, match=r"accounting='nope': must be one of paper"):
+        model_state_bytes(
+            ModelStateQuery(10, Precision.FP32, OptimizerName.ADAM, 0, 1, False, False), "nope"
+        )
+
+
 def test_bad_checkpointing_name_in_activation_function():
     with pytest.raises(
         ValueError, match=r"checkpointing='some': must be one of none, selective, full"
@@ -225,18 +263,61 @@ def test_bad_checkpointing_name_in_activation_function():
         ("MI300X", "mi300x"),
         ("l40s", "l40s"),
         ("T4", "t4"),
+        # names as drivers report them (torch.cuda.get_device_name(), nvidia-smi)
+        ("NVIDIA H100 80GB HBM3", "h100-80gb"),
+        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+        ("Tesla V100-SXM2-16GB", "v100-16gb"),
+        ("Tesla T4", "t4"),
+        ("NVIDIA A10G", "a10g"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA GeForce RTX 3090", "rtx-3090"),
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA H200", "h200-141gb"),
+        ("AMD Instinct MI300X", "mi300x"),
     ],
 )
 def test_gpu_lookup_is_forgiving(name, canonical):
     assert get_gpu(name).name == canonical
 
 
-def test_catalog_has_the_asked_gpus_with_sources():
-    for g in GPUS.values():
-        assert g.memory_bytes > 0 and g.peak_fp16_flops > g.peak_fp32_flops > 0
-        assert g.source
-    assert GPUS["h100-80gb"].memory_bytes == 80 * GIB
-    assert GPUS["h200-141gb"].memory_bytes == 141 * GIB
+@pytest.mark.parametrize("name", ["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL"])
+def test_boards_with_other_peak_rates_are_not_matched_to_sxm_parts(name):
+    with pytest.raises(ValueError, match="unknown GPU"):
+        get_gpu(name)
+
+
+# Vendor data sheets, dense (no sparsity) peak TFLOPS: memory in GB as sold, FP16 and BF16
+# tensor rates (FP32 accumulate), FP32 non-tensor rate (MI300X: FP32 matrix), TF32 tensor.
+DATA_SHEETS = {
+    "v100-16gb": (16, 125, None, 15.7, None),
+    "v100-32gb": (32, 125, None, 15.7, None),
+    "t4": (16, 65, None, 8.1, None),
+    "a10g": (24, 70, 70, 35, 35),
+    "l4": (24, 121, 121, 30.3, 60),  # sheet: 242 / 120 with sparsity
+    "rtx-3090": (24, 71, 71, 35.6, 35.6),  # GA102 whitepaper
+    "rtx-4090": (24, 165.2, 165.2, 82.6, 82.6),  # Ada whitepaper
+    "a100-40gb": (40, 312, 312, 19.5, 156),
+    "a100-80gb": (80, 312, 312, 19.5, 156),
+    "l40s": (48, 362.05, 362.05, 91.6, 183),  # sheet: 733 / 366 with sparsity
+    "h100-80gb": (80, 989.5, 989.5, 67, 494.5),  # sheet: 1979 / 989 with sparsity
+    "h200-141gb": (141, 989.5, 989.5, 67, 494.5),
+    "mi300x": (192, 1307.4, 1307.4, 163.4, 653.7),
+}
+
+
+def test_catalog_matches_the_data_sheets():
+    assert set(GPUS) == set(DATA_SHEETS)
+    for name, (gb, fp16, bf16, fp32, tf32) in DATA_SHEETS.items():
+        g = GPUS[name]
+        assert g.memory_bytes == gb * GIB, name
+        assert g.peak_fp16_flops == pytest.approx(fp16 * 1e12), name
+        assert g.peak_fp32_flops == pytest.approx(fp32 * 1e12), name
+        for got, want in ((g.peak_bf16_flops, bf16), (g.peak_tf32_flops, tf32)):
+            assert (got is None) == (want is None), name
+            assert want is None or got == pytest.approx(want * 1e12), name
+        assert g.source and g.description
 
 
 def test_unknown_and_ambiguous_gpu_names():

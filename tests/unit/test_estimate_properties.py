@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench.config import OptimizerName, Precision
-from workbench.estimate import GPUS, EstimateInputError, estimate_memory
+from workbench.estimate import GPUS, EstimateInputError, estimate_memory, params_from_shape
 
 PRECISIONS = [p.value for p in Precision]
 OPTIMIZERS = [o.value for o in OptimizerName]
@@ -38,12 +38,15 @@ def valid_configs(draw):
         cfg.update(shape)
     if shape is None or draw(st.booleans()):
         cfg["n_params"] = draw(st.integers(10_000, 10**12) | st.sampled_from([7.5e9, 175e9, 1e6]))
+        n = int(cfg["n_params"])
+    else:
+        n = params_from_shape(**{k: shape[k] for k in ("layers", "hidden", "seq_len", "vocab")})
     stage = draw(st.integers(0, 3))
     cfg.update(
         precision=draw(st.sampled_from(PRECISIONS + [p.upper() for p in PRECISIONS])),
         optimizer=draw(st.sampled_from(OPTIMIZERS)),
         zero_stage=stage,
-        gpus=draw(st.integers(1, 4096)),
+        gpus=draw(st.integers(1, min(4096, n))),  # more GPUs than parameters is invalid
         micro_batch=draw(st.integers(1, 64)),
         checkpointing=draw(st.sampled_from(CHECKPOINTING)),
         offload_optimizer=stage >= 1 and draw(st.booleans()),

@@ -91,6 +91,17 @@ class ActivationBreakdown:
         return asdict(self)
 
 
+def _check_sizes(function: str, **sizes: Any) -> None:
+    """Raise one `ValueError` naming every size that is not an integer >= 1."""
+    bad = [
+        f"{name}={value!r}"
+        for name, value in sizes.items()
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ]
+    if bad:
+        raise ValueError(f"{function}: {', '.join(bad)}: each must be an integer >= 1")
+
+
 def _layer_terms(s: int, b: int, h: int, a: int, dropout: bool) -> tuple[int, int, int, int]:
     """(linear elements, attention-score elements, linear mask bytes, score mask bytes)."""
     sbh = s * b * h
@@ -114,10 +125,22 @@ def transformer_activation_bytes(
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
 
-    `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. Arguments are
-    trusted to be positive integers (`estimate_memory` validates them); a bad
-    `checkpointing` name raises `ValueError`.
+    `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. Sizes that are
+    not integers >= 1, a non-bool `dropout` or an unknown `checkpointing` name raise
+    `ValueError` naming them.
     """
+    _check_sizes(
+        "transformer_activation_bytes",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        vocab=vocab,
+        activation_bytes_per_element=activation_bytes_per_element,
+    )
+    if not isinstance(dropout, bool):
+        raise ValueError(f"dropout={dropout!r}: must be True or False")
     try:
         mode = Checkpointing(checkpointing)
     except ValueError:
@@ -166,7 +189,8 @@ def params_from_shape(*, layers: int, hidden: int, seq_len: int, vocab: int) -> 
     12Lh^2 + 13Lh + Vh + sh + 2h: per layer QKV (3h^2 + 3h), attention projection
     (h^2 + h), MLP with 4h inner size (8h^2 + 5h) and two layernorms (4h); token embedding
     (Vh, shared with the output projection), learned position embedding (sh) and the
-    final layernorm (2h).
+    final layernorm (2h). Sizes that are not integers >= 1 raise `ValueError`.
     """
+    _check_sizes("params_from_shape", layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab)
     h = hidden
     return 12 * layers * h * h + 13 * layers * h + vocab * h + seq_len * h + 2 * h

@@ -47,7 +47,7 @@ _A100_SRC = (
 )
 _H100_SRC = (
     "NVIDIA H100 Tensor Core GPU data sheet (SXM): FP32 67, TF32 494.5, BF16/FP16 989.5 TFLOPS "
-    "dense (the sheet lists 989 / 1979 with sparsity)"
+    "dense (the sheet lists the sparse rates: TF32 989, BF16/FP16 1979)"
 )
 
 # fmt: off
@@ -59,11 +59,12 @@ _TABLE: tuple[tuple[str, str, int, float, float | None, float, float | None, str
     ("t4", "NVIDIA T4 16 GB (GDDR6)", 16, 65, None, 8.1, None,
      "NVIDIA T4 Tensor Core GPU data sheet: FP32 8.1, mixed FP16/FP32 65 TFLOPS"),
     ("a10g", "NVIDIA A10G 24 GB (GDDR6, AWS EC2 G5)", 24, 70, 70, 35, 35,
-     "No NVIDIA data sheet exists for the AWS-only A10G; AWS EC2 G5 figures: FP32 35, "
-     "TF32 35, BF16/FP16 70 TFLOPS dense (the A10's sheet lists 31.2 / 125)"),
+     "No NVIDIA data sheet exists for the AWS-only A10G; figures published for AWS EC2 G5 "
+     "(e.g. Baseten, 'NVIDIA A10 vs A10G'): FP32 35, TF32 35, BF16/FP16 70 TFLOPS dense "
+     "(the A10's own sheet lists FP32 31.2, BF16/FP16 125)"),
     ("l4", "NVIDIA L4 24 GB (GDDR6)", 24, 121, 121, 30.3, 60,
      "NVIDIA L4 Tensor Core GPU data sheet: FP32 30.3, TF32 60, BF16/FP16 121 TFLOPS dense "
-     "(120 / 242 with sparsity)"),
+     "(sparse: TF32 120, BF16/FP16 242)"),
     ("rtx-3090", "NVIDIA GeForce RTX 3090 24 GB (GDDR6X)", 24, 71, 71, 35.6, 35.6,
      "NVIDIA Ampere GA102 GPU architecture whitepaper, RTX 3090: FP32 35.6, TF32 35.6, "
      "FP16/BF16 with FP32 accumulate 71 TFLOPS dense"),
@@ -74,7 +75,7 @@ _TABLE: tuple[tuple[str, str, int, float, float | None, float, float | None, str
     ("a100-80gb", "NVIDIA A100 SXM4 80 GB (HBM2e)", 80, 312, 312, 19.5, 156, _A100_SRC),
     ("l40s", "NVIDIA L40S 48 GB (GDDR6)", 48, 362.05, 362.05, 91.6, 183,
      "NVIDIA L40S GPU data sheet: FP32 91.6, TF32 183, BF16/FP16 362.05 TFLOPS dense "
-     "(366 / 733 with sparsity)"),
+     "(sparse: TF32 366, BF16/FP16 733)"),
     ("h100-80gb", "NVIDIA H100 SXM5 80 GB (HBM3)", 80, 989.5, 989.5, 67, 494.5, _H100_SRC),
     ("h200-141gb", "NVIDIA H200 SXM 141 GB (HBM3e)", 141, 989.5, 989.5, 67, 494.5,
      "NVIDIA H200 Tensor Core GPU data sheet (SXM): 141 GB, FP32 67, TF32 494.5, BF16/FP16 "
@@ -104,7 +105,29 @@ GPUS: dict[str, GpuSpec] = {
     for row in _TABLE
 }
 
-_NOISE = ("nvidia", "amd", "instinct", "geforce", "tesla", "rtx", "sxm5", "sxm4", "sxm2", "sxm")
+# Vendor, brand, form-factor and memory-type words carry no size information; dropping them
+# lets the names drivers report match (`torch.cuda.get_device_name()` / `nvidia-smi` give
+# e.g. "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB").
+# "pcie" and "nvl" are kept on purpose: those boards have other peak rates than the SXM
+# parts in the catalog, so they stay unknown names.
+_NOISE = (
+    "nvidia",
+    "amd",
+    "instinct",
+    "geforce",
+    "tesla",
+    "rtx",
+    "sxm5",
+    "sxm4",
+    "sxm2",
+    "sxm",
+    "hbm3e",
+    "hbm3",
+    "hbm2e",
+    "hbm2",
+    "gddr6x",
+    "gddr6",
+)
 
 
 def _compact(name: str) -> str:

@@ -60,12 +60,16 @@ class Problem:
     message: str
     missing: bool = False
 
-    def render(self, name: Callable[[str], str] = str, value_text: str | None = None) -> str:
+    def render(
+        self, name: Callable[[str], str] = str, value_text: str | None = None, sep: str = "="
+    ) -> str:
+        """`field=value: message`, with `name` mapping field names (the CLI passes one that
+        gives flags), `value_text` replacing `repr(value)` and `sep` the `=`."""
         msg = _BACKTICK.sub(lambda m: name(m.group(1)), self.message)
         if self.missing:
             return f"{name(self.field)} is missing: {msg}"
         shown = repr(self.value) if value_text is None else value_text
-        return f"{name(self.field)}={shown}: {msg}"
+        return f"{name(self.field)}{sep}{shown}: {msg}"
 
     def __str__(self) -> str:
         return self.render()

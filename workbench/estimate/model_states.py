@@ -96,10 +96,22 @@ class BytesPerParam:
     optimizer: int
 
 
-def bytes_per_param(precision: Precision, optimizer: OptimizerName) -> BytesPerParam:
-    """The one place where the paper accounting's per-parameter bytes are decided."""
-    weights, grads, master = PRECISION_BYTES[precision]
-    return BytesPerParam(weights, grads, master + OPTIMIZER_STATE_BYTES[optimizer])
+def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) -> BytesPerParam:
+    """The one place where the paper accounting's per-parameter bytes are decided.
+
+    Unknown names raise `ValueError` listing the allowed ones.
+    """
+    problems: list[str] = []
+    if not isinstance(precision, str) or precision not in PRECISION_BYTES:
+        allowed = ", ".join(p.value for p in PRECISION_BYTES)
+        problems.append(f"precision={precision!r}: must be one of {allowed}")
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZER_STATE_BYTES:
+        allowed = ", ".join(o.value for o in OPTIMIZER_STATE_BYTES)
+        problems.append(f"optimizer={optimizer!r}: must be one of {allowed}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    weights, grads, master = PRECISION_BYTES[Precision(precision)]
+    return BytesPerParam(weights, grads, master + OPTIMIZER_STATE_BYTES[OptimizerName(optimizer)])
 
 
 def _shard(n_params: int, gpus: int) -> int:
@@ -128,8 +140,13 @@ _RESOLVED: dict[str, Callable[[ModelStateQuery], ModelStates]] = {}
 
 
 def accounting_function(name: str) -> Callable[[ModelStateQuery], ModelStates]:
-    """The function registered as `name` in `ACCOUNTINGS` (imported on first use)."""
+    """The function registered as `name` in `ACCOUNTINGS` (imported on first use).
+
+    An unregistered name raises `ValueError` listing the registered ones.
+    """
     fn = _RESOLVED.get(name)
+    if fn is None and (not isinstance(name, str) or name not in ACCOUNTINGS):
+        raise ValueError(f"accounting={name!r}: must be one of {', '.join(ACCOUNTINGS)}")
     if fn is None:
         if name == "paper":
             fn = paper_model_states
