@@ -520,13 +520,15 @@ class DeepSpeedBackend:
 
         params: the module's parameters as this rank holds them (ZeRO-3: its partition,
         `param.ds_tensor`). grads: gradient tensors this rank held at the last step
-        boundary, just before the optimizer ran (p.grad, or the ZeRO partitions and the
-        stage-3 reduce bucket). optimizer: every optimizer-state tensor plus the fp32
+        boundary (counted now when called between backward and step, else as they were
+        just before the last optimizer step): p.grad, or the ZeRO gradient partitions and
+        the stage-3 reduce bucket. optimizer: every optimizer-state tensor plus the fp32
         master weights (ZeRO's partition, or the stage-0 16-bit flat copy).
         """
+        grads = self._count_grads() if self._micro > 0 else self._grads_bytes
         return ModelStateBytes(
             params_bytes=self._count_params(),
-            grads_bytes=self._grads_bytes,
+            grads_bytes=grads,
             optimizer_bytes=self._count_optimizer(),
         )
 
