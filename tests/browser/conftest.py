@@ -9,6 +9,7 @@ down through the REST API, stops the server, and kills any process it left behin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -91,7 +92,9 @@ def _wait_ready(lab: Lab, proc: subprocess.Popen[bytes], timeout_s: float) -> No
             return
         except (urllib.error.URLError, ConnectionError, OSError):
             time.sleep(0.25)
-    raise RuntimeError(f"jupyter lab did not answer /api/status in {timeout_s} s:\n{lab.log_tail()}")
+    raise RuntimeError(
+        f"jupyter lab did not answer /api/status in {timeout_s} s:\n{lab.log_tail()}"
+    )
 
 
 def _stop(lab: Lab, proc: subprocess.Popen[bytes]) -> None:
@@ -102,10 +105,8 @@ def _stop(lab: Lab, proc: subprocess.Popen[bytes]) -> None:
     try:
         kernels = lab.api("/api/kernels")
         for k in kernels if isinstance(kernels, list) else []:
-            try:
+            with contextlib.suppress(urllib.error.URLError, OSError):
                 lab.api(f"/api/kernels/{k['id']}", method="DELETE")
-            except (urllib.error.URLError, OSError):
-                pass
     except (urllib.error.URLError, OSError):
         pass
     if proc.poll() is None:

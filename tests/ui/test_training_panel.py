@@ -121,18 +121,18 @@ def test_buttons_and_wrong_states(panel: TrainingPanel, session: FakeSession) ->
     assert session.state == "idle" and "pause: only a running session" in panel.message_text
     b["stop"].click()
     assert session.state == "idle" and "stop: nothing to stop" in panel.message_text
+    b["save"].click()  # no checkpoint_dir in the config: saved under ./checkpoints
+    assert session.checkpoints == ["checkpoints"] and "checkpoint saved" in panel.message_text
     b["start"].click()
     assert session.state == "running"
     b["start"].click()
     assert session.state == "running" and "start: already started" in panel.message_text
     b["resume"].click()
-    assert "resume: only a paused session" in panel.message_text
+    assert "resume: only a paused or failed session" in panel.message_text
     b["pause"].click()
     assert session.state == "paused"
     b["resume"].click()
     assert session.state == "running"
-    b["save"].click()
-    assert session.checkpoints and session.checkpoints[0] in panel.message_text
     b["stop"].click()
     assert session.state == "stopped"
     panel.refresh()
@@ -147,7 +147,7 @@ def test_session_exceptions_become_messages(panel: TrainingPanel, session: FakeS
     _set(panel, "micro_batch", "16")
     assert "micro-batch: engine rebuild failed" in panel.message_text
 
-    def no_ckpt():
+    def no_ckpt(path=None):
         raise ValueError("checkpoint_dir is not set")
 
     session.save_checkpoint = no_ckpt  # type: ignore[method-assign]
@@ -157,7 +157,7 @@ def test_session_exceptions_become_messages(panel: TrainingPanel, session: FakeS
 
 def test_profile_runs_off_the_kernel_thread(panel: TrainingPanel) -> None:
     panel.buttons["profile"].click()
-    panel._profile_thread.join(timeout=10)
+    panel.wait_for_tasks()
     assert "profile: profiled 3 steps" in panel.message_text
 
 
@@ -170,12 +170,29 @@ def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> No
     assert data["data_seconds"] == pytest.approx([0.02] * 5)
     assert data["step_seconds"] == pytest.approx([0.1] * 5)
     assert data["samples_per_s"] == pytest.approx([80.0] * 5)
-    mem = panel.memory_chart_data()
+    mem = panel.memory_chart_data()  # measured model states from the newest record
     assert mem["labels"] == ["parameters", "gradients", "optimizer"]
-    assert mem["measured"] == pytest.approx([4000 / 2**30, 4000 / 2**30, 8000 / 2**30])
+    assert mem["measured"] == pytest.approx([4000, 4000, 8000])
     renders = panel.chart.renders
     panel.refresh()  # nothing new: no redraw
     assert panel.chart.renders == renders
+
+
+def test_measure_memory_button_draws_measured_vs_predicted(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    session.memory = lambda: {  # type: ignore[method-assign]
+        "measured": {"params_bytes": 3 << 20, "grads_bytes": 3 << 20, "activation_bytes": 5 << 20},
+        "predicted": {"params_bytes": 3 << 20, "grads_bytes": 2 << 20, "activation_bytes": 6 << 20},
+    }
+    panel.buttons["memory"].click()
+    panel.wait_for_tasks()
+    assert "memory measured: parameters 3.0 MiB (predicted 3.0 MiB)" in panel.message_text
+    panel.refresh()
+    mem = panel.memory_chart_data()
+    assert mem["labels"] == ["parameters", "gradients", "activations"]
+    assert mem["measured"] == pytest.approx([3 << 20, 3 << 20, 5 << 20])
+    assert mem["predicted"] == pytest.approx([3 << 20, 2 << 20, 6 << 20])
 
 
 def test_settings_changed_elsewhere_show_in_the_controls(

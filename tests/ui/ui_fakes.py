@@ -25,6 +25,13 @@ class FakeSession:
         self.checkpoints: list[str] = []
         self.error: str | None = None
 
+    @property
+    def pending_changes(self) -> dict[str, Any]:
+        return dict(self.pending)
+
+    def events_since(self, i: int) -> list[Event]:
+        return list(self.events[i:])
+
     # settings
     def update(self, **changes: Any) -> None:
         # validated against the settings as they will be once the queue is applied
@@ -38,7 +45,7 @@ class FakeSession:
             raise RuntimeError(f"session already started (state {self.state})")
         self.state = "running"
 
-    def pause(self) -> None:
+    def pause(self, wait: bool = True) -> None:
         if self.state != "running":
             raise RuntimeError(f"cannot pause: state {self.state}")
         self.state = "paused"
@@ -106,10 +113,11 @@ class FakeSession:
             "predicted": {"params_bytes": 4000, "grads_bytes": 4000, "optimizer_bytes": 8000},
         }
 
-    def save_checkpoint(self) -> str:
-        path = f"/tmp/fake-ckpt-{len(self.checkpoints)}"
-        self.checkpoints.append(path)
-        return path
+    def save_checkpoint(self, path: str | None = None) -> str:
+        if path is None and self.config.checkpoint_dir is None:
+            raise ValueError("path=None: pass a file or directory, or set checkpoint_dir")
+        self.checkpoints.append(path or str(self.config.checkpoint_dir))
+        return f"{self.checkpoints[-1]}/step-{len(self.history)}.pt"
 
     def profile(self, steps: int = 3) -> str:
         return f"profiled {steps} steps"

@@ -33,13 +33,17 @@ _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _COUNT_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)$")
 
 
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _range_text(minimum: float | None, maximum: float | None) -> str:
     if minimum is not None and maximum is not None:
-        return f"from {minimum:g} to {maximum:g}"
+        return f"from {_num(minimum)} to {_num(maximum)}"
     if minimum is not None:
-        return f">= {minimum:g}"
+        return f">= {_num(minimum)}"
     if maximum is not None:
-        return f"<= {maximum:g}"
+        return f"<= {_num(maximum)}"
     return "any value"
 
 
@@ -139,13 +143,15 @@ class Field:
     """
 
     def __init__(
-        self, label: str, widget: widgets.ValueWidget, css: str, *, label_width: str = "150px"
+        self, label: str, widget: widgets.ValueWidget, css: str, *, label_width: str = "130px"
     ) -> None:
         self.label = label
         self.widget = widget
         widget.add_class(css)
-        widget.layout.width = widget.layout.width or "170px"
-        self.error = widgets.HTML(value="", layout=widgets.Layout(margin="0 0 0 6px"))
+        widget.layout.width = widget.layout.width or "150px"
+        self.error = widgets.HTML(
+            value="", layout=widgets.Layout(margin="0 0 0 6px", max_width="320px")
+        )
         self.error.add_class("wb-error")
         self.error.add_class(f"{css}-error")
         self.box = widgets.HBox(
@@ -156,7 +162,8 @@ class Field:
                 widget,
                 self.error,
             ],
-            layout=widgets.Layout(align_items="center"),
+            # a long message wraps under the input instead of squeezing it
+            layout=widgets.Layout(align_items="center", flex_flow="row wrap"),
         )
 
     @property

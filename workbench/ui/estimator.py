@@ -176,11 +176,17 @@ class EstimatorPanel(PanelBase):
         self.chart = Chart(8.5, 3.6, css="wb-est-chart")
         self._build_chart()
 
-        left = widgets.VBox(
+        column = widgets.Layout(margin="0 18px 0 0")
+        model = widgets.VBox(
             [
                 widgets.HTML("<b>Model</b>"),
                 self.mode,
                 *(f[n].box for n in ("n_params", *SHAPE_FIELDS, "micro_batch")),
+            ],
+            layout=column,
+        )
+        setup = widgets.VBox(
+            [
                 widgets.HTML("<b>Training setup</b>"),
                 *(
                     f[n].box
@@ -193,19 +199,29 @@ class EstimatorPanel(PanelBase):
                         "offload_optimizer",
                         "offload_params",
                         "gpu",
-                        "overhead_gib",
                     )
                 ),
+            ],
+            layout=column,
+        )
+        cost = widgets.VBox(
+            [
                 widgets.HTML("<b>Time and cost</b>"),
-                *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour")),
+                *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour", "overhead_gib")),
                 widgets.HBox(
-                    [widgets.HTML("<b>units</b>", layout=widgets.Layout(width="150px")), self.units]
+                    [widgets.HTML("<b>units</b>", layout=widgets.Layout(width="130px")), self.units]
                 ),
             ],
-            layout=widgets.Layout(min_width="470px"),
+            layout=column,
         )
-        right = widgets.VBox([self.chart.image, self.summary, self.status])
-        self.widget = widgets.HBox([left, right], layout=widgets.Layout(padding="6px"))
+        self.units.style.button_width = "70px"
+        self.mode.style.button_width = "140px"
+        wrap = widgets.Layout(flex_flow="row wrap", align_items="flex-start")
+        top = widgets.HBox(
+            [self.chart.image, widgets.VBox([self.summary, self.status])], layout=wrap
+        )
+        inputs = widgets.HBox([model, setup, cost], layout=wrap)
+        self.widget = widgets.VBox([top, inputs], layout=widgets.Layout(padding="6px"))
         self.widget.add_class("wb-estimator-panel")
 
         for field in f.values():

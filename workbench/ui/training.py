@@ -10,6 +10,7 @@ predicted; a dotted vertical line marks each step where a settings change took e
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import threading
@@ -35,6 +36,17 @@ from workbench.ui._common import (
     text_field,
 )
 
+MEMORY_FIELDS = frozenset(
+    {
+        "precision",
+        "micro_batch",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_params",
+        "activation_checkpointing",
+        "optimizer",
+    }
+)
 MAX_POINTS = 2000  # points kept per chart line
 ADVICE_EVERY_SECONDS = 2.0
 STATUS_KEYS = (
@@ -64,8 +76,8 @@ class Control:
 
 CONTROLS: tuple[Control, ...] = (
     Control("precision", "precision", "choice", tuple(Precision.choices())),
-    Control("micro_batch", "micro-batch", "int", minimum=1, maximum=1 << 20),
-    Control("grad_accum", "accumulation", "int", minimum=1, maximum=1 << 16),
+    Control("micro_batch", "micro-batch", "int", minimum=1, maximum=65536),
+    Control("grad_accum", "accumulation", "int", minimum=1, maximum=4096),
     Control("zero_stage", "ZeRO stage", "choice", (0, 1, 2, 3)),
     Control("offload_optimizer", "offload optimizer", "choice", tuple(OffloadDevice.choices())),
     Control("offload_params", "offload parameters", "choice", tuple(OffloadDevice.choices())),
@@ -147,17 +159,21 @@ class TrainingPanel(PanelBase):
             ("stop", "stop", "stop", "danger"),
             ("save", "save checkpoint", "save", ""),
             ("profile", "profile 3 steps", "tachometer", ""),
+            ("memory", "measure memory", "microchip", ""),
         ):
             b = widgets.Button(
                 description=label,
                 icon=icon,
                 button_style=style,
-                layout=widgets.Layout(width="auto"),
+                layout=widgets.Layout(width="auto", min_width="90px", flex="0 0 auto"),
             )
             b.add_class(f"wb-train-btn-{name}")
             b.on_click(self._button_handler(name))
             self.buttons[name] = b
-        self._profile_thread: threading.Thread | None = None
+        self._task_thread: threading.Thread | None = None  # profile / memory probe
+        self.memory_report: Any | None = None  # last session.memory() result
+        self._predicted: tuple[Any, Any] | None = None  # (config, MemoryEstimate | None)
+        self._version_seen: int | None = None
 
         # ------------------------------------------------------------ outputs
         self.status = widgets.HTML()
@@ -165,6 +181,8 @@ class TrainingPanel(PanelBase):
         self.message = widgets.HTML()
         self.message.add_class("wb-train-message")
         self.events_html = widgets.HTML()
+        self.profile_html = widgets.HTML()
+        self.profile_result: Any | None = None
         self.events_html.add_class("wb-train-events")
         self.advice_box = widgets.VBox()
         self.advice_box.add_class("wb-train-advice")
@@ -174,30 +192,39 @@ class TrainingPanel(PanelBase):
         self.records: list[Any] = []
         self.change_steps: list[tuple[int, str]] = []  # (step, "grad_accum=8")
         self._events_seen = 0
+        self._events: list[Any] = []
         self.chart = Chart(10.0, 5.6, dpi=72, css="wb-train-chart")
         self._build_chart()
         self._dirty = True
+        self._auto_probe = False
         self._last_state: str | None = None
 
-        left = widgets.VBox(
+        names = list(self.controls)
+        half = (len(names) + 1) // 2
+        columns = [
+            widgets.VBox(
+                [self.controls[n].box for n in part], layout=widgets.Layout(margin="0 18px 0 0")
+            )
+            for part in (names[:half], names[half:])
+        ]
+        wrap = widgets.Layout(flex_flow="row wrap", align_items="flex-start")
+        self.widget = widgets.VBox(
             [
-                widgets.HTML("<b>Settings</b> (applied at the next optimizer step)"),
-                *(f.box for f in self.controls.values()),
-            ],
-            layout=widgets.Layout(min_width="480px"),
-        )
-        right = widgets.VBox(
-            [
-                widgets.HBox(list(self.buttons.values())),
+                widgets.HBox(list(self.buttons.values()), layout=wrap),
                 self.status,
                 self.message,
+                self.profile_html,
                 self.chart.image,
+                widgets.HTML(
+                    "<b>Settings</b> (each change takes effect at the next optimizer step)"
+                ),
+                widgets.HBox(columns, layout=wrap),
                 widgets.HTML("<b>Advice</b>"),
                 self.advice_box,
                 self.events_html,
-            ]
+            ],
+            layout=widgets.Layout(padding="6px"),
         )
-        self.widget = widgets.HBox([left, right], layout=widgets.Layout(padding="6px"))
         self.widget.add_class("wb-training-panel")
 
         self.refresh()
@@ -262,9 +289,14 @@ class TrainingPanel(PanelBase):
                 self._show_value(c, current)  # the control shows what the session runs
             return
         field.set_error(None)
-        self._say(
-            "ok", f"{c.name}={_fmt_value(value)} queued; it takes effect at the next optimizer step"
-        )
+        pending = getattr(self.session, "pending_changes", None)
+        if pending is not None and c.name not in pending:
+            self._say("ok", f"{c.name}={_fmt_value(value)} applied")
+        else:
+            self._say(
+                "ok",
+                f"{c.name}={_fmt_value(value)} queued; it takes effect at the next optimizer step",
+            )
 
     def _show_value(self, c: Control, value: Any) -> None:
         w = self.controls[c.name].widget
@@ -311,42 +343,67 @@ class TrainingPanel(PanelBase):
         elif name == "pause":
             if state != "running":
                 raise RuntimeError(f"only a running session can pause (state: {state})")
-            s.pause()
+            s.pause(wait=False)  # the kernel does not wait for the step to finish
             self._say("ok", "pause requested; the loop stops at the next optimizer step")
         elif name == "resume":
-            if state != "paused":
-                raise RuntimeError(f"only a paused session can resume (state: {state})")
+            if state not in ("paused", "error"):
+                raise RuntimeError(f"only a paused or failed session can resume (state: {state})")
             s.resume()
             self._say("ok", "resumed")
         elif name == "stop":
-            if state not in ("running", "paused"):
+            if state not in ("running", "paused", "error"):
                 raise RuntimeError(f"nothing to stop (state: {state})")
             s.stop()
-            self._say("ok", "stop requested")
+            self._say("ok", "stopped")
         elif name == "save":
-            path = s.save_checkpoint()
+            # without a checkpoint_dir in the config, save under ./checkpoints
+            target = None if s.config.checkpoint_dir else "checkpoints"
+            path = s.save_checkpoint() if target is None else s.save_checkpoint(target)
             self._say("ok", f"checkpoint saved: {path}")
         elif name == "profile":
-            self._start_profile()
+            self._run_task("profile", self._profile_task)
+        elif name == "memory":
+            self._run_task("measure memory", self._memory_task)
         else:  # pragma: no cover - buttons are fixed above
             raise ValueError(f"unknown action {name!r}")
 
-    def _start_profile(self) -> None:
-        if self._profile_thread is not None and self._profile_thread.is_alive():
-            raise RuntimeError("a profile is already running")
+    def _run_task(self, label: str, fn: Callable[[], None]) -> None:
+        """Run a slow session call (profile, memory probe) off the kernel's thread."""
+        if self._task_thread is not None and self._task_thread.is_alive():
+            raise RuntimeError("another profile or memory measurement is still running")
 
         def run() -> None:
             try:
-                result = self.session.profile(steps=3)
-                self._say("ok", f"profile: {_summarize(result)}")
+                fn()
             except Exception as exc:
-                self._say("error", f"profile: {_one_line(exc)}")
+                self._say("error", f"{label}: {_one_line(exc)}")
+            self._dirty = True
 
+        self._task_thread = threading.Thread(target=run, name="workbench-ui-task", daemon=True)
+        self._task_thread.start()
+
+    def _profile_task(self) -> None:
         self._say("info", "profiling 3 steps ...")
-        self._profile_thread = threading.Thread(
-            target=run, name="workbench-ui-profile", daemon=True
-        )
-        self._profile_thread.start()
+        result = self.session.profile(steps=3)
+        self.profile_result = result
+        self._say("ok", f"profile: {_summarize(result)}")
+        table = getattr(result, "table", None)
+        if isinstance(table, str) and table:
+            self.profile_html.value = (
+                "<details><summary>profile: top operators</summary><pre style='font-size:11px'>"
+                f"{html.escape(table)}</pre></details>"
+            )
+
+    def _memory_task(self) -> None:
+        self._say("info", "measuring memory on one probe micro-batch ...")
+        self.memory_report = self.session.memory()
+        self._say("ok", "memory measured: " + _memory_summary(self.memory_report))
+
+    def wait_for_tasks(self, timeout: float | None = 60) -> None:
+        """Wait for a running profile or memory measurement to finish."""
+        t = self._task_thread
+        if t is not None:
+            t.join(timeout)
 
     def _say(self, kind: str, text: str) -> None:
         self.message.value = status_html(kind, text)
@@ -389,6 +446,7 @@ class TrainingPanel(PanelBase):
         self._change_lines: list[Any] = []
         self._mem_bars: list[Any] = []
         self._mem_labels: tuple[str, ...] = ()
+        self._mem_unit = GIB
         self._mem_empty = self._ax_mem.text(
             0.5,
             0.5,
@@ -416,12 +474,58 @@ class TrainingPanel(PanelBase):
         }
 
     def memory_pairs(self) -> list[tuple[str, float | None, float | None]]:
-        """(what, measured bytes, predicted bytes) for the memory chart."""
-        fn = getattr(self.session, "memory", None)
-        if fn is None:
-            return []
-        m = fn()
-        return _memory_pairs(m)
+        """(what, measured bytes, predicted bytes) for the memory chart.
+
+        From the last `session.memory()` report when it matches the current settings
+        (it includes activations); otherwise measured model states from the newest step
+        record next to the estimator's prediction for the current settings.
+        """
+        report = self.memory_report
+        cfg = self.session.config
+        if report is not None and _report_matches(report, cfg):
+            return _memory_pairs(report)
+        rec = self.records[-1] if self.records else None
+        pred = self._prediction(cfg)
+        pairs: list[tuple[str, float | None, float | None]] = []
+        for label, name in (
+            ("parameters", "params_bytes"),
+            ("gradients", "grads_bytes"),
+            ("optimizer", "optimizer_bytes"),
+        ):
+            measured = getattr(rec, name, None) if rec is not None else None
+            predicted = getattr(pred, name, None) if pred is not None else None
+            if measured is not None or predicted is not None:
+                pairs.append((label, measured, predicted))
+        return pairs
+
+    def _prediction(self, cfg: Any) -> Any | None:
+        """The estimator's figures for `cfg` on this session's model (cached per config)."""
+        if self._predicted is not None and self._predicted[0] == cfg:
+            return self._predicted[1]
+        pred = None
+        try:
+            from workbench.estimate import estimate_memory
+
+            info = getattr(self.session, "info", None)
+            n_params = getattr(info, "n_params", None)
+            if n_params is None:
+                model = getattr(self.session, "model", None)
+                n_params = sum(p.numel() for p in model.parameters()) if model is not None else None
+            if n_params:
+                pred = estimate_memory(
+                    n_params=n_params,
+                    precision=str(cfg.precision),
+                    optimizer=str(cfg.optimizer),
+                    zero_stage=int(cfg.zero_stage),
+                    gpus=int(getattr(self.session, "world_size", 1) or 1),
+                    micro_batch=int(cfg.micro_batch),
+                    offload_optimizer=str(cfg.offload_optimizer) != "none",
+                    offload_params=str(cfg.offload_params) != "none",
+                )
+        except Exception:
+            pred = None  # no prediction for this setup: only measured bars are drawn
+        self._predicted = (cfg, pred)
+        return pred
 
     def _draw(self) -> None:
         recs = self.records[-MAX_POINTS:]
@@ -517,23 +621,26 @@ class TrainingPanel(PanelBase):
         self._mem_empty.set_visible(not labels)
         if not labels:
             return
-        top = 0.0
+        largest = max(max(p[1] or 0, p[2] or 0) for p in pairs)
+        unit_name, unit = ("GiB", GIB) if largest >= GIB else ("MiB", 1 << 20)
+        self._mem_unit = unit
+        ax.set_title(f"memory: measured vs predicted ({unit_name})", fontsize=10)
         for (_, measured, predicted), mbar, pbar in zip(
             pairs, self._mem_bars[0].patches, self._mem_bars[1].patches, strict=True
         ):
-            mbar.set_height((measured or 0) / GIB)
-            pbar.set_height((predicted or 0) / GIB)
-            top = max(top, (measured or 0) / GIB, (predicted or 0) / GIB)
-        ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
+            mbar.set_height((measured or 0) / unit)
+            pbar.set_height((predicted or 0) / unit)
+        ax.set_ylim(0, largest / unit * 1.2 if largest > 0 else 1.0)
 
-    def memory_chart_data(self) -> dict[str, list[float]]:
-        """Heights of the measured and predicted memory bars now drawn, in GiB."""
+    def memory_chart_data(self) -> dict[str, list[Any]]:
+        """The measured and predicted memory bars now drawn, converted back to bytes."""
         if not self._mem_bars:
-            return {"labels": [], "measured": [], "predicted": []}  # type: ignore[dict-item]
+            return {"labels": [], "measured": [], "predicted": []}
+        u = self._mem_unit
         return {
-            "labels": list(self._mem_labels),  # type: ignore[dict-item]
-            "measured": [p.get_height() for p in self._mem_bars[0].patches],
-            "predicted": [p.get_height() for p in self._mem_bars[1].patches],
+            "labels": list(self._mem_labels),
+            "measured": [p.get_height() * u for p in self._mem_bars[0].patches],
+            "predicted": [p.get_height() * u for p in self._mem_bars[1].patches],
         }
 
     def charts(self) -> list[Chart]:
@@ -545,6 +652,16 @@ class TrainingPanel(PanelBase):
         if self._closing:
             return
         s = self.session
+        version = getattr(s, "version", None)
+        state = _state_name(s.state)
+        if (
+            version is not None
+            and version == self._version_seen
+            and state == self._last_state
+            and not self._dirty
+        ):
+            return  # nothing new: no work on the kernel while training runs
+        self._version_seen = version
         new = s.records_since(len(self.records))
         if new:
             self.records.extend(new)
@@ -553,19 +670,20 @@ class TrainingPanel(PanelBase):
                 if changes:
                     text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in changes.items())
                     self.change_steps.append((r.step, text))
+                    if self.memory_report is not None and set(changes) & MEMORY_FIELDS:
+                        self._auto_probe = True
             if len(self.records) > 20 * MAX_POINTS:  # keep memory bounded on long runs
                 drop = len(self.records) - 10 * MAX_POINTS
                 self._dropped = getattr(self, "_dropped", 0) + drop
                 self.records = self.records[drop:]
             self._dirty = True
-        state = _state_name(s.state)
         if state != self._last_state:
             self._last_state = state
             self._dirty = True
         with self._lock:
             self._sync_controls()
-        self._update_status(state)
         self._update_events()
+        self._update_status(state)
         now = time.monotonic()
         if new and now - self._last_advice_time >= ADVICE_EVERY_SECONDS:
             self._last_advice_time = now
@@ -573,6 +691,11 @@ class TrainingPanel(PanelBase):
         if self._dirty or not self.chart.png:
             self._dirty = False
             self._draw()
+        if self._auto_probe and state != "closed":
+            # keep a measurement the user asked for in step with the new settings
+            self._auto_probe = False
+            with contextlib.suppress(RuntimeError):
+                self._run_task("measure memory", self._memory_task)
 
     def _update_status(self, state: str) -> None:
         cfg = self.session.config
@@ -583,26 +706,40 @@ class TrainingPanel(PanelBase):
             if r.loss is not None and math.isfinite(r.loss):
                 parts.append(f"loss {r.loss:.4f}")
             parts.append(f"{r.samples_per_s:.1f} samples/s")
+        if self.change_steps:
+            step, text = self.change_steps[-1]
+            parts.append(f"last change at step {step}: {text}")
         settings = " ".join(f"{k}={_fmt_value(getattr(cfg, k))}" for k in STATUS_KEYS)
         kind = {"running": "ok", "error": "error", "paused": "warning"}.get(state, "info")
+        pending = getattr(self.session, "pending_changes", None) or {}
+        if pending:
+            parts.append(
+                "pending: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in pending.items())
+            )
         text = " · ".join(parts)
-        err = getattr(self.session, "error", None)
-        if state == "error" and err:
-            text += f" · {_one_line(err)}"
+        if state == "error":
+            errors = [e for e in self._events if getattr(e, "severity", "") == "error"]
+            if errors:
+                text += f" · {_one_line(errors[-1].message)}"
         value = status_html(kind, text) + f"<br><code>{html.escape(settings)}</code>"
         if self.status.value != value:
             self.status.value = value
 
     def _update_events(self) -> None:
-        events = list(getattr(self.session, "events", ()) or ())
-        if len(events) == self._events_seen:
+        since = getattr(self.session, "events_since", None)
+        if since is not None:
+            new = list(since(self._events_seen))
+        else:
+            new = list(getattr(self.session, "events", ()) or ())[self._events_seen :]
+        if not new:
             return
-        for ev in events[self._events_seen :]:
+        for ev in new:
             if getattr(ev, "kind", "") == "change-failed":
                 self._shown_config = {}  # re-show every setting the session now runs
-        self._events_seen = len(events)
+        self._events_seen += len(new)
+        self._events = (self._events + new)[-20:]
         rows = []
-        for ev in events[-6:]:
+        for ev in self._events[-6:]:
             sev = getattr(ev, "severity", "info")
             kind = {"error": "error", "warning": "warning"}.get(sev, "info")
             rows.append(status_html(kind, f"step {ev.step}: {ev.kind}: {ev.message}"))
@@ -681,9 +818,9 @@ class TrainingPanel(PanelBase):
             return
         self._closing = True
         self.timer.stop()
-        t = self._profile_thread
+        t = self._task_thread
         if t is not None and t.is_alive():
-            t.join(timeout=30)
+            t.join(timeout=60)
         super().close()
 
     def __repr__(self) -> str:
@@ -698,38 +835,84 @@ def _one_line(exc: Any) -> str:
 
 
 def _summarize(result: Any) -> str:
+    """One line from a `ProfileResult` (mean step time, phase shares, top operator)."""
     if result is None:
         return "done"
-    for name in ("summary", "table"):
-        v = getattr(result, name, None)
-        if isinstance(v, str):
-            return v.splitlines()[0] if v else "done"
+    shares = getattr(result, "phase_shares", None)
+    step_s = getattr(result, "step_seconds", None)
+    if isinstance(shares, dict) and step_s is not None:
+        text = f"{result.steps} steps, {step_s * 1000:.1f} ms per step: " + ", ".join(
+            f"{k} {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1])
+        )
+        ops = getattr(result, "operators", ())
+        if ops:
+            text += f"; top operator {ops[0].name} ({ops[0].self_cpu_seconds * 1000:.1f} ms self)"
+        trace = getattr(result, "trace_path", None)
+        if trace:
+            text += f"; trace: {trace}"
+        return text
     text = str(result)
     return text if len(text) < 300 else text[:297] + "..."
 
 
 def _memory_pairs(m: Any) -> list[tuple[str, float | None, float | None]]:
-    """Pairs from a `session.memory()` result: an object or dict with `measured` and
-    `predicted` parts, each having params/grads/optimizer(/activation/total) bytes."""
+    """(what, measured, predicted) bytes from a `session.memory()` result.
+
+    Accepts the Session's `MemoryReport` (measured bytes as its own fields, `predicted` a
+    `MemoryEstimate`, `predicted_activation_bytes` the comparable activation figure) or
+    any object/dict with `measured` and `predicted` parts carrying the same field names.
+    """
     if m is None:
         return []
 
     def get(obj: Any, name: str) -> Any:
+        if obj is None:
+            return None
         if isinstance(obj, dict):
             return obj.get(name)
         return getattr(obj, name, None)
 
-    measured, predicted = get(m, "measured"), get(m, "predicted")
+    nested = get(m, "measured") is not None or (isinstance(m, dict) and "measured" in m)
+    measured = get(m, "measured") if nested else m
+    predicted = get(m, "predicted")
     out = []
     for label, name in (
         ("parameters", "params_bytes"),
         ("gradients", "grads_bytes"),
         ("optimizer", "optimizer_bytes"),
         ("activations", "activation_bytes"),
-        ("total", "total_bytes"),
     ):
-        mv = get(measured, name) if measured is not None else get(m, f"measured_{name}")
-        pv = get(predicted, name) if predicted is not None else get(m, f"predicted_{name}")
+        mv = get(measured, name)
+        if name == "activation_bytes" and get(m, "predicted_activation_bytes") is not None:
+            pv = get(m, "predicted_activation_bytes")
+        else:
+            pv = get(predicted, name)
         if mv is not None or pv is not None:
             out.append((label, mv, pv))
     return out
+
+
+def _report_matches(report: Any, cfg: Any) -> bool:
+    """True when a memory report was measured with the settings `cfg` now has."""
+    for name, key in (
+        ("micro_batch", "micro_batch"),
+        ("precision", "precision"),
+        ("optimizer", "optimizer"),
+        ("activation_checkpointing", "activation_checkpointing"),
+    ):
+        have = getattr(report, name, None)
+        if have is not None and str(have) != str(_plain(getattr(cfg, key))):
+            return False
+    return True
+
+
+def _memory_summary(report: Any) -> str:
+    pairs = _memory_pairs(report)
+    if not pairs:
+        return "no figures"
+    parts = []
+    for label, measured, predicted in pairs:
+        m = "n/a" if measured is None else f"{measured / (1 << 20):.1f} MiB"
+        p = "n/a" if predicted is None else f"{predicted / (1 << 20):.1f} MiB"
+        parts.append(f"{label} {m} (predicted {p})")
+    return "; ".join(parts)

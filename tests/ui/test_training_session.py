@@ -1,0 +1,100 @@
+"""TrainingPanel over a real Session (a very small built-in GPT on the CPU)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from workbench import Session, TrainConfig
+from workbench.ui import TrainingPanel
+
+SMALL = dict(layers=2, hidden=64, heads=2, seq_len=32)
+
+
+def _wait(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def session():
+    s = Session(TrainConfig(micro_batch=4), model="tiny-gpt", model_options=SMALL)
+    yield s
+    s.close()
+
+
+def test_live_change_is_applied_and_marked(session: Session, no_leaked_threads) -> None:
+    session.run(optimizer_steps=2)
+    panel = TrainingPanel(session, autostart=False)
+    try:
+        panel.controls["grad_accum"].widget.value = "2"  # idle: applied at once
+        assert session.config.grad_accum == 2 and "grad_accum=2 applied" in panel.message_text
+
+        panel.buttons["start"].click()
+        assert session.state == "running"
+        n = len(session.history)
+        _wait(lambda: len(session.history) >= n + 2, "two steps after start")
+        panel.controls["grad_accum"].widget.value = "3"  # running: queued for the next step
+        changed = lambda: [r for r in session.history if r.changes.get("grad_accum") == 3]  # noqa: E731
+        _wait(lambda: bool(changed()), "a record carrying the change")
+        step = changed()[0].step
+        panel.refresh()
+        assert session.config.grad_accum == 3
+        assert "grad_accum=3" in panel.status_text
+        assert f"last change at step {step}: grad_accum=3" in panel.status_text
+        assert float(step) in panel.chart_data()["change_steps"]
+        assert step in panel.chart_data()["steps"]
+
+        panel.buttons["stop"].click()
+        assert session.state == "stopped"
+        panel.buttons["pause"].click()
+        assert "pause: only a running session can pause (state: stopped)" in panel.message_text
+        assert session.state == "stopped"
+    finally:
+        panel.close()
+        session.close()
+
+
+def test_bad_input_leaves_the_real_session_unchanged(session: Session) -> None:
+    panel = TrainingPanel(session, autostart=False)
+    try:
+        before = session.config
+        panel.controls["micro_batch"].widget.value = "abc"
+        panel.controls["grad_accum"].widget.value = "0"
+        panel.controls["lr"].widget.value = ""
+        panel.controls["offload_optimizer"].widget.value = "cpu"  # needs ZeRO 1-3
+        errors = panel.errors()
+        assert set(errors) == {"micro_batch", "grad_accum", "lr", "offload_optimizer"}
+        assert "offload_optimizer='cpu'" in errors["offload_optimizer"]
+        assert panel.controls["offload_optimizer"].widget.value == "none"
+        assert session.config == before and session.pending_changes == {}
+        panel.buttons["resume"].click()
+        assert "resume: only a paused or failed session" in panel.message_text
+        assert session.state == "idle"
+    finally:
+        panel.close()
+
+
+def test_memory_measured_next_to_prediction(session: Session) -> None:
+    session.run(optimizer_steps=1)
+    panel = TrainingPanel(session, autostart=False)
+    try:
+        panel.refresh()
+        mem = panel.memory_chart_data()  # from the step record and the estimator
+        assert mem["labels"] == ["parameters", "gradients", "optimizer"]
+        assert mem["measured"][0] == session.history[-1].params_bytes
+        assert mem["predicted"][0] > 0
+        panel.buttons["memory"].click()
+        panel.wait_for_tasks()
+        assert "memory measured" in panel.message_text, panel.message_text
+        panel.refresh()
+        mem = panel.memory_chart_data()
+        assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+        report = panel.memory_report
+        assert mem["measured"][3] == pytest.approx(report.activation_bytes)
+        assert mem["predicted"][3] == pytest.approx(report.predicted_activation_bytes)
+    finally:
+        panel.close()
