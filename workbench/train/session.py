@@ -141,6 +141,11 @@ class Session:
     `loss_fn(outputs, targets)` gets fp32 outputs. `sampler`: a running
     `workbench.monitor.Sampler` whose latest sample is attached to each record.
     `resume`: a checkpoint file or directory to continue from.
+
+    Reproducibility: a new session seeds torch's global RNG with `config.seed` (dropout
+    draws from it), built-in models draw their weights and data from `config.seed` too,
+    and the data order is a function of (seed, epoch). A resumed session restores the
+    RNG states saved in the checkpoint instead.
     """
 
     def __init__(
@@ -268,6 +273,8 @@ class Session:
         if payload is not None:
             ckpt.set_rng_state(payload["rng"])
             self._event("resumed", f"resumed from {payload['path']} at step {self._step}")
+        else:
+            torch.manual_seed(int(config.seed))  # dropout draws from torch's global RNG
 
     # ------------------------------------------------------------------ properties
     @property

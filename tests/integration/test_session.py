@@ -1,0 +1,379 @@
+"""Session: the live loop, changes at step boundaries, threads, wrong-state calls."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from workbench import Session, TrainConfig
+from workbench.train.checkpointing import mark_checkpointable
+from workbench.train.session import SessionError, SessionStateError
+
+
+def _grads_per_step(session: Session) -> list[dict[str, torch.Tensor]]:
+    """Capture the gradients the backend is about to apply, at every step."""
+    captured: list[dict[str, torch.Tensor]] = []
+    backend = session.backend
+    original = backend.step
+
+    def spy():
+        captured.append(
+            {n: p.grad.detach().clone() for n, p in session.model.named_parameters()}
+        )
+        return original()
+
+    backend.step = spy  # type: ignore[method-assign]
+    return captured
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt", "mlp"])
+def test_accumulation_4x8_gives_the_gradients_of_1x32(model, tiny):
+    opts = dict(tiny, dropout=0.0) if model == "tiny-gpt" else {"hidden": 32, "depth": 2}
+    grads = []
+    for micro, accum in ((8, 4), (32, 1)):
+        cfg = TrainConfig(micro_batch=micro, grad_accum=accum, optimizer="sgd-nomomentum", seed=3)
+        with Session(cfg, model=model, model_options=opts) as s:
+            captured = _grads_per_step(s)
+            s.run(optimizer_steps=1)
+            grads.append(captured[0])
+    accum_grads, big_grads = grads
+    assert accum_grads.keys() == big_grads.keys()
+    for name in big_grads:
+        torch.testing.assert_close(accum_grads[name], big_grads[name], rtol=1e-4, atol=1e-6)
+    # and a different split of different data does not give the same gradients
+    assert any(not torch.allclose(g, torch.zeros_like(g)) for g in big_grads.values())
+
+
+def test_run_returns_records_with_fields_filled(tiny):
+    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+        recs = s.run(optimizer_steps=3)
+    assert [r.step for r in recs] == [1, 2, 3]
+    r = recs[-1]
+    assert r.micro_batch == 4 and r.grad_accum == 1 and r.micro_steps == 1
+    assert r.precision == "fp32" and r.zero_stage == 0 and not r.skipped
+    assert math.isfinite(r.loss) and r.grad_norm is not None and r.grad_norm > 0
+    assert r.tokens_per_s == pytest.approx(r.samples_per_s * tiny["seq_len"])
+    assert r.step_seconds >= r.data_seconds >= 0
+    assert r.compute_seconds == pytest.approx(r.step_seconds - r.data_seconds)
+    assert r.params_bytes is not None and r.params_bytes > 0
+    assert r.grads_bytes == r.params_bytes  # fp32 grads for every parameter
+    assert r.optimizer_bytes is not None and r.optimizer_bytes >= 2 * r.params_bytes
+    assert r.rss_bytes is not None and r.rss_bytes > 0
+    assert r.cuda_allocated_bytes is None  # CPU run
+    assert s.state == "closed"
+
+
+def test_loss_goes_down_on_tiny_gpt(tiny):
+    with Session(TrainConfig(micro_batch=16, lr=3e-3), model_options=tiny) as s:
+        recs = s.run(optimizer_steps=30)
+    first = sum(r.loss for r in recs[:5]) / 5
+    last = sum(r.loss for r in recs[-5:]) / 5
+    assert last < first - 0.3
+
+
+def test_precision_switch_mid_run_shows_in_records_and_activation_dtype(tiny):
+    seen: list[torch.dtype] = []
+    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+        s.model.blocks[0].mlp.fc.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        s.run(optimizer_steps=2)
+        s.update(precision="amp-bf16")
+        assert s.config.precision == "amp-bf16"  # idle: applied at once
+        s.run(optimizer_steps=2)
+        recs = s.history
+    assert [r.precision for r in recs] == ["fp32", "fp32", "amp-bf16", "amp-bf16"]
+    assert recs[2].changes == {"precision": "amp-bf16"}
+    assert recs[3].changes == {}
+    assert seen == [torch.float32, torch.float32, torch.bfloat16, torch.bfloat16]
+    assert [e.kind for e in s.events] == ["change"]
+
+
+def test_update_while_running_applies_at_a_step_boundary(tiny):
+    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+        s.start()
+        while len(s.history) < 2:
+            time.sleep(0.005)
+        s.update(micro_batch=2, grad_accum=3)
+        while not any(r.micro_batch == 2 for r in s.records_since(0)):
+            time.sleep(0.005)
+        s.stop()
+        recs = s.history
+    changed = [r for r in recs if r.changes]
+    assert len(changed) == 1
+    first = changed[0]
+    assert first.changes == {"micro_batch": 2, "grad_accum": 3}
+    assert first.micro_batch == 2 and first.grad_accum == 3 and first.micro_steps == 3
+    before = recs[: recs.index(first)]
+    after = recs[recs.index(first):]
+    assert all(r.micro_batch == 4 and r.grad_accum == 1 for r in before)
+    assert all(r.micro_batch == 2 and r.grad_accum == 3 for r in after)
+    # the data stream continued where it was: every sample consumed exactly once
+    consumed = sum(r.micro_batch * r.grad_accum for r in recs)
+    assert s._data.position.offset == consumed
+
+
+def test_micro_batch_switch_continues_the_same_sample_order(tiny):
+    """Reading 4 then 2+2 samples gives the same samples as reading 8 at once."""
+    seen: list[torch.Tensor] = []
+
+    def record(m, args):
+        seen.append(args[0].clone())
+
+    cfg = TrainConfig(micro_batch=4, seed=5)
+    with Session(cfg, model_options=tiny) as s:
+        s.model.register_forward_pre_hook(record)
+        s.run(1)
+        s.update(micro_batch=2)
+        s.run(2)
+    switched = torch.cat(seen)
+    seen.clear()
+    with Session(cfg.replace(micro_batch=8), model_options=tiny) as s:
+        s.model.register_forward_pre_hook(record)
+        s.run(1)
+    assert torch.equal(switched, seen[0])
+
+
+def test_lr_scaling_and_warmup_follow_the_config(tiny):
+    cfg = TrainConfig(micro_batch=4, lr=1e-3, lr_scaling="linear", warmup_steps=4, total_steps=100)
+    with Session(cfg, model_options=tiny) as s:
+        recs = s.run(4)
+        assert [r.lr for r in recs] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+        s.update(grad_accum=2)  # effective batch 8 = 2x the starting 4
+        assert s.run(1)[0].lr == pytest.approx(2e-3)
+        s.update(lr_scaling="sqrt")
+        assert s.run(1)[0].lr == pytest.approx(1e-3 * math.sqrt(2))
+        s.update(lr_schedule="cosine", lr_scaling="none", warmup_steps=0, total_steps=10)
+        lrs = [r.lr for r in s.run(3)]
+    assert lrs[0] > lrs[1] > lrs[2]  # decaying: 6 of 10 steps done
+
+
+def test_activation_checkpointing_toggles_live_and_keeps_the_trajectory(tiny):
+    cfg = TrainConfig(micro_batch=4, seed=1)
+    with Session(cfg, model_options=tiny) as plain:
+        plain_losses = [r.loss for r in plain.run(4)]
+    with Session(cfg, model_options=tiny) as s:
+        losses = [r.loss for r in s.run(2)]
+        without = s.memory().activation_bytes
+        s.update(activation_checkpointing=True)
+        with_ckpt = s.memory().activation_bytes
+        recs = s.run(2)
+        losses += [r.loss for r in recs]
+    assert recs[0].activation_checkpointing and recs[0].changes == {"activation_checkpointing": True}
+    assert with_ckpt < 0.6 * without
+    # recomputation reproduces the dropout masks: same numbers as without checkpointing
+    assert losses == pytest.approx(plain_losses, rel=1e-5)
+
+
+def test_user_module_with_dataset_and_marked_blocks():
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    y = x.sum(dim=1, keepdim=True)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    cfg = TrainConfig(micro_batch=8, lr=1e-2)
+    with pytest.raises(ValueError, match="activation_checkpointing=True: the model has no"):
+        Session(cfg.replace(activation_checkpointing=True), model=model,
+                data=TensorDataset(x, y), loss_fn=nn.functional.mse_loss)
+    mark_checkpointable(model, ["0", "2"])
+    with pytest.raises(ValueError, match=r"names=\['nope'\]"):
+        mark_checkpointable(model, ["nope"])
+    with Session(cfg.replace(activation_checkpointing=True), model=model,
+                 data=TensorDataset(x, y), loss_fn=nn.functional.mse_loss) as s:
+        assert s.model is model
+        recs = s.run(20)  # more than one epoch of 8 batches: the stream cycles
+    assert recs[-1].loss < recs[0].loss
+    assert recs[0].tokens_per_s is None
+
+
+def test_user_dataloader_is_used_as_is_and_its_settings_cannot_change():
+    x = torch.randn(32, 4)
+    loader = DataLoader(TensorDataset(x, x.clone()), batch_size=4, shuffle=False)
+    model = nn.Linear(4, 4)
+    with Session(TrainConfig(micro_batch=8), model=model, data=loader,
+                 loss_fn=nn.functional.mse_loss) as s:
+        assert s.config.micro_batch == 4  # the loader's batch size
+        s.run(10)  # 8 batches per epoch: cycles
+        with pytest.raises(ValueError, match="micro_batch=2: data is a DataLoader you built"):
+            s.update(micro_batch=2)
+        with pytest.raises(ValueError, match="num_workers=1: data is a DataLoader you built"):
+            s.update(num_workers=1)
+        s.update(lr=1e-2)  # optimizer settings are fine
+        assert s.run(1)[0].changes == {"lr": 0.01}
+        assert s.config.micro_batch == 4
+
+
+def test_bad_updates_raise_every_problem_and_leave_the_session_unchanged(tiny):
+    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+        s.start()
+        before = s.config
+        with pytest.raises(ValueError) as err:
+            s.update(micro_batch=0, lr=-1.0, precision="fp8")
+        text = str(err.value)
+        assert "micro_batch=0" in text and "lr=-1.0" in text and "precision='fp8'" in text
+        with pytest.raises(ValueError, match="bogus=1: unknown setting"):
+            s.update(bogus=1)
+        with pytest.raises(ValueError, match="loss_scale_growth=0.5: must be > 1 for amp-fp16"):
+            s.update(precision="amp-fp16", loss_scale_growth=0.5)
+        with pytest.raises(ValueError, match="device='cuda'"):
+            s.update(device="cuda")
+        with pytest.raises(ValueError, match="micro_batch='8'"):
+            s.update(micro_batch="8")
+        assert s.pending_changes == {}
+        n = len(s.history)
+        while len(s.history) < n + 2:
+            time.sleep(0.005)
+        assert s.state == "running"
+        s.stop()
+        assert s.config == before
+        assert all(not r.changes for r in s.history)
+        assert s.events == []
+
+
+def test_wrong_state_calls_raise_and_change_nothing(tiny):
+    s = Session(TrainConfig(micro_batch=2), model_options=tiny)
+    with pytest.raises(SessionStateError, match="cannot pause: the session is idle"):
+        s.pause()
+    with pytest.raises(SessionStateError, match="cannot resume: the session is idle"):
+        s.resume()
+    with pytest.raises(ValueError, match="optimizer_steps=0"):
+        s.run(0)
+    assert s.state == "idle"
+    s.start()
+    with pytest.raises(SessionStateError, match="already running"):
+        s.start()
+    with pytest.raises(SessionStateError, match="already running"):
+        s.run(1)
+    s.pause()
+    assert s.state == "paused"
+    with pytest.raises(SessionStateError, match="cannot pause: the session is paused"):
+        s.pause()
+    step = s.step
+    s.resume()
+    s.stop()
+    assert s.state == "stopped" and s.step >= step
+    s.close()
+    s.close()  # idempotent
+    assert s.state == "closed"
+    for call in (lambda: s.run(1), s.start, s.resume, s.pause, lambda: s.update(lr=0.1)):
+        with pytest.raises(SessionStateError, match="closed"):
+            call()
+
+
+def test_run_pauses_when_paused_from_another_thread(tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        timer = threading.Timer(0.2, s.pause)
+        timer.start()
+        recs = s.run(optimizer_steps=100_000)
+        timer.join()
+        assert s.state == "paused"
+        assert 0 < len(recs) < 100_000
+        s.resume()
+        s.pause()
+        assert s.step > len(recs)
+
+
+def test_start_with_steps_ends_idle_and_wait_returns(tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.start(optimizer_steps=5)
+        assert s.wait(timeout=60) == "idle"
+        assert s.step == 5
+        assert [r.step for r in s.history] == [1, 2, 3, 4, 5]
+
+
+def test_twenty_start_stop_cycles_leave_no_threads(no_leaked_threads, tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        for _ in range(20):
+            s.start()
+            assert s.state == "running"
+            s.stop()
+            assert s.state == "stopped"
+        names = [t.name for t in threading.enumerate()]
+        assert not any(n.startswith("workbench-session-") for n in names)
+        assert s.step > 0
+
+
+def test_loader_workers_are_rebuilt_and_shut_down(no_leaked_threads, tiny):
+    with Session(TrainConfig(micro_batch=4, num_workers=1), model_options=tiny) as s:
+        s.run(2)
+        assert len(multiprocessing.active_children()) == 1
+        s.update(num_workers=2)
+        s.run(2)
+        assert s.history[-2].num_workers == 2
+        assert len(multiprocessing.active_children()) == 2
+        s.update(num_workers=0)
+        s.run(1)
+        assert multiprocessing.active_children() == []
+        s.update(num_workers=1)
+        s.run(1)
+    deadline = time.time() + 10
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+
+
+def test_records_since_version_and_callbacks(tiny):
+    got = []
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        remove = s.on_record(got.append)
+        v0 = s.version
+        s.run(3)
+        assert s.version > v0
+        assert [r.step for r in s.records_since(1)] == [2, 3]
+        remove()
+        s.run(1)
+        s.on_record(lambda r: 1 / 0)
+        s.run(1)
+    assert [r.step for r in got] == [1, 2, 3]
+    assert any(e.kind == "callback-error" for e in s.events)
+
+
+def test_dataset_env_sharding_by_rank(monkeypatch, tiny):
+    """WORLD_SIZE/RANK shard the data with DistributedSampler (no process group)."""
+    from workbench.train.data import DataStream
+
+    x = torch.arange(16).float().unsqueeze(1)
+    ds = TensorDataset(x, x)
+    parts = []
+    for rank in (0, 1):
+        stream = DataStream(ds, micro_batch=8, rank=rank, world_size=2, seed=0)
+        parts.append(stream.next()[0].flatten())
+        stream.close()
+    assert sorted(torch.cat(parts).tolist()) == list(range(16))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "5")
+    with pytest.raises(ValueError, match="RANK=5: must be < WORLD_SIZE=2"):
+        Session(TrainConfig(), model_options=tiny)
+
+
+def test_bad_constructor_arguments(tiny):
+    with pytest.raises(ValueError, match="model='resnet'"):
+        Session(TrainConfig(), model="resnet")
+    with pytest.raises(ValueError, match="data and loss_fn: required"):
+        Session(TrainConfig(), model=nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="config="):
+        Session({"lr": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown option"):
+        Session(TrainConfig(), model_options={"width": 3})
+    with pytest.raises(ValueError, match="device='cuda'"):
+        Session(TrainConfig(), model_options=tiny, device="cuda")
+
+
+def test_step_error_in_run_raises_session_error(tiny):
+    calls = {"n": 0}
+
+    def loss_fn(out, y):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyError("broken loss")
+        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    with Session(TrainConfig(micro_batch=2), model_options=tiny, loss_fn=loss_fn) as s:
+        with pytest.raises(SessionError, match="broken loss"):
+            s.run(3)
+        assert s.state == "error" and s.step == 1
+        assert s.run(2)[-1].step == 3
