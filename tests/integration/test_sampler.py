@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -140,6 +142,23 @@ def test_thread_survives_a_failing_read(
     with Sampler(interval=0.01) as s:
         _wait_for(s, 4)
         assert s.last_error == "RuntimeError: psutil broke"
+
+
+def test_dropped_sampler_is_collected_and_its_thread_ends(no_leaked_threads: None) -> None:
+    # a notebook cell re-run rebinds the name without close(): nothing may keep running
+    s = Sampler(interval=0.01)
+    _wait_for(s, 2)
+    thread = s._thread
+    ref = weakref.ref(s)
+    del s
+    # the thread holds the sampler only while it takes a sample, then lets go
+    deadline = time.time() + 10
+    while ref() is not None:
+        assert time.time() < deadline, "the dropped sampler is still referenced"
+        gc.collect()
+        time.sleep(0.01)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_sampler_thread_is_daemon(no_leaked_threads: None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -279,6 +280,18 @@ def test_sampler_uses_injected_backend(no_leaked_threads: None) -> None:
     assert sample.process_rss_bytes is not None  # host fields are filled alongside
 
 
+def test_dropped_sampler_releases_nvml(no_leaked_threads: None) -> None:
+    fake = FakeNvml()
+    s = Sampler(interval=0.01, backend=fake)
+    s.sample_now()
+    del s  # never closed: collecting it must still shut NVML down
+    deadline = time.time() + 10  # the thread may be holding it for one sample
+    while fake.shutdown_count == 0 and time.time() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert fake.init_count == 1 and fake.shutdown_count == 1
+
+
 def test_sampler_survives_gpu_loss_in_its_thread(no_leaked_threads: None) -> None:
     lost = pynvml.NVML_ERROR_GPU_IS_LOST
     fake = FakeNvml(errors={("util", 0): {2: lost}})  # third sample finds GPU 0 gone
@@ -307,6 +320,7 @@ def test_two_samplers_on_one_driver_do_not_interfere(no_leaked_threads: None) ->
         deadline = time.time() + 10
         while b.samples_taken < taken + 2 and time.time() < deadline:
             time.sleep(0.01)
+        assert b.samples_taken >= taken + 2, "b stopped sampling when a closed"
         latest = b.latest()
         assert latest is not None and latest.gpus[0].util_percent is not None
         assert b.last_error is None

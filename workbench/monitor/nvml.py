@@ -172,7 +172,7 @@ class NvmlAdapter:
                 return ()
             return tuple(self._read_one(i) for i in range(len(self._handles)))
 
-    def _field(self, fn: Callable[[], T], default: T | None = None) -> T | None:
+    def _field(self, fn: Callable[[], T]) -> T | None:
         """Call one NVML getter; any failure -> None, a lost GPU -> `_Lost`."""
         try:
             return fn()
@@ -180,7 +180,7 @@ class NvmlAdapter:
             value = _error_value(exc)
             if value is not None and value in self._lost_codes():
                 raise _Lost() from exc
-            return default
+            return None
 
     def _name(self, handle: Any) -> str | None:
         try:

@@ -5,7 +5,9 @@
         s.latest(), s.history()   # newest sample, all kept samples
 
 Several samplers may run at once; each owns its NVML adapter and host reader (no
-module-level state). `close()` stops and joins the thread and shuts NVML down.
+module-level state). `close()` stops and joins the thread and shuts NVML down. The thread
+holds only a weak reference to its `Sampler`, so a sampler that is dropped without
+`close()` (a notebook cell re-run) is garbage-collected and its thread ends by itself.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import math
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -84,8 +87,13 @@ class Sampler:
             self._reason = exc.reason
         self._source = SOURCE_NVML if self._nvml is not None else SOURCE_HOST
 
+        # stops the thread and releases NVML when the sampler is closed or collected
+        self._release = weakref.finalize(self, _release, self._stop, self._nvml)
         self._thread = threading.Thread(
-            target=self._run, name=f"workbench-sampler-{next(_ids)}", daemon=True
+            target=_run,
+            args=(weakref.ref(self), self._stop, self._interval),
+            name=f"workbench-sampler-{next(_ids)}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -157,25 +165,18 @@ class Sampler:
         return [s for s in items if s.time > since]
 
     # ------------------------------------------------------------------ thread
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            t0 = time.thread_time()
-            try:
-                sample = self.sample_now()
-            except Exception as exc:  # never let the thread die; say what happened
-                self.last_error = f"{type(exc).__name__}: {exc}"
-            else:
-                with self._lock:
-                    self._buffer.append(sample)
-                    self._samples_taken += 1
-            self._thread_cpu_seconds += time.thread_time() - t0
-            next_at += self._interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind (e.g. a suspended process): restart the cadence
-                next_at = time.monotonic()
-                delay = 0.0
-            self._stop.wait(delay)
+    def _tick(self) -> None:
+        """Take one sample into the buffer (runs on the sampling thread)."""
+        t0 = time.thread_time()
+        try:
+            sample = self.sample_now()
+        except Exception as exc:  # never let the thread die; say what happened
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        else:
+            with self._lock:
+                self._buffer.append(sample)
+                self._samples_taken += 1
+        self._thread_cpu_seconds += time.thread_time() - t0
 
     def close(self) -> None:
         """Stop and join the thread, release NVML (idempotent)."""
@@ -185,8 +186,7 @@ class Sampler:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
-        if self._nvml is not None:
-            self._nvml.close()
+        self._release()
 
     def __enter__(self) -> Sampler:
         return self
@@ -201,3 +201,28 @@ class Sampler:
             f"Sampler(interval={self._interval}, capacity={self._capacity}, "
             f"source={self._source!r}{extra}, {state})"
         )
+
+
+def _run(ref: weakref.ReferenceType[Sampler], stop: threading.Event, interval: float) -> None:
+    """The sampling loop. It holds its sampler only while taking a sample, so an unused
+    sampler can be collected; the collection sets `stop` (see `_release`)."""
+    next_at = time.monotonic()
+    while not stop.is_set():
+        sampler = ref()
+        if sampler is None:
+            return
+        sampler._tick()
+        del sampler
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay < 0:  # fell behind (e.g. a suspended process): restart the cadence
+            next_at = time.monotonic()
+            delay = 0.0
+        stop.wait(delay)
+
+
+def _release(stop: threading.Event, nvml: NvmlAdapter | None) -> None:
+    """Stop the loop and shut NVML down (runs once: on close() or on collection)."""
+    stop.set()
+    if nvml is not None:
+        nvml.close()
