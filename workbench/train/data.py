@@ -188,6 +188,14 @@ class DataStream:
             self._pending.appendleft((batch, n))
             self._pending_count += n
 
+    def requeue_split(self, batches: list[Any], parts: int) -> None:
+        """Put `batches` back in front of the pending ones, and split all of them into
+        `parts` pieces each (an out-of-memory retry with a smaller micro-batch)."""
+        queued = [*batches, *(b for b, _ in self._pending)]
+        self._pending.clear()
+        self._pending_count = 0
+        self.push_front([piece for b in queued for piece in split_batch(b, parts)])
+
     def peek(self) -> Any:
         """The next batch without consuming it (a user DataLoader's batch is read and
         put back; from a Dataset, the next `micro_batch` samples are collated directly,

@@ -57,7 +57,7 @@ from workbench.config import Device, Precision, TrainConfig, _format, _plain
 from workbench.train import checkpoint as ckpt
 from workbench.train.backend import Backend, ModelStateBytes, StepOutcome, build_backend
 from workbench.train.checkpointing import checkpointable_modules, set_activation_checkpointing
-from workbench.train.data import DataPosition, DataStream, split_batch
+from workbench.train.data import DataPosition, DataStream
 from workbench.train.precision import amp_supported
 from workbench.train.records import Event, StepRecord
 from workbench.train.schedule import scaled_lr
@@ -800,8 +800,7 @@ class Session:
             raise RuntimeError(f"out of memory and cannot halve micro_batch ({why}): {message}")
         mb, ga = cfg.micro_batch, cfg.grad_accum
         new_mb, new_ga = mb // 2, ga * 2
-        halves = [half for batch in fetched for half in split_batch(batch, 2)]
-        self._data.push_front(halves)
+        self._data.requeue_split(fetched, 2)
         fetched.clear()
         target = cfg.replace(micro_batch=new_mb, grad_accum=new_ga)
         self._apply_config(target, {"micro_batch", "grad_accum"})

@@ -1,0 +1,177 @@
+"""Faults: exceptions in model/data, non-finite loss, out of memory, failed changes."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from workbench import Session, TrainConfig
+from workbench.train import session as session_module
+
+
+class Flaky(nn.Module):
+    """A linear model that raises on chosen calls, or for batches larger than `oom_above`."""
+
+    def __init__(self, *, fail_on_call: int | None = None, oom_above: int | None = None) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+        self.oom_above = oom_above
+        self.inputs: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.fail_on_call:
+            raise ValueError("bad weights in layer 3")
+        if self.oom_above is not None and x.shape[0] > self.oom_above:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        self.inputs.append(x.detach().clone())
+        return self.lin(x)
+
+
+def _data(n: int = 64) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def test_exception_in_the_model_moves_to_error_and_resume_continues():
+    model = Flaky(fail_on_call=3)
+    with Session(TrainConfig(micro_batch=4), model=model, data=_data(),
+                 loss_fn=nn.functional.mse_loss) as s:
+        weights = None
+        s.start(optimizer_steps=6)
+        assert s.wait(timeout=60) == "error"
+        assert s.step == 2
+        weights = model.lin.weight.detach().clone()
+        errors = [e for e in s.events if e.kind == "error"]
+        assert len(errors) == 1 and errors[0].severity == "error"
+        assert "ValueError: bad weights in layer 3" in errors[0].message
+        assert "Traceback" in errors[0].details["traceback"]
+        assert "bad weights" in errors[0].details["traceback"]
+        assert all(p.grad is None for p in model.parameters())  # nothing half-applied
+        assert torch.equal(model.lin.weight, weights)
+        s.update(lr=1e-3)
+        s.resume()
+        assert s.wait(timeout=60) == "idle"
+        assert s.step == 6  # the run's target
+        assert s.history[2].changes == {"lr": 0.001}
+
+
+class BrokenData(Dataset):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int):
+        if i == 5:
+            raise IndexError("sample 5 is corrupt")
+        return torch.ones(4) * i, torch.ones(1)
+
+
+def test_exception_in_the_data_moves_to_error():
+    with Session(TrainConfig(micro_batch=4), model=nn.Linear(4, 1), data=BrokenData(),
+                 loss_fn=nn.functional.mse_loss) as s:
+        s.start(optimizer_steps=20)
+        assert s.wait(timeout=60) == "error"
+        assert "sample 5 is corrupt" in s.events[-1].message
+        assert "__getitem__" in s.events[-1].details["traceback"]
+
+
+def test_nan_loss_skips_the_step_pauses_and_advises(tiny):
+    calls = {"n": 0}
+
+    def loss_fn(out, y):
+        calls["n"] += 1
+        loss = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    with Session(TrainConfig(micro_batch=2), model_options=tiny, loss_fn=loss_fn) as s:
+        s.run(2)
+        before = {k: v.clone() for k, v in s.model.state_dict().items()}
+        opt_state = {k: v.clone() for k, v in s.backend.optimizer.state[
+            next(iter(s.model.parameters()))].items()}
+        recs = s.run(5)
+        assert s.state == "paused"
+        assert len(recs) == 1 and recs[0].skipped and math.isnan(recs[0].loss)
+        ev = [e for e in s.events if e.kind == "nan-loss"][0]
+        for hint in ("loss_scale_init", "amp-bf16", "lower lr"):
+            assert hint in ev.message
+        for k, v in s.model.state_dict().items():
+            assert torch.equal(v, before[k]), k  # the step was not applied
+        after = s.backend.optimizer.state[next(iter(s.model.parameters()))]
+        assert all(torch.equal(after[k], v) for k, v in opt_state.items())
+        assert all(p.grad is None for p in s.model.parameters())
+        s.resume()
+        assert s.wait(timeout=60) == "idle"
+        assert s.step == 7 and all(math.isfinite(r.loss) for r in s.history[3:])
+
+
+def test_out_of_memory_halves_micro_batch_and_retries_the_same_samples():
+    model = Flaky(oom_above=2)
+    reference = Flaky()
+    data = _data()
+    cfg = TrainConfig(micro_batch=8, grad_accum=1, seed=4, optimizer="sgd-nomomentum")
+    with Session(cfg, model=model, data=data, loss_fn=nn.functional.mse_loss) as s:
+        recs = s.run(2)
+        assert s.config.micro_batch == 2 and s.config.grad_accum == 4
+        ooms = [e for e in s.events if e.kind == "oom"]
+        assert [e.details["micro_batch"] for e in ooms] == [4, 2]
+        assert "micro_batch halved to 4 and grad_accum doubled to 2" in ooms[0].message
+        assert "effective batch unchanged" in ooms[0].message
+        assert "retrying the same batch" in ooms[0].message
+        assert recs[0].changes == {"micro_batch": 2, "grad_accum": 4}
+        assert recs[0].micro_batch * recs[0].grad_accum == 8
+    # the same 16 samples, in the same order, as an unfailing run with micro_batch 8
+    reference.load_state_dict(model.state_dict())
+    with Session(cfg, model=reference, data=data, loss_fn=nn.functional.mse_loss) as r:
+        r.run(2)
+    assert torch.equal(torch.cat(model.inputs), torch.cat(reference.inputs))
+
+
+def test_out_of_memory_at_micro_batch_one_is_an_error():
+    model = Flaky(oom_above=0)
+    with Session(TrainConfig(micro_batch=2), model=model, data=_data(),
+                 loss_fn=nn.functional.mse_loss) as s:
+        s.start(optimizer_steps=1)
+        assert s.wait(timeout=60) == "error"
+        assert "cannot halve micro_batch (micro_batch is 1)" in s.events[-1].message
+
+
+def test_a_change_that_fails_to_apply_is_rolled_back(monkeypatch, tiny):
+    real = session_module.build_backend
+
+    def failing(config, model, **kw):
+        if config.optimizer == "sgd":
+            raise RuntimeError("cannot allocate optimizer")
+        return real(config, model, **kw)
+
+    monkeypatch.setattr(session_module, "build_backend", failing)
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.run(1)
+        backend = s.backend
+        with pytest.raises(ValueError, match="cannot allocate optimizer"):
+            s.update(optimizer="sgd", micro_batch=4)  # idle: applied now, fails, raises
+        assert s.config.optimizer == "adamw" and s.config.micro_batch == 2
+        assert s.backend is backend and s.pending_changes == {}
+        ev = s.events[-1]
+        assert ev.kind == "change-failed"
+        assert ev.details["changes"] == {"optimizer": "sgd", "micro_batch": 4}
+        # while running: rolled back, event, and training goes on
+        s.start()
+        s.update(optimizer="sgd")
+        n = len(s.history)
+        while len(s.history) < n + 3:
+            time.sleep(0.005)
+        s.stop()
+        assert s.config.optimizer == "adamw"
+        assert [e.kind for e in s.events].count("change-failed") == 2
+        assert all(r.micro_batch == 2 and not r.changes for r in s.history)
+        # a later valid change still works
+        s.update(lr=1e-3)
+        assert s.run(1)[0].changes == {"lr": 0.001}
