@@ -191,7 +191,7 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture
 def page(browser: object) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
+    context = browser.new_context(viewport={"width": 1400, "height": 1200})  # type: ignore[attr-defined]
     pg = context.new_page()
     try:
         yield pg

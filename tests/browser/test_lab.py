@@ -59,7 +59,6 @@ def test_start_notebook_panels_render_and_react(lab, page, artifacts: Path) -> N
         accum = page.locator(".wb-train-grad-accum input")
         accum.fill("8")
         accum.press("Enter")
-        message = page.locator(".wb-train-message")
         page.wait_for_function(
             "() => document.querySelector('.wb-train-message').innerText"
             ".includes('grad_accum=8 queued')"
@@ -71,6 +70,10 @@ def test_start_notebook_panels_render_and_react(lab, page, artifacts: Path) -> N
             ".test(t); }"
         )
 
+        dashboard.evaluate("el => el.scrollIntoView()")  # the panel at the top of the view
+        page.wait_for_timeout(1500)  # a few more steps on the charts
+        dashboard.screenshot(path=str(artifacts / "dashboard.png"))  # the whole panel
+
         # ---- bad input in the page: a message beside the field, no traceback
         mb = page.locator(".wb-train-micro-batch input")
         mb.fill("abc")
@@ -80,7 +83,9 @@ def test_start_notebook_panels_render_and_react(lab, page, artifacts: Path) -> N
             "() => document.querySelector('.wb-train-micro-batch-error').innerText"
             ".includes(\"micro-batch: 'abc' is not a whole number\")"
         )
-        assert "not applied" in message.inner_text()
+        page.wait_for_function(
+            "() => document.querySelector('.wb-train-message').innerText.includes('not applied')"
+        )
         assert page.locator(".jp-OutputArea-output[data-mime-type*='error']").count() == 0
         assert "micro_batch=8" in page.locator(".wb-train-status").inner_text()
         _shot(page, artifacts, "lab_training.png")
@@ -106,7 +111,8 @@ def test_start_notebook_panels_render_and_react(lab, page, artifacts: Path) -> N
             "() => !document.querySelector('.wb-train-status').innerText.startsWith('running')"
         )
         assert err.inner_text()  # still shown
-        _shot(page, artifacts, "dashboard.png")
+        dashboard.evaluate("el => el.scrollIntoView()")
+        _shot(page, artifacts, "lab_dashboard.png")
     except Exception:
         _shot(page, artifacts, "lab_failure.png")
         raise

@@ -216,7 +216,16 @@ class Chart:
     def __init__(self, width_in: float, height_in: float, *, dpi: int = 80, css: str = "") -> None:
         self.figure = Figure(figsize=(width_in, height_in), dpi=dpi)
         self.canvas = FigureCanvasAgg(self.figure)
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        # natural pixel size, shrunk on narrow screens; not stretched by the flex box
+        self.image = widgets.Image(
+            format="png",
+            layout=widgets.Layout(
+                width=f"{round(width_in * dpi)}px",
+                max_width="100%",
+                height="auto",
+                align_self="flex-start",
+            ),
+        )
         if css:
             self.image.add_class(css)
         self.png: bytes = b""

@@ -193,7 +193,7 @@ class TrainingPanel(PanelBase):
         self.change_steps: list[tuple[int, str]] = []  # (step, "grad_accum=8")
         self._events_seen = 0
         self._events: list[Any] = []
-        self.chart = Chart(10.0, 5.6, dpi=72, css="wb-train-chart")
+        self.chart = Chart(11.0, 5.8, dpi=80, css="wb-train-chart")
         self._build_chart()
         self._dirty = True
         self._auto_probe = False
