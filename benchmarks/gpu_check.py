@@ -13,18 +13,14 @@ fails.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import ROOT, write_results
 
-from workbench.monitor import GpuSample, NvmlAdapter, NvmlUnavailable, Sampler  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "gpu_check.json"
+from workbench.monitor import GpuSample, NvmlAdapter, NvmlUnavailable, Sampler
 
 
 def _fmt(g: GpuSample) -> str:
@@ -94,7 +90,7 @@ def _torch_cuda_load(result: dict[str, Any], checks: dict[str, bool]) -> None:
 
 
 def main() -> int:
-    result: dict[str, Any] = {"benchmark": "gpu_check", "time": time.time()}
+    result: dict[str, Any] = {}
     checks: dict[str, bool] = {}
     nv = NvmlAdapter()
     try:
@@ -127,9 +123,8 @@ def main() -> int:
 
 
 def _write(result: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {RESULTS}")
+    path = write_results("gpu_check", result)
+    print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

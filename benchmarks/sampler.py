@@ -12,22 +12,16 @@ Exit status 1 when the budget is exceeded, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 import psutil
+from _common import ROOT, write_results
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from workbench.monitor import Sampler  # noqa: E402
+from workbench.monitor import Sampler
 
 BUDGET_PERCENT = 1.0
-RESULTS = Path(__file__).resolve().parent / "results" / "sampler.json"
 
 
 def _positive(name: str):  # type: ignore[no-untyped-def]
@@ -61,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=_positive("--seconds"), default=20.0)
     p.add_argument("--interval", type=_positive("--interval"), default=0.5)
-    p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
 
     sampler = Sampler(interval=args.interval)
@@ -101,30 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per sample: {inside / taken * 1e6:.0f} us of CPU")
     print(f"budget < {BUDGET_PERCENT}% of one core: {'PASS' if ok else 'FAIL'}")
 
-    result = {
-        "benchmark": "sampler",
-        "interval_seconds": args.interval,
-        "wall_seconds": wall,
-        "samples": taken,
-        "source": source,
-        "reason": reason,
-        "thread_cpu_seconds": inside,
-        "thread_cpu_percent_of_core": percent_inside,
-        "kernel_thread_cpu_seconds": kernel,
-        "kernel_thread_cpu_percent_of_core": percent_kernel,
-        "cpu_seconds_per_sample": inside / taken if taken else None,
-        "budget_percent_of_core": BUDGET_PERCENT,
-        "within_budget": ok,
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
+    path = write_results(
+        "sampler",
+        {
+            "interval_seconds": args.interval,
+            "wall_seconds": wall,
+            "samples": taken,
+            "source": source,
+            "reason": reason,
+            "thread_cpu_seconds": inside,
+            "thread_cpu_percent_of_core": percent_inside,
+            "kernel_thread_cpu_seconds": kernel,
+            "kernel_thread_cpu_percent_of_core": percent_kernel,
+            "cpu_seconds_per_sample": inside / taken if taken else None,
+            "budget_percent_of_core": BUDGET_PERCENT,
+            "within_budget": ok,
         },
-        "time": time.time(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    )
+    print(f"wrote {path.relative_to(ROOT)}")
     return 0 if ok else 1
 
 
