@@ -1,0 +1,154 @@
+"""Measured memory vs the estimator, and the micro-batch finder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench import Session, TrainConfig, find_max_micro_batch
+
+SMALL = {
+    "tiny-gpt": {"layers": 2, "hidden": 32, "heads": 2, "seq_len": 16},
+    "mlp": {"hidden": 32, "depth": 2, "samples": 256},
+    "cnn": {"channels": 4, "samples": 256},
+}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+@pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "amp-bf16"])
+@pytest.mark.parametrize("model", ["tiny-gpt", "mlp", "cnn"])
+def test_measured_model_states_equal_the_prediction(model, precision, optimizer):
+    cfg = TrainConfig(micro_batch=4, precision=precision, optimizer=optimizer)
+    with Session(cfg, model=model, model_options=SMALL[model]) as s:
+        s.run(1)
+        report = s.memory()
+        n_tensors = len(list(s.model.parameters()))
+    pred = report.predicted
+    assert pred is not None and pred.n_params == report.n_params
+    assert report.params_bytes == pred.params_bytes == 4 * report.n_params
+    assert report.grads_bytes == pred.grads_bytes
+    # Adam keeps a 4-byte fp32 `step` counter per parameter tensor; the estimator does not
+    counters = 4 * n_tensors if optimizer == "adamw" else 0
+    assert report.optimizer_step_counter_bytes == counters
+    assert report.optimizer_bytes - counters == pred.optimizer_bytes
+    assert report.optimizer_bytes > 0 and report.notes == ()
+
+
+@pytest.mark.parametrize(
+    "precision, checkpointing",
+    [("fp32", False), ("amp-bf16", False), ("amp-fp16", False), ("fp32", True), ("amp-bf16", True)],
+)
+def test_tiny_gpt_activations_match_the_formula(precision, checkpointing):
+    """Default tiny-gpt size (4 layers, hidden 128, 4 heads, seq 64), micro-batch 8.
+
+    Korthikanti's formula assumes 16-bit activations everywhere. Under torch autocast the
+    residual stream stays fp32 (embeddings and residual adds are not autocast), so every
+    layer-norm input, and with checkpointing every block input, takes 4 bytes instead
+    of 2. With that one difference added the measurement matches within 2%; without it,
+    within 15% except for amp + full checkpointing, where the fp32 block inputs are
+    most of what is kept (documented in workbench/models/gpt.py).
+    """
+    cfg = TrainConfig(micro_batch=8, precision=precision, activation_checkpointing=checkpointing)
+    with Session(cfg) as s:
+        report = s.memory()
+        info = s.info
+    predicted = report.predicted_activation_bytes
+    assert predicted is not None
+    sbh = info.seq_len * 8 * info.hidden
+    fp32_residual_tensors = 0
+    if precision != "fp32":
+        per_layer = 1 if checkpointing else 2  # block input, or the two layer-norm inputs
+        fp32_residual_tensors = info.layers * per_layer + 1  # + the final layer norm input
+    explained = predicted + fp32_residual_tensors * 2 * sbh
+    assert report.activation_bytes == pytest.approx(explained, rel=0.02)
+    if not (checkpointing and precision != "fp32"):
+        ratio = report.activation_bytes / predicted
+        assert 0.85 <= ratio <= 1.15, (report.activation_bytes, predicted, ratio)
+    if precision == "fp32":
+        assert set(report.activation_bytes_by_dtype) <= {"float32", "bool", "int64"}
+    else:
+        assert report.activation_bytes_by_dtype["bfloat16" if "bf16" in precision else "float16"] > 0
+        assert report.parameter_saved_bytes > 0  # autocast weight copies, not activations
+
+
+def test_fp32_activations_match_the_formula_closely():
+    """Without autocast every tensor of Table 2 is fp32: the gap is only LayerNorm
+    statistics and int64 token ids (well under 1%)."""
+    with Session(TrainConfig(micro_batch=8)) as s:
+        report = s.memory()
+    assert report.activation_bytes == pytest.approx(report.predicted_activation_bytes, rel=0.01)
+
+
+def test_activations_grow_linearly_with_the_micro_batch(tiny):
+    sizes = {}
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        for mb in (2, 4, 8):
+            s.update(micro_batch=mb)
+            sizes[mb] = s.memory().activation_bytes
+    assert sizes[8] - sizes[4] == pytest.approx(2 * (sizes[4] - sizes[2]), rel=0.01)
+
+
+def test_memory_probe_does_not_change_training(tiny):
+    cfg = TrainConfig(micro_batch=4, seed=9)
+    with Session(cfg, model_options=tiny) as a:
+        plain = [r.loss for r in a.run(4)]
+    with Session(cfg, model_options=tiny) as b:
+        b.memory()  # before the first step: no optimizer states yet
+        losses = [r.loss for r in b.run(2)]
+        report = b.memory()
+        losses += [r.loss for r in b.run(2)]
+    assert losses == plain
+    assert report.peak_rss_bytes is not None and report.peak_rss_bytes > report.total_bytes
+    assert report.cuda_max_allocated_bytes is None
+
+
+def test_memory_before_the_first_step_notes_missing_optimizer_states(tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        report = s.memory()
+    assert report.optimizer_bytes == 0
+    assert any("first optimizer step" in n for n in report.notes)
+    assert report.grads_bytes == report.params_bytes
+
+
+def test_find_max_micro_batch_against_a_budget(tiny):
+    budget = 3_000_000
+    result = find_max_micro_batch(TrainConfig(), budget, model_options=tiny)
+    m = result.micro_batch
+    assert result.method == "measured-budget" and m > 2
+    probes = {p.micro_batch: p for p in result.probes}
+    assert probes[m].fits and probes[m].measured_bytes <= budget
+    assert not probes[m + 1].fits and probes[m + 1].measured_bytes > budget
+    # an independent measurement agrees
+    with Session(TrainConfig(micro_batch=m + 1), model_options=tiny) as s:
+        s.run(1)
+        assert s.memory().total_bytes > budget
+    # a smaller budget gives a smaller micro-batch; checkpointing a larger one
+    smaller = find_max_micro_batch(TrainConfig(), budget // 2, model_options=tiny)
+    assert smaller.micro_batch < m
+    ckpt = find_max_micro_batch(TrainConfig(activation_checkpointing=True), budget,
+                                model_options=tiny)
+    assert ckpt.micro_batch > m
+
+
+def test_find_max_micro_batch_bad_input(tiny):
+    for bad in (0, -5, "1GB", 1.5):
+        with pytest.raises(ValueError, match="memory_budget_bytes="):
+            find_max_micro_batch(TrainConfig(), bad, model_options=tiny)
+    with pytest.raises(ValueError, match="max_micro_batch=0"):
+        find_max_micro_batch(TrainConfig(), 10**6, model_options=tiny, max_micro_batch=0)
+    tiny_budget = find_max_micro_batch(TrainConfig(), 1000, model_options=tiny)
+    assert tiny_budget.micro_batch == 0 and tiny_budget.measured_bytes is None
+
+
+def test_user_model_gets_a_model_state_prediction_without_activations():
+    x = torch.randn(64, 5)
+    data = torch.utils.data.TensorDataset(x, x[:, :1])
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
+    with Session(TrainConfig(micro_batch=4), model=model, data=data,
+                 loss_fn=torch.nn.functional.mse_loss) as s:
+        s.run(1)
+        report = s.memory()
+    assert report.predicted.params_bytes == report.params_bytes == 4 * (5 * 7 + 7 + 7 + 1)
+    assert report.predicted.activation_bytes is None
+    assert report.predicted_activation_bytes is None
+    assert report.activation_bytes > 0

@@ -1,0 +1,80 @@
+"""Session.profile(): operator table, phase shares, Chrome trace, memory split."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from workbench import Session, TrainConfig
+
+
+def test_profile_returns_a_table_and_writes_a_trace(tmp_path, tiny):
+    trace = tmp_path / "run.trace.json"
+    with Session(TrainConfig(micro_batch=4, grad_accum=2), model_options=tiny) as s:
+        s.run(1)
+        result = s.profile(steps=2, trace_path=trace)
+        assert s.state == "idle"
+        assert s.step == 1 + 2 + 2  # wait + warmup + active steps are real steps
+    assert result.steps == 2 and result.step_seconds > 0
+    assert result.trace_path == str(trace)
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"workbench.forward", "workbench.backward", "workbench.optimizer"} <= names
+    assert len(result.operators) > 5
+    assert any(row.name in ("aten::mm", "aten::addmm", "aten::bmm") for row in result.operators)
+    selfs = [row.self_cpu_seconds for row in result.operators]
+    assert selfs == sorted(selfs, reverse=True)
+    assert "Self CPU" in result.table
+    shares = result.phase_shares
+    assert set(shares) == {"data", "forward", "backward", "optimizer", "other"}
+    assert sum(shares.values()) == pytest.approx(1.0, abs=1e-6)
+    assert shares["forward"] > 0 and shares["backward"] > 0 and shares["optimizer"] > 0
+    assert result.memory_by_category is None
+    assert any("record_memory=False" in n for n in result.notes)
+
+
+def test_profile_memory_split(tiny):
+    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+        result = s.profile(steps=1, record_memory=True)
+        params = s.backend.model_state_bytes().params_bytes
+    split = result.memory_by_category
+    assert split is not None, result.notes
+    assert split["parameter"] == params
+    assert split["activation"] > 0
+    assert result.memory_peak_bytes == sum(split.values())
+
+
+def test_profile_pauses_a_running_session_and_resumes_it(tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.start()
+        while s.step < 2:
+            time.sleep(0.005)
+        result = s.profile(steps=1)
+        assert s.state == "running"
+        before = s.step
+        while s.step < before + 2:
+            time.sleep(0.005)
+        s.stop()
+    assert result.steps == 1
+
+
+def test_profile_keeps_a_paused_run_paused(tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.start(optimizer_steps=1000)
+        s.pause()
+        s.profile(steps=1)
+        assert s.state == "paused"
+        s.resume()
+        s.stop()
+
+
+def test_profile_bad_input(tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="steps="):
+                s.profile(steps=bad)
+        with pytest.raises(ValueError, match="record_memory="):
+            s.profile(steps=1, record_memory="yes")
+        assert s.step == 0 and s.state == "idle"
