@@ -43,6 +43,7 @@ from workbench.config import OptimizerName, Precision
 # name -> "module:function". The function takes a ModelStateQuery, returns ModelStates.
 ACCOUNTINGS: dict[str, str] = {
     "paper": "workbench.estimate.model_states:paper_model_states",
+    "deepspeed": "workbench.estimate.deepspeed_layout:model_states",
 }
 
 #: fp32 optimizer-state bytes per parameter, without any master copy.
