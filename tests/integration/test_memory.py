@@ -152,3 +152,20 @@ def test_user_model_gets_a_model_state_prediction_without_activations():
     assert report.predicted.activation_bytes is None
     assert report.predicted_activation_bytes is None
     assert report.activation_bytes > 0
+
+
+@pytest.mark.gpu
+def test_cuda_records_device_memory_and_the_finder_probes_for_oom(tiny):
+    cfg = TrainConfig(micro_batch=4, precision="amp-bf16")
+    with Session(cfg, model_options=tiny, device="cuda") as s:
+        recs = s.run(2)
+        report = s.memory()
+    last = recs[-1]
+    assert last.cuda_allocated_bytes > 0 and last.cuda_reserved_bytes >= last.cuda_allocated_bytes
+    assert last.cuda_max_allocated_bytes >= last.cuda_allocated_bytes
+    assert last.rss_bytes is None
+    assert report.cuda_max_allocated_bytes >= report.params_bytes + report.grads_bytes
+    assert report.peak_rss_bytes is None
+    found = find_max_micro_batch(TrainConfig(), model_options=tiny, device="cuda",
+                                 max_micro_batch=64)
+    assert found.method == "oom-probe" and found.micro_batch == 64

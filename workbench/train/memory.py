@@ -179,9 +179,12 @@ def probe(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     inputs: Any,
     targets: Any,
+    *,
+    model: nn.Module,
 ) -> tuple[ActivationMeasure, ModelStateBytes]:
     """One forward+backward on a micro-batch: activations measured in the forward,
-    model states counted while the gradients exist; the gradients are then dropped."""
+    model states counted while the gradients exist; the gradients are then dropped.
+    `model` is the module inside `backend.module` (the same object for PlainBackend)."""
     module = backend.module
 
     def forward_and_loss() -> torch.Tensor:
@@ -189,18 +192,12 @@ def probe(
             out = module(inputs)
         return loss_fn(out.float() if isinstance(out, torch.Tensor) else out, targets)
 
-    loss, measure = measure_activations(_inner_module(module), forward_and_loss)
+    loss, measure = measure_activations(model, forward_and_loss)
     backend.backward(loss)
     del loss
     states = backend.model_state_bytes()
     backend.zero_grad()
     return measure, states
-
-
-def _inner_module(module: nn.Module) -> nn.Module:
-    """The user's model inside a wrapper such as a DeepSpeed engine (`.module`)."""
-    inner = getattr(module, "module", None)
-    return inner if isinstance(inner, nn.Module) else module
 
 
 def peak_rss_bytes() -> int | None:

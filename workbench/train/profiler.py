@@ -19,11 +19,13 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,8 +106,12 @@ def profile_session(
         profile_memory=record_memory,
         with_stack=record_memory,
     )
-    with prof:
-        session._run_with_hook(steps + 2, prof.step)
+    session._label = record_function
+    try:
+        with prof:
+            session._run_with_hook(steps + 2, prof.step)
+    finally:
+        session._label = nullcontext
 
     events = prof.key_averages()
     by_name = {e.key: e for e in events}

@@ -50,7 +50,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import Device, Precision, TrainConfig, _format, _plain
@@ -238,6 +237,10 @@ class Session:
         self._last_save_time = time.time()
         self.reference_batch = config.effective_batch_size(self.world_size)
         self._device_memory = self._memory_reader()
+        # Phase labels of the loop: no-ops, `record_function` while profile() runs.
+        self._label: Callable[[str], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        )
 
         position = None
         state = None
@@ -560,10 +563,13 @@ class Session:
             if backend is not None and self._inner(backend) is not self._model:
                 set_activation_checkpointing(self._inner(backend), enabled)
 
-    @staticmethod
-    def _inner(backend: Backend) -> nn.Module:
-        inner = getattr(backend.module, "module", None)
-        return inner if isinstance(inner, nn.Module) else backend.module
+    def _inner(self, backend: Backend) -> nn.Module:
+        """The model inside `backend.module` (itself, or a DeepSpeed engine's `.module`)."""
+        outer = backend.module
+        if outer is self._model:
+            return outer
+        inner = getattr(outer, "module", None)
+        return inner if isinstance(inner, nn.Module) else outer
 
     # ------------------------------------------------------------------ running
     def _check_open(self, action: str) -> None:
@@ -736,7 +742,8 @@ class Session:
                 self._loop_thread_id = None
                 self._pause_requested = False
                 self._stop_requested = False
-                self._state = final
+                if self._state != "closed":  # close() from a callback in this thread
+                    self._state = final
                 self._version += 1
                 self._cond.notify_all()
 
@@ -824,22 +831,23 @@ class Session:
         data = self._data
         loss_fn = self._loss_fn
         module = backend.module
+        label = self._label
         accum = int(cfg.grad_accum)
         t0 = perf_counter()
         data_s = 0.0
         total: torch.Tensor | None = None
         for _ in range(accum):
             t = perf_counter()
-            with record_function("workbench.data"):
+            with label("workbench.data"):
                 batch = data.next()
             data_s += perf_counter() - t
             fetched.append(batch)
             inputs, targets = _unpack(batch)
-            with record_function("workbench.forward"):
+            with label("workbench.forward"):
                 with backend.autocast():
                     out = module(inputs)
                 loss = loss_fn(out.float() if isinstance(out, torch.Tensor) else out, targets)
-            with record_function("workbench.backward"):
+            with label("workbench.backward"):
                 backend.backward(loss)
             total = loss.detach() if total is None else total + loss.detach()
         assert total is not None
@@ -850,7 +858,7 @@ class Session:
         first = self._state_bytes is None
         if first:
             before = backend.model_state_bytes()
-        with record_function("workbench.optimizer"):
+        with label("workbench.optimizer"):
             outcome = backend.step()
         if first:
             after = backend.model_state_bytes()
@@ -1045,7 +1053,9 @@ class Session:
             inputs, targets = _unpack(batch)
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
-            measure, states = mem.probe(self._backend, self._loss_fn, inputs, targets)
+            measure, states = mem.probe(
+                self._backend, self._loss_fn, inputs, targets, model=self.model
+            )
             cuda_peak = (
                 torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
             )
