@@ -1,0 +1,266 @@
+"""Multi-rank launches on CPU (gloo): measured vs predicted memory per rank, a failing
+rank, SIGTERM -> checkpoint -> resume, resource checks, the `launch` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.models import build_model
+from workbench.train.launch import launch_ranks, main
+from workbench.train.records import StepRecord
+
+#: A small MLP: Ψ = 15·33+33 + 33·33+33 + 33·5+5 = 1820 parameters.
+MLP = {"in_features": 15, "hidden": 33, "depth": 2, "out_features": 5, "samples": 256}
+CPU = {"device": "cpu", "micro_batch": 4}
+TOLERANCE = 0.05
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rank_workers() -> list[psutil.Process]:
+    """Rank workers that are children (at any depth) of this test process."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "workbench.train.rank_worker" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def assert_gone(pids: list[int | None]) -> None:
+    for pid in pids:
+        assert pid is not None
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            continue
+        assert status == psutil.STATUS_ZOMBIE, f"rank process {pid} is still {status}"
+    assert rank_workers() == []
+
+
+# --------------------------------------------------------------------------- factories
+def failing_mlp(**options: Any) -> tuple[Any, ...]:
+    """An MLP whose forward raises on rank 1 at its second micro-batch."""
+    module, data, loss_fn, info = build_model("mlp", **options)
+
+    class Failing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+            self.calls = 0
+
+        def forward(self, x: Any) -> Any:
+            self.calls += 1
+            if os.environ.get("RANK") == "1" and self.calls == 2:
+                raise RuntimeError("boom on rank 1")
+            return self.inner(x)
+
+    return Failing(), data, loss_fn, info
+
+
+# --------------------------------------------------------------------------- tests
+@pytest.mark.parametrize(
+    ("stage", "launcher"),
+    [(0, "torchrun"), (1, "deepspeed"), (2, "torchrun"), (3, "torchrun")],
+)
+def test_two_ranks_measured_memory_matches_deepspeed_accounting(stage: int, launcher: str) -> None:
+    seen: list[StepRecord] = []
+    result = launch_ranks(
+        TrainConfig(zero_stage=stage, **CPU), ranks=2, model="mlp", model_options=MLP,
+        steps=2, launcher=launcher, on_record=seen.append, timeout=300,
+    )
+    assert result.first_error is None, result.first_error
+    assert result.ok and result.returncode == 0
+    assert result.n_params == 1820
+    assert sorted((r.rank, r.step) for r in seen) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    for rank in result.ranks:
+        assert [r.step for r in rank.records] == [1, 2]
+        assert all(r.world_size == 2 and r.zero_stage == stage for r in rank.records)
+        assert rank.predicted is not None and rank.predicted_paper is not None
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            measured, predicted = getattr(rank, key), rank.predicted[key]
+            assert measured is not None and measured > 0
+            assert abs(measured - predicted) <= TOLERANCE * predicted, (rank.rank, key)
+        if stage >= 1:
+            # The paper's accounting misses DeepSpeed's fp32 master partition.
+            paper = rank.predicted_paper["optimizer_bytes"]
+            assert abs(rank.optimizer_bytes - paper) > TOLERANCE * paper
+    # the two ranks trained on different shards of the data
+    assert result.ranks[0].records[0].loss != result.ranks[1].records[0].loss
+    assert rank_workers() == []
+
+
+def test_failure_on_one_rank_ends_all_ranks_and_surfaces_the_first_error() -> None:
+    result = launch_ranks(
+        TrainConfig(zero_stage=2, **CPU), ranks=2,
+        model="tests.integration.test_launch:failing_mlp", model_options=MLP, steps=20,
+        timeout=300,
+    )
+    assert not result.ok
+    err = result.first_error
+    assert err is not None and err.rank == 1
+    assert "boom on rank 1" in err.message
+    assert "failing_mlp" in err.traceback_tail or "forward" in err.traceback_tail
+    assert_gone([r.pid for r in result.ranks])
+
+
+def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+    config = TrainConfig(zero_stage=1, **CPU)
+    ckpt = tmp_path / "ckpt"
+
+    def preempt(record: StepRecord) -> None:
+        if record.step == 1 and record.rank == 0:
+            for p in psutil.Process().children():
+                if "torch.distributed.run" in " ".join(p.cmdline()):
+                    p.send_signal(signal.SIGTERM)  # the spot notice, to the launcher
+
+    first = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, steps=40,
+                         checkpoint_dir=ckpt, on_record=preempt, timeout=300)
+    assert first.first_error is None, first.first_error
+    assert first.preempted and first.ok
+    k = first.checkpoint_step
+    assert k is not None and 1 <= k < 40
+    assert first.checkpoint_dir == str(ckpt)
+    for r in (0, 1):
+        assert (ckpt / f"rank-{r}" / f"step-{k:08d}.pt").is_file()
+        assert [x.step for x in first.ranks[r].records] == list(range(1, k + 1))
+    assert_gone([r.pid for r in first.ranks])
+
+    resumed = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, steps=k + 2,
+                           resume=ckpt, timeout=300)
+    assert resumed.ok and not resumed.preempted, resumed.first_error
+    for r in (0, 1):
+        assert [x.step for x in resumed.ranks[r].records] == [k + 1, k + 2]
+
+    # The same run without the interruption has the same losses.
+    straight = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, steps=k + 2,
+                            timeout=300)
+    for r in (0, 1):
+        want = [x.loss for x in straight.ranks[r].records[k:]]
+        got = [x.loss for x in resumed.ranks[r].records]
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_more_ranks_than_cores_is_refused_before_anything_starts() -> None:
+    cores = os.cpu_count() or 1
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match=f"ranks={cores + 1}: this machine has {cores} CPU"):
+        launch_ranks(TrainConfig(**CPU), ranks=cores + 1, model="mlp", steps=1)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"steps": 0}, "steps=0"),
+        ({"launcher": "mpirun"}, "launcher='mpirun'"),
+        ({"model": "resnet"}, "model='resnet'"),
+        ({"model": "no_such_pkg.mod:fn"}, "no_such_pkg"),
+        ({"timeout": -1}, "timeout=-1"),
+        ({"ranks": 0}, "ranks=0"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
+    args: dict[str, Any] = {"ranks": 2, "model": "mlp", "steps": 1, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        launch_ranks(TrainConfig(**CPU), **args)
+
+
+def test_fp16_on_cpu_is_refused() -> None:
+    with pytest.raises(ValueError, match="fp16.*CPU"):
+        launch_ranks(TrainConfig(precision="fp16", **CPU), ranks=2, model="mlp", steps=1)
+
+
+def test_resume_needs_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "rank-0").mkdir()
+    (tmp_path / "rank-0" / "step-00000002.pt").write_bytes(b"x")
+    with pytest.raises(ValueError, match="no checkpoint for rank 1"):
+        launch_ranks(TrainConfig(**CPU), ranks=2, model="mlp", steps=4, resume=tmp_path)
+
+
+# --------------------------------------------------------------------------- CLI
+def test_cli_json_shape() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "2",
+         "--steps", "3", "--json", "--device", "cpu", "--micro-batch", "2",
+         "--model-options", json.dumps({"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8})],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["world_size"] == 2 and out["ok"] is True
+    assert [r["rank"] for r in out["ranks"]] == [0, 1]
+    for entry in out["ranks"]:
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert isinstance(entry[key], int) and entry[key] > 0
+            assert isinstance(entry["predicted"][key], int)
+            assert abs(entry[key] - entry["predicted"][key]) <= TOLERANCE * entry["predicted"][key]
+        assert entry["summary"]["last_step"] == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--ranks", "abc"], "--ranks abc: must be an integer"),
+        (["--zero", "7"], "--zero (zero_stage=7: must be 0, 1, 2 or 3)"),
+        (["--launcher", "mpirun"], "--launcher mpirun: must be one of torchrun, deepspeed"),
+        (["--precision", "fp8"], "--precision (precision='fp8': must be one of"),
+        (["--ranks", "999", "--device", "cpu"], "--ranks (ranks=999: this machine has"),
+        (["--offload-params", "cpu", "--zero", "2"], "--offload-params"),
+        (["--model-options", "[1]"], "--model-options [1]: must be a JSON object"),
+    ],
+)
+def test_cli_bad_flags_one_line_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert needle in err
+
+
+def test_cli_print_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--ranks", "2", "--zero", "3", "--device", "cpu", "--print-command"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --standalone --nproc-per-node 2 -m workbench.train.rank_worker" in out
+    assert "--nnodes NNODES" in out
+    assert '"zero_stage": 3' in out
+    assert main(["--ranks", "2", "--launcher", "deepspeed", "--device", "cpu",
+                 "--print-command"]) == 0
+    assert "deepspeed --hostfile hostfile --num_gpus 2" in capsys.readouterr().out
+    assert rank_workers() == []
+
+
+def test_cli_imports_a_deepspeed_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ds = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+          "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    assert main(["--config", str(path), "--ranks", "2", "--device", "cpu",
+                 "--print-command"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("# CONFIG.json: "))
+    cfg = json.loads(line.removeprefix("# CONFIG.json: "))
+    assert (cfg["zero_stage"], cfg["micro_batch"], cfg["grad_accum"]) == (2, 2, 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2,
+                               "gradient_accumulation_steps": 2}))
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(bad), "--ranks", "2", "--print-command"])
+    assert info.value.code == 2
+    assert "--config" in capsys.readouterr().err

@@ -1,0 +1,950 @@
+"""Run one TrainConfig on N local ranks and read their step records live.
+
+    from workbench.train.launch import launch_ranks
+    result = launch_ranks(TrainConfig(zero_stage=2), ranks=2, model="mlp", steps=20,
+                          on_record=print)
+    result.ranks[1].optimizer_bytes, result.ranks[1].predicted["optimizer_bytes"]
+
+Each rank is `python -m workbench.train.rank_worker` (a workbench `Session`), started by
+`torchrun` (`python -m torch.distributed.run --standalone`) or by DeepSpeed's per-node
+launcher (`python -m deepspeed.launcher.launch`); gloo on CPU, NCCL on GPUs (DeepSpeed
+picks). Ranks append JSON lines to `<run dir>/rank-<r>.jsonl`, which this process tails
+(see `workbench.train.rank_worker` for the line types).
+
+Failures: the first error line from any rank (rank, message, traceback tail), a launcher
+that exits with an error, a callback that raises or `timeout` seconds passing ends the
+whole tree at once: SIGTERM to every descendant process, SIGKILL after a short grace,
+then a wait, so no rank is left behind (ranks blocked in a collective with a dead peer do
+not answer SIGTERM).
+
+Pre-emption: a SIGTERM to the ranks (from the launcher, which passes its own SIGTERM on,
+from the cluster, or from this process when it receives SIGTERM on the main thread)
+makes every rank finish its current step, agree on stopping, write its checkpoint to
+`<checkpoint_dir>/rank-<r>/step-N.pt` and exit 0. `launch_ranks(..., resume=that dir)`
+continues from the newest step every rank has.
+
+`steps` is the step to train to: a resumed run continues from its checkpoint's step up
+to `steps`, so re-running the same command after a pre-emption finishes the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Device, OffloadDevice, Precision, TrainConfig
+from workbench.train.records import StepRecord
+
+LAUNCHERS = ("torchrun", "deepspeed")
+WORKER_MODULE = "workbench.train.rank_worker"
+POLL_SECONDS = 0.05
+KILL_GRACE_SECONDS = 2.0
+LOG_TAIL_CHARS = 3000
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped early, checkpoint written
+_DIST_ENV = (
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE",
+)
+
+
+# --------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class RankError:
+    """The first failure of a launch. `rank` is None for launcher-level failures
+    (timeout, a launcher that died without any rank reporting)."""
+
+    rank: int | None
+    message: str
+    traceback_tail: str = ""
+
+    def __str__(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "launcher"
+        return f"{who}: {self.message}"
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank: its step records and the model-state bytes counted from its tensors
+    (None when the rank never finished), next to the estimator's figures."""
+
+    rank: int
+    records: tuple[StepRecord, ...]
+    params_bytes: int | None
+    grads_bytes: int | None
+    optimizer_bytes: int | None
+    predicted: dict[str, int] | None  # accounting="deepspeed"
+    predicted_paper: dict[str, int] | None  # accounting="paper"
+    pid: int | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """A short step summary: first/last step and loss, mean step seconds."""
+        recs = self.records
+        if not recs:
+            return {"steps": 0}
+        return {
+            "steps": len(recs),
+            "first_step": recs[0].step,
+            "last_step": recs[-1].step,
+            "first_loss": recs[0].loss,
+            "last_loss": recs[-1].loss,
+            "mean_step_seconds": sum(r.step_seconds for r in recs) / len(recs),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "params_bytes": self.params_bytes,
+            "grads_bytes": self.grads_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "predicted": self.predicted,
+            "predicted_paper": self.predicted_paper,
+            "summary": self.summary(),
+        }
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    ranks: tuple[RankReport, ...]
+    world_size: int
+    launcher: str
+    command: tuple[str, ...]
+    returncode: int | None
+    first_error: RankError | None
+    timed_out: bool
+    preempted: bool  # the ranks stopped early on SIGTERM (checkpoint written)
+    checkpoint_dir: str | None  # where rank-<r>/step-N.pt files were written, if any
+    checkpoint_step: int | None
+    n_params: int | None
+    log_tail: str = ""
+    run_dir: str | None = None  # kept only when it holds the checkpoints
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every rank finished cleanly (a pre-empted run is ok too: it saved its state)."""
+        return self.first_error is None and not self.timed_out and all(
+            r.params_bytes is not None for r in self.ranks
+        )
+
+    @property
+    def records(self) -> dict[int, list[StepRecord]]:
+        return {r.rank: list(r.records) for r in self.ranks}
+
+    def to_dict(self) -> dict[str, Any]:
+        err = self.first_error
+        return {
+            "world_size": self.world_size,
+            "launcher": self.launcher,
+            "returncode": self.returncode,
+            "ok": self.ok,
+            "error": None if err is None else {
+                "rank": err.rank, "message": err.message, "traceback_tail": err.traceback_tail,
+            },
+            "timed_out": self.timed_out,
+            "preempted": self.preempted,
+            "checkpoint_dir": self.checkpoint_dir,
+            "checkpoint_step": self.checkpoint_step,
+            "n_params": self.n_params,
+            "command": list(self.command),
+            "ranks": [r.to_dict() for r in self.ranks],
+        }
+
+
+# --------------------------------------------------------------------------- checks
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _uses_cuda(config: TrainConfig) -> bool:
+    device = Device(config.device)
+    if device is Device.CPU:
+        return False
+    import torch
+
+    return device is Device.CUDA or torch.cuda.is_available()
+
+
+def _check_model(model: Any) -> list[str]:
+    from workbench.models import MODEL_NAMES
+
+    if not isinstance(model, str) or not model:
+        return [f"model={model!r}: must be a built-in model name ({', '.join(MODEL_NAMES)}) "
+                "or an importable factory 'pkg.module:function'"]
+    if ":" in model:
+        module, _, attr = model.partition(":")
+        if not module or not attr:
+            return [f"model={model!r}: a factory must be written 'pkg.module:function'"]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return [f"model={model!r}: module {module!r} cannot be imported from "
+                    f"{os.getcwd()}"]
+        return []
+    if model not in MODEL_NAMES:
+        return [f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
+                "'pkg.module:function'"]
+    return []
+
+
+def check_ranks(config: TrainConfig, ranks: Any) -> None:
+    """ValueError unless `ranks` local processes fit this machine (cores or GPUs)."""
+    if not _is_int(ranks) or ranks < 1:
+        raise ValueError(f"ranks={ranks!r}: must be an integer >= 1")
+    if _uses_cuda(config):
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if ranks > gpus:
+            raise ValueError(
+                f"ranks={ranks}: this machine has {gpus} CUDA GPU(s); use at most {gpus} "
+                "ranks (one per GPU), or device='cpu'"
+            )
+    else:
+        cores = os.cpu_count() or 1
+        if ranks > cores:
+            raise ValueError(
+                f"ranks={ranks}: this machine has {cores} CPU core(s); use at most {cores} "
+                "ranks on CPU (multi-node runs: see --print-command)"
+            )
+
+
+def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
+    """The newest step for which every rank 0..ranks-1 has a checkpoint under `resume`."""
+    from workbench.train import checkpoint as ckpt
+
+    root = Path(resume)
+    if not root.is_dir():
+        raise ValueError(f"resume={str(resume)!r}: not a directory of rank-<r> checkpoints")
+    common: set[int] | None = None
+    for r in range(ranks):
+        files = ckpt.list_checkpoints(root / f"rank-{r}")
+        if not files:
+            raise ValueError(
+                f"resume={str(resume)!r}: no checkpoint for rank {r} (rank-{r}/step-N.pt); "
+                f"resume with the rank count that saved it"
+            )
+        steps = {int(p.stem.split("-")[1]) for p in files}
+        common = steps if common is None else common & steps
+    if not common:
+        raise ValueError(f"resume={str(resume)!r}: the ranks have no checkpoint step in common")
+    return max(common)
+
+
+def _validate(
+    config: Any, ranks: Any, model: Any, steps: Any, launcher: Any, timeout: Any,
+    on_record: Any, model_options: Any,
+) -> None:
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+    problems = []
+    if not _is_int(steps) or steps < 1:
+        problems.append(f"steps={steps!r}: must be an integer >= 1 (the step to train to)")
+    if launcher not in LAUNCHERS:
+        problems.append(f"launcher={launcher!r}: must be one of {', '.join(LAUNCHERS)}")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+    ):
+        problems.append(f"timeout={timeout!r}: must be a number of seconds > 0 or None")
+    if on_record is not None and not callable(on_record):
+        problems.append(f"on_record={on_record!r}: must be callable(record) or None")
+    if model_options is not None and not isinstance(model_options, dict):
+        problems.append(f"model_options={model_options!r}: must be a dict or None")
+    problems += _check_model(model)
+    prec = Precision(config.precision)
+    if prec is Precision.AMP_FP16:
+        problems.append(
+            "precision='amp-fp16': several ranks train through DeepSpeed; use 'fp16' "
+            "(DeepSpeed's loss-scaled fp16, GPUs only) or 'amp-bf16'"
+        )
+    if prec is Precision.FP16 and not _uses_cuda(config):
+        problems.append("precision='fp16': DeepSpeed does not support fp16 on CPU; use 'bf16'")
+    if str(config.optimizer) == "adam8bit":
+        problems.append("optimizer='adam8bit': is available in the memory estimator only")
+    if problems:
+        raise ValueError(
+            problems[0] if len(problems) == 1 else "; ".join(problems)
+        )
+    check_ranks(config, ranks)
+
+
+# --------------------------------------------------------------------------- commands
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launcher_command(
+    launcher: str, ranks: int, worker_args: Sequence[str], *, port: int | None = None
+) -> list[str]:
+    """The local (single-node) command that starts `ranks` workers."""
+    if launcher == "torchrun":
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(ranks), "-m", WORKER_MODULE, *worker_args,
+        ]
+    world = base64.urlsafe_b64encode(
+        json.dumps({"localhost": list(range(ranks))}).encode()
+    ).decode()
+    return [
+        sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+        "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port or _free_port()}",
+        "--module", WORKER_MODULE, *worker_args,
+    ]
+
+
+def print_commands(launcher: str, ranks: int, worker_args: Sequence[str]) -> str:
+    """Single-node command and the multi-node variants (hostfile / rendezvous), which
+    the real launchers run on every node; nothing is started."""
+    args = " ".join(shlex.quote(a) for a in worker_args)
+    lines = ["# this machine"]
+    if launcher == "torchrun":
+        lines.append(f"torchrun --standalone --nproc-per-node {ranks} -m {WORKER_MODULE} {args}")
+        lines += [
+            "# several nodes: run on every node (NODE_RANK 0..NNODES-1, HOST = node 0)",
+            f"torchrun --nnodes NNODES --node-rank NODE_RANK --nproc-per-node {ranks} "
+            f"--rdzv-backend c10d --rdzv-endpoint HOST:29500 -m {WORKER_MODULE} {args}",
+        ]
+    else:
+        lines.append(f"deepspeed --num_gpus {ranks} --module {WORKER_MODULE} {args}")
+        lines += [
+            "# several nodes: a hostfile with one line per node, e.g.",
+            f"#   node1 slots={ranks}",
+            f"#   node2 slots={ranks}",
+            f"deepspeed --hostfile hostfile --num_gpus {ranks} --module {WORKER_MODULE} {args}",
+        ]
+    lines.append(
+        "# paths (--config, --events-dir, --checkpoint-dir) must exist on every node"
+    )
+    return "\n".join(lines)
+
+
+def _worker_args(
+    config_path: str, model: str, options: dict[str, Any], steps: int, events_dir: str,
+    checkpoint_dir: str | None, resume: str | None, resume_at: int | None,
+    threads: int | None,
+) -> list[str]:
+    args = ["--config", config_path, "--model", model, "--steps", str(steps),
+            "--events-dir", events_dir]
+    if options:
+        args += ["--model-options", json.dumps(options)]
+    if checkpoint_dir:
+        args += ["--checkpoint-dir", checkpoint_dir]
+    if resume is not None:
+        args += ["--resume-dir", resume, "--resume-step", str(resume_at)]
+    if threads:
+        args += ["--threads", str(threads)]
+    return args
+
+
+def _child_env(cuda: bool, ranks: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    cwd = os.getcwd()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
+    if not cuda:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+    return env
+
+
+# --------------------------------------------------------------------------- processes
+def _descendants(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def terminate_tree(proc: Any, extra_pids: Sequence[int] = (), grace: float = KILL_GRACE_SECONDS) -> None:
+    """SIGTERM the launcher and every descendant (and `extra_pids`), SIGKILL what is left
+    after `grace` seconds, and reap them all."""
+    import psutil
+
+    procs: dict[int, Any] = {}
+    for p in _descendants(proc.pid):
+        procs[p.pid] = p
+    for pid in extra_pids:
+        if pid not in procs:
+            with contextlib.suppress(psutil.Error):
+                procs[pid] = psutil.Process(pid)
+    with contextlib.suppress(psutil.Error):
+        procs[proc.pid] = psutil.Process(proc.pid)
+    alive = []
+    for p in procs.values():
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+            alive.append(p)
+    _, alive = psutil.wait_procs(alive, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+
+
+class _Tail:
+    """New complete lines of one rank's events file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_CHARS))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------- launch
+def launch_ranks(
+    config: TrainConfig,
+    *,
+    ranks: int,
+    model: str = "tiny-gpt",
+    steps: int,
+    launcher: str = "torchrun",
+    resume: str | os.PathLike[str] | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    on_record: Callable[[StepRecord], None] | None = None,
+    timeout: float | None = None,
+    model_options: dict[str, Any] | None = None,
+    threads: int | None = None,
+) -> LaunchResult:
+    """Train `config` on `ranks` local processes up to step `steps` (see the module
+    docstring). Returns when every rank has ended; never leaves a rank running.
+
+    `model`: a built-in name or an importable factory 'pkg.module:function' returning
+    `(module, dataset, loss_fn[, info])` (called with `model_options`). `checkpoint_dir`:
+    where a SIGTERM checkpoint goes (default: `config.checkpoint_dir`, else `resume`,
+    else a new temporary directory kept only if a checkpoint is written). `on_record`:
+    called in this thread with each rank's StepRecord as it arrives. `threads`: torch
+    threads per rank. Bad arguments raise ValueError before anything starts.
+    """
+    _validate(config, ranks, model, steps, launcher, timeout, on_record, model_options)
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        raise ValueError(f"threads={threads!r}: must be an integer >= 1 or None")
+    resume_str = None if resume is None else str(resume)
+    resume_at = None
+    if resume_str is not None:
+        resume_at = resume_step(resume_str, ranks)
+        if resume_at >= steps:
+            raise ValueError(
+                f"steps={steps}: the checkpoint in {resume_str!r} is already at step "
+                f"{resume_at}; ask for more steps"
+            )
+    cuda = _uses_cuda(config)
+    run_dir = Path(tempfile.mkdtemp(prefix="workbench-launch-"))
+    ckpt_dir = (
+        str(checkpoint_dir) if checkpoint_dir is not None
+        else config.checkpoint_dir or resume_str or str(run_dir / "checkpoints")
+    )
+    worker_config = config.replace(checkpoint_dir=None)
+    config_path = run_dir / "config.json"
+    config_path.write_text(json.dumps(worker_config.to_dict()), encoding="utf-8")
+    events_dir = run_dir / "events"
+    events_dir.mkdir()
+    worker_args = _worker_args(
+        str(config_path), model, dict(model_options or {}), steps, str(events_dir),
+        ckpt_dir, resume_str, resume_at, threads,
+    )
+    command = launcher_command(launcher, ranks, worker_args)
+    log_path = run_dir / "launcher.log"
+
+    state = _LaunchState(ranks, on_record)
+    sigterm = _SigtermForward(state)
+    import subprocess
+
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(cuda, ranks),
+            start_new_session=True,
+        )
+    timed_out = False
+    aborted: BaseException | None = None
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    tails = [_Tail(events_dir / f"rank-{r}.jsonl") for r in range(ranks)]
+    sigterm.install()
+    try:
+        while True:
+            for tail in tails:
+                for msg in tail.read():
+                    state.handle(msg)
+            if sigterm.pending:
+                sigterm.forward()
+            if state.first_error is not None:
+                break
+            if proc.poll() is not None:
+                for tail in tails:  # the last lines written before exit
+                    for msg in tail.read():
+                        state.handle(msg)
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(POLL_SECONDS)
+    except BaseException as exc:  # a callback raised, or KeyboardInterrupt
+        aborted = exc
+    finally:
+        sigterm.restore()
+        if proc.poll() is None:
+            terminate_tree(proc, state.pids())
+        else:
+            # The launcher is gone; make sure no rank outlived it.
+            leftovers = [pid for pid in state.pids() if _alive(pid)]
+            if leftovers:
+                terminate_tree(proc, leftovers)
+    if aborted is not None:
+        _cleanup(run_dir, keep=False)
+        raise aborted
+
+    tail_text = _log_tail(log_path)
+    first_error = state.first_error
+    if timed_out and first_error is None:
+        first_error = RankError(None, f"timeout={timeout}: the ranks did not finish in time; "
+                                      "all were stopped", tail_text[-LOG_TAIL_CHARS:])
+    finished = all(state.final.get(r) is not None for r in range(ranks))
+    launcher_failed = proc.returncode not in (0, None) or not finished
+    if first_error is None and launcher_failed and not (state.preempted and finished):
+        first_error = RankError(
+            None,
+            f"the {launcher} launcher exited with status {proc.returncode} before every "
+            "rank finished",
+            tail_text,
+        )
+    result = _result(
+        config, state, ranks, launcher, command, proc.returncode, first_error, timed_out,
+        tail_text, run_dir,
+    )
+    keep = result.checkpoint_dir is not None and Path(result.checkpoint_dir).is_relative_to(
+        run_dir
+    )
+    _cleanup(run_dir, keep=keep)
+    return result
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cleanup(run_dir: Path, *, keep: bool) -> None:
+    if keep:
+        for name in ("events", "config.json", "launcher.log"):
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+class _LaunchState:
+    def __init__(self, ranks: int, on_record: Callable[[StepRecord], None] | None) -> None:
+        self.ranks = ranks
+        self.on_record = on_record
+        self.records: dict[int, list[StepRecord]] = {r: [] for r in range(ranks)}
+        self.hello: dict[int, dict[str, Any]] = {}
+        self.ready: dict[int, dict[str, Any]] = {}
+        self.final: dict[int, dict[str, Any]] = {}
+        self.checkpoints: dict[int, dict[str, Any]] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.first_error: RankError | None = None
+        self.preempted = False
+
+    def pids(self) -> list[int]:
+        return [int(h["pid"]) for h in self.hello.values() if h.get("pid")]
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        kind, rank = msg.get("type"), int(msg.get("rank", -1))
+        if kind == "hello":
+            self.hello[rank] = msg
+        elif kind == "ready":
+            self.ready[rank] = msg
+        elif kind == "record":
+            record = StepRecord.from_dict(msg["record"])
+            self.records.setdefault(rank, []).append(record)
+            if self.on_record is not None:
+                self.on_record(record)
+        elif kind == "checkpoint":
+            self.checkpoints[rank] = msg
+        elif kind == "final":
+            self.final[rank] = msg
+            if msg.get("preempted"):
+                self.preempted = True
+        elif kind == "error":
+            self.errors.append(msg)
+            if self.first_error is None:
+                first = min(self.errors, key=lambda m: float(m.get("wall_time") or 0))
+                self.first_error = RankError(
+                    int(first["rank"]), str(first.get("message", "")),
+                    str(first.get("traceback", "")),
+                )
+
+
+class _SigtermForward:
+    """While a launch runs on the main thread, a SIGTERM to this process is passed on to
+    the ranks (they checkpoint and exit) instead of killing this process."""
+
+    def __init__(self, state: _LaunchState) -> None:
+        self.state = state
+        self.pending = False
+        self.sent = False
+        self._previous: Any = None
+        self._installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(signal.SIGTERM, self._handler)
+        self._installed = True
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.pending = True
+
+    def forward(self) -> None:
+        self.pending = False
+        if self.sent:
+            return
+        pids = self.state.pids()
+        if len(pids) < self.state.ranks:
+            return  # not every rank has started; try again on the next poll
+        self.sent = True
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False
+
+
+def _predictions(config: TrainConfig, n_params: int | None, ranks: int) -> tuple[Any, Any]:
+    if not n_params:
+        return None, None
+    from workbench.estimate import estimate_memory
+
+    out = []
+    for accounting in ("deepspeed", "paper"):
+        e = estimate_memory(
+            n_params=n_params,
+            precision=str(config.precision),
+            optimizer=str(config.optimizer),
+            zero_stage=int(config.zero_stage),
+            gpus=ranks,
+            offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,
+            offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
+            accounting=accounting,
+        )
+        out.append({
+            "params_bytes": e.params_bytes,
+            "grads_bytes": e.grads_bytes,
+            "optimizer_bytes": e.optimizer_bytes,
+            "cpu_offload_bytes": e.cpu_offload_bytes,
+        })
+    return out[0], out[1]
+
+
+def _result(
+    config: TrainConfig, state: _LaunchState, ranks: int, launcher: str, command: list[str],
+    returncode: int | None, first_error: RankError | None, timed_out: bool, log_tail: str,
+    run_dir: Path,
+) -> LaunchResult:
+    n_params = next((int(m["n_params"]) for m in state.ready.values() if m.get("n_params")), None)
+    predicted, paper = _predictions(config, n_params, ranks)
+    reports = []
+    for r in range(ranks):
+        final = state.final.get(r) or {}
+        reports.append(RankReport(
+            rank=r,
+            records=tuple(state.records.get(r, [])),
+            params_bytes=final.get("params_bytes"),
+            grads_bytes=final.get("grads_bytes"),
+            optimizer_bytes=final.get("optimizer_bytes"),
+            predicted=predicted,
+            predicted_paper=paper,
+            pid=(state.hello.get(r) or {}).get("pid"),
+        ))
+    ckpt_dir = ckpt_step = None
+    if state.checkpoints:
+        steps = {int(m["step"]) for m in state.checkpoints.values()}
+        ckpt_step = min(steps)
+        path = Path(next(iter(state.checkpoints.values()))["path"])
+        ckpt_dir = str(path.parent.parent)  # <dir>/rank-<r>/step-N.pt
+    return LaunchResult(
+        ranks=tuple(reports), world_size=ranks, launcher=launcher, command=tuple(command),
+        returncode=returncode, first_error=first_error, timed_out=timed_out,
+        preempted=state.preempted, checkpoint_dir=ckpt_dir, checkpoint_step=ckpt_step,
+        n_params=n_params, log_tail=log_tail,
+        run_dir=str(run_dir) if ckpt_dir and Path(ckpt_dir).is_relative_to(run_dir) else None,
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+# TrainConfig field -> (flag, kind). Flags left out keep the config's (or default) value.
+_CLI_FIELDS: dict[str, tuple[str, str]] = {
+    "precision": ("--precision", "str"),
+    "optimizer": ("--optimizer", "str"),
+    "micro_batch": ("--micro-batch", "int"),
+    "grad_accum": ("--grad-accum", "int"),
+    "lr": ("--lr", "float"),
+    "zero_stage": ("--zero", "int"),
+    "offload_optimizer": ("--offload-optimizer", "str"),
+    "offload_params": ("--offload-params", "str"),
+    "nvme_path": ("--nvme-path", "str"),
+    "seed": ("--seed", "int"),
+    "device": ("--device", "str"),
+}
+
+
+def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Arguments of `workbench launch`; returns its runner."""
+    parser.description = (
+        "Train one config on N local ranks (torchrun or DeepSpeed's launcher) and show "
+        "each rank's measured model-state memory next to the estimator's prediction."
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument("--ranks", default="2", metavar="N", help="local ranks (2)")
+    run.add_argument("--steps", default="3", metavar="N", help="train to this step (3)")
+    run.add_argument("--model", default="tiny-gpt",
+                     help="tiny-gpt, mlp, cnn or a factory 'pkg.module:function' (tiny-gpt)")
+    run.add_argument("--model-options", default=None, metavar="JSON",
+                     help='options of the built-in model, e.g. \'{"layers": 2}\'')
+    run.add_argument("--launcher", default="torchrun", help="torchrun or deepspeed (torchrun)")
+    run.add_argument("--checkpoint-dir", default=None, help="where a SIGTERM checkpoint goes")
+    run.add_argument("--resume", default=None, metavar="DIR",
+                     help="continue from the checkpoints in DIR (rank-<r>/step-N.pt)")
+    run.add_argument("--timeout", default=None, metavar="SECONDS")
+    run.add_argument("--threads", default=None, metavar="N", help="torch threads per rank")
+    cfg = parser.add_argument_group("training settings (TrainConfig)")
+    cfg.add_argument("--config", default=None, metavar="DS_CONFIG.json",
+                     help="a DeepSpeed JSON config (imported; other flags override it)")
+    cfg.add_argument("--precision", help="fp32, amp-bf16, fp16, bf16 (fp32)")
+    cfg.add_argument("--optimizer", help="adamw, adam, sgd, sgd-nomomentum (adamw)")
+    cfg.add_argument("--micro-batch", metavar="B")
+    cfg.add_argument("--grad-accum", metavar="N")
+    cfg.add_argument("--lr")
+    cfg.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
+    cfg.add_argument("--offload-optimizer", metavar="DEVICE", help="none, cpu, nvme")
+    cfg.add_argument("--offload-params", metavar="DEVICE", help="none, cpu, nvme (stage 3)")
+    cfg.add_argument("--nvme-path", metavar="DIR")
+    cfg.add_argument("--seed")
+    cfg.add_argument("--device", help="auto, cpu, cuda (auto)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--print-command", action="store_true",
+                     help="print the launch commands (one node, several nodes) and exit")
+    return lambda args: run_launch(args, parser)
+
+
+def _number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
+    try:
+        return int(text) if kind == "int" else float(text)
+    except ValueError:
+        what = "an integer" if kind == "int" else "a number"
+        problems.append(f"{flag} {text}: must be {what}")
+        return None
+
+
+def _cli_config(args: argparse.Namespace, ranks: int | None) -> tuple[TrainConfig | None, list[str]]:
+    problems: list[str] = []
+    base = TrainConfig()
+    if args.config is not None:
+        from workbench.dsconfig import import_deepspeed
+
+        try:
+            imported = import_deepspeed(args.config, world_size=ranks)
+        except (ValueError, OSError) as exc:
+            return None, [f"--config {args.config}: " + " ".join(str(exc).split())]
+        base = imported.config
+        for w in imported.warnings:
+            print(f"workbench launch: warning: {w}", file=sys.stderr)
+    changes: dict[str, Any] = {}
+    for name, (flag, kind) in _CLI_FIELDS.items():
+        text = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if text is None:
+            continue
+        changes[name] = text if kind == "str" else _number(text, kind, flag, problems)
+    if problems:
+        return None, problems
+    try:
+        return base.replace(**changes), []
+    except ValueError as exc:
+        flags = {name: flag for name, (flag, _) in _CLI_FIELDS.items()}
+        lines = [ln.strip(" -") for ln in str(exc).splitlines()]
+        lines = [ln.removeprefix("invalid setting: ") for ln in lines if ln and "invalid settings" not in ln]
+        out = []
+        for ln in lines:
+            field_name = ln.split("=", 1)[0]
+            out.append(f"{flags[field_name]} ({ln})" if field_name in flags else ln)
+        return None, out
+
+
+def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run `workbench launch` on parsed arguments; returns the exit status."""
+    problems: list[str] = []
+    ranks = _number(args.ranks, "int", "--ranks", problems)
+    steps = _number(args.steps, "int", "--steps", problems)
+    timeout = None if args.timeout is None else _number(args.timeout, "float", "--timeout", problems)
+    threads = None if args.threads is None else _number(args.threads, "int", "--threads", problems)
+    if args.launcher not in LAUNCHERS:
+        problems.append(f"--launcher {args.launcher}: must be one of {', '.join(LAUNCHERS)}")
+    options = None
+    if args.model_options is not None:
+        try:
+            options = json.loads(args.model_options)
+            if not isinstance(options, dict):
+                raise ValueError
+        except ValueError:
+            problems.append(f"--model-options {args.model_options}: must be a JSON object")
+    if problems:
+        parser.error("; ".join(problems))
+    config, cfg_problems = _cli_config(args, ranks)
+    if cfg_problems or config is None:
+        parser.error("; ".join(cfg_problems))
+    assert config is not None
+    flag_of = {"ranks": "--ranks", "steps": "--steps", "model": "--model",
+               "launcher": "--launcher", "timeout": "--timeout", "resume": "--resume",
+               "threads": "--threads", "model_options": "--model-options"}
+    if args.print_command:
+        try:
+            _validate(config, ranks, args.model, steps, args.launcher, timeout, None, options)
+        except ValueError as exc:
+            parser.error(_flagged(str(exc), flag_of))
+        worker = _worker_args("CONFIG.json", args.model, options or {}, steps, "RUN_DIR/events",
+                              args.checkpoint_dir, args.resume, None if args.resume is None else 0,
+                              threads)
+        if args.resume is not None:
+            i = worker.index("--resume-step")
+            del worker[i:i + 2]
+        print(print_commands(args.launcher, ranks, worker))
+        print("# CONFIG.json: " + json.dumps(config.to_dict()))
+        return 0
+
+    def progress(record: StepRecord) -> None:
+        if not args.json:
+            print(f"rank {record.rank} step {record.step} loss {record.loss:.4f} "
+                  f"({record.step_seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+
+    try:
+        result = launch_ranks(
+            config, ranks=ranks, model=args.model, steps=steps, launcher=args.launcher,
+            resume=args.resume, checkpoint_dir=args.checkpoint_dir, on_record=progress,
+            timeout=timeout, model_options=options, threads=threads,
+        )
+    except ValueError as exc:
+        parser.error(_flagged(str(exc), flag_of))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(_table(result))
+    if result.first_error is not None:
+        err = result.first_error
+        print(f"workbench launch: {err}", file=sys.stderr)
+        if err.traceback_tail:
+            print(err.traceback_tail.rstrip(), file=sys.stderr)
+        return 1
+    if result.preempted:
+        print(
+            f"workbench launch: stopped by SIGTERM at step {result.checkpoint_step}; "
+            f"continue with --resume {result.checkpoint_dir}", file=sys.stderr,
+        )
+        return EXIT_PREEMPTED
+    return 0
+
+
+def _flagged(message: str, flag_of: dict[str, str]) -> str:
+    text = " ".join(message.split())
+    for name, flag in flag_of.items():
+        if text.startswith(f"{name}="):
+            return f"{flag} ({text})"
+    return text
+
+
+def _table(result: LaunchResult) -> str:
+    def kib(v: int | None) -> str:
+        return "-" if v is None else f"{v / 1024:,.1f}"
+
+    head = ["rank", "steps", "last loss", "params KiB", "pred", "grads KiB", "pred",
+            "optimizer KiB", "pred"]
+    rows = []
+    for r in result.ranks:
+        p = r.predicted or {}
+        s = r.summary()
+        rows.append([
+            str(r.rank), str(s.get("last_step", 0)),
+            "-" if "last_loss" not in s else f"{s['last_loss']:.4f}",
+            kib(r.params_bytes), kib(p.get("params_bytes")),
+            kib(r.grads_bytes), kib(p.get("grads_bytes")),
+            kib(r.optimizer_bytes), kib(p.get("optimizer_bytes")),
+        ])
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    lines = [
+        f"{result.world_size} ranks ({result.launcher}), {result.n_params or '?'} parameters; "
+        "measured from each rank's tensors vs predicted (accounting='deepspeed')"
+    ]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *rows]]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m workbench.train.launch ...`: the same as `workbench launch ...`."""
+    from workbench.cli import _Parser
+
+    parser = _Parser(prog="workbench launch")
+    runner = add_parser(parser)
+    return runner(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
