@@ -264,3 +264,30 @@ def test_cli_imports_a_deepspeed_config(tmp_path: Path, capsys: pytest.CaptureFi
         main(["--config", str(bad), "--ranks", "2", "--print-command"])
     assert info.value.code == 2
     assert "--config" in capsys.readouterr().err
+
+
+def test_cli_forwards_sigterm_to_the_ranks_and_exits_143(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "2",
+         "--steps", "400", "--device", "cpu", "--micro-batch", "4", "--model", "mlp",
+         "--model-options", json.dumps(MLP), "--checkpoint-dir", str(ckpt)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # progress: "rank R step S loss ..."
+            if line.startswith("rank ") and " step " in line:
+                proc.send_signal(signal.SIGTERM)  # the notice goes to `workbench launch`
+                break
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert f"continue with --resume {ckpt}" in err
+    assert "measured from each rank's tensors vs predicted" in out  # the human table
+    steps = [sorted(p.name for p in (ckpt / f"rank-{r}").iterdir()) for r in (0, 1)]
+    assert steps[0] == steps[1] and len(steps[0]) == 1
+    assert rank_workers() == []

@@ -54,7 +54,7 @@ from workbench.train.records import StepRecord
 LAUNCHERS = ("torchrun", "deepspeed")
 WORKER_MODULE = "workbench.train.rank_worker"
 POLL_SECONDS = 0.05
-KILL_GRACE_SECONDS = 2.0
+KILL_GRACE_SECONDS = 5.0  # SIGTERM lets a rank release a build lock (JIT ops) before SIGKILL
 LOG_TAIL_CHARS = 3000
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped early, checkpoint written
 _DIST_ENV = (
