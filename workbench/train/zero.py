@@ -546,7 +546,13 @@ class DeepSpeedBackend:
         if self._layout == "zero12":
             total = 0
             for group in getattr(opt, "averaged_gradients", {}).values():
-                total += sum(_nbytes(g) for g in group if g is not None)
+                if group is not None:  # None between steps, and always under CPU offload
+                    total += sum(_nbytes(g) for g in group if g is not None)
+            if getattr(opt, "cpu_offload", False):
+                # ZeRO-Offload: the gradient partition is the fp32 master partition's .grad
+                # (host memory), filled during backward.
+                for t in getattr(opt, "single_partition_of_fp32_groups", None) or []:
+                    total += _nbytes(getattr(t, "grad", None))
             return total
         total = _nbytes(getattr(opt, "grad_partitions_flat_buffer", None))
         for bucket in getattr(opt, "ipg_buckets", {}).values():
