@@ -175,3 +175,23 @@ def test_a_change_that_fails_to_apply_is_rolled_back(monkeypatch, tiny):
         # a later valid change still works
         s.update(lr=1e-3)
         assert s.run(1)[0].changes == {"lr": 0.001}
+
+
+def test_amp_fp16_overflow_steps_are_skipped_and_counted(tiny):
+    cfg = TrainConfig(micro_batch=4, precision="amp-fp16", loss_scale_init=1e12,
+                      loss_scale_backoff=1e-3)
+    with Session(cfg, model_options=tiny) as s:
+        before = {k: v.clone() for k, v in s.model.state_dict().items()}
+        first = s.run(1)[0]
+        assert first.skipped and first.scale == pytest.approx(1e9)
+        for k, v in s.model.state_dict().items():
+            assert torch.equal(v, before[k]), k  # the overflowing step was not applied
+        recs = s.run(6)
+        assert s.state == "idle"  # overflow is not a fault: no pause
+        skipped = [first, *recs]
+        n_skipped = sum(r.skipped for r in skipped)
+        assert 1 <= n_skipped < 7 and not skipped[-1].skipped
+        assert s.backend.overflow_steps == n_skipped
+        scales = [r.scale for r in skipped]
+        assert scales[n_skipped - 1] < 65504  # backed off into fp16 range
+        assert all(math.isfinite(r.loss) for r in skipped)

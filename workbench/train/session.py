@@ -402,6 +402,12 @@ class Session:
                 "backend (workbench.train.zero), which this installation does not have; use "
                 "precision fp32, amp-bf16 or amp-fp16 with zero_stage=0"
             )
+        if (config.uses_deepspeed or self.world_size > 1) and prec is Precision.AMP_FP16:
+            p.append(
+                "precision='amp-fp16': the DeepSpeed backend (zero_stage >= 1 or several ranks) "
+                "does not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
+                "fp16) or 'amp-bf16'"
+            )
         reason = amp_supported(prec, self.device.type)
         if reason:
             p.append(f"precision={prec.value!r}: not available on {self.device.type}: {reason}")
