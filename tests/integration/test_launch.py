@@ -178,6 +178,24 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
         launch_ranks(TrainConfig(**CPU), **args)
 
 
+def test_more_ranks_than_gpus_is_refused() -> None:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=f"ranks={gpus + 1}: this machine has {gpus} CUDA"):
+        launch_ranks(TrainConfig(device="cuda", micro_batch=4), ranks=gpus + 1, model="mlp",
+                     steps=1)
+
+
+def test_timeout_stops_every_rank() -> None:
+    result = launch_ranks(TrainConfig(**CPU), ranks=2, model="mlp", model_options=MLP,
+                          steps=10**6, timeout=8)
+    assert result.timed_out and not result.ok
+    assert result.first_error is not None and result.first_error.rank is None
+    assert "timeout=8" in result.first_error.message
+    assert rank_workers() == []
+
+
 def test_fp16_on_cpu_is_refused() -> None:
     with pytest.raises(ValueError, match="fp16.*CPU"):
         launch_ranks(TrainConfig(precision="fp16", **CPU), ranks=2, model="mlp", steps=1)

@@ -652,12 +652,13 @@ class _SigtermForward:
         self.pending = True
 
     def forward(self) -> None:
-        self.pending = False
         if self.sent:
+            self.pending = False
             return
         pids = self.state.pids()
         if len(pids) < self.state.ranks:
-            return  # not every rank has started; try again on the next poll
+            return  # not every rank has started; stays pending for the next poll
+        self.pending = False
         self.sent = True
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
