@@ -34,10 +34,9 @@ B = roundup64(min(5e8, Ψ)):
 
 Offload: optimizer offload (stages 1-3) moves the gradient partition and the optimizer
 column to host memory (`cpu_offload_bytes`); the stage-3 reduce bucket stays on the
-device. Parameter offload (stage 3) moves the parameter partition. Stage 1 in DeepSpeed
-also holds full gradients in `param.grad` during backward until they are reduced at the
-accumulation boundary; like the paper's accounting this counts the steady state at the
-optimizer step.
+device. Parameter offload (stage 3) moves the parameter partition. The figures are the
+tensors alive at the optimizer step (what `DeepSpeedBackend.model_state_bytes()` counts);
+buffers that live only during backward are not counted, as in the paper's accounting.
 
 Pure Python: imports no torch.
 """
