@@ -322,11 +322,14 @@ def _check_out_dir(out_dir: Any, problems: list[str]) -> Path | None:
 
 # --------------------------------------------------------------------------- writing
 def _write(job: _Job) -> None:
-    """Write every file into a temporary directory, then move them into `job.out`."""
+    """Write every file into a temporary directory next to `job.out`, then move them into
+    place; on failure remove what was created (ExportError naming out_dir)."""
     out = job.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    missing = [p for p in (out, *out.parents) if not p.exists()]
+    tmp: Path | None = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         for name, text in job.files.items():
             path = tmp / name
             path.write_text(text)
@@ -336,14 +339,21 @@ def _write(job: _Job) -> None:
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)
         if not out.exists():
-            with contextlib.suppress(OSError):
-                tmp.rename(out)  # one atomic step when out_dir is new
-                return
-        out.mkdir(exist_ok=True)
+            tmp.rename(out)  # one atomic step when out_dir is new
+            return
         for name in job.files:
             os.replace(tmp / name, out / name)  # each file complete or not there
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for p in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise ExportError(
+            [f"out_dir={str(out)!r}: cannot write there ({exc.strerror or exc})"]
+        ) from exc
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -379,23 +389,27 @@ def _launch_sh(
     commands: dict[str, str],
 ) -> str:
     world = gpus * nodes
-    node_word = "node" if nodes == 1 else "nodes"
+    if nodes == 1:
+        several = f"""# One node with torchrun instead of DeepSpeed's launcher:
+#   {commands["torchrun"]}
+# Several nodes: re-export with `workbench export --format deepspeed --nodes M --hostfile FILE`
+# (train_batch_size = micro-batch x grad-accum x world size changes with the world size)."""
+    else:
+        several = f"""# DeepSpeed's launcher runs every rank from this node over ssh (hostfile: one
+# 'HOSTNAME slots=GPUS' line per node; this directory at the same path on every node).
+# With torchrun instead, run on every node (NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0):
+#   {commands["multinode_torchrun"]}"""
     return f"""#!/usr/bin/env bash
 # {_describe(config, model)}
-# world size {world} ({gpus} GPU(s) x {nodes} {node_word}); exported by `workbench export --format deepspeed`.
+# world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format deepspeed`.
 # Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.
 set -euo pipefail
 cd "$(dirname "$0")"
 exec {primary} "$@"
 
-# One node with torchrun instead of DeepSpeed's launcher:
-#   {commands["torchrun"]}
-# Several nodes with DeepSpeed's launcher (hostfile: one 'HOSTNAME slots=GPUS' line per node,
-# passwordless ssh between them, this directory at the same path on every node):
-#   {commands["multinode"]}
-# Several nodes with torchrun (run on every node; NODE_RANK 0..{max(nodes, 2) - 1}, MASTER_ADDR = node 0):
-#   {commands["multinode_torchrun"]}
-# One process without any launcher (sets up rank 0 of 1 itself; CPU works with gloo):
+{several}
+# One process without any launcher (rank 0 of 1, set up by the script; CPU works with gloo),
+# for a config exported with --gpus 1:
 #   python {SCRIPT_NAME} --deepspeed_config {CONFIG_NAME} --steps 2
 """
 
@@ -749,19 +763,22 @@ def _read(text: str, kind: str) -> Any:
 
 
 def _as_flags(line: str, raw: dict[str, str]) -> str:
-    """A TrainConfig/export problem line with field names written as the CLI's flags."""
+    """A TrainConfig/export problem line with field names written as the CLI's flags and
+    the values as typed."""
     m = re.match(r"^(\w+)=", line)
-    if m and (m.group(1) in _CONFIG_FLAGS or m.group(1) in _EXPORT_FLAGS):
-        field_name = m.group(1)
-        flag = _CONFIG_FLAGS.get(field_name, (_EXPORT_FLAGS.get(field_name, ""), ""))[0]
+    flags = {**{k: v[0] for k, v in _CONFIG_FLAGS.items()}, **_EXPORT_FLAGS}
+    if m and m.group(1) in flags:
+        name = m.group(1)
         rest = line[m.end():]
-        if field_name in raw:  # the value as typed
-            value_end = rest.find(": ")
-            rest = (" " + raw[field_name] + rest[value_end:]) if value_end >= 0 else " " + rest
-        else:
-            rest = " " + rest
-        line = flag + rest
-    for name, (flag, _kind) in _CONFIG_FLAGS.items():
+        cut = rest.find(": ")
+        value, rest = (rest[:cut], rest[cut:]) if cut >= 0 else (rest, "")
+        if name in raw:
+            value = raw[name]
+        value = value.strip("'\"")
+        line = flags[name] + ("" if value == "None" else " " + value) + rest
+    line = re.sub(r"^model_options\['(\w+)'\]=", r"--model-option \1=", line)
+    line = re.sub(r"^model_options ", "--model-option ", line)
+    for name, flag in flags.items():
         line = re.sub(rf"\b{name}=", f"{flag} ", line)
     return line
 
@@ -801,25 +818,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     warns: tuple[str, ...] = ()
     config: TrainConfig | None = None
     if args.config is not None:
-        from workbench.dsconfig import import_deepspeed
-
-        world_ok = gpus is not None and _is_int(gpus) and _is_int(nodes) and gpus >= 1
-        try:
-            imported = import_deepspeed(
-                args.config, world_size=gpus * nodes if world_ok else None
-            )
-        except ValueError as exc:
-            problems.append(f"--config {args.config}: {_one_line(exc)}")
-        else:
-            warns = imported.warnings
-            config = imported.config
-            if gpus is None and _is_int(nodes) and nodes >= 1:
-                if imported.world_size % nodes:
-                    problems.append(
-                        f"--nodes {args.nodes}: the config's batch keys imply world size "
-                        f"{imported.world_size}, not a multiple of {nodes} nodes; give --gpus"
-                    )
-                gpus = max(1, imported.world_size // nodes)
+        config, gpus, warns = _import_config(args, gpus, nodes, problems)
     if gpus is None:
         gpus = 1
     if args.config is None or config is not None:
@@ -846,6 +845,60 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _size(n: int) -> str:
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit:
+            return f"{n / unit:,.2f} {name}"
+    return f"{n} B"
+
+
+def _import_config(
+    args: argparse.Namespace, gpus: Any, nodes: Any, problems: list[str]
+) -> tuple[TrainConfig | None, Any, tuple[str, ...]]:
+    """(config, gpus, warnings) from `--config`. Without --gpus the world size is the one
+    the batch keys imply. With --gpus, batch keys that fix micro-batch and accumulation
+    keep them (train_batch_size follows the new world size, with a warning); otherwise
+    the missing one is solved for the new world size."""
+    from workbench.dsconfig import import_deepspeed
+
+    try:
+        imported = import_deepspeed(args.config)
+    except ValueError as exc:
+        problems.append(f"--config {args.config}: {_one_line(exc)}")
+        return None, gpus, ()
+    warns = list(imported.warnings)
+    if not (_is_int(nodes) and nodes >= 1):
+        return imported.config, gpus, tuple(warns)
+    if gpus is None:
+        if imported.world_size % nodes:
+            problems.append(
+                f"--nodes {args.nodes}: the config's batch keys imply world size "
+                f"{imported.world_size}, not a multiple of {nodes} nodes; give --gpus"
+            )
+        return imported.config, max(1, imported.world_size // nodes), tuple(warns)
+    if not (_is_int(gpus) and gpus >= 1) or gpus * nodes == imported.world_size:
+        return imported.config, gpus, tuple(warns)
+    with open(args.config) as f:
+        raw = json.load(f)
+    batch_keys = ("train_batch_size", "train_micro_batch_size_per_gpu",
+                  "gradient_accumulation_steps")
+    if all(k in raw for k in batch_keys):
+        c = imported.config
+        warns.append(
+            f"train_batch_size={raw['train_batch_size']}: was for world size "
+            f"{imported.world_size}; exported for world size {gpus * nodes}: "
+            f"{c.micro_batch} x {c.grad_accum} x {gpus * nodes} = "
+            f"{c.effective_batch_size(gpus * nodes)}"
+        )
+        return c, gpus, tuple(warns)
+    try:
+        imported = import_deepspeed(args.config, world_size=gpus * nodes)
+    except ValueError as exc:
+        problems.append(f"--config {args.config}: {_one_line(exc)}")
+        return None, gpus, ()
+    return imported.config, gpus, imported.warnings
+
+
 def _export_raw(args: argparse.Namespace) -> dict[str, str]:
     raw = {"gpus": args.gpus, "nodes": args.nodes, "hostfile": args.hostfile,
            "model": args.model, "out_dir": args.out, "steps": args.steps}
@@ -864,22 +917,24 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
     ]
     e = result.estimate
     if e is not None:
-        gib = float(1 << 30)
-        parts = [f"params {e.params_bytes / gib:.3f}", f"grads {e.grads_bytes / gib:.3f}",
-                 f"optimizer {e.optimizer_bytes / gib:.3f}"]
+        parts = [f"params {_size(e.params_bytes)}", f"grads {_size(e.grads_bytes)}",
+                 f"optimizer states {_size(e.optimizer_bytes)}"]
         if e.activation_bytes is not None:
-            parts.append(f"activations {e.activation_bytes / gib:.3f}")
-        line = f"estimated per GPU, GiB: {', '.join(parts)}; total {e.total_bytes / gib:.3f}"
+            parts.append(f"activations {_size(e.activation_bytes)}")
+        line = f"estimated per GPU: {', '.join(parts)}; total {_size(e.total_bytes)}"
         if e.cpu_offload_bytes:
-            line += f"; offloaded to CPU {e.cpu_offload_bytes / gib:.3f}"
+            line += f"; offloaded to CPU {_size(e.cpu_offload_bytes)}"
         lines.append(line)
-    lines += [
-        f"run (in {result.out_dir}):",
-        f"  {result.command}",
-        f"  or: bash {shlex.quote(result.launch_path)}",
-        f"  torchrun: {result.torchrun_command}",
-        f"  several nodes: {result.multinode_command}",
-    ]
+    lines += [f"run (in {result.out_dir}):", f"  {result.command}",
+              f"  or: bash {shlex.quote(result.launch_path)}"]
+    if result.nodes == 1:
+        lines += [
+            f"  or: {result.torchrun_command}",
+            "  several nodes: re-export with --nodes M --hostfile FILE (train_batch_size grows "
+            "with the world size)",
+        ]
+    else:
+        lines.append(f"  or, torchrun on every node: {result.multinode_torchrun_command}")
     if result.hostfile_path in result.paths:
         lines.append(f"  edit {result.hostfile_path}: one 'HOSTNAME slots=GPUS' line per node")
     return "\n".join(lines)

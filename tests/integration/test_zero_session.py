@@ -1,0 +1,193 @@
+"""Session on the real DeepSpeed engine in this process (CPU, gloo): ZeRO stages 0-3,
+live stage switches at step boundaries, RSS over repeated switches, a failed engine
+build, and teardown."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import psutil
+import pytest
+import torch
+
+from workbench import Session, TrainConfig
+from workbench.train import zero
+from workbench.train.plain import PlainBackend
+from workbench.train.records import StepRecord
+from workbench.train.zero import DeepSpeedBackend
+
+MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 512}
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def config(**kw: object) -> TrainConfig:
+    base: dict[str, object] = {"micro_batch": 8, "grad_accum": 2, "lr": 1e-2, "seed": 1}
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def session(**kw: object) -> Session:
+    return Session(config(**kw), model="mlp", model_options=dict(MLP))
+
+
+def losses(records: list[StepRecord]) -> list[float]:
+    return [r.loss for r in records]
+
+
+def switch_after(s: Session, step: int, **changes: object) -> None:
+    """Queue `changes` from the training thread right after record `step`: the loop is
+    active then, so they are applied at the next step boundary."""
+
+    def callback(record: StepRecord) -> None:
+        if record.step == step:
+            s.update(**changes)
+
+    s.on_record(callback)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_session_trains_each_zero_stage_in_this_process(stage: int) -> None:
+    with session(zero_stage=stage) as s:
+        backend = s.backend
+        if stage == 0:
+            assert isinstance(backend, PlainBackend)
+        else:
+            assert isinstance(backend, DeepSpeedBackend)
+            assert backend.engine.zero_optimization_stage() == stage
+            assert torch.distributed.is_initialized()
+            assert torch.distributed.get_world_size() == 1
+        records = s.run(optimizer_steps=8)
+        assert [r.zero_stage for r in records] == [stage] * 8
+        assert all(r.world_size == 1 and not r.skipped for r in records)
+        assert all(r.grad_norm is not None and r.grad_norm > 0 for r in records)
+        first = records[0]
+        assert first.params_bytes and first.grads_bytes and first.optimizer_bytes
+        assert sum(losses(records[-3:])) < sum(losses(records[:3]))  # it learns
+    assert not torch.distributed.is_initialized()
+
+
+def test_all_stages_follow_the_same_loss_curve() -> None:
+    """One rank, fp32: ZeRO only changes where states live, not the arithmetic."""
+    curves = []
+    for stage in (0, 1, 2, 3):
+        with session(zero_stage=stage) as s:
+            curves.append(losses(s.run(optimizer_steps=4)))
+    for curve in curves[1:]:
+        assert curve == pytest.approx(curves[0], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize(("start", "to"), [(1, 3), (3, 1), (0, 2), (2, 0)])
+def test_live_switch_while_running_matches_a_run_that_never_switched(start: int, to: int) -> None:
+    with session(zero_stage=start) as ref:
+        expected = losses(ref.run(optimizer_steps=6))
+    with session(zero_stage=start) as s:
+        switch_after(s, 3, zero_stage=to)
+        s.start(optimizer_steps=6)
+        assert s.wait(timeout=300) == "idle"
+        records = s.history
+        assert [r.zero_stage for r in records] == [start] * 3 + [to] * 3
+        assert records[3].changes == {"zero_stage": to}
+        assert all(r.changes == {} for r in records[:3] + records[4:])
+        assert [e.kind for e in s.events if e.kind.startswith("change")] == ["change"]
+        assert s.config.zero_stage == to
+        if to:
+            assert isinstance(s.backend, DeepSpeedBackend)
+            assert s.backend.engine.zero_optimization_stage() == to
+        else:
+            assert isinstance(s.backend, PlainBackend)
+            assert not torch.distributed.is_initialized()  # the last engine gave it back
+        got = losses(records)
+    assert got[:3] == pytest.approx(expected[:3], rel=1e-6, abs=1e-8)
+    # the first loss after the switch, and the ones after it
+    assert got[3:] == pytest.approx(expected[3:], rel=1e-5, abs=1e-7)
+
+
+def test_update_between_runs_switches_offload_and_bf16_and_continues() -> None:
+    with session(zero_stage=1) as ref:
+        expected = losses(ref.run(optimizer_steps=5))
+    with session(zero_stage=1) as s:
+        got = losses(s.run(optimizer_steps=3))
+        s.update(zero_stage=2, offload_optimizer="cpu")  # idle: applied before it returns
+        assert s.config.offload_optimizer == "cpu" and s.config.zero_stage == 2
+        recs = s.run(optimizer_steps=2)
+        assert recs[0].changes == {"zero_stage": 2, "offload_optimizer": "cpu"}
+        got += losses(recs)
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
+        # bf16 changes the arithmetic: only check that it trains on from the carried weights
+        s.update(precision="bf16", zero_stage=3, offload_optimizer="none")
+        recs = s.run(optimizer_steps=2)
+        assert recs[0].precision == "bf16" and recs[0].zero_stage == 3
+        assert recs[0].loss == pytest.approx(got[-1], rel=0.1)  # not a restart from scratch
+        n = sum(p.ds_numel for p in s.model.parameters())  # ZeRO-3: full size in ds_numel
+        assert s.backend.model_state_bytes().params_bytes == 2 * n  # bf16 weights, one rank
+
+
+def test_rss_after_ten_switches_stays_within_ten_percent_of_the_first() -> None:
+    proc = psutil.Process()
+    with session(zero_stage=1) as s:
+        s.run(optimizer_steps=1)
+        rss: list[int] = []
+        stages = [2, 3, 1] * 4
+        for i in range(10):
+            s.update(zero_stage=stages[i])
+            rec = s.run(optimizer_steps=1)[0]
+            assert rec.zero_stage == stages[i] and rec.changes == {"zero_stage": stages[i]}
+            gc.collect()
+            rss.append(proc.memory_info().rss)
+        assert torch.distributed.is_initialized()
+    assert not torch.distributed.is_initialized()
+    assert rss[-1] <= rss[0] * 1.10, [r // 2**20 for r in rss]
+
+
+def test_failed_engine_build_keeps_the_old_engine_training(monkeypatch) -> None:
+    with session(zero_stage=1) as ref:
+        expected = losses(ref.run(optimizer_steps=6))
+
+    real_build = DeepSpeedBackend._build
+
+    def build(self: DeepSpeedBackend, model: torch.nn.Module, state: object) -> None:
+        if self.config.zero_stage == 3:
+            raise RuntimeError("engine build failed on purpose")
+        real_build(self, model, state)  # type: ignore[arg-type]
+
+    with session(zero_stage=1) as s:
+        old = s.backend
+        monkeypatch.setattr(zero.DeepSpeedBackend, "_build", build)
+        switch_after(s, 3, zero_stage=3)
+        s.start(optimizer_steps=6)
+        assert s.wait(timeout=300) == "idle"
+        failed = [e for e in s.events if e.kind == "change-failed"]
+        assert len(failed) == 1
+        assert "engine build failed on purpose" in failed[0].message
+        assert "zero_stage" in failed[0].message and failed[0].severity == "error"
+        assert failed[0].details["changes"] == {"zero_stage": 3}
+        assert s.backend is old and s.config.zero_stage == 1 and s.pending_changes == {}
+        assert [r.zero_stage for r in s.history] == [1] * 6
+        assert losses(s.history) == pytest.approx(expected, rel=1e-6, abs=1e-8)
+        # when idle, the same failure raises at once and still changes nothing
+        with pytest.raises(ValueError, match="engine build failed on purpose"):
+            s.update(zero_stage=3)
+        assert s.backend is old and s.config.zero_stage == 1
+        assert torch.distributed.is_initialized()  # the failed build did not take the group
+        assert len(s.run(optimizer_steps=1)) == 1
+    assert not torch.distributed.is_initialized()
+
+
+def test_close_leaves_no_process_group_threads_or_environment(no_leaked_threads) -> None:
+    env = {k: os.environ.get(k) for k in DIST_ENV}
+    threads = set(threading.enumerate())
+    s = session(zero_stage=2)
+    s.start()  # runs until closed
+    s.update(zero_stage=3)  # a switch while running, so two engines were built
+    while len(s.history) < 4:
+        assert s.state == "running", s.events
+        threading.Event().wait(0.05)
+    s.close()
+    s.close()  # idempotent
+    assert s.state == "closed"
+    assert not torch.distributed.is_initialized()
+    assert {k: os.environ.get(k) for k in DIST_ENV} == env
+    assert [t.name for t in threading.enumerate() if t not in threads and t.is_alive()] == []
+    assert any(r.zero_stage == 3 for r in s.history)
