@@ -35,7 +35,7 @@ def test_control_change_reaches_the_session_and_the_charts(
     assert "grad_accum=8 queued" in panel.message_text
     session.step()  # the change takes effect at this step
     session.step()
-    panel.refresh()
+    panel.refresh(draw_now=True)
     assert session.config.grad_accum == 8
     assert "grad_accum=8" in panel.status_text
     data = panel.chart_data()
@@ -135,7 +135,7 @@ def test_buttons_and_wrong_states(panel: TrainingPanel, session: FakeSession) ->
     assert session.state == "running"
     b["stop"].click()
     assert session.state == "stopped"
-    panel.refresh()
+    panel.refresh(draw_now=True)
     assert panel.status_text.startswith("stopped")
 
 
@@ -164,7 +164,7 @@ def test_profile_runs_off_the_kernel_thread(panel: TrainingPanel) -> None:
 def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> None:
     for i in range(5):
         session.step(loss=2.0 - 0.1 * i, data_seconds=0.02, compute_seconds=0.08)
-    panel.refresh()
+    panel.refresh(draw_now=True)
     data = panel.chart_data()
     assert data["loss"] == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
     assert data["data_seconds"] == pytest.approx([0.02] * 5)
@@ -174,7 +174,7 @@ def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> No
     assert mem["labels"] == ["parameters", "gradients", "optimizer"]
     assert mem["measured"] == pytest.approx([4000, 4000, 8000])
     renders = panel.chart.renders
-    panel.refresh()  # nothing new: no redraw
+    panel.refresh(draw_now=True)  # nothing new: no redraw
     assert panel.chart.renders == renders
 
 
@@ -188,7 +188,7 @@ def test_measure_memory_button_draws_measured_vs_predicted(
     panel.buttons["memory"].click()
     panel.wait_for_tasks()
     assert "memory measured: parameters 3.0 MiB (predicted 3.0 MiB)" in panel.message_text
-    panel.refresh()
+    panel.refresh(draw_now=True)
     mem = panel.memory_chart_data()
     assert mem["labels"] == ["parameters", "gradients", "activations"]
     assert mem["measured"] == pytest.approx([3 << 20, 3 << 20, 5 << 20])
@@ -200,7 +200,7 @@ def test_settings_changed_elsewhere_show_in_the_controls(
 ) -> None:
     session.update(micro_batch=32)
     session.step()
-    panel.refresh()
+    panel.refresh(draw_now=True)
     assert panel.controls["micro_batch"].widget.value == "32"
     assert session.updates == [{"micro_batch": 32}]  # showing it did not send it back
 
@@ -210,7 +210,7 @@ def test_advice_apply_button_updates_the_session(
 ) -> None:
     for _ in range(8):  # the loop waits for data most of each step
         session.step(data_seconds=0.08, compute_seconds=0.02)
-    panel.refresh()
+    panel.refresh(draw_now=True)
     ids = [a.id for a in panel.advice]
     assert "data-loader-stall" in ids
     advice = next(a for a in panel.advice if a.id == "data-loader-stall")
@@ -248,3 +248,18 @@ def test_timer_refreshes_and_close_stops_it(session: FakeSession, no_leaked_thre
     assert not p.timer.running and p.closed
     bundle = p._repr_mimebundle_()  # closed: no widget view, the PNG remains
     assert "application/vnd.jupyter.widget-view+json" not in bundle and bundle["image/png"]
+
+
+def test_redraws_are_spaced_to_a_small_share_of_time(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    session.step()
+    panel.refresh(draw_now=True)
+    renders = panel.chart.renders
+    session.step()
+    panel.refresh()  # right after a draw: the redraw waits for its budget
+    assert panel.chart.renders == renders and panel.chart_data()["steps"] == [1.0]
+    assert "step 2" in panel.status_text  # text still follows every tick
+    panel._next_draw = 0.0  # the budget has passed
+    panel.refresh()
+    assert panel.chart.renders == renders + 1 and panel.chart_data()["steps"] == [1.0, 2.0]

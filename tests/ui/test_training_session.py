@@ -41,7 +41,7 @@ def test_live_change_is_applied_and_marked(session: Session, no_leaked_threads) 
         changed = lambda: [r for r in session.history if r.changes.get("grad_accum") == 3]  # noqa: E731
         _wait(lambda: bool(changed()), "a record carrying the change")
         step = changed()[0].step
-        panel.refresh()
+        panel.refresh(draw_now=True)
         assert session.config.grad_accum == 3
         assert "grad_accum=3" in panel.status_text
         assert f"last change at step {step}: grad_accum=3" in panel.status_text
@@ -82,7 +82,7 @@ def test_memory_measured_next_to_prediction(session: Session) -> None:
     session.run(optimizer_steps=1)
     panel = TrainingPanel(session, autostart=False)
     try:
-        panel.refresh()
+        panel.refresh(draw_now=True)
         mem = panel.memory_chart_data()  # from the step record and the estimator
         assert mem["labels"] == ["parameters", "gradients", "optimizer"]
         assert mem["measured"][0] == session.history[-1].params_bytes
@@ -90,7 +90,7 @@ def test_memory_measured_next_to_prediction(session: Session) -> None:
         panel.buttons["memory"].click()
         panel.wait_for_tasks()
         assert "memory measured" in panel.message_text, panel.message_text
-        panel.refresh()
+        panel.refresh(draw_now=True)
         mem = panel.memory_chart_data()
         assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
         report = panel.memory_report

@@ -13,6 +13,7 @@ import io
 import math
 import re
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -211,6 +212,10 @@ class Chart:
     Never goes through pyplot (no figure registry, no inline auto-display). `render()`
     draws the current artists into PNG bytes and swaps them into the image, which the
     front end updates in place, so a redraw does not flicker or add outputs.
+
+    Artists registered with `animate()` are drawn over a cached background (axes, ticks,
+    labels: most of the cost); the background is redrawn only after `invalidate()` (for
+    example when axis limits change). `last_render_seconds` is what the last render took.
     """
 
     def __init__(self, width_in: float, height_in: float, *, dpi: int = 80, css: str = "") -> None:
@@ -230,14 +235,54 @@ class Chart:
             self.image.add_class(css)
         self.png: bytes = b""
         self.renders = 0
+        self.background_renders = 0
+        self.last_render_seconds = 0.0
+        self._animated: list[Any] = []
+        self._background: Any = None
+
+    def animate(self, *artists: Any) -> None:
+        """Draw these artists on every render, over the cached background."""
+        for a in artists:
+            a.set_animated(True)
+            self._animated.append(a)
+
+    def forget(self, artist: Any) -> None:
+        """Stop drawing an animated artist (call before `artist.remove()`)."""
+        if artist in self._animated:
+            self._animated.remove(artist)
+
+    def invalidate(self) -> None:
+        """The background changed (limits, ticks, labels): redraw it on the next render."""
+        self._background = None
 
     def render(self) -> bytes:
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png", dpi=self.figure.dpi)
-        self.png = buf.getvalue()
+        start = time.perf_counter()
+        canvas = self.canvas
+        if self._background is None or not self._animated:
+            canvas.draw()  # everything except animated artists
+            self.background_renders += 1
+            self._background = canvas.copy_from_bbox(self.figure.bbox) if self._animated else None
+        else:
+            canvas.restore_region(self._background)
+        for a in self._animated:
+            if a.get_visible() and a.figure is not None:
+                self.figure.draw_artist(a)
+        self.png = encode_png(canvas)
         self.image.value = self.png
         self.renders += 1
+        self.last_render_seconds = time.perf_counter() - start
         return self.png
+
+
+def encode_png(canvas: FigureCanvasAgg) -> bytes:
+    """The canvas's pixels as PNG, with fast (light) compression."""
+    from PIL import Image as PILImage
+
+    buf = canvas.buffer_rgba()
+    img = PILImage.frombuffer("RGBA", (buf.shape[1], buf.shape[0]), buf, "raw", "RGBA", 0, 1)
+    out = io.BytesIO()
+    img.save(out, format="png", compress_level=1)
+    return out.getvalue()
 
 
 def stack_pngs(pngs: list[bytes]) -> bytes:
@@ -294,6 +339,7 @@ class RefreshTimer:
         self._thread: threading.Thread | None = None
         self._name = name
         self.ticks = 0
+        self.cpu_seconds = 0.0  # CPU time the callbacks used on the timer thread
         self.last_error: str | None = None
 
     @property
@@ -309,6 +355,7 @@ class RefreshTimer:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            cpu = time.thread_time()
             try:
                 self._callback()
             except Exception as exc:  # keep refreshing; say what went wrong
@@ -317,6 +364,7 @@ class RefreshTimer:
                     with contextlib.suppress(Exception):
                         self._on_error(exc)
             self.ticks += 1
+            self.cpu_seconds += time.thread_time() - cpu
 
     def stop(self) -> None:
         """Stop and join the thread (idempotent; safe from the callback itself)."""

@@ -101,6 +101,7 @@ class MonitorPanel(PanelBase):
         (self._line_mem,) = ax.plot([], [], label="memory", color="#ef6c00")
         ax.legend(loc="upper left", fontsize=8)
         ax.set_xlim(-HISTORY_SECONDS, 0)
+        self.chart.animate(self._line_util, self._line_mem)  # fixed axes: only lines redraw
         self._last_time: float | None = None
         self._layout_source: str | None = None
         self.widget = widgets.VBox(
@@ -145,12 +146,14 @@ class MonitorPanel(PanelBase):
                 rows.append(g.box)
         self.gauge_box.children = tuple(rows)
         self._layout_source = key
+        gpu = source == "nvml" and n_gpus
         self._ax.set_title(
-            "GPU 0 utilization and memory"
-            if source == "nvml" and n_gpus
-            else "host CPU and memory",
-            fontsize=10,
+            "GPU 0 utilization and memory" if gpu else "host CPU and memory", fontsize=10
         )
+        self._line_util.set_label("GPU utilization" if gpu else "CPU utilization")
+        self._line_mem.set_label("GPU memory" if gpu else "system memory")
+        self._ax.legend(loc="upper left", fontsize=8)
+        self.chart.invalidate()
 
     def refresh(self) -> None:
         """Read the sampler's newest snapshot and history; update gauges and chart."""
@@ -231,9 +234,6 @@ class MonitorPanel(PanelBase):
         nan = float("nan")
         self._line_util.set_data(xs, [nan if v is None else v for v in util])
         self._line_mem.set_data(xs, [nan if v is None else v for v in mem])
-        self._line_util.set_label("GPU utilization" if source == "nvml" else "CPU utilization")
-        self._line_mem.set_label("GPU memory" if source == "nvml" else "system memory")
-        self._ax.legend(loc="upper left", fontsize=8)
         self.chart.render()
 
     # ------------------------------------------------------------------ lifecycle

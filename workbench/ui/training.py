@@ -47,7 +47,9 @@ MEMORY_FIELDS = frozenset(
         "optimizer",
     }
 )
-MAX_POINTS = 2000  # points kept per chart line
+MAX_POINTS = 2000
+DRAW_DUTY = 0.03  # charts may take at most this share of wall time
+MAX_DRAW_WAIT_SECONDS = 5.0  # points kept per chart line
 ADVICE_EVERY_SECONDS = 2.0
 STATUS_KEYS = (
     "precision",
@@ -197,6 +199,7 @@ class TrainingPanel(PanelBase):
         self._build_chart()
         self._dirty = True
         self._auto_probe = False
+        self._next_draw = 0.0
         self._last_state: str | None = None
 
         names = list(self.controls)
@@ -426,6 +429,7 @@ class TrainingPanel(PanelBase):
         fig.subplots_adjust(left=0.07, right=0.98, top=0.93, bottom=0.09, hspace=0.42, wspace=0.22)
         ax = fig.subplots(2, 2)
         self._ax_loss, self._ax_speed, self._ax_time, self._ax_mem = ax.ravel()
+        self._ax_mem.set_title("memory: measured vs predicted (MiB)", fontsize=10)
         (self._line_loss,) = self._ax_loss.plot([], [], color="#1565c0", linewidth=1.2)
         (self._line_speed,) = self._ax_speed.plot([], [], color="#2e7d32", linewidth=1.2)
         (self._line_compute,) = self._ax_time.plot(
@@ -438,7 +442,7 @@ class TrainingPanel(PanelBase):
         self._ax_loss.set_title("loss", fontsize=10)
         self._ax_speed.set_title("samples / s", fontsize=10)
         self._ax_time.set_title("step time: data loading vs compute (s)", fontsize=10)
-        self._ax_mem.set_title("memory: measured vs predicted (GiB)", fontsize=10)
+        self.chart.animate(self._line_loss, self._line_speed, self._line_compute, self._line_data)
         self._ax_time.legend(loc="upper left", fontsize=7)
         for a in (self._ax_loss, self._ax_speed, self._ax_time):
             a.grid(True, alpha=0.3)
@@ -446,7 +450,7 @@ class TrainingPanel(PanelBase):
         self._change_lines: list[Any] = []
         self._mem_bars: list[Any] = []
         self._mem_labels: tuple[str, ...] = ()
-        self._mem_unit = GIB
+        self._mem_unit = 1 << 20
         self._mem_empty = self._ax_mem.text(
             0.5,
             0.5,
@@ -539,27 +543,33 @@ class TrainingPanel(PanelBase):
                 out.append(nan if v is None or not math.isfinite(v) else float(v))
             return out
 
-        self._line_loss.set_data(steps, col("loss"))
-        self._line_speed.set_data(steps, col("samples_per_s"))
-        data = col("data_seconds")
-        step_s = col("step_seconds")
+        loss, speed = col("loss"), col("samples_per_s")
+        data, step_s = col("data_seconds"), col("step_seconds")
+        self._line_loss.set_data(steps, loss)
+        self._line_speed.set_data(steps, speed)
         self._line_data.set_data(steps, data)
         self._line_compute.set_data(steps, step_s)
         for f in self._fills:
+            self.chart.forget(f)
             f.remove()
         self._fills = []
         if steps:
-            self._fills.append(
-                self._ax_time.fill_between(steps, 0, data, color="#ef6c00", alpha=0.35, linewidth=0)
-            )
-            self._fills.append(
+            self._fills = [
+                self._ax_time.fill_between(
+                    steps, 0, data, color="#ef6c00", alpha=0.35, linewidth=0
+                ),
                 self._ax_time.fill_between(
                     steps, data, step_s, color="#6a1b9a", alpha=0.25, linewidth=0
-                )
-            )
-        for a in (self._ax_loss, self._ax_speed, self._ax_time):
-            a.relim()
-            a.autoscale_view()
+                ),
+            ]
+            self.chart.animate(*self._fills)
+        changed = False
+        for ax, ys, zero in (
+            (self._ax_loss, loss, False),
+            (self._ax_speed, speed, True),
+            (self._ax_time, step_s, True),
+        ):
+            changed |= _sticky_limits(ax, steps, ys, from_zero=zero)
         # a vertical line at each step where settings changed
         drawn = {(float(line.get_xdata()[0]), line.axes) for line in self._change_lines}
         for step, text in self.change_steps:
@@ -568,8 +578,9 @@ class TrainingPanel(PanelBase):
                     line = a.axvline(step, color="#c62828", linestyle=":", linewidth=1.2)
                     line.set_gid(text)
                     self._change_lines.append(line)
+                    self.chart.animate(line)
                     if a is self._ax_loss:
-                        a.annotate(
+                        note = a.annotate(
                             text,
                             (step, 1.0),
                             xycoords=("data", "axes fraction"),
@@ -579,10 +590,14 @@ class TrainingPanel(PanelBase):
                             va="top",
                             ha="right",
                         )
-        self._draw_memory()
+                        self.chart.animate(note)
+        changed |= self._draw_memory()
+        if changed:
+            self.chart.invalidate()
         self.chart.render()
 
-    def _draw_memory(self) -> None:
+    def _draw_memory(self) -> bool:
+        """Update the memory bars; True when the background (labels, limits) changed."""
         try:
             pairs = self.memory_pairs()
         except Exception:
@@ -590,47 +605,51 @@ class TrainingPanel(PanelBase):
         pairs = [p for p in pairs if p[1] is not None or p[2] is not None]
         labels = tuple(p[0] for p in pairs)
         ax = self._ax_mem
+        changed = False
         if labels != self._mem_labels:
+            changed = True
             for b in self._mem_bars:
+                for patch in b.patches:
+                    self.chart.forget(patch)
                 b.remove()
             self._mem_bars = []
             x = list(range(len(labels)))
             if labels:
-                self._mem_bars.append(
-                    ax.bar(
-                        [i - 0.2 for i in x],
-                        [0.0] * len(x),
-                        width=0.4,
-                        color="#1565c0",
-                        label="measured",
+                for dx, color, name in (
+                    (-0.2, "#1565c0", "measured"),
+                    (0.2, "#bdbdbd", "predicted"),
+                ):
+                    bars = ax.bar(
+                        [i + dx for i in x], [0.0] * len(x), width=0.4, color=color, label=name
                     )
-                )
-                self._mem_bars.append(
-                    ax.bar(
-                        [i + 0.2 for i in x],
-                        [0.0] * len(x),
-                        width=0.4,
-                        color="#bdbdbd",
-                        label="predicted",
-                    )
-                )
+                    self.chart.animate(*bars.patches)
+                    self._mem_bars.append(bars)
                 ax.set_xticks(x)
                 ax.set_xticklabels(labels, fontsize=8)
                 ax.legend(loc="upper right", fontsize=7)
             self._mem_labels = labels
-        self._mem_empty.set_visible(not labels)
+        if self._mem_empty.get_visible() == bool(labels):
+            self._mem_empty.set_visible(not labels)
+            changed = True
         if not labels:
-            return
+            return changed
         largest = max(max(p[1] or 0, p[2] or 0) for p in pairs)
         unit_name, unit = ("GiB", GIB) if largest >= GIB else ("MiB", 1 << 20)
-        self._mem_unit = unit
-        ax.set_title(f"memory: measured vs predicted ({unit_name})", fontsize=10)
+        if unit != self._mem_unit:
+            self._mem_unit = unit
+            ax.set_title(f"memory: measured vs predicted ({unit_name})", fontsize=10)
+            changed = True
         for (_, measured, predicted), mbar, pbar in zip(
             pairs, self._mem_bars[0].patches, self._mem_bars[1].patches, strict=True
         ):
             mbar.set_height((measured or 0) / unit)
             pbar.set_height((predicted or 0) / unit)
-        ax.set_ylim(0, largest / unit * 1.2 if largest > 0 else 1.0)
+        top = largest / unit * 1.2 if largest > 0 else 1.0
+        lo, hi = ax.get_ylim()
+        if not (largest / unit <= hi <= top * 1.5):  # re-scale only when far off
+            ax.set_ylim(0, top)
+            changed = True
+        return changed
 
     def memory_chart_data(self) -> dict[str, list[Any]]:
         """The measured and predicted memory bars now drawn, converted back to bytes."""
@@ -647,8 +666,9 @@ class TrainingPanel(PanelBase):
         return [self.chart]
 
     # ================================================================= refresh
-    def refresh(self) -> None:
-        """One tick: read new records/events/state, update the view; draw if anything changed."""
+    def refresh(self, *, draw_now: bool = False) -> None:
+        """One tick: read new records/events/state, update the view; redraw the charts if
+        anything changed and the drawing budget allows (`draw_now`: ignore the budget)."""
         if self._closing:
             return
         s = self.session
@@ -688,9 +708,14 @@ class TrainingPanel(PanelBase):
         if new and now - self._last_advice_time >= ADVICE_EVERY_SECONDS:
             self._last_advice_time = now
             self._update_advice()
-        if self._dirty or not self.chart.png:
+        if (self._dirty or not self.chart.png) and (draw_now or now >= self._next_draw):
+            # drawing shares the CPU (and the GIL) with training: keep it to a small
+            # share of wall time, at most once per tick
             self._dirty = False
+            start = time.perf_counter()
             self._draw()
+            cost = time.perf_counter() - start
+            self._next_draw = now + min(cost / DRAW_DUTY, MAX_DRAW_WAIT_SECONDS)
         if self._auto_probe and state != "closed":
             # keep a measurement the user asked for in step with the new settings
             self._auto_probe = False
@@ -916,3 +941,28 @@ def _memory_summary(report: Any) -> str:
         p = "n/a" if predicted is None else f"{predicted / (1 << 20):.1f} MiB"
         parts.append(f"{label} {m} (predicted {p})")
     return "; ".join(parts)
+
+
+def _sticky_limits(ax: Any, xs: list[int], ys: list[float], *, from_zero: bool) -> bool:
+    """Set axis limits that contain the data and change rarely (so the cached chart
+    background stays valid for many redraws). True when they changed."""
+    changed = False
+    x0, x1 = ax.get_xlim()
+    if xs:
+        first, last = xs[0], xs[-1]
+        if last > x1 or first < x0 or (first - x0) > 0.25 * (x1 - x0):
+            span = max(10.0, (last - first) * 1.5)
+            ax.set_xlim(first, first + span)
+            changed = True
+    finite = [y for y in ys if math.isfinite(y)]
+    if finite:
+        lo, hi = (0.0 if from_zero else min(finite)), max(finite)
+        y0, y1 = ax.get_ylim()
+        span = hi - lo or abs(hi) * 0.1 or 1.0
+        outside = lo < y0 or hi > y1
+        loose = (hi - lo) < 0.4 * (y1 - y0) and len(finite) > 10
+        if outside or loose:
+            pad = 0.1 * span
+            ax.set_ylim(lo if from_zero else lo - pad, hi + pad)
+            changed = True
+    return changed
