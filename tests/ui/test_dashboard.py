@@ -66,3 +66,13 @@ def test_other_cells_are_left_alone(monkeypatch, other_cell) -> None:
     assert not first.closed and not second.closed
     first.close()
     second.close()
+
+
+def test_default_dashboard_owns_its_session_and_sampler(no_leaked_threads) -> None:
+    d = ui_dashboard()
+    try:
+        assert d.session.config.micro_batch >= 1 and d.session.model_name == "tiny-gpt"
+        assert d.training.session is d.session and d.monitor.sampler is d.sampler
+    finally:
+        d.close()
+    assert d.session.state == "closed" and d.sampler.closed

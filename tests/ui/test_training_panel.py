@@ -263,3 +263,20 @@ def test_redraws_are_spaced_to_a_small_share_of_time(
     panel._next_draw = 0.0  # the budget has passed
     panel.refresh()
     assert panel.chart.renders == renders + 1 and panel.chart_data()["steps"] == [1.0, 2.0]
+
+
+def test_error_state_shows_the_sessions_message(panel: TrainingPanel, session: FakeSession) -> None:
+    from workbench.train.records import Event
+
+    session.state = "error"
+    session.events.append(Event("error", "step 3 failed: RuntimeError: boom", 2, "error"))
+    panel.refresh(draw_now=True)
+    assert panel.status_text.startswith("error")
+    assert "step 3 failed: RuntimeError: boom" in panel.status_text
+    assert "boom" in strip(panel.events_html.value)
+
+
+def strip(html_text: str) -> str:
+    from workbench.ui._common import strip_tags
+
+    return strip_tags(html_text)
