@@ -263,6 +263,14 @@ class EstimatorPanel(PanelBase):
                 for i in range(4)
             ),
         ]
+        self.chart.animate(
+            *(r for rects in self._rects.values() for r in rects),
+            *self._gpu_lines,
+            self._gpu_label,
+            *self._totals,
+            self._ax_setup.title,
+        )
+        self._background_key: tuple[Any, ...] | None = None
         self._ax_setup.set_xticks([0])
         self._ax_setup.set_xlim(-0.7, 0.7)
         self._ax_stages.set_xticks(range(4))
@@ -299,15 +307,24 @@ class EstimatorPanel(PanelBase):
             f"{e.gpu}: {gpu_mem:,.0f} {self.units.value}" if gpu_mem is not None else ""
         )
         self._gpu_label.set_y(gpu_mem or 0.0)
-        ymax = max([*tops, gpu_mem or 0.0, 1e-9]) * 1.18
-        for ax in (self._ax_setup, self._ax_stages):
-            ax.set_ylim(0, ymax)
-            ax.set_ylabel(f"{self.units.value} per GPU")
+        # the y-limit changes only when the bars outgrow it or shrink well below it, so
+        # most changes redraw just the bars over the cached axes
+        tallest = max([*tops, gpu_mem or 0.0, 1e-9])
+        _, ymax = self._ax_setup.get_ylim()
+        if tallest > ymax / 1.05 or tallest < 0.45 * ymax:
+            ymax = tallest * 1.18
         fits = "fits" if e.fits else ("does not fit" if e.fits is False else "")
         self._ax_setup.set_title(f"this setup (ZeRO {e.zero_stage}) {fits}", fontsize=10)
-        self._ax_setup.set_xticklabels([f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"])
-        for i, label in enumerate(self._ax_stages.get_xticklabels()):
-            label.set_fontweight("bold" if i == e.zero_stage else "normal")
+        background = (ymax, self.units.value, e.gpus, e.zero_stage)
+        if background != self._background_key:
+            self._background_key = background
+            for ax in (self._ax_setup, self._ax_stages):
+                ax.set_ylim(0, ymax)
+                ax.set_ylabel(f"{self.units.value} per GPU")
+            self._ax_setup.set_xticklabels([f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"])
+            for i, label in enumerate(self._ax_stages.get_xticklabels()):
+                label.set_fontweight("bold" if i == e.zero_stage else "normal")
+            self.chart.invalidate()
         self.chart.render()
 
     def chart_data(self) -> dict[str, list[float]]:
