@@ -76,3 +76,14 @@ def test_default_dashboard_owns_its_session_and_sampler(no_leaked_threads) -> No
     finally:
         d.close()
     assert d.session.state == "closed" and d.sampler.closed
+
+
+def test_snapshot_is_a_png_of_the_current_charts() -> None:
+    p = EstimatorPanel()
+    try:
+        img = p.snapshot()
+        assert img.format == "png" and img.data == p.chart.png
+        p.fields["micro_batch"].widget.value = "3"
+        assert p.snapshot().data == p.chart.png != img.data
+    finally:
+        p.close()

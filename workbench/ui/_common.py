@@ -449,6 +449,16 @@ class PanelBase:
             pngs.append(chart.png or chart.render())
         return stack_pngs(pngs)
 
+    def snapshot(self) -> Any:
+        """The charts as they are now, as a plain image for a notebook output (it stays in
+        the saved notebook, with or without widget state)."""
+        from IPython.display import Image
+
+        png = self.snapshot_png()
+        if not png:
+            raise ValueError(f"{type(self).__name__}: no charts to show")
+        return Image(data=png, format="png")
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         widget_bundle = getattr(self.widget, "_repr_mimebundle_", None)  # None once closed
         bundle: dict[str, Any] = dict(widget_bundle() or {}) if callable(widget_bundle) else {}
