@@ -33,7 +33,9 @@ def test_start_notebook_exists() -> None:
 
 def _execute(path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
     # The kernel inherits this environment: import workbench from this checkout, draw with Agg.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     monkeypatch.setenv("MPLBACKEND", "Agg")
     copy = workdir / path.name
     shutil.copy(path, copy)
@@ -72,7 +74,8 @@ def _check_static_charts(nb: nbformat.NotebookNode) -> None:
     pngs = [
         base64.b64decode(out.data["image/png"])
         for out in _outputs(nb)
-        if out.output_type in ("display_data", "execute_result") and "image/png" in out.get("data", {})
+        if out.output_type in ("display_data", "execute_result")
+        and "image/png" in out.get("data", {})
     ]
     assert pngs, "executing the start notebook produced no image/png output"
     for png in pngs:
