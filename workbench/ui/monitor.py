@@ -93,7 +93,7 @@ class MonitorPanel(PanelBase):
         ax = self.chart.figure.add_subplot(1, 1, 1)
         self.chart.figure.subplots_adjust(left=0.08, right=0.98, top=0.88, bottom=0.2)
         self._ax = ax
-        ax.set_ylim(0, 100)
+        ax.set_ylim(0, 105)  # a line at 100 % stays visible above the frame
         ax.set_ylabel("%")
         ax.set_xlabel("seconds ago")
         ax.grid(True, alpha=0.3)
