@@ -6,6 +6,9 @@ PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 # CPU build of torch for machines without an NVIDIA GPU; GPU machines keep or get a CUDA build.
 TORCH_CPU ?= torch==2.13.0
+# Every tool (and the ninja that builds DeepSpeed's ops) comes from the venv, so DeepSpeed's
+# cached op builds are not invalidated by a second ninja on the system PATH.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: install lab test test-fast lint bench browser-deps clean

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Subprocesses (ranks, kernels, DeepSpeed's op builds) use this interpreter's tools, so one
+# ninja builds DeepSpeed's ops; two ninjas on PATH would invalidate each other's cached builds.
+_bin = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
+    os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 
 
 def _has_cuda() -> bool:
@@ -31,7 +37,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _restore_torch_state():
     """Each test starts and ends with torch's global state as it found it."""
-    import sys
 
     if "torch" not in sys.modules:
         yield

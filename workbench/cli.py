@@ -41,7 +41,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "workbench.cli:add_estimate_parser",
         "per-GPU memory, time and cost of a training setup (pure math, no GPU needed)",
     ),
-    "export": ("workbench.export:add_parser", "write a DeepSpeed config, training script and launch command"),
+    "launch": (
+        "workbench.train.launch:add_parser",
+        "train one config on N local ranks; measured vs predicted memory per rank",
+    ),
+    "export": (
+        "workbench.export:add_parser",
+        "write a DeepSpeed config, training script and launch command",
+    ),
 }
 
 

@@ -467,8 +467,8 @@ def test_accounting_seam_imports_a_registered_module_lazily(monkeypatch):
 
 
 def test_unknown_accounting_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"accounting='deepspeed': must be one of paper"):
-        estimate_memory(n_params=100, accounting="deepspeed")
+    with pytest.raises(ValueError, match=r"accounting='nonsense': must be one of paper, deepspeed"):
+        estimate_memory(n_params=100, accounting="nonsense")
 
 
 # ------------------------------------------------------------------ errors
