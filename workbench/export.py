@@ -70,7 +70,8 @@ class ExportResult:
     `command` is the one `launch.sh` runs: `deepspeed --num_gpus N ...` on one node, the
     hostfile variant on several. `multinode_command` uses `hostfile_path` (the given
     hostfile, the template written for `nodes > 1`, or `hostfile` for one node: a file you
-    write). `estimate` is the memory estimator's per-GPU figure for the built-in model
+    write). `paths`: every file written (a hostfile only when the template was written).
+    `estimate` is the memory estimator's per-GPU figure for the built-in model
     (`workbench.estimate.MemoryEstimate`), None for a factory model.
     """
 
