@@ -416,3 +416,17 @@ def test_zero_stage_switch_on_a_live_session_and_back(tiny):
     # same data, same dropout masks: the trajectory continues (DeepSpeed's optimizer
     # rounds differently, hence not bit-exact)
     assert losses == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_new_session_on_the_same_module_closes_the_old_one(no_leaked_threads):
+    x = torch.randn(16, 3)
+    model = nn.Linear(3, 3)
+    old = Session(TrainConfig(micro_batch=4), model=model, data=TensorDataset(x, x),
+                  loss_fn=nn.functional.mse_loss)
+    old.start()
+    with pytest.warns(UserWarning, match="closing Session"):
+        new = Session(TrainConfig(micro_batch=4), model=model, data=TensorDataset(x, x),
+                      loss_fn=nn.functional.mse_loss)
+    assert old.state == "closed" and new.state == "idle"
+    new.run(2)
+    new.close()

@@ -43,6 +43,8 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from time import perf_counter
@@ -73,6 +75,14 @@ BACKEND_FIELDS = frozenset(
         "loss_scale_growth", "loss_scale_backoff", "loss_scale_interval", "grad_accum",
         "micro_batch",
     }
+)
+
+
+#: Which live Session trains which module, weakly (keeps nothing alive). Re-running a
+#: notebook cell that builds a new Session on the same module closes the old one, so
+#: two loops never train one module and the old thread does not linger.
+_OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ReferenceType[Session]] = (
+    weakref.WeakKeyDictionary()
 )
 
 
@@ -202,6 +212,14 @@ class Session:
             raise ValueError(f"loss_fn={loss_fn!r}: must be callable(outputs, targets)")
         if isinstance(data, DataLoader) and data.batch_size and data.batch_size != config.micro_batch:
             config = config.replace(micro_batch=int(data.batch_size))
+        previous_ref = _OWNERS.get(module)
+        previous = previous_ref() if previous_ref is not None else None
+        if previous is not None and previous.state != "closed":
+            warnings.warn(
+                f"closing {previous!r}: its model is now trained by a new Session",
+                stacklevel=2,
+            )
+            previous.close()
         self._model: nn.Module = module
         self._loss_fn = loss_fn
         self._data_source = data
@@ -273,6 +291,7 @@ class Session:
         except BaseException:
             self._data.close()
             raise
+        _OWNERS[module] = weakref.ref(self)
         if payload is not None:
             ckpt.set_rng_state(payload["rng"])
             self._event("resumed", f"resumed from {payload['path']} at step {self._step}")
