@@ -115,6 +115,7 @@ def bench_training_overhead(pairs: int, steps: int) -> dict[str, Any]:
             "steps_per_s_without_panel": without,
             "steps_per_s_with_panel": with_panel,
             "pair_ratios": pair_ratios,
+            "pair_ratio_quartiles": statistics.quantiles(pair_ratios, n=4) if pairs > 1 else None,
             "median_steps_per_s_without": statistics.median(without),
             "median_steps_per_s_with": statistics.median(with_panel),
             "panel_redraws": panel.chart.renders - renders,
@@ -136,8 +137,8 @@ def bench_training_overhead(pairs: int, steps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--changes", type=int, default=60, help="estimator input changes to time")
-    ap.add_argument("--pairs", type=int, default=10, help="interleaved with/without pairs")
-    ap.add_argument("--steps", type=int, default=15, help="optimizer steps per timed run")
+    ap.add_argument("--pairs", type=int, default=20, help="interleaved with/without pairs")
+    ap.add_argument("--steps", type=int, default=10, help="optimizer steps per timed run")
     args = ap.parse_args(argv)
     for name in ("changes", "pairs", "steps"):
         if getattr(args, name) < 1:
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"TrainingPanel overhead: {train['median_steps_per_s_without']:.2f} steps/s without, "
         f"{train['median_steps_per_s_with']:.2f} with ({train['panel_redraws']} redraws); "
-        f"median pair ratio {train['overhead_ratio']:.3f} (target <= {OVERHEAD_TARGET_RATIO}: "
+        f"median pair ratio {train['overhead_ratio']:.3f} (quartiles "
+        f"{', '.join(f'{q:.2f}' for q in train['pair_ratio_quartiles'] or [])}) (target <= {OVERHEAD_TARGET_RATIO}: "
         f"{'met' if train['meets_target'] else 'NOT met'}); the panel's thread used "
         f"{train['panel_cpu_share']:.1%} of one core (load average "
         f"{train['load_average_1min']})"

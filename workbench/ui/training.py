@@ -110,8 +110,11 @@ class TrainingPanel(PanelBase):
     """Live view and controls of a `workbench.Session`.
 
     `controls[name]` are the setting fields (TrainConfig names), `buttons[name]` the
-    actions (start, pause, resume, stop, save, profile), `message` the last feedback,
-    `status` the status line. `refresh()` runs one timer tick on the calling thread.
+    actions (start, pause, resume, stop, save, profile, memory), `message` the last
+    feedback, `status` the status line, `advice` the advisor's current list.
+    `refresh()` runs one timer tick on the calling thread; the timer calls it every
+    `refresh_s` seconds (>= 0.25) and redraws the charts within a small CPU budget.
+    `close()` stops the timer; the session is left as it is.
     """
 
     def __init__(
