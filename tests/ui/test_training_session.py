@@ -98,3 +98,18 @@ def test_memory_measured_next_to_prediction(session: Session) -> None:
         assert mem["predicted"][3] == pytest.approx(report.predicted_activation_bytes)
     finally:
         panel.close()
+
+
+def test_profile_and_save_buttons_on_a_real_session(session: Session, tmp_path) -> None:
+    panel = TrainingPanel(session, autostart=False)
+    try:
+        panel.buttons["profile"].click()  # runs off the kernel's thread
+        panel.wait_for_tasks(timeout=300)
+        assert panel.message_text.startswith("profile: 3 steps"), panel.message_text
+        assert "ms per step" in panel.message_text and "top operators" in panel.profile_html.value
+        session.update(checkpoint_dir=str(tmp_path))
+        panel.buttons["save"].click()
+        assert f"checkpoint saved: {tmp_path}" in panel.message_text
+        assert list(tmp_path.glob("*.pt"))
+    finally:
+        panel.close()
