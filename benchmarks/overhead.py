@@ -65,7 +65,10 @@ def plain_run(accum: int, steps: int, seed: int) -> tuple[float, float]:
     model, dataset, loss_fn, _ = build_model("tiny-gpt", seed=seed)
     model.train()
     loader = DataLoader(
-        dataset, batch_size=MICRO_BATCH, shuffle=True, drop_last=True,
+        dataset,
+        batch_size=MICRO_BATCH,
+        shuffle=True,
+        drop_last=True,
         generator=torch.Generator().manual_seed(seed),
     )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
@@ -110,11 +113,19 @@ def session_run(accum: int, steps: int, seed: int, sampler: Any | None) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=_positive_int("steps"), default=20,
-                        help="timed optimizer steps per run (grad_accum 4 runs half as many)")
+    parser.add_argument(
+        "--steps",
+        type=_positive_int("steps"),
+        default=20,
+        help="timed optimizer steps per run (grad_accum 4 runs half as many)",
+    )
     parser.add_argument("--reps", type=_positive_int("reps"), default=7, help="A/B pairs")
-    parser.add_argument("--threads", type=_positive_int("threads"), default=1,
-                        help="torch intra-op threads (1 on a shared 2-core machine)")
+    parser.add_argument(
+        "--threads",
+        type=_positive_int("threads"),
+        default=1,
+        help="torch intra-op threads (1 on a shared 2-core machine)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 

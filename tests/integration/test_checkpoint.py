@@ -93,7 +93,8 @@ def test_time_based_autosave(tmp_path, tiny):
     with Session(cfg, model_options=tiny) as s:
         s.run(2)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
-        "step-00000001.pt", "step-00000002.pt"
+        "step-00000001.pt",
+        "step-00000002.pt",
     ]
 
 
@@ -101,15 +102,17 @@ def test_user_module_checkpoint_needs_the_module(tmp_path):
     x = torch.randn(32, 3)
     data = TensorDataset(x, x.sum(1, keepdim=True))
     model = nn.Linear(3, 1)
-    with Session(TrainConfig(micro_batch=4), model=model, data=data,
-                 loss_fn=nn.functional.mse_loss) as s:
+    with Session(
+        TrainConfig(micro_batch=4), model=model, data=data, loss_fn=nn.functional.mse_loss
+    ) as s:
         s.run(2)
         path = s.save_checkpoint(tmp_path / "user.pt")
         rest = [r.loss for r in s.run(2)]
     with pytest.raises(ValueError, match="model=None: the checkpoint holds a user module"):
         Session.resume_from(path)
-    with Session.resume_from(path, model=nn.Linear(3, 1), data=data,
-                             loss_fn=nn.functional.mse_loss) as b:
+    with Session.resume_from(
+        path, model=nn.Linear(3, 1), data=data, loss_fn=nn.functional.mse_loss
+    ) as b:
         assert [r.loss for r in b.run(2)] == rest
 
 
@@ -121,7 +124,8 @@ def test_bad_checkpoint_paths(tmp_path, tiny):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         Session.resume_from(tmp_path / "junk.pt")
-    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s, pytest.raises(
-        ValueError, match="path=None"
+    with (
+        Session(TrainConfig(micro_batch=2), model_options=tiny) as s,
+        pytest.raises(ValueError, match="path=None"),
     ):
         s.save_checkpoint()

@@ -43,8 +43,9 @@ def _data(n: int = 64) -> TensorDataset:
 
 def test_exception_in_the_model_moves_to_error_and_resume_continues():
     model = Flaky(fail_on_call=3)
-    with Session(TrainConfig(micro_batch=4), model=model, data=_data(),
-                 loss_fn=nn.functional.mse_loss) as s:
+    with Session(
+        TrainConfig(micro_batch=4), model=model, data=_data(), loss_fn=nn.functional.mse_loss
+    ) as s:
         weights = None
         s.start(optimizer_steps=6)
         assert s.wait(timeout=60) == "error"
@@ -75,8 +76,12 @@ class BrokenData(Dataset):
 
 
 def test_exception_in_the_data_moves_to_error():
-    with Session(TrainConfig(micro_batch=4), model=nn.Linear(4, 1), data=BrokenData(),
-                 loss_fn=nn.functional.mse_loss) as s:
+    with Session(
+        TrainConfig(micro_batch=4),
+        model=nn.Linear(4, 1),
+        data=BrokenData(),
+        loss_fn=nn.functional.mse_loss,
+    ) as s:
         s.start(optimizer_steps=20)
         assert s.wait(timeout=60) == "error"
         assert "sample 5 is corrupt" in s.events[-1].message
@@ -94,8 +99,10 @@ def test_nan_loss_skips_the_step_pauses_and_advises(tiny):
     with Session(TrainConfig(micro_batch=2), model_options=tiny, loss_fn=loss_fn) as s:
         s.run(2)
         before = {k: v.clone() for k, v in s.model.state_dict().items()}
-        opt_state = {k: v.clone() for k, v in s.backend.optimizer.state[
-            next(iter(s.model.parameters()))].items()}
+        opt_state = {
+            k: v.clone()
+            for k, v in s.backend.optimizer.state[next(iter(s.model.parameters()))].items()
+        }
         recs = s.run(5)
         assert s.state == "paused"
         assert len(recs) == 1 and recs[0].skipped and math.isnan(recs[0].loss)
@@ -136,8 +143,9 @@ def test_out_of_memory_halves_micro_batch_and_retries_the_same_samples():
 
 def test_out_of_memory_at_micro_batch_one_is_an_error():
     model = Flaky(oom_above=0)
-    with Session(TrainConfig(micro_batch=2), model=model, data=_data(),
-                 loss_fn=nn.functional.mse_loss) as s:
+    with Session(
+        TrainConfig(micro_batch=2), model=model, data=_data(), loss_fn=nn.functional.mse_loss
+    ) as s:
         s.start(optimizer_steps=1)
         assert s.wait(timeout=60) == "error"
         assert "cannot halve micro_batch (micro_batch is 1)" in s.events[-1].message
@@ -178,8 +186,9 @@ def test_a_change_that_fails_to_apply_is_rolled_back(monkeypatch, tiny):
 
 
 def test_amp_fp16_overflow_steps_are_skipped_and_counted(tiny):
-    cfg = TrainConfig(micro_batch=4, precision="amp-fp16", loss_scale_init=1e12,
-                      loss_scale_backoff=1e-3)
+    cfg = TrainConfig(
+        micro_batch=4, precision="amp-fp16", loss_scale_init=1e12, loss_scale_backoff=1e-3
+    )
     with Session(cfg, model_options=tiny) as s:
         before = {k: v.clone() for k, v in s.model.state_dict().items()}
         first = s.run(1)[0]

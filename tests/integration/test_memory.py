@@ -67,7 +67,9 @@ def test_tiny_gpt_activations_match_the_formula(precision, checkpointing):
     if precision == "fp32":
         assert set(report.activation_bytes_by_dtype) <= {"float32", "bool", "int64"}
     else:
-        assert report.activation_bytes_by_dtype["bfloat16" if "bf16" in precision else "float16"] > 0
+        assert (
+            report.activation_bytes_by_dtype["bfloat16" if "bf16" in precision else "float16"] > 0
+        )
         assert report.parameter_saved_bytes > 0  # autocast weight copies, not activations
 
 
@@ -125,8 +127,9 @@ def test_find_max_micro_batch_against_a_budget(tiny):
     # a smaller budget gives a smaller micro-batch; checkpointing a larger one
     smaller = find_max_micro_batch(TrainConfig(), budget // 2, model_options=tiny)
     assert smaller.micro_batch < m
-    ckpt = find_max_micro_batch(TrainConfig(activation_checkpointing=True), budget,
-                                model_options=tiny)
+    ckpt = find_max_micro_batch(
+        TrainConfig(activation_checkpointing=True), budget, model_options=tiny
+    )
     assert ckpt.micro_batch > m
 
 
@@ -144,8 +147,9 @@ def test_user_model_gets_a_model_state_prediction_without_activations():
     x = torch.randn(64, 5)
     data = torch.utils.data.TensorDataset(x, x[:, :1])
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
-    with Session(TrainConfig(micro_batch=4), model=model, data=data,
-                 loss_fn=torch.nn.functional.mse_loss) as s:
+    with Session(
+        TrainConfig(micro_batch=4), model=model, data=data, loss_fn=torch.nn.functional.mse_loss
+    ) as s:
         s.run(1)
         report = s.memory()
     assert report.predicted.params_bytes == report.params_bytes == 4 * (5 * 7 + 7 + 7 + 1)
@@ -166,6 +170,7 @@ def test_cuda_records_device_memory_and_the_finder_probes_for_oom(tiny):
     assert last.rss_bytes is None
     assert report.cuda_max_allocated_bytes >= report.params_bytes + report.grads_bytes
     assert report.peak_rss_bytes is None
-    found = find_max_micro_batch(TrainConfig(), model_options=tiny, device="cuda",
-                                 max_micro_batch=64)
+    found = find_max_micro_batch(
+        TrainConfig(), model_options=tiny, device="cuda", max_micro_batch=64
+    )
     assert found.method == "oom-probe" and found.micro_batch == 64

@@ -24,9 +24,7 @@ def _grads_per_step(session: Session) -> list[dict[str, torch.Tensor]]:
     original = backend.step
 
     def spy():
-        captured.append(
-            {n: p.grad.detach().clone() for n, p in session.model.named_parameters()}
-        )
+        captured.append({n: p.grad.detach().clone() for n, p in session.model.named_parameters()})
         return original()
 
     backend.step = spy  # type: ignore[method-assign]
@@ -110,7 +108,7 @@ def test_update_while_running_applies_at_a_step_boundary(tiny):
     assert first.changes == {"micro_batch": 2, "grad_accum": 3}
     assert first.micro_batch == 2 and first.grad_accum == 3 and first.micro_steps == 3
     before = recs[: recs.index(first)]
-    after = recs[recs.index(first):]
+    after = recs[recs.index(first) :]
     assert all(r.micro_batch == 4 and r.grad_accum == 1 for r in before)
     assert all(r.micro_batch == 2 and r.grad_accum == 3 for r in after)
     # the data stream continued where it was: every sample consumed exactly once
@@ -164,7 +162,9 @@ def test_activation_checkpointing_toggles_live_and_keeps_the_trajectory(tiny):
         with_ckpt = s.memory().activation_bytes
         recs = s.run(2)
         losses += [r.loss for r in recs]
-    assert recs[0].activation_checkpointing and recs[0].changes == {"activation_checkpointing": True}
+    assert recs[0].activation_checkpointing and recs[0].changes == {
+        "activation_checkpointing": True
+    }
     assert with_ckpt < 0.6 * without
     # recomputation reproduces the dropout masks: same numbers as without checkpointing
     assert losses == pytest.approx(plain_losses, rel=1e-5)
@@ -177,13 +177,21 @@ def test_user_module_with_dataset_and_marked_blocks():
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     cfg = TrainConfig(micro_batch=8, lr=1e-2)
     with pytest.raises(ValueError, match="activation_checkpointing=True: the model has no"):
-        Session(cfg.replace(activation_checkpointing=True), model=model,
-                data=TensorDataset(x, y), loss_fn=nn.functional.mse_loss)
+        Session(
+            cfg.replace(activation_checkpointing=True),
+            model=model,
+            data=TensorDataset(x, y),
+            loss_fn=nn.functional.mse_loss,
+        )
     mark_checkpointable(model, ["0", "2"])
     with pytest.raises(ValueError, match=r"names=\['nope'\]"):
         mark_checkpointable(model, ["nope"])
-    with Session(cfg.replace(activation_checkpointing=True), model=model,
-                 data=TensorDataset(x, y), loss_fn=nn.functional.mse_loss) as s:
+    with Session(
+        cfg.replace(activation_checkpointing=True),
+        model=model,
+        data=TensorDataset(x, y),
+        loss_fn=nn.functional.mse_loss,
+    ) as s:
         assert s.model is model
         recs = s.run(20)  # more than one epoch of 8 batches: the stream cycles
     assert recs[-1].loss < recs[0].loss
@@ -194,8 +202,9 @@ def test_user_dataloader_is_used_as_is_and_its_settings_cannot_change():
     x = torch.randn(32, 4)
     loader = DataLoader(TensorDataset(x, x.clone()), batch_size=4, shuffle=False)
     model = nn.Linear(4, 4)
-    with Session(TrainConfig(micro_batch=8), model=model, data=loader,
-                 loss_fn=nn.functional.mse_loss) as s:
+    with Session(
+        TrainConfig(micro_batch=8), model=model, data=loader, loss_fn=nn.functional.mse_loss
+    ) as s:
         assert s.config.micro_batch == 4  # the loader's batch size
         s.run(10)  # 8 batches per epoch: cycles
         with pytest.raises(ValueError, match="micro_batch=2: data is a DataLoader you built"):
@@ -381,9 +390,14 @@ def test_step_error_in_run_raises_session_error(tiny):
 
 def test_launch_needs_a_built_in_model():
     x = torch.randn(8, 2)
-    with Session(TrainConfig(micro_batch=2), model=nn.Linear(2, 2), data=TensorDataset(x, x),
-                 loss_fn=nn.functional.mse_loss) as s, pytest.raises(
-        ValueError, match="multi-rank launch needs a built-in model name"
+    with (
+        Session(
+            TrainConfig(micro_batch=2),
+            model=nn.Linear(2, 2),
+            data=TensorDataset(x, x),
+            loss_fn=nn.functional.mse_loss,
+        ) as s,
+        pytest.raises(ValueError, match="multi-rank launch needs a built-in model name"),
     ):
         s.launch(ranks=2, steps=3)
 
@@ -421,20 +435,29 @@ def test_zero_stage_switch_on_a_live_session_and_back(tiny):
 def test_a_new_session_on_the_same_module_closes_the_old_one(no_leaked_threads):
     x = torch.randn(16, 3)
     model = nn.Linear(3, 3)
-    old = Session(TrainConfig(micro_batch=4), model=model, data=TensorDataset(x, x),
-                  loss_fn=nn.functional.mse_loss)
+    old = Session(
+        TrainConfig(micro_batch=4),
+        model=model,
+        data=TensorDataset(x, x),
+        loss_fn=nn.functional.mse_loss,
+    )
     old.start()
     with pytest.warns(UserWarning, match="closing Session"):
-        new = Session(TrainConfig(micro_batch=4), model=model, data=TensorDataset(x, x),
-                      loss_fn=nn.functional.mse_loss)
+        new = Session(
+            TrainConfig(micro_batch=4),
+            model=model,
+            data=TensorDataset(x, x),
+            loss_fn=nn.functional.mse_loss,
+        )
     assert old.state == "closed" and new.state == "idle"
     new.run(2)
     new.close()
 
 
 def test_clipping_reports_the_norm_before_clipping(tiny):
-    cfg = TrainConfig(micro_batch=4, clip_grad_norm=1e-3, optimizer="sgd-nomomentum", lr=1.0,
-                      weight_decay=0.0)
+    cfg = TrainConfig(
+        micro_batch=4, clip_grad_norm=1e-3, optimizer="sgd-nomomentum", lr=1.0, weight_decay=0.0
+    )
     with Session(cfg, model_options=tiny) as s:
         before = {n: p.detach().clone() for n, p in s.model.named_parameters()}
         rec = s.run(1)[0]

@@ -75,9 +75,7 @@ def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())  # parameters() dedupes tied weights
 
 
-def build_model(
-    name: str, **options: Any
-) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
+def build_model(name: str, **options: Any) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
     """(module, dataset, loss_fn, info) of the built-in model `name`.
 
     Raises ValueError for an unknown name or option, listing what is allowed.
@@ -94,7 +92,11 @@ def build_model(
     for key, value in opts.items():
         if key in ("text", "dropout"):
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "seed" else 1):
+        if (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or value < (0 if key == "seed" else 1)
+        ):
             raise ValueError(
                 f"model {name!r}: {key}={value!r}: must be an integer >= {0 if key == 'seed' else 1}"
             )
@@ -119,12 +121,23 @@ def _tiny_gpt(
         raise ValueError(f"model 'tiny-gpt': heads={heads}: must divide hidden={hidden} evenly")
     dataset = CharDataset(load_text(text), seq_len)
     module = TinyGPT(
-        vocab=dataset.vocab, seq_len=seq_len, layers=layers, hidden=hidden, heads=heads,
+        vocab=dataset.vocab,
+        seq_len=seq_len,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
         dropout=float(dropout),
     )
     info = ModelInfo(
-        name="tiny-gpt", n_params=_count(module), layers=layers, hidden=hidden, heads=heads,
-        seq_len=seq_len, vocab=dataset.vocab, tokens_per_sample=seq_len, dropout=float(dropout),
+        name="tiny-gpt",
+        n_params=_count(module),
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq_len=seq_len,
+        vocab=dataset.vocab,
+        tokens_per_sample=seq_len,
+        dropout=float(dropout),
     )
     return module, dataset, lm_loss, info
 
@@ -139,8 +152,14 @@ def _mlp(
         samples=samples, in_features=in_features, out_features=out_features, seed=seed + 1
     )
     info = ModelInfo(
-        name="mlp", n_params=_count(module), layers=depth, hidden=hidden, heads=None,
-        seq_len=None, vocab=None, tokens_per_sample=None,
+        name="mlp",
+        n_params=_count(module),
+        layers=depth,
+        hidden=hidden,
+        heads=None,
+        seq_len=None,
+        vocab=None,
+        tokens_per_sample=None,
     )
     return module, data, nn.functional.mse_loss, info
 
@@ -155,8 +174,14 @@ def _cnn(
     module = SmallCNN(channels=channels, image_size=image_size, classes=classes)
     data = teacher_images(samples=samples, image_size=image_size, classes=classes, seed=seed + 1)
     info = ModelInfo(
-        name="cnn", n_params=_count(module), layers=2, hidden=channels, heads=None,
-        seq_len=None, vocab=None, tokens_per_sample=None,
+        name="cnn",
+        n_params=_count(module),
+        layers=2,
+        hidden=channels,
+        heads=None,
+        seq_len=None,
+        vocab=None,
+        tokens_per_sample=None,
     )
     return module, data, nn.functional.cross_entropy, info
 

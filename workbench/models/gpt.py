@@ -172,9 +172,7 @@ class TinyGPT(nn.Module):
         self.wte = nn.Embedding(vocab, hidden)
         self.wpe = nn.Embedding(seq_len, hidden)
         self.drop = MaskDropout(dropout)
-        self.blocks = nn.ModuleList(
-            Block(hidden, heads, seq_len, dropout) for _ in range(layers)
-        )
+        self.blocks = nn.ModuleList(Block(hidden, heads, seq_len, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
         self.head.weight = self.wte.weight  # tied

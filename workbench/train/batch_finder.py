@@ -81,7 +81,11 @@ def find_max_micro_batch(
         problems.append(
             f"memory_budget_bytes={memory_budget_bytes!r}: must be an integer >= 1 or None"
         )
-    if not isinstance(max_micro_batch, int) or isinstance(max_micro_batch, bool) or max_micro_batch < 1:
+    if (
+        not isinstance(max_micro_batch, int)
+        or isinstance(max_micro_batch, bool)
+        or max_micro_batch < 1
+    ):
         problems.append(f"max_micro_batch={max_micro_batch!r}: must be an integer >= 1")
     if isinstance(data, DataLoader):
         problems.append("data: must be a Dataset (the search builds loaders of each size)")
@@ -90,8 +94,12 @@ def find_max_micro_batch(
     if isinstance(model, nn.Module):
         model = copy.deepcopy(model)
     base = config.replace(
-        micro_batch=1, grad_accum=1, checkpoint_dir=None, checkpoint_every_steps=None,
-        checkpoint_every_seconds=None, num_workers=0,
+        micro_batch=1,
+        grad_accum=1,
+        checkpoint_dir=None,
+        checkpoint_every_steps=None,
+        checkpoint_every_seconds=None,
+        num_workers=0,
     )
     with Session(
         base, model=model, data=data, loss_fn=loss_fn, model_options=model_options, device=device

@@ -35,7 +35,11 @@ class ResumableSampler(Sampler[int]):
 
     def __init__(self, dataset: Dataset[Any], *, rank: int, world_size: int, seed: int) -> None:
         self.base = DistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed  # type: ignore[arg-type]
+            dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=seed,  # type: ignore[arg-type]
         )
         self.epoch = 0
         self.offset = 0

@@ -38,9 +38,18 @@ from workbench.train.plain import storage_bytes
 
 _VIEW_OR_COPY = frozenset(
     {
-        "ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
-        "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0",
-        "SliceBackward0", "SelectBackward0", "CloneBackward0", "ReshapeAliasBackward0",
+        "ToCopyBackward0",
+        "TBackward0",
+        "ViewBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "ExpandBackward0",
+        "UnsafeViewBackward0",
+        "AliasBackward0",
+        "SliceBackward0",
+        "SelectBackward0",
+        "CloneBackward0",
+        "ReshapeAliasBackward0",
     }
 )
 

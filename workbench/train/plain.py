@@ -244,9 +244,7 @@ class PlainBackend:
         (including Adam's 4-byte `step` counter per parameter tensor)."""
         params = storage_bytes(p for _, p in self._named)
         grads = storage_bytes(p.grad for _, p in self._named if p.grad is not None)
-        optim = storage_bytes(
-            v for st in self.optimizer.state.values() for v in st.values()
-        )
+        optim = storage_bytes(v for st in self.optimizer.state.values() for v in st.values())
         return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
 
     def close(self) -> None:

@@ -60,7 +60,9 @@ class ProfileResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _memory_split(prof: Any, device: torch.device) -> tuple[dict[str, int] | None, int | None, str | None]:
+def _memory_split(
+    prof: Any, device: torch.device
+) -> tuple[dict[str, int] | None, int | None, str | None]:
     try:
         from torch.profiler import _memory_profiler as mp
 
@@ -118,7 +120,11 @@ def profile_session(
     us = 1e-6
     step_total = sum(e.cpu_time_total for e in events if e.key.startswith("ProfilerStep"))
     phase_seconds = {
-        name: (by_name[f"workbench.{name}"].cpu_time_total * us if f"workbench.{name}" in by_name else 0.0)
+        name: (
+            by_name[f"workbench.{name}"].cpu_time_total * us
+            if f"workbench.{name}" in by_name
+            else 0.0
+        )
         for name in PHASES
     }
     total_s = step_total * us if step_total else sum(phase_seconds.values())
@@ -129,7 +135,8 @@ def profile_session(
         return float(getattr(e, "self_device_time_total", 0.0)) * us if cuda else None
 
     ops = [
-        e for e in events
+        e
+        for e in events
         if not e.key.startswith(("ProfilerStep", "workbench.")) and e.self_cpu_time_total > 0
     ]
     sort_key = "self_device_time_total" if cuda else "self_cpu_time_total"

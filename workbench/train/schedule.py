@@ -31,7 +31,9 @@ ONECYCLE_PCT_START = 0.3
 ONECYCLE_FINAL_DIV = 1e4
 
 
-def lr_multiplier(schedule: LRSchedule | str, step: int, warmup_steps: int, total_steps: int) -> float:
+def lr_multiplier(
+    schedule: LRSchedule | str, step: int, warmup_steps: int, total_steps: int
+) -> float:
     """Factor applied to the base learning rate for the step after `step` applied steps."""
     sched = LRSchedule(schedule)
     warmup = warmup_steps
@@ -51,7 +53,9 @@ def lr_multiplier(schedule: LRSchedule | str, step: int, warmup_steps: int, tota
 
 
 def lr_at(config: TrainConfig, step: int, base_lr: float) -> float:
-    return base_lr * lr_multiplier(config.lr_schedule, step, config.warmup_steps, config.total_steps)
+    return base_lr * lr_multiplier(
+        config.lr_schedule, step, config.warmup_steps, config.total_steps
+    )
 
 
 def scaled_lr(config: TrainConfig, reference_batch: int, world_size: int = 1) -> float:

@@ -69,10 +69,25 @@ STATES = ("idle", "running", "paused", "stopped", "error", "closed")
 DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
 BACKEND_FIELDS = frozenset(
     {
-        "precision", "optimizer", "lr", "weight_decay", "momentum", "lr_schedule",
-        "warmup_steps", "total_steps", "lr_scaling", "clip_grad_norm", "zero_stage",
-        "offload_optimizer", "offload_params", "nvme_path", "loss_scale_init",
-        "loss_scale_growth", "loss_scale_backoff", "loss_scale_interval", "grad_accum",
+        "precision",
+        "optimizer",
+        "lr",
+        "weight_decay",
+        "momentum",
+        "lr_schedule",
+        "warmup_steps",
+        "total_steps",
+        "lr_scaling",
+        "clip_grad_norm",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_params",
+        "nvme_path",
+        "loss_scale_init",
+        "loss_scale_growth",
+        "loss_scale_backoff",
+        "loss_scale_interval",
+        "grad_accum",
         "micro_batch",
     }
 )
@@ -210,7 +225,11 @@ class Session:
             raise ValueError(f"data={data!r}: must be a torch Dataset or DataLoader")
         if not callable(loss_fn):
             raise ValueError(f"loss_fn={loss_fn!r}: must be callable(outputs, targets)")
-        if isinstance(data, DataLoader) and data.batch_size and data.batch_size != config.micro_batch:
+        if (
+            isinstance(data, DataLoader)
+            and data.batch_size
+            and data.batch_size != config.micro_batch
+        ):
             config = config.replace(micro_batch=int(data.batch_size))
         previous_ref = _OWNERS.get(module)
         previous = previous_ref() if previous_ref is not None else None
@@ -444,7 +463,10 @@ class Session:
                 "activation_checkpointing=True: the model has no checkpointable blocks; mark "
                 "them with workbench.train.checkpointing.mark_checkpointable(model, [names])"
             )
-        if Device(config.device) is not Device.AUTO and Device(config.device).value != self.device.type:
+        if (
+            Device(config.device) is not Device.AUTO
+            and Device(config.device).value != self.device.type
+        ):
             p.append(
                 f"device={Device(config.device).value!r}: this session runs on "
                 f"{self.device.type}; the device cannot change on a live session (create a "
@@ -464,7 +486,9 @@ class Session:
                         f"({name}={current!r}); change it there, or pass a Dataset so the "
                         "session builds the loader"
                     )
-        if (config.checkpoint_every_steps or config.checkpoint_every_seconds) and not config.checkpoint_dir:
+        if (
+            config.checkpoint_every_steps or config.checkpoint_every_seconds
+        ) and not config.checkpoint_dir:
             p.append(
                 "checkpoint_dir=None: checkpoint_every_steps / checkpoint_every_seconds need "
                 "a checkpoint_dir"
@@ -472,9 +496,7 @@ class Session:
         return p
 
     # ------------------------------------------------------------------ events
-    def _event(
-        self, kind: str, message: str, severity: str = "info", **details: Any
-    ) -> Event:
+    def _event(self, kind: str, message: str, severity: str = "info", **details: Any) -> Event:
         ev = Event(kind=kind, message=message, step=self._step, severity=severity, details=details)
         with self._state_lock:
             self.events.append(ev)
@@ -526,8 +548,7 @@ class Session:
                 self._pending.clear()
             self._event(
                 "change-failed",
-                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous "
-                "settings",
+                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous settings",
                 "error",
                 changes=diff,
                 error=f"{type(exc).__name__}: {exc}",
@@ -554,7 +575,9 @@ class Session:
             if changed & BACKEND_FIELDS:
                 state = self._backend.export_state()
                 new_backend = build_backend(
-                    self._backend_config(target), self._model, state=state,
+                    self._backend_config(target),
+                    self._model,
+                    state=state,
                     world_size=self.world_size,
                 )
             if "activation_checkpointing" in changed:
@@ -577,9 +600,7 @@ class Session:
         with self._state_lock:
             if not self._pending:
                 self._requested = target
-            self._changes_for_next_record.update(
-                {k: _plain(getattr(target, k)) for k in changed}
-            )
+            self._changes_for_next_record.update({k: _plain(getattr(target, k)) for k in changed})
 
     def _set_checkpointing(self, enabled: bool, new_backend: Backend | None) -> None:
         """On the base model and on the module an engine trains (DeepSpeed's copy)."""
@@ -1045,8 +1066,14 @@ class Session:
         elif isinstance(model, str) and model == saved.get("name"):
             options = saved.get("options") or None
         return cls(
-            config, model=model, data=data, loss_fn=loss_fn, sampler=sampler, device=device,
-            model_options=options, resume=payload["path"],
+            config,
+            model=model,
+            data=data,
+            loss_fn=loss_fn,
+            sampler=sampler,
+            device=device,
+            model_options=options,
+            resume=payload["path"],
         )
 
     def _load_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
@@ -1121,8 +1148,11 @@ class Session:
         info = self.info
         if info is not None and info.is_transformer:
             shape = dict(
-                layers=info.layers, hidden=info.hidden, heads=info.heads,
-                seq_len=info.seq_len, vocab=info.vocab,
+                layers=info.layers,
+                hidden=info.hidden,
+                heads=info.heads,
+                seq_len=info.seq_len,
+                vocab=info.vocab,
             )
         return estimate_memory(
             n_params=n_params,
