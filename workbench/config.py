@@ -189,8 +189,12 @@ class TrainConfig:
         positive_float("clip_grad_norm", optional=True)
         positive_int("num_workers", minimum=0)
         positive_float("loss_scale_init")
-        positive_float("loss_scale_growth")
-        positive_float("loss_scale_backoff", maximum=1.0)
+        if not _is_number(self.loss_scale_growth) or self.loss_scale_growth <= 1:
+            p.append(f"loss_scale_growth={self.loss_scale_growth!r}: must be a finite number > 1")
+        if not _is_number(self.loss_scale_backoff) or not 0 < self.loss_scale_backoff < 1:
+            p.append(
+                f"loss_scale_backoff={self.loss_scale_backoff!r}: must be a number > 0 and < 1"
+            )
         positive_int("loss_scale_interval")
         positive_int("seed", minimum=0)
         positive_int("checkpoint_every_steps", optional=True)

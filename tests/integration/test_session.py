@@ -226,7 +226,7 @@ def test_bad_updates_raise_every_problem_and_leave_the_session_unchanged(tiny):
         assert "micro_batch=0" in text and "lr=-1.0" in text and "precision='fp8'" in text
         with pytest.raises(ValueError, match="bogus=1: unknown setting"):
             s.update(bogus=1)
-        with pytest.raises(ValueError, match="loss_scale_growth=0.5: must be > 1 for amp-fp16"):
+        with pytest.raises(ValueError, match="loss_scale_growth=0.5: must be a finite number > 1"):
             s.update(precision="amp-fp16", loss_scale_growth=0.5)
         with pytest.raises(ValueError, match="device='cuda'"):
             s.update(device="cuda")

@@ -191,3 +191,26 @@ def test_close_leaves_no_process_group_threads_or_environment(no_leaked_threads)
     assert {k: os.environ.get(k) for k in DIST_ENV} == env
     assert [t.name for t in threading.enumerate() if t not in threads and t.is_alive()] == []
     assert any(r.zero_stage == 3 for r in s.history)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_session_memory_matches_deepspeed_accounting(stage):
+    """In one process the Session's measured model states equal the estimator's
+    "deepspeed" accounting (ZeRO-3 parameters are partitioned: counted by ds_numel)."""
+    with Session(TrainConfig(zero_stage=stage, micro_batch=4), model="mlp") as s:
+        s.run(optimizer_steps=1)
+        report = s.memory()
+    predicted = report.predicted
+    assert predicted is not None, report.notes
+    assert predicted.accounting == "deepspeed"
+    assert report.n_params == sum(p.numel() for p in build_mlp_params())
+    assert report.params_bytes == predicted.params_bytes
+    assert report.grads_bytes == predicted.grads_bytes
+    assert report.optimizer_bytes - report.optimizer_step_counter_bytes == predicted.optimizer_bytes
+
+
+def build_mlp_params():
+    from workbench.models import build_model
+
+    module, _, _, _ = build_model("mlp")
+    return list(module.parameters())

@@ -449,15 +449,6 @@ class Session:
         reason = amp_supported(prec, self.device.type)
         if reason:
             p.append(f"precision={prec.value!r}: not available on {self.device.type}: {reason}")
-        if prec is Precision.AMP_FP16:
-            if config.loss_scale_growth <= 1.0:
-                p.append(
-                    f"loss_scale_growth={config.loss_scale_growth!r}: must be > 1 for amp-fp16"
-                )
-            if config.loss_scale_backoff >= 1.0:
-                p.append(
-                    f"loss_scale_backoff={config.loss_scale_backoff!r}: must be < 1 for amp-fp16"
-                )
         if config.activation_checkpointing and not checkpointable_modules(self._model):
             p.append(
                 "activation_checkpointing=True: the model has no checkpointable blocks; mark "
@@ -1115,7 +1106,8 @@ class Session:
             notes: list[str] = []
             if states.optimizer_bytes == 0 and cfg.optimizer != "sgd-nomomentum":
                 notes.append("optimizer states are created at the first optimizer step; run one")
-            n_params = sum(p.numel() for p in self.model.parameters())
+            # ZeRO-3 leaves partitioned (empty) parameters; `ds_numel` is the full size
+            n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in self.model.parameters())
             predicted = None
             try:
                 predicted = self._predict(cfg, n_params)
@@ -1154,6 +1146,9 @@ class Session:
                 seq_len=info.seq_len,
                 vocab=info.vocab,
             )
+        # The DeepSpeed engine's real layout (fp32 master partitions, reduce buckets) is
+        # predicted by the estimator's "deepspeed" accounting; the plain loop by the paper's.
+        uses_deepspeed = cfg.uses_deepspeed or self.world_size > 1
         return estimate_memory(
             n_params=n_params,
             precision=str(cfg.precision),
@@ -1162,6 +1157,9 @@ class Session:
             gpus=self.world_size,
             micro_batch=int(cfg.micro_batch),
             checkpointing="full" if cfg.activation_checkpointing else "none",
+            offload_optimizer=str(cfg.offload_optimizer) != "none",
+            offload_params=str(cfg.offload_params) != "none",
+            accounting="deepspeed" if uses_deepspeed else "paper",
             **shape,
         )
 
@@ -1223,6 +1221,7 @@ class Session:
         except ImportError as exc:
             raise ValueError(f"ranks={ranks!r}: multi-rank launch is not available: {exc}") from exc
 
+        kwargs.setdefault("model_options", dict(self.model_options) or None)
         return launch_ranks(self._config, ranks=ranks, model=self.model_name, steps=steps, **kwargs)
 
 

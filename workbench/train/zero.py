@@ -46,6 +46,7 @@ import copy
 import gc
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -108,6 +109,9 @@ class _ProcessGroupLease:
             if key not in os.environ:
                 os.environ[key] = defaults[key]
                 added.append(key)
+        # torch wraps sys.excepthook at every init_process_group ("[rank0]: " prefixes);
+        # a notebook process re-creates the group at each engine switch, so keep the hook.
+        excepthook = sys.excepthook
         try:
             import deepspeed
             from deepspeed.accelerator import get_accelerator
@@ -121,6 +125,9 @@ class _ProcessGroupLease:
             for key in added:
                 os.environ.pop(key, None)
             raise
+        finally:
+            if added:  # only our own single-process group; a launcher's ranks keep torch's hook
+                sys.excepthook = excepthook
         cls.env_added = tuple(added)
         cls.created = True
         cls.users = 1
@@ -260,7 +267,9 @@ class DeepSpeedBackend:
         self.ds_config = engine_config(config, self.world_size, n_params)
         trainable = [p for p in module.parameters() if p.requires_grad]
         engine, _, _, _ = deepspeed.initialize(
-            model=module, model_parameters=trainable, config=self.ds_config,
+            model=module,
+            model_parameters=trainable,
+            config=self.ds_config,
             dist_init_required=False,
         )
         self.engine = engine
@@ -387,7 +396,9 @@ class DeepSpeedBackend:
         ]
         return max(steps) if steps else self.steps
 
-    def _slots(self, keys: list[str]) -> Iterator[tuple[str, Any, torch.Tensor, dict[str, torch.Tensor]]]:
+    def _slots(
+        self, keys: list[str]
+    ) -> Iterator[tuple[str, Any, torch.Tensor, dict[str, torch.Tensor]]]:
         """(name, param, full fp32 weight, {state key: full fp32 tensor}) per parameter."""
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
@@ -396,9 +407,12 @@ class DeepSpeedBackend:
             base = engine.optimizer
             for name, p in self._named:
                 st = base.state.get(p, {})
-                yield name, p, p.detach().float().clone(), {
-                    k: st[k].detach().float().clone() for k in keys if k in st
-                }
+                yield (
+                    name,
+                    p,
+                    p.detach().float().clone(),
+                    {k: st[k].detach().float().clone() for k in keys if k in st},
+                )
         elif self._layout == "flat16":
             opt = engine.optimizer
             base = opt.optimizer
@@ -409,10 +423,16 @@ class DeepSpeedBackend:
                 for p in group:
                     n = p.numel()
                     name = index[id(p)]
-                    yield name, p, flat[offset : offset + n].detach().view_as(p).clone(), {
-                        k: st[k][offset : offset + n].detach().view_as(p).clone()
-                        for k in keys if k in st
-                    }
+                    yield (
+                        name,
+                        p,
+                        flat[offset : offset + n].detach().view_as(p).clone(),
+                        {
+                            k: st[k][offset : offset + n].detach().view_as(p).clone()
+                            for k in keys
+                            if k in st
+                        },
+                    )
                     offset += n
         else:
             for name, p in self._named:
@@ -471,7 +491,9 @@ class DeepSpeedBackend:
                 safe_set_full_fp32_param(p, weights[name].float().to(_device_of(p)))
                 if carry:
                     for k in keys:
-                        safe_set_full_optimizer_state(p, saved[name][k].float().to(_device_of(p)), k)
+                        safe_set_full_optimizer_state(
+                            p, saved[name][k].float().to(_device_of(p)), k
+                        )
         self.steps = int(state.get("steps", 0))
         self.overflow_steps = int(state.get("overflow_steps", 0))
         scaler = state.get("scaler")
@@ -563,11 +585,16 @@ class DeepSpeedBackend:
         opt = self.engine.optimizer
         base = _base_optimizer(self.engine)
         total = sum(
-            _nbytes(v) for st in base.state.values() for v in st.values()
+            _nbytes(v)
+            for st in base.state.values()
+            for v in st.values()
             if isinstance(v, torch.Tensor) and v.dim() > 0
         )
-        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat",
-                     "fp32_groups_flat"):
+        for attr in (
+            "single_partition_of_fp32_groups",
+            "fp32_partitioned_groups_flat",
+            "fp32_groups_flat",
+        ):
             for t in getattr(opt, attr, None) or []:
                 total += _nbytes(t)
         return total
@@ -707,4 +734,3 @@ def _autocast_factory(dtype: torch.dtype) -> Any:
         return torch.autocast(device_type=device_type, dtype=dtype)
 
     return autocast
-
