@@ -80,6 +80,7 @@ def bench_training_overhead(pairs: int, steps: int) -> dict[str, Any]:
     try:
         session.run(optimizer_steps=3)  # warm-up: allocations, first-step costs
         panel = TrainingPanel(session, refresh_s=0.25, autostart=False)
+        panel.wait_for_tasks(timeout=300)  # its one automatic memory measurement
 
         def timed_run() -> float:
             start = time.perf_counter()

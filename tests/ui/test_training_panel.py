@@ -165,6 +165,8 @@ def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> No
     for i in range(5):
         session.step(loss=2.0 - 0.1 * i, data_seconds=0.02, compute_seconds=0.08)
     panel.refresh(draw_now=True)
+    panel.wait_for_tasks()  # the automatic memory measurement the first records start
+    panel.refresh(draw_now=True)
     data = panel.chart_data()
     assert data["loss"] == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
     assert data["data_seconds"] == pytest.approx([0.02] * 5)
@@ -280,3 +282,55 @@ def strip(html_text: str) -> str:
     from workbench.ui._common import strip_tags
 
     return strip_tags(html_text)
+
+
+def test_first_records_measure_memory_with_activations_quietly(session: FakeSession) -> None:
+    calls: list[int] = []
+
+    def memory():
+        calls.append(len(session.history))
+        return {
+            "measured": {"params_bytes": 4000, "grads_bytes": 4000, "activation_bytes": 9000},
+            "predicted": {"params_bytes": 4000, "grads_bytes": 4000, "activation_bytes": 8000},
+        }
+
+    session.memory = memory  # type: ignore[method-assign]
+    panel = TrainingPanel(session, autostart=False)
+    try:
+        panel.refresh(draw_now=True)
+        panel.wait_for_tasks()
+        assert calls == []  # no step yet: optimizer states do not exist to measure
+        session.step()
+        _set(panel, "grad_accum", "4")
+        panel.refresh(draw_now=True)
+        panel.wait_for_tasks()
+        panel.refresh(draw_now=True)
+        assert calls == [1]
+        mem = panel.memory_chart_data()
+        assert mem["labels"] == ["parameters", "gradients", "activations"]
+        assert mem["measured"] == pytest.approx([4000, 4000, 9000])
+        assert mem["predicted"] == pytest.approx([4000, 4000, 8000])
+        assert "grad_accum=4 queued" in panel.message_text  # the user's feedback stays
+        session.step()
+        panel.refresh(draw_now=True)
+        panel.wait_for_tasks()
+        assert calls == [1]  # once; grad_accum does not change memory
+    finally:
+        panel.close()
+
+
+def test_automatic_memory_measurement_can_be_turned_off(session: FakeSession) -> None:
+    calls: list[int] = []
+    session.memory = lambda: calls.append(1)  # type: ignore[method-assign]
+    panel = TrainingPanel(session, autostart=False, measure_memory=False)
+    try:
+        session.step()
+        panel.refresh(draw_now=True)
+        panel.wait_for_tasks()
+        assert calls == [] and panel.memory_chart_data()["labels"] == [
+            "parameters",
+            "gradients",
+            "optimizer",
+        ]
+    finally:
+        panel.close()

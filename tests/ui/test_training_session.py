@@ -80,7 +80,7 @@ def test_bad_input_leaves_the_real_session_unchanged(session: Session) -> None:
 
 def test_memory_measured_next_to_prediction(session: Session) -> None:
     session.run(optimizer_steps=1)
-    panel = TrainingPanel(session, autostart=False)
+    panel = TrainingPanel(session, autostart=False, measure_memory=False)
     try:
         panel.refresh(draw_now=True)
         mem = panel.memory_chart_data()  # from the step record and the estimator
@@ -111,5 +111,20 @@ def test_profile_and_save_buttons_on_a_real_session(session: Session, tmp_path) 
         panel.buttons["save"].click()
         assert f"checkpoint saved: {tmp_path}" in panel.message_text
         assert list(tmp_path.glob("*.pt"))
+    finally:
+        panel.close()
+
+
+def test_panel_measures_activations_without_a_click(session: Session) -> None:
+    session.run(optimizer_steps=1)
+    panel = TrainingPanel(session, autostart=False)  # its first refresh sees the record
+    try:
+        panel.wait_for_tasks(timeout=300)
+        panel.refresh(draw_now=True)
+        mem = panel.memory_chart_data()
+        assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+        assert mem["measured"][3] == pytest.approx(panel.memory_report.activation_bytes)
+        assert mem["measured"][3] > 0 and mem["predicted"][3] > 0
+        assert panel.memory_error is None
     finally:
         panel.close()

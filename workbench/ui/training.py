@@ -49,7 +49,7 @@ MEMORY_FIELDS = frozenset(
 )
 MAX_POINTS = 2000
 DRAW_DUTY = 0.03  # charts may take at most this share of wall time
-MAX_DRAW_WAIT_SECONDS = 5.0  # points kept per chart line
+MAX_DRAW_WAIT_SECONDS = 5.0  # longest pause between redraws while data changes
 ADVICE_EVERY_SECONDS = 2.0
 STATUS_KEYS = (
     "precision",
@@ -115,6 +115,13 @@ class TrainingPanel(PanelBase):
     `refresh()` runs one timer tick on the calling thread; the timer calls it every
     `refresh_s` seconds (>= 0.25) and redraws the charts within a small CPU budget.
     `close()` stops the timer; the session is left as it is.
+
+    With `measure_memory` (the default) the panel measures memory once on a probe
+    micro-batch (`session.memory()`, off the kernel's thread) when the first step records
+    arrive, so the memory chart pairs measured and predicted activations as well as model
+    states without a click; it measures again after a change of a memory setting. These
+    automatic measurements leave the message line alone; a failure is kept in
+    `memory_error` and the chart falls back to the step records' model states.
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class TrainingPanel(PanelBase):
         sampler: Any | None = None,
         refresh_s: float = 0.5,
         autostart: bool = True,
+        measure_memory: bool = True,
     ) -> None:
         super().__init__()
         for name in ("config", "update", "records_since", "state", "start", "stop"):
@@ -177,6 +185,9 @@ class TrainingPanel(PanelBase):
             self.buttons[name] = b
         self._task_thread: threading.Thread | None = None  # profile / memory probe
         self.memory_report: Any | None = None  # last session.memory() result
+        self.memory_error: str | None = None  # why the last automatic measurement failed
+        # measure once (activations included) when the first step records arrive
+        self._measure_memory = measure_memory and callable(getattr(session, "memory", None))
         self._predicted: tuple[Any, Any] | None = None  # (config, MemoryEstimate | None)
         self._version_seen: int | None = None
 
@@ -373,7 +384,7 @@ class TrainingPanel(PanelBase):
         else:  # pragma: no cover - buttons are fixed above
             raise ValueError(f"unknown action {name!r}")
 
-    def _run_task(self, label: str, fn: Callable[[], None]) -> None:
+    def _run_task(self, label: str, fn: Callable[[], None], *, quiet: bool = False) -> None:
         """Run a slow session call (profile, memory probe) off the kernel's thread."""
         if self._task_thread is not None and self._task_thread.is_alive():
             raise RuntimeError("another profile or memory measurement is still running")
@@ -382,7 +393,10 @@ class TrainingPanel(PanelBase):
             try:
                 fn()
             except Exception as exc:
-                self._say("error", f"{label}: {_one_line(exc)}")
+                if quiet:
+                    self.memory_error = f"{label}: {_one_line(exc)}"
+                else:
+                    self._say("error", f"{label}: {_one_line(exc)}")
             self._dirty = True
 
         self._task_thread = threading.Thread(target=run, name="workbench-ui-task", daemon=True)
@@ -403,7 +417,12 @@ class TrainingPanel(PanelBase):
     def _memory_task(self) -> None:
         self._say("info", "measuring memory on one probe micro-batch ...")
         self.memory_report = self.session.memory()
+        self.memory_error = None
         self._say("ok", "memory measured: " + _memory_summary(self.memory_report))
+
+    def _quiet_memory_task(self) -> None:
+        self.memory_report = self.session.memory()
+        self.memory_error = None
 
     def wait_for_tasks(self, timeout: float | None = 60) -> None:
         """Wait for a running profile or memory measurement to finish."""
@@ -695,6 +714,9 @@ class TrainingPanel(PanelBase):
                     self.change_steps.append((r.step, text))
                     if self.memory_report is not None and set(changes) & MEMORY_FIELDS:
                         self._auto_probe = True
+            if self._measure_memory and self.memory_report is None:
+                self._measure_memory = False  # once; later probes follow memory changes
+                self._auto_probe = True
             if len(self.records) > 20 * MAX_POINTS:  # keep memory bounded on long runs
                 drop = len(self.records) - 10 * MAX_POINTS
                 self._dropped = getattr(self, "_dropped", 0) + drop
@@ -719,11 +741,12 @@ class TrainingPanel(PanelBase):
             self._draw()
             cost = time.perf_counter() - start
             self._next_draw = now + min(cost / DRAW_DUTY, MAX_DRAW_WAIT_SECONDS)
-        if self._auto_probe and state != "closed":
-            # keep a measurement the user asked for in step with the new settings
+        if self._auto_probe and state not in ("closed", "error"):
+            # measure activations next to the prediction without a click, and keep the
+            # measurement in step with the settings; quiet: the message line stays the user's
             self._auto_probe = False
             with contextlib.suppress(RuntimeError):
-                self._run_task("measure memory", self._memory_task)
+                self._run_task("measure memory", self._quiet_memory_task, quiet=True)
 
     def _update_status(self, state: str) -> None:
         cfg = self.session.config
