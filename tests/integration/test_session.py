@@ -468,3 +468,20 @@ def test_clipping_reports_the_norm_before_clipping(tiny):
     assert rec.clip_grad_norm == 1e-3
     # plain SGD with lr 1 and no weight decay: the update is the clipped gradient
     assert float(moved) == pytest.approx(1e-3, rel=0.05)
+
+
+def test_deepspeed_fp16_on_a_cpu_without_fp16_is_refused_up_front(monkeypatch, tiny):
+    """DeepSpeed's CPU accelerator has fp16 only with oneDNN fp16 support; without it
+    the change is refused by update() itself, not later when the engine is built."""
+    from workbench.train import session as session_module
+
+    monkeypatch.setattr(session_module, "_deepspeed_fp16_on_cpu", lambda: False)
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.start()
+        with pytest.raises(ValueError, match="precision='fp16': DeepSpeed's fp16 does not run"):
+            s.update(precision="fp16")
+        assert s.pending_changes == {} and s.state == "running"
+        s.stop()
+        assert s.config.precision == "fp32" and s.events == []
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        Session(TrainConfig(precision="fp16"), model_options=tiny)

@@ -145,6 +145,14 @@ def _world_from_env() -> tuple[int, int]:
     return values["WORLD_SIZE"], values["RANK"]
 
 
+def _deepspeed_fp16_on_cpu() -> bool:
+    """Whether DeepSpeed's CPU accelerator runs fp16 (it asks oneDNN, as here)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except Exception:
+        return False
+
+
 def _deepspeed_backend_available() -> bool:
     import importlib.util
 
@@ -445,6 +453,11 @@ class Session:
                 "precision='amp-fp16': the DeepSpeed backend (zero_stage >= 1 or several ranks) "
                 "does not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
                 "fp16) or 'amp-bf16'"
+            )
+        if prec is Precision.FP16 and self.device.type == "cpu" and not _deepspeed_fp16_on_cpu():
+            p.append(
+                "precision='fp16': DeepSpeed's fp16 does not run on this CPU (no oneDNN fp16 "
+                "support); use precision 'amp-bf16' or 'bf16'"
             )
         reason = amp_supported(prec, self.device.type)
         if reason:
