@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from workbench import Session, TrainConfig, find_max_micro_batch
+from workbench.train.session import NO_ACTIVATION_PREDICTION
 
 SMALL = {
     "tiny-gpt": {"layers": 2, "hidden": 32, "heads": 2, "seq_len": 16},
@@ -31,7 +32,51 @@ def test_measured_model_states_equal_the_prediction(model, precision, optimizer)
     counters = 4 * n_tensors if optimizer == "adamw" else 0
     assert report.optimizer_step_counter_bytes == counters
     assert report.optimizer_bytes - counters == pred.optimizer_bytes
-    assert report.optimizer_bytes > 0 and report.notes == ()
+    assert report.optimizer_bytes > 0
+    # the estimator predicts activations for transformers only; the note says so
+    expected_notes = () if model == "tiny-gpt" else (NO_ACTIVATION_PREDICTION,)
+    assert report.notes == expected_notes
+    assert (report.predicted_activation_bytes is None) == (model != "tiny-gpt")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16"])
+def test_mlp_and_cnn_activations_equal_a_hand_count(precision):
+    """No estimator formula covers the mlp and cnn, so the measurement is checked against
+    what their layers save for backward (b = micro-batch, a = bytes per autocast
+    activation, 4 for fp32, 2 for bf16). The loss runs in fp32 on `out.float()`."""
+    b, a = 8, 4 if precision == "fp32" else 2
+    cfg = TrainConfig(micro_batch=b, precision=precision)
+    # mlp: in 64, hidden 256, depth 3, out 16. Each Linear saves its input (the first
+    # one a cast copy of x under autocast), each GELU its input; mse_loss saves the fp32
+    # output and the target.
+    with Session(cfg, model="mlp") as s:
+        mlp = s.memory()
+    x_saved = b * 64 * a
+    layers = 3 * (b * 256 * a + b * 256 * a)  # GELU input + next Linear's input
+    loss = 2 * b * 16 * 4
+    assert mlp.activation_bytes == x_saved + layers + loss
+    assert NO_ACTIVATION_PREDICTION in mlp.notes
+    if precision == "fp32":
+        # cnn: channels 16, 16x16 images, 10 classes. conv1 saves x, ReLU its output
+        # (which max-pool also saves) and max-pool int64 indices; conv2 the pooled map;
+        # the classifier the second pooled map; cross-entropy the log-softmax output, the
+        # int64 targets and a 4-byte total weight.
+        with Session(cfg, model="cnn") as s:
+            cnn = s.memory()
+        c = 16
+        expected = (
+            b * 1 * 16 * 16 * 4  # conv1 input
+            + b * c * 16 * 16 * 4  # relu1 output = pool1 input
+            + b * c * 8 * 8 * 8  # pool1 indices
+            + b * c * 8 * 8 * 4  # pool1 output = conv2 input
+            + b * 2 * c * 8 * 8 * 4  # relu2 output = pool2 input
+            + b * 2 * c * 4 * 4 * 8  # pool2 indices
+            + b * 2 * c * 4 * 4 * 4  # pool2 output = classifier input
+            + b * 10 * 4  # log-softmax output
+            + b * 8  # targets
+            + 4  # nll_loss total weight
+        )
+        assert cnn.activation_bytes == expected
 
 
 @pytest.mark.parametrize(

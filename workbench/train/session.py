@@ -101,6 +101,15 @@ _OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ReferenceType[Session]] = 
 )
 
 
+#: Why `memory()` has no activation prediction for the mlp, the cnn and user modules.
+NO_ACTIVATION_PREDICTION = (
+    "no activation prediction: the estimator's activation formula (Korthikanti et al.) "
+    "covers decoder-only transformers such as tiny-gpt; for other models activation_bytes "
+    "is measured only (for the built-in mlp and cnn it equals a hand count of the tensors "
+    "their layers save)"
+)
+
+
 class SessionError(RuntimeError):
     """A training step failed; the session is in state "error" (see `events`)."""
 
@@ -1098,7 +1107,11 @@ class Session:
     def memory(self) -> Any:
         """Measured memory of the current settings on one probe micro-batch, next to the
         estimator's prediction (`workbench.train.memory.MemoryReport`). Runs between
-        steps (a running session keeps running); the probe does not change training."""
+        steps (a running session keeps running); the probe does not change training.
+
+        The estimator predicts activations for transformer shapes only (tiny-gpt); for
+        the mlp, the cnn and your own modules the report's notes say so and
+        `predicted_activation_bytes` is None."""
         from workbench.train import memory as mem
 
         self._check_open("measure memory")
@@ -1126,6 +1139,8 @@ class Session:
                 predicted = self._predict(cfg, n_params)
             except Exception as exc:  # the estimator rejects the inputs or is missing
                 notes.append(f"no prediction: {type(exc).__name__}: {exc}")
+            if predicted is not None and predicted.activation_bytes is None:
+                notes.append(NO_ACTIVATION_PREDICTION)
             return mem.MemoryReport(
                 params_bytes=states.params_bytes,
                 grads_bytes=states.grads_bytes,
