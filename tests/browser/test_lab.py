@@ -71,7 +71,18 @@ def test_start_notebook_panels_render_and_react(lab, page, artifacts: Path) -> N
         )
 
         dashboard.evaluate("el => el.scrollIntoView()")  # the panel at the top of the view
-        page.wait_for_timeout(1500)  # a few more steps on the charts
+        # a few more steps on the charts: a condition, not a fixed sleep
+        page.wait_for_function(
+            "() => { const t = document.querySelector('.wb-train-status').innerText;"
+            " const now = t.match(/step (\\d+) ·/), ch = t.match(/last change at step (\\d+)/);"
+            " return now && ch && Number(now[1]) >= Number(ch[1]) + 2; }"
+        )
+        # the charts redraw within their drawing budget (up to a few seconds under load):
+        # wait for the next redraw so the picture shows the steps the status line names
+        drawn = chart.evaluate("img => img.src")
+        page.wait_for_function(
+            "src => document.querySelector('img.wb-train-chart').src != src", arg=drawn
+        )
         dashboard.screenshot(path=str(artifacts / "dashboard.png"))  # the whole panel
 
         # ---- bad input in the page: a message beside the field, no traceback

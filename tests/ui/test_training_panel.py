@@ -334,3 +334,15 @@ def test_automatic_memory_measurement_can_be_turned_off(session: FakeSession) ->
         ]
     finally:
         panel.close()
+
+
+def test_memory_legend_does_not_cover_the_bars(panel: TrainingPanel, session: FakeSession) -> None:
+    session.step()
+    panel.refresh(draw_now=True)
+    panel.wait_for_tasks()
+    panel.refresh(draw_now=True)
+    ax = panel._ax_mem
+    renderer = panel.chart.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for b in panel._mem_bars for p in b.patches]
+    assert bars and not any(legend.overlaps(b) for b in bars)

@@ -666,9 +666,9 @@ class TrainingPanel(PanelBase):
         ):
             mbar.set_height((measured or 0) / unit)
             pbar.set_height((predicted or 0) / unit)
-        top = largest / unit * 1.2 if largest > 0 else 1.0
+        top = largest / unit * 1.45 if largest > 0 else 1.0  # headroom for the legend
         lo, hi = ax.get_ylim()
-        if not (largest / unit <= hi <= top * 1.5):  # re-scale only when far off
+        if not (largest / unit * 1.4 <= hi <= top * 1.5):  # re-scale only when far off
             ax.set_ylim(0, top)
             changed = True
         return changed
