@@ -14,6 +14,15 @@ from workbench import Session, TrainConfig
 from workbench.train import session as session_module
 
 
+def _wait_for(session: Session, condition, timeout: float = 60.0) -> None:
+    """Poll `condition()` while the session trains; fail at once if the loop ended."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert session.state == "running", (session.state, session.events[-1:])
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
 class Flaky(nn.Module):
     """A linear model that raises on chosen calls, or for batches larger than `oom_above`."""
 
@@ -174,8 +183,7 @@ def test_a_change_that_fails_to_apply_is_rolled_back(monkeypatch, tiny):
         s.start()
         s.update(optimizer="sgd")
         n = len(s.history)
-        while len(s.history) < n + 3:
-            time.sleep(0.005)
+        _wait_for(s, lambda: len(s.history) >= n + 3)
         s.stop()
         assert s.config.optimizer == "adamw"
         assert [e.kind for e in s.events].count("change-failed") == 2

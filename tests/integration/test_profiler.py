@@ -10,6 +10,15 @@ import pytest
 from workbench import Session, TrainConfig
 
 
+def _wait_for(session: Session, condition, timeout: float = 60.0) -> None:
+    """Poll `condition()` while the session trains; fail at once if the loop ended."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert session.state == "running", (session.state, session.events[-1:])
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
 def test_profile_returns_a_table_and_writes_a_trace(tmp_path, tiny):
     trace = tmp_path / "run.trace.json"
     with Session(TrainConfig(micro_batch=4, grad_accum=2), model_options=tiny) as s:
@@ -49,13 +58,11 @@ def test_profile_memory_split(tiny):
 def test_profile_pauses_a_running_session_and_resumes_it(tiny):
     with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
         s.start()
-        while s.step < 2:
-            time.sleep(0.005)
+        _wait_for(s, lambda: s.step >= 2)
         result = s.profile(steps=1)
         assert s.state == "running"
         before = s.step
-        while s.step < before + 2:
-            time.sleep(0.005)
+        _wait_for(s, lambda: s.step >= before + 2)
         s.stop()
     assert result.steps == 1
 

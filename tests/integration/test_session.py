@@ -17,6 +17,15 @@ from workbench.train.checkpointing import mark_checkpointable
 from workbench.train.session import SessionError, SessionStateError
 
 
+def _wait_for(session: Session, condition, timeout: float = 60.0) -> None:
+    """Poll `condition()` while the session trains; fail at once if the loop ended."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert session.state == "running", (session.state, session.events[-1:])
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
 def _grads_per_step(session: Session) -> list[dict[str, torch.Tensor]]:
     """Capture the gradients the backend is about to apply, at every step."""
     captured: list[dict[str, torch.Tensor]] = []
@@ -95,11 +104,9 @@ def test_precision_switch_mid_run_shows_in_records_and_activation_dtype(tiny):
 def test_update_while_running_applies_at_a_step_boundary(tiny):
     with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
         s.start()
-        while len(s.history) < 2:
-            time.sleep(0.005)
+        _wait_for(s, lambda: len(s.history) >= 2)
         s.update(micro_batch=2, grad_accum=3)
-        while not any(r.micro_batch == 2 for r in s.records_since(0)):
-            time.sleep(0.005)
+        _wait_for(s, lambda: any(r.micro_batch == 2 for r in s.records_since(0)))
         s.stop()
         recs = s.history
     changed = [r for r in recs if r.changes]
@@ -234,8 +241,7 @@ def test_bad_updates_raise_every_problem_and_leave_the_session_unchanged(tiny):
             s.update(micro_batch="8")
         assert s.pending_changes == {}
         n = len(s.history)
-        while len(s.history) < n + 2:
-            time.sleep(0.005)
+        _wait_for(s, lambda: len(s.history) >= n + 2)
         assert s.state == "running"
         s.stop()
         assert s.config == before
@@ -485,3 +491,24 @@ def test_deepspeed_fp16_on_a_cpu_without_fp16_is_refused_up_front(monkeypatch, t
         assert s.config.precision == "fp32" and s.events == []
     with pytest.raises(ValueError, match="precision='fp16'"):
         Session(TrainConfig(precision="fp16"), model_options=tiny)
+
+
+def test_precision_switch_on_a_running_thread_changes_the_activation_dtype_at_that_step(tiny):
+    """update() from another thread while the loop runs: the record that carries the
+    change is the first whose forward ran in bf16."""
+    dtypes: list[torch.dtype] = []
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.model.blocks[0].mlp.fc.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+        s.start()
+        _wait_for(s, lambda: len(s.history) >= 2)
+        s.update(precision="amp-bf16")
+        _wait_for(s, lambda: any(r.precision == "amp-bf16" for r in s.records_since(0)))
+        s.stop()
+        recs = s.history
+    assert len(dtypes) == len(recs)  # one forward per step (grad_accum 1)
+    changed = [i for i, r in enumerate(recs) if r.changes]
+    assert len(changed) == 1 and recs[changed[0]].changes == {"precision": "amp-bf16"}
+    k = changed[0]
+    assert k >= 2
+    assert [r.precision for r in recs] == ["fp32"] * k + ["amp-bf16"] * (len(recs) - k)
+    assert dtypes == [torch.float32] * k + [torch.bfloat16] * (len(recs) - k)
