@@ -359,6 +359,13 @@ def _child_env(cuda: bool, ranks: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
     env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
     env["PYTHONUNBUFFERED"] = "1"
+    # The ranks' tools (torchrun, DeepSpeed's launcher, the ninja that JIT-builds DeepSpeed's
+    # ops) come from this interpreter's environment: a second ninja on PATH (a notebook kernel
+    # started without the venv's bin) would invalidate the cached op builds, a minute each.
+    bin_dir = os.path.dirname(sys.executable)
+    path = env.get("PATH", "")
+    if path.split(os.pathsep)[0] != bin_dir:
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
     cwd = os.getcwd()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
     if not cuda:
