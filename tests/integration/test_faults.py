@@ -72,6 +72,9 @@ def test_exception_in_the_model_moves_to_error_and_resume_continues():
         assert s.wait(timeout=60) == "idle"
         assert s.step == 6  # the run's target
         assert s.history[2].changes == {"lr": 0.001}
+        # the failed step's batch is skipped, not retried: 6 steps read 7 batches
+        assert s._data.position.offset == 7 * 4
+        assert "its batch is skipped" in errors[0].message
 
 
 class BrokenData(Dataset):

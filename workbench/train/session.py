@@ -28,7 +28,9 @@ The first StepRecord after a change carries `changes={...}`.
 Faults: a non-finite loss skips the step and pauses (Event "nan-loss"); out of memory
 halves micro_batch and doubles grad_accum (same effective batch) and retries the same
 samples (Event "oom"); any other exception moves to "error" (Event "error" with the
-traceback) and the session can be `update`d and `resume`d.
+traceback) and the session can be `update`d and `resume`d; the weights and optimizer
+state are those before the failed step, whose micro-batches are not retried (a batch
+that always fails would otherwise block `resume`).
 
 LR scaling: `lr_scaling` scales `lr` by the effective batch relative to the one the
 session started with (see `workbench.train.schedule`).
@@ -833,8 +835,9 @@ class Session:
                 self._last_error = f"{type(exc).__name__}: {exc}"
                 self._event(
                     "error",
-                    f"step {self._step + 1} failed: {self._last_error}. Fix the cause, then "
-                    "update(...) and/or resume().",
+                    f"step {self._step + 1} failed: {self._last_error}. The step was not "
+                    "applied and its batch is skipped. Fix the cause, then update(...) and/or "
+                    "resume().",
                     "error",
                     error=self._last_error,
                     traceback=traceback.format_exc(),
