@@ -123,7 +123,7 @@ def test_parameter_count_mode_175b(panel: EstimatorPanel) -> None:
         ("mfu", "0", "MFU: 0 is out of range"),
         ("overhead_gib", "nan", "overhead (GiB): nan is out of range"),
         ("tokens", "lots", "training tokens: 'lots' is not a count"),
-        ("price_per_gpu_hour", "-1", "price per GPU-hour: -1 is out of range"),
+        ("price_per_gpu_hour", "-1", "$ per GPU-hour: -1 is out of range"),
     ],
 )
 def test_bad_text_shows_error_beside_field_and_keeps_chart(

@@ -71,7 +71,7 @@ LABELS = {
     "overhead_gib": "overhead (GiB)",
     "tokens": "training tokens",
     "mfu": "MFU",
-    "price_per_gpu_hour": "price per GPU-hour",
+    "price_per_gpu_hour": "$ per GPU-hour",
 }
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -215,7 +215,7 @@ class EstimatorPanel(PanelBase):
             layout=column,
         )
         self.units.style.button_width = "70px"
-        self.mode.style.button_width = "140px"
+        self.mode.style.button_width = "160px"
         wrap = widgets.Layout(flex_flow="row wrap", align_items="flex-start")
         top = widgets.HBox(
             [self.chart.image, widgets.VBox([self.summary, self.status])], layout=wrap
