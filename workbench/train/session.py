@@ -572,7 +572,10 @@ class Session:
             if raise_errors:
                 raise ValueError(f"could not apply {diff}: {exc}") from exc
             return
-        self._event("change", f"applied {diff}", changes=diff)
+        first = self._step + 1  # events carry the steps completed; records the step number
+        self._event(
+            "change", f"applied {diff} from step {first}", changes=diff, effective_step=first
+        )
 
     def _apply_config(self, target: TrainConfig, changed: set[str]) -> None:
         """Build what `changed` needs, then swap; on any failure nothing is swapped."""
