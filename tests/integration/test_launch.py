@@ -1,5 +1,9 @@
 """Multi-rank launches on CPU (gloo): measured vs predicted memory per rank, a failing
-rank, SIGTERM -> checkpoint -> resume, resource checks, the `launch` command line."""
+rank, SIGTERM -> checkpoint -> resume, resource checks, the `launch` command line.
+
+Each 2-rank launch costs seconds of process start-up, so they are shared: stages 0 and 3
+here, stage 1 on the uninterrupted run the resume test continues, stage 2 on the issue's
+`--json` command."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +22,16 @@ from torch import nn
 
 from workbench.config import TrainConfig
 from workbench.models import build_model
-from workbench.train.launch import launch_ranks, main
+from workbench.train.launch import LaunchResult, launch_ranks, main
 from workbench.train.records import StepRecord
+from workbench.train.session import Session
 
 #: A small MLP: Ψ = 15·33+33 + 33·33+33 + 33·5+5 = 1820 parameters.
 MLP = {"in_features": 15, "hidden": 33, "depth": 2, "out_features": 5, "samples": 256}
 CPU = {"device": "cpu", "micro_batch": 4}
 TOLERANCE = 0.05
+#: Finite, but long enough for DeepSpeed's first JIT build of its CPU comm op (minutes).
+LAUNCH_TIMEOUT = 420
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,43 +78,99 @@ def failing_mlp(**options: Any) -> tuple[Any, ...]:
     return Failing(), data, loss_fn, info
 
 
+def slow_mlp(**options: Any) -> tuple[Any, ...]:
+    """The MLP with a 40 ms pause per forward: a SIGTERM sent at the first step lands a few
+    steps in, well before the run's end (the arithmetic is the plain MLP's)."""
+    module, data, loss_fn, info = build_model("mlp", **options)
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x: Any) -> Any:
+            time.sleep(0.04)
+            return self.inner(x)
+
+    return Slow(), data, loss_fn, info
+
+
+def check_memory(entries: list[dict[str, Any]], stage: int) -> None:
+    """Each rank's measured model-state bytes (counted from its tensors) are within 5% of
+    the estimator's "deepspeed" accounting; stages >= 1 differ from the paper's."""
+    assert [e["rank"] for e in entries] == [0, 1]
+    for entry in entries:
+        predicted, paper = entry["predicted"], entry["predicted_paper"]
+        assert predicted is not None and paper is not None
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            measured = entry[key]
+            assert isinstance(measured, int) and measured > 0, (entry["rank"], key)
+            assert isinstance(predicted[key], int)
+            assert abs(measured - predicted[key]) <= TOLERANCE * predicted[key], (
+                stage, entry["rank"], key, measured, predicted[key])
+        if stage >= 1:
+            # The paper's accounting misses DeepSpeed's fp32 master partition.
+            assert abs(entry["optimizer_bytes"] - paper["optimizer_bytes"]) > (
+                TOLERANCE * paper["optimizer_bytes"])
+
+
+#: Steps of the uninterrupted ZeRO-1 run that the SIGTERM/resume test continues.
+STRAIGHT_STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def straight() -> LaunchResult:
+    """2 ranks, ZeRO-1, the slow MLP, never interrupted: the stage-1 memory figures and the
+    trajectory a resumed run must continue."""
+    result = launch_ranks(
+        TrainConfig(zero_stage=1, **CPU), ranks=2,
+        model="tests.integration.test_launch:slow_mlp", model_options=MLP,
+        steps=STRAIGHT_STEPS, timeout=LAUNCH_TIMEOUT,
+    )
+    assert result.first_error is None, result.first_error
+    return result
+
+
 # --------------------------------------------------------------------------- tests
-@pytest.mark.parametrize(
-    ("stage", "launcher"),
-    [(0, "torchrun"), (1, "deepspeed"), (2, "torchrun"), (3, "torchrun")],
-)
+# Stage 1 is measured on the `straight` run, stage 2 through the command line (below).
+@pytest.mark.parametrize(("stage", "launcher"), [(0, "torchrun"), (3, "deepspeed")])
 def test_two_ranks_measured_memory_matches_deepspeed_accounting(stage: int, launcher: str) -> None:
     seen: list[StepRecord] = []
-    result = launch_ranks(
-        TrainConfig(zero_stage=stage, **CPU), ranks=2, model="mlp", model_options=MLP,
-        steps=2, launcher=launcher, on_record=seen.append, timeout=300,
-    )
+    config = TrainConfig(zero_stage=stage, **CPU)
+    run = {"steps": 2, "launcher": launcher, "on_record": seen.append, "timeout": LAUNCH_TIMEOUT}
+    if stage == 0:  # from a notebook: a Session launches its own config and model
+        with Session(config, model="mlp", model_options=dict(MLP)) as s:
+            result = s.launch(ranks=2, **run)
+    else:
+        result = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, **run)
     assert result.first_error is None, result.first_error
     assert result.ok and result.returncode == 0
     assert result.n_params == 1820
+    # records streamed to the callback as they arrived, from both ranks
     assert sorted((r.rank, r.step) for r in seen) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     for rank in result.ranks:
         assert [r.step for r in rank.records] == [1, 2]
         assert all(r.world_size == 2 and r.zero_stage == stage for r in rank.records)
-        assert rank.predicted is not None and rank.predicted_paper is not None
-        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
-            measured, predicted = getattr(rank, key), rank.predicted[key]
-            assert measured is not None and measured > 0
-            assert abs(measured - predicted) <= TOLERANCE * predicted, (rank.rank, key)
-        if stage >= 1:
-            # The paper's accounting misses DeepSpeed's fp32 master partition.
-            paper = rank.predicted_paper["optimizer_bytes"]
-            assert abs(rank.optimizer_bytes - paper) > TOLERANCE * paper
+    check_memory([r.to_dict() for r in result.ranks], stage)
     # the two ranks trained on different shards of the data
     assert result.ranks[0].records[0].loss != result.ranks[1].records[0].loss
     assert rank_workers() == []
+
+
+def test_stage_one_memory_on_the_straight_run(straight: LaunchResult) -> None:
+    assert straight.ok and straight.returncode == 0 and not straight.preempted
+    assert straight.n_params == 1820
+    for rank in straight.ranks:
+        assert [r.step for r in rank.records] == list(range(1, STRAIGHT_STEPS + 1))
+        assert all(r.world_size == 2 and r.zero_stage == 1 for r in rank.records)
+    check_memory([r.to_dict() for r in straight.ranks], 1)
 
 
 def test_failure_on_one_rank_ends_all_ranks_and_surfaces_the_first_error() -> None:
     result = launch_ranks(
         TrainConfig(zero_stage=2, **CPU), ranks=2,
         model="tests.integration.test_launch:failing_mlp", model_options=MLP, steps=20,
-        timeout=300,
+        timeout=LAUNCH_TIMEOUT,
     )
     assert not result.ok
     err = result.first_error
@@ -114,43 +178,6 @@ def test_failure_on_one_rank_ends_all_ranks_and_surfaces_the_first_error() -> No
     assert "boom on rank 1" in err.message
     assert "failing_mlp" in err.traceback_tail or "forward" in err.traceback_tail
     assert_gone([r.pid for r in result.ranks])
-
-
-def test_sigterm_checkpoints_and_resume_continues(tmp_path: Path) -> None:
-    config = TrainConfig(zero_stage=1, **CPU)
-    ckpt = tmp_path / "ckpt"
-
-    def preempt(record: StepRecord) -> None:
-        if record.step == 1 and record.rank == 0:
-            for p in psutil.Process().children():
-                if "torch.distributed.run" in " ".join(p.cmdline()):
-                    p.send_signal(signal.SIGTERM)  # the spot notice, to the launcher
-
-    first = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, steps=40,
-                         checkpoint_dir=ckpt, on_record=preempt, timeout=300)
-    assert first.first_error is None, first.first_error
-    assert first.preempted and first.ok
-    k = first.checkpoint_step
-    assert k is not None and 1 <= k < 40
-    assert first.checkpoint_dir == str(ckpt)
-    for r in (0, 1):
-        assert (ckpt / f"rank-{r}" / f"step-{k:08d}.pt").is_file()
-        assert [x.step for x in first.ranks[r].records] == list(range(1, k + 1))
-    assert_gone([r.pid for r in first.ranks])
-
-    resumed = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, steps=k + 2,
-                           resume=ckpt, timeout=300)
-    assert resumed.ok and not resumed.preempted, resumed.first_error
-    for r in (0, 1):
-        assert [x.step for x in resumed.ranks[r].records] == [k + 1, k + 2]
-
-    # The same run without the interruption has the same losses.
-    straight = launch_ranks(config, ranks=2, model="mlp", model_options=MLP, steps=k + 2,
-                            timeout=300)
-    for r in (0, 1):
-        want = [x.loss for x in straight.ranks[r].records[k:]]
-        got = [x.loss for x in resumed.ranks[r].records]
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
 
 
 def test_more_ranks_than_cores_is_refused_before_anything_starts() -> None:
@@ -189,10 +216,10 @@ def test_more_ranks_than_gpus_is_refused() -> None:
 
 def test_timeout_stops_every_rank() -> None:
     result = launch_ranks(TrainConfig(**CPU), ranks=2, model="mlp", model_options=MLP,
-                          steps=10**6, timeout=8)
+                          steps=10**6, timeout=6)
     assert result.timed_out and not result.ok
     assert result.first_error is not None and result.first_error.rank is None
-    assert "timeout=8" in result.first_error.message
+    assert "timeout=6" in result.first_error.message
     assert rank_workers() == []
 
 
@@ -209,24 +236,36 @@ def test_resume_needs_every_rank(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- CLI
-def test_cli_json_shape() -> None:
+@pytest.fixture(scope="module")
+def cli_json() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """The issue's command, `workbench launch --ranks 2 --zero 2 --steps 3 --json`, on a
+    tiny GPT: one launch that the JSON-shape and stage-2 memory tests share."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "2",
          "--steps", "3", "--json", "--device", "cpu", "--micro-batch", "2",
          "--model-options", json.dumps({"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8})],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=400,
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=LAUNCH_TIMEOUT + 60,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert out["world_size"] == 2 and out["ok"] is True
+    return proc, json.loads(proc.stdout)
+
+
+def test_cli_json_shape(cli_json: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    proc, out = cli_json
+    assert proc.stdout.lstrip().startswith("{")  # one JSON object, nothing else on stdout
+    assert out["world_size"] == 2 and out["ok"] is True and out["error"] is None
+    assert out["launcher"] == "torchrun" and out["n_params"] > 0
     assert [r["rank"] for r in out["ranks"]] == [0, 1]
     for entry in out["ranks"]:
-        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
-            assert isinstance(entry[key], int) and entry[key] > 0
-            assert isinstance(entry["predicted"][key], int)
-            assert abs(entry[key] - entry["predicted"][key]) <= TOLERANCE * entry["predicted"][key]
-        assert entry["summary"]["last_step"] == 3
+        assert set(entry["predicted"]) >= {"params_bytes", "grads_bytes", "optimizer_bytes"}
+        assert entry["summary"]["steps"] == 3 and entry["summary"]["last_step"] == 3
+
+
+def test_cli_stage_two_memory_matches_deepspeed_accounting(
+    cli_json: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    check_memory(cli_json[1]["ranks"], 2)
 
 
 @pytest.mark.parametrize(
@@ -284,13 +323,19 @@ def test_cli_imports_a_deepspeed_config(tmp_path: Path, capsys: pytest.CaptureFi
     assert "--config" in capsys.readouterr().err
 
 
-def test_cli_forwards_sigterm_to_the_ranks_and_exits_143(tmp_path: Path) -> None:
+def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
+    tmp_path: Path, straight: LaunchResult
+) -> None:
+    """SIGTERM to `workbench launch` (a spot notice): every rank finishes its step, saves a
+    checkpoint and exits; the command exits 143. `--resume` then continues from it along
+    the trajectory of the run that was never interrupted."""
     ckpt = tmp_path / "ckpt"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "2",
-         "--steps", "400", "--device", "cpu", "--micro-batch", "4", "--model", "mlp",
-         "--model-options", json.dumps(MLP), "--checkpoint-dir", str(ckpt)],
+        [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "1",
+         "--steps", str(STRAIGHT_STEPS), "--device", "cpu", "--micro-batch", "4",
+         "--model", "tests.integration.test_launch:slow_mlp", "--model-options",
+         json.dumps(MLP), "--checkpoint-dir", str(ckpt)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
     )
     try:
@@ -299,7 +344,7 @@ def test_cli_forwards_sigterm_to_the_ranks_and_exits_143(tmp_path: Path) -> None
             if line.startswith("rank ") and " step " in line:
                 proc.send_signal(signal.SIGTERM)  # the notice goes to `workbench launch`
                 break
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -307,5 +352,21 @@ def test_cli_forwards_sigterm_to_the_ranks_and_exits_143(tmp_path: Path) -> None
     assert f"continue with --resume {ckpt}" in err
     assert "measured from each rank's tensors vs predicted" in out  # the human table
     steps = [sorted(p.name for p in (ckpt / f"rank-{r}").iterdir()) for r in (0, 1)]
-    assert steps[0] == steps[1] and len(steps[0]) == 1
+    assert steps[0] == steps[1] and len(steps[0]) == 1  # both ranks stopped after one step
+    k = int(steps[0][0].removeprefix("step-").removesuffix(".pt"))
+    assert f"stopped by SIGTERM at step {k};" in err
+    assert 1 <= k < STRAIGHT_STEPS
     assert rank_workers() == []
+
+    resumed = launch_ranks(
+        TrainConfig(zero_stage=1, **CPU), ranks=2,
+        model="tests.integration.test_launch:slow_mlp", model_options=MLP,
+        steps=STRAIGHT_STEPS, resume=ckpt, timeout=LAUNCH_TIMEOUT,
+    )
+    assert resumed.ok and not resumed.preempted, resumed.first_error
+    for r in (0, 1):
+        got = resumed.ranks[r].records
+        assert [x.step for x in got] == list(range(k + 1, STRAIGHT_STEPS + 1))
+        want = [x.loss for x in straight.ranks[r].records[k:]]
+        assert [x.loss for x in got] == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert_gone([r.pid for r in resumed.ranks])
