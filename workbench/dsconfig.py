@@ -441,7 +441,9 @@ def import_deepspeed(
     try:
         config = TrainConfig(**kw)
     except ValueError as exc:
-        raise ValueError(f"DeepSpeed config maps to an invalid TrainConfig: {exc}") from None
+        raise ValueError(
+            f"DeepSpeed config maps to an invalid TrainConfig: {exc}{_ds_keys_of(str(exc))}"
+        ) from None
     return DeepSpeedImport(config=config, world_size=world, warnings=tuple(r.warnings))
 
 
@@ -749,3 +751,31 @@ def _format(problems: list[str]) -> str:
     if len(problems) == 1:
         return f"invalid DeepSpeed config: {problems[0]}"
     return f"{len(problems)} problems in DeepSpeed config:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
+#: TrainConfig field -> the DeepSpeed key(s) it is read from, to name them in errors.
+_DS_KEY_OF_FIELD = {
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer": "zero_optimization.offload_optimizer.device",
+    "offload_params": "zero_optimization.offload_param.device",
+    "nvme_path": "zero_optimization.offload_optimizer/offload_param.nvme_path",
+    "micro_batch": "train_micro_batch_size_per_gpu",
+    "grad_accum": "gradient_accumulation_steps",
+    "lr": "optimizer.params.lr",
+    "weight_decay": "optimizer.params.weight_decay",
+    "optimizer": "optimizer.type",
+    "clip_grad_norm": "gradient_clipping",
+    "precision": "fp16.enabled / bf16.enabled",
+}
+
+
+def _ds_keys_of(message: str) -> str:
+    """' (DeepSpeed keys: ...)' for the TrainConfig fields a message names, or ''."""
+    import re
+
+    keys: list[str] = []
+    for name in re.findall(r"\b([a-z_]+)=", message):
+        key = _DS_KEY_OF_FIELD.get(name)
+        if key is not None and key not in keys:
+            keys.append(key)
+    return f" (DeepSpeed keys: {', '.join(keys)})" if keys else ""

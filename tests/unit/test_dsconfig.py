@@ -156,6 +156,18 @@ def test_bad_configs_name_the_key(patch: dict, message: str) -> None:
         import_deepspeed({**base, **patch})
 
 
+@pytest.mark.parametrize(("zero", "keys"), [
+    ({"stage": 2, "offload_param": {"device": "cpu"}},
+     "(DeepSpeed keys: zero_optimization.offload_param.device, zero_optimization.stage)"),
+    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/no/such/dir"}},
+     "(DeepSpeed keys: zero_optimization.offload_optimizer/offload_param.nvme_path)"),
+])
+def test_setting_errors_name_the_deepspeed_keys(zero: dict, keys: str) -> None:
+    with pytest.raises(ValueError) as info:
+        import_deepspeed({"train_micro_batch_size_per_gpu": 4, "zero_optimization": zero})
+    assert str(info.value).endswith(keys)
+
+
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ValueError) as info:
         import_deepspeed({"train_batch_size": 0, "foo": 1, "zero_optimization": {"stage": 9}})
