@@ -142,3 +142,18 @@ def test_amp_bf16_with_zero_uses_autocast() -> None:
         before = eval_loss(b)
         train(b, 5)
         assert eval_loss(b) < before
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_gradient_bytes_are_counted_between_micro_batches(stage: int) -> None:
+    """Mid-accumulation (what Session.memory()'s probe sees) DeepSpeed holds each
+    parameter's full gradient; at the boundary the reduced partition (one rank: all)."""
+    n = sum(p.numel() for p in tiny_model().parameters())
+    with DeepSpeedBackend(cfg(zero_stage=stage), tiny_model()) as b:
+        x, _ = batch(0, 0)
+        b.backward(nn.functional.mse_loss(b.module(x), 0.1 * x.sum(1, keepdim=True)))
+        assert b.model_state_bytes().grads_bytes == 4 * n  # fp32, before the boundary
+        x, _ = batch(0, 1)
+        b.backward(nn.functional.mse_loss(b.module(x), 0.1 * x.sum(1, keepdim=True)))
+        at_boundary = b.model_state_bytes().grads_bytes
+        assert 4 * n <= at_boundary <= 4 * (n + 16)  # the partition, with alignment padding

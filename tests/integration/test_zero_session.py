@@ -196,13 +196,15 @@ def test_close_leaves_no_process_group_threads_or_environment(no_leaked_threads)
     assert any(r.zero_stage == 3 for r in s.history)
 
 
-@pytest.mark.parametrize("stage", [1, 3])
-def test_session_memory_matches_deepspeed_accounting(stage: int) -> None:
+@pytest.mark.parametrize(("stage", "accum"), [(1, 1), (3, 1), (1, 2), (2, 2)])
+def test_session_memory_matches_deepspeed_accounting(stage: int, accum: int) -> None:
     """In one process the Session's measured model states equal the estimator's
-    "deepspeed" accounting (ZeRO-3 parameters are partitioned: counted by ds_numel)."""
+    "deepspeed" accounting (ZeRO-3 parameters are partitioned: counted by ds_numel), also
+    with accumulation (the memory probe stops between micro-batches)."""
     from workbench.models import build_model
 
-    with Session(TrainConfig(zero_stage=stage, micro_batch=4), model="mlp") as s:
+    config = TrainConfig(zero_stage=stage, micro_batch=4, grad_accum=accum)
+    with Session(config, model="mlp") as s:
         s.run(optimizer_steps=1)
         report = s.memory()
     predicted = report.predicted

@@ -575,6 +575,20 @@ class DeepSpeedBackend:
                 # (host memory), filled during backward.
                 for t in getattr(opt, "single_partition_of_fp32_groups", None) or []:
                     total += _nbytes(getattr(t, "grad", None))
+            if total == 0 and self._micro > 0:
+                # Between micro-batches of an accumulation DeepSpeed keeps each parameter's
+                # full gradient (stage 1: p.grad, stage 2: its all_grad_tensors) until the boundary
+                # backward reduces them into the partition.
+                held: list[Any] = []
+                for _, p in self._named:
+                    held += [p.grad, getattr(p, "grad_accum", None)]
+                for group in (getattr(opt, "all_grad_tensors", None) or {}).values():
+                    held += list(group or [])
+                seen: set[int] = set()
+                for t in held:
+                    if isinstance(t, torch.Tensor) and t.numel() and t.data_ptr() not in seen:
+                        seen.add(t.data_ptr())
+                        total += _nbytes(t)
             return total
         total = _nbytes(getattr(opt, "grad_partitions_flat_buffer", None))
         for bucket in getattr(opt, "ipg_buckets", {}).values():
