@@ -103,7 +103,16 @@ IGNORED_ZERO = frozenset(
     }
 )
 IGNORED_OFFLOAD = frozenset(
-    {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "fast_init", "ratio", "pipeline_read", "pipeline_write"}
+    {
+        "pin_memory",
+        "buffer_count",
+        "buffer_size",
+        "max_in_cpu",
+        "fast_init",
+        "ratio",
+        "pipeline_read",
+        "pipeline_write",
+    }
 )
 KNOWN_TOP_LEVEL = frozenset(
     {
@@ -136,13 +145,27 @@ KNOWN_FP16 = frozenset(
     }
 )
 KNOWN_BF16 = frozenset(
-    {"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-     "bf16_optimizer_states"}
+    {
+        "enabled",
+        "immediate_grad_update",
+        "check_grad_overflow",
+        "bf16_master_weights_and_grads",
+        "bf16_optimizer_states",
+    }
 )
 KNOWN_AUTOCAST = frozenset({"enabled", "dtype", "lower_precision_safe_modules"})
 KNOWN_OPTIMIZER_PARAMS = frozenset(
-    {"lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode", "torch_adam", "dampening",
-     "nesterov"}
+    {
+        "lr",
+        "betas",
+        "eps",
+        "weight_decay",
+        "momentum",
+        "adam_w_mode",
+        "torch_adam",
+        "dampening",
+        "nesterov",
+    }
 )
 
 
@@ -218,7 +241,10 @@ def _optimizer_block(config: TrainConfig) -> dict[str, Any]:
             return {"type": "Adam", "params": params}
         return {"type": "AdamW", "params": params}
     if name is OptimizerName.SGD:
-        return {"type": "SGD", "params": {"lr": lr, "momentum": float(config.momentum), "weight_decay": wd}}
+        return {
+            "type": "SGD",
+            "params": {"lr": lr, "momentum": float(config.momentum), "weight_decay": wd},
+        }
     if name is OptimizerName.SGD_NOMOMENTUM:
         return {"type": "SGD", "params": {"lr": lr, "momentum": 0.0, "weight_decay": wd}}
     raise ValueError(
@@ -466,8 +492,15 @@ def _solve_batch(
     world_size: int | None,
     kw: dict[str, Any],
 ) -> int:
-    present = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                           "gradient_accumulation_steps") if k in ds]
+    present = [
+        k
+        for k in (
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+        )
+        if k in ds
+    ]
     if r.errors and any(e.split("=")[0] in present for e in r.errors):
         return world_size or 1
     if tbs is None and micro is None:
@@ -540,8 +573,11 @@ def _read_optimizer(r: _Reader, opt: dict[str, Any], kw: dict[str, Any]) -> None
     if lowered in ("adam", "adamw"):
         betas = params.get("betas")
         if betas is not None:
-            if not (isinstance(betas, list) and len(betas) == 2
-                    and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)):
+            if not (
+                isinstance(betas, list)
+                and len(betas) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+            ):
                 r.errors.append(f"optimizer.params.betas={betas!r}: must be a list of two numbers")
             elif tuple(float(b) for b in betas) != ADAM_BETAS:
                 r.warnings.append(
@@ -579,8 +615,12 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
     params = r.block(sched, "params", "scheduler.params") or {}
     p = "scheduler.params"
     if kind == "WarmupLR":
-        r.keys(params, p, frozenset({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                     "warmup_type"}), frozenset())
+        r.keys(
+            params,
+            p,
+            frozenset({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}),
+            frozenset(),
+        )
         lo = r.number(params, "warmup_min_lr", f"{p}.warmup_min_lr")
         hi = r.number(params, "warmup_max_lr", f"{p}.warmup_max_lr", allow_zero=False)
         n = r.integer(params, "warmup_num_steps", f"{p}.warmup_num_steps", 0)
@@ -595,8 +635,20 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
         kw["warmup_steps"] = 1000 if n is None else n  # DeepSpeed's default warmup_num_steps
         kw.setdefault("total_steps", max(1000, kw["warmup_steps"]))
     elif kind == "WarmupCosineLR":
-        r.keys(params, p, frozenset({"total_num_steps", "warmup_num_steps", "warmup_min_ratio",
-                                     "cos_min_ratio", "warmup_type"}), frozenset())
+        r.keys(
+            params,
+            p,
+            frozenset(
+                {
+                    "total_num_steps",
+                    "warmup_num_steps",
+                    "warmup_min_ratio",
+                    "cos_min_ratio",
+                    "warmup_type",
+                }
+            ),
+            frozenset(),
+        )
         total = r.integer(params, "total_num_steps", f"{p}.total_num_steps", 1)
         n = r.integer(params, "warmup_num_steps", f"{p}.warmup_num_steps", 0)
         for key in ("warmup_min_ratio", "cos_min_ratio"):
@@ -613,8 +665,16 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
         kw["total_steps"] = total
         kw["warmup_steps"] = n or 0
     elif kind == "OneCycle":
-        known = frozenset({"cycle_min_lr", "cycle_max_lr", "cycle_first_step_size",
-                           "cycle_second_step_size", "decay_step_size", "cycle_momentum"})
+        known = frozenset(
+            {
+                "cycle_min_lr",
+                "cycle_max_lr",
+                "cycle_first_step_size",
+                "cycle_second_step_size",
+                "decay_step_size",
+                "cycle_momentum",
+            }
+        )
         r.keys(params, p, known, frozenset())
         hi = r.number(params, "cycle_max_lr", f"{p}.cycle_max_lr", allow_zero=False)
         lo = r.number(params, "cycle_min_lr", f"{p}.cycle_min_lr")
@@ -632,8 +692,12 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
         if mom:
             r.warnings.append(f"{p}.cycle_momentum=True: not modelled by workbench; ignored")
         second = second if second is not None else first
-        kw.update(lr_schedule=LRSchedule.ONECYCLE.value, lr=hi, warmup_steps=first,
-                  total_steps=first + second)
+        kw.update(
+            lr_schedule=LRSchedule.ONECYCLE.value,
+            lr=hi,
+            warmup_steps=first,
+            total_steps=first + second,
+        )
     elif kind is not None:
         r.errors.append(
             f"scheduler.type={kind!r}: must be one of WarmupLR, WarmupCosineLR, OneCycle"
@@ -695,7 +759,9 @@ def _read_precision(r: _Reader, ds: dict[str, Any], kw: dict[str, Any]) -> None:
             elif dtype in ("float16", "fp16", "half"):
                 kw["precision"] = Precision.AMP_FP16.value
             else:
-                r.errors.append(f"torch_autocast.dtype={auto['dtype']!r}: allowed: bfloat16, float16")
+                r.errors.append(
+                    f"torch_autocast.dtype={auto['dtype']!r}: allowed: bfloat16, float16"
+                )
             if "lower_precision_safe_modules" in auto:
                 r.warnings.append(
                     "torch_autocast.lower_precision_safe_modules: not modelled by workbench; ignored"
@@ -713,8 +779,10 @@ def _read_zero(r: _Reader, zero: dict[str, Any], kw: dict[str, Any]) -> None:
         else:
             kw["zero_stage"] = stage
     nvme_paths: list[str] = []
-    for key, field_name in (("offload_optimizer", "offload_optimizer"),
-                            ("offload_param", "offload_params")):
+    for key, field_name in (
+        ("offload_optimizer", "offload_optimizer"),
+        ("offload_param", "offload_params"),
+    ):
         path = f"zero_optimization.{key}"
         block = r.block(zero, key, path)
         if block is None:
@@ -733,7 +801,9 @@ def _read_zero(r: _Reader, zero: dict[str, Any], kw: dict[str, Any]) -> None:
         kw[field_name] = device
         if device == OffloadDevice.NVME.value:
             if nvme is None:
-                r.errors.append(f"{path}.nvme_path: missing; NVMe offload needs a writable directory")
+                r.errors.append(
+                    f"{path}.nvme_path: missing; NVMe offload needs a writable directory"
+                )
             else:
                 nvme_paths.append(nvme)
         elif nvme is not None:
@@ -750,7 +820,9 @@ def _read_zero(r: _Reader, zero: dict[str, Any], kw: dict[str, Any]) -> None:
 def _format(problems: list[str]) -> str:
     if len(problems) == 1:
         return f"invalid DeepSpeed config: {problems[0]}"
-    return f"{len(problems)} problems in DeepSpeed config:\n" + "\n".join(f"  - {p}" for p in problems)
+    return f"{len(problems)} problems in DeepSpeed config:\n" + "\n".join(
+        f"  - {p}" for p in problems
+    )
 
 
 #: TrainConfig field -> the DeepSpeed key(s) it is read from, to name them in errors.

@@ -223,8 +223,11 @@ def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
         problems.append(f"model_options={options!r}: must be a dict of option name -> value")
         return {}
-    bad = {k: v for k, v in options.items()
-           if not (v is None or isinstance(v, (bool, int, float, str)))}
+    bad = {
+        k: v
+        for k, v in options.items()
+        if not (v is None or isinstance(v, (bool, int, float, str)))
+    }
     for k, v in bad.items():
         problems.append(f"model_options[{k!r}]={v!r}: must be a number, string, bool or None")
     if not isinstance(model, str):
@@ -255,7 +258,9 @@ def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         allowed = ", ".join(k for k in defaults if k != "seed")
-        problems.append(f"model_options {', '.join(unknown)}: unknown for {model!r}; allowed: {allowed}")
+        problems.append(
+            f"model_options {', '.join(unknown)}: unknown for {model!r}; allowed: {allowed}"
+        )
     for key, value in options.items():
         default = defaults.get(key)
         if _is_int(default) and key != "seed" and (not _is_int(value) or value < 1):
@@ -263,9 +268,7 @@ def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any
     return dict(options)
 
 
-def _check_hostfile(
-    hostfile: Any, nodes: Any, gpus: Any, problems: list[str]
-) -> Path | None:
+def _check_hostfile(hostfile: Any, nodes: Any, gpus: Any, problems: list[str]) -> Path | None:
     if hostfile is None:
         return None
     if not isinstance(hostfile, (str, os.PathLike)):
@@ -364,9 +367,7 @@ def _commands(*, gpus: int, nodes: int, hostfile: str) -> dict[str, str]:
     return {
         "single": f"deepspeed --num_gpus {gpus} {tail}",
         "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {tail}",
-        "multinode": (
-            f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}"
-        ),
+        "multinode": (f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}"),
         "multinode_torchrun": (
             f"torchrun --nnodes {nodes} --nproc-per-node {gpus} --node-rank $NODE_RANK "
             f"--master-addr $MASTER_ADDR --master-port {MASTER_PORT} {tail}"
@@ -375,9 +376,14 @@ def _commands(*, gpus: int, nodes: int, hostfile: str) -> dict[str, str]:
 
 
 def _describe(config: TrainConfig, model: str) -> str:
-    parts = [model, f"ZeRO stage {config.zero_stage}", str(config.precision),
-             str(config.optimizer), f"micro-batch {config.micro_batch}",
-             f"grad-accum {config.grad_accum}"]
+    parts = [
+        model,
+        f"ZeRO stage {config.zero_stage}",
+        str(config.precision),
+        str(config.optimizer),
+        f"micro-batch {config.micro_batch}",
+        f"grad-accum {config.grad_accum}",
+    ]
     if OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE:
         parts.append(f"optimizer offload to {config.offload_optimizer}")
     if OffloadDevice(config.offload_params) is not OffloadDevice.NONE:
@@ -386,7 +392,11 @@ def _describe(config: TrainConfig, model: str) -> str:
 
 
 def _launch_sh(
-    config: TrainConfig, model: str, gpus: int, nodes: int, primary: str,
+    config: TrainConfig,
+    model: str,
+    gpus: int,
+    nodes: int,
+    primary: str,
     commands: dict[str, str],
 ) -> str:
     world = gpus * nodes
@@ -434,8 +444,13 @@ def _estimate(config: TrainConfig, model: str, options: dict[str, Any], world: i
     _module, _data, _loss, info = build_model(model, seed=int(config.seed), **options)
     shape: dict[str, Any] = {}
     if info.is_transformer:
-        shape = dict(layers=info.layers, hidden=info.hidden, heads=info.heads,
-                     seq_len=info.seq_len, vocab=info.vocab)
+        shape = dict(
+            layers=info.layers,
+            hidden=info.hidden,
+            heads=info.heads,
+            seq_len=info.seq_len,
+            vocab=info.vocab,
+        )
     return estimate_memory(
         n_params=info.n_params,
         precision=str(config.precision),
@@ -700,8 +715,13 @@ _CONFIG_FLAGS: dict[str, tuple[str, str]] = {
     "pin_memory": ("--pin-memory", "switch"),
 }
 _EXPORT_FLAGS = {
-    "gpus": "--gpus", "nodes": "--nodes", "hostfile": "--hostfile", "model": "--model",
-    "out_dir": "--out", "steps": "--steps", "model_options": "--model-option",
+    "gpus": "--gpus",
+    "nodes": "--nodes",
+    "hostfile": "--hostfile",
+    "model": "--model",
+    "out_dir": "--out",
+    "steps": "--steps",
+    "model_options": "--model-option",
 }
 _HELP = {
     "precision": "fp32, amp-bf16, amp-fp16, fp16, bf16 (fp32)",
@@ -723,20 +743,41 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     """Arguments of `workbench export`; returns its runner (see workbench/cli.py)."""
     job = parser.add_argument_group("what to export")
     job.add_argument("--format", default="deepspeed", help="export format: deepspeed (deepspeed)")
-    job.add_argument("--out", metavar="DIR", default="deepspeed_job",
-                     help="directory to write into (deepspeed_job)")
-    job.add_argument("--gpus", metavar="N", help="GPUs (ranks) per node (1; with --config: the "
-                     "world size its batch keys imply)")
+    job.add_argument(
+        "--out",
+        metavar="DIR",
+        default="deepspeed_job",
+        help="directory to write into (deepspeed_job)",
+    )
+    job.add_argument(
+        "--gpus",
+        metavar="N",
+        help="GPUs (ranks) per node (1; with --config: the world size its batch keys imply)",
+    )
     job.add_argument("--nodes", metavar="N", default="1", help="nodes (1)")
     job.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile for several nodes")
-    job.add_argument("--model", default="tiny-gpt",
-                     help="tiny-gpt, mlp, cnn, or a factory 'pkg.module:function' (tiny-gpt)")
-    job.add_argument("--model-option", metavar="KEY=VALUE", action="append", default=[],
-                     help="an option of the built-in model or factory, e.g. layers=2 (repeatable)")
-    job.add_argument("--steps", metavar="N", help="the script's default number of optimizer "
-                     "steps (--total-steps)")
-    job.add_argument("--config", metavar="DS_JSON",
-                     help="start from this DeepSpeed config (flags below override it)")
+    job.add_argument(
+        "--model",
+        default="tiny-gpt",
+        help="tiny-gpt, mlp, cnn, or a factory 'pkg.module:function' (tiny-gpt)",
+    )
+    job.add_argument(
+        "--model-option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="an option of the built-in model or factory, e.g. layers=2 (repeatable)",
+    )
+    job.add_argument(
+        "--steps",
+        metavar="N",
+        help="the script's default number of optimizer steps (--total-steps)",
+    )
+    job.add_argument(
+        "--config",
+        metavar="DS_JSON",
+        help="start from this DeepSpeed config (flags below override it)",
+    )
     job.add_argument("--json", action="store_true", help="print one JSON object")
     cfg = parser.add_argument_group("training settings (TrainConfig; defaults as TrainConfig's)")
     for name, (flag, kind) in _CONFIG_FLAGS.items():
@@ -770,7 +811,7 @@ def _as_flags(line: str, raw: dict[str, str]) -> str:
     flags = {**{k: v[0] for k, v in _CONFIG_FLAGS.items()}, **_EXPORT_FLAGS}
     if m and m.group(1) in flags:
         name = m.group(1)
-        rest = line[m.end():]
+        rest = line[m.end() :]
         cut = rest.find(": ")
         value, rest = (rest[:cut], rest[cut:]) if cut >= 0 else (rest, "")
         if name in raw:
@@ -801,8 +842,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     gpus = _read(args.gpus, "int") if args.gpus is not None else None
     nodes = _read(args.nodes, "int")
     steps = _read(args.steps, "int") if args.steps is not None else None
-    for flag, value, text in (("--gpus", gpus, args.gpus), ("--nodes", nodes, args.nodes),
-                              ("--steps", steps, args.steps)):
+    for flag, value, text in (
+        ("--gpus", gpus, args.gpus),
+        ("--nodes", nodes, args.nodes),
+        ("--steps", steps, args.steps),
+    ):
         if value is not None and (not _is_int(value) or value < 1):
             problems.append(f"{flag} {text}: must be an integer >= 1")
     options: dict[str, Any] = {}
@@ -832,8 +876,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     assert config is not None
     try:
         result = export_deepspeed(
-            config, gpus=gpus, out_dir=args.out, model=args.model, nodes=nodes,
-            hostfile=args.hostfile, model_options=options, steps=steps, warnings=warns,
+            config,
+            gpus=gpus,
+            out_dir=args.out,
+            model=args.model,
+            nodes=nodes,
+            hostfile=args.hostfile,
+            model_options=options,
+            steps=steps,
+            warnings=warns,
         )
     except ExportError as exc:
         parser.error("; ".join(_as_flags(p, raw | _export_raw(args)) for p in exc.problems))
@@ -881,8 +932,11 @@ def _import_config(
         return imported.config, gpus, tuple(warns)
     with open(args.config) as f:
         raw = json.load(f)
-    batch_keys = ("train_batch_size", "train_micro_batch_size_per_gpu",
-                  "gradient_accumulation_steps")
+    batch_keys = (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    )
     if all(k in raw for k in batch_keys):
         c = imported.config
         warns.append(
@@ -901,8 +955,14 @@ def _import_config(
 
 
 def _export_raw(args: argparse.Namespace) -> dict[str, str]:
-    raw = {"gpus": args.gpus, "nodes": args.nodes, "hostfile": args.hostfile,
-           "model": args.model, "out_dir": args.out, "steps": args.steps}
+    raw = {
+        "gpus": args.gpus,
+        "nodes": args.nodes,
+        "hostfile": args.hostfile,
+        "model": args.model,
+        "out_dir": args.out,
+        "steps": args.steps,
+    }
     return {k: str(v) for k, v in raw.items() if v is not None}
 
 
@@ -918,16 +978,22 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
     ]
     e = result.estimate
     if e is not None:
-        parts = [f"params {_size(e.params_bytes)}", f"grads {_size(e.grads_bytes)}",
-                 f"optimizer states {_size(e.optimizer_bytes)}"]
+        parts = [
+            f"params {_size(e.params_bytes)}",
+            f"grads {_size(e.grads_bytes)}",
+            f"optimizer states {_size(e.optimizer_bytes)}",
+        ]
         if e.activation_bytes is not None:
             parts.append(f"activations {_size(e.activation_bytes)}")
         line = f"estimated per GPU: {', '.join(parts)}; total {_size(e.total_bytes)}"
         if e.cpu_offload_bytes:
             line += f"; offloaded to CPU {_size(e.cpu_offload_bytes)}"
         lines.append(line)
-    lines += [f"run (in {result.out_dir}):", f"  {result.command}",
-              f"  or: bash {shlex.quote(result.launch_path)}"]
+    lines += [
+        f"run (in {result.out_dir}):",
+        f"  {result.command}",
+        f"  or: bash {shlex.quote(result.launch_path)}",
+    ]
     if result.nodes == 1:
         lines += [
             f"  or: {result.torchrun_command}",

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,17 @@ def check_memory(entries: list[dict[str, Any]], stage: int) -> None:
             assert isinstance(measured, int) and measured > 0, (entry["rank"], key)
             assert isinstance(predicted[key], int)
             assert abs(measured - predicted[key]) <= TOLERANCE * predicted[key], (
-                stage, entry["rank"], key, measured, predicted[key])
+                stage,
+                entry["rank"],
+                key,
+                measured,
+                predicted[key],
+            )
         if stage >= 1:
             # The paper's accounting misses DeepSpeed's fp32 master partition.
             assert abs(entry["optimizer_bytes"] - paper["optimizer_bytes"]) > (
-                TOLERANCE * paper["optimizer_bytes"])
+                TOLERANCE * paper["optimizer_bytes"]
+            )
 
 
 #: Steps of the uninterrupted ZeRO-1 run that the SIGTERM/resume test continues.
@@ -123,9 +130,12 @@ def straight() -> LaunchResult:
     """2 ranks, ZeRO-1, the slow MLP, never interrupted: the stage-1 memory figures and the
     trajectory a resumed run must continue."""
     result = launch_ranks(
-        TrainConfig(zero_stage=1, **CPU), ranks=2,
-        model="tests.integration.test_launch:slow_mlp", model_options=MLP,
-        steps=STRAIGHT_STEPS, timeout=LAUNCH_TIMEOUT,
+        TrainConfig(zero_stage=1, **CPU),
+        ranks=2,
+        model="tests.integration.test_launch:slow_mlp",
+        model_options=MLP,
+        steps=STRAIGHT_STEPS,
+        timeout=LAUNCH_TIMEOUT,
     )
     assert result.first_error is None, result.first_error
     return result
@@ -168,8 +178,11 @@ def test_stage_one_memory_on_the_straight_run(straight: LaunchResult) -> None:
 
 def test_failure_on_one_rank_ends_all_ranks_and_surfaces_the_first_error() -> None:
     result = launch_ranks(
-        TrainConfig(zero_stage=2, **CPU), ranks=2,
-        model="tests.integration.test_launch:failing_mlp", model_options=MLP, steps=20,
+        TrainConfig(zero_stage=2, **CPU),
+        ranks=2,
+        model="tests.integration.test_launch:failing_mlp",
+        model_options=MLP,
+        steps=20,
         timeout=LAUNCH_TIMEOUT,
     )
     assert not result.ok
@@ -210,13 +223,15 @@ def test_more_ranks_than_gpus_is_refused() -> None:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(ValueError, match=f"ranks={gpus + 1}: this machine has {gpus} CUDA"):
-        launch_ranks(TrainConfig(device="cuda", micro_batch=4), ranks=gpus + 1, model="mlp",
-                     steps=1)
+        launch_ranks(
+            TrainConfig(device="cuda", micro_batch=4), ranks=gpus + 1, model="mlp", steps=1
+        )
 
 
 def test_timeout_stops_every_rank() -> None:
-    result = launch_ranks(TrainConfig(**CPU), ranks=2, model="mlp", model_options=MLP,
-                          steps=10**6, timeout=6)
+    result = launch_ranks(
+        TrainConfig(**CPU), ranks=2, model="mlp", model_options=MLP, steps=10**6, timeout=6
+    )
     assert result.timed_out and not result.ok
     assert result.first_error is not None and result.first_error.rank is None
     assert "timeout=6" in result.first_error.message
@@ -242,10 +257,29 @@ def cli_json() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     tiny GPT: one launch that the JSON-shape and stage-2 memory tests share."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "2",
-         "--steps", "3", "--json", "--device", "cpu", "--micro-batch", "2",
-         "--model-options", json.dumps({"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8})],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=LAUNCH_TIMEOUT + 60,
+        [
+            sys.executable,
+            "-m",
+            "workbench.train.launch",
+            "--ranks",
+            "2",
+            "--zero",
+            "2",
+            "--steps",
+            "3",
+            "--json",
+            "--device",
+            "cpu",
+            "--micro-batch",
+            "2",
+            "--model-options",
+            json.dumps({"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=LAUNCH_TIMEOUT + 60,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(proc.stdout)
@@ -297,26 +331,37 @@ def test_cli_print_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "torchrun --standalone --nproc-per-node 2 -m workbench.train.rank_worker" in out
     assert "--nnodes NNODES" in out
     assert '"zero_stage": 3' in out
-    assert main(["--ranks", "2", "--launcher", "deepspeed", "--device", "cpu",
-                 "--print-command"]) == 0
+    assert (
+        main(["--ranks", "2", "--launcher", "deepspeed", "--device", "cpu", "--print-command"]) == 0
+    )
     assert "deepspeed --hostfile hostfile --num_gpus 2" in capsys.readouterr().out
     assert rank_workers() == []
 
 
 def test_cli_imports_a_deepspeed_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ds = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
-          "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}
+    ds = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 2},
+    }
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(ds))
-    assert main(["--config", str(path), "--ranks", "2", "--device", "cpu",
-                 "--print-command"]) == 0
+    assert main(["--config", str(path), "--ranks", "2", "--device", "cpu", "--print-command"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("# CONFIG.json: "))
     cfg = json.loads(line.removeprefix("# CONFIG.json: "))
     assert (cfg["zero_stage"], cfg["micro_batch"], cfg["grad_accum"]) == (2, 2, 2)
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2,
-                               "gradient_accumulation_steps": 2}))
+    bad.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 7,
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": 2,
+            }
+        )
+    )
     with pytest.raises(SystemExit) as info:
         main(["--config", str(bad), "--ranks", "2", "--print-command"])
     assert info.value.code == 2
@@ -332,12 +377,36 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
     ckpt = tmp_path / "ckpt"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workbench.train.launch", "--ranks", "2", "--zero", "1",
-         "--steps", str(STRAIGHT_STEPS), "--device", "cpu", "--micro-batch", "4",
-         "--model", "tests.integration.test_launch:slow_mlp", "--model-options",
-         json.dumps(MLP), "--checkpoint-dir", str(ckpt)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "workbench.train.launch",
+            "--ranks",
+            "2",
+            "--zero",
+            "1",
+            "--steps",
+            str(STRAIGHT_STEPS),
+            "--device",
+            "cpu",
+            "--micro-batch",
+            "4",
+            "--model",
+            "tests.integration.test_launch:slow_mlp",
+            "--model-options",
+            json.dumps(MLP),
+            "--checkpoint-dir",
+            str(ckpt),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
     )
+    # A launch that never reports a step still ends: SIGTERM (it stops its ranks), then kill.
+    watchdog = threading.Timer(LAUNCH_TIMEOUT, proc.send_signal, (signal.SIGTERM,))
+    watchdog.start()
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # progress: "rank R step S loss ..."
@@ -346,6 +415,7 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
                 break
         out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, err[-3000:]
@@ -359,9 +429,13 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
     assert rank_workers() == []
 
     resumed = launch_ranks(
-        TrainConfig(zero_stage=1, **CPU), ranks=2,
-        model="tests.integration.test_launch:slow_mlp", model_options=MLP,
-        steps=STRAIGHT_STEPS, resume=ckpt, timeout=LAUNCH_TIMEOUT,
+        TrainConfig(zero_stage=1, **CPU),
+        ranks=2,
+        model="tests.integration.test_launch:slow_mlp",
+        model_options=MLP,
+        steps=STRAIGHT_STEPS,
+        resume=ckpt,
+        timeout=LAUNCH_TIMEOUT,
     )
     assert resumed.ok and not resumed.preempted, resumed.first_error
     for r in (0, 1):

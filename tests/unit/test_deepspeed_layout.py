@@ -16,8 +16,13 @@ from workbench.estimate.model_states import ModelStateQuery, ModelStates
 
 def query(**kw: object) -> ModelStateQuery:
     base: dict[str, object] = dict(
-        n_params=1820, precision=Precision.FP32, optimizer=OptimizerName.ADAMW,
-        zero_stage=0, gpus=2, offload_optimizer=False, offload_params=False,
+        n_params=1820,
+        precision=Precision.FP32,
+        optimizer=OptimizerName.ADAMW,
+        zero_stage=0,
+        gpus=2,
+        offload_optimizer=False,
+        offload_params=False,
     )
     base.update(kw)
     return ModelStateQuery(**base)  # type: ignore[arg-type]
@@ -72,8 +77,9 @@ def test_bucket_is_capped_at_deepspeeds_default() -> None:
     assert bucket_elements(100) == 128
     assert bucket_elements(7_000_000_000) == 500_000_000
     # a 7.5B model at stage 3 on 64 ranks: the 5e8-element bucket dominates the gradients
-    got = model_states(query(n_params=7_500_000_000, gpus=64, zero_stage=3,
-                             precision=Precision.FP16))
+    got = model_states(
+        query(n_params=7_500_000_000, gpus=64, zero_stage=3, precision=Precision.FP16)
+    )
     p3 = -(-7_500_000_000 // 64)
     assert got.grads_bytes == 2 * p3 + 2 * 500_000_000
     assert got.optimizer_bytes == 12 * p3
@@ -81,8 +87,15 @@ def test_bucket_is_capped_at_deepspeeds_default() -> None:
 
 def test_offload_moves_partitions_but_not_the_bucket() -> None:
     # stage 3, bf16, Ψ = 1821, N = 2: P3 = 911, B = 1856
-    got = model_states(query(n_params=1821, precision=Precision.BF16, zero_stage=3,
-                             offload_optimizer=True, offload_params=True))
+    got = model_states(
+        query(
+            n_params=1821,
+            precision=Precision.BF16,
+            zero_stage=3,
+            offload_optimizer=True,
+            offload_params=True,
+        )
+    )
     assert got.params_bytes == 0
     assert got.grads_bytes == 2 * 1856
     assert got.optimizer_bytes == 0

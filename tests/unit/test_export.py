@@ -36,13 +36,26 @@ SAMPLE = {
 
 CONFIGS = [
     TrainConfig(),
-    TrainConfig(precision="fp16", zero_stage=2, grad_accum=4, lr_schedule="cosine",
-                warmup_steps=10, clip_grad_norm=1.0, loss_scale_init=2.0**12,
-                loss_scale_interval=500),
-    TrainConfig(optimizer="adam", precision="bf16", zero_stage=3, offload_params="cpu",
-                offload_optimizer="cpu", lr_schedule="onecycle", micro_batch=2),
-    TrainConfig(optimizer="sgd", momentum=0.8, precision="amp-bf16", zero_stage=1,
-                warmup_steps=5),
+    TrainConfig(
+        precision="fp16",
+        zero_stage=2,
+        grad_accum=4,
+        lr_schedule="cosine",
+        warmup_steps=10,
+        clip_grad_norm=1.0,
+        loss_scale_init=2.0**12,
+        loss_scale_interval=500,
+    ),
+    TrainConfig(
+        optimizer="adam",
+        precision="bf16",
+        zero_stage=3,
+        offload_params="cpu",
+        offload_optimizer="cpu",
+        lr_schedule="onecycle",
+        micro_batch=2,
+    ),
+    TrainConfig(optimizer="sgd", momentum=0.8, precision="amp-bf16", zero_stage=1, warmup_steps=5),
     TrainConfig(optimizer="sgd-nomomentum", zero_stage=1, offload_optimizer="cpu"),
 ]
 
@@ -68,22 +81,34 @@ def script_constants(path: str) -> dict[str, object]:
 
 
 def listing(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ----------------------------------------------------------------------------- files
 def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
-    config = TrainConfig(zero_stage=2, precision="bf16", micro_batch=4, grad_accum=2,
-                         clip_grad_norm=1.0, lr_schedule="cosine", warmup_steps=10,
-                         total_steps=100, seed=7, activation_checkpointing=True)
-    result = export_deepspeed(config, gpus=4, out_dir=tmp_path / "job",
-                              model_options={"layers": 2})
+    config = TrainConfig(
+        zero_stage=2,
+        precision="bf16",
+        micro_batch=4,
+        grad_accum=2,
+        clip_grad_norm=1.0,
+        lr_schedule="cosine",
+        warmup_steps=10,
+        total_steps=100,
+        seed=7,
+        activation_checkpointing=True,
+    )
+    result = export_deepspeed(config, gpus=4, out_dir=tmp_path / "job", model_options={"layers": 2})
     job = tmp_path / "job"
     assert sorted(os.listdir(tmp_path)) == ["job"]  # no temporary directory left behind
     assert sorted(os.listdir(job)) == ["ds_config.json", "launch.sh", "train_deepspeed.py"]
-    assert result.paths == tuple(str(job / n) for n in
-                                 ("ds_config.json", "train_deepspeed.py", "launch.sh"))
+    assert result.paths == tuple(
+        str(job / n) for n in ("ds_config.json", "train_deepspeed.py", "launch.sh")
+    )
     ds = json.loads((job / "ds_config.json").read_text())
     assert ds == config.to_deepspeed(world_size=4) == result.ds_config
     assert ds["train_batch_size"] == 4 * 2 * 4 and ds["zero_optimization"]["stage"] == 2
@@ -93,8 +118,13 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     compile(script.read_text(), str(script), "exec")  # valid Python
     assert script.stat().st_mode & stat.S_IXUSR
     assert script_constants(str(script)) == {
-        "MODEL": "tiny-gpt", "MODEL_OPTIONS": {"layers": 2}, "SEED": 7, "STEPS": 100,
-        "NUM_WORKERS": 0, "PIN_MEMORY": False, "ACTIVATION_CHECKPOINTING": True,
+        "MODEL": "tiny-gpt",
+        "MODEL_OPTIONS": {"layers": 2},
+        "SEED": 7,
+        "STEPS": 100,
+        "NUM_WORKERS": 0,
+        "PIN_MEMORY": False,
+        "ACTIVATION_CHECKPOINTING": True,
         "EXPORTED_WORLD_SIZE": 4,
     }
 
@@ -114,9 +144,14 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
 
 
 def test_steps_and_factory_model_go_into_the_script(tmp_path: Path) -> None:
-    result = export_deepspeed(TrainConfig(total_steps=50), gpus=1, out_dir=tmp_path,
-                              model="mypkg.models:make_model", model_options={"width": 3},
-                              steps=20)
+    result = export_deepspeed(
+        TrainConfig(total_steps=50),
+        gpus=1,
+        out_dir=tmp_path,
+        model="mypkg.models:make_model",
+        model_options={"width": 3},
+        steps=20,
+    )
     consts = script_constants(result.script_path)
     assert consts["MODEL"] == "mypkg.models:make_model" and consts["STEPS"] == 20
     assert consts["MODEL_OPTIONS"] == {"width": 3}
@@ -136,7 +171,9 @@ def test_multinode_writes_a_hostfile_template_and_the_hostfile_command(tmp_path:
         "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 train_deepspeed.py "
         "--deepspeed_config ds_config.json"
     )
-    assert "--nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK" in result.multinode_torchrun_command
+    assert (
+        "--nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK" in result.multinode_torchrun_command
+    )
     text = Path(result.launch_path).read_text()
     assert f'exec {result.command} "$@"' in text and result.multinode_torchrun_command in text
 
@@ -144,8 +181,9 @@ def test_multinode_writes_a_hostfile_template_and_the_hostfile_command(tmp_path:
 def test_a_given_hostfile_is_checked_and_used(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two nodes\nworker-a slots=4\nworker-b slots=4  # spare\n")
-    result = export_deepspeed(TrainConfig(), gpus=4, nodes=2, hostfile=hostfile,
-                              out_dir=tmp_path / "job")
+    result = export_deepspeed(
+        TrainConfig(), gpus=4, nodes=2, hostfile=hostfile, out_dir=tmp_path / "job"
+    )
     assert result.hostfile_path == str(hostfile)
     assert result.command.startswith(f"deepspeed --hostfile {hostfile} --num_nodes 2 --num_gpus 4 ")
     assert "hostfile" not in os.listdir(tmp_path / "job")
@@ -165,8 +203,18 @@ def test_exported_json_imported_and_exported_again_is_identical(
     index: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first = export_deepspeed(CONFIGS[index], gpus=2, nodes=2, out_dir=tmp_path / "a")
-    code, out, err = cli(["export", "--format", "deepspeed", "--config", first.ds_config_path,
-                          "--out", str(tmp_path / "b")], capsys)
+    code, out, err = cli(
+        [
+            "export",
+            "--format",
+            "deepspeed",
+            "--config",
+            first.ds_config_path,
+            "--out",
+            str(tmp_path / "b"),
+        ],
+        capsys,
+    )
     assert code == 0, err
     again = (tmp_path / "b" / "ds_config.json").read_bytes()
     assert again == Path(first.ds_config_path).read_bytes()
@@ -182,20 +230,35 @@ def test_reexport_in_place_and_flags_override_the_imported_config(
 ) -> None:
     first = export_deepspeed(CONFIGS[1], gpus=2, out_dir=tmp_path)
     before = Path(first.ds_config_path).read_bytes()
-    code, _, err = cli(["export", "--config", first.ds_config_path, "--out", str(tmp_path)],
-                       capsys)
+    code, _, err = cli(["export", "--config", first.ds_config_path, "--out", str(tmp_path)], capsys)
     assert code == 0, err
     assert Path(first.ds_config_path).read_bytes() == before
-    code, _, err = cli(["export", "--config", first.ds_config_path, "--out", str(tmp_path),
-                        "--zero", "3", "--gpus", "4", "--micro-batch", "2"], capsys)
+    code, _, err = cli(
+        [
+            "export",
+            "--config",
+            first.ds_config_path,
+            "--out",
+            str(tmp_path),
+            "--zero",
+            "3",
+            "--gpus",
+            "4",
+            "--micro-batch",
+            "2",
+        ],
+        capsys,
+    )
     assert code == 0, err
     ds = json.loads(Path(first.ds_config_path).read_text())
     assert ds["zero_optimization"]["stage"] == 3
     assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (2, 4)
     assert ds["train_batch_size"] == 2 * 4 * 4
     assert ds["fp16"] == json.loads(before)["fp16"]  # the rest is kept
-    assert "warning: train_batch_size=64: was for world size 2; exported for world size 4: " \
-           "8 x 4 x 4 = 128" in err
+    assert (
+        "warning: train_batch_size=64: was for world size 2; exported for world size 4: "
+        "8 x 4 x 4 = 128" in err
+    )
 
 
 # ----------------------------------------------------------------------------- the sample
@@ -207,13 +270,15 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
 
     path = tmp_path / "sample.json"
     path.write_text(json.dumps(SAMPLE))
-    code, out, err = cli(["export", "--config", str(path), "--gpus", "8",
-                          "--out", str(tmp_path / "job")], capsys)
+    code, out, err = cli(
+        ["export", "--config", str(path), "--gpus", "8", "--out", str(tmp_path / "job")], capsys
+    )
     assert code == 0, err
     warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
     for key in ("offload_optimizer", "offload_param"):
-        assert (f"warning: zero_optimization.{key}.nvme_path='/mnt/nvme': ignored while device "
-                "is 'cpu'") in warnings
+        assert (
+            f"warning: zero_optimization.{key}.nvme_path='/mnt/nvme': ignored while device is 'cpu'"
+        ) in warnings
     assert any("steps_per_print" in w for w in warnings)
     assert "estimated per GPU: params 0 B, grads 0 B, optimizer states 0 B" in out
     assert "offloaded to CPU" in out
@@ -223,27 +288,49 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
     assert ds["train_batch_size"] == 1024 and ds["gradient_accumulation_steps"] == 8
     assert ds["train_micro_batch_size_per_gpu"] == 1024 // (8 * 8)
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale_window"] == 1000
-    assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                       "offload_param": {"device": "cpu"}}
+    assert ds["zero_optimization"] == {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
+    }
     assert ds["optimizer"]["params"]["lr"] == 6e-5
 
     # the estimate is the estimator's, for the built-in model and the imported settings
     imported = import_deepspeed(path, world_size=8)
-    result = export_deepspeed(imported.config, gpus=8, out_dir=tmp_path / "job2",
-                              warnings=imported.warnings)
+    result = export_deepspeed(
+        imported.config, gpus=8, out_dir=tmp_path / "job2", warnings=imported.warnings
+    )
     assert any("nvme_path='/mnt/nvme': ignored" in w for w in result.warnings)
     info = build_model("tiny-gpt")[3]
     expected = estimate_memory(
-        n_params=info.n_params, layers=info.layers, hidden=info.hidden, heads=info.heads,
-        seq_len=info.seq_len, vocab=info.vocab, micro_batch=16, precision="fp16",
-        optimizer="adamw", zero_stage=3, gpus=8, offload_optimizer=True, offload_params=True,
+        n_params=info.n_params,
+        layers=info.layers,
+        hidden=info.hidden,
+        heads=info.heads,
+        seq_len=info.seq_len,
+        vocab=info.vocab,
+        micro_batch=16,
+        precision="fp16",
+        optimizer="adamw",
+        zero_stage=3,
+        gpus=8,
+        offload_optimizer=True,
+        offload_params=True,
     )
     assert result.estimate == expected
     assert expected.params_bytes == expected.grads_bytes == expected.optimizer_bytes == 0
     assert expected.cpu_offload_bytes > 0
     # re-exporting the re-export changes nothing
-    code, _, err = cli(["export", "--config", str(tmp_path / "job" / "ds_config.json"),
-                        "--out", str(tmp_path / "job3")], capsys)
+    code, _, err = cli(
+        [
+            "export",
+            "--config",
+            str(tmp_path / "job" / "ds_config.json"),
+            "--out",
+            str(tmp_path / "job3"),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "nvme_path" not in err  # the re-export no longer carries the ignored keys
     assert (tmp_path / "job3" / "ds_config.json").read_bytes() == (
@@ -256,11 +343,37 @@ def test_cli_prints_where_it_wrote_and_the_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out_dir = tmp_path / "job"
-    code, out, _ = cli(["export", "--format", "deepspeed", "--out", str(out_dir), "--gpus", "2",
-                        "--zero", "3", "--precision", "bf16", "--micro-batch", "4",
-                        "--grad-accum", "2", "--lr", "1e-3", "--clip-grad-norm", "1.0",
-                        "--offload-optimizer", "--offload-params", "cpu", "--model", "mlp",
-                        "--model-option", "hidden=32"], capsys)
+    code, out, _ = cli(
+        [
+            "export",
+            "--format",
+            "deepspeed",
+            "--out",
+            str(out_dir),
+            "--gpus",
+            "2",
+            "--zero",
+            "3",
+            "--precision",
+            "bf16",
+            "--micro-batch",
+            "4",
+            "--grad-accum",
+            "2",
+            "--lr",
+            "1e-3",
+            "--clip-grad-norm",
+            "1.0",
+            "--offload-optimizer",
+            "--offload-params",
+            "cpu",
+            "--model",
+            "mlp",
+            "--model-option",
+            "hidden=32",
+        ],
+        capsys,
+    )
     assert code == 0
     assert out.splitlines()[0] == (
         f"wrote {out_dir}: ds_config.json, train_deepspeed.py, launch.sh"
@@ -268,8 +381,16 @@ def test_cli_prints_where_it_wrote_and_the_command(
     assert "deepspeed --num_gpus 2 train_deepspeed.py --deepspeed_config ds_config.json" in out
     assert "torchrun --standalone --nproc-per-node 2" in out
     ds = json.loads((out_dir / "ds_config.json").read_text())
-    expected = TrainConfig(zero_stage=3, precision="bf16", micro_batch=4, grad_accum=2, lr=1e-3,
-                           clip_grad_norm=1.0, offload_optimizer="cpu", offload_params="cpu")
+    expected = TrainConfig(
+        zero_stage=3,
+        precision="bf16",
+        micro_batch=4,
+        grad_accum=2,
+        lr=1e-3,
+        clip_grad_norm=1.0,
+        offload_optimizer="cpu",
+        offload_params="cpu",
+    )
     assert ds == expected.to_deepspeed(world_size=2)
     assert script_constants(str(out_dir / "train_deepspeed.py"))["MODEL_OPTIONS"] == {"hidden": 32}
 
@@ -277,24 +398,37 @@ def test_cli_prints_where_it_wrote_and_the_command(
     assert code == 0
     data = json.loads(out)
     assert data["world_size"] == 1 and data["ds_config"] == TrainConfig().to_deepspeed()
-    assert data["command"] == "deepspeed --num_gpus 1 train_deepspeed.py --deepspeed_config ds_config.json"
+    assert (
+        data["command"]
+        == "deepspeed --num_gpus 1 train_deepspeed.py --deepspeed_config ds_config.json"
+    )
     assert data["estimate"]["params_bytes"] > 0
 
 
 BAD = [
     (["--format", "onnx"], "--format onnx: allowed formats: deepspeed"),
     (["--zero", "5"], "--zero 5: must be 0, 1, 2 or 3"),
-    (["--zero", "x", "--micro-batch", "0"],
-     "--micro-batch 0: must be an integer >= 1; --zero x: must be 0, 1, 2 or 3"),
-    (["--offload-params", "cpu", "--zero", "2"],
-     "--offload-params cpu: parameter offload needs --zero 3 (--zero 2)"),
-    (["--offload-optimizer", "nvme", "--zero", "2"],
-     "--nvme-path: NVMe offload needs nvme_path, a writable directory"),
-    (["--precision", "fp8", "--lr", "-1"],
-     "--precision fp8: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16; "
-     "--lr -1: must be a finite number > 0"),
-    (["--precision", "fp16", "--loss-scale-init", "1000"],
-     "--loss-scale-init 1000: DeepSpeed fp16 needs a power of two"),
+    (
+        ["--zero", "x", "--micro-batch", "0"],
+        "--micro-batch 0: must be an integer >= 1; --zero x: must be 0, 1, 2 or 3",
+    ),
+    (
+        ["--offload-params", "cpu", "--zero", "2"],
+        "--offload-params cpu: parameter offload needs --zero 3 (--zero 2)",
+    ),
+    (
+        ["--offload-optimizer", "nvme", "--zero", "2"],
+        "--nvme-path: NVMe offload needs nvme_path, a writable directory",
+    ),
+    (
+        ["--precision", "fp8", "--lr", "-1"],
+        "--precision fp8: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16; "
+        "--lr -1: must be a finite number > 0",
+    ),
+    (
+        ["--precision", "fp16", "--loss-scale-init", "1000"],
+        "--loss-scale-init 1000: DeepSpeed fp16 needs a power of two",
+    ),
     (["--gpus", "0"], "--gpus 0: must be an integer >= 1"),
     (["--nodes", "two"], "--nodes two: must be an integer >= 1"),
     (["--steps", "0"], "--steps 0: must be an integer >= 1"),
@@ -304,10 +438,11 @@ BAD = [
     (["--model-option", "colour=red"], "--model-option colour: unknown for 'tiny-gpt'; allowed:"),
     (["--model-option", "seed=3"], "seeded from the config's seed"),
     (["--model-option", "nokey"], "--model-option nokey: must be KEY=VALUE"),
-    (["--config", "/no/such.json"], "--config /no/such.json: DeepSpeed config '/no/such.json': "
-     "file not found"),
-    (["--hostfile", "/no/such/hosts", "--nodes", "2"],
-     "--hostfile /no/such/hosts: cannot be read"),
+    (
+        ["--config", "/no/such.json"],
+        "--config /no/such.json: DeepSpeed config '/no/such.json': file not found",
+    ),
+    (["--hostfile", "/no/such/hosts", "--nodes", "2"], "--hostfile /no/such/hosts: cannot be read"),
     (["--lr"], "--lr expected one argument"),
 ]
 
@@ -337,11 +472,14 @@ def test_bad_config_file_and_wrong_world_size_name_the_key(
     assert "zero_optimization.stage=7: must be 0, 1, 2 or 3" in err
     assert "zero_optimization.bogus: unknown key" in err
     path.write_text(json.dumps(SAMPLE))
-    code, _, err = cli(["export", "--config", str(path), "--gpus", "3",
-                        "--out", str(tmp_path / "job")], capsys)
+    code, _, err = cli(
+        ["export", "--config", str(path), "--gpus", "3", "--out", str(tmp_path / "job")], capsys
+    )
     assert code == 2
-    assert "train_batch_size=1024: must be a multiple of gradient_accumulation_steps (8) x " \
-           "world size (3) = 24" in err
+    assert (
+        "train_batch_size=1024: must be a multiple of gradient_accumulation_steps (8) x "
+        "world size (3) = 24" in err
+    )
     assert sorted(os.listdir(tmp_path)) == ["bad.json"]
 
 
@@ -350,8 +488,9 @@ def test_a_failed_export_leaves_an_existing_job_untouched(
 ) -> None:
     export_deepspeed(TrainConfig(zero_stage=1), gpus=2, out_dir=tmp_path / "job")
     before = listing(tmp_path)
-    code, _, _ = cli(["export", "--out", str(tmp_path / "job"), "--zero", "2", "--gpus", "-1"],
-                     capsys)
+    code, _, _ = cli(
+        ["export", "--out", str(tmp_path / "job"), "--zero", "2", "--gpus", "-1"], capsys
+    )
     assert code == 2
     assert listing(tmp_path) == before
 
@@ -376,8 +515,9 @@ def test_out_dir_that_is_a_file_is_refused(tmp_path: Path, capsys) -> None:
 
 def test_python_api_reports_every_problem_at_once(tmp_path: Path) -> None:
     with pytest.raises(ExportError) as info:
-        export_deepspeed(TrainConfig(), gpus=0, nodes=True, model="nope", out_dir=tmp_path / "j",
-                         steps=0)  # type: ignore[arg-type]
+        export_deepspeed(
+            TrainConfig(), gpus=0, nodes=True, model="nope", out_dir=tmp_path / "j", steps=0
+        )  # type: ignore[arg-type]
     problems = info.value.problems
     assert problems == (
         "gpus=0: must be an integer >= 1",
@@ -389,6 +529,7 @@ def test_python_api_reports_every_problem_at_once(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="config=.*must be a workbench.TrainConfig"):
         export_deepspeed({"zero_stage": 1}, gpus=1, out_dir=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ExportError, match="loss_scale_growth=3.0: DeepSpeed fp16 grows"):
-        export_deepspeed(TrainConfig(precision="fp16", loss_scale_growth=3.0), gpus=1,
-                         out_dir=tmp_path / "j")
+        export_deepspeed(
+            TrainConfig(precision="fp16", loss_scale_growth=3.0), gpus=1, out_dir=tmp_path / "j"
+        )
     assert os.listdir(tmp_path) == []

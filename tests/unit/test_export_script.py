@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TINY_GPT = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
 
-FACTORY = '''
+FACTORY = """
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -33,7 +33,7 @@ def make(width=4):
     y = x[:, :2].sum(1, keepdim=True)
     model = nn.Sequential(nn.Linear(6, width), nn.Tanh(), nn.Linear(width, 1))
     return model, TensorDataset(x, y), nn.functional.mse_loss
-'''
+"""
 
 
 def _free_port() -> int:
@@ -45,12 +45,23 @@ def _free_port() -> int:
 def run_job(argv: list[str], cwd: Path, timeout: float = 420) -> tuple[int, list[dict], str]:
     """Run a command in its own process group (so a launcher's ranks go with it on a
     timeout); returns (exit status, JSON lines of stdout, stderr)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS="1",
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -81,22 +92,37 @@ def test_exported_script_trains_two_steps_on_one_cpu_rank(launcher: str, tmp_pat
     from workbench.models import build_model
 
     if launcher == "python":  # the built-in model, ZeRO-2, accumulation, a schedule
-        config = TrainConfig(zero_stage=2, micro_batch=4, grad_accum=2, lr_schedule="cosine",
-                             warmup_steps=1, total_steps=10, clip_grad_norm=1.0, seed=3)
+        config = TrainConfig(
+            zero_stage=2,
+            micro_batch=4,
+            grad_accum=2,
+            lr_schedule="cosine",
+            warmup_steps=1,
+            total_steps=10,
+            clip_grad_norm=1.0,
+            seed=3,
+        )
         model, options = "tiny-gpt", TINY_GPT
         n_params = build_model("tiny-gpt", **TINY_GPT)[3].n_params
     else:  # an importable factory, ZeRO-3 in bf16
         config = TrainConfig(zero_stage=3, precision="bf16", micro_batch=8, lr=1e-2)
         model, options, n_params = "my_models:make", {"width": 5}, 6 * 5 + 5 + 5 + 1
-    result = export_deepspeed(config, gpus=1, out_dir=tmp_path / "job", model=model,
-                              model_options=options)
+    result = export_deepspeed(
+        config, gpus=1, out_dir=tmp_path / "job", model=model, model_options=options
+    )
     tail = ["train_deepspeed.py", "--deepspeed_config", "ds_config.json", "--steps", "2"]
     job = Path(result.out_dir)
     if launcher == "python":
         argv = [sys.executable, *tail]
     else:
-        argv = [str(BIN / "deepspeed"), "--num_gpus", "1", "--master_port", str(_free_port()),
-                *tail]
+        argv = [
+            str(BIN / "deepspeed"),
+            "--num_gpus",
+            "1",
+            "--master_port",
+            str(_free_port()),
+            *tail,
+        ]
     (job / "my_models.py").write_text(FACTORY)  # importable from the job's directory
     code, lines, err = run_job(argv, cwd=job)
     assert code == 0, err[-3000:]
@@ -104,10 +130,16 @@ def test_exported_script_trains_two_steps_on_one_cpu_rank(launcher: str, tmp_pat
 
 
 def test_exported_script_refuses_a_different_world_size(tmp_path: Path) -> None:
-    result = export_deepspeed(TrainConfig(zero_stage=1, micro_batch=4), gpus=2,
-                              out_dir=tmp_path, model="mlp", model_options={"hidden": 8})
-    code, lines, err = run_job([sys.executable, "train_deepspeed.py", "--steps", "1"],
-                               cwd=Path(result.out_dir))
+    result = export_deepspeed(
+        TrainConfig(zero_stage=1, micro_batch=4),
+        gpus=2,
+        out_dir=tmp_path,
+        model="mlp",
+        model_options={"hidden": 8},
+    )
+    code, lines, err = run_job(
+        [sys.executable, "train_deepspeed.py", "--steps", "1"], cwd=Path(result.out_dir)
+    )
     assert code == 2 and lines == []
     assert "train_batch_size=8 was exported for world size 2" in err
     assert "this run has 1 rank(s)" in err and "--gpus 1" in err

@@ -58,8 +58,18 @@ KILL_GRACE_SECONDS = 5.0  # SIGTERM lets a rank release a build lock (JIT ops) b
 LOG_TAIL_CHARS = 3000
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped early, checkpoint written
 _DIST_ENV = (
-    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "LOCAL_SIZE",
 )
 
 
@@ -138,8 +148,10 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         """Every rank finished cleanly (a pre-empted run is ok too: it saved its state)."""
-        return self.first_error is None and not self.timed_out and all(
-            r.params_bytes is not None for r in self.ranks
+        return (
+            self.first_error is None
+            and not self.timed_out
+            and all(r.params_bytes is not None for r in self.ranks)
         )
 
     @property
@@ -153,8 +165,12 @@ class LaunchResult:
             "launcher": self.launcher,
             "returncode": self.returncode,
             "ok": self.ok,
-            "error": None if err is None else {
-                "rank": err.rank, "message": err.message, "traceback_tail": err.traceback_tail,
+            "error": None
+            if err is None
+            else {
+                "rank": err.rank,
+                "message": err.message,
+                "traceback_tail": err.traceback_tail,
             },
             "timed_out": self.timed_out,
             "preempted": self.preempted,
@@ -184,8 +200,10 @@ def _check_model(model: Any) -> list[str]:
     from workbench.models import MODEL_NAMES
 
     if not isinstance(model, str) or not model:
-        return [f"model={model!r}: must be a built-in model name ({', '.join(MODEL_NAMES)}) "
-                "or an importable factory 'pkg.module:function'"]
+        return [
+            f"model={model!r}: must be a built-in model name ({', '.join(MODEL_NAMES)}) "
+            "or an importable factory 'pkg.module:function'"
+        ]
     if ":" in model:
         module, _, attr = model.partition(":")
         if not module or not attr:
@@ -195,12 +213,13 @@ def _check_model(model: Any) -> list[str]:
         except (ImportError, ValueError):
             found = False
         if not found:
-            return [f"model={model!r}: module {module!r} cannot be imported from "
-                    f"{os.getcwd()}"]
+            return [f"model={model!r}: module {module!r} cannot be imported from {os.getcwd()}"]
         return []
     if model not in MODEL_NAMES:
-        return [f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
-                "'pkg.module:function'"]
+        return [
+            f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
+            "'pkg.module:function'"
+        ]
     return []
 
 
@@ -249,8 +268,14 @@ def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
 
 
 def _validate(
-    config: Any, ranks: Any, model: Any, steps: Any, launcher: Any, timeout: Any,
-    on_record: Any, model_options: Any,
+    config: Any,
+    ranks: Any,
+    model: Any,
+    steps: Any,
+    launcher: Any,
+    timeout: Any,
+    on_record: Any,
+    model_options: Any,
 ) -> None:
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
@@ -279,9 +304,7 @@ def _validate(
     if str(config.optimizer) == "adam8bit":
         problems.append("optimizer='adam8bit': is available in the memory estimator only")
     if problems:
-        raise ValueError(
-            problems[0] if len(problems) == 1 else "; ".join(problems)
-        )
+        raise ValueError(problems[0] if len(problems) == 1 else "; ".join(problems))
     check_ranks(config, ranks)
 
 
@@ -298,16 +321,30 @@ def launcher_command(
     """The local (single-node) command that starts `ranks` workers."""
     if launcher == "torchrun":
         return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(ranks), "-m", WORKER_MODULE, *worker_args,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(ranks),
+            "-m",
+            WORKER_MODULE,
+            *worker_args,
         ]
     world = base64.urlsafe_b64encode(
         json.dumps({"localhost": list(range(ranks))}).encode()
     ).decode()
     return [
-        sys.executable, "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-        "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port or _free_port()}",
-        "--module", WORKER_MODULE, *worker_args,
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.launch",
+        f"--world_info={world}",
+        "--node_rank=0",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port or _free_port()}",
+        "--module",
+        WORKER_MODULE,
+        *worker_args,
     ]
 
 
@@ -331,19 +368,31 @@ def print_commands(launcher: str, ranks: int, worker_args: Sequence[str]) -> str
             f"#   node2 slots={ranks}",
             f"deepspeed --hostfile hostfile --num_gpus {ranks} --module {WORKER_MODULE} {args}",
         ]
-    lines.append(
-        "# paths (--config, --events-dir, --checkpoint-dir) must exist on every node"
-    )
+    lines.append("# paths (--config, --events-dir, --checkpoint-dir) must exist on every node")
     return "\n".join(lines)
 
 
 def _worker_args(
-    config_path: str, model: str, options: dict[str, Any], steps: int, events_dir: str,
-    checkpoint_dir: str | None, resume: str | None, resume_at: int | None,
+    config_path: str,
+    model: str,
+    options: dict[str, Any],
+    steps: int,
+    events_dir: str,
+    checkpoint_dir: str | None,
+    resume: str | None,
+    resume_at: int | None,
     threads: int | None,
 ) -> list[str]:
-    args = ["--config", config_path, "--model", model, "--steps", str(steps),
-            "--events-dir", events_dir]
+    args = [
+        "--config",
+        config_path,
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--events-dir",
+        events_dir,
+    ]
     if options:
         args += ["--model-options", json.dumps(options)]
     if checkpoint_dir:
@@ -383,7 +432,9 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
-def terminate_tree(proc: Any, extra_pids: Sequence[int] = (), grace: float = KILL_GRACE_SECONDS) -> None:
+def terminate_tree(
+    proc: Any, extra_pids: Sequence[int] = (), grace: float = KILL_GRACE_SECONDS
+) -> None:
     """SIGTERM the launcher and every descendant (and `extra_pids`), SIGKILL what is left
     after `grace` seconds, and reap them all."""
     import psutil
@@ -487,7 +538,8 @@ def launch_ranks(
     cuda = _uses_cuda(config)
     run_dir = Path(tempfile.mkdtemp(prefix="workbench-launch-"))
     ckpt_dir = (
-        str(checkpoint_dir) if checkpoint_dir is not None
+        str(checkpoint_dir)
+        if checkpoint_dir is not None
         else config.checkpoint_dir or resume_str or str(run_dir / "checkpoints")
     )
     worker_config = config.replace(checkpoint_dir=None)
@@ -496,8 +548,15 @@ def launch_ranks(
     events_dir = run_dir / "events"
     events_dir.mkdir()
     worker_args = _worker_args(
-        str(config_path), model, dict(model_options or {}), steps, str(events_dir),
-        ckpt_dir, resume_str, resume_at, threads,
+        str(config_path),
+        model,
+        dict(model_options or {}),
+        steps,
+        str(events_dir),
+        ckpt_dir,
+        resume_str,
+        resume_at,
+        threads,
     )
     command = launcher_command(launcher, ranks, worker_args)
     log_path = run_dir / "launcher.log"
@@ -508,7 +567,10 @@ def launch_ranks(
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=_child_env(cuda, ranks),
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_child_env(cuda, ranks),
             start_new_session=True,
         )
     timed_out = False
@@ -552,8 +614,11 @@ def launch_ranks(
     tail_text = _log_tail(log_path)
     first_error = state.first_error
     if timed_out and first_error is None:
-        first_error = RankError(None, f"timeout={timeout}: the ranks did not finish in time; "
-                                      "all were stopped", tail_text[-LOG_TAIL_CHARS:])
+        first_error = RankError(
+            None,
+            f"timeout={timeout}: the ranks did not finish in time; all were stopped",
+            tail_text[-LOG_TAIL_CHARS:],
+        )
     finished = all(state.final.get(r) is not None for r in range(ranks))
     launcher_failed = proc.returncode not in (0, None) or not finished
     if first_error is None and launcher_failed and not (state.preempted and finished):
@@ -564,12 +629,18 @@ def launch_ranks(
             tail_text,
         )
     result = _result(
-        config, state, ranks, launcher, command, proc.returncode, first_error, timed_out,
-        tail_text, run_dir,
+        config,
+        state,
+        ranks,
+        launcher,
+        command,
+        proc.returncode,
+        first_error,
+        timed_out,
+        tail_text,
+        run_dir,
     )
-    keep = result.checkpoint_dir is not None and Path(result.checkpoint_dir).is_relative_to(
-        run_dir
-    )
+    keep = result.checkpoint_dir is not None and Path(result.checkpoint_dir).is_relative_to(run_dir)
     _cleanup(run_dir, keep=keep)
     return result
 
@@ -633,7 +704,8 @@ class _LaunchState:
             if self.first_error is None:
                 first = min(self.errors, key=lambda m: float(m.get("wall_time") or 0))
                 self.first_error = RankError(
-                    int(first["rank"]), str(first.get("message", "")),
+                    int(first["rank"]),
+                    str(first.get("message", "")),
                     str(first.get("traceback", "")),
                 )
 
@@ -694,18 +766,27 @@ def _predictions(config: TrainConfig, n_params: int | None, ranks: int) -> tuple
             offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
             accounting=accounting,
         )
-        out.append({
-            "params_bytes": e.params_bytes,
-            "grads_bytes": e.grads_bytes,
-            "optimizer_bytes": e.optimizer_bytes,
-            "cpu_offload_bytes": e.cpu_offload_bytes,
-        })
+        out.append(
+            {
+                "params_bytes": e.params_bytes,
+                "grads_bytes": e.grads_bytes,
+                "optimizer_bytes": e.optimizer_bytes,
+                "cpu_offload_bytes": e.cpu_offload_bytes,
+            }
+        )
     return out[0], out[1]
 
 
 def _result(
-    config: TrainConfig, state: _LaunchState, ranks: int, launcher: str, command: list[str],
-    returncode: int | None, first_error: RankError | None, timed_out: bool, log_tail: str,
+    config: TrainConfig,
+    state: _LaunchState,
+    ranks: int,
+    launcher: str,
+    command: list[str],
+    returncode: int | None,
+    first_error: RankError | None,
+    timed_out: bool,
+    log_tail: str,
     run_dir: Path,
 ) -> LaunchResult:
     n_params = next((int(m["n_params"]) for m in state.ready.values() if m.get("n_params")), None)
@@ -713,16 +794,18 @@ def _result(
     reports = []
     for r in range(ranks):
         final = state.final.get(r) or {}
-        reports.append(RankReport(
-            rank=r,
-            records=tuple(state.records.get(r, [])),
-            params_bytes=final.get("params_bytes"),
-            grads_bytes=final.get("grads_bytes"),
-            optimizer_bytes=final.get("optimizer_bytes"),
-            predicted=predicted,
-            predicted_paper=paper,
-            pid=(state.hello.get(r) or {}).get("pid"),
-        ))
+        reports.append(
+            RankReport(
+                rank=r,
+                records=tuple(state.records.get(r, [])),
+                params_bytes=final.get("params_bytes"),
+                grads_bytes=final.get("grads_bytes"),
+                optimizer_bytes=final.get("optimizer_bytes"),
+                predicted=predicted,
+                predicted_paper=paper,
+                pid=(state.hello.get(r) or {}).get("pid"),
+            )
+        )
     ckpt_dir = ckpt_step = None
     if state.checkpoints:
         steps = {int(m["step"]) for m in state.checkpoints.values()}
@@ -730,10 +813,18 @@ def _result(
         path = Path(next(iter(state.checkpoints.values()))["path"])
         ckpt_dir = str(path.parent.parent)  # <dir>/rank-<r>/step-N.pt
     return LaunchResult(
-        ranks=tuple(reports), world_size=ranks, launcher=launcher, command=tuple(command),
-        returncode=returncode, first_error=first_error, timed_out=timed_out,
-        preempted=state.preempted, checkpoint_dir=ckpt_dir, checkpoint_step=ckpt_step,
-        n_params=n_params, log_tail=log_tail,
+        ranks=tuple(reports),
+        world_size=ranks,
+        launcher=launcher,
+        command=tuple(command),
+        returncode=returncode,
+        first_error=first_error,
+        timed_out=timed_out,
+        preempted=state.preempted,
+        checkpoint_dir=ckpt_dir,
+        checkpoint_step=ckpt_step,
+        n_params=n_params,
+        log_tail=log_tail,
         run_dir=str(run_dir) if ckpt_dir and Path(ckpt_dir).is_relative_to(run_dir) else None,
     )
 
@@ -764,19 +855,34 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run = parser.add_argument_group("run")
     run.add_argument("--ranks", default="2", metavar="N", help="local ranks (2)")
     run.add_argument("--steps", default="3", metavar="N", help="train to this step (3)")
-    run.add_argument("--model", default="tiny-gpt",
-                     help="tiny-gpt, mlp, cnn or a factory 'pkg.module:function' (tiny-gpt)")
-    run.add_argument("--model-options", default=None, metavar="JSON",
-                     help='options of the built-in model, e.g. \'{"layers": 2}\'')
+    run.add_argument(
+        "--model",
+        default="tiny-gpt",
+        help="tiny-gpt, mlp, cnn or a factory 'pkg.module:function' (tiny-gpt)",
+    )
+    run.add_argument(
+        "--model-options",
+        default=None,
+        metavar="JSON",
+        help="options of the built-in model, e.g. '{\"layers\": 2}'",
+    )
     run.add_argument("--launcher", default="torchrun", help="torchrun or deepspeed (torchrun)")
     run.add_argument("--checkpoint-dir", default=None, help="where a SIGTERM checkpoint goes")
-    run.add_argument("--resume", default=None, metavar="DIR",
-                     help="continue from the checkpoints in DIR (rank-<r>/step-N.pt)")
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue from the checkpoints in DIR (rank-<r>/step-N.pt)",
+    )
     run.add_argument("--timeout", default=None, metavar="SECONDS")
     run.add_argument("--threads", default=None, metavar="N", help="torch threads per rank")
     cfg = parser.add_argument_group("training settings (TrainConfig)")
-    cfg.add_argument("--config", default=None, metavar="DS_CONFIG.json",
-                     help="a DeepSpeed JSON config (imported; other flags override it)")
+    cfg.add_argument(
+        "--config",
+        default=None,
+        metavar="DS_CONFIG.json",
+        help="a DeepSpeed JSON config (imported; other flags override it)",
+    )
     cfg.add_argument("--precision", help="fp32, amp-bf16, fp16, bf16 (fp32)")
     cfg.add_argument("--optimizer", help="adamw, adam, sgd, sgd-nomomentum (adamw)")
     cfg.add_argument("--micro-batch", metavar="B")
@@ -790,8 +896,11 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     cfg.add_argument("--device", help="auto, cpu, cuda (auto)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
-    out.add_argument("--print-command", action="store_true",
-                     help="print the launch commands (one node, several nodes) and exit")
+    out.add_argument(
+        "--print-command",
+        action="store_true",
+        help="print the launch commands (one node, several nodes) and exit",
+    )
     return lambda args: run_launch(args, parser)
 
 
@@ -804,7 +913,9 @@ def _number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
         return None
 
 
-def _cli_config(args: argparse.Namespace, ranks: int | None) -> tuple[TrainConfig | None, list[str]]:
+def _cli_config(
+    args: argparse.Namespace, ranks: int | None
+) -> tuple[TrainConfig | None, list[str]]:
     problems: list[str] = []
     base = TrainConfig()
     if args.config is not None:
@@ -830,7 +941,11 @@ def _cli_config(args: argparse.Namespace, ranks: int | None) -> tuple[TrainConfi
     except ValueError as exc:
         flags = {name: flag for name, (flag, _) in _CLI_FIELDS.items()}
         lines = [ln.strip(" -") for ln in str(exc).splitlines()]
-        lines = [ln.removeprefix("invalid setting: ") for ln in lines if ln and "invalid settings" not in ln]
+        lines = [
+            ln.removeprefix("invalid setting: ")
+            for ln in lines
+            if ln and "invalid settings" not in ln
+        ]
         out = []
         for ln in lines:
             field_name = ln.split("=", 1)[0]
@@ -843,7 +958,9 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     problems: list[str] = []
     ranks = _number(args.ranks, "int", "--ranks", problems)
     steps = _number(args.steps, "int", "--steps", problems)
-    timeout = None if args.timeout is None else _number(args.timeout, "float", "--timeout", problems)
+    timeout = (
+        None if args.timeout is None else _number(args.timeout, "float", "--timeout", problems)
+    )
     threads = None if args.threads is None else _number(args.threads, "int", "--threads", problems)
     if args.launcher not in LAUNCHERS:
         problems.append(f"--launcher {args.launcher}: must be one of {', '.join(LAUNCHERS)}")
@@ -861,34 +978,61 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if cfg_problems or config is None:
         parser.error("; ".join(cfg_problems))
     assert config is not None
-    flag_of = {"ranks": "--ranks", "steps": "--steps", "model": "--model",
-               "launcher": "--launcher", "timeout": "--timeout", "resume": "--resume",
-               "threads": "--threads", "model_options": "--model-options"}
+    flag_of = {
+        "ranks": "--ranks",
+        "steps": "--steps",
+        "model": "--model",
+        "launcher": "--launcher",
+        "timeout": "--timeout",
+        "resume": "--resume",
+        "threads": "--threads",
+        "model_options": "--model-options",
+    }
     if args.print_command:
         try:
             _validate(config, ranks, args.model, steps, args.launcher, timeout, None, options)
         except ValueError as exc:
             parser.error(_flagged(str(exc), flag_of))
-        worker = _worker_args("CONFIG.json", args.model, options or {}, steps, "RUN_DIR/events",
-                              args.checkpoint_dir, args.resume, None if args.resume is None else 0,
-                              threads)
+        worker = _worker_args(
+            "CONFIG.json",
+            args.model,
+            options or {},
+            steps,
+            "RUN_DIR/events",
+            args.checkpoint_dir,
+            args.resume,
+            None if args.resume is None else 0,
+            threads,
+        )
         if args.resume is not None:
             i = worker.index("--resume-step")
-            del worker[i:i + 2]
+            del worker[i : i + 2]
         print(print_commands(args.launcher, ranks, worker))
         print("# CONFIG.json: " + json.dumps(config.to_dict()))
         return 0
 
     def progress(record: StepRecord) -> None:
         if not args.json:
-            print(f"rank {record.rank} step {record.step} loss {record.loss:.4f} "
-                  f"({record.step_seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+            print(
+                f"rank {record.rank} step {record.step} loss {record.loss:.4f} "
+                f"({record.step_seconds * 1000:.0f} ms)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     try:
         result = launch_ranks(
-            config, ranks=ranks, model=args.model, steps=steps, launcher=args.launcher,
-            resume=args.resume, checkpoint_dir=args.checkpoint_dir, on_record=progress,
-            timeout=timeout, model_options=options, threads=threads,
+            config,
+            ranks=ranks,
+            model=args.model,
+            steps=steps,
+            launcher=args.launcher,
+            resume=args.resume,
+            checkpoint_dir=args.checkpoint_dir,
+            on_record=progress,
+            timeout=timeout,
+            model_options=options,
+            threads=threads,
         )
     except ValueError as exc:
         parser.error(_flagged(str(exc), flag_of))
@@ -905,7 +1049,8 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if result.preempted:
         print(
             f"workbench launch: stopped by SIGTERM at step {result.checkpoint_step}; "
-            f"continue with --resume {result.checkpoint_dir}", file=sys.stderr,
+            f"continue with --resume {result.checkpoint_dir}",
+            file=sys.stderr,
         )
         return EXIT_PREEMPTED
     return 0
@@ -923,19 +1068,34 @@ def _table(result: LaunchResult) -> str:
     def kib(v: int | None) -> str:
         return "-" if v is None else f"{v / 1024:,.1f}"
 
-    head = ["rank", "steps", "last loss", "params KiB", "pred", "grads KiB", "pred",
-            "optimizer KiB", "pred"]
+    head = [
+        "rank",
+        "steps",
+        "last loss",
+        "params KiB",
+        "pred",
+        "grads KiB",
+        "pred",
+        "optimizer KiB",
+        "pred",
+    ]
     rows = []
     for r in result.ranks:
         p = r.predicted or {}
         s = r.summary()
-        rows.append([
-            str(r.rank), str(s.get("last_step", 0)),
-            "-" if "last_loss" not in s else f"{s['last_loss']:.4f}",
-            kib(r.params_bytes), kib(p.get("params_bytes")),
-            kib(r.grads_bytes), kib(p.get("grads_bytes")),
-            kib(r.optimizer_bytes), kib(p.get("optimizer_bytes")),
-        ])
+        rows.append(
+            [
+                str(r.rank),
+                str(s.get("last_step", 0)),
+                "-" if "last_loss" not in s else f"{s['last_loss']:.4f}",
+                kib(r.params_bytes),
+                kib(p.get("params_bytes")),
+                kib(r.grads_bytes),
+                kib(p.get("grads_bytes")),
+                kib(r.optimizer_bytes),
+                kib(p.get("optimizer_bytes")),
+            ]
+        )
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
     lines = [
         f"{result.world_size} ranks ({result.launcher}), {result.n_params or '?'} parameters; "

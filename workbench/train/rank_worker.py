@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = _StopFlag()
     signal.signal(signal.SIGTERM, stop.handler)
     reporter.emit(
-        "hello", pid=os.getpid(), world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        "hello",
+        pid=os.getpid(),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
         local_rank=local_rank,
     )
     session = None
@@ -161,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.set_device(local_rank)  # "cuda" below then means this rank's GPU
         if args.checkpoint_dir:
             # Each rank its own directory: RNG and data position are per rank.
-            config = config.replace(
-                checkpoint_dir=str(Path(args.checkpoint_dir) / f"rank-{rank}")
-            )
+            config = config.replace(checkpoint_dir=str(Path(args.checkpoint_dir) / f"rank-{rank}"))
         resume = None
         if args.resume_dir is not None:
             from workbench.train import checkpoint as ckpt
@@ -180,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(config, resume=resume, **source)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in session.model.parameters())
         reporter.emit(
-            "ready", n_params=int(n_params), device=str(session.device),
-            start_step=session.step, world_size=session.world_size,
+            "ready",
+            n_params=int(n_params),
+            device=str(session.device),
+            start_step=session.step,
+            world_size=session.world_size,
         )
         session.on_record(lambda r: reporter.emit("record", record=r.to_dict()))
         stop.in_loop = True
@@ -200,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             reporter.emit("checkpoint", step=session.step, path=path)
         states = session.backend.model_state_bytes()
         reporter.emit(
-            "final", step=session.step, preempted=preempted,
-            params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
+            "final",
+            step=session.step,
+            preempted=preempted,
+            params_bytes=states.params_bytes,
+            grads_bytes=states.grads_bytes,
             optimizer_bytes=states.optimizer_bytes,
         )
         session.close()
@@ -219,9 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             if errors and errors[-1].details.get("traceback"):
                 tb = str(errors[-1].details["traceback"])
         reporter.emit(
-            "error", message=f"{type(exc).__name__}: {exc}"
-            if not errors_message(session) else errors_message(session),
-            traceback=tb[-TRACEBACK_TAIL_CHARS:], wall_time=time.time(),
+            "error",
+            message=f"{type(exc).__name__}: {exc}"
+            if not errors_message(session)
+            else errors_message(session),
+            traceback=tb[-TRACEBACK_TAIL_CHARS:],
+            wall_time=time.time(),
         )
         return EXIT_ERROR
     finally:
