@@ -35,6 +35,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -574,6 +575,7 @@ def launch_ranks(
             start_new_session=True,
         )
     timed_out = False
+    error_deadline: float | None = None
     aborted: BaseException | None = None
     deadline = None if timeout is None else time.monotonic() + float(timeout)
     tails = [_Tail(events_dir / f"rank-{r}.jsonl") for r in range(ranks)]
@@ -586,8 +588,13 @@ def launch_ranks(
             if sigterm.pending:
                 sigterm.forward()
             if state.first_error is not None:
-                break
-            if proc.poll() is not None:
+                # A failing rank usually takes its peers down with a communication error a
+                # moment later; give the ranks a short grace to report the root cause.
+                if error_deadline is None:
+                    error_deadline = time.monotonic() + ERROR_GRACE_SECONDS
+                if time.monotonic() > error_deadline or state.all_reported():
+                    break
+            elif proc.poll() is not None:
                 for tail in tails:  # the last lines written before exit
                     for msg in tail.read():
                         state.handle(msg)
@@ -666,6 +673,15 @@ def _cleanup(run_dir: Path, *, keep: bool) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
+ERROR_GRACE_SECONDS = 5.0
+# Messages of ranks that failed only because another rank went away (gloo, NCCL, c10d).
+_PEER_FAILURE = re.compile(
+    r"connection closed by peer|remote worker crash|connection reset|broken pipe|"
+    r"nccl.*(watchdog|timeout|abort)|process ?group.*(abort|timed out)",
+    re.IGNORECASE,
+)
+
+
 class _LaunchState:
     def __init__(self, ranks: int, on_record: Callable[[StepRecord], None] | None) -> None:
         self.ranks = ranks
@@ -701,13 +717,20 @@ class _LaunchState:
                 self.preempted = True
         elif kind == "error":
             self.errors.append(msg)
-            if self.first_error is None:
-                first = min(self.errors, key=lambda m: float(m.get("wall_time") or 0))
-                self.first_error = RankError(
-                    int(first["rank"]),
-                    str(first.get("message", "")),
-                    str(first.get("traceback", "")),
-                )
+            # The root cause: the earliest error that is not a peer's communication failure
+            # ("connection closed by peer" on the ranks a crashed rank leaves behind).
+            causes = [m for m in self.errors if not _PEER_FAILURE.search(str(m.get("message")))]
+            first = min(causes or self.errors, key=lambda m: float(m.get("wall_time") or 0))
+            self.first_error = RankError(
+                int(first["rank"]),
+                str(first.get("message", "")),
+                str(first.get("traceback", "")),
+            )
+
+    def all_reported(self) -> bool:
+        """Every rank has sent an error or its final message."""
+        done = {int(m.get("rank", -1)) for m in self.errors} | set(self.final)
+        return all(r in done for r in range(self.ranks))
 
 
 class _SigtermForward:
