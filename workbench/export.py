@@ -49,6 +49,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.cli_config import (
+    CONFIG_FLAGS,
+    add_config_flags,
+    as_flag_value,
+    config_from_args,
+    lenient_number,
+    problem_lines,
+    raw_values,
+)
 from workbench.config import OffloadDevice, TrainConfig
 
 FORMATS = ("deepspeed",)
@@ -208,12 +217,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip().removeprefix("- ") for ln in str(exc).splitlines() if ln.strip()]
-    if len(lines) > 1 and re.match(r"^\d+ (invalid settings|problems in)", lines[0]):
-        lines = lines[1:]
-    return "; ".join(
-        re.sub(r"^(invalid setting|invalid DeepSpeed config): ", "", ln) for ln in lines
-    )
+    return "; ".join(problem_lines(exc))
 
 
 def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any]:
@@ -690,30 +694,30 @@ if __name__ == "__main__":
 
 
 # --------------------------------------------------------------------------- CLI
-# TrainConfig field -> (flag, kind); kind "switch" is a store_true flag.
-_CONFIG_FLAGS: dict[str, tuple[str, str]] = {
-    "precision": ("--precision", "str"),
-    "optimizer": ("--optimizer", "str"),
-    "zero_stage": ("--zero", "int"),
-    "micro_batch": ("--micro-batch", "int"),
-    "grad_accum": ("--grad-accum", "int"),
-    "lr": ("--lr", "float"),
-    "weight_decay": ("--weight-decay", "float"),
-    "momentum": ("--momentum", "float"),
-    "lr_schedule": ("--lr-schedule", "str"),
-    "warmup_steps": ("--warmup-steps", "int"),
-    "total_steps": ("--total-steps", "int"),
-    "clip_grad_norm": ("--clip-grad-norm", "float"),
-    "offload_optimizer": ("--offload-optimizer", "offload"),
-    "offload_params": ("--offload-params", "offload"),
-    "nvme_path": ("--nvme-path", "str"),
-    "loss_scale_init": ("--loss-scale-init", "float"),
-    "loss_scale_interval": ("--loss-scale-interval", "int"),
-    "seed": ("--seed", "int"),
-    "num_workers": ("--num-workers", "int"),
-    "activation_checkpointing": ("--activation-checkpointing", "switch"),
-    "pin_memory": ("--pin-memory", "switch"),
-}
+# The TrainConfig fields `workbench export` takes as flags (see workbench.cli_config).
+_CONFIG_FIELDS = (
+    "precision",
+    "optimizer",
+    "zero_stage",
+    "micro_batch",
+    "grad_accum",
+    "lr",
+    "weight_decay",
+    "momentum",
+    "lr_schedule",
+    "warmup_steps",
+    "total_steps",
+    "clip_grad_norm",
+    "offload_optimizer",
+    "offload_params",
+    "nvme_path",
+    "loss_scale_init",
+    "loss_scale_interval",
+    "seed",
+    "num_workers",
+    "activation_checkpointing",
+    "pin_memory",
+)
 _EXPORT_FLAGS = {
     "gpus": "--gpus",
     "nodes": "--nodes",
@@ -723,19 +727,9 @@ _EXPORT_FLAGS = {
     "steps": "--steps",
     "model_options": "--model-option",
 }
+_FLAGS = {**{name: CONFIG_FLAGS[name].flag for name in _CONFIG_FIELDS}, **_EXPORT_FLAGS}
 _HELP = {
-    "precision": "fp32, amp-bf16, amp-fp16, fp16, bf16 (fp32)",
-    "optimizer": "adamw, adam, sgd, sgd-nomomentum (adamw)",
-    "zero_stage": "ZeRO stage 0-3 (0)",
-    "micro_batch": "samples per forward pass per GPU (8)",
-    "grad_accum": "micro-batches per optimizer step (1)",
-    "lr_schedule": "constant, cosine, onecycle (constant)",
     "total_steps": "schedule horizon, and the script's default number of steps (1000)",
-    "offload_optimizer": "none, cpu, nvme (a bare flag means cpu); ZeRO stage 1-3",
-    "offload_params": "none, cpu, nvme (a bare flag means cpu); ZeRO stage 3",
-    "nvme_path": "a writable directory for NVMe offload",
-    "loss_scale_init": "fp16 initial loss scale, a power of two (65536)",
-    "loss_scale_interval": "fp16 steps without overflow before the scale grows (2000)",
 }
 
 
@@ -780,49 +774,16 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     )
     job.add_argument("--json", action="store_true", help="print one JSON object")
     cfg = parser.add_argument_group("training settings (TrainConfig; defaults as TrainConfig's)")
-    for name, (flag, kind) in _CONFIG_FLAGS.items():
-        text = _HELP.get(name)
-        if kind == "switch":
-            cfg.add_argument(flag, action="store_true", default=None, help=text)
-        elif kind == "offload":
-            cfg.add_argument(flag, nargs="?", const="cpu", metavar="DEVICE", help=text)
-        else:
-            cfg.add_argument(flag, metavar=name.split("_")[-1].upper(), help=text)
+    add_config_flags(cfg, fields=_CONFIG_FIELDS, bare_offload=True, help=_HELP)
     return lambda args: run(args, parser)
 
 
-def _read(text: str, kind: str) -> Any:
-    """Flag text -> value; text that is not a number of that kind is passed on as it is
-    (TrainConfig then names it together with every other problem)."""
-    try:
-        if kind == "int":
-            return int(text.replace("_", ""))
-        if kind == "float":
-            return float(text)
-    except ValueError:
-        return text
-    return text.strip() if kind in ("str", "offload") else text
-
-
 def _as_flags(line: str, raw: dict[str, str]) -> str:
-    """A TrainConfig/export problem line with field names written as the CLI's flags and
-    the values as typed."""
-    m = re.match(r"^(\w+)=", line)
-    flags = {**{k: v[0] for k, v in _CONFIG_FLAGS.items()}, **_EXPORT_FLAGS}
-    if m and m.group(1) in flags:
-        name = m.group(1)
-        rest = line[m.end() :]
-        cut = rest.find(": ")
-        value, rest = (rest[:cut], rest[cut:]) if cut >= 0 else (rest, "")
-        if name in raw:
-            value = raw[name]
-        value = value.strip("'\"")
-        line = flags[name] + ("" if value == "None" else " " + value) + rest
+    """An export problem line with argument names written as the CLI's flags and the
+    values as typed."""
     line = re.sub(r"^model_options\['(\w+)'\]=", r"--model-option \1=", line)
     line = re.sub(r"^model_options ", "--model-option ", line)
-    for name, flag in flags.items():
-        line = re.sub(rf"\b{name}=", f"{flag} ", line)
-    return line
+    return as_flag_value(line, _FLAGS, raw)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -830,18 +791,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.format.strip().lower() not in FORMATS:
         parser.error(f"--format {args.format}: allowed formats: {', '.join(FORMATS)}")
     problems: list[str] = []
-    raw: dict[str, str] = {}
-    changes: dict[str, Any] = {}
-    for name, (flag, kind) in _CONFIG_FLAGS.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is None:
-            continue
-        if kind != "switch":
-            raw[name] = str(value)
-        changes[name] = value if kind == "switch" else _read(value, kind)
-    gpus = _read(args.gpus, "int") if args.gpus is not None else None
-    nodes = _read(args.nodes, "int")
-    steps = _read(args.steps, "int") if args.steps is not None else None
+    gpus = lenient_number(args.gpus, "int") if args.gpus is not None else None
+    nodes = lenient_number(args.nodes, "int")
+    steps = lenient_number(args.steps, "int") if args.steps is not None else None
     for flag, value, text in (
         ("--gpus", gpus, args.gpus),
         ("--nodes", nodes, args.nodes),
@@ -867,10 +819,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if gpus is None:
         gpus = 1
     if args.config is None or config is not None:
-        try:
-            config = (config or TrainConfig()).replace(**changes)
-        except ValueError as exc:
-            problems += [_as_flags(p, raw) for p in _one_line(exc).split("; ")]
+        config, config_problems = config_from_args(
+            args, fields=_CONFIG_FIELDS, base=config, strip_text=True, other_flags=_EXPORT_FLAGS
+        )
+        problems += config_problems
     if problems:
         parser.error("; ".join(problems))
     assert config is not None
@@ -887,7 +839,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             warnings=warns,
         )
     except ExportError as exc:
-        parser.error("; ".join(_as_flags(p, raw | _export_raw(args)) for p in exc.problems))
+        raw = raw_values(args, _CONFIG_FIELDS) | _export_raw(args)
+        parser.error("; ".join(_as_flags(p, raw) for p in exc.problems))
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:

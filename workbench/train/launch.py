@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.cli_config import add_config_flags, config_from_args, parse_number
 from workbench.config import Device, OffloadDevice, Precision, TrainConfig
 from workbench.train.records import StepRecord
 
@@ -853,20 +854,21 @@ def _result(
 
 
 # --------------------------------------------------------------------------- CLI
-# TrainConfig field -> (flag, kind). Flags left out keep the config's (or default) value.
-_CLI_FIELDS: dict[str, tuple[str, str]] = {
-    "precision": ("--precision", "str"),
-    "optimizer": ("--optimizer", "str"),
-    "micro_batch": ("--micro-batch", "int"),
-    "grad_accum": ("--grad-accum", "int"),
-    "lr": ("--lr", "float"),
-    "zero_stage": ("--zero", "int"),
-    "offload_optimizer": ("--offload-optimizer", "str"),
-    "offload_params": ("--offload-params", "str"),
-    "nvme_path": ("--nvme-path", "str"),
-    "seed": ("--seed", "int"),
-    "device": ("--device", "str"),
-}
+# The TrainConfig fields `workbench launch` takes as flags (see workbench.cli_config);
+# flags left out keep the config's (or default) value.
+_CLI_FIELDS = (
+    "precision",
+    "optimizer",
+    "micro_batch",
+    "grad_accum",
+    "lr",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_params",
+    "nvme_path",
+    "seed",
+    "device",
+)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -906,17 +908,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         metavar="DS_CONFIG.json",
         help="a DeepSpeed JSON config (imported; other flags override it)",
     )
-    cfg.add_argument("--precision", help="fp32, amp-bf16, fp16, bf16 (fp32)")
-    cfg.add_argument("--optimizer", help="adamw, adam, sgd, sgd-nomomentum (adamw)")
-    cfg.add_argument("--micro-batch", metavar="B")
-    cfg.add_argument("--grad-accum", metavar="N")
-    cfg.add_argument("--lr")
-    cfg.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
-    cfg.add_argument("--offload-optimizer", metavar="DEVICE", help="none, cpu, nvme")
-    cfg.add_argument("--offload-params", metavar="DEVICE", help="none, cpu, nvme (stage 3)")
-    cfg.add_argument("--nvme-path", metavar="DIR")
-    cfg.add_argument("--seed")
-    cfg.add_argument("--device", help="auto, cpu, cuda (auto)")
+    add_config_flags(cfg, fields=_CLI_FIELDS)
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument(
@@ -927,19 +919,9 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_launch(args, parser)
 
 
-def _number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
-    try:
-        return int(text) if kind == "int" else float(text)
-    except ValueError:
-        what = "an integer" if kind == "int" else "a number"
-        problems.append(f"{flag} {text}: must be {what}")
-        return None
-
-
 def _cli_config(
     args: argparse.Namespace, ranks: int | None
 ) -> tuple[TrainConfig | None, list[str]]:
-    problems: list[str] = []
     base = TrainConfig()
     if args.config is not None:
         from workbench.dsconfig import import_deepspeed
@@ -951,40 +933,22 @@ def _cli_config(
         base = imported.config
         for w in imported.warnings:
             print(f"workbench launch: warning: {w}", file=sys.stderr)
-    changes: dict[str, Any] = {}
-    for name, (flag, kind) in _CLI_FIELDS.items():
-        text = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if text is None:
-            continue
-        changes[name] = text if kind == "str" else _number(text, kind, flag, problems)
-    if problems:
-        return None, problems
-    try:
-        return base.replace(**changes), []
-    except ValueError as exc:
-        flags = {name: flag for name, (flag, _) in _CLI_FIELDS.items()}
-        lines = [ln.strip(" -") for ln in str(exc).splitlines()]
-        lines = [
-            ln.removeprefix("invalid setting: ")
-            for ln in lines
-            if ln and "invalid settings" not in ln
-        ]
-        out = []
-        for ln in lines:
-            field_name = ln.split("=", 1)[0]
-            out.append(f"{flags[field_name]} ({ln})" if field_name in flags else ln)
-        return None, out
+    return config_from_args(
+        args, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
+    )
 
 
 def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run `workbench launch` on parsed arguments; returns the exit status."""
     problems: list[str] = []
-    ranks = _number(args.ranks, "int", "--ranks", problems)
-    steps = _number(args.steps, "int", "--steps", problems)
+    ranks = parse_number(args.ranks, "int", "--ranks", problems)
+    steps = parse_number(args.steps, "int", "--steps", problems)
     timeout = (
-        None if args.timeout is None else _number(args.timeout, "float", "--timeout", problems)
+        None if args.timeout is None else parse_number(args.timeout, "float", "--timeout", problems)
     )
-    threads = None if args.threads is None else _number(args.threads, "int", "--threads", problems)
+    threads = (
+        None if args.threads is None else parse_number(args.threads, "int", "--threads", problems)
+    )
     if args.launcher not in LAUNCHERS:
         problems.append(f"--launcher {args.launcher}: must be one of {', '.join(LAUNCHERS)}")
     options = None

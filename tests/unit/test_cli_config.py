@@ -1,0 +1,91 @@
+"""workbench.cli_config: TrainConfig fields as flags, shared by export and launch."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.cli_config import add_config_flags, config_from_args, problem_lines
+from workbench.config import TrainConfig
+
+FIELDS = ("precision", "zero_stage", "lr", "offload_optimizer", "nvme_path", "pin_memory")
+
+
+def parse(argv: list[str], **kwargs: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, fields=FIELDS, **kwargs)  # type: ignore[arg-type]
+    return parser.parse_args(argv)
+
+
+def test_module_is_pure() -> None:
+    code = "import sys, workbench.cli_config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_flags_become_changes_on_the_base() -> None:
+    args = parse(["--precision", "bf16", "--zero", "2", "--lr", "0.01", "--pin-memory"])
+    base = TrainConfig(seed=7)
+    config, problems = config_from_args(args, fields=FIELDS, base=base)
+    assert problems == []
+    assert config == base.replace(precision="bf16", zero_stage=2, lr=0.01, pin_memory=True)
+
+
+def test_absent_flags_keep_the_base() -> None:
+    base = TrainConfig(zero_stage=3, offload_optimizer="cpu")
+    assert config_from_args(parse([]), fields=FIELDS, base=base) == (base, [])
+    assert config_from_args(parse([]), fields=FIELDS) == (TrainConfig(), [])
+
+
+def test_bare_offload_means_cpu_only_when_asked() -> None:
+    args = parse(["--zero", "1", "--offload-optimizer"], bare_offload=True)
+    config, _ = config_from_args(args, fields=FIELDS)
+    assert config is not None and config.offload_optimizer == "cpu"
+    with pytest.raises(SystemExit):
+        parse(["--offload-optimizer"])
+
+
+def test_value_style_names_flag_and_typed_value() -> None:
+    args = parse(["--zero", "seven", "--precision", "fp64"])
+    config, problems = config_from_args(args, fields=FIELDS)
+    assert config is None
+    assert sorted(problems) == sorted(
+        [
+            "--zero seven: must be 0, 1, 2 or 3",
+            "--precision fp64: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16",
+        ]
+    )
+
+
+def test_parenthesized_style_and_number_check() -> None:
+    config, problems = config_from_args(
+        parse(["--zero", "7"]), fields=FIELDS, check_numbers=True, style="parenthesized"
+    )
+    assert config is None and problems == ["--zero (zero_stage=7: must be 0, 1, 2 or 3)"]
+    config, problems = config_from_args(
+        parse(["--zero", "x", "--lr", "fast"]), fields=FIELDS, check_numbers=True
+    )
+    assert config is None
+    assert problems == ["--zero x: must be an integer", "--lr fast: must be a number"]
+
+
+def test_strip_text_only_when_asked(tmp_path: Path) -> None:
+    argv = ["--zero", "1", "--offload-optimizer", "nvme", "--nvme-path", f" {tmp_path} "]
+    config, problems = config_from_args(parse(argv), fields=FIELDS, strip_text=True)
+    assert problems == [] and config is not None and config.nvme_path == str(tmp_path)
+    config, problems = config_from_args(parse(argv), fields=FIELDS, style="parenthesized")
+    assert config is None
+    assert problems == [
+        f"--nvme-path (nvme_path=' {tmp_path} ': must be an existing writable directory)"
+    ]
+
+
+def test_problem_lines_drop_the_header() -> None:
+    with pytest.raises(ValueError) as info:
+        TrainConfig(zero_stage=7, precision="x")
+    lines = problem_lines(info.value)
+    assert len(lines) == 2 and all("=" in ln and "invalid" not in ln for ln in lines)

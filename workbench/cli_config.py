@@ -1,0 +1,232 @@
+"""TrainConfig settings as command-line flags, shared by `workbench export` and `workbench launch`.
+
+    group = parser.add_argument_group("training settings (TrainConfig)")
+    add_config_flags(group, fields=("precision", "zero_stage", "lr"))
+    ...
+    config, problems = config_from_args(args, fields=("precision", "zero_stage", "lr"))
+
+Every flag is read as text (None when not given) and becomes a `TrainConfig.replace`
+change; a TrainConfig error comes back as one problem line per setting, naming the flag
+and the value as typed. Pure: imports no torch and no deepspeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workbench.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class ConfigFlag:
+    """One TrainConfig field as a flag. `kind`: "int", "float", "str", "offload" (a device
+    name; optionally a bare flag meaning cpu) or "switch" (store_true)."""
+
+    flag: str
+    kind: str
+    metavar: str | None = None
+    help: str | None = None
+
+
+# TrainConfig field -> its flag. Flags left out keep the base config's (or default) value.
+CONFIG_FLAGS: dict[str, ConfigFlag] = {
+    "precision": ConfigFlag(
+        "--precision", "str", "PRECISION", "fp32, amp-bf16, amp-fp16, fp16, bf16 (fp32)"
+    ),
+    "optimizer": ConfigFlag(
+        "--optimizer", "str", "OPTIMIZER", "adamw, adam, sgd, sgd-nomomentum (adamw)"
+    ),
+    "zero_stage": ConfigFlag("--zero", "int", "STAGE", "ZeRO stage 0-3 (0)"),
+    "micro_batch": ConfigFlag(
+        "--micro-batch", "int", "BATCH", "samples per forward pass per GPU (8)"
+    ),
+    "grad_accum": ConfigFlag(
+        "--grad-accum", "int", "ACCUM", "micro-batches per optimizer step (1)"
+    ),
+    "lr": ConfigFlag("--lr", "float", "LR"),
+    "weight_decay": ConfigFlag("--weight-decay", "float", "DECAY"),
+    "momentum": ConfigFlag("--momentum", "float", "MOMENTUM"),
+    "lr_schedule": ConfigFlag(
+        "--lr-schedule", "str", "SCHEDULE", "constant, cosine, onecycle (constant)"
+    ),
+    "warmup_steps": ConfigFlag("--warmup-steps", "int", "STEPS"),
+    "total_steps": ConfigFlag("--total-steps", "int", "STEPS", "schedule horizon (1000)"),
+    "clip_grad_norm": ConfigFlag("--clip-grad-norm", "float", "NORM"),
+    "offload_optimizer": ConfigFlag(
+        "--offload-optimizer", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 1-3"
+    ),
+    "offload_params": ConfigFlag(
+        "--offload-params", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 3"
+    ),
+    "nvme_path": ConfigFlag("--nvme-path", "str", "PATH", "a writable directory for NVMe offload"),
+    "loss_scale_init": ConfigFlag(
+        "--loss-scale-init", "float", "INIT", "fp16 initial loss scale, a power of two (65536)"
+    ),
+    "loss_scale_interval": ConfigFlag(
+        "--loss-scale-interval",
+        "int",
+        "INTERVAL",
+        "fp16 steps without overflow before the scale grows (2000)",
+    ),
+    "seed": ConfigFlag("--seed", "int", "SEED"),
+    "num_workers": ConfigFlag("--num-workers", "int", "WORKERS"),
+    "activation_checkpointing": ConfigFlag("--activation-checkpointing", "switch"),
+    "pin_memory": ConfigFlag("--pin-memory", "switch"),
+    "device": ConfigFlag("--device", "str", "DEVICE", "auto, cpu, cuda (auto)"),
+}
+
+_BARE_OFFLOAD = " (a bare flag means cpu)"
+
+
+def _dest(name: str) -> str:
+    return CONFIG_FLAGS[name].flag.lstrip("-").replace("-", "_")
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    fields: Sequence[str],
+    bare_offload: bool = False,
+    help: Mapping[str, str] | None = None,
+) -> None:
+    """Add a flag (as text, default None) for each TrainConfig field in `fields`, in that
+    order. `bare_offload`: `--offload-optimizer` / `--offload-params` without a value mean
+    cpu. `help` overrides a field's help text."""
+    for name in fields:
+        spec = CONFIG_FLAGS[name]
+        text = (help or {}).get(name, spec.help)
+        if spec.kind == "switch":
+            parser.add_argument(spec.flag, action="store_true", default=None, help=text)
+        elif spec.kind == "offload" and bare_offload:
+            text = None if text is None else text.replace(";", _BARE_OFFLOAD + ";", 1)
+            parser.add_argument(spec.flag, nargs="?", const="cpu", metavar=spec.metavar, help=text)
+        else:
+            parser.add_argument(spec.flag, metavar=spec.metavar, help=text)
+
+
+def parse_number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
+    """`text` as an int ("int") or float ("float"); None, with a problem line
+    "FLAG TEXT: must be an integer/a number", when it is not one."""
+    try:
+        return int(text) if kind == "int" else float(text)
+    except ValueError:
+        what = "an integer" if kind == "int" else "a number"
+        problems.append(f"{flag} {text}: must be {what}")
+        return None
+
+
+def raw_values(args: argparse.Namespace, fields: Sequence[str]) -> dict[str, str]:
+    """The text given for each valued flag among `fields` (switches and absent flags left out)."""
+    raw = {}
+    for name in fields:
+        value = getattr(args, _dest(name))
+        if value is not None and CONFIG_FLAGS[name].kind != "switch":
+            raw[name] = str(value)
+    return raw
+
+
+def problem_lines(exc: BaseException) -> list[str]:
+    """A (multi-line) TrainConfig / DeepSpeed-config ValueError as one line per problem,
+    without the "N invalid settings:" header and the "invalid setting: " prefixes."""
+    lines = [ln.strip().removeprefix("- ") for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) > 1 and re.match(r"^\d+ (invalid settings|problems in)", lines[0]):
+        lines = lines[1:]
+    return [re.sub(r"^(invalid setting|invalid DeepSpeed config): ", "", ln) for ln in lines]
+
+
+def as_flag_value(line: str, flags: Mapping[str, str], raw: Mapping[str, str]) -> str:
+    """A problem line "field=VALUE: ..." written as "--flag VALUE: ..." (the value as typed,
+    from `raw`, when there is one); other "field=" mentions become "--flag "."""
+    m = re.match(r"^(\w+)=", line)
+    if m and m.group(1) in flags:
+        name = m.group(1)
+        rest = line[m.end() :]
+        cut = rest.find(": ")
+        value, rest = (rest[:cut], rest[cut:]) if cut >= 0 else (rest, "")
+        if name in raw:
+            value = raw[name]
+        value = value.strip("'\"")
+        line = flags[name] + ("" if value == "None" else " " + value) + rest
+    for name, flag in flags.items():
+        line = re.sub(rf"\b{name}=", f"{flag} ", line)
+    return line
+
+
+def config_from_args(
+    args: argparse.Namespace,
+    *,
+    fields: Sequence[str],
+    base: TrainConfig | None = None,
+    check_numbers: bool = False,
+    strip_text: bool = False,
+    style: Literal["value", "parenthesized"] = "value",
+    other_flags: Mapping[str, str] | None = None,
+) -> tuple[TrainConfig | None, list[str]]:
+    """`base` (default: `TrainConfig()`) with the flags of `fields` given in `args`
+    applied, and the problems (the config is None when there are any).
+
+    `check_numbers`: a number flag whose text is not a number is a problem of its own
+    ("--lr x: must be a number") and no config is built; otherwise the text is passed on
+    and TrainConfig names it with every other problem. `strip_text`: text values lose
+    surrounding whitespace (otherwise TrainConfig gets them as typed). `style` of a
+    TrainConfig problem: "value" -> "--zero 7: must be 0, 1, 2 or 3"; "parenthesized" ->
+    "--zero (zero_stage=7: must be 0, 1, 2 or 3)". `other_flags`: argument name -> flag
+    of the command's other arguments, for "value" lines that mention them.
+    """
+    problems: list[str] = []
+    changes: dict[str, Any] = {}
+    for name in fields:
+        spec = CONFIG_FLAGS[name]
+        value = getattr(args, _dest(name))
+        if value is None:
+            continue
+        if spec.kind in ("int", "float"):
+            if check_numbers:
+                value = parse_number(value, spec.kind, spec.flag, problems)
+            else:
+                value = lenient_number(value, spec.kind)
+        elif strip_text and spec.kind != "switch":
+            value = value.strip()
+        changes[name] = value
+    if problems:
+        return None, problems
+    try:
+        return (TrainConfig() if base is None else base).replace(**changes), []
+    except ValueError as exc:
+        lines = problem_lines(exc)
+    flags = {name: CONFIG_FLAGS[name].flag for name in fields}
+    if style == "value":
+        raw = raw_values(args, fields)
+        named = {**flags, **(other_flags or {})}
+        return None, [as_flag_value(ln, named, raw) for ln in lines]
+    out = []
+    for ln in lines:
+        name = ln.split("=", 1)[0]
+        out.append(f"{flags[name]} ({ln})" if name in flags else ln)
+    return None, out
+
+
+def lenient_number(text: str, kind: str) -> Any:
+    """Flag text -> int ("int") or float ("float"); text that is not one is passed on as it
+    is (TrainConfig or the caller then names it together with every other problem)."""
+    try:
+        return int(text.replace("_", "")) if kind == "int" else float(text)
+    except ValueError:
+        return text
+
+
+__all__ = [
+    "CONFIG_FLAGS",
+    "ConfigFlag",
+    "add_config_flags",
+    "as_flag_value",
+    "config_from_args",
+    "lenient_number",
+    "parse_number",
+    "problem_lines",
+    "raw_values",
+]
