@@ -694,30 +694,9 @@ if __name__ == "__main__":
 
 
 # --------------------------------------------------------------------------- CLI
-# The TrainConfig fields `workbench export` takes as flags (see workbench.cli_config).
-_CONFIG_FIELDS = (
-    "precision",
-    "optimizer",
-    "zero_stage",
-    "micro_batch",
-    "grad_accum",
-    "lr",
-    "weight_decay",
-    "momentum",
-    "lr_schedule",
-    "warmup_steps",
-    "total_steps",
-    "clip_grad_norm",
-    "offload_optimizer",
-    "offload_params",
-    "nvme_path",
-    "loss_scale_init",
-    "loss_scale_interval",
-    "seed",
-    "num_workers",
-    "activation_checkpointing",
-    "pin_memory",
-)
+# The TrainConfig fields `workbench export` takes as flags: every one in
+# workbench.cli_config except --device, which an exported job does not take.
+_CONFIG_FIELDS = tuple(name for name in CONFIG_FLAGS if name != "device")
 _EXPORT_FLAGS = {
     "gpus": "--gpus",
     "nodes": "--nodes",
