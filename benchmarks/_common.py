@@ -8,6 +8,7 @@ Importing this module also puts the repository root on `sys.path`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -104,3 +105,18 @@ def write_results(name: str, results: dict[str, Any]) -> Path:
     }
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def positive_int(flag: str) -> Callable[[str], int]:
+    """An argparse `type` accepting integers >= 1; the error names the flag and the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: must be an integer >= 1")
+        return value
+
+    return parse

@@ -19,26 +19,13 @@ import subprocess
 import sys
 import time
 
-from _common import ROOT, median_wall, time_call, write_results
+from _common import ROOT, median_wall, positive_int, time_call, write_results
 
 from workbench.config import OptimizerName, Precision
 from workbench.estimate import GPUS, estimate_memory
 
 TARGET_SECONDS = 100e-6
 GPT3 = dict(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257)
-
-
-def _positive_int(name: str):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} {text}: must be an integer >= 1")
-        return value
-
-    return parse
 
 
 def sweep_configs(count: int) -> list[dict[str, object]]:
@@ -83,8 +70,8 @@ def sweep_configs(count: int) -> list[dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", type=_positive_int("--sweep"), default=100_000)
-    parser.add_argument("--cli-runs", type=_positive_int("--cli-runs"), default=7)
+    parser.add_argument("--sweep", type=positive_int("--sweep"), default=100_000)
+    parser.add_argument("--cli-runs", type=positive_int("--cli-runs"), default=7)
     args = parser.parse_args(argv)
 
     small = time_call(

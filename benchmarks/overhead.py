@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 import torch
-from _common import write_results
+from _common import positive_int, write_results
 from torch.utils.data import DataLoader
 
 from workbench import Session, TrainConfig
@@ -36,19 +36,6 @@ from workbench.models import build_model
 
 TARGET = 1.03
 MICRO_BATCH = 8
-
-
-def _positive_int(name: str):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name}={text!r}: must be an integer >= 1")
-        return value
-
-    return parse
 
 
 def _timed(fn: Any) -> tuple[float, float]:
@@ -115,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--steps",
-        type=_positive_int("steps"),
+        type=positive_int("--steps"),
         default=20,
         help="timed optimizer steps per run (grad_accum 4 runs half as many)",
     )
-    parser.add_argument("--reps", type=_positive_int("reps"), default=7, help="A/B pairs")
+    parser.add_argument("--reps", type=positive_int("--reps"), default=7, help="A/B pairs")
     parser.add_argument(
         "--threads",
-        type=_positive_int("threads"),
+        type=positive_int("--threads"),
         default=1,
         help="torch intra-op threads (1 on a shared 2-core machine)",
     )
