@@ -103,17 +103,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ==================================================================== estimate
 # field of estimate_memory -> (flag, how the flag's text is read)
 _FLAGS: dict[str, tuple[str, str]] = {
-    "n_params": ("--params", "whole"),
+    "model": ("--model", "str"),
+    "hf_config": ("--hf-config", "str"),
+    "n_params": ("--params", "str"),  # "7B", "1.5e9": estimate_memory reads counts
     "layers": ("--layers", "int"),
     "hidden": ("--hidden", "int"),
     "heads": ("--heads", "int"),
     "seq_len": ("--seq-len", "int"),
     "vocab": ("--vocab", "int"),
+    "kv_heads": ("--kv-heads", "int"),
+    "ffn_hidden": ("--ffn-hidden", "int"),
+    "mlp": ("--mlp", "str"),
+    "norm": ("--norm", "str"),
+    "bias": ("--bias", "str"),
+    "positions": ("--positions", "str"),
+    "tied_embeddings": ("--embeddings", "tied"),
     "micro_batch": ("--micro-batch", "int"),
     "precision": ("--precision", "str"),
     "optimizer": ("--optimizer", "str"),
     "zero_stage": ("--zero", "int"),
     "gpus": ("--gpus", "int"),
+    "tensor_parallel": ("--tp", "int"),
+    "pipeline_parallel": ("--pp", "int"),
+    "sequence_parallel": ("--sequence-parallel", "bool"),
     "offload_optimizer": ("--offload-optimizer", "bool"),
     "offload_params": ("--offload-params", "bool"),
     "checkpointing": ("--checkpointing", "str"),
@@ -123,6 +135,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "mfu": ("--mfu", "float"),
     "price_per_gpu_hour": ("--price-per-gpu-hour", "float"),
 }
+_EMBEDDINGS = {"tied": True, "untied": False}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 
 
@@ -130,13 +143,27 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
     """Arguments of `workbench estimate`; returns its runner."""
     from workbench.estimate import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
 
-    model = parser.add_argument_group("model (give --params, or the shape flags, or both)")
-    model.add_argument("--params", metavar="N", help="parameter count, e.g. 7.5e9")
+    model = parser.add_argument_group(
+        "model (a --model, a --hf-config, --params, or the shape flags; shape flags given "
+        "with a model override its values)"
+    )
+    model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b (--list-models)")
+    model.add_argument(
+        "--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder) on disk"
+    )
+    model.add_argument("--params", metavar="N", help="parameter count, e.g. 7B, 1.5e9, 350M")
     model.add_argument("--layers", metavar="L")
     model.add_argument("--hidden", metavar="H")
     model.add_argument("--heads", metavar="A")
     model.add_argument("--seq-len", metavar="S")
     model.add_argument("--vocab", metavar="V")
+    model.add_argument("--kv-heads", metavar="K", help="key/value heads: GQA, 1 = MQA (= heads)")
+    model.add_argument("--ffn-hidden", metavar="F", help="MLP inner size (4h; SwiGLU: 2/3 of 4h)")
+    model.add_argument("--mlp", help="gelu or swiglu (gelu)")
+    model.add_argument("--norm", help="layernorm or rmsnorm (layernorm)")
+    model.add_argument("--bias", help="biases on all linear layers, qkv only, or none (all)")
+    model.add_argument("--positions", help="learned or rotary (learned)")
+    model.add_argument("--embeddings", help="tied or untied output projection (tied)")
     model.add_argument("--micro-batch", metavar="B", default="1", help="samples per GPU (1)")
     setup = parser.add_argument_group("training setup")
     setup.add_argument(
@@ -146,7 +173,14 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
         "--optimizer", default="adamw", help="adamw, adam, sgd, sgd-nomomentum, adam8bit (adamw)"
     )
     setup.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
-    setup.add_argument("--gpus", default="1", metavar="N", help="data-parallel GPUs (1)")
+    setup.add_argument(
+        "--gpus", default="1", metavar="N", help="all GPUs: tp x pp x data-parallel (1)"
+    )
+    setup.add_argument("--tp", default="1", metavar="T", help="tensor-parallel size (1)")
+    setup.add_argument("--pp", default="1", metavar="P", help="pipeline-parallel stages (1)")
+    setup.add_argument(
+        "--sequence-parallel", action="store_true", help="shard activations over tp (Megatron)"
+    )
     setup.add_argument("--offload-optimizer", action="store_true", help="ZeRO stage 1-3")
     setup.add_argument("--offload-params", action="store_true", help="ZeRO stage 3")
     setup.add_argument(
@@ -170,6 +204,7 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--compare-stages", action="store_true", help="ZeRO stages 0-3 side by side")
     out.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
+    out.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     return lambda args: run_estimate(args, parser)
 
 
@@ -201,10 +236,17 @@ def _arg(args: argparse.Namespace, flag: str) -> Any:
 def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """(keyword arguments for estimate_memory, problems only the CLI knows about)."""
     options: dict[str, Any] = {}
+    problems = []
     for field, (flag, kind) in _FLAGS.items():
         value = _arg(args, flag)
-        options[field] = value if value is None or kind in ("bool", "str") else _read(value, kind)
-    problems = []
+        if value is None or kind in ("bool", "str"):
+            options[field] = value
+        elif kind == "tied":
+            options[field] = _EMBEDDINGS.get(value.strip().lower())
+            if options[field] is None:
+                problems.append(f"{flag} {value}: must be tied or untied")
+        else:
+            options[field] = _read(value, kind)
     if args.zero is None:
         options["zero_stage"] = 0
     elif args.compare_stages:
@@ -237,6 +279,9 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     if args.list_gpus:
         print(_gpu_table(as_json=args.json))
+        return 0
+    if args.list_models:
+        print(_model_table(as_json=args.json))
         return 0
     options, problems = _estimate_options(args)
     try:
@@ -286,8 +331,12 @@ def _duration(seconds: float) -> str:
 
 def _headline(e: Any) -> str:
     gpus = f"{e.gpus} GPU" + ("s" if e.gpus > 1 else "")
-    parts = [f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
+    name = f"{e.model} ({_count(e.n_params)} parameters)" if e.model else None
+    parts = [name or f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
     parts += [f"ZeRO stage {e.zero_stage}", gpus]
+    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        split = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
+        parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))
     if e.offload_optimizer:
         parts.append("optimizer offload")
     if e.offload_params:
@@ -295,6 +344,17 @@ def _headline(e: Any) -> str:
     if e.layers is not None:
         parts.append(f"micro-batch {e.micro_batch}, checkpointing {e.checkpointing}")
     return ", ".join(parts)
+
+
+def _shape_line(e: Any) -> str:
+    """The architecture in one line: what the activations and the split were computed for."""
+    heads = f"{e.heads} heads" + (f" ({e.kv_heads} kv)" if e.kv_heads != e.heads else "")
+    embeddings = "tied" if e.tied_embeddings else "untied"
+    return (
+        f"shape: {e.layers} layers, hidden {e.hidden}, {heads}, {e.mlp} MLP {e.ffn_hidden}, "
+        f"vocab {e.vocab}, sequence {e.seq_len}, {e.norm}, biases {e.bias}, "
+        f"{e.positions} positions, {embeddings} embeddings"
+    )
 
 
 def _report(e: Any, unit: int, unit_name: str) -> str:
@@ -315,10 +375,15 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
     if e.cpu_offload_bytes:
         rows.append(("offloaded to CPU", _fmt(e.cpu_offload_bytes, unit)))
     width = max(len(r[1]) for r in rows[:3] + rows[4:])
-    lines = [
-        _headline(e),
-        f"per GPU, {unit_name} ({'2^30' if unit_name == 'GiB' else '10^9'} bytes):",
-    ]
+    lines = [_headline(e)]
+    if e.layers is not None:
+        lines.append(_shape_line(e))
+    if e.shard_params != e.n_params:
+        lines.append(
+            f"parameters per GPU before ZeRO: {_count(e.shard_params)} (tensor-parallel share "
+            f"of the largest pipeline stage), sharded over {e.data_parallel} data-parallel GPUs"
+        )
+    lines.append(f"per GPU, {unit_name} ({'2^30' if unit_name == 'GiB' else '10^9'} bytes):")
     lines += [
         f"  {label:<20}{value:>{width}}"
         if value[:1].isdigit() or value == "-"
@@ -404,6 +469,54 @@ def _gpu_table(*, as_json: bool) -> str:
     ]
     lines.append(
         "dense peak rates from vendor data sheets (sources in workbench/estimate/catalog.py)"
+    )
+    return "\n".join(lines)
+
+
+def _model_table(*, as_json: bool) -> str:
+    from workbench.estimate import PRESETS
+
+    if as_json:
+        return json.dumps(
+            {
+                "models": [
+                    {
+                        "name": m.name,
+                        "family": m.family,
+                        "n_params": m.n_params,
+                        **m.architecture.to_dict(),
+                        "source": m.source,
+                    }
+                    for m in PRESETS
+                ]
+            },
+            indent=2,
+        )
+    head = ["name", "family", "params", "layers", "hidden", "heads", "kv", "MLP", "vocab", "seq"]
+    rows = [
+        [
+            m.name,
+            m.family,
+            _count(m.n_params),
+            str(a.layers),
+            str(a.hidden),
+            str(a.heads),
+            str(a.kv_heads),
+            f"{a.mlp} {a.ffn_hidden}",
+            str(a.vocab),
+            str(a.seq_len),
+        ]
+        for m in PRESETS
+        for a in (m.architecture,)
+    ]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [head, *rows]
+    ]
+    lines.append(
+        "parameter counts computed from the shapes; sources in workbench/estimate/presets.py "
+        "(--list-models --json prints them)"
     )
     return "\n".join(lines)
 

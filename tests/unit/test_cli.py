@@ -226,7 +226,7 @@ def test_list_gpus(capsys):
             ["--precision", "fp64"],
             "error: --precision fp64: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16",
         ),
-        (["--optimizer", "lion"], "error: --optimizer lion: must be one of adamw, adam, sgd"),
+        (["--optimizer", "rmsprop9"], "error: --optimizer rmsprop9: must be one of adamw, adam, sgd"),
         (
             ["--gpu", "a100"],
             "error: --gpu a100: is ambiguous: say which one of a100-40gb, a100-80gb",
@@ -272,7 +272,7 @@ def test_bad_params_and_missing_model(capsys):
     code, _, err = run(["estimate", "--params", "-7e9"], capsys)
     assert code == 2 and err.strip() == "workbench estimate: error: --params expected one argument"
     code, _, err = run(["estimate"], capsys)
-    assert code == 2 and "--params is missing: give --params or a transformer shape" in err
+    assert code == 2 and "--params is missing: give --params, a --model or a transformer shape" in err
 
 
 def test_several_problems_on_one_line(capsys):

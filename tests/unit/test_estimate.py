@@ -227,9 +227,9 @@ def test_public_helpers_reject_bad_sizes_and_names():
         params_from_shape(layers=1, hidden=8, seq_len=4, vocab=-5)
     with pytest.raises(
         ValueError,
-        match=r"precision='fp8': must be one of fp32, .*; optimizer='lion': must be one of adamw",
+        match=r"precision='fp8': must be one of fp32, .*; optimizer='rmsprop9': must be one of adamw",
     ):
-        bytes_per_param("fp8", "lion")
+        bytes_per_param("fp8", "rmsprop9")
     assert bytes_per_param("bf16", "adam") == bytes_per_param(Precision.BF16, OptimizerName.ADAM)
     with pytest.raises(ValueError, match=r"accounting='nope': must be one of paper"):
         model_state_bytes(
@@ -477,7 +477,7 @@ def test_every_problem_is_reported_at_once():
         estimate_memory(
             n_params=-5,
             precision="fp64",
-            optimizer="lion",
+            optimizer="rmsprop9",
             zero_stage=5,
             gpus=0,
             checkpointing="some",
@@ -506,7 +506,7 @@ def test_every_problem_is_reported_at_once():
     text = str(info.value)
     assert text.startswith("12 invalid estimate inputs:")
     assert "precision='fp64': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16" in text
-    assert "optimizer='lion': must be one of adamw, adam, sgd, sgd-nomomentum, adam8bit" in text
+    assert "optimizer='rmsprop9': must be one of adamw, adam, sgd, sgd-nomomentum, adam8bit" in text
 
 
 @pytest.mark.parametrize(
@@ -514,7 +514,12 @@ def test_every_problem_is_reported_at_once():
     [
         (dict(n_params=0), r"n_params=0: must be a whole number >= 1"),
         (dict(n_params=math.nan), r"n_params=nan: must be a whole number >= 1"),
-        (dict(n_params="7e9"), r"n_params='7e9': must be a whole number >= 1"),
+        (
+            dict(n_params="seven"),
+            r"n_params='seven': must be a whole number >= 1 \(e.g. 7B, 1.5e9, 350M or 1.3T\)",
+        ),
+        (dict(n_params="7.5"), r"n_params='7.5': must be a whole number >= 1"),
+        (dict(n_params="7B5"), r"n_params='7B5': must be a whole number >= 1"),
         (dict(n_params=1.5), r"n_params=1.5: must be a whole number"),
         (dict(n_params=True), r"n_params=True: must be a whole number"),
         (
@@ -544,7 +549,7 @@ def test_every_problem_is_reported_at_once():
             dict(layers=2, hidden=8),
             r"heads is missing: a transformer shape needs all of layers, hidden, heads, seq_len, vocab \(also missing: seq_len, vocab\)",
         ),
-        (dict(), r"n_params is missing: give n_params or a transformer shape"),
+        (dict(), r"n_params is missing: give n_params, a model or a transformer shape"),
         (dict(n_params=1e9, mfu=0), r"mfu=0: must be a finite number > 0 and <= 1"),
         (
             dict(n_params=1e9, overhead_gib=math.inf),

@@ -30,17 +30,18 @@ from workbench.estimate.activations import (
     params_from_shape,
     transformer_activation_bytes,
 )
+from workbench.estimate.architecture import Architecture, Bias, Mlp, Norm, Positions
 from workbench.estimate.catalog import GPUS, GpuSpec, find_gpu, get_gpu, gpu_names
 from workbench.estimate.core import (
     DEFAULT_MFU,
     DEFAULT_OVERHEAD_GIB,
     GIB,
-    EstimateInputError,
     MemoryEstimate,
-    Problem,
     compare_stages,
     estimate_memory,
 )
+from workbench.estimate.counts import parse_count
+from workbench.estimate.hf_config import FAMILIES, read_hf_config
 from workbench.estimate.model_states import (
     ACCOUNTINGS,
     BytesPerParam,
@@ -49,9 +50,32 @@ from workbench.estimate.model_states import (
     bytes_per_param,
     model_state_bytes,
 )
+from workbench.estimate.presets import (
+    MODELS,
+    PRESETS,
+    ModelPreset,
+    find_model,
+    get_model,
+    model_names,
+)
+from workbench.estimate.problems import EstimateInputError, Problem
 
 __all__ = [
     "ACCOUNTINGS",
+    "FAMILIES",
+    "MODELS",
+    "PRESETS",
+    "Architecture",
+    "Bias",
+    "Mlp",
+    "ModelPreset",
+    "Norm",
+    "Positions",
+    "find_model",
+    "get_model",
+    "model_names",
+    "parse_count",
+    "read_hf_config",
     "DEFAULT_MFU",
     "DEFAULT_OVERHEAD_GIB",
     "GIB",

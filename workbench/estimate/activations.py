@@ -69,9 +69,13 @@ class Checkpointing(str, Enum):
 class ActivationBreakdown:
     """Activation bytes of one forward pass kept for the backward pass, on one GPU.
 
-    `per_layer_*` are what one layer stores under the checkpointing mode (Table 2 of
-    Korthikanti et al. at 16 bits); `layers_bytes = layers * per_layer_bytes`.
-    `total_bytes` = layers + recompute working set + embedding + output terms.
+    `per_layer_*` are what one layer stores for one micro-batch under the checkpointing
+    mode and the tensor/sequence parallel split (Table 2 of Korthikanti et al. at 16
+    bits). `layers_bytes = layers * per_layer_bytes`: a GPU of the first pipeline stage
+    holds `layers / pipeline_parallel` layers for each of the `in_flight_micro_batches`
+    (= `pipeline_parallel`, 1F1B) micro-batches in flight. `total_bytes` = layers +
+    recompute working set + embedding + output terms (the output terms live on the last
+    stage and are 0 with pipeline parallelism: the first stage is the peak).
     """
 
     checkpointing: str
@@ -86,6 +90,12 @@ class ActivationBreakdown:
     output_bytes: int
     logits_bytes: int
     total_bytes: int
+    mlp: str = "gelu"
+    ffn_hidden: int | None = None
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    pipeline_parallel: int = 1
+    in_flight_micro_batches: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,13 +112,20 @@ def _check_sizes(function: str, **sizes: Any) -> None:
         raise ValueError(f"{function}: {', '.join(bad)}: each must be an integer >= 1")
 
 
-def _layer_terms(s: int, b: int, h: int, a: int, dropout: bool) -> tuple[int, int, int, int]:
-    """(linear elements, attention-score elements, linear mask bytes, score mask bytes)."""
+def _layer_terms(
+    s: int, b: int, h: int, a: int, f: int, gated: bool, dropout: bool, t: int, sp: bool
+) -> tuple[int, int, int, int]:
+    """(linear elements, attention-score elements, linear mask bytes, score mask bytes)
+    of one layer on one GPU of a tensor-parallel group of `t` (see the module docstring).
+    """
     sbh = s * b * h
     as2b = a * s * s * b
+    outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
+    split = 4 * sbh + (4 if gated else 2) * s * b * f  # Q, K, V, projection input, MLP inner
+    linear = 4 * sbh // outside + split // t
     if dropout:
-        return 16 * sbh, 2 * as2b, 2 * sbh, as2b
-    return 16 * sbh, as2b, 0, 0
+        return linear, 2 * as2b // t, 2 * sbh // outside, as2b // t
+    return linear, as2b // t, 0, 0
 
 
 def transformer_activation_bytes(
@@ -122,12 +139,19 @@ def transformer_activation_bytes(
     checkpointing: str | Checkpointing = Checkpointing.NONE,
     activation_bytes_per_element: int = 2,
     dropout: bool = True,
+    ffn_hidden: int | None = None,
+    mlp: str = "gelu",
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
+    pipeline_parallel: int = 1,
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
 
-    `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. Sizes that are
-    not integers >= 1, a non-bool `dropout` or an unknown `checkpointing` name raise
-    `ValueError` naming them.
+    `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. `ffn_hidden`
+    is the MLP inner size f (default 4 x `hidden`), `mlp` "gelu" or "swiglu" (gated).
+    `tensor_parallel` must divide `heads` and `ffn_hidden`, `pipeline_parallel` must
+    divide `layers`; `sequence_parallel` needs `tensor_parallel` > 1. Invalid arguments
+    raise `ValueError` naming them.
     """
     _check_sizes(
         "transformer_activation_bytes",
@@ -138,20 +162,43 @@ def transformer_activation_bytes(
         micro_batch=micro_batch,
         vocab=vocab,
         activation_bytes_per_element=activation_bytes_per_element,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        **({} if ffn_hidden is None else {"ffn_hidden": ffn_hidden}),
     )
+    f = 4 * hidden if ffn_hidden is None else ffn_hidden
+    bad: list[str] = []
     if not isinstance(dropout, bool):
-        raise ValueError(f"dropout={dropout!r}: must be True or False")
+        bad.append(f"dropout={dropout!r}: must be True or False")
+    if mlp not in ("gelu", "swiglu"):
+        bad.append(f"mlp={mlp!r}: must be gelu or swiglu")
     try:
         mode = Checkpointing(checkpointing)
     except ValueError:
-        raise ValueError(
+        bad.append(
             f"checkpointing={checkpointing!r}: must be one of {', '.join(Checkpointing.choices())}"
-        ) from None
+        )
+    t, p = tensor_parallel, pipeline_parallel
+    if not isinstance(sequence_parallel, bool):
+        bad.append(f"sequence_parallel={sequence_parallel!r}: must be True or False")
+    elif sequence_parallel and t == 1:
+        bad.append("sequence_parallel=True: needs tensor_parallel > 1")
+    for name, size in (("hidden", hidden), ("heads", heads), ("ffn_hidden", f)):
+        if size % t:
+            bad.append(f"tensor_parallel={t}: must divide {name}={size} evenly")
+    if layers % p:
+        bad.append(f"pipeline_parallel={p}: must divide layers={layers} evenly")
+    if bad:
+        raise ValueError("; ".join(bad))
+    sp = bool(sequence_parallel)
     s, b, h, a, v, n = seq_len, micro_batch, hidden, heads, vocab, layers
     e = activation_bytes_per_element
-    lin_el, score_el, lin_mask, score_mask = _layer_terms(s, b, h, a, dropout)
+    lin_el, score_el, lin_mask, score_mask = _layer_terms(
+        s, b, h, a, f, mlp == "swiglu", dropout, t, sp
+    )
     full_layer = e * (lin_el + score_el) + lin_mask + score_mask
-    layer_input = e * s * b * h
+    outside = t if sp else 1
+    layer_input = e * (s * b * h // outside)
 
     if mode is Checkpointing.NONE:
         per_el, per_mask, recompute = e * (lin_el + score_el), lin_mask + score_mask, 0
@@ -163,10 +210,12 @@ def transformer_activation_bytes(
         recompute = full_layer - layer_input
 
     per_layer = per_el + per_mask
-    embedding = s * b * h if dropout else 0
-    logits = 4 * s * b * v
-    output = e * 2 * s * b * h + logits
-    total = n * per_layer + recompute + embedding + output
+    in_flight = p  # 1F1B: the first stage holds p micro-batches of its n / p layers
+    embedding = in_flight * (s * b * h // outside) if dropout else 0
+    logits = 4 * s * b * -(-v // t) if p == 1 else 0
+    output = e * 2 * (s * b * h // outside) + logits if p == 1 else 0
+    layers_bytes = (n // p) * in_flight * per_layer
+    total = layers_bytes + recompute + embedding + output
     return ActivationBreakdown(
         checkpointing=mode.value,
         activation_bytes_per_element=e,
@@ -174,12 +223,18 @@ def transformer_activation_bytes(
         per_layer_element_bytes=per_el,
         per_layer_mask_bytes=per_mask,
         per_layer_bytes=per_layer,
-        layers_bytes=n * per_layer,
+        layers_bytes=layers_bytes,
         recompute_bytes=recompute,
         embedding_bytes=embedding,
         output_bytes=output,
         logits_bytes=logits,
         total_bytes=total,
+        mlp=mlp,
+        ffn_hidden=f,
+        tensor_parallel=t,
+        sequence_parallel=sp,
+        pipeline_parallel=p,
+        in_flight_micro_batches=in_flight,
     )
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-import re
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,11 +18,15 @@ from workbench.config import OptimizerName, Precision
 from workbench.estimate.activations import (
     ActivationBreakdown,
     Checkpointing,
-    params_from_shape,
     transformer_activation_bytes,
 )
+from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
+from workbench.estimate.counts import COUNT_EXAMPLES, parse_count
+from workbench.estimate.hf_config import read_hf_config
 from workbench.estimate.model_states import ACCOUNTINGS, ModelStateQuery, model_state_bytes
+from workbench.estimate.presets import find_model
+from workbench.estimate.problems import EstimateInputError, Problem
 
 GIB = 1 << 30
 
@@ -44,49 +47,6 @@ _PRECISIONS = {p.value: p for p in Precision}
 _OPTIMIZERS = {o.value: o for o in OptimizerName}
 _CHECKPOINTING = {c.value: c for c in Checkpointing}
 _BF16 = (Precision.AMP_BF16, Precision.BF16)
-_BACKTICK = re.compile(r"`(\w+)`")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One invalid input: the field, the value given and what is allowed.
-
-    Other fields are named in `message` between backticks, so a front end can show its
-    own names for them (the CLI shows flags); `str()` shows the Python names.
-    """
-
-    field: str
-    value: Any
-    message: str
-    missing: bool = False
-
-    def render(
-        self, name: Callable[[str], str] = str, value_text: str | None = None, sep: str = "="
-    ) -> str:
-        """`field=value: message`, with `name` mapping field names (the CLI passes one that
-        gives flags), `value_text` replacing `repr(value)` and `sep` the `=`."""
-        msg = _BACKTICK.sub(lambda m: name(m.group(1)), self.message)
-        if self.missing:
-            return f"{name(self.field)} is missing: {msg}"
-        shown = repr(self.value) if value_text is None else value_text
-        return f"{name(self.field)}{sep}{shown}: {msg}"
-
-    def __str__(self) -> str:
-        return self.render()
-
-
-class EstimateInputError(ValueError):
-    """`ValueError` listing every invalid input at once; `.problems` holds them."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        if len(problems) == 1:
-            text = f"invalid estimate input: {problems[0]}"
-        else:
-            text = f"{len(problems)} invalid estimate inputs:\n" + "\n".join(
-                f"  - {p}" for p in problems
-            )
-        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -101,6 +61,12 @@ class MemoryEstimate:
     None without a shape or when not even a micro-batch of 1 fits. Compute fields are
     None when not asked for (`tokens`), `train_seconds` also without a GPU, `cost` also
     without a price.
+
+    `gpus = tensor_parallel x pipeline_parallel x data_parallel`. `shard_params` is the
+    parameter count one GPU holds before ZeRO shards it over the `data_parallel` group:
+    its tensor-parallel share of the largest pipeline stage (`n_params` without tensor or
+    pipeline parallelism). `model` is the preset's name or the module's class name;
+    the architecture fields (`layers` ... `tied_embeddings`) are None without a shape.
     """
 
     # results, per GPU
@@ -139,6 +105,21 @@ class MemoryEstimate:
     mfu: float
     price_per_gpu_hour: float | None
     accounting: str
+    # model and parallelism (inputs; the architecture fields resolved from a model)
+    model: str | None = None
+    hf_config: str | None = None
+    kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    mlp: str | None = None
+    norm: str | None = None
+    bias: str | None = None
+    positions: str | None = None
+    tied_embeddings: bool | None = None
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    sequence_parallel: bool = False
+    data_parallel: int = 1
+    shard_params: int = 0
 
     @property
     def model_states_bytes(self) -> int:
@@ -164,16 +145,6 @@ def _int_like(v: Any) -> int | None:
         return None
 
 
-def _whole_number(v: Any) -> int | None:
-    """An int, or a float/str-free number with an integral finite value (7.5e9)."""
-    i = _int_like(v)
-    if i is not None:
-        return i
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        return int(v)
-    return None
-
-
 def _finite(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         i = _int_like(v)
@@ -191,33 +162,58 @@ def _choice(v: Any, table: dict[str, Any]) -> Any:
 # ---------------------------------------------------------------- the estimator
 def estimate_memory(
     *,
-    n_params: int | float | None = None,
+    model: Any = None,
+    hf_config: Any = None,
+    n_params: int | float | str | None = None,
     layers: int | None = None,
     hidden: int | None = None,
     heads: int | None = None,
     seq_len: int | None = None,
     vocab: int | None = None,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    mlp: str | None = None,
+    norm: str | None = None,
+    bias: str | None = None,
+    positions: str | None = None,
+    tied_embeddings: bool | None = None,
     micro_batch: int = 1,
     precision: Precision | str = "fp32",
     optimizer: OptimizerName | str = "adamw",
     zero_stage: int = 0,
     gpus: int = 1,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    sequence_parallel: bool = False,
     offload_optimizer: bool = False,
     offload_params: bool = False,
     checkpointing: Checkpointing | str = "none",
     gpu: str | None = None,
     overhead_gib: float = DEFAULT_OVERHEAD_GIB,
-    tokens: float | None = None,
+    tokens: float | str | None = None,
     mfu: float = DEFAULT_MFU,
     price_per_gpu_hour: float | None = None,
     accounting: str = "paper",
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
 
-    Give `n_params`, or a full decoder-only transformer shape (`layers`, `hidden`,
-    `heads`, `seq_len`, `vocab`) from which the parameter count is derived (tied
-    embeddings) and activations are estimated; with both, `n_params` counts the model
-    states and the shape the activations. `gpus` is the data-parallel size N.
+    The model comes from one of:
+
+    * `model`: a preset name (`workbench.estimate.model_names()`, e.g. "llama-3-8b"),
+      an `Architecture`, or a torch `nn.Module` (or a function that builds one, which is
+      built on the meta device, so nothing is allocated) whose parameters are counted;
+    * `hf_config`: a Hugging Face config.json path (or its dict) of a gpt2, llama,
+      mistral, qwen2 or gpt_neox model;
+    * `n_params` (a number or text such as "7B", "1.5e9", "350M", "1.3T"), and/or a
+      transformer shape (`layers`, `hidden`, `heads`, `seq_len`, `vocab`), with optional
+      `kv_heads`, `ffn_hidden`, `mlp` ("gelu"/"swiglu"), `norm` ("layernorm"/"rmsnorm"),
+      `bias` ("all"/"qkv"/"none"), `positions` ("learned"/"rotary") and
+      `tied_embeddings` (defaults: GPT's).
+
+    Shape fields given with `model` or `hf_config` override theirs (e.g. `seq_len`).
+    With both a shape and `n_params`, `n_params` counts the model states and the shape
+    the activations. `gpus` = `tensor_parallel` x `pipeline_parallel` x the data-parallel
+    size over which ZeRO shards; `sequence_parallel` needs `tensor_parallel` > 1.
     `accounting` picks how model-state bytes are counted (a key of
     `workbench.estimate.model_states.ACCOUNTINGS`; "paper" is the ZeRO paper's model).
 
@@ -227,47 +223,80 @@ def estimate_memory(
 
     n = None
     if n_params is not None:
-        n = _whole_number(n_params)
+        n = parse_count(n_params)
         if n is None or n < 1:
-            p.append(Problem("n_params", n_params, "must be a whole number >= 1 (e.g. 7.5e9)"))
+            p.append(
+                Problem("n_params", n_params, f"must be a whole number >= 1 ({COUNT_EXAMPLES})")
+            )
             n = None
 
-    raw = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq_len, "vocab": vocab}
-    shape: dict[str, int | None] = {}
-    for name, value in raw.items():
-        if value is None:
-            shape[name] = None
-            continue
-        iv = _int_like(value)
-        if iv is None or iv < 1:
-            p.append(Problem(name, value, "must be an integer >= 1"))
-            iv = None
-        shape[name] = iv
-    given = [k for k, v in raw.items() if v is not None]
-    has_shape = len(given) == len(SHAPE_FIELDS)
-    if given and not has_shape:
-        missing = [k for k in SHAPE_FIELDS if k not in given]
-        need = ", ".join(f"`{k}`" for k in SHAPE_FIELDS)
-        also = f" (also missing: {', '.join(f'`{k}`' for k in missing[1:])})" if missing[1:] else ""
-        p.append(
-            Problem(
-                missing[0], None, f"a transformer shape needs all of {need}{also}", missing=True
-            )
-        )
-    if not given and n_params is None:
+    # ------------------------------------------------------------ the model's shape
+    model_name: str | None = None
+    config_name: str | None = None
+    base: Architecture | None = None
+    base_fields: dict[str, Any] = {}
+    counted: int | None = None
+    if model is not None and hf_config is not None:
+        p.append(Problem("hf_config", str(hf_config), "give `model` or `hf_config`, not both"))
+    elif isinstance(model, str):
+        found = find_model(model)
+        if isinstance(found, str):
+            p.append(Problem("model", model, found))
+        else:
+            base, model_name = found.architecture, found.name
+    elif isinstance(model, Architecture):
+        base = model
+    elif model is not None:
+        from workbench.estimate.from_module import module_facts  # imports torch
+
+        counted, model_name, base_fields, module_problems = module_facts(model)
+        p.extend(module_problems)
+    if hf_config is not None and model is None:
+        config_name = str(hf_config) if not isinstance(hf_config, Mapping) else "dict"
+        base_fields, config_problems = read_hf_config(hf_config)
+        p.extend(config_problems)
+
+    overrides = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "seq_len": seq_len,
+        "vocab": vocab,
+        "kv_heads": kv_heads,
+        "ffn_hidden": ffn_hidden,
+        "mlp": mlp,
+        "norm": norm,
+        "bias": bias,
+        "positions": positions,
+        "tied_embeddings": tied_embeddings,
+    }
+    given = {k: v for k, v in overrides.items() if v is not None}
+    arch: Architecture | None = None
+    if base is not None:
+        try:
+            arch = base.replace(**given)
+        except EstimateInputError as exc:
+            p.extend(exc.problems)
+    elif base_fields or given:
+        merged = {**base_fields, **given}
+        if base_fields and "seq_len" in given and merged.get("positions") == "learned":
+            merged.setdefault("max_positions", base_fields["seq_len"])
+        arch, shape_problems = build_architecture(merged)
+        p.extend(shape_problems)
+    elif n_params is None and model is None and hf_config is None:
         p.append(
             Problem(
                 "n_params",
                 None,
-                "give `n_params` or a transformer shape (`layers`, `hidden`, `heads`, "
-                "`seq_len`, `vocab`)",
+                "give `n_params`, a `model` or a transformer shape (`layers`, `hidden`, "
+                "`heads`, `seq_len`, `vocab`)",
                 missing=True,
             )
         )
-    h, a = shape.get("hidden"), shape.get("heads")
-    if h is not None and a is not None and h % a != 0:
-        p.append(Problem("heads", heads, f"must divide `hidden`={h} evenly"))
+    if n is None and n_params is None:
+        n = counted if counted is not None else (arch.n_params if arch is not None else None)
 
+    # ------------------------------------------------------------ training setup
     mb = _int_like(micro_batch)
     if mb is None or mb < 1:
         p.append(Problem("micro_batch", micro_batch, "must be an integer >= 1"))
@@ -293,26 +322,64 @@ def estimate_memory(
     if n_gpus is None or n_gpus < 1:
         p.append(Problem("gpus", gpus, "must be an integer >= 1"))
         n_gpus = None
+    tp = _int_like(tensor_parallel)
+    if tp is None or tp < 1:
+        p.append(Problem("tensor_parallel", tensor_parallel, "must be an integer >= 1"))
+        tp = None
+    pp = _int_like(pipeline_parallel)
+    if pp is None or pp < 1:
+        p.append(Problem("pipeline_parallel", pipeline_parallel, "must be an integer >= 1"))
+        pp = None
 
     for name, flag in (
+        ("sequence_parallel", sequence_parallel),
         ("offload_optimizer", offload_optimizer),
         ("offload_params", offload_params),
     ):
         if not isinstance(flag, bool):
             p.append(Problem(name, flag, "must be True or False"))
+    if sequence_parallel is True and tp == 1:
+        p.append(Problem("sequence_parallel", True, "needs `tensor_parallel` > 1 (got 1)"))
     if stage is not None:
         if offload_optimizer is True and stage == 0:
             p.append(Problem("offload_optimizer", True, "needs `zero_stage` 1, 2 or 3 (got 0)"))
         if offload_params is True and stage != 3:
             p.append(Problem("offload_params", True, f"needs `zero_stage` 3 (got {stage})"))
 
+    dp: int | None = None
+    if tp is not None and pp is not None:
+        if arch is None and (tp > 1 or pp > 1):
+            which = "tensor_parallel" if tp > 1 else "pipeline_parallel"
+            p.append(
+                Problem(
+                    which,
+                    tp if tp > 1 else pp,
+                    "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, "
+                    "`seq_len`, `vocab`) to split the model",
+                )
+            )
+        elif arch is not None:
+            p.extend(arch.parallel_problems(tp, pp))
+        if n_gpus is not None:
+            if n_gpus % (tp * pp):
+                p.append(
+                    Problem(
+                        "gpus",
+                        gpus,
+                        "must be a multiple of `tensor_parallel` x `pipeline_parallel` "
+                        f"= {tp * pp}",
+                    )
+                )
+            else:
+                dp = n_gpus // (tp * pp)
+
     spec: GpuSpec | None = None
     if gpu is not None:
-        found = find_gpu(gpu)
-        if isinstance(found, str):
-            p.append(Problem("gpu", gpu, found))
+        found_gpu = find_gpu(gpu)
+        if isinstance(found_gpu, str):
+            p.append(Problem("gpu", gpu, found_gpu))
         else:
-            spec = found
+            spec = found_gpu
 
     overhead = _finite(overhead_gib)
     if overhead is None or overhead < 0:
@@ -320,8 +387,11 @@ def estimate_memory(
     n_tokens = None
     if tokens is not None:
         n_tokens = _finite(tokens)
+        if n_tokens is None and isinstance(tokens, str):
+            parsed = parse_count(tokens)
+            n_tokens = float(parsed) if parsed is not None else None
         if n_tokens is None or n_tokens <= 0:
-            p.append(Problem("tokens", tokens, "must be a finite number > 0"))
+            p.append(Problem("tokens", tokens, f"must be a finite number > 0 ({COUNT_EXAMPLES})"))
     util = _finite(mfu)
     if util is None or not 0 < util <= 1:
         p.append(Problem("mfu", mfu, "must be a finite number > 0 and <= 1"))
@@ -335,24 +405,37 @@ def estimate_memory(
     if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
 
-    dims: tuple[int, int, int, int, int] | None = None
-    if has_shape:
-        L, H, A, S, V = (shape[k] for k in SHAPE_FIELDS)
-        if L is not None and H is not None and A is not None and S is not None and V is not None:
-            dims = (L, H, A, S, V)
-    if n is None and dims is not None:
-        n = params_from_shape(layers=dims[0], hidden=dims[1], seq_len=dims[3], vocab=dims[4])
-    if n is not None and n_gpus is not None and n_gpus > n:
-        p.append(Problem("gpus", gpus, f"must not exceed the parameter count ({n})"))
+    # parameters on one GPU before ZeRO: the tensor-parallel share of the largest stage
+    shard: int | None = None
+    if n is not None and tp is not None and pp is not None:
+        if tp == 1 and pp == 1:
+            shard = n
+        elif arch is not None and not p:
+            stage_n = arch.stage_params(tp, pp)
+            total_n = arch.n_params
+            shard = stage_n if n == total_n else -(-n * stage_n // total_n)
+    if shard is not None and dp is not None and dp > shard:
+        if tp == 1 and pp == 1:
+            p.append(Problem("gpus", gpus, f"must not exceed the parameter count ({n})"))
+        else:
+            p.append(
+                Problem(
+                    "gpus",
+                    gpus,
+                    f"gives a data-parallel size of {dp}, more than the parameters of one "
+                    f"model-parallel shard ({shard})",
+                )
+            )
 
     if p:
         raise EstimateInputError(p)
     assert n is not None and prec is not None and opt is not None and ckpt is not None
     assert stage is not None and n_gpus is not None and mb is not None
     assert overhead is not None and util is not None
+    assert tp is not None and pp is not None and dp is not None and shard is not None
 
     states = model_state_bytes(
-        ModelStateQuery(n, prec, opt, stage, n_gpus, offload_optimizer, offload_params),
+        ModelStateQuery(shard, prec, opt, stage, dp, offload_optimizer, offload_params),
         accounting,
     )
     model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
@@ -360,16 +443,21 @@ def estimate_memory(
     breakdown: ActivationBreakdown | None = None
     act_bytes: int | None = None
     per_sample: int | None = None
-    if dims is not None:
+    if arch is not None:
         breakdown = transformer_activation_bytes(
-            layers=dims[0],
-            hidden=dims[1],
-            heads=dims[2],
-            seq_len=dims[3],
-            vocab=dims[4],
+            layers=arch.layers,
+            hidden=arch.hidden,
+            heads=arch.heads,
+            seq_len=arch.seq_len,
+            vocab=arch.vocab,
             micro_batch=mb,
             checkpointing=ckpt,
             activation_bytes_per_element=4 if prec is Precision.FP32 else 2,
+            ffn_hidden=arch.ffn_hidden,
+            mlp=arch.mlp,
+            tensor_parallel=tp,
+            sequence_parallel=sequence_parallel,
+            pipeline_parallel=pp,
         )
         act_bytes = breakdown.total_bytes
         per_sample = act_bytes // mb  # every term is linear in the micro-batch
@@ -419,16 +507,30 @@ def estimate_memory(
         offload_params=offload_params,
         checkpointing=ckpt.value,
         micro_batch=mb,
-        layers=shape.get("layers"),
-        hidden=shape.get("hidden"),
-        heads=shape.get("heads"),
-        seq_len=shape.get("seq_len"),
-        vocab=shape.get("vocab"),
+        layers=arch.layers if arch else None,
+        hidden=arch.hidden if arch else None,
+        heads=arch.heads if arch else None,
+        seq_len=arch.seq_len if arch else None,
+        vocab=arch.vocab if arch else None,
         overhead_gib=overhead,
         tokens=n_tokens,
         mfu=util,
         price_per_gpu_hour=price,
         accounting=accounting,
+        model=model_name,
+        hf_config=config_name,
+        kv_heads=arch.kv_heads if arch else None,
+        ffn_hidden=arch.ffn_hidden if arch else None,
+        mlp=arch.mlp if arch else None,
+        norm=arch.norm if arch else None,
+        bias=arch.bias if arch else None,
+        positions=arch.positions if arch else None,
+        tied_embeddings=arch.tied_embeddings if arch else None,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        sequence_parallel=sequence_parallel,
+        data_parallel=dp,
+        shard_params=shard,
     )
 
 

@@ -1,0 +1,369 @@
+"""`Architecture`: the shape of a decoder-only transformer, and its parameter count.
+
+One frozen description covers the families the estimator knows: GPT-2/GPT-3 (GELU MLP,
+LayerNorm, biases everywhere, learned positions, tied embeddings), Llama/Mistral
+(SwiGLU MLP, RMSNorm, no biases, rotary positions, untied embeddings, grouped-query
+attention), Qwen2 (Llama with biases on the Q, K, V projections) and GPT-NeoX/Pythia
+(GELU, LayerNorm, biases, rotary, untied). With h hidden size, a heads, k kv heads,
+d = h / a the head size, g = k·d, f the MLP inner size, V the vocabulary, P learned
+positions, per layer:
+
+    attention weights   Q h·h + K, V 2·h·g + output h·h          = 2h² + 2hg
+    attention biases    bias="all": h + 2g + h; "qkv": h + 2g; "none": 0
+    MLP weights         gelu 2·h·f; swiglu (gate, up, down) 3·h·f
+    MLP biases          bias="all": gelu f + h, swiglu 2f + h; otherwise 0
+    norms               two per layer: LayerNorm 2h (weight, bias), RMSNorm h (weight)
+
+plus the token embedding V·h, the output projection V·h unless tied to the embedding,
+the learned position table P·h (none for rotary) and the final norm. With a = k, f = 4h,
+bias "all", LayerNorm, learned positions and tied embeddings this is GPT's
+12Lh² + 13Lh + Vh + Ph + 2h (`params_from_shape`).
+
+Tensor and pipeline parallelism (`stage_params`) follow Megatron-LM's layout (Shoeybi et
+al. 2019; Narayanan et al. 2021): tensor parallelism over t GPUs splits the Q/K/V and MLP
+first-layer weights by columns and the attention-output and MLP second-layer weights by
+rows, so every matmul weight and the column-parallel biases are divided by t, while the
+norms, the row-parallel biases and the position table are replicated; the embedding and
+the output projection are split over the vocabulary (ceil(V / t) rows each; Megatron
+pads V to a multiple of t). Pipeline parallelism over p stages gives each stage L / p
+layers; the first stage also holds the embedding (and position table), the last stage
+the final norm and the output projection (with tied embeddings it keeps its own copy of
+the embedding, as Megatron does). `stage_params` is the largest stage's count on one GPU.
+
+Pure Python: imports no torch.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from workbench.estimate.problems import EstimateInputError, Problem
+
+
+class _Choice(str, Enum):
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def choices(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+class Mlp(_Choice):
+    """The MLP block: `gelu` (two matrices, h -> f -> h) or `swiglu` (gated: gate and up
+    projections h -> f, SiLU(gate) * up, down projection f -> h)."""
+
+    GELU = "gelu"
+    SWIGLU = "swiglu"
+
+
+class Norm(_Choice):
+    """`layernorm` (weight and bias, 2h parameters) or `rmsnorm` (weight only, h)."""
+
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class Bias(_Choice):
+    """Which linear layers of a block have biases: `all` (GPT-2, GPT-NeoX), `qkv` (only
+    the query/key/value projections: Qwen2) or `none` (Llama, Mistral)."""
+
+    ALL = "all"
+    QKV = "qkv"
+    NONE = "none"
+
+
+class Positions(_Choice):
+    """`learned` (a table of `max_positions` x h parameters) or `rotary` (no parameters)."""
+
+    LEARNED = "learned"
+    ROTARY = "rotary"
+
+
+#: Fields of a transformer shape that must all be given (or come from a model).
+REQUIRED = ("layers", "hidden", "heads", "seq_len", "vocab")
+#: Optional architecture fields; None means the default described on `Architecture`.
+OPTIONAL = (
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "norm",
+    "bias",
+    "positions",
+    "max_positions",
+    "tied_embeddings",
+)
+FIELDS = REQUIRED + OPTIONAL
+
+_CHOICES: dict[str, type[_Choice]] = {
+    "mlp": Mlp,
+    "norm": Norm,
+    "bias": Bias,
+    "positions": Positions,
+}
+
+
+def swiglu_ffn_default(hidden: int) -> int:
+    """LLaMA's SwiGLU inner size: 2/3 of 4h, rounded up to a multiple of 256 (Touvron et
+    al. 2023, Section 2.2; `multiple_of=256` in Meta's reference code): 11008 for h=4096."""
+    inner = (2 * 4 * hidden) // 3
+    return -(-inner // 256) * 256
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A decoder-only transformer (see the module docstring for the parameter count).
+
+    `seq_len` is the training sequence length (it sets the activations); `max_positions`
+    the rows of a learned position table (0 for rotary positions). Build one with
+    `Architecture.create(...)`, which fills the defaults: `kv_heads` = `heads` (multi-head
+    attention; 1 is multi-query), `ffn_hidden` 4h for a GELU MLP or LLaMA's 2/3·4h rule
+    for SwiGLU, `mlp` gelu, `norm` layernorm, `bias` all, `positions` learned,
+    `max_positions` = `seq_len`, `tied_embeddings` True (GPT's choices), and checks every
+    field, raising `EstimateInputError` with all problems at once.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    kv_heads: int
+    ffn_hidden: int
+    mlp: str
+    norm: str
+    bias: str
+    positions: str
+    max_positions: int
+    tied_embeddings: bool
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def create(cls, **fields: Any) -> Architecture:
+        """Defaults filled and every field checked; `EstimateInputError` lists all
+        problems. Fields are those of the class."""
+        arch, problems = build_architecture(fields)
+        if problems or arch is None:
+            raise EstimateInputError(problems)
+        return arch
+
+    def replace(self, **changes: Any) -> Architecture:
+        """A copy with `changes` applied and checked (a None change keeps the field).
+
+        `ffn_hidden` and `max_positions` follow a change of `hidden`/`mlp` or `seq_len`
+        only where they were at their defaults (for a learned position table,
+        `max_positions` stays: a model's table does not grow with a longer sequence)."""
+        values: dict[str, Any] = asdict(self)
+        changes = {k: v for k, v in changes.items() if v is not None}
+        unknown = sorted(set(changes) - set(values))
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not a field of Architecture ({', '.join(FIELDS)})")
+        if self.ffn_hidden == _default_ffn(self.mlp, self.hidden):
+            values["ffn_hidden"] = None
+        if self.positions == Positions.ROTARY.value:
+            values["max_positions"] = None
+        values.update(changes)
+        return Architecture.create(**values)
+
+    # ------------------------------------------------------------------ counting
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """g = kv_heads x head size: the width of the K and V projections."""
+        return self.kv_heads * self.head_dim
+
+    def _norm_params(self) -> int:
+        return (2 if self.norm == Norm.LAYERNORM.value else 1) * self.hidden
+
+    def _layer_split(self) -> tuple[int, int, int]:
+        """One layer's (parameters split by tensor parallelism, replicated ones) as
+        (split weights, split biases, replicated parameters)."""
+        h, g, f = self.hidden, self.kv_dim, self.ffn_hidden
+        gated = self.mlp == Mlp.SWIGLU.value
+        weights = 2 * h * h + 2 * h * g + (3 if gated else 2) * h * f
+        split_bias = replicated = 0
+        if self.bias in (Bias.ALL.value, Bias.QKV.value):
+            split_bias += h + 2 * g  # Q, K, V biases: column-parallel
+        if self.bias == Bias.ALL.value:
+            split_bias += (2 if gated else 1) * f  # MLP first layer(s): column-parallel
+            replicated += 2 * h  # attention output and MLP output biases: row-parallel
+        replicated += 2 * self._norm_params()
+        return weights, split_bias, replicated
+
+    def layer_params(self, tensor_parallel: int = 1) -> int:
+        """Parameters of one layer on one GPU of a tensor-parallel group."""
+        weights, split_bias, replicated = self._layer_split()
+        return (weights + split_bias) // tensor_parallel + replicated
+
+    def embedding_params(self, tensor_parallel: int = 1) -> int:
+        """Token embedding (vocabulary-parallel) and learned position table (replicated)."""
+        rows = -(-self.vocab // tensor_parallel)
+        return rows * self.hidden + self.max_positions * self.hidden
+
+    def output_params(self, tensor_parallel: int = 1, *, own_copy: bool = False) -> int:
+        """Final norm and, unless tied (or `own_copy` of a tied matrix on another
+        pipeline stage), the output projection."""
+        rows = -(-self.vocab // tensor_parallel)
+        matrix = rows * self.hidden if (own_copy or not self.tied_embeddings) else 0
+        return self._norm_params() + matrix
+
+    @property
+    def n_params(self) -> int:
+        """Total parameters, a tied output projection counted once."""
+        return self.layers * self.layer_params() + self.embedding_params() + self.output_params()
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Parameters without the token embedding, position table and output projection
+        (the count Kaplan et al. 2020 and the Pythia paper report)."""
+        return self.layers * self.layer_params() + self._norm_params()
+
+    def stage_params(self, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
+        """Parameters on one GPU of the largest pipeline stage (Megatron's layout, see
+        the module docstring). Assumes `pipeline_parallel` divides `layers`."""
+        t, p = tensor_parallel, pipeline_parallel
+        layers = (self.layers // p) * self.layer_params(t)
+        if p == 1:
+            return layers + self.embedding_params(t) + self.output_params(t)
+        first = layers + self.embedding_params(t)
+        last = layers + self.output_params(t, own_copy=True)
+        return max(first, last)
+
+    def parallel_problems(
+        self, tensor_parallel: int, pipeline_parallel: int, field: str = "tensor_parallel"
+    ) -> list[Problem]:
+        """What tensor/pipeline parallel sizes this shape cannot be split by."""
+        p: list[Problem] = []
+        t = tensor_parallel
+        for name, size in (
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("ffn_hidden", self.ffn_hidden),
+        ):
+            if size % t:
+                p.append(Problem(field, t, f"must divide `{name}`={size} evenly"))
+        if self.layers % pipeline_parallel:
+            p.append(
+                Problem(
+                    "pipeline_parallel",
+                    pipeline_parallel,
+                    f"must divide `layers`={self.layers} evenly",
+                )
+            )
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _default_ffn(mlp: str, hidden: int) -> int:
+    return swiglu_ffn_default(hidden) if mlp == Mlp.SWIGLU.value else 4 * hidden
+
+
+def _positive_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        n = operator.index(v)
+    except TypeError:
+        return None
+    return n if n >= 1 else None
+
+
+def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, list[Problem]]:
+    """(the architecture, []) or (None, every problem) for `fields` (see `Architecture`).
+
+    Missing required fields are reported as one problem naming all of them; None values
+    of optional fields take the defaults."""
+    p: list[Problem] = []
+    unknown = sorted(set(fields) - set(FIELDS))
+    for name in unknown:
+        p.append(Problem(name, fields[name], f"unknown field; known: {', '.join(FIELDS)}"))
+    v: dict[str, Any] = {}
+    for name in REQUIRED:
+        raw = fields.get(name)
+        if raw is None:
+            continue
+        n = _positive_int(raw)
+        if n is None:
+            p.append(Problem(name, raw, "must be an integer >= 1"))
+        v[name] = n
+    missing = [k for k in REQUIRED if fields.get(k) is None]
+    if missing:
+        need = ", ".join(f"`{k}`" for k in REQUIRED)
+        also = f" (also missing: {', '.join(f'`{k}`' for k in missing[1:])})" if missing[1:] else ""
+        p.append(
+            Problem(
+                missing[0], None, f"a transformer shape needs all of {need}{also}", missing=True
+            )
+        )
+    for name in ("kv_heads", "ffn_hidden"):
+        raw = fields.get(name)
+        if raw is not None:
+            n = _positive_int(raw)
+            if n is None:
+                p.append(Problem(name, raw, "must be an integer >= 1"))
+            v[name] = n
+    raw_pos = fields.get("max_positions")
+    if raw_pos is not None:
+        n = raw_pos if isinstance(raw_pos, int) and not isinstance(raw_pos, bool) else None
+        if n is None or n < 0:
+            p.append(Problem("max_positions", raw_pos, "must be an integer >= 0"))
+        v["max_positions"] = n
+    for name, enum in _CHOICES.items():
+        raw = fields.get(name)
+        if raw is None:
+            v[name] = enum.choices()[0]
+            continue
+        value = raw.strip().lower() if isinstance(raw, str) else None
+        if value not in enum.choices():
+            p.append(Problem(name, raw, f"must be one of {', '.join(enum.choices())}"))
+        v[name] = value
+    tied = fields.get("tied_embeddings")
+    if tied is None:
+        tied = True
+    elif not isinstance(tied, bool):
+        p.append(Problem("tied_embeddings", tied, "must be True or False"))
+    v["tied_embeddings"] = tied
+
+    h, a = v.get("hidden"), v.get("heads")
+    if h is not None and a is not None and h % a:
+        p.append(Problem("heads", fields["heads"], f"must divide `hidden`={h} evenly"))
+    k = v.get("kv_heads")
+    if a is not None and k is not None and a % k:
+        p.append(Problem("kv_heads", fields["kv_heads"], f"must divide `heads`={a} evenly"))
+    rotary = v.get("positions") == Positions.ROTARY.value
+    if rotary and v.get("max_positions"):
+        p.append(
+            Problem(
+                "max_positions",
+                fields["max_positions"],
+                "must be 0 or left out with rotary `positions` (no position table)",
+            )
+        )
+    s, table = v.get("seq_len"), v.get("max_positions")
+    if not rotary and s is not None and table is not None and table > 0 and s > table:
+        p.append(
+            Problem(
+                "seq_len",
+                fields["seq_len"],
+                f"must not exceed the learned position table (`max_positions`={table})",
+            )
+        )
+    if p or any(v.get(k) is None for k in REQUIRED):
+        return None, p
+    if v.get("kv_heads") is None:
+        v["kv_heads"] = v["heads"]
+    if v.get("ffn_hidden") is None:
+        v["ffn_hidden"] = _default_ffn(v["mlp"], v["hidden"])
+    if rotary:
+        v["max_positions"] = 0
+    elif v.get("max_positions") is None:
+        v["max_positions"] = v["seq_len"]
+    return Architecture(**{k: v[k] for k in FIELDS}), []

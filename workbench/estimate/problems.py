@@ -1,0 +1,58 @@
+"""`Problem` and `EstimateInputError`: how the estimator reports invalid inputs.
+
+Every check collects `Problem`s and raises one `EstimateInputError` listing them all, so a
+user sees every bad input at once. Each message names the field, the value given and what
+is allowed; other fields are named between backticks so that front ends can show their
+own names for them (the CLI shows flags, the panels their labels).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_BACKTICK = re.compile(r"`(\w+)`")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One invalid input: the field, the value given and what is allowed.
+
+    Other fields are named in `message` between backticks, so a front end can show its
+    own names for them (the CLI shows flags); `str()` shows the Python names.
+    """
+
+    field: str
+    value: Any
+    message: str
+    missing: bool = False
+
+    def render(
+        self, name: Callable[[str], str] = str, value_text: str | None = None, sep: str = "="
+    ) -> str:
+        """`field=value: message`, with `name` mapping field names (the CLI passes one that
+        gives flags), `value_text` replacing `repr(value)` and `sep` the `=`."""
+        msg = _BACKTICK.sub(lambda m: name(m.group(1)), self.message)
+        if self.missing:
+            return f"{name(self.field)} is missing: {msg}"
+        shown = repr(self.value) if value_text is None else value_text
+        return f"{name(self.field)}{sep}{shown}: {msg}"
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class EstimateInputError(ValueError):
+    """`ValueError` listing every invalid input at once; `.problems` holds them."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        if len(problems) == 1:
+            text = f"invalid estimate input: {problems[0]}"
+        else:
+            text = f"{len(problems)} invalid estimate inputs:\n" + "\n".join(
+                f"  - {p}" for p in problems
+            )
+        super().__init__(text)
