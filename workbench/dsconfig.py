@@ -200,8 +200,11 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     scheduler = _scheduler_block(config)
     if scheduler is not None:
         ds["scheduler"] = scheduler
-    if config.clip_grad_norm is not None:
-        ds["gradient_clipping"] = float(config.clip_grad_norm)
+    # Always written: DeepSpeed clips at 1.0 when the key is absent (its default), so "no
+    # clipping" must be an explicit 0.0.
+    ds["gradient_clipping"] = (
+        float(config.clip_grad_norm) if config.clip_grad_norm is not None else 0.0
+    )
     if precision is Precision.FP16:
         ds["fp16"] = _fp16_block(config)
     elif precision is Precision.BF16:
