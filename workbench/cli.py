@@ -118,6 +118,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "bias": ("--bias", "str"),
     "positions": ("--positions", "str"),
     "tied_embeddings": ("--embeddings", "tied"),
+    "parallel_residual": ("--parallel-residual", "bool"),
     "micro_batch": ("--micro-batch", "int"),
     "precision": ("--precision", "str"),
     "optimizer": ("--optimizer", "str"),
@@ -164,6 +165,12 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
     model.add_argument("--bias", help="biases on all linear layers, qkv only, or none (all)")
     model.add_argument("--positions", help="learned or rotary (learned)")
     model.add_argument("--embeddings", help="tied or untied output projection (tied)")
+    model.add_argument(
+        "--parallel-residual",
+        action="store_true",
+        default=None,
+        help="attention and MLP read the same input (GPT-NeoX)",
+    )
     model.add_argument("--micro-batch", metavar="B", default="1", help="samples per GPU (1)")
     setup = parser.add_argument_group("training setup")
     setup.add_argument(

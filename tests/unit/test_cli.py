@@ -226,7 +226,10 @@ def test_list_gpus(capsys):
             ["--precision", "fp64"],
             "error: --precision fp64: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16",
         ),
-        (["--optimizer", "rmsprop9"], "error: --optimizer rmsprop9: must be one of adamw, adam, sgd"),
+        (
+            ["--optimizer", "rmsprop9"],
+            "error: --optimizer rmsprop9: must be one of adamw, adam, sgd",
+        ),
         (
             ["--gpu", "a100"],
             "error: --gpu a100: is ambiguous: say which one of a100-40gb, a100-80gb",
@@ -272,7 +275,9 @@ def test_bad_params_and_missing_model(capsys):
     code, _, err = run(["estimate", "--params", "-7e9"], capsys)
     assert code == 2 and err.strip() == "workbench estimate: error: --params expected one argument"
     code, _, err = run(["estimate"], capsys)
-    assert code == 2 and "--params is missing: give --params, a --model or a transformer shape" in err
+    assert (
+        code == 2 and "--params is missing: give --params, a --model or a transformer shape" in err
+    )
 
 
 def test_several_problems_on_one_line(capsys):
@@ -352,6 +357,137 @@ def test_subcommands_are_loaded_only_when_they_run(monkeypatch):
     assert runner is None and "fake" in parser.format_help()
 
 
+# ------------------------------------------------------------------ models, parallelism
+def test_model_preset_json_and_human_report(capsys):
+    argv = ["estimate", "--model", "llama-3-8b", "--precision", "bf16", "--gpus", "64"]
+    argv += ["--tp", "8", "--pp", "2", "--sequence-parallel", "--checkpointing", "selective"]
+    code, out, _ = run([*argv, "--json"], capsys)
+    assert code == 0
+    d = json.loads(out)
+    assert (d["model"], d["n_params"], d["kv_heads"], d["ffn_hidden"]) == (
+        "llama-3-8b",
+        8_030_261_248,
+        8,
+        14336,
+    )
+    assert (d["tensor_parallel"], d["pipeline_parallel"], d["data_parallel"]) == (8, 2, 4)
+    assert d["sequence_parallel"] is True and d["activations"]["in_flight_micro_batches"] == 2
+    from workbench.estimate import estimate_memory
+
+    e = estimate_memory(
+        model="llama-3-8b",
+        precision="bf16",
+        gpus=64,
+        tensor_parallel=8,
+        pipeline_parallel=2,
+        sequence_parallel=True,
+        checkpointing="selective",
+    )
+    assert d == json.loads(json.dumps(e.to_dict()))
+    code, out, _ = run(argv, capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("llama-3-8b (8.03B parameters), bf16")
+    assert "tp 8 x pp 2 x dp 4 (sequence parallel)" in lines[0]
+    assert lines[1].startswith("shape: 32 layers, hidden 4096, 32 heads (8 kv), swiglu MLP 14336")
+    assert "parameters per GPU before ZeRO: 502M" in out
+
+
+def test_shape_flags_override_the_model(capsys):
+    code, out, _ = run(
+        ["estimate", "--model", "llama-3-8b", "--seq-len", "32768", "--json"], capsys
+    )
+    d = json.loads(out)
+    assert code == 0 and d["seq_len"] == 32768 and d["n_params"] == 8_030_261_248
+    code, out, _ = run(["estimate", "--model", "gpt2", "--embeddings", "untied", "--json"], capsys)
+    assert code == 0 and json.loads(out)["n_params"] == 124_439_808 + 50257 * 768
+
+
+def test_list_models(capsys):
+    code, out, _ = run(["estimate", "--list-models"], capsys)
+    assert code == 0
+    for name in ("gpt2-xl", "gpt3-175b", "llama-3.1-405b", "mistral-7b", "qwen2.5-7b"):
+        assert name in out
+    assert "8.03B" in out and "sources in workbench/estimate/presets.py" in out
+    code, out, _ = run(["estimate", "--list-models", "--json"], capsys)
+    models = {m["name"]: m for m in json.loads(out)["models"]}
+    assert models["llama-2-70b"]["n_params"] == 68_976_648_192
+    assert "Touvron et al. 2023" in models["llama-2-70b"]["source"]
+
+
+def test_hf_config_from_disk(tmp_path, capsys):
+    config = {
+        "model_type": "mistral",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, out, _ = run(
+        ["estimate", "--hf-config", str(path), "--seq-len", "4096", "--json"], capsys
+    )
+    d = json.loads(out)
+    assert code == 0 and d["n_params"] == 7_241_732_096 and d["seq_len"] == 4096
+    bad = tmp_path / "t5.json"
+    bad.write_text(json.dumps({"model_type": "t5"}))
+    code, out, err = run(["estimate", "--hf-config", str(bad)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert (
+        f"--hf-config {bad}: model_type 't5' is not supported; supported: gpt2, llama, "
+        "mistral, qwen2, gpt_neox" in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("7B", 7 * 10**9),
+        ("1.5e9", 1_500_000_000),
+        ("175B", 175 * 10**9),
+        ("350M", 350 * 10**6),
+        ("1.3T", 1_300_000_000_000),
+    ],
+)
+def test_params_as_people_write_them(text, value, capsys):
+    code, out, _ = run(["estimate", "--params", text, "--json"], capsys)
+    assert code == 0 and json.loads(out)["n_params"] == value
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--params", "seven"], "--params seven: must be a whole number >= 1 (e.g. 7B, 1.5e9"),
+        (["--params", "7Q"], "--params 7Q: must be a whole number >= 1"),
+        (["--model", "llama-3-8b", "--gpus", "3", "--tp", "3"], "--tp 3: must divide --heads=32"),
+        (
+            ["--model", "llama-3-8b", "--gpus", "16", "--tp", "16"],
+            "--tp 16: must divide --kv-heads=8 evenly",
+        ),
+        (
+            ["--model", "llama-3-8b", "--gpus", "12", "--tp", "8"],
+            "--gpus 12: must be a multiple of --tp x --pp = 8",
+        ),
+        (["--model", "llama-3-8b", "--gpus", "5", "--pp", "5"], "--pp 5: must divide --layers=32"),
+        (["--model", "gpt2", "--sequence-parallel"], "--sequence-parallel: needs --tp > 1 (got 1)"),
+        (["--params", "7B", "--gpus", "8", "--tp", "8"], "--tp 8: needs a transformer shape"),
+        (["--model", "bert"], "--model bert: unknown model; known: gpt2, gpt2-medium"),
+        (["--model", "gpt2", "--embeddings", "sideways"], "--embeddings sideways: must be tied or"),
+        (["--model", "gpt2", "--mlp", "relu"], "--mlp relu: must be one of gelu, swiglu"),
+        (["--model", "gpt2", "--tp", "two"], "--tp two: must be an integer >= 1"),
+    ],
+)
+def test_bad_model_and_parallel_flags_exit_2_with_one_line(args, message, capsys):
+    code, out, err = run(["estimate", *args], capsys)
+    assert code == 2 and out == ""
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
 # ------------------------------------------------------------------ subprocess
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -399,6 +535,8 @@ def test_estimate_imports_no_torch_deepspeed_or_ipywidgets():
         "    main(['estimate', '--layers', '2', '--hidden', '64', '--heads', '4', '--seq-len',"
         " '32', '--vocab', '65', '--gpu', 'h100', '--compare-stages'])\n"
         "    main(['estimate', '--params', '1e9', '--json'])\n"
+        "    main(['estimate', '--model', 'llama-3-8b', '--gpus', '16', '--tp', '8', '--pp', '2'])\n"
+        "    main(['estimate', '--list-models', '--json'])\n"
         "import workbench\n"
         "workbench.estimate_memory(n_params=10)\n"
         "heavy = [m for m in ('torch', 'deepspeed', 'ipywidgets', 'pynvml', 'numpy', 'matplotlib')"

@@ -96,6 +96,7 @@ class ActivationBreakdown:
     sequence_parallel: bool = False
     pipeline_parallel: int = 1
     in_flight_micro_batches: int = 1
+    parallel_residual: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,7 +114,16 @@ def _check_sizes(function: str, **sizes: Any) -> None:
 
 
 def _layer_terms(
-    s: int, b: int, h: int, a: int, f: int, gated: bool, dropout: bool, t: int, sp: bool
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    f: int,
+    gated: bool,
+    dropout: bool,
+    t: int,
+    sp: bool,
+    parallel: bool = False,
 ) -> tuple[int, int, int, int]:
     """(linear elements, attention-score elements, linear mask bytes, score mask bytes)
     of one layer on one GPU of a tensor-parallel group of `t` (see the module docstring).
@@ -122,7 +132,8 @@ def _layer_terms(
     as2b = a * s * s * b
     outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
     split = 4 * sbh + (4 if gated else 2) * s * b * f  # Q, K, V, projection input, MLP inner
-    linear = 4 * sbh // outside + split // t
+    norm_inputs = 1 if parallel else 2  # a parallel block's two norms read one tensor
+    linear = (2 + norm_inputs) * sbh // outside + split // t
     if dropout:
         return linear, 2 * as2b // t, 2 * sbh // outside, as2b // t
     return linear, as2b // t, 0, 0
@@ -144,11 +155,13 @@ def transformer_activation_bytes(
     tensor_parallel: int = 1,
     sequence_parallel: bool = False,
     pipeline_parallel: int = 1,
+    parallel_residual: bool = False,
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
 
     `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. `ffn_hidden`
-    is the MLP inner size f (default 4 x `hidden`), `mlp` "gelu" or "swiglu" (gated).
+    is the MLP inner size f (default 4 x `hidden`), `mlp` "gelu" or "swiglu" (gated);
+    `parallel_residual` blocks (GPT-NeoX) store one norm input per layer instead of two.
     `tensor_parallel` must divide `heads` and `ffn_hidden`, `pipeline_parallel` must
     divide `layers`; `sequence_parallel` needs `tensor_parallel` > 1. Invalid arguments
     raise `ValueError` naming them.
@@ -168,8 +181,9 @@ def transformer_activation_bytes(
     )
     f = 4 * hidden if ffn_hidden is None else ffn_hidden
     bad: list[str] = []
-    if not isinstance(dropout, bool):
-        bad.append(f"dropout={dropout!r}: must be True or False")
+    for flag_name, flag in (("dropout", dropout), ("parallel_residual", parallel_residual)):
+        if not isinstance(flag, bool):
+            bad.append(f"{flag_name}={flag!r}: must be True or False")
     if mlp not in ("gelu", "swiglu"):
         bad.append(f"mlp={mlp!r}: must be gelu or swiglu")
     try:
@@ -194,7 +208,7 @@ def transformer_activation_bytes(
     s, b, h, a, v, n = seq_len, micro_batch, hidden, heads, vocab, layers
     e = activation_bytes_per_element
     lin_el, score_el, lin_mask, score_mask = _layer_terms(
-        s, b, h, a, f, mlp == "swiglu", dropout, t, sp
+        s, b, h, a, f, mlp == "swiglu", dropout, t, sp, parallel_residual
     )
     full_layer = e * (lin_el + score_el) + lin_mask + score_mask
     outside = t if sp else 1
@@ -235,6 +249,7 @@ def transformer_activation_bytes(
         sequence_parallel=sp,
         pipeline_parallel=p,
         in_flight_micro_batches=in_flight,
+        parallel_residual=parallel_residual,
     )
 
 

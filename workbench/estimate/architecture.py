@@ -95,6 +95,7 @@ OPTIONAL = (
     "positions",
     "max_positions",
     "tied_embeddings",
+    "parallel_residual",
 )
 FIELDS = REQUIRED + OPTIONAL
 
@@ -122,8 +123,10 @@ class Architecture:
     `Architecture.create(...)`, which fills the defaults: `kv_heads` = `heads` (multi-head
     attention; 1 is multi-query), `ffn_hidden` 4h for a GELU MLP or LLaMA's 2/3·4h rule
     for SwiGLU, `mlp` gelu, `norm` layernorm, `bias` all, `positions` learned,
-    `max_positions` = `seq_len`, `tied_embeddings` True (GPT's choices), and checks every
-    field, raising `EstimateInputError` with all problems at once.
+    `max_positions` = `seq_len`, `tied_embeddings` True (GPT's choices),
+    `parallel_residual` False (True: attention and MLP read the same layer input, as in
+    GPT-NeoX; it changes the activations, not the count), and checks every field,
+    raising `EstimateInputError` with all problems at once.
     """
 
     layers: int
@@ -139,6 +142,7 @@ class Architecture:
     positions: str
     max_positions: int
     tied_embeddings: bool
+    parallel_residual: bool = False
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -325,12 +329,13 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
         if value not in enum.choices():
             p.append(Problem(name, raw, f"must be one of {', '.join(enum.choices())}"))
         v[name] = value
-    tied = fields.get("tied_embeddings")
-    if tied is None:
-        tied = True
-    elif not isinstance(tied, bool):
-        p.append(Problem("tied_embeddings", tied, "must be True or False"))
-    v["tied_embeddings"] = tied
+    for name, default in (("tied_embeddings", True), ("parallel_residual", False)):
+        flag = fields.get(name)
+        if flag is None:
+            flag = default
+        elif not isinstance(flag, bool):
+            p.append(Problem(name, flag, "must be True or False"))
+        v[name] = flag
 
     h, a = v.get("hidden"), v.get("heads")
     if h is not None and a is not None and h % a:

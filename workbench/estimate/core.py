@@ -115,6 +115,7 @@ class MemoryEstimate:
     bias: str | None = None
     positions: str | None = None
     tied_embeddings: bool | None = None
+    parallel_residual: bool | None = None
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     sequence_parallel: bool = False
@@ -177,6 +178,7 @@ def estimate_memory(
     bias: str | None = None,
     positions: str | None = None,
     tied_embeddings: bool | None = None,
+    parallel_residual: bool | None = None,
     micro_batch: int = 1,
     precision: Precision | str = "fp32",
     optimizer: OptimizerName | str = "adamw",
@@ -207,8 +209,8 @@ def estimate_memory(
     * `n_params` (a number or text such as "7B", "1.5e9", "350M", "1.3T"), and/or a
       transformer shape (`layers`, `hidden`, `heads`, `seq_len`, `vocab`), with optional
       `kv_heads`, `ffn_hidden`, `mlp` ("gelu"/"swiglu"), `norm` ("layernorm"/"rmsnorm"),
-      `bias` ("all"/"qkv"/"none"), `positions` ("learned"/"rotary") and
-      `tied_embeddings` (defaults: GPT's).
+      `bias` ("all"/"qkv"/"none"), `positions` ("learned"/"rotary"),
+      `tied_embeddings` and `parallel_residual` (defaults: GPT's).
 
     Shape fields given with `model` or `hf_config` override theirs (e.g. `seq_len`).
     With both a shape and `n_params`, `n_params` counts the model states and the shape
@@ -269,6 +271,7 @@ def estimate_memory(
         "bias": bias,
         "positions": positions,
         "tied_embeddings": tied_embeddings,
+        "parallel_residual": parallel_residual,
     }
     given = {k: v for k, v in overrides.items() if v is not None}
     arch: Architecture | None = None
@@ -458,6 +461,7 @@ def estimate_memory(
             tensor_parallel=tp,
             sequence_parallel=sequence_parallel,
             pipeline_parallel=pp,
+            parallel_residual=arch.parallel_residual,
         )
         act_bytes = breakdown.total_bytes
         per_sample = act_bytes // mb  # every term is linear in the micro-batch
@@ -526,6 +530,7 @@ def estimate_memory(
         bias=arch.bias if arch else None,
         positions=arch.positions if arch else None,
         tied_embeddings=arch.tied_embeddings if arch else None,
+        parallel_residual=arch.parallel_residual if arch else None,
         tensor_parallel=tp,
         pipeline_parallel=pp,
         sequence_parallel=sequence_parallel,

@@ -19,7 +19,8 @@ Reads `model_type` and the shape keys of the families below; no network, no
 
 llama, mistral and qwen2 have a SwiGLU MLP, RMSNorm and rotary positions; gpt2 and
 gpt_neox a GELU MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions.
-`tie_word_embeddings` is read when present. The sequence length is the config's longest
+`tie_word_embeddings` is read when present, and gpt_neox's `use_parallel_residual`
+(default true). The sequence length is the config's longest
 position: pass `seq_len` to estimate a shorter training sequence.
 """
 
@@ -117,6 +118,8 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
     fields["norm"] = "rmsnorm" if gated else "layernorm"
     fields["positions"] = "learned" if model_type == "gpt2" else "rotary"
     fields["tied_embeddings"] = bool(config.get("tie_word_embeddings", model_type == "gpt2"))
+    if model_type == "gpt_neox":
+        fields["parallel_residual"] = bool(config.get("use_parallel_residual", True))
     if model_type == "llama":
         attention_bias = bool(config.get("attention_bias", False))
         mlp_bias = bool(config.get("mlp_bias", False))

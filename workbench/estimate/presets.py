@@ -233,10 +233,12 @@ PRESETS: tuple[ModelPreset, ...] = (
             vocab=50304,
             positions="rotary",
             tied_embeddings=False,
+            parallel_residual=True,
         ),
         "Shape: Biderman et al. 2023, 'Pythia: A Suite for Analyzing Large Language "
         "Models', Table 1 (24 layers, model dim 2048, 16 heads; sequence length 2048) and "
-        "the released config.json (EleutherAI/pythia-1.4b: vocab 50304, untied, rotary). "
+        "the released config.json (EleutherAI/pythia-1.4b: vocab 50304, untied, rotary, "
+        "parallel residual). "
         "Published: 1,208,602,624 non-embedding parameters (Table 1) and 1,414,647,808 "
         "in total (EleutherAI/pythia README).",
     ),

@@ -1,0 +1,351 @@
+"""Model presets, architecture-aware parameter counts, Hugging Face configs, counts as text.
+
+Every preset's count is computed from its shape; here it is pinned to the total published
+for the released model (the source of each number is beside it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.estimate import (
+    MODELS,
+    Architecture,
+    EstimateInputError,
+    estimate_memory,
+    find_model,
+    get_model,
+    model_names,
+    params_from_shape,
+    parse_count,
+    read_hf_config,
+)
+
+# name -> (published parameter count, where it is published). Hugging Face checkpoints of
+# Llama 2 also store each layer's rotary `inv_freq` buffer (head_dim / 2 = 64 values), which
+# the page's count includes; those buffers are not parameters and are subtracted here.
+PUBLISHED = {
+    "gpt2": (124_439_808, "KerasHub preset gpt2_base_en metadata"),
+    "gpt2-medium": (354_823_168, "KerasHub preset gpt2_medium_en metadata"),
+    "gpt2-large": (774_030_080, "KerasHub preset gpt2_large_en metadata"),
+    "gpt2-xl": (1_557_611_200, "KerasHub preset gpt2_extra_large_en metadata"),
+    "llama-2-7b": (6_738_415_616, "KerasHub preset llama2_7b_en metadata"),
+    "llama-2-13b": (13_015_866_880 - 40 * 64, "HF meta-llama/Llama-2-13b-hf safetensors"),
+    "llama-2-70b": (68_976_653_312 - 80 * 64, "HF meta-llama/Llama-2-70b-hf safetensors"),
+    "llama-3-8b": (8_030_261_248, "HF meta-llama/Meta-Llama-3-8B; KerasHub llama3_8b_en"),
+    "llama-3-70b": (70_553_706_496, "HF meta-llama/Meta-Llama-3-70B safetensors"),
+    "llama-3.1-405b": (405_853_388_800, "HF meta-llama/Llama-3.1-405B safetensors"),
+    "mistral-7b": (7_241_732_096, "KerasHub preset mistral_7b_en metadata"),
+    "qwen2.5-7b": (7_615_616_512, "HF Qwen/Qwen2.5-7B safetensors"),
+    "pythia-1.4b": (1_414_647_808, "EleutherAI/pythia README, model table"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_every_preset_count_is_the_published_total(name):
+    published, _source = PUBLISHED[name]
+    preset = MODELS[name]
+    assert preset.n_params == published
+    assert estimate_memory(model=name).n_params == published
+    assert "Shape: " in preset.source and "Published" in preset.source  # cited in the catalog
+
+
+def test_gpt3_preset_is_the_published_174_6b():
+    # Brown et al. 2020 Table 2.1 rounds to 175.0B; Narayanan et al. 2021 Table 1 gives
+    # 174.6B for 96 layers, hidden 12288, 96 heads.
+    n = MODELS["gpt3-175b"].n_params
+    assert round(n / 1e8) == 1746
+    assert n == params_from_shape(layers=96, hidden=12288, seq_len=2048, vocab=50257)
+
+
+def test_non_embedding_counts_as_the_papers_report_them():
+    # Pythia paper, Table 1: 1,208,602,624 non-embedding parameters for Pythia-1.4B.
+    assert MODELS["pythia-1.4b"].architecture.non_embedding_params == 1_208_602_624
+    # Qwen2.5-7B model card: 6.53B non-embedding parameters.
+    assert round(MODELS["qwen2.5-7b"].architecture.non_embedding_params / 1e7) == 653
+
+
+def test_every_name_the_issue_asks_for_is_a_preset():
+    required = {
+        "gpt2",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+        "gpt3-175b",
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "llama-3-8b",
+        "llama-3-70b",
+        "llama-3.1-405b",
+        "mistral-7b",
+        "qwen2.5-7b",
+    }
+    assert required <= set(model_names())
+    assert set(PUBLISHED) | {"gpt3-175b"} == set(model_names())  # every preset is pinned
+
+
+# ------------------------------------------------------------------ the formula by hand
+def test_gqa_swiglu_rmsnorm_untied_count_by_hand():
+    arch = Architecture.create(
+        layers=2,
+        hidden=8,
+        heads=4,
+        kv_heads=2,
+        ffn_hidden=12,
+        seq_len=16,
+        vocab=10,
+        mlp="swiglu",
+        norm="rmsnorm",
+        bias="none",
+        positions="rotary",
+        tied_embeddings=False,
+    )
+    # per layer: Q 8x8 + K, V 2 x 8x4 (2 kv heads of size 2) + O 8x8 = 192;
+    # gate, up, down 3 x 8x12 = 288; two RMSNorm weights 16 -> 496
+    # embedding 10x8 + untied output 10x8 + final RMSNorm 8 = 168
+    assert arch.layer_params() == 496
+    assert arch.n_params == 2 * 496 + 168
+    tied = arch.replace(tied_embeddings=False, bias="qkv")
+    assert tied.n_params == arch.n_params + 2 * (8 + 4 + 4)  # Q, K, V biases per layer
+
+
+def test_gpt_defaults_are_the_existing_formula():
+    arch = Architecture.create(layers=3, hidden=16, heads=4, seq_len=8, vocab=50)
+    assert arch.n_params == params_from_shape(layers=3, hidden=16, seq_len=8, vocab=50)
+    assert (arch.kv_heads, arch.ffn_hidden, arch.mlp, arch.max_positions) == (4, 64, "gelu", 8)
+
+
+def test_swiglu_default_inner_size_is_llamas_rule():
+    # LLaMA: 2/3 of 4h rounded up to a multiple of 256 -> 11008 for h = 4096
+    arch = Architecture.create(layers=1, hidden=4096, heads=32, seq_len=8, vocab=8, mlp="swiglu")
+    assert arch.ffn_hidden == 11008
+
+
+def test_multi_query_attention_count():
+    mha = Architecture.create(layers=1, hidden=64, heads=8, seq_len=8, vocab=8)
+    mqa = mha.replace(kv_heads=1)
+    # K and V shrink from 64x64 (+64 bias) to 64x8 (+8 bias) each
+    assert mha.n_params - mqa.n_params == 2 * (64 * 64 + 64) - 2 * (64 * 8 + 8)
+
+
+# ------------------------------------------------------------------ presets in the estimator
+def test_shape_given_with_a_model_overrides_the_preset():
+    base = estimate_memory(model="llama-3-8b", micro_batch=1, precision="bf16")
+    longer = estimate_memory(model="llama-3-8b", seq_len=32768, micro_batch=1, precision="bf16")
+    assert longer.n_params == base.n_params  # rotary: no position table grows
+    assert (base.seq_len, longer.seq_len) == (8192, 32768)
+    assert longer.activation_bytes > 4 * base.activation_bytes  # the as^2b terms grow 16x
+    assert (longer.kv_heads, longer.ffn_hidden, longer.mlp) == (8, 14336, "swiglu")
+    deeper = estimate_memory(model="llama-3-8b", layers=40)
+    assert deeper.n_params == base.n_params + 8 * MODELS["llama-3-8b"].architecture.layer_params()
+
+
+def test_learned_positions_cap_the_sequence_length():
+    shorter = estimate_memory(model="gpt2", seq_len=512)
+    assert shorter.n_params == MODELS["gpt2"].n_params  # the 1024-row table stays
+    with pytest.raises(
+        EstimateInputError,
+        match=r"seq_len=2048: must not exceed the learned position table \(max_positions=1024\)",
+    ):
+        estimate_memory(model="gpt2", seq_len=2048)
+
+
+def test_model_names_are_forgiving_and_unknown_ones_listed():
+    assert get_model("Llama-3-8B").name == "llama-3-8b"
+    assert get_model("meta-llama/llama-3-8b").name == "llama-3-8b"
+    assert get_model("QWEN2.5-7B").name == "qwen2.5-7b"
+    found = find_model("lama-3-8b")
+    assert isinstance(found, str) and "did you mean llama-3-8b?" in found
+    with pytest.raises(EstimateInputError, match=r"model='gpt5': unknown model; .*known: gpt2, "):
+        estimate_memory(model="gpt5")
+
+
+def test_preset_echo_in_the_result():
+    e = estimate_memory(model="mistral-7b", precision="bf16", gpus=8, zero_stage=3)
+    d = json.loads(json.dumps(e.to_dict()))
+    assert d["model"] == "mistral-7b"
+    assert (d["layers"], d["hidden"], d["heads"], d["kv_heads"], d["vocab"]) == (
+        32,
+        4096,
+        32,
+        8,
+        32000,
+    )
+    assert (d["norm"], d["bias"], d["positions"], d["tied_embeddings"]) == (
+        "rmsnorm",
+        "none",
+        "rotary",
+        False,
+    )
+
+
+def test_architecture_problems_are_all_reported():
+    with pytest.raises(EstimateInputError) as info:
+        Architecture.create(
+            layers=2, hidden=64, heads=8, kv_heads=3, seq_len=8, vocab=8, mlp="relu", norm="bn"
+        )
+    text = str(info.value)
+    assert "kv_heads=3: must divide heads=8 evenly" in text
+    assert "mlp='relu': must be one of gelu, swiglu" in text
+    assert "norm='bn': must be one of layernorm, rmsnorm" in text
+
+
+# ------------------------------------------------------------------ Hugging Face config.json
+LLAMA_3_8B_CONFIG = {  # config.json of meta-llama/Meta-Llama-3-8B as released
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+
+def test_llama_config_json_read_from_disk(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_3_8B_CONFIG))
+    e = estimate_memory(hf_config=path, precision="bf16", micro_batch=1)
+    assert e.n_params == 8_030_261_248  # the published total
+    assert (e.kv_heads, e.ffn_hidden, e.mlp, e.norm, e.seq_len) == (
+        8,
+        14336,
+        "swiglu",
+        "rmsnorm",
+        8192,
+    )
+    assert e.hf_config == str(path) and e.activation_bytes is not None
+    # a folder holding config.json works too, and shape arguments override
+    shorter = estimate_memory(hf_config=str(tmp_path), seq_len=4096)
+    assert shorter.n_params == e.n_params and shorter.seq_len == 4096
+
+
+def test_unsupported_and_broken_configs(tmp_path):
+    bert = tmp_path / "bert.json"
+    bert.write_text(json.dumps({"model_type": "bert", "hidden_size": 768}))
+    with pytest.raises(
+        EstimateInputError,
+        match=r"model_type 'bert' is not supported; supported: gpt2, llama, mistral, qwen2, "
+        r"gpt_neox",
+    ):
+        estimate_memory(hf_config=bert)
+    with pytest.raises(EstimateInputError, match=r"hf_config='.*missing.json': no such file"):
+        estimate_memory(hf_config=tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(EstimateInputError, match=r"not a readable JSON file"):
+        estimate_memory(hf_config=broken)
+    cfg = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "num_hidden_layers"}
+    _, problems = read_hf_config(cfg)
+    assert [p.message for p in problems] == ["llama config lacks num_hidden_layers"]
+    _, problems = read_hf_config({**LLAMA_3_8B_CONFIG, "head_dim": 256})
+    assert "only head_dim = hidden / heads is supported" in problems[0].message
+    with pytest.raises(EstimateInputError, match=r"give model or hf_config, not both"):
+        estimate_memory(model="gpt2", hf_config=bert)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        # GPT-2 small as released (openai-community/gpt2 config.json keys)
+        (
+            {
+                "model_type": "gpt2",
+                "n_layer": 12,
+                "n_embd": 768,
+                "n_head": 12,
+                "n_positions": 1024,
+                "n_inner": None,
+                "vocab_size": 50257,
+            },
+            124_439_808,
+        ),
+        # Qwen2.5-7B (Qwen/Qwen2.5-7B config.json shape keys)
+        (
+            {
+                "model_type": "qwen2",
+                "num_hidden_layers": 28,
+                "hidden_size": 3584,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "intermediate_size": 18944,
+                "vocab_size": 152064,
+                "max_position_embeddings": 131072,
+                "tie_word_embeddings": False,
+            },
+            7_615_616_512,
+        ),
+        # Pythia-1.4B (EleutherAI/pythia-1.4b config.json shape keys)
+        (
+            {
+                "model_type": "gpt_neox",
+                "num_hidden_layers": 24,
+                "hidden_size": 2048,
+                "num_attention_heads": 16,
+                "intermediate_size": 8192,
+                "vocab_size": 50304,
+                "max_position_embeddings": 2048,
+                "tie_word_embeddings": False,
+                "use_parallel_residual": True,
+            },
+            1_414_647_808,
+        ),
+    ],
+)
+def test_other_families_from_their_config(config, expected):
+    assert estimate_memory(hf_config=config).n_params == expected
+
+
+# ------------------------------------------------------------------ counts as text
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("7B", 7 * 10**9),
+        ("1.5e9", 1_500_000_000),
+        ("175B", 175 * 10**9),
+        ("350M", 350 * 10**6),
+        ("1.3T", 1_300_000_000_000),
+        ("7.3b", 7_300_000_000),
+        ("124,439,808", 124_439_808),
+        ("1_000", 1000),
+        ("2k", 2000),
+        (7.5e9, 7_500_000_000),
+        (10, 10),
+    ],
+)
+def test_counts_as_people_write_them(text, value):
+    assert parse_count(text) == value
+    assert estimate_memory(n_params=text).n_params == value
+
+
+@pytest.mark.parametrize("junk", ["seven", "7X", "1.5", "7B5", "", "B", "1e400", "-5", "nan"])
+def test_junk_counts_are_refused_with_examples(junk):
+    assert parse_count(junk) is None
+    with pytest.raises(
+        EstimateInputError, match=r"must be a whole number >= 1 \(e.g. 7B, 1.5e9, 350M or 1.3T\)"
+    ):
+        estimate_memory(n_params=junk)
+
+
+def test_tokens_accept_counts_as_text():
+    e = estimate_memory(n_params="7B", tokens="300B", gpu="h100", price_per_gpu_hour=2)
+    assert e.tokens == 300e9 and e.train_flops == 6 * 7e9 * 300e9
