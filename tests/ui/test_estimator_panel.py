@@ -181,3 +181,71 @@ def test_initial_values_and_static_png() -> None:
         assert bundle["image/png"]
     finally:
         p.close()
+
+
+# ------------------------------------------------------------------ presets and parallelism
+def test_preset_fills_the_shape_fields(panel: EstimatorPanel) -> None:
+    recomputes = panel.recomputes
+    _set(panel, "model", "llama-3-8b")
+    assert panel.recomputes == recomputes + 1  # one recompute for all the filled fields
+    values = {n: panel.fields[n].value for n in ("layers", "hidden", "heads", "kv_heads")}
+    assert values == {"layers": "32", "hidden": "4096", "heads": "32", "kv_heads": "8"}
+    assert (panel.fields["ffn_hidden"].value, panel.fields["mlp"].value) == ("14336", "swiglu")
+    assert panel.fields["tied_embeddings"].value is False
+    e = panel.estimate
+    assert e.model == "llama-3-8b" and e.n_params == 8_030_261_248
+    assert e == estimate_memory(
+        model="llama-3-8b",
+        micro_batch=1,
+        precision="amp-bf16",
+        optimizer="adamw",
+        zero_stage=2,
+        gpus=8,
+        checkpointing="selective",
+        gpu="a100-80gb",
+        tokens=140e9,
+        price_per_gpu_hour=2.0,
+    )
+    assert "llama-3-8b" in panel.summary.value
+    # a field changed after the preset overrides it
+    _set(panel, "seq_len", "16384")
+    assert panel.estimate.seq_len == 16384 and panel.estimate.n_params == 8_030_261_248
+
+
+def test_preset_from_parameter_mode_switches_to_the_shape(panel: EstimatorPanel) -> None:
+    panel.mode.value = "parameter count"
+    _set(panel, "model", "gpt2")
+    assert panel.mode.value == "transformer shape" and panel.estimate.n_params == 124_439_808
+    _set(panel, "seq_len", "2048")  # beyond GPT-2's learned position table
+    assert "must not exceed the learned position table" in panel.errors()["seq_len"]
+
+
+def test_kv_heads_and_ffn_change_the_count(panel: EstimatorPanel) -> None:
+    base = panel.estimate.n_params
+    _set(panel, "kv_heads", "8")
+    # K and V projections shrink from 4096 x 4096 to 4096 x 1024 (+ biases) in 32 layers
+    assert base - panel.estimate.n_params == 32 * 2 * (4096 * 3072 + 3072)
+    _set(panel, "ffn_hidden", "11008")
+    _set(panel, "mlp", "swiglu")
+    assert panel.estimate.ffn_hidden == 11008 and panel.estimate.mlp == "swiglu"
+    _set(panel, "kv_heads", "5")
+    assert "must divide" in panel.errors()["kv_heads"]
+
+
+def test_tensor_pipeline_and_sequence_parallel(panel: EstimatorPanel) -> None:
+    _set(panel, "model", "llama-2-70b")
+    _set(panel, "gpus", "64")
+    _set(panel, "tensor_parallel", "8")
+    _set(panel, "pipeline_parallel", "4")
+    _set(panel, "sequence_parallel", True)
+    e = panel.estimate
+    assert (e.tensor_parallel, e.pipeline_parallel, e.data_parallel) == (8, 4, 2)
+    assert e.sequence_parallel is True and panel.errors() == {}
+    assert "tp 8 x pp 4 x dp 2" in panel._ax_setup.get_xticklabels()[0].get_text()
+    assert "GPU split" in panel.summary.value and "before ZeRO" in panel.summary.value
+    assert panel.chart_data()["params_bytes"][0] == pytest.approx(e.params_bytes / GIB)
+    _set(panel, "tensor_parallel", "3")
+    assert "must divide" in panel.errors()["tensor_parallel"]
+    _set(panel, "tensor_parallel", "8")
+    _set(panel, "gpus", "60")
+    assert "multiple of" in panel.errors()["gpus"]

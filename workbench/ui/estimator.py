@@ -1,10 +1,16 @@
 """EstimatorPanel: a view over `workbench.estimate.estimate_memory` / `compare_stages`.
 
 Inputs are text fields parsed here (typed garbage is reported beside the field) and
-dropdowns for the choices. Any change recomputes the estimate and redraws one persistent
-figure: a stacked bar of the per-GPU memory of this setup next to ZeRO stages 0-3 side
-by side, each with the GPU's memory as a horizontal line. Invalid input shows its message
-beside the field and the last valid chart stays.
+dropdowns for the choices. A model preset fills the shape fields (layers, hidden size,
+heads, kv heads, MLP size and type, sequence length, vocabulary, tied embeddings); a
+field changed afterwards overrides the preset, as `--seq-len` does with `--model`.
+Tensor-parallel size, pipeline stages and sequence parallelism split the model as
+`estimate_memory` describes; the GPU count is their product times the data-parallel size.
+
+Any change recomputes the estimate and redraws one persistent figure: a stacked bar of
+the per-GPU memory of this setup (its label shows the tp x pp x dp split) next to ZeRO
+stages 0-3 side by side, each with the GPU's memory as a horizontal line. Invalid input
+shows its message beside the field and the last valid chart stays.
 """
 
 from __future__ import annotations
@@ -19,13 +25,17 @@ from workbench.config import OptimizerName, Precision
 from workbench.estimate import (
     DEFAULT_MFU,
     DEFAULT_OVERHEAD_GIB,
+    MODELS,
     Checkpointing,
     EstimateInputError,
     MemoryEstimate,
+    Mlp,
     compare_stages,
     estimate_memory,
     gpu_names,
+    parse_count,
 )
+from workbench.estimate.counts import COUNT_EXAMPLES
 from workbench.ui._common import (
     UNITS,
     Chart,
@@ -34,7 +44,6 @@ from workbench.ui._common import (
     dropdown_field,
     format_bytes,
     format_seconds,
-    parse_count,
     parse_float,
     parse_int,
     status_html,
@@ -50,6 +59,7 @@ SEGMENTS = (
 )
 MODE_PARAMS = "parameter count"
 MODE_SHAPE = "transformer shape"
+CUSTOM = "custom"
 
 # UI labels of estimator fields (used to name fields in messages)
 LABELS = {
@@ -59,11 +69,19 @@ LABELS = {
     "heads": "attention heads",
     "seq_len": "sequence length",
     "vocab": "vocabulary",
+    "kv_heads": "kv heads",
+    "ffn_hidden": "MLP size",
+    "mlp": "MLP",
+    "tied_embeddings": "tied embeddings",
+    "model": "model preset",
     "micro_batch": "micro-batch",
     "precision": "precision",
     "optimizer": "optimizer",
     "zero_stage": "ZeRO stage",
     "gpus": "GPUs",
+    "tensor_parallel": "tensor parallel",
+    "pipeline_parallel": "pipeline stages",
+    "sequence_parallel": "sequence parallel",
     "offload_optimizer": "offload optimizer",
     "offload_params": "offload parameters",
     "checkpointing": "checkpointing",
@@ -74,6 +92,9 @@ LABELS = {
     "price_per_gpu_hour": "$ per GPU-hour",
 }
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
+# filled by a preset; the optional ones may be left empty (the estimator's defaults)
+ARCH_FIELDS = ("kv_heads", "ffn_hidden", "mlp", "tied_embeddings")
+OPTIONAL_INTS = ("kv_heads", "ffn_hidden")
 
 
 class EstimatorPanel(PanelBase):
@@ -89,17 +110,25 @@ class EstimatorPanel(PanelBase):
         if units not in UNITS:
             raise ValueError(f"units={units!r}: must be one of {', '.join(UNITS)}")
         defaults: dict[str, Any] = {
+            "model": CUSTOM,
             "n_params": "7B",
             "layers": "32",
             "hidden": "4096",
             "heads": "32",
             "seq_len": "2048",
             "vocab": "32000",
+            "kv_heads": "",
+            "ffn_hidden": "",
+            "mlp": Mlp.GELU.value,
+            "tied_embeddings": True,
             "micro_batch": "1",
             "precision": Precision.AMP_BF16.value,
             "optimizer": OptimizerName.ADAMW.value,
             "zero_stage": 2,
             "gpus": "8",
+            "tensor_parallel": "1",
+            "pipeline_parallel": "1",
+            "sequence_parallel": False,
             "offload_optimizer": False,
             "offload_params": False,
             "checkpointing": Checkpointing.SELECTIVE.value,
@@ -119,6 +148,12 @@ class EstimatorPanel(PanelBase):
         if mode not in (MODE_PARAMS, MODE_SHAPE):
             raise ValueError(f"mode={mode!r}: must be {MODE_PARAMS!r} or {MODE_SHAPE!r}")
         values = {**defaults, **{k: v for k, v in initial.items()}}
+        if values["model"] != CUSTOM and values["model"] not in MODELS:
+            raise ValueError(
+                f"model={values['model']!r}: must be {CUSTOM!r} or one of {', '.join(MODELS)}"
+            )
+        if values["model"] != CUSTOM:  # the preset's shape, then any shape given too
+            values = {**values, **self._preset_values(values["model"]), **initial}
         for k in values:
             if k in defaults and isinstance(defaults[k], str) and not isinstance(values[k], str):
                 values[k] = f"{values[k]:g}" if isinstance(values[k], float) else str(values[k])
@@ -127,8 +162,11 @@ class EstimatorPanel(PanelBase):
         for name in (
             "n_params",
             *SHAPE_FIELDS,
+            *OPTIONAL_INTS,
             "micro_batch",
             "gpus",
+            "tensor_parallel",
+            "pipeline_parallel",
             "overhead_gib",
             "tokens",
             "mfu",
@@ -136,6 +174,12 @@ class EstimatorPanel(PanelBase):
         ):
             f[name] = text_field(LABELS[name], values[name], f"wb-est-{name.replace('_', '-')}")
         f["tokens"].widget.placeholder = "e.g. 300B (empty: no time)"
+        f["kv_heads"].widget.placeholder = "empty: = heads"
+        f["ffn_hidden"].widget.placeholder = "empty: 4h (SwiGLU 8h/3)"
+        f["model"] = dropdown_field(
+            LABELS["model"], [CUSTOM, *MODELS], values["model"], "wb-est-model"
+        )
+        f["mlp"] = dropdown_field(LABELS["mlp"], Mlp.choices(), values["mlp"], "wb-est-mlp")
         f["price_per_gpu_hour"].widget.placeholder = "USD (empty: no cost)"
         f["precision"] = dropdown_field(
             LABELS["precision"], Precision.choices(), values["precision"], "wb-est-precision"
@@ -153,7 +197,7 @@ class EstimatorPanel(PanelBase):
             "wb-est-checkpointing",
         )
         f["gpu"] = dropdown_field(LABELS["gpu"], gpu_names(), values["gpu"], "wb-est-gpu")
-        for name in ("offload_optimizer", "offload_params"):
+        for name in ("tied_embeddings", "sequence_parallel", "offload_optimizer", "offload_params"):
             f[name] = Field(
                 LABELS[name],
                 widgets.Checkbox(value=bool(values[name]), indent=False),
@@ -181,7 +225,10 @@ class EstimatorPanel(PanelBase):
             [
                 widgets.HTML("<b>Model</b>"),
                 self.mode,
-                *(f[n].box for n in ("n_params", *SHAPE_FIELDS, "micro_batch")),
+                *(
+                    f[n].box
+                    for n in ("model", "n_params", *SHAPE_FIELDS, *ARCH_FIELDS, "micro_batch")
+                ),
             ],
             layout=column,
         )
@@ -196,6 +243,9 @@ class EstimatorPanel(PanelBase):
                         "checkpointing",
                         "zero_stage",
                         "gpus",
+                        "tensor_parallel",
+                        "pipeline_parallel",
+                        "sequence_parallel",
                         "offload_optimizer",
                         "offload_params",
                         "gpu",
@@ -224,8 +274,11 @@ class EstimatorPanel(PanelBase):
         self.widget = widgets.VBox([top, inputs], layout=widgets.Layout(padding="6px"))
         self.widget.add_class("wb-estimator-panel")
 
-        for field in f.values():
-            field.widget.observe(self._on_change, names="value")
+        self._filling = False
+        for name, field in f.items():
+            if name != "model":
+                field.widget.observe(self._on_change, names="value")
+        f["model"].widget.observe(self._on_model, names="value")
         self.mode.observe(self._on_mode, names="value")
         self.units.observe(self._on_units, names="value")
         self._apply_mode_visibility()
@@ -315,13 +368,20 @@ class EstimatorPanel(PanelBase):
             ymax = tallest * 1.18
         fits = "fits" if e.fits else ("does not fit" if e.fits is False else "")
         self._ax_setup.set_title(f"this setup (ZeRO {e.zero_stage}) {fits}", fontsize=10)
-        background = (ymax, self.units.value, e.gpus, e.zero_stage)
+        background = (
+            ymax,
+            self.units.value,
+            e.gpus,
+            e.zero_stage,
+            e.tensor_parallel,
+            e.pipeline_parallel,
+        )
         if background != self._background_key:
             self._background_key = background
             for ax in (self._ax_setup, self._ax_stages):
                 ax.set_ylim(0, ymax)
                 ax.set_ylabel(f"{self.units.value} per GPU")
-            self._ax_setup.set_xticklabels([f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"])
+            self._ax_setup.set_xticklabels([_split_label(e)])
             for i, label in enumerate(self._ax_stages.get_xticklabels()):
                 label.set_fontweight("bold" if i == e.zero_stage else "normal")
             self.chart.invalidate()
@@ -342,19 +402,50 @@ class EstimatorPanel(PanelBase):
     def _apply_mode_visibility(self) -> None:
         shape = self.mode.value == MODE_SHAPE
         self.fields["n_params"].box.layout.display = "none" if shape else None
-        for name in SHAPE_FIELDS:
+        for name in ("model", *SHAPE_FIELDS, *ARCH_FIELDS):
             self.fields[name].box.layout.display = None if shape else "none"
+
+    @staticmethod
+    def _preset_values(name: str) -> dict[str, Any]:
+        arch = MODELS[name].architecture
+        return {
+            "layers": str(arch.layers),
+            "hidden": str(arch.hidden),
+            "heads": str(arch.heads),
+            "seq_len": str(arch.seq_len),
+            "vocab": str(arch.vocab),
+            "kv_heads": str(arch.kv_heads),
+            "ffn_hidden": str(arch.ffn_hidden),
+            "mlp": arch.mlp,
+            "tied_embeddings": arch.tied_embeddings,
+        }
+
+    def _on_model(self, change: dict[str, Any]) -> None:
+        """A preset fills the shape fields (one recompute for all of them)."""
+        name = change["new"]
+        if name != CUSTOM:
+            self._filling = True
+            try:
+                for field, value in self._preset_values(name).items():
+                    self.fields[field].widget.value = value
+                if self.mode.value != MODE_SHAPE:
+                    self.mode.value = MODE_SHAPE
+            finally:
+                self._filling = False
+        self.recompute()
 
     def _on_mode(self, _change: dict[str, Any]) -> None:
         self._apply_mode_visibility()
-        self.recompute()
+        if not self._filling:
+            self.recompute()
 
     def _on_units(self, _change: dict[str, Any]) -> None:
         self._show_summary()
         self._draw()
 
     def _on_change(self, _change: dict[str, Any]) -> None:
-        self.recompute()
+        if not self._filling:
+            self.recompute()
 
     def read_inputs(self) -> tuple[dict[str, Any], dict[str, str]]:
         """(keyword arguments for estimate_memory, field -> parse error)."""
@@ -369,18 +460,27 @@ class EstimatorPanel(PanelBase):
                 errors[name] = str(exc)
 
         if self.mode.value == MODE_SHAPE:
+            if f["model"].value != CUSTOM:
+                kwargs["model"] = f["model"].value
             for name in SHAPE_FIELDS:
                 take(name, parse_int, minimum=1)
+            for name in OPTIONAL_INTS:
+                if f[name].value.strip():
+                    take(name, parse_int, minimum=1)
+            kwargs["mlp"] = f["mlp"].value
+            kwargs["tied_embeddings"] = f["tied_embeddings"].value
         else:
-            take("n_params", parse_count)
+            take("n_params", _parse_count)
         take("micro_batch", parse_int, minimum=1)
         take("gpus", parse_int, minimum=1)
+        take("tensor_parallel", parse_int, minimum=1)
+        take("pipeline_parallel", parse_int, minimum=1)
         take("overhead_gib", parse_float, minimum=0.0)
         take("mfu", parse_float, minimum=0.0, maximum=1.0, exclusive_minimum=True)
         take("price_per_gpu_hour", parse_float, minimum=0.0, optional=True)
         tokens_text = f["tokens"].value.strip()
         if tokens_text:
-            take("tokens", parse_count)
+            take("tokens", _parse_count)
         else:
             kwargs["tokens"] = None
         for name in (
@@ -391,6 +491,7 @@ class EstimatorPanel(PanelBase):
             "gpu",
             "offload_optimizer",
             "offload_params",
+            "sequence_parallel",
         ):
             kwargs[name] = f[name].value
         return kwargs, errors
@@ -408,12 +509,13 @@ class EstimatorPanel(PanelBase):
                 opts = {k: v for k, v in kwargs.items() if k != "zero_stage"}
                 stages = compare_stages(**opts)
             except EstimateInputError as exc:
+                other = "model" if self.mode.value == MODE_SHAPE else "n_params"
                 for p in exc.problems:
-                    name = p.field if p.field in self.fields else "n_params"
+                    name = p.field if p.field in self.fields else other
                     text = p.render(name=lambda n: LABELS.get(n, n))
                     errors[name] = f"{errors[name]}; {text}" if name in errors else text
             except ValueError as exc:  # any other rejection: show it, keep the chart
-                errors["n_params"] = str(exc)
+                errors["model" if self.mode.value == MODE_SHAPE else "n_params"] = str(exc)
         for name, field in self.fields.items():
             field.set_error(errors.get(name))
         if errors:
@@ -440,8 +542,20 @@ class EstimatorPanel(PanelBase):
         if e is None:
             return
         u = self.units.value
-        rows = [
+        rows = []
+        if e.model is not None:
+            rows.append(("model", html.escape(e.model)))
+        rows += [
             ("parameters", f"{e.n_params:,}"),
+        ]
+        if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+            split = (
+                f"tp {e.tensor_parallel} &times; pp {e.pipeline_parallel} &times; "
+                f"dp {e.data_parallel}" + (" (sequence parallel)" if e.sequence_parallel else "")
+            )
+            rows.append(("GPU split", split))
+            rows.append(("parameters per GPU before ZeRO", f"{e.shard_params:,}"))
+        rows += [
             ("model states per GPU", format_bytes(e.model_states_bytes, u)),
             (
                 "activations per GPU",
@@ -493,3 +607,21 @@ class EstimatorPanel(PanelBase):
             f"EstimatorPanel(total per GPU {format_bytes(e.total_bytes, self.units.value)}, "
             f"ZeRO {e.zero_stage}, {e.gpus} GPU(s), fits={e.fits})"
         )
+
+
+def _parse_count(label: str, text: str) -> int:
+    """A count typed into a field (`7B`, `1.5e9`, `350M`, `1.3T`): the estimator's reader."""
+    raw = text.strip()
+    if not raw:
+        raise ValueError(f"{label}: empty; enter a count ({COUNT_EXAMPLES})")
+    value = parse_count(raw)
+    if value is None or value < 1:
+        raise ValueError(f"{label}: {raw!r} is not a count >= 1 ({COUNT_EXAMPLES})")
+    return value
+
+
+def _split_label(e: MemoryEstimate) -> str:
+    gpus = f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"
+    if e.tensor_parallel == 1 and e.pipeline_parallel == 1:
+        return gpus
+    return f"{gpus}\ntp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
