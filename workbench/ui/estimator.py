@@ -624,4 +624,4 @@ def _split_label(e: MemoryEstimate) -> str:
     gpus = f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"
     if e.tensor_parallel == 1 and e.pipeline_parallel == 1:
         return gpus
-    return f"{gpus}\ntp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
+    return f"{gpus}: tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
