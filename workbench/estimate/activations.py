@@ -1,29 +1,54 @@
-"""Activation memory of a decoder-only transformer (Korthikanti et al. 2022).
+"""Activation memory of a decoder-only transformer (Korthikanti et al. 2022), extended.
 
 Reference: V. Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-Models", 2022, Section 4 and Table 2, with tensor parallel size t = 1. Notation: s sequence
-length, b micro-batch, h hidden size, a attention heads, L layers, v vocabulary.
+Models", 2022, Section 4 and Table 2. Notation: s sequence length, b micro-batch, h hidden
+size, a attention heads, f MLP inner size (4h in the paper), L layers, v vocabulary, t
+tensor-parallel size, p pipeline stages. docs/estimator.md has the derivation.
 
 Per layer, with 16-bit activations and 1-byte dropout masks, the paper stores
 `sbh(34 + 5as/h)` bytes. We keep that sum split into *element* terms (16-bit tensors,
 2 bytes each) and *mask* terms (1 byte each), so that 32-bit activations double only the
 element terms:
 
-    attention  elements: 5sbh (LN output = QKV input, Q, K, V, projection input)
+    attention  elements: 5sbh (norm output = QKV input, Q, K, V, projection input)
                          + 2as^2b (softmax output, dropout output)
                masks:    as^2b (attention dropout) + sbh (output dropout)
-    MLP        elements: 9sbh (first linear input sbh, GeLU input 4sbh, GeLU output 4sbh)
+    MLP        elements: GELU: sbh + 2sbf (first linear input, GELU input, GELU output)
+                         SwiGLU: sbh + 4sbf (gate/up input, gate output = SiLU input,
+                         SiLU output, up output, product = down-projection input)
                masks:    sbh (output dropout)
-    layernorms elements: 2sbh (the inputs of the two layernorms)
+    norms      elements: 2sbh (the inputs of the two norms; sbh with a parallel residual,
+                         where attention and MLP normalise the same layer input)
 
-    no recomputation:  elements 16sbh + 2as^2b, masks 2sbh + as^2b  -> 34sbh + 5as^2b bytes
-    selective:         elements 16sbh,          masks 2sbh          -> 34sbh bytes
-    full:              elements sbh (the layer input)                -> 2sbh bytes
+    no recomputation:  elements 8sbh + 2sbf + 2as^2b, masks 2sbh + as^2b
+                       (f = 4h: 34sbh + 5as^2b bytes, the paper's figure)
+    selective:         the same without the as^2b terms (f = 4h: 34sbh)
+    full:              elements sbh (the layer input) -> 2sbh bytes
+
+Grouped-query attention (kv heads < heads) changes no term: unfused attention repeats K
+and V to every head before the score matmul (Megatron's core attention and Hugging Face's
+eager `repeat_kv` both do), and the repeated K and V are what the matmuls save. GQA saves
+parameters (and KV cache at inference), not training activations, unless a fused kernel
+keeps the un-repeated K and V.
+
+Tensor parallelism over t GPUs (Section 4.2) splits the tensors inside the attention and
+MLP blocks: Q, K, V, the projection input, the MLP inner tensors and every as^2b term are
+divided by t; the norm inputs, the QKV and MLP inputs and the residual dropout masks are
+replicated, unless sequence parallelism (Section 4.2.2) splits them over the sequence
+too. At f = 4h this is Table 2: sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
+sbh(34/t + 5as/(ht)) with tensor + sequence parallelism, minus the as^2b terms with
+selective recomputation; full recomputation keeps 2sbh (2sbh/t with sequence
+parallelism, whose layer input is split over the sequence).
+
+Pipeline parallelism over p stages with the 1F1B schedule: the first stage holds its L/p
+layers for p micro-batches in flight (Narayanan et al. 2021), L layers' worth, plus p
+embedding dropout masks; the output layer lives on the last stage, which holds less.
+The first stage is reported: it is the peak.
 
 Without dropout (`dropout=False`) the masks vanish and the softmax output is the only
-attention-score tensor kept (elements 16sbh + as^2b).
+attention-score tensor kept.
 
-What the totals include besides `L` stored layers (documented choices):
+What the totals include besides the stored layers (documented choices):
 
 * Recomputation working set (`recompute_bytes`): while the backward pass recomputes,
   one layer's recomputed tensors exist at a time. With *selective* recomputation that is
@@ -33,14 +58,17 @@ What the totals include besides `L` stored layers (documented choices):
   and full <= selective <= none holds for every shape.
 * Embedding (`embedding_bytes`): the input dropout mask, sbh bytes (the dropout output
   is the first layer's input and is counted there).
-* Output (`output_bytes`): the final layernorm's input (sbh elements), the output
+* Output (`output_bytes`): the final norm's input (sbh elements), the output
   projection's input (sbh elements) and the logits kept in fp32 for the cross-entropy
   loss, 4sbv bytes whatever the activation precision (Section 4.3: 4sbh(1 + v/h) in total
-  at 16 bits).
+  at 16 bits); with tensor parallelism the logits are split over the vocabulary
+  (4sb·ceil(v/t)).
 
 Not included: the transient peak of the backward pass (gradients of activations, about
-one layer's worth), memory of fused kernels that store less (flash attention stores no
-`as^2b` terms), and tensor/sequence parallel sharding (t = 1 only).
+one layer's worth), fused kernels that store less (flash attention stores no `as^2b`
+terms; a fused SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics, and what
+unfused implementations keep on top (Hugging Face's RMSNorm also saves its normalised
+input, sbh per norm): tests/integration/test_estimate_families.py measures them.
 """
 
 from __future__ import annotations
