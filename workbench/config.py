@@ -2,14 +2,22 @@
 
 `TrainConfig` never imports torch, pynvml or ipywidgets. Every problem is reported
 at once in a single `ValueError`, each line naming the field, the bad value and
-what is allowed. Derived quantities are methods that take runtime facts
-(`effective_batch_size(world_size)`).
+what is allowed; an unknown setting name or choice suggests the close one ("did you
+mean"), including the names other trainers use (Lightning's `precision="bf16-mixed"`,
+`accumulate_grad_batches`; Hugging Face's `gradient_accumulation_steps`, ...).
+Derived quantities are methods that take runtime facts (`effective_batch_size(world_size)`).
+
+A TrainConfig describes a job, which may run on another machine (an exported DeepSpeed
+job). What *this* machine and a workbench Session can run of it is a separate question:
+`runtime_problems(config)` answers it (an optimizer the Session cannot train, with the
+nearest one that it can; an NVMe offload directory that does not exist here).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import dataclass, fields
@@ -41,11 +49,77 @@ class Precision(StrEnum):
 
 
 class OptimizerName(StrEnum):
+    """Optimizers by state layout. A Session trains adamw, adam, sgd and sgd-nomomentum;
+    the others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that
+    the estimator and the DeepSpeed import/export know (`runtime_problems` says why a
+    Session refuses them and which one is nearest), and adam8bit (estimator only)."""
+
     ADAMW = "adamw"
     ADAM = "adam"
     SGD = "sgd"  # with momentum
     SGD_NOMOMENTUM = "sgd-nomomentum"
     ADAM8BIT = "adam8bit"  # estimator only (bitsandbytes-style 8-bit states)
+    LAMB = "lamb"  # DeepSpeed FusedLamb (CUDA kernel)
+    LION = "lion"  # DeepSpeed FusedLion (CUDA) / DeepSpeedCPULion (optimizer offload)
+    ADAGRAD = "adagrad"  # torch.optim.Adagrad / DeepSpeedCPUAdagrad (optimizer offload)
+    ONEBIT_ADAM = "onebitadam"  # DeepSpeed 1-bit Adam (not in DeepSpeed 0.19.8)
+    ZERO_ONE_ADAM = "zerooneadam"  # DeepSpeed 0/1 Adam (not in DeepSpeed 0.19.8)
+    ONEBIT_LAMB = "onebitlamb"  # DeepSpeed 1-bit Lamb (not in DeepSpeed 0.19.8)
+
+    @property
+    def is_onebit(self) -> bool:
+        """A 1-bit (error-feedback compressed) optimizer; DeepSpeed runs these without ZeRO."""
+        return self in (
+            OptimizerName.ONEBIT_ADAM,
+            OptimizerName.ZERO_ONE_ADAM,
+            OptimizerName.ONEBIT_LAMB,
+        )
+
+
+#: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends).
+SESSION_OPTIMIZERS = (
+    OptimizerName.ADAMW,
+    OptimizerName.ADAM,
+    OptimizerName.SGD,
+    OptimizerName.SGD_NOMOMENTUM,
+)
+
+#: Why a Session cannot train an optimizer, and the nearest one it can.
+_NOT_IN_SESSION: dict[OptimizerName, tuple[str, OptimizerName]] = {
+    OptimizerName.ADAM8BIT: ("is available in the memory estimator only", OptimizerName.ADAMW),
+    OptimizerName.LAMB: (
+        "DeepSpeed's Lamb is FusedLamb, a CUDA kernel (no CPU build), and the Session does "
+        "not build it; Lamb is AdamW with a per-layer trust ratio",
+        OptimizerName.ADAMW,
+    ),
+    OptimizerName.LION: (
+        "the Session does not build DeepSpeed's Lion (FusedLion needs CUDA; DeepSpeedCPULion "
+        "only runs with optimizer offload)",
+        OptimizerName.ADAMW,
+    ),
+    OptimizerName.ADAGRAD: (
+        "the Session does not build Adagrad (it carries Adam and SGD state only)",
+        OptimizerName.ADAM,
+    ),
+    OptimizerName.ONEBIT_ADAM: (
+        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
+        "ships them); 1-bit Adam is Adam with compressed communication and decoupled weight "
+        "decay",
+        OptimizerName.ADAMW,
+    ),
+    OptimizerName.ZERO_ONE_ADAM: (
+        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
+        "ships them); 0/1 Adam is Adam with compressed communication and decoupled weight "
+        "decay",
+        OptimizerName.ADAMW,
+    ),
+    OptimizerName.ONEBIT_LAMB: (
+        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
+        "ships them); 1-bit Lamb is Lamb, AdamW with a per-layer trust ratio, with compressed "
+        "communication",
+        OptimizerName.ADAMW,
+    ),
+}
 
 
 class LRSchedule(StrEnum):
@@ -81,6 +155,99 @@ _ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "offload_params": OffloadDevice,
     "device": Device,
 }
+
+
+#: Names other trainers use for a TrainConfig field (Lightning, Hugging Face, DeepSpeed).
+_FIELD_ALIASES: dict[str, str] = {
+    "accumulate_grad_batches": "grad_accum",  # Lightning Trainer
+    "gradient_accumulation_steps": "grad_accum",  # Hugging Face, DeepSpeed
+    "gradient_accumulation": "grad_accum",
+    "batch_size": "micro_batch",
+    "per_device_train_batch_size": "micro_batch",  # Hugging Face
+    "train_micro_batch_size_per_gpu": "micro_batch",  # DeepSpeed
+    "learning_rate": "lr",
+    "gradient_clip_val": "clip_grad_norm",  # Lightning Trainer
+    "max_grad_norm": "clip_grad_norm",  # Hugging Face
+    "gradient_clipping": "clip_grad_norm",  # DeepSpeed
+    "max_steps": "total_steps",
+    "warmup": "warmup_steps",
+    "num_warmup_steps": "warmup_steps",
+    "lr_scheduler_type": "lr_schedule",  # Hugging Face
+    "scheduler": "lr_schedule",
+    "gradient_checkpointing": "activation_checkpointing",  # Hugging Face
+    "dataloader_num_workers": "num_workers",  # Hugging Face
+    "dataloader_pin_memory": "pin_memory",  # Hugging Face
+    "zero": "zero_stage",
+    "stage": "zero_stage",
+    "optim": "optimizer",  # Hugging Face
+}
+
+#: Choice values other trainers use -> the workbench's value (or a hint naming several).
+_VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "precision": {
+        # Lightning: "-mixed" is autocast with fp32 weights; "-true" casts the weights.
+        "bf16-mixed": "amp-bf16",
+        "16-mixed": "amp-fp16",
+        "fp16-mixed": "amp-fp16",
+        "16": "amp-fp16",
+        "bf16-true": "bf16",
+        "16-true": "fp16",
+        "fp16-true": "fp16",
+        "32": "fp32",
+        "32-true": "fp32",
+        "float32": "fp32",
+        "float": "fp32",
+        "float16": "fp16",
+        "half": "fp16",
+        "bfloat16": "bf16",
+        "amp": "amp-bf16",
+        "mixed": "amp-bf16",
+    },
+    "optimizer": {
+        "adamw_torch": "adamw",  # Hugging Face optim names
+        "adamw_torch_fused": "adamw",
+        "adamw_hf": "adamw",
+        "adamw_8bit": "adam8bit",
+        "adamw8bit": "adam8bit",
+        "paged_adamw_8bit": "adam8bit",
+        "adam_8bit": "adam8bit",
+        "fusedadam": "adamw",
+        "fusedlamb": "lamb",
+        "1bitadam": "onebitadam",
+        "onebit-adam": "onebitadam",
+        "0/1adam": "zerooneadam",
+        "1bitlamb": "onebitlamb",
+    },
+    "lr_schedule": {
+        "constant_with_warmup": "constant",  # Hugging Face
+        "warmuplr": "constant",  # DeepSpeed
+        "warmupcosinelr": "cosine",
+        "cosine_with_warmup": "cosine",
+        "cosineannealinglr": "cosine",
+        "one_cycle": "onecycle",
+        "onecyclelr": "onecycle",
+    },
+    "device": {"gpu": "cuda"},
+    "offload_optimizer": {"disk": "nvme", "ssd": "nvme", "host": "cpu"},
+    "offload_params": {"disk": "nvme", "ssd": "nvme", "host": "cpu"},
+}
+
+
+def did_you_mean(name: str, choices: list[str], aliases: dict[str, str] | None = None) -> str:
+    """The close choice for a mistyped `name` as " did you mean 'x'?", or "" when none is
+    close. `aliases` maps other trainers' names to a choice."""
+    key = name.strip().lower()
+    aliases = aliases or {}
+    close = difflib.get_close_matches(key, [*choices, *aliases], n=1, cutoff=0.8)
+    if not close:
+        return ""
+    return f" did you mean {aliases.get(close[0], close[0])!r}?"
+
+
+def _unknown_setting(name: str, value: Any) -> str:
+    known = sorted(f.name for f in fields(TrainConfig))
+    hint = did_you_mean(name, known, _FIELD_ALIASES)
+    return f"{name}={value!r}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
 
 
 def _is_int(v: Any) -> bool:
@@ -147,7 +314,15 @@ class TrainConfig:
         for name, enum in _ENUM_FIELDS.items():
             value = getattr(self, name)
             if not isinstance(value, enum):
-                p.append(f"{name}={value!r}: must be one of {', '.join(enum.choices())}")
+                hint = (
+                    did_you_mean(value, enum.choices(), _VALUE_ALIASES.get(name))
+                    if isinstance(value, str)
+                    else ""
+                )
+                p.append(
+                    f"{name}={value!r}: must be one of {', '.join(enum.choices())}"
+                    + (f";{hint}" if hint else "")
+                )
 
         def positive_int(name: str, *, minimum: int = 1, optional: bool = False) -> None:
             v = getattr(self, name)
@@ -215,10 +390,16 @@ class TrainConfig:
         precision = Precision(self.precision)
         offload_opt = OffloadDevice(self.offload_optimizer)
         offload_par = OffloadDevice(self.offload_params)
-        if self.optimizer is OptimizerName.ADAM8BIT:
+        optimizer = OptimizerName(self.optimizer)
+        if optimizer is OptimizerName.ADAM8BIT:
             p.append(
                 "optimizer='adam8bit': is available in the memory estimator only; a Session "
                 "trains with adamw, adam, sgd or sgd-nomomentum"
+            )
+        if optimizer.is_onebit and self.zero_stage != 0:
+            p.append(
+                f"optimizer={optimizer.value!r}: DeepSpeed's 1-bit optimizers do not run with "
+                f"ZeRO; needs zero_stage=0 (zero_stage={self.zero_stage})"
             )
         if self.zero_stage == 0 and offload_opt is not OffloadDevice.NONE:
             p.append(
@@ -234,11 +415,9 @@ class TrainConfig:
         # Session routes them through the DeepSpeed engine, which supports stage 0.
         del precision
         uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
-        if uses_nvme:
-            if not self.nvme_path:
-                p.append("nvme_path=None: NVMe offload needs nvme_path, a writable directory")
-            elif not (os.path.isdir(self.nvme_path) and os.access(self.nvme_path, os.W_OK)):
-                p.append(f"nvme_path={self.nvme_path!r}: must be an existing writable directory")
+        if uses_nvme and not self.nvme_path:
+            p.append("nvme_path=None: NVMe offload needs nvme_path, a writable directory")
+        # Whether nvme_path exists is a question about the machine: runtime_problems().
         if self.warmup_steps > self.total_steps:
             p.append(
                 f"warmup_steps={self.warmup_steps}: must not exceed total_steps={self.total_steps}"
@@ -257,15 +436,7 @@ class TrainConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ValueError(
-                _format(
-                    [
-                        f"{name}={changes[name]!r}: unknown setting; known settings: "
-                        + ", ".join(sorted(known))
-                        for name in unknown
-                    ]
-                )
-            )
+            raise ValueError(_format([_unknown_setting(k, changes[k]) for k in unknown]))
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,7 +447,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(_format([f"{k}={data[k]!r}: unknown setting" for k in unknown]))
+            raise ValueError(_format([_unknown_setting(k, data[k]) for k in unknown]))
         return cls(**data)
 
     # ----------------------------------------------------------------- derived
@@ -299,12 +470,60 @@ class TrainConfig:
         return result
 
     @classmethod
-    def from_deepspeed(cls, source: dict[str, Any] | str | os.PathLike[str]) -> TrainConfig:
-        """Read a DeepSpeed config (dict or JSON path) back into a TrainConfig."""
+    def from_deepspeed(
+        cls,
+        source: dict[str, Any] | str | os.PathLike[str],
+        *,
+        world_size: int | None = None,
+        base: TrainConfig | None = None,
+    ) -> TrainConfig:
+        """Read a DeepSpeed config (dict or JSON path) into a TrainConfig, issuing the
+        import's warnings (keys the workbench does not model, `"auto"` values filled from
+        `base`, default `TrainConfig()`). See `workbench.dsconfig.import_deepspeed`."""
         from workbench.dsconfig import from_deepspeed
 
-        config: TrainConfig = from_deepspeed(source)
+        config: TrainConfig = from_deepspeed(source, world_size=world_size, base=base)
         return config
+
+
+_dataclass_init = TrainConfig.__init__
+
+
+def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
+    """TrainConfig's generated __init__, but an unknown keyword is a ValueError that
+    suggests the close setting (`accumulate_grad_batches` -> did you mean 'grad_accum'?)."""
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(_format([_unknown_setting(k, kwargs[k]) for k in unknown]))
+    _dataclass_init(self, *args, **kwargs)
+
+
+TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]
+
+
+def runtime_problems(config: TrainConfig) -> list[str]:
+    """What a workbench Session on this machine cannot run of a valid `config`, one line
+    each (empty when it can): an optimizer the Session does not train, with why and the
+    nearest one it does; an NVMe offload directory that does not exist here or is not
+    writable. `TrainConfig.problems()` checks the config itself; this checks the machine."""
+    p: list[str] = []
+    optimizer = OptimizerName(config.optimizer)
+    if optimizer not in SESSION_OPTIMIZERS:
+        why, nearest = _NOT_IN_SESSION[optimizer]
+        p.append(
+            f"optimizer={optimizer.value!r}: cannot train here: {why}; the nearest a Session "
+            f"trains is optimizer={nearest.value!r} (a Session trains "
+            f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})"
+        )
+    uses_nvme = OffloadDevice.NVME in (
+        OffloadDevice(config.offload_optimizer),
+        OffloadDevice(config.offload_params),
+    )
+    path = config.nvme_path
+    if uses_nvme and path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
+        p.append(f"nvme_path={path!r}: must be an existing writable directory on this machine")
+    return p
 
 
 def _plain(v: Any) -> Any:

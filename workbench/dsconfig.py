@@ -1,21 +1,29 @@
-"""TrainConfig <-> DeepSpeed JSON, both directions. Pure: imports no torch or deepspeed.
+"""TrainConfig <-> DeepSpeed JSON, both directions.
 
 `to_deepspeed(config, world_size)` builds the dict `deepspeed.initialize` accepts; the
-DeepSpeed backend trains with exactly this dict, so what is exported is what ran.
-`import_deepspeed(source)` reads one back into a `TrainConfig`, validating key paths and
-types, and returns the warnings (ignored keys, ignored values) next to the config so a UI
-can show them; `from_deepspeed(source)` is the same but issues them with `warnings.warn`.
+DeepSpeed backend trains with exactly this dict, so what is exported is what ran. Pure.
 
-World size on import. DeepSpeed's batch keys satisfy
+`import_deepspeed(source)` reads a DeepSpeed config into a `TrainConfig` by one rule,
+DeepSpeed's own (checked with DeepSpeed's code, `workbench.dscheck`, imported on first
+use): a config DeepSpeed accepts imports; a key or value DeepSpeed rejects is an error
+with DeepSpeed's reason; every key DeepSpeed reads that the workbench does not model
+(and every value it models only approximately) is named in one grouped warning and
+ignored. `"auto"` values (Hugging Face Trainer configs) are filled from `base`, the
+session's own settings (default `TrainConfig()`), and a second warning says what was
+chosen. The warnings come back next to the config so a UI can show them;
+`from_deepspeed(source)` is the same but issues them with `warnings.warn`.
+
+Batch sizes, DeepSpeed's way (`DeepSpeedConfig._set_batch_related_parameters`):
 ``train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``.
-When all three are given, the world size is inferred (and must equal `world_size=` if that is
-passed too). When one of micro/accum is missing, it is solved for with `world_size`
-(default 1): e.g. ``train_batch_size=1024, gradient_accumulation_steps=8`` gives micro 128 on
-one rank, micro 64 with ``world_size=2``. Any non-integer or inconsistent combination is an
-error naming the keys and values.
+With all three given the world size is inferred (and must equal `world_size=` if that is
+passed too); otherwise the missing ones are solved for `world_size` (default 1): only
+``train_batch_size`` means accumulation 1, only the micro-batch means accumulation 1,
+``train_batch_size=1024, gradient_accumulation_steps=8`` gives micro 128 on one rank and
+64 with ``world_size=2``. A combination that does not divide is an error naming the keys.
 
-Not expressible in DeepSpeed JSON (kept at TrainConfig defaults on import): seed, device,
-num_workers, pin_memory, lr_scaling, activation_checkpointing, checkpoint settings.
+Not expressible in DeepSpeed JSON (taken from `base` on import): seed, device,
+num_workers, pin_memory, lr_scaling, activation_checkpointing, checkpoint settings, the
+schedule horizon when no scheduler gives one, and the optimizer when the config has none.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,139 +49,72 @@ ADAM_EPS = 1e-8
 # fp16: DeepSpeed's dynamic loss scaler grows and backs off by a factor of 2 only.
 DS_SCALE_FACTOR = 2.0
 
-# Keys DeepSpeed understands that workbench does not model: accepted, ignored, warned about.
-IGNORED_TOP_LEVEL = frozenset(
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+#: Top-level keys the workbench reads into a TrainConfig. Every other key DeepSpeed reads
+#: is named in the import's "not modelled" warning; keys DeepSpeed does not read either
+#: are named there too, with the close DeepSpeed key.
+MODELLED_TOP_LEVEL = frozenset(
     {
-        "steps_per_print",
-        "wall_clock_breakdown",
-        "dump_state",
-        "memory_breakdown",
-        "prescale_gradients",
-        "gradient_predivide_factor",
-        "sparse_gradients",
-        "zero_allow_untested_optimizer",
-        "zero_force_ds_cpu_optimizer",
-        "communication_data_type",
-        "seq_parallel_communication_data_type",
-        "tensorboard",
-        "wandb",
-        "csv_monitor",
-        "comet",
-        "comms_logger",
-        "flops_profiler",
-        "timers",
-        "checkpoint",
-        "data_types",
-        "activation_checkpointing",
-        "elasticity",
-        "aio",
-        "load_universal_checkpoint",
-        "use_node_local_storage",
-        "dataloader_drop_last",
-        "compile",
-    }
-)
-IGNORED_ZERO = frozenset(
-    {
-        "contiguous_gradients",
-        "overlap_comm",
-        "reduce_scatter",
-        "reduce_bucket_size",
-        "allgather_partitions",
-        "allgather_bucket_size",
-        "use_multi_rank_bucket_allreduce",
-        "round_robin_gradients",
-        "sub_group_size",
-        "elastic_checkpoint",
-        "ignore_unused_parameters",
-        "load_from_fp32_weights",
-        "stage3_prefetch_bucket_size",
-        "stage3_param_persistence_threshold",
-        "stage3_model_persistence_threshold",
-        "stage3_max_live_parameters",
-        "stage3_max_reuse_distance",
-        "stage3_gather_16bit_weights_on_model_save",
-        "stage3_gather_fp16_weights_on_model_save",
-        "gather_16bit_weights_on_model_save",
-        "zero_hpz_partition_size",
-        "zero_quantized_weights",
-        "zero_quantized_gradients",
-        "memory_efficient_linear",
-        "mics_shard_size",
-        "log_trace_cache_warnings",
-    }
-)
-IGNORED_OFFLOAD = frozenset(
-    {
-        "pin_memory",
-        "buffer_count",
-        "buffer_size",
-        "max_in_cpu",
-        "fast_init",
-        "ratio",
-        "pipeline_read",
-        "pipeline_write",
-    }
-)
-KNOWN_TOP_LEVEL = frozenset(
-    {
-        "train_batch_size",
-        "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps",
+        *BATCH_KEYS,
         "optimizer",
         "scheduler",
+        "gradient_clipping",
         "fp16",
         "bf16",
         "bfloat16",
         "torch_autocast",
         "zero_optimization",
-        "gradient_clipping",
+        "zero_allow_untested_optimizer",  # the export sets it where DeepSpeed needs it
     }
 )
-KNOWN_ZERO = frozenset({"stage", "offload_optimizer", "offload_param"})
-KNOWN_OFFLOAD = frozenset({"device", "nvme_path"})
-KNOWN_FP16 = frozenset(
-    {
-        "enabled",
-        "loss_scale",
-        "initial_scale_power",
-        "loss_scale_window",
-        "hysteresis",
-        "consecutive_hysteresis",
-        "min_loss_scale",
-        "auto_cast",
-        "fp16_master_weights_and_grads",
-    }
+
+#: DeepSpeed optimizer type (lowercased; DeepSpeed matches its own names case-insensitively)
+#: -> the workbench's optimizer. "adam" is adam or adamw by `adam_w_mode`; "SGD" is
+#: torch.optim.SGD (case-sensitive, as DeepSpeed looks it up in torch.optim).
+_OPTIMIZER_OF_TYPE = {
+    "adamw": OptimizerName.ADAMW,
+    "adagrad": OptimizerName.ADAGRAD,
+    "lamb": OptimizerName.LAMB,
+    "lion": OptimizerName.LION,
+    "onebitadam": OptimizerName.ONEBIT_ADAM,
+    "zerooneadam": OptimizerName.ZERO_ONE_ADAM,
+    "onebitlamb": OptimizerName.ONEBIT_LAMB,
+}
+#: The workbench's optimizer -> DeepSpeed's type name (export).
+_TYPE_OF_OPTIMIZER = {
+    OptimizerName.ADAMW: "AdamW",
+    OptimizerName.ADAM: "Adam",
+    OptimizerName.SGD: "SGD",
+    OptimizerName.SGD_NOMOMENTUM: "SGD",
+    OptimizerName.ADAGRAD: "Adagrad",
+    OptimizerName.LAMB: "Lamb",
+    OptimizerName.LION: "Lion",
+    OptimizerName.ONEBIT_ADAM: "OneBitAdam",
+    OptimizerName.ZERO_ONE_ADAM: "ZeroOneAdam",
+    OptimizerName.ONEBIT_LAMB: "OneBitLamb",
+}
+#: Optimizers whose class DeepSpeed 0.19 lists as tested with ZeRO (ZERO_SUPPORTED_OPTIMIZERS:
+#: torch/Fused/CPU Adam, Adagrad, CPU/Fused Lion). The others need
+#: "zero_allow_untested_optimizer": true at stages 1-3; tests/unit/test_dsconfig.py checks
+#: this set against DeepSpeed's list.
+ZERO_TESTED_OPTIMIZERS = frozenset(
+    {OptimizerName.ADAMW, OptimizerName.ADAM, OptimizerName.ADAGRAD, OptimizerName.LION}
 )
-KNOWN_BF16 = frozenset(
-    {
-        "enabled",
-        "immediate_grad_update",
-        "check_grad_overflow",
-        "bf16_master_weights_and_grads",
-        "bf16_optimizer_states",
-    }
-)
-KNOWN_AUTOCAST = frozenset({"enabled", "dtype", "lower_precision_safe_modules"})
-KNOWN_OPTIMIZER_PARAMS = frozenset(
-    {
-        "lr",
-        "betas",
-        "eps",
-        "weight_decay",
-        "momentum",
-        "adam_w_mode",
-        "torch_adam",
-        "dampening",
-        "nesterov",
-    }
-)
+#: The optimizer parameters the workbench models, per optimizer family; any other given
+#: parameter (with a value other than DeepSpeed's default) is listed as not modelled.
+_MODELLED_PARAMS = {
+    "adam": frozenset({"lr", "weight_decay", "betas", "eps", "adam_w_mode"}),
+    "sgd": frozenset({"lr", "weight_decay", "momentum"}),
+    "other": frozenset({"lr", "weight_decay", "betas", "eps"}),
+}
 
 
 @dataclass(frozen=True)
 class DeepSpeedImport:
     """A DeepSpeed config read back: the TrainConfig, the world size the batch keys imply,
-    and every warning (ignored keys/values), one line each."""
+    and the warnings, one string each (at most: the "auto" values filled, the keys not
+    modelled, and a 1-bit optimizer the installed DeepSpeed lacks)."""
 
     config: TrainConfig
     world_size: int
@@ -185,7 +127,8 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
 
     Raises ValueError for settings DeepSpeed cannot express (fp16 growth/backoff factors
     other than 2 and 0.5, a loss_scale_init that is not a power of two, the estimator-only
-    adam8bit optimizer).
+    adam8bit optimizer). An optimizer ZeRO has not been tested with (SGD, Lamb) gets
+    `"zero_allow_untested_optimizer": true` at stages 1-3, which DeepSpeed requires.
     """
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a TrainConfig")
@@ -200,11 +143,8 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     scheduler = _scheduler_block(config)
     if scheduler is not None:
         ds["scheduler"] = scheduler
-    # Always written: DeepSpeed clips at 1.0 when the key is absent (its default), so "no
-    # clipping" must be an explicit 0.0.
-    ds["gradient_clipping"] = (
-        float(config.clip_grad_norm) if config.clip_grad_norm is not None else 0.0
-    )
+    if config.clip_grad_norm is not None:
+        ds["gradient_clipping"] = float(config.clip_grad_norm)
     if precision is Precision.FP16:
         ds["fp16"] = _fp16_block(config)
     elif precision is Precision.BF16:
@@ -224,6 +164,8 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
             block["nvme_path"] = config.nvme_path
         zero[key] = block
     ds["zero_optimization"] = zero
+    if config.zero_stage >= 1 and OptimizerName(config.optimizer) not in ZERO_TESTED_OPTIMIZERS:
+        ds["zero_allow_untested_optimizer"] = True
     return ds
 
 
@@ -250,9 +192,11 @@ def _optimizer_block(config: TrainConfig) -> dict[str, Any]:
         }
     if name is OptimizerName.SGD_NOMOMENTUM:
         return {"type": "SGD", "params": {"lr": lr, "momentum": 0.0, "weight_decay": wd}}
+    if name in _TYPE_OF_OPTIMIZER:  # DeepSpeed's own: its defaults for everything else
+        return {"type": _TYPE_OF_OPTIMIZER[name], "params": {"lr": lr, "weight_decay": wd}}
+    allowed = ", ".join(o.value for o in OptimizerName if o in _TYPE_OF_OPTIMIZER)
     raise ValueError(
-        f"optimizer={name.value!r}: not expressible in DeepSpeed JSON; allowed: adamw, adam, sgd, "
-        "sgd-nomomentum"
+        f"optimizer={name.value!r}: not expressible in DeepSpeed JSON; allowed: {allowed}"
     )
 
 
@@ -274,12 +218,13 @@ def _scheduler_block(config: TrainConfig) -> dict[str, Any] | None:
             },
         }
     if schedule is LRSchedule.COSINE:
+        # DeepSpeed needs warmup_num_steps >= 1: no warmup is a warmup that starts at 1.0
         return {
             "type": "WarmupCosineLR",
             "params": {
                 "total_num_steps": total,
-                "warmup_num_steps": warmup,
-                "warmup_min_ratio": 0.0,
+                "warmup_num_steps": max(1, warmup),
+                "warmup_min_ratio": 0.0 if warmup else 1.0,
                 "cos_min_ratio": 0.0,
                 "warmup_type": "linear",
             },
@@ -330,11 +275,45 @@ def _fp16_block(config: TrainConfig) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- import
 class _Reader:
-    """Collects errors (key path, value, allowed) and warnings while reading a dict."""
+    """Collects, while a config is read: errors (key path, value, what is allowed), the
+    keys not modelled, the "auto" values filled, and other notes."""
 
     def __init__(self) -> None:
         self.errors: list[str] = []
-        self.warnings: list[str] = []
+        self.ignored: list[str] = []  # read by DeepSpeed, not modelled by the workbench
+        self.unread: list[str] = []  # not read by DeepSpeed either
+        self.filled: list[str] = []  # "auto" values filled from the session's settings
+        self.defaulted: list[str] = []  # "auto" values left to DeepSpeed's defaults
+        self.auto_paths: set[str] = set()
+        self.notes: list[str] = []  # warnings of their own
+
+    def ignore(self, entry: str) -> None:
+        self.ignored.append(entry)
+
+    def warnings(self, deepspeed_name: str) -> tuple[str, ...]:
+        out: list[str] = []
+        if self.filled or self.defaulted:
+            text = '"auto" values'
+            if self.filled:
+                text += " filled from the session's settings: " + "; ".join(self.filled)
+            if self.defaulted:
+                text += ("; and" if self.filled else "") + " left to DeepSpeed's defaults: "
+                text += "; ".join(self.defaulted)
+            out.append(text)
+        if self.ignored or self.unread:
+            parts = []
+            if self.ignored:
+                parts.append(
+                    f"not modelled by the workbench, ignored ({len(self.ignored)}): "
+                    + "; ".join(self.ignored)
+                )
+            if self.unread:
+                parts.append(
+                    f"not read by {deepspeed_name} either, ignored ({len(self.unread)}): "
+                    + "; ".join(self.unread)
+                )
+            out.append(". ".join(parts))
+        return (*out, *self.notes)
 
     def block(self, parent: dict[str, Any], key: str, path: str) -> dict[str, Any] | None:
         if key not in parent:
@@ -344,20 +323,6 @@ class _Reader:
             self.errors.append(f"{path}={value!r}: must be a JSON object")
             return None
         return value
-
-    def keys(
-        self, block: dict[str, Any], path: str, known: frozenset[str], ignored: frozenset[str]
-    ) -> None:
-        for key in block:
-            full = f"{path}.{key}" if path else key
-            if key in known:
-                continue
-            if key in ignored:
-                self.warnings.append(f"{full}: not modelled by workbench; ignored")
-                continue
-            self.errors.append(
-                f"{full}: unknown key; known keys here: {', '.join(sorted(known | ignored))}"
-            )
 
     def integer(self, block: dict[str, Any], key: str, path: str, minimum: int) -> int | None:
         if key not in block:
@@ -420,50 +385,73 @@ def _load(source: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def import_deepspeed(
-    source: dict[str, Any] | str | os.PathLike[str], *, world_size: int | None = None
+    source: dict[str, Any] | str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    base: TrainConfig | None = None,
 ) -> DeepSpeedImport:
     """Read a DeepSpeed config (dict or JSON path) into a TrainConfig plus warnings.
 
-    Every error is reported at once in one ValueError, each naming the key path, the value
-    and what is allowed.
+    `base` (default `TrainConfig()`): the session's settings, which fill `"auto"` values
+    and the fields DeepSpeed JSON cannot express. Every error is reported at once in one
+    ValueError, each naming the key path, the value and the reason (DeepSpeed's own where
+    DeepSpeed rejects the key).
     """
+    from workbench import dscheck
+
     if world_size is not None and (
         isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1
     ):
         raise ValueError(f"world_size={world_size!r}: must be an integer >= 1 or None")
-    ds = _load(source)
+    if base is None:
+        base = TrainConfig()
+    elif not isinstance(base, TrainConfig):
+        raise ValueError(f"base={base!r}: must be a TrainConfig or None")
     r = _Reader()
-    r.keys(ds, "", KNOWN_TOP_LEVEL, IGNORED_TOP_LEVEL)
-    kw: dict[str, Any] = {}
+    ds = _fill_auto(r, _load(source), base)
+    read_keys = dscheck.top_level_keys()
+    for key in ds:
+        if key in MODELLED_TOP_LEVEL:
+            continue
+        if key in read_keys:
+            r.ignore(key)
+        else:
+            r.unread.append(key + dscheck.close_key(key, read_keys))
 
-    # ---- batch sizes
+    # Settings DeepSpeed JSON cannot express come from the session; the ones it can take
+    # DeepSpeed's meaning when absent (no scheduler: constant lr; no clipping; fp32; ZeRO 0).
+    kw: dict[str, Any] = base.to_dict()
+    kw.update(
+        lr_schedule=LRSchedule.CONSTANT.value,
+        warmup_steps=0,
+        clip_grad_norm=None,
+        precision=Precision.FP32.value,
+        zero_stage=0,
+        offload_optimizer=OffloadDevice.NONE.value,
+        offload_params=OffloadDevice.NONE.value,
+    )
+
     tbs = r.integer(ds, "train_batch_size", "train_batch_size", 1)
     micro = r.integer(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", 1)
     accum = r.integer(ds, "gradient_accumulation_steps", "gradient_accumulation_steps", 1)
     world = _solve_batch(r, ds, tbs, micro, accum, world_size, kw)
 
-    # ---- optimizer
+    problems, parsed = dscheck.check_config(ds, batch_keys=BATCH_KEYS)
+    r.errors.extend(problems)
+    if parsed is not None:
+        _read_zero(r, ds.get("zero_optimization"), parsed, kw)
+        _read_precision(r, ds, parsed, kw, base)
+
+    clip = r.number(ds, "gradient_clipping", "gradient_clipping")
+    if clip is not None and clip > 0:  # 0 = off in DeepSpeed
+        kw["clip_grad_norm"] = clip
+
     opt = r.block(ds, "optimizer", "optimizer")
     if opt is not None:
-        _read_optimizer(r, opt, kw)
-
-    # ---- scheduler
+        _read_optimizer(r, opt, kw, ds)
     sched = r.block(ds, "scheduler", "scheduler")
     if sched is not None:
         _read_scheduler(r, sched, kw)
-
-    # ---- gradient clipping (0 = off in DeepSpeed)
-    clip = r.number(ds, "gradient_clipping", "gradient_clipping")
-    if clip is not None and clip > 0:
-        kw["clip_grad_norm"] = clip
-
-    # ---- precision
-    _read_precision(r, ds, kw)
-
-    # ---- ZeRO
-    zero = r.block(ds, "zero_optimization", "zero_optimization")
-    if zero is not None:
-        _read_zero(r, zero, kw)
 
     if r.errors:
         raise ValueError(_format(r.errors))
@@ -473,19 +461,116 @@ def import_deepspeed(
         raise ValueError(
             f"DeepSpeed config maps to an invalid TrainConfig: {exc}{_ds_keys_of(str(exc))}"
         ) from None
-    return DeepSpeedImport(config=config, world_size=world, warnings=tuple(r.warnings))
+    return DeepSpeedImport(
+        config=config, world_size=world, warnings=r.warnings(dscheck.deepspeed_name())
+    )
 
 
 def from_deepspeed(
-    source: dict[str, Any] | str | os.PathLike[str], *, world_size: int | None = None
+    source: dict[str, Any] | str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    base: TrainConfig | None = None,
 ) -> TrainConfig:
     """`import_deepspeed(...)`, issuing each warning with `warnings.warn`."""
-    result = import_deepspeed(source, world_size=world_size)
+    result = import_deepspeed(source, world_size=world_size, base=base)
     for message in result.warnings:
         warnings.warn(message, UserWarning, stacklevel=2)
     return result.config
 
 
+# ---- "auto" (Hugging Face Trainer configs)
+def _auto_fills(base: TrainConfig) -> dict[str, tuple[Any, str]]:
+    """Key path -> (value, the session setting it comes from) for the "auto" values the
+    workbench fills; the Hugging Face Trainer fills the same keys from its arguments."""
+    precision = Precision(base.precision)
+    optimizer = OptimizerName(base.optimizer)
+    fills: dict[str, tuple[Any, str]] = {
+        "train_micro_batch_size_per_gpu": (int(base.micro_batch), "micro_batch"),
+        "gradient_accumulation_steps": (int(base.grad_accum), "grad_accum"),
+        "gradient_clipping": (float(base.clip_grad_norm or 0.0), "clip_grad_norm"),
+        "optimizer.params.lr": (float(base.lr), "lr"),
+        "optimizer.params.weight_decay": (float(base.weight_decay), "weight_decay"),
+        "optimizer.params.betas": (list(ADAM_BETAS), "the workbench's betas"),
+        "optimizer.params.eps": (ADAM_EPS, "the workbench's eps"),
+        "optimizer.params.momentum": (float(base.momentum), "momentum"),
+        "scheduler.params.warmup_min_lr": (0.0, "the workbench warms up from 0"),
+        "scheduler.params.warmup_max_lr": (float(base.lr), "lr"),
+        "scheduler.params.warmup_num_steps": (int(base.warmup_steps), "warmup_steps"),
+        "scheduler.params.total_num_steps": (int(base.total_steps), "total_steps"),
+        "scheduler.params.cycle_max_lr": (float(base.lr), "lr"),
+        "scheduler.params.cycle_min_lr": (float(base.lr) / 25.0, "lr / 25"),
+        "fp16.enabled": (precision is Precision.FP16, "precision"),
+        "bf16.enabled": (precision is Precision.BF16, "precision"),
+        "bfloat16.enabled": (precision is Precision.BF16, "precision"),
+        "torch_autocast.enabled": (
+            precision in (Precision.AMP_BF16, Precision.AMP_FP16),
+            "precision",
+        ),
+        "torch_autocast.dtype": (
+            "float16" if precision is Precision.AMP_FP16 else "bfloat16",
+            "precision",
+        ),
+        "fp16.loss_scale_window": (int(base.loss_scale_interval), "loss_scale_interval"),
+        "zero_optimization.stage": (int(base.zero_stage), "zero_stage"),
+        "zero_optimization.offload_optimizer.device": (
+            OffloadDevice(base.offload_optimizer).value,
+            "offload_optimizer",
+        ),
+        "zero_optimization.offload_param.device": (
+            OffloadDevice(base.offload_params).value,
+            "offload_params",
+        ),
+    }
+    power = math.log2(float(base.loss_scale_init))
+    if power == int(power):
+        fills["fp16.initial_scale_power"] = (int(power), "loss_scale_init")
+    if base.nvme_path:
+        for key in ("offload_optimizer", "offload_param"):
+            fills[f"zero_optimization.{key}.nvme_path"] = (base.nvme_path, "nvme_path")
+    if optimizer in _TYPE_OF_OPTIMIZER:
+        fills["optimizer.type"] = (_TYPE_OF_OPTIMIZER[optimizer], "optimizer")
+    return fills
+
+
+def _fill_auto(r: _Reader, raw: dict[str, Any], base: TrainConfig) -> dict[str, Any]:
+    """A copy of `raw` with every "auto" value filled from `base` or, inside a block,
+    removed so DeepSpeed's default applies (as DeepSpeed's own config models do)."""
+    import copy
+
+    fills = _auto_fills(base)
+    ds = copy.deepcopy(raw)
+
+    def walk(block: dict[str, Any], prefix: str) -> None:
+        for key in list(block):
+            path = f"{prefix}.{key}" if prefix else key
+            value = block[key]
+            if isinstance(value, dict):
+                walk(value, path)
+                continue
+            if value != "auto":
+                continue
+            r.auto_paths.add(path)
+            if path == "train_batch_size":
+                del block[key]  # DeepSpeed derives it: micro x accumulation x world size
+                r.filled.append("train_batch_size (micro_batch x grad_accum x world size)")
+            elif path in fills:
+                block[key], source = fills[path]
+                r.filled.append(f"{path}={block[key]!r} ({source})")
+            elif prefix:
+                del block[key]
+                r.defaulted.append(path)
+            else:
+                r.errors.append(
+                    f"{path}='auto': no session setting fills it, and DeepSpeed needs a value "
+                    "for a top-level key"
+                )
+
+    walk(ds, "")
+    return ds
+
+
+# ---- batch sizes
 def _solve_batch(
     r: _Reader,
     ds: dict[str, Any],
@@ -495,15 +580,7 @@ def _solve_batch(
     world_size: int | None,
     kw: dict[str, Any],
 ) -> int:
-    present = [
-        k
-        for k in (
-            "train_batch_size",
-            "train_micro_batch_size_per_gpu",
-            "gradient_accumulation_steps",
-        )
-        if k in ds
-    ]
+    present = [k for k in BATCH_KEYS if k in ds]
     if r.errors and any(e.split("=")[0] in present for e in r.errors):
         return world_size or 1
     if tbs is None and micro is None:
@@ -554,263 +631,57 @@ def _solve_batch(
     return world
 
 
-def _read_optimizer(r: _Reader, opt: dict[str, Any], kw: dict[str, Any]) -> None:
-    r.keys(opt, "optimizer", frozenset({"type", "params"}), frozenset())
-    kind = r.string(opt, "type", "optimizer.type")
-    params = r.block(opt, "params", "optimizer.params") or {}
-    r.keys(params, "optimizer.params", KNOWN_OPTIMIZER_PARAMS, frozenset())
-    if kind is None:
-        if "type" not in opt:
-            r.errors.append("optimizer.type: missing; allowed: Adam, AdamW, SGD")
+# ---- ZeRO and precision (as DeepSpeed parsed them)
+_ZERO_MODELLED = frozenset(
+    {"stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param"}
+)
+
+
+def _read_zero(r: _Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
+    if raw is None:
         return
-    lr = r.number(params, "lr", "optimizer.params.lr", allow_zero=False)
-    wd = r.number(params, "weight_decay", "optimizer.params.weight_decay")
-    if lr is not None:
-        kw["lr"] = lr
-    if wd is not None:
-        kw["weight_decay"] = wd
-    for key in ("torch_adam", "dampening", "nesterov"):
-        if key in params:
-            r.warnings.append(f"optimizer.params.{key}: not modelled by workbench; ignored")
-    lowered = kind.lower()
-    if lowered in ("adam", "adamw"):
-        betas = params.get("betas")
-        if betas is not None:
-            if not (
-                isinstance(betas, list)
-                and len(betas) == 2
-                and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
-            ):
-                r.errors.append(f"optimizer.params.betas={betas!r}: must be a list of two numbers")
-            elif tuple(float(b) for b in betas) != ADAM_BETAS:
-                r.warnings.append(
-                    f"optimizer.params.betas={betas!r}: ignored; workbench uses {list(ADAM_BETAS)}"
-                )
-        eps = r.number(params, "eps", "optimizer.params.eps", allow_zero=False)
-        if eps is not None and eps != ADAM_EPS:
-            r.warnings.append(f"optimizer.params.eps={eps!r}: ignored; workbench uses {ADAM_EPS}")
-        w_mode = r.boolean(params, "adam_w_mode", "optimizer.params.adam_w_mode")
-        if "momentum" in params:
-            r.errors.append("optimizer.params.momentum: not an Adam parameter; allowed for SGD")
-        if lowered == "adamw" or w_mode is None or w_mode:
-            kw["optimizer"] = OptimizerName.ADAMW.value
-        else:
-            kw["optimizer"] = OptimizerName.ADAM.value
-    elif lowered == "sgd":
-        for key in ("betas", "eps", "adam_w_mode"):
-            if key in params:
-                r.errors.append(f"optimizer.params.{key}: not an SGD parameter; allowed for Adam")
-        momentum = r.number(params, "momentum", "optimizer.params.momentum")
-        if momentum is not None and momentum > 1:
-            r.errors.append(f"optimizer.params.momentum={momentum!r}: must be <= 1")
-        elif momentum:
-            kw["optimizer"] = OptimizerName.SGD.value
-            kw["momentum"] = momentum
-        else:
-            kw["optimizer"] = OptimizerName.SGD_NOMOMENTUM.value
-    else:
-        r.errors.append(f"optimizer.type={kind!r}: must be one of Adam, AdamW, SGD")
-
-
-def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None:
-    r.keys(sched, "scheduler", frozenset({"type", "params"}), frozenset())
-    kind = r.string(sched, "type", "scheduler.type")
-    params = r.block(sched, "params", "scheduler.params") or {}
-    p = "scheduler.params"
-    if kind == "WarmupLR":
-        r.keys(
-            params,
-            p,
-            frozenset({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}),
-            frozenset(),
+    zc = parsed.zero_config
+    stage = int(zc.stage)
+    kw["zero_stage"] = stage
+    if isinstance(raw, bool):
+        r.notes.append(
+            f"zero_optimization={raw}: DeepSpeed's deprecated form, read as stage {stage}"
         )
-        lo = r.number(params, "warmup_min_lr", f"{p}.warmup_min_lr")
-        hi = r.number(params, "warmup_max_lr", f"{p}.warmup_max_lr", allow_zero=False)
-        n = r.integer(params, "warmup_num_steps", f"{p}.warmup_num_steps", 0)
-        kind_w = r.string(params, "warmup_type", f"{p}.warmup_type")
-        if lo not in (None, 0.0):
-            r.errors.append(f"{p}.warmup_min_lr={lo!r}: allowed: 0")
-        if kind_w not in (None, "linear"):
-            r.errors.append(f"{p}.warmup_type={kind_w!r}: allowed: linear")
-        kw["lr_schedule"] = LRSchedule.CONSTANT.value
-        if hi is not None:
-            kw["lr"] = hi
-        kw["warmup_steps"] = 1000 if n is None else n  # DeepSpeed's default warmup_num_steps
-        kw.setdefault("total_steps", max(1000, kw["warmup_steps"]))
-    elif kind == "WarmupCosineLR":
-        r.keys(
-            params,
-            p,
-            frozenset(
-                {
-                    "total_num_steps",
-                    "warmup_num_steps",
-                    "warmup_min_ratio",
-                    "cos_min_ratio",
-                    "warmup_type",
-                }
-            ),
-            frozenset(),
-        )
-        total = r.integer(params, "total_num_steps", f"{p}.total_num_steps", 1)
-        n = r.integer(params, "warmup_num_steps", f"{p}.warmup_num_steps", 0)
-        for key in ("warmup_min_ratio", "cos_min_ratio"):
-            v = r.number(params, key, f"{p}.{key}")
-            if v not in (None, 0.0):
-                r.errors.append(f"{p}.{key}={v!r}: allowed: 0")
-        kind_w = r.string(params, "warmup_type", f"{p}.warmup_type")
-        if kind_w not in (None, "linear"):
-            r.errors.append(f"{p}.warmup_type={kind_w!r}: allowed: linear")
-        if total is None:
-            r.errors.append(f"{p}.total_num_steps: missing; must be an integer >= 1")
-            return
-        kw["lr_schedule"] = LRSchedule.COSINE.value
-        kw["total_steps"] = total
-        kw["warmup_steps"] = n or 0
-    elif kind == "OneCycle":
-        known = frozenset(
-            {
-                "cycle_min_lr",
-                "cycle_max_lr",
-                "cycle_first_step_size",
-                "cycle_second_step_size",
-                "decay_step_size",
-                "cycle_momentum",
-            }
-        )
-        r.keys(params, p, known, frozenset())
-        hi = r.number(params, "cycle_max_lr", f"{p}.cycle_max_lr", allow_zero=False)
-        lo = r.number(params, "cycle_min_lr", f"{p}.cycle_min_lr")
-        first = r.integer(params, "cycle_first_step_size", f"{p}.cycle_first_step_size", 1)
-        second = r.integer(params, "cycle_second_step_size", f"{p}.cycle_second_step_size", 1)
-        decay = r.integer(params, "decay_step_size", f"{p}.decay_step_size", 0)
-        mom = r.boolean(params, "cycle_momentum", f"{p}.cycle_momentum")
-        if hi is None or first is None:
-            r.errors.append(f"{p}: OneCycle needs cycle_max_lr and cycle_first_step_size")
-            return
-        if lo is not None and not math.isclose(lo, hi / 25.0, rel_tol=1e-9):
-            r.errors.append(f"{p}.cycle_min_lr={lo!r}: allowed: cycle_max_lr / 25 = {hi / 25.0}")
-        if decay not in (None, 0):
-            r.errors.append(f"{p}.decay_step_size={decay!r}: allowed: 0")
-        if mom:
-            r.warnings.append(f"{p}.cycle_momentum=True: not modelled by workbench; ignored")
-        second = second if second is not None else first
-        kw.update(
-            lr_schedule=LRSchedule.ONECYCLE.value,
-            lr=hi,
-            warmup_steps=first,
-            total_steps=first + second,
-        )
-    elif kind is not None:
-        r.errors.append(
-            f"scheduler.type={kind!r}: must be one of WarmupLR, WarmupCosineLR, OneCycle"
-        )
-    elif "type" not in sched:
-        r.errors.append("scheduler.type: missing; allowed: WarmupLR, WarmupCosineLR, OneCycle")
-
-
-def _read_precision(r: _Reader, ds: dict[str, Any], kw: dict[str, Any]) -> None:
-    enabled: list[str] = []
-    fp16 = r.block(ds, "fp16", "fp16")
-    if fp16 is not None:
-        r.keys(fp16, "fp16", KNOWN_FP16, frozenset())
-        on = r.boolean(fp16, "enabled", "fp16.enabled")
-        if on:
-            enabled.append("fp16")
-            kw["precision"] = Precision.FP16.value
-            static = r.number(fp16, "loss_scale", "fp16.loss_scale")
-            if static not in (None, 0.0):
-                r.errors.append(
-                    f"fp16.loss_scale={fp16['loss_scale']!r}: static loss scaling is not "
-                    "supported; allowed: 0 (dynamic)"
-                )
-            power = r.integer(fp16, "initial_scale_power", "fp16.initial_scale_power", 0)
-            kw["loss_scale_init"] = float(2 ** (16 if power is None else power))
-            window = r.integer(fp16, "loss_scale_window", "fp16.loss_scale_window", 1)
-            kw["loss_scale_interval"] = 1000 if window is None else window
-            hyst = r.integer(fp16, "hysteresis", "fp16.hysteresis", 1)
-            if hyst is None or hyst != 1:
-                r.warnings.append(
-                    f"fp16.hysteresis={2 if hyst is None else hyst}: ignored; workbench exports "
-                    "hysteresis 1 (back off on every overflow)"
-                )
-            for key in ("consecutive_hysteresis", "auto_cast", "fp16_master_weights_and_grads"):
-                if fp16.get(key):
-                    r.warnings.append(f"fp16.{key}: not modelled by workbench; ignored")
-            mls = r.number(fp16, "min_loss_scale", "fp16.min_loss_scale")
-            if mls not in (None, 1.0):
-                r.warnings.append(f"fp16.min_loss_scale={mls!r}: ignored; workbench uses 1")
-    for key in ("bf16", "bfloat16"):
-        bf16 = r.block(ds, key, key)
-        if bf16 is not None:
-            r.keys(bf16, key, KNOWN_BF16, frozenset())
-            if r.boolean(bf16, "enabled", f"{key}.enabled"):
-                enabled.append(key)
-                kw["precision"] = Precision.BF16.value
-                for sub in ("bf16_master_weights_and_grads", "bf16_optimizer_states"):
-                    if bf16.get(sub):
-                        r.warnings.append(f"{key}.{sub}: not modelled by workbench; ignored")
-    auto = r.block(ds, "torch_autocast", "torch_autocast")
-    if auto is not None:
-        r.keys(auto, "torch_autocast", KNOWN_AUTOCAST, frozenset())
-        if r.boolean(auto, "enabled", "torch_autocast.enabled"):
-            enabled.append("torch_autocast")
-            dtype = r.string(auto, "dtype", "torch_autocast.dtype") or "bfloat16"
-            dtype = dtype.removeprefix("torch.")
-            if dtype in ("bfloat16", "bf16"):
-                kw["precision"] = Precision.AMP_BF16.value
-            elif dtype in ("float16", "fp16", "half"):
-                kw["precision"] = Precision.AMP_FP16.value
-            else:
-                r.errors.append(
-                    f"torch_autocast.dtype={auto['dtype']!r}: allowed: bfloat16, float16"
-                )
-            if "lower_precision_safe_modules" in auto:
-                r.warnings.append(
-                    "torch_autocast.lower_precision_safe_modules: not modelled by workbench; ignored"
-                )
-    if len(enabled) > 1:
-        r.errors.append(f"{' and '.join(enabled)}: enabled together; allowed: at most one")
-
-
-def _read_zero(r: _Reader, zero: dict[str, Any], kw: dict[str, Any]) -> None:
-    r.keys(zero, "zero_optimization", KNOWN_ZERO, IGNORED_ZERO)
-    stage = r.integer(zero, "stage", "zero_optimization.stage", 0)
-    if stage is not None:
-        if stage > 3:
-            r.errors.append(f"zero_optimization.stage={stage}: must be 0, 1, 2 or 3")
-        else:
-            kw["zero_stage"] = stage
+        return
+    for key in raw:
+        if key not in _ZERO_MODELLED:
+            r.ignore(f"zero_optimization.{key}")
     nvme_paths: list[str] = []
     for key, field_name in (
         ("offload_optimizer", "offload_optimizer"),
         ("offload_param", "offload_params"),
     ):
-        path = f"zero_optimization.{key}"
-        block = r.block(zero, key, path)
+        block = getattr(zc, key)
         if block is None:
             continue
-        r.keys(block, path, KNOWN_OFFLOAD, IGNORED_OFFLOAD)
-        device = r.string(block, "device", f"{path}.device")
-        nvme = r.string(block, "nvme_path", f"{path}.nvme_path")
-        choices = OffloadDevice.choices()
-        if device is None:
-            if "device" not in block:
-                r.errors.append(f"{path}.device: missing; allowed: {', '.join(choices)}")
+        path = f"zero_optimization.{key}"
+        device = str(getattr(block.device, "value", block.device))
+        given = raw.get(key) if isinstance(raw.get(key), dict) else {}
+        for sub in given:
+            if sub not in ("device", "nvme_path"):
+                r.ignore(f"{path}.{sub}")
+        if device == OffloadDevice.NONE.value:
             continue
-        if device not in choices:
-            r.errors.append(f"{path}.device={device!r}: must be one of {', '.join(choices)}")
+        if key == "offload_param" and stage != 3:
+            r.ignore(f"{path} (DeepSpeed offloads parameters at stage 3 only; stage {stage})")
+            continue
+        if key == "offload_optimizer" and stage == 0:
+            r.ignore(f"{path} (ZeRO-Offload needs stage 1, 2 or 3; stage 0)")
             continue
         kw[field_name] = device
+        nvme = None if block.nvme_path is None else str(block.nvme_path)
         if device == OffloadDevice.NVME.value:
             if nvme is None:
-                r.errors.append(
-                    f"{path}.nvme_path: missing; NVMe offload needs a writable directory"
-                )
+                r.errors.append(f"{path}.nvme_path: missing; NVMe offload needs a directory")
             else:
                 nvme_paths.append(nvme)
         elif nvme is not None:
-            r.warnings.append(f"{path}.nvme_path={nvme!r}: ignored while device is {device!r}")
+            r.ignore(f"{path}.nvme_path={nvme!r} (ignored while device is {device!r})")
     if len(set(nvme_paths)) > 1:
         r.errors.append(
             f"zero_optimization nvme_path: {sorted(set(nvme_paths))!r} differ; workbench uses one "
@@ -818,6 +689,284 @@ def _read_zero(r: _Reader, zero: dict[str, Any], kw: dict[str, Any]) -> None:
         )
     elif nvme_paths:
         kw["nvme_path"] = nvme_paths[0]
+
+
+def _read_precision(
+    r: _Reader, ds: dict[str, Any], parsed: Any, kw: dict[str, Any], base: TrainConfig
+) -> None:
+    fc, bc = parsed.float16_config, parsed.bfloat16_config
+    if "bf16" in ds and "bfloat16" in ds:
+        r.ignore("bfloat16 (DeepSpeed reads bf16 when both are given)")
+    bf_key = "bf16" if "bf16" in ds else "bfloat16"
+    autocast = bool(parsed.torch_autocast_enabled)
+    if fc.enabled:
+        kw["precision"] = Precision.FP16.value
+        _read_fp16(r, ds.get("fp16") or {}, fc, kw)
+    elif bc.enabled:
+        kw["precision"] = Precision.BF16.value
+        given = ds.get(bf_key) or {}
+        for key, default in (
+            ("immediate_grad_update", False),
+            ("check_grad_overflow", True),
+            ("bf16_master_weights_and_grads", False),
+            ("bf16_optimizer_states", False),
+        ):
+            if getattr(bc, key) != default:
+                memory = " (the estimate counts fp32 masters and states)" if "bf16_" in key else ""
+                r.ignore(f"{bf_key}.{key}={given.get(key)!r}{memory}")
+    elif autocast:
+        dtype = str(parsed.torch_autocast_dtype)
+        if dtype == "torch.bfloat16":
+            kw["precision"] = Precision.AMP_BF16.value
+        elif dtype == "torch.float16":
+            kw["precision"] = Precision.AMP_FP16.value
+        elif dtype == "None":
+            kw["precision"] = Precision.AMP_FP16.value
+            r.ignore(
+                "torch_autocast.dtype (absent: torch's default for the device, float16 on CUDA; "
+                "imported as amp-fp16)"
+            )
+        elif dtype == "torch.float32":
+            r.ignore("torch_autocast.dtype='float32' (autocast to fp32 is fp32 training)")
+        else:
+            r.errors.append(
+                f"torch_autocast.dtype={ds['torch_autocast'].get('dtype')!r}: torch autocast "
+                "needs a 16-bit floating dtype; allowed: bfloat16, float16"
+            )
+    elif r.auto_paths & {"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}:
+        kw["precision"] = Precision(base.precision).value
+        r.filled.append(f"precision={kw['precision']!r} (precision)")
+    if autocast and (fc.enabled or bc.enabled):
+        on = "fp16" if fc.enabled else bf_key
+        r.ignore(f"torch_autocast (together with {on}: the workbench trains {on} alone)")
+    if autocast and "lower_precision_safe_modules" in (ds.get("torch_autocast") or {}):
+        r.ignore("torch_autocast.lower_precision_safe_modules")
+
+
+def _read_fp16(r: _Reader, given: dict[str, Any], fc: Any, kw: dict[str, Any]) -> None:
+    if fc.loss_scale:
+        r.ignore(
+            f"fp16.loss_scale={given.get('loss_scale')!r} (static loss scaling; the workbench "
+            "scales dynamically)"
+        )
+    kw["loss_scale_init"] = float(2 ** int(fc.initial_scale_power))
+    kw["loss_scale_interval"] = int(fc.loss_scale_window)
+    if int(fc.hysteresis) != 1:
+        default = "" if "hysteresis" in given else ", DeepSpeed's default"
+        r.ignore(
+            f"fp16.hysteresis={fc.hysteresis} (the workbench backs off on every overflow, "
+            f"hysteresis 1{default})"
+        )
+    if int(fc.min_loss_scale) != 1:
+        r.ignore(f"fp16.min_loss_scale={fc.min_loss_scale} (the workbench uses 1)")
+    for key in ("consecutive_hysteresis", "auto_cast", "fp16_master_weights_and_grads"):
+        if getattr(fc, key):
+            r.ignore(f"fp16.{key}=True")
+
+
+# ---- optimizer and scheduler (as the engine builds them)
+def _read_optimizer(
+    r: _Reader, opt: dict[str, Any], kw: dict[str, Any], ds: dict[str, Any]
+) -> None:
+    from workbench import dscheck
+
+    for key in opt:
+        if key == "legacy_fusion":
+            r.ignore("optimizer.legacy_fusion")
+        elif key not in ("type", "params"):
+            r.unread.append(f"optimizer.{key}")
+    params = r.block(opt, "params", "optimizer.params") or {}
+    if "type" not in opt:
+        r.ignore("optimizer (no type: DeepSpeed builds no optimizer; the client's is used)")
+        return
+    kind = r.string(opt, "type", "optimizer.type")
+    if kind is None:
+        return
+    offload = kw["offload_optimizer"] != OffloadDevice.NONE.value
+    allow = ds.get("zero_allow_untested_optimizer") is True
+    problems = dscheck.optimizer_problems(
+        kind, params, zero_stage=int(kw["zero_stage"]), offload=offload, allow_untested=allow
+    )
+    r.errors.extend(problems)
+    lowered = kind.lower()
+    if lowered == "adam":
+        w_mode = r.boolean(params, "adam_w_mode", "optimizer.params.adam_w_mode")
+        name = OptimizerName.ADAMW if w_mode is None or w_mode else OptimizerName.ADAM
+    elif lowered in _OPTIMIZER_OF_TYPE:
+        name = _OPTIMIZER_OF_TYPE[lowered]
+    elif kind == "SGD":
+        momentum = r.number(params, "momentum", "optimizer.params.momentum")
+        if momentum is not None and momentum > 1:
+            r.errors.append(f"optimizer.params.momentum={momentum!r}: must be <= 1")
+            return
+        name = OptimizerName.SGD if momentum else OptimizerName.SGD_NOMOMENTUM
+        if momentum:
+            kw["momentum"] = momentum
+    else:
+        if not any(p.startswith("optimizer.type=") for p in problems):
+            modelled = sorted({*_TYPE_OF_OPTIMIZER.values()})
+            r.errors.append(
+                f"optimizer.type={kind!r}: {dscheck.deepspeed_name()} builds it, but the "
+                f"workbench does not model its state; modelled: {', '.join(modelled)}"
+            )
+        return
+    kw["optimizer"] = name.value
+    if name.is_onebit and not dscheck.onebit_available():
+        r.notes.append(
+            f"optimizer.type={kind!r}: {dscheck.deepspeed_name()} (installed) has no 1-bit "
+            "optimizers (deepspeed.initialize would fail here); imported for the estimate, "
+            "with the state of the DeepSpeed releases that ship it; a Session refuses it "
+            "(nearest: adamw)"
+        )
+    lr = r.number(params, "lr", "optimizer.params.lr", allow_zero=False)
+    wd = r.number(params, "weight_decay", "optimizer.params.weight_decay")
+    if lr is not None:
+        kw["lr"] = lr
+    if wd is not None:
+        kw["weight_decay"] = wd
+    family = {OptimizerName.ADAMW: "adam", OptimizerName.ADAM: "adam"}.get(name, "other")
+    if kind == "SGD":
+        family = "sgd"
+    known = _MODELLED_PARAMS[family]
+    if name is OptimizerName.ADAGRAD:
+        known = frozenset({"lr", "weight_decay"})
+    if "betas" in params and "betas" in known:
+        betas = params["betas"]
+        if not (
+            isinstance(betas, list)
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+        ):
+            r.errors.append(f"optimizer.params.betas={betas!r}: must be a list of two numbers")
+        elif tuple(float(b) for b in betas) != ADAM_BETAS:
+            r.ignore(f"optimizer.params.betas={betas!r} (the workbench uses {list(ADAM_BETAS)})")
+    if "eps" in params and "eps" in known:
+        eps = r.number(params, "eps", "optimizer.params.eps", allow_zero=False)
+        if eps is not None and eps != ADAM_EPS:
+            r.ignore(f"optimizer.params.eps={eps!r} (the workbench uses {ADAM_EPS})")
+    defaults = dscheck.optimizer_defaults(kind, offload=offload)
+    for key, value in params.items():
+        if key in known or (key in defaults and defaults[key] == value):
+            continue
+        if key == "momentum" and family == "sgd":
+            continue
+        r.ignore(f"optimizer.params.{key}={value!r}")
+
+
+_SCHEDULER_LINEAR = "the workbench warms up linearly"
+
+
+def _warmup_details(r: _Reader, params: dict[str, Any], p: str) -> None:
+    lo = r.number(params, "warmup_min_lr", f"{p}.warmup_min_lr")
+    if lo not in (None, 0.0):
+        r.ignore(f"{p}.warmup_min_lr={lo!r} (the workbench warms up from 0)")
+    kind = r.string(params, "warmup_type", f"{p}.warmup_type")
+    if kind != "linear":
+        default = ", DeepSpeed's default" if kind is None else ""
+        r.ignore(f"{p}.warmup_type={kind or 'log'!r} ({_SCHEDULER_LINEAR}{default})")
+
+
+def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None:
+    from workbench import dscheck
+
+    for key in sched:
+        if key not in ("type", "params"):
+            r.unread.append(f"scheduler.{key}")
+    params = r.block(sched, "params", "scheduler.params") or {}
+    if "type" not in sched:
+        r.ignore("scheduler (no type: DeepSpeed builds no scheduler)")
+        return
+    kind = r.string(sched, "type", "scheduler.type")
+    if kind is None:
+        return
+    problems = dscheck.scheduler_problems(kind, params)
+    r.errors.extend(problems)
+    if problems:
+        return
+    p = "scheduler.params"
+    if "last_batch_iteration" in params:
+        r.ignore(f"{p}.last_batch_iteration")
+    if kind == "WarmupLR":
+        hi = r.number(params, "warmup_max_lr", f"{p}.warmup_max_lr", allow_zero=False)
+        # DeepSpeed needs >= 1; "auto" from a session without warmup means none
+        least = 0 if f"{p}.warmup_num_steps" in r.auto_paths else 1
+        n = r.integer(params, "warmup_num_steps", f"{p}.warmup_num_steps", least)
+        _warmup_details(r, params, p)
+        if hi is not None:
+            kw["lr"] = hi
+        kw["warmup_steps"] = 1000 if n is None else n  # DeepSpeed's default warmup_num_steps
+        kw["total_steps"] = max(int(kw["total_steps"]), kw["warmup_steps"])
+    elif kind in ("WarmupCosineLR", "WarmupDecayLR"):
+        total = r.integer(params, "total_num_steps", f"{p}.total_num_steps", 1)
+        least = 0 if f"{p}.warmup_num_steps" in r.auto_paths else 1
+        n = r.integer(params, "warmup_num_steps", f"{p}.warmup_num_steps", least)
+        if total is None:
+            return
+        warmup = 1000 if n is None else n  # DeepSpeed's default warmup_num_steps
+        if warmup > total:
+            r.ignore(f"{p}.warmup_num_steps={warmup} (more than total_num_steps; uses {total})")
+            warmup = total
+        if kind == "WarmupCosineLR":
+            lo = r.number(params, "warmup_min_ratio", f"{p}.warmup_min_ratio")
+            if lo == 1.0:
+                warmup = 0  # a warmup from 1.0 to 1.0: none (what the export writes)
+            elif lo not in (None, 0.0):
+                r.ignore(f"{p}.warmup_min_ratio={lo!r} (the workbench warms up from 0)")
+            end = r.number(params, "cos_min_ratio", f"{p}.cos_min_ratio")
+            if end != 0.0:
+                default = ", DeepSpeed's default" if end is None else ""
+                r.ignore(
+                    f"{p}.cos_min_ratio={0.0001 if end is None else end!r} (the workbench "
+                    f"decays to 0{default})"
+                )
+            kind_w = r.string(params, "warmup_type", f"{p}.warmup_type")
+            if kind_w != "linear":
+                default = ", DeepSpeed's default" if kind_w is None else ""
+                r.ignore(f"{p}.warmup_type={kind_w or 'log'!r} ({_SCHEDULER_LINEAR}{default})")
+        else:
+            r.ignore(
+                "scheduler.type='WarmupDecayLR' (a linear decay to 0; imported as "
+                "lr_schedule='cosine' over the same steps: the workbench has no linear decay)"
+            )
+            hi = r.number(params, "warmup_max_lr", f"{p}.warmup_max_lr", allow_zero=False)
+            if hi is not None:
+                kw["lr"] = hi
+            _warmup_details(r, params, p)
+        kw.update(lr_schedule=LRSchedule.COSINE.value, total_steps=total, warmup_steps=warmup)
+    elif kind == "OneCycle":
+        hi = r.number(params, "cycle_max_lr", f"{p}.cycle_max_lr", allow_zero=False)
+        lo = r.number(params, "cycle_min_lr", f"{p}.cycle_min_lr")
+        first = r.integer(params, "cycle_first_step_size", f"{p}.cycle_first_step_size", 1)
+        second = r.integer(params, "cycle_second_step_size", f"{p}.cycle_second_step_size", 1)
+        if hi is None or lo is None:
+            return
+        if not math.isclose(lo, hi / 25.0, rel_tol=1e-9):
+            r.ignore(f"{p}.cycle_min_lr={lo!r} (the workbench starts at cycle_max_lr / 25)")
+        momentum = params.get("cycle_momentum", True)
+        if momentum:
+            default = "" if "cycle_momentum" in params else ", DeepSpeed's default"
+            r.ignore(f"{p}.cycle_momentum=True (the workbench does not cycle momentum{default})")
+        for key in (
+            "decay_lr_rate",
+            "decay_step_size",
+            "cycle_first_stair_count",
+            "cycle_second_stair_count",
+            "cycle_min_mom",
+            "cycle_max_mom",
+            "decay_mom_rate",
+        ):
+            if params.get(key):
+                r.ignore(f"{p}.{key}={params[key]!r}")
+        first = 2000 if first is None else first  # DeepSpeed's default
+        second = first if second is None else second
+        kw.update(
+            lr_schedule=LRSchedule.ONECYCLE.value,
+            lr=hi,
+            warmup_steps=first,
+            total_steps=first + second,
+        )
+    else:
+        r.ignore(f"scheduler.type={kind!r} (not modelled: the workbench trains a constant lr)")
 
 
 def _format(problems: list[str]) -> str:
@@ -841,13 +990,13 @@ _DS_KEY_OF_FIELD = {
     "optimizer": "optimizer.type",
     "clip_grad_norm": "gradient_clipping",
     "precision": "fp16.enabled / bf16.enabled",
+    "warmup_steps": "scheduler.params.warmup_num_steps",
+    "total_steps": "scheduler.params.total_num_steps",
 }
 
 
 def _ds_keys_of(message: str) -> str:
     """' (DeepSpeed keys: ...)' for the TrainConfig fields a message names, or ''."""
-    import re
-
     keys: list[str] = []
     for name in re.findall(r"\b([a-z_]+)=", message):
         key = _DS_KEY_OF_FIELD.get(name)

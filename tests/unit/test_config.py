@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workbench.config import OffloadDevice, Precision, TrainConfig
+from workbench.config import (
+    SESSION_OPTIMIZERS,
+    OffloadDevice,
+    OptimizerName,
+    Precision,
+    TrainConfig,
+    runtime_problems,
+)
 
 
 def test_defaults_are_valid_and_enums_coerced():
@@ -43,8 +50,9 @@ def test_every_problem_reported_at_once():
         ({"offload_params": "cpu", "zero_stage": 2}, r"offload_params='cpu'.*zero_stage=3"),
         ({"offload_optimizer": "nvme", "zero_stage": 2}, r"nvme_path=None: NVMe offload needs"),
         (
-            {"offload_optimizer": "nvme", "zero_stage": 2, "nvme_path": "/definitely/not/here"},
-            r"nvme_path='/definitely/not/here': must be an existing writable directory",
+            {"optimizer": "onebitadam", "zero_stage": 1},
+            r"optimizer='onebitadam': DeepSpeed's 1-bit optimizers do not run with ZeRO; "
+            r"needs zero_stage=0 \(zero_stage=1\)",
         ),
         ({"loss_scale_growth": 1.0}, r"loss_scale_growth=1.0: must be a finite number > 1"),
         ({"loss_scale_backoff": 1.0}, r"loss_scale_backoff=1.0: must be a number > 0 and < 1"),
@@ -61,6 +69,104 @@ def test_nvme_with_writable_dir_is_accepted(tmp_path):
     cfg = TrainConfig(zero_stage=3, offload_params="nvme", nvme_path=str(tmp_path))
     assert cfg.offload_params is OffloadDevice.NVME
     assert cfg.uses_deepspeed
+    assert runtime_problems(cfg) == []
+
+
+def test_a_job_for_another_machine_is_valid_and_runtime_problems_say_what_cannot_run_here(
+    tmp_path,
+):
+    """A config is a job (it may be exported to a cluster); what a Session here cannot run
+    of it is `runtime_problems`: a missing NVMe directory, an optimizer it does not train."""
+    missing = str(tmp_path / "not-here")
+    cfg = TrainConfig(zero_stage=3, offload_params="nvme", nvme_path=missing, optimizer="lamb")
+    assert cfg.problems() == []
+    lamb, nvme = runtime_problems(cfg)
+    assert lamb.startswith("optimizer='lamb': cannot train here: DeepSpeed's Lamb is FusedLamb")
+    assert "the nearest a Session trains is optimizer='adamw'" in lamb
+    assert nvme == f"nvme_path={missing!r}: must be an existing writable directory on this machine"
+    assert runtime_problems(TrainConfig()) == []
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "nearest"),
+    [
+        ("lamb", "adamw"),
+        ("lion", "adamw"),
+        ("adagrad", "adam"),
+        ("onebitadam", "adamw"),
+        ("zerooneadam", "adamw"),
+        ("onebitlamb", "adamw"),
+    ],
+)
+def test_every_optimizer_a_session_cannot_train_names_the_nearest(optimizer, nearest):
+    cfg = TrainConfig(optimizer=optimizer)
+    (line,) = runtime_problems(cfg)
+    assert line.startswith(f"optimizer={optimizer!r}: cannot train here: ")
+    assert f"the nearest a Session trains is optimizer={nearest!r}" in line
+    assert runtime_problems(TrainConfig(optimizer=nearest)) == []
+    assert OptimizerName(nearest) in SESSION_OPTIMIZERS
+
+
+@pytest.mark.parametrize(
+    ("changes", "suggestion"),
+    [
+        ({"precision": "bf16-mixed"}, "precision='bf16-mixed': .*; did you mean 'amp-bf16'\\?"),
+        ({"precision": "16-mixed"}, "precision='16-mixed': .*; did you mean 'amp-fp16'\\?"),
+        ({"precision": "bf16-true"}, "did you mean 'bf16'\\?"),
+        ({"precision": "32"}, "did you mean 'fp32'\\?"),
+        ({"precision": "amp_bf16"}, "did you mean 'amp-bf16'\\?"),
+        ({"optimizer": "adamw_torch"}, "did you mean 'adamw'\\?"),
+        ({"optimizer": "paged_adamw_8bit"}, "did you mean 'adam8bit'\\?"),
+        ({"optimizer": "sgd_nomomentum"}, "did you mean 'sgd-nomomentum'\\?"),
+        ({"lr_schedule": "cosin"}, "did you mean 'cosine'\\?"),
+        ({"lr_schedule": "constant_with_warmup"}, "did you mean 'constant'\\?"),
+        ({"device": "gpu"}, "did you mean 'cuda'\\?"),
+        ({"offload_optimizer": "disk", "zero_stage": 1}, "did you mean 'nvme'\\?"),
+    ],
+)
+def test_unknown_choices_suggest_the_close_one(changes, suggestion):
+    with pytest.raises(ValueError, match=suggestion):
+        TrainConfig(**changes)
+
+
+def test_no_suggestion_when_nothing_is_close():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(precision="int4")
+    assert str(info.value) == (
+        "invalid setting: precision='int4': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("accumulate_grad_batches", "grad_accum"),  # Lightning
+        ("gradient_clip_val", "clip_grad_norm"),  # Lightning
+        ("gradient_accumulation_steps", "grad_accum"),  # Hugging Face, DeepSpeed
+        ("per_device_train_batch_size", "micro_batch"),  # Hugging Face
+        ("learning_rate", "lr"),
+        ("max_grad_norm", "clip_grad_norm"),
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("grad_acum", "grad_accum"),  # a typo
+        ("warmup", "warmup_steps"),
+    ],
+)
+def test_unknown_setting_names_suggest_the_field_everywhere(name, field):
+    pattern = rf"{name}=4: unknown setting; did you mean {field!r}\? known settings: "
+    with pytest.raises(ValueError, match=pattern):
+        TrainConfig(**{name: 4})
+    with pytest.raises(ValueError, match=pattern):
+        TrainConfig().replace(**{name: 4})
+    with pytest.raises(ValueError, match=pattern):
+        TrainConfig.from_dict({name: 4})
+
+
+def test_several_unknown_names_are_reported_together():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(accumulate_grad_batches=4, learning_rate=1e-3)
+    text = str(info.value)
+    assert text.startswith("2 invalid settings:")
+    assert "did you mean 'grad_accum'?" in text and "did you mean 'lr'?" in text
 
 
 def test_replace_validates_and_rejects_unknown_names():
@@ -68,7 +174,7 @@ def test_replace_validates_and_rejects_unknown_names():
     assert cfg.replace(grad_accum=4).grad_accum == 4
     assert cfg.grad_accum == 1  # frozen: original untouched
     with pytest.raises(
-        ValueError, match=r"grad_acum=4: unknown setting; known settings: .*grad_accum"
+        ValueError, match=r"grad_acum=4: unknown setting; did you mean 'grad_accum'\? known"
     ):
         cfg.replace(grad_acum=4)
     with pytest.raises(ValueError, match=r"grad_accum=0"):

@@ -235,12 +235,12 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
         ["export", "--config", str(path), "--gpus", "8", "--out", str(tmp_path / "job")], capsys
     )
     assert code == 0, err
-    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    (warning,) = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
     for key in ("offload_optimizer", "offload_param"):
         assert (
-            f"warning: zero_optimization.{key}.nvme_path='/mnt/nvme': ignored while device is 'cpu'"
-        ) in warnings
-    assert any("steps_per_print" in w for w in warnings)
+            f"zero_optimization.{key}.nvme_path='/mnt/nvme' (ignored while device is 'cpu')"
+        ) in warning
+    assert "steps_per_print" in warning
     assert "estimated per GPU: params 0 B, grads 0 B, optimizer states 0 B" in out
     assert "offloaded to CPU" in out
     assert "deepspeed --num_gpus 8 train_deepspeed.py --deepspeed_config ds_config.json" in out
@@ -261,7 +261,7 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
     result = export_deepspeed(
         imported.config, gpus=8, out_dir=tmp_path / "job2", warnings=imported.warnings
     )
-    assert any("nvme_path='/mnt/nvme': ignored" in w for w in result.warnings)
+    assert any("nvme_path='/mnt/nvme' (ignored" in w for w in result.warnings)
     info = build_model("tiny-gpt")[3]
     expected = estimate_memory(
         n_params=info.n_params,
@@ -430,8 +430,8 @@ def test_bad_config_file_and_wrong_world_size_name_the_key(
     path.write_text(json.dumps(bad))
     code, _, err = cli(["export", "--config", str(path), "--out", str(tmp_path / "job")], capsys)
     assert code == 2 and err.count("\n") == 1
-    assert "zero_optimization.stage=7: must be 0, 1, 2 or 3" in err
-    assert "zero_optimization.bogus: unknown key" in err
+    assert "zero_optimization.stage=7: DeepSpeed" in err and "Input should be 0, 1, 2, 3" in err
+    assert "zero_optimization.bogus: DeepSpeed" in err and "not one of its settings here" in err
     path.write_text(json.dumps(SAMPLE))
     code, _, err = cli(
         ["export", "--config", str(path), "--gpus", "3", "--out", str(tmp_path / "job")], capsys

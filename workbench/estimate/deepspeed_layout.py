@@ -23,7 +23,9 @@ each rank's own tensors on 2 CPU ranks (docs/deepspeed.md lists the figures):
 
 Per rank, with W = 2 bytes for fp16/bf16 and 4 otherwise (gradients have the weights'
 dtype), K = fp32 optimizer-state bytes per parameter (adam/adamw 8, sgd 4,
-sgd-nomomentum 0, adam8bit 2), A = ceil(Ψ/2N)·2N, P = A/N, P3 = ceil(Ψ/N),
+sgd-nomomentum 0, adam8bit 2; DeepSpeed's other optimizers in docs/estimator.md, with
+DeepSpeedCPULion's extra 4 under offload and the 1-bit optimizers' error-feedback
+buffers added to the optimizer column), A = ceil(Ψ/2N)·2N, P = A/N, P3 = ceil(Ψ/N),
 B = roundup64(min(5e8, Ψ)):
 
     stage  params   grads          optimizer
@@ -46,7 +48,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config import OptimizerName, Precision
-from workbench.estimate.model_states import OPTIMIZER_STATE_BYTES, ModelStateQuery, ModelStates
+from workbench.estimate.model_states import (
+    OPTIMIZER_STATE_BYTES,
+    ModelStateQuery,
+    ModelStates,
+    error_feedback_bytes,
+)
 
 #: DeepSpeed's `nccl_start_alignment_factor`: ZeRO 1/2 flat buffers are padded to a
 #: multiple of this times the data-parallel size (elements).
@@ -57,6 +64,9 @@ DEFAULT_BUCKET_ELEMENTS = 500_000_000
 BUCKET_ROUNDING = 64
 #: fp32 master-copy bytes per parameter.
 MASTER_BYTES = 4
+#: Extra fp32 bytes per parameter of the CPU optimizer DeepSpeed builds under optimizer
+#: offload: DeepSpeedCPULion also allocates an `exp_avg_sq` that Lion never reads.
+CPU_OPTIMIZER_EXTRA_BYTES = {OptimizerName.LION: 4}
 
 _SIXTEEN_BIT = (Precision.FP16, Precision.BF16)
 
@@ -111,7 +121,9 @@ def deepspeed_layout(q: ModelStateQuery) -> DeepSpeedLayout:
         opt_per = k + MASTER_BYTES
         bucket = bucket_elements(n)
         params, grads = w * part, w * part
-    optim = opt_per * part
+    if q.offload_optimizer:
+        opt_per += CPU_OPTIMIZER_EXTRA_BYTES.get(OptimizerName(q.optimizer), 0)
+    optim = opt_per * part + error_feedback_bytes(q.optimizer, part, gpus)
     cpu = 0
     if q.offload_optimizer:
         cpu += grads + optim

@@ -10,7 +10,10 @@ An *accounting* is one function `ModelStateQuery -> ModelStates`. This module im
                                             (K = 12 for Adam, as in the paper)
 
 `adam8bit` stores two 1-byte states per parameter (bitsandbytes-style; its small
-per-block quantisation constants are ignored).
+per-block quantisation constants are ignored). DeepSpeed's Lamb, Lion, Adagrad and the
+1-bit optimizers (1-bit Adam, 0/1 Adam, 1-bit Lamb, which also keep fp32 error-feedback
+buffers, `error_feedback_bytes`) are in `OPTIMIZER_STATE_BYTES`; docs/estimator.md gives
+the DeepSpeed source of each figure.
 
 ZeRO over N data-parallel GPUs: stage 1 shards the optimizer column, stage 2 also the
 gradients, stage 3 also the parameters. Rounding: a sharded column holds
@@ -53,7 +56,31 @@ OPTIMIZER_STATE_BYTES: dict[OptimizerName, int] = {
     OptimizerName.SGD: 4,  # momentum buffer
     OptimizerName.SGD_NOMOMENTUM: 0,
     OptimizerName.ADAM8BIT: 2,  # two 8-bit states
+    # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
+    OptimizerName.LAMB: 8,  # FusedLamb: exp_avg + exp_avg_sq
+    OptimizerName.LION: 4,  # FusedLion: exp_avg
+    OptimizerName.ADAGRAD: 4,  # torch Adagrad `sum` / DeepSpeedCPUAdagrad `exp_avg_sq`
+    OptimizerName.ONEBIT_ADAM: 8,  # exp_avg + exp_avg_sq, + error feedback (below)
+    OptimizerName.ZERO_ONE_ADAM: 12,  # + momentum_accumulator, + error feedback
+    OptimizerName.ONEBIT_LAMB: 12,  # + exp_avg_sq_fresh, + error feedback
 }
+
+#: 1-bit optimizers' error feedback: an fp32 `worker_error` of the parameters and an fp32
+#: `server_error` of 1/N of them, on each of N data-parallel GPUs.
+ERROR_FEEDBACK_OPTIMIZERS = frozenset(
+    {OptimizerName.ONEBIT_ADAM, OptimizerName.ZERO_ONE_ADAM, OptimizerName.ONEBIT_LAMB}
+)
+
+
+def error_feedback_bytes(optimizer: OptimizerName | str, elements: int, gpus: int) -> int:
+    """Bytes of a 1-bit optimizer's error-feedback buffers for `elements` parameters on one
+    of `gpus` GPUs (0 for other optimizers): 4·Ψ + 4·ceil(Ψ/N). DeepSpeed pads each
+    tensor (1-bit Lamb: the flat buffer) to a multiple of N·lcm(N, 8) elements first; the
+    estimator, which knows only Ψ, leaves that padding out."""
+    if OptimizerName(optimizer) not in ERROR_FEEDBACK_OPTIMIZERS:
+        return 0
+    return 4 * elements + 4 * -(-elements // gpus)
+
 
 #: (weight bytes, gradient bytes, master-copy bytes) per parameter.
 PRECISION_BYTES: dict[Precision, tuple[int, int, int]] = {
@@ -126,7 +153,8 @@ def paper_model_states(q: ModelStateQuery) -> ModelStates:
     full = q.n_params
     params = per.weights * (shard if q.zero_stage >= 3 else full)
     grads = per.grads * (shard if q.zero_stage >= 2 else full)
-    optim = per.optimizer * (shard if q.zero_stage >= 1 else full)
+    held = shard if q.zero_stage >= 1 else full  # parameters whose optimizer state it holds
+    optim = per.optimizer * held + error_feedback_bytes(q.optimizer, held, q.gpus)
     cpu = 0
     if q.offload_optimizer:
         cpu += grads + optim
