@@ -232,9 +232,43 @@ def transformer_activation_bytes(
         bad.append(f"pipeline_parallel={p}: must divide layers={layers} evenly")
     if bad:
         raise ValueError("; ".join(bad))
-    sp = bool(sequence_parallel)
-    s, b, h, a, v, n = seq_len, micro_batch, hidden, heads, vocab, layers
-    e = activation_bytes_per_element
+    return _activations(
+        layers,
+        hidden,
+        heads,
+        seq_len,
+        micro_batch,
+        vocab,
+        mode,
+        activation_bytes_per_element,
+        dropout,
+        f,
+        mlp,
+        t,
+        bool(sequence_parallel),
+        p,
+        parallel_residual,
+    )
+
+
+def _activations(
+    n: int,
+    h: int,
+    a: int,
+    s: int,
+    b: int,
+    v: int,
+    mode: Checkpointing,
+    e: int,
+    dropout: bool,
+    f: int,
+    mlp: str,
+    t: int,
+    sp: bool,
+    p: int,
+    parallel_residual: bool,
+) -> ActivationBreakdown:
+    """`transformer_activation_bytes` on arguments already checked (the estimator's path)."""
     lin_el, score_el, lin_mask, score_mask = _layer_terms(
         s, b, h, a, f, mlp == "swiglu", dropout, t, sp, parallel_residual
     )

@@ -36,7 +36,7 @@ Pure Python: imports no torch.
 from __future__ import annotations
 
 import operator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -99,12 +99,14 @@ OPTIONAL = (
 )
 FIELDS = REQUIRED + OPTIONAL
 
-_CHOICES: dict[str, type[_Choice]] = {
-    "mlp": Mlp,
-    "norm": Norm,
-    "bias": Bias,
-    "positions": Positions,
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "mlp": tuple(Mlp.choices()),
+    "norm": tuple(Norm.choices()),
+    "bias": tuple(Bias.choices()),
+    "positions": tuple(Positions.choices()),
 }
+_SWIGLU, _LAYERNORM, _ROTARY = Mlp.SWIGLU.value, Norm.LAYERNORM.value, Positions.ROTARY.value
+_BIAS_ALL, _BIAS_QKV = Bias.ALL.value, Bias.QKV.value
 
 
 def swiglu_ffn_default(hidden: int) -> int:
@@ -144,6 +146,25 @@ class Architecture:
     tied_embeddings: bool
     parallel_residual: bool = False
 
+    def __post_init__(self) -> None:
+        # the counts every estimate asks for, computed once (not fields: not compared,
+        # not in to_dict)
+        h, g, f = self.hidden, self.kv_heads * (self.hidden // self.heads), self.ffn_hidden
+        gated = self.mlp == _SWIGLU
+        norm = (2 if self.norm == _LAYERNORM else 1) * h
+        weights = 2 * h * h + 2 * h * g + (3 if gated else 2) * h * f
+        split_bias = replicated = 0
+        if self.bias == _BIAS_ALL or self.bias == _BIAS_QKV:
+            split_bias += h + 2 * g  # Q, K, V biases: column-parallel
+        if self.bias == _BIAS_ALL:
+            split_bias += (2 if gated else 1) * f  # MLP first layer(s): column-parallel
+            replicated += 2 * h  # attention output and MLP output biases: row-parallel
+        replicated += 2 * norm
+        object.__setattr__(self, "_norm", norm)
+        object.__setattr__(self, "_split", (weights + split_bias, replicated))
+        total = self.layers * (weights + split_bias + replicated)
+        object.__setattr__(self, "_total", total + self.embedding_params() + self.output_params())
+
     # ------------------------------------------------------------------ building
     @classmethod
     def create(cls, **fields: Any) -> Architecture:
@@ -160,14 +181,18 @@ class Architecture:
         `ffn_hidden` and `max_positions` follow a change of `hidden`/`mlp` or `seq_len`
         only where they were at their defaults (for a learned position table,
         `max_positions` stays: a model's table does not grow with a longer sequence)."""
-        values: dict[str, Any] = asdict(self)
         changes = {k: v for k, v in changes.items() if v is not None}
-        unknown = sorted(set(changes) - set(values))
+        unknown = sorted(set(changes) - set(FIELDS))
         if unknown:
             raise ValueError(f"{unknown[0]}: not a field of Architecture ({', '.join(FIELDS)})")
+        if all(
+            type(v) is type(getattr(self, k)) and v == getattr(self, k) for k, v in changes.items()
+        ):
+            return self
+        values: dict[str, Any] = {k: getattr(self, k) for k in FIELDS}
         if self.ffn_hidden == _default_ffn(self.mlp, self.hidden):
             values["ffn_hidden"] = None
-        if self.positions == Positions.ROTARY.value:
+        if self.positions == _ROTARY:
             values["max_positions"] = None
         values.update(changes)
         return Architecture.create(**values)
@@ -183,27 +208,13 @@ class Architecture:
         return self.kv_heads * self.head_dim
 
     def _norm_params(self) -> int:
-        return (2 if self.norm == Norm.LAYERNORM.value else 1) * self.hidden
-
-    def _layer_split(self) -> tuple[int, int, int]:
-        """One layer's (parameters split by tensor parallelism, replicated ones) as
-        (split weights, split biases, replicated parameters)."""
-        h, g, f = self.hidden, self.kv_dim, self.ffn_hidden
-        gated = self.mlp == Mlp.SWIGLU.value
-        weights = 2 * h * h + 2 * h * g + (3 if gated else 2) * h * f
-        split_bias = replicated = 0
-        if self.bias in (Bias.ALL.value, Bias.QKV.value):
-            split_bias += h + 2 * g  # Q, K, V biases: column-parallel
-        if self.bias == Bias.ALL.value:
-            split_bias += (2 if gated else 1) * f  # MLP first layer(s): column-parallel
-            replicated += 2 * h  # attention output and MLP output biases: row-parallel
-        replicated += 2 * self._norm_params()
-        return weights, split_bias, replicated
+        return int(self.__dict__["_norm"])
 
     def layer_params(self, tensor_parallel: int = 1) -> int:
-        """Parameters of one layer on one GPU of a tensor-parallel group."""
-        weights, split_bias, replicated = self._layer_split()
-        return (weights + split_bias) // tensor_parallel + replicated
+        """Parameters of one layer on one GPU of a tensor-parallel group: the matmul
+        weights and column-parallel biases split, norms and row-parallel biases whole."""
+        split, replicated = self.__dict__["_split"]
+        return int(split // tensor_parallel + replicated)
 
     def embedding_params(self, tensor_parallel: int = 1) -> int:
         """Token embedding (vocabulary-parallel) and learned position table (replicated)."""
@@ -220,7 +231,7 @@ class Architecture:
     @property
     def n_params(self) -> int:
         """Total parameters, a tied output projection counted once."""
-        return self.layers * self.layer_params() + self.embedding_params() + self.output_params()
+        return int(self.__dict__["_total"])
 
     @property
     def non_embedding_params(self) -> int:
@@ -263,11 +274,11 @@ class Architecture:
         return p
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: getattr(self, k) for k in FIELDS}
 
 
 def _default_ffn(mlp: str, hidden: int) -> int:
-    return swiglu_ffn_default(hidden) if mlp == Mlp.SWIGLU.value else 4 * hidden
+    return swiglu_ffn_default(hidden) if mlp == _SWIGLU else 4 * hidden
 
 
 def _positive_int(v: Any) -> int | None:
@@ -320,14 +331,14 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
         if n is None or n < 0:
             p.append(Problem("max_positions", raw_pos, "must be an integer >= 0"))
         v["max_positions"] = n
-    for name, enum in _CHOICES.items():
+    for name, choices in _CHOICES.items():
         raw = fields.get(name)
         if raw is None:
-            v[name] = enum.choices()[0]
+            v[name] = choices[0]
             continue
         value = raw.strip().lower() if isinstance(raw, str) else None
-        if value not in enum.choices():
-            p.append(Problem(name, raw, f"must be one of {', '.join(enum.choices())}"))
+        if value not in choices:
+            p.append(Problem(name, raw, f"must be one of {', '.join(choices)}"))
         v[name] = value
     for name, default in (("tied_embeddings", True), ("parallel_residual", False)):
         flag = fields.get(name)
@@ -343,7 +354,7 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
     k = v.get("kv_heads")
     if a is not None and k is not None and a % k:
         p.append(Problem("kv_heads", fields["kv_heads"], f"must divide `heads`={a} evenly"))
-    rotary = v.get("positions") == Positions.ROTARY.value
+    rotary = v.get("positions") == _ROTARY
     if rotary and v.get("max_positions"):
         p.append(
             Problem(

@@ -15,11 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import OptimizerName, Precision
-from workbench.estimate.activations import (
-    ActivationBreakdown,
-    Checkpointing,
-    transformer_activation_bytes,
-)
+from workbench.estimate.activations import ActivationBreakdown, Checkpointing, _activations
 from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, parse_count
@@ -447,21 +443,22 @@ def estimate_memory(
     act_bytes: int | None = None
     per_sample: int | None = None
     if arch is not None:
-        breakdown = transformer_activation_bytes(
-            layers=arch.layers,
-            hidden=arch.hidden,
-            heads=arch.heads,
-            seq_len=arch.seq_len,
-            vocab=arch.vocab,
-            micro_batch=mb,
-            checkpointing=ckpt,
-            activation_bytes_per_element=4 if prec is Precision.FP32 else 2,
-            ffn_hidden=arch.ffn_hidden,
-            mlp=arch.mlp,
-            tensor_parallel=tp,
-            sequence_parallel=sequence_parallel,
-            pipeline_parallel=pp,
-            parallel_residual=arch.parallel_residual,
+        breakdown = _activations(  # inputs checked above
+            arch.layers,
+            arch.hidden,
+            arch.heads,
+            arch.seq_len,
+            mb,
+            arch.vocab,
+            ckpt,
+            4 if prec is Precision.FP32 else 2,
+            True,
+            arch.ffn_hidden,
+            arch.mlp,
+            tp,
+            sequence_parallel,
+            pp,
+            arch.parallel_residual,
         )
         act_bytes = breakdown.total_bytes
         per_sample = act_bytes // mb  # every term is linear in the micro-batch

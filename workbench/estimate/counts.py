@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 import operator
 import re
-from decimal import Decimal
 from typing import Any
 
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-_LARGEST = Decimal(10) ** 30  # beyond any real count; keeps Decimal from huge exponents
+_LARGEST = 10**30  # beyond any real count; keeps Decimal from huge exponents
 _COUNT = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)([kmbgt]?)$")
 
 #: What a count may look like, for error messages.
@@ -40,6 +39,8 @@ def parse_count(value: Any) -> int | None:
         m = _COUNT.match(text)
         if m is None:
             return None
+        from decimal import Decimal  # text only: keeps the import off the numeric path
+
         exact = Decimal(m.group(1)) * _SUFFIX[m.group(2)]  # exact: 7.3B is 7_300_000_000
         if exact != exact.to_integral_value() or exact > _LARGEST:
             return None

@@ -26,10 +26,8 @@ position: pass `seq_len` to estimate a shorter training sequence.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from workbench.estimate.problems import Problem
@@ -70,6 +68,9 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
     if isinstance(source, Mapping):
         config: Mapping[str, Any] = source
     elif isinstance(source, (str, os.PathLike)):
+        import json  # only when a file is read: keeps `workbench estimate` start-up short
+        from pathlib import Path
+
         path = Path(source)
         if path.is_dir():
             path = path / "config.json"

@@ -12,7 +12,6 @@ at any length, learned position tables (GPT-2, GPT-3) only up to their size.
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
@@ -267,6 +266,8 @@ def find_model(name: object) -> ModelPreset | str:
     preset = _BY_KEY.get(_key(name))
     if preset is not None:
         return preset
+    import difflib  # only for a name that is not known
+
     close = difflib.get_close_matches(_key(name), list(_BY_KEY), n=1, cutoff=0.75)
     hint = f"did you mean {_BY_KEY[close[0]].name}? " if close else ""
     return f"unknown model; {hint}known: {known}"
