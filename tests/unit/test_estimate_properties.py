@@ -115,6 +115,53 @@ def test_full_le_selective_le_none(shape, micro_batch, precision):
     assert act["selective"].activation_bytes <= act["none"].activation_bytes
 
 
+@st.composite
+def parallel_configs(draw):
+    """A transformer shape and a tensor/pipeline split it allows."""
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2, 3, 4]))
+    kv = tp * draw(st.integers(1, 4))
+    heads = kv * draw(st.integers(1, 4))
+    shape = dict(
+        layers=pp * draw(st.integers(1, 8)),
+        hidden=heads * draw(st.integers(1, 32)),
+        heads=heads,
+        kv_heads=kv,
+        ffn_hidden=tp * draw(st.integers(1, 512)),
+        seq_len=draw(st.integers(1, 4096)),
+        vocab=draw(st.integers(1, 100_000)),
+        mlp=draw(st.sampled_from(["gelu", "swiglu"])),
+        norm=draw(st.sampled_from(["layernorm", "rmsnorm"])),
+        bias=draw(st.sampled_from(["all", "qkv", "none"])),
+        positions=draw(st.sampled_from(["learned", "rotary"])),
+        tied_embeddings=draw(st.booleans()),
+    )
+    return shape, tp, pp
+
+
+@SETTINGS
+@given(parallel_configs(), st.sampled_from(CHECKPOINTING), st.booleans(), st.integers(1, 8))
+def test_parallel_splits_cover_the_model_and_shrink_per_gpu_bytes(split, ckpt, sp, dp):
+    shape, tp, pp = split
+    sp = sp and tp > 1
+    kw = dict(**shape, checkpointing=ckpt, precision="bf16", micro_batch=2)
+    one = estimate_memory(**kw, gpus=dp)
+    many = estimate_memory(
+        **kw,
+        gpus=tp * pp * dp,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        sequence_parallel=sp,
+    )
+    assert many.data_parallel == dp and many.n_params == one.n_params
+    # every parameter is on some GPU of the tp x pp grid; none is lost by the split
+    assert many.shard_params * tp * pp >= many.n_params
+    assert many.shard_params <= one.shard_params
+    assert many.params_bytes <= one.params_bytes
+    if pp == 1:  # with pipelining the first stage holds pp micro-batches in flight
+        assert many.activation_bytes <= one.activation_bytes
+
+
 JUNK = st.one_of(
     st.none(),
     st.booleans(),
@@ -125,6 +172,8 @@ JUNK = st.one_of(
     st.sampled_from(PRECISIONS + OPTIMIZERS + CHECKPOINTING + list(GPUS)),
 )
 FIELDS = [
+    "model",
+    "hf_config",
     "n_params",
     "layers",
     "hidden",
@@ -136,6 +185,17 @@ FIELDS = [
     "optimizer",
     "zero_stage",
     "gpus",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "sequence_parallel",
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "norm",
+    "bias",
+    "positions",
+    "tied_embeddings",
+    "parallel_residual",
     "offload_optimizer",
     "offload_params",
     "checkpointing",
@@ -158,7 +218,7 @@ def test_random_inputs_return_or_raise_value_error_only(cfg, junk):
 
 
 BAD = {
-    "n_params": st.sampled_from([0, -1, 1.5, math.nan, math.inf, "1e9", True, [1]]),
+    "n_params": st.sampled_from([0, -1, 1.5, math.nan, math.inf, "seven", "7B5", True, [1]]),
     "layers": st.sampled_from([0, -3, 2.0, "2", False]),
     "micro_batch": st.sampled_from([0, -1, 1.5, None, "4"]),
     "precision": st.sampled_from(["fp64", "", 16, None]),
@@ -168,10 +228,19 @@ BAD = {
     "checkpointing": st.sampled_from(["all", True, None]),
     "gpu": st.sampled_from(["b200", "a100", "", 3]),
     "overhead_gib": st.sampled_from([-0.5, math.nan, "1", None]),
-    "tokens": st.sampled_from([0, -1e9, math.inf, "1e12"]),
+    "tokens": st.sampled_from([0, -1e9, math.inf, "lots"]),
     "mfu": st.sampled_from([0, 1.01, -0.2, math.nan, None]),
     "price_per_gpu_hour": st.sampled_from([-1, math.nan, "2"]),
     "offload_optimizer": st.sampled_from([1, "yes", None]),
+    "model": st.sampled_from([5, [1], "gpt5", ""]),
+    "hf_config": st.sampled_from([5, "", "/no/such/config.json"]),
+    "tensor_parallel": st.sampled_from([0, -1, 1.5, "2", None]),
+    "pipeline_parallel": st.sampled_from([0, -2, 2.0, None]),
+    "sequence_parallel": st.sampled_from([1, "yes", None]),
+    "kv_heads": st.sampled_from([0, -1, 2.5, "4"]),
+    "ffn_hidden": st.sampled_from([0, -1, 2.5]),
+    "mlp": st.sampled_from(["relu", 3, ""]),
+    "tied_embeddings": st.sampled_from([1, "no"]),
 }
 
 

@@ -244,6 +244,15 @@ def estimate_memory(
             base, model_name = found.architecture, found.name
     elif isinstance(model, Architecture):
         base = model
+    elif model is not None and not (callable(model) or hasattr(model, "parameters")):
+        p.append(
+            Problem(
+                "model",
+                model,
+                "must be a model name, an Architecture, a torch nn.Module or a function "
+                "that builds one",
+            )
+        )
     elif model is not None:
         from workbench.estimate.from_module import module_facts  # imports torch
 

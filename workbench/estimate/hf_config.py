@@ -67,7 +67,7 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
     """
     if isinstance(source, Mapping):
         config: Mapping[str, Any] = source
-    elif isinstance(source, (str, os.PathLike)):
+    elif isinstance(source, (str, os.PathLike)) and str(source).strip():
         import json  # only when a file is read: keeps `workbench estimate` start-up short
         from pathlib import Path
 
