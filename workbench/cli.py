@@ -338,7 +338,8 @@ def _duration(seconds: float) -> str:
 
 def _headline(e: Any) -> str:
     gpus = f"{e.gpus} GPU" + ("s" if e.gpus > 1 else "")
-    name = f"{e.model} ({_count(e.n_params)} parameters)" if e.model else None
+    source = e.model or (os.path.basename(e.hf_config) if e.hf_config else None)
+    name = f"{source} ({_count(e.n_params)} parameters)" if source else None
     parts = [name or f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
     parts += [f"ZeRO stage {e.zero_stage}", gpus]
     if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
@@ -368,7 +369,8 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
     act = (
         _fmt(e.activation_bytes, unit)
         if e.activation_bytes is not None
-        else "not counted (no shape given: --layers --hidden --heads --seq-len --vocab)"
+        else "not counted (no shape: give --model, --hf-config or --layers --hidden --heads "
+        "--seq-len --vocab)"
     )
     rows = [
         ("parameters", _fmt(e.params_bytes, unit)),
@@ -446,7 +448,8 @@ def _stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
         )
     if stages[0].activation_bytes is None:
         out.append(
-            "activations not counted: no shape given (--layers --hidden --heads --seq-len --vocab)"
+            "activations not counted: no shape (give --model, --hf-config or --layers --hidden "
+            "--heads --seq-len --vocab)"
         )
     return "\n".join(out)
 
