@@ -7,7 +7,11 @@
     1.9
 
 Model states follow the ZeRO paper (`model_states`), activations Korthikanti et al. 2022
-(`activations`), GPU figures vendor data sheets (`catalog`). How these numbers differ
+(`activations`), GPU figures vendor data sheets (`catalog`). Models come from published
+presets (`presets`), Hugging Face config.json files (`hf_config`), torch modules counted on
+the meta device (`from_module`, the one place that imports torch, when called) or a shape
+(`architecture`: GQA, SwiGLU, norms, biases, tied embeddings, and Megatron's tensor/pipeline
+layout). Counts may be written as text, `7B` or `1.5e9` (`counts`). How these numbers differ
 from DeepSpeed's `estimate_zero2/3_model_states_mem_needs*` and from
 `accelerate estimate-memory`:
 

@@ -1,8 +1,8 @@
 """`estimate_memory`: per-GPU training memory, compute time and cost (pure Python).
 
 Accounting and formulas are described in `model_states` (parameters, gradients,
-optimizer states, ZeRO, offload), `activations` (Korthikanti et al. 2022) and `catalog`
-(GPU data sheets); docs/estimator.md collects them and compares them with DeepSpeed's
+optimizer states, ZeRO, offload), `architecture` (parameter counts, tensor/pipeline
+layout), `activations` (Korthikanti et al. 2022, extended) and `catalog` (GPU data sheets); docs/estimator.md collects them and compares them with DeepSpeed's
 and accelerate's estimators.
 """
 
