@@ -119,8 +119,10 @@ def test_nan_loss_skips_the_step_pauses_and_advises(tiny):
         assert s.state == "paused"
         assert len(recs) == 1 and recs[0].skipped and math.isnan(recs[0].loss)
         ev = [e for e in s.events if e.kind == "nan-loss"][0]
-        for hint in ("loss_scale_init", "amp-bf16", "lower lr"):
+        assert ev.step == recs[0].step == 3  # counted as the records count
+        for hint in ("lower lr", "clip_grad_norm", "NaN/inf"):  # fp32: divergence advice
             assert hint in ev.message
+        assert "amp-bf16" not in ev.message and "loss_scale_init" not in ev.message
         for k, v in s.model.state_dict().items():
             assert torch.equal(v, before[k]), k  # the step was not applied
         after = s.backend.optimizer.state[next(iter(s.model.parameters()))]
@@ -215,3 +217,19 @@ def test_amp_fp16_overflow_steps_are_skipped_and_counted(tiny):
         scales = [r.scale for r in skipped]
         assert scales[n_skipped - 1] < 65504  # backed off into fp16 range
         assert all(math.isfinite(r.loss) for r in skipped)
+
+
+@pytest.mark.parametrize(
+    ("precision", "present", "absent"),
+    [
+        ("amp-fp16", ("loss_scale_init", "'amp-bf16'", "65504"), ("divergence",)),
+        ("fp32", ("lower lr", "clip_grad_norm", "NaN/inf"), ("bf16", "loss_scale")),
+        ("amp-bf16", ("divergence", "lower lr"), ("loss_scale",)),
+    ],
+)
+def test_nan_advice_fits_the_precision(precision, present, absent):
+    from workbench.train.session import nan_advice
+
+    text = nan_advice(TrainConfig(precision=precision, lr=3e-4))
+    assert all(p in text for p in present), text
+    assert not any(a in text for a in absent), text

@@ -252,15 +252,24 @@ def test_resume_needs_every_rank(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- CLI
 @pytest.fixture(scope="module")
-def cli_json() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """The issue's command, `workbench launch --ranks 2 --zero 2 --steps 3 --json`, on a
-    tiny GPT: one launch that the JSON-shape and stage-2 memory tests share."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def cli_json(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """The issue's command, `workbench launch --ranks 2 --zero 2 --steps 3 --json`, run as a
+    user would: the `workbench` command in a folder of their own that holds `mymodels.py`,
+    `--model mymodels:tiny` (a tiny GPT). One launch that the JSON-shape, stage-2 memory and
+    model-from-this-folder tests share."""
+    folder = tmp_path_factory.mktemp("user-folder")
+    (folder / "mymodels.py").write_text(
+        "from workbench.models import build_model\n\n\n"
+        "def tiny(**options):\n"
+        "    return build_model('tiny-gpt', **options)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "workbench.train.launch",
+            str(Path(sys.executable).parent / "workbench"),
+            "launch",
             "--ranks",
             "2",
             "--zero",
@@ -272,12 +281,14 @@ def cli_json() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
             "cpu",
             "--micro-batch",
             "2",
+            "--model",
+            "mymodels:tiny",
             "--model-options",
             json.dumps({"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}),
         ],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=folder,
         env=env,
         timeout=LAUNCH_TIMEOUT + 60,
     )

@@ -368,7 +368,7 @@ def test_dataset_env_sharding_by_rank(monkeypatch, tiny):
 def test_bad_constructor_arguments(tiny):
     with pytest.raises(ValueError, match="model='resnet'"):
         Session(TrainConfig(), model="resnet")
-    with pytest.raises(ValueError, match="data and loss_fn: required"):
+    with pytest.raises(ValueError, match="data=None: required with your own nn.Module"):
         Session(TrainConfig(), model=nn.Linear(2, 2))
     with pytest.raises(ValueError, match="config="):
         Session({"lr": 1})  # type: ignore[arg-type]

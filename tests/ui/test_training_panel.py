@@ -271,11 +271,25 @@ def test_error_state_shows_the_sessions_message(panel: TrainingPanel, session: F
     from workbench.train.records import Event
 
     session.state = "error"
-    session.events.append(Event("error", "step 3 failed: RuntimeError: boom", 2, "error"))
+    session.failure = "step 3 failed: RuntimeError: boom"
+    session.events.append(Event("error", session.failure, 3, "error"))
     panel.refresh(draw_now=True)
     assert panel.status_text.startswith("error")
     assert "step 3 failed: RuntimeError: boom" in panel.status_text
     assert "boom" in strip(panel.events_html.value)
+
+
+def test_a_nan_pause_shows_why_in_the_status_line(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    session.state = "paused"
+    session.failure = "loss is nan at step 4: the step was not applied and the session paused"
+    panel.refresh(draw_now=True)
+    assert panel.status_text.startswith("paused")
+    assert "loss is nan at step 4" in panel.status_text
+    session.failure = None  # a new run clears it
+    panel.refresh(draw_now=True)
+    assert "loss is nan" not in panel.status_text
 
 
 def strip(html_text: str) -> str:

@@ -24,6 +24,7 @@ class FakeSession:
         self.updates: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
         self.error: str | None = None
+        self.failure: str | None = None  # why the last run ended early (Session.failure)
 
     @property
     def pending_changes(self) -> dict[str, Any]:

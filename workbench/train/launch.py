@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -52,6 +51,7 @@ from typing import Any
 from workbench.cli_config import add_config_flags, config_from_args, parse_number
 from workbench.config import Device, OffloadDevice, Precision, TrainConfig
 from workbench.train.records import StepRecord
+from workbench.train.toolchain import child_path
 
 LAUNCHERS = ("torchrun", "deepspeed")
 WORKER_MODULE = "workbench.train.rank_worker"
@@ -199,30 +199,9 @@ def _uses_cuda(config: TrainConfig) -> bool:
 
 
 def _check_model(model: Any) -> list[str]:
-    from workbench.models import MODEL_NAMES
+    from workbench.models.spec import spec_problems
 
-    if not isinstance(model, str) or not model:
-        return [
-            f"model={model!r}: must be a built-in model name ({', '.join(MODEL_NAMES)}) "
-            "or an importable factory 'pkg.module:function'"
-        ]
-    if ":" in model:
-        module, _, attr = model.partition(":")
-        if not module or not attr:
-            return [f"model={model!r}: a factory must be written 'pkg.module:function'"]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            return [f"model={model!r}: module {module!r} cannot be imported from {os.getcwd()}"]
-        return []
-    if model not in MODEL_NAMES:
-        return [
-            f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
-            "'pkg.module:function'"
-        ]
-    return []
+    return spec_problems(model)
 
 
 def check_ranks(config: TrainConfig, ranks: Any) -> None:
@@ -413,10 +392,7 @@ def _child_env(cuda: bool, ranks: int) -> dict[str, str]:
     # The ranks' tools (torchrun, DeepSpeed's launcher, the ninja that JIT-builds DeepSpeed's
     # ops) come from this interpreter's environment: a second ninja on PATH (a notebook kernel
     # started without the venv's bin) would invalidate the cached op builds, a minute each.
-    bin_dir = os.path.dirname(sys.executable)
-    path = env.get("PATH", "")
-    if path.split(os.pathsep)[0] != bin_dir:
-        env["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
+    env["PATH"] = child_path(env.get("PATH", ""))
     cwd = os.getcwd()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
     if not cuda:

@@ -32,7 +32,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.display import Display, Readable, fmt_bytes, fmt_count
+from workbench.train import batches
 from workbench.train.backend import Backend, ModelStateBytes
+from workbench.train.batches import LossFn
 from workbench.train.checkpointing import checkpointable_modules, is_checkpointing
 from workbench.train.plain import storage_bytes
 
@@ -62,8 +65,9 @@ class ActivationMeasure:
 
 
 @dataclass(frozen=True)
-class MemoryReport:
-    """Measured bytes of one setup (see the module docstring) and the prediction."""
+class MemoryReport(Readable):
+    """Measured bytes of one setup (see the module docstring) and the prediction.
+    `str(report)` and a notebook show measured next to predicted, in binary units."""
 
     params_bytes: int
     grads_bytes: int
@@ -101,6 +105,41 @@ class MemoryReport:
         d = asdict(self)
         d["predicted"] = self.predicted.to_dict() if self.predicted is not None else None
         return d
+
+    def _display(self) -> Display:
+        pred = self.predicted
+
+        def predicted(name: str) -> str:
+            value = getattr(pred, name, None) if pred is not None else None
+            return fmt_bytes(value) if value is not None else "n/a"
+
+        counters = self.optimizer_step_counter_bytes
+        rows = [
+            ("parameters", fmt_bytes(self.params_bytes), predicted("params_bytes")),
+            ("gradients", fmt_bytes(self.grads_bytes), predicted("grads_bytes")),
+            (
+                "optimizer states" + (" (+ step counters)" if counters else ""),
+                fmt_bytes(self.optimizer_bytes - counters)
+                + (f" + {fmt_bytes(counters)}" if counters else ""),
+                predicted("optimizer_bytes"),
+            ),
+            (
+                "activations (one micro-batch)",
+                fmt_bytes(self.activation_bytes),
+                fmt_bytes(self.predicted_activation_bytes),
+            ),
+        ]
+        if self.cuda_max_allocated_bytes is not None:
+            rows.append(("CUDA peak (probe step)", fmt_bytes(self.cuda_max_allocated_bytes), ""))
+        if self.peak_rss_bytes is not None:
+            rows.append(("process peak RSS", fmt_bytes(self.peak_rss_bytes), ""))
+        setup = (
+            f"memory: {fmt_count(self.n_params)} parameters, {self.precision}, {self.optimizer}, "
+            f"micro-batch {self.micro_batch}"
+            + (", activation checkpointing" if self.activation_checkpointing else "")
+            + (f", {self.world_size} ranks" if self.world_size > 1 else "")
+        )
+        return Display(setup, rows, header=("", "measured", "predicted"), notes=self.notes)
 
 
 def _is_parameter_derived(t: torch.Tensor, param_storages: set[int]) -> bool:
@@ -185,9 +224,8 @@ def step_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:
 
 def probe(
     backend: Backend,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    inputs: Any,
-    targets: Any,
+    loss_fn: LossFn | None,
+    batch: Any,
     *,
     model: nn.Module,
 ) -> tuple[ActivationMeasure, ModelStateBytes]:
@@ -197,9 +235,7 @@ def probe(
     module = backend.module
 
     def forward_and_loss() -> torch.Tensor:
-        with backend.autocast():
-            out = module(inputs)
-        return loss_fn(out.float() if isinstance(out, torch.Tensor) else out, targets)
+        return batches.forward_and_loss(module, batch, loss_fn, backend.autocast)
 
     loss, measure = measure_activations(model, forward_and_loss)
     backend.backward(loss)

@@ -28,6 +28,8 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from workbench.display import Display, Readable, fmt_bytes, fmt_seconds
+
 if TYPE_CHECKING:  # pragma: no cover
     from workbench.train.session import Session
 
@@ -44,7 +46,7 @@ class OperatorRow:
 
 
 @dataclass(frozen=True)
-class ProfileResult:
+class ProfileResult(Readable):
     """What `Session.profile()` found. `phase_shares` maps data / forward / backward /
     optimizer / other to shares of the recorded steps' host time (summing to 1)."""
 
@@ -58,6 +60,30 @@ class ProfileResult:
     memory_by_category: dict[str, int] | None  # bytes at the peak, per category
     memory_peak_bytes: int | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def _display(self) -> Display:
+        """The phase split, then the top operators (`table` has torch's full table)."""
+        rows = [
+            (
+                f"{name} (per step)",
+                fmt_seconds(self.phase_seconds.get(name, 0.0) / self.steps),
+                f"{share:.0%}",
+                "",
+            )
+            for name, share in self.phase_shares.items()
+        ]
+        device = any(op.self_device_seconds is not None for op in self.operators)
+        for op in self.operators[:10]:
+            self_time = op.self_device_seconds if device else op.self_cpu_seconds
+            rows.append((op.name[:48], fmt_seconds(self_time), "", str(op.calls)))
+        if self.memory_peak_bytes is not None:
+            rows.append(("memory peak", fmt_bytes(self.memory_peak_bytes), "", ""))
+        title = (
+            f"profile: {self.steps} steps, {fmt_seconds(self.step_seconds)} per step; "
+            f"trace {self.trace_path}"
+        )
+        header = ("", "self device time" if device else "self CPU time", "share", "calls")
+        return Display(title, rows, header=header, notes=self.notes)
 
 
 def _memory_split(

@@ -33,7 +33,6 @@ SIGTERM before training started exits at once (nothing to save).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
@@ -42,6 +41,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from workbench.models.spec import build_from_spec
 
 EXIT_ERROR = 1
 TRACEBACK_TAIL_CHARS = 4000
@@ -75,33 +76,6 @@ class _StopFlag:
         self.requested = True
         if not self.in_loop:
             raise SystemExit(128 + signum)
-
-
-def _load_factory(spec: str) -> Any:
-    module, _, attr = spec.partition(":")
-    if not module or not attr:
-        raise ValueError(f"model={spec!r}: a factory must be written 'pkg.module:function'")
-    fn = getattr(importlib.import_module(module), attr, None)
-    if not callable(fn):
-        raise ValueError(f"model={spec!r}: {module} has no callable {attr}")
-    return fn
-
-
-def build_model_source(model: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Session keyword arguments for a built-in name or a 'pkg.module:function' factory.
-
-    A factory is called with `options` as keyword arguments and returns what
-    `workbench.models.build_model` returns, `(module, dataset, loss_fn[, info])`.
-    """
-    if ":" not in model:
-        return {"model": model, "model_options": options or None}
-    made = _load_factory(model)(**options)
-    if not isinstance(made, (tuple, list)) or len(made) not in (3, 4):
-        raise ValueError(
-            f"model={model!r}: the factory must return (module, dataset, loss_fn[, info]), "
-            f"got {type(made).__name__}"
-        )
-    return {"model": made[0], "data": made[1], "loss_fn": made[2]}
 
 
 def _agree_to_stop(flag: bool, device: Any) -> bool:
@@ -176,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         from workbench.train.session import Session
 
-        source = build_model_source(args.model, json.loads(args.model_options))
+        source = build_from_spec(args.model, json.loads(args.model_options))
         session = Session(config, resume=resume, **source)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in session.model.parameters())
         reporter.emit(

@@ -11,9 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+
 
 @dataclass(frozen=True)
-class StepRecord:
+class StepRecord(Readable):
+    """One optimizer step: what it measured and the settings it ran with. `str(record)`
+    and a notebook show it as a table with units; `to_dict()` gives the raw numbers."""
+
     step: int  # optimizer steps completed, 1-based
     micro_steps: int  # micro-batches in this optimizer step (= grad_accum used)
     loss: float  # mean loss over the micro-batches of this step
@@ -52,6 +57,52 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def _display(self) -> Display:
+        share = self.data_seconds / self.step_seconds if self.step_seconds > 0 else 0.0
+        speed = f"{self.samples_per_s:.1f} samples/s"
+        if self.tokens_per_s is not None:
+            speed += f", {self.tokens_per_s:,.0f} tokens/s"
+        rows = [
+            ("loss", fmt_number(self.loss) + ("  (step skipped)" if self.skipped else "")),
+            ("throughput", speed),
+            (
+                "step time",
+                f"{fmt_seconds(self.step_seconds)} (data {share:.0%}, compute "
+                f"{fmt_seconds(self.compute_seconds)})",
+            ),
+            ("lr", fmt_number(self.lr)),
+            ("grad norm", fmt_number(self.grad_norm)),
+        ]
+        if self.scale is not None:
+            rows.append(("loss scale", fmt_number(self.scale)))
+        batch = f"{self.micro_batch} x {self.grad_accum} accumulation"
+        if self.world_size > 1:
+            batch += f" x {self.world_size} ranks"
+        rows += [
+            ("settings", f"{self.precision}, ZeRO {self.zero_stage}, micro-batch {batch}"),
+            (
+                "model states",
+                f"params {fmt_bytes(self.params_bytes)}, grads {fmt_bytes(self.grads_bytes)}, "
+                f"optimizer {fmt_bytes(self.optimizer_bytes)}",
+            ),
+        ]
+        if self.cuda_allocated_bytes is not None:
+            rows.append(
+                (
+                    "CUDA memory",
+                    f"{fmt_bytes(self.cuda_allocated_bytes)} allocated, peak "
+                    f"{fmt_bytes(self.cuda_max_allocated_bytes)}, reserved "
+                    f"{fmt_bytes(self.cuda_reserved_bytes)}",
+                )
+            )
+        if self.rss_bytes is not None:
+            rows.append(("process memory (RSS)", fmt_bytes(self.rss_bytes)))
+        if self.gpu_util_percent is not None:
+            rows.append(("GPU utilization", f"{self.gpu_util_percent:.0f}%"))
+        if self.changes:
+            rows.append(("changes applied", ", ".join(f"{k}={v}" for k, v in self.changes.items())))
+        return Display(f"step {self.step}", rows)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:

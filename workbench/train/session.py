@@ -38,7 +38,9 @@ session started with (see `workbench.train.schedule`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -57,6 +59,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import Device, Precision, TrainConfig, _format, _plain
+from workbench.train import batches
 from workbench.train import checkpoint as ckpt
 from workbench.train.backend import Backend, ModelStateBytes, StepOutcome, build_backend
 from workbench.train.checkpointing import checkpointable_modules, set_activation_checkpointing
@@ -66,6 +69,10 @@ from workbench.train.records import Event, StepRecord
 from workbench.train.schedule import scaled_lr
 
 STATES = ("idle", "running", "paused", "stopped", "error", "closed")
+
+#: Failures of a background run are also logged here (stderr by default), so they show
+#: in the notebook cell or console the user is looking at, not only in `events`.
+log = logging.getLogger("workbench")
 
 #: Settings read by the data loader / the backend; a change to any rebuilds that piece.
 DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
@@ -101,6 +108,18 @@ BACKEND_FIELDS = frozenset(
 _OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ReferenceType[Session]] = (
     weakref.WeakKeyDictionary()
 )
+
+#: Sessions not yet closed, weakly. A process that ends with one still training (a script
+#: that never calls close()) stops and closes it at exit: the training thread would
+#: otherwise be killed inside a torch op, and the process abort.
+_OPEN: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    for session in list(_OPEN):
+        with contextlib.suppress(Exception):
+            session.close()
 
 
 #: Why `memory()` has no activation prediction for the mlp, the cnn and user modules.
@@ -176,14 +195,25 @@ def _deepspeed_backend_available() -> bool:
 class Session:
     """A training run you can change while it runs (see the module docstring).
 
-    `model`: a built-in name ("tiny-gpt", "mlp", "cnn"; `model_options` are passed to
-    `workbench.models.build_model`, seeded from `config.seed` unless given) or your
-    `nn.Module` (then `data` and `loss_fn` are required). `data`: a `Dataset` (the
-    session builds and rebuilds the DataLoader) or a `DataLoader` (used as is; its
-    batch size becomes `micro_batch`). Batches must be `(inputs, targets)` pairs;
-    `loss_fn(outputs, targets)` gets fp32 outputs. `sampler`: a running
-    `workbench.monitor.Sampler` whose latest sample is attached to each record.
-    `resume`: a checkpoint file or directory to continue from.
+    `config`: a `TrainConfig` (its docstring lists every setting and its allowed values);
+    None for the defaults.
+    `model`: a built-in name, "tiny-gpt" (default), "mlp" or "cnn" (`model_options` go to
+    `workbench.models.build_model`, seeded from `config.seed` unless given), or your
+    `nn.Module` (then `data` is required).
+    `data`: a `Dataset` (the session builds and rebuilds the DataLoader) or a `DataLoader`
+    (used as is; its batch size becomes `micro_batch`). A batch is an `(inputs, targets)`
+    pair, with `loss_fn(outputs, targets)`, or a mapping of the model's keyword arguments
+    (Hugging Face style: `model(**batch)`; without `loss_fn` the output's `.loss` is the
+    loss, with one it gets `loss_fn(outputs, batch)`); see `workbench.train.batches`. One
+    batch is checked here. `loss_fn` always receives fp32 outputs.
+    `sampler`: a running `workbench.monitor.Sampler` whose latest sample is attached to
+    each record. `device`: "cpu", "cuda" or "cuda:N" (default: `config.device`; "auto"
+    takes CUDA when available). `resume`: a checkpoint file or directory to continue from.
+
+    Your module's weights: the plain loop trains your module itself; a DeepSpeed engine
+    (ZeRO, DeepSpeed 16-bit, several ranks) trains its own copy, and your module gets the
+    trained weights back, in its own dtypes, at every engine switch and at `close()`.
+    `state_dict()` and `save_weights(path)` give the full weights at any time.
 
     Reproducibility: a new session seeds torch's global RNG with `config.seed` (dropout
     draws from it), built-in models draw their weights and data from `config.seed` too,
@@ -229,11 +259,11 @@ class Session:
             if model_options:
                 raise ValueError("model_options: apply only to a built-in model name")
             module = model
-            missing = [n for n, v in (("data", data), ("loss_fn", loss_fn)) if v is None]
-            if missing:
+            if data is None:
                 raise ValueError(
-                    f"{' and '.join(missing)}: required with your own nn.Module (data: a "
-                    "Dataset or DataLoader of (inputs, targets); loss_fn(outputs, targets))"
+                    "data=None: required with your own nn.Module (a Dataset or DataLoader of "
+                    "(inputs, targets) pairs with loss_fn(outputs, targets), or of mappings of "
+                    "the model's keyword arguments such as {'input_ids', 'labels'})"
                 )
         else:
             raise ValueError(
@@ -242,8 +272,11 @@ class Session:
             )
         if not isinstance(data, (Dataset, DataLoader)):
             raise ValueError(f"data={data!r}: must be a torch Dataset or DataLoader")
-        if not callable(loss_fn):
-            raise ValueError(f"loss_fn={loss_fn!r}: must be callable(outputs, targets)")
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(
+                f"loss_fn={loss_fn!r}: must be callable(outputs, targets), or None when the "
+                "model returns its own .loss"
+            )
         if (
             isinstance(data, DataLoader)
             and data.batch_size
@@ -285,6 +318,8 @@ class Session:
         self._target_step: int | None = None
         self._step = 0
         self._last_error: str | None = None
+        self._failure: str | None = None
+        self._background = False
         self.history: list[StepRecord] = []
         self.events: list[Event] = []
         self._version = 0
@@ -323,13 +358,17 @@ class Session:
             position=position,
         )
         try:
+            batches.check_batch(self._data.peek(), loss_fn)  # a wrong data shape fails here
+            self._announce_op_builds(config)
             self._backend: Backend = build_backend(
                 self._backend_config(config), module, state=state, world_size=self.world_size
             )
         except BaseException:
             self._data.close()
             raise
+        self._park_user_module()
         _OWNERS[module] = weakref.ref(self)
+        _OPEN.add(self)
         if payload is not None:
             ckpt.set_rng_state(payload["rng"])
             self._event("resumed", f"resumed from {payload['path']} at step {self._step}")
@@ -344,8 +383,19 @@ class Session:
 
     @property
     def model(self) -> nn.Module:
-        """The module being trained (inside a DeepSpeed engine: the engine's module)."""
+        """The module being trained now: your module, or under DeepSpeed the engine's
+        working copy (16-bit, flattened, partitioned under ZeRO-3). Your own module gets the
+        trained weights back at every engine switch and at `close()`; `state_dict()` gives
+        the full weights at any time. After `close()` this is your module."""
+        if self._state == "closed":
+            return self._model
         return self._inner(self._backend)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last run ended early (a non-finite loss, or an exception in a step), or
+        None. Cleared when a run starts."""
+        return self._failure
 
     @property
     def pending_changes(self) -> dict[str, Any]:
@@ -511,8 +561,24 @@ class Session:
         return p
 
     # ------------------------------------------------------------------ events
-    def _event(self, kind: str, message: str, severity: str = "info", **details: Any) -> Event:
-        ev = Event(kind=kind, message=message, step=self._step, severity=severity, details=details)
+    def _event(
+        self,
+        kind: str,
+        message: str,
+        severity: str = "info",
+        *,
+        step: int | None = None,
+        **details: Any,
+    ) -> Event:
+        """Record an event. `step` counts as the records do: the step it concerns (a
+        failed or changed step's number); by default the last completed step."""
+        ev = Event(
+            kind=kind,
+            message=message,
+            step=self._step if step is None else step,
+            severity=severity,
+            details=details,
+        )
         with self._state_lock:
             self.events.append(ev)
             self._version += 1
@@ -572,9 +638,13 @@ class Session:
             if raise_errors:
                 raise ValueError(f"could not apply {diff}: {exc}") from exc
             return
-        first = self._step + 1  # events carry the steps completed; records the step number
+        first = self._step + 1  # the first step that runs with the change
         self._event(
-            "change", f"applied {diff} from step {first}", changes=diff, effective_step=first
+            "change",
+            f"applied {diff} from step {first}",
+            step=first,
+            changes=diff,
+            effective_step=first,
         )
 
     def _apply_config(self, target: TrainConfig, changed: set[str]) -> None:
@@ -592,6 +662,12 @@ class Session:
                 )
             if changed & BACKEND_FIELDS:
                 state = self._backend.export_state()
+                # The engine trains a copy: bring its weights home first, so the new
+                # engine starts from (and a failed build leaves) your module up to date.
+                self._write_back(state, self._backend)
+                if not _needs_deepspeed(target, self.world_size):
+                    self._model.to(self.device)  # the plain loop trains your module itself
+                self._announce_op_builds(target)
                 new_backend = build_backend(
                     self._backend_config(target),
                     self._model,
@@ -614,6 +690,7 @@ class Session:
             self._backend, old_backend = new_backend, self._backend
             old_backend.close()
             self._state_bytes = None
+            self._park_user_module()
         self._config = target
         with self._state_lock:
             if not self._pending:
@@ -626,6 +703,75 @@ class Session:
         for backend in (self._backend, new_backend):
             if backend is not None and self._inner(backend) is not self._model:
                 set_activation_checkpointing(self._inner(backend), enabled)
+
+    # ------------------------------------------------------------------ your module's weights
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full trained weights and buffers of your module, keyed as your module's own
+        `state_dict()` (its dtypes), gathered from DeepSpeed's shards when an engine trains
+        it; load with `module.load_state_dict(...)` anywhere. Taken between steps (a running
+        session keeps running). Under several ranks with ZeRO-3 every rank must call it."""
+        if self._state != "closed":
+            with self._step_lock:
+                self._sync_user_module()
+                return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
+        return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
+
+    def save_weights(self, path: str | os.PathLike[str]) -> str:
+        """Write `state_dict()` (on the CPU) to `path` with `torch.save`, atomically; plain
+        `torch.load(path)` (weights_only) reads it back. Returns the path."""
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ValueError(f"path={path!r}: must be a file path")
+        weights = {k: v.cpu() for k, v in self.state_dict().items()}
+        return str(ckpt.write_atomic(weights, path))
+
+    def _write_back(self, state: dict[str, Any], backend: Backend) -> None:
+        """Copy an engine's trained weights (`state["model"]`, fp32 by parameter name) and
+        its buffers into your module, in your module's own dtypes and devices. A no-op
+        when the backend trains your module itself."""
+        inner = self._inner(backend)
+        if inner is self._model:
+            return
+        weights = state["model"]
+        buffers = _persistent_buffers(inner)
+        with torch.no_grad():
+            for name, p in self._model.named_parameters():
+                if name in weights:
+                    p.copy_(weights[name].to(device=p.device, dtype=p.dtype))
+            own = dict(self._model.named_buffers())
+            for name, b in buffers.items():
+                if name in own:
+                    own[name].copy_(b.to(device=own[name].device, dtype=own[name].dtype))
+
+    def _sync_user_module(self) -> None:
+        """Bring the current engine's weights into your module (caller holds the step lock)."""
+        if self._inner(self._backend) is not self._model:
+            self._write_back(self._backend.export_state(), self._backend)
+
+    def _park_user_module(self) -> None:
+        """While a DeepSpeed engine trains its own copy, keep your module in host memory
+        so the GPU does not hold a second fp32 copy of the model."""
+        if self.device.type == "cuda" and self._inner(self._backend) is not self._model:
+            self._model.to("cpu")
+
+    def _announce_op_builds(self, config: TrainConfig) -> None:
+        """DeepSpeed compiles some ops the first time they are used on a machine (a
+        minute or two); say so before the wait, as an event and on the console."""
+        if not _needs_deepspeed(config, self.world_size):
+            return
+        from workbench.train.toolchain import pending_op_builds, use_interpreter_tools
+
+        use_interpreter_tools()
+        pending = pending_op_builds(config)
+        if pending:
+            ev = self._event(
+                "op-build",
+                f"DeepSpeed builds its {', '.join(pending)} op(s) on first use on this machine: "
+                "expect 1-3 minutes once; later engines load the cached build "
+                "(~/.cache/torch_extensions)",
+                "info",
+                ops=pending,
+            )
+            log.warning("workbench: %s", ev.message)
 
     def _inner(self, backend: Backend) -> nn.Module:
         """The model inside `backend.module` (itself, or a DeepSpeed engine's `.module`)."""
@@ -652,19 +798,25 @@ class Session:
             self._pause_requested = False
             self._stop_requested = False
             self._loop_active = True
+            self._failure = None
+            self._background = action in ("start", "resume")
             self._set_state("running")
 
-    def run(self, optimizer_steps: int) -> list[StepRecord]:
+    def run(self, optimizer_steps: int, *, progress: bool | None = None) -> list[StepRecord]:
         """Train `optimizer_steps` steps in this thread; returns their records.
 
         Returns early (state "paused") on `pause()` from another thread or a non-finite
-        loss; raises `SessionError` (state "error") when a step raises.
+        loss; raises `SessionError` (state "error") when a step raises. `progress`: a
+        progress bar (tqdm) on stderr; None shows it when stderr is a terminal.
         """
         if optimizer_steps is None:
             raise ValueError("optimizer_steps=None: run() needs a number of steps >= 1")
+        if progress is not None and not isinstance(progress, bool):
+            raise ValueError(f"progress={progress!r}: must be True, False or None")
         start = len(self.history)
         self._begin(optimizer_steps, "run")
-        self._loop()
+        with _progress_bar(self, optimizer_steps, progress):
+            self._loop()
         if self._state == "error":
             raise SessionError(self._last_error or "training step failed")
         return self.records_since(start)
@@ -746,16 +898,30 @@ class Session:
             self._thread = None
 
     def close(self) -> None:
-        """Stop, then release loader workers and the backend. Idempotent."""
+        """Stop, bring the trained weights into your module (from a DeepSpeed engine's
+        shards too), then release loader workers and the backend. Idempotent."""
         if self._state == "closed":
             return
         if self._loop_active:
             self.stop()
         self._join()
         with self._step_lock:
+            try:
+                self._sync_user_module()
+                self._model.to(self.device)
+            except Exception as exc:
+                ev = self._event(
+                    "weights-not-synced",
+                    f"close(): could not copy the trained weights into your module: "
+                    f"{type(exc).__name__}: {exc}",
+                    "error",
+                    traceback=traceback.format_exc(),
+                )
+                log.error("workbench: %s", ev.message)
             self._data.close()
             self._backend.close()
             self._set_state("closed")
+            _OPEN.discard(self)
 
     def __enter__(self) -> Session:
         return self
@@ -821,30 +987,37 @@ class Session:
             except _NonFiniteLoss as nf:
                 record = self._nonfinite_record(nf.value)
                 cfg = self._config
-                self._event(
+                ev = self._event(
                     "nan-loss",
-                    f"loss is {nf.value} at step {self._step}: the step was not applied and the "
-                    "session paused. Try a lower loss_scale_init (amp-fp16), "
-                    "precision='amp-bf16', a lower lr or clip_grad_norm; then resume().",
+                    f"loss is {nf.value} at step {record.step}: the step was not applied and "
+                    f"the session paused. {nan_advice(cfg)}; then resume().",
                     "error",
+                    step=record.step,
                     loss=nf.value,
                     precision=str(cfg.precision),
                     lr=record.lr,
                 )
                 self._publish(record)
+                self._fail(ev.message, announce=True)
                 return "paused"
             except Exception as exc:
                 self._backend.zero_grad()
                 self._last_error = f"{type(exc).__name__}: {exc}"
-                self._event(
+                hint = (
+                    "Fix the data (it cannot be changed on a live session: build a new Session)"
+                    if isinstance(exc, batches.DataContractError)
+                    else "Fix the cause, then update(...) and/or resume()"
+                )
+                ev = self._event(
                     "error",
                     f"step {self._step + 1} failed: {self._last_error}. The step was not "
-                    "applied and its batch is skipped. Fix the cause, then update(...) and/or "
-                    "resume().",
+                    f"applied and its batch is skipped. {hint}.",
                     "error",
+                    step=self._step + 1,
                     error=self._last_error,
                     traceback=traceback.format_exc(),
                 )
+                self._fail(ev.message, announce=self._background)
                 return "error"
         self._publish(record)
         self._autosave()
@@ -885,6 +1058,7 @@ class Session:
             f"out of memory at micro_batch={mb}: micro_batch halved to {new_mb} and grad_accum "
             f"doubled to {new_ga} (effective batch {kept}); retrying the same batch",
             "warning",
+            step=self._step + 1,
             error=message,
             micro_batch=new_mb,
             grad_accum=new_ga,
@@ -907,11 +1081,8 @@ class Session:
                 batch = data.next()
             data_s += perf_counter() - t
             fetched.append(batch)
-            inputs, targets = _unpack(batch)
             with label("workbench.forward"):
-                with backend.autocast():
-                    out = module(inputs)
-                loss = loss_fn(out.float() if isinstance(out, torch.Tensor) else out, targets)
+                loss = batches.forward_and_loss(module, batch, loss_fn, backend.autocast)
             with label("workbench.backward"):
                 backend.backward(loss)
             total = loss.detach() if total is None else total + loss.detach()
@@ -977,6 +1148,13 @@ class Session:
             gpu_memory_used_bytes=sample.gpu_memory_used_bytes if sample is not None else None,
             cpu_util_percent=sample.cpu_util_percent if sample is not None else None,
         )
+
+    def _fail(self, message: str, *, announce: bool) -> None:
+        """Remember why the run ended; say it on the console when nobody is waiting on
+        the call (a background run), since `events` is not where users look first."""
+        self._failure = message
+        if announce:
+            log.warning("workbench session %s: %s", self.id, message)
 
     def _nonfinite_record(self, loss: float) -> StepRecord:
         cfg = self._config
@@ -1125,12 +1303,9 @@ class Session:
             self._apply_pending(raise_errors=False)
             cfg = self._config
             batch = self._data.peek()
-            inputs, targets = _unpack(batch)
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
-            measure, states = mem.probe(
-                self._backend, self._loss_fn, inputs, targets, model=self.model
-            )
+            measure, states = mem.probe(self._backend, self._loss_fn, batch, model=self.model)
             cuda_peak = (
                 torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
             )
@@ -1259,13 +1434,55 @@ class Session:
         return launch_ranks(self._config, ranks=ranks, model=self.model_name, steps=steps, **kwargs)
 
 
-def _unpack(batch: Any) -> tuple[Any, Any]:
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise ValueError(
-        f"data: each batch must be an (inputs, targets) pair; got {type(batch).__name__}"
-        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+@contextlib.contextmanager
+def _progress_bar(session: Session, total: int, show: bool | None) -> Iterator[None]:
+    """A tqdm bar fed by the session's records while `run()` trains in this thread."""
+    import sys
+
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        yield
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="step", desc=f"session {session.id}", leave=True)
+
+    def advance(record: StepRecord) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{record.loss:.4g}", refresh=False)
+
+    remove = session.on_record(advance)
+    try:
+        yield
+    finally:
+        remove()
+        bar.close()
+
+
+def nan_advice(config: TrainConfig) -> str:
+    """What to try after a non-finite loss, for this precision."""
+    precision = Precision(config.precision)
+    if precision in (Precision.AMP_FP16, Precision.FP16):
+        bf16 = "amp-bf16" if precision is Precision.AMP_FP16 else "bf16"
+        return (
+            f"{precision.value} overflows above 65504: lower loss_scale_init, or use "
+            f"precision={bf16!r} (fp32's exponent range) where the hardware has bf16; a lower "
+            "lr or clip_grad_norm also helps"
+        )
+    clip = (
+        "set clip_grad_norm (e.g. 1.0)"
+        if config.clip_grad_norm is None
+        else f"lower clip_grad_norm (now {config.clip_grad_norm:g})"
     )
+    return (
+        f"in {precision.value} this is divergence, not overflow: lower lr (now "
+        f"{float(config.lr):g}), {clip}, and check the data for NaN/inf values"
+    )
+
+
+def _needs_deepspeed(config: TrainConfig, world_size: int) -> bool:
+    return bool(config.uses_deepspeed) or world_size > 1
 
 
 def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

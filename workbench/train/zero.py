@@ -57,6 +57,7 @@ from torch import nn
 from workbench.config import OptimizerName, Precision, TrainConfig
 from workbench.train.backend import ModelStateBytes, StepOutcome
 from workbench.train.schedule import lr_at
+from workbench.train.toolchain import use_interpreter_tools
 
 STATE_FORMAT = 1
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
@@ -112,6 +113,7 @@ class _ProcessGroupLease:
         # torch wraps sys.excepthook at every init_process_group ("[rank0]: " prefixes);
         # a notebook process re-creates the group at each engine switch, so keep the hook.
         excepthook = sys.excepthook
+        use_interpreter_tools()  # DeepSpeed may JIT-build its comm op here (workbench.train.toolchain)
         try:
             import deepspeed
             from deepspeed.accelerator import get_accelerator
@@ -152,6 +154,35 @@ class _ProcessGroupLease:
         cls.env_added = ()
 
 
+class _Zero3LinearPatch:
+    """ZeRO-3 replaces `torch.nn.functional.linear` process-wide with its memory-efficient
+    version and never puts it back ("This will persist unless manually reset"): every
+    later model in the notebook, trained by DeepSpeed or not, would run through it (and
+    save different tensors for backward). Count the live stage-3 engines and restore
+    torch's own function when the last one closes."""
+
+    engines = 0
+
+    @classmethod
+    def acquire(cls) -> None:
+        cls.engines += 1
+
+    @classmethod
+    def release(cls) -> None:
+        cls.engines = max(0, cls.engines - 1)
+        if cls.engines:
+            return
+        with contextlib.suppress(ImportError):
+            from deepspeed.runtime.zero.linear import zero3_linear_wrap
+            from deepspeed.runtime.zero.partition_parameters import (
+                InsertPostInitMethodToModuleSubClasses as Patched,
+            )
+
+            original = getattr(Patched, "linear_bk", None)
+            if original is not None and torch.nn.functional.linear is zero3_linear_wrap:
+                torch.nn.functional.linear = original
+
+
 def _forget_stale_groups() -> None:
     """DeepSpeed caches sub-groups of the default group in module globals; after someone
     else destroyed the default group they point at dead groups and the next engine fails
@@ -177,6 +208,12 @@ def engine_config(config: TrainConfig, world_size: int, n_params: int) -> dict[s
     ds = to_deepspeed(config, world_size=world_size)
     ds.pop("scheduler", None)  # the backend applies lr_at() itself
     ds.pop("torch_autocast", None)  # amp-bf16: torch autocast around forward
+    opt = ds.get("optimizer") or {}
+    if opt.get("type") in ("Adam", "AdamW"):
+        # torch's Adam inside DeepSpeed: no FusedAdam JIT build (which needs nvcc on CUDA)
+        opt.setdefault("params", {})["torch_adam"] = True
+    elif opt.get("type") == "SGD" and ds["zero_optimization"]["stage"] >= 1:
+        ds["zero_allow_untested_optimizer"] = True  # DeepSpeed asks for this flag for SGD
     # Capped at the model's size, rounded up to DeepSpeed's alignment (a multiple of 64).
     bucket = -(-max(1, min(DS_DEFAULT_BUCKET, int(n_params))) // 64) * 64
     zero = ds["zero_optimization"]
@@ -217,6 +254,7 @@ class DeepSpeedBackend:
         self._closed = True  # until fully built
         self.engine: Any = None
         self._hooks: list[Any] = []
+        self._zero3 = False
         _ProcessGroupLease.acquire()
         try:
             self._build(model, state)
@@ -265,6 +303,9 @@ class DeepSpeedBackend:
         if n_params == 0:
             raise ValueError("model: has no trainable parameters (requires_grad=True)")
         self.ds_config = engine_config(config, self.world_size, n_params)
+        if self.ds_config["zero_optimization"]["stage"] == 3:
+            _Zero3LinearPatch.acquire()  # before initialize, which patches
+            self._zero3 = True
         trainable = [p for p in module.parameters() if p.requires_grad]
         engine, _, _, _ = deepspeed.initialize(
             model=module,
@@ -624,6 +665,9 @@ class DeepSpeedBackend:
         _ProcessGroupLease.release()
 
     def _teardown(self) -> None:
+        if self._zero3:
+            self._zero3 = False
+            _Zero3LinearPatch.release()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

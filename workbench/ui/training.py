@@ -768,10 +768,9 @@ class TrainingPanel(PanelBase):
                 "pending: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in pending.items())
             )
         text = " · ".join(parts)
-        if state == "error":
-            errors = [e for e in self._events if getattr(e, "severity", "") == "error"]
-            if errors:
-                text += f" · {_one_line(errors[-1].message)}"
+        failure = getattr(self.session, "failure", None)
+        if state in ("error", "paused") and failure:
+            text += f" · {_one_line(failure)}"
         value = status_html(kind, text) + f"<br><code>{html.escape(settings)}</code>"
         if self.status.value != value:
             self.status.value = value

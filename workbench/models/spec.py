@@ -1,0 +1,96 @@
+"""Model specs: a built-in name ("tiny-gpt", "mlp", "cnn") or a factory "pkg.module:function".
+
+A factory is imported the way `python -m` would find it: the current folder comes first on
+`sys.path`, so `workbench launch --model mymodels:cnn` works in the folder that holds
+`mymodels.py`. It is called with the model options as keyword arguments and returns what
+`workbench.models.build_model` returns, `(module, dataset, loss_fn[, info])`; `loss_fn` may
+be None when the dataset yields mappings and the model returns its own `.loss`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_factory(model: str) -> bool:
+    return ":" in model
+
+
+def _with_cwd_on_path() -> None:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def spec_problems(model: Any, *, importable: bool = True) -> list[str]:
+    """What is wrong with a model spec (empty when it is usable). `importable`: also
+    check that a factory's module can be found (from the current folder too)."""
+    from workbench.models import MODEL_NAMES
+
+    if not isinstance(model, str) or not model:
+        return [
+            f"model={model!r}: must be a built-in model name ({', '.join(MODEL_NAMES)}) "
+            "or an importable factory 'pkg.module:function'"
+        ]
+    if is_factory(model):
+        if not FACTORY.match(model):
+            return [
+                f"model={model!r}: a factory must be written 'pkg.module:function' (dotted "
+                "module path, a colon, a function name)"
+            ]
+        if importable:
+            module = model.partition(":")[0]
+            _with_cwd_on_path()
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return [
+                    f"model={model!r}: module {module!r} is not importable from {os.getcwd()} "
+                    "or sys.path"
+                ]
+        return []
+    if model not in MODEL_NAMES:
+        return [
+            f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
+            "'pkg.module:function'"
+        ]
+    return []
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The factory function named by 'pkg.module:function' (the current folder on the path)."""
+    problems = spec_problems(spec)
+    if problems:
+        raise ValueError(problems[0])
+    module, _, attr = spec.partition(":")
+    fn = getattr(importlib.import_module(module), attr, None)
+    if not callable(fn):
+        raise ValueError(f"model={spec!r}: {module} has no callable {attr}")
+    return fn  # type: ignore[no-any-return]
+
+
+def build_from_spec(model: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Session keyword arguments (`model`, and `data`/`loss_fn` for a factory) for a spec."""
+    options = dict(options or {})
+    if not is_factory(model):
+        problems = spec_problems(model)
+        if problems:
+            raise ValueError(problems[0])
+        return {"model": model, "model_options": options or None}
+    made = load_factory(model)(**options)
+    if not isinstance(made, (tuple, list)) or len(made) not in (3, 4):
+        raise ValueError(
+            f"model={model!r}: the factory must return (module, dataset, loss_fn[, info]), "
+            f"got {type(made).__name__}"
+        )
+    return {"model": made[0], "data": made[1], "loss_fn": made[2]}
