@@ -143,8 +143,11 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     scheduler = _scheduler_block(config)
     if scheduler is not None:
         ds["scheduler"] = scheduler
-    if config.clip_grad_norm is not None:
-        ds["gradient_clipping"] = float(config.clip_grad_norm)
+    # Always written: DeepSpeed clips at 1.0 when the key is absent (its default), so "no
+    # clipping" must be an explicit 0.0.
+    ds["gradient_clipping"] = (
+        float(config.clip_grad_norm) if config.clip_grad_norm is not None else 0.0
+    )
     if precision is Precision.FP16:
         ds["fp16"] = _fp16_block(config)
     elif precision is Precision.BF16:
@@ -288,6 +291,7 @@ class _Reader:
         self.notes: list[str] = []  # warnings of their own
 
     def ignore(self, entry: str) -> None:
+        assert "; " not in entry, entry  # "; " separates the entries of the warning
         self.ignored.append(entry)
 
     def warnings(self, deepspeed_name: str) -> tuple[str, ...]:
@@ -668,10 +672,10 @@ def _read_zero(r: _Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
         if device == OffloadDevice.NONE.value:
             continue
         if key == "offload_param" and stage != 3:
-            r.ignore(f"{path} (DeepSpeed offloads parameters at stage 3 only; stage {stage})")
+            r.ignore(f"{path} (DeepSpeed offloads parameters at stage 3 only, not {stage})")
             continue
         if key == "offload_optimizer" and stage == 0:
-            r.ignore(f"{path} (ZeRO-Offload needs stage 1, 2 or 3; stage 0)")
+            r.ignore(f"{path} (ZeRO-Offload needs stage 1, 2 or 3, not 0)")
             continue
         kw[field_name] = device
         nvme = None if block.nvme_path is None else str(block.nvme_path)
@@ -723,7 +727,7 @@ def _read_precision(
         elif dtype == "None":
             kw["precision"] = Precision.AMP_FP16.value
             r.ignore(
-                "torch_autocast.dtype (absent: torch's default for the device, float16 on CUDA; "
+                "torch_autocast.dtype (absent: torch's default for the device, float16 on CUDA: "
                 "imported as amp-fp16)"
             )
         elif dtype == "torch.float32":
@@ -746,7 +750,7 @@ def _read_precision(
 def _read_fp16(r: _Reader, given: dict[str, Any], fc: Any, kw: dict[str, Any]) -> None:
     if fc.loss_scale:
         r.ignore(
-            f"fp16.loss_scale={given.get('loss_scale')!r} (static loss scaling; the workbench "
+            f"fp16.loss_scale={given.get('loss_scale')!r} (static loss scaling, the workbench "
             "scales dynamically)"
         )
     kw["loss_scale_init"] = float(2 ** int(fc.initial_scale_power))
@@ -777,7 +781,7 @@ def _read_optimizer(
             r.unread.append(f"optimizer.{key}")
     params = r.block(opt, "params", "optimizer.params") or {}
     if "type" not in opt:
-        r.ignore("optimizer (no type: DeepSpeed builds no optimizer; the client's is used)")
+        r.ignore("optimizer (no type: DeepSpeed builds no optimizer, the client's is used)")
         return
     kind = r.string(opt, "type", "optimizer.type")
     if kind is None:
@@ -904,7 +908,7 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
             return
         warmup = 1000 if n is None else n  # DeepSpeed's default warmup_num_steps
         if warmup > total:
-            r.ignore(f"{p}.warmup_num_steps={warmup} (more than total_num_steps; uses {total})")
+            r.ignore(f"{p}.warmup_num_steps={warmup} (more than total_num_steps, uses {total})")
             warmup = total
         if kind == "WarmupCosineLR":
             lo = r.number(params, "warmup_min_ratio", f"{p}.warmup_min_ratio")
@@ -925,7 +929,7 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
                 r.ignore(f"{p}.warmup_type={kind_w or 'log'!r} ({_SCHEDULER_LINEAR}{default})")
         else:
             r.ignore(
-                "scheduler.type='WarmupDecayLR' (a linear decay to 0; imported as "
+                "scheduler.type='WarmupDecayLR' (a linear decay to 0, imported as "
                 "lr_schedule='cosine' over the same steps: the workbench has no linear decay)"
             )
             hi = r.number(params, "warmup_max_lr", f"{p}.warmup_max_lr", allow_zero=False)

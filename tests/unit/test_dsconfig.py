@@ -214,8 +214,8 @@ def test_values_deepspeed_accepts_but_the_workbench_approximates_are_named() -> 
     (text,) = result.warnings
     assert text == (
         "not modelled by the workbench, ignored (5): "
-        "zero_optimization.offload_param (DeepSpeed offloads parameters at stage 3 only; stage 2); "
-        "fp16.loss_scale=128 (static loss scaling; the workbench scales dynamically); "
+        "zero_optimization.offload_param (DeepSpeed offloads parameters at stage 3 only, not 2); "
+        "fp16.loss_scale=128 (static loss scaling, the workbench scales dynamically); "
         "optimizer.params.betas=[0.9, 0.95] (the workbench uses [0.9, 0.999]); "
         "optimizer.params.eps=1e-06 (the workbench uses 1e-08); "
         "scheduler.params.warmup_type='log' (the workbench warms up linearly, DeepSpeed's default)"
@@ -231,7 +231,7 @@ def test_schedulers_deepspeed_has_and_the_workbench_approximates() -> None:
     assert (cosine.config.lr_schedule, cosine.config.total_steps) == ("cosine", 500)
     assert cosine.config.warmup_steps == 500
     (text,) = cosine.warnings
-    assert "warmup_num_steps=1000 (more than total_num_steps; uses 500)" in text
+    assert "warmup_num_steps=1000 (more than total_num_steps, uses 500)" in text
     assert "cos_min_ratio=0.0001 (the workbench decays to 0, DeepSpeed's default)" in text
     decay = import_deepspeed(
         {
