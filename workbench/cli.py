@@ -177,7 +177,10 @@ def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
         "--precision", default="fp32", help="fp32, amp-fp16, amp-bf16, fp16, bf16 (fp32)"
     )
     setup.add_argument(
-        "--optimizer", default="adamw", help="adamw, adam, sgd, sgd-nomomentum, adam8bit (adamw)"
+        "--optimizer",
+        default="adamw",
+        help="adamw, adam, sgd, sgd-nomomentum, adam8bit, and DeepSpeed's lamb, lion, adagrad, "
+        "onebitadam, zerooneadam, onebitlamb (adamw)",
     )
     setup.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
     setup.add_argument(

@@ -38,7 +38,11 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
         "--precision", "str", "PRECISION", "fp32, amp-bf16, amp-fp16, fp16, bf16 (fp32)"
     ),
     "optimizer": ConfigFlag(
-        "--optimizer", "str", "OPTIMIZER", "adamw, adam, sgd, sgd-nomomentum (adamw)"
+        "--optimizer",
+        "str",
+        "OPTIMIZER",
+        "adamw, adam, sgd, sgd-nomomentum; DeepSpeed's lamb, lion, adagrad, onebitadam, "
+        "zerooneadam, onebitlamb export but a Session does not train them (adamw)",
     ),
     "zero_stage": ConfigFlag("--zero", "int", "STAGE", "ZeRO stage 0-3 (0)"),
     "micro_batch": ConfigFlag(

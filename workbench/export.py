@@ -869,7 +869,7 @@ def _import_config(
         "train_micro_batch_size_per_gpu",
         "gradient_accumulation_steps",
     )
-    if all(k in raw for k in batch_keys):
+    if all(raw.get(k, "auto") != "auto" for k in batch_keys):  # "auto": filled per world
         c = imported.config
         warns.append(
             f"train_batch_size={raw['train_batch_size']}: was for world size "

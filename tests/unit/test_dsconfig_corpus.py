@@ -8,11 +8,14 @@ are pinned to hand-computed figures (ZeRO paper accounting; docs/estimator.md).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from workbench import dscheck
+from workbench.cli import main
 from workbench.config import TrainConfig, runtime_problems
 from workbench.dsconfig import DeepSpeedImport, import_deepspeed, to_deepspeed
 from workbench.estimate import estimate_memory
@@ -448,3 +451,19 @@ def test_a_removed_deepspeed_feature_is_rejected_with_deepspeeds_reason() -> Non
         f"invalid DeepSpeed config: {DS} rejects the config: DeepSpeed Sparse Attention has "
         "been removed"
     )
+
+
+def test_export_of_an_auto_config_fills_the_batch_for_the_world_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(HF_ZERO2_AUTO))
+    code = main(["export", "--config", str(path), "--gpus", "8", "--out", str(tmp_path / "job")])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    assert [w.split(" ")[1] for w in warnings] == ['"auto"', "not"]  # nothing about the batch
+    ds = json.loads((tmp_path / "job" / "ds_config.json").read_text())
+    # the session defaults (micro-batch 8, accumulation 1) on 8 GPUs
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"]) == (64, 8)
+    assert ds["scheduler"]["type"] == "WarmupCosineLR"
