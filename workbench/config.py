@@ -480,9 +480,14 @@ class TrainConfig:
         """Read a DeepSpeed config (dict or JSON path) into a TrainConfig, issuing the
         import's warnings (keys the workbench does not model, `"auto"` values filled from
         `base`, default `TrainConfig()`). See `workbench.dsconfig.import_deepspeed`."""
-        from workbench.dsconfig import from_deepspeed
+        import warnings
 
-        config: TrainConfig = from_deepspeed(source, world_size=world_size, base=base)
+        from workbench.dsconfig import import_deepspeed
+
+        result = import_deepspeed(source, world_size=world_size, base=base)
+        for message in result.warnings:
+            warnings.warn(message, UserWarning, stacklevel=2)
+        config: TrainConfig = result.config
         return config
 
 

@@ -319,9 +319,11 @@ def test_auto_values_are_filled_from_the_sessions_settings_with_a_note() -> None
         "and left to DeepSpeed's defaults: zero_optimization.reduce_bucket_size"
     )
     assert ignored.startswith("not modelled by the workbench, ignored (2): ")
-    with pytest.warns(UserWarning, match=r'^"auto" values filled') as caught:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert TrainConfig.from_deepspeed(HF_AUTO, base=base, world_size=4) == c
     assert [str(w.message) for w in caught] == [auto, ignored]
+    assert {w.filename for w in caught} == {__file__}  # pointing at the caller's line
     # the defaults fill them when no session is given, and every precision works
     plain = from_deepspeed_quiet(HF_AUTO)
     assert (plain.micro_batch, plain.precision, plain.clip_grad_norm) == (8, "fp32", None)
