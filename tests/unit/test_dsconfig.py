@@ -493,3 +493,50 @@ def test_export_rejects_what_deepspeed_cannot_express() -> None:
         to_deepspeed(TrainConfig(precision="fp16", loss_scale_init=1000.0))
     with pytest.raises(ValueError, match="world_size=0"):
         to_deepspeed(TrainConfig(), world_size=0)
+
+
+def deepspeeds_batch(keys: dict[str, int], world: int) -> tuple[int, int] | None:
+    """(micro, accumulation) as DeepSpeed 0.19 resolves `keys` on `world` ranks
+    (`DeepSpeedConfig._configure_train_batch_size`), None when it refuses them."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    cfg = DeepSpeedConfig.__new__(DeepSpeedConfig)
+    cfg.world_size = world
+    cfg.train_batch_size = keys.get("train_batch_size")
+    cfg.train_micro_batch_size_per_gpu = keys.get("train_micro_batch_size_per_gpu")
+    cfg.gradient_accumulation_steps = keys.get("gradient_accumulation_steps")
+    try:
+        cfg._configure_train_batch_size()
+    except AssertionError:
+        return None
+    return cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"train_batch_size": 24},
+        {"train_micro_batch_size_per_gpu": 3},
+        {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3},
+        {"train_batch_size": 24, "gradient_accumulation_steps": 2},
+        {"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2},
+        {
+            "train_batch_size": 24,
+            "train_micro_batch_size_per_gpu": 3,
+            "gradient_accumulation_steps": 2,
+        },
+        {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 5},
+        {"train_batch_size": 10, "gradient_accumulation_steps": 4},
+        {"train_batch_size": 6, "train_micro_batch_size_per_gpu": 4},
+    ],
+)
+def test_batch_keys_resolve_as_deepspeed_resolves_them(keys: dict[str, int], world: int) -> None:
+    expected = deepspeeds_batch(keys, world)
+    if expected is None:
+        with pytest.raises(ValueError, match=r"train_batch_size=\d+: (must|with micro)"):
+            import_deepspeed(keys, world_size=world)
+        return
+    result = import_deepspeed(keys, world_size=world)
+    assert (result.config.micro_batch, result.config.grad_accum) == expected
+    assert result.world_size == world
