@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install lab test test-fast lint bench browser-deps clean
+.PHONY: install lab test test-fast lint bench gpu-check browser-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench: install
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/sampler.py
 	$(PY) benchmarks/panels.py
+
+# On a machine with an NVIDIA GPU: every CUDA, NCCL and NVML path (fails without CUDA).
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

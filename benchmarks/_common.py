@@ -93,10 +93,11 @@ def median_wall(fn: Callable[[], Any], *, runs: int = 7) -> dict[str, float]:
     }
 
 
-def write_results(name: str, results: dict[str, Any]) -> Path:
-    """Write `results` plus machine info and a UTC timestamp to benchmarks/results/NAME.json."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def write_results(name: str, results: dict[str, Any], path: str | Path | None = None) -> Path:
+    """Write `results` plus machine info and a UTC timestamp to benchmarks/results/NAME.json
+    (or to `path`)."""
+    path = RESULTS_DIR / f"{name}.json" if path is None else Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
         "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

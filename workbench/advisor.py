@@ -203,7 +203,7 @@ class _GpuReading:
     memory_total_bytes: float | None
 
 
-def _samples(samples: Any) -> list[_GpuReading]:
+def _samples(samples: Any, gpu_uuid: str | None = None) -> list[_GpuReading]:
     if samples is None:
         return []
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
@@ -213,10 +213,10 @@ def _samples(samples: Any) -> list[_GpuReading]:
         gpus = _get(s, "gpus")
         if gpus is None or isinstance(gpus, (str, bytes)):
             raise ValueError(f"samples[{i}]={s!r}: must be a monitor Sample (with .gpus)")
-        if not gpus:
+        g = _pick_gpu(gpus, gpu_uuid)
+        if g is None:
             out.append(_GpuReading(None, None, None))
             continue
-        g = gpus[0]
         vals: list[float | None] = []
         for n in ("util_percent", "memory_used_bytes", "memory_total_bytes"):
             v = _get(g, n)
@@ -225,6 +225,17 @@ def _samples(samples: Any) -> list[_GpuReading]:
             vals.append(None if v is None else float(v))
         out.append(_GpuReading(vals[0], vals[1], vals[2]))
     return out
+
+
+def _pick_gpu(gpus: Sequence[Any], uuid: str | None) -> Any:
+    """The GPU with `uuid` (the one the run trains on), the first without a uuid."""
+    if uuid is None:
+        return gpus[0] if gpus else None
+    for g in gpus:
+        found = _get(g, "uuid")
+        if isinstance(found, str) and found.lower() == uuid.lower():
+            return g
+    return None
 
 
 def _model_dims(model_dims: Any) -> dict[str, int]:
@@ -714,16 +725,20 @@ def advise(
     config: TrainConfig | None = None,
     device: str | None = None,
     model_dims: Mapping[str, int] | None = None,
+    gpu_uuid: str | None = None,
 ) -> list[Advice]:
     """Advice for a run, most severe first.
 
     records: StepRecord objects (or dicts with their field names), any order.
-    samples: monitor `Sample`s (the first GPU is read); config: the run's TrainConfig;
+    samples: monitor `Sample`s; the GPU read is the one with NVML UUID `gpu_uuid` (the
+    session's `gpu_uuid`), or the first GPU when it is None; config: the run's TrainConfig;
     device: "cpu" or "cuda" (default: config.device, else "cuda" when records carry CUDA
     memory); model_dims: sizes such as {"hidden_size": 1000, "vocab_size": 50257}.
     """
     recs = _records(records)
-    gpu = _samples(samples)
+    if gpu_uuid is not None and not isinstance(gpu_uuid, str):
+        raise ValueError(f"gpu_uuid={gpu_uuid!r}: must be an NVML UUID string ('GPU-...') or None")
+    gpu = _samples(samples, gpu_uuid)
     if config is not None and not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a TrainConfig or None")
     if device is not None and device not in _DEVICES:

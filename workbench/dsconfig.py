@@ -104,7 +104,9 @@ ZERO_TESTED_OPTIMIZERS = frozenset(
 #: The optimizer parameters the workbench models, per optimizer family; any other given
 #: parameter (with a value other than DeepSpeed's default) is listed as not modelled.
 _MODELLED_PARAMS = {
-    "adam": frozenset({"lr", "weight_decay", "betas", "eps", "adam_w_mode"}),
+    # torch_adam: which implementation runs the same Adam (same state bytes); the export
+    # always writes true (no fused/CPU Adam op build)
+    "adam": frozenset({"lr", "weight_decay", "betas", "eps", "adam_w_mode", "torch_adam"}),
     "sgd": frozenset({"lr", "weight_decay", "momentum"}),
     "other": frozenset({"lr", "weight_decay", "betas", "eps"}),
 }
@@ -182,6 +184,9 @@ def _optimizer_block(config: TrainConfig) -> dict[str, Any]:
             "betas": list(ADAM_BETAS),
             "eps": ADAM_EPS,
             "weight_decay": wd,
+            # torch's Adam inside DeepSpeed: no FusedAdam (CUDA) or DeepSpeedCPUAdam (CPU
+            # offload) JIT build, which needs nvcc / the CUDA headers matching torch's
+            "torch_adam": True,
         }
         if name is OptimizerName.ADAM:
             # DeepSpeed's "Adam" means AdamW unless adam_w_mode is false.

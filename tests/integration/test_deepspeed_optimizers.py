@@ -111,10 +111,11 @@ def predicted_optimizer_bytes(config: TrainConfig, n_params: int) -> int:
         (TrainConfig(optimizer="sgd", zero_stage=1), "SGD", 4 + 4),
         # ZeRO-2 with a cosine schedule DeepSpeed builds (no warmup)
         (TrainConfig(optimizer="sgd", zero_stage=2, lr_schedule="cosine"), "SGD", 4 + 4),
-        # the CPU optimizers of ZeRO-Offload: fp32 master + their states
+        # ZeRO-Offload: fp32 master + the optimizer's states; Adam is torch's (`torch_adam`
+        # in the export: no op build), Adagrad and Lion DeepSpeed's CPU optimizers
         (
             TrainConfig(optimizer="adamw", zero_stage=1, offload_optimizer="cpu"),
-            "DeepSpeedCPUAdam",
+            "AdamW",
             4 + 8,
         ),
         (

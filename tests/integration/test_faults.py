@@ -233,3 +233,41 @@ def test_nan_advice_fits_the_precision(precision, present, absent):
     text = nan_advice(TrainConfig(precision=precision, lr=3e-4))
     assert all(p in text for p in present), text
     assert not any(a in text for a in absent), text
+
+
+def test_out_of_memory_under_zero_releases_the_old_engine_before_building_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both engines would not fit on a full GPU: the old one is exported to host memory and
+    closed (and the allocator's cache emptied) before its successor is built."""
+    from workbench.train import session as session_module
+    from workbench.train import zero
+
+    order: list[str] = []
+    real_init, real_close = zero.DeepSpeedBackend.__init__, zero.DeepSpeedBackend.close
+
+    def init(self, *args, **kwargs):
+        order.append("build")
+        real_init(self, *args, **kwargs)
+
+    def close(self):
+        if not self._closed:
+            order.append("close")
+        real_close(self)
+
+    real_release = session_module._release_device_memory
+    monkeypatch.setattr(zero.DeepSpeedBackend, "__init__", init)
+    monkeypatch.setattr(zero.DeepSpeedBackend, "close", close)
+    monkeypatch.setattr(
+        session_module,
+        "_release_device_memory",
+        lambda device: (order.append("release"), real_release(device))[1],
+    )
+    cfg = TrainConfig(micro_batch=8, zero_stage=2, seed=4)
+    with Session(cfg, model=Flaky(oom_above=4), data=_data(), loss_fn=nn.functional.mse_loss) as s:
+        recs = s.run(2)
+        assert s.config.micro_batch == 4 and s.config.grad_accum == 2
+        assert [e.kind for e in s.events].count("oom") == 1
+        assert recs[0].warmup and not recs[1].warmup  # the first step on the new engine
+        assert all(math.isfinite(r.loss) for r in recs)
+    assert order[:4] == ["build", "close", "release", "build"], order

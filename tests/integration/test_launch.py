@@ -218,6 +218,13 @@ def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
         launch_ranks(TrainConfig(**CPU), **args)
 
 
+def test_an_optimizer_the_ranks_cannot_train_is_refused_before_anything_starts() -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match=r"optimizer='lamb': cannot train here.*'adamw'"):
+        launch_ranks(TrainConfig(optimizer="lamb", **CPU), ranks=2, model="mlp", steps=1)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
 def test_more_ranks_than_gpus_is_refused() -> None:
     import torch
 

@@ -137,9 +137,9 @@ def test_activations_grow_linearly_with_the_micro_batch(tiny):
 
 def test_memory_probe_does_not_change_training(tiny):
     cfg = TrainConfig(micro_batch=4, seed=9)
-    with Session(cfg, model_options=tiny) as a:
+    with Session(cfg, model_options=tiny, device="cpu") as a:
         plain = [r.loss for r in a.run(4)]
-    with Session(cfg, model_options=tiny) as b:
+    with Session(cfg, model_options=tiny, device="cpu") as b:  # the host-memory fields
         b.memory()  # before the first step: no optimizer states yet
         losses = [r.loss for r in b.run(2)]
         report = b.memory()

@@ -87,9 +87,11 @@ def test_pending_op_builds_finds_an_empty_extension_cache(
 
     monkeypatch.setattr(OpBuilder, "_loaded_ops", {})
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    config = TrainConfig(zero_stage=2, offload_optimizer="cpu")
-    assert toolchain.pending_op_builds(config) == ["deepspeed_shm_comm", "cpu_adam"]
-    for name in ("deepspeed_shm_comm", "cpu_adam"):  # what a finished build leaves
+    config = TrainConfig(zero_stage=2, offload_optimizer="cpu", optimizer="adagrad")
+    assert toolchain.pending_op_builds(config) == ["deepspeed_shm_comm", "cpu_adagrad"]
+    adam = TrainConfig(zero_stage=2, offload_optimizer="cpu")  # torch's Adam: nothing to build
+    assert toolchain.pending_op_builds(adam) == ["deepspeed_shm_comm"]
+    for name in ("deepspeed_shm_comm", "cpu_adagrad"):  # what a finished build leaves
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / f"{name}.so").write_bytes(b"")
     assert toolchain.pending_op_builds(config) == []

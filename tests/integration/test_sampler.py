@@ -48,6 +48,7 @@ def test_exported_from_package() -> None:
     assert workbench.Sampler is Sampler
 
 
+@pytest.mark.cpu_only
 def test_host_source_says_why_on_this_machine(no_leaked_threads: None) -> None:
     with Sampler(interval=0.05) as s:
         _wait_for(s, 2)

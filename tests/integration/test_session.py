@@ -59,7 +59,7 @@ def test_accumulation_4x8_gives_the_gradients_of_1x32(model, tiny):
 
 
 def test_run_returns_records_with_fields_filled(tiny):
-    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+    with Session(TrainConfig(micro_batch=4), model_options=tiny, device="cpu") as s:
         recs = s.run(optimizer_steps=3)
     assert [r.step for r in recs] == [1, 2, 3]
     r = recs[-1]
@@ -224,7 +224,7 @@ def test_user_dataloader_is_used_as_is_and_its_settings_cannot_change():
 
 
 def test_bad_updates_raise_every_problem_and_leave_the_session_unchanged(tiny):
-    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+    with Session(TrainConfig(micro_batch=4), model_options=tiny, device="cpu") as s:
         s.start()
         before = s.config
         with pytest.raises(ValueError) as err:
@@ -235,7 +235,7 @@ def test_bad_updates_raise_every_problem_and_leave_the_session_unchanged(tiny):
             s.update(bogus=1)
         with pytest.raises(ValueError, match="loss_scale_growth=0.5: must be a finite number > 1"):
             s.update(precision="amp-fp16", loss_scale_growth=0.5)
-        with pytest.raises(ValueError, match="device='cuda'"):
+        with pytest.raises(ValueError, match="device='cuda': this session runs on cpu"):
             s.update(device="cuda")
         with pytest.raises(ValueError, match="micro_batch='8'"):
             s.update(micro_batch="8")
@@ -372,10 +372,10 @@ def test_bad_constructor_arguments(tiny):
         Session(TrainConfig(), model=nn.Linear(2, 2))
     with pytest.raises(ValueError, match="config="):
         Session({"lr": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"optimizer='lion': cannot train here.*'adamw'"):
+        Session(TrainConfig(optimizer="lion", zero_stage=1), model_options=tiny)
     with pytest.raises(ValueError, match="unknown option"):
         Session(TrainConfig(), model_options={"width": 3})
-    with pytest.raises(ValueError, match="device='cuda'"):
-        Session(TrainConfig(), model_options=tiny, device="cuda")
 
 
 def test_step_error_in_run_raises_session_error(tiny):
@@ -482,7 +482,7 @@ def test_deepspeed_fp16_on_a_cpu_without_fp16_is_refused_up_front(monkeypatch, t
     from workbench.train import session as session_module
 
     monkeypatch.setattr(session_module, "_deepspeed_fp16_on_cpu", lambda: False)
-    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+    with Session(TrainConfig(micro_batch=2), model_options=tiny, device="cpu") as s:
         s.start()
         with pytest.raises(ValueError, match="precision='fp16': DeepSpeed's fp16 does not run"):
             s.update(precision="fp16")
@@ -490,7 +490,7 @@ def test_deepspeed_fp16_on_a_cpu_without_fp16_is_refused_up_front(monkeypatch, t
         s.stop()
         assert s.config.precision == "fp32" and s.events == []
     with pytest.raises(ValueError, match="precision='fp16'"):
-        Session(TrainConfig(precision="fp16"), model_options=tiny)
+        Session(TrainConfig(precision="fp16"), model_options=tiny, device="cpu")
 
 
 def test_precision_switch_on_a_running_thread_changes_the_activation_dtype_at_that_step(tiny):
@@ -512,3 +512,9 @@ def test_precision_switch_on_a_running_thread_changes_the_activation_dtype_at_th
     assert k >= 2
     assert [r.precision for r in recs] == ["fp32"] * k + ["amp-bf16"] * (len(recs) - k)
     assert dtypes == [torch.float32] * k + [torch.bfloat16] * (len(recs) - k)
+
+
+@pytest.mark.cpu_only
+def test_cuda_is_refused_where_there_is_none(tiny):
+    with pytest.raises(ValueError, match="device='cuda': CUDA is not available"):
+        Session(TrainConfig(), model_options=tiny, device="cuda")

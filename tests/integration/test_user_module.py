@@ -115,9 +115,11 @@ def test_save_weights_loads_with_plain_torch(
 
 
 def test_save_weights_rejects_a_bad_path() -> None:
-    with Session(TrainConfig(micro_batch=4), model="mlp") as s:
-        with pytest.raises(ValueError, match="path=None: must be a file path"):
-            s.save_weights(None)  # type: ignore[arg-type]
+    with (
+        Session(TrainConfig(micro_batch=4), model="mlp") as s,
+        pytest.raises(ValueError, match="path=None: must be a file path"),
+    ):
+        s.save_weights(None)  # type: ignore[arg-type]
 
 
 def test_events_count_steps_like_the_records() -> None:
@@ -160,13 +162,13 @@ def test_a_background_failure_is_logged_where_the_user_looks(
         return nn.functional.mse_loss(out, y)
 
     calls: list[int] = []
-    with caplog.at_level("WARNING", logger="workbench"):
-        with Session(
-            TrainConfig(micro_batch=8), model=make_module(), data=data(), loss_fn=broken
-        ) as s:
-            s.start(optimizer_steps=10)
-            assert s.wait(timeout=60) == "error"
-            assert s.failure is not None and "the loss broke" in s.failure
+    with (
+        caplog.at_level("WARNING", logger="workbench"),
+        Session(TrainConfig(micro_batch=8), model=make_module(), data=data(), loss_fn=broken) as s,
+    ):
+        s.start(optimizer_steps=10)
+        assert s.wait(timeout=60) == "error"
+        assert s.failure is not None and "the loss broke" in s.failure
     messages = [r.getMessage() for r in caplog.records if r.name == "workbench"]
     assert any("the loss broke" in m and "step 3 failed" in m for m in messages), messages
 

@@ -157,3 +157,43 @@ def test_gradient_bytes_are_counted_between_micro_batches(stage: int) -> None:
         b.backward(nn.functional.mse_loss(b.module(x), 0.1 * x.sum(1, keepdim=True)))
         at_boundary = b.model_state_bytes().grads_bytes
         assert 4 * n <= at_boundary <= 4 * (n + 16)  # the partition, with alignment padding
+
+
+def test_stage_zero_bf16_carries_fp32_masters_and_moments_by_name() -> None:
+    """DeepSpeed 16-bit at stage 0 with torch's Adam runs the unfused optimizer, which keeps
+    one fp32 master per parameter and keys Adam's moments by the masters: the exported state
+    must be those (not the bf16 weights) and a new engine must start from them exactly."""
+    with DeepSpeedBackend(cfg(zero_stage=0, precision="bf16"), tiny_model()) as b:
+        assert type(b.engine.optimizer).__name__ == "FP16_UnfusedOptimizer"
+        assert isinstance(b.engine.optimizer.optimizer, torch.optim.AdamW)  # torch_adam
+        train(b, 2)
+        state = b.export_state()
+        masters = [m for _, _, m in b._unfused_pairs()]
+        bf16 = [p for _, p in b.engine.module.named_parameters()]
+        assert all(p.dtype == torch.bfloat16 for p in bf16)
+    for (name, w), master in zip(state["model"].items(), masters, strict=True):
+        assert w.dtype == torch.float32 and torch.equal(w, master), name
+    assert any(not torch.equal(w, w.bfloat16().float()) for w in state["model"].values())
+    moments = state["optimizer"]["state"]
+    assert set(moments) == set(state["model"])
+    assert all(moments[n]["exp_avg"].abs().sum() > 0 for n in moments)
+    with DeepSpeedBackend(cfg(zero_stage=0, precision="bf16"), tiny_model(), state=state) as b2:
+        again = b2.export_state()
+    for name in state["model"]:
+        assert torch.equal(again["model"][name], state["model"][name]), name
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(again["optimizer"]["state"][name][k], moments[name][k]), name
+
+
+def test_engine_config_avoids_op_builds_and_deepspeeds_default_clipping() -> None:
+    """torch's Adam inside DeepSpeed (no FusedAdam build, which needs nvcc on CUDA), SGD
+    allowed under ZeRO, and clipping off unless asked (DeepSpeed clips at 1.0 by default)."""
+    from workbench.train.zero import engine_config
+
+    adam = engine_config(cfg(zero_stage=2), world_size=1, n_params=100)
+    assert adam["optimizer"]["params"]["torch_adam"] is True
+    assert adam["gradient_clipping"] == 0.0
+    sgd = engine_config(cfg(zero_stage=3, optimizer="sgd"), world_size=1, n_params=100)
+    assert sgd["zero_allow_untested_optimizer"] is True
+    clipped = engine_config(cfg(zero_stage=1, clip_grad_norm=0.5), world_size=1, n_params=100)
+    assert clipped["gradient_clipping"] == 0.5

@@ -234,6 +234,20 @@ def test_busy_gpu_big_batch_few_readings_or_stall_do_not_fire() -> None:
     assert "data-loader-stall" in out and "low-gpu-util" not in out
 
 
+def test_low_gpu_util_reads_the_gpu_the_session_trains_on() -> None:
+    """Two GPUs: an idle one listed first, the busy training GPU second (by UUID)."""
+    idle = GpuSample(0, "GPU", 5.0, 1, 80, None, None, None, None, None, None, None, uuid="GPU-a")
+    busy = GpuSample(1, "GPU", 97.0, 1, 80, None, None, None, None, None, None, None, uuid="GPU-b")
+    samples = [Sample(0.0, "nvml", (idle, busy), 10.0, 100.0, 1, 1, 2) for _ in range(10)]
+    records = run(10, micro_batch=4)
+    assert "low-gpu-util" in ids(advise(records, samples=samples, device="cuda"))
+    assert "low-gpu-util" not in ids(
+        advise(records, samples=samples, device="cuda", gpu_uuid="GPU-b")
+    )
+    with pytest.raises(ValueError, match="gpu_uuid=3: must be an NVML UUID"):
+        advise(records, gpu_uuid=3)  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------ memory growth
 def test_steady_rss_growth_at_fixed_config_fires() -> None:
     records = [rec(i, rss_bytes=500 * MiB + i * MiB) for i in range(1, 41)]

@@ -20,6 +20,7 @@ from workbench.monitor.nvml import INSTALL_HINT
 RECORDED: list[dict[str, Any]] = [
     {
         "name": "NVIDIA A100-SXM4-40GB",
+        "uuid": "GPU-8d2c7a3e-5b41-4f0e-9a6c-1e2f3a4b5c6d",
         "util": [97, 98, 35],
         "memory": [
             (31_138_512_896, 42_949_672_960),
@@ -36,6 +37,7 @@ RECORDED: list[dict[str, Any]] = [
     },
     {
         "name": b"NVIDIA A100-SXM4-40GB",  # older bindings return bytes
+        "uuid": b"GPU-0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0",
         "util": [0],
         "memory": [(4_194_304, 42_949_672_960)],
         "power_mw": [52_000],
@@ -106,6 +108,9 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, h: int) -> Any:
         return self._next("name", h, "name")
+
+    def nvmlDeviceGetUUID(self, h: int) -> Any:
+        return self._next("uuid", h, "uuid")
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=self._next("util", h, "util"), memory=0)
@@ -328,3 +333,20 @@ def test_two_samplers_on_one_driver_do_not_interfere(no_leaked_threads: None) ->
         a.close()
         b.close()
     assert fake.shutdown_count == 2
+
+
+def test_the_training_gpu_is_found_by_uuid_not_by_index() -> None:
+    """CUDA_VISIBLE_DEVICES=1 makes NVML's GPU 1 torch's cuda:0: the sample for the session
+    is the GPU whose UUID torch reports (here in torch's bare, upper-case form)."""
+    from workbench.monitor.types import Sample
+    from workbench.train.devices import normalize_uuid
+
+    with NvmlAdapter(backend=FakeNvml()) as nvml:
+        gpus = nvml.read()
+    assert [g.uuid for g in gpus] == [RECORDED[0]["uuid"], RECORDED[1]["uuid"].decode()]
+    sample = Sample(0.0, "nvml", gpus, None, None, None, None, None)
+    torch_uuid = "0F1E2D3C-4B5A-4968-8776-A5B4C3D2E1F0"  # str(props.uuid) of cuda:0
+    training = sample.gpu(normalize_uuid(torch_uuid))
+    assert training is not None and training.index == 1 and training.util_percent == 0.0
+    assert sample.gpu(None) is gpus[0]  # no training GPU: the first
+    assert sample.gpu("GPU-00000000-0000-0000-0000-000000000000") is None

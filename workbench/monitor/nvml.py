@@ -101,6 +101,7 @@ class NvmlAdapter:
         self._closed = False
         self._handles: list[Any] = []
         self._names: list[str | None] = []
+        self._uuids: list[str | None] = []
         self._lost: set[int] = set()
         self.reason: str | None = None  # set when open() failed
 
@@ -135,6 +136,7 @@ class NvmlAdapter:
                     raise NvmlUnavailable("the NVIDIA driver reports no GPU")
                 self._handles = handles
                 self._names = [self._name(h) for h in handles]
+                self._uuids = [self._uuid(h) for h in handles]
                 return count
             except NvmlUnavailable as exc:
                 self.reason = exc.reason
@@ -188,6 +190,12 @@ class NvmlAdapter:
         except _Lost:
             return None  # read() will find it lost and report it so
 
+    def _uuid(self, handle: Any) -> str | None:
+        try:
+            return self._field(lambda: _text(self._backend.nvmlDeviceGetUUID(handle)))
+        except _Lost:
+            return None
+
     def _lost_codes(self) -> tuple[int, int]:
         b = self._backend
         return (
@@ -210,6 +218,7 @@ class NvmlAdapter:
             pcie_rx_bytes_per_s=None,
             process_memory_bytes=None,
             lost=True,
+            uuid=self._uuids[index] if index < len(self._uuids) else None,
         )
 
     def _read_one(self, index: int) -> GpuSample:
@@ -260,6 +269,7 @@ class NvmlAdapter:
             pcie_tx_bytes_per_s=tx,
             pcie_rx_bytes_per_s=rx,
             process_memory_bytes=self._process_memory(procs),
+            uuid=self._uuids[index] if index < len(self._uuids) else None,
         )
 
     def _process_memory(self, procs: list[Any] | None) -> int | None:

@@ -28,6 +28,7 @@ class GpuSample:
     pcie_rx_bytes_per_s: float | None
     process_memory_bytes: int | None  # GPU memory of this process (None: not listed/known)
     lost: bool = False  # the GPU fell off the bus during the run; every metric is None
+    uuid: str | None = None  # NVML's "GPU-..." UUID: the same GPU whatever the device order
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,16 @@ class Sample:
     def gpu_memory_used_bytes(self) -> int | None:
         """Memory used on the first GPU (all processes), or None without one."""
         return self.gpus[0].memory_used_bytes if self.gpus else None
+
+    def gpu(self, uuid: str | None) -> GpuSample | None:
+        """The GPU with NVML UUID `uuid` (compare `workbench.train.devices.cuda_uuid`);
+        None when it is not in this sample. `uuid=None`: the first GPU, if any.
+        CUDA and NVML may number GPUs differently (CUDA_VISIBLE_DEVICES,
+        CUDA_DEVICE_ORDER), so a training device is matched by UUID, never by index."""
+        if uuid is None:
+            return self.gpus[0] if self.gpus else None
+        wanted = uuid.lower()
+        for g in self.gpus:
+            if g.uuid is not None and g.uuid.lower() == wanted:
+                return g
+        return None

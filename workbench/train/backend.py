@@ -68,11 +68,18 @@ class Backend(Protocol):
 
 
 def build_backend(
-    config: Any, model: torch.nn.Module, *, state: dict[str, Any] | None = None, world_size: int = 1
+    config: Any,
+    model: torch.nn.Module,
+    *,
+    state: dict[str, Any] | None = None,
+    world_size: int = 1,
+    device: torch.device | None = None,
 ) -> Backend:
     """The backend for `config`: `PlainBackend` unless the config needs DeepSpeed
     (`config.uses_deepspeed`) or the run has several ranks (`world_size > 1`), in which
-    case `workbench.train.zero.DeepSpeedBackend` (imported only then)."""
+    case `workbench.train.zero.DeepSpeedBackend` (imported only then) on `device` (the
+    session's; default: DeepSpeed's accelerator device for this rank). `PlainBackend`
+    trains `model` where it is."""
     if config.uses_deepspeed or world_size > 1:
         try:
             from workbench.train.zero import DeepSpeedBackend  # type: ignore[attr-defined]
@@ -82,7 +89,7 @@ def build_backend(
                 f"world_size={world_size}: needs the DeepSpeed backend "
                 f"(workbench.train.zero.DeepSpeedBackend), which is not available: {exc}"
             ) from exc
-        return DeepSpeedBackend(config, model, state=state)  # type: ignore[no-any-return]
+        return DeepSpeedBackend(config, model, state=state, device=device)  # type: ignore[no-any-return]
     from workbench.train.plain import PlainBackend
 
     return PlainBackend(config, model, state=state)

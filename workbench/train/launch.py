@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli_config import add_config_flags, config_from_args, parse_number
-from workbench.config import Device, OffloadDevice, Precision, TrainConfig
+from workbench.config import Device, OffloadDevice, Precision, TrainConfig, runtime_problems
 from workbench.train.records import StepRecord
 from workbench.train.toolchain import child_path
 
@@ -274,6 +274,7 @@ def _validate(
     if model_options is not None and not isinstance(model_options, dict):
         problems.append(f"model_options={model_options!r}: must be a dict or None")
     problems += _check_model(model)
+    problems += runtime_problems(config)  # what the ranks could not run here, said up front
     prec = Precision(config.precision)
     if prec is Precision.AMP_FP16:
         problems.append(
@@ -397,6 +398,12 @@ def _child_env(cuda: bool, ranks: int) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
     if not cuda:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+        # CPU ranks on a GPU machine: hide the GPUs, so neither torch nor DeepSpeed's
+        # accelerator (which picks NCCL and cuda:LOCAL_RANK whenever a GPU exists) uses one
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["DS_ACCELERATOR"] = "cpu"
+    elif env.get("DS_ACCELERATOR") == "cpu":
+        del env["DS_ACCELERATOR"]  # inherited from a CPU session's process: GPU ranks need CUDA
     return env
 
 

@@ -41,6 +41,9 @@ class StepRecord(Readable):
     activation_checkpointing: bool = False
     num_workers: int = 0
     changes: dict[str, Any] = field(default_factory=dict)  # settings applied at this step
+    # the first step on a new engine (session start, a rebuild): carries one-off costs
+    # (CUDA context and kernel selection, allocator growth, lazy optimizer state)
+    warmup: bool = False
     # measured memory, bytes (None where not measurable on this device)
     params_bytes: int | None = None
     grads_bytes: int | None = None
@@ -65,6 +68,11 @@ class StepRecord(Readable):
             speed += f", {self.tokens_per_s:,.0f} tokens/s"
         rows = [
             ("loss", fmt_number(self.loss) + ("  (step skipped)" if self.skipped else "")),
+            *(
+                [("warm-up", "first step on this engine: its time includes start-up")]
+                if self.warmup
+                else []
+            ),
             ("throughput", speed),
             (
                 "step time",

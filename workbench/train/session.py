@@ -58,12 +58,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.config import Device, Precision, TrainConfig, _format, _plain
+from workbench.config import Device, Precision, TrainConfig, _format, _plain, runtime_problems
 from workbench.train import batches
 from workbench.train import checkpoint as ckpt
 from workbench.train.backend import Backend, ModelStateBytes, StepOutcome, build_backend
 from workbench.train.checkpointing import checkpointable_modules, set_activation_checkpointing
 from workbench.train.data import DataPosition, DataStream
+from workbench.train.devices import cuda_uuid, resolve_device
 from workbench.train.precision import amp_supported
 from workbench.train.records import Event, StepRecord
 from workbench.train.schedule import scaled_lr
@@ -239,7 +240,7 @@ class Session:
             raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
         self.id = uuid.uuid4().hex[:8]
         self.world_size, self.rank = _world_from_env()
-        self.device = self._resolve_device(config, device)
+        self.device = resolve_device(device, Device(config.device).value)
         payload = ckpt.load(resume) if resume is not None else None
 
         # -- model, data, loss
@@ -320,6 +321,15 @@ class Session:
         self._last_error: str | None = None
         self._failure: str | None = None
         self._background = False
+        self._fresh_backend = True  # the next record is the first on a new engine (warm-up)
+        # the monitor's samples are matched to this GPU by UUID (None on CPU: the first GPU)
+        self._gpu_uuid = cuda_uuid(self.device)
+        # CUDA runs asynchronously: wait for the device before reading a step's time
+        self._sync_device: Callable[[], None] = (
+            (lambda dev=self.device: torch.cuda.synchronize(dev))
+            if self.device.type == "cuda"
+            else (lambda: None)
+        )
         self.history: list[StepRecord] = []
         self.events: list[Event] = []
         self._version = 0
@@ -341,7 +351,9 @@ class Session:
             position = DataPosition(**payload["data"]) if payload.get("data") else None
             state = payload["backend"]
             self.history = [StepRecord.from_dict(r) for r in payload.get("history", [])]
-        module.to(self.device)
+        # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
+        # then, so the GPU never holds a second fp32 copy (see _park_user_module).
+        module.to(self.device if not _needs_deepspeed(config, self.world_size) else "cpu")
         module.train()
         if payload is not None:
             self._load_buffers(payload.get("buffers") or {})
@@ -361,7 +373,11 @@ class Session:
             batches.check_batch(self._data.peek(), loss_fn)  # a wrong data shape fails here
             self._announce_op_builds(config)
             self._backend: Backend = build_backend(
-                self._backend_config(config), module, state=state, world_size=self.world_size
+                self._backend_config(config),
+                module,
+                state=state,
+                world_size=self.world_size,
+                device=self.device,
             )
         except BaseException:
             self._data.close()
@@ -390,6 +406,12 @@ class Session:
         if self._state == "closed":
             return self._model
         return self._inner(self._backend)
+
+    @property
+    def gpu_uuid(self) -> str | None:
+        """NVML's UUID of the GPU this session trains on (None on CPU): the monitor's
+        samples and the advisor read this GPU."""
+        return self._gpu_uuid
 
     @property
     def failure(self) -> str | None:
@@ -456,23 +478,6 @@ class Session:
         )
 
     # ------------------------------------------------------------------ setup helpers
-    @staticmethod
-    def _resolve_device(config: TrainConfig, device: str | torch.device | None) -> torch.device:
-        if device is not None:
-            try:
-                dev = torch.device(device)
-            except (RuntimeError, TypeError) as exc:
-                raise ValueError(f"device={device!r}: not a torch device ({exc})") from None
-        elif Device(config.device) is Device.AUTO:
-            dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        else:
-            dev = torch.device(Device(config.device).value)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={str(dev)!r}: CUDA is not available on this machine")
-        if dev.type not in ("cpu", "cuda"):
-            raise ValueError(f"device={str(dev)!r}: must be cpu or cuda")
-        return dev
-
     def _memory_reader(self) -> Callable[[], tuple[int | None, int | None, int | None, int | None]]:
         if self.device.type == "cuda":
             dev = self.device
@@ -501,7 +506,7 @@ class Session:
 
     def _session_problems(self, config: TrainConfig, changed: set[str]) -> list[str]:
         """Checks beyond TrainConfig's own: what this session, device and build support."""
-        p: list[str] = []
+        p: list[str] = runtime_problems(config)  # optimizers it cannot train, NVMe paths
         prec = Precision(config.precision)
         if (config.uses_deepspeed or self.world_size > 1) and not _deepspeed_backend_available():
             p.append(
@@ -647,8 +652,12 @@ class Session:
             effective_step=first,
         )
 
-    def _apply_config(self, target: TrainConfig, changed: set[str]) -> None:
-        """Build what `changed` needs, then swap; on any failure nothing is swapped."""
+    def _apply_config(
+        self, target: TrainConfig, changed: set[str], *, release_first: bool = False
+    ) -> None:
+        """Build what `changed` needs, then swap; on any failure nothing is swapped.
+        `release_first` (out-of-memory recovery): a DeepSpeed engine is released before
+        its successor is built, since both would not fit on the device at once."""
         old = self._config
         new_data: DataStream | None = None
         new_backend: Backend | None = None
@@ -661,19 +670,7 @@ class Session:
                     seed=int(target.seed),
                 )
             if changed & BACKEND_FIELDS:
-                state = self._backend.export_state()
-                # The engine trains a copy: bring its weights home first, so the new
-                # engine starts from (and a failed build leaves) your module up to date.
-                self._write_back(state, self._backend)
-                if not _needs_deepspeed(target, self.world_size):
-                    self._model.to(self.device)  # the plain loop trains your module itself
-                self._announce_op_builds(target)
-                new_backend = build_backend(
-                    self._backend_config(target),
-                    self._model,
-                    state=state,
-                    world_size=self.world_size,
-                )
+                new_backend = self._next_backend(target, release_first=release_first)
             if "activation_checkpointing" in changed:
                 self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
         except BaseException:
@@ -688,14 +685,47 @@ class Session:
             old_data.close()
         if new_backend is not None:
             self._backend, old_backend = new_backend, self._backend
-            old_backend.close()
+            old_backend.close()  # idempotent: released already under release_first
             self._state_bytes = None
+            self._fresh_backend = True
             self._park_user_module()
         self._config = target
         with self._state_lock:
             if not self._pending:
                 self._requested = target
             self._changes_for_next_record.update({k: _plain(getattr(target, k)) for k in changed})
+
+    def _next_backend(self, target: TrainConfig, *, release_first: bool) -> Backend:
+        """A backend for `target` carrying the current one's weights and optimizer state."""
+        state = self._backend.export_state()
+        # An engine trains a copy: bring its weights home first, so the new engine starts
+        # from (and a failed build leaves) your module up to date.
+        self._write_back(state, self._backend)
+        if not (release_first and self._inner(self._backend) is not self._model):
+            return self._build_backend(target, state)
+        state = _state_to_cpu(state)
+        self._backend.close()
+        _release_device_memory(self.device)
+        try:
+            return self._build_backend(target, state)
+        except BaseException:
+            # the previous settings again, from the same state, so the session stays usable
+            self._backend = self._build_backend(self._config, state)
+            self._fresh_backend = True
+            raise
+
+    def _build_backend(self, config: TrainConfig, state: dict[str, Any] | None) -> Backend:
+        if _needs_deepspeed(config, self.world_size):
+            self._announce_op_builds(config)
+        else:
+            self._model.to(self.device)  # the plain loop trains your module itself
+        return build_backend(
+            self._backend_config(config),
+            self._model,
+            state=state,
+            world_size=self.world_size,
+            device=self.device,
+        )
 
     def _set_checkpointing(self, enabled: bool, new_backend: Backend | None) -> None:
         """On the base model and on the module an engine trains (DeepSpeed's copy)."""
@@ -1048,7 +1078,7 @@ class Session:
         self._data.requeue_split(fetched, 2)
         fetched.clear()
         target = cfg.replace(micro_batch=new_mb, grad_accum=new_ga)
-        self._apply_config(target, {"micro_batch", "grad_accum"})
+        self._apply_config(target, {"micro_batch", "grad_accum"}, release_first=True)
         with self._state_lock:
             self._requested = self._requested.replace(micro_batch=new_mb, grad_accum=new_ga)
         eff_old, eff_new = mb * ga, new_mb * new_ga
@@ -1101,6 +1131,7 @@ class Session:
             self._state_bytes = ModelStateBytes(
                 before.params_bytes, before.grads_bytes, after.optimizer_bytes
             )
+        self._sync_device()  # host waits for the device here, so step_s is the step's time
         step_s = perf_counter() - t0
         return self._make_record(cfg, loss_value, outcome, step_s, data_s)
 
@@ -1111,7 +1142,9 @@ class Session:
         tokens = self.info.tokens_per_sample if self.info is not None else None
         alloc, max_alloc, reserved, rss = self._device_memory()
         sample = self._sampler.latest() if self._sampler is not None else None
+        gpu = sample.gpu(self._gpu_uuid) if sample is not None else None
         sb = self._state_bytes
+        warmup, self._fresh_backend = self._fresh_backend, False
         with self._state_lock:
             changes, self._changes_for_next_record = self._changes_for_next_record, {}
         return StepRecord(
@@ -1137,6 +1170,7 @@ class Session:
             activation_checkpointing=bool(cfg.activation_checkpointing),
             num_workers=int(cfg.num_workers),
             changes=changes,
+            warmup=warmup,
             params_bytes=sb.params_bytes if sb else None,
             grads_bytes=sb.grads_bytes if sb else None,
             optimizer_bytes=sb.optimizer_bytes if sb else None,
@@ -1144,8 +1178,8 @@ class Session:
             cuda_max_allocated_bytes=max_alloc,
             cuda_reserved_bytes=reserved,
             rss_bytes=rss,
-            gpu_util_percent=sample.gpu_util_percent if sample is not None else None,
-            gpu_memory_used_bytes=sample.gpu_memory_used_bytes if sample is not None else None,
+            gpu_util_percent=gpu.util_percent if gpu is not None else None,
+            gpu_memory_used_bytes=gpu.memory_used_bytes if gpu is not None else None,
             cpu_util_percent=sample.cpu_util_percent if sample is not None else None,
         )
 
@@ -1458,6 +1492,26 @@ def _progress_bar(session: Session, total: int, show: bool | None) -> Iterator[N
     finally:
         remove()
         bar.close()
+
+
+def _state_to_cpu(state: Any) -> Any:
+    """A backend state with every tensor copied to host memory."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _state_to_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_state_to_cpu(v) for v in state)
+    return state
+
+
+def _release_device_memory(device: torch.device) -> None:
+    """Free what a closed engine left in the CUDA caching allocator."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def nan_advice(config: TrainConfig) -> str:

@@ -40,10 +40,9 @@ def use_interpreter_tools() -> None:
 
 #: DeepSpeed op builders a run may JIT-build, by what needs them.
 _COMM_BUILDER = "ShareMemCommBuilder"  # CPU accelerator: process-group start
-_OFFLOAD_BUILDERS = {
-    "adam": "CPUAdamBuilder",
-    "adamw": "CPUAdamBuilder",
+_OFFLOAD_BUILDERS = {  # Adam/AdamW run torch's Adam inside DeepSpeed (`torch_adam`): no build
     "adagrad": "CPUAdagradBuilder",
+    "lion": "CPULionBuilder",
 }
 
 

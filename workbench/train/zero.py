@@ -41,6 +41,7 @@ How it works
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import gc
@@ -56,6 +57,7 @@ from torch import nn
 
 from workbench.config import OptimizerName, Precision, TrainConfig
 from workbench.train.backend import ModelStateBytes, StepOutcome
+from workbench.train.devices import communication_backend, use_deepspeed_accelerator
 from workbench.train.schedule import lr_at
 from workbench.train.toolchain import use_interpreter_tools
 
@@ -87,10 +89,18 @@ class _ProcessGroupLease:
     env_added: tuple[str, ...] = ()
 
     @classmethod
-    def acquire(cls) -> None:
+    def acquire(cls, device: torch.device) -> None:
         import torch.distributed as dist
 
+        use_deepspeed_accelerator(device)  # picks gloo / NCCL and the engine's device type
         if dist.is_initialized():
+            wanted, have = communication_backend(device), str(dist.get_backend())
+            if wanted not in have.split(":")[-1].split(","):
+                raise ValueError(
+                    f"device={str(device)!r}: this process already has a {have} process group "
+                    f"(another session or engine on another device); a session on {device.type} "
+                    f"needs {wanted}: close the other one first"
+                )
             cls.users += 1
             return
         # Not initialized: any earlier lease is stale (e.g. a test fixture destroyed it).
@@ -116,10 +126,9 @@ class _ProcessGroupLease:
         use_interpreter_tools()  # DeepSpeed may JIT-build its comm op here (workbench.train.toolchain)
         try:
             import deepspeed
-            from deepspeed.accelerator import get_accelerator
 
             deepspeed.init_distributed(
-                dist_backend=get_accelerator().communication_backend_name(),
+                dist_backend=communication_backend(device),
                 auto_mpi_discovery=False,
                 verbose=False,
             )
@@ -208,12 +217,6 @@ def engine_config(config: TrainConfig, world_size: int, n_params: int) -> dict[s
     ds = to_deepspeed(config, world_size=world_size)
     ds.pop("scheduler", None)  # the backend applies lr_at() itself
     ds.pop("torch_autocast", None)  # amp-bf16: torch autocast around forward
-    opt = ds.get("optimizer") or {}
-    if opt.get("type") in ("Adam", "AdamW"):
-        # torch's Adam inside DeepSpeed: no FusedAdam JIT build (which needs nvcc on CUDA)
-        opt.setdefault("params", {})["torch_adam"] = True
-    elif opt.get("type") == "SGD" and ds["zero_optimization"]["stage"] >= 1:
-        ds["zero_allow_untested_optimizer"] = True  # DeepSpeed asks for this flag for SGD
     # Capped at the model's size, rounded up to DeepSpeed's alignment (a multiple of 64).
     bucket = -(-max(1, min(DS_DEFAULT_BUCKET, int(n_params))) // 64) * 64
     zero = ds["zero_optimization"]
@@ -245,17 +248,25 @@ class DeepSpeedBackend:
     """A DeepSpeed engine behind the `Backend` contract (see the module docstring)."""
 
     def __init__(
-        self, config: TrainConfig, model: nn.Module, *, state: dict[str, Any] | None = None
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        *,
+        state: dict[str, Any] | None = None,
+        device: torch.device | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config={config!r}: must be a TrainConfig")
+        if device is None:
+            device = _default_device()
+        self.device = torch.device(device)
         _check_supported(config)
         self.config = config
         self._closed = True  # until fully built
         self.engine: Any = None
         self._hooks: list[Any] = []
         self._zero3 = False
-        _ProcessGroupLease.acquire()
+        _ProcessGroupLease.acquire(self.device)
         try:
             self._build(model, state)
         except BaseException:
@@ -296,7 +307,7 @@ class DeepSpeedBackend:
                 module.register_forward_pre_hook(_cast_inputs(self._half), with_kwargs=True)
             )
         if self.precision is Precision.AMP_BF16:
-            self._autocast: Any = _autocast_factory(torch.bfloat16)
+            self._autocast: Any = _autocast_factory(self.device.type, torch.bfloat16)
         else:
             self._autocast = nullcontext
         n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -308,6 +319,8 @@ class DeepSpeedBackend:
             self._zero3 = True
         trainable = [p for p in module.parameters() if p.requires_grad]
         engine, _, _, _ = deepspeed.initialize(
+            # the engine puts the model on this device index (not on cuda:LOCAL_RANK)
+            args=argparse.Namespace(device_rank=self.device.index or 0),
             model=module,
             model_parameters=trainable,
             config=self.ds_config,
@@ -385,13 +398,10 @@ class DeepSpeedBackend:
     def _scale(self) -> float | None:
         if self.precision is not Precision.FP16:
             return None
-        opt = self.engine.optimizer
-        for attr in ("cur_scale", "loss_scale"):
-            value = getattr(opt, attr, None)
-            if isinstance(value, (int, float, torch.Tensor)):
-                return float(value)
-        scaler = getattr(opt, "loss_scaler", None)
-        return None if scaler is None else float(scaler.cur_scale)
+        # Every DeepSpeed fp16 optimizer (fused, unfused, ZeRO 1-3) exposes the current
+        # dynamic loss scale as the `loss_scale` property (get and set).
+        value = getattr(self.engine.optimizer, "loss_scale", None)
+        return float(value) if isinstance(value, (int, float, torch.Tensor)) else None
 
     # ------------------------------------------------------------------ state
     def export_state(self) -> dict[str, Any]:
@@ -454,6 +464,16 @@ class DeepSpeedBackend:
                     p.detach().float().clone(),
                     {k: st[k].detach().float().clone() for k in keys if k in st},
                 )
+        elif self._layout == "unfused16":
+            base = engine.optimizer.optimizer
+            for name, p, master in self._unfused_pairs():
+                st = base.state.get(master, {})
+                yield (
+                    name,
+                    p,
+                    master.detach().clone(),
+                    {k: st[k].detach().float().clone() for k in keys if k in st},
+                )
         elif self._layout == "flat16":
             opt = engine.optimizer
             base = opt.optimizer
@@ -485,6 +505,15 @@ class DeepSpeedBackend:
                         states[k] = v.detach().float().cpu().clone()
                 yield name, p, w.detach().float().cpu().clone().view(_shape(p)), states
 
+    def _unfused_pairs(self) -> Iterator[tuple[str, Any, torch.Tensor]]:
+        """(name, 16-bit parameter, its fp32 master) of DeepSpeed's unfused 16-bit
+        optimizer, whose base optimizer steps (and keys its state by) the masters."""
+        opt = self.engine.optimizer
+        index = {id(p): name for name, p in self._named}
+        for g16, g32 in zip(opt.fp16_groups, opt.fp32_groups, strict=True):
+            for p, master in zip(g16, g32, strict=True):
+                yield index[id(p)], p, master
+
     def _load(self, state: dict[str, Any]) -> None:
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
@@ -510,6 +539,17 @@ class DeepSpeedBackend:
                     st = base.state[p]
                     for k in keys:
                         st[k].copy_(saved[name][k].to(st[k].device, st[k].dtype))
+        elif self._layout == "unfused16":
+            base = engine.optimizer.optimizer
+            with torch.no_grad():
+                for name, p, master in self._unfused_pairs():
+                    # the masters were cloned from the 16-bit weights: give them full precision
+                    master.copy_(weights[name].reshape(master.shape).to(master.dtype))
+                    p.copy_(master.to(p.dtype))
+                    if carry:
+                        st = base.state[master]
+                        for k in keys:
+                            st[k].copy_(saved[name][k].reshape(st[k].shape).to(st[k].dtype))
         elif self._layout == "flat16":
             opt = engine.optimizer
             base = opt.optimizer
@@ -543,12 +583,7 @@ class DeepSpeedBackend:
             and scaler
             and float(scaler.get("init_scale", -1)) == float(self.config.loss_scale_init)
         ):
-            opt = engine.optimizer
-            if hasattr(opt, "cur_scale"):
-                opt.cur_scale = float(scaler["scale"])
-            loss_scaler = getattr(opt, "loss_scaler", None)
-            if loss_scaler is not None and hasattr(loss_scaler, "cur_scale"):
-                loss_scaler.cur_scale = float(scaler["scale"])
+            engine.optimizer.loss_scale = float(scaler["scale"])  # the property, see _scale()
         engine.global_steps = self.steps + self.overflow_steps
         engine.skipped_steps = self.overflow_steps
 
@@ -558,12 +593,20 @@ class DeepSpeedBackend:
         base = _base_optimizer(engine)
         torch_adam = isinstance(base, (torch.optim.Adam, torch.optim.AdamW))
         opt = engine.optimizer
-        flats = {
-            "basic": [p for _, p in self._named],
-            "flat16": getattr(opt, "fp32_groups_flat", None),
-            "zero12": getattr(opt, "single_partition_of_fp32_groups", None),
-            "zero3": getattr(opt, "fp32_partitioned_groups_flat", None),
-        }[self._layout]
+        if self._layout == "basic":
+            flats: Any = [p for _, p in self._named]
+        elif self._layout == "unfused16":
+            flats = [master for _, _, master in self._unfused_pairs()]
+        else:
+            flats = getattr(
+                opt,
+                {
+                    "flat16": "fp32_groups_flat",
+                    "zero12": "single_partition_of_fp32_groups",
+                    "zero3": "fp32_partitioned_groups_flat",
+                }[self._layout],
+                None,
+            )
         for flat in flats or []:
             st = base.state[flat]
             for k in keys:
@@ -604,7 +647,7 @@ class DeepSpeedBackend:
 
     def _count_grads(self) -> int:
         opt = self.engine.optimizer
-        if self._layout in ("basic", "flat16"):
+        if self._layout in ("basic", "flat16", "unfused16"):
             return sum(_nbytes(p.grad) for _, p in self._named if p.grad is not None)
         if self._layout == "zero12":
             total = 0
@@ -652,6 +695,8 @@ class DeepSpeedBackend:
         ):
             for t in getattr(opt, attr, None) or []:
                 total += _nbytes(t)
+        if self._layout == "unfused16":  # one fp32 master tensor per parameter
+            total += sum(_nbytes(master) for _, _, master in self._unfused_pairs())
         return total
 
     # ------------------------------------------------------------------ teardown
@@ -697,6 +742,13 @@ class DeepSpeedBackend:
 
 
 # --------------------------------------------------------------------------- helpers
+def _default_device() -> torch.device:
+    """This rank's device when none is given: its GPU (LOCAL_RANK) if CUDA is available."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
 def _layout_of(engine: Any) -> str:
     opt = engine.optimizer
     name = type(opt).__name__
@@ -706,6 +758,8 @@ def _layout_of(engine: Any) -> str:
         return "zero12"
     if hasattr(opt, "fp32_groups_flat") and hasattr(opt, "fp16_groups"):
         return "flat16"
+    if hasattr(opt, "fp32_groups") and hasattr(opt, "fp16_groups"):
+        return "unfused16"  # FP16_UnfusedOptimizer: one fp32 master tensor per parameter
     return "basic"
 
 
@@ -783,11 +837,7 @@ def _cast_inputs(dtype: torch.dtype) -> Any:
     return hook
 
 
-def _autocast_factory(dtype: torch.dtype) -> Any:
-    from deepspeed.accelerator import get_accelerator
-
-    device_type = get_accelerator().device_name()
-
+def _autocast_factory(device_type: str, dtype: torch.dtype) -> Any:
     def autocast() -> AbstractContextManager[Any]:
         return torch.autocast(device_type=device_type, dtype=dtype)
 

@@ -800,7 +800,12 @@ class TrainingPanel(PanelBase):
             from workbench.advisor import advise
 
             samples = self.sampler.history() if self.sampler is not None else None
-            advice = advise(self.records[-500:], samples=samples, config=self.session.config)
+            advice = advise(
+                self.records[-500:],
+                samples=samples,
+                config=self.session.config,
+                gpu_uuid=getattr(self.session, "gpu_uuid", None),
+            )
         except Exception as exc:
             self.advice = []
             self.advice_box.children = (
