@@ -1,7 +1,13 @@
 """workbench: make PyTorch training faster and leaner, interactively.
 
-Imports are lazy so `workbench estimate` and `import workbench` stay fast and
-do not pull in torch, deepspeed or ipywidgets until they are used.
+    import workbench
+    workbench.estimate_memory(model="llama-3-8b", zero_stage=3, gpus=8)   # will it fit?
+    s = workbench.Session(workbench.TrainConfig(micro_batch=8))          # a live loop
+    workbench.dashboard(s)                                               # in a notebook
+
+Imports are lazy so `workbench estimate` and `import workbench` stay fast and do not pull
+in torch, deepspeed or ipywidgets until a name that needs them is used. Tab completion
+lists every public name (`__dir__`), and type checkers see them all (`TYPE_CHECKING`).
 """
 
 from __future__ import annotations
@@ -10,26 +16,75 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+#: public name -> the module it lives in (imported on first use)
 _LAZY = {
+    # will it fit?
     "estimate_memory": "workbench.estimate",
     "MemoryEstimate": "workbench.estimate",
+    "predict_memory": "workbench.prediction",
+    "count_parameters": "workbench.modelstats",
+    # settings
     "TrainConfig": "workbench.config",
+    # the live training loop and what it returns
     "Session": "workbench.train.session",
+    "SessionError": "workbench.train.session",
+    "SessionStateError": "workbench.train.session",
+    "StepRecord": "workbench.train.records",
+    "Event": "workbench.train.records",
+    "MemoryReport": "workbench.train.memory",
+    "ProfileResult": "workbench.train.profiler",
     "find_max_micro_batch": "workbench.train.batch_finder",
+    # hardware and advice
     "Sampler": "workbench.monitor",
     "advise": "workbench.advisor",
+    "Advice": "workbench.advisor",
+    # panels
     "dashboard": "workbench.ui",
     "EstimatorPanel": "workbench.ui",
     "TrainingPanel": "workbench.ui",
     "MonitorPanel": "workbench.ui",
-    "count_parameters": "workbench.modelstats",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = [
+    "Advice",
+    "EstimatorPanel",
+    "Event",
+    "MemoryEstimate",
+    "MemoryReport",
+    "MonitorPanel",
+    "ProfileResult",
+    "Sampler",
+    "Session",
+    "SessionError",
+    "SessionStateError",
+    "StepRecord",
+    "TrainConfig",
+    "TrainingPanel",
+    "advise",
+    "count_parameters",
+    "dashboard",
+    "estimate_memory",
+    "find_max_micro_batch",
+    "predict_memory",
+    "__version__",
+]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from workbench.config import TrainConfig  # noqa: F401
-    from workbench.estimate import MemoryEstimate, estimate_memory  # noqa: F401
+if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checkers
+    from workbench.advisor import Advice, advise
+    from workbench.config import TrainConfig
+    from workbench.estimate import MemoryEstimate, estimate_memory
+    from workbench.modelstats import count_parameters
+    from workbench.monitor import Sampler
+    from workbench.prediction import predict_memory
+    from workbench.train.batch_finder import find_max_micro_batch
+    from workbench.train.memory import MemoryReport
+    from workbench.train.profiler import ProfileResult
+    from workbench.train.records import Event, StepRecord
+    from workbench.train.session import Session, SessionError, SessionStateError
+    from workbench.ui.dashboard import dashboard
+    from workbench.ui.estimator import EstimatorPanel
+    from workbench.ui.monitor import MonitorPanel
+    from workbench.ui.training import TrainingPanel
 
 
 def __getattr__(name: str) -> Any:
@@ -41,3 +96,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """Every public name, imported or not yet (tab completion in a notebook)."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
@@ -533,6 +534,15 @@ def runtime_problems(config: TrainConfig) -> list[str]:
 
 def _plain(v: Any) -> Any:
     return v.value if isinstance(v, Enum) else v
+
+
+def problem_lines(exc: BaseException) -> list[str]:
+    """A (multi-line) TrainConfig / DeepSpeed-config ValueError as one line per problem,
+    without the "N invalid settings:" header and the "invalid setting: " prefixes."""
+    lines = [ln.strip().removeprefix("- ") for ln in str(exc).splitlines() if ln.strip()]
+    if len(lines) > 1 and re.match(r"^\d+ (invalid settings|problems in)", lines[0]):
+        lines = lines[1:]
+    return [re.sub(r"^(invalid setting|invalid DeepSpeed config): ", "", ln) for ln in lines]
 
 
 def _format(problems: list[str]) -> str:

@@ -1,4 +1,6 @@
-"""Parameter count of a torch module, shared weights counted once."""
+"""The one parameter counter: a torch module's parameters, shared weights counted once,
+DeepSpeed ZeRO-3's partitioned parameters at their full size. Every caller (Session,
+ranks, the estimator's module path, the built-in models) counts with it."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
     A weight is shared when the same `Parameter` object is registered twice (tied
     embeddings) or when two `Parameter`s view the same storage with the same offset,
     shape and strides. Parameters on the `meta` device are deduplicated by identity
-    only (they have no storage). `trainable_only` counts parameters with
-    `requires_grad=True`.
+    only (they have no storage). A parameter DeepSpeed ZeRO-3 partitioned (an empty tensor
+    with `ds_numel`) counts `ds_numel`, its full size. `trainable_only` counts parameters
+    with `requires_grad=True`.
     """
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"module={type(module).__name__}: must be a torch.nn.Module")
@@ -24,6 +27,10 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
     total = 0
     for p in module.parameters():  # already skips repeats of the same Parameter object
         if trainable_only and not p.requires_grad:
+            continue
+        full = getattr(p, "ds_numel", None)
+        if isinstance(full, int):  # ZeRO-3 partitioned: this rank holds a shard or nothing
+            total += full
             continue
         if p.device.type != "meta" and p.numel() > 0:
             key = (

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from workbench import Session, TrainConfig
-from workbench.train import checkpoint as ckpt
+from workbench.train import checkpoints as ckpt
 
 
 @pytest.mark.parametrize(

@@ -241,7 +241,7 @@ def test_out_of_memory_under_zero_releases_the_old_engine_before_building_the_ne
     """Both engines would not fit on a full GPU: the old one is exported to host memory and
     closed (and the allocator's cache emptied) before its successor is built."""
     from workbench.train import session as session_module
-    from workbench.train import zero
+    from workbench.train.backends import deepspeed as zero
 
     order: list[str] = []
     real_init, real_close = zero.DeepSpeedBackend.__init__, zero.DeepSpeedBackend.close

@@ -21,9 +21,10 @@ import psutil
 import pytest
 from torch import nn
 
+from workbench.cli.launch import main
 from workbench.config import TrainConfig
 from workbench.models import build_model
-from workbench.train.launch import LaunchResult, launch_ranks, main
+from workbench.train.launch import LaunchResult, launch_ranks
 from workbench.train.records import StepRecord
 from workbench.train.session import Session
 
@@ -398,7 +399,7 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
         [
             sys.executable,
             "-m",
-            "workbench.train.launch",
+            "workbench.cli.launch",
             "--ranks",
             "2",
             "--zero",

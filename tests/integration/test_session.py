@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from workbench import Session, TrainConfig
-from workbench.train.checkpointing import mark_checkpointable
+from workbench.train.recompute import mark_checkpointable
 from workbench.train.session import SessionError, SessionStateError
 
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
-from workbench.train.backend import Backend, ModelStateBytes
-from workbench.train.zero import DeepSpeedBackend
+from workbench.train.backends.base import Backend, ModelStateBytes
+from workbench.train.backends.deepspeed import DeepSpeedBackend
 
 ACCUM = 2
 
@@ -29,7 +29,7 @@ def batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(backend: Backend, steps: int, start: int = 0) -> list[float]:
-    """The contract's loop (workbench/train/backend.py)."""
+    """The contract's loop (workbench/train/backends/base.py)."""
     losses = []
     for step in range(start, start + steps):
         total = 0.0
@@ -188,7 +188,7 @@ def test_stage_zero_bf16_carries_fp32_masters_and_moments_by_name() -> None:
 def test_engine_config_avoids_op_builds_and_deepspeeds_default_clipping() -> None:
     """torch's Adam inside DeepSpeed (no FusedAdam build, which needs nvcc on CUDA), SGD
     allowed under ZeRO, and clipping off unless asked (DeepSpeed clips at 1.0 by default)."""
-    from workbench.train.zero import engine_config
+    from workbench.train.backends.deepspeed import engine_config
 
     adam = engine_config(cfg(zero_stage=2), world_size=1, n_params=100)
     assert adam["optimizer"]["params"]["torch_adam"] is True

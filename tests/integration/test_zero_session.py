@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from workbench import Session, TrainConfig
-from workbench.train import zero
-from workbench.train.plain import PlainBackend
+from workbench.train.backends import deepspeed as zero
+from workbench.train.backends.deepspeed import DeepSpeedBackend
+from workbench.train.backends.plain import PlainBackend
 from workbench.train.records import StepRecord
-from workbench.train.zero import DeepSpeedBackend
 
 MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 512}
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")

@@ -8,7 +8,7 @@ import pytest
 from ui_fakes import FakeSampler, FakeSession, host_sample
 
 import workbench
-from workbench.ui import EstimatorPanel, MonitorPanel, TrainingPanel, _common
+from workbench.ui import EstimatorPanel, MonitorPanel, TrainingPanel, panel
 from workbench.ui import dashboard as ui_dashboard
 
 
@@ -43,7 +43,7 @@ def test_rerunning_a_cell_closes_the_panels_it_made_before(monkeypatch) -> None:
 
     shell = Shell()
     run = {"msg": "run-1"}
-    monkeypatch.setattr(_common, "_current_cell", lambda: (shell, "cell-a", run["msg"]))
+    monkeypatch.setattr(panel, "_current_cell", lambda: (shell, "cell-a", run["msg"]))
     first = MonitorPanel(FakeSampler([], "host"), refresh_s=0.25)
     same_run = EstimatorPanel()
     assert first.timer.running
@@ -60,7 +60,7 @@ def test_rerunning_a_cell_closes_the_panels_it_made_before(monkeypatch) -> None:
 def test_other_cells_are_left_alone(monkeypatch, other_cell) -> None:
     shell = type("Shell", (), {})()
     cells = iter([(shell, "cell-a", "m1"), (shell, other_cell, "m2")])
-    monkeypatch.setattr(_common, "_current_cell", lambda: next(cells))
+    monkeypatch.setattr(panel, "_current_cell", lambda: next(cells))
     first = MonitorPanel(FakeSampler([], "host"), autostart=False)
     second = MonitorPanel(FakeSampler([], "host"), autostart=False)
     assert not first.closed and not second.closed

@@ -4,7 +4,7 @@ buttons, charts, advice and bad input."""
 from __future__ import annotations
 
 import pytest
-from ui_fakes import FakeSession
+from ui_fakes import FakeSession, report
 
 from workbench.config import TrainConfig
 from workbench.ui import TrainingPanel
@@ -172,9 +172,10 @@ def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> No
     assert data["data_seconds"] == pytest.approx([0.02] * 5)
     assert data["step_seconds"] == pytest.approx([0.1] * 5)
     assert data["samples_per_s"] == pytest.approx([80.0] * 5)
-    mem = panel.memory_chart_data()  # measured model states from the newest record
-    assert mem["labels"] == ["parameters", "gradients", "optimizer"]
-    assert mem["measured"] == pytest.approx([4000, 4000, 8000])
+    mem = panel.memory_chart_data()  # the automatic measurement: states and activations
+    assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+    assert mem["measured"] == pytest.approx([4000, 4000, 8000, 2048])
+    assert mem["predicted"] == pytest.approx([4000, 4000, 8000, 0])
     renders = panel.chart.renders
     panel.refresh(draw_now=True)  # nothing new: no redraw
     assert panel.chart.renders == renders
@@ -183,18 +184,22 @@ def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> No
 def test_measure_memory_button_draws_measured_vs_predicted(
     panel: TrainingPanel, session: FakeSession
 ) -> None:
-    session.memory = lambda: {  # type: ignore[method-assign]
-        "measured": {"params_bytes": 3 << 20, "grads_bytes": 3 << 20, "activation_bytes": 5 << 20},
-        "predicted": {"params_bytes": 3 << 20, "grads_bytes": 2 << 20, "activation_bytes": 6 << 20},
-    }
+    session.step()
+    measured = report(session, activation_bytes=5 << 20, params_bytes=3 << 20)
+    session.memory = lambda: measured  # type: ignore[method-assign]
     panel.buttons["memory"].click()
     panel.wait_for_tasks()
-    assert "memory measured: parameters 3.0 MiB (predicted 3.0 MiB)" in panel.message_text
+    pred = measured.predicted
+    assert f"memory measured: parameters 3.0 MiB (predicted {pred.params_bytes / 2**20:.1f}" in (
+        panel.message_text
+    )
     panel.refresh(draw_now=True)
     mem = panel.memory_chart_data()
-    assert mem["labels"] == ["parameters", "gradients", "activations"]
-    assert mem["measured"] == pytest.approx([3 << 20, 3 << 20, 5 << 20])
-    assert mem["predicted"] == pytest.approx([3 << 20, 2 << 20, 6 << 20])
+    assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+    assert mem["measured"] == pytest.approx([3 << 20, 4000, 8000, 5 << 20])
+    assert mem["predicted"] == pytest.approx(
+        [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes, 0]
+    )  # the fake model has no shape: no activation prediction
 
 
 def test_settings_changed_elsewhere_show_in_the_controls(
@@ -293,7 +298,7 @@ def test_a_nan_pause_shows_why_in_the_status_line(
 
 
 def strip(html_text: str) -> str:
-    from workbench.ui._common import strip_tags
+    from workbench.ui.fields import strip_tags
 
     return strip_tags(html_text)
 
@@ -303,10 +308,7 @@ def test_first_records_measure_memory_with_activations_quietly(session: FakeSess
 
     def memory():
         calls.append(len(session.history))
-        return {
-            "measured": {"params_bytes": 4000, "grads_bytes": 4000, "activation_bytes": 9000},
-            "predicted": {"params_bytes": 4000, "grads_bytes": 4000, "activation_bytes": 8000},
-        }
+        return report(session, activation_bytes=9000)
 
     session.memory = memory  # type: ignore[method-assign]
     panel = TrainingPanel(session, autostart=False)
@@ -321,9 +323,9 @@ def test_first_records_measure_memory_with_activations_quietly(session: FakeSess
         panel.refresh(draw_now=True)
         assert calls == [1]
         mem = panel.memory_chart_data()
-        assert mem["labels"] == ["parameters", "gradients", "activations"]
-        assert mem["measured"] == pytest.approx([4000, 4000, 9000])
-        assert mem["predicted"] == pytest.approx([4000, 4000, 8000])
+        assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+        assert mem["measured"] == pytest.approx([4000, 4000, 8000, 9000])
+        assert mem["predicted"] == pytest.approx([4000, 4000, 8000, 0])  # no activation formula
         assert "grad_accum=4 queued" in panel.message_text  # the user's feedback stays
         session.step()
         panel.refresh(draw_now=True)

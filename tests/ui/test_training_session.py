@@ -128,3 +128,26 @@ def test_panel_measures_activations_without_a_click(session: Session) -> None:
         assert panel.memory_error is None
     finally:
         panel.close()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_the_panels_predicted_bars_are_session_memorys_prediction(stage: int) -> None:
+    """One setup, one prediction: the bars the panel draws from the step records and the
+    prediction `session.memory()` reports come from the same function."""
+    config = TrainConfig(micro_batch=4, zero_stage=stage)
+    with Session(config, model="tiny-gpt", model_options=SMALL) as s:
+        s.run(optimizer_steps=1)
+        panel = TrainingPanel(s, autostart=False, measure_memory=False)
+        try:
+            panel.refresh(draw_now=True)
+            bars = panel.memory_chart_data()
+        finally:
+            panel.close()
+        report = s.memory()
+    pred = report.predicted
+    assert pred is not None and pred.accounting == ("deepspeed" if stage else "paper")
+    assert bars["labels"] == ["parameters", "gradients", "optimizer"]
+    assert bars["predicted"] == pytest.approx(
+        [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes]
+    )
+    assert pred.activation_bytes is not None  # the built-in GPT's shape reaches the estimator

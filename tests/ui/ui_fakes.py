@@ -10,6 +10,43 @@ from workbench.config import TrainConfig
 from workbench.monitor.types import GpuSample, Sample
 from workbench.train.records import Event, StepRecord
 
+#: The fake model's size: fp32 AdamW states of 1000 parameters are the records' 4000 /
+#: 4000 / 8000 bytes, what the paper's accounting predicts for them.
+N_PARAMS = 1000
+
+
+def report(session: FakeSession, *, activation_bytes: int, **measured: int) -> Any:
+    """A `MemoryReport` for the fake session's settings: measured model states from its
+    newest record unless given, and `session.predict()` as the prediction."""
+    from workbench.train.memory import MemoryReport
+
+    last = session.history[-1] if session.history else None
+    cfg = session.config
+
+    def field(name: str) -> int:
+        if name in measured:
+            return measured[name]
+        return int(getattr(last, name, 0) or 0)
+
+    return MemoryReport(
+        params_bytes=field("params_bytes"),
+        grads_bytes=field("grads_bytes"),
+        optimizer_bytes=field("optimizer_bytes"),
+        optimizer_step_counter_bytes=0,
+        activation_bytes=activation_bytes,
+        parameter_saved_bytes=0,
+        activation_bytes_by_dtype={"float32": activation_bytes},
+        micro_batch=int(cfg.micro_batch),
+        precision=str(cfg.precision),
+        optimizer=str(cfg.optimizer),
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+        world_size=1,
+        n_params=N_PARAMS,
+        cuda_max_allocated_bytes=None,
+        peak_rss_bytes=None,
+        predicted=session.predict(),
+    )
+
 
 class FakeSession:
     """Follows the Session contract the panels use: validated `update()` queued and applied
@@ -100,19 +137,17 @@ class FakeSession:
     def records_since(self, i: int) -> list[StepRecord]:
         return list(self.history[i:])
 
-    def memory(self) -> dict[str, Any]:
-        last = self.history[-1] if self.history else None
-        measured = None
-        if last is not None:
-            measured = {
-                "params_bytes": last.params_bytes,
-                "grads_bytes": last.grads_bytes,
-                "optimizer_bytes": last.optimizer_bytes,
-            }
-        return {
-            "measured": measured,
-            "predicted": {"params_bytes": 4000, "grads_bytes": 4000, "optimizer_bytes": 8000},
-        }
+    def predict(self, config: TrainConfig | None = None) -> Any:
+        """The real prediction path (`workbench.prediction.predict_memory`) for a model of
+        N_PARAMS parameters, as a Session of one rank gives it."""
+        from workbench.prediction import predict_memory
+
+        return predict_memory(config or self.config, N_PARAMS, 1)
+
+    def memory(self) -> Any:
+        """A real `MemoryReport`: model states as the last record measured them, the
+        activations given to `report()`, the prediction from `predict()`."""
+        return report(self, activation_bytes=2048)
 
     def save_checkpoint(self, path: str | None = None) -> str:
         if path is None and self.config.checkpoint_dir is None:

@@ -1,4 +1,4 @@
-"""workbench.cli_config: TrainConfig fields as flags, shared by export and launch."""
+"""workbench.cli.config_flags: TrainConfig fields as flags, shared by export and launch."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.cli_config import add_config_flags, config_from_args, problem_lines
-from workbench.config import TrainConfig
+from workbench.cli.config_flags import add_config_flags, config_from_args
+from workbench.config import TrainConfig, problem_lines
 
 FIELDS = ("precision", "zero_stage", "lr", "offload_optimizer", "nvme_path", "pin_memory")
 
@@ -22,7 +22,7 @@ def parse(argv: list[str], **kwargs: object) -> argparse.Namespace:
 
 
 def test_module_is_pure() -> None:
-    code = "import sys, workbench.cli_config; print('torch' in sys.modules)"
+    code = "import sys, workbench.cli.config_flags; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -4,8 +4,6 @@ test_export_script.py."""
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import json
 import os
 import stat
@@ -18,7 +16,7 @@ from samples import CONFIGS, SAMPLE
 from workbench.cli import main
 from workbench.config import TrainConfig
 from workbench.dsconfig import import_deepspeed
-from workbench.export import ExportError, export_deepspeed
+from workbench.export import ExportError, export_deepspeed, train_deepspeed
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -30,15 +28,9 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, out, err
 
 
-def script_constants(path: str) -> dict[str, object]:
-    tree = ast.parse(Path(path).read_text())
-    values = {}
-    for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and target.id.isupper() and node.value is not None:
-            with contextlib.suppress(ValueError):  # HERE = os.path...: not a constant
-                values[target.id] = ast.literal_eval(node.value)
-    return values
+def job_values(script_path: str) -> dict[str, object]:
+    """The job description written beside the exported script."""
+    return json.loads((Path(script_path).parent / "job.json").read_text())
 
 
 def listing(directory: Path) -> dict[str, bytes]:
@@ -66,9 +58,14 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     result = export_deepspeed(config, gpus=4, out_dir=tmp_path / "job", model_options={"layers": 2})
     job = tmp_path / "job"
     assert sorted(os.listdir(tmp_path)) == ["job"]  # no temporary directory left behind
-    assert sorted(os.listdir(job)) == ["ds_config.json", "launch.sh", "train_deepspeed.py"]
+    assert sorted(os.listdir(job)) == [
+        "ds_config.json",
+        "job.json",
+        "launch.sh",
+        "train_deepspeed.py",
+    ]
     assert result.paths == tuple(
-        str(job / n) for n in ("ds_config.json", "train_deepspeed.py", "launch.sh")
+        str(job / n) for n in ("ds_config.json", "train_deepspeed.py", "job.json", "launch.sh")
     )
     ds = json.loads((job / "ds_config.json").read_text())
     assert ds == config.to_deepspeed(world_size=4) == result.ds_config
@@ -76,17 +73,20 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     assert result.world_size == 4 and result.hostfile_path is None
 
     script = job / "train_deepspeed.py"
-    compile(script.read_text(), str(script), "exec")  # valid Python
+    # the package's own module, copied as is (linted, type-checked and tested as code)
+    assert script.read_text() == Path(train_deepspeed.__file__).read_text()
     assert script.stat().st_mode & stat.S_IXUSR
-    assert script_constants(str(script)) == {
-        "MODEL": "tiny-gpt",
-        "MODEL_OPTIONS": {"layers": 2},
-        "SEED": 7,
-        "STEPS": 100,
-        "NUM_WORKERS": 0,
-        "PIN_MEMORY": False,
-        "ACTIVATION_CHECKPOINTING": True,
-        "EXPORTED_WORLD_SIZE": 4,
+    values = job_values(str(script))
+    assert values.pop("description").startswith("tiny-gpt, ZeRO stage 2")
+    assert values == {
+        "model": "tiny-gpt",
+        "model_options": {"layers": 2},
+        "seed": 7,
+        "steps": 100,
+        "num_workers": 0,
+        "pin_memory": False,
+        "activation_checkpointing": True,
+        "exported_world_size": 4,
     }
 
     launch = job / "launch.sh"
@@ -113,9 +113,9 @@ def test_steps_and_factory_model_go_into_the_script(tmp_path: Path) -> None:
         model_options={"width": 3},
         steps=20,
     )
-    consts = script_constants(result.script_path)
-    assert consts["MODEL"] == "mypkg.models:make_model" and consts["STEPS"] == 20
-    assert consts["MODEL_OPTIONS"] == {"width": 3}
+    values = job_values(result.script_path)
+    assert values["model"] == "mypkg.models:make_model" and values["steps"] == 20
+    assert values["model_options"] == {"width": 3}
     assert result.estimate is None  # a factory's size is not known here
 
 
@@ -241,7 +241,8 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
             f"zero_optimization.{key}.nvme_path='/mnt/nvme' (ignored while device is 'cpu')"
         ) in warning
     assert "steps_per_print" in warning
-    assert "estimated per GPU: params 0 B, grads 0 B, optimizer states 0 B" in out
+    # DeepSpeed's ZeRO-3 offload layout: no weights or states on the GPU, its reduce bucket
+    assert "estimated per GPU: params 0 B, grads 1.54 MiB, optimizer states 0 B" in out
     assert "offloaded to CPU" in out
     assert "deepspeed --num_gpus 8 train_deepspeed.py --deepspeed_config ds_config.json" in out
 
@@ -277,9 +278,12 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
         gpus=8,
         offload_optimizer=True,
         offload_params=True,
+        accounting="deepspeed",  # the exported job runs under DeepSpeed
     )
     assert result.estimate == expected
-    assert expected.params_bytes == expected.grads_bytes == expected.optimizer_bytes == 0
+    assert expected.params_bytes == expected.optimizer_bytes == 0
+    # the stage-3 reduce bucket in fp16, which holds the whole of this small model
+    assert expected.grads_bytes == 2 * info.n_params
     assert expected.cpu_offload_bytes > 0
     # re-exporting the re-export changes nothing
     code, _, err = cli(
@@ -337,7 +341,7 @@ def test_cli_prints_where_it_wrote_and_the_command(
     )
     assert code == 0
     assert out.splitlines()[0] == (
-        f"wrote {out_dir}: ds_config.json, train_deepspeed.py, launch.sh"
+        f"wrote {out_dir}: ds_config.json, train_deepspeed.py, job.json, launch.sh"
     )
     assert "deepspeed --num_gpus 2 train_deepspeed.py --deepspeed_config ds_config.json" in out
     assert "torchrun --standalone --nproc-per-node 2" in out
@@ -353,7 +357,7 @@ def test_cli_prints_where_it_wrote_and_the_command(
         offload_params="cpu",
     )
     assert ds == expected.to_deepspeed(world_size=2)
-    assert script_constants(str(out_dir / "train_deepspeed.py"))["MODEL_OPTIONS"] == {"hidden": 32}
+    assert job_values(str(out_dir / "train_deepspeed.py"))["model_options"] == {"hidden": 32}
 
     code, out, _ = cli(["export", "--out", str(out_dir), "--json"], capsys)
     assert code == 0

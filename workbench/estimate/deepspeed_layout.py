@@ -2,7 +2,7 @@
 
 The ZeRO paper's accounting (`workbench.estimate.model_states.paper_model_states`, the
 default) counts ideal shards. DeepSpeed 0.16-0.19's engine, as the workbench configures
-it (`workbench.train.zero.engine_config`), differs in four ways, measured per rank from
+it (`workbench.train.backends.deepspeed.engine_config`), differs in four ways, measured per rank from
 each rank's own tensors on 2 CPU ranks (docs/deepspeed.md lists the figures):
 
 1. ZeRO 1 and 2 keep an fp32 master partition even in fp32 training

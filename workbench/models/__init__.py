@@ -72,7 +72,9 @@ def _check_name(name: Any) -> None:
 
 
 def _count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())  # parameters() dedupes tied weights
+    from workbench.modelstats import count_parameters
+
+    return count_parameters(module)
 
 
 def build_model(name: str, **options: Any) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:

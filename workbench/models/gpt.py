@@ -133,7 +133,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block; marked checkpointable (see workbench.train.checkpointing)."""
+    """Pre-LN transformer block; marked checkpointable (see workbench.train.recompute)."""
 
     _workbench_checkpointable = True
 

@@ -34,10 +34,10 @@ from torch import nn
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.train import batches
-from workbench.train.backend import Backend, ModelStateBytes
+from workbench.train.backends.base import Backend, ModelStateBytes
+from workbench.train.backends.plain import storage_bytes
 from workbench.train.batches import LossFn
-from workbench.train.checkpointing import checkpointable_modules, is_checkpointing
-from workbench.train.plain import storage_bytes
+from workbench.train.recompute import checkpointable_modules, is_checkpointing
 
 _VIEW_OR_COPY = frozenset(
     {

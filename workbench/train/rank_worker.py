@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.models.spec import build_from_spec
+from workbench.modelstats import count_parameters
 
 EXIT_ERROR = 1
 TRACEBACK_TAIL_CHARS = 4000
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             config = config.replace(checkpoint_dir=str(Path(args.checkpoint_dir) / f"rank-{rank}"))
         resume = None
         if args.resume_dir is not None:
-            from workbench.train import checkpoint as ckpt
+            from workbench.train import checkpoints as ckpt
 
             rank_dir = Path(args.resume_dir) / f"rank-{rank}"
             resume = str(
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
         source = build_from_spec(args.model, json.loads(args.model_options))
         session = Session(config, resume=resume, **source)
-        n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in session.model.parameters())
+        n_params = count_parameters(session.model)
         reporter.emit(
             "ready",
             n_params=int(n_params),

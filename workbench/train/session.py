@@ -59,13 +59,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import Device, Precision, TrainConfig, _format, _plain, runtime_problems
+from workbench.modelstats import count_parameters
 from workbench.train import batches
-from workbench.train import checkpoint as ckpt
-from workbench.train.backend import Backend, ModelStateBytes, StepOutcome, build_backend
-from workbench.train.checkpointing import checkpointable_modules, set_activation_checkpointing
+from workbench.train import checkpoints as ckpt
+from workbench.train.backends import Backend, ModelStateBytes, StepOutcome, build_backend
 from workbench.train.data import DataPosition, DataStream
 from workbench.train.devices import cuda_uuid, resolve_device
 from workbench.train.precision import amp_supported
+from workbench.train.recompute import checkpointable_modules, set_activation_checkpointing
 from workbench.train.records import Event, StepRecord
 from workbench.train.schedule import scaled_lr
 
@@ -188,7 +189,7 @@ def _deepspeed_backend_available() -> bool:
     import importlib.util
 
     try:
-        return importlib.util.find_spec("workbench.train.zero") is not None
+        return importlib.util.find_spec("workbench.train.backends.deepspeed") is not None
     except (ImportError, ValueError):
         return False
 
@@ -511,7 +512,7 @@ class Session:
         if (config.uses_deepspeed or self.world_size > 1) and not _deepspeed_backend_available():
             p.append(
                 f"precision={prec.value!r}, zero_stage={config.zero_stage}: need the DeepSpeed "
-                "backend (workbench.train.zero), which this installation does not have; use "
+                "backend (workbench.train.backends.deepspeed), which this installation does not have; use "
                 "precision fp32, amp-bf16 or amp-fp16 with zero_stage=0"
             )
         if (config.uses_deepspeed or self.world_size > 1) and prec is Precision.AMP_FP16:
@@ -531,7 +532,7 @@ class Session:
         if config.activation_checkpointing and not checkpointable_modules(self._model):
             p.append(
                 "activation_checkpointing=True: the model has no checkpointable blocks; mark "
-                "them with workbench.train.checkpointing.mark_checkpointable(model, [names])"
+                "them with workbench.train.recompute.mark_checkpointable(model, [names])"
             )
         if (
             Device(config.device) is not Device.AUTO
@@ -1347,11 +1348,10 @@ class Session:
             notes: list[str] = []
             if states.optimizer_bytes == 0 and cfg.optimizer != "sgd-nomomentum":
                 notes.append("optimizer states are created at the first optimizer step; run one")
-            # ZeRO-3 leaves partitioned (empty) parameters; `ds_numel` is the full size
-            n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in self.model.parameters())
+            n_params = count_parameters(self.model)  # ZeRO-3 shards at their full size
             predicted = None
             try:
-                predicted = self._predict(cfg, n_params)
+                predicted = self.predict(cfg)
             except Exception as exc:  # the estimator rejects the inputs or is missing
                 notes.append(f"no prediction: {type(exc).__name__}: {exc}")
             if predicted is not None and predicted.activation_bytes is None:
@@ -1376,35 +1376,23 @@ class Session:
                 notes=tuple(notes),
             )
 
-    def _predict(self, cfg: TrainConfig, n_params: int) -> Any:
-        from workbench.estimate import estimate_memory
+    def predict(self, config: TrainConfig | None = None) -> Any:
+        """The estimator's prediction (`workbench.estimate.MemoryEstimate`) for this
+        session's model and world size with `config` (default: the settings in effect),
+        from `workbench.prediction.predict_memory`, the one path every view uses. Raises
+        ValueError when the estimator cannot predict the setup."""
+        from workbench.prediction import predict_memory
 
-        shape: dict[str, Any] = {}
-        info = self.info
-        if info is not None and info.is_transformer:
-            shape = dict(
-                layers=info.layers,
-                hidden=info.hidden,
-                heads=info.heads,
-                seq_len=info.seq_len,
-                vocab=info.vocab,
-            )
-        # The DeepSpeed engine's real layout (fp32 master partitions, reduce buckets) is
-        # predicted by the estimator's "deepspeed" accounting; the plain loop by the paper's.
-        uses_deepspeed = cfg.uses_deepspeed or self.world_size > 1
-        return estimate_memory(
-            n_params=n_params,
-            precision=str(cfg.precision),
-            optimizer=str(cfg.optimizer),
-            zero_stage=int(cfg.zero_stage),
-            gpus=self.world_size,
-            micro_batch=int(cfg.micro_batch),
-            checkpointing="full" if cfg.activation_checkpointing else "none",
-            offload_optimizer=str(cfg.offload_optimizer) != "none",
-            offload_params=str(cfg.offload_params) != "none",
-            accounting="deepspeed" if uses_deepspeed else "paper",
-            **shape,
-        )
+        cfg = self._config if config is None else config
+        if not isinstance(cfg, TrainConfig):
+            raise ValueError(f"config={cfg!r}: must be a workbench.TrainConfig or None")
+        return predict_memory(cfg, self._model_description(), self.world_size)
+
+    def _model_description(self) -> Any:
+        """The built-in model's shape facts, or your module's parameter count."""
+        if self.info is not None:
+            return self.info
+        return count_parameters(self._model)
 
     def profile(
         self,

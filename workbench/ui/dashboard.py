@@ -6,9 +6,10 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.ui._common import Chart, PanelBase
+from workbench.ui.charts import Chart
 from workbench.ui.estimator import EstimatorPanel
 from workbench.ui.monitor import MonitorPanel
+from workbench.ui.panel import PanelBase
 from workbench.ui.training import TrainingPanel
 
 TAB_TITLES = ("Training", "Memory estimator", "Hardware monitor")

@@ -33,22 +33,21 @@ from workbench.estimate import (
     compare_stages,
     estimate_memory,
     gpu_names,
-    parse_count,
 )
-from workbench.estimate.counts import COUNT_EXAMPLES
-from workbench.ui._common import (
+from workbench.ui.charts import Chart
+from workbench.ui.fields import (
     UNITS,
-    Chart,
     Field,
-    PanelBase,
     dropdown_field,
     format_bytes,
     format_seconds,
+    parse_count,
     parse_float,
     parse_int,
     status_html,
     text_field,
 )
+from workbench.ui.panel import PanelBase
 
 SEGMENTS = (
     ("params_bytes", "parameters", "#1565c0"),
@@ -470,7 +469,7 @@ class EstimatorPanel(PanelBase):
             kwargs["mlp"] = f["mlp"].value
             kwargs["tied_embeddings"] = f["tied_embeddings"].value
         else:
-            take("n_params", _parse_count)
+            take("n_params", parse_count)
         take("micro_batch", parse_int, minimum=1)
         take("gpus", parse_int, minimum=1)
         take("tensor_parallel", parse_int, minimum=1)
@@ -480,7 +479,7 @@ class EstimatorPanel(PanelBase):
         take("price_per_gpu_hour", parse_float, minimum=0.0, optional=True)
         tokens_text = f["tokens"].value.strip()
         if tokens_text:
-            take("tokens", _parse_count)
+            take("tokens", parse_count)
         else:
             kwargs["tokens"] = None
         for name in (
@@ -607,17 +606,6 @@ class EstimatorPanel(PanelBase):
             f"EstimatorPanel(total per GPU {format_bytes(e.total_bytes, self.units.value)}, "
             f"ZeRO {e.zero_stage}, {e.gpus} GPU(s), fits={e.fits})"
         )
-
-
-def _parse_count(label: str, text: str) -> int:
-    """A count typed into a field (`7B`, `1.5e9`, `350M`, `1.3T`): the estimator's reader."""
-    raw = text.strip()
-    if not raw:
-        raise ValueError(f"{label}: empty; enter a count ({COUNT_EXAMPLES})")
-    value = parse_count(raw)
-    if value is None or value < 1:
-        raise ValueError(f"{label}: {raw!r} is not a count >= 1 ({COUNT_EXAMPLES})")
-    return value
 
 
 def _split_label(e: MemoryEstimate) -> str:

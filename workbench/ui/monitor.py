@@ -14,13 +14,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.ui._common import (
-    GIB,
-    Chart,
-    PanelBase,
-    RefreshTimer,
-    status_html,
-)
+from workbench.ui.charts import Chart
+from workbench.ui.fields import GIB, status_html
+from workbench.ui.panel import PanelBase, RefreshTimer
 
 HISTORY_SECONDS = 120.0
 

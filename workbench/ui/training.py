@@ -22,12 +22,10 @@ from typing import Any
 import ipywidgets as widgets
 
 from workbench.config import LRSchedule, OffloadDevice, Precision
-from workbench.ui._common import (
+from workbench.ui.charts import Chart
+from workbench.ui.fields import (
     GIB,
-    Chart,
     Field,
-    PanelBase,
-    RefreshTimer,
     dropdown_field,
     parse_float,
     parse_int,
@@ -35,6 +33,7 @@ from workbench.ui._common import (
     strip_tags,
     text_field,
 )
+from workbench.ui.panel import PanelBase, RefreshTimer
 
 MEMORY_FIELDS = frozenset(
     {
@@ -525,31 +524,14 @@ class TrainingPanel(PanelBase):
         return pairs
 
     def _prediction(self, cfg: Any) -> Any | None:
-        """The estimator's figures for `cfg` on this session's model (cached per config)."""
+        """The session's prediction for `cfg` (`Session.predict`, cached per config);
+        None when the estimator cannot predict the setup (only measured bars are drawn)."""
         if self._predicted is not None and self._predicted[0] == cfg:
             return self._predicted[1]
-        pred = None
         try:
-            from workbench.estimate import estimate_memory
-
-            info = getattr(self.session, "info", None)
-            n_params = getattr(info, "n_params", None)
-            if n_params is None:
-                model = getattr(self.session, "model", None)
-                n_params = sum(p.numel() for p in model.parameters()) if model is not None else None
-            if n_params:
-                pred = estimate_memory(
-                    n_params=n_params,
-                    precision=str(cfg.precision),
-                    optimizer=str(cfg.optimizer),
-                    zero_stage=int(cfg.zero_stage),
-                    gpus=int(getattr(self.session, "world_size", 1) or 1),
-                    micro_batch=int(cfg.micro_batch),
-                    offload_optimizer=str(cfg.offload_optimizer) != "none",
-                    offload_params=str(cfg.offload_params) != "none",
-                )
-        except Exception:
-            pred = None  # no prediction for this setup: only measured bars are drawn
+            pred = self.session.predict(cfg)
+        except ValueError:
+            pred = None
         self._predicted = (cfg, pred)
         return pred
 
@@ -910,26 +892,14 @@ def _summarize(result: Any) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
-def _memory_pairs(m: Any) -> list[tuple[str, float | None, float | None]]:
-    """(what, measured, predicted) bytes from a `session.memory()` result.
-
-    Accepts the Session's `MemoryReport` (measured bytes as its own fields, `predicted` a
-    `MemoryEstimate`, `predicted_activation_bytes` the comparable activation figure) or
-    any object/dict with `measured` and `predicted` parts carrying the same field names.
-    """
-    if m is None:
+def _memory_pairs(report: Any) -> list[tuple[str, float | None, float | None]]:
+    """(what, measured, predicted) bytes from a `session.memory()` report
+    (`workbench.train.memory.MemoryReport`: measured bytes in its own fields, the
+    prediction in `predicted`, the comparable activation figure in
+    `predicted_activation_bytes`)."""
+    if report is None:
         return []
-
-    def get(obj: Any, name: str) -> Any:
-        if obj is None:
-            return None
-        if isinstance(obj, dict):
-            return obj.get(name)
-        return getattr(obj, name, None)
-
-    nested = get(m, "measured") is not None or (isinstance(m, dict) and "measured" in m)
-    measured = get(m, "measured") if nested else m
-    predicted = get(m, "predicted")
+    predicted = report.predicted
     out = []
     for label, name in (
         ("parameters", "params_bytes"),
@@ -937,13 +907,11 @@ def _memory_pairs(m: Any) -> list[tuple[str, float | None, float | None]]:
         ("optimizer", "optimizer_bytes"),
         ("activations", "activation_bytes"),
     ):
-        mv = get(measured, name)
-        if name == "activation_bytes" and get(m, "predicted_activation_bytes") is not None:
-            pv = get(m, "predicted_activation_bytes")
+        if name == "activation_bytes":
+            pv = report.predicted_activation_bytes
         else:
-            pv = get(predicted, name)
-        if mv is not None or pv is not None:
-            out.append((label, mv, pv))
+            pv = getattr(predicted, name, None) if predicted is not None else None
+        out.append((label, getattr(report, name), pv))
     return out
 
 

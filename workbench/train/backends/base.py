@@ -1,8 +1,9 @@
 """The contract between the Session's loop and an engine that owns the optimizer.
 
-Two implementations: `PlainBackend` (torch optimizer + precision policy, in
-`workbench/train/plain.py`) and `DeepSpeedBackend` (ZeRO stages 0-3 and DeepSpeed
-16-bit, in `workbench/train/zero.py`). The Session's hot loop is the same for both:
+Implementations live beside this file, one per engine: `PlainBackend` (torch optimizer +
+precision policy, `plain.py`) and `DeepSpeedBackend` (ZeRO stages 0-3 and DeepSpeed
+16-bit, `deepspeed.py`); `workbench.train.backends.build_backend` picks one for a config.
+The Session's hot loop is the same for all:
 
     for micro in range(grad_accum):
         batch = next(data)                      # timed as data_seconds
@@ -65,31 +66,3 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release everything (engines, process groups, buffers). Idempotent."""
-
-
-def build_backend(
-    config: Any,
-    model: torch.nn.Module,
-    *,
-    state: dict[str, Any] | None = None,
-    world_size: int = 1,
-    device: torch.device | None = None,
-) -> Backend:
-    """The backend for `config`: `PlainBackend` unless the config needs DeepSpeed
-    (`config.uses_deepspeed`) or the run has several ranks (`world_size > 1`), in which
-    case `workbench.train.zero.DeepSpeedBackend` (imported only then) on `device` (the
-    session's; default: DeepSpeed's accelerator device for this rank). `PlainBackend`
-    trains `model` where it is."""
-    if config.uses_deepspeed or world_size > 1:
-        try:
-            from workbench.train.zero import DeepSpeedBackend  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise ValueError(
-                f"zero_stage={config.zero_stage}, precision={config.precision}, "
-                f"world_size={world_size}: needs the DeepSpeed backend "
-                f"(workbench.train.zero.DeepSpeedBackend), which is not available: {exc}"
-            ) from exc
-        return DeepSpeedBackend(config, model, state=state, device=device)  # type: ignore[no-any-return]
-    from workbench.train.plain import PlainBackend
-
-    return PlainBackend(config, model, state=state)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.config import TrainConfig
+from workbench.config import TrainConfig, problem_lines
 
 
 @dataclass(frozen=True)
@@ -131,15 +131,6 @@ def raw_values(args: argparse.Namespace, fields: Sequence[str]) -> dict[str, str
         if value is not None and CONFIG_FLAGS[name].kind != "switch":
             raw[name] = str(value)
     return raw
-
-
-def problem_lines(exc: BaseException) -> list[str]:
-    """A (multi-line) TrainConfig / DeepSpeed-config ValueError as one line per problem,
-    without the "N invalid settings:" header and the "invalid setting: " prefixes."""
-    lines = [ln.strip().removeprefix("- ") for ln in str(exc).splitlines() if ln.strip()]
-    if len(lines) > 1 and re.match(r"^\d+ (invalid settings|problems in)", lines[0]):
-        lines = lines[1:]
-    return [re.sub(r"^(invalid setting|invalid DeepSpeed config): ", "", ln) for ln in lines]
 
 
 def as_flag_value(line: str, flags: Mapping[str, str], raw: Mapping[str, str]) -> str:

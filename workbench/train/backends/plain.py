@@ -1,6 +1,6 @@
 """`PlainBackend`: a torch optimizer + a precision policy on one device (no DeepSpeed).
 
-Implements the `Backend` contract of `workbench/train/backend.py`. Built once per
+Implements the `Backend` contract of `workbench/train/backends/base.py`. Built once per
 setting; the Session rebuilds it (carrying `export_state()`) when a setting it reads
 changes. The module stays the same object across rebuilds.
 
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, TrainConfig
-from workbench.train.backend import ModelStateBytes, StepOutcome
+from workbench.train.backends.base import ModelStateBytes, StepOutcome
 from workbench.train.precision import PrecisionPolicy, build_precision
 from workbench.train.schedule import lr_at
 

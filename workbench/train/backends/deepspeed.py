@@ -1,7 +1,7 @@
 """`DeepSpeedBackend`: ZeRO stages 0-3 and DeepSpeed 16-bit through a real DeepSpeed engine.
 
-Implements the `Backend` contract of `workbench/train/backend.py` and carries the same
-backend-neutral state as `PlainBackend` (see `workbench/train/plain.py`):
+Implements the `Backend` contract of `workbench/train/backends/base.py` and carries the same
+backend-neutral state as `PlainBackend` (see `workbench/train/backends/plain.py`):
 
     {"format": 1, "model": {name: fp32 tensor},
      "optimizer": {"family": "adam" | "sgd" | None, "state": {name: {"exp_avg": ..., ...}}},
@@ -56,7 +56,8 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, Precision, TrainConfig
-from workbench.train.backend import ModelStateBytes, StepOutcome
+from workbench.modelstats import count_parameters
+from workbench.train.backends.base import ModelStateBytes, StepOutcome
 from workbench.train.devices import communication_backend, use_deepspeed_accelerator
 from workbench.train.schedule import lr_at
 from workbench.train.toolchain import use_interpreter_tools
@@ -310,7 +311,7 @@ class DeepSpeedBackend:
             self._autocast: Any = _autocast_factory(self.device.type, torch.bfloat16)
         else:
             self._autocast = nullcontext
-        n_params = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        n_params = count_parameters(module, trainable_only=True)
         if n_params == 0:
             raise ValueError("model: has no trainable parameters (requires_grad=True)")
         self.ds_config = engine_config(config, self.world_size, n_params)

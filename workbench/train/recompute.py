@@ -3,7 +3,7 @@
 A block is *checkpointable* when it has the attribute `_workbench_checkpointable = True`
 (tiny-gpt's transformer blocks are marked). Mark your own blocks with
 
-    from workbench.train.checkpointing import mark_checkpointable
+    from workbench.train.recompute import mark_checkpointable
     mark_checkpointable(model, ["encoder.layers.0", "encoder.layers.1"])  # by name
     mark_checkpointable(model.encoder.layers)   # every child of a ModuleList/Sequential
     mark_checkpointable(model.block)            # one module

@@ -1,106 +1,17 @@
-"""`workbench` command line: `workbench estimate | ...`.
-
-Subcommands are registered in `COMMANDS`, one line each, and each is imported only when
-it runs, so `workbench estimate` never imports torch, deepspeed or ipywidgets.
-
-Adding a subcommand (e.g. `launch` from `workbench/train/launch.py`):
-
-1. In your module, write an adder that receives the subcommand's own
-   `argparse.ArgumentParser`, adds its arguments and returns the function that runs it::
-
-       def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-           parser.add_argument("script")
-           return run  # run(args) -> exit status (0 ok; use parser.error(...) for bad input)
-
-2. Add one line to `COMMANDS` below::
-
-       "launch": ("workbench.train.launch:add_parser", "run a training script on N ranks"),
-
-Bad input anywhere should end as `parser.error("--flag VALUE: what is allowed")`: this
-module's parser prints it as one line and exits with status 2, without a traceback.
-"""
+"""`workbench estimate`: per-GPU memory, time and cost of a training setup (pure math; this
+module imports no torch, deepspeed or ipywidgets)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
-import re
-import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any
 
-Runner = Callable[[argparse.Namespace], int]
-Adder = Callable[[argparse.ArgumentParser], Runner]
+from workbench.cli import Runner
 
-# name -> ("module:adder", one-line help). The module is imported only when `name` runs.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "estimate": (
-        "workbench.cli:add_estimate_parser",
-        "per-GPU memory, time and cost of a training setup (pure math, no GPU needed)",
-    ),
-    "launch": (
-        "workbench.train.launch:add_parser",
-        "train one config on N local ranks; measured vs predicted memory per rank",
-    ),
-    "export": (
-        "workbench.export:add_parser",
-        "write a DeepSpeed config, training script and launch command",
-    ),
-}
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        message = re.sub(r"^argument ([^:]+): ", lambda m: m.group(1).split("/")[-1] + " ", message)
-        message = " ".join(message.split())
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _load(target: str) -> Adder:
-    module, _, attr = target.partition(":")
-    adder: Adder = getattr(importlib.import_module(module), attr)
-    return adder
-
-
-def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, Runner | None]:
-    """The top-level parser; only `command`'s own arguments are loaded (lazily)."""
-    from workbench import __version__
-
-    parser = _Parser(
-        prog="workbench",
-        description="Make PyTorch training faster and leaner. Run `workbench COMMAND -h`.",
-    )
-    parser.add_argument("--version", action="version", version=f"workbench {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    runner: Runner | None = None
-    for name, (target, help_text) in COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        if name == command:
-            runner = _load(target)(sub_parser)
-    return parser, runner
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `workbench` console script; returns the exit status."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in args_list if not a.startswith("-")), None)
-    parser, runner = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(args_list)
-    if runner is None:
-        parser.error("a command is required: " + ", ".join(COMMANDS))
-    try:
-        return runner(args)
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
-        return 0
-
-
-# ==================================================================== estimate
 # field of estimate_memory -> (flag, how the flag's text is read)
 _FLAGS: dict[str, tuple[str, str]] = {
     "model": ("--model", "str"),
@@ -140,7 +51,7 @@ _EMBEDDINGS = {"tied": True, "untied": False}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 
 
-def add_estimate_parser(parser: argparse.ArgumentParser) -> Runner:
+def add_parser(parser: argparse.ArgumentParser) -> Runner:
     """Arguments of `workbench estimate`; returns its runner."""
     from workbench.estimate import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
 
@@ -532,7 +443,3 @@ def _model_table(*, as_json: bool) -> str:
         "(--list-models --json prints them)"
     )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

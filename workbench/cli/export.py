@@ -1,0 +1,279 @@
+"""`workbench export --format deepspeed`: a TrainConfig as a ready-to-run DeepSpeed job
+(`workbench.export` writes it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.cli.config_flags import (
+    CONFIG_FLAGS,
+    add_config_flags,
+    as_flag_value,
+    config_from_args,
+    lenient_number,
+    raw_values,
+)
+from workbench.config import TrainConfig
+from workbench.export import (
+    FORMATS,
+    ExportError,
+    ExportResult,
+    describe,
+    export_deepspeed,
+    is_int,
+    one_line,
+)
+
+# The TrainConfig fields `workbench export` takes as flags: every one in
+# workbench.cli_config except --device, which an exported job does not take.
+_CONFIG_FIELDS = tuple(name for name in CONFIG_FLAGS if name != "device")
+_EXPORT_FLAGS = {
+    "gpus": "--gpus",
+    "nodes": "--nodes",
+    "hostfile": "--hostfile",
+    "model": "--model",
+    "out_dir": "--out",
+    "steps": "--steps",
+    "model_options": "--model-option",
+}
+_FLAGS = {**{name: CONFIG_FLAGS[name].flag for name in _CONFIG_FIELDS}, **_EXPORT_FLAGS}
+_HELP = {
+    "total_steps": "schedule horizon, and the script's default number of steps (1000)",
+}
+
+
+def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Arguments of `workbench export`; returns its runner (see workbench/cli.py)."""
+    job = parser.add_argument_group("what to export")
+    job.add_argument("--format", default="deepspeed", help="export format: deepspeed (deepspeed)")
+    job.add_argument(
+        "--out",
+        metavar="DIR",
+        default="deepspeed_job",
+        help="directory to write into (deepspeed_job)",
+    )
+    job.add_argument(
+        "--gpus",
+        metavar="N",
+        help="GPUs (ranks) per node (1; with --config: the world size its batch keys imply)",
+    )
+    job.add_argument("--nodes", metavar="N", default="1", help="nodes (1)")
+    job.add_argument("--hostfile", metavar="FILE", help="DeepSpeed hostfile for several nodes")
+    job.add_argument(
+        "--model",
+        default="tiny-gpt",
+        help="tiny-gpt, mlp, cnn, or a factory 'pkg.module:function' (tiny-gpt)",
+    )
+    job.add_argument(
+        "--model-option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="an option of the built-in model or factory, e.g. layers=2 (repeatable)",
+    )
+    job.add_argument(
+        "--steps",
+        metavar="N",
+        help="the script's default number of optimizer steps (--total-steps)",
+    )
+    job.add_argument(
+        "--config",
+        metavar="DS_JSON",
+        help="start from this DeepSpeed config (flags below override it)",
+    )
+    job.add_argument("--json", action="store_true", help="print one JSON object")
+    cfg = parser.add_argument_group("training settings (TrainConfig; defaults as TrainConfig's)")
+    add_config_flags(cfg, fields=_CONFIG_FIELDS, bare_offload=True, help=_HELP)
+    return lambda args: run(args, parser)
+
+
+def _as_flags(line: str, raw: dict[str, str]) -> str:
+    """An export problem line with argument names written as the CLI's flags and the
+    values as typed."""
+    line = re.sub(r"^model_options\['(\w+)'\]=", r"--model-option \1=", line)
+    line = re.sub(r"^model_options ", "--model-option ", line)
+    return as_flag_value(line, _FLAGS, raw)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run `workbench export` on parsed arguments; returns the exit status."""
+    if args.format.strip().lower() not in FORMATS:
+        parser.error(f"--format {args.format}: allowed formats: {', '.join(FORMATS)}")
+    problems: list[str] = []
+    gpus = lenient_number(args.gpus, "int") if args.gpus is not None else None
+    nodes = lenient_number(args.nodes, "int")
+    steps = lenient_number(args.steps, "int") if args.steps is not None else None
+    for flag, value, text in (
+        ("--gpus", gpus, args.gpus),
+        ("--nodes", nodes, args.nodes),
+        ("--steps", steps, args.steps),
+    ):
+        if value is not None and (not is_int(value) or value < 1):
+            problems.append(f"{flag} {text}: must be an integer >= 1")
+    options: dict[str, Any] = {}
+    for item in args.model_option:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--model-option {item}: must be KEY=VALUE, e.g. layers=2")
+            continue
+        try:
+            options[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key.strip()] = text
+
+    warns: tuple[str, ...] = ()
+    config: TrainConfig | None = None
+    if args.config is not None:
+        config, gpus, warns = _import_config(args, gpus, nodes, problems)
+    if gpus is None:
+        gpus = 1
+    if args.config is None or config is not None:
+        config, config_problems = config_from_args(
+            args, fields=_CONFIG_FIELDS, base=config, strip_text=True, other_flags=_EXPORT_FLAGS
+        )
+        problems += config_problems
+    if problems:
+        parser.error("; ".join(problems))
+    assert config is not None
+    try:
+        result = export_deepspeed(
+            config,
+            gpus=gpus,
+            out_dir=args.out,
+            model=args.model,
+            nodes=nodes,
+            hostfile=args.hostfile,
+            model_options=options,
+            steps=steps,
+            warnings=warns,
+        )
+    except ExportError as exc:
+        raw = raw_values(args, _CONFIG_FIELDS) | _export_raw(args)
+        parser.error("; ".join(_as_flags(p, raw) for p in exc.problems))
+    for line in result.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(_report(result, config))
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit:
+            return f"{n / unit:,.2f} {name}"
+    return f"{n} B"
+
+
+def _import_config(
+    args: argparse.Namespace, gpus: Any, nodes: Any, problems: list[str]
+) -> tuple[TrainConfig | None, Any, tuple[str, ...]]:
+    """(config, gpus, warnings) from `--config`. Without --gpus the world size is the one
+    the batch keys imply. With --gpus, batch keys that fix micro-batch and accumulation
+    keep them (train_batch_size follows the new world size, with a warning); otherwise
+    the missing one is solved for the new world size."""
+    from workbench.dsconfig import import_deepspeed
+
+    try:
+        imported = import_deepspeed(args.config)
+    except ValueError as exc:
+        problems.append(f"--config {args.config}: {one_line(exc)}")
+        return None, gpus, ()
+    warns = list(imported.warnings)
+    if not (is_int(nodes) and nodes >= 1):
+        return imported.config, gpus, tuple(warns)
+    if gpus is None:
+        if imported.world_size % nodes:
+            problems.append(
+                f"--nodes {args.nodes}: the config's batch keys imply world size "
+                f"{imported.world_size}, not a multiple of {nodes} nodes; give --gpus"
+            )
+        return imported.config, max(1, imported.world_size // nodes), tuple(warns)
+    if not (is_int(gpus) and gpus >= 1) or gpus * nodes == imported.world_size:
+        return imported.config, gpus, tuple(warns)
+    with open(args.config) as f:
+        raw = json.load(f)
+    batch_keys = (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    )
+    if all(raw.get(k, "auto") != "auto" for k in batch_keys):  # "auto": filled per world
+        c = imported.config
+        warns.append(
+            f"train_batch_size={raw['train_batch_size']}: was for world size "
+            f"{imported.world_size}; exported for world size {gpus * nodes}: "
+            f"{c.micro_batch} x {c.grad_accum} x {gpus * nodes} = "
+            f"{c.effective_batch_size(gpus * nodes)}"
+        )
+        return c, gpus, tuple(warns)
+    try:
+        imported = import_deepspeed(args.config, world_size=gpus * nodes)
+    except ValueError as exc:
+        problems.append(f"--config {args.config}: {one_line(exc)}")
+        return None, gpus, ()
+    return imported.config, gpus, imported.warnings
+
+
+def _export_raw(args: argparse.Namespace) -> dict[str, str]:
+    raw = {
+        "gpus": args.gpus,
+        "nodes": args.nodes,
+        "hostfile": args.hostfile,
+        "model": args.model,
+        "out_dir": args.out,
+        "steps": args.steps,
+    }
+    return {k: str(v) for k, v in raw.items() if v is not None}
+
+
+def _report(result: ExportResult, config: TrainConfig) -> str:
+    ds = result.ds_config
+    lines = [
+        f"wrote {result.out_dir}: " + ", ".join(Path(p).name for p in result.paths),
+        f"{describe(config, result.model)}",
+        f"world size {result.world_size} ({result.gpus} GPU(s) x {result.nodes} node(s)): "
+        f"train_batch_size {ds['train_batch_size']} = micro-batch "
+        f"{ds['train_micro_batch_size_per_gpu']} x grad-accum "
+        f"{ds['gradient_accumulation_steps']} x {result.world_size}",
+    ]
+    e = result.estimate
+    if e is not None:
+        parts = [
+            f"params {_size(e.params_bytes)}",
+            f"grads {_size(e.grads_bytes)}",
+            f"optimizer states {_size(e.optimizer_bytes)}",
+        ]
+        if e.activation_bytes is not None:
+            parts.append(f"activations {_size(e.activation_bytes)}")
+        line = f"estimated per GPU: {', '.join(parts)}; total {_size(e.total_bytes)}"
+        if e.cpu_offload_bytes:
+            line += f"; offloaded to CPU {_size(e.cpu_offload_bytes)}"
+        lines.append(line)
+    lines += [
+        f"run (in {result.out_dir}):",
+        f"  {result.command}",
+        f"  or: bash {shlex.quote(result.launch_path)}",
+    ]
+    if result.nodes == 1:
+        lines += [
+            f"  or: {result.torchrun_command}",
+            "  several nodes: re-export with --nodes M --hostfile FILE (train_batch_size grows "
+            "with the world size)",
+        ]
+    else:
+        lines.append(f"  or, torchrun on every node: {result.multinode_torchrun_command}")
+    if result.hostfile_path in result.paths:
+        lines.append(f"  edit {result.hostfile_path}: one 'HOSTNAME slots=GPUS' line per node")
+    return "\n".join(lines)
+
+
+__all__ = ["FORMATS", "ExportError", "ExportResult", "add_parser", "export_deepspeed"]

@@ -1,0 +1,313 @@
+#!/usr/bin/env python
+"""Train with DeepSpeed: the job `workbench export --format deepspeed` wrote beside this file.
+
+Run it in its directory:
+
+    deepspeed --num_gpus N train_deepspeed.py --deepspeed_config ds_config.json
+    torchrun --standalone --nproc-per-node N train_deepspeed.py --deepspeed_config ds_config.json
+    python train_deepspeed.py --deepspeed_config ds_config.json     # one process, no launcher
+
+`ds_config.json` holds the batch sizes, optimizer, learning-rate schedule, precision,
+gradient clipping and ZeRO settings; `job.json` what DeepSpeed JSON cannot say: the model
+(a workbench built-in name, or an importable factory "pkg.module:function" found from the
+current folder), its options, the seed, the number of steps, the data loader and
+activation checkpointing. This file is the same for every job (the workbench ships it as
+`workbench/export/train_deepspeed.py` and copies it as is). It needs torch and deepspeed;
+workbench only for a built-in model or activation checkpointing.
+
+A batch is an `(inputs, targets)` pair with `loss_fn(outputs, targets)`, or a mapping of
+the model's keyword arguments (`model(**batch)`; without a loss_fn the output's `.loss`),
+as in a workbench Session. Rank 0 prints one JSON line per optimizer step
+({"step": ..., "loss": ...}); `--save_dir DIR` saves a DeepSpeed checkpoint at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from torch.utils.data import DataLoader, DistributedSampler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB_NAME = "job.json"
+CONFIG_NAME = "ds_config.json"
+JOB_KEYS = (
+    "description",
+    "model",
+    "model_options",
+    "seed",
+    "steps",
+    "num_workers",
+    "pin_memory",
+    "activation_checkpointing",
+    "exported_world_size",
+)
+
+
+def fail(message: str) -> NoReturn:
+    print(f"train_deepspeed.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_job(path: str) -> dict[str, Any]:
+    """The job description (`job.json`), every key present."""
+    try:
+        with open(path) as f:
+            job = json.load(f)
+    except (OSError, ValueError) as exc:
+        fail(f"{path}: cannot read the job description ({exc})")
+    missing = [k for k in JOB_KEYS if not isinstance(job, dict) or k not in job]
+    if missing:
+        fail(f"{path}: missing {', '.join(missing)}")
+    return dict(job)
+
+
+def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=f"Train with DeepSpeed: {job['description']}")
+    parser.add_argument(
+        "--deepspeed_config", "--deepspeed-config", default=os.path.join(HERE, CONFIG_NAME)
+    )
+    parser.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        default=None,
+        help="set by the deepspeed launcher",
+    )
+    steps = int(job["steps"])
+    parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
+    parser.add_argument(
+        "--save_dir", "--save-dir", default=None, help="save a DeepSpeed checkpoint here at the end"
+    )
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: must be an integer >= 1")
+    return args
+
+
+def single_process_env() -> None:
+    """Without a launcher: rank 0 of 1 on a free loopback port."""
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
+
+
+def build(job: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
+    """(module, dataset, loss_fn) of the job's model: a workbench built-in or a factory."""
+    model, options, seed = str(job["model"]), dict(job["model_options"]), int(job["seed"])
+    torch.manual_seed(seed)
+    if ":" in model:
+        module_name, _, function = model.partition(":")
+        sys.path.insert(0, os.getcwd())  # as `python -m` finds modules in the current folder
+        try:
+            factory = getattr(importlib.import_module(module_name), function)
+        except (ImportError, AttributeError) as exc:
+            fail(f"model {model!r}: cannot import the factory ({exc})")
+        built = factory(**options)
+    else:
+        try:
+            from workbench.models import build_model
+        except ImportError as exc:
+            fail(f"model {model!r} is a workbench built-in: pip install workbench ({exc})")
+        built = build_model(model, seed=seed, **options)
+    if not (
+        isinstance(built, (tuple, list))
+        and len(built) in (3, 4)
+        and isinstance(built[0], torch.nn.Module)
+        and (built[2] is None or callable(built[2]))
+    ):
+        fail(f"model {model!r}: the factory must return (module, dataset, loss_fn[, info])")
+    module, dataset, loss_fn = built[0], built[1], built[2]
+    if job["activation_checkpointing"]:
+        try:
+            from workbench.train.recompute import (
+                checkpointable_modules,
+                set_activation_checkpointing,
+            )
+        except ImportError as exc:
+            fail(f"activation checkpointing marks blocks with workbench: pip install it ({exc})")
+        if not checkpointable_modules(module):
+            fail("activation checkpointing is on but the model has no checkpointable blocks")
+        set_activation_checkpointing(module, True)
+    return module, dataset, loss_fn
+
+
+def half_dtype(ds_config: dict[str, Any]) -> torch.dtype | None:
+    """The dtype DeepSpeed casts the weights to (inputs are cast to match)."""
+    if ds_config.get("fp16", {}).get("enabled"):
+        return torch.float16
+    for key in ("bf16", "bfloat16"):
+        if ds_config.get(key, {}).get("enabled"):
+            return torch.bfloat16
+    return None
+
+
+def batches(loader: DataLoader[Any], sampler: DistributedSampler[Any]) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def to_fp32(out: Any) -> Any:
+    """16-bit floating tensors of an output (a tensor, mapping or tuple) cast to fp32."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.is_floating_point() else out
+    if isinstance(out, Mapping):
+        converted = {k: to_fp32(v) for k, v in out.items()}
+        try:
+            return type(out)(**converted)
+        except TypeError:
+            return converted
+    if isinstance(out, tuple):
+        return tuple(to_fp32(v) for v in out)
+    return out
+
+
+def loss_of(engine: Any, batch: Any, loss_fn: Any) -> torch.Tensor:
+    """The fp32 loss of one batch (the data contract in the module docstring)."""
+    if isinstance(batch, Mapping):
+        out = engine(**batch)
+        if loss_fn is not None:
+            return loss_fn(to_fp32(out), batch)  # type: ignore[no-any-return]
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, Mapping):
+            loss = out.get("loss")
+        if not isinstance(loss, torch.Tensor):
+            fail("the model's output has no .loss: include 'labels' or give a loss_fn")
+        return loss.float()
+    inputs, targets = batch
+    return loss_fn(to_fp32(engine(inputs)), targets)  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    job = read_job(os.path.join(HERE, JOB_NAME))
+    args = parse_args(job, argv)
+    with open(args.deepspeed_config) as f:
+        ds_config = json.load(f)
+    single_process_env()
+    accelerator = get_accelerator()
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(local_rank)
+
+    micro = int(ds_config["train_micro_batch_size_per_gpu"])
+    accum = int(ds_config.get("gradient_accumulation_steps", 1))
+    exported = int(job["exported_world_size"])
+    if ds_config.get("train_batch_size", micro * accum * world) != micro * accum * world:
+        fail(
+            f"{args.deepspeed_config}: train_batch_size={ds_config['train_batch_size']} was "
+            f"exported for world size {exported} (micro {micro} x accum {accum} x world size); "
+            f"this run has {world} rank(s). Launch {exported} ranks, or re-export with "
+            f"`workbench export --format deepspeed --gpus {world}`"
+        )
+
+    module, dataset, loss_fn = build(job)
+    dtype = half_dtype(ds_config)
+    if dtype is not None:
+
+        def cast_inputs(
+            _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            def cast(x: Any) -> Any:
+                return x.to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x
+
+            return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+        module.register_forward_pre_hook(cast_inputs, with_kwargs=True)
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        model_parameters=[p for p in module.parameters() if p.requires_grad],
+        config=ds_config,
+    )
+    seed = int(job["seed"])
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=micro,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=int(job["num_workers"]),
+        pin_memory=bool(job["pin_memory"]),
+    )
+    data = batches(loader, sampler)
+    n_params = sum(
+        p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()
+    )
+    if rank == 0:
+        start = {
+            "event": "start",
+            "model": job["model"],
+            "world_size": world,
+            "zero_stage": engine.zero_optimization_stage(),
+            "n_params": n_params,
+            "micro_batch": micro,
+            "grad_accum": accum,
+            "steps": args.steps,
+        }
+        print(json.dumps(start), flush=True)
+    for step in range(1, args.steps + 1):
+        t0 = time.perf_counter()
+        skipped_before = engine.skipped_steps
+        total = torch.zeros((), device=engine.device)
+        for _ in range(accum):
+            batch = to_device(next(data), engine.device)
+            loss = loss_of(engine, batch, loss_fn)
+            engine.backward(loss)
+            engine.step()  # steps the optimizer at the accumulation boundary only
+            total += loss.detach().float()
+        dist.all_reduce(total)  # mean loss over ranks and micro-batches
+        loss_value = total.item() / (accum * world)  # host waits for the device here
+        norm = engine.get_global_grad_norm()
+        if rank == 0:
+            record = {
+                "step": step,
+                "loss": loss_value,
+                "lr": float(engine.get_lr()[0]),
+                "grad_norm": None if norm is None else float(norm),
+                "skipped": engine.skipped_steps > skipped_before,
+                "step_seconds": time.perf_counter() - t0,
+            }
+            print(json.dumps(record), flush=True)
+    if args.save_dir:
+        engine.save_checkpoint(args.save_dir)
+    if rank == 0:
+        print(json.dumps({"event": "done", "steps": args.steps}), flush=True)
+    engine.destroy()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

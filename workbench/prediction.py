@@ -1,0 +1,75 @@
+"""One prediction per setup: (TrainConfig, model description, world size) -> MemoryEstimate.
+
+Every caller that shows a prediction next to a training setup uses `predict_memory`:
+`Session.memory()` and `Session.predict()`, the training panel's "predicted" bars (through
+`Session.predict()`), `workbench launch` (per rank) and `workbench export` (per GPU). So
+one setup has one prediction everywhere.
+
+The model description is anything with `n_params` and, for a decoder-only transformer,
+`layers`, `hidden`, `heads`, `seq_len` and `vocab` (a built-in model's
+`workbench.models.ModelInfo`), or a plain parameter count (model states only: no
+activation prediction). The accounting follows the engine that runs the setup: DeepSpeed's
+real layout ("deepspeed": fp32 master partitions, flat buffers, reduce buckets) whenever
+DeepSpeed trains it (ZeRO, DeepSpeed 16-bit, several ranks), the ZeRO paper's otherwise.
+
+Pure Python: imports the config and the estimator, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.config import OffloadDevice, TrainConfig
+from workbench.estimate import MemoryEstimate, estimate_memory
+
+SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+
+def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
+    """The estimator accounting of the engine that trains `config` on `world_size` ranks."""
+    return "deepspeed" if config.uses_deepspeed or world_size > 1 else "paper"
+
+
+def shape_of(model: Any) -> dict[str, Any]:
+    """The transformer shape of a model description (empty when it has none)."""
+    if isinstance(model, int) or model is None:
+        return {}
+    values = {name: getattr(model, name, None) for name in SHAPE_FIELDS}
+    if any(v is None for v in values.values()):
+        return {}
+    return {k: int(v) for k, v in values.items() if v is not None}  # layers=..., hidden=...
+
+
+def predict_memory(
+    config: TrainConfig,
+    model: Any,
+    world_size: int = 1,
+    *,
+    accounting: str | None = None,
+    gpu: str | None = None,
+) -> MemoryEstimate:
+    """The estimator's per-rank figure for training `model` with `config` on `world_size`
+    ranks (see the module docstring). `accounting`: "paper" or "deepspeed" (default: the
+    engine's, `accounting_for`). `gpu`: a catalog GPU name for the fits answer. Raises
+    ValueError (the estimator's, naming every bad input) when it cannot predict."""
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+    n_params = model if isinstance(model, int) else getattr(model, "n_params", None)
+    if not isinstance(n_params, int) or isinstance(n_params, bool) or n_params < 1:
+        raise ValueError(
+            f"model={model!r}: must be a parameter count or a description with n_params >= 1"
+        )
+    return estimate_memory(
+        n_params=n_params,
+        precision=str(config.precision),
+        optimizer=str(config.optimizer),
+        zero_stage=int(config.zero_stage),
+        gpus=int(world_size),
+        micro_batch=int(config.micro_batch),
+        checkpointing="full" if config.activation_checkpointing else "none",
+        offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,
+        offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
+        accounting=accounting or accounting_for(config, world_size),
+        gpu=gpu,
+        **shape_of(model),
+    )
