@@ -34,7 +34,7 @@ browser-deps:
 	  else sudo apt-get update -q && sudo apt-get install -y -q chromium; fi; }
 
 lab: install
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 notebooks/00_start_here.ipynb
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
 
 test: install browser-deps
 	$(PY) -m pytest -q tests
