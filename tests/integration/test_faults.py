@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from workbench import Session, TrainConfig
-from workbench.train import session as session_module
+from workbench.train import runtime as runtime_module
 
 
 def _wait_for(session: Session, condition, timeout: float = 60.0) -> None:
@@ -73,7 +73,7 @@ def test_exception_in_the_model_moves_to_error_and_resume_continues():
         assert s.step == 6  # the run's target
         assert s.history[2].changes == {"lr": 0.001}
         # the failed step's batch is skipped, not retried: 6 steps read 7 batches
-        assert s._data.position.offset == 7 * 4
+        assert s.data_position.offset == 7 * 4
         assert "its batch is skipped" in errors[0].message
 
 
@@ -166,14 +166,14 @@ def test_out_of_memory_at_micro_batch_one_is_an_error():
 
 
 def test_a_change_that_fails_to_apply_is_rolled_back(monkeypatch, tiny):
-    real = session_module.build_backend
+    real = runtime_module.build_backend
 
     def failing(config, model, **kw):
         if config.optimizer == "sgd":
             raise RuntimeError("cannot allocate optimizer")
         return real(config, model, **kw)
 
-    monkeypatch.setattr(session_module, "build_backend", failing)
+    monkeypatch.setattr(runtime_module, "build_backend", failing)
     with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
         s.run(1)
         backend = s.backend
@@ -240,7 +240,6 @@ def test_out_of_memory_under_zero_releases_the_old_engine_before_building_the_ne
 ) -> None:
     """Both engines would not fit on a full GPU: the old one is exported to host memory and
     closed (and the allocator's cache emptied) before its successor is built."""
-    from workbench.train import session as session_module
     from workbench.train.backends import deepspeed as zero
 
     order: list[str] = []
@@ -255,11 +254,11 @@ def test_out_of_memory_under_zero_releases_the_old_engine_before_building_the_ne
             order.append("close")
         real_close(self)
 
-    real_release = session_module._release_device_memory
+    real_release = runtime_module._release_device_memory
     monkeypatch.setattr(zero.DeepSpeedBackend, "__init__", init)
     monkeypatch.setattr(zero.DeepSpeedBackend, "close", close)
     monkeypatch.setattr(
-        session_module,
+        runtime_module,
         "_release_device_memory",
         lambda device: (order.append("release"), real_release(device))[1],
     )

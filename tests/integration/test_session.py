@@ -120,7 +120,7 @@ def test_update_while_running_applies_at_a_step_boundary(tiny):
     assert all(r.micro_batch == 2 and r.grad_accum == 3 for r in after)
     # the data stream continued where it was: every sample consumed exactly once
     consumed = sum(r.micro_batch * r.grad_accum for r in recs)
-    assert s._data.position.offset == consumed
+    assert s.data_position.offset == consumed
 
 
 def test_micro_batch_switch_continues_the_same_sample_order(tiny):
@@ -479,9 +479,9 @@ def test_clipping_reports_the_norm_before_clipping(tiny):
 def test_deepspeed_fp16_on_a_cpu_without_fp16_is_refused_up_front(monkeypatch, tiny):
     """DeepSpeed's CPU accelerator has fp16 only with oneDNN fp16 support; without it
     the change is refused by update() itself, not later when the engine is built."""
-    from workbench.train import session as session_module
+    from workbench.train import changes
 
-    monkeypatch.setattr(session_module, "_deepspeed_fp16_on_cpu", lambda: False)
+    monkeypatch.setattr(changes, "_deepspeed_fp16_on_cpu", lambda: False)
     with Session(TrainConfig(micro_batch=2), model_options=tiny, device="cpu") as s:
         s.start()
         with pytest.raises(ValueError, match="precision='fp16': DeepSpeed's fp16 does not run"):

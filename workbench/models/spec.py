@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -94,3 +95,70 @@ def build_from_spec(model: str, options: dict[str, Any] | None = None) -> dict[s
             f"got {type(made).__name__}"
         )
     return {"model": made[0], "data": made[1], "loss_fn": made[2]}
+
+
+@dataclass
+class ResolvedModel:
+    """What a Session trains: the module, its data and loss, and for a built-in model its
+    name, options and shape facts (`workbench.models.ModelInfo`)."""
+
+    module: Any
+    data: Any
+    loss_fn: Any
+    name: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    info: Any | None = None
+
+
+def resolve_model(
+    model: Any,
+    *,
+    data: Any = None,
+    loss_fn: Any = None,
+    model_options: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> ResolvedModel:
+    """A Session's `model=` argument resolved: a built-in name (built with `model_options`,
+    seeded from `seed` unless the options say otherwise; `data` and `loss_fn` default to
+    the built-in's) or your `nn.Module` (then `data` is required). ValueError naming the
+    argument for anything else."""
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    if isinstance(model, str):
+        from workbench.models import build_model
+
+        opts = dict(model_options or {})
+        opts.setdefault("seed", int(seed))
+        module, dataset, builtin_loss, info = build_model(model, **opts)
+        resolved = ResolvedModel(
+            module,
+            dataset if data is None else data,
+            builtin_loss if loss_fn is None else loss_fn,
+            name=model,
+            options=opts,
+            info=info,
+        )
+    elif isinstance(model, nn.Module):
+        if model_options:
+            raise ValueError("model_options: apply only to a built-in model name")
+        if data is None:
+            raise ValueError(
+                "data=None: required with your own nn.Module (a Dataset or DataLoader of "
+                "(inputs, targets) pairs with loss_fn(outputs, targets), or of mappings of "
+                "the model's keyword arguments such as {'input_ids', 'labels'})"
+            )
+        resolved = ResolvedModel(model, data, loss_fn)
+    else:
+        raise ValueError(
+            f"model={model!r}: must be a built-in model name (tiny-gpt, mlp, cnn) or a "
+            "torch.nn.Module"
+        )
+    if not isinstance(resolved.data, (Dataset, DataLoader)):
+        raise ValueError(f"data={resolved.data!r}: must be a torch Dataset or DataLoader")
+    if resolved.loss_fn is not None and not callable(resolved.loss_fn):
+        raise ValueError(
+            f"loss_fn={resolved.loss_fn!r}: must be callable(outputs, targets), or None when "
+            "the model returns its own .loss"
+        )
+    return resolved

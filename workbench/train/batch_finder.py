@@ -105,7 +105,7 @@ def find_max_micro_batch(
         base, model=model, data=data, loss_fn=loss_fn, model_options=model_options, device=device
     ) as session:
         dev = session.device
-        source = session._data_source
+        source = session.data
         limit = min(max_micro_batch, len(source))  # type: ignore[arg-type]
         cuda = dev.type == "cuda"
         budget = memory_budget_bytes

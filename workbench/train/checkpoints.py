@@ -62,6 +62,35 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def training_payload(
+    *,
+    step: int,
+    config: Any,
+    runtime: Any,
+    reference_batch: int,
+    model_name: str | None,
+    model_options: dict[str, Any],
+    history: list[Any],
+) -> dict[str, Any]:
+    """A checkpoint of a Session at a step boundary (the layout in the module docstring):
+    `runtime` (`workbench.train.runtime.Runtime`) gives the backend-neutral state, the
+    trained module's buffers and the data position."""
+    from workbench.train.runtime import persistent_buffers
+
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "config": config.to_dict(),
+        "backend": runtime.backend.export_state(),
+        "buffers": persistent_buffers(runtime.trained_module),
+        "rng": rng_state(),
+        "data": vars(runtime.data.position),
+        "reference_batch": reference_batch,
+        "model": {"name": model_name, "options": model_options},
+        "history": [r.to_dict() for r in history],
+    }
+
+
 def write_atomic(payload: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """`torch.save` to a temporary file beside `path`, fsync, then rename over `path`."""
     target = Path(path)

@@ -254,3 +254,49 @@ def peak_rss_bytes() -> int | None:
         return int(peak if sys.platform == "darwin" else peak * 1024)
     except (ImportError, OSError):  # pragma: no cover - non-POSIX
         return None
+
+
+def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str) -> MemoryReport:
+    """A `MemoryReport` of `runtime`'s settings (a `workbench.train.runtime.Runtime`) on one
+    probe micro-batch, next to `predict()` (the Session's prediction). The caller holds the
+    step boundary and keeps the RNG untouched."""
+    from workbench.modelstats import count_parameters
+
+    cfg = runtime.config
+    device = runtime.device
+    backend = runtime.backend
+    batch = runtime.data.peek()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    activations, states = probe(backend, runtime.loss_fn, batch, model=runtime.trained_module)
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    counters = step_counter_bytes(getattr(backend, "optimizer", None))
+    notes: list[str] = []
+    if states.optimizer_bytes == 0 and cfg.optimizer != "sgd-nomomentum":
+        notes.append("optimizer states are created at the first optimizer step; run one")
+    predicted = None
+    try:
+        predicted = predict()
+    except Exception as exc:  # the estimator rejects the inputs or is missing
+        notes.append(f"no prediction: {type(exc).__name__}: {exc}")
+    if predicted is not None and predicted.activation_bytes is None:
+        notes.append(no_activation_note)
+    return MemoryReport(
+        params_bytes=states.params_bytes,
+        grads_bytes=states.grads_bytes,
+        optimizer_bytes=states.optimizer_bytes,
+        optimizer_step_counter_bytes=counters,
+        activation_bytes=activations.activation_bytes,
+        parameter_saved_bytes=activations.parameter_saved_bytes,
+        activation_bytes_by_dtype=activations.by_dtype,
+        micro_batch=int(cfg.micro_batch),
+        precision=str(cfg.precision),
+        optimizer=str(cfg.optimizer),
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+        world_size=runtime.world_size,
+        n_params=count_parameters(runtime.trained_module),  # ZeRO-3 shards at full size
+        cuda_max_allocated_bytes=cuda_peak,
+        peak_rss_bytes=peak_rss_bytes() if device.type == "cpu" else None,
+        predicted=predicted,
+        notes=tuple(notes),
+    )

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,12 +133,12 @@ def profile_session(
         profile_memory=record_memory,
         with_stack=record_memory,
     )
-    session._label = record_function
+    remove = session.on_record(lambda _record: prof.step())
     try:
-        with prof:
-            session._run_with_hook(steps + 2, prof.step)
+        with prof, session.phase_labels(record_function):
+            session.run(steps + 2, progress=False)
     finally:
-        session._label = nullcontext
+        remove()
 
     events = prof.key_averages()
     by_name = {e.key: e for e in events}

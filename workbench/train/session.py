@@ -34,6 +34,14 @@ that always fails would otherwise block `resume`).
 
 LR scaling: `lr_scaling` scales `lr` by the effective batch relative to the one the
 session started with (see `workbench.train.schedule`).
+
+This file is the Session's public surface and its state machine (the loop thread, the
+queue of changes, events, fault handling). The pieces it drives live beside it, one
+concept each: `runtime.py` (the data stream and backend a setting is built into, and
+your module's weights), `changes.py` (what a change rebuilds, what a session can run),
+`step.py` (one optimizer step and its record), `checkpoints.py` (the checkpoint payload
+and files), `memory.py` (measuring memory), `profiler.py` (the profiler, through
+`phase_labels` and `on_record`).
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -51,58 +58,41 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from time import perf_counter
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.config import Device, Precision, TrainConfig, _format, _plain, runtime_problems
+from workbench.config import Device, TrainConfig, _format, _plain
+from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
-from workbench.train import batches
 from workbench.train import checkpoints as ckpt
-from workbench.train.backends import Backend, ModelStateBytes, StepOutcome, build_backend
-from workbench.train.data import DataPosition, DataStream
+from workbench.train.backends import Backend, StepOutcome
+from workbench.train.batches import DataContractError
+from workbench.train.changes import session_problems
+from workbench.train.data import DataPosition
 from workbench.train.devices import cuda_uuid, resolve_device
-from workbench.train.precision import amp_supported
-from workbench.train.recompute import checkpointable_modules, set_activation_checkpointing
 from workbench.train.records import Event, StepRecord
+from workbench.train.runtime import Runtime
 from workbench.train.schedule import scaled_lr
+from workbench.train.step import (
+    Label,
+    NonFiniteLoss,
+    StepMeasure,
+    is_oom,
+    make_record,
+    nan_advice,
+    optimizer_step,
+)
+
+__all__ = ["STATES", "Session", "SessionError", "SessionStateError", "is_oom", "nan_advice"]
 
 STATES = ("idle", "running", "paused", "stopped", "error", "closed")
 
 #: Failures of a background run are also logged here (stderr by default), so they show
 #: in the notebook cell or console the user is looking at, not only in `events`.
 log = logging.getLogger("workbench")
-
-#: Settings read by the data loader / the backend; a change to any rebuilds that piece.
-DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
-BACKEND_FIELDS = frozenset(
-    {
-        "precision",
-        "optimizer",
-        "lr",
-        "weight_decay",
-        "momentum",
-        "lr_schedule",
-        "warmup_steps",
-        "total_steps",
-        "lr_scaling",
-        "clip_grad_norm",
-        "zero_stage",
-        "offload_optimizer",
-        "offload_params",
-        "nvme_path",
-        "loss_scale_init",
-        "loss_scale_growth",
-        "loss_scale_backoff",
-        "loss_scale_interval",
-        "grad_accum",
-        "micro_batch",
-    }
-)
-
 
 #: Which live Session trains which module, weakly (keeps nothing alive). Re-running a
 #: notebook cell that builds a new Session on the same module closes the old one, so
@@ -141,22 +131,6 @@ class SessionStateError(RuntimeError):
     """A call that the session's current state does not allow."""
 
 
-class _NonFiniteLoss(Exception):
-    def __init__(self, value: float) -> None:
-        super().__init__(value)
-        self.value = value
-
-
-def is_oom(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, or a RuntimeError whose message says out of memory."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    if isinstance(exc, RuntimeError):
-        msg = str(exc).lower()
-        return "out of memory" in msg or "can't allocate memory" in msg
-    return False
-
-
 def _world_from_env() -> tuple[int, int]:
     problems = []
     values = {}
@@ -175,23 +149,6 @@ def _world_from_env() -> tuple[int, int]:
     if problems:
         raise ValueError(_format(problems))
     return values["WORLD_SIZE"], values["RANK"]
-
-
-def _deepspeed_fp16_on_cpu() -> bool:
-    """Whether DeepSpeed's CPU accelerator runs fp16 (it asks oneDNN, as here)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except Exception:
-        return False
-
-
-def _deepspeed_backend_available() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("workbench.train.backends.deepspeed") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 class Session:
@@ -245,40 +202,13 @@ class Session:
         payload = ckpt.load(resume) if resume is not None else None
 
         # -- model, data, loss
-        self.info: Any | None = None
-        self.model_name: str | None = None
-        self.model_options: dict[str, Any] = {}
-        if isinstance(model, str):
-            from workbench.models import build_model
-
-            opts = dict(model_options or {})
-            opts.setdefault("seed", int(config.seed))
-            module, dataset, builtin_loss, info = build_model(model, **opts)
-            self.model_name, self.model_options, self.info = model, opts, info
-            data = dataset if data is None else data
-            loss_fn = builtin_loss if loss_fn is None else loss_fn
-        elif isinstance(model, nn.Module):
-            if model_options:
-                raise ValueError("model_options: apply only to a built-in model name")
-            module = model
-            if data is None:
-                raise ValueError(
-                    "data=None: required with your own nn.Module (a Dataset or DataLoader of "
-                    "(inputs, targets) pairs with loss_fn(outputs, targets), or of mappings of "
-                    "the model's keyword arguments such as {'input_ids', 'labels'})"
-                )
-        else:
-            raise ValueError(
-                f"model={model!r}: must be a built-in model name (tiny-gpt, mlp, cnn) or a "
-                "torch.nn.Module"
-            )
-        if not isinstance(data, (Dataset, DataLoader)):
-            raise ValueError(f"data={data!r}: must be a torch Dataset or DataLoader")
-        if loss_fn is not None and not callable(loss_fn):
-            raise ValueError(
-                f"loss_fn={loss_fn!r}: must be callable(outputs, targets), or None when the "
-                "model returns its own .loss"
-            )
+        made = resolve_model(
+            model, data=data, loss_fn=loss_fn, model_options=model_options, seed=int(config.seed)
+        )
+        module, data, loss_fn = made.module, made.data, made.loss_fn
+        self.info: Any | None = made.info
+        self.model_name: str | None = made.name
+        self.model_options: dict[str, Any] = made.options
         if (
             isinstance(data, DataLoader)
             and data.batch_size
@@ -294,12 +224,10 @@ class Session:
             )
             previous.close()
         self._model: nn.Module = module
-        self._loss_fn = loss_fn
         self._data_source = data
-        self._user_loader = isinstance(data, DataLoader)
         self._sampler = sampler
 
-        problems = self._session_problems(config, set())
+        problems = self._problems(config, set())
         if problems:
             raise ValueError(_format(problems))
 
@@ -322,68 +250,39 @@ class Session:
         self._last_error: str | None = None
         self._failure: str | None = None
         self._background = False
-        self._fresh_backend = True  # the next record is the first on a new engine (warm-up)
         # the monitor's samples are matched to this GPU by UUID (None on CPU: the first GPU)
         self._gpu_uuid = cuda_uuid(self.device)
-        # CUDA runs asynchronously: wait for the device before reading a step's time
-        self._sync_device: Callable[[], None] = (
-            (lambda dev=self.device: torch.cuda.synchronize(dev))
-            if self.device.type == "cuda"
-            else (lambda: None)
-        )
         self.history: list[StepRecord] = []
         self.events: list[Event] = []
         self._version = 0
         self._callbacks: list[Callable[[StepRecord], None]] = []
-        self._state_bytes: ModelStateBytes | None = None
         self._last_save_time = time.time()
         self.reference_batch = config.effective_batch_size(self.world_size)
-        self._device_memory = self._memory_reader()
-        # Phase labels of the loop: no-ops, `record_function` while profile() runs.
-        self._label: Callable[[str], contextlib.AbstractContextManager[Any]] = (
-            contextlib.nullcontext
-        )
+        # Phase labels of the loop: no-ops, `record_function` while the profiler runs.
+        self._label: Label = contextlib.nullcontext
 
-        position = None
-        state = None
+        position = state = buffers = None
         if payload is not None:
             self._step = int(payload["step"])
             self.reference_batch = int(payload.get("reference_batch") or self.reference_batch)
             position = DataPosition(**payload["data"]) if payload.get("data") else None
             state = payload["backend"]
+            buffers = payload.get("buffers") or {}
             self.history = [StepRecord.from_dict(r) for r in payload.get("history", [])]
-        # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
-        # then, so the GPU never holds a second fp32 copy (see _park_user_module).
-        module.to(self.device if not _needs_deepspeed(config, self.world_size) else "cpu")
-        module.train()
-        if payload is not None:
-            self._load_buffers(payload.get("buffers") or {})
-        set_activation_checkpointing(module, bool(config.activation_checkpointing))
-        self._data = DataStream(
+        self._rt = Runtime(
+            config,
+            module,
             data,
-            micro_batch=int(config.micro_batch),
-            num_workers=int(config.num_workers),
-            pin_memory=bool(config.pin_memory),
-            seed=int(config.seed),
+            loss_fn,
             device=self.device,
-            rank=self.rank,
             world_size=self.world_size,
+            rank=self.rank,
+            reference_batch=self.reference_batch,
+            on_event=self._event,
+            state=state,
             position=position,
+            buffers=buffers,
         )
-        try:
-            batches.check_batch(self._data.peek(), loss_fn)  # a wrong data shape fails here
-            self._announce_op_builds(config)
-            self._backend: Backend = build_backend(
-                self._backend_config(config),
-                module,
-                state=state,
-                world_size=self.world_size,
-                device=self.device,
-            )
-        except BaseException:
-            self._data.close()
-            raise
-        self._park_user_module()
         _OWNERS[module] = weakref.ref(self)
         _OPEN.add(self)
         if payload is not None:
@@ -406,7 +305,7 @@ class Session:
         the full weights at any time. After `close()` this is your module."""
         if self._state == "closed":
             return self._model
-        return self._inner(self._backend)
+        return self._rt.trained_module
 
     @property
     def gpu_uuid(self) -> str | None:
@@ -441,7 +340,19 @@ class Session:
 
     @property
     def backend(self) -> Backend:
-        return self._backend
+        """The engine now training: a PlainBackend, or a DeepSpeedBackend."""
+        return self._rt.backend
+
+    @property
+    def data(self) -> Any:
+        """The Dataset or DataLoader this session trains on (as given, or the built-in's)."""
+        return self._data_source
+
+    @property
+    def data_position(self) -> DataPosition:
+        """Where the next batch comes from: (epoch, samples read in it) for a Dataset,
+        (epoch, batches) for your DataLoader."""
+        return self._rt.data.position
 
     @property
     def lr(self) -> float:
@@ -478,93 +389,17 @@ class Session:
             f"model={self.model_name or type(self.model).__name__})"
         )
 
-    # ------------------------------------------------------------------ setup helpers
-    def _memory_reader(self) -> Callable[[], tuple[int | None, int | None, int | None, int | None]]:
-        if self.device.type == "cuda":
-            dev = self.device
-
-            def cuda() -> tuple[int | None, int | None, int | None, int | None]:
-                return (
-                    torch.cuda.memory_allocated(dev),
-                    torch.cuda.max_memory_allocated(dev),
-                    torch.cuda.memory_reserved(dev),
-                    None,
-                )
-
-            return cuda
-        import psutil
-
-        proc = psutil.Process()
-
-        def cpu() -> tuple[int | None, int | None, int | None, int | None]:
-            return None, None, None, int(proc.memory_info().rss)
-
-        return cpu
-
-    def _backend_config(self, config: TrainConfig) -> TrainConfig:
-        lr = scaled_lr(config, self.reference_batch, self.world_size)
-        return config if lr == config.lr else config.replace(lr=lr)
-
-    def _session_problems(self, config: TrainConfig, changed: set[str]) -> list[str]:
-        """Checks beyond TrainConfig's own: what this session, device and build support."""
-        p: list[str] = runtime_problems(config)  # optimizers it cannot train, NVMe paths
-        prec = Precision(config.precision)
-        if (config.uses_deepspeed or self.world_size > 1) and not _deepspeed_backend_available():
-            p.append(
-                f"precision={prec.value!r}, zero_stage={config.zero_stage}: need the DeepSpeed "
-                "backend (workbench.train.backends.deepspeed), which this installation does not have; use "
-                "precision fp32, amp-bf16 or amp-fp16 with zero_stage=0"
-            )
-        if (config.uses_deepspeed or self.world_size > 1) and prec is Precision.AMP_FP16:
-            p.append(
-                "precision='amp-fp16': the DeepSpeed backend (zero_stage >= 1 or several ranks) "
-                "does not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
-                "fp16) or 'amp-bf16'"
-            )
-        if prec is Precision.FP16 and self.device.type == "cpu" and not _deepspeed_fp16_on_cpu():
-            p.append(
-                "precision='fp16': DeepSpeed's fp16 does not run on this CPU (no oneDNN fp16 "
-                "support); use precision 'amp-bf16' or 'bf16'"
-            )
-        reason = amp_supported(prec, self.device.type)
-        if reason:
-            p.append(f"precision={prec.value!r}: not available on {self.device.type}: {reason}")
-        if config.activation_checkpointing and not checkpointable_modules(self._model):
-            p.append(
-                "activation_checkpointing=True: the model has no checkpointable blocks; mark "
-                "them with workbench.train.recompute.mark_checkpointable(model, [names])"
-            )
-        if (
-            Device(config.device) is not Device.AUTO
-            and Device(config.device).value != self.device.type
-        ):
-            p.append(
-                f"device={Device(config.device).value!r}: this session runs on "
-                f"{self.device.type}; the device cannot change on a live session (create a "
-                "new Session)"
-            )
-        if self._user_loader:
-            loader = self._data_source
-            for name in ("micro_batch", "num_workers", "pin_memory") if changed else ():
-                current = {
-                    "micro_batch": getattr(loader, "batch_size", None),
-                    "num_workers": getattr(loader, "num_workers", None),
-                    "pin_memory": getattr(loader, "pin_memory", None),
-                }[name]
-                if name in changed and getattr(config, name) != current:
-                    p.append(
-                        f"{name}={getattr(config, name)!r}: data is a DataLoader you built "
-                        f"({name}={current!r}); change it there, or pass a Dataset so the "
-                        "session builds the loader"
-                    )
-        if (
-            config.checkpoint_every_steps or config.checkpoint_every_seconds
-        ) and not config.checkpoint_dir:
-            p.append(
-                "checkpoint_dir=None: checkpoint_every_steps / checkpoint_every_seconds need "
-                "a checkpoint_dir"
-            )
-        return p
+    # ------------------------------------------------------------------ checks
+    def _problems(self, config: TrainConfig, changed: set[str]) -> list[str]:
+        """What this session (device, ranks, model, data) cannot run of `config`."""
+        return session_problems(
+            config,
+            changed,
+            model=self._model,
+            device=self.device,
+            world_size=self.world_size,
+            data=self._data_source,
+        )
 
     # ------------------------------------------------------------------ events
     def _event(
@@ -605,7 +440,7 @@ class Session:
         with self._state_lock:
             self._check_open("update")
             new = self._requested.replace(**changes)  # ValueError: names, types, ranges
-            problems = self._session_problems(new, set(changes))
+            problems = self._problems(new, set(changes))
             if problems:
                 raise ValueError(_format(problems))
             self._requested = new
@@ -628,7 +463,7 @@ class Session:
         if not diff:
             return
         try:
-            self._apply_config(target, set(diff))
+            self._apply(target, set(diff))
         except Exception as exc:
             with self._state_lock:
                 self._requested = self._config
@@ -653,87 +488,17 @@ class Session:
             effective_step=first,
         )
 
-    def _apply_config(
+    def _apply(
         self, target: TrainConfig, changed: set[str], *, release_first: bool = False
     ) -> None:
-        """Build what `changed` needs, then swap; on any failure nothing is swapped.
-        `release_first` (out-of-memory recovery): a DeepSpeed engine is released before
-        its successor is built, since both would not fit on the device at once."""
-        old = self._config
-        new_data: DataStream | None = None
-        new_backend: Backend | None = None
-        try:
-            if changed & DATA_FIELDS and not self._user_loader:
-                new_data = self._data.rebuilt(
-                    micro_batch=int(target.micro_batch),
-                    num_workers=int(target.num_workers),
-                    pin_memory=bool(target.pin_memory),
-                    seed=int(target.seed),
-                )
-            if changed & BACKEND_FIELDS:
-                new_backend = self._next_backend(target, release_first=release_first)
-            if "activation_checkpointing" in changed:
-                self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
-        except BaseException:
-            if new_data is not None:
-                new_data.close()
-            if new_backend is not None:
-                new_backend.close()
-            self._set_checkpointing(bool(old.activation_checkpointing), None)
-            raise
-        if new_data is not None:
-            self._data, old_data = new_data, self._data
-            old_data.close()
-        if new_backend is not None:
-            self._backend, old_backend = new_backend, self._backend
-            old_backend.close()  # idempotent: released already under release_first
-            self._state_bytes = None
-            self._fresh_backend = True
-            self._park_user_module()
+        """Rebuild what `changed` needs (`Runtime.rebuild`), then take `target` as the
+        settings in effect; on any failure nothing changes and the exception propagates."""
+        self._rt.rebuild(target, changed, release_first=release_first)
         self._config = target
         with self._state_lock:
             if not self._pending:
                 self._requested = target
             self._changes_for_next_record.update({k: _plain(getattr(target, k)) for k in changed})
-
-    def _next_backend(self, target: TrainConfig, *, release_first: bool) -> Backend:
-        """A backend for `target` carrying the current one's weights and optimizer state."""
-        state = self._backend.export_state()
-        # An engine trains a copy: bring its weights home first, so the new engine starts
-        # from (and a failed build leaves) your module up to date.
-        self._write_back(state, self._backend)
-        if not (release_first and self._inner(self._backend) is not self._model):
-            return self._build_backend(target, state)
-        state = _state_to_cpu(state)
-        self._backend.close()
-        _release_device_memory(self.device)
-        try:
-            return self._build_backend(target, state)
-        except BaseException:
-            # the previous settings again, from the same state, so the session stays usable
-            self._backend = self._build_backend(self._config, state)
-            self._fresh_backend = True
-            raise
-
-    def _build_backend(self, config: TrainConfig, state: dict[str, Any] | None) -> Backend:
-        if _needs_deepspeed(config, self.world_size):
-            self._announce_op_builds(config)
-        else:
-            self._model.to(self.device)  # the plain loop trains your module itself
-        return build_backend(
-            self._backend_config(config),
-            self._model,
-            state=state,
-            world_size=self.world_size,
-            device=self.device,
-        )
-
-    def _set_checkpointing(self, enabled: bool, new_backend: Backend | None) -> None:
-        """On the base model and on the module an engine trains (DeepSpeed's copy)."""
-        set_activation_checkpointing(self._model, enabled)
-        for backend in (self._backend, new_backend):
-            if backend is not None and self._inner(backend) is not self._model:
-                set_activation_checkpointing(self._inner(backend), enabled)
 
     # ------------------------------------------------------------------ your module's weights
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -743,7 +508,7 @@ class Session:
         session keeps running). Under several ranks with ZeRO-3 every rank must call it."""
         if self._state != "closed":
             with self._step_lock:
-                self._sync_user_module()
+                self._rt.sync_weights()
                 return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
         return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
 
@@ -754,63 +519,6 @@ class Session:
             raise ValueError(f"path={path!r}: must be a file path")
         weights = {k: v.cpu() for k, v in self.state_dict().items()}
         return str(ckpt.write_atomic(weights, path))
-
-    def _write_back(self, state: dict[str, Any], backend: Backend) -> None:
-        """Copy an engine's trained weights (`state["model"]`, fp32 by parameter name) and
-        its buffers into your module, in your module's own dtypes and devices. A no-op
-        when the backend trains your module itself."""
-        inner = self._inner(backend)
-        if inner is self._model:
-            return
-        weights = state["model"]
-        buffers = _persistent_buffers(inner)
-        with torch.no_grad():
-            for name, p in self._model.named_parameters():
-                if name in weights:
-                    p.copy_(weights[name].to(device=p.device, dtype=p.dtype))
-            own = dict(self._model.named_buffers())
-            for name, b in buffers.items():
-                if name in own:
-                    own[name].copy_(b.to(device=own[name].device, dtype=own[name].dtype))
-
-    def _sync_user_module(self) -> None:
-        """Bring the current engine's weights into your module (caller holds the step lock)."""
-        if self._inner(self._backend) is not self._model:
-            self._write_back(self._backend.export_state(), self._backend)
-
-    def _park_user_module(self) -> None:
-        """While a DeepSpeed engine trains its own copy, keep your module in host memory
-        so the GPU does not hold a second fp32 copy of the model."""
-        if self.device.type == "cuda" and self._inner(self._backend) is not self._model:
-            self._model.to("cpu")
-
-    def _announce_op_builds(self, config: TrainConfig) -> None:
-        """DeepSpeed compiles some ops the first time they are used on a machine (a
-        minute or two); say so before the wait, as an event and on the console."""
-        if not _needs_deepspeed(config, self.world_size):
-            return
-        from workbench.train.toolchain import pending_op_builds, use_interpreter_tools
-
-        use_interpreter_tools()
-        pending = pending_op_builds(config)
-        if pending:
-            ev = self._event(
-                "op-build",
-                f"DeepSpeed builds its {', '.join(pending)} op(s) on first use on this machine: "
-                "expect 1-3 minutes once; later engines load the cached build "
-                "(~/.cache/torch_extensions)",
-                "info",
-                ops=pending,
-            )
-            log.warning("workbench: %s", ev.message)
-
-    def _inner(self, backend: Backend) -> nn.Module:
-        """The model inside `backend.module` (itself, or a DeepSpeed engine's `.module`)."""
-        outer = backend.module
-        if outer is self._model:
-            return outer
-        inner = getattr(outer, "module", None)
-        return inner if isinstance(inner, nn.Module) else outer
 
     # ------------------------------------------------------------------ running
     def _check_open(self, action: str) -> None:
@@ -938,8 +646,7 @@ class Session:
         self._join()
         with self._step_lock:
             try:
-                self._sync_user_module()
-                self._model.to(self.device)
+                self._rt.close()  # your module gets the trained weights, then all is released
             except Exception as exc:
                 ev = self._event(
                     "weights-not-synced",
@@ -949,8 +656,6 @@ class Session:
                     traceback=traceback.format_exc(),
                 )
                 log.error("workbench: %s", ev.message)
-            self._data.close()
-            self._backend.close()
             self._set_state("closed")
             _OPEN.discard(self)
 
@@ -961,7 +666,7 @@ class Session:
         self.close()
 
     # ------------------------------------------------------------------ the loop
-    def _loop(self, after_step: Callable[[], None] | None = None) -> None:
+    def _loop(self) -> None:
         self._loop_thread_id = threading.get_ident()
         final = "idle"
         try:
@@ -981,10 +686,8 @@ class Session:
                 if outcome is not None:
                     final = outcome
                     break
-                if after_step is not None:
-                    after_step()
         except BaseException as exc:  # KeyboardInterrupt, or a bug in the loop itself
-            self._backend.zero_grad()
+            self._rt.backend.zero_grad()
             final = "paused" if isinstance(exc, KeyboardInterrupt) else "error"
             self._last_error = f"{type(exc).__name__}: {exc}"
             self._event(
@@ -1008,6 +711,7 @@ class Session:
                 self._version += 1
                 self._cond.notify_all()
 
+    # ------------------------------------------------------------------ one step, with its faults
     def _guarded_step(self) -> str | None:
         """One optimizer step with fault handling; a state name when the loop must end."""
         record: StepRecord | None = None
@@ -1015,7 +719,7 @@ class Session:
             self._apply_pending(raise_errors=False)
             try:
                 record = self._step_with_oom_retry()
-            except _NonFiniteLoss as nf:
+            except NonFiniteLoss as nf:
                 record = self._nonfinite_record(nf.value)
                 cfg = self._config
                 ev = self._event(
@@ -1032,11 +736,11 @@ class Session:
                 self._fail(ev.message, announce=True)
                 return "paused"
             except Exception as exc:
-                self._backend.zero_grad()
+                self._rt.backend.zero_grad()
                 self._last_error = f"{type(exc).__name__}: {exc}"
                 hint = (
                     "Fix the data (it cannot be changed on a live session: build a new Session)"
-                    if isinstance(exc, batches.DataContractError)
+                    if isinstance(exc, DataContractError)
                     else "Fix the cause, then update(...) and/or resume()"
                 )
                 ev = self._event(
@@ -1058,28 +762,28 @@ class Session:
         while True:
             fetched: list[Any] = []
             try:
-                return self._optimizer_step(fetched)
+                return self._record(optimizer_step(self._rt, fetched, self._label))
             except Exception as exc:
                 if not is_oom(exc):
                     raise
                 message = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
             # outside the except block, so the failed step's frames (and tensors) are freed
-            self._backend.zero_grad()
+            self._rt.backend.zero_grad()
             self._recover_from_oom(fetched, message)
 
     def _recover_from_oom(self, fetched: list[Any], message: str) -> None:
         cfg = self._config
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        if cfg.micro_batch <= 1 or self._user_loader:
+        if cfg.micro_batch <= 1 or self._rt.user_loader:
             why = "micro_batch is 1" if cfg.micro_batch <= 1 else "data is your own DataLoader"
             raise RuntimeError(f"out of memory and cannot halve micro_batch ({why}): {message}")
         mb, ga = cfg.micro_batch, cfg.grad_accum
         new_mb, new_ga = mb // 2, ga * 2
-        self._data.requeue_split(fetched, 2)
+        self._rt.data.requeue_split(fetched, 2)
         fetched.clear()
         target = cfg.replace(micro_batch=new_mb, grad_accum=new_ga)
-        self._apply_config(target, {"micro_batch", "grad_accum"}, release_first=True)
+        self._apply(target, {"micro_batch", "grad_accum"}, release_first=True)
         with self._state_lock:
             self._requested = self._requested.replace(micro_batch=new_mb, grad_accum=new_ga)
         eff_old, eff_new = mb * ga, new_mb * new_ga
@@ -1095,94 +799,33 @@ class Session:
             grad_accum=new_ga,
         )
 
-    def _optimizer_step(self, fetched: list[Any]) -> StepRecord:
-        cfg = self._config
-        backend = self._backend
-        data = self._data
-        loss_fn = self._loss_fn
-        module = backend.module
-        label = self._label
-        accum = int(cfg.grad_accum)
-        t0 = perf_counter()
-        data_s = 0.0
-        total: torch.Tensor | None = None
-        for _ in range(accum):
-            t = perf_counter()
-            with label("workbench.data"):
-                batch = data.next()
-            data_s += perf_counter() - t
-            fetched.append(batch)
-            with label("workbench.forward"):
-                loss = batches.forward_and_loss(module, batch, loss_fn, backend.autocast)
-            with label("workbench.backward"):
-                backend.backward(loss)
-            total = loss.detach() if total is None else total + loss.detach()
-        assert total is not None
-        loss_value = total.item() / accum  # host waits for the device here, once per step
-        if not math.isfinite(loss_value):
-            backend.zero_grad()
-            raise _NonFiniteLoss(loss_value)
-        first = self._state_bytes is None
-        if first:
-            before = backend.model_state_bytes()
-        with label("workbench.optimizer"):
-            outcome = backend.step()
-        if first:
-            after = backend.model_state_bytes()
-            self._state_bytes = ModelStateBytes(
-                before.params_bytes, before.grads_bytes, after.optimizer_bytes
-            )
-        self._sync_device()  # host waits for the device here, so step_s is the step's time
-        step_s = perf_counter() - t0
-        return self._make_record(cfg, loss_value, outcome, step_s, data_s)
-
-    def _make_record(
-        self, cfg: TrainConfig, loss: float, outcome: Any, step_s: float, data_s: float
-    ) -> StepRecord:
-        samples = cfg.micro_batch * cfg.grad_accum * self.world_size
-        tokens = self.info.tokens_per_sample if self.info is not None else None
-        alloc, max_alloc, reserved, rss = self._device_memory()
+    def _record(self, measure: StepMeasure) -> StepRecord:
+        """The record of the step just measured (the next step number)."""
+        rt = self._rt
         sample = self._sampler.latest() if self._sampler is not None else None
-        gpu = sample.gpu(self._gpu_uuid) if sample is not None else None
-        sb = self._state_bytes
-        warmup, self._fresh_backend = self._fresh_backend, False
+        warmup, rt.fresh = rt.fresh, False
         with self._state_lock:
             changes, self._changes_for_next_record = self._changes_for_next_record, {}
-        return StepRecord(
+        return make_record(
             step=self._step + 1,
-            micro_steps=int(cfg.grad_accum),
-            loss=loss,
-            samples_per_s=samples / step_s if step_s > 0 else 0.0,
-            tokens_per_s=samples * tokens / step_s if tokens and step_s > 0 else None,
-            step_seconds=step_s,
-            data_seconds=data_s,
-            compute_seconds=step_s - data_s,
-            lr=float(outcome.lr),
-            grad_norm=outcome.grad_norm,
-            scale=outcome.scale,
-            skipped=bool(outcome.skipped),
-            precision=str(cfg.precision),
-            micro_batch=int(cfg.micro_batch),
-            grad_accum=int(cfg.grad_accum),
-            zero_stage=int(cfg.zero_stage),
+            config=self._config,
+            measure=measure,
             world_size=self.world_size,
             rank=self.rank,
-            clip_grad_norm=cfg.clip_grad_norm,
-            activation_checkpointing=bool(cfg.activation_checkpointing),
-            num_workers=int(cfg.num_workers),
-            changes=changes,
+            tokens_per_sample=self.info.tokens_per_sample if self.info is not None else None,
+            memory=rt.read_memory(),
+            state_bytes=rt.state_bytes,
             warmup=warmup,
-            params_bytes=sb.params_bytes if sb else None,
-            grads_bytes=sb.grads_bytes if sb else None,
-            optimizer_bytes=sb.optimizer_bytes if sb else None,
-            cuda_allocated_bytes=alloc,
-            cuda_max_allocated_bytes=max_alloc,
-            cuda_reserved_bytes=reserved,
-            rss_bytes=rss,
-            gpu_util_percent=gpu.util_percent if gpu is not None else None,
-            gpu_memory_used_bytes=gpu.memory_used_bytes if gpu is not None else None,
+            changes=changes,
+            gpu=sample.gpu(self._gpu_uuid) if sample is not None else None,
             cpu_util_percent=sample.cpu_util_percent if sample is not None else None,
         )
+
+    def _nonfinite_record(self, loss: float) -> StepRecord:
+        cfg = self._config
+        lr = float(getattr(self._rt.backend, "lr", scaled_lr(cfg, self.reference_batch)))
+        outcome = StepOutcome(grad_norm=None, skipped=True, scale=None, lr=lr)
+        return self._record(StepMeasure(loss, outcome, 0.0, 0.0))
 
     def _fail(self, message: str, *, announce: bool) -> None:
         """Remember why the run ended; say it on the console when nobody is waiting on
@@ -1190,12 +833,6 @@ class Session:
         self._failure = message
         if announce:
             log.warning("workbench session %s: %s", self.id, message)
-
-    def _nonfinite_record(self, loss: float) -> StepRecord:
-        cfg = self._config
-        lr = float(getattr(self._backend, "lr", scaled_lr(cfg, self.reference_batch)))
-        outcome = StepOutcome(grad_norm=None, skipped=True, scale=None, lr=lr)
-        return self._make_record(cfg, loss, outcome, 0.0, 0.0)
 
     def _publish(self, record: StepRecord) -> None:
         with self._state_lock:
@@ -1230,7 +867,9 @@ class Session:
         """Write a checkpoint at the current step boundary; returns its path.
 
         `path`: a file name (used as is), a directory (`step-N.pt` in it, then only the
-        newest `keep_checkpoints` kept), or None for `config.checkpoint_dir`.
+        newest `keep_checkpoints` kept), or None for `config.checkpoint_dir`. The layout
+        is in `workbench.train.checkpoints`; the trained weights are under
+        `payload["backend"]["model"]` (fp32, by parameter name).
         """
         self._check_open("save_checkpoint")
         with self._step_lock:
@@ -1245,18 +884,15 @@ class Session:
             p = Path(path)
             directory = p if (p.is_dir() or p.suffix == "") else None
             target = directory / ckpt.checkpoint_name(self._step) if directory else p
-            payload = {
-                "format": ckpt.CHECKPOINT_FORMAT,
-                "step": self._step,
-                "config": cfg.to_dict(),
-                "backend": self._backend.export_state(),
-                "buffers": _persistent_buffers(self.model),
-                "rng": ckpt.rng_state(),
-                "data": vars(self._data.position),
-                "reference_batch": self.reference_batch,
-                "model": {"name": self.model_name, "options": self.model_options},
-                "history": [r.to_dict() for r in self.history],
-            }
+            payload = ckpt.training_payload(
+                step=self._step,
+                config=cfg,
+                runtime=self._rt,
+                reference_batch=self.reference_batch,
+                model_name=self.model_name,
+                model_options=self.model_options,
+                history=self.history,
+            )
             written = ckpt.write_atomic(payload, target)
             if directory is not None:
                 ckpt.prune(directory, int(cfg.keep_checkpoints))
@@ -1308,13 +944,6 @@ class Session:
             resume=payload["path"],
         )
 
-    def _load_buffers(self, buffers: dict[str, torch.Tensor]) -> None:
-        own = dict(self._model.named_buffers())
-        with torch.no_grad():
-            for name, value in buffers.items():
-                if name in own:
-                    own[name].copy_(value)
-
     # ------------------------------------------------------------------ tools
     @contextlib.contextmanager
     def _between_steps(self) -> Iterator[None]:
@@ -1331,49 +960,15 @@ class Session:
         The estimator predicts activations for transformer shapes only (tiny-gpt); for
         the mlp, the cnn and your own modules the report's notes say so and
         `predicted_activation_bytes` is None."""
-        from workbench.train import memory as mem
+        from workbench.train.memory import measure
 
         self._check_open("measure memory")
         with self._between_steps():
             self._apply_pending(raise_errors=False)
-            cfg = self._config
-            batch = self._data.peek()
-            if self.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(self.device)
-            measure, states = mem.probe(self._backend, self._loss_fn, batch, model=self.model)
-            cuda_peak = (
-                torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-            )
-            counters = mem.step_counter_bytes(getattr(self._backend, "optimizer", None))
-            notes: list[str] = []
-            if states.optimizer_bytes == 0 and cfg.optimizer != "sgd-nomomentum":
-                notes.append("optimizer states are created at the first optimizer step; run one")
-            n_params = count_parameters(self.model)  # ZeRO-3 shards at their full size
-            predicted = None
-            try:
-                predicted = self.predict(cfg)
-            except Exception as exc:  # the estimator rejects the inputs or is missing
-                notes.append(f"no prediction: {type(exc).__name__}: {exc}")
-            if predicted is not None and predicted.activation_bytes is None:
-                notes.append(NO_ACTIVATION_PREDICTION)
-            return mem.MemoryReport(
-                params_bytes=states.params_bytes,
-                grads_bytes=states.grads_bytes,
-                optimizer_bytes=states.optimizer_bytes,
-                optimizer_step_counter_bytes=counters,
-                activation_bytes=measure.activation_bytes,
-                parameter_saved_bytes=measure.parameter_saved_bytes,
-                activation_bytes_by_dtype=measure.by_dtype,
-                micro_batch=int(cfg.micro_batch),
-                precision=str(cfg.precision),
-                optimizer=str(cfg.optimizer),
-                activation_checkpointing=bool(cfg.activation_checkpointing),
-                world_size=self.world_size,
-                n_params=n_params,
-                cuda_max_allocated_bytes=cuda_peak,
-                peak_rss_bytes=mem.peak_rss_bytes() if self.device.type == "cpu" else None,
-                predicted=predicted,
-                notes=tuple(notes),
+            return measure(
+                self._rt,
+                predict=self.predict,
+                no_activation_note=NO_ACTIVATION_PREDICTION,
             )
 
     def predict(self, config: TrainConfig | None = None) -> Any:
@@ -1403,7 +998,8 @@ class Session:
     ) -> Any:
         """Profile `steps` optimizer steps with torch.profiler (after 1 wait + 1 warmup
         step; all `steps + 2` are real training steps). A running session is paused for
-        it and resumed after. Returns `workbench.train.profiler.ProfileResult`."""
+        it and resumed after; a paused one stays paused with its run's target. Returns
+        `workbench.train.profiler.ProfileResult`."""
         from workbench.train.profiler import profile_session
 
         if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
@@ -1414,30 +1010,32 @@ class Session:
         was_running = self._state == "running"
         if was_running:
             self.pause()
+        was_paused, target = self._state == "paused", self._target_step
         try:
             return profile_session(
                 self, steps=steps, record_memory=record_memory, trace_path=trace_path
             )
         finally:
+            with self._cond:
+                if was_paused and self._state == "idle":  # back to the run it interrupted
+                    self._target_step = target
+                    self._state = "paused"
+                    self._cond.notify_all()
             if was_running and self._state == "paused":
                 self.resume()
 
-    def _run_with_hook(self, steps: int, after_step: Callable[[], None]) -> None:
-        """Run `steps` steps in this thread calling `after_step()` after each (profiler).
-        A paused session stays paused with its run's target afterwards."""
-        previous_target = self._target_step
-        was_paused = self._state == "paused"
-        self._begin(steps, "profile")
+    @contextlib.contextmanager
+    def phase_labels(self, label: Label) -> Iterator[None]:
+        """Label the loop's phases ("workbench.data", ".forward", ".backward",
+        ".optimizer") with `label(name)` context managers while this block runs (the
+        profiler passes `torch.profiler.record_function`)."""
+        if not callable(label):
+            raise ValueError(f"label={label!r}: must be callable(name) -> a context manager")
+        self._label = label
         try:
-            self._loop(after_step)
+            yield
         finally:
-            with self._cond:
-                if was_paused and self._state == "idle":
-                    self._target_step = previous_target
-                    self._state = "paused"
-                    self._cond.notify_all()
-        if self._state == "error":
-            raise SessionError(self._last_error or "training step failed")
+            self._label = contextlib.nullcontext
 
     def launch(self, ranks: int, steps: int, **kwargs: Any) -> Any:
         """Run this config on `ranks` processes (DeepSpeed launcher); see
@@ -1480,53 +1078,3 @@ def _progress_bar(session: Session, total: int, show: bool | None) -> Iterator[N
     finally:
         remove()
         bar.close()
-
-
-def _state_to_cpu(state: Any) -> Any:
-    """A backend state with every tensor copied to host memory."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _state_to_cpu(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_state_to_cpu(v) for v in state)
-    return state
-
-
-def _release_device_memory(device: torch.device) -> None:
-    """Free what a closed engine left in the CUDA caching allocator."""
-    import gc
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def nan_advice(config: TrainConfig) -> str:
-    """What to try after a non-finite loss, for this precision."""
-    precision = Precision(config.precision)
-    if precision in (Precision.AMP_FP16, Precision.FP16):
-        bf16 = "amp-bf16" if precision is Precision.AMP_FP16 else "bf16"
-        return (
-            f"{precision.value} overflows above 65504: lower loss_scale_init, or use "
-            f"precision={bf16!r} (fp32's exponent range) where the hardware has bf16; a lower "
-            "lr or clip_grad_norm also helps"
-        )
-    clip = (
-        "set clip_grad_norm (e.g. 1.0)"
-        if config.clip_grad_norm is None
-        else f"lower clip_grad_norm (now {config.clip_grad_norm:g})"
-    )
-    return (
-        f"in {precision.value} this is divergence, not overflow: lower lr (now "
-        f"{float(config.lr):g}), {clip}, and check the data for NaN/inf values"
-    )
-
-
-def _needs_deepspeed(config: TrainConfig, world_size: int) -> bool:
-    return bool(config.uses_deepspeed) or world_size > 1
-
-
-def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    names = {name for name, _ in model.named_buffers()}
-    return {k: v.detach() for k, v in model.state_dict().items() if k in names}

@@ -1,0 +1,138 @@
+"""Settings changes on a live Session: which pieces a setting rebuilds, and what a session
+can run beyond what `TrainConfig` checks itself.
+
+A change is validated when `update()` is called (every problem at once, the session
+untouched) and applied at the next optimizer-step boundary by `Runtime.rebuild`: the data
+loader is rebuilt for `DATA_FIELDS`, the backend (optimizer, precision policy, schedule,
+DeepSpeed engine) for `BACKEND_FIELDS`, carrying weights and optimizer state; activation
+checkpointing is switched on the model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from workbench.config import Device, Precision, TrainConfig, runtime_problems
+from workbench.train.precision import amp_supported
+from workbench.train.recompute import checkpointable_modules
+
+#: Settings read by the data loader / the backend; a change to any rebuilds that piece.
+DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
+BACKEND_FIELDS = frozenset(
+    {
+        "precision",
+        "optimizer",
+        "lr",
+        "weight_decay",
+        "momentum",
+        "lr_schedule",
+        "warmup_steps",
+        "total_steps",
+        "lr_scaling",
+        "clip_grad_norm",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_params",
+        "nvme_path",
+        "loss_scale_init",
+        "loss_scale_growth",
+        "loss_scale_backoff",
+        "loss_scale_interval",
+        "grad_accum",
+        "micro_batch",
+    }
+)
+_LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")
+
+
+def needs_deepspeed(config: TrainConfig, world_size: int) -> bool:
+    """Whether a DeepSpeed engine trains `config` (ZeRO, DeepSpeed 16-bit, several ranks)."""
+    return bool(config.uses_deepspeed) or world_size > 1
+
+
+def _deepspeed_fp16_on_cpu() -> bool:
+    """Whether DeepSpeed's CPU accelerator runs fp16 (it asks oneDNN, as here)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except Exception:
+        return False
+
+
+def _deepspeed_backend_available() -> bool:
+    try:
+        return importlib.util.find_spec("workbench.train.backends.deepspeed") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def session_problems(
+    config: TrainConfig,
+    changed: set[str],
+    *,
+    model: nn.Module,
+    device: torch.device,
+    world_size: int,
+    data: Any,
+) -> list[str]:
+    """What a session on `device` with `world_size` ranks, training `model` from `data`,
+    cannot run of a valid `config`, one line each (`changed`: the settings an update
+    changes; a user's DataLoader refuses loader settings only when they change)."""
+    p: list[str] = runtime_problems(config)  # optimizers it cannot train, NVMe paths
+    prec = Precision(config.precision)
+    deepspeed = needs_deepspeed(config, world_size)
+    if deepspeed and not _deepspeed_backend_available():
+        p.append(
+            f"precision={prec.value!r}, zero_stage={config.zero_stage}: need the DeepSpeed "
+            "backend (workbench.train.backends.deepspeed), which this installation does not "
+            "have; use precision fp32, amp-bf16 or amp-fp16 with zero_stage=0"
+        )
+    if deepspeed and prec is Precision.AMP_FP16:
+        p.append(
+            "precision='amp-fp16': the DeepSpeed backend (zero_stage >= 1 or several ranks) "
+            "does not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
+            "fp16) or 'amp-bf16'"
+        )
+    if prec is Precision.FP16 and device.type == "cpu" and not _deepspeed_fp16_on_cpu():
+        p.append(
+            "precision='fp16': DeepSpeed's fp16 does not run on this CPU (no oneDNN fp16 "
+            "support); use precision 'amp-bf16' or 'bf16'"
+        )
+    reason = amp_supported(prec, device.type)
+    if reason:
+        p.append(f"precision={prec.value!r}: not available on {device.type}: {reason}")
+    if config.activation_checkpointing and not checkpointable_modules(model):
+        p.append(
+            "activation_checkpointing=True: the model has no checkpointable blocks; mark "
+            "them with workbench.train.recompute.mark_checkpointable(model, [names])"
+        )
+    if Device(config.device) is not Device.AUTO and Device(config.device).value != device.type:
+        p.append(
+            f"device={Device(config.device).value!r}: this session runs on {device.type}; "
+            "the device cannot change on a live session (create a new Session)"
+        )
+    if isinstance(data, DataLoader):
+        for name in _LOADER_FIELDS:
+            current = {
+                "micro_batch": data.batch_size,
+                "num_workers": data.num_workers,
+                "pin_memory": data.pin_memory,
+            }[name]
+            if name in changed and getattr(config, name) != current:
+                p.append(
+                    f"{name}={getattr(config, name)!r}: data is a DataLoader you built "
+                    f"({name}={current!r}); change it there, or pass a Dataset so the "
+                    "session builds the loader"
+                )
+    if (config.checkpoint_every_steps or config.checkpoint_every_seconds) and not (
+        config.checkpoint_dir
+    ):
+        p.append(
+            "checkpoint_dir=None: checkpoint_every_steps / checkpoint_every_seconds need "
+            "a checkpoint_dir"
+        )
+    return p

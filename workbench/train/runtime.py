@@ -1,0 +1,310 @@
+"""What a TrainConfig is built into around your module: the data stream and the backend.
+
+A `Runtime` owns the pieces one setting of a Session runs on: the `DataStream` over your
+data, the backend (a torch optimizer and precision policy, or a DeepSpeed engine) around
+your module, and the device bookkeeping of a step (synchronizing, memory readings).
+`rebuild()` applies a settings change by building what the change needs and swapping it in
+only when everything built, carrying weights and optimizer state; on any failure nothing
+is swapped.
+
+Your module's weights: the plain backend trains your module itself; a DeepSpeed engine
+trains its own copy (16-bit, flattened, partitioned under ZeRO-3). The runtime copies the
+trained weights back into your module, in your module's own dtypes, at every engine switch
+(`rebuild`) and at `close()`, and on request (`sync_weights`). While an engine trains its
+copy on a GPU, your module is kept in host memory, so the GPU does not hold a second fp32
+copy of the model.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.train import batches
+from workbench.train.backends import Backend, ModelStateBytes, build_backend
+from workbench.train.changes import BACKEND_FIELDS, DATA_FIELDS, needs_deepspeed
+from workbench.train.data import DataPosition, DataStream
+from workbench.train.recompute import set_activation_checkpointing
+from workbench.train.schedule import scaled_lr
+
+log = logging.getLogger("workbench")
+
+#: (kind, message, severity, details) -> None: how the runtime tells its Session
+EventSink = Callable[..., Any]
+MemoryReading = tuple[int | None, int | None, int | None, int | None]
+
+
+class Runtime:
+    """The data stream and backend of one setting (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        data: Any,
+        loss_fn: batches.LossFn | None,
+        *,
+        device: torch.device,
+        world_size: int,
+        rank: int,
+        reference_batch: int,
+        on_event: EventSink,
+        state: dict[str, Any] | None = None,
+        position: DataPosition | None = None,
+        buffers: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.config = config
+        self.model = model  # your module
+        self.source = data
+        self.user_loader = isinstance(data, torch.utils.data.DataLoader)
+        self.loss_fn = loss_fn
+        self.device = device
+        self.world_size, self.rank = world_size, rank
+        self.reference_batch = reference_batch
+        self._on_event = on_event
+        self.fresh = True  # the next step is the first on this backend (a warm-up step)
+        self.state_bytes: ModelStateBytes | None = None  # measured at the first step
+        self.read_memory = _memory_reader(device)
+        # CUDA runs asynchronously: wait for the device before reading a step's time
+        self.sync_device: Callable[[], None] = (
+            (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        )
+        # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
+        # then, so the GPU never holds a second fp32 copy (see park_model).
+        model.to("cpu" if needs_deepspeed(config, world_size) else device)
+        model.train()
+        if buffers:
+            load_buffers(model, buffers)
+        set_activation_checkpointing(model, bool(config.activation_checkpointing))
+        self.data = DataStream(
+            data,
+            micro_batch=int(config.micro_batch),
+            num_workers=int(config.num_workers),
+            pin_memory=bool(config.pin_memory),
+            seed=int(config.seed),
+            device=device,
+            rank=rank,
+            world_size=world_size,
+            position=position,
+        )
+        try:
+            batches.check_batch(self.data.peek(), loss_fn)  # a wrong data shape fails here
+            self.backend: Backend = self._build_backend(config, state)
+        except BaseException:
+            self.data.close()
+            raise
+        self.park_model()
+
+    # ------------------------------------------------------------------ the engine
+    @property
+    def trained_module(self) -> nn.Module:
+        """The module the backend trains: your module, or a DeepSpeed engine's copy."""
+        return inner_module(self.backend, self.model)
+
+    def backend_config(self, config: TrainConfig) -> TrainConfig:
+        """`config` with the learning rate after `lr_scaling` (what the backend uses)."""
+        lr = scaled_lr(config, self.reference_batch, self.world_size)
+        return config if lr == config.lr else config.replace(lr=lr)
+
+    def rebuild(self, target: TrainConfig, changed: set[str], *, release_first: bool) -> None:
+        """Build what `changed` needs for `target`, then swap; on any failure nothing is
+        swapped and the exception propagates. `release_first` (out-of-memory recovery): a
+        DeepSpeed engine is released before its successor is built, since both would not
+        fit on the device at once."""
+        old = self.config
+        new_data: DataStream | None = None
+        new_backend: Backend | None = None
+        try:
+            if changed & DATA_FIELDS and not self.user_loader:
+                new_data = self.data.rebuilt(
+                    micro_batch=int(target.micro_batch),
+                    num_workers=int(target.num_workers),
+                    pin_memory=bool(target.pin_memory),
+                    seed=int(target.seed),
+                )
+            if changed & BACKEND_FIELDS:
+                new_backend = self._next_backend(target, release_first=release_first)
+            if "activation_checkpointing" in changed:
+                self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
+        except BaseException:
+            if new_data is not None:
+                new_data.close()
+            if new_backend is not None:
+                new_backend.close()
+            self._set_checkpointing(bool(old.activation_checkpointing), None)
+            raise
+        if new_data is not None:
+            self.data, old_data = new_data, self.data
+            old_data.close()
+        if new_backend is not None:
+            self.backend, old_backend = new_backend, self.backend
+            old_backend.close()  # idempotent: released already under release_first
+            self.state_bytes = None
+            self.fresh = True
+            self.park_model()
+        self.config = target
+
+    def _next_backend(self, target: TrainConfig, *, release_first: bool) -> Backend:
+        """A backend for `target` carrying the current one's weights and optimizer state."""
+        state = self.backend.export_state()
+        # An engine trains a copy: bring its weights home first, so the new engine starts
+        # from (and a failed build leaves) your module up to date.
+        self._write_back(state, self.backend)
+        if not (release_first and self.trained_module is not self.model):
+            return self._build_backend(target, state)
+        state = _state_to_cpu(state)
+        self.backend.close()
+        _release_device_memory(self.device)
+        try:
+            return self._build_backend(target, state)
+        except BaseException:
+            # the previous settings again, from the same state, so the session stays usable
+            self.backend = self._build_backend(self.config, state)
+            self.fresh = True
+            raise
+
+    def _build_backend(self, config: TrainConfig, state: dict[str, Any] | None) -> Backend:
+        if needs_deepspeed(config, self.world_size):
+            self._announce_op_builds(config)
+        else:
+            self.model.to(self.device)  # the plain loop trains your module itself
+        return build_backend(
+            self.backend_config(config),
+            self.model,
+            state=state,
+            world_size=self.world_size,
+            device=self.device,
+        )
+
+    def _set_checkpointing(self, enabled: bool, new_backend: Backend | None) -> None:
+        """On your module and on the module an engine trains (DeepSpeed's copy)."""
+        set_activation_checkpointing(self.model, enabled)
+        for backend in (getattr(self, "backend", None), new_backend):
+            if backend is not None and inner_module(backend, self.model) is not self.model:
+                set_activation_checkpointing(inner_module(backend, self.model), enabled)
+
+    def _announce_op_builds(self, config: TrainConfig) -> None:
+        """DeepSpeed compiles some ops the first time they are used on a machine (a
+        minute or two); say so before the wait, as an event and on the console."""
+        from workbench.train.toolchain import pending_op_builds, use_interpreter_tools
+
+        use_interpreter_tools()
+        pending = pending_op_builds(config)
+        if pending:
+            message = (
+                f"DeepSpeed builds its {', '.join(pending)} op(s) on first use on this machine: "
+                "expect 1-3 minutes once; later engines load the cached build "
+                "(~/.cache/torch_extensions)"
+            )
+            self._on_event("op-build", message, "info", ops=pending)
+            log.warning("workbench: %s", message)
+
+    # ------------------------------------------------------------------ your module's weights
+    def sync_weights(self) -> None:
+        """Bring the current engine's trained weights and buffers into your module."""
+        if self.trained_module is not self.model:
+            self._write_back(self.backend.export_state(), self.backend)
+
+    def _write_back(self, state: dict[str, Any], backend: Backend) -> None:
+        """Copy an engine's trained weights (`state["model"]`, fp32 by parameter name) and
+        its buffers into your module, in your module's own dtypes and devices. A no-op
+        when the backend trains your module itself."""
+        inner = inner_module(backend, self.model)
+        if inner is self.model:
+            return
+        weights = state["model"]
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in weights:
+                    p.copy_(weights[name].to(device=p.device, dtype=p.dtype))
+        load_buffers(self.model, persistent_buffers(inner))
+
+    def park_model(self) -> None:
+        """While a DeepSpeed engine trains its own copy, keep your module in host memory
+        so the GPU does not hold a second fp32 copy of the model."""
+        if self.device.type == "cuda" and self.trained_module is not self.model:
+            self.model.to("cpu")
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """Bring the trained weights home (to your module, on the session's device), then
+        release the loader workers and the backend. Raises what the weight copy raised,
+        after releasing everything."""
+        try:
+            self.sync_weights()
+            self.model.to(self.device)
+        finally:
+            self.data.close()
+            self.backend.close()
+
+
+def inner_module(backend: Backend, model: nn.Module) -> nn.Module:
+    """The module inside `backend.module`: `model` itself, or a DeepSpeed engine's `.module`."""
+    outer = backend.module
+    if outer is model:
+        return outer
+    inner = getattr(outer, "module", None)
+    return inner if isinstance(inner, nn.Module) else outer
+
+
+def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's buffers that its state_dict keeps (running statistics and the like)."""
+    names = {name for name, _ in model.named_buffers()}
+    return {k: v.detach() for k, v in model.state_dict().items() if k in names}
+
+
+def load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Copy `buffers` (by name) into the module's own, in their dtypes and devices."""
+    own = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in buffers.items():
+            if name in own:
+                own[name].copy_(value.to(device=own[name].device, dtype=own[name].dtype))
+
+
+def _memory_reader(device: torch.device) -> Callable[[], MemoryReading]:
+    """(CUDA allocated, CUDA peak allocated, CUDA reserved, host RSS) bytes, None where
+    not measured on this device."""
+    if device.type == "cuda":
+
+        def cuda() -> MemoryReading:
+            return (
+                torch.cuda.memory_allocated(device),
+                torch.cuda.max_memory_allocated(device),
+                torch.cuda.memory_reserved(device),
+                None,
+            )
+
+        return cuda
+    import psutil
+
+    proc = psutil.Process()
+
+    def cpu() -> MemoryReading:
+        return None, None, None, int(proc.memory_info().rss)
+
+    return cpu
+
+
+def _state_to_cpu(state: Any) -> Any:
+    """A backend state with every tensor copied to host memory."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _state_to_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_state_to_cpu(v) for v in state)
+    return state
+
+
+def _release_device_memory(device: torch.device) -> None:
+    """Free what a closed engine left in the CUDA caching allocator."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

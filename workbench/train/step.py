@@ -1,0 +1,180 @@
+"""One optimizer step: `grad_accum` micro-batches through the data contract, their
+backward passes, then the optimizer step; timed, and turned into a `StepRecord`.
+
+The loop has no mode checks: the backend was built for the settings (precision, ZeRO
+stage) and the phase labels are no-ops unless the profiler asks for them. The host waits
+for the device twice per step: reading the loss (to skip a non-finite step before the
+optimizer touches the weights) and at the end (so the step's time is the device's).
+A step that fails leaves the weights and optimizer state as they were; the Session turns
+the failure into an event (`NonFiniteLoss`, out of memory, any other exception).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from workbench.config import Precision, TrainConfig
+from workbench.train import batches
+from workbench.train.backends import ModelStateBytes, StepOutcome
+from workbench.train.records import StepRecord
+
+Label = Callable[[str], AbstractContextManager[Any]]
+
+
+class NonFiniteLoss(Exception):
+    """The mean loss of a step was NaN or infinite; nothing was applied."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or a RuntimeError whose message says out of memory."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    if isinstance(exc, RuntimeError):
+        msg = str(exc).lower()
+        return "out of memory" in msg or "can't allocate memory" in msg
+    return False
+
+
+def nan_advice(config: TrainConfig) -> str:
+    """What to try after a non-finite loss, for this precision."""
+    precision = Precision(config.precision)
+    if precision in (Precision.AMP_FP16, Precision.FP16):
+        bf16 = "amp-bf16" if precision is Precision.AMP_FP16 else "bf16"
+        return (
+            f"{precision.value} overflows above 65504: lower loss_scale_init, or use "
+            f"precision={bf16!r} (fp32's exponent range) where the hardware has bf16; a lower "
+            "lr or clip_grad_norm also helps"
+        )
+    clip = (
+        "set clip_grad_norm (e.g. 1.0)"
+        if config.clip_grad_norm is None
+        else f"lower clip_grad_norm (now {config.clip_grad_norm:g})"
+    )
+    return (
+        f"in {precision.value} this is divergence, not overflow: lower lr (now "
+        f"{float(config.lr):g}), {clip}, and check the data for NaN/inf values"
+    )
+
+
+@dataclass(frozen=True)
+class StepMeasure:
+    """What one optimizer step measured."""
+
+    loss: float  # mean over the micro-batches
+    outcome: StepOutcome
+    step_seconds: float
+    data_seconds: float
+
+
+def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasure:
+    """One optimizer step on `runtime` (a `workbench.train.runtime.Runtime`). The batches
+    read are appended to `fetched`, so an out-of-memory retry can split them. Raises
+    `NonFiniteLoss` (gradients dropped, nothing applied) or what the model raised."""
+    cfg = runtime.config
+    backend = runtime.backend
+    data = runtime.data
+    loss_fn = runtime.loss_fn
+    module = backend.module
+    accum = int(cfg.grad_accum)
+    t0 = perf_counter()
+    data_s = 0.0
+    total: torch.Tensor | None = None
+    for _ in range(accum):
+        t = perf_counter()
+        with label("workbench.data"):
+            batch = data.next()
+        data_s += perf_counter() - t
+        fetched.append(batch)
+        with label("workbench.forward"):
+            loss = batches.forward_and_loss(module, batch, loss_fn, backend.autocast)
+        with label("workbench.backward"):
+            backend.backward(loss)
+        total = loss.detach() if total is None else total + loss.detach()
+    assert total is not None
+    loss_value = total.item() / accum  # host waits for the device here, once per step
+    if not math.isfinite(loss_value):
+        backend.zero_grad()
+        raise NonFiniteLoss(loss_value)
+    first = runtime.state_bytes is None
+    if first:
+        before = backend.model_state_bytes()
+    with label("workbench.optimizer"):
+        outcome = backend.step()
+    if first:
+        after = backend.model_state_bytes()
+        runtime.state_bytes = ModelStateBytes(
+            before.params_bytes, before.grads_bytes, after.optimizer_bytes
+        )
+    runtime.sync_device()  # host waits for the device here, so step_s is the step's time
+    return StepMeasure(loss_value, outcome, perf_counter() - t0, data_s)
+
+
+def make_record(
+    *,
+    step: int,
+    config: TrainConfig,
+    measure: StepMeasure,
+    world_size: int,
+    rank: int,
+    tokens_per_sample: int | None,
+    memory: tuple[int | None, int | None, int | None, int | None],
+    state_bytes: ModelStateBytes | None,
+    warmup: bool,
+    changes: dict[str, Any],
+    gpu: Any | None = None,
+    cpu_util_percent: float | None = None,
+) -> StepRecord:
+    """The `StepRecord` of step number `step` (1-based) from what it measured."""
+    cfg, m = config, measure
+    samples = cfg.micro_batch * cfg.grad_accum * world_size
+    step_s, data_s = m.step_seconds, m.data_seconds
+    alloc, max_alloc, reserved, rss = memory
+    sb = state_bytes
+    return StepRecord(
+        step=step,
+        micro_steps=int(cfg.grad_accum),
+        loss=m.loss,
+        samples_per_s=samples / step_s if step_s > 0 else 0.0,
+        tokens_per_s=samples * tokens_per_sample / step_s
+        if tokens_per_sample and step_s > 0
+        else None,
+        step_seconds=step_s,
+        data_seconds=data_s,
+        compute_seconds=step_s - data_s,
+        lr=float(m.outcome.lr),
+        grad_norm=m.outcome.grad_norm,
+        scale=m.outcome.scale,
+        skipped=bool(m.outcome.skipped),
+        precision=str(cfg.precision),
+        micro_batch=int(cfg.micro_batch),
+        grad_accum=int(cfg.grad_accum),
+        zero_stage=int(cfg.zero_stage),
+        world_size=world_size,
+        rank=rank,
+        clip_grad_norm=cfg.clip_grad_norm,
+        activation_checkpointing=bool(cfg.activation_checkpointing),
+        num_workers=int(cfg.num_workers),
+        changes=changes,
+        warmup=warmup,
+        params_bytes=sb.params_bytes if sb else None,
+        grads_bytes=sb.grads_bytes if sb else None,
+        optimizer_bytes=sb.optimizer_bytes if sb else None,
+        cuda_allocated_bytes=alloc,
+        cuda_max_allocated_bytes=max_alloc,
+        cuda_reserved_bytes=reserved,
+        rss_bytes=rss,
+        gpu_util_percent=getattr(gpu, "util_percent", None),
+        gpu_memory_used_bytes=getattr(gpu, "memory_used_bytes", None),
+        cpu_util_percent=cpu_util_percent,
+    )
