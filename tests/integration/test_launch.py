@@ -31,7 +31,6 @@ from workbench.train.session import Session
 #: A small MLP: Ψ = 15·33+33 + 33·33+33 + 33·5+5 = 1820 parameters.
 MLP = {"in_features": 15, "hidden": 33, "depth": 2, "out_features": 5, "samples": 256}
 CPU = {"device": "cpu", "micro_batch": 4}
-TOLERANCE = 0.05
 #: Finite, but long enough for DeepSpeed's first JIT build of its CPU comm op (minutes).
 LAUNCH_TIMEOUT = 420
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,29 +96,33 @@ def slow_mlp(**options: Any) -> tuple[Any, ...]:
     return Slow(), data, loss_fn, info
 
 
-def check_memory(entries: list[dict[str, Any]], stage: int) -> None:
-    """Each rank's measured model-state bytes (counted from its tensors) are within 5% of
-    the estimator's "deepspeed" accounting; stages >= 1 differ from the paper's."""
+#: fp32 AdamW tensors per parameter element: the weight, its gradient, and the optimizer's
+#: fp32 master copy + 2 moments (bytes per element of each model state, in 4-byte units).
+ELEMENT_BUFFERS = {"params_bytes": 1, "grads_bytes": 1, "optimizer_bytes": 3}
+
+
+def check_memory(entries: list[dict[str, Any]], stage: int, n_tensors: int = 6) -> None:
+    """Each rank's measured model-state bytes (counted from its tensors) against the
+    estimator's "deepspeed" accounting: exact at stages 0-2; at stage 3 DeepSpeed pads
+    every tensor's partition to ceil(numel/N), which the estimator (knowing only the total)
+    cannot see, so the measured figure is above by less than one element per tensor per
+    buffer (docs/deepspeed.md, "Padding"). `n_tensors`: parameter tensors of the model
+    (the MLP: 3 weights + 3 biases). Stages >= 1 differ from the paper's accounting."""
     assert [e["rank"] for e in entries] == [0, 1]
     for entry in entries:
         predicted, paper = entry["predicted"], entry["predicted_paper"]
         assert predicted is not None and paper is not None
-        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        for key, buffers in ELEMENT_BUFFERS.items():
             measured = entry[key]
             assert isinstance(measured, int) and measured > 0, (entry["rank"], key)
-            assert isinstance(predicted[key], int)
-            assert abs(measured - predicted[key]) <= TOLERANCE * predicted[key], (
-                stage,
-                entry["rank"],
-                key,
-                measured,
-                predicted[key],
-            )
+            where = (stage, entry["rank"], key, measured, predicted[key])
+            if stage < 3:
+                assert measured == predicted[key], where
+            else:
+                assert 0 <= measured - predicted[key] < n_tensors * buffers * 4, where
         if stage >= 1:
             # The paper's accounting misses DeepSpeed's fp32 master partition.
-            assert abs(entry["optimizer_bytes"] - paper["optimizer_bytes"]) > (
-                TOLERANCE * paper["optimizer_bytes"]
-            )
+            assert entry["optimizer_bytes"] > 1.2 * paper["optimizer_bytes"]
 
 
 #: Steps of the uninterrupted ZeRO-1 run that the SIGTERM/resume test continues.
@@ -447,19 +450,42 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
     assert 1 <= k < STRAIGHT_STEPS
     assert rank_workers() == []
 
-    resumed = launch_ranks(
-        TrainConfig(zero_stage=1, **CPU),
-        ranks=2,
-        model="tests.integration.test_launch:slow_mlp",
-        model_options=MLP,
-        steps=STRAIGHT_STEPS,
-        resume=ckpt,
-        timeout=LAUNCH_TIMEOUT,
+    # resume as a user would: the command the message names, with the same settings
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "workbench"),
+            "launch",
+            "--ranks",
+            "2",
+            "--zero",
+            "1",
+            "--steps",
+            str(STRAIGHT_STEPS),
+            "--device",
+            "cpu",
+            "--micro-batch",
+            "4",
+            "--model",
+            "tests.integration.test_launch:slow_mlp",
+            "--model-options",
+            json.dumps(MLP),
+            "--resume",
+            str(ckpt),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=LAUNCH_TIMEOUT + 60,
     )
-    assert resumed.ok and not resumed.preempted, resumed.first_error
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = json.loads(done.stdout)
+    assert resumed["ok"] and resumed["error"] is None
     for r in (0, 1):
-        got = resumed.ranks[r].records
-        assert [x.step for x in got] == list(range(k + 1, STRAIGHT_STEPS + 1))
-        want = [x.loss for x in straight.ranks[r].records[k:]]
-        assert [x.loss for x in got] == pytest.approx(want, rel=1e-5, abs=1e-7)
-    assert_gone([r.pid for r in resumed.ranks])
+        rank = resumed["ranks"][r]
+        assert rank["summary"]["first_step"] == k + 1
+        assert rank["summary"]["last_step"] == STRAIGHT_STEPS
+        # the same data, RNG, weights and optimizer state: bit for bit the same losses
+        assert rank["losses"] == [x.loss for x in straight.ranks[r].records[k:]]
+    assert rank_workers() == []

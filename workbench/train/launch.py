@@ -125,6 +125,7 @@ class RankReport:
             "predicted": self.predicted,
             "predicted_paper": self.predicted_paper,
             "summary": self.summary(),
+            "losses": [r.loss for r in self.records],  # from summary's first_step on
         }
 
 

@@ -34,7 +34,7 @@ class StepRecord(Readable):
     precision: str
     micro_batch: int
     grad_accum: int
-    zero_stage: int
+    zero_stage: int  # the stage the engine itself ran this step with (its own, not the config)
     world_size: int = 1
     rank: int = 0
     clip_grad_norm: float | None = None

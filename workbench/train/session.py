@@ -817,6 +817,7 @@ class Session:
             state_bytes=rt.state_bytes,
             warmup=warmup,
             changes=changes,
+            zero_stage=rt.backend.zero_stage,
             gpu=sample.gpu(self._gpu_uuid) if sample is not None else None,
             cpu_util_percent=sample.cpu_util_percent if sample is not None else None,
         )

@@ -132,6 +132,7 @@ def make_record(
     state_bytes: ModelStateBytes | None,
     warmup: bool,
     changes: dict[str, Any],
+    zero_stage: int,
     gpu: Any | None = None,
     cpu_util_percent: float | None = None,
 ) -> StepRecord:
@@ -159,7 +160,7 @@ def make_record(
         precision=str(cfg.precision),
         micro_batch=int(cfg.micro_batch),
         grad_accum=int(cfg.grad_accum),
-        zero_stage=int(cfg.zero_stage),
+        zero_stage=zero_stage,  # the engine's own, not the config's
         world_size=world_size,
         rank=rank,
         clip_grad_norm=cfg.clip_grad_norm,

@@ -47,6 +47,10 @@ class ModelStateBytes:
 class Backend(Protocol):
     module: torch.nn.Module  # what forward is called on (the model, or a DeepSpeed engine)
 
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage the engine itself runs (0 without DeepSpeed): what records carry."""
+
     def autocast(self) -> AbstractContextManager[Any]: ...
 
     def backward(self, loss: torch.Tensor) -> None:

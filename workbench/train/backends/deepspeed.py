@@ -335,6 +335,11 @@ class DeepSpeedBackend:
             self._load(state)
         self._set_lr()
 
+    @property
+    def zero_stage(self) -> int:
+        """The stage DeepSpeed's engine runs (read from the engine, not the config)."""
+        return int(self.engine.zero_optimization_stage())
+
     # ------------------------------------------------------------------ the loop
     def autocast(self) -> AbstractContextManager[Any]:
         return self._autocast()  # type: ignore[no-any-return]

@@ -107,6 +107,11 @@ class PlainBackend:
         self._set_lr()
         self._apply_step = self._step_scaled if self.policy.scaler is not None else self._step_plain
 
+    @property
+    def zero_stage(self) -> int:
+        """No ZeRO: one process holds every state."""
+        return 0
+
     # ------------------------------------------------------------------ the loop
     def autocast(self) -> AbstractContextManager[Any]:
         return self.policy.autocast()
