@@ -262,10 +262,37 @@ def _is_number(v: Any) -> bool:
 @dataclass(frozen=True)
 class TrainConfig:
     """Settings of one training run. Every field can be changed on a live `Session`
-    through `session.update(field=value)`.
+    through `session.update(field=value)` (except `device`); a bad value raises ValueError
+    naming every bad field, its value and what is allowed (with "did you mean").
 
-    Sizes: `micro_batch` samples per forward pass per rank; `grad_accum` micro-batches
-    per optimizer step. `clip_grad_norm=None` disables clipping.
+    precision            "fp32"; "amp-bf16", "amp-fp16" (torch autocast; fp32 weights,
+                         GradScaler for fp16); "bf16", "fp16" (DeepSpeed 16-bit weights
+                         with an fp32 master copy)
+    optimizer            "adamw", "adam", "sgd" (with `momentum`), "sgd-nomomentum"; for
+                         the estimator and DeepSpeed configs also "adam8bit", "lamb", "lion",
+                         "adagrad", "onebitadam", "zerooneadam", "onebitlamb"
+    micro_batch          samples per forward pass per rank, >= 1
+    grad_accum           micro-batches per optimizer step, >= 1
+    lr, weight_decay     learning rate > 0 (before `lr_scaling`), weight decay >= 0
+    momentum             SGD momentum in [0, 1)
+    lr_schedule          "constant", "cosine", "onecycle" (over `total_steps`, after
+                         `warmup_steps` of linear warm-up)
+    lr_scaling           "none", "linear", "sqrt": scale `lr` with the effective batch
+                         relative to the one the session started with
+    clip_grad_norm       total-norm clipping threshold > 0, or None for no clipping
+    activation_checkpointing   recompute marked blocks in backward (True / False)
+    num_workers, pin_memory    data-loader processes >= 0; pinned host memory
+    zero_stage           0, 1, 2 or 3 (DeepSpeed ZeRO)
+    offload_optimizer    "none", "cpu", "nvme" (ZeRO 1-3)
+    offload_params       "none", "cpu", "nvme" (ZeRO 3)
+    nvme_path            the directory for "nvme" offload
+    loss_scale_init, loss_scale_growth, loss_scale_backoff, loss_scale_interval
+                         the fp16 loss scaler: initial scale (2**16), growth factor > 1,
+                         backoff factor in (0, 1), clean steps between growths >= 1
+    seed                 data order, built-in models' weights and data, dropout
+    device               "auto" (CUDA when available), "cpu", "cuda"
+    checkpoint_dir, checkpoint_every_steps, checkpoint_every_seconds, keep_checkpoints
+                         where and how often a Session saves, and how many it keeps
     """
 
     precision: Precision | str = Precision.FP32

@@ -216,3 +216,16 @@ def test_random_inputs_either_construct_or_raise_value_error(micro, lr):
         return
     assert isinstance(cfg.micro_batch, int) and cfg.micro_batch >= 1
     assert math.isfinite(cfg.lr) and cfg.lr > 0
+
+
+def test_the_docstring_lists_every_setting_and_every_allowed_value() -> None:
+    import dataclasses
+
+    from workbench.config import _ENUM_FIELDS
+
+    doc = TrainConfig.__doc__ or ""
+    for f in dataclasses.fields(TrainConfig):
+        assert f.name in doc, f.name
+    for name, enum in _ENUM_FIELDS.items():
+        for value in enum:
+            assert f'"{value.value}"' in doc, (name, value.value)

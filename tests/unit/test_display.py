@@ -38,3 +38,15 @@ def test_a_table_aligns_numbers_right_and_escapes_html() -> None:
     assert lines[3].endswith("      1 B") and lines[4].endswith("10.00 KiB")
     page = d.html()
     assert "t &lt;1&gt;" in page and "<table" in page and "text-align:right" in page
+
+
+def test_an_estimate_reads_in_units_in_a_terminal_and_a_notebook() -> None:
+    from workbench import estimate_memory
+
+    e = estimate_memory(n_params="175B", precision="fp32", optimizer="adamw", gpu="h100-80gb")
+    text = str(e)
+    assert text.splitlines()[0].startswith("memory per GPU: 175.0B parameters, fp32, adamw")
+    assert "parameters          651.93 GiB" in text  # 700e9 bytes
+    assert "does not fit" in text and "not estimated" in text
+    assert "<table" in e._repr_html_() and "651.93 GiB" in e._repr_html_()
+    assert repr(e).startswith("MemoryEstimate(")  # the dataclass repr is kept for debugging

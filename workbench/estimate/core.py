@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import OptimizerName, Precision
+from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, _activations
 from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
@@ -46,8 +47,9 @@ _BF16 = (Precision.AMP_BF16, Precision.BF16)
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(Readable):
     """Per-GPU bytes of one training setup, plus compute figures and the inputs echoed.
+    `str(estimate)` and a notebook show it as a table in binary units (GiB).
 
     `total_bytes = params_bytes + grads_bytes + optimizer_bytes + activation_bytes`, with
     `activation_bytes` None (counted as 0 in the total) when no transformer shape was
@@ -130,6 +132,45 @@ class MemoryEstimate:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (the activation breakdown nested)."""
         return asdict(self)
+
+    def _display(self) -> Display:
+        acts = (
+            fmt_bytes(self.activation_bytes)
+            + f" (micro-batch {self.micro_batch}, recomputation {self.checkpointing})"
+            if self.activation_bytes is not None
+            else "not estimated (give a transformer shape or a model)"
+        )
+        rows = [
+            ("parameters", fmt_bytes(self.params_bytes)),
+            ("gradients", fmt_bytes(self.grads_bytes)),
+            ("optimizer states", fmt_bytes(self.optimizer_bytes)),
+            ("activations", acts),
+            ("total", fmt_bytes(self.total_bytes)),
+            ("framework overhead", fmt_bytes(self.overhead_bytes)),
+        ]
+        if self.cpu_offload_bytes:
+            rows.append(("offloaded to CPU", fmt_bytes(self.cpu_offload_bytes)))
+        if self.gpu is not None:
+            verdict = "fits" if self.fits else "does not fit"
+            rows.append((f"on {self.gpu}", f"{verdict} ({fmt_bytes(self.gpu_memory_bytes)})"))
+            if self.max_micro_batch is not None:
+                rows.append(("largest micro-batch that fits", str(self.max_micro_batch)))
+        if self.train_seconds is not None:
+            rows.append(("training time", f"{self.train_seconds / 3600:,.1f} h"))
+        if self.cost is not None:
+            rows.append(("cost", f"{self.cost:,.0f}"))
+        split = f"{self.gpus} GPU" + ("s" if self.gpus > 1 else "")
+        if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
+            split += (
+                f" (tp {self.tensor_parallel} x pp {self.pipeline_parallel} x "
+                f"dp {self.data_parallel})"
+            )
+        name = self.model or f"{fmt_count(self.n_params)} parameters"
+        title = (
+            f"memory per GPU: {name}, {self.precision}, {self.optimizer}, "
+            f"ZeRO {self.zero_stage}, {split}"
+        )
+        return Display(title, rows)
 
 
 # ---------------------------------------------------------------- validation helpers
