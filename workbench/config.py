@@ -141,6 +141,20 @@ class OffloadDevice(StrEnum):
     NVME = "nvme"
 
 
+class FsdpMode(StrEnum):
+    """PyTorch FSDP's sharding names (FSDP2, `torch.distributed.fsdp.fully_shard`)."""
+
+    OFF = "off"
+    FULL_SHARD = "full_shard"  # parameters resharded after forward: ZeRO-3-like
+    SHARD_GRAD_OP = "shard_grad_op"  # gathered from forward to backward: ZeRO-2-like peak
+    NO_SHARD = "no_shard"  # replicated: DDP-like
+
+    @property
+    def shards(self) -> bool:
+        """Whether parameters, gradients and optimizer states are split over the ranks."""
+        return self in (FsdpMode.FULL_SHARD, FsdpMode.SHARD_GRAD_OP)
+
+
 class Device(StrEnum):
     AUTO = "auto"
     CPU = "cpu"
@@ -154,6 +168,7 @@ _ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "lr_scaling": LRScaling,
     "offload_optimizer": OffloadDevice,
     "offload_params": OffloadDevice,
+    "fsdp": FsdpMode,
     "device": Device,
 }
 
@@ -180,6 +195,8 @@ _FIELD_ALIASES: dict[str, str] = {
     "dataloader_pin_memory": "pin_memory",  # Hugging Face
     "zero": "zero_stage",
     "stage": "zero_stage",
+    "sharding_strategy": "fsdp",  # FSDP1 / Lightning's FSDPStrategy
+    "fsdp_sharding": "fsdp",
     "optim": "optimizer",  # Hugging Face
 }
 
@@ -231,6 +248,17 @@ _VALUE_ALIASES: dict[str, dict[str, str]] = {
     "device": {"gpu": "cuda"},
     "offload_optimizer": {"disk": "nvme", "ssd": "nvme", "host": "cpu"},
     "offload_params": {"disk": "nvme", "ssd": "nvme", "host": "cpu"},
+    "fsdp": {  # FSDP1's ShardingStrategy names
+        "no": "off",
+        "none": "off",
+        "false": "off",
+        "hybrid_shard": "full_shard",
+        "fullshard": "full_shard",
+        "full": "full_shard",
+        "shardgradop": "shard_grad_op",
+        "noshard": "no_shard",
+        "ddp": "no_shard",
+    },
 }
 
 
@@ -283,8 +311,12 @@ class TrainConfig:
     activation_checkpointing   recompute marked blocks in backward (True / False)
     num_workers, pin_memory    data-loader processes >= 0; pinned host memory
     zero_stage           0, 1, 2 or 3 (DeepSpeed ZeRO)
+    fsdp                 "off", "full_shard", "shard_grad_op", "no_shard" (PyTorch FSDP2;
+                         with zero_stage=0 and precision fp32, amp-bf16 or amp-fp16)
+    fsdp_reduce_fp32     FSDP under AMP: reduce gradients in fp32 (True) or in the 16-bit
+                         compute dtype (False)
     offload_optimizer    "none", "cpu", "nvme" (ZeRO 1-3)
-    offload_params       "none", "cpu", "nvme" (ZeRO 3)
+    offload_params       "none", "cpu", "nvme" (ZeRO 3); "cpu" also with fsdp="full_shard"
     nvme_path            the directory for "nvme" offload
     loss_scale_init, loss_scale_growth, loss_scale_backoff, loss_scale_interval
                          the fp16 loss scaler: initial scale (2**16), growth factor > 1,
@@ -311,6 +343,8 @@ class TrainConfig:
     num_workers: int = 0
     pin_memory: bool = False
     zero_stage: int = 0
+    fsdp: FsdpMode | str = FsdpMode.OFF
+    fsdp_reduce_fp32: bool = True
     offload_optimizer: OffloadDevice | str = OffloadDevice.NONE
     offload_params: OffloadDevice | str = OffloadDevice.NONE
     nvme_path: str | None = None
@@ -403,7 +437,7 @@ class TrainConfig:
         positive_int("checkpoint_every_steps", optional=True)
         positive_float("checkpoint_every_seconds", optional=True)
         positive_int("keep_checkpoints")
-        for name in ("activation_checkpointing", "pin_memory"):
+        for name in ("activation_checkpointing", "pin_memory", "fsdp_reduce_fp32"):
             if not isinstance(getattr(self, name), bool):
                 p.append(f"{name}={getattr(self, name)!r}: must be True or False")
         if not _is_int(self.zero_stage) or not 0 <= self.zero_stage <= 3:
@@ -429,12 +463,38 @@ class TrainConfig:
                 f"optimizer={optimizer.value!r}: DeepSpeed's 1-bit optimizers do not run with "
                 f"ZeRO; needs zero_stage=0 (zero_stage={self.zero_stage})"
             )
-        if self.zero_stage == 0 and offload_opt is not OffloadDevice.NONE:
+        fsdp = FsdpMode(self.fsdp)
+        if fsdp is not FsdpMode.OFF:
+            if self.zero_stage != 0:
+                p.append(
+                    f"fsdp={fsdp.value!r}: PyTorch FSDP and DeepSpeed ZeRO are two sharding "
+                    f"engines; use one (zero_stage={self.zero_stage} needs fsdp='off', "
+                    "fsdp needs zero_stage=0)"
+                )
+            if precision.is_deepspeed:
+                p.append(
+                    f"fsdp={fsdp.value!r}: precision={precision.value!r} is DeepSpeed's 16-bit "
+                    "mode; with FSDP use 'amp-bf16' or 'amp-fp16' (FSDP's mixed precision)"
+                )
+            if offload_opt is not OffloadDevice.NONE:
+                p.append(
+                    f"offload_optimizer={offload_opt.value!r}: a DeepSpeed (ZeRO-Offload) "
+                    "setting; FSDP offloads parameters, gradients and optimizer states "
+                    "together with offload_params='cpu'"
+                )
+            if offload_par is OffloadDevice.NVME or (
+                offload_par is OffloadDevice.CPU and fsdp is not FsdpMode.FULL_SHARD
+            ):
+                p.append(
+                    f"offload_params={offload_par.value!r}: FSDP offloads to 'cpu' with "
+                    f"fsdp='full_shard' (fsdp={fsdp.value!r})"
+                )
+        if self.zero_stage == 0 and offload_opt is not OffloadDevice.NONE and fsdp is FsdpMode.OFF:
             p.append(
                 f"offload_optimizer={offload_opt.value!r}: needs zero_stage 1, 2 "
                 "or 3 (zero_stage=0)"
             )
-        if offload_par is not OffloadDevice.NONE and self.zero_stage != 3:
+        if offload_par is not OffloadDevice.NONE and self.zero_stage != 3 and fsdp is FsdpMode.OFF:
             p.append(
                 f"offload_params={offload_par.value!r}: parameter offload needs "
                 f"zero_stage=3 (zero_stage={self.zero_stage})"

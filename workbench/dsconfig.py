@@ -134,6 +134,11 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     """
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a TrainConfig")
+    if str(config.fsdp) != "off":
+        raise ValueError(
+            f"fsdp={str(config.fsdp)!r}: a PyTorch FSDP setting has no DeepSpeed config; export "
+            "it with `workbench export --format fsdp` (or set fsdp='off' and a zero_stage)"
+        )
     batch = config.effective_batch_size(world_size)  # validates world_size
     precision = Precision(config.precision)
     ds: dict[str, Any] = {

@@ -16,7 +16,7 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
     embeddings) or when two `Parameter`s view the same storage with the same offset,
     shape and strides. Parameters on the `meta` device are deduplicated by identity
     only (they have no storage). A parameter DeepSpeed ZeRO-3 partitioned (an empty tensor
-    with `ds_numel`) counts `ds_numel`, its full size. `trainable_only` counts parameters
+    with `ds_numel`) counts `ds_numel`, and an FSDP-sharded DTensor its global size. `trainable_only` counts parameters
     with `requires_grad=True`.
     """
     if not isinstance(module, torch.nn.Module):
@@ -31,6 +31,9 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
         full = getattr(p, "ds_numel", None)
         if isinstance(full, int):  # ZeRO-3 partitioned: this rank holds a shard or nothing
             total += full
+            continue
+        if hasattr(p, "_local_tensor"):  # an FSDP DTensor: numel() is the full size
+            total += p.numel()
             continue
         if p.device.type != "meta" and p.numel() > 0:
             key = (

@@ -10,7 +10,8 @@ The model description is anything with `n_params` and, for a decoder-only transf
 `workbench.models.ModelInfo`), or a plain parameter count (model states only: no
 activation prediction). The accounting follows the engine that runs the setup: DeepSpeed's
 real layout ("deepspeed": fp32 master partitions, flat buffers, reduce buckets) whenever
-DeepSpeed trains it (ZeRO, DeepSpeed 16-bit, several ranks), the ZeRO paper's otherwise.
+DeepSpeed trains it (ZeRO, DeepSpeed 16-bit, several ranks), FSDP2's ("fsdp") under
+`fsdp`, the ZeRO paper's otherwise.
 
 Pure Python: imports the config and the estimator, no torch.
 """
@@ -19,14 +20,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import OffloadDevice, TrainConfig
+from workbench.config import FsdpMode, OffloadDevice, TrainConfig
 from workbench.estimate import MemoryEstimate, estimate_memory
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
 def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
-    """The estimator accounting of the engine that trains `config` on `world_size` ranks."""
+    """The estimator accounting of the engine that trains `config` on `world_size` ranks:
+    FSDP2's layout under `fsdp`, DeepSpeed's under DeepSpeed, else the ZeRO paper's."""
+    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
+        return "fsdp"
     return "deepspeed" if config.uses_deepspeed or world_size > 1 else "paper"
 
 
@@ -69,6 +73,7 @@ def predict_memory(
         checkpointing="full" if config.activation_checkpointing else "none",
         offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,
         offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
+        fsdp=FsdpMode(config.fsdp).value,
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
         **shape_of(model),

@@ -61,12 +61,12 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     assert sorted(os.listdir(job)) == [
         "ds_config.json",
         "job.json",
+        "job_common.py",
         "launch.sh",
         "train_deepspeed.py",
     ]
-    assert result.paths == tuple(
-        str(job / n) for n in ("ds_config.json", "train_deepspeed.py", "job.json", "launch.sh")
-    )
+    names = ("ds_config.json", "train_deepspeed.py", "job_common.py", "job.json", "launch.sh")
+    assert result.paths == tuple(str(job / n) for n in names)
     ds = json.loads((job / "ds_config.json").read_text())
     assert ds == config.to_deepspeed(world_size=4) == result.ds_config
     assert ds["train_batch_size"] == 4 * 2 * 4 and ds["zero_optimization"]["stage"] == 2
@@ -341,7 +341,7 @@ def test_cli_prints_where_it_wrote_and_the_command(
     )
     assert code == 0
     assert out.splitlines()[0] == (
-        f"wrote {out_dir}: ds_config.json, train_deepspeed.py, job.json, launch.sh"
+        f"wrote {out_dir}: ds_config.json, train_deepspeed.py, job_common.py, job.json, launch.sh"
     )
     assert "deepspeed --num_gpus 2 train_deepspeed.py --deepspeed_config ds_config.json" in out
     assert "torchrun --standalone --nproc-per-node 2" in out

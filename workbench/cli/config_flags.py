@@ -45,6 +45,12 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
         "zerooneadam, onebitlamb export but a Session does not train them (adamw)",
     ),
     "zero_stage": ConfigFlag("--zero", "int", "STAGE", "ZeRO stage 0-3 (0)"),
+    "fsdp": ConfigFlag(
+        "--fsdp",
+        "str",
+        "MODE",
+        "PyTorch FSDP instead of ZeRO: off, full_shard, shard_grad_op, no_shard (off)",
+    ),
     "micro_batch": ConfigFlag(
         "--micro-batch", "int", "BATCH", "samples per forward pass per GPU (8)"
     ),
@@ -64,7 +70,7 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
         "--offload-optimizer", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 1-3"
     ),
     "offload_params": ConfigFlag(
-        "--offload-params", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 3"
+        "--offload-params", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 3 (cpu: also FSDP full_shard)"
     ),
     "nvme_path": ConfigFlag("--nvme-path", "str", "PATH", "a writable directory for NVMe offload"),
     "loss_scale_init": ConfigFlag(

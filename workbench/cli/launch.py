@@ -30,6 +30,7 @@ _CLI_FIELDS = (
     "grad_accum",
     "lr",
     "zero_stage",
+    "fsdp",
     "offload_optimizer",
     "offload_params",
     "nvme_path",

@@ -21,7 +21,12 @@ from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, parse_count
 from workbench.estimate.hf_config import read_hf_config
-from workbench.estimate.model_states import ACCOUNTINGS, ModelStateQuery, model_state_bytes
+from workbench.estimate.model_states import (
+    ACCOUNTINGS,
+    FSDP_MODES,
+    ModelStateQuery,
+    model_state_bytes,
+)
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
 
@@ -119,6 +124,7 @@ class MemoryEstimate(Readable):
     sequence_parallel: bool = False
     data_parallel: int = 1
     shard_params: int = 0
+    fsdp: str = "off"
 
     @property
     def model_states_bytes(self) -> int:
@@ -160,16 +166,14 @@ class MemoryEstimate(Readable):
         if self.cost is not None:
             rows.append(("cost", f"{self.cost:,.0f}"))
         split = f"{self.gpus} GPU" + ("s" if self.gpus > 1 else "")
+        engine = f"FSDP {self.fsdp}" if self.fsdp != "off" else f"ZeRO {self.zero_stage}"
         if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
             split += (
                 f" (tp {self.tensor_parallel} x pp {self.pipeline_parallel} x "
                 f"dp {self.data_parallel})"
             )
         name = self.model or f"{fmt_count(self.n_params)} parameters"
-        title = (
-            f"memory per GPU: {name}, {self.precision}, {self.optimizer}, "
-            f"ZeRO {self.zero_stage}, {split}"
-        )
+        title = f"memory per GPU: {name}, {self.precision}, {self.optimizer}, {engine}, {split}"
         return Display(title, rows)
 
 
@@ -226,6 +230,7 @@ def estimate_memory(
     sequence_parallel: bool = False,
     offload_optimizer: bool = False,
     offload_params: bool = False,
+    fsdp: str = "off",
     checkpointing: Checkpointing | str = "none",
     gpu: str | None = None,
     overhead_gib: float = DEFAULT_OVERHEAD_GIB,
@@ -255,6 +260,8 @@ def estimate_memory(
     size over which ZeRO shards; `sequence_parallel` needs `tensor_parallel` > 1.
     `accounting` picks how model-state bytes are counted (a key of
     `workbench.estimate.model_states.ACCOUNTINGS`; "paper" is the ZeRO paper's model).
+    `fsdp` ("off", "full_shard", "shard_grad_op", "no_shard"): PyTorch FSDP instead of
+    ZeRO (`zero_stage` 0), counted with FSDP2's layout (the "fsdp" accounting, implied).
 
     Raises `EstimateInputError` (a `ValueError`) listing every invalid input at once.
     """
@@ -389,7 +396,34 @@ def estimate_memory(
             p.append(Problem(name, flag, "must be True or False"))
     if sequence_parallel is True and tp == 1:
         p.append(Problem("sequence_parallel", True, "needs `tensor_parallel` > 1 (got 1)"))
-    if stage is not None:
+    sharding = _choice(fsdp, {m: m for m in FSDP_MODES})
+    if sharding is None:
+        p.append(Problem("fsdp", fsdp, f"must be one of {', '.join(FSDP_MODES)}"))
+    elif sharding != "off":
+        if stage not in (None, 0):
+            p.append(
+                Problem("fsdp", sharding, f"is PyTorch FSDP: needs `zero_stage` 0 (got {stage})")
+            )
+        if prec is not None and prec.is_deepspeed:
+            p.append(
+                Problem(
+                    "fsdp",
+                    sharding,
+                    f"needs precision fp32, amp-bf16 or amp-fp16 (got {prec.value})",
+                )
+            )
+        if offload_optimizer is True:
+            p.append(
+                Problem(
+                    "offload_optimizer", True, "is DeepSpeed's; FSDP offloads with `offload_params`"
+                )
+            )
+        if offload_params is True and sharding != "full_shard":
+            p.append(Problem("offload_params", True, f"needs fsdp 'full_shard' (got {sharding!r})"))
+        if accounting not in ("paper", "fsdp"):
+            p.append(Problem("accounting", accounting, "an FSDP setup is counted by 'fsdp'"))
+        accounting = "fsdp"
+    elif stage is not None:
         if offload_optimizer is True and stage == 0:
             p.append(Problem("offload_optimizer", True, "needs `zero_stage` 1, 2 or 3 (got 0)"))
         if offload_params is True and stage != 3:
@@ -484,7 +518,9 @@ def estimate_memory(
     assert tp is not None and pp is not None and dp is not None and shard is not None
 
     states = model_state_bytes(
-        ModelStateQuery(shard, prec, opt, stage, dp, offload_optimizer, offload_params),
+        ModelStateQuery(
+            shard, prec, opt, stage, dp, offload_optimizer, offload_params, fsdp=sharding or "off"
+        ),
         accounting,
     )
     model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
@@ -556,6 +592,7 @@ def estimate_memory(
         gpus=n_gpus,
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
+        fsdp=sharding or "off",
         checkpointing=ckpt.value,
         micro_batch=mb,
         layers=arch.layers if arch else None,

@@ -47,7 +47,11 @@ from workbench.config import OptimizerName, Precision
 ACCOUNTINGS: dict[str, str] = {
     "paper": "workbench.estimate.model_states:paper_model_states",
     "deepspeed": "workbench.estimate.deepspeed_layout:model_states",
+    "fsdp": "workbench.estimate.fsdp_layout:model_states",
 }
+
+#: PyTorch FSDP's sharding modes (`estimate_memory(fsdp=...)`; "off": ZeRO or nothing).
+FSDP_MODES = ("off", "full_shard", "shard_grad_op", "no_shard")
 
 #: fp32 optimizer-state bytes per parameter, without any master copy.
 OPTIMIZER_STATE_BYTES: dict[OptimizerName, int] = {
@@ -103,6 +107,7 @@ class ModelStateQuery:
     gpus: int
     offload_optimizer: bool
     offload_params: bool
+    fsdp: str = "off"  # an FSDP_MODES value; "off" means ZeRO (`zero_stage`) or nothing
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,16 @@ writes into `out_dir`:
 
 * `ds_config.json`: `config.to_deepspeed(world_size=gpus * nodes)`, exactly what the
   in-notebook DeepSpeed backend derives its engine config from;
-* `train_deepspeed.py`: a standalone training script (needs torch, deepspeed and, for a
-  built-in model, workbench) that trains the model on N ranks through
-  `deepspeed.initialize`, reading the JSON. It runs under the `deepspeed` launcher, under
+* `train_deepspeed.py` and `job_common.py`: the training script, the package's own
+  modules `workbench/export/train_deepspeed.py` and `job_common.py` copied as is (needs
+  torch, deepspeed and, for a built-in model, workbench). It trains the model on N ranks
+  through `deepspeed.initialize`, reading the JSON, under the `deepspeed` launcher, under
   `torchrun`, and as a plain `python train_deepspeed.py` (one process: it sets up the
-  rank-0-of-1 environment itself; CPU with gloo works too). What DeepSpeed JSON cannot say
-  (model, seed, steps, data-loader settings, activation checkpointing) is written into
-  the script's constants; the number of steps defaults to `config.total_steps` and
-  `--steps` overrides it. Rank 0 prints one JSON line per optimizer step;
+  rank-0-of-1 environment itself; CPU with gloo works too). Rank 0 prints one JSON line
+  per optimizer step;
+* `job.json`: what DeepSpeed JSON cannot say (model, options, seed, steps, data-loader
+  settings, activation checkpointing); the number of steps defaults to
+  `config.total_steps` and the script's `--steps` overrides it;
 * `launch.sh`: runs the launch command; its comments hold the torchrun and multi-node
   variants;
 * `hostfile` (only for `nodes > 1` without a `hostfile=`): a template to fill in.
@@ -51,6 +53,7 @@ from workbench.config import OffloadDevice, TrainConfig, problem_lines
 FORMATS = ("deepspeed",)
 CONFIG_NAME = "ds_config.json"
 SCRIPT_NAME = "train_deepspeed.py"
+COMMON_NAME = "job_common.py"
 JOB_NAME = "job.json"
 LAUNCH_NAME = "launch.sh"
 HOSTFILE_NAME = "hostfile"
@@ -171,7 +174,8 @@ def export_deepspeed(
     estimate = _estimate(config, model, options, world)
     files = {
         CONFIG_NAME: json.dumps(ds, indent=2) + "\n",
-        SCRIPT_NAME: _script_text(),
+        SCRIPT_NAME: _script_text(SCRIPT_NAME),
+        COMMON_NAME: _script_text(COMMON_NAME),
         JOB_NAME: json.dumps(
             _job(config, model=model, options=options, steps=total_steps, world=world), indent=2
         )
@@ -463,6 +467,7 @@ def _job(
     }
 
 
-def _script_text() -> str:
-    """The training script, as the package ships it (`train_deepspeed.py` beside this)."""
-    return (Path(__file__).with_name(SCRIPT_NAME)).read_text()
+def _script_text(name: str) -> str:
+    """A job file as the package ships it (`train_deepspeed.py`, `job_common.py` beside
+    this module), copied verbatim."""
+    return (Path(__file__).with_name(name)).read_text()

@@ -11,9 +11,9 @@ Run it in its directory:
 gradient clipping and ZeRO settings; `job.json` what DeepSpeed JSON cannot say: the model
 (a workbench built-in name, or an importable factory "pkg.module:function" found from the
 current folder), its options, the seed, the number of steps, the data loader and
-activation checkpointing. This file is the same for every job (the workbench ships it as
-`workbench/export/train_deepspeed.py` and copies it as is). It needs torch and deepspeed;
-workbench only for a built-in model or activation checkpointing.
+activation checkpointing. This file and `job_common.py` beside it are the same for every
+job (the workbench ships them in `workbench/export/` and copies them as is). It needs
+torch and deepspeed; workbench only for a built-in model or activation checkpointing.
 
 A batch is an `(inputs, targets)` pair with `loss_fn(outputs, targets)`, or a mapping of
 the model's keyword arguments (`model(**batch)`; without a loss_fn the output's `.loss`),
@@ -24,14 +24,11 @@ as in a workbench Session. Rank 0 prints one JSON line per optimizer step
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
-import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import deepspeed
 import torch
@@ -40,37 +37,31 @@ from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader, DistributedSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOB_NAME = "job.json"
+sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
+try:
+    from workbench.export.job_common import (
+        JOB_NAME,
+        batches,
+        build,
+        fail,
+        loss_of,
+        read_job,
+        single_process_env,
+        to_device,
+    )
+except ImportError:  # an exported folder without workbench installed
+    from job_common import (  # type: ignore[no-redef, import-not-found]
+        JOB_NAME,
+        batches,
+        build,
+        fail,
+        loss_of,
+        read_job,
+        single_process_env,
+        to_device,
+    )
+
 CONFIG_NAME = "ds_config.json"
-JOB_KEYS = (
-    "description",
-    "model",
-    "model_options",
-    "seed",
-    "steps",
-    "num_workers",
-    "pin_memory",
-    "activation_checkpointing",
-    "exported_world_size",
-)
-
-
-def fail(message: str) -> NoReturn:
-    print(f"train_deepspeed.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def read_job(path: str) -> dict[str, Any]:
-    """The job description (`job.json`), every key present."""
-    try:
-        with open(path) as f:
-            job = json.load(f)
-    except (OSError, ValueError) as exc:
-        fail(f"{path}: cannot read the job description ({exc})")
-    missing = [k for k in JOB_KEYS if not isinstance(job, dict) or k not in job]
-    if missing:
-        fail(f"{path}: missing {', '.join(missing)}")
-    return dict(job)
 
 
 def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,58 +87,6 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     return args
 
 
-def single_process_env() -> None:
-    """Without a launcher: rank 0 of 1 on a free loopback port."""
-    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
-    )
-
-
-def build(job: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
-    """(module, dataset, loss_fn) of the job's model: a workbench built-in or a factory."""
-    model, options, seed = str(job["model"]), dict(job["model_options"]), int(job["seed"])
-    torch.manual_seed(seed)
-    if ":" in model:
-        module_name, _, function = model.partition(":")
-        sys.path.insert(0, os.getcwd())  # as `python -m` finds modules in the current folder
-        try:
-            factory = getattr(importlib.import_module(module_name), function)
-        except (ImportError, AttributeError) as exc:
-            fail(f"model {model!r}: cannot import the factory ({exc})")
-        built = factory(**options)
-    else:
-        try:
-            from workbench.models import build_model
-        except ImportError as exc:
-            fail(f"model {model!r} is a workbench built-in: pip install workbench ({exc})")
-        built = build_model(model, seed=seed, **options)
-    if not (
-        isinstance(built, (tuple, list))
-        and len(built) in (3, 4)
-        and isinstance(built[0], torch.nn.Module)
-        and (built[2] is None or callable(built[2]))
-    ):
-        fail(f"model {model!r}: the factory must return (module, dataset, loss_fn[, info])")
-    module, dataset, loss_fn = built[0], built[1], built[2]
-    if job["activation_checkpointing"]:
-        try:
-            from workbench.train.recompute import (
-                checkpointable_modules,
-                set_activation_checkpointing,
-            )
-        except ImportError as exc:
-            fail(f"activation checkpointing marks blocks with workbench: pip install it ({exc})")
-        if not checkpointable_modules(module):
-            fail("activation checkpointing is on but the model has no checkpointable blocks")
-        set_activation_checkpointing(module, True)
-    return module, dataset, loss_fn
-
-
 def half_dtype(ds_config: dict[str, Any]) -> torch.dtype | None:
     """The dtype DeepSpeed casts the weights to (inputs are cast to match)."""
     if ds_config.get("fp16", {}).get("enabled"):
@@ -156,55 +95,6 @@ def half_dtype(ds_config: dict[str, Any]) -> torch.dtype | None:
         if ds_config.get(key, {}).get("enabled"):
             return torch.bfloat16
     return None
-
-
-def batches(loader: DataLoader[Any], sampler: DistributedSampler[Any]) -> Iterator[Any]:
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def to_fp32(out: Any) -> Any:
-    """16-bit floating tensors of an output (a tensor, mapping or tuple) cast to fp32."""
-    if isinstance(out, torch.Tensor):
-        return out.float() if out.is_floating_point() else out
-    if isinstance(out, Mapping):
-        converted = {k: to_fp32(v) for k, v in out.items()}
-        try:
-            return type(out)(**converted)
-        except TypeError:
-            return converted
-    if isinstance(out, tuple):
-        return tuple(to_fp32(v) for v in out)
-    return out
-
-
-def loss_of(engine: Any, batch: Any, loss_fn: Any) -> torch.Tensor:
-    """The fp32 loss of one batch (the data contract in the module docstring)."""
-    if isinstance(batch, Mapping):
-        out = engine(**batch)
-        if loss_fn is not None:
-            return loss_fn(to_fp32(out), batch)  # type: ignore[no-any-return]
-        loss = getattr(out, "loss", None)
-        if loss is None and isinstance(out, Mapping):
-            loss = out.get("loss")
-        if not isinstance(loss, torch.Tensor):
-            fail("the model's output has no .loss: include 'labels' or give a loss_fn")
-        return loss.float()
-    inputs, targets = batch
-    return loss_fn(to_fp32(engine(inputs)), targets)  # type: ignore[no-any-return]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Device, Precision, TrainConfig, runtime_problems
+from workbench.config import Device, FsdpMode, Precision, TrainConfig, runtime_problems
 from workbench.train.records import StepRecord
 from workbench.train.toolchain import child_path
 
@@ -756,14 +756,21 @@ class _SigtermForward:
 
 
 def _predictions(config: TrainConfig, n_params: int | None, ranks: int) -> tuple[Any, Any]:
-    """Per-rank model states predicted with DeepSpeed's layout and with the paper's."""
+    """Per-rank model states predicted with the engine's layout (DeepSpeed's, or FSDP2's
+    under `fsdp`) and with the ZeRO paper's."""
     if not n_params:
         return None, None
     from workbench.prediction import predict_memory
 
+    setups = [(config, "deepspeed"), (config, "paper")]
+    fsdp = FsdpMode(config.fsdp)
+    if fsdp is not FsdpMode.OFF:
+        # FSDP2's own layout, and the paper's figure for its ZeRO equivalent at rest
+        paper = config.replace(fsdp="off", zero_stage=3 if fsdp.shards else 0)
+        setups = [(config, "fsdp"), (paper, "paper")]
     out = []
-    for accounting in ("deepspeed", "paper"):
-        e = predict_memory(config, n_params, ranks, accounting=accounting)
+    for setup, accounting in setups:
+        e = predict_memory(setup, n_params, ranks, accounting=accounting)
         out.append(
             {
                 "params_bytes": e.params_bytes,

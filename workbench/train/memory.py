@@ -143,6 +143,8 @@ class MemoryReport(Readable):
 
 
 def _is_parameter_derived(t: torch.Tensor, param_storages: set[int]) -> bool:
+    if t.grad_fn is None and t.requires_grad:
+        return True  # a leaf that trains: a parameter (FSDP's gathered copy of one too)
     if t.untyped_storage().data_ptr() in param_storages:
         return True
     fn = t.grad_fn
@@ -163,8 +165,8 @@ def measure_activations(
 ) -> tuple[torch.Tensor, ActivationMeasure]:
     """Run `forward_and_loss()` with hooks that record what autograd saves; returns the
     loss (its graph alive, ready for backward) and the measure."""
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    param_storages |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    param_storages = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+    param_storages |= {_local(b).untyped_storage().data_ptr() for b in model.buffers()}
     acts: dict[int, tuple[int, str]] = {}
     params: dict[int, int] = {}
 
@@ -209,6 +211,12 @@ def measure_activations(
         by_dtype=by_dtype,
     )
     return loss, measure
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP), or the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
 
 
 def step_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:

@@ -44,6 +44,7 @@ from typing import Any
 
 from workbench.models.spec import build_from_spec
 from workbench.modelstats import count_parameters
+from workbench.train.memory import step_counter_bytes
 
 EXIT_ERROR = 1
 TRACEBACK_TAIL_CHARS = 4000
@@ -177,13 +178,15 @@ def main(argv: list[str] | None = None) -> int:
             path = session.save_checkpoint()
             reporter.emit("checkpoint", step=session.step, path=path)
         states = session.backend.model_state_bytes()
+        # optimizer states without the 0-d step counters, as the estimator counts them
+        counters = step_counter_bytes(getattr(session.backend, "optimizer", None))
         reporter.emit(
             "final",
             step=session.step,
             preempted=preempted,
             params_bytes=states.params_bytes,
             grads_bytes=states.grads_bytes,
-            optimizer_bytes=states.optimizer_bytes,
+            optimizer_bytes=states.optimizer_bytes - counters,
         )
         session.close()
         session = None

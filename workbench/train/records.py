@@ -35,6 +35,7 @@ class StepRecord(Readable):
     micro_batch: int
     grad_accum: int
     zero_stage: int  # the stage the engine itself ran this step with (its own, not the config)
+    fsdp: str = "off"  # PyTorch FSDP's sharding mode ("off" without FSDP)
     world_size: int = 1
     rank: int = 0
     clip_grad_norm: float | None = None
@@ -88,7 +89,12 @@ class StepRecord(Readable):
         if self.world_size > 1:
             batch += f" x {self.world_size} ranks"
         rows += [
-            ("settings", f"{self.precision}, ZeRO {self.zero_stage}, micro-batch {batch}"),
+            (
+                "settings",
+                f"{self.precision}, "
+                + (f"FSDP {self.fsdp}" if self.fsdp != "off" else f"ZeRO {self.zero_stage}")
+                + f", micro-batch {batch}",
+            ),
             (
                 "model states",
                 f"params {fmt_bytes(self.params_bytes)}, grads {fmt_bytes(self.grads_bytes)}, "

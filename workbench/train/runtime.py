@@ -28,7 +28,12 @@ from torch import nn
 from workbench.config import TrainConfig
 from workbench.train import batches
 from workbench.train.backends import Backend, ModelStateBytes, build_backend
-from workbench.train.changes import BACKEND_FIELDS, DATA_FIELDS, needs_deepspeed
+from workbench.train.changes import (
+    BACKEND_FIELDS,
+    DATA_FIELDS,
+    engine_copies_model,
+    needs_deepspeed,
+)
 from workbench.train.data import DataPosition, DataStream
 from workbench.train.recompute import set_activation_checkpointing
 from workbench.train.schedule import scaled_lr
@@ -77,7 +82,7 @@ class Runtime:
         )
         # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
         # then, so the GPU never holds a second fp32 copy (see park_model).
-        model.to("cpu" if needs_deepspeed(config, world_size) else device)
+        model.to("cpu" if engine_copies_model(config, world_size) else device)
         model.train()
         if buffers:
             load_buffers(model, buffers)
@@ -172,7 +177,7 @@ class Runtime:
     def _build_backend(self, config: TrainConfig, state: dict[str, Any] | None) -> Backend:
         if needs_deepspeed(config, self.world_size):
             self._announce_op_builds(config)
-        else:
+        if not engine_copies_model(config, self.world_size):
             self.model.to(self.device)  # the plain loop trains your module itself
         return build_backend(
             self.backend_config(config),
@@ -245,12 +250,8 @@ class Runtime:
 
 
 def inner_module(backend: Backend, model: nn.Module) -> nn.Module:
-    """The module inside `backend.module`: `model` itself, or a DeepSpeed engine's `.module`."""
-    outer = backend.module
-    if outer is model:
-        return outer
-    inner = getattr(outer, "module", None)
-    return inner if isinstance(inner, nn.Module) else outer
+    """The module the backend trains: `model` itself, or an engine's copy of it."""
+    return backend.trained_module
 
 
 def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -161,6 +161,7 @@ def make_record(
         micro_batch=int(cfg.micro_batch),
         grad_accum=int(cfg.grad_accum),
         zero_stage=zero_stage,  # the engine's own, not the config's
+        fsdp=str(cfg.fsdp),
         world_size=world_size,
         rank=rank,
         clip_grad_norm=cfg.clip_grad_norm,

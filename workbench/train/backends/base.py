@@ -51,6 +51,11 @@ class Backend(Protocol):
     def zero_stage(self) -> int:
         """The ZeRO stage the engine itself runs (0 without DeepSpeed): what records carry."""
 
+    @property
+    def trained_module(self) -> torch.nn.Module:
+        """The module whose parameters the engine updates: the model itself, or the
+        engine's own copy of it (DeepSpeed, FSDP)."""
+
     def autocast(self) -> AbstractContextManager[Any]: ...
 
     def backward(self, loss: torch.Tensor) -> None:

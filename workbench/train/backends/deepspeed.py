@@ -12,12 +12,9 @@ so a Session can switch ZeRO stage or precision at a step boundary in either dir
 
 How it works
 ------------
-* Process group: in a plain notebook process the backend sets MASTER_ADDR/MASTER_PORT/
-  RANK/LOCAL_RANK/WORLD_SIZE (only the ones a launcher has not set) and calls
-  `deepspeed.init_distributed` with the accelerator's backend (gloo on CPU, NCCL on CUDA).
-  The group is shared by the backends alive in this process and destroyed (and the
-  variables restored) when the last one that needed it closes, so a live switch keeps it
-  and a closed Session leaves nothing behind. Under a launcher the group is never touched.
+* Process group: `process_group.ProcessGroupLease` (rank 0 of 1 in a notebook, gloo on
+  CPU, NCCL on CUDA), shared with the other engines alive in the process and released by
+  the last; DeepSpeed's accelerator is switched to the session's device type.
 * The engine trains a private deep copy of the model: DeepSpeed casts weights to 16 bit,
   flattens them into buffers and (stage 3) partitions them and hooks the module; the
   caller's model stays as it was, so a PlainBackend built later from `export_state()` gets
@@ -46,8 +43,6 @@ import contextlib
 import copy
 import gc
 import os
-import socket
-import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -58,9 +53,8 @@ from torch import nn
 from workbench.config import OptimizerName, Precision, TrainConfig
 from workbench.modelstats import count_parameters
 from workbench.train.backends.base import ModelStateBytes, StepOutcome
-from workbench.train.devices import communication_backend, use_deepspeed_accelerator
+from workbench.train.backends.process_group import ProcessGroupLease
 from workbench.train.schedule import lr_at
-from workbench.train.toolchain import use_interpreter_tools
 
 STATE_FORMAT = 1
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
@@ -72,96 +66,6 @@ _FAMILY = {
     OptimizerName.SGD_NOMOMENTUM: None,
 }
 _STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",), None: ()}
-
-_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
-# --------------------------------------------------------------------------- process group
-class _ProcessGroupLease:
-    """Reference count on the default process group when this process created it.
-
-    The one piece of process-wide state here, because torch.distributed's default group
-    is process-wide itself: backends alive at the same time (old and new during a live
-    switch) share it, and the last one to close destroys it.
-    """
-
-    users = 0
-    created = False
-    env_added: tuple[str, ...] = ()
-
-    @classmethod
-    def acquire(cls, device: torch.device) -> None:
-        import torch.distributed as dist
-
-        use_deepspeed_accelerator(device)  # picks gloo / NCCL and the engine's device type
-        if dist.is_initialized():
-            wanted, have = communication_backend(device), str(dist.get_backend())
-            if wanted not in have.split(":")[-1].split(","):
-                raise ValueError(
-                    f"device={str(device)!r}: this process already has a {have} process group "
-                    f"(another session or engine on another device); a session on {device.type} "
-                    f"needs {wanted}: close the other one first"
-                )
-            cls.users += 1
-            return
-        # Not initialized: any earlier lease is stale (e.g. a test fixture destroyed it).
-        cls._restore_env()
-        cls.users = 0
-        cls.created = False
-        _forget_stale_groups()
-        added = []
-        defaults = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-        }
-        for key in _DIST_ENV:
-            if key not in os.environ:
-                os.environ[key] = defaults[key]
-                added.append(key)
-        # torch wraps sys.excepthook at every init_process_group ("[rank0]: " prefixes);
-        # a notebook process re-creates the group at each engine switch, so keep the hook.
-        excepthook = sys.excepthook
-        use_interpreter_tools()  # DeepSpeed may JIT-build its comm op here (workbench.train.toolchain)
-        try:
-            import deepspeed
-
-            deepspeed.init_distributed(
-                dist_backend=communication_backend(device),
-                auto_mpi_discovery=False,
-                verbose=False,
-            )
-        except BaseException:
-            for key in added:
-                os.environ.pop(key, None)
-            raise
-        finally:
-            if added:  # only our own single-process group; a launcher's ranks keep torch's hook
-                sys.excepthook = excepthook
-        cls.env_added = tuple(added)
-        cls.created = True
-        cls.users = 1
-
-    @classmethod
-    def release(cls) -> None:
-        import torch.distributed as dist
-
-        cls.users = max(0, cls.users - 1)
-        if cls.users == 0 and cls.created:
-            if dist.is_initialized():
-                import deepspeed.comm as ds_comm
-
-                ds_comm.destroy_process_group()  # also drops DeepSpeed's cached sub-groups
-            cls.created = False
-            cls._restore_env()
-
-    @classmethod
-    def _restore_env(cls) -> None:
-        for key in cls.env_added:
-            os.environ.pop(key, None)
-        cls.env_added = ()
 
 
 class _Zero3LinearPatch:
@@ -191,22 +95,6 @@ class _Zero3LinearPatch:
             original = getattr(Patched, "linear_bk", None)
             if original is not None and torch.nn.functional.linear is zero3_linear_wrap:
                 torch.nn.functional.linear = original
-
-
-def _forget_stale_groups() -> None:
-    """DeepSpeed caches sub-groups of the default group in module globals; after someone
-    else destroyed the default group they point at dead groups and the next engine fails
-    ("Group ... is not registered"). Drop them before creating a new default group."""
-    with contextlib.suppress(Exception):
-        from deepspeed.utils import groups
-
-        groups._release_process_group_references(group=None)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- config
@@ -267,12 +155,12 @@ class DeepSpeedBackend:
         self.engine: Any = None
         self._hooks: list[Any] = []
         self._zero3 = False
-        _ProcessGroupLease.acquire(self.device)
+        ProcessGroupLease.acquire(self.device, deepspeed=True)
         try:
             self._build(model, state)
         except BaseException:
             self._teardown()
-            _ProcessGroupLease.release()
+            ProcessGroupLease.release()
             raise
         self._closed = False
 
@@ -339,6 +227,11 @@ class DeepSpeedBackend:
     def zero_stage(self) -> int:
         """The stage DeepSpeed's engine runs (read from the engine, not the config)."""
         return int(self.engine.zero_optimization_stage())
+
+    @property
+    def trained_module(self) -> nn.Module:
+        """The engine's copy of your module (16-bit, flattened, partitioned at stage 3)."""
+        return self.engine.module  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ the loop
     def autocast(self) -> AbstractContextManager[Any]:
@@ -713,7 +606,7 @@ class DeepSpeedBackend:
             return
         self._closed = True
         self._teardown()
-        _ProcessGroupLease.release()
+        ProcessGroupLease.release()
 
     def _teardown(self) -> None:
         if self._zero3:

@@ -49,9 +49,13 @@ def named_unique_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def storage_bytes(tensors: Any) -> int:
-    """Bytes of the distinct storages behind `tensors` (shared storage counted once)."""
+    """Bytes of the distinct storages behind `tensors` (shared storage counted once; a
+    DTensor counts its local shard's storage, padding included)."""
     seen: dict[int, int] = {}
     for t in tensors:
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):
+            t = local
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             st = t.untyped_storage()
             seen[st.data_ptr()] = st.nbytes()
@@ -111,6 +115,11 @@ class PlainBackend:
     def zero_stage(self) -> int:
         """No ZeRO: one process holds every state."""
         return 0
+
+    @property
+    def trained_module(self) -> nn.Module:
+        """Your module itself."""
+        return self.module
 
     # ------------------------------------------------------------------ the loop
     def autocast(self) -> AbstractContextManager[Any]:

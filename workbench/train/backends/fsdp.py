@@ -1,0 +1,383 @@
+"""`FSDPBackend`: PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`) behind the Backend
+contract, with the same backend-neutral state as the others (see `plain.py`), so a
+Session switches between the plain loop, FSDP and DeepSpeed ZeRO at a step boundary.
+
+How it works
+------------
+* Process group: `process_group.ProcessGroupLease` (rank 0 of 1 in a notebook; gloo on
+  CPU, NCCL on CUDA), shared with the other engines alive in the process.
+* The engine trains a private deep copy of your module on the session's device: FSDP2
+  turns parameters into sharded DTensors in place. Your module gets the trained weights
+  back from `export_state()` at every switch and at close (`workbench.train.runtime`).
+* Wrapping rule: `fully_shard` is applied to every block marked checkpointable (the
+  built-in GPT's transformer blocks; mark yours with
+  `workbench.train.recompute.mark_checkpointable(model, [names])`), then to the root, so
+  each block's parameters are gathered just before it runs and freed after.
+* Modes: "full_shard" reshards parameters after forward (`reshard_after_forward=True`,
+  ZeRO-3-like peak), "shard_grad_op" keeps them gathered from forward to backward
+  (`reshard_after_forward=False`, ZeRO-2-like peak), "no_shard" replicates (a 2-D mesh
+  of N replicas x 1 shard: DDP-like). At rest (the optimizer step) FSDP2 keeps
+  parameters, gradients and optimizer states sharded in every sharding mode.
+* Mixed precision: "amp-bf16" / "amp-fp16" become a `MixedPrecisionPolicy` (parameters
+  gathered in 16 bit for compute; gradients reduced in fp32 unless
+  `fsdp_reduce_fp32=False`); the sharded parameters and optimizer states stay fp32.
+  "amp-fp16" adds torch's GradScaler (dynamic loss scaling over the sharded gradients).
+* `offload_params="cpu"` (with "full_shard"): `CPUOffloadPolicy`, sharded parameters,
+  gradients and the optimizer step live in host memory.
+* State in and out: full (unsharded) fp32 weights and optimizer state by parameter name
+  through PyTorch's distributed state-dict API
+  (`torch.distributed.checkpoint.state_dict`); collective, so every rank calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.train.backends.base import ModelStateBytes, StepOutcome
+from workbench.train.backends.plain import build_optimizer, storage_bytes
+from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.recompute import checkpointable_modules
+from workbench.train.schedule import lr_at
+
+STATE_FORMAT = 1
+_FAMILY = {
+    OptimizerName.ADAMW: "adam",
+    OptimizerName.ADAM: "adam",
+    OptimizerName.SGD: "sgd",
+    OptimizerName.SGD_NOMOMENTUM: None,
+}
+_HALF = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
+
+
+class FSDPBackend:
+    """FSDP2 behind the `Backend` contract (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        *,
+        state: dict[str, Any] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"config={config!r}: must be a TrainConfig")
+        self.mode = FsdpMode(config.fsdp)
+        if self.mode is FsdpMode.OFF:
+            raise ValueError(
+                "fsdp='off': FSDPBackend needs fsdp full_shard, shard_grad_op or no_shard"
+            )
+        self.config = config
+        self.device = torch.device(device) if device is not None else _default_device()
+        self._closed = True  # until fully built
+        self.module: nn.Module | None = None
+        self.optimizer: Any = None
+        ProcessGroupLease.acquire(self.device, deepspeed=False)
+        try:
+            self._build(model, state)
+        except BaseException:
+            self._teardown()
+            ProcessGroupLease.release()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ building
+    def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+
+        config = self.config
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.precision = Precision(config.precision)
+        self._family = _FAMILY[OptimizerName(config.optimizer)]
+        self._base_lr = float(config.lr)
+        self._inv_accum = 1.0 / int(config.grad_accum)
+        self._clip = config.clip_grad_norm
+        self.steps = 0
+        self.overflow_steps = 0
+        self._grads_bytes = 0
+
+        module = copy.deepcopy(model)
+        if state is not None:
+            _load_full_weights(module, state)
+        offload = OffloadDevice(config.offload_params) is OffloadDevice.CPU
+        module.to(self.device)
+        half = _HALF.get(self.precision)
+        reduce_dtype = torch.float32 if config.fsdp_reduce_fp32 else half
+        mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce_dtype if half else None)
+        if self.mode is FsdpMode.NO_SHARD:
+            mesh = init_device_mesh(
+                self.device.type, (self.world_size, 1), mesh_dim_names=("replicate", "shard")
+            )
+        else:
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+        options: dict[str, Any] = {
+            "mesh": mesh,
+            "mp_policy": mp,
+            # pinned host memory needs a GPU; on a CPU the "offload" is where they are anyway
+            "offload_policy": (
+                CPUOffloadPolicy(pin_memory=self.device.type == "cuda")
+                if offload
+                else OffloadPolicy()
+            ),
+            "reshard_after_forward": self.mode is FsdpMode.FULL_SHARD,
+        }
+        for unit in checkpointable_modules(module):
+            fully_shard(unit, **options)
+        fully_shard(module, **options)
+        self.module = module
+        self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not self._named:
+            raise ValueError("model: has no trainable parameters (requires_grad=True)")
+        self.optimizer = build_optimizer(config, [p for _, p in self._named])
+        self.scaler = (
+            torch.amp.GradScaler(
+                self.device.type,
+                init_scale=float(config.loss_scale_init),
+                growth_factor=float(config.loss_scale_growth),
+                backoff_factor=float(config.loss_scale_backoff),
+                growth_interval=int(config.loss_scale_interval),
+            )
+            if self.precision is Precision.AMP_FP16
+            else None
+        )
+        if state is not None:
+            self._load_state(state)
+        self._set_lr()
+
+    # ------------------------------------------------------------------ the loop
+    @property
+    def zero_stage(self) -> int:
+        """No DeepSpeed ZeRO: FSDP shards (the records carry `fsdp` as set)."""
+        return 0
+
+    @property
+    def trained_module(self) -> nn.Module:
+        """The module FSDP trains (the sharded copy of yours)."""
+        assert self.module is not None
+        return self.module
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # FSDP's MixedPrecisionPolicy casts for compute itself
+
+    def backward(self, loss: torch.Tensor) -> None:
+        scaled = loss * self._inv_accum
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+    def step(self) -> StepOutcome:
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        scaler = self.scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # before clipping: clip the true gradients
+        self._grads_bytes = self._count_grads()
+        norm = self._grad_norm()  # host waits for the device here
+        skipped = False
+        scale = None
+        if scaler is not None:
+            before = scaler.get_scale()
+            scaler.step(self.optimizer)
+            scaler.update()
+            scale = scaler.get_scale()
+            skipped = scale < before
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if skipped:
+            self.overflow_steps += 1
+        else:
+            self.steps += 1
+            self._set_lr()
+        return StepOutcome(grad_norm=norm, skipped=skipped, scale=scale, lr=lr)
+
+    def _grad_norm(self) -> float:
+        params = [p for _, p in self._named]
+        if self._clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self._clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        full = getattr(norm, "full_tensor", None)  # a DTensor over the shards
+        return float(full() if callable(full) else norm)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the next optimizer step."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _set_lr(self) -> None:
+        lr = lr_at(self.config, self.steps, self._base_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------ state
+    def export_state(self) -> dict[str, Any]:
+        """Full fp32 weights and optimizer state by parameter name, on the CPU
+        (collective: every rank calls it and gets the full state)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        # full_state_dict + cpu_offload would leave ranks other than 0 empty: gather on
+        # every rank, then copy to host memory
+        options = StateDictOptions(full_state_dict=True)
+        assert self.module is not None
+        weights = get_model_state_dict(self.module, options=options)
+        model = {n: weights[n].detach().float().cpu() for n, _ in self._named}
+        opt_state: dict[str, dict[str, Any]] = {}
+        if any(bool(s) for s in self.optimizer.state.values()):
+            full = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            for name, st in full["state"].items():
+                opt_state[name] = {
+                    k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                    for k, v in st.items()
+                }
+        scaler_state = None
+        if self.scaler is not None:
+            scaler_state = {
+                "scale": float(self.scaler.get_scale()),
+                "growth_tracker": int(self.scaler.state_dict().get("_growth_tracker", 0)),
+                "init_scale": float(self.config.loss_scale_init),
+            }
+        return {
+            "format": STATE_FORMAT,
+            "model": model,
+            "optimizer": {"family": self._family, "state": opt_state},
+            "scaler": scaler_state,
+            "scheduler": {"steps": self.steps},
+            "steps": self.steps,
+            "overflow_steps": self.overflow_steps,
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        self.steps = int(state.get("steps", 0))
+        self.overflow_steps = int(state.get("overflow_steps", 0))
+        optim = state.get("optimizer") or {}
+        saved = optim.get("state") or {}
+        if saved and optim.get("family") is not None and optim.get("family") == self._family:
+            options = StateDictOptions(full_state_dict=True)
+            assert self.module is not None
+            fresh = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            fresh["state"] = {
+                name: {
+                    k: (v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                    for k, v in saved[name].items()
+                }
+                for name, _ in self._named
+                if name in saved
+            }
+            set_optimizer_state_dict(
+                self.module, self.optimizer, optim_state_dict=fresh, options=options
+            )
+        saved_scaler = state.get("scaler")
+        if (
+            self.scaler is not None
+            and saved_scaler
+            and float(saved_scaler.get("init_scale", -1)) == float(self.config.loss_scale_init)
+        ):
+            self.scaler.load_state_dict(
+                {
+                    "scale": float(saved_scaler["scale"]),
+                    "growth_factor": float(self.config.loss_scale_growth),
+                    "backoff_factor": float(self.config.loss_scale_backoff),
+                    "growth_interval": int(self.config.loss_scale_interval),
+                    "_growth_tracker": int(saved_scaler.get("growth_tracker", 0)),
+                }
+            )
+
+    # ------------------------------------------------------------------ memory
+    def model_state_bytes(self) -> ModelStateBytes:
+        """This rank's bytes, counted from its own (padded) shard storage: the sharded
+        parameters, the sharded gradients (as they were just before the last optimizer
+        step, or now between backward and step), every optimizer-state tensor."""
+        params = storage_bytes(_local(p) for _, p in self._named)
+        grads = self._count_grads() or self._grads_bytes
+        optim = storage_bytes(
+            _local(v) for st in self.optimizer.state.values() for v in st.values()
+        )
+        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
+
+    def _count_grads(self) -> int:
+        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Free the sharded copy and the optimizer; drop the process group if this was
+        the last engine using one this process created. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+        ProcessGroupLease.release()
+
+    def _teardown(self) -> None:
+        if self.optimizer is not None:
+            with contextlib.suppress(Exception):
+                self.optimizer.state.clear()
+                self.optimizer.param_groups.clear()
+        self.optimizer = None
+        self.module = None
+        self._named = []
+        gc.collect()
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (its padded storage), or the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
+    """Copy full fp32 weights by name into an unsharded module (before `fully_shard`)."""
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name not in weights:
+                raise ValueError(
+                    f"state: no weights for parameter {name}; the state belongs to a different "
+                    "model"
+                )
+            w = weights[name]
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
+                    f"{tuple(p.shape)}"
+                )
+            p.copy_(w.to(p.device, p.dtype))
+
+
+def _default_device() -> torch.device:
+    import os
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
