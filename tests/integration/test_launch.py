@@ -8,6 +8,7 @@ here, stage 1 on the uninterrupted run the resume test continues, stage 2 on the
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -489,3 +490,41 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
         # the same data, RNG, weights and optimizer state: bit for bit the same losses
         assert rank["losses"] == [x.loss for x in straight.ranks[r].records[k:]]
     assert rank_workers() == []
+
+
+def test_two_fsdp_ranks_report_the_fsdp_accounting(tmp_path: Path) -> None:
+    """`workbench launch --ranks 2 --fsdp full_shard --steps 2 --json`: the same JSON shape
+    as ZeRO; a GPT whose tensors all have an even first dimension, so FSDP2's per-tensor
+    padding is zero and the measured shards equal the "fsdp" accounting exactly; the
+    paper's figure is that of its ZeRO equivalent at rest (stage 3)."""
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "workbench"),
+            "launch",
+            "--ranks",
+            "2",
+            "--fsdp",
+            "full_shard",
+            "--steps",
+            "2",
+            "--json",
+            "--device",
+            "cpu",
+            "--micro-batch",
+            "2",
+            "--model-options",
+            json.dumps({"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=LAUNCH_TIMEOUT + 60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["ok"] and out["world_size"] == 2
+    for entry in out["ranks"]:
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert entry[key] == entry["predicted"][key] == entry["predicted_paper"][key], key
+        assert entry["predicted"]["params_bytes"] == 4 * -(-out["n_params"] // 2)
+        assert len(entry["losses"]) == 2 and all(math.isfinite(v) for v in entry["losses"])
