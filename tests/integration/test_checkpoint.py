@@ -20,15 +20,18 @@ from workbench.train import checkpoints as ckpt
     ids=["adamw-fp32", "sgd-amp-fp16"],
 )
 def test_resumed_session_reproduces_the_uninterrupted_trajectory_exactly(tmp_path, tiny, settings):
-    cfg = TrainConfig(micro_batch=4, grad_accum=2, seed=7, **settings)
+    cfg = TrainConfig(
+        micro_batch=4, grad_accum=2, seed=7, checkpoint_dir=str(tmp_path / "run"), **settings
+    )
     with Session(cfg, model_options=tiny) as a:
-        a.run(3)
+        first = a.run(3)
         path = a.save_checkpoint(tmp_path / "mid.pt")
         rest = a.run(4)
         final = {k: v.clone() for k, v in a.model.state_dict().items()}
     torch.manual_seed(1234)  # whatever happens in between must not matter
     with Session.resume_from(path) as b:
-        assert b.step == 3 and len(b.history) == 3
+        # the history up to the checkpoint comes back from the run's log
+        assert b.step == 3 and [r.to_dict() for r in b.history] == [r.to_dict() for r in first]
         resumed = b.run(4)
         assert [r.step for r in resumed] == [4, 5, 6, 7]
         assert [r.loss for r in resumed] == [r.loss for r in rest]  # exact, not approx
@@ -59,7 +62,13 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, tiny):
     with Session(cfg, model_options=tiny) as s:
         s.run(9)
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["step-00000006.pt", "step-00000008.pt"]  # no .tmp left behind
+    assert names == [  # no .tmp left behind; each tensor file with its manifest
+        "log.jsonl",
+        "step-00000006.json",
+        "step-00000006.pt",
+        "step-00000008.json",
+        "step-00000008.pt",
+    ]
     saved = [e for e in s.events if e.kind == "checkpoint"]
     assert len(saved) == 4
     payload = ckpt.load(tmp_path)
@@ -85,7 +94,8 @@ def test_failed_write_leaves_the_previous_file(tmp_path, monkeypatch, tiny):
         with pytest.raises(OSError, match="disk full"):
             s.save_checkpoint(target)
         assert target.read_bytes() == good
-        assert [p.name for p in tmp_path.iterdir()] == ["run.pt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.pt"]
+        assert ckpt.load(target)["step"] == 1
 
 
 def test_time_based_autosave(tmp_path, tiny):

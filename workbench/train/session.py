@@ -73,7 +73,10 @@ from workbench.train.batches import DataContractError
 from workbench.train.changes import session_problems
 from workbench.train.data import DataPosition
 from workbench.train.devices import cuda_uuid, resolve_device
+from workbench.train.history import RECENT_RECORDS, History, Recent
 from workbench.train.records import Event, StepRecord
+from workbench.train.runlog import LOG_NAME, TENSORBOARD_DIR, RunLog, tail_records
+from workbench.train.runlog import tensorboard_writer_class as _tensorboard_writer_class
 from workbench.train.runtime import Runtime
 from workbench.train.schedule import scaled_lr
 from workbench.train.step import (
@@ -168,6 +171,14 @@ class Session:
     `sampler`: a running `workbench.monitor.Sampler` whose latest sample is attached to
     each record. `device`: "cpu", "cuda" or "cuda:N" (default: `config.device`; "auto"
     takes CUDA when available). `resume`: a checkpoint file or directory to continue from.
+    `tensorboard`: True writes TensorBoard scalars to `<checkpoint_dir>/tensorboard`, a
+    path writes them there (needs `pip install 'workbench[tensorboard]'`).
+
+    Records and logs: `history` keeps the newest steps at full resolution and older ones
+    thinned, in bounded memory (`workbench.train.history`); with a run folder
+    (`config.checkpoint_dir`) every record and event also goes to `<folder>/log.jsonl`,
+    written off the training thread (`workbench.train.runlog`), and a resumed session's
+    history starts with the newest records of that log.
 
     Your module's weights: the plain loop trains your module itself; a DeepSpeed engine
     (ZeRO, DeepSpeed 16-bit, several ranks) trains its own copy, and your module gets the
@@ -190,16 +201,18 @@ class Session:
         sampler: Any | None = None,
         device: str | torch.device | None = None,
         model_options: dict[str, Any] | None = None,
-        resume: str | os.PathLike[str] | None = None,
+        resume: str | os.PathLike[str] | dict[str, Any] | None = None,
+        tensorboard: bool | str | os.PathLike[str] = False,
     ) -> None:
         if config is None:
             config = TrainConfig()
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+        self._tensorboard = _tensorboard_setting(tensorboard, config)
         self.id = uuid.uuid4().hex[:8]
         self.world_size, self.rank = _world_from_env()
         self.device = resolve_device(device, Device(config.device).value)
-        payload = ckpt.load(resume) if resume is not None else None
+        payload = resume if isinstance(resume, dict) or resume is None else ckpt.load(resume)
 
         # -- model, data, loss
         made = resolve_model(
@@ -252,8 +265,10 @@ class Session:
         self._background = False
         # the monitor's samples are matched to this GPU by UUID (None on CPU: the first GPU)
         self._gpu_uuid = cuda_uuid(self.device)
-        self.history: list[StepRecord] = []
-        self.events: list[Event] = []
+        self.history: History = History()
+        self.events: Recent = Recent()
+        self._runlog: RunLog | None = None
+        self._runlog_key: tuple[str | None, str | None] | None = None
         self._version = 0
         self._callbacks: list[Callable[[StepRecord], None]] = []
         self._last_save_time = time.time()
@@ -268,21 +283,25 @@ class Session:
             position = DataPosition(**payload["data"]) if payload.get("data") else None
             state = payload["backend"]
             buffers = payload.get("buffers") or {}
-            self.history = [StepRecord.from_dict(r) for r in payload.get("history", [])]
-        self._rt = Runtime(
-            config,
-            module,
-            data,
-            loss_fn,
-            device=self.device,
-            world_size=self.world_size,
-            rank=self.rank,
-            reference_batch=self.reference_batch,
-            on_event=self._event,
-            state=state,
-            position=position,
-            buffers=buffers,
-        )
+            self.history = History(_resumed_records(payload))
+        try:
+            self._rt = Runtime(
+                config,
+                module,
+                data,
+                loss_fn,
+                device=self.device,
+                world_size=self.world_size,
+                rank=self.rank,
+                reference_batch=self.reference_batch,
+                on_event=self._event,
+                state=state,
+                position=position,
+                buffers=buffers,
+            )
+        except BaseException:
+            self._close_run_log()
+            raise
         _OWNERS[module] = weakref.ref(self)
         _OPEN.add(self)
         if payload is not None:
@@ -360,13 +379,29 @@ class Session:
         return scaled_lr(self._config, self.reference_batch, self.world_size)
 
     def records_since(self, index: int) -> list[StepRecord]:
-        """Records `history[index:]`, copied under the lock (safe from any thread)."""
+        """Records published after the first `index` (a cursor: `history.total` is the
+        count so far), copied under the lock (safe from any thread). On a long run the
+        oldest are thinned (`workbench.train.history`); the run's log has them all."""
         with self._state_lock:
-            return self.history[index:]
+            return self.history.since(index)
 
     def events_since(self, index: int) -> list[Event]:
+        """Events after the first `index` (a cursor: `events.total` is the count so far)."""
         with self._state_lock:
-            return self.events[index:]
+            return self.events.since(index)
+
+    @property
+    def log_path(self) -> str | None:
+        """The run's JSON-lines log (`<checkpoint_dir>/log.jsonl`), None without a run
+        folder; `workbench.train.runlog.read_records(path)` reads every step back."""
+        folder = self._config.checkpoint_dir
+        return None if folder is None else str(Path(folder) / LOG_NAME)
+
+    def flush_log(self) -> None:
+        """Wait until every record and event so far is in the run's log (and TensorBoard)."""
+        sink = self._runlog
+        if sink is not None:
+            sink.flush()
 
     def on_record(self, callback: Callable[[StepRecord], None]) -> Callable[[], None]:
         """Call `callback(record)` in the training thread after each step; returns a
@@ -423,7 +458,52 @@ class Session:
         with self._state_lock:
             self.events.append(ev)
             self._version += 1
+        self._log(ev)
         return ev
+
+    # ------------------------------------------------------------------ the run's log
+    def _log(self, item: StepRecord | Event) -> None:
+        """Hand a record or event to the run's log writer (a queue put, nothing more)."""
+        sink = self._run_log()
+        if sink is not None:
+            sink.put(item)
+
+    def _run_log(self) -> RunLog | None:
+        """The log writer for the run folder in effect (opened on first use, moved when
+        `checkpoint_dir` changes); None without a run folder or TensorBoard."""
+        folder = self._config.checkpoint_dir
+        tb: str | None = None
+        if self._tensorboard is True and folder is not None:
+            tb = str(Path(folder) / TENSORBOARD_DIR)
+        elif isinstance(self._tensorboard, str):
+            tb = self._tensorboard
+        key = (folder, tb)
+        if key == self._runlog_key:
+            return self._runlog
+        with self._state_lock:
+            if key == self._runlog_key:
+                return self._runlog
+            self._close_run_log()
+            self._runlog_key = key
+            if key == (None, None) or self._state == "closed":
+                return None
+            try:
+                self._runlog = RunLog(
+                    None if folder is None else Path(folder) / LOG_NAME,
+                    tensorboard_dir=tb,
+                    name=self.id,
+                )
+            except Exception as exc:
+                log.warning(
+                    "workbench session %s: no run log (%s: %s)", self.id, type(exc).__name__, exc
+                )
+            return self._runlog
+
+    def _close_run_log(self) -> None:
+        sink, self._runlog = self._runlog, None
+        self._runlog_key = None
+        if sink is not None:
+            sink.close()
 
     def _set_state(self, state: str) -> None:
         with self._cond:
@@ -552,7 +632,7 @@ class Session:
             raise ValueError("optimizer_steps=None: run() needs a number of steps >= 1")
         if progress is not None and not isinstance(progress, bool):
             raise ValueError(f"progress={progress!r}: must be True, False or None")
-        start = len(self.history)
+        start = self.history.total
         self._begin(optimizer_steps, "run")
         with _progress_bar(self, optimizer_steps, progress):
             self._loop()
@@ -658,6 +738,7 @@ class Session:
                 log.error("workbench: %s", ev.message)
             self._set_state("closed")
             _OPEN.discard(self)
+        self._close_run_log()  # every record and event written
 
     def __enter__(self) -> Session:
         return self
@@ -841,6 +922,7 @@ class Session:
             self._step = record.step
             self._version += 1
             callbacks = list(self._callbacks)
+        self._log(record)
         for cb in callbacks:
             try:
                 cb(record)
@@ -867,10 +949,12 @@ class Session:
     def save_checkpoint(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write a checkpoint at the current step boundary; returns its path.
 
-        `path`: a file name (used as is), a directory (`step-N.pt` in it, then only the
-        newest `keep_checkpoints` kept), or None for `config.checkpoint_dir`. The layout
-        is in `workbench.train.checkpoints`; the trained weights are under
-        `payload["backend"]["model"]` (fp32, by parameter name).
+        `path`: a file name (used as is; its manifest beside it, `NAME.json`), a directory
+        (`step-N.pt` and `step-N.json` in it, then only the newest `keep_checkpoints`
+        kept), or None for `config.checkpoint_dir`. The layout is in
+        `workbench.train.checkpoints`; `torch.load(path, weights_only=True)` reads it, and
+        the trained weights are under `payload["backend"]["model"]` (fp32, by parameter
+        name). The step records are not in it: they are in the run's log.
         """
         self._check_open("save_checkpoint")
         with self._step_lock:
@@ -892,14 +976,33 @@ class Session:
                 reference_batch=self.reference_batch,
                 model_name=self.model_name,
                 model_options=self.model_options,
-                history=self.history,
             )
-            written = ckpt.write_atomic(payload, target)
+            self.flush_log()  # the log holds every step up to this checkpoint
+            written = ckpt.save(payload, target, describe=self._manifest_fields(target))
             if directory is not None:
                 ckpt.prune(directory, int(cfg.keep_checkpoints))
             self._last_save_time = time.time()
         self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
         return str(written)
+
+    def _manifest_fields(self, target: Path) -> dict[str, Any]:
+        """What a checkpoint's manifest says beyond the payload: the model, the ranks, and
+        where the run's log is (relative to the checkpoint when it is beside it)."""
+        log_file = self.log_path
+        if log_file is not None:
+            with contextlib.suppress(ValueError):
+                log_file = os.path.relpath(log_file, target.parent)
+        return {
+            "model": {
+                "name": self.model_name,
+                "options": self.model_options,
+                "module": type(self._model).__name__,
+                "n_params": int(count_parameters(self._model)),
+            },
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "log": log_file,
+        }
 
     @classmethod
     def resume_from(
@@ -911,13 +1014,16 @@ class Session:
         loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
         sampler: Any | None = None,
         device: str | torch.device | None = None,
+        tensorboard: bool | str | os.PathLike[str] = False,
         **config_changes: Any,
     ) -> Session:
-        """A new Session continuing the checkpoint (a file, or the newest in a directory).
+        """A new Session continuing the checkpoint (a file, or the newest complete one in a
+        directory), checked against its manifest and read with `weights_only=True`.
 
         Built-in models are rebuilt from the checkpoint; for your own module pass `model`
         (same architecture), `data` and `loss_fn`. `config_changes` override the saved
-        settings.
+        settings. A truncated, altered or unsafe file raises
+        `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it.
         """
         payload = ckpt.load(path_or_dir)
         config = TrainConfig.from_dict(payload["config"])
@@ -942,7 +1048,8 @@ class Session:
             sampler=sampler,
             device=device,
             model_options=options,
-            resume=payload["path"],
+            resume=payload,
+            tensorboard=tensorboard,
         )
 
     # ------------------------------------------------------------------ tools
@@ -1053,6 +1160,38 @@ class Session:
 
         kwargs.setdefault("model_options", dict(self.model_options) or None)
         return launch_ranks(self._config, ranks=ranks, model=self.model_name, steps=steps, **kwargs)
+
+
+def _tensorboard_setting(value: Any, config: TrainConfig) -> bool | str:
+    """`tensorboard=` checked: False, True (needs a run folder) or a folder path; the
+    package must be installed (ImportError saying what to install)."""
+    if value is False or value is None:
+        return False
+    if value is True:
+        if config.checkpoint_dir is None:
+            raise ValueError(
+                "tensorboard=True: needs a run folder: set checkpoint_dir in the config, or "
+                "pass tensorboard='path/to/folder'"
+            )
+    elif not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"tensorboard={value!r}: must be True, False or a folder path")
+    _tensorboard_writer_class()
+    return True if value is True else str(value)
+
+
+def _resumed_records(payload: dict[str, Any]) -> list[StepRecord]:
+    """The history a resumed session starts with: the newest records, up to the
+    checkpoint's step, of the run's log named in its manifest (or, for the previous
+    format, the records inside the checkpoint)."""
+    if "history" in payload:  # previous format
+        return [StepRecord.from_dict(r) for r in payload["history"][-RECENT_RECORDS:]]
+    manifest = payload.get("manifest") or {}
+    if not manifest.get("log"):
+        return []
+    log_file = Path(payload["path"]).parent / manifest["log"]
+    if not log_file.is_file():
+        return []
+    return tail_records(log_file, up_to_step=int(payload["step"]), limit=RECENT_RECORDS)
 
 
 @contextlib.contextmanager

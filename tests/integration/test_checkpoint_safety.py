@@ -1,0 +1,187 @@
+"""Checkpoints that are safe to load and share: weights_only, the manifest and its hash,
+refused pickles, the previous format."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import Session, TrainConfig
+from workbench.train import checkpoints as ckpt
+from workbench.train import runlog
+
+
+def _trained(tmp_path: Path, tiny: dict[str, int], steps: int = 2) -> tuple[str, list[float]]:
+    """A checkpoint after `steps` steps, and the losses of the 2 steps after it."""
+    cfg = TrainConfig(micro_batch=2, seed=5, checkpoint_dir=str(tmp_path / "run"))
+    with Session(cfg, model_options=tiny) as s:
+        s.run(steps)
+        path = s.save_checkpoint()
+        rest = [r.loss for r in s.run(2)]
+    return path, rest
+
+
+def test_a_checkpoint_loads_with_weights_only_and_its_manifest_without_torch(tmp_path, tiny):
+    path, _ = _trained(tmp_path, tiny)
+    payload = torch.load(path, weights_only=True)  # torch's safe loader, nothing allow-listed
+    assert payload["format"] == ckpt.CHECKPOINT_FORMAT and payload["step"] == 2
+    assert "history" not in payload
+    assert isinstance(payload["rng"]["numpy"]["key"], torch.Tensor)
+    assert isinstance(payload["rng"]["python"]["state"], list)
+
+    manifest = json.loads(Path(path).with_suffix(".json").read_text())
+    data = Path(path).read_bytes()
+    assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    assert manifest["bytes"] == len(data)
+    assert manifest["file"] == Path(path).name and manifest["step"] == 2
+    assert manifest["config"] == payload["config"]
+    assert manifest["model"]["name"] == "tiny-gpt" and manifest["model"]["n_params"] > 0
+    assert manifest["log"] == "log.jsonl" and manifest["world_size"] == 1
+    assert manifest["format"] == 2
+
+
+def test_checkpoint_size_does_not_grow_with_the_steps(tmp_path, tiny):
+    cfg = TrainConfig(micro_batch=2, seed=5, checkpoint_dir=str(tmp_path))
+    with Session(cfg, model_options=tiny) as s:
+        s.run(2)
+        early = Path(s.save_checkpoint()).stat().st_size
+        s.run(30)
+        late = Path(s.save_checkpoint()).stat().st_size
+    # the same tensors at step 2 and step 32; only the pickled numbers' widths may differ
+    assert abs(late - early) <= 64, (early, late)
+    assert len(runlog.read_records(tmp_path / runlog.LOG_NAME)) == 32
+
+
+class _Payload:
+    """Runs code when unpickled (what an attacker would put into a shared file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["hash-matches", "no-manifest"])
+def test_a_crafted_checkpoint_is_refused_and_nothing_runs(tmp_path, tiny, with_manifest):
+    path, _ = _trained(tmp_path, tiny)
+    marker = tmp_path / "code-ran"
+    payload = torch.load(path, weights_only=True)
+    payload["model"]["options"] = {"evil": _Payload(marker)}
+    evil = tmp_path / "evil.pt"
+    torch.save(payload, evil)
+    if with_manifest:  # a correct hash: the unpickler itself must refuse
+        manifest = json.loads(Path(path).with_suffix(".json").read_text())
+        data = evil.read_bytes()
+        manifest.update(file=evil.name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        evil.with_suffix(".json").write_text(json.dumps(manifest))
+    with pytest.raises(ckpt.CheckpointError, match=r"refused: .*pathlib.*nothing in it was loaded"):
+        Session.resume_from(evil)
+    assert not marker.exists()
+    # the same file through plain torch.load(weights_only=False) would have run it
+    torch.load(evil, weights_only=False)
+    assert marker.exists()
+
+
+def test_truncated_altered_and_incomplete_files_are_named(tmp_path, tiny):
+    path, _ = _trained(tmp_path, tiny)
+    good = Path(path).read_bytes()
+    manifest = Path(path).with_suffix(".json")
+
+    Path(path).write_bytes(good[: len(good) // 2])
+    with pytest.raises(ckpt.CheckpointError, match=r"truncated: \d+ bytes, its manifest says"):
+        Session.resume_from(path)
+
+    flipped = bytearray(good)
+    flipped[len(flipped) // 2] ^= 0xFF
+    Path(path).write_bytes(bytes(flipped))
+    with pytest.raises(ckpt.CheckpointError, match="altered: its SHA-256 differs"):
+        Session.resume_from(path)
+
+    Path(path).write_bytes(good)
+    text = manifest.read_text()
+    manifest.write_text(text[: len(text) // 2])
+    with pytest.raises(ckpt.CheckpointError, match="manifest is not readable JSON"):
+        Session.resume_from(path)
+
+    manifest.unlink()
+    with pytest.raises(ckpt.CheckpointError, match="incomplete: its manifest .* is missing"):
+        Session.resume_from(path)
+    with pytest.raises(ckpt.CheckpointError, match="incomplete"):
+        Session.resume_from(Path(path).parent)  # the directory: the same file, the same answer
+
+
+def _as_previous_format(path: str, history: list[dict[str, Any]]) -> Path:
+    """The same checkpoint as format 1 wrote it: one pickle, RNG states as NumPy's and
+    Python's own tuples, the history inside, no manifest."""
+    payload = torch.load(path, weights_only=True)
+    rng = payload["rng"]
+    np_state = rng["numpy"]
+    py_state = rng["python"]
+    payload["rng"] = {
+        "torch": rng["torch"],
+        "numpy": (
+            np_state["bit_generator"],
+            np_state["key"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        ),
+        "python": (py_state["version"], tuple(py_state["state"]), py_state["gauss_next"]),
+        "cuda": None,
+    }
+    payload["format"] = 1
+    payload["history"] = history
+    old_dir = Path(path).parent.parent / "old"
+    old_dir.mkdir()
+    old = old_dir / Path(path).name
+    torch.save(payload, old)
+    return old
+
+
+def test_previous_format_checkpoints_still_resume_exactly_and_convert(tmp_path, tiny):
+    path, rest = _trained(tmp_path, tiny)
+    history = [r.to_dict() for r in runlog.read_records(tmp_path / "run" / runlog.LOG_NAME)]
+    old = _as_previous_format(path, history[:2])
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(old, weights_only=True)  # NumPy's array is outside torch's default list
+    random.seed(99)
+    np.random.seed(99)
+    with Session.resume_from(old.parent) as s:  # the directory: its newest step-N.pt
+        assert s.step == 2 and [r.step for r in s.history] == [1, 2]
+        assert [r.loss for r in s.run(2)] == rest
+    assert ckpt.convert(old.parent) == [old]
+    assert ckpt.verify(old)["format"] == 2
+    assert "history" not in torch.load(old, weights_only=True)
+    with Session.resume_from(old) as s:
+        assert [r.loss for r in s.run(2)] == rest
+
+
+def test_a_previous_format_file_with_other_objects_says_how_to_convert(tmp_path, tiny):
+    path, _ = _trained(tmp_path, tiny)
+    old = _as_previous_format(path, [])
+    payload = torch.load(old, weights_only=False)
+    payload["model"]["options"] = {"when": __import__("datetime").date(2026, 1, 1)}
+    torch.save(payload, old)
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"datetime.date.*convert it once: workbench.train.checkpoints.convert\(.*trusted=True\)",
+    ) as info:
+        Session.resume_from(old)
+    assert "\n" not in str(info.value)
+
+
+def test_values_a_safe_load_could_not_read_are_refused_at_save(tmp_path):
+    with pytest.raises(ValueError, match=r"payload\['model'\]\['options'\]\['path'\]=.*PosixPath"):
+        ckpt.save(
+            {"format": 2, "step": 1, "config": {}, "model": {"options": {"path": tmp_path}}},
+            tmp_path / "x.pt",
+        )
+    assert list(tmp_path.iterdir()) == []
