@@ -1,0 +1,163 @@
+"""The run's log: every record and event as JSON lines off the training thread,
+TensorBoard scalars on request, a resumed run's lines, a bounded history."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from workbench import Session, TrainConfig
+from workbench.train import runlog
+from workbench.train.history import History
+from workbench.train.records import Event
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_every_record_and_event_goes_to_the_log_from_the_writer_thread(tmp_path, tiny, monkeypatch):
+    writers: set[str] = set()
+    real_write = runlog.RunLog._write
+
+    def spy(self, items):
+        writers.add(threading.current_thread().name)
+        real_write(self, items)
+
+    monkeypatch.setattr(runlog.RunLog, "_write", spy)
+    cfg = TrainConfig(micro_batch=2, checkpoint_dir=str(tmp_path))
+    trainers: set[str] = set()
+    with Session(cfg, model_options=tiny) as s:
+        s.on_record(lambda r: trainers.add(threading.current_thread().name))
+        s.run(3)
+        s.update(grad_accum=2)
+        s.start(2)
+        s.wait()
+        s.save_checkpoint()
+        records = [r.to_dict() for r in s.history]
+        events = [e.to_dict() for e in s.events]
+        assert s.log_path == str(tmp_path / "log.jsonl")
+    lines = _lines(tmp_path / "log.jsonl")
+    assert [
+        {k: v for k, v in x.items() if k != "type"} for x in lines if x["type"] == "record"
+    ] == (records)
+    assert [x["kind"] for x in lines if x["type"] == "event"] == [e["kind"] for e in events]
+    assert "change" in [e["kind"] for e in events] and "checkpoint" in [e["kind"] for e in events]
+    assert writers == {f"workbench-log-{s.id}"}  # never the training threads
+    assert writers.isdisjoint(trainers) and len(trainers) == 2  # run() here, start() in one
+
+
+def test_a_resumed_run_logs_again_after_its_checkpoint_and_the_newest_line_counts(tmp_path, tiny):
+    cfg = TrainConfig(micro_batch=2, seed=1, checkpoint_dir=str(tmp_path))
+    with Session(cfg, model_options=tiny) as a:
+        a.run(2)
+        a.save_checkpoint()
+        a.run(3)  # steps 3-5, never saved: the run "crashes" here
+    with Session.resume_from(tmp_path) as b:
+        assert [r.step for r in b.history] == [1, 2]
+        resumed = b.run(4)  # steps 3-6
+    log_file = tmp_path / runlog.LOG_NAME
+    steps = [x["step"] for x in _lines(log_file) if x["type"] == "record"]
+    assert steps == [1, 2, 3, 4, 5, 3, 4, 5, 6]
+    whole = runlog.read_records(log_file)
+    assert [r.step for r in whole] == [1, 2, 3, 4, 5, 6]
+    assert [r.wall_time for r in whole[2:]] == [r.wall_time for r in resumed]
+    tail = runlog.tail_records(log_file, up_to_step=4, limit=3)
+    assert [(r.step, r.wall_time) for r in tail] == [(r.step, r.wall_time) for r in whole[1:4]]
+    assert [e.kind for e in runlog.read_events(log_file)].count("resumed") == 1
+
+
+def test_tail_reads_back_across_blocks_and_skips_a_torn_line(tmp_path, tiny):
+    cfg = TrainConfig(micro_batch=2, checkpoint_dir=str(tmp_path))
+    with Session(cfg, model_options=tiny) as s:
+        s.run(1)
+        first = s.history[-1]
+    log_file = tmp_path / runlog.LOG_NAME
+    line = next(x for x in _lines(log_file) if x["type"] == "record")
+    with open(log_file, "a") as f:  # 300 steps (many 64 KiB blocks), then a torn line
+        for step in range(2, 302):
+            f.write(json.dumps({**line, "step": step, "loss": float(step)}) + "\n")
+        f.write(json.dumps({**line, "step": 302})[:40])
+    tail = runlog.tail_records(log_file, up_to_step=10_000, limit=250)
+    assert [r.step for r in tail] == list(range(52, 302))
+    assert [r.step for r in runlog.tail_records(log_file, up_to_step=3, limit=9)] == [1, 2, 3]
+    assert runlog.tail_records(log_file, up_to_step=1, limit=9)[0].loss == first.loss
+    assert [r.step for r in runlog.read_records(log_file)][-1] == 301
+
+
+def test_tensorboard_scalars_match_the_records(tmp_path, tiny):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = TrainConfig(micro_batch=2, checkpoint_dir=str(tmp_path))
+    with Session(cfg, model_options=tiny, tensorboard=True) as s:
+        s.run(4)
+        losses = [r.loss for r in s.history]
+        speeds = [r.samples_per_s for r in s.history]
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == [1, 2, 3, 4]
+    assert [e.value for e in loss] == pytest.approx(losses, rel=1e-6)  # stored as float32
+    assert [e.value for e in acc.Scalars("speed/samples_per_s")] == pytest.approx(speeds, rel=1e-6)
+    assert "time/data_seconds" in acc.Tags()["scalars"]
+
+
+def test_tensorboard_to_a_folder_of_its_own_and_its_errors(tmp_path, tiny, monkeypatch):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny, tensorboard=tmp_path / "tb") as s:
+        s.run(1)
+        assert s.log_path is None  # no run folder: no JSON lines, TensorBoard only
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    with pytest.raises(ValueError, match="tensorboard=True: needs a run folder"):
+        Session(TrainConfig(micro_batch=2), model_options=tiny, tensorboard=True)
+    with pytest.raises(ValueError, match="tensorboard=3: must be True, False or a folder path"):
+        Session(TrainConfig(micro_batch=2), model_options=tiny, tensorboard=3)
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
+    with pytest.raises(ImportError, match=r"pip install 'workbench\[tensorboard\]'"):
+        Session(TrainConfig(micro_batch=2), model_options=tiny, tensorboard=tmp_path / "tb")
+
+
+def test_the_log_follows_a_change_of_run_folder(tmp_path, tiny):
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.run(1)  # no run folder yet: nothing written
+        s.update(checkpoint_dir=str(tmp_path / "a"))
+        s.run(1)
+        s.update(checkpoint_dir=str(tmp_path / "b"))
+        s.run(1)
+    steps = {
+        d: [x["step"] for x in _lines(tmp_path / d / "log.jsonl") if x["type"] == "record"]
+        for d in ("a", "b")
+    }
+    assert steps == {"a": [2], "b": [3]}
+
+
+def test_a_failing_disk_does_not_stop_training(tmp_path, monkeypatch, caplog):
+    log = runlog.RunLog(tmp_path / "log.jsonl", name="t")
+
+    def full_disk(text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log._file, "write", full_disk)
+    with caplog.at_level(logging.WARNING, logger="workbench"):
+        log.put(Event("x", "one", 1))
+        log.put(Event("x", "two", 2))
+        log.flush()
+        log.close()
+    assert log.error is not None and "No space left" in log.error
+    assert sum("No space left" in r.message for r in caplog.records) == 1  # said once
+
+
+def test_a_long_session_keeps_a_bounded_history(tmp_path, tiny, monkeypatch):
+    """The Session's history is the bounded kind; the log has every step."""
+    cfg = TrainConfig(micro_batch=1, checkpoint_dir=str(tmp_path))
+    with Session(cfg, model_options=tiny) as s:
+        s.history = History(recent=10, buckets=4)  # small limits, so a short run thins
+        s.run(60)
+        assert s.history.total == 60 and len(s.history) <= 10 + 2 * 5
+        assert [r.step for r in s.history[-10:]] == list(range(51, 61))
+        assert [r.step for r in s.records_since(55)] == list(range(56, 61))
+    assert [r.step for r in runlog.read_records(tmp_path / "log.jsonl")] == list(range(1, 61))
