@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 
-from workbench.estimate import GIB, compare_stages, estimate_memory
+from workbench.estimate import GIB, compare_engines, estimate_memory
 from workbench.ui import EstimatorPanel
 
 
@@ -43,7 +43,7 @@ def test_default_chart_matches_the_estimator(panel: EstimatorPanel) -> None:
     data = panel.chart_data()
     assert data["params_bytes"][0] == pytest.approx(expected.params_bytes / GIB)
     assert data["activation_bytes"][0] == pytest.approx(expected.activation_bytes / GIB)
-    stages = compare_stages(
+    stages = compare_engines(
         layers=32,
         hidden=4096,
         heads=32,
@@ -59,6 +59,9 @@ def test_default_chart_matches_the_estimator(panel: EstimatorPanel) -> None:
         price_per_gpu_hour=2.0,
     )
     assert data["optimizer_bytes"][1:] == pytest.approx([s.optimizer_bytes / GIB for s in stages])
+    assert [s.zero_stage for s in stages] == [0, 1, 2, 3, 0] and stages[-1].fsdp == "full_shard"
+    # at rest FSDP full_shard holds what ZeRO-3 does: everything sharded over the 8 GPUs
+    assert stages[-1].model_states_bytes == stages[3].model_states_bytes
     assert panel.gpu_line_value() == pytest.approx(80.0)
     assert panel.chart.png.startswith(b"\x89PNG")
     summary = panel.summary.value

@@ -362,3 +362,19 @@ def test_memory_legend_does_not_cover_the_bars(panel: TrainingPanel, session: Fa
     legend = ax.get_legend().get_window_extent(renderer)
     bars = [p.get_window_extent(renderer) for b in panel._mem_bars for p in b.patches]
     assert bars and not any(legend.overlaps(b) for b in bars)
+
+
+def test_fsdp_sits_next_to_the_zero_stage(panel: TrainingPanel, session: FakeSession) -> None:
+    assert panel.controls["fsdp"].widget.options == (
+        "off",
+        "full_shard",
+        "shard_grad_op",
+        "no_shard",
+    )
+    _set(panel, "fsdp", "full_shard")
+    assert session.updates[-1] == {"fsdp": "full_shard"}
+    session.step()
+    _set(panel, "zero_stage", 2)  # both engines at once: refused, naming both
+    err = panel.errors()["zero_stage"]
+    assert "fsdp='full_shard'" in err and "zero_stage=2" in err
+    assert session.config.zero_stage == 0 and session.config.fsdp == "full_shard"

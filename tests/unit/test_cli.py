@@ -555,3 +555,37 @@ def test_pyproject_console_script_points_at_main():
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert data["project"]["scripts"]["workbench"] == "workbench.cli:main"
+
+
+def test_estimate_fsdp_counts_fsdp2s_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "estimate",
+                "--params",
+                "7.5B",
+                "--precision",
+                "amp-bf16",
+                "--gpus",
+                "64",
+                "--fsdp",
+                "full_shard",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["fsdp"] == "full_shard" and out["accounting"] == "fsdp"
+    shard = -(-7_500_000_000 // 64)
+    assert (out["params_bytes"], out["grads_bytes"], out["optimizer_bytes"]) == (
+        4 * shard,
+        4 * shard,
+        8 * shard,
+    )
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "--params", "7.5B", "--precision", "bf16", "--fsdp", "full_shard"])
+    assert info.value.code == 2
+    assert (
+        "--fsdp full_shard: needs precision fp32, amp-bf16 or amp-fp16" in capsys.readouterr().err
+    )

@@ -34,6 +34,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "precision": ("--precision", "str"),
     "optimizer": ("--optimizer", "str"),
     "zero_stage": ("--zero", "int"),
+    "fsdp": ("--fsdp", "str"),
     "gpus": ("--gpus", "int"),
     "tensor_parallel": ("--tp", "int"),
     "pipeline_parallel": ("--pp", "int"),
@@ -95,6 +96,11 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     )
     setup.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
     setup.add_argument(
+        "--fsdp",
+        metavar="MODE",
+        help="PyTorch FSDP instead of ZeRO: off, full_shard, shard_grad_op, no_shard (off)",
+    )
+    setup.add_argument(
         "--gpus", default="1", metavar="N", help="all GPUs: tp x pp x data-parallel (1)"
     )
     setup.add_argument("--tp", default="1", metavar="T", help="tensor-parallel size (1)")
@@ -103,7 +109,9 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
         "--sequence-parallel", action="store_true", help="shard activations over tp (Megatron)"
     )
     setup.add_argument("--offload-optimizer", action="store_true", help="ZeRO stage 1-3")
-    setup.add_argument("--offload-params", action="store_true", help="ZeRO stage 3")
+    setup.add_argument(
+        "--offload-params", action="store_true", help="ZeRO stage 3, or FSDP full_shard"
+    )
     setup.add_argument(
         "--checkpointing", default="none", help="activation recomputation: none, selective, full"
     )
@@ -168,6 +176,8 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
                 problems.append(f"{flag} {value}: must be tied or untied")
         else:
             options[field] = _read(value, kind)
+    if args.fsdp is None:
+        options["fsdp"] = "off"
     if args.zero is None:
         options["zero_stage"] = 0
     elif args.compare_stages:
@@ -255,7 +265,7 @@ def _headline(e: Any) -> str:
     source = e.model or (os.path.basename(e.hf_config) if e.hf_config else None)
     name = f"{source} ({_count(e.n_params)} parameters)" if source else None
     parts = [name or f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
-    parts += [f"ZeRO stage {e.zero_stage}", gpus]
+    parts += [f"FSDP {e.fsdp}" if e.fsdp != "off" else f"ZeRO stage {e.zero_stage}", gpus]
     if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
         split = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
         parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))

@@ -41,6 +41,7 @@ from workbench.estimate.core import (
     DEFAULT_OVERHEAD_GIB,
     GIB,
     MemoryEstimate,
+    compare_engines,
     compare_stages,
     estimate_memory,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "ModelStates",
     "Problem",
     "bytes_per_param",
+    "compare_engines",
     "compare_stages",
     "estimate_memory",
     "find_gpu",

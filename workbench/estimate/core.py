@@ -642,3 +642,27 @@ def compare_stages(**options: Any) -> tuple[MemoryEstimate, ...]:
             opts["offload_params"] = False
         out.append(estimate_memory(zero_stage=stage, **opts))
     return tuple(out)
+
+
+#: DeepSpeed's 16-bit precisions -> the FSDP mixed-precision setting that computes alike.
+_FSDP_PRECISION = {"fp16": "amp-fp16", "bf16": "amp-bf16"}
+
+
+def compare_engines(**options: Any) -> tuple[MemoryEstimate, ...]:
+    """ZeRO stages 0-3 (`compare_stages`) and PyTorch FSDP full_shard with the same other
+    options: five estimates, side by side. FSDP keeps no 16-bit weight copy at rest, so
+    DeepSpeed's "fp16"/"bf16" are compared with FSDP's "amp-fp16"/"amp-bf16"; ZeRO's
+    optimizer offload has no FSDP counterpart and is left out of the FSDP estimate."""
+    for name in ("zero_stage", "fsdp"):
+        if name in options:
+            raise EstimateInputError(
+                [Problem(name, options[name], "is set by compare_engines; leave it out")]
+            )
+    fsdp = dict(options)
+    precision = fsdp.get("precision", "fp32")
+    if isinstance(precision, str):
+        fsdp["precision"] = _FSDP_PRECISION.get(precision.strip().lower(), precision)
+    fsdp["offload_optimizer"] = False
+    if fsdp.get("accounting", "paper") != "paper":
+        fsdp["accounting"] = "fsdp"
+    return (*compare_stages(**options), estimate_memory(fsdp="full_shard", **fsdp))

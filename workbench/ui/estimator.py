@@ -30,7 +30,7 @@ from workbench.estimate import (
     EstimateInputError,
     MemoryEstimate,
     Mlp,
-    compare_stages,
+    compare_engines,
     estimate_memory,
     gpu_names,
 )
@@ -48,6 +48,8 @@ from workbench.ui.fields import (
     text_field,
 )
 from workbench.ui.panel import PanelBase
+
+COLUMNS = 5  # the comparison: ZeRO stages 0-3 and FSDP full_shard
 
 SEGMENTS = (
     ("params_bytes", "parameters", "#1565c0"),
@@ -292,7 +294,7 @@ class EstimatorPanel(PanelBase):
         self._rects: dict[str, list[Rectangle]] = {}
         for name, label, color in SEGMENTS:
             bars = self._ax_setup.bar([0], [0.0], width=0.6, color=color, label=label)
-            sbars = self._ax_stages.bar(range(4), [0.0] * 4, width=0.6, color=color)
+            sbars = self._ax_stages.bar(range(COLUMNS), [0.0] * COLUMNS, width=0.6, color=color)
             self._rects[name] = [*bars.patches, *sbars.patches]
         self._gpu_lines = [
             ax.axhline(0.0, color="#c62828", linestyle="--", linewidth=1.5)
@@ -312,7 +314,7 @@ class EstimatorPanel(PanelBase):
             self._ax_setup.text(0, 0, "", ha="center", va="bottom", fontsize=8),
             *(
                 self._ax_stages.text(i, 0, "", ha="center", va="bottom", fontsize=8)
-                for i in range(4)
+                for i in range(COLUMNS)
             ),
         ]
         self.chart.animate(
@@ -325,9 +327,9 @@ class EstimatorPanel(PanelBase):
         self._background_key: tuple[Any, ...] | None = None
         self._ax_setup.set_xticks([0])
         self._ax_setup.set_xlim(-0.7, 0.7)
-        self._ax_stages.set_xticks(range(4))
-        self._ax_stages.set_xticklabels([f"ZeRO {i}" for i in range(4)])
-        self._ax_stages.set_title("compare stages (per GPU)", fontsize=10)
+        self._ax_stages.set_xticks(range(COLUMNS))
+        self._ax_stages.set_xticklabels([*(f"ZeRO {i}" for i in range(4)), "FSDP\nfull_shard"])
+        self._ax_stages.set_title("compare ZeRO and FSDP (per GPU)", fontsize=10)
         self._ax_setup.legend(loc="upper left", fontsize=7, framealpha=0.85)
         for ax in (self._ax_setup, self._ax_stages):
             ax.grid(True, axis="y", alpha=0.3)
@@ -381,13 +383,14 @@ class EstimatorPanel(PanelBase):
                 ax.set_ylim(0, ymax)
                 ax.set_ylabel(f"{self.units.value} per GPU")
             self._ax_setup.set_xticklabels([_split_label(e)])
+            current = 4 if e.fsdp != "off" else e.zero_stage
             for i, label in enumerate(self._ax_stages.get_xticklabels()):
-                label.set_fontweight("bold" if i == e.zero_stage else "normal")
+                label.set_fontweight("bold" if i == current else "normal")
             self.chart.invalidate()
         self.chart.render()
 
     def chart_data(self) -> dict[str, list[float]]:
-        """Segment heights now drawn, in the chart's units: [this setup, stage 0..3]."""
+        """Segment heights now drawn, in the chart's units: [this setup, ZeRO 0..3, FSDP]."""
         return {name: [r.get_height() for r in rects] for name, rects in self._rects.items()}
 
     def gpu_line_value(self) -> float | None:
@@ -506,7 +509,7 @@ class EstimatorPanel(PanelBase):
             try:
                 estimate = estimate_memory(**kwargs)
                 opts = {k: v for k, v in kwargs.items() if k != "zero_stage"}
-                stages = compare_stages(**opts)
+                stages = compare_engines(**opts)
             except EstimateInputError as exc:
                 other = "model" if self.mode.value == MODE_SHAPE else "n_params"
                 for p in exc.problems:

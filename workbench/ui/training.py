@@ -21,7 +21,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import LRSchedule, OffloadDevice, Precision
+from workbench.config import FsdpMode, LRSchedule, OffloadDevice, Precision
 from workbench.ui.charts import Chart
 from workbench.ui.fields import (
     GIB,
@@ -40,6 +40,7 @@ MEMORY_FIELDS = frozenset(
         "precision",
         "micro_batch",
         "zero_stage",
+        "fsdp",
         "offload_optimizer",
         "offload_params",
         "activation_checkpointing",
@@ -55,6 +56,7 @@ STATUS_KEYS = (
     "micro_batch",
     "grad_accum",
     "zero_stage",
+    "fsdp",
     "offload_optimizer",
     "offload_params",
     "clip_grad_norm",
@@ -80,6 +82,7 @@ CONTROLS: tuple[Control, ...] = (
     Control("micro_batch", "micro-batch", "int", minimum=1, maximum=65536),
     Control("grad_accum", "accumulation", "int", minimum=1, maximum=4096),
     Control("zero_stage", "ZeRO stage", "choice", (0, 1, 2, 3)),
+    Control("fsdp", "FSDP", "choice", tuple(FsdpMode.choices())),
     Control("offload_optimizer", "offload optimizer", "choice", tuple(OffloadDevice.choices())),
     Control("offload_params", "offload parameters", "choice", tuple(OffloadDevice.choices())),
     Control("clip_grad_norm", "clip grad norm", "optional-float", minimum=0.0),
