@@ -52,6 +52,7 @@ bench: install
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/sampler.py
 	$(PY) benchmarks/panels.py
+	$(PY) benchmarks/sharding.py
 
 # On a machine with an NVIDIA GPU: every CUDA, NCCL and NVML path (fails without CUDA).
 gpu-check: install
