@@ -1,14 +1,98 @@
-"""One persistent matplotlib figure per chart, shown as a PNG (no pyplot), and PNG helpers."""
+"""One persistent matplotlib figure per chart, shown as a PNG (no pyplot), PNG helpers, and
+`Downsampled`: a chart series in bounded memory that keeps its extremes."""
 
 from __future__ import annotations
 
 import io
+import math
 import time
 from typing import Any
 
 import ipywidgets as widgets
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+# --------------------------------------------------------------------------- series
+#: Buckets of a downsampled series: at most two points each, about one per pixel column
+#: of a chart.
+SERIES_BUCKETS = 1000
+
+
+class Downsampled:
+    """The (x, y) points of a line chart in bounded memory, at any length of run.
+
+    Points arrive in increasing x and fold into buckets of `stride` consecutive points;
+    each bucket keeps its lowest and its highest point, so a spike or a dip is never
+    dropped. When there are more than `buckets` buckets, neighbours merge and the stride
+    doubles. `points()` returns at most `2 * (buckets + 1) + 1` points (the newest point
+    too, so the line reaches the current step): a redraw costs the same at a thousand
+    steps and at a million. Until the first merge every point is kept as given. Non-finite values (a NaN loss) have no place on a line and are skipped.
+    """
+
+    __slots__ = ("bucket_limit", "stride", "count", "_buckets", "_open", "_last")
+
+    def __init__(self, buckets: int = SERIES_BUCKETS) -> None:
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 2:
+            raise ValueError(f"buckets={buckets!r}: must be an integer >= 2")
+        self.bucket_limit = buckets
+        self.stride = 1
+        self.count = 0  # finite points appended
+        # a bucket: [n, low x, low y, high x, high y]
+        self._buckets: list[list[float]] = []
+        self._open: list[float] | None = None
+        self._last: tuple[float, float] | None = None
+
+    def append(self, x: float, y: float | None) -> None:
+        if y is None or not math.isfinite(y):
+            return
+        self.count += 1
+        self._last = (x, y)
+        b = self._open
+        if b is None:
+            b = self._open = [0, x, y, x, y]
+        b[0] += 1
+        if y < b[2]:
+            b[1], b[2] = x, y
+        if y > b[4]:
+            b[3], b[4] = x, y
+        if b[0] >= self.stride:
+            self._buckets.append(b)
+            self._open = None
+            if len(self._buckets) > self.bucket_limit:
+                self._merge()
+
+    def _merge(self) -> None:
+        merged = []
+        buckets = self._buckets
+        for i in range(0, len(buckets) - 1, 2):
+            a, b = buckets[i], buckets[i + 1]
+            low = a if a[2] <= b[2] else b
+            high = a if a[4] > b[4] else b
+            merged.append([a[0] + b[0], low[1], low[2], high[3], high[4]])
+        if len(buckets) % 2:
+            self._open = buckets[-1]  # half a bucket at the new stride: still filling
+        self._buckets = merged
+        self.stride *= 2
+
+    def points(self) -> tuple[list[float], list[float]]:
+        """(xs, ys) in increasing x: each bucket's low and high point (one if they meet)."""
+        xs: list[float] = []
+        ys: list[float] = []
+        for b in (*self._buckets, *([self._open] if self._open is not None else [])):
+            if b[1] == b[3]:
+                xs.append(b[1])
+                ys.append(b[2])
+            elif b[1] < b[3]:
+                xs += (b[1], b[3])
+                ys += (b[2], b[4])
+            else:
+                xs += (b[3], b[1])
+                ys += (b[4], b[2])
+        if self._last is not None and xs[-1] != self._last[0]:
+            xs.append(self._last[0])
+            ys.append(self._last[1])
+        return xs, ys
+
 
 # --------------------------------------------------------------------------- charts
 

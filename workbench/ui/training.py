@@ -6,6 +6,11 @@ A refresh timer (at most 4 Hz) reads `session.records_since(n)`, `session.state`
 `session.events` and `session.memory()` snapshots and redraws one persistent figure:
 loss, samples/s, the step time split into data and compute, and memory measured vs
 predicted; a dotted vertical line marks each step where a settings change took effect.
+
+The charts show the whole run, downsampled (`workbench.ui.charts.Downsampled`: each
+bucket of steps keeps its lowest and highest value, so a spike is never hidden), and the
+panel keeps only the newest records: its memory and a redraw cost the same at a thousand
+steps and at a million.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from workbench.config import FsdpMode, LRSchedule, OffloadDevice, Precision
-from workbench.ui.charts import Chart
+from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import (
     GIB,
     Field,
@@ -47,7 +52,9 @@ MEMORY_FIELDS = frozenset(
         "optimizer",
     }
 )
-MAX_POINTS = 2000
+KEPT_RECORDS = 500  # newest records the panel keeps (status line, advisor)
+#: chart series, by the StepRecord field each plots
+SERIES = ("loss", "samples_per_s", "data_seconds", "step_seconds")
 DRAW_DUTY = 0.03  # charts may take at most this share of wall time
 MAX_DRAW_WAIT_SECONDS = 5.0  # longest pause between redraws while data changes
 ADVICE_EVERY_SECONDS = 2.0
@@ -207,7 +214,10 @@ class TrainingPanel(PanelBase):
         self.advice: list[Any] = []
         self._advice_rows: dict[str, tuple[widgets.HTML, widgets.Button]] = {}
         self._last_advice_time = 0.0
-        self.records: list[Any] = []
+        self.records: list[Any] = []  # the newest KEPT_RECORDS
+        self.series = {name: Downsampled() for name in SERIES}
+        self._cursor = 0  # records_since cursor: records the session published so far
+        self._last_step: int | None = None
         self.change_steps: list[tuple[int, str]] = []  # (step, "grad_accum=8")
         self._events_seen = 0
         self._events: list[Any] = []
@@ -539,44 +549,36 @@ class TrainingPanel(PanelBase):
         return pred
 
     def _draw(self) -> None:
-        recs = self.records[-MAX_POINTS:]
-        steps = [r.step for r in recs]
-        nan = float("nan")
-
-        def col(name: str) -> list[float]:
-            out = []
-            for r in recs:
-                v = getattr(r, name, None)
-                out.append(nan if v is None or not math.isfinite(v) else float(v))
-            return out
-
-        loss, speed = col("loss"), col("samples_per_s")
-        data, step_s = col("data_seconds"), col("step_seconds")
+        # the whole run, downsampled with its extremes: at most 2 points per bucket
+        steps, loss = self.series["loss"].points()
+        speed_x, speed = self.series["samples_per_s"].points()
+        data_x, data = self.series["data_seconds"].points()
+        time_x, step_s = self.series["step_seconds"].points()
         self._line_loss.set_data(steps, loss)
-        self._line_speed.set_data(steps, speed)
-        self._line_data.set_data(steps, data)
-        self._line_compute.set_data(steps, step_s)
+        self._line_speed.set_data(speed_x, speed)
+        self._line_data.set_data(data_x, data)
+        self._line_compute.set_data(time_x, step_s)
         for f in self._fills:
             self.chart.forget(f)
             f.remove()
         self._fills = []
-        if steps:
+        if time_x:
             self._fills = [
                 self._ax_time.fill_between(
-                    steps, 0, data, color="#ef6c00", alpha=0.35, linewidth=0
+                    time_x, 0, step_s, color="#6a1b9a", alpha=0.25, linewidth=0
                 ),
                 self._ax_time.fill_between(
-                    steps, data, step_s, color="#6a1b9a", alpha=0.25, linewidth=0
+                    data_x, 0, data, color="#ef6c00", alpha=0.35, linewidth=0
                 ),
             ]
             self.chart.animate(*self._fills)
         changed = False
-        for ax, ys, zero in (
-            (self._ax_loss, loss, False),
-            (self._ax_speed, speed, True),
-            (self._ax_time, step_s, True),
+        for ax, xs, ys, zero in (
+            (self._ax_loss, steps, loss, False),
+            (self._ax_speed, speed_x, speed, True),
+            (self._ax_time, time_x, step_s, True),
         ):
-            changed |= _sticky_limits(ax, steps, ys, from_zero=zero)
+            changed |= _sticky_limits(ax, xs, ys, from_zero=zero)
         # a vertical line at each step where settings changed
         drawn = {(float(line.get_xdata()[0]), line.axes) for line in self._change_lines}
         for step, text in self.change_steps:
@@ -689,10 +691,12 @@ class TrainingPanel(PanelBase):
         ):
             return  # nothing new: no work on the kernel while training runs
         self._version_seen = version
-        new = s.records_since(len(self.records))
+        new = self._new_records()
         if new:
-            self.records.extend(new)
+            self.records = (self.records + new)[-KEPT_RECORDS:]
             for r in new:
+                for name, series in self.series.items():
+                    series.append(r.step, getattr(r, name, None))
                 changes = getattr(r, "changes", None) or {}
                 if changes:
                     text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in changes.items())
@@ -702,10 +706,6 @@ class TrainingPanel(PanelBase):
             if self._measure_memory and self.memory_report is None:
                 self._measure_memory = False  # once; later probes follow memory changes
                 self._auto_probe = True
-            if len(self.records) > 20 * MAX_POINTS:  # keep memory bounded on long runs
-                drop = len(self.records) - 10 * MAX_POINTS
-                self._dropped = getattr(self, "_dropped", 0) + drop
-                self.records = self.records[drop:]
             self._dirty = True
         if state != self._last_state:
             self._last_state = state
@@ -732,6 +732,20 @@ class TrainingPanel(PanelBase):
             self._auto_probe = False
             with contextlib.suppress(RuntimeError):
                 self._run_task("measure memory", self._quiet_memory_task, quiet=True)
+
+    def _new_records(self) -> list[Any]:
+        """Records the session published since the last tick. The cursor is the session's
+        count of published records (`history.total`), read before the records so a record
+        published in between comes again next time; a repeat is dropped by its step."""
+        s = self.session
+        total = getattr(getattr(s, "history", None), "total", None)
+        new = list(s.records_since(self._cursor))
+        self._cursor = int(total) if isinstance(total, int) else self._cursor + len(new)
+        if self._last_step is not None:
+            new = [r for r in new if r.step > self._last_step]
+        if new:
+            self._last_step = new[-1].step
+        return new
 
     def _update_status(self, state: str) -> None:
         cfg = self.session.config
