@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "workbench.cli.export:add_parser",
         "write a DeepSpeed config, training script and launch command",
     ),
+    "compress": ("workbench.cli.compress:add_parser", "quantize/prune a checkpoint, measured"),
 }
 
 

@@ -57,6 +57,9 @@ class StepRecord(Readable):
     gpu_util_percent: float | None = None
     gpu_memory_used_bytes: int | None = None
     cpu_util_percent: float | None = None
+    # the parts of the loss, mean over the micro-batches, for a loss_fn that reports them
+    # (`take_parts()`; distillation's {"soft": ..., "hard": ...}), else None
+    loss_parts: dict[str, float] | None = None
     wall_time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +72,11 @@ class StepRecord(Readable):
             speed += f", {self.tokens_per_s:,.0f} tokens/s"
         rows = [
             ("loss", fmt_number(self.loss) + ("  (step skipped)" if self.skipped else "")),
+            *(
+                [("loss parts", ", ".join(f"{k} {fmt_number(v)}" for k, v in parts.items()))]
+                if (parts := self.loss_parts)
+                else []
+            ),
             *(
                 [("warm-up", "first step on this engine: its time includes start-up")]
                 if self.warmup

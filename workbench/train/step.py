@@ -75,16 +75,24 @@ class StepMeasure:
     outcome: StepOutcome
     step_seconds: float
     data_seconds: float
+    loss_parts: dict[str, float] | None = None  # from a loss_fn with take_parts()
 
 
 def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasure:
     """One optimizer step on `runtime` (a `workbench.train.runtime.Runtime`). The batches
     read are appended to `fetched`, so an out-of-memory retry can split them. Raises
-    `NonFiniteLoss` (gradients dropped, nothing applied) or what the model raised."""
+    `NonFiniteLoss` (gradients dropped, nothing applied) or what the model raised.
+
+    A `loss_fn` with a `take_parts()` method (distillation's loss) reports named parts of
+    its loss: called once here to drop what a failed step left, and once after the
+    micro-batches for this step's means, which go into the record."""
     cfg = runtime.config
     backend = runtime.backend
     data = runtime.data
     loss_fn = runtime.loss_fn
+    take_parts = getattr(loss_fn, "take_parts", None)
+    if take_parts is not None:
+        take_parts()
     module = backend.module
     accum = int(cfg.grad_accum)
     t0 = perf_counter()
@@ -103,6 +111,7 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
     loss_value = total.item() / accum  # host waits for the device here, once per step
+    loss_parts = take_parts() if take_parts is not None else None
     if not math.isfinite(loss_value):
         backend.zero_grad()
         raise NonFiniteLoss(loss_value)
@@ -117,7 +126,7 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
             before.params_bytes, before.grads_bytes, after.optimizer_bytes
         )
     runtime.sync_device()  # host waits for the device here, so step_s is the step's time
-    return StepMeasure(loss_value, outcome, perf_counter() - t0, data_s)
+    return StepMeasure(loss_value, outcome, perf_counter() - t0, data_s, loss_parts)
 
 
 def make_record(
@@ -179,4 +188,5 @@ def make_record(
         gpu_util_percent=getattr(gpu, "util_percent", None),
         gpu_memory_used_bytes=getattr(gpu, "memory_used_bytes", None),
         cpu_util_percent=cpu_util_percent,
+        loss_parts=m.loss_parts,
     )

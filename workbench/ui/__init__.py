@@ -2,13 +2,21 @@
 monitor. Each panel owns its refresh timer; `close()` stops it.
 
     import workbench
-    d = workbench.dashboard(session)      # tabs: training, estimator, monitor
+    d = workbench.dashboard(session)      # tabs: training, estimator, monitor, compression
     d                                     # display it (a PNG of the charts travels along)
 """
 
+from workbench.ui.compress import CompressionPanel
 from workbench.ui.dashboard import Dashboard, dashboard
 from workbench.ui.estimator import EstimatorPanel
 from workbench.ui.monitor import MonitorPanel
 from workbench.ui.training import TrainingPanel
 
-__all__ = ["Dashboard", "EstimatorPanel", "MonitorPanel", "TrainingPanel", "dashboard"]
+__all__ = [
+    "CompressionPanel",
+    "Dashboard",
+    "EstimatorPanel",
+    "MonitorPanel",
+    "TrainingPanel",
+    "dashboard",
+]

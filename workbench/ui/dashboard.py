@@ -1,4 +1,4 @@
-"""`dashboard()`: the training, estimator and monitor panels together in tabs."""
+"""`dashboard()`: the training, estimator, monitor and compression panels in tabs."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ from typing import Any
 import ipywidgets as widgets
 
 from workbench.ui.charts import Chart
+from workbench.ui.compress import CompressionPanel
 from workbench.ui.estimator import EstimatorPanel
 from workbench.ui.monitor import MonitorPanel
 from workbench.ui.panel import PanelBase
 from workbench.ui.training import TrainingPanel
 
-TAB_TITLES = ("Training", "Memory estimator", "Hardware monitor")
+TAB_TITLES = ("Training", "Memory estimator", "Hardware monitor", "Compression")
 
 
 class Dashboard(PanelBase):
-    """The three panels in tabs. `close()` closes the panels, and the session and sampler
+    """The four panels in tabs. `close()` closes the panels, and the session and sampler
     when the dashboard created them (ones passed in stay open; their owner closes them)."""
 
     def __init__(self, session: Any | None = None, sampler: Any | None = None) -> None:
@@ -39,12 +40,18 @@ class Dashboard(PanelBase):
             self.training = TrainingPanel(session, sampler=sampler)
             self.estimator = EstimatorPanel()
             self.monitor = MonitorPanel(sampler)
+            self.compression = CompressionPanel(session)
         except BaseException:
             for obj in self._owned:
                 obj.close()
             raise
         self.tabs = widgets.Tab(
-            children=[self.training.widget, self.estimator.widget, self.monitor.widget]
+            children=[
+                self.training.widget,
+                self.estimator.widget,
+                self.monitor.widget,
+                self.compression.widget,
+            ]
         )
         self.tabs.titles = TAB_TITLES
         self.tabs.add_class("wb-dashboard-tabs")
@@ -53,7 +60,7 @@ class Dashboard(PanelBase):
 
     @property
     def panels(self) -> tuple[PanelBase, ...]:
-        return (self.training, self.estimator, self.monitor)
+        return (self.training, self.estimator, self.monitor, self.compression)
 
     def charts(self) -> list[Chart]:
         return [c for p in self.panels for c in p.charts()]
@@ -72,7 +79,7 @@ class Dashboard(PanelBase):
 
 
 def dashboard(session: Any | None = None, sampler: Any | None = None) -> Dashboard:
-    """Training, memory estimator and hardware monitor in tabs.
+    """Training, memory estimator, hardware monitor and compression in tabs.
 
     `session=None` creates (and owns) `Session(TrainConfig(), model="tiny-gpt")`;
     `sampler=None` creates (and owns) a `Sampler`. Display the result in a notebook.

@@ -1,0 +1,79 @@
+"""CompressionPanel: measures copies of a live session's model in a background thread and
+shows the report; bad settings show a message and nothing runs; the session's model is
+never changed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench import Session, TrainConfig
+from workbench.ui import CompressionPanel
+from workbench.ui.fields import strip_tags
+
+MLP = {"in_features": 16, "hidden": 32, "depth": 2, "out_features": 4, "samples": 256}
+
+
+@pytest.fixture
+def session():
+    torch.set_num_threads(1)
+    s = Session(TrainConfig(micro_batch=16), model="mlp", model_options=MLP)
+    s.run(optimizer_steps=2)
+    yield s
+    s.close()
+
+
+def test_measure_shows_the_table_and_chart(session, no_leaked_threads) -> None:
+    before = {k: v.clone() for k, v in session.state_dict().items()}
+    panel = CompressionPanel(session, repeats=3)
+    try:
+        assert panel.charts() == [] and panel.selected() == ["int8", "prune", "channels"]
+        panel.methods["int8"].value = False
+        panel.sparsity.value = 0.25
+        report = panel.measure(wait=True)
+        assert panel.error is None, panel.error
+        assert report is panel.report and report.methods == ("prune", "channels")
+        assert report.row("prune").figures.zero_fraction == pytest.approx(0.25, abs=0.01)
+        table = strip_tags(panel.table.value)
+        assert "held-out loss" in table and "channels" in table
+        assert panel.chart.png.startswith(b"\x89PNG") and panel.charts() == [panel.chart]
+        status = strip_tags(panel.status.value)
+        assert status.startswith("measured; pays here:") and "may have trained on" in status
+        assert not panel.button.disabled
+        assert panel.snapshot_png().startswith(b"\x89PNG")
+    finally:
+        panel.close()
+    assert all(torch.equal(v, before[k]) for k, v in session.state_dict().items())
+
+
+def test_bad_settings_show_a_message_and_start_nothing(session, no_leaked_threads) -> None:
+    panel = CompressionPanel(session)
+    try:
+        for box in panel.methods.values():
+            box.value = False
+        assert panel.measure() is None and not panel.running
+        assert "name at least one of" in strip_tags(panel.status.value)
+        panel.methods["heads"].value = True  # the mlp has no attention heads
+        assert panel.measure(wait=True) is None
+        assert "heads found nothing it can remove" in strip_tags(panel.status.value)
+        assert panel.report is None
+    finally:
+        panel.close()
+
+
+def test_a_user_module_needs_its_loss(no_leaked_threads) -> None:
+    from workbench.models import build_model
+
+    module, data, loss_fn, _ = build_model("mlp", **MLP)
+    with Session(TrainConfig(micro_batch=16), model=module, data=data, loss_fn=loss_fn) as s:
+        panel = CompressionPanel(s, repeats=3)
+        try:
+            panel.measure(wait=True)
+            assert "pass CompressionPanel(session, loss_fn=...)" in strip_tags(panel.status.value)
+        finally:
+            panel.close()
+        panel = CompressionPanel(s, loss_fn=loss_fn, repeats=3)
+        try:
+            assert panel.measure(wait=True) is not None, panel.error
+        finally:
+            panel.close()

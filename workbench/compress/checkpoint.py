@@ -1,0 +1,141 @@
+"""A trained model to compress, from a file a Session wrote.
+
+`load_trained(path)` reads a Session checkpoint (`session.save_checkpoint()`: the model's
+name and options are in it) or a weights file (`session.save_weights()`, with `model=`
+naming the model), rebuilds the model with `workbench.models.build_model` (or a factory
+"pkg.module:function") and loads the trained weights into it. It also returns the
+model's data set and loss, so the command line can measure held-out quality.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.models.spec import is_factory, load_factory, spec_problems
+
+
+@dataclass
+class Trained:
+    """A rebuilt model with its trained weights, its data set and loss."""
+
+    model: nn.Module
+    dataset: Any
+    loss_fn: Any
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None  # the optimizer step of a checkpoint
+    path: str = ""
+
+
+def _read(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """(weights by name, the checkpoint payload or None for a plain weights file)."""
+    from workbench.train import checkpoints
+
+    try:
+        payload = checkpoints.load(path)
+    except ValueError as not_checkpoint:
+        if os.path.isdir(path):
+            raise
+        try:
+            weights = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(
+                f"path={str(path)!r}: neither a workbench checkpoint nor a weights file "
+                f"(torch.save of a state dict): {not_checkpoint}; {exc}"
+            ) from exc
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, torch.Tensor) for v in weights.values()
+        ):
+            raise ValueError(f"path={str(path)!r}: not a state dict of tensors") from None
+        return weights, None
+    backend = payload.get("backend") or {}
+    weights = dict(backend.get("model") or {})
+    weights.update(payload.get("buffers") or {})
+    if not weights:
+        raise ValueError(f"path={payload['path']!r}: the checkpoint holds no model weights")
+    return weights, payload
+
+
+def load_trained(
+    path: str | os.PathLike[str],
+    *,
+    model: str | None = None,
+    model_options: dict[str, Any] | None = None,
+) -> Trained:
+    """The model a checkpoint or weights file was trained as, with its weights loaded.
+
+    `model`: a built-in name or factory "pkg.module:function"; required for a weights
+    file, and for a checkpoint of your own module. `model_options` override the saved
+    ones. ValueError for a missing file, an unknown model, or weights that do not fit.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ValueError(f"path={path!r}: must be a checkpoint or weights file")
+    if not os.path.exists(path):
+        raise ValueError(f"path={str(path)!r}: no such file or directory")
+    weights, payload = _read(path)
+    saved = (payload or {}).get("model") or {}
+    name = model or saved.get("name")
+    if not name:
+        raise ValueError(
+            f"path={str(path)!r}: "
+            + (
+                "the checkpoint holds your own module; pass model= (a built-in name or a "
+                "factory 'pkg.module:function')"
+                if payload is not None
+                else "a weights file does not say which model it holds; pass model= (tiny-gpt, "
+                "mlp, cnn or a factory 'pkg.module:function') and its model_options"
+            )
+        )
+    problems = spec_problems(name)
+    if problems:
+        raise ValueError(problems[0])
+    options = dict(saved.get("options") or {}) if name == saved.get("name") else {}
+    options.update(model_options or {})
+    if is_factory(name):
+        made = load_factory(name)(**options)
+        module, dataset, loss_fn = made[0], made[1], made[2]
+    else:
+        from workbench.models import build_model
+
+        module, dataset, loss_fn, _ = build_model(name, **options)
+    _load_weights(module, weights, str(path))
+    return Trained(
+        model=module,
+        dataset=dataset,
+        loss_fn=loss_fn,
+        name=name,
+        options=options,
+        step=int(payload["step"]) if payload is not None else None,
+        path=str(payload["path"] if payload is not None else path),
+    )
+
+
+def _load_weights(module: nn.Module, weights: dict[str, torch.Tensor], path: str) -> None:
+    """Load by name; every parameter (tied ones once) must be there, with its shape."""
+    own = module.state_dict()
+    unknown = sorted(set(weights) - set(own))
+    wrong = sorted(
+        f"{k} {tuple(v.shape)} vs the model's {tuple(own[k].shape)}"
+        for k, v in weights.items()
+        if k in own and tuple(v.shape) != tuple(own[k].shape)
+    )
+    needed = {name for name, _ in module.named_parameters()}  # a tied weight once
+    missing = sorted(needed - set(weights))
+    problems = []
+    if unknown:
+        problems.append(f"weights the model does not have: {', '.join(unknown[:8])}")
+    if wrong:
+        problems.append(f"shapes that differ: {', '.join(wrong[:8])}")
+    if missing:
+        problems.append(f"parameters missing: {', '.join(missing[:8])}")
+    if problems:
+        raise ValueError(
+            f"path={path!r}: the weights do not fit the model ({'; '.join(problems)}); "
+            "check model= and model_options"
+        )
+    module.load_state_dict(weights, strict=False)

@@ -1,0 +1,289 @@
+"""The before/after report: size, speed and quality of each compressed model, measured.
+
+`CompressionReport` holds one `Row` per model: the model before compression first, then
+each method. `str(report)` and a notebook show it as a table; `report.verdict(method)`
+says in words what the method buys on this hardware, and says so plainly when it buys
+nothing (a change within `NOISE` of the model before counts as no change);
+`report.chart()` draws the same as bars; `report.to_dict()` gives the raw numbers.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+
+#: Ratios within 10% of 1 count as "no change": on a shared machine timings of the same
+#: work vary by about that much from one turn to the next.
+NOISE = 0.10
+#: In the chart, a held-out loss or accuracy within 1% of the model before's is drawn as
+#: unchanged (the table and verdicts give the exact figures).
+QUALITY_NOISE = 0.01
+
+# bar colours: better, worse, no change, the model before
+_BETTER, _WORSE, _SAME, _BEFORE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one model measured. Latency: seconds per forward pass of one batch, the median
+    of `latency_samples` timed repeats, with the 25th and 75th percentiles."""
+
+    params_bytes: int
+    disk_bytes: int
+    latency_seconds: float
+    latency_p25_seconds: float
+    latency_p75_seconds: float
+    latency_samples: int
+    loss: float
+    accuracy: float | None
+    zero_fraction: float | None
+    held_out_samples: int
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model of the report: `method` ("before" for the model before compression), its
+    figures, the layers the method changed or skipped, and notes on how it was done."""
+
+    method: str
+    figures: Figures
+    layers: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    why_no_gain: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a method buys, relative to the model before (ratios are after / before)."""
+
+    method: str
+    size_ratio: float
+    latency_ratio: float
+    loss_change: float
+    accuracy_change: float | None
+    size: str  # "smaller" | "larger" | "same"
+    latency: str  # "faster" | "slower" | "same"
+    pays: bool  # smaller or faster beyond the noise
+    summary: str
+
+
+def _direction(ratio: float, better: str, worse: str) -> str:
+    if ratio < 1 - NOISE:
+        return better
+    if ratio > 1 + NOISE:
+        return worse
+    return "same"
+
+
+def _times(ratio: float, better: str, worse: str) -> str:
+    if ratio < 1 - NOISE:
+        return f"{1 / ratio:.2g}x {better}"
+    if ratio > 1 + NOISE:
+        return f"{ratio:.2g}x {worse}"
+    return f"no {'size' if better == 'smaller' else 'speed'} change (within {NOISE:.0%})"
+
+
+def verdict_of(before: Row, after: Row) -> Verdict:
+    """Compare `after` with `before` (see `NOISE`)."""
+    b, a = before.figures, after.figures
+    size_ratio = a.params_bytes / b.params_bytes if b.params_bytes else 1.0
+    latency_ratio = a.latency_seconds / b.latency_seconds if b.latency_seconds > 0 else 1.0
+    size = _direction(size_ratio, "smaller", "larger")
+    latency = _direction(latency_ratio, "faster", "slower")
+    acc = a.accuracy - b.accuracy if a.accuracy is not None and b.accuracy is not None else None
+    loss_change = a.loss - b.loss
+    quality = f"held-out loss {fmt_number(b.loss)} -> {fmt_number(a.loss)}"
+    if acc is not None:
+        quality += f", accuracy {acc * 100:+.1f} points"
+    pays = size == "smaller" or latency == "faster"
+    parts = [
+        _times(size_ratio, "smaller", "larger"),
+        _times(latency_ratio, "faster", "slower"),
+        quality,
+    ]
+    summary = "; ".join(parts)
+    if not pays:
+        summary = "does not pay on this hardware: " + summary
+    elif latency == "slower":
+        summary += "; slower on this hardware"
+    if (not pays or latency == "slower") and after.why_no_gain:
+        summary += f" ({after.why_no_gain})"
+    return Verdict(
+        method=after.method,
+        size_ratio=size_ratio,
+        latency_ratio=latency_ratio,
+        loss_change=loss_change,
+        accuracy_change=acc,
+        size=size,
+        latency=latency,
+        pays=pays,
+        summary=summary,
+    )
+
+
+@dataclass(frozen=True)
+class CompressionReport(Readable):
+    """Before/after figures of one model and its compressed versions (module docstring).
+
+    `rows[0]` is the model before compression. `models`: the compressed models by method
+    (not the one before), to keep, save or measure further. `setup`: how it was measured
+    (batch size, repeats, device, threads, held-out samples).
+    """
+
+    title: str
+    rows: tuple[Row, ...]
+    setup: dict[str, Any]
+    models: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def before(self) -> Row:
+        return self.rows[0]
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return tuple(r.method for r in self.rows[1:])
+
+    def row(self, method: str) -> Row:
+        for r in self.rows:
+            if r.method == method:
+                return r
+        raise ValueError(f"method={method!r}: not in this report ({', '.join(self.methods)})")
+
+    def verdict(self, method: str) -> Verdict:
+        return verdict_of(self.before, self.row(method))
+
+    def verdicts(self) -> list[Verdict]:
+        return [self.verdict(m) for m in self.methods]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "setup": dict(self.setup),
+            "noise": NOISE,
+            "rows": [asdict(r) for r in self.rows],
+            "verdicts": [asdict(v) for v in self.verdicts()],
+        }
+
+    # ------------------------------------------------------------------ the table
+    def _display(self) -> Display:
+        has_accuracy = any(r.figures.accuracy is not None for r in self.rows)
+        header = ["method", "weights", "on disk", "latency/batch", "vs before", "held-out loss"]
+        if has_accuracy:
+            header.append("accuracy")
+        header.append("zeros")
+        rows = []
+        for r in self.rows:
+            f = r.figures
+            ratio = f.latency_seconds / self.before.figures.latency_seconds
+            cells = [
+                r.method,
+                fmt_bytes(f.params_bytes),
+                fmt_bytes(f.disk_bytes),
+                fmt_seconds(f.latency_seconds),
+                "" if r is self.before else f"{ratio:.2f}x",
+                fmt_number(f.loss),
+            ]
+            if has_accuracy:
+                cells.append("n/a" if f.accuracy is None else f"{f.accuracy:.1%}")
+            cells.append("n/a" if f.zero_fraction is None else f"{f.zero_fraction:.0%}")
+            rows.append(cells)
+        s = self.setup
+        notes = [f"{v.method}: {v.summary}" for v in self.verdicts()]
+        notes.append(
+            f"latency: median of {s.get('repeats')} forward passes of the same "
+            f"{s.get('batch_size')}-sample batch on {s.get('device')} (torch threads: "
+            f"{s.get('threads')}), models taking turns; held-out quality on {s.get('held_out_samples')} "
+            f"samples; changes within {NOISE:.0%} count as none"
+        )
+        return Display(self.title, rows, header=header, notes=notes)
+
+    # ------------------------------------------------------------------ the chart
+    def chart(self) -> Any:
+        """A matplotlib `Figure` (no pyplot): weights, latency and held-out quality per
+        model, bars coloured by whether each beats the model before (green), loses to it
+        (red) or is within the noise (grey); methods that do not pay are marked so."""
+        from matplotlib.figure import Figure
+
+        has_accuracy = self.before.figures.accuracy is not None
+        panels: list[tuple[str, Callable[[Figures], float], bool]] = [
+            ("weights (MiB)", lambda f: f.params_bytes / 2**20, True),
+            ("latency per batch (ms)", lambda f: f.latency_seconds * 1e3, True),
+            ("held-out loss", lambda f: f.loss, True),
+        ]
+        if has_accuracy:
+            panels.append(("held-out accuracy (%)", lambda f: (f.accuracy or 0.0) * 100, False))
+        n = len(self.rows)
+        fig = Figure(figsize=(3.0 * len(panels), 0.9 + 0.42 * n), dpi=80)
+        axes = fig.subplots(1, len(panels), sharey=True)
+        labels = [r.method for r in self.rows]
+        y = list(range(n))
+        verdicts = {v.method: v for v in self.verdicts()}
+        for ax, (title, value, lower_is_better) in zip(axes, panels, strict=True):
+            values = [value(r.figures) for r in self.rows]
+            base = values[0]
+            colours = [_BEFORE]
+            for v in values[1:]:
+                ratio = v / base if base else 1.0
+                if title.startswith("held-out"):
+                    better = v < base if lower_is_better else v > base
+                    same = abs(ratio - 1) <= QUALITY_NOISE
+                    colours.append(_SAME if same else (_BETTER if better else _WORSE))
+                else:
+                    d = _direction(ratio, "better", "worse")
+                    colours.append({"better": _BETTER, "worse": _WORSE, "same": _SAME}[d])
+            bars = ax.barh(y, values, color=colours)
+            ends = list(values)
+            if title.startswith("latency"):
+                lo = [r.figures.latency_p25_seconds * 1e3 for r in self.rows]
+                hi = [r.figures.latency_p75_seconds * 1e3 for r in self.rows]
+                low = [max(0.0, v - a) for v, a in zip(values, lo, strict=True)]
+                high = [max(0.0, b - v) for v, b in zip(values, hi, strict=True)]
+                ax.errorbar(
+                    values, y, xerr=[low, high], fmt="none", ecolor="#424242", capsize=2, lw=0.8
+                )
+                ends = [max(v, b) for v, b in zip(values, hi, strict=True)]
+            for bar, v, end in zip(bars, values, ends, strict=True):
+                ax.annotate(
+                    fmt_number(v, 3),
+                    (end, bar.get_y() + bar.get_height() / 2),
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=7,
+                )
+            ax.set_title(title, fontsize=9)
+            ax.tick_params(labelsize=8)
+            ax.margins(x=0.25)
+        axes[0].set_yticks(y)
+        axes[0].set_yticklabels(
+            [
+                label if i == 0 or verdicts[label].pays else f"{label}\n(does not pay here)"
+                for i, label in enumerate(labels)
+            ],
+            fontsize=8,
+        )
+        axes[0].invert_yaxis()
+        fig.suptitle(self.title, fontsize=10)
+        fig.text(
+            0.5,
+            0.0,
+            f"green: better than before, red: worse, grey: within {NOISE:.0%} (size, latency; "
+            f"bars: median, whiskers: 25th-75th percentile) or {QUALITY_NOISE:.0%} (quality)",
+            ha="center",
+            va="top",
+            fontsize=7,
+            color="#616161",
+        )
+        fig.tight_layout()
+        return fig
+
+    def chart_png(self, dpi: int = 80) -> bytes:
+        """`chart()` as PNG bytes."""
+        buf = io.BytesIO()
+        self.chart().savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        return buf.getvalue()

@@ -1,0 +1,258 @@
+"""CompressionPanel: a view over `workbench.compress.compress` for a session's model.
+
+Pick methods (INT8 dynamic quantization, unstructured pruning, structured pruning of
+channels or heads), a sparsity and the int8 engine, press **measure**: the panel takes the
+session's current trained weights (`session.state_dict()`, between steps; a running
+session keeps running), compresses copies of the model in a background thread
+("workbench-compress"), and shows the report's table and chart. The session's model is
+never changed. Bad settings show their message in the status line and nothing runs.
+
+The model measured: a built-in model is rebuilt from `session.model_name` and
+`session.model_options` with the trained weights; your own module is copied. Held-out
+data: `held_out=` when given, else the last `held_out_fraction` of `session.data` (which
+the session may have trained on: the status says so).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.ui.fields import status_html
+from workbench.ui.panel import PanelBase
+
+METHOD_CHOICES = (
+    ("int8", "INT8 dynamic quantization"),
+    ("prune", "unstructured pruning"),
+    ("channels", "structured: channels"),
+    ("heads", "structured: attention heads"),
+)
+
+
+class ReportChart:
+    """The report's chart as a PNG in an image widget (what `PanelBase.snapshot_png`
+    reads: `png`, `render()`)."""
+
+    def __init__(self) -> None:
+        self.image = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", height="auto")
+        )
+        self.image.add_class("wb-compress-chart")
+        self.png = b""
+
+    def show(self, png: bytes) -> None:
+        self.png = png
+        self.image.value = png
+
+    def render(self) -> bytes:
+        return self.png
+
+
+def model_of_session(session: Any) -> Any:
+    """A copy of the session's model with its current trained weights: a built-in model
+    rebuilt from its name and options, or your module copied. The session's own module is
+    not touched."""
+    weights = session.state_dict()
+    name = getattr(session, "model_name", None)
+    if name:
+        from workbench.models import build_model
+
+        module = build_model(name, **dict(session.model_options or {}))[0]
+    else:
+        module = copy.deepcopy(session.model)
+    module.load_state_dict(weights)
+    return module
+
+
+class CompressionPanel(PanelBase):
+    """Compress the session's model and show before/after (module docstring).
+
+    `loss_fn`: the task's loss; needed for your own module (a built-in model brings its
+    own). `held_out`: a held-out Dataset (default: the tail of `session.data`).
+    `measure_options` go to `compress` (`batch_size`, `repeats`, `eval_samples`).
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        *,
+        loss_fn: Callable[[Any, Any], Any] | None = None,
+        held_out: Any | None = None,
+        held_out_fraction: float = 0.1,
+        **measure_options: Any,
+    ) -> None:
+        super().__init__()
+        self.session = session
+        self._loss_fn = loss_fn
+        self._held_out = held_out
+        self._fraction = held_out_fraction
+        self._options = {"repeats": 20, "eval_samples": 2048, **measure_options}
+        self.report: Any | None = None
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+
+        self.methods = {
+            key: widgets.Checkbox(value=key in ("int8", "prune", "channels"), description=label)
+            for key, label in METHOD_CHOICES
+        }
+        for key, box in self.methods.items():
+            box.add_class(f"wb-compress-{key}")
+        self.sparsity = widgets.FloatSlider(
+            value=0.5, min=0.0, max=0.95, step=0.05, description="sparsity", readout_format=".2f"
+        )
+        self.engine = widgets.Dropdown(
+            options=["torchao", "torch.ao"], value="torchao", description="int8 engine"
+        )
+        self.button = widgets.Button(description="measure", button_style="primary", icon="compress")
+        self.button.add_class("wb-compress-measure")
+        self.button.on_click(lambda _: self.measure())
+        self.status = widgets.HTML(
+            status_html(
+                "info",
+                "Compress copies of the session's model and measure them; the session keeps "
+                "training.",
+            )
+        )
+        self.status.add_class("wb-compress-status")
+        self.table = widgets.HTML()
+        self.table.add_class("wb-compress-table")
+        self.chart = ReportChart()
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox(list(self.methods.values())[:2]),
+                widgets.HBox(list(self.methods.values())[2:]),
+                widgets.HBox([self.sparsity, self.engine, self.button]),
+                self.status,
+                self.table,
+                self.chart.image,
+            ],
+            layout=widgets.Layout(padding="6px"),
+        )
+        self.widget.add_class("wb-compress-panel")
+
+    # ------------------------------------------------------------------ view
+    def charts(self) -> list[Any]:
+        return [self.chart] if self.chart.png else []
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def selected(self) -> list[str]:
+        return [key for key, box in self.methods.items() if box.value]
+
+    def _show_status(self, kind: str, message: str) -> None:
+        self.status.value = status_html(kind, message)
+
+    # ------------------------------------------------------------------ actions
+    def measure(self, *, wait: bool = False) -> Any:
+        """Check the settings and start measuring in a background thread (`wait=True`:
+        block until done and return the report, or None on an error)."""
+        from workbench.compress.compare import method_problems
+        from workbench.compress.layers import sparsity_problem
+
+        if self.closed:
+            return None
+        if self.running:
+            self._show_status("warning", "already measuring; wait for it to finish")
+            return None
+        methods = self.selected()
+        problems = method_problems(methods)
+        bad = sparsity_problem(self.sparsity.value)
+        if bad:
+            problems.append(bad)
+        if problems:
+            self.error = "; ".join(problems)
+            self._show_status("error", self.error)
+            return None
+        self.error = None
+        self.button.disabled = True
+        self._show_status("info", f"measuring {', '.join(methods)} ...")
+        self._cancel.clear()
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(methods, float(self.sparsity.value), self.engine.value),
+            name="workbench-compress",
+            daemon=True,
+        )
+        self._thread.start()
+        if wait:
+            self._thread.join()
+            return self.report
+        return None
+
+    def _source(self) -> tuple[Any, Any, Any, str]:
+        """(model copy, held-out data, loss, a note on where the held-out data came from)."""
+        from workbench.compress.measure import held_out_split
+
+        model = model_of_session(self.session)
+        loss_fn = self._loss_fn
+        if loss_fn is None:
+            name = getattr(self.session, "model_name", None)
+            if not name:
+                raise ValueError(
+                    "loss_fn=None: the session trains your own module; pass "
+                    "CompressionPanel(session, loss_fn=...) (the task's loss)"
+                )
+            from workbench.models import build_model
+
+            loss_fn = build_model(name, **dict(self.session.model_options or {}))[2]
+        if self._held_out is not None:
+            return model, self._held_out, loss_fn, "held-out data as given"
+        _, held = held_out_split(self.session.data, self._fraction)
+        note = (
+            f"held-out: the last {self._fraction:.0%} of the session's data, which it may "
+            "have trained on"
+        )
+        return model, held, loss_fn, note
+
+    def _run(self, methods: list[str], sparsity: float, engine: str) -> None:
+        from workbench.compress import compress
+
+        try:
+            model, held_out, loss_fn, note = self._source()
+            if self._cancel.is_set():
+                return
+            report = compress(
+                model,
+                held_out,
+                loss_fn,
+                methods=methods,
+                sparsity=sparsity,
+                engine=engine,
+                title=f"compression of {self.session.model_name or type(model).__name__}",
+                **self._options,
+            )
+            if self._cancel.is_set():
+                return
+            self.report = report
+            self.table.value = report._repr_html_()
+            self.chart.show(report.chart_png())
+            paying = [v.method for v in report.verdicts() if v.pays]
+            self._show_status(
+                "ok",
+                f"measured; pays here: {', '.join(paying) or 'none'}. {note}.",
+            )
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._show_status("error", self.error)
+        finally:
+            self.button.disabled = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._cancel.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=120)
+        super().close()
+
+    def __repr__(self) -> str:
+        state = "measuring" if self.running else ("measured" if self.report else "idle")
+        return f"CompressionPanel({state}, methods={self.selected()})"
