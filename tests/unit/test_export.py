@@ -78,6 +78,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     assert script.stat().st_mode & stat.S_IXUSR
     values = job_values(str(script))
     assert values.pop("description").startswith("tiny-gpt, ZeRO stage 2")
+    assert TrainConfig.from_dict(values.pop("config")) == config  # every setting, for scripts
     assert values == {
         "model": "tiny-gpt",
         "model_options": {"layers": 2},

@@ -143,3 +143,155 @@ def test_exported_script_refuses_a_different_world_size(tmp_path: Path) -> None:
     assert code == 2 and lines == []
     assert "train_batch_size=8 was exported for world size 2" in err
     assert "this run has 1 rank(s)" in err and "--gpus 1" in err
+
+
+def no_workbench(folder: Path) -> str:
+    """A directory whose `workbench` package cannot be imported: put first on PYTHONPATH,
+    it shows an exported job runs from its own files (torch and the launcher only)."""
+    stub = folder / "no-workbench" / "workbench"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('workbench is not installed here')\n")
+    return str(stub.parent)
+
+
+def run_without_workbench(argv: list[str], cwd: Path) -> tuple[int, list[dict], str]:
+    """Run a job with `workbench` unimportable (the stub directory first on the path)."""
+    return _run_with_pythonpath(argv, cwd, no_workbench(cwd))
+
+
+def _run_with_pythonpath(
+    argv: list[str], cwd: Path, pythonpath: str
+) -> tuple[int, list[dict], str]:
+    env = dict(os.environ, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1")
+    env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=420)
+    lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+    return done.returncode, lines, done.stderr
+
+
+def test_exported_fsdp_job_trains_on_two_ranks_and_without_workbench(tmp_path: Path) -> None:
+    from workbench.export import export_job
+
+    config = TrainConfig(
+        fsdp="full_shard",
+        micro_batch=4,
+        grad_accum=2,
+        lr_schedule="cosine",
+        warmup_steps=1,
+        total_steps=10,
+        clip_grad_norm=1.0,
+    )
+    built_in = export_job(
+        config, format="fsdp", gpus=2, out_dir=tmp_path / "gpt", model_options=TINY_GPT
+    )
+    assert built_in.command == "torchrun --standalone --nproc-per-node 2 train_fsdp.py"
+    assert built_in.ds_config_path is None
+    job = Path(built_in.out_dir)
+    argv = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "train_fsdp.py",
+        "--steps",
+        "2",
+    ]
+    code, lines, err = run_job(argv, cwd=job)
+    assert code == 0, err[-3000:]
+    start, steps, done = lines[0], lines[1:-1], lines[-1]
+    assert start["world_size"] == 2 and start["fsdp"] == "full_shard"
+    assert [s["step"] for s in steps] == [1, 2] and all(math.isfinite(s["loss"]) for s in steps)
+    assert steps[0]["lr"] == pytest.approx(config.lr)  # warm-up step 1 of 1, then cosine
+    assert done == {"event": "done", "steps": 2}
+    # a factory model: the folder's own files and torch, nothing of workbench
+    factory = export_job(
+        TrainConfig(fsdp="no_shard", micro_batch=8, lr=1e-2),
+        format="fsdp",
+        gpus=1,
+        out_dir=tmp_path / "mine",
+        model="my_models:make",
+    )
+    mine = Path(factory.out_dir)
+    (mine / "my_models.py").write_text(FACTORY)
+    code, lines, err = run_without_workbench(
+        [sys.executable, "train_fsdp.py", "--steps", "2"], mine
+    )
+    assert code == 0, err[-3000:]
+    assert [ln.get("step") for ln in lines[1:-1]] == [1, 2]
+
+
+def test_exported_deepspeed_job_runs_without_workbench(tmp_path: Path) -> None:
+    result = export_deepspeed(
+        TrainConfig(zero_stage=1, micro_batch=8, lr=1e-2),
+        gpus=1,
+        out_dir=tmp_path / "job",
+        model="my_models:make",
+    )
+    job = Path(result.out_dir)
+    (job / "my_models.py").write_text(FACTORY)
+    code, lines, err = run_without_workbench(
+        [sys.executable, "train_deepspeed.py", "--steps", "2"], job
+    )
+    assert code == 0, err[-3000:]
+    check_two_steps(lines, stage=1, n_params=6 * 4 + 4 + 4 + 1)
+
+
+def test_exported_lightning_job_trains_on_cpu_and_says_which_strategies_need_a_gpu(
+    tmp_path: Path,
+) -> None:
+    from workbench.export import export_job
+
+    ddp = export_job(
+        TrainConfig(micro_batch=4, grad_accum=2),
+        format="lightning",
+        gpus=1,
+        out_dir=tmp_path / "ddp",
+        model_options=TINY_GPT,
+    )
+    assert json.loads((Path(ddp.out_dir) / "job.json").read_text())["strategy"] == "ddp"
+    code, lines, err = run_job(
+        [sys.executable, "train_lightning.py", "--steps", "2"], cwd=Path(ddp.out_dir)
+    )
+    assert code == 0, err[-3000:]
+    assert [ln["step"] for ln in lines[:-1]] == [1, 2]
+    assert all(math.isfinite(ln["loss"]) for ln in lines[:-1])
+    assert lines[-1] == {"event": "done", "steps": 2}
+    for config, strategy, name in (
+        (TrainConfig(fsdp="full_shard", micro_batch=4), "fsdp", "FSDP"),
+        (TrainConfig(zero_stage=2, micro_batch=4), "deepspeed", "DeepSpeed"),
+    ):
+        out = export_job(
+            config, format="lightning", gpus=1, out_dir=tmp_path / strategy, model_options=TINY_GPT
+        )
+        job = json.loads((Path(out.out_dir) / "job.json").read_text())
+        assert job["strategy"] == strategy
+        if strategy == "deepspeed":  # Lightning runs the optimizer and batches itself
+            ds = json.loads((Path(out.out_dir) / "ds_config.json").read_text())
+            assert ds["zero_optimization"]["stage"] == 2 and "optimizer" not in ds
+        code, _, err = run_job(
+            [sys.executable, "train_lightning.py", "--steps", "1"], cwd=Path(out.out_dir)
+        )
+        if torch_cuda():
+            assert code == 0, err[-3000:]
+        else:
+            assert code == 2 and f"Lightning's {name} strategy runs on CUDA GPUs only" in err
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_the_jobs_learning_rate_schedule_is_the_workbenchs() -> None:
+    from workbench.export.job_common import lr_multiplier as exported
+    from workbench.train.schedule import lr_multiplier
+
+    for schedule in ("constant", "cosine", "onecycle"):
+        for warmup in (0, 3):
+            for step in range(0, 25):
+                assert exported(schedule, step, warmup, 20) == lr_multiplier(
+                    schedule, step, warmup, 20
+                ), (schedule, warmup, step)

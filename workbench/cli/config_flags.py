@@ -70,7 +70,10 @@ CONFIG_FLAGS: dict[str, ConfigFlag] = {
         "--offload-optimizer", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 1-3"
     ),
     "offload_params": ConfigFlag(
-        "--offload-params", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 3 (cpu: also FSDP full_shard)"
+        "--offload-params",
+        "offload",
+        "DEVICE",
+        "none, cpu, nvme; ZeRO stage 3 (cpu: also FSDP full_shard)",
     ),
     "nvme_path": ConfigFlag("--nvme-path", "str", "PATH", "a writable directory for NVMe offload"),
     "loss_scale_init": ConfigFlag(

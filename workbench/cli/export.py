@@ -26,7 +26,7 @@ from workbench.export import (
     ExportError,
     ExportResult,
     describe,
-    export_deepspeed,
+    export_job,
     is_int,
     one_line,
 )
@@ -52,7 +52,12 @@ _HELP = {
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Arguments of `workbench export`; returns its runner (see workbench/cli.py)."""
     job = parser.add_argument_group("what to export")
-    job.add_argument("--format", default="deepspeed", help="export format: deepspeed (deepspeed)")
+    job.add_argument(
+        "--format",
+        default="deepspeed",
+        help="deepspeed (DeepSpeed's engine and launcher), fsdp (PyTorch FSDP2 under torchrun; "
+        "needs --fsdp), lightning (a Lightning Trainer with the matching strategy) (deepspeed)",
+    )
     job.add_argument(
         "--out",
         metavar="DIR",
@@ -143,8 +148,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("; ".join(problems))
     assert config is not None
     try:
-        result = export_deepspeed(
+        result = export_job(
             config,
+            format=args.format.strip().lower(),
             gpus=gpus,
             out_dir=args.out,
             model=args.model,
@@ -236,14 +242,13 @@ def _export_raw(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _report(result: ExportResult, config: TrainConfig) -> str:
-    ds = result.ds_config
+    batch = config.effective_batch_size(result.world_size)
     lines = [
         f"wrote {result.out_dir}: " + ", ".join(Path(p).name for p in result.paths),
         f"{describe(config, result.model)}",
         f"world size {result.world_size} ({result.gpus} GPU(s) x {result.nodes} node(s)): "
-        f"train_batch_size {ds['train_batch_size']} = micro-batch "
-        f"{ds['train_micro_batch_size_per_gpu']} x grad-accum "
-        f"{ds['gradient_accumulation_steps']} x {result.world_size}",
+        f"train_batch_size {batch} = micro-batch {config.micro_batch} x grad-accum "
+        f"{config.grad_accum} x {result.world_size}",
     ]
     e = result.estimate
     if e is not None:
@@ -276,4 +281,4 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FORMATS", "ExportError", "ExportResult", "add_parser", "export_deepspeed"]
+__all__ = ["FORMATS", "ExportError", "ExportResult", "add_parser"]

@@ -48,11 +48,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.config import OffloadDevice, TrainConfig, problem_lines
+from workbench.config import FsdpMode, OffloadDevice, TrainConfig, problem_lines
 
-FORMATS = ("deepspeed",)
+FORMATS = ("deepspeed", "fsdp", "lightning")
 CONFIG_NAME = "ds_config.json"
 SCRIPT_NAME = "train_deepspeed.py"
+#: the training script of each format (a module of this package, copied as is)
+SCRIPTS = {
+    "deepspeed": "train_deepspeed.py",
+    "fsdp": "train_fsdp.py",
+    "lightning": "train_lightning.py",
+}
 COMMON_NAME = "job_common.py"
 JOB_NAME = "job.json"
 LAUNCH_NAME = "launch.sh"
@@ -77,7 +83,7 @@ class ExportResult:
     """
 
     out_dir: str
-    ds_config_path: str
+    ds_config_path: str | None  # None when the job has no DeepSpeed config (fsdp, ...)
     script_path: str
     launch_path: str
     hostfile_path: str | None
@@ -93,6 +99,7 @@ class ExportResult:
     paths: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     estimate: Any | None = None
+    format: str = "deepspeed"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -125,9 +132,17 @@ class _Job:
 
 
 # --------------------------------------------------------------------------- public API
-def export_deepspeed(
+def export_deepspeed(config: TrainConfig, **options: Any) -> ExportResult:
+    """`export_job(config, format="deepspeed", ...)`: `ds_config.json`,
+    `train_deepspeed.py`, `job_common.py`, `job.json` and `launch.sh` (see the module
+    docstring)."""
+    return export_job(config, format="deepspeed", **options)
+
+
+def export_job(
     config: TrainConfig,
     *,
+    format: str = "deepspeed",
     gpus: int,
     out_dir: str | os.PathLike[str],
     model: str = "tiny-gpt",
@@ -137,8 +152,12 @@ def export_deepspeed(
     steps: int | None = None,
     warnings: tuple[str, ...] | list[str] = (),
 ) -> ExportResult:
-    """Write `ds_config.json`, `train_deepspeed.py` and `launch.sh` into `out_dir` for
-    `gpus` ranks on each of `nodes` nodes (see the module docstring).
+    """Write a ready-to-run training job for `gpus` ranks on each of `nodes` nodes into
+    `out_dir`: `format` "deepspeed" (DeepSpeed's engine and launcher), "fsdp" (PyTorch
+    FSDP2 under torchrun; needs `config.fsdp`) or "lightning" (a Lightning Trainer with
+    DeepSpeed's strategy for ZeRO / DeepSpeed 16-bit, FSDP's for `fsdp`, else data
+    parallel). Every job has its script (a module of this package, copied as is),
+    `job_common.py`, `job.json` and `launch.sh`; DeepSpeed jobs also `ds_config.json`.
 
     `steps`: optimizer steps the script runs by default (None: `config.total_steps`).
     `warnings`: lines to carry into the result (e.g. from importing a DeepSpeed config).
@@ -147,6 +166,8 @@ def export_deepspeed(
     problems: list[str] = []
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+    if format not in FORMATS:
+        problems.append(f"format={format!r}: must be one of {', '.join(FORMATS)}")
     for name, value in (("gpus", gpus), ("nodes", nodes)):
         if not is_int(value) or value < 1:
             problems.append(f"{name}={value!r}: must be an integer >= 1")
@@ -155,8 +176,18 @@ def export_deepspeed(
     options = _check_model(model, model_options, problems)
     host_path = _check_hostfile(hostfile, nodes, gpus, problems)
     out = _check_out_dir(out_dir, problems)
+    fsdp = FsdpMode(config.fsdp)
+    if format == "fsdp" and fsdp is FsdpMode.OFF:
+        problems.append(
+            "fsdp='off': --format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
+        )
+    if format == "fsdp" and config.uses_deepspeed:
+        problems.append(f"zero_stage={config.zero_stage}: --format fsdp exports PyTorch FSDP jobs")
+    strategy = (
+        "deepspeed" if config.uses_deepspeed else ("fsdp" if fsdp is not FsdpMode.OFF else "ddp")
+    )
     ds: dict[str, Any] = {}
-    if not problems:
+    if not problems and (format == "deepspeed" or strategy == "deepspeed"):
         try:
             ds = config.to_deepspeed(world_size=gpus * nodes)
         except ValueError as exc:
@@ -166,31 +197,35 @@ def export_deepspeed(
     assert out is not None
 
     world = gpus * nodes
+    script = SCRIPTS[format]
     total_steps = int(config.total_steps) if steps is None else steps
-    template = nodes > 1 and host_path is None
+    template = format == "deepspeed" and nodes > 1 and host_path is None
     hostfile_text = str(host_path) if host_path is not None else HOSTFILE_NAME
-    commands = _commands(gpus=gpus, nodes=nodes, hostfile=hostfile_text)
-    primary = commands["multinode"] if (nodes > 1 or host_path is not None) else commands["single"]
+    commands = _commands(format, gpus=gpus, nodes=nodes, hostfile=hostfile_text)
+    several = nodes > 1 or (format == "deepspeed" and host_path is not None)
+    primary = commands["multinode"] if several else commands["single"]
     estimate = _estimate(config, model, options, world)
-    files = {
-        CONFIG_NAME: json.dumps(ds, indent=2) + "\n",
-        SCRIPT_NAME: _script_text(SCRIPT_NAME),
-        COMMON_NAME: _script_text(COMMON_NAME),
-        JOB_NAME: json.dumps(
-            _job(config, model=model, options=options, steps=total_steps, world=world), indent=2
-        )
-        + "\n",
-        LAUNCH_NAME: _launch_sh(config, model, gpus, nodes, primary, commands),
-    }
+    job = _job(config, model=model, options=options, steps=total_steps, world=world)
+    if format == "lightning":
+        job["strategy"] = strategy
+        if strategy == "deepspeed":  # Lightning runs the optimizer, schedule and batches
+            ds = {k: v for k, v in ds.items() if k in _LIGHTNING_DS_KEYS}
+    files: dict[str, str] = {}
+    if ds:
+        files[CONFIG_NAME] = json.dumps(ds, indent=2) + "\n"
+    files[script] = _script_text(script)
+    files[COMMON_NAME] = _script_text(COMMON_NAME)
+    files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
+    files[LAUNCH_NAME] = _launch_sh(format, config, model, gpus, nodes, primary, commands)
     if template:
         files[HOSTFILE_NAME] = _hostfile_template(nodes, gpus)
-    _write(_Job(out, files, frozenset({SCRIPT_NAME, LAUNCH_NAME})))
+    _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))
     if template:
         host_path = out / HOSTFILE_NAME
     return ExportResult(
         out_dir=str(out),
-        ds_config_path=str(out / CONFIG_NAME),
-        script_path=str(out / SCRIPT_NAME),
+        ds_config_path=str(out / CONFIG_NAME) if ds else None,
+        script_path=str(out / script),
         launch_path=str(out / LAUNCH_NAME),
         hostfile_path=None if host_path is None else str(host_path),
         world_size=world,
@@ -205,7 +240,14 @@ def export_deepspeed(
         paths=tuple(str(out / name) for name in files),
         warnings=tuple(warnings),
         estimate=estimate,
+        format=format,
     )
+
+
+#: the DeepSpeed settings a Lightning job passes to its strategy (the rest is Lightning's)
+_LIGHTNING_DS_KEYS = frozenset(
+    {"zero_optimization", "fp16", "bf16", "zero_allow_untested_optimizer"}
+)
 
 
 # --------------------------------------------------------------------------- checks
@@ -364,25 +406,44 @@ def _write(job: _Job) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _commands(*, gpus: int, nodes: int, hostfile: str) -> dict[str, str]:
-    tail = f"{SCRIPT_NAME} --deepspeed_config {CONFIG_NAME}"
+def _commands(format: str, *, gpus: int, nodes: int, hostfile: str) -> dict[str, str]:
+    script = SCRIPTS[format]
+    multinode_torchrun = (
+        f"torchrun --nnodes {nodes} --nproc-per-node {gpus} --node-rank $NODE_RANK "
+        f"--master-addr $MASTER_ADDR --master-port {MASTER_PORT} {script}"
+    )
+    if format == "fsdp":
+        single = f"torchrun --standalone --nproc-per-node {gpus} {script}"
+        return {
+            "single": single,
+            "torchrun": single,
+            "multinode": multinode_torchrun,
+            "multinode_torchrun": multinode_torchrun,
+        }
+    if format == "lightning":
+        devices = f"--devices {gpus}"
+        return {
+            "single": f"python {script} {devices}",
+            "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {script} {devices}",
+            "multinode": f"{multinode_torchrun} {devices}",
+            "multinode_torchrun": f"{multinode_torchrun} {devices}",
+        }
+    tail = f"{script} --deepspeed_config {CONFIG_NAME}"
     host = shlex.quote(hostfile)
     return {
         "single": f"deepspeed --num_gpus {gpus} {tail}",
         "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {tail}",
         "multinode": (f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}"),
-        "multinode_torchrun": (
-            f"torchrun --nnodes {nodes} --nproc-per-node {gpus} --node-rank $NODE_RANK "
-            f"--master-addr $MASTER_ADDR --master-port {MASTER_PORT} {tail}"
-        ),
+        "multinode_torchrun": f"{multinode_torchrun} --deepspeed_config {CONFIG_NAME}",
     }
 
 
 def describe(config: TrainConfig, model: str) -> str:
     """One line naming the model and the settings that shape the job."""
+    engine = FsdpMode(config.fsdp)
     parts = [
         model,
-        f"ZeRO stage {config.zero_stage}",
+        f"FSDP {engine.value}" if engine is not FsdpMode.OFF else f"ZeRO stage {config.zero_stage}",
         str(config.precision),
         str(config.optimizer),
         f"micro-batch {config.micro_batch}",
@@ -396,6 +457,7 @@ def describe(config: TrainConfig, model: str) -> str:
 
 
 def _launch_sh(
+    format: str,
     config: TrainConfig,
     model: str,
     gpus: int,
@@ -404,28 +466,39 @@ def _launch_sh(
     commands: dict[str, str],
 ) -> str:
     world = gpus * nodes
-    if nodes == 1:
+    script = SCRIPTS[format]
+    if format == "deepspeed" and nodes == 1:
         several = f"""# One node with torchrun instead of DeepSpeed's launcher:
 #   {commands["torchrun"]}
 # Several nodes: re-export with `workbench export --format deepspeed --nodes M --hostfile FILE`
-# (train_batch_size = micro-batch x grad-accum x world size changes with the world size)."""
-    else:
+# (train_batch_size = micro-batch x grad-accum x world size changes with the world size).
+# One process without any launcher (rank 0 of 1, set up by the script; CPU works with gloo),
+# for a config exported with --gpus 1:
+#   python {script} --deepspeed_config {CONFIG_NAME} --steps 2"""
+    elif format == "deepspeed":
         several = f"""# DeepSpeed's launcher runs every rank from this node over ssh (hostfile: one
 # 'HOSTNAME slots=GPUS' line per node; this directory at the same path on every node).
 # With torchrun instead, run on every node (NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0):
 #   {commands["multinode_torchrun"]}"""
+    elif format == "fsdp":
+        several = f"""# Several nodes: run on every node (NODE_RANK 0..N-1, MASTER_ADDR = node 0):
+#   {commands["multinode_torchrun"].replace(f"--nnodes {nodes}", "--nnodes N")}
+# One process without any launcher (rank 0 of 1; CPU works with gloo):
+#   python {script} --steps 2"""
+    else:
+        several = f"""# Under torchrun instead of Lightning's own process launch:
+#   {commands["torchrun"]}
+# One process on this machine's CPU or GPU:
+#   python {script} --devices 1 --steps 2"""
     return f"""#!/usr/bin/env bash
 # {describe(config, model)}
-# world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format deepspeed`.
+# world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format {format}`.
 # Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.
 set -euo pipefail
 cd "$(dirname "$0")"
 exec {primary} "$@"
 
 {several}
-# One process without any launcher (rank 0 of 1, set up by the script; CPU works with gloo),
-# for a config exported with --gpus 1:
-#   python {SCRIPT_NAME} --deepspeed_config {CONFIG_NAME} --steps 2
 """
 
 
@@ -453,7 +526,9 @@ def _estimate(config: TrainConfig, model: str, options: dict[str, Any], world: i
 def _job(
     config: TrainConfig, *, model: str, options: dict[str, Any], steps: int, world: int
 ) -> dict[str, Any]:
-    """`job.json`: what the script needs that DeepSpeed JSON cannot say."""
+    """`job.json`: the model, the data loader, the steps and every training setting
+    (`config`, what DeepSpeed JSON cannot say for a DeepSpeed job, everything for the
+    others)."""
     return {
         "description": describe(config, model),
         "model": model,
@@ -464,6 +539,7 @@ def _job(
         "pin_memory": bool(config.pin_memory),
         "activation_checkpointing": bool(config.activation_checkpointing),
         "exported_world_size": world,
+        "config": config.to_dict(),
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import socket
 import sys
@@ -152,3 +153,48 @@ def loss_of(engine: Any, batch: Any, loss_fn: Any) -> torch.Tensor:
         return loss.float()
     inputs, targets = batch
     return loss_fn(to_fp32(engine(inputs)), targets)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------- settings (job["config"])
+#: The learning-rate schedule, the same formulas as `workbench.train.schedule`.
+ONECYCLE_PCT_START = 0.3
+ONECYCLE_FINAL_DIV = 1e4
+
+
+def lr_multiplier(schedule: str, step: int, warmup_steps: int, total_steps: int) -> float:
+    """Factor applied to the base learning rate for the step after `step` applied steps:
+    linear warm-up, then constant, a half-cosine to 0 ("cosine") or to 1e-4 ("onecycle",
+    whose warm-up defaults to 30% of the steps)."""
+    warmup = warmup_steps
+    if schedule == "onecycle" and warmup == 0:
+        warmup = max(1, int(ONECYCLE_PCT_START * total_steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "cosine":
+        return cosine
+    floor = 1.0 / ONECYCLE_FINAL_DIV
+    return floor + (1.0 - floor) * cosine
+
+
+def make_optimizer(config: dict[str, Any], params: Any) -> torch.optim.Optimizer:
+    """The torch optimizer of a TrainConfig dict (adamw, adam, sgd, sgd-nomomentum)."""
+    name, lr, wd = config["optimizer"], float(config["lr"]), float(config["weight_decay"])
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+    if name in ("sgd", "sgd-nomomentum"):
+        momentum = float(config["momentum"]) if name == "sgd" else 0.0
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
+    fail(f"optimizer {name!r}: this script trains adamw, adam, sgd or sgd-nomomentum")
+
+
+def marked_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks the workbench marked as the model's repeated units (checkpointable):
+    the built-in GPT's transformer blocks; FSDP wraps each of them."""
+    return [m for m in module.modules() if getattr(m, "_workbench_checkpointable", False)]

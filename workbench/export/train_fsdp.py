@@ -1,0 +1,227 @@
+#!/usr/bin/env python
+"""Train with PyTorch FSDP2: the job `workbench export --format fsdp` wrote beside this file.
+
+Run it in its directory:
+
+    torchrun --standalone --nproc-per-node N train_fsdp.py
+    python train_fsdp.py                                  # one process, no launcher
+
+`job.json` holds the model (a workbench built-in name, or an importable factory
+"pkg.module:function" found from the current folder), its options, the seed, the number
+of steps and the training settings (`config`: the workbench TrainConfig as a dict). This
+file and `job_common.py` beside it are the same for every job (the workbench ships them
+in `workbench/export/` and copies them as is). It needs torch only; workbench only for a
+built-in model or activation checkpointing.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) wraps each block the workbench marked
+(the built-in GPT's transformer blocks), then the root: "full_shard" reshards parameters
+after forward, "shard_grad_op" keeps them gathered until backward, "no_shard" replicates
+(a 2-D mesh, N replicas x 1 shard). "amp-bf16"/"amp-fp16" gather parameters in 16 bit for
+compute (`MixedPrecisionPolicy`; fp16 adds torch's GradScaler); `offload_params="cpu"`
+keeps shards in host memory. Rank 0 prints one JSON line per optimizer step
+({"step": ..., "loss": ...}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
+try:
+    from workbench.export.job_common import (
+        JOB_NAME,
+        batches,
+        build,
+        fail,
+        loss_of,
+        lr_multiplier,
+        make_optimizer,
+        marked_blocks,
+        read_job,
+        single_process_env,
+        to_device,
+    )
+except ImportError:  # an exported folder without workbench installed
+    from job_common import (  # type: ignore[no-redef, import-not-found]
+        JOB_NAME,
+        batches,
+        build,
+        fail,
+        loss_of,
+        lr_multiplier,
+        make_optimizer,
+        marked_blocks,
+        read_job,
+        single_process_env,
+        to_device,
+    )
+
+HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+
+
+def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=f"Train with FSDP: {job['description']}")
+    steps = int(job["steps"])
+    parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: must be an integer >= 1")
+    return args
+
+
+def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device) -> None:
+    """Apply FSDP2 to the marked blocks, then to the root (see the module docstring)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    mode, world = config["fsdp"], dist.get_world_size()
+    half = HALF.get(config["precision"])
+    reduce = torch.float32 if config.get("fsdp_reduce_fp32", True) else half
+    if mode == "no_shard":
+        mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (world,))
+    offload = config.get("offload_params") == "cpu"
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce if half else None),
+        "offload_policy": (
+            CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+        ),
+        "reshard_after_forward": mode == "full_shard",
+    }
+    for block in marked_blocks(module):
+        fully_shard(block, **options)
+    fully_shard(module, **options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    job = read_job(os.path.join(HERE, JOB_NAME))
+    args = parse_args(job, argv)
+    config = job["config"]
+    if config.get("fsdp", "off") == "off":
+        fail(f"{JOB_NAME}: config.fsdp is 'off'; export with --fsdp full_shard (or another mode)")
+    single_process_env()
+    cuda = torch.cuda.is_available() and config.get("device") != "cpu"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+
+    module, dataset, loss_fn = build(job)
+    module.to(device)
+    shard(module, config, device)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = make_optimizer(config, params)
+    scaler = (
+        torch.amp.GradScaler(
+            device.type,
+            init_scale=float(config["loss_scale_init"]),
+            growth_factor=float(config["loss_scale_growth"]),
+            backoff_factor=float(config["loss_scale_backoff"]),
+            growth_interval=int(config["loss_scale_interval"]),
+        )
+        if config["precision"] == "amp-fp16"
+        else None
+    )
+    micro, accum = int(config["micro_batch"]), int(config["grad_accum"])
+    clip = config.get("clip_grad_norm")
+    base_lr = float(config["lr"])
+    seed = int(job["seed"])
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=micro,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=int(job["num_workers"]),
+        pin_memory=bool(job["pin_memory"]),
+    )
+    data = batches(loader, sampler)
+    n_params = sum(p.numel() for p in params)  # a DTensor's numel is its full size
+    if rank == 0:
+        start = {
+            "event": "start",
+            "model": job["model"],
+            "world_size": world,
+            "fsdp": config["fsdp"],
+            "n_params": n_params,
+            "micro_batch": micro,
+            "grad_accum": accum,
+            "steps": args.steps,
+        }
+        print(json.dumps(start), flush=True)
+    applied = 0
+    for step in range(1, args.steps + 1):
+        lr = base_lr * lr_multiplier(
+            config["lr_schedule"], applied, int(config["warmup_steps"]), int(config["total_steps"])
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=device)
+        for _ in range(accum):
+            batch = to_device(next(data), device)
+            loss = loss_of(module, batch, loss_fn)
+            scaled = loss / accum
+            if scaler is not None:
+                scaled = scaler.scale(scaled)
+            torch.autograd.backward(scaled)
+            total += loss.detach().float()
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, float(clip))
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        full = getattr(norm, "full_tensor", None)
+        grad_norm = float(full() if callable(full) else norm)  # host waits for the device
+        skipped = False
+        if scaler is not None:
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            skipped = scaler.get_scale() < before
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        applied += 0 if skipped else 1
+        dist.all_reduce(total)  # mean loss over ranks and micro-batches
+        loss_value = total.item() / (accum * world)
+        if rank == 0:
+            record = {
+                "step": step,
+                "loss": loss_value,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "skipped": skipped,
+                "step_seconds": time.perf_counter() - t0,
+            }
+            print(json.dumps(record), flush=True)
+    if rank == 0:
+        print(json.dumps({"event": "done", "steps": args.steps}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+#!/usr/bin/env python
+"""Train with Lightning: the job `workbench export --format lightning` wrote beside this file.
+
+Run it in its directory:
+
+    python train_lightning.py --devices N       # Lightning starts the N processes itself
+    torchrun --standalone --nproc-per-node N train_lightning.py --devices N
+
+`job.json` holds the model (a workbench built-in name, or an importable factory
+"pkg.module:function" found from the current folder), its options, the seed, the number
+of steps, the training settings (`config`: the workbench TrainConfig as a dict) and the
+Lightning strategy the settings map to: DeepSpeed's (`ds_config.json` beside this file:
+the ZeRO stage, offload and 16-bit settings; Lightning runs the optimizer, schedule and
+batch sizes) for ZeRO or DeepSpeed 16-bit, FSDP's (`sharding_strategy` from `fsdp`,
+blocks the workbench marked wrapped) for FSDP, else data parallel. This file and
+`job_common.py` are the same for every job (shipped in `workbench/export/`, copied as is).
+It needs torch and lightning (and deepspeed for its strategy); workbench only for a
+built-in model or activation checkpointing. Lightning's DeepSpeed and FSDP strategies run
+on CUDA GPUs only (the script says so and stops on a CPU); data parallel runs anywhere.
+
+Rank 0 prints one JSON line per optimizer step ({"step": ..., "loss": ...}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
+try:
+    from workbench.export.job_common import (
+        JOB_NAME,
+        build,
+        fail,
+        loss_of,
+        lr_multiplier,
+        make_optimizer,
+        marked_blocks,
+        read_job,
+    )
+except ImportError:  # an exported folder without workbench installed
+    from job_common import (  # type: ignore[no-redef, import-not-found]
+        JOB_NAME,
+        build,
+        fail,
+        loss_of,
+        lr_multiplier,
+        make_optimizer,
+        marked_blocks,
+        read_job,
+    )
+
+CONFIG_NAME = "ds_config.json"
+#: the workbench's precision -> Lightning's
+PRECISION = {
+    "fp32": "32-true",
+    "amp-bf16": "bf16-mixed",
+    "amp-fp16": "16-mixed",
+    "bf16": "bf16-mixed",  # with DeepSpeed's strategy: its bf16 mode
+    "fp16": "16-mixed",  # with DeepSpeed's strategy: its loss-scaled fp16
+}
+SHARDING = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "no_shard": "NO_SHARD"}
+
+
+class JobModule(L.LightningModule):
+    """The job's model, loss, optimizer and schedule as a LightningModule."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Any, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.settings = config
+        self._t0 = time.perf_counter()
+        self._losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = loss_of(self.model, batch, self.loss_fn)
+        self._losses.append(float(loss.detach()))
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        accum = int(self.settings["grad_accum"])
+        if (batch_idx + 1) % accum or self.global_rank != 0:
+            return
+        record = {
+            "step": int(self.trainer.global_step),
+            "loss": sum(self._losses) / len(self._losses),
+            "lr": float(self.trainer.optimizers[0].param_groups[0]["lr"]),
+            "step_seconds": time.perf_counter() - self._t0,
+        }
+        print(json.dumps(record), flush=True)
+        self._losses, self._t0 = [], time.perf_counter()
+
+    def configure_optimizers(self) -> Any:
+        cfg = self.settings
+        optimizer = make_optimizer(cfg, [p for p in self.parameters() if p.requires_grad])
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: lr_multiplier(
+                cfg["lr_schedule"], step, int(cfg["warmup_steps"]), int(cfg["total_steps"])
+            ),
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def strategy(job: dict[str, Any], model: torch.nn.Module) -> Any:
+    """Lightning's strategy for the job's settings (see the module docstring)."""
+    kind = job["strategy"]
+    if kind == "deepspeed":
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(config=os.path.join(HERE, CONFIG_NAME))
+    if kind == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        blocks = {type(b) for b in marked_blocks(model)}
+        return FSDPStrategy(
+            sharding_strategy=SHARDING[job["config"]["fsdp"]],  # type: ignore[arg-type]
+            auto_wrap_policy=blocks or None,
+        )
+    return "auto"
+
+
+def main(argv: list[str] | None = None) -> int:
+    job = read_job(os.path.join(HERE, JOB_NAME))
+    parser = argparse.ArgumentParser(description=f"Train with Lightning: {job['description']}")
+    steps = int(job["steps"])
+    parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
+    parser.add_argument("--devices", type=int, default=1, help="processes, one per GPU (1)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.devices < 1:
+        parser.error(f"--steps {args.steps} / --devices {args.devices}: must be integers >= 1")
+    config = job["config"]
+    L.seed_everything(int(job["seed"]), verbose=False)
+    model, dataset, loss_fn = build(job)
+    loader = DataLoader(
+        dataset,
+        batch_size=int(config["micro_batch"]),
+        shuffle=True,
+        drop_last=True,
+        num_workers=int(job["num_workers"]),
+        pin_memory=bool(job["pin_memory"]),
+    )
+    cpu = config.get("device") == "cpu" or not torch.cuda.is_available()
+    if cpu and job["strategy"] in ("deepspeed", "fsdp"):
+        name = {"deepspeed": "DeepSpeed", "fsdp": "FSDP"}[job["strategy"]]
+        fail(f"Lightning's {name} strategy runs on CUDA GPUs only; this run is on the CPU")
+    trainer = L.Trainer(
+        accelerator="cpu" if cpu else "gpu",
+        devices=args.devices,
+        strategy=strategy(job, model),
+        precision=PRECISION[config["precision"]],  # type: ignore[arg-type]
+        max_steps=args.steps,
+        accumulate_grad_batches=int(config["grad_accum"]),
+        gradient_clip_val=config.get("clip_grad_norm"),
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(JobModule(model, loss_fn, config), train_dataloaders=loader)
+    if trainer.global_rank == 0:
+        print(json.dumps({"event": "done", "steps": int(trainer.global_step)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
