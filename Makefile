@@ -53,6 +53,7 @@ bench: install
 	$(PY) benchmarks/sampler.py
 	$(PY) benchmarks/panels.py
 	$(PY) benchmarks/sharding.py
+	$(PY) benchmarks/long_run.py
 
 # On a machine with an NVIDIA GPU: every CUDA, NCCL and NVML path (fails without CUDA).
 gpu-check: install

@@ -28,7 +28,7 @@ def test_a_short_series_is_drawn_as_given() -> None:
 
 def test_a_million_points_become_a_bounded_few_with_the_spikes() -> None:
     rng = random.Random(1)
-    s = Downsampled(buckets=1000)
+    s = Downsampled()
     for x in range(1, 1_000_001):
         y = 1.0 + rng.random() * 0.01
         if x == 123_457:
@@ -37,8 +37,8 @@ def test_a_million_points_become_a_bounded_few_with_the_spikes() -> None:
             y = -7.0  # one step's dip
         s.append(x, y)
     xs, ys = s.points()
-    assert len(xs) <= 2 * 1001 + 1 and xs[-1] == 1_000_000
-    assert xs == sorted(xs) and xs[0] <= s.stride and xs[-1] > 1_000_000 - 2 * s.stride
+    assert len(xs) <= 1001 and xs[-1] == 1_000_000
+    assert xs == sorted(xs) and xs[0] <= 2 * s.stride
     assert (123_457, 40.0) in zip(xs, ys, strict=True) and (876_543, -7.0) in zip(
         xs, ys, strict=True
     )
@@ -60,8 +60,31 @@ def test_every_bucket_keeps_its_lowest_and_highest(values: list[float], buckets:
     for start in range(0, len(values) - s.stride + 1, s.stride):
         window = values[start : start + s.stride]
         inside = [y for x, y in zip(xs, ys, strict=True) if start <= x < start + s.stride]
-        if inside:
-            assert min(inside) == min(window) and max(inside) == max(window)
+        assert min(inside) == min(window) and max(inside) == max(window)
+
+
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=500),
+    st.integers(2, 40),
+)
+def test_a_point_budget_keeps_the_extremes(values: list[float], limit: int) -> None:
+    s = Downsampled(buckets=64)
+    for x, y in enumerate(values):
+        s.append(x, y)
+    xs, ys = s.points(limit)
+    assert len(xs) <= limit + 1 and xs == sorted(set(xs)) and xs[-1] == len(values) - 1
+    assert all(values[x] == y for x, y in zip(xs, ys, strict=True))
+    assert min(ys) == min(values) and max(ys) == max(values)
+
+
+def test_the_points_drawn_do_not_grow_with_the_run() -> None:
+    s = Downsampled()
+    counts = {}
+    for x in range(1, 1_000_001):
+        s.append(x, math.sin(x / 977))
+        if x in (1_000, 10_000, 100_000, 1_000_000):
+            counts[x] = len(s.points()[0])
+    assert all(990 <= c <= 1001 for c in counts.values()), counts
 
 
 def test_bad_bucket_count() -> None:
@@ -121,7 +144,7 @@ def test_the_panel_draws_a_long_run_from_bounded_memory() -> None:
         session.add(50_000, spikes)  # the panel falls behind by more than the history keeps
         panel.refresh(draw_now=True)
         data = panel.chart_data()
-        assert len(data["steps"]) <= 2 * 1001 + 1
+        assert len(data["steps"]) <= 1001
         assert data["steps"] == sorted(set(data["steps"]))  # nothing twice after catching up
         assert data["steps"][-1] == 100_000 and data["steps"][0] <= panel.series["loss"].stride
         for step, loss in spikes.items():

@@ -13,9 +13,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 # --------------------------------------------------------------------------- series
-#: Buckets of a downsampled series: at most two points each, about one per pixel column
-#: of a chart.
-SERIES_BUCKETS = 1000
+#: Buckets a downsampled series stores (between half this and this many at any time).
+SERIES_BUCKETS = 1024
+#: Points a chart line draws at most: about two per pixel column of a panel's chart.
+SERIES_POINTS = 1000
 
 
 class Downsampled:
@@ -24,9 +25,12 @@ class Downsampled:
     Points arrive in increasing x and fold into buckets of `stride` consecutive points;
     each bucket keeps its lowest and its highest point, so a spike or a dip is never
     dropped. When there are more than `buckets` buckets, neighbours merge and the stride
-    doubles. `points()` returns at most `2 * (buckets + 1) + 1` points (the newest point
-    too, so the line reaches the current step): a redraw costs the same at a thousand
-    steps and at a million. Until the first merge every point is kept as given. Non-finite values (a NaN loss) have no place on a line and are skipped.
+    doubles. `points(limit)` draws from them at most `limit` points (plus the newest, so
+    the line reaches the current step): when there are more, neighbouring buckets are
+    grouped into `limit // 2` bins, each again giving its lowest and highest point. So a
+    line costs the same to draw at a thousand steps and at a million, and a short series
+    (at most `limit // 2` points) is drawn as given. Non-finite values (a NaN loss) have
+    no place on a line and are skipped.
     """
 
     __slots__ = ("bucket_limit", "stride", "count", "_buckets", "_open", "_last")
@@ -74,11 +78,23 @@ class Downsampled:
         self._buckets = merged
         self.stride *= 2
 
-    def points(self) -> tuple[list[float], list[float]]:
-        """(xs, ys) in increasing x: each bucket's low and high point (one if they meet)."""
+    def points(self, limit: int = SERIES_POINTS) -> tuple[list[float], list[float]]:
+        """(xs, ys) in increasing x: the lowest and highest point of each bucket, or of
+        each bin of neighbouring buckets when that would be more than `limit` points."""
+        buckets = [*self._buckets, *([self._open] if self._open is not None else [])]
+        bins = max(1, limit // 2)
+        if len(buckets) > bins:
+            grouped = []
+            m = len(buckets)
+            for i in range(bins):
+                group = buckets[i * m // bins : (i + 1) * m // bins]
+                low = min(group, key=lambda b: b[2])
+                high = max(group, key=lambda b: b[4])
+                grouped.append([0, low[1], low[2], high[3], high[4]])
+            buckets = grouped
         xs: list[float] = []
         ys: list[float] = []
-        for b in (*self._buckets, *([self._open] if self._open is not None else [])):
+        for b in buckets:
             if b[1] == b[3]:
                 xs.append(b[1])
                 ys.append(b[2])
