@@ -528,3 +528,56 @@ def test_two_fsdp_ranks_report_the_fsdp_accounting(tmp_path: Path) -> None:
             assert entry[key] == entry["predicted"][key] == entry["predicted_paper"][key], key
         assert entry["predicted"]["params_bytes"] == 4 * -(-out["n_params"] // 2)
         assert len(entry["losses"]) == 2 and all(math.isfinite(v) for v in entry["losses"])
+
+
+def test_sigterm_under_fsdp_checkpoints_every_rank_and_resume_continues(tmp_path: Path) -> None:
+    """As for ZeRO: a SIGTERM reaches `launch_ranks`' process, every FSDP rank finishes its
+    step and saves (the full state, gathered), and a resumed launch continues the
+    trajectory of a run that was never interrupted, bit for bit."""
+    config = TrainConfig(fsdp="full_shard", **CPU)
+    steps = 12
+    straight = launch_ranks(
+        config,
+        ranks=2,
+        model="tests.integration.test_launch:slow_mlp",
+        model_options=MLP,
+        steps=steps,
+        timeout=LAUNCH_TIMEOUT,
+    )
+    assert straight.ok, straight.first_error
+    ckpt = tmp_path / "ckpt"
+
+    def stop_after_first_record(record: StepRecord) -> None:
+        if record.rank == 0 and record.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # forwarded to the ranks by launch_ranks
+
+    stopped = launch_ranks(
+        config,
+        ranks=2,
+        model="tests.integration.test_launch:slow_mlp",
+        model_options=MLP,
+        steps=steps,
+        checkpoint_dir=ckpt,
+        on_record=stop_after_first_record,
+        timeout=LAUNCH_TIMEOUT,
+    )
+    assert stopped.preempted, stopped.first_error
+    saved = [sorted(p.name for p in (ckpt / f"rank-{r}").glob("step-*.pt")) for r in (0, 1)]
+    assert saved[0] == saved[1] and len(saved[0]) == 1
+    k = int(saved[0][0].removeprefix("step-").removesuffix(".pt"))
+    assert 2 <= k < steps
+    resumed = launch_ranks(
+        config,
+        ranks=2,
+        model="tests.integration.test_launch:slow_mlp",
+        model_options=MLP,
+        steps=steps,
+        resume=ckpt,
+        timeout=LAUNCH_TIMEOUT,
+    )
+    assert resumed.ok, resumed.first_error
+    for r in (0, 1):
+        got = resumed.ranks[r].records
+        assert [x.step for x in got] == list(range(k + 1, steps + 1))
+        assert [x.loss for x in got] == [x.loss for x in straight.ranks[r].records[k:]]
+    assert rank_workers() == []
