@@ -311,6 +311,8 @@ class TrainConfig:
     activation_checkpointing   recompute marked blocks in backward (True / False)
     num_workers, pin_memory    data-loader processes >= 0; pinned host memory
     zero_stage           0, 1, 2 or 3 (DeepSpeed ZeRO)
+    compile              run the forward through `torch.compile` (True / False); the first
+                         step after a (re)build compiles (its record is marked `warmup`)
     fsdp                 "off", "full_shard", "shard_grad_op", "no_shard" (PyTorch FSDP2;
                          with zero_stage=0 and precision fp32, amp-bf16 or amp-fp16)
     fsdp_reduce_fp32     FSDP under AMP: reduce gradients in fp32 (True) or in the 16-bit
@@ -343,6 +345,7 @@ class TrainConfig:
     num_workers: int = 0
     pin_memory: bool = False
     zero_stage: int = 0
+    compile: bool = False
     fsdp: FsdpMode | str = FsdpMode.OFF
     fsdp_reduce_fp32: bool = True
     offload_optimizer: OffloadDevice | str = OffloadDevice.NONE
@@ -437,7 +440,7 @@ class TrainConfig:
         positive_int("checkpoint_every_steps", optional=True)
         positive_float("checkpoint_every_seconds", optional=True)
         positive_int("keep_checkpoints")
-        for name in ("activation_checkpointing", "pin_memory", "fsdp_reduce_fp32"):
+        for name in ("activation_checkpointing", "pin_memory", "fsdp_reduce_fp32", "compile"):
             if not isinstance(getattr(self, name), bool):
                 p.append(f"{name}={getattr(self, name)!r}: must be True or False")
         if not _is_int(self.zero_stage) or not 0 <= self.zero_stage <= 3:

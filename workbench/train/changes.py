@@ -36,6 +36,7 @@ BACKEND_FIELDS = frozenset(
         "lr_scaling",
         "clip_grad_norm",
         "zero_stage",
+        "compile",
         "fsdp",
         "fsdp_reduce_fp32",
         "offload_optimizer",

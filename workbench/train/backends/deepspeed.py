@@ -216,6 +216,8 @@ class DeepSpeedBackend:
             dist_init_required=False,
         )
         self.engine = engine
+        if config.compile:
+            engine.compile()  # DeepSpeed's own: torch.compile of the module it wraps
         self.module: nn.Module = engine
         self._layout = _layout_of(engine)
         self._named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]

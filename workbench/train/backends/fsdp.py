@@ -79,6 +79,7 @@ class FSDPBackend:
         self.device = torch.device(device) if device is not None else _default_device()
         self._closed = True  # until fully built
         self.module: nn.Module | None = None
+        self._sharded = None
         self.optimizer: Any = None
         ProcessGroupLease.acquire(self.device, deepspeed=False)
         try:
@@ -139,7 +140,9 @@ class FSDPBackend:
         for unit in checkpointable_modules(module):
             fully_shard(unit, **options)
         fully_shard(module, **options)
-        self.module = module
+        self._sharded: nn.Module | None = module
+        # forward runs through torch.compile when asked (compiled on the first step)
+        self.module = torch.compile(module) if config.compile else module
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not self._named:
             raise ValueError("model: has no trainable parameters (requires_grad=True)")
@@ -168,8 +171,8 @@ class FSDPBackend:
     @property
     def trained_module(self) -> nn.Module:
         """The module FSDP trains (the sharded copy of yours)."""
-        assert self.module is not None
-        return self.module
+        assert self._sharded is not None
+        return self._sharded
 
     def autocast(self) -> AbstractContextManager[Any]:
         return nullcontext()  # FSDP's MixedPrecisionPolicy casts for compute itself
@@ -240,12 +243,12 @@ class FSDPBackend:
         # full_state_dict + cpu_offload would leave ranks other than 0 empty: gather on
         # every rank, then copy to host memory
         options = StateDictOptions(full_state_dict=True)
-        assert self.module is not None
-        weights = get_model_state_dict(self.module, options=options)
+        assert self._sharded is not None
+        weights = get_model_state_dict(self._sharded, options=options)
         model = {n: weights[n].detach().float().cpu() for n, _ in self._named}
         opt_state: dict[str, dict[str, Any]] = {}
         if any(bool(s) for s in self.optimizer.state.values()):
-            full = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            full = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
             for name, st in full["state"].items():
                 opt_state[name] = {
                     k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
@@ -281,8 +284,8 @@ class FSDPBackend:
         saved = optim.get("state") or {}
         if saved and optim.get("family") is not None and optim.get("family") == self._family:
             options = StateDictOptions(full_state_dict=True)
-            assert self.module is not None
-            fresh = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            assert self._sharded is not None
+            fresh = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
             fresh["state"] = {
                 name: {
                     k: (v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
@@ -292,7 +295,7 @@ class FSDPBackend:
                 if name in saved
             }
             set_optimizer_state_dict(
-                self.module, self.optimizer, optim_state_dict=fresh, options=options
+                self._sharded, self.optimizer, optim_state_dict=fresh, options=options
             )
         saved_scaler = state.get("scaler")
         if (
@@ -342,6 +345,7 @@ class FSDPBackend:
                 self.optimizer.param_groups.clear()
         self.optimizer = None
         self.module = None
+        self._sharded = None
         self._named = []
         gc.collect()
 

@@ -90,7 +90,9 @@ class PlainBackend:
         self, config: TrainConfig, model: nn.Module, *, state: dict[str, Any] | None = None
     ) -> None:
         self.config = config
-        self.module = model
+        self._model = model
+        # forward runs through torch.compile when asked (compiled on the first step)
+        self.module: nn.Module = torch.compile(model) if config.compile else model  # type: ignore[assignment]
         self._named = named_unique_parameters(model)
         trainable = [p for _, p in self._named if p.requires_grad]
         if not trainable:
@@ -119,7 +121,7 @@ class PlainBackend:
     @property
     def trained_module(self) -> nn.Module:
         """Your module itself."""
-        return self.module
+        return self._model
 
     # ------------------------------------------------------------------ the loop
     def autocast(self) -> AbstractContextManager[Any]:
