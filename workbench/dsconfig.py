@@ -124,6 +124,11 @@ class DeepSpeedImport:
 
 
 # --------------------------------------------------------------------------- export
+#: DeepSpeed's gradient clipping when a config has no `gradient_clipping` key (0.19:
+#: `GRADIENT_CLIPPING_DEFAULT = 1.0`); the export always writes the key.
+DEEPSPEED_DEFAULT_CLIPPING = 1.0
+
+
 def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     """The DeepSpeed config dict for `config` on `world_size` data-parallel ranks.
 
@@ -457,6 +462,8 @@ def import_deepspeed(
         _read_precision(r, ds, parsed, kw, base)
 
     clip = r.number(ds, "gradient_clipping", "gradient_clipping")
+    if clip is None and "gradient_clipping" not in ds:
+        clip = DEEPSPEED_DEFAULT_CLIPPING  # absent: DeepSpeed clips at its default
     if clip is not None and clip > 0:  # 0 = off in DeepSpeed
         kw["clip_grad_norm"] = clip
 

@@ -540,3 +540,15 @@ def test_batch_keys_resolve_as_deepspeed_resolves_them(keys: dict[str, int], wor
     result = import_deepspeed(keys, world_size=world)
     assert (result.config.micro_batch, result.config.grad_accum) == expected
     assert result.world_size == world
+
+
+def test_a_config_without_gradient_clipping_clips_as_deepspeed_does() -> None:
+    """DeepSpeed clips at its default when the key is absent; the import says so, and the
+    export writes it back explicitly (a config that omits the key trains the same way)."""
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+
+    imported = TrainConfig.from_deepspeed({"train_batch_size": 8})
+    assert imported.clip_grad_norm == GRADIENT_CLIPPING_DEFAULT == 1.0
+    assert imported.to_deepspeed()["gradient_clipping"] == GRADIENT_CLIPPING_DEFAULT
+    off = TrainConfig.from_deepspeed({"train_batch_size": 8, "gradient_clipping": 0.0})
+    assert off.clip_grad_norm is None and off.to_deepspeed()["gradient_clipping"] == 0.0
