@@ -77,6 +77,17 @@ def test_a_point_budget_keeps_the_extremes(values: list[float], limit: int) -> N
     assert min(ys) == min(values) and max(ys) == max(values)
 
 
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=500))
+def test_the_upper_envelope_holds_every_bins_highest(values: list[float]) -> None:
+    s = Downsampled(buckets=16)
+    for x, y in enumerate(values):
+        s.append(x, y)
+    xs, ys = s.highs(limit=5)
+    assert len(xs) <= 6 and xs == sorted(set(xs)) and xs[-1] == len(values) - 1
+    assert all(values[x] == y for x, y in zip(xs, ys, strict=True))
+    assert max(ys) == max(values)
+
+
 def test_the_points_drawn_do_not_grow_with_the_run() -> None:
     s = Downsampled()
     counts = {}

@@ -170,7 +170,8 @@ class Session:
     batch is checked here. `loss_fn` always receives fp32 outputs.
     `sampler`: a running `workbench.monitor.Sampler` whose latest sample is attached to
     each record. `device`: "cpu", "cuda" or "cuda:N" (default: `config.device`; "auto"
-    takes CUDA when available). `resume`: a checkpoint file or directory to continue from.
+    takes CUDA when available). `resume`: a checkpoint file or directory to continue from
+    (or the payload `workbench.train.checkpoints.load` returned for one).
     `tensorboard`: True writes TensorBoard scalars to `<checkpoint_dir>/tensorboard`, a
     path writes them there (needs `pip install 'workbench[tensorboard]'`).
 
@@ -622,7 +623,9 @@ class Session:
             self._set_state("running")
 
     def run(self, optimizer_steps: int, *, progress: bool | None = None) -> list[StepRecord]:
-        """Train `optimizer_steps` steps in this thread; returns their records.
+        """Train `optimizer_steps` steps in this thread; returns their records (those the
+        bounded history still keeps: all of them unless the run is longer than its
+        full-resolution window; the run's log has every one).
 
         Returns early (state "paused") on `pause()` from another thread or a non-finite
         loss; raises `SessionError` (state "error") when a step raises. `progress`: a

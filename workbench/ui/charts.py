@@ -78,23 +78,38 @@ class Downsampled:
         self._buckets = merged
         self.stride *= 2
 
+    def _bins(self, bins: int) -> list[list[float]]:
+        """The buckets, grouped into at most `bins` bins of neighbours."""
+        buckets = [*self._buckets, *([self._open] if self._open is not None else [])]
+        bins = max(1, bins)
+        if len(buckets) <= bins:
+            return buckets
+        grouped = []
+        m = len(buckets)
+        for i in range(bins):
+            group = buckets[i * m // bins : (i + 1) * m // bins]
+            low = min(group, key=lambda b: b[2])
+            high = max(group, key=lambda b: b[4])
+            grouped.append([0, low[1], low[2], high[3], high[4]])
+        return grouped
+
+    def highs(self, limit: int = SERIES_POINTS // 2) -> tuple[list[float], list[float]]:
+        """(xs, ys): the highest point of each of at most `limit` bins (and the newest
+        point): the upper envelope, for an area under the line."""
+        bins = self._bins(limit)
+        xs = [b[3] for b in bins]
+        ys = [b[4] for b in bins]
+        if self._last is not None and xs and xs[-1] != self._last[0]:
+            xs.append(self._last[0])
+            ys.append(self._last[1])
+        return xs, ys
+
     def points(self, limit: int = SERIES_POINTS) -> tuple[list[float], list[float]]:
         """(xs, ys) in increasing x: the lowest and highest point of each bucket, or of
         each bin of neighbouring buckets when that would be more than `limit` points."""
-        buckets = [*self._buckets, *([self._open] if self._open is not None else [])]
-        bins = max(1, limit // 2)
-        if len(buckets) > bins:
-            grouped = []
-            m = len(buckets)
-            for i in range(bins):
-                group = buckets[i * m // bins : (i + 1) * m // bins]
-                low = min(group, key=lambda b: b[2])
-                high = max(group, key=lambda b: b[4])
-                grouped.append([0, low[1], low[2], high[3], high[4]])
-            buckets = grouped
         xs: list[float] = []
         ys: list[float] = []
-        for b in buckets:
+        for b in self._bins(limit // 2):
             if b[1] == b[3]:
                 xs.append(b[1])
                 ys.append(b[2])

@@ -563,12 +563,16 @@ class TrainingPanel(PanelBase):
             f.remove()
         self._fills = []
         if time_x:
+            # the areas under the upper envelopes (one point per bin): the lines above
+            # show every extreme, the areas the share of data loading in a step
+            area_x, area_step = self.series["step_seconds"].highs()
+            area_data_x, area_data = self.series["data_seconds"].highs()
             self._fills = [
                 self._ax_time.fill_between(
-                    time_x, 0, step_s, color="#6a1b9a", alpha=0.25, linewidth=0
+                    area_x, 0, area_step, color="#6a1b9a", alpha=0.25, linewidth=0
                 ),
                 self._ax_time.fill_between(
-                    data_x, 0, data, color="#ef6c00", alpha=0.35, linewidth=0
+                    area_data_x, 0, area_data, color="#ef6c00", alpha=0.35, linewidth=0
                 ),
             ]
             self.chart.animate(*self._fills)
