@@ -444,8 +444,9 @@ def test_sigterm_checkpoints_every_rank_and_resume_continues_the_run(
     assert proc.returncode == 143, err[-3000:]
     assert f"continue with --resume {ckpt}" in err
     assert "measured from each rank's tensors vs predicted" in out  # the human table
-    steps = [sorted(p.name for p in (ckpt / f"rank-{r}").iterdir()) for r in (0, 1)]
+    steps = [sorted(p.name for p in (ckpt / f"rank-{r}").glob("step-*.pt")) for r in (0, 1)]
     assert steps[0] == steps[1] and len(steps[0]) == 1  # both ranks stopped after one step
+    assert all((ckpt / f"rank-{r}" / steps[r][0]).with_suffix(".json").is_file() for r in (0, 1))
     k = int(steps[0][0].removeprefix("step-").removesuffix(".pt"))
     assert f"stopped by SIGTERM at step {k};" in err
     assert 1 <= k < STRAIGHT_STEPS
