@@ -34,6 +34,9 @@ _LAZY = {
     "MemoryReport": "workbench.train.memory",
     "ProfileResult": "workbench.train.profiler",
     "find_max_micro_batch": "workbench.train.batch_finder",
+    # what each optimization buys, measured
+    "ladder": "workbench.train.ladder",
+    "LadderResult": "workbench.train.ladder",
     # hardware and advice
     "Sampler": "workbench.monitor",
     "advise": "workbench.advisor",
@@ -49,6 +52,7 @@ __all__ = [
     "Advice",
     "EstimatorPanel",
     "Event",
+    "LadderResult",
     "MemoryEstimate",
     "MemoryReport",
     "MonitorPanel",
@@ -65,6 +69,7 @@ __all__ = [
     "dashboard",
     "estimate_memory",
     "find_max_micro_batch",
+    "ladder",
     "predict_memory",
     "__version__",
 ]
@@ -77,6 +82,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.monitor import Sampler
     from workbench.prediction import predict_memory
     from workbench.train.batch_finder import find_max_micro_batch
+    from workbench.train.ladder import LadderResult, ladder
     from workbench.train.memory import MemoryReport
     from workbench.train.profiler import ProfileResult
     from workbench.train.records import Event, StepRecord
