@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write a DeepSpeed config, training script and launch command",
     ),
     "compress": ("workbench.cli.compress:add_parser", "quantize/prune a checkpoint, measured"),
+    "ladder": ("workbench.cli.ladder:add_parser", "what each optimization buys here, measured"),
 }
 
 

@@ -195,7 +195,7 @@ class LadderResult(Readable):
             ]
             if target is not None:
                 cells.append(
-                    f"{fmt_seconds(r.time_to_target_seconds)} ({r.steps_to_target} steps)"
+                    f"{fmt_seconds(r.time_to_target_seconds)} ({_steps(r.steps_to_target)})"
                     if r.reached_target
                     else "not reached"
                 )
@@ -303,6 +303,10 @@ class LadderResult(Readable):
         buf = io.BytesIO()
         self.chart().savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
         return buf.getvalue()
+
+
+def _steps(n: int | None) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
 
 
 def _ratio_cell(value: float | None, low: float | None, high: float | None) -> str:
@@ -415,7 +419,7 @@ def _verdict(
                 None,
                 "target reached",
                 f"helped: reaches loss {fmt_number(target)} "
-                f"({this.steps_to_target} steps); the previous rung did not",
+                f"({_steps(this.steps_to_target)}); the previous rung did not",
             )
         elif prev.steps_to_target is not None:
             return (
@@ -425,7 +429,7 @@ def _verdict(
                 None,
                 "target reached",
                 f"did not help: does not reach loss {fmt_number(target)}; the previous rung "
-                f"did ({prev.steps_to_target} steps)",
+                f"did ({_steps(prev.steps_to_target)})",
             )
     what = "the previous rung's " + (
         "speed to the target loss" if measure != "samples/s" else "samples/s"
