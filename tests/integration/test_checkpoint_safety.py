@@ -204,3 +204,13 @@ def test_every_engines_checkpoint_is_the_same_safe_file(tmp_path, tiny, engine):
     ckpt.verify(path)
     with Session.resume_from(path) as b:
         assert [r.loss for r in b.run(2)] == rest
+
+
+def test_a_manifest_that_disagrees_with_its_file_is_named(tmp_path, tiny):
+    path, _ = _trained(tmp_path, tiny)
+    manifest = Path(path).with_suffix(".json")
+    data = json.loads(manifest.read_text())
+    data["step"] = 3  # hash and size still right: the file itself says step 2
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(ckpt.CheckpointError, match="altered: step 2, format 2 in the file; step 3"):
+        Session.resume_from(path)

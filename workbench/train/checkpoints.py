@@ -465,10 +465,13 @@ def load(path_or_dir: str | os.PathLike[str]) -> dict[str, Any]:
             "missing (a save that was killed before it finished, or a copy without it); "
             "resume from an earlier checkpoint, or copy the manifest along"
         )
-    if manifest is not None and manifest.get("step") != payload.get("step"):
+    if manifest is not None and (
+        manifest.get("step") != payload.get("step") or payload["format"] != CHECKPOINT_FORMAT
+    ):
         raise CheckpointError(
-            f"path={str(path)!r}: altered: step {payload.get('step')} in the file, "
-            f"{manifest.get('step')} in its manifest"
+            f"path={str(path)!r}: altered: step {payload.get('step')}, format "
+            f"{payload['format']} in the file; step {manifest.get('step')}, format "
+            f"{manifest.get('format')} in its manifest"
         )
     payload["path"] = str(path)
     payload["manifest"] = manifest
