@@ -1,4 +1,4 @@
-"""dashboard(): the four panels in tabs, ownership on close, re-run cells close old panels."""
+"""dashboard(): the five panels in tabs, ownership on close, re-run cells close old panels."""
 
 from __future__ import annotations
 
@@ -24,14 +24,21 @@ def test_tabs_and_ownership(no_leaked_threads) -> None:
     sampler = FakeSampler([host_sample(time.time())], "host", reason="test")
     d = ui_dashboard(session=session, sampler=sampler)
     try:
-        assert d.tabs.titles == ("Training", "Memory estimator", "Hardware monitor", "Compression")
+        assert d.tabs.titles == (
+            "Training",
+            "Memory estimator",
+            "Hardware monitor",
+            "Compression",
+            "Optimization ladder",
+        )
         assert d.tabs.children == (
             d.training.widget,
             d.estimator.widget,
             d.monitor.widget,
             d.compression.widget,
+            d.ladder.widget,
         )
-        assert d.compression.session is session
+        assert d.compression.session is session and d.ladder.session is session
         assert d.training.session is session and d.monitor.sampler is sampler
         bundle = d._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle

@@ -1,4 +1,4 @@
-"""`dashboard()`: the training, estimator, monitor and compression panels in tabs."""
+"""`dashboard()`: the training, estimator, monitor, compression and ladder panels in tabs."""
 
 from __future__ import annotations
 
@@ -9,15 +9,22 @@ import ipywidgets as widgets
 from workbench.ui.charts import Chart
 from workbench.ui.compress import CompressionPanel
 from workbench.ui.estimator import EstimatorPanel
+from workbench.ui.ladder import LadderPanel
 from workbench.ui.monitor import MonitorPanel
 from workbench.ui.panel import PanelBase
 from workbench.ui.training import TrainingPanel
 
-TAB_TITLES = ("Training", "Memory estimator", "Hardware monitor", "Compression")
+TAB_TITLES = (
+    "Training",
+    "Memory estimator",
+    "Hardware monitor",
+    "Compression",
+    "Optimization ladder",
+)
 
 
 class Dashboard(PanelBase):
-    """The four panels in tabs. `close()` closes the panels, and the session and sampler
+    """The five panels in tabs. `close()` closes the panels, and the session and sampler
     when the dashboard created them (ones passed in stay open; their owner closes them)."""
 
     def __init__(self, session: Any | None = None, sampler: Any | None = None) -> None:
@@ -41,6 +48,7 @@ class Dashboard(PanelBase):
             self.estimator = EstimatorPanel()
             self.monitor = MonitorPanel(sampler)
             self.compression = CompressionPanel(session)
+            self.ladder = LadderPanel(session)
         except BaseException:
             for obj in self._owned:
                 obj.close()
@@ -51,6 +59,7 @@ class Dashboard(PanelBase):
                 self.estimator.widget,
                 self.monitor.widget,
                 self.compression.widget,
+                self.ladder.widget,
             ]
         )
         self.tabs.titles = TAB_TITLES
@@ -60,7 +69,7 @@ class Dashboard(PanelBase):
 
     @property
     def panels(self) -> tuple[PanelBase, ...]:
-        return (self.training, self.estimator, self.monitor, self.compression)
+        return (self.training, self.estimator, self.monitor, self.compression, self.ladder)
 
     def charts(self) -> list[Chart]:
         return [c for p in self.panels for c in p.charts()]
@@ -79,7 +88,8 @@ class Dashboard(PanelBase):
 
 
 def dashboard(session: Any | None = None, sampler: Any | None = None) -> Dashboard:
-    """Training, memory estimator, hardware monitor and compression in tabs.
+    """Training, memory estimator, hardware monitor, compression and the optimization
+    ladder in tabs.
 
     `session=None` creates (and owns) `Session(TrainConfig(), model="tiny-gpt")`;
     `sampler=None` creates (and owns) a `Sampler`. Display the result in a notebook.

@@ -1,0 +1,236 @@
+"""The optimization ladder's pure parts: bad input named before anything runs, the default
+ladder, each rung's steps / learning rate / schedule over the shared sample budget, and the
+report (speed-ups with their spread, verdicts, time to target, table, JSON, chart) from
+hand-made measurements."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from workbench import TrainConfig
+from workbench.train import ladder as ladder_module
+from workbench.train.ladder import Rung, default_rungs, ladder, plan_ladder
+from workbench.train.ladder_report import RungPlan, RunMeasure, spread, summarize
+
+MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 256}
+
+
+def plan(rungs, steps=4, **kw):
+    return plan_ladder(rungs, "mlp", steps, model_options=MLP, device="cpu", **kw)
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("rungs", "steps", "message"),
+    [
+        (None, 0, r"steps=0: must be an integer >= 1"),
+        (
+            [{}, {"precison": "amp-bf16"}],
+            4,
+            r"precison='amp-bf16': unknown setting; did you mean 'precision'\?",
+        ),
+        (
+            [{}, {"name": "again", "precision": "fp32"}],
+            4,
+            r"rung 2 'again': changes nothing \(precision='fp32'",
+        ),
+        ([{}, {"grad_accum": 3}], 4, r"its effective batch 24 must divide .* use steps=6"),
+        ([{}, {"grad_accum": 4}], 4, r"at least 2 steps; use steps=8"),
+        ([{"name": "a"}, {"name": "a", "grad_accum": 2}], 4, r"rung name 'a': used twice"),
+        ([{}, {"device": "cuda"}], 4, r"device='cuda': the ladder runs every rung on one device"),
+        ([{}, {"ranks": 0}], 4, r"ranks=0: must be an integer >= 1"),
+        ([{}, {"lr": -1.0}], 4, r"rung 2 .*lr=-1.0: must be a finite number > 0"),
+        ([{}, "fast"], 4, r"rung 2: 'fast': must be a mapping of settings"),
+        ([], 4, r"rungs=\[\]: name at least the baseline rung"),
+    ],
+)
+def test_bad_input_is_named_before_anything_runs(monkeypatch, rungs, steps, message) -> None:
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the ladder ran despite bad input")
+
+    monkeypatch.setattr(ladder_module, "run_plan", must_not_run)
+    with pytest.raises(ValueError, match=message):
+        ladder(rungs, "mlp", steps, model_options=MLP, device="cpu")
+
+
+def test_more_ranks_than_this_machine_has_cores_is_refused() -> None:
+    ranks = (os.cpu_count() or 1) + 1
+    with pytest.raises(ValueError, match=rf"ranks={ranks}: this machine has \d+ CPU core"):
+        plan([{}, {"ranks": ranks}], steps=2 * ranks)
+
+
+def test_every_problem_is_named_at_once() -> None:
+    rungs = [{}, {"name": "x", "precison": "amp-bf16"}, {"name": "y", "lr_scaling": "cubic"}]
+    with pytest.raises(ValueError) as info:
+        plan(rungs, repeats=0, target_loss=math.nan)
+    text = str(info.value)
+    assert text.startswith("2 problems in the ladder")
+    assert "repeats=0: must be an integer >= 1" in text
+    assert "target_loss=nan: must be a finite number or None" in text
+    with pytest.raises(ValueError) as info:
+        plan(rungs)
+    text = str(info.value)
+    assert "rung 2 'x': precison=" in text and "rung 3 'y': lr_scaling='cubic'" in text
+
+
+def test_what_a_machine_cannot_run_is_said_once_per_problem() -> None:
+    with pytest.raises(ValueError) as info:
+        plan([{}, {"name": "dp", "precision": "amp-fp16", "ranks": 2}])
+    lines = [ln for ln in str(info.value).splitlines() if "amp-fp16" in ln]
+    assert len(lines) == 1 and "use precision='fp16'" in lines[0]
+
+
+# --------------------------------------------------------------------------- the default ladder
+def test_default_ladder_follows_the_seed() -> None:
+    rungs = default_rungs(device="cpu", ranks=2, lr_scaling="sqrt")
+    assert [r.changes for r in rungs] == [
+        {"precision": "fp32", "num_workers": 0},
+        {"precision": "amp-bf16", "num_workers": 2},
+        {"ranks": 2},
+        {"grad_accum": 4, "lr_scaling": "sqrt", "lr_schedule": "onecycle"},
+    ]
+    assert rungs[3].name == "+ accumulation x4, LR sqrt, OneCycle"
+    one = default_rungs(device="cpu", ranks=1, compile=True, checkpointing=True, micro_batch=4)
+    assert [r.name for r in one][2:] == [
+        "+ accumulation x4, LR linear, OneCycle",
+        "+ torch.compile",
+        "+ activation checkpointing, micro-batch 8",
+    ]
+    assert one[-1].changes == {"activation_checkpointing": True, "micro_batch": 8, "grad_accum": 2}
+
+
+def test_default_ladder_on_a_gpu_without_bf16(monkeypatch) -> None:
+    monkeypatch.setattr(ladder_module, "amp_precision", lambda device: "amp-fp16")
+    rungs = default_rungs(device="cuda", ranks=4)
+    assert rungs[1].changes == {"precision": "amp-fp16", "num_workers": 2, "pin_memory": True}
+    # several ranks train through DeepSpeed: its own loss-scaled fp16
+    assert rungs[2].changes == {"ranks": 4, "precision": "fp16"}
+
+
+def test_plan_shares_one_sample_budget_and_scales_the_learning_rate() -> None:
+    p = plan(None, steps=16, ranks=2, lr_scaling="linear", base=TrainConfig(lr=1e-3))
+    assert p.samples == 16 * 8
+    assert [(r.ranks, r.effective_batch, r.steps) for r in p.rungs] == [
+        (1, 8, 16),
+        (1, 8, 16),
+        (2, 16, 8),
+        (2, 64, 2),
+    ]
+    accum = p.rungs[3].config
+    assert accum.lr == pytest.approx(1e-3 * 64 / 8)  # linear, from the baseline's batch
+    assert accum.lr_schedule == "onecycle" and accum.total_steps == 2  # the rung's own run
+    assert all(r.config.lr == 1e-3 for r in p.rungs[:3])
+    assert p.total_steps == 3 * (16 + 16 + 8 + 2)
+    sqrt = plan(None, steps=16, ranks=2, lr_scaling="sqrt", base=TrainConfig(lr=1e-3))
+    assert sqrt.rungs[3].config.lr == pytest.approx(1e-3 * math.sqrt(8))
+    alone = plan(None, steps=16, ranks=1)
+    assert [r.ranks for r in alone.rungs] == [1, 1, 1]
+    assert "no data-parallel rung" in alone.notes[0]
+
+
+def test_rungs_in_every_form() -> None:
+    p = plan([Rung("base"), ("amp", {"precision": "amp-bf16"}), {"grad_accum": 2}])
+    assert [r.name for r in p.rungs] == ["base", "amp", "+ grad_accum=2"]
+    assert p.rungs[2].config.precision == "amp-bf16"  # cumulative
+
+
+# --------------------------------------------------------------------------- the report
+def _plan(name: str, eff: int = 8, steps: int = 4, **settings) -> RungPlan:
+    return RungPlan(name, dict(settings), {"compile": False, **settings}, 1, eff, steps)
+
+
+def _run(step_s: list[float], losses: list[float] | None = None, wall: float | None = None):
+    losses = losses or [4.0 - i * 0.1 for i in range(len(step_s))]
+    return RunMeasure(tuple(step_s), tuple(losses), sum(step_s) + 0.5 if wall is None else wall)
+
+
+def test_spread_is_median_and_quartiles() -> None:
+    assert spread([3.0]) == (3.0, 3.0, 3.0)
+    assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0, 4.0)
+    assert spread([]) is None
+
+
+def test_speedups_spreads_and_verdicts_from_measurements() -> None:
+    plans = [_plan("base"), _plan("fast"), _plan("slow"), _plan("noisy")]
+    runs = [
+        [_run([1.0, 0.1, 0.1, 0.1]), _run([1.0, 0.1, 0.1, 0.1])],  # 80 samples/s
+        [_run([2.0, 0.05, 0.05, 0.05]), _run([2.0, 0.05, 0.05, 0.05])],  # 160
+        [_run([1.0, 0.2, 0.2, 0.2]), _run([1.0, 0.2, 0.2, 0.2])],  # 40
+        [_run([1.0, 0.1, 0.4, 0.2]), _run([1.0, 0.1, 0.4, 0.2])],  # 40 [20-80]
+    ]
+    result = summarize(plans, runs, setup={"model": "mlp", "device": "cpu"})
+    base, fast, slow, noisy = result.rungs
+    assert base.samples_per_s == pytest.approx(80) and base.verdict == "baseline"
+    assert base.helped is None and base.warmup_seconds == pytest.approx(0.9)
+    assert base.startup_seconds == pytest.approx(0.5) and base.time_seconds == pytest.approx(0.4)
+    assert fast.speedup == pytest.approx(2.0) and fast.speedup_low == pytest.approx(2.0)
+    assert fast.verdict == "helped" and fast.helped is True
+    assert fast.summary.startswith("helped: 2.00x the previous rung's samples/s")
+    assert slow.gain == pytest.approx(0.25) and slow.verdict == "slower"
+    assert slow.helped is False and slow.summary.startswith("did not help: slower")
+    # 40 samples/s [26.7-66.7] against the slow rung's 40: the spread includes 1
+    assert noisy.samples_per_s == pytest.approx(40.0)
+    assert noisy.gain_low < 1 < noisy.gain_high and noisy.verdict == "no gain"
+    assert noisy.summary.startswith("did not help: no clear change")
+    assert noisy.speedup_low <= noisy.speedup <= noisy.speedup_high
+    assert all(r.samples == 32 for r in result.rungs)
+    data = json.loads(result.to_json())
+    assert [r["verdict"] for r in data["rungs"]] == ["baseline", "helped", "slower", "no gain"]
+    assert data["rungs"][1]["step_samples_per_s"] == [160.0] * 6
+    text = str(result)
+    assert "fast: helped: 2.00x" in text and "slow: did not help: slower" in text
+    assert result.rung("slow") is slow
+    with pytest.raises(ValueError, match="name='nope': not a rung of this ladder"):
+        result.rung("nope")
+    assert result.chart_png().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_time_to_target_decides_when_a_target_is_given() -> None:
+    plans = [_plan("base"), _plan("bigger batch", eff=16, steps=2), _plan("never")]
+    runs = [
+        [_run([1.0, 0.1, 0.1, 0.1], [4.0, 3.5, 2.9, 2.5])],  # target 3.0 at step 3: 0.3 s
+        [_run([1.0, 0.1], [3.6, 2.8])],  # step 2 of 16 samples: 0.2 s, same samples/s x2
+        [_run([1.0, 0.1, 0.1, 0.1], [4.0, 3.9, 3.8, 3.7])],
+    ]
+    result = summarize(plans, runs, setup={"target_loss": 3.0}, target_loss=3.0)
+    base, bigger, never = result.rungs
+    assert base.steps_to_target == 3 and base.samples_to_target == 24
+    assert base.time_to_target_seconds == pytest.approx(0.3)
+    assert bigger.steps_to_target == 2 and bigger.samples_to_target == 32
+    assert bigger.time_to_target_seconds == pytest.approx(0.2)
+    # twice the samples/s, 32 instead of 24 samples to the target: 2 x 24 / 32 = 1.5x
+    assert bigger.gain_measure == "time to target" and bigger.gain == pytest.approx(1.5)
+    assert bigger.verdict == "helped"
+    assert never.steps_to_target is None and never.time_to_target_seconds is None
+    assert never.verdict == "slower" and "does not reach loss 3" in never.summary
+    assert "not reached" in str(result)
+    assert never.final_loss == pytest.approx(3.7)  # the last quarter of its steps
+
+
+def test_a_failed_rung_is_reported_and_the_next_compares_with_the_one_before() -> None:
+    plans = [_plan("base"), _plan("broken"), _plan("after")]
+    runs = [
+        [_run([1.0, 0.1, 0.1, 0.1])],
+        [RunMeasure((), (), 0.0, error="RuntimeError: no")],
+        [_run([1.0, 0.05, 0.05, 0.05])],
+    ]
+    result = summarize(plans, runs, setup={})
+    assert result.rungs[1].verdict == "failed" and result.rungs[1].error == "RuntimeError: no"
+    assert result.rungs[1].helped is None and "failed" in str(result)
+    assert result.rungs[2].gain == pytest.approx(2.0) and result.rungs[2].verdict == "helped"
+    assert result.chart_png().startswith(b"\x89PNG")
+
+
+def test_compile_time_is_reported_apart_from_the_step_time() -> None:
+    plans = [_plan("base"), _plan("+ compile", compile=True)]
+    runs = [[_run([0.5, 0.1, 0.1, 0.1])], [_run([30.1, 0.1, 0.1, 0.1])]]
+    result = summarize(plans, runs, setup={})
+    compiled = result.rungs[1]
+    assert compiled.step_seconds == pytest.approx(0.1) and compiled.warmup_seconds == pytest.approx(
+        30.0
+    )
+    assert "compile time 30.00 s" in compiled.summary
