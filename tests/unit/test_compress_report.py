@@ -10,7 +10,13 @@ import pytest
 from workbench.compress.report import NOISE, CompressionReport, Figures, Row, verdict_of
 
 
-def figures(params: int, latency_ms: float, loss: float = 1.0, accuracy: float | None = 0.5):
+def figures(
+    params: int,
+    latency_ms: float,
+    loss: float = 1.0,
+    accuracy: float | None = 0.5,
+    fastest_ms: float | None = None,
+):
     s = latency_ms / 1e3
     return Figures(
         params_bytes=params,
@@ -18,6 +24,7 @@ def figures(params: int, latency_ms: float, loss: float = 1.0, accuracy: float |
         latency_seconds=s,
         latency_p25_seconds=s * 0.95,
         latency_p75_seconds=s * 1.05,
+        latency_min_seconds=(latency_ms * 0.9 if fastest_ms is None else fastest_ms) / 1e3,
         latency_samples=30,
         loss=loss,
         accuracy=accuracy,
@@ -63,6 +70,14 @@ def test_smaller_but_slower_pays_in_size_and_says_it_is_slower() -> None:
     assert "3x slower" in v.summary and "slower on this hardware (not fused)" in v.summary
 
 
+def test_a_median_the_fastest_repeat_contradicts_is_no_clear_change() -> None:
+    # a busy moment slowed most calls of the model before, not its fastest one
+    v = verdict_of(BEFORE, Row("prune", figures(4000, 5.0, fastest_ms=9.0)))
+    assert v.latency == "unclear" and not v.pays
+    assert v.latency_ratio == 0.5 and v.fastest_ratio == 1.0
+    assert "no clear speed change (median 0.50x, fastest repeat 1.00x" in v.summary
+
+
 def test_the_reason_is_left_out_when_the_method_pays() -> None:
     v = verdict_of(BEFORE, Row("channels", figures(1000, 5.0), why_no_gain="too small a share"))
     assert "too small a share" not in v.summary
@@ -83,6 +98,7 @@ def test_table_json_and_chart() -> None:
         "on",
         "disk",
         "latency/batch",
+        "fastest",
         "vs",
         "before",
         "held-out",

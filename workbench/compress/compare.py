@@ -124,6 +124,7 @@ def _figures(
         latency_seconds=statistics.median(times),
         latency_p25_seconds=q[0],
         latency_p75_seconds=q[2],
+        latency_min_seconds=min(times),
         latency_samples=len(times),
         loss=quality.loss,
         accuracy=quality.accuracy,

@@ -215,13 +215,15 @@ def latencies(
     batch: Any,
     *,
     repeats: int = 30,
-    rounds: int = 5,
+    rounds: int | None = None,
     warmup: int = 3,
 ) -> dict[str, list[float]]:
     """Seconds per forward pass of each model on `batch` (moved to each model's device):
-    `warmup` untimed calls each, then `rounds` turns in which every model runs
-    `repeats / rounds` timed calls; eval mode, no autograd."""
+    `warmup` untimed calls each, then `rounds` turns (default: `repeats`, one call per
+    model per turn) in which every model runs `repeats / rounds` timed calls; eval mode,
+    no autograd."""
     times: dict[str, list[float]] = {name: [] for name in models}
+    rounds = repeats if rounds is None else rounds
     per_round = max(1, math.ceil(repeats / rounds))
     placed = {name: move_to(batch, _device(m)) for name, m in models.items()}
     for name, model in models.items():

@@ -30,13 +30,15 @@ _BETTER, _WORSE, _SAME, _BEFORE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0"
 @dataclass(frozen=True)
 class Figures:
     """What one model measured. Latency: seconds per forward pass of one batch, the median
-    of `latency_samples` timed repeats, with the 25th and 75th percentiles."""
+    of `latency_samples` timed repeats, with the 25th and 75th percentiles and the fastest
+    repeat (other work on the machine can slow a call down, never speed it up)."""
 
     params_bytes: int
     disk_bytes: int
     latency_seconds: float
     latency_p25_seconds: float
     latency_p75_seconds: float
+    latency_min_seconds: float
     latency_samples: int
     loss: float
     accuracy: float | None
@@ -63,11 +65,12 @@ class Verdict:
 
     method: str
     size_ratio: float
-    latency_ratio: float
+    latency_ratio: float  # of the medians
+    fastest_ratio: float  # of the fastest repeats
     loss_change: float
     accuracy_change: float | None
     size: str  # "smaller" | "larger" | "same"
-    latency: str  # "faster" | "slower" | "same"
+    latency: str  # "faster" | "slower" | "same" | "unclear" (median and fastest disagree)
     pays: bool  # smaller or faster beyond the noise
     summary: str
 
@@ -88,24 +91,35 @@ def _times(ratio: float, better: str, worse: str) -> str:
     return f"no {'size' if better == 'smaller' else 'speed'} change (within {NOISE:.0%})"
 
 
+def _ratio(after: float, before: float) -> float:
+    return after / before if before > 0 else 1.0
+
+
 def verdict_of(before: Row, after: Row) -> Verdict:
-    """Compare `after` with `before` (see `NOISE`)."""
+    """Compare `after` with `before` (see `NOISE`). A speed change counts when the medians
+    and the fastest repeats agree on it; when they disagree (a busy machine) it is
+    "unclear" and counts as none."""
     b, a = before.figures, after.figures
-    size_ratio = a.params_bytes / b.params_bytes if b.params_bytes else 1.0
-    latency_ratio = a.latency_seconds / b.latency_seconds if b.latency_seconds > 0 else 1.0
+    size_ratio = _ratio(a.params_bytes, b.params_bytes)
+    latency_ratio = _ratio(a.latency_seconds, b.latency_seconds)
+    fastest_ratio = _ratio(a.latency_min_seconds, b.latency_min_seconds)
     size = _direction(size_ratio, "smaller", "larger")
     latency = _direction(latency_ratio, "faster", "slower")
+    if _direction(fastest_ratio, "faster", "slower") != latency:
+        latency = "unclear"
     acc = a.accuracy - b.accuracy if a.accuracy is not None and b.accuracy is not None else None
     loss_change = a.loss - b.loss
     quality = f"held-out loss {fmt_number(b.loss)} -> {fmt_number(a.loss)}"
     if acc is not None:
-        quality += f", accuracy {acc * 100:+.1f} points"
+        quality += f", accuracy {round(acc * 100, 1) + 0.0:+.1f} points"  # no "-0.0"
     pays = size == "smaller" or latency == "faster"
-    parts = [
-        _times(size_ratio, "smaller", "larger"),
-        _times(latency_ratio, "faster", "slower"),
-        quality,
-    ]
+    speed = (
+        f"no clear speed change (median {latency_ratio:.2f}x, fastest repeat "
+        f"{fastest_ratio:.2f}x the time before: a busy machine?)"
+        if latency == "unclear"
+        else _times(latency_ratio, "faster", "slower")
+    )
+    parts = [_times(size_ratio, "smaller", "larger"), speed, quality]
     summary = "; ".join(parts)
     if not pays:
         summary = "does not pay on this hardware: " + summary
@@ -117,6 +131,7 @@ def verdict_of(before: Row, after: Row) -> Verdict:
         method=after.method,
         size_ratio=size_ratio,
         latency_ratio=latency_ratio,
+        fastest_ratio=fastest_ratio,
         loss_change=loss_change,
         accuracy_change=acc,
         size=size,
@@ -172,7 +187,15 @@ class CompressionReport(Readable):
     # ------------------------------------------------------------------ the table
     def _display(self) -> Display:
         has_accuracy = any(r.figures.accuracy is not None for r in self.rows)
-        header = ["method", "weights", "on disk", "latency/batch", "vs before", "held-out loss"]
+        header = [
+            "method",
+            "weights",
+            "on disk",
+            "latency/batch",
+            "fastest",
+            "vs before",
+            "held-out loss",
+        ]
         if has_accuracy:
             header.append("accuracy")
         header.append("zeros")
@@ -185,6 +208,7 @@ class CompressionReport(Readable):
                 fmt_bytes(f.params_bytes),
                 fmt_bytes(f.disk_bytes),
                 fmt_seconds(f.latency_seconds),
+                fmt_seconds(f.latency_min_seconds),
                 "" if r is self.before else f"{ratio:.2f}x",
                 fmt_number(f.loss),
             ]
@@ -197,7 +221,7 @@ class CompressionReport(Readable):
         notes.append(
             f"latency: median of {s.get('repeats')} forward passes of the same "
             f"{s.get('batch_size')}-sample batch on {s.get('device')} (torch threads: "
-            f"{s.get('threads')}), models taking turns; held-out quality on {s.get('held_out_samples')} "
+            f"{s.get('threads')}), models taking turns (a speed change counts when the median and the fastest repeat agree); held-out quality on {s.get('held_out_samples')} "
             f"samples; changes within {NOISE:.0%} count as none"
         )
         return Display(self.title, rows, header=header, notes=notes)
@@ -233,6 +257,9 @@ class CompressionReport(Readable):
                     better = v < base if lower_is_better else v > base
                     same = abs(ratio - 1) <= QUALITY_NOISE
                     colours.append(_SAME if same else (_BETTER if better else _WORSE))
+                elif title.startswith("latency"):
+                    d = verdicts[labels[len(colours)]].latency
+                    colours.append({"faster": _BETTER, "slower": _WORSE}.get(d, _SAME))
                 else:
                     d = _direction(ratio, "better", "worse")
                     colours.append({"better": _BETTER, "worse": _WORSE, "same": _SAME}[d])
@@ -272,8 +299,9 @@ class CompressionReport(Readable):
         fig.text(
             0.5,
             0.0,
-            f"green: better than before, red: worse, grey: within {NOISE:.0%} (size, latency; "
-            f"bars: median, whiskers: 25th-75th percentile) or {QUALITY_NOISE:.0%} (quality)",
+            f"green: better than before, red: worse, grey: within {NOISE:.0%} (size, latency: "
+            f"median and fastest repeat must agree; whiskers: 25th-75th percentile) or "
+            f"{QUALITY_NOISE:.0%} (quality)",
             ha="center",
             va="top",
             fontsize=7,
