@@ -869,11 +869,33 @@ def _memory_here(session: Any, device: str) -> dict[str, Any]:
             "memory_predicted_bytes": None if pred is None else int(pred.total_bytes),
             "memory_note": "CUDA peak of a probe step (session.memory()) vs the estimator's total",
         }
+    states = (
+        report.params_bytes
+        + report.grads_bytes
+        + report.optimizer_bytes
+        - report.optimizer_step_counter_bytes
+    )
+    if pred is None or report.predicted_activation_bytes is None:
+        # the estimator predicts activations for transformer shapes only: compare what
+        # both count
+        return {
+            "memory_measured_bytes": int(states),
+            "memory_predicted_bytes": None
+            if pred is None
+            else int(pred.params_bytes + pred.grads_bytes + pred.optimizer_bytes),
+            "memory_note": "model states, counted from the tensors (session.memory()), vs the "
+            "estimator's (it predicts activations for transformer shapes only)",
+        }
     return {
-        "memory_measured_bytes": int(report.total_bytes - report.optimizer_step_counter_bytes),
-        "memory_predicted_bytes": None if pred is None else int(pred.total_bytes),
+        "memory_measured_bytes": int(states + report.activation_bytes),
+        "memory_predicted_bytes": int(
+            pred.params_bytes
+            + pred.grads_bytes
+            + pred.optimizer_bytes
+            + report.predicted_activation_bytes
+        ),
         "memory_note": "model states + one micro-batch's activations, counted from the tensors "
-        "(session.memory()), vs the estimator's total",
+        "(session.memory()), vs the estimator's",
     }
 
 
