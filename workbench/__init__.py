@@ -93,12 +93,20 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.ui.training import TrainingPanel
 
 
+#: subpackages a user reaches as attributes (`workbench.compress.quantize(...)`)
+_SUBPACKAGES = ("compress", "estimate", "export", "monitor", "train", "ui")
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _SUBPACKAGES:
+        package = importlib.import_module(f"workbench.{name}")
+        globals()[name] = package
+        return package
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
@@ -106,4 +114,4 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     """Every public name, imported or not yet (tab completion in a notebook)."""
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))

@@ -35,6 +35,12 @@ def test_every_public_name_resolves_to_its_object() -> None:
     assert set(workbench.__all__) == set(workbench._LAZY) | {"__version__"}
 
 
+def test_subpackages_are_attributes() -> None:
+    assert "compress" in dir(workbench)
+    assert workbench.compress.__name__ == "workbench.compress"
+    assert workbench.estimate.estimate_memory is workbench.estimate_memory
+
+
 def test_an_unknown_name_says_so() -> None:
     import pytest
 
