@@ -43,6 +43,8 @@ def plan(rungs, steps=4, **kw):
         ([{"name": "a"}, {"name": "a", "grad_accum": 2}], 4, r"rung name 'a': used twice"),
         ([{}, {"device": "cuda"}], 4, r"device='cuda': the ladder runs every rung on one device"),
         ([{}, {"ranks": 0}], 4, r"ranks=0: must be an integer >= 1"),
+        ([{}, {"rank": 2}], 4, r"rank=2: unknown setting; did you mean 'ranks'\?"),
+        ([{}, {"accumulate_grad_batches": 2}], 4, r"did you mean 'grad_accum'\?"),
         ([{}, {"lr": -1.0}], 4, r"rung 2 .*lr=-1.0: must be a finite number > 0"),
         ([{}, "fast"], 4, r"rung 2: 'fast': must be a mapping of settings"),
         ([], 4, r"rungs=\[\]: name at least the baseline rung"),

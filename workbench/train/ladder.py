@@ -437,12 +437,24 @@ def _cumulative(
                     "device; pass device= to the ladder instead"
                 )
         unknown = sorted(set(changes) - known)
-        for name in unknown:
-            hint = did_you_mean(name, [*sorted(known), RANKS])
+        for name in [n for n in unknown if did_you_mean(n, [RANKS])]:
+            unknown.remove(name)
             problems.append(
-                f"{where}: {name}={changes.pop(name)!r}: unknown setting;{hint or ''} a rung "
-                f"changes TrainConfig settings or '{RANKS}'"
+                f"{where}: {name}={changes.pop(name)!r}: unknown setting; did you mean "
+                f"{RANKS!r}? (the ladder's data-parallel ranks)"
             )
+        if unknown:
+            # TrainConfig's own message: "did you mean", other trainers' names included
+            try:
+                config.replace(**{name: changes.pop(name) for name in unknown})
+            except ValueError as exc:
+                problems += [
+                    f"{where}: "
+                    + line.replace(
+                        " known settings: ", f" known settings: {RANKS} (data-parallel ranks), ", 1
+                    )
+                    for line in problem_lines(exc)
+                ]
         try:
             new = config.replace(**changes)
         except ValueError as exc:
