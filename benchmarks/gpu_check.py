@@ -21,6 +21,11 @@ with its own checks (one failing section does not stop the others):
 6. speed: a GPT sized to load the GPU, fp32 vs amp-bf16 samples/s (warm-up steps left
    out) and GPU utilization from the monitor during the run; the Session's overhead
    against a hand-written loop on the same model.
+7. ladder: the optimization ladder (`workbench.ladder`) on the GPU: fp32, + AMP and loader
+   workers with pinned memory, + data parallel over every GPU when there are 2 or more,
+   + accumulation with a scaled LR and OneCycle, + torch.compile, + activation
+   checkpointing; every rung runs, on the same samples, with memory measured and
+   predicted, and the compile time reported apart from the step time.
 
 All figures go to benchmarks/results/gpu_check.json (gpu_check_cpu_smoke.json for the
 smoke run). Target: under 8 minutes end to end on one GPU.
@@ -485,6 +490,66 @@ def speed_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     return run
 
 
+def ladder_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
+    def run(out: dict[str, Any]) -> None:
+        from workbench import ladder
+
+        # smoke: the in-process rungs only (the ranks section launches ranks already).
+        # Steps: the accumulation rung's batch (4x, on every GPU) must divide the samples
+        # into >= 2 steps.
+        gpus = 1 if ctx.smoke else ctx.torch.cuda.device_count()
+        result = ladder(
+            None,
+            "tiny-gpt",
+            8 if ctx.smoke else max(16, 8 * gpus),
+            base=config(ctx, micro_batch=4 if ctx.smoke else 16),
+            model_options=ctx.model_options,
+            repeats=1 if ctx.smoke else 2,
+            ranks=1 if ctx.smoke else None,
+            compile=not ctx.smoke,
+            checkpointing=True,
+            device=ctx.device,
+            timeout=300,
+            progress=False,
+        )
+        print("  " + str(result).replace("\n", "\n  "))
+        out["result"] = result.to_dict()
+        failed = {r.name: r.error for r in result.rungs if r.error is not None}
+        check("ladder", "every rung ran", not failed, failed or "")
+        check(
+            "ladder",
+            "every rung trained on the same samples",
+            len({r.samples for r in result.rungs}) == 1,
+            [r.samples for r in result.rungs],
+        )
+        check(
+            "ladder",
+            "memory measured and predicted for every rung",
+            all(
+                r.memory_measured_bytes is not None and r.memory_predicted_bytes is not None
+                for r in result.rungs
+            ),
+            [(r.memory_measured_bytes, r.memory_predicted_bytes) for r in result.rungs],
+        )
+        if not ctx.smoke:
+            amp = result.rungs[1]
+            check(
+                "ladder",
+                "the AMP rung uses bf16 on a GPU that supports it",
+                amp.settings["precision"] == "amp-bf16" or not ctx.torch.cuda.is_bf16_supported(),
+                amp.settings["precision"],
+            )
+            compiled = next(r for r in result.rungs if r.settings.get("compile"))
+            check(
+                "ladder",
+                "compile time reported apart from the step time",
+                compiled.warmup_seconds is not None and compiled.step_seconds is not None,
+                f"first step +{compiled.warmup_seconds} s, median step {compiled.step_seconds} s",
+            )
+
+    return run
+
+
 def plain_step_seconds(ctx: Ctx, steps: int) -> float:
     """Seconds per step of a hand-written loop on the speed section's model (fp32, AdamW)."""
     import torch
@@ -528,7 +593,7 @@ def plain_step_seconds(ctx: Ctx, steps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section tiny on CPU")
-    parser.add_argument("--sections", default="nvml,session,deepspeed,oom,ranks,speed")
+    parser.add_argument("--sections", default="nvml,session,deepspeed,oom,ranks,speed,ladder")
     parser.add_argument(
         "--out", default=None, help="results JSON path (default: benchmarks/results/)"
     )
@@ -557,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         "oom": oom_section,
         "ranks": ranks_section,
         "speed": speed_section,
+        "ladder": ladder_section,
     }
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in sections]

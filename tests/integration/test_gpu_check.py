@@ -26,7 +26,15 @@ def test_every_section_runs_in_cpu_smoke_mode(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["mode"] == "cpu-smoke"
-    assert set(result["sections"]) == {"nvml", "session", "deepspeed", "oom", "ranks", "speed"}
+    assert set(result["sections"]) == {
+        "nvml",
+        "session",
+        "deepspeed",
+        "oom",
+        "ranks",
+        "speed",
+        "ladder",
+    }
     assert all("error" not in s for s in result["sections"].values())
     assert result["checks"] and all(c["ok"] for c in result["checks"])
 
