@@ -660,6 +660,7 @@ def run_plan(
     import torch
 
     runs: list[list[RunMeasure]] = [[] for _ in plan.rungs]
+    load = [_load_average()]
     failed: set[int] = set()
     counter = _Counter(plan, on_progress)
     with _progress_bar(plan, progress) as bar:
@@ -680,6 +681,8 @@ def run_plan(
                         raise RuntimeError(
                             f"the baseline rung {plan.rungs[0].name!r} failed: {measure.error}"
                         )
+    load.append(_load_average())
+    busiest = max((x for x in load if x is not None), default=None)
     setup = {
         "model": plan.model,
         "model_options": plan.model_options,
@@ -693,6 +696,8 @@ def run_plan(
         "lr_scaling": plan.lr_scaling,
         "launcher": plan.launcher,
         "torch": torch.__version__,
+        "load_average": busiest,
+        "cores": os.cpu_count(),
     }
     notes = [
         f"every rung trains on the same {plan.samples} samples in the same order (seed "
@@ -703,6 +708,11 @@ def run_plan(
         "start-up) are reported apart",
         *plan.notes,
     ]
+    if busiest is not None and busiest > (os.cpu_count() or 1):
+        notes.append(
+            f"the machine was busy: load average {busiest:.1f} on {os.cpu_count()} cores; "
+            "other work slows some steps (the spread shows how much)"
+        )
     return summarize(
         [r.report_plan() for r in plan.rungs],
         runs,
@@ -710,6 +720,14 @@ def run_plan(
         target_loss=plan.target_loss,
         notes=notes,
     )
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the system has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
 
 
 def _cpu_name() -> str:

@@ -175,7 +175,8 @@ class LadderResult(Readable):
     # ------------------------------------------------------------------ the table
     def _display(self) -> Display:
         target = self.setup.get("target_loss")
-        header = ["rung", "samples/s", "speed-up", "vs previous", "time", "steps"]
+        previous = "vs previous" + (" (to target)" if target is not None else "")
+        header = ["rung", "samples/s", "speed-up", previous, "time", "steps"]
         if target is not None:
             header.append(f"to loss {fmt_number(target)}")
         header += ["memory measured", "predicted", "final loss", "helped"]
