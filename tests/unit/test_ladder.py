@@ -209,7 +209,7 @@ def test_time_to_target_decides_when_a_target_is_given() -> None:
     assert bigger.verdict == "helped"
     assert never.steps_to_target is None and never.time_to_target_seconds is None
     assert never.verdict == "slower" and "does not reach loss 3" in never.summary
-    assert "not reached" in str(result)
+    assert "not reached" in str(result) and "misses it" in str(result)
     assert never.final_loss == pytest.approx(3.7)  # the last quarter of its steps
 
 

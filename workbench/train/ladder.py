@@ -340,7 +340,10 @@ def plan_ladder(
     if problems:
         raise ValueError(_format(problems))
     assert dev is not None
-    start = (base or TrainConfig()).replace(device=dev)
+    # the runs measure; they write no checkpoints (a rung may still ask for them)
+    start = (base or TrainConfig()).replace(
+        device=dev, checkpoint_dir=None, checkpoint_every_steps=None, checkpoint_every_seconds=None
+    )
     default = rungs is None
     if rungs is None:
         rungs = default_rungs(
@@ -431,11 +434,10 @@ def _cumulative(
                 new_world = value
         refused = [name for name in FIXED if name in changes]
         for name in refused:
-            if name in changes:
-                problems.append(
-                    f"{where}: {name}={changes.pop(name)!r}: the ladder runs every rung on one "
-                    "device; pass device= to the ladder instead"
-                )
+            problems.append(
+                f"{where}: {name}={changes.pop(name)!r}: the ladder runs every rung on one "
+                "device; pass device= to the ladder instead"
+            )
         unknown = sorted(set(changes) - known)
         for name in [n for n in unknown if did_you_mean(n, [RANKS])]:
             unknown.remove(name)
@@ -615,7 +617,8 @@ def ladder(
     (`model_options` go to it). `steps`: the baseline's optimizer steps; they set the
     sample budget every rung trains on. `target_loss`: also report the steps and time to
     reach it (a loss never reached is reported, not an error). `base`: the settings the
-    baseline starts from (default `TrainConfig()`). `repeats`: runs per rung, interleaved.
+    baseline starts from (default `TrainConfig()`; its checkpoint settings are dropped:
+    the runs write no checkpoints). `repeats`: runs per rung, interleaved.
     `device`: "auto" (default: the base config's), "cpu" or "cuda". `launcher`: for
     data-parallel rungs, "torchrun" or "deepspeed". `memory`: measure each rung's memory
     next to the prediction (once per rung). `timeout`: seconds per multi-rank launch.

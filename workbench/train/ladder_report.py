@@ -190,7 +190,11 @@ class LadderResult(Readable):
                 f"{fmt_number(r.samples_per_s, 3)} [{fmt_number(r.samples_per_s_low, 3)}-"
                 f"{fmt_number(r.samples_per_s_high, 3)}]",
                 _ratio_cell(r.speedup, r.speedup_low, r.speedup_high),
-                "" if r.verdict == "baseline" else _ratio_cell(r.gain, r.gain_low, r.gain_high),
+                ""
+                if r.verdict == "baseline"
+                else ("reaches it" if r.helped else "misses it")
+                if r.gain_measure == "target reached"
+                else _ratio_cell(r.gain, r.gain_low, r.gain_high),
                 fmt_seconds(r.time_seconds),
                 f"{r.steps} x {r.effective_batch}",
             ]
