@@ -1,7 +1,8 @@
-"""`workbench` command line: `workbench estimate | launch | export`.
+"""`workbench` command line: `workbench estimate | launch | export | compress | ladder`.
 
 Every command's argument parsing and printing lives in this package, one module per
-command (`estimate.py`, `launch.py`, `export.py`; the TrainConfig flags they share in
+command (`estimate.py`, `launch.py`, `export.py`, `compress.py`, `ladder.py`; the
+TrainConfig flags they share in
 `config_flags.py`); the engines below never import it. Subcommands are registered in
 `COMMANDS`, one line each, and each is imported only when it runs, so `workbench estimate`
 never imports torch, deepspeed or ipywidgets.
