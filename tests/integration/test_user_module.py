@@ -182,3 +182,16 @@ def test_zero3_leaves_torchs_linear_as_it_found_it() -> None:
         s.update(offload_optimizer="cpu")  # one stage-3 engine replaces another
         s.run(optimizer_steps=1)
     assert torch.nn.functional.linear is original
+
+
+def test_run_shows_a_progress_bar_only_when_asked_or_in_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with Session(TrainConfig(micro_batch=4), model="mlp") as s:
+        s.run(optimizer_steps=2)  # stderr is not a terminal here: silent
+        assert "step" not in capsys.readouterr().err
+        s.run(optimizer_steps=3, progress=True)
+        err = capsys.readouterr().err
+        assert "3/3" in err and "loss=" in err  # tqdm's bar, fed by the records
+        with pytest.raises(ValueError, match="progress='yes': must be True, False or None"):
+            s.run(optimizer_steps=1, progress="yes")  # type: ignore[arg-type]
