@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import ipywidgets as widgets
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -33,7 +34,16 @@ class Downsampled:
     no place on a line and are skipped.
     """
 
-    __slots__ = ("bucket_limit", "stride", "count", "_buckets", "_open", "_last")
+    __slots__ = (
+        "bucket_limit",
+        "stride",
+        "count",
+        "_buckets",
+        "_open",
+        "_last",
+        "_array",
+        "_array_key",
+    )
 
     def __init__(self, buckets: int = SERIES_BUCKETS) -> None:
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 2:
@@ -45,6 +55,10 @@ class Downsampled:
         self._buckets: list[list[float]] = []
         self._open: list[float] | None = None
         self._last: tuple[float, float] | None = None
+        # the closed buckets as a numpy array, extended as buckets close: a redraw
+        # converts only what is new (keyed by (stride, rows converted))
+        self._array = np.empty((0, 4))
+        self._array_key = (1, 0)
 
     def append(self, x: float, y: float | None) -> None:
         if y is None or not math.isfinite(y):
@@ -78,51 +92,51 @@ class Downsampled:
         self._buckets = merged
         self.stride *= 2
 
-    def _bins(self, bins: int) -> list[list[float]]:
-        """The buckets, grouped into at most `bins` bins of neighbours."""
-        buckets = [*self._buckets, *([self._open] if self._open is not None else [])]
-        bins = max(1, bins)
-        if len(buckets) <= bins:
-            return buckets
-        grouped = []
-        m = len(buckets)
-        for i in range(bins):
-            group = buckets[i * m // bins : (i + 1) * m // bins]
-            low = min(group, key=lambda b: b[2])
-            high = max(group, key=lambda b: b[4])
-            grouped.append([0, low[1], low[2], high[3], high[4]])
-        return grouped
+    def _bins(self, bins: int) -> Any:
+        """The buckets as rows (low x, low y, high x, high y), grouped into at most `bins`
+        bins of neighbours (in numpy: a redraw's cost stays in C, whatever the run)."""
+        stride, done = self._array_key
+        if stride != self.stride:  # merged since: convert again
+            self._array, done = np.empty((0, 4)), 0
+        if done < len(self._buckets):
+            new = np.asarray(self._buckets[done:], dtype=float)[:, 1:]
+            self._array = np.concatenate((self._array, new))
+        self._array_key = (self.stride, len(self._buckets))
+        a = self._array
+        if self._open is not None:
+            a = np.concatenate((a, np.asarray([self._open[1:]], dtype=float)))
+        m, bins = len(a), max(1, bins)
+        if m <= bins:
+            return a
+        group = (np.arange(m) * bins) // m  # non-decreasing, every bin non-empty
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        low = np.lexsort((a[:, 1], group))[starts]  # per bin: the lowest bucket low
+        high = np.lexsort((-a[:, 3], group))[starts]  # and the highest bucket high
+        return np.column_stack((a[low, 0], a[low, 1], a[high, 2], a[high, 3]))
+
+    def _with_newest(self, xs: Any, ys: Any) -> tuple[list[float], list[float]]:
+        x, y = xs.tolist(), ys.tolist()
+        if self._last is not None and x and x[-1] != self._last[0]:
+            x.append(self._last[0])
+            y.append(self._last[1])
+        return x, y
 
     def highs(self, limit: int = SERIES_POINTS // 2) -> tuple[list[float], list[float]]:
         """(xs, ys): the highest point of each of at most `limit` bins (and the newest
         point): the upper envelope, for an area under the line."""
-        bins = self._bins(limit)
-        xs = [b[3] for b in bins]
-        ys = [b[4] for b in bins]
-        if self._last is not None and xs and xs[-1] != self._last[0]:
-            xs.append(self._last[0])
-            ys.append(self._last[1])
-        return xs, ys
+        b = self._bins(limit)
+        return self._with_newest(b[:, 2], b[:, 3])
 
     def points(self, limit: int = SERIES_POINTS) -> tuple[list[float], list[float]]:
         """(xs, ys) in increasing x: the lowest and highest point of each bucket, or of
         each bin of neighbouring buckets when that would be more than `limit` points."""
-        xs: list[float] = []
-        ys: list[float] = []
-        for b in self._bins(limit // 2):
-            if b[1] == b[3]:
-                xs.append(b[1])
-                ys.append(b[2])
-            elif b[1] < b[3]:
-                xs += (b[1], b[3])
-                ys += (b[2], b[4])
-            else:
-                xs += (b[3], b[1])
-                ys += (b[4], b[2])
-        if self._last is not None and xs[-1] != self._last[0]:
-            xs.append(self._last[0])
-            ys.append(self._last[1])
-        return xs, ys
+        b = self._bins(limit // 2)
+        lx, ly, hx, hy = b.T
+        low_first = lx <= hx
+        xs = np.column_stack((np.where(low_first, lx, hx), np.where(low_first, hx, lx)))
+        ys = np.column_stack((np.where(low_first, ly, hy), np.where(low_first, hy, ly)))
+        keep = np.column_stack((np.ones(len(b), dtype=bool), lx != hx))  # one if they meet
+        return self._with_newest(xs[keep], ys[keep])
 
 
 # --------------------------------------------------------------------------- charts
