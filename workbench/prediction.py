@@ -41,7 +41,11 @@ def shape_of(model: Any) -> dict[str, Any]:
     values = {name: getattr(model, name, None) for name in SHAPE_FIELDS}
     if any(v is None for v in values.values()):
         return {}
-    return {k: int(v) for k, v in values.items() if v is not None}  # layers=..., hidden=...
+    shape: dict[str, Any] = {k: int(v) for k, v in values.items() if v is not None}
+    rate = getattr(model, "dropout", None)
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        shape["dropout"] = rate > 0  # no dropout: no masks to keep
+    return shape
 
 
 def predict_memory(

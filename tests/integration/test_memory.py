@@ -219,3 +219,18 @@ def test_cuda_records_device_memory_and_the_finder_probes_for_oom(tiny):
         TrainConfig(), model_options=tiny, device="cuda", max_micro_batch=64
     )
     assert found.method == "oom-probe" and found.micro_batch == 64
+
+
+def test_without_dropout_the_prediction_drops_the_masks():
+    """tiny-gpt with dropout=0 keeps no dropout masks or outputs; the prediction knows the
+    model's dropout rate (ModelInfo.dropout) and matches in fp32 either way."""
+    ratios = {}
+    for rate in (0.0, 0.1):
+        cfg = TrainConfig(micro_batch=8)
+        with Session(cfg, model_options={"dropout": rate}) as s:
+            report = s.memory()
+        assert report.predicted is not None and report.predicted.dropout is (rate > 0)
+        ratios[rate] = report.activation_bytes / report.predicted_activation_bytes
+    assert ratios[0.0] == pytest.approx(1.0, abs=0.02) and ratios[0.1] == pytest.approx(
+        1.0, abs=0.02
+    )

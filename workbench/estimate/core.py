@@ -125,6 +125,7 @@ class MemoryEstimate(Readable):
     data_parallel: int = 1
     shard_params: int = 0
     fsdp: str = "off"
+    dropout: bool = True  # the activations count dropout masks (training with dropout)
 
     @property
     def model_states_bytes(self) -> int:
@@ -232,6 +233,7 @@ def estimate_memory(
     offload_params: bool = False,
     fsdp: str = "off",
     checkpointing: Checkpointing | str = "none",
+    dropout: bool = True,
     gpu: str | None = None,
     overhead_gib: float = DEFAULT_OVERHEAD_GIB,
     tokens: float | str | None = None,
@@ -262,6 +264,8 @@ def estimate_memory(
     `workbench.estimate.model_states.ACCOUNTINGS`; "paper" is the ZeRO paper's model).
     `fsdp` ("off", "full_shard", "shard_grad_op", "no_shard"): PyTorch FSDP instead of
     ZeRO (`zero_stage` 0), counted with FSDP2's layout (the "fsdp" accounting, implied).
+    `dropout=False`: a model trained without dropout keeps no dropout masks (and no
+    dropout outputs), so its activations are smaller.
 
     Raises `EstimateInputError` (a `ValueError`) listing every invalid input at once.
     """
@@ -388,6 +392,7 @@ def estimate_memory(
         pp = None
 
     for name, flag in (
+        ("dropout", dropout),
         ("sequence_parallel", sequence_parallel),
         ("offload_optimizer", offload_optimizer),
         ("offload_params", offload_params),
@@ -538,7 +543,7 @@ def estimate_memory(
             arch.vocab,
             ckpt,
             4 if prec is Precision.FP32 else 2,
-            True,
+            dropout,
             arch.ffn_hidden,
             arch.mlp,
             tp,
@@ -593,6 +598,7 @@ def estimate_memory(
         offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         fsdp=sharding or "off",
+        dropout=dropout,
         checkpointing=ckpt.value,
         micro_batch=mb,
         layers=arch.layers if arch else None,
