@@ -13,7 +13,8 @@ id                     fires when
 =====================  ==============================================================
 nonfinite-loss         a non-finite loss in the last RECENT_STEPS steps (1 is enough)
 loss-scale-collapse    >= MIN_OVERFLOW_SKIPS skipped steps after the scaler's initial
-                       calibration in the last RECENT_STEPS, or the scale fell below 1
+                       calibration (at most MAX_CALIBRATION_SKIPS leading skips) in the
+                       last RECENT_STEPS, or the scale fell below 1
 data-loader-stall      median data_seconds > 20% of median step_seconds over the last
                        RECENT_STEPS (>= MIN_STEPS steps, the first step dropped)
 low-gpu-util           median GPU utilization < 50% over >= MIN_STEPS readings with
@@ -48,6 +49,9 @@ RECENT_STEPS = 50  # rules look at this many newest records
 MIN_STEPS = 5
 MIN_OVERFLOW_SKIPS = 3
 MIN_SCALED_STEPS = 10
+# a scaler halving from 2**24 reaches 1 in 24 skipped steps (the defaults start at 2**16);
+# leading skips beyond this are overflows, not calibration
+MAX_CALIBRATION_SKIPS = 24
 MIN_LEAK_STEPS = 20
 LEAK_WARMUP_STEPS = 3  # allocator caches and optimizer state appear in the first steps
 MIN_PRECISION_STEPS = 3
@@ -340,7 +344,7 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
         return []
     # skipped steps from the very start are the scaler calibrating down from its init value
     calib = 0
-    while calib < len(scaled) and scaled[calib].skipped:
+    while calib < min(len(scaled), MAX_CALIBRATION_SKIPS) and scaled[calib].skipped:
         calib += 1
     window = scaled[calib:][-RECENT_STEPS:]
     if not window:
@@ -354,7 +358,10 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
     precision = c.setting("precision")
     target = "bf16" if precision == Precision.FP16.value else "amp-bf16"
     # a loss_scale_init at or below the scale the run settled at avoids the calibration skips
-    settled = max(1.0, 2.0 ** math.floor(math.log2(max(last_scale, 1.0))))
+    # (a run that never stepped has settled nowhere: the default 2**16 is the place to start)
+    stepped = any(not r.skipped for r in scaled)
+    settled_at = last_scale if stepped else min(last_scale, 2.0**16)
+    settled = max(1.0, 2.0 ** math.floor(math.log2(max(settled_at, 1.0))))
     return [
         Advice(
             id="loss-scale-collapse",

@@ -10,6 +10,7 @@ import pytest
 
 import workbench
 from workbench.advisor import (
+    MAX_CALIBRATION_SKIPS,
     MIN_LEAK_STEPS,
     MIN_OVERFLOW_SKIPS,
     MIN_PRECISION_STEPS,
@@ -164,6 +165,22 @@ def test_initial_calibration_skips_do_not_fire() -> None:
     calib = [rec(i + 1, precision="amp-fp16", scale=65536.0 / 2**i, skipped=True) for i in range(6)]
     records = calib + _scaled(30, start=7)
     assert "loss-scale-collapse" not in ids(advise(records))
+
+
+def test_a_run_that_never_steps_fires_past_calibration() -> None:
+    # loss_scale_init=2**100: every step overflows; that is not calibration any more
+    records = [
+        rec(i + 1, precision="amp-fp16", scale=2.0 ** (100 - i), skipped=True) for i in range(40)
+    ]
+    a = one(advise(records), "loss-scale-collapse")
+    assert a.evidence["calibration_steps"] == MAX_CALIBRATION_SKIPS
+    assert len(a.evidence["skipped_steps"]) == 40 - MAX_CALIBRATION_SKIPS
+    assert "loss_scale_init=65536" in a.message  # not the astronomic scale it is stuck at
+    # the same number of leading skips that stop within the cap stay quiet
+    calib = [
+        rec(i + 1, precision="amp-fp16", scale=2.0 ** (24 - i), skipped=True) for i in range(24)
+    ]
+    assert "loss-scale-collapse" not in ids(advise(calib + _scaled(16, start=25)))
 
 
 def test_too_few_overflows_or_steps_do_not_fire() -> None:
