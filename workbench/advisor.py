@@ -29,6 +29,9 @@ precision-slower       the current precision ran > 5% slower than another precis
 grad-norm-spike        a grad_norm > 5x the median of the >= MIN_SPIKE_BASELINE steps
                        before it, in the last RECENT_STEPS, without effective clipping
 =====================  ==============================================================
+
+Past 600 lines because each rule is one function with its evidence and message; they share
+the context and the thresholds above.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ passed too); otherwise the missing ones are solved for `world_size` (default 1):
 Not expressible in DeepSpeed JSON (taken from `base` on import): seed, device,
 num_workers, pin_memory, lr_scaling, activation_checkpointing, checkpoint settings, the
 schedule horizon when no scheduler gives one, and the optimizer when the config has none.
+
+Past 600 lines because both directions of one mapping are kept side by side, key by key, so
+a key handled one way is seen the other way; DeepSpeed's own checks are in `dscheck.py`.
 """
 
 from __future__ import annotations

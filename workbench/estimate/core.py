@@ -4,6 +4,9 @@ Accounting and formulas are described in `model_states` (parameters, gradients,
 optimizer states, ZeRO, offload), `architecture` (parameter counts, tensor/pipeline
 layout), `activations` (Korthikanti et al. 2022, extended) and `catalog` (GPU data sheets); docs/estimator.md collects them and compares them with DeepSpeed's
 and accelerate's estimators.
+
+Past 600 lines because the one public entry point checks every argument and its result type
+renders itself (text, HTML); the formulas live in the modules named above.
 """
 
 from __future__ import annotations

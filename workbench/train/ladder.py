@@ -39,6 +39,9 @@ reported in the result, not an error.
 Each rung's run is a fresh `Session` in this process, or `launch_ranks` for several ranks;
 the ladder uses their public API only (records, `memory()`, the launch result's per-rank
 figures).
+
+Past 600 lines because the rungs, their fair runs (same samples, interleaved repeats) and
+the report with its verdicts are one workflow; each rung runs through `Session` or `launch_ranks`.
 """
 
 from __future__ import annotations

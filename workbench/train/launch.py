@@ -25,6 +25,9 @@ continues from the newest step every rank has.
 
 `steps` is the step to train to: a resumed run continues from its checkpoint's step up
 to `steps`, so re-running the same command after a pre-emption finishes the job.
+
+Past 600 lines because starting, tailing, stopping and resuming ranks is one lifecycle; the
+rank side is `rank_worker.py`.
 """
 
 from __future__ import annotations

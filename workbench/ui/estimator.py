@@ -11,6 +11,9 @@ Any change recomputes the estimate and redraws one persistent figure: a stacked 
 the per-GPU memory of this setup (its label shows the tp x pp x dp split) next to ZeRO
 stages 0-3 side by side, each with the GPU's memory as a horizontal line. Invalid input
 shows its message beside the field and the last valid chart stays.
+
+Past 600 lines because the fields, their parsing into `estimate_memory` arguments and the
+one figure are a single view; shared helpers live in `ui/fields.py` and `ui/charts.py`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ The charts show the whole run, downsampled (`workbench.ui.charts.Downsampled`: e
 bucket of steps keeps its lowest and highest value, so a spike is never hidden), and the
 panel keeps only the newest records: its memory and a redraw cost the same at a thousand
 steps and at a million.
+
+Past 600 lines because the controls, the refresh timer and the figure share one state (the
+records cursor, the artists being updated); drawing helpers live in `ui/charts.py`, field
+parsing in `ui/fields.py`.
 """
 
 from __future__ import annotations

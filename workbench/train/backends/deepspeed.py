@@ -34,6 +34,9 @@ How it works
   `safe_get/safe_set_full_fp32_param` and `..._optimizer_state` (ZeRO 1-3; collective
   under ZeRO-3, so every rank calls them), or by flat-buffer offsets for the stage-0
   16-bit optimizer and by parameter for the stage-0 fp32 optimizer.
+
+Past 600 lines because DeepSpeed keeps its state in a different layout per stage and per
+16-bit optimizer (fused, unfused, bf16); each is translated to and from the neutral state here.
 """
 
 from __future__ import annotations
