@@ -106,7 +106,21 @@ def build(job: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
     return module, dataset, loss_fn
 
 
-def batches(loader: DataLoader[Any], sampler: DistributedSampler[Any]) -> Iterator[Any]:
+def batches(
+    job: dict[str, Any], dataset: Any, micro_batch: int, world: int, rank: int
+) -> Iterator[Any]:
+    """This rank's micro-batches, epoch after epoch (each epoch reshuffled with the job's seed)."""
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=int(job["seed"]), drop_last=True
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=micro_batch,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=int(job["num_workers"]),
+        pin_memory=bool(job["pin_memory"]),
+    )
     epoch = 0
     while True:
         sampler.set_epoch(epoch)

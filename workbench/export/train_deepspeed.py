@@ -34,7 +34,6 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
-from torch.utils.data import DataLoader, DistributedSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
@@ -139,19 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         model_parameters=[p for p in module.parameters() if p.requires_grad],
         config=ds_config,
     )
-    seed = int(job["seed"])
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
-    )
-    loader = DataLoader(
-        dataset,
-        batch_size=micro,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=int(job["num_workers"]),
-        pin_memory=bool(job["pin_memory"]),
-    )
-    data = batches(loader, sampler)
+    data = batches(job, dataset, micro, world, rank)
     n_params = sum(
         p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()
     )

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
@@ -144,19 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     micro, accum = int(config["micro_batch"]), int(config["grad_accum"])
     clip = config.get("clip_grad_norm")
     base_lr = float(config["lr"])
-    seed = int(job["seed"])
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
-    )
-    loader = DataLoader(
-        dataset,
-        batch_size=micro,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=int(job["num_workers"]),
-        pin_memory=bool(job["pin_memory"]),
-    )
-    data = batches(loader, sampler)
+    data = batches(job, dataset, micro, world, rank)
     n_params = sum(p.numel() for p in params)  # a DTensor's numel is its full size
     if rank == 0:
         start = {
