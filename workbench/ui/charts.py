@@ -238,3 +238,22 @@ def stack_pngs(pngs: list[bytes]) -> bytes:
     out = io.BytesIO()
     mpimg.imsave(out, np.concatenate(padded, axis=0), format="png")
     return out.getvalue()
+
+
+class ReportChart:
+    """A finished report's chart as a PNG in an image widget (what `PanelBase.snapshot_png`
+    reads: `png`, `render()`)."""
+
+    def __init__(self, css_class: str) -> None:
+        self.image = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", height="auto")
+        )
+        self.image.add_class(css_class)
+        self.png = b""
+
+    def show(self, png: bytes) -> None:
+        self.png = png
+        self.image.value = png
+
+    def render(self) -> bytes:
+        return self.png

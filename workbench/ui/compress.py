@@ -16,14 +16,12 @@ the session may have trained on: the status says so).
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.ui.fields import status_html
-from workbench.ui.panel import PanelBase
+from workbench.ui.panel import JobPanel
 
 METHOD_CHOICES = (
     ("int8", "INT8 dynamic quantization"),
@@ -31,25 +29,6 @@ METHOD_CHOICES = (
     ("channels", "structured: channels"),
     ("heads", "structured: attention heads"),
 )
-
-
-class ReportChart:
-    """The report's chart as a PNG in an image widget (what `PanelBase.snapshot_png`
-    reads: `png`, `render()`)."""
-
-    def __init__(self) -> None:
-        self.image = widgets.Image(
-            format="png", layout=widgets.Layout(max_width="100%", height="auto")
-        )
-        self.image.add_class("wb-compress-chart")
-        self.png = b""
-
-    def show(self, png: bytes) -> None:
-        self.png = png
-        self.image.value = png
-
-    def render(self) -> bytes:
-        return self.png
 
 
 def model_of_session(session: Any) -> Any:
@@ -68,7 +47,7 @@ def model_of_session(session: Any) -> Any:
     return module
 
 
-class CompressionPanel(PanelBase):
+class CompressionPanel(JobPanel):
     """Compress the session's model and show before/after (module docstring).
 
     `loss_fn`: the task's loss; needed for your own module (a built-in model brings its
@@ -85,16 +64,16 @@ class CompressionPanel(PanelBase):
         held_out_fraction: float = 0.1,
         **measure_options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            "compress",
+            "Compress copies of the session's model and measure them; the session keeps training.",
+        )
         self.session = session
         self._loss_fn = loss_fn
         self._held_out = held_out
         self._fraction = held_out_fraction
         self._options = {"repeats": 20, "eval_samples": 2048, **measure_options}
         self.report: Any | None = None
-        self.error: str | None = None
-        self._thread: threading.Thread | None = None
-        self._cancel = threading.Event()
 
         self.methods = {
             key: widgets.Checkbox(value=key in ("int8", "prune", "channels"), description=label)
@@ -111,17 +90,6 @@ class CompressionPanel(PanelBase):
         self.button = widgets.Button(description="measure", button_style="primary", icon="compress")
         self.button.add_class("wb-compress-measure")
         self.button.on_click(lambda _: self.measure())
-        self.status = widgets.HTML(
-            status_html(
-                "info",
-                "Compress copies of the session's model and measure them; the session keeps "
-                "training.",
-            )
-        )
-        self.status.add_class("wb-compress-status")
-        self.table = widgets.HTML()
-        self.table.add_class("wb-compress-table")
-        self.chart = ReportChart()
         self.widget = widgets.VBox(
             [
                 widgets.HBox(list(self.methods.values())[:2]),
@@ -136,18 +104,8 @@ class CompressionPanel(PanelBase):
         self.widget.add_class("wb-compress-panel")
 
     # ------------------------------------------------------------------ view
-    def charts(self) -> list[Any]:
-        return [self.chart] if self.chart.png else []
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def selected(self) -> list[str]:
         return [key for key, box in self.methods.items() if box.value]
-
-    def _show_status(self, kind: str, message: str) -> None:
-        self.status.value = status_html(kind, message)
 
     # ------------------------------------------------------------------ actions
     def measure(self, *, wait: bool = False) -> Any:
@@ -173,18 +131,9 @@ class CompressionPanel(PanelBase):
         self.error = None
         self.button.disabled = True
         self._show_status("info", f"measuring {', '.join(methods)} ...")
-        self._cancel.clear()
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(methods, float(self.sparsity.value), self.engine.value),
-            name="workbench-compress",
-            daemon=True,
-        )
-        self._thread.start()
-        if wait:
-            self._thread.join()
-            return self.report
-        return None
+        args = (methods, float(self.sparsity.value), self.engine.value)
+        self._start(self._run, args, "workbench-compress", wait)
+        return self.report if wait else None
 
     def _source(self) -> tuple[Any, Any, Any, str]:
         """(model copy, held-out data, loss, a note on where the held-out data came from)."""
@@ -243,15 +192,6 @@ class CompressionPanel(PanelBase):
             self._show_status("error", self.error)
         finally:
             self.button.disabled = False
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self._cancel.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=120)
-        super().close()
 
     def __repr__(self) -> str:
         state = "measuring" if self.running else ("measured" if self.report else "idle")

@@ -15,15 +15,13 @@ machine with the ladder and slows it: pause it for clean figures (the status say
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.ui.compress import ReportChart
-from workbench.ui.fields import Field, parse_float, parse_int, status_html, text_field
-from workbench.ui.panel import PanelBase
+from workbench.ui.fields import Field, parse_float, parse_int, text_field
+from workbench.ui.panel import JobPanel
 
 #: The TrainConfig settings the ladder takes from a session: the model's training basics,
 #: not the optimizations the rungs measure.
@@ -37,7 +35,7 @@ def base_of(config: Any) -> Any:
     return TrainConfig(**{name: getattr(config, name) for name in BASE_SETTINGS})
 
 
-class LadderPanel(PanelBase):
+class LadderPanel(JobPanel):
     """Run an optimization ladder and show its table and chart (module docstring).
 
     `session`: take the model and basic settings from it (optional). Without one, `model`
@@ -59,7 +57,11 @@ class LadderPanel(PanelBase):
         repeats: int = 1,
         **ladder_options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            "ladder",
+            "Train the same samples with each rung of settings, repeated and interleaved, "
+            "and see what each one buys here.",
+        )
         self.session = session
         self._model = model
         self._model_options = model_options
@@ -67,9 +69,6 @@ class LadderPanel(PanelBase):
         self._rungs = rungs
         self._options = dict(ladder_options)
         self.result: Any | None = None
-        self.error: str | None = None
-        self._thread: threading.Thread | None = None
-        self._cancel = threading.Event()
 
         self.steps = text_field("baseline steps", str(steps), "wb-ladder-steps")
         self.repeats = text_field("repeats", str(repeats), "wb-ladder-repeats")
@@ -97,18 +96,6 @@ class LadderPanel(PanelBase):
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="")
         self.progress.add_class("wb-ladder-progress")
         self.progress_label = widgets.HTML("")
-        self.status = widgets.HTML(
-            status_html(
-                "info",
-                "Train the same samples with each rung of settings, repeated and "
-                "interleaved, and see what each one buys here.",
-            )
-        )
-        self.status.add_class("wb-ladder-status")
-        self.table = widgets.HTML()
-        self.table.add_class("wb-ladder-table")
-        self.chart = ReportChart()
-        self.chart.image.add_class("wb-ladder-chart")
         self.widget = widgets.VBox(
             [
                 widgets.HBox([self.steps.box, self.repeats.box]),
@@ -125,16 +112,6 @@ class LadderPanel(PanelBase):
         self.widget.add_class("wb-ladder-panel")
 
     # ------------------------------------------------------------------ view
-    def charts(self) -> list[Any]:
-        return [self.chart] if self.chart.png else []
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _show_status(self, kind: str, message: str) -> None:
-        self.status.value = status_html(kind, message)
-
     def _fields(self) -> dict[str, Any] | None:
         """The fields' values, or None (each bad field showing its message)."""
         values: dict[str, Any] = {}
@@ -213,15 +190,8 @@ class LadderPanel(PanelBase):
             f"running {len(plan.rungs)} rungs x {plan.repeats} repeat(s) on {plan.device}"
             + ("; the session is training too and slows the ladder: pause it" if busy else ""),
         )
-        self._cancel.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(plan,), name="workbench-ladder", daemon=True
-        )
-        self._thread.start()
-        if wait:
-            self._thread.join()
-            return self.result
-        return None
+        self._start(self._run, (plan,), "workbench-ladder", wait)
+        return self.result if wait else None
 
     def _on_progress(self, p: Any) -> None:
         self.progress.max = max(1, p.total)
@@ -261,15 +231,6 @@ class LadderPanel(PanelBase):
     def cancel(self) -> None:
         """Stop the ladder at the next step (the ranks of a launch at once)."""
         self._cancel.set()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self._cancel.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=120)
-        super().close()
 
     def __repr__(self) -> str:
         state = "running" if self.running else ("measured" if self.result else "idle")

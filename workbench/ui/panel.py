@@ -15,7 +15,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.ui.charts import Chart, stack_pngs
+from workbench.ui.charts import Chart, ReportChart, stack_pngs
+from workbench.ui.fields import status_html
 
 MIN_REFRESH_SECONDS = 0.25  # charts refresh at most 4 times a second
 
@@ -190,6 +191,52 @@ class PanelBase:
             return
         self._closed = True
         close_tree(getattr(self, "widget", None))
+
+
+class JobPanel(PanelBase):
+    """A panel that runs one job at a time in a background thread and shows its report: a
+    `status` line, the report's HTML `table` and its `chart`. `close()` cancels the job
+    (`_cancel`, which the job checks) and waits for it."""
+
+    def __init__(self, css: str, intro: str) -> None:
+        super().__init__()
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self.status = widgets.HTML(status_html("info", intro))
+        self.status.add_class(f"wb-{css}-status")
+        self.table = widgets.HTML()
+        self.table.add_class(f"wb-{css}-table")
+        self.chart = ReportChart(f"wb-{css}-chart")
+
+    def charts(self) -> list[Any]:
+        return [self.chart] if self.chart.png else []
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _show_status(self, kind: str, message: str) -> None:
+        self.status.value = status_html(kind, message)
+
+    def _start(
+        self, target: Callable[..., None], args: tuple[Any, ...], name: str, wait: bool
+    ) -> None:
+        """Run `target(*args)` in a background thread named `name` (`wait`: until it ends)."""
+        self._cancel.clear()
+        self._thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._thread.start()
+        if wait:
+            self._thread.join()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._cancel.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=120)
+        super().close()
 
 
 def close_tree(widget: Any) -> None:
