@@ -5,12 +5,19 @@ A factory is imported the way `python -m` would find it: the current folder come
 `mymodels.py`. It is called with the model options as keyword arguments and returns what
 `workbench.models.build_model` returns, `(module, dataset, loss_fn[, info])`; `loss_fn` may
 be None when the dataset yields mappings and the model returns its own `.loss`.
+
+A factory is code, so only the user chooses one: a spec given in this call (an argument, a
+flag) is honoured, but a spec *read from a file* (a checkpoint, a job.json, a rung file, a
+config) is refused by `factory_from_file` unless the caller marks that file trusted
+(`trusted=True`, `--trust-model-spec`); then a warning says exactly what is imported and
+called. Built-in names read from a file are data and always allowed.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -78,6 +85,67 @@ def load_factory(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"model={spec!r}: {module} has no callable {attr}")
     return fn  # type: ignore[no-any-return]
+
+
+class UntrustedSpecError(ValueError):
+    """A file names a factory (code to import and run) and the caller did not trust it.
+    `spec` is the factory, `source` the file."""
+
+    def __init__(self, spec: str, source: str, trust_hint: str) -> None:
+        self.spec = spec
+        self.source = source
+        module, _, function = spec.partition(":")
+        super().__init__(
+            f"model={spec!r} in {source}: names Python code to import and run (module "
+            f"{module!r}, function {function!r}); a file cannot choose code to run, so it is "
+            f"not imported. Name the model yourself, or, if you trust this file, "
+            f"{trust_hint}"
+        )
+
+
+def importable_origin(spec: str) -> str:
+    """Where the module of a factory spec would be imported from (a path, or a note)."""
+    module = spec.partition(":")[0]
+    _with_cwd_on_path()
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        return "not importable here"
+    return str(found.origin or "a namespace package")
+
+
+def factory_from_file(
+    spec: Any,
+    *,
+    source: str,
+    trusted: bool = False,
+    trust_hint: str = "pass trusted=True",
+) -> Callable[..., Any] | None:
+    """The factory a file names, when the user trusts the file; None for a built-in name.
+
+    `spec` was read from `source` (a path, named in the messages). A factory spec is
+    refused with `UntrustedSpecError` unless `trusted`; a trusted one is imported after a
+    warning on the "workbench" logger naming the module, where it is imported from, and
+    the function that will be called. ValueError for a spec that is no model at all.
+    """
+    problems = spec_problems(spec, importable=False)
+    if problems:
+        raise ValueError(f"{source}: {problems[0]}")
+    if not is_factory(spec):
+        return None
+    if not trusted:
+        raise UntrustedSpecError(spec, source, trust_hint)
+    module, _, function = spec.partition(":")
+    logging.getLogger("workbench").warning(
+        "trusting %s: importing module %r (%s) and calling %s(**options)",
+        source,
+        module,
+        importable_origin(spec),
+        function,
+    )
+    return load_factory(spec)
 
 
 def build_from_spec(model: str, options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,0 +1,233 @@
+"""Reading what a user hands the workbench: bounded files, strict JSON, values shown safely.
+
+Every file the workbench reads on a user's behalf (a config.json, a DeepSpeed config, a
+hostfile, a ladder's rung file, a job's job.json, a checkpoint's manifest) goes through
+`read_text` or `read_json`, which guarantee:
+
+* only a regular file is opened: a directory, a FIFO, a device (`/dev/zero`,
+  `/dev/urandom`) or a socket is refused before `open()`, so nothing blocks or reads forever;
+* at most `max_bytes` are read, and a larger file is refused with its size and the limit;
+* the text must be UTF-8; a decode error names the path and the byte offset;
+* JSON is strict: a key given twice in one object, `NaN` / `Infinity`, a number too large
+  for a float (`1e400`) or an integer of more than 4,300 digits are errors, never a silent
+  last-value-wins or `inf`; nesting deeper than `max_depth` is refused (no RecursionError).
+
+Every failure is an `InputFileError` (a `ValueError`) that carries `what` (the flag or
+field that named the file), `path` and `reason` as data; its text is made from them.
+`shown(value)` is the `repr` to put in an error message: bounded in length, and safe for
+integers too large for `repr` (Python refuses to print more than 4,300 digits).
+
+Pure: imports nothing of the package and no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+#: Default size limit of a settings file (a config.json, a DeepSpeed config, a job.json).
+MAX_SETTINGS_BYTES = 16 * 1024 * 1024
+#: Default nesting limit of a settings file: the deepest real config nests fewer than 10.
+MAX_JSON_DEPTH = 64
+
+
+class InputFileError(ValueError):
+    """A file (or JSON text) the workbench cannot read: `what` named it, `path` is where it
+    is, `reason` says what is wrong."""
+
+    def __init__(self, what: str, path: str, reason: str) -> None:
+        self.what = what
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{what} {shown(path)}: {reason}")
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """`repr(value)` for an error message: an integer of more than 30 digits as its size
+    ("an integer of 61 digits"), anything longer than `limit` characters cut with '...'."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'-' if value < 0 else ''}<an integer of about {digits} digits>"
+    try:
+        text = repr(value)
+    except Exception:  # a value whose repr fails still gets a message
+        text = f"<{type(value).__name__}>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_bytes(
+    path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_SETTINGS_BYTES
+) -> bytes:
+    """The bytes of the regular file `path`, at most `max_bytes` of them; InputFileError
+    naming `what` and the path for anything else."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise InputFileError(what, str(path), "must be a path to a file")
+    name = os.fspath(path)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    try:
+        info = os.stat(name)
+    except FileNotFoundError:
+        raise InputFileError(what, name, "no such file") from None
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, no permission
+        raise InputFileError(what, name, f"cannot be read ({_reason(exc)})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputFileError(what, name, f"{_kind(info.st_mode)}, not a regular file")
+    if info.st_size > max_bytes:
+        raise InputFileError(
+            what, name, f"{info.st_size:,} bytes: larger than the {max_bytes:,}-byte limit"
+        )
+    try:
+        with open(name, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise InputFileError(what, name, f"cannot be read ({_reason(exc)})") from None
+    if len(data) > max_bytes:  # grew since the stat
+        raise InputFileError(what, name, f"larger than the {max_bytes:,}-byte limit")
+    return data
+
+
+def read_text(
+    path: str | os.PathLike[str], *, what: str, max_bytes: int = MAX_SETTINGS_BYTES
+) -> str:
+    """`read_bytes` decoded as UTF-8; a decode error names the byte offset."""
+    data = read_bytes(path, what=what, max_bytes=max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(
+            what,
+            os.fspath(path),
+            f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+        ) from None
+
+
+def read_json(
+    path: str | os.PathLike[str],
+    *,
+    what: str,
+    max_bytes: int = MAX_SETTINGS_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
+    """The strict JSON value in the file `path` (see the module docstring)."""
+    text = read_text(path, what=what, max_bytes=max_bytes)
+    return parse_json(text, what=what, path=os.fspath(path), max_depth=max_depth)
+
+
+class _Duplicate(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+class _NotFinite(Exception):
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _refuse_constant(text: str) -> Any:
+    raise _NotFinite(text)
+
+
+def parse_json(text: str, *, what: str, path: str = "", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """The strict JSON value of `text`; InputFileError naming `what` (and `path`, or the
+    text itself when it came from a flag) for anything else."""
+    where = path or text
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_float=_finite_float,
+            parse_constant=_refuse_constant,
+        )
+    except _Duplicate as dup:
+        raise InputFileError(
+            what, where, f"key {shown(dup.key)} appears twice in one object (which one is meant?)"
+        ) from None
+    except _NotFinite as bad:
+        raise InputFileError(
+            what, where, f"{shown(bad.text)}: JSON numbers must be finite (no NaN, Infinity, 1e400)"
+        ) from None
+    except RecursionError:
+        raise InputFileError(what, where, f"nested deeper than {max_depth} levels") from None
+    except json.JSONDecodeError as exc:
+        raise InputFileError(
+            what, where, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        raise InputFileError(
+            what, where, "not valid JSON (an integer of more than 4,300 digits)"
+        ) from None
+    if _depth_exceeds(value, max_depth):
+        raise InputFileError(what, where, f"nested deeper than {max_depth} levels")
+    return value
+
+
+def _children(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        yield from value.values()
+    elif isinstance(value, list):
+        yield from value
+
+
+def _depth_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether `value` nests containers more than `max_depth` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                return True
+            stack.extend((child, depth + 1) for child in _children(item))
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_SETTINGS_BYTES",
+    "InputFileError",
+    "parse_json",
+    "read_bytes",
+    "read_json",
+    "read_text",
+    "shown",
+]
