@@ -1,0 +1,83 @@
+"""Writing what a command produces: all of it or none of it.
+
+`write_files(folder, {name: data})` first writes every file under a temporary name in
+`folder` (same file system, so the renames are atomic), flushes each to disk, and only
+when all of them were written renames them into place. A failure while writing (a full
+disk, a file name taken by a folder, no permission) removes the temporary files and
+leaves what `folder` held before whole: never a job whose `ds_config.json` describes the
+new settings while its `launch.sh` still describes the old ones.
+`write_file(path, data)` is the same for one file.
+
+Pure: imports nothing of the package and no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+
+class OutputError(ValueError):
+    """A command's output could not be written; nothing of it was put in place.
+    `path` is the file that failed, `reason` what happened."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot write {path!r}: {reason}; nothing was changed there")
+
+
+def _as_bytes(data: bytes | str) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+def write_files(
+    folder: str | os.PathLike[str],
+    files: Mapping[str, bytes | str],
+    *,
+    modes: Mapping[str, int] | None = None,
+) -> list[Path]:
+    """Write `files` (name relative to `folder` -> bytes or text) all at once; returns
+    their paths. `modes`: permission bits by name (e.g. 0o755 for a script)."""
+    root = Path(folder)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, data in files.items():
+            target = root / name
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_dir():
+                    raise IsADirectoryError(21, "a folder has that name", str(target))
+                fd, tmp_name = tempfile.mkstemp(
+                    dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+                )
+                tmp = Path(tmp_name)
+                staged.append((tmp, target))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_as_bytes(data))
+                    f.flush()
+                    os.fsync(f.fileno())
+                mode = (modes or {}).get(name)
+                os.chmod(tmp, 0o644 if mode is None else mode)
+            except OSError as exc:
+                raise OutputError(str(target), exc.strerror or str(exc)) from None
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    return [target for _, target in staged]
+
+
+def write_file(path: str | os.PathLike[str], data: bytes | str, *, mode: int | None = None) -> Path:
+    """Write one file atomically (see `write_files`); returns its path."""
+    target = Path(path)
+    return write_files(
+        target.parent, {target.name: data}, modes=None if mode is None else {target.name: mode}
+    )[0]
+
+
+__all__ = ["OutputError", "write_file", "write_files"]
