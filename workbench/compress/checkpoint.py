@@ -5,6 +5,10 @@ name and options are in it) or a weights file (`session.save_weights()`, with `m
 naming the model), rebuilds the model with `workbench.models.build_model` (or a factory
 "pkg.module:function") and loads the trained weights into it. It also returns the
 model's data set and loss, so the command line can measure held-out quality.
+
+A checkpoint is data: loading one never imports or runs code the file chooses. A factory
+the checkpoint names is refused (`UntrustedSpecError`) unless the caller passes it as
+`model=` or says `trusted=True` (see `workbench.models.spec.factory_from_file`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.models.spec import is_factory, load_factory, spec_problems
+from workbench.inputs import shown
+from workbench.models.spec import factory_from_file, is_factory, load_factory, spec_problems
 
 
 @dataclass
@@ -66,12 +71,16 @@ def load_trained(
     *,
     model: str | None = None,
     model_options: dict[str, Any] | None = None,
+    trusted: bool = False,
 ) -> Trained:
     """The model a checkpoint or weights file was trained as, with its weights loaded.
 
-    `model`: a built-in name or factory "pkg.module:function"; required for a weights
-    file, and for a checkpoint of your own module. `model_options` override the saved
-    ones. ValueError for a missing file, an unknown model, or weights that do not fit.
+    `model`: a built-in name or factory "pkg.module:function" (your choice, so a factory
+    given here is imported); required for a weights file, and for a checkpoint of your own
+    module. `model_options` override the saved ones. `trusted`: honour a factory the
+    checkpoint itself names (it is code: only for a file you trust). ValueError for a
+    missing file, an unknown model, weights that do not fit, or (`UntrustedSpecError`) a
+    factory named by the file when not `trusted`.
     """
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ValueError(f"path={path!r}: must be a checkpoint or weights file")
@@ -91,13 +100,36 @@ def load_trained(
                 "mlp, cnn or a factory 'pkg.module:function') and its model_options"
             )
         )
-    problems = spec_problems(name)
-    if problems:
-        raise ValueError(problems[0])
-    options = dict(saved.get("options") or {}) if name == saved.get("name") else {}
+    if model is None:  # the file chose the model: a factory only when trusted
+        factory = factory_from_file(name, source=f"checkpoint {str(path)!r}", trusted=trusted)
+    else:
+        problems = spec_problems(name)
+        if problems:
+            raise ValueError(problems[0])
+        factory = load_factory(name) if is_factory(name) else None
+    saved_options = saved.get("options") if name == saved.get("name") else None
+    if saved_options is not None and not (
+        isinstance(saved_options, dict) and all(isinstance(k, str) for k in saved_options)
+    ):
+        raise ValueError(
+            f"path={str(path)!r}: the checkpoint's model options {shown(saved_options)} are "
+            "not a mapping of option names"
+        )
+    options = dict(saved_options or {})
+    if model_options is not None and not isinstance(model_options, dict):
+        raise ValueError(f"model_options={shown(model_options)}: must be a dict of options")
     options.update(model_options or {})
-    if is_factory(name):
-        made = load_factory(name)(**options)
+    if factory is not None:
+        made = factory(**options)
+        if not (
+            isinstance(made, (tuple, list))
+            and len(made) in (3, 4)
+            and isinstance(made[0], nn.Module)
+        ):
+            raise ValueError(
+                f"model={name!r}: the factory must return (module, dataset, loss_fn[, info]), "
+                f"got {shown(made)}"
+            )
         module, dataset, loss_fn = made[0], made[1], made[2]
     else:
         from workbench.models import build_model

@@ -60,11 +60,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.inputs import InputFileError, read_json, shown
+
 CHECKPOINT_FORMAT = 2
 PREVIOUS_FORMAT = 1
 MANIFEST_KIND = "workbench-checkpoint"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 _HASH_BLOCK = 1 << 20
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; its config and options are small
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class CheckpointError(ValueError):
@@ -322,18 +329,35 @@ def resolve(path_or_dir: str | os.PathLike[str]) -> Path:
 
 # --------------------------------------------------------------------------- reading
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a checkpoint (its tensor file's path, or the manifest's own)."""
+    """The manifest of a checkpoint (its tensor file's path, or the manifest's own), read
+    as strict, bounded JSON (`workbench.inputs.read_json`) and checked for the fields a
+    resume relies on (kind, format, file size and SHA-256, step)."""
     m = manifest_path(resolve(path))
+    if not m.exists():
+        raise CheckpointError(f"path={str(m)!r}: no manifest")
     try:
-        manifest = json.loads(m.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"path={str(m)!r}: no manifest") from None
-    except (OSError, ValueError) as exc:
+        manifest = read_json(m, what="checkpoint manifest", max_bytes=MAX_MANIFEST_BYTES)
+    except InputFileError as exc:
         raise CheckpointError(
-            f"path={str(m)!r}: the manifest is not readable JSON (truncated or altered): {exc}"
-        ) from exc
+            f"path={str(m)!r}: the manifest is not readable JSON (truncated or altered): {exc.reason}"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
         raise CheckpointError(f"path={str(m)!r}: not a workbench checkpoint manifest")
+    problems = []
+    size = manifest.get("bytes")
+    if not _is_int(size) or size < 0:
+        problems.append(f"bytes={shown(size)}: must be the tensor file's size, an integer >= 0")
+    digest = manifest.get("sha256")
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        problems.append(f"sha256={shown(digest)}: must be 64 hexadecimal digits")
+    step = manifest.get("step")
+    if not _is_int(step) or step < 0:
+        problems.append(f"step={shown(step)}: must be an integer >= 0")
+    if problems:
+        raise CheckpointError(
+            f"path={str(m)!r}: altered manifest ({'; '.join(problems)}); a checkpoint is "
+            "only resumed after its size and SHA-256 are checked"
+        )
     return manifest
 
 
@@ -473,9 +497,106 @@ def load(path_or_dir: str | os.PathLike[str]) -> dict[str, Any]:
             f"{payload['format']} in the file; step {manifest.get('step')}, format "
             f"{manifest.get('format')} in its manifest"
         )
+    problems = payload_problems(payload)
+    if problems:
+        raise CheckpointError(
+            f"path={str(path)!r}: not a checkpoint this workbench wrote ("
+            + "; ".join(problems)
+            + "); nothing in it was used"
+        )
     payload["path"] = str(path)
     payload["manifest"] = manifest
     return payload
+
+
+def _tensors(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    )
+
+
+def _rng_problems(rng: Any) -> list[str]:
+    """What keeps `set_rng_state(rng)` from restoring `rng` (this format's or the previous
+    one's layout), found without touching any generator."""
+    if not isinstance(rng, dict):
+        return [f"rng={shown(rng)}: must be a dict of RNG states"]
+    p = []
+    state = rng.get("torch")
+    if not (
+        isinstance(state, torch.Tensor)
+        and state.dtype == torch.uint8
+        and state.shape == torch.get_rng_state().shape
+    ):
+        p.append("rng.torch: must be torch's RNG state (a uint8 tensor torch.get_rng_state gives)")
+    numpy_state = rng.get("numpy")
+    if isinstance(numpy_state, dict):
+        key = numpy_state.get("key")
+        if not (
+            numpy_state.get("bit_generator") == "MT19937"
+            and isinstance(key, torch.Tensor)
+            and key.numel() == 624
+            and all(_is_int(numpy_state.get(k)) for k in ("pos", "has_gauss"))
+            and isinstance(numpy_state.get("cached_gaussian"), (int, float))
+        ):
+            p.append("rng.numpy: must be NumPy's MT19937 state as a save writes it")
+    elif not isinstance(numpy_state, tuple):
+        p.append("rng.numpy: must be NumPy's RNG state")
+    python_state = rng.get("python")
+    if isinstance(python_state, dict):
+        internal = python_state.get("state")
+        if not (
+            _is_int(python_state.get("version"))
+            and isinstance(internal, (list, tuple))
+            and len(internal) == 625
+            and all(_is_int(x) and 0 <= x < 2**32 for x in internal)
+        ):
+            p.append("rng.python: must be Python's random state as a save writes it")
+    elif not isinstance(python_state, tuple):
+        p.append("rng.python: must be Python's random state")
+    return p
+
+
+def payload_problems(payload: dict[str, Any]) -> list[str]:
+    """What is wrong with the layout of a loaded payload (empty when it is one `save`
+    writes): each entry of the module docstring's table has the type a resume relies on."""
+    p: list[str] = []
+    step = payload.get("step")
+    if not _is_int(step) or step < 0:
+        p.append(f"step={shown(step)}: must be an integer >= 0")
+    if not isinstance(payload.get("config"), dict):
+        p.append(f"config={shown(payload.get('config'))}: must be a dict of settings")
+    backend = payload.get("backend")
+    if not isinstance(backend, dict):
+        p.append(f"backend={shown(backend)}: must be a dict (weights, optimizer, scaler)")
+    elif not _tensors(backend.get("model")):
+        p.append("backend.model: must map parameter names to tensors")
+    buffers = payload.get("buffers")
+    if buffers is not None and not _tensors(buffers):
+        p.append("buffers: must map buffer names to tensors")
+    p += _rng_problems(payload.get("rng"))
+    data = payload.get("data")
+    if data is not None and not (
+        isinstance(data, dict)
+        and set(data) <= {"epoch", "offset"}
+        and all(_is_int(v) and v >= 0 for v in data.values())
+    ):
+        p.append(f"data={shown(data)}: must be {{'epoch': int >= 0, 'offset': int >= 0}}")
+    ref = payload.get("reference_batch")
+    if ref is not None and (not _is_int(ref) or ref < 1):
+        p.append(f"reference_batch={shown(ref)}: must be an integer >= 1")
+    model = payload.get("model")
+    if model is not None:
+        if not isinstance(model, dict):
+            p.append(f"model={shown(model)}: must be a dict with 'name' and 'options' or None")
+        else:
+            name, options = model.get("name"), model.get("options")
+            if name is not None and (not isinstance(name, str) or not name):
+                p.append(f"model.name={shown(name)}: must be a model name or None")
+            if options is not None and not (
+                isinstance(options, dict) and all(isinstance(k, str) for k in options)
+            ):
+                p.append(f"model.options={shown(options)}: must map option names to values")
+    return p
 
 
 def convert(path_or_dir: str | os.PathLike[str], *, trusted: bool = False) -> list[Path]:
