@@ -22,11 +22,15 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import numbers
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
+
+from workbench.inputs import shown
 
 
 class StrEnum(str, Enum):
@@ -279,15 +283,58 @@ def did_you_mean(name: str, choices: list[str], aliases: dict[str, str] | None =
 def _unknown_setting(name: str, value: Any) -> str:
     known = sorted(f.name for f in fields(TrainConfig))
     hint = did_you_mean(name, known, _FIELD_ALIASES)
-    return f"{name}={value!r}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
+    label = name if isinstance(name, str) and len(name) <= 80 else shown(name)
+    return f"{label}={shown(value)}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
+
+
+def _is_bool(v: Any) -> bool:
+    """True/False, NumPy's booleans included (a numpy.bool_ is no number)."""
+    return isinstance(v, bool) or type(v).__name__ in ("bool_", "bool") and hasattr(v, "item")
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer: int or a NumPy integer scalar, never a bool."""
+    return isinstance(v, numbers.Integral) and not _is_bool(v)
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite real number: int, float or a NumPy scalar of either, never a bool."""
+    if not isinstance(v, numbers.Real) or _is_bool(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _plain_number(v: Any) -> Any:
+    """A NumPy scalar as the Python int/float it holds (other values unchanged)."""
+    if _is_int(v) and not isinstance(v, int):
+        return int(v)
+    if _is_number(v) and not isinstance(v, (int, float)):
+        return float(v)
+    return v
+
+
+#: Upper bounds of the numeric settings: (bound, as shown, why a larger value is nonsense).
+LIMITS: dict[str, tuple[float, str, str]] = {
+    "micro_batch": (2**20, "1,048,576", "more samples in one forward pass than any device holds"),
+    "grad_accum": (2**20, "1,048,576", "more micro-batches per step than any run accumulates"),
+    "lr": (1e3, "1000", "a larger step diverges with every optimizer"),
+    "weight_decay": (1e3, "1000", "a larger decay erases the weights in one step"),
+    "warmup_steps": (10**12, "10^12", "longer than any training run"),
+    "total_steps": (10**12, "10^12", "longer than any training run"),
+    "clip_grad_norm": (1e12, "1e12", "a larger threshold never clips: use None for no clipping"),
+    "num_workers": (1024, "1024", "more loader processes than any machine runs"),
+    "loss_scale_init": (2.0**127, "2^127", "a larger scale is infinite in fp32"),
+    "loss_scale_growth": (2.0**16, "65536", "a larger factor overflows at the first growth"),
+    "loss_scale_interval": (10**12, "10^12", "the scale would never grow"),
+    "seed": (2**63 - 1, "2^63 - 1", "torch and NumPy seeds are 64-bit integers"),
+    "checkpoint_every_steps": (10**12, "10^12", "longer than any training run"),
+    "checkpoint_every_seconds": (1e9, "10^9", "more than 30 years"),
+    "keep_checkpoints": (10**6, "10^6", "more checkpoints than any disk holds"),
+}
+_MAX_PATH = 4096  # PATH_MAX on Linux
 
 
 @dataclass(frozen=True)
@@ -371,72 +418,109 @@ class TrainConfig:
             if not isinstance(value, enum) and isinstance(value, str):
                 with contextlib.suppress(ValueError):  # reported by problems()
                     object.__setattr__(self, name, enum(value.strip().lower()))
+        for f in fields(self):  # NumPy scalars are numbers: kept as Python's own
+            value = getattr(self, f.name)
+            plain = _plain_number(value)
+            if _is_bool(value) and not isinstance(value, bool):
+                plain = bool(value)
+            if plain is not value:
+                object.__setattr__(self, f.name, plain)
         problems = self.problems()
         if problems:
             raise ValueError(_format(problems))
 
     # ----------------------------------------------------------------- checking
     def problems(self) -> list[str]:
-        """Every problem with this config, one line each (empty when valid)."""
+        """Every problem with this config, one line each (empty when valid): each field on
+        its own, then every combination whose fields are themselves valid."""
         p: list[str] = []
+        bad: set[str] = set()
+
+        def report(name: str, line: str) -> None:
+            bad.add(name)
+            p.append(line)
+
         for name, enum in _ENUM_FIELDS.items():
             value = getattr(self, name)
             if not isinstance(value, enum):
                 hint = (
                     did_you_mean(value, enum.choices(), _VALUE_ALIASES.get(name))
-                    if isinstance(value, str)
+                    if isinstance(value, str) and len(value) < 100
                     else ""
                 )
-                p.append(
-                    f"{name}={value!r}: must be one of {', '.join(enum.choices())}"
-                    + (f";{hint}" if hint else "")
+                report(
+                    name,
+                    f"{name}={shown(value)}: must be one of {', '.join(enum.choices())}"
+                    + (f";{hint}" if hint else ""),
                 )
+
+        def bound(name: str) -> float:
+            return LIMITS[name][0] if name in LIMITS else math.inf
+
+        def limit_text(name: str) -> str:
+            if name not in LIMITS:
+                return ""
+            _, top, why = LIMITS[name]
+            return f", at most {top} ({why})"
 
         def positive_int(name: str, *, minimum: int = 1, optional: bool = False) -> None:
             v = getattr(self, name)
             if optional and v is None:
                 return
-            if not _is_int(v) or v < minimum:
-                allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
-                p.append(f"{name}={v!r}: must be {allowed}")
+            if not _is_int(v) or v < minimum or v > bound(name):
+                allowed = (
+                    f"an integer >= {minimum}" + (" or None" if optional else "") + limit_text(name)
+                )
+                report(name, f"{name}={shown(v)}: must be {allowed}")
 
         def positive_float(
             name: str,
             *,
             allow_zero: bool = False,
             optional: bool = False,
-            maximum: float | None = None,
+            below: float | None = None,
         ) -> None:
             v = getattr(self, name)
             if optional and v is None:
                 return
             ok = _is_number(v) and (v >= 0 if allow_zero else v > 0)
-            if ok and maximum is not None:
-                ok = v <= maximum
+            if ok and below is not None:
+                ok = v < below
+            if ok:
+                ok = v <= bound(name)
             if not ok:
                 rng = ">= 0" if allow_zero else "> 0"
-                if maximum is not None:
-                    rng += f" and <= {maximum}"
-                p.append(
-                    f"{name}={v!r}: must be a finite number {rng}"
+                if below is not None:
+                    rng += f" and < {below:g}"
+                report(
+                    name,
+                    f"{name}={shown(v)}: must be a finite number {rng}"
                     + (" or None" if optional else "")
+                    + limit_text(name),
                 )
 
         positive_int("micro_batch")
         positive_int("grad_accum")
         positive_float("lr")
         positive_float("weight_decay", allow_zero=True)
-        positive_float("momentum", allow_zero=True, maximum=1.0)
+        positive_float("momentum", allow_zero=True, below=1.0)
         positive_int("warmup_steps", minimum=0)
         positive_int("total_steps")
         positive_float("clip_grad_norm", optional=True)
         positive_int("num_workers", minimum=0)
         positive_float("loss_scale_init")
-        if not _is_number(self.loss_scale_growth) or self.loss_scale_growth <= 1:
-            p.append(f"loss_scale_growth={self.loss_scale_growth!r}: must be a finite number > 1")
+        g = self.loss_scale_growth
+        if not _is_number(g) or g <= 1 or g > bound("loss_scale_growth"):
+            report(
+                "loss_scale_growth",
+                f"loss_scale_growth={shown(g)}: must be a finite number > 1"
+                + limit_text("loss_scale_growth"),
+            )
         if not _is_number(self.loss_scale_backoff) or not 0 < self.loss_scale_backoff < 1:
-            p.append(
-                f"loss_scale_backoff={self.loss_scale_backoff!r}: must be a number > 0 and < 1"
+            report(
+                "loss_scale_backoff",
+                f"loss_scale_backoff={shown(self.loss_scale_backoff)}: must be a number > 0 "
+                "and < 1",
             )
         positive_int("loss_scale_interval")
         positive_int("seed", minimum=0)
@@ -445,74 +529,98 @@ class TrainConfig:
         positive_int("keep_checkpoints")
         for name in ("activation_checkpointing", "pin_memory", "fsdp_reduce_fp32", "compile"):
             if not isinstance(getattr(self, name), bool):
-                p.append(f"{name}={getattr(self, name)!r}: must be True or False")
+                report(name, f"{name}={shown(getattr(self, name))}: must be True or False")
         if not _is_int(self.zero_stage) or not 0 <= self.zero_stage <= 3:
-            p.append(f"zero_stage={self.zero_stage!r}: must be 0, 1, 2 or 3")
-        if self.nvme_path is not None and not isinstance(self.nvme_path, str):
-            p.append(f"nvme_path={self.nvme_path!r}: must be a directory path or None")
-        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, str):
-            p.append(f"checkpoint_dir={self.checkpoint_dir!r}: must be a directory path or None")
-        if p:
-            return p  # combination checks assume well-typed fields
+            report("zero_stage", f"zero_stage={shown(self.zero_stage)}: must be 0, 1, 2 or 3")
+        for name in ("nvme_path", "checkpoint_dir"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if not isinstance(v, str) or not v.strip() or "\0" in v or len(v) > _MAX_PATH:
+                report(
+                    name,
+                    f"{name}={shown(v)}: must be a directory path (a non-empty string of at most "
+                    f"{_MAX_PATH} characters, no NUL) or None",
+                )
 
-        precision = Precision(self.precision)
-        offload_opt = OffloadDevice(self.offload_optimizer)
-        offload_par = OffloadDevice(self.offload_params)
-        optimizer = OptimizerName(self.optimizer)
-        if optimizer is OptimizerName.ADAM8BIT:
+        def ok(*names: str) -> bool:
+            return not bad.intersection(names)
+
+        # Combinations: each is checked when the fields it reads are valid on their own.
+        if ok("optimizer") and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT:
             p.append(
                 "optimizer='adam8bit': is available in the memory estimator only; a Session "
                 "trains with adamw, adam, sgd or sgd-nomomentum"
             )
-        if optimizer.is_onebit and self.zero_stage != 0:
+        if (
+            ok("optimizer", "zero_stage")
+            and OptimizerName(self.optimizer).is_onebit
+            and self.zero_stage != 0
+        ):
+            optimizer = OptimizerName(self.optimizer)
             p.append(
                 f"optimizer={optimizer.value!r}: DeepSpeed's 1-bit optimizers do not run with "
                 f"ZeRO; needs zero_stage=0 (zero_stage={self.zero_stage})"
             )
-        fsdp = FsdpMode(self.fsdp)
-        if fsdp is not FsdpMode.OFF:
-            if self.zero_stage != 0:
+        fsdp = FsdpMode(self.fsdp) if ok("fsdp") else None
+        offload_opt = OffloadDevice(self.offload_optimizer) if ok("offload_optimizer") else None
+        offload_par = OffloadDevice(self.offload_params) if ok("offload_params") else None
+        precision = Precision(self.precision) if ok("precision") else None
+        stage = self.zero_stage if ok("zero_stage") else None
+        if fsdp is not None and fsdp is not FsdpMode.OFF:
+            if stage is not None and stage != 0:
                 p.append(
                     f"fsdp={fsdp.value!r}: PyTorch FSDP and DeepSpeed ZeRO are two sharding "
-                    f"engines; use one (zero_stage={self.zero_stage} needs fsdp='off', "
+                    f"engines; use one (zero_stage={stage} needs fsdp='off', "
                     "fsdp needs zero_stage=0)"
                 )
-            if precision.is_deepspeed:
+            if precision is not None and precision.is_deepspeed:
                 p.append(
                     f"fsdp={fsdp.value!r}: precision={precision.value!r} is DeepSpeed's 16-bit "
                     "mode; with FSDP use 'amp-bf16' or 'amp-fp16' (FSDP's mixed precision)"
                 )
-            if offload_opt is not OffloadDevice.NONE:
+            if offload_opt is not None and offload_opt is not OffloadDevice.NONE:
                 p.append(
                     f"offload_optimizer={offload_opt.value!r}: a DeepSpeed (ZeRO-Offload) "
                     "setting; FSDP offloads parameters, gradients and optimizer states "
                     "together with offload_params='cpu'"
                 )
-            if offload_par is OffloadDevice.NVME or (
-                offload_par is OffloadDevice.CPU and fsdp is not FsdpMode.FULL_SHARD
+            if offload_par is not None and (
+                offload_par is OffloadDevice.NVME
+                or (offload_par is OffloadDevice.CPU and fsdp is not FsdpMode.FULL_SHARD)
             ):
                 p.append(
                     f"offload_params={offload_par.value!r}: FSDP offloads to 'cpu' with "
                     f"fsdp='full_shard' (fsdp={fsdp.value!r})"
                 )
-        if self.zero_stage == 0 and offload_opt is not OffloadDevice.NONE and fsdp is FsdpMode.OFF:
+        if (
+            stage == 0
+            and offload_opt is not None
+            and offload_opt is not OffloadDevice.NONE
+            and fsdp is FsdpMode.OFF
+        ):
             p.append(
                 f"offload_optimizer={offload_opt.value!r}: needs zero_stage 1, 2 "
                 "or 3 (zero_stage=0)"
             )
-        if offload_par is not OffloadDevice.NONE and self.zero_stage != 3 and fsdp is FsdpMode.OFF:
+        if (
+            stage is not None
+            and offload_par is not None
+            and offload_par is not OffloadDevice.NONE
+            and stage != 3
+            and fsdp is FsdpMode.OFF
+        ):
             p.append(
                 f"offload_params={offload_par.value!r}: parameter offload needs "
-                f"zero_stage=3 (zero_stage={self.zero_stage})"
+                f"zero_stage=3 (zero_stage={stage})"
             )
         # DeepSpeed's own 16-bit modes (fp16/bf16) with zero_stage=0 are allowed: the
         # Session routes them through the DeepSpeed engine, which supports stage 0.
-        del precision
         uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
-        if uses_nvme and not self.nvme_path:
+        if uses_nvme and ok("nvme_path") and not self.nvme_path:
             p.append("nvme_path=None: NVMe offload needs nvme_path, a writable directory")
         # Whether nvme_path exists is a question about the machine: runtime_problems().
-        if self.warmup_steps > self.total_steps:
+        if ok("warmup_steps", "total_steps") and self.warmup_steps > self.total_steps:
             p.append(
                 f"warmup_steps={self.warmup_steps}: must not exceed total_steps={self.total_steps}"
             )
@@ -538,6 +646,18 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """A config from `to_dict()`'s mapping (missing settings keep their defaults)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"invalid setting: data={shown(data)}: must be a mapping of setting names to "
+                "values (TrainConfig.to_dict())"
+            )
+        keys = [k for k in data if not isinstance(k, str)]
+        if keys:
+            raise ValueError(
+                f"invalid setting: {shown(keys[0])}={shown(data[keys[0]])}: setting names are "
+                "strings"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -70,7 +70,29 @@ def test_parenthesized_style_and_number_check() -> None:
         parse(["--zero", "x", "--lr", "fast"]), fields=FIELDS, check_numbers=True
     )
     assert config is None
-    assert problems == ["--zero x: must be an integer", "--lr fast: must be a number"]
+    assert problems == ["--zero x: must be an integer", "--lr fast: must be a finite number"]
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "1e999"])
+def test_number_check_refuses_non_finite_floats(text: str) -> None:
+    config, problems = config_from_args(parse(["--lr", text]), fields=FIELDS, check_numbers=True)
+    assert config is None and problems == [f"--lr {text}: must be a finite number"]
+
+
+def test_number_check_names_thousands_separators() -> None:
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, fields=("micro_batch",))
+    args = parser.parse_args(["--micro-batch", "1,024"])
+    config, problems = config_from_args(args, fields=("micro_batch",), check_numbers=True)
+    assert config is None
+    assert problems == [
+        "--micro-batch 1,024: must be an integer (write it without thousands separators)"
+    ]
+
+
+def test_lenient_numbers_pass_non_finite_text_on_to_be_named() -> None:
+    config, problems = config_from_args(parse(["--lr", "inf"]), fields=FIELDS)
+    assert config is None and len(problems) == 1 and problems[0].startswith("--lr inf: must be")
 
 
 def test_strip_text_only_when_asked(tmp_path: Path) -> None:

@@ -13,12 +13,14 @@ and the value as typed. Pure: imports no torch and no deepspeed.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from workbench.config import TrainConfig, problem_lines
+from workbench.inputs import shown
 
 
 @dataclass(frozen=True)
@@ -122,14 +124,28 @@ def add_config_flags(
 
 
 def parse_number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
-    """`text` as an int ("int") or float ("float"); None, with a problem line
-    "FLAG TEXT: must be an integer/a number", when it is not one."""
+    """`text` as an int ("int") or a finite float ("float"); None, with a problem line
+    "FLAG TEXT: must be an integer/a finite number", when it is not one. A thousands
+    separator ("1,000") is no number: the line says to write it without one."""
+    value = _number(text, kind)
+    if value is None:
+        what = "an integer" if kind == "int" else "a finite number"
+        hint = " (write it without thousands separators)" if "," in str(text) else ""
+        problems.append(
+            f"{flag} {shown(text)[1:-1] if len(str(text)) > 80 else text}: must be {what}{hint}"
+        )
+    return value
+
+
+def _number(text: str, kind: str) -> Any:
+    """An int or finite float from flag text, else None (never inf, nan or a bool)."""
     try:
-        return int(text) if kind == "int" else float(text)
-    except ValueError:
-        what = "an integer" if kind == "int" else "a number"
-        problems.append(f"{flag} {text}: must be {what}")
+        if kind == "int":
+            return int(text)
+        value = float(text)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def raw_values(args: argparse.Namespace, fields: Sequence[str]) -> dict[str, str]:
@@ -217,10 +233,8 @@ def config_from_args(
 def lenient_number(text: str, kind: str) -> Any:
     """Flag text -> int ("int") or float ("float"); text that is not one is passed on as it
     is (TrainConfig or the caller then names it together with every other problem)."""
-    try:
-        return int(text.replace("_", "")) if kind == "int" else float(text)
-    except ValueError:
-        return text
+    value = _number(text.replace("_", "") if kind == "int" else text, kind)
+    return text if value is None else value
 
 
 __all__ = [
