@@ -37,6 +37,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from workbench.inputs import shown
+
 #: pydantic model (as named in its ValidationError) -> the config key it validates.
 _MODEL_KEYS = {
     "DeepSpeedZeroConfig": "zero_optimization",
@@ -56,6 +58,10 @@ ONEBIT_OPTIMIZERS = {
     "zerooneadam": "deepspeed.runtime.fp16.onebit.zoadam:ZeroOneAdam",
     "onebitlamb": "deepspeed.runtime.fp16.onebit.lamb:OnebitLamb",
 }
+
+
+#: The longest key or type name worth a "did you mean" search; longer ones name nothing.
+MAX_NAME = 200
 
 
 def _ds(module: str) -> Any:
@@ -130,6 +136,8 @@ def top_level_keys() -> frozenset[str]:
 
 def close_key(key: str, choices: frozenset[str] | set[str] | list[str]) -> str:
     """ " (did you mean 'x'?)" for the choice closest to `key` (ignoring case), or ""."""
+    if len(key) > MAX_NAME:  # no setting is named like that (and difflib is quadratic)
+        return ""
     by_lower = {c.lower(): c for c in sorted(choices)}
     close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.75)
     return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
@@ -178,6 +186,8 @@ def _explain(exc: BaseException, ds: dict[str, Any]) -> list[str]:
     name = deepspeed_name()
     if not isinstance(exc, ValidationError):
         text = " ".join(str(exc).split()) or type(exc).__name__
+        if len(text) > 500:
+            text = text[:497] + "..."
         return [f"{name} rejects the config: {text}"]
     prefix = _MODEL_KEYS.get(exc.title, exc.title)
     if exc.title == "DeepSpeedBF16Config" and "bf16" not in ds and "bfloat16" in ds:
@@ -193,7 +203,7 @@ def _explain(exc: BaseException, ds: dict[str, Any]) -> list[str]:
             lines.append(f"{path}: {name} rejects it: not one of its settings here{hint}")
         else:
             value = err.get("input")
-            lines.append(f"{path}={value!r}: {name} rejects it: {err['msg']}")
+            lines.append(f"{path}={shown(value)}: {name} rejects it: {err['msg']}")
     return lines
 
 
@@ -271,7 +281,7 @@ def optimizer_class(kind: str, *, offload: bool, torch_adam: bool = False) -> tu
         return _load(ONEBIT_OPTIMIZERS[lowered]), {"deepspeed"}
     if lowered in ds_config.DEEPSPEED_OPTIMIZERS:
         return None, set()  # mup's MuAdam/MuAdamW/MuSGD, Muon: known, not modelled here
-    cls = getattr(torch.optim, kind, None)
+    cls = getattr(torch.optim, kind, None) if _public_name(kind) else None
     ok = isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
     return (cls if ok else None), set()
 
@@ -286,8 +296,17 @@ def deepspeed_optimizer_types() -> list[str]:
 
 
 def _parameters(cls: Any) -> list[inspect.Parameter]:
-    """`cls.__init__`'s parameters after self and the first (the parameters / optimizer)."""
-    return list(inspect.signature(cls.__init__).parameters.values())[2:]
+    """`cls.__init__`'s parameters after self and the first (the parameters / optimizer);
+    a class without a signature takes anything."""
+    try:
+        return list(inspect.signature(cls.__init__).parameters.values())[2:]
+    except (TypeError, ValueError):
+        return [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+
+
+def _public_name(kind: str) -> bool:
+    """Whether `kind` can name a class of a module (no '_' start, an identifier)."""
+    return kind.isidentifier() and not kind.startswith("_")
 
 
 def accepted_parameters(cls: Any, reserved: set[str]) -> set[str] | None:
@@ -356,8 +375,8 @@ def optimizer_problems(
         ]
         known = [*deepspeed_optimizer_types(), *torch_names]
         problems.append(
-            f"optimizer.type={kind!r}: {name} rejects it: not one of its optimizers "
-            f"({', '.join(deepspeed_optimizer_types())}) and torch.optim has no {kind!r}"
+            f"optimizer.type={shown(kind)}: {name} rejects it: not one of its optimizers "
+            f"({', '.join(deepspeed_optimizer_types())}) and torch.optim has no {shown(kind)}"
             f"{close_key(kind, known)}"
         )
         return problems
@@ -369,12 +388,12 @@ def optimizer_problems(
                 continue
             problems.append(
                 f"optimizer.params.{key}: {name} rejects it: {cls.__name__} takes no "
-                f"parameter {key!r}{close_key(key, allowed)}; it takes "
+                f"parameter {shown(key)}{close_key(key, allowed)}; it takes "
                 f"{', '.join(sorted(allowed))}"
             )
     if zero_stage >= 1 and cls not in supported and not allow_untested:
         problems.append(
-            f"optimizer.type={kind!r} with zero_optimization.stage={zero_stage}: {name} rejects "
+            f"optimizer.type={shown(kind)} with zero_optimization.stage={zero_stage}: {name} rejects "
             f"it: {cls.__name__} is an untested ZeRO optimizer; add "
             '"zero_allow_untested_optimizer": true to use it'
         )
@@ -396,7 +415,9 @@ def scheduler_problems(kind: str, params: dict[str, Any]) -> list[str]:
     lr_schedules = _ds("deepspeed.runtime.lr_schedules")
 
     name = deepspeed_name()
-    cls = getattr(lr_schedules, kind, None) or getattr(torch.optim.lr_scheduler, kind, None)
+    cls = None
+    if _public_name(kind):
+        cls = getattr(lr_schedules, kind, None) or getattr(torch.optim.lr_scheduler, kind, None)
     if not isinstance(cls, type):
         known = [
             n
@@ -404,7 +425,7 @@ def scheduler_problems(kind: str, params: dict[str, Any]) -> list[str]:
             if hasattr(lr_schedules, n)
         ]
         return [
-            f"scheduler.type={kind!r}: {name} rejects it: it does not recognize this LR "
+            f"scheduler.type={shown(kind)}: {name} rejects it: it does not recognize this LR "
             f"scheduler{close_key(kind, known)}; DeepSpeed's: {', '.join(known)} (or a "
             "torch.optim.lr_scheduler class)"
         ]
@@ -417,7 +438,7 @@ def scheduler_problems(kind: str, params: dict[str, Any]) -> list[str]:
     if allowed is None:
         return problems
     return problems + [
-        f"scheduler.params.{key}: {name} rejects it: {kind} takes no parameter {key!r}"
+        f"scheduler.params.{key}: {name} rejects it: {kind} takes no parameter {shown(key)}"
         f"{close_key(key, allowed)}; it takes {', '.join(sorted(allowed))}"
         for key in params
         if key not in allowed

@@ -31,7 +31,6 @@ a key handled one way is seen the other way; DeepSpeed's own checks are in `dsch
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -46,6 +45,7 @@ from workbench.config import (
     Precision,
     TrainConfig,
 )
+from workbench.inputs import shown
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -141,10 +141,10 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     `"zero_allow_untested_optimizer": true` at stages 1-3, which DeepSpeed requires.
     """
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={config!r}: must be a TrainConfig")
+        raise ValueError(f"config={shown(config)}: must be a TrainConfig")
     if str(config.fsdp) != "off":
         raise ValueError(
-            f"fsdp={str(config.fsdp)!r}: a PyTorch FSDP setting has no DeepSpeed config; export "
+            f"fsdp={shown(str(config.fsdp))}: a PyTorch FSDP setting has no DeepSpeed config; export "
             "it with `workbench export --format fsdp` (or set fsdp='off' and a zero_stage)"
         )
     batch = config.effective_batch_size(world_size)  # validates world_size
@@ -217,7 +217,7 @@ def _optimizer_block(config: TrainConfig) -> dict[str, Any]:
         return {"type": _TYPE_OF_OPTIMIZER[name], "params": {"lr": lr, "weight_decay": wd}}
     allowed = ", ".join(o.value for o in OptimizerName if o in _TYPE_OF_OPTIMIZER)
     raise ValueError(
-        f"optimizer={name.value!r}: not expressible in DeepSpeed JSON; allowed: {allowed}"
+        f"optimizer={shown(name.value)}: not expressible in DeepSpeed JSON; allowed: {allowed}"
     )
 
 
@@ -272,16 +272,16 @@ def _fp16_block(config: TrainConfig) -> dict[str, Any]:
     power = math.log2(init)
     if power != int(power):
         raise ValueError(
-            f"loss_scale_init={init!r}: DeepSpeed fp16 needs a power of two (initial_scale_power)"
+            f"loss_scale_init={shown(init)}: DeepSpeed fp16 needs a power of two (initial_scale_power)"
         )
     if float(config.loss_scale_growth) != DS_SCALE_FACTOR:
         raise ValueError(
-            f"loss_scale_growth={config.loss_scale_growth!r}: DeepSpeed fp16 grows the scale by "
+            f"loss_scale_growth={shown(config.loss_scale_growth)}: DeepSpeed fp16 grows the scale by "
             f"{DS_SCALE_FACTOR} only; allowed: {DS_SCALE_FACTOR}"
         )
     if float(config.loss_scale_backoff) != 1.0 / DS_SCALE_FACTOR:
         raise ValueError(
-            f"loss_scale_backoff={config.loss_scale_backoff!r}: DeepSpeed fp16 backs off by "
+            f"loss_scale_backoff={shown(config.loss_scale_backoff)}: DeepSpeed fp16 backs off by "
             f"{1.0 / DS_SCALE_FACTOR} only; allowed: {1.0 / DS_SCALE_FACTOR}"
         )
     return {
@@ -309,8 +309,7 @@ class _Reader:
         self.notes: list[str] = []  # warnings of their own
 
     def ignore(self, entry: str) -> None:
-        assert "; " not in entry, entry  # "; " separates the entries of the warning
-        self.ignored.append(entry)
+        self.ignored.append(entry.replace("; ", ", "))  # "; " separates the entries
 
     def warnings(self, deepspeed_name: str) -> tuple[str, ...]:
         out: list[str] = []
@@ -342,7 +341,7 @@ class _Reader:
             return None
         value = parent[key]
         if not isinstance(value, dict):
-            self.errors.append(f"{path}={value!r}: must be a JSON object")
+            self.errors.append(f"{path}={shown(value)}: must be a JSON object")
             return None
         return value
 
@@ -351,7 +350,7 @@ class _Reader:
             return None
         v = block[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            self.errors.append(f"{path}={v!r}: must be an integer >= {minimum}")
+            self.errors.append(f"{path}={shown(v)}: must be an integer >= {minimum}")
             return None
         return v
 
@@ -365,7 +364,7 @@ class _Reader:
         ok = ok and (v >= 0 if allow_zero else v > 0)
         if not ok:
             rng = ">= 0" if allow_zero else "> 0"
-            self.errors.append(f"{path}={v!r}: must be a finite number {rng}")
+            self.errors.append(f"{path}={shown(v)}: must be a finite number {rng}")
             return None
         return float(v)
 
@@ -374,7 +373,7 @@ class _Reader:
             return None
         v = block[key]
         if not isinstance(v, bool):
-            self.errors.append(f"{path}={v!r}: must be true or false")
+            self.errors.append(f"{path}={shown(v)}: must be true or false")
             return None
         return v
 
@@ -383,27 +382,142 @@ class _Reader:
             return None
         v = block[key]
         if not isinstance(v, str):
-            self.errors.append(f"{path}={v!r}: must be a string")
+            self.errors.append(f"{path}={shown(v)}: must be a string")
             return None
         return v
 
 
+#: The largest integer a DeepSpeed config may hold: past 2**53 a JSON number is no longer
+#: exact in most JSON readers (a float's 53-bit mantissa), and no batch size, step count or
+#: bucket size comes near it.
+MAX_INTEGER = 2**53
+#: How deep a DeepSpeed config may nest: the deepest real one nests 4 levels.
+MAX_DEPTH = 32
+#: A string value that reads as a boolean or a number where DeepSpeed expects one (keys
+#: whose names say they hold a name, a path or a kind are strings by nature).
+_BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off"})
+_STRING_KEY = re.compile(
+    r"(path|name|dir|file|project|team|group|tag|backend|type|dtype|device|mode|label|prefix|entity)$",
+    re.I,
+)
+
+
 def _load(source: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    """The config as a dict: a dict as given, or the strict JSON of a regular file
+    (`workbench.inputs.read_json`: size and depth bounded, duplicate keys refused)."""
+    from workbench.inputs import read_json
+
     if isinstance(source, dict):
         return source
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            raise ValueError(f"DeepSpeed config {path!r}: file not found") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"DeepSpeed config {path!r}: not valid JSON ({exc})") from None
+        data = read_json(source, what="DeepSpeed config", max_depth=MAX_DEPTH)
         if not isinstance(data, dict):
-            raise ValueError(f"DeepSpeed config {path!r}: must hold a JSON object")
+            raise ValueError(
+                f"DeepSpeed config {shown(os.fspath(source))}: must hold a JSON object, "
+                f"not {type(data).__name__}"
+            )
         return data
-    raise ValueError(f"source={source!r}: must be a dict or a path to a JSON file")
+    raise ValueError(f"source={shown(source)}: must be a dict or a path to a JSON file")
+
+
+def _too_deep(ds: Any) -> str | None:
+    """A problem line when `ds` nests deeper than MAX_DEPTH (iterative: a config nested
+    200,000 levels deep is refused, not a RecursionError)."""
+    stack: list[tuple[str, Any, int]] = [("", ds, 1)]
+    while stack:
+        path, value, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if depth > MAX_DEPTH:
+                return f"{path or 'the config'}: nested deeper than {MAX_DEPTH} levels"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                stack.append((f"{path}.{key}" if path else str(key), child, depth + 1))
+    return None
+
+
+_DROP = object()
+
+
+def _cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """`ds` without the values that make it no JSON-like DeepSpeed config, the problem
+    line of each (keys that are not strings, values JSON cannot hold: NaN, infinity,
+    integers past MAX_INTEGER, other objects; strings that read as a boolean or a number,
+    which DeepSpeed would take as true or coerce) and their key paths. `ds` nests at most
+    MAX_DEPTH levels (checked first)."""
+    problems: list[str] = []
+    dropped: list[str] = []
+
+    def drop(path: str, line: str) -> object:
+        problems.append(line)
+        dropped.append(path)
+        return _DROP
+
+    def clean(value: Any, path: str) -> Any:
+        if isinstance(value, dict):
+            out: dict[str, Any] = {}
+            for key, child in value.items():
+                if not isinstance(key, str):
+                    drop(path, f"{path + '.' if path else ''}{shown(key)}: keys must be strings")
+                    continue
+                kept = clean(child, f"{path}.{key}" if path else key)
+                if kept is not _DROP:
+                    out[key] = kept
+            return out
+        if isinstance(value, (list, tuple)):
+            items = [clean(child, f"{path}[{i}]") for i, child in enumerate(value)]
+            return _DROP if _DROP in items else items
+        if value is None or isinstance(value, (bool, str)):
+            line = _string_problem(path, value) if isinstance(value, str) else None
+            return value if line is None else drop(path, line)
+        if isinstance(value, int):
+            if abs(value) > MAX_INTEGER:
+                return drop(
+                    path,
+                    f"{path}={shown(value)}: larger than {MAX_INTEGER:,} (2**53, the largest "
+                    "integer a JSON number holds exactly)",
+                )
+            return value
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return drop(path, f"{path}={shown(value)}: must be a finite number")
+            return value
+        return drop(
+            path,
+            f"{path}={shown(value)}: a {type(value).__name__} is no JSON value (numbers, "
+            "strings, true/false, null, lists and objects)",
+        )
+
+    return clean(ds, ""), problems, dropped
+
+
+def _string_problem(path: str, value: str) -> str | None:
+    """A problem line for a string that reads as a boolean or a number, else None."""
+    key = re.sub(r"\[\d+\]$", "", path).rpartition(".")[2]
+    if _STRING_KEY.search(key) or value == "auto":
+        return None
+    text = value.strip().lower()
+    if text in _BOOL_WORDS:
+        meant = "true" if text in ("true", "yes", "on") else "false"
+        return (
+            f"{path}={shown(value)}: a string where DeepSpeed expects true or false; write "
+            f"{meant} without quotes"
+        )
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if "_" in text:
+        return (
+            f"{path}={shown(value)}: a string where DeepSpeed expects a number; write it "
+            "without quotes and without '_' separators"
+        )
+    written = shown(
+        number if not number.is_integer() or "e" in text or "." in text else int(number)
+    )
+    return (
+        f"{path}={shown(value)}: a string where DeepSpeed expects a number; write {written} "
+        "without quotes"
+    )
 
 
 def import_deepspeed(
@@ -424,13 +538,18 @@ def import_deepspeed(
     if world_size is not None and (
         isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1
     ):
-        raise ValueError(f"world_size={world_size!r}: must be an integer >= 1 or None")
+        raise ValueError(f"world_size={shown(world_size)}: must be an integer >= 1 or None")
     if base is None:
         base = TrainConfig()
     elif not isinstance(base, TrainConfig):
-        raise ValueError(f"base={base!r}: must be a TrainConfig or None")
+        raise ValueError(f"base={shown(base)}: must be a TrainConfig or None")
+    raw = _load(source)
+    deep = _too_deep(raw)
+    if deep is not None:
+        raise ValueError(_format([deep]))
+    raw, shape, dropped = _cleaned(raw)
     r = _Reader()
-    ds = _fill_auto(r, _load(source), base)
+    ds = _fill_auto(r, raw, base)
     read_keys = dscheck.top_level_keys()
     for key in ds:
         if key in MODELLED_TOP_LEVEL:
@@ -477,8 +596,10 @@ def import_deepspeed(
     if sched is not None:
         _read_scheduler(r, sched, kw)
 
+    if shape:  # the problems of what was left out come first; none that follow from it
+        r.errors = shape + [e for e in r.errors if not any(p and p in e for p in dropped)]
     if r.errors:
-        raise ValueError(_format(r.errors))
+        raise ValueError(_format(list(dict.fromkeys(r.errors))))
     try:
         config = TrainConfig(**kw)
     except ValueError as exc:
@@ -580,7 +701,7 @@ def _fill_auto(r: _Reader, raw: dict[str, Any], base: TrainConfig) -> dict[str, 
                 r.filled.append("train_batch_size (micro_batch x grad_accum x world size)")
             elif path in fills:
                 block[key], source = fills[path]
-                r.filled.append(f"{path}={block[key]!r} ({source})")
+                r.filled.append(f"{path}={shown(block[key])} ({source})")
             elif prefix:
                 del block[key]
                 r.defaulted.append(path)
@@ -705,7 +826,7 @@ def _read_zero(r: _Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
             else:
                 nvme_paths.append(nvme)
         elif nvme is not None:
-            r.ignore(f"{path}.nvme_path={nvme!r} (ignored while device is {device!r})")
+            r.ignore(f"{path}.nvme_path={shown(nvme)} (ignored while device is {shown(device)})")
     if len(set(nvme_paths)) > 1:
         r.errors.append(
             f"zero_optimization nvme_path: {sorted(set(nvme_paths))!r} differ; workbench uses one "
@@ -737,7 +858,7 @@ def _read_precision(
         ):
             if getattr(bc, key) != default:
                 memory = " (the estimate counts fp32 masters and states)" if "bf16_" in key else ""
-                r.ignore(f"{bf_key}.{key}={given.get(key)!r}{memory}")
+                r.ignore(f"{bf_key}.{key}={shown(given.get(key))}{memory}")
     elif autocast:
         dtype = str(parsed.torch_autocast_dtype)
         if dtype == "torch.bfloat16":
@@ -759,7 +880,7 @@ def _read_precision(
             )
     elif r.auto_paths & {"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}:
         kw["precision"] = Precision(base.precision).value
-        r.filled.append(f"precision={kw['precision']!r} (precision)")
+        r.filled.append(f"precision={shown(kw['precision'])} (precision)")
     if autocast and (fc.enabled or bc.enabled):
         on = "fp16" if fc.enabled else bf_key
         r.ignore(f"torch_autocast (together with {on}: the workbench trains {on} alone)")
@@ -770,7 +891,7 @@ def _read_precision(
 def _read_fp16(r: _Reader, given: dict[str, Any], fc: Any, kw: dict[str, Any]) -> None:
     if fc.loss_scale:
         r.ignore(
-            f"fp16.loss_scale={given.get('loss_scale')!r} (static loss scaling, the workbench "
+            f"fp16.loss_scale={shown(given.get('loss_scale'))} (static loss scaling, the workbench "
             "scales dynamically)"
         )
     kw["loss_scale_init"] = float(2 ** int(fc.initial_scale_power))
@@ -821,7 +942,7 @@ def _read_optimizer(
     elif kind == "SGD":
         momentum = r.number(params, "momentum", "optimizer.params.momentum")
         if momentum is not None and momentum > 1:
-            r.errors.append(f"optimizer.params.momentum={momentum!r}: must be <= 1")
+            r.errors.append(f"optimizer.params.momentum={shown(momentum)}: must be <= 1")
             return
         name = OptimizerName.SGD if momentum else OptimizerName.SGD_NOMOMENTUM
         if momentum:
@@ -830,14 +951,14 @@ def _read_optimizer(
         if not any(p.startswith("optimizer.type=") for p in problems):
             modelled = sorted({*_TYPE_OF_OPTIMIZER.values()})
             r.errors.append(
-                f"optimizer.type={kind!r}: {dscheck.deepspeed_name()} builds it, but the "
+                f"optimizer.type={shown(kind)}: {dscheck.deepspeed_name()} builds it, but the "
                 f"workbench does not model its state; modelled: {', '.join(modelled)}"
             )
         return
     kw["optimizer"] = name.value
     if name.is_onebit and not dscheck.onebit_available():
         r.notes.append(
-            f"optimizer.type={kind!r}: {dscheck.deepspeed_name()} (installed) has no 1-bit "
+            f"optimizer.type={shown(kind)}: {dscheck.deepspeed_name()} (installed) has no 1-bit "
             "optimizers (deepspeed.initialize would fail here); imported for the estimate, "
             "with the state of the DeepSpeed releases that ship it; a Session refuses it "
             "(nearest: adamw)"
@@ -861,20 +982,22 @@ def _read_optimizer(
             and len(betas) == 2
             and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
         ):
-            r.errors.append(f"optimizer.params.betas={betas!r}: must be a list of two numbers")
+            r.errors.append(f"optimizer.params.betas={shown(betas)}: must be a list of two numbers")
         elif tuple(float(b) for b in betas) != ADAM_BETAS:
-            r.ignore(f"optimizer.params.betas={betas!r} (the workbench uses {list(ADAM_BETAS)})")
+            r.ignore(
+                f"optimizer.params.betas={shown(betas)} (the workbench uses {list(ADAM_BETAS)})"
+            )
     if "eps" in params and "eps" in known:
         eps = r.number(params, "eps", "optimizer.params.eps", allow_zero=False)
         if eps is not None and eps != ADAM_EPS:
-            r.ignore(f"optimizer.params.eps={eps!r} (the workbench uses {ADAM_EPS})")
+            r.ignore(f"optimizer.params.eps={shown(eps)} (the workbench uses {ADAM_EPS})")
     defaults = dscheck.optimizer_defaults(kind, offload=offload)
     for key, value in params.items():
         if key in known or (key in defaults and defaults[key] == value):
             continue
         if key == "momentum" and family == "sgd":
             continue
-        r.ignore(f"optimizer.params.{key}={value!r}")
+        r.ignore(f"optimizer.params.{key}={shown(value)}")
 
 
 _SCHEDULER_LINEAR = "the workbench warms up linearly"
@@ -883,7 +1006,7 @@ _SCHEDULER_LINEAR = "the workbench warms up linearly"
 def _warmup_details(r: _Reader, params: dict[str, Any], p: str) -> None:
     lo = r.number(params, "warmup_min_lr", f"{p}.warmup_min_lr")
     if lo not in (None, 0.0):
-        r.ignore(f"{p}.warmup_min_lr={lo!r} (the workbench warms up from 0)")
+        r.ignore(f"{p}.warmup_min_lr={shown(lo)} (the workbench warms up from 0)")
     kind = r.string(params, "warmup_type", f"{p}.warmup_type")
     if kind != "linear":
         default = ", DeepSpeed's default" if kind is None else ""
@@ -935,7 +1058,7 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
             if lo == 1.0:
                 warmup = 0  # a warmup from 1.0 to 1.0: none (what the export writes)
             elif lo not in (None, 0.0):
-                r.ignore(f"{p}.warmup_min_ratio={lo!r} (the workbench warms up from 0)")
+                r.ignore(f"{p}.warmup_min_ratio={shown(lo)} (the workbench warms up from 0)")
             end = r.number(params, "cos_min_ratio", f"{p}.cos_min_ratio")
             if end != 0.0:
                 default = ", DeepSpeed's default" if end is None else ""
@@ -965,7 +1088,7 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
         if hi is None or lo is None:
             return
         if not math.isclose(lo, hi / 25.0, rel_tol=1e-9):
-            r.ignore(f"{p}.cycle_min_lr={lo!r} (the workbench starts at cycle_max_lr / 25)")
+            r.ignore(f"{p}.cycle_min_lr={shown(lo)} (the workbench starts at cycle_max_lr / 25)")
         momentum = params.get("cycle_momentum", True)
         if momentum:
             default = "" if "cycle_momentum" in params else ", DeepSpeed's default"
@@ -980,7 +1103,7 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
             "decay_mom_rate",
         ):
             if params.get(key):
-                r.ignore(f"{p}.{key}={params[key]!r}")
+                r.ignore(f"{p}.{key}={shown(params[key])}")
         first = 2000 if first is None else first  # DeepSpeed's default
         second = first if second is None else second
         kw.update(
@@ -990,7 +1113,7 @@ def _read_scheduler(r: _Reader, sched: dict[str, Any], kw: dict[str, Any]) -> No
             total_steps=first + second,
         )
     else:
-        r.ignore(f"scheduler.type={kind!r} (not modelled: the workbench trains a constant lr)")
+        r.ignore(f"scheduler.type={shown(kind)} (not modelled: the workbench trains a constant lr)")
 
 
 def _format(problems: list[str]) -> str:

@@ -7,6 +7,7 @@ installed DeepSpeed through `deepspeed_name()` rather than a hard-coded version.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -349,11 +350,148 @@ def test_reads_json_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert (
         import_deepspeed(str(path)).config == import_deepspeed(to_deepspeed(CONFIGS[1], 2)).config
     )
-    with pytest.raises(ValueError, match="file not found"):
+    with pytest.raises(ValueError, match="missing.json': no such file"):
         import_deepspeed(str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         import_deepspeed(str(tmp_path / "bad.json"))
+
+
+# ----------------------------------------------------------------------------- careless input
+def test_a_directory_or_a_fifo_is_refused_without_reading(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=r"DeepSpeed config '.*': a directory, not a regular file"):
+        TrainConfig.from_deepspeed(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it would block until a writer comes
+    with pytest.raises(ValueError, match=r"a FIFO \(named pipe\), not a regular file"):
+        TrainConfig.from_deepspeed(str(fifo))
+    with pytest.raises(ValueError, match=r"a device, not a regular file"):
+        import_deepspeed("/dev/zero")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"must hold a JSON object, not list"):
+        import_deepspeed(tmp_path / "list.json")
+    with pytest.raises(ValueError, match=r"source=3: must be a dict or a path"):
+        import_deepspeed(3)  # type: ignore[arg-type]
+
+
+def test_a_key_given_twice_is_refused_not_the_last_one_taken(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "dup.json"
+    path.write_text(
+        '{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1, "stage": 3}}'
+    )
+    with pytest.raises(ValueError, match=r"key 'stage' appears twice in one object"):
+        import_deepspeed(path)
+
+
+def test_a_config_nested_200000_levels_deep_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "deep.json"
+    path.write_text('{"a": ' * 200_000 + "1" + "}" * 200_000)
+    with pytest.raises(ValueError, match=r"nested deeper than 32 levels"):
+        import_deepspeed(path)
+    deep: dict[str, object] = {"x": 1}
+    for _ in range(100_000):
+        deep = {"x": deep}
+    with pytest.raises(ValueError, match=r"x\.x\.x.*: nested deeper than 32 levels"):
+        import_deepspeed({"train_micro_batch_size_per_gpu": 1, "wall_clock_breakdown": deep})
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (
+            {"fp16": {"enabled": "false"}},
+            "fp16.enabled='false': a string where DeepSpeed expects true or false; write false "
+            "without quotes",
+        ),
+        (
+            {"torch_autocast": {"enabled": "false"}},
+            "torch_autocast.enabled='false': a string where DeepSpeed expects true or false",
+        ),
+        ({"bf16": {"enabled": "yes"}}, "bf16.enabled='yes': .* write true without quotes"),
+        (
+            {"zero_optimization": {"stage": "2"}},
+            "zero_optimization.stage='2': a string where DeepSpeed expects a number; write 2 "
+            "without quotes",
+        ),
+        (
+            {"zero_allow_untested_optimizer": "true"},
+            "zero_allow_untested_optimizer='true': a string where DeepSpeed expects true or false",
+        ),
+        (
+            {"optimizer": {"type": "AdamW", "params": {"lr": "1e-3"}}},
+            "optimizer.params.lr='1e-3': a string where DeepSpeed expects a number; write 0.001",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": "1_000"},
+            "train_micro_batch_size_per_gpu='1_000': .* without '_' separators",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 10**400},
+            "train_micro_batch_size_per_gpu=<an integer of about 401 digits>: larger than "
+            "9,007,199,254,740,992",
+        ),
+        ({"gradient_clipping": float("nan")}, "gradient_clipping=nan: must be a finite number"),
+        ({1: 2}, "1: keys must be strings"),
+        ({"steps_per_print": object()}, "steps_per_print=<object .*: a object is no JSON value"),
+    ],
+)
+def test_no_silent_coercion_each_bad_value_names_its_key_path(
+    patch: dict[object, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        import_deepspeed({"train_micro_batch_size_per_gpu": 2, **patch})  # type: ignore[dict-item]
+
+
+def test_every_problem_of_one_config_is_reported_at_once() -> None:
+    with pytest.raises(ValueError) as info:
+        import_deepspeed(
+            {
+                "train_micro_batch_size_per_gpu": "8",
+                "fp16": {"enabled": "true"},
+                "zero_optimization": {"stage": 7},
+                "optimizer": {"type": "NoSuchOpt"},
+                "gradient_clipping": -1,
+            }
+        )
+    text = str(info.value)
+    assert text.startswith("5 problems in DeepSpeed config:")
+    for part in (
+        "train_micro_batch_size_per_gpu='8': a string where DeepSpeed expects a number",
+        "fp16.enabled='true': a string where DeepSpeed expects true or false",
+        "zero_optimization.stage=7:",
+        "optimizer.type='NoSuchOpt':",
+        "gradient_clipping=-1: must be a finite number >= 0",
+    ):
+        assert part in text
+    # nothing that only follows from the values left out ("at least one batch key")
+    assert "at least one must be given" not in text
+
+
+def test_strings_where_a_string_belongs_are_kept() -> None:
+    imported = import_deepspeed(
+        {
+            "train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {
+                "stage": 3,
+                "offload_param": {"device": "nvme", "nvme_path": "/local/1"},
+            },
+            "tensorboard": {"enabled": True, "job_name": "2024", "output_path": "0"},
+        }
+    )
+    assert imported.config.offload_params == "nvme" and imported.config.nvme_path == "/local/1"
+
+
+def test_a_value_with_the_warning_separator_is_listed_not_a_crash() -> None:
+    imported = import_deepspeed(
+        {
+            "train_micro_batch_size_per_gpu": 2,
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "a; b"}},
+        }
+    )
+    assert imported.warnings == (
+        "not modelled by the workbench, ignored (1): scheduler.params.warmup_type='a, b' "
+        "(the workbench warms up linearly)",
+    )
 
 
 @pytest.mark.parametrize(
@@ -434,10 +572,12 @@ def test_bad_configs_name_the_key_and_deepspeeds_reason(patch: dict, message: st
 
 
 def test_what_deepspeed_accepts_imports() -> None:
-    """Lenient values DeepSpeed's models accept (a stage as text, the deprecated boolean
-    ZeRO form, an NVMe directory that exists on the cluster only) import too."""
+    """Lenient values DeepSpeed's models accept (the deprecated boolean ZeRO form, an NVMe
+    directory that exists on the cluster only) import too; a stage as text does not (it is
+    a string where a number belongs: see test_no_silent_coercion_...)."""
     base = {"train_micro_batch_size_per_gpu": 4}
-    assert import_deepspeed({**base, "zero_optimization": {"stage": "3"}}).config.zero_stage == 3
+    with pytest.raises(ValueError, match=r"zero_optimization.stage='3': a string where"):
+        import_deepspeed({**base, "zero_optimization": {"stage": "3"}})
     legacy = import_deepspeed({**base, "zero_optimization": True})
     assert legacy.config.zero_stage == 1 and "deprecated form" in legacy.warnings[0]
     nvme = import_deepspeed(

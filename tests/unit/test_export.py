@@ -376,7 +376,7 @@ BAD = [
     (["--zero", "5"], "--zero 5: must be 0, 1, 2 or 3"),
     (
         ["--zero", "x", "--micro-batch", "0"],
-        "--micro-batch 0: must be an integer >= 1; --zero x: must be 0, 1, 2 or 3",
+        ("--micro-batch 0: must be an integer >= 1", "; --zero x: must be 0, 1, 2 or 3"),
     ),
     (
         ["--offload-params", "cpu", "--zero", "2"],
@@ -406,7 +406,7 @@ BAD = [
     (["--model-option", "nokey"], "--model-option nokey: must be KEY=VALUE"),
     (
         ["--config", "/no/such.json"],
-        "--config /no/such.json: DeepSpeed config '/no/such.json': file not found",
+        "--config /no/such.json: DeepSpeed config '/no/such.json': no such file",
     ),
     (["--hostfile", "/no/such/hosts", "--nodes", "2"], "--hostfile /no/such/hosts: cannot be read"),
     (["--lr"], "--lr expected one argument"),
@@ -415,7 +415,10 @@ BAD = [
 
 @pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(
-    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    message: str | tuple[str, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     out_dir = tmp_path / "job"
     code, out, err = cli(["export", "--out", str(out_dir), *argv], capsys)
@@ -423,7 +426,8 @@ def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert out == ""
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("workbench export: error: ")
-    assert message in err
+    for part in (message,) if isinstance(message, str) else message:
+        assert part in err
     assert os.listdir(tmp_path) == []
 
 

@@ -1,0 +1,181 @@
+"""Fuzz tests (hypothesis) of `workbench export`'s arguments and of `import_deepspeed`:
+whatever the input, a valid result or a clear error (exit 2 / ValueError), never another
+exception, never a hang.
+
+Each test runs a few dozen cheap examples; WORKBENCH_FUZZ_EXAMPLES raises the count for a
+longer run (e.g. `WORKBENCH_FUZZ_EXAMPLES=2000 pytest tests/unit/test_fuzz_export.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workbench.config import TrainConfig
+from workbench.dsconfig import import_deepspeed, to_deepspeed
+
+
+def examples(default: int) -> int:
+    """`default`, or WORKBENCH_FUZZ_EXAMPLES when it is set (a longer run)."""
+    text = os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "")
+    return int(text) if text.isdigit() and int(text) > 0 else default
+
+
+FUZZ = settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+# ----------------------------------------------------------------------------- values
+#: numbers a careless or hostile user writes: huge, tiny, negative, not finite, text
+NUMBERS = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.sampled_from([0, 1, 2, 3, 7, -1, 2**53 + 1, 2**63, 2**64, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    NUMBERS,
+    st.sampled_from(["auto", "true", "false", "no", "3", "1e-3", "1_000", "cpu", "nvme", ""]),
+    st.text(max_size=12),
+)
+#: the keys DeepSpeed configs use, and some it does not
+KEYS = st.sampled_from(
+    [
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "optimizer",
+        "scheduler",
+        "type",
+        "params",
+        "lr",
+        "betas",
+        "eps",
+        "weight_decay",
+        "momentum",
+        "warmup_num_steps",
+        "total_num_steps",
+        "zero_optimization",
+        "stage",
+        "offload_optimizer",
+        "offload_param",
+        "device",
+        "nvme_path",
+        "fp16",
+        "bf16",
+        "enabled",
+        "initial_scale_power",
+        "gradient_clipping",
+        "torch_autocast",
+        "dtype",
+        "steps_per_print",
+        "zero_allow_untested_optimizer",
+        "__class__",
+        "bogus",
+    ]
+)
+JSONISH = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(KEYS | st.text(max_size=6), children)
+    ),
+    max_leaves=12,
+)
+TYPES = st.sampled_from(
+    ["AdamW", "Adam", "SGD", "Lamb", "Lion", "Adagrad", "OneCycle", "WarmupLR", "__class__"]
+    + ["WarmupCosineLR", "WarmupDecayLR", "StepLR", "_private", "Optimizer", "x" * 300]
+)
+
+
+@st.composite
+def deepspeed_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """A DeepSpeed config near a real one: real keys, then values bent out of shape."""
+    ds: dict[str, Any] = to_deepspeed(
+        draw(st.sampled_from([TrainConfig(), TrainConfig(zero_stage=2, precision="bf16")]))
+    )
+    for _ in range(draw(st.integers(0, 4))):
+        block = draw(st.sampled_from(["", "optimizer", "zero_optimization", "scheduler", "fp16"]))
+        target = ds if not block else ds.setdefault(block, {})
+        if not isinstance(target, dict):
+            continue
+        if block in ("optimizer", "scheduler") and draw(st.booleans()):
+            target["type"] = draw(TYPES)
+            target = target.setdefault("params", {})
+            if not isinstance(target, dict):
+                continue
+        target[draw(KEYS)] = draw(JSONISH)
+    return ds
+
+
+def check_import(source: Any) -> None:
+    """A valid import or a ValueError naming what is wrong, nothing else."""
+    try:
+        result = import_deepspeed(source)
+    except ValueError as exc:
+        assert str(exc), "an empty error message"
+        assert "Traceback" not in str(exc)
+        return
+    assert isinstance(result.config, TrainConfig)
+    assert result.world_size >= 1
+    assert all(isinstance(w, str) for w in result.warnings)
+
+
+@FUZZ
+@given(deepspeed_configs())
+def test_import_deepspeed_of_a_bent_config_is_a_config_or_a_value_error(ds: dict) -> None:
+    check_import(ds)
+
+
+@FUZZ
+@given(JSONISH)
+def test_import_deepspeed_of_any_json_value_is_a_config_or_a_value_error(value: Any) -> None:
+    check_import(value if isinstance(value, dict) else {"train_micro_batch_size_per_gpu": value})
+
+
+@FUZZ
+@given(
+    ds=deepspeed_configs(),
+    duplicate=st.booleans(),
+    depth=st.sampled_from([0, 1, 40, 5000]),
+    junk=st.sampled_from(["", "}", "\x00", "\ufffe", "1e400", "NaN", "[1,"]),
+)
+def test_import_deepspeed_of_a_bent_file_is_a_config_or_a_value_error(
+    tmp_path: Path, ds: dict, duplicate: bool, depth: int, junk: str
+) -> None:
+    text = json.dumps(ds, default=str) if all(isinstance(k, str) for k in ds) else "{}"
+    if duplicate:  # a key given twice: refused, never the last one taken
+        text = text[:-1] + ', "zero_optimization": {"stage": 3}}'
+    if depth:
+        text = text[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}"
+    text += junk
+    path = tmp_path / "ds.json"
+    try:
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    except UnicodeEncodeError:
+        path.write_bytes(text.encode("utf-8", "replace"))
+    check_import(str(path))
+    if duplicate:
+        with pytest.raises(
+            ValueError, match="appears twice|not valid JSON|nested deeper|must be finite"
+        ):
+            import_deepspeed(str(path))
+
+
+@settings(max_examples=examples(10), deadline=None)
+@given(st.binary(max_size=200))
+def test_import_deepspeed_of_binary_bytes_is_a_value_error(data: bytes) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ds.json"
+        path.write_bytes(data)
+        check_import(path)
