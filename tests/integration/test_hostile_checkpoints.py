@@ -224,3 +224,14 @@ def test_any_plain_payload_is_resumed_or_named_never_a_traceback(saved, tmp_path
             load(path)
     with contextlib.suppress(ValueError):
         Session.resume_from(path).close()
+
+
+def test_a_resumed_run_saves_beside_its_checkpoint_not_where_the_file_says(saved, tmp_path):
+    elsewhere = tmp_path / "chosen-by-the-file"
+    config = dict(saved["config"], checkpoint_dir=str(elsewhere))
+    path = _craft(saved, tmp_path / "ck", config=config)
+    with Session.resume_from(path) as session:
+        assert session.config.checkpoint_dir == str(path.parent)
+        session.run(1)
+        written = Path(session.save_checkpoint())
+    assert written.parent == path.parent and not elsewhere.exists()

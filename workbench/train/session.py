@@ -1025,11 +1025,15 @@ class Session:
 
         Built-in models are rebuilt from the checkpoint; for your own module pass `model`
         (same architecture), `data` and `loss_fn`. `config_changes` override the saved
-        settings. A truncated, altered or unsafe file raises
-        `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it.
+        settings. A run that saved checkpoints goes on saving them beside the one it resumed
+        from (not where the file says it was saved). A truncated, altered or unsafe file
+        raises `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it; a
+        file never chooses code to run (docs/checkpoints.md).
         """
         payload = ckpt.load(path_or_dir)
         config = TrainConfig.from_dict(payload["config"])
+        if config.checkpoint_dir is not None:  # the file does not choose where to write
+            config = config.replace(checkpoint_dir=str(Path(payload["path"]).parent))
         if config_changes:
             config = config.replace(**config_changes)
         saved = payload.get("model") or {}
