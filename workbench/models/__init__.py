@@ -17,6 +17,7 @@ needs (`layers`, `hidden`, `heads`, `seq_len`, `vocab`; None where they do not a
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+
+from workbench.inputs import shown
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -67,8 +70,8 @@ def model_options(name: str) -> dict[str, Any]:
 
 
 def _check_name(name: Any) -> None:
-    if name not in _OPTIONS:
-        raise ValueError(f"model={name!r}: must be one of {', '.join(MODEL_NAMES)}")
+    if not isinstance(name, str) or name not in _OPTIONS:
+        raise ValueError(f"model={shown(name)}: must be one of {', '.join(MODEL_NAMES)}")
 
 
 def _count(module: nn.Module) -> int:
@@ -77,31 +80,122 @@ def _count(module: nn.Module) -> int:
     return count_parameters(module)
 
 
-def build_model(name: str, **options: Any) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
-    """(module, dataset, loss_fn, info) of the built-in model `name`.
+#: Upper bound of each integer option: a built-in model is for a laptop (and a GPU check).
+_OPTION_MAX: dict[str, int] = {
+    "layers": 256,
+    "hidden": 65536,
+    "heads": 1024,
+    "seq_len": 1 << 20,
+    "in_features": 1 << 20,
+    "depth": 256,
+    "out_features": 1 << 20,
+    "samples": 10_000_000,
+    "channels": 4096,
+    "image_size": 4096,
+    "classes": 1 << 20,
+    "seed": 2**63 - 1,
+}
+#: A built-in model above this many parameters (8 GB of fp32 weights), or data above this
+#: many bytes, is refused before anything is allocated.
+MAX_BUILTIN_PARAMS = 2_000_000_000
+MAX_BUILTIN_DATA_BYTES = 4 << 30
 
-    Raises ValueError for an unknown name or option, listing what is allowed.
-    """
-    _check_name(name)
+
+def _approx_size(name: str, o: dict[str, Any]) -> tuple[int, int]:
+    """(parameters, data bytes) of a built-in model with valid options, from its shape."""
+    if name == "tiny-gpt":
+        h, vocab = o["hidden"], 256  # characters: at most a byte's worth in practice
+        return o["layers"] * 12 * h * h + (vocab + o["seq_len"]) * h, 0
+    if name == "mlp":
+        h = o["hidden"]
+        params = o["in_features"] * h + (o["depth"] - 1) * h * h + h * o["out_features"]
+        return params, o["samples"] * (o["in_features"] + o["out_features"]) * 4
+    c, size = o["channels"], o["image_size"]
+    params = 9 * c + 18 * c * c + 2 * c * (size // 4) ** 2 * o["classes"]
+    return params, o["samples"] * size * size * 4
+
+
+def option_problems(name: Any, options: dict[str, Any]) -> list[str]:
+    """Every problem with `options` for the built-in model `name` (empty when it can be
+    built), found without building anything: unknown options, values outside their
+    ranges, shapes that do not fit together, and sizes past what a built-in model is for."""
+    if name not in _OPTIONS:
+        return [f"model={shown(name)}: must be one of {', '.join(MODEL_NAMES)}"]
+    if not isinstance(options, dict):
+        return [f"model {name!r}: options={shown(options)}: must be a dict of options"]
     allowed = _OPTIONS[name]
-    unknown = sorted(set(options) - set(allowed))
+    p: list[str] = []
+    unknown = sorted((k for k in options if k not in allowed), key=str)
     if unknown:
-        raise ValueError(
-            f"model {name!r}: unknown option(s) {', '.join(unknown)}; "
+        p.append(
+            f"model {name!r}: unknown option(s) {', '.join(shown(k)[1:-1] if isinstance(k, str) else shown(k) for k in unknown)}; "
             f"allowed: {', '.join(f'{k}={v!r}' for k, v in allowed.items())}"
         )
-    opts = {**allowed, **options}
+    opts = {**allowed, **{k: v for k, v in options.items() if k in allowed}}
+    bad = set()
     for key, value in opts.items():
         if key in ("text", "dropout"):
             continue
-        if (
-            not isinstance(value, int)
-            or isinstance(value, bool)
-            or value < (0 if key == "seed" else 1)
-        ):
-            raise ValueError(
-                f"model {name!r}: {key}={value!r}: must be an integer >= {0 if key == 'seed' else 1}"
+        low, high = (0 if key == "seed" else 1), _OPTION_MAX[key]
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value = opts[key] = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            bad.add(key)
+            p.append(
+                f"model {name!r}: {key}={shown(value)}: must be an integer >= {low}, at most "
+                f"{high:,}"
             )
+    if name == "tiny-gpt":
+        dropout, text = opts["dropout"], opts["text"]
+        if (
+            not isinstance(dropout, numbers.Real)
+            or isinstance(dropout, bool)
+            or not 0 <= dropout < 1
+        ):
+            p.append(f"model 'tiny-gpt': dropout={shown(dropout)}: must be a number in [0, 1)")
+        if text is not None and (not isinstance(text, str) or not text):
+            p.append(f"model 'tiny-gpt': text={shown(text)}: must be a path to a text file or None")
+        if not bad & {"hidden", "heads"} and opts["hidden"] % opts["heads"]:
+            p.append(
+                f"model 'tiny-gpt': heads={opts['heads']}: must divide hidden={opts['hidden']} "
+                "evenly"
+            )
+    if name == "cnn" and "image_size" not in bad and opts["image_size"] % 4:
+        p.append(f"model 'cnn': image_size={opts['image_size']}: must be a multiple of 4")
+    if not bad:
+        params, data = _approx_size(name, opts)
+        if params > MAX_BUILTIN_PARAMS:
+            p.append(
+                f"model {name!r}: about {params / 1e9:,.1f}B parameters: more than the "
+                f"{MAX_BUILTIN_PARAMS / 1e9:g}B a built-in model may have (8 GB of fp32 "
+                "weights); use your own module for a large model"
+            )
+        if data > MAX_BUILTIN_DATA_BYTES:
+            p.append(
+                f"model {name!r}: about {data / 2**30:,.1f} GiB of generated data: more than "
+                f"{MAX_BUILTIN_DATA_BYTES >> 30} GiB; ask for fewer samples"
+            )
+    return p
+
+
+def build_model(name: str, **options: Any) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
+    """(module, dataset, loss_fn, info) of the built-in model `name`.
+
+    Raises ValueError for an unknown name or option, listing every problem
+    (`option_problems`), before anything is allocated.
+    """
+    _check_name(name)
+    problems = option_problems(name, options)
+    if problems:
+        raise ValueError(problems[0] if len(problems) == 1 else "; ".join(problems))
+    allowed = _OPTIONS[name]
+    opts = {
+        **allowed,
+        **{
+            k: (int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v)
+            for k, v in options.items()
+        },
+    }
     seed = opts.pop("seed")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -117,10 +211,6 @@ def _tiny_gpt(
 ) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
     from workbench.models.gpt import CharDataset, TinyGPT, lm_loss, load_text
 
-    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise ValueError(f"model 'tiny-gpt': dropout={dropout!r}: must be a number in [0, 1)")
-    if hidden % heads:
-        raise ValueError(f"model 'tiny-gpt': heads={heads}: must divide hidden={hidden} evenly")
     dataset = CharDataset(load_text(text), seq_len)
     module = TinyGPT(
         vocab=dataset.vocab,
@@ -171,8 +261,6 @@ def _cnn(
 ) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
     from workbench.models.synthetic import SmallCNN, teacher_images
 
-    if image_size % 4:
-        raise ValueError(f"model 'cnn': image_size={image_size}: must be a multiple of 4")
     module = SmallCNN(channels=channels, image_size=image_size, classes=classes)
     data = teacher_images(samples=samples, image_size=image_size, classes=classes, seed=seed + 1)
     info = ModelInfo(
@@ -188,4 +276,4 @@ def _cnn(
     return module, data, nn.functional.cross_entropy, info
 
 
-__all__ = ["MODEL_NAMES", "ModelInfo", "build_model", "model_options"]
+__all__ = ["MODEL_NAMES", "ModelInfo", "build_model", "model_options", "option_problems"]

@@ -232,5 +232,17 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+#: The largest text file `load_text` reads (the sonnets are 95 kB).
+MAX_TEXT_BYTES = 256 << 20
+
+
 def load_text(path: str | Path | None = None) -> str:
-    return Path(path or DEFAULT_TEXT).read_text(encoding="utf-8")
+    """The training text: `path` (a regular UTF-8 file of at most 256 MiB) or the sonnets."""
+    from workbench.inputs import InputFileError, read_text
+
+    try:
+        return read_text(
+            path or DEFAULT_TEXT, what="model 'tiny-gpt': text", max_bytes=MAX_TEXT_BYTES
+        )
+    except InputFileError as exc:
+        raise ValueError(str(exc)) from None
