@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install lab test test-fast lint bench gpu-check browser-deps clean
+.PHONY: install lab test test-fast fuzz lint bench gpu-check browser-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ test: install browser-deps
 
 test-fast: install
 	$(PY) -m pytest -q tests/unit
+
+# The bad-input property tests with many more examples than `make test` runs (minutes).
+FUZZ_EXAMPLES ?= 3000
+fuzz: install
+	WORKBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_fuzz_*.py \
+	  tests/unit/test_model_options.py tests/integration/test_hostile_checkpoints.py
 
 lint: install
 	$(VENV)/bin/ruff check workbench tests benchmarks
