@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from workbench.config import OptimizerName, Precision
@@ -512,19 +513,19 @@ def test_every_problem_is_reported_at_once():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(n_params=0), r"n_params=0: must be a whole number >= 1"),
-        (dict(n_params=math.nan), r"n_params=nan: must be a whole number >= 1"),
+        (dict(n_params=0), r"n_params=0: must be a whole number from 1 to 10\^16"),
+        (dict(n_params=math.nan), r"n_params=nan: must be a whole number from 1 to 10\^16"),
         (
             dict(n_params="seven"),
-            r"n_params='seven': must be a whole number >= 1 \(e.g. 7B, 1.5e9, 350M or 1.3T\)",
+            r"n_params='seven': must be a whole number from 1 to 10\^16 \(e.g. 7B, 1.5e9, 350M or 1.3T\)",
         ),
-        (dict(n_params="7.5"), r"n_params='7.5': must be a whole number >= 1"),
-        (dict(n_params="7B5"), r"n_params='7B5': must be a whole number >= 1"),
+        (dict(n_params="7.5"), r"n_params='7.5': must be a whole number from 1 to 10\^16"),
+        (dict(n_params="7B5"), r"n_params='7B5': must be a whole number from 1 to 10\^16"),
         (dict(n_params=1.5), r"n_params=1.5: must be a whole number"),
         (dict(n_params=True), r"n_params=True: must be a whole number"),
         (
             dict(n_params=1e9, layers=-1, hidden=8, heads=2, seq_len=4, vocab=5),
-            r"layers=-1: must be an integer >= 1",
+            r"layers=-1: must be an integer from 1 to 10\^5",
         ),
         (dict(n_params=1e9, zero_stage=4), r"zero_stage=4: must be 0, 1, 2 or 3"),
         (dict(n_params=1e9, zero_stage=-1), r"zero_stage=-1: must be 0, 1, 2 or 3"),
@@ -550,10 +551,10 @@ def test_every_problem_is_reported_at_once():
             r"heads is missing: a transformer shape needs all of layers, hidden, heads, seq_len, vocab \(also missing: seq_len, vocab\)",
         ),
         (dict(), r"n_params is missing: give n_params, a model or a transformer shape"),
-        (dict(n_params=1e9, mfu=0), r"mfu=0: must be a finite number > 0 and <= 1"),
+        (dict(n_params=1e9, mfu=0), r"mfu=0: must be a finite number from 0.001 to 1"),
         (
             dict(n_params=1e9, overhead_gib=math.inf),
-            r"overhead_gib=inf: must be a finite number >= 0",
+            r"overhead_gib=inf: must be a finite number from 0 to 1,024",
         ),
         (dict(n_params=1e9, gpu=""), r"gpu='': must be a GPU name"),
         (dict(n_params=1e9, gpu=80), r"gpu=80: must be a GPU name"),
@@ -562,3 +563,121 @@ def test_every_problem_is_reported_at_once():
 def test_invalid_inputs_name_field_value_and_allowed(kwargs, match):
     with pytest.raises(ValueError, match=match):
         estimate_memory(**kwargs)
+
+
+# ------------------------------------------------------------------ hostile input
+SMALL = dict(layers=2, hidden=64, heads=4, seq_len=128, vocab=100)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            dict(SMALL, seq_len=10**59),
+            r"seq_len=<an integer of about 60 digits>: more than 10\^9 tokens \(the longest "
+            r"contexts are about 10\^7 tokens\); allowed: an integer from 1 to 10\^9",
+        ),
+        (dict(SMALL, micro_batch=10**20), r"micro_batch=100000000000000000000: more than 10\^6"),
+        (dict(SMALL, hidden=10**400), r"hidden=<an integer of about 401 digits>: more than 10\^6"),
+        (dict(SMALL, layers=2**64), r"layers=18446744073709551616: more than 10\^5 layers"),
+        (dict(SMALL, vocab=4.0), r"vocab=4.0: must be an integer from 1 to 10\^9"),
+        (dict(SMALL, kv_heads=10**7), r"kv_heads=10000000: more than 10\^6 key/value heads"),
+        (dict(SMALL, ffn_hidden=0), r"ffn_hidden=0: must be an integer from 1 to 10\^7"),
+        (dict(n_params=1e9, overhead_gib=1e300), r"overhead_gib=1e\+300: more than 1,024 GiB"),
+        (dict(n_params=1e9, overhead_gib=10**400), r"overhead_gib=<an integer of about 401"),
+        (dict(n_params=1e9, tokens=1e308), r"tokens=1e\+308: more than 10\^16 tokens"),
+        (dict(n_params=1e9, tokens="1e20"), r"tokens='1e20': more than 10\^16 tokens"),
+        (dict(n_params=1e9, tokens=math.nan), r"tokens=nan: must be a finite number > 0"),
+        (dict(n_params=1e9, mfu=1e-300), r"mfu=1e-300: must be a finite number from 0.001 to 1"),
+        (dict(n_params=1e9, mfu=2), r"mfu=2: more than 1 \(a utilisation is a fraction of the"),
+        (dict(n_params=1e9, price_per_gpu_hour=math.inf), r"price_per_gpu_hour=inf: must be a"),
+        (dict(n_params=1e9, price_per_gpu_hour=1e7), r"price_per_gpu_hour=10000000.0: more than"),
+        (dict(n_params=1e9, gpus=10**8), r"gpus=100000000: more than 10\^7 GPUs"),
+        (dict(n_params=1e9, gpus="8"), r"gpus='8': must be an integer from 1 to 10\^7"),
+        (dict(n_params=1e9, zero_stage=[1]), r"zero_stage=\[1\]: must be 0, 1, 2 or 3"),
+        (dict(n_params=1e9, precision=["fp32"]), r"precision=\['fp32'\]: must be one of"),
+        (dict(n_params=1e9, accounting=["paper"]), r"accounting=\['paper'\]: must be one of"),
+        (dict(n_params=1e9, model="x" * 500), r"model='x{76}\.\.\.: unknown model"),
+        (
+            dict(model="llama-3-8b", seq_len=10**9),
+            r"seq_len=1000000000: gives 8.58e\+12 GiB of activations per GPU, more than 2\^30 GiB",
+        ),
+    ],
+)
+def test_hostile_values_raise_value_errors_naming_the_field(kwargs, match):
+    with pytest.raises(EstimateInputError, match=match):
+        estimate_memory(**kwargs)
+
+
+def test_every_range_problem_is_reported_at_once():
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(
+            **dict(SMALL, seq_len=10**10, hidden=10**7, heads=0),
+            micro_batch=10**7,
+            gpus=math.inf,
+            overhead_gib=2000,
+            tokens=1e17,
+            mfu=math.nan,
+            price_per_gpu_hour=-1,
+        )
+    assert [p.field for p in info.value.problems] == [
+        "hidden",
+        "heads",
+        "seq_len",
+        "micro_batch",
+        "gpus",
+        "overhead_gib",
+        "tokens",
+        "mfu",
+        "price_per_gpu_hour",
+    ]
+
+
+def test_numpy_scalars_are_numbers():
+    e = estimate_memory(
+        layers=np.int64(2),
+        hidden=np.int32(64),
+        heads=np.int16(4),
+        seq_len=np.uint32(128),
+        vocab=np.int64(100),
+        micro_batch=np.int64(2),
+        gpus=np.int8(1),
+        zero_stage=np.int64(0),
+        overhead_gib=np.float32(0.5),
+        tokens=np.float64(1e9),
+        mfu=np.float16(0.5),
+        price_per_gpu_hour=np.int64(2),
+        gpu="h100",
+        sequence_parallel=np.False_,
+        offload_optimizer=np.bool_(False),
+    )
+    plain = estimate_memory(
+        **SMALL,
+        micro_batch=2,
+        overhead_gib=0.5,
+        tokens=1e9,
+        mfu=0.5,
+        price_per_gpu_hour=2,
+        gpu="h100",
+    )
+    assert e == plain
+    assert type(e.micro_batch) is int and type(e.overhead_gib) is float
+    with pytest.raises(EstimateInputError, match=r"micro_batch=np.True_: must be an integer"):
+        estimate_memory(**SMALL, micro_batch=np.True_)
+    with pytest.raises(EstimateInputError, match=r"layers=np.float64\(2.0\): must be an integer"):
+        estimate_memory(**dict(SMALL, layers=np.float64(2.0)))
+
+
+def test_the_largest_values_in_range_give_finite_figures():
+    e = estimate_memory(
+        n_params=10**16,
+        tokens=1e16,
+        gpu="t4",
+        mfu=0.001,
+        price_per_gpu_hour=10**6,
+        overhead_gib=1024,
+        gpus=10**7,
+    )
+    for value in (e.train_flops, e.train_seconds, e.cost):
+        assert value is not None and math.isfinite(value)
+    assert e.overhead_bytes == 1024 * GIB

@@ -7,7 +7,10 @@ for the released model (the source of each number is beside it).
 from __future__ import annotations
 
 import json
+import os
+import threading
 
+import numpy as np
 import pytest
 
 from workbench.estimate import (
@@ -252,7 +255,9 @@ def test_unsupported_and_broken_configs(tmp_path):
         estimate_memory(hf_config=tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    with pytest.raises(EstimateInputError, match=r"not a readable JSON file"):
+    with pytest.raises(
+        EstimateInputError, match=r"broken.json': not valid JSON \(Expecting property name"
+    ):
         estimate_memory(hf_config=broken)
     cfg = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "num_hidden_layers"}
     _, problems = read_hf_config(cfg)
@@ -261,6 +266,123 @@ def test_unsupported_and_broken_configs(tmp_path):
     assert "only head_dim = hidden / heads is supported" in problems[0].message
     with pytest.raises(EstimateInputError, match=r"give model or hf_config, not both"):
         estimate_memory(model="gpt2", hf_config=bert)
+
+
+def _write(tmp_path, text, name="config.json"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_config_values_of_the_wrong_json_type_are_errors_naming_the_key():
+    config = {
+        **LLAMA_3_8B_CONFIG,
+        "hidden_size": "4096",
+        "num_hidden_layers": 32.5,
+        "tie_word_embeddings": "false",
+        "attention_bias": 0,
+    }
+    _, problems = read_hf_config(config)
+    assert [p.message for p in problems] == [
+        "num_hidden_layers 32.5: must be an integer from 1 to 10^5",
+        "hidden_size '4096' is a string: must be an integer from 1 to 10^6",
+        "tie_word_embeddings 'false' is a string: must be true or false",
+        "attention_bias 0: must be true or false",
+    ]
+    neox = {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+    }
+    with pytest.raises(
+        EstimateInputError, match=r"use_parallel_residual 'no' is a string: must be true or false"
+    ):
+        estimate_memory(hf_config={**neox, "use_parallel_residual": "no"})
+    assert estimate_memory(hf_config={**neox, "use_parallel_residual": None}).parallel_residual
+
+
+def test_config_numbers_past_the_range_are_refused_with_the_key(tmp_path):
+    text = json.dumps({**LLAMA_3_8B_CONFIG, "hidden_size": 10**400})
+    with pytest.raises(
+        EstimateInputError,
+        match=r"hidden_size <an integer of about 401 digits>: more than 10\^6 hidden units",
+    ):
+        estimate_memory(hf_config=_write(tmp_path, text))
+    with pytest.raises(EstimateInputError, match=r"max_position_embeddings 10000000000: more than"):
+        estimate_memory(hf_config={**LLAMA_3_8B_CONFIG, "max_position_embeddings": 10**10})
+
+
+def test_config_model_type_of_another_type_is_not_supported(tmp_path):
+    for model_type in (["llama"], {"a": 1}, 7, None):
+        path = _write(tmp_path, json.dumps({**LLAMA_3_8B_CONFIG, "model_type": model_type}))
+        with pytest.raises(EstimateInputError, match=r"model_type .* is not supported; supported"):
+            estimate_memory(hf_config=path)
+
+
+def test_config_with_a_key_twice_is_refused(tmp_path):
+    text = json.dumps(LLAMA_3_8B_CONFIG)[:-1] + ', "num_hidden_layers": 320}'
+    with pytest.raises(
+        EstimateInputError,
+        match=r"hf_config='.*config.json': key 'num_hidden_layers' appears twice in one object",
+    ):
+        estimate_memory(hf_config=_write(tmp_path, text))
+
+
+def test_config_nested_200000_levels_is_refused(tmp_path):
+    path = _write(tmp_path, '{"model_type": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(EstimateInputError, match=r"nested deeper than 64 levels"):
+        estimate_memory(hf_config=path)
+
+
+def _within_10_s(fn, *args):
+    """fn(*args) in a daemon thread: a call that blocks (a FIFO opened for reading) fails
+    the test instead of hanging it."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), f"{fn.__name__}{args} did not return within 10 s"
+    return out[0]
+
+
+def test_config_paths_that_are_not_regular_files_are_refused_without_reading(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, reason in (
+        (fifo, "a FIFO (named pipe), not a regular file"),
+        ("/dev/urandom", "a device, not a regular file"),
+        ("/dev/zero", "a device, not a regular file"),
+    ):
+        assert [(p.value, p.message) for p in _within_10_s(read_hf_config, path)[1]] == [
+            (str(path), reason)
+        ]
+    with pytest.raises(
+        EstimateInputError, match=r"hf_config='a{76}\.\.\.: cannot be read \(File name too long\)"
+    ):
+        estimate_memory(hf_config="a" * 300)
+    with pytest.raises(EstimateInputError, match=r"its config.json: no such file"):
+        estimate_memory(hf_config=tmp_path)
+    with pytest.raises(EstimateInputError, match=r"must hold a JSON object"):
+        estimate_memory(hf_config=_write(tmp_path, "[1, 2]"))
+    with pytest.raises(EstimateInputError, match=r"not UTF-8 text \(byte 0xff at offset 0\)"):
+        path = tmp_path / "binary.json"
+        path.write_bytes(b"\xff\xfe")
+        estimate_memory(hf_config=path)
+
+
+def test_config_problems_are_reported_together():
+    config = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "vocab_size"}
+    config.update(num_attention_heads=True, mlp_bias="yes")
+    _, problems = read_hf_config(config)
+    assert [p.message for p in problems] == [
+        "llama config lacks vocab_size",
+        "num_attention_heads True is a boolean: must be an integer from 1 to 10^6",
+        "mlp_bias 'yes' is a string: must be true or false",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -337,13 +459,45 @@ def test_counts_as_people_write_them(text, value):
     assert estimate_memory(n_params=text).n_params == value
 
 
-@pytest.mark.parametrize("junk", ["seven", "7X", "1.5", "7B5", "", "B", "1e400", "-5", "nan"])
+@pytest.mark.parametrize(
+    "junk", ["seven", "7X", "1.5", "7B5", "", "B", "-5", "nan", "1,2,3", "1_0", "12,34"]
+)
 def test_junk_counts_are_refused_with_examples(junk):
     assert parse_count(junk) is None
     with pytest.raises(
-        EstimateInputError, match=r"must be a whole number >= 1 \(e.g. 7B, 1.5e9, 350M or 1.3T\)"
+        EstimateInputError,
+        match=r"must be a whole number from 1 to 10\^16 \(e.g. 7B, 1.5e9, 350M or 1.3T\)",
     ):
         estimate_memory(n_params=junk)
+
+
+def test_grouped_digits_are_read_only_in_groups_of_three():
+    assert parse_count("1,000,000") == parse_count("1 000 000") == parse_count("1_000_000")
+    assert parse_count("1,000,000") == 1_000_000 and parse_count("7 B") == 7 * 10**9
+    for text in ("1,2,3", "1,00,000", "1_0", "1,000_000", ",100", "100,"):
+        assert parse_count(text) is None, text
+    with pytest.raises(
+        EstimateInputError,
+        match=r"n_params='1,2,3': must be a whole number .*; separators must group the digits by "
+        r"three \(1,000,000 or 1_000_000\)",
+    ):
+        estimate_memory(n_params="1,2,3")
+
+
+@pytest.mark.parametrize("huge", ["1e400", "1e17", 10**17, 10**400, 1e300])
+def test_counts_past_the_range_say_why(huge):
+    with pytest.raises(
+        EstimateInputError,
+        match=r"n_params=.*: more than 10\^16 parameters \(10\^4 times the largest models "
+        r"trained\); allowed: an integer from 1 to 10\^16",
+    ):
+        estimate_memory(n_params=huge)
+
+
+def test_numpy_counts_are_numbers():
+    assert parse_count(np.int64(7)) == 7 and parse_count(np.float32(8.0)) == 8
+    assert parse_count(np.float64(1.5)) is None and parse_count(np.True_) is None
+    assert estimate_memory(n_params=np.int64(10**9)).n_params == 10**9
 
 
 def test_tokens_accept_counts_as_text():

@@ -181,7 +181,10 @@ def test_explicit_n_params_is_split_in_the_shapes_proportion():
             dict(n_params="7B", gpus=8, tensor_parallel=8),
             r"tensor_parallel=8: needs a transformer shape",
         ),
-        (dict(model="gpt2", tensor_parallel=0), r"tensor_parallel=0: must be an integer >= 1"),
+        (
+            dict(model="gpt2", tensor_parallel=0),
+            r"tensor_parallel=0: must be an integer from 1 to 10\^7",
+        ),
         (dict(model="gpt2", pipeline_parallel="2"), r"pipeline_parallel='2': must be an integer"),
         (
             dict(model="gpt2", sequence_parallel="yes"),

@@ -1,5 +1,10 @@
 """`workbench estimate`: per-GPU memory, time and cost of a training setup (pure math; this
-module imports no torch, deepspeed or ipywidgets)."""
+module imports no torch, deepspeed or ipywidgets).
+
+Every bad input, however hostile, ends in one line on stderr and exit status 2: the flag,
+the value as typed (cut when long, escaped when not printable) and what is allowed; the
+ranges are those of `workbench.estimate.limits`. Numbers are read as written: digits may be
+grouped by three (`1,000,000`, `1_000_000`) but `1,2,3` is an error, never 123."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,14 +143,23 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     return lambda args: run_estimate(args, parser)
 
 
+_GROUPED_INT = re.compile(r"[+-]?[0-9]{1,3}(?:(?P<sep>[,_])[0-9]{3})(?:(?P=sep)[0-9]{3})*")
+
+
 def _read(text: str, kind: str) -> Any:
     """Flag text -> number. Text that is not a number of that kind is passed on as it is:
-    `estimate_memory` then reports it together with every other problem."""
+    `estimate_memory` then reports it together with every other problem. Thousands
+    separators are read only where they group digits by three."""
+    text = text.strip()
+    if _GROUPED_INT.fullmatch(text):
+        text = text.replace(",", "").replace("_", "")
+    elif "," in text or "_" in text:
+        return text  # "1,2,3" or "1_0": not a number (Python would read "1_0" as 10)
     try:
         if kind == "float":
             return float(text)
         try:
-            return int(text.replace("_", ""))
+            return int(text)
         except ValueError:
             f = float(text)
             if math.isfinite(f) and f.is_integer():
@@ -152,6 +167,13 @@ def _read(text: str, kind: str) -> Any:
     except ValueError:
         pass
     return text
+
+
+def _typed(text: str) -> str:
+    """A flag's text for a message: as typed, unless long or not printable (then `shown`)."""
+    from workbench.inputs import shown
+
+    return text if len(text) <= 80 and text.isprintable() else shown(text)
 
 
 def _flag(field: str) -> str:
@@ -173,7 +195,7 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
         elif kind == "tied":
             options[field] = _EMBEDDINGS.get(value.strip().lower())
             if options[field] is None:
-                problems.append(f"{flag} {value}: must be tied or untied")
+                problems.append(f"{flag} {_typed(value)}: must be tied or untied")
         else:
             options[field] = _read(value, kind)
     if args.fsdp is None:
@@ -181,9 +203,11 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
     if args.zero is None:
         options["zero_stage"] = 0
     elif args.compare_stages:
-        problems.append(f"--zero {args.zero}: leave it out with --compare-stages (stages 0-3)")
+        problems.append(
+            f"--zero {_typed(args.zero)}: leave it out with --compare-stages (stages 0-3)"
+        )
     if args.units.strip().lower() not in _UNITS:
-        problems.append(f"--units {args.units}: must be gib or gb")
+        problems.append(f"--units {_typed(args.units)}: must be gib or gb")
     return options, problems
 
 
@@ -200,7 +224,8 @@ def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
             lines.append(p.render(_flag, value_text="", sep=""))
         else:
             raw = _arg(args, flag)
-            lines.append(p.render(_flag, value_text=str(p.value if raw is None else raw), sep=" "))
+            text = p.render(_flag, sep=" ") if raw is None else None
+            lines.append(text or p.render(_flag, value_text=_typed(str(raw)), sep=" "))
     return lines
 
 
@@ -253,6 +278,8 @@ def _count(n: float) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds >= 86400 * 1e6:
+        return f"{seconds / 86400:.3g} days"
     if seconds >= 86400:
         return f"{seconds / 86400:,.1f} days"
     if seconds >= 3600:
@@ -338,7 +365,8 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
         if e.train_seconds is not None:
             line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at MFU {e.mfu:g}"
             if e.cost is not None:
-                line += f"; cost {e.cost:,.0f} at {e.price_per_gpu_hour:g} per GPU-hour"
+                cost = f"{e.cost:,.0f}" if e.cost < 1e12 else f"{e.cost:.3g}"
+                line += f"; cost {cost} at {e.price_per_gpu_hour:g} per GPU-hour"
         elif e.gpu is None:
             line += " (name a --gpu for time and cost)"
         else:

@@ -77,6 +77,8 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from workbench.inputs import shown
+
 
 class Checkpointing(str, Enum):
     """Activation recomputation: none, selective (attention core), full (per layer)."""
@@ -133,7 +135,7 @@ class ActivationBreakdown:
 def _check_sizes(function: str, **sizes: Any) -> None:
     """Raise one `ValueError` naming every size that is not an integer >= 1."""
     bad = [
-        f"{name}={value!r}"
+        f"{name}={shown(value)}"
         for name, value in sizes.items()
         if isinstance(value, bool) or not isinstance(value, int) or value < 1
     ]
@@ -211,18 +213,18 @@ def transformer_activation_bytes(
     bad: list[str] = []
     for flag_name, flag in (("dropout", dropout), ("parallel_residual", parallel_residual)):
         if not isinstance(flag, bool):
-            bad.append(f"{flag_name}={flag!r}: must be True or False")
+            bad.append(f"{flag_name}={shown(flag)}: must be True or False")
     if mlp not in ("gelu", "swiglu"):
-        bad.append(f"mlp={mlp!r}: must be gelu or swiglu")
+        bad.append(f"mlp={shown(mlp)}: must be gelu or swiglu")
     try:
         mode = Checkpointing(checkpointing)
     except ValueError:
         bad.append(
-            f"checkpointing={checkpointing!r}: must be one of {', '.join(Checkpointing.choices())}"
+            f"checkpointing={shown(checkpointing)}: must be one of {', '.join(Checkpointing.choices())}"
         )
     t, p = tensor_parallel, pipeline_parallel
     if not isinstance(sequence_parallel, bool):
-        bad.append(f"sequence_parallel={sequence_parallel!r}: must be True or False")
+        bad.append(f"sequence_parallel={shown(sequence_parallel)}: must be True or False")
     elif sequence_parallel and t == 1:
         bad.append("sequence_parallel=True: needs tensor_parallel > 1")
     for name, size in (("hidden", hidden), ("heads", heads), ("ffn_hidden", f)):

@@ -35,11 +35,11 @@ Pure Python: imports no torch.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from workbench.estimate.limits import as_bool, check_number
 from workbench.estimate.problems import EstimateInputError, Problem
 
 
@@ -281,16 +281,6 @@ def _default_ffn(mlp: str, hidden: int) -> int:
     return swiglu_ffn_default(hidden) if mlp == _SWIGLU else 4 * hidden
 
 
-def _positive_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    try:
-        n = operator.index(v)
-    except TypeError:
-        return None
-    return n if n >= 1 else None
-
-
 def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, list[Problem]]:
     """(the architecture, []) or (None, every problem) for `fields` (see `Architecture`).
 
@@ -305,10 +295,9 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
         raw = fields.get(name)
         if raw is None:
             continue
-        n = _positive_int(raw)
-        if n is None:
-            p.append(Problem(name, raw, "must be an integer >= 1"))
-        v[name] = n
+        v[name], message = check_number(name, raw)  # see `limits` for the ranges
+        if message is not None:
+            p.append(Problem(name, raw, message))
     missing = [k for k in REQUIRED if fields.get(k) is None]
     if missing:
         need = ", ".join(f"`{k}`" for k in REQUIRED)
@@ -318,19 +307,12 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
                 missing[0], None, f"a transformer shape needs all of {need}{also}", missing=True
             )
         )
-    for name in ("kv_heads", "ffn_hidden"):
+    for name in ("kv_heads", "ffn_hidden", "max_positions"):
         raw = fields.get(name)
         if raw is not None:
-            n = _positive_int(raw)
-            if n is None:
-                p.append(Problem(name, raw, "must be an integer >= 1"))
-            v[name] = n
-    raw_pos = fields.get("max_positions")
-    if raw_pos is not None:
-        n = raw_pos if isinstance(raw_pos, int) and not isinstance(raw_pos, bool) else None
-        if n is None or n < 0:
-            p.append(Problem("max_positions", raw_pos, "must be an integer >= 0"))
-        v["max_positions"] = n
+            v[name], message = check_number(name, raw)
+            if message is not None:
+                p.append(Problem(name, raw, message))
     for name, choices in _CHOICES.items():
         raw = fields.get(name)
         if raw is None:
@@ -341,7 +323,7 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
             p.append(Problem(name, raw, f"must be one of {', '.join(choices)}"))
         v[name] = value
     for name, default in (("tied_embeddings", True), ("parallel_residual", False)):
-        flag = fields.get(name)
+        flag = as_bool(fields.get(name))
         if flag is None:
             flag = default
         elif not isinstance(flag, bool):

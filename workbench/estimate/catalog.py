@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from workbench.inputs import shown
+
 _GIB = 1 << 30
 _T = 1e12
 
@@ -191,5 +193,5 @@ def get_gpu(name: str) -> GpuSpec:
     """Like `find_gpu` but raises `ValueError` naming the value and the known names."""
     found = find_gpu(name)
     if isinstance(found, str):
-        raise ValueError(f"gpu={name!r}: {found}")
+        raise ValueError(f"gpu={shown(name)}: {found}")
     return found

@@ -12,7 +12,6 @@ renders itself (text, HTML); the formulas live in the modules named above.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,8 +21,15 @@ from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, _activations
 from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
-from workbench.estimate.counts import COUNT_EXAMPLES, parse_count
+from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.hf_config import read_hf_config
+from workbench.estimate.limits import (
+    LIMITS,
+    MAX_BYTES_PER_GPU,
+    as_bool,
+    as_int,
+    check_number,
+)
 from workbench.estimate.model_states import (
     ACCOUNTINGS,
     FSDP_MODES,
@@ -182,21 +188,29 @@ class MemoryEstimate(Readable):
 
 
 # ---------------------------------------------------------------- validation helpers
-def _int_like(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
+def _checked(p: list[Problem], name: str, value: Any) -> Any:
+    """`value` read and range-checked as input `name` (see `limits`), or None with the
+    problem appended to `p`."""
+    number, message = check_number(name, value)
+    if message is not None:
+        p.append(Problem(name, value, message))
+    return number
 
 
-def _finite(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        i = _int_like(v)
-        return float(i) if i is not None else None
-    f = float(v)
-    return f if math.isfinite(f) else None
+def _count(p: list[Problem], name: str, value: Any) -> int | None:
+    """A count (`n_params`, `tokens`: a number or text such as "7B") in its range, or None
+    with the problem appended to `p`."""
+    bound = LIMITS[name]
+    got = read_count(value)
+    allowed = f"must be a whole number from 1 to {bound.high_text}"
+    if (isinstance(got, int) and got > bound.high) or got == "more than 10^30":
+        p.append(Problem(name, value, bound.too_large()))
+        return None
+    if isinstance(got, str) or got < 1:
+        hint = f"; {got}" if isinstance(got, str) and "separators" in got else ""
+        p.append(Problem(name, value, f"{allowed} ({COUNT_EXAMPLES}){hint}"))
+        return None
+    return got
 
 
 def _choice(v: Any, table: dict[str, Any]) -> Any:
@@ -270,18 +284,19 @@ def estimate_memory(
     `dropout=False`: a model trained without dropout keeps no dropout masks (and no
     dropout outputs), so its activations are smaller.
 
+    Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
+    numpy scalars are numbers, bools and text are not (except the counts `n_params` and
+    `tokens`, which may be text such as "7B").
+
     Raises `EstimateInputError` (a `ValueError`) listing every invalid input at once.
     """
     p: list[Problem] = []
+    dropout, sequence_parallel = as_bool(dropout), as_bool(sequence_parallel)
+    offload_optimizer, offload_params = as_bool(offload_optimizer), as_bool(offload_params)
 
     n = None
     if n_params is not None:
-        n = parse_count(n_params)
-        if n is None or n < 1:
-            p.append(
-                Problem("n_params", n_params, f"must be a whole number >= 1 ({COUNT_EXAMPLES})")
-            )
-            n = None
+        n = _count(p, "n_params", n_params)
 
     # ------------------------------------------------------------ the model's shape
     model_name: str | None = None
@@ -360,10 +375,7 @@ def estimate_memory(
         n = counted if counted is not None else (arch.n_params if arch is not None else None)
 
     # ------------------------------------------------------------ training setup
-    mb = _int_like(micro_batch)
-    if mb is None or mb < 1:
-        p.append(Problem("micro_batch", micro_batch, "must be an integer >= 1"))
-        mb = None
+    mb = _checked(p, "micro_batch", micro_batch)
 
     prec = _choice(precision, _PRECISIONS)
     if prec is None:
@@ -377,22 +389,13 @@ def estimate_memory(
             Problem("checkpointing", checkpointing, f"must be one of {', '.join(_CHECKPOINTING)}")
         )
 
-    stage = _int_like(zero_stage)
+    stage = as_int(zero_stage)
     if stage is None or not 0 <= stage <= 3:
         p.append(Problem("zero_stage", zero_stage, "must be 0, 1, 2 or 3"))
         stage = None
-    n_gpus = _int_like(gpus)
-    if n_gpus is None or n_gpus < 1:
-        p.append(Problem("gpus", gpus, "must be an integer >= 1"))
-        n_gpus = None
-    tp = _int_like(tensor_parallel)
-    if tp is None or tp < 1:
-        p.append(Problem("tensor_parallel", tensor_parallel, "must be an integer >= 1"))
-        tp = None
-    pp = _int_like(pipeline_parallel)
-    if pp is None or pp < 1:
-        p.append(Problem("pipeline_parallel", pipeline_parallel, "must be an integer >= 1"))
-        pp = None
+    n_gpus = _checked(p, "gpus", gpus)
+    tp = _checked(p, "tensor_parallel", tensor_parallel)
+    pp = _checked(p, "pipeline_parallel", pipeline_parallel)
 
     for name, flag in (
         ("dropout", dropout),
@@ -472,27 +475,20 @@ def estimate_memory(
         else:
             spec = found_gpu
 
-    overhead = _finite(overhead_gib)
-    if overhead is None or overhead < 0:
-        p.append(Problem("overhead_gib", overhead_gib, "must be a finite number >= 0"))
+    overhead = _checked(p, "overhead_gib", overhead_gib)
     n_tokens = None
-    if tokens is not None:
-        n_tokens = _finite(tokens)
-        if n_tokens is None and isinstance(tokens, str):
-            parsed = parse_count(tokens)
-            n_tokens = float(parsed) if parsed is not None else None
-        if n_tokens is None or n_tokens <= 0:
-            p.append(Problem("tokens", tokens, f"must be a finite number > 0 ({COUNT_EXAMPLES})"))
-    util = _finite(mfu)
-    if util is None or not 0 < util <= 1:
-        p.append(Problem("mfu", mfu, "must be a finite number > 0 and <= 1"))
+    if isinstance(tokens, str):
+        counted_tokens = _count(p, "tokens", tokens)
+        n_tokens = float(counted_tokens) if counted_tokens is not None else None
+    elif tokens is not None:
+        number, message = check_number("tokens", tokens)
+        if message is not None:
+            p.append(Problem("tokens", tokens, f"{message} ({COUNT_EXAMPLES})"))
+        n_tokens = number
+    util = _checked(p, "mfu", mfu)
     price = None
     if price_per_gpu_hour is not None:
-        price = _finite(price_per_gpu_hour)
-        if price is None or price < 0:
-            p.append(
-                Problem("price_per_gpu_hour", price_per_gpu_hour, "must be a finite number >= 0")
-            )
+        price = _checked(p, "price_per_gpu_hour", price_per_gpu_hour)
     if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
 
@@ -556,6 +552,18 @@ def estimate_memory(
         )
         act_bytes = breakdown.total_bytes
         per_sample = act_bytes // mb  # every term is linear in the micro-batch
+        if act_bytes > MAX_BYTES_PER_GPU:
+            field, value = ("micro_batch", mb) if mb > 1 else ("seq_len", arch.seq_len)
+            raise EstimateInputError(
+                [
+                    Problem(
+                        field,
+                        value,
+                        f"gives {act_bytes / GIB:.3g} GiB of activations per GPU, more than "
+                        "2^30 GiB (a million GPUs' memory): lower `micro_batch` or `seq_len`",
+                    )
+                ]
+            )
     total = model_bytes + (act_bytes or 0)
     overhead_bytes = math.ceil(overhead * GIB)
 
@@ -645,9 +653,9 @@ def compare_stages(**options: Any) -> tuple[MemoryEstimate, ...]:
     out = []
     for stage in range(4):
         opts = dict(options)
-        if stage == 0 and opts.get("offload_optimizer") is True:
+        if stage == 0 and as_bool(opts.get("offload_optimizer")) is True:
             opts["offload_optimizer"] = False
-        if stage != 3 and opts.get("offload_params") is True:
+        if stage != 3 and as_bool(opts.get("offload_params")) is True:
             opts["offload_params"] = False
         out.append(estimate_memory(zero_stage=stage, **opts))
     return tuple(out)

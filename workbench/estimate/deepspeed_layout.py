@@ -54,6 +54,7 @@ from workbench.estimate.model_states import (
     ModelStates,
     error_feedback_bytes,
 )
+from workbench.inputs import shown
 
 #: DeepSpeed's `nccl_start_alignment_factor`: ZeRO 1/2 flat buffers are padded to a
 #: multiple of this times the data-parallel size (elements).
@@ -100,7 +101,7 @@ def deepspeed_layout(q: ModelStateQuery) -> DeepSpeedLayout:
     _check_positive("n_params", q.n_params)
     _check_positive("gpus", q.gpus)
     if q.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage={q.zero_stage!r}: must be 0, 1, 2 or 3")
+        raise ValueError(f"zero_stage={shown(q.zero_stage)}: must be 0, 1, 2 or 3")
     precision = Precision(q.precision)
     k = OPTIMIZER_STATE_BYTES[OptimizerName(q.optimizer)]
     w = 2 if precision in _SIXTEEN_BIT else 4
@@ -153,4 +154,4 @@ def model_states(q: ModelStateQuery) -> ModelStates:
 
 def _check_positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        raise ValueError(f"{name}={shown(value)}: must be an integer >= 1")

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.config import OptimizerName, Precision
+from workbench.inputs import shown
 
 # name -> "module:function". The function takes a ModelStateQuery, returns ModelStates.
 ACCOUNTINGS: dict[str, str] = {
@@ -137,10 +138,10 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
     problems: list[str] = []
     if not isinstance(precision, str) or precision not in PRECISION_BYTES:
         allowed = ", ".join(p.value for p in PRECISION_BYTES)
-        problems.append(f"precision={precision!r}: must be one of {allowed}")
+        problems.append(f"precision={shown(precision)}: must be one of {allowed}")
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZER_STATE_BYTES:
         allowed = ", ".join(o.value for o in OPTIMIZER_STATE_BYTES)
-        problems.append(f"optimizer={optimizer!r}: must be one of {allowed}")
+        problems.append(f"optimizer={shown(optimizer)}: must be one of {allowed}")
     if problems:
         raise ValueError("; ".join(problems))
     weights, grads, master = PRECISION_BYTES[Precision(precision)]
@@ -180,7 +181,7 @@ def accounting_function(name: str) -> Callable[[ModelStateQuery], ModelStates]:
     """
     fn = _RESOLVED.get(name)
     if fn is None and (not isinstance(name, str) or name not in ACCOUNTINGS):
-        raise ValueError(f"accounting={name!r}: must be one of {', '.join(ACCOUNTINGS)}")
+        raise ValueError(f"accounting={shown(name)}: must be one of {', '.join(ACCOUNTINGS)}")
     if fn is None:
         if name == "paper":
             fn = paper_model_states

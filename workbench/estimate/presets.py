@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from workbench.estimate.architecture import Architecture
+from workbench.inputs import shown
 
 
 @dataclass(frozen=True)
@@ -277,5 +278,5 @@ def get_model(name: str) -> ModelPreset:
     """`find_model` that raises `ValueError` for an unknown name."""
     found = find_model(name)
     if isinstance(found, str):
-        raise ValueError(f"model={name!r}: {found}")
+        raise ValueError(f"model={shown(name)}: {found}")
     return found

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.inputs import shown
+
 _BACKTICK = re.compile(r"`(\w+)`")
 
 
@@ -33,12 +35,13 @@ class Problem:
         self, name: Callable[[str], str] = str, value_text: str | None = None, sep: str = "="
     ) -> str:
         """`field=value: message`, with `name` mapping field names (the CLI passes one that
-        gives flags), `value_text` replacing `repr(value)` and `sep` the `=`."""
+        gives flags), `value_text` replacing the value's bounded repr (`inputs.shown`: a
+        long text is cut, a huge integer shown by its size) and `sep` the `=`."""
         msg = _BACKTICK.sub(lambda m: name(m.group(1)), self.message)
         if self.missing:
             return f"{name(self.field)} is missing: {msg}"
-        shown = repr(self.value) if value_text is None else value_text
-        return f"{name(self.field)}{sep}{shown}: {msg}"
+        text = shown(self.value) if value_text is None else value_text
+        return f"{name(self.field)}{sep}{text}: {msg}"
 
     def __str__(self) -> str:
         return self.render()
