@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from typing import Any
@@ -59,6 +60,18 @@ def shown(value: Any, limit: int = 80) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text
+
+
+_GROUPED = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?$")
+
+
+def ungrouped(text: str) -> str | None:
+    """`text` without its thousands separators when they group digits in threes
+    ("1,000,000" -> "1000000"), the text itself when it has no comma, and None when its
+    commas group nothing ("1,2,3" is no number: never read as 123)."""
+    if "," not in text:
+        return text
+    return text.replace(",", "") if _GROUPED.match(text.strip()) else None
 
 
 def _kind(mode: int) -> str:
@@ -230,4 +243,5 @@ __all__ = [
     "read_json",
     "read_text",
     "shown",
+    "ungrouped",
 ]

@@ -12,6 +12,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.inputs import shown, ungrouped
+
 GIB = 1 << 30
 GB = 10**9
 UNITS = {"GiB": GIB, "GB": GB}
@@ -37,16 +39,16 @@ def parse_int(
     label: str, text: str, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
     """A whole number typed into a field, or ValueError naming the field and the range."""
-    raw = text.strip().replace("_", "").replace(",", "")
+    raw = ungrouped(text.strip().replace("_", ""))
     allowed = f"a whole number {_range_text(minimum, maximum)}"
-    if not raw:
+    if raw is not None and not raw:
         raise ValueError(f"{label}: empty; enter {allowed}")
     try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{label}: {text.strip()!r} is not {allowed}") from None
+        value = int(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{label}: {shown(text.strip())} is not {allowed}") from None
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ValueError(f"{label}: {value} is out of range; enter {allowed}")
+        raise ValueError(f"{label}: {shown(value)} is out of range; enter {allowed}")
     return value
 
 
@@ -60,27 +62,27 @@ def parse_float(
     optional: bool = False,
 ) -> float | None:
     """A finite number typed into a field; empty gives None when `optional`."""
-    raw = text.strip().replace("_", "").replace(",", "")
+    raw = ungrouped(text.strip().replace("_", ""))
     if exclusive_minimum and minimum is not None:
         rng = f"> {minimum:g}" + (f" and <= {maximum:g}" if maximum is not None else "")
     else:
         rng = _range_text(minimum, maximum)
     allowed = f"a number {rng}" + (" or empty for none" if optional else "")
-    if not raw:
+    if raw is not None and not raw:
         if optional:
             return None
         raise ValueError(f"{label}: empty; enter {allowed}")
     try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{label}: {text.strip()!r} is not {allowed}") from None
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{label}: {shown(text.strip())} is not {allowed}") from None
     bad = not math.isfinite(value)
     if minimum is not None:
         bad = bad or (value <= minimum if exclusive_minimum else value < minimum)
     if maximum is not None:
         bad = bad or value > maximum
     if bad:
-        raise ValueError(f"{label}: {raw} is out of range; enter {allowed}")
+        raise ValueError(f"{label}: {shown(raw)[1:-1]} is out of range; enter {allowed}")
     return value
 
 

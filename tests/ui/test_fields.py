@@ -1,0 +1,47 @@
+"""Numbers typed into a panel's fields: read strictly, or an error naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.ui.fields import parse_float, parse_int
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("1,000,000", 1_000_000), ("12", 12), (" 3 ", 3), ("1_000", 1000)]
+)
+def test_whole_numbers(text, value) -> None:
+    assert parse_int("micro-batch", text, minimum=1) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("1,2,3", r"micro-batch: '1,2,3' is not a whole number >= 1"),
+        ("1e3", r"'1e3' is not a whole number"),
+        ("", r"micro-batch: empty; enter a whole number >= 1"),
+        ("9" * 5000, r"micro-batch: '9999.*\.\.\. is not a whole number"),
+        ("0", r"micro-batch: 0 is out of range"),
+    ],
+)
+def test_bad_whole_numbers_name_the_field(text, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        parse_int("micro-batch", text, minimum=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("inf", "lr: inf is out of range"),
+        ("nan", "lr: nan is out of range"),
+        ("1,2", "'1,2' is not a number"),
+    ],
+)
+def test_bad_numbers_name_the_field(text, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        parse_float("lr", text, minimum=0, exclusive_minimum=True)
+
+
+def test_an_optional_number_may_be_empty() -> None:
+    assert parse_float("clip", " ", optional=True) is None
+    assert parse_float("clip", "1,000.5", optional=True) == 1000.5
