@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 from workbench import Session, TrainConfig
 from workbench.cli import COMMANDS, main
 from workbench.compress import disk_bytes, load_trained, weights_bytes
+from workbench.train import checkpoints as ckpt
 
 MLP = {"in_features": 16, "hidden": 32, "depth": 2, "out_features": 4, "samples": 256}
 
@@ -128,3 +131,180 @@ def test_what_cannot_be_compressed_says_so_in_flags(checkpoint, capsys) -> None:
     assert code == 2 and "pass --model" in err
     code, _, err = run(["compress", "/no/such/file.pt"], capsys)
     assert code == 2 and "no such file or directory" in err
+
+
+# --------------------------------------------------------------------------- hostile input
+#: A factory module that leaves a marker when it is imported and when it is called.
+FACTORY = """
+import pathlib
+MARK = pathlib.Path({mark!r})
+(MARK.parent / (MARK.name + ".imported")).write_text("imported")
+
+def make(**options):
+    MARK.write_text("called")
+    from workbench.models import build_model
+    module, data, loss, _ = build_model("mlp", **options)
+    return module, data, loss
+"""
+
+
+@pytest.fixture
+def marker(tmp_path, monkeypatch) -> tuple[str, Path]:
+    """('compress_marker_<n>:make', the marker's path), importable from tmp_path."""
+    name = f"compress_marker_{abs(hash(str(tmp_path))) % 10**8}"
+    mark = tmp_path / "called"
+    (tmp_path / f"{name}.py").write_text(FACTORY.format(mark=str(mark)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield f"{name}:make", mark
+    sys.modules.pop(name, None)
+
+
+def _ran(mark: Path) -> bool:
+    return mark.exists() or mark.with_name(mark.name + ".imported").exists()
+
+
+def _crafted(checkpoint: str, folder: Path, model: dict) -> Path:
+    payload = ckpt.load(checkpoint)
+    payload.pop("path")
+    payload.pop("manifest")
+    payload["model"] = model
+    return ckpt.save(payload, folder / "step-00000003.pt")
+
+
+def test_a_checkpoint_naming_os_system_runs_nothing(checkpoint, capsys, tmp_path) -> None:
+    target = tmp_path / "pwned"
+    _crafted(
+        checkpoint,
+        tmp_path / "ck",
+        {"name": "os:system", "options": {"command": f"touch {target}"}},
+    )
+    code, out, err = run(["compress", str(tmp_path / "ck"), "--repeats", "3"], capsys)
+    assert code == 2 and out == "" and not target.exists()
+    assert err.startswith("workbench compress: error: checkpoint ") and str(tmp_path / "ck") in err
+    assert "names the model factory 'os:system'" in err
+    assert "nothing was imported" in err and "--trust-model-spec" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_crafted_factory_runs_only_with_trust(checkpoint, capsys, tmp_path, marker) -> None:
+    spec, mark = marker
+    _crafted(checkpoint, tmp_path / "ck", {"name": spec, "options": MLP})
+    argv = ["compress", str(tmp_path / "ck"), "--methods", "int8", "--repeats", "3"]
+    code, _, err = run([*argv, "--threads", "1"], capsys)
+    assert code == 2 and not _ran(mark)
+    assert f"names the model factory {spec!r}" in err and "--trust-model-spec" in err
+    code, out, err = run([*argv, "--threads", "1", "--trust-model-spec"], capsys)
+    assert code == 0, err
+    assert mark.read_text() == "called" and "int8" in out
+    module, _, function = spec.partition(":")
+    assert "workbench compress: warning: trusting checkpoint " in err
+    assert f"importing module {module!r}" in err and f"calling {function}(**options)" in err
+
+
+def test_a_factory_given_with_model_is_the_users_choice(checkpoint, capsys, marker) -> None:
+    spec, mark = marker
+    weights = os.path.join(os.path.dirname(checkpoint), "weights.pt")
+    code, out, err = run(
+        ["compress", weights, "--model", spec, "--model-options", json.dumps(MLP)]
+        + ["--methods", "int8", "--repeats", "3", "--threads", "1"],
+        capsys,
+    )
+    assert code == 0, err
+    assert mark.read_text() == "called" and "int8" in out
+
+
+def test_the_trust_flag_says_what_it_allows(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compress", "-h"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--trust-model-spec" in text and "runs code the file chose" in text
+
+
+LONG = "x" * 300
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threads", "-1"], "--threads -1: must be an integer >= 1"),
+        (["--threads", "1" + "0" * 60], "--threads 1" + "0" * 60 + ": must be at most 1,024"),
+        (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
+        (["--batch-size", "1e20"], "--batch-size 1e20: must be an integer"),
+        (["--repeats", "2"], "--repeats 2: must be an integer >= 3"),
+        (["--repeats", "99999999"], "--repeats 99999999: must be at most 10,000"),
+        (["--eval-samples", "1" + "0" * 40], "must be at most 1,000,000,000"),
+        (["--held-out", "nan"], "--held-out nan: must be a finite number"),
+        (["--held-out", "1"], "--held-out 1: must be a fraction in (0, 1)"),
+        (["--sparsity", "inf"], "--sparsity inf: must be a finite number"),
+        (["--model-options", '{"a": 1, "a": 2}'], "key 'a' appears twice in one object"),
+        (["--model-options", '{"a": NaN}'], "JSON numbers must be finite"),
+        (["--model-options", "[1]"], "--model-options [1]: must be a JSON object"),
+        (["--model-options", "[" * 100 + "]" * 100], "nested deeper than 8 levels"),
+    ],
+)
+def test_bad_numbers_and_options_end_as_one_line(checkpoint, argv, message, capsys) -> None:
+    code, out, err = run(["compress", checkpoint, *argv], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("workbench compress: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_every_problem_of_a_command_line_at_once(tmp_path, capsys) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code, _, err = run(
+        ["compress", str(fifo), "--threads", "0", "--held-out", "nan", "--repeats", "1e300"]
+        + ["--model-options", '{"a": 1, "a": 2}', "--out", str(fifo)],
+        capsys,
+    )
+    assert code == 2
+    for part in (
+        f"checkpoint {fifo}: a FIFO (named pipe)",
+        "--threads 0: must be an integer >= 1",
+        "--held-out nan: must be a finite number",
+        "--repeats 1e300: must be an integer",
+        "--model-options",
+        f"--out {fifo}: exists and is not a folder",
+    ):
+        assert part in err
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/dev/zero", "checkpoint /dev/zero: a device"),
+        (LONG, "cannot be read (File name too long)"),
+    ],
+)
+def test_a_checkpoint_that_is_no_file_is_named(path, message, capsys) -> None:
+    code, _, err = run(["compress", path], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_binary_file_is_named_without_torchs_advice(tmp_path, capsys) -> None:
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(bytes(range(256)) * 8)
+    code, _, err = run(["compress", str(junk), "--model", "mlp"], capsys)
+    assert code == 2 and str(junk) in err and len(err.strip().splitlines()) == 1
+    assert "weights_only` set to `False`" not in err and "Traceback" not in err
+
+
+def test_a_failed_write_leaves_the_old_output_whole(checkpoint, capsys, tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {"int8.pt": b"old weights", "report.json": b'{"old": true}'}
+    for name, data in old.items():
+        (out / name).write_bytes(data)
+    (out / "report.png").mkdir()  # a target name taken by a folder
+    code, stdout, err = run(
+        ["compress", checkpoint, "--methods", "int8", "--repeats", "3", "--threads", "1"]
+        + ["--out", str(out)],
+        capsys,
+    )
+    assert code == 2 and stdout == ""
+    assert err.startswith("workbench compress: error: --out ") and "report.png" in err
+    assert "nothing was changed there" in err
+    for name, data in old.items():
+        assert (out / name).read_bytes() == data
+    assert sorted(os.listdir(out)) == ["int8.pt", "report.json", "report.png"]  # no temporaries

@@ -4,17 +4,48 @@ Rebuilds the model a Session checkpoint (or a `save_weights` file, with `--model
 (`workbench.compress.load_trained`), compresses copies of it with each method, and prints
 the report of `workbench.compress.compress`: weights and file size, latency per batch
 and held-out loss/accuracy, before and after, with a verdict per method.
+
+A checkpoint is data: a model factory 'pkg.module:function' it names is code, so it is
+imported only with `--trust-model-spec` (a `--model` you give is your own choice and is
+always honoured). Bad input of any kind (flags out of range, a FIFO or device as the
+checkpoint, options JSON with a duplicate key) ends as one line naming every problem, with
+exit status 2. `--out` writes its files all at once (`workbench.outputs`): a failure leaves
+what the folder held before whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
-from collections.abc import Callable
+import logging
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import parse_number
+from workbench.inputs import InputFileError, parse_json, shown
+
+#: Integer flags: (flag, attribute, minimum, maximum, why the maximum).
+_INT_FLAGS = (
+    (
+        "--batch-size",
+        "batch_size",
+        1,
+        1 << 20,
+        "more samples in one forward pass than any device holds",
+    ),
+    ("--repeats", "repeats", 3, 10_000, "more timed passes than a median needs"),
+    ("--eval-samples", "eval_samples", 1, 10**9, "more samples than any held-out split"),
+    ("--threads", "threads", 1, 1024, "more threads than any machine has cores"),
+)
+#: The deepest --model-options JSON (options are flat; a list or two inside at most).
+_OPTIONS_DEPTH = 8
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -54,6 +85,13 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         metavar="JSON",
         help="options of the model, e.g. '{\"layers\": 2}' (default: the checkpoint's)",
     )
+    what.add_argument(
+        "--trust-model-spec",
+        action="store_true",
+        help="honour a model factory 'pkg.module:function' the checkpoint itself names: "
+        "imports that module and calls the function, i.e. runs code the file chose; only "
+        "for a checkpoint you trust (a --model you give is always honoured)",
+    )
     how = parser.add_argument_group("how to measure")
     how.add_argument(
         "--held-out",
@@ -86,6 +124,11 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_compress(args, parser)
 
 
+def _typed(text: str) -> str:
+    """A flag's value as typed, for a message (a very long one cut, safely)."""
+    return text if len(text) <= 80 else shown(text)[1:-1]
+
+
 def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     from workbench.compress.compare import METHODS, method_problems
     from workbench.compress.layers import sparsity_problem
@@ -93,48 +136,102 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 
     problems: list[str] = []
     values: dict[str, Any] = {}
+    problems += _checkpoint_problems(args.checkpoint)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for p in method_problems(methods):
-        problems.append("--methods " + args.methods + ": " + p.split(": ", 1)[-1])
+        problems.append(f"--methods {_typed(args.methods)}: " + p.split(": ", 1)[-1])
     values["methods"] = methods
     sparsity = parse_number(args.sparsity, "float", "--sparsity", problems)
     if sparsity is not None:
         bad = sparsity_problem(sparsity)
         if bad:
-            problems.append(f"--sparsity {args.sparsity}: " + bad.split(": ", 1)[-1])
+            problems.append(f"--sparsity {_typed(args.sparsity)}: " + bad.split(": ", 1)[-1])
     values["sparsity"] = sparsity
     if args.engine not in ENGINES:
-        problems.append(f"--engine {args.engine}: must be one of {', '.join(ENGINES)}")
+        problems.append(f"--engine {_typed(args.engine)}: must be one of {', '.join(ENGINES)}")
     held = parse_number(args.held_out, "float", "--held-out", problems)
     if held is not None and not 0 < held < 1:
-        problems.append(f"--held-out {args.held_out}: must be a fraction in (0, 1)")
+        problems.append(f"--held-out {_typed(args.held_out)}: must be a fraction in (0, 1)")
     values["held_out"] = held
-    for flag, attr, minimum in (
-        ("--batch-size", "batch_size", 1),
-        ("--repeats", "repeats", 3),
-        ("--eval-samples", "eval_samples", 1),
-        ("--threads", "threads", 1),
-    ):
+    for flag, attr, minimum, maximum, why in _INT_FLAGS:
         raw = getattr(args, attr)
         if raw is None:
             values[attr] = None
             continue
         number = parse_number(raw, "int", flag, problems)
-        if number is not None and number < minimum:
-            problems.append(f"{flag} {raw}: must be an integer >= {minimum}")
+        if number is not None and not minimum <= number <= maximum:
+            problems.append(
+                f"{flag} {_typed(raw)}: "
+                + (f"must be at most {maximum:,} ({why})" if number > maximum else "")
+                + (f"must be an integer >= {minimum}" if number < minimum else "")
+            )
+            number = None
         values[attr] = number
     options = None
     if args.model_options is not None:
         try:
-            options = json.loads(args.model_options)
+            options = parse_json(
+                args.model_options, what="--model-options", max_depth=_OPTIONS_DEPTH
+            )
+        except InputFileError as exc:
+            problems.append(f"--model-options {_typed(args.model_options)}: {exc.reason}")
+        else:
             if not isinstance(options, dict):
-                raise ValueError
-        except ValueError:
-            problems.append(f"--model-options {args.model_options}: must be a JSON object")
+                problems.append(
+                    f"--model-options {_typed(args.model_options)}: must be a JSON object "
+                    "of option names and values"
+                )
+                options = None
     values["model_options"] = options
     if not methods:
-        problems.append(f"--methods {args.methods!r}: name at least one of {', '.join(METHODS)}")
+        problems.append(
+            f"--methods {shown(args.methods)}: name at least one of {', '.join(METHODS)}"
+        )
+    if args.out is not None:
+        problems += _out_problems(args.out)
     return values, problems
+
+
+def _checkpoint_problems(path: str) -> list[str]:
+    """A checkpoint must be a regular file or a directory: a FIFO would block, a device
+    read forever; a name the system cannot look up is named as such."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return [f"checkpoint {_typed(path)}: no such file or directory"]
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        return [f"checkpoint {_typed(path)}: cannot be read ({reason})"]
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return []
+    kind = (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    return [
+        f"checkpoint {_typed(path)}: {kind}; give a checkpoint file, a folder of "
+        "checkpoints or a weights file"
+    ]
+
+
+def _out_problems(out: str) -> list[str]:
+    """--out must be a folder (or a path one can be made at): said before any work."""
+    path = Path(out)
+    try:
+        if path.exists() and not path.is_dir():
+            return [f"--out {_typed(out)}: exists and is not a folder"]
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            return [f"--out {_typed(out)}: {parent} is not a folder"]
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        return [f"--out {_typed(out)}: cannot be used ({reason})"]
+    return []
 
 
 def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -145,16 +242,28 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     import torch
 
     from workbench.compress import compress, held_out_split, load_trained
+    from workbench.models.spec import UntrustedSpecError
 
     if values["threads"] is not None:
         torch.set_num_threads(values["threads"])
     try:
-        trained = load_trained(
-            args.checkpoint, model=args.model, model_options=values["model_options"]
-        )
+        with _warnings_to_stderr():  # a trusted factory: what is imported, said here
+            trained = load_trained(
+                args.checkpoint,
+                model=args.model,
+                model_options=values["model_options"],
+                trusted=bool(args.trust_model_spec),
+            )
         _, held_out = held_out_split(trained.dataset, values["held_out"])
+    except UntrustedSpecError as exc:
+        parser.error(_untrusted(exc))
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
+    except Exception as exc:  # a model that cannot be built or loaded: said, not a traceback
+        parser.error(
+            f"checkpoint {_typed(args.checkpoint)}: cannot be loaded "
+            f"({type(exc).__name__}: {_flagged(str(exc))})"
+        )
     source = f"{trained.name} from {trained.path}" + (
         f" (step {trained.step})" if trained.step is not None else ""
     )
@@ -180,7 +289,12 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     )
     written: list[str] = []
     if args.out is not None:
-        written = _write(report, Path(args.out))
+        from workbench.outputs import OutputError
+
+        try:
+            written = _write(report, Path(args.out))
+        except OutputError as exc:
+            parser.error(f"--out {_typed(args.out)}: {exc}")
     if args.json:
         data = report.to_dict()
         data["held_out"] = held_note
@@ -194,6 +308,37 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     return 0
 
 
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """The "workbench" logger's warnings as "workbench compress: warning: ..." lines on
+    stderr while the block runs (whatever logging is configured, and only once)."""
+    logger = logging.getLogger("workbench")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("workbench compress: warning: %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _untrusted(exc: Any) -> str:
+    """The refusal of a factory the checkpoint names, in the command's words."""
+    spec = str(getattr(exc, "spec", "?"))
+    source = str(getattr(exc, "source", "the checkpoint"))
+    module, _, function = spec.partition(":")
+    return (
+        f"{source} names the model factory {shown(spec)} (Python code: module "
+        f"{shown(module)}, function {shown(function)}); a checkpoint cannot choose code to "
+        "run, so nothing was imported. Name the model yourself with --model, or, if you "
+        f"trust this file, pass --trust-model-spec (it imports {module} and calls {function})"
+    )
+
+
 def _flagged(message: str) -> str:
     """An API message in the command's words (its flags instead of keyword arguments)."""
     text = " ".join(message.split())
@@ -203,22 +348,36 @@ def _flagged(message: str) -> str:
         ("unit='channels'", "--methods channels"),
         ("unit='heads'", "--methods heads"),
         ("prune_unstructured()", "--methods prune"),
+        ("trusted=True", "--trust-model-spec"),
     ):
         text = text.replace(api, flag)
+    # torch's own advice on a refused file (load it with weights_only=False) is the one
+    # thing not to do with a file of unknown origin: keep only what it found
+    found = re.search(
+        r"Weights only load failed\..*?(WeightsUnpickler error: .*?)(?: Check the documentation|$)",
+        text,
+    )
+    if found:
+        text = text[: found.start()] + f"torch.load(weights_only=True) refused it ({found[1]})"
+    elif "Weights only load failed." in text:
+        text = text[: text.index("Weights only load failed.")] + (
+            "torch.load(weights_only=True) refused it"
+        )
     return text
 
 
 def _write(report: Any, out: Path) -> list[str]:
-    """Each compressed model's state dict, the report as JSON and its chart as PNG."""
+    """Each compressed model's state dict, the report as JSON and its chart as PNG, all
+    at once (`workbench.outputs.write_files`): a failure leaves the folder as it was."""
     import torch
 
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+    from workbench.outputs import write_files
+
+    files: dict[str, bytes | str] = {}
     for method, model in report.models.items():
-        path = out / f"{method}.pt"
-        torch.save(model.state_dict(), path)
-        written.append(str(path))
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
-    (out / "report.png").write_bytes(report.chart_png())
-    written += [str(out / "report.json"), str(out / "report.png")]
-    return written
+        buffer = io.BytesIO()
+        torch.save(model.state_dict(), buffer)
+        files[f"{method}.pt"] = buffer.getvalue()
+    files["report.json"] = json.dumps(report.to_dict(), indent=2)
+    files["report.png"] = report.chart_png()
+    return [str(path) for path in write_files(out, files)]
