@@ -162,6 +162,20 @@ class FsdpMode(StrEnum):
         return self in (FsdpMode.FULL_SHARD, FsdpMode.SHARD_GRAD_OP)
 
 
+class Engine(StrEnum):
+    """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
+    DeepSpeed engine, or PyTorch FSDP2. The distributed engines train a copy of it."""
+
+    PLAIN = "plain"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+
+    @property
+    def copies_model(self) -> bool:
+        """Whether the engine trains its own copy of your module (weights copied back)."""
+        return self is not Engine.PLAIN
+
+
 class Device(StrEnum):
     AUTO = "auto"
     CPU = "cpu"
@@ -284,7 +298,9 @@ def _unknown_setting(name: str, value: Any) -> str:
     known = sorted(f.name for f in fields(TrainConfig))
     hint = did_you_mean(name, known, _FIELD_ALIASES)
     label = name if isinstance(name, str) and len(name) <= 80 else shown(name)
-    return f"{label}={shown(value)}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
+    return (
+        f"{label}={shown(value)}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
+    )
 
 
 def _is_bool(v: Any) -> bool:
@@ -673,7 +689,8 @@ class TrainConfig:
 
     @property
     def uses_deepspeed(self) -> bool:
-        """True when the run needs the DeepSpeed engine (ZeRO >= 1 or DeepSpeed 16-bit)."""
+        """True when the config itself asks for DeepSpeed (ZeRO >= 1 or DeepSpeed 16-bit),
+        on any number of ranks; `engine_for` says which engine runs it."""
         return int(self.zero_stage) >= 1 or Precision(self.precision).is_deepspeed
 
     def to_deepspeed(self, world_size: int = 1) -> dict[str, Any]:
@@ -719,6 +736,21 @@ def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) 
 
 
 TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]
+
+
+def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
+    """The one answer to "which engine runs this config on `world_size` ranks": FSDP2 when
+    `fsdp` is on; DeepSpeed when the config asks for it (ZeRO >= 1, DeepSpeed 16-bit) or a
+    Session trains several ranks without FSDP (its data parallelism is DeepSpeed's ZeRO-0);
+    else the plain loop. Every caller (the backends, the prediction, live changes, export)
+    asks here; a new engine is one member of `Engine` and one backend file."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size={shown(world_size)}: must be an integer >= 1")
+    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
+        return Engine.FSDP
+    if config.uses_deepspeed or world_size > 1:
+        return Engine.DEEPSPEED
+    return Engine.PLAIN
 
 
 def runtime_problems(config: TrainConfig) -> list[str]:

@@ -20,18 +20,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import FsdpMode, OffloadDevice, TrainConfig
+from workbench.config import Engine, FsdpMode, OffloadDevice, TrainConfig, engine_for
 from workbench.estimate import MemoryEstimate, estimate_memory
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
+#: The estimator's accounting for each engine's memory layout.
+ACCOUNTING: dict[Engine, str] = {
+    Engine.FSDP: "fsdp",
+    Engine.DEEPSPEED: "deepspeed",
+    Engine.PLAIN: "paper",
+}
+
+
 def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
-    """The estimator accounting of the engine that trains `config` on `world_size` ranks:
-    FSDP2's layout under `fsdp`, DeepSpeed's under DeepSpeed, else the ZeRO paper's."""
-    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
-        return "fsdp"
-    return "deepspeed" if config.uses_deepspeed or world_size > 1 else "paper"
+    """The estimator accounting of the engine that trains `config` on `world_size` ranks
+    (`engine_for`): FSDP2's layout under FSDP, DeepSpeed's under DeepSpeed, else the ZeRO
+    paper's."""
+    return ACCOUNTING[engine_for(config, world_size)]
 
 
 def shape_of(model: Any) -> dict[str, Any]:

@@ -230,3 +230,39 @@ def test_the_docstring_lists_every_setting_and_every_allowed_value() -> None:
     for name, enum in _ENUM_FIELDS.items():
         for value in enum:
             assert f'"{value.value}"' in doc, (name, value.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "world_size", "engine"),
+    [
+        ({}, 1, "plain"),
+        ({"precision": "amp-bf16"}, 1, "plain"),
+        ({}, 2, "deepspeed"),  # a Session's data parallelism is DeepSpeed's ZeRO-0
+        ({"zero_stage": 1}, 1, "deepspeed"),
+        ({"precision": "bf16"}, 1, "deepspeed"),
+        ({"fsdp": "full_shard"}, 1, "fsdp"),
+        ({"fsdp": "no_shard"}, 4, "fsdp"),
+    ],
+)
+def test_one_engine_decision(changes, world_size, engine) -> None:
+    from workbench.config import Engine, engine_for
+
+    got = engine_for(TrainConfig(**changes), world_size)
+    assert got is Engine(engine)
+    assert got.copies_model is (engine != "plain")
+
+
+def test_every_engine_has_a_backend_and_an_accounting() -> None:
+    from workbench.config import Engine
+    from workbench.prediction import ACCOUNTING
+    from workbench.train.backends import BACKENDS
+
+    assert set(BACKENDS) == set(Engine) == set(ACCOUNTING)
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True, "2"])
+def test_engine_for_names_a_bad_world_size(world_size) -> None:
+    from workbench.config import engine_for
+
+    with pytest.raises(ValueError, match=r"world_size=.*: must be an integer >= 1"):
+        engine_for(TrainConfig(), world_size)

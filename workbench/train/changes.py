@@ -17,7 +17,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from workbench.config import Device, FsdpMode, Precision, TrainConfig, runtime_problems
+from workbench.config import (
+    Device,
+    Engine,
+    Precision,
+    TrainConfig,
+    engine_for,
+    runtime_problems,
+)
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
 
@@ -54,16 +61,14 @@ _LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")
 
 
 def needs_deepspeed(config: TrainConfig, world_size: int) -> bool:
-    """Whether a DeepSpeed engine trains `config` (ZeRO, DeepSpeed 16-bit, or several
-    ranks without FSDP)."""
-    fsdp = FsdpMode(config.fsdp) is not FsdpMode.OFF
-    return bool(config.uses_deepspeed) or (world_size > 1 and not fsdp)
+    """Whether a DeepSpeed engine trains `config` (`engine_for`)."""
+    return engine_for(config, world_size) is Engine.DEEPSPEED
 
 
 def engine_copies_model(config: TrainConfig, world_size: int) -> bool:
     """Whether the engine for `config` trains its own copy of your module (DeepSpeed,
     FSDP) rather than your module itself (the plain loop)."""
-    return needs_deepspeed(config, world_size) or FsdpMode(config.fsdp) is not FsdpMode.OFF
+    return engine_for(config, world_size).copies_model
 
 
 def _deepspeed_fp16_on_cpu() -> bool:
