@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from workbench.version import __version__
 
 #: public name -> the module it lives in (imported on first use)
 _LAZY = {

@@ -46,3 +46,13 @@ def test_an_unknown_name_says_so() -> None:
 
     with pytest.raises(AttributeError, match="has no attribute 'Sesion'"):
         workbench.Sesion  # noqa: B018
+
+
+def test_the_version_is_pyproject_s() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from workbench.version import __version__
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert __version__ == project["project"]["version"] == workbench.__version__

@@ -72,7 +72,7 @@ def _load(target: str) -> Adder:
 
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, Runner | None]:
     """The top-level parser; only `command`'s own arguments are loaded (lazily)."""
-    from workbench import __version__
+    from workbench.version import __version__
 
     parser = Parser(
         prog="workbench",

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from workbench.inputs import InputFileError, read_json, shown
+from workbench.version import __version__
 
 CHECKPOINT_FORMAT = 2
 PREVIOUS_FORMAT = 1
@@ -271,8 +272,6 @@ def save(
 
 
 def _workbench_version() -> str:
-    from workbench import __version__
-
     return str(__version__)
 
 
