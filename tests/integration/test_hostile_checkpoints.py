@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import sys
@@ -235,3 +236,43 @@ def test_a_resumed_run_saves_beside_its_checkpoint_not_where_the_file_says(saved
         session.run(1)
         written = Path(session.save_checkpoint())
     assert written.parent == path.parent and not elsewhere.exists()
+
+
+def _with_manifest_log(path: Path, log: Any) -> None:
+    import json
+
+    manifest = ckpt.manifest_path(path)
+    data = json.loads(manifest.read_text())
+    data["log"] = log
+    manifest.write_text(json.dumps(data))
+
+
+def test_the_manifest_cannot_point_the_history_at_another_file(saved, tmp_path):
+    secret = tmp_path / "secret.jsonl"
+    record = {"type": "record", "step": 1, "loss": 1.0}
+    secret.write_text(json.dumps(record) + "\n")
+    path = _craft(saved, tmp_path / "ck")
+    for log in (str(secret), "../secret.jsonl", 7, ["log.jsonl"]):
+        _with_manifest_log(path, log)
+        with Session.resume_from(path) as session:
+            assert len(session.history) == 0
+
+
+def test_a_crafted_log_gives_no_records_of_the_wrong_types(saved, tmp_path):
+    path = _craft(saved, tmp_path / "ck", step=3)
+    good = Session(TrainConfig(micro_batch=2), model="mlp", model_options={"samples": 64})
+    record = good.run(1)[0].to_dict()
+    good.close()
+    lines = [
+        {"type": "record", **{**record, "step": 1, "loss": "high"}},
+        {"type": "record", **{**record, "step": 2, "changes": [1, 2]}},
+        {"type": "record", **{**record, "step": 3}},
+    ]
+    (path.parent / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _with_manifest_log(path, "log.jsonl")
+    with Session.resume_from(path) as session:
+        assert [r.step for r in session.history] == [3]
+    # one giant line with no newline: read in bounded blocks, nothing taken from it
+    (path.parent / "log.jsonl").write_bytes(b'{"type": "record", "step": 1' + b"x" * (3 << 20))
+    with Session.resume_from(path) as session:
+        assert len(session.history) == 0

@@ -7,11 +7,13 @@ read the same thing. "Not known" is `None`, never -1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+from workbench.inputs import shown
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,51 @@ class StepRecord(Readable):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """A record from `to_dict()`'s mapping (other keys ignored). Read from a file (a
+        run's log, a checkpoint), every value must have its field's type: a ValueError
+        names the first that does not, so a crafted line never becomes a record."""
+        if not isinstance(data, dict):
+            raise ValueError(f"record {shown(data)}: must be a mapping of record fields")
+        kinds = _field_kinds()
+        values = {}
+        for key, value in data.items():
+            if key not in kinds:
+                continue
+            allowed, optional = kinds[key]
+            if not (value is None and optional) and not _is_kind(value, allowed):
+                raise ValueError(
+                    f"record field {key}={shown(value)}: must be {' or '.join(allowed)}"
+                    + (" or None" if optional else "")
+                )
+            values[key] = value
+        return cls(**values)
+
+
+def _is_kind(value: Any, allowed: tuple[str, ...]) -> bool:
+    for kind in allowed:
+        if kind == "bool" and isinstance(value, bool):
+            return True
+        if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if kind == "str" and isinstance(value, str):
+            return True
+        if kind.startswith("dict") and isinstance(value, dict):
+            return all(isinstance(k, str) for k in value)
+    return False
+
+
+@functools.cache
+def _field_kinds() -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Each StepRecord field's allowed kinds ("int", "float", ...) and whether None is
+    allowed, read from the annotations."""
+    kinds = {}
+    for f in dataclasses.fields(StepRecord):
+        parts = [p.strip() for p in str(f.type).split("|")]
+        optional = "None" in parts
+        kinds[f.name] = (tuple(p for p in parts if p != "None"), optional)
+    return kinds
 
 
 @dataclass(frozen=True)

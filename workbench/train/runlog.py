@@ -219,6 +219,9 @@ def read_events(path: str | os.PathLike[str]) -> list[Event]:
     ]
 
 
+_MAX_LINE = 1 << 20  # a record line is a few hundred bytes
+
+
 def tail_records(path: str | os.PathLike[str], *, up_to_step: int, limit: int) -> list[Any]:
     """The newest `limit` records with step <= `up_to_step` (the newest line of each
     step), read backwards from the end of the file: what a resumed session's history
@@ -236,6 +239,8 @@ def tail_records(path: str | os.PathLike[str], *, up_to_step: int, limit: int) -
             end = start
             lines = chunk.split(b"\n")
             carry = lines.pop(0) if start > 0 else b""  # maybe cut: joined with the next read
+            if len(carry) > _MAX_LINE:  # no record is this long: not a log this wrote
+                carry = b""
             for raw in reversed(lines):
                 step = _record_step(raw)
                 if step is None or step > up_to_step or step in found:
@@ -244,7 +249,11 @@ def tail_records(path: str | os.PathLike[str], *, up_to_step: int, limit: int) -
                     found[step] = json.loads(raw)
                 if len(found) >= limit:
                     break
-    return [StepRecord.from_dict(found[s]) for s in sorted(found)]
+    records = []
+    for s in sorted(found):
+        with contextlib.suppress(TypeError, ValueError, KeyError, AttributeError):
+            records.append(StepRecord.from_dict(found[s]))  # a line of another shape: skipped
+    return records
 
 
 def _record_step(raw: bytes) -> int | None:

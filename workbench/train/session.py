@@ -1193,10 +1193,12 @@ def _resumed_records(payload: dict[str, Any]) -> list[StepRecord]:
     if "history" in payload:  # previous format
         return [StepRecord.from_dict(r) for r in payload["history"][-RECENT_RECORDS:]]
     manifest = payload.get("manifest") or {}
-    if not manifest.get("log"):
+    log_name = manifest.get("log")
+    if not isinstance(log_name, str) or not log_name:
         return []
-    log_file = Path(payload["path"]).parent / manifest["log"]
-    if not log_file.is_file():
+    log_file = Path(payload["path"]).parent / log_name
+    # the manifest names the run's own log; any other file is not read
+    if log_file.name != LOG_NAME or not log_file.is_file():
         return []
     return tail_records(log_file, up_to_step=int(payload["step"]), limit=RECENT_RECORDS)
 
