@@ -276,3 +276,14 @@ def test_a_crafted_log_gives_no_records_of_the_wrong_types(saved, tmp_path):
     (path.parent / "log.jsonl").write_bytes(b'{"type": "record", "step": 1' + b"x" * (3 << 20))
     with Session.resume_from(path) as session:
         assert len(session.history) == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_weights_file_that_is_no_file_is_refused_without_blocking(tmp_path, kind):
+    if kind == "fifo":
+        target = tmp_path / "weights.pt"
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/zero")
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_trained(target, model="mlp")

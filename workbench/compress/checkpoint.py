@@ -46,6 +46,10 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[s
     except ValueError as not_checkpoint:
         if os.path.isdir(path):
             raise
+        if not os.path.isfile(path):  # a FIFO or a device would block or never end
+            raise ValueError(
+                f"path={str(path)!r}: not a regular file (a checkpoint or weights file)"
+            ) from None
         try:
             weights = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
