@@ -36,12 +36,14 @@ LR scaling: `lr_scaling` scales `lr` by the effective batch relative to the one 
 session started with (see `workbench.train.schedule`).
 
 This file is the Session's public surface and its state machine (the loop thread, the
-queue of changes, events, fault handling). The pieces it drives live beside it, one
-concept each: `runtime.py` (the data stream and backend a setting is built into, and
-your module's weights), `changes.py` (what a change rebuilds, what a session can run),
-`step.py` (one optimizer step and its record), `checkpoints.py` (the checkpoint payload
-and files), `memory.py` (measuring memory), `profiler.py` (the profiler, through
-`phase_labels` and `on_record`).
+queue of changes, events, which fault moves it to which state). The pieces it drives live
+beside it, one concept each: `runtime.py` (the data stream and backend a setting is built
+into, and your module's weights), `changes.py` (what a change rebuilds, what a session can
+run), `step.py` (one optimizer step and its record), `faults.py` (what to do and say when a
+step fails: the out-of-memory retry, a non-finite loss, an exception), `resume.py` (where a
+save goes, its manifest, what a loaded checkpoint resumes with), `checkpoints.py` (the
+checkpoint payload and files), `memory.py` (measuring memory), `profiler.py` (the profiler,
+through `phase_labels` and `on_record`).
 """
 
 from __future__ import annotations
@@ -68,14 +70,16 @@ from workbench.config import Device, TrainConfig, _format, _plain
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
+from workbench.train import faults
 from workbench.train.backends import Backend, StepOutcome
 from workbench.train.batches import DataContractError
 from workbench.train.changes import session_problems
 from workbench.train.data import DataPosition
 from workbench.train.devices import cuda_uuid, resolve_device
-from workbench.train.history import RECENT_RECORDS, History, Recent
+from workbench.train.history import History, Recent
 from workbench.train.records import Event, StepRecord
-from workbench.train.runlog import LOG_NAME, TENSORBOARD_DIR, RunLog, tail_records
+from workbench.train.resume import manifest_fields, resume_settings, resumed_records, save_target
+from workbench.train.runlog import LOG_NAME, TENSORBOARD_DIR, RunLog
 from workbench.train.runlog import tensorboard_writer_class as _tensorboard_writer_class
 from workbench.train.runtime import Runtime
 from workbench.train.schedule import scaled_lr
@@ -284,7 +288,7 @@ class Session:
             position = DataPosition(**payload["data"]) if payload.get("data") else None
             state = payload["backend"]
             buffers = payload.get("buffers") or {}
-            self.history = History(_resumed_records(payload))
+            self.history = History(resumed_records(payload))
         try:
             self._rt = Runtime(
                 config,
@@ -808,8 +812,7 @@ class Session:
                 cfg = self._config
                 ev = self._event(
                     "nan-loss",
-                    f"loss is {nf.value} at step {record.step}: the step was not applied and "
-                    f"the session paused. {nan_advice(cfg)}; then resume().",
+                    faults.nan_message(nf.value, record.step, nan_advice(cfg)),
                     "error",
                     step=record.step,
                     loss=nf.value,
@@ -822,15 +825,13 @@ class Session:
             except Exception as exc:
                 self._rt.backend.zero_grad()
                 self._last_error = f"{type(exc).__name__}: {exc}"
-                hint = (
-                    "Fix the data (it cannot be changed on a live session: build a new Session)"
-                    if isinstance(exc, DataContractError)
-                    else "Fix the cause, then update(...) and/or resume()"
-                )
                 ev = self._event(
                     "error",
-                    f"step {self._step + 1} failed: {self._last_error}. The step was not "
-                    f"applied and its batch is skipped. {hint}.",
+                    faults.failure_message(
+                        self._step + 1,
+                        self._last_error,
+                        data_contract=isinstance(exc, DataContractError),
+                    ),
                     "error",
                     step=self._step + 1,
                     error=self._last_error,
@@ -850,37 +851,32 @@ class Session:
             except Exception as exc:
                 if not is_oom(exc):
                     raise
-                message = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                message = faults.first_line(str(exc)) or type(exc).__name__
             # outside the except block, so the failed step's frames (and tensors) are freed
             self._rt.backend.zero_grad()
             self._recover_from_oom(fetched, message)
 
     def _recover_from_oom(self, fetched: list[Any], message: str) -> None:
+        """Retry the same samples at half the micro-batch (`faults.halved_for_oom`)."""
         cfg = self._config
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        if cfg.micro_batch <= 1 or self._rt.user_loader:
-            why = "micro_batch is 1" if cfg.micro_batch <= 1 else "data is your own DataLoader"
-            raise RuntimeError(f"out of memory and cannot halve micro_batch ({why}): {message}")
-        mb, ga = cfg.micro_batch, cfg.grad_accum
-        new_mb, new_ga = mb // 2, ga * 2
+        target = faults.halved_for_oom(cfg, user_loader=self._rt.user_loader, message=message)
         self._rt.data.requeue_split(fetched, 2)
         fetched.clear()
-        target = cfg.replace(micro_batch=new_mb, grad_accum=new_ga)
         self._apply(target, {"micro_batch", "grad_accum"}, release_first=True)
         with self._state_lock:
-            self._requested = self._requested.replace(micro_batch=new_mb, grad_accum=new_ga)
-        eff_old, eff_new = mb * ga, new_mb * new_ga
-        kept = "unchanged" if eff_old == eff_new else f"now {eff_new}, was {eff_old}"
+            self._requested = self._requested.replace(
+                micro_batch=target.micro_batch, grad_accum=target.grad_accum
+            )
         self._event(
             "oom",
-            f"out of memory at micro_batch={mb}: micro_batch halved to {new_mb} and grad_accum "
-            f"doubled to {new_ga} (effective batch {kept}); retrying the same batch",
+            faults.oom_message(cfg, target),
             "warning",
             step=self._step + 1,
             error=message,
-            micro_batch=new_mb,
-            grad_accum=new_ga,
+            micro_batch=target.micro_batch,
+            grad_accum=target.grad_accum,
         )
 
     def _record(self, measure: StepMeasure) -> StepRecord:
@@ -963,15 +959,7 @@ class Session:
         with self._step_lock:
             self._apply_pending(raise_errors=False)
             cfg = self._config
-            if path is None:
-                if cfg.checkpoint_dir is None:
-                    raise ValueError(
-                        "path=None: pass a file or directory, or set checkpoint_dir in the config"
-                    )
-                path = cfg.checkpoint_dir
-            p = Path(path)
-            directory = p if (p.is_dir() or p.suffix == "") else None
-            target = directory / ckpt.checkpoint_name(self._step) if directory else p
+            target, directory = save_target(path, cfg.checkpoint_dir, self._step)
             payload = ckpt.training_payload(
                 step=self._step,
                 config=cfg,
@@ -989,23 +977,16 @@ class Session:
         return str(written)
 
     def _manifest_fields(self, target: Path) -> dict[str, Any]:
-        """What a checkpoint's manifest says beyond the payload: the model, the ranks, and
-        where the run's log is (relative to the checkpoint when it is beside it)."""
-        log_file = self.log_path
-        if log_file is not None:
-            with contextlib.suppress(ValueError):
-                log_file = os.path.relpath(log_file, target.parent)
-        return {
-            "model": {
-                "name": self.model_name,
-                "options": self.model_options,
-                "module": type(self._model).__name__,
-                "n_params": int(count_parameters(self._model)),
-            },
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "log": log_file,
-        }
+        return manifest_fields(
+            target=target,
+            model_name=self.model_name,
+            model_options=self.model_options,
+            module_type=type(self._model).__name__,
+            n_params=count_parameters(self._model),
+            world_size=self.world_size,
+            rank=self.rank,
+            log_path=self.log_path,
+        )
 
     @classmethod
     def resume_from(
@@ -1031,22 +1012,7 @@ class Session:
         file never chooses code to run (docs/checkpoints.md).
         """
         payload = ckpt.load(path_or_dir)
-        config = TrainConfig.from_dict(payload["config"])
-        if config.checkpoint_dir is not None:  # the file does not choose where to write
-            config = config.replace(checkpoint_dir=str(Path(payload["path"]).parent))
-        if config_changes:
-            config = config.replace(**config_changes)
-        saved = payload.get("model") or {}
-        options = None
-        if model is None:
-            if not saved.get("name"):
-                raise ValueError(
-                    "model=None: the checkpoint holds a user module; pass model= (a module of "
-                    "the same architecture), data= and loss_fn="
-                )
-            model, options = saved["name"], saved.get("options") or None
-        elif isinstance(model, str) and model == saved.get("name"):
-            options = saved.get("options") or None
+        config, model, options = resume_settings(payload, model, config_changes)
         return cls(
             config,
             model=model,
@@ -1184,23 +1150,6 @@ def _tensorboard_setting(value: Any, config: TrainConfig) -> bool | str:
         raise ValueError(f"tensorboard={value!r}: must be True, False or a folder path")
     _tensorboard_writer_class()
     return True if value is True else str(value)
-
-
-def _resumed_records(payload: dict[str, Any]) -> list[StepRecord]:
-    """The history a resumed session starts with: the newest records, up to the
-    checkpoint's step, of the run's log named in its manifest (or, for the previous
-    format, the records inside the checkpoint)."""
-    if "history" in payload:  # previous format
-        return [StepRecord.from_dict(r) for r in payload["history"][-RECENT_RECORDS:]]
-    manifest = payload.get("manifest") or {}
-    log_name = manifest.get("log")
-    if not isinstance(log_name, str) or not log_name:
-        return []
-    log_file = Path(payload["path"]).parent / log_name
-    # the manifest names the run's own log; any other file is not read
-    if log_file.name != LOG_NAME or not log_file.is_file():
-        return []
-    return tail_records(log_file, up_to_step=int(payload["step"]), limit=RECENT_RECORDS)
 
 
 @contextlib.contextmanager

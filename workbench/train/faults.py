@@ -1,0 +1,80 @@
+"""What a Session does when a step fails: the decisions and the words, not the state.
+
+The Session's loop (`session.py`) catches three kinds of failure and asks here what to do:
+
+* out of memory: `halved_for_oom` gives the settings to retry the same samples with
+  (micro_batch halved, grad_accum doubled: the same effective batch), or raises
+  `CannotHalve` when the micro-batch cannot be split (it is 1, or the data is your own
+  DataLoader, whose batches the session does not cut);
+* a non-finite loss: `nan_message` says that the step was not applied and what to try;
+* any other exception: `failure_message` says which step failed, that it was not applied,
+  and how to continue.
+
+Pure decisions over `TrainConfig`: no torch, no session state.
+"""
+
+from __future__ import annotations
+
+from workbench.config import TrainConfig
+
+
+class CannotHalve(RuntimeError):
+    """Out of memory at a micro-batch that cannot be split any further."""
+
+
+def first_line(message: str, limit: int = 300) -> str:
+    """The informative first line of an exception's text, bounded."""
+    return message.splitlines()[0][:limit] if message else ""
+
+
+def halved_for_oom(config: TrainConfig, *, user_loader: bool, message: str) -> TrainConfig:
+    """The settings to retry an out-of-memory step with: micro_batch halved and grad_accum
+    doubled. `CannotHalve` (naming why) when micro_batch is 1 or the data is a DataLoader
+    of your own."""
+    if config.micro_batch <= 1 or user_loader:
+        why = "micro_batch is 1" if config.micro_batch <= 1 else "data is your own DataLoader"
+        raise CannotHalve(f"out of memory and cannot halve micro_batch ({why}): {message}")
+    return config.replace(micro_batch=config.micro_batch // 2, grad_accum=config.grad_accum * 2)
+
+
+def oom_message(before: TrainConfig, after: TrainConfig) -> str:
+    """The "oom" event's text: what was halved and whether the effective batch held."""
+    eff_old = before.micro_batch * before.grad_accum
+    eff_new = after.micro_batch * after.grad_accum
+    kept = "unchanged" if eff_old == eff_new else f"now {eff_new}, was {eff_old}"
+    return (
+        f"out of memory at micro_batch={before.micro_batch}: micro_batch halved to "
+        f"{after.micro_batch} and grad_accum doubled to {after.grad_accum} (effective batch "
+        f"{kept}); retrying the same batch"
+    )
+
+
+def nan_message(loss: float, step: int, advice: str) -> str:
+    """The "nan-loss" event's text: the step was not applied and the session paused."""
+    return (
+        f"loss is {loss} at step {step}: the step was not applied and the session paused. "
+        f"{advice}; then resume()."
+    )
+
+
+def failure_message(step: int, error: str, *, data_contract: bool) -> str:
+    """The "error" event's text for a step that raised: not applied, its batch skipped,
+    and how to go on (a data problem cannot be fixed on a live session)."""
+    hint = (
+        "Fix the data (it cannot be changed on a live session: build a new Session)"
+        if data_contract
+        else "Fix the cause, then update(...) and/or resume()"
+    )
+    return (
+        f"step {step} failed: {error}. The step was not applied and its batch is skipped. {hint}."
+    )
+
+
+__all__ = [
+    "CannotHalve",
+    "failure_message",
+    "first_line",
+    "halved_for_oom",
+    "nan_message",
+    "oom_message",
+]
