@@ -681,3 +681,16 @@ def test_the_largest_values_in_range_give_finite_figures():
     for value in (e.train_flops, e.train_seconds, e.cost):
         assert value is not None and math.isfinite(value)
     assert e.overhead_bytes == 1024 * GIB
+
+
+def test_public_helpers_read_numpy_integers_as_python_integers():
+    shape = dict(layers=2, hidden=10**6, heads=8, seq_len=10**6, micro_batch=10**5, vocab=100)
+    wide = transformer_activation_bytes(**{k: np.int64(v) for k, v in shape.items()})
+    assert wide == transformer_activation_bytes(**shape)  # no int64 wrap-around
+    assert wide.total_bytes > 2**63
+    gpt2 = dict(layers=12, hidden=768, seq_len=1024, vocab=50257)
+    assert params_from_shape(**{k: np.int32(v) for k, v in gpt2.items()}) == 124_439_808
+    with pytest.raises(
+        ValueError, match=r"params_from_shape: layers=np.True_, hidden='10\*\*400': each must be"
+    ):
+        params_from_shape(layers=np.True_, hidden="10**400", seq_len=1, vocab=1)

@@ -77,6 +77,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from workbench.estimate.limits import as_bool, as_int
 from workbench.inputs import shown
 
 
@@ -132,15 +133,14 @@ class ActivationBreakdown:
         return asdict(self)
 
 
-def _check_sizes(function: str, **sizes: Any) -> None:
-    """Raise one `ValueError` naming every size that is not an integer >= 1."""
-    bad = [
-        f"{name}={shown(value)}"
-        for name, value in sizes.items()
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1
-    ]
+def _check_sizes(function: str, **sizes: Any) -> dict[str, int]:
+    """The sizes as Python ints (numpy integers are read as numbers, never computed with in
+    their fixed width); one `ValueError` naming every size that is not an integer >= 1."""
+    ints = {name: as_int(value) for name, value in sizes.items()}
+    bad = [f"{name}={shown(sizes[name])}" for name, n in ints.items() if n is None or n < 1]
     if bad:
         raise ValueError(f"{function}: {', '.join(bad)}: each must be an integer >= 1")
+    return {name: n for name, n in ints.items() if n is not None}
 
 
 def _layer_terms(
@@ -196,7 +196,7 @@ def transformer_activation_bytes(
     divide `layers`; `sequence_parallel` needs `tensor_parallel` > 1. Invalid arguments
     raise `ValueError` naming them.
     """
-    _check_sizes(
+    sizes = _check_sizes(
         "transformer_activation_bytes",
         layers=layers,
         hidden=hidden,
@@ -209,7 +209,13 @@ def transformer_activation_bytes(
         pipeline_parallel=pipeline_parallel,
         **({} if ffn_hidden is None else {"ffn_hidden": ffn_hidden}),
     )
-    f = 4 * hidden if ffn_hidden is None else ffn_hidden
+    layers, hidden, heads, seq_len = (sizes[k] for k in ("layers", "hidden", "heads", "seq_len"))
+    micro_batch, vocab = sizes["micro_batch"], sizes["vocab"]
+    activation_bytes_per_element = sizes["activation_bytes_per_element"]
+    tensor_parallel, pipeline_parallel = sizes["tensor_parallel"], sizes["pipeline_parallel"]
+    f = sizes.get("ffn_hidden", 4 * hidden)
+    dropout, parallel_residual = as_bool(dropout), as_bool(parallel_residual)
+    sequence_parallel = as_bool(sequence_parallel)
     bad: list[str] = []
     for flag_name, flag in (("dropout", dropout), ("parallel_residual", parallel_residual)):
         if not isinstance(flag, bool):
@@ -325,6 +331,8 @@ def params_from_shape(*, layers: int, hidden: int, seq_len: int, vocab: int) -> 
     (Vh, shared with the output projection), learned position embedding (sh) and the
     final layernorm (2h). Sizes that are not integers >= 1 raise `ValueError`.
     """
-    _check_sizes("params_from_shape", layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab)
-    h = hidden
-    return 12 * layers * h * h + 13 * layers * h + vocab * h + seq_len * h + 2 * h
+    sizes = _check_sizes(
+        "params_from_shape", layers=layers, hidden=hidden, seq_len=seq_len, vocab=vocab
+    )
+    n, h, s, v = sizes["layers"], sizes["hidden"], sizes["seq_len"], sizes["vocab"]
+    return 12 * n * h * h + 13 * n * h + v * h + s * h + 2 * h
