@@ -35,16 +35,24 @@ def model_of_session(session: Any) -> Any:
     """A copy of the session's model with its current trained weights: a built-in model
     rebuilt from its name and options, or your module copied. The session's own module is
     not touched."""
+    return _rebuilt(session)[0]
+
+
+def _rebuilt(session: Any) -> tuple[Any, Any]:
+    """(a copy of the session's model with its trained weights, the built-in model's loss
+    or None), through the one resolver of model specs (`workbench.models.spec`)."""
     weights = session.state_dict()
     name = getattr(session, "model_name", None)
+    loss_fn = None
     if name:
-        from workbench.models import build_model
+        from workbench.models.spec import resolve_model
 
-        module = build_model(name, **dict(session.model_options or {}))[0]
+        made = resolve_model(name, model_options=dict(session.model_options or {}))
+        module, loss_fn = made.module, made.loss_fn
     else:
         module = copy.deepcopy(session.model)
     module.load_state_dict(weights)
-    return module
+    return module, loss_fn
 
 
 class CompressionPanel(JobPanel):
@@ -139,18 +147,13 @@ class CompressionPanel(JobPanel):
         """(model copy, held-out data, loss, a note on where the held-out data came from)."""
         from workbench.compress.measure import held_out_split
 
-        model = model_of_session(self.session)
-        loss_fn = self._loss_fn
+        model, builtin_loss = _rebuilt(self.session)
+        loss_fn = self._loss_fn if self._loss_fn is not None else builtin_loss
         if loss_fn is None:
-            name = getattr(self.session, "model_name", None)
-            if not name:
-                raise ValueError(
-                    "loss_fn=None: the session trains your own module; pass "
-                    "CompressionPanel(session, loss_fn=...) (the task's loss)"
-                )
-            from workbench.models import build_model
-
-            loss_fn = build_model(name, **dict(self.session.model_options or {}))[2]
+            raise ValueError(
+                "loss_fn=None: the session trains your own module; pass "
+                "CompressionPanel(session, loss_fn=...) (the task's loss)"
+            )
         if self._held_out is not None:
             return model, self._held_out, loss_fn, "held-out data as given"
         _, held = held_out_split(self.session.data, self._fraction)
