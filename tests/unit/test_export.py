@@ -408,7 +408,10 @@ BAD = [
         ["--config", "/no/such.json"],
         "--config /no/such.json: DeepSpeed config '/no/such.json': no such file",
     ),
-    (["--hostfile", "/no/such/hosts", "--nodes", "2"], "--hostfile /no/such/hosts: cannot be read"),
+    (
+        ["--hostfile", "/no/such/hosts", "--nodes", "2"],
+        "--hostfile /no/such/hosts: cannot be read: no such file",
+    ),
     (["--lr"], "--lr expected one argument"),
 ]
 
@@ -466,14 +469,35 @@ def test_a_failed_export_leaves_an_existing_job_untouched(
 
 
 def test_a_write_failure_removes_what_it_created(tmp_path: Path, monkeypatch) -> None:
-    def fail(self: Path, target: object) -> None:
+    def fail(source: object, target: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "rename", fail)
+    monkeypatch.setattr(os, "replace", fail)
     out_dir = tmp_path / "new" / "deeper" / "job"
-    with pytest.raises(ExportError, match="cannot write there \\(No space left on device\\)"):
+    with pytest.raises(
+        ExportError, match="cannot write there: No space left on device; nothing was changed"
+    ):
         export_deepspeed(TrainConfig(), gpus=1, out_dir=out_dir)
     assert os.listdir(tmp_path) == []
+
+
+def test_an_export_that_fails_on_one_file_leaves_the_previous_job_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job"
+    export_deepspeed(TrainConfig(zero_stage=1), gpus=2, out_dir=job)
+    (job / "launch.sh").unlink()
+    (job / "launch.sh").mkdir()  # the new launch.sh cannot be written
+    before = listing(tmp_path)
+    code, out, err = cli(["export", "--out", str(job), "--zero", "3", "--gpus", "4"], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1
+    assert f"--out {job}: cannot write there: a folder has that name (launch.sh)" in err
+    assert "nothing was changed there" in err
+    assert listing(tmp_path) == before  # ds_config.json still the ZeRO-1, 2-GPU one
+    assert json.loads((job / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
+    assert sorted(os.listdir(job)) == sorted(
+        ["ds_config.json", "job.json", "job_common.py", "launch.sh", "train_deepspeed.py"]
+    )  # no staged file left behind
 
 
 def test_out_dir_that_is_a_file_is_refused(tmp_path: Path, capsys) -> None:
@@ -490,9 +514,10 @@ def test_python_api_reports_every_problem_at_once(tmp_path: Path) -> None:
         )  # type: ignore[arg-type]
     problems = info.value.problems
     assert problems == (
-        "gpus=0: must be an integer >= 1",
-        "nodes=True: must be an integer >= 1",
-        "steps=0: must be an integer >= 1 or None",
+        "gpus=0: must be an integer >= 1, at most 1,024 (more ranks than one node runs)",
+        "nodes=True: must be an integer >= 1, at most 65,536 (more nodes than any cluster has)",
+        "steps=0: must be an integer >= 1, at most 1,000,000,000,000 (longer than any training "
+        "run), or None",
         "model='nope': must be one of tiny-gpt, mlp, cnn or a factory 'pkg.module:function'",
     )
     assert str(info.value).startswith("cannot export, 4 problems:")
@@ -502,4 +527,171 @@ def test_python_api_reports_every_problem_at_once(tmp_path: Path) -> None:
         export_deepspeed(
             TrainConfig(precision="fp16", loss_scale_growth=3.0), gpus=1, out_dir=tmp_path / "j"
         )
+    assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- careless input
+def test_a_model_option_the_model_cannot_take_is_refused_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "job"
+    code, out, err = cli(["export", "--out", str(out_dir), "--model-option", "heads=3"], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "--model-option heads=3: must divide hidden=128 evenly" in err
+    code, _, err = cli(
+        ["export", "--out", str(out_dir), "--model", "cnn", "--model-option", "image_size=18"],
+        capsys,
+    )
+    assert code == 2 and "--model-option image_size=18: must be a multiple of 4" in err
+    code, _, err = cli(["export", "--out", str(out_dir), "--model-option", "dropout=1.5"], capsys)
+    assert code == 2 and "--model-option dropout=1.5: must be a number in [0, 1)" in err
+    code, _, err = cli(["export", "--out", str(out_dir), "--model-option", "layers=1e400"], capsys)
+    assert code == 2
+    assert "--model-option layers=1e400: '1e400': JSON numbers must be finite" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_absurd_model_size_is_refused_without_allocating_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import resource
+    import time
+
+    out_dir = tmp_path / "job"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    code, out, err = cli(
+        ["export", "--out", str(out_dir), "--model", "mlp", "--model-option", "hidden=100000"],
+        capsys,
+    )
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "--model-option hidden=100000: must be an integer >= 1, at most 65,536" in err
+    code, _, err = cli(
+        ["export", "--out", str(out_dir), "--model", "mlp", "--model-option", "hidden=60000"],
+        capsys,
+    )
+    assert code == 2
+    assert (
+        "--model-option hidden=60000: 'mlp' has about 7.2B parameters: more than the 2B a "
+        "built-in model may have" in err
+    )
+    assert time.perf_counter() - start < 30
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+    assert grown_kib < 2**20  # far less than the 29 GB the 7.2B parameters would take
+    code, _, err = cli(
+        ["export", "--out", str(out_dir), "--model", "mlp", "--model-option", f"hidden={10**30}"],
+        capsys,
+    )
+    assert code == 2
+    assert f"--model-option hidden={10**30}: must be an integer >= 1, at most 65,536" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_estimate_measured_on_the_meta_device_is_the_built_models(tmp_path: Path) -> None:
+    from workbench.models import build_model
+    from workbench.prediction import predict_memory
+
+    config = TrainConfig(zero_stage=2)
+    for model, options in (("tiny-gpt", {"layers": 2}), ("mlp", {"hidden": 32}), ("cnn", {})):
+        result = export_deepspeed(
+            config, gpus=2, out_dir=tmp_path / model, model=model, model_options=options
+        )
+        info = build_model(model, **options)[3]
+        assert result.estimate == predict_memory(config, info, 2)
+
+
+def test_a_seed_the_script_cannot_take_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "job"
+    code, out, err = cli(["export", "--out", str(out_dir), "--seed", str(2**64)], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"--seed {2**64}: must be an integer >= 0, at most" in err
+    code, _, err = cli(
+        ["export", "--format", "lightning", "--out", str(out_dir), "--seed", str(2**40)], capsys
+    )
+    assert code == 2
+    assert (
+        f"--seed {2**40}: must be an integer >= 0, at most 4,294,967,295 (Lightning's "
+        "seed_everything takes a 32-bit seed)" in err
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_binary_or_endless_hostfile_or_config_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary = tmp_path / "hosts.bin"
+    binary.write_bytes(bytes([0x00, 0xD2, 0xFF, 0x80]) * 64)
+    out_dir = tmp_path / "job"
+    code, out, err = cli(
+        ["export", "--out", str(out_dir), "--nodes", "2", "--hostfile", str(binary)], capsys
+    )
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"--hostfile {binary}: cannot be read: not UTF-8 text (byte 0xd2 at offset 1)" in err
+    code, _, err = cli(
+        ["export", "--out", str(out_dir), "--nodes", "2", "--hostfile", "/dev/urandom"], capsys
+    )
+    assert code == 2 and "--hostfile /dev/urandom: cannot be read: a device" in err
+    (tmp_path / "hosts").write_text(f"node-1 slots={'9' * 5000}\nnode-2 slots=8\n")
+    code, _, err = cli(
+        ["export", "--out", str(out_dir), "--nodes", "2", "--hostfile", str(tmp_path / "hosts")],
+        capsys,
+    )
+    assert code == 2 and "line 1 'node-1 slots=999" in err and "(N at most 1024)" in err
+    fifo = tmp_path / "ds.fifo"
+    os.mkfifo(fifo)
+    code, _, err = cli(["export", "--out", str(out_dir), "--config", str(fifo)], capsys)
+    assert code == 2
+    assert f"--config {fifo}: DeepSpeed config '{fifo}': a FIFO (named pipe), not a regular" in err
+    assert sorted(os.listdir(tmp_path)) == ["ds.fifo", "hosts", "hosts.bin"]
+
+
+def test_six_bad_flags_are_six_problems_in_one_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "job"
+    code, out, err = cli(
+        [
+            "export",
+            "--out",
+            str(out_dir),
+            "--gpus",
+            "0",
+            "--steps",
+            "-3",
+            "--zero",
+            "9",
+            "--micro-batch",
+            "0",
+            "--model",
+            "gpt9",
+            "--hostfile",
+            "/no/such/hosts",
+        ],
+        capsys,
+    )
+    assert code == 2 and out == "" and err.count("\n") == 1
+    for part in (
+        "--gpus 0: must be an integer >= 1, at most 1,024",
+        "--steps -3: must be an integer >= 1",
+        "--zero 9: must be 0, 1, 2 or 3",
+        "--micro-batch 0: must be an integer >= 1",
+        "--model gpt9: must be one of tiny-gpt, mlp, cnn",
+        "--hostfile /no/such/hosts: cannot be read: no such file",
+    ):
+        assert part in err
+    assert err.count("; ") >= 5
+    assert os.listdir(tmp_path) == []
+
+
+def test_out_dir_names_that_no_file_system_takes_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long_name = tmp_path / ("j" * 300)
+    code, out, err = cli(["export", "--out", str(long_name)], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "not a usable directory path (File name too long)" in err
+    code, _, err = cli(["export", "--out", "job\0x"], capsys)
+    assert code == 2 and "--out job\\x00x: not a usable directory path (embedded null" in err
     assert os.listdir(tmp_path) == []

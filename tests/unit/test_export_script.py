@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -110,7 +111,11 @@ def test_exported_script_trains_two_steps_on_one_cpu_rank(launcher: str, tmp_pat
     result = export_deepspeed(
         config, gpus=1, out_dir=tmp_path / "job", model=model, model_options=options
     )
-    tail = ["train_deepspeed.py", "--deepspeed_config", "ds_config.json", "--steps", "2"]
+    # the script and its arguments as launch.sh runs them (a factory: --model SPEC too)
+    tail = [*shlex.split(result.command)[3:], "--steps", "2"]
+    if model == "my_models:make":
+        assert tail[3:5] == ["--model", "my_models:make"]
+        assert "--model my_models:make" in Path(result.launch_path).read_text()
     job = Path(result.out_dir)
     if launcher == "python":
         argv = [sys.executable, *tail]
@@ -215,11 +220,16 @@ def test_exported_fsdp_job_trains_on_two_ranks_and_without_workbench(tmp_path: P
     )
     mine = Path(factory.out_dir)
     (mine / "my_models.py").write_text(FACTORY)
+    assert factory.command.endswith("train_fsdp.py --model my_models:make")
     code, lines, err = run_without_workbench(
-        [sys.executable, "train_fsdp.py", "--steps", "2"], mine
+        [sys.executable, "train_fsdp.py", "--steps", "2", "--model", "my_models:make"], mine
     )
     assert code == 0, err[-3000:]
     assert [ln.get("step") for ln in lines[1:-1]] == [1, 2]
+    assert (
+        "model 'my_models:make' (named by --model): importing module 'my_models' from "
+        f"{mine / 'my_models.py'} and calling make(**model_options)" in err
+    )
 
 
 def test_exported_deepspeed_job_runs_without_workbench(tmp_path: Path) -> None:
@@ -232,10 +242,14 @@ def test_exported_deepspeed_job_runs_without_workbench(tmp_path: Path) -> None:
     job = Path(result.out_dir)
     (job / "my_models.py").write_text(FACTORY)
     code, lines, err = run_without_workbench(
-        [sys.executable, "train_deepspeed.py", "--steps", "2"], job
+        [sys.executable, "train_deepspeed.py", "--steps", "2", "--trust-model-spec"], job
     )
     assert code == 0, err[-3000:]
     check_two_steps(lines, stage=1, n_params=6 * 4 + 4 + 4 + 1)
+    assert (
+        "model 'my_models:make' (trusted with --trust-model-spec): importing module "
+        f"'my_models' from {job / 'my_models.py'} and calling make(**model_options)" in err
+    )
 
 
 def test_exported_lightning_job_trains_on_cpu_and_says_which_strategies_need_a_gpu(
@@ -295,3 +309,84 @@ def test_the_jobs_learning_rate_schedule_is_the_workbenchs() -> None:
                 assert exported(schedule, step, warmup, 20) == lr_multiplier(
                     schedule, step, warmup, 20
                 ), (schedule, warmup, step)
+
+
+# ---------------------------------------------------------------- a job.json chooses no code
+EVIL = """
+import pathlib
+
+pathlib.Path("IMPORTED").write_text("the module ran")
+
+
+def make(**options):
+    pathlib.Path("CALLED").write_text("the factory ran")
+    raise SystemExit(0)
+"""
+
+
+@pytest.mark.parametrize("format", ["deepspeed", "fsdp", "lightning"])
+def test_a_crafted_job_json_runs_no_code(format: str, tmp_path: Path) -> None:
+    """A shared job folder whose job.json was edited to name a factory: each script refuses
+    it, naming the spec and the file, and imports nothing (no marker file appears)."""
+    from workbench.export import export_job
+
+    config = TrainConfig(fsdp="full_shard") if format == "fsdp" else TrainConfig()
+    result = export_job(
+        config,
+        format=format,
+        gpus=1,
+        out_dir=tmp_path / "job",
+        model="mlp",
+        model_options={"hidden": 8},
+    )
+    job = Path(result.out_dir)
+    assert "--model" not in result.command  # a built-in model needs no flag
+    spec = job / "job.json"
+    crafted = json.loads(spec.read_text())
+    crafted["model"] = "evil:make"
+    spec.write_text(json.dumps(crafted))
+    (job / "evil.py").write_text(EVIL)
+    script = Path(result.script_path).name
+    for extra in ([], ["--model", "mlp"], ["--model", "other:make"]):
+        code, lines, err = run_job([sys.executable, script, "--steps", "1", *extra], cwd=job)
+        assert code == 2 and lines == [], err[-3000:]
+        assert "Traceback" not in err
+        if not extra:
+            assert (
+                f"{script}: error: {spec}: model 'evil:make' names Python code to import and "
+                "run (module 'evil', function 'make'); a job file cannot choose code to run, "
+                f"so it is not imported. Name it yourself: {script} --model evil:make" in err
+            )
+            assert "--trust-model-spec" in err
+        else:
+            assert f"--model {extra[1]!r}: {spec} names the model 'evil:make'" in err
+        assert not (job / "IMPORTED").exists() and not (job / "CALLED").exists()
+    # os:system with a command as its option: refused the same way, nothing runs
+    crafted.update(model="os:system", model_options={"command": "touch PWNED"})
+    spec.write_text(json.dumps(crafted))
+    code, _, err = run_job([sys.executable, script, "--steps", "1"], cwd=job)
+    assert code == 2 and "model 'os:system' names Python code to import and run" in err
+    assert not (job / "PWNED").exists()
+
+
+def test_a_job_json_that_is_no_job_is_refused_with_every_problem(tmp_path: Path) -> None:
+    result = export_deepspeed(
+        TrainConfig(), gpus=1, out_dir=tmp_path / "job", model="mlp", model_options={"hidden": 8}
+    )
+    job = Path(result.out_dir)
+    spec = job / "job.json"
+    text = spec.read_text()
+    spec.write_text(text[:-2] + ', "seed": 3}\n')  # the seed twice
+    code, _, err = run_job([sys.executable, "train_deepspeed.py"], cwd=job)
+    assert code == 2 and "Traceback" not in err
+    assert "the job description" in err and "key 'seed' appears twice in one object" in err
+    crafted = json.loads(text)
+    crafted.update(seed=-1, steps="10", pin_memory="false")
+    spec.write_text(json.dumps(crafted))
+    code, _, err = run_job([sys.executable, "train_deepspeed.py"], cwd=job)
+    assert code == 2
+    assert "not a job this script writes: seed=-1, steps='10', pin_memory='false'" in err
+    spec.unlink()
+    os.mkfifo(spec)  # opening it would block
+    code, _, err = run_job([sys.executable, "train_deepspeed.py"], cwd=job, timeout=120)
+    assert code == 2 and f"the job description {spec}: not a regular file" in err

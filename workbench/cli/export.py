@@ -25,11 +25,13 @@ from workbench.export import (
     FORMATS,
     ExportError,
     ExportResult,
+    check_export,
     describe,
     export_job,
     is_int,
     one_line,
 )
+from workbench.inputs import InputFileError, parse_json, read_json, shown
 
 # The TrainConfig fields `workbench export` takes as flags: every one in
 # workbench.cli_config except --device, which an exported job does not take.
@@ -107,31 +109,44 @@ def _as_flags(line: str, raw: dict[str, str]) -> str:
     return as_flag_value(line, _FLAGS, raw)
 
 
+def _model_options(items: list[str], problems: list[str]) -> dict[str, Any]:
+    """`--model-option KEY=VALUE` flags as a dict: VALUE read as strict JSON (a number, a
+    bool, null, a quoted string), or as text when it is no JSON."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(f"--model-option {shown(item)[1:-1]}: must be KEY=VALUE, e.g. layers=2")
+            continue
+        if key in options:
+            problems.append(
+                f"--model-option {key}: given twice ({shown(options[key])} and {shown(text)}); "
+                "give each option once"
+            )
+            continue
+        try:
+            options[key] = parse_json(text, what=f"--model-option {key}")
+        except InputFileError as exc:
+            if exc.reason.startswith("not valid JSON (") and "digits" not in exc.reason:
+                options[key] = text  # plain text, e.g. a path
+            else:
+                problems.append(f"--model-option {key}={shown(text)[1:-1]}: {exc.reason}")
+    return options
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run `workbench export` on parsed arguments; returns the exit status."""
+    """Run `workbench export` on parsed arguments; returns the exit status. Every problem
+    with the flags is reported at once (exit 2), each naming the flag, the value and what
+    is allowed."""
     if args.format.strip().lower() not in FORMATS:
-        parser.error(f"--format {args.format}: allowed formats: {', '.join(FORMATS)}")
+        parser.error(f"--format {shown(args.format)[1:-1]}: allowed formats: {', '.join(FORMATS)}")
+    fmt = args.format.strip().lower()
     problems: list[str] = []
     gpus = lenient_number(args.gpus, "int") if args.gpus is not None else None
     nodes = lenient_number(args.nodes, "int")
     steps = lenient_number(args.steps, "int") if args.steps is not None else None
-    for flag, value, text in (
-        ("--gpus", gpus, args.gpus),
-        ("--nodes", nodes, args.nodes),
-        ("--steps", steps, args.steps),
-    ):
-        if value is not None and (not is_int(value) or value < 1):
-            problems.append(f"{flag} {text}: must be an integer >= 1")
-    options: dict[str, Any] = {}
-    for item in args.model_option:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            problems.append(f"--model-option {item}: must be KEY=VALUE, e.g. layers=2")
-            continue
-        try:
-            options[key.strip()] = json.loads(text)
-        except json.JSONDecodeError:
-            options[key.strip()] = text
+    options = _model_options(args.model_option, problems)
 
     warns: tuple[str, ...] = ()
     config: TrainConfig | None = None
@@ -144,25 +159,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args, fields=_CONFIG_FIELDS, base=config, strip_text=True, other_flags=_EXPORT_FLAGS
         )
         problems += config_problems
-    if problems:
-        parser.error("; ".join(problems))
-    assert config is not None
+    where = {
+        "format": fmt,
+        "gpus": gpus,
+        "out_dir": args.out,
+        "model": args.model,
+        "nodes": nodes,
+        "hostfile": args.hostfile,
+        "model_options": options,
+        "steps": steps,
+    }
+    raw = raw_values(args, _CONFIG_FIELDS) | _export_raw(args)
+    if problems or config is None:  # the other arguments' problems too, all at once
+        problems += [_as_flags(p, raw) for p in check_export(config, **where)]
+        parser.error("; ".join(dict.fromkeys(problems)))
     try:
-        result = export_job(
-            config,
-            format=args.format.strip().lower(),
-            gpus=gpus,
-            out_dir=args.out,
-            model=args.model,
-            nodes=nodes,
-            hostfile=args.hostfile,
-            model_options=options,
-            steps=steps,
-            warnings=warns,
-        )
+        result = export_job(config, warnings=warns, **where)
     except ExportError as exc:
-        raw = raw_values(args, _CONFIG_FIELDS) | _export_raw(args)
-        parser.error("; ".join(_as_flags(p, raw) for p in exc.problems))
+        parser.error("; ".join(dict.fromkeys(_as_flags(p, raw) for p in exc.problems)))
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:
@@ -205,8 +219,7 @@ def _import_config(
         return imported.config, max(1, imported.world_size // nodes), tuple(warns)
     if not (is_int(gpus) and gpus >= 1) or gpus * nodes == imported.world_size:
         return imported.config, gpus, tuple(warns)
-    with open(args.config) as f:
-        raw = json.load(f)
+    raw = read_json(args.config, what="--config")
     batch_keys = (
         "train_batch_size",
         "train_micro_batch_size_per_gpu",
@@ -238,7 +251,12 @@ def _export_raw(args: argparse.Namespace) -> dict[str, str]:
         "out_dir": args.out,
         "steps": args.steps,
     }
-    return {k: str(v) for k, v in raw.items() if v is not None}
+    # as typed, unless it holds characters a terminal should not get (then escaped)
+    return {
+        k: str(v) if str(v).isprintable() else shown(str(v), limit=200)[1:-1]
+        for k, v in raw.items()
+        if v is not None
+    }
 
 
 def _report(result: ExportResult, config: TrainConfig) -> str:

@@ -30,25 +30,32 @@ as `function(**model_options)` after `torch.manual_seed(seed)`, returning
 `(module, dataset, loss_fn)` (or `build_model`'s 4-tuple): batches are `(inputs, targets)`
 and `loss_fn(outputs, targets)` gets fp32 outputs, as in a Session.
 
-Everything is validated before anything is written; the files are written into a
-temporary directory next to `out_dir` and then moved into place, so a failure leaves no
-half-written job behind.
+A factory is code, so a job's `job.json` alone never chooses it: the scripts import the
+factory only when their command line names it too (`--model SPEC`, which `launch.sh` and
+the commands here pass) or says `--trust-model-spec`, and then print what they import.
+
+Everything is validated before anything is written, every problem at once (numbers
+range-checked, the built-in model's options checked and its size measured on the meta
+device before anything is allocated); the files are written with
+`workbench.outputs.write_files` (each staged beside its target, renamed when all are
+written), so a failure leaves the previous job whole and no half-written one behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shlex
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.config import FsdpMode, OffloadDevice, TrainConfig, problem_lines
+from workbench.inputs import InputFileError, read_text, shown
+from workbench.outputs import OutputError, write_files
 
 FORMATS = ("deepspeed", "fsdp", "lightning")
 CONFIG_NAME = "ds_config.json"
@@ -67,6 +74,25 @@ MASTER_PORT = 29500
 
 _FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)\s*$")
+
+#: Upper bounds of the job's numbers: (bound, why a larger value is nonsense).
+MAX_GPUS = (1024, "more ranks than one node runs")
+MAX_NODES = (65536, "more nodes than any cluster has")
+MAX_STEPS = (10**12, "longer than any training run")
+#: the seed each format's script can take: torch's 64-bit generator; Lightning's
+#: `seed_everything` (NumPy's) 32 bits
+MAX_SEED = {
+    "deepspeed": (2**64 - 1, "torch.manual_seed takes a 64-bit seed"),
+    "fsdp": (2**64 - 1, "torch.manual_seed takes a 64-bit seed"),
+    "lightning": (2**32 - 1, "Lightning's seed_everything takes a 32-bit seed"),
+}
+#: The job builds the model and its data whole in host memory on every rank; the export
+#: measures them on the meta device (nothing allocated) for its estimate, and refuses
+#: more than this (the built-in models' own bounds, `workbench.models.option_problems`,
+#: come first and are tighter).
+MAX_MODEL_BYTES = 64 * 2**30
+#: The largest text a built-in tiny-gpt trains on (read at export to count its vocabulary).
+MAX_TEXT_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -163,48 +189,43 @@ def export_job(
     `warnings`: lines to carry into the result (e.g. from importing a DeepSpeed config).
     Raises ValueError naming every bad argument at once; nothing is written then.
     """
-    problems: list[str] = []
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
-    if format not in FORMATS:
-        problems.append(f"format={format!r}: must be one of {', '.join(FORMATS)}")
-    for name, value in (("gpus", gpus), ("nodes", nodes)):
-        if not is_int(value) or value < 1:
-            problems.append(f"{name}={value!r}: must be an integer >= 1")
-    if steps is not None and (not is_int(steps) or steps < 1):
-        problems.append(f"steps={steps!r}: must be an integer >= 1 or None")
-    options = _check_model(model, model_options, problems)
-    host_path = _check_hostfile(hostfile, nodes, gpus, problems)
-    out = _check_out_dir(out_dir, problems)
+        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+    checked = _check(
+        config,
+        format=format,
+        gpus=gpus,
+        out_dir=out_dir,
+        model=model,
+        nodes=nodes,
+        hostfile=hostfile,
+        model_options=model_options,
+        steps=steps,
+    )
+    if checked.problems:
+        raise ExportError(checked.problems)
+    out, options, host_path, ds, info = (
+        checked.out,
+        checked.options,
+        checked.host_path,
+        checked.ds,
+        checked.info,
+    )
+    assert out is not None
     fsdp = FsdpMode(config.fsdp)
-    if format == "fsdp" and fsdp is FsdpMode.OFF:
-        problems.append(
-            "fsdp='off': --format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
-        )
-    if format == "fsdp" and config.uses_deepspeed:
-        problems.append(f"zero_stage={config.zero_stage}: --format fsdp exports PyTorch FSDP jobs")
     strategy = (
         "deepspeed" if config.uses_deepspeed else ("fsdp" if fsdp is not FsdpMode.OFF else "ddp")
     )
-    ds: dict[str, Any] = {}
-    if not problems and (format == "deepspeed" or strategy == "deepspeed"):
-        try:
-            ds = config.to_deepspeed(world_size=gpus * nodes)
-        except ValueError as exc:
-            problems.append(one_line(exc))
-    if problems:
-        raise ExportError(problems)
-    assert out is not None
 
     world = gpus * nodes
     script = SCRIPTS[format]
     total_steps = int(config.total_steps) if steps is None else steps
     template = format == "deepspeed" and nodes > 1 and host_path is None
     hostfile_text = str(host_path) if host_path is not None else HOSTFILE_NAME
-    commands = _commands(format, gpus=gpus, nodes=nodes, hostfile=hostfile_text)
+    commands = _commands(format, gpus=gpus, nodes=nodes, hostfile=hostfile_text, model=model)
     several = nodes > 1 or (format == "deepspeed" and host_path is not None)
     primary = commands["multinode"] if several else commands["single"]
-    estimate = _estimate(config, model, options, world)
+    estimate = None if info is None else _estimate(config, info, world)
     job = _job(config, model=model, options=options, steps=total_steps, world=world)
     if format == "lightning":
         job["strategy"] = strategy
@@ -219,7 +240,7 @@ def export_job(
     files[LAUNCH_NAME] = _launch_sh(format, config, model, gpus, nodes, primary, commands)
     if template:
         files[HOSTFILE_NAME] = _hostfile_template(nodes, gpus)
-    _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))
+    _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
     if template:
         host_path = out / HOSTFILE_NAME
     return ExportResult(
@@ -244,6 +265,117 @@ def export_job(
     )
 
 
+@dataclass
+class _Checked:
+    """What `check_export` found: every problem, and what the export writes from."""
+
+    problems: list[str] = field(default_factory=list)
+    out: Path | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    host_path: Path | None = None
+    ds: dict[str, Any] = field(default_factory=dict)
+    info: Any | None = None  # the built-in model's ModelInfo (measured on the meta device)
+
+
+def check_export(
+    config: TrainConfig | None,
+    *,
+    format: str = "deepspeed",
+    gpus: Any,
+    out_dir: Any,
+    model: Any = "tiny-gpt",
+    nodes: Any = 1,
+    hostfile: Any = None,
+    model_options: Any = None,
+    steps: Any = None,
+) -> list[str]:
+    """Every problem `export_job` would refuse these arguments for, one line each (empty
+    when it would write the job); nothing is written. `config` None: the settings are
+    being reported elsewhere (the CLI's flags), so only the other arguments are checked."""
+    return _check(
+        config,
+        format=format,
+        gpus=gpus,
+        out_dir=out_dir,
+        model=model,
+        nodes=nodes,
+        hostfile=hostfile,
+        model_options=model_options,
+        steps=steps,
+    ).problems
+
+
+def _bounded_int(
+    name: str, value: Any, bound: tuple[int, str], problems: list[str], *, minimum: int = 1
+) -> bool:
+    """Whether `value` is an integer in [minimum, bound]; else a problem line naming it."""
+    top, why = bound
+    if not is_int(value) or not minimum <= value <= top:
+        problems.append(
+            f"{name}={shown(value)}: must be an integer >= {minimum}, at most {top:,} ({why})"
+        )
+        return False
+    return True
+
+
+def _check(
+    config: TrainConfig | None,
+    *,
+    format: Any,
+    gpus: Any,
+    out_dir: Any,
+    model: Any,
+    nodes: Any,
+    hostfile: Any,
+    model_options: Any,
+    steps: Any,
+) -> _Checked:
+    c = _Checked()
+    problems = c.problems
+    if format not in FORMATS:
+        problems.append(f"format={shown(format)}: must be one of {', '.join(FORMATS)}")
+    gpus_ok = _bounded_int("gpus", gpus, MAX_GPUS, problems)
+    nodes_ok = _bounded_int("nodes", nodes, MAX_NODES, problems)
+    if steps is not None and not is_int(steps) or is_int(steps) and not 1 <= steps <= MAX_STEPS[0]:
+        problems.append(
+            f"steps={shown(steps)}: must be an integer >= 1, at most {MAX_STEPS[0]:,} "
+            f"({MAX_STEPS[1]}), or None"
+        )
+    before = len(problems)
+    c.options = _check_model(model, model_options, problems)
+    if isinstance(model, str) and ":" not in model and len(problems) == before:
+        c.info = _measure(model, c.options, 0, problems)  # the seed changes no size
+    c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
+    c.out = _check_out_dir(out_dir, problems)
+    if config is None:
+        return c
+    if steps is None:
+        _bounded_int("total_steps", int(config.total_steps), MAX_STEPS, problems)
+    if format in MAX_SEED:
+        _bounded_int("seed", int(config.seed), MAX_SEED[format], problems, minimum=0)
+    fsdp = FsdpMode(config.fsdp)
+    if format == "fsdp" and fsdp is FsdpMode.OFF:
+        problems.append(
+            "fsdp='off': --format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
+        )
+    if format == "fsdp" and config.uses_deepspeed:
+        problems.append(f"zero_stage={config.zero_stage}: --format fsdp exports PyTorch FSDP jobs")
+    strategy = (
+        "deepspeed" if config.uses_deepspeed else ("fsdp" if fsdp is not FsdpMode.OFF else "ddp")
+    )
+    if (
+        gpus_ok
+        and nodes_ok
+        and format in FORMATS
+        and (format == "deepspeed" or strategy == "deepspeed")
+    ):
+        try:
+            c.ds = config.to_deepspeed(world_size=gpus * nodes)
+        except ValueError as exc:
+            problems.append(one_line(exc))
+    return c
+
+
 #: the DeepSpeed settings a Lightning job passes to its strategy (the rest is Lightning's)
 _LIGHTNING_DS_KEYS = frozenset(
     {"zero_optimization", "fp16", "bf16", "zero_allow_untested_optimizer"}
@@ -262,28 +394,30 @@ def one_line(exc: BaseException) -> str:
 
 
 def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any]:
-    """The model options to bake into the script (validated as far as possible here)."""
+    """The model options to bake into the script, checked as far as possible here: for a
+    built-in model against its documented options and bounds, before anything is built."""
     if options is None:
         options = {}
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        problems.append(f"model_options={options!r}: must be a dict of option name -> value")
+        problems.append(f"model_options={shown(options)}: must be a dict of option name -> value")
         return {}
-    bad = {
-        k: v
-        for k, v in options.items()
-        if not (v is None or isinstance(v, (bool, int, float, str)))
-    }
-    for k, v in bad.items():
-        problems.append(f"model_options[{k!r}]={v!r}: must be a number, string, bool or None")
+    for k, v in options.items():
+        if not (v is None or isinstance(v, (bool, int, float, str))):
+            problems.append(
+                f"model_options[{shown(k)}]={shown(v)}: must be a number, string, bool or None"
+            )
+        elif isinstance(v, float) and not math.isfinite(v):
+            problems.append(f"model_options[{shown(k)}]={shown(v)}: must be a finite number")
     if not isinstance(model, str):
         problems.append(
-            f"model={model!r}: must be a built-in model name or a factory 'pkg.module:function'"
+            f"model={shown(model)}: must be a built-in model name or a factory "
+            "'pkg.module:function'"
         )
         return dict(options)
     if ":" in model:
         if not _FACTORY.match(model):
             problems.append(
-                f"model={model!r}: a factory must be written 'pkg.module:function' (dotted "
+                f"model={shown(model)}: a factory must be written 'pkg.module:function' (dotted "
                 "module path, a colon, a function name)"
             )
         return dict(options)
@@ -291,7 +425,7 @@ def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any
 
     if model not in MODEL_NAMES:
         problems.append(
-            f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
+            f"model={shown(model)}: must be one of {', '.join(MODEL_NAMES)} or a factory "
             "'pkg.module:function'"
         )
         return dict(options)
@@ -304,26 +438,87 @@ def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any
     if unknown:
         allowed = ", ".join(k for k in defaults if k != "seed")
         problems.append(
-            f"model_options {', '.join(unknown)}: unknown for {model!r}; allowed: {allowed}"
+            f"model_options {', '.join(shown(k)[1:-1] for k in unknown)}: unknown for "
+            f"{model!r}; allowed: {allowed}"
         )
-    for key, value in options.items():
-        default = defaults.get(key)
-        if is_int(default) and key != "seed" and (not is_int(value) or value < 1):
-            problems.append(f"model_options[{key!r}]={value!r}: must be an integer >= 1")
+    if "text" in options and options["text"] is not None:
+        _check_text(options["text"], problems)
+    from workbench.models import option_problems
+
+    known = {k: v for k, v in options.items() if k in defaults and k != "seed"}
+    given = ", ".join(f"{k}={shown(v)}" for k, v in known.items()) or "its defaults"
+    for line in option_problems(model, known):
+        rest = line.removeprefix(f"model {model!r}: ")
+        field = re.match(r"^(\w+)=", rest)
+        if field:  # "hidden=100000: must be ..." -> "model_options['hidden']=100000: ..."
+            problems.append(f"model_options[{field.group(1)!r}]={rest[field.end() :]}")
+        else:  # a size past what a built-in model is for
+            problems.append(f"model_options {given}: {model!r} has {rest}")
     return dict(options)
+
+
+def _check_text(value: Any, problems: list[str]) -> None:
+    """A tiny-gpt `text` option: a UTF-8 file of at most MAX_TEXT_BYTES (read through
+    `workbench.inputs`: no FIFO, device or directory)."""
+    name = "model_options['text']"
+    if not isinstance(value, str) or not value.strip():
+        problems.append(f"{name}={shown(value)}: must be the path of a UTF-8 text file or None")
+        return
+    try:
+        read_text(value, what="text", max_bytes=MAX_TEXT_BYTES)
+    except InputFileError as exc:
+        problems.append(f"{name}={shown(value)}: {exc.reason}")
+
+
+def _measure(model: str, options: dict[str, Any], seed: int, problems: list[str]) -> Any:
+    """The built-in model's ModelInfo, built on the meta device (no memory allocated, any
+    size); a problem line when it cannot be built or it and its data would take more than
+    MAX_MODEL_BYTES in the job."""
+    import torch
+
+    from workbench.models import build_model
+
+    try:
+        with torch.device("meta"):
+            module, dataset, _loss, info = build_model(model, seed=seed, **options)
+    except (ValueError, RuntimeError, TypeError, OverflowError, MemoryError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        problems.append(f"model_options: cannot build {model!r} with {shown(options)}: {text}")
+        return None
+    tensors = [*module.parameters(), *module.buffers()]
+    tensors += [v for v in vars(dataset).values() if isinstance(v, torch.Tensor)]
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    if total > MAX_MODEL_BYTES:
+        given = ", ".join(f"{k}={v}" for k, v in options.items()) or "its defaults"
+        problems.append(
+            f"model_options: {model!r} with {given} has {info.n_params:,} parameters; with its "
+            f"data {total / 2**30:,.1f} GiB in fp32: more than the "
+            f"{MAX_MODEL_BYTES // 2**30} GiB limit (the job builds the model and its data whole "
+            "in host memory on every rank)"
+        )
+        return None
+    return info
+
+
+#: The most bytes and host lines a hostfile may have.
+MAX_HOSTFILE_BYTES = 1 << 20
 
 
 def _check_hostfile(hostfile: Any, nodes: Any, gpus: Any, problems: list[str]) -> Path | None:
     if hostfile is None:
         return None
-    if not isinstance(hostfile, (str, os.PathLike)):
-        problems.append(f"hostfile={hostfile!r}: must be a path to a DeepSpeed hostfile")
+    if not isinstance(hostfile, (str, os.PathLike)) or not os.fspath(hostfile):
+        problems.append(f"hostfile={shown(hostfile)}: must be a path to a DeepSpeed hostfile")
         return None
-    path = Path(hostfile).expanduser().resolve()
+    name = shown(os.fspath(hostfile), limit=200)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        problems.append(f"hostfile={str(hostfile)!r}: cannot be read ({exc.strerror or exc})")
+        path = Path(hostfile).expanduser().resolve()
+        text = read_text(path, what="hostfile", max_bytes=MAX_HOSTFILE_BYTES)
+    except InputFileError as exc:
+        problems.append(f"hostfile={name}: cannot be read: {exc.reason}")
+        return None
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a name too long, a loop
+        problems.append(f"hostfile={name}: cannot be read ({exc})")
         return None
     hosts = []
     for number, raw in enumerate(text.splitlines(), 1):
@@ -331,23 +526,22 @@ def _check_hostfile(hostfile: Any, nodes: Any, gpus: Any, problems: list[str]) -
         if not line:
             continue
         m = _HOST_LINE.match(line)
-        if m is None:
+        if m is None or len(m.group(2)) > 6:
             problems.append(
-                f"hostfile={str(hostfile)!r}: line {number} {raw.strip()!r}: must be "
-                "'HOSTNAME slots=N'"
+                f"hostfile={name}: line {number} {shown(raw.strip())}: must be "
+                f"'HOSTNAME slots=N' (N at most {MAX_GPUS[0]})"
             )
             return None
         hosts.append((m.group(1), int(m.group(2))))
     if is_int(nodes) and len(hosts) < nodes:
         problems.append(
-            f"hostfile={str(hostfile)!r}: lists {len(hosts)} host(s); --nodes {nodes} needs at "
-            f"least {nodes}"
+            f"hostfile={name}: lists {len(hosts)} host(s); --nodes {nodes} needs at least {nodes}"
         )
     if is_int(gpus):
         short = [h for h, slots in hosts[: nodes if is_int(nodes) else None] if slots < gpus]
         if short:
             problems.append(
-                f"hostfile={str(hostfile)!r}: {', '.join(short)} have fewer than {gpus} slots "
+                f"hostfile={name}: {shown(', '.join(short))[1:-1]} have fewer than {gpus} slots "
                 f"(gpus={gpus} per node)"
             )
     return path
@@ -355,58 +549,58 @@ def _check_hostfile(hostfile: Any, nodes: Any, gpus: Any, problems: list[str]) -
 
 def _check_out_dir(out_dir: Any, problems: list[str]) -> Path | None:
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
-        problems.append(f"out_dir={out_dir!r}: must be a directory path")
+        problems.append(f"out_dir={shown(out_dir)}: must be a directory path")
         return None
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        problems.append(f"out_dir={str(out_dir)!r}: exists and is not a directory")
+    name = shown(os.fspath(out_dir) if isinstance(out_dir, os.PathLike) else out_dir, limit=200)
+    try:
+        out = Path(out_dir).expanduser().resolve()
+        if out.exists() and not out.is_dir():
+            problems.append(f"out_dir={name}: exists and is not a directory")
+            return None
+        existing = out if out.exists() else next(p for p in out.parents if p.exists())
+        if not existing.is_dir():
+            problems.append(f"out_dir={name}: {existing} is not a directory")
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            problems.append(f"out_dir={name}: {existing} is not writable")
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a name too long, a loop
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        problems.append(f"out_dir={name}: not a usable directory path ({reason})")
         return None
-    existing = out if out.exists() else next(p for p in out.parents if p.exists())
-    if not existing.is_dir():
-        problems.append(f"out_dir={str(out_dir)!r}: {existing} is not a directory")
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problems.append(f"out_dir={str(out_dir)!r}: {existing} is not writable")
     return out
 
 
 # --------------------------------------------------------------------------- writing
 def _write(job: _Job) -> None:
-    """Write every file into a temporary directory next to `job.out`, then move them into
-    place; on failure remove what was created (ExportError naming out_dir)."""
+    """Write every file with `workbench.outputs.write_files` (all staged, then renamed:
+    a failure leaves what `job.out` held before whole); on failure also remove the
+    folders this call created (ExportError naming out_dir)."""
     out = job.out
     missing = [p for p in (out, *out.parents) if not p.exists()]
-    tmp: Path | None = None
+    modes = {name: 0o755 for name in job.executable}
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        for name, text in job.files.items():
-            path = tmp / name
-            path.write_text(text)
-            if name in job.executable:
-                path.chmod(0o755)
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)
-        if not out.exists():
-            tmp.rename(out)  # one atomic step when out_dir is new
-            return
-        for name in job.files:
-            os.replace(tmp / name, out / name)  # each file complete or not there
-    except OSError as exc:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        write_files(out, job.files, modes=modes)
+    except (OutputError, OSError) as exc:
         for p in missing:  # deepest first
             with contextlib.suppress(OSError):
                 p.rmdir()
+        if isinstance(exc, OutputError):
+            reason = f"{exc.reason} ({Path(exc.path).name}); nothing was changed there"
+        else:
+            reason = f"{exc.strerror or exc}; nothing was changed there"
         raise ExportError(
-            [f"out_dir={str(out)!r}: cannot write there ({exc.strerror or exc})"]
+            [f"out_dir={shown(str(out), limit=200)}: cannot write there: {reason}"]
         ) from exc
-    finally:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _commands(format: str, *, gpus: int, nodes: int, hostfile: str) -> dict[str, str]:
+def model_flag(model: str) -> str:
+    """ " --model SPEC" for a factory model (the scripts import a factory only when their
+    command line names it too), "" for a built-in one."""
+    return f" --model {shlex.quote(model)}" if ":" in model else ""
+
+
+def _commands(format: str, *, gpus: int, nodes: int, hostfile: str, model: str) -> dict[str, str]:
+    """The launch commands of a job; each passes `--model SPEC` for a factory model."""
     script = SCRIPTS[format]
     multinode_torchrun = (
         f"torchrun --nnodes {nodes} --nproc-per-node {gpus} --node-rank $NODE_RANK "
@@ -414,28 +608,31 @@ def _commands(format: str, *, gpus: int, nodes: int, hostfile: str) -> dict[str,
     )
     if format == "fsdp":
         single = f"torchrun --standalone --nproc-per-node {gpus} {script}"
-        return {
+        commands = {
             "single": single,
             "torchrun": single,
             "multinode": multinode_torchrun,
             "multinode_torchrun": multinode_torchrun,
         }
-    if format == "lightning":
+    elif format == "lightning":
         devices = f"--devices {gpus}"
-        return {
+        commands = {
             "single": f"python {script} {devices}",
             "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {script} {devices}",
             "multinode": f"{multinode_torchrun} {devices}",
             "multinode_torchrun": f"{multinode_torchrun} {devices}",
         }
-    tail = f"{script} --deepspeed_config {CONFIG_NAME}"
-    host = shlex.quote(hostfile)
-    return {
-        "single": f"deepspeed --num_gpus {gpus} {tail}",
-        "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {tail}",
-        "multinode": (f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}"),
-        "multinode_torchrun": f"{multinode_torchrun} --deepspeed_config {CONFIG_NAME}",
-    }
+    else:
+        tail = f"{script} --deepspeed_config {CONFIG_NAME}"
+        host = shlex.quote(hostfile)
+        commands = {
+            "single": f"deepspeed --num_gpus {gpus} {tail}",
+            "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {tail}",
+            "multinode": f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}",
+            "multinode_torchrun": f"{multinode_torchrun} --deepspeed_config {CONFIG_NAME}",
+        }
+    flag = model_flag(model)
+    return {kind: command + flag for kind, command in commands.items()}
 
 
 def describe(config: TrainConfig, model: str) -> str:
@@ -467,6 +664,7 @@ def _launch_sh(
 ) -> str:
     world = gpus * nodes
     script = SCRIPTS[format]
+    flag = model_flag(model)
     if format == "deepspeed" and nodes == 1:
         several = f"""# One node with torchrun instead of DeepSpeed's launcher:
 #   {commands["torchrun"]}
@@ -474,7 +672,7 @@ def _launch_sh(
 # (train_batch_size = micro-batch x grad-accum x world size changes with the world size).
 # One process without any launcher (rank 0 of 1, set up by the script; CPU works with gloo),
 # for a config exported with --gpus 1:
-#   python {script} --deepspeed_config {CONFIG_NAME} --steps 2"""
+#   python {script} --deepspeed_config {CONFIG_NAME} --steps 2{flag}"""
     elif format == "deepspeed":
         several = f"""# DeepSpeed's launcher runs every rank from this node over ssh (hostfile: one
 # 'HOSTNAME slots=GPUS' line per node; this directory at the same path on every node).
@@ -484,16 +682,21 @@ def _launch_sh(
         several = f"""# Several nodes: run on every node (NODE_RANK 0..N-1, MASTER_ADDR = node 0):
 #   {commands["multinode_torchrun"].replace(f"--nnodes {nodes}", "--nnodes N")}
 # One process without any launcher (rank 0 of 1; CPU works with gloo):
-#   python {script} --steps 2"""
+#   python {script} --steps 2{flag}"""
     else:
         several = f"""# Under torchrun instead of Lightning's own process launch:
 #   {commands["torchrun"]}
 # One process on this machine's CPU or GPU:
-#   python {script} --devices 1 --steps 2"""
+#   python {script} --devices 1 --steps 2{flag}"""
+    factory = (
+        f"\n# --model {model}: the scripts import a factory only when their command line names it"
+        if flag
+        else ""
+    )
     return f"""#!/usr/bin/env bash
 # {describe(config, model)}
 # world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format {format}`.
-# Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.
+# Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.{factory}
 set -euo pipefail
 cd "$(dirname "$0")"
 exec {primary} "$@"
@@ -511,16 +714,15 @@ def _hostfile_template(nodes: int, gpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _estimate(config: TrainConfig, model: str, options: dict[str, Any], world: int) -> Any:
-    """The per-GPU prediction for a built-in model (None for a factory, whose size is not
-    known without importing it)."""
-    if ":" in model:
-        return None
-    from workbench.models import build_model
+def _estimate(config: TrainConfig, info: Any, world: int) -> Any:
+    """The per-GPU prediction for a built-in model from its ModelInfo (measured on the meta
+    device; a factory's size is not known without importing it, so it has none)."""
     from workbench.prediction import predict_memory
 
-    _module, _data, _loss, info = build_model(model, seed=int(config.seed), **options)
-    return predict_memory(config, info, world)
+    try:
+        return predict_memory(config, info, world)
+    except ValueError as exc:
+        raise ExportError([f"the memory estimate: {one_line(exc)}"]) from None
 
 
 def _job(

@@ -2,6 +2,14 @@
 (a workbench built-in or a factory "pkg.module:function" found from the current folder),
 the data contract, a single-process fallback without a launcher.
 
+A factory is code, and a `job.json` is a file anyone may have edited: the factory it names
+is imported only when the script's command line names it too (`--model SPEC`, equal to
+job.json's; `launch.sh` passes it) or says `--trust-model-spec`; then the script prints
+what it imports (module, where from, function). Otherwise it refuses, naming the spec and
+the file. A built-in model name is data and always allowed. Files are read bounded: a
+regular file only (no FIFO or device), at most 16 MiB, strict JSON (a key given twice,
+NaN or Infinity refused).
+
 The workbench ships it as `workbench/export/job_common.py` and copies it as is beside the
 script of every export (`train_deepspeed.py`, `train_fsdp.py`, `train_lightning.py`),
 which import it from their own folder.
@@ -9,11 +17,15 @@ which import it from their own folder.
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
+import re
 import socket
+import stat
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
@@ -41,17 +53,129 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def read_job(path: str) -> dict[str, Any]:
-    """The job description (`job.json`), every key present."""
+#: a factory spec: a dotted module path, a colon, a function name
+FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_STEPS = 10**12
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _not_finite(text: str) -> Any:
+    raise ValueError(f"{text}: JSON numbers must be finite")
+
+
+def read_json_file(path: str, what: str) -> Any:
+    """The strict JSON of the regular file `path` (at most MAX_FILE_BYTES); exits with a
+    message naming `what` and the path for anything else."""
     try:
-        with open(path) as f:
-            job = json.load(f)
-    except (OSError, ValueError) as exc:
-        fail(f"{path}: cannot read the job description ({exc})")
-    missing = [k for k in JOB_KEYS if not isinstance(job, dict) or k not in job]
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            fail(f"{what} {path}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            fail(f"{what} {path}: {info.st_size:,} bytes, more than {MAX_FILE_BYTES:,}")
+        with open(path, "rb") as f:
+            text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_not_finite,
+            parse_float=lambda t: float(t) if math.isfinite(float(t)) else _not_finite(t),
+        )
+    except (OSError, ValueError, RecursionError) as exc:
+        fail(f"{what} {path}: cannot be read ({' '.join(str(exc).split())[:300]})")
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def read_job(path: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The job description (`job.json`), every key present (JOB_KEYS and `extra`) and of
+    its type; every problem named at once."""
+    job = read_json_file(path, "the job description")
+    if not isinstance(job, dict):
+        fail(f"{path}: must hold a JSON object")
+    missing = [k for k in (*JOB_KEYS, *extra) if k not in job]
     if missing:
         fail(f"{path}: missing {', '.join(missing)}")
+    checks = {
+        "model": isinstance(job["model"], str) and 0 < len(job["model"]) <= 300,
+        "model_options": isinstance(job["model_options"], dict),
+        "seed": _is_int(job["seed"], 0, 2**64 - 1),
+        "steps": _is_int(job["steps"], 1, MAX_STEPS),
+        "num_workers": _is_int(job["num_workers"], 0, 1024),
+        "pin_memory": isinstance(job["pin_memory"], bool),
+        "activation_checkpointing": isinstance(job["activation_checkpointing"], bool),
+        "exported_world_size": _is_int(job["exported_world_size"], 1, 2**26),
+    }
+    for key in extra:
+        checks[key] = isinstance(job[key], dict if key == "config" else str)
+    bad = [f"{k}={repr(job[k])[:80]}" for k, ok in checks.items() if not ok]
+    if bad:
+        fail(f"{path}: not a job this script writes: {', '.join(bad)}")
     return dict(job)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--model SPEC` and `--trust-model-spec` (see the module docstring)."""
+    parser.add_argument(
+        "--model",
+        metavar="SPEC",
+        default=None,
+        help="the model job.json names; a factory 'pkg.module:function' is imported only "
+        "when named here too (launch.sh does)",
+    )
+    parser.add_argument(
+        "--trust-model-spec",
+        action="store_true",
+        help="import the factory job.json names without naming it with --model",
+    )
+
+
+def approve_model(job: dict[str, Any], model: str | None, trusted: bool, source: str) -> bool:
+    """Whether the job's model may be built: a built-in name always; a factory when the
+    command line named it too (`model`, which must equal job.json's) or `trusted`, after
+    printing what will be imported. Exits with a refusal naming the spec and `source`."""
+    spec = job["model"]
+    if model is not None and model != spec:
+        fail(
+            f"--model {model!r}: {source} names the model {spec!r}; give the same model "
+            "(or re-export the job for another)"
+        )
+    if ":" not in spec:
+        return True
+    if not FACTORY.match(spec):
+        fail(f"{source}: model {spec!r}: a factory must be written 'pkg.module:function'")
+    module_name, _, function = spec.partition(":")
+    if model is None and not trusted:
+        fail(
+            f"{source}: model {spec!r} names Python code to import and run (module "
+            f"{module_name!r}, function {function!r}); a job file cannot choose code to run, "
+            f"so it is not imported. Name it yourself: {SCRIPT} --model {spec} (launch.sh "
+            "does), or pass --trust-model-spec if you trust this file"
+        )
+    sys.path.insert(0, os.getcwd())  # as `python -m` finds modules in the current folder
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    origin = "not importable here" if found is None else (found.origin or "a namespace package")
+    why = "named by --model" if model is not None else "trusted with --trust-model-spec"
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"{SCRIPT}: model {spec!r} ({why}): importing module {module_name!r} from "
+            f"{origin} and calling {function}(**model_options)",
+            file=sys.stderr,
+        )
+    return True
 
 
 def single_process_env() -> None:
@@ -66,24 +190,32 @@ def single_process_env() -> None:
     )
 
 
-def build(job: dict[str, Any]) -> tuple[torch.nn.Module, Any, Any]:
-    """(module, dataset, loss_fn) of the job's model: a workbench built-in or a factory."""
+def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Module, Any, Any]:
+    """(module, dataset, loss_fn) of the job's model: a workbench built-in or a factory
+    (only when `approve_model` approved it: `approved`)."""
     model, options, seed = str(job["model"]), dict(job["model_options"]), int(job["seed"])
     torch.manual_seed(seed)
     if ":" in model:
+        if not approved:
+            fail(f"model {model!r}: a factory is imported only after approve_model()")
         module_name, _, function = model.partition(":")
         sys.path.insert(0, os.getcwd())  # as `python -m` finds modules in the current folder
         try:
             factory = getattr(importlib.import_module(module_name), function)
         except (ImportError, AttributeError) as exc:
             fail(f"model {model!r}: cannot import the factory ({exc})")
+        if not callable(factory):
+            fail(f"model {model!r}: {function} in {module_name} is not callable")
         built = factory(**options)
     else:
         try:
             from workbench.models import build_model
         except ImportError as exc:
             fail(f"model {model!r} is a workbench built-in: pip install workbench ({exc})")
-        built = build_model(model, seed=seed, **options)
+        try:
+            built = build_model(model, seed=seed, **options)
+        except ValueError as exc:
+            fail(f"model {model!r}: {exc}")
     if not (
         isinstance(built, (tuple, list))
         and len(built) in (3, 4)

@@ -10,7 +10,8 @@ Run it in its directory:
 `ds_config.json` holds the batch sizes, optimizer, learning-rate schedule, precision,
 gradient clipping and ZeRO settings; `job.json` what DeepSpeed JSON cannot say: the model
 (a workbench built-in name, or an importable factory "pkg.module:function" found from the
-current folder), its options, the seed, the number of steps, the data loader and
+current folder, imported only when `--model SPEC` names it too or `--trust-model-spec` is
+given: job.json alone never chooses code), its options, the seed, the number of steps, the data loader and
 activation checkpointing. This file and `job_common.py` beside it are the same for every
 job (the workbench ships them in `workbench/export/` and copies them as is). It needs
 torch and deepspeed; workbench only for a built-in model or activation checkpointing.
@@ -40,22 +41,28 @@ sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported
 try:
     from workbench.export.job_common import (
         JOB_NAME,
+        add_model_arguments,
+        approve_model,
         batches,
         build,
         fail,
         loss_of,
         read_job,
+        read_json_file,
         single_process_env,
         to_device,
     )
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
+        add_model_arguments,
+        approve_model,
         batches,
         build,
         fail,
         loss_of,
         read_job,
+        read_json_file,
         single_process_env,
         to_device,
     )
@@ -80,6 +87,7 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     parser.add_argument(
         "--save_dir", "--save-dir", default=None, help="save a DeepSpeed checkpoint here at the end"
     )
+    add_model_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: must be an integer >= 1")
@@ -97,10 +105,19 @@ def half_dtype(ds_config: dict[str, Any]) -> torch.dtype | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    job = read_job(os.path.join(HERE, JOB_NAME))
+    job_path = os.path.join(HERE, JOB_NAME)
+    job = read_job(job_path)
     args = parse_args(job, argv)
-    with open(args.deepspeed_config) as f:
-        ds_config = json.load(f)
+    approved = approve_model(job, args.model, args.trust_model_spec, job_path)
+    ds_config = read_json_file(args.deepspeed_config, "--deepspeed_config")
+    if not isinstance(ds_config, dict) or not all(
+        isinstance(ds_config.get(k, 1), int) and not isinstance(ds_config.get(k, 1), bool)
+        for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    ):
+        fail(
+            f"--deepspeed_config {args.deepspeed_config}: must be a DeepSpeed config object with "
+            "integer train_micro_batch_size_per_gpu and gradient_accumulation_steps"
+        )
     single_process_env()
     accelerator = get_accelerator()
     deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
@@ -109,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if accelerator.device_name() != "cpu":
         accelerator.set_device(local_rank)
 
-    micro = int(ds_config["train_micro_batch_size_per_gpu"])
+    micro = int(ds_config.get("train_micro_batch_size_per_gpu", 1))
     accum = int(ds_config.get("gradient_accumulation_steps", 1))
     exported = int(job["exported_world_size"])
     if ds_config.get("train_batch_size", micro * accum * world) != micro * accum * world:
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             f"`workbench export --format deepspeed --gpus {world}`"
         )
 
-    module, dataset, loss_fn = build(job)
+    module, dataset, loss_fn = build(job, approved=approved)
     dtype = half_dtype(ds_config)
     if dtype is not None:
 

@@ -7,7 +7,8 @@ Run it in its directory:
     python train_fsdp.py                                  # one process, no launcher
 
 `job.json` holds the model (a workbench built-in name, or an importable factory
-"pkg.module:function" found from the current folder), its options, the seed, the number
+"pkg.module:function" found from the current folder, imported only when `--model SPEC`
+names it too or `--trust-model-spec` is given), its options, the seed, the number
 of steps and the training settings (`config`: the workbench TrainConfig as a dict). This
 file and `job_common.py` beside it are the same for every job (the workbench ships them
 in `workbench/export/` and copies them as is). It needs torch only; workbench only for a
@@ -39,6 +40,8 @@ sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported
 try:
     from workbench.export.job_common import (
         JOB_NAME,
+        add_model_arguments,
+        approve_model,
         batches,
         build,
         fail,
@@ -53,6 +56,8 @@ try:
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
+        add_model_arguments,
+        approve_model,
         batches,
         build,
         fail,
@@ -72,6 +77,7 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     parser = argparse.ArgumentParser(description=f"Train with FSDP: {job['description']}")
     steps = int(job["steps"])
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
+    add_model_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: must be an integer >= 1")
@@ -110,8 +116,10 @@ def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device)
 
 
 def main(argv: list[str] | None = None) -> int:
-    job = read_job(os.path.join(HERE, JOB_NAME))
+    job_path = os.path.join(HERE, JOB_NAME)
+    job = read_job(job_path, extra=("config",))
     args = parse_args(job, argv)
+    approved = approve_model(job, args.model, args.trust_model_spec, job_path)
     config = job["config"]
     if config.get("fsdp", "off") == "off":
         fail(f"{JOB_NAME}: config.fsdp is 'off'; export with --fsdp full_shard (or another mode)")
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.set_device(device)
 
-    module, dataset, loss_fn = build(job)
+    module, dataset, loss_fn = build(job, approved=approved)
     module.to(device)
     shard(module, config, device)
     params = [p for p in module.parameters() if p.requires_grad]

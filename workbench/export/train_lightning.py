@@ -7,7 +7,8 @@ Run it in its directory:
     torchrun --standalone --nproc-per-node N train_lightning.py --devices N
 
 `job.json` holds the model (a workbench built-in name, or an importable factory
-"pkg.module:function" found from the current folder), its options, the seed, the number
+"pkg.module:function" found from the current folder, imported only when `--model SPEC`
+names it too or `--trust-model-spec` is given), its options, the seed, the number
 of steps, the training settings (`config`: the workbench TrainConfig as a dict) and the
 Lightning strategy the settings map to: DeepSpeed's (`ds_config.json` beside this file:
 the ZeRO stage, offload and 16-bit settings; Lightning runs the optimizer, schedule and
@@ -39,6 +40,8 @@ sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported
 try:
     from workbench.export.job_common import (
         JOB_NAME,
+        add_model_arguments,
+        approve_model,
         build,
         fail,
         loss_of,
@@ -50,6 +53,8 @@ try:
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
+        add_model_arguments,
+        approve_model,
         build,
         fail,
         loss_of,
@@ -131,17 +136,22 @@ def strategy(job: dict[str, Any], model: torch.nn.Module) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    job = read_job(os.path.join(HERE, JOB_NAME))
+    job_path = os.path.join(HERE, JOB_NAME)
+    job = read_job(job_path, extra=("config", "strategy"))
     parser = argparse.ArgumentParser(description=f"Train with Lightning: {job['description']}")
     steps = int(job["steps"])
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
     parser.add_argument("--devices", type=int, default=1, help="processes, one per GPU (1)")
+    add_model_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.devices < 1:
         parser.error(f"--steps {args.steps} / --devices {args.devices}: must be integers >= 1")
+    approved = approve_model(job, args.model, args.trust_model_spec, job_path)
     config = job["config"]
+    if job["seed"] > 2**32 - 1:
+        fail(f"{job_path}: seed={job['seed']}: Lightning's seed_everything takes a 32-bit seed")
     L.seed_everything(int(job["seed"]), verbose=False)
-    model, dataset, loss_fn = build(job)
+    model, dataset, loss_fn = build(job, approved=approved)
     loader = DataLoader(
         dataset,
         batch_size=int(config["micro_batch"]),
