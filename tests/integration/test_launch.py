@@ -348,6 +348,164 @@ def test_cli_bad_flags_one_line_exit_2(
     assert needle in err
 
 
+LONG = "x" * 300
+
+
+def _files(tmp_path: Path) -> dict[str, str]:
+    """Files no DeepSpeed config can be: a FIFO, a folder, binary bytes, JSON 200,000 deep,
+    a duplicate key."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "binary.json").write_bytes(bytes(range(128, 256)) * 4)
+    (tmp_path / "deep.json").write_text("[" * 200_000 + "]" * 200_000)
+    (tmp_path / "dup.json").write_text('{"train_batch_size": 8, "train_batch_size": 16}')
+    return {name: str(tmp_path / name) for name in ("fifo", "folder", "binary.json")} | {
+        "deep": str(tmp_path / "deep.json"),
+        "dup": str(tmp_path / "dup.json"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("fifo", "a FIFO (named pipe), not a regular file"),
+        ("folder", "a directory, not a regular file"),
+        ("binary.json", "not UTF-8 text (byte 0x80 at offset 0)"),
+        ("deep", "nested deeper than 64 levels"),
+        ("dup", "key 'train_batch_size' appears twice in one object"),
+        ("/dev/zero", "/dev/zero: a device, not a regular file"),
+        (LONG, "cannot be read (File name too long)"),
+    ],
+)
+def test_cli_a_config_that_is_no_settings_file_is_named(
+    name: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _files(tmp_path).get(name, name)
+    with pytest.raises(SystemExit) as info:
+        main(["--config", path, "--device", "cpu", "--print-command"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("workbench launch: error: --config ") and needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--ranks", "1" + "0" * 60], "--ranks (ranks=<an integer of about 61 digits>: must be at"),
+        (["--steps", "1e300"], "--steps 1e300: must be an integer"),
+        (["--steps", "1" + "0" * 13], "--steps (steps=10000000000000: must be at most 1,000,000,"),
+        (["--timeout", "inf"], "--timeout inf: must be a finite number"),
+        (["--timeout", "1e300"], "--timeout (timeout=1e+300: must be at most 2,592,000 seconds"),
+        (["--threads", "-1"], "--threads (threads=-1: must be an integer >= 1)"),
+        (["--model-options", '{"a": 1, "a": 2}'], "key 'a' appears twice in one object"),
+        (["--model-options", '{"a": NaN}'], "JSON numbers must be finite"),
+    ],
+)
+def test_cli_numbers_and_options_are_checked(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--device", "cpu", "--print-command"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and needle in err
+
+
+def test_cli_every_problem_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    cores = os.cpu_count() or 1
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["--ranks", str(cores + 1), "--steps", "x", "--timeout", "nan", "--threads", "0"]
+            + ["--micro-batch", "0", "--lr", "x", "--launcher", "mpi", "--device", "cpu"]
+            + ["--model-options", "[1]"]
+        )
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    for part in (
+        "--steps x: must be an integer",
+        "--timeout nan: must be a finite number",
+        "--threads (threads=0: must be an integer >= 1)",
+        "--micro-batch (micro_batch=0: must be an integer >= 1",
+        "--lr x: must be a finite number",
+        "--launcher mpi: must be one of torchrun, deepspeed",
+        "--model-options [1]: must be a JSON object",
+        f"--ranks (ranks={cores + 1}: this machine has {cores} CPU core(s)",
+    ):
+        assert part in err
+    assert err.count("\n") == 1
+
+
+#: A factory module that leaves a marker when it is imported and when it is called.
+FACTORY = """
+import pathlib
+MARK = pathlib.Path({mark!r})
+(MARK.parent / (MARK.name + ".imported")).write_text("imported")
+
+def make(**options):
+    MARK.write_text("called")
+    from workbench.models import build_model
+    module, data, loss, _ = build_model("mlp", **options)
+    return module, data, loss
+"""
+
+
+@pytest.fixture
+def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """('launch_marker_<n>:make', the marker's path), importable from tmp_path."""
+    name = f"launch_marker_{abs(hash(str(tmp_path))) % 10**8}"
+    mark = tmp_path / "called"
+    (tmp_path / f"{name}.py").write_text(FACTORY.format(mark=str(mark)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield f"{name}:make", mark
+    sys.modules.pop(name, None)
+
+
+def _nothing_ran(mark: Path) -> bool:
+    return not mark.exists() and not mark.with_name(mark.name + ".imported").exists()
+
+
+def test_cli_a_config_naming_a_model_runs_nothing(
+    tmp_path: Path, marker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, mark = marker
+    crafted = tmp_path / "ds.json"
+    crafted.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "model": spec}))
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(crafted), "--ranks", "1", "--device", "cpu", "--print-command"])
+    assert info.value.code == 2 and _nothing_ran(mark)
+    err = capsys.readouterr().err
+    assert f"--config {crafted}: model={spec!r}: a DeepSpeed config holds settings only" in err
+    assert "never a file's" in err and err.count("\n") == 1
+
+
+def test_cli_a_resumed_checkpoint_naming_a_factory_runs_nothing(
+    tmp_path: Path, marker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench.train import checkpoints as ckpt
+
+    spec, mark = marker
+    with Session(TrainConfig(**CPU), model="mlp", model_options=MLP) as s:
+        s.run(optimizer_steps=2)
+        saved = ckpt.load(s.save_checkpoint(tmp_path / "saved"))
+    saved.pop("path")
+    saved.pop("manifest")
+    saved["model"] = {"name": spec, "options": MLP}
+    ckpt.save(saved, tmp_path / "ck" / "rank-0" / ckpt.checkpoint_name(2))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["--resume", str(tmp_path / "ck"), "--ranks", "1", "--steps", "4", "--model", "mlp"]
+            + ["--model-options", json.dumps(MLP), "--device", "cpu", "--micro-batch", "4"]
+        )
+    assert info.value.code == 2 and _nothing_ran(mark)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    err = capsys.readouterr().err
+    assert f"names the model factory {spec!r}" in err and "nothing of it was imported" in err
+    assert err.startswith("workbench launch: error: --resume (resume=") and err.count("\n") == 1
+
+
 def test_cli_print_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--ranks", "2", "--zero", "3", "--device", "cpu", "--print-command"]) == 0
     out = capsys.readouterr().out

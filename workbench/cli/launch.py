@@ -1,5 +1,11 @@
 """`workbench launch`: train one config on N local ranks and show each rank's measured
-model-state memory next to the estimator's prediction (`workbench.train.launch` runs it)."""
+model-state memory next to the estimator's prediction (`workbench.train.launch` runs it).
+
+Files it reads are data: the DeepSpeed config (`--config`, read bounded and strict through
+`workbench.inputs`) holds settings only, and the checkpoints of `--resume` are weights and
+state: the ranks build the model this command names (`--model`), never one a file names.
+Every problem of a command line (a number out of range, options JSON with a duplicate key,
+a FIFO as the config) is named in one message, exit status 2, before anything starts."""
 
 from __future__ import annotations
 
@@ -7,19 +13,48 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-from workbench.cli.config_flags import add_config_flags, config_from_args, parse_number
+from workbench.cli.config_flags import (
+    CONFIG_FLAGS,
+    add_config_flags,
+    config_from_args,
+    parse_number,
+)
 from workbench.config import TrainConfig
+from workbench.inputs import InputFileError, parse_json, read_json, shown
 from workbench.train.launch import (
     EXIT_PREEMPTED,
     LAUNCHERS,
+    MAX_RANKS,
     LaunchResult,
+    launch_problems,
     launch_ranks,
     print_commands,
-    validate_launch,
+    ranks_problem,
     worker_args,
 )
 from workbench.train.records import StepRecord
+
+#: The largest DeepSpeed config read (a real one is a few kB).
+MAX_DS_CONFIG_BYTES = 1 << 20
+#: The deepest --model-options JSON (options are flat; a list or two inside at most).
+MAX_OPTIONS_DEPTH = 8
+#: Keys of a --config that would choose the model: refused (a file never chooses code).
+_NOT_SETTINGS = ("model", "model_options", "model_spec", "factory")
+#: The launch API's argument names -> this command's flags.
+_FLAG_OF = {
+    "ranks": "--ranks",
+    "steps": "--steps",
+    "model": "--model",
+    "launcher": "--launcher",
+    "timeout": "--timeout",
+    "resume": "--resume",
+    "threads": "--threads",
+    "model_options": "--model-options",
+    "checkpoint_dir": "--checkpoint-dir",
+}
 
 # The TrainConfig fields `workbench launch` takes as flags (see workbench.cli_config);
 # flags left out keep the config's (or default) value.
@@ -87,67 +122,139 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_launch(args, parser)
 
 
+def _typed(text: str) -> str:
+    """A flag's value as typed, for a message (a very long one cut, safely)."""
+    return text if len(text) <= 80 else shown(text)[1:-1]
+
+
 def _cli_config(
     args: argparse.Namespace, ranks: int | None
 ) -> tuple[TrainConfig | None, list[str]]:
+    """The TrainConfig of --config and the settings flags, and every problem of them: a
+    number flag that is no number, and what TrainConfig says of the others, at once."""
     base = TrainConfig()
+    problems: list[str] = []
     if args.config is not None:
         from workbench.dsconfig import import_deepspeed
 
         try:
-            imported = import_deepspeed(args.config, world_size=ranks)
+            raw = read_json(args.config, what="--config", max_bytes=MAX_DS_CONFIG_BYTES)
+            named = sorted(set(raw) & set(_NOT_SETTINGS)) if isinstance(raw, dict) else []
+            if named:
+                raise InputFileError(
+                    "--config",
+                    args.config,
+                    f"{', '.join(f'{k}={shown(raw[k])}' for k in named)}: a DeepSpeed config "
+                    "holds settings only; the model is this command's own (--model, "
+                    "--model-options), never a file's",
+                )
+            imported = import_deepspeed(raw, world_size=ranks)
+        except InputFileError as exc:
+            problems.append(f"--config {_typed(args.config)}: {exc.reason}")
         except (ValueError, OSError) as exc:
-            return None, [f"--config {args.config}: " + " ".join(str(exc).split())]
-        base = imported.config
-        for w in imported.warnings:
-            print(f"workbench launch: warning: {w}", file=sys.stderr)
-    return config_from_args(
+            problems.append(f"--config {_typed(args.config)}: " + " ".join(str(exc).split()))
+        else:
+            base = imported.config
+            for w in imported.warnings:
+                print(f"workbench launch: warning: {w}", file=sys.stderr)
+    config, cfg_problems = config_from_args(
         args, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
     )
+    if cfg_problems and config is None:
+        # number flags that are no numbers come alone: ask again without them, so the
+        # other settings' problems are named in the same message
+        bad = {
+            name
+            for name in _CLI_FIELDS
+            if any(p.startswith(CONFIG_FLAGS[name].flag + " ") for p in cfg_problems)
+        }
+        if bad:
+            rest = argparse.Namespace(**vars(args))
+            for name in bad:
+                setattr(rest, CONFIG_FLAGS[name].flag.lstrip("-").replace("-", "_"), None)
+            _, more = config_from_args(
+                rest, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
+            )
+            cfg_problems = cfg_problems + [p for p in more if p not in cfg_problems]
+    problems += cfg_problems
+    return (None if problems else config), problems
+
+
+def _parse_options(text: str | None, problems: list[str]) -> dict[str, Any] | None:
+    """--model-options as a strict JSON object (no duplicate key, no NaN), else a problem."""
+    if text is None:
+        return None
+    try:
+        options = parse_json(text, what="--model-options", max_depth=MAX_OPTIONS_DEPTH)
+    except InputFileError as exc:
+        problems.append(f"--model-options {_typed(text)}: {exc.reason}")
+        return None
+    if not isinstance(options, dict):
+        problems.append(
+            f"--model-options {_typed(text)}: must be a JSON object of option names and values"
+        )
+        return None
+    return options
 
 
 def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run `workbench launch` on parsed arguments; returns the exit status."""
+    """Run `workbench launch` on parsed arguments; returns the exit status. Every problem
+    of the command line is named in one message (exit status 2) before anything starts."""
     problems: list[str] = []
-    ranks = parse_number(args.ranks, "int", "--ranks", problems)
-    steps = parse_number(args.steps, "int", "--steps", problems)
-    timeout = (
-        None if args.timeout is None else parse_number(args.timeout, "float", "--timeout", problems)
-    )
-    threads = (
-        None if args.threads is None else parse_number(args.threads, "int", "--threads", problems)
-    )
+    unparsed: set[str] = set()
+
+    def number(name: str, kind: str) -> Any:
+        text = getattr(args, name)
+        if text is None:
+            return None
+        value = parse_number(text, kind, _FLAG_OF[name], problems)
+        if value is None:
+            unparsed.add(name)
+        return value
+
+    ranks = number("ranks", "int")
+    steps = number("steps", "int")
+    timeout = number("timeout", "float")
+    threads = number("threads", "int")
     if args.launcher not in LAUNCHERS:
-        problems.append(f"--launcher {args.launcher}: must be one of {', '.join(LAUNCHERS)}")
-    options = None
-    if args.model_options is not None:
+        problems.append(
+            f"--launcher {_typed(args.launcher)}: must be one of {', '.join(LAUNCHERS)}"
+        )
+        unparsed.add("launcher")
+    options = _parse_options(args.model_options, problems)
+    if options is None and args.model_options is not None:
+        unparsed.add("model_options")
+    world = ranks if ranks is not None and 1 <= ranks <= MAX_RANKS else None
+    config, cfg_problems = _cli_config(args, world)
+    problems += cfg_problems
+    if config is None:
+        unparsed.add("config")
+    api = launch_problems(
+        config,
+        1 if ranks is None else ranks,
+        args.model,
+        1 if steps is None else steps,
+        args.launcher,
+        timeout,
+        None,
+        options,
+        threads,
+    )
+    problems += [_flagged(line, _FLAG_OF) for line in api if line.split("=", 1)[0] not in unparsed]
+    if config is None and world is not None:  # the machine's limit, said with the others
         try:
-            options = json.loads(args.model_options)
-            if not isinstance(options, dict):
-                raise ValueError
+            device_only = TrainConfig(device=args.device or "auto")
         except ValueError:
-            problems.append(f"--model-options {args.model_options}: must be a JSON object")
+            device_only = None
+        machine = None if device_only is None else ranks_problem(device_only, world)
+        if machine:
+            problems.append(_flagged(machine, _FLAG_OF))
+    if args.checkpoint_dir is not None:
+        problems += _folder_problems("--checkpoint-dir", args.checkpoint_dir)
     if problems:
         parser.error("; ".join(problems))
-    config, cfg_problems = _cli_config(args, ranks)
-    if cfg_problems or config is None:
-        parser.error("; ".join(cfg_problems))
-    assert config is not None
-    flag_of = {
-        "ranks": "--ranks",
-        "steps": "--steps",
-        "model": "--model",
-        "launcher": "--launcher",
-        "timeout": "--timeout",
-        "resume": "--resume",
-        "threads": "--threads",
-        "model_options": "--model-options",
-    }
+    assert config is not None and ranks is not None and steps is not None
     if args.print_command:
-        try:
-            validate_launch(config, ranks, args.model, steps, args.launcher, timeout, None, options)
-        except ValueError as exc:
-            parser.error(_flagged(str(exc), flag_of))
         worker = worker_args(
             "CONFIG.json",
             args.model,
@@ -190,7 +297,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             threads=threads,
         )
     except ValueError as exc:
-        parser.error(_flagged(str(exc), flag_of))
+        parser.error("; ".join(_flagged(p, _FLAG_OF) for p in _parts(str(exc))))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -211,12 +318,33 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
+def _parts(message: str) -> list[str]:
+    """The problems of one ValueError of the launch API (joined with '; ')."""
+    return [p for p in " ".join(message.split()).split("; ") if p]
+
+
 def _flagged(message: str, flag_of: dict[str, str]) -> str:
+    """A problem "name=VALUE: ..." of the API written with its flag: "--flag (name=...)"."""
     text = " ".join(message.split())
     for name, flag in flag_of.items():
         if text.startswith(f"{name}="):
             return f"{flag} ({text})"
     return text
+
+
+def _folder_problems(flag: str, path: str) -> list[str]:
+    """A folder flag's path must be a folder, or a place one can be made."""
+    try:
+        target = Path(path)
+        if target.exists() and not target.is_dir():
+            return [f"{flag} {_typed(path)}: exists and is not a folder"]
+        parent = next((p for p in target.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            return [f"{flag} {_typed(path)}: {parent} is not a folder"]
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        return [f"{flag} {_typed(path)}: cannot be used ({reason})"]
+    return []
 
 
 def _table(result: LaunchResult) -> str:

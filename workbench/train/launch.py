@@ -35,12 +35,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
+import numbers
 import os
 import re
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Device, FsdpMode, Precision, TrainConfig, runtime_problems
+from workbench.inputs import InputFileError, read_json, shown
 from workbench.train.records import StepRecord
 from workbench.train.toolchain import child_path
 
@@ -187,8 +191,82 @@ class LaunchResult:
 
 
 # --------------------------------------------------------------------------- checks
+#: Local ranks one launch starts (per node): more processes than one machine runs.
+MAX_RANKS = 1024
+#: The step a launch trains to: TrainConfig's own horizon limit (longer than any run).
+MAX_STEPS = 10**12
+#: torch threads per rank: more than any machine has cores.
+MAX_THREADS = 1024
+#: A launch's timeout in seconds (30 days); leave it None for no limit.
+MAX_TIMEOUT = 30 * 24 * 3600.0
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer: int or a NumPy integer scalar, never a bool."""
+    return isinstance(v, numbers.Integral) and not _is_bool(v)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool") and hasattr(v, "item"))
+
+
+def integer_problem(
+    name: str, value: Any, minimum: int, maximum: int, why: str, *, meaning: str = ""
+) -> str | None:
+    """The message for `value` when it is no integer in [minimum, maximum] (a NumPy
+    integer counts), else None. `why`: why a larger one is nonsense; `meaning`: what the
+    value is, said when it is no integer at all."""
+    extra = f" ({meaning})" if meaning else ""
+    if not _is_int(value):
+        return f"{name}={shown(value)}: must be an integer >= {minimum}{extra}"
+    if value < minimum:
+        return f"{name}={shown(int(value))}: must be an integer >= {minimum}{extra}"
+    if value > maximum:
+        return f"{name}={shown(int(value))}: must be at most {maximum:,} ({why})"
+    return None
+
+
+def seconds_problem(name: str, value: Any, maximum: float = MAX_TIMEOUT) -> str | None:
+    """The message for a timeout that is not None and not a finite number of seconds in
+    (0, maximum], else None."""
+    if value is None:
+        return None
+    ok = isinstance(value, numbers.Real) and not _is_bool(value)
+    try:
+        finite = ok and math.isfinite(value) and value > 0
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        return f"{name}={shown(value)}: must be a finite number of seconds > 0, or None (no limit)"
+    if value > maximum:
+        return (
+            f"{name}={shown(value)}: must be at most {maximum:,.0f} seconds (30 days); "
+            "leave it out (None) for no limit"
+        )
+    return None
+
+
+def options_problem(name: str, options: Any) -> str | None:
+    """The message for model options that are not None and not a mapping of option names
+    to JSON values (the ranks get them as JSON: finite numbers, no objects), else None."""
+    if options is None:
+        return None
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        return f"{name}={shown(options)}: must be a dict of option names (strings) and values"
+    try:
+        json.dumps(options, allow_nan=False, default=_plain_number)
+    except (TypeError, ValueError) as exc:
+        return f"{name}={shown(options)}: must hold JSON values only (finite numbers): {exc}"
+    return None
+
+
+def _plain_number(value: Any) -> Any:
+    """A NumPy scalar as the Python number it holds, for json.dumps."""
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, numbers.Real) and not _is_bool(value):
+        return float(value)
+    raise TypeError(f"{shown(value)} is not JSON data")
 
 
 def _uses_cuda(config: TrainConfig) -> bool:
@@ -206,51 +284,109 @@ def _check_model(model: Any) -> list[str]:
     return spec_problems(model)
 
 
-def check_ranks(config: TrainConfig, ranks: Any) -> None:
-    """ValueError unless `ranks` local processes fit this machine (cores or GPUs)."""
-    if not _is_int(ranks) or ranks < 1:
-        raise ValueError(f"ranks={ranks!r}: must be an integer >= 1")
+def ranks_problem(config: TrainConfig, ranks: Any) -> str | None:
+    """The message when `ranks` local processes do not fit this machine (cores or GPUs)."""
+    bad = integer_problem("ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs")
+    if bad:
+        return bad
+    ranks = int(ranks)
     if _uses_cuda(config):
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if ranks > gpus:
-            raise ValueError(
+            return (
                 f"ranks={ranks}: this machine has {gpus} CUDA GPU(s); use at most {gpus} "
                 "ranks (one per GPU), or device='cpu'"
             )
     else:
         cores = os.cpu_count() or 1
         if ranks > cores:
-            raise ValueError(
+            return (
                 f"ranks={ranks}: this machine has {cores} CPU core(s); use at most {cores} "
                 "ranks on CPU (multi-node runs: see --print-command)"
             )
+    return None
+
+
+def check_ranks(config: TrainConfig, ranks: Any) -> None:
+    """ValueError unless `ranks` local processes fit this machine (cores or GPUs)."""
+    bad = ranks_problem(config, ranks)
+    if bad:
+        raise ValueError(bad)
 
 
 def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
-    """The newest step for which every rank 0..ranks-1 has a checkpoint under `resume`."""
+    """The newest step for which every rank 0..ranks-1 has a checkpoint under `resume`
+    (each a regular file: a FIFO or device there would block a rank)."""
     from workbench.train import checkpoints as ckpt
 
-    root = Path(resume)
-    if not root.is_dir():
-        raise ValueError(f"resume={str(resume)!r}: not a directory of rank-<r> checkpoints")
-    common: set[int] | None = None
+    where = f"resume={shown(str(resume))}"
+    try:
+        root = Path(resume)
+        if not root.is_dir():
+            raise ValueError(f"{where}: not a directory of rank-<r> checkpoints")
+        common: set[int] | None = None
+        for r in range(ranks):
+            files = ckpt.list_checkpoints(root / f"rank-{r}")
+            if not files:
+                raise ValueError(
+                    f"{where}: no checkpoint for rank {r} (rank-{r}/step-N.pt); resume with "
+                    "the rank count that saved it"
+                )
+            steps = {int(p.stem.split("-")[1]) for p in files}
+            common = steps if common is None else common & steps
+        if not common:
+            raise ValueError(f"{where}: the ranks have no checkpoint step in common")
+        step = max(common)
+        for r in range(ranks):
+            path = root / f"rank-{r}" / ckpt.checkpoint_name(step)
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise ValueError(f"{where}: rank-{r}/{path.name} is not a regular file")
+    except OSError as exc:  # a name too long, no permission
+        raise ValueError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    return step
+
+
+def resume_model_problem(
+    resume: str | os.PathLike[str], ranks: int, step: int, model: str
+) -> str | None:
+    """The message when the checkpoints a launch resumes were not trained as `model`.
+
+    The ranks always build the model the caller names; the model a checkpoint's manifest
+    names is only compared with it, never imported (a factory a file names is code the
+    user did not choose). A manifest that cannot be read is left to the ranks' own load,
+    which verifies it."""
+    from workbench.models.spec import is_factory
+    from workbench.train import checkpoints as ckpt
+
+    where = f"resume={shown(str(resume))}"
     for r in range(ranks):
-        files = ckpt.list_checkpoints(root / f"rank-{r}")
-        if not files:
-            raise ValueError(
-                f"resume={str(resume)!r}: no checkpoint for rank {r} (rank-{r}/step-N.pt); "
-                f"resume with the rank count that saved it"
+        path = Path(resume) / f"rank-{r}" / ckpt.checkpoint_name(step)
+        manifest = ckpt.manifest_path(path)
+        try:
+            data = read_json(manifest, what="manifest", max_bytes=ckpt.MAX_MANIFEST_BYTES)
+        except InputFileError:
+            continue
+        saved = data.get("model") if isinstance(data, dict) else None
+        name = saved.get("name") if isinstance(saved, dict) else None
+        if name is None or name == model:
+            continue
+        if isinstance(name, str) and is_factory(name):
+            return (
+                f"{where}: rank-{r}/{path.name} names the model factory {shown(name)}, and "
+                f"this launch trains model={shown(model)}; a checkpoint cannot choose code "
+                "to run, so nothing of it was imported; resume with the model that saved it"
             )
-        steps = {int(p.stem.split("-")[1]) for p in files}
-        common = steps if common is None else common & steps
-    if not common:
-        raise ValueError(f"resume={str(resume)!r}: the ranks have no checkpoint step in common")
-    return max(common)
+        return (
+            f"{where}: rank-{r}/{path.name} holds model {shown(name)}, and this launch "
+            f"trains model={shown(model)}; resume with the model (and model_options) that "
+            "saved it"
+        )
+    return None
 
 
-def validate_launch(
+def launch_problems(
     config: Any,
     ranks: Any,
     model: Any,
@@ -259,23 +395,43 @@ def validate_launch(
     timeout: Any,
     on_record: Any,
     model_options: Any,
-) -> None:
+    threads: Any = None,
+) -> list[str]:
+    """Every problem of a launch's arguments, each naming its argument (empty when it can
+    start); this machine's limits (cores, GPUs, what it can run) included."""
+    problems: list[str] = []
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
-    problems = []
-    if not _is_int(steps) or steps < 1:
-        problems.append(f"steps={steps!r}: must be an integer >= 1 (the step to train to)")
-    if launcher not in LAUNCHERS:
-        problems.append(f"launcher={launcher!r}: must be one of {', '.join(LAUNCHERS)}")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        problems.append(f"config={shown(config)}: must be a workbench.TrainConfig")
+    bad_ranks = integer_problem(
+        "ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs"
+    )
+    for bad in (
+        bad_ranks,
+        integer_problem(
+            "steps",
+            steps,
+            1,
+            MAX_STEPS,
+            "longer than any training run",
+            meaning="the step to train to",
+        ),
+        seconds_problem("timeout", timeout),
+        None
+        if threads is None
+        else integer_problem(
+            "threads", threads, 1, MAX_THREADS, "more threads than any machine has cores"
+        ),
+        options_problem("model_options", model_options),
     ):
-        problems.append(f"timeout={timeout!r}: must be a number of seconds > 0 or None")
+        if bad:
+            problems.append(bad)
+    if launcher not in LAUNCHERS:
+        problems.append(f"launcher={shown(launcher)}: must be one of {', '.join(LAUNCHERS)}")
     if on_record is not None and not callable(on_record):
-        problems.append(f"on_record={on_record!r}: must be callable(record) or None")
-    if model_options is not None and not isinstance(model_options, dict):
-        problems.append(f"model_options={model_options!r}: must be a dict or None")
+        problems.append(f"on_record={shown(on_record)}: must be callable(record) or None")
     problems += _check_model(model)
+    if not isinstance(config, TrainConfig):
+        return problems
     problems += runtime_problems(config)  # what the ranks could not run here, said up front
     prec = Precision(config.precision)
     if prec is Precision.AMP_FP16:
@@ -287,9 +443,30 @@ def validate_launch(
         problems.append("precision='fp16': DeepSpeed does not support fp16 on CPU; use 'bf16'")
     if str(config.optimizer) == "adam8bit":
         problems.append("optimizer='adam8bit': is available in the memory estimator only")
+    if bad_ranks is None:
+        machine = ranks_problem(config, ranks)
+        if machine:
+            problems.append(machine)
+    return problems
+
+
+def validate_launch(
+    config: Any,
+    ranks: Any,
+    model: Any,
+    steps: Any,
+    launcher: Any,
+    timeout: Any,
+    on_record: Any,
+    model_options: Any,
+    threads: Any = None,
+) -> None:
+    """ValueError naming every problem of a launch's arguments (`launch_problems`)."""
+    problems = launch_problems(
+        config, ranks, model, steps, launcher, timeout, on_record, model_options, threads
+    )
     if problems:
         raise ValueError(problems[0] if len(problems) == 1 else "; ".join(problems))
-    check_ranks(config, ranks)
 
 
 # --------------------------------------------------------------------------- commands
@@ -510,18 +687,32 @@ def launch_ranks(
     called in this thread with each rank's StepRecord as it arrives. `threads`: torch
     threads per rank. Bad arguments raise ValueError before anything starts.
     """
-    validate_launch(config, ranks, model, steps, launcher, timeout, on_record, model_options)
-    if threads is not None and (not _is_int(threads) or threads < 1):
-        raise ValueError(f"threads={threads!r}: must be an integer >= 1 or None")
+    validate_launch(
+        config, ranks, model, steps, launcher, timeout, on_record, model_options, threads
+    )
+    ranks, steps = int(ranks), int(steps)
+    timeout = None if timeout is None else float(timeout)
+    threads = None if threads is None else int(threads)
+    model_options = json.loads(json.dumps(model_options or {}, default=_plain_number))
+    if resume is not None and not isinstance(resume, (str, os.PathLike)):
+        raise ValueError(f"resume={shown(resume)}: must be a directory of rank-<r> checkpoints")
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+        raise ValueError(f"checkpoint_dir={shown(checkpoint_dir)}: must be a directory or None")
     resume_str = None if resume is None else str(resume)
     resume_at = None
     if resume_str is not None:
         resume_at = resume_step(resume_str, ranks)
+        problems = []
         if resume_at >= steps:
-            raise ValueError(
-                f"steps={steps}: the checkpoint in {resume_str!r} is already at step "
+            problems.append(
+                f"steps={steps}: the checkpoint in {shown(resume_str)} is already at step "
                 f"{resume_at}; ask for more steps"
             )
+        mismatch = resume_model_problem(resume_str, ranks, resume_at, model)
+        if mismatch:
+            problems.append(mismatch)
+        if problems:
+            raise ValueError("; ".join(problems))
     cuda = _uses_cuda(config)
     run_dir = Path(tempfile.mkdtemp(prefix="workbench-launch-"))
     ckpt_dir = (

@@ -28,6 +28,10 @@ reached them at slightly different times; then each rank writes its checkpoint (
 Session's full backend-neutral state, gathered on every rank under ZeRO-3, plus that
 rank's RNG and data position) to `CHECKPOINT_DIR/rank-<r>/step-N.pt` and exits 0. A
 SIGTERM before training started exits at once (nothing to save).
+
+The model is the one `--model` names (the launching user's choice); a checkpoint resumed
+from gives weights and state only, and whatever model it names is not imported. The
+config and options are read as strict, bounded JSON (`workbench.inputs`).
 """
 
 from __future__ import annotations
@@ -42,12 +46,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from workbench.inputs import parse_json, read_json, shown
 from workbench.models.spec import build_from_spec
 from workbench.modelstats import count_parameters
 from workbench.train.memory import step_counter_bytes
 
 EXIT_ERROR = 1
 TRACEBACK_TAIL_CHARS = 4000
+#: The largest TrainConfig file read (one is well under a kilobyte).
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class _Reporter:
@@ -108,10 +115,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _read_config(text: str) -> Any:
+    """The TrainConfig of --config: JSON text, or a file of it (read bounded and strict:
+    a regular file, no duplicate key, no NaN). Settings only: nothing in it names code."""
     from workbench.config import TrainConfig
 
-    raw = text if text.lstrip().startswith("{") else Path(text).read_text(encoding="utf-8")
-    return TrainConfig.from_dict(json.loads(raw))
+    if text.lstrip().startswith("{"):
+        raw = parse_json(text, what="--config")
+    else:
+        raw = read_json(text, what="--config", max_bytes=MAX_CONFIG_BYTES)
+    return TrainConfig.from_dict(raw)
+
+
+def _read_options(text: str) -> dict[str, Any]:
+    """--model-options: a strict JSON object."""
+    options = parse_json(text, what="--model-options")
+    if not isinstance(options, dict):
+        raise ValueError(f"--model-options {shown(text)}: must be a JSON object")
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         from workbench.train.session import Session
 
-        source = build_from_spec(args.model, json.loads(args.model_options))
+        source = build_from_spec(args.model, _read_options(args.model_options))
         session = Session(config, resume=resume, **source)
         n_params = count_parameters(session.model)
         reporter.emit(
