@@ -174,3 +174,184 @@ def test_zero3_engine_and_fsdp_engine_leave_no_patch_behind() -> None:
         s.run(optimizer_steps=1)
     assert torch.nn.functional.linear is original
     assert zero._Zero3LinearPatch.engines == 0
+
+
+# --------------------------------------------------------------------------- GPU readiness
+def _offload_rank(rank: int, port: int, out_dir: str) -> None:
+    """One of 2 ranks: FSDP with CPU offload over a default group that has no backend for
+    host tensors ("cuda:gloo" stands in for the NCCL-only group a launcher or DeepSpeed
+    makes: a CPU tensor reduced over it fails with "No backend type associated with device
+    type cpu", as over NCCL)."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("cuda:gloo")
+    result: dict[str, object] = {}
+    try:
+        cfg = config(
+            fsdp="full_shard",
+            offload_params="cpu",
+            precision="amp-fp16",  # the GradScaler's found-inf flag is reduced
+            clip_grad_norm=1.0,  # the gradient norm is reduced
+            device="cpu",
+        )
+        with Session(cfg, model="mlp", model_options=MLP) as s:
+            records = s.run(optimizer_steps=2)
+            state = s.backend.export_state()  # the full-state gathers
+            result = {
+                "losses": losses(records),
+                "grad_norms": [r.grad_norm for r in records],
+                "state_names": sorted(state["model"]),
+                "errors": [e.message for e in s.events if e.kind == "error"],
+            }
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+            json.dump(result, f)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_cpu_offload_over_a_group_without_a_host_backend_trains_on_two_ranks(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    import torch.multiprocessing as tmp
+
+    from workbench.train.backends.process_group import _free_port
+
+    tmp.spawn(_offload_rank, args=(_free_port(), str(tmp_path)), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for got in ranks:
+        assert "error" not in got, got
+        assert not got["errors"], got["errors"]
+        assert len(got["losses"]) == 2 and all(math.isfinite(v) for v in got["losses"])
+        assert got["state_names"] == sorted(n for n, _ in _mlp_names())
+    # the norm is of the whole gradient, reduced over both ranks' shards: one value
+    assert ranks[0]["grad_norms"] == ranks[1]["grad_norms"]
+    assert all(math.isfinite(v) for v in ranks[0]["grad_norms"])
+
+
+def _mlp_names() -> list[tuple[str, torch.nn.Parameter]]:
+    from workbench.models import build_model
+
+    return list(build_model("mlp", seed=1, **MLP)[0].named_parameters())
+
+
+def test_the_lease_creates_a_cuda_group_with_a_host_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA the group FSDP's lease creates reduces CUDA tensors over NCCL and host
+    tensors (CPU offload) over gloo; a CPU group stays gloo."""
+    import torch.distributed as dist
+
+    from workbench.train.backends.process_group import ProcessGroupLease
+
+    made: list[object] = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: made.append(kw["backend"]))
+    for device in (torch.device("cuda", 0), torch.device("cpu")):
+        ProcessGroupLease.acquire(device, deepspeed=False)
+        ProcessGroupLease.release()
+    assert made == ["cpu:gloo,cuda:nccl", "gloo"]
+
+
+def test_every_fsdp_entry_point_runs_on_the_sessions_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FSDP2 puts parameters, streams and buffers on the current CUDA device (per thread),
+    so the backend names the session's device around building (mesh and fully_shard),
+    forward (where FSDP creates its streams), the optimizer step and the state gathers."""
+    import torch.distributed.device_mesh as mesh_api
+    import torch.distributed.fsdp as fsdp_api
+
+    from workbench.train.backends import fsdp as fsdp_backend
+
+    inside: list[torch.device] = []
+    seen: dict[str, list[object]] = {}
+
+    class Scope:
+        def __init__(self, device: torch.device) -> None:
+            self.device = device
+
+        def __enter__(self) -> None:
+            inside.append(self.device)
+
+        def __exit__(self, *exc: object) -> None:
+            inside.pop()
+
+    def note(what: str) -> None:
+        seen.setdefault(what, []).append(inside[-1] if inside else None)
+
+    real_shard, real_mesh = fsdp_api.fully_shard, mesh_api.init_device_mesh
+
+    def shard(module: torch.nn.Module, **kw: object) -> object:
+        note("fully_shard")
+        return real_shard(module, **kw)
+
+    def mesh(*args: object, **kw: object) -> object:
+        note("mesh")
+        return real_mesh(*args, **kw)
+
+    monkeypatch.setattr(fsdp_backend, "on_device", Scope)
+    monkeypatch.setattr(fsdp_api, "fully_shard", shard)
+    monkeypatch.setattr(mesh_api, "init_device_mesh", mesh)
+    with Session(config(fsdp="full_shard"), model="mlp", model_options=MLP) as s:
+        s.model.register_forward_pre_hook(lambda *_: note("forward"))
+        s.backend.optimizer.register_step_pre_hook(lambda *_: note("optimizer step"))
+        s.run(optimizer_steps=1)
+        s.backend.export_state()
+        device = s.device
+    assert set(seen) == {"fully_shard", "mesh", "forward", "optimizer step"}, seen
+    for what, devices in seen.items():
+        assert devices and all(d == device for d in devices), (what, devices)
+
+
+@pytest.mark.gpu
+def test_fsdp_trains_on_the_sessions_cuda_device_not_the_current_one() -> None:
+    """Session(device="cuda:N") with FSDP: every shard, gradient and optimizer state on
+    cuda:N (N = the last GPU; the current device stays cuda:0). With CPU offload over
+    NCCL the step and the full-state gathers run (the host tensors over gloo)."""
+    last = torch.cuda.device_count() - 1
+    torch.cuda.set_device(0)
+    with Session(
+        config(fsdp="full_shard", device="cuda"),
+        model="mlp",
+        model_options=MLP,
+        device=f"cuda:{last}",
+    ) as s:
+        records = s.run(optimizer_steps=2)
+        assert str(s.device) == f"cuda:{last}"
+        local = [getattr(p, "_local_tensor", p) for p in s.model.parameters()]
+        assert {str(t.device) for t in local} == {f"cuda:{last}"}
+        states = [v for st in s.backend.optimizer.state.values() for v in st.values()]
+        assert {str(getattr(v, "_local_tensor", v).device) for v in states if v.dim() > 0} == {
+            f"cuda:{last}"
+        }
+        assert all(math.isfinite(r.loss) for r in records)
+    assert torch.cuda.current_device() == 0
+    cfg = config(
+        fsdp="full_shard",
+        offload_params="cpu",
+        precision="amp-fp16",
+        clip_grad_norm=1.0,
+        device="cuda",
+    )
+    with Session(cfg, model="mlp", model_options=MLP) as s:
+        records = s.run(optimizer_steps=2)
+        assert all(math.isfinite(r.loss) for r in records), s.events[-3:]
+        assert {str(getattr(p, "_local_tensor", p).device) for p in s.model.parameters()} == {"cpu"}
+        s.update(fsdp="off", offload_params="none", zero_stage=3)
+        records = s.run(optimizer_steps=1)
+        assert all(math.isfinite(r.loss) for r in records), s.events[-3:]

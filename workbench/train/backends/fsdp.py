@@ -5,7 +5,17 @@ Session switches between the plain loop, FSDP and DeepSpeed ZeRO at a step bound
 How it works
 ------------
 * Process group: `process_group.ProcessGroupLease` (rank 0 of 1 in a notebook; gloo on
-  CPU, NCCL on CUDA), shared with the other engines alive in the process.
+  CPU, "cpu:gloo,cuda:nccl" on CUDA), shared with the other engines alive in the process.
+  FSDP's mesh must reduce on every device type its tensors live on: with CPU offload the
+  gradient norm, the GradScaler's found-inf flag and the full-state gathers are host
+  tensors. Over a group without a host backend (NCCL only: one DeepSpeed or a launcher
+  created) the backend makes its own group with gloo added for host tensors, and
+  destroys it at close.
+* Device: FSDP2 places parameters, its streams and its buffers on the *current* CUDA
+  device, not on a device you name, and the current device is per thread. So building,
+  forward (where FSDP creates its streams), backward, the optimizer step and the state
+  gathers all run under `torch.cuda.device(<the session's device>)`: a session on
+  "cuda:1" trains on cuda:1 whatever the calling thread's current device is.
 * The engine trains a private deep copy of your module on the session's device: FSDP2
   turns parameters into sharded DTensors in place. Your module gets the trained weights
   back from `export_state()` at every switch and at close (`workbench.train.runtime`).
@@ -43,7 +53,7 @@ from torch import nn
 from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
 from workbench.train.backends.base import ModelStateBytes, StepOutcome
 from workbench.train.backends.plain import build_optimizer, storage_bytes
-from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.backends.process_group import ProcessGroupLease, device_types
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.schedule import lr_at
 
@@ -55,6 +65,7 @@ _FAMILY = {
     OptimizerName.SGD_NOMOMENTUM: None,
 }
 _HALF = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
+_BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl"}  # a group's backend per device type
 
 
 class FSDPBackend:
@@ -81,9 +92,11 @@ class FSDPBackend:
         self.module: nn.Module | None = None
         self._sharded = None
         self.optimizer: Any = None
+        self._group: Any = None  # a group this backend created for host tensors, if any
         ProcessGroupLease.acquire(self.device, deepspeed=False)
         try:
-            self._build(model, state)
+            with on_device(self.device):
+                self._build(model, state)
         except BaseException:
             self._teardown()
             ProcessGroupLease.release()
@@ -117,6 +130,7 @@ class FSDPBackend:
             _load_full_weights(module, state)
         offload = OffloadDevice(config.offload_params) is OffloadDevice.CPU
         module.to(self.device)
+        self.offload = offload
         half = _HALF.get(self.precision)
         reduce_dtype = torch.float32 if config.fsdp_reduce_fp32 else half
         mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce_dtype if half else None)
@@ -125,7 +139,7 @@ class FSDPBackend:
                 self.device.type, (self.world_size, 1), mesh_dim_names=("replicate", "shard")
             )
         else:
-            mesh = init_device_mesh(self.device.type, (self.world_size,))
+            mesh = self._mesh_1d(init_device_mesh, offload)
         options: dict[str, Any] = {
             "mesh": mesh,
             "mp_policy": mp,
@@ -162,6 +176,22 @@ class FSDPBackend:
             self._load_state(state)
         self._set_lr()
 
+    def _mesh_1d(self, init_device_mesh: Any, offload: bool) -> Any:
+        """The 1-D mesh over every rank: over the default group when it reduces on every
+        device type this engine's tensors live on, else over a group of its own with the
+        missing backends added (gloo for host tensors, NCCL for CUDA ones)."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+
+        needed = {self.device.type} | ({"cpu"} if offload else set())
+        have = device_types()
+        if needed <= have:
+            return init_device_mesh(self.device.type, (self.world_size,))
+        config = str(dist.get_backend_config())
+        extra = [f"{kind}:{_BACKEND_FOR[kind]}" for kind in sorted(needed - have)]
+        self._group = dist.new_group(backend=",".join([*extra, config]))
+        return DeviceMesh.from_group(self._group, self.device.type)
+
     # ------------------------------------------------------------------ the loop
     @property
     def zero_stage(self) -> int:
@@ -175,15 +205,22 @@ class FSDPBackend:
         return self._sharded
 
     def autocast(self) -> AbstractContextManager[Any]:
-        return nullcontext()  # FSDP's MixedPrecisionPolicy casts for compute itself
+        # FSDP's MixedPrecisionPolicy casts for compute itself; the forward runs on the
+        # session's device (FSDP creates its streams on the current one at the first)
+        return on_device(self.device)
 
     def backward(self, loss: torch.Tensor) -> None:
-        scaled = loss * self._inv_accum
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        with on_device(self.device):
+            scaled = loss * self._inv_accum
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
 
     def step(self) -> StepOutcome:
+        with on_device(self.device):
+            return self._step()
+
+    def _step(self) -> StepOutcome:
         lr = float(self.optimizer.param_groups[0]["lr"])
         scaler = self.scaler
         if scaler is not None:
@@ -234,6 +271,10 @@ class FSDPBackend:
     def export_state(self) -> dict[str, Any]:
         """Full fp32 weights and optimizer state by parameter name, on the CPU
         (collective: every rank calls it and gets the full state)."""
+        with on_device(self.device):
+            return self._export_state()
+
+    def _export_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -286,9 +327,11 @@ class FSDPBackend:
             options = StateDictOptions(full_state_dict=True)
             assert self._sharded is not None
             fresh = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
+            # the full tensors where the shards live: host memory under CPU offload
+            home = torch.device("cpu") if self.offload else self.device
             fresh["state"] = {
                 name: {
-                    k: (v.to(self.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                    k: (v.to(home) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
                     for k, v in saved[name].items()
                 }
                 for name, _ in self._named
@@ -297,6 +340,8 @@ class FSDPBackend:
             set_optimizer_state_dict(
                 self._sharded, self.optimizer, optim_state_dict=fresh, options=options
             )
+            if self.offload:
+                self._states_beside_shards()
         saved_scaler = state.get("scaler")
         if (
             self.scaler is not None
@@ -312,6 +357,17 @@ class FSDPBackend:
                     "_growth_tracker": int(saved_scaler.get("growth_tracker", 0)),
                 }
             )
+
+    def _states_beside_shards(self) -> None:
+        """torch's state-dict loader distributes full tensors onto the mesh's device type
+        (CUDA), while CPU-offloaded shards live in host memory: move each optimizer state
+        to its parameter's shard device, or the first step mixes devices."""
+        for param, st in self.optimizer.state.items():
+            home = _local(param).device
+            for key, value in list(st.items()):
+                moved = isinstance(value, torch.Tensor) and value.dim() > 0
+                if moved and _local(value).device != home:
+                    st[key] = value.to(home)
 
     # ------------------------------------------------------------------ memory
     def model_state_bytes(self) -> ModelStateBytes:
@@ -348,6 +404,20 @@ class FSDPBackend:
         self._sharded = None
         self._named = []
         gc.collect()
+        group, self._group = self._group, None
+        if group is not None:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(group)
+
+
+def on_device(device: torch.device) -> AbstractContextManager[Any]:
+    """`torch.cuda.device(device)` for a CUDA device (the current device of this thread
+    while the block runs, restored after), nothing otherwise."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return nullcontext()
 
 
 def _local(t: Any) -> Any:

@@ -4,8 +4,10 @@ this process and released by the last one.
 In a notebook or script (one process, no launcher) an engine that needs a process group
 (DeepSpeed, FSDP) gets rank 0 of 1 on a free loopback port: the lease sets MASTER_ADDR,
 MASTER_PORT, RANK, LOCAL_RANK and WORLD_SIZE (only those a launcher has not set) and
-creates the group with the backend the session's device needs (gloo on CPU, NCCL on
-CUDA). Engines alive at the same time (the old and the new one during a live switch,
+creates the group with the backend the session's device needs (gloo on CPU; on CUDA,
+NCCL for CUDA tensors plus gloo for CPU tensors, "cpu:gloo,cuda:nccl", since FSDP with
+CPU offload reduces host tensors: its gradient norm, the loss scaler's found-inf flag and
+the full-state gathers). Engines alive at the same time (the old and the new one during a live switch,
 e.g. FSDP -> ZeRO-3) share it; the last one to close destroys it and restores the
 environment, so a closed Session leaves nothing behind. Under a launcher the group is
 the launcher's and is never destroyed here.
@@ -13,6 +15,9 @@ the launcher's and is never destroyed here.
 DeepSpeed keeps its own communication layer (`deepspeed.comm`) over torch's group: when a
 DeepSpeed engine needs the group, the lease also starts that layer (on the existing group
 if FSDP created it) and DeepSpeed's accelerator is switched to the session's device type.
+A group DeepSpeed creates is NCCL only on CUDA, as DeepSpeed makes it; `device_types()`
+tells an engine which device types a group can reduce (FSDP adds a group for host
+tensors when it offloads over such a group).
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ class ProcessGroupLease:
             if deepspeed:
                 _start_deepspeed_comm(device)
             else:
-                dist.init_process_group(backend=communication_backend(device))
+                dist.init_process_group(backend=group_backend(device))
         except BaseException:
             for key in added:
                 os.environ.pop(key, None)
@@ -114,6 +119,21 @@ class ProcessGroupLease:
         for key in cls.env_added:
             os.environ.pop(key, None)
         cls.env_added = ()
+
+
+def group_backend(device: torch.device) -> str:
+    """The backend of a default group this lease creates for a non-DeepSpeed engine on
+    `device`: gloo on CPU; on CUDA NCCL for CUDA tensors and gloo for host tensors."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else communication_backend(device)
+
+
+def device_types(group: object = None) -> frozenset[str]:
+    """The device types `group` (default: the default group) has a backend for, read from
+    its backend config ("cuda:nccl" -> {"cuda"}; "cpu:gloo,cuda:nccl" -> {"cpu", "cuda"})."""
+    import torch.distributed as dist
+
+    config = str(dist.get_backend_config(group))  # type: ignore[arg-type]
+    return frozenset(part.split(":")[0].strip() for part in config.split(",") if ":" in part)
 
 
 def _start_deepspeed_comm(device: torch.device) -> None:
