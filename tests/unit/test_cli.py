@@ -399,6 +399,15 @@ def test_hostile_numbers_exit_2_with_one_clear_line(args, message, capsys):
     assert "inf" not in err.replace("--tokens inf", "").replace("info", "")
 
 
+def test_empty_and_padded_values_are_quoted_and_every_split_is_named(capsys):
+    err = _one_error(["--hf-config", ""], capsys)
+    assert "--hf-config '': must be a path to a config.json or a dict" in err
+    err = _one_error(["--params", "1e9", "--gpu", " h200 x"], capsys)
+    assert "--gpu ' h200 x': unknown GPU" in err
+    err = _one_error(["--params", "1e9", "--gpus", "4", "--tp", "2", "--pp", "2"], capsys)
+    assert "--tp 2: needs a transformer shape" in err and "--pp 2: needs a transformer shape" in err
+
+
 def test_huge_numbers_in_a_config_exit_2(tmp_path, capsys):
     config = {
         "model_type": "llama",

@@ -170,10 +170,12 @@ def _read(text: str, kind: str) -> Any:
 
 
 def _typed(text: str) -> str:
-    """A flag's text for a message: as typed, unless long or not printable (then `shown`)."""
+    """A flag's text for a message: as typed, unless empty, long, not printable or with
+    spaces around it (then quoted by `shown`)."""
     from workbench.inputs import shown
 
-    return text if len(text) <= 80 and text.isprintable() else shown(text)
+    plain = text and text == text.strip() and len(text) <= 80 and text.isprintable()
+    return text if plain else shown(text)
 
 
 def _flag(field: str) -> str:

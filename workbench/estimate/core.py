@@ -443,15 +443,16 @@ def estimate_memory(
     dp: int | None = None
     if tp is not None and pp is not None:
         if arch is None and (tp > 1 or pp > 1):
-            which = "tensor_parallel" if tp > 1 else "pipeline_parallel"
-            p.append(
-                Problem(
-                    which,
-                    tp if tp > 1 else pp,
-                    "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, "
-                    "`seq_len`, `vocab`) to split the model",
-                )
-            )
+            for which, size in (("tensor_parallel", tp), ("pipeline_parallel", pp)):
+                if size > 1:
+                    p.append(
+                        Problem(
+                            which,
+                            size,
+                            "needs a transformer shape (a `model` or `layers`, `hidden`, "
+                            "`heads`, `seq_len`, `vocab`) to split the model",
+                        )
+                    )
         elif arch is not None:
             p.extend(arch.parallel_problems(tp, pp))
         if n_gpus is not None:
