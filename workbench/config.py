@@ -777,8 +777,12 @@ def runtime_problems(config: TrainConfig) -> list[str]:
     return p
 
 
-def _plain(v: Any) -> Any:
+def plain_value(v: Any) -> Any:
+    """A setting's value as plain data: an enum member as its string."""
     return v.value if isinstance(v, Enum) else v
+
+
+_plain = plain_value
 
 
 def problem_lines(exc: BaseException) -> list[str]:
@@ -790,7 +794,11 @@ def problem_lines(exc: BaseException) -> list[str]:
     return [re.sub(r"^(invalid setting|invalid DeepSpeed config): ", "", ln) for ln in lines]
 
 
-def _format(problems: list[str]) -> str:
+def format_problems(problems: list[str]) -> str:
+    """The text of a ValueError listing `problems` (one line, or a counted list)."""
     if len(problems) == 1:
         return f"invalid setting: {problems[0]}"
     return f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {x}" for x in problems)
+
+
+_format = format_problems

@@ -66,7 +66,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.config import Device, TrainConfig, _format, _plain
+from workbench.config import Device, TrainConfig, format_problems, plain_value
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
@@ -154,7 +154,7 @@ def _world_from_env() -> tuple[int, int]:
             f"environment RANK={values['RANK']}: must be < WORLD_SIZE={values['WORLD_SIZE']}"
         )
     if problems:
-        raise ValueError(_format(problems))
+        raise ValueError(format_problems(problems))
     return values["WORLD_SIZE"], values["RANK"]
 
 
@@ -247,7 +247,7 @@ class Session:
 
         problems = self._problems(config, set())
         if problems:
-            raise ValueError(_format(problems))
+            raise ValueError(format_problems(problems))
 
         # -- state
         self._state_lock = threading.RLock()
@@ -527,10 +527,10 @@ class Session:
             new = self._requested.replace(**changes)  # ValueError: names, types, ranges
             problems = self._problems(new, set(changes))
             if problems:
-                raise ValueError(_format(problems))
+                raise ValueError(format_problems(problems))
             self._requested = new
             for name in changes:
-                self._pending[name] = _plain(getattr(new, name))
+                self._pending[name] = plain_value(getattr(new, name))
             apply_now = not self._loop_active
         if apply_now:
             with self._step_lock:
@@ -583,7 +583,7 @@ class Session:
         with self._state_lock:
             if not self._pending:
                 self._requested = target
-            self._changes_for_next_record.update({k: _plain(getattr(target, k)) for k in changed})
+            self._changes_for_next_record.update({k: plain_value(getattr(target, k)) for k in changed})
 
     # ------------------------------------------------------------------ your module's weights
     def state_dict(self) -> dict[str, torch.Tensor]:
