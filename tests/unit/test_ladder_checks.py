@@ -236,3 +236,92 @@ def test_compile_time_is_reported_apart_from_the_step_time() -> None:
         30.0
     )
     assert "compile time 30.00 s" in compiled.summary
+
+
+# --------------------------------------------------------------------------- hostile input
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the ladder ran despite bad input")
+
+
+def test_a_rung_naming_a_model_imports_nothing(monkeypatch, tmp_path) -> None:
+    mark = tmp_path / "imported"
+    (tmp_path / "ladder_marker_mod.py").write_text(
+        f"import pathlib\npathlib.Path({str(mark)!r}).write_text('x')\n"
+        "def make(**o):\n    pathlib.Path(" + repr(str(mark)) + ").write_text('called')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    rungs = [{}, {"name": "x", "model": "ladder_marker_mod:make", "model_options": {"a": 1}}]
+    with pytest.raises(ValueError) as info:
+        ladder(rungs, "mlp", 4, model_options=MLP, device="cpu")
+    text = str(info.value)
+    assert not mark.exists()
+    assert "rung 2 'x': model='ladder_marker_mod:make': a rung holds training settings only" in text
+    assert "rung 2 'x': model_options={'a': 1}: a rung holds training settings only" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 10**7}, r"steps=10000000: must be at most 1,000,000 \(a ladder measures"),
+        ({"steps": 10**5000}, r"steps=<an integer of about 5001 digits>: must be at most"),
+        ({"steps": 4.0}, r"steps=4.0: must be an integer >= 1"),
+        ({"repeats": 10**4}, r"repeats=10000: must be at most 1,000 \(the median"),
+        ({"ranks": 10**60}, r"ranks=<an integer of about 61 digits>: must be at most 1,024"),
+        ({"target_loss": math.inf}, r"target_loss=inf: must be a finite number or None"),
+        ({"target_loss": math.nan}, r"target_loss=nan: must be a finite number or None"),
+        ({"target_loss": "0.5"}, r"target_loss='0.5': must be a finite number or None"),
+        ({"timeout": math.inf}, r"timeout=inf: must be a finite number of seconds > 0"),
+        ({"timeout": 1e300}, r"timeout=1e\+300: must be at most 2,592,000 seconds"),
+        ({"model_options": {"hidden": math.nan}}, r"model_options=.*must hold JSON values only"),
+        ({"device": "tpu"}, r"device='tpu': must be 'auto', 'cpu' or 'cuda'$"),
+        ({"rungs": [{"name": f"r{i}", "seed": i} for i in range(65)]}, r"at most 64"),
+        ({"rungs": [{}, {"ranks": 10**60}]}, r"rung 2 .*ranks=<an integer of about 61 digits>"),
+        ({"rungs": [{}, {"name": "a\nb", "seed": 1}]}, r"name='a\\nb': must be one line"),
+        ({"rungs": [{}, {"name": "n" * 121, "seed": 1}]}, r"at most 120 printable characters"),
+    ],
+)
+def test_numbers_and_names_are_range_checked(monkeypatch, kwargs, message) -> None:
+    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    args = {"rungs": None, "steps": 4, "model_options": MLP, "device": "cpu", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        ladder(args.pop("rungs"), "mlp", args.pop("steps"), **args)
+
+
+def test_every_problem_of_the_arguments_at_once(monkeypatch) -> None:
+    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    with pytest.raises(ValueError) as info:
+        ladder(
+            None,
+            "mlp",
+            0,
+            math.nan,
+            model_options={"a": 1, 2: 3},
+            repeats=10**9,
+            ranks=-1,
+            timeout=-1,
+            launcher="mpi",
+            device="cpu",
+        )
+    text = str(info.value)
+    assert text.startswith("7 problems in the ladder:")
+    for name in ("steps=0", "target_loss=nan", "model_options=", "repeats=", "ranks=-1"):
+        assert name in text
+    assert "timeout=-1" in text and "launcher='mpi'" in text
+
+
+def test_numpy_scalars_are_numbers() -> None:
+    import numpy as np
+
+    p = plan_ladder(
+        [{}, {"name": "w", "num_workers": np.int64(1)}],
+        "mlp",
+        np.int64(4),
+        np.float32(0.5),
+        model_options=MLP,
+        device="cpu",
+        repeats=np.int32(2),
+        timeout=np.float64(60.0),
+    )
+    assert (p.rungs[0].steps, p.repeats, p.target_loss, p.timeout) == (4, 2, 0.5, 60.0)
+    assert type(p.repeats) is int and type(p.target_loss) is float

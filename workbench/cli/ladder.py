@@ -12,22 +12,53 @@ before it; the first is the baseline:
      {"name": "+ AMP", "precision": "amp-bf16", "num_workers": 2},
      {"name": "+ 2 ranks", "ranks": 2},
      {"name": "+ accumulation", "grad_accum": 4, "lr_scaling": "sqrt"}]
+
+A rungs file is data: it is read bounded and strict (`workbench.inputs`: a regular file of
+at most 1 MiB, no duplicate key, no NaN), holds settings only (a rung naming `model` is
+refused: the model is `--model`'s, never a file's) and an object form may hold nothing but
+its "rungs". Every problem of a command line is named in one message, exit status 2,
+before anything trains; the chart is written atomically (`workbench.outputs`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.cli.config_flags import add_config_flags, config_from_args, parse_number
+from workbench.cli.config_flags import (
+    CONFIG_FLAGS,
+    add_config_flags,
+    config_from_args,
+    parse_number,
+)
 from workbench.config import LRScaling, problem_lines
+from workbench.inputs import InputFileError, parse_json, read_json, shown
 
 # The TrainConfig fields the baseline takes as flags (the rungs change the rest).
 _BASE_FIELDS = ("micro_batch", "lr", "optimizer", "seed")
+#: The largest rungs file read (a ladder of a dozen rungs is a few hundred bytes).
+MAX_RUNGS_BYTES = 1 << 20
+#: The deepest rungs file: an object, its list, a rung, a value.
+MAX_RUNGS_DEPTH = 8
+#: The deepest --model-options JSON (options are flat; a list or two inside at most).
+MAX_OPTIONS_DEPTH = 8
+#: The ladder's argument names -> this command's flags.
+_FLAG_OF = {
+    "steps": "--steps",
+    "repeats": "--repeats",
+    "target_loss": "--target-loss",
+    "ranks": "--ranks",
+    "timeout": "--timeout",
+    "model_options": "--model-options",
+    "model": "--model",
+    "device": "--device",
+    "launcher": "--launcher",
+    "lr_scaling": "--lr-scaling",
+}
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -110,52 +141,136 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_ladder(args, parser)
 
 
+def _typed(text: str) -> str:
+    """A flag's value as typed, for a message (a very long one cut, safely)."""
+    return text if len(text) <= 80 else shown(text)[1:-1]
+
+
 def read_rungs(path: str) -> list[Any]:
-    """The rungs of a JSON file: a list, or an object with a "rungs" list. ValueError
-    naming the file for anything else."""
+    """The rungs of a JSON file: a list, or an object whose only key is "rungs" (a list).
+    ValueError naming the file for anything else: not a regular file, too large, not
+    strict JSON (a duplicate key, NaN), nested too deep, another shape."""
+    where = f"--rungs {_typed(str(path))}"
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"--rungs {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"--rungs {path}: not JSON ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("rungs"), list):
-        data = data["rungs"]
+        data = read_json(path, what="--rungs", max_bytes=MAX_RUNGS_BYTES, max_depth=MAX_RUNGS_DEPTH)
+    except InputFileError as exc:
+        raise ValueError(f"{where}: {exc.reason}") from None
+    if isinstance(data, dict):
+        others = sorted(k for k in data if k != "rungs")
+        if others:
+            raise ValueError(
+                f"{where}: {', '.join(shown(k) for k in others[:5])}: not allowed; an object "
+                'holds only "rungs" (the model and the run are this command\'s flags, never '
+                "a file's)"
+            )
+        data = data.get("rungs")
     if not isinstance(data, list):
         raise ValueError(
-            f"--rungs {path}: must be a JSON list of rungs (objects of settings with an "
-            "optional name)"
+            f"{where}: must be a JSON list of rungs (objects of settings with an optional "
+            'name), or an object {"rungs": [...]}'
         )
     return data
 
 
+def _as_flag(line: str, raw: dict[str, str | None]) -> str:
+    """An API problem "name=VALUE: ..." written with the flag and the value as typed
+    ("--steps 0: ..."); other lines as they are."""
+    m = re.match(r"^(\w+)=", line)
+    if not m or m[1] not in _FLAG_OF:
+        return line
+    value, sep, rest = line[m.end() :].partition(": ")
+    typed = raw.get(m[1])
+    said = _typed(typed) if typed is not None else value
+    return f"{_FLAG_OF[m[1]]} {said}" + (f": {rest}" if sep else "")
+
+
+def _config_problems(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The baseline's TrainConfig from its flags, and every problem of them at once (a
+    number flag that is no number, and what TrainConfig says of the others)."""
+    base, problems = config_from_args(
+        args, fields=_BASE_FIELDS, check_numbers=True, style="parenthesized"
+    )
+    if problems and base is None:
+        bad = [
+            n
+            for n in _BASE_FIELDS
+            if any(p.startswith(CONFIG_FLAGS[n].flag + " ") for p in problems)
+        ]
+        if bad:
+            rest = argparse.Namespace(**vars(args))
+            for name in bad:
+                setattr(rest, CONFIG_FLAGS[name].flag.lstrip("-").replace("-", "_"), None)
+            _, more = config_from_args(
+                rest, fields=_BASE_FIELDS, check_numbers=True, style="parenthesized"
+            )
+            problems = problems + [p for p in more if p not in problems]
+    return base, problems
+
+
+def _out_problems(out: str) -> list[str]:
+    """--out must name a file that can be written: said before the ladder runs."""
+    path = Path(out)
+    try:
+        if path.is_dir():
+            return [f"--out {_typed(out)}: is a folder; name the chart's file (CHART.png)"]
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            return [f"--out {_typed(out)}: {parent} is not a folder"]
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        return [f"--out {_typed(out)}: cannot be used ({reason})"]
+    return []
+
+
 def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    """The ladder's keyword arguments from the flags, and the problems found."""
+    """The ladder's keyword arguments from the flags, and every problem found."""
+    from workbench.train.ladder import number_problems
+
     problems: list[str] = []
     kw: dict[str, Any] = {"model": args.model, "device": args.device, "launcher": args.launcher}
-    kw["steps"] = parse_number(args.steps, "int", "--steps", problems)
-    kw["repeats"] = parse_number(args.repeats, "int", "--repeats", problems)
-    if args.target_loss is not None:
-        kw["target_loss"] = parse_number(args.target_loss, "float", "--target-loss", problems)
-    if args.ranks is not None:
-        kw["ranks"] = parse_number(args.ranks, "int", "--ranks", problems)
-    if args.timeout is not None:
-        kw["timeout"] = parse_number(args.timeout, "float", "--timeout", problems)
+    raw: dict[str, str | None] = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "target_loss": args.target_loss,
+        "ranks": args.ranks,
+        "timeout": args.timeout,
+        "model_options": args.model_options,
+    }
+    numbers: dict[str, Any] = {}
+    for name, kind in (
+        ("steps", "int"),
+        ("repeats", "int"),
+        ("target_loss", "float"),
+        ("ranks", "int"),
+        ("timeout", "float"),
+    ):
+        text = raw[name]
+        if text is not None:
+            numbers[name] = parse_number(text, kind, _FLAG_OF[name], problems)
+    parsed = {k: v for k, v in numbers.items() if v is not None}
+    problems += [_as_flag(line, raw) for line in number_problems(**parsed)]
+    kw.update(numbers)
     if args.lr_scaling not in LRScaling.choices():
         problems.append(
-            f"--lr-scaling {args.lr_scaling}: must be one of {', '.join(LRScaling.choices())}"
+            f"--lr-scaling {_typed(args.lr_scaling)}: must be one of "
+            f"{', '.join(LRScaling.choices())}"
         )
     kw["lr_scaling"] = args.lr_scaling
     if args.model_options is not None:
         try:
-            options = json.loads(args.model_options)
-            if not isinstance(options, dict):
-                raise ValueError
-            kw["model_options"] = options
-        except ValueError:
-            problems.append(f"--model-options {args.model_options}: must be a JSON object")
+            options = parse_json(
+                args.model_options, what="--model-options", max_depth=MAX_OPTIONS_DEPTH
+            )
+        except InputFileError as exc:
+            problems.append(f"--model-options {_typed(args.model_options)}: {exc.reason}")
+        else:
+            if isinstance(options, dict):
+                kw["model_options"] = options
+            else:
+                problems.append(
+                    f"--model-options {_typed(args.model_options)}: must be a JSON object of "
+                    "option names and values"
+                )
     if args.rungs is not None:
         if args.compile or args.checkpointing or args.ranks is not None:
             problems.append(
@@ -168,39 +283,51 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             problems.append(str(exc))
     kw["compile"], kw["checkpointing"] = bool(args.compile), bool(args.checkpointing)
     kw["memory"] = not args.no_memory
-    base, base_problems = config_from_args(
-        args, fields=_BASE_FIELDS, check_numbers=True, style="parenthesized"
-    )
+    base, base_problems = _config_problems(args)
     problems += base_problems
     kw["base"] = base
+    if args.out:
+        problems += _out_problems(args.out)
     return kw, problems
 
 
 def run_ladder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run `workbench ladder` on parsed arguments; returns the exit status (1 when a rung
-    failed; a target loss never reached is reported, not a failure)."""
+    failed; a target loss never reached is reported, not a failure; 2 for bad input, and
+    when the chart cannot be written, after the table is printed)."""
+    from workbench.outputs import OutputError, write_file
     from workbench.train.ladder import ladder
 
     kw, problems = _arguments(args)
     if problems:
         parser.error("; ".join(problems))
+    raw = {"model": args.model, "device": args.device, "launcher": args.launcher}
     try:
         result = ladder(**kw, progress=None)
     except ValueError as exc:
-        parser.error("; ".join(ln.removeprefix("invalid ladder: ") for ln in problem_lines(exc)))
+        parser.error(
+            "; ".join(
+                _as_flag(ln.removeprefix("invalid ladder: "), raw) for ln in problem_lines(exc)
+            )
+        )
+    chart_error = None
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(result.chart_png())
+        try:
+            write_file(args.out, result.chart_png())
+        except OutputError as exc:
+            chart_error = f"--out {_typed(args.out)}: {exc}"
     if args.json:
         print(result.to_json())
     else:
         print(result)
-        if args.out:
+        if args.out and chart_error is None:
             print(f"chart: {args.out}")
     failed = [r for r in result.rungs if r.error is not None]
     for r in failed:
         print(f"workbench ladder: rung {r.name!r} failed: {r.error}", file=sys.stderr)
+    if chart_error is not None:
+        print(f"{parser.prog}: error: {chart_error}", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 

@@ -47,6 +47,7 @@ the report with its verdicts are one workflow; each rung runs through `Session` 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 import threading
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import LRScaling, LRSchedule, TrainConfig, did_you_mean, problem_lines
+from workbench.inputs import shown
 from workbench.train.ladder_report import LadderResult, RungPlan, RunMeasure, summarize
 
 __all__ = [
@@ -76,6 +78,17 @@ RANKS = "ranks"
 FIXED = ("device",)
 #: Default data-parallel ranks on a CPU: ranks there share the same cores.
 CPU_RANKS = 2
+#: Keys a rung may not hold: the model (code) is the ladder's own argument, never a rung's
+#: (a rungs file cannot choose code to run).
+NOT_SETTINGS = ("model", "model_options", "data", "loss_fn", "sampler", "factory")
+#: The baseline's optimizer steps: a ladder measures speed; more is a training run.
+MAX_STEPS = 10**6
+#: Runs per rung: the median of more changes nothing.
+MAX_REPEATS = 1000
+#: Rungs in one ladder: each is run `repeats` times; more would take days.
+MAX_RUNGS = 64
+#: A rung's name is a table row and a chart label.
+MAX_NAME_CHARS = 120
 
 
 class LadderCancelled(RuntimeError):
@@ -249,26 +262,40 @@ def _as_rung(value: Any, index: int, problems: list[str]) -> Rung | None:
         name = value.get("name")
     else:
         problems.append(
-            f"{where}: {value!r}: must be a mapping of settings (with an optional 'name'), "
-            "a (name, changes) pair or a workbench.train.ladder.Rung"
+            f"{where}: {shown(value)}: must be a mapping of settings (with an optional "
+            "'name'), a (name, changes) pair or a workbench.train.ladder.Rung"
         )
         return None
     if not isinstance(changes, Mapping) or not all(isinstance(k, str) for k in changes):
-        problems.append(f"{where}: changes={changes!r}: must map setting names to values")
+        problems.append(f"{where}: changes={shown(changes)}: must map setting names to values")
         return None
     if name is None:
         name = (
             "baseline" if index == 0 else "+ " + ", ".join(f"{k}={v}" for k, v in changes.items())
         )
+        if len(name) > MAX_NAME_CHARS:
+            name = name[: MAX_NAME_CHARS - 3] + "..."
     if not isinstance(name, str) or not name.strip():
-        problems.append(f"{where}: name={name!r}: must be a non-empty string")
+        problems.append(f"{where}: name={shown(name)}: must be a non-empty string")
+        return None
+    if len(name.strip()) > MAX_NAME_CHARS or not name.strip().isprintable():
+        problems.append(
+            f"{where}: name={shown(name)}: must be one line of at most {MAX_NAME_CHARS} "
+            "printable characters (a table row and a chart label)"
+        )
         return None
     return Rung(name.strip(), dict(changes))
 
 
 # --------------------------------------------------------------------------- checking
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is_number(v: Any) -> bool:
+    """A finite real number (a NumPy scalar too), never a bool."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool) or type(v).__name__ == "bool_":
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _format(problems: list[str]) -> str:
@@ -298,40 +325,27 @@ def plan_ladder(
     """Check a ladder (see `ladder` for the arguments) and return what it will run; one
     ValueError naming every problem otherwise. Builds the model once to check what this
     machine can run; trains nothing."""
+    problems = number_problems(
+        steps=steps,
+        repeats=repeats,
+        target_loss=target_loss,
+        ranks=ranks,
+        timeout=timeout,
+        model_options=model_options,
+    )
     from workbench.train.launch import LAUNCHERS
 
-    problems: list[str] = []
-    if not _is_int(steps) or steps < 1:
-        problems.append(
-            f"steps={steps!r}: must be an integer >= 1 (the baseline's optimizer steps)"
-        )
-    if not _is_int(repeats) or repeats < 1:
-        problems.append(f"repeats={repeats!r}: must be an integer >= 1")
-    if target_loss is not None and (
-        isinstance(target_loss, bool)
-        or not isinstance(target_loss, (int, float))
-        or not math.isfinite(target_loss)
-    ):
-        problems.append(f"target_loss={target_loss!r}: must be a finite number or None")
     if lr_scaling not in LRScaling.choices():
         problems.append(
-            f"lr_scaling={lr_scaling!r}: must be one of {', '.join(LRScaling.choices())}"
+            f"lr_scaling={shown(lr_scaling)}: must be one of {', '.join(LRScaling.choices())}"
         )
-    if ranks is not None and (not _is_int(ranks) or ranks < 1):
-        problems.append(f"ranks={ranks!r}: must be an integer >= 1 or None (the available ranks)")
     for flag, value in (("compile", compile), ("checkpointing", checkpointing), ("memory", memory)):
         if not isinstance(value, bool):
-            problems.append(f"{flag}={value!r}: must be True or False")
+            problems.append(f"{flag}={shown(value)}: must be True or False")
     if base is not None and not isinstance(base, TrainConfig):
-        problems.append(f"base={base!r}: must be a workbench.TrainConfig or None")
-    if model_options is not None and not isinstance(model_options, dict):
-        problems.append(f"model_options={model_options!r}: must be a dict or None")
+        problems.append(f"base={shown(base)}: must be a workbench.TrainConfig or None")
     if launcher not in LAUNCHERS:
-        problems.append(f"launcher={launcher!r}: must be one of {', '.join(LAUNCHERS)}")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
-    ):
-        problems.append(f"timeout={timeout!r}: must be a number of seconds > 0 or None")
+        problems.append(f"launcher={shown(launcher)}: must be one of {', '.join(LAUNCHERS)}")
     from workbench.models.spec import spec_problems
 
     problems += spec_problems(model)
@@ -339,10 +353,21 @@ def plan_ladder(
     if rungs is not None and (
         isinstance(rungs, (str, bytes, Mapping)) or not isinstance(rungs, Sequence)
     ):
-        problems.append(f"rungs={rungs!r}: must be a list of rungs or None (the default ladder)")
+        problems.append(
+            f"rungs={shown(rungs)}: must be a list of rungs or None (the default ladder)"
+        )
+    elif rungs is not None and len(rungs) > MAX_RUNGS:
+        problems.append(
+            f"rungs: {len(rungs):,} rungs; at most {MAX_RUNGS} (each runs {shown(repeats)} "
+            "time(s): more would take days)"
+        )
     if problems:
         raise ValueError(_format(problems))
     assert dev is not None
+    steps, repeats = int(steps), int(repeats)
+    ranks = None if ranks is None else int(ranks)
+    target_loss = None if target_loss is None else float(target_loss)
+    timeout = None if timeout is None else float(timeout)
     # the runs measure; they write no checkpoints (a rung may still ask for them)
     start = (base or TrainConfig()).replace(
         device=dev, checkpoint_dir=None, checkpoint_every_steps=None, checkpoint_every_seconds=None
@@ -396,6 +421,55 @@ def plan_ladder(
     )
 
 
+def number_problems(
+    *,
+    steps: Any = 32,
+    repeats: Any = 3,
+    target_loss: Any = None,
+    ranks: Any = None,
+    timeout: Any = None,
+    model_options: Any = None,
+) -> list[str]:
+    """The problems of a ladder's numbers (and model options), each naming its argument:
+    integers in range (NumPy scalars count), finite numbers, JSON options."""
+    from workbench.train.launch import (
+        MAX_RANKS,
+        integer_problem,
+        options_problem,
+        seconds_problem,
+    )
+
+    found = [
+        integer_problem(
+            "steps",
+            steps,
+            1,
+            MAX_STEPS,
+            "a ladder measures speed; a million steps per rung is a training run",
+            meaning="the baseline's optimizer steps",
+        ),
+        integer_problem(
+            "repeats", repeats, 1, MAX_REPEATS, "the median of more runs changes nothing"
+        ),
+        None
+        if ranks is None
+        else integer_problem(
+            "ranks",
+            ranks,
+            1,
+            MAX_RANKS,
+            "more local ranks than one machine runs",
+            meaning="or None: the available ranks",
+        ),
+        None
+        if target_loss is None or _is_number(target_loss)
+        else f"target_loss={shown(target_loss)}: must be a finite number or None",
+        seconds_problem("timeout", timeout),
+        options_problem("model_options", model_options),
+    ]
+    return [p for p in found if p]
+
+
 def _device(device: Any, base: Any, problems: list[str]) -> str | None:
     """The device every rung runs on: "cpu" or "cuda" (from `device`, else the base
     config's, "auto" taking CUDA when available)."""
@@ -403,12 +477,17 @@ def _device(device: Any, base: Any, problems: list[str]) -> str | None:
 
     configured = str(base.device) if isinstance(base, TrainConfig) else "auto"
     if device is not None and not isinstance(device, str):
-        problems.append(f"device={device!r}: must be 'auto', 'cpu', 'cuda' or None")
+        problems.append(f"device={shown(device)}: must be 'auto', 'cpu', 'cuda' or None")
         return None
     try:
         dev = resolve_device(None, configured if device is None else device)
     except (ValueError, RuntimeError) as exc:
-        problems.append(str(exc))
+        text = " ".join(str(exc).split())
+        if text.startswith("Expected one of"):  # torch's list of every device type
+            text = f"device={shown(device)}: must be 'auto', 'cpu' or 'cuda'"
+        elif not text.startswith("device="):
+            text = f"device={shown(device)}: must be 'auto', 'cpu' or 'cuda' ({text})"
+        problems.append(text)
         return None
     return dev.type
 
@@ -419,6 +498,8 @@ def _cumulative(
     """(config, ranks) after each rung: its changes on top of every rung before it."""
     from dataclasses import fields
 
+    from workbench.train.launch import MAX_RANKS, integer_problem
+
     known = {f.name for f in fields(TrainConfig)}
     config, world = start, 1
     out: list[tuple[TrainConfig, int]] = []
@@ -426,26 +507,34 @@ def _cumulative(
         if rung is None:
             out.append((config, world))
             continue
-        where = f"rung {i + 1} {rung.name!r}"
+        where = f"rung {i + 1} {shown(rung.name)}"
         changes = dict(rung.changes)
         new_world = world
+        for name in [n for n in NOT_SETTINGS if n in changes]:
+            problems.append(
+                f"{where}: {name}={shown(changes.pop(name))}: a rung holds training settings "
+                "only; the model is the ladder's own (model=, --model), never a rung's"
+            )
         if RANKS in changes:
             value = changes.pop(RANKS)
-            if not _is_int(value) or value < 1:
-                problems.append(f"{where}: ranks={value!r}: must be an integer >= 1")
+            bad = integer_problem(
+                RANKS, value, 1, MAX_RANKS, "more local ranks than one machine runs"
+            )
+            if bad:
+                problems.append(f"{where}: {bad}")
             else:
-                new_world = value
+                new_world = int(value)
         refused = [name for name in FIXED if name in changes]
         for name in refused:
             problems.append(
-                f"{where}: {name}={changes.pop(name)!r}: the ladder runs every rung on one "
-                "device; pass device= to the ladder instead"
+                f"{where}: {name}={shown(changes.pop(name))}: the ladder runs every rung on "
+                "one device; pass device= to the ladder instead"
             )
         unknown = sorted(set(changes) - known)
         for name in [n for n in unknown if did_you_mean(n, [RANKS])]:
             unknown.remove(name)
             problems.append(
-                f"{where}: {name}={changes.pop(name)!r}: unknown setting; did you mean "
+                f"{where}: {name}={shown(changes.pop(name))}: unknown setting; did you mean "
                 f"{RANKS!r}? (the ladder's data-parallel ranks)"
             )
         if unknown:
@@ -467,7 +556,7 @@ def _cumulative(
             out.append((config, new_world))
             continue
         if i > 0 and new == config and new_world == world and not (unknown or refused):
-            same = ", ".join(f"{k}={v!r}" for k, v in rung.changes.items()) or "no settings"
+            same = ", ".join(f"{k}={shown(v)}" for k, v in rung.changes.items()) or "no settings"
             problems.append(
                 f"{where}: changes nothing ({same}: already in effect after the rungs before "
                 "it); drop it or change a setting"
@@ -501,7 +590,7 @@ def _planned(
         eff = batches[i]
         if budget % eff or budget // eff < 2:
             problems.append(
-                f"rung {i + 1} {rung.name!r}: every rung trains on the same {budget} samples "
+                f"rung {i + 1} {shown(rung.name)}: every rung trains on the same {budget} samples "
                 f"(steps={steps} x the baseline's effective batch {reference}), which its "
                 f"effective batch {eff} must divide into at least 2 steps; use "
                 f"steps={fitting // reference}"
@@ -509,16 +598,24 @@ def _planned(
             continue
         rung_steps = budget // eff
         run = config
-        if LRScaling(config.lr_scaling) is not LRScaling.NONE:
-            # a fresh Session scales from its own starting batch (a factor of 1), so the
-            # ladder applies the rule from the baseline's batch itself
-            run = run.replace(lr=scaled_lr(config, reference, world))
-        horizon_set = any(r is not None and "total_steps" in r.changes for r in parsed[: i + 1])
-        if LRSchedule(config.lr_schedule) is not LRSchedule.CONSTANT and not horizon_set:
-            # the schedule spans the rung's own run
-            run = run.replace(
-                total_steps=rung_steps, warmup_steps=min(int(config.warmup_steps), rung_steps)
-            )
+        try:
+            if LRScaling(config.lr_scaling) is not LRScaling.NONE:
+                # a fresh Session scales from its own starting batch (a factor of 1), so the
+                # ladder applies the rule from the baseline's batch itself
+                run = run.replace(lr=scaled_lr(config, reference, world))
+            horizon_set = any(r is not None and "total_steps" in r.changes for r in parsed[: i + 1])
+            if LRSchedule(config.lr_schedule) is not LRSchedule.CONSTANT and not horizon_set:
+                # the schedule spans the rung's own run
+                run = run.replace(
+                    total_steps=rung_steps, warmup_steps=min(int(config.warmup_steps), rung_steps)
+                )
+        except ValueError as exc:  # a scaled LR or a horizon past TrainConfig's bounds
+            problems += [
+                f"rung {i + 1} {shown(rung.name)}: {rung_steps:,} steps over {budget:,} "
+                f"samples: {line}"
+                for line in problem_lines(exc)
+            ]
+            continue
         out.append(PlannedRung(rung.name, dict(rung.changes), run, world, eff, rung_steps))
     return out
 
@@ -551,12 +648,15 @@ def _check_runtime(
             model_options=kwargs.get("model_options"),
             seed=int(planned[0].config.seed),
         )
-    except (ValueError, TypeError, ImportError) as exc:
-        problems.append(f"model={model!r}: {exc}")
+    except Exception as exc:  # the model's own code, whatever it raises: said, not a traceback
+        text = " ".join(str(exc).split())
+        if not isinstance(exc, ValueError):
+            text = f"{type(exc).__name__}: {text}"
+        problems.append(f"model={shown(model)}: {text}")
         return None
     description = resolved.info if resolved.info is not None else count_parameters(resolved.module)
     for i, rung in enumerate(planned):
-        where = f"rung {i + 1} {rung.name!r}"
+        where = f"rung {i + 1} {shown(rung.name)}"
         lines = session_problems(
             rung.config,
             set(),
@@ -649,9 +749,9 @@ def ladder(
         timeout=timeout,
     )
     if progress is not None and not isinstance(progress, bool):
-        raise ValueError(f"progress={progress!r}: must be True, False or None")
+        raise ValueError(f"progress={shown(progress)}: must be True, False or None")
     if on_progress is not None and not callable(on_progress):
-        raise ValueError(f"on_progress={on_progress!r}: must be callable(progress) or None")
+        raise ValueError(f"on_progress={shown(on_progress)}: must be callable(progress) or None")
     return run_plan(plan, progress=progress, on_progress=on_progress, cancel=cancel)
 
 
