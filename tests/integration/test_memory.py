@@ -234,3 +234,78 @@ def test_without_dropout_the_prediction_drops_the_masks():
     assert ratios[0.0] == pytest.approx(1.0, abs=0.02) and ratios[0.1] == pytest.approx(
         1.0, abs=0.02
     )
+
+
+class _FakeCudaMemory:
+    """torch.cuda's allocator statistics, simulated: `allocated`, a peak that only
+    `reset_peak_memory_stats` lowers, and spikes (transient allocations) that raise it."""
+
+    def __init__(self) -> None:
+        self.allocated = 1 << 20
+        self.peak = self.allocated
+        self.resets = 0
+
+    def spike(self, nbytes: int) -> None:
+        self.peak = max(self.peak, self.allocated + nbytes)
+
+    def memory_allocated(self, device: object = None) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self, device: object = None) -> int:
+        return self.peak
+
+    def memory_reserved(self, device: object = None) -> int:
+        return 2 * self.allocated
+
+    def reset_peak_memory_stats(self, device: object = None) -> None:
+        self.resets += 1
+        self.peak = self.allocated
+
+
+def test_each_records_cuda_peak_is_its_own_steps(monkeypatch):
+    """The per-step CUDA peak is reset at every optimizer step: after an earlier spike
+    (an out-of-memory probe, another session) each record shows the peak of its own step,
+    a smaller step after a bigger one included. Simulated CUDA memory statistics on a
+    runtime that reads memory as a CUDA runtime does."""
+    from workbench.train import runtime as runtime_module
+
+    fake = _FakeCudaMemory()
+    for name in (
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "reset_peak_memory_stats",
+    ):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    spikes = iter([300 << 20, 100 << 20, 200 << 20])
+    with Session(TrainConfig(micro_batch=4), model="mlp", model_options=SMALL["mlp"]) as s:
+        rt = s._rt
+        cpu, cuda = rt.device, torch.device("cuda", 0)
+        rt.device, rt.read_memory = cuda, runtime_module._memory_reader(cuda)
+        try:
+            fake.spike(10 << 30)  # 10 GiB: a probe that ran before these steps
+            s.model.register_forward_pre_hook(lambda *_: fake.spike(next(spikes)))
+            records = s.run(3)
+        finally:
+            rt.device, rt.read_memory = cpu, runtime_module._memory_reader(cpu)
+    base = fake.allocated
+    assert [r.cuda_max_allocated_bytes for r in records] == [
+        base + (300 << 20),
+        base + (100 << 20),
+        base + (200 << 20),
+    ]
+    assert fake.resets == 3
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_record_does_not_show_an_earlier_peak(tiny):
+    """1 GiB allocated and freed before training: the records' CUDA peaks are the steps'
+    own, far below it."""
+    with Session(TrainConfig(micro_batch=4), model_options=tiny, device="cuda") as s:
+        big = torch.empty(1 << 30, dtype=torch.uint8, device=s.device)
+        del big
+        records = s.run(2)
+    assert all(r.cuda_max_allocated_bytes < (1 << 30) for r in records), [
+        r.cuda_max_allocated_bytes for r in records
+    ]
+    assert all(r.cuda_max_allocated_bytes >= r.cuda_allocated_bytes for r in records)

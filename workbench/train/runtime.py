@@ -106,6 +106,13 @@ class Runtime:
             raise
         self.park_model()
 
+    def begin_step(self) -> None:
+        """Open a step's memory window: on CUDA the peak statistic is reset, so the peak
+        `read_memory()` reports after the step is that step's own (not an earlier step's,
+        an out-of-memory probe's or another session's on the same device)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
     # ------------------------------------------------------------------ the engine
     @property
     def trained_module(self) -> nn.Module:
@@ -271,7 +278,7 @@ def load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
 
 def _memory_reader(device: torch.device) -> Callable[[], MemoryReading]:
     """(CUDA allocated, CUDA peak allocated, CUDA reserved, host RSS) bytes, None where
-    not measured on this device."""
+    not measured on this device. The peak is since `Runtime.begin_step()`: the step's."""
     if device.type == "cuda":
 
         def cuda() -> MemoryReading:

@@ -5,8 +5,9 @@ The loop has no mode checks: the backend was built for the settings (precision, 
 stage) and the phase labels are no-ops unless the profiler asks for them. The host waits
 for the device twice per step: reading the loss (to skip a non-finite step before the
 optimizer touches the weights) and at the end (so the step's time is the device's).
-A step that fails leaves the weights and optimizer state as they were; the Session turns
-the failure into an event (`NonFiniteLoss`, out of memory, any other exception).
+The CUDA peak statistic is reset as the step starts, so each record's peak is its own
+step's. A step that fails leaves the weights and optimizer state as they were; the Session
+turns the failure into an event (`NonFiniteLoss`, out of memory, any other exception).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         take_parts()
     module = backend.module
     accum = int(cfg.grad_accum)
+    runtime.begin_step()  # the CUDA peak of this step's record counts from here
     t0 = perf_counter()
     data_s = 0.0
     total: torch.Tensor | None = None
