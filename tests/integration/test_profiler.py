@@ -85,3 +85,92 @@ def test_profile_bad_input(tiny):
         with pytest.raises(ValueError, match="record_memory="):
             s.profile(steps=1, record_memory="yes")
         assert s.step == 0 and s.state == "idle"
+
+
+class _AsyncDevice:
+    """A simulated CUDA device: launching queues work and returns at once; the host waits
+    for the queued work only when it synchronizes (`torch.cuda.synchronize`)."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+
+    def launch(self, seconds: float) -> None:
+        self.pending += seconds
+
+    def synchronize(self, device: object = None) -> None:
+        time.sleep(self.pending)
+        self.pending = 0.0
+
+
+class _CudaLoop:
+    """What profile_session needs of a Session, on a simulated CUDA device: each phase
+    launches its kernels inside its labelled range; the host waits for them outside every
+    range (reading the loss, the end of the step), as the real loop does on CUDA."""
+
+    def __init__(self, device: _AsyncDevice) -> None:
+        import contextlib
+
+        import torch
+
+        self.device = torch.device("cuda", 0)
+        self.id, self.step = "fake", 0
+        self._device = device
+        self._label = contextlib.nullcontext
+        self._callbacks: list = []
+
+    def on_record(self, callback):
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback)
+
+    def phase_labels(self, label):
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            self._label = label
+            try:
+                yield
+            finally:
+                self._label = contextlib.nullcontext
+
+        return scope()
+
+    def run(self, steps: int, progress: bool = False) -> None:
+        for _ in range(steps):
+            for phase, seconds in (("forward", 0.03), ("backward", 0.06), ("optimizer", 0.03)):
+                with self._label(f"workbench.{phase}"):
+                    self._device.launch(seconds)
+            self._device.synchronize()  # the host waits here, outside every labelled range
+            self.step += 1
+            for callback in list(self._callbacks):
+                callback(None)
+
+
+def test_on_cuda_the_phase_split_holds_the_device_time_of_each_phase(monkeypatch, tmp_path):
+    """The host launches a phase's kernels and waits for them outside the labelled
+    ranges; the profiler's split still puts that time in forward / backward / optimizer,
+    not in "other" (simulated asynchronous device)."""
+    import torch
+
+    from workbench.train.profiler import profile_session
+
+    device = _AsyncDevice()
+    monkeypatch.setattr(torch.cuda, "synchronize", device.synchronize)
+    result = profile_session(
+        _CudaLoop(device), steps=2, record_memory=False, trace_path=tmp_path / "t.json"
+    )
+    shares = result.phase_shares
+    assert shares["other"] < 0.2, shares
+    assert shares["backward"] > shares["forward"] > 0.1, shares
+    assert shares["optimizer"] > 0.1, shares
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_phase_split_is_not_mostly_other(tiny):
+    cfg = TrainConfig(micro_batch=32, device="cuda")
+    with Session(cfg, model_options={**tiny, "hidden": 256, "seq_len": 128}) as s:
+        s.run(1)
+        result = s.profile(steps=3)
+    shares = result.phase_shares
+    assert shares["forward"] + shares["backward"] + shares["optimizer"] > shares["other"], shares
+    assert shares["backward"] > 0 and shares["forward"] > 0, shares

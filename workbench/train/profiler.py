@@ -4,8 +4,17 @@ Schedule: wait 1 step, warm up 1 step, record `steps` steps (so `steps + 2` opti
 steps run, and count as training). CPU activity always, CUDA when the session runs on a
 GPU. The loop labels its phases with `record_function` ("workbench.data",
 "workbench.forward", "workbench.backward", "workbench.optimizer"); their inclusive host
-time divided by the recorded steps' time gives the phase shares (on CUDA these are host
-times, which include the waits where the host syncs with the device).
+time divided by the recorded steps' time gives the phase shares.
+
+On CUDA the host only launches kernels inside a phase and waits for them later (reading
+the loss, the end of the step), outside every labelled range, so a plain host split
+would put the GPU time of forward, backward and optimizer in "other". While profiling,
+each labelled range therefore ends by waiting for the device (`phase_label`): a phase's
+host time then includes the device time of the work it launched. (The backward pass runs
+on autograd's own threads, so its kernels are not children of the "workbench.backward"
+range in the profiler's event tree; the wait inside the range attributes them anyway.)
+The profiled steps run host and device in lock step, so their step time can be a little
+above an unprofiled step's.
 
 With `record_memory=True` the profiler also records shapes, memory and stacks, and
 torch's memory profiler (`torch.profiler._memory_profiler`, a private API) sorts the
@@ -16,9 +25,12 @@ temporary / input / autograd-detail / unknown. When that API is missing or fails
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,6 +97,22 @@ class ProfileResult(Readable):
         return Display(title, rows, header=header, notes=self.notes)
 
 
+def phase_label(device: torch.device) -> Callable[[str], AbstractContextManager[Any]]:
+    """The label the loop's phases get while profiling: `record_function(name)`, and on
+    CUDA a wait for the device before the range closes, so the phase's range covers the
+    device time of what it launched (see the module docstring)."""
+    if device.type != "cuda":
+        return record_function
+
+    @contextlib.contextmanager
+    def label(name: str) -> Iterator[None]:
+        with record_function(name):
+            yield
+            torch.cuda.synchronize(device)
+
+    return label
+
+
 def _memory_split(
     prof: Any, device: torch.device
 ) -> tuple[dict[str, int] | None, int | None, str | None]:
@@ -135,7 +163,7 @@ def profile_session(
     )
     remove = session.on_record(lambda _record: prof.step())
     try:
-        with prof, session.phase_labels(record_function):
+        with prof, session.phase_labels(phase_label(session.device)):
             session.run(steps + 2, progress=False)
     finally:
         remove()
