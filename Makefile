@@ -3,13 +3,19 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
-STAMP   := $(VENV)/.installed
-# CPU build of torch for machines without an NVIDIA GPU; GPU machines keep or get a CUDA build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+# a venv installed without a GPU is checked again (its torch) on a GPU machine
+STAMP   := $(VENV)/.installed$(if $(HAS_GPU),-gpu)
+# CPU build of torch for machines without an NVIDIA GPU; GPU machines keep a CUDA build or get
+# one: a torch without CUDA there (a CPU build from an earlier install) is replaced. On Linux
+# PyPI's torch is the CUDA build; TORCH_CUDA_INDEX picks another CUDA index, e.g.
+# TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_CPU ?= torch==2.13.0
+TORCH_CUDA ?= torch>=2.3,<3
+TORCH_CUDA_INDEX ?=
 # Every tool (and the ninja that builds DeepSpeed's ops) comes from the venv, so DeepSpeed's
 # cached op builds are not invalidated by a second ninja on the system PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
-HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: install lab test test-fast fuzz lint bench gpu-check browser-deps clean
 
@@ -17,7 +23,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade --quiet pip
 ifeq ($(HAS_GPU),1)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch>=2.3,<3"
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null || { \
+	  $(PIP) uninstall --quiet --yes torch >/dev/null 2>&1; \
+	  $(PIP) install --quiet $(if $(TORCH_CUDA_INDEX),--index-url $(TORCH_CUDA_INDEX)) "$(TORCH_CUDA)"; }
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda else 'torch ' + torch.__version__ + ' has no CUDA on this GPU machine: set TORCH_CUDA_INDEX to a CUDA wheel index')"
 else
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet $(TORCH_CPU)
 endif
