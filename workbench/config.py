@@ -332,101 +332,369 @@ def _plain_number(v: Any) -> Any:
     return v
 
 
-#: Upper bounds of the numeric settings: (bound, as shown, why a larger value is nonsense).
-LIMITS: dict[str, tuple[float, str, str]] = {
-    "micro_batch": (2**20, "1,048,576", "more samples in one forward pass than any device holds"),
-    "grad_accum": (2**20, "1,048,576", "more micro-batches per step than any run accumulates"),
-    "lr": (1e3, "1000", "a larger step diverges with every optimizer"),
-    "weight_decay": (1e3, "1000", "a larger decay erases the weights in one step"),
-    "warmup_steps": (10**12, "10^12", "longer than any training run"),
-    "total_steps": (10**12, "10^12", "longer than any training run"),
-    "clip_grad_norm": (1e12, "1e12", "a larger threshold never clips: use None for no clipping"),
-    "num_workers": (1024, "1024", "more loader processes than any machine runs"),
-    "loss_scale_init": (2.0**127, "2^127", "a larger scale is infinite in fp32"),
-    "loss_scale_growth": (2.0**16, "65536", "a larger factor overflows at the first growth"),
-    "loss_scale_interval": (10**12, "10^12", "the scale would never grow"),
-    "seed": (2**63 - 1, "2^63 - 1", "torch and NumPy seeds are 64-bit integers"),
-    "checkpoint_every_steps": (10**12, "10^12", "longer than any training run"),
-    "checkpoint_every_seconds": (1e9, "10^9", "more than 30 years"),
-    "keep_checkpoints": (10**6, "10^6", "more checkpoints than any disk holds"),
-}
+@dataclass(frozen=True)
+class Setting:
+    """What one TrainConfig field is, declared once beside the field (its metadata): the
+    panel's label, one line of help, the command-line flag every command gives it, and its
+    limits. TrainConfig's checks, its docstring, the CLI flags (`workbench.cli.config_flags`)
+    and the training panel's controls are made from these.
+
+    `kind`: "int", "float", "bool", "choice" (an enum field; its choices come from the
+    enum) or "path". `minimum` / `above`: inclusive / exclusive lower bound; `maximum`
+    (shown as `maximum_text`, with `why` a larger value is nonsense) / `below`: inclusive /
+    exclusive upper bound. `optional`: None is allowed (and means `none_means`). `panel`:
+    the control's place in the training panel (None: no control)."""
+
+    kind: str
+    label: str
+    help: str
+    flag: str | None = None
+    metavar: str | None = None
+    minimum: float | None = None
+    above: float | None = None
+    maximum: float | None = None
+    maximum_text: str = ""
+    why: str = ""
+    below: float | None = None
+    optional: bool = False
+    none_means: str = ""
+    panel: int | None = None
+    values: tuple[Any, ...] = ()  # the allowed values of an int field with few of them
+
+
+def setting(default: Any, /, **declared: Any) -> Any:
+    """A TrainConfig field with its `Setting` (see there) in the field's metadata."""
+    return dataclasses.field(default=default, metadata={"setting": Setting(**declared)})
+
+
 _MAX_PATH = 4096  # PATH_MAX on Linux
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one training run. Every field can be changed on a live `Session`
-    through `session.update(field=value)` (except `device`); a bad value raises ValueError
-    naming every bad field, its value and what is allowed (with "did you mean").
+    """Settings of one training run (the table below is made from each field's `Setting`)."""
 
-    precision            "fp32"; "amp-bf16", "amp-fp16" (torch autocast; fp32 weights,
-                         GradScaler for fp16); "bf16", "fp16" (DeepSpeed 16-bit weights
-                         with an fp32 master copy)
-    optimizer            "adamw", "adam", "sgd" (with `momentum`), "sgd-nomomentum"; for
-                         the estimator and DeepSpeed configs also "adam8bit", "lamb", "lion",
-                         "adagrad", "onebitadam", "zerooneadam", "onebitlamb"
-    micro_batch          samples per forward pass per rank, >= 1
-    grad_accum           micro-batches per optimizer step, >= 1
-    lr, weight_decay     learning rate > 0 (before `lr_scaling`), weight decay >= 0
-    momentum             SGD momentum in [0, 1)
-    lr_schedule          "constant", "cosine", "onecycle" (over `total_steps`, after
-                         `warmup_steps` of linear warm-up)
-    lr_scaling           "none", "linear", "sqrt": scale `lr` with the effective batch
-                         relative to the one the session started with
-    clip_grad_norm       total-norm clipping threshold > 0, or None for no clipping
-    activation_checkpointing   recompute marked blocks in backward (True / False)
-    num_workers, pin_memory    data-loader processes >= 0; pinned host memory
-    zero_stage           0, 1, 2 or 3 (DeepSpeed ZeRO)
-    compile              run the forward through `torch.compile` (True / False); the first
-                         step after a (re)build compiles (its record is marked `warmup`)
-    fsdp                 "off", "full_shard", "shard_grad_op", "no_shard" (PyTorch FSDP2;
-                         with zero_stage=0 and precision fp32, amp-bf16 or amp-fp16)
-    fsdp_reduce_fp32     FSDP under AMP: reduce gradients in fp32 (True) or in the 16-bit
-                         compute dtype (False)
-    offload_optimizer    "none", "cpu", "nvme" (ZeRO 1-3)
-    offload_params       "none", "cpu", "nvme" (ZeRO 3); "cpu" also with fsdp="full_shard"
-    nvme_path            the directory for "nvme" offload
-    loss_scale_init, loss_scale_growth, loss_scale_backoff, loss_scale_interval
-                         the fp16 loss scaler: initial scale (2**16), growth factor > 1,
-                         backoff factor in (0, 1), clean steps between growths >= 1
-    seed                 data order, built-in models' weights and data, dropout
-    device               "auto" (CUDA when available), "cpu", "cuda"
-    checkpoint_dir, checkpoint_every_steps, checkpoint_every_seconds, keep_checkpoints
-                         where and how often a Session saves, and how many it keeps
-    """
-
-    precision: Precision | str = Precision.FP32
-    optimizer: OptimizerName | str = OptimizerName.ADAMW
-    micro_batch: int = 8
-    grad_accum: int = 1
-    lr: float = 3e-4
-    weight_decay: float = 0.01
-    momentum: float = 0.9
-    lr_schedule: LRSchedule | str = LRSchedule.CONSTANT
-    warmup_steps: int = 0
-    total_steps: int = 1000  # horizon of the cosine / onecycle schedules
-    lr_scaling: LRScaling | str = LRScaling.NONE
-    clip_grad_norm: float | None = None
-    activation_checkpointing: bool = False
-    num_workers: int = 0
-    pin_memory: bool = False
-    zero_stage: int = 0
-    compile: bool = False
-    fsdp: FsdpMode | str = FsdpMode.OFF
-    fsdp_reduce_fp32: bool = True
-    offload_optimizer: OffloadDevice | str = OffloadDevice.NONE
-    offload_params: OffloadDevice | str = OffloadDevice.NONE
-    nvme_path: str | None = None
-    loss_scale_init: float = 2.0**16
-    loss_scale_growth: float = 2.0
-    loss_scale_backoff: float = 0.5
-    loss_scale_interval: int = 2000
-    seed: int = 0
-    device: Device | str = Device.AUTO
-    checkpoint_dir: str | None = None
-    checkpoint_every_steps: int | None = None
-    checkpoint_every_seconds: float | None = None
-    keep_checkpoints: int = 3
+    precision: Precision | str = setting(
+        Precision.FP32,
+        kind="choice",
+        label="precision",
+        help="amp-*: torch autocast with fp32 weights (a GradScaler for fp16); bf16, fp16: "
+        "DeepSpeed's 16-bit weights with an fp32 master copy",
+        flag="--precision",
+        metavar="PRECISION",
+        panel=1,
+    )
+    optimizer: OptimizerName | str = setting(
+        OptimizerName.ADAMW,
+        kind="choice",
+        label="optimizer",
+        help="a Session trains adamw, adam, sgd (with momentum) and sgd-nomomentum; the "
+        "others are for the estimator and DeepSpeed configs",
+        flag="--optimizer",
+        metavar="OPTIMIZER",
+    )
+    micro_batch: int = setting(
+        8,
+        kind="int",
+        label="micro-batch",
+        help="samples per forward pass per rank",
+        flag="--micro-batch",
+        metavar="BATCH",
+        minimum=1,
+        maximum=2**20,
+        maximum_text="1,048,576",
+        why="more samples in one forward pass than any device holds",
+        panel=2,
+    )
+    grad_accum: int = setting(
+        1,
+        kind="int",
+        label="accumulation",
+        help="micro-batches per optimizer step",
+        flag="--grad-accum",
+        metavar="ACCUM",
+        minimum=1,
+        maximum=2**20,
+        maximum_text="1,048,576",
+        why="more micro-batches per step than any run accumulates",
+        panel=3,
+    )
+    lr: float = setting(
+        3e-4,
+        kind="float",
+        label="learning rate",
+        help="learning rate, before lr_scaling",
+        flag="--lr",
+        metavar="LR",
+        above=0,
+        maximum=1e3,
+        maximum_text="1000",
+        why="a larger step diverges with every optimizer",
+        panel=11,
+    )
+    weight_decay: float = setting(
+        0.01,
+        kind="float",
+        label="weight decay",
+        help="decoupled weight decay (AdamW), L2 (Adam, SGD)",
+        flag="--weight-decay",
+        metavar="DECAY",
+        minimum=0,
+        maximum=1e3,
+        maximum_text="1000",
+        why="a larger decay erases the weights in one step",
+    )
+    momentum: float = setting(
+        0.9,
+        kind="float",
+        label="momentum",
+        help="SGD momentum",
+        flag="--momentum",
+        metavar="MOMENTUM",
+        minimum=0,
+        below=1.0,
+    )
+    lr_schedule: LRSchedule | str = setting(
+        LRSchedule.CONSTANT,
+        kind="choice",
+        label="LR schedule",
+        help="over total_steps, after warmup_steps of linear warm-up",
+        flag="--lr-schedule",
+        metavar="SCHEDULE",
+        panel=12,
+    )
+    warmup_steps: int = setting(
+        0,
+        kind="int",
+        label="warm-up steps",
+        help="steps of linear LR warm-up, at most total_steps",
+        flag="--warmup-steps",
+        metavar="STEPS",
+        minimum=0,
+        maximum=10**12,
+        maximum_text="10^12",
+        why="longer than any training run",
+    )
+    total_steps: int = setting(
+        1000,
+        kind="int",
+        label="total steps",
+        help="horizon of the cosine / onecycle schedules",
+        flag="--total-steps",
+        metavar="STEPS",
+        minimum=1,
+        maximum=10**12,
+        maximum_text="10^12",
+        why="longer than any training run",
+    )
+    lr_scaling: LRScaling | str = setting(
+        LRScaling.NONE,
+        kind="choice",
+        label="LR scaling",
+        help="scale lr with the effective batch relative to the one the session started with",
+    )
+    clip_grad_norm: float | None = setting(
+        None,
+        kind="float",
+        label="clip grad norm",
+        help="total-norm clipping threshold",
+        flag="--clip-grad-norm",
+        metavar="NORM",
+        above=0,
+        maximum=1e12,
+        maximum_text="1e12",
+        why="a larger threshold never clips: use None for no clipping",
+        optional=True,
+        none_means="no clipping",
+        panel=8,
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        kind="bool",
+        label="checkpointing",
+        help="recompute marked blocks in backward",
+        flag="--activation-checkpointing",
+        panel=9,
+    )
+    num_workers: int = setting(
+        0,
+        kind="int",
+        label="loader workers",
+        help="data-loader processes",
+        flag="--num-workers",
+        metavar="WORKERS",
+        minimum=0,
+        maximum=1024,
+        maximum_text="1024",
+        why="more loader processes than any machine runs",
+        panel=10,
+    )
+    pin_memory: bool = setting(
+        False,
+        kind="bool",
+        label="pinned memory",
+        help="pinned host memory for the batches",
+        flag="--pin-memory",
+    )
+    zero_stage: int = setting(
+        0,
+        kind="int",
+        label="ZeRO stage",
+        help="DeepSpeed ZeRO stage",
+        flag="--zero",
+        metavar="STAGE",
+        values=(0, 1, 2, 3),
+        panel=4,
+    )
+    compile: bool = setting(
+        False,
+        kind="bool",
+        label="compile",
+        help="run the forward through torch.compile (the first step after a build compiles)",
+    )
+    fsdp: FsdpMode | str = setting(
+        FsdpMode.OFF,
+        kind="choice",
+        label="FSDP",
+        help="PyTorch FSDP2 instead of ZeRO, with zero_stage=0 and fp32, amp-bf16 or amp-fp16",
+        flag="--fsdp",
+        metavar="MODE",
+        panel=5,
+    )
+    fsdp_reduce_fp32: bool = setting(
+        True,
+        kind="bool",
+        label="FSDP fp32 reduce",
+        help="FSDP under AMP: reduce gradients in fp32 (True) or in the 16-bit compute dtype",
+    )
+    offload_optimizer: OffloadDevice | str = setting(
+        OffloadDevice.NONE,
+        kind="choice",
+        label="offload optimizer",
+        help="optimizer states to the CPU or NVMe, ZeRO stage 1-3",
+        flag="--offload-optimizer",
+        metavar="DEVICE",
+        panel=6,
+    )
+    offload_params: OffloadDevice | str = setting(
+        OffloadDevice.NONE,
+        kind="choice",
+        label="offload parameters",
+        help="parameters to the CPU or NVMe: ZeRO stage 3, or cpu with fsdp=full_shard",
+        flag="--offload-params",
+        metavar="DEVICE",
+        panel=7,
+    )
+    nvme_path: str | None = setting(
+        None,
+        kind="path",
+        label="NVMe path",
+        help="a writable directory for NVMe offload",
+        flag="--nvme-path",
+        metavar="PATH",
+        optional=True,
+    )
+    loss_scale_init: float = setting(
+        2.0**16,
+        kind="float",
+        label="initial loss scale",
+        help="fp16 initial loss scale, a power of two",
+        flag="--loss-scale-init",
+        metavar="INIT",
+        above=0,
+        maximum=2.0**127,
+        maximum_text="2^127",
+        why="a larger scale is infinite in fp32",
+    )
+    loss_scale_growth: float = setting(
+        2.0,
+        kind="float",
+        label="loss-scale growth",
+        help="fp16: factor the scale grows by",
+        above=1,
+        maximum=2.0**16,
+        maximum_text="65536",
+        why="a larger factor overflows at the first growth",
+    )
+    loss_scale_backoff: float = setting(
+        0.5,
+        kind="float",
+        label="loss-scale backoff",
+        help="fp16: factor the scale shrinks by after an overflow",
+        above=0,
+        below=1.0,
+    )
+    loss_scale_interval: int = setting(
+        2000,
+        kind="int",
+        label="loss-scale interval",
+        help="fp16 steps without overflow before the scale grows",
+        flag="--loss-scale-interval",
+        metavar="INTERVAL",
+        minimum=1,
+        maximum=10**12,
+        maximum_text="10^12",
+        why="the scale would never grow",
+    )
+    seed: int = setting(
+        0,
+        kind="int",
+        label="seed",
+        help="data order, built-in models' weights and data, dropout",
+        flag="--seed",
+        metavar="SEED",
+        minimum=0,
+        maximum=2**63 - 1,
+        maximum_text="2^63 - 1",
+        why="torch and NumPy seeds are 64-bit integers",
+    )
+    device: Device | str = setting(
+        Device.AUTO,
+        kind="choice",
+        label="device",
+        help="auto takes CUDA when available; not changed on a live session",
+        flag="--device",
+        metavar="DEVICE",
+    )
+    checkpoint_dir: str | None = setting(
+        None,
+        kind="path",
+        label="checkpoint folder",
+        help="where a Session saves checkpoints and its log",
+        optional=True,
+    )
+    checkpoint_every_steps: int | None = setting(
+        None,
+        kind="int",
+        label="checkpoint every steps",
+        help="save every N optimizer steps",
+        minimum=1,
+        maximum=10**12,
+        maximum_text="10^12",
+        why="longer than any training run",
+        optional=True,
+    )
+    checkpoint_every_seconds: float | None = setting(
+        None,
+        kind="float",
+        label="checkpoint every seconds",
+        help="save every N seconds",
+        above=0,
+        maximum=1e9,
+        maximum_text="10^9",
+        why="more than 30 years",
+        optional=True,
+    )
+    keep_checkpoints: int = setting(
+        3,
+        kind="int",
+        label="checkpoints kept",
+        help="how many of the newest checkpoints a folder keeps",
+        minimum=1,
+        maximum=10**6,
+        maximum_text="10^6",
+        why="more checkpoints than any disk holds",
+    )
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():
@@ -470,94 +738,12 @@ class TrainConfig:
                     + (f";{hint}" if hint else ""),
                 )
 
-        def bound(name: str) -> float:
-            return LIMITS[name][0] if name in LIMITS else math.inf
-
-        def limit_text(name: str) -> str:
-            if name not in LIMITS:
-                return ""
-            _, top, why = LIMITS[name]
-            return f", at most {top} ({why})"
-
-        def positive_int(name: str, *, minimum: int = 1, optional: bool = False) -> None:
-            v = getattr(self, name)
-            if optional and v is None:
-                return
-            if not _is_int(v) or v < minimum or v > bound(name):
-                allowed = (
-                    f"an integer >= {minimum}" + (" or None" if optional else "") + limit_text(name)
-                )
-                report(name, f"{name}={shown(v)}: must be {allowed}")
-
-        def positive_float(
-            name: str,
-            *,
-            allow_zero: bool = False,
-            optional: bool = False,
-            below: float | None = None,
-        ) -> None:
-            v = getattr(self, name)
-            if optional and v is None:
-                return
-            ok = _is_number(v) and (v >= 0 if allow_zero else v > 0)
-            if ok and below is not None:
-                ok = v < below
-            if ok:
-                ok = v <= bound(name)
-            if not ok:
-                rng = ">= 0" if allow_zero else "> 0"
-                if below is not None:
-                    rng += f" and < {below:g}"
-                report(
-                    name,
-                    f"{name}={shown(v)}: must be a finite number {rng}"
-                    + (" or None" if optional else "")
-                    + limit_text(name),
-                )
-
-        positive_int("micro_batch")
-        positive_int("grad_accum")
-        positive_float("lr")
-        positive_float("weight_decay", allow_zero=True)
-        positive_float("momentum", allow_zero=True, below=1.0)
-        positive_int("warmup_steps", minimum=0)
-        positive_int("total_steps")
-        positive_float("clip_grad_norm", optional=True)
-        positive_int("num_workers", minimum=0)
-        positive_float("loss_scale_init")
-        g = self.loss_scale_growth
-        if not _is_number(g) or g <= 1 or g > bound("loss_scale_growth"):
-            report(
-                "loss_scale_growth",
-                f"loss_scale_growth={shown(g)}: must be a finite number > 1"
-                + limit_text("loss_scale_growth"),
-            )
-        if not _is_number(self.loss_scale_backoff) or not 0 < self.loss_scale_backoff < 1:
-            report(
-                "loss_scale_backoff",
-                f"loss_scale_backoff={shown(self.loss_scale_backoff)}: must be a number > 0 "
-                "and < 1",
-            )
-        positive_int("loss_scale_interval")
-        positive_int("seed", minimum=0)
-        positive_int("checkpoint_every_steps", optional=True)
-        positive_float("checkpoint_every_seconds", optional=True)
-        positive_int("keep_checkpoints")
-        for name in ("activation_checkpointing", "pin_memory", "fsdp_reduce_fp32", "compile"):
-            if not isinstance(getattr(self, name), bool):
-                report(name, f"{name}={shown(getattr(self, name))}: must be True or False")
-        if not _is_int(self.zero_stage) or not 0 <= self.zero_stage <= 3:
-            report("zero_stage", f"zero_stage={shown(self.zero_stage)}: must be 0, 1, 2 or 3")
-        for name in ("nvme_path", "checkpoint_dir"):
-            v = getattr(self, name)
-            if v is None:
-                continue
-            if not isinstance(v, str) or not v.strip() or "\0" in v or len(v) > _MAX_PATH:
-                report(
-                    name,
-                    f"{name}={shown(v)}: must be a directory path (a non-empty string of at most "
-                    f"{_MAX_PATH} characters, no NUL) or None",
-                )
+        for name, spec in SETTINGS.items():
+            if spec.kind == "choice":
+                continue  # the enum checks above
+            line = _field_problem(name, getattr(self, name), spec)
+            if line is not None:
+                report(name, line)
 
         def ok(*names: str) -> bool:
             return not bad.intersection(names)
@@ -722,6 +908,106 @@ class TrainConfig:
         return config
 
 
+#: Every TrainConfig field's `Setting`, in declaration order.
+SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"] for f in fields(TrainConfig)}
+
+#: Upper bounds of the numeric settings: (bound, as shown, why a larger value is nonsense).
+LIMITS: dict[str, tuple[float, str, str]] = {
+    name: (spec.maximum, spec.maximum_text, spec.why)
+    for name, spec in SETTINGS.items()
+    if spec.maximum is not None
+}
+
+
+def setting_choices(name: str) -> list[str]:
+    """The allowed values of a choice setting (an enum field), as strings."""
+    return _ENUM_FIELDS[name].choices()
+
+
+def _limit_text(spec: Setting) -> str:
+    return f", at most {spec.maximum_text} ({spec.why})" if spec.maximum is not None else ""
+
+
+def allowed_text(name: str) -> str:
+    """What `name` accepts, in words ("an integer >= 1, at most 1,048,576 (...)")."""
+    spec = SETTINGS[name]
+    none = " or None" if spec.optional else ""
+    if spec.kind == "choice":
+        return "one of " + ", ".join(_ENUM_FIELDS[name].choices())
+    if spec.kind == "bool":
+        return "True or False"
+    if spec.kind == "path":
+        return (
+            f"a directory path (a non-empty string of at most {_MAX_PATH} characters, no NUL)"
+            + none
+        )
+    if spec.values:
+        shown_values = [str(v) for v in spec.values]
+        return ", ".join(shown_values[:-1]) + " or " + shown_values[-1]
+    if spec.kind == "int":
+        return f"an integer >= {int(spec.minimum or 0)}{none}{_limit_text(spec)}"
+    parts = []
+    if spec.minimum is not None:
+        parts.append(f">= {spec.minimum:g}")
+    if spec.above is not None:
+        parts.append(f"> {spec.above:g}")
+    rng = " and ".join(parts + ([f"< {spec.below:g}"] if spec.below is not None else []))
+    return f"a finite number {rng}{none}{_limit_text(spec)}"
+
+
+def _field_problem(name: str, v: Any, spec: Setting) -> str | None:
+    """The problem line of one non-choice field's value on its own, or None."""
+    if spec.optional and v is None:
+        return None
+    if spec.kind == "bool":
+        ok = isinstance(v, bool)
+    elif spec.kind == "path":
+        ok = isinstance(v, str) and bool(v.strip()) and "\0" not in v and len(v) <= _MAX_PATH
+    elif spec.kind == "int":
+        ok = _is_int(v) and (
+            v in spec.values
+            if spec.values
+            else (spec.minimum is None or v >= spec.minimum)
+            and (spec.maximum is None or v <= spec.maximum)
+        )
+    else:
+        ok = (
+            _is_number(v)
+            and (spec.minimum is None or v >= spec.minimum)
+            and (spec.above is None or v > spec.above)
+            and (spec.below is None or v < spec.below)
+            and (spec.maximum is None or v <= spec.maximum)
+        )
+    return None if ok else f"{name}={shown(v)}: must be {allowed_text(name)}"
+
+
+def _describe_settings() -> str:
+    """TrainConfig's docstring: every setting with what it is, what it accepts and its
+    default, from the schema."""
+    lines = [
+        "Settings of one training run. Every field can be changed on a live `Session`",
+        "through `session.update(field=value)` (except `device`); a bad value raises",
+        'ValueError naming every bad field, its value and what is allowed (with "did you',
+        'mean"). Each field declares itself once (`Setting` in its metadata): this table,',
+        "the checks, the command-line flags and the panel's controls are made from it.",
+        "",
+    ]
+    for f in fields(TrainConfig):
+        spec = SETTINGS[f.name]
+        default = plain_value(f.default)
+        if spec.optional and f.default is None and spec.none_means:
+            default = f"None: {spec.none_means}"
+        lines.append(f"{f.name}")
+        lines.append(f"    {spec.help}.")
+        accepts = (
+            "one of " + ", ".join(f'"{c}"' for c in _ENUM_FIELDS[f.name].choices())
+            if spec.kind == "choice"
+            else allowed_text(f.name)
+        )
+        lines.append(f"    Accepts {accepts}; default {default!r}.")
+    return "\n".join(lines)
+
+
 _dataclass_init = TrainConfig.__init__
 
 
@@ -802,3 +1088,6 @@ def format_problems(problems: list[str]) -> str:
 
 
 _format = format_problems
+
+
+TrainConfig.__doc__ = _describe_settings()

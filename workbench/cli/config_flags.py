@@ -13,13 +13,21 @@ and the value as typed. Pure: imports no torch and no deepspeed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.config import TrainConfig, problem_lines
+from workbench.config import (
+    SETTINGS,
+    Setting,
+    TrainConfig,
+    plain_value,
+    problem_lines,
+    setting_choices,
+)
 from workbench.inputs import shown
 
 
@@ -34,65 +42,35 @@ class ConfigFlag:
     help: str | None = None
 
 
-# TrainConfig field -> its flag. Flags left out keep the base config's (or default) value.
-CONFIG_FLAGS: dict[str, ConfigFlag] = {
-    "precision": ConfigFlag(
-        "--precision", "str", "PRECISION", "fp32, amp-bf16, amp-fp16, fp16, bf16 (fp32)"
-    ),
-    "optimizer": ConfigFlag(
-        "--optimizer",
-        "str",
-        "OPTIMIZER",
-        "adamw, adam, sgd, sgd-nomomentum; DeepSpeed's lamb, lion, adagrad, onebitadam, "
-        "zerooneadam, onebitlamb export but a Session does not train them (adamw)",
-    ),
-    "zero_stage": ConfigFlag("--zero", "int", "STAGE", "ZeRO stage 0-3 (0)"),
-    "fsdp": ConfigFlag(
-        "--fsdp",
-        "str",
-        "MODE",
-        "PyTorch FSDP instead of ZeRO: off, full_shard, shard_grad_op, no_shard (off)",
-    ),
-    "micro_batch": ConfigFlag(
-        "--micro-batch", "int", "BATCH", "samples per forward pass per GPU (8)"
-    ),
-    "grad_accum": ConfigFlag(
-        "--grad-accum", "int", "ACCUM", "micro-batches per optimizer step (1)"
-    ),
-    "lr": ConfigFlag("--lr", "float", "LR"),
-    "weight_decay": ConfigFlag("--weight-decay", "float", "DECAY"),
-    "momentum": ConfigFlag("--momentum", "float", "MOMENTUM"),
-    "lr_schedule": ConfigFlag(
-        "--lr-schedule", "str", "SCHEDULE", "constant, cosine, onecycle (constant)"
-    ),
-    "warmup_steps": ConfigFlag("--warmup-steps", "int", "STEPS"),
-    "total_steps": ConfigFlag("--total-steps", "int", "STEPS", "schedule horizon (1000)"),
-    "clip_grad_norm": ConfigFlag("--clip-grad-norm", "float", "NORM"),
-    "offload_optimizer": ConfigFlag(
-        "--offload-optimizer", "offload", "DEVICE", "none, cpu, nvme; ZeRO stage 1-3"
-    ),
-    "offload_params": ConfigFlag(
-        "--offload-params",
-        "offload",
-        "DEVICE",
-        "none, cpu, nvme; ZeRO stage 3 (cpu: also FSDP full_shard)",
-    ),
-    "nvme_path": ConfigFlag("--nvme-path", "str", "PATH", "a writable directory for NVMe offload"),
-    "loss_scale_init": ConfigFlag(
-        "--loss-scale-init", "float", "INIT", "fp16 initial loss scale, a power of two (65536)"
-    ),
-    "loss_scale_interval": ConfigFlag(
-        "--loss-scale-interval",
-        "int",
-        "INTERVAL",
-        "fp16 steps without overflow before the scale grows (2000)",
-    ),
-    "seed": ConfigFlag("--seed", "int", "SEED"),
-    "num_workers": ConfigFlag("--num-workers", "int", "WORKERS"),
-    "activation_checkpointing": ConfigFlag("--activation-checkpointing", "switch"),
-    "pin_memory": ConfigFlag("--pin-memory", "switch"),
-    "device": ConfigFlag("--device", "str", "DEVICE", "auto, cpu, cuda (auto)"),
-}
+_KINDS = {"int": "int", "float": "float", "choice": "str", "path": "str", "bool": "switch"}
+
+
+def _flag_help(name: str, spec: Setting, default: Any) -> str:
+    """A flag's help: what the setting is, what it accepts, its default."""
+    if spec.kind == "choice":
+        accepts = ", ".join(setting_choices(name))
+        return f"{accepts} ({plain_value(default)}); {spec.help}"
+    if spec.kind == "bool":
+        return spec.help
+    shown_default = "none" if default is None else plain_value(default)
+    return f"{spec.help} ({shown_default})"
+
+
+def _config_flags() -> dict[str, ConfigFlag]:
+    """Every TrainConfig field that declares a flag (`Setting.flag`), in field order."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        spec = SETTINGS[f.name]
+        if spec.flag is None:
+            continue
+        kind = "offload" if f.name in ("offload_optimizer", "offload_params") else _KINDS[spec.kind]
+        out[f.name] = ConfigFlag(spec.flag, kind, spec.metavar, _flag_help(f.name, spec, f.default))
+    return out
+
+
+# TrainConfig field -> its flag, made from each field's `Setting`. Flags left out of a
+# command keep the base config's (or default) value.
+CONFIG_FLAGS: dict[str, ConfigFlag] = _config_flags()
 
 _BARE_OFFLOAD = " (a bare flag means cpu)"
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import FsdpMode, LRSchedule, OffloadDevice, Precision
+from workbench.config import SETTINGS, setting_choices
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import (
     GIB,
@@ -88,20 +88,34 @@ class Control:
     maximum: float | None = None
 
 
-CONTROLS: tuple[Control, ...] = (
-    Control("precision", "precision", "choice", tuple(Precision.choices())),
-    Control("micro_batch", "micro-batch", "int", minimum=1, maximum=65536),
-    Control("grad_accum", "accumulation", "int", minimum=1, maximum=4096),
-    Control("zero_stage", "ZeRO stage", "choice", (0, 1, 2, 3)),
-    Control("fsdp", "FSDP", "choice", tuple(FsdpMode.choices())),
-    Control("offload_optimizer", "offload optimizer", "choice", tuple(OffloadDevice.choices())),
-    Control("offload_params", "offload parameters", "choice", tuple(OffloadDevice.choices())),
-    Control("clip_grad_norm", "clip grad norm", "optional-float", minimum=0.0),
-    Control("activation_checkpointing", "checkpointing", "bool"),
-    Control("num_workers", "loader workers", "int", minimum=0, maximum=256),
-    Control("lr", "learning rate", "float", minimum=0.0),
-    Control("lr_schedule", "LR schedule", "choice", tuple(LRSchedule.choices())),
-)
+def _controls() -> tuple[Control, ...]:
+    """The panel's controls, made from the TrainConfig fields that declare a panel place
+    (`workbench.config.Setting.panel`): label, kind, choices and limits as declared there."""
+    out = []
+    for name, spec in SETTINGS.items():
+        if spec.panel is None:
+            continue
+        low = spec.minimum if spec.minimum is not None else spec.above
+        if spec.kind == "choice":
+            out.append(
+                (
+                    spec.panel,
+                    Control(name, spec.label, "choice", tuple(setting_choices(name))),
+                )
+            )
+        elif spec.values:
+            out.append((spec.panel, Control(name, spec.label, "choice", spec.values)))
+        elif spec.kind == "bool":
+            out.append((spec.panel, Control(name, spec.label, "bool")))
+        else:
+            kind = "optional-float" if spec.kind == "float" and spec.optional else spec.kind
+            out.append(
+                (spec.panel, Control(name, spec.label, kind, minimum=low, maximum=spec.maximum))
+            )
+    return tuple(control for _, control in sorted(out, key=lambda item: item[0]))
+
+
+CONTROLS: tuple[Control, ...] = _controls()
 
 
 def _plain(v: Any) -> Any:
