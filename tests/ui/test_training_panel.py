@@ -378,3 +378,18 @@ def test_fsdp_sits_next_to_the_zero_stage(panel: TrainingPanel, session: FakeSes
     err = panel.errors()["zero_stage"]
     assert "fsdp='full_shard'" in err and "zero_stage=2" in err
     assert session.config.zero_stage == 0 and session.config.fsdp == "full_shard"
+
+
+def test_the_controls_are_the_settings_declared_for_the_panel() -> None:
+    from workbench.config import SETTINGS
+    from workbench.ui.training import CONTROLS
+
+    panel = sorted((s.panel, n) for n, s in SETTINGS.items() if s.panel is not None)
+    assert [c.name for c in CONTROLS] == [n for _, n in panel]
+    for c in CONTROLS:
+        spec = SETTINGS[c.name]
+        assert c.label == spec.label
+        if c.kind in ("int", "float", "optional-float"):
+            assert c.maximum == spec.maximum
+    zero = next(c for c in CONTROLS if c.name == "zero_stage")
+    assert zero.kind == "choice" and zero.options == (0, 1, 2, 3)

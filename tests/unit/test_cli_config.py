@@ -108,3 +108,14 @@ def test_problem_lines_drop_the_header() -> None:
         TrainConfig(zero_stage=7, precision="x")
     lines = problem_lines(info.value)
     assert len(lines) == 2 and all("=" in ln and "invalid" not in ln for ln in lines)
+
+
+def test_the_flags_are_the_settings_declared_flags() -> None:
+    from workbench.cli.config_flags import CONFIG_FLAGS
+    from workbench.config import SETTINGS
+
+    declared = {name: spec.flag for name, spec in SETTINGS.items() if spec.flag}
+    assert {name: f.flag for name, f in CONFIG_FLAGS.items()} == declared
+    assert len(set(declared.values())) == len(declared)  # one flag, one setting
+    assert CONFIG_FLAGS["micro_batch"].help == "samples per forward pass per rank (8)"
+    assert CONFIG_FLAGS["zero_stage"].kind == "int" and CONFIG_FLAGS["pin_memory"].kind == "switch"
