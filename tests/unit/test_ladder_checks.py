@@ -325,3 +325,14 @@ def test_numpy_scalars_are_numbers() -> None:
     )
     assert (p.rungs[0].steps, p.repeats, p.target_loss, p.timeout) == (4, 2, 0.5, 60.0)
     assert type(p.repeats) is int and type(p.target_loss) is float
+
+
+def test_the_run_arguments_are_named_with_the_others(monkeypatch) -> None:
+    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    with pytest.raises(ValueError) as info:
+        ladder(None, "mlp", 0, model_options=MLP, device="cpu", progress="yes", on_progress=3)
+    text = str(info.value)
+    assert text.startswith("3 problems in the ladder:")
+    assert "steps=0" in text and "progress='yes'" in text and "on_progress=3" in text
+    with pytest.raises(ValueError, match=r"^invalid ladder: cancel=5: must be a threading.Event"):
+        ladder([{}, {"num_workers": 1}], "mlp", 4, model_options=MLP, device="cpu", cancel=5)

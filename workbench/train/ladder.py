@@ -731,27 +731,38 @@ def ladder(
 
     Returns a `LadderResult`; bad input raises ValueError before anything runs.
     """
-    plan = plan_ladder(
-        rungs,
-        model,
-        steps,
-        target_loss,
-        base=base,
-        model_options=model_options,
-        repeats=repeats,
-        lr_scaling=lr_scaling,
-        ranks=ranks,
-        compile=compile,
-        checkpointing=checkpointing,
-        device=device,
-        launcher=launcher,
-        memory=memory,
-        timeout=timeout,
-    )
+    extra = []
     if progress is not None and not isinstance(progress, bool):
-        raise ValueError(f"progress={shown(progress)}: must be True, False or None")
+        extra.append(f"progress={shown(progress)}: must be True, False or None")
     if on_progress is not None and not callable(on_progress):
-        raise ValueError(f"on_progress={shown(on_progress)}: must be callable(progress) or None")
+        extra.append(f"on_progress={shown(on_progress)}: must be callable(progress) or None")
+    if cancel is not None and not (callable(getattr(cancel, "is_set", None))):
+        extra.append(f"cancel={shown(cancel)}: must be a threading.Event or None")
+    try:
+        plan = plan_ladder(
+            rungs,
+            model,
+            steps,
+            target_loss,
+            base=base,
+            model_options=model_options,
+            repeats=repeats,
+            lr_scaling=lr_scaling,
+            ranks=ranks,
+            compile=compile,
+            checkpointing=checkpointing,
+            device=device,
+            launcher=launcher,
+            memory=memory,
+            timeout=timeout,
+        )
+    except ValueError as exc:
+        if not extra:
+            raise
+        found = [ln.removeprefix("invalid ladder: ") for ln in problem_lines(exc)]
+        raise ValueError(_format(found + extra)) from None
+    if extra:
+        raise ValueError(_format(extra))
     return run_plan(plan, progress=progress, on_progress=on_progress, cancel=cancel)
 
 
