@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from workbench.cli import main
 from workbench.config import TrainConfig
 from workbench.dsconfig import import_deepspeed, to_deepspeed
 
@@ -179,3 +180,134 @@ def test_import_deepspeed_of_binary_bytes_is_a_value_error(data: bytes) -> None:
         path = Path(folder) / "ds.json"
         path.write_bytes(data)
         check_import(path)
+
+
+# ----------------------------------------------------------------------------- workbench export
+#: flag values a careless or hostile user types
+FLAG_TEXT = st.one_of(
+    st.sampled_from(
+        ["0", "1", "2", "-1", "3", "1e3", "1_000", "nan", "inf", "1e400", "0x10", " 2 ", ""]
+        + [str(2**64), "9" * 80, "two", "true", "cpu", "none", "nvme", "\x00", "🙂", "-"]
+    ),
+    st.integers(min_value=-(10**25), max_value=10**25).map(str),
+    st.text(st.characters(blacklist_categories=["Cs"]), max_size=8),
+)
+VALUED_FLAGS = [
+    "--gpus",
+    "--nodes",
+    "--steps",
+    "--seed",
+    "--micro-batch",
+    "--grad-accum",
+    "--zero",
+    "--lr",
+    "--precision",
+    "--optimizer",
+    "--fsdp",
+    "--lr-schedule",
+    "--warmup-steps",
+    "--total-steps",
+    "--clip-grad-norm",
+    "--offload-optimizer",
+    "--offload-params",
+    "--loss-scale-init",
+    "--num-workers",
+    "--format",
+    "--hostfile",
+    "--config",
+]
+#: a valid value of each flag (drawn 3 times in 4, so that many examples export a job)
+VALID = {
+    "--gpus": ["1", "2", "4"],
+    "--nodes": ["1", "2"],
+    "--steps": ["5"],
+    "--seed": ["3", str(2**32 - 1)],
+    "--micro-batch": ["2"],
+    "--grad-accum": ["2"],
+    "--zero": ["0", "1", "2", "3"],
+    "--lr": ["0.001"],
+    "--precision": ["fp32", "bf16", "amp-bf16"],
+    "--optimizer": ["adamw", "sgd"],
+    "--fsdp": ["off"],
+    "--lr-schedule": ["cosine", "onecycle"],
+    "--warmup-steps": ["1"],
+    "--total-steps": ["10"],
+    "--clip-grad-norm": ["1.0"],
+    "--offload-optimizer": ["none"],
+    "--offload-params": ["none"],
+    "--loss-scale-init": ["65536"],
+    "--num-workers": ["0"],
+    "--format": ["deepspeed", "lightning"],
+}
+MLP_OPTIONS = st.sampled_from(
+    ["hidden", "depth", "in_features", "out_features", "samples", "seed", "heads", "x", ""]
+)
+
+
+@st.composite
+def export_argv(draw: st.DrawFn) -> list[str]:
+    """`workbench export` flags: the cheap 'mlp' model with tiny options, then a few flags
+    with generated values."""
+    models = ["mlp", "mlp", "mlp", "cnn", "gpt9", "pkg.mod:make", "a:"]
+    argv = ["--model", draw(st.sampled_from(models))]
+    argv += ["--model-option", "hidden=4", "--model-option", "samples=64"]
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        argv += ["--model-option", f"{draw(MLP_OPTIONS)}={draw(FLAG_TEXT)}"]
+    for flag in draw(st.lists(st.sampled_from(VALUED_FLAGS), max_size=5, unique=True)):
+        valid = VALID.get(flag)
+        bad = not valid or draw(st.sampled_from([True, False, False, False]))
+        argv += [flag, draw(FLAG_TEXT) if bad else draw(st.sampled_from(valid))]
+    return argv
+
+
+def run_export(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`workbench.cli.main(["export", ...])` in-process: its exit status (0, or argparse's 2),
+    and what it printed; any other exception fails the test."""
+    try:
+        code = main(["export", *argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@FUZZ
+@given(argv=export_argv())
+def test_export_with_generated_flags_writes_a_job_or_exits_2(
+    argv: list[str], tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path_factory.mktemp("job")
+    code, out, err = run_export(["--out", str(out_dir / "job"), *argv], capsys)
+    assert code in (0, 2), (code, err)
+    assert "Traceback" not in err
+    if code == 2:
+        assert err.startswith("workbench export: error: ") and err.count("\n") == 1, err
+        assert not (out_dir / "job").exists()  # nothing written
+    else:
+        assert (out_dir / "job" / "job.json").is_file() and out.startswith("wrote ")
+
+
+@FUZZ
+@given(
+    gpus=NUMBERS, nodes=NUMBERS, steps=st.one_of(st.none(), NUMBERS), options=JSONISH, model=KEYS
+)
+def test_export_job_of_generated_arguments_writes_a_job_or_raises_value_error(
+    gpus: Any, nodes: Any, steps: Any, options: Any, model: str, tmp_path_factory: Any
+) -> None:
+    from workbench.export import export_job
+
+    out_dir = tmp_path_factory.mktemp("api") / "job"
+    for name in (model, "mlp"):
+        try:
+            export_job(
+                TrainConfig(),
+                gpus=gpus,
+                nodes=nodes,
+                steps=steps,
+                out_dir=out_dir,
+                model=name,
+                model_options=options if isinstance(options, dict) else {"hidden": options},
+            )
+        except ValueError as exc:
+            assert str(exc).startswith("cannot export")
+            assert not out_dir.exists()
