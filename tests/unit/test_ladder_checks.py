@@ -336,3 +336,15 @@ def test_the_run_arguments_are_named_with_the_others(monkeypatch) -> None:
     assert "steps=0" in text and "progress='yes'" in text and "on_progress=3" in text
     with pytest.raises(ValueError, match=r"^invalid ladder: cancel=5: must be a threading.Event"):
         ladder([{}, {"num_workers": 1}], "mlp", 4, model_options=MLP, device="cpu", cancel=5)
+
+
+def test_the_json_of_a_diverged_rung_is_strict() -> None:
+    plans = [_plan("base"), _plan("diverged")]
+    runs = [
+        [_run([1.0, 0.1, 0.1, 0.1], [4.0, 3.5, 3.0, 2.5])],
+        [_run([1.0, 0.1, 0.1, 0.1], [4.0, math.inf, math.nan, math.nan])],
+    ]
+    text = summarize(plans, runs, setup={}).to_json()
+    assert "NaN" not in text and "Infinity" not in text
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert data["rungs"][1]["losses"] == [4.0, None, None, None]

@@ -170,7 +170,9 @@ class LadderResult(Readable):
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=str)
+        """`to_dict()` as strict JSON: a loss that diverged (NaN, inf) is null, never the
+        `NaN` that strict JSON readers refuse."""
+        return json.dumps(_finite(self.to_dict()), indent=indent, default=str, allow_nan=False)
 
     # ------------------------------------------------------------------ the table
     def _display(self) -> Display:
@@ -318,6 +320,17 @@ def _ratio_cell(value: float | None, low: float | None, high: float | None) -> s
     if value is None:
         return "n/a"
     return f"{value:.2f}x [{fmt_number(low, 3)}-{fmt_number(high, 3)}]"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite replaced by None (nested too)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- statistics
