@@ -45,3 +45,19 @@ def test_bad_numbers_name_the_field(text, pattern) -> None:
 def test_an_optional_number_may_be_empty() -> None:
     assert parse_float("clip", " ", optional=True) is None
     assert parse_float("clip", "1,000.5", optional=True) == 1000.5
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("124,000,000", 124_000_000), ("7B", 7 * 10**9), ("1_000", 1000)]
+)
+def test_counts(text, value) -> None:
+    from workbench.ui.fields import parse_count
+
+    assert parse_count("parameters", text) == value
+
+
+def test_a_count_whose_commas_group_nothing_is_refused() -> None:
+    from workbench.ui.fields import parse_count
+
+    with pytest.raises(ValueError, match=r"parameters: '1,2,3' is not a count"):
+        parse_count("parameters", "1,2,3")

@@ -96,11 +96,11 @@ def parse_count(label: str, text: str, *, minimum: int = 1) -> int:
     allowed = f"a count >= {minimum:g} ({COUNT_EXAMPLES})"
     if not raw:
         raise ValueError(f"{label}: empty; enter {allowed}")
-    value = read_count(raw.replace("_", "").replace(",", ""))
+    value = read_count(raw)  # its own rules for separators: digits grouped by three
     if value is None:
-        raise ValueError(f"{label}: {raw!r} is not {allowed}")
+        raise ValueError(f"{label}: {shown(raw)} is not {allowed}")
     if value < minimum or value > 10**16:
-        raise ValueError(f"{label}: {raw!r} is out of range; enter {allowed}")
+        raise ValueError(f"{label}: {shown(raw)} is out of range; enter {allowed}")
     return value
 
 
