@@ -694,3 +694,18 @@ def test_public_helpers_read_numpy_integers_as_python_integers():
         ValueError, match=r"params_from_shape: layers=np.True_, hidden='10\*\*400': each must be"
     ):
         params_from_shape(layers=np.True_, hidden="10**400", seq_len=1, vocab=1)
+
+
+def test_an_unknown_keyword_is_named_with_the_close_one() -> None:
+    from workbench.estimate import EstimateInputError, compare_stages, estimate_memory
+
+    with pytest.raises(
+        EstimateInputError, match=r"n_parms=7000000000.0: unknown input; did you mean 'n_params'\?"
+    ):
+        estimate_memory(n_parms=7e9)
+    with pytest.raises(
+        EstimateInputError, match=r"estimate_memory\(\) takes keyword arguments only"
+    ):
+        estimate_memory(7e9)  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"colour=1: unknown input"):
+        compare_stages(n_params="1B", colour=1)

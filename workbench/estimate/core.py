@@ -37,7 +37,7 @@ from workbench.estimate.model_states import (
     model_state_bytes,
 )
 from workbench.estimate.presets import find_model
-from workbench.estimate.problems import EstimateInputError, Problem
+from workbench.estimate.problems import EstimateInputError, Problem, keywords_checked
 
 GIB = 1 << 30
 
@@ -220,6 +220,7 @@ def _choice(v: Any, table: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------- the estimator
+@keywords_checked
 def estimate_memory(
     *,
     model: Any = None,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from workbench.inputs import shown
 
 _BACKTICK = re.compile(r"`(\w+)`")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,45 @@ class EstimateInputError(ValueError):
                 f"  - {p}" for p in problems
             )
         super().__init__(text)
+
+
+def keywords_checked(fn: F) -> F:
+    """`fn`, but a keyword it does not take (or a positional argument) is an
+    `EstimateInputError` naming it, with the close keyword ("did you mean") and the known
+    ones, instead of Python's TypeError."""
+    import difflib
+    import functools
+    import inspect
+
+    signature = inspect.signature(fn)
+    known = [
+        name
+        for name, param in signature.parameters.items()
+        if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+    ]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        unknown = [k for k in kwargs if k not in signature.parameters]
+        if args or unknown:
+            problems = (
+                [
+                    Problem(
+                        "arguments",
+                        args,
+                        f"{fn.__name__}() takes keyword arguments only ({', '.join(known)})",
+                    )
+                ]
+                if args
+                else []
+            )
+            for name in unknown:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(
+                    Problem(name, kwargs[name], f"unknown input; {hint}known: {', '.join(known)}")
+                )
+            raise EstimateInputError(problems)
+        return fn(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
