@@ -240,7 +240,7 @@ def transformer_activation_bytes(
         bad.append(f"pipeline_parallel={p}: must divide layers={layers} evenly")
     if bad:
         raise ValueError("; ".join(bad))
-    return _activations(
+    return activation_breakdown(
         layers,
         hidden,
         heads,
@@ -259,7 +259,7 @@ def transformer_activation_bytes(
     )
 
 
-def _activations(
+def activation_breakdown(
     n: int,
     h: int,
     a: int,

@@ -18,7 +18,7 @@ from typing import Any
 
 from workbench.config import OptimizerName, Precision
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
-from workbench.estimate.activations import ActivationBreakdown, Checkpointing, _activations
+from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
 from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
@@ -535,7 +535,7 @@ def estimate_memory(
     act_bytes: int | None = None
     per_sample: int | None = None
     if arch is not None:
-        breakdown = _activations(  # inputs checked above
+        breakdown = activation_breakdown(  # inputs checked above
             arch.layers,
             arch.hidden,
             arch.heads,
