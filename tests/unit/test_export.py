@@ -517,7 +517,7 @@ def test_python_api_reports_every_problem_at_once(tmp_path: Path) -> None:
         "gpus=0: must be an integer >= 1, at most 1,024 (more ranks than one node runs)",
         "nodes=True: must be an integer >= 1, at most 65,536 (more nodes than any cluster has)",
         "steps=0: must be an integer >= 1, at most 1,000,000,000,000 (longer than any training "
-        "run), or None",
+        "run), or None (config.total_steps)",
         "model='nope': must be one of tiny-gpt, mlp, cnn or a factory 'pkg.module:function'",
     )
     assert str(info.value).startswith("cannot export, 4 problems:")
@@ -674,7 +674,8 @@ def test_six_bad_flags_are_six_problems_in_one_message(
     assert code == 2 and out == "" and err.count("\n") == 1
     for part in (
         "--gpus 0: must be an integer >= 1, at most 1,024",
-        "--steps -3: must be an integer >= 1",
+        "--steps -3: must be an integer >= 1, at most 1,000,000,000,000 (longer than any "
+        "training run) (without it: --total-steps)",
         "--zero 9: must be 0, 1, 2 or 3",
         "--micro-batch 0: must be an integer >= 1",
         "--model gpt9: must be one of tiny-gpt, mlp, cnn",

@@ -106,6 +106,7 @@ def _as_flags(line: str, raw: dict[str, str]) -> str:
     values as typed."""
     line = re.sub(r"^model_options\['(\w+)'\]=", r"--model-option \1=", line)
     line = re.sub(r"^model_options ", "--model-option ", line)
+    line = line.replace(", or None (config.total_steps)", " (without it: --total-steps)")
     return as_flag_value(line, _FLAGS, raw)
 
 

@@ -339,7 +339,7 @@ def _check(
     if steps is not None and not is_int(steps) or is_int(steps) and not 1 <= steps <= MAX_STEPS[0]:
         problems.append(
             f"steps={shown(steps)}: must be an integer >= 1, at most {MAX_STEPS[0]:,} "
-            f"({MAX_STEPS[1]}), or None"
+            f"({MAX_STEPS[1]}), or None (config.total_steps)"
         )
     before = len(problems)
     c.options = _check_model(model, model_options, problems)
