@@ -119,3 +119,11 @@ def test_the_flags_are_the_settings_declared_flags() -> None:
     assert len(set(declared.values())) == len(declared)  # one flag, one setting
     assert CONFIG_FLAGS["micro_batch"].help == "samples per forward pass per rank (8)"
     assert CONFIG_FLAGS["zero_stage"].kind == "int" and CONFIG_FLAGS["pin_memory"].kind == "switch"
+
+
+def test_a_bad_number_and_the_other_settings_problems_come_together() -> None:
+    config, problems = config_from_args(
+        parse(["--lr", "fast", "--zero", "7"]), fields=FIELDS, check_numbers=True
+    )
+    assert config is None
+    assert problems == ["--lr fast: must be a finite number", "--zero 7: must be 0, 1, 2 or 3"]

@@ -168,8 +168,9 @@ def config_from_args(
     applied, and the problems (the config is None when there are any).
 
     `check_numbers`: a number flag whose text is not a number is a problem of its own
-    ("--lr x: must be a number") and no config is built; otherwise the text is passed on
-    and TrainConfig names it with every other problem. `strip_text`: text values lose
+    ("--lr x: must be a finite number"), named together with every problem of the other
+    settings, and no config is built; otherwise the text is passed on and TrainConfig
+    names it with every other problem. `strip_text`: text values lose
     surrounding whitespace (otherwise TrainConfig gets them as typed). `style` of a
     TrainConfig problem: "value" -> "--zero 7: must be 0, 1, 2 or 3"; "parenthesized" ->
     "--zero (zero_stage=7: must be 0, 1, 2 or 3)". `other_flags`: argument name -> flag
@@ -185,23 +186,25 @@ def config_from_args(
         if spec.kind in ("int", "float"):
             if check_numbers:
                 value = parse_number(value, spec.kind, spec.flag, problems)
+                if value is None:  # named above; the other settings are still checked
+                    continue
             else:
                 value = lenient_number(value, spec.kind)
         elif strip_text and spec.kind != "switch":
             value = value.strip()
         changes[name] = value
-    if problems:
-        return None, problems
     try:
-        return (TrainConfig() if base is None else base).replace(**changes), []
+        config = (TrainConfig() if base is None else base).replace(**changes)
     except ValueError as exc:
         lines = problem_lines(exc)
+    else:
+        return (None, problems) if problems else (config, [])
     flags = {name: CONFIG_FLAGS[name].flag for name in fields}
     if style == "value":
         raw = raw_values(args, fields)
         named = {**flags, **(other_flags or {})}
-        return None, [as_flag_value(ln, named, raw) for ln in lines]
-    out = []
+        return None, problems + [as_flag_value(ln, named, raw) for ln in lines]
+    out = list(problems)
     for ln in lines:
         name = ln.split("=", 1)[0]
         out.append(f"{flags[name]} ({ln})" if name in flags else ln)

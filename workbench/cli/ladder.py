@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import (
-    CONFIG_FLAGS,
     add_config_flags,
     config_from_args,
     parse_number,
@@ -187,24 +186,7 @@ def _as_flag(line: str, raw: dict[str, str | None]) -> str:
 def _config_problems(args: argparse.Namespace) -> tuple[Any, list[str]]:
     """The baseline's TrainConfig from its flags, and every problem of them at once (a
     number flag that is no number, and what TrainConfig says of the others)."""
-    base, problems = config_from_args(
-        args, fields=_BASE_FIELDS, check_numbers=True, style="parenthesized"
-    )
-    if problems and base is None:
-        bad = [
-            n
-            for n in _BASE_FIELDS
-            if any(p.startswith(CONFIG_FLAGS[n].flag + " ") for p in problems)
-        ]
-        if bad:
-            rest = argparse.Namespace(**vars(args))
-            for name in bad:
-                setattr(rest, CONFIG_FLAGS[name].flag.lstrip("-").replace("-", "_"), None)
-            _, more = config_from_args(
-                rest, fields=_BASE_FIELDS, check_numbers=True, style="parenthesized"
-            )
-            problems = problems + [p for p in more if p not in problems]
-    return base, problems
+    return config_from_args(args, fields=_BASE_FIELDS, check_numbers=True, style="parenthesized")
 
 
 def _out_problems(out: str) -> list[str]:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import (
-    CONFIG_FLAGS,
     add_config_flags,
     config_from_args,
     parse_number,
@@ -160,22 +159,6 @@ def _cli_config(
     config, cfg_problems = config_from_args(
         args, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
     )
-    if cfg_problems and config is None:
-        # number flags that are no numbers come alone: ask again without them, so the
-        # other settings' problems are named in the same message
-        bad = {
-            name
-            for name in _CLI_FIELDS
-            if any(p.startswith(CONFIG_FLAGS[name].flag + " ") for p in cfg_problems)
-        }
-        if bad:
-            rest = argparse.Namespace(**vars(args))
-            for name in bad:
-                setattr(rest, CONFIG_FLAGS[name].flag.lstrip("-").replace("-", "_"), None)
-            _, more = config_from_args(
-                rest, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
-            )
-            cfg_problems = cfg_problems + [p for p in more if p not in cfg_problems]
     problems += cfg_problems
     return (None if problems else config), problems
 
