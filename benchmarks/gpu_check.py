@@ -4,81 +4,380 @@
     .venv/bin/python benchmarks/gpu_check.py --cpu-smoke   # the same code paths, tiny, on CPU
 
 Fails (exit 1) when torch has no CUDA: this script is for a GPU machine. Sections, each
-with its own checks (one failing section does not stop the others):
+with its own checks (one failing section does not stop the others), and the seconds each
+is estimated to take on one H200 (a section's limit is twice its estimate):
 
-1. nvml: NVML reads the GPU the session trains on (matched by UUID), this process's GPU
-   memory grows when the session allocates.
-2. session: a Session on CUDA in fp32, amp-bf16 and amp-fp16; step records carry CUDA
-   memory; `memory()` measured vs predicted (model states exact, activations within 15%),
-   the CUDA peak; the profiler's memory timeline on "cuda:N".
-3. deepspeed: DeepSpeed bf16 and fp16 with ZeRO 0-3 and live switches 0 -> 1 -> 2 -> 3 -> 0
-   on one running session; the fp16 loss scale carried across switches; after close()
-   the user's module holds fp32 trained weights on the GPU; measured model states against
-   the "deepspeed" accounting.
-4. oom: an out-of-memory error forced with a micro-batch that cannot fit (a module that
-   allocates 1 GiB per sample), recovered by halving, plain and under ZeRO-2.
-5. ranks: 2 ranks over NCCL with ZeRO-2 when 2+ GPUs exist (measured vs predicted).
-6. speed: a GPT sized to load the GPU, fp32 vs amp-bf16 samples/s (warm-up steps left
-   out) and GPU utilization from the monitor during the run; the Session's overhead
-   against a hand-written loop on the same model.
-7. ladder: the optimization ladder (`workbench.ladder`) on the GPU: fp32, + AMP and loader
-   workers with pinned memory, + data parallel over every GPU when there are 2 or more,
-   + accumulation with a scaled LR and OneCycle, + torch.compile, + activation
+1. nvml (~10 s): NVML reads the GPU the session trains on (matched by UUID), this
+   process's GPU memory grows when the session allocates.
+2. session (~25 s): a Session on CUDA in fp32, amp-bf16 and amp-fp16; step records carry
+   CUDA memory, each record's CUDA peak is its own step's (not an earlier allocation's);
+   `memory()` measured vs predicted (model states exact, activations within 15%); the
+   profiler's memory timeline on "cuda:N" and its phase split (forward, backward and
+   optimizer hold the GPU time, not "other").
+3. deepspeed (~60 s): DeepSpeed bf16 and fp16 with ZeRO 0-3 and live switches
+   0 -> 1 -> 2 -> 3 -> 0 on one running session; the fp16 loss scale carried across
+   switches; after close() the user's module holds fp32 trained weights on the GPU;
+   measured model states against the "deepspeed" accounting.
+4. fsdp (~100 s): FSDP2 `fully_shard` on the last GPU (`device="cuda:N"`: shards there, not
+   on the current device) with amp-bf16 and amp-fp16 (`MixedPrecisionPolicy`, the
+   GradScaler); CPU offload (`CPUOffloadPolicy(pin_memory=True)`, pinned host shards, the
+   gradient norm and the full state gathered); live switches FSDP -> ZeRO-3 -> off -> FSDP
+   with offload carrying the state; `torch.compile` under FSDP and under DeepSpeed.
+5. oom (~20 s): an out-of-memory error forced with a micro-batch that cannot fit (a module
+   that allocates 1 GiB per sample), recovered by halving, plain and under ZeRO-2.
+6. ranks (~60 s): the multi-process path: ZeRO-2 under DeepSpeed's launcher and FSDP with
+   CPU offload under torchrun, on min(2, GPUs) ranks (each rank `set_device`s its GPU and
+   starts NCCL in its own process; per-rank CUDA peaks). With one GPU they run as one rank
+   under the launcher and the NCCL all-reduce between 2 ranks is recorded as not run.
+7. compress (~20 s): compression on CUDA: torchao INT8 (recorded as not run without
+   torchao) and magnitude pruning, measured before/after on the GPU.
+8. speed (~50 s): a GPT sized to load the GPU, fp32 vs amp-bf16 samples/s (warm-up steps
+   left out); GPU utilization sampled from NVML over a steady 5-second stretch of training
+   (after warm-up, >= 20 readings, judged by their median); the Session's overhead against
+   a hand-written loop on the same model.
+9. ladder (~60 s): the optimization ladder (`workbench.ladder`) on the GPU: fp32, + AMP and
+   loader workers with pinned memory, + data parallel over every GPU when there are 2 or
+   more, + accumulation with a scaled LR and OneCycle, + torch.compile, + activation
    checkpointing; every rung runs, on the same samples, with memory measured and
    predicted, and the compile time reported apart from the step time.
 
-All figures go to benchmarks/results/gpu_check.json (gpu_check_cpu_smoke.json for the
-smoke run). Target: under 8 minutes end to end on one GPU.
+Sized to finish in under 8 minutes on one H200: the estimates add up to about 405 s, and
+the whole run has a 450-second budget (`--budget`); a section starts only while budget is
+left and its limit is cut to what is left.
+
+Results: benchmarks/results/gpu_check.json (gpu_check_cpu_smoke.json for the smoke run),
+written again after every section, so a run cut off keeps what it measured. A SIGTERM
+writes what the run has (the section it interrupted marked "interrupted", the rest "not
+run"), ends the child processes and exits 143. A section that runs past its limit is
+stopped, recorded as "timed out" (its child processes ended) and the run goes on; one that
+does not return within a grace period ends the run, its results written.
+
+Every check is "passed", "failed" or "not run" (it cannot run here: one GPU for a 2-rank
+check, torchao missing, the budget spent). The summary counts the three apart and never
+says "N of N passed" when something did not run. Exit status: 0 when every check passed;
+1 when a check failed or a section failed or timed out; 3 when nothing failed but
+something did not run, unless `--allow-partial` (then 0); 143 on SIGTERM.
+
+Rule: the memory techniques, dry run and parallel layouts that land later add their GPU
+checks to gpu_check when they land (a section or checks in one, with its estimate, inside
+the 8-minute budget).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
+import os
+import signal
+import socket
 import statistics
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from _common import write_results
+from _common import RESULTS_DIR, machine_info
+
+EXIT_OK, EXIT_FAILED, EXIT_PARTIAL, EXIT_SIGTERM = 0, 1, 3, 143
+PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
+BUDGET_SECONDS = 450.0  # the whole run on one H200, under 8 minutes with start-up and exit
+SMOKE_BUDGET_SECONDS = 1800.0
+SMOKE_LIMIT_SECONDS = 600.0  # per section on a CPU (a shared 2-core machine is slow)
+GRACE_SECONDS = 30.0  # after a limit: how long a stopped section may take to return
+MIN_START_SECONDS = 5.0  # a section starts only with at least this much budget left
 
 RESULT: dict[str, Any] = {"sections": {}}
-CHECKS: list[tuple[str, str, bool, str]] = []  # (section, check, ok, detail)
+CHECKS: list[tuple[str, str, str, str]] = []  # (section, check, status, detail)
 
 
 def check(section: str, name: str, ok: bool, detail: Any = "") -> bool:
-    CHECKS.append((section, name, bool(ok), str(detail)))
+    """Record a check that ran: passed or failed."""
+    status = PASSED if ok else FAILED
+    CHECKS.append((section, name, status, str(detail)))
     print(f"  [{'ok' if ok else 'FAILED'}] {name}" + (f": {detail}" if detail != "" else ""))
     return bool(ok)
 
 
-def section(name: str, fn: Callable[[dict[str, Any]], None]) -> None:
-    print(f"\n== {name}")
-    out: dict[str, Any] = {}
-    start = time.perf_counter()
+def not_run(section: str, name: str, reason: str) -> None:
+    """Record a check that could not run here (never counted as passed)."""
+    CHECKS.append((section, name, NOT_RUN, reason))
+    print(f"  [NOT RUN] {name}: {reason}")
+
+
+def summary(checks: Sequence[tuple[str, str, str, str]]) -> dict[str, Any]:
+    """Counts by status, the sections by status, and one line that says all three."""
+    counts = {s: sum(1 for c in checks if c[2] == s) for s in (PASSED, FAILED, NOT_RUN)}
+    sections: dict[str, list[str]] = {}
+    for name, sec in RESULT["sections"].items():
+        sections.setdefault(str(sec.get("status")), []).append(name)
+    total = len(checks)
+    if counts[FAILED] == 0 and counts[NOT_RUN] == 0 and total:
+        line = f"all {total} checks passed"
+    else:
+        line = (
+            f"{counts[PASSED]} passed, {counts[FAILED]} failed, {counts[NOT_RUN]} not run "
+            f"(of {total} checks)"
+        )
+    bad = {k: v for k, v in sections.items() if k != PASSED}
+    if bad:
+        line += "; sections " + ", ".join(f"{k}: {', '.join(v)}" for k, v in sorted(bad.items()))
+    return {**counts, "total": total, "sections": sections, "line": line}
+
+
+def exit_status(checks: Sequence[tuple[str, str, str, str]], allow_partial: bool) -> int:
+    statuses = {str(s.get("status")) for s in RESULT["sections"].values()}
+    if any(c[2] == FAILED for c in checks) or statuses & {FAILED, "timed out", "interrupted"}:
+        return EXIT_FAILED
+    partial = any(c[2] == NOT_RUN for c in checks) or statuses & {NOT_RUN, "partial"}
+    if partial and not allow_partial:
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- the run
+class Run:
+    """Where results go and what is running now; shared with the watchdog and the
+    SIGTERM watcher threads (under `lock`)."""
+
+    def __init__(self, name: str, path: Path, allow_partial: bool) -> None:
+        self.name, self.path, self.allow_partial = name, path, allow_partial
+        self.lock = threading.RLock()
+        self.current: str | None = None
+        self.current_out: dict[str, Any] = {}
+        self.current_start = 0.0
+        self.pending: list[str] = []  # sections not started yet
+        self.fired: str | None = None  # the section whose limit has passed
+        self.armed = False  # SIGALRM raises SectionTimeout only while a section runs
+        self.started = time.monotonic()
+
+    def save(self, *, complete: bool = False) -> Path:
+        """Write the results so far (atomically: a reader never sees half a file)."""
+        with self.lock:
+            checks = list(CHECKS)
+            RESULT["checks"] = [
+                {"section": s, "check": c, "status": st, "ok": st == PASSED, "detail": d}
+                for s, c, st, d in checks
+            ]
+            RESULT["summary"] = summary(checks)
+            RESULT["complete"] = complete
+            RESULT["seconds"] = round(time.monotonic() - self.started, 1)
+            payload = {
+                "benchmark": self.name,
+                "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "machine": machine_info(),
+                **RESULT,
+            }
+            text = json.dumps(payload, indent=2, default=str) + "\n"
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+            return self.path
+
+    def end_section_early(self, status: str, note: str) -> None:
+        """The running section did not finish (SIGTERM, or it never returned from its
+        limit): record it with what it had, and the sections after it as not run."""
+        with self.lock:
+            if self.current is not None:
+                try:
+                    partial = json.loads(json.dumps(self.current_out, default=str))
+                except Exception:  # being written by the main thread right now
+                    partial = {}
+                partial.update(
+                    status=status,
+                    note=note,
+                    seconds=round(time.monotonic() - self.current_start, 1),
+                )
+                RESULT["sections"][self.current] = partial
+                CHECKS.append((self.current, "section ran to the end", FAILED, note))
+            for name in self.pending:
+                RESULT["sections"][name] = {"status": NOT_RUN, "note": note}
+                CHECKS.append((name, "section ran", NOT_RUN, note))
+
+
+class SectionTimeout(BaseException):
+    """Raised in the main thread when a section's limit passes (a BaseException, so the
+    code under test, which catches Exception, does not swallow it)."""
+
+
+def kill_children(grace: float = 5.0) -> list[int]:
+    """SIGTERM every descendant process of this one (ranks, launchers, loader workers),
+    SIGKILL what is left after `grace` seconds; returns their pids."""
+    import psutil
+
     try:
-        fn(out)
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    return [p.pid for p in procs]
+
+
+class Watchdog(threading.Thread):
+    """A section's time limit. When it passes: the section's child processes are ended
+    and SIGALRM interrupts the main thread (SectionTimeout); if the section has still
+    not returned `grace` seconds later (stuck in a CUDA or NCCL call), the results are
+    written and the run ends."""
+
+    def __init__(self, run: Run, section: str, limit: float, grace: float) -> None:
+        super().__init__(name=f"gpu-check-watchdog-{section}", daemon=True)
+        self.run_, self.section, self.limit, self.grace = run, section, limit, grace
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        if self.done.wait(self.limit):
+            return
+        with self.run_.lock:
+            self.run_.fired = self.section
+        print(f"\n  [TIMED OUT] {self.section}: past its {self.limit:g} s limit; stopping it")
+        killed = kill_children()
+        self.run_.current_out["killed_child_pids"] = killed
+        if threading.main_thread().ident is not None:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+        if self.done.wait(self.grace):
+            return
+        note = (
+            f"timed out: past its {self.limit:g} s limit and did not return within "
+            f"{self.grace:g} s more; the run was ended"
+        )
+        self.run_.end_section_early("timed out", note)
+        self.run_.save()
+        print(f"FAILED [{self.section}] {note}; wrote {self.run_.path}", flush=True)
+        os._exit(EXIT_FAILED)
+
+
+def _on_alarm(run: Run) -> Callable[[int, Any], None]:
+    def handler(signum: int, frame: Any) -> None:
+        if run.armed and run.fired is not None and run.fired == run.current:
+            raise SectionTimeout(run.current)
+
+    return handler
+
+
+def install_sigterm(run: Run) -> None:
+    """On SIGTERM write what the run has, end the child processes and exit 143. A thread
+    waits on the signal's wakeup file descriptor, so this happens even while the main
+    thread is blocked in a CUDA or NCCL call (where a Python handler would not run)."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the watcher acts on it
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            data = reader.recv(64)
+            if not data or signal.SIGTERM not in data:
+                continue
+            note = "interrupted by SIGTERM"
+            run.end_section_early("interrupted", note)
+            RESULT["interrupted"] = {
+                "signal": "SIGTERM",
+                "section": run.current,
+                "at_seconds": round(time.monotonic() - run.started, 1),
+            }
+            path = run.save()
+            kill_children(grace=2.0)
+            print(f"\nSIGTERM: results so far written to {path}; exiting", flush=True)
+            os._exit(EXIT_SIGTERM)
+
+    threading.Thread(target=watch, name="gpu-check-sigterm", daemon=True).start()
+    run.sigterm_channel = (reader, writer)  # type: ignore[attr-defined]  # kept alive
+
+
+def run_section(
+    run: Run,
+    name: str,
+    fn: Callable[[dict[str, Any]], None],
+    *,
+    limit: float,
+    estimate: float,
+    grace: float = GRACE_SECONDS,
+) -> dict[str, Any]:
+    """Run one section under its time limit; record its status; write the results."""
+    print(f"\n== {name} (estimate {estimate:g} s, limit {limit:g} s)", flush=True)
+    out: dict[str, Any] = {}
+    first_check = len(CHECKS)
+    with run.lock:
+        run.current, run.current_out, run.current_start = name, out, time.monotonic()
+        run.fired = None
+        if name in run.pending:
+            run.pending.remove(name)
+    status: str | None = None
+    watchdog = Watchdog(run, name, limit, grace)
+    watchdog.start()
+    try:
+        run.armed = True
+        try:
+            fn(out)
+        finally:
+            run.armed = False
+    except SectionTimeout:
+        status = "timed out"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        check(name, "section ran to the end", False, "KeyboardInterrupt")
     except Exception as exc:
-        check(name, "section ran to the end", False, f"{type(exc).__name__}: {exc}")
-        out["error"] = traceback.format_exc()
-        print(out["error"])
-    out["seconds"] = round(time.perf_counter() - start, 1)
-    RESULT["sections"][name] = out
+        if run.fired == name:  # the code under test turned the interruption into its own
+            status = "timed out"
+        else:
+            check(name, "section ran to the end", False, f"{type(exc).__name__}: {exc}")
+            out["error"] = traceback.format_exc()
+            print(out["error"])
+    finally:
+        watchdog.done.set()
+    if run.fired == name and status is None:
+        status = "timed out"  # the limit passed as the section returned
+    if status == "timed out":
+        check(name, f"finished within its {limit:g} s limit", False, "timed out")
+    mine = [c for c in CHECKS[first_check:] if c[0] == name]
+    if status is None:
+        if any(c[2] == FAILED for c in mine):
+            status = FAILED
+        elif mine and all(c[2] == NOT_RUN for c in mine):
+            status = NOT_RUN
+        elif any(c[2] == NOT_RUN for c in mine):
+            status = "partial"
+        else:
+            status = PASSED
+    out.update(
+        status=status,
+        seconds=round(time.monotonic() - run.current_start, 1),
+        limit_s=limit,
+        estimate_s=estimate,
+    )
+    with run.lock:
+        RESULT["sections"][name] = out
+        run.current, run.current_out = None, {}
+    run.save()
+    return out
 
 
 # --------------------------------------------------------------------------- setup
 class Ctx:
     """Sizes and the device for a GPU run or a CPU smoke run."""
 
-    def __init__(self, cpu_smoke: bool) -> None:
+    def __init__(self, cpu_smoke: bool, smoke_gpus: int = 2) -> None:
         import torch
 
         self.smoke = cpu_smoke
         self.device = "cpu" if cpu_smoke else "cuda"
         self.torch = torch
+        self.gpus = smoke_gpus if cpu_smoke else torch.cuda.device_count()
+        # the last GPU: a session there must not train on the current device (cuda:0)
+        self.last_device = "cpu" if cpu_smoke else f"cuda:{self.gpus - 1}"
         small = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
         self.model_options = (
             small if cpu_smoke else {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128}
@@ -96,6 +395,8 @@ class Ctx:
         )
         self.big_micro_batch = 4 if cpu_smoke else 16
         self.steps = 3 if cpu_smoke else 8
+        self.util_window = 0.5 if cpu_smoke else 5.0  # seconds of steady training sampled
+        self.util_readings = 3 if cpu_smoke else 20
 
 
 def config(ctx: Ctx, **kw: Any) -> Any:
@@ -104,6 +405,29 @@ def config(ctx: Ctx, **kw: Any) -> Any:
     base: dict[str, Any] = {"micro_batch": 4, "lr": 1e-3, "seed": 1, "device": ctx.device}
     base.update(kw)
     return TrainConfig(**base)
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local shard, or the tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
+def judge_utilization(
+    readings: Sequence[float | None], *, threshold: float = 50.0, min_readings: int = 20
+) -> tuple[bool, str]:
+    """Whether NVML utilization readings taken over a steady stretch of training say the
+    GPU was busy: at least `min_readings` readings (None ones left out) whose median is
+    above `threshold` percent. The median is robust to the odd reading taken while the
+    host syncs or logs; too few readings is a failure (not enough evidence), not a pass."""
+    values = [float(v) for v in readings if v is not None]
+    if len(values) < min_readings:
+        return False, f"{len(values)} readings, need >= {min_readings}"
+    median = statistics.median(values)
+    low = sum(1 for v in values if v <= threshold)
+    return (
+        median > threshold,
+        f"median {median:.0f}% over {len(values)} readings ({low} <= {threshold:g}%)",
+    )
 
 
 # --------------------------------------------------------------------------- sections
@@ -231,17 +555,40 @@ def session_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
         with Session(config(ctx), model_options=ctx.model_options) as s:
             s.run(optimizer_steps=1)
             prof = s.profile(steps=2, record_memory=True)
+            # each record's CUDA peak is its own step's: 1 GiB allocated and freed before
+            # these steps must not show in their records
+            if not ctx.smoke:
+                spike = ctx.torch.empty(1 << 30, dtype=ctx.torch.uint8, device=s.device)
+                del spike
+            peaks = [r.cuda_max_allocated_bytes for r in s.run(optimizer_steps=2)]
+            split = s.profile(steps=3)
         out["profile"] = {
             "step_seconds": prof.step_seconds,
             "memory_peak_bytes": prof.memory_peak_bytes,
             "notes": list(prof.notes),
+            "phase_shares": split.phase_shares,
         }
+        out["record_peaks_after_a_1gib_spike"] = peaks
         if not ctx.smoke:
             check(
                 "session",
                 "profiler memory timeline found on cuda:N",
                 prof.memory_by_category is not None,
                 prof.notes,
+            )
+            check(
+                "session",
+                "each record's CUDA peak is its own step's (below an earlier 1 GiB spike)",
+                all(p is not None and 0 < p < (1 << 30) for p in peaks),
+                peaks,
+            )
+            shares = split.phase_shares
+            busy = shares["forward"] + shares["backward"] + shares["optimizer"]
+            check(
+                "session",
+                "profiler phase split: forward + backward + optimizer hold the GPU time",
+                busy > shares["other"] and shares["backward"] > 0,
+                {k: round(v, 3) for k, v in shares.items()},
             )
 
     return run
@@ -394,34 +741,275 @@ def oom_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     return run
 
 
+def fsdp_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
+    def run(out: dict[str, Any]) -> None:
+        from workbench import Session
+        from workbench.train.backends.fsdp import FSDPBackend
+        from workbench.train.backends.plain import PlainBackend
+
+        dev = ctx.last_device
+        # full_shard in 16-bit compute, on the last GPU
+        for precision in ("amp-bf16", "amp-fp16"):
+            cfg = config(ctx, fsdp="full_shard", precision=precision)
+            with Session(cfg, model_options=ctx.model_options, device=dev) as s:
+                records = s.run(optimizer_steps=ctx.steps)
+                report = s.memory()
+                backend = s.backend
+                shards = {str(_local(p).device) for p in s.model.parameters()}
+            pred = report.predicted
+            out[precision] = {
+                "losses": [r.loss for r in records],
+                "scales": [r.scale for r in records],
+                "shard_devices": sorted(shards),
+                "params_bytes": report.params_bytes,
+                "predicted_params_bytes": None if pred is None else pred.params_bytes,
+            }
+            check("fsdp", f"{precision}: the FSDP engine trains", isinstance(backend, FSDPBackend))
+            check(
+                "fsdp",
+                f"{precision}: losses finite",
+                all(math.isfinite(r.loss) for r in records),
+            )
+            check("fsdp", f"{precision}: shards on the session's device {dev}", shards == {dev})
+            if precision == "amp-fp16":
+                check(
+                    "fsdp",
+                    "amp-fp16: the GradScaler scales the sharded gradients",
+                    all(r.scale is not None for r in records),
+                    [r.scale for r in records],
+                )
+            if pred is not None:
+                check(
+                    "fsdp",
+                    f"{precision}: params measured == the fsdp accounting",
+                    report.params_bytes == pred.params_bytes,
+                    f"{report.params_bytes} vs {pred.params_bytes}",
+                )
+
+        # CPU offload: pinned host shards; the gradient norm, the scaler's found-inf flag
+        # and the full-state gathers are host tensors
+        cfg = config(
+            ctx,
+            fsdp="full_shard",
+            offload_params="cpu",
+            precision="amp-fp16",
+            clip_grad_norm=1.0,
+        )
+        with Session(cfg, model_options=ctx.model_options, device=dev) as s:
+            records = s.run(optimizer_steps=ctx.steps)
+            weights = s.state_dict()
+            params = list(s.model.parameters())
+            where = {str(_local(p).device) for p in params}
+            pinned = all(_local(p).is_pinned() for p in params) if not ctx.smoke else None
+        out["offload"] = {
+            "losses": [r.loss for r in records],
+            "grad_norms": [r.grad_norm for r in records],
+            "shard_devices": sorted(where),
+            "pinned": pinned,
+        }
+        check(
+            "fsdp",
+            "CPU offload: steps run, losses and gradient norms finite",
+            all(math.isfinite(r.loss) and math.isfinite(r.grad_norm or math.nan) for r in records),
+            out["offload"]["grad_norms"],
+        )
+        check("fsdp", "CPU offload: the shards live in host memory", where == {"cpu"}, where)
+        if not ctx.smoke:
+            check("fsdp", "CPU offload: the host shards are pinned", bool(pinned))
+        check(
+            "fsdp",
+            "CPU offload: the full state gathered",
+            bool(weights) and all(math.isfinite(float(v.float().sum())) for v in weights.values()),
+        )
+
+        # live switches, state carried: FSDP -> ZeRO-3 -> off -> FSDP with CPU offload
+        precision = "amp-bf16"
+        cfg = config(ctx, fsdp="full_shard", precision=precision)
+        kinds: list[str] = []
+        losses: list[float] = []
+        with Session(cfg, model_options=ctx.model_options, device=dev) as s:
+            for change in (
+                {},
+                {"fsdp": "off", "zero_stage": 3, "precision": "bf16"},
+                {"zero_stage": 0, "precision": precision},
+                {"fsdp": "full_shard", "offload_params": "cpu"},
+            ):
+                if change:
+                    s.update(**change)
+                losses += [r.loss for r in s.run(optimizer_steps=3)]
+                backend = s.backend
+                engine = getattr(backend, "engine", None)
+                if isinstance(backend, FSDPBackend):
+                    kinds.append("fsdp+offload" if backend.offload else "fsdp")
+                elif engine is not None:
+                    kinds.append(f"zero-{engine.zero_optimization_stage()}")
+                elif isinstance(backend, PlainBackend):
+                    kinds.append("off")
+                else:
+                    kinds.append(type(backend).__name__)
+        out["switches"] = {"engines": kinds, "losses": losses}
+        check(
+            "fsdp",
+            "live switches FSDP -> ZeRO-3 -> off -> FSDP with offload",
+            kinds == ["fsdp", "zero-3", "off", "fsdp+offload"],
+            kinds,
+        )
+        check("fsdp", "losses finite across the switches", all(math.isfinite(v) for v in losses))
+
+        # torch.compile under FSDP and under DeepSpeed (compiling takes seconds on a GPU;
+        # minutes on a small CPU, so the smoke run leaves it out)
+        if ctx.smoke:
+            return
+        for label, extra in (
+            ("FSDP", {"fsdp": "full_shard", "precision": "amp-bf16"}),
+            ("DeepSpeed ZeRO-2", {"zero_stage": 2, "precision": "bf16"}),
+        ):
+            cfg = config(ctx, compile=True, **extra)
+            with Session(cfg, model_options=ctx.model_options, device=dev) as s:
+                records = s.run(optimizer_steps=4)
+            out[f"compile {label}"] = {
+                "step_seconds": [r.step_seconds for r in records],
+                "losses": [r.loss for r in records],
+            }
+            check(
+                "fsdp",
+                f"torch.compile under {label}: steps run, losses finite",
+                all(math.isfinite(r.loss) for r in records) and records[0].warmup,
+                out[f"compile {label}"],
+            )
+
+    return run
+
+
 def ranks_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
+    def run(out: dict[str, Any]) -> None:
+        from workbench.train.launch import launch_ranks
+
+        net = "gloo" if ctx.smoke else "NCCL"
+        ranks = min(2, ctx.gpus)
+        out["gpus"], out["ranks"] = ctx.gpus, ranks
+        if ranks < 1:
+            not_run("ranks", "ranks under a launcher", "no GPU")
+            return
+        launches = (
+            ("ZeRO-2 under DeepSpeed's launcher", "deepspeed", {"zero_stage": 2}),
+            (
+                "FSDP with CPU offload under torchrun",
+                "torchrun",
+                {"fsdp": "full_shard", "offload_params": "cpu", "clip_grad_norm": 1.0},
+            ),
+        )
+        zero2 = None
+        for label, launcher, extra in launches:
+            result = launch_ranks(
+                config(ctx, micro_batch=2, **extra),
+                ranks=ranks,
+                launcher=launcher,
+                model="tiny-gpt",
+                model_options=ctx.model_options,
+                steps=3,
+                timeout=240,
+            )
+            records = result.records
+            error = None if result.first_error is None else str(result.first_error)
+            out[label] = {
+                "ok": result.ok,
+                "first_error": error,
+                "losses": {r: [x.loss for x in recs] for r, recs in records.items()},
+                "grad_norms": {r: [x.grad_norm for x in recs] for r, recs in records.items()},
+                "cuda_peak_bytes": {
+                    r: [x.cuda_max_allocated_bytes for x in recs] for r, recs in records.items()
+                },
+            }
+            check(
+                "ranks",
+                f"{label}: {ranks} rank(s) over {net} trained",
+                result.ok and all(len(records.get(r, [])) == 3 for r in range(ranks)),
+                error or "",
+            )
+            if not ctx.smoke:
+                peaks = out[label]["cuda_peak_bytes"]
+                check(
+                    "ranks",
+                    f"{label}: every rank reports its own CUDA peak",
+                    all(peaks.get(r) and all((p or 0) > 0 for p in peaks[r]) for r in range(ranks)),
+                    peaks,
+                )
+            if launcher == "deepspeed":
+                zero2 = out[label]
+        name = f"{net} all-reduce between 2 ranks (ZeRO-2 gradients)"
+        if ranks < 2:
+            not_run("ranks", name, f"{ctx.gpus} GPU: 2 ranks need 2 GPUs")
+        elif zero2 is not None and zero2["ok"]:
+            norms = zero2["grad_norms"]
+            # the gradient norm of the whole reduced gradient is one value on every rank
+            check("ranks", name, norms.get(0) == norms.get(1) and bool(norms.get(0)), norms)
+        else:
+            check("ranks", name, False, "the ZeRO-2 launch failed")
+
+    return run
+
+
+def compress_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     def run(out: dict[str, Any]) -> None:
         import torch
 
-        from workbench.train.launch import launch_ranks
+        from workbench.compress import compare, held_out_split, prune_unstructured, quantize_int8
+        from workbench.compress.quantize import torchao_version
+        from workbench.models import build_model
 
-        gpus = 0 if ctx.smoke else torch.cuda.device_count()
-        out["gpus"] = gpus
-        if not ctx.smoke and gpus < 2:
-            out["note"] = f"{gpus} GPU: 2 NCCL ranks need 2 GPUs; not run"
-            print(f"  {out['note']}")
-            return
-        result = launch_ranks(
-            config(ctx, zero_stage=2, micro_batch=2),
-            ranks=2,
-            model="tiny-gpt",
-            model_options=ctx.model_options,
-            steps=3,
-            timeout=300,
+        options = (
+            {"hidden": 32, "depth": 2, "samples": 512}
+            if ctx.smoke
+            else {"hidden": 1024, "depth": 3, "samples": 4096}
         )
-        out["ok"] = result.ok
-        out["first_error"] = None if result.first_error is None else result.first_error.message
+        model, dataset, loss_fn, _ = build_model("mlp", seed=1, **options)
+        _, held_out = held_out_split(dataset)
+        device = torch.device(ctx.last_device)
+        model.to(device).eval()
+        candidates: dict[str, Any] = {}
+        version = torchao_version()
+        out["torchao"] = version
+        if version is None:
+            not_run("compress", "torchao INT8 on CUDA", "torchao is not installed")
+        else:
+            candidates["int8"] = quantize_int8(model)  # torchao: on the model's device
+        candidates["prune"] = prune_unstructured(model, 0.5)
+        report = compare(
+            model, candidates, held_out, loss_fn, batch_size=64, repeats=5 if ctx.smoke else 20
+        )
+        out["report"] = report.to_dict()
+        print("  " + str(report).replace("\n", "\n  "))
         check(
-            "ranks",
-            f"2 ranks over {'gloo' if ctx.smoke else 'NCCL'} with ZeRO-2",
-            result.ok,
-            out["first_error"],
+            "compress",
+            f"measured on {device}",
+            str(report.setup.get("device")) == str(device),
+            report.setup.get("device"),
         )
+        before = report.before.figures
+        for method in candidates:
+            row = report.row(method).figures
+            if method == "int8":
+                check(
+                    "compress",
+                    "int8: the weights are smaller",
+                    row.params_bytes < before.params_bytes,
+                    f"{row.params_bytes} vs {before.params_bytes} bytes",
+                )
+            else:
+                check(
+                    "compress",
+                    "prune: half the weights are zero",
+                    (row.zero_fraction or 0.0) >= 0.45,
+                    row.zero_fraction,
+                )
+            check(
+                "compress",
+                f"{method}: held-out loss finite and near the model's",
+                math.isfinite(row.loss)
+                and abs(row.loss - before.loss) <= 0.5 * abs(before.loss) + 0.1,
+                f"{row.loss:.4f} vs {before.loss:.4f}",
+            )
 
     return run
 
@@ -433,24 +1021,21 @@ def speed_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
 
         steps = ctx.steps + 2
         speeds: dict[str, float] = {}
-        with Sampler(interval=0.2) as sampler:
+        with Sampler(interval=0.1) as sampler:
             for precision in ("fp32", "amp-bf16"):
                 cfg = config(ctx, precision=precision, micro_batch=ctx.big_micro_batch)
                 with Session(cfg, model_options=ctx.big_options, sampler=sampler) as s:
-                    start = time.time()
                     recs = [r for r in s.run(optimizer_steps=steps) if not r.warmup]
-                    util = [
-                        g.util_percent
-                        for smp in sampler.history(since=start)
-                        if (g := smp.gpu(s.gpu_uuid)) is not None and g.util_percent is not None
-                    ]
+                    n_params = sum(p.numel() for p in s.model.parameters())
+                    util = steady_utilization(ctx, s, sampler) if precision == "amp-bf16" else []
                 speeds[precision] = statistics.median(r.samples_per_s for r in recs)
                 out[precision] = {
                     "samples_per_s": speeds[precision],
                     "tokens_per_s": statistics.median(r.tokens_per_s or 0 for r in recs),
-                    "gpu_util_percent_median": statistics.median(util) if util else None,
-                    "n_params": sum(p.numel() for p in s.model.parameters()),
+                    "n_params": n_params,
                 }
+                if util:
+                    out[precision]["gpu_util_readings"] = util
         out["amp_bf16_speedup"] = speeds["amp-bf16"] / speeds["fp32"]
         print(f"  amp-bf16 vs fp32: {out['amp_bf16_speedup']:.2f}x")
         if not ctx.smoke:
@@ -460,13 +1045,10 @@ def speed_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                 out["amp_bf16_speedup"] > 1.0,
                 f"{out['amp_bf16_speedup']:.2f}x",
             )
-            util = out["amp-bf16"]["gpu_util_percent_median"]
-            check(
-                "speed",
-                "GPU utilization median > 50% while training",
-                util is not None and util > 50,
-                util,
+            ok, detail = judge_utilization(
+                out["amp-bf16"].get("gpu_util_readings", []), min_readings=ctx.util_readings
             )
+            check("speed", "GPU utilization > 50% over a steady stretch of training", ok, detail)
 
         # overhead: the same model, settings and steps in a hand-written loop
         cfg = config(ctx, precision="fp32", micro_batch=ctx.big_micro_batch)
@@ -504,7 +1086,7 @@ def ladder_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
             8 if ctx.smoke else max(16, 8 * gpus),
             base=config(ctx, micro_batch=4 if ctx.smoke else 16),
             model_options=ctx.model_options,
-            repeats=1 if ctx.smoke else 2,
+            repeats=1,
             ranks=1 if ctx.smoke else None,
             compile=not ctx.smoke,
             checkpointing=True,
@@ -550,6 +1132,31 @@ def ladder_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     return run
 
 
+def steady_utilization(ctx: Ctx, session: Any, sampler: Any) -> list[float | None]:
+    """NVML utilization readings of the session's GPU over `ctx.util_window` seconds of
+    steady training: training runs in the background on the session's built engine (past
+    its warm-up step), readings start after two more steps (so no set-up or compile time
+    is sampled) and are taken every 0.1 s."""
+    first = session.step
+    session.start()
+    readings: list[float | None] = []
+    try:
+        deadline = time.monotonic() + 120
+        while session.step < first + 2:
+            if session.state != "running" or time.monotonic() > deadline:
+                return readings
+            time.sleep(0.02)
+        end = time.monotonic() + ctx.util_window
+        while time.monotonic() < end and session.state == "running":
+            gpu = sampler.sample_now().gpu(session.gpu_uuid)
+            readings.append(None if gpu is None else gpu.util_percent)
+            time.sleep(0.1)
+    finally:
+        if session.state == "running":
+            session.stop()
+    return readings
+
+
 def plain_step_seconds(ctx: Ctx, steps: int) -> float:
     """Seconds per step of a hand-written loop on the speed section's model (fp32, AdamW)."""
     import torch
@@ -590,59 +1197,157 @@ def plain_step_seconds(ctx: Ctx, steps: int) -> float:
 
 
 # --------------------------------------------------------------------------- main
+#: name -> (section, seconds estimated on one H200); the order they run in
+SECTIONS: dict[str, tuple[Callable[[Ctx], Callable[[dict[str, Any]], None]], float]] = {
+    "nvml": (nvml_section, 10),
+    "session": (session_section, 25),
+    "deepspeed": (deepspeed_section, 60),
+    "fsdp": (fsdp_section, 100),
+    "oom": (oom_section, 20),
+    "ranks": (ranks_section, 60),
+    "compress": (compress_section, 20),
+    "speed": (speed_section, 50),
+    "ladder": (ladder_section, 60),
+}
+
+
+def section_limits(text: str) -> dict[str, float]:
+    """`--section-limit`: "SECONDS" for every section, or "NAME=SECONDS,NAME=SECONDS"."""
+    limits: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.rpartition("=")
+        name = name.strip() or "*"
+        if name != "*" and name not in SECTIONS:
+            raise argparse.ArgumentTypeError(f"{part!r}: unknown section; one of {list(SECTIONS)}")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0 or not math.isfinite(seconds):
+            raise argparse.ArgumentTypeError(f"{part!r}: seconds must be a number > 0")
+        limits[name] = seconds
+    return limits
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section tiny on CPU")
-    parser.add_argument("--sections", default="nvml,session,deepspeed,oom,ranks,speed,ladder")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument(
         "--out", default=None, help="results JSON path (default: benchmarks/results/)"
     )
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 when nothing failed though some checks or sections did not run",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help=f"seconds for the whole run (default {BUDGET_SECONDS:g} on a GPU, under 8 minutes)",
+    )
+    parser.add_argument(
+        "--section-limit",
+        type=section_limits,
+        default={},
+        metavar="SECONDS | NAME=SECONDS,...",
+        help="seconds every section (or the named ones) may take (default: twice the "
+        "estimate on a GPU)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=GRACE_SECONDS,
+        help="seconds a section past its limit may take to return before the run ends",
+    )
+    parser.add_argument(
+        "--smoke-gpus",
+        type=int,
+        default=2,
+        choices=(1, 2),
+        help="with --cpu-smoke: the GPU count the ranks section acts on (1: as on one GPU)",
+    )
     args = parser.parse_args(argv)
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        parser.error(f"--sections {args.sections}: unknown {unknown}; choose from {list(SECTIONS)}")
+    name = "gpu_check_cpu_smoke" if args.cpu_smoke else "gpu_check"
+    path = Path(args.out) if args.out else RESULTS_DIR / f"{name}.json"
+    run = Run(name, path, args.allow_partial)
+    install_sigterm(run)
+    signal.signal(signal.SIGALRM, _on_alarm(run))
+    budget = args.budget
+    if budget is None:
+        budget = SMOKE_BUDGET_SECONDS if args.cpu_smoke else BUDGET_SECONDS
+    estimates = {n: SECTIONS[n][1] for n in wanted}
+
+    def limit_of(section: str) -> float:
+        limits = args.section_limit
+        if section in limits or "*" in limits:
+            return float(limits.get(section, limits.get("*")))
+        return SMOKE_LIMIT_SECONDS if args.cpu_smoke else 2.0 * estimates[section]
+
     import torch
 
-    ctx = Ctx(args.cpu_smoke)
     RESULT["mode"] = "cpu-smoke" if args.cpu_smoke else "gpu"
     RESULT["torch"] = torch.__version__
     RESULT["torch_cuda"] = torch.version.cuda
+    RESULT["budget_s"] = budget
+    RESULT["plan"] = {n: {"estimate_s": estimates[n], "limit_s": limit_of(n)} for n in wanted}
+    RESULT["estimated_total_s"] = sum(estimates.values())
+    plan = ", ".join(f"{n} ~{estimates[n]:g} s" for n in wanted)
+    print(
+        f"plan on one H200: {plan}; about {sum(estimates.values()):g} s in all, a {budget:g} s "
+        "budget (under 8 minutes)"
+    )
+    run.pending = list(wanted)
     if not args.cpu_smoke:
         if not torch.cuda.is_available():
-            print(
+            message = (
                 f"FAILED: torch {torch.__version__} sees no CUDA GPU (torch.version.cuda="
                 f"{torch.version.cuda}); this check needs an NVIDIA GPU and a CUDA build of torch"
             )
-            return 1
+            print(message)
+            RESULT["error"] = message
+            run.save(complete=True)
+            return EXIT_FAILED
         RESULT["devices"] = [
             torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
         ]
         print(f"torch {torch.__version__}, CUDA {torch.version.cuda}: {RESULT['devices']}")
-    sections = {
-        "nvml": nvml_section,
-        "session": session_section,
-        "deepspeed": deepspeed_section,
-        "oom": oom_section,
-        "ranks": ranks_section,
-        "speed": speed_section,
-        "ladder": ladder_section,
-    }
-    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in sections]
-    if unknown:
-        parser.error(f"--sections {args.sections}: unknown {unknown}; choose from {list(sections)}")
-    start = time.perf_counter()
-    for name in wanted:
-        with contextlib.suppress(KeyboardInterrupt):
-            section(name, sections[name](ctx))
-    RESULT["seconds"] = round(time.perf_counter() - start, 1)
-    RESULT["checks"] = [{"section": s, "check": c, "ok": ok, "detail": d} for s, c, ok, d in CHECKS]
-    failed = [c for c in CHECKS if not c[2]]
-    name = "gpu_check_cpu_smoke" if args.cpu_smoke else "gpu_check"
-    path = write_results(name, RESULT, path=args.out)
-    print(
-        f"\n{len(CHECKS) - len(failed)} of {len(CHECKS)} checks passed in {RESULT['seconds']} s; wrote {path}"
-    )
-    for s, c, _, d in failed:
-        print(f"FAILED [{s}] {c}: {d}")
-    return 1 if failed else 0
+    ctx = Ctx(args.cpu_smoke, smoke_gpus=args.smoke_gpus)
+    run.save()
+    for section in wanted:
+        left = budget - (time.monotonic() - run.started)
+        if left < MIN_START_SECONDS:
+            note = f"not started: {left:.0f} s of the run's {budget:g} s budget left"
+            print(f"\n== {section}: {note}")
+            with run.lock:
+                run.pending.remove(section)
+                RESULT["sections"][section] = {"status": NOT_RUN, "note": note}
+                CHECKS.append((section, "section ran", NOT_RUN, note))
+            run.save()
+            continue
+        limit = min(limit_of(section), left)
+        run_section(
+            run,
+            section,
+            SECTIONS[section][0](ctx),
+            limit=limit,
+            estimate=estimates[section],
+            grace=args.grace,
+        )
+    run.save(complete=True)
+    code = exit_status(CHECKS, args.allow_partial)
+    print(f"\n{RESULT['summary']['line']} in {RESULT['seconds']} s; wrote {path}")
+    for s, c, status, d in CHECKS:
+        if status != PASSED:
+            print(f"{status.upper()} [{s}] {c}: {d}")
+    if code == EXIT_PARTIAL:
+        print("some checks did not run: exit 3 (--allow-partial accepts a partial run)")
+    return code
 
 
 if __name__ == "__main__":
