@@ -287,3 +287,14 @@ def test_a_weights_file_that_is_no_file_is_refused_without_blocking(tmp_path, ki
         target = Path("/dev/zero")
     with pytest.raises(ValueError, match="not a regular file"):
         load_trained(target, model="mlp")
+
+
+def test_a_weights_file_pickling_other_objects_is_refused_unread(tmp_path):
+    target = tmp_path / "weights.pt"
+    mark = tmp_path / "touched"
+    torch.save({"w": torch.zeros(1), "x": mark.touch}, target)  # unpickling would call nothing,
+    # but the object named (pathlib.Path.touch) is outside torch's safe set: refused unread
+    with pytest.raises(
+        ValueError, match=r"refused: it holds Python objects .*nothing in it was loaded"
+    ):
+        load_trained(target, model="mlp")

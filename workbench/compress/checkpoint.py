@@ -43,22 +43,23 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[s
 
     try:
         payload = checkpoints.load(path)
-    except ValueError as not_checkpoint:
-        if os.path.isdir(path):
-            raise
+    except ValueError:
+        if os.path.isdir(path) or checkpoints.manifest_path(path).is_file():
+            raise  # a checkpoint folder, or a checkpoint with its manifest: its own error
         if not os.path.isfile(path):  # a FIFO or a device would block or never end
             raise ValueError(
                 f"path={str(path)!r}: not a regular file (a checkpoint or weights file)"
             ) from None
-        try:
-            weights = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
+        try:  # torch's safe loader: a pickle naming other objects is refused unread
+            weights = checkpoints.safe_load(path)
+        except ValueError as exc:
+            reason = str(exc).split(": ", 1)[-1].split("; if it is a previous-format")[0]
             raise ValueError(
-                f"path={str(path)!r}: neither a workbench checkpoint nor a weights file "
-                f"(torch.save of a state dict): {not_checkpoint}; {exc}"
-            ) from exc
+                f"path={str(path)!r}: neither a workbench checkpoint (no manifest beside it) "
+                f"nor a weights file (torch.save of a state dict): {reason}"
+            ) from None
         if not isinstance(weights, dict) or not all(
-            isinstance(v, torch.Tensor) for v in weights.values()
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
         ):
             raise ValueError(f"path={str(path)!r}: not a state dict of tensors") from None
         return weights, None
