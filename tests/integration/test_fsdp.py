@@ -352,6 +352,14 @@ def test_fsdp_trains_on_the_sessions_cuda_device_not_the_current_one() -> None:
         records = s.run(optimizer_steps=2)
         assert all(math.isfinite(r.loss) for r in records), s.events[-3:]
         assert {str(getattr(p, "_local_tensor", p).device) for p in s.model.parameters()} == {"cpu"}
-        s.update(fsdp="off", offload_params="none", zero_stage=3)
+        s.update(fsdp="off", offload_params="none", zero_stage=3, precision="fp16")
         records = s.run(optimizer_steps=1)
         assert all(math.isfinite(r.loss) for r in records), s.events[-3:]
+        # back into offload with the optimizer state carried: the states beside the shards
+        s.update(fsdp="full_shard", offload_params="cpu", zero_stage=0, precision="amp-fp16")
+        records = s.run(optimizer_steps=1)
+        assert all(math.isfinite(r.loss) for r in records), s.events[-3:]
+        states = [v for st in s.backend.optimizer.state.values() for v in st.values()]
+        assert {str(getattr(v, "_local_tensor", v).device) for v in states if v.dim() > 0} == {
+            "cpu"
+        }
