@@ -147,3 +147,28 @@ def test_a_manifest_naming_a_factory_is_never_imported(tmp_path, monkeypatch) ->
     assert "nothing of it was imported" in message
     assert resume_model_problem(tmp_path / "ck", 1, step, "launch_marker_mod:make") is None
     assert not mark.exists()  # the caller's own choice is compared, not imported here
+
+
+def _world_info(command: list[str]) -> dict:
+    import base64
+    import json
+
+    arg = next(a for a in command if a.startswith("--world_info="))
+    return json.loads(base64.urlsafe_b64decode(arg.split("=", 1)[1]))
+
+
+@pytest.mark.parametrize(
+    ("visible", "ids"),
+    [
+        (None, [0, 1]),  # nothing restricts the ranks: GPUs 0 and 1
+        ("2,3", [2, 3]),  # a parent restricted to GPUs 2,3 trains on them, not on 0,1
+        ("3, 1, 0", [3, 1]),
+        ("GPU-aaaa,GPU-bbbb", ["GPU-aaaa", "GPU-bbbb"]),
+        ("", [-1, -1]),  # CPU ranks: DeepSpeed's launcher must not give them GPUs 0,1
+    ],
+)
+def test_deepspeed_launcher_keeps_the_visible_devices(visible, ids) -> None:
+    from workbench.train.launch import launcher_command
+
+    command = launcher_command("deepspeed", 2, ["--steps", "1"], port=29500, visible=visible)
+    assert _world_info(command) == {"localhost": ids}

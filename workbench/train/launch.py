@@ -477,9 +477,18 @@ def _free_port() -> int:
 
 
 def launcher_command(
-    launcher: str, ranks: int, worker_args: Sequence[str], *, port: int | None = None
+    launcher: str,
+    ranks: int,
+    worker_args: Sequence[str],
+    *,
+    port: int | None = None,
+    visible: str | None = None,
 ) -> list[str]:
-    """The local (single-node) command that starts `ranks` workers."""
+    """The local (single-node) command that starts `ranks` workers. `visible`: the ranks'
+    `CUDA_VISIBLE_DEVICES` ("" hides every GPU: CPU ranks). DeepSpeed's launcher writes the
+    device ids of its `--world_info` into each rank's `CUDA_VISIBLE_DEVICES`, so they are
+    the visible ones (a parent restricted to GPUs 2,3 trains on 2,3, not 0,1), and "-1" for
+    CPU ranks, which then see no GPU."""
     if launcher == "torchrun":
         return [
             sys.executable,
@@ -493,7 +502,7 @@ def launcher_command(
             *worker_args,
         ]
     world = base64.urlsafe_b64encode(
-        json.dumps({"localhost": list(range(ranks))}).encode()
+        json.dumps({"localhost": deepspeed_device_ids(ranks, visible)}).encode()
     ).decode()
     return [
         sys.executable,
@@ -507,6 +516,18 @@ def launcher_command(
         WORKER_MODULE,
         *worker_args,
     ]
+
+
+def deepspeed_device_ids(ranks: int, visible: str | None) -> list[int | str]:
+    """The device id DeepSpeed's launcher gives each local rank: the first `ranks` of
+    `visible` (a CUDA_VISIBLE_DEVICES value: indices or GPU UUIDs), 0..ranks-1 when it is
+    not set, and -1 for each rank when it is "" (no GPU: CPU ranks)."""
+    if visible is None:
+        return list(range(ranks))
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if not ids:
+        return [-1] * ranks
+    return [int(v) if v.lstrip("-").isdigit() else v for v in ids[:ranks]]
 
 
 def print_commands(launcher: str, ranks: int, worker_args: Sequence[str]) -> str:
@@ -736,7 +757,10 @@ def launch_ranks(
         resume_at,
         threads,
     )
-    command = launcher_command(launcher, ranks, rank_args)
+    child_env = _child_env(cuda, ranks)
+    command = launcher_command(
+        launcher, ranks, rank_args, visible=child_env.get("CUDA_VISIBLE_DEVICES")
+    )
     log_path = run_dir / "launcher.log"
 
     state = _LaunchState(ranks, on_record)
@@ -748,7 +772,7 @@ def launch_ranks(
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=_child_env(cuda, ranks),
+            env=child_env,
             start_new_session=True,
         )
     timed_out = False
