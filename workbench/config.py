@@ -401,8 +401,8 @@ class TrainConfig:
         flag="--micro-batch",
         metavar="BATCH",
         minimum=1,
-        maximum=2**20,
-        maximum_text="1,048,576",
+        maximum=10**6,
+        maximum_text="10^6",
         why="more samples in one forward pass than any device holds",
         panel=2,
     )
@@ -414,8 +414,8 @@ class TrainConfig:
         flag="--grad-accum",
         metavar="ACCUM",
         minimum=1,
-        maximum=2**20,
-        maximum_text="1,048,576",
+        maximum=10**6,
+        maximum_text="10^6",
         why="more micro-batches per step than any run accumulates",
         panel=3,
     )
@@ -929,7 +929,7 @@ def _limit_text(spec: Setting) -> str:
 
 
 def allowed_text(name: str) -> str:
-    """What `name` accepts, in words ("an integer >= 1, at most 1,048,576 (...)")."""
+    """What `name` accepts, in words ("an integer >= 1, at most 10^6 (...)")."""
     spec = SETTINGS[name]
     none = " or None" if spec.optional else ""
     if spec.kind == "choice":
