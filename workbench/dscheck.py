@@ -241,6 +241,77 @@ def _model_fields(model: Any, loc: list[str]) -> set[str]:
     return names
 
 
+#: top-level key -> (module, class) of the pydantic model DeepSpeed validates it with
+_BLOCK_MODELS = {
+    "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
+    "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
+    "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+    "bfloat16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+}
+
+
+def _kinds(annotation: Any) -> tuple[set[str], Any]:
+    """What a pydantic field takes: {"bool", "number"} (an int, float or int Enum) and its
+    nested model class, if any."""
+    import enum
+    import typing
+
+    from pydantic import BaseModel
+
+    kinds: set[str] = set()
+    nested = None
+    for c in [annotation, *typing.get_args(annotation)]:
+        if c is bool:
+            kinds.add("bool")
+        elif c in (int, float) or (
+            isinstance(c, type) and issubclass(c, enum.Enum) and issubclass(c, int)
+        ):
+            kinds.add("number")
+        elif isinstance(c, type) and issubclass(c, BaseModel):
+            nested = c
+    return kinds, nested
+
+
+def coercion_problems(ds: dict[str, Any]) -> list[str]:
+    """true/false where DeepSpeed's models take a number, and a number where they take
+    true/false (pydantic would turn `"stage": true` into stage 1 and `"enabled": 1` into
+    true without a word), one line per key path."""
+    problems: list[str] = []
+
+    def walk(block: Any, model: Any, path: str) -> None:
+        if not isinstance(block, dict) or model is None:
+            return
+        fields = getattr(model, "model_fields", {})
+        by_name = {**{f.alias: f for f in fields.values() if f.alias}, **fields}
+        for key, value in block.items():
+            field = by_name.get(key)
+            if field is None:
+                continue
+            kinds, nested = _kinds(field.annotation)
+            where = f"{path}.{key}"
+            if isinstance(value, bool) and "number" in kinds and "bool" not in kinds:
+                problems.append(
+                    f"{where}={str(value).lower()}: {deepspeed_name()} takes a number here, "
+                    "not true/false"
+                )
+            elif (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and kinds == {"bool"}
+            ):
+                problems.append(
+                    f"{where}={shown(value)}: {deepspeed_name()} takes true or false here, "
+                    "not a number"
+                )
+            elif isinstance(value, dict):
+                walk(value, nested, where)
+
+    for key, (module, name) in _BLOCK_MODELS.items():
+        if isinstance(ds.get(key), dict):
+            walk(ds[key], getattr(_ds(module), name, None), key)
+    return problems
+
+
 # --------------------------------------------------------------------------- optimizer
 def onebit_available() -> bool:
     """Whether the installed DeepSpeed still ships the 1-bit optimizers."""

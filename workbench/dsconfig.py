@@ -579,6 +579,12 @@ def import_deepspeed(
 
     problems, parsed = dscheck.check_config(ds, batch_keys=BATCH_KEYS)
     r.errors.extend(problems)
+    r.errors.extend(dscheck.coercion_problems(ds))
+    autocast = ds.get("torch_autocast")
+    if isinstance(autocast, dict) and "enabled" in autocast:
+        r.boolean(autocast, "enabled", "torch_autocast.enabled")
+    if "zero_allow_untested_optimizer" in ds:
+        r.boolean(ds, "zero_allow_untested_optimizer", "zero_allow_untested_optimizer")
     if parsed is not None:
         _read_zero(r, ds.get("zero_optimization"), parsed, kw)
         _read_precision(r, ds, parsed, kw, base)

@@ -432,6 +432,22 @@ def test_a_config_nested_200000_levels_deep_is_refused(tmp_path) -> None:  # typ
         ),
         ({"gradient_clipping": float("nan")}, "gradient_clipping=nan: must be a finite number"),
         ({1: 2}, "1: keys must be strings"),
+        (
+            {"zero_optimization": {"stage": True}},
+            r"zero_optimization.stage=true: DeepSpeed .* takes a number here, not true/false",
+        ),
+        ({"fp16": {"enabled": 1}}, r"fp16.enabled=1: DeepSpeed .* takes true or false here"),
+        (
+            {
+                "zero_optimization": {
+                    "stage": 3,
+                    "offload_param": {"device": "cpu", "pin_memory": 0},
+                }
+            },
+            r"zero_optimization.offload_param.pin_memory=0: DeepSpeed .* takes true or false",
+        ),
+        ({"torch_autocast": {"enabled": 1}}, r"torch_autocast.enabled=1: must be true or false"),
+        ({"zero_allow_untested_optimizer": 1}, r"zero_allow_untested_optimizer=1: must be true"),
         ({"steps_per_print": object()}, "steps_per_print=<object .*: a object is no JSON value"),
     ],
 )
