@@ -390,3 +390,15 @@ def test_a_job_json_that_is_no_job_is_refused_with_every_problem(tmp_path: Path)
     os.mkfifo(spec)  # opening it would block
     code, _, err = run_job([sys.executable, "train_deepspeed.py"], cwd=job, timeout=120)
     assert code == 2 and f"the job description {spec}: not a regular file" in err
+
+
+def test_the_exported_fsdp_job_reduces_host_tensors_over_gloo_on_gpus() -> None:
+    """CPU offload all-reduces host tensors (the gradient norm, the scaler's found-inf, the
+    full-state gathers): on GPUs the group needs gloo beside NCCL, or the first step fails
+    with "No backend type associated with device type cpu"."""
+    from workbench.export.train_fsdp import process_group_backend
+
+    assert process_group_backend(cuda=True) == "cpu:gloo,cuda:nccl"
+    assert process_group_backend(cuda=False) == "gloo"
+    source = (Path(__file__).parents[2] / "workbench/export/train_fsdp.py").read_text()
+    assert "dist.init_process_group(process_group_backend(cuda))" in source

@@ -115,6 +115,14 @@ def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device)
     fully_shard(module, **options)
 
 
+def process_group_backend(cuda: bool) -> str:
+    """The process group's backends: on GPUs NCCL for CUDA tensors and gloo for host ones,
+    since CPU offload reduces host tensors (the gradient norm, the GradScaler's found-inf,
+    the full-state gathers), which NCCL alone refuses ("No backend type associated with
+    device type cpu"); gloo alone on CPUs."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
 def main(argv: list[str] | None = None) -> int:
     job_path = os.path.join(HERE, JOB_NAME)
     job = read_job(job_path, extra=("config",))
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"{JOB_NAME}: config.fsdp is 'off'; export with --fsdp full_shard (or another mode)")
     single_process_env()
     cuda = torch.cuda.is_available() and config.get("device") != "cpu"
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group(process_group_backend(cuda))
     world, rank = dist.get_world_size(), dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
