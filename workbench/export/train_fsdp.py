@@ -227,4 +227,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # End without the interpreter's teardown: the device mesh keeps gloo's process groups
+    # alive past destroy_process_group(), and destroying them during finalization aborts a
+    # rank now and then ("terminate called without an active exception") after it finished.
+    os._exit(code)
