@@ -17,7 +17,7 @@ TORCH_CUDA_INDEX ?=
 # cached op builds are not invalidated by a second ninja on the system PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install lab test test-fast fuzz lint bench gpu-check browser-deps clean
+.PHONY: install lab test test-fast fuzz lint bench gpu-check gpu-wheels browser-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,11 @@ bench: install
 # On a machine with an NVIDIA GPU: every CUDA, NCCL and NVML path (fails without CUDA).
 gpu-check: install
 	$(PY) benchmarks/gpu_check.py
+
+# For a GPU machine that reaches no package registry: the wheels gpu_check needs beyond its
+# PyTorch image, into .whl/; there, `bash benchmarks/gpu_run.sh` installs them and runs it.
+gpu-wheels: install
+	PY=$(PY) bash benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
