@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -134,35 +133,6 @@ def test_what_cannot_be_compressed_says_so_in_flags(checkpoint, capsys) -> None:
 
 
 # --------------------------------------------------------------------------- hostile input
-#: A factory module that leaves a marker when it is imported and when it is called.
-FACTORY = """
-import pathlib
-MARK = pathlib.Path({mark!r})
-(MARK.parent / (MARK.name + ".imported")).write_text("imported")
-
-def make(**options):
-    MARK.write_text("called")
-    from workbench.models import build_model
-    module, data, loss, _ = build_model("mlp", **options)
-    return module, data, loss
-"""
-
-
-@pytest.fixture
-def marker(tmp_path, monkeypatch) -> tuple[str, Path]:
-    """('compress_marker_<n>:make', the marker's path), importable from tmp_path."""
-    name = f"compress_marker_{abs(hash(str(tmp_path))) % 10**8}"
-    mark = tmp_path / "called"
-    (tmp_path / f"{name}.py").write_text(FACTORY.format(mark=str(mark)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield f"{name}:make", mark
-    sys.modules.pop(name, None)
-
-
-def _ran(mark: Path) -> bool:
-    return mark.exists() or mark.with_name(mark.name + ".imported").exists()
-
-
 def _crafted(checkpoint: str, folder: Path, model: dict) -> Path:
     payload = ckpt.load(checkpoint)
     payload.pop("path")
@@ -187,11 +157,11 @@ def test_a_checkpoint_naming_os_system_runs_nothing(checkpoint, capsys, tmp_path
 
 
 def test_a_crafted_factory_runs_only_with_trust(checkpoint, capsys, tmp_path, marker) -> None:
-    spec, mark = marker
+    spec, mark = marker.spec, marker.path
     _crafted(checkpoint, tmp_path / "ck", {"name": spec, "options": MLP})
     argv = ["compress", str(tmp_path / "ck"), "--methods", "int8", "--repeats", "3"]
     code, _, err = run([*argv, "--threads", "1"], capsys)
-    assert code == 2 and not _ran(mark)
+    assert code == 2 and not marker.ran
     assert f"names the model factory {spec!r}" in err and "--trust-model-spec" in err
     code, out, err = run([*argv, "--threads", "1", "--trust-model-spec"], capsys)
     assert code == 0, err
@@ -202,7 +172,7 @@ def test_a_crafted_factory_runs_only_with_trust(checkpoint, capsys, tmp_path, ma
 
 
 def test_a_factory_given_with_model_is_the_users_choice(checkpoint, capsys, marker) -> None:
-    spec, mark = marker
+    spec, mark = marker.spec, marker.path
     weights = os.path.join(os.path.dirname(checkpoint), "weights.pt")
     code, out, err = run(
         ["compress", weights, "--model", spec, "--model-options", json.dumps(MLP)]

@@ -9,7 +9,6 @@ import copy
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +23,6 @@ from workbench.models.spec import UntrustedSpecError
 from workbench.train import checkpoints as ckpt
 
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "40"))
-
-#: A factory module that leaves a marker file when it is imported and when it is called.
-FACTORY = """
-import pathlib
-MARK = pathlib.Path({mark!r})
-(MARK.parent / (MARK.name + ".imported")).write_text("imported")
-
-def make(**options):
-    MARK.write_text("called")
-    from workbench.models import build_model
-    module, data, loss, _ = build_model("mlp", samples=64, hidden=16, depth=1)
-    return module, data, loss
-"""
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +45,6 @@ def _craft(payload: dict[str, Any], folder: Path, **changes: Any) -> Path:
     return ckpt.save(crafted, folder / "step-00000001.pt")
 
 
-@pytest.fixture
-def marker_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    """('hostile_factory_<n>:make', marker path): importable from tmp_path."""
-    name = f"hostile_factory_{abs(hash(str(tmp_path))) % 10**8}"
-    mark = tmp_path / "called"
-    (tmp_path / f"{name}.py").write_text(FACTORY.format(mark=str(mark)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield f"{name}:make", mark
-    sys.modules.pop(name, None)
-
-
-def _nothing_ran(mark: Path) -> bool:
-    return not mark.exists() and not mark.with_name(mark.name + ".imported").exists()
-
-
 def test_a_checkpoint_naming_os_system_runs_nothing(saved, tmp_path):
     target = tmp_path / "pwned"
     path = _craft(
@@ -91,15 +62,15 @@ def test_a_checkpoint_naming_os_system_runs_nothing(saved, tmp_path):
 
 
 def test_a_factory_named_by_a_checkpoint_is_refused_then_honoured_when_trusted(
-    saved, tmp_path, marker_module, caplog
+    saved, tmp_path, marker, caplog
 ):
-    spec, mark = marker_module
+    spec, mark = marker.spec, marker.path
     path = _craft(saved, tmp_path / "ck", model={"name": spec, "options": {}})
     with pytest.raises(UntrustedSpecError) as info:
         load_trained(path)
     assert info.value.spec == spec and str(path) in info.value.source
     assert "trusted=True" in str(info.value)
-    assert _nothing_ran(mark)
+    assert not marker.ran
 
     with caplog.at_level(logging.WARNING, logger="workbench"):
         trained = load_trained(path, trusted=True)
@@ -112,17 +83,15 @@ def test_a_factory_named_by_a_checkpoint_is_refused_then_honoured_when_trusted(
         assert torch.equal(tensor, weights[name])
 
 
-def test_a_factory_the_caller_names_is_the_callers_choice(saved, tmp_path, marker_module):
-    spec, mark = marker_module
+def test_a_factory_the_caller_names_is_the_callers_choice(saved, tmp_path, marker):
+    spec, mark = marker.spec, marker.path
     path = _craft(saved, tmp_path / "ck", model={"name": None, "options": {}})
     trained = load_trained(path, model=spec)
     assert mark.read_text() == "called" and trained.name == spec
 
 
-def test_resuming_a_session_from_a_crafted_checkpoint_imports_nothing(
-    saved, tmp_path, marker_module
-):
-    spec, mark = marker_module
+def test_resuming_a_session_from_a_crafted_checkpoint_imports_nothing(saved, tmp_path, marker):
+    spec = marker.spec
     path = _craft(saved, tmp_path / "ck", model={"name": spec, "options": {}})
     with pytest.raises(ValueError, match=rf"model={spec!r}"):
         Session.resume_from(path)
@@ -134,7 +103,7 @@ def test_resuming_a_session_from_a_crafted_checkpoint_imports_nothing(
         resume=path,
     )
     session.close()
-    assert _nothing_ran(mark)
+    assert not marker.ran
 
 
 @pytest.mark.parametrize(

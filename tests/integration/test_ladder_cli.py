@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -128,31 +127,6 @@ def test_bad_rungs_are_named_with_every_problem(tmp_path, capsys, monkeypatch) -
 
 
 # --------------------------------------------------------------------------- hostile input
-#: A factory module that leaves a marker when it is imported and when it is called.
-FACTORY = """
-import pathlib
-MARK = pathlib.Path({mark!r})
-(MARK.parent / (MARK.name + ".imported")).write_text("imported")
-
-def make(**options):
-    MARK.write_text("called")
-"""
-
-
-@pytest.fixture
-def marker(tmp_path, monkeypatch) -> tuple[str, Path]:
-    name = f"ladder_marker_{abs(hash(str(tmp_path))) % 10**8}"
-    mark = tmp_path / "called"
-    (tmp_path / f"{name}.py").write_text(FACTORY.format(mark=str(mark)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield f"{name}:make", mark
-    sys.modules.pop(name, None)
-
-
-def _ran(mark: Path) -> bool:
-    return mark.exists() or mark.with_name(mark.name + ".imported").exists()
-
-
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -170,7 +144,7 @@ def _ran(mark: Path) -> bool:
 def test_a_rungs_file_naming_a_model_runs_nothing(
     content, message, tmp_path, capsys, monkeypatch, marker
 ) -> None:
-    spec, mark = marker
+    spec = marker.spec
     monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     rungs = tmp_path / "rungs.json"
     rungs.write_text(json.dumps(content(spec)))
@@ -179,7 +153,7 @@ def test_a_rungs_file_naming_a_model_runs_nothing(
         + ["--device", "cpu"],
         capsys,
     )
-    assert code == 2 and out == "" and not _ran(mark)
+    assert code == 2 and out == "" and not marker.ran
     assert message.format(spec=spec, path=rungs) in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

@@ -436,45 +436,15 @@ def test_cli_every_problem_at_once(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 1
 
 
-#: A factory module that leaves a marker when it is imported and when it is called.
-FACTORY = """
-import pathlib
-MARK = pathlib.Path({mark!r})
-(MARK.parent / (MARK.name + ".imported")).write_text("imported")
-
-def make(**options):
-    MARK.write_text("called")
-    from workbench.models import build_model
-    module, data, loss, _ = build_model("mlp", **options)
-    return module, data, loss
-"""
-
-
-@pytest.fixture
-def marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """('launch_marker_<n>:make', the marker's path), importable from tmp_path."""
-    name = f"launch_marker_{abs(hash(str(tmp_path))) % 10**8}"
-    mark = tmp_path / "called"
-    (tmp_path / f"{name}.py").write_text(FACTORY.format(mark=str(mark)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    yield f"{name}:make", mark
-    sys.modules.pop(name, None)
-
-
-def _nothing_ran(mark: Path) -> bool:
-    return not mark.exists() and not mark.with_name(mark.name + ".imported").exists()
-
-
 def test_cli_a_config_naming_a_model_runs_nothing(
     tmp_path: Path, marker: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec, mark = marker
+    spec = marker.spec
     crafted = tmp_path / "ds.json"
     crafted.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "model": spec}))
     with pytest.raises(SystemExit) as info:
         main(["--config", str(crafted), "--ranks", "1", "--device", "cpu", "--print-command"])
-    assert info.value.code == 2 and _nothing_ran(mark)
+    assert info.value.code == 2 and not marker.ran
     err = capsys.readouterr().err
     assert f"--config {crafted}: model={spec!r}: a DeepSpeed config holds settings only" in err
     assert "never a file's" in err and err.count("\n") == 1
@@ -485,7 +455,7 @@ def test_cli_a_resumed_checkpoint_naming_a_factory_runs_nothing(
 ) -> None:
     from workbench.train import checkpoints as ckpt
 
-    spec, mark = marker
+    spec = marker.spec
     with Session(TrainConfig(**CPU), model="mlp", model_options=MLP) as s:
         s.run(optimizer_steps=2)
         saved = ckpt.load(s.save_checkpoint(tmp_path / "saved"))
@@ -499,7 +469,7 @@ def test_cli_a_resumed_checkpoint_naming_a_factory_runs_nothing(
             ["--resume", str(tmp_path / "ck"), "--ranks", "1", "--steps", "4", "--model", "mlp"]
             + ["--model-options", json.dumps(MLP), "--device", "cpu", "--micro-batch", "4"]
         )
-    assert info.value.code == 2 and _nothing_ran(mark)
+    assert info.value.code == 2 and not marker.ran
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before
     err = capsys.readouterr().err
     assert f"names the model factory {spec!r}" in err and "nothing of it was imported" in err

@@ -56,7 +56,10 @@ def test_every_problem_reported_at_once():
             r"needs zero_stage=0 \(zero_stage=1\)",
         ),
         ({"loss_scale_growth": 1.0}, r"loss_scale_growth=1.0: must be a finite number > 1"),
-        ({"loss_scale_backoff": 1.0}, r"loss_scale_backoff=1.0: must be a finite number > 0 and < 1"),
+        (
+            {"loss_scale_backoff": 1.0},
+            r"loss_scale_backoff=1.0: must be a finite number > 0 and < 1",
+        ),
         ({"warmup_steps": 50, "total_steps": 10}, r"warmup_steps=50: must not exceed"),
         ({"activation_checkpointing": "yes"}, r"activation_checkpointing='yes': must be True"),
     ],

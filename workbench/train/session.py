@@ -583,7 +583,9 @@ class Session:
         with self._state_lock:
             if not self._pending:
                 self._requested = target
-            self._changes_for_next_record.update({k: plain_value(getattr(target, k)) for k in changed})
+            self._changes_for_next_record.update(
+                {k: plain_value(getattr(target, k)) for k in changed}
+            )
 
     # ------------------------------------------------------------------ your module's weights
     def state_dict(self) -> dict[str, torch.Tensor]:
