@@ -74,6 +74,14 @@ def ungrouped(text: str) -> str | None:
     return text.replace(",", "") if _GROUPED.match(text.strip()) else None
 
 
+def typed(text: str) -> str:
+    """A flag's text for a message: as typed, unless it is empty, longer than 80
+    characters, not printable or padded with spaces (then quoted and cut by `shown`), so a
+    message stays one readable line whatever was typed."""
+    plain = bool(text) and text == text.strip() and len(text) <= 80 and text.isprintable()
+    return text if plain else shown(text)
+
+
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -243,5 +251,6 @@ __all__ = [
     "read_json",
     "read_text",
     "shown",
+    "typed",
     "ungrouped",
 ]

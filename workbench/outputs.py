@@ -29,6 +29,24 @@ class OutputError(ValueError):
         super().__init__(f"cannot write {path!r}: {reason}; nothing was changed there")
 
 
+def target_problem(path: str | os.PathLike[str], *, folder: bool) -> str | None:
+    """Why `path` cannot take a command's output (None when it can), said before any work:
+    `folder` True: a folder, or a place one can be made; False: a file in such a place."""
+    target = Path(path)
+    try:
+        if folder and target.exists() and not target.is_dir():
+            return "exists and is not a folder"
+        if not folder and target.is_dir():
+            return "is a folder; name a file"
+        parent = next((p for p in target.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            return f"{parent} is not a folder"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        return f"cannot be used ({reason})"
+    return None
+
+
 def _as_bytes(data: bytes | str) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
@@ -80,4 +98,4 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, *, mode: int | N
     )[0]
 
 
-__all__ = ["OutputError", "write_file", "write_files"]
+__all__ = ["OutputError", "target_problem", "write_file", "write_files"]

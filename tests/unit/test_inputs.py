@@ -180,3 +180,31 @@ def test_write_file_replaces_in_one_rename(tmp_path):
     assert target.read_bytes() == b"new" and [p.name for p in target.parent.iterdir()] == [
         "chart.png"
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7B", "7B"),
+        ("", "''"),
+        (" 8", "' 8'"),
+        ("a\nb", "'a\\nb'"),
+        ("x" * 90, "'" + "x" * 76 + "..."),
+    ],
+)
+def test_typed_keeps_a_message_on_one_readable_line(text, expected) -> None:
+    from workbench.inputs import typed
+
+    assert typed(text) == expected
+
+
+def test_target_problem_says_why_an_output_cannot_go_there(tmp_path) -> None:
+    from workbench.outputs import target_problem
+
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    assert target_problem(tmp_path / "new" / "deeper", folder=True) is None
+    assert target_problem(afile, folder=True) == "exists and is not a folder"
+    assert target_problem(tmp_path, folder=False) == "is a folder; name a file"
+    assert target_problem(afile / "inside", folder=True) == f"{afile} is not a folder"
+    assert target_problem("x" * 5000, folder=True).startswith("cannot be used (")

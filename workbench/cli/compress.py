@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import parse_number
-from workbench.inputs import InputFileError, parse_json, shown
+from workbench.inputs import InputFileError, parse_json, shown, typed
+from workbench.outputs import target_problem
 
 #: Integer flags: (flag, attribute, minimum, maximum, why the maximum).
 _INT_FLAGS = (
@@ -124,11 +125,6 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_compress(args, parser)
 
 
-def _typed(text: str) -> str:
-    """A flag's value as typed, for a message (a very long one cut, safely)."""
-    return text if len(text) <= 80 else shown(text)[1:-1]
-
-
 def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     from workbench.compress.compare import METHODS, method_problems
     from workbench.compress.layers import sparsity_problem
@@ -139,19 +135,19 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     problems += _checkpoint_problems(args.checkpoint)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for p in method_problems(methods):
-        problems.append(f"--methods {_typed(args.methods)}: " + p.split(": ", 1)[-1])
+        problems.append(f"--methods {typed(args.methods)}: " + p.split(": ", 1)[-1])
     values["methods"] = methods
     sparsity = parse_number(args.sparsity, "float", "--sparsity", problems)
     if sparsity is not None:
         bad = sparsity_problem(sparsity)
         if bad:
-            problems.append(f"--sparsity {_typed(args.sparsity)}: " + bad.split(": ", 1)[-1])
+            problems.append(f"--sparsity {typed(args.sparsity)}: " + bad.split(": ", 1)[-1])
     values["sparsity"] = sparsity
     if args.engine not in ENGINES:
-        problems.append(f"--engine {_typed(args.engine)}: must be one of {', '.join(ENGINES)}")
+        problems.append(f"--engine {typed(args.engine)}: must be one of {', '.join(ENGINES)}")
     held = parse_number(args.held_out, "float", "--held-out", problems)
     if held is not None and not 0 < held < 1:
-        problems.append(f"--held-out {_typed(args.held_out)}: must be a fraction in (0, 1)")
+        problems.append(f"--held-out {typed(args.held_out)}: must be a fraction in (0, 1)")
     values["held_out"] = held
     for flag, attr, minimum, maximum, why in _INT_FLAGS:
         raw = getattr(args, attr)
@@ -161,7 +157,7 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         number = parse_number(raw, "int", flag, problems)
         if number is not None and not minimum <= number <= maximum:
             problems.append(
-                f"{flag} {_typed(raw)}: "
+                f"{flag} {typed(raw)}: "
                 + (f"must be at most {maximum:,} ({why})" if number > maximum else "")
                 + (f"must be an integer >= {minimum}" if number < minimum else "")
             )
@@ -174,11 +170,11 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
                 args.model_options, what="--model-options", max_depth=_OPTIONS_DEPTH
             )
         except InputFileError as exc:
-            problems.append(f"--model-options {_typed(args.model_options)}: {exc.reason}")
+            problems.append(f"--model-options {typed(args.model_options)}: {exc.reason}")
         else:
             if not isinstance(options, dict):
                 problems.append(
-                    f"--model-options {_typed(args.model_options)}: must be a JSON object "
+                    f"--model-options {typed(args.model_options)}: must be a JSON object "
                     "of option names and values"
                 )
                 options = None
@@ -198,10 +194,10 @@ def _checkpoint_problems(path: str) -> list[str]:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        return [f"checkpoint {_typed(path)}: no such file or directory"]
+        return [f"checkpoint {typed(path)}: no such file or directory"]
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
-        return [f"checkpoint {_typed(path)}: cannot be read ({reason})"]
+        return [f"checkpoint {typed(path)}: cannot be read ({reason})"]
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return []
     kind = (
@@ -214,24 +210,15 @@ def _checkpoint_problems(path: str) -> list[str]:
         else "not a regular file"
     )
     return [
-        f"checkpoint {_typed(path)}: {kind}; give a checkpoint file, a folder of "
+        f"checkpoint {typed(path)}: {kind}; give a checkpoint file, a folder of "
         "checkpoints or a weights file"
     ]
 
 
 def _out_problems(out: str) -> list[str]:
     """--out must be a folder (or a path one can be made at): said before any work."""
-    path = Path(out)
-    try:
-        if path.exists() and not path.is_dir():
-            return [f"--out {_typed(out)}: exists and is not a folder"]
-        parent = next((p for p in path.parents if p.exists()), None)
-        if parent is not None and not parent.is_dir():
-            return [f"--out {_typed(out)}: {parent} is not a folder"]
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
-        return [f"--out {_typed(out)}: cannot be used ({reason})"]
-    return []
+    reason = target_problem(out, folder=True)
+    return [] if reason is None else [f"--out {typed(out)}: {reason}"]
 
 
 def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -261,7 +248,7 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error(_flagged(str(exc)))
     except Exception as exc:  # a model that cannot be built or loaded: said, not a traceback
         parser.error(
-            f"checkpoint {_typed(args.checkpoint)}: cannot be loaded "
+            f"checkpoint {typed(args.checkpoint)}: cannot be loaded "
             f"({type(exc).__name__}: {_flagged(str(exc))})"
         )
     source = f"{trained.name} from {trained.path}" + (
@@ -294,7 +281,7 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         try:
             written = _write(report, Path(args.out))
         except OutputError as exc:
-            parser.error(f"--out {_typed(args.out)}: {exc}")
+            parser.error(f"--out {typed(args.out)}: {exc}")
     if args.json:
         data = report.to_dict()
         data["held_out"] = held_note

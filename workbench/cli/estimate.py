@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.cli import Runner
+from workbench.inputs import typed
 
 # field of estimate_memory -> (flag, how the flag's text is read)
 _FLAGS: dict[str, tuple[str, str]] = {
@@ -169,15 +170,6 @@ def _read(text: str, kind: str) -> Any:
     return text
 
 
-def _typed(text: str) -> str:
-    """A flag's text for a message: as typed, unless empty, long, not printable or with
-    spaces around it (then quoted by `shown`)."""
-    from workbench.inputs import shown
-
-    plain = text and text == text.strip() and len(text) <= 80 and text.isprintable()
-    return text if plain else shown(text)
-
-
 def _flag(field: str) -> str:
     return _FLAGS[field][0] if field in _FLAGS else field
 
@@ -197,7 +189,7 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
         elif kind == "tied":
             options[field] = _EMBEDDINGS.get(value.strip().lower())
             if options[field] is None:
-                problems.append(f"{flag} {_typed(value)}: must be tied or untied")
+                problems.append(f"{flag} {typed(value)}: must be tied or untied")
         else:
             options[field] = _read(value, kind)
     if args.fsdp is None:
@@ -206,10 +198,10 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
         options["zero_stage"] = 0
     elif args.compare_stages:
         problems.append(
-            f"--zero {_typed(args.zero)}: leave it out with --compare-stages (stages 0-3)"
+            f"--zero {typed(args.zero)}: leave it out with --compare-stages (stages 0-3)"
         )
     if args.units.strip().lower() not in _UNITS:
-        problems.append(f"--units {_typed(args.units)}: must be gib or gb")
+        problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
 
 
@@ -227,7 +219,7 @@ def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
         else:
             raw = _arg(args, flag)
             text = p.render(_flag, sep=" ") if raw is None else None
-            lines.append(text or p.render(_flag, value_text=_typed(str(raw)), sep=" "))
+            lines.append(text or p.render(_flag, value_text=typed(str(raw)), sep=" "))
     return lines
 
 

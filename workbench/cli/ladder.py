@@ -26,7 +26,6 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import (
@@ -35,7 +34,8 @@ from workbench.cli.config_flags import (
     parse_number,
 )
 from workbench.config import LRScaling, problem_lines
-from workbench.inputs import InputFileError, parse_json, read_json, shown
+from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
+from workbench.outputs import target_problem
 
 # The TrainConfig fields the baseline takes as flags (the rungs change the rest).
 _BASE_FIELDS = ("micro_batch", "lr", "optimizer", "seed")
@@ -140,16 +140,11 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_ladder(args, parser)
 
 
-def _typed(text: str) -> str:
-    """A flag's value as typed, for a message (a very long one cut, safely)."""
-    return text if len(text) <= 80 else shown(text)[1:-1]
-
-
 def read_rungs(path: str) -> list[Any]:
     """The rungs of a JSON file: a list, or an object whose only key is "rungs" (a list).
     ValueError naming the file for anything else: not a regular file, too large, not
     strict JSON (a duplicate key, NaN), nested too deep, another shape."""
-    where = f"--rungs {_typed(str(path))}"
+    where = f"--rungs {typed(str(path))}"
     try:
         data = read_json(path, what="--rungs", max_bytes=MAX_RUNGS_BYTES, max_depth=MAX_RUNGS_DEPTH)
     except InputFileError as exc:
@@ -178,8 +173,8 @@ def _as_flag(line: str, raw: dict[str, str | None]) -> str:
     if not m or m[1] not in _FLAG_OF:
         return line
     value, sep, rest = line[m.end() :].partition(": ")
-    typed = raw.get(m[1])
-    said = _typed(typed) if typed is not None else value
+    given = raw.get(m[1])
+    said = typed(given) if given is not None else value
     return f"{_FLAG_OF[m[1]]} {said}" + (f": {rest}" if sep else "")
 
 
@@ -191,17 +186,10 @@ def _config_problems(args: argparse.Namespace) -> tuple[Any, list[str]]:
 
 def _out_problems(out: str) -> list[str]:
     """--out must name a file that can be written: said before the ladder runs."""
-    path = Path(out)
-    try:
-        if path.is_dir():
-            return [f"--out {_typed(out)}: is a folder; name the chart's file (CHART.png)"]
-        parent = next((p for p in path.parents if p.exists()), None)
-        if parent is not None and not parent.is_dir():
-            return [f"--out {_typed(out)}: {parent} is not a folder"]
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
-        return [f"--out {_typed(out)}: cannot be used ({reason})"]
-    return []
+    reason = target_problem(out, folder=False)
+    if reason is not None and reason.startswith("is a folder"):
+        reason = "is a folder; name the chart's file (CHART.png)"
+    return [] if reason is None else [f"--out {typed(out)}: {reason}"]
 
 
 def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -234,7 +222,7 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     kw.update(numbers)
     if args.lr_scaling not in LRScaling.choices():
         problems.append(
-            f"--lr-scaling {_typed(args.lr_scaling)}: must be one of "
+            f"--lr-scaling {typed(args.lr_scaling)}: must be one of "
             f"{', '.join(LRScaling.choices())}"
         )
     kw["lr_scaling"] = args.lr_scaling
@@ -244,13 +232,13 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
                 args.model_options, what="--model-options", max_depth=MAX_OPTIONS_DEPTH
             )
         except InputFileError as exc:
-            problems.append(f"--model-options {_typed(args.model_options)}: {exc.reason}")
+            problems.append(f"--model-options {typed(args.model_options)}: {exc.reason}")
         else:
             if isinstance(options, dict):
                 kw["model_options"] = options
             else:
                 problems.append(
-                    f"--model-options {_typed(args.model_options)}: must be a JSON object of "
+                    f"--model-options {typed(args.model_options)}: must be a JSON object of "
                     "option names and values"
                 )
     if args.rungs is not None:
@@ -297,7 +285,7 @@ def run_ladder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         try:
             write_file(args.out, result.chart_png())
         except OutputError as exc:
-            chart_error = f"--out {_typed(args.out)}: {exc}"
+            chart_error = f"--out {typed(args.out)}: {exc}"
     if args.json:
         print(result.to_json())
     else:

@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import (
@@ -22,7 +21,8 @@ from workbench.cli.config_flags import (
     parse_number,
 )
 from workbench.config import TrainConfig
-from workbench.inputs import InputFileError, parse_json, read_json, shown
+from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
+from workbench.outputs import target_problem
 from workbench.train.launch import (
     EXIT_PREEMPTED,
     LAUNCHERS,
@@ -121,11 +121,6 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_launch(args, parser)
 
 
-def _typed(text: str) -> str:
-    """A flag's value as typed, for a message (a very long one cut, safely)."""
-    return text if len(text) <= 80 else shown(text)[1:-1]
-
-
 def _cli_config(
     args: argparse.Namespace, ranks: int | None
 ) -> tuple[TrainConfig | None, list[str]]:
@@ -149,9 +144,9 @@ def _cli_config(
                 )
             imported = import_deepspeed(raw, world_size=ranks)
         except InputFileError as exc:
-            problems.append(f"--config {_typed(args.config)}: {exc.reason}")
+            problems.append(f"--config {typed(args.config)}: {exc.reason}")
         except (ValueError, OSError) as exc:
-            problems.append(f"--config {_typed(args.config)}: " + " ".join(str(exc).split()))
+            problems.append(f"--config {typed(args.config)}: " + " ".join(str(exc).split()))
         else:
             base = imported.config
             for w in imported.warnings:
@@ -170,11 +165,11 @@ def _parse_options(text: str | None, problems: list[str]) -> dict[str, Any] | No
     try:
         options = parse_json(text, what="--model-options", max_depth=MAX_OPTIONS_DEPTH)
     except InputFileError as exc:
-        problems.append(f"--model-options {_typed(text)}: {exc.reason}")
+        problems.append(f"--model-options {typed(text)}: {exc.reason}")
         return None
     if not isinstance(options, dict):
         problems.append(
-            f"--model-options {_typed(text)}: must be a JSON object of option names and values"
+            f"--model-options {typed(text)}: must be a JSON object of option names and values"
         )
         return None
     return options
@@ -200,9 +195,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     timeout = number("timeout", "float")
     threads = number("threads", "int")
     if args.launcher not in LAUNCHERS:
-        problems.append(
-            f"--launcher {_typed(args.launcher)}: must be one of {', '.join(LAUNCHERS)}"
-        )
+        problems.append(f"--launcher {typed(args.launcher)}: must be one of {', '.join(LAUNCHERS)}")
         unparsed.add("launcher")
     options = _parse_options(args.model_options, problems)
     if options is None and args.model_options is not None:
@@ -317,17 +310,8 @@ def _flagged(message: str, flag_of: dict[str, str]) -> str:
 
 def _folder_problems(flag: str, path: str) -> list[str]:
     """A folder flag's path must be a folder, or a place one can be made."""
-    try:
-        target = Path(path)
-        if target.exists() and not target.is_dir():
-            return [f"{flag} {_typed(path)}: exists and is not a folder"]
-        parent = next((p for p in target.parents if p.exists()), None)
-        if parent is not None and not parent.is_dir():
-            return [f"{flag} {_typed(path)}: {parent} is not a folder"]
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
-        return [f"{flag} {_typed(path)}: cannot be used ({reason})"]
-    return []
+    reason = target_problem(path, folder=True)
+    return [] if reason is None else [f"{flag} {typed(path)}: {reason}"]
 
 
 def _table(result: LaunchResult) -> str:
