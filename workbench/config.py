@@ -879,34 +879,6 @@ class TrainConfig:
         on any number of ranks; `engine_for` says which engine runs it."""
         return int(self.zero_stage) >= 1 or Precision(self.precision).is_deepspeed
 
-    def to_deepspeed(self, world_size: int = 1) -> dict[str, Any]:
-        """A DeepSpeed config dict that `deepspeed.initialize` accepts."""
-        from workbench.dsconfig import to_deepspeed
-
-        result: dict[str, Any] = to_deepspeed(self, world_size=world_size)
-        return result
-
-    @classmethod
-    def from_deepspeed(
-        cls,
-        source: dict[str, Any] | str | os.PathLike[str],
-        *,
-        world_size: int | None = None,
-        base: TrainConfig | None = None,
-    ) -> TrainConfig:
-        """Read a DeepSpeed config (dict or JSON path) into a TrainConfig, issuing the
-        import's warnings (keys the workbench does not model, `"auto"` values filled from
-        `base`, default `TrainConfig()`). See `workbench.dsconfig.import_deepspeed`."""
-        import warnings
-
-        from workbench.dsconfig import import_deepspeed
-
-        result = import_deepspeed(source, world_size=world_size, base=base)
-        for message in result.warnings:
-            warnings.warn(message, UserWarning, stacklevel=2)
-        config: TrainConfig = result.config
-        return config
-
 
 #: Every TrainConfig field's `Setting`, in declaration order.
 SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"] for f in fields(TrainConfig)}
