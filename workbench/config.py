@@ -12,15 +12,16 @@ job). What *this* machine and a workbench Session can run of it is a separate qu
 `runtime_problems(config)` answers it (an optimizer the Session cannot train, with the
 nearest one that it can; an NVMe offload directory that does not exist here).
 
-Past 600 lines because every setting is declared, documented and validated here, in one
-place; the DeepSpeed mapping lives in `workbench/dsconfig.py`.
+Past 700 lines because every setting is declared here once, with its label, help, flag and
+limits (`Setting`), and validated here; the choices of the choice settings and other
+trainers' names are in `workbench/choices.py`; the DeepSpeed mapping lives in
+`workbench/dsconfig.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import numbers
 import os
@@ -30,273 +31,28 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
-from workbench.inputs import shown
-
-
-class StrEnum(str, Enum):
-    """A str enum whose `str()` is its value (Python 3.10 compatible)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    @classmethod
-    def choices(cls) -> list[str]:
-        return [m.value for m in cls]
-
-
-class Precision(StrEnum):
-    FP32 = "fp32"
-    AMP_FP16 = "amp-fp16"  # torch autocast fp16 + GradScaler: fp32 weights and grads
-    AMP_BF16 = "amp-bf16"  # torch autocast bf16: fp32 weights and grads
-    FP16 = "fp16"  # DeepSpeed 16-bit: fp16 weights/grads, fp32 master copy, dynamic loss scale
-    BF16 = "bf16"  # DeepSpeed 16-bit: bf16 weights/grads, fp32 master copy
-
-    @property
-    def is_deepspeed(self) -> bool:
-        return self in (Precision.FP16, Precision.BF16)
-
-
-class OptimizerName(StrEnum):
-    """Optimizers by state layout. A Session trains adamw, adam, sgd and sgd-nomomentum;
-    the others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that
-    the estimator and the DeepSpeed import/export know (`runtime_problems` says why a
-    Session refuses them and which one is nearest), and adam8bit (estimator only)."""
-
-    ADAMW = "adamw"
-    ADAM = "adam"
-    SGD = "sgd"  # with momentum
-    SGD_NOMOMENTUM = "sgd-nomomentum"
-    ADAM8BIT = "adam8bit"  # estimator only (bitsandbytes-style 8-bit states)
-    LAMB = "lamb"  # DeepSpeed FusedLamb (CUDA kernel)
-    LION = "lion"  # DeepSpeed FusedLion (CUDA) / DeepSpeedCPULion (optimizer offload)
-    ADAGRAD = "adagrad"  # torch.optim.Adagrad / DeepSpeedCPUAdagrad (optimizer offload)
-    ONEBIT_ADAM = "onebitadam"  # DeepSpeed 1-bit Adam (not in DeepSpeed 0.19.8)
-    ZERO_ONE_ADAM = "zerooneadam"  # DeepSpeed 0/1 Adam (not in DeepSpeed 0.19.8)
-    ONEBIT_LAMB = "onebitlamb"  # DeepSpeed 1-bit Lamb (not in DeepSpeed 0.19.8)
-
-    @property
-    def is_onebit(self) -> bool:
-        """A 1-bit (error-feedback compressed) optimizer; DeepSpeed runs these without ZeRO."""
-        return self in (
-            OptimizerName.ONEBIT_ADAM,
-            OptimizerName.ZERO_ONE_ADAM,
-            OptimizerName.ONEBIT_LAMB,
-        )
-
-
-#: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends).
-SESSION_OPTIMIZERS = (
-    OptimizerName.ADAMW,
-    OptimizerName.ADAM,
-    OptimizerName.SGD,
-    OptimizerName.SGD_NOMOMENTUM,
+from workbench.choices import (  # the choices, re-exported here
+    ENUM_FIELDS,
+    FIELD_ALIASES,
+    NOT_IN_SESSION,
+    SESSION_OPTIMIZERS,
+    VALUE_ALIASES,
+    Device,
+    Engine,
+    FsdpMode,
+    LRScaling,
+    LRSchedule,
+    OffloadDevice,
+    OptimizerName,
+    Precision,
+    did_you_mean,
 )
-
-#: Why a Session cannot train an optimizer, and the nearest one it can.
-_NOT_IN_SESSION: dict[OptimizerName, tuple[str, OptimizerName]] = {
-    OptimizerName.ADAM8BIT: ("is available in the memory estimator only", OptimizerName.ADAMW),
-    OptimizerName.LAMB: (
-        "DeepSpeed's Lamb is FusedLamb, a CUDA kernel (no CPU build), and the Session does "
-        "not build it; Lamb is AdamW with a per-layer trust ratio",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.LION: (
-        "the Session does not build DeepSpeed's Lion (FusedLion needs CUDA; DeepSpeedCPULion "
-        "only runs with optimizer offload)",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.ADAGRAD: (
-        "the Session does not build Adagrad (it carries Adam and SGD state only)",
-        OptimizerName.ADAM,
-    ),
-    OptimizerName.ONEBIT_ADAM: (
-        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
-        "ships them); 1-bit Adam is Adam with compressed communication and decoupled weight "
-        "decay",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.ZERO_ONE_ADAM: (
-        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
-        "ships them); 0/1 Adam is Adam with compressed communication and decoupled weight "
-        "decay",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.ONEBIT_LAMB: (
-        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
-        "ships them); 1-bit Lamb is Lamb, AdamW with a per-layer trust ratio, with compressed "
-        "communication",
-        OptimizerName.ADAMW,
-    ),
-}
-
-
-class LRSchedule(StrEnum):
-    CONSTANT = "constant"
-    COSINE = "cosine"
-    ONECYCLE = "onecycle"
-
-
-class LRScaling(StrEnum):
-    NONE = "none"
-    LINEAR = "linear"
-    SQRT = "sqrt"
-
-
-class OffloadDevice(StrEnum):
-    NONE = "none"
-    CPU = "cpu"
-    NVME = "nvme"
-
-
-class FsdpMode(StrEnum):
-    """PyTorch FSDP's sharding names (FSDP2, `torch.distributed.fsdp.fully_shard`)."""
-
-    OFF = "off"
-    FULL_SHARD = "full_shard"  # parameters resharded after forward: ZeRO-3-like
-    SHARD_GRAD_OP = "shard_grad_op"  # gathered from forward to backward: ZeRO-2-like peak
-    NO_SHARD = "no_shard"  # replicated: DDP-like
-
-    @property
-    def shards(self) -> bool:
-        """Whether parameters, gradients and optimizer states are split over the ranks."""
-        return self in (FsdpMode.FULL_SHARD, FsdpMode.SHARD_GRAD_OP)
-
-
-class Engine(StrEnum):
-    """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
-    DeepSpeed engine, or PyTorch FSDP2. The distributed engines train a copy of it."""
-
-    PLAIN = "plain"
-    DEEPSPEED = "deepspeed"
-    FSDP = "fsdp"
-
-    @property
-    def copies_model(self) -> bool:
-        """Whether the engine trains its own copy of your module (weights copied back)."""
-        return self is not Engine.PLAIN
-
-
-class Device(StrEnum):
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-_ENUM_FIELDS: dict[str, type[StrEnum]] = {
-    "precision": Precision,
-    "optimizer": OptimizerName,
-    "lr_schedule": LRSchedule,
-    "lr_scaling": LRScaling,
-    "offload_optimizer": OffloadDevice,
-    "offload_params": OffloadDevice,
-    "fsdp": FsdpMode,
-    "device": Device,
-}
-
-
-#: Names other trainers use for a TrainConfig field (Lightning, Hugging Face, DeepSpeed).
-_FIELD_ALIASES: dict[str, str] = {
-    "accumulate_grad_batches": "grad_accum",  # Lightning Trainer
-    "gradient_accumulation_steps": "grad_accum",  # Hugging Face, DeepSpeed
-    "gradient_accumulation": "grad_accum",
-    "batch_size": "micro_batch",
-    "per_device_train_batch_size": "micro_batch",  # Hugging Face
-    "train_micro_batch_size_per_gpu": "micro_batch",  # DeepSpeed
-    "learning_rate": "lr",
-    "gradient_clip_val": "clip_grad_norm",  # Lightning Trainer
-    "max_grad_norm": "clip_grad_norm",  # Hugging Face
-    "gradient_clipping": "clip_grad_norm",  # DeepSpeed
-    "max_steps": "total_steps",
-    "warmup": "warmup_steps",
-    "num_warmup_steps": "warmup_steps",
-    "lr_scheduler_type": "lr_schedule",  # Hugging Face
-    "scheduler": "lr_schedule",
-    "gradient_checkpointing": "activation_checkpointing",  # Hugging Face
-    "dataloader_num_workers": "num_workers",  # Hugging Face
-    "dataloader_pin_memory": "pin_memory",  # Hugging Face
-    "zero": "zero_stage",
-    "stage": "zero_stage",
-    "sharding_strategy": "fsdp",  # FSDP1 / Lightning's FSDPStrategy
-    "fsdp_sharding": "fsdp",
-    "optim": "optimizer",  # Hugging Face
-}
-
-#: Choice values other trainers use -> the workbench's value (or a hint naming several).
-_VALUE_ALIASES: dict[str, dict[str, str]] = {
-    "precision": {
-        # Lightning: "-mixed" is autocast with fp32 weights; "-true" casts the weights.
-        "bf16-mixed": "amp-bf16",
-        "16-mixed": "amp-fp16",
-        "fp16-mixed": "amp-fp16",
-        "16": "amp-fp16",
-        "bf16-true": "bf16",
-        "16-true": "fp16",
-        "fp16-true": "fp16",
-        "32": "fp32",
-        "32-true": "fp32",
-        "float32": "fp32",
-        "float": "fp32",
-        "float16": "fp16",
-        "half": "fp16",
-        "bfloat16": "bf16",
-        "amp": "amp-bf16",
-        "mixed": "amp-bf16",
-    },
-    "optimizer": {
-        "adamw_torch": "adamw",  # Hugging Face optim names
-        "adamw_torch_fused": "adamw",
-        "adamw_hf": "adamw",
-        "adamw_8bit": "adam8bit",
-        "adamw8bit": "adam8bit",
-        "paged_adamw_8bit": "adam8bit",
-        "adam_8bit": "adam8bit",
-        "fusedadam": "adamw",
-        "fusedlamb": "lamb",
-        "1bitadam": "onebitadam",
-        "onebit-adam": "onebitadam",
-        "0/1adam": "zerooneadam",
-        "1bitlamb": "onebitlamb",
-    },
-    "lr_schedule": {
-        "constant_with_warmup": "constant",  # Hugging Face
-        "warmuplr": "constant",  # DeepSpeed
-        "warmupcosinelr": "cosine",
-        "cosine_with_warmup": "cosine",
-        "cosineannealinglr": "cosine",
-        "one_cycle": "onecycle",
-        "onecyclelr": "onecycle",
-    },
-    "device": {"gpu": "cuda"},
-    "offload_optimizer": {"disk": "nvme", "ssd": "nvme", "host": "cpu"},
-    "offload_params": {"disk": "nvme", "ssd": "nvme", "host": "cpu"},
-    "fsdp": {  # FSDP1's ShardingStrategy names
-        "no": "off",
-        "none": "off",
-        "false": "off",
-        "hybrid_shard": "full_shard",
-        "fullshard": "full_shard",
-        "full": "full_shard",
-        "shardgradop": "shard_grad_op",
-        "noshard": "no_shard",
-        "ddp": "no_shard",
-    },
-}
-
-
-def did_you_mean(name: str, choices: list[str], aliases: dict[str, str] | None = None) -> str:
-    """The close choice for a mistyped `name` as " did you mean 'x'?", or "" when none is
-    close. `aliases` maps other trainers' names to a choice."""
-    key = name.strip().lower()
-    aliases = aliases or {}
-    close = difflib.get_close_matches(key, [*choices, *aliases], n=1, cutoff=0.8)
-    if not close:
-        return ""
-    return f" did you mean {aliases.get(close[0], close[0])!r}?"
+from workbench.inputs import shown
 
 
 def _unknown_setting(name: str, value: Any) -> str:
     known = sorted(f.name for f in fields(TrainConfig))
-    hint = did_you_mean(name, known, _FIELD_ALIASES)
+    hint = did_you_mean(name, known, FIELD_ALIASES)
     label = name if isinstance(name, str) and len(name) <= 80 else shown(name)
     return (
         f"{label}={shown(value)}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
@@ -697,7 +453,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name, enum in _ENUM_FIELDS.items():
+        for name, enum in ENUM_FIELDS.items():
             value = getattr(self, name)
             if not isinstance(value, enum) and isinstance(value, str):
                 with contextlib.suppress(ValueError):  # reported by problems()
@@ -724,11 +480,11 @@ class TrainConfig:
             bad.add(name)
             p.append(line)
 
-        for name, enum in _ENUM_FIELDS.items():
+        for name, enum in ENUM_FIELDS.items():
             value = getattr(self, name)
             if not isinstance(value, enum):
                 hint = (
-                    did_you_mean(value, enum.choices(), _VALUE_ALIASES.get(name))
+                    did_you_mean(value, enum.choices(), VALUE_ALIASES.get(name))
                     if isinstance(value, str) and len(value) < 100
                     else ""
                 )
@@ -893,7 +649,7 @@ LIMITS: dict[str, tuple[float, str, str]] = {
 
 def setting_choices(name: str) -> list[str]:
     """The allowed values of a choice setting (an enum field), as strings."""
-    return _ENUM_FIELDS[name].choices()
+    return ENUM_FIELDS[name].choices()
 
 
 def _limit_text(spec: Setting) -> str:
@@ -905,7 +661,7 @@ def allowed_text(name: str) -> str:
     spec = SETTINGS[name]
     none = " or None" if spec.optional else ""
     if spec.kind == "choice":
-        return "one of " + ", ".join(_ENUM_FIELDS[name].choices())
+        return "one of " + ", ".join(ENUM_FIELDS[name].choices())
     if spec.kind == "bool":
         return "True or False"
     if spec.kind == "path":
@@ -972,7 +728,7 @@ def _describe_settings() -> str:
         lines.append(f"{f.name}")
         lines.append(f"    {spec.help}.")
         accepts = (
-            "one of " + ", ".join(f'"{c}"' for c in _ENUM_FIELDS[f.name].choices())
+            "one of " + ", ".join(f'"{c}"' for c in ENUM_FIELDS[f.name].choices())
             if spec.kind == "choice"
             else allowed_text(f.name)
         )
@@ -1019,7 +775,7 @@ def runtime_problems(config: TrainConfig) -> list[str]:
     p: list[str] = []
     optimizer = OptimizerName(config.optimizer)
     if optimizer not in SESSION_OPTIMIZERS:
-        why, nearest = _NOT_IN_SESSION[optimizer]
+        why, nearest = NOT_IN_SESSION[optimizer]
         p.append(
             f"optimizer={optimizer.value!r}: cannot train here: {why}; the nearest a Session "
             f"trains is optimizer={nearest.value!r} (a Session trains "
@@ -1063,3 +819,33 @@ _format = format_problems
 
 
 TrainConfig.__doc__ = _describe_settings()
+
+
+__all__ = [
+    "ENUM_FIELDS",
+    "FIELD_ALIASES",
+    "LIMITS",
+    "NOT_IN_SESSION",
+    "SESSION_OPTIMIZERS",
+    "SETTINGS",
+    "VALUE_ALIASES",
+    "Device",
+    "Engine",
+    "FsdpMode",
+    "LRScaling",
+    "LRSchedule",
+    "OffloadDevice",
+    "OptimizerName",
+    "Precision",
+    "Setting",
+    "TrainConfig",
+    "allowed_text",
+    "did_you_mean",
+    "engine_for",
+    "format_problems",
+    "plain_value",
+    "problem_lines",
+    "runtime_problems",
+    "setting",
+    "setting_choices",
+]

@@ -225,12 +225,12 @@ def test_random_inputs_either_construct_or_raise_value_error(micro, lr):
 def test_the_docstring_lists_every_setting_and_every_allowed_value() -> None:
     import dataclasses
 
-    from workbench.config import _ENUM_FIELDS
+    from workbench.config import ENUM_FIELDS
 
     doc = TrainConfig.__doc__ or ""
     for f in dataclasses.fields(TrainConfig):
         assert f.name in doc, f.name
-    for name, enum in _ENUM_FIELDS.items():
+    for name, enum in ENUM_FIELDS.items():
         for value in enum:
             assert f'"{value.value}"' in doc, (name, value.value)
 
