@@ -15,7 +15,7 @@ nearest one that it can; an NVMe offload directory that does not exist here).
 Past 700 lines because every setting is declared here once, with its label, help, flag and
 limits (`Setting`), and validated here; the choices of the choice settings and other
 trainers' names are in `workbench/choices.py`; the DeepSpeed mapping lives in
-`workbench/dsconfig.py`.
+`workbench/deepspeed/`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
@@ -49,13 +49,53 @@ from workbench.choices import (  # the choices, re-exported here
 )
 from workbench.inputs import shown
 
+_NAMED = re.compile(r"`(\w+)`(=?)")
 
-def _unknown_setting(name: str, value: Any) -> str:
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """One invalid setting, as data: the `field`, the `value` given and the `message` (what
+    is allowed, or why the value cannot be). Other settings are named in the message
+    between backticks, so each front end shows its own names for them: `str()` gives the
+    Python names ("zero_stage=7: must be 0, 1, 2 or 3"), the command line its flags
+    (`render(name=flag_of, value_text=as_typed, sep=" ")`)."""
+
+    field: str
+    value: Any
+    message: str
+
+    def render(
+        self,
+        name: Callable[[str], str] = str,
+        value_text: str | None = None,
+        sep: str = "=",
+    ) -> str:
+        """`field=value: message`, with `name` mapping setting names (the field's and the
+        backticked ones), `value_text` instead of the value's repr ("" leaves it out) and
+        `sep` between a name and its value."""
+        message = _NAMED.sub(lambda m: name(m.group(1)) + (sep if m.group(2) else ""), self.message)
+        value = shown(self.value) if value_text is None else value_text
+        return f"{name(self.field)}{sep + value if value else ''}: {message}"
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class ConfigError(ValueError):
+    """A `ValueError` listing every invalid setting at once; `.problems` holds them as
+    `SettingProblem`s, and the text is made from them."""
+
+    def __init__(self, problems: list[SettingProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__(format_problems([str(p) for p in self.problems]))
+
+
+def _unknown_setting(name: str, value: Any) -> SettingProblem:
     known = sorted(f.name for f in fields(TrainConfig))
-    hint = did_you_mean(name, known, FIELD_ALIASES)
+    hint = did_you_mean(name, known, FIELD_ALIASES) if isinstance(name, str) else ""
     label = name if isinstance(name, str) and len(name) <= 80 else shown(name)
-    return (
-        f"{label}={shown(value)}: unknown setting;{hint or ''} known settings: {', '.join(known)}"
+    return SettingProblem(
+        label, value, f"unknown setting;{hint or ''} known settings: {', '.join(known)}"
     )
 
 
@@ -465,20 +505,27 @@ class TrainConfig:
                 plain = bool(value)
             if plain is not value:
                 object.__setattr__(self, f.name, plain)
-        problems = self.problems()
+        problems = self.setting_problems()
         if problems:
-            raise ValueError(_format(problems))
+            raise ConfigError(problems)
 
     # ----------------------------------------------------------------- checking
     def problems(self) -> list[str]:
-        """Every problem with this config, one line each (empty when valid): each field on
-        its own, then every combination whose fields are themselves valid."""
-        p: list[str] = []
+        """Every problem with this config, one line each (empty when valid)."""
+        return [str(problem) for problem in self.setting_problems()]
+
+    def setting_problems(self) -> list[SettingProblem]:
+        """Every problem with this config as data (empty when valid): each field on its
+        own, then every combination whose fields are themselves valid."""
+        p: list[SettingProblem] = []
         bad: set[str] = set()
 
-        def report(name: str, line: str) -> None:
+        def report(name: str, problem: SettingProblem) -> None:
             bad.add(name)
-            p.append(line)
+            p.append(problem)
+
+        def add(name: str, value: Any, message: str) -> None:
+            p.append(SettingProblem(name, value, message))
 
         for name, enum in ENUM_FIELDS.items():
             value = getattr(self, name)
@@ -490,25 +537,31 @@ class TrainConfig:
                 )
                 report(
                     name,
-                    f"{name}={shown(value)}: must be one of {', '.join(enum.choices())}"
-                    + (f";{hint}" if hint else ""),
+                    SettingProblem(
+                        name,
+                        value,
+                        f"must be one of {', '.join(enum.choices())}"
+                        + (f";{hint}" if hint else ""),
+                    ),
                 )
 
         for name, spec in SETTINGS.items():
             if spec.kind == "choice":
                 continue  # the enum checks above
-            line = _field_problem(name, getattr(self, name), spec)
-            if line is not None:
-                report(name, line)
+            problem = _field_problem(name, getattr(self, name), spec)
+            if problem is not None:
+                report(name, problem)
 
         def ok(*names: str) -> bool:
             return not bad.intersection(names)
 
         # Combinations: each is checked when the fields it reads are valid on their own.
         if ok("optimizer") and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT:
-            p.append(
-                "optimizer='adam8bit': is available in the memory estimator only; a Session "
-                "trains with adamw, adam, sgd or sgd-nomomentum"
+            add(
+                "optimizer",
+                "adam8bit",
+                "is available in the memory estimator only; a Session trains with adamw, adam, "
+                "sgd or sgd-nomomentum",
             )
         if (
             ok("optimizer", "zero_stage")
@@ -516,9 +569,11 @@ class TrainConfig:
             and self.zero_stage != 0
         ):
             optimizer = OptimizerName(self.optimizer)
-            p.append(
-                f"optimizer={optimizer.value!r}: DeepSpeed's 1-bit optimizers do not run with "
-                f"ZeRO; needs zero_stage=0 (zero_stage={self.zero_stage})"
+            add(
+                "optimizer",
+                optimizer.value,
+                "DeepSpeed's 1-bit optimizers do not run with ZeRO; needs `zero_stage`=0 "
+                f"(`zero_stage`={self.zero_stage})",
             )
         fsdp = FsdpMode(self.fsdp) if ok("fsdp") else None
         offload_opt = OffloadDevice(self.offload_optimizer) if ok("offload_optimizer") else None
@@ -527,29 +582,34 @@ class TrainConfig:
         stage = self.zero_stage if ok("zero_stage") else None
         if fsdp is not None and fsdp is not FsdpMode.OFF:
             if stage is not None and stage != 0:
-                p.append(
-                    f"fsdp={fsdp.value!r}: PyTorch FSDP and DeepSpeed ZeRO are two sharding "
-                    f"engines; use one (zero_stage={stage} needs fsdp='off', "
-                    "fsdp needs zero_stage=0)"
+                add(
+                    "fsdp",
+                    fsdp.value,
+                    "PyTorch FSDP and DeepSpeed ZeRO are two sharding engines; use one "
+                    f"(`zero_stage`={stage} needs `fsdp`='off', `fsdp` needs `zero_stage`=0)",
                 )
             if precision is not None and precision.is_deepspeed:
-                p.append(
-                    f"fsdp={fsdp.value!r}: precision={precision.value!r} is DeepSpeed's 16-bit "
-                    "mode; with FSDP use 'amp-bf16' or 'amp-fp16' (FSDP's mixed precision)"
+                add(
+                    "fsdp",
+                    fsdp.value,
+                    f"`precision`={precision.value!r} is DeepSpeed's 16-bit mode; with FSDP use "
+                    "'amp-bf16' or 'amp-fp16' (FSDP's mixed precision)",
                 )
             if offload_opt is not None and offload_opt is not OffloadDevice.NONE:
-                p.append(
-                    f"offload_optimizer={offload_opt.value!r}: a DeepSpeed (ZeRO-Offload) "
-                    "setting; FSDP offloads parameters, gradients and optimizer states "
-                    "together with offload_params='cpu'"
+                add(
+                    "offload_optimizer",
+                    offload_opt.value,
+                    "a DeepSpeed (ZeRO-Offload) setting; FSDP offloads parameters, gradients "
+                    "and optimizer states together with `offload_params`='cpu'",
                 )
             if offload_par is not None and (
                 offload_par is OffloadDevice.NVME
                 or (offload_par is OffloadDevice.CPU and fsdp is not FsdpMode.FULL_SHARD)
             ):
-                p.append(
-                    f"offload_params={offload_par.value!r}: FSDP offloads to 'cpu' with "
-                    f"fsdp='full_shard' (fsdp={fsdp.value!r})"
+                add(
+                    "offload_params",
+                    offload_par.value,
+                    f"FSDP offloads to 'cpu' with `fsdp`='full_shard' (`fsdp`={fsdp.value!r})",
                 )
         if (
             stage == 0
@@ -557,9 +617,10 @@ class TrainConfig:
             and offload_opt is not OffloadDevice.NONE
             and fsdp is FsdpMode.OFF
         ):
-            p.append(
-                f"offload_optimizer={offload_opt.value!r}: needs zero_stage 1, 2 "
-                "or 3 (zero_stage=0)"
+            add(
+                "offload_optimizer",
+                offload_opt.value,
+                "needs zero_stage 1, 2 or 3 (`zero_stage`=0)",
             )
         if (
             stage is not None
@@ -568,27 +629,31 @@ class TrainConfig:
             and stage != 3
             and fsdp is FsdpMode.OFF
         ):
-            p.append(
-                f"offload_params={offload_par.value!r}: parameter offload needs "
-                f"zero_stage=3 (zero_stage={stage})"
+            add(
+                "offload_params",
+                offload_par.value,
+                f"parameter offload needs `zero_stage`=3 (`zero_stage`={stage})",
             )
         # DeepSpeed's own 16-bit modes (fp16/bf16) with zero_stage=0 are allowed: the
         # Session routes them through the DeepSpeed engine, which supports stage 0.
         uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
         if uses_nvme and ok("nvme_path") and not self.nvme_path:
-            p.append("nvme_path=None: NVMe offload needs nvme_path, a writable directory")
+            add("nvme_path", None, "NVMe offload needs nvme_path, a writable directory")
         # Whether nvme_path exists is a question about the machine: runtime_problems().
         if ok("warmup_steps", "total_steps") and self.warmup_steps > self.total_steps:
-            p.append(
-                f"warmup_steps={self.warmup_steps}: must not exceed total_steps={self.total_steps}"
+            add(
+                "warmup_steps",
+                self.warmup_steps,
+                f"must not exceed `total_steps`={self.total_steps}",
             )
         return p
 
     def validate(self) -> None:
-        """Raise `ValueError` listing every problem (a constructed config is already valid)."""
-        problems = self.problems()
+        """Raise `ConfigError` (a ValueError) listing every problem (a constructed config is
+        already valid)."""
+        problems = self.setting_problems()
         if problems:
-            raise ValueError(_format(problems))
+            raise ConfigError(problems)
 
     # ----------------------------------------------------------------- changing
     def replace(self, **changes: Any) -> TrainConfig:
@@ -596,7 +661,7 @@ class TrainConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ValueError(_format([_unknown_setting(k, changes[k]) for k in unknown]))
+            raise ConfigError([_unknown_setting(k, changes[k]) for k in unknown])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -606,20 +671,22 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """A config from `to_dict()`'s mapping (missing settings keep their defaults)."""
         if not isinstance(data, Mapping):
-            raise ValueError(
-                f"invalid setting: data={shown(data)}: must be a mapping of setting names to "
-                "values (TrainConfig.to_dict())"
+            raise ConfigError(
+                [
+                    SettingProblem(
+                        "data", data, "must be a mapping of setting names to values (to_dict())"
+                    )
+                ]
             )
         keys = [k for k in data if not isinstance(k, str)]
         if keys:
-            raise ValueError(
-                f"invalid setting: {shown(keys[0])}={shown(data[keys[0]])}: setting names are "
-                "strings"
+            raise ConfigError(
+                [SettingProblem(shown(k), data[k], "setting names are strings") for k in keys]
             )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(_format([_unknown_setting(k, data[k]) for k in unknown]))
+            raise ConfigError([_unknown_setting(k, data[k]) for k in unknown])
         return cls(**data)
 
     # ----------------------------------------------------------------- derived
@@ -683,8 +750,8 @@ def allowed_text(name: str) -> str:
     return f"a finite number {rng}{none}{_limit_text(spec)}"
 
 
-def _field_problem(name: str, v: Any, spec: Setting) -> str | None:
-    """The problem line of one non-choice field's value on its own, or None."""
+def _field_problem(name: str, v: Any, spec: Setting) -> SettingProblem | None:
+    """The problem of one non-choice field's value on its own, or None."""
     if spec.optional and v is None:
         return None
     if spec.kind == "bool":
@@ -706,7 +773,7 @@ def _field_problem(name: str, v: Any, spec: Setting) -> str | None:
             and (spec.below is None or v < spec.below)
             and (spec.maximum is None or v <= spec.maximum)
         )
-    return None if ok else f"{name}={shown(v)}: must be {allowed_text(name)}"
+    return None if ok else SettingProblem(name, v, f"must be {allowed_text(name)}")
 
 
 def _describe_settings() -> str:
@@ -745,7 +812,7 @@ def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) 
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(kwargs) - known)
     if unknown:
-        raise ValueError(_format([_unknown_setting(k, kwargs[k]) for k in unknown]))
+        raise ConfigError([_unknown_setting(k, kwargs[k]) for k in unknown])
     _dataclass_init(self, *args, **kwargs)
 
 
@@ -800,8 +867,12 @@ _plain = plain_value
 
 
 def problem_lines(exc: BaseException) -> list[str]:
-    """A (multi-line) TrainConfig / DeepSpeed-config ValueError as one line per problem,
-    without the "N invalid settings:" header and the "invalid setting: " prefixes."""
+    """The problems of a settings error, one line each: a `ConfigError`'s (or any error
+    carrying `.problems`) rendered from its data; for another ValueError (a DeepSpeed
+    config's), its text without the "N invalid ..." header and the "invalid ...: " prefix."""
+    problems = getattr(exc, "problems", None)
+    if isinstance(problems, list) and problems:
+        return [str(p) for p in problems]
     lines = [ln.strip().removeprefix("- ") for ln in str(exc).splitlines() if ln.strip()]
     if len(lines) > 1 and re.match(r"^\d+ (invalid settings|problems in)", lines[0]):
         lines = lines[1:]
@@ -837,7 +908,9 @@ __all__ = [
     "OffloadDevice",
     "OptimizerName",
     "Precision",
+    "ConfigError",
     "Setting",
+    "SettingProblem",
     "TrainConfig",
     "allowed_text",
     "did_you_mean",

@@ -22,13 +22,15 @@ from typing import Any, Literal
 
 from workbench.config import (
     SETTINGS,
+    ConfigError,
     Setting,
+    SettingProblem,
     TrainConfig,
     plain_value,
     problem_lines,
     setting_choices,
 )
-from workbench.inputs import shown
+from workbench.inputs import shown, typed
 
 
 @dataclass(frozen=True)
@@ -195,20 +197,39 @@ def config_from_args(
         changes[name] = value
     try:
         config = (TrainConfig() if base is None else base).replace(**changes)
-    except ValueError as exc:
-        lines = problem_lines(exc)
+    except ConfigError as exc:
+        found = exc.problems
     else:
         return (None, problems) if problems else (config, [])
     flags = {name: CONFIG_FLAGS[name].flag for name in fields}
     if style == "value":
         raw = raw_values(args, fields)
-        named = {**flags, **(other_flags or {})}
-        return None, problems + [as_flag_value(ln, named, raw) for ln in lines]
+        return None, problems + [as_flag_problem(p, flags, raw) for p in found]
     out = list(problems)
-    for ln in lines:
-        name = ln.split("=", 1)[0]
-        out.append(f"{flags[name]} ({ln})" if name in flags else ln)
+    for p in found:
+        out.append(f"{flags[p.field]} ({p})" if p.field in flags else str(p))
     return None, out
+
+
+def as_flag_problem(
+    problem: SettingProblem, flags: Mapping[str, str], raw: Mapping[str, str]
+) -> str:
+    """A TrainConfig problem written with the command's flags: "--zero 7: must be 0, 1, 2
+    or 3", the value as typed (from `raw`) when there is one; settings without a flag keep
+    their names. Made from the problem's data, never from its text."""
+
+    def name(field: str) -> str:
+        return flags.get(field, field)
+
+    if problem.field in raw:
+        value_text = typed(raw[problem.field])
+    elif problem.value is None:
+        value_text = ""
+    else:
+        value_text = shown(plain_value(problem.value)).strip("'\"")
+    if problem.field not in flags:  # a setting this command has no flag for
+        return problem.render()
+    return problem.render(name=name, value_text=value_text, sep=" ")
 
 
 def lenient_number(text: str, kind: str) -> Any:
@@ -222,6 +243,7 @@ __all__ = [
     "CONFIG_FLAGS",
     "ConfigFlag",
     "add_config_flags",
+    "as_flag_problem",
     "as_flag_value",
     "config_from_args",
     "lenient_number",
