@@ -127,3 +127,30 @@ def test_a_bad_number_and_the_other_settings_problems_come_together() -> None:
     )
     assert config is None
     assert problems == ["--lr fast: must be a finite number", "--zero 7: must be 0, 1, 2 or 3"]
+
+
+def test_a_config_error_carries_its_problems_as_data() -> None:
+    from workbench.config import ConfigError, SettingProblem
+
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(zero_stage=2, fsdp="full_shard", lr=-1)
+    problems = info.value.problems
+    assert all(isinstance(p, SettingProblem) for p in problems)
+    assert [(p.field, p.value) for p in problems] == [("lr", -1), ("fsdp", "full_shard")]
+    assert str(problems[1]).startswith("fsdp='full_shard': PyTorch FSDP and DeepSpeed ZeRO")
+    assert "(zero_stage=2 needs fsdp='off', fsdp needs zero_stage=0)" in str(problems[1])
+    flags = {"zero_stage": "--zero", "fsdp": "--fsdp"}
+    assert problems[1].render(name=lambda f: flags.get(f, f), value_text="full_shard", sep=" ") == (
+        "--fsdp full_shard: PyTorch FSDP and DeepSpeed ZeRO are two sharding engines; use one "
+        "(--zero 2 needs --fsdp 'off', --fsdp needs --zero 0)"
+    )
+
+
+def test_a_value_with_colons_and_equals_signs_is_shown_as_typed() -> None:
+    # the flag's line is made from the problem's data: text such as ": x=1" inside the
+    # value cannot be mistaken for the message
+    config, problems = config_from_args(parse(["--precision", "fp16: x=1"]), fields=FIELDS)
+    assert config is None
+    assert problems == [
+        "--precision fp16: x=1: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16"
+    ]
