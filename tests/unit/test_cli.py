@@ -772,3 +772,46 @@ def test_estimate_fsdp_counts_fsdp2s_layout(capsys: pytest.CaptureFixture[str]) 
     assert (
         "--fsdp full_shard: needs precision fp32, amp-bf16 or amp-fp16" in capsys.readouterr().err
     )
+
+
+def test_the_flags_shared_with_train_config_mean_the_same_in_estimate() -> None:
+    """--micro-batch, --precision, --optimizer, --zero, --fsdp and the offload flags are the
+    TrainConfig settings' own flags; an offload flag takes a device here as everywhere."""
+    from workbench.cli import build_parser
+    from workbench.cli.config_flags import CONFIG_FLAGS
+
+    parser, _ = build_parser("estimate")
+    estimate = next(
+        a
+        for a in parser._subparsers._group_actions[0].choices.values()
+        if a.prog.endswith("estimate")
+    )
+    by_flag = {opt: action for action in estimate._actions for opt in action.option_strings}
+    for name in (
+        "micro_batch",
+        "precision",
+        "optimizer",
+        "zero_stage",
+        "fsdp",
+        "offload_optimizer",
+    ):
+        flag = CONFIG_FLAGS[name]
+        assert by_flag[flag.flag].metavar == flag.metavar, name
+    assert (
+        by_flag["--offload-optimizer"].nargs == "?"
+        and by_flag["--offload-optimizer"].const == "cpu"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "offloaded"), [([], True), (["cpu"], True), (["nvme"], True), (["none"], False)]
+)
+def test_an_offload_flag_takes_a_device(value, offloaded, capsys) -> None:
+    from workbench.cli import main
+
+    assert (
+        main(["estimate", "--params", "1B", "--zero", "2", "--offload-optimizer", *value, "--json"])
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["offload_optimizer"] is offloaded

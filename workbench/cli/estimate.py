@@ -46,8 +46,8 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "tensor_parallel": ("--tp", "int"),
     "pipeline_parallel": ("--pp", "int"),
     "sequence_parallel": ("--sequence-parallel", "bool"),
-    "offload_optimizer": ("--offload-optimizer", "bool"),
-    "offload_params": ("--offload-params", "bool"),
+    "offload_optimizer": ("--offload-optimizer", "offload"),
+    "offload_params": ("--offload-params", "offload"),
     "checkpointing": ("--checkpointing", "str"),
     "gpu": ("--gpu", "str"),
     "overhead_gib": ("--overhead-gib", "float"),
@@ -56,7 +56,28 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "price_per_gpu_hour": ("--price-per-gpu-hour", "float"),
 }
 _EMBEDDINGS = {"tied": True, "untied": False}
+#: An offload device as a switch of the estimate (NVMe and CPU free the GPU alike).
+_OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
+
+
+def _shared_flag(
+    group: Any, name: str, *, default: str | None = None, shown_default: str | None = None
+) -> None:
+    """Add the flag of TrainConfig setting `name` as `workbench.config.SETTINGS` declares it
+    (an offload flag takes a device, a bare flag meaning cpu, as in the other commands)."""
+    from workbench.cli.config_flags import CONFIG_FLAGS
+
+    spec = CONFIG_FLAGS[name]
+    text = spec.help or ""
+    if shown_default is not None:
+        text = re.sub(r"\([^()]*\)$", f"({shown_default})", text)
+    if spec.kind == "offload":
+        group.add_argument(
+            spec.flag, nargs="?", const="cpu", metavar=spec.metavar, help=text + "; bare: cpu"
+        )
+    else:
+        group.add_argument(spec.flag, metavar=spec.metavar, default=default, help=text)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Runner:
@@ -90,23 +111,15 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
         default=None,
         help="attention and MLP read the same input (GPT-NeoX)",
     )
-    model.add_argument("--micro-batch", metavar="B", default="1", help="samples per GPU (1)")
+    # The flags a TrainConfig setting also has: declared once, in its Setting (the same
+    # name, metavar and meaning as in export, launch and ladder; the estimate's defaults).
+    shared = _shared_flag
+    shared(model, "micro_batch", default="1", shown_default="1")
     setup = parser.add_argument_group("training setup")
-    setup.add_argument(
-        "--precision", default="fp32", help="fp32, amp-fp16, amp-bf16, fp16, bf16 (fp32)"
-    )
-    setup.add_argument(
-        "--optimizer",
-        default="adamw",
-        help="adamw, adam, sgd, sgd-nomomentum, adam8bit, and DeepSpeed's lamb, lion, adagrad, "
-        "onebitadam, zerooneadam, onebitlamb (adamw)",
-    )
-    setup.add_argument("--zero", metavar="STAGE", help="ZeRO stage 0-3 (0)")
-    setup.add_argument(
-        "--fsdp",
-        metavar="MODE",
-        help="PyTorch FSDP instead of ZeRO: off, full_shard, shard_grad_op, no_shard (off)",
-    )
+    shared(setup, "precision", default="fp32")
+    shared(setup, "optimizer", default="adamw")
+    shared(setup, "zero_stage")
+    shared(setup, "fsdp")
     setup.add_argument(
         "--gpus", default="1", metavar="N", help="all GPUs: tp x pp x data-parallel (1)"
     )
@@ -115,10 +128,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     setup.add_argument(
         "--sequence-parallel", action="store_true", help="shard activations over tp (Megatron)"
     )
-    setup.add_argument("--offload-optimizer", action="store_true", help="ZeRO stage 1-3")
-    setup.add_argument(
-        "--offload-params", action="store_true", help="ZeRO stage 3, or FSDP full_shard"
-    )
+    shared(setup, "offload_optimizer")
+    shared(setup, "offload_params")
     setup.add_argument(
         "--checkpointing", default="none", help="activation recomputation: none, selective, full"
     )
@@ -184,12 +195,19 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
     problems = []
     for field, (flag, kind) in _FLAGS.items():
         value = _arg(args, flag)
-        if value is None or kind in ("bool", "str"):
+        if kind == "offload" and value is None:
+            options[field] = False
+        elif value is None or kind in ("bool", "str"):
             options[field] = value
         elif kind == "tied":
             options[field] = _EMBEDDINGS.get(value.strip().lower())
             if options[field] is None:
                 problems.append(f"{flag} {typed(value)}: must be tied or untied")
+        elif kind == "offload":  # a device, as in every command; the estimate's is a switch
+            device = value.strip().lower()
+            options[field] = _OFFLOAD.get(device, False)
+            if device not in _OFFLOAD:
+                problems.append(f"{flag} {typed(value)}: must be one of none, cpu, nvme")
         else:
             options[field] = _read(value, kind)
     if args.fsdp is None:
@@ -214,7 +232,9 @@ def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
     lines = []
     for p in exc.problems:
         flag = _flag(p.field)
-        if _FLAGS.get(p.field, ("", ""))[1] == "bool":  # a switch: no value to show
+        kind = _FLAGS.get(p.field, ("", ""))[1]
+        bare = kind == "offload" and _arg(args, _flag(p.field)) in (None, "cpu")
+        if kind == "bool" or bare:  # a switch (or a bare offload flag): no value to show
             lines.append(p.render(_flag, value_text="", sep=""))
         else:
             raw = _arg(args, flag)
