@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.cli import COMMANDS, main
-from workbench.train import ladder as ladder_module
+from workbench.train.ladder import run as ladder_run
 
 MLP = '{"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 256}'
 
@@ -101,7 +101,7 @@ def test_the_table_is_the_default_output(tmp_path, capsys) -> None:
     ],
 )
 def test_bad_input_ends_as_one_line(argv, message, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.setattr(ladder_run, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     code, out, err = run(["ladder", "--model", "mlp", "--model-options", MLP, *argv], capsys)
     assert code == 2 and out == ""
     assert err.startswith("workbench ladder: error: ") and message in err
@@ -109,7 +109,7 @@ def test_bad_input_ends_as_one_line(argv, message, capsys, monkeypatch) -> None:
 
 
 def test_bad_rungs_are_named_with_every_problem(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.setattr(ladder_run, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     rungs = tmp_path / "rungs.json"
     rungs.write_text(
         json.dumps([{"name": "b"}, {"name": "x", "precison": "amp-bf16"}, {"name": "y", "zero": 9}])
@@ -145,7 +145,7 @@ def test_a_rungs_file_naming_a_model_runs_nothing(
     content, message, tmp_path, capsys, monkeypatch, marker
 ) -> None:
     spec = marker.spec
-    monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.setattr(ladder_run, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     rungs = tmp_path / "rungs.json"
     rungs.write_text(json.dumps(content(spec)))
     code, out, err = run(
@@ -205,14 +205,14 @@ def test_a_rungs_file_that_is_no_ladder_is_named(name, message, tmp_path, capsys
     ],
 )
 def test_bad_numbers_end_as_one_line(argv, message, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.setattr(ladder_run, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     code, out, err = run(["ladder", "--model", "mlp", *argv], capsys)
     assert code == 2 and out == "" and message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_every_problem_of_a_command_line_at_once(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.setattr(ladder_run, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     code, _, err = run(
         ["ladder", "--steps", "0", "--repeats", "x", "--timeout", "nan", "--target-loss", "inf"]
         + ["--micro-batch", "0", "--lr", "x", "--lr-scaling", "cubic", "--model", "mlp"]

@@ -10,7 +10,7 @@ import pytest
 from ui_fakes import FakeSession
 
 from workbench import TrainConfig
-from workbench.train import ladder as ladder_module
+from workbench.train.ladder import run as ladder_run
 from workbench.ui import LadderPanel
 from workbench.ui.fields import strip_tags
 from workbench.ui.ladder import base_of
@@ -40,7 +40,7 @@ def test_run_shows_progress_table_and_chart(no_leaked_threads) -> None:
 
 
 def test_bad_fields_and_rungs_show_a_message_and_run_nothing(monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", lambda *a, **k: pytest.fail("it ran"))
+    monkeypatch.setattr(ladder_run, "run_plan", lambda *a, **k: pytest.fail("it ran"))
     panel = LadderPanel(model="mlp", model_options=MLP, rungs=RUNGS, device="cpu")
     try:
         panel.steps.widget.value = "zero"

@@ -191,7 +191,7 @@ class _Result:
 
 @pytest.fixture
 def no_ladder_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    from workbench.train import ladder as ladder_module
+    from workbench.train.ladder import run as ladder_run
 
     ran: list[Any] = []
 
@@ -199,7 +199,7 @@ def no_ladder_runs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         ran.append(plan)
         return _Result()
 
-    monkeypatch.setattr(ladder_module, "run_plan", run_plan)
+    monkeypatch.setattr(ladder_run, "run_plan", run_plan)
     return ran
 
 

@@ -12,9 +12,10 @@ import os
 import pytest
 
 from workbench import TrainConfig
-from workbench.train import ladder as ladder_module
 from workbench.train.ladder import Rung, default_rungs, ladder, plan_ladder
-from workbench.train.ladder_report import RungPlan, RunMeasure, spread, summarize
+from workbench.train.ladder import run as ladder_run
+from workbench.train.ladder import rungs as ladder_rungs
+from workbench.train.ladder.report import RungPlan, RunMeasure, spread, summarize
 
 MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 256}
 
@@ -54,7 +55,7 @@ def test_bad_input_is_named_before_anything_runs(monkeypatch, rungs, steps, mess
     def must_not_run(*args, **kwargs):
         raise AssertionError("the ladder ran despite bad input")
 
-    monkeypatch.setattr(ladder_module, "run_plan", must_not_run)
+    monkeypatch.setattr(ladder_run, "run_plan", must_not_run)
     with pytest.raises(ValueError, match=message):
         ladder(rungs, "mlp", steps, model_options=MLP, device="cpu")
 
@@ -106,7 +107,7 @@ def test_default_ladder_follows_the_seed() -> None:
 
 
 def test_default_ladder_on_a_gpu_without_bf16(monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "amp_precision", lambda device: "amp-fp16")
+    monkeypatch.setattr(ladder_rungs, "amp_precision", lambda device: "amp-fp16")
     rungs = default_rungs(device="cuda", ranks=4)
     assert rungs[1].changes == {"precision": "amp-fp16", "num_workers": 2, "pin_memory": True}
     # several ranks train through DeepSpeed: its own loss-scaled fp16
@@ -250,7 +251,7 @@ def test_a_rung_naming_a_model_imports_nothing(monkeypatch, tmp_path) -> None:
         "def make(**o):\n    pathlib.Path(" + repr(str(mark)) + ").write_text('called')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    monkeypatch.setattr(ladder_run, "run_plan", _must_not_run)
     rungs = [{}, {"name": "x", "model": "ladder_marker_mod:make", "model_options": {"a": 1}}]
     with pytest.raises(ValueError) as info:
         ladder(rungs, "mlp", 4, model_options=MLP, device="cpu")
@@ -282,14 +283,14 @@ def test_a_rung_naming_a_model_imports_nothing(monkeypatch, tmp_path) -> None:
     ],
 )
 def test_numbers_and_names_are_range_checked(monkeypatch, kwargs, message) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    monkeypatch.setattr(ladder_run, "run_plan", _must_not_run)
     args = {"rungs": None, "steps": 4, "model_options": MLP, "device": "cpu", **kwargs}
     with pytest.raises(ValueError, match=message):
         ladder(args.pop("rungs"), "mlp", args.pop("steps"), **args)
 
 
 def test_every_problem_of_the_arguments_at_once(monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    monkeypatch.setattr(ladder_run, "run_plan", _must_not_run)
     with pytest.raises(ValueError) as info:
         ladder(
             None,
@@ -328,7 +329,7 @@ def test_numpy_scalars_are_numbers() -> None:
 
 
 def test_the_run_arguments_are_named_with_the_others(monkeypatch) -> None:
-    monkeypatch.setattr(ladder_module, "run_plan", _must_not_run)
+    monkeypatch.setattr(ladder_run, "run_plan", _must_not_run)
     with pytest.raises(ValueError) as info:
         ladder(None, "mlp", 0, model_options=MLP, device="cpu", progress="yes", on_progress=3)
     text = str(info.value)

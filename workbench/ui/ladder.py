@@ -202,7 +202,7 @@ class LadderPanel(JobPanel):
         )
 
     def _run(self, plan: Any) -> None:
-        from workbench.train.ladder import LadderCancelled, run_plan
+        from workbench.train.ladder.run import LadderCancelled, run_plan
 
         try:
             result = run_plan(

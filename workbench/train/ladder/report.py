@@ -1,9 +1,9 @@
 """The optimization ladder's results: what each rung measured, whether it helped, as a
 table, a plain dict / JSON and a bar chart.
 
-Pure Python (matplotlib only when a chart is drawn): `workbench.train.ladder` runs the
-rungs and hands this module one `RunMeasure` per rung and repeat; `summarize` turns them
-into a `LadderResult`.
+Pure Python (matplotlib only when a chart is drawn): `workbench.train.ladder.run` runs
+the rungs and hands this module one `RunMeasure` per rung and repeat; `summarize` turns
+them into a `LadderResult`.
 
 How the figures are made, so that noise does not invent a speed-up:
 
