@@ -25,6 +25,9 @@ _LAZY = {
     "count_parameters": "workbench.modelstats",
     # settings
     "TrainConfig": "workbench.config",
+    # DeepSpeed JSON <-> TrainConfig
+    "to_deepspeed": "workbench.deepspeed",
+    "from_deepspeed": "workbench.deepspeed",
     # the live training loop and what it returns
     "Session": "workbench.train.session",
     "SessionError": "workbench.train.session",
@@ -69,14 +72,17 @@ __all__ = [
     "dashboard",
     "estimate_memory",
     "find_max_micro_batch",
+    "from_deepspeed",
     "ladder",
     "predict_memory",
+    "to_deepspeed",
     "__version__",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checkers
     from workbench.advisor import Advice, advise
     from workbench.config import TrainConfig
+    from workbench.deepspeed import from_deepspeed, to_deepspeed
     from workbench.estimate import MemoryEstimate, estimate_memory
     from workbench.modelstats import count_parameters
     from workbench.monitor import Sampler

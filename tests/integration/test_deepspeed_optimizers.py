@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from workbench.config import OptimizerName, Precision, TrainConfig, runtime_problems
-from workbench.dsconfig import to_deepspeed
+from workbench.deepspeed import to_deepspeed
 from workbench.estimate.deepspeed_layout import deepspeed_layout
 from workbench.estimate.model_states import ModelStateQuery
 

@@ -1,6 +1,6 @@
 """TrainConfig <-> DeepSpeed JSON: export, and import by DeepSpeed's own rule.
 
-The import checks with DeepSpeed's code (`workbench.dscheck`): expected messages name the
+The import checks with DeepSpeed's code (`workbench.deepspeed.check`): expected messages name the
 installed DeepSpeed through `deepspeed_name()` rather than a hard-coded version.
 """
 
@@ -15,16 +15,16 @@ import warnings
 import pytest
 from samples import CONFIGS, SAMPLE
 
-from workbench import dscheck
 from workbench.config import OptimizerName, TrainConfig
-from workbench.dsconfig import (
+from workbench.deepspeed import (
     ZERO_TESTED_OPTIMIZERS,
     from_deepspeed,
     import_deepspeed,
     to_deepspeed,
 )
+from workbench.deepspeed import check as ds_check
 
-DS = dscheck.deepspeed_name()
+DS = ds_check.deepspeed_name()
 
 #: The optimizers DeepSpeed offers besides Adam/AdamW/SGD, as TrainConfigs that export.
 DEEPSPEED_OPTIMIZER_CONFIGS = [
@@ -40,7 +40,7 @@ DEEPSPEED_OPTIMIZER_CONFIGS = [
 
 
 def test_module_is_pure() -> None:
-    code = "import sys, workbench.dsconfig; print('torch' in sys.modules or 'deepspeed' in sys.modules)"
+    code = "import sys, workbench.deepspeed; print('torch' in sys.modules or 'deepspeed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -61,7 +61,7 @@ def test_round_trip_is_identical(config: TrainConfig, world: int) -> None:
         assert result.config == config
     again = to_deepspeed(result.config, world_size=result.world_size)
     assert again == exported
-    onebit = OptimizerName(config.optimizer).is_onebit and not dscheck.onebit_available()
+    onebit = OptimizerName(config.optimizer).is_onebit and not ds_check.onebit_available()
     assert len(result.warnings) == (1 if onebit else 0), result.warnings
 
 
@@ -71,12 +71,12 @@ def test_export_is_a_config_deepspeed_accepts(config: TrainConfig) -> None:
     build, the ZeRO optimizer rule) find nothing in an exported config; building an
     engine from exports is tests/integration/test_deepspeed_optimizers.py."""
     ds = to_deepspeed(config, world_size=2)
-    assert dscheck.config_problems(ds, batch_keys=("train_batch_size",)) == []
-    if OptimizerName(config.optimizer).is_onebit and not dscheck.onebit_available():
+    assert ds_check.config_problems(ds, batch_keys=("train_batch_size",)) == []
+    if OptimizerName(config.optimizer).is_onebit and not ds_check.onebit_available():
         return  # not in this DeepSpeed: the import says so (test_round_trip_is_identical)
     opt = ds["optimizer"]
     assert (
-        dscheck.optimizer_problems(
+        ds_check.optimizer_problems(
             opt["type"],
             opt["params"],
             zero_stage=config.zero_stage,
@@ -86,14 +86,14 @@ def test_export_is_a_config_deepspeed_accepts(config: TrainConfig) -> None:
         == []
     )
     if "scheduler" in ds:
-        assert dscheck.scheduler_problems(ds["scheduler"]["type"], ds["scheduler"]["params"]) == []
+        assert ds_check.scheduler_problems(ds["scheduler"]["type"], ds["scheduler"]["params"]) == []
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "adagrad", "lamb", "lion"])
 @pytest.mark.parametrize("offload", [False, True])
 def test_zero_tested_optimizers_are_deepspeeds_list(optimizer: str, offload: bool) -> None:
     kind = to_deepspeed(TrainConfig(optimizer=optimizer))["optimizer"]["type"]
-    assert (OptimizerName(optimizer) in ZERO_TESTED_OPTIMIZERS) == dscheck.zero_tested(
+    assert (OptimizerName(optimizer) in ZERO_TESTED_OPTIMIZERS) == ds_check.zero_tested(
         kind, offload=offload
     )
 
@@ -181,7 +181,7 @@ def test_sample_config_imports_with_one_grouped_warning() -> None:
     # world size given: micro is solved for it
     assert import_deepspeed(SAMPLE, world_size=4).config.micro_batch == 32
     with pytest.warns(UserWarning, match=r"ignored \(6\): steps_per_print") as caught:
-        config = TrainConfig.from_deepspeed(SAMPLE)
+        config = from_deepspeed(SAMPLE)
     assert len(caught) == 1
     assert config == c
 
@@ -322,7 +322,7 @@ def test_auto_values_are_filled_from_the_sessions_settings_with_a_note() -> None
     assert ignored.startswith("not modelled by the workbench, ignored (2): ")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert TrainConfig.from_deepspeed(HF_AUTO, base=base, world_size=4) == c
+        assert from_deepspeed(HF_AUTO, base=base, world_size=4) == c
     assert [str(w.message) for w in caught] == [auto, ignored]
     assert {w.filename for w in caught} == {__file__}  # pointing at the caller's line
     # the defaults fill them when no session is given, and every precision works
@@ -360,11 +360,11 @@ def test_reads_json_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
 # ----------------------------------------------------------------------------- careless input
 def test_a_directory_or_a_fifo_is_refused_without_reading(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"DeepSpeed config '.*': a directory, not a regular file"):
-        TrainConfig.from_deepspeed(tmp_path)
+        from_deepspeed(tmp_path)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # opening it would block until a writer comes
     with pytest.raises(ValueError, match=r"a FIFO \(named pipe\), not a regular file"):
-        TrainConfig.from_deepspeed(str(fifo))
+        from_deepspeed(str(fifo))
     with pytest.raises(ValueError, match=r"a device, not a regular file"):
         import_deepspeed("/dev/zero")
     (tmp_path / "list.json").write_text("[1, 2]")
@@ -703,8 +703,8 @@ def test_a_config_without_gradient_clipping_clips_as_deepspeed_does() -> None:
     export writes it back explicitly (a config that omits the key trains the same way)."""
     from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 
-    imported = TrainConfig.from_deepspeed({"train_batch_size": 8})
+    imported = from_deepspeed({"train_batch_size": 8})
     assert imported.clip_grad_norm == GRADIENT_CLIPPING_DEFAULT == 1.0
-    assert imported.to_deepspeed()["gradient_clipping"] == GRADIENT_CLIPPING_DEFAULT
-    off = TrainConfig.from_deepspeed({"train_batch_size": 8, "gradient_clipping": 0.0})
-    assert off.clip_grad_norm is None and off.to_deepspeed()["gradient_clipping"] == 0.0
+    assert to_deepspeed(imported)["gradient_clipping"] == GRADIENT_CLIPPING_DEFAULT
+    off = from_deepspeed({"train_batch_size": 8, "gradient_clipping": 0.0})
+    assert off.clip_grad_norm is None and to_deepspeed(off)["gradient_clipping"] == 0.0

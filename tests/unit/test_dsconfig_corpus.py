@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from workbench import dscheck
 from workbench.cli import main
 from workbench.config import TrainConfig, runtime_problems
-from workbench.dsconfig import DeepSpeedImport, import_deepspeed, to_deepspeed
+from workbench.deepspeed import DeepSpeedImport, import_deepspeed, to_deepspeed
+from workbench.deepspeed import check as ds_check
 from workbench.estimate import estimate_memory
 
-DS = dscheck.deepspeed_name()
+DS = ds_check.deepspeed_name()
 
 HF_ZERO2_AUTO: dict[str, Any] = {
     "fp16": {
@@ -245,7 +245,7 @@ def assert_round_trip(result: DeepSpeedImport) -> None:
     settings (stage, precision, offload, optimizer, batch sizes, schedule) without
     anything left to warn about but a 1-bit optimizer this DeepSpeed lacks."""
     ds = to_deepspeed(result.config, world_size=result.world_size)
-    assert dscheck.config_problems(ds, batch_keys=("train_batch_size",)) == []
+    assert ds_check.config_problems(ds, batch_keys=("train_batch_size",)) == []
     again = import_deepspeed(ds)
     assert again.config == result.config and again.world_size == result.world_size
     assert not any(w.startswith(("not modelled", '"auto"')) for w in again.warnings)
@@ -370,7 +370,7 @@ def test_onebit_adam() -> None:
     assert entries[0] == "steps_per_print"
     for param in ("bias_correction=False", "freeze_step=23000", "comm_backend_name='nccl'"):
         assert f"optimizer.params.{param}" in entries
-    if not dscheck.onebit_available():
+    if not ds_check.onebit_available():
         assert result.warnings[-1].startswith(
             f"optimizer.type='OneBitAdam': {DS} (installed) has no 1-bit optimizers"
         )

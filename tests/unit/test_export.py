@@ -15,7 +15,7 @@ from samples import CONFIGS, SAMPLE
 
 from workbench.cli import main
 from workbench.config import TrainConfig
-from workbench.dsconfig import import_deepspeed
+from workbench.deepspeed import import_deepspeed, to_deepspeed
 from workbench.export import ExportError, export_deepspeed, train_deepspeed
 
 
@@ -68,7 +68,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     names = ("ds_config.json", "train_deepspeed.py", "job_common.py", "job.json", "launch.sh")
     assert result.paths == tuple(str(job / n) for n in names)
     ds = json.loads((job / "ds_config.json").read_text())
-    assert ds == config.to_deepspeed(world_size=4) == result.ds_config
+    assert ds == to_deepspeed(config, world_size=4) == result.ds_config
     assert ds["train_batch_size"] == 4 * 2 * 4 and ds["zero_optimization"]["stage"] == 2
     assert result.world_size == 4 and result.hostfile_path is None
 
@@ -357,13 +357,13 @@ def test_cli_prints_where_it_wrote_and_the_command(
         offload_optimizer="cpu",
         offload_params="cpu",
     )
-    assert ds == expected.to_deepspeed(world_size=2)
+    assert ds == to_deepspeed(expected, world_size=2)
     assert job_values(str(out_dir / "train_deepspeed.py"))["model_options"] == {"hidden": 32}
 
     code, out, _ = cli(["export", "--out", str(out_dir), "--json"], capsys)
     assert code == 0
     data = json.loads(out)
-    assert data["world_size"] == 1 and data["ds_config"] == TrainConfig().to_deepspeed()
+    assert data["world_size"] == 1 and data["ds_config"] == to_deepspeed(TrainConfig())
     assert (
         data["command"]
         == "deepspeed --num_gpus 1 train_deepspeed.py --deepspeed_config ds_config.json"

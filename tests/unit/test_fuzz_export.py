@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from workbench.cli import main
 from workbench.config import TrainConfig
-from workbench.dsconfig import import_deepspeed, to_deepspeed
+from workbench.deepspeed import import_deepspeed, to_deepspeed
 
 
 def examples(default: int) -> int:

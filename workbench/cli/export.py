@@ -201,7 +201,7 @@ def _import_config(
     the batch keys imply. With --gpus, batch keys that fix micro-batch and accumulation
     keep them (train_batch_size follows the new world size, with a warning); otherwise
     the missing one is solved for the new world size."""
-    from workbench.dsconfig import import_deepspeed
+    from workbench.deepspeed import import_deepspeed
 
     try:
         imported = import_deepspeed(args.config)

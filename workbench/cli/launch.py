@@ -129,7 +129,7 @@ def _cli_config(
     base = TrainConfig()
     problems: list[str] = []
     if args.config is not None:
-        from workbench.dsconfig import import_deepspeed
+        from workbench.deepspeed import import_deepspeed
 
         try:
             raw = read_json(args.config, what="--config", max_bytes=MAX_DS_CONFIG_BYTES)

@@ -8,7 +8,7 @@
 
 writes into `out_dir`:
 
-* `ds_config.json`: `config.to_deepspeed(world_size=gpus * nodes)`, exactly what the
+* `ds_config.json`: `to_deepspeed(config, world_size=gpus * nodes)`, exactly what the
   in-notebook DeepSpeed backend derives its engine config from;
 * `train_deepspeed.py` and `job_common.py`: the training script, the package's own
   modules `workbench/export/train_deepspeed.py` and `job_common.py` copied as is (needs
@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import FsdpMode, OffloadDevice, TrainConfig, problem_lines
+from workbench.deepspeed import to_deepspeed
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 
@@ -370,7 +371,7 @@ def _check(
         and (format == "deepspeed" or strategy == "deepspeed")
     ):
         try:
-            c.ds = config.to_deepspeed(world_size=gpus * nodes)
+            c.ds = to_deepspeed(config, world_size=gpus * nodes)
         except ValueError as exc:
             problems.append(one_line(exc))
     return c

@@ -19,7 +19,7 @@ How it works
   flattens them into buffers and (stage 3) partitions them and hooks the module; the
   caller's model stays as it was, so a PlainBackend built later from `export_state()` gets
   a clean fp32 model.
-* The engine's config is `config.to_deepspeed(world_size)` (what `workbench export`
+* The engine's config is `to_deepspeed(config, world_size)` (what `workbench export`
   writes) with three runtime adjustments, all documented in docs/deepspeed.md: the LR
   schedule is applied by the backend with `workbench.train.schedule.lr_at` (identical to
   PlainBackend; the exported JSON carries DeepSpeed's equivalent scheduler block),
@@ -104,7 +104,7 @@ class _Zero3LinearPatch:
 def engine_config(config: TrainConfig, world_size: int, n_params: int) -> dict[str, Any]:
     """The dict handed to `deepspeed.initialize`: `to_deepspeed` plus the runtime
     adjustments listed in the module docstring."""
-    from workbench.dsconfig import to_deepspeed
+    from workbench.deepspeed import to_deepspeed
 
     ds = to_deepspeed(config, world_size=world_size)
     ds.pop("scheduler", None)  # the backend applies lr_at() itself
