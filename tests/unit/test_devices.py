@@ -72,12 +72,12 @@ def test_deepspeed_accelerator_follows_the_session_device(monkeypatch: pytest.Mo
 
 
 def test_cpu_ranks_cannot_see_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workbench.train.launch import _child_env
+    from workbench.train.launch_commands import child_env
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    cpu = _child_env(False, 2)
+    cpu = child_env(False, 2)
     assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["DS_ACCELERATOR"] == "cpu"
-    gpu = _child_env(True, 2)
+    gpu = child_env(True, 2)
     assert "DS_ACCELERATOR" not in gpu and gpu.get("CUDA_VISIBLE_DEVICES") != ""
 
 

@@ -13,13 +13,13 @@ import pytest
 
 from workbench.config import TrainConfig
 from workbench.train.launch import (
-    _LaunchState,
     launch_problems,
     launch_ranks,
     resume_model_problem,
     resume_step,
     validate_launch,
 )
+from workbench.train.launch_procs import LaunchState
 
 PEER = (
     "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -32,7 +32,7 @@ def _error(rank: int, message: str, wall_time: float) -> dict:
 
 
 def test_root_cause_wins_over_an_earlier_peer_failure():
-    state = _LaunchState(2, None)
+    state = LaunchState(2, None)
     state.handle(_error(0, PEER, 10.0))
     assert state.first_error is not None and state.first_error.rank == 0  # all it knows so far
     assert not state.all_reported()
@@ -43,7 +43,7 @@ def test_root_cause_wins_over_an_earlier_peer_failure():
 
 
 def test_earliest_of_two_real_errors_wins():
-    state = _LaunchState(3, None)
+    state = LaunchState(3, None)
     state.handle(_error(2, "KeyError: 'x'", 5.0))
     state.handle(_error(0, "ValueError: y", 4.0))
     assert state.first_error.rank == 0

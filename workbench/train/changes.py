@@ -5,12 +5,16 @@ A change is validated when `update()` is called (every problem at once, the sess
 untouched) and applied at the next optimizer-step boundary by `Runtime.rebuild`: the data
 loader is rebuilt for `DATA_FIELDS`, the backend (optimizer, precision policy, schedule,
 DeepSpeed engine) for `BACKEND_FIELDS`, carrying weights and optimizer state; activation
-checkpointing is switched on the model.
+checkpointing is switched on the model. `ChangeQueue` holds a Session's queue of
+changes between the two.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import threading
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,10 +27,13 @@ from workbench.config import (
     Precision,
     TrainConfig,
     engine_for,
+    format_problems,
+    plain_value,
     runtime_problems,
 )
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
+from workbench.train.records import Event
 
 #: Settings read by the data loader / the backend; a change to any rebuilds that piece.
 DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
@@ -152,3 +159,106 @@ def session_problems(
             "a checkpoint_dir"
         )
     return p
+
+
+class ChangeQueue:
+    """A Session's settings changes between `update()` and the step boundary.
+
+    `requested`: the settings asked for (those in effect and every queued change);
+    `request` checks a change against them and queues it, `apply` rebuilds what the
+    queued changes need at a step boundary (all together, or none), and `for_record`
+    hands the applied changes to the next StepRecord, once. `lock`: the session's state
+    lock, held for every read and write of the queue.
+    """
+
+    def __init__(self, config: TrainConfig, lock: threading.RLock) -> None:
+        self.requested = config
+        self._lock = lock
+        self._pending: dict[str, Any] = {}
+        self._for_record: dict[str, Any] = {}
+
+    def pending(self) -> dict[str, Any]:
+        """The queued changes (setting -> value), a copy."""
+        with self._lock:
+            return dict(self._pending)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def request(
+        self, changes: dict[str, Any], problems: Callable[[TrainConfig, set[str]], list[str]]
+    ) -> None:
+        """Queue `changes` on top of the settings asked for; ValueError naming every
+        problem (TrainConfig's own, then `problems(new, changed)`), nothing queued."""
+        with self._lock:
+            new = self.requested.replace(**changes)  # ValueError: names, types, ranges
+            found = problems(new, set(changes))
+            if found:
+                raise ValueError(format_problems(found))
+            self.requested = new
+            for name in changes:
+                self._pending[name] = plain_value(getattr(new, name))
+
+    def follow(self, **settings: Any) -> None:
+        """The session changed `settings` itself (the out-of-memory retry): ask for them too."""
+        with self._lock:
+            self.requested = self.requested.replace(**settings)
+
+    def apply(
+        self,
+        current: TrainConfig,
+        rebuild: Callable[[TrainConfig, set[str]], None],
+        *,
+        first_step: int,
+        event: Callable[..., Event],
+        raise_errors: bool,
+    ) -> None:
+        """Apply the queued changes that differ from `current` with `rebuild(target,
+        changed)` (which takes `target` as the settings in effect and calls `applied`);
+        an Event "change" says from which step, "change-failed" why nothing changed
+        (raised as ValueError too with `raise_errors`)."""
+        with self._lock:
+            if not self._pending:
+                return
+            changes, self._pending = self._pending, {}
+            target = self.requested
+        diff = {k: v for k, v in changes.items() if getattr(current, k) != getattr(target, k)}
+        if not diff:
+            return
+        try:
+            rebuild(target, set(diff))
+        except Exception as exc:
+            with self._lock:
+                self.requested = current
+                self._pending.clear()
+            event(
+                "change-failed",
+                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous settings",
+                "error",
+                changes=diff,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+            if raise_errors:
+                raise ValueError(f"could not apply {diff}: {exc}") from exc
+            return
+        event(
+            "change",
+            f"applied {diff} from step {first_step}",
+            step=first_step,
+            changes=diff,
+            effective_step=first_step,
+        )
+
+    def applied(self, target: TrainConfig, changed: set[str]) -> None:
+        """`target` is in effect now; the next record names `changed`."""
+        with self._lock:
+            if not self._pending:
+                self.requested = target
+            self._for_record.update({k: plain_value(getattr(target, k)) for k in changed})
+
+    def for_record(self) -> dict[str, Any]:
+        """The changes applied since the last record (then none)."""
+        with self._lock:
+            out, self._for_record = self._for_record, {}
+            return out

@@ -33,18 +33,42 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_seconds
-
-if TYPE_CHECKING:  # pragma: no cover
-    from workbench.train.session import Session
+from workbench.train.records import StepRecord
 
 PHASES = ("data", "forward", "backward", "optimizer")
+
+
+class ProfiledSession(Protocol):
+    """What the profiler uses of a `workbench.Session` (its public methods only)."""
+
+    id: str
+    device: torch.device
+
+    @property
+    def step(self) -> int: ...
+
+    def on_record(self, callback: Callable[[StepRecord], None]) -> Callable[[], None]: ...
+
+    def phase_labels(
+        self, label: Callable[[str], AbstractContextManager[Any]]
+    ) -> AbstractContextManager[None]: ...
+
+    def run(self, optimizer_steps: int, *, progress: bool | None = None) -> list[StepRecord]: ...
+
+
+def check_profile_args(steps: Any, record_memory: Any) -> None:
+    """ValueError unless `steps` is an integer >= 1 and `record_memory` a bool."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+        raise ValueError(f"steps={steps!r}: must be an integer >= 1")
+    if not isinstance(record_memory, bool):
+        raise ValueError(f"record_memory={record_memory!r}: must be True or False")
 
 
 @dataclass(frozen=True)
@@ -137,7 +161,11 @@ def _memory_split(
 
 
 def profile_session(
-    session: Session, *, steps: int, record_memory: bool, trace_path: str | os.PathLike[str] | None
+    session: ProfiledSession,
+    *,
+    steps: int,
+    record_memory: bool,
+    trace_path: str | os.PathLike[str] | None,
 ) -> ProfileResult:
     cuda = session.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -35,20 +35,22 @@ that always fails would otherwise block `resume`).
 LR scaling: `lr_scaling` scales `lr` by the effective batch relative to the one the
 session started with (see `workbench.train.schedule`).
 
-This file is the Session's public surface and its state machine (the loop thread, the
-queue of changes, events, which fault moves it to which state). The pieces it drives live
-beside it, one concept each: `runtime.py` (the data stream and backend a setting is built
-into, and your module's weights), `changes.py` (what a change rebuilds, what a session can
+This file is the Session's public surface and its state machine (the loop thread, which
+fault moves it to which state, events). The pieces it drives live beside it, one concept
+each: `runtime.py` (the data stream and backend a setting is built into, and your module's
+weights), `changes.py` (the queue of changes and what a change rebuilds, what a session can
 run), `step.py` (one optimizer step and its record), `faults.py` (what to do and say when a
-step fails: the out-of-memory retry, a non-finite loss, an exception), `resume.py` (where a
-save goes, its manifest, what a loaded checkpoint resumes with), `checkpoints.py` (the
-checkpoint payload and files), `memory.py` (measuring memory), `profiler.py` (the profiler,
-through `phase_labels` and `on_record`).
+step fails), `resume.py` (where a save goes, its manifest, what a loaded checkpoint resumes
+with), `checkpoints.py` (the checkpoint payload and files), `session_log.py` (the run log
+and TensorBoard), `owners.py` (one live Session per module; closing at exit), `world.py`
+(rank and world size), `progress.py` (the progress bar), `memory.py` and `profiler.py`
+(measuring it through its public methods), `launch.py` (several ranks). Past 700 lines
+because the public methods, each documented for `help()`, and the state machine they drive
+share one lock and one set of states.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -56,8 +58,6 @@ import threading
 import time
 import traceback
 import uuid
-import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,23 +66,24 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.config import Device, TrainConfig, format_problems, plain_value
+from workbench.config import Device, TrainConfig, format_problems
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
-from workbench.train import faults
+from workbench.train import faults, owners
 from workbench.train.backends import Backend, StepOutcome
 from workbench.train.batches import DataContractError
-from workbench.train.changes import session_problems
+from workbench.train.changes import ChangeQueue, session_problems
 from workbench.train.data import DataPosition
 from workbench.train.devices import cuda_uuid, resolve_device
 from workbench.train.history import History, Recent
+from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
 from workbench.train.resume import manifest_fields, resume_settings, resumed_records, save_target
-from workbench.train.runlog import LOG_NAME, TENSORBOARD_DIR, RunLog
-from workbench.train.runlog import tensorboard_writer_class as _tensorboard_writer_class
+from workbench.train.runlog import LOG_NAME
 from workbench.train.runtime import Runtime
 from workbench.train.schedule import scaled_lr
+from workbench.train.session_log import SessionLog, tensorboard_setting
 from workbench.train.step import (
     Label,
     NonFiniteLoss,
@@ -92,6 +93,7 @@ from workbench.train.step import (
     nan_advice,
     optimizer_step,
 )
+from workbench.train.world import world_from_env
 
 __all__ = ["STATES", "Session", "SessionError", "SessionStateError", "is_oom", "nan_advice"]
 
@@ -100,26 +102,6 @@ STATES = ("idle", "running", "paused", "stopped", "error", "closed")
 #: Failures of a background run are also logged here (stderr by default), so they show
 #: in the notebook cell or console the user is looking at, not only in `events`.
 log = logging.getLogger("workbench")
-
-#: Which live Session trains which module, weakly (keeps nothing alive). Re-running a
-#: notebook cell that builds a new Session on the same module closes the old one, so
-#: two loops never train one module and the old thread does not linger.
-_OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ReferenceType[Session]] = (
-    weakref.WeakKeyDictionary()
-)
-
-#: Sessions not yet closed, weakly. A process that ends with one still training (a script
-#: that never calls close()) stops and closes it at exit: the training thread would
-#: otherwise be killed inside a torch op, and the process abort.
-_OPEN: weakref.WeakSet[Session] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_sessions() -> None:
-    for session in list(_OPEN):
-        with contextlib.suppress(Exception):
-            session.close()
-
 
 #: Why `memory()` has no activation prediction for the mlp, the cnn and user modules.
 NO_ACTIVATION_PREDICTION = (
@@ -136,26 +118,6 @@ class SessionError(RuntimeError):
 
 class SessionStateError(RuntimeError):
     """A call that the session's current state does not allow."""
-
-
-def _world_from_env() -> tuple[int, int]:
-    problems = []
-    values = {}
-    for name, default, minimum in (("WORLD_SIZE", "1", 1), ("RANK", "0", 0)):
-        raw = os.environ.get(name, default)
-        try:
-            values[name] = int(raw)
-            if values[name] < minimum:
-                raise ValueError
-        except ValueError:
-            problems.append(f"environment {name}={raw!r}: must be an integer >= {minimum}")
-    if not problems and values["RANK"] >= values["WORLD_SIZE"]:
-        problems.append(
-            f"environment RANK={values['RANK']}: must be < WORLD_SIZE={values['WORLD_SIZE']}"
-        )
-    if problems:
-        raise ValueError(format_problems(problems))
-    return values["WORLD_SIZE"], values["RANK"]
 
 
 class Session:
@@ -213,9 +175,9 @@ class Session:
             config = TrainConfig()
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
-        self._tensorboard = _tensorboard_setting(tensorboard, config)
+        tensorboard = tensorboard_setting(tensorboard, config)
         self.id = uuid.uuid4().hex[:8]
-        self.world_size, self.rank = _world_from_env()
+        self.world_size, self.rank = world_from_env()
         self.device = resolve_device(device, Device(config.device).value)
         payload = resume if isinstance(resume, dict) or resume is None else ckpt.load(resume)
 
@@ -233,14 +195,7 @@ class Session:
             and data.batch_size != config.micro_batch
         ):
             config = config.replace(micro_batch=int(data.batch_size))
-        previous_ref = _OWNERS.get(module)
-        previous = previous_ref() if previous_ref is not None else None
-        if previous is not None and previous.state != "closed":
-            warnings.warn(
-                f"closing {previous!r}: its model is now trained by a new Session",
-                stacklevel=2,
-            )
-            previous.close()
+        owners.take_over(module)  # a re-run cell's old Session on this module is closed
         self._model: nn.Module = module
         self._data_source = data
         self._sampler = sampler
@@ -255,9 +210,7 @@ class Session:
         self._step_lock = threading.RLock()
         self._state = "idle"
         self._config = config
-        self._requested = config
-        self._pending: dict[str, Any] = {}
-        self._changes_for_next_record: dict[str, Any] = {}
+        self._changes = ChangeQueue(config, self._state_lock)
         self._loop_active = False
         self._loop_thread_id: int | None = None
         self._thread: threading.Thread | None = None
@@ -272,8 +225,9 @@ class Session:
         self._gpu_uuid = cuda_uuid(self.device)
         self.history: History = History()
         self.events: Recent = Recent()
-        self._runlog: RunLog | None = None
-        self._runlog_key: tuple[str | None, str | None] | None = None
+        self._runlog = SessionLog(
+            self.id, tensorboard, self._state_lock, lambda: self._state == "closed"
+        )
         self._version = 0
         self._callbacks: list[Callable[[StepRecord], None]] = []
         self._last_save_time = time.time()
@@ -305,10 +259,9 @@ class Session:
                 buffers=buffers,
             )
         except BaseException:
-            self._close_run_log()
+            self._runlog.close()
             raise
-        _OWNERS[module] = weakref.ref(self)
-        _OPEN.add(self)
+        owners.register(module, self)
         if payload is not None:
             ckpt.set_rng_state(payload["rng"])
             self._event("resumed", f"resumed from {payload['path']} at step {self._step}")
@@ -345,8 +298,8 @@ class Session:
 
     @property
     def pending_changes(self) -> dict[str, Any]:
-        with self._state_lock:
-            return dict(self._pending)
+        """Changes `update` queued for the next step boundary (setting -> value)."""
+        return self._changes.pending()
 
     @property
     def state(self) -> str:
@@ -404,9 +357,7 @@ class Session:
 
     def flush_log(self) -> None:
         """Wait until every record and event so far is in the run's log (and TensorBoard)."""
-        sink = self._runlog
-        if sink is not None:
-            sink.flush()
+        self._runlog.flush()
 
     def on_record(self, callback: Callable[[StepRecord], None]) -> Callable[[], None]:
         """Call `callback(record)` in the training thread after each step; returns a
@@ -466,49 +417,9 @@ class Session:
         self._log(ev)
         return ev
 
-    # ------------------------------------------------------------------ the run's log
     def _log(self, item: StepRecord | Event) -> None:
         """Hand a record or event to the run's log writer (a queue put, nothing more)."""
-        sink = self._run_log()
-        if sink is not None:
-            sink.put(item)
-
-    def _run_log(self) -> RunLog | None:
-        """The log writer for the run folder in effect (opened on first use, moved when
-        `checkpoint_dir` changes); None without a run folder or TensorBoard."""
-        folder = self._config.checkpoint_dir
-        tb: str | None = None
-        if self._tensorboard is True and folder is not None:
-            tb = str(Path(folder) / TENSORBOARD_DIR)
-        elif isinstance(self._tensorboard, str):
-            tb = self._tensorboard
-        key = (folder, tb)
-        if key == self._runlog_key:
-            return self._runlog
-        with self._state_lock:
-            if key == self._runlog_key:
-                return self._runlog
-            self._close_run_log()
-            self._runlog_key = key
-            if key == (None, None) or self._state == "closed":
-                return None
-            try:
-                self._runlog = RunLog(
-                    None if folder is None else Path(folder) / LOG_NAME,
-                    tensorboard_dir=tb,
-                    name=self.id,
-                )
-            except Exception as exc:
-                log.warning(
-                    "workbench session %s: no run log (%s: %s)", self.id, type(exc).__name__, exc
-                )
-            return self._runlog
-
-    def _close_run_log(self) -> None:
-        sink, self._runlog = self._runlog, None
-        self._runlog_key = None
-        if sink is not None:
-            sink.close()
+        self._runlog.put(item, self._config.checkpoint_dir)
 
     def _set_state(self, state: str) -> None:
         with self._cond:
@@ -524,53 +435,20 @@ class Session:
             return
         with self._state_lock:
             self._check_open("update")
-            new = self._requested.replace(**changes)  # ValueError: names, types, ranges
-            problems = self._problems(new, set(changes))
-            if problems:
-                raise ValueError(format_problems(problems))
-            self._requested = new
-            for name in changes:
-                self._pending[name] = plain_value(getattr(new, name))
+            self._changes.request(changes, self._problems)
             apply_now = not self._loop_active
         if apply_now:
             with self._step_lock:
                 self._apply_pending(raise_errors=True)
 
     def _apply_pending(self, *, raise_errors: bool) -> None:
-        """Apply queued changes (caller holds the step lock)."""
-        with self._state_lock:
-            if not self._pending:
-                return
-            changes, self._pending = self._pending, {}
-            target = self._requested
-        old = self._config
-        diff = {k: v for k, v in changes.items() if getattr(old, k) != getattr(target, k)}
-        if not diff:
-            return
-        try:
-            self._apply(target, set(diff))
-        except Exception as exc:
-            with self._state_lock:
-                self._requested = self._config
-                self._pending.clear()
-            self._event(
-                "change-failed",
-                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous settings",
-                "error",
-                changes=diff,
-                error=f"{type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(),
-            )
-            if raise_errors:
-                raise ValueError(f"could not apply {diff}: {exc}") from exc
-            return
-        first = self._step + 1  # the first step that runs with the change
-        self._event(
-            "change",
-            f"applied {diff} from step {first}",
-            step=first,
-            changes=diff,
-            effective_step=first,
+        """Apply queued changes (caller holds the step lock); see `ChangeQueue.apply`."""
+        self._changes.apply(
+            self._config,
+            self._apply,
+            first_step=self._step + 1,
+            event=self._event,
+            raise_errors=raise_errors,
         )
 
     def _apply(
@@ -580,12 +458,7 @@ class Session:
         settings in effect; on any failure nothing changes and the exception propagates."""
         self._rt.rebuild(target, changed, release_first=release_first)
         self._config = target
-        with self._state_lock:
-            if not self._pending:
-                self._requested = target
-            self._changes_for_next_record.update(
-                {k: plain_value(getattr(target, k)) for k in changed}
-            )
+        self._changes.applied(target, changed)
 
     # ------------------------------------------------------------------ your module's weights
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -643,7 +516,7 @@ class Session:
             raise ValueError(f"progress={progress!r}: must be True, False or None")
         start = self.history.total
         self._begin(optimizer_steps, "run")
-        with _progress_bar(self, optimizer_steps, progress):
+        with progress_bar(self, optimizer_steps, progress):
             self._loop()
         if self._state == "error":
             raise SessionError(self._last_error or "training step failed")
@@ -746,8 +619,8 @@ class Session:
                 )
                 log.error("workbench: %s", ev.message)
             self._set_state("closed")
-            _OPEN.discard(self)
-        self._close_run_log()  # every record and event written
+            owners.closed(self)
+        self._runlog.close()  # every record and event written
 
     def __enter__(self) -> Session:
         return self
@@ -788,7 +661,7 @@ class Session:
             )
             raise
         finally:
-            if final != "error" and self._pending:
+            if final != "error" and self._changes:
                 with self._step_lock:
                     self._apply_pending(raise_errors=False)
             with self._cond:
@@ -867,10 +740,7 @@ class Session:
         self._rt.data.requeue_split(fetched, 2)
         fetched.clear()
         self._apply(target, {"micro_batch", "grad_accum"}, release_first=True)
-        with self._state_lock:
-            self._requested = self._requested.replace(
-                micro_batch=target.micro_batch, grad_accum=target.grad_accum
-            )
+        self._changes.follow(micro_batch=target.micro_batch, grad_accum=target.grad_accum)
         self._event(
             "oom",
             faults.oom_message(cfg, target),
@@ -886,8 +756,7 @@ class Session:
         rt = self._rt
         sample = self._sampler.latest() if self._sampler is not None else None
         warmup, rt.fresh = rt.fresh, False
-        with self._state_lock:
-            changes, self._changes_for_next_record = self._changes_for_next_record, {}
+        changes = self._changes.for_record()
         return make_record(
             step=self._step + 1,
             config=self._config,
@@ -1083,12 +952,9 @@ class Session:
         step; all `steps + 2` are real training steps). A running session is paused for
         it and resumed after; a paused one stays paused with its run's target. Returns
         `workbench.train.profiler.ProfileResult`."""
-        from workbench.train.profiler import profile_session
+        from workbench.train.profiler import check_profile_args, profile_session
 
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
-            raise ValueError(f"steps={steps!r}: must be an integer >= 1")
-        if not isinstance(record_memory, bool):
-            raise ValueError(f"record_memory={record_memory!r}: must be True or False")
+        check_profile_args(steps, record_memory)
         self._check_open("profile")
         was_running = self._state == "running"
         if was_running:
@@ -1123,58 +989,8 @@ class Session:
     def launch(self, ranks: int, steps: int, **kwargs: Any) -> Any:
         """Run this config on `ranks` processes (DeepSpeed launcher); see
         `workbench.train.launch.launch_ranks`. Needs a built-in model."""
-        if self.model_name is None:
-            raise ValueError(
-                "model: multi-rank launch needs a built-in model name (tiny-gpt, mlp, cnn) or an "
-                "importable factory 'pkg.module:function'; this session trains your own module"
-            )
-        try:
-            from workbench.train.launch import launch_ranks  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ValueError(f"ranks={ranks!r}: multi-rank launch is not available: {exc}") from exc
+        from workbench.train.launch import launch_like
 
-        kwargs.setdefault("model_options", dict(self.model_options) or None)
-        return launch_ranks(self._config, ranks=ranks, model=self.model_name, steps=steps, **kwargs)
-
-
-def _tensorboard_setting(value: Any, config: TrainConfig) -> bool | str:
-    """`tensorboard=` checked: False, True (needs a run folder) or a folder path; the
-    package must be installed (ImportError saying what to install)."""
-    if value is False or value is None:
-        return False
-    if value is True:
-        if config.checkpoint_dir is None:
-            raise ValueError(
-                "tensorboard=True: needs a run folder: set checkpoint_dir in the config, or "
-                "pass tensorboard='path/to/folder'"
-            )
-    elif not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ValueError(f"tensorboard={value!r}: must be True, False or a folder path")
-    _tensorboard_writer_class()
-    return True if value is True else str(value)
-
-
-@contextlib.contextmanager
-def _progress_bar(session: Session, total: int, show: bool | None) -> Iterator[None]:
-    """A tqdm bar fed by the session's records while `run()` trains in this thread."""
-    import sys
-
-    if show is None:
-        show = sys.stderr.isatty()
-    if not show:
-        yield
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="step", desc=f"session {session.id}", leave=True)
-
-    def advance(record: StepRecord) -> None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{record.loss:.4g}", refresh=False)
-
-    remove = session.on_record(advance)
-    try:
-        yield
-    finally:
-        remove()
-        bar.close()
+        return launch_like(
+            self._config, self.model_name, self.model_options, ranks, steps, **kwargs
+        )

@@ -12,9 +12,10 @@ bucket of steps keeps its lowest and highest value, so a spike is never hidden),
 panel keeps only the newest records: its memory and a redraw cost the same at a thousand
 steps and at a million.
 
-Past 600 lines because the controls, the refresh timer and the figure share one state (the
-records cursor, the artists being updated); drawing helpers live in `ui/charts.py`, field
-parsing in `ui/fields.py`.
+The parts: `ui/training_controls.py` (the setting controls, their widgets and parsing),
+`ui/training_charts.py` (the figure, drawn from this panel's state), `ui/charts.py` and
+`ui/fields.py` (the drawing and field helpers every panel uses). `Control` and `CONTROLS`
+are importable from here too.
 """
 
 from __future__ import annotations
@@ -25,24 +26,24 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.config import SETTINGS, setting_choices
 from workbench.ui.charts import Chart, Downsampled
-from workbench.ui.fields import (
-    GIB,
-    Field,
-    dropdown_field,
-    parse_float,
-    parse_int,
-    status_html,
-    strip_tags,
-    text_field,
-)
+from workbench.ui.fields import Field, status_html, strip_tags
 from workbench.ui.panel import PanelBase, RefreshTimer
+from workbench.ui.training_charts import TrainingCharts, memory_summary
+from workbench.ui.training_controls import (
+    CONTROLS,
+    Control,
+    control_field,
+    fmt_value,
+    parse_control,
+    plain,
+)
+
+__all__ = ["CONTROLS", "Control", "TrainingPanel"]
 
 MEMORY_FIELDS = frozenset(
     {
@@ -78,62 +79,11 @@ STATUS_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class Control:
-    name: str  # TrainConfig field
-    label: str
-    kind: str  # "int" | "float" | "optional-float" | "choice" | "bool"
-    options: tuple[Any, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
-
-
-def _controls() -> tuple[Control, ...]:
-    """The panel's controls, made from the TrainConfig fields that declare a panel place
-    (`workbench.config.Setting.panel`): label, kind, choices and limits as declared there."""
-    out = []
-    for name, spec in SETTINGS.items():
-        if spec.panel is None:
-            continue
-        low = spec.minimum if spec.minimum is not None else spec.above
-        if spec.kind == "choice":
-            out.append(
-                (
-                    spec.panel,
-                    Control(name, spec.label, "choice", tuple(setting_choices(name))),
-                )
-            )
-        elif spec.values:
-            out.append((spec.panel, Control(name, spec.label, "choice", spec.values)))
-        elif spec.kind == "bool":
-            out.append((spec.panel, Control(name, spec.label, "bool")))
-        else:
-            kind = "optional-float" if spec.kind == "float" and spec.optional else spec.kind
-            out.append(
-                (spec.panel, Control(name, spec.label, kind, minimum=low, maximum=spec.maximum))
-            )
-    return tuple(control for _, control in sorted(out, key=lambda item: item[0]))
-
-
-CONTROLS: tuple[Control, ...] = _controls()
-
-
-def _plain(v: Any) -> Any:
-    return getattr(v, "value", v) if not isinstance(v, (bool, int, float, str)) else v
-
-
-def _fmt_value(v: Any) -> str:
-    v = _plain(v)
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
-
-
 def _state_name(state: Any) -> str:
     return str(getattr(state, "value", state)).lower()
 
 
-class TrainingPanel(PanelBase):
+class TrainingPanel(TrainingCharts, PanelBase):
     """Live view and controls of a `workbench.Session`.
 
     `controls[name]` are the setting fields (TrainConfig names), `buttons[name]` the
@@ -176,19 +126,10 @@ class TrainingPanel(PanelBase):
         self.controls: dict[str, Field] = {}
         cfg = session.config
         for c in CONTROLS:
-            css = f"wb-train-{c.name.replace('_', '-')}"
-            value = _plain(getattr(cfg, c.name))
-            if c.kind == "choice":
-                field = dropdown_field(c.label, c.options, value, css)
-            elif c.kind == "bool":
-                field = Field(c.label, widgets.Checkbox(value=bool(value), indent=False), css)
-            else:
-                field = text_field(c.label, "" if value is None else _fmt_value(value), css)
-                if c.kind == "optional-float":
-                    field.widget.placeholder = "empty: no clipping"
+            field = control_field(c, plain(getattr(cfg, c.name)))
             field.widget.observe(self._control_handler(c), names="value")
             self.controls[c.name] = field
-        self._shown_config = {c.name: _plain(getattr(cfg, c.name)) for c in CONTROLS}
+        self._shown_config = {c.name: plain(getattr(cfg, c.name)) for c in CONTROLS}
 
         # ------------------------------------------------------------ buttons
         self.buttons: dict[str, widgets.Button] = {}
@@ -294,38 +235,15 @@ class TrainingPanel(PanelBase):
 
         return handler
 
-    def _parse(self, c: Control, raw: Any) -> Any:
-        if c.kind == "int":
-            return parse_int(
-                c.label,
-                str(raw),
-                minimum=int(c.minimum or 0),
-                maximum=None if c.maximum is None else int(c.maximum),
-            )
-        if c.kind == "float":
-            return parse_float(
-                c.label, str(raw), minimum=c.minimum, maximum=c.maximum, exclusive_minimum=True
-            )
-        if c.kind == "optional-float":
-            return parse_float(
-                c.label,
-                str(raw),
-                minimum=c.minimum,
-                maximum=c.maximum,
-                exclusive_minimum=True,
-                optional=True,
-            )
-        return raw
-
     def _apply_control(self, c: Control, raw: Any) -> None:
         field = self.controls[c.name]
         try:
-            value = self._parse(c, raw)
+            value = parse_control(c, raw)
         except ValueError as exc:
             field.set_error(str(exc))
             self._say("error", f"not applied: {exc}")
             return
-        current = _plain(getattr(self.session.config, c.name))
+        current = plain(getattr(self.session.config, c.name))
         try:
             self.session.update(**{c.name: value})
         except ValueError as exc:
@@ -338,18 +256,18 @@ class TrainingPanel(PanelBase):
         field.set_error(None)
         pending = getattr(self.session, "pending_changes", None)
         if pending is not None and c.name not in pending:
-            self._say("ok", f"{c.name}={_fmt_value(value)} applied")
+            self._say("ok", f"{c.name}={fmt_value(value)} applied")
         else:
             self._say(
                 "ok",
-                f"{c.name}={_fmt_value(value)} queued; it takes effect at the next optimizer step",
+                f"{c.name}={fmt_value(value)} queued; it takes effect at the next optimizer step",
             )
 
     def _show_value(self, c: Control, value: Any) -> None:
         w = self.controls[c.name].widget
         shown = value
         if c.kind not in ("choice", "bool"):
-            shown = "" if value is None else _fmt_value(value)
+            shown = "" if value is None else fmt_value(value)
         self._sync_owner = threading.get_ident()
         try:
             if w.value != shown:
@@ -361,7 +279,7 @@ class TrainingPanel(PanelBase):
         """Show settings the session changed by other means (code, advice, rollback)."""
         cfg = self.session.config
         for c in CONTROLS:
-            now = _plain(getattr(cfg, c.name))
+            now = plain(getattr(cfg, c.name))
             if self._shown_config.get(c.name) != now:
                 self._shown_config[c.name] = now
                 self._show_value(c, now)
@@ -448,7 +366,7 @@ class TrainingPanel(PanelBase):
         self._say("info", "measuring memory on one probe micro-batch ...")
         self.memory_report = self.session.memory()
         self.memory_error = None
-        self._say("ok", "memory measured: " + _memory_summary(self.memory_report))
+        self._say("ok", "memory measured: " + memory_summary(self.memory_report))
 
     def _quiet_memory_task(self) -> None:
         self.memory_report = self.session.memory()
@@ -475,228 +393,7 @@ class TrainingPanel(PanelBase):
         """Messages now shown beside controls, by TrainConfig field name."""
         return {n: f.error_text for n, f in self.controls.items() if f.error_text}
 
-    # ================================================================= charts
-    def _build_chart(self) -> None:
-        fig = self.chart.figure
-        fig.subplots_adjust(left=0.07, right=0.98, top=0.93, bottom=0.09, hspace=0.42, wspace=0.22)
-        ax = fig.subplots(2, 2)
-        self._ax_loss, self._ax_speed, self._ax_time, self._ax_mem = ax.ravel()
-        self._ax_mem.set_title("memory: measured vs predicted (MiB)", fontsize=10)
-        (self._line_loss,) = self._ax_loss.plot([], [], color="#1565c0", linewidth=1.2)
-        (self._line_speed,) = self._ax_speed.plot([], [], color="#2e7d32", linewidth=1.2)
-        (self._line_compute,) = self._ax_time.plot(
-            [], [], color="#6a1b9a", linewidth=1.0, label="data + compute"
-        )
-        (self._line_data,) = self._ax_time.plot(
-            [], [], color="#ef6c00", linewidth=1.0, label="data"
-        )
-        self._fills: list[Any] = []
-        self._ax_loss.set_title("loss", fontsize=10)
-        self._ax_speed.set_title("samples / s", fontsize=10)
-        self._ax_time.set_title("step time: data loading vs compute (s)", fontsize=10)
-        self.chart.animate(self._line_loss, self._line_speed, self._line_compute, self._line_data)
-        self._ax_time.legend(loc="upper left", fontsize=7)
-        for a in (self._ax_loss, self._ax_speed, self._ax_time):
-            a.grid(True, alpha=0.3)
-            a.set_xlabel("optimizer step", fontsize=8)
-        self._change_lines: list[Any] = []
-        self._mem_bars: list[Any] = []
-        self._mem_labels: tuple[str, ...] = ()
-        self._mem_unit = 1 << 20
-        self._mem_empty = self._ax_mem.text(
-            0.5,
-            0.5,
-            "no memory figures yet",
-            ha="center",
-            va="center",
-            transform=self._ax_mem.transAxes,
-            fontsize=9,
-            color="#777",
-        )
-
-    def chart_data(self) -> dict[str, list[float]]:
-        """What the chart lines now hold (for tests and the benchmark)."""
-        return {
-            "steps": list(self._line_loss.get_xdata()),
-            "loss": list(self._line_loss.get_ydata()),
-            "samples_per_s": list(self._line_speed.get_ydata()),
-            "data_seconds": list(self._line_data.get_ydata()),
-            "step_seconds": list(self._line_compute.get_ydata()),
-            "change_steps": [
-                float(line.get_xdata()[0])
-                for line in self._change_lines
-                if line.axes is self._ax_loss
-            ],
-        }
-
-    def memory_pairs(self) -> list[tuple[str, float | None, float | None]]:
-        """(what, measured bytes, predicted bytes) for the memory chart.
-
-        From the last `session.memory()` report when it matches the current settings
-        (it includes activations); otherwise measured model states from the newest step
-        record next to the estimator's prediction for the current settings.
-        """
-        report = self.memory_report
-        cfg = self.session.config
-        if report is not None and _report_matches(report, cfg):
-            return _memory_pairs(report)
-        rec = self.records[-1] if self.records else None
-        pred = self._prediction(cfg)
-        pairs: list[tuple[str, float | None, float | None]] = []
-        for label, name in (
-            ("parameters", "params_bytes"),
-            ("gradients", "grads_bytes"),
-            ("optimizer", "optimizer_bytes"),
-        ):
-            measured = getattr(rec, name, None) if rec is not None else None
-            predicted = getattr(pred, name, None) if pred is not None else None
-            if measured is not None or predicted is not None:
-                pairs.append((label, measured, predicted))
-        return pairs
-
-    def _prediction(self, cfg: Any) -> Any | None:
-        """The session's prediction for `cfg` (`Session.predict`, cached per config);
-        None when the estimator cannot predict the setup (only measured bars are drawn)."""
-        if self._predicted is not None and self._predicted[0] == cfg:
-            return self._predicted[1]
-        try:
-            pred = self.session.predict(cfg)
-        except ValueError:
-            pred = None
-        self._predicted = (cfg, pred)
-        return pred
-
-    def _draw(self) -> None:
-        # the whole run, downsampled with its extremes: at most 2 points per bucket
-        steps, loss = self.series["loss"].points()
-        speed_x, speed = self.series["samples_per_s"].points()
-        data_x, data = self.series["data_seconds"].points()
-        time_x, step_s = self.series["step_seconds"].points()
-        self._line_loss.set_data(steps, loss)
-        self._line_speed.set_data(speed_x, speed)
-        self._line_data.set_data(data_x, data)
-        self._line_compute.set_data(time_x, step_s)
-        for f in self._fills:
-            self.chart.forget(f)
-            f.remove()
-        self._fills = []
-        if time_x:
-            # the areas under the upper envelopes (one point per bin): the lines above
-            # show every extreme, the areas the share of data loading in a step
-            area_x, area_step = self.series["step_seconds"].highs()
-            area_data_x, area_data = self.series["data_seconds"].highs()
-            self._fills = [
-                self._ax_time.fill_between(
-                    area_x, 0, area_step, color="#6a1b9a", alpha=0.25, linewidth=0
-                ),
-                self._ax_time.fill_between(
-                    area_data_x, 0, area_data, color="#ef6c00", alpha=0.35, linewidth=0
-                ),
-            ]
-            self.chart.animate(*self._fills)
-        changed = False
-        for ax, xs, ys, zero in (
-            (self._ax_loss, steps, loss, False),
-            (self._ax_speed, speed_x, speed, True),
-            (self._ax_time, time_x, step_s, True),
-        ):
-            changed |= _sticky_limits(ax, xs, ys, from_zero=zero)
-        # a vertical line at each step where settings changed
-        drawn = {(float(line.get_xdata()[0]), line.axes) for line in self._change_lines}
-        for step, text in self.change_steps:
-            for a in (self._ax_loss, self._ax_speed, self._ax_time):
-                if (float(step), a) not in drawn:
-                    line = a.axvline(step, color="#c62828", linestyle=":", linewidth=1.2)
-                    line.set_gid(text)
-                    self._change_lines.append(line)
-                    self.chart.animate(line)
-                    if a is self._ax_loss:
-                        note = a.annotate(
-                            text,
-                            (step, 1.0),
-                            xycoords=("data", "axes fraction"),
-                            fontsize=7,
-                            color="#c62828",
-                            rotation=90,
-                            va="top",
-                            ha="right",
-                        )
-                        self.chart.animate(note)
-        changed |= self._draw_memory()
-        if changed:
-            self.chart.invalidate()
-        self.chart.render()
-
-    def _draw_memory(self) -> bool:
-        """Update the memory bars; True when the background (labels, limits) changed."""
-        try:
-            pairs = self.memory_pairs()
-        except Exception:
-            pairs = []
-        pairs = [p for p in pairs if p[1] is not None or p[2] is not None]
-        labels = tuple(p[0] for p in pairs)
-        ax = self._ax_mem
-        changed = False
-        if labels != self._mem_labels:
-            changed = True
-            for b in self._mem_bars:
-                for patch in b.patches:
-                    self.chart.forget(patch)
-                b.remove()
-            self._mem_bars = []
-            x = list(range(len(labels)))
-            if labels:
-                for dx, color, name in (
-                    (-0.2, "#1565c0", "measured"),
-                    (0.2, "#bdbdbd", "predicted"),
-                ):
-                    bars = ax.bar(
-                        [i + dx for i in x], [0.0] * len(x), width=0.4, color=color, label=name
-                    )
-                    self.chart.animate(*bars.patches)
-                    self._mem_bars.append(bars)
-                ax.set_xticks(x)
-                ax.set_xticklabels(labels, fontsize=8)
-                ax.legend(loc="upper right", fontsize=7)
-            self._mem_labels = labels
-        if self._mem_empty.get_visible() == bool(labels):
-            self._mem_empty.set_visible(not labels)
-            changed = True
-        if not labels:
-            return changed
-        largest = max(max(p[1] or 0, p[2] or 0) for p in pairs)
-        unit_name, unit = ("GiB", GIB) if largest >= GIB else ("MiB", 1 << 20)
-        if unit != self._mem_unit:
-            self._mem_unit = unit
-            ax.set_title(f"memory: measured vs predicted ({unit_name})", fontsize=10)
-            changed = True
-        for (_, measured, predicted), mbar, pbar in zip(
-            pairs, self._mem_bars[0].patches, self._mem_bars[1].patches, strict=True
-        ):
-            mbar.set_height((measured or 0) / unit)
-            pbar.set_height((predicted or 0) / unit)
-        top = largest / unit * 1.45 if largest > 0 else 1.0  # headroom for the legend
-        lo, hi = ax.get_ylim()
-        if not (largest / unit * 1.4 <= hi <= top * 1.5):  # re-scale only when far off
-            ax.set_ylim(0, top)
-            changed = True
-        return changed
-
-    def memory_chart_data(self) -> dict[str, list[Any]]:
-        """The measured and predicted memory bars now drawn, converted back to bytes."""
-        if not self._mem_bars:
-            return {"labels": [], "measured": [], "predicted": []}
-        u = self._mem_unit
-        return {
-            "labels": list(self._mem_labels),
-            "measured": [p.get_height() * u for p in self._mem_bars[0].patches],
-            "predicted": [p.get_height() * u for p in self._mem_bars[1].patches],
-        }
-
-    def charts(self) -> list[Chart]:
-        return [self.chart]
-
-    # ================================================================= refresh
+    # ================================================================= charts    # ================================================================= refresh
     def refresh(self, *, draw_now: bool = False) -> None:
         """One tick: read new records/events/state, update the view; redraw the charts if
         anything changed and the drawing budget allows (`draw_now`: ignore the budget)."""
@@ -721,7 +418,7 @@ class TrainingPanel(PanelBase):
                     series.append(r.step, getattr(r, name, None))
                 changes = getattr(r, "changes", None) or {}
                 if changes:
-                    text = ", ".join(f"{k}={_fmt_value(v)}" for k, v in changes.items())
+                    text = ", ".join(f"{k}={fmt_value(v)}" for k, v in changes.items())
                     self.change_steps.append((r.step, text))
                     if self.memory_report is not None and set(changes) & MEMORY_FIELDS:
                         self._auto_probe = True
@@ -781,13 +478,11 @@ class TrainingPanel(PanelBase):
         if self.change_steps:
             step, text = self.change_steps[-1]
             parts.append(f"last change at step {step}: {text}")
-        settings = " ".join(f"{k}={_fmt_value(getattr(cfg, k))}" for k in STATUS_KEYS)
+        settings = " ".join(f"{k}={fmt_value(getattr(cfg, k))}" for k in STATUS_KEYS)
         kind = {"running": "ok", "error": "error", "paused": "warning"}.get(state, "info")
         pending = getattr(self.session, "pending_changes", None) or {}
         if pending:
-            parts.append(
-                "pending: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in pending.items())
-            )
+            parts.append("pending: " + ", ".join(f"{k}={fmt_value(v)}" for k, v in pending.items()))
         text = " · ".join(parts)
         failure = getattr(self.session, "failure", None)
         if state in ("error", "paused") and failure:
@@ -853,7 +548,7 @@ class TrainingPanel(PanelBase):
             kind = {"critical": "error", "warning": "warning"}.get(a.severity, "info")
             extra = ""
             if a.apply:
-                extra = " → " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in a.apply.items())
+                extra = " → " + ", ".join(f"{k}={fmt_value(v)}" for k, v in a.apply.items())
             value = status_html(kind, f"[{a.severity}] {a.message}{extra}")
             if text.value != value:
                 text.value = value
@@ -879,7 +574,7 @@ class TrainingPanel(PanelBase):
             self._say("error", f"advice {advice_id!r} not applied: {_one_line(exc)}")
             return False
         self._say(
-            "ok", "applied advice: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in change.items())
+            "ok", "applied advice: " + ", ".join(f"{k}={fmt_value(v)}" for k, v in change.items())
         )
         return True
 
@@ -929,77 +624,3 @@ def _summarize(result: Any) -> str:
         return text
     text = str(result)
     return text if len(text) < 300 else text[:297] + "..."
-
-
-def _memory_pairs(report: Any) -> list[tuple[str, float | None, float | None]]:
-    """(what, measured, predicted) bytes from a `session.memory()` report
-    (`workbench.train.memory.MemoryReport`: measured bytes in its own fields, the
-    prediction in `predicted`, the comparable activation figure in
-    `predicted_activation_bytes`)."""
-    if report is None:
-        return []
-    predicted = report.predicted
-    out = []
-    for label, name in (
-        ("parameters", "params_bytes"),
-        ("gradients", "grads_bytes"),
-        ("optimizer", "optimizer_bytes"),
-        ("activations", "activation_bytes"),
-    ):
-        if name == "activation_bytes":
-            pv = report.predicted_activation_bytes
-        else:
-            pv = getattr(predicted, name, None) if predicted is not None else None
-        out.append((label, getattr(report, name), pv))
-    return out
-
-
-def _report_matches(report: Any, cfg: Any) -> bool:
-    """True when a memory report was measured with the settings `cfg` now has."""
-    for name, key in (
-        ("micro_batch", "micro_batch"),
-        ("precision", "precision"),
-        ("optimizer", "optimizer"),
-        ("activation_checkpointing", "activation_checkpointing"),
-    ):
-        have = getattr(report, name, None)
-        if have is not None and str(have) != str(_plain(getattr(cfg, key))):
-            return False
-    return True
-
-
-def _memory_summary(report: Any) -> str:
-    pairs = _memory_pairs(report)
-    if not pairs:
-        return "no figures"
-    parts = []
-    for label, measured, predicted in pairs:
-        m = "n/a" if measured is None else f"{measured / (1 << 20):.1f} MiB"
-        p = "n/a" if predicted is None else f"{predicted / (1 << 20):.1f} MiB"
-        parts.append(f"{label} {m} (predicted {p})")
-    return "; ".join(parts)
-
-
-def _sticky_limits(ax: Any, xs: list[int], ys: list[float], *, from_zero: bool) -> bool:
-    """Set axis limits that contain the data and change rarely (so the cached chart
-    background stays valid for many redraws). True when they changed."""
-    changed = False
-    x0, x1 = ax.get_xlim()
-    if xs:
-        first, last = xs[0], xs[-1]
-        if last > x1 or first < x0 or (first - x0) > 0.25 * (x1 - x0):
-            span = max(10.0, (last - first) * 1.5)
-            ax.set_xlim(first, first + span)
-            changed = True
-    finite = [y for y in ys if math.isfinite(y)]
-    if finite:
-        lo, hi = (0.0 if from_zero else min(finite)), max(finite)
-        y0, y1 = ax.get_ylim()
-        span = hi - lo or abs(hi) * 0.1 or 1.0
-        outside = lo < y0 or hi > y1
-        loose = (hi - lo) < 0.4 * (y1 - y0) and len(finite) > 10
-        if outside or loose:
-            pad = 0.1 * span
-            ax.set_ylim(lo if from_zero else lo - pad, hi + pad)
-            changed = True
-    return changed

@@ -1,0 +1,299 @@
+"""The checks of a launch's arguments, before anything starts: every problem at once,
+each naming its argument, this machine's limits (cores, GPUs) included; and the
+checkpoints a launch resumes (the newest step every rank has, the model that saved it).
+
+The number checks (`integer_problem`, `seconds_problem`, `options_problem`) accept NumPy
+scalars and refuse bools; the ladder checks its own arguments with them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Device, Precision, TrainConfig, runtime_problems
+from workbench.inputs import InputFileError, read_json, shown
+from workbench.train.launch_commands import LAUNCHERS
+
+#: Local ranks one launch starts (per node): more processes than one machine runs.
+MAX_RANKS = 1024
+#: The step a launch trains to: TrainConfig's own horizon limit (longer than any run).
+MAX_STEPS = 10**12
+#: torch threads per rank: more than any machine has cores.
+MAX_THREADS = 1024
+#: A launch's timeout in seconds (30 days); leave it None for no limit.
+MAX_TIMEOUT = 30 * 24 * 3600.0
+
+
+def _is_int(v: Any) -> bool:
+    """An integer: int or a NumPy integer scalar, never a bool."""
+    return isinstance(v, numbers.Integral) and not _is_bool(v)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool") and hasattr(v, "item"))
+
+
+def integer_problem(
+    name: str, value: Any, minimum: int, maximum: int, why: str, *, meaning: str = ""
+) -> str | None:
+    """The message for `value` when it is no integer in [minimum, maximum] (a NumPy
+    integer counts), else None. `why`: why a larger one is nonsense; `meaning`: what the
+    value is, said when it is no integer at all."""
+    extra = f" ({meaning})" if meaning else ""
+    if not _is_int(value):
+        return f"{name}={shown(value)}: must be an integer >= {minimum}{extra}"
+    if value < minimum:
+        return f"{name}={shown(int(value))}: must be an integer >= {minimum}{extra}"
+    if value > maximum:
+        return f"{name}={shown(int(value))}: must be at most {maximum:,} ({why})"
+    return None
+
+
+def seconds_problem(name: str, value: Any, maximum: float = MAX_TIMEOUT) -> str | None:
+    """The message for a timeout that is not None and not a finite number of seconds in
+    (0, maximum], else None."""
+    if value is None:
+        return None
+    ok = isinstance(value, numbers.Real) and not _is_bool(value)
+    try:
+        finite = ok and math.isfinite(value) and value > 0
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        return f"{name}={shown(value)}: must be a finite number of seconds > 0, or None (no limit)"
+    if value > maximum:
+        return (
+            f"{name}={shown(value)}: must be at most {maximum:,.0f} seconds (30 days); "
+            "leave it out (None) for no limit"
+        )
+    return None
+
+
+def options_problem(name: str, options: Any) -> str | None:
+    """The message for model options that are not None and not a mapping of option names
+    to JSON values (the ranks get them as JSON: finite numbers, no objects), else None."""
+    if options is None:
+        return None
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        return f"{name}={shown(options)}: must be a dict of option names (strings) and values"
+    try:
+        json.dumps(options, allow_nan=False, default=json_number)
+    except (TypeError, ValueError) as exc:
+        return f"{name}={shown(options)}: must hold JSON values only (finite numbers): {exc}"
+    return None
+
+
+def json_number(value: Any) -> Any:
+    """A NumPy scalar as the Python number it holds (`json.dumps(..., default=json_number)`)."""
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, numbers.Real) and not _is_bool(value):
+        return float(value)
+    raise TypeError(f"{shown(value)} is not JSON data")
+
+
+def uses_cuda(config: TrainConfig) -> bool:
+    """Whether the ranks of `config` train on GPUs (device "cuda", or "auto" with one)."""
+    device = Device(config.device)
+    if device is Device.CPU:
+        return False
+    import torch
+
+    return device is Device.CUDA or torch.cuda.is_available()
+
+
+def _check_model(model: Any) -> list[str]:
+    from workbench.models.spec import spec_problems
+
+    return spec_problems(model)
+
+
+def ranks_problem(config: TrainConfig, ranks: Any) -> str | None:
+    """The message when `ranks` local processes do not fit this machine (cores or GPUs)."""
+    bad = integer_problem("ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs")
+    if bad:
+        return bad
+    ranks = int(ranks)
+    if uses_cuda(config):
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if ranks > gpus:
+            return (
+                f"ranks={ranks}: this machine has {gpus} CUDA GPU(s); use at most {gpus} "
+                "ranks (one per GPU), or device='cpu'"
+            )
+    else:
+        cores = os.cpu_count() or 1
+        if ranks > cores:
+            return (
+                f"ranks={ranks}: this machine has {cores} CPU core(s); use at most {cores} "
+                "ranks on CPU (multi-node runs: see --print-command)"
+            )
+    return None
+
+
+def check_ranks(config: TrainConfig, ranks: Any) -> None:
+    """ValueError unless `ranks` local processes fit this machine (cores or GPUs)."""
+    bad = ranks_problem(config, ranks)
+    if bad:
+        raise ValueError(bad)
+
+
+def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
+    """The newest step for which every rank 0..ranks-1 has a checkpoint under `resume`
+    (each a regular file: a FIFO or device there would block a rank)."""
+    from workbench.train import checkpoints as ckpt
+
+    where = f"resume={shown(str(resume))}"
+    try:
+        root = Path(resume)
+        if not root.is_dir():
+            raise ValueError(f"{where}: not a directory of rank-<r> checkpoints")
+        common: set[int] | None = None
+        for r in range(ranks):
+            files = ckpt.list_checkpoints(root / f"rank-{r}")
+            if not files:
+                raise ValueError(
+                    f"{where}: no checkpoint for rank {r} (rank-{r}/step-N.pt); resume with "
+                    "the rank count that saved it"
+                )
+            steps = {int(p.stem.split("-")[1]) for p in files}
+            common = steps if common is None else common & steps
+        if not common:
+            raise ValueError(f"{where}: the ranks have no checkpoint step in common")
+        step = max(common)
+        for r in range(ranks):
+            path = root / f"rank-{r}" / ckpt.checkpoint_name(step)
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise ValueError(f"{where}: rank-{r}/{path.name} is not a regular file")
+    except OSError as exc:  # a name too long, no permission
+        raise ValueError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    return step
+
+
+def resume_model_problem(
+    resume: str | os.PathLike[str], ranks: int, step: int, model: str
+) -> str | None:
+    """The message when the checkpoints a launch resumes were not trained as `model`.
+
+    The ranks always build the model the caller names; the model a checkpoint's manifest
+    names is only compared with it, never imported (a factory a file names is code the
+    user did not choose). A manifest that cannot be read is left to the ranks' own load,
+    which verifies it."""
+    from workbench.models.spec import is_factory
+    from workbench.train import checkpoints as ckpt
+
+    where = f"resume={shown(str(resume))}"
+    for r in range(ranks):
+        path = Path(resume) / f"rank-{r}" / ckpt.checkpoint_name(step)
+        manifest = ckpt.manifest_path(path)
+        try:
+            data = read_json(manifest, what="manifest", max_bytes=ckpt.MAX_MANIFEST_BYTES)
+        except InputFileError:
+            continue
+        saved = data.get("model") if isinstance(data, dict) else None
+        name = saved.get("name") if isinstance(saved, dict) else None
+        if name is None or name == model:
+            continue
+        if isinstance(name, str) and is_factory(name):
+            return (
+                f"{where}: rank-{r}/{path.name} names the model factory {shown(name)}, and "
+                f"this launch trains model={shown(model)}; a checkpoint cannot choose code "
+                "to run, so nothing of it was imported; resume with the model that saved it"
+            )
+        return (
+            f"{where}: rank-{r}/{path.name} holds model {shown(name)}, and this launch "
+            f"trains model={shown(model)}; resume with the model (and model_options) that "
+            "saved it"
+        )
+    return None
+
+
+def launch_problems(
+    config: Any,
+    ranks: Any,
+    model: Any,
+    steps: Any,
+    launcher: Any,
+    timeout: Any,
+    on_record: Any,
+    model_options: Any,
+    threads: Any = None,
+) -> list[str]:
+    """Every problem of a launch's arguments, each naming its argument (empty when it can
+    start); this machine's limits (cores, GPUs, what it can run) included."""
+    problems: list[str] = []
+    if not isinstance(config, TrainConfig):
+        problems.append(f"config={shown(config)}: must be a workbench.TrainConfig")
+    bad_ranks = integer_problem(
+        "ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs"
+    )
+    for bad in (
+        bad_ranks,
+        integer_problem(
+            "steps",
+            steps,
+            1,
+            MAX_STEPS,
+            "longer than any training run",
+            meaning="the step to train to",
+        ),
+        seconds_problem("timeout", timeout),
+        None
+        if threads is None
+        else integer_problem(
+            "threads", threads, 1, MAX_THREADS, "more threads than any machine has cores"
+        ),
+        options_problem("model_options", model_options),
+    ):
+        if bad:
+            problems.append(bad)
+    if launcher not in LAUNCHERS:
+        problems.append(f"launcher={shown(launcher)}: must be one of {', '.join(LAUNCHERS)}")
+    if on_record is not None and not callable(on_record):
+        problems.append(f"on_record={shown(on_record)}: must be callable(record) or None")
+    problems += _check_model(model)
+    if not isinstance(config, TrainConfig):
+        return problems
+    problems += runtime_problems(config)  # what the ranks could not run here, said up front
+    prec = Precision(config.precision)
+    if prec is Precision.AMP_FP16:
+        problems.append(
+            "precision='amp-fp16': several ranks train through DeepSpeed; use 'fp16' "
+            "(DeepSpeed's loss-scaled fp16, GPUs only) or 'amp-bf16'"
+        )
+    if prec is Precision.FP16 and not uses_cuda(config):
+        problems.append("precision='fp16': DeepSpeed does not support fp16 on CPU; use 'bf16'")
+    if str(config.optimizer) == "adam8bit":
+        problems.append("optimizer='adam8bit': is available in the memory estimator only")
+    if bad_ranks is None:
+        machine = ranks_problem(config, ranks)
+        if machine:
+            problems.append(machine)
+    return problems
+
+
+def validate_launch(
+    config: Any,
+    ranks: Any,
+    model: Any,
+    steps: Any,
+    launcher: Any,
+    timeout: Any,
+    on_record: Any,
+    model_options: Any,
+    threads: Any = None,
+) -> None:
+    """ValueError naming every problem of a launch's arguments (`launch_problems`)."""
+    problems = launch_problems(
+        config, ranks, model, steps, launcher, timeout, on_record, model_options, threads
+    )
+    if problems:
+        raise ValueError(problems[0] if len(problems) == 1 else "; ".join(problems))
