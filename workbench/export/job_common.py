@@ -224,18 +224,50 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
     ):
         fail(f"model {model!r}: the factory must return (module, dataset, loss_fn[, info])")
     module, dataset, loss_fn = built[0], built[1], built[2]
-    if job["activation_checkpointing"]:
-        try:
-            from workbench.train.recompute import (
-                checkpointable_modules,
-                set_activation_checkpointing,
-            )
-        except ImportError as exc:
-            fail(f"activation checkpointing marks blocks with workbench: pip install it ({exc})")
-        if not checkpointable_modules(module):
-            fail("activation checkpointing is on but the model has no checkpointable blocks")
-        set_activation_checkpointing(module, True)
+    if job["activation_checkpointing"] and not checkpoint_marked_blocks(module):
+        fail("activation checkpointing is on but the model has no checkpointable blocks")
     return module, dataset, loss_fn
+
+
+#: The attribute that marks a block for activation checkpointing (what
+#: `workbench.train.recompute.mark_checkpointable` sets; tiny-gpt's blocks carry it).
+CHECKPOINTABLE = "_workbench_checkpointable"
+
+
+def checkpoint_marked_blocks(module: torch.nn.Module) -> int:
+    """Run each marked block (outermost first) under `torch.utils.checkpoint` (its forward
+    keeps only its inputs and recomputes the rest in backward); returns how many. The
+    job's own copy of the rule, so the script needs nothing of workbench for it."""
+    import functools
+
+    import torch.utils.checkpoint
+
+    def checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    inside: set[int] = set()
+    count = 0
+    for block in module.modules():
+        if id(block) in inside or not getattr(block, CHECKPOINTABLE, False):
+            continue
+        inside.update(id(m) for m in block.modules())
+        block.forward = functools.partial(checkpointed, block.forward)
+        count += 1
+    return count
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    """Unique parameters (a tied weight once), each at its full size: a ZeRO-3 shard by
+    its `ds_numel`, an FSDP2 DTensor by its global numel (the job's copy of
+    `workbench.modelstats.count_parameters`)."""
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += int(getattr(p, "ds_numel", 0) or p.numel())
+    return total
 
 
 def batches(
@@ -343,4 +375,4 @@ def make_optimizer(config: dict[str, Any], params: Any) -> torch.optim.Optimizer
 def marked_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks the workbench marked as the model's repeated units (checkpointable):
     the built-in GPT's transformer blocks; FSDP wraps each of them."""
-    return [m for m in module.modules() if getattr(m, "_workbench_checkpointable", False)]
+    return [m for m in module.modules() if getattr(m, CHECKPOINTABLE, False)]

@@ -45,6 +45,7 @@ try:
         approve_model,
         batches,
         build,
+        count_parameters,
         fail,
         loss_of,
         read_job,
@@ -59,6 +60,7 @@ except ImportError:  # an exported folder without workbench installed
         approve_model,
         batches,
         build,
+        count_parameters,
         fail,
         loss_of,
         read_job,
@@ -156,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         config=ds_config,
     )
     data = batches(job, dataset, micro, world, rank)
-    n_params = sum(
-        p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()
-    )
+    n_params = count_parameters(engine.module)
     if rank == 0:
         start = {
             "event": "start",

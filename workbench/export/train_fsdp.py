@@ -44,6 +44,7 @@ try:
         approve_model,
         batches,
         build,
+        count_parameters,
         fail,
         loss_of,
         lr_multiplier,
@@ -60,6 +61,7 @@ except ImportError:  # an exported folder without workbench installed
         approve_model,
         batches,
         build,
+        count_parameters,
         fail,
         loss_of,
         lr_multiplier,
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     clip = config.get("clip_grad_norm")
     base_lr = float(config["lr"])
     data = batches(job, dataset, micro, world, rank)
-    n_params = sum(p.numel() for p in params)  # a DTensor's numel is its full size
+    n_params = count_parameters(module)
     if rank == 0:
         start = {
             "event": "start",
