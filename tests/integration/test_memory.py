@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench import Session, TrainConfig, find_max_micro_batch
-from workbench.train.session import NO_ACTIVATION_PREDICTION
+from workbench.train.session_tools import NO_ACTIVATION_PREDICTION
 
 SMALL = {
     "tiny-gpt": {"layers": 2, "hidden": 32, "heads": 2, "seq_len": 16},
