@@ -39,6 +39,10 @@ range-checked, the built-in model's options checked and its size measured on the
 device before anything is allocated); the files are written with
 `workbench.outputs.write_files` (each staged beside its target, renamed when all are
 written), so a failure leaves the previous job whole and no half-written one behind.
+
+Past 700 lines because every argument of an export (format, GPUs and nodes, hostfile,
+model and its options, steps, folder) is checked here, for the three formats at once; the
+scripts and their shared code are the modules beside it.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ and TensorBoard), `owners.py` (one live Session per module; closing at exit), `w
 (rank and world size), `progress.py` (the progress bar), `session_tools.py` (its memory,
 predict, profile and launch methods), `memory.py` and `profiler.py` (measuring it through
 its public methods), `launch.py` (several ranks). Past 700 lines because the public
-methods, each documented for `help()`, and the state machine they drive share one lock and one set of states.
+methods, each documented for `help()`, and the state machine they drive share one lock
+and one set of states.
 """
 
 from __future__ import annotations
