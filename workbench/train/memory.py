@@ -34,8 +34,7 @@ from torch import nn
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.train import batches
-from workbench.train.backends.base import Backend, ModelStateBytes
-from workbench.train.backends.plain import storage_bytes
+from workbench.train.backends.base import Backend, ModelStateBytes, storage_bytes
 from workbench.train.batches import LossFn
 from workbench.train.recompute import checkpointable_modules, is_checkpointing
 

@@ -93,3 +93,34 @@ def build_precision(config: TrainConfig, device_type: str) -> PrecisionPolicy:
         )
         scale = scaler.scale
     return PrecisionPolicy(p, device_type, dtype, scaler, autocast, scale)
+
+
+def scaler_state(scaler: Any, config: Any) -> dict[str, Any] | None:
+    """A GradScaler's state as plain numbers for a checkpoint or an engine switch (None
+    without one): the scale, the clean steps since it last grew, the initial scale it
+    started from (a state carries over only to a scaler that starts from the same)."""
+    if scaler is None:
+        return None
+    return {
+        "scale": float(scaler.get_scale()),
+        "growth_tracker": int(scaler.state_dict().get("_growth_tracker", 0)),
+        "init_scale": float(config.loss_scale_init),
+    }
+
+
+def restore_scaler(scaler: Any, saved: dict[str, Any] | None, config: Any) -> None:
+    """Give `scaler` the scale `scaler_state` saved, when both start from the same initial
+    scale (a changed `loss_scale_init` starts afresh); growth and backoff from `config`."""
+    if scaler is None or not saved:
+        return
+    if float(saved.get("init_scale", -1)) != float(config.loss_scale_init):
+        return
+    scaler.load_state_dict(
+        {
+            "scale": float(saved["scale"]),
+            "growth_factor": float(config.loss_scale_growth),
+            "backoff_factor": float(config.loss_scale_backoff),
+            "growth_interval": int(config.loss_scale_interval),
+            "_growth_tracker": int(saved.get("growth_tracker", 0)),
+        }
+    )

@@ -75,3 +75,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release everything (engines, process groups, buffers). Idempotent."""
+
+
+def storage_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind `tensors` (shared storage counted once; a
+    DTensor counts its local shard's storage, padding included)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):
+            t = local
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())

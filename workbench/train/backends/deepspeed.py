@@ -56,19 +56,12 @@ from torch import nn
 from workbench.config import OptimizerName, Precision, TrainConfig
 from workbench.modelstats import count_parameters
 from workbench.train.backends.base import ModelStateBytes, StepOutcome
+from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
 from workbench.train.backends.process_group import ProcessGroupLease
 from workbench.train.schedule import lr_at
 
 STATE_FORMAT = 1
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
-
-_FAMILY = {
-    OptimizerName.ADAMW: "adam",
-    OptimizerName.ADAM: "adam",
-    OptimizerName.SGD: "sgd",
-    OptimizerName.SGD_NOMOMENTUM: None,
-}
-_STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",), None: ()}
 
 
 class _Zero3LinearPatch:
@@ -176,7 +169,7 @@ class DeepSpeedBackend:
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self.precision = Precision(config.precision)
-        self._family = _FAMILY[OptimizerName(config.optimizer)]
+        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._base_lr = float(config.lr)
         self._accum = int(config.grad_accum)
         self._micro = 0
@@ -315,7 +308,7 @@ class DeepSpeedBackend:
         opt_state: dict[str, dict[str, Any]] = {}
         base = _base_optimizer(self.engine)
         has_state = any(bool(s) for s in base.state.values())
-        keys = [k for k in _STATE_KEYS[self._family] if has_state]
+        keys = [k for k in STATE_KEYS[self._family] if has_state]
         step = self._optimizer_step()
         for name, _p, master, states in self._slots(keys):
             model[name] = master
@@ -425,7 +418,7 @@ class DeepSpeedBackend:
         weights = state["model"]
         optim = state.get("optimizer") or {}
         saved = optim.get("state") or {}
-        keys = list(_STATE_KEYS[self._family])
+        keys = list(STATE_KEYS[self._family])
         carry = bool(saved) and optim.get("family") == self._family and bool(keys)
         if carry and any(any(k not in saved.get(n, {}) for k in keys) for n, _ in self._named):
             carry = False

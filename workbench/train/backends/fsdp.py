@@ -51,19 +51,14 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
-from workbench.train.backends.base import ModelStateBytes, StepOutcome
-from workbench.train.backends.plain import build_optimizer, storage_bytes
+from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.backends.process_group import ProcessGroupLease, device_types
+from workbench.train.precision import restore_scaler, scaler_state
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.schedule import lr_at
 
 STATE_FORMAT = 1
-_FAMILY = {
-    OptimizerName.ADAMW: "adam",
-    OptimizerName.ADAM: "adam",
-    OptimizerName.SGD: "sgd",
-    OptimizerName.SGD_NOMOMENTUM: None,
-}
 _HALF = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
 _BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl"}  # a group's backend per device type
 
@@ -117,7 +112,7 @@ class FSDPBackend:
         config = self.config
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.precision = Precision(config.precision)
-        self._family = _FAMILY[OptimizerName(config.optimizer)]
+        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._base_lr = float(config.lr)
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
@@ -295,18 +290,11 @@ class FSDPBackend:
                     k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
                     for k, v in st.items()
                 }
-        scaler_state = None
-        if self.scaler is not None:
-            scaler_state = {
-                "scale": float(self.scaler.get_scale()),
-                "growth_tracker": int(self.scaler.state_dict().get("_growth_tracker", 0)),
-                "init_scale": float(self.config.loss_scale_init),
-            }
         return {
             "format": STATE_FORMAT,
             "model": model,
             "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": scaler_state,
+            "scaler": scaler_state(self.scaler, self.config),
             "scheduler": {"steps": self.steps},
             "steps": self.steps,
             "overflow_steps": self.overflow_steps,
@@ -342,21 +330,7 @@ class FSDPBackend:
             )
             if self.offload:
                 self._states_beside_shards()
-        saved_scaler = state.get("scaler")
-        if (
-            self.scaler is not None
-            and saved_scaler
-            and float(saved_scaler.get("init_scale", -1)) == float(self.config.loss_scale_init)
-        ):
-            self.scaler.load_state_dict(
-                {
-                    "scale": float(saved_scaler["scale"]),
-                    "growth_factor": float(self.config.loss_scale_growth),
-                    "backoff_factor": float(self.config.loss_scale_backoff),
-                    "growth_interval": int(self.config.loss_scale_interval),
-                    "_growth_tracker": int(saved_scaler.get("growth_tracker", 0)),
-                }
-            )
+        restore_scaler(self.scaler, state.get("scaler"), self.config)
 
     def _states_beside_shards(self) -> None:
         """torch's state-dict loader distributes full tensors onto the mesh's device type

@@ -29,53 +29,22 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, TrainConfig
-from workbench.train.backends.base import ModelStateBytes, StepOutcome
-from workbench.train.precision import PrecisionPolicy, build_precision
+from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
+from workbench.train.precision import (
+    PrecisionPolicy,
+    build_precision,
+    restore_scaler,
+    scaler_state,
+)
 from workbench.train.schedule import lr_at
 
 STATE_FORMAT = 1
-
-_FAMILY = {
-    OptimizerName.ADAMW: "adam",
-    OptimizerName.ADAM: "adam",
-    OptimizerName.SGD: "sgd",
-    OptimizerName.SGD_NOMOMENTUM: None,
-}
 
 
 def named_unique_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """`model.named_parameters()` (tied parameters appear once, under their first name)."""
     return list(model.named_parameters())
-
-
-def storage_bytes(tensors: Any) -> int:
-    """Bytes of the distinct storages behind `tensors` (shared storage counted once; a
-    DTensor counts its local shard's storage, padding included)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        local = getattr(t, "_local_tensor", None)
-        if isinstance(local, torch.Tensor):
-            t = local
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
-
-
-def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    opt = OptimizerName(config.optimizer)
-    lr, wd = float(config.lr), float(config.weight_decay)
-    if opt is OptimizerName.ADAMW:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
-    if opt is OptimizerName.ADAM:
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    if opt is OptimizerName.SGD:
-        return torch.optim.SGD(params, lr=lr, momentum=float(config.momentum), weight_decay=wd)
-    if opt is OptimizerName.SGD_NOMOMENTUM:
-        return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=wd)
-    raise ValueError(
-        f"optimizer={opt.value!r}: a Session trains with adamw, adam, sgd or sgd-nomomentum"
-    )
 
 
 class PlainBackend:
@@ -101,7 +70,7 @@ class PlainBackend:
         self.device = trainable[0].device
         self.policy: PrecisionPolicy = build_precision(config, self.device.type)
         self.optimizer = build_optimizer(config, trainable)
-        self._family = _FAMILY[OptimizerName(config.optimizer)]
+        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
         self._base_lr = float(config.lr)
@@ -190,19 +159,11 @@ class PlainBackend:
             name = ids.get(id(p))
             if name is not None and st:
                 opt_state[name] = {k: v for k, v in st.items() if v is not None}
-        scaler = self.policy.scaler
-        scaler_state = None
-        if scaler is not None:
-            scaler_state = {
-                "scale": float(scaler.get_scale()),
-                "growth_tracker": int(scaler.state_dict().get("_growth_tracker", 0)),
-                "init_scale": float(self.config.loss_scale_init),
-            }
         return {
             "format": STATE_FORMAT,
             "model": {name: p.detach() for name, p in self._named},
             "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": scaler_state,
+            "scaler": scaler_state(self.policy.scaler, self.config),
             "scheduler": {"steps": self.steps},
             "steps": self.steps,
             "overflow_steps": self.overflow_steps,
@@ -240,22 +201,7 @@ class PlainBackend:
                 }
         self.steps = int(state.get("steps", (state.get("scheduler") or {}).get("steps", 0)))
         self.overflow_steps = int(state.get("overflow_steps", 0))
-        saved_scaler = state.get("scaler")
-        scaler = self.policy.scaler
-        if (
-            scaler is not None
-            and saved_scaler
-            and float(saved_scaler.get("init_scale", -1)) == float(self.config.loss_scale_init)
-        ):
-            scaler.load_state_dict(
-                {
-                    "scale": float(saved_scaler["scale"]),
-                    "growth_factor": float(self.config.loss_scale_growth),
-                    "backoff_factor": float(self.config.loss_scale_backoff),
-                    "growth_interval": int(self.config.loss_scale_interval),
-                    "_growth_tracker": int(saved_scaler.get("growth_tracker", 0)),
-                }
-            )
+        restore_scaler(self.policy.scaler, state.get("scaler"), self.config)
 
     def model_state_bytes(self) -> ModelStateBytes:
         """Bytes of parameters, gradients present now, and every optimizer-state tensor
