@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -46,7 +44,7 @@ from workbench.choices import (  # the choices, re-exported here
     Precision,
     did_you_mean,
 )
-from workbench.inputs import shown
+from workbench.inputs import is_bool, is_int, is_number, shown
 from workbench.problems import ConfigError, SettingProblem, format_problems, problem_lines
 
 
@@ -59,24 +57,7 @@ def _unknown_setting(name: str, value: Any) -> SettingProblem:
     )
 
 
-def _is_bool(v: Any) -> bool:
-    """True/False, NumPy's booleans included (a numpy.bool_ is no number)."""
-    return isinstance(v, bool) or type(v).__name__ in ("bool_", "bool") and hasattr(v, "item")
-
-
-def _is_int(v: Any) -> bool:
-    """An integer: int or a NumPy integer scalar, never a bool."""
-    return isinstance(v, numbers.Integral) and not _is_bool(v)
-
-
-def _is_number(v: Any) -> bool:
-    """A finite real number: int, float or a NumPy scalar of either, never a bool."""
-    if not isinstance(v, numbers.Real) or _is_bool(v):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int too large for a float
-        return False
+_is_bool, _is_int, _is_number = is_bool, is_int, is_number
 
 
 def _plain_number(v: Any) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import re
 import stat
@@ -45,6 +46,26 @@ class InputFileError(ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"{what} {shown(path)}: {reason}")
+
+
+def is_bool(v: Any) -> bool:
+    """True/False, NumPy's booleans included (a numpy.bool_ is no number)."""
+    return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool") and hasattr(v, "item"))
+
+
+def is_int(v: Any) -> bool:
+    """An integer: int or a NumPy integer scalar, never a bool."""
+    return isinstance(v, numbers.Integral) and not is_bool(v)
+
+
+def is_number(v: Any) -> bool:
+    """A finite real number: int, float or a NumPy scalar of either, never a bool."""
+    if not isinstance(v, numbers.Real) or is_bool(v):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -249,6 +270,9 @@ __all__ = [
     "parse_json",
     "read_bytes",
     "read_json",
+    "is_bool",
+    "is_int",
+    "is_number",
     "read_text",
     "shown",
     "typed",

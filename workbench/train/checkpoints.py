@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.inputs import InputFileError, read_json, shown
+from workbench.inputs import InputFileError, is_int, read_json, shown
 from workbench.version import __version__
 
 CHECKPOINT_FORMAT = 2
@@ -69,10 +69,6 @@ MANIFEST_KIND = "workbench-checkpoint"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 _HASH_BLOCK = 1 << 20
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; its config and options are small
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class CheckpointError(ValueError):
@@ -344,13 +340,13 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"path={str(m)!r}: not a workbench checkpoint manifest")
     problems = []
     size = manifest.get("bytes")
-    if not _is_int(size) or size < 0:
+    if not is_int(size) or size < 0:
         problems.append(f"bytes={shown(size)}: must be the tensor file's size, an integer >= 0")
     digest = manifest.get("sha256")
     if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
         problems.append(f"sha256={shown(digest)}: must be 64 hexadecimal digits")
     step = manifest.get("step")
-    if not _is_int(step) or step < 0:
+    if not is_int(step) or step < 0:
         problems.append(f"step={shown(step)}: must be an integer >= 0")
     if problems:
         raise CheckpointError(
@@ -534,7 +530,7 @@ def _rng_problems(rng: Any) -> list[str]:
             numpy_state.get("bit_generator") == "MT19937"
             and isinstance(key, torch.Tensor)
             and key.numel() == 624
-            and all(_is_int(numpy_state.get(k)) for k in ("pos", "has_gauss"))
+            and all(is_int(numpy_state.get(k)) for k in ("pos", "has_gauss"))
             and isinstance(numpy_state.get("cached_gaussian"), (int, float))
         ):
             p.append("rng.numpy: must be NumPy's MT19937 state as a save writes it")
@@ -544,10 +540,10 @@ def _rng_problems(rng: Any) -> list[str]:
     if isinstance(python_state, dict):
         internal = python_state.get("state")
         if not (
-            _is_int(python_state.get("version"))
+            is_int(python_state.get("version"))
             and isinstance(internal, (list, tuple))
             and len(internal) == 625
-            and all(_is_int(x) and 0 <= x < 2**32 for x in internal)
+            and all(is_int(x) and 0 <= x < 2**32 for x in internal)
         ):
             p.append("rng.python: must be Python's random state as a save writes it")
     elif not isinstance(python_state, tuple):
@@ -560,7 +556,7 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
     writes): each entry of the module docstring's table has the type a resume relies on."""
     p: list[str] = []
     step = payload.get("step")
-    if not _is_int(step) or step < 0:
+    if not is_int(step) or step < 0:
         p.append(f"step={shown(step)}: must be an integer >= 0")
     if not isinstance(payload.get("config"), dict):
         p.append(f"config={shown(payload.get('config'))}: must be a dict of settings")
@@ -577,11 +573,11 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
     if data is not None and not (
         isinstance(data, dict)
         and set(data) <= {"epoch", "offset"}
-        and all(_is_int(v) and v >= 0 for v in data.values())
+        and all(is_int(v) and v >= 0 for v in data.values())
     ):
         p.append(f"data={shown(data)}: must be {{'epoch': int >= 0, 'offset': int >= 0}}")
     ref = payload.get("reference_batch")
-    if ref is not None and (not _is_int(ref) or ref < 1):
+    if ref is not None and (not is_int(ref) or ref < 1):
         p.append(f"reference_batch={shown(ref)}: must be an integer >= 1")
     model = payload.get("model")
     if model is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Device, Precision, TrainConfig, runtime_problems
-from workbench.inputs import InputFileError, read_json, shown
+from workbench.inputs import InputFileError, is_bool, is_int, read_json, shown
 from workbench.train.launch_commands import LAUNCHERS
 
 #: Local ranks one launch starts (per node): more processes than one machine runs.
@@ -30,15 +30,6 @@ MAX_THREADS = 1024
 MAX_TIMEOUT = 30 * 24 * 3600.0
 
 
-def _is_int(v: Any) -> bool:
-    """An integer: int or a NumPy integer scalar, never a bool."""
-    return isinstance(v, numbers.Integral) and not _is_bool(v)
-
-
-def _is_bool(v: Any) -> bool:
-    return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool") and hasattr(v, "item"))
-
-
 def integer_problem(
     name: str, value: Any, minimum: int, maximum: int, why: str, *, meaning: str = ""
 ) -> str | None:
@@ -46,7 +37,7 @@ def integer_problem(
     integer counts), else None. `why`: why a larger one is nonsense; `meaning`: what the
     value is, said when it is no integer at all."""
     extra = f" ({meaning})" if meaning else ""
-    if not _is_int(value):
+    if not is_int(value):
         return f"{name}={shown(value)}: must be an integer >= {minimum}{extra}"
     if value < minimum:
         return f"{name}={shown(int(value))}: must be an integer >= {minimum}{extra}"
@@ -60,7 +51,7 @@ def seconds_problem(name: str, value: Any, maximum: float = MAX_TIMEOUT) -> str 
     (0, maximum], else None."""
     if value is None:
         return None
-    ok = isinstance(value, numbers.Real) and not _is_bool(value)
+    ok = isinstance(value, numbers.Real) and not is_bool(value)
     try:
         finite = ok and math.isfinite(value) and value > 0
     except OverflowError:  # an int too large for a float
@@ -91,9 +82,9 @@ def options_problem(name: str, options: Any) -> str | None:
 
 def json_number(value: Any) -> Any:
     """A NumPy scalar as the Python number it holds (`json.dumps(..., default=json_number)`)."""
-    if _is_int(value):
+    if is_int(value):
         return int(value)
-    if isinstance(value, numbers.Real) and not _is_bool(value):
+    if isinstance(value, numbers.Real) and not is_bool(value):
         return float(value)
     raise TypeError(f"{shown(value)} is not JSON data")
 
