@@ -14,11 +14,11 @@ ROOT = Path(__file__).parents[2] / "workbench"
 #: Lowest first; a module may import its own layer and the layers below (the package root,
 #: `workbench/__init__.py`, is the public facade over all of them and is left out).
 LAYERS: list[tuple[str, ...]] = [
-    ("inputs", "outputs", "version", "choices", "display", "problems"),
-    ("config", "estimate", "models", "modelstats"),
-    ("prediction", "deepspeed", "advisor", "monitor"),
-    ("train", "export", "compress"),
-    ("cli", "ui"),
+    ("inputs", "outputs", "version", "choices", "display", "problems"),  # 1 leaves
+    ("config", "estimate", "models", "modelstats"),  # 2 core
+    ("prediction", "deepspeed", "advisor", "monitor"),  # 3 services
+    ("train", "export", "compress"),  # 4 engines
+    ("cli", "ui"),  # 5 shells
 ]
 SHIPPED = (
     "export/job_common.py",
