@@ -45,13 +45,14 @@ def read_count(value: Any) -> int | str:
     """The whole count >= 0 in `value`, or a reason (a message ending) why it is not one."""
     if is_bool(value):
         return "a bool is not a count"
-    try:
-        n = operator.index(value)
-    except TypeError:
-        pass
-    else:
-        return n if n >= 0 else "a count is not negative"
-    if isinstance(value, numbers.Real) and not isinstance(value, str):
+    if type(value) is not float:  # a float has no index: no exception to raise and catch
+        try:
+            n = operator.index(value)
+        except TypeError:
+            pass
+        else:
+            return n if n >= 0 else "a count is not negative"
+    if type(value) is float or (isinstance(value, numbers.Real) and not isinstance(value, str)):
         try:
             number = float(value)
         except (OverflowError, ValueError, TypeError):

@@ -38,6 +38,9 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+#: Bytes in a GiB (2^30): the binary unit the estimator prints.
+GIB = 1 << 30
+
 #: The most bytes of activations one GPU may be estimated to hold (1 EiB).
 MAX_BYTES_PER_GPU = 1 << 60
 
@@ -112,8 +115,11 @@ LIMITS: dict[str, Bound] = {
 
 def is_bool(value: Any) -> bool:
     """True for `bool` and numpy's bool scalar (neither is a number to the estimator)."""
+    kind = type(value)
+    if kind is int or kind is float:  # the common case, answered first
+        return False
     return isinstance(value, bool) or (
-        type(value).__name__ in ("bool", "bool_") and type(value).__module__ == "numpy"
+        kind.__name__ in ("bool", "bool_") and kind.__module__ == "numpy"
     )
 
 
@@ -124,6 +130,8 @@ def as_bool(value: Any) -> Any:
 
 def as_int(value: Any) -> int | None:
     """An integer (a Python or numpy integer, not a bool), or None."""
+    if type(value) is int:
+        return value
     if is_bool(value) or isinstance(value, float):
         return None
     try:
@@ -135,6 +143,8 @@ def as_int(value: Any) -> int | None:
 def as_float(value: Any) -> float | None:
     """A finite float from an int or a real number (numpy's too), or None (bools, text,
     NaN, infinities, integers too large for a float)."""
+    if type(value) is float:  # the common case, answered first
+        return value if math.isfinite(value) else None
     if is_bool(value):
         return None
     n = as_int(value)
@@ -166,4 +176,13 @@ def check_number(name: str, value: Any, bound: Bound | None = None) -> tuple[Any
     return number, None
 
 
-__all__ = ["LIMITS", "MAX_BYTES_PER_GPU", "Bound", "as_bool", "as_float", "as_int", "check_number"]
+__all__ = [
+    "GIB",
+    "LIMITS",
+    "MAX_BYTES_PER_GPU",
+    "Bound",
+    "as_bool",
+    "as_float",
+    "as_int",
+    "check_number",
+]

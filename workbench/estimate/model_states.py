@@ -153,14 +153,16 @@ def _shard(n_params: int, gpus: int) -> int:
 
 
 def paper_model_states(q: ModelStateQuery) -> ModelStates:
-    """ZeRO-paper accounting (see the module docstring)."""
-    per = bytes_per_param(q.precision, q.optimizer)
+    """ZeRO-paper accounting (see the module docstring); `bytes_per_param`'s figures, read
+    from the tables directly (the query is checked)."""
+    weights, grads_per, master = PRECISION_BYTES[q.precision]
     shard = _shard(q.n_params, q.gpus)
     full = q.n_params
-    params = per.weights * (shard if q.zero_stage >= 3 else full)
-    grads = per.grads * (shard if q.zero_stage >= 2 else full)
+    params = weights * (shard if q.zero_stage >= 3 else full)
+    grads = grads_per * (shard if q.zero_stage >= 2 else full)
     held = shard if q.zero_stage >= 1 else full  # parameters whose optimizer state it holds
-    optim = per.optimizer * held + error_feedback_bytes(q.optimizer, held, q.gpus)
+    optim_per = master + OPTIMIZER_STATE_BYTES[q.optimizer]
+    optim = optim_per * held + error_feedback_bytes(q.optimizer, held, q.gpus)
     cpu = 0
     if q.offload_optimizer:
         cpu += grads + optim

@@ -77,10 +77,12 @@ def keywords_checked(fn: F) -> F:
         if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
     ]
 
+    names = frozenset(signature.parameters)
+
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        unknown = [k for k in kwargs if k not in signature.parameters]
-        if args or unknown:
+        if args or not names.issuperset(kwargs):
+            unknown = [k for k in kwargs if k not in names]
             problems = (
                 [
                     Problem(

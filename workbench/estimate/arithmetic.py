@@ -1,0 +1,173 @@
+"""The estimator's arithmetic: functions over checked `EstimateInputs` that do no checking.
+
+Model states come from `model_states` (the ZeRO paper's accounting or another), activations
+from `activations` (Korthikanti et al. 2022, extended), GPU figures from `catalog`; this
+module adds them up, compares the total with the GPU, and turns the training tokens into
+FLOPs, seconds and money. `estimate_from` assembles the `MemoryEstimate`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from workbench.config import Precision
+from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
+from workbench.estimate.inputs_check import EstimateInputs
+from workbench.estimate.limits import GIB
+from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
+from workbench.estimate.result import MemoryEstimate
+
+_BF16 = (Precision.AMP_BF16, Precision.BF16)
+
+
+def model_states(i: EstimateInputs) -> ModelStates:
+    """Parameters, gradients and optimizer states on one GPU, and what is offloaded."""
+    query = ModelStateQuery(
+        i.shard_params,
+        i.precision,
+        i.optimizer,
+        i.zero_stage,
+        i.data_parallel,
+        i.offload_optimizer,
+        i.offload_params,
+        fsdp=i.fsdp,
+    )
+    return model_state_bytes(query, i.accounting)
+
+
+def activations(i: EstimateInputs) -> ActivationBreakdown | None:
+    """The activation bytes one GPU keeps for the backward pass (None without a shape)."""
+    arch = i.architecture
+    if arch is None:
+        return None
+    return activation_breakdown(
+        arch.layers,
+        arch.hidden,
+        arch.heads,
+        arch.seq_len,
+        i.micro_batch,
+        arch.vocab,
+        i.checkpointing,
+        4 if i.precision is Precision.FP32 else 2,
+        i.dropout,
+        arch.ffn_hidden,
+        arch.mlp,
+        i.tensor_parallel,
+        i.sequence_parallel,
+        i.pipeline_parallel,
+        arch.parallel_residual,
+    )
+
+
+def overhead_bytes(i: EstimateInputs) -> int:
+    """The framework overhead per GPU, in bytes."""
+    return math.ceil(i.overhead_gib * GIB)
+
+
+def on_gpu(
+    i: EstimateInputs, model_bytes: int, total: int, overhead: int, per_sample: int | None
+) -> tuple[int | None, bool | None, int | None]:
+    """(the GPU's memory, whether `total + overhead` fits in it, the largest micro-batch
+    that fits); all None without a GPU, the micro-batch also without activations or when
+    not even one sample fits."""
+    if i.gpu is None:
+        return None, None, None
+    gpu_mem = i.gpu.memory_bytes
+    max_mb = None
+    if per_sample:
+        room = (gpu_mem - overhead - model_bytes) // per_sample
+        max_mb = room if room >= 1 else None
+    return gpu_mem, total + overhead <= gpu_mem, max_mb
+
+
+def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float | None]:
+    """(training FLOPs, seconds, cost) of the tokens: 6 FLOPs per parameter and token (8
+    with full recomputation), at `mfu` of the GPUs' peak, at the price per GPU-hour. Each
+    is None when its inputs are missing (tokens; a GPU with a peak rate; a price)."""
+    if i.tokens is None:
+        return None, None, None
+    flops = (8.0 if i.checkpointing is Checkpointing.FULL else 6.0) * i.n_params * i.tokens
+    seconds = cost = None
+    if i.gpu is not None:
+        peak = i.gpu.peak_flops(i.precision is not Precision.FP32, bf16=i.precision in _BF16)
+        if peak is not None:
+            seconds = flops / (i.gpus * peak * i.mfu)
+            if i.price_per_gpu_hour is not None:
+                cost = seconds / 3600.0 * i.gpus * i.price_per_gpu_hour
+    return flops, seconds, cost
+
+
+def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> MemoryEstimate:
+    """The estimate of checked inputs whose activations are `breakdown` (`activations(i)`)."""
+    states = model_states(i)
+    model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
+    act_bytes = breakdown.total_bytes if breakdown is not None else None
+    per_sample = act_bytes // i.micro_batch if act_bytes is not None else None  # linear in it
+    total = model_bytes + (act_bytes or 0)
+    overhead = overhead_bytes(i)
+    gpu_mem, fits, max_mb = on_gpu(i, model_bytes, total, overhead, per_sample)
+    flops, seconds, cost = time_and_cost(i)
+    arch = i.architecture
+    return MemoryEstimate(
+        n_params=i.n_params,
+        params_bytes=states.params_bytes,
+        grads_bytes=states.grads_bytes,
+        optimizer_bytes=states.optimizer_bytes,
+        activation_bytes=act_bytes,
+        total_bytes=total,
+        overhead_bytes=overhead,
+        cpu_offload_bytes=states.cpu_offload_bytes,
+        gpu=i.gpu.name if i.gpu is not None else None,
+        gpu_memory_bytes=gpu_mem,
+        fits=fits,
+        max_micro_batch=max_mb,
+        train_flops=flops,
+        train_seconds=seconds,
+        cost=cost,
+        activations=breakdown,
+        precision=i.precision.value,
+        optimizer=i.optimizer.value,
+        zero_stage=i.zero_stage,
+        gpus=i.gpus,
+        offload_optimizer=i.offload_optimizer,
+        offload_params=i.offload_params,
+        fsdp=i.fsdp,
+        dropout=i.dropout,
+        checkpointing=i.checkpointing.value,
+        micro_batch=i.micro_batch,
+        layers=arch.layers if arch else None,
+        hidden=arch.hidden if arch else None,
+        heads=arch.heads if arch else None,
+        seq_len=arch.seq_len if arch else None,
+        vocab=arch.vocab if arch else None,
+        overhead_gib=i.overhead_gib,
+        tokens=i.tokens,
+        mfu=i.mfu,
+        price_per_gpu_hour=i.price_per_gpu_hour,
+        accounting=i.accounting,
+        model=i.model,
+        hf_config=i.hf_config,
+        kv_heads=arch.kv_heads if arch else None,
+        ffn_hidden=arch.ffn_hidden if arch else None,
+        mlp=arch.mlp if arch else None,
+        norm=arch.norm if arch else None,
+        bias=arch.bias if arch else None,
+        positions=arch.positions if arch else None,
+        tied_embeddings=arch.tied_embeddings if arch else None,
+        parallel_residual=arch.parallel_residual if arch else None,
+        tensor_parallel=i.tensor_parallel,
+        pipeline_parallel=i.pipeline_parallel,
+        sequence_parallel=i.sequence_parallel,
+        data_parallel=i.data_parallel,
+        shard_params=i.shard_params,
+    )
+
+
+__all__ = [
+    "activations",
+    "estimate_from",
+    "model_states",
+    "on_gpu",
+    "overhead_bytes",
+    "time_and_cost",
+]

@@ -1,0 +1,463 @@
+"""Checking the estimator's inputs: `estimate_memory`'s keyword arguments turned into one
+frozen `EstimateInputs`, every value typed and in range and the model resolved.
+
+`check_inputs` reads every keyword (ranges from `limits`, counts such as "7B" from
+`counts`), resolves the model from a preset (`presets`), a Hugging Face config
+(`hf_config`), a torch module (`from_module`, which imports torch when called), a shape
+(`architecture`) or a parameter count, and checks how the inputs combine (ZeRO vs FSDP,
+offload, the tensor/pipeline/data-parallel split). Every problem is collected and raised as
+one `EstimateInputError`. The arithmetic (`arithmetic`) reads the result and checks
+nothing; the one limit that needs a computed figure, the activation bytes of a GPU, is
+`check_activation_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from workbench.config import OptimizerName, Precision
+from workbench.estimate.activations import Checkpointing
+from workbench.estimate.architecture import Architecture, build_architecture
+from workbench.estimate.catalog import GpuSpec, find_gpu
+from workbench.estimate.counts import COUNT_EXAMPLES, read_count
+from workbench.estimate.hf_config import read_hf_config
+from workbench.estimate.limits import (
+    GIB,
+    LIMITS,
+    MAX_BYTES_PER_GPU,
+    as_bool,
+    as_int,
+    check_number,
+)
+from workbench.estimate.model_states import ACCOUNTINGS, FSDP_MODES
+from workbench.estimate.presets import find_model
+from workbench.estimate.problems import EstimateInputError, Problem
+
+SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+#: The architecture keywords of `estimate_memory`; given with a model, they override its own.
+ARCH_FIELDS = (
+    *SHAPE_FIELDS,
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "norm",
+    "bias",
+    "positions",
+    "tied_embeddings",
+    "parallel_residual",
+)
+
+_PRECISIONS = {p.value: p for p in Precision}
+_OPTIMIZERS = {o.value: o for o in OptimizerName}
+_CHECKPOINTING = {c.value: c for c in Checkpointing}
+_FSDP = {m: m for m in FSDP_MODES}
+_NEEDS_SHAPE = (
+    "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, `seq_len`, "
+    "`vocab`) to split the model"
+)
+
+
+@dataclass(frozen=True)
+class EstimateInputs:
+    """The inputs of one estimate, checked and resolved (made by `check_inputs`).
+
+    `n_params` counts the model states: the count given, a module's count or the shape's.
+    `architecture` is the transformer shape (None without one: then no activations).
+    `model` is the preset's name or the module's class name, `hf_config` the config's path
+    (or "dict"). `gpus = tensor_parallel x pipeline_parallel x data_parallel`;
+    `shard_params` is what one GPU holds before ZeRO shards it over `data_parallel`.
+    `fsdp` is an FSDP mode ("off": ZeRO `zero_stage`), `accounting` a key of
+    `model_states.ACCOUNTINGS` ("fsdp" whenever `fsdp` is on).
+    """
+
+    n_params: int
+    architecture: Architecture | None
+    model: str | None
+    hf_config: str | None
+    micro_batch: int
+    precision: Precision
+    optimizer: OptimizerName
+    checkpointing: Checkpointing
+    zero_stage: int
+    fsdp: str
+    accounting: str
+    offload_optimizer: bool
+    offload_params: bool
+    dropout: bool
+    gpus: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    sequence_parallel: bool
+    shard_params: int
+    gpu: GpuSpec | None
+    overhead_gib: float
+    tokens: float | None
+    mfu: float
+    price_per_gpu_hour: float | None
+
+
+# ---------------------------------------------------------------- readers
+def _checked(p: list[Problem], name: str, value: Any) -> Any:
+    """`value` read and range-checked as input `name` (see `limits`), or None with the
+    problem appended to `p`."""
+    number, message = check_number(name, value)
+    if message is not None:
+        p.append(Problem(name, value, message))
+    return number
+
+
+def _count(p: list[Problem], name: str, value: Any) -> int | None:
+    """A count (`n_params`, `tokens`: a number or text such as "7B") in its range, or None
+    with the problem appended to `p`."""
+    bound = LIMITS[name]
+    got = read_count(value)
+    allowed = f"must be a whole number from 1 to {bound.high_text}"
+    if (isinstance(got, int) and got > bound.high) or got == "more than 10^30":
+        p.append(Problem(name, value, bound.too_large()))
+        return None
+    if isinstance(got, str) or got < 1:
+        hint = f"; {got}" if isinstance(got, str) and "separators" in got else ""
+        p.append(Problem(name, value, f"{allowed} ({COUNT_EXAMPLES}){hint}"))
+        return None
+    return got
+
+
+def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
+    """The entry of `table` that text `v` names (case and spaces aside), or None with the
+    problem appended to `p`."""
+    found = table.get(v.strip().lower()) if isinstance(v, str) else None
+    if found is None:
+        p.append(Problem(name, v, f"must be one of {', '.join(table)}"))
+    return found
+
+
+# ---------------------------------------------------------------- the model
+class _Source(NamedTuple):
+    """Where the model's shape comes from: a preset's or an `Architecture` (`base`), or the
+    fields of a config or module (`fields`), and a module's parameter count."""
+
+    name: str | None = None
+    config_name: str | None = None
+    base: Architecture | None = None
+    fields: Mapping[str, Any] | None = None
+    counted: int | None = None
+
+
+def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
+    """The model named by `model` or `hf_config` (an empty `_Source` for neither)."""
+    if model is not None and hf_config is not None:
+        p.append(Problem("hf_config", str(hf_config), "give `model` or `hf_config`, not both"))
+        return _Source()
+    if isinstance(model, str):
+        found = find_model(model)
+        if isinstance(found, str):
+            p.append(Problem("model", model, found))
+            return _Source()
+        return _Source(name=found.name, base=found.architecture)
+    if isinstance(model, Architecture):
+        return _Source(base=model)
+    if model is not None and not (callable(model) or hasattr(model, "parameters")):
+        message = (
+            "must be a model name, an Architecture, a torch nn.Module or a function that builds one"
+        )
+        p.append(Problem("model", model, message))
+        return _Source()
+    if model is not None:
+        from workbench.estimate.from_module import module_facts  # imports torch
+
+        counted, name, fields, module_problems = module_facts(model)
+        p.extend(module_problems)
+        return _Source(name=name, fields=fields, counted=counted)
+    if hf_config is not None:
+        config_name = str(hf_config) if not isinstance(hf_config, Mapping) else "dict"
+        fields, config_problems = read_hf_config(hf_config)
+        p.extend(config_problems)
+        return _Source(config_name=config_name, fields=fields)
+    return _Source()
+
+
+def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> Architecture | None:
+    """The source's shape with the architecture keywords `given` applied and checked."""
+    if source.base is not None:
+        try:
+            return source.base.replace(**given)
+        except EstimateInputError as exc:
+            p.extend(exc.problems)
+            return None
+    base_fields = source.fields or {}
+    if not (base_fields or given):
+        return None
+    merged = {**base_fields, **given}
+    if base_fields and "seq_len" in given and merged.get("positions") == "learned":
+        merged.setdefault("max_positions", base_fields["seq_len"])
+    arch, shape_problems = build_architecture(merged)
+    p.extend(shape_problems)
+    return arch
+
+
+def _model(
+    p: list[Problem], given: Mapping[str, Any]
+) -> tuple[int | None, _Source, Architecture | None]:
+    """(the parameter count of the model states, where the model comes from, its shape)."""
+    n_params, model, hf_config = given["n_params"], given["model"], given["hf_config"]
+    n = _count(p, "n_params", n_params) if n_params is not None else None
+    source = _model_source(p, model, hf_config)
+    shape = {k: given[k] for k in ARCH_FIELDS if given[k] is not None}
+    arch = _architecture(p, source, shape)
+    nothing = n_params is None and model is None and hf_config is None
+    if nothing and source.base is None and not (source.fields or shape):
+        message = (
+            "give `n_params`, a `model` or a transformer shape (`layers`, `hidden`, "
+            "`heads`, `seq_len`, `vocab`)"
+        )
+        p.append(Problem("n_params", None, message, missing=True))
+    if n is None and n_params is None:
+        n = (
+            source.counted
+            if source.counted is not None
+            else (arch.n_params if arch is not None else None)
+        )
+    return n, source, arch
+
+
+# ---------------------------------------------------------------- the training setup
+def _zero_stage(p: list[Problem], zero_stage: Any) -> int | None:
+    stage = as_int(zero_stage)
+    if stage is None or not 0 <= stage <= 3:
+        p.append(Problem("zero_stage", zero_stage, "must be 0, 1, 2 or 3"))
+        return None
+    return stage
+
+
+def _flag(p: list[Problem], name: str, value: Any) -> Any:
+    """`value` as a bool (a numpy bool too), or unchanged with the problem appended."""
+    flag = as_bool(value)
+    if not isinstance(flag, bool):
+        p.append(Problem(name, flag, "must be True or False"))
+    return flag
+
+
+def _engine_problems(
+    p: list[Problem],
+    sharding: str | None,
+    stage: int | None,
+    prec: Precision | None,
+    offload_optimizer: bool,
+    offload_params: bool,
+    accounting: Any,
+) -> Any:
+    """What FSDP (`sharding` not "off") or ZeRO (`stage`) allows of the precision, offload
+    and accounting; returns the accounting ("fsdp" for an FSDP setup)."""
+    if sharding is None:
+        return accounting
+    if sharding == "off":
+        if stage is not None:
+            if offload_optimizer and stage == 0:
+                p.append(Problem("offload_optimizer", True, "needs `zero_stage` 1, 2 or 3 (got 0)"))
+            if offload_params and stage != 3:
+                p.append(Problem("offload_params", True, f"needs `zero_stage` 3 (got {stage})"))
+        return accounting
+    if stage not in (None, 0):
+        p.append(Problem("fsdp", sharding, f"is PyTorch FSDP: needs `zero_stage` 0 (got {stage})"))
+    if prec is not None and prec.is_deepspeed:
+        message = f"needs precision fp32, amp-bf16 or amp-fp16 (got {prec.value})"
+        p.append(Problem("fsdp", sharding, message))
+    if offload_optimizer:
+        message = "is DeepSpeed's; FSDP offloads with `offload_params`"
+        p.append(Problem("offload_optimizer", True, message))
+    if offload_params and sharding != "full_shard":
+        p.append(Problem("offload_params", True, f"needs fsdp 'full_shard' (got {sharding!r})"))
+    if accounting not in ("paper", "fsdp"):
+        p.append(Problem("accounting", accounting, "an FSDP setup is counted by 'fsdp'"))
+    return "fsdp"
+
+
+# ---------------------------------------------------------------- the parallel layout
+def _data_parallel(
+    p: list[Problem],
+    gpus: Any,
+    arch: Architecture | None,
+    n_gpus: int | None,
+    tp: int | None,
+    pp: int | None,
+) -> int | None:
+    """`gpus / (tensor_parallel x pipeline_parallel)`, after checking that the model can be
+    split so (None where a size is invalid)."""
+    if tp is None or pp is None:
+        return None
+    if arch is None and (tp > 1 or pp > 1):
+        for which, size in (("tensor_parallel", tp), ("pipeline_parallel", pp)):
+            if size > 1:
+                p.append(Problem(which, size, _NEEDS_SHAPE))
+    elif arch is not None:
+        p.extend(arch.parallel_problems(tp, pp))
+    if n_gpus is None:
+        return None
+    if n_gpus % (tp * pp):
+        message = f"must be a multiple of `tensor_parallel` x `pipeline_parallel` = {tp * pp}"
+        p.append(Problem("gpus", gpus, message))
+        return None
+    return int(n_gpus // (tp * pp))
+
+
+def _shard_params(
+    p: list[Problem],
+    gpus: Any,
+    n: int | None,
+    arch: Architecture | None,
+    tp: int | None,
+    pp: int | None,
+    dp: int | None,
+) -> int | None:
+    """The parameters on one GPU before ZeRO: the tensor-parallel share of the largest
+    pipeline stage, checked to be at least the data-parallel size."""
+    shard: int | None = None
+    if n is not None and tp is not None and pp is not None:
+        if tp == 1 and pp == 1:
+            shard = n
+        elif arch is not None and not p:
+            stage_n = arch.stage_params(tp, pp)
+            total_n = arch.n_params
+            shard = stage_n if n == total_n else -(-n * stage_n // total_n)
+    if shard is not None and dp is not None and dp > shard:
+        if tp == 1 and pp == 1:
+            p.append(Problem("gpus", gpus, f"must not exceed the parameter count ({n})"))
+        else:
+            message = (
+                f"gives a data-parallel size of {dp}, more than the parameters of one "
+                f"model-parallel shard ({shard})"
+            )
+            p.append(Problem("gpus", gpus, message))
+    return shard
+
+
+# ---------------------------------------------------------------- GPU and compute
+def _gpu(p: list[Problem], gpu: Any) -> GpuSpec | None:
+    if gpu is None:
+        return None
+    found = find_gpu(gpu)
+    if isinstance(found, str):
+        p.append(Problem("gpu", gpu, found))
+        return None
+    return found
+
+
+def _tokens(p: list[Problem], tokens: Any) -> float | None:
+    """The training tokens: a count as text ("300B") or a number."""
+    if isinstance(tokens, str):
+        counted = _count(p, "tokens", tokens)
+        return float(counted) if counted is not None else None
+    if tokens is None:
+        return None
+    number, message = check_number("tokens", tokens)
+    if message is not None:
+        p.append(Problem("tokens", tokens, f"{message} ({COUNT_EXAMPLES})"))
+    return number  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------- all together
+def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
+    """`given`, every keyword of `estimate_memory` (defaults included), read, checked and
+    resolved. Raises `EstimateInputError` listing every problem at once."""
+    p: list[Problem] = []
+    n, source, arch = _model(p, given)
+
+    mb = _checked(p, "micro_batch", given["micro_batch"])
+    prec = _choice(p, "precision", given["precision"], _PRECISIONS)
+    opt = _choice(p, "optimizer", given["optimizer"], _OPTIMIZERS)
+    ckpt = _choice(p, "checkpointing", given["checkpointing"], _CHECKPOINTING)
+    stage = _zero_stage(p, given["zero_stage"])
+    gpus = given["gpus"]
+    n_gpus = _checked(p, "gpus", gpus)
+    tp = _checked(p, "tensor_parallel", given["tensor_parallel"])
+    pp = _checked(p, "pipeline_parallel", given["pipeline_parallel"])
+    dropout = _flag(p, "dropout", given["dropout"])
+    sp = _flag(p, "sequence_parallel", given["sequence_parallel"])
+    offload_optimizer = _flag(p, "offload_optimizer", given["offload_optimizer"])
+    offload_params = _flag(p, "offload_params", given["offload_params"])
+    if sp is True and tp == 1:
+        p.append(Problem("sequence_parallel", True, "needs `tensor_parallel` > 1 (got 1)"))
+    sharding = _choice(p, "fsdp", given["fsdp"], _FSDP)
+    accounting = _engine_problems(
+        p,
+        sharding,
+        stage,
+        prec,
+        offload_optimizer is True,
+        offload_params is True,
+        given["accounting"],
+    )
+    dp = _data_parallel(p, gpus, arch, n_gpus, tp, pp)
+
+    gpu = _gpu(p, given["gpu"])
+    overhead = _checked(p, "overhead_gib", given["overhead_gib"])
+    tokens = _tokens(p, given["tokens"])
+    mfu = _checked(p, "mfu", given["mfu"])
+    price = given["price_per_gpu_hour"]
+    if price is not None:
+        price = _checked(p, "price_per_gpu_hour", price)
+    if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:
+        p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
+    shard = _shard_params(p, gpus, n, arch, tp, pp, dp)
+
+    if p:
+        raise EstimateInputError(p)
+    assert n is not None and prec is not None and opt is not None and ckpt is not None
+    assert stage is not None and sharding is not None and mb is not None
+    assert n_gpus is not None and tp is not None and pp is not None and dp is not None
+    assert shard is not None and overhead is not None and mfu is not None
+    return EstimateInputs(
+        n_params=n,
+        architecture=arch,
+        model=source.name,
+        hf_config=source.config_name,
+        micro_batch=mb,
+        precision=prec,
+        optimizer=opt,
+        checkpointing=ckpt,
+        zero_stage=stage,
+        fsdp=sharding,
+        accounting=accounting,
+        offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        dropout=dropout,
+        gpus=n_gpus,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        data_parallel=dp,
+        sequence_parallel=sp,
+        shard_params=shard,
+        gpu=gpu,
+        overhead_gib=overhead,
+        tokens=tokens,
+        mfu=mfu,
+        price_per_gpu_hour=price,
+    )
+
+
+def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None:
+    """Raises `EstimateInputError` when the activations of one GPU come to more than
+    `MAX_BYTES_PER_GPU`: the one limit on the inputs that needs a computed figure."""
+    if activation_bytes <= MAX_BYTES_PER_GPU:
+        return
+    arch = inputs.architecture
+    mb = inputs.micro_batch
+    field, value = ("micro_batch", mb) if mb > 1 or arch is None else ("seq_len", arch.seq_len)
+    message = (
+        f"gives {activation_bytes / GIB:.3g} GiB of activations per GPU, more than "
+        "2^30 GiB (a million GPUs' memory): lower `micro_batch` or `seq_len`"
+    )
+    raise EstimateInputError([Problem(field, value, message)])
+
+
+__all__ = [
+    "ARCH_FIELDS",
+    "SHAPE_FIELDS",
+    "EstimateInputs",
+    "check_activation_size",
+    "check_inputs",
+]

@@ -1,0 +1,142 @@
+"""`MemoryEstimate`: the result of `estimate_memory`, which renders itself (text, HTML).
+
+Its fields are documented on the class; docs/estimator.md explains the figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from workbench.display import Display, Readable, fmt_bytes, fmt_count
+from workbench.estimate.activations import ActivationBreakdown
+
+
+@dataclass(frozen=True)
+class MemoryEstimate(Readable):
+    """Per-GPU bytes of one training setup, plus compute figures and the inputs echoed.
+    `str(estimate)` and a notebook show it as a table in binary units (GiB).
+
+    `total_bytes = params_bytes + grads_bytes + optimizer_bytes + activation_bytes`, with
+    `activation_bytes` None (counted as 0 in the total) when no transformer shape was
+    given. `overhead_bytes` (framework overhead) is kept out of `total_bytes`; `fits` is
+    `total_bytes + overhead_bytes <= gpu_memory_bytes`. `cpu_offload_bytes` is host
+    memory per GPU. GPU fields are None when no GPU was named; `max_micro_batch` is also
+    None without a shape or when not even a micro-batch of 1 fits. Compute fields are
+    None when not asked for (`tokens`), `train_seconds` also without a GPU, `cost` also
+    without a price.
+
+    `gpus = tensor_parallel x pipeline_parallel x data_parallel`. `shard_params` is the
+    parameter count one GPU holds before ZeRO shards it over the `data_parallel` group:
+    its tensor-parallel share of the largest pipeline stage (`n_params` without tensor or
+    pipeline parallelism). `model` is the preset's name or the module's class name;
+    the architecture fields (`layers` ... `tied_embeddings`) are None without a shape.
+    """
+
+    # results, per GPU
+    n_params: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int | None
+    total_bytes: int
+    overhead_bytes: int
+    cpu_offload_bytes: int
+    gpu: str | None
+    gpu_memory_bytes: int | None
+    fits: bool | None
+    max_micro_batch: int | None
+    train_flops: float | None
+    train_seconds: float | None
+    cost: float | None
+    activations: ActivationBreakdown | None
+    # inputs
+    precision: str
+    optimizer: str
+    zero_stage: int
+    gpus: int
+    offload_optimizer: bool
+    offload_params: bool
+    checkpointing: str
+    micro_batch: int
+    layers: int | None
+    hidden: int | None
+    heads: int | None
+    seq_len: int | None
+    vocab: int | None
+    overhead_gib: float
+    tokens: float | None
+    mfu: float
+    price_per_gpu_hour: float | None
+    accounting: str
+    # model and parallelism (inputs; the architecture fields resolved from a model)
+    model: str | None = None
+    hf_config: str | None = None
+    kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    mlp: str | None = None
+    norm: str | None = None
+    bias: str | None = None
+    positions: str | None = None
+    tied_embeddings: bool | None = None
+    parallel_residual: bool | None = None
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    sequence_parallel: bool = False
+    data_parallel: int = 1
+    shard_params: int = 0
+    fsdp: str = "off"
+    dropout: bool = True  # the activations count dropout masks (training with dropout)
+
+    @property
+    def model_states_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def required_bytes(self) -> int:
+        """What the GPU must hold: `total_bytes + overhead_bytes`."""
+        return self.total_bytes + self.overhead_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (the activation breakdown nested)."""
+        return asdict(self)
+
+    def _display(self) -> Display:
+        acts = (
+            fmt_bytes(self.activation_bytes)
+            + f" (micro-batch {self.micro_batch}, recomputation {self.checkpointing})"
+            if self.activation_bytes is not None
+            else "not estimated (give a transformer shape or a model)"
+        )
+        rows = [
+            ("parameters", fmt_bytes(self.params_bytes)),
+            ("gradients", fmt_bytes(self.grads_bytes)),
+            ("optimizer states", fmt_bytes(self.optimizer_bytes)),
+            ("activations", acts),
+            ("total", fmt_bytes(self.total_bytes)),
+            ("framework overhead", fmt_bytes(self.overhead_bytes)),
+        ]
+        if self.cpu_offload_bytes:
+            rows.append(("offloaded to CPU", fmt_bytes(self.cpu_offload_bytes)))
+        if self.gpu is not None:
+            verdict = "fits" if self.fits else "does not fit"
+            rows.append((f"on {self.gpu}", f"{verdict} ({fmt_bytes(self.gpu_memory_bytes)})"))
+            if self.max_micro_batch is not None:
+                rows.append(("largest micro-batch that fits", str(self.max_micro_batch)))
+        if self.train_seconds is not None:
+            rows.append(("training time", f"{self.train_seconds / 3600:,.1f} h"))
+        if self.cost is not None:
+            rows.append(("cost", f"{self.cost:,.0f}"))
+        split = f"{self.gpus} GPU" + ("s" if self.gpus > 1 else "")
+        engine = f"FSDP {self.fsdp}" if self.fsdp != "off" else f"ZeRO {self.zero_stage}"
+        if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
+            split += (
+                f" (tp {self.tensor_parallel} x pp {self.pipeline_parallel} x "
+                f"dp {self.data_parallel})"
+            )
+        name = self.model or f"{fmt_count(self.n_params)} parameters"
+        title = f"memory per GPU: {name}, {self.precision}, {self.optimizer}, {engine}, {split}"
+        return Display(title, rows)
+
+
+__all__ = ["MemoryEstimate"]
