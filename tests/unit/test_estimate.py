@@ -709,3 +709,22 @@ def test_an_unknown_keyword_is_named_with_the_close_one() -> None:
         estimate_memory(7e9)  # type: ignore[misc]
     with pytest.raises(ValueError, match=r"colour=1: unknown input"):
         compare_stages(n_params="1B", colour=1)
+
+
+def test_a_hand_built_query_with_unknown_names_is_a_value_error() -> None:
+    from workbench.estimate import ModelStateQuery, model_state_bytes
+
+    q = ModelStateQuery(
+        n_params=10,
+        precision="fp64",
+        optimizer="bogus",
+        zero_stage=0,
+        gpus=1,
+        offload_optimizer=False,
+        offload_params=False,
+        fsdp="off",
+    )
+    with pytest.raises(
+        ValueError, match=r"precision='fp64': must be one of fp32.*optimizer='bogus'"
+    ):
+        model_state_bytes(q)

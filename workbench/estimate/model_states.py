@@ -195,5 +195,20 @@ def accounting_function(name: str) -> Callable[[ModelStateQuery], ModelStates]:
 
 
 def model_state_bytes(q: ModelStateQuery, accounting: str = "paper") -> ModelStates:
-    """Model-state bytes per GPU under `accounting` (a key of `ACCOUNTINGS`)."""
-    return accounting_function(accounting)(q)
+    """Model-state bytes per GPU under `accounting` (a key of `ACCOUNTINGS`). A query built
+    by hand with a precision or optimizer the tables do not know is a ValueError naming it."""
+    fn = accounting_function(accounting)
+    problems = []
+    if q.precision not in PRECISION_BYTES:
+        problems.append(
+            f"precision={shown(q.precision)}: must be one of "
+            + ", ".join(str(p) for p in PRECISION_BYTES)
+        )
+    if q.optimizer not in OPTIMIZER_STATE_BYTES:
+        problems.append(
+            f"optimizer={shown(q.optimizer)}: must be one of "
+            + ", ".join(str(o) for o in OPTIMIZER_STATE_BYTES)
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+    return fn(q)
