@@ -58,16 +58,13 @@ class ConfigError(ValueError):
 
 
 def problem_lines(exc: BaseException) -> list[str]:
-    """The problems of a settings error, one line each: a `ConfigError`'s (or any error
-    carrying `.problems`) rendered from its data; for another ValueError (a DeepSpeed
-    config's), its text without the "N invalid ..." header and the "invalid ...: " prefix."""
+    """The problems of an error, one line each, rendered from its data: a `ConfigError`'s
+    (or any error carrying `.problems`: a ladder's, a DeepSpeed config's); for an error
+    without them, its text as the one line."""
     problems = getattr(exc, "problems", None)
     if isinstance(problems, list) and problems:
         return [str(p) for p in problems]
-    lines = [ln.strip().removeprefix("- ") for ln in str(exc).splitlines() if ln.strip()]
-    if len(lines) > 1 and re.match(r"^\d+ (invalid settings|problems in)", lines[0]):
-        lines = lines[1:]
-    return [re.sub(r"^(invalid setting|invalid DeepSpeed config): ", "", ln) for ln in lines]
+    return [str(exc)]
 
 
 def format_problems(problems: list[str]) -> str:

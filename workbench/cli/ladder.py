@@ -23,10 +23,9 @@ before anything trains; the chart is written atomically (`workbench.outputs`).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.cli.config_flags import (
     add_config_flags,
@@ -36,6 +35,9 @@ from workbench.cli.config_flags import (
 from workbench.config import LRScaling, problem_lines
 from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
 from workbench.outputs import target_problem
+
+if TYPE_CHECKING:
+    from workbench.train.ladder import LadderProblem
 
 # The TrainConfig fields the baseline takes as flags (the rungs change the rest).
 _BASE_FIELDS = ("micro_batch", "lr", "optimizer", "seed")
@@ -166,16 +168,19 @@ def read_rungs(path: str) -> list[Any]:
     return data
 
 
-def _as_flag(line: str, raw: dict[str, str | None]) -> str:
-    """An API problem "name=VALUE: ..." written with the flag and the value as typed
-    ("--steps 0: ..."); other lines as they are."""
-    m = re.match(r"^(\w+)=", line)
-    if not m or m[1] not in _FLAG_OF:
-        return line
-    value, sep, rest = line[m.end() :].partition(": ")
-    given = raw.get(m[1])
-    said = typed(given) if given is not None else value
-    return f"{_FLAG_OF[m[1]]} {said}" + (f": {rest}" if sep else "")
+def _flag_of(name: str) -> str:
+    return _FLAG_OF.get(name, name)
+
+
+def _as_flag(problem: LadderProblem, raw: dict[str, str | None]) -> str:
+    """A problem of one of the ladder's arguments written with its flag and the value as
+    typed ("--steps 0: ..."); a rung's problems (and those naming no flag) as they are."""
+    if problem.where or problem.field not in _FLAG_OF:
+        return str(problem)
+    given = raw.get(problem.field)
+    return problem.render(
+        name=_flag_of, value_text=None if given is None else typed(given), sep=" "
+    )
 
 
 def _config_problems(args: argparse.Namespace) -> tuple[Any, list[str]]:
@@ -218,7 +223,7 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         if text is not None:
             numbers[name] = parse_number(text, kind, _FLAG_OF[name], problems)
     parsed = {k: v for k, v in numbers.items() if v is not None}
-    problems += [_as_flag(line, raw) for line in number_problems(**parsed)]
+    problems += [_as_flag(p, raw) for p in number_problems(**parsed)]
     kw.update(numbers)
     if args.lr_scaling not in LRScaling.choices():
         problems.append(
@@ -266,7 +271,7 @@ def run_ladder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     failed; a target loss never reached is reported, not a failure; 2 for bad input, and
     when the chart cannot be written, after the table is printed)."""
     from workbench.outputs import OutputError, write_file
-    from workbench.train.ladder import ladder
+    from workbench.train.ladder import LadderError, ladder
 
     kw, problems = _arguments(args)
     if problems:
@@ -274,12 +279,10 @@ def run_ladder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     raw = {"model": args.model, "device": args.device, "launcher": args.launcher}
     try:
         result = ladder(**kw, progress=None)
+    except LadderError as exc:
+        parser.error("; ".join(_as_flag(p, raw) for p in exc.problems))
     except ValueError as exc:
-        parser.error(
-            "; ".join(
-                _as_flag(ln.removeprefix("invalid ladder: "), raw) for ln in problem_lines(exc)
-            )
-        )
+        parser.error("; ".join(problem_lines(exc)))
     chart_error = None
     if args.out:
         try:

@@ -25,6 +25,7 @@ from workbench.deepspeed.keys import (
     OPTIMIZER_OF_TYPE,
     TYPE_OF_OPTIMIZER,
 )
+from workbench.deepspeed.problems import KeyProblem, keyed
 from workbench.deepspeed.reader import Reader
 from workbench.inputs import shown
 
@@ -74,15 +75,20 @@ def read_zero(r: Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
         nvme = None if block.nvme_path is None else str(block.nvme_path)
         if device == OffloadDevice.NVME.value:
             if nvme is None:
-                r.errors.append(f"{path}.nvme_path: missing; NVMe offload needs a directory")
+                r.errors.append(
+                    keyed(f"{path}.nvme_path", "missing; NVMe offload needs a directory")
+                )
             else:
                 nvme_paths.append(nvme)
         elif nvme is not None:
             r.ignore(f"{path}.nvme_path={shown(nvme)} (ignored while device is {shown(device)})")
     if len(set(nvme_paths)) > 1:
         r.errors.append(
-            f"zero_optimization nvme_path: {sorted(set(nvme_paths))!r} differ; workbench uses one "
-            "nvme_path for both offloads"
+            keyed(
+                "zero_optimization nvme_path",
+                f"{sorted(set(nvme_paths))!r} differ; workbench uses one nvme_path for both "
+                "offloads",
+            )
         )
     elif nvme_paths:
         kw["nvme_path"] = nvme_paths[0]
@@ -126,9 +132,14 @@ def read_precision(
         elif dtype == "torch.float32":
             r.ignore("torch_autocast.dtype='float32' (autocast to fp32 is fp32 training)")
         else:
+            given_dtype = ds["torch_autocast"].get("dtype")
             r.errors.append(
-                f"torch_autocast.dtype={ds['torch_autocast'].get('dtype')!r}: torch autocast "
-                "needs a 16-bit floating dtype; allowed: bfloat16, float16"
+                KeyProblem(
+                    "torch_autocast.dtype",
+                    given_dtype,
+                    "torch autocast needs a 16-bit floating dtype; allowed: bfloat16, float16",
+                    value_text=repr(given_dtype),
+                )
             )
     elif r.auto_paths & {"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}:
         kw["precision"] = Precision(base.precision).value
@@ -190,17 +201,21 @@ def read_optimizer(r: Reader, opt: dict[str, Any], kw: dict[str, Any], ds: dict[
     elif kind == "SGD":
         momentum = r.number(params, "momentum", "optimizer.params.momentum")
         if momentum is not None and momentum > 1:
-            r.errors.append(f"optimizer.params.momentum={shown(momentum)}: must be <= 1")
+            r.errors.append(KeyProblem("optimizer.params.momentum", momentum, "must be <= 1"))
             return
         name = OptimizerName.SGD if momentum else OptimizerName.SGD_NOMOMENTUM
         if momentum:
             kw["momentum"] = momentum
     else:
-        if not any(p.startswith("optimizer.type=") for p in problems):
+        if not any(p.field == "optimizer.type" for p in problems):
             modelled = sorted({*TYPE_OF_OPTIMIZER.values()})
             r.errors.append(
-                f"optimizer.type={shown(kind)}: {deepspeed_name()} builds it, but the "
-                f"workbench does not model its state; modelled: {', '.join(modelled)}"
+                KeyProblem(
+                    "optimizer.type",
+                    kind,
+                    f"{deepspeed_name()} builds it, but the workbench does not model its "
+                    f"state; modelled: {', '.join(modelled)}",
+                )
             )
         return
     kw["optimizer"] = name.value
@@ -230,7 +245,9 @@ def read_optimizer(r: Reader, opt: dict[str, Any], kw: dict[str, Any], ds: dict[
             and len(betas) == 2
             and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
         ):
-            r.errors.append(f"optimizer.params.betas={shown(betas)}: must be a list of two numbers")
+            r.errors.append(
+                KeyProblem("optimizer.params.betas", betas, "must be a list of two numbers")
+            )
         elif tuple(float(b) for b in betas) != ADAM_BETAS:
             r.ignore(
                 f"optimizer.params.betas={shown(betas)} (the workbench uses {list(ADAM_BETAS)})"

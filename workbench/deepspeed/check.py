@@ -37,6 +37,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from workbench.deepspeed.problems import KeyProblem, keyed, unique
 from workbench.inputs import shown
 
 #: pydantic model (as named in its ValidationError) -> the config key it validates.
@@ -144,7 +145,9 @@ def close_key(key: str, choices: frozenset[str] | set[str] | list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- DeepSpeedConfig
-def check_config(ds: dict[str, Any], *, batch_keys: tuple[str, ...] = ()) -> tuple[list[str], Any]:
+def check_config(
+    ds: dict[str, Any], *, batch_keys: tuple[str, ...] = ()
+) -> tuple[list[KeyProblem], Any]:
     """Why `DeepSpeedConfig` refuses `ds`, one line per problem, and DeepSpeed's parsed
     config (a `DeepSpeedConfig`, None when refused).
 
@@ -156,7 +159,7 @@ def check_config(ds: dict[str, Any], *, batch_keys: tuple[str, ...] = ()) -> tup
     DeepSpeedConfig = _ds("deepspeed.runtime.config").DeepSpeedConfig
     batch = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
     rest = {k: v for k, v in ds.items() if k not in batch_keys}
-    problems: list[str] = []
+    problems: list[KeyProblem] = []
     parsed = None
     with _quiet_deepspeed():
         for key, value in rest.items():
@@ -164,15 +167,15 @@ def check_config(ds: dict[str, Any], *, batch_keys: tuple[str, ...] = ()) -> tup
         if not problems:
             more, parsed = _parse(DeepSpeedConfig, {**batch, **copy.deepcopy(rest)}, ds)
             problems.extend(more)
-    return list(dict.fromkeys(problems)), parsed
+    return unique(problems), parsed
 
 
-def config_problems(ds: dict[str, Any], *, batch_keys: tuple[str, ...] = ()) -> list[str]:
+def config_problems(ds: dict[str, Any], *, batch_keys: tuple[str, ...] = ()) -> list[KeyProblem]:
     """`check_config(...)`'s problems only."""
     return check_config(ds, batch_keys=batch_keys)[0]
 
 
-def _parse(cls: Any, ds: dict[str, Any], original: dict[str, Any]) -> tuple[list[str], Any]:
+def _parse(cls: Any, ds: dict[str, Any], original: dict[str, Any]) -> tuple[list[KeyProblem], Any]:
     try:
         parsed = cls(ds)
     except Exception as exc:  # DeepSpeed raises ValidationError, AssertionError, ValueError...
@@ -180,7 +183,7 @@ def _parse(cls: Any, ds: dict[str, Any], original: dict[str, Any]) -> tuple[list
     return [], parsed
 
 
-def _explain(exc: BaseException, ds: dict[str, Any]) -> list[str]:
+def _explain(exc: BaseException, ds: dict[str, Any]) -> list[KeyProblem]:
     from pydantic import ValidationError
 
     name = deepspeed_name()
@@ -188,22 +191,22 @@ def _explain(exc: BaseException, ds: dict[str, Any]) -> list[str]:
         text = " ".join(str(exc).split()) or type(exc).__name__
         if len(text) > 500:
             text = text[:497] + "..."
-        return [f"{name} rejects the config: {text}"]
+        return [KeyProblem("", None, f"{name} rejects the config: {text}", value_text="")]
     prefix = _MODEL_KEYS.get(exc.title, exc.title)
     if exc.title == "DeepSpeedBF16Config" and "bf16" not in ds and "bfloat16" in ds:
         prefix = "bfloat16"
     root = _model_class(exc.title)
-    lines = []
+    lines: list[KeyProblem] = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
         path = ".".join([prefix, *loc] if prefix else loc)
         if err["type"] == "extra_forbidden":
             fields = _model_fields(root, loc[:-1])
             hint = close_key(loc[-1], fields) if fields else ""
-            lines.append(f"{path}: {name} rejects it: not one of its settings here{hint}")
+            lines.append(keyed(path, f"{name} rejects it: not one of its settings here{hint}"))
         else:
             value = err.get("input")
-            lines.append(f"{path}={shown(value)}: {name} rejects it: {err['msg']}")
+            lines.append(KeyProblem(path, value, f"{name} rejects it: {err['msg']}"))
     return lines
 
 
@@ -272,11 +275,11 @@ def _kinds(annotation: Any) -> tuple[set[str], Any]:
     return kinds, nested
 
 
-def coercion_problems(ds: dict[str, Any]) -> list[str]:
+def coercion_problems(ds: dict[str, Any]) -> list[KeyProblem]:
     """true/false where DeepSpeed's models take a number, and a number where they take
     true/false (pydantic would turn `"stage": true` into stage 1 and `"enabled": 1` into
     true without a word), one line per key path."""
-    problems: list[str] = []
+    problems: list[KeyProblem] = []
 
     def walk(block: Any, model: Any, path: str) -> None:
         if not isinstance(block, dict) or model is None:
@@ -291,8 +294,12 @@ def coercion_problems(ds: dict[str, Any]) -> list[str]:
             where = f"{path}.{key}"
             if isinstance(value, bool) and "number" in kinds and "bool" not in kinds:
                 problems.append(
-                    f"{where}={str(value).lower()}: {deepspeed_name()} takes a number here, "
-                    "not true/false"
+                    KeyProblem(
+                        where,
+                        value,
+                        f"{deepspeed_name()} takes a number here, not true/false",
+                        value_text=str(value).lower(),
+                    )
                 )
             elif (
                 isinstance(value, (int, float))
@@ -300,8 +307,9 @@ def coercion_problems(ds: dict[str, Any]) -> list[str]:
                 and kinds == {"bool"}
             ):
                 problems.append(
-                    f"{where}={shown(value)}: {deepspeed_name()} takes true or false here, "
-                    "not a number"
+                    KeyProblem(
+                        where, value, f"{deepspeed_name()} takes true or false here, not a number"
+                    )
                 )
             elif isinstance(value, dict):
                 walk(value, nested, where)
@@ -418,15 +426,18 @@ def optimizer_problems(
     zero_stage: int,
     offload: bool,
     allow_untested: bool,
-) -> list[str]:
+) -> list[KeyProblem]:
     """Why `deepspeed.initialize` would refuse optimizer `kind` with `params`."""
     supported = _ds("deepspeed.runtime.zero.utils").ZERO_SUPPORTED_OPTIMIZERS
     name = deepspeed_name()
-    problems = []
+    problems: list[KeyProblem] = []
     if "max_grad_norm" in params:
         problems.append(
-            f"optimizer.params.max_grad_norm: {name} rejects it: 'max_grad_norm' is not "
-            "supported as an optimizer parameter, use 'gradient_clipping'"
+            keyed(
+                "optimizer.params.max_grad_norm",
+                f"{name} rejects it: 'max_grad_norm' is not supported as an optimizer "
+                "parameter, use 'gradient_clipping'",
+            )
         )
     cls, reserved = optimizer_class(
         kind, offload=offload, torch_adam=bool(params.get("torch_adam"))
@@ -446,9 +457,13 @@ def optimizer_problems(
         ]
         known = [*deepspeed_optimizer_types(), *torch_names]
         problems.append(
-            f"optimizer.type={shown(kind)}: {name} rejects it: not one of its optimizers "
-            f"({', '.join(deepspeed_optimizer_types())}) and torch.optim has no {shown(kind)}"
-            f"{close_key(kind, known)}"
+            KeyProblem(
+                "optimizer.type",
+                kind,
+                f"{name} rejects it: not one of its optimizers "
+                f"({', '.join(deepspeed_optimizer_types())}) and torch.optim has no "
+                f"{shown(kind)}{close_key(kind, known)}",
+            )
         )
         return problems
     allowed = accepted_parameters(cls, reserved)
@@ -458,15 +473,21 @@ def optimizer_problems(
             if key in allowed or key in popped or key == "max_grad_norm":
                 continue
             problems.append(
-                f"optimizer.params.{key}: {name} rejects it: {cls.__name__} takes no "
-                f"parameter {shown(key)}{close_key(key, allowed)}; it takes "
-                f"{', '.join(sorted(allowed))}"
+                keyed(
+                    f"optimizer.params.{key}",
+                    f"{name} rejects it: {cls.__name__} takes no parameter {shown(key)}"
+                    f"{close_key(key, allowed)}; it takes {', '.join(sorted(allowed))}",
+                )
             )
     if zero_stage >= 1 and cls not in supported and not allow_untested:
         problems.append(
-            f"optimizer.type={shown(kind)} with zero_optimization.stage={zero_stage}: {name} rejects "
-            f"it: {cls.__name__} is an untested ZeRO optimizer; add "
-            '"zero_allow_untested_optimizer": true to use it'
+            KeyProblem(
+                "optimizer.type",
+                kind,
+                f"{name} rejects it: {cls.__name__} is an untested ZeRO optimizer; add "
+                '"zero_allow_untested_optimizer": true to use it',
+                value_text=f"{shown(kind)} with zero_optimization.stage={zero_stage}",
+            )
         )
     return problems
 
@@ -478,7 +499,7 @@ def zero_tested(kind: str, *, offload: bool) -> bool:
 
 
 # --------------------------------------------------------------------------- scheduler
-def scheduler_problems(kind: str, params: dict[str, Any]) -> list[str]:
+def scheduler_problems(kind: str, params: dict[str, Any]) -> list[KeyProblem]:
     """Why the engine would refuse LR scheduler `kind` with `params`
     (`DeepSpeedEngine._scheduler_from_config`: DeepSpeed's lr_schedules, then torch's)."""
     import torch
@@ -496,12 +517,16 @@ def scheduler_problems(kind: str, params: dict[str, Any]) -> list[str]:
             if hasattr(lr_schedules, n)
         ]
         return [
-            f"scheduler.type={shown(kind)}: {name} rejects it: it does not recognize this LR "
-            f"scheduler{close_key(kind, known)}; DeepSpeed's: {', '.join(known)} (or a "
-            "torch.optim.lr_scheduler class)"
+            KeyProblem(
+                "scheduler.type",
+                kind,
+                f"{name} rejects it: it does not recognize this LR scheduler"
+                f"{close_key(kind, known)}; DeepSpeed's: {', '.join(known)} (or a "
+                "torch.optim.lr_scheduler class)",
+            )
         ]
     problems = [
-        f"scheduler.params.{key}: {name} rejects it: {kind} needs this parameter"
+        keyed(f"scheduler.params.{key}", f"{name} rejects it: {kind} needs this parameter")
         for key in _required(cls)
         if key not in params
     ]
@@ -509,8 +534,11 @@ def scheduler_problems(kind: str, params: dict[str, Any]) -> list[str]:
     if allowed is None:
         return problems
     return problems + [
-        f"scheduler.params.{key}: {name} rejects it: {kind} takes no parameter {shown(key)}"
-        f"{close_key(key, allowed)}; it takes {', '.join(sorted(allowed))}"
+        keyed(
+            f"scheduler.params.{key}",
+            f"{name} rejects it: {kind} takes no parameter {shown(key)}"
+            f"{close_key(key, allowed)}; it takes {', '.join(sorted(allowed))}",
+        )
         for key in params
         if key not in allowed
     ]

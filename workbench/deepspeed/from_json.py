@@ -34,7 +34,14 @@ import re
 import warnings
 from typing import Any
 
-from workbench.config import LRSchedule, OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.config import (
+    ConfigError,
+    LRSchedule,
+    OffloadDevice,
+    OptimizerName,
+    Precision,
+    TrainConfig,
+)
 from workbench.deepspeed.blocks import read_optimizer, read_precision, read_scheduler, read_zero
 from workbench.deepspeed.check import (
     check_config,
@@ -52,6 +59,7 @@ from workbench.deepspeed.keys import (
     TYPE_OF_OPTIMIZER,
     DeepSpeedImport,
 )
+from workbench.deepspeed.problems import DeepSpeedConfigError, KeyProblem, keyed, unique
 from workbench.deepspeed.reader import Reader, cleaned, load_config, too_deep
 from workbench.inputs import shown
 
@@ -66,8 +74,8 @@ def import_deepspeed(
 
     `base` (default `TrainConfig()`): the session's settings, which fill `"auto"` values
     and the fields DeepSpeed JSON cannot express. Every error is reported at once in one
-    ValueError, each naming the key path, the value and the reason (DeepSpeed's own where
-    DeepSpeed rejects the key).
+    `DeepSpeedConfigError` (a ValueError), each a `KeyProblem` naming the key path, the
+    value and the reason (DeepSpeed's own where DeepSpeed rejects the key).
     """
     if world_size is not None and (
         isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1
@@ -80,7 +88,7 @@ def import_deepspeed(
     raw = load_config(source)
     deep = too_deep(raw)
     if deep is not None:
-        raise ValueError(_format([deep]))
+        raise DeepSpeedConfigError([deep])
     raw, shape, dropped = cleaned(raw)
     r = Reader()
     ds = _fill_auto(r, raw, base)
@@ -137,14 +145,14 @@ def import_deepspeed(
         read_scheduler(r, sched, kw)
 
     if shape:  # the problems of what was left out come first; none that follow from it
-        r.errors = shape + [e for e in r.errors if not any(p and p in e for p in dropped)]
+        r.errors = shape + [e for e in r.errors if not any(p and p in str(e) for p in dropped)]
     if r.errors:
-        raise ValueError(_format(list(dict.fromkeys(r.errors))))
+        raise DeepSpeedConfigError(unique(r.errors))
     try:
         config = TrainConfig(**kw)
     except ValueError as exc:
         raise ValueError(
-            f"DeepSpeed config maps to an invalid TrainConfig: {exc}{_ds_keys_of(str(exc))}"
+            f"DeepSpeed config maps to an invalid TrainConfig: {exc}{_ds_keys_of(exc)}"
         ) from None
     return DeepSpeedImport(config=config, world_size=world, warnings=r.warnings(deepspeed_name()))
 
@@ -245,8 +253,12 @@ def _fill_auto(r: Reader, raw: dict[str, Any], base: TrainConfig) -> dict[str, A
                 r.defaulted.append(path)
             else:
                 r.errors.append(
-                    f"{path}='auto': no session setting fills it, and DeepSpeed needs a value "
-                    "for a top-level key"
+                    KeyProblem(
+                        path,
+                        value,
+                        "no session setting fills it, and DeepSpeed needs a value for a "
+                        "top-level key",
+                    )
                 )
 
     walk(ds, "")
@@ -264,27 +276,37 @@ def _solve_batch(
     kw: dict[str, Any],
 ) -> int:
     present = [k for k in BATCH_KEYS if k in ds]
-    if r.errors and any(e.split("=")[0] in present for e in r.errors):
+    if r.errors and any(e.field in present for e in r.errors):
         return world_size or 1
     if tbs is None and micro is None:
         r.errors.append(
-            "train_batch_size / train_micro_batch_size_per_gpu: at least one must be given"
+            keyed("train_batch_size / train_micro_batch_size_per_gpu", "at least one must be given")
         )
         return world_size or 1
     if tbs is not None and micro is not None and accum is not None:
         per_world = micro * accum
         if tbs % per_world:
             r.errors.append(
-                f"train_batch_size={tbs}: must equal train_micro_batch_size_per_gpu ({micro}) x "
-                f"gradient_accumulation_steps ({accum}) x world size; {tbs} is not a multiple "
-                f"of {per_world}"
+                KeyProblem(
+                    "train_batch_size",
+                    tbs,
+                    f"must equal train_micro_batch_size_per_gpu ({micro}) x "
+                    f"gradient_accumulation_steps ({accum}) x world size; {tbs} is not a "
+                    f"multiple of {per_world}",
+                    value_text=str(tbs),
+                )
             )
             return world_size or 1
         world = tbs // per_world
         if world_size is not None and world != world_size:
             r.errors.append(
-                f"train_batch_size={tbs}: with micro {micro} and accum {accum} implies world size "
-                f"{world}, but world_size={world_size}; must equal {micro * accum * world_size}"
+                KeyProblem(
+                    "train_batch_size",
+                    tbs,
+                    f"with micro {micro} and accum {accum} implies world size {world}, but "
+                    f"world_size={world_size}; must equal {micro * accum * world_size}",
+                    value_text=str(tbs),
+                )
             )
         kw.update(micro_batch=micro, grad_accum=accum)
         return world
@@ -297,8 +319,13 @@ def _solve_batch(
         denom = accum * world
         if tbs % denom:
             r.errors.append(
-                f"train_batch_size={tbs}: must be a multiple of gradient_accumulation_steps "
-                f"({accum}) x world size ({world}) = {denom}"
+                KeyProblem(
+                    "train_batch_size",
+                    tbs,
+                    f"must be a multiple of gradient_accumulation_steps ({accum}) x world size "
+                    f"({world}) = {denom}",
+                    value_text=str(tbs),
+                )
             )
             return world
         kw.update(micro_batch=tbs // denom, grad_accum=accum)
@@ -306,20 +333,17 @@ def _solve_batch(
     denom = micro * world
     if tbs % denom:
         r.errors.append(
-            f"train_batch_size={tbs}: must be a multiple of train_micro_batch_size_per_gpu "
-            f"({micro}) x world size ({world}) = {denom}"
+            KeyProblem(
+                "train_batch_size",
+                tbs,
+                f"must be a multiple of train_micro_batch_size_per_gpu ({micro}) x world size "
+                f"({world}) = {denom}",
+                value_text=str(tbs),
+            )
         )
         return world
     kw.update(micro_batch=micro, grad_accum=tbs // denom)
     return world
-
-
-def _format(problems: list[str]) -> str:
-    if len(problems) == 1:
-        return f"invalid DeepSpeed config: {problems[0]}"
-    return f"{len(problems)} problems in DeepSpeed config:\n" + "\n".join(
-        f"  - {p}" for p in problems
-    )
 
 
 #: TrainConfig field -> the DeepSpeed key(s) it is read from, to name them in errors.
@@ -340,10 +364,13 @@ _DS_KEY_OF_FIELD = {
 }
 
 
-def _ds_keys_of(message: str) -> str:
-    """' (DeepSpeed keys: ...)' for the TrainConfig fields a message names, or ''."""
+def _ds_keys_of(exc: ValueError) -> str:
+    """' (DeepSpeed keys: ...)' for the TrainConfig fields a settings error names (each
+    problem's field and the settings its message names with a value), or ''."""
     keys: list[str] = []
-    for name in re.findall(r"\b([a-z_]+)=", message):
+    problems = exc.problems if isinstance(exc, ConfigError) else []
+    names = [n for p in problems for n in (p.field, *re.findall(r"`(\w+)`=", p.message))]
+    for name in names:
         key = _DS_KEY_OF_FIELD.get(name)
         if key is not None and key not in keys:
             keys.append(key)

@@ -11,6 +11,7 @@ import os
 import re
 from typing import Any
 
+from workbench.deepspeed.problems import KeyProblem, keyed
 from workbench.inputs import shown
 
 
@@ -19,7 +20,7 @@ class Reader:
     keys not modelled, the "auto" values filled, and other notes."""
 
     def __init__(self) -> None:
-        self.errors: list[str] = []
+        self.errors: list[KeyProblem] = []
         self.ignored: list[str] = []  # read by DeepSpeed, not modelled by the workbench
         self.unread: list[str] = []  # not read by DeepSpeed either
         self.filled: list[str] = []  # "auto" values filled from the session's settings
@@ -60,7 +61,7 @@ class Reader:
             return None
         value = parent[key]
         if not isinstance(value, dict):
-            self.errors.append(f"{path}={shown(value)}: must be a JSON object")
+            self.errors.append(KeyProblem(path, value, "must be a JSON object"))
             return None
         return value
 
@@ -69,7 +70,7 @@ class Reader:
             return None
         v = block[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            self.errors.append(f"{path}={shown(v)}: must be an integer >= {minimum}")
+            self.errors.append(KeyProblem(path, v, f"must be an integer >= {minimum}"))
             return None
         return v
 
@@ -83,7 +84,7 @@ class Reader:
         ok = ok and (v >= 0 if allow_zero else v > 0)
         if not ok:
             rng = ">= 0" if allow_zero else "> 0"
-            self.errors.append(f"{path}={shown(v)}: must be a finite number {rng}")
+            self.errors.append(KeyProblem(path, v, f"must be a finite number {rng}"))
             return None
         return float(v)
 
@@ -92,7 +93,7 @@ class Reader:
             return None
         v = block[key]
         if not isinstance(v, bool):
-            self.errors.append(f"{path}={shown(v)}: must be true or false")
+            self.errors.append(KeyProblem(path, v, "must be true or false"))
             return None
         return v
 
@@ -101,7 +102,7 @@ class Reader:
             return None
         v = block[key]
         if not isinstance(v, str):
-            self.errors.append(f"{path}={shown(v)}: must be a string")
+            self.errors.append(KeyProblem(path, v, "must be a string"))
             return None
         return v
 
@@ -139,15 +140,15 @@ def load_config(source: dict[str, Any] | str | os.PathLike[str]) -> dict[str, An
     raise ValueError(f"source={shown(source)}: must be a dict or a path to a JSON file")
 
 
-def too_deep(ds: Any) -> str | None:
-    """A problem line when `ds` nests deeper than MAX_DEPTH (iterative: a config nested
+def too_deep(ds: Any) -> KeyProblem | None:
+    """The problem when `ds` nests deeper than MAX_DEPTH (iterative: a config nested
     200,000 levels deep is refused, not a RecursionError)."""
     stack: list[tuple[str, Any, int]] = [("", ds, 1)]
     while stack:
         path, value, depth = stack.pop()
         if isinstance(value, (dict, list, tuple)):
             if depth > MAX_DEPTH:
-                return f"{path or 'the config'}: nested deeper than {MAX_DEPTH} levels"
+                return keyed(path or "the config", f"nested deeper than {MAX_DEPTH} levels")
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, child in items:
                 stack.append((f"{path}.{key}" if path else str(key), child, depth + 1))
@@ -157,17 +158,17 @@ def too_deep(ds: Any) -> str | None:
 _DROP = object()
 
 
-def cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+def cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[KeyProblem], list[str]]:
     """`ds` without the values that make it no JSON-like DeepSpeed config, the problem
     line of each (keys that are not strings, values JSON cannot hold: NaN, infinity,
     integers past MAX_INTEGER, other objects; strings that read as a boolean or a number,
     which DeepSpeed would take as true or coerce) and their key paths. `ds` nests at most
     MAX_DEPTH levels (checked first)."""
-    problems: list[str] = []
+    problems: list[KeyProblem] = []
     dropped: list[str] = []
 
-    def drop(path: str, line: str) -> object:
-        problems.append(line)
+    def drop(path: str, problem: KeyProblem) -> object:
+        problems.append(problem)
         dropped.append(path)
         return _DROP
 
@@ -176,7 +177,10 @@ def cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
             out: dict[str, Any] = {}
             for key, child in value.items():
                 if not isinstance(key, str):
-                    drop(path, f"{path + '.' if path else ''}{shown(key)}: keys must be strings")
+                    drop(
+                        path,
+                        keyed(f"{path + '.' if path else ''}{shown(key)}", "keys must be strings"),
+                    )
                     continue
                 kept = clean(child, f"{path}.{key}" if path else key)
                 if kept is not _DROP:
@@ -186,54 +190,64 @@ def cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
             items = [clean(child, f"{path}[{i}]") for i, child in enumerate(value)]
             return _DROP if _DROP in items else items
         if value is None or isinstance(value, (bool, str)):
-            line = _string_problem(path, value) if isinstance(value, str) else None
-            return value if line is None else drop(path, line)
+            bad = _string_problem(path, value) if isinstance(value, str) else None
+            return value if bad is None else drop(path, bad)
         if isinstance(value, int):
             if abs(value) > MAX_INTEGER:
                 return drop(
                     path,
-                    f"{path}={shown(value)}: larger than {MAX_INTEGER:,} (2**53, the largest "
-                    "integer a JSON number holds exactly)",
+                    KeyProblem(
+                        path,
+                        value,
+                        f"larger than {MAX_INTEGER:,} (2**53, the largest integer a JSON "
+                        "number holds exactly)",
+                    ),
                 )
             return value
         if isinstance(value, float):
             if not math.isfinite(value):
-                return drop(path, f"{path}={shown(value)}: must be a finite number")
+                return drop(path, KeyProblem(path, value, "must be a finite number"))
             return value
         return drop(
             path,
-            f"{path}={shown(value)}: a {type(value).__name__} is no JSON value (numbers, "
-            "strings, true/false, null, lists and objects)",
+            KeyProblem(
+                path,
+                value,
+                f"a {type(value).__name__} is no JSON value (numbers, strings, true/false, "
+                "null, lists and objects)",
+            ),
         )
 
     return clean(ds, ""), problems, dropped
 
 
-def _string_problem(path: str, value: str) -> str | None:
-    """A problem line for a string that reads as a boolean or a number, else None."""
+def _string_problem(path: str, value: str) -> KeyProblem | None:
+    """The problem of a string that reads as a boolean or a number, else None."""
     key = re.sub(r"\[\d+\]$", "", path).rpartition(".")[2]
     if _STRING_KEY.search(key) or value == "auto":
         return None
     text = value.strip().lower()
     if text in _BOOL_WORDS:
         meant = "true" if text in ("true", "yes", "on") else "false"
-        return (
-            f"{path}={shown(value)}: a string where DeepSpeed expects true or false; write "
-            f"{meant} without quotes"
+        return KeyProblem(
+            path,
+            value,
+            f"a string where DeepSpeed expects true or false; write {meant} without quotes",
         )
     try:
         number = float(text)
     except ValueError:
         return None
     if "_" in text:
-        return (
-            f"{path}={shown(value)}: a string where DeepSpeed expects a number; write it "
-            "without quotes and without '_' separators"
+        return KeyProblem(
+            path,
+            value,
+            "a string where DeepSpeed expects a number; write it without quotes and "
+            "without '_' separators",
         )
     written = shown(
         number if not number.is_integer() or "e" in text or "." in text else int(number)
     )
-    return (
-        f"{path}={shown(value)}: a string where DeepSpeed expects a number; write {written} "
-        "without quotes"
+    return KeyProblem(
+        path, value, f"a string where DeepSpeed expects a number; write {written} without quotes"
     )

@@ -17,6 +17,7 @@ plan.py     LadderSpec (the ladder's arguments, checked), `plan_ladder` -> Ladde
 run.py      `ladder`, `run_plan`: each rung through a Session or `launch_ranks`; memory
             measured next to the prediction; the machine's facts
 report.py   LadderResult: the measured figures, verdicts, table, JSON and chart
+problems.py LadderError (a ValueError) and its LadderProblems: every problem as data
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from workbench.train.ladder.plan import (
     plan_ladder,
     plan_spec,
 )
+from workbench.train.ladder.problems import LadderError, LadderProblem
 from workbench.train.ladder.report import (
     LadderResult,
     RungPlan,
@@ -42,7 +44,9 @@ from workbench.train.ladder.rungs import Rung, amp_precision, available_ranks, d
 
 __all__ = [
     "LadderCancelled",
+    "LadderError",
     "LadderPlan",
+    "LadderProblem",
     "LadderProgress",
     "LadderResult",
     "LadderSpec",

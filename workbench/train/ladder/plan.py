@@ -10,7 +10,7 @@ batch by the rule it names, and its schedule spans its own steps.
 
 Bad input (an unknown setting in a rung, a rung that changes nothing, zero steps, a budget
 a rung's effective batch does not divide, a setting this machine cannot run) raises one
-ValueError naming every problem; planning builds the model once to check what this
+`LadderError` (a ValueError) holding every problem as data (`LadderProblem`s); planning builds the model once to check what this
 machine can run and trains nothing.
 """
 
@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, NoReturn
 
-from workbench.config import LRScaling, LRSchedule, TrainConfig, problem_lines
+from workbench.config import LRScaling, LRSchedule, TrainConfig
 from workbench.inputs import shown
+from workbench.train.ladder.problems import LadderError, LadderProblem, checked, of_error, said
 from workbench.train.ladder.report import RungPlan
 from workbench.train.ladder.rungs import (
     MAX_RUNGS,
@@ -80,7 +81,7 @@ class LadderSpec:
             return dataclasses.replace(args[0], **keywords)
         return cls(*args, **keywords)
 
-    def check(self) -> tuple[str | None, list[str]]:
+    def check(self) -> tuple[str | None, list[LadderProblem]]:
         """(the device every rung runs on, None when it is bad; the problems of the
         arguments themselves, each naming its argument). Reads no rung, builds nothing."""
         from workbench.models.spec import spec_problems
@@ -96,32 +97,44 @@ class LadderSpec:
         )
         if self.lr_scaling not in LRScaling.choices():
             problems.append(
-                f"lr_scaling={shown(self.lr_scaling)}: must be one of "
-                f"{', '.join(LRScaling.choices())}"
+                LadderProblem(
+                    "lr_scaling",
+                    self.lr_scaling,
+                    f"must be one of {', '.join(LRScaling.choices())}",
+                )
             )
         for flag in ("compile", "checkpointing", "memory"):
             value = getattr(self, flag)
             if not isinstance(value, bool):
-                problems.append(f"{flag}={shown(value)}: must be True or False")
+                problems.append(LadderProblem(flag, value, "must be True or False"))
         if self.base is not None and not isinstance(self.base, TrainConfig):
-            problems.append(f"base={shown(self.base)}: must be a workbench.TrainConfig or None")
+            problems.append(
+                LadderProblem("base", self.base, "must be a workbench.TrainConfig or None")
+            )
         if self.launcher not in LAUNCHERS:
             problems.append(
-                f"launcher={shown(self.launcher)}: must be one of {', '.join(LAUNCHERS)}"
+                LadderProblem("launcher", self.launcher, f"must be one of {', '.join(LAUNCHERS)}")
             )
-        problems += spec_problems(self.model)
+        problems += [checked("model", self.model, line) for line in spec_problems(self.model)]
         dev = _device(self.device, self.base, problems)
         rungs = self.rungs
         if rungs is not None and (
             isinstance(rungs, (str, bytes, Mapping)) or not isinstance(rungs, Sequence)
         ):
             problems.append(
-                f"rungs={shown(rungs)}: must be a list of rungs or None (the default ladder)"
+                LadderProblem(
+                    "rungs", rungs, "must be a list of rungs or None (the default ladder)"
+                )
             )
         elif rungs is not None and len(rungs) > MAX_RUNGS:
             problems.append(
-                f"rungs: {len(rungs):,} rungs; at most {MAX_RUNGS} (each runs "
-                f"{shown(self.repeats)} time(s): more would take days)"
+                LadderProblem(
+                    "rungs",
+                    rungs,
+                    f"{len(rungs):,} rungs; at most {MAX_RUNGS} (each runs "
+                    f"{shown(self.repeats)} time(s): more would take days)",
+                    value_text="",
+                )
             )
         return dev, problems
 
@@ -184,12 +197,6 @@ def _is_number(v: Any) -> bool:
         return False
 
 
-def _format(problems: list[str]) -> str:
-    if len(problems) == 1:
-        return f"invalid ladder: {problems[0]}"
-    return f"{len(problems)} problems in the ladder:\n" + "\n".join(f"  - {p}" for p in problems)
-
-
 def number_problems(
     *,
     steps: Any = 32,
@@ -198,7 +205,7 @@ def number_problems(
     ranks: Any = None,
     timeout: Any = None,
     model_options: Any = None,
-) -> list[str]:
+) -> list[LadderProblem]:
     """The problems of a ladder's numbers (and model options), each naming its argument:
     integers in range (NumPy scalars count), finite numbers, JSON options."""
     from workbench.train.launch import (
@@ -208,55 +215,74 @@ def number_problems(
         seconds_problem,
     )
 
+    def check(name: str, value: Any, line: str | None) -> LadderProblem | None:
+        return None if line is None else checked(name, value, line)
+
     found = [
-        integer_problem(
+        check(
             "steps",
             steps,
-            1,
-            MAX_STEPS,
-            "a ladder measures speed; a million steps per rung is a training run",
-            meaning="the baseline's optimizer steps",
+            integer_problem(
+                "steps",
+                steps,
+                1,
+                MAX_STEPS,
+                "a ladder measures speed; a million steps per rung is a training run",
+                meaning="the baseline's optimizer steps",
+            ),
         ),
-        integer_problem(
-            "repeats", repeats, 1, MAX_REPEATS, "the median of more runs changes nothing"
+        check(
+            "repeats",
+            repeats,
+            integer_problem(
+                "repeats", repeats, 1, MAX_REPEATS, "the median of more runs changes nothing"
+            ),
         ),
         None
         if ranks is None
-        else integer_problem(
+        else check(
             "ranks",
             ranks,
-            1,
-            MAX_RANKS,
-            "more local ranks than one machine runs",
-            meaning="or None: the available ranks",
+            integer_problem(
+                "ranks",
+                ranks,
+                1,
+                MAX_RANKS,
+                "more local ranks than one machine runs",
+                meaning="or None: the available ranks",
+            ),
         ),
         None
         if target_loss is None or _is_number(target_loss)
-        else f"target_loss={shown(target_loss)}: must be a finite number or None",
-        seconds_problem("timeout", timeout),
-        options_problem("model_options", model_options),
+        else LadderProblem("target_loss", target_loss, "must be a finite number or None"),
+        check("timeout", timeout, seconds_problem("timeout", timeout)),
+        check("model_options", model_options, options_problem("model_options", model_options)),
     ]
-    return [p for p in found if p]
+    out = [p for p in found if p is not None]
+    return out
 
 
-def _device(device: Any, base: Any, problems: list[str]) -> str | None:
+def _device(device: Any, base: Any, problems: list[LadderProblem]) -> str | None:
     """The device every rung runs on: "cpu" or "cuda" (from `device`, else the base
     config's, "auto" taking CUDA when available)."""
     from workbench.train.devices import resolve_device
 
     configured = str(base.device) if isinstance(base, TrainConfig) else "auto"
     if device is not None and not isinstance(device, str):
-        problems.append(f"device={shown(device)}: must be 'auto', 'cpu', 'cuda' or None")
+        problems.append(LadderProblem("device", device, "must be 'auto', 'cpu', 'cuda' or None"))
         return None
     try:
         dev = resolve_device(None, configured if device is None else device)
     except (ValueError, RuntimeError) as exc:
         text = " ".join(str(exc).split())
         if text.startswith("Expected one of"):  # torch's list of every device type
-            text = f"device={shown(device)}: must be 'auto', 'cpu' or 'cuda'"
+            problems.append(LadderProblem("device", device, "must be 'auto', 'cpu' or 'cuda'"))
         elif not text.startswith("device="):
-            text = f"device={shown(device)}: must be 'auto', 'cpu' or 'cuda' ({text})"
-        problems.append(text)
+            problems.append(
+                LadderProblem("device", device, f"must be 'auto', 'cpu' or 'cuda' ({text})")
+            )
+        else:  # resolve_device's own "device=...: ..."
+            problems.append(checked("device", configured if device is None else device, text))
         return None
     return dev.type
 
@@ -276,12 +302,12 @@ plan_ladder.__signature__ = inspect.signature(LadderSpec).replace(  # type: igno
 )
 
 
-def plan_spec(spec: LadderSpec, *, also: Sequence[str] = ()) -> LadderPlan:
+def plan_spec(spec: LadderSpec, *, also: Sequence[LadderProblem] = ()) -> LadderPlan:
     """`plan_ladder` of a spec. `also`: problems the caller found in arguments of its own,
-    raised after the spec's in the same ValueError (alone when the spec has none)."""
+    raised after the spec's in the same LadderError (alone when the spec has none)."""
 
-    def fail(found: Sequence[str]) -> NoReturn:
-        raise ValueError(_format([*found, *also]))
+    def fail(found: Sequence[LadderProblem]) -> NoReturn:
+        raise LadderError([*found, *also])
 
     dev, problems = spec.check()
     if problems:
@@ -307,11 +333,11 @@ def plan_spec(spec: LadderSpec, *, also: Sequence[str] = ()) -> LadderPlan:
             micro_batch=int(start.micro_batch),
         )
     elif not rungs:
-        fail(["rungs=[]: name at least the baseline rung"])
+        fail([LadderProblem("rungs", rungs, "name at least the baseline rung")])
     parsed = [read_rung(r, i, problems) for i, r in enumerate(rungs)]
     names = [r.name for r in parsed if r is not None]
     for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"rung name {name!r}: used twice; give every rung its own name")
+        problems.append(said(f"rung name {name!r}: used twice; give every rung its own name"))
     configs = cumulative_configs(parsed, start, problems)
     if problems:
         fail(problems)
@@ -355,7 +381,7 @@ def _planned(
     budget: int,
     steps: int,
     lr_scaling: str,
-    problems: list[str],
+    problems: list[LadderProblem],
 ) -> list[PlannedRung]:
     """Each rung's steps over the sample budget, its learning rate scaled from the
     baseline's effective batch and its schedule's horizon set to its steps."""
@@ -373,10 +399,12 @@ def _planned(
         eff = batches[i]
         if budget % eff or budget // eff < 2:
             problems.append(
-                f"rung {i + 1} {shown(rung.name)}: every rung trains on the same {budget} samples "
-                f"(steps={steps} x the baseline's effective batch {reference}), which its "
-                f"effective batch {eff} must divide into at least 2 steps; use "
-                f"steps={fitting // reference}"
+                said(
+                    f"every rung trains on the same {budget} samples (steps={steps} x the "
+                    f"baseline's effective batch {reference}), which its effective batch {eff} "
+                    f"must divide into at least 2 steps; use steps={fitting // reference}",
+                    where=f"rung {i + 1} {shown(rung.name)}",
+                )
             )
             continue
         rung_steps = budget // eff
@@ -393,11 +421,11 @@ def _planned(
                     total_steps=rung_steps, warmup_steps=min(int(config.warmup_steps), rung_steps)
                 )
         except ValueError as exc:  # a scaled LR or a horizon past TrainConfig's bounds
-            problems += [
-                f"rung {i + 1} {shown(rung.name)}: {rung_steps:,} steps over {budget:,} "
-                f"samples: {line}"
-                for line in problem_lines(exc)
-            ]
+            problems += of_error(
+                exc,
+                where=f"rung {i + 1} {shown(rung.name)}: {rung_steps:,} steps over {budget:,} "
+                "samples",
+            )
             continue
         out.append(PlannedRung(rung.name, dict(rung.changes), run, world, eff, rung_steps))
     return out
@@ -410,7 +438,7 @@ def _check_runtime(
     device: str,
     launcher: str,
     timeout: float | None,
-    problems: list[str],
+    problems: list[LadderProblem],
 ) -> Any:
     """What this machine cannot run of each rung (the Session's and the launcher's own
     checks), found by building the model once; returns the model's description for the
@@ -435,7 +463,7 @@ def _check_runtime(
         text = " ".join(str(exc).split())
         if not isinstance(exc, ValueError):
             text = f"{type(exc).__name__}: {text}"
-        problems.append(f"model={shown(model)}: {text}")
+        problems.append(LadderProblem("model", model, text))
         return None
     description = resolved.info if resolved.info is not None else count_parameters(resolved.module)
     for i, rung in enumerate(planned):
@@ -461,12 +489,12 @@ def _check_runtime(
                     model_options,
                 )
             except ValueError as exc:
-                said = {line.split(":", 1)[0] for line in lines}
+                named = {line.split(":", 1)[0] for line in lines}
                 # the launcher's own wording of a problem the Session already named is left out
                 lines += [
                     part
                     for part in " ".join(str(exc).split()).split("; ")
-                    if part.split(":", 1)[0] not in said
+                    if part.split(":", 1)[0] not in named
                 ]
-        problems += [f"{where}: {line}" for line in lines]
+        problems += [said(line, where=where) for line in lines]
     return description

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.inputs import shown
 from workbench.train.ladder.plan import LadderPlan, LadderSpec, PlannedRung, plan_spec
+from workbench.train.ladder.problems import LadderProblem
 from workbench.train.ladder.report import LadderResult, RunMeasure, summarize
 
 
@@ -73,16 +73,19 @@ def ladder(
     called with a `LadderProgress` after every step. `cancel`: a threading.Event; setting
     it stops the ladder at the next step (LadderCancelled).
 
-    Returns a `LadderResult`; bad input raises ValueError before anything runs.
+    Returns a `LadderResult`; bad input raises `LadderError` (a ValueError whose
+    `.problems` are `LadderProblem`s) before anything runs.
     """
     spec = LadderSpec.of("ladder", args, keywords)
     extra = []
     if progress is not None and not isinstance(progress, bool):
-        extra.append(f"progress={shown(progress)}: must be True, False or None")
+        extra.append(LadderProblem("progress", progress, "must be True, False or None"))
     if on_progress is not None and not callable(on_progress):
-        extra.append(f"on_progress={shown(on_progress)}: must be callable(progress) or None")
+        extra.append(
+            LadderProblem("on_progress", on_progress, "must be callable(progress) or None")
+        )
     if cancel is not None and not (callable(getattr(cancel, "is_set", None))):
-        extra.append(f"cancel={shown(cancel)}: must be a threading.Event or None")
+        extra.append(LadderProblem("cancel", cancel, "must be a threading.Event or None"))
     plan = plan_spec(spec, also=extra)
     return run_plan(plan, progress=progress, on_progress=on_progress, cancel=cancel)
 

@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from workbench.config import TrainConfig, did_you_mean, problem_lines
+from workbench.config import TrainConfig, did_you_mean
 from workbench.inputs import shown
+from workbench.train.ladder.problems import LadderProblem, checked, of_error, said
 
 #: The ladder's own setting in a rung (not a TrainConfig field): data-parallel ranks.
 RANKS = "ranks"
@@ -138,7 +139,7 @@ def default_rungs(
     return rungs
 
 
-def read_rung(value: Any, index: int, problems: list[str]) -> Rung | None:
+def read_rung(value: Any, index: int, problems: list[LadderProblem]) -> Rung | None:
     """A Rung from a Rung, a (name, changes) pair or a mapping with an optional "name";
     None (its problem appended to `problems`) when it is none of these. `index`: its
     place in the ladder (0 for the baseline), for the default name and the messages."""
@@ -154,12 +155,17 @@ def read_rung(value: Any, index: int, problems: list[str]) -> Rung | None:
         name = value.get("name")
     else:
         problems.append(
-            f"{where}: {shown(value)}: must be a mapping of settings (with an optional "
-            "'name'), a (name, changes) pair or a workbench.train.ladder.Rung"
+            said(
+                f"{shown(value)}: must be a mapping of settings (with an optional 'name'), a "
+                "(name, changes) pair or a workbench.train.ladder.Rung",
+                where=where,
+            )
         )
         return None
     if not isinstance(changes, Mapping) or not all(isinstance(k, str) for k in changes):
-        problems.append(f"{where}: changes={shown(changes)}: must map setting names to values")
+        problems.append(
+            LadderProblem("changes", changes, "must map setting names to values", where=where)
+        )
         return None
     if name is None:
         name = (
@@ -168,19 +174,24 @@ def read_rung(value: Any, index: int, problems: list[str]) -> Rung | None:
         if len(name) > MAX_NAME_CHARS:
             name = name[: MAX_NAME_CHARS - 3] + "..."
     if not isinstance(name, str) or not name.strip():
-        problems.append(f"{where}: name={shown(name)}: must be a non-empty string")
+        problems.append(LadderProblem("name", name, "must be a non-empty string", where=where))
         return None
     if len(name.strip()) > MAX_NAME_CHARS or not name.strip().isprintable():
         problems.append(
-            f"{where}: name={shown(name)}: must be one line of at most {MAX_NAME_CHARS} "
-            "printable characters (a table row and a chart label)"
+            LadderProblem(
+                "name",
+                name,
+                f"must be one line of at most {MAX_NAME_CHARS} printable characters (a table "
+                "row and a chart label)",
+                where=where,
+            )
         )
         return None
     return Rung(name.strip(), dict(changes))
 
 
 def cumulative_configs(
-    parsed: Sequence[Rung | None], start: TrainConfig, problems: list[str]
+    parsed: Sequence[Rung | None], start: TrainConfig, problems: list[LadderProblem]
 ) -> list[tuple[TrainConfig, int]]:
     """(config, ranks) after each rung: its changes on top of every rung before it, from
     `start`; every change a rung may not make (the model, the device, an unknown or bad
@@ -200,8 +211,13 @@ def cumulative_configs(
         new_world = world
         for name in [n for n in NOT_SETTINGS if n in changes]:
             problems.append(
-                f"{where}: {name}={shown(changes.pop(name))}: a rung holds training settings "
-                "only; the model is the ladder's own (model=, --model), never a rung's"
+                LadderProblem(
+                    name,
+                    changes.pop(name),
+                    "a rung holds training settings only; the model is the ladder's own "
+                    "(model=, --model), never a rung's",
+                    where=where,
+                )
             )
         if RANKS in changes:
             value = changes.pop(RANKS)
@@ -209,45 +225,56 @@ def cumulative_configs(
                 RANKS, value, 1, MAX_RANKS, "more local ranks than one machine runs"
             )
             if bad:
-                problems.append(f"{where}: {bad}")
+                problems.append(checked(RANKS, value, bad, where=where))
             else:
                 new_world = int(value)
         refused = [name for name in FIXED if name in changes]
         for name in refused:
             problems.append(
-                f"{where}: {name}={shown(changes.pop(name))}: the ladder runs every rung on "
-                "one device; pass device= to the ladder instead"
+                LadderProblem(
+                    name,
+                    changes.pop(name),
+                    "the ladder runs every rung on one device; pass device= to the ladder instead",
+                    where=where,
+                )
             )
         unknown = sorted(set(changes) - known)
         for name in [n for n in unknown if did_you_mean(n, [RANKS])]:
             unknown.remove(name)
             problems.append(
-                f"{where}: {name}={shown(changes.pop(name))}: unknown setting; did you mean "
-                f"{RANKS!r}? (the ladder's data-parallel ranks)"
+                LadderProblem(
+                    name,
+                    changes.pop(name),
+                    f"unknown setting; did you mean {RANKS!r}? (the ladder's data-parallel ranks)",
+                    where=where,
+                )
             )
         if unknown:
             # TrainConfig's own message: "did you mean", other trainers' names included
             try:
                 config.replace(**{name: changes.pop(name) for name in unknown})
             except ValueError as exc:
-                problems += [
-                    f"{where}: "
-                    + line.replace(
+                problems += of_error(
+                    exc,
+                    where=where,
+                    message=lambda m: m.replace(
                         " known settings: ", f" known settings: {RANKS} (data-parallel ranks), ", 1
-                    )
-                    for line in problem_lines(exc)
-                ]
+                    ),
+                )
         try:
             new = config.replace(**changes)
         except ValueError as exc:
-            problems += [f"{where}: {line}" for line in problem_lines(exc)]
+            problems += of_error(exc, where=where)
             out.append((config, new_world))
             continue
         if i > 0 and new == config and new_world == world and not (unknown or refused):
             same = ", ".join(f"{k}={shown(v)}" for k, v in rung.changes.items()) or "no settings"
             problems.append(
-                f"{where}: changes nothing ({same}: already in effect after the rungs before "
-                "it); drop it or change a setting"
+                said(
+                    f"changes nothing ({same}: already in effect after the rungs before it); "
+                    "drop it or change a setting",
+                    where=where,
+                )
             )
         config, world = new, new_world
         out.append((config, world))
