@@ -708,3 +708,23 @@ def test_a_config_without_gradient_clipping_clips_as_deepspeed_does() -> None:
     assert to_deepspeed(imported)["gradient_clipping"] == GRADIENT_CLIPPING_DEFAULT
     off = from_deepspeed({"train_batch_size": 8, "gradient_clipping": 0.0})
     assert off.clip_grad_norm is None and to_deepspeed(off)["gradient_clipping"] == 0.0
+
+
+def test_settings_valid_alone_but_not_together_carry_their_problems_as_data() -> None:
+    from workbench.deepspeed.problems import MappedConfigError
+    from workbench.problems import problem_lines
+
+    with pytest.raises(MappedConfigError) as info:
+        import_deepspeed(
+            {
+                "train_batch_size": 8,
+                "zero_optimization": {"stage": 1},
+                "optimizer": {"type": "OneBitAdam"},
+            }
+        )
+    assert str(info.value).startswith("DeepSpeed config maps to an invalid TrainConfig: ")
+    assert "(DeepSpeed keys: optimizer.type, zero_optimization.stage)" in str(info.value)
+    assert problem_lines(info.value) == [
+        "optimizer='onebitadam': DeepSpeed's 1-bit optimizers do not run with ZeRO; needs "
+        "zero_stage=0 (zero_stage=1) (DeepSpeed key optimizer.type)"
+    ]

@@ -59,7 +59,13 @@ from workbench.deepspeed.keys import (
     TYPE_OF_OPTIMIZER,
     DeepSpeedImport,
 )
-from workbench.deepspeed.problems import DeepSpeedConfigError, KeyProblem, keyed, unique
+from workbench.deepspeed.problems import (
+    DeepSpeedConfigError,
+    KeyProblem,
+    MappedConfigError,
+    keyed,
+    unique,
+)
 from workbench.deepspeed.reader import Reader, cleaned, load_config, too_deep
 from workbench.inputs import shown
 
@@ -150,10 +156,8 @@ def import_deepspeed(
         raise DeepSpeedConfigError(unique(r.errors))
     try:
         config = TrainConfig(**kw)
-    except ValueError as exc:
-        raise ValueError(
-            f"DeepSpeed config maps to an invalid TrainConfig: {exc}{_ds_keys_of(exc)}"
-        ) from None
+    except ConfigError as exc:
+        raise MappedConfigError(exc, _ds_keys_of(exc), _DS_KEY_OF_FIELD) from None
     return DeepSpeedImport(config=config, world_size=world, warnings=r.warnings(deepspeed_name()))
 
 

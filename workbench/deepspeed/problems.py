@@ -4,8 +4,9 @@ reason) and `DeepSpeedConfigError`, the ValueError listing them. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.inputs import shown
 from workbench.problems import SettingProblem
@@ -67,4 +68,21 @@ class DeepSpeedConfigError(ValueError):
         super().__init__(text)
 
 
-__all__ = ["DeepSpeedConfigError", "KeyProblem", "keyed", "unique"]
+class MappedConfigError(ValueError):
+    """A DeepSpeed config whose settings are each valid but together make an invalid
+    TrainConfig: `.problems` are the TrainConfig's, each naming its DeepSpeed key too."""
+
+    def __init__(self, error: Any, keys_text: str, key_of_field: Mapping[str, str]) -> None:
+        self.problems = [
+            SettingProblem(
+                p.field,
+                p.value,
+                p.message
+                + (f" (DeepSpeed key {key_of_field[p.field]})" if p.field in key_of_field else ""),
+            )
+            for p in error.problems
+        ]
+        super().__init__(f"DeepSpeed config maps to an invalid TrainConfig: {error}{keys_text}")
+
+
+__all__ = ["DeepSpeedConfigError", "KeyProblem", "MappedConfigError", "keyed", "unique"]
