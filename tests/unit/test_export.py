@@ -513,7 +513,9 @@ def test_python_api_reports_every_problem_at_once(tmp_path: Path) -> None:
             TrainConfig(), gpus=0, nodes=True, model="nope", out_dir=tmp_path / "j", steps=0
         )  # type: ignore[arg-type]
     problems = info.value.problems
-    assert problems == (
+    assert [p.field for p in problems] == ["gpus", "nodes", "steps", "model"]
+    assert [p.value for p in problems] == [0, True, 0, "nope"]
+    assert tuple(str(p) for p in problems) == (
         "gpus=0: must be an integer >= 1, at most 1,024 (more ranks than one node runs)",
         "nodes=True: must be an integer >= 1, at most 65,536 (more nodes than any cluster has)",
         "steps=0: must be an integer >= 1, at most 1,000,000,000,000 (longer than any training "

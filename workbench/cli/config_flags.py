@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -138,24 +137,6 @@ def raw_values(args: argparse.Namespace, fields: Sequence[str]) -> dict[str, str
     return raw
 
 
-def as_flag_value(line: str, flags: Mapping[str, str], raw: Mapping[str, str]) -> str:
-    """A problem line "field=VALUE: ..." written as "--flag VALUE: ..." (the value as typed,
-    from `raw`, when there is one); other "field=" mentions become "--flag "."""
-    m = re.match(r"^(\w+)=", line)
-    if m and m.group(1) in flags:
-        name = m.group(1)
-        rest = line[m.end() :]
-        cut = rest.find(": ")
-        value, rest = (rest[:cut], rest[cut:]) if cut >= 0 else (rest, "")
-        if name in raw:
-            value = raw[name]
-        value = value.strip("'\"")
-        line = flags[name] + ("" if value == "None" else " " + value) + rest
-    for name, flag in flags.items():
-        line = re.sub(rf"\b{name}=", f"{flag} ", line)
-    return line
-
-
 def config_from_args(
     args: argparse.Namespace,
     *,
@@ -244,7 +225,6 @@ __all__ = [
     "ConfigFlag",
     "add_config_flags",
     "as_flag_problem",
-    "as_flag_value",
     "config_from_args",
     "lenient_number",
     "parse_number",

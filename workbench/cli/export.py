@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -15,15 +14,15 @@ from typing import Any
 from workbench.cli.config_flags import (
     CONFIG_FLAGS,
     add_config_flags,
-    as_flag_value,
     config_from_args,
     lenient_number,
     raw_values,
 )
-from workbench.config import TrainConfig
+from workbench.config import SettingProblem, TrainConfig, plain_value
 from workbench.export import (
     FORMATS,
     ExportError,
+    ExportProblem,
     ExportResult,
     check_export,
     describe,
@@ -31,7 +30,7 @@ from workbench.export import (
     is_int,
     one_line,
 )
-from workbench.inputs import InputFileError, parse_json, read_json, shown
+from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
 
 # The TrainConfig fields `workbench export` takes as flags: every one in
 # workbench.cli_config except --device, which an exported job does not take.
@@ -101,13 +100,36 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run(args, parser)
 
 
-def _as_flags(line: str, raw: dict[str, str]) -> str:
-    """An export problem line with argument names written as the CLI's flags and the
-    values as typed."""
-    line = re.sub(r"^model_options\['(\w+)'\]=", r"--model-option \1=", line)
-    line = re.sub(r"^model_options ", "--model-option ", line)
-    line = line.replace(", or None (config.total_steps)", " (without it: --total-steps)")
-    return as_flag_value(line, _FLAGS, raw)
+def _flag_of(name: str) -> str:
+    return _FLAGS.get(name, name)
+
+
+def _as_flag_line(problem: SettingProblem, raw: dict[str, str]) -> str:
+    """An export problem written with the CLI's flags, from its data: the value as typed
+    (`raw`: argument name -> the text given) when there is one, a model option as
+    `--model-option KEY=VALUE`, "(without it: --total-steps)" for an argument that may be
+    left out."""
+    extra = problem if isinstance(problem, ExportProblem) else None
+    message = problem.message
+    if extra is not None and extra.unset is not None:
+        message += f" (without it: {_flag_of(extra.unset)})"
+    if extra is not None and extra.option is not None:
+        value_text = shown(extra.option)[1:-1]
+        if extra.value_text != "":
+            value_text += f"={shown(problem.value)}"
+    elif extra is not None and extra.options:
+        if extra.value_text == "" or not isinstance(problem.value, dict):
+            value_text = ", ".join(shown(k)[1:-1] for k in extra.options)
+        else:
+            value_text = ", ".join(f"{k}={shown(problem.value.get(k))}" for k in extra.options)
+    elif problem.field in raw:
+        value_text = raw[problem.field]
+    elif problem.value is None or (extra is not None and extra.value_text == ""):
+        value_text = ""
+    else:
+        value_text = shown(plain_value(problem.value)).strip("'\"")
+    line = SettingProblem(problem.field, problem.value, message)
+    return line.render(name=_flag_of, value_text=value_text, sep=" ")
 
 
 def _model_options(items: list[str], problems: list[str]) -> dict[str, Any]:
@@ -170,14 +192,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "model_options": options,
         "steps": steps,
     }
-    raw = raw_values(args, _CONFIG_FIELDS) | _export_raw(args)
+    raw = {k: typed(v) for k, v in raw_values(args, _CONFIG_FIELDS).items()}
+    raw |= _export_raw(args)
     if problems or config is None:  # the other arguments' problems too, all at once
-        problems += [_as_flags(p, raw) for p in check_export(config, **where)]
+        problems += [_as_flag_line(p, raw) for p in check_export(config, **where)]
         parser.error("; ".join(dict.fromkeys(problems)))
     try:
         result = export_job(config, warnings=warns, **where)
     except ExportError as exc:
-        parser.error("; ".join(dict.fromkeys(_as_flags(p, raw) for p in exc.problems)))
+        parser.error("; ".join(dict.fromkeys(_as_flag_line(p, raw) for p in exc.problems)))
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:
@@ -244,6 +267,7 @@ def _import_config(
 
 
 def _export_raw(args: argparse.Namespace) -> dict[str, str]:
+    """The text given for each of the export's own arguments, as a message shows it."""
     raw = {
         "gpus": args.gpus,
         "nodes": args.nodes,
@@ -252,12 +276,15 @@ def _export_raw(args: argparse.Namespace) -> dict[str, str]:
         "out_dir": args.out,
         "steps": args.steps,
     }
-    # as typed, unless it holds characters a terminal should not get (then escaped)
-    return {
-        k: str(v) if str(v).isprintable() else shown(str(v), limit=200)[1:-1]
-        for k, v in raw.items()
-        if v is not None
-    }
+    return {k: _as_typed(str(v)) for k, v in raw.items() if v is not None}
+
+
+def _as_typed(text: str) -> str:
+    """A path or number as typed ('' when empty), with characters a terminal should not
+    get escaped (at most 200 characters then)."""
+    if not text:
+        return "''"
+    return text if text.isprintable() else shown(text, limit=200)[1:-1]
 
 
 def _report(result: ExportResult, config: TrainConfig) -> str:

@@ -48,16 +48,26 @@ scripts and their shared code are the modules beside it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
+import numbers
 import os
 import re
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.config import FsdpMode, OffloadDevice, TrainConfig, problem_lines
+from workbench.config import (
+    FsdpMode,
+    OffloadDevice,
+    SettingProblem,
+    TrainConfig,
+    plain_value,
+    problem_lines,
+)
 from workbench.deepspeed import to_deepspeed
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
@@ -138,17 +148,64 @@ class ExportResult:
         return data
 
 
-class ExportError(ValueError):
-    """Bad arguments to `export_deepspeed`; `problems` holds one line per problem, each
-    naming the argument, the value and what is allowed."""
+@dataclass(frozen=True)
+class ExportProblem(SettingProblem):
+    """A bad argument of an export, as data beyond (field, value, message):
 
-    def __init__(self, problems: list[str]) -> None:
+    * `option`: the one model option it is about (field "model_options"; `value` is that
+      option's): "model_options['hidden']=100000" ("model_options['seed']" when `value_text`
+      is "");
+    * `options`: several model options it is about, listed with their values (`value` a
+      dict of them: "model_options hidden=60000, depth=2") or by name alone when
+      `value_text` is "" ("model_options colour, size");
+    * `value_text`: how the text writes the value (None: its repr; "": not at all);
+    * `unset`: the TrainConfig setting the argument stands for when it is None (the text
+      adds ", or None (config.NAME)").
+
+    Each front end writes these parts its own way (the command line: `--model-option
+    hidden=100000`, "(without it: --total-steps)"); `render` writes the Python names."""
+
+    option: str | None = None
+    options: tuple[str, ...] = ()
+    value_text: str | None = None
+    unset: str | None = None
+
+    def render(
+        self,
+        name: Callable[[str], str] = str,
+        value_text: str | None = None,
+        sep: str = "=",
+    ) -> str:
+        """`field=value: message` as `SettingProblem.render`, with the model options after
+        the field's name and the `unset` alternative after the message."""
+        text = self.value_text if value_text is None else value_text
+        subject = name(self.field)
+        if self.option is not None:
+            subject += f"[{shown(self.option)}]"
+        elif self.options:
+            if text == "" or not isinstance(self.value, dict):
+                subject += " " + ", ".join(shown(k)[1:-1] for k in self.options)
+            else:
+                subject += " " + ", ".join(f"{k}={shown(self.value.get(k))}" for k in self.options)
+            text = ""
+        message = self.message + (f", or None (config.{self.unset})" if self.unset else "")
+        plain = SettingProblem(subject, self.value, message)
+        return plain.render(name=lambda n: n if n == subject else name(n), value_text=text, sep=sep)
+
+
+class ExportError(ValueError):
+    """Bad arguments to `export_deepspeed`; `problems` holds them as `SettingProblem`s
+    (each naming the argument, the value and what is allowed), and the text is made from
+    them."""
+
+    def __init__(self, problems: Sequence[SettingProblem]) -> None:
         self.problems = tuple(problems)
-        if len(problems) == 1:
-            message = f"cannot export: {problems[0]}"
+        lines = [str(p) for p in self.problems]
+        if len(lines) == 1:
+            message = f"cannot export: {lines[0]}"
         else:
-            message = f"cannot export, {len(problems)} problems:\n" + "\n".join(
-                f"  - {p}" for p in problems
+            message = f"cannot export, {len(lines)} problems:\n" + "\n".join(
+                f"  - {line}" for line in lines
             )
         super().__init__(message)
 
@@ -195,7 +252,7 @@ def export_job(
     Raises ValueError naming every bad argument at once; nothing is written then.
     """
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+        raise ExportError([SettingProblem("config", config, "must be a workbench.TrainConfig")])
     checked = _check(
         config,
         format=format,
@@ -274,7 +331,7 @@ def export_job(
 class _Checked:
     """What `check_export` found: every problem, and what the export writes from."""
 
-    problems: list[str] = field(default_factory=list)
+    problems: list[SettingProblem] = field(default_factory=list)
     out: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     host_path: Path | None = None
@@ -293,9 +350,9 @@ def check_export(
     hostfile: Any = None,
     model_options: Any = None,
     steps: Any = None,
-) -> list[str]:
-    """Every problem `export_job` would refuse these arguments for, one line each (empty
-    when it would write the job); nothing is written. `config` None: the settings are
+) -> list[SettingProblem]:
+    """Every problem `export_job` would refuse these arguments for, as `SettingProblem`s
+    (`str()` of each: its line; empty when it would write the job); nothing is written. `config` None: the settings are
     being reported elsewhere (the CLI's flags), so only the other arguments are checked."""
     return _check(
         config,
@@ -311,14 +368,17 @@ def check_export(
 
 
 def _bounded_int(
-    name: str, value: Any, bound: tuple[int, str], problems: list[str], *, minimum: int = 1
+    name: str,
+    value: Any,
+    bound: tuple[int, str],
+    problems: list[SettingProblem],
+    *,
+    minimum: int = 1,
 ) -> bool:
-    """Whether `value` is an integer in [minimum, bound]; else a problem line naming it."""
+    """Whether `value` is an integer in [minimum, bound]; else a problem naming it."""
     top, why = bound
     if not is_int(value) or not minimum <= value <= top:
-        problems.append(
-            f"{name}={shown(value)}: must be an integer >= {minimum}, at most {top:,} ({why})"
-        )
+        problems.append(SettingProblem(name, value, _integer(minimum, top, why)))
         return False
     return True
 
@@ -338,14 +398,12 @@ def _check(
     c = _Checked()
     problems = c.problems
     if format not in FORMATS:
-        problems.append(f"format={shown(format)}: must be one of {', '.join(FORMATS)}")
+        problems.append(SettingProblem("format", format, f"must be one of {', '.join(FORMATS)}"))
     gpus_ok = _bounded_int("gpus", gpus, MAX_GPUS, problems)
     nodes_ok = _bounded_int("nodes", nodes, MAX_NODES, problems)
     if steps is not None and not is_int(steps) or is_int(steps) and not 1 <= steps <= MAX_STEPS[0]:
-        problems.append(
-            f"steps={shown(steps)}: must be an integer >= 1, at most {MAX_STEPS[0]:,} "
-            f"({MAX_STEPS[1]}), or None (config.total_steps)"
-        )
+        message = _integer(1, *MAX_STEPS)
+        problems.append(ExportProblem("steps", steps, message, unset="total_steps"))
     before = len(problems)
     c.options = _check_model(model, model_options, problems)
     if isinstance(model, str) and ":" not in model and len(problems) == before:
@@ -360,11 +418,11 @@ def _check(
         _bounded_int("seed", int(config.seed), MAX_SEED[format], problems, minimum=0)
     fsdp = FsdpMode(config.fsdp)
     if format == "fsdp" and fsdp is FsdpMode.OFF:
-        problems.append(
-            "fsdp='off': --format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
-        )
+        message = "--format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
+        problems.append(SettingProblem("fsdp", fsdp.value, message))
     if format == "fsdp" and config.uses_deepspeed:
-        problems.append(f"zero_stage={config.zero_stage}: --format fsdp exports PyTorch FSDP jobs")
+        message = "--format fsdp exports PyTorch FSDP jobs"
+        problems.append(SettingProblem("zero_stage", config.zero_stage, message))
     strategy = (
         "deepspeed" if config.uses_deepspeed else ("fsdp" if fsdp is not FsdpMode.OFF else "ddp")
     )
@@ -377,8 +435,41 @@ def _check(
         try:
             c.ds = to_deepspeed(config, world_size=gpus * nodes)
         except ValueError as exc:
-            problems.append(one_line(exc))
+            problems += _config_problems(exc, config)
     return c
+
+
+def _integer(minimum: int, top: int, why: str) -> str:
+    return f"must be an integer >= {minimum}, at most {top:,} ({why})"
+
+
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+_SETTING_LINE = re.compile(r"^(\w+)=")
+_SETTING_MENTION = re.compile(r"\b(\w+)=")
+
+
+def _config_problems(exc: ValueError, config: TrainConfig) -> list[SettingProblem]:
+    """What the DeepSpeed mapping refused `config` for, as SettingProblems: those an error
+    carries (`.problems`) as they are; the mapping's own one-line errors ("setting=VALUE:
+    why"), raised as text, with the setting's value from `config` and the settings the
+    reason names between backticks (so the command line names its flags)."""
+    carried = getattr(exc, "problems", None)
+    if isinstance(carried, (list, tuple)) and carried:
+        found = [p for p in carried if isinstance(p, SettingProblem)]
+        if len(found) == len(carried):
+            return found
+    out: list[SettingProblem] = []
+    for line in problem_lines(exc):
+        m = _SETTING_LINE.match(line)
+        cut = line.find(": ", m.end()) if m else -1
+        if m is None or m.group(1) not in _SETTING_NAMES or cut < 0:
+            out.append(ExportProblem("config", config, line, value_text=""))
+            continue
+        reason = _SETTING_MENTION.sub(
+            lambda n: f"`{n[1]}`=" if n[1] in _SETTING_NAMES else n[0], line[cut + 2 :]
+        )
+        out.append(SettingProblem(m[1], plain_value(getattr(config, m[1])), reason))
+    return out
 
 
 #: the DeepSpeed settings a Lightning job passes to its strategy (the rest is Lightning's)
@@ -398,84 +489,105 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(problem_lines(exc))
 
 
-def _check_model(model: Any, options: Any, problems: list[str]) -> dict[str, Any]:
+def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> dict[str, Any]:
     """The model options to bake into the script, checked as far as possible here: for a
     built-in model against its documented options and bounds, before anything is built."""
     if options is None:
         options = {}
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        problems.append(f"model_options={shown(options)}: must be a dict of option name -> value")
+        message = "must be a dict of option name -> value"
+        problems.append(SettingProblem("model_options", options, message))
         return {}
     for k, v in options.items():
         if not (v is None or isinstance(v, (bool, int, float, str))):
-            problems.append(
-                f"model_options[{shown(k)}]={shown(v)}: must be a number, string, bool or None"
-            )
+            message = "must be a number, string, bool or None"
+            problems.append(_option_problem(k, v, message))
         elif isinstance(v, float) and not math.isfinite(v):
-            problems.append(f"model_options[{shown(k)}]={shown(v)}: must be a finite number")
+            problems.append(_option_problem(k, v, "must be a finite number"))
     if not isinstance(model, str):
-        problems.append(
-            f"model={shown(model)}: must be a built-in model name or a factory "
-            "'pkg.module:function'"
-        )
+        message = "must be a built-in model name or a factory 'pkg.module:function'"
+        problems.append(SettingProblem("model", model, message))
         return dict(options)
     if ":" in model:
         if not _FACTORY.match(model):
-            problems.append(
-                f"model={shown(model)}: a factory must be written 'pkg.module:function' (dotted "
-                "module path, a colon, a function name)"
+            message = (
+                "a factory must be written 'pkg.module:function' (dotted module path, a colon, "
+                "a function name)"
             )
+            problems.append(SettingProblem("model", model, message))
         return dict(options)
     from workbench.models import MODEL_NAMES, model_options
 
     if model not in MODEL_NAMES:
-        problems.append(
-            f"model={shown(model)}: must be one of {', '.join(MODEL_NAMES)} or a factory "
-            "'pkg.module:function'"
-        )
+        message = f"must be one of {', '.join(MODEL_NAMES)} or a factory 'pkg.module:function'"
+        problems.append(SettingProblem("model", model, message))
         return dict(options)
     defaults = model_options(model)
     if "seed" in options:
+        message = "the model is seeded from the config's seed; set `seed` there"
         problems.append(
-            "model_options['seed']: the model is seeded from the config's seed; set seed there"
+            ExportProblem("model_options", options["seed"], message, option="seed", value_text="")
         )
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         allowed = ", ".join(k for k in defaults if k != "seed")
         problems.append(
-            f"model_options {', '.join(shown(k)[1:-1] for k in unknown)}: unknown for "
-            f"{model!r}; allowed: {allowed}"
+            ExportProblem(
+                "model_options",
+                {k: options[k] for k in unknown},
+                f"unknown for {model!r}; allowed: {allowed}",
+                options=tuple(unknown),
+                value_text="",
+            )
         )
     if "text" in options and options["text"] is not None:
         _check_text(options["text"], problems)
     from workbench.models import option_problems
 
     known = {k: v for k, v in options.items() if k in defaults and k != "seed"}
-    given = ", ".join(f"{k}={shown(v)}" for k, v in known.items()) or "its defaults"
+    # the built-in models say their options' problems as text: "model 'mlp': KEY=VALUE: why"
     for line in option_problems(model, known):
         rest = line.removeprefix(f"model {model!r}: ")
-        field = re.match(r"^(\w+)=", rest)
-        if field:  # "hidden=100000: must be ..." -> "model_options['hidden']=100000: ..."
-            problems.append(f"model_options[{field.group(1)!r}]={rest[field.end() :]}")
+        key = _SETTING_LINE.match(rest)
+        if key and key[1] in defaults:
+            value = known.get(key[1], defaults[key[1]])
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                value = int(value)
+            prefix = f"{key[1]}={shown(value)}: "
+            cut = len(prefix) if rest.startswith(prefix) else rest.find(": ", key.end()) + 2
+            problems.append(_option_problem(key[1], value, rest[cut:]))
         else:  # a size past what a built-in model is for
-            problems.append(f"model_options {given}: {model!r} has {rest}")
+            problems.append(
+                ExportProblem(
+                    "model_options",
+                    dict(known),
+                    f"{model!r} has {rest}",
+                    options=tuple(known),
+                    value_text=None if known else "",
+                )
+            )
     return dict(options)
 
 
-def _check_text(value: Any, problems: list[str]) -> None:
+def _option_problem(option: str, value: Any, message: str) -> ExportProblem:
+    """A problem with the model option `option` (given as `value`)."""
+    return ExportProblem("model_options", value, message, option=option)
+
+
+def _check_text(value: Any, problems: list[SettingProblem]) -> None:
     """A tiny-gpt `text` option: a UTF-8 file of at most MAX_TEXT_BYTES (read through
     `workbench.inputs`: no FIFO, device or directory)."""
-    name = "model_options['text']"
     if not isinstance(value, str) or not value.strip():
-        problems.append(f"{name}={shown(value)}: must be the path of a UTF-8 text file or None")
+        message = "must be the path of a UTF-8 text file or None"
+        problems.append(_option_problem("text", value, message))
         return
     try:
         read_text(value, what="text", max_bytes=MAX_TEXT_BYTES)
     except InputFileError as exc:
-        problems.append(f"{name}={shown(value)}: {exc.reason}")
+        problems.append(_option_problem("text", value, exc.reason))
 
 
-def _measure(model: str, options: dict[str, Any], seed: int, problems: list[str]) -> Any:
+def _measure(model: str, options: dict[str, Any], seed: int, problems: list[SettingProblem]) -> Any:
     """The built-in model's ModelInfo, built on the meta device (no memory allocated, any
     size); a problem line when it cannot be built or it and its data would take more than
     MAX_MODEL_BYTES in the job."""
@@ -488,19 +600,21 @@ def _measure(model: str, options: dict[str, Any], seed: int, problems: list[str]
             module, dataset, _loss, info = build_model(model, seed=seed, **options)
     except (ValueError, RuntimeError, TypeError, OverflowError, MemoryError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
-        problems.append(f"model_options: cannot build {model!r} with {shown(options)}: {text}")
+        message = f"cannot build {model!r} with {shown(options)}: {text}"
+        problems.append(ExportProblem("model_options", options, message, value_text=""))
         return None
     tensors = [*module.parameters(), *module.buffers()]
     tensors += [v for v in vars(dataset).values() if isinstance(v, torch.Tensor)]
     total = sum(t.numel() * t.element_size() for t in tensors)
     if total > MAX_MODEL_BYTES:
         given = ", ".join(f"{k}={v}" for k, v in options.items()) or "its defaults"
-        problems.append(
-            f"model_options: {model!r} with {given} has {info.n_params:,} parameters; with its "
+        message = (
+            f"{model!r} with {given} has {info.n_params:,} parameters; with its "
             f"data {total / 2**30:,.1f} GiB in fp32: more than the "
             f"{MAX_MODEL_BYTES // 2**30} GiB limit (the job builds the model and its data whole "
             "in host memory on every rank)"
         )
+        problems.append(ExportProblem("model_options", options, message, value_text=""))
         return None
     return info
 
@@ -509,21 +623,29 @@ def _measure(model: str, options: dict[str, Any], seed: int, problems: list[str]
 MAX_HOSTFILE_BYTES = 1 << 20
 
 
-def _check_hostfile(hostfile: Any, nodes: Any, gpus: Any, problems: list[str]) -> Path | None:
+def _check_hostfile(
+    hostfile: Any, nodes: Any, gpus: Any, problems: list[SettingProblem]
+) -> Path | None:
     if hostfile is None:
         return None
     if not isinstance(hostfile, (str, os.PathLike)) or not os.fspath(hostfile):
-        problems.append(f"hostfile={shown(hostfile)}: must be a path to a DeepSpeed hostfile")
+        message = "must be a path to a DeepSpeed hostfile"
+        problems.append(SettingProblem("hostfile", hostfile, message))
         return None
-    name = shown(os.fspath(hostfile), limit=200)
+    given = os.fspath(hostfile)
+
+    def problem(message: str) -> None:
+        name = shown(given, limit=200)
+        problems.append(ExportProblem("hostfile", given, message, value_text=name))
+
     try:
         path = Path(hostfile).expanduser().resolve()
         text = read_text(path, what="hostfile", max_bytes=MAX_HOSTFILE_BYTES)
     except InputFileError as exc:
-        problems.append(f"hostfile={name}: cannot be read: {exc.reason}")
+        problem(f"cannot be read: {exc.reason}")
         return None
     except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a name too long, a loop
-        problems.append(f"hostfile={name}: cannot be read ({exc})")
+        problem(f"cannot be read ({exc})")
         return None
     hosts = []
     for number, raw in enumerate(text.splitlines(), 1):
@@ -532,46 +654,53 @@ def _check_hostfile(hostfile: Any, nodes: Any, gpus: Any, problems: list[str]) -
             continue
         m = _HOST_LINE.match(line)
         if m is None or len(m.group(2)) > 6:
-            problems.append(
-                f"hostfile={name}: line {number} {shown(raw.strip())}: must be "
-                f"'HOSTNAME slots=N' (N at most {MAX_GPUS[0]})"
+            problem(
+                f"line {number} {shown(raw.strip())}: must be 'HOSTNAME slots=N' "
+                f"(N at most {MAX_GPUS[0]})"
             )
             return None
         hosts.append((m.group(1), int(m.group(2))))
     if is_int(nodes) and len(hosts) < nodes:
-        problems.append(
-            f"hostfile={name}: lists {len(hosts)} host(s); --nodes {nodes} needs at least {nodes}"
-        )
+        problem(f"lists {len(hosts)} host(s); --nodes {nodes} needs at least {nodes}")
     if is_int(gpus):
         short = [h for h, slots in hosts[: nodes if is_int(nodes) else None] if slots < gpus]
         if short:
-            problems.append(
-                f"hostfile={name}: {shown(', '.join(short))[1:-1]} have fewer than {gpus} slots "
-                f"(gpus={gpus} per node)"
+            problem(
+                f"{shown(', '.join(short))[1:-1]} have fewer than {gpus} slots "
+                f"(`gpus`={gpus} per node)"
             )
     return path
 
 
-def _check_out_dir(out_dir: Any, problems: list[str]) -> Path | None:
+def _check_out_dir(out_dir: Any, problems: list[SettingProblem]) -> Path | None:
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
-        problems.append(f"out_dir={shown(out_dir)}: must be a directory path")
+        problems.append(SettingProblem("out_dir", out_dir, "must be a directory path"))
         return None
-    name = shown(os.fspath(out_dir) if isinstance(out_dir, os.PathLike) else out_dir, limit=200)
+    given = os.fspath(out_dir) if isinstance(out_dir, os.PathLike) else out_dir
+
+    def problem(message: str) -> None:
+        problems.append(_out_dir_problem(given, message))
+
     try:
         out = Path(out_dir).expanduser().resolve()
         if out.exists() and not out.is_dir():
-            problems.append(f"out_dir={name}: exists and is not a directory")
+            problem("exists and is not a directory")
             return None
         existing = out if out.exists() else next(p for p in out.parents if p.exists())
         if not existing.is_dir():
-            problems.append(f"out_dir={name}: {existing} is not a directory")
+            problem(f"{existing} is not a directory")
         elif not os.access(existing, os.W_OK | os.X_OK):
-            problems.append(f"out_dir={name}: {existing} is not writable")
+            problem(f"{existing} is not writable")
     except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a name too long, a loop
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        problems.append(f"out_dir={name}: not a usable directory path ({reason})")
+        problem(f"not a usable directory path ({reason})")
         return None
     return out
+
+
+def _out_dir_problem(given: Any, message: str) -> ExportProblem:
+    """A problem with the folder `out_dir` names (its path shown up to 200 characters)."""
+    return ExportProblem("out_dir", given, message, value_text=shown(given, limit=200))
 
 
 # --------------------------------------------------------------------------- writing
@@ -593,9 +722,7 @@ def _write(job: _Job) -> None:
             reason = f"{exc.reason} ({Path(exc.path).name}); nothing was changed there"
         else:
             reason = f"{exc.strerror or exc}; nothing was changed there"
-        raise ExportError(
-            [f"out_dir={shown(str(out), limit=200)}: cannot write there: {reason}"]
-        ) from exc
+        raise ExportError([_out_dir_problem(str(out), f"cannot write there: {reason}")]) from exc
 
 
 def model_flag(model: str) -> str:
@@ -727,7 +854,8 @@ def _estimate(config: TrainConfig, info: Any, world: int) -> Any:
     try:
         return predict_memory(config, info, world)
     except ValueError as exc:
-        raise ExportError([f"the memory estimate: {one_line(exc)}"]) from None
+        message = f"the memory estimate: {one_line(exc)}"
+        raise ExportError([ExportProblem("config", config, message, value_text="")]) from None
 
 
 def _job(
