@@ -61,10 +61,12 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import (
+    Engine,
     FsdpMode,
     OffloadDevice,
     SettingProblem,
     TrainConfig,
+    engine_for,
     plain_value,
     problem_lines,
 )
@@ -72,6 +74,13 @@ from workbench.deepspeed import to_deepspeed
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 
+#: The job's distributed strategy for the engine a config needs (`engine_for`): data
+#: parallel replicas (DDP) when the config asks for neither DeepSpeed nor FSDP.
+STRATEGY: dict[Engine, str] = {
+    Engine.DEEPSPEED: "deepspeed",
+    Engine.FSDP: "fsdp",
+    Engine.PLAIN: "ddp",
+}
 FORMATS = ("deepspeed", "fsdp", "lightning")
 CONFIG_NAME = "ds_config.json"
 SCRIPT_NAME = "train_deepspeed.py"
@@ -274,10 +283,7 @@ def export_job(
         checked.info,
     )
     assert out is not None
-    fsdp = FsdpMode(config.fsdp)
-    strategy = (
-        "deepspeed" if config.uses_deepspeed else ("fsdp" if fsdp is not FsdpMode.OFF else "ddp")
-    )
+    strategy = STRATEGY[engine_for(config)]
 
     world = gpus * nodes
     script = SCRIPTS[format]
@@ -416,16 +422,14 @@ def _check(
         _bounded_int("total_steps", int(config.total_steps), MAX_STEPS, problems)
     if format in MAX_SEED:
         _bounded_int("seed", int(config.seed), MAX_SEED[format], problems, minimum=0)
-    fsdp = FsdpMode(config.fsdp)
-    if format == "fsdp" and fsdp is FsdpMode.OFF:
+    engine = engine_for(config)  # the engine the config itself needs, on any cluster
+    if format == "fsdp" and engine is Engine.PLAIN:
         message = "--format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
-        problems.append(SettingProblem("fsdp", fsdp.value, message))
-    if format == "fsdp" and config.uses_deepspeed:
+        problems.append(SettingProblem("fsdp", FsdpMode(config.fsdp).value, message))
+    if format == "fsdp" and engine is Engine.DEEPSPEED:
         message = "--format fsdp exports PyTorch FSDP jobs"
         problems.append(SettingProblem("zero_stage", config.zero_stage, message))
-    strategy = (
-        "deepspeed" if config.uses_deepspeed else ("fsdp" if fsdp is not FsdpMode.OFF else "ddp")
-    )
+    strategy = STRATEGY[engine]
     if (
         gpus_ok
         and nodes_ok
