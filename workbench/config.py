@@ -634,7 +634,7 @@ class TrainConfig:
     def effective_batch_size(self, world_size: int = 1) -> int:
         """Samples per optimizer step across all data-parallel ranks."""
         if not _is_int(world_size) or world_size < 1:
-            raise ValueError(f"world_size={world_size!r}: must be an integer >= 1")
+            raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
         return int(self.micro_batch) * int(self.grad_accum) * world_size
 
     @property
@@ -767,7 +767,7 @@ def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
     else the plain loop. Every caller (the backends, the prediction, live changes, export)
     asks here; a new engine is one member of `Engine` and one backend file."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size={shown(world_size)}: must be an integer >= 1")
+        raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
     if FsdpMode(config.fsdp) is not FsdpMode.OFF:
         return Engine.FSDP
     if config.uses_deepspeed or world_size > 1:

@@ -8,7 +8,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workbench.config import LRSchedule, OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.config import (
+    ConfigError,
+    LRSchedule,
+    OffloadDevice,
+    OptimizerName,
+    Precision,
+    SettingProblem,
+    TrainConfig,
+)
 from workbench.deepspeed.keys import (
     ADAM_BETAS,
     ADAM_EPS,
@@ -16,7 +24,6 @@ from workbench.deepspeed.keys import (
     TYPE_OF_OPTIMIZER,
     ZERO_TESTED_OPTIMIZERS,
 )
-from workbench.inputs import shown
 
 
 def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
@@ -28,11 +35,17 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     `"zero_allow_untested_optimizer": true` at stages 1-3, which DeepSpeed requires.
     """
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={shown(config)}: must be a TrainConfig")
+        raise ConfigError([SettingProblem("config", config, "must be a TrainConfig")])
     if str(config.fsdp) != "off":
-        raise ValueError(
-            f"fsdp={shown(str(config.fsdp))}: a PyTorch FSDP setting has no DeepSpeed config; export "
-            "it with `workbench export --format fsdp` (or set fsdp='off' and a zero_stage)"
+        raise ConfigError(
+            [
+                SettingProblem(
+                    "fsdp",
+                    str(config.fsdp),
+                    "a PyTorch FSDP setting has no DeepSpeed config; export it with workbench "
+                    "export --format fsdp (or set `fsdp`='off' and a zero_stage)",
+                )
+            ]
         )
     batch = config.effective_batch_size(world_size)  # validates world_size
     precision = Precision(config.precision)
@@ -103,8 +116,12 @@ def _optimizer_block(config: TrainConfig) -> dict[str, Any]:
     if name in TYPE_OF_OPTIMIZER:  # DeepSpeed's own: its defaults for everything else
         return {"type": TYPE_OF_OPTIMIZER[name], "params": {"lr": lr, "weight_decay": wd}}
     allowed = ", ".join(o.value for o in OptimizerName if o in TYPE_OF_OPTIMIZER)
-    raise ValueError(
-        f"optimizer={shown(name.value)}: not expressible in DeepSpeed JSON; allowed: {allowed}"
+    raise ConfigError(
+        [
+            SettingProblem(
+                "optimizer", name.value, f"not expressible in DeepSpeed JSON; allowed: {allowed}"
+            )
+        ]
     )
 
 
@@ -158,18 +175,36 @@ def _fp16_block(config: TrainConfig) -> dict[str, Any]:
     init = float(config.loss_scale_init)
     power = math.log2(init)
     if power != int(power):
-        raise ValueError(
-            f"loss_scale_init={shown(init)}: DeepSpeed fp16 needs a power of two (initial_scale_power)"
+        raise ConfigError(
+            [
+                SettingProblem(
+                    "loss_scale_init",
+                    init,
+                    "DeepSpeed fp16 needs a power of two (initial_scale_power)",
+                )
+            ]
         )
     if float(config.loss_scale_growth) != DS_SCALE_FACTOR:
-        raise ValueError(
-            f"loss_scale_growth={shown(config.loss_scale_growth)}: DeepSpeed fp16 grows the scale by "
-            f"{DS_SCALE_FACTOR} only; allowed: {DS_SCALE_FACTOR}"
+        raise ConfigError(
+            [
+                SettingProblem(
+                    "loss_scale_growth",
+                    config.loss_scale_growth,
+                    f"DeepSpeed fp16 grows the scale by {DS_SCALE_FACTOR} only; allowed: "
+                    f"{DS_SCALE_FACTOR}",
+                )
+            ]
         )
     if float(config.loss_scale_backoff) != 1.0 / DS_SCALE_FACTOR:
-        raise ValueError(
-            f"loss_scale_backoff={shown(config.loss_scale_backoff)}: DeepSpeed fp16 backs off by "
-            f"{1.0 / DS_SCALE_FACTOR} only; allowed: {1.0 / DS_SCALE_FACTOR}"
+        raise ConfigError(
+            [
+                SettingProblem(
+                    "loss_scale_backoff",
+                    config.loss_scale_backoff,
+                    f"DeepSpeed fp16 backs off by {1.0 / DS_SCALE_FACTOR} only; allowed: "
+                    f"{1.0 / DS_SCALE_FACTOR}",
+                )
+            ]
         )
     return {
         "enabled": True,

@@ -48,10 +48,8 @@ scripts and their shared code are the modules beside it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
-import numbers
 import os
 import re
 import shlex
@@ -67,7 +65,6 @@ from workbench.config import (
     SettingProblem,
     TrainConfig,
     engine_for,
-    plain_value,
     problem_lines,
 )
 from workbench.deepspeed import to_deepspeed
@@ -447,33 +444,16 @@ def _integer(minimum: int, top: int, why: str) -> str:
     return f"must be an integer >= {minimum}, at most {top:,} ({why})"
 
 
-_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(TrainConfig))
-_SETTING_LINE = re.compile(r"^(\w+)=")
-_SETTING_MENTION = re.compile(r"\b(\w+)=")
-
-
 def _config_problems(exc: ValueError, config: TrainConfig) -> list[SettingProblem]:
-    """What the DeepSpeed mapping refused `config` for, as SettingProblems: those an error
-    carries (`.problems`) as they are; the mapping's own one-line errors ("setting=VALUE:
-    why"), raised as text, with the setting's value from `config` and the settings the
-    reason names between backticks (so the command line names its flags)."""
+    """What the DeepSpeed mapping refused `config` for, as the SettingProblems its error
+    carries (`ConfigError.problems`); an error without them (a bug, not a setting) as one
+    problem of the config as a whole, its text shown as it is."""
     carried = getattr(exc, "problems", None)
     if isinstance(carried, (list, tuple)) and carried:
         found = [p for p in carried if isinstance(p, SettingProblem)]
         if len(found) == len(carried):
             return found
-    out: list[SettingProblem] = []
-    for line in problem_lines(exc):
-        m = _SETTING_LINE.match(line)
-        cut = line.find(": ", m.end()) if m else -1
-        if m is None or m.group(1) not in _SETTING_NAMES or cut < 0:
-            out.append(ExportProblem("config", config, line, value_text=""))
-            continue
-        reason = _SETTING_MENTION.sub(
-            lambda n: f"`{n[1]}`=" if n[1] in _SETTING_NAMES else n[0], line[cut + 2 :]
-        )
-        out.append(SettingProblem(m[1], plain_value(getattr(config, m[1])), reason))
-    return out
+    return [ExportProblem("config", config, str(exc), value_text="")]
 
 
 #: the DeepSpeed settings a Lightning job passes to its strategy (the rest is Lightning's)
@@ -549,23 +529,15 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
     from workbench.models import option_problems
 
     known = {k: v for k, v in options.items() if k in defaults and k != "seed"}
-    # the built-in models say their options' problems as text: "model 'mlp': KEY=VALUE: why"
-    for line in option_problems(model, known):
-        rest = line.removeprefix(f"model {model!r}: ")
-        key = _SETTING_LINE.match(rest)
-        if key and key[1] in defaults:
-            value = known.get(key[1], defaults[key[1]])
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-                value = int(value)
-            prefix = f"{key[1]}={shown(value)}: "
-            cut = len(prefix) if rest.startswith(prefix) else rest.find(": ", key.end()) + 2
-            problems.append(_option_problem(key[1], value, rest[cut:]))
+    for found in option_problems(model, known):  # each carries its option and value
+        if found.option in defaults:
+            problems.append(_option_problem(found.option, found.value, found.message))
         else:  # a size past what a built-in model is for
             problems.append(
                 ExportProblem(
                     "model_options",
                     dict(known),
-                    f"{model!r} has {rest}",
+                    f"{model!r} has {found.message}",
                     options=tuple(known),
                     value_text=None if known else "",
                 )

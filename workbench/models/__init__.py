@@ -115,21 +115,53 @@ def _approx_size(name: str, o: dict[str, Any]) -> tuple[int, int]:
     return params, o["samples"] * size * size * 4
 
 
-def option_problems(name: Any, options: dict[str, Any]) -> list[str]:
+class OptionProblem(str):
+    """One problem of a built-in model's options: the line of text ("model 'mlp':
+    hidden=100000: must be ...") that also carries its parts as data, so a front end writes
+    its own words from `model`, `option` (None for the model as a whole), `value` and
+    `message` without reading the text back."""
+
+    model: str
+    option: str | None
+    value: Any
+    message: str
+
+    def __new__(
+        cls, model: str, option: str | None, value: Any, message: str, *, text: str = ""
+    ) -> OptionProblem:
+        head = f"model {model!r}: " + (f"{option}={shown(value)}: " if option else "")
+        self = super().__new__(cls, text or head + message)
+        self.model, self.option, self.value, self.message = model, option, value, message
+        return self
+
+
+def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
     """Every problem with `options` for the built-in model `name` (empty when it can be
     built), found without building anything: unknown options, values outside their
-    ranges, shapes that do not fit together, and sizes past what a built-in model is for."""
+    ranges, shapes that do not fit together, and sizes past what a built-in model is for.
+    Each is its line of text and its parts as data (`OptionProblem`)."""
     if name not in _OPTIONS:
-        return [f"model={shown(name)}: must be one of {', '.join(MODEL_NAMES)}"]
+        message = f"must be one of {', '.join(MODEL_NAMES)}"
+        return [
+            OptionProblem(
+                shown(name), "model", name, message, text=f"model={shown(name)}: {message}"
+            )
+        ]
     if not isinstance(options, dict):
-        return [f"model {name!r}: options={shown(options)}: must be a dict of options"]
+        return [OptionProblem(name, "options", options, "must be a dict of options")]
     allowed = _OPTIONS[name]
-    p: list[str] = []
+    p: list[OptionProblem] = []
     unknown = sorted((k for k in options if k not in allowed), key=str)
     if unknown:
+        names = ", ".join(shown(k)[1:-1] if isinstance(k, str) else shown(k) for k in unknown)
         p.append(
-            f"model {name!r}: unknown option(s) {', '.join(shown(k)[1:-1] if isinstance(k, str) else shown(k) for k in unknown)}; "
-            f"allowed: {', '.join(f'{k}={v!r}' for k, v in allowed.items())}"
+            OptionProblem(
+                name,
+                None,
+                unknown,
+                f"unknown option(s) {names}; allowed: "
+                + ", ".join(f"{k}={v!r}" for k, v in allowed.items()),
+            )
         )
     opts = {**allowed, **{k: v for k, v in options.items() if k in allowed}}
     bad = set()
@@ -142,8 +174,7 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[str]:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             bad.add(key)
             p.append(
-                f"model {name!r}: {key}={shown(value)}: must be an integer >= {low}, at most "
-                f"{high:,}"
+                OptionProblem(name, key, value, f"must be an integer >= {low}, at most {high:,}")
             )
     if name == "tiny-gpt":
         dropout, text = opts["dropout"], opts["text"]
@@ -152,28 +183,39 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[str]:
             or isinstance(dropout, bool)
             or not 0 <= dropout < 1
         ):
-            p.append(f"model 'tiny-gpt': dropout={shown(dropout)}: must be a number in [0, 1)")
+            p.append(OptionProblem(name, "dropout", dropout, "must be a number in [0, 1)"))
         if text is not None and (not isinstance(text, str) or not text):
-            p.append(f"model 'tiny-gpt': text={shown(text)}: must be a path to a text file or None")
+            p.append(OptionProblem(name, "text", text, "must be a path to a text file or None"))
         if not bad & {"hidden", "heads"} and opts["hidden"] % opts["heads"]:
             p.append(
-                f"model 'tiny-gpt': heads={opts['heads']}: must divide hidden={opts['hidden']} "
-                "evenly"
+                OptionProblem(
+                    name, "heads", opts["heads"], f"must divide hidden={opts['hidden']} evenly"
+                )
             )
     if name == "cnn" and "image_size" not in bad and opts["image_size"] % 4:
-        p.append(f"model 'cnn': image_size={opts['image_size']}: must be a multiple of 4")
+        p.append(OptionProblem(name, "image_size", opts["image_size"], "must be a multiple of 4"))
     if not bad:
         params, data = _approx_size(name, opts)
         if params > MAX_BUILTIN_PARAMS:
             p.append(
-                f"model {name!r}: about {params / 1e9:,.1f}B parameters: more than the "
-                f"{MAX_BUILTIN_PARAMS / 1e9:g}B a built-in model may have (8 GB of fp32 "
-                "weights); use your own module for a large model"
+                OptionProblem(
+                    name,
+                    None,
+                    params,
+                    f"about {params / 1e9:,.1f}B parameters: more than the "
+                    f"{MAX_BUILTIN_PARAMS / 1e9:g}B a built-in model may have (8 GB of fp32 "
+                    "weights); use your own module for a large model",
+                )
             )
         if data > MAX_BUILTIN_DATA_BYTES:
             p.append(
-                f"model {name!r}: about {data / 2**30:,.1f} GiB of generated data: more than "
-                f"{MAX_BUILTIN_DATA_BYTES >> 30} GiB; ask for fewer samples"
+                OptionProblem(
+                    name,
+                    None,
+                    data,
+                    f"about {data / 2**30:,.1f} GiB of generated data: more than "
+                    f"{MAX_BUILTIN_DATA_BYTES >> 30} GiB; ask for fewer samples",
+                )
             )
     return p
 
@@ -276,4 +318,11 @@ def _cnn(
     return module, data, nn.functional.cross_entropy, info
 
 
-__all__ = ["MODEL_NAMES", "ModelInfo", "build_model", "model_options", "option_problems"]
+__all__ = [
+    "MODEL_NAMES",
+    "ModelInfo",
+    "OptionProblem",
+    "build_model",
+    "model_options",
+    "option_problems",
+]
