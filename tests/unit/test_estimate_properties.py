@@ -72,7 +72,8 @@ def test_random_valid_configs_never_raise_and_add_up(cfg):
         assert e.fits == (e.total_bytes + e.overhead_bytes <= e.gpu_memory_bytes)
     if e.max_micro_batch is not None:
         assert estimate_memory(**{**cfg, "micro_batch": e.max_micro_batch}).fits
-        assert not estimate_memory(**{**cfg, "micro_batch": e.max_micro_batch + 1}).fits
+        if e.max_micro_batch < 10**6:  # the largest micro-batch the estimator takes
+            assert not estimate_memory(**{**cfg, "micro_batch": e.max_micro_batch + 1}).fits
 
 
 @SETTINGS

@@ -13,7 +13,7 @@ import math
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
 from workbench.estimate.inputs_check import EstimateInputs
-from workbench.estimate.limits import GIB
+from workbench.estimate.limits import GIB, LIMITS
 from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
 from workbench.estimate.result import MemoryEstimate
 
@@ -68,15 +68,15 @@ def on_gpu(
     i: EstimateInputs, model_bytes: int, total: int, overhead: int, per_sample: int | None
 ) -> tuple[int | None, bool | None, int | None]:
     """(the GPU's memory, whether `total + overhead` fits in it, the largest micro-batch
-    that fits); all None without a GPU, the micro-batch also without activations or when
-    not even one sample fits."""
+    that fits, at most the largest micro-batch the estimator takes); all None without a
+    GPU, the micro-batch also without activations or when not even one sample fits."""
     if i.gpu is None:
         return None, None, None
     gpu_mem = i.gpu.memory_bytes
     max_mb = None
     if per_sample:
         room = (gpu_mem - overhead - model_bytes) // per_sample
-        max_mb = room if room >= 1 else None
+        max_mb = min(room, int(LIMITS["micro_batch"].high)) if room >= 1 else None
     return gpu_mem, total + overhead <= gpu_mem, max_mb
 
 
