@@ -54,7 +54,8 @@ test-fast: install
 # The bad-input property tests with many more examples than `make test` runs (minutes).
 FUZZ_EXAMPLES ?= 3000
 fuzz: install
-	WORKBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_fuzz_*.py \
+	WORKBENCH_HYPOTHESIS_PROFILE=explore WORKBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+	  $(PY) -m pytest -q tests/unit/test_fuzz_*.py \
 	  tests/unit/test_model_options.py tests/integration/test_hostile_checkpoints.py
 
 lint: install

@@ -7,8 +7,14 @@ import sys
 import threading
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# `make test` runs the property tests on the same examples every time (a run that passed
+# passes again; a failure it finds is found again); `make fuzz` draws new ones, many more.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("WORKBENCH_HYPOTHESIS_PROFILE", "repeatable"))
 # Subprocesses (ranks, kernels, DeepSpeed's op builds) use this interpreter's tools, so one
 # ninja builds DeepSpeed's ops; two ninjas on PATH would invalidate each other's cached builds.
 _bin = os.path.dirname(sys.executable)

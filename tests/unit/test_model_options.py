@@ -39,7 +39,8 @@ EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "100"))
         ("cnn", {"image_size": 10}, r"image_size=10: must be a multiple of 4"),
         ("tiny-gpt", {"dropout": float("nan")}, r"dropout=nan: must be a number in \[0, 1\)"),
         ("tiny-gpt", {"text": 5}, r"text=5: must be a path to a text file"),
-        ("tiny-gpt", {"text": "/dev/zero"}, r"text '/dev/zero': a device, not a regular file"),
+        ("tiny-gpt", {"text": "/dev/zero"}, r"text=./dev/zero.: not a regular file"),
+        ("tiny-gpt", {"text": "missing.txt"}, r"text=.missing.txt.: no such file \(a text file"),
         ("mlp", {"colour": 1}, r"unknown option\(s\) colour; allowed: in_features=64"),
     ],
 )

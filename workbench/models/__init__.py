@@ -18,6 +18,7 @@ needs (`layers`, `hidden`, `heads`, `seq_len`, `vocab`; None where they do not a
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -135,6 +136,20 @@ class OptionProblem(str):
         return self
 
 
+def _regular_file(path: str) -> bool:
+    try:
+        return os.path.isfile(path)
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        return False
+
+
+def _exists(path: str) -> bool:
+    try:
+        return os.path.exists(path)
+    except (OSError, ValueError):
+        return False
+
+
 def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
     """Every problem with `options` for the built-in model `name` (empty when it can be
     built), found without building anything: unknown options, values outside their
@@ -186,6 +201,9 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
             p.append(OptionProblem(name, "dropout", dropout, "must be a number in [0, 1)"))
         if text is not None and (not isinstance(text, str) or not text):
             p.append(OptionProblem(name, "text", text, "must be a path to a text file or None"))
+        elif text is not None and not _regular_file(text):
+            why = "not a regular file" if _exists(text) else "no such file"
+            p.append(OptionProblem(name, "text", text, f"{why} (a text file to train on)"))
         if not bad & {"hidden", "heads"} and opts["hidden"] % opts["heads"]:
             p.append(
                 OptionProblem(
