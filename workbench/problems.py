@@ -10,7 +10,7 @@ of the package but `workbench.inputs`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,11 +67,17 @@ def problem_lines(exc: BaseException) -> list[str]:
     return [str(exc)]
 
 
+def listing(lines: Sequence[str], one: str, many: str) -> str:
+    """The text of an error listing `lines`: "`one`: line" for one, else "N `many`:" and
+    one indented line each (every typed error of the package words itself this way)."""
+    if len(lines) == 1:
+        return f"{one}: {lines[0]}"
+    return f"{len(lines)} {many}:\n" + "\n".join(f"  - {x}" for x in lines)
+
+
 def format_problems(problems: list[str]) -> str:
     """The text of a ValueError listing `problems` (one line, or a counted list)."""
-    if len(problems) == 1:
-        return f"invalid setting: {problems[0]}"
-    return f"{len(problems)} invalid settings:\n" + "\n".join(f"  - {x}" for x in problems)
+    return listing(problems, "invalid setting", "invalid settings")
 
 
-__all__ = ["ConfigError", "SettingProblem", "format_problems", "problem_lines"]
+__all__ = ["ConfigError", "SettingProblem", "format_problems", "listing", "problem_lines"]

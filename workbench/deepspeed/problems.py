@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.inputs import shown
-from workbench.problems import SettingProblem
+from workbench.problems import SettingProblem, listing
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,7 @@ class DeepSpeedConfigError(ValueError):
     def __init__(self, problems: Sequence[KeyProblem]) -> None:
         self.problems = list(problems)
         lines = [str(p) for p in self.problems]
-        if len(lines) == 1:
-            text = f"invalid DeepSpeed config: {lines[0]}"
-        else:
-            text = f"{len(lines)} problems in DeepSpeed config:\n" + "\n".join(
-                f"  - {x}" for x in lines
-            )
-        super().__init__(text)
+        super().__init__(listing(lines, "invalid DeepSpeed config", "problems in DeepSpeed config"))
 
 
 class MappedConfigError(ValueError):

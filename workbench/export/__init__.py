@@ -70,6 +70,7 @@ from workbench.config import (
 from workbench.deepspeed import to_deepspeed
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
+from workbench.problems import listing
 
 #: The job's distributed strategy for the engine a config needs (`engine_for`): data
 #: parallel replicas (DDP) when the config asks for neither DeepSpeed nor FSDP.
@@ -208,12 +209,9 @@ class ExportError(ValueError):
         self.problems = tuple(problems)
         lines = [str(p) for p in self.problems]
         if len(lines) == 1:
-            message = f"cannot export: {lines[0]}"
-        else:
-            message = f"cannot export, {len(lines)} problems:\n" + "\n".join(
-                f"  - {line}" for line in lines
-            )
-        super().__init__(message)
+            super().__init__(listing(lines, "cannot export", ""))
+        else:  # "cannot export, N problems:" reads better than "N problems ..." here
+            super().__init__("cannot export, " + listing(lines, "", "problems"))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.inputs import shown
-from workbench.problems import SettingProblem
+from workbench.problems import SettingProblem, listing
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,7 @@ class LadderError(ValueError):
     def __init__(self, problems: Sequence[LadderProblem]) -> None:
         self.problems = list(problems)
         lines = [str(p) for p in self.problems]
-        if len(lines) == 1:
-            text = f"invalid ladder: {lines[0]}"
-        else:
-            text = f"{len(lines)} problems in the ladder:\n" + "\n".join(f"  - {x}" for x in lines)
-        super().__init__(text)
+        super().__init__(listing(lines, "invalid ladder", "problems in the ladder"))
 
 
 __all__ = ["LadderError", "LadderProblem", "checked", "of_error", "said"]
