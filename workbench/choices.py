@@ -30,6 +30,7 @@ class Precision(StrEnum):
     AMP_BF16 = "amp-bf16"  # torch autocast bf16: fp32 weights and grads
     FP16 = "fp16"  # DeepSpeed 16-bit: fp16 weights/grads, fp32 master copy, dynamic loss scale
     BF16 = "bf16"  # DeepSpeed 16-bit: bf16 weights/grads, fp32 master copy
+    BF16_TRUE = "bf16-true"  # pure bf16 (Lightning's name): bf16 weights, grads, optimizer states
 
     @property
     def is_deepspeed(self) -> bool:

@@ -17,7 +17,7 @@ from workbench.estimate.limits import GIB, LIMITS
 from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
 from workbench.estimate.result import MemoryEstimate
 
-_BF16 = (Precision.AMP_BF16, Precision.BF16)
+_BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
 
 
 def model_states(i: EstimateInputs) -> ModelStates:

@@ -1,7 +1,8 @@
 """The "fsdp" accounting: model states as PyTorch FSDP2 (`fully_shard`) holds them.
 
 At the optimizer step FSDP2 keeps every parameter sharded over the N data-parallel ranks
-in its original dtype (fp32 here: the model is built in fp32), its gradient sharded in
+in its original dtype (fp32 here: the model is built in fp32; bf16 under "bf16-true",
+where the states are bf16 too and K is halved), its gradient sharded in
 the same dtype, and the optimizer states of that shard; there is no master copy, since
 the sharded parameter is already fp32. Mixed precision (`MixedPrecisionPolicy`) only
 changes the copies gathered for compute. So per rank, with K optimizer-state bytes per
@@ -26,11 +27,12 @@ the estimator, knowing only Ψ, uses ceil(Ψ/N) (measured per rank: docs/deepspe
 
 from __future__ import annotations
 
+from workbench.config import Precision
 from workbench.estimate.model_states import (
-    OPTIMIZER_STATE_BYTES,
     ModelStateQuery,
     ModelStates,
     error_feedback_bytes,
+    state_bytes,
 )
 
 FP32 = 4
@@ -39,9 +41,10 @@ FP32 = 4
 def model_states(q: ModelStateQuery) -> ModelStates:
     """FSDP2's model states per rank (see the module docstring)."""
     held = q.n_params if q.fsdp == "no_shard" else -(-q.n_params // q.gpus)
-    params = FP32 * held
-    grads = FP32 * held
-    optim = OPTIMIZER_STATE_BYTES[q.optimizer] * held + error_feedback_bytes(
+    width = 2 if q.precision is Precision.BF16_TRUE else FP32  # the dtype the model is built in
+    params = width * held
+    grads = width * held
+    optim = state_bytes(q.precision, q.optimizer) * held + error_feedback_bytes(
         q.optimizer, held, q.gpus
     )
     if q.offload_params:

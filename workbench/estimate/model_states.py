@@ -8,6 +8,8 @@ An *accounting* is one function `ModelStateQuery -> ModelStates`. This module im
     amp-fp16, amp-bf16        4       4     same as fp32 (autocast keeps fp32 weights/grads)
     fp16, bf16                2       2     4 (fp32 master copy) + the fp32 states above
                                             (K = 12 for Adam, as in the paper)
+    bf16-true (pure bf16)     2       2     the states above in bf16 (adam/adamw 4), no
+                                            master copy (Lightning's "bf16-true")
 
 `adam8bit` stores two 1-byte states per parameter (bitsandbytes-style; its small
 per-block quantisation constants are ignored). DeepSpeed's Lamb, Lion, Adagrad and the
@@ -94,7 +96,18 @@ PRECISION_BYTES: dict[Precision, tuple[int, int, int]] = {
     Precision.AMP_BF16: (4, 4, 0),
     Precision.FP16: (2, 2, 4),
     Precision.BF16: (2, 2, 4),
+    Precision.BF16_TRUE: (2, 2, 0),  # pure bf16: no fp32 copy; states in bf16 (below)
 }
+
+
+def state_bytes(precision: Precision, optimizer: OptimizerName) -> int:
+    """Optimizer-state bytes per parameter without a master copy: `OPTIMIZER_STATE_BYTES`
+    (fp32 states), halved under pure bf16 ("bf16-true": the optimizer keeps its states in
+    the parameters' dtype, as torch's optimizers do); 8-bit states stay 8-bit."""
+    k = OPTIMIZER_STATE_BYTES[optimizer]
+    if precision is Precision.BF16_TRUE and optimizer is not OptimizerName.ADAM8BIT:
+        return k // 2
+    return k
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,9 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
     if problems:
         raise ValueError("; ".join(problems))
     weights, grads, master = PRECISION_BYTES[Precision(precision)]
-    return BytesPerParam(weights, grads, master + OPTIMIZER_STATE_BYTES[OptimizerName(optimizer)])
+    return BytesPerParam(
+        weights, grads, master + state_bytes(Precision(precision), OptimizerName(optimizer))
+    )
 
 
 def _shard(n_params: int, gpus: int) -> int:
@@ -161,7 +176,7 @@ def paper_model_states(q: ModelStateQuery) -> ModelStates:
     params = weights * (shard if q.zero_stage >= 3 else full)
     grads = grads_per * (shard if q.zero_stage >= 2 else full)
     held = shard if q.zero_stage >= 1 else full  # parameters whose optimizer state it holds
-    optim_per = master + OPTIMIZER_STATE_BYTES[q.optimizer]
+    optim_per = master + state_bytes(q.precision, q.optimizer)
     optim = optim_per * held + error_feedback_bytes(q.optimizer, held, q.gpus)
     cpu = 0
     if q.offload_optimizer:
