@@ -154,3 +154,29 @@ def test_a_value_with_colons_and_equals_signs_is_shown_as_typed() -> None:
     assert problems == [
         "--precision fp16: x=1: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16"
     ]
+
+
+@pytest.mark.parametrize("command", ["launch", "ladder", "compress"])
+def test_every_command_reads_model_options_with_the_one_parser(command: str) -> None:
+    """`--model-options` is one flag: the same help and, for the same text, the same
+    problem in launch, ladder and compress."""
+    from workbench.cli import build_parser
+    from workbench.cli.model_flags import parse_model_options
+
+    parser, _ = build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    (action,) = [a for a in sub.choices[command]._actions if "--model-options" in a.option_strings]
+    assert action.metavar == "JSON" and action.default is None
+    assert str(action.help).startswith("options of the model as a JSON object")
+    for text, problem in (
+        ("[1]", "--model-options [1]: must be a JSON object of option names and values"),
+        ('{"a": 1, "a": 2}', "key 'a' appears twice in one object"),
+        ("[" * 9 + "]" * 9, "nested deeper than 8 levels"),
+    ):
+        problems: list[str] = []
+        assert parse_model_options(text, problems) is None
+        (line,) = problems
+        assert line.startswith(f"--model-options {text}: ") and problem in line
+    problems = []
+    assert parse_model_options('{"layers": 2}', problems) == {"layers": 2} and problems == []
+    assert parse_model_options(None, problems) is None and problems == []

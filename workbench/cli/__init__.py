@@ -2,9 +2,10 @@
 
 Every command's argument parsing and printing lives in this package, one module per
 command (`estimate.py`, `launch.py`, `export.py`, `compress.py`, `ladder.py`; the
-TrainConfig flags they share in `config_flags.py`); the engines below never import it.
-Subcommands are registered in `COMMANDS`, one line each, and each is imported only when
-it runs, so `workbench estimate` never imports torch, deepspeed or ipywidgets.
+TrainConfig flags they share in `config_flags.py`, `--model-options` in `model_flags.py`);
+the engines below never import it. Subcommands are registered in `COMMANDS`, one line
+each, and each is imported only when it runs, so `workbench estimate` never imports torch,
+deepspeed or ipywidgets.
 
 Adding a subcommand:
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.config_flags import parse_number
-from workbench.inputs import InputFileError, parse_json, shown, typed
+from workbench.cli.model_flags import add_model_options_flag, parse_model_options
+from workbench.inputs import shown, typed
 from workbench.outputs import target_problem
 
 #: Integer flags: (flag, attribute, minimum, maximum, why the maximum).
@@ -45,8 +46,6 @@ _INT_FLAGS = (
     ("--eval-samples", "eval_samples", 1, 10**9, "more samples than any held-out split"),
     ("--threads", "threads", 1, 1024, "more threads than any machine has cores"),
 )
-#: The deepest --model-options JSON (options are flat; a list or two inside at most).
-_OPTIONS_DEPTH = 8
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -80,12 +79,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         default=None,
         help="tiny-gpt, mlp, cnn or a factory 'pkg.module:function' (default: the checkpoint's)",
     )
-    what.add_argument(
-        "--model-options",
-        default=None,
-        metavar="JSON",
-        help="options of the model, e.g. '{\"layers\": 2}' (default: the checkpoint's)",
-    )
+    add_model_options_flag(what, default_text="the checkpoint's")
     what.add_argument(
         "--trust-model-spec",
         action="store_true",
@@ -163,21 +157,7 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             )
             number = None
         values[attr] = number
-    options = None
-    if args.model_options is not None:
-        try:
-            options = parse_json(
-                args.model_options, what="--model-options", max_depth=_OPTIONS_DEPTH
-            )
-        except InputFileError as exc:
-            problems.append(f"--model-options {typed(args.model_options)}: {exc.reason}")
-        else:
-            if not isinstance(options, dict):
-                problems.append(
-                    f"--model-options {typed(args.model_options)}: must be a JSON object "
-                    "of option names and values"
-                )
-                options = None
+    options = parse_model_options(args.model_options, problems)
     values["model_options"] = options
     if not methods:
         problems.append(

@@ -32,8 +32,9 @@ from workbench.cli.config_flags import (
     config_from_args,
     parse_number,
 )
+from workbench.cli.model_flags import add_model_options_flag, parse_model_options
 from workbench.config import LRScaling, problem_lines
-from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
+from workbench.inputs import InputFileError, read_json, shown, typed
 from workbench.outputs import target_problem
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ _BASE_FIELDS = ("micro_batch", "lr", "optimizer", "seed")
 MAX_RUNGS_BYTES = 1 << 20
 #: The deepest rungs file: an object, its list, a rung, a value.
 MAX_RUNGS_DEPTH = 8
-#: The deepest --model-options JSON (options are flat; a list or two inside at most).
-MAX_OPTIONS_DEPTH = 8
 #: The ladder's argument names -> this command's flags.
 _FLAG_OF = {
     "steps": "--steps",
@@ -97,12 +96,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         default="tiny-gpt",
         help="tiny-gpt, mlp, cnn or a factory 'pkg.module:function' (tiny-gpt)",
     )
-    what.add_argument(
-        "--model-options",
-        default=None,
-        metavar="JSON",
-        help="options of the model, e.g. '{\"layers\": 2}'",
-    )
+    add_model_options_flag(what)
     what.add_argument("--device", default=None, help="auto, cpu or cuda (auto)")
     default = parser.add_argument_group("the built-in ladder")
     default.add_argument(
@@ -231,21 +225,9 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             f"{', '.join(LRScaling.choices())}"
         )
     kw["lr_scaling"] = args.lr_scaling
-    if args.model_options is not None:
-        try:
-            options = parse_json(
-                args.model_options, what="--model-options", max_depth=MAX_OPTIONS_DEPTH
-            )
-        except InputFileError as exc:
-            problems.append(f"--model-options {typed(args.model_options)}: {exc.reason}")
-        else:
-            if isinstance(options, dict):
-                kw["model_options"] = options
-            else:
-                problems.append(
-                    f"--model-options {typed(args.model_options)}: must be a JSON object of "
-                    "option names and values"
-                )
+    options = parse_model_options(args.model_options, problems)
+    if options is not None:
+        kw["model_options"] = options
     if args.rungs is not None:
         if args.compile or args.checkpointing or args.ranks is not None:
             problems.append(

@@ -20,8 +20,9 @@ from workbench.cli.config_flags import (
     config_from_args,
     parse_number,
 )
+from workbench.cli.model_flags import add_model_options_flag, parse_model_options
 from workbench.config import TrainConfig
-from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
+from workbench.inputs import InputFileError, read_json, shown, typed
 from workbench.outputs import target_problem
 from workbench.train.launch import (
     EXIT_PREEMPTED,
@@ -38,8 +39,6 @@ from workbench.train.records import StepRecord
 
 #: The largest DeepSpeed config read (a real one is a few kB).
 MAX_DS_CONFIG_BYTES = 1 << 20
-#: The deepest --model-options JSON (options are flat; a list or two inside at most).
-MAX_OPTIONS_DEPTH = 8
 #: Keys of a --config that would choose the model: refused (a file never chooses code).
 _NOT_SETTINGS = ("model", "model_options", "model_spec", "factory")
 #: The launch API's argument names -> this command's flags.
@@ -87,12 +86,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         default="tiny-gpt",
         help="tiny-gpt, mlp, cnn or a factory 'pkg.module:function' (tiny-gpt)",
     )
-    run.add_argument(
-        "--model-options",
-        default=None,
-        metavar="JSON",
-        help="options of the built-in model, e.g. '{\"layers\": 2}'",
-    )
+    add_model_options_flag(run)
     run.add_argument("--launcher", default="torchrun", help="torchrun or deepspeed (torchrun)")
     run.add_argument("--checkpoint-dir", default=None, help="where a SIGTERM checkpoint goes")
     run.add_argument(
@@ -158,23 +152,6 @@ def _cli_config(
     return (None if problems else config), problems
 
 
-def _parse_options(text: str | None, problems: list[str]) -> dict[str, Any] | None:
-    """--model-options as a strict JSON object (no duplicate key, no NaN), else a problem."""
-    if text is None:
-        return None
-    try:
-        options = parse_json(text, what="--model-options", max_depth=MAX_OPTIONS_DEPTH)
-    except InputFileError as exc:
-        problems.append(f"--model-options {typed(text)}: {exc.reason}")
-        return None
-    if not isinstance(options, dict):
-        problems.append(
-            f"--model-options {typed(text)}: must be a JSON object of option names and values"
-        )
-        return None
-    return options
-
-
 def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run `workbench launch` on parsed arguments; returns the exit status. Every problem
     of the command line is named in one message (exit status 2) before anything starts."""
@@ -197,7 +174,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.launcher not in LAUNCHERS:
         problems.append(f"--launcher {typed(args.launcher)}: must be one of {', '.join(LAUNCHERS)}")
         unparsed.add("launcher")
-    options = _parse_options(args.model_options, problems)
+    options = parse_model_options(args.model_options, problems)
     if options is None and args.model_options is not None:
         unparsed.add("model_options")
     world = ranks if ranks is not None and 1 <= ranks <= MAX_RANKS else None
