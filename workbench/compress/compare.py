@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,6 +35,7 @@ from workbench.compress.measure import (
 from workbench.compress.prune import prune_structured, prune_unstructured
 from workbench.compress.quantize import ENGINES, quantize_int8
 from workbench.compress.report import CompressionReport, Figures, Row
+from workbench.spread import spread
 
 #: Method names `compress` takes; "a+b" applies a, then b (quantize last: "channels+int8").
 METHODS = ("int8", "prune", "channels", "heads")
@@ -117,13 +117,14 @@ def _figures(
     eval_samples: int | None,
 ) -> Figures:
     quality = evaluate(model, held_out, loss_fn, batch_size=batch_size, max_samples=eval_samples)
-    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+    latency = spread(times)
+    assert latency is not None  # at least 3 timed passes, each a finite number of seconds
     return Figures(
         params_bytes=weights_bytes(model),
         disk_bytes=disk_bytes(model),
-        latency_seconds=statistics.median(times),
-        latency_p25_seconds=q[0],
-        latency_p75_seconds=q[2],
+        latency_seconds=latency.median,
+        latency_p25_seconds=latency.p25,
+        latency_p75_seconds=latency.p75,
         latency_min_seconds=min(times),
         latency_samples=len(times),
         loss=quality.loss,

@@ -9,12 +9,12 @@ nothing (a change within `NOISE` of the model before counts as no change);
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+from workbench.spread import figure_png, spread_bars
 
 #: Ratios within 10% of 1 count as "no change": on a shared machine timings of the same
 #: work vary by about that much from one turn to the next.
@@ -263,26 +263,20 @@ class CompressionReport(Readable):
                 else:
                     d = _direction(ratio, "better", "worse")
                     colours.append({"better": _BETTER, "worse": _WORSE, "same": _SAME}[d])
-            bars = ax.barh(y, values, color=colours)
-            ends = list(values)
-            if title.startswith("latency"):
-                lo = [r.figures.latency_p25_seconds * 1e3 for r in self.rows]
-                hi = [r.figures.latency_p75_seconds * 1e3 for r in self.rows]
-                low = [max(0.0, v - a) for v, a in zip(values, lo, strict=True)]
-                high = [max(0.0, b - v) for v, b in zip(values, hi, strict=True)]
-                ax.errorbar(
-                    values, y, xerr=[low, high], fmt="none", ecolor="#424242", capsize=2, lw=0.8
-                )
-                ends = [max(v, b) for v, b in zip(values, hi, strict=True)]
-            for bar, v, end in zip(bars, values, ends, strict=True):
-                ax.annotate(
-                    fmt_number(v, 3),
-                    (end, bar.get_y() + bar.get_height() / 2),
-                    xytext=(3, 0),
-                    textcoords="offset points",
-                    va="center",
-                    fontsize=7,
-                )
+            latency = title.startswith("latency")
+            spread_bars(
+                ax,
+                values,
+                colours=colours,
+                texts=[fmt_number(v, 3) for v in values],
+                ranges=[
+                    (r.figures.latency_p25_seconds * 1e3, r.figures.latency_p75_seconds * 1e3)
+                    for r in self.rows
+                ]
+                if latency
+                else None,
+                fontsize=7,
+            )
             ax.set_title(title, fontsize=9)
             ax.tick_params(labelsize=8)
             ax.margins(x=0.25)
@@ -312,6 +306,4 @@ class CompressionReport(Readable):
 
     def chart_png(self, dpi: int = 80) -> bytes:
         """`chart()` as PNG bytes."""
-        buf = io.BytesIO()
-        self.chart().savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-        return buf.getvalue()
+        return figure_png(self.chart(), dpi)

@@ -29,7 +29,6 @@ How the figures are made, so that noise does not invent a speed-up:
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import statistics
@@ -38,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+from workbench.spread import Spread, figure_png, spread, spread_bars
 
 # bar colours: helped, slower, no clear change, the baseline, failed
 _HELPED, _SLOWER, _SAME, _BASE, _FAILED = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#424242"
@@ -245,37 +245,34 @@ class LadderResult(Readable):
         ]
         ax = axes[0]
         values = [r.speedup or 0.0 for r in self.rungs]
-        low = [max(0.0, v - (r.speedup_low or v)) for v, r in zip(values, self.rungs, strict=True)]
-        high = [
-            max(0.0, (r.speedup_high or v) - v) for v, r in zip(values, self.rungs, strict=True)
-        ]
-        bars = ax.barh(y, values, color=colours)
-        ax.errorbar(values, y, xerr=[low, high], fmt="none", ecolor="#424242", capsize=3, lw=0.9)
+        spread_bars(
+            ax,
+            values,
+            colours=colours,
+            texts=[
+                "failed" if r.error else f"{v:.2f}x"
+                for v, r in zip(values, self.rungs, strict=True)
+            ],
+            ranges=[
+                (r.speedup_low or v, r.speedup_high or v)
+                for v, r in zip(values, self.rungs, strict=True)
+            ],
+        )
         ax.axvline(1.0, color="#616161", lw=0.8, ls="--")
-        for bar, v, h, r in zip(bars, values, high, self.rungs, strict=True):
-            ax.annotate(
-                "failed" if r.error else f"{v:.2f}x",
-                (v + h, bar.get_y() + bar.get_height() / 2),
-                xytext=(3, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=8,
-            )
         ax.set_title("speed-up over the baseline (samples/s)", fontsize=9)
         ax.margins(x=0.2)
         if target is not None:
             ax2 = axes[1]
             times = [r.time_to_target_seconds or 0.0 for r in self.rungs]
-            bars2 = ax2.barh(y, times, color=colours)
-            for bar, t, r in zip(bars2, times, self.rungs, strict=True):
-                ax2.annotate(
-                    fmt_seconds(t) if r.reached_target else "not reached",
-                    (t, bar.get_y() + bar.get_height() / 2),
-                    xytext=(3, 0),
-                    textcoords="offset points",
-                    va="center",
-                    fontsize=8,
-                )
+            spread_bars(
+                ax2,
+                times,
+                colours=colours,
+                texts=[
+                    fmt_seconds(t) if r.reached_target else "not reached"
+                    for t, r in zip(times, self.rungs, strict=True)
+                ],
+            )
             if not any(times):
                 ax2.set_xlim(0, 1)
                 ax2.set_xticks([])
@@ -307,9 +304,7 @@ class LadderResult(Readable):
 
     def chart_png(self, dpi: int = 80) -> bytes:
         """`chart()` as PNG bytes."""
-        buf = io.BytesIO()
-        self.chart().savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-        return buf.getvalue()
+        return figure_png(self.chart(), dpi)
 
 
 def _steps(n: int | None) -> str:
@@ -334,24 +329,10 @@ def _finite(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- statistics
-def spread(values: Sequence[float]) -> tuple[float, float, float] | None:
-    """(median, 25th percentile, 75th percentile) of `values`; None when empty."""
-    vals = sorted(v for v in values if math.isfinite(v))
-    if not vals:
-        return None
-    if len(vals) == 1:
-        return vals[0], vals[0], vals[0]
-    q1, _, q3 = statistics.quantiles(vals, n=4, method="inclusive")
-    return statistics.median(vals), q1, q3
-
-
-def ratio(
-    a: tuple[float, float, float], b: tuple[float, float, float]
-) -> tuple[float, float, float]:
-    """a / b for two (median, low, high) spreads: (ratio of medians, lowest, highest)."""
-    am, alo, ahi = a
-    bm, blo, bhi = b
-    return am / bm, alo / bhi, ahi / blo
+def ratio(a: Spread, b: Spread) -> Spread:
+    """a / b for two spreads: the ratio of the medians, and the lowest and highest ratio
+    their 25th-75th percentile ranges allow."""
+    return Spread(a.median / b.median, a.p25 / b.p75, a.p75 / b.p25)
 
 
 def first_at_or_below(losses: Sequence[float], target: float) -> int | None:
@@ -378,7 +359,7 @@ def _final_loss(losses: Sequence[float]) -> float | None:
 class _Stats:
     plan: RungPlan
     runs: list[RunMeasure]
-    thr: tuple[float, float, float] | None = None
+    thr: Spread | None = None
     steps_per_s: tuple[float, ...] = ()
     step_s: float | None = None
     warmup_s: float | None = None
