@@ -30,7 +30,8 @@ class Precision(StrEnum):
     AMP_BF16 = "amp-bf16"  # torch autocast bf16: fp32 weights and grads
     FP16 = "fp16"  # DeepSpeed 16-bit: fp16 weights/grads, fp32 master copy, dynamic loss scale
     BF16 = "bf16"  # DeepSpeed 16-bit: bf16 weights/grads, fp32 master copy
-    BF16_TRUE = "bf16-true"  # pure bf16 (Lightning's name): bf16 weights, grads, optimizer states
+    BF16_TRUE = "bf16-true"  # pure bf16 (Lightning's name): bf16 weights, grads, optimizer states,
+    # no fp32 master copy, no autocast, no scaler; the plain loop and FSDP (not DeepSpeed)
 
     @property
     def is_deepspeed(self) -> bool:
@@ -205,12 +206,14 @@ FIELD_ALIASES: dict[str, str] = {
 #: Choice values other trainers use -> the workbench's value (or a hint naming several).
 VALUE_ALIASES: dict[str, dict[str, str]] = {
     "precision": {
-        # Lightning: "-mixed" is autocast with fp32 weights; "-true" casts the weights.
+        # Lightning: "-mixed" is autocast with fp32 weights; "-true" casts the weights
+        # ("bf16-true", pure bf16 without a master copy, is a choice of its own).
         "bf16-mixed": "amp-bf16",
         "16-mixed": "amp-fp16",
         "fp16-mixed": "amp-fp16",
         "16": "amp-fp16",
-        "bf16-true": "bf16",
+        "bf16_true": "bf16-true",
+        "pure_bf16": "bf16-true",  # llama-recipes' FSDP setting
         "16-true": "fp16",
         "fp16-true": "fp16",
         "32": "fp32",

@@ -116,7 +116,8 @@ class TrainConfig:
         kind="choice",
         label="precision",
         help="amp-*: torch autocast with fp32 weights (a GradScaler for fp16); bf16, fp16: "
-        "DeepSpeed's 16-bit weights with an fp32 master copy",
+        "DeepSpeed's 16-bit weights with an fp32 master copy; bf16-true: pure bf16 weights, "
+        "gradients and optimizer states, no master copy (plain loop and FSDP, not DeepSpeed)",
         flag="--precision",
         metavar="PRECISION",
         panel=1,
@@ -293,7 +294,8 @@ class TrainConfig:
         FsdpMode.OFF,
         kind="choice",
         label="FSDP",
-        help="PyTorch FSDP2 instead of ZeRO, with zero_stage=0 and fp32, amp-bf16 or amp-fp16",
+        help="PyTorch FSDP2 instead of ZeRO, with zero_stage=0 and fp32, amp-bf16, amp-fp16 or "
+        "bf16-true",
         flag="--fsdp",
         metavar="MODE",
         panel=5,
@@ -302,7 +304,8 @@ class TrainConfig:
         True,
         kind="bool",
         label="FSDP fp32 reduce",
-        help="FSDP under AMP: reduce gradients in fp32 (True) or in the 16-bit compute dtype",
+        help="FSDP under AMP or bf16-true: reduce gradients in fp32 (True) or in the 16-bit "
+        "compute dtype",
     )
     offload_optimizer: OffloadDevice | str = setting(
         OffloadDevice.NONE,
@@ -575,6 +578,8 @@ class TrainConfig:
                 offload_par.value,
                 f"parameter offload needs `zero_stage`=3 (`zero_stage`={stage})",
             )
+        if precision is Precision.BF16_TRUE and stage is not None and stage >= 1:
+            p.append(bf16_true_problem(f"`zero_stage`={stage}"))
         # DeepSpeed's own 16-bit modes (fp16/bf16) with zero_stage=0 are allowed: the
         # Session routes them through the DeepSpeed engine, which supports stage 0.
         uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
@@ -775,6 +780,29 @@ def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
     return Engine.PLAIN
 
 
+def bf16_true_problem(why: str = "") -> SettingProblem:
+    """The problem of pure bf16 (`precision`='bf16-true') on DeepSpeed; `why` says what
+    sends the config there ("`zero_stage`=2", "2 ranks without `fsdp` train through it")."""
+    deepspeed = f"DeepSpeed ({why})" if why else "DeepSpeed"
+    return SettingProblem(
+        "precision",
+        Precision.BF16_TRUE.value,
+        f"pure bf16 has no fp32 master copy of the weights and {deepspeed} always "
+        "keeps one: use 'bf16' (DeepSpeed's bf16 with an fp32 master copy), or pure bf16 "
+        "with `fsdp` (full_shard, shard_grad_op or no_shard) and `zero_stage`=0",
+    )
+
+
+def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
+    """What the engine `engine_for(config, world_size)` picks cannot train of a valid
+    `config` (empty when it can): pure bf16 when several ranks without FSDP send it to
+    DeepSpeed (with ZeRO >= 1 the config itself is refused already)."""
+    engine = engine_for(config, world_size)
+    if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
+        return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
+    return []
+
+
 def runtime_problems(config: TrainConfig) -> list[str]:
     """What a workbench Session on this machine cannot run of a valid `config`, one line
     each (empty when it can): an optimizer the Session does not train, with why and the
@@ -834,8 +862,10 @@ __all__ = [
     "SettingProblem",
     "TrainConfig",
     "allowed_text",
+    "bf16_true_problem",
     "did_you_mean",
     "engine_for",
+    "engine_problems",
     "format_problems",
     "plain_value",
     "problem_lines",

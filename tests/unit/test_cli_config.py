@@ -56,7 +56,7 @@ def test_value_style_names_flag_and_typed_value() -> None:
     assert sorted(problems) == sorted(
         [
             "--zero seven: must be 0, 1, 2 or 3",
-            "--precision fp64: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16",
+            "--precision fp64: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16, bf16-true",
         ]
     )
 
@@ -152,7 +152,7 @@ def test_a_value_with_colons_and_equals_signs_is_shown_as_typed() -> None:
     config, problems = config_from_args(parse(["--precision", "fp16: x=1"]), fields=FIELDS)
     assert config is None
     assert problems == [
-        "--precision fp16: x=1: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16"
+        "--precision fp16: x=1: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16, bf16-true"
     ]
 
 

@@ -32,7 +32,8 @@ def test_every_problem_reported_at_once():
     text = str(info.value)
     assert text.startswith("5 invalid settings")
     assert "micro_batch=0: must be an integer >= 1" in text
-    assert "precision='fp8': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16" in text
+    allowed = "must be one of fp32, amp-fp16, amp-bf16, fp16, bf16, bf16-true"
+    assert f"  - precision='fp8': {allowed}" in text.splitlines()
     assert "lr=nan: must be a finite number > 0" in text
     assert "zero_stage=5: must be 0, 1, 2 or 3" in text
     assert "num_workers=-1" in text
@@ -116,7 +117,8 @@ def test_every_optimizer_a_session_cannot_train_names_the_nearest(optimizer, nea
     [
         ({"precision": "bf16-mixed"}, "precision='bf16-mixed': .*; did you mean 'amp-bf16'\\?"),
         ({"precision": "16-mixed"}, "precision='16-mixed': .*; did you mean 'amp-fp16'\\?"),
-        ({"precision": "bf16-true"}, "did you mean 'bf16'\\?"),
+        ({"precision": "bf16_true"}, "precision='bf16_true': .*; did you mean 'bf16-true'\\?"),
+        ({"precision": "pure_bf16"}, "did you mean 'bf16-true'\\?"),
         ({"precision": "32"}, "did you mean 'fp32'\\?"),
         ({"precision": "amp_bf16"}, "did you mean 'amp-bf16'\\?"),
         ({"optimizer": "adamw_torch"}, "did you mean 'adamw'\\?"),
@@ -137,7 +139,8 @@ def test_no_suggestion_when_nothing_is_close():
     with pytest.raises(ValueError) as info:
         TrainConfig(precision="int4")
     assert str(info.value) == (
-        "invalid setting: precision='int4': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16"
+        "invalid setting: precision='int4': must be one of fp32, amp-fp16, amp-bf16, fp16, bf16, "
+        "bf16-true"
     )
 
 
@@ -245,6 +248,8 @@ def test_the_docstring_lists_every_setting_and_every_allowed_value() -> None:
         ({"precision": "bf16"}, 1, "deepspeed"),
         ({"fsdp": "full_shard"}, 1, "fsdp"),
         ({"fsdp": "no_shard"}, 4, "fsdp"),
+        ({"precision": "bf16-true"}, 1, "plain"),  # pure bf16 is not DeepSpeed's bf16
+        ({"precision": "bf16-true", "fsdp": "shard_grad_op"}, 2, "fsdp"),
     ],
 )
 def test_one_engine_decision(changes, world_size, engine) -> None:
@@ -269,3 +274,55 @@ def test_engine_for_names_a_bad_world_size(world_size) -> None:
 
     with pytest.raises(ValueError, match=r"world_size=.*: must be an integer >= 1"):
         engine_for(TrainConfig(), world_size)
+
+
+@pytest.mark.parametrize("fsdp", ["off", "full_shard", "shard_grad_op", "no_shard"])
+def test_pure_bf16_runs_on_the_plain_loop_and_fsdp(fsdp) -> None:
+    from workbench.config import engine_problems
+
+    cfg = TrainConfig(precision="bf16-true", fsdp=fsdp)
+    assert cfg.precision is Precision.BF16_TRUE and not cfg.uses_deepspeed
+    assert cfg.problems() == []
+    assert engine_problems(cfg, 1) == []
+    assert engine_problems(cfg, 1 if fsdp == "off" else 4) == []
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_pure_bf16_with_zero_is_refused_naming_the_field_and_what_to_use(stage) -> None:
+    with pytest.raises(ValueError) as info:
+        TrainConfig(precision="bf16-true", zero_stage=stage)
+    (problem,) = info.value.problems  # type: ignore[attr-defined]
+    assert (problem.field, problem.value) == ("precision", "bf16-true")
+    assert str(info.value) == (
+        f"invalid setting: precision='bf16-true': pure bf16 has no fp32 master copy of the "
+        f"weights and DeepSpeed (zero_stage={stage}) always keeps one: use 'bf16' (DeepSpeed's "
+        "bf16 with an fp32 master copy), or pure bf16 with fsdp (full_shard, shard_grad_op "
+        "or no_shard) and zero_stage=0"
+    )
+    assert TrainConfig(precision="bf16", zero_stage=stage).uses_deepspeed  # the alternative
+
+
+def test_pure_bf16_on_several_ranks_without_fsdp_is_an_engine_problem() -> None:
+    """Several ranks without FSDP train through DeepSpeed (`engine_for`): the config is
+    valid, the engine it meets on 2 ranks cannot train it."""
+    from workbench.config import engine_problems
+
+    cfg = TrainConfig(precision="bf16-true")
+    (problem,) = engine_problems(cfg, 2)
+    assert (problem.field, problem.value) == ("precision", "bf16-true")
+    assert "DeepSpeed (2 ranks without `fsdp` train through it)" in problem.message
+    assert "use 'bf16'" in problem.message and "`fsdp`" in problem.message
+    assert engine_problems(TrainConfig(precision="bf16"), 2) == []
+    assert engine_problems(TrainConfig(precision="bf16-true", fsdp="no_shard"), 2) == []
+
+
+def test_lightning_precision_names_map_to_the_workbench_ones() -> None:
+    from workbench.config import VALUE_ALIASES
+
+    aliases = VALUE_ALIASES["precision"]
+    assert aliases["bf16-mixed"] == "amp-bf16"  # autocast, fp32 weights
+    assert "bf16-true" not in aliases  # a choice of its own: pure bf16
+    assert aliases["bf16_true"] == aliases["pure_bf16"] == "bf16-true"
+    assert TrainConfig(precision="BF16-TRUE").precision is Precision.BF16_TRUE
+    for value in aliases.values():
+        assert value in Precision.choices(), value

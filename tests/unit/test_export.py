@@ -388,7 +388,7 @@ BAD = [
     ),
     (
         ["--precision", "fp8", "--lr", "-1"],
-        "--precision fp8: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16; "
+        "--precision fp8: must be one of fp32, amp-fp16, amp-bf16, fp16, bf16, bf16-true; "
         "--lr -1: must be a finite number > 0",
     ),
     (
