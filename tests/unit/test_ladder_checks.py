@@ -349,3 +349,32 @@ def test_the_json_of_a_diverged_rung_is_strict() -> None:
     assert "NaN" not in text and "Infinity" not in text
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert data["rungs"][1]["losses"] == [4.0, None, None, None]
+
+
+def test_the_typed_signatures_are_the_specs_fields() -> None:
+    """`plan_ladder` and `ladder` are typed by overloads (what mypy checks callers
+    against): one taking a LadderSpec, one taking its fields, held equal to them here."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from workbench.train.ladder import LadderSpec
+
+    get_overloads = getattr(typing, "get_overloads", None)
+    if get_overloads is None:  # Python 3.10
+        pytest.skip("typing.get_overloads needs Python 3.11")
+    fields = [(f.name, f.default, str(f.type)) for f in dataclasses.fields(LadderSpec)]
+    run_options = ["progress", "on_progress", "cancel"]
+    for function, extra in ((plan_ladder, []), (ladder, run_options)):
+        by_spec, by_fields = get_overloads(function)
+        first = next(iter(inspect.signature(by_spec).parameters.values()))
+        assert first.annotation == "LadderSpec" and first.kind is first.POSITIONAL_ONLY
+        params = list(inspect.signature(by_fields).parameters.values())
+        named = [(p.name, p.default, p.annotation) for p in params[: len(fields)]]
+        assert named == fields
+        assert [p.name for p in params[len(fields) :]] == extra
+        assert [p.kind for p in params[:4]] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 4
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[4:])
+        # help() and notebooks show the same keywords
+        shown = list(inspect.signature(function).parameters)
+        assert shown == [name for name, _, _ in fields] + extra

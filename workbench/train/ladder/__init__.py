@@ -22,6 +22,7 @@ problems.py LadderError (a ValueError) and its LadderProblems: every problem as 
 
 from __future__ import annotations
 
+from workbench.spread import spread
 from workbench.train.ladder.plan import (
     LadderPlan,
     LadderSpec,
@@ -36,7 +37,6 @@ from workbench.train.ladder.report import (
     RungPlan,
     RungResult,
     RunMeasure,
-    spread,
     summarize,
 )
 from workbench.train.ladder.run import LadderCancelled, LadderProgress, ladder, run_plan

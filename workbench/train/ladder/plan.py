@@ -22,7 +22,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, overload
 
 from workbench.config import LRScaling, LRSchedule, TrainConfig
 from workbench.inputs import shown
@@ -288,11 +288,40 @@ def _device(device: Any, base: Any, problems: list[LadderProblem]) -> str | None
 
 
 # --------------------------------------------------------------------------- planning
+@overload
+def plan_ladder(spec: LadderSpec, /, **changes: Any) -> LadderPlan: ...
+
+
+@overload
+def plan_ladder(
+    rungs: Sequence[Any] | None = None,
+    model: str = "tiny-gpt",
+    steps: int = 32,
+    target_loss: float | None = None,
+    *,
+    base: TrainConfig | None = None,
+    model_options: dict[str, Any] | None = None,
+    repeats: int = 3,
+    lr_scaling: str = "linear",
+    ranks: int | None = None,
+    compile: bool = False,
+    checkpointing: bool = False,
+    device: str | None = None,
+    launcher: str = "torchrun",
+    memory: bool = True,
+    timeout: float | None = None,
+) -> LadderPlan: ...
+
+
 def plan_ladder(*args: Any, **keywords: Any) -> LadderPlan:
     """Check a ladder and return what it will run; one ValueError naming every problem
     otherwise. Takes `ladder`'s arguments (see there; without `progress`, `on_progress`
     and `cancel`), or a `LadderSpec` (keywords replace its fields). Builds the model once
-    to check what this machine can run; trains nothing."""
+    to check what this machine can run; trains nothing.
+
+    The typed signatures (the overloads above: `LadderSpec`'s fields, which a test holds
+    equal to them) are what type checkers see; the arguments themselves are checked as
+    `LadderSpec(...)`, every problem at once."""
     return plan_spec(LadderSpec.of("plan_ladder", args, keywords))
 
 

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
+from workbench.config import TrainConfig
 from workbench.train.ladder.plan import LadderPlan, LadderSpec, PlannedRung, plan_spec
 from workbench.train.ladder.problems import LadderProblem
 from workbench.train.ladder.report import LadderResult, RunMeasure, summarize
@@ -42,6 +43,42 @@ class LadderProgress:
     repeat: int
     repeats: int
     loss: float | None = None
+
+
+@overload
+def ladder(
+    spec: LadderSpec,
+    /,
+    *,
+    progress: bool | None = None,
+    on_progress: Callable[[LadderProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+    **changes: Any,
+) -> LadderResult: ...
+
+
+@overload
+def ladder(
+    rungs: Sequence[Any] | None = None,
+    model: str = "tiny-gpt",
+    steps: int = 32,
+    target_loss: float | None = None,
+    *,
+    base: TrainConfig | None = None,
+    model_options: dict[str, Any] | None = None,
+    repeats: int = 3,
+    lr_scaling: str = "linear",
+    ranks: int | None = None,
+    compile: bool = False,
+    checkpointing: bool = False,
+    device: str | None = None,
+    launcher: str = "torchrun",
+    memory: bool = True,
+    timeout: float | None = None,
+    progress: bool | None = None,
+    on_progress: Callable[[LadderProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> LadderResult: ...
 
 
 def ladder(
@@ -74,7 +111,9 @@ def ladder(
     it stops the ladder at the next step (LadderCancelled).
 
     Returns a `LadderResult`; bad input raises `LadderError` (a ValueError whose
-    `.problems` are `LadderProblem`s) before anything runs.
+    `.problems` are `LadderProblem`s) before anything runs. Type checkers see the typed
+    signatures of the overloads above (`LadderSpec`'s fields and the run's own, held
+    equal to them by a test).
     """
     spec = LadderSpec.of("ladder", args, keywords)
     extra = []
