@@ -41,6 +41,7 @@ PUBLISHED = {
     "llama-3-70b": (70_553_706_496, "HF meta-llama/Meta-Llama-3-70B safetensors"),
     "llama-3.1-405b": (405_853_388_800, "HF meta-llama/Llama-3.1-405B safetensors"),
     "mistral-7b": (7_241_732_096, "KerasHub preset mistral_7b_en metadata"),
+    "mixtral-8x7b": (46_702_792_704, "KerasHub preset mixtral_8_7b_en metadata"),
     "qwen2.5-7b": (7_615_616_512, "HF Qwen/Qwen2.5-7B safetensors"),
     "pythia-1.4b": (1_414_647_808, "EleutherAI/pythia README, model table"),
 }
@@ -53,6 +54,17 @@ def test_every_preset_count_is_the_published_total(name):
     assert preset.n_params == published
     assert estimate_memory(model=name).n_params == published
     assert "Shape: " in preset.source and "Published" in preset.source  # cited in the catalog
+
+
+def test_mixtral_active_parameters_are_the_published_12_9b():
+    # Mistral AI, "Mixtral of experts" (2023): 46.7B total, 12.9B used per token (top-2 of 8)
+    arch = MODELS["mixtral-8x7b"].architecture
+    expert = 3 * 4096 * 14336  # gate, up, down of one SwiGLU expert
+    assert arch.active_params == arch.n_params - 32 * (8 - 2) * expert == 12_879_925_248
+    assert (round(arch.n_params / 1e8), round(arch.active_params / 1e8)) == (467, 129)
+    for name, preset in MODELS.items():  # every dense preset: all parameters are active
+        if name != "mixtral-8x7b":
+            assert preset.architecture.active_params == preset.n_params, name
 
 
 def test_gpt3_preset_is_the_published_174_6b():
@@ -115,6 +127,67 @@ def test_gqa_swiglu_rmsnorm_untied_count_by_hand():
     assert tied.n_params == arch.n_params + 2 * (8 + 4 + 4)  # Q, K, V biases per layer
 
 
+def test_mixture_of_experts_count_by_hand():
+    dense = dict(layers=2, hidden=8, heads=4, kv_heads=2, seq_len=16, vocab=10)
+    llama = dict(mlp="swiglu", norm="rmsnorm", bias="none", positions="rotary")
+    moe = Architecture.create(
+        **dense, **llama, ffn_hidden=12, tied_embeddings=False, experts=4, experts_per_token=2
+    )
+    # per layer: attention 192 (as above); router 8x4; 4 experts of 3 x 8x12; norms 16
+    assert moe.layer_params() == 192 + 32 + 4 * 288 + 16
+    assert moe.n_params == 2 * moe.layer_params() + 168
+    assert moe.active_params == moe.n_params - 2 * 2 * 288  # two idle experts per layer
+    assert moe.moe_ffn_hidden == 12 and moe.is_moe
+    shared = moe.replace(moe_ffn_hidden=6, shared_ffn_hidden=24)
+    assert shared.layer_params() == 192 + 32 + 4 * 3 * 8 * 6 + 3 * 8 * 24 + 16
+    assert shared.active_params == shared.n_params - 2 * 2 * 3 * 8 * 6
+    # biases everywhere (gpt-oss): each expert's MLP biases and the router's
+    gelu = Architecture.create(**dense, ffn_hidden=12, experts=3, experts_per_token=1)
+    per_expert = 2 * 8 * 12 + 12 + 8  # fc1, fc2 weights; fc1, fc2 biases
+    attention = 2 * 8 * 8 + 2 * 8 * 4 + (8 + 2 * 4) + 8
+    assert gelu.layer_params() == attention + 3 * per_expert + (8 * 3 + 3) + 2 * 16
+    assert gelu.active_params == gelu.n_params - 2 * 2 * per_expert
+    # splitting: experts as the MLP, the router replicated
+    assert moe.layer_params(tensor_parallel=2) == (192 + 4 * 288) // 2 + 32 + 16
+    assert [p.message for p in moe.parallel_problems(5, 1)][
+        -1
+    ] == "must divide `moe_ffn_hidden`=12 evenly"
+
+
+def test_mixture_of_experts_fields_are_checked():
+    base = dict(layers=2, hidden=8, heads=4, seq_len=16, vocab=10)
+    with pytest.raises(EstimateInputError) as info:
+        Architecture.create(**base, experts=4)
+    assert "experts_per_token is missing: a mixture of experts needs" in str(info.value)
+    with pytest.raises(EstimateInputError, match=r"experts_per_token=5: must not exceed experts=4"):
+        Architecture.create(**base, experts=4, experts_per_token=5)
+    with pytest.raises(EstimateInputError, match=r"moe_ffn_hidden=6: needs experts"):
+        Architecture.create(**base, moe_ffn_hidden=6)
+    with pytest.raises(EstimateInputError, match=r"experts=0: must be an integer from 1 to 10\^6"):
+        Architecture.create(**base, experts=0, experts_per_token=1)
+    dense = Architecture.create(**base)
+    assert (dense.experts, dense.experts_per_token, dense.moe_ffn_hidden) == (None, None, None)
+    assert not dense.is_moe and dense.active_params == dense.n_params
+
+
+def test_head_dim_other_than_hidden_over_heads():
+    # Gemma 7B: hidden 3072, 16 heads of 256, so Q is 3072 x 4096 and the output 4096 x 3072
+    base = dict(layers=1, hidden=3072, heads=16, seq_len=8, vocab=8, mlp="swiglu")
+    default = Architecture.create(**base, ffn_hidden=24576, bias="none")
+    wide = default.replace(head_dim=256)
+    assert default.head_dim == 192 and wide.head_dim == 256 and wide.q_dim == 4096
+    assert wide.layer_params() - default.layer_params() == 4 * 3072 * (4096 - 3072)
+    assert wide.replace(head_dim=192) == default  # back to the default: equal shapes
+    assert wide.replace(hidden=2048).head_dim == 256  # an explicit head size stays
+    assert default.replace(hidden=2048).head_dim == 128  # the default follows hidden / heads
+    # heads need not divide hidden when the head size is given
+    odd = Architecture.create(layers=1, hidden=2304, heads=7, head_dim=256, seq_len=8, vocab=8)
+    assert odd.q_dim == 7 * 256
+    with pytest.raises(EstimateInputError, match=r"heads=7: must divide hidden=2304 evenly"):
+        Architecture.create(layers=1, hidden=2304, heads=7, seq_len=8, vocab=8)
+    assert Architecture.create(**base, causal=False).causal is False
+
+
 def test_gpt_defaults_are_the_existing_formula():
     arch = Architecture.create(layers=3, hidden=16, heads=4, seq_len=8, vocab=50)
     assert arch.n_params == params_from_shape(layers=3, hidden=16, seq_len=8, vocab=50)
@@ -136,8 +209,9 @@ def test_multi_query_attention_count():
 
 # ------------------------------------------------------------------ presets in the estimator
 def test_shape_given_with_a_model_overrides_the_preset():
-    base = estimate_memory(model="llama-3-8b", micro_batch=1, precision="bf16")
-    longer = estimate_memory(model="llama-3-8b", seq_len=32768, micro_batch=1, precision="bf16")
+    kw = dict(micro_batch=1, precision="bf16", attention="eager")
+    base = estimate_memory(model="llama-3-8b", **kw)
+    longer = estimate_memory(model="llama-3-8b", seq_len=32768, **kw)
     assert longer.n_params == base.n_params  # rotary: no position table grows
     assert (base.seq_len, longer.seq_len) == (8192, 32768)
     assert longer.activation_bytes > 4 * base.activation_bytes  # the as^2b terms grow 16x

@@ -1,15 +1,17 @@
-"""`Architecture`: the shape of a decoder-only transformer, and its parameter count.
+"""`Architecture`: the shape of a decoder-only (or encoder-only) transformer, and its
+parameter count.
 
 One frozen description covers the families the estimator knows: GPT-2/GPT-3 (GELU MLP,
 LayerNorm, biases everywhere, learned positions, tied embeddings), Llama/Mistral
 (SwiGLU MLP, RMSNorm, no biases, rotary positions, untied embeddings, grouped-query
-attention), Qwen2 (Llama with biases on the Q, K, V projections) and GPT-NeoX/Pythia
-(GELU, LayerNorm, biases, rotary, untied). With h hidden size, a heads, k kv heads,
-d = h / a the head size, g = k·d, f the MLP inner size, V the vocabulary, P learned
-positions, per layer:
+attention), Qwen2 (Llama with biases on the Q, K, V projections), GPT-NeoX/Pythia
+(GELU, LayerNorm, biases, rotary, untied) and mixtures of experts such as Mixtral. With
+h hidden size, a heads, k kv heads, d the head size (`head_dim`, h / a unless given:
+Gemma's and Qwen3's differ), q = a·d the query width, g = k·d, f the MLP inner size, V
+the vocabulary, P learned positions, per layer:
 
-    attention weights   Q h·h + K, V 2·h·g + output h·h          = 2h² + 2hg
-    attention biases    bias="all": h + 2g + h; "qkv": h + 2g; "none": 0
+    attention weights   Q h·q + K, V 2·h·g + output q·h    = 2hq + 2hg (2h² + 2hg: q = h)
+    attention biases    bias="all": q + 2g + h; "qkv": q + 2g; "none": 0
     MLP weights         gelu 2·h·f; swiglu (gate, up, down) 3·h·f
     MLP biases          bias="all": gelu f + h, swiglu 2f + h; otherwise 0
     norms               two per layer: LayerNorm 2h (weight, bias), RMSNorm h (weight)
@@ -19,13 +21,22 @@ the learned position table P·h (none for rotary) and the final norm. With a = k
 bias "all", LayerNorm, learned positions and tied embeddings this is GPT's
 12Lh² + 13Lh + Vh + Ph + 2h (`params_from_shape`).
 
+A mixture-of-experts layer (`experts` E set) has, in place of the MLP, a router h·E
+(plus E biases with bias="all"), E expert MLPs of inner size fe = `moe_ffn_hidden`, each
+counted as the MLP above (biases included), and, with `shared_ffn_hidden` fs, one
+always-active shared MLP of inner size fs (Qwen2-MoE's and DeepSeek's shared experts).
+`active_params` is what one token uses: everything but the E - k experts it is not routed
+to in each layer (k = `experts_per_token`), so attention, norms, router, k experts, the
+shared MLP and the embeddings (Mixtral-8x7B: 46.7B in total, 12.9B active).
+
 Tensor and pipeline parallelism (`stage_params`) follow Megatron-LM's layout (Shoeybi et
 al. 2019; Narayanan et al. 2021): tensor parallelism over t GPUs splits the Q/K/V and MLP
 first-layer weights by columns and the attention-output and MLP second-layer weights by
 rows, so every matmul weight and the column-parallel biases are divided by t, while the
 norms, the row-parallel biases and the position table are replicated; the embedding and
 the output projection are split over the vocabulary (ceil(V / t) rows each; Megatron
-pads V to a multiple of t). Pipeline parallelism over p stages gives each stage L / p
+pads V to a multiple of t). Experts are split as the MLP is (expert tensor parallelism);
+the router is replicated. Pipeline parallelism over p stages gives each stage L / p
 layers; the first stage also holds the embedding (and position table), the last stage
 the final norm and the output projection (with tied embeddings it keeps its own copy of
 the embedding, as Megatron does). `stage_params` is the largest stage's count on one GPU.
@@ -39,7 +50,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from workbench.estimate.limits import as_bool, check_number
+from workbench.estimate.limits import LIMITS, Bound, as_bool, check_number
 from workbench.estimate.problems import EstimateInputError, Problem
 
 
@@ -96,8 +107,16 @@ OPTIONAL = (
     "max_positions",
     "tied_embeddings",
     "parallel_residual",
+    "head_dim",
+    "causal",
+    "experts",
+    "experts_per_token",
+    "moe_ffn_hidden",
+    "shared_ffn_hidden",
 )
 FIELDS = REQUIRED + OPTIONAL
+#: The fields of a mixture of experts (all None for a dense model).
+MOE_FIELDS = ("experts", "experts_per_token", "moe_ffn_hidden", "shared_ffn_hidden")
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "mlp": tuple(Mlp.choices()),
@@ -107,6 +126,16 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 _SWIGLU, _LAYERNORM, _ROTARY = Mlp.SWIGLU.value, Norm.LAYERNORM.value, Positions.ROTARY.value
 _BIAS_ALL, _BIAS_QKV = Bias.ALL.value, Bias.QKV.value
+
+
+#: The ranges of the fields `limits.LIMITS` does not cover.
+_BOUNDS = {
+    "head_dim": Bound(1, 10**6, "units per head", "the widest heads have about 256"),
+    "experts": Bound(1, 10**6, "experts", "the most experts per layer trained are about 10^3"),
+    "experts_per_token": Bound(1, 10**6, "experts", "at most `experts`"),
+    "moe_ffn_hidden": LIMITS["ffn_hidden"],
+    "shared_ffn_hidden": LIMITS["ffn_hidden"],
+}
 
 
 def swiglu_ffn_default(hidden: int) -> int:
@@ -127,8 +156,15 @@ class Architecture:
     for SwiGLU, `mlp` gelu, `norm` layernorm, `bias` all, `positions` learned,
     `max_positions` = `seq_len`, `tied_embeddings` True (GPT's choices),
     `parallel_residual` False (True: attention and MLP read the same layer input, as in
-    GPT-NeoX; it changes the activations, not the count), and checks every field,
-    raising `EstimateInputError` with all problems at once.
+    GPT-NeoX; it changes the activations, not the count), `head_dim` hidden / heads,
+    `causal` True (False: an encoder such as BERT, whose attention sees every position;
+    it changes neither the count nor the saved tensors), and checks every field, raising
+    `EstimateInputError` with all problems at once.
+
+    A mixture of experts sets `experts` (routed experts per layer) and
+    `experts_per_token` (top-k); `moe_ffn_hidden` (each expert's inner size) defaults to
+    `ffn_hidden`, `shared_ffn_hidden` (the inner size of an always-active shared MLP) to
+    none. With `experts` None (the default) the model is dense and all four are None.
     """
 
     layers: int
@@ -145,25 +181,52 @@ class Architecture:
     max_positions: int
     tied_embeddings: bool
     parallel_residual: bool = False
+    head_dim: int = 0  # 0: hidden // heads (filled in by __post_init__)
+    causal: bool = True
+    experts: int | None = None
+    experts_per_token: int | None = None
+    moe_ffn_hidden: int | None = None
+    shared_ffn_hidden: int | None = None
 
     def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         # the counts every estimate asks for, computed once (not fields: not compared,
         # not in to_dict)
-        h, g, f = self.hidden, self.kv_heads * (self.hidden // self.heads), self.ffn_hidden
+        h, q, g = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         gated = self.mlp == _SWIGLU
+        matrices, first = (3, 2) if gated else (2, 1)  # MLP matrices; those h -> f
+        all_biases = self.bias == _BIAS_ALL
         norm = (2 if self.norm == _LAYERNORM else 1) * h
-        weights = 2 * h * h + 2 * h * g + (3 if gated else 2) * h * f
+        weights = 2 * h * q + 2 * h * g
         split_bias = replicated = 0
-        if self.bias == _BIAS_ALL or self.bias == _BIAS_QKV:
-            split_bias += h + 2 * g  # Q, K, V biases: column-parallel
-        if self.bias == _BIAS_ALL:
-            split_bias += (2 if gated else 1) * f  # MLP first layer(s): column-parallel
-            replicated += 2 * h  # attention output and MLP output biases: row-parallel
+        if all_biases or self.bias == _BIAS_QKV:
+            split_bias += q + 2 * g  # Q, K, V biases: column-parallel
+        if all_biases:
+            replicated += h  # attention output bias: row-parallel
+
+        def mlp(inner: int) -> tuple[int, int, int]:
+            """(weights, column-parallel biases, row-parallel biases) of one MLP."""
+            return matrices * h * inner, first * inner if all_biases else 0, h if all_biases else 0
+
+        expert = (0, 0, 0)  # one routed expert's (weights, split biases, replicated biases)
+        if self.experts is None:
+            w, split, rep = mlp(self.ffn_hidden)
+        else:
+            e = self.experts
+            expert = mlp(self.moe_ffn_hidden or self.ffn_hidden)
+            shared = mlp(self.shared_ffn_hidden) if self.shared_ffn_hidden else (0, 0, 0)
+            w, split, rep = (e * x + y for x, y in zip(expert, shared, strict=True))
+            rep += e * h + (e if all_biases else 0)  # the router: replicated
+        weights, split_bias, replicated = weights + w, split_bias + split, replicated + rep
         replicated += 2 * norm
         object.__setattr__(self, "_norm", norm)
         object.__setattr__(self, "_split", (weights + split_bias, replicated))
         total = self.layers * (weights + split_bias + replicated)
-        object.__setattr__(self, "_total", total + self.embedding_params() + self.output_params())
+        total += self.embedding_params() + self.output_params()
+        object.__setattr__(self, "_total", total)
+        idle = (self.experts or 0) - (self.experts_per_token or 0)
+        object.__setattr__(self, "_active", total - self.layers * idle * sum(expert))
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -194,14 +257,14 @@ class Architecture:
             values["ffn_hidden"] = None
         if self.positions == _ROTARY:
             values["max_positions"] = None
+        if self.head_dim == self.hidden // self.heads:
+            values["head_dim"] = None
+        if self.moe_ffn_hidden == self.ffn_hidden:
+            values["moe_ffn_hidden"] = None
         values.update(changes)
         return Architecture.create(**values)
 
     # ------------------------------------------------------------------ counting
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
     @property
     def kv_dim(self) -> int:
         """g = kv_heads x head size: the width of the K and V projections."""
@@ -229,9 +292,28 @@ class Architecture:
         return self._norm_params() + matrix
 
     @property
+    def q_dim(self) -> int:
+        """q = heads x head size: the width of the Q projection (= hidden unless
+        `head_dim` says otherwise)."""
+        return self.heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture of experts (`experts` set)."""
+        return self.experts is not None
+
+    @property
     def n_params(self) -> int:
-        """Total parameters, a tied output projection counted once."""
+        """Total parameters, a tied output projection counted once, every expert and the
+        router included."""
         return int(self.__dict__["_total"])
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: `n_params` less the `experts` - `experts_per_token`
+        experts it is not routed to in each layer (= `n_params` for a dense model). The
+        embedding, the router and a shared expert count as active."""
+        return int(self.__dict__["_active"])
 
     @property
     def non_embedding_params(self) -> int:
@@ -259,9 +341,11 @@ class Architecture:
         for name, size in (
             ("heads", self.heads),
             ("kv_heads", self.kv_heads),
-            ("ffn_hidden", self.ffn_hidden),
+            ("ffn_hidden", None if self.is_moe else self.ffn_hidden),
+            ("moe_ffn_hidden", self.moe_ffn_hidden),
+            ("shared_ffn_hidden", self.shared_ffn_hidden),
         ):
-            if size % t:
+            if size is not None and size % t:
                 p.append(Problem(field, t, f"must divide `{name}`={size} evenly"))
         if self.layers % pipeline_parallel:
             p.append(
@@ -307,10 +391,10 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
                 missing[0], None, f"a transformer shape needs all of {need}{also}", missing=True
             )
         )
-    for name in ("kv_heads", "ffn_hidden", "max_positions"):
+    for name in ("kv_heads", "ffn_hidden", "max_positions", *_BOUNDS):
         raw = fields.get(name)
         if raw is not None:
-            v[name], message = check_number(name, raw)
+            v[name], message = check_number(name, raw, _BOUNDS.get(name))
             if message is not None:
                 p.append(Problem(name, raw, message))
     for name, choices in _CHOICES.items():
@@ -322,7 +406,11 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
         if value not in choices:
             p.append(Problem(name, raw, f"must be one of {', '.join(choices)}"))
         v[name] = value
-    for name, default in (("tied_embeddings", True), ("parallel_residual", False)):
+    for name, default in (
+        ("tied_embeddings", True),
+        ("parallel_residual", False),
+        ("causal", True),
+    ):
         flag = as_bool(fields.get(name))
         if flag is None:
             flag = default
@@ -331,8 +419,9 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
         v[name] = flag
 
     h, a = v.get("hidden"), v.get("heads")
-    if h is not None and a is not None and h % a:
+    if h is not None and a is not None and h % a and v.get("head_dim") is None:
         p.append(Problem("heads", fields["heads"], f"must divide `hidden`={h} evenly"))
+    p.extend(_moe_problems(fields, v))
     k = v.get("kv_heads")
     if a is not None and k is not None and a % k:
         p.append(Problem("kv_heads", fields["kv_heads"], f"must divide `heads`={a} evenly"))
@@ -364,4 +453,28 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
         v["max_positions"] = 0
     elif v.get("max_positions") is None:
         v["max_positions"] = v["seq_len"]
-    return Architecture(**{k: v[k] for k in FIELDS}), []
+    if v.get("head_dim") is None:
+        v["head_dim"] = v["hidden"] // v["heads"]
+    if v.get("experts") is not None and v.get("moe_ffn_hidden") is None:
+        v["moe_ffn_hidden"] = v["ffn_hidden"]
+    resolved: dict[str, Any] = {k: v.get(k) for k in FIELDS}
+    return Architecture(**resolved), []
+
+
+def _moe_problems(fields: dict[str, Any], v: dict[str, Any]) -> list[Problem]:
+    """What is wrong with the mixture-of-experts fields `v` read from `fields`: top-k
+    without experts or more than them, expert sizes of a dense model."""
+    p: list[Problem] = []
+    experts, k = v.get("experts"), v.get("experts_per_token")
+    if fields.get("experts") is None:
+        for name in MOE_FIELDS[1:]:
+            if fields.get(name) is not None:
+                p.append(Problem(name, fields[name], "needs `experts` (a mixture of experts)"))
+        return p
+    if fields.get("experts_per_token") is None:
+        message = "a mixture of experts needs `experts_per_token` (the experts each token uses)"
+        p.append(Problem("experts_per_token", None, message, missing=True))
+    elif experts is not None and k is not None and k > experts:
+        message = f"must not exceed `experts`={experts}"
+        p.append(Problem("experts_per_token", fields["experts_per_token"], message))
+    return p

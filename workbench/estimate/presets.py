@@ -59,6 +59,8 @@ def _llama(
     seq_len: int,
     source: str,
     bias: str = "none",
+    experts: int | None = None,
+    experts_per_token: int | None = None,
 ) -> ModelPreset:
     return ModelPreset(
         name,
@@ -76,6 +78,8 @@ def _llama(
             bias=bias,
             positions="rotary",
             tied_embeddings=False,
+            experts=experts,
+            experts_per_token=experts_per_token,
         ),
         source,
     )
@@ -203,6 +207,26 @@ PRESETS: tuple[ModelPreset, ...] = (
         "head_dim 128, hidden_dim 14336, 32 heads, 8 kv heads, context_len 8192, vocab "
         "32000) and the released config.json (mistralai/Mistral-7B-v0.1). Published "
         "total: 7,241,732,096 (KerasHub preset mistral_7b_en; Hugging Face model page).",
+    ),
+    _llama(
+        "mixtral-8x7b",
+        "mixtral",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        vocab=32000,
+        seq_len=32768,
+        experts=8,
+        experts_per_token=2,
+        source="Shape: Jiang et al. 2024, 'Mixtral of Experts', Table 1 (dim 4096, 32 "
+        "layers, head_dim 128, hidden_dim 14336, 32 heads, 8 kv heads, context_len 32768, "
+        "vocab 32000, 8 experts, top-2) and the released config.json "
+        "(mistralai/Mixtral-8x7B-v0.1: untied output, SwiGLU experts, router without "
+        "bias). Published total: 46,702,792,704 (KerasHub preset mixtral_8_7b_en); "
+        "46.7B total and 12.9B active per token (Mistral AI, 'Mixtral of experts', "
+        "December 2023; the paper rounds them to 47B and 13B).",
     ),
     _llama(
         "qwen2.5-7b",
