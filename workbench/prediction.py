@@ -52,6 +52,9 @@ def shape_of(model: Any) -> dict[str, Any]:
     rate = getattr(model, "dropout", None)
     if isinstance(rate, (int, float)) and not isinstance(rate, bool):
         shape["dropout"] = rate > 0  # no dropout: no masks to keep
+    attention = getattr(model, "attention", None)
+    if isinstance(attention, str):
+        shape["attention"] = attention
     return shape
 
 
@@ -85,6 +88,8 @@ def predict_memory(
         offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,
         offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
         fsdp=FsdpMode(config.fsdp).value,
+        fsdp_reduce_fp32=bool(config.fsdp_reduce_fp32),
+        grad_accum=int(config.grad_accum),
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
         **shape_of(model),

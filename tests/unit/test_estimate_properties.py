@@ -75,8 +75,16 @@ def test_random_valid_configs_never_raise_and_add_up(cfg):
     assert all(isinstance(x, int) and x >= 0 for x in parts + [e.cpu_offload_bytes])
     assert e.total_bytes == sum(parts)
     assert (e.activation_bytes is None) == ("layers" not in cfg)
+    # the peak: its terms add up; it holds every model state (the optimizer step) and
+    # the stored activations with the parameters and optimizer states (the forward's end)
+    assert e.peak_bytes == sum(e.peak_terms.values()) == max(e.peak.phases.values())
+    assert e.peak_bytes >= e.model_states_bytes
+    # what grows with the micro-batch is an exact multiple of it (no term rounds), which
+    # is what lets the largest micro-batch be solved for
+    assert all(v % e.micro_batch == 0 for v in e.peak.variable.values())
+    assert e.peak_bytes >= e.params_bytes + e.optimizer_bytes + (e.activation_bytes or 0)
     if e.gpu is not None:
-        assert e.fits == (e.total_bytes + e.overhead_bytes <= e.gpu_memory_bytes)
+        assert e.fits == (e.peak_bytes + e.overhead_bytes <= e.gpu_memory_bytes)
     if e.max_micro_batch is not None:
         assert estimate_memory(**{**cfg, "micro_batch": e.max_micro_batch}).fits
         if e.max_micro_batch < 10**6:  # the largest micro-batch the estimator takes

@@ -49,6 +49,14 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "offload_optimizer": ("--offload-optimizer", "offload"),
     "offload_params": ("--offload-params", "offload"),
     "checkpointing": ("--checkpointing", "str"),
+    "attention": ("--attention", "str"),
+    "dropout": ("--no-dropout", "nodrop"),
+    "grad_accum": ("--grad-accum", "int"),
+    "optimizer_impl": ("--optimizer-impl", "str"),
+    "loss_chunks": ("--loss-chunks", "int"),
+    "bucket_view": ("--bucket-view", "bool"),
+    "fsdp_reduce_fp32": ("--fsdp-reduce", "reduce"),
+    "deepspeed_config": ("--deepspeed-config", "str"),
     "gpu": ("--gpu", "str"),
     "overhead_gib": ("--overhead-gib", "float"),
     "tokens": ("--tokens", "float"),
@@ -56,6 +64,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "price_per_gpu_hour": ("--price-per-gpu-hour", "float"),
 }
 _EMBEDDINGS = {"tied": True, "untied": False}
+_REDUCE = {"fp32": True, "compute": False}
 #: An offload device as a switch of the estimate (NVMe and CPU free the GPU alike).
 _OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
@@ -133,13 +142,54 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     setup.add_argument(
         "--checkpointing", default="none", help="activation recomputation: none, selective, full"
     )
+    shared(setup, "grad_accum", default="1", shown_default="1")
+    step = parser.add_argument_group("the peak of a step (kernels and buffers)")
+    step.add_argument(
+        "--attention",
+        default="sdpa",
+        help="attention kernel: sdpa (fused, torch's and transformers' default: no s^2 "
+        "tensors) or eager (unfused, Korthikanti et al.) (sdpa)",
+    )
+    step.add_argument(
+        "--no-dropout",
+        action="store_true",
+        default=None,
+        help="the model trains without dropout: no masks kept",
+    )
+    step.add_argument(
+        "--optimizer-impl",
+        default="auto",
+        metavar="IMPL",
+        help="auto (what the engine builds), foreach, for-loop or fused (auto)",
+    )
+    step.add_argument(
+        "--loss-chunks",
+        default="1",
+        metavar="C",
+        help="chunked cross-entropy over C chunks of the sequence (1: not chunked)",
+    )
+    step.add_argument(
+        "--bucket-view",
+        action="store_true",
+        help="DDP gradient_as_bucket_view=True: the gradients are views of DDP's buckets",
+    )
+    step.add_argument(
+        "--fsdp-reduce",
+        metavar="DTYPE",
+        help="FSDP under AMP: reduce gradients in fp32 or in the compute dtype (fp32)",
+    )
+    step.add_argument(
+        "--deepspeed-config",
+        metavar="PATH",
+        help="a DeepSpeed JSON: its bucket and stage-3 prefetch sizes (read, never run)",
+    )
     hw = parser.add_argument_group("hardware, time and cost")
     hw.add_argument("--gpu", help="GPU type, e.g. h100-80gb (see --list-gpus)")
     hw.add_argument(
         "--overhead-gib",
         default=str(DEFAULT_OVERHEAD_GIB),
         metavar="GIB",
-        help=f"per-GPU framework overhead ({DEFAULT_OVERHEAD_GIB})",
+        help=f"per-GPU CUDA context and allocator reserve ({DEFAULT_OVERHEAD_GIB})",
     )
     hw.add_argument("--tokens", metavar="T", help="training tokens, e.g. 300e9")
     hw.add_argument(
@@ -197,6 +247,13 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
         value = _arg(args, flag)
         if kind == "offload" and value is None:
             options[field] = False
+        elif kind == "nodrop":
+            options[field] = False if value else None
+        elif kind == "reduce":
+            options[field] = True if value is None else _REDUCE.get(value.strip().lower())
+            if options[field] is None:
+                problems.append(f"{flag} {typed(value)}: must be fp32 or compute")
+                options[field] = True
         elif value is None or kind in ("bool", "str"):
             options[field] = value
         elif kind == "tied":
@@ -316,6 +373,9 @@ def _headline(e: Any) -> str:
         parts.append("parameter offload")
     if e.layers is not None:
         parts.append(f"micro-batch {e.micro_batch}, checkpointing {e.checkpointing}")
+        parts.append(f"{e.attention} attention" + ("" if e.dropout else ", no dropout"))
+    if e.grad_accum > 1:
+        parts.append(f"{e.grad_accum} micro-batches per step")
     return ", ".join(parts)
 
 
@@ -337,18 +397,24 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
         else "not counted (no shape: give --model, --hf-config or --layers --hidden --heads "
         "--seq-len --vocab)"
     )
-    rows = [
-        ("parameters", _fmt(e.params_bytes, unit)),
-        ("gradients", _fmt(e.grads_bytes, unit)),
-        ("optimizer states", _fmt(e.optimizer_bytes, unit)),
-        ("activations", act),
-        ("total", _fmt(e.total_bytes, unit)),
-        ("framework overhead", _fmt(e.overhead_bytes, unit)),
-        ("total + overhead", _fmt(e.required_bytes, unit)),
+    rows = [(f"peak of a step, at the {e.peak.phase}", _fmt(e.peak_bytes, unit))]
+    for name, value in e.peak.terms.items():
+        label = f"{name} ({e.optimizer_impl})" if name == "optimizer step temporaries" else name
+        rows.append((f"  {label}", _fmt(value, unit)))
+    rows += [
+        ("CUDA context and allocator reserve", _fmt(e.overhead_bytes, unit)),
+        ("peak + reserve", _fmt(e.required_bytes, unit)),
+        ("model states at rest", ""),
+        ("  parameters", _fmt(e.params_bytes, unit)),
+        ("  gradients", _fmt(e.grads_bytes, unit)),
+        ("  optimizer states", _fmt(e.optimizer_bytes, unit)),
+        ("stored activations", act),
+        ("states + activations", _fmt(e.total_bytes, unit)),
     ]
     if e.cpu_offload_bytes:
         rows.append(("offloaded to CPU", _fmt(e.cpu_offload_bytes, unit)))
-    width = max(len(r[1]) for r in rows[:3] + rows[4:])
+    width = max(len(r[1]) for r in rows if r[1][:1].isdigit() or r[1] == "-")
+    label_width = max(len(r[0]) for r in rows) + 2
     lines = [_headline(e)]
     if e.layers is not None:
         lines.append(_shape_line(e))
@@ -359,14 +425,23 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
         )
     lines.append(f"per GPU, {unit_name} ({'2^30' if unit_name == 'GiB' else '10^9'} bytes):")
     lines += [
-        f"  {label:<20}{value:>{width}}"
+        f"  {label:<{label_width}}{value:>{width}}"
         if value[:1].isdigit() or value == "-"
-        else f"  {label:<20}{value}"
+        else f"  {label:<{label_width}}{value}".rstrip()
         for label, value in rows
     ]
+    saving = e.peak.chunked_loss_saving_bytes
+    if saving:
+        lines.append(
+            f"chunked cross-entropy (--loss-chunks 8) would lower the peak by "
+            f"{_fmt(saving, unit)} {unit_name}"
+        )
     if e.gpu is not None:
         verdict = "fits" if e.fits else "does NOT fit"
-        lines.append(f"{e.gpu}: {_fmt(e.gpu_memory_bytes, unit)} {unit_name} per GPU -> {verdict}")
+        lines.append(
+            f"{e.gpu}: {_fmt(e.gpu_memory_bytes, unit)} {unit_name} per GPU -> the peak + "
+            f"reserve {verdict}"
+        )
         if e.layers is not None:
             mmb = e.max_micro_batch
             lines.append(
@@ -398,7 +473,8 @@ def _stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
         ["gradients"] + [_fmt(e.grads_bytes, unit) for e in stages],
         ["optimizer states"] + [_fmt(e.optimizer_bytes, unit) for e in stages],
         ["activations"] + [_fmt(e.activation_bytes, unit) for e in stages],
-        ["total"] + [_fmt(e.total_bytes, unit) for e in stages],
+        ["states + activations"] + [_fmt(e.total_bytes, unit) for e in stages],
+        ["peak of a step"] + [_fmt(e.peak_bytes, unit) for e in stages],
         ["offloaded to CPU"] + [_fmt(e.cpu_offload_bytes, unit) for e in stages],
     ]
     if stages[0].gpu is not None:

@@ -23,6 +23,11 @@ element terms:
     no recomputation:  elements 8sbh + 2sbf + 2as^2b, masks 2sbh + as^2b
                        (f = 4h: 34sbh + 5as^2b bytes, the paper's figure)
     selective:         the same without the as^2b terms (f = 4h: 34sbh)
+    selective-op:      torchtitan's op-level policy (`selective_ac_option="op"`): the
+                       layer input, the outputs of the 1st, 3rd, 5th, ... matmul (Q, V,
+                       the gate or first MLP matrix, and with a gated MLP the down
+                       projection) and the sdpa kernel's output and log-sum-exp; the rest
+                       is recomputed. Llama (g = h/4, gated): 4sbh + sbg + sbf elements.
     full:              elements sbh (the layer input) -> 2sbh bytes
 
 Grouped-query attention (kv heads < heads) changes no term: unfused attention repeats K
@@ -64,9 +69,17 @@ What the totals include besides the stored layers (documented choices):
   at 16 bits); with tensor parallelism the logits are split over the vocabulary
   (4sb·ceil(v/t)).
 
-Not included: the transient peak of the backward pass (gradients of activations, about
-one layer's worth), fused kernels that store less (flash attention stores no `as^2b`
-terms; a fused SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics, and what
+Attention kernel (`attention`): the paper's attention is unfused ("eager"). The fused
+kernels torch and transformers use by default ("sdpa": flash / memory-efficient
+`scaled_dot_product_attention`) store no `as^2b` tensor: the per-layer score terms become
+the kernel's fp32 log-sum-exp, 4·asb bytes (4·asb/t with tensor parallelism), and its
+dropout keeps a seed instead of an `as^2b` mask. Selective recomputation then has almost
+nothing left to recompute (the log-sum-exp).
+
+Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
+transient peak of the backward pass (gradients of activations, about one layer's worth),
+the logits' fp32 copies in the loss; nor fused MLP kernels that store less (a fused
+SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics, and what
 unfused implementations keep on top (Hugging Face's RMSNorm also saves its normalised
 input, sbh per norm): tests/integration/test_estimate_families.py measures them.
 """
@@ -81,11 +94,33 @@ from workbench.estimate.limits import as_bool, as_int
 from workbench.inputs import shown
 
 
+class Attention(str, Enum):
+    """The attention kernel: `eager` (unfused: the scores and probabilities are tensors,
+    Korthikanti's `as^2b` terms) or `sdpa` (`torch.nn.functional.scaled_dot_product_attention`
+    with its flash or memory-efficient kernel, what torch and transformers pick by default:
+    it stores the output and a per-row log-sum-exp, 4·asb bytes in fp32, and no `as^2b`
+    tensor; its dropout keeps a random seed, not a mask)."""
+
+    EAGER = "eager"
+    SDPA = "sdpa"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def choices(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
 class Checkpointing(str, Enum):
-    """Activation recomputation: none, selective (attention core), full (per layer)."""
+    """Activation recomputation: none; selective (Megatron's: the attention core);
+    selective-op (torchtitan's op-level policy: every layer keeps its input, every other
+    matmul's output and the attention kernel's output, and recomputes the rest); full
+    (every layer keeps its input only)."""
 
     NONE = "none"
     SELECTIVE = "selective"
+    SELECTIVE_OP = "selective-op"
     FULL = "full"
 
     def __str__(self) -> str:
@@ -128,6 +163,7 @@ class ActivationBreakdown:
     pipeline_parallel: int = 1
     in_flight_micro_batches: int = 1
     parallel_residual: bool = False
+    attention: str = "eager"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,19 +190,32 @@ def _layer_terms(
     t: int,
     sp: bool,
     parallel: bool = False,
+    fused: bool = False,
 ) -> tuple[int, int, int, int]:
-    """(linear elements, attention-score elements, linear mask bytes, score mask bytes)
-    of one layer on one GPU of a tensor-parallel group of `t` (see the module docstring).
-    """
+    """(linear elements, attention-score elements, linear mask bytes, score bytes kept
+    whatever the activation dtype) of one layer on one GPU of a tensor-parallel group of
+    `t` (see the module docstring). `fused`: the sdpa kernel, whose score bytes are its
+    fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks."""
     sbh = s * b * h
-    as2b = a * s * s * b
     outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
     split = 4 * sbh + (4 if gated else 2) * s * b * f  # Q, K, V, projection input, MLP inner
     norm_inputs = 1 if parallel else 2  # a parallel block's two norms read one tensor
     linear = (2 + norm_inputs) * sbh // outside + split // t
+    masks = 2 * sbh // outside if dropout else 0
+    if fused:
+        return linear, 0, masks, 4 * (a * s * b) // t  # log-sum-exp, fp32
+    as2b = a * s * s * b
     if dropout:
-        return linear, 2 * as2b // t, 2 * sbh // outside, as2b // t
+        return linear, 2 * as2b // t, masks, as2b // t
     return linear, as2b // t, 0, 0
+
+
+def _op_saved(tokens: int, h: int, g: int, f: int, gated: bool, t: int) -> int:
+    """Elements of the matmul outputs torchtitan's op-level policy keeps in one layer: it
+    numbers the matmuls of a layer (Q, K, V, output projection, then gate and up or the
+    first MLP matrix, then the down projection) and keeps the odd-numbered ones."""
+    outputs = [h, g, g, h] + ([f, f] if gated else [f]) + [h]
+    return sum(tokens * width // t for width in outputs[::2])
 
 
 def transformer_activation_bytes(
@@ -186,8 +235,13 @@ def transformer_activation_bytes(
     sequence_parallel: bool = False,
     pipeline_parallel: int = 1,
     parallel_residual: bool = False,
+    attention: str | Attention = Attention.EAGER,
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
+
+    `attention` is "eager" (Korthikanti et al.'s unfused attention, this function's
+    default: the paper's formula) or "sdpa" (a fused kernel that stores no `as^2b`
+    tensors; `estimate_memory` defaults to it, as torch and transformers do).
 
     `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. `ffn_hidden`
     is the MLP inner size f (default 4 x `hidden`), `mlp` "gelu" or "swiglu" (gated);
@@ -228,6 +282,10 @@ def transformer_activation_bytes(
         bad.append(
             f"checkpointing={shown(checkpointing)}: must be one of {', '.join(Checkpointing.choices())}"
         )
+    try:
+        kernel = Attention(attention)
+    except ValueError:
+        bad.append(f"attention={shown(attention)}: must be one of {', '.join(Attention.choices())}")
     t, p = tensor_parallel, pipeline_parallel
     if not isinstance(sequence_parallel, bool):
         bad.append(f"sequence_parallel={shown(sequence_parallel)}: must be True or False")
@@ -256,6 +314,7 @@ def transformer_activation_bytes(
         bool(sequence_parallel),
         p,
         parallel_residual,
+        kernel,
     )
 
 
@@ -275,10 +334,23 @@ def activation_breakdown(
     sp: bool,
     p: int,
     parallel_residual: bool,
+    attention: Attention = Attention.EAGER,
+    kv_dim: int | None = None,
 ) -> ActivationBreakdown:
-    """`transformer_activation_bytes` on arguments already checked (the estimator's path)."""
+    """`transformer_activation_bytes` on arguments already checked (the estimator's path);
+    `kv_dim` (the K and V projections' width, default h) is read by selective-op only."""
     lin_el, score_el, lin_mask, score_mask = _layer_terms(
-        s, b, h, a, f, mlp == "swiglu", dropout, t, sp, parallel_residual
+        s,
+        b,
+        h,
+        a,
+        f,
+        mlp == "swiglu",
+        dropout,
+        t,
+        sp,
+        parallel_residual,
+        attention is Attention.SDPA,
     )
     full_layer = e * (lin_el + score_el) + lin_mask + score_mask
     outside = t if sp else 1
@@ -289,6 +361,11 @@ def activation_breakdown(
     elif mode is Checkpointing.SELECTIVE:
         per_el, per_mask = e * lin_el, lin_mask
         recompute = e * score_el + score_mask
+    elif mode is Checkpointing.SELECTIVE_OP:
+        per_el = layer_input + e * _op_saved(s * b, h, kv_dim or h, f, mlp == "swiglu", t)
+        if attention is Attention.SDPA:  # the kernel's output and log-sum-exp
+            per_el += e * (s * b * h) // t + score_mask
+        per_mask, recompute = 0, max(0, full_layer - per_el)
     else:
         per_el, per_mask = layer_input, 0
         recompute = full_layer - layer_input
@@ -320,6 +397,7 @@ def activation_breakdown(
         pipeline_parallel=p,
         in_flight_micro_batches=in_flight,
         parallel_residual=parallel_residual,
+        attention=attention.value,
     )
 
 

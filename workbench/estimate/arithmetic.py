@@ -8,6 +8,7 @@ FLOPs, seconds and money. `estimate_from` assembles the `MemoryEstimate`.
 
 from __future__ import annotations
 
+import copy
 import math
 
 from workbench.config import Precision
@@ -15,6 +16,7 @@ from workbench.estimate.activations import ActivationBreakdown, Checkpointing, a
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.limits import GIB, LIMITS
 from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
+from workbench.estimate.peak import StepPeak, step_peak
 from workbench.estimate.result import MemoryEstimate
 
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
@@ -56,6 +58,8 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         i.sequence_parallel,
         i.pipeline_parallel,
         arch.parallel_residual,
+        i.attention,
+        arch.kv_dim,
     )
 
 
@@ -64,20 +68,65 @@ def overhead_bytes(i: EstimateInputs) -> int:
     return math.ceil(i.overhead_gib * GIB)
 
 
+def peak_of(i: EstimateInputs, states: ModelStates) -> tuple[StepPeak, ActivationBreakdown | None]:
+    """The peak of a step of `i` and its activations (`peak.step_peak`)."""
+    breakdown = activations(i)
+    return step_peak(i, states, breakdown), breakdown
+
+
 def on_gpu(
-    i: EstimateInputs, model_bytes: int, total: int, overhead: int, per_sample: int | None
+    i: EstimateInputs, states: ModelStates, peak: StepPeak, overhead: int
 ) -> tuple[int | None, bool | None, int | None]:
-    """(the GPU's memory, whether `total + overhead` fits in it, the largest micro-batch
-    that fits, at most the largest micro-batch the estimator takes); all None without a
-    GPU, the micro-batch also without activations or when not even one sample fits."""
+    """(the GPU's memory, whether the peak of a step plus `overhead` fits in it, the
+    largest micro-batch whose peak fits, at most the largest micro-batch the estimator
+    takes); all None without a GPU, the micro-batch also without activations or when not
+    even one sample fits.
+
+    Every point of the step is a sum of terms that are constant or exact multiples of
+    the micro-batch (`StepPeak.variable`: the tensor-parallel size divides the sizes it
+    splits, so no term rounds), so the largest micro-batch is the lowest crossing of the
+    room left by those lines; should a term not divide evenly, the crossing is checked by
+    computing the peak there."""
     if i.gpu is None:
         return None, None, None
     gpu_mem = i.gpu.memory_bytes
-    max_mb = None
-    if per_sample:
-        room = (gpu_mem - overhead - model_bytes) // per_sample
-        max_mb = min(room, int(LIMITS["micro_batch"].high)) if room >= 1 else None
-    return gpu_mem, total + overhead <= gpu_mem, max_mb
+    room = gpu_mem - overhead
+    fits = peak.peak_bytes <= room
+    if i.architecture is None:
+        return gpu_mem, fits, None
+    top = int(LIMITS["micro_batch"].high)
+    mb = i.micro_batch
+    b, exact = top, True
+    for name, total in peak.phases.items():
+        grows = peak.variable.get(name, 0)
+        fixed = total - grows
+        exact = exact and grows % mb == 0
+        if fixed > room:
+            return gpu_mem, fits, None
+        if grows > 0:
+            b = min(b, (room - fixed) * mb // grows)
+    if b < 1:
+        return gpu_mem, fits, None
+    if exact:
+        return gpu_mem, fits, b
+
+    def fits_at(n: int) -> bool:
+        if n == mb:
+            return fits
+        changed = copy.copy(i)
+        object.__setattr__(changed, "micro_batch", n)  # a private copy of frozen inputs
+        return peak_of(changed, states)[0].peak_bytes <= room
+
+    for _ in range(64):  # rounding in the terms: a sample or two at most
+        if not fits_at(b):
+            if b == 1:
+                return gpu_mem, fits, None
+            b -= 1
+        elif b < top and fits_at(b + 1):
+            b += 1
+        else:
+            break
+    return gpu_mem, fits, b
 
 
 def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float | None]:
@@ -102,10 +151,10 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     states = model_states(i)
     model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
     act_bytes = breakdown.total_bytes if breakdown is not None else None
-    per_sample = act_bytes // i.micro_batch if act_bytes is not None else None  # linear in it
     total = model_bytes + (act_bytes or 0)
     overhead = overhead_bytes(i)
-    gpu_mem, fits, max_mb = on_gpu(i, model_bytes, total, overhead, per_sample)
+    peak = step_peak(i, states, breakdown)
+    gpu_mem, fits, max_mb = on_gpu(i, states, peak, overhead)
     flops, seconds, cost = time_and_cost(i)
     arch = i.architecture
     return MemoryEstimate(
@@ -160,6 +209,12 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         sequence_parallel=i.sequence_parallel,
         data_parallel=i.data_parallel,
         shard_params=i.shard_params,
+        peak_bytes=peak.peak_bytes,
+        peak=peak,
+        attention=i.attention.value,
+        optimizer_impl=peak.optimizer_impl,
+        grad_accum=i.grad_accum,
+        loss_chunks=i.loss_chunks,
     )
 
 
@@ -168,6 +223,7 @@ __all__ = [
     "estimate_from",
     "model_states",
     "on_gpu",
+    "peak_of",
     "overhead_bytes",
     "time_and_cost",
 ]

@@ -64,13 +64,20 @@ def estimate_memory(
     offload_params: bool = False,
     fsdp: str = "off",
     checkpointing: Checkpointing | str = "none",
-    dropout: bool = True,
+    dropout: bool | None = None,
     gpu: str | None = None,
     overhead_gib: float = DEFAULT_OVERHEAD_GIB,
     tokens: float | str | None = None,
     mfu: float = DEFAULT_MFU,
     price_per_gpu_hour: float | None = None,
     accounting: str = "paper",
+    attention: str = "sdpa",
+    optimizer_impl: str = "auto",
+    grad_accum: int = 1,
+    loss_chunks: int = 1,
+    bucket_view: bool = False,
+    fsdp_reduce_fp32: bool = True,
+    deepspeed_config: Any = None,
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
 
@@ -96,7 +103,17 @@ def estimate_memory(
     `fsdp` ("off", "full_shard", "shard_grad_op", "no_shard"): PyTorch FSDP instead of
     ZeRO (`zero_stage` 0), counted with FSDP2's layout (the "fsdp" accounting, implied).
     `dropout=False`: a model trained without dropout keeps no dropout masks (and no
-    dropout outputs), so its activations are smaller.
+    dropout outputs), so its activations are smaller. None (the default) takes the
+    model's: presets of families trained without dropout (Llama, Mistral, Qwen2,
+    Pythia) have none, GPT-2/GPT-3 have it, as has a bare shape (Korthikanti et al.).
+
+    The peak of a step (`peak_bytes`, `workbench.estimate.peak`) also reads: `attention`
+    ("sdpa", the default of torch and transformers: no s^2 tensors; "eager": unfused),
+    `grad_accum` (micro-batches per step), `optimizer_impl` ("auto": what the engine
+    builds; "foreach", "for-loop", "fused"), `loss_chunks` (chunked cross-entropy),
+    `bucket_view` (DDP's `gradient_as_bucket_view`), `fsdp_reduce_fp32` (FSDP reduces
+    gradients in fp32 under AMP) and `deepspeed_config` (a DeepSpeed JSON path or dict:
+    its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`).
 
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
     numpy scalars are numbers, bools and text are not (except the counts `n_params` and

@@ -14,14 +14,15 @@ nothing; the one limit that needs a computed figure, the activation bytes of a G
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from workbench.config import OptimizerName, Precision
-from workbench.estimate.activations import Checkpointing
+from workbench.estimate.activations import Attention, Checkpointing
 from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
+from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
 from workbench.estimate.hf_config import read_hf_config
 from workbench.estimate.limits import (
     GIB,
@@ -32,6 +33,7 @@ from workbench.estimate.limits import (
     check_number,
 )
 from workbench.estimate.model_states import ACCOUNTINGS, FSDP_MODES
+from workbench.estimate.peak import OPTIMIZER_IMPLS
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
 
@@ -53,6 +55,8 @@ ARCH_FIELDS = (
 _PRECISIONS = {p.value: p for p in Precision}
 _OPTIMIZERS = {o.value: o for o in OptimizerName}
 _CHECKPOINTING = {c.value: c for c in Checkpointing}
+_ATTENTION = {a.value: a for a in Attention}
+_IMPLS = {name: name for name in OPTIMIZER_IMPLS}
 _FSDP = {m: m for m in FSDP_MODES}
 _NEEDS_SHAPE = (
     "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, `seq_len`, "
@@ -98,6 +102,15 @@ class EstimateInputs:
     tokens: float | None
     mfu: float
     price_per_gpu_hour: float | None
+    # the peak of a step (`peak`)
+    attention: Attention = Attention.SDPA
+    optimizer_impl: str = "auto"
+    grad_accum: int = 1
+    loss_chunks: int = 1
+    bucket_view: bool = False
+    fsdp_reduce_fp32: bool = True
+    deepspeed: Mapping[str, Any] = field(default_factory=dict)
+    deepspeed_given: bool = False
 
 
 # ---------------------------------------------------------------- readers
@@ -192,6 +205,7 @@ def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> A
     if not (base_fields or given):
         return None
     merged = {**base_fields, **given}
+    merged.pop("dropout", None)  # a training fact of the source, not part of the shape
     if base_fields and "seq_len" in given and merged.get("positions") == "learned":
         merged.setdefault("max_positions", base_fields["seq_len"])
     arch, shape_problems = build_architecture(merged)
@@ -222,6 +236,24 @@ def _model(
             else (arch.n_params if arch is not None else None)
         )
     return n, source, arch
+
+
+#: Families whose published training used dropout (GPT-2 and GPT-3: 0.1). Llama,
+#: Mistral, Qwen2 and Pythia (gpt_neox) were trained without; their configs say 0.0.
+TRAINED_WITH_DROPOUT = frozenset({"gpt2"})
+
+
+def _default_dropout(given: Mapping[str, Any], source: _Source) -> bool:
+    """Whether the model trains with dropout when `dropout` is not given: a preset's family
+    (`TRAINED_WITH_DROPOUT`), the rates of a config or module (`dropout` in its fields),
+    else True (a bare shape: Korthikanti et al.'s setting)."""
+    if isinstance(given["model"], str) and source.name is not None:
+        preset = find_model(source.name)
+        if not isinstance(preset, str):
+            return preset.family in TRAINED_WITH_DROPOUT
+    fields = source.fields or {}
+    rate = fields.get("dropout")
+    return rate if isinstance(rate, bool) else True
 
 
 # ---------------------------------------------------------------- the training setup
@@ -382,7 +414,11 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     n_gpus = _checked(p, "gpus", gpus)
     tp = _checked(p, "tensor_parallel", given["tensor_parallel"])
     pp = _checked(p, "pipeline_parallel", given["pipeline_parallel"])
-    dropout = _flag(p, "dropout", given["dropout"])
+    dropout = (
+        _flag(p, "dropout", given["dropout"])
+        if given["dropout"] is not None
+        else _default_dropout(given, source)
+    )
     sp = _flag(p, "sequence_parallel", given["sequence_parallel"])
     offload_optimizer = _flag(p, "offload_optimizer", given["offload_optimizer"])
     offload_params = _flag(p, "offload_params", given["offload_params"])
@@ -410,6 +446,21 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
     shard = _shard_params(p, gpus, n, arch, tp, pp, dp)
+
+    attention = _choice(p, "attention", given["attention"], _ATTENTION)
+    impl = _choice(p, "optimizer_impl", given["optimizer_impl"], _IMPLS)
+    grad_accum = _checked(p, "grad_accum", given["grad_accum"])
+    chunks = _checked(p, "loss_chunks", given["loss_chunks"])
+    if chunks is not None and arch is not None and chunks > arch.seq_len:
+        message = f"must not exceed seq_len ({arch.seq_len}): a chunk holds at least one token"
+        p.append(Problem("loss_chunks", chunks, message))
+    bucket_view = _flag(p, "bucket_view", given["bucket_view"])
+    reduce_fp32 = _flag(p, "fsdp_reduce_fp32", given["fsdp_reduce_fp32"])
+    ds_source = given["deepspeed_config"]
+    ds, ds_problems = read_deepspeed_buffers(ds_source)
+    p.extend(ds_problems)
+    if ds_source is not None and sharding not in (None, "off"):
+        p.append(Problem("deepspeed_config", "given", "is DeepSpeed's; this setup is FSDP"))
 
     if p:
         raise EstimateInputError(p)
@@ -443,6 +494,14 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         tokens=tokens,
         mfu=mfu,
         price_per_gpu_hour=price,
+        attention=attention,
+        optimizer_impl=impl,
+        grad_accum=grad_accum,
+        loss_chunks=chunks,
+        bucket_view=bucket_view,
+        fsdp_reduce_fp32=reduce_fp32,
+        deepspeed=ds,
+        deepspeed_given=ds_source is not None,
     )
 
 

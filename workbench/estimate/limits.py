@@ -15,6 +15,8 @@ error that says why instead of an answer printed as `inf` or as thirty digits:
     max_positions       0 .. 10^9                 as seq_len
     vocab               1 .. 10^9                 the largest vocabularies are ~10^6
     micro_batch         1 .. 10^6                 samples on one GPU per step
+    grad_accum          1 .. 10^6                 micro-batches per optimizer step
+    loss_chunks         1 .. 10^6 (<= seq_len)    chunks of the sequence in the loss
     gpus, tensor_parallel, pipeline_parallel
                         1 .. 10^7                 the largest clusters have ~10^5 GPUs
     overhead_gib        0 .. 1,024                no GPU holds 1 TiB
@@ -99,6 +101,8 @@ LIMITS: dict[str, Bound] = {
     "max_positions": Bound(0, 10**9, "positions", "the longest contexts are about 10^7"),
     "vocab": Bound(1, 10**9, "tokens in a vocabulary", "the largest have about 10^6"),
     "micro_batch": Bound(1, 10**6, "samples per GPU", "a micro-batch is what one GPU holds"),
+    "grad_accum": Bound(1, 10**6, "micro-batches per step", "10^6 micro-batches is days a step"),
+    "loss_chunks": Bound(1, 10**6, "chunks", "a chunk holds at least one token"),
     "gpus": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "tensor_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "pipeline_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),

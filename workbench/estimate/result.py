@@ -10,6 +10,7 @@ from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown
+from workbench.estimate.peak import StepPeak
 
 
 @dataclass(frozen=True)
@@ -17,14 +18,24 @@ class MemoryEstimate(Readable):
     """Per-GPU bytes of one training setup, plus compute figures and the inputs echoed.
     `str(estimate)` and a notebook show it as a table in binary units (GiB).
 
-    `total_bytes = params_bytes + grads_bytes + optimizer_bytes + activation_bytes`, with
-    `activation_bytes` None (counted as 0 in the total) when no transformer shape was
-    given. `overhead_bytes` (framework overhead) is kept out of `total_bytes`; `fits` is
-    `total_bytes + overhead_bytes <= gpu_memory_bytes`. `cpu_offload_bytes` is host
-    memory per GPU. GPU fields are None when no GPU was named; `max_micro_batch` is also
-    None without a shape or when not even a micro-batch of 1 fits. Compute fields are
-    None when not asked for (`tokens`), `train_seconds` also without a GPU, `cost` also
-    without a price.
+    `peak_bytes` is the answer to "will it fit": the highest point of one training step
+    (forward, backward, optimizer step; with accumulation its last micro-batch), what
+    `torch.cuda.max_memory_allocated()` measures. `peak` splits it into named terms
+    (`peak.terms`: model states as held at that point, activations, the logits and loss,
+    the optimizer's temporaries, autocast's weight casts, the engine's buckets and
+    gathered parameters, the backward transient; `workbench.estimate.peak` defines each).
+    `overhead_bytes` is the CUDA context and the caching allocator's reserve, on its own
+    line; `fits` is `peak_bytes + overhead_bytes <= gpu_memory_bytes` and
+    `max_micro_batch` the largest micro-batch whose peak fits.
+
+    Model states at rest (the ZeRO paper's figure) stay: `params_bytes`, `grads_bytes`,
+    `optimizer_bytes` (`model_states_bytes` their sum), and `total_bytes = params_bytes +
+    grads_bytes + optimizer_bytes + activation_bytes` (Korthikanti et al.'s stored
+    activations), with `activation_bytes` None (counted as 0) when no transformer shape
+    was given. `cpu_offload_bytes` is host memory per GPU. GPU fields are None when no GPU
+    was named; `max_micro_batch` is also None without a shape or when not even a
+    micro-batch of 1 fits. Compute fields are None when not asked for (`tokens`),
+    `train_seconds` also without a GPU, `cost` also without a price.
 
     `gpus = tensor_parallel x pipeline_parallel x data_parallel`. `shard_params` is the
     parameter count one GPU holds before ZeRO shards it over the `data_parallel` group:
@@ -87,6 +98,13 @@ class MemoryEstimate(Readable):
     shard_params: int = 0
     fsdp: str = "off"
     dropout: bool = True  # the activations count dropout masks (training with dropout)
+    # the peak of a step
+    peak_bytes: int = 0
+    peak: StepPeak | None = None
+    attention: str = "sdpa"
+    optimizer_impl: str = "foreach"
+    grad_accum: int = 1
+    loss_chunks: int = 1
 
     @property
     def model_states_bytes(self) -> int:
@@ -94,8 +112,13 @@ class MemoryEstimate(Readable):
 
     @property
     def required_bytes(self) -> int:
-        """What the GPU must hold: `total_bytes + overhead_bytes`."""
-        return self.total_bytes + self.overhead_bytes
+        """What the GPU must hold: `peak_bytes + overhead_bytes`."""
+        return self.peak_bytes + self.overhead_bytes
+
+    @property
+    def peak_terms(self) -> dict[str, int]:
+        """The peak's named terms (bytes), largest point of the step."""
+        return dict(self.peak.terms) if self.peak is not None else {}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (the activation breakdown nested)."""
@@ -104,17 +127,34 @@ class MemoryEstimate(Readable):
     def _display(self) -> Display:
         acts = (
             fmt_bytes(self.activation_bytes)
-            + f" (micro-batch {self.micro_batch}, recomputation {self.checkpointing})"
+            + f" (micro-batch {self.micro_batch}, recomputation {self.checkpointing}, "
+            f"{self.attention} attention)"
             if self.activation_bytes is not None
             else "not estimated (give a transformer shape or a model)"
         )
-        rows = [
-            ("parameters", fmt_bytes(self.params_bytes)),
-            ("gradients", fmt_bytes(self.grads_bytes)),
-            ("optimizer states", fmt_bytes(self.optimizer_bytes)),
-            ("activations", acts),
-            ("total", fmt_bytes(self.total_bytes)),
-            ("framework overhead", fmt_bytes(self.overhead_bytes)),
+        rows: list[tuple[str, str]] = []
+        if self.peak is not None:
+            rows.append((f"peak of a step ({self.peak.phase})", fmt_bytes(self.peak_bytes)))
+            for name, value in self.peak.terms.items():
+                label = name
+                if name == "optimizer step temporaries":
+                    label = f"{name} ({self.optimizer_impl})"
+                rows.append((f"  {label}", fmt_bytes(value)))
+            if self.peak.chunked_loss_saving_bytes:
+                rows.append(
+                    (
+                        "  chunked loss (8 chunks) would save",
+                        fmt_bytes(self.peak.chunked_loss_saving_bytes),
+                    )
+                )
+        rows += [
+            ("CUDA context and allocator reserve", fmt_bytes(self.overhead_bytes)),
+            ("model states at rest", ""),
+            ("  parameters", fmt_bytes(self.params_bytes)),
+            ("  gradients", fmt_bytes(self.grads_bytes)),
+            ("  optimizer states", fmt_bytes(self.optimizer_bytes)),
+            ("stored activations", acts),
+            ("states + activations", fmt_bytes(self.total_bytes)),
         ]
         if self.cpu_offload_bytes:
             rows.append(("offloaded to CPU", fmt_bytes(self.cpu_offload_bytes)))

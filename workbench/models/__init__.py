@@ -45,6 +45,7 @@ class ModelInfo:
     vocab: int | None
     tokens_per_sample: int | None  # tokens per training sample (seq_len for token models)
     dropout: float | None = None
+    attention: str | None = None  # the estimator's attention kernel ("eager", "sdpa")
 
     @property
     def is_transformer(self) -> bool:
@@ -290,6 +291,7 @@ def _tiny_gpt(
         vocab=dataset.vocab,
         tokens_per_sample=seq_len,
         dropout=float(dropout),
+        attention="eager",  # attention written out by hand (workbench/models/gpt.py)
     )
     return module, dataset, lm_loss, info
 

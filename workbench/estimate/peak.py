@@ -1,0 +1,445 @@
+"""The peak of one training step on one GPU: model states, activations and every transient.
+
+`estimate_memory` reports model states at rest (the ZeRO paper's figure) and the
+activations kept for backward (Korthikanti et al.); neither is what the GPU must hold at
+the highest point of a step. This module follows one optimizer step (with gradient
+accumulation: its last micro-batch) through three points and takes the highest:
+
+    forward end     parameters + gradients already held + optimizer states
+                    + stored activations + the logits and the loss's fp32 copies
+                    + the autocast weight casts + the engine's gathered parameters
+    backward start  the same, with the loss's backward (fp32 log-probabilities, their
+                    gradient and the logits' gradient), the activation gradients of the
+                    largest layer, the first weight gradients (the output projection's)
+                    and the engine's unsharded gradients and buckets
+    optimizer step  parameters + all gradients + optimizer states + the optimizer's
+                    temporaries + the engine's step buffers
+
+Each point is a sum of named terms (`StepPeak.terms`); `peak_bytes` is the largest sum,
+what `torch.cuda.max_memory_allocated()` measures. The CUDA context and the caching
+allocator's reserve are not allocations; `estimate_memory` keeps them on their own line
+(`overhead_bytes`), and `fits` compares `peak_bytes + overhead_bytes` with the GPU.
+
+The terms (symbols as in `activations`: s sequence, b micro-batch, h hidden, f MLP inner,
+a heads, v vocabulary, t tensor-parallel size; Ψ this GPU's parameters before sharding,
+N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32):
+
+* **logits and loss**: the output projection returns logits in the compute dtype (e·sbv)
+  and the loss upcasts them to fp32 and takes log_softmax, whose fp32 output (4sbv)
+  cross-entropy keeps for backward (`activations` counts it as `logits_bytes`). At the
+  end of the forward the logits, their fp32 copy (16-bit compute only) and the
+  log-probabilities exist at once: e·sbv + 4sbv + 4sbv. The step frees the model's output
+  before backward (the Session, torchtitan and the Hugging Face Trainer all do), so
+  backward of the loss holds the log-probabilities, their gradient and the logits' fp32
+  gradient: 12sbv at its highest. Chunked cross-entropy over c chunks of the sequence
+  (torchtune's `CEWithChunkedOutputLoss`, `loss_chunks=c`) upcasts and differentiates one
+  chunk at a time: the log-probabilities are still kept (4sbv) but the fp32 copy and the
+  two gradients shrink to a chunk: e·sbv + 4sbv + 4sbv/c forward, 4sbv + 8sbv/c backward.
+  `chunked_loss_saving_bytes` is what 8 chunks would save. v is split over t
+  (vocabulary-parallel output).
+* **autocast weight casts**: torch autocast (the plain loop and DeepSpeed under amp-bf16 /
+  amp-fp16) caches a 16-bit copy of every weight a matmul uses for the whole forward, and
+  each layer's copy is kept for its backward: 2 bytes x the matmul parameters (every
+  layer's parameters and the output projection; the embedding lookup is not cast). FSDP's
+  `MixedPrecisionPolicy` gathers 16-bit parameters instead (counted under FSDP); pure
+  16-bit training casts nothing.
+* **optimizer step temporaries**: torch's Adam/AdamW/Adagrad in their *foreach*
+  implementation (torch's default on CUDA) allocate one parameter-sized tensor for the
+  whole step (the square root of `exp_avg_sq` over every parameter of a dtype at once):
+  Ψ_step x the state bytes (4; 2 under bf16-true), where Ψ_step is what this GPU steps
+  (its shard under ZeRO >= 1 and FSDP). The *for-loop* implementation (`foreach=False`)
+  allocates two tensors of the parameter it is stepping: 2 x the largest parameter. The
+  *fused* kernels (torch's `fused=True`, DeepSpeed's FusedAdam/FusedLamb/FusedLion, which
+  DeepSpeed builds for its optimizers) allocate none; nor does SGD without weight decay,
+  nor an optimizer offloaded to the CPU. `optimizer_impl="auto"` takes what the engine
+  builds: DeepSpeed's fused kernel under DeepSpeed, torch's foreach otherwise.
+* **DDP gradient buckets**: `DistributedDataParallel` copies every gradient into flat
+  buckets it allocates at construction (the gradients' size, W·Ψ with W the gradient
+  bytes), for the whole run, unless `gradient_as_bucket_view=True` (`bucket_view`), where
+  the gradients are views into the buckets and nothing is added.
+* **DeepSpeed buffers**: ZeRO 1 and 2 reduce gradients through a contiguous bucket of
+  `reduce_bucket_size` elements in the gradient dtype (two with `overlap_comm`); stage 0
+  flattens one allreduce bucket of that size; under 16-bit training the step makes an
+  fp32 copy of this GPU's gradient partition (4·Ψ/N). Stage 3 gathers parameters in the
+  compute dtype: the layer running plus what the prefetcher fetches ahead (at most
+  `stage3_prefetch_bucket_size` elements), capped at `stage3_max_live_parameters`, never
+  more than the model; its reduce bucket is in the "deepspeed" accounting's gradients.
+  The sizes are DeepSpeed's defaults (5e8, 5e7, 1e9 elements) unless a DeepSpeed config
+  gives them (`deepspeed_config`); the workbench's own engine caps the reduce bucket at the
+  model's size (`deepspeed_layout.bucket_elements`).
+* **FSDP gathered units**: FSDP2 gathers each wrapped unit (one transformer layer; the
+  root unit holds the embedding, the final norm and the output projection and stays
+  gathered from forward to the end of backward) in the compute dtype. `full_shard`
+  frees a layer after its forward and backward, and prefetches the next: the root and
+  two layers are gathered at a time. `shard_grad_op` and `no_shard` keep every layer
+  gathered from its forward to its backward: the whole model at the forward/backward
+  boundary. In backward each unit's unsharded gradient (in the compute dtype, as
+  autograd makes it) lives until its reduce-scatter, which overlaps the next unit's
+  backward: two layers', and the output projection's, whose root unit reduces last;
+  reducing in fp32 (`fsdp_reduce_fp32`, under 16-bit compute) adds one layer's fp32 copy. CPU offload keeps none
+  of the states on the GPU but gathers and reduces the same units there.
+* **backward transient**: the activation gradients of the largest layer while its
+  backward runs: the gradient flowing in and out of the layer (2·e·sbh) plus the larger
+  of the MLP's inner gradients (2·e·sbf for GELU, 3·e·sbf gated) and the attention's
+  (eager: the scores' and probabilities' gradients, 2·e·as^2b; sdpa: its fp32 query
+  gradient accumulator and the key and value gradients, 4sbh + 2·e·sbh), split over t.
+* **first gradients**: without accumulation no gradient exists before backward
+  (`zero_grad(set_to_none=True)`); the first to appear, while the loss's backward
+  buffers are alive, is the output projection's (W·vh/t). With accumulation every
+  gradient is already held.
+
+Without a transformer shape only the model-state terms, the optimizer temporaries, the
+buckets and the engines' buffers are counted (FSDP then gathers the whole model as one
+unit, and the largest parameter is taken to be the whole model: an upper bound).
+
+Pure Python: imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workbench.config import OptimizerName, Precision
+from workbench.estimate.activations import ActivationBreakdown, Attention
+from workbench.estimate.model_states import ModelStates
+
+if TYPE_CHECKING:
+    from workbench.estimate.inputs_check import EstimateInputs
+
+#: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds).
+OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
+
+#: Optimizers whose step computes sqrt(exp_avg_sq) (or sqrt(sum)) into a new tensor.
+_SQRT_OPTIMIZERS = frozenset({OptimizerName.ADAM, OptimizerName.ADAMW, OptimizerName.ADAGRAD})
+#: Optimizers only DeepSpeed (or bitsandbytes) provides: always a fused kernel.
+_FUSED_ONLY = frozenset(
+    {
+        OptimizerName.LAMB,
+        OptimizerName.LION,
+        OptimizerName.ONEBIT_ADAM,
+        OptimizerName.ZERO_ONE_ADAM,
+        OptimizerName.ONEBIT_LAMB,
+        OptimizerName.ADAM8BIT,
+    }
+)
+
+PHASES = ("forward end", "backward start", "optimizer step")
+
+#: How many chunks `chunked_loss_saving_bytes` assumes (torchtune's default).
+SAVING_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    """The peak of one training step on one GPU (see the module docstring).
+
+    `terms` are the named bytes of the highest point, `phase` (a `PHASES` value);
+    `peak_bytes` is their sum. `phases` holds every point's total, `variable` the part
+    of it that grows in proportion to the micro-batch (activations, logits, transient). `engine` is "plain",
+    "ddp", "deepspeed" or "fsdp"; `optimizer_impl` the implementation counted.
+    """
+
+    peak_bytes: int
+    phase: str
+    terms: dict[str, int]
+    phases: dict[str, int]
+    engine: str
+    optimizer_impl: str
+    chunked_loss_saving_bytes: int | None = None
+    notes: tuple[str, ...] = field(default=())
+    #: the part of each point's total that grows with the micro-batch (in proportion)
+    variable: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def engine_of(i: EstimateInputs) -> str:
+    """Which engine trains the setup: FSDP, DeepSpeed (ZeRO, DeepSpeed's 16-bit modes or
+    its accounting), DDP (several data-parallel GPUs) or the plain loop."""
+    if i.fsdp != "off":
+        return "fsdp"
+    if i.zero_stage >= 1 or i.precision.is_deepspeed or i.accounting == "deepspeed":
+        return "deepspeed"
+    return "ddp" if i.data_parallel > 1 else "plain"
+
+
+def compute_bytes(precision: Precision) -> int:
+    """Bytes per element of the activations and of gathered 16-bit copies."""
+    return 4 if precision is Precision.FP32 else 2
+
+
+def grad_bytes(precision: Precision) -> int:
+    """Bytes per gradient element: 2 where the weights are 16-bit, else 4."""
+    return 2 if precision in (Precision.FP16, Precision.BF16, Precision.BF16_TRUE) else 4
+
+
+def resolve_impl(i: EstimateInputs, engine: str) -> str:
+    """The optimizer implementation counted: `optimizer_impl`, or for "auto" the engine's
+    ("fused" for DeepSpeed and for the optimizers that exist only as fused kernels, "cpu"
+    under optimizer offload, torch's "foreach" otherwise)."""
+    if i.offload_optimizer or (engine == "fsdp" and i.offload_params):
+        return "cpu"
+    if i.optimizer in _FUSED_ONLY:
+        return "fused"
+    if i.optimizer_impl != "auto":
+        return i.optimizer_impl
+    if engine == "deepspeed" and i.optimizer not in (
+        OptimizerName.SGD,
+        OptimizerName.SGD_NOMOMENTUM,
+    ):
+        return "fused"
+    return "foreach"
+
+
+def _stepped_params(i: EstimateInputs, engine: str) -> int:
+    """Parameters this GPU's optimizer steps: its shard under ZeRO >= 1 and FSDP."""
+    full = i.shard_params
+    if (engine == "fsdp" and i.fsdp != "no_shard") or i.zero_stage >= 1:
+        return -(-full // i.data_parallel)
+    return full
+
+
+def _largest_param(i: EstimateInputs) -> int:
+    arch = i.architecture
+    if arch is None:
+        return i.shard_params
+    t = i.tensor_parallel
+    rows = -(-arch.vocab // t)
+    return max(rows * arch.hidden, arch.hidden * arch.ffn_hidden // t, arch.hidden * arch.hidden)
+
+
+def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
+    """Bytes the optimizer step allocates beyond its states (see the module docstring)."""
+    if impl in ("fused", "cpu") or i.optimizer not in _SQRT_OPTIMIZERS:
+        return 0
+    width = 2 if i.precision is Precision.BF16_TRUE else 4  # state dtype (master is fp32)
+    if impl == "for-loop":
+        return 2 * width * min(_largest_param(i), _stepped_params(i, engine))
+    return width * _stepped_params(i, engine)
+
+
+def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
+    """(forward, backward) bytes of the logits and the loss beyond the fp32 log-probs the
+    activations already count, with `i.loss_chunks` chunks."""
+    arch = i.architecture
+    if arch is None or breakdown is None or i.pipeline_parallel > 1:
+        return 0, 0
+    return loss_bytes(i, arch.seq_len, arch.vocab, i.loss_chunks)
+
+
+def loss_bytes(i: EstimateInputs, s: int, v: int, chunks: int) -> tuple[int, int]:
+    """(forward, backward) bytes of the loss beyond the fp32 log-probabilities (which the
+    activations count) for `chunks` chunks (see the module docstring)."""
+    e = compute_bytes(i.precision)
+    sbv = s * i.micro_batch * -(-v // i.tensor_parallel)
+    upcast = 4 * sbv // chunks if e != 4 else 0  # fp32 logits are log_softmax's input
+    return e * sbv + upcast, 8 * sbv // chunks
+
+
+def autocast_casts(i: EstimateInputs, engine: str) -> int:
+    """The 16-bit weight copies torch autocast keeps through forward and backward."""
+    if i.precision not in (Precision.AMP_BF16, Precision.AMP_FP16) or engine == "fsdp":
+        return 0
+    arch = i.architecture
+    if arch is None:
+        matmul = i.shard_params
+    else:
+        t, p = i.tensor_parallel, i.pipeline_parallel
+        rows = -(-arch.vocab // t)
+        matmul = (arch.layers // p) * arch.layer_params(t) + (rows * arch.hidden if p == 1 else 0)
+    if i.zero_stage >= 3:  # only the gathered parameters are cast
+        matmul = min(matmul, _zero3_live(i))
+    return 2 * matmul
+
+
+def _block_params(i: EstimateInputs) -> tuple[int, int]:
+    """(one layer's parameters, the root unit's) on this GPU before sharding."""
+    arch = i.architecture
+    if arch is None:
+        return 0, i.shard_params
+    t = i.tensor_parallel
+    root = arch.embedding_params(t) + arch.output_params(t)
+    return arch.layer_params(t), root
+
+
+def _zero3_live(i: EstimateInputs) -> int:
+    ds = i.deepspeed
+    layer, _ = _block_params(i)
+    ahead = min(int(ds["stage3_prefetch_bucket_size"]), i.shard_params)
+    return min(i.shard_params, int(ds["stage3_max_live_parameters"]), layer + ahead)
+
+
+def backward_transient(i: EstimateInputs) -> int:
+    """Activation gradients of the largest layer during its backward."""
+    arch = i.architecture
+    if arch is None:
+        return 0
+    e = compute_bytes(i.precision)
+    t = i.tensor_parallel
+    s, b, h, f, a = arch.seq_len, i.micro_batch, arch.hidden, arch.ffn_hidden, arch.heads
+    sbh = s * b * h
+    mlp = (3 if arch.mlp == "swiglu" else 2) * e * s * b * f // t
+    if i.attention is Attention.SDPA:
+        attention = (4 * sbh + 2 * e * sbh) // t
+    else:
+        attention = 2 * e * a * s * s * b // t
+    return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention)
+
+
+def _fsdp_terms(i: EstimateInputs) -> tuple[int, int]:
+    """(gathered parameters at the forward/backward boundary, unsharded gradients in
+    backward) of FSDP2 (module docstring)."""
+    cw = compute_bytes(i.precision)
+    upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
+    arch = i.architecture
+    layer, root = _block_params(i)
+    if arch is None:
+        return cw * i.shard_params, cw * i.shard_params + (4 * i.shard_params if upcast else 0)
+    layers = arch.layers // i.pipeline_parallel
+    held = layers if i.fsdp != "full_shard" else min(2, layers)
+    head = -(-arch.vocab // i.tensor_parallel) * arch.hidden if i.pipeline_parallel == 1 else 0
+    gathered = cw * (root + held * layer)
+    grads = cw * (head + min(2, layers) * layer) + (4 * layer if upcast else 0)
+    return gathered, grads
+
+
+def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
+    """(gathered stage-3 parameters, reduce buckets held from the first backward on,
+    fp32 gradient copy at the step) of DeepSpeed (module docstring)."""
+    ds = i.deepspeed
+    w = grad_bytes(i.precision)
+    psi = i.shard_params
+    bucket = int(ds["reduce_bucket_size"])
+    if not i.deepspeed_given:  # the workbench caps its bucket at the model's size
+        bucket = min(bucket, -(-psi // 64) * 64)
+    gathered = reduce = 0
+    if i.zero_stage == 3:
+        gathered = compute_bytes(i.precision) * _zero3_live(i)
+    elif i.zero_stage in (1, 2):
+        overlap = ds["overlap_comm"]
+        reduce = w * bucket * (2 if overlap else 1)
+    else:
+        reduce = w * min(bucket, psi)
+    fp32_grads = 0
+    if w == 2 and not i.offload_optimizer:
+        fp32_grads = 4 * (_stepped_params(i, "deepspeed") if i.zero_stage >= 1 else psi)
+    return gathered, reduce, fp32_grads
+
+
+def step_peak(
+    i: EstimateInputs, states: ModelStates, breakdown: ActivationBreakdown | None
+) -> StepPeak:
+    """The peak of one step of checked inputs `i`, with model states `states` and
+    activations `breakdown` (`activations(i)`)."""
+    engine = engine_of(i)
+    impl = resolve_impl(i, engine)
+    params, grads, optim = states.params_bytes, states.grads_bytes, states.optimizer_bytes
+    acts = logits_kept = 0
+    if breakdown is not None:
+        logits_kept = breakdown.logits_bytes
+        acts = breakdown.total_bytes - logits_kept
+    loss_fwd, loss_bwd = _loss_terms(i, breakdown)
+    casts = autocast_casts(i, engine)
+    transient = backward_transient(i)
+    temps = optimizer_temporaries(i, engine, impl)
+    held_grads = grads if (i.grad_accum > 1 or engine == "deepspeed") else 0
+    arch = i.architecture
+    first = 0  # FSDP's and DeepSpeed's first gradients are in their own terms
+    if held_grads == 0 and arch is not None and i.pipeline_parallel == 1:
+        if engine in ("plain", "ddp"):
+            rows = -(-arch.vocab // i.tensor_parallel)
+            first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
+
+    engine_fwd: dict[str, int] = {}
+    engine_bwd: dict[str, int] = {}
+    engine_step: dict[str, int] = {}
+    if engine == "ddp":
+        buckets = 0 if i.bucket_view else grad_bytes(i.precision) * i.shard_params
+        for d in (engine_fwd, engine_bwd, engine_step):
+            d["DDP gradient buckets"] = buckets
+    elif engine == "fsdp":
+        gathered, unsharded = _fsdp_terms(i)
+        engine_fwd["FSDP gathered parameters"] = gathered
+        engine_bwd["FSDP gathered parameters"] = gathered
+        engine_bwd["FSDP unsharded gradients"] = unsharded
+    elif engine == "deepspeed":
+        gathered, reduce, fp32_grads = _deepspeed_buffers(i)
+        if gathered:
+            engine_fwd["ZeRO-3 gathered parameters"] = gathered
+            engine_bwd["ZeRO-3 gathered parameters"] = gathered
+        if reduce:
+            key = "DeepSpeed reduce buckets"
+            engine_bwd[key] = reduce
+            if i.zero_stage in (1, 2):  # allocated at the first backward, kept
+                engine_fwd[key] = reduce
+                engine_step[key] = reduce
+        if fp32_grads:
+            engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
+
+    base = {"parameters": params, "optimizer states": optim}
+    forward = {
+        **base,
+        "gradients": held_grads,
+        "activations": acts,
+        "logits and loss": logits_kept + loss_fwd,
+        "autocast weight casts": casts,
+        **engine_fwd,
+    }
+    backward = {
+        **base,
+        "gradients": held_grads + first,
+        "activations": acts,
+        "logits and loss": logits_kept + loss_bwd,
+        "autocast weight casts": casts,
+        "backward transient": transient,
+        **engine_bwd,
+    }
+    step = {
+        **base,
+        "gradients": grads,
+        "optimizer step temporaries": temps,
+        **engine_step,
+    }
+    points = dict(zip(PHASES, (forward, backward, step), strict=True))
+    totals = {name: sum(terms.values()) for name, terms in points.items()}
+    scaling = ("activations", "logits and loss", "backward transient")
+    variable = {name: sum(terms.get(k, 0) for k in scaling) for name, terms in points.items()}
+    phase = max(PHASES, key=lambda name: totals[name])
+    terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}
+    saving = None
+    if arch is not None and breakdown is not None and i.pipeline_parallel == 1:
+        saving = 0
+        if i.loss_chunks < SAVING_CHUNKS:
+            f8, b8 = loss_bytes(i, arch.seq_len, arch.vocab, SAVING_CHUNKS)
+            chunked = max(
+                totals["forward end"] - loss_fwd + f8,
+                totals["backward start"] - loss_bwd + b8,
+                totals["optimizer step"],
+            )
+            saving = max(0, totals[phase] - chunked)
+    return StepPeak(
+        peak_bytes=totals[phase],
+        phase=phase,
+        terms=terms,
+        phases=totals,
+        engine=engine,
+        optimizer_impl=impl,
+        chunked_loss_saving_bytes=saving,
+        variable=variable,
+    )
+
+
+__all__ = [
+    "OPTIMIZER_IMPLS",
+    "PHASES",
+    "StepPeak",
+    "autocast_casts",
+    "backward_transient",
+    "engine_of",
+    "loss_bytes",
+    "optimizer_temporaries",
+    "resolve_impl",
+    "step_peak",
+]
