@@ -287,13 +287,12 @@ def _engine_problems(
     if sharding is None:
         return accounting
     if sharding == "off":
-        pure = prec is Precision.BF16_TRUE
-        if pure and (stage or 0) >= 1 or pure and accounting == "deepspeed":
+        if prec is Precision.BF16_TRUE and ((stage or 0) >= 1 or accounting == "deepspeed"):
             message = (
                 "is pure bf16 (no fp32 master copy), which DeepSpeed does not train: use "
                 "'bf16' (bf16 weights, fp32 master copy) with ZeRO"
             )
-            p.append(Problem("precision", prec.value, message))
+            p.append(Problem("precision", "bf16-true", message))
         if stage is not None:
             if offload_optimizer and stage == 0:
                 p.append(Problem("offload_optimizer", True, "needs `zero_stage` 1, 2 or 3 (got 0)"))

@@ -125,6 +125,7 @@ _FUSED_ONLY = frozenset(
 )
 
 PHASES = ("forward end", "backward start", "optimizer step")
+_LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
 
 #: How many chunks `chunked_loss_saving_bytes` assumes (torchtune's default).
 SAVING_CHUNKS = 8
@@ -347,10 +348,9 @@ def step_peak(
     held_grads = grads if (i.grad_accum > 1 or engine == "deepspeed") else 0
     arch = i.architecture
     first = 0  # FSDP's and DeepSpeed's first gradients are in their own terms
-    if held_grads == 0 and arch is not None and i.pipeline_parallel == 1:
-        if engine in ("plain", "ddp"):
-            rows = -(-arch.vocab // i.tensor_parallel)
-            first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
+    if held_grads == 0 and arch is not None and i.pipeline_parallel == 1 and engine in _LOOPS:
+        rows = -(-arch.vocab // i.tensor_parallel)
+        first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
 
     engine_fwd: dict[str, int] = {}
     engine_bwd: dict[str, int] = {}
