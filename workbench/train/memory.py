@@ -19,7 +19,10 @@ What is measured, and how:
   are counted (forward pre-hooks on those blocks); the recomputation during backward is
   a transient, not counted.
 * `cuda_max_allocated_bytes` (CUDA): `torch.cuda.max_memory_allocated()` over the probe
-  step (the peak statistics are reset before it). `peak_rss_bytes` (CPU): the process's
+  step (the peak statistics are reset before it), a forward and backward without an
+  optimizer step: it is shown next to `predicted_forward_backward_bytes`, and the
+  prediction's whole peak of a step (`predicted.peak_bytes`, with the optimizer step's
+  temporaries) on its own row. `peak_rss_bytes` (CPU): the process's
   peak resident set size (`resource.getrusage`), a whole-process high-water mark.
 """
 
@@ -100,6 +103,19 @@ class MemoryReport(Readable):
         extra = pred.activations.recompute_bytes if pred.activations is not None else 0
         return int(pred.activation_bytes - extra)
 
+    @property
+    def predicted_forward_backward_bytes(self) -> int | None:
+        """The predicted peak comparable with `cuda_max_allocated_bytes` (a forward and
+        backward without an optimizer step): the highest of the peak's forward end, its
+        backward start, and the model states with every gradient."""
+        pred = self.predicted
+        peak = getattr(pred, "peak", None)
+        if pred is None or peak is None:
+            return None
+        return int(
+            max(peak.phases["forward end"], peak.phases["backward start"], pred.model_states_bytes)
+        )
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["predicted"] = self.predicted.to_dict() if self.predicted is not None else None
@@ -128,8 +144,23 @@ class MemoryReport(Readable):
                 fmt_bytes(self.predicted_activation_bytes),
             ),
         ]
+        peak = getattr(pred, "peak", None)
+        if peak is not None:
+            rows.append(
+                (
+                    f"peak of a step (predicted at the {peak.phase})",
+                    "",
+                    fmt_bytes(pred.peak_bytes),
+                )
+            )
         if self.cuda_max_allocated_bytes is not None:
-            rows.append(("CUDA peak (probe step)", fmt_bytes(self.cuda_max_allocated_bytes), ""))
+            rows.append(
+                (
+                    "CUDA peak of forward + backward (probe)",
+                    fmt_bytes(self.cuda_max_allocated_bytes),
+                    fmt_bytes(self.predicted_forward_backward_bytes),
+                )
+            )
         if self.peak_rss_bytes is not None:
             rows.append(("process peak RSS", fmt_bytes(self.peak_rss_bytes), ""))
         setup = (
