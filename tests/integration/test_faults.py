@@ -224,7 +224,8 @@ def test_amp_fp16_overflow_steps_are_skipped_and_counted(tiny):
     [
         ("amp-fp16", ("loss_scale_init", "'amp-bf16'", "65504"), ("divergence",)),
         ("fp32", ("lower lr", "clip_grad_norm", "NaN/inf"), ("bf16", "loss_scale")),
-        ("amp-bf16", ("divergence", "lower lr"), ("loss_scale",)),
+        ("amp-bf16", ("divergence", "lower lr"), ("loss_scale", "'amp-bf16'")),
+        ("bf16-true", ("divergence", "lower lr", "'amp-bf16' (fp32 weights"), ("loss_scale",)),
     ],
 )
 def test_nan_advice_fits_the_precision(precision, present, absent):

@@ -101,6 +101,31 @@ def test_precision_switch_mid_run_shows_in_records_and_activation_dtype(tiny):
     assert [e.kind for e in s.events] == ["change"]
 
 
+def test_precision_switch_through_pure_bf16_and_back(tiny):
+    """fp32 -> bf16-true -> amp-bf16 -> fp32: bf16 weights and activations without autocast
+    in bf16-true; your module's hooks run on the engine's bf16 copy; fp32 again after."""
+    seen: list[tuple[torch.dtype, torch.dtype, bool]] = []
+
+    def hook(m, i, o):
+        seen.append((m.weight.dtype, o.dtype, torch.is_autocast_enabled("cpu")))
+
+    with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
+        module = s.model
+        module.blocks[0].mlp.fc.register_forward_hook(hook)
+        s.run(optimizer_steps=1)
+        for precision in ("bf16-true", "amp-bf16", "fp32"):
+            s.update(precision=precision)
+            assert (s.model is module) is (precision != "bf16-true")
+            s.run(optimizer_steps=1)
+        recs = s.history
+    assert [r.precision for r in recs] == ["fp32", "bf16-true", "amp-bf16", "fp32"]
+    assert all(math.isfinite(r.loss) for r in recs)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert seen == [(f32, f32, False), (bf16, bf16, False), (f32, bf16, True), (f32, f32, False)]
+    assert recs[1].params_bytes == recs[0].params_bytes // 2  # bf16 weights: half of fp32
+    assert all(p.dtype == f32 for p in module.parameters())
+
+
 def test_update_while_running_applies_at_a_step_boundary(tiny):
     with Session(TrainConfig(micro_batch=4), model_options=tiny) as s:
         s.start()

@@ -11,6 +11,12 @@
 * amp-fp16: `torch.autocast(dtype=float16)` + `torch.amp.GradScaler` with the config's
   loss_scale_init / growth / backoff / interval. Steps whose gradients overflow are
   skipped by the scaler and counted by the backend.
+* bf16-true (pure bf16, Lightning's name): no autocast, no scaler; `param_dtype` is
+  bfloat16, the dtype the engine casts its private copy of your module to, so weights,
+  gradients and optimizer states (torch optimizers create them in the parameter's dtype)
+  are all bf16, with no fp32 master copy. `cast_floating_inputs` is the forward pre-hook
+  that casts floating inputs to it (integer token ids stay as they are). Every update is
+  rounded to bf16's 8-bit mantissa: an update below 2^-8 of a weight is lost.
 
 CPU autocast in torch 2.x supports both bfloat16 and float16 (`GradScaler("cpu")`
 exists since torch 2.3). The DeepSpeed 16-bit modes (fp16, bf16) are not policies here:
@@ -29,6 +35,8 @@ import torch
 from workbench.config import Precision, TrainConfig
 
 _AMP_DTYPES = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
+#: The dtype an engine casts its copy of your module to (weights, gradients, states).
+PURE_DTYPES = {Precision.BF16_TRUE: torch.bfloat16}
 
 
 def _identity(loss: torch.Tensor) -> torch.Tensor:
@@ -41,25 +49,43 @@ class PrecisionPolicy:
 
     precision: Precision
     device_type: str
-    dtype: torch.dtype | None  # autocast dtype; None for fp32
+    dtype: torch.dtype | None  # autocast dtype; None without autocast (fp32, bf16-true)
     scaler: torch.amp.GradScaler | None
     autocast: Callable[[], AbstractContextManager[Any]]
     scale: Callable[[torch.Tensor], torch.Tensor]  # the scaler's scale(), or identity
+    param_dtype: torch.dtype | None = None  # pure bf16: the trained copy's dtype; None: yours
 
     @property
     def activation_dtype(self) -> torch.dtype:
-        return self.dtype or torch.float32
+        return self.dtype or self.param_dtype or torch.float32
+
+
+def cast_floating_inputs(dtype: torch.dtype) -> Any:
+    """A forward pre-hook (`register_forward_pre_hook(..., with_kwargs=True)`) casting the
+    floating tensors among a module's arguments to `dtype`; other values (integer token
+    ids, masks of bools) pass unchanged."""
+
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def cast(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+                return x.to(dtype)
+            return x
+
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    return hook
 
 
 def amp_supported(precision: Precision | str, device_type: str) -> str | None:
     """None when `precision` runs on `device_type`, else a one-line reason."""
     p = Precision(precision)
+    bf16 = p in (Precision.AMP_BF16, Precision.BF16_TRUE)
+    if bf16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU does not support bfloat16 (compute capability < 8.0)"
     if p not in _AMP_DTYPES:
         return None
     if not torch.amp.autocast_mode.is_autocast_available(device_type):
         return f"torch {torch.__version__} has no autocast for device {device_type!r}"
-    if p is Precision.AMP_BF16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "this GPU does not support bfloat16 (compute capability < 8.0)"
     return None
 
 
@@ -69,14 +95,15 @@ def build_precision(config: TrainConfig, device_type: str) -> PrecisionPolicy:
     if p.is_deepspeed:
         raise ValueError(
             f"precision={p.value!r}: is DeepSpeed's 16-bit mode and runs through the DeepSpeed "
-            "backend; the plain backend supports fp32, amp-bf16 and amp-fp16"
+            "backend; the plain backend supports fp32, amp-bf16, amp-fp16 and bf16-true"
         )
     reason = amp_supported(p, device_type)
     if reason:
         raise ValueError(f"precision={p.value!r}: not available here: {reason}")
     dtype = _AMP_DTYPES.get(p)
     if dtype is None:
-        return PrecisionPolicy(p, device_type, None, None, nullcontext, _identity)
+        pure = PURE_DTYPES.get(p)
+        return PrecisionPolicy(p, device_type, None, None, nullcontext, _identity, pure)
 
     def autocast() -> AbstractContextManager[Any]:
         return torch.autocast(device_type=device_type, dtype=dtype)

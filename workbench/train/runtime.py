@@ -7,8 +7,9 @@ your module, and the device bookkeeping of a step (synchronizing, memory reading
 only when everything built, carrying weights and optimizer state; on any failure nothing
 is swapped.
 
-Your module's weights: the plain backend trains your module itself; a DeepSpeed engine
-trains its own copy (16-bit, flattened, partitioned under ZeRO-3). The runtime copies the
+Your module's weights: the plain backend trains your module itself (under pure bf16,
+"bf16-true", a private bf16 copy of it); a DeepSpeed or FSDP engine trains its own copy
+(16-bit, flattened, partitioned under ZeRO-3; sharded under FSDP). The runtime copies the
 trained weights back into your module, in your module's own dtypes, at every engine switch
 (`rebuild`) and at `close()`, and on request (`sync_weights`). While an engine trains its
 copy on a GPU, your module is kept in host memory, so the GPU does not hold a second fp32

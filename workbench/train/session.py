@@ -270,10 +270,11 @@ class Session(SessionTools):
 
     @property
     def model(self) -> nn.Module:
-        """The module being trained now: your module, or under DeepSpeed the engine's
-        working copy (16-bit, flattened, partitioned under ZeRO-3). Your own module gets the
-        trained weights back at every engine switch and at `close()`; `state_dict()` gives
-        the full weights at any time. After `close()` this is your module."""
+        """The module being trained now: your module, or the engine's working copy (under
+        DeepSpeed 16-bit, flattened, partitioned under ZeRO-3; under FSDP sharded; under
+        precision "bf16-true" cast to bf16). Your own module gets the trained weights back,
+        in its own dtypes, at every engine switch and at `close()`; `state_dict()` gives the
+        full weights at any time. After `close()` this is your module."""
         if self._state == "closed":
             return self._model
         return self._rt.trained_module

@@ -62,9 +62,14 @@ def nan_advice(config: TrainConfig) -> str:
         if config.clip_grad_norm is None
         else f"lower clip_grad_norm (now {config.clip_grad_norm:g})"
     )
+    fp32_weights = (
+        ", or use precision='amp-bf16' (fp32 weights, bf16 compute)"
+        if precision is Precision.BF16_TRUE
+        else ""
+    )
     return (
         f"in {precision.value} this is divergence, not overflow: lower lr (now "
-        f"{float(config.lr):g}), {clip}, and check the data for NaN/inf values"
+        f"{float(config.lr):g}), {clip}, and check the data for NaN/inf values{fp32_weights}"
     )
 
 

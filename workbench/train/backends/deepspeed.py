@@ -53,11 +53,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import OptimizerName, Precision, TrainConfig
+from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig, bf16_true_problem
 from workbench.modelstats import count_parameters
 from workbench.train.backends.base import ModelStateBytes, StepOutcome
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
 from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.precision import cast_floating_inputs
 from workbench.train.schedule import lr_at
 
 STATE_FORMAT = 1
@@ -119,6 +120,8 @@ def engine_config(config: TrainConfig, world_size: int, n_params: int) -> dict[s
 
 def _check_supported(config: TrainConfig) -> None:
     precision = Precision(config.precision)
+    if precision is Precision.BF16_TRUE:
+        raise ConfigError([bf16_true_problem()])
     if precision is Precision.AMP_FP16:
         raise ValueError(
             "precision='amp-fp16': with the DeepSpeed backend (zero_stage >= 1 or several "
@@ -189,7 +192,7 @@ class DeepSpeedBackend:
         )
         if self._half is not None:
             self._hooks.append(
-                module.register_forward_pre_hook(_cast_inputs(self._half), with_kwargs=True)
+                module.register_forward_pre_hook(cast_floating_inputs(self._half), with_kwargs=True)
             )
         if self.precision is Precision.AMP_BF16:
             self._autocast: Any = _autocast_factory(self.device.type, torch.bfloat16)
@@ -720,18 +723,6 @@ def _check_state_matches(model: nn.Module, state: dict[str, Any]) -> None:
                 f"state: parameter {name} has shape {tuple(weights[name].shape)}, the model "
                 f"has {tuple(p.shape)}"
             )
-
-
-def _cast_inputs(dtype: torch.dtype) -> Any:
-    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        def cast(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-                return x.to(dtype)
-            return x
-
-        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
-
-    return hook
 
 
 def _autocast_factory(device_type: str, dtype: torch.dtype) -> Any:

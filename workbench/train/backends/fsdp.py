@@ -32,10 +32,16 @@ How it works
   gathered in 16 bit for compute; gradients reduced in fp32 unless
   `fsdp_reduce_fp32=False`); the sharded parameters and optimizer states stay fp32.
   "amp-fp16" adds torch's GradScaler (dynamic loss scaling over the sharded gradients).
+* Pure bf16 ("bf16-true"): the private copy is cast to bf16 before `fully_shard`, so the
+  sharded parameters, gradients and optimizer states are bf16 (no fp32 master copy) and
+  the policy casts nothing (`param_dtype=None`); gradients are reduced in fp32 and
+  stored back in bf16 unless `fsdp_reduce_fp32=False` (then reduced in bf16); floating
+  inputs are cast to bf16 by a forward pre-hook.
 * `offload_params="cpu"` (with "full_shard"): `CPUOffloadPolicy`, sharded parameters,
   gradients and the optimizer step live in host memory.
-* State in and out: full (unsharded) fp32 weights and optimizer state by parameter name
-  through PyTorch's distributed state-dict API
+* State in and out: full (unsharded) fp32 weights and optimizer state (in the dtype it
+  is held in, cast to the parameters' own when loaded) by parameter name through
+  PyTorch's distributed state-dict API
   (`torch.distributed.checkpoint.state_dict`); collective, so every rank calls it.
 """
 
@@ -54,7 +60,12 @@ from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, 
 from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.backends.process_group import ProcessGroupLease, device_types
-from workbench.train.precision import restore_scaler, scaler_state
+from workbench.train.precision import (
+    PURE_DTYPES,
+    cast_floating_inputs,
+    restore_scaler,
+    scaler_state,
+)
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.schedule import lr_at
 
@@ -121,14 +132,16 @@ class FSDPBackend:
         self._grads_bytes = 0
 
         module = copy.deepcopy(model)
+        pure = PURE_DTYPES.get(self.precision)
+        if pure is not None:  # bf16-true: shards, gradients and states in bf16
+            module.to(pure)
+            module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
         if state is not None:
             _load_full_weights(module, state)
         offload = OffloadDevice(config.offload_params) is OffloadDevice.CPU
         module.to(self.device)
         self.offload = offload
-        half = _HALF.get(self.precision)
-        reduce_dtype = torch.float32 if config.fsdp_reduce_fp32 else half
-        mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce_dtype if half else None)
+        mp = _mixed_precision(MixedPrecisionPolicy, self.precision, config.fsdp_reduce_fp32)
         if self.mode is FsdpMode.NO_SHARD:
             mesh = init_device_mesh(
                 self.device.type, (self.world_size, 1), mesh_dim_names=("replicate", "shard")
@@ -315,14 +328,12 @@ class FSDPBackend:
             options = StateDictOptions(full_state_dict=True)
             assert self._sharded is not None
             fresh = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
-            # the full tensors where the shards live: host memory under CPU offload
+            # the full tensors where the shards live (host memory under CPU offload), in the
+            # parameters' dtype (bf16 moments into fp32 shards and back)
             home = torch.device("cpu") if self.offload else self.device
             fresh["state"] = {
-                name: {
-                    k: (v.to(home) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
-                    for k, v in saved[name].items()
-                }
-                for name, _ in self._named
+                name: {k: _state_tensor(v, home, p.dtype) for k, v in saved[name].items()}
+                for name, p in self._named
                 if name in saved
             }
             set_optimizer_state_dict(
@@ -386,12 +397,32 @@ class FSDPBackend:
                 dist.destroy_process_group(group)
 
 
+def _mixed_precision(policy: Any, precision: Precision, reduce_fp32: bool) -> Any:
+    """FSDP2's `MixedPrecisionPolicy` for `precision`: AMP gathers 16-bit copies for
+    compute; pure bf16 casts nothing (the shards are bf16 already); both reduce gradients
+    in fp32 when `reduce_fp32`, else in the 16-bit dtype; fp32 casts nothing."""
+    half = _HALF.get(precision)
+    if half is not None:
+        return policy(param_dtype=half, reduce_dtype=torch.float32 if reduce_fp32 else half)
+    if precision in PURE_DTYPES and reduce_fp32:
+        return policy(param_dtype=None, reduce_dtype=torch.float32)
+    return policy(param_dtype=None, reduce_dtype=None)
+
+
 def on_device(device: torch.device) -> AbstractContextManager[Any]:
     """`torch.cuda.device(device)` for a CUDA device (the current device of this thread
     while the block runs, restored after), nothing otherwise."""
     if device.type == "cuda":
         return torch.cuda.device(device)
     return nullcontext()
+
+
+def _state_tensor(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    """A saved optimizer-state value on `device`, a floating state tensor in `dtype`;
+    scalars (Adam's step) as they are."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    return value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
 
 
 def _local(t: Any) -> Any:

@@ -2,7 +2,13 @@
 
 Implements the `Backend` contract of `workbench/train/backends/base.py`. Built once per
 setting; the Session rebuilds it (carrying `export_state()`) when a setting it reads
-changes. The module stays the same object across rebuilds.
+changes. It trains your module itself, the same object across rebuilds; under pure bf16
+("bf16-true") it trains a private copy cast to bf16 instead (weights, gradients and the
+optimizer states the torch optimizer creates in the parameters' dtype, all bf16; floating
+inputs cast to bf16 by a forward pre-hook; no autocast, no scaler), and your module keeps
+its own dtypes and gets the trained weights back at every switch and at close
+(`workbench.train.runtime`). Switching into bf16-true rounds the weights to bf16; back to
+fp32 they are exactly the bf16 values, as fp32.
 
 Backend-neutral state (`export_state()`, also what a checkpoint stores):
 
@@ -15,6 +21,8 @@ Backend-neutral state (`export_state()`, also what a checkpoint stores):
      "steps": int,                                      # optimizer steps applied
      "overflow_steps": int}                             # steps the loss scaler skipped
 
+Optimizer states are exported in the dtype they are held in (bf16 under bf16-true) and
+cast to the parameter's dtype when loaded, so they carry over between precisions.
 Optimizer state moves between optimizers of the same family (adam <-> adamw keep their
 moments; sgd keeps its momentum buffer); across families it starts fresh. A loss scale
 carries over while `loss_scale_init` is unchanged; a new `loss_scale_init` restarts it.
@@ -22,6 +30,7 @@ carries over while `loss_scale_init` is unchanged; a new `loss_scale_init` resta
 
 from __future__ import annotations
 
+import copy
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -34,6 +43,7 @@ from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.precision import (
     PrecisionPolicy,
     build_precision,
+    cast_floating_inputs,
     restore_scaler,
     scaler_state,
 )
@@ -59,16 +69,19 @@ class PlainBackend:
         self, config: TrainConfig, model: nn.Module, *, state: dict[str, Any] | None = None
     ) -> None:
         self.config = config
+        trainable = [p for _, p in named_unique_parameters(model) if p.requires_grad]
+        if not trainable:
+            raise ValueError("model: has no trainable parameters (requires_grad=True)")
+        self.device = trainable[0].device
+        self.policy: PrecisionPolicy = build_precision(config, self.device.type)
+        if self.policy.param_dtype is not None:
+            model = cast_copy(model, self.policy.param_dtype)
         self._model = model
         # forward runs through torch.compile when asked (compiled on the first step)
         self.module: nn.Module = torch.compile(model) if config.compile else model  # type: ignore[assignment]
         self._named = named_unique_parameters(model)
         trainable = [p for _, p in self._named if p.requires_grad]
-        if not trainable:
-            raise ValueError("model: has no trainable parameters (requires_grad=True)")
         self._params = trainable
-        self.device = trainable[0].device
-        self.policy: PrecisionPolicy = build_precision(config, self.device.type)
         self.optimizer = build_optimizer(config, trainable)
         self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._inv_accum = 1.0 / int(config.grad_accum)
@@ -89,7 +102,7 @@ class PlainBackend:
 
     @property
     def trained_module(self) -> nn.Module:
-        """Your module itself."""
+        """Your module itself; under bf16-true the bf16 copy of it."""
         return self._model
 
     # ------------------------------------------------------------------ the loop
@@ -161,7 +174,7 @@ class PlainBackend:
                 opt_state[name] = {k: v for k, v in st.items() if v is not None}
         return {
             "format": STATE_FORMAT,
-            "model": {name: p.detach() for name, p in self._named},
+            "model": {name: _fp32(p.detach()) for name, p in self._named},
             "optimizer": {"family": self._family, "state": opt_state},
             "scaler": scaler_state(self.policy.scaler, self.config),
             "scheduler": {"steps": self.steps},
@@ -195,10 +208,7 @@ class PlainBackend:
                 p = by_name.get(name)
                 if p is None or not p.requires_grad:
                     continue
-                self.optimizer.state[p] = {
-                    k: (v.to(p.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
-                    for k, v in st.items()
-                }
+                self.optimizer.state[p] = {k: _beside(v, p) for k, v in st.items()}
         self.steps = int(state.get("steps", (state.get("scheduler") or {}).get("steps", 0)))
         self.overflow_steps = int(state.get("overflow_steps", 0))
         restore_scaler(self.policy.scaler, state.get("scaler"), self.config)
@@ -217,3 +227,26 @@ class PlainBackend:
         self._closed = True
         self.optimizer.state.clear()
         self.optimizer.param_groups.clear()
+
+
+def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A private copy of `model` with its floating parameters and buffers in `dtype` (pure
+    bf16), casting floating inputs to `dtype` before each forward; `model` is untouched."""
+    twin = copy.deepcopy(model).to(dtype)
+    twin.register_forward_pre_hook(cast_floating_inputs(dtype), with_kwargs=True)
+    return twin
+
+
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    """A weight as the neutral state holds it: fp32 (the tensor itself when it is)."""
+    return t.float() if t.is_floating_point() and t.dtype != torch.float32 else t
+
+
+def _beside(value: Any, p: torch.Tensor) -> Any:
+    """A saved optimizer-state value on `p`'s device, a floating state tensor in `p`'s dtype
+    (bf16 moments into an fp32 optimizer and back); scalars (Adam's step) as they are."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    if value.is_floating_point():
+        return value.to(device=p.device, dtype=p.dtype)
+    return value.to(p.device)
