@@ -332,6 +332,21 @@ def test_auto_values_are_filled_from_the_sessions_settings_with_a_note() -> None
     assert amp.precision == "amp-bf16"
 
 
+def test_auto_precision_from_a_pure_bf16_session_is_deepspeeds_bf16() -> None:
+    """DeepSpeed has no pure bf16 (it keeps an fp32 master copy): a session in bf16-true
+    fills "auto" with DeepSpeed's bf16, and the note says why."""
+    base = TrainConfig(precision="bf16-true")
+    result = import_deepspeed(HF_AUTO, base=base, world_size=4)
+    assert result.config.precision == "bf16" and result.config.zero_stage == 2
+    why = "(precision='bf16-true', whose nearest in DeepSpeed is bf16)"
+    assert f"fp16.enabled=False {why}; bf16.enabled=True {why}" in result.warnings[0]
+    only_fp16 = {"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": "auto"}}
+    result = import_deepspeed({**only_fp16, "zero_optimization": {"stage": 3}}, base=base)
+    assert result.config.precision == "bf16" and f"precision='bf16' {why}" in result.warnings[0]
+    explicit = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}}
+    assert import_deepspeed(explicit, base=base).config.precision == "bf16"
+
+
 def from_deepspeed_quiet(ds: dict) -> TrainConfig:  # type: ignore[type-arg]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

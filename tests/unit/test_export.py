@@ -698,3 +698,46 @@ def test_out_dir_names_that_no_file_system_takes_are_refused(
     code, _, err = cli(["export", "--out", "job\0x"], capsys)
     assert code == 2 and "--out job\\x00x: not a usable directory path (embedded null" in err
     assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- pure bf16
+def test_pure_bf16_exports_as_fsdp_and_lightning_jobs_and_deepspeed_refuses_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench.export import check_export, export_job
+
+    pure = TrainConfig(precision="bf16-true", micro_batch=4)
+    fsdp = export_job(
+        pure.replace(fsdp="full_shard"), format="fsdp", gpus=2, out_dir=tmp_path / "fsdp"
+    )
+    assert job_values(fsdp.script_path)["config"]["precision"] == "bf16-true"  # type: ignore[index]
+    assert fsdp.estimate is not None and fsdp.estimate.accounting == "fsdp"
+    lightning = export_job(pure, format="lightning", gpus=2, out_dir=tmp_path / "lightning")
+    job = job_values(lightning.script_path)
+    assert job["strategy"] == "ddp" and job["config"]["precision"] == "bf16-true"  # type: ignore[index]
+    # data parallel replicas: the plain loop's accounting, 2 bytes per weight
+    assert lightning.estimate is not None and lightning.estimate.accounting == "paper"
+    assert lightning.estimate.params_bytes == 2 * lightning.estimate.n_params
+    assert lightning.ds_config_path is None
+    # DeepSpeed keeps an fp32 master copy: no DeepSpeed job trains pure bf16
+    (problem,) = check_export(pure, format="deepspeed", gpus=2, out_dir=tmp_path / "ds")
+    assert (problem.field, problem.value) == ("precision", "bf16-true")
+    assert "use 'bf16' (DeepSpeed's bf16 with an fp32 master copy)" in problem.message
+    with pytest.raises(ExportError, match=r"cannot export: precision='bf16-true': pure bf16"):
+        export_deepspeed(pure, gpus=2, out_dir=tmp_path / "ds")
+    code, _, err = cli(
+        ["export", "--precision", "bf16-true", "--out", str(tmp_path / "ds")], capsys
+    )
+    assert code == 2 and "--precision bf16-true: pure bf16 has no fp32 master copy" in err
+    assert "or pure bf16 with --fsdp (full_shard, shard_grad_op or no_shard) and --zero 0" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_every_precision_has_lightnings_name() -> None:
+    pytest.importorskip("lightning")
+    from workbench.config import Precision
+    from workbench.export import train_lightning
+
+    assert set(train_lightning.PRECISION) == set(Precision.choices())
+    assert train_lightning.PRECISION["bf16-true"] == "bf16-true"
+    assert train_lightning.PRECISION["amp-bf16"] == "bf16-mixed"

@@ -3,6 +3,7 @@ one rank, without a launcher and under DeepSpeed's launcher."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -230,6 +231,39 @@ def test_exported_fsdp_job_trains_on_two_ranks_and_without_workbench(tmp_path: P
         "model 'my_models:make' (named by --model): importing module 'my_models' from "
         f"{mine / 'my_models.py'} and calling make(**model_options)" in err
     )
+
+
+def test_exported_fsdp_and_lightning_jobs_train_pure_bf16(tmp_path: Path) -> None:
+    """bf16-true: the FSDP script casts the model to bf16 before sharding (a factory's
+    float inputs cast too); the Lightning job runs Lightning's own "bf16-true"."""
+    from workbench.export import export_job
+
+    pure = TrainConfig(precision="bf16-true", micro_batch=8, lr=1e-2)
+    out = export_job(
+        pure.replace(fsdp="full_shard"),
+        format="fsdp",
+        gpus=1,
+        out_dir=tmp_path / "fsdp",
+        model="my_models:make",
+    )
+    job = Path(out.out_dir)
+    (job / "my_models.py").write_text(FACTORY)
+    code, lines, err = run_without_workbench(
+        [sys.executable, "train_fsdp.py", "--steps", "2", "--model", "my_models:make"], job
+    )
+    assert code == 0, err[-3000:]
+    start, steps = lines[0], lines[1:-1]
+    assert start["precision"] == "bf16-true" and start["param_dtype"] == "bfloat16"
+    assert [s["step"] for s in steps] == [1, 2] and all(math.isfinite(s["loss"]) for s in steps)
+    if importlib.util.find_spec("lightning") is None:
+        return
+    out = export_job(pure, format="lightning", gpus=1, out_dir=tmp_path / "lightning")
+    code, lines, err = run_job(
+        [sys.executable, "train_lightning.py", "--steps", "2"], cwd=Path(out.out_dir)
+    )
+    assert code == 0, err[-3000:]
+    assert [ln["step"] for ln in lines[:-1]] == [1, 2]
+    assert all(math.isfinite(ln["loss"]) for ln in lines[:-1])
 
 
 def test_exported_deepspeed_job_runs_without_workbench(tmp_path: Path) -> None:

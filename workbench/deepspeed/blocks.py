@@ -94,6 +94,15 @@ def read_zero(r: Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
         kw["nvme_path"] = nvme_paths[0]
 
 
+def deepspeed_precision(precision: Precision) -> tuple[Precision, str]:
+    """The session's precision as a DeepSpeed job takes it, and where it comes from as the
+    import's notes say it: pure bf16 ("bf16-true") has no DeepSpeed form, DeepSpeed's bf16
+    (bf16 weights with an fp32 master copy) is nearest."""
+    if precision is Precision.BF16_TRUE:
+        return Precision.BF16, "precision='bf16-true', whose nearest in DeepSpeed is bf16"
+    return precision, "precision"
+
+
 def read_precision(
     r: Reader, ds: dict[str, Any], parsed: Any, kw: dict[str, Any], base: TrainConfig
 ) -> None:
@@ -142,8 +151,9 @@ def read_precision(
                 )
             )
     elif r.auto_paths & {"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}:
-        kw["precision"] = Precision(base.precision).value
-        r.filled.append(f"precision={shown(kw['precision'])} (precision)")
+        precision, source = deepspeed_precision(Precision(base.precision))
+        kw["precision"] = precision.value
+        r.filled.append(f"precision={shown(kw['precision'])} ({source})")
     if autocast and (fc.enabled or bc.enabled):
         on = "fp16" if fc.enabled else bf_key
         r.ignore(f"torch_autocast (together with {on}: the workbench trains {on} alone)")

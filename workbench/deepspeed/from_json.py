@@ -42,7 +42,13 @@ from workbench.config import (
     Precision,
     TrainConfig,
 )
-from workbench.deepspeed.blocks import read_optimizer, read_precision, read_scheduler, read_zero
+from workbench.deepspeed.blocks import (
+    deepspeed_precision,
+    read_optimizer,
+    read_precision,
+    read_scheduler,
+    read_zero,
+)
 from workbench.deepspeed.check import (
     check_config,
     close_key,
@@ -178,7 +184,7 @@ def from_deepspeed(
 def _auto_fills(base: TrainConfig) -> dict[str, tuple[Any, str]]:
     """Key path -> (value, the session setting it comes from) for the "auto" values the
     workbench fills; the Hugging Face Trainer fills the same keys from its arguments."""
-    precision = Precision(base.precision)
+    precision, source = deepspeed_precision(Precision(base.precision))  # bf16-true: bf16
     optimizer = OptimizerName(base.optimizer)
     fills: dict[str, tuple[Any, str]] = {
         "train_micro_batch_size_per_gpu": (int(base.micro_batch), "micro_batch"),
@@ -195,16 +201,16 @@ def _auto_fills(base: TrainConfig) -> dict[str, tuple[Any, str]]:
         "scheduler.params.total_num_steps": (int(base.total_steps), "total_steps"),
         "scheduler.params.cycle_max_lr": (float(base.lr), "lr"),
         "scheduler.params.cycle_min_lr": (float(base.lr) / 25.0, "lr / 25"),
-        "fp16.enabled": (precision is Precision.FP16, "precision"),
-        "bf16.enabled": (precision is Precision.BF16, "precision"),
-        "bfloat16.enabled": (precision is Precision.BF16, "precision"),
+        "fp16.enabled": (precision is Precision.FP16, source),
+        "bf16.enabled": (precision is Precision.BF16, source),
+        "bfloat16.enabled": (precision is Precision.BF16, source),
         "torch_autocast.enabled": (
             precision in (Precision.AMP_BF16, Precision.AMP_FP16),
-            "precision",
+            source,
         ),
         "torch_autocast.dtype": (
             "float16" if precision is Precision.AMP_FP16 else "bfloat16",
-            "precision",
+            source,
         ),
         "fp16.loss_scale_window": (int(base.loss_scale_interval), "loss_scale_interval"),
         "zero_optimization.stage": (int(base.zero_stage), "zero_stage"),

@@ -16,6 +16,7 @@ from workbench.config import (
     Precision,
     SettingProblem,
     TrainConfig,
+    bf16_true_problem,
 )
 from workbench.deepspeed.keys import (
     ADAM_BETAS,
@@ -31,7 +32,8 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
 
     Raises ValueError for settings DeepSpeed cannot express (fp16 growth/backoff factors
     other than 2 and 0.5, a loss_scale_init that is not a power of two, the estimator-only
-    adam8bit optimizer). An optimizer ZeRO has not been tested with (SGD, Lamb) gets
+    adam8bit optimizer, pure bf16 "bf16-true": DeepSpeed's bf16 keeps an fp32 master
+    copy). An optimizer ZeRO has not been tested with (SGD, Lamb) gets
     `"zero_allow_untested_optimizer": true` at stages 1-3, which DeepSpeed requires.
     """
     if not isinstance(config, TrainConfig):
@@ -49,6 +51,8 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
         )
     batch = config.effective_batch_size(world_size)  # validates world_size
     precision = Precision(config.precision)
+    if precision is Precision.BF16_TRUE:  # DeepSpeed's bf16 always has an fp32 master copy
+        raise ConfigError([bf16_true_problem()])
     ds: dict[str, Any] = {
         "train_batch_size": batch,
         "train_micro_batch_size_per_gpu": int(config.micro_batch),

@@ -288,7 +288,8 @@ def export_job(
     commands = _commands(format, gpus=gpus, nodes=nodes, hostfile=hostfile_text, model=model)
     several = nodes > 1 or (format == "deepspeed" and host_path is not None)
     primary = commands["multinode"] if several else commands["single"]
-    estimate = None if info is None else _estimate(config, info, world)
+    ddp = format == "lightning" and strategy == STRATEGY[Engine.PLAIN]
+    estimate = None if info is None else _estimate(config, info, world, ddp=ddp)
     job = _job(config, model=model, options=options, steps=total_steps, world=world)
     if format == "lightning":
         job["strategy"] = strategy
@@ -820,13 +821,16 @@ def _hostfile_template(nodes: int, gpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _estimate(config: TrainConfig, info: Any, world: int) -> Any:
+def _estimate(config: TrainConfig, info: Any, world: int, *, ddp: bool = False) -> Any:
     """The per-GPU prediction for a built-in model from its ModelInfo (measured on the meta
-    device; a factory's size is not known without importing it, so it has none)."""
-    from workbench.prediction import predict_memory
+    device; a factory's size is not known without importing it, so it has none). `ddp`: a
+    Lightning job that is data parallel holds plain replicas on its ranks, the plain loop's
+    accounting (not that of the DeepSpeed ZeRO-0 a Session's ranks train through)."""
+    from workbench.prediction import ACCOUNTING, predict_memory
 
+    accounting = ACCOUNTING[Engine.PLAIN] if ddp else None
     try:
-        return predict_memory(config, info, world)
+        return predict_memory(config, info, world, accounting=accounting)
     except ValueError as exc:
         message = f"the memory estimate: {one_line(exc)}"
         raise ExportError([ExportProblem("config", config, message, value_text="")]) from None

@@ -18,9 +18,11 @@ FSDP2 (`torch.distributed.fsdp.fully_shard`) wraps each block the workbench mark
 (the built-in GPT's transformer blocks), then the root: "full_shard" reshards parameters
 after forward, "shard_grad_op" keeps them gathered until backward, "no_shard" replicates
 (a 2-D mesh, N replicas x 1 shard). "amp-bf16"/"amp-fp16" gather parameters in 16 bit for
-compute (`MixedPrecisionPolicy`; fp16 adds torch's GradScaler); `offload_params="cpu"`
-keeps shards in host memory. Rank 0 prints one JSON line per optimizer step
-({"step": ..., "loss": ...}).
+compute (`MixedPrecisionPolicy`; fp16 adds torch's GradScaler); "bf16-true" (pure bf16)
+casts the model to bf16 before sharding (`model.to(torch.bfloat16)`: bf16 shards,
+gradients and optimizer states, no fp32 master copy; floating inputs cast to bf16);
+`offload_params="cpu"` keeps shards in host memory. Rank 0 prints one JSON line per
+optimizer step ({"step": ..., "loss": ...}).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ except ImportError:  # an exported folder without workbench installed
     )
 
 HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+PURE = {"bf16-true": torch.bfloat16}  # the model itself in this dtype: pure bf16
 
 
 def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +101,15 @@ def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device)
 
     mode, world = config["fsdp"], dist.get_world_size()
     half = HALF.get(config["precision"])
-    reduce = torch.float32 if config.get("fsdp_reduce_fp32", True) else half
+    reduce_fp32 = config.get("fsdp_reduce_fp32", True)
+    if half is not None:  # 16-bit copies gathered for compute
+        policy = MixedPrecisionPolicy(
+            param_dtype=half, reduce_dtype=torch.float32 if reduce_fp32 else half
+        )
+    elif config["precision"] in PURE and reduce_fp32:  # bf16 shards, gradients reduced in fp32
+        policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+    else:
+        policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
     if mode == "no_shard":
         mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("replicate", "shard"))
     else:
@@ -106,7 +117,7 @@ def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device)
     offload = config.get("offload_params") == "cpu"
     options: dict[str, Any] = {
         "mesh": mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=half, reduce_dtype=reduce if half else None),
+        "mp_policy": policy,
         "offload_policy": (
             CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
         ),
@@ -115,6 +126,22 @@ def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device)
     for block in marked_blocks(module):
         fully_shard(block, **options)
     fully_shard(module, **options)
+
+
+def cast_to_pure(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Pure 16-bit: the model's floating parameters and buffers in `dtype`, and a forward
+    pre-hook casting its floating inputs to it (integer token ids pass unchanged)."""
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+            return x.to(dtype)
+        return x
+
+    def hook(m: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    module.to(dtype)
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def process_group_backend(cuda: bool) -> str:
@@ -143,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
 
     module, dataset, loss_fn = build(job, approved=approved)
+    if config["precision"] in PURE:
+        cast_to_pure(module, PURE[config["precision"]])
     module.to(device)
     shard(module, config, device)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -169,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": job["model"],
             "world_size": world,
             "fsdp": config["fsdp"],
+            "precision": config["precision"],
+            "param_dtype": str(params[0].dtype).replace("torch.", ""),
             "n_params": n_params,
             "micro_batch": micro,
             "grad_accum": accum,

@@ -18,6 +18,8 @@ blocks the workbench marked wrapped) for FSDP, else data parallel. This file and
 It needs torch and lightning (and deepspeed for its strategy); workbench only for a
 built-in model or activation checkpointing. Lightning's DeepSpeed and FSDP strategies run
 on CUDA GPUs only (the script says so and stops on a CPU); data parallel runs anywhere.
+The precision is Lightning's name for it (`PRECISION`: "amp-bf16" is "bf16-mixed", pure
+bf16 "bf16-true" is "bf16-true", Lightning's model cast to bf16 without a master copy).
 
 Rank 0 prints one JSON line per optimizer step ({"step": ..., "loss": ...}).
 """
@@ -70,6 +72,7 @@ PRECISION = {
     "fp32": "32-true",
     "amp-bf16": "bf16-mixed",
     "amp-fp16": "16-mixed",
+    "bf16-true": "bf16-true",  # pure bf16: the model cast to bf16, no fp32 master copy
     "bf16": "bf16-mixed",  # with DeepSpeed's strategy: its bf16 mode
     "fp16": "16-mixed",  # with DeepSpeed's strategy: its loss-scaled fp16
 }
