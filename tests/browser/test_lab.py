@@ -105,7 +105,7 @@ def test_start_notebook_panels_render_and_react(lab, page, artifacts: Path) -> N
         dashboard.locator(".lm-TabBar-tabLabel", has_text="Memory estimator").click()
         summary = page.locator(".wb-est-summary")
         summary.wait_for()
-        assert "total per GPU" in summary.inner_text()
+        assert "peak of a step per GPU" in summary.inner_text()
         assert page.locator("img.wb-est-chart").evaluate("img => img.naturalWidth") > 100
         _shot(page, artifacts, "lab_estimator.png")
         dashboard.locator(".lm-TabBar-tabLabel", has_text="Hardware monitor").click()

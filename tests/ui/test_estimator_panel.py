@@ -7,6 +7,7 @@ import pytest
 
 from workbench.estimate import GIB, compare_engines, estimate_memory
 from workbench.ui import EstimatorPanel
+from workbench.ui.estimator import SEGMENTS, segment_bytes
 
 
 @pytest.fixture
@@ -41,8 +42,13 @@ def test_default_chart_matches_the_estimator(panel: EstimatorPanel) -> None:
     )
     assert e == expected
     data = panel.chart_data()
-    assert data["params_bytes"][0] == pytest.approx(expected.params_bytes / GIB)
-    assert data["activation_bytes"][0] == pytest.approx(expected.activation_bytes / GIB)
+    # the bar is the peak of a step: its terms, then the CUDA context and reserve
+    terms = expected.peak_terms
+    assert data["parameters"][0] == pytest.approx(terms["parameters"] / GIB)
+    assert data["activations"][0] == pytest.approx(terms["activations"] / GIB)
+    assert data["reserve"][0] == pytest.approx(expected.overhead_bytes / GIB)
+    assert sum(v[0] for v in data.values()) == pytest.approx(expected.required_bytes / GIB)
+    assert set(data) == {name for name, *_ in SEGMENTS}
     stages = compare_engines(
         layers=32,
         hidden=4096,
@@ -58,7 +64,11 @@ def test_default_chart_matches_the_estimator(panel: EstimatorPanel) -> None:
         tokens=140e9,
         price_per_gpu_hour=2.0,
     )
-    assert data["optimizer_bytes"][1:] == pytest.approx([s.optimizer_bytes / GIB for s in stages])
+    assert data["optimizer states"][1:] == pytest.approx(
+        [s.peak_terms["optimizer states"] / GIB for s in stages]
+    )
+    for col, s in enumerate(stages, start=1):  # every column stacks its own peak
+        assert sum(v[col] for v in data.values()) == pytest.approx(s.required_bytes / GIB)
     assert [s.zero_stage for s in stages] == [0, 1, 2, 3, 0] and stages[-1].fsdp == "full_shard"
     # at rest FSDP full_shard holds what ZeRO-3 does: everything sharded over the 8 GPUs
     assert stages[-1].model_states_bytes == stages[3].model_states_bytes
@@ -66,15 +76,16 @@ def test_default_chart_matches_the_estimator(panel: EstimatorPanel) -> None:
     assert panel.chart.png.startswith(b"\x89PNG")
     summary = panel.summary.value
     assert "fits" in summary and "max micro-batch" in summary and "cost" in summary
+    assert "peak of a step" in summary and "model states at rest" in summary
 
 
 def test_change_recomputes_and_redraws_in_place(panel: EstimatorPanel) -> None:
     figure, image, axes = panel.chart.figure, panel.chart.image, list(panel.chart.figure.axes)
-    before_act = panel.chart_data()["activation_bytes"][0]
+    before_act = panel.chart_data()["activations"][0]
     before_png, renders = panel.chart.png, panel.chart.renders
     _set(panel, "micro_batch", "4")
     assert panel.estimate.micro_batch == 4
-    assert panel.chart_data()["activation_bytes"][0] == pytest.approx(4 * before_act)
+    assert panel.chart_data()["activations"][0] == pytest.approx(4 * before_act)
     assert panel.chart.renders == renders + 1 and panel.chart.png != before_png
     assert panel.chart.image.value == panel.chart.png
     # the same figure, axes and image widget: no new figure per change, nothing in pyplot
@@ -86,9 +97,7 @@ def test_change_recomputes_and_redraws_in_place(panel: EstimatorPanel) -> None:
 def test_stage_and_gpu_type_and_units(panel: EstimatorPanel) -> None:
     _set(panel, "zero_stage", 3)
     assert panel.estimate.zero_stage == 3
-    assert panel.chart_data()["params_bytes"][0] == pytest.approx(
-        panel.stages[3].params_bytes / GIB
-    )
+    assert panel.chart_data()["parameters"][0] == pytest.approx(panel.stages[3].params_bytes / GIB)
     _set(panel, "gpu", "h200-141gb")
     assert panel.gpu_line_value() == pytest.approx(141.0)
     gib_total = sum(v[0] for v in panel.chart_data().values())
@@ -109,7 +118,7 @@ def test_parameter_count_mode_175b(panel: EstimatorPanel) -> None:
     assert e.n_params == 175_000_000_000
     assert e.total_bytes == 16 * 175_000_000_000  # 2.8 TB of model states
     assert e.activation_bytes is None and e.fits is False
-    assert panel.chart_data()["activation_bytes"][0] == 0
+    assert panel.chart_data()["activations"][0] == 0
     assert "does not fit" in panel.summary.value
 
 
@@ -124,7 +133,9 @@ def test_parameter_count_mode_175b(panel: EstimatorPanel) -> None:
         ("layers", "many", "layers: 'many' is not a whole number"),
         ("mfu", "1.5", "MFU: 1.5 is out of range"),
         ("mfu", "0", "MFU: 0 is out of range"),
-        ("overhead_gib", "nan", "overhead (GiB): nan is out of range"),
+        ("overhead_gib", "nan", "CUDA reserve (GiB): nan is out of range"),
+        ("grad_accum", "0", "accumulation: 0 is out of range"),
+        ("loss_chunks", "x", "loss chunks: 'x' is not a whole number"),
         ("tokens", "lots", "training tokens: 'lots' is not a count"),
         ("price_per_gpu_hour", "-1", "$ per GPU-hour: -1 is out of range"),
     ],
@@ -149,7 +160,7 @@ def test_estimator_rejections_land_beside_the_right_field(panel: EstimatorPanel)
     assert "offload parameters" in errors["offload_params"] and "3" in errors["offload_params"]
     _set(panel, "zero_stage", 3)
     assert panel.errors() == {} and panel.estimate.offload_params is True
-    assert panel.chart_data()["params_bytes"][0] == 0  # parameters live on the CPU
+    assert panel.chart_data()["parameters"][0] == 0  # parameters live on the CPU
     _set(panel, "heads", "33")
     assert "must divide" in panel.errors()["heads"]
 
@@ -246,9 +257,35 @@ def test_tensor_pipeline_and_sequence_parallel(panel: EstimatorPanel) -> None:
     assert e.sequence_parallel is True and panel.errors() == {}
     assert "tp 8 x pp 4 x dp 2" in panel._ax_setup.get_xticklabels()[0].get_text()
     assert "GPU split" in panel.summary.value and "before ZeRO" in panel.summary.value
-    assert panel.chart_data()["params_bytes"][0] == pytest.approx(e.params_bytes / GIB)
+    assert panel.chart_data()["parameters"][0] == pytest.approx(e.params_bytes / GIB)
     _set(panel, "tensor_parallel", "3")
     assert "must divide" in panel.errors()["tensor_parallel"]
     _set(panel, "tensor_parallel", "8")
     _set(panel, "gpus", "60")
     assert "multiple of" in panel.errors()["gpus"]
+
+
+def test_the_peaks_settings_are_fields(panel: EstimatorPanel) -> None:
+    """Attention, dropout, accumulation, optimizer implementation and chunked loss change
+    the peak as the estimator says; the transient terms get their own segments."""
+    _set(panel, "model", "llama-3-8b")
+    sdpa = panel.estimate
+    assert sdpa.attention == "sdpa" and sdpa.dropout is False  # Llama trains without
+    _set(panel, "attention", "eager")
+    _set(panel, "checkpointing", "none")
+    eager = panel.estimate
+    assert eager.attention == "eager" and eager.activation_bytes > sdpa.activation_bytes
+    _set(panel, "dropout", "on")
+    assert panel.estimate.dropout is True
+    assert panel.estimate.activation_bytes > eager.activation_bytes
+    _set(panel, "optimizer_impl", "for-loop")
+    assert panel.estimate.optimizer_impl == "for-loop"
+    _set(panel, "grad_accum", "4")
+    assert panel.estimate.grad_accum == 4
+    _set(panel, "loss_chunks", "8")
+    assert panel.estimate.loss_chunks == 8
+    e = panel.estimate
+    data = panel.chart_data()
+    parts = segment_bytes(e)
+    assert [data[k][0] for k in parts] == pytest.approx([v / GIB for v in parts.values()])
+    assert "peak of a step" in panel.summary.value

@@ -6,8 +6,11 @@
     >>> round(e.total_bytes / 1e9, 1)
     1.9
 
-Model states follow the ZeRO paper (`model_states`), activations Korthikanti et al. 2022
-(`activations`), GPU figures vendor data sheets (`catalog`). Models come from published
+The answer is the peak of one training step (`peak`: model states as held at its highest
+point, activations, the logits and loss, the optimizer's temporaries, autocast's casts,
+the engines' buckets and gathered parameters); model states at rest follow the ZeRO
+paper (`model_states`), stored activations Korthikanti et al. 2022 (`activations`,
+with today's fused attention), GPU figures vendor data sheets (`catalog`). Models come from published
 presets (`presets`), Hugging Face config.json files (`hf_config`), torch modules counted on
 the meta device (`from_module`, the one place that imports torch, when called) or a shape
 (`architecture`: GQA, SwiGLU, norms, biases, tied embeddings, and Megatron's tensor/pipeline
@@ -30,6 +33,7 @@ docs/estimator.md has the details.
 
 from workbench.estimate.activations import (
     ActivationBreakdown,
+    Attention,
     Checkpointing,
     params_from_shape,
     transformer_activation_bytes,
@@ -55,6 +59,7 @@ from workbench.estimate.model_states import (
     bytes_per_param,
     model_state_bytes,
 )
+from workbench.estimate.peak import OPTIMIZER_IMPLS, PHASES, StepPeak
 from workbench.estimate.presets import (
     MODELS,
     PRESETS,
@@ -67,6 +72,10 @@ from workbench.estimate.problems import EstimateInputError, Problem
 
 __all__ = [
     "ACCOUNTINGS",
+    "OPTIMIZER_IMPLS",
+    "PHASES",
+    "Attention",
+    "StepPeak",
     "FAMILIES",
     "MODELS",
     "PRESETS",

@@ -8,9 +8,13 @@ Tensor-parallel size, pipeline stages and sequence parallelism split the model a
 `estimate_memory` describes; the GPU count is their product times the data-parallel size.
 
 Any change recomputes the estimate and redraws one persistent figure: a stacked bar of
-the per-GPU memory of this setup (its label shows the tp x pp x dp split) next to ZeRO
-stages 0-3 side by side, each with the GPU's memory as a horizontal line. Invalid input
-shows its message beside the field and the last valid chart stays.
+the peak of one training step per GPU (`MemoryEstimate.peak`: model states, activations,
+the logits and loss, then each transient term in its own colour, hatched, and the CUDA
+context and allocator reserve on top; its label shows the tp x pp x dp split) next to
+ZeRO stages 0-3 and FSDP side by side, each with the GPU's memory as a horizontal line.
+The peak's settings (attention kernel, dropout, gradient accumulation, optimizer
+implementation, chunked loss) are fields too. Invalid input shows its message beside the
+field and the last valid chart stays.
 
 Past 600 lines because the fields, their parsing into `estimate_memory` arguments and the
 one figure are a single view; shared helpers live in `ui/fields.py` and `ui/charts.py`.
@@ -29,6 +33,8 @@ from workbench.estimate import (
     DEFAULT_MFU,
     DEFAULT_OVERHEAD_GIB,
     MODELS,
+    OPTIMIZER_IMPLS,
+    Attention,
     Checkpointing,
     EstimateInputError,
     MemoryEstimate,
@@ -54,13 +60,41 @@ from workbench.ui.panel import PanelBase
 
 COLUMNS = 5  # the comparison: ZeRO stages 0-3 and FSDP full_shard
 
+#: (segment, legend label, colour, hatched: a transient of the step)
 SEGMENTS = (
-    ("params_bytes", "parameters", "#1565c0"),
-    ("grads_bytes", "gradients", "#43a047"),
-    ("optimizer_bytes", "optimizer states", "#fb8c00"),
-    ("activation_bytes", "activations", "#8e24aa"),
-    ("overhead_bytes", "framework overhead", "#bdbdbd"),
+    ("parameters", "parameters", "#1565c0", False),
+    ("gradients", "gradients", "#43a047", False),
+    ("optimizer states", "optimizer states", "#fb8c00", False),
+    ("activations", "activations", "#8e24aa", False),
+    ("logits and loss", "logits and loss", "#ba68c8", False),
+    ("optimizer step temporaries", "optimizer temporaries", "#e53935", True),
+    ("autocast weight casts", "autocast casts", "#f06292", True),
+    ("backward transient", "backward transient", "#ff8a65", True),
+    ("engine buffers", "buckets / gathered params", "#6d4c41", True),
+    ("reserve", "CUDA context + reserve", "#bdbdbd", False),
 )
+#: Peak terms drawn together as "engine buffers".
+ENGINE_TERMS = (
+    "DDP gradient buckets",
+    "FSDP gathered parameters",
+    "FSDP unsharded gradients",
+    "ZeRO-3 gathered parameters",
+    "DeepSpeed reduce buckets",
+    "DeepSpeed fp32 gradient partition",
+)
+DROPOUT = {"model's": None, "on": True, "off": False}
+
+
+def segment_bytes(e: MemoryEstimate) -> dict[str, int]:
+    """The bytes of each chart segment of an estimate's peak (see `SEGMENTS`)."""
+    terms = e.peak_terms
+    out = {name: 0 for name, *_ in SEGMENTS}
+    for term, value in terms.items():
+        out["engine buffers" if term in ENGINE_TERMS else term] += value
+    out["reserve"] = e.overhead_bytes
+    return out
+
+
 MODE_PARAMS = "parameter count"
 MODE_SHAPE = "transformer shape"
 CUSTOM = "custom"
@@ -89,8 +123,13 @@ LABELS = {
     "offload_optimizer": "offload optimizer",
     "offload_params": "offload parameters",
     "checkpointing": "checkpointing",
+    "attention": "attention",
+    "dropout": "dropout",
+    "grad_accum": "accumulation",
+    "optimizer_impl": "optimizer impl",
+    "loss_chunks": "loss chunks",
     "gpu": "GPU type",
-    "overhead_gib": "overhead (GiB)",
+    "overhead_gib": "CUDA reserve (GiB)",
     "tokens": "training tokens",
     "mfu": "MFU",
     "price_per_gpu_hour": "$ per GPU-hour",
@@ -136,6 +175,11 @@ class EstimatorPanel(PanelBase):
             "offload_optimizer": False,
             "offload_params": False,
             "checkpointing": Checkpointing.SELECTIVE.value,
+            "attention": "sdpa",
+            "dropout": "model's",
+            "grad_accum": "1",
+            "optimizer_impl": "auto",
+            "loss_chunks": "1",
             "gpu": "a100-80gb",
             "overhead_gib": f"{DEFAULT_OVERHEAD_GIB:g}",
             "tokens": "140B",
@@ -168,6 +212,8 @@ class EstimatorPanel(PanelBase):
             *SHAPE_FIELDS,
             *OPTIONAL_INTS,
             "micro_batch",
+            "grad_accum",
+            "loss_chunks",
             "gpus",
             "tensor_parallel",
             "pipeline_parallel",
@@ -201,6 +247,18 @@ class EstimatorPanel(PanelBase):
             "wb-est-checkpointing",
         )
         f["gpu"] = dropdown_field(LABELS["gpu"], gpu_names(), values["gpu"], "wb-est-gpu")
+        f["attention"] = dropdown_field(
+            LABELS["attention"], Attention.choices(), values["attention"], "wb-est-attention"
+        )
+        f["dropout"] = dropdown_field(
+            LABELS["dropout"], list(DROPOUT), values["dropout"], "wb-est-dropout"
+        )
+        f["optimizer_impl"] = dropdown_field(
+            LABELS["optimizer_impl"],
+            list(OPTIMIZER_IMPLS),
+            values["optimizer_impl"],
+            "wb-est-optimizer-impl",
+        )
         for name in ("tied_embeddings", "sequence_parallel", "offload_optimizer", "offload_params"):
             f[name] = Field(
                 LABELS[name],
@@ -258,10 +316,27 @@ class EstimatorPanel(PanelBase):
             ],
             layout=column,
         )
+        step = widgets.VBox(
+            [
+                widgets.HTML("<b>The step's peak</b>"),
+                *(
+                    f[n].box
+                    for n in (
+                        "attention",
+                        "dropout",
+                        "grad_accum",
+                        "optimizer_impl",
+                        "loss_chunks",
+                        "overhead_gib",
+                    )
+                ),
+            ],
+            layout=column,
+        )
         cost = widgets.VBox(
             [
                 widgets.HTML("<b>Time and cost</b>"),
-                *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour", "overhead_gib")),
+                *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour")),
                 widgets.HBox(
                     [widgets.HTML("<b>units</b>", layout=widgets.Layout(width="130px")), self.units]
                 ),
@@ -274,7 +349,7 @@ class EstimatorPanel(PanelBase):
         top = widgets.HBox(
             [self.chart.image, widgets.VBox([self.summary, self.status])], layout=wrap
         )
-        inputs = widgets.HBox([model, setup, cost], layout=wrap)
+        inputs = widgets.HBox([model, setup, step, cost], layout=wrap)
         self.widget = widgets.VBox([top, inputs], layout=widgets.Layout(padding="6px"))
         self.widget.add_class("wb-estimator-panel")
 
@@ -295,9 +370,11 @@ class EstimatorPanel(PanelBase):
         self._ax_setup = fig.add_subplot(1, 2, 1)
         self._ax_stages = fig.add_subplot(1, 2, 2)
         self._rects: dict[str, list[Rectangle]] = {}
-        for name, label, color in SEGMENTS:
-            bars = self._ax_setup.bar([0], [0.0], width=0.6, color=color, label=label)
-            sbars = self._ax_stages.bar(range(COLUMNS), [0.0] * COLUMNS, width=0.6, color=color)
+        for name, label, color, transient in SEGMENTS:
+            hatch = "//" if transient else None
+            style = dict(width=0.6, color=color, hatch=hatch, edgecolor="white", linewidth=0)
+            bars = self._ax_setup.bar([0], [0.0], label=label, **style)
+            sbars = self._ax_stages.bar(range(COLUMNS), [0.0] * COLUMNS, **style)
             self._rects[name] = [*bars.patches, *sbars.patches]
         self._gpu_lines = [
             ax.axhline(0.0, color="#c62828", linestyle="--", linewidth=1.5)
@@ -332,8 +409,8 @@ class EstimatorPanel(PanelBase):
         self._ax_setup.set_xlim(-0.7, 0.7)
         self._ax_stages.set_xticks(range(COLUMNS))
         self._ax_stages.set_xticklabels([*(f"ZeRO {i}" for i in range(4)), "FSDP\nfull_shard"])
-        self._ax_stages.set_title("compare ZeRO and FSDP (per GPU)", fontsize=10)
-        self._ax_setup.legend(loc="upper left", fontsize=7, framealpha=0.85)
+        self._ax_stages.set_title("the peak under ZeRO and FSDP (per GPU)", fontsize=10)
+        self._ax_setup.legend(loc="upper left", fontsize=6, framealpha=0.85)
         for ax in (self._ax_setup, self._ax_stages):
             ax.grid(True, axis="y", alpha=0.3)
 
@@ -346,8 +423,9 @@ class EstimatorPanel(PanelBase):
         tops = []
         for col, est in enumerate(columns):
             bottom = 0.0
-            for name, _label, _color in SEGMENTS:
-                h = (getattr(est, name) or 0) / unit
+            parts = segment_bytes(est)
+            for name, *_ in SEGMENTS:
+                h = parts[name] / unit
                 rect = self._rects[name][col]
                 rect.set_y(bottom)
                 rect.set_height(h)
@@ -371,7 +449,8 @@ class EstimatorPanel(PanelBase):
         if tallest > ymax / 1.05 or tallest < 0.45 * ymax:
             ymax = tallest * 1.18
         fits = "fits" if e.fits else ("does not fit" if e.fits is False else "")
-        self._ax_setup.set_title(f"this setup (ZeRO {e.zero_stage}) {fits}", fontsize=10)
+        engine = f"FSDP {e.fsdp}" if e.fsdp != "off" else f"ZeRO {e.zero_stage}"
+        self._ax_setup.set_title(f"peak of a step ({engine}) {fits}", fontsize=10)
         background = (
             ymax,
             self.units.value,
@@ -477,6 +556,9 @@ class EstimatorPanel(PanelBase):
         else:
             take("n_params", parse_count)
         take("micro_batch", parse_int, minimum=1)
+        take("grad_accum", parse_int, minimum=1)
+        take("loss_chunks", parse_int, minimum=1)
+        kwargs["dropout"] = DROPOUT[f["dropout"].value]
         take("gpus", parse_int, minimum=1)
         take("tensor_parallel", parse_int, minimum=1)
         take("pipeline_parallel", parse_int, minimum=1)
@@ -493,6 +575,8 @@ class EstimatorPanel(PanelBase):
             "optimizer",
             "zero_stage",
             "checkpointing",
+            "attention",
+            "optimizer_impl",
             "gpu",
             "offload_optimizer",
             "offload_params",
@@ -560,17 +644,27 @@ class EstimatorPanel(PanelBase):
             )
             rows.append(("GPU split", split))
             rows.append(("parameters per GPU before ZeRO", f"{e.shard_params:,}"))
+        phase = e.peak.phase if e.peak is not None else ""
         rows += [
-            ("model states per GPU", format_bytes(e.model_states_bytes, u)),
+            (f"peak of a step per GPU (at the {phase})", f"<b>{format_bytes(e.peak_bytes, u)}</b>"),
+            ("+ CUDA context and reserve", format_bytes(e.required_bytes, u)),
+        ]
+        for term, value in e.peak_terms.items():
+            if term not in ("parameters", "gradients", "optimizer states") and value:
+                label = f"{term} ({e.optimizer_impl})" if "temporaries" in term else term
+                rows.append((f"· {label}", format_bytes(value, u)))
+        rows += [
+            ("model states at rest", format_bytes(e.model_states_bytes, u)),
             (
-                "activations per GPU",
+                "stored activations",
                 format_bytes(e.activation_bytes, u)
                 if e.activation_bytes is not None
                 else "n/a (give a transformer shape)",
             ),
-            ("total per GPU", format_bytes(e.total_bytes, u)),
-            ("+ framework overhead", format_bytes(e.required_bytes, u)),
         ]
+        saving = e.peak.chunked_loss_saving_bytes if e.peak is not None else None
+        if saving:
+            rows.append(("8 loss chunks would save", format_bytes(saving, u)))
         if e.gpu_memory_bytes is not None:
             verdict = (
                 '<span style="color:#2e7d32"><b>fits</b></span>'
@@ -609,7 +703,7 @@ class EstimatorPanel(PanelBase):
         if e is None:
             return "EstimatorPanel(no valid estimate)"
         return (
-            f"EstimatorPanel(total per GPU {format_bytes(e.total_bytes, self.units.value)}, "
+            f"EstimatorPanel(peak per GPU {format_bytes(e.peak_bytes, self.units.value)}, "
             f"ZeRO {e.zero_stage}, {e.gpus} GPU(s), fits={e.fits})"
         )
 
