@@ -366,7 +366,7 @@ class EstimatorPanel(PanelBase):
     # ------------------------------------------------------------------ chart
     def _build_chart(self) -> None:
         fig = self.chart.figure
-        fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.1, wspace=0.28)
+        fig.subplots_adjust(left=0.09, right=0.98, top=0.9, bottom=0.16, wspace=0.28)
         self._ax_setup = fig.add_subplot(1, 2, 1)
         self._ax_stages = fig.add_subplot(1, 2, 2)
         self._rects: dict[str, list[Rectangle]] = {}
