@@ -137,6 +137,8 @@ def test_closing_in_bf16_true_gives_your_module_the_trained_weights_in_fp32() ->
     with Session(config(), model=module, data=data, loss_fn=loss_fn) as s:
         s.run(optimizer_steps=3)
         trained = {n: p.detach().float().clone() for n, p in s.model.named_parameters()}
+        backend = s.backend
+    assert backend.trained_module is module  # the bf16 copy was released at close
     for name, value in module.state_dict().items():
         assert value.dtype == torch.float32, name
         assert torch.equal(value, trained[name]), name

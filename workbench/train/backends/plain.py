@@ -74,6 +74,7 @@ class PlainBackend:
             raise ValueError("model: has no trainable parameters (requires_grad=True)")
         self.device = trainable[0].device
         self.policy: PrecisionPolicy = build_precision(config, self.device.type)
+        self._yours = model
         if self.policy.param_dtype is not None:
             model = cast_copy(model, self.policy.param_dtype)
         self._model = model
@@ -222,11 +223,15 @@ class PlainBackend:
         return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
 
     def close(self) -> None:
+        """Drop the optimizer state and a private bf16 copy (your module stays). Idempotent."""
         if self._closed:
             return
         self._closed = True
         self.optimizer.state.clear()
         self.optimizer.param_groups.clear()
+        if self._model is not self._yours:
+            self._named, self._params = [], []
+            self._model = self.module = self._yours
 
 
 def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
