@@ -116,7 +116,8 @@ def test_numpy_scalars_are_numbers() -> None:
         np.int16(1),
     )
     (only,) = launch_problems(CPU, np.bool_(True), "mlp", 1, "torchrun", None, None, None)
-    assert re.fullmatch(r"ranks=(np\.)?True_?: must be an integer >= 1", only)  # no number
+    assert (only.field, only.message) == ("ranks", "must be an integer >= 1")  # no number
+    assert re.fullmatch(r"ranks=(np\.)?True_?: must be an integer >= 1", str(only))
 
 
 def test_a_resume_folder_that_cannot_be_read_is_named(tmp_path) -> None:
@@ -141,10 +142,11 @@ def test_a_manifest_naming_a_factory_is_never_imported(tmp_path, monkeypatch) ->
         json.dumps({"kind": "workbench-checkpoint", "model": {"name": "launch_marker_mod:make"}})
     )
     step = resume_step(tmp_path / "ck", 1)
-    message = resume_model_problem(tmp_path / "ck", 1, step, "mlp")
-    assert message is not None and not mark.exists()
-    assert "names the model factory 'launch_marker_mod:make'" in message
-    assert "nothing of it was imported" in message
+    problem = resume_model_problem(tmp_path / "ck", 1, step, "mlp")
+    assert problem is not None and not mark.exists()
+    assert (problem.field, problem.value) == ("resume", str(tmp_path / "ck"))
+    assert "names the model factory 'launch_marker_mod:make'" in problem.message
+    assert "nothing of it was imported" in str(problem)
     assert resume_model_problem(tmp_path / "ck", 1, step, "launch_marker_mod:make") is None
     assert not mark.exists()  # the caller's own choice is compared, not imported here
 

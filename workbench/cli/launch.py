@@ -16,18 +16,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from workbench.cli.config_flags import (
+    CONFIG_FLAGS,
     add_config_flags,
     config_from_args,
     parse_number,
 )
 from workbench.cli.model_flags import add_model_options_flag, parse_model_options
-from workbench.config import TrainConfig
+from workbench.config import SettingProblem, TrainConfig, problem_lines
 from workbench.inputs import InputFileError, read_json, shown, typed
 from workbench.outputs import target_problem
 from workbench.train.launch import (
     EXIT_PREEMPTED,
     LAUNCHERS,
     MAX_RANKS,
+    LaunchError,
     LaunchResult,
     launch_problems,
     launch_ranks,
@@ -193,7 +195,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         options,
         threads,
     )
-    problems += [_flagged(line, _FLAG_OF) for line in api if line.split("=", 1)[0] not in unparsed]
+    problems += [_as_flag(p) for p in api if p.field not in unparsed]
     if config is None and world is not None:  # the machine's limit, said with the others
         try:
             device_only = TrainConfig(device=args.device or "auto")
@@ -201,7 +203,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             device_only = None
         machine = None if device_only is None else ranks_problem(device_only, world)
         if machine:
-            problems.append(_flagged(machine, _FLAG_OF))
+            problems.append(_as_flag(machine))
     if args.checkpoint_dir is not None:
         problems += _folder_problems("--checkpoint-dir", args.checkpoint_dir)
     if problems:
@@ -249,8 +251,10 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             model_options=options,
             threads=threads,
         )
+    except LaunchError as exc:
+        parser.error("; ".join(_as_flag(p) for p in exc.problems))
     except ValueError as exc:
-        parser.error("; ".join(_flagged(p, _FLAG_OF) for p in _parts(str(exc))))
+        parser.error("; ".join(" ".join(line.split()) for line in problem_lines(exc)))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -271,18 +275,15 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-def _parts(message: str) -> list[str]:
-    """The problems of one ValueError of the launch API (joined with '; ')."""
-    return [p for p in " ".join(message.split()).split("; ") if p]
-
-
-def _flagged(message: str, flag_of: dict[str, str]) -> str:
-    """A problem "name=VALUE: ..." of the API written with its flag: "--flag (name=...)"."""
-    text = " ".join(message.split())
-    for name, flag in flag_of.items():
-        if text.startswith(f"{name}="):
-            return f"{flag} ({text})"
-    return text
+def _as_flag(problem: SettingProblem) -> str:
+    """A problem of the launch API (or of a TrainConfig setting) written with the flag
+    of its argument, from its data: "--ranks (ranks=999: this machine has ...)"; one
+    this command has no flag for as it is."""
+    flag = _FLAG_OF.get(problem.field)
+    if flag is None and problem.field in _CLI_FIELDS:
+        flag = CONFIG_FLAGS[problem.field].flag
+    text = " ".join(str(problem).split())
+    return text if flag is None else f"{flag} ({text})"
 
 
 def _folder_problems(flag: str, path: str) -> list[str]:

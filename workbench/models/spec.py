@@ -11,6 +11,9 @@ flag) is honoured, but a spec *read from a file* (a checkpoint, a job.json, a ru
 config) is refused by `factory_from_file` unless the caller marks that file trusted
 (`trusted=True`, `--trust-model-spec`); then a warning says exactly what is imported and
 called. Built-in names read from a file are data and always allowed.
+
+A spec that names no model is a `SettingProblem` naming `model` (`spec_problems`), raised in
+a `ConfigError`: each caller words it from that data.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.problems import ConfigError, SettingProblem
+
 FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -38,21 +43,30 @@ def _with_cwd_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
-def spec_problems(model: Any, *, importable: bool = True) -> list[str]:
-    """What is wrong with a model spec (empty when it is usable). `importable`: also
-    check that a factory's module can be found (from the current folder too)."""
+def spec_problems(model: Any, *, importable: bool = True) -> list[SettingProblem]:
+    """What is wrong with a model spec (empty when it is usable), as problems of `model`.
+    `importable`: also check that a factory's module can be found (from the current folder
+    too)."""
     from workbench.models import MODEL_NAMES
 
     if not isinstance(model, str) or not model:
         return [
-            f"model={model!r}: must be a built-in model name ({', '.join(MODEL_NAMES)}) "
-            "or an importable factory 'pkg.module:function'"
+            SettingProblem(
+                "model",
+                model,
+                f"must be a built-in model name ({', '.join(MODEL_NAMES)}) or an importable "
+                "factory 'pkg.module:function'",
+            )
         ]
     if is_factory(model):
         if not FACTORY.match(model):
             return [
-                f"model={model!r}: a factory must be written 'pkg.module:function' (dotted "
-                "module path, a colon, a function name)"
+                SettingProblem(
+                    "model",
+                    model,
+                    "a factory must be written 'pkg.module:function' (dotted module path, a "
+                    "colon, a function name)",
+                )
             ]
         if importable:
             module = model.partition(":")[0]
@@ -63,27 +77,34 @@ def spec_problems(model: Any, *, importable: bool = True) -> list[str]:
                 found = False
             if not found:
                 return [
-                    f"model={model!r}: module {module!r} is not importable from {os.getcwd()} "
-                    "or sys.path"
+                    SettingProblem(
+                        "model",
+                        model,
+                        f"module {module!r} is not importable from {os.getcwd()} or sys.path",
+                    )
                 ]
         return []
     if model not in MODEL_NAMES:
         return [
-            f"model={model!r}: must be one of {', '.join(MODEL_NAMES)} or a factory "
-            "'pkg.module:function'"
+            SettingProblem(
+                "model",
+                model,
+                f"must be one of {', '.join(MODEL_NAMES)} or a factory 'pkg.module:function'",
+            )
         ]
     return []
 
 
 def load_factory(spec: str) -> Callable[..., Any]:
-    """The factory function named by 'pkg.module:function' (the current folder on the path)."""
+    """The factory function named by 'pkg.module:function' (the current folder on the
+    path); ConfigError naming `model` when there is none."""
     problems = spec_problems(spec)
     if problems:
-        raise ValueError(problems[0])
+        raise ConfigError(problems)
     module, _, attr = spec.partition(":")
     fn = getattr(importlib.import_module(module), attr, None)
     if not callable(fn):
-        raise ValueError(f"model={spec!r}: {module} has no callable {attr}")
+        raise ConfigError([SettingProblem("model", spec, f"{module} has no callable {attr}")])
     return fn  # type: ignore[no-any-return]
 
 
@@ -132,7 +153,7 @@ def factory_from_file(
     """
     problems = spec_problems(spec, importable=False)
     if problems:
-        raise ValueError(f"{source}: {problems[0]}")
+        raise ValueError(f"{source}: {problems[0]}")  # the file's content, named with it
     if not is_factory(spec):
         return None
     if not trusted:
@@ -154,13 +175,19 @@ def build_from_spec(model: str, options: dict[str, Any] | None = None) -> dict[s
     if not is_factory(model):
         problems = spec_problems(model)
         if problems:
-            raise ValueError(problems[0])
+            raise ConfigError(problems)
         return {"model": model, "model_options": options or None}
     made = load_factory(model)(**options)
     if not isinstance(made, (tuple, list)) or len(made) not in (3, 4):
-        raise ValueError(
-            f"model={model!r}: the factory must return (module, dataset, loss_fn[, info]), "
-            f"got {type(made).__name__}"
+        raise ConfigError(
+            [
+                SettingProblem(
+                    "model",
+                    model,
+                    "the factory must return (module, dataset, loss_fn[, info]), got "
+                    f"{type(made).__name__}",
+                )
+            ]
         )
     return {"model": made[0], "data": made[1], "loss_fn": made[2]}
 

@@ -6,12 +6,15 @@ untouched) and applied at the next optimizer-step boundary by `Runtime.rebuild`:
 loader is rebuilt for `DATA_FIELDS`, the backend (optimizer, precision policy, schedule,
 DeepSpeed engine) for `BACKEND_FIELDS`, carrying weights and optimizer state; activation
 checkpointing is switched on the model. `ChangeQueue` holds a Session's queue of
-changes between the two.
+changes between the two. What a session cannot run is a list of `SettingProblem`s (the
+setting, its value, why; other settings named between backticks), raised in one
+`ConfigError`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -22,14 +25,19 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from workbench.config import (
+    NOT_IN_SESSION,
+    SESSION_OPTIMIZERS,
+    ConfigError,
     Device,
     Engine,
+    OffloadDevice,
+    OptimizerName,
     Precision,
+    SettingProblem,
     TrainConfig,
     engine_for,
-    format_problems,
+    engine_problems,
     plain_value,
-    runtime_problems,
 )
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
@@ -93,6 +101,38 @@ def _deepspeed_backend_available() -> bool:
         return False
 
 
+def runtime_setting_problems(config: TrainConfig) -> list[SettingProblem]:
+    """What a workbench Session on this machine cannot run of a valid `config`, as data
+    (the same checks and words as `workbench.config.runtime_problems`, a test holds them
+    equal): an optimizer the Session does not train, with why and the nearest one it does;
+    an NVMe offload directory that does not exist here or is not writable."""
+    p: list[SettingProblem] = []
+    optimizer = OptimizerName(config.optimizer)
+    if optimizer not in SESSION_OPTIMIZERS:
+        why, nearest = NOT_IN_SESSION[optimizer]
+        p.append(
+            SettingProblem(
+                "optimizer",
+                optimizer.value,
+                f"cannot train here: {why}; the nearest a Session trains is "
+                f"`optimizer`={nearest.value!r} (a Session trains "
+                f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})",
+            )
+        )
+    uses_nvme = OffloadDevice.NVME in (
+        OffloadDevice(config.offload_optimizer),
+        OffloadDevice(config.offload_params),
+    )
+    path = config.nvme_path
+    if uses_nvme and path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
+        p.append(
+            SettingProblem(
+                "nvme_path", path, "must be an existing writable directory on this machine"
+            )
+        )
+    return p
+
+
 def session_problems(
     config: TrainConfig,
     changed: set[str],
@@ -101,42 +141,65 @@ def session_problems(
     device: torch.device,
     world_size: int,
     data: Any,
-) -> list[str]:
+) -> list[SettingProblem]:
     """What a session on `device` with `world_size` ranks, training `model` from `data`,
-    cannot run of a valid `config`, one line each (`changed`: the settings an update
+    cannot run of a valid `config`, one problem each (`changed`: the settings an update
     changes; a user's DataLoader refuses loader settings only when they change)."""
-    p: list[str] = runtime_problems(config)  # optimizers it cannot train, NVMe paths
+    p = runtime_setting_problems(config)  # optimizers it cannot train, NVMe paths
+    p += engine_problems(config, world_size)  # pure bf16
     prec = Precision(config.precision)
     deepspeed = needs_deepspeed(config, world_size)
     if deepspeed and not _deepspeed_backend_available():
         p.append(
-            f"precision={prec.value!r}, zero_stage={config.zero_stage}: need the DeepSpeed "
-            "backend (workbench.train.backends.deepspeed), which this installation does not "
-            "have; use precision fp32, amp-bf16 or amp-fp16 with zero_stage=0"
+            SettingProblem(
+                "precision",
+                prec.value,
+                f"with `zero_stage`={config.zero_stage} needs the DeepSpeed backend "
+                "(workbench.train.backends.deepspeed), which this installation does not "
+                "have; use precision fp32, amp-bf16 or amp-fp16 with `zero_stage`=0",
+            )
         )
     if deepspeed and prec is Precision.AMP_FP16:
         p.append(
-            "precision='amp-fp16': the DeepSpeed backend (zero_stage >= 1 or several ranks) "
-            "does not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
-            "fp16) or 'amp-bf16'"
+            SettingProblem(
+                "precision",
+                prec.value,
+                "the DeepSpeed backend (`zero_stage` >= 1 or several ranks) does not run "
+                "torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled fp16) or "
+                "'amp-bf16'",
+            )
         )
     if prec is Precision.FP16 and device.type == "cpu" and not _deepspeed_fp16_on_cpu():
         p.append(
-            "precision='fp16': DeepSpeed's fp16 does not run on this CPU (no oneDNN fp16 "
-            "support); use precision 'amp-bf16' or 'bf16'"
+            SettingProblem(
+                "precision",
+                prec.value,
+                "DeepSpeed's fp16 does not run on this CPU (no oneDNN fp16 support); use "
+                "precision 'amp-bf16' or 'bf16'",
+            )
         )
     reason = amp_supported(prec, device.type)
     if reason:
-        p.append(f"precision={prec.value!r}: not available on {device.type}: {reason}")
+        p.append(
+            SettingProblem("precision", prec.value, f"not available on {device.type}: {reason}")
+        )
     if config.activation_checkpointing and not checkpointable_modules(model):
         p.append(
-            "activation_checkpointing=True: the model has no checkpointable blocks; mark "
-            "them with workbench.train.recompute.mark_checkpointable(model, [names])"
+            SettingProblem(
+                "activation_checkpointing",
+                True,
+                "the model has no checkpointable blocks; mark them with "
+                "workbench.train.recompute.mark_checkpointable(model, [names])",
+            )
         )
     if Device(config.device) is not Device.AUTO and Device(config.device).value != device.type:
         p.append(
-            f"device={Device(config.device).value!r}: this session runs on {device.type}; "
-            "the device cannot change on a live session (create a new Session)"
+            SettingProblem(
+                "device",
+                Device(config.device).value,
+                f"this session runs on {device.type}; the device cannot change on a live "
+                "session (create a new Session)",
+            )
         )
     if isinstance(data, DataLoader):
         for name in _LOADER_FIELDS:
@@ -147,16 +210,22 @@ def session_problems(
             }[name]
             if name in changed and getattr(config, name) != current:
                 p.append(
-                    f"{name}={getattr(config, name)!r}: data is a DataLoader you built "
-                    f"({name}={current!r}); change it there, or pass a Dataset so the "
-                    "session builds the loader"
+                    SettingProblem(
+                        name,
+                        getattr(config, name),
+                        f"data is a DataLoader you built (`{name}`={current!r}); change it "
+                        "there, or pass a Dataset so the session builds the loader",
+                    )
                 )
     if (config.checkpoint_every_steps or config.checkpoint_every_seconds) and not (
         config.checkpoint_dir
     ):
         p.append(
-            "checkpoint_dir=None: checkpoint_every_steps / checkpoint_every_seconds need "
-            "a checkpoint_dir"
+            SettingProblem(
+                "checkpoint_dir",
+                None,
+                "`checkpoint_every_steps` / `checkpoint_every_seconds` need a `checkpoint_dir`",
+            )
         )
     return p
 
@@ -186,15 +255,17 @@ class ChangeQueue:
         return bool(self._pending)
 
     def request(
-        self, changes: dict[str, Any], problems: Callable[[TrainConfig, set[str]], list[str]]
+        self,
+        changes: dict[str, Any],
+        problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
     ) -> None:
-        """Queue `changes` on top of the settings asked for; ValueError naming every
+        """Queue `changes` on top of the settings asked for; ConfigError naming every
         problem (TrainConfig's own, then `problems(new, changed)`), nothing queued."""
         with self._lock:
-            new = self.requested.replace(**changes)  # ValueError: names, types, ranges
+            new = self.requested.replace(**changes)  # ConfigError: names, types, ranges
             found = problems(new, set(changes))
             if found:
-                raise ValueError(format_problems(found))
+                raise ConfigError(found)
             self.requested = new
             for name in changes:
                 self._pending[name] = plain_value(getattr(new, name))

@@ -10,6 +10,9 @@
   switches it to DeepSpeed's CPU accelerator first (and back for a CUDA session).
 * `cuda_uuid`: the UUID NVML knows a CUDA device by, so the monitor reads the GPU the
   session trains on (CUDA_VISIBLE_DEVICES renumbers devices; UUIDs do not change).
+
+A device that cannot be used raises a `ConfigError` whose `SettingProblem` names `device`,
+the value and why, so each caller words it from the data.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 from typing import Any
 
 import torch
+
+from workbench.problems import ConfigError, SettingProblem
 
 
 def _local_rank() -> int | None:
@@ -33,33 +38,39 @@ def _local_rank() -> int | None:
     return value
 
 
+def _refused(value: Any, message: str) -> ConfigError:
+    return ConfigError([SettingProblem("device", value, message)])
+
+
 def resolve_device(requested: str | torch.device | None, configured: str) -> torch.device:
     """The device to train on: `requested` (the Session's `device=`) or the config's
-    `device` ("auto", "cpu", "cuda"); see the module docstring."""
-    if requested is not None:
-        try:
-            dev = torch.device(requested)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device={requested!r}: not a torch device ({exc})") from None
-    elif configured == "auto":
+    `device` ("auto", "cpu", "cuda"); see the module docstring. ConfigError naming
+    `device` for one that is no torch device, not a CPU or CUDA one, or not on this
+    machine."""
+    given = configured if requested is None else requested
+    if requested is None and configured == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
-        dev = torch.device(configured)
+        try:
+            dev = torch.device(given)
+        except (RuntimeError, TypeError) as exc:
+            raise _refused(given, f"not a torch device ({exc})") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={str(dev)!r}: must be cpu, cuda or cuda:N")
+        raise _refused(str(dev), "must be cpu, cuda or cuda:N")
     if dev.type == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"device={str(dev)!r}: CUDA is not available on this machine")
+        raise _refused(str(dev), "CUDA is not available on this machine")
     count = torch.cuda.device_count()
     index = dev.index
     if index is None:
         local = _local_rank()
         index = local if local is not None else torch.cuda.current_device()
     if not 0 <= index < count:
-        raise ValueError(
-            f"device='cuda:{index}': this process sees {count} CUDA device(s) (cuda:0 to "
-            f"cuda:{count - 1}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        raise _refused(
+            f"cuda:{index}",
+            f"this process sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1}; "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
         )
     return torch.device("cuda", index)
 

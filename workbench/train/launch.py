@@ -45,11 +45,13 @@ from typing import Any
 
 from workbench.config import FsdpMode, TrainConfig
 from workbench.inputs import shown
+from workbench.problems import SettingProblem
 from workbench.train.launch_checks import (
     MAX_RANKS,
     MAX_STEPS,
     MAX_THREADS,
     MAX_TIMEOUT,
+    LaunchError,
     check_ranks,
     integer_problem,
     json_number,
@@ -99,6 +101,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "POLL_SECONDS",
     "WORKER_MODULE",
+    "LaunchError",
     "LaunchResult",
     "RankError",
     "RankReport",
@@ -143,7 +146,8 @@ def launch_ranks(
     where a SIGTERM checkpoint goes (default: `config.checkpoint_dir`, else `resume`,
     else a new temporary directory kept only if a checkpoint is written). `on_record`:
     called in this thread with each rank's StepRecord as it arrives. `threads`: torch
-    threads per rank. Bad arguments raise ValueError before anything starts.
+    threads per rank. Bad arguments raise `LaunchError` (a ValueError whose `.problems`
+    name each argument, its value and what is allowed) before anything starts.
     """
     validate_launch(
         config, ranks, model, steps, launcher, timeout, on_record, model_options, threads
@@ -152,10 +156,17 @@ def launch_ranks(
     timeout = None if timeout is None else float(timeout)
     threads = None if threads is None else int(threads)
     model_options = json.loads(json.dumps(model_options or {}, default=json_number))
+    paths = []
     if resume is not None and not isinstance(resume, (str, os.PathLike)):
-        raise ValueError(f"resume={shown(resume)}: must be a directory of rank-<r> checkpoints")
+        paths.append(
+            SettingProblem("resume", resume, "must be a directory of rank-<r> checkpoints")
+        )
     if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
-        raise ValueError(f"checkpoint_dir={shown(checkpoint_dir)}: must be a directory or None")
+        paths.append(
+            SettingProblem("checkpoint_dir", checkpoint_dir, "must be a directory or None")
+        )
+    if paths:
+        raise LaunchError(paths)
     resume_str = None if resume is None else str(resume)
     resume_at = None
     if resume_str is not None:
@@ -163,14 +174,18 @@ def launch_ranks(
         problems = []
         if resume_at >= steps:
             problems.append(
-                f"steps={steps}: the checkpoint in {shown(resume_str)} is already at step "
-                f"{resume_at}; ask for more steps"
+                SettingProblem(
+                    "steps",
+                    steps,
+                    f"the checkpoint in {shown(resume_str)} is already at step {resume_at}; "
+                    "ask for more steps",
+                )
             )
         mismatch = resume_model_problem(resume_str, ranks, resume_at, model)
         if mismatch:
             problems.append(mismatch)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise LaunchError(problems)
     cuda = uses_cuda(config)
     run_dir = Path(tempfile.mkdtemp(prefix="workbench-launch-"))
     ckpt_dir = (

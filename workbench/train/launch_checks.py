@@ -2,8 +2,11 @@
 each naming its argument, this machine's limits (cores, GPUs) included; and the
 checkpoints a launch resumes (the newest step every rank has, the model that saved it).
 
-The number checks (`integer_problem`, `seconds_problem`, `options_problem`) accept NumPy
-scalars and refuse bools; the ladder checks its own arguments with them.
+Every problem is a `SettingProblem` (the argument, the value, the message; other arguments
+named between backticks), all of them raised together in one `LaunchError`; the command line
+writes them with its flags from that data. The number checks (`integer_problem`,
+`seconds_problem`, `options_problem`) accept NumPy scalars and refuse bools; the ladder
+checks its own arguments with them.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import math
 import numbers
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Device, Precision, TrainConfig, runtime_problems
+from workbench.config import Device, Precision, TrainConfig, engine_problems
 from workbench.inputs import InputFileError, is_bool, is_int, read_json, shown
+from workbench.problems import SettingProblem, listing
 from workbench.train.launch_commands import LAUNCHERS
 
 #: Local ranks one launch starts (per node): more processes than one machine runs.
@@ -30,24 +35,35 @@ MAX_THREADS = 1024
 MAX_TIMEOUT = 30 * 24 * 3600.0
 
 
+class LaunchError(ValueError):
+    """A launch that cannot start: `.problems` holds every problem of its arguments as a
+    `SettingProblem` (the argument, the value, what is allowed), and the text is made from
+    them."""
+
+    def __init__(self, problems: Sequence[SettingProblem]) -> None:
+        self.problems = list(problems)
+        lines = [str(p) for p in self.problems]
+        super().__init__(listing(lines, "invalid launch", "problems in the launch"))
+
+
 def integer_problem(
     name: str, value: Any, minimum: int, maximum: int, why: str, *, meaning: str = ""
-) -> str | None:
-    """The message for `value` when it is no integer in [minimum, maximum] (a NumPy
-    integer counts), else None. `why`: why a larger one is nonsense; `meaning`: what the
-    value is, said when it is no integer at all."""
+) -> SettingProblem | None:
+    """The problem of `value` when it is no integer in [minimum, maximum] (a NumPy
+    integer counts, and is kept as the Python int it holds), else None. `why`: why a
+    larger one is nonsense; `meaning`: what the value is, said when it is no integer."""
     extra = f" ({meaning})" if meaning else ""
     if not is_int(value):
-        return f"{name}={shown(value)}: must be an integer >= {minimum}{extra}"
+        return SettingProblem(name, value, f"must be an integer >= {minimum}{extra}")
     if value < minimum:
-        return f"{name}={shown(int(value))}: must be an integer >= {minimum}{extra}"
+        return SettingProblem(name, int(value), f"must be an integer >= {minimum}{extra}")
     if value > maximum:
-        return f"{name}={shown(int(value))}: must be at most {maximum:,} ({why})"
+        return SettingProblem(name, int(value), f"must be at most {maximum:,} ({why})")
     return None
 
 
-def seconds_problem(name: str, value: Any, maximum: float = MAX_TIMEOUT) -> str | None:
-    """The message for a timeout that is not None and not a finite number of seconds in
+def seconds_problem(name: str, value: Any, maximum: float = MAX_TIMEOUT) -> SettingProblem | None:
+    """The problem of a timeout that is not None and not a finite number of seconds in
     (0, maximum], else None."""
     if value is None:
         return None
@@ -57,26 +73,29 @@ def seconds_problem(name: str, value: Any, maximum: float = MAX_TIMEOUT) -> str 
     except OverflowError:  # an int too large for a float
         finite = False
     if not finite:
-        return f"{name}={shown(value)}: must be a finite number of seconds > 0, or None (no limit)"
+        return SettingProblem(
+            name, value, "must be a finite number of seconds > 0, or None (no limit)"
+        )
     if value > maximum:
-        return (
-            f"{name}={shown(value)}: must be at most {maximum:,.0f} seconds (30 days); "
-            "leave it out (None) for no limit"
+        return SettingProblem(
+            name,
+            value,
+            f"must be at most {maximum:,.0f} seconds (30 days); leave it out (None) for no limit",
         )
     return None
 
 
-def options_problem(name: str, options: Any) -> str | None:
-    """The message for model options that are not None and not a mapping of option names
+def options_problem(name: str, options: Any) -> SettingProblem | None:
+    """The problem of model options that are not None and not a mapping of option names
     to JSON values (the ranks get them as JSON: finite numbers, no objects), else None."""
     if options is None:
         return None
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        return f"{name}={shown(options)}: must be a dict of option names (strings) and values"
+        return SettingProblem(name, options, "must be a dict of option names (strings) and values")
     try:
         json.dumps(options, allow_nan=False, default=json_number)
     except (TypeError, ValueError) as exc:
-        return f"{name}={shown(options)}: must hold JSON values only (finite numbers): {exc}"
+        return SettingProblem(name, options, f"must hold JSON values only (finite numbers): {exc}")
     return None
 
 
@@ -99,14 +118,14 @@ def uses_cuda(config: TrainConfig) -> bool:
     return device is Device.CUDA or torch.cuda.is_available()
 
 
-def _check_model(model: Any) -> list[str]:
+def _check_model(model: Any) -> list[SettingProblem]:
     from workbench.models.spec import spec_problems
 
     return spec_problems(model)
 
 
-def ranks_problem(config: TrainConfig, ranks: Any) -> str | None:
-    """The message when `ranks` local processes do not fit this machine (cores or GPUs)."""
+def ranks_problem(config: TrainConfig, ranks: Any) -> SettingProblem | None:
+    """The problem when `ranks` local processes do not fit this machine (cores or GPUs)."""
     bad = integer_problem("ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs")
     if bad:
         return bad
@@ -116,63 +135,70 @@ def ranks_problem(config: TrainConfig, ranks: Any) -> str | None:
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if ranks > gpus:
-            return (
-                f"ranks={ranks}: this machine has {gpus} CUDA GPU(s); use at most {gpus} "
-                "ranks (one per GPU), or device='cpu'"
+            return SettingProblem(
+                "ranks",
+                ranks,
+                f"this machine has {gpus} CUDA GPU(s); use at most {gpus} ranks (one per "
+                "GPU), or `device`='cpu'",
             )
     else:
         cores = os.cpu_count() or 1
         if ranks > cores:
-            return (
-                f"ranks={ranks}: this machine has {cores} CPU core(s); use at most {cores} "
-                "ranks on CPU (multi-node runs: see --print-command)"
+            return SettingProblem(
+                "ranks",
+                ranks,
+                f"this machine has {cores} CPU core(s); use at most {cores} ranks on CPU "
+                "(multi-node runs: see --print-command)",
             )
     return None
 
 
 def check_ranks(config: TrainConfig, ranks: Any) -> None:
-    """ValueError unless `ranks` local processes fit this machine (cores or GPUs)."""
+    """LaunchError unless `ranks` local processes fit this machine (cores or GPUs)."""
     bad = ranks_problem(config, ranks)
     if bad:
-        raise ValueError(bad)
+        raise LaunchError([bad])
 
 
 def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
     """The newest step for which every rank 0..ranks-1 has a checkpoint under `resume`
-    (each a regular file: a FIFO or device there would block a rank)."""
+    (each a regular file: a FIFO or device there would block a rank); LaunchError naming
+    `resume` otherwise."""
     from workbench.train import checkpoints as ckpt
 
-    where = f"resume={shown(str(resume))}"
+    def refused(message: str) -> LaunchError:
+        return LaunchError([SettingProblem("resume", str(resume), message)])
+
     try:
         root = Path(resume)
         if not root.is_dir():
-            raise ValueError(f"{where}: not a directory of rank-<r> checkpoints")
+            raise refused("not a directory of rank-<r> checkpoints")
         common: set[int] | None = None
         for r in range(ranks):
             files = ckpt.list_checkpoints(root / f"rank-{r}")
             if not files:
-                raise ValueError(
-                    f"{where}: no checkpoint for rank {r} (rank-{r}/step-N.pt); resume with "
-                    "the rank count that saved it"
+                raise refused(
+                    f"no checkpoint for rank {r} (rank-{r}/step-N.pt); resume with the rank "
+                    "count that saved it"
                 )
             steps = {int(p.stem.split("-")[1]) for p in files}
             common = steps if common is None else common & steps
         if not common:
-            raise ValueError(f"{where}: the ranks have no checkpoint step in common")
+            raise refused("the ranks have no checkpoint step in common")
         step = max(common)
         for r in range(ranks):
             path = root / f"rank-{r}" / ckpt.checkpoint_name(step)
             if not stat.S_ISREG(os.stat(path).st_mode):
-                raise ValueError(f"{where}: rank-{r}/{path.name} is not a regular file")
+                raise refused(f"rank-{r}/{path.name} is not a regular file")
     except OSError as exc:  # a name too long, no permission
-        raise ValueError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+        raise refused(f"cannot be read ({exc.strerror or exc})") from None
     return step
 
 
 def resume_model_problem(
     resume: str | os.PathLike[str], ranks: int, step: int, model: str
-) -> str | None:
-    """The message when the checkpoints a launch resumes were not trained as `model`.
+) -> SettingProblem | None:
+    """The problem when the checkpoints a launch resumes were not trained as `model`.
 
     The ranks always build the model the caller names; the model a checkpoint's manifest
     names is only compared with it, never imported (a factory a file names is code the
@@ -181,7 +207,6 @@ def resume_model_problem(
     from workbench.models.spec import is_factory
     from workbench.train import checkpoints as ckpt
 
-    where = f"resume={shown(str(resume))}"
     for r in range(ranks):
         path = Path(resume) / f"rank-{r}" / ckpt.checkpoint_name(step)
         manifest = ckpt.manifest_path(path)
@@ -194,15 +219,18 @@ def resume_model_problem(
         if name is None or name == model:
             continue
         if isinstance(name, str) and is_factory(name):
-            return (
-                f"{where}: rank-{r}/{path.name} names the model factory {shown(name)}, and "
-                f"this launch trains model={shown(model)}; a checkpoint cannot choose code "
-                "to run, so nothing of it was imported; resume with the model that saved it"
+            return SettingProblem(
+                "resume",
+                str(resume),
+                f"rank-{r}/{path.name} names the model factory {shown(name)}, and this "
+                f"launch trains `model`={shown(model)}; a checkpoint cannot choose code to "
+                "run, so nothing of it was imported; resume with the model that saved it",
             )
-        return (
-            f"{where}: rank-{r}/{path.name} holds model {shown(name)}, and this launch "
-            f"trains model={shown(model)}; resume with the model (and model_options) that "
-            "saved it"
+        return SettingProblem(
+            "resume",
+            str(resume),
+            f"rank-{r}/{path.name} holds model {shown(name)}, and this launch trains "
+            f"`model`={shown(model)}; resume with the model (and `model_options`) that saved it",
         )
     return None
 
@@ -217,12 +245,14 @@ def launch_problems(
     on_record: Any,
     model_options: Any,
     threads: Any = None,
-) -> list[str]:
+) -> list[SettingProblem]:
     """Every problem of a launch's arguments, each naming its argument (empty when it can
     start); this machine's limits (cores, GPUs, what it can run) included."""
-    problems: list[str] = []
+    from workbench.train.changes import runtime_setting_problems
+
+    problems: list[SettingProblem] = []
     if not isinstance(config, TrainConfig):
-        problems.append(f"config={shown(config)}: must be a workbench.TrainConfig")
+        problems.append(SettingProblem("config", config, "must be a workbench.TrainConfig"))
     bad_ranks = integer_problem(
         "ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs"
     )
@@ -247,24 +277,35 @@ def launch_problems(
         if bad:
             problems.append(bad)
     if launcher not in LAUNCHERS:
-        problems.append(f"launcher={shown(launcher)}: must be one of {', '.join(LAUNCHERS)}")
+        problems.append(
+            SettingProblem("launcher", launcher, f"must be one of {', '.join(LAUNCHERS)}")
+        )
     if on_record is not None and not callable(on_record):
-        problems.append(f"on_record={shown(on_record)}: must be callable(record) or None")
+        problems.append(SettingProblem("on_record", on_record, "must be callable(record) or None"))
     problems += _check_model(model)
     if not isinstance(config, TrainConfig):
         return problems
-    problems += runtime_problems(config)  # what the ranks could not run here, said up front
+    # what the ranks could not run here (an optimizer a Session does not train, adam8bit
+    # included; an NVMe path), said up front
+    problems += runtime_setting_problems(config)
     prec = Precision(config.precision)
     if prec is Precision.AMP_FP16:
         problems.append(
-            "precision='amp-fp16': several ranks train through DeepSpeed; use 'fp16' "
-            "(DeepSpeed's loss-scaled fp16, GPUs only) or 'amp-bf16'"
+            SettingProblem(
+                "precision",
+                prec.value,
+                "several ranks train through DeepSpeed; use 'fp16' (DeepSpeed's loss-scaled "
+                "fp16, GPUs only) or 'amp-bf16'",
+            )
         )
     if prec is Precision.FP16 and not uses_cuda(config):
-        problems.append("precision='fp16': DeepSpeed does not support fp16 on CPU; use 'bf16'")
-    if str(config.optimizer) == "adam8bit":
-        problems.append("optimizer='adam8bit': is available in the memory estimator only")
+        problems.append(
+            SettingProblem(
+                "precision", prec.value, "DeepSpeed does not support fp16 on CPU; use 'bf16'"
+            )
+        )
     if bad_ranks is None:
+        problems += engine_problems(config, int(ranks))
         machine = ranks_problem(config, ranks)
         if machine:
             problems.append(machine)
@@ -282,9 +323,9 @@ def validate_launch(
     model_options: Any,
     threads: Any = None,
 ) -> None:
-    """ValueError naming every problem of a launch's arguments (`launch_problems`)."""
+    """LaunchError naming every problem of a launch's arguments (`launch_problems`)."""
     problems = launch_problems(
         config, ranks, model, steps, launcher, timeout, on_record, model_options, threads
     )
     if problems:
-        raise ValueError(problems[0] if len(problems) == 1 else "; ".join(problems))
+        raise LaunchError(problems)

@@ -67,7 +67,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.config import Device, TrainConfig, format_problems
+from workbench.config import ConfigError, Device, SettingProblem, TrainConfig
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
@@ -196,7 +196,7 @@ class Session(SessionTools):
 
         problems = self._problems(config, set())
         if problems:
-            raise ValueError(format_problems(problems))
+            raise ConfigError(problems)
 
         # -- state
         self._state_lock = threading.RLock()
@@ -376,7 +376,7 @@ class Session(SessionTools):
         )
 
     # ------------------------------------------------------------------ checks
-    def _problems(self, config: TrainConfig, changed: set[str]) -> list[str]:
+    def _problems(self, config: TrainConfig, changed: set[str]) -> list[SettingProblem]:
         """What this session (device, ranks, model, data) cannot run of `config`."""
         return session_problems(
             config,

@@ -26,7 +26,7 @@ from typing import Any, NoReturn, overload
 
 from workbench.config import LRScaling, LRSchedule, TrainConfig
 from workbench.inputs import shown
-from workbench.train.ladder.problems import LadderError, LadderProblem, checked, of_error, said
+from workbench.train.ladder.problems import LadderError, LadderProblem, in_rung, of_error, said
 from workbench.train.ladder.report import RungPlan
 from workbench.train.ladder.rungs import (
     MAX_RUNGS,
@@ -115,7 +115,7 @@ class LadderSpec:
             problems.append(
                 LadderProblem("launcher", self.launcher, f"must be one of {', '.join(LAUNCHERS)}")
             )
-        problems += [checked("model", self.model, line) for line in spec_problems(self.model)]
+        problems += in_rung(spec_problems(self.model))
         dev = _device(self.device, self.base, problems)
         rungs = self.rungs
         if rungs is not None and (
@@ -215,74 +215,61 @@ def number_problems(
         seconds_problem,
     )
 
-    def check(name: str, value: Any, line: str | None) -> LadderProblem | None:
-        return None if line is None else checked(name, value, line)
-
     found = [
-        check(
+        integer_problem(
             "steps",
             steps,
-            integer_problem(
-                "steps",
-                steps,
-                1,
-                MAX_STEPS,
-                "a ladder measures speed; a million steps per rung is a training run",
-                meaning="the baseline's optimizer steps",
-            ),
+            1,
+            MAX_STEPS,
+            "a ladder measures speed; a million steps per rung is a training run",
+            meaning="the baseline's optimizer steps",
         ),
-        check(
-            "repeats",
-            repeats,
-            integer_problem(
-                "repeats", repeats, 1, MAX_REPEATS, "the median of more runs changes nothing"
-            ),
+        integer_problem(
+            "repeats", repeats, 1, MAX_REPEATS, "the median of more runs changes nothing"
         ),
         None
         if ranks is None
-        else check(
+        else integer_problem(
             "ranks",
             ranks,
-            integer_problem(
-                "ranks",
-                ranks,
-                1,
-                MAX_RANKS,
-                "more local ranks than one machine runs",
-                meaning="or None: the available ranks",
-            ),
+            1,
+            MAX_RANKS,
+            "more local ranks than one machine runs",
+            meaning="or None: the available ranks",
         ),
         None
         if target_loss is None or _is_number(target_loss)
         else LadderProblem("target_loss", target_loss, "must be a finite number or None"),
-        check("timeout", timeout, seconds_problem("timeout", timeout)),
-        check("model_options", model_options, options_problem("model_options", model_options)),
+        seconds_problem("timeout", timeout),
+        options_problem("model_options", model_options),
     ]
-    out = [p for p in found if p is not None]
-    return out
+    return in_rung(p for p in found if p is not None)
+
+
+#: The devices a ladder runs on (`device=`; None: the base config's).
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def _device(device: Any, base: Any, problems: list[LadderProblem]) -> str | None:
     """The device every rung runs on: "cpu" or "cuda" (from `device`, else the base
     config's, "auto" taking CUDA when available)."""
+    from workbench.config import ConfigError
     from workbench.train.devices import resolve_device
 
-    configured = str(base.device) if isinstance(base, TrainConfig) else "auto"
     if device is not None and not isinstance(device, str):
         problems.append(LadderProblem("device", device, "must be 'auto', 'cpu', 'cuda' or None"))
         return None
+    if device is not None and device not in DEVICES:
+        problems.append(LadderProblem("device", device, "must be 'auto', 'cpu' or 'cuda'"))
+        return None
+    configured = str(base.device) if isinstance(base, TrainConfig) else "auto"
     try:
         dev = resolve_device(None, configured if device is None else device)
-    except (ValueError, RuntimeError) as exc:
-        text = " ".join(str(exc).split())
-        if text.startswith("Expected one of"):  # torch's list of every device type
-            problems.append(LadderProblem("device", device, "must be 'auto', 'cpu' or 'cuda'"))
-        elif not text.startswith("device="):
-            problems.append(
-                LadderProblem("device", device, f"must be 'auto', 'cpu' or 'cuda' ({text})")
-            )
-        else:  # resolve_device's own "device=...: ..."
-            problems.append(checked("device", configured if device is None else device, text))
+    except ConfigError as exc:  # CUDA asked for where there is none: said as resolve_device says
+        problems += in_rung(exc.problems)
+        return None
+    except ValueError as exc:  # the environment's LOCAL_RANK
+        problems.append(said(" ".join(str(exc).split())))
         return None
     return dev.type
 
@@ -477,7 +464,7 @@ def _check_runtime(
     from workbench.models.spec import build_from_spec, resolve_model
     from workbench.modelstats import count_parameters
     from workbench.train.changes import session_problems
-    from workbench.train.launch import validate_launch
+    from workbench.train.launch import launch_problems
 
     try:
         kwargs = build_from_spec(model, model_options)
@@ -496,8 +483,7 @@ def _check_runtime(
         return None
     description = resolved.info if resolved.info is not None else count_parameters(resolved.module)
     for i, rung in enumerate(planned):
-        where = f"rung {i + 1} {shown(rung.name)}"
-        lines = session_problems(
+        found = session_problems(
             rung.config,
             set(),
             model=resolved.module,
@@ -506,8 +492,11 @@ def _check_runtime(
             data=resolved.data,
         )
         if rung.ranks > 1:
-            try:
-                validate_launch(
+            named = {(p.field, shown(p.value)) for p in found}
+            # the launcher's own wording of a setting the Session already refused is left out
+            found += [
+                p
+                for p in launch_problems(
                     rung.config,
                     rung.ranks,
                     model,
@@ -517,13 +506,7 @@ def _check_runtime(
                     None,
                     model_options,
                 )
-            except ValueError as exc:
-                named = {line.split(":", 1)[0] for line in lines}
-                # the launcher's own wording of a problem the Session already named is left out
-                lines += [
-                    part
-                    for part in " ".join(str(exc).split()).split("; ")
-                    if part.split(":", 1)[0] not in named
-                ]
-        problems += [said(line, where=where) for line in lines]
+                if (p.field, shown(p.value)) not in named
+            ]
+        problems += in_rung(found, where=f"rung {i + 1} {shown(rung.name)}")
     return description

@@ -4,13 +4,9 @@ the message, and the rung it is in) and `LadderError`, the ValueError listing th
 
 from __future__ import annotations
 
-import contextlib
-import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from workbench.inputs import shown
 from workbench.problems import SettingProblem, listing
 
 
@@ -44,20 +40,11 @@ def said(text: str, *, where: str = "") -> LadderProblem:
     return LadderProblem("", None, text, where=where)
 
 
-def checked(name: str, value: Any, line: str, *, where: str = "") -> LadderProblem:
-    """The problem a check of argument `name` with `value` wrote as "name=VALUE: message"
-    (the value as `shown`, `repr` or, for an integer, `shown(int(value))` writes it); a
-    line of another shape is kept whole."""
-    texts = [shown(value)]
-    with contextlib.suppress(Exception):  # a repr that fails: shown() named its type
-        texts.append(repr(value))
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        texts.append(shown(int(value)))
-    for text in texts:
-        head = f"{name}={text}: "
-        if line.startswith(head):
-            return LadderProblem(name, value, line[len(head) :], where=where, value_text=text)
-    return said(line, where=where)
+def in_rung(problems: Iterable[SettingProblem], *, where: str = "") -> list[LadderProblem]:
+    """Problems another check found (a launch's, a Session's, a model spec's: each a
+    `SettingProblem`), as the ladder's, in the rung `where` ("" for the ladder's own
+    arguments)."""
+    return [LadderProblem(p.field, p.value, p.message, where=where) for p in problems]
 
 
 def of_error(
@@ -86,4 +73,4 @@ class LadderError(ValueError):
         super().__init__(listing(lines, "invalid ladder", "problems in the ladder"))
 
 
-__all__ = ["LadderError", "LadderProblem", "checked", "of_error", "said"]
+__all__ = ["LadderError", "LadderProblem", "in_rung", "of_error", "said"]

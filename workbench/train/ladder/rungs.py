@@ -31,7 +31,7 @@ from typing import Any
 
 from workbench.config import TrainConfig, did_you_mean
 from workbench.inputs import shown
-from workbench.train.ladder.problems import LadderProblem, checked, of_error, said
+from workbench.train.ladder.problems import LadderProblem, in_rung, of_error, said
 
 #: The ladder's own setting in a rung (not a TrainConfig field): data-parallel ranks.
 RANKS = "ranks"
@@ -225,7 +225,7 @@ def cumulative_configs(
                 RANKS, value, 1, MAX_RANKS, "more local ranks than one machine runs"
             )
             if bad:
-                problems.append(checked(RANKS, value, bad, where=where))
+                problems += in_rung([bad], where=where)
             else:
                 new_world = int(value)
         refused = [name for name in FIXED if name in changes]
