@@ -21,10 +21,9 @@ import io
 import json
 import logging
 import os
-import re
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from workbench.cli.config_flags import parse_number
 from workbench.cli.model_flags import add_model_options_flag, parse_model_options
 from workbench.inputs import shown, typed
 from workbench.outputs import target_problem
+from workbench.problems import ConfigError, SettingProblem
 
 #: Integer flags: (flag, attribute, minimum, maximum, why the maximum).
 _INT_FLAGS = (
@@ -120,7 +120,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
 
 
 def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    from workbench.compress.compare import METHODS, method_problems
+    from workbench.compress.compare import method_problems
     from workbench.compress.layers import sparsity_problem
     from workbench.compress.quantize import ENGINES
 
@@ -128,14 +128,13 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {}
     problems += _checkpoint_problems(args.checkpoint)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for p in method_problems(methods):
-        problems.append(f"--methods {typed(args.methods)}: " + p.split(": ", 1)[-1])
+    problems += [f"--methods {typed(args.methods)}: {p.message}" for p in method_problems(methods)]
     values["methods"] = methods
     sparsity = parse_number(args.sparsity, "float", "--sparsity", problems)
     if sparsity is not None:
         bad = sparsity_problem(sparsity)
         if bad:
-            problems.append(f"--sparsity {typed(args.sparsity)}: " + bad.split(": ", 1)[-1])
+            problems.append(f"--sparsity {typed(args.sparsity)}: {bad.message}")
     values["sparsity"] = sparsity
     if args.engine not in ENGINES:
         problems.append(f"--engine {typed(args.engine)}: must be one of {', '.join(ENGINES)}")
@@ -159,10 +158,6 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         values[attr] = number
     options = parse_model_options(args.model_options, problems)
     values["model_options"] = options
-    if not methods:
-        problems.append(
-            f"--methods {shown(args.methods)}: name at least one of {', '.join(METHODS)}"
-        )
     if args.out is not None:
         problems += _out_problems(args.out)
     return values, problems
@@ -210,6 +205,7 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     from workbench.compress import compress, held_out_split, load_trained
     from workbench.models.spec import UntrustedSpecError
+    from workbench.train.checkpoints import CheckpointError
 
     if values["threads"] is not None:
         torch.set_num_threads(values["threads"])
@@ -224,12 +220,18 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         _, held_out = held_out_split(trained.dataset, values["held_out"])
     except UntrustedSpecError as exc:
         parser.error(_untrusted(exc))
+    except ConfigError as exc:
+        parser.error(_as_flags(exc.problems, args))
+    except CheckpointError as exc:
+        parser.error(
+            f"checkpoint {typed(exc.path)}: {exc.reason}" + (f"; {exc.hint}" if exc.hint else "")
+        )
     except ValueError as exc:
-        parser.error(_flagged(str(exc)))
+        parser.error(_one_line(exc))
     except Exception as exc:  # a model that cannot be built or loaded: said, not a traceback
         parser.error(
             f"checkpoint {typed(args.checkpoint)}: cannot be loaded "
-            f"({type(exc).__name__}: {_flagged(str(exc))})"
+            f"({type(exc).__name__}: {_one_line(exc)})"
         )
     source = f"{trained.name} from {trained.path}" + (
         f" (step {trained.step})" if trained.step is not None else ""
@@ -248,8 +250,10 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             eval_samples=values["eval_samples"],
             compile=args.compile,
         )
+    except ConfigError as exc:
+        parser.error(_as_flags(exc.problems, args))
     except (ValueError, ImportError) as exc:
-        parser.error(_flagged(str(exc)))
+        parser.error(_one_line(exc))
     held_note = (
         f"held-out split: the last {values['held_out']:.0%} of the model's data set; a model "
         "trained on the whole set has seen it (train on workbench.compress.held_out_split)"
@@ -306,31 +310,57 @@ def _untrusted(exc: Any) -> str:
     )
 
 
-def _flagged(message: str) -> str:
-    """An API message in the command's words (its flags instead of keyword arguments)."""
-    text = " ".join(message.split())
-    for api, flag in (
-        ("model_options", "--model-options"),
-        ("model=", "--model"),
-        ("unit='channels'", "--methods channels"),
-        ("unit='heads'", "--methods heads"),
-        ("prune_unstructured()", "--methods prune"),
-        ("trusted=True", "--trust-model-spec"),
-    ):
-        text = text.replace(api, flag)
-    # torch's own advice on a refused file (load it with weights_only=False) is the one
-    # thing not to do with a file of unknown origin: keep only what it found
-    found = re.search(
-        r"Weights only load failed\..*?(WeightsUnpickler error: .*?)(?: Check the documentation|$)",
-        text,
-    )
-    if found:
-        text = text[: found.start()] + f"torch.load(weights_only=True) refused it ({found[1]})"
-    elif "Weights only load failed." in text:
-        text = text[: text.index("Weights only load failed.")] + (
-            "torch.load(weights_only=True) refused it"
-        )
-    return text
+#: The API's argument names -> this command's words for them.
+_FLAG_OF = {
+    "path": "checkpoint",
+    "model": "--model",
+    "model_options": "--model-options",
+    "trusted": "--trust-model-spec",
+    "methods": "--methods",
+    "unit": "--methods",
+    "sparsity": "--sparsity",
+    "engine": "--engine",
+    "batch_size": "--batch-size",
+    "repeats": "--repeats",
+    "eval_samples": "--eval-samples",
+    "compile": "--compile",
+}
+
+
+def _flag_of(name: str) -> str:
+    return _FLAG_OF.get(name, name)
+
+
+def _as_flags(problems: Sequence[SettingProblem], args: argparse.Namespace) -> str:
+    """The problems of an API error in the command's words, made from their data: each
+    argument as its flag with the value as typed ("--model resnet: ...", "checkpoint
+    PATH: ..."), the methods a `MethodProblem` suggests as `--methods` values."""
+    from workbench.compress.layers import MethodProblem
+
+    typed_as = {
+        "path": args.checkpoint,
+        "model": args.model,
+        "model_options": args.model_options,
+    }
+    lines = []
+    for p in problems:
+        given = typed_as.get(p.field)
+        if given is not None:
+            value_text: str | None = typed(given)
+        elif isinstance(p.value, str):
+            value_text = typed(p.value)
+        else:
+            value_text = None
+        text = SettingProblem.render(p, name=_flag_of, value_text=value_text, sep=" ")
+        if isinstance(p, MethodProblem) and p.instead:
+            text += f"; use {' or '.join(f'--methods {m}' for m in p.instead)} instead"
+        lines.append(" ".join(text.split()))
+    return "; ".join(lines)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's text on one line."""
+    return " ".join(str(exc).split())
 
 
 def _write(report: Any, out: Path) -> list[str]:

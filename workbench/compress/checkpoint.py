@@ -22,6 +22,7 @@ from torch import nn
 
 from workbench.inputs import shown
 from workbench.models.spec import factory_from_file, is_factory, load_factory, spec_problems
+from workbench.problems import ConfigError, SettingProblem
 
 
 @dataclass
@@ -47,27 +48,25 @@ def _read(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[s
         if os.path.isdir(path) or checkpoints.manifest_path(path).is_file():
             raise  # a checkpoint folder, or a checkpoint with its manifest: its own error
         if not os.path.isfile(path):  # a FIFO or a device would block or never end
-            raise ValueError(
-                f"path={str(path)!r}: not a regular file (a checkpoint or weights file)"
-            ) from None
+            raise _path_error(path, "not a regular file (a checkpoint or weights file)") from None
         try:  # torch's safe loader: a pickle naming other objects is refused unread
             weights = checkpoints.safe_load(path)
-        except ValueError as exc:
-            reason = str(exc).split(": ", 1)[-1].split("; if it is a previous-format")[0]
-            raise ValueError(
-                f"path={str(path)!r}: neither a workbench checkpoint (no manifest beside it) "
-                f"nor a weights file (torch.save of a state dict): {reason}"
+        except checkpoints.CheckpointError as refused:
+            raise _path_error(
+                path,
+                "neither a workbench checkpoint (no manifest beside it) nor a weights file "
+                f"(torch.save of a state dict): {refused.reason}",
             ) from None
         if not isinstance(weights, dict) or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
         ):
-            raise ValueError(f"path={str(path)!r}: not a state dict of tensors") from None
+            raise _path_error(path, "not a state dict of tensors") from None
         return weights, None
     backend = payload.get("backend") or {}
     weights = dict(backend.get("model") or {})
     weights.update(payload.get("buffers") or {})
     if not weights:
-        raise ValueError(f"path={payload['path']!r}: the checkpoint holds no model weights")
+        raise _path_error(payload["path"], "the checkpoint holds no model weights")
     return weights, payload
 
 
@@ -84,45 +83,48 @@ def load_trained(
     given here is imported); required for a weights file, and for a checkpoint of your own
     module. `model_options` override the saved ones. `trusted`: honour a factory the
     checkpoint itself names (it is code: only for a file you trust). ValueError for a
-    missing file, an unknown model, weights that do not fit, or (`UntrustedSpecError`) a
-    factory named by the file when not `trusted`.
+    missing file, an unknown model, weights that do not fit (a `ConfigError` naming `path`,
+    `model` or `model_options`, other arguments named between backticks), a file that is
+    no checkpoint, or (`UntrustedSpecError`) a factory named by the file when not
+    `trusted`.
     """
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise ValueError(f"path={path!r}: must be a checkpoint or weights file")
+        raise ConfigError([SettingProblem("path", path, "must be a checkpoint or weights file")])
     if not os.path.exists(path):
-        raise ValueError(f"path={str(path)!r}: no such file or directory")
+        raise _path_error(path, "no such file or directory")
     weights, payload = _read(path)
     saved = (payload or {}).get("model") or {}
     name = model or saved.get("name")
     if not name:
-        raise ValueError(
-            f"path={str(path)!r}: "
-            + (
-                "the checkpoint holds your own module; pass model= (a built-in name or a "
-                "factory 'pkg.module:function')"
-                if payload is not None
-                else "a weights file does not say which model it holds; pass model= (tiny-gpt, "
-                "mlp, cnn or a factory 'pkg.module:function') and its model_options"
-            )
+        raise _path_error(
+            path,
+            "the checkpoint holds your own module; pass `model` (a built-in name or a factory "
+            "'pkg.module:function')"
+            if payload is not None
+            else "a weights file does not say which model it holds; pass `model` (tiny-gpt, "
+            "mlp, cnn or a factory 'pkg.module:function') and its `model_options`",
         )
     if model is None:  # the file chose the model: a factory only when trusted
         factory = factory_from_file(name, source=f"checkpoint {str(path)!r}", trusted=trusted)
     else:
         problems = spec_problems(name)
         if problems:
-            raise ValueError(problems[0])
+            raise ConfigError(problems)
         factory = load_factory(name) if is_factory(name) else None
     saved_options = saved.get("options") if name == saved.get("name") else None
     if saved_options is not None and not (
         isinstance(saved_options, dict) and all(isinstance(k, str) for k in saved_options)
     ):
-        raise ValueError(
-            f"path={str(path)!r}: the checkpoint's model options {shown(saved_options)} are "
-            "not a mapping of option names"
+        raise _path_error(
+            path,
+            f"the checkpoint's model options {shown(saved_options)} are not a mapping of "
+            "option names",
         )
     options = dict(saved_options or {})
     if model_options is not None and not isinstance(model_options, dict):
-        raise ValueError(f"model_options={shown(model_options)}: must be a dict of options")
+        raise ConfigError(
+            [SettingProblem("model_options", model_options, "must be a dict of options")]
+        )
     options.update(model_options or {})
     if factory is not None:
         made = factory(**options)
@@ -131,9 +133,15 @@ def load_trained(
             and len(made) in (3, 4)
             and isinstance(made[0], nn.Module)
         ):
-            raise ValueError(
-                f"model={name!r}: the factory must return (module, dataset, loss_fn[, info]), "
-                f"got {shown(made)}"
+            raise ConfigError(
+                [
+                    SettingProblem(
+                        "model",
+                        name,
+                        "the factory must return (module, dataset, loss_fn[, info]), got "
+                        f"{shown(made)}",
+                    )
+                ]
             )
         module, dataset, loss_fn = made[0], made[1], made[2]
     else:
@@ -171,8 +179,13 @@ def _load_weights(module: nn.Module, weights: dict[str, torch.Tensor], path: str
     if missing:
         problems.append(f"parameters missing: {', '.join(missing[:8])}")
     if problems:
-        raise ValueError(
-            f"path={path!r}: the weights do not fit the model ({'; '.join(problems)}); "
-            "check model= and model_options"
+        raise _path_error(
+            path,
+            f"the weights do not fit the model ({'; '.join(problems)}); check `model` and "
+            "`model_options`",
         )
     module.load_state_dict(weights, strict=False)
+
+
+def _path_error(path: str | os.PathLike[str], message: str) -> ConfigError:
+    return ConfigError([SettingProblem("path", str(path), message)])

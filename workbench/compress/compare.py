@@ -35,6 +35,7 @@ from workbench.compress.measure import (
 from workbench.compress.prune import prune_structured, prune_unstructured
 from workbench.compress.quantize import ENGINES, quantize_int8
 from workbench.compress.report import CompressionReport, Figures, Row
+from workbench.problems import SettingProblem
 from workbench.spread import spread
 
 #: Method names `compress` takes; "a+b" applies a, then b (quantize last: "channels+int8").
@@ -49,29 +50,42 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> str | None:
     return None
 
 
-def method_problems(methods: Any) -> list[str]:
-    """What is wrong with a list of method names (empty when all are usable)."""
+def method_problems(methods: Any) -> list[SettingProblem]:
+    """What is wrong with a list of method names (empty when all are usable), each a
+    problem of `methods` with the list, or the one method it is about, as its value."""
     if isinstance(methods, str) or not isinstance(methods, Iterable):
-        return [f"methods={methods!r}: must be a list of method names ({', '.join(METHODS)})"]
+        return [
+            SettingProblem(
+                "methods", methods, f"must be a list of method names ({', '.join(METHODS)})"
+            )
+        ]
     names = list(methods)
     if not names:
-        return [f"methods=[]: name at least one of {', '.join(METHODS)}"]
+        return [SettingProblem("methods", [], f"name at least one of {', '.join(METHODS)}")]
     problems = []
     for spec in names:
         steps = spec.split("+") if isinstance(spec, str) else [spec]
         bad = [s for s in steps if s not in METHODS]
         if bad:
             problems.append(
-                f"methods: {spec!r}: unknown method {bad[0]!r}; choose from "
-                f"{', '.join(METHODS)}, or join them with '+' (e.g. 'channels+int8')"
+                SettingProblem(
+                    "methods",
+                    spec,
+                    f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}, or join "
+                    "them with '+' (e.g. 'channels+int8')",
+                )
             )
         elif "int8" in steps[:-1]:
             problems.append(
-                f"methods: {spec!r}: int8 must come last (the other methods start from float "
-                "weights), e.g. 'channels+int8'"
+                SettingProblem(
+                    "methods",
+                    spec,
+                    "int8 must come last (the other methods start from float weights), e.g. "
+                    "'channels+int8'",
+                )
             )
     if len(set(map(str, names))) != len(names):
-        problems.append(f"methods={names!r}: each method once")
+        problems.append(SettingProblem("methods", names, "each method once"))
     return problems
 
 
@@ -253,7 +267,7 @@ def compress(
     names = (
         list(methods) if isinstance(methods, Iterable) and not isinstance(methods, str) else methods
     )
-    problems = method_problems(names)
+    problems: list[str | SettingProblem] = [*method_problems(names)]
     sparsity_bad = sparsity_problem(sparsity)
     if sparsity_bad:
         problems.append(sparsity_bad)

@@ -3,7 +3,10 @@
 Every method works on a copy of your model and checks its input before it copies
 anything, so bad input (a sparsity outside [0, 1), a layer of a type the method does not
 support, a model with nothing it could compress) raises a `ValueError` naming the
-argument, the value and what is allowed, and your model stays exactly as it was.
+argument, the value and what is allowed, and your model stays exactly as it was. The
+problems a front end words its own way are data: `sparsity_problem` a `SettingProblem`, a
+structured pruning that finds nothing a `MethodProblem` (in a `ConfigError`) naming the
+methods to use instead.
 
 A layer whose weight is shared with another module (tiny-gpt's output head is tied to the
 token embedding) is left out when layers are picked automatically, with a note saying
@@ -14,12 +17,14 @@ larger, not smaller. Naming such a layer explicitly is an error.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from workbench.problems import ConfigError, SettingProblem
 
 #: Layers magnitude pruning supports (their `weight` is pruned; biases are kept).
 PRUNABLE: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -67,17 +72,19 @@ def check_model(model: Any) -> None:
         raise ValueError(f"model={type(model).__name__}: must be a torch.nn.Module")
 
 
-def sparsity_problem(sparsity: Any, name: str = "sparsity") -> str | None:
-    """The message for a sparsity outside [0, 1), or None when it is usable."""
+def sparsity_problem(sparsity: Any, name: str = "sparsity") -> SettingProblem | None:
+    """The problem of a sparsity outside [0, 1), or None when it is usable."""
     if (
         isinstance(sparsity, bool)
         or not isinstance(sparsity, (int, float))
         or not math.isfinite(sparsity)
         or not 0 <= sparsity < 1
     ):
-        return (
-            f"{name}={sparsity!r}: must be a number in [0, 1) (the fraction of weights or "
-            "units to remove; 1 would remove everything)"
+        return SettingProblem(
+            name,
+            sparsity,
+            "must be a number in [0, 1) (the fraction of weights or units to remove; 1 would "
+            "remove everything)",
         )
     return None
 
@@ -85,8 +92,37 @@ def sparsity_problem(sparsity: Any, name: str = "sparsity") -> str | None:
 def check_sparsity(sparsity: Any) -> float:
     problem = sparsity_problem(sparsity)
     if problem:
-        raise ValueError(problem)
+        raise ConfigError([problem])
     return float(sparsity)
+
+
+#: How the Python API says each of `compress`'s methods.
+METHOD_CALLS = {
+    "int8": "quantize_int8()",
+    "prune": "prune_unstructured()",
+    "channels": "unit='channels'",
+    "heads": "unit='heads'",
+}
+
+
+@dataclass(frozen=True)
+class MethodProblem(SettingProblem):
+    """A problem other compression methods do not have: `instead` names them as `compress`
+    does ("channels", "prune"); `str()` says them as the Python API does ("use
+    unit='channels' or prune_unstructured() instead"), and a front end its own way."""
+
+    instead: tuple[str, ...] = ()
+
+    def render(
+        self,
+        name: Callable[[str], str] = str,
+        value_text: str | None = None,
+        sep: str = "=",
+    ) -> str:
+        text = super().render(name, value_text, sep)
+        if not self.instead:
+            return text
+        return f"{text}; use {' or '.join(METHOD_CALLS[m] for m in self.instead)} instead"
 
 
 def _type_names(types: Iterable[type[nn.Module]]) -> str:
@@ -184,9 +220,10 @@ def select_layers(
     return names, []
 
 
-def raise_problems(problems: list[str]) -> None:
+def raise_problems(problems: Sequence[str | SettingProblem]) -> None:
     """One ValueError naming every problem (nothing to do when the list is empty)."""
-    if len(problems) == 1:
-        raise ValueError(problems[0])
-    if problems:
-        raise ValueError(f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+    lines = [str(p) for p in problems]
+    if len(lines) == 1:
+        raise ValueError(lines[0])
+    if lines:
+        raise ValueError(f"{len(lines)} problems:\n" + "\n".join(f"  - {p}" for p in lines))

@@ -31,12 +31,14 @@ from workbench.compress.layers import (
     ALREADY,
     PRUNABLE,
     Compressed,
+    MethodProblem,
     check_model,
     check_sparsity,
     plain_float_weight,
     select_layers,
 )
 from workbench.compress.structure import UNITS, WHERE, find_groups, remove_units
+from workbench.problems import ConfigError
 
 
 def prune_unstructured(
@@ -82,16 +84,23 @@ def prune_structured(model: nn.Module, sparsity: float, *, unit: str = "channels
     `workbench.compress.structure` for where units can be removed).
 
     ValueError, your model untouched, for a sparsity outside [0, 1), an unknown unit, or
-    a model with no group of that unit that this module can trace.
+    a model with no group of that unit that this module can trace (a `ConfigError` whose
+    `MethodProblem` names `unit` and the methods to use instead).
     """
     check_model(model)
     amount = check_sparsity(sparsity)
     groups = find_groups(model, unit)  # ValueError for an unknown unit
     if not groups:
-        raise ValueError(
-            f"model: structured pruning of {unit} found nothing it can remove in this "
-            f"{type(model).__name__}: {WHERE[unit]}. Use unit="
-            f"{next(u for u in UNITS if u != unit)!r} or prune_unstructured() instead"
+        raise ConfigError(
+            [
+                MethodProblem(
+                    "unit",
+                    unit,
+                    f"structured pruning of {unit} found nothing it can remove in this "
+                    f"{type(model).__name__}: {WHERE[unit]}",
+                    instead=(next(u for u in UNITS if u != unit), "prune"),
+                )
+            ]
         )
     modules = dict(model.named_modules())
     layers = sorted({c.layer for g in groups for c in (*g.producers, *g.consumers)})

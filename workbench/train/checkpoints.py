@@ -73,7 +73,18 @@ MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; its config and options 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed: missing, incomplete, truncated, altered, or
-    holding objects a checkpoint never contains. The message names the file and why."""
+    holding objects a checkpoint never contains. As data: `path` (the file), `reason` (why)
+    and `hint` (what to do about it, "" when nothing); the message is "path='...': reason"
+    with the hint after it."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, hint: str = "") -> None:
+        self.path = str(path)
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"path={self.path!r}: {reason}" + (f"; {hint}" if hint else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable, as a plain ValueError is
+        return (type(self), (self.path, self.reason, self.hint))
 
 
 def checkpoint_name(step: int) -> str:
@@ -312,13 +323,13 @@ def resolve(path_or_dir: str | os.PathLike[str]) -> Path:
         files = list_checkpoints(p)
         if not files:
             raise CheckpointError(
-                f"path={str(p)!r}: no checkpoint (step-N.pt with its step-N.json) in this directory"
+                p, "no checkpoint (step-N.pt with its step-N.json) in this directory"
             )
         return files[-1]
     if p.suffix == ".json" and p.is_file():
         return p.with_suffix(".pt")
     if not p.is_file():
-        raise CheckpointError(f"path={str(p)!r}: no such checkpoint file or directory")
+        raise CheckpointError(p, "no such checkpoint file or directory")
     return p
 
 
@@ -329,15 +340,15 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     resume relies on (kind, format, file size and SHA-256, step)."""
     m = manifest_path(resolve(path))
     if not m.exists():
-        raise CheckpointError(f"path={str(m)!r}: no manifest")
+        raise CheckpointError(m, "no manifest")
     try:
         manifest = read_json(m, what="checkpoint manifest", max_bytes=MAX_MANIFEST_BYTES)
     except InputFileError as exc:
         raise CheckpointError(
-            f"path={str(m)!r}: the manifest is not readable JSON (truncated or altered): {exc.reason}"
+            m, f"the manifest is not readable JSON (truncated or altered): {exc.reason}"
         ) from None
     if not isinstance(manifest, dict) or manifest.get("kind") != MANIFEST_KIND:
-        raise CheckpointError(f"path={str(m)!r}: not a workbench checkpoint manifest")
+        raise CheckpointError(m, "not a workbench checkpoint manifest")
     problems = []
     size = manifest.get("bytes")
     if not is_int(size) or size < 0:
@@ -350,8 +361,9 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         problems.append(f"step={shown(step)}: must be an integer >= 0")
     if problems:
         raise CheckpointError(
-            f"path={str(m)!r}: altered manifest ({'; '.join(problems)}); a checkpoint is "
-            "only resumed after its size and SHA-256 are checked"
+            m,
+            f"altered manifest ({'; '.join(problems)}); a checkpoint is "
+            "only resumed after its size and SHA-256 are checked",
         )
     return manifest
 
@@ -364,30 +376,28 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
     fmt = manifest.get("format")
     if fmt != CHECKPOINT_FORMAT:
         raise CheckpointError(
-            f"path={str(tensor)!r}: checkpoint format {fmt!r}; this workbench reads format "
-            f"{CHECKPOINT_FORMAT} (and {PREVIOUS_FORMAT} without a manifest)"
+            tensor,
+            f"checkpoint format {fmt!r}; this workbench reads format "
+            f"{CHECKPOINT_FORMAT} (and {PREVIOUS_FORMAT} without a manifest)",
         )
     if not tensor.is_file():
         raise CheckpointError(
-            f"path={str(tensor)!r}: missing; its manifest {manifest_path(tensor).name} is there"
+            tensor, f"missing; its manifest {manifest_path(tensor).name} is there"
         )
     size, expected = tensor.stat().st_size, int(manifest["bytes"])
     if size < expected:
-        raise CheckpointError(
-            f"path={str(tensor)!r}: truncated: {size} bytes, its manifest says {expected}"
-        )
+        raise CheckpointError(tensor, f"truncated: {size} bytes, its manifest says {expected}")
     if size > expected:
-        raise CheckpointError(
-            f"path={str(tensor)!r}: altered: {size} bytes, its manifest says {expected}"
-        )
+        raise CheckpointError(tensor, f"altered: {size} bytes, its manifest says {expected}")
     digest = hashlib.sha256()
     with open(tensor, "rb") as f:
         while block := f.read(_HASH_BLOCK):
             digest.update(block)
     if digest.hexdigest() != manifest["sha256"]:
         raise CheckpointError(
-            f"path={str(tensor)!r}: altered: its SHA-256 differs from the one in its manifest "
-            f"{manifest_path(tensor).name}"
+            tensor,
+            f"altered: its SHA-256 differs from the one in its manifest "
+            f"{manifest_path(tensor).name}",
         )
     return manifest
 
@@ -421,28 +431,26 @@ def safe_load(path: str | os.PathLike[str], *, previous_format: bool = False) ->
         names = _unsafe_globals(p)
         if not names:  # not a pickle at all, or a damaged one
             raise CheckpointError(
-                f"path={str(p)!r}: not a readable checkpoint: not a file torch.save wrote, "
-                "or a damaged one"
+                p, "not a readable checkpoint: not a file torch.save wrote, or a damaged one"
             ) from exc
     except Exception as exc:
-        raise CheckpointError(
-            f"path={str(p)!r}: not a readable checkpoint: {_last_line(exc)}"
-        ) from exc
+        raise CheckpointError(p, f"not a readable checkpoint: {_last_line(exc)}") from exc
     if previous_format and names and set(names) <= _PREVIOUS_FORMAT_NAMES:
         with torch.serialization.safe_globals(_previous_format_globals()):
             try:
                 return torch.load(p, map_location="cpu", weights_only=True)
             except Exception as exc:
-                raise CheckpointError(f"path={str(p)!r}: not a readable checkpoint: {exc}") from exc
+                raise CheckpointError(p, f"not a readable checkpoint: {exc}") from exc
     raise CheckpointError(
-        f"path={str(p)!r}: refused: it holds Python objects a checkpoint never contains "
-        f"({', '.join(names)}); unpickling them could run code, so nothing in it was loaded"
-        + (
-            f"; if it is a previous-format checkpoint you wrote yourself, convert it once: "
+        p,
+        f"refused: it holds Python objects a checkpoint never contains "
+        f"({', '.join(names)}); unpickling them could run code, so nothing in it was loaded",
+        hint=(
+            "if it is a previous-format checkpoint you wrote yourself, convert it once: "
             f"workbench.train.checkpoints.convert({str(p)!r}, trusted=True)"
             if previous_format
             else ""
-        )
+        ),
     )
 
 
@@ -475,29 +483,30 @@ def load(path_or_dir: str | os.PathLike[str]) -> dict[str, Any]:
         CHECKPOINT_FORMAT,
         PREVIOUS_FORMAT,
     ):
-        raise CheckpointError(
-            f"path={str(path)!r}: not a workbench checkpoint (format {CHECKPOINT_FORMAT})"
-        )
+        raise CheckpointError(path, f"not a workbench checkpoint (format {CHECKPOINT_FORMAT})")
     if manifest is None and payload["format"] == CHECKPOINT_FORMAT:
         raise CheckpointError(
-            f"path={str(path)!r}: incomplete: its manifest {manifest_path(path).name} is "
+            path,
+            f"incomplete: its manifest {manifest_path(path).name} is "
             "missing (a save that was killed before it finished, or a copy without it); "
-            "resume from an earlier checkpoint, or copy the manifest along"
+            "resume from an earlier checkpoint, or copy the manifest along",
         )
     if manifest is not None and (
         manifest.get("step") != payload.get("step") or payload["format"] != CHECKPOINT_FORMAT
     ):
         raise CheckpointError(
-            f"path={str(path)!r}: altered: step {payload.get('step')}, format "
+            path,
+            f"altered: step {payload.get('step')}, format "
             f"{payload['format']} in the file; step {manifest.get('step')}, format "
-            f"{manifest.get('format')} in its manifest"
+            f"{manifest.get('format')} in its manifest",
         )
     problems = payload_problems(payload)
     if problems:
         raise CheckpointError(
-            f"path={str(path)!r}: not a checkpoint this workbench wrote ("
+            path,
+            "not a checkpoint this workbench wrote ("
             + "; ".join(problems)
-            + "); nothing in it was used"
+            + "); nothing in it was used",
         )
     payload["path"] = str(path)
     payload["manifest"] = manifest
@@ -610,7 +619,7 @@ def convert(path_or_dir: str | os.PathLike[str], *, trusted: bool = False) -> li
         else:
             old = safe_load(f, previous_format=True)
         if not isinstance(old, dict) or old.get("format") != PREVIOUS_FORMAT:
-            raise CheckpointError(f"path={str(f)!r}: not a format-{PREVIOUS_FORMAT} checkpoint")
+            raise CheckpointError(f, f"not a format-{PREVIOUS_FORMAT} checkpoint")
         new = {k: v for k, v in old.items() if k not in ("history", "path")}
         new["format"] = CHECKPOINT_FORMAT
         new["rng"] = _rng_as_plain(old["rng"])

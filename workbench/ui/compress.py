@@ -133,7 +133,7 @@ class CompressionPanel(JobPanel):
         if bad:
             problems.append(bad)
         if problems:
-            self.error = "; ".join(problems)
+            self.error = "; ".join(str(p) for p in problems)
             self._show_status("error", self.error)
             return None
         self.error = None
