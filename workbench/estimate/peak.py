@@ -151,6 +151,8 @@ class StepPeak:
     notes: tuple[str, ...] = field(default=())
     #: the part of each point's total that grows with the micro-batch (in proportion)
     variable: dict[str, int] = field(default_factory=dict)
+    #: every point's named terms (`terms` is the highest point's)
+    points: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -428,6 +430,7 @@ def step_peak(
         optimizer_impl=impl,
         chunked_loss_saving_bytes=saving,
         variable=variable,
+        points=points,
     )
 
 
