@@ -9,10 +9,12 @@ grouped by three (`1,000,000`, `1_000_000`) but `1,2,3` is an error, never 123."
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,10 +125,10 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     # The flags a TrainConfig setting also has: declared once, in its Setting (the same
     # name, metavar and meaning as in export, launch and ladder; the estimate's defaults).
     shared = _shared_flag
-    shared(model, "micro_batch", default="1", shown_default="1")
+    shared(model, "micro_batch", shown_default="1")
     setup = parser.add_argument_group("training setup")
-    shared(setup, "precision", default="fp32")
-    shared(setup, "optimizer", default="adamw")
+    shared(setup, "precision", shown_default="fp32")
+    shared(setup, "optimizer", shown_default="adamw")
     shared(setup, "zero_stage")
     shared(setup, "fsdp")
     setup.add_argument(
@@ -142,7 +144,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     setup.add_argument(
         "--checkpointing", default="none", help="activation recomputation: none, selective, full"
     )
-    shared(setup, "grad_accum", default="1", shown_default="1")
+    shared(setup, "grad_accum", shown_default="1")
     step = parser.add_argument_group("the peak of a step (kernels and buffers)")
     step.add_argument(
         "--attention",
@@ -181,7 +183,9 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     step.add_argument(
         "--deepspeed-config",
         metavar="PATH",
-        help="a DeepSpeed JSON: its bucket and stage-3 prefetch sizes (read, never run)",
+        help="a DeepSpeed JSON (read, never run): its ZeRO stage, precision, optimizer, "
+        "offload, micro-batch and accumulation (flags given override them), bucket and "
+        "stage-3 prefetch sizes",
     )
     hw = parser.add_argument_group("hardware, time and cost")
     hw.add_argument("--gpu", help="GPU type, e.g. h100-80gb (see --list-gpus)")
@@ -269,15 +273,73 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
             options[field] = _read(value, kind)
     if args.fsdp is None:
         options["fsdp"] = "off"
-    if args.zero is None:
+    problems += _deepspeed_setup(args, options)
+    for field, default in _DEFAULTS.items():
+        if options.get(field) is None:
+            options[field] = default
+    if options.get("zero_stage") is None:
         options["zero_stage"] = 0
-    elif args.compare_stages:
+    if args.zero is not None and args.compare_stages:
         problems.append(
             f"--zero {typed(args.zero)}: leave it out with --compare-stages (stages 0-3)"
         )
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
+
+
+#: The defaults of the flags a DeepSpeed config may also give.
+_DEFAULTS: dict[str, Any] = {
+    "precision": "fp32",
+    "optimizer": "adamw",
+    "micro_batch": 1,
+    "grad_accum": 1,
+}
+
+
+def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[str]:
+    """Fill the options no flag gave from `--deepspeed-config` (read by
+    `workbench.deepspeed.import_deepspeed`, which runs nothing from the file); returns
+    its problems, each naming the flag and the key."""
+    path = args.deepspeed_config
+    if path is None:
+        return []
+    from workbench.deepspeed import import_deepspeed
+
+    gpus = options.get("gpus")
+    world = gpus if isinstance(gpus, int) and args.gpus != "1" else None
+    try:
+        # DeepSpeed logs to stdout when it is first imported: keep --json's stdout clean
+        with contextlib.redirect_stdout(sys.stderr):
+            imported = import_deepspeed(path, world_size=world)
+    except ValueError as exc:
+        options["deepspeed_config"] = None  # one message for the file, not two
+        return [f"--deepspeed-config {typed(path)}: {' '.join(str(exc).split())}"]
+    cfg = imported.config
+    given = {
+        "precision": str(cfg.precision),
+        "optimizer": str(cfg.optimizer),
+        "zero_stage": int(cfg.zero_stage),
+        "micro_batch": int(cfg.micro_batch),
+        "grad_accum": int(cfg.grad_accum),
+        "offload_optimizer": str(cfg.offload_optimizer) != "none",
+        "offload_params": str(cfg.offload_params) != "none",
+    }
+    flags = {
+        "precision": args.precision,
+        "optimizer": args.optimizer,
+        "zero_stage": args.zero,
+        "micro_batch": args.micro_batch,
+        "grad_accum": args.grad_accum,
+        "offload_optimizer": args.offload_optimizer,
+        "offload_params": args.offload_params,
+    }
+    for field, value in given.items():
+        if flags[field] is None:
+            options[field] = value
+    if args.gpus == "1" and imported.world_size > 1:
+        options["gpus"] = imported.world_size
+    return []
 
 
 def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
