@@ -331,3 +331,19 @@ def test_the_docs_table_of_published_cases_shows_what_the_estimator_says():
         e = estimate_memory(**kw)
         peak, required = f"{e.peak_bytes / GIB:.1f}", f"{e.required_bytes / GIB:.1f}"
         assert f"| {peak} ({required}) |" in line, (marker, peak, required, line)
+
+
+# ------------------------------------------------------------------ mixtures of experts
+def test_a_mixture_of_experts_reports_active_parameters_and_expert_activations():
+    kw = dict(seq_len=4096, precision="bf16", zero_stage=3, gpus=8, checkpointing="none")
+    moe = estimate_memory(model="mixtral-8x7b", tokens=1e9, **kw)
+    dense = estimate_memory(model="mistral-7b", **kw)  # Mixtral's attention, one MLP
+    assert (moe.experts, moe.experts_per_token) == (8, 2)
+    assert moe.active_params < moe.n_params and dense.active_params == dense.n_params
+    assert moe.train_flops == 6 * moe.active_params * 1e9  # a token uses 2 of 8 experts
+    # per layer, a token's two routed copies each keep an expert MLP's tensors (SwiGLU:
+    # 4sbf elements), plus the copies of the layer input (2sbh) and the router's logits
+    # (8sb elements, 2 bytes) and fp32 probabilities (4 x 8sb bytes)
+    s, h, f = 4096, 4096, 14336
+    extra = 2 * (4 * s * f + 2 * s * h + 8 * s) + 4 * 8 * s
+    assert moe.activations.per_layer_bytes - dense.activations.per_layer_bytes == extra

@@ -280,6 +280,9 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
         offload_optimizer=True,
         offload_params=True,
         accounting="deepspeed",  # the exported job runs under DeepSpeed
+        attention=info.attention,  # tiny-gpt writes its attention out by hand: eager
+        dropout=info.dropout > 0,
+        grad_accum=8,  # the config's gradient_accumulation_steps
     )
     assert result.estimate == expected
     assert expected.params_bytes == expected.optimizer_bytes == 0

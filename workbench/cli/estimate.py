@@ -423,7 +423,10 @@ def _duration(seconds: float) -> str:
 def _headline(e: Any) -> str:
     gpus = f"{e.gpus} GPU" + ("s" if e.gpus > 1 else "")
     source = e.model or (os.path.basename(e.hf_config) if e.hf_config else None)
-    name = f"{source} ({_count(e.n_params)} parameters)" if source else None
+    count = f"{_count(e.n_params)} parameters"
+    if e.experts:
+        count += f", {_count(e.active_params)} active: {e.experts_per_token} of {e.experts} experts"
+    name = f"{source} ({count})" if source else None
     parts = [name or f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
     parts += [f"FSDP {e.fsdp}" if e.fsdp != "off" else f"ZeRO stage {e.zero_stage}", gpus]
     if e.tensor_parallel > 1 or e.pipeline_parallel > 1:

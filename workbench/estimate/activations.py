@@ -336,9 +336,17 @@ def activation_breakdown(
     parallel_residual: bool,
     attention: Attention = Attention.EAGER,
     kv_dim: int | None = None,
+    experts: int = 0,
+    experts_per_token: int = 0,
 ) -> ActivationBreakdown:
     """`transformer_activation_bytes` on arguments already checked (the estimator's path);
-    `kv_dim` (the K and V projections' width, default h) is read by selective-op only."""
+    `kv_dim` (the K and V projections' width, default h) is read by selective-op only.
+
+    A mixture of experts (`experts` E, `experts_per_token` k) passes as `f` the inner width
+    one token goes through (k x the expert's inner size + a shared expert's): each token's
+    k routed copies go through an expert MLP, which keeps its tensors for them; the
+    layer also keeps the k copies of its input (k·sbh elements), the router's logits (E·sb
+    elements) and its fp32 probabilities (4·E·sb bytes)."""
     lin_el, score_el, lin_mask, score_mask = _layer_terms(
         s,
         b,
@@ -352,6 +360,10 @@ def activation_breakdown(
         parallel_residual,
         attention is Attention.SDPA,
     )
+    if experts:
+        tokens = s * b // (t if sp else 1)
+        lin_el += experts_per_token * s * b * h // t + experts * tokens
+        lin_mask += 4 * experts * tokens
     full_layer = e * (lin_el + score_el) + lin_mask + score_mask
     outside = t if sp else 1
     layer_input = e * (s * b * h // outside)

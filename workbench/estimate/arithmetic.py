@@ -13,6 +13,7 @@ import math
 
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
+from workbench.estimate.architecture import Architecture
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.limits import GIB, LIMITS
 from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
@@ -52,7 +53,7 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         i.checkpointing,
         4 if i.precision is Precision.FP32 else 2,
         i.dropout,
-        arch.ffn_hidden,
+        token_ffn(arch),
         arch.mlp,
         i.tensor_parallel,
         i.sequence_parallel,
@@ -60,7 +61,19 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         arch.parallel_residual,
         i.attention,
         arch.kv_dim,
+        arch.experts or 0,
+        arch.experts_per_token or 0,
     )
+
+
+def token_ffn(arch: Architecture) -> int:
+    """The MLP inner width one token goes through: `ffn_hidden` for a dense model; for a
+    mixture of experts, `experts_per_token` x the expert's inner size plus a shared
+    expert's."""
+    if not arch.is_moe:
+        return arch.ffn_hidden
+    expert = arch.moe_ffn_hidden or arch.ffn_hidden
+    return (arch.experts_per_token or 1) * expert + (arch.shared_ffn_hidden or 0)
 
 
 def overhead_bytes(i: EstimateInputs) -> int:
@@ -131,11 +144,13 @@ def on_gpu(
 
 def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float | None]:
     """(training FLOPs, seconds, cost) of the tokens: 6 FLOPs per parameter and token (8
-    with full recomputation), at `mfu` of the GPUs' peak, at the price per GPU-hour. Each
+    with full recomputation; a mixture of experts counts the parameters a token uses), at `mfu` of the GPUs' peak, at the price per GPU-hour. Each
     is None when its inputs are missing (tokens; a GPU with a peak rate; a price)."""
     if i.tokens is None:
         return None, None, None
-    flops = (8.0 if i.checkpointing is Checkpointing.FULL else 6.0) * i.n_params * i.tokens
+    arch = i.architecture
+    used = arch.active_params if arch is not None and arch.is_moe else i.n_params
+    flops = (8.0 if i.checkpointing is Checkpointing.FULL else 6.0) * used * i.tokens
     seconds = cost = None
     if i.gpu is not None:
         peak = i.gpu.peak_flops(i.precision is not Precision.FP32, bf16=i.precision in _BF16)
@@ -209,6 +224,9 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         sequence_parallel=i.sequence_parallel,
         data_parallel=i.data_parallel,
         shard_params=i.shard_params,
+        active_params=arch.active_params if arch is not None else i.n_params,
+        experts=arch.experts if arch else None,
+        experts_per_token=arch.experts_per_token if arch else None,
         peak_bytes=peak.peak_bytes,
         peak=peak,
         attention=i.attention.value,

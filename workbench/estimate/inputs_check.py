@@ -23,7 +23,7 @@ from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
-from workbench.estimate.hf_config import read_hf_config
+from workbench.estimate.hf_build import config_facts
 from workbench.estimate.limits import (
     GIB,
     LIMITS,
@@ -151,13 +151,18 @@ def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
 # ---------------------------------------------------------------- the model
 class _Source(NamedTuple):
     """Where the model's shape comes from: a preset's or an `Architecture` (`base`), or the
-    fields of a config or module (`fields`), and a module's parameter count."""
+    fields of a config or module (`fields`), and a module's (or a built config's)
+    parameter count, its active parameters (a mixture of experts: the count less the
+    experts a token is not routed to; None: the shape's `active_params`) and why its
+    activations are not estimated when it gives no shape (`activation_note`)."""
 
     name: str | None = None
     config_name: str | None = None
     base: Architecture | None = None
     fields: Mapping[str, Any] | None = None
     counted: int | None = None
+    active_params: int | None = None
+    activation_note: str | None = None
 
 
 def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
@@ -182,15 +187,23 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
     if model is not None:
         from workbench.estimate.from_module import module_facts  # imports torch
 
-        counted, name, fields, module_problems = module_facts(model)
-        p.extend(module_problems)
-        return _Source(name=name, fields=fields, counted=counted)
+        facts = module_facts(model)
+    elif hf_config is not None:
+        facts = config_facts(hf_config)  # imports torch for a family counted on meta
+    else:
+        return _Source()
+    p.extend(facts.problems)
+    config_name = None
     if hf_config is not None:
         config_name = str(hf_config) if not isinstance(hf_config, Mapping) else "dict"
-        fields, config_problems = read_hf_config(hf_config)
-        p.extend(config_problems)
-        return _Source(config_name=config_name, fields=fields)
-    return _Source()
+    return _Source(
+        name=facts.name,
+        config_name=config_name,
+        fields=facts.fields,
+        counted=facts.counted,
+        active_params=facts.active_params,
+        activation_note=facts.activation_note,
+    )
 
 
 def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> Architecture | None:

@@ -98,17 +98,12 @@ Pure Python: imports no torch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.config import OptimizerName, Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention
+from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.model_states import ModelStates
-
-if TYPE_CHECKING:
-    from workbench.estimate.inputs_check import EstimateInputs
-
-#: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds).
-OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
 
 #: Optimizers whose step computes sqrt(exp_avg_sq) (or sqrt(sum)) into a new tensor.
 _SQRT_OPTIMIZERS = frozenset({OptimizerName.ADAM, OptimizerName.ADAMW, OptimizerName.ADAGRAD})
@@ -281,7 +276,10 @@ def backward_transient(i: EstimateInputs) -> int:
         return 0
     e = compute_bytes(i.precision)
     t = i.tensor_parallel
-    s, b, h, f, a = arch.seq_len, i.micro_batch, arch.hidden, arch.ffn_hidden, arch.heads
+    s, b, h, a = arch.seq_len, i.micro_batch, arch.hidden, arch.heads
+    f = arch.ffn_hidden * (arch.experts_per_token or 1) + (arch.shared_ffn_hidden or 0)
+    if arch.is_moe and arch.moe_ffn_hidden:
+        f = arch.moe_ffn_hidden * (arch.experts_per_token or 1) + (arch.shared_ffn_hidden or 0)
     sbh = s * b * h
     mlp = (3 if arch.mlp == "swiglu" else 2) * e * s * b * f // t
     if i.attention is Attention.SDPA:

@@ -98,6 +98,10 @@ class MemoryEstimate(Readable):
     shard_params: int = 0
     fsdp: str = "off"
     dropout: bool = True  # the activations count dropout masks (training with dropout)
+    # a mixture of experts: the parameters one token uses (= n_params for a dense model)
+    active_params: int = 0
+    experts: int | None = None
+    experts_per_token: int | None = None
     # the peak of a step
     peak_bytes: int = 0
     peak: StepPeak | None = None
@@ -175,6 +179,8 @@ class MemoryEstimate(Readable):
                 f"dp {self.data_parallel})"
             )
         name = self.model or f"{fmt_count(self.n_params)} parameters"
+        if self.experts:
+            name += f" ({fmt_count(self.active_params)} of {fmt_count(self.n_params)} active)"
         title = f"memory per GPU: {name}, {self.precision}, {self.optimizer}, {engine}, {split}"
         return Display(title, rows)
 
