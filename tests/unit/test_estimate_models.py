@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 
 import numpy as np
@@ -20,6 +21,7 @@ from workbench.estimate import (
     estimate_memory,
     find_model,
     get_model,
+    hf_build,
     model_names,
     params_from_shape,
     parse_count,
@@ -316,15 +318,23 @@ def test_llama_config_json_read_from_disk(tmp_path):
     assert shorter.n_params == e.n_params and shorter.seq_len == 4096
 
 
-def test_unsupported_and_broken_configs(tmp_path):
+def test_unsupported_and_broken_configs(tmp_path, monkeypatch):
     bert = tmp_path / "bert.json"
     bert.write_text(json.dumps({"model_type": "bert", "hidden_size": 768}))
+    _, problems = read_hf_config(bert)  # the pure reader: five families
+    assert problems[0].message == (
+        "model_type 'bert' is not supported; supported: gpt2, llama, mistral, qwen2, gpt_neox"
+    )
+    monkeypatch.setitem(sys.modules, "transformers", None)  # not installed: import fails
+    hf_build.clear_cache()
     with pytest.raises(
         EstimateInputError,
-        match=r"model_type 'bert' is not supported; supported: gpt2, llama, mistral, qwen2, "
-        r"gpt_neox",
+        match=r"model_type 'bert' is counted by building the model with transformers, which is "
+        r"not installed \(.*pip install transformers\); without it the supported families "
+        r"are gpt2, llama, mistral, qwen2, gpt_neox",
     ):
         estimate_memory(hf_config=bert)
+    assert estimate_memory(hf_config=LLAMA_3_8B_CONFIG).n_params == 8_030_261_248  # pure
     with pytest.raises(EstimateInputError, match=r"hf_config='.*missing.json': no such file"):
         estimate_memory(hf_config=tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
@@ -336,10 +346,57 @@ def test_unsupported_and_broken_configs(tmp_path):
     cfg = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "num_hidden_layers"}
     _, problems = read_hf_config(cfg)
     assert [p.message for p in problems] == ["llama config lacks num_hidden_layers"]
-    _, problems = read_hf_config({**LLAMA_3_8B_CONFIG, "head_dim": 256})
-    assert "only head_dim = hidden / heads is supported" in problems[0].message
     with pytest.raises(EstimateInputError, match=r"give model or hf_config, not both"):
         estimate_memory(model="gpt2", hf_config=bert)
+
+
+def test_a_head_size_other_than_hidden_over_heads_is_read():
+    # Mistral-NeMo-style: 32 heads of 128 with hidden 5120 (Q is 5120 x 4096)
+    fields, problems = read_hf_config({**LLAMA_3_8B_CONFIG, "head_dim": 128, "hidden_size": 5120})
+    assert problems == [] and fields["head_dim"] == 128
+    arch = Architecture.create(**fields)
+    assert arch.q_dim == 4096 and arch.kv_dim == 1024
+    _, problems = read_hf_config({**LLAMA_3_8B_CONFIG, "head_dim": 0})
+    assert problems[0].message.startswith("head_dim 0: must be an integer from 1 to 10^6")
+    # GPT-2 and GPT-NeoX have no head size key: theirs is hidden / heads, a head_dim is ignored
+    neox = {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+    }
+    assert read_hf_config({**neox, "head_dim": 8})[0] == read_hf_config(neox)[0]
+
+
+def test_layers_the_pure_reader_does_not_describe_are_unsupported_without_transformers():
+    tiny = {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 96,
+        "vocab_size": 100,
+        "max_position_embeddings": 32,
+    }
+    gpt2 = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 32, "vocab_size": 100}
+    for config, message in (
+        (
+            {**tiny, "model_type": "llama", "attention_bias": True},
+            "attention_bias=True with mlp_bias=False is not supported",
+        ),
+        (
+            {**tiny, "model_type": "gpt_neox", "attention_bias": False},
+            "attention_bias=false (biases on the MLP but not the attention) is not supported",
+        ),
+        (
+            {**gpt2, "model_type": "gpt2", "add_cross_attention": True},
+            "add_cross_attention=true (a cross-attention block in every layer) is not supported",
+        ),
+    ):
+        fields, problems = read_hf_config(config)
+        assert fields == {} and message in problems[0].message
 
 
 def _write(tmp_path, text, name="config.json"):

@@ -128,8 +128,8 @@ _SWIGLU, _LAYERNORM, _ROTARY = Mlp.SWIGLU.value, Norm.LAYERNORM.value, Positions
 _BIAS_ALL, _BIAS_QKV = Bias.ALL.value, Bias.QKV.value
 
 
-#: The ranges of the fields `limits.LIMITS` does not cover.
-_BOUNDS = {
+#: The ranges of the fields that `limits.LIMITS` does not cover (read by `hf_config` too).
+FIELD_BOUNDS = {
     "head_dim": Bound(1, 10**6, "units per head", "the widest heads have about 256"),
     "experts": Bound(1, 10**6, "experts", "the most experts per layer trained are about 10^3"),
     "experts_per_token": Bound(1, 10**6, "experts", "at most `experts`"),
@@ -391,10 +391,10 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
                 missing[0], None, f"a transformer shape needs all of {need}{also}", missing=True
             )
         )
-    for name in ("kv_heads", "ffn_hidden", "max_positions", *_BOUNDS):
+    for name in ("kv_heads", "ffn_hidden", "max_positions", *FIELD_BOUNDS):
         raw = fields.get(name)
         if raw is not None:
-            v[name], message = check_number(name, raw, _BOUNDS.get(name))
+            v[name], message = check_number(name, raw, FIELD_BOUNDS.get(name))
             if message is not None:
                 p.append(Problem(name, raw, message))
     for name, choices in _CHOICES.items():

@@ -10,8 +10,12 @@ import is inside `module_facts`, so `import workbench.estimate` stays torch-free
   `functools.partial(AutoModelForCausalLM.from_config, config)`) is built under
   `torch.device("meta")`, so its parameters have shapes but no storage, then counted.
 
-A module with a Hugging Face `config` whose `model_type` is a supported family also gives
-its transformer shape (`hf_config.read_hf_config`), so activations are estimated too.
+A module with a Hugging Face `config` (a `transformers` model of any family) also gives
+its transformer shape where its family maps onto the activation formula's terms
+(`hf_build.module_config_facts`, by way of `hf_shape`), so activations are estimated too;
+where it does not (an encoder-decoder, multi-head latent attention, ...) the facts say why
+(`activation_note`). A mixture of experts gives its active parameters (the count less the
+experts a token is not routed to).
 """
 
 from __future__ import annotations
@@ -19,53 +23,49 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workbench.estimate.hf_config import FAMILIES, read_hf_config
+from workbench.estimate.hf_build import ModelFacts, module_config_facts
 from workbench.estimate.problems import Problem
 
 
-def module_facts(model: Any) -> tuple[int | None, str, dict[str, Any], list[Problem]]:
-    """(parameter count, the model's type name, architecture fields from its config,
-    problems) for an `nn.Module` or a callable that builds one."""
+def module_facts(model: Any) -> ModelFacts:
+    """The parameter count, the model's type name, the architecture fields from its
+    config, its active parameters, why activations are not estimated (when they are not)
+    and the problems, for an `nn.Module` or a callable that builds one."""
     try:
         import torch
     except ImportError:
-        return (
-            None,
-            type(model).__name__,
-            {},
-            [Problem("model", model, "a module needs torch installed (pip install torch)")],
-        )
+        problem = Problem("model", model, "a module needs torch installed (pip install torch)")
+        return ModelFacts(None, type(model).__name__, {}, None, None, [problem])
     from workbench.modelstats import count_parameters
 
     module: Any = model
     if not isinstance(model, torch.nn.Module):
         if not callable(model):
-            return None, type(model).__name__, {}, [_not_a_model(model)]
+            return ModelFacts(None, type(model).__name__, {}, None, None, [_not_a_model(model)])
         builder: Callable[[], Any] = model
         try:
             with torch.device("meta"):
                 module = builder()
         except Exception as exc:  # the user's constructor: report, do not crash
             msg = " ".join(f"{type(exc).__name__}: {exc}".split())
-            return (
-                None,
-                _name(model),
-                {},
-                [Problem("model", _name(model), f"building failed: {msg}")],
-            )
+            problem = Problem("model", _name(model), f"building failed: {msg}")
+            return ModelFacts(None, _name(model), {}, None, None, [problem])
         if not isinstance(module, torch.nn.Module):
-            return None, _name(model), {}, [_not_a_model(model)]
+            return ModelFacts(None, _name(model), {}, None, None, [_not_a_model(model)])
     n = count_parameters(module)
     fields: dict[str, Any] = {}
+    active: int | None = n
+    note: str | None = None
     config = getattr(module, "config", None)
-    to_dict = getattr(config, "to_dict", None)
-    if callable(to_dict):
-        data = to_dict()
-        if isinstance(data, dict) and data.get("model_type") in FAMILIES:
-            fields, problems = read_hf_config(data, field="model")
-            if problems:
-                fields = {}
-    return n, type(module).__name__, fields, []
+    if callable(getattr(config, "to_dict", None)) and isinstance(
+        getattr(config, "model_type", None), str
+    ):
+        try:
+            fields, active, note = module_config_facts(module, n)
+        except Exception as exc:  # a config that cannot describe itself: count only
+            msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            note = f"activations not estimated: its config could not be read ({msg})"
+    return ModelFacts(n, type(module).__name__, fields, active, note, [])
 
 
 def _name(obj: Any) -> str:

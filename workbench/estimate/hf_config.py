@@ -17,24 +17,32 @@ Reads `model_type` and the shape keys of the families below; no network, no
     qwen2      intermediate_size         max_position_embeddings  false         qkv
     gpt_neox   intermediate_size         max_position_embeddings  false         all
 
-llama, mistral and qwen2 have a SwiGLU MLP, RMSNorm and rotary positions; gpt2 and
-gpt_neox a GELU MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions.
+llama, mistral and qwen2 have a SwiGLU MLP, RMSNorm and rotary positions, and read
+`head_dim` (default hidden / heads; gpt2 and gpt_neox have none); gpt2 and gpt_neox a GELU
+MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions.
 `tie_word_embeddings` is read when present, and gpt_neox's `use_parallel_residual`
 (default true). The sequence length is the config's longest
 position: pass `seq_len` to estimate a shorter training sequence.
+
+Configs of these families whose layers the shape cannot describe (llama with biases on the
+attention but not the MLP or the reverse, gpt_neox without attention biases, gpt2 with
+cross-attention) are `unsupported` here; `hf_build` counts them, and every other family
+the installed `transformers` knows, by building the model on the meta device.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from workbench.estimate.limits import as_bool, check_number, is_bool
+from workbench.estimate.architecture import FIELD_BOUNDS
+from workbench.estimate.limits import Bound, as_bool, check_number, is_bool
 from workbench.estimate.problems import Problem
 from workbench.inputs import InputFileError, shown
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
+HEAD_DIM = FIELD_BOUNDS["head_dim"]
 
 _LLAMA_KEYS = {
     "layers": "num_hidden_layers",
@@ -60,6 +68,16 @@ _KEYS: dict[str, dict[str, str]] = {
 _GATED = ("llama", "mistral", "qwen2")
 
 
+class FamilyShape(NamedTuple):
+    """What `read_family` read: the `Architecture` fields (empty when anything is wrong),
+    the `problems` (invalid values, each naming its key) and what is `unsupported` (valid,
+    but layers the shape does not describe)."""
+
+    fields: dict[str, Any]
+    problems: list[str]
+    unsupported: list[str]
+
+
 def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any], list[Problem]]:
     """(`Architecture` fields, problems) from a config.json path or an already-loaded dict.
 
@@ -70,21 +88,12 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
     `tie_word_embeddings` a JSON boolean (`"false"` is an error, not true); null is read as
     absent. Problems name `field`, the key and what is wrong, all of them at once: a missing
     or unreadable file, a `model_type` outside `FAMILIES` (naming the supported ones),
-    missing or ill-typed keys, a `head_dim` that is not hidden / heads.
+    missing or ill-typed keys, layers the shape does not describe (`read_family`).
     """
-    if isinstance(source, Mapping):
-        config: Mapping[str, Any] = source
-        where = "{...}"
-    elif isinstance(source, (str, os.PathLike)) and str(source).strip():
-        where = str(source)
-        loaded, problem = _load(source, field)
-        if problem is not None:
-            return {}, [problem]
-        if not isinstance(loaded, dict):
-            return {}, [Problem(field, where, "must hold a JSON object")]
-        config = loaded
-    else:
-        return {}, [Problem(field, source, "must be a path to a config.json or a dict")]
+    config, where, problem = load_config(source, field)
+    if problem is not None:
+        return {}, [problem]
+    assert config is not None
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in _KEYS:
         return {}, [
@@ -95,52 +104,81 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
                 f"{', '.join(FAMILIES)}",
             )
         ]
+    read = read_family(config, model_type)
+    messages = read.problems + read.unsupported
+    if messages:
+        return {}, [Problem(field, where, message) for message in messages]
+    return read.fields, []
+
+
+def load_config(source: Any, field: str) -> tuple[Mapping[str, Any] | None, str, Problem | None]:
+    """(the config, how to name it in a problem: its path or "{...}", None), or (None, name,
+    the problem) for a config.json path (a file or its folder) or an already-loaded dict."""
+    if isinstance(source, Mapping):
+        return source, "{...}", None
+    if isinstance(source, (str, os.PathLike)) and str(source).strip():
+        where = str(source)
+        loaded, problem = _load(source, field)
+        if problem is not None:
+            return None, where, problem
+        if not isinstance(loaded, dict):
+            return None, where, Problem(field, where, "must hold a JSON object")
+        return loaded, where, None
+    return None, str(source), Problem(field, source, "must be a path to a config.json or a dict")
+
+
+def read_family(config: Mapping[str, Any], model_type: str) -> FamilyShape:
+    """The `Architecture` fields of `config`, a config of `model_type` (one of `FAMILIES`),
+    with the keys and defaults of its `transformers` config class (see the module
+    docstring)."""
     problems: list[str] = []
+    unsupported: list[str] = []
     keys = _KEYS[model_type]
     fields: dict[str, Any] = {}
     missing = [key for key in keys.values() if config.get(key) is None]
     if missing:
         problems.append(f"{model_type} config lacks {', '.join(missing)}")
     for name, key in keys.items():
-        fields[name] = _integer(config, key, name, problems)
+        fields[name] = config_integer(config, key, name, problems)
     gated = model_type in _GATED
     if model_type == "gpt2":
-        fields["ffn_hidden"] = _integer(config, "n_inner", "ffn_hidden", problems)  # None: 4h
+        fields["ffn_hidden"] = config_integer(config, "n_inner", "ffn_hidden", problems)
+        if config_flag(config, "add_cross_attention", False, problems):
+            unsupported.append(
+                "add_cross_attention=true (a cross-attention block in every layer) is not "
+                "supported without transformers"
+            )
     if gated:
-        kv_heads = _integer(config, "num_key_value_heads", "kv_heads", problems)
+        kv_heads = config_integer(config, "num_key_value_heads", "kv_heads", problems)
         fields["kv_heads"] = kv_heads  # None: = heads
+        fields["head_dim"] = config_integer(config, "head_dim", "head_dim", problems, HEAD_DIM)
     fields["mlp"] = "swiglu" if gated else "gelu"
     fields["norm"] = "rmsnorm" if gated else "layernorm"
     fields["positions"] = "learned" if model_type == "gpt2" else "rotary"
-    fields["tied_embeddings"] = _flag(config, "tie_word_embeddings", model_type == "gpt2", problems)
+    fields["tied_embeddings"] = config_flag(
+        config, "tie_word_embeddings", model_type == "gpt2", problems
+    )
     if model_type == "gpt_neox":
-        fields["parallel_residual"] = _flag(config, "use_parallel_residual", True, problems)
+        fields["parallel_residual"] = config_flag(config, "use_parallel_residual", True, problems)
+        if not config_flag(config, "attention_bias", True, problems):
+            unsupported.append(
+                "attention_bias=false (biases on the MLP but not the attention) is not "
+                "supported without transformers"
+            )
     if model_type == "llama":
-        attention_bias = _flag(config, "attention_bias", False, problems)
-        mlp_bias = _flag(config, "mlp_bias", False, problems)
+        attention_bias = config_flag(config, "attention_bias", False, problems)
+        mlp_bias = config_flag(config, "mlp_bias", False, problems)
         if attention_bias != mlp_bias:
-            problems.append(
+            unsupported.append(
                 f"attention_bias={attention_bias} with mlp_bias={mlp_bias} is not "
                 "supported (biases on every linear layer, on Q/K/V only, or none)"
             )
         fields["bias"] = "all" if attention_bias else "none"
     else:
         fields["bias"] = {"mistral": "none", "qwen2": "qkv"}.get(model_type, "all")
-    head_dim = _integer(config, "head_dim", "hidden", problems)
-    hidden, heads = fields["hidden"], fields["heads"]
-    if (
-        head_dim is not None
-        and hidden is not None
-        and heads is not None
-        and head_dim * heads != hidden
-    ):
-        problems.append(
-            f"head_dim={head_dim} x heads={heads} differs from hidden_size={hidden}; "
-            "only head_dim = hidden / heads is supported"
-        )
     if problems:
-        return {}, [Problem(field, where, message) for message in problems]
-    return fields, []
+        return FamilyShape({}, problems, unsupported)
+    return FamilyShape({} if unsupported else fields, [], unsupported)
 
 
 #: The largest config.json read: real ones are a few KiB (1 MiB with a large label map).
@@ -164,28 +202,34 @@ def _load(source: str | os.PathLike[str], field: str) -> tuple[Any, Problem | No
         return None, Problem(field, str(source), reason)
 
 
-def _integer(config: Mapping[str, Any], key: str, name: str, problems: list[str]) -> int | None:
+def config_integer(
+    config: Mapping[str, Any],
+    key: str,
+    name: str,
+    problems: list[str],
+    bound: Bound | None = None,
+) -> int | None:
     """The integer at `key` (None when absent or null), checked against the range of the
-    estimator's input `name`; a problem naming the key otherwise."""
+    estimator's input `name` (or `bound`); a problem naming the key otherwise."""
     value = config.get(key)
     if value is None:
         return None
-    number, message = check_number(name, value)
+    number, message = check_number(name, value, bound)
     if message is None:
         return number  # type: ignore[no-any-return]
-    kind = _json_kind(value)
+    kind = json_kind(value)
     problems.append(f"{key} {shown(value)}{f' is {kind}' if kind else ''}: {message}")
     return None
 
 
-def _flag(config: Mapping[str, Any], key: str, default: bool, problems: list[str]) -> bool:
+def config_flag(config: Mapping[str, Any], key: str, default: bool, problems: list[str]) -> bool:
     """The boolean at `key` (`default` when absent or null); a problem naming the key for
     anything but true or false (`"false"` is a string, not false)."""
     value = as_bool(config.get(key))
     if value is None:
         return default
     if not isinstance(value, bool):
-        kind = _json_kind(value)
+        kind = json_kind(value)
         problems.append(
             f"{key} {shown(value)}{f' is {kind}' if kind else ''}: must be true or false"
         )
@@ -193,7 +237,7 @@ def _flag(config: Mapping[str, Any], key: str, default: bool, problems: list[str
     return value
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """ "a string" / "a number" / ... for a value of the wrong JSON type, "" for a number."""
     if isinstance(value, str):
         return "a string"

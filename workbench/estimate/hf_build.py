@@ -1,0 +1,472 @@
+"""A Hugging Face config.json of any family -> its exact parameter count and its shape.
+
+`config_facts(source)` answers `estimate_memory(hf_config=...)`:
+
+* a config of one of `hf_config.FAMILIES` is read without torch or transformers
+  (`hf_config.read_family`): the count is the shape's, identical to the built model's;
+* any other `model_type` the installed `transformers` knows (and a config of those
+  families whose layers the pure reader does not describe) is built: its config class
+  reads the dict (`from_dict`, never from the Hub), the model class is transformers' own
+  for that `model_type` (`AutoModelForCausalLM`; `AutoModelForSeq2SeqLM` for an
+  encoder-decoder such as t5, `AutoModelForMaskedLM` for an encoder such as bert;
+  `AutoModel` where none of those exists) and it is built under `torch.device("meta")`,
+  so its parameters have shapes but no storage, then counted by
+  `workbench.modelstats.count_parameters` (shared weights once). The shape comes from
+  `hf_shape.family_shape`; a family it does not map gets the count and a `note` saying why
+  activations are not estimated. A mixture of experts also gives `active_params`: the
+  count less the experts a token is not routed to (`active_from_experts`).
+
+Nothing in a config chooses code to run: a config with an `auto_map` (custom code to
+import, at any depth) is refused naming the key, `trust_remote_code` is never set, and
+the keys that only pick kernels or load-time quantization (`attn_implementation`,
+`quantization_config`) are left out, since they change no parameter. torch and
+transformers are imported only when a model is built, and each built config is kept
+(`functools.lru_cache`, per content) so that asking again costs nothing; building takes
+about a second the first time transformers builds anything in a process and tens of
+milliseconds after (Mixtral-8x7B, DeepSeek-V3).
+
+Bad input is a `Problem` naming `field` and the key or model_type: a `model_type`
+transformers does not know, values of the wrong type or out of range, a config its
+class refuses, a build that raises (the exception's text is quoted, never a traceback),
+more than `MAX_BUILD_LAYERS` layers, more than 10^16 parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+from workbench.estimate.architecture import Architecture, build_architecture
+from workbench.estimate.hf_config import (
+    FAMILIES,
+    HEAD_DIM,
+    config_flag,
+    config_integer,
+    load_config,
+    read_family,
+)
+from workbench.estimate.hf_shape import (
+    MAPPED_FAMILIES,
+    STANDARD_KEYS,
+    experts_and_top_k,
+    family_shape,
+    no_activations,
+)
+from workbench.estimate.limits import LIMITS
+from workbench.estimate.problems import Problem
+from workbench.inputs import shown
+
+#: The deepest model built: each layer takes about a millisecond to build on the meta
+#: device, and the deepest models trained have about 10^2 layers.
+MAX_BUILD_LAYERS = 4096
+
+#: Config keys that choose kernels or load-time quantization, not parameters.
+_LEFT_OUT = (
+    "attn_implementation",
+    "_attn_implementation",
+    "_attn_implementation_internal",
+    "quantization_config",
+)
+#: Keys that count layers (the depth limit), under the names families give them.
+_LAYER_KEYS = (
+    "num_hidden_layers",
+    "num_layers",
+    "num_decoder_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "n_layer",
+    "n_layers",
+)
+#: The standard integer keys checked before a config is built, with their estimator ranges.
+_CHECKED = (
+    ("num_hidden_layers", "layers"),
+    ("hidden_size", "hidden"),
+    ("num_attention_heads", "heads"),
+    ("num_key_value_heads", "kv_heads"),
+    ("intermediate_size", "ffn_hidden"),
+    ("vocab_size", "vocab"),
+    ("max_position_embeddings", "seq_len"),
+    ("head_dim", "head_dim"),
+)
+
+
+class ModelFacts(NamedTuple):
+    """What a config (or a module) says about the model.
+
+    `counted` is the parameter count of the built module (None: the shape's count is
+    exact), `name` the class built, `fields` the `Architecture` fields ({} without a
+    shape), `active_params` the parameters one token uses (a mixture of experts; the
+    count for a dense model; None where not known), `activation_note` why there is no
+    shape, `problems` what is wrong (then the rest is empty)."""
+
+    counted: int | None
+    name: str | None
+    fields: dict[str, Any]
+    active_params: int | None
+    activation_note: str | None
+    problems: list[Problem]
+
+    def architecture(self) -> Architecture | None:
+        """The shape as an `Architecture` (None without one, or when its fields do not
+        make one): `estimate_memory(model=facts.architecture(), n_params=facts.counted)`
+        estimates the model the facts describe."""
+        arch, _ = build_architecture(self.fields) if self.fields else (None, [])
+        return arch
+
+
+def _failed(*problems: Problem) -> ModelFacts:
+    return ModelFacts(None, None, {}, None, None, list(problems))
+
+
+def config_facts(source: Any, field: str = "hf_config") -> ModelFacts:
+    """The facts of the config.json at `source` (a path, its folder or a loaded dict);
+    see the module docstring. `source` is never changed."""
+    config, where, problem = load_config(source, field)
+    if problem is not None:
+        return _failed(problem)
+    assert config is not None
+    code = _custom_code(config)
+    if code is not None:
+        message = (
+            f"{code} names custom code to import; a config is read as data and nothing in "
+            "it chooses code to run: remove the key (the model is then built by transformers' "
+            "own class for its model_type)"
+        )
+        return _failed(Problem(field, where, message))
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type.strip():
+        message = (
+            f"model_type {shown(model_type)} is not supported; supported: "
+            f"{', '.join(FAMILIES)} and any model type of the installed transformers"
+        )
+        return _failed(Problem(field, where, message))
+    unsupported: list[str] = []
+    if model_type in FAMILIES:
+        read = read_family(config, model_type)
+        if read.problems:
+            return _failed(*(Problem(field, where, m) for m in read.problems))
+        if not read.unsupported:
+            return ModelFacts(None, None, read.fields, None, None, [])
+        unsupported = read.unsupported  # counted by building the model
+    try:
+        return build_facts(config, field, where)
+    except ImportError as exc:
+        if unsupported:
+            message = (
+                f"{unsupported[0]}; to count it install transformers (pip install transformers)"
+            )
+        else:
+            message = (
+                f"model_type {model_type!r} is counted by building the model with transformers, "
+                f"which is not installed ({exc.name or exc}; pip install transformers); "
+                f"without it the supported families are {', '.join(FAMILIES)}"
+            )
+        return _failed(Problem(field, where, message))
+
+
+def build_facts(
+    config: Mapping[str, Any], field: str = "hf_config", where: str = "{...}"
+) -> ModelFacts:
+    """The facts of `config` (a dict with a `model_type`, without `auto_map`) from the
+    model built on the meta device, whatever its family (`config_facts` reads the five
+    families of `hf_config.FAMILIES` without building them; for those this gives the same
+    count and shape). Problems name `field` and `where`. Raises ImportError without torch
+    or transformers."""
+    built = _built(config)
+    if built.problems:
+        return _failed(*(Problem(field, where, m) for m in built.problems))
+    shape = family_shape(built.resolved, built.layer_params)
+    if shape.problems:
+        return _failed(*(Problem(field, where, m) for m in shape.problems))
+    active = active_from_experts(built.n_params, built.routed, built.resolved)
+    return ModelFacts(built.n_params, built.name, shape.fields, active, shape.note, [])
+
+
+def active_from_experts(
+    n_params: int, routed: tuple[int, ...], config: Mapping[str, Any]
+) -> int | None:
+    """The parameters one token uses: `n_params` less, in each routed-experts container
+    of `routed` sizes (modules named `experts`), the share of the experts it is not routed
+    to; `n_params` without experts, None where the config does not say how many experts a
+    token uses (or the containers do not split into that many equal experts)."""
+    if not routed:
+        return n_params
+    experts, top_k = experts_and_top_k(config)
+    if not experts or not top_k or not 0 < top_k <= experts:
+        return None
+    if any(size % experts for size in routed):
+        return None
+    return n_params - sum(size // experts * (experts - top_k) for size in routed)
+
+
+def _custom_code(config: Mapping[str, Any], path: str = "") -> str | None:
+    """The key path of an `auto_map` anywhere in `config` (custom code), or None."""
+    for key, value in config.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key == "auto_map":
+            named = ", ".join(map(str, value)) if isinstance(value, Mapping) else shown(value)
+            return f"{where} ({named})"
+        if isinstance(value, Mapping):
+            found = _custom_code(value, where)
+            if found is not None:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------- building (torch)
+class _Built(NamedTuple):
+    """A config built on the meta device: its count, class, resolved config, the
+    parameters of its stack of layers and of each routed-experts container."""
+
+    n_params: int
+    name: str
+    resolved: dict[str, Any]
+    layer_params: int | None
+    routed: tuple[int, ...]
+    problems: tuple[str, ...]
+
+
+def _built(config: Mapping[str, Any]) -> _Built:
+    """`config` built (cached per content when it is JSON); raises ImportError without
+    torch or transformers."""
+    try:
+        text = json.dumps(config, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # a dict holding other Python objects: not cached
+        return _build(dict(config))
+    return _built_from_text(text)
+
+
+@functools.lru_cache(maxsize=32)
+def _built_from_text(text: str) -> _Built:
+    return _build(json.loads(text))
+
+
+def clear_cache() -> None:
+    """Forget every built config (tests; a process that changed its transformers)."""
+    _built_from_text.cache_clear()
+
+
+def _nothing(*problems: str) -> _Built:
+    return _Built(0, "", {}, None, (), problems)
+
+
+def _build(config: dict[str, Any]) -> _Built:
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    version = f"transformers {transformers.__version__}"
+    model_type = config["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        return _nothing(
+            f"model_type {model_type!r} is not a model type {version} knows (nor one of "
+            f"{', '.join(FAMILIES)}, counted without it)"
+        )
+    config_class = CONFIG_MAPPING[model_type]
+    problems = _checked_keys(config, getattr(config_class, "attribute_map", {}) or {})
+    if problems:
+        return _nothing(*problems)
+    data = {k: v for k, v in config.items() if k not in _LEFT_OUT}
+    with _quiet(transformers):
+        try:
+            hf_config = config_class.from_dict(data)
+        except Exception as exc:  # the library's own checks of the config: report them
+            return _nothing(f"{version} cannot read this {model_type} config: {_text(exc)}")
+        deep = _too_deep(hf_config)
+        if deep:
+            return _nothing(deep)
+        auto = _auto_class(hf_config, model_type)
+        if auto is None:
+            return _nothing(f"{version} has no model class for model_type {model_type!r}")
+        try:
+            with torch.device("meta"):
+                module = auto.from_config(hf_config, trust_remote_code=False)
+        except Exception as exc:  # the model's constructor: report, do not crash
+            return _nothing(
+                f"building the {model_type} model ({auto.__name__}) failed: {_text(exc)}"
+            )
+    from workbench.modelstats import count_parameters
+
+    n = count_parameters(module)
+    if n > LIMITS["n_params"].high:
+        return _nothing(
+            f"the {type(module).__name__} built from it has {n:,} parameters, "
+            f"{LIMITS['n_params'].too_large()}"
+        )
+    resolved = resolved_config(module.config)
+    layers = resolved.get("num_hidden_layers")
+    return _Built(
+        n,
+        type(module).__name__,
+        resolved,
+        layer_stack_params(module, layers) if type(layers) is int else None,
+        routed_expert_params(module),
+        (),
+    )
+
+
+def _checked_keys(config: Mapping[str, Any], attribute_map: Mapping[str, str]) -> list[str]:
+    """The standard shape keys of `config`, under their own names or the family's
+    (`attribute_map`: GPT-2's `n_layer` is `num_hidden_layers`), checked to be integers in
+    the estimator's ranges before anything is built; lists and objects are the family's
+    own business."""
+    problems: list[str] = []
+    for standard, name in _CHECKED:
+        for key in dict.fromkeys((standard, attribute_map.get(standard))):
+            if key is None:
+                continue
+            value = config.get(key)
+            if isinstance(value, (list, tuple, Mapping)):
+                continue
+            if name == "head_dim" and type(value) is int and value == 0:
+                continue  # "derived from hidden / heads" in some families' configs
+            bound = HEAD_DIM if name == "head_dim" else None
+            config_integer(config, key, name, problems, bound)
+    config_flag(config, "tie_word_embeddings", False, problems)
+    return problems
+
+
+def _too_deep(hf_config: Any) -> str | None:
+    for key in _LAYER_KEYS:
+        value = getattr(hf_config, key, None)
+        if type(value) is int and value > MAX_BUILD_LAYERS:
+            return (
+                f"{key} {value}: more than {MAX_BUILD_LAYERS:,} layers (a model is built "
+                "layer by layer to be counted; the deepest models trained have about 10^2)"
+            )
+    return None
+
+
+def _auto_class(hf_config: Any, model_type: str) -> Any:
+    """transformers' model class to build for `model_type`: a causal LM, a
+    sequence-to-sequence LM for an encoder-decoder, a masked LM for an encoder, else the
+    bare model (None: transformers builds no model from this config)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    encoder_decoder = getattr(hf_config, "is_encoder_decoder", False) is True
+    if encoder_decoder and model_type in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return auto.AutoModelForSeq2SeqLM
+    decoder = getattr(hf_config, "is_decoder", False) is True
+    if not decoder and model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return auto.AutoModelForMaskedLM
+    if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return auto.AutoModelForCausalLM
+    if model_type in auto.MODEL_MAPPING_NAMES:
+        return auto.AutoModel
+    return None
+
+
+#: Loggers that warn while a model is first built: torchao (imported by transformers when
+#: installed) about kernels it cannot load, torch about its pytree registrations.
+_NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """transformers' warnings about the config (token ids outside a tiny vocabulary, a
+    head class used standalone), torch's about empty tensors and the libraries' import
+    warnings, silenced while building (and restored after): the count is the answer, and
+    the problems that matter are errors."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _text(exc: BaseException) -> str:
+    """An exception as one bounded line: its type and message."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+# ---------------------------------------------------------------- reading a module
+def resolved_config(hf_config: Any) -> dict[str, Any]:
+    """A transformers config as a dict (`to_dict`: every default filled in) with the
+    standard names of `hf_shape.STANDARD_KEYS` resolved through the class's
+    `attribute_map` (GPT-2's `n_layer` is also `num_hidden_layers`)."""
+    data = hf_config.to_dict()
+    resolved: dict[str, Any] = dict(data) if isinstance(data, Mapping) else {}
+    for key in STANDARD_KEYS:
+        if resolved.get(key) is not None:
+            continue
+        try:
+            value = getattr(hf_config, key, None)
+        except Exception:  # a property that cannot answer for this config
+            continue
+        if isinstance(value, (bool, int, str)):
+            resolved[key] = value
+    return resolved
+
+
+def layer_stack_params(module: Any, layers: int) -> int | None:
+    """The parameters of the module's stack of layers: the largest `nn.ModuleList` of
+    `layers` entries (None without one)."""
+    import torch
+
+    from workbench.modelstats import count_parameters
+
+    best: int | None = None
+    for child in module.modules():
+        if isinstance(child, torch.nn.ModuleList) and len(child) == layers:
+            n = count_parameters(child)
+            best = n if best is None else max(best, n)
+    return best
+
+
+def routed_expert_params(module: Any) -> tuple[int, ...]:
+    """The parameters of each routed-experts container (a submodule named `experts`, the
+    outermost where they nest; `shared_experts` is not one)."""
+    from workbench.modelstats import count_parameters
+
+    names = [name for name, _ in module.named_modules() if name.rsplit(".", 1)[-1] == "experts"]
+    outer = [n for n in names if not any(n.startswith(o + ".") for o in names)]
+    return tuple(count_parameters(module.get_submodule(n)) for n in outer)
+
+
+def module_config_facts(
+    module: Any, n_params: int
+) -> tuple[dict[str, Any], int | None, str | None]:
+    """(`Architecture` fields, active parameters, the note when there is no shape) of a
+    transformers module with `n_params` parameters, from its `config`. A family mapped
+    by name is trusted as it is (a module's layers may hold adapters, e.g. LoRA); any other
+    is mapped only where its layers count exactly (`hf_shape`)."""
+    resolved = resolved_config(module.config)
+    layers = resolved.get("num_hidden_layers")
+    stack = None
+    if resolved.get("model_type") not in MAPPED_FAMILIES and isinstance(layers, int):
+        stack = layer_stack_params(module, layers)
+    shape = family_shape(resolved, stack)
+    active = active_from_experts(n_params, routed_expert_params(module), resolved)
+    note = shape.note
+    if shape.problems:
+        note = no_activations(f"its config does not give a shape ({shape.problems[0]})")
+    return shape.fields, active, note
+
+
+__all__ = [
+    "MAX_BUILD_LAYERS",
+    "ModelFacts",
+    "active_from_experts",
+    "build_facts",
+    "clear_cache",
+    "config_facts",
+    "layer_stack_params",
+    "module_config_facts",
+    "resolved_config",
+    "routed_expert_params",
+]
