@@ -12,8 +12,8 @@ activations are not estimated.
 from __future__ import annotations
 
 import copy
-import os
 import json
+import os
 import sys
 import time
 
@@ -328,6 +328,17 @@ def test_a_transformers_module_gives_its_shape_from_its_config():
     assert estimate_memory(model=t5).activation_bytes is None
 
 
+def test_a_module_without_a_config_has_active_parameters_only_when_dense():
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    assert module_facts(torch.nn.Linear(4, 4)).active_params == 20
+    facts = module_facts(Experts())
+    assert facts.counted == 60 and facts.active_params is None  # top-k unknown
+
+
 def test_a_module_factory_of_any_family_is_built_on_meta():
     config = transformers.AutoConfig.for_model("qwen3", **TINY, head_dim=D)
     e = estimate_memory(model=lambda: transformers.AutoModelForCausalLM.from_config(config))
@@ -419,7 +430,11 @@ JUNK = st.one_of(
 )
 
 
-@settings(max_examples=int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", 0)) or 60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", 0)) or 60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     st.sampled_from([*sorted(MAPPED), "t5", "deepseek_v3", "mamba"]),
     st.dictionaries(st.sampled_from([*TINY, "head_dim", "tie_word_embeddings"]), JUNK, max_size=3),

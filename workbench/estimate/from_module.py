@@ -23,7 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workbench.estimate.hf_build import ModelFacts, module_config_facts
+from workbench.estimate.hf_build import (
+    ModelFacts,
+    active_from_experts,
+    module_config_facts,
+    routed_expert_params,
+)
 from workbench.estimate.problems import Problem
 
 
@@ -54,7 +59,8 @@ def module_facts(model: Any) -> ModelFacts:
             return ModelFacts(None, _name(model), {}, None, None, [_not_a_model(model)])
     n = count_parameters(module)
     fields: dict[str, Any] = {}
-    active: int | None = n
+    # without a config, a module with experts does not say how many a token uses: None
+    active = active_from_experts(n, routed_expert_params(module), {})
     note: str | None = None
     config = getattr(module, "config", None)
     if callable(getattr(config, "to_dict", None)) and isinstance(
