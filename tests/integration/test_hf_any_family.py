@@ -198,6 +198,10 @@ def test_families_that_do_not_map_keep_the_exact_count_and_say_why():
     )
     e = estimate_memory(hf_config=t5)
     assert e.n_params == facts.counted and e.activation_bytes is None and e.layers is None
+    sizes = {"d_model": H, "encoder_layers": L, "decoder_layers": L}
+    heads = {"encoder_attention_heads": A, "decoder_attention_heads": A}
+    whisper = config_facts({"model_type": "whisper", **sizes, **heads})  # never the decoder alone
+    assert whisper.name == "WhisperForConditionalGeneration" and whisper.fields == {}
     deepseek = _config(
         "deepseek_v3",
         q_lora_rank=32,

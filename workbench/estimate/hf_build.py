@@ -8,8 +8,9 @@
   families whose layers the pure reader does not describe) is built: its config class
   reads the dict (`from_dict`, never from the Hub), the model class is transformers' own
   for that `model_type` (`AutoModelForCausalLM`; `AutoModelForSeq2SeqLM` for an
-  encoder-decoder such as t5, `AutoModelForMaskedLM` for an encoder such as bert;
-  `AutoModel` where none of those exists) and it is built under `torch.device("meta")`,
+  encoder-decoder such as t5, `AutoModelForSpeechSeq2Seq` for whisper,
+  `AutoModelForMaskedLM` for an encoder such as bert; `AutoModel` where none of those
+  exists) and it is built under `torch.device("meta")`,
   so its parameters have shapes but no storage, then counted by
   `workbench.modelstats.count_parameters` (shared weights once). The shape comes from
   `hf_shape.family_shape`; a family it does not map gets the count and a `note` saying why
@@ -344,13 +345,19 @@ def _too_deep(hf_config: Any) -> str | None:
 
 def _auto_class(hf_config: Any, model_type: str) -> Any:
     """transformers' model class to build for `model_type`: a causal LM, a
-    sequence-to-sequence LM for an encoder-decoder, a masked LM for an encoder, else the
-    bare model (None: transformers builds no model from this config)."""
+    sequence-to-sequence LM (text or speech) for an encoder-decoder, a masked LM for an
+    encoder, else the bare model (None: transformers builds no model from this config)."""
     from transformers.models.auto import modeling_auto as auto
 
-    encoder_decoder = getattr(hf_config, "is_encoder_decoder", False) is True
-    if encoder_decoder and model_type in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-        return auto.AutoModelForSeq2SeqLM
+    if getattr(hf_config, "is_encoder_decoder", False) is True:  # never its decoder alone
+        for names, cls in (
+            ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+            ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
+            ("MODEL_MAPPING_NAMES", "AutoModel"),
+        ):
+            if model_type in getattr(auto, names, {}):
+                return getattr(auto, cls)
+        return None
     decoder = getattr(hf_config, "is_decoder", False) is True
     if not decoder and model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return auto.AutoModelForMaskedLM
