@@ -33,11 +33,14 @@ from workbench.estimate.limits import (
     check_number,
 )
 from workbench.estimate.model_states import ACCOUNTINGS, FSDP_MODES
-from workbench.estimate.peak import OPTIMIZER_IMPLS
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+#: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds;
+#: `workbench.estimate.peak` counts each one's temporaries).
+OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
 
 #: The architecture keywords of `estimate_memory`; given with a model, they override its own.
 ARCH_FIELDS = (
@@ -315,7 +318,7 @@ def _engine_problems(
     if stage not in (None, 0):
         p.append(Problem("fsdp", sharding, f"is PyTorch FSDP: needs `zero_stage` 0 (got {stage})"))
     if prec is not None and prec.is_deepspeed:
-        message = f"needs precision fp32, amp-bf16 or amp-fp16 (got {prec.value})"
+        message = f"needs precision fp32, amp-bf16, amp-fp16 or bf16-true (got {prec.value})"
         p.append(Problem("fsdp", sharding, message))
     if offload_optimizer:
         message = "is DeepSpeed's; FSDP offloads with `offload_params`"
