@@ -774,7 +774,7 @@ def test_estimate_fsdp_counts_fsdp2s_layout(capsys: pytest.CaptureFixture[str]) 
         main(["estimate", "--params", "7.5B", "--precision", "bf16", "--fsdp", "full_shard"])
     assert info.value.code == 2
     assert (
-        "--fsdp full_shard: needs precision fp32, amp-bf16 or amp-fp16" in capsys.readouterr().err
+        "--fsdp full_shard: needs precision fp32, amp-bf16, amp-fp16 or bf16-true" in capsys.readouterr().err
     )
 
 
