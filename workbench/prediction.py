@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import Engine, FsdpMode, OffloadDevice, TrainConfig, engine_for
-from workbench.estimate import MemoryEstimate, estimate_memory
+from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -42,13 +42,19 @@ def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
 
 
 def shape_of(model: Any) -> dict[str, Any]:
-    """The transformer shape of a model description (empty when it has none)."""
+    """The transformer shape of a model description (empty when it has none): its
+    `architecture` (an `Architecture`, e.g. a transformers module's from its config) or
+    its shape fields, with its dropout and attention kernel when it says."""
     if isinstance(model, int) or model is None:
         return {}
-    values = {name: getattr(model, name, None) for name in SHAPE_FIELDS}
-    if any(v is None for v in values.values()):
-        return {}
-    shape: dict[str, Any] = {k: int(v) for k, v in values.items() if v is not None}
+    arch = getattr(model, "architecture", None)
+    if isinstance(arch, Architecture):
+        shape: dict[str, Any] = {"model": arch}
+    else:
+        values = {name: getattr(model, name, None) for name in SHAPE_FIELDS}
+        if any(v is None for v in values.values()):
+            return {}
+        shape = {k: int(v) for k, v in values.items() if v is not None}
     rate = getattr(model, "dropout", None)
     if isinstance(rate, (int, float)) and not isinstance(rate, bool):
         shape["dropout"] = rate > 0  # no dropout: no masks to keep

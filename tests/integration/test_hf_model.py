@@ -79,3 +79,33 @@ def test_a_model_without_a_loss_says_what_to_do() -> None:
             s.run(optimizer_steps=1)
         assert s.state == "error"
         assert "build a new Session" in s.failure  # not update(): the data cannot change
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_a_transformers_model_gets_its_activation_prediction_from_its_config(kernel) -> None:
+    """A Llama trained in a Session: the prediction reads its shape from `model.config`,
+    the sequence length from the batches, its attention implementation and dropout."""
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        attention_dropout=0.0,
+        attn_implementation=kernel,
+    )
+    torch.manual_seed(0)
+    with Session(
+        TrainConfig(micro_batch=4), model=transformers.LlamaForCausalLM(config), data=Tokens()
+    ) as s:
+        s.run(optimizer_steps=1)
+        report = s.memory()
+    pred = report.predicted
+    assert (pred.attention, pred.dropout, pred.seq_len, pred.layers) == (kernel, False, SEQ, 2)
+    assert report.params_bytes == pred.params_bytes
+    # the formula leaves out the RMSNorm's normalised copies and statistics, the rotary
+    # tables and the token ids (tests/integration/test_estimate_families.py counts them)
+    ratio = report.activation_bytes / report.predicted_activation_bytes
+    assert 1.0 <= ratio <= 1.25, ratio

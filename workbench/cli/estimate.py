@@ -148,7 +148,6 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     step = parser.add_argument_group("the peak of a step (kernels and buffers)")
     step.add_argument(
         "--attention",
-        default="sdpa",
         help="attention kernel: sdpa (fused, torch's and transformers' default: no s^2 "
         "tensors) or eager (unfused, Korthikanti et al.) (sdpa)",
     )

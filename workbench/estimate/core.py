@@ -71,7 +71,7 @@ def estimate_memory(
     mfu: float = DEFAULT_MFU,
     price_per_gpu_hour: float | None = None,
     accounting: str = "paper",
-    attention: str = "sdpa",
+    attention: str | None = None,
     optimizer_impl: str = "auto",
     grad_accum: int = 1,
     loss_chunks: int = 1,
@@ -108,7 +108,8 @@ def estimate_memory(
     Pythia) have none, GPT-2/GPT-3 have it, as has a bare shape (Korthikanti et al.).
 
     The peak of a step (`peak_bytes`, `workbench.estimate.peak`) also reads: `attention`
-    ("sdpa", the default of torch and transformers: no s^2 tensors; "eager": unfused),
+    ("sdpa", the default of torch and transformers: no s^2 tensors; "eager": unfused;
+    None: a transformers model's own `attn_implementation`, else "sdpa"),
     `grad_accum` (micro-batches per step), `optimizer_impl` ("auto": what the engine
     builds; "foreach", "for-loop", "fused"), `loss_chunks` (chunked cross-entropy),
     `bucket_view` (DDP's `gradient_as_bucket_view`), `fsdp_reduce_fp32` (FSDP reduces

@@ -491,3 +491,45 @@ __all__ = [
     "family_shape",
     "no_activations",
 ]
+
+
+#: Config keys of dropout rates across transformers' families.
+DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "dropout",
+    "activation_dropout",
+    "dropout_rate",
+)
+#: transformers' `attn_implementation` values -> the estimator's attention kernel.
+ATTENTION_KERNELS = {
+    "eager": "eager",
+    "sdpa": "sdpa",
+    "flash_attention_2": "sdpa",
+    "flash_attention_3": "sdpa",
+    "flex_attention": "sdpa",
+}
+
+
+def training_facts(config: Mapping[str, Any], attn_implementation: Any = None) -> dict[str, Any]:
+    """What a config says about how the model trains, as `estimate_memory` keywords:
+    `dropout` (True when any dropout rate of `DROPOUT_KEYS` is above 0, False when the
+    rates it gives are all 0; absent when it gives none) and `attention` (from the
+    implementation the module was built with, `attn_implementation`, or the config's own
+    key; absent when neither says: transformers then picks sdpa)."""
+    out: dict[str, Any] = {}
+    rates = [config.get(k) for k in DROPOUT_KEYS]
+    numbers = [r for r in rates if isinstance(r, (int, float)) and not isinstance(r, bool)]
+    if numbers:
+        out["dropout"] = any(r > 0 for r in numbers)
+    name = attn_implementation or config.get("_attn_implementation") or config.get(
+        "attn_implementation"
+    )
+    if isinstance(name, str) and name in ATTENTION_KERNELS:
+        out["attention"] = ATTENTION_KERNELS[name]
+    return out

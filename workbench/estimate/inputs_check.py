@@ -166,6 +166,29 @@ class _Source(NamedTuple):
     counted: int | None = None
     active_params: int | None = None
     activation_note: str | None = None
+    training: Mapping[str, Any] | None = None  # `hf_shape.training_facts`: dropout, attention
+
+
+def _training(model: Any, hf_config: Any) -> dict[str, Any]:
+    """The dropout and attention kernel a module's or a config's Hugging Face config says
+    it trains with (`hf_shape.training_facts`; {} when there is no config)."""
+    from workbench.estimate.hf_shape import training_facts
+
+    if model is not None:
+        config = getattr(model, "config", None)
+        to_dict = getattr(config, "to_dict", None)
+        if not callable(to_dict):
+            return {}
+        try:
+            data = to_dict()
+        except Exception:  # a config that cannot describe itself says nothing
+            return {}
+        kernel = getattr(config, "_attn_implementation", None)
+        return training_facts(data, kernel) if isinstance(data, Mapping) else {}
+    from workbench.estimate.hf_config import load_config
+
+    config, _, problem = load_config(hf_config, "hf_config")
+    return training_facts(config) if problem is None and config is not None else {}
 
 
 def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
@@ -206,6 +229,7 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
         counted=facts.counted,
         active_params=facts.active_params,
         activation_note=facts.activation_note,
+        training=_training(model, hf_config) if not facts.problems else {},
     )
 
 
@@ -261,14 +285,13 @@ TRAINED_WITH_DROPOUT = frozenset({"gpt2"})
 
 def _default_dropout(given: Mapping[str, Any], source: _Source) -> bool:
     """Whether the model trains with dropout when `dropout` is not given: a preset's family
-    (`TRAINED_WITH_DROPOUT`), the rates of a config or module (`dropout` in its fields),
-    else True (a bare shape: Korthikanti et al.'s setting)."""
+    (`TRAINED_WITH_DROPOUT`), the rates of a config or module's config
+    (`hf_shape.training_facts`), else True (a bare shape: Korthikanti et al.'s setting)."""
     if isinstance(given["model"], str) and source.name is not None:
         preset = find_model(source.name)
         if not isinstance(preset, str):
             return preset.family in TRAINED_WITH_DROPOUT
-    fields = source.fields or {}
-    rate = fields.get("dropout")
+    rate = (source.training or {}).get("dropout")
     return rate if isinstance(rate, bool) else True
 
 
@@ -462,7 +485,10 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
     shard = _shard_params(p, gpus, n, arch, tp, pp, dp)
 
-    attention = _choice(p, "attention", given["attention"], _ATTENTION)
+    kernel = given["attention"]
+    if kernel is None:  # the model's (a config's attn_implementation), else torch's default
+        kernel = (source.training or {}).get("attention", Attention.SDPA.value)
+    attention = _choice(p, "attention", kernel, _ATTENTION)
     impl = _choice(p, "optimizer_impl", given["optimizer_impl"], _IMPLS)
     grad_accum = _checked(p, "grad_accum", given["grad_accum"])
     chunks = _checked(p, "loss_chunks", given["loss_chunks"])

@@ -25,9 +25,9 @@ from workbench.train.step import Label
 #: Why `memory()` has no activation prediction for the mlp, the cnn and user modules.
 NO_ACTIVATION_PREDICTION = (
     "no activation prediction: the estimator's activation formula (Korthikanti et al.) "
-    "covers decoder-only transformers such as tiny-gpt; for other models activation_bytes "
-    "is measured only (for the built-in mlp and cnn it equals a hand count of the tensors "
-    "their layers save)"
+    "covers transformers such as tiny-gpt and the transformers models whose config maps "
+    "onto its terms; for other models activation_bytes is measured only (for the built-in "
+    "mlp and cnn it equals a hand count of the tensors their layers save)"
 )
 
 
@@ -73,10 +73,23 @@ class SessionTools:
         return predict_memory(cfg, self._model_description(), self.world_size)
 
     def _model_description(self) -> Any:
-        """The built-in model's shape facts, or your module's parameter count."""
+        """The built-in model's shape facts; for your module with a Hugging Face `config`
+        (a `transformers` model) its shape from that config at the sequence length of the
+        session's batches (`module_description`); else its parameter count."""
         if self.info is not None:
             return self.info
-        return count_parameters(self._model)
+        cached = getattr(self, "_description_cache", None)
+        if cached is not None:
+            return cached
+        description: Any = count_parameters(self._model)
+        if callable(getattr(getattr(self._model, "config", None), "to_dict", None)):
+            try:
+                batch = self._rt.data.peek()
+            except Exception:  # no batch to read a sequence length from: count only
+                batch = None
+            description = module_description(self._model, batch) or description
+        self._description_cache = description
+        return description
 
     def profile(
         self,
@@ -131,3 +144,52 @@ class SessionTools:
         return launch_like(
             self._config, self.model_name, self.model_options, ranks, steps, **kwargs
         )
+
+
+class ModuleDescription:
+    """A user's module as the prediction reads it: `n_params`, the `architecture` from its
+    Hugging Face config at the batches' sequence length, and `dropout` / `attention` when
+    its config says (`workbench.prediction.shape_of`)."""
+
+    def __init__(self, n_params: int, architecture: Any, training: dict[str, Any]) -> None:
+        self.n_params = n_params
+        self.architecture = architecture
+        self.dropout = 0.1 if training.get("dropout") else (0.0 if "dropout" in training else None)
+        self.attention = training.get("attention")
+
+    def __repr__(self) -> str:
+        return f"ModuleDescription(n_params={self.n_params}, architecture={self.architecture!r})"
+
+
+def sequence_length(batch: Any) -> int | None:
+    """The sequence length of a batch of token ids: a 2-D integer tensor's second size,
+    a dict's `input_ids`, or a tuple's first element; None for anything else."""
+    if isinstance(batch, dict):
+        batch = batch.get("input_ids")
+    elif isinstance(batch, (tuple, list)) and batch:
+        batch = batch[0]
+    if isinstance(batch, torch.Tensor) and batch.dim() == 2 and not batch.is_floating_point():
+        return int(batch.shape[1])
+    return None
+
+
+def module_description(model: Any, batch: Any) -> ModuleDescription | None:
+    """The description of a `transformers` module trained on `batch` (None when its config
+    gives no transformer shape or the batch no sequence length)."""
+    from workbench.estimate.from_module import module_facts
+    from workbench.estimate.hf_shape import training_facts
+
+    seq = sequence_length(batch)
+    if seq is None:
+        return None
+    facts = module_facts(model)
+    arch = facts.architecture()
+    if arch is None or facts.counted is None:
+        return None
+    try:
+        arch = arch.replace(seq_len=seq)
+    except ValueError:  # longer than a learned position table: no activation prediction
+        return None
+    config = model.config
+    training = training_facts(config.to_dict(), getattr(config, "_attn_implementation", None))
+    return ModuleDescription(facts.counted, arch, training)
