@@ -96,6 +96,7 @@ def predict_memory(
         fsdp=FsdpMode(config.fsdp).value,
         fsdp_reduce_fp32=bool(config.fsdp_reduce_fp32),
         grad_accum=int(config.grad_accum),
+        weight_decay=float(config.weight_decay),
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
         **shape_of(model),

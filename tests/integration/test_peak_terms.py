@@ -118,9 +118,13 @@ def _by_hand(name: str, impl: str, weight_decay: float, sizes: list[int], width:
     return width * max(previous * a + current * b for a, b in zip(prev, sizes, strict=True))
 
 
-def _formula_temporaries(name: str, impl: str, precision: str) -> int:
+def _formula_temporaries(name: str, impl: str, precision: str, weight_decay: float) -> int:
     i = estimator_inputs(
-        model=tiny_llama(), optimizer=name, optimizer_impl=impl, precision=precision
+        model=tiny_llama(),
+        optimizer=name,
+        optimizer_impl=impl,
+        precision=precision,
+        weight_decay=weight_decay,
     )
     engine = engine_of(i)
     assert resolve_impl(i, engine) == impl
@@ -149,23 +153,8 @@ OPTIMIZER_CASES = [
 
 # Tiny Llama: 82,752 parameters in 21 tensors, the largest 6,400 (embedding, output
 # projection); the MLP's gate and up projections (6,144 each) are neighbours.
-_FORMULA_OFF = {
-    ("adagrad", "foreach", "fp32", 0.0): "formula 331,008 B (4 x params), measured 662,016 B "
-    "(8 x params): the square root and the numerator grads x -clr are both alive",
-    ("adamw", "for-loop", "fp32", 0.01): "formula 51,200 B (2 x 4 x largest), measured "
-    "73,728 B: 4 x (p_prev + 2 p_i) at up_proj after gate_proj (6,144 + 2 x 6,144); the "
-    "previous parameter's denom lives until the next is computed",
-    ("adamw", "for-loop", "bf16-true", 0.01): "formula 25,600 B, measured 36,864 B "
-    "(2 x (6,144 + 2 x 6,144)), as in fp32",
-    ("adam", "for-loop", "fp32", 0.01): "formula 51,200 B, measured 98,304 B "
-    "(4 x (6,144 + 3 x 6,144)): Adam's L2 decay adds a gradient copy",
-    ("adagrad", "for-loop", "fp32", 0.0): "formula 51,200 B (2 x 4 x largest), measured "
-    "49,152 B (4 x (6,144 + 6,144)): one std per parameter plus the previous one",
-    ("sgd", "foreach", "fp32", 0.01): "formula 0 B (SGD), measured 331,008 B (4 x params): "
-    "weight decay (the Session's default 0.01) makes _foreach_add(grads, params)",
-    ("sgd", "for-loop", "fp32", 0.01): "formula 0 B (SGD), measured 25,600 B (4 x largest): "
-    "weight decay makes grad.add(param)",
-}
+#: Cases where the formula and the measured step differ (none: each was corrected).
+_FORMULA_OFF: dict[tuple[str, str, str, float], str] = {}
 
 
 def _case_id(case: tuple[str, str, str, float]) -> str:
@@ -193,8 +182,8 @@ def test_an_optimizer_step_allocates_what_torchs_code_says(case):
     ids=_case_id,
 )
 def test_optimizer_temporaries_equal_the_measured_step(case):
-    name, impl, precision, _ = case
-    assert _formula_temporaries(name, impl, precision) == _step_temporaries(*case)
+    name, impl, precision, wd = case
+    assert _formula_temporaries(name, impl, precision, wd) == _step_temporaries(*case)
 
 
 # ------------------------------------------------------------ sdpa vs eager attention
@@ -241,50 +230,20 @@ H, A = 64, 4
 _AS2B, _ASB, _SBH = A * S * S * B, A * S * B, S * B * H
 
 
-@pytest.mark.parametrize(
-    "precision, kv_heads",
-    [
-        ("fp32", A),
-        pytest.param(
-            "fp32",
-            2,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="GQA: formula difference 95,232 B, measured 144,384 B: transformers' "
-                "sdpa passes enable_gqa and keeps K and V at kv width, 2 x 4 x sb(h - g) = "
-                "24,576 B per layer less than the formula's sdpa counts",
-            ),
-        ),
-        pytest.param(
-            "bf16-true",
-            A,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="16-bit: formula difference 46,080 B (2as^2b - 4asb per layer), "
-                "measured 144,384 B (6as^2b - 4asb): transformers' eager softmax runs in "
-                "fp32 and keeps its fp32 output (4as^2b) besides the 16-bit probabilities",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("precision, kv_heads", [("fp32", A), ("fp32", 2), ("bf16-true", A)])
 def test_eager_minus_sdpa_saved_bytes_equal_the_formulas_score_terms(precision, kv_heads):
-    """Per layer the formula swaps e·as^2b (eager, no dropout) for sdpa's fp32 log-sum-exp,
-    4·asb; the kernel's output is the output projection's input (one storage)."""
-    measured, formula = _attention_difference(precision, kv_heads)
-    assert formula == L_ATTN * (DTYPES[precision].itemsize * _AS2B - 4 * _ASB)
-    assert measured == formula
-
-
-@pytest.mark.parametrize("precision, kv_heads", [("fp32", 2), ("bf16-true", A)])
-def test_what_the_attention_formula_leaves_out(precision, kv_heads):
-    """The measured difference is the formula's plus, per layer: with GQA the un-repeated
-    K and V sdpa keeps (2 x e x sb(h - g) fewer bytes than repeated ones); in 16-bit the
-    fp32 softmax output transformers' eager attention saves (4as^2b)."""
+    """Per layer the formula swaps eager's score tensors for sdpa's fp32 log-sum-exp
+    (4·asb): e·as^2b of probabilities, and under 16-bit compute the fp32 softmax output
+    transformers' eager attention keeps besides them (4as^2b); and sdpa keeps K and V at
+    their grouped width (transformers passes enable_gqa): 2·e·sb(h - g) fewer bytes than
+    eager's repeated ones. The kernel's output is the output projection's input."""
     measured, formula = _attention_difference(precision, kv_heads)
     e = DTYPES[precision].itemsize
     g = kv_heads * H // A
-    extra = 2 * e * S * B * (H - g) + (4 * _AS2B if e == 2 else 0)
-    assert measured == formula + L_ATTN * extra
+    fp32_softmax = 4 * _AS2B if e == 2 else 0
+    per_layer = e * _AS2B + fp32_softmax - 4 * _ASB + 2 * e * S * B * (H - g)
+    assert formula == L_ATTN * per_layer
+    assert measured == formula
 
 
 # ------------------------------------------------------------ selective-op (torchtitan)
@@ -405,9 +364,14 @@ def test_checkpointed_block_keeps_the_formulas_per_layer_bytes(mode, precision):
 def test_uncheckpointed_block_keeps_the_formula_plus_the_norms_extras():
     """Without checkpointing torch's RMSNorm also keeps its normalised input (sbh) and
     1/rms per token (sb), fp32, for each of the block's two norms (outside the formula, as
-    in test_estimate_families)."""
+    in test_estimate_families); and this block, as torchtitan's, repeats K and V to every
+    head before sdpa, which then keeps them at full width: 2·e·sb(h - g) more than the
+    formula's sdpa, which counts them as transformers passes them (enable_gqa)."""
     extras = 2 * 4 * (S * B * SAC_H + S * B)
-    assert _block_kept_bytes("none", torch.float32) == _formula_layer_bytes("none", "fp32") + extras
+    g = SAC_KV * SAC_H // SAC_A
+    repeated = 2 * 4 * S * B * (SAC_H - g)
+    kept = _block_kept_bytes("none", torch.float32)
+    assert kept == _formula_layer_bytes("none", "fp32") + extras + repeated
 
 
 # ------------------------------------------------------------ autocast weight casts
@@ -509,28 +473,7 @@ def test_autocast_keeps_a_bf16_copy_of_each_matmul_weight_until_backward(family)
     )
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        pytest.param(
-            "llama",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="formula 152,576 B, measured 152,064 B: the formula casts the 4 RMSNorm "
-                "weights (2 per layer, 256 elements); autocast does not",
-            ),
-        ),
-        pytest.param(
-            "gpt2",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="formula 212,736 B, measured 211,712 B at the forward end: the formula "
-                "casts the LayerNorm weights and biases (512 elements); after the forward "
-                "(the backward start) 209,408 B: the 1,152 bias copies die with the cache",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_autocast_casts_equal_the_measured_copies(family):
     model = MODELS[family]()
     i = estimator_inputs(model=model, precision="amp-bf16", seq_len=S, micro_batch=B)
@@ -707,7 +650,8 @@ def _fsdp_gathered(mode: str, precision: str) -> dict[str, int]:
     return seen
 
 
-def _fsdp_formula(mode: str, precision: str) -> int:
+def _fsdp_formula(mode: str, precision: str) -> dict[str, int]:
+    """The formula's gathered parameters at each point ("step": the most of the step)."""
     i = estimator_inputs(
         model=tiny_llama(layers=FSDP_L, kv_heads=2),
         fsdp=mode,
@@ -716,7 +660,8 @@ def _fsdp_formula(mode: str, precision: str) -> int:
         seq_len=S,
         micro_batch=B,
     )
-    return _fsdp_terms(i)[0]
+    forward, backward, _ = _fsdp_terms(i)
+    return {"forward end": forward, "backward start": backward, "step": max(forward, backward)}
 
 
 def _units() -> tuple[int, int]:
@@ -748,15 +693,10 @@ def test_fsdp2_gathers_root_and_layers(fake_world_of_two, mode, precision):
 
 
 _FSDP_OFF = {
-    ("full_shard", "forward end"): "formula root + 2 layers (298,240 B fp32), measured root "
-    "+ 1 layer (174,848 B): the last layer is resharded; its all-gather output is kept",
     ("full_shard", "backward start"): "formula root + 2 layers (298,240 B fp32), measured "
-    "root + 1 layer (174,848 B): the root is re-gathered and one layer prefetched",
-    ("shard_grad_op", "forward end"): "formula root + 3 layers (421,632 B fp32), measured "
-    "root + 4 layers (545,024 B): the last layer's all-gather output is alive while the "
-    "model computes the loss in its forward",
-    ("shard_grad_op", "step"): "formula root + 3 layers (421,632 B fp32), measured root + 4 "
-    "layers (545,024 B) at the last layer's forward",
+    "root + 1 layer (174,848 B) at the instant backward starts: the formula's backward "
+    "start is the last layer's backward, with the next layer prefetched (root + 2 layers, "
+    "the measured most of the step)",
 }
 
 
@@ -774,7 +714,7 @@ _FSDP_OFF = {
 def test_fsdp_gathered_parameters_equal_the_measured_units(fake_world_of_two, mode, point):
     """The formula's "FSDP gathered parameters" (forward end and backward start; its
     full_shard figure is also the most of the step) against the measurement, fp32."""
-    assert _fsdp_formula(mode, "fp32") == _fsdp_gathered(mode, "fp32")[point]
+    assert _fsdp_formula(mode, "fp32")[point] == _fsdp_gathered(mode, "fp32")[point]
 
 
 @_FSDP_VIEW_WARNING

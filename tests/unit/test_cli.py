@@ -498,7 +498,7 @@ def test_huge_valid_setups_print_finite_readable_figures(capsys):
         [
             "estimate",
             *("--model", "llama-3-8b", "--seq-len", "1000000000", "--gpu", "h100"),
-            *("--attention", "eager"),
+            *("--attention", "megatron"),
         ],
         capsys,
     )
@@ -774,7 +774,8 @@ def test_estimate_fsdp_counts_fsdp2s_layout(capsys: pytest.CaptureFixture[str]) 
         main(["estimate", "--params", "7.5B", "--precision", "bf16", "--fsdp", "full_shard"])
     assert info.value.code == 2
     assert (
-        "--fsdp full_shard: needs precision fp32, amp-bf16, amp-fp16 or bf16-true" in capsys.readouterr().err
+        "--fsdp full_shard: needs precision fp32, amp-bf16, amp-fp16 or bf16-true"
+        in capsys.readouterr().err
     )
 
 

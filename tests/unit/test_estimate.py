@@ -240,7 +240,8 @@ def test_public_helpers_reject_bad_sizes_and_names():
 
 def test_bad_checkpointing_name_in_activation_function():
     with pytest.raises(
-        ValueError, match=r"checkpointing='some': must be one of none, selective, selective-op, full"
+        ValueError,
+        match=r"checkpointing='some': must be one of none, selective, selective-op, full",
     ):
         transformer_activation_bytes(
             layers=1, hidden=8, heads=2, seq_len=4, micro_batch=1, vocab=5, checkpointing="some"
@@ -599,7 +600,7 @@ SMALL = dict(layers=2, hidden=64, heads=4, seq_len=128, vocab=100)
         (dict(n_params=1e9, accounting=["paper"]), r"accounting=\['paper'\]: must be one of"),
         (dict(n_params=1e9, model="x" * 500), r"model='x{76}\.\.\.: unknown model"),
         (
-            dict(model="llama-3-8b", seq_len=10**9, attention="eager"),
+            dict(model="llama-3-8b", seq_len=10**9, attention="megatron"),
             r"seq_len=1000000000: gives 3.81e\+12 GiB of activations per GPU, more than 2\^30 GiB",
         ),
     ],

@@ -211,7 +211,7 @@ def test_multi_query_attention_count():
 
 # ------------------------------------------------------------------ presets in the estimator
 def test_shape_given_with_a_model_overrides_the_preset():
-    kw = dict(micro_batch=1, precision="bf16", attention="eager")
+    kw = dict(micro_batch=1, precision="bf16", attention="megatron")
     base = estimate_memory(model="llama-3-8b", **kw)
     longer = estimate_memory(model="llama-3-8b", seq_len=32768, **kw)
     assert longer.n_params == base.n_params  # rotary: no position table grows

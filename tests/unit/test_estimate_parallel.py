@@ -15,7 +15,7 @@ from workbench.estimate import (
 
 S, B, H, A, V = 2048, 1, 12288, 96, 50257  # GPT-3 175B, micro-batch 1
 SBH = S * B * H
-GPT3 = dict(layers=96, hidden=H, heads=A, seq_len=S, vocab=V, attention="eager")  # the paper's
+GPT3 = dict(layers=96, hidden=H, heads=A, seq_len=S, vocab=V, attention="megatron")  # the paper's
 
 
 def per_layer(t: int, sp: bool, mode: str) -> int:

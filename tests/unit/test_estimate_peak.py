@@ -98,8 +98,13 @@ def test_optimizer_temporaries_follow_the_implementation():
     shard = estimate_memory(n_params=n, precision="fp32", fsdp="full_shard", gpus=8)
     assert shard.peak.points["optimizer step"]["optimizer step temporaries"] == 4 * n // 8
     loop = estimate_memory(**LLAMA8, optimizer_impl="for-loop")
-    largest = 128256 * 4096  # the embedding (and the untied output projection)
-    assert loop.peak.points["optimizer step"]["optimizer step temporaries"] == 2 * 4 * largest
+    # for-loop: two tensors of the parameter it steps while the previous one's last is
+    # still bound; largest at the untied output projection, after the final norm
+    largest, norm = 128256 * 4096, 4096
+    temporaries = loop.peak.points["optimizer step"]["optimizer step temporaries"]
+    assert temporaries == 4 * (norm + 2 * largest)
+    sgd_decay = estimate_memory(n_params=n, precision="fp32", optimizer="sgd", weight_decay=0.01)
+    assert sgd_decay.peak.points["optimizer step"]["optimizer step temporaries"] == 4 * n
 
 
 def test_ddp_buckets_and_the_bucket_view():
@@ -121,8 +126,13 @@ def test_fsdp_modes_differ_and_offload_is_not_free():
     gathered = "FSDP gathered parameters"
     layer = 218_112_000  # one Llama 3 8B layer's parameters
     root = 2 * 128256 * 4096 + 4096  # embedding, output projection, final norm
-    assert full.peak.points["forward end"][gathered] == 2 * (root + 2 * layer)
-    assert grad_op.peak.points["forward end"][gathered] == 2 * (root + 32 * layer)
+    # full_shard: the last layer's all-gather output at the forward's end; in backward the
+    # layer running and the next, prefetched. shard_grad_op: every layer, and the last
+    # one's all-gather output until the loss
+    assert full.peak.points["forward end"][gathered] == 2 * (root + layer)
+    assert full.peak.points["backward start"][gathered] == 2 * (root + 2 * layer)
+    assert grad_op.peak.points["forward end"][gathered] == 2 * (root + 33 * layer)
+    assert grad_op.peak.points["backward start"][gathered] == 2 * (root + 32 * layer)
     assert grad_op.peak_bytes > full.peak_bytes
     assert no_shard.model_states_bytes > full.model_states_bytes
     offload = estimate_memory(**kw, fsdp="full_shard", offload_params=True)
@@ -151,13 +161,17 @@ def test_deepspeed_buffers_come_from_its_config():
 
 def test_attention_kernels_and_dropout_defaults():
     sdpa = estimate_memory(**LLAMA8)
+    megatron = estimate_memory(**LLAMA8, attention="megatron")
     eager = estimate_memory(**LLAMA8, attention="eager")
-    assert sdpa.attention == "sdpa" and eager.attention == "eager"
-    # without dropout eager keeps one a·s²·b score tensor per layer, 2 bytes each, where
-    # sdpa keeps a 4·a·s·b log-sum-exp
-    s, a, layers = 8192, 32, 32
-    per_layer = 2 * a * s * s - 4 * a * s
-    assert eager.activation_bytes - sdpa.activation_bytes == layers * per_layer
+    assert (sdpa.attention, megatron.attention, eager.attention) == ("sdpa", "megatron", "eager")
+    # without dropout Megatron's attention keeps one a·s²·b score tensor per layer in
+    # 16 bits where sdpa keeps a 4·a·s·b log-sum-exp, and sdpa keeps K and V at the
+    # grouped width g = 1024 instead of repeated to h; transformers' eager attention also
+    # keeps its fp32 softmax output, 4 bytes per score
+    s, a, h, g, layers = 8192, 32, 4096, 1024, 32
+    per_layer = 2 * a * s * s - 4 * a * s + 2 * 2 * s * (h - g)
+    assert megatron.activation_bytes - sdpa.activation_bytes == layers * per_layer
+    assert eager.activation_bytes - megatron.activation_bytes == layers * 4 * a * s * s
     assert sdpa.dropout is False  # Llama trains without dropout
     assert estimate_memory(model="gpt2").dropout is True  # GPT-2 with 0.1
     assert estimate_memory(layers=2, hidden=8, heads=2, seq_len=8, vocab=8).dropout is True
@@ -168,7 +182,7 @@ def test_attention_kernels_and_dropout_defaults():
 @pytest.mark.parametrize(
     ("kw", "expected"),
     [
-        (dict(attention="flash3"), r"attention='flash3': must be one of eager, sdpa"),
+        (dict(attention="flash3"), r"attention='flash3': must be one of sdpa, megatron, eager"),
         (dict(optimizer_impl="fast"), r"optimizer_impl='fast': must be one of auto, foreach"),
         (dict(grad_accum=0), r"grad_accum=0: must be an integer from 1 to 10\^6"),
         (dict(loss_chunks=10**5), r"loss_chunks=100000: must not exceed seq_len \(8192\)"),
@@ -295,7 +309,7 @@ def test_cli_reads_the_setup_from_a_deepspeed_config(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--attention", "flash3"], "--attention flash3: must be one of eager, sdpa"),
+        (["--attention", "flash3"], "--attention flash3: must be one of sdpa, megatron, eager"),
         (["--loss-chunks", "0"], "--loss-chunks 0: must be an integer from 1 to 10^6"),
         (["--optimizer-impl", "x"], "--optimizer-impl x: must be one of auto, foreach"),
         (["--fsdp-reduce", "fp8"], "--fsdp-reduce fp8: must be fp32 or compute"),

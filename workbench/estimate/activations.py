@@ -30,8 +30,8 @@ element terms:
                        is recomputed. Llama (g = h/4, gated): 4sbh + sbg + sbf elements.
     full:              elements sbh (the layer input) -> 2sbh bytes
 
-Grouped-query attention (kv heads < heads) changes no term: unfused attention repeats K
-and V to every head before the score matmul (Megatron's core attention and Hugging Face's
+Grouped-query attention (kv heads < heads) changes no term of unfused attention, which
+repeats K and V to every head before the score matmul (Megatron's core attention and Hugging Face's
 eager `repeat_kv` both do), and the repeated K and V are what the matmuls save. GQA saves
 parameters (and KV cache at inference), not training activations, unless a fused kernel
 keeps the un-repeated K and V.
@@ -69,12 +69,19 @@ What the totals include besides the stored layers (documented choices):
   at 16 bits); with tensor parallelism the logits are split over the vocabulary
   (4sb·ceil(v/t)).
 
-Attention kernel (`attention`): the paper's attention is unfused ("eager"). The fused
-kernels torch and transformers use by default ("sdpa": flash / memory-efficient
-`scaled_dot_product_attention`) store no `as^2b` tensor: the per-layer score terms become
-the kernel's fp32 log-sum-exp, 4·asb bytes (4·asb/t with tensor parallelism), and its
-dropout keeps a seed instead of an `as^2b` mask. Selective recomputation then has almost
-nothing left to recompute (the log-sum-exp).
+Attention kernel (`attention`): the paper's attention is unfused, with Megatron's fused
+scale-mask-softmax keeping its output in the compute dtype ("megatron"). transformers'
+unfused attention ("eager") runs the softmax in fp32 and keeps that fp32 output too: under
+16-bit compute +4as²b bytes per layer without dropout (its 16-bit cast is the matmul's
+input), +2as²b with dropout (the cast is dropout's input, not kept); in fp32 the two are
+one tensor. The fused kernels torch and transformers use by default ("sdpa": flash /
+memory-efficient `scaled_dot_product_attention`) store no `as^2b` tensor: the per-layer
+score terms become the kernel's fp32 log-sum-exp, 4·asb bytes (4·asb/t with tensor
+parallelism), its dropout keeps a seed instead of an `as^2b` mask, and it keeps K and V
+at their grouped width g (transformers passes `enable_gqa`): 2sbh + 2sbg for Q, K, V and
+the projection input instead of 4sbh. Selective recomputation then has almost nothing
+left to recompute (the log-sum-exp). tests/integration/test_peak_terms.py measures the
+three on a transformers Llama.
 
 Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
 transient peak of the backward pass (gradients of activations, about one layer's worth),
@@ -95,14 +102,18 @@ from workbench.inputs import shown
 
 
 class Attention(str, Enum):
-    """The attention kernel: `eager` (unfused: the scores and probabilities are tensors,
-    Korthikanti's `as^2b` terms) or `sdpa` (`torch.nn.functional.scaled_dot_product_attention`
+    """The attention kernel: `sdpa` (`torch.nn.functional.scaled_dot_product_attention`
     with its flash or memory-efficient kernel, what torch and transformers pick by default:
-    it stores the output and a per-row log-sum-exp, 4·asb bytes in fp32, and no `as^2b`
-    tensor; its dropout keeps a random seed, not a mask)."""
+    it stores the output and a per-row log-sum-exp, 4·asb bytes in fp32, no `as^2b` tensor,
+    and K and V at their grouped width; its dropout keeps a random seed, not a mask);
+    `megatron` (unfused, the scores a tensor, with Megatron's fused scale-mask-softmax that
+    keeps its output in the compute dtype: Korthikanti et al.'s `as^2b` terms); `eager`
+    (transformers' unfused attention: as megatron, but the softmax runs in fp32 and keeps
+    its fp32 output besides the 16-bit probabilities)."""
 
-    EAGER = "eager"
     SDPA = "sdpa"
+    MEGATRON = "megatron"
+    EAGER = "eager"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -191,14 +202,17 @@ def _layer_terms(
     sp: bool,
     parallel: bool = False,
     fused: bool = False,
+    g: int | None = None,
 ) -> tuple[int, int, int, int]:
     """(linear elements, attention-score elements, linear mask bytes, score bytes kept
     whatever the activation dtype) of one layer on one GPU of a tensor-parallel group of
     `t` (see the module docstring). `fused`: the sdpa kernel, whose score bytes are its
-    fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks."""
+    fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks, and which keeps K
+    and V at their width `g` (grouped-query attention: no repeat)."""
     sbh = s * b * h
     outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
-    split = 4 * sbh + (4 if gated else 2) * s * b * f  # Q, K, V, projection input, MLP inner
+    qkv = 2 * sbh + 2 * s * b * (g or h) if fused else 4 * sbh  # Q, K, V, projection input
+    split = qkv + (4 if gated else 2) * s * b * f  # and the MLP's inner tensors
     norm_inputs = 1 if parallel else 2  # a parallel block's two norms read one tensor
     linear = (2 + norm_inputs) * sbh // outside + split // t
     masks = 2 * sbh // outside if dropout else 0
@@ -235,13 +249,15 @@ def transformer_activation_bytes(
     sequence_parallel: bool = False,
     pipeline_parallel: int = 1,
     parallel_residual: bool = False,
-    attention: str | Attention = Attention.EAGER,
+    attention: str | Attention = Attention.MEGATRON,
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
 
-    `attention` is "eager" (Korthikanti et al.'s unfused attention, this function's
-    default: the paper's formula) or "sdpa" (a fused kernel that stores no `as^2b`
-    tensors; `estimate_memory` defaults to it, as torch and transformers do).
+    `attention` is "megatron" (Korthikanti et al.'s unfused attention with Megatron's
+    fused softmax, this function's default: the paper's formula), "eager" (transformers'
+    unfused attention, whose fp32 softmax output is kept too) or "sdpa" (a fused kernel
+    that stores no `as^2b` tensors; `estimate_memory` defaults to it, as torch and
+    transformers do).
 
     `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. `ffn_hidden`
     is the MLP inner size f (default 4 x `hidden`), `mlp` "gelu" or "swiglu" (gated);
@@ -334,7 +350,7 @@ def activation_breakdown(
     sp: bool,
     p: int,
     parallel_residual: bool,
-    attention: Attention = Attention.EAGER,
+    attention: Attention = Attention.MEGATRON,
     kv_dim: int | None = None,
     experts: int = 0,
     experts_per_token: int = 0,
@@ -359,7 +375,12 @@ def activation_breakdown(
         sp,
         parallel_residual,
         attention is Attention.SDPA,
+        kv_dim,
     )
+    if attention is Attention.EAGER and e == 2:  # transformers' fp32 softmax output
+        # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is
+        # dropout's input, not kept, and the fp32 output replaces it (+4 - 2 bytes)
+        score_mask += (2 if dropout else 4) * a * s * s * b // t
     if experts:
         tokens = s * b // (t if sp else 1)
         lin_el += experts_per_token * s * b * h // t + experts * tokens

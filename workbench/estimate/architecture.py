@@ -273,6 +273,10 @@ class Architecture:
     def _norm_params(self) -> int:
         return int(self.__dict__["_norm"])
 
+    def norm_params(self) -> int:
+        """Parameters of one norm (LayerNorm 2h, RMSNorm h); a layer has two."""
+        return self._norm_params()
+
     def layer_params(self, tensor_parallel: int = 1) -> int:
         """Parameters of one layer on one GPU of a tensor-parallel group: the matmul
         weights and column-parallel biases split, norms and row-parallel biases whole."""

@@ -77,6 +77,7 @@ def estimate_memory(
     loss_chunks: int = 1,
     bucket_view: bool = False,
     fsdp_reduce_fp32: bool = True,
+    weight_decay: float = 0.0,
     deepspeed_config: Any = None,
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
@@ -112,7 +113,8 @@ def estimate_memory(
     None: a transformers model's own `attn_implementation`, else "sdpa"),
     `grad_accum` (micro-batches per step), `optimizer_impl` ("auto": what the engine
     builds; "foreach", "for-loop", "fused"), `loss_chunks` (chunked cross-entropy),
-    `bucket_view` (DDP's `gradient_as_bucket_view`), `fsdp_reduce_fp32` (FSDP reduces
+    `bucket_view` (DDP's `gradient_as_bucket_view`), `weight_decay` (SGD's and Adam's
+    decay copy the gradient in the step; torch's default 0), `fsdp_reduce_fp32` (FSDP reduces
     gradients in fp32 under AMP) and `deepspeed_config` (a DeepSpeed JSON path or dict:
     its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`).
 

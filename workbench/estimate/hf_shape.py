@@ -527,8 +527,10 @@ def training_facts(config: Mapping[str, Any], attn_implementation: Any = None) -
     numbers = [r for r in rates if isinstance(r, (int, float)) and not isinstance(r, bool)]
     if numbers:
         out["dropout"] = any(r > 0 for r in numbers)
-    name = attn_implementation or config.get("_attn_implementation") or config.get(
-        "attn_implementation"
+    name = (
+        attn_implementation
+        or config.get("_attn_implementation")
+        or config.get("attn_implementation")
     )
     if isinstance(name, str) and name in ATTENTION_KERNELS:
         out["attention"] = ATTENTION_KERNELS[name]

@@ -112,6 +112,7 @@ class EstimateInputs:
     loss_chunks: int = 1
     bucket_view: bool = False
     fsdp_reduce_fp32: bool = True
+    weight_decay: float = 0.0
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
 
@@ -497,6 +498,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         p.append(Problem("loss_chunks", chunks, message))
     bucket_view = _flag(p, "bucket_view", given["bucket_view"])
     reduce_fp32 = _flag(p, "fsdp_reduce_fp32", given["fsdp_reduce_fp32"])
+    decay = _checked(p, "weight_decay", given["weight_decay"])
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
     p.extend(ds_problems)
@@ -541,6 +543,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         loss_chunks=chunks,
         bucket_view=bucket_view,
         fsdp_reduce_fp32=reduce_fp32,
+        weight_decay=decay,
         deepspeed=ds,
         deepspeed_given=ds_source is not None,
     )

@@ -17,6 +17,7 @@ error that says why instead of an answer printed as `inf` or as thirty digits:
     micro_batch         1 .. 10^6                 samples on one GPU per step
     grad_accum          1 .. 10^6                 micro-batches per optimizer step
     loss_chunks         1 .. 10^6 (<= seq_len)    chunks of the sequence in the loss
+    weight_decay        0 .. 1,000                a decay above 1 erases the weights
     gpus, tensor_parallel, pipeline_parallel
                         1 .. 10^7                 the largest clusters have ~10^5 GPUs
     overhead_gib        0 .. 1,024                no GPU holds 1 TiB
@@ -103,6 +104,9 @@ LIMITS: dict[str, Bound] = {
     "micro_batch": Bound(1, 10**6, "samples per GPU", "a micro-batch is what one GPU holds"),
     "grad_accum": Bound(1, 10**6, "micro-batches per step", "10^6 micro-batches is days a step"),
     "loss_chunks": Bound(1, 10**6, "chunks", "a chunk holds at least one token"),
+    "weight_decay": Bound(
+        0, 1000, "", "a decay above 1 per step already erases the weights", integer=False
+    ),
     "gpus": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "tensor_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "pipeline_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),

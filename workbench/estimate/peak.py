@@ -40,18 +40,24 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
 * **autocast weight casts**: torch autocast (the plain loop and DeepSpeed under amp-bf16 /
   amp-fp16) caches a 16-bit copy of every weight a matmul uses for the whole forward, and
   each layer's copy is kept for its backward: 2 bytes x the matmul parameters (every
-  layer's parameters and the output projection; the embedding lookup is not cast). FSDP's
+  layer's parameters but its norms, which run in fp32, and the output projection; the
+  embedding lookup is not cast). FSDP's
   `MixedPrecisionPolicy` gathers 16-bit parameters instead (counted under FSDP); pure
   16-bit training casts nothing.
-* **optimizer step temporaries**: torch's Adam/AdamW/Adagrad in their *foreach*
-  implementation (torch's default on CUDA) allocate one parameter-sized tensor for the
-  whole step (the square root of `exp_avg_sq` over every parameter of a dtype at once):
-  Ψ_step x the state bytes (4; 2 under bf16-true), where Ψ_step is what this GPU steps
-  (its shard under ZeRO >= 1 and FSDP). The *for-loop* implementation (`foreach=False`)
-  allocates two tensors of the parameter it is stepping: 2 x the largest parameter. The
+* **optimizer step temporaries**: torch's Adam/AdamW in their *foreach* implementation
+  (torch's default on CUDA) allocate one parameter-sized tensor for the whole step (the
+  square root of `exp_avg_sq` over every parameter of a dtype at once): Ψ_step x the
+  state bytes (4; 2 under bf16-true), where Ψ_step is what this GPU steps (its shard
+  under ZeRO >= 1 and FSDP); Adagrad two (the square root and -lr x the gradient); SGD
+  with weight decay one (the gradient plus the decay). The *for-loop* implementation
+  (`foreach=False`) holds, at its highest, two tensors of the parameter it is stepping
+  and one of the previous parameter (still bound to the loop's variable): the most of
+  previous + 2 x current over the parameters in order (`parameter_order`; Adam with L2
+  decay: + 3 x current; Adagrad: previous + current; SGD with decay: the largest). The
   *fused* kernels (torch's `fused=True`, DeepSpeed's FusedAdam/FusedLamb/FusedLion, which
   DeepSpeed builds for its optimizers) allocate none; nor does SGD without weight decay,
-  nor an optimizer offloaded to the CPU. `optimizer_impl="auto"` takes what the engine
+  nor an optimizer offloaded to the CPU. Every case is measured on this CPU in
+  tests/integration/test_peak_terms.py. `optimizer_impl="auto"` takes what the engine
   builds: DeepSpeed's fused kernel under DeepSpeed, torch's foreach otherwise.
 * **DDP gradient buckets**: `DistributedDataParallel` copies every gradient into flat
   buckets it allocates at construction (the gradients' size, W·Ψ with W the gradient
@@ -68,12 +74,14 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   gives them (`deepspeed_config`); the workbench's own engine caps the reduce bucket at the
   model's size (`deepspeed_layout.bucket_elements`).
 * **FSDP gathered units**: FSDP2 gathers each wrapped unit (one transformer layer; the
-  root unit holds the embedding, the final norm and the output projection and stays
-  gathered from forward to the end of backward) in the compute dtype. `full_shard`
-  frees a layer after its forward and backward, and prefetches the next: the root and
-  two layers are gathered at a time. `shard_grad_op` and `no_shard` keep every layer
-  gathered from its forward to its backward: the whole model at the forward/backward
-  boundary. In backward each unit's unsharded gradient (in the compute dtype, as
+  root unit holds the embedding, the final norm and the output projection) in the
+  compute dtype, and keeps the last all-gather's output until the next. `full_shard`
+  frees a layer after its forward and backward and prefetches the next: the root and one
+  layer at the forward's end, the root and two layers in backward (the layer running and
+  the one prefetched). `shard_grad_op` and `no_shard` keep every layer gathered from its
+  forward to its backward: the root and every layer, plus the last layer's all-gather
+  output at the forward's end (measured on a fake group of two ranks,
+  tests/integration/test_peak_terms.py). In backward each unit's unsharded gradient (in the compute dtype, as
   autograd makes it) lives until its reduce-scatter, which overlaps the next unit's
   backward: two layers', and the output projection's, whose root unit reduces last;
   reducing in fp32 (`fsdp_reduce_fp32`, under 16-bit compute) adds one layer's fp32 copy. CPU offload keeps none
@@ -105,8 +113,6 @@ from workbench.estimate.activations import ActivationBreakdown, Attention
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.model_states import ModelStates
 
-#: Optimizers whose step computes sqrt(exp_avg_sq) (or sqrt(sum)) into a new tensor.
-_SQRT_OPTIMIZERS = frozenset({OptimizerName.ADAM, OptimizerName.ADAMW, OptimizerName.ADAGRAD})
 #: Optimizers only DeepSpeed (or bitsandbytes) provides: always a fused kernel.
 _FUSED_ONLY = frozenset(
     {
@@ -199,23 +205,62 @@ def _stepped_params(i: EstimateInputs, engine: str) -> int:
     return full
 
 
-def _largest_param(i: EstimateInputs) -> int:
+def parameter_order(i: EstimateInputs) -> list[int]:
+    """The sizes of this GPU's parameter tensors in the order an optimizer steps them (a
+    transformers decoder's: embedding, then per layer Q, K, V, output, the MLP's matrices
+    and the two norms, then the final norm and an untied output projection); two layers
+    stand for all, which is enough for neighbours. Empty without a shape."""
     arch = i.architecture
     if arch is None:
-        return i.shard_params
+        return []
     t = i.tensor_parallel
+    h, q, g = arch.hidden, arch.q_dim, arch.kv_dim
     rows = -(-arch.vocab // t)
-    return max(rows * arch.hidden, arch.hidden * arch.ffn_hidden // t, arch.hidden * arch.hidden)
+    inner = (arch.moe_ffn_hidden or arch.ffn_hidden) if arch.is_moe else arch.ffn_hidden
+    mlp = [h * inner // t] * (3 if arch.mlp == "swiglu" else 2)
+    norm = arch.norm_params()
+    layer = [h * q // t, h * g // t, h * g // t, q * h // t, *mlp, norm, norm]
+    order = [rows * h, *([arch.max_positions * h] if arch.max_positions else [])]
+    order += layer + layer + [norm]
+    if not arch.tied_embeddings:
+        order.append(rows * h)
+    return order
+
+
+def _loop_peak(sizes: list[int], previous: int, current: int) -> int:
+    """The most elements a for-loop optimizer holds at once: `previous` tensors the size of
+    the parameter before (its last temporary is still bound when the next is computed)
+    and `current` the size of the one being stepped, over neighbouring pairs."""
+    pairs = [previous * a + current * b for a, b in zip([0, *sizes], sizes, strict=False)]
+    return max(pairs, default=0)
 
 
 def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
     """Bytes the optimizer step allocates beyond its states (see the module docstring)."""
-    if impl in ("fused", "cpu") or i.optimizer not in _SQRT_OPTIMIZERS:
+    if impl in ("fused", "cpu"):
         return 0
     width = 2 if i.precision is Precision.BF16_TRUE else 4  # state dtype (master is fp32)
-    if impl == "for-loop":
-        return 2 * width * min(_largest_param(i), _stepped_params(i, engine))
-    return width * _stepped_params(i, engine)
+    stepped = _stepped_params(i, engine)
+    decay = i.weight_decay > 0
+    opt = i.optimizer
+    if opt in (OptimizerName.SGD, OptimizerName.SGD_NOMOMENTUM):
+        if not decay:
+            return 0
+        copies, previous, current = 1, 0, 1  # grad + decay x param, into a new tensor
+    elif opt is OptimizerName.ADAGRAD:
+        copies, previous, current = 2, 1, 1  # sqrt(sum) and -lr x grad together
+    elif opt in (OptimizerName.ADAM, OptimizerName.ADAMW):
+        l2 = opt is OptimizerName.ADAM and decay  # Adam's L2 decay copies the gradient
+        copies, previous, current = 1, 1, 3 if l2 else 2
+    else:
+        return 0
+    if impl == "foreach":
+        return copies * width * stepped
+    sizes = parameter_order(i)
+    if not sizes:  # no shape: the largest parameter may be the whole model
+        return width * stepped * current
+    share = stepped / i.shard_params if i.shard_params else 1.0  # sharded: each its share
+    return width * min(copies * stepped, int(_loop_peak(sizes, previous, current) * share))
 
 
 def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
@@ -246,7 +291,8 @@ def autocast_casts(i: EstimateInputs, engine: str) -> int:
     else:
         t, p = i.tensor_parallel, i.pipeline_parallel
         rows = -(-arch.vocab // t)
-        matmul = (arch.layers // p) * arch.layer_params(t) + (rows * arch.hidden if p == 1 else 0)
+        layer = arch.layer_params(t) - 2 * arch.norm_params()  # norms run in fp32: not cast
+        matmul = (arch.layers // p) * layer + (rows * arch.hidden if p == 1 else 0)
     if i.zero_stage >= 3:  # only the gathered parameters are cast
         matmul = min(matmul, _zero3_live(i))
     return 2 * matmul
@@ -289,21 +335,24 @@ def backward_transient(i: EstimateInputs) -> int:
     return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention)
 
 
-def _fsdp_terms(i: EstimateInputs) -> tuple[int, int]:
-    """(gathered parameters at the forward/backward boundary, unsharded gradients in
-    backward) of FSDP2 (module docstring)."""
+def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
+    """(gathered parameters at the forward's end, gathered at the backward's start,
+    unsharded gradients in backward) of FSDP2 (module docstring)."""
     cw = compute_bytes(i.precision)
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
     arch = i.architecture
     layer, root = _block_params(i)
     if arch is None:
-        return cw * i.shard_params, cw * i.shard_params + (4 * i.shard_params if upcast else 0)
+        whole = cw * i.shard_params
+        return whole, whole, cw * i.shard_params + (4 * i.shard_params if upcast else 0)
     layers = arch.layers // i.pipeline_parallel
-    held = layers if i.fsdp != "full_shard" else min(2, layers)
+    if i.fsdp == "full_shard":  # the last layer's all-gather output; then it and the next
+        forward, backward = min(1, layers), min(2, layers)
+    else:  # every layer gathered, and the last one's all-gather output until the loss
+        forward, backward = layers + 1, layers
     head = -(-arch.vocab // i.tensor_parallel) * arch.hidden if i.pipeline_parallel == 1 else 0
-    gathered = cw * (root + held * layer)
     grads = cw * (head + min(2, layers) * layer) + (4 * layer if upcast else 0)
-    return gathered, grads
+    return cw * (root + forward * layer), cw * (root + backward * layer), grads
 
 
 def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
@@ -360,9 +409,9 @@ def step_peak(
         for d in (engine_fwd, engine_bwd, engine_step):
             d["DDP gradient buckets"] = buckets
     elif engine == "fsdp":
-        gathered, unsharded = _fsdp_terms(i)
-        engine_fwd["FSDP gathered parameters"] = gathered
-        engine_bwd["FSDP gathered parameters"] = gathered
+        gathered_fwd, gathered_bwd, unsharded = _fsdp_terms(i)
+        engine_fwd["FSDP gathered parameters"] = gathered_fwd
+        engine_bwd["FSDP gathered parameters"] = gathered_bwd
         engine_bwd["FSDP unsharded gradients"] = unsharded
     elif engine == "deepspeed":
         gathered, reduce, fp32_grads = _deepspeed_buffers(i)

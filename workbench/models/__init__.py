@@ -291,7 +291,7 @@ def _tiny_gpt(
         vocab=dataset.vocab,
         tokens_per_sample=seq_len,
         dropout=float(dropout),
-        attention="eager",  # attention written out by hand (workbench/models/gpt.py)
+        attention="megatron",  # unfused, Megatron's fused softmax (workbench/models/gpt.py)
     )
     return module, dataset, lm_loss, info
 
