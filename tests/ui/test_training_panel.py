@@ -173,9 +173,17 @@ def test_charts_follow_records(panel: TrainingPanel, session: FakeSession) -> No
     assert data["step_seconds"] == pytest.approx([0.1] * 5)
     assert data["samples_per_s"] == pytest.approx([80.0] * 5)
     mem = panel.memory_chart_data()  # the automatic measurement: states and activations
-    assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
-    assert mem["measured"] == pytest.approx([4000, 4000, 8000, 2048])
-    assert mem["predicted"] == pytest.approx([4000, 4000, 8000, 0])
+    # the peak of a step: predicted (model states + foreach AdamW's 4-byte temporary);
+    # measured only on CUDA (the step's max_memory_allocated)
+    assert mem["labels"] == [
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "peak of a step",
+    ]
+    assert mem["measured"] == pytest.approx([4000, 4000, 8000, 2048, 0])
+    assert mem["predicted"] == pytest.approx([4000, 4000, 8000, 0, 20000])
     renders = panel.chart.renders
     panel.refresh(draw_now=True)  # nothing new: no redraw
     assert panel.chart.renders == renders
@@ -195,10 +203,16 @@ def test_measure_memory_button_draws_measured_vs_predicted(
     )
     panel.refresh(draw_now=True)
     mem = panel.memory_chart_data()
-    assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
-    assert mem["measured"] == pytest.approx([3 << 20, 4000, 8000, 5 << 20])
+    assert mem["labels"] == [
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "peak of a step",
+    ]
+    assert mem["measured"] == pytest.approx([3 << 20, 4000, 8000, 5 << 20, 0])
     assert mem["predicted"] == pytest.approx(
-        [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes, 0]
+        [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes, 0, pred.peak_bytes]
     )  # the fake model has no shape: no activation prediction
 
 
@@ -323,9 +337,17 @@ def test_first_records_measure_memory_with_activations_quietly(session: FakeSess
         panel.refresh(draw_now=True)
         assert calls == [1]
         mem = panel.memory_chart_data()
-        assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
-        assert mem["measured"] == pytest.approx([4000, 4000, 8000, 9000])
-        assert mem["predicted"] == pytest.approx([4000, 4000, 8000, 0])  # no activation formula
+        assert mem["labels"] == [
+            "parameters",
+            "gradients",
+            "optimizer",
+            "activations",
+            "peak of a step",
+        ]
+        assert mem["measured"] == pytest.approx([4000, 4000, 8000, 9000, 0])
+        # no activation formula; the peak with 4 micro-batches: every gradient held
+        assert mem["predicted"][:4] == pytest.approx([4000, 4000, 8000, 0])
+        assert mem["predicted"][4] == pytest.approx(20000)
         assert "grad_accum=4 queued" in panel.message_text  # the user's feedback stays
         session.step()
         panel.refresh(draw_now=True)
@@ -347,6 +369,7 @@ def test_automatic_memory_measurement_can_be_turned_off(session: FakeSession) ->
             "parameters",
             "gradients",
             "optimizer",
+            "peak of a step",
         ]
     finally:
         panel.close()

@@ -84,7 +84,7 @@ def test_memory_measured_next_to_prediction(session: Session) -> None:
     try:
         panel.refresh(draw_now=True)
         mem = panel.memory_chart_data()  # from the step record and the estimator
-        assert mem["labels"] == ["parameters", "gradients", "optimizer"]
+        assert mem["labels"] == ["parameters", "gradients", "optimizer", "peak of a step"]
         assert mem["measured"][0] == session.history[-1].params_bytes
         assert mem["predicted"][0] > 0
         panel.buttons["memory"].click()
@@ -92,7 +92,9 @@ def test_memory_measured_next_to_prediction(session: Session) -> None:
         assert "memory measured" in panel.message_text, panel.message_text
         panel.refresh(draw_now=True)
         mem = panel.memory_chart_data()
-        assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+        assert mem["labels"] == [
+            *("parameters", "gradients", "optimizer", "activations", "peak of a step")
+        ]
         report = panel.memory_report
         assert mem["measured"][3] == pytest.approx(report.activation_bytes)
         assert mem["predicted"][3] == pytest.approx(report.predicted_activation_bytes)
@@ -122,8 +124,10 @@ def test_panel_measures_activations_without_a_click(session: Session) -> None:
         panel.wait_for_tasks(timeout=300)
         panel.refresh(draw_now=True)
         mem = panel.memory_chart_data()
-        assert mem["labels"] == ["parameters", "gradients", "optimizer", "activations"]
+        labels = ["parameters", "gradients", "optimizer", "activations", "peak of a step"]
+        assert mem["labels"] == labels
         assert mem["measured"][3] == pytest.approx(panel.memory_report.activation_bytes)
+        assert mem["predicted"][4] == pytest.approx(panel.memory_report.predicted.peak_bytes)
         assert mem["measured"][3] > 0 and mem["predicted"][3] > 0
         assert panel.memory_error is None
     finally:
@@ -146,8 +150,8 @@ def test_the_panels_predicted_bars_are_session_memorys_prediction(stage: int) ->
         report = s.memory()
     pred = report.predicted
     assert pred is not None and pred.accounting == ("deepspeed" if stage else "paper")
-    assert bars["labels"] == ["parameters", "gradients", "optimizer"]
+    assert bars["labels"] == ["parameters", "gradients", "optimizer", "peak of a step"]
     assert bars["predicted"] == pytest.approx(
-        [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes]
+        [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes, pred.peak_bytes]
     )
     assert pred.activation_bytes is not None  # the built-in GPT's shape reaches the estimator

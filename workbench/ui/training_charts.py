@@ -92,9 +92,9 @@ class TrainingCharts:
         """
         report = self.memory_report
         cfg = self.session.config
-        if report is not None and report_matches(report, cfg):
-            return report_pairs(report)
         rec = self.records[-1] if self.records else None
+        if report is not None and report_matches(report, cfg):
+            return report_pairs(report) + peak_pair(rec, report.predicted)
         pred = self._prediction(cfg)
         pairs: list[tuple[str, float | None, float | None]] = []
         for label, name in (
@@ -106,7 +106,7 @@ class TrainingCharts:
             predicted = getattr(pred, name, None) if pred is not None else None
             if measured is not None or predicted is not None:
                 pairs.append((label, measured, predicted))
-        return pairs
+        return pairs + peak_pair(rec, pred)
 
     def _prediction(self, cfg: Any) -> Any | None:
         """The session's prediction for `cfg` (`Session.predict`, cached per config);
@@ -249,6 +249,16 @@ class TrainingCharts:
 
     def charts(self) -> list[Chart]:
         return [self.chart]
+
+
+def peak_pair(record: Any, predicted: Any) -> list[tuple[str, float | None, float | None]]:
+    """("peak of a step", the newest step's CUDA peak (`torch.cuda.max_memory_allocated`
+    over that step; None on a CPU), the predicted peak of a step); [] without either."""
+    measured = getattr(record, "cuda_max_allocated_bytes", None) if record is not None else None
+    peak = getattr(predicted, "peak_bytes", None) if predicted is not None else None
+    if measured is None and not peak:
+        return []
+    return [("peak of a step", measured, peak)]
 
 
 def report_pairs(report: Any) -> list[tuple[str, float | None, float | None]]:
