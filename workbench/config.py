@@ -803,19 +803,24 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
     return []
 
 
-def runtime_problems(config: TrainConfig) -> list[str]:
-    """What a workbench Session on this machine cannot run of a valid `config`, one line
-    each (empty when it can): an optimizer the Session does not train, with why and the
-    nearest one it does; an NVMe offload directory that does not exist here or is not
-    writable. `TrainConfig.problems()` checks the config itself; this checks the machine."""
-    p: list[str] = []
+def runtime_problems(config: TrainConfig) -> list[SettingProblem]:
+    """What a workbench Session on this machine cannot run of a valid `config`, as
+    `SettingProblem`s (empty when it can; `str()` of each is its line): an optimizer the
+    Session does not train, with why and the nearest one it does; an NVMe offload directory
+    that does not exist here or is not writable. `TrainConfig.setting_problems()` checks the
+    config itself; this checks the machine."""
+    p: list[SettingProblem] = []
     optimizer = OptimizerName(config.optimizer)
     if optimizer not in SESSION_OPTIMIZERS:
         why, nearest = NOT_IN_SESSION[optimizer]
         p.append(
-            f"optimizer={optimizer.value!r}: cannot train here: {why}; the nearest a Session "
-            f"trains is optimizer={nearest.value!r} (a Session trains "
-            f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})"
+            SettingProblem(
+                "optimizer",
+                optimizer.value,
+                f"cannot train here: {why}; the nearest a Session trains is "
+                f"`optimizer`={nearest.value!r} (a Session trains "
+                f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})",
+            )
         )
     uses_nvme = OffloadDevice.NVME in (
         OffloadDevice(config.offload_optimizer),
@@ -823,7 +828,11 @@ def runtime_problems(config: TrainConfig) -> list[str]:
     )
     path = config.nvme_path
     if uses_nvme and path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
-        p.append(f"nvme_path={path!r}: must be an existing writable directory on this machine")
+        p.append(
+            SettingProblem(
+                "nvme_path", path, "must be an existing writable directory on this machine"
+            )
+        )
     return p
 
 

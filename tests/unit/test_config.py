@@ -86,9 +86,17 @@ def test_a_job_for_another_machine_is_valid_and_runtime_problems_say_what_cannot
     cfg = TrainConfig(zero_stage=3, offload_params="nvme", nvme_path=missing, optimizer="lamb")
     assert cfg.problems() == []
     lamb, nvme = runtime_problems(cfg)
-    assert lamb.startswith("optimizer='lamb': cannot train here: DeepSpeed's Lamb is FusedLamb")
-    assert "the nearest a Session trains is optimizer='adamw'" in lamb
-    assert nvme == f"nvme_path={missing!r}: must be an existing writable directory on this machine"
+    assert (lamb.field, lamb.value) == ("optimizer", "lamb")
+    assert str(lamb).startswith(
+        "optimizer='lamb': cannot train here: DeepSpeed's Lamb is FusedLamb"
+    )
+    assert "the nearest a Session trains is optimizer='adamw'" in str(lamb)
+    assert (nvme.field, nvme.value) == ("nvme_path", missing)
+    assert nvme.message == "must be an existing writable directory on this machine"
+    assert (
+        str(nvme)
+        == f"nvme_path={missing!r}: must be an existing writable directory on this machine"
+    )
     assert runtime_problems(TrainConfig()) == []
 
 
@@ -105,7 +113,9 @@ def test_a_job_for_another_machine_is_valid_and_runtime_problems_say_what_cannot
 )
 def test_every_optimizer_a_session_cannot_train_names_the_nearest(optimizer, nearest):
     cfg = TrainConfig(optimizer=optimizer)
-    (line,) = runtime_problems(cfg)
+    (problem,) = runtime_problems(cfg)
+    assert (problem.field, problem.value) == ("optimizer", optimizer)
+    line = str(problem)
     assert line.startswith(f"optimizer={optimizer!r}: cannot train here: ")
     assert f"the nearest a Session trains is optimizer={nearest!r}" in line
     assert runtime_problems(TrainConfig(optimizer=nearest)) == []

@@ -374,7 +374,7 @@ def test_onebit_adam() -> None:
         assert result.warnings[-1].startswith(
             f"optimizer.type='OneBitAdam': {DS} (installed) has no 1-bit optimizers"
         )
-    assert "cannot train here" in runtime_problems(c)[0]
+    assert "cannot train here" in str(runtime_problems(c)[0])
     # BERT-large, 340e6 parameters, fp16 on 64 GPUs (1-bit Adam runs without ZeRO):
     # weights 2Ψ, gradients 2Ψ, optimizer 4Ψ fp32 master + 8Ψ moments + error feedback
     # 4Ψ (worker) + 4·Ψ/64 (server) = 12 x 340e6 + 1.36e9 + 21.25e6.
@@ -398,7 +398,8 @@ def test_lamb() -> None:
         "optimizer.params.max_coeff=0.3",  # min_coeff=0.01 is FusedLamb's default
     ]
     (lamb,) = runtime_problems(c)
-    assert "FusedLamb, a CUDA kernel" in lamb and "optimizer='adamw'" in lamb
+    assert (lamb.field, lamb.value) == ("optimizer", "lamb")
+    assert "FusedLamb, a CUDA kernel" in str(lamb) and "optimizer='adamw'" in str(lamb)
     # 340e6 parameters, fp16 Lamb without ZeRO: 2 + 2 + (4 master + 8 moments) bytes each
     e = estimate(c, 340e6, 256)
     assert (e.params_bytes, e.grads_bytes, e.optimizer_bytes) == (
@@ -434,9 +435,12 @@ def test_nvme_offload() -> None:
     ):
         assert entry in entries
     # the job is valid; this machine has no /local_nvme, which only a local run minds
-    assert runtime_problems(c) == [
-        "nvme_path='/local_nvme': must be an existing writable directory on this machine"
-    ]
+    (nvme,) = runtime_problems(c)
+    assert (nvme.field, nvme.value) == ("nvme_path", "/local_nvme")
+    assert (
+        str(nvme)
+        == "nvme_path='/local_nvme': must be an existing writable directory on this machine"
+    )
     # 70e9 parameters, bf16 on 8 GPUs, everything offloaded: 16 x 70e9 / 8 off the GPU
     e = estimate(c, 70e9, 8)
     assert (e.params_bytes, e.grads_bytes, e.optimizer_bytes) == (0, 0, 0)

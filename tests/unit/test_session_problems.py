@@ -8,32 +8,56 @@ import torch
 from torch import nn
 
 from workbench.config import (
+    NOT_IN_SESSION,
+    SESSION_OPTIMIZERS,
     ConfigError,
     OptimizerName,
     SettingProblem,
     TrainConfig,
     runtime_problems,
 )
-from workbench.train.changes import runtime_setting_problems, session_problems
+from workbench.train.changes import session_problems
 
 
 @pytest.mark.parametrize("optimizer", OptimizerName.choices())
-def test_runtime_problems_as_data_say_what_the_config_module_says(optimizer, tmp_path) -> None:
+def test_runtime_problems_carry_field_value_and_message(optimizer, tmp_path) -> None:
+    """Each problem is data (the setting, its value, what is allowed); its text is made
+    from them, naming the nearest optimizer a Session trains as a setting."""
+    missing = str(tmp_path / "not-here")
     settings = [
         {},
-        {"zero_stage": 3, "offload_params": "nvme", "nvme_path": "/no/such/folder"},
-        {"zero_stage": 2, "offload_optimizer": "nvme", "nvme_path": "/x"},
+        {"zero_stage": 3, "offload_params": "nvme", "nvme_path": missing},
+        {"zero_stage": 2, "offload_optimizer": "nvme", "nvme_path": missing},
         {"zero_stage": 3, "offload_params": "nvme", "nvme_path": str(tmp_path)},
-        {"offload_optimizer": "nvme", "nvme_path": "/no/such/folder"},
+        {"offload_optimizer": "nvme", "nvme_path": missing},
     ]
+    trains = OptimizerName(optimizer) in SESSION_OPTIMIZERS
     for changes in settings:
         try:
             config = TrainConfig(optimizer=optimizer, **changes)
         except ConfigError:  # a config TrainConfig itself refuses has no runtime problems
             continue
-        typed = runtime_setting_problems(config)
-        assert [str(p) for p in typed] == runtime_problems(config)
-        assert {p.field for p in typed} <= {"optimizer", "nvme_path"}
+        found = runtime_problems(config)
+        assert all(isinstance(p, SettingProblem) for p in found)
+        expected = [] if trains else [("optimizer", optimizer)]
+        if changes.get("nvme_path") == missing:
+            expected.append(("nvme_path", missing))
+        assert [(p.field, p.value) for p in found] == expected
+        for p in found:
+            assert str(p) == f"{p.field}={p.value!r}: {p.message.replace('`', '')}"
+            if p.field == "nvme_path":
+                assert p.message == "must be an existing writable directory on this machine"
+            else:
+                _, nearest = NOT_IN_SESSION[OptimizerName(optimizer)]
+                assert p.message.startswith("cannot train here: ")
+                assert f"the nearest a Session trains is `optimizer`={nearest.value!r}" in (
+                    p.message
+                )
+                assert p.render(name=lambda n: "--" + n.replace("_", "-"), sep=" ").startswith(
+                    f"--optimizer {optimizer!r}: cannot train here: "
+                )
+        if found:
+            assert ConfigError(found).problems == found
 
 
 def test_session_problems_name_their_setting() -> None:

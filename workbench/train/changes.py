@@ -14,7 +14,6 @@ setting, its value, why; other settings named between backticks), raised in one
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import traceback
 from collections.abc import Callable
@@ -25,19 +24,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from workbench.config import (
-    NOT_IN_SESSION,
-    SESSION_OPTIMIZERS,
     ConfigError,
     Device,
     Engine,
-    OffloadDevice,
-    OptimizerName,
     Precision,
     SettingProblem,
     TrainConfig,
     engine_for,
     engine_problems,
     plain_value,
+    runtime_problems,
 )
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
@@ -101,38 +97,6 @@ def _deepspeed_backend_available() -> bool:
         return False
 
 
-def runtime_setting_problems(config: TrainConfig) -> list[SettingProblem]:
-    """What a workbench Session on this machine cannot run of a valid `config`, as data
-    (the same checks and words as `workbench.config.runtime_problems`, a test holds them
-    equal): an optimizer the Session does not train, with why and the nearest one it does;
-    an NVMe offload directory that does not exist here or is not writable."""
-    p: list[SettingProblem] = []
-    optimizer = OptimizerName(config.optimizer)
-    if optimizer not in SESSION_OPTIMIZERS:
-        why, nearest = NOT_IN_SESSION[optimizer]
-        p.append(
-            SettingProblem(
-                "optimizer",
-                optimizer.value,
-                f"cannot train here: {why}; the nearest a Session trains is "
-                f"`optimizer`={nearest.value!r} (a Session trains "
-                f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})",
-            )
-        )
-    uses_nvme = OffloadDevice.NVME in (
-        OffloadDevice(config.offload_optimizer),
-        OffloadDevice(config.offload_params),
-    )
-    path = config.nvme_path
-    if uses_nvme and path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
-        p.append(
-            SettingProblem(
-                "nvme_path", path, "must be an existing writable directory on this machine"
-            )
-        )
-    return p
-
-
 def session_problems(
     config: TrainConfig,
     changed: set[str],
@@ -145,7 +109,7 @@ def session_problems(
     """What a session on `device` with `world_size` ranks, training `model` from `data`,
     cannot run of a valid `config`, one problem each (`changed`: the settings an update
     changes; a user's DataLoader refuses loader settings only when they change)."""
-    p = runtime_setting_problems(config)  # optimizers it cannot train, NVMe paths
+    p = runtime_problems(config)  # optimizers it cannot train, NVMe paths
     p += engine_problems(config, world_size)  # pure bf16
     prec = Precision(config.precision)
     deepspeed = needs_deepspeed(config, world_size)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Device, Precision, TrainConfig, engine_problems
+from workbench.config import Device, Precision, TrainConfig, engine_problems, runtime_problems
 from workbench.inputs import InputFileError, is_bool, is_int, read_json, shown
 from workbench.problems import SettingProblem, listing
 from workbench.train.launch_commands import LAUNCHERS
@@ -248,8 +248,6 @@ def launch_problems(
 ) -> list[SettingProblem]:
     """Every problem of a launch's arguments, each naming its argument (empty when it can
     start); this machine's limits (cores, GPUs, what it can run) included."""
-    from workbench.train.changes import runtime_setting_problems
-
     problems: list[SettingProblem] = []
     if not isinstance(config, TrainConfig):
         problems.append(SettingProblem("config", config, "must be a workbench.TrainConfig"))
@@ -287,7 +285,7 @@ def launch_problems(
         return problems
     # what the ranks could not run here (an optimizer a Session does not train, adam8bit
     # included; an NVMe path), said up front
-    problems += runtime_setting_problems(config)
+    problems += runtime_problems(config)
     prec = Precision(config.precision)
     if prec is Precision.AMP_FP16:
         problems.append(
