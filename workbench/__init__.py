@@ -37,6 +37,7 @@ _LAZY = {
     "MemoryReport": "workbench.train.memory",
     "ProfileResult": "workbench.train.profiler",
     "find_max_micro_batch": "workbench.train.batch_finder",
+    "simulate_memory": "workbench.train.dry_run",
     # what each optimization buys, measured
     "ladder": "workbench.train.ladder",
     "LadderResult": "workbench.train.ladder",
@@ -75,6 +76,7 @@ __all__ = [
     "from_deepspeed",
     "ladder",
     "predict_memory",
+    "simulate_memory",
     "to_deepspeed",
     "__version__",
 ]
@@ -88,6 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.monitor import Sampler
     from workbench.prediction import predict_memory
     from workbench.train.batch_finder import find_max_micro_batch
+    from workbench.train.dry_run import simulate_memory
     from workbench.train.ladder import LadderResult, ladder
     from workbench.train.memory import MemoryReport
     from workbench.train.profiler import ProfileResult

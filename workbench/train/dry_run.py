@@ -1,0 +1,739 @@
+"""A dry run: real training steps of your own module on fake tensors, nothing allocated.
+
+    import workbench
+    run = workbench.simulate_memory("tiny-gpt", workbench.TrainConfig(micro_batch=8))
+    run.peak_bytes, run.by_category, run.by_module     # the peak of a step, measured
+    run                                                # beside the formula's estimate
+    run.compare()                                      # every point and category, explained
+
+`simulate_memory` rebuilds the model on `FakeTensor`s (shapes, dtypes and devices without
+storage: `dry_run_fake`), runs `steps` optimizer steps of the config as the Session's
+engines do (autocast, pure bf16, accumulation, activation checkpointing of the blocks,
+the optimizer in the implementation named; `dry_run_step`) under PyTorch's own memory
+tracker (`torch.distributed._tools.mem_tracker.MemTracker`; FSDP2 through its
+`fsdp2_mem_tracker.FSDPMemTracker`, `fully_shard` on each block and the root over a fake
+process group standing in for `world_size` ranks: `dry_run_fsdp`), and reports the peak
+of the steady-state step per category, per module and per point of the step, beside the
+formula's estimate of the same setup (`workbench.estimate.estimate_memory` with the same
+settings the engines use: `formula`, `DryRun.compare()`).
+
+What it cannot represent is said and, where the formula has a term for it, added under
+that term's name (`added_terms`): DDP's gradient buckets (DistributedDataParallel's C++
+reducer reads tensor data, so several ranks without FSDP run as one replica plus the
+formula's bucket term); the CUDA context, the caching allocator's reserve and
+fragmentation (the formula's `overhead_bytes`, on its own line). DeepSpeed (ZeRO stages,
+its 16-bit modes), offload and DeepSpeed-only optimizers are refused: their buffers live
+in DeepSpeed's own C++ and CUDA code. `torch.compile` is not simulated (the steps run
+eagerly; a note says so).
+
+The device: CUDA where torch has it (the GPU's kernels, cuBLAS's and the allocator's
+512-byte rounding); on a CPU-only torch the steps run on fake CPU tensors (faking CUDA
+tensors through autograd aborts a CPU-only torch), with dropout and attention dropout
+routed to the kernels a GPU runs, and the notes say what still differs.
+
+Bad input raises `DryRunError` (a ValueError) naming the argument: a model whose forward
+fails on fake tensors (its innermost module and the operator; `formula` still carries the
+estimate), a batch the model does not take (what was given and what it takes), a world
+size the fake process group cannot form, settings that cannot be simulated. Nothing is
+left behind: the fake mode, the process group, the hooks and the tracker are gone when it
+returns or raises, and your module is never changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from workbench.config import (
+    SESSION_OPTIMIZERS,
+    FsdpMode,
+    OffloadDevice,
+    OptimizerName,
+    Precision,
+    TrainConfig,
+)
+from workbench.display import fmt_bytes
+from workbench.problems import SettingProblem
+from workbench.train.backends.optimizer import build_optimizer
+from workbench.train.dry_run_fake import (
+    FakeBatch,
+    FakeModel,
+    GpuKernels,
+    ModuleStack,
+    OpRecorder,
+    cast_copy,
+    failure_problem,
+    fake_batch,
+    fake_model,
+)
+from workbench.train.dry_run_fsdp import (
+    fake_process_group,
+    group_problem,
+    make_mesh,
+    mixed_precision,
+    shard,
+)
+from workbench.train.dry_run_problems import DryRunError
+from workbench.train.dry_run_result import POINTS, DryRun
+from workbench.train.dry_run_step import StepPlan, measure, phase_tracker, run_steps
+from workbench.train.precision import PURE_DTYPES, build_precision, cast_floating_inputs
+from workbench.train.recompute import (
+    checkpointable_modules,
+    mark_checkpointable,
+    set_activation_checkpointing,
+)
+
+#: The optimizer implementations a dry run steps with ("foreach": torch's default on CUDA).
+OPTIMIZER_IMPLS = ("foreach", "for-loop", "fused")
+MAX_STEPS = 100
+MAX_WORLD_SIZE = 65536
+
+Progress = Callable[[str, int, int], None]
+
+
+def simulate_memory(
+    model: Any,
+    config: TrainConfig | None = None,
+    *,
+    batch: Any = None,
+    world_size: int = 1,
+    steps: int = 2,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    progress: Progress | bool | None = None,
+    seq_len: int | None = None,
+    model_options: Mapping[str, Any] | None = None,
+    optimizer_impl: str = "foreach",
+    device: str = "auto",
+) -> DryRun:
+    """The measured peak of training `model` with `config` on `world_size` ranks, per rank,
+    from `steps` real steps on fake tensors (see the module docstring).
+
+    `model`: a built-in model name ("tiny-gpt", with `model_options`), an `nn.Module`
+    (real or on the meta device; never changed) or a zero-argument function that builds
+    one (called on fake tensors). `config`: a `TrainConfig` (default `TrainConfig()`).
+    `batch`: one example micro-batch (a tensor of token ids, a dict of the model's keyword
+    arguments such as {"input_ids": ..., "labels": ...}, or an (inputs, targets) pair with
+    `loss_fn`); only its shapes and dtypes are read. Without one, a built-in model's
+    dataset gives `config.micro_batch` samples, and a `transformers` model takes
+    `config.micro_batch` x `seq_len` token ids (default: its context length), its own
+    loss. `loss_fn(outputs, targets)` as in a Session (a built-in model brings its own).
+    `steps` (2 to 100): the first step creates the optimizer states; the peak is the
+    highest of the later ones. `optimizer_impl`: "foreach" (torch's default on CUDA),
+    "for-loop" or "fused". `device`: "auto" (CUDA where torch has it, else the CPU),
+    "cuda" or "cpu". `progress(phase, step, steps)` is called as each part of each step
+    begins; None shows a line on a terminal's stderr, False nothing.
+
+    Raises `DryRunError` (a ValueError) naming every bad argument, or the model's or
+    the batch's failure (see the module docstring).
+    """
+    started = time.perf_counter()
+    config, sim_device, problems = _check(
+        config, world_size, steps, optimizer_impl, seq_len, device, progress, loss_fn
+    )
+    if problems:
+        raise DryRunError(problems)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    built = fake_model(model, model_options, fake_mode, sim_device)
+    if isinstance(built, list):
+        raise DryRunError(built)
+    fm = built
+    made = fake_batch(
+        fm,
+        batch,
+        micro_batch=int(config.micro_batch),
+        seq_len=seq_len,
+        fake_mode=fake_mode,
+        device=sim_device,
+    )
+    if isinstance(made, list):
+        raise DryRunError(made)
+    fb = made
+    blocks, blocks_note = _blocks(fm.module)
+    if config.activation_checkpointing and not blocks:
+        raise DryRunError(
+            [
+                SettingProblem(
+                    "activation_checkpointing",
+                    True,
+                    "the model has no blocks to checkpoint; mark them with "
+                    "workbench.train.recompute.mark_checkpointable(model, [names])",
+                )
+            ]
+        )
+    attention, attention_note = _attention(fm)
+    formula, formula_note = _formula(config, fm, fb, world_size, optimizer_impl, attention)
+    loss = loss_fn if loss_fn is not None else fm.loss_fn
+    if isinstance(fb.value, tuple) and loss is None:
+        raise DryRunError(
+            [
+                SettingProblem(
+                    "loss_fn",
+                    None,
+                    "the batch is an (inputs, targets) pair, so a loss_fn(outputs, targets) is "
+                    "required (only a model given a dict with labels returns its own loss)",
+                )
+            ],
+            formula=formula,
+        )
+    show = _progress(progress)
+    measured, dry = _simulate(
+        fm,
+        fb,
+        config,
+        blocks,
+        loss,
+        world_size,
+        steps,
+        optimizer_impl,
+        sim_device,
+        show,
+        formula,
+        fake_mode,
+    )
+    notes = _notes(
+        config, fm, fb, sim_device, world_size, blocks_note, attention_note, formula_note, formula
+    )
+    added = _added_terms(config, world_size, formula, measured.grads_bytes)
+    points = {p: dict(measured.points[p]) for p in POINTS}
+    phases = {p: sum(points[p].values()) + sum(added.values()) for p in POINTS}
+    measured_phases = {p: sum(points[p].values()) for p in POINTS}
+    phase = max(POINTS, key=lambda p: phases[p])
+    return DryRun(
+        peak_bytes=phases[phase],
+        measured_peak_bytes=max(measured_phases.values()),
+        phase=phase,
+        by_category={k: v for k, v in points[phase].items() if v},
+        points=points,
+        phases=phases,
+        by_module=measured.modules,
+        params_bytes=measured.params_bytes,
+        grads_bytes=measured.grads_bytes,
+        optimizer_bytes=measured.optimizer_bytes,
+        optimizer_step_counter_bytes=measured.optimizer_step_counter_bytes,
+        added_terms=added,
+        overhead_bytes=formula.overhead_bytes if formula is not None else 0,
+        formula=formula,
+        model=fm.name,
+        n_params=fm.n_params,
+        engine=dry,
+        world_size=world_size,
+        device=sim_device.type,
+        precision=Precision(config.precision).value,
+        optimizer=OptimizerName(config.optimizer).value,
+        optimizer_impl=optimizer_impl,
+        attention=attention,
+        activation_checkpointing=bool(config.activation_checkpointing),
+        fsdp=FsdpMode(config.fsdp).value,
+        micro_batch=fb.micro_batch,
+        seq_len=fb.seq_len,
+        grad_accum=int(config.grad_accum),
+        steps=steps,
+        batch=fb.text,
+        wall_seconds=time.perf_counter() - started,
+        notes=tuple(notes),
+    )
+
+
+# ---------------------------------------------------------------------- checking
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(
+    config: Any,
+    world_size: Any,
+    steps: Any,
+    impl: Any,
+    seq_len: Any,
+    device: Any,
+    progress: Any,
+    loss_fn: Any,
+) -> tuple[TrainConfig, torch.device, list[SettingProblem]]:
+    """The config, the simulated device and every problem of the arguments at once."""
+    p: list[SettingProblem] = []
+    if config is None:
+        config = TrainConfig()
+    elif not isinstance(config, TrainConfig):
+        p.append(SettingProblem("config", type(config).__name__, "must be a workbench.TrainConfig"))
+        config = TrainConfig()
+    if not _is_int(world_size) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        p.append(
+            SettingProblem(
+                "world_size",
+                world_size,
+                f"must be a whole number of ranks from 1 to {MAX_WORLD_SIZE} (the fake process "
+                "group stands in for them)",
+            )
+        )
+    if not _is_int(steps) or not 2 <= steps <= MAX_STEPS:
+        p.append(
+            SettingProblem(
+                "steps",
+                steps,
+                f"must be a whole number from 2 to {MAX_STEPS} (the first step creates the "
+                "optimizer states; the peak is measured on the later ones)",
+            )
+        )
+    if impl not in OPTIMIZER_IMPLS:
+        p.append(
+            SettingProblem("optimizer_impl", impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
+        )
+    if seq_len is not None and (not _is_int(seq_len) or not 1 <= seq_len <= 1 << 22):
+        p.append(
+            SettingProblem("seq_len", seq_len, "must be None or a whole number from 1 to 2^22")
+        )
+    if progress is not None and not isinstance(progress, bool) and not callable(progress):
+        p.append(
+            SettingProblem(
+                "progress", progress, "must be None, True, False or a function(phase, step, steps)"
+            )
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        p.append(SettingProblem("loss_fn", loss_fn, "must be a function(outputs, targets)"))
+    sim = _device(p, device)
+    p += _setting_problems(config)
+    if FsdpMode(config.fsdp) is not FsdpMode.OFF and _is_int(world_size) and world_size >= 1:
+        problem = group_problem(world_size)
+        if problem is not None:
+            p.append(problem)
+    return config, sim, p
+
+
+def _device(p: list[SettingProblem], device: Any) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        p.append(
+            SettingProblem(
+                "device",
+                device,
+                "this torch has no CUDA device; faking CUDA tensors through autograd needs one "
+                "(use 'auto' or 'cpu')",
+            )
+        )
+    elif device not in ("cpu", "cuda"):
+        p.append(SettingProblem("device", device, "must be 'auto', 'cuda' or 'cpu'"))
+    return torch.device(device if device in ("cpu", "cuda") else "cpu")
+
+
+def _setting_problems(config: TrainConfig) -> list[SettingProblem]:
+    """The settings a dry run cannot represent, each with what to do instead."""
+    p: list[SettingProblem] = []
+    why = (
+        "DeepSpeed's own buffers live in its C++/CUDA code, which fake tensors cannot run; "
+        "its terms are in the formula (workbench.predict_memory)"
+    )
+    if int(config.zero_stage) != 0:
+        p.append(
+            SettingProblem(
+                "zero_stage",
+                int(config.zero_stage),
+                f"must be 0 for a dry run: {why}; FSDP full_shard is the nearest (ZeRO-3), "
+                "shard_grad_op (ZeRO-2)",
+            )
+        )
+    precision = Precision(config.precision)
+    if precision.is_deepspeed:
+        nearest = "amp-bf16" if precision is Precision.BF16 else "amp-fp16"
+        p.append(
+            SettingProblem(
+                "precision",
+                precision.value,
+                f"is DeepSpeed's 16-bit mode: {why}; the nearest torch precision is {nearest!r}",
+            )
+        )
+    for name in ("offload_optimizer", "offload_params"):
+        if OffloadDevice(getattr(config, name)) is not OffloadDevice.NONE:
+            p.append(
+                SettingProblem(
+                    name,
+                    OffloadDevice(getattr(config, name)).value,
+                    "offload cannot be simulated: host and device memory are one fake device "
+                    "here; the formula counts it",
+                )
+            )
+    optimizer = OptimizerName(config.optimizer)
+    if optimizer not in SESSION_OPTIMIZERS:
+        p.append(
+            SettingProblem(
+                "optimizer",
+                optimizer.value,
+                "is a DeepSpeed or bitsandbytes optimizer, whose kernels fake tensors cannot "
+                f"run; a dry run steps {', '.join(o.value for o in SESSION_OPTIMIZERS)}",
+            )
+        )
+    return p
+
+
+# ---------------------------------------------------------------------- the model's parts
+def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
+    """The transformer blocks FSDP shards and checkpointing recomputes: the marked ones (as
+    the Session's engines take them), else a transformers model's `_no_split_modules`,
+    else the children of its largest ModuleList (marked on the fake copy, and said)."""
+    marked = checkpointable_modules(module)
+    if marked:
+        return marked, None
+    names = getattr(module, "_no_split_modules", None) or ()
+    found: list[nn.Module] = []
+    source = ""
+    if names:
+        found = [m for m in module.modules() if type(m).__name__ in set(names)]
+        source = "its _no_split_modules"
+    if not found:
+        lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
+        if lists:
+            largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+            found = list(largest)
+            source = "its largest ModuleList"
+    if not found:
+        return [], None
+    for block in found:
+        mark_checkpointable(block)
+    found = checkpointable_modules(module)
+    kinds = sorted({type(b).__name__ for b in found})
+    note = (
+        f"blocks (FSDP units, checkpointed blocks): {len(found)} x {', '.join(kinds)}, from "
+        f"{source} (no block was marked; mark yours with "
+        "workbench.train.recompute.mark_checkpointable)"
+    )
+    return found, note
+
+
+def _attention(fm: FakeModel) -> tuple[str | None, str | None]:
+    """The attention kernel the formula counts, and a note when it is a guess."""
+    if fm.kind == "built-in":
+        return getattr(fm.info, "attention", None), None
+    config = fm.hf_config
+    if config is not None:
+        impl = getattr(config, "_attn_implementation", None) or "sdpa"
+        return ("eager" if impl == "eager" else "sdpa"), None
+    return "sdpa", (
+        "the formula counts sdpa attention (no s^2 tensors): your module's attention kernel "
+        "is not known to it"
+    )
+
+
+def _formula(
+    config: TrainConfig,
+    fm: FakeModel,
+    fb: FakeBatch,
+    world_size: Any,
+    impl: str,
+    attention: str | None,
+) -> tuple[Any, str | None]:
+    """The formula's estimate of the same setup (the settings the engines run), or None and
+    why. Several ranks without FSDP are counted as DDP (the "paper" accounting), as they
+    are simulated."""
+    from workbench.estimate import estimate_memory
+
+    fsdp = FsdpMode(config.fsdp)
+    kwargs: dict[str, Any] = {
+        "precision": Precision(config.precision).value,
+        "optimizer": OptimizerName(config.optimizer).value,
+        "zero_stage": 0,
+        "gpus": int(world_size),
+        "micro_batch": fb.micro_batch,
+        "checkpointing": "full" if config.activation_checkpointing else "none",
+        "fsdp": fsdp.value,
+        "fsdp_reduce_fp32": bool(config.fsdp_reduce_fp32),
+        "grad_accum": int(config.grad_accum),
+        "weight_decay": float(config.weight_decay),
+        "accounting": "fsdp" if fsdp is not FsdpMode.OFF else "paper",
+        "optimizer_impl": impl,
+    }
+    info = fm.info
+    if fm.kind == "built-in" and info is not None and info.is_transformer:
+        kwargs.update(
+            n_params=fm.n_params,
+            layers=info.layers,
+            hidden=info.hidden,
+            heads=info.heads,
+            seq_len=fb.seq_len or info.seq_len,
+            vocab=info.vocab,
+            dropout=bool(info.dropout),
+            attention=attention or "sdpa",
+        )
+    elif fm.kind == "transformers" and fm.twin is not None:
+        kwargs.update(model=fm.twin, attention=attention or "sdpa")
+        if fb.seq_len:
+            kwargs["seq_len"] = fb.seq_len
+    else:
+        kwargs["n_params"] = fm.n_params
+    try:
+        estimate = estimate_memory(**kwargs)
+    except ValueError as exc:
+        return None, f"the formula cannot describe this setup: {exc}"
+    if estimate.activation_bytes is None:
+        return estimate, (
+            "the formula has no transformer shape for this model: it counts model states, "
+            "the optimizer's temporaries and the engine's buffers, no activations"
+        )
+    return estimate, None
+
+
+def _checkpoint(module: nn.Module, *, gpu_kernels: bool) -> None:
+    """The Session's rule (`workbench.train.recompute`): each marked block, outermost
+    first, runs under `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`; on a
+    CPU simulation its recomputation also runs the GPU's kernels (a function mode is not
+    active inside autograd's recomputation unless the checkpoint enters it)."""
+    if not gpu_kernels:
+        set_activation_checkpointing(module, True)
+        return
+
+    def contexts() -> tuple[Any, Any]:
+        return contextlib.nullcontext(), GpuKernels()
+
+    def checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+        return torch.utils.checkpoint.checkpoint(
+            forward, *args, use_reentrant=False, context_fn=contexts, **kwargs
+        )
+
+    for block in checkpointable_modules(module):
+        block.forward = functools.partial(checkpointed, block.forward)
+
+
+def _optimizer(config: TrainConfig, params: list[nn.Parameter], impl: str) -> Any:
+    """The engines' optimizer (`build_optimizer`) in implementation `impl`."""
+    optimizer = build_optimizer(config, params)
+    for group in optimizer.param_groups:
+        group["foreach"] = impl == "foreach"
+        if "fused" in group:
+            group["fused"] = impl == "fused"
+    return optimizer
+
+
+def _engine(config: TrainConfig, world_size: int) -> str:
+    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
+        return "fsdp"
+    return "ddp" if world_size > 1 else "plain"
+
+
+# ---------------------------------------------------------------------- the run
+def _simulate(
+    fm: FakeModel,
+    fb: FakeBatch,
+    config: TrainConfig,
+    blocks: list[nn.Module],
+    loss_fn: Any,
+    world_size: int,
+    steps: int,
+    impl: str,
+    device: torch.device,
+    progress: Progress | None,
+    formula: Any,
+    fake: Any,
+) -> tuple[Any, str]:
+    """Run the steps (see the module docstring); every context is closed before a
+    failure becomes a `DryRunError`."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    engine = _engine(config, world_size)
+    precision = Precision(config.precision)
+    module = fm.module
+    stack: ModuleStack | None = None
+    recorder = OpRecorder()
+    phase = ["building"]
+    try:
+        with contextlib.ExitStack() as ctx:
+            ctx.enter_context(_quiet_fake_tensor_log())
+            mesh = None
+            if engine == "fsdp":
+                _report(progress, "sharding", 0, steps)
+                ctx.enter_context(fake_process_group(world_size))
+                mesh = make_mesh(FsdpMode(config.fsdp), world_size, device.type)
+            pure = PURE_DTYPES.get(precision)
+            if pure is not None:  # bf16-true: the engines' private bf16 copy
+                module = cast_copy(module, pure, fake)
+                module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
+                blocks = checkpointable_modules(module)
+            if config.activation_checkpointing:
+                _checkpoint(module, gpu_kernels=device.type == "cpu")
+            with fake:
+                if mesh is not None:
+                    policy = mixed_precision(precision, bool(config.fsdp_reduce_fp32))
+                    shard(module, blocks, FsdpMode(config.fsdp), policy, mesh)
+                params = [p for p in module.parameters() if p.requires_grad]
+                if not params:
+                    raise DryRunError(
+                        [SettingProblem("model", fm.name, "has no trainable parameters")],
+                        formula=formula,
+                    )
+                optimizer = _optimizer(config, params, impl)
+            stack = ModuleStack(module)
+            ctx.callback(stack.remove)
+            ctx.enter_context(fake)
+            if engine == "fsdp":
+                tracker = phase_tracker(FSDPMemTracker, device.type)(module, optimizer)
+                tracker.track_inputs(_flat(fb.value))
+            else:
+                tracker = phase_tracker(MemTracker, device.type)()
+                tracker.track_external(module, *_flat(fb.value))
+            if device.type == "cpu":
+                ctx.enter_context(GpuKernels())
+            ctx.enter_context(tracker)
+            ctx.enter_context(recorder)
+            autocast = (
+                contextlib.nullcontext
+                if engine == "fsdp"
+                else build_precision(config, device.type).autocast
+            )
+            scale = float(config.loss_scale_init) if precision is Precision.AMP_FP16 else 1.0
+            plan = StepPlan(autocast, scale, int(config.grad_accum), config.clip_grad_norm, steps)
+            grads = run_steps(
+                module,
+                optimizer,
+                fb.value,
+                loss_fn,
+                plan,
+                tracker=tracker,
+                on_phase=lambda name: phase.__setitem__(0, name),
+                progress=progress,
+                device_type=device.type,
+            )
+            shown = _shown(module, blocks)
+            measured = measure(tracker, module, optimizer, grads, shown, device.type)
+    except DryRunError:
+        raise
+    except Exception as exc:
+        if stack is None:
+            problem = SettingProblem("model", fm.name, f"preparing it failed: {exc}")
+            raise DryRunError([problem], formula=formula) from exc
+        problem, where, operator = failure_problem(
+            exc, phase=phase[0], fm=fm, batch=fb, stack=stack, recorder=recorder
+        )
+        raise DryRunError([problem], module=where, operator=operator, formula=formula) from exc
+    return measured, engine
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _flat(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return []
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Any:
+    """The fake mode logs every failing meta kernel at ERROR level; a dry run reports the
+    failure itself, once."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _shown(module: nn.Module, blocks: list[nn.Module]) -> dict[int, str]:
+    """id -> name of the modules `by_module` reports: the root's children and the blocks,
+    in the model's order."""
+    block_ids = {id(b) for b in blocks}
+    children = {id(m) for m in module.children()}
+    return {
+        id(m): name
+        for name, m in module.named_modules()
+        if name and (id(m) in block_ids or id(m) in children)
+    }
+
+
+def _report(progress: Progress | None, phase: str, step: int, total: int) -> None:
+    if progress is not None:
+        progress(phase, step, total)
+
+
+def _progress(progress: Progress | bool | None) -> Progress | None:
+    """The progress callback: the caller's, a line on stderr (True; None on a terminal),
+    or none."""
+    if callable(progress) and not isinstance(progress, bool):
+        return progress
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+
+    def line(phase: str, step: int, total: int) -> None:
+        end = "\n" if phase == "done" else ""
+        sys.stderr.write(f"\rdry run: step {step}/{total} {phase:<16}{end}")
+        sys.stderr.flush()
+
+    return line
+
+
+# ---------------------------------------------------------------------- what it adds and says
+def _added_terms(
+    config: TrainConfig, world_size: int, formula: Any, grads_bytes: int
+) -> dict[str, int]:
+    """The formula's terms for what the dry run cannot represent (DDP's buckets)."""
+    if _engine(config, world_size) != "ddp":
+        return {}
+    name = "DDP gradient buckets"
+    peak = getattr(formula, "peak", None)
+    if peak is not None:
+        for terms in peak.points.values():
+            if name in terms:
+                return {name: int(terms[name])}
+    return {name: grads_bytes}  # DDP's buckets are the gradients' size
+
+
+def _notes(
+    config: TrainConfig,
+    fm: FakeModel,
+    fb: FakeBatch,
+    device: torch.device,
+    world_size: int,
+    blocks_note: str | None,
+    attention_note: str | None,
+    formula_note: str | None,
+    formula: Any,
+) -> list[str]:
+    notes: list[str] = []
+    if device.type == "cpu":
+        notes.append(
+            "simulated on fake CPU tensors (this torch has no CUDA): dropout and attention "
+            "dropout run as the GPU's kernels; CPU autocast's operator lists differ from "
+            "CUDA's in a few operators, and each storage counts its exact bytes where CUDA's "
+            "allocator rounds up to 512"
+        )
+    overhead = fmt_bytes(formula.overhead_bytes) if formula is not None else "about 1 GiB"
+    notes.append(
+        f"not simulated: the CUDA context, the allocator's reserve and fragmentation (the "
+        f"formula's {overhead}, on its own line)"
+    )
+    if _engine(config, world_size) == "ddp":
+        notes.append(
+            f"DDP over {world_size} ranks is not simulated (its C++ reducer reads tensor "
+            "data): one replica ran, and the formula's DDP gradient buckets are added, "
+            "labelled; a workbench Session trains several ranks without FSDP through "
+            "DeepSpeed ZeRO-0, whose buckets the formula's deepspeed accounting counts"
+        )
+    if Precision(config.precision) is Precision.AMP_FP16:
+        notes.append(
+            "amp-fp16: the loss is scaled and the gradients unscaled in place, as the "
+            "GradScaler does; its overflow check (a value read back) is not run"
+        )
+    if config.compile:
+        notes.append("compile: torch.compile is not simulated; the steps ran eagerly")
+    if fb.given and fb.micro_batch != int(config.micro_batch):
+        notes.append(
+            f"micro-batch {fb.micro_batch} from the batch given (the config says "
+            f"{int(config.micro_batch)})"
+        )
+    notes += [n for n in (blocks_note, attention_note, formula_note) if n]
+    return notes
+
+
+__all__ = ["OPTIMIZER_IMPLS", "DryRun", "DryRunError", "simulate_memory"]

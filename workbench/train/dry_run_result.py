@@ -1,0 +1,329 @@
+"""`DryRun`: what a dry run measured, next to the formula's estimate of the same setup.
+
+`DryRun` renders itself (a terminal's text, a notebook's table) as `MemoryEstimate` does:
+the peak of a step with its categories, each point's total, and the formula's figure for
+each beside it. `compare()` gives every point's categories side by side with the
+difference and what each side counts (`Comparison` rows; `EXPLAINED` holds the
+sentences). Pure: imports the display helpers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workbench.display import Display, Readable, fmt_bytes, fmt_count
+
+#: The formula's points of a step, in order (`workbench.estimate.PHASES`).
+POINTS = ("forward end", "backward start", "optimizer step")
+
+
+@dataclass(frozen=True)
+class ModulePeak:
+    """The highest total while module `name` ran: its forward, its backward (bytes on this
+    rank, everything alive then, not only the module's own tensors)."""
+
+    name: str
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.forward_peak_bytes, self.backward_peak_bytes)
+
+
+#: One row of the comparison: the label, the dry run's categories, the formula's terms,
+#: what the two count.
+_ROWS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
+    ("parameters", ("parameters",), ("parameters",), "the same weights in the same dtype"),
+    (
+        "gradients",
+        ("gradients",),
+        ("gradients",),
+        "formula: none before backward without accumulation, the output projection's first in "
+        "backward, all at the step; dry run: the gradients alive at that moment",
+    ),
+    (
+        "optimizer states",
+        ("optimizer states",),
+        ("optimizer states",),
+        "Adam's two moments (SGD's momentum) per parameter; the dry run adds Adam's 4-byte "
+        "step counter per tensor",
+    ),
+    (
+        "optimizer step temporaries",
+        ("optimizer step temporaries",),
+        ("optimizer step temporaries",),
+        "foreach: one tensor of every stepped parameter (sqrt of exp_avg_sq); for-loop: two "
+        "of the largest parameter; fused: none",
+    ),
+    (
+        "activations and transients",
+        ("activations", "temporaries"),
+        ("activations", "logits and loss", "autocast weight casts", "backward transient"),
+        "formula: stored activations, logits and loss, autocast's weight casts, the backward "
+        "transient; dry run: every tensor the step made that is alive then (kept "
+        "activations, casts, logits, and in backward the activation gradients)",
+    ),
+    (
+        "FSDP gathered parameters",
+        ("gathered parameters",),
+        ("FSDP gathered parameters",),
+        "formula: the root unit and two layers (full_shard) or every layer (shard_grad_op) "
+        "in the compute dtype; dry run: FSDP2's unsharded parameters and all-gather buffers",
+    ),
+    (
+        "FSDP unsharded gradients",
+        ("unsharded gradients",),
+        ("FSDP unsharded gradients",),
+        "formula: two layers' and the output projection's; dry run: FSDP2's unsharded "
+        "gradients and reduce-scatter buffers",
+    ),
+    (
+        "buffers",
+        ("buffers",),
+        (),
+        "the formula counts no buffers (rotary tables, causal masks)",
+    ),
+    (
+        "the micro-batch",
+        ("other",),
+        (),
+        "the batch's own tensors (token ids, labels): the formula leaves them out",
+    ),
+)
+
+#: What each compared row counts, by label.
+EXPLAINED = {label: why for label, _, _, why in _ROWS}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One category at one point of the step: the dry run's bytes, the formula's (None
+    without a formula), their difference (dry run - formula) and what each side counts."""
+
+    point: str
+    category: str
+    dry_run_bytes: int
+    formula_bytes: int | None
+    explanation: str
+
+    @property
+    def difference_bytes(self) -> int | None:
+        return None if self.formula_bytes is None else self.dry_run_bytes - self.formula_bytes
+
+
+@dataclass(frozen=True)
+class DryRunComparison(Readable):
+    """`DryRun.compare()`: every point's categories, dry run next to formula."""
+
+    rows: tuple[Comparison, ...]
+    title: str
+
+    def _display(self) -> Display:
+        rows = [
+            (
+                f"{r.point}: {r.category}",
+                fmt_bytes(r.dry_run_bytes),
+                fmt_bytes(r.formula_bytes),
+                _signed(r.difference_bytes),
+            )
+            for r in self.rows
+        ]
+        why: dict[str, str] = {}
+        for r in self.rows:
+            if r.category != "total":
+                why.setdefault(r.category, r.explanation)
+        notes = [f"{category}: {text}" for category, text in why.items()]
+        return Display(
+            self.title, rows, header=("", "dry run", "formula", "difference"), notes=notes
+        )
+
+
+def _signed(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    return ("+" if n > 0 else "-" if n < 0 else "") + fmt_bytes(abs(n))
+
+
+@dataclass(frozen=True)
+class DryRun(Readable):
+    """Bytes on one rank of real training steps run on fake tensors (nothing allocated),
+    measured by PyTorch's memory tracker; `str()` and a notebook show them beside the
+    formula's estimate.
+
+    `peak_bytes` is the highest point of a step, `phase` which point ("forward end",
+    "backward start", "optimizer step": the highest moment of the forward and loss, of the
+    backward, of the optimizer step), `by_category` its bytes by category (parameters,
+    gradients, optimizer states, optimizer step temporaries, activations, temporaries,
+    buffers, other; under FSDP also gathered parameters and unsharded gradients), `points`
+    every point's categories and `phases` their totals. `added_terms` are the formula's
+    terms for what the dry run cannot represent (DDP's gradient buckets), each labelled and
+    included in `peak_bytes` and every point's total; `measured_peak_bytes` is the
+    tracker's figure without them. `overhead_bytes` is the formula's CUDA context and
+    allocator reserve, which neither peak includes (`required_bytes` adds it).
+
+    `by_module`: the peaks while each top-level module and transformer block ran (the
+    last step). `params_bytes`, `grads_bytes`, `optimizer_bytes` are the model states at
+    rest, counted from the fake tensors (`optimizer_step_counter_bytes` of them are Adam's
+    step counters). `formula` is the `MemoryEstimate` of the same setup (None when the
+    estimator cannot describe it: `notes` says why); `compare()` sets the two side by
+    side. `device` is the device type simulated ("cuda", or "cpu" where torch has no CUDA:
+    `notes` says what differs), `wall_seconds` how long the dry run took.
+    """
+
+    peak_bytes: int
+    measured_peak_bytes: int
+    phase: str
+    by_category: dict[str, int]
+    points: dict[str, dict[str, int]]
+    phases: dict[str, int]
+    by_module: tuple[ModulePeak, ...]
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    optimizer_step_counter_bytes: int
+    added_terms: dict[str, int]
+    overhead_bytes: int
+    formula: Any  # workbench.estimate.MemoryEstimate | None
+    model: str
+    n_params: int
+    engine: str
+    world_size: int
+    device: str
+    precision: str
+    optimizer: str
+    optimizer_impl: str
+    attention: str | None
+    activation_checkpointing: bool
+    fsdp: str
+    micro_batch: int
+    seq_len: int | None
+    grad_accum: int
+    steps: int
+    batch: str
+    wall_seconds: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def required_bytes(self) -> int:
+        """What the GPU must hold: `peak_bytes + overhead_bytes`."""
+        return self.peak_bytes + self.overhead_bytes
+
+    @property
+    def model_states_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the formula as its own dict)."""
+        out = asdict(self)
+        out["formula"] = self.formula.to_dict() if self.formula is not None else None
+        return out
+
+    def compare(self) -> DryRunComparison:
+        """Every point's categories, dry run next to formula, with the difference and what
+        each side counts (the formula's terms at the same point; see `EXPLAINED`)."""
+        rows: list[Comparison] = []
+        formula_points = self._formula_points()
+        for point in POINTS:
+            ours = self.points.get(point, {})
+            theirs = formula_points.get(point)
+            for label, mine, terms, why in _ROWS:
+                dry = sum(ours.get(k, 0) for k in mine)
+                form = None if theirs is None else sum(theirs.get(t, 0) for t in terms)
+                if dry == 0 and not form:
+                    continue
+                rows.append(Comparison(point, label, dry, form, why))
+            for name, value in self.added_terms.items():
+                form = None if theirs is None else theirs.get(name, value)
+                rows.append(
+                    Comparison(point, name, value, form, "the formula's term, added: not simulated")
+                )
+            total_form = None if theirs is None else sum(theirs.values())
+            rows.append(
+                Comparison(point, "total", self.phases.get(point, 0), total_form, "the point's sum")
+            )
+        title = f"dry run vs formula per point of the step: {self._setup()}"
+        return DryRunComparison(tuple(rows), title)
+
+    def _formula_points(self) -> dict[str, dict[str, int]]:
+        peak = getattr(self.formula, "peak", None)
+        return dict(peak.points) if peak is not None else {}
+
+    def _setup(self) -> str:
+        ranks = f"{self.world_size} rank" + ("s" if self.world_size > 1 else "")
+        engine = f"FSDP {self.fsdp}" if self.engine == "fsdp" else self.engine
+        seq = f" x {self.seq_len}" if self.seq_len else ""
+        return (
+            f"{self.model}, {self.precision}, {self.optimizer} ({self.optimizer_impl}), "
+            f"{engine}, {ranks}, micro-batch {self.micro_batch}{seq}"
+        )
+
+    def _display(self) -> Display:
+        formula = self.formula
+        points = self._formula_points()
+
+        def cell(n: int | None) -> str:
+            return fmt_bytes(n) if n is not None else "n/a"
+
+        def diff(a: int, b: int | None) -> str:
+            return _signed(None if b is None else a - b)
+
+        f_peak = formula.peak_bytes if formula is not None else None
+        rows: list[tuple[str, ...]] = [
+            (
+                f"peak of a step ({self.phase})",
+                cell(self.peak_bytes),
+                cell(f_peak),
+                diff(self.peak_bytes, f_peak),
+            )
+        ]
+        for r in self.compare().rows:
+            if r.point == self.phase and r.category != "total":
+                rows.append(
+                    (
+                        f"  {r.category}",
+                        cell(r.dry_run_bytes),
+                        cell(r.formula_bytes),
+                        _signed(r.difference_bytes),
+                    )
+                )
+        rows.append(("each point of the step", "", "", ""))
+        for point in POINTS:
+            f_total = sum(points[point].values()) if point in points else None
+            ours = self.phases.get(point, 0)
+            rows.append((f"  {point}", cell(ours), cell(f_total), diff(ours, f_total)))
+        overhead = "CUDA context and allocator reserve (formula's; in neither peak)"
+        rows.append((overhead, "", cell(self.overhead_bytes), ""))
+        rows.append(("model states at rest", "", "", ""))
+        for label, ours, key in (
+            ("parameters", self.params_bytes, "params_bytes"),
+            ("gradients", self.grads_bytes, "grads_bytes"),
+            ("optimizer states", self.optimizer_bytes, "optimizer_bytes"),
+        ):
+            theirs = getattr(formula, key, None) if formula is not None else None
+            rows.append((f"  {label}", cell(ours), cell(theirs), diff(ours, theirs)))
+        if self.by_module:
+            rows.append(("highest module peaks (forward / backward)", "", "", ""))
+            top = sorted(self.by_module, key=lambda m: m.peak_bytes, reverse=True)[:5]
+            for m in top:
+                both = f"{fmt_bytes(m.forward_peak_bytes)} / {fmt_bytes(m.backward_peak_bytes)}"
+                rows.append((f"  {m.name}", both, "", ""))
+        rows.append(
+            (
+                f"simulated on {self.device} ({self.steps} steps)",
+                f"{self.wall_seconds:.1f} s",
+                "",
+                "",
+            )
+        )
+        title = (
+            f"dry run of a step, per rank: {self._setup()} ({fmt_count(self.n_params)} "
+            f"parameters, batch: {self.batch})"
+        )
+        return Display(
+            title, rows, header=("", "dry run", "formula", "difference"), notes=self.notes
+        )
+
+
+__all__ = ["EXPLAINED", "POINTS", "Comparison", "DryRun", "DryRunComparison", "ModulePeak"]

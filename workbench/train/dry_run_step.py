@@ -1,0 +1,293 @@
+"""The training steps of a dry run, under PyTorch's memory tracker, and what they measured.
+
+`run_steps` runs `steps` optimizer steps of a fake module the way the Session's engines
+do (`workbench.train.batches.forward_and_loss`: forward inside autocast, the loss in fp32
+outside it, the output dropped before backward; the loss divided by the accumulation and,
+under amp-fp16, multiplied by the loss scale; `grad_accum` micro-batches per step; the
+gradient norm (clipped when `clip_grad_norm` is set); `optimizer.step()`;
+`zero_grad(set_to_none=True)`). The GradScaler itself is not run (its step reads an
+overflow flag back from the device, which fake tensors do not have): the gradients are
+unscaled in place, as its `unscale_` does, which allocates nothing.
+
+The tracker is `torch.distributed._tools.mem_tracker.MemTracker` (FSDP2:
+`fsdp2_mem_tracker.FSDPMemTracker`), which follows every tensor storage the step creates
+and files it by kind. `phase_tracker` adds one thing to it: the highest total of each part
+of the step ("forward end": forward and loss; "backward start": backward; "optimizer
+step": the norm, the step and zero_grad), taken over the steps after the first, with the
+kinds at that moment (the first step is left out: its forward and backward run before
+the optimizer states exist, and under FSDP its first sharding propagations are fake
+tensors the tracker counts once). `measure` reads the kinds into the dry run's
+categories (`CATEGORIES`), the per-module peaks of the last step and the model states at
+rest, from the tensors themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.estimate import PHASES
+from workbench.train.batches import forward_and_loss
+from workbench.train.dry_run_result import ModulePeak
+
+#: The tracker's kinds (MemTracker's and FSDPMemTracker's names) -> the dry run's categories.
+KINDS: dict[str, str] = {
+    "Parameter": "parameters",
+    "Sharded Param": "parameters",
+    "Gradient": "gradients",
+    "Sharded Grad": "gradients",
+    "Optstate": "optimizer states",
+    "OptState": "optimizer states",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Buffer": "buffers",
+    "Other": "other",
+    "Inputs": "other",
+    "Unsharded Param": "gathered parameters",
+    "All Gather": "gathered parameters",
+    "Unsharded Grad": "unsharded gradients",
+    "Reduce Scatter": "unsharded gradients",
+}
+
+#: The categories in the order they are shown ("optimizer step temporaries" is the part of
+#: the tracker's optimizer kind beyond the states at rest: what the step allocates).
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer states",
+    "optimizer step temporaries",
+    "activations",
+    "temporaries",
+    "buffers",
+    "other",
+    "gathered parameters",
+    "unsharded gradients",
+)
+
+_PEAK_FORWARD = frozenset({"Peak-Forward", "Peak Forward"})
+_PEAK_BACKWARD = frozenset({"Peak-Backward", "Peak Backward"})
+
+Progress = Callable[[str, int, int], None]
+
+
+def phase_tracker(base: type, device_type: str) -> type:
+    """`base` (MemTracker or FSDPMemTracker) that also keeps the highest total of each
+    phase (`phase`, None while not measuring) with its kinds, on `device_type`."""
+
+    class PhaseTracker(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.phase: str | None = None
+            self.phase_peaks: dict[str, dict[str, int]] = {}
+
+        # the trackers call this after every operator: the one place a phase's peak shows
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            super()._update_peak_stats(peak_state)
+            if self.phase is None:
+                return
+            now: dict[str, int] = {}
+            for dev, snap in self._curr_mem_snap.items():
+                if dev.type != device_type:
+                    continue
+                for kind, value in snap.items():
+                    key = getattr(kind, "value", kind)
+                    now[key] = now.get(key, 0) + value
+            best = self.phase_peaks.get(self.phase)
+            if now and (best is None or now.get("Total", 0) > best.get("Total", 0)):
+                self.phase_peaks[self.phase] = now
+
+    return PhaseTracker
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How one step runs: the autocast context, the loss scale (1.0: none), the
+    accumulation, the clipping threshold (None: the norm only) and how many steps."""
+
+    autocast: Callable[[], Any]
+    loss_scale: float
+    grad_accum: int
+    clip: float | None
+    steps: int
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def storage_bytes(tensors: Any, device_type: str) -> int:
+    """Bytes of the distinct storages behind `tensors` on `device_type` (a DTensor's local
+    shard; each storage once, told apart by the storage object, since fake storages have
+    no address)."""
+    kept: list[Any] = []
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = _local(t)
+        if t.device.type != device_type:
+            continue
+        st = t.untyped_storage()
+        kept.append(st)  # alive while counting, so ids are not reused
+        if id(st) not in seen:
+            seen.add(id(st))
+            total += st.nbytes()
+    return total
+
+
+def run_steps(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    loss_fn: Any,
+    plan: StepPlan,
+    *,
+    tracker: Any,
+    on_phase: Callable[[str], None],
+    progress: Progress | None,
+    device_type: str,
+) -> int:
+    """Run the steps (see the module docstring); returns the gradient bytes held just
+    before the last `zero_grad` (all of this rank's gradients). `on_phase(name)` is
+    called as each part begins ("forward", "backward", "optimizer step")."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    inv_accum = 1.0 / plan.grad_accum
+    grads_bytes = 0
+    for step in range(plan.steps):
+        measuring = step > 0
+        if step:
+            tracker.reset_mod_stats()  # one step's module stats at a time
+        for _ in range(plan.grad_accum):
+            on_phase("forward")
+            tracker.phase = PHASES[0] if measuring else None
+            _report(progress, "forward", step, plan.steps)
+            loss = forward_and_loss(module, batch, loss_fn, plan.autocast)
+            on_phase("backward")
+            tracker.phase = PHASES[1] if measuring else None
+            _report(progress, "backward", step, plan.steps)
+            (loss * (inv_accum * plan.loss_scale)).backward()  # type: ignore[no-untyped-call]
+            del loss
+        on_phase("optimizer step")
+        tracker.phase = PHASES[2] if measuring else None
+        _report(progress, "optimizer step", step, plan.steps)
+        grads = [p.grad for p in params if p.grad is not None]
+        if plan.loss_scale != 1.0 and grads:
+            # GradScaler.unscale_ in place (no allocation)
+            torch._foreach_mul_([_local(g) for g in grads], 1.0 / plan.loss_scale)
+        if plan.clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, plan.clip)
+        elif grads:
+            torch.nn.utils.get_total_norm(grads)
+        del grads  # zero_grad must free them
+        optimizer.step()
+        grads_bytes = storage_bytes((p.grad for p in params), device_type)
+        optimizer.zero_grad(set_to_none=True)
+        tracker.phase = None
+    _report(progress, "done", plan.steps, plan.steps)
+    return grads_bytes
+
+
+def _report(progress: Progress | None, phase: str, step: int, total: int) -> None:
+    if progress is not None:
+        progress(phase, min(step + 1, total), total)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the steps measured on this rank: each phase's categories (`points`), the
+    per-module peaks of the last step and the model states at rest."""
+
+    points: dict[str, dict[str, int]]
+    modules: tuple[ModulePeak, ...]
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    optimizer_step_counter_bytes: int
+
+
+def measure(
+    tracker: Any,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    grads_bytes: int,
+    shown: dict[int, str],
+    device_type: str,
+) -> Measured:
+    """The categories of each phase's peak, the module peaks of the modules in `shown`
+    (id -> name) and the states at rest (see the module docstring)."""
+    states = [v for st in optimizer.state.values() for v in st.values()]
+    optimizer_bytes = storage_bytes(states, device_type)
+    counters = storage_bytes(
+        (v for v in states if isinstance(v, torch.Tensor) and v.dim() == 0), device_type
+    )
+    params_bytes = storage_bytes(module.parameters(), device_type)
+    points = {
+        phase: categories(tracker.phase_peaks.get(phase, {}), optimizer_bytes) for phase in PHASES
+    }
+    return Measured(
+        points=points,
+        modules=module_peaks(tracker, shown, device_type),
+        params_bytes=params_bytes,
+        grads_bytes=grads_bytes,
+        optimizer_bytes=optimizer_bytes,
+        optimizer_step_counter_bytes=counters,
+    )
+
+
+def categories(kinds: dict[str, int], optimizer_bytes: int) -> dict[str, int]:
+    """The tracker's kinds at one moment as the dry run's categories; the optimizer kind
+    split into the states at rest (`optimizer_bytes`) and the step's temporaries."""
+    out = dict.fromkeys(CATEGORIES, 0)
+    for kind, value in kinds.items():
+        if kind in KINDS:
+            out[KINDS[kind]] += value
+    held = out["optimizer states"]
+    out["optimizer states"] = min(held, optimizer_bytes)
+    out["optimizer step temporaries"] = held - out["optimizer states"]
+    return out
+
+
+def module_peaks(tracker: Any, shown: dict[int, str], device_type: str) -> tuple[ModulePeak, ...]:
+    """The forward and backward peaks (the total while each module ran) of the modules in
+    `shown`, in its order, from the tracker's per-module snapshots of the last step."""
+    found: dict[str, ModulePeak] = {}
+    for module, stats in tracker.memory_tracking.items():
+        name = shown.get(id(module))
+        if name is None:
+            continue
+        forward = backward = 0
+        for state, snapshots in stats.snapshots.items():
+            key = getattr(state, "value", state)
+            if key in _PEAK_FORWARD or key in _PEAK_BACKWARD:
+                top = max((_total(s, device_type) for s in snapshots), default=0)
+                if key in _PEAK_FORWARD:
+                    forward = max(forward, top)
+                else:
+                    backward = max(backward, top)
+        found[name] = ModulePeak(name, forward, backward)
+    order = list(shown.values())
+    return tuple(found[n] for n in order if n in found)
+
+
+def _total(snapshot: dict[Any, dict[Any, int]], device_type: str) -> int:
+    return sum(s.get("Total", 0) for dev, s in snapshot.items() if dev.type == device_type)
+
+
+__all__ = [
+    "CATEGORIES",
+    "KINDS",
+    "Measured",
+    "StepPlan",
+    "categories",
+    "measure",
+    "module_peaks",
+    "phase_tracker",
+    "run_steps",
+    "storage_bytes",
+]
