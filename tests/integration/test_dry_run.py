@@ -289,6 +289,51 @@ def test_ddp_adds_the_formula_s_bucket_term_labelled() -> None:
     assert "DDP gradient buckets" in str(two.compare())
 
 
+def test_accumulation_holds_every_gradient_through_the_last_forward() -> None:
+    run = simulate_memory(
+        "tiny-gpt", TrainConfig(micro_batch=4, grad_accum=3), model_options=TINY, progress=False
+    )
+    held = run.points["forward end"]["gradients"]
+    assert held == run.grads_bytes == run.formula.peak.points["forward end"]["gradients"]
+
+
+@pytest.mark.parametrize(
+    ("config", "world_size"),
+    [
+        (TrainConfig(micro_batch=4, precision="amp-fp16", fsdp="no_shard", grad_accum=2), 4),
+        (TrainConfig(micro_batch=4, precision="bf16-true", fsdp="full_shard"), 2),
+        (TrainConfig(micro_batch=4, optimizer="sgd", clip_grad_norm=1.0), 1),
+    ],
+)
+def test_other_engines_and_settings_step_as_the_formula_counts(
+    config: TrainConfig, world_size: int
+) -> None:
+    run = simulate_memory("tiny-gpt", config, model_options=TINY, world_size=world_size)
+    step = shares(run)
+    for key in EXACT:
+        if key in step:
+            assert step[key][1] == step[key][2], key
+    assert (run.params_bytes, run.grads_bytes) == (
+        run.formula.params_bytes,
+        run.formula.grads_bytes,
+    )
+    if config.precision == "amp-fp16":
+        assert any("GradScaler" in n for n in run.notes)
+
+
+def test_fsdp_shards_are_padded_as_fsdp2_pads_them() -> None:
+    """On 3 ranks each parameter's first dimension is padded to a multiple of 3: the dry
+    run counts the padded shards (what FSDP2 allocates), the formula ceil(params / 3)."""
+    from workbench.models import build_model
+
+    module = build_model("tiny-gpt", **TINY)[0]
+    shard = sum(-(-p.shape[0] // 3) * (p.numel() // p.shape[0]) for p in module.parameters())
+    config = TrainConfig(micro_batch=4, fsdp="full_shard")
+    run = simulate_memory("tiny-gpt", config, model_options=TINY, world_size=3)
+    assert run.params_bytes == run.grads_bytes == 4 * shard
+    assert run.formula.params_bytes == 4 * -(-run.n_params // 3) < run.params_bytes
+
+
 # --------------------------------------------------------------------------- bad input
 class _ReadsAValue(nn.Module):
     def __init__(self) -> None:

@@ -17,8 +17,9 @@ step": the norm, the step and zero_grad), taken over the steps after the first, 
 kinds at that moment (the first step is left out: its forward and backward run before
 the optimizer states exist, and under FSDP its first sharding propagations are fake
 tensors the tracker counts once). `measure` reads the kinds into the dry run's
-categories (`CATEGORIES`), the per-module peaks of the last step and the model states at
-rest, from the tensors themselves.
+categories (`CATEGORIES`), the per-module peaks of the last micro-batch (the trackers
+follow one forward and backward at a time) and the model states at rest, from the tensors
+themselves.
 """
 
 from __future__ import annotations
@@ -161,9 +162,9 @@ def run_steps(
     grads_bytes = 0
     for step in range(plan.steps):
         measuring = step > 0
-        if step:
-            tracker.reset_mod_stats()  # one step's module stats at a time
-        for _ in range(plan.grad_accum):
+        for micro in range(plan.grad_accum):
+            if step or micro:
+                tracker.reset_mod_stats()  # the trackers follow one forward at a time
             on_phase("forward")
             tracker.phase = PHASES[0] if measuring else None
             _report(progress, "forward", step, plan.steps)
