@@ -31,7 +31,8 @@ The device: CUDA where torch has it (the GPU's kernels, cuBLAS's and the allocat
 tensors through autograd aborts a CPU-only torch), with dropout and attention dropout
 routed to the kernels a GPU runs, and the notes say what still differs.
 
-Bad input raises `DryRunError` (a ValueError) naming the argument: a model whose forward
+Bad input raises `DryRunError` (a ValueError) naming the argument (`dry_run_checks` checks
+the arguments, all at once, before anything is built): a model whose forward
 fails on fake tensors (its innermost module and the operator; `formula` still carries the
 estimate), a batch the model does not take (what was given and what it takes), a world
 size the fake process group cannot form, settings that cannot be simulated. Nothing is
@@ -54,9 +55,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from workbench.config import (
-    SESSION_OPTIMIZERS,
     FsdpMode,
-    OffloadDevice,
     OptimizerName,
     Precision,
     TrainConfig,
@@ -64,6 +63,7 @@ from workbench.config import (
 from workbench.display import fmt_bytes
 from workbench.problems import SettingProblem
 from workbench.train.backends.optimizer import build_optimizer
+from workbench.train.dry_run_checks import OPTIMIZER_IMPLS, check_arguments
 from workbench.train.dry_run_fake import (
     FakeBatch,
     FakeModel,
@@ -77,7 +77,6 @@ from workbench.train.dry_run_fake import (
 )
 from workbench.train.dry_run_fsdp import (
     fake_process_group,
-    group_problem,
     make_mesh,
     mixed_precision,
     shard,
@@ -91,11 +90,6 @@ from workbench.train.recompute import (
     mark_checkpointable,
     set_activation_checkpointing,
 )
-
-#: The optimizer implementations a dry run steps with ("foreach": torch's default on CUDA).
-OPTIMIZER_IMPLS = ("foreach", "for-loop", "fused")
-MAX_STEPS = 100
-MAX_WORLD_SIZE = 65536
 
 Progress = Callable[[str, int, int], None]
 
@@ -136,7 +130,7 @@ def simulate_memory(
     the batch's failure (see the module docstring).
     """
     started = time.perf_counter()
-    config, sim_device, problems = _check(
+    config, sim_device, problems = check_arguments(
         config, world_size, steps, optimizer_impl, seq_len, device, progress, loss_fn
     )
     if problems:
@@ -243,137 +237,6 @@ def simulate_memory(
         wall_seconds=time.perf_counter() - started,
         notes=tuple(notes),
     )
-
-
-# ---------------------------------------------------------------------- checking
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check(
-    config: Any,
-    world_size: Any,
-    steps: Any,
-    impl: Any,
-    seq_len: Any,
-    device: Any,
-    progress: Any,
-    loss_fn: Any,
-) -> tuple[TrainConfig, torch.device, list[SettingProblem]]:
-    """The config, the simulated device and every problem of the arguments at once."""
-    p: list[SettingProblem] = []
-    if config is None:
-        config = TrainConfig()
-    elif not isinstance(config, TrainConfig):
-        p.append(SettingProblem("config", type(config).__name__, "must be a workbench.TrainConfig"))
-        config = TrainConfig()
-    if not _is_int(world_size) or not 1 <= world_size <= MAX_WORLD_SIZE:
-        p.append(
-            SettingProblem(
-                "world_size",
-                world_size,
-                f"must be a whole number of ranks from 1 to {MAX_WORLD_SIZE} (the fake process "
-                "group stands in for them)",
-            )
-        )
-    if not _is_int(steps) or not 2 <= steps <= MAX_STEPS:
-        p.append(
-            SettingProblem(
-                "steps",
-                steps,
-                f"must be a whole number from 2 to {MAX_STEPS} (the first step creates the "
-                "optimizer states; the peak is measured on the later ones)",
-            )
-        )
-    if impl not in OPTIMIZER_IMPLS:
-        p.append(
-            SettingProblem("optimizer_impl", impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
-        )
-    if seq_len is not None and (not _is_int(seq_len) or not 1 <= seq_len <= 1 << 22):
-        p.append(
-            SettingProblem("seq_len", seq_len, "must be None or a whole number from 1 to 2^22")
-        )
-    if progress is not None and not isinstance(progress, bool) and not callable(progress):
-        p.append(
-            SettingProblem(
-                "progress", progress, "must be None, True, False or a function(phase, step, steps)"
-            )
-        )
-    if loss_fn is not None and not callable(loss_fn):
-        p.append(SettingProblem("loss_fn", loss_fn, "must be a function(outputs, targets)"))
-    sim = _device(p, device)
-    p += _setting_problems(config)
-    if FsdpMode(config.fsdp) is not FsdpMode.OFF and _is_int(world_size) and world_size >= 1:
-        problem = group_problem(world_size)
-        if problem is not None:
-            p.append(problem)
-    return config, sim, p
-
-
-def _device(p: list[SettingProblem], device: Any) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        p.append(
-            SettingProblem(
-                "device",
-                device,
-                "this torch has no CUDA device; faking CUDA tensors through autograd needs one "
-                "(use 'auto' or 'cpu')",
-            )
-        )
-    elif device not in ("cpu", "cuda"):
-        p.append(SettingProblem("device", device, "must be 'auto', 'cuda' or 'cpu'"))
-    return torch.device(device if device in ("cpu", "cuda") else "cpu")
-
-
-def _setting_problems(config: TrainConfig) -> list[SettingProblem]:
-    """The settings a dry run cannot represent, each with what to do instead."""
-    p: list[SettingProblem] = []
-    why = (
-        "DeepSpeed's own buffers live in its C++/CUDA code, which fake tensors cannot run; "
-        "its terms are in the formula (workbench.predict_memory)"
-    )
-    if int(config.zero_stage) != 0:
-        p.append(
-            SettingProblem(
-                "zero_stage",
-                int(config.zero_stage),
-                f"must be 0 for a dry run: {why}; FSDP full_shard is the nearest (ZeRO-3), "
-                "shard_grad_op (ZeRO-2)",
-            )
-        )
-    precision = Precision(config.precision)
-    if precision.is_deepspeed:
-        nearest = "amp-bf16" if precision is Precision.BF16 else "amp-fp16"
-        p.append(
-            SettingProblem(
-                "precision",
-                precision.value,
-                f"is DeepSpeed's 16-bit mode: {why}; the nearest torch precision is {nearest!r}",
-            )
-        )
-    for name in ("offload_optimizer", "offload_params"):
-        if OffloadDevice(getattr(config, name)) is not OffloadDevice.NONE:
-            p.append(
-                SettingProblem(
-                    name,
-                    OffloadDevice(getattr(config, name)).value,
-                    "offload cannot be simulated: host and device memory are one fake device "
-                    "here; the formula counts it",
-                )
-            )
-    optimizer = OptimizerName(config.optimizer)
-    if optimizer not in SESSION_OPTIMIZERS:
-        p.append(
-            SettingProblem(
-                "optimizer",
-                optimizer.value,
-                "is a DeepSpeed or bitsandbytes optimizer, whose kernels fake tensors cannot "
-                f"run; a dry run steps {', '.join(o.value for o in SESSION_OPTIMIZERS)}",
-            )
-        )
-    return p
 
 
 # ---------------------------------------------------------------------- the model's parts
