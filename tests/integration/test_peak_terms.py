@@ -594,7 +594,7 @@ def fake_world_of_two():
 def _fsdp_gathered(mode: str, precision: str) -> dict[str, int]:
     """Bytes of gathered parameters (unsharded + all-gather buffers, FSDPMemTracker's
     categories) when the logits exist (the output projection's forward: the formula's
-    forward end), when the loss's gradient reaches them (backward start) and the most at
+    forward end), when the loss's gradient reaches them (backward) and the most at
     any FSDP or Linear hook of the step; wrapped as workbench/train/backends/fsdp.py does
     (every layer, then the root, reshard_after_forward=True only for full_shard)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -631,7 +631,7 @@ def _fsdp_gathered(mode: str, precision: str) -> dict[str, int]:
 
     head = model.lm_head
     head.register_forward_hook(lambda *_: note("forward end"))
-    head.register_full_backward_pre_hook(lambda *_: note("backward start"))
+    head.register_full_backward_pre_hook(lambda *_: note("backward"))
     for module in model.modules():
         if isinstance(module, nn.Linear):
             module.register_forward_pre_hook(lambda *_: note())
@@ -661,7 +661,7 @@ def _fsdp_formula(mode: str, precision: str) -> dict[str, int]:
         micro_batch=B,
     )
     forward, backward, _ = _fsdp_terms(i)
-    return {"forward end": forward, "backward start": backward, "step": max(forward, backward)}
+    return {"forward end": forward, "backward": backward, "step": max(forward, backward)}
 
 
 def _units() -> tuple[int, int]:
@@ -675,8 +675,8 @@ def _units() -> tuple[int, int]:
 #: all-gather output (`all_gather_state`) until the next all-gather or the root's
 #: post-forward, and in backward prefetches the next layer's into a new one.
 _FSDP_MEASURED = {
-    "full_shard": {"forward end": 1, "backward start": 1, "step": 2},
-    "shard_grad_op": {"forward end": FSDP_L + 1, "backward start": FSDP_L, "step": FSDP_L + 1},
+    "full_shard": {"forward end": 1, "backward": 1, "step": 2},
+    "shard_grad_op": {"forward end": FSDP_L + 1, "backward": FSDP_L, "step": FSDP_L + 1},
 }
 
 
@@ -693,8 +693,12 @@ def test_fsdp2_gathers_root_and_layers(fake_world_of_two, mode, precision):
 
 
 _FSDP_OFF = {
-    ("full_shard", "backward start"): "formula root + 2 layers (298,240 B fp32), measured "
-    "root + 1 layer (174,848 B) at the instant backward starts: the formula's backward "
+    ("full_shard", "forward end"): "formula root + 2 layers (298,240 B fp32), measured root "
+    "+ 1 layer (174,848 B) at the instant the forward ends: the formula's forward point is "
+    "the forward's most, a layer running with the next prefetched (the measured most of "
+    "the step)",
+    ("full_shard", "backward"): "formula root + 2 layers (298,240 B fp32), measured "
+    "root + 1 layer (174,848 B) at the instant backwards: the formula's backward "
     "start is the last layer's backward, with the next layer prefetched (root + 2 layers, "
     "the measured most of the step)",
 }
@@ -708,11 +712,11 @@ _FSDP_OFF = {
         if (m, p) in _FSDP_OFF
         else (m, p)
         for m in ("full_shard", "shard_grad_op")
-        for p in ("forward end", "backward start", "step")
+        for p in ("forward end", "backward", "step")
     ],
 )
 def test_fsdp_gathered_parameters_equal_the_measured_units(fake_world_of_two, mode, point):
-    """The formula's "FSDP gathered parameters" (forward end and backward start; its
+    """The formula's "FSDP gathered parameters" (forward end and backward; its
     full_shard figure is also the most of the step) against the measurement, fp32."""
     assert _fsdp_formula(mode, "fp32")[point] == _fsdp_gathered(mode, "fp32")[point]
 
@@ -726,6 +730,6 @@ def test_one_gloo_rank_allocates_no_all_gather_buffer(one_gloo_rank):
     layer, root = _units()
     assert _fsdp_gathered("full_shard", "fp32") == {
         "forward end": 4 * root,
-        "backward start": 4 * root,
+        "backward": 4 * root,
         "step": 4 * (root + layer),
     }

@@ -74,10 +74,10 @@ def test_logits_and_loss_by_hand():
     e = estimate_memory(**LLAMA8, micro_batch=1)
     sbv = 8192 * 1 * 128256
     assert e.peak.points["forward end"]["logits and loss"] == 2 * sbv + 4 * sbv + 4 * sbv
-    assert e.peak.points["backward start"]["logits and loss"] == 4 * sbv + 8 * sbv
+    assert e.peak.points["backward"]["logits and loss"] == 4 * sbv + 8 * sbv
     chunked = estimate_memory(**LLAMA8, micro_batch=1, loss_chunks=8)
     assert chunked.peak.points["forward end"]["logits and loss"] == 2 * sbv + 4 * sbv // 8 + 4 * sbv
-    assert chunked.peak.points["backward start"]["logits and loss"] == 4 * sbv + 8 * sbv // 8
+    assert chunked.peak.points["backward"]["logits and loss"] == 4 * sbv + 8 * sbv // 8
     assert e.peak.chunked_loss_saving_bytes == e.peak_bytes - chunked.peak_bytes > 0
     assert chunked.peak.chunked_loss_saving_bytes == 0
 
@@ -126,13 +126,12 @@ def test_fsdp_modes_differ_and_offload_is_not_free():
     gathered = "FSDP gathered parameters"
     layer = 218_112_000  # one Llama 3 8B layer's parameters
     root = 2 * 128256 * 4096 + 4096  # embedding, output projection, final norm
-    # full_shard: the last layer's all-gather output at the forward's end; in backward the
-    # layer running and the next, prefetched. shard_grad_op: every layer, and the last
-    # one's all-gather output until the loss
-    assert full.peak.points["forward end"][gathered] == 2 * (root + layer)
-    assert full.peak.points["backward start"][gathered] == 2 * (root + 2 * layer)
+    # full_shard: a layer running and the next, prefetched. shard_grad_op: every layer,
+    # and the last one's all-gather output until the loss
+    assert full.peak.points["forward end"][gathered] == 2 * (root + 2 * layer)
+    assert full.peak.points["backward"][gathered] == 2 * (root + 2 * layer)
     assert grad_op.peak.points["forward end"][gathered] == 2 * (root + 33 * layer)
-    assert grad_op.peak.points["backward start"][gathered] == 2 * (root + 32 * layer)
+    assert grad_op.peak.points["backward"][gathered] == 2 * (root + 32 * layer)
     assert grad_op.peak_bytes > full.peak_bytes
     assert no_shard.model_states_bytes > full.model_states_bytes
     offload = estimate_memory(**kw, fsdp="full_shard", offload_params=True)
@@ -245,12 +244,12 @@ def test_cli_prints_the_peak_and_json_carries_every_term(capsys):
         capsys,
     )
     assert code == 0
-    assert "peak of a step, at the backward start" in out and "FSDP gathered parameters" in out
+    assert "peak of a step, at the backward" in out and "FSDP gathered parameters" in out
     assert "CUDA context and allocator reserve" in out and "model states at rest" in out
     code, out, _ = _run(["estimate", "--model", "llama-3-8b", "--json"], capsys)
     data = json.loads(out)
     assert data["peak_bytes"] == sum(data["peak"]["terms"].values())
-    assert set(data["peak"]["points"]) == {"forward end", "backward start", "optimizer step"}
+    assert set(data["peak"]["points"]) == {"forward end", "backward", "optimizer step"}
 
 
 def test_cli_reads_the_setup_from_a_deepspeed_config(tmp_path, capsys):

@@ -203,6 +203,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     out.add_argument("--units", default="gib", help="gib (2^30 bytes, default) or gb (1e9 bytes)")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--compare-stages", action="store_true", help="ZeRO stages 0-3 side by side")
+    out.add_argument(
+        "--simulate",
+        action="store_true",
+        help="also run a dry run of the --hf-config model: real training steps on fake "
+        "tensors (nothing allocated), its measured peak beside the formula's",
+    )
     out.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     out.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     return lambda args: run_estimate(args, parser)
@@ -383,6 +389,8 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if problems:
         parser.error("; ".join(problems))
     unit_bytes, unit_name = _UNITS[args.units.strip().lower()]
+    if args.simulate:
+        return _simulate(args, parser, stages[0], unit_bytes, unit_name)
     if args.json:
         if args.compare_stages:
             print(json.dumps({"stages": [e.to_dict() for e in stages]}, indent=2))
@@ -392,6 +400,71 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         print(_stages_table(stages, unit_bytes, unit_name))
     else:
         print(_report(stages[0], unit_bytes, unit_name))
+    return 0
+
+
+def _simulate(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, e: Any, unit: int, name: str
+) -> int:
+    """`--simulate`: the dry run of the --hf-config model with the estimate's settings."""
+    problems = []
+    if args.hf_config is None:
+        problems.append(
+            "--simulate: needs --hf-config (the model is built from it on fake tensors)"
+        )
+    if args.compare_stages:
+        problems.append("--simulate: leave out --compare-stages")
+    if e.zero_stage or e.precision in ("fp16", "bf16") or e.offload_optimizer or e.offload_params:
+        problems.append(
+            "--simulate: DeepSpeed's ZeRO, its 16-bit modes and offload are not simulated "
+            "(the plain loop and FSDP are)"
+        )
+    if e.checkpointing not in ("none", "full"):
+        problems.append(
+            f"--checkpointing {e.checkpointing}: the dry run recomputes whole layers (full) "
+            "or nothing (none)"
+        )
+    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        problems.append("--simulate: tensor and pipeline parallelism are not simulated")
+    if problems:
+        parser.error("; ".join(problems))
+    from workbench import TrainConfig
+    from workbench.estimate.hf_build import meta_module
+    from workbench.train.dry_run import simulate_memory
+
+    module, found = meta_module(args.hf_config)
+    if module is None:
+        parser.error("; ".join(p.render(_flag, sep=" ") for p in found))
+    config = TrainConfig(
+        precision=e.precision,
+        optimizer=e.optimizer,
+        micro_batch=e.micro_batch,
+        grad_accum=e.grad_accum,
+        activation_checkpointing=e.checkpointing == "full",
+        fsdp=e.fsdp,
+    )
+    impl = e.optimizer_impl if e.optimizer_impl in ("foreach", "for-loop", "fused") else "foreach"
+    try:
+        dry = simulate_memory(
+            module,
+            config,
+            world_size=e.gpus,
+            seq_len=e.seq_len,
+            optimizer_impl=impl,
+            progress=None if not args.json else False,
+        )
+    except ValueError as exc:
+        parser.error(" ".join(str(exc).split()))
+    if args.json:
+        print(
+            json.dumps({"estimate": e.to_dict(), "dry_run": dry.to_dict()}, indent=2, default=str)
+        )
+    else:
+        print(_report(e, unit, name))
+        print()
+        print(dry)
+        print()
+        print(dry.compare())
     return 0
 
 

@@ -477,3 +477,36 @@ __all__ = [
     "resolved_config",
     "routed_expert_params",
 ]
+
+
+def meta_module(source: Any, field: str = "hf_config") -> tuple[Any, list[Problem]]:
+    """(the `transformers` model a config.json describes, built on the meta device: shapes
+    and no storage, or None; the problems, naming `field`): the dry run's model for a
+    config. The checks are `config_facts`': a file read as data, no `auto_map` (nothing in
+    it chooses code to run), a model type the installed transformers knows."""
+    facts = config_facts(source, field)
+    if facts.problems:
+        return None, facts.problems
+    config, where, problem = load_config(source, field)
+    if problem is not None or config is None:
+        return None, [problem] if problem is not None else []
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    data = {k: v for k, v in config.items() if k not in _LEFT_OUT}
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return None, [
+            Problem(field, where, f"model_type {model_type!r} is not one transformers knows")
+        ]
+    with _quiet(transformers):
+        hf_config = CONFIG_MAPPING[model_type].from_dict(data)
+        auto = _auto_class(hf_config, model_type)
+        if auto is None:
+            return None, [
+                Problem(field, where, f"transformers has no model class for {model_type!r}")
+            ]
+        with torch.device("meta"):
+            module = auto.from_config(hf_config, trust_remote_code=False)
+    return module, []

@@ -8,12 +8,19 @@ accumulation: its last micro-batch) through three points and takes the highest:
     forward end     parameters + gradients already held + optimizer states
                     + stored activations + the logits and the loss's fp32 copies
                     + the autocast weight casts + the engine's gathered parameters
-    backward start  the same, with the loss's backward (fp32 log-probabilities, their
-                    gradient and the logits' gradient), the activation gradients of the
-                    largest layer, the first weight gradients (the output projection's)
-                    and the engine's unsharded gradients and buckets
+    backward        the highest of three moments (`StepPeak.backward_moment`):
+                    the loss's backward (fp32 log-probabilities, their gradient and the
+                    logits' gradient, every activation still kept); the last layer's
+                    backward (its recomputation working set, its activation gradients,
+                    the output projection's gradient, the engine's unsharded
+                    gradients); the end of backward (every gradient, the first layer's
+                    recomputation, the engine's buckets and root unit)
     optimizer step  parameters + all gradients + optimizer states + the optimizer's
                     temporaries + the engine's step buffers
+
+The recomputation working set (`ActivationBreakdown.recompute_bytes`) exists in backward
+only, not at the forward's end; the moments of backward are summed apart, never all at
+once (the dry run, `workbench.simulate_memory`, measures where each one's terms are).
 
 Each point is a sum of named terms (`StepPeak.terms`); `peak_bytes` is the largest sum,
 what `torch.cuda.max_memory_allocated()` measures. The CUDA context and the caching
@@ -76,16 +83,18 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
 * **FSDP gathered units**: FSDP2 gathers each wrapped unit (one transformer layer; the
   root unit holds the embedding, the final norm and the output projection) in the
   compute dtype, and keeps the last all-gather's output until the next. `full_shard`
-  frees a layer after its forward and backward and prefetches the next: the root and one
-  layer at the forward's end, the root and two layers in backward (the layer running and
-  the one prefetched). `shard_grad_op` and `no_shard` keep every layer gathered from its
-  forward to its backward: the root and every layer, plus the last layer's all-gather
-  output at the forward's end (measured on a fake group of two ranks,
-  tests/integration/test_peak_terms.py). In backward each unit's unsharded gradient (in the compute dtype, as
-  autograd makes it) lives until its reduce-scatter, which overlaps the next unit's
-  backward: two layers', and the output projection's, whose root unit reduces last;
-  reducing in fp32 (`fsdp_reduce_fp32`, under 16-bit compute) adds one layer's fp32 copy. CPU offload keeps none
-  of the states on the GPU but gathers and reduces the same units there.
+  frees a layer after its forward and backward and prefetches the next: the root and two
+  layers at a time (the layer running and the one prefetched; at the instant the forward
+  ends, the root and one). `shard_grad_op` and `no_shard` keep every layer gathered from
+  its forward to its backward: the root and every layer, plus the last layer's
+  all-gather output at the forward's end (measured on a fake group of two ranks,
+  tests/integration/test_peak_terms.py). In backward each unit's unsharded gradient (in
+  the compute dtype, as autograd makes it) lives until its reduce-scatter, which overlaps
+  the next unit's backward: two layers', and the output projection's, whose root unit
+  reduces last; reducing in fp32 (`fsdp_reduce_fp32`, under 16-bit compute) adds one
+  layer's fp32 copy. At the end of backward the root is gathered with its unsharded
+  gradients. CPU offload keeps none of the states on the GPU but gathers and reduces the
+  same units there.
 * **backward transient**: the activation gradients of the largest layer while its
   backward runs: the gradient flowing in and out of the layer (2·e·sbh) plus the larger
   of the MLP's inner gradients (2·e·sbf for GELU, 3·e·sbf gated) and the attention's
@@ -125,7 +134,7 @@ _FUSED_ONLY = frozenset(
     }
 )
 
-PHASES = ("forward end", "backward start", "optimizer step")
+PHASES = ("forward end", "backward", "optimizer step")
 _LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
 
 #: How many chunks `chunked_loss_saving_bytes` assumes (torchtune's default).
@@ -154,6 +163,9 @@ class StepPeak:
     variable: dict[str, int] = field(default_factory=dict)
     #: every point's named terms (`terms` is the highest point's)
     points: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the backward's highest moment: "loss backward", "last layer's backward" or
+    #: "backward end" (its terms are the "backward" point's)
+    backward_moment: str = "loss backward"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -346,8 +358,8 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
         whole = cw * i.shard_params
         return whole, whole, cw * i.shard_params + (4 * i.shard_params if upcast else 0)
     layers = arch.layers // i.pipeline_parallel
-    if i.fsdp == "full_shard":  # the last layer's all-gather output; then it and the next
-        forward, backward = min(1, layers), min(2, layers)
+    if i.fsdp == "full_shard":  # a layer running and the next prefetched
+        forward, backward = min(2, layers), min(2, layers)
     else:  # every layer gathered, and the last one's all-gather output until the loss
         forward, backward = layers + 1, layers
     head = -(-arch.vocab // i.tensor_parallel) * arch.hidden if i.pipeline_parallel == 1 else 0
@@ -376,6 +388,23 @@ def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
     if w == 2 and not i.offload_optimizer:
         fp32_grads = 4 * (_stepped_params(i, "deepspeed") if i.zero_stage >= 1 else psi)
     return gathered, reduce, fp32_grads
+
+
+def _backward_end_engine(
+    i: EstimateInputs, engine: str, during: dict[str, int], step: dict[str, int]
+) -> dict[str, int]:
+    """The engine's buffers at the end of backward: DDP's and DeepSpeed's buckets; FSDP's
+    root unit gathered, with its unsharded gradients (the embedding's and the output
+    projection's, reduced last)."""
+    if engine != "fsdp":
+        return {**{k: v for k, v in during.items() if "ZeRO-3" not in k}, **step}
+    cw = compute_bytes(i.precision)
+    _, root = _block_params(i)
+    upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
+    return {
+        "FSDP gathered parameters": cw * root,
+        "FSDP unsharded gradients": cw * root + (4 * root if upcast else 0),
+    }
 
 
 def step_peak(
@@ -427,24 +456,49 @@ def step_peak(
         if fp32_grads:
             engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
 
+    recompute = breakdown.recompute_bytes if breakdown is not None else 0
+    stored = acts - recompute  # the recomputation working set exists in backward only
     base = {"parameters": params, "optimizer states": optim}
     forward = {
         **base,
         "gradients": held_grads,
-        "activations": acts,
+        "activations": stored,
         "logits and loss": logits_kept + loss_fwd,
         "autocast weight casts": casts,
         **engine_fwd,
     }
-    backward = {
-        **base,
-        "gradients": held_grads + first,
-        "activations": acts,
-        "logits and loss": logits_kept + loss_bwd,
-        "autocast weight casts": casts,
-        "backward transient": transient,
-        **engine_bwd,
+    gathered = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
+    moments = {
+        # the loss's backward: its fp32 buffers, every activation still kept
+        "loss backward": {
+            **base,
+            "gradients": held_grads,
+            "activations": stored,
+            "logits and loss": logits_kept + loss_bwd,
+            "autocast weight casts": casts,
+            **gathered,
+        },
+        # the last layer's backward: its recomputation, its gradients' temporaries, the
+        # output projection's gradient, the engine's unsharded gradients
+        "last layer's backward": {
+            **base,
+            "gradients": held_grads + first,
+            "activations": acts,
+            "autocast weight casts": casts,
+            "backward transient": transient,
+            **engine_bwd,
+        },
+        # the end of backward: every gradient, the first layer's recomputation
+        "backward end": {
+            **base,
+            "gradients": grads,
+            "activations": recompute,
+            "backward transient": transient,
+            **_backward_end_engine(i, engine, engine_bwd, engine_step),
+        },
     }
+    moment = max(moments, key=lambda name: sum(moments[name].values()))
+    backward = moments[moment]
     step = {
         **base,
         "gradients": grads,
@@ -462,9 +516,12 @@ def step_peak(
         saving = 0
         if i.loss_chunks < SAVING_CHUNKS:
             f8, b8 = loss_bytes(i, arch.seq_len, arch.vocab, SAVING_CHUNKS)
+            loss_moment = sum(moments["loss backward"].values())
+            others = [sum(v.values()) for k, v in moments.items() if k != "loss backward"]
             chunked = max(
                 totals["forward end"] - loss_fwd + f8,
-                totals["backward start"] - loss_bwd + b8,
+                loss_moment - loss_bwd + b8,
+                *others,
                 totals["optimizer step"],
             )
             saving = max(0, totals[phase] - chunked)
@@ -478,6 +535,7 @@ def step_peak(
         chunked_loss_saving_bytes=saving,
         variable=variable,
         points=points,
+        backward_moment=moment,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 
 #: The formula's points of a step, in order (`workbench.estimate.PHASES`).
-POINTS = ("forward end", "backward start", "optimizer step")
+POINTS = ("forward end", "backward", "optimizer step")
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class DryRun(Readable):
     formula's estimate.
 
     `peak_bytes` is the highest point of a step, `phase` which point ("forward end",
-    "backward start", "optimizer step": the highest moment of the forward and loss, of the
+    "backward", "optimizer step": the highest moment of the forward and loss, of the
     backward, of the optimizer step), `by_category` its bytes by category (parameters,
     gradients, optimizer states, optimizer step temporaries, activations, temporaries,
     buffers, other; under FSDP also gathered parameters and unsharded gradients), `points`

@@ -1,0 +1,67 @@
+"""`workbench estimate --simulate`: the dry run of a config.json's model beside the formula."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+
+LLAMA = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    return path
+
+
+def test_simulate_prints_the_dry_run_beside_the_formula(config, capsys) -> None:
+    args = ["estimate", "--hf-config", str(config), "--seq-len", "64", "--micro-batch", "2"]
+    code, out, _ = _run([*args, "--simulate", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    dry, formula = data["dry_run"], data["estimate"]
+    # the model states are the same bytes on both sides; the peak is measured
+    assert dry["params_bytes"] == formula["params_bytes"]
+    assert dry["peak_bytes"] > dry["params_bytes"]
+    code, out, _ = _run([*args, "--simulate"], capsys)
+    assert code == 0 and "dry run vs formula" in out and "peak of a step" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--zero", "2", "--precision", "bf16", "--gpus", "2"], "ZeRO, its 16-bit modes"),
+        (["--checkpointing", "selective"], "--checkpointing selective: the dry run"),
+    ],
+)
+def test_simulate_refuses_what_it_cannot_run(config, capsys, extra, expected) -> None:
+    code, _, err = _run(["estimate", "--hf-config", str(config), "--simulate", *extra], capsys)
+    assert code == 2 and expected in err
+
+
+def test_simulate_needs_a_config(capsys) -> None:
+    code, _, err = _run(["estimate", "--model", "llama-3-8b", "--simulate"], capsys)
+    assert code == 2 and "--simulate: needs --hf-config" in err
