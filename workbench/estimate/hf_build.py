@@ -495,7 +495,7 @@ def meta_module(source: Any, field: str = "hf_config") -> tuple[Any, list[Proble
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     data = {k: v for k, v in config.items() if k not in _LEFT_OUT}
-    model_type = config.get("model_type")
+    model_type = str(config.get("model_type"))
     if model_type not in CONFIG_MAPPING:
         return None, [
             Problem(field, where, f"model_type {model_type!r} is not one transformers knows")

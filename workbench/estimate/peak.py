@@ -467,7 +467,7 @@ def step_peak(
         "autocast weight casts": casts,
         **engine_fwd,
     }
-    gathered = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
+    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
     moments = {
         # the loss's backward: its fp32 buffers, every activation still kept
         "loss backward": {
@@ -476,7 +476,7 @@ def step_peak(
             "activations": stored,
             "logits and loss": logits_kept + loss_bwd,
             "autocast weight casts": casts,
-            **gathered,
+            **held_units,
         },
         # the last layer's backward: its recomputation, its gradients' temporaries, the
         # output projection's gradient, the engine's unsharded gradients
