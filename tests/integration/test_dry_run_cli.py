@@ -65,3 +65,21 @@ def test_simulate_refuses_what_it_cannot_run(config, capsys, extra, expected) ->
 def test_simulate_needs_a_config(capsys) -> None:
     code, _, err = _run(["estimate", "--model", "llama-3-8b", "--simulate"], capsys)
     assert code == 2 and "--simulate: needs --hf-config" in err
+
+
+def test_a_session_simulates_its_own_setup_and_memory_shows_it() -> None:
+    from workbench import Session, TrainConfig
+
+    tiny = dict(layers=2, hidden=64, heads=4, seq_len=32)
+    with Session(TrainConfig(micro_batch=8), model_options=tiny) as s:
+        s.run(optimizer_steps=1)
+        before = {k: v.clone() for k, v in s.model.state_dict().items()}
+        run = s.simulate(progress=False)
+        assert s.simulate() is run  # cached per setup
+        assert run.params_bytes == s.memory().params_bytes  # the same model states
+        report = s.memory()
+        assert report.dry_run is run and "dry run" in str(report)
+        assert all((before[k] == v).all() for k, v in s.model.state_dict().items())
+        s.update(micro_batch=4)
+        assert s.memory().dry_run is None  # another setup: not simulated yet
+        assert s.simulate(progress=False) is not run

@@ -88,6 +88,7 @@ class MemoryReport(Readable):
     peak_rss_bytes: int | None
     predicted: Any | None  # workbench.estimate.MemoryEstimate, None when it could not run
     notes: tuple[str, ...] = ()
+    dry_run: Any | None = None  # workbench.train.dry_run_result.DryRun (Session.simulate())
 
     @property
     def total_bytes(self) -> int:
@@ -107,18 +108,19 @@ class MemoryReport(Readable):
     def predicted_forward_backward_bytes(self) -> int | None:
         """The predicted peak comparable with `cuda_max_allocated_bytes` (a forward and
         backward without an optimizer step): the highest of the peak's forward end, its
-        backward start, and the model states with every gradient."""
+        backward, and the model states with every gradient."""
         pred = self.predicted
         peak = getattr(pred, "peak", None)
         if pred is None or peak is None:
             return None
         return int(
-            max(peak.phases["forward end"], peak.phases["backward start"], pred.model_states_bytes)
+            max(peak.phases["forward end"], peak.phases["backward"], pred.model_states_bytes)
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["predicted"] = self.predicted.to_dict() if self.predicted is not None else None
+        d["dry_run"] = self.dry_run.to_dict() if self.dry_run is not None else None
         return d
 
     def _display(self) -> Display:
@@ -151,6 +153,14 @@ class MemoryReport(Readable):
                     f"peak of a step (predicted at the {peak.phase})",
                     "",
                     fmt_bytes(pred.peak_bytes),
+                )
+            )
+        if self.dry_run is not None:
+            rows.append(
+                (
+                    f"peak of a step (dry run, at the {self.dry_run.phase})",
+                    fmt_bytes(self.dry_run.peak_bytes),
+                    fmt_bytes(pred.peak_bytes) if peak is not None else "n/a",
                 )
             )
         if self.cuda_max_allocated_bytes is not None:

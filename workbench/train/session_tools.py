@@ -54,11 +54,60 @@ class SessionTools:
         self._check_open("measure memory")
         with self._between_steps():
             self._apply_pending(raise_errors=False)
-            return measure(
+            report = measure(
                 self._rt,
                 predict=self.predict,
                 no_activation_note=NO_ACTIVATION_PREDICTION,
             )
+        dry = self.cached_dry_run()
+        if dry is not None:
+            import dataclasses
+
+            report = dataclasses.replace(report, dry_run=dry)
+        return report
+
+    def simulate(self, steps: int = 2, *, progress: Any = None) -> Any:
+        """A dry run of this session's model with the settings in effect
+        (`workbench.simulate_memory`: real training steps on fake tensors, nothing
+        allocated, the session untouched), on a micro-batch shaped like the session's;
+        its peak is measured, the formula's beside it (`DryRun.formula`). Cached per
+        setup: the same settings answer again at once; `memory()` shows the cached dry
+        run's peak next to the prediction. Runs outside the training loop's lock: a
+        running session keeps training (the dry run copies the module's shapes first)."""
+        from workbench.train.dry_run import simulate_memory
+
+        self._check_open("simulate memory")
+        cfg = self._config
+        key = (cfg, self.world_size, steps)
+        cache: dict[Any, Any] = self.__dict__.setdefault("_dry_runs", {})
+        if key in cache:
+            return cache[key]
+        with self._between_steps():
+            batch = self._rt.data.peek()
+            model = self.info.name if self.info is not None else self._model
+            options = self.model_options if self.info is not None else None
+        if self.info is not None:
+            batch = None  # a built-in model: its own dataset's samples
+        run = simulate_memory(
+            model,
+            cfg,
+            batch=batch,
+            world_size=self.world_size,
+            steps=steps,
+            loss_fn=None if self.info is not None else self._rt.loss_fn,
+            progress=progress,
+            model_options=options,
+        )
+        cache[key] = run
+        return run
+
+    def cached_dry_run(self) -> Any:
+        """The dry run `simulate()` made for the settings in effect, or None."""
+        cache = self.__dict__.get("_dry_runs", {})
+        for (cfg, world, _), run in cache.items():
+            if cfg == self._config and world == self.world_size:
+                return run
+        return None
 
     def predict(self, config: TrainConfig | None = None) -> Any:
         """The estimator's prediction (`workbench.estimate.MemoryEstimate`) for this
