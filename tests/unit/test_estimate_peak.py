@@ -360,3 +360,19 @@ def test_a_mixture_of_experts_reports_active_parameters_and_expert_activations()
     s, h, f = 4096, 4096, 14336
     extra = 2 * (4 * s * f + 2 * s * h + 8 * s) + 4 * 8 * s
     assert moe.activations.per_layer_bytes - dense.activations.per_layer_bytes == extra
+
+
+def test_a_model_without_a_shape_says_why_its_activations_are_not_estimated():
+    t5 = {
+        "model_type": "t5",
+        "d_model": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "d_ff": 128,
+        "vocab_size": 100,
+        "d_kv": 16,
+    }
+    e = estimate_memory(hf_config=t5)
+    assert e.activation_bytes is None and "encoder-decoder" in e.activation_note
+    assert "encoder-decoder" in str(e)
+    assert estimate_memory(model="llama-3-8b").activation_note is None

@@ -531,6 +531,8 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
     act = (
         _fmt(e.activation_bytes, unit)
         if e.activation_bytes is not None
+        else f"not counted ({e.activation_note}: --simulate)"
+        if e.activation_note
         else "not counted (no shape: give --model, --hf-config or --layers --hidden --heads "
         "--seq-len --vocab)"
     )

@@ -224,7 +224,14 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         sequence_parallel=i.sequence_parallel,
         data_parallel=i.data_parallel,
         shard_params=i.shard_params,
-        active_params=arch.active_params if arch is not None else i.n_params,
+        active_params=(
+            i.active_params
+            if i.active_params is not None
+            else arch.active_params
+            if arch is not None
+            else i.n_params
+        ),
+        activation_note=i.activation_note,
         experts=arch.experts if arch else None,
         experts_per_token=arch.experts_per_token if arch else None,
         peak_bytes=peak.peak_bytes,

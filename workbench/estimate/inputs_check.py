@@ -115,6 +115,10 @@ class EstimateInputs:
     weight_decay: float = 0.0
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
+    # a module's or a built config's: its active parameters (None: the shape's) and why
+    # its activations are not estimated when it gives no shape
+    active_params: int | None = None
+    activation_note: str | None = None
 
 
 # ---------------------------------------------------------------- readers
@@ -537,6 +541,8 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         tokens=tokens,
         mfu=mfu,
         price_per_gpu_hour=price,
+        active_params=source.active_params,
+        activation_note=source.activation_note if arch is None else None,
         attention=attention,
         optimizer_impl=impl,
         grad_accum=grad_accum,

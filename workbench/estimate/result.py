@@ -100,6 +100,9 @@ class MemoryEstimate(Readable):
     dropout: bool = True  # the activations count dropout masks (training with dropout)
     # a mixture of experts: the parameters one token uses (= n_params for a dense model)
     active_params: int = 0
+    #: why activations are not estimated for a model given without a shape it maps onto
+    #: (an encoder-decoder, latent attention): the dry run measures them
+    activation_note: str | None = None
     experts: int | None = None
     experts_per_token: int | None = None
     # the peak of a step
@@ -134,7 +137,7 @@ class MemoryEstimate(Readable):
             + f" (micro-batch {self.micro_batch}, recomputation {self.checkpointing}, "
             f"{self.attention} attention)"
             if self.activation_bytes is not None
-            else "not estimated (give a transformer shape or a model)"
+            else (self.activation_note or "not estimated (give a transformer shape or a model)")
         )
         rows: list[tuple[str, str]] = []
         if self.peak is not None:
