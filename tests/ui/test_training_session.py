@@ -155,3 +155,22 @@ def test_the_panels_predicted_bars_are_session_memorys_prediction(stage: int) ->
         [pred.params_bytes, pred.grads_bytes, pred.optimizer_bytes, pred.peak_bytes]
     )
     assert pred.activation_bytes is not None  # the built-in GPT's shape reaches the estimator
+
+
+def test_the_dry_run_button_simulates_the_session_and_the_chart_shows_it() -> None:
+    with Session(TrainConfig(micro_batch=4), model="tiny-gpt", model_options=SMALL) as s:
+        s.run(optimizer_steps=1)
+        panel = TrainingPanel(s, autostart=False, measure_memory=False)
+        try:
+            panel.buttons["dryrun"].click()
+            panel.wait_for_tasks(timeout=300)
+            assert panel.message_text.startswith("dry run: peak of a step"), panel.message_text
+            panel.refresh(draw_now=True)
+            mem = panel.memory_chart_data()
+            run = panel.memory_report.dry_run
+            assert run is not None and "peak (dry run)" in mem["labels"]
+            at = mem["labels"].index("peak (dry run)")
+            assert mem["measured"][at] == pytest.approx(run.peak_bytes)
+            assert mem["predicted"][at] == pytest.approx(panel.memory_report.predicted.peak_bytes)
+        finally:
+            panel.close()

@@ -30,6 +30,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.display import fmt_bytes
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import Field, status_html, strip_tags
 from workbench.ui.panel import PanelBase, RefreshTimer
@@ -141,6 +142,7 @@ class TrainingPanel(TrainingCharts, PanelBase):
             ("save", "save checkpoint", "save", ""),
             ("profile", "profile 3 steps", "tachometer", ""),
             ("memory", "measure memory", "microchip", ""),
+            ("dryrun", "dry run", "flask", ""),
         ):
             b = widgets.Button(
                 description=label,
@@ -329,6 +331,10 @@ class TrainingPanel(TrainingCharts, PanelBase):
             self._run_task("profile", self._profile_task)
         elif name == "memory":
             self._run_task("measure memory", self._memory_task)
+        elif name == "dryrun":
+            if not callable(getattr(s, "simulate", None)):
+                raise RuntimeError("this session has no dry run (Session.simulate)")
+            self._run_task("dry run", self._dry_run_task)
         else:  # pragma: no cover - buttons are fixed above
             raise ValueError(f"unknown action {name!r}")
 
@@ -367,6 +373,25 @@ class TrainingPanel(TrainingCharts, PanelBase):
         self.memory_report = self.session.memory()
         self.memory_error = None
         self._say("ok", "memory measured: " + memory_summary(self.memory_report))
+
+    def _dry_run_task(self) -> None:
+        """`session.simulate()` off the kernel's thread, its progress in the message, then
+        a memory report that shows the dry run's peak next to the formula's."""
+        self._say("info", "dry run: real steps on fake tensors, nothing allocated ...")
+
+        def progress(phase: str, step: int, steps: int) -> None:
+            self._say("info", f"dry run: {phase}, step {step} of {steps} ...")
+
+        run = self.session.simulate(progress=progress)
+        self.memory_report = self.session.memory()
+        self.memory_error = None
+        formula = getattr(run, "formula", None)
+        beside = f" (formula {fmt_bytes(formula.peak_bytes)})" if formula is not None else ""
+        self._say(
+            "ok",
+            f"dry run: peak of a step {fmt_bytes(run.peak_bytes)} at the {run.phase}{beside}, "
+            f"{run.wall_seconds:.1f} s",
+        )
 
     def _quiet_memory_task(self) -> None:
         self.memory_report = self.session.memory()

@@ -281,6 +281,10 @@ def report_pairs(report: Any) -> list[tuple[str, float | None, float | None]]:
         else:
             pv = getattr(predicted, name, None) if predicted is not None else None
         out.append((label, getattr(report, name), pv))
+    dry = getattr(report, "dry_run", None)
+    if dry is not None:  # Session.simulate(): measured on fake tensors, beside the formula
+        peak = getattr(predicted, "peak_bytes", None) if predicted is not None else None
+        out.append(("peak (dry run)", dry.peak_bytes, peak))
     return out
 
 
