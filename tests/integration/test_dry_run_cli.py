@@ -83,3 +83,17 @@ def test_a_session_simulates_its_own_setup_and_memory_shows_it() -> None:
         s.update(micro_batch=4)
         assert s.memory().dry_run is None  # another setup: not simulated yet
         assert s.simulate(progress=False) is not run
+
+
+def test_every_preset_builds_as_a_transformers_model_of_its_count() -> None:
+    """The dry run of a preset or shape builds a transformers model of it (hf_shape.config_of)
+    on the meta device: its parameter count is the preset's."""
+    from workbench.estimate import get_model, model_names
+    from workbench.estimate.hf_build import meta_module
+    from workbench.estimate.hf_shape import config_of
+
+    for name in model_names():
+        arch = get_model(name).architecture
+        module, problems = meta_module(config_of(arch))
+        assert problems == [] and module is not None, name
+        assert sum(p.numel() for p in module.parameters()) == arch.n_params, name

@@ -289,3 +289,24 @@ def test_the_peaks_settings_are_fields(panel: EstimatorPanel) -> None:
     parts = segment_bytes(e)
     assert [data[k][0] for k in parts] == pytest.approx([v / GIB for v in parts.values()])
     assert "peak of a step" in panel.summary.value
+
+
+def test_the_dry_run_button_measures_the_setup_beside_the_formula() -> None:
+    """A preset simulated on fake tensors off the kernel's thread: its peak shows in the
+    summary next to the formula's; a setup it cannot simulate says why, nothing runs."""
+    p = EstimatorPanel(model="gpt2", precision="amp-bf16", checkpointing="none", zero_stage=0)
+    try:
+        _set(p, "gpus", "1")
+        _set(p, "seq_len", "128")
+        assert p.start_dry_run()
+        p.wait_for_dry_run()
+        (run,) = p.dry_runs.values()
+        assert not isinstance(run, Exception), run
+        assert run.params_bytes == p.estimate.params_bytes  # the same model, counted alike
+        assert "peak of a step, dry run" in p.summary.value and "dry run:" in p.dry_status.value
+        assert p.start_dry_run() and len(p.dry_runs) == 1  # cached for this setup
+        _set(p, "zero_stage", 2)
+        assert not p.start_dry_run() and "ZeRO" in p.dry_status.value
+        assert len(p.dry_runs) == 1
+    finally:
+        p.close()

@@ -535,3 +535,64 @@ def training_facts(config: Mapping[str, Any], attn_implementation: Any = None) -
     if isinstance(name, str) and name in ATTENTION_KERNELS:
         out["attention"] = ATTENTION_KERNELS[name]
     return out
+
+
+def config_of(arch: Any) -> dict[str, Any] | None:
+    """A transformers config.json (a dict) that builds a model of `arch`'s shape, for the
+    dry run of a preset or a shape: Llama's for a SwiGLU / RMSNorm decoder, Mixtral's for
+    its mixture of experts, GPT-2's for a GELU / LayerNorm decoder with learned positions
+    and tied embeddings, GPT-NeoX's for one with rotary positions; None for a shape none
+    of them builds (an encoder, a parallel residual with learned positions)."""
+    common = {"vocab_size": arch.vocab, "tie_word_embeddings": bool(arch.tied_embeddings)}
+    if not getattr(arch, "causal", True):
+        return None
+    if arch.mlp == "swiglu" and arch.norm == "rmsnorm" and arch.positions == "rotary":
+        config = {
+            **common,
+            "model_type": "mixtral" if arch.is_moe else "llama",
+            "num_hidden_layers": arch.layers,
+            "hidden_size": arch.hidden,
+            "num_attention_heads": arch.heads,
+            "num_key_value_heads": arch.kv_heads,
+            "intermediate_size": (arch.moe_ffn_hidden or arch.ffn_hidden)
+            if arch.is_moe
+            else arch.ffn_hidden,
+            "max_position_embeddings": arch.seq_len,
+            "head_dim": arch.head_dim,
+        }
+        if arch.is_moe:
+            if arch.shared_ffn_hidden:
+                return None
+            config.update(
+                num_local_experts=arch.experts, num_experts_per_tok=arch.experts_per_token
+            )
+        elif arch.bias == "qkv":  # Qwen2: biases on Q, K and V only
+            config["model_type"] = "qwen2"
+        else:
+            config.update(attention_bias=arch.bias != "none", mlp_bias=arch.bias == "all")
+        return config
+    if arch.mlp == "gelu" and arch.norm == "layernorm" and arch.bias == "all":
+        if arch.positions == "learned" and arch.tied_embeddings and not arch.parallel_residual:
+            return {
+                "model_type": "gpt2",
+                "vocab_size": arch.vocab,
+                "n_layer": arch.layers,
+                "n_embd": arch.hidden,
+                "n_head": arch.heads,
+                "n_inner": arch.ffn_hidden,
+                "n_positions": arch.max_positions or arch.seq_len,
+                "activation_function": "gelu_pytorch_tanh",
+            }
+        if arch.positions == "rotary":
+            return {
+                **common,
+                "model_type": "gpt_neox",
+                "num_hidden_layers": arch.layers,
+                "hidden_size": arch.hidden,
+                "num_attention_heads": arch.heads,
+                "intermediate_size": arch.ffn_hidden,
+                "max_position_embeddings": arch.seq_len,
+                "use_parallel_residual": bool(arch.parallel_residual),
+                "rotary_pct": 1.0,
+            }
+    return None

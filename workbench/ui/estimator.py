@@ -23,6 +23,7 @@ one figure are a single view; shared helpers live in `ui/fields.py` and `ui/char
 from __future__ import annotations
 
 import html
+import threading
 from typing import Any
 
 import ipywidgets as widgets
@@ -346,8 +347,21 @@ class EstimatorPanel(PanelBase):
         self.units.style.button_width = "70px"
         self.mode.style.button_width = "160px"
         wrap = widgets.Layout(flex_flow="row wrap", align_items="flex-start")
+        self.dry_button = widgets.Button(description="dry run", icon="flask")
+        self.dry_button.add_class("wb-est-dryrun")
+        self.dry_button.on_click(lambda _b: self.start_dry_run())
+        self.dry_status = widgets.HTML()
+        self.dry_status.add_class("wb-est-dryrun-status")
+        self.dry_runs: dict[tuple[Any, ...], Any] = {}  # per setup: the DryRun or the error
+        self._dry_thread: threading.Thread | None = None
         top = widgets.HBox(
-            [self.chart.image, widgets.VBox([self.summary, self.status])], layout=wrap
+            [
+                self.chart.image,
+                widgets.VBox(
+                    [self.summary, self.status, widgets.HBox([self.dry_button, self.dry_status])]
+                ),
+            ],
+            layout=wrap,
         )
         inputs = widgets.HBox([model, setup, step, cost], layout=wrap)
         self.widget = widgets.VBox([top, inputs], layout=widgets.Layout(padding="6px"))
@@ -621,6 +635,89 @@ class EstimatorPanel(PanelBase):
         self._draw()
         return True
 
+    # ------------------------------------------------------------------ the dry run
+    def _dry_key(self) -> tuple[Any, ...] | None:
+        e = self.estimate
+        if e is None or e.layers is None:
+            return None
+        kwargs, _ = self.read_inputs()
+        return tuple(sorted((k, str(v)) for k, v in kwargs.items()))
+
+    def start_dry_run(self) -> bool:
+        """Run the dry run of this setup (`workbench.simulate_memory` on a transformers
+        model of the shape, built on fake tensors: nothing allocated) off the kernel's
+        thread, its progress beside the button; its peak then shows in the summary next
+        to the formula's. Cached per setup. False (and why, beside the button) when the
+        setup cannot be simulated."""
+        from workbench.estimate.hf_build import meta_module
+        from workbench.estimate.hf_shape import config_of
+
+        e, key = self.estimate, self._dry_key()
+        if self._dry_thread is not None and self._dry_thread.is_alive():
+            self.dry_status.value = status_html("error", "a dry run is still running")
+            return False
+        reason = _dry_run_refusal(e)
+        arch = None
+        if reason is None and key is not None:
+            kwargs, _ = self.read_inputs()
+            arch = _architecture_of(kwargs)
+            if arch is None or config_of(arch) is None:
+                reason = "no transformers model builds this shape"
+        if reason is not None or key is None or arch is None:
+            self.dry_status.value = status_html(
+                "error", f"dry run: {reason or 'needs a transformer shape'}"
+            )
+            return False
+        if key in self.dry_runs:
+            self._show_summary()
+            return True
+        config = config_of(arch)
+        assert e is not None and config is not None
+
+        def run() -> None:
+            from workbench import TrainConfig, simulate_memory
+
+            try:
+                module, problems = meta_module(config)
+                if module is None:
+                    raise ValueError("; ".join(str(p) for p in problems))
+                train = TrainConfig(
+                    precision=e.precision,
+                    optimizer=e.optimizer,
+                    micro_batch=e.micro_batch,
+                    grad_accum=e.grad_accum,
+                    activation_checkpointing=e.checkpointing == "full",
+                    fsdp=e.fsdp,
+                )
+
+                def progress(phase: str, step: int, steps: int) -> None:
+                    self.dry_status.value = status_html(
+                        "info", f"dry run: {phase}, step {step} of {steps} ..."
+                    )
+
+                self.dry_runs[key] = simulate_memory(
+                    module, train, world_size=e.gpus, seq_len=e.seq_len, progress=progress
+                )
+                done = self.dry_runs[key]
+                self.dry_status.value = status_html(
+                    "ok", f"dry run: {done.wall_seconds:.1f} s, peak in the summary"
+                )
+            except Exception as exc:  # the model's or the setup's: say so, keep the panel
+                self.dry_runs[key] = exc
+                self.dry_status.value = status_html("error", f"dry run: {exc}")
+            if self._dry_key() == key:
+                self._show_summary()
+
+        self.dry_status.value = status_html("info", "dry run: building the model on fake tensors")
+        self._dry_thread = threading.Thread(target=run, name="workbench-dry-run", daemon=True)
+        self._dry_thread.start()
+        return True
+
+    def wait_for_dry_run(self, timeout: float | None = 300) -> None:
+        """Wait for a running dry run to finish."""
+        if self._dry_thread is not None:
+            self._dry_thread.join(timeout)
+
     def errors(self) -> dict[str, str]:
         """Messages now shown beside fields, by field name."""
         return {n: f.error_text for n, f in self.fields.items() if f.error_text}
@@ -665,6 +762,14 @@ class EstimatorPanel(PanelBase):
         saving = e.peak.chunked_loss_saving_bytes if e.peak is not None else None
         if saving:
             rows.append(("8 loss chunks would save", format_bytes(saving, u)))
+        dry = self.dry_runs.get(self._dry_key()) if hasattr(self, "dry_runs") else None
+        if dry is not None and not isinstance(dry, Exception):
+            rows.append(
+                (
+                    f"peak of a step, dry run (at the {dry.phase})",
+                    f"<b>{format_bytes(dry.peak_bytes, u)}</b>",
+                )
+            )
         if e.gpu_memory_bytes is not None:
             verdict = (
                 '<span style="color:#2e7d32"><b>fits</b></span>'
@@ -713,3 +818,43 @@ def _split_label(e: MemoryEstimate) -> str:
     if e.tensor_parallel == 1 and e.pipeline_parallel == 1:
         return gpus
     return f"{gpus}: tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
+
+
+def _dry_run_refusal(e: MemoryEstimate | None) -> str | None:
+    """Why the dry run cannot run a setup (None when it can)."""
+    if e is None:
+        return "no valid estimate"
+    if e.zero_stage or e.precision in ("fp16", "bf16") or e.offload_params or e.offload_optimizer:
+        return "DeepSpeed's ZeRO, its 16-bit modes and offload are not simulated"
+    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        return "tensor and pipeline parallelism are not simulated"
+    if e.checkpointing not in ("none", "full"):
+        return f"checkpointing {e.checkpointing!r}: it recomputes whole layers or nothing"
+    return None
+
+
+def _architecture_of(kwargs: dict[str, Any]) -> Any:
+    """The `Architecture` of the panel's inputs (a preset with its overrides, or a shape)."""
+    from workbench.estimate import MODELS, Architecture
+
+    shape = {
+        k: kwargs[k]
+        for k in (
+            "layers",
+            "hidden",
+            "heads",
+            "seq_len",
+            "vocab",
+            "kv_heads",
+            "ffn_hidden",
+            "mlp",
+            "tied_embeddings",
+        )
+        if kwargs.get(k) is not None
+    }
+    try:
+        if "model" in kwargs:
+            return MODELS[kwargs["model"]].architecture.replace(**shape)
+        return Architecture.create(**shape)
+    except ValueError:
+        return None
