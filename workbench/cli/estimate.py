@@ -428,7 +428,7 @@ def _simulate(
         problems.append("--simulate: tensor and pipeline parallelism are not simulated")
     if problems:
         parser.error("; ".join(problems))
-    from workbench import TrainConfig
+    from workbench.config import TrainConfig
     from workbench.estimate.hf_build import meta_module
     from workbench.train.dry_run import simulate_memory
 

@@ -675,7 +675,8 @@ class EstimatorPanel(PanelBase):
         assert e is not None and config is not None
 
         def run() -> None:
-            from workbench import TrainConfig, simulate_memory
+            from workbench.config import TrainConfig
+            from workbench.train.dry_run import simulate_memory
 
             try:
                 module, problems = meta_module(config)
