@@ -12,7 +12,7 @@ unscaled in place, as its `unscale_` does, which allocates nothing.
 The tracker is `torch.distributed._tools.mem_tracker.MemTracker` (FSDP2:
 `fsdp2_mem_tracker.FSDPMemTracker`), which follows every tensor storage the step creates
 and files it by kind. `phase_tracker` adds one thing to it: the highest total of each part
-of the step ("forward end": forward and loss; "backward start": backward; "optimizer
+of the step ("forward end": forward and loss; "backward": backward; "optimizer
 step": the norm, the step and zero_grad), taken over the steps after the first, with the
 kinds at that moment (the first step is left out: its forward and backward run before
 the optimizer states exist, and under FSDP its first sharding propagations are fake
