@@ -17,13 +17,13 @@ implementation, chunked loss) are fields too. Invalid input shows its message be
 field and the last valid chart stays.
 
 Past 600 lines because the fields, their parsing into `estimate_memory` arguments and the
-one figure are a single view; shared helpers live in `ui/fields.py` and `ui/charts.py`.
+one figure are a single view; shared helpers live in `ui/fields.py` and `ui/charts.py`,
+the dry-run button's work in `ui/estimator_dry_run.py`.
 """
 
 from __future__ import annotations
 
 import html
-import threading
 from typing import Any
 
 import ipywidgets as widgets
@@ -45,6 +45,7 @@ from workbench.estimate import (
     gpu_names,
 )
 from workbench.ui.charts import Chart
+from workbench.ui.estimator_dry_run import DryRunControl
 from workbench.ui.fields import (
     UNITS,
     Field,
@@ -347,18 +348,13 @@ class EstimatorPanel(PanelBase):
         self.units.style.button_width = "70px"
         self.mode.style.button_width = "160px"
         wrap = widgets.Layout(flex_flow="row wrap", align_items="flex-start")
-        self.dry_button = widgets.Button(description="dry run", icon="flask")
-        self.dry_button.add_class("wb-est-dryrun")
-        self.dry_button.on_click(lambda _b: self.start_dry_run())
-        self.dry_status = widgets.HTML()
-        self.dry_status.add_class("wb-est-dryrun-status")
-        self.dry_runs: dict[tuple[Any, ...], Any] = {}  # per setup: the DryRun or the error
-        self._dry_thread: threading.Thread | None = None
+        self.dry = DryRunControl()
+        self.dry.button.on_click(lambda _b: self.start_dry_run())
         top = widgets.HBox(
             [
                 self.chart.image,
                 widgets.VBox(
-                    [self.summary, self.status, widgets.HBox([self.dry_button, self.dry_status])]
+                    [self.summary, self.status, widgets.HBox([self.dry.button, self.dry.status])]
                 ),
             ],
             layout=wrap,
@@ -637,6 +633,7 @@ class EstimatorPanel(PanelBase):
 
     # ------------------------------------------------------------------ the dry run
     def _dry_key(self) -> tuple[Any, ...] | None:
+        """The setup a dry run is cached under (None without a valid shaped estimate)."""
         e = self.estimate
         if e is None or e.layers is None:
             return None
@@ -644,80 +641,28 @@ class EstimatorPanel(PanelBase):
         return tuple(sorted((k, str(v)) for k, v in kwargs.items()))
 
     def start_dry_run(self) -> bool:
-        """Run the dry run of this setup (`workbench.simulate_memory` on a transformers
-        model of the shape, built on fake tensors: nothing allocated) off the kernel's
-        thread, its progress beside the button; its peak then shows in the summary next
-        to the formula's. Cached per setup. False (and why, beside the button) when the
+        """Run the dry run of this setup off the kernel's thread (`ui/estimator_dry_run`);
+        its peak then shows in the summary. False (and why, beside the button) when the
         setup cannot be simulated."""
-        from workbench.estimate.hf_build import meta_module
-        from workbench.estimate.hf_shape import config_of
+        kwargs, _ = self.read_inputs()
+        return self.dry.start(self.estimate, kwargs, self._dry_key(), self._dry_done)
 
-        e, key = self.estimate, self._dry_key()
-        if self._dry_thread is not None and self._dry_thread.is_alive():
-            self.dry_status.value = status_html("error", "a dry run is still running")
-            return False
-        reason = _dry_run_refusal(e)
-        arch = None
-        if reason is None and key is not None:
-            kwargs, _ = self.read_inputs()
-            arch = _architecture_of(kwargs)
-            if arch is None or config_of(arch) is None:
-                reason = "no transformers model builds this shape"
-        if reason is not None or key is None or arch is None:
-            self.dry_status.value = status_html(
-                "error", f"dry run: {reason or 'needs a transformer shape'}"
-            )
-            return False
-        if key in self.dry_runs:
+    def _dry_done(self, key: tuple[Any, ...]) -> None:
+        if self._dry_key() == key:
             self._show_summary()
-            return True
-        config = config_of(arch)
-        assert e is not None and config is not None
-
-        def run() -> None:
-            from workbench.config import TrainConfig
-            from workbench.train.dry_run import simulate_memory
-
-            try:
-                module, problems = meta_module(config)
-                if module is None:
-                    raise ValueError("; ".join(str(p) for p in problems))
-                train = TrainConfig(
-                    precision=e.precision,
-                    optimizer=e.optimizer,
-                    micro_batch=e.micro_batch,
-                    grad_accum=e.grad_accum,
-                    activation_checkpointing=e.checkpointing == "full",
-                    fsdp=e.fsdp,
-                )
-
-                def progress(phase: str, step: int, steps: int) -> None:
-                    self.dry_status.value = status_html(
-                        "info", f"dry run: {phase}, step {step} of {steps} ..."
-                    )
-
-                self.dry_runs[key] = simulate_memory(
-                    module, train, world_size=e.gpus, seq_len=e.seq_len, progress=progress
-                )
-                done = self.dry_runs[key]
-                self.dry_status.value = status_html(
-                    "ok", f"dry run: {done.wall_seconds:.1f} s, peak in the summary"
-                )
-            except Exception as exc:  # the model's or the setup's: say so, keep the panel
-                self.dry_runs[key] = exc
-                self.dry_status.value = status_html("error", f"dry run: {exc}")
-            if self._dry_key() == key:
-                self._show_summary()
-
-        self.dry_status.value = status_html("info", "dry run: building the model on fake tensors")
-        self._dry_thread = threading.Thread(target=run, name="workbench-dry-run", daemon=True)
-        self._dry_thread.start()
-        return True
 
     def wait_for_dry_run(self, timeout: float | None = 300) -> None:
         """Wait for a running dry run to finish."""
-        if self._dry_thread is not None:
-            self._dry_thread.join(timeout)
+        self.dry.wait(timeout)
+
+    @property
+    def dry_runs(self) -> dict[tuple[Any, ...], Any]:
+        """Per setup: its `DryRun`, or the error that stopped it."""
+        return self.dry.runs
+
+    @property
+    def dry_status(self) -> widgets.HTML:
+        return self.dry.status
 
     def errors(self) -> dict[str, str]:
         """Messages now shown beside fields, by field name."""
@@ -763,7 +708,7 @@ class EstimatorPanel(PanelBase):
         saving = e.peak.chunked_loss_saving_bytes if e.peak is not None else None
         if saving:
             rows.append(("8 loss chunks would save", format_bytes(saving, u)))
-        dry = self.dry_runs.get(self._dry_key()) if hasattr(self, "dry_runs") else None
+        dry = self.dry.runs.get(self._dry_key()) if hasattr(self, "dry") else None
         if dry is not None and not isinstance(dry, Exception):
             rows.append(
                 (
@@ -819,43 +764,3 @@ def _split_label(e: MemoryEstimate) -> str:
     if e.tensor_parallel == 1 and e.pipeline_parallel == 1:
         return gpus
     return f"{gpus}: tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
-
-
-def _dry_run_refusal(e: MemoryEstimate | None) -> str | None:
-    """Why the dry run cannot run a setup (None when it can)."""
-    if e is None:
-        return "no valid estimate"
-    if e.zero_stage or e.precision in ("fp16", "bf16") or e.offload_params or e.offload_optimizer:
-        return "DeepSpeed's ZeRO, its 16-bit modes and offload are not simulated"
-    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
-        return "tensor and pipeline parallelism are not simulated"
-    if e.checkpointing not in ("none", "full"):
-        return f"checkpointing {e.checkpointing!r}: it recomputes whole layers or nothing"
-    return None
-
-
-def _architecture_of(kwargs: dict[str, Any]) -> Any:
-    """The `Architecture` of the panel's inputs (a preset with its overrides, or a shape)."""
-    from workbench.estimate import MODELS, Architecture
-
-    shape = {
-        k: kwargs[k]
-        for k in (
-            "layers",
-            "hidden",
-            "heads",
-            "seq_len",
-            "vocab",
-            "kv_heads",
-            "ffn_hidden",
-            "mlp",
-            "tied_embeddings",
-        )
-        if kwargs.get(k) is not None
-    }
-    try:
-        if "model" in kwargs:
-            return MODELS[kwargs["model"]].architecture.replace(**shape)
-        return Architecture.create(**shape)
-    except ValueError:
-        return None

@@ -1,0 +1,154 @@
+"""The estimator panel's dry run: `workbench.simulate_memory` on a transformers model of the
+panel's preset or shape (`workbench.estimate.hf_shape.config_of`, built on fake tensors:
+nothing allocated), off the kernel's thread, its progress beside the button, cached per
+setup. `DryRunControl` is the button, the status line and the cache; the panel asks it to
+start and shows a finished run's peak in its summary.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.estimate import MemoryEstimate
+from workbench.ui.fields import status_html
+
+
+class DryRunControl:
+    """The dry-run button, its status line and the runs so far, per setup."""
+
+    def __init__(self) -> None:
+        self.button = widgets.Button(description="dry run", icon="flask")
+        self.button.add_class("wb-est-dryrun")
+        self.status = widgets.HTML()
+        self.status.add_class("wb-est-dryrun-status")
+        self.runs: dict[tuple[Any, ...], Any] = {}  # per setup: the DryRun or the error
+        self._thread: threading.Thread | None = None
+
+    def start(
+        self,
+        e: MemoryEstimate | None,
+        kwargs: dict[str, Any],
+        key: tuple[Any, ...] | None,
+        done: Callable[[tuple[Any, ...]], None],
+    ) -> bool:
+        """Start the dry run of estimate `e` (made from the panel's `kwargs`) under `key`;
+        `done(key)` is called when it ends. False, and why in the status, when the setup
+        cannot be simulated or a run is still going; True at once for a cached setup."""
+        from workbench.estimate.hf_build import meta_module
+        from workbench.estimate.hf_shape import config_of
+
+        if self._thread is not None and self._thread.is_alive():
+            self.status.value = status_html("error", "a dry run is still running")
+            return False
+        reason = dry_run_refusal(e)
+        arch = None
+        if reason is None and key is not None:
+            arch = architecture_of(kwargs)
+            if arch is None or config_of(arch) is None:
+                reason = "no transformers model builds this shape"
+        if reason is not None or key is None or arch is None or e is None:
+            self.status.value = status_html(
+                "error", f"dry run: {reason or 'needs a transformer shape'}"
+            )
+            return False
+        if key in self.runs:
+            done(key)
+            return True
+        config = config_of(arch)
+        assert config is not None
+        estimate = e
+
+        def run() -> None:
+            from workbench.config import TrainConfig
+            from workbench.train.dry_run import simulate_memory
+
+            try:
+                module, problems = meta_module(config)
+                if module is None:
+                    raise ValueError("; ".join(str(p) for p in problems))
+                train = TrainConfig(
+                    precision=estimate.precision,
+                    optimizer=estimate.optimizer,
+                    micro_batch=estimate.micro_batch,
+                    grad_accum=estimate.grad_accum,
+                    activation_checkpointing=estimate.checkpointing == "full",
+                    fsdp=estimate.fsdp,
+                )
+
+                def progress(phase: str, step: int, steps: int) -> None:
+                    self.status.value = status_html(
+                        "info", f"dry run: {phase}, step {step} of {steps} ..."
+                    )
+
+                finished = simulate_memory(
+                    module,
+                    train,
+                    world_size=estimate.gpus,
+                    seq_len=estimate.seq_len,
+                    progress=progress,
+                )
+                self.runs[key] = finished
+                self.status.value = status_html(
+                    "ok", f"dry run: {finished.wall_seconds:.1f} s, peak in the summary"
+                )
+            except Exception as exc:  # the model's or the setup's: say so, keep the panel
+                self.runs[key] = exc
+                self.status.value = status_html("error", f"dry run: {exc}")
+            done(key)
+
+        self.status.value = status_html("info", "dry run: building the model on fake tensors")
+        self._thread = threading.Thread(target=run, name="workbench-dry-run", daemon=True)
+        self._thread.start()
+        return True
+
+    def wait(self, timeout: float | None = 300) -> None:
+        """Wait for a running dry run to finish."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def dry_run_refusal(e: MemoryEstimate | None) -> str | None:
+    """Why the dry run cannot run a setup (None when it can)."""
+    if e is None:
+        return "no valid estimate"
+    if e.zero_stage or e.precision in ("fp16", "bf16") or e.offload_params or e.offload_optimizer:
+        return "DeepSpeed's ZeRO, its 16-bit modes and offload are not simulated"
+    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        return "tensor and pipeline parallelism are not simulated"
+    if e.checkpointing not in ("none", "full"):
+        return f"checkpointing {e.checkpointing!r}: it recomputes whole layers or nothing"
+    return None
+
+
+def architecture_of(kwargs: dict[str, Any]) -> Any:
+    """The `Architecture` of the panel's inputs (a preset with its overrides, or a shape)."""
+    from workbench.estimate import MODELS, Architecture
+
+    shape = {
+        k: kwargs[k]
+        for k in (
+            "layers",
+            "hidden",
+            "heads",
+            "seq_len",
+            "vocab",
+            "kv_heads",
+            "ffn_hidden",
+            "mlp",
+            "tied_embeddings",
+        )
+        if kwargs.get(k) is not None
+    }
+    try:
+        if "model" in kwargs:
+            return MODELS[kwargs["model"]].architecture.replace(**shape)
+        return Architecture.create(**shape)
+    except ValueError:
+        return None
+
+
+__all__ = ["DryRunControl", "architecture_of", "dry_run_refusal"]
