@@ -313,6 +313,16 @@ class Architecture:
         return int(self.__dict__["_total"])
 
     @property
+    def token_ffn_hidden(self) -> int:
+        """The MLP inner width one token goes through: `ffn_hidden` for a dense model; for a
+        mixture of experts, `experts_per_token` x the expert's inner size plus a shared
+        expert's."""
+        if not self.is_moe:
+            return self.ffn_hidden
+        expert = self.moe_ffn_hidden or self.ffn_hidden
+        return (self.experts_per_token or 1) * expert + (self.shared_ffn_hidden or 0)
+
+    @property
     def active_params(self) -> int:
         """Parameters one token uses: `n_params` less the `experts` - `experts_per_token`
         experts it is not routed to in each layer (= `n_params` for a dense model). The

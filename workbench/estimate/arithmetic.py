@@ -13,7 +13,6 @@ import math
 
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
-from workbench.estimate.architecture import Architecture
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.limits import GIB, LIMITS
 from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
@@ -53,7 +52,7 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         i.checkpointing,
         4 if i.precision is Precision.FP32 else 2,
         i.dropout,
-        token_ffn(arch),
+        arch.token_ffn_hidden,
         arch.mlp,
         i.tensor_parallel,
         i.sequence_parallel,
@@ -64,16 +63,6 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         arch.experts or 0,
         arch.experts_per_token or 0,
     )
-
-
-def token_ffn(arch: Architecture) -> int:
-    """The MLP inner width one token goes through: `ffn_hidden` for a dense model; for a
-    mixture of experts, `experts_per_token` x the expert's inner size plus a shared
-    expert's."""
-    if not arch.is_moe:
-        return arch.ffn_hidden
-    expert = arch.moe_ffn_hidden or arch.ffn_hidden
-    return (arch.experts_per_token or 1) * expert + (arch.shared_ffn_hidden or 0)
 
 
 def overhead_bytes(i: EstimateInputs) -> int:

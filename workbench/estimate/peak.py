@@ -335,9 +335,7 @@ def backward_transient(i: EstimateInputs) -> int:
     e = compute_bytes(i.precision)
     t = i.tensor_parallel
     s, b, h, a = arch.seq_len, i.micro_batch, arch.hidden, arch.heads
-    f = arch.ffn_hidden * (arch.experts_per_token or 1) + (arch.shared_ffn_hidden or 0)
-    if arch.is_moe and arch.moe_ffn_hidden:
-        f = arch.moe_ffn_hidden * (arch.experts_per_token or 1) + (arch.shared_ffn_hidden or 0)
+    f = arch.token_ffn_hidden
     sbh = s * b * h
     mlp = (3 if arch.mlp == "swiglu" else 2) * e * s * b * f // t
     if i.attention is Attention.SDPA:
