@@ -26,8 +26,9 @@ How it works
 * Modes: "full_shard" reshards parameters after forward (`reshard_after_forward=True`,
   ZeRO-3-like peak), "shard_grad_op" keeps them gathered from forward to backward
   (`reshard_after_forward=False`, ZeRO-2-like peak), "no_shard" replicates (a 2-D mesh
-  of N replicas x 1 shard: DDP-like). At rest (the optimizer step) FSDP2 keeps
-  parameters, gradients and optimizer states sharded in every sharding mode.
+  of N replicas x 1 shard: DDP-like). At rest (the optimizer step) full_shard and
+  shard_grad_op keep parameters, gradients and optimizer states sharded; under no_shard
+  every rank holds them whole (tests/integration/test_fsdp_ranks.py).
 * Mixed precision: "amp-bf16" / "amp-fp16" become a `MixedPrecisionPolicy` (parameters
   gathered in 16 bit for compute; gradients reduced in fp32 unless
   `fsdp_reduce_fp32=False`); the sharded parameters and optimizer states stay fp32.
