@@ -14,7 +14,10 @@ id                     fires when
 nonfinite-loss         a non-finite loss in the last RECENT_STEPS steps (1 is enough)
 loss-scale-collapse    >= MIN_OVERFLOW_SKIPS skipped steps after the scaler's initial
                        calibration (at most MAX_CALIBRATION_SKIPS leading skips) in the
-                       last RECENT_STEPS, or the scale fell below 1
+                       last RECENT_STEPS, or the scale fell below 1; the advice names the
+                       cause: a loss_scale_interval <= SHORT_GROWTH_INTERVAL, a
+                       loss_scale_init the calibration could not come down from, or
+                       gradients that keep growing
 data-loader-stall      median data_seconds > 20% of median step_seconds over the last
                        RECENT_STEPS (>= MIN_STEPS steps, the first step dropped)
 low-gpu-util           median GPU utilization < 50% over >= MIN_STEPS readings with
@@ -52,6 +55,10 @@ RECENT_STEPS = 50  # rules look at this many newest records
 MIN_STEPS = 5
 MIN_OVERFLOW_SKIPS = 3
 MIN_SCALED_STEPS = 10
+# a scaler at its ceiling that grows again after this many clean steps or fewer overflows
+# (once per interval + 1 steps) MIN_OVERFLOW_SKIPS times within RECENT_STEPS by itself:
+# then the interval is the fault
+SHORT_GROWTH_INTERVAL = RECENT_STEPS // MIN_OVERFLOW_SKIPS - 1
 # a scaler halving from 2**24 reaches 1 in 24 skipped steps (the defaults start at 2**16);
 # leading skips beyond this are overflows, not calibration
 MAX_CALIBRATION_SKIPS = 24
@@ -314,8 +321,12 @@ def _rule_nonfinite_loss(c: _Ctx) -> list[Advice]:
         target = "amp-bf16" if precision == Precision.AMP_FP16.value else "bf16"
         apply = {"precision": target}
         what = (
-            f"fp16 overflows at 65504; {target} has the fp32 exponent range. If the GPU has "
-            "no bf16 (before Ampere), lower loss_scale_init or lr instead"
+            "a non-finite loss comes from the forward pass (an fp16 value above 65504, or "
+            "weights or data already not finite), before the loss scale is applied: the "
+            "scaler cannot skip it and loss_scale_init does not change it (a gradient "
+            "overflow in the backward pass is a skipped step instead, which the scaler "
+            f"handles). {target} has the fp32 exponent range; on a GPU without bf16 "
+            "(before Ampere), lower lr or keep the overflowing layers in fp32"
         )
     else:
         apply = {}
@@ -360,11 +371,34 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
         return []
     precision = c.setting("precision")
     target = "bf16" if precision == Precision.FP16.value else "amp-bf16"
-    # a loss_scale_init at or below the scale the run settled at avoids the calibration skips
-    # (a run that never stepped has settled nowhere: the default 2**16 is the place to start)
-    stepped = any(not r.skipped for r in scaled)
-    settled_at = last_scale if stepped else min(last_scale, 2.0**16)
-    settled = max(1.0, 2.0 ** math.floor(math.log2(max(settled_at, 1.0))))
+    apply: dict[str, Any] = {"precision": target}
+    bf16 = f"switch to {target} (no loss scaling needed) if the GPU supports bf16"
+    interval = c.setting("loss_scale_interval")
+    if isinstance(interval, int) and interval <= SHORT_GROWTH_INTERVAL:
+        # the scaler itself regrows the scale into overflow: only a longer interval fixes it
+        default = TrainConfig().loss_scale_interval
+        apply = {"loss_scale_interval": default}
+        cause = (
+            f"loss_scale_interval={interval} grows the scale again after every {interval} "
+            f"clean step(s), so it overflows again each time. Set loss_scale_interval="
+            f"{default} (torch's default), or {bf16}."
+        )
+    elif calib == MAX_CALIBRATION_SKIPS:
+        # the calibration never ended: loss_scale_init far too high. A loss_scale_init at or
+        # below the scale the run settled at avoids the calibration skips (a run that never
+        # stepped has settled nowhere: the default 2**16 is the place to start)
+        stepped = any(not r.skipped for r in scaled)
+        settled_at = last_scale if stepped else min(last_scale, 2.0**16)
+        settled = max(1.0, 2.0 ** math.floor(math.log2(max(settled_at, 1.0))))
+        cause = (
+            f"more than {MAX_CALIBRATION_SKIPS} skips from the start: loss_scale_init is far "
+            f"too high. Set loss_scale_init={settled:g}, or {bf16}."
+        )
+    else:
+        cause = (
+            "each overflow halves the scale, so overflows that keep coming after it came down "
+            f"mean the gradients themselves keep growing: lower lr, or {bf16}."
+        )
     return [
         Advice(
             id="loss-scale-collapse",
@@ -372,16 +406,16 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
             message=(
                 f"The fp16 loss scaler overflowed at {len(skips)} of the last {len(window)} "
                 f"steps after calibration (scale now {last_scale:g}); every skipped step is "
-                f"lost work. Switch to {target} (no loss scaling needed) if the GPU supports "
-                f"bf16; otherwise set loss_scale_init={settled:g} and lower lr."
+                f"lost work: {cause}"
             ),
             evidence={
                 "skipped_steps": skips,
                 "scale_first": window[0].scale,
                 "scale_last": last_scale,
                 "calibration_steps": calib,
+                "loss_scale_interval": interval,
             },
-            apply={"precision": target},
+            apply=apply,
         )
     ]
 

@@ -16,6 +16,7 @@ from workbench.advisor import (
     MIN_PRECISION_STEPS,
     MIN_SPIKE_BASELINE,
     MIN_STEPS,
+    SHORT_GROWTH_INTERVAL,
     Advice,
     advise,
 )
@@ -148,7 +149,52 @@ def test_repeated_overflow_after_calibration_fires() -> None:
     assert a.severity == "warning"
     assert a.apply == {"precision": "amp-bf16"}
     assert a.evidence["skipped_steps"] == [13, 14, 15]
-    assert "loss_scale_init=128" in a.message
+    # after calibration the scale no longer depends on loss_scale_init: the gradients grow
+    assert "lower lr" in a.message
+    assert "loss_scale_init" not in a.message
+
+
+def _regrowing(interval: int, n: int = 12 + 50) -> list[StepRecord]:
+    """A scaler with growth interval `interval` at its ceiling: every growth overflows."""
+    records, scale, step = _scaled(12, scale=1024.0), 1024.0, 13
+    while len(records) < n:
+        records += [rec(step, precision="amp-fp16", scale=scale / 2, skipped=True)]
+        records += _scaled(interval, start=step + 1, scale=scale / 2)
+        step += interval + 1
+    return records
+
+
+@pytest.mark.parametrize("interval", [1, 2, SHORT_GROWTH_INTERVAL])
+def test_a_short_growth_interval_is_named_and_restored(interval: int) -> None:
+    records = _regrowing(interval)
+    cfg = TrainConfig(precision="amp-fp16", loss_scale_interval=interval)
+    a = one(advise(records, config=cfg), "loss-scale-collapse")
+    default = TrainConfig().loss_scale_interval
+    assert a.apply == {"loss_scale_interval": default}
+    assert f"loss_scale_interval={interval} grows the scale again" in a.message
+    assert f"Set loss_scale_interval={default}" in a.message
+    assert "amp-bf16" in a.message  # the other way out, where the GPU has bf16
+    assert "loss_scale_init" not in a.message and "lower lr" not in a.message
+    assert a.evidence["loss_scale_interval"] == interval
+
+
+def test_a_default_growth_interval_is_not_blamed() -> None:
+    records = _regrowing(1)  # the same overflows, with an interval that cannot cause them
+    cfg = TrainConfig(precision="amp-fp16", loss_scale_interval=SHORT_GROWTH_INTERVAL + 1)
+    a = one(advise(records, config=cfg), "loss-scale-collapse")
+    assert a.apply == {"precision": "amp-bf16"}
+    assert "lower lr" in a.message and "loss_scale_interval" not in a.message
+
+
+def test_nan_loss_in_fp16_is_told_apart_from_skipped_steps() -> None:
+    # a non-finite loss is a forward overflow: the loss scale does not enter the forward pass
+    records = run(20, precision="amp-fp16", scale=1024.0)
+    records.append(rec(21, loss=math.nan, precision="amp-fp16", scale=1024.0))
+    a = one(advise(records), "nonfinite-loss")
+    assert "forward pass" in a.message
+    assert "loss_scale_init does not change it" in a.message
+    assert "lower loss_scale_init" not in a.message
+    assert "loss-scale-collapse" not in ids(advise(records))
 
 
 def test_deepspeed_fp16_overflow_suggests_deepspeed_bf16() -> None:
