@@ -4,6 +4,7 @@ the process was started with."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,25 @@ from workbench import Session, TrainConfig
 from workbench.train import toolchain
 
 SCRIPT = """
-import sys, time
+import atexit, json, sys, time
+
+# registered before workbench is imported, so it runs after workbench's own exit handler
+# (atexit runs last-registered first): what that handler's close() left behind
+def after_exit():
+    import torch
+    lines = [json.loads(x) for x in open("run/log.jsonl")]
+    records = [x for x in lines if x["type"] == "record"]
+    print("AFTER EXIT " + json.dumps({
+        "state": s.state,
+        "step": s.step,
+        "published": s.history.total,
+        "log_steps": [x["step"] for x in records],
+        "moved": any(not torch.equal(v, initial[k]) for k, v in module.state_dict().items()),
+        "dtypes": sorted({str(v.dtype) for v in module.state_dict().values()}),
+    }), flush=True)
+
+atexit.register(after_exit)
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -26,7 +45,8 @@ torch.set_num_threads(1)
 stage = int(sys.argv[1])
 x = torch.randn(256, 8)
 module = nn.Linear(8, 2)
-s = Session(TrainConfig(micro_batch=8, zero_stage=stage), model=module,
+initial = {k: v.clone() for k, v in module.state_dict().items()}
+s = Session(TrainConfig(micro_batch=8, zero_stage=stage, checkpoint_dir="run"), model=module,
             data=TensorDataset(x, x[:, :2]), loss_fn=nn.functional.mse_loss)
 s.start()  # trains until stopped; the script never calls close()
 while len(s.history) < 3:
@@ -58,6 +78,14 @@ def test_a_script_ending_with_a_running_session_exits_cleanly(tmp_path: Path, st
     assert done.returncode == 0, done.stderr[-2000:]
     assert "script ends" in done.stdout
     assert "terminate called" not in done.stderr
+    # close() ran at exit: the session is closed, every record it published is in the
+    # log (written and flushed by the writer thread), and your module holds the trained
+    # fp32 weights (under ZeRO-2 an engine trained a copy: only close() brings them back)
+    after = json.loads(done.stdout.split("AFTER EXIT ", 1)[1].splitlines()[0])
+    assert after["state"] == "closed"
+    assert after["published"] >= 3 and after["step"] == after["published"]
+    assert after["log_steps"] == list(range(1, after["step"] + 1))
+    assert after["moved"] and after["dtypes"] == ["torch.float32"]
 
 
 def test_use_interpreter_tools_puts_this_interpreters_bin_first(
