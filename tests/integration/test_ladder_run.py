@@ -8,11 +8,21 @@ import threading
 
 import pytest
 
+from tests.integration.ladder_factories import FAILING_BATCH
 from workbench import TrainConfig, ladder
-from workbench.train.ladder import LadderCancelled
+from workbench.train.ladder import LadderCancelled, LadderProgress
 
 MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 256}
 BASE = TrainConfig(micro_batch=8, lr=1e-2, seed=3)
+
+
+def run_order(seen: list[LadderProgress]) -> list[tuple[int, int]]:
+    """(rung, repeat) in the order the runs started, from the progress reports."""
+    order: list[tuple[int, int]] = []
+    for p in seen:
+        if not order or order[-1] != (p.rung_index, p.repeat):
+            order.append((p.rung_index, p.repeat))
+    return order
 
 
 def test_a_tiny_ladder_in_this_process(no_leaked_threads) -> None:
@@ -62,6 +72,8 @@ def test_a_tiny_ladder_in_this_process(no_leaked_threads) -> None:
     }
     assert seen[-1].done == seen[-1].total == 2 * (4 + 4 + 2)
     assert {p.rung for p in seen} == set(result.names)
+    # interleaved: A B C, then C B A (a machine that drifts favours no rung)
+    assert run_order(seen) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
     assert result.setup["samples"] == 32 and result.setup["repeats"] == 2
     assert "optimization ladder: mlp on cpu" in str(result)
 
@@ -121,3 +133,50 @@ def test_cancel_stops_the_ladder_at_the_next_step(no_leaked_threads) -> None:
             cancel=cancel,
         )
     assert max(steps) == 3
+
+
+FAILING = "tests.integration.ladder_factories:mlp_failing_at_batch_12"
+
+
+def test_a_failing_rung_is_reported_and_the_others_run_on() -> None:
+    """A rung whose model raises mid-run (a batch of 12) is reported as failed with the
+    error, is not run again, and the rungs after it run every repeat: A B C, C A, A C
+    (docs/ladder.md). Its steps not trained still count, so the progress ends at its
+    total."""
+    seen: list[LadderProgress] = []
+    rungs = [
+        {"name": "baseline"},
+        {"name": "micro-batch 12", "micro_batch": FAILING_BATCH},
+        {"name": "micro-batch 16", "micro_batch": 16},
+    ]
+    result = ladder(
+        rungs, FAILING, 6, base=BASE, model_options=MLP, repeats=3, device="cpu",
+        memory=False, on_progress=seen.append,
+    )  # fmt: skip
+    base, failed, wide = result.rungs
+    assert failed.verdict == "failed" and failed.runs == 1
+    assert failed.error is not None and f"boom: a batch of {FAILING_BATCH}" in failed.error
+    assert failed.samples_per_s is None and failed.speedup is None
+    assert (base.error, wide.error) == (None, None) and base.runs == wide.runs == 3
+    assert len(wide.losses) == 3 and wide.speedup is not None
+    # the rung after a failed one is compared with the last one that ran: the baseline
+    assert wide.gain_measure == "samples/s" and wide.gain == pytest.approx(wide.speedup)
+    assert run_order(seen) == [(0, 0), (1, 0), (2, 0), (2, 1), (0, 1), (0, 2), (2, 2)]
+    assert seen[-1].done == seen[-1].total  # the failed rung's steps are counted as skipped
+    assert "micro-batch 12: failed: " in str(result) and "boom" in str(result)
+
+
+def test_a_failing_baseline_ends_the_ladder() -> None:
+    """Every ratio is against the baseline: when it fails the ladder stops there, with
+    the baseline's error, and no other rung runs."""
+    seen: list[LadderProgress] = []
+    rungs = [
+        {"name": "baseline", "micro_batch": FAILING_BATCH},
+        {"name": "micro-batch 16", "micro_batch": 16},
+    ]
+    with pytest.raises(RuntimeError, match=r"the baseline rung 'baseline' failed: .*boom"):
+        ladder(
+            rungs, FAILING, 8, base=BASE, model_options=MLP, repeats=2, device="cpu",
+            memory=False, on_progress=seen.append,
+        )  # fmt: skip
+    assert run_order(seen) == [(0, 0)]

@@ -165,7 +165,8 @@ def run_plan(
             if repeat % 2:
                 order.reverse()  # ABC, CBA, ...: a drifting machine favours no rung
             for index in order:
-                if index in failed:
+                if index in failed:  # not run again; its steps still count as done
+                    counter.skip(plan.rungs[index].steps)
                     continue
                 counter.begin(index, repeat)
                 measure = _run_rung(plan, index, repeat == 0 and plan.memory, counter, cancel)
