@@ -13,7 +13,7 @@ import pytest
 
 from workbench import Session, TrainConfig
 from workbench.train import runlog
-from workbench.train.history import History
+from workbench.train.history import RECENT_RECORDS, THINNED_BUCKETS
 from workbench.train.records import Event
 
 
@@ -151,13 +151,37 @@ def test_a_failing_disk_does_not_stop_training(tmp_path, monkeypatch, caplog):
     assert sum("No space left" in r.message for r in caplog.records) == 1  # said once
 
 
-def test_a_long_session_keeps_a_bounded_history(tmp_path, tiny, monkeypatch):
-    """The Session's history is the bounded kind; the log has every step."""
-    cfg = TrainConfig(micro_batch=1, checkpoint_dir=str(tmp_path))
-    with Session(cfg, model_options=tiny) as s:
-        s.history = History(recent=10, buckets=4)  # small limits, so a short run thins
-        s.run(60)
-        assert s.history.total == 60 and len(s.history) <= 10 + 2 * 5
-        assert [r.step for r in s.history[-10:]] == list(range(51, 61))
-        assert [r.step for r in s.records_since(55)] == list(range(56, 61))
-    assert [r.step for r in runlog.read_records(tmp_path / "log.jsonl")] == list(range(1, 61))
+#: the built-in MLP at its smallest: a step in about a millisecond
+SMALL_MLP = {"in_features": 2, "hidden": 4, "depth": 1, "out_features": 1, "samples": 64}
+
+
+def test_a_long_session_keeps_a_bounded_history_and_a_resumed_one_reloads_2048(tmp_path):
+    """The history a Session builds itself (docs/checkpoints.md, "Memory on long runs"):
+    the newest 2,048 records at full resolution, the older ones thinned into at most 1,024
+    buckets; a run longer than 2,048 + 2 x 1,024 steps keeps fewer records than it
+    published. The log has every step; a session resumed from the last checkpoint starts
+    with the newest 2,048 records of the log up to its step."""
+    steps = RECENT_RECORDS + 2 * THINNED_BUCKETS + 200
+    assert (RECENT_RECORDS, THINNED_BUCKETS) == (2048, 1024)  # the figures the docs give
+    cfg = TrainConfig(micro_batch=4, checkpoint_dir=str(tmp_path), seed=2)
+    with Session(cfg, model="mlp", model_options=SMALL_MLP) as s:
+        records = s.run(steps)
+        history = s.history
+        assert history.total == steps and history.thinned == steps - RECENT_RECORDS
+        assert len(history) <= RECENT_RECORDS + 2 * THINNED_BUCKETS < steps
+        assert history.stride >= 2  # the buckets ran out once and merged
+        assert [r.step for r in history[-RECENT_RECORDS:]] == list(
+            range(steps - RECENT_RECORDS + 1, steps + 1)
+        )
+        assert [r.step for r in history] == sorted({r.step for r in history})  # in order
+        # the lowest loss of the run survives the thinning
+        lowest = min(records, key=lambda r: r.loss)
+        assert lowest in list(history)
+        path = s.save_checkpoint()
+    logged = runlog.read_records(tmp_path / runlog.LOG_NAME)
+    assert [r.step for r in logged] == list(range(1, steps + 1))
+    with Session.resume_from(path) as r:
+        assert r.step == steps
+        assert len(r.history) == r.history.total == RECENT_RECORDS
+        assert [x.step for x in r.history] == list(range(steps - RECENT_RECORDS + 1, steps + 1))
+        assert [x.loss for x in r.history] == [x.loss for x in records[-RECENT_RECORDS:]]

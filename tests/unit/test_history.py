@@ -99,6 +99,8 @@ def test_thinned_history_is_ordered_and_holds_the_extremes(losses: list[float]) 
         assert min(kept) == min(finite) and max(kept) == max(finite)
     else:  # a NaN or an infinity outranks every finite loss: one of them is kept
         assert any(not math.isfinite(x) for x in kept)
+        if finite:  # and the lowest finite loss (the best the run reached) survives too
+            assert min(x for x in kept if math.isfinite(x)) == min(finite)
     assert len(h) <= 5 + 2 * 4
 
 
