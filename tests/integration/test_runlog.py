@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +15,6 @@ import pytest
 from workbench import Session, TrainConfig
 from workbench.train import runlog
 from workbench.train.history import RECENT_RECORDS, THINNED_BUCKETS
-from workbench.train.records import Event
 
 
 def _lines(path: Path) -> list[dict]:
@@ -90,23 +90,6 @@ def test_tail_reads_back_across_blocks_and_skips_a_torn_line(tmp_path, tiny):
     assert [r.step for r in runlog.read_records(log_file)][-1] == 301
 
 
-def test_tensorboard_scalars_match_the_records(tmp_path, tiny):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    cfg = TrainConfig(micro_batch=2, checkpoint_dir=str(tmp_path))
-    with Session(cfg, model_options=tiny, tensorboard=True) as s:
-        s.run(4)
-        losses = [r.loss for r in s.history]
-        speeds = [r.samples_per_s for r in s.history]
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
-    acc.Reload()
-    loss = acc.Scalars("train/loss")
-    assert [e.step for e in loss] == [1, 2, 3, 4]
-    assert [e.value for e in loss] == pytest.approx(losses, rel=1e-6)  # stored as float32
-    assert [e.value for e in acc.Scalars("speed/samples_per_s")] == pytest.approx(speeds, rel=1e-6)
-    assert "time/data_seconds" in acc.Tags()["scalars"]
-
-
 def test_tensorboard_to_a_folder_of_its_own_and_its_errors(tmp_path, tiny, monkeypatch):
     with Session(TrainConfig(micro_batch=2), model_options=tiny, tensorboard=tmp_path / "tb") as s:
         s.run(1)
@@ -135,20 +118,69 @@ def test_the_log_follows_a_change_of_run_folder(tmp_path, tiny):
     assert steps == {"a": [2], "b": [3]}
 
 
-def test_a_failing_disk_does_not_stop_training(tmp_path, monkeypatch, caplog):
-    log = runlog.RunLog(tmp_path / "log.jsonl", name="t")
+def test_a_failing_disk_does_not_stop_training(tmp_path, tiny, monkeypatch, caplog):
+    """The disk fills after the log's first write: the Session trains every step it was
+    asked for, the failure is said once on the `workbench` logger, waiting for the log
+    (flush_log, close) does not hang, and the log keeps what was written before."""
+    real_write = runlog.RunLog._write
+    calls = []
 
-    def full_disk(text):
-        raise OSError(28, "No space left on device")
+    def fills_up(self, items):
+        calls.append(len(items))
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        real_write(self, items)
 
-    monkeypatch.setattr(log._file, "write", full_disk)
-    with caplog.at_level(logging.WARNING, logger="workbench"):
-        log.put(Event("x", "one", 1))
-        log.put(Event("x", "two", 2))
-        log.flush()
-        log.close()
-    assert log.error is not None and "No space left" in log.error
+    monkeypatch.setattr(runlog.RunLog, "_write", fills_up)
+    cfg = TrainConfig(micro_batch=2, checkpoint_dir=str(tmp_path))
+    with (
+        caplog.at_level(logging.WARNING, logger="workbench"),
+        Session(cfg, model_options=tiny) as s,
+    ):
+        s.run(1)
+        s.flush_log()  # the first write went through
+        records = s.run(20)
+        s.flush_log()
+        assert [r.step for r in records] == list(range(2, 22))
+        assert all(math.isfinite(r.loss) for r in records)
+        assert s.state == "idle" and s.step == 21
+        assert not [e for e in s.events if e.kind == "error"]
+    assert len(calls) > 1  # the disk really failed under the running session
     assert sum("No space left" in r.message for r in caplog.records) == 1  # said once
+    logged = [x["step"] for x in _lines(tmp_path / "log.jsonl") if x["type"] == "record"]
+    assert logged == [1]
+
+
+def test_tensorboard_has_every_scalar_the_records_carry(tmp_path, tiny):
+    """Every tag of `runlog.SCALARS` whose record field is a number is written with the
+    records' values at their steps; a field a CPU run does not have (CUDA memory, GPU
+    utilization, the loss scale) writes no tag; events go in as text."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = TrainConfig(micro_batch=2, checkpoint_dir=str(tmp_path), clip_grad_norm=1.0)
+    with Session(cfg, model_options=tiny, tensorboard=True) as s:
+        s.run(2)
+        s.update(grad_accum=2)  # an event
+        s.run(2)
+        history = list(s.history)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    written, absent = set(), set()
+    for tag, name in runlog.SCALARS.items():
+        values = [getattr(r, name) for r in history]
+        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            written.add(tag)
+            got = acc.Scalars(tag)
+            assert [e.step for e in got] == [r.step for r in history], tag
+            assert [e.value for e in got] == pytest.approx(values, rel=1e-6), tag  # float32
+        elif all(v is None for v in values):
+            absent.add(tag)
+    assert tags == written
+    assert {"train/loss", "train/lr", "train/grad_norm", "memory/params_bytes"} <= written
+    assert {"memory/cuda_allocated_bytes", "train/loss_scale"} <= absent
+    assert written | absent == set(runlog.SCALARS)  # every tag judged, none half-written
+    assert any(t.startswith("events/change") for t in acc.Tags()["tensors"])
 
 
 #: the built-in MLP at its smallest: a step in about a millisecond
