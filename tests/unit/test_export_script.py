@@ -3,7 +3,6 @@ one rank, without a launcher and under DeepSpeed's launcher."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -255,8 +254,7 @@ def test_exported_fsdp_and_lightning_jobs_train_pure_bf16(tmp_path: Path) -> Non
     start, steps = lines[0], lines[1:-1]
     assert start["precision"] == "bf16-true" and start["param_dtype"] == "bfloat16"
     assert [s["step"] for s in steps] == [1, 2] and all(math.isfinite(s["loss"]) for s in steps)
-    if importlib.util.find_spec("lightning") is None:
-        return
+    # lightning is a test dependency (pyproject's `test` extra): its job always runs here
     out = export_job(pure, format="lightning", gpus=1, out_dir=tmp_path / "lightning")
     code, lines, err = run_job(
         [sys.executable, "train_lightning.py", "--steps", "2"], cwd=Path(out.out_dir)
@@ -436,3 +434,53 @@ def test_the_exported_fsdp_job_reduces_host_tensors_over_gloo_on_gpus() -> None:
     assert process_group_backend(cuda=False) == "gloo"
     source = (Path(__file__).parents[2] / "workbench/export/train_fsdp.py").read_text()
     assert "dist.init_process_group(process_group_backend(cuda))" in source
+
+
+#: tiny-gpt without dropout: the Session seeds torch's global RNG just before training and
+#: a job before building its model, so dropout masks would differ (nothing else does)
+NO_DROPOUT = dict(TINY_GPT, dropout=0.0)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "script", "config"),
+    [
+        (  # FSDP: the workbench's own schedule (warm-up, cosine), clipping, accumulation
+            "fsdp",
+            "train_fsdp.py",
+            TrainConfig(
+                fsdp="full_shard", micro_batch=4, grad_accum=2, lr_schedule="cosine",
+                warmup_steps=1, total_steps=10, clip_grad_norm=1.0, seed=3,
+            ),
+        ),
+        (  # DeepSpeed ZeRO-2 with a constant rate (its own schedulers differ: see below)
+            "deepspeed",
+            "train_deepspeed.py",
+            TrainConfig(zero_stage=2, micro_batch=4, grad_accum=2, clip_grad_norm=1.0, seed=3),
+        ),
+    ],
+)  # fmt: skip
+def test_an_exported_job_trains_the_sessions_trajectory(
+    fmt: str, script: str, config: TrainConfig, tmp_path: Path
+) -> None:
+    """The same config, model, seed and data: the job's losses, learning rates and
+    gradient norms are the Session's at every step. Measured: equal to the last bit on
+    this CPU (the same ops in the same order); the tolerance, 1e-6 relative, only allows
+    for float printing, far below the 1e-3 a step of training moves the loss here."""
+    from workbench import Session
+    from workbench.export import export_job
+
+    steps = 4
+    out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=NO_DROPOUT)
+    code, lines, err = run_job([sys.executable, script, "--steps", str(steps)], Path(out.out_dir))
+    assert code == 0, err[-3000:]
+    job = [ln for ln in lines if "loss" in ln]
+    with Session(config, model="tiny-gpt", model_options=NO_DROPOUT) as s:
+        records = s.run(steps)
+    assert [ln["step"] for ln in job] == [r.step for r in records] == list(range(1, steps + 1))
+    assert [ln["loss"] for ln in job] == pytest.approx([r.loss for r in records], rel=1e-6)
+    assert [ln["lr"] for ln in job] == pytest.approx([r.lr for r in records], rel=1e-6)
+    assert [ln["grad_norm"] for ln in job] == pytest.approx(
+        [r.grad_norm for r in records], rel=1e-6
+    )
+    moved = max(abs(a.loss - b.loss) for a, b in zip(records, records[1:], strict=False))
+    assert moved > 1e-3  # the steps train: a trajectory, not one loss repeated
