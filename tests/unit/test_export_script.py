@@ -436,9 +436,9 @@ def test_the_exported_fsdp_job_reduces_host_tensors_over_gloo_on_gpus() -> None:
     assert "dist.init_process_group(process_group_backend(cuda))" in source
 
 
-#: tiny-gpt without dropout: the Session seeds torch's global RNG just before training and
-#: a job before building its model, so dropout masks would differ (nothing else does)
-NO_DROPOUT = dict(TINY_GPT, dropout=0.0)
+#: tiny-gpt with dropout: its masks come from torch's global RNG, seeded by a job where a
+#: Session seeds it (after the engine is built; the loaders draw from their own generator)
+DROPOUT = dict(TINY_GPT, dropout=0.1)
 
 
 @pytest.mark.parametrize(
@@ -470,11 +470,11 @@ def test_an_exported_job_trains_the_sessions_trajectory(
     from workbench.export import export_job
 
     steps = 4
-    out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=NO_DROPOUT)
+    out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=DROPOUT)
     code, lines, err = run_job([sys.executable, script, "--steps", str(steps)], Path(out.out_dir))
     assert code == 0, err[-3000:]
     job = [ln for ln in lines if "loss" in ln]
-    with Session(config, model="tiny-gpt", model_options=NO_DROPOUT) as s:
+    with Session(config, model="tiny-gpt", model_options=DROPOUT) as s:
         records = s.run(steps)
     assert [ln["step"] for ln in job] == [r.step for r in records] == list(range(1, steps + 1))
     assert [ln["loss"] for ln in job] == pytest.approx([r.loss for r in records], rel=1e-6)

@@ -284,6 +284,9 @@ def batches(
         drop_last=True,
         num_workers=int(job["num_workers"]),
         pin_memory=bool(job["pin_memory"]),
+        # its own generator, as a Session's loader has: an iterator then draws its worker
+        # seed from it, not from the global RNG dropout draws from
+        generator=torch.Generator().manual_seed(int(job["seed"])),
     )
     epoch = 0
     while True:

@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         model_parameters=[p for p in module.parameters() if p.requires_grad],
         config=ds_config,
     )
+    # dropout draws from torch's global RNG: seeded where a Session seeds it, once the
+    # engine is built, so the job's masks are a Session's
+    torch.manual_seed(int(job["seed"]))
     data = batches(job, dataset, micro, world, rank)
     n_params = count_parameters(engine.module)
     if rank == 0:

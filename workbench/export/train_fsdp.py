@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     micro, accum = int(config["micro_batch"]), int(config["grad_accum"])
     clip = config.get("clip_grad_norm")
     base_lr = float(config["lr"])
+    # dropout draws from torch's global RNG: seeded where a Session seeds it, once the
+    # engine is built, so the job's masks are a Session's
+    torch.manual_seed(int(job["seed"]))
     data = batches(job, dataset, micro, world, rank)
     n_params = count_parameters(module)
     if rank == 0:
