@@ -118,55 +118,43 @@ def test_truncated_altered_and_incomplete_files_are_named(tmp_path, tiny):
         Session.resume_from(Path(path).parent)  # the directory: the same file, the same answer
 
 
-def _as_previous_format(path: str, history: list[dict[str, Any]]) -> Path:
-    """The same checkpoint as format 1 wrote it: one pickle, RNG states as NumPy's and
-    Python's own tuples, the history inside, no manifest."""
-    payload = torch.load(path, weights_only=True)
-    rng = payload["rng"]
-    np_state = rng["numpy"]
-    py_state = rng["python"]
-    payload["rng"] = {
-        "torch": rng["torch"],
-        "numpy": (
-            np_state["bit_generator"],
-            np_state["key"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        ),
-        "python": (py_state["version"], tuple(py_state["state"]), py_state["gauss_next"]),
-        "cuda": None,
-    }
-    payload["format"] = 1
-    payload["history"] = history
-    old_dir = Path(path).parent.parent / "old"
-    old_dir.mkdir()
-    old = old_dir / Path(path).name
-    torch.save(payload, old)
-    return old
+#: A checkpoint the previous format's code wrote (tests/integration/data/format1/make.py
+#: says how), with the losses of its history and of the 3 steps that run trained after it.
+FORMAT1 = Path(__file__).parent / "data" / "format1"
 
 
-def test_previous_format_checkpoints_still_resume_exactly_and_convert(tmp_path, tiny):
-    path, rest = _trained(tmp_path, tiny)
-    history = [r.to_dict() for r in runlog.read_records(tmp_path / "run" / runlog.LOG_NAME)]
-    old = _as_previous_format(path, history[:2])
+def _previous_format(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A copy of the previous format's checkpoint (convert() rewrites it) and its losses."""
+    folder = tmp_path / "old"
+    folder.mkdir()
+    facts = json.loads((FORMAT1 / "continued.json").read_text())
+    old = folder / facts["file"]
+    old.write_bytes((FORMAT1 / facts["file"]).read_bytes())
+    return old, facts
+
+
+def test_previous_format_checkpoints_still_resume_exactly_and_convert(tmp_path):
+    old, facts = _previous_format(tmp_path)
+    raw = torch.load(old, weights_only=False)  # the file as the previous code wrote it
+    assert raw["format"] == ckpt.PREVIOUS_FORMAT and isinstance(raw["rng"]["numpy"], tuple)
+    assert [r["loss"] for r in raw["history"]] == facts["history_losses"]
+    assert not old.with_suffix(".json").exists()  # no manifest then
     with pytest.raises(Exception, match="Weights only load failed"):
         torch.load(old, weights_only=True)  # NumPy's array is outside torch's default list
     random.seed(99)
     np.random.seed(99)
     with Session.resume_from(old.parent) as s:  # the directory: its newest step-N.pt
-        assert s.step == 2 and [r.step for r in s.history] == [1, 2]
-        assert [r.loss for r in s.run(2)] == rest
+        assert s.step == 3 and [r.loss for r in s.history] == facts["history_losses"]
+        assert [r.loss for r in s.run(3)] == facts["continued_losses"]  # bit for bit
     assert ckpt.convert(old.parent) == [old]
     assert ckpt.verify(old)["format"] == 2
     assert "history" not in torch.load(old, weights_only=True)
     with Session.resume_from(old) as s:
-        assert [r.loss for r in s.run(2)] == rest
+        assert [r.loss for r in s.run(3)] == facts["continued_losses"]
 
 
-def test_a_previous_format_file_with_other_objects_says_how_to_convert(tmp_path, tiny):
-    path, _ = _trained(tmp_path, tiny)
-    old = _as_previous_format(path, [])
+def test_a_previous_format_file_with_other_objects_says_how_to_convert(tmp_path):
+    old, _ = _previous_format(tmp_path)
     payload = torch.load(old, weights_only=False)
     payload["model"]["options"] = {"when": __import__("datetime").date(2026, 1, 1)}
     torch.save(payload, old)
