@@ -1,5 +1,6 @@
 """The README's snippets run as written: every ```python block in a fresh folder, and every
-`workbench estimate` / `workbench export` line of the ```bash blocks."""
+`workbench estimate` / `workbench export` line of the ```bash blocks; the figures the README
+shows below a command (`#   ... 700 GB ...`) are the ones it prints."""
 
 from __future__ import annotations
 
@@ -31,10 +32,42 @@ def commands() -> list[str]:
     return found
 
 
+#: a figure the README shows a command printing: a number with a unit, or with decimals
+FIGURE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*(?:GB|GiB|MB|MiB|KiB|TB|B\b)|(\d[\d,]*\.\d+)")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def shown_figures() -> dict[str, list[str]]:
+    """Command -> the figures of the `#   ...` comment lines right below it in the README
+    (what the README shows it printing)."""
+    shown: dict[str, list[str]] = {}
+    for block in blocks("bash"):
+        command = None
+        for line in block.replace("\\\n", " ").splitlines():
+            text = line.strip()
+            if text.startswith("#") and command is not None:
+                for with_unit, decimal in FIGURE.findall(text):
+                    shown.setdefault(command, []).append(with_unit or decimal)
+                continue
+            code = text.split("#", 1)[0].strip()
+            command = code if code.startswith("workbench ") else None
+    return shown
+
+
+def printed(figure: str, stdout: str) -> bool:
+    """Whether `stdout` prints the number `figure` (to the figure's own precision)."""
+    decimals = len(figure.partition(".")[2])
+    want, half = float(figure.replace(",", "")), 0.5 * 10.0**-decimals
+    return any(abs(float(n.replace(",", "")) - want) <= half for n in NUMBER.findall(stdout))
+
+
 def test_the_readme_has_the_snippets_this_test_runs() -> None:
     assert len(blocks("python")) >= 1
     assert any(c.startswith("workbench estimate") for c in commands())
     assert any(c.startswith("workbench export") for c in commands())
+    # the figures the README shows are checked against what the commands print (below)
+    figures = shown_figures()
+    assert set(figures) <= set(commands()) and sum(len(v) for v in figures.values()) >= 8
 
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
@@ -87,3 +120,5 @@ def test_shell_command_runs_as_written(command: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, (command, done.stderr[-2000:])
     assert done.stdout.strip()
+    missing = [f for f in shown_figures().get(command, []) if not printed(f, done.stdout)]
+    assert not missing, f"the README shows {missing} for `{command}`; it printed:\n{done.stdout}"
