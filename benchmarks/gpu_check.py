@@ -25,10 +25,13 @@ is estimated to take on one H200 (a section's limit is twice its estimate):
    with offload carrying the state; `torch.compile` under FSDP and under DeepSpeed.
 5. oom (~20 s): an out-of-memory error forced with a micro-batch that cannot fit (a module
    that allocates 1 GiB per sample), recovered by halving, plain and under ZeRO-2.
-6. ranks (~60 s): the multi-process path: ZeRO-2 under DeepSpeed's launcher and FSDP with
+6. ranks (~70 s): the multi-process path: ZeRO-2 under DeepSpeed's launcher and FSDP with
    CPU offload under torchrun, on min(2, GPUs) ranks (each rank `set_device`s its GPU and
-   starts NCCL in its own process; per-rank CUDA peaks). With one GPU they run as one rank
-   under the launcher and the NCCL all-reduce between 2 ranks is recorded as not run.
+   starts NCCL in its own process; per-rank CUDA peaks), and NCCL's all-reduce and
+   broadcast checked directly on as many ranks. With one GPU they run as one rank: a
+   1-rank NCCL group runs NCCL's set-up and kernels but moves nothing between GPUs, and
+   NCCL refuses two ranks on one GPU, so the all-reduce between 2 ranks is recorded as not
+   run (the run then exits 3 unless `--allow-partial`).
 7. compress (~20 s): compression on CUDA: torchao INT8 (recorded as not run without
    torchao) and magnitude pruning, measured before/after on the GPU.
 8. speed (~50 s): a GPT sized to load the GPU, fp32 vs amp-bf16 samples/s (warm-up steps
@@ -45,7 +48,7 @@ is estimated to take on one H200 (a section's limit is twice its estimate):
    amp-bf16, bf16-true x sdpa, eager; within 15%), and the dry run's peak when
    `workbench.simulate_memory` is there (within 10%).
 
-Sized to finish in under 8 minutes on one H200: the estimates add up to about 450 s, and
+Sized to finish in under 8 minutes on one H200: the estimates add up to about 460 s, and
 the whole run has a 470-second budget (`--budget`); a section starts only while budget is
 left and its limit is cut to what is left.
 
@@ -77,6 +80,7 @@ import os
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -885,6 +889,98 @@ def fsdp_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     return run
 
 
+#: One rank of the direct collective check (run as `python -c`, one process per rank): an
+#: all-reduce of 4 MiB and a broadcast over `backend`, on the rank's own GPU under NCCL.
+COLLECTIVE = r"""
+import json, os, sys
+import torch
+import torch.distributed as dist
+
+backend = sys.argv[1]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+if device.type == "cuda":
+    torch.cuda.set_device(device)  # before the group: NCCL binds this rank to its GPU
+dist.init_process_group(backend)
+try:
+    x = torch.full((1 << 20,), float(rank + 1), device=device)
+    dist.all_reduce(x)
+    y = torch.full((4,), float(rank), device=device)
+    dist.broadcast(y, src=world - 1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the host waits for the collectives here
+    print(json.dumps({
+        "rank": rank,
+        "backend": str(dist.get_backend()),
+        "device": str(x.device),
+        "sum": float(x[0]),
+        "all_equal": bool((x == x[0]).all()),
+        "broadcast": y.tolist(),
+    }), flush=True)
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def run_collective(ranks: int, backend: str, timeout: float = 120.0) -> tuple[list[Any], str]:
+    """`ranks` processes of COLLECTIVE over `backend`; returns each rank's JSON result (None
+    for a rank that printed none) and the stderr tail of the ranks that failed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(ranks):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(ranks),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", COLLECTIVE, backend],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    results: list[Any] = []
+    errors: list[str] = []
+    for rank, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            out, err = proc.communicate()
+            errors.append(f"rank {rank}: timed out after {timeout:g} s")
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        results.append(json.loads(lines[-1]) if lines else None)
+        if proc.returncode != 0 and not errors:
+            errors.append(f"rank {rank} exited {proc.returncode}: {err.strip()[-800:]}")
+    return results, "; ".join(errors)
+
+
+def judge_collective(results: Sequence[Any], ranks: int, backend: str) -> tuple[bool, str]:
+    """Every rank answered over `backend`: the all-reduce summed 1 + ... + ranks in every
+    element, the broadcast carried the last rank's value."""
+    want = ranks * (ranks + 1) / 2
+    ok = len(results) == ranks and all(
+        r is not None
+        and r["backend"] == backend
+        and r["sum"] == want
+        and r["all_equal"]
+        and r["broadcast"] == [float(ranks - 1)] * 4
+        for r in results
+    )
+    shown = [None if r is None else {k: r[k] for k in ("rank", "device", "sum")} for r in results]
+    return ok, f"sum {want:g} wanted: {shown}"
+
+
 def ranks_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     def run(out: dict[str, Any]) -> None:
         from workbench.train.launch import launch_ranks
@@ -941,9 +1037,29 @@ def ranks_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                 )
             if launcher == "deepspeed":
                 zero2 = out[label]
+        # the collectives themselves, on min(2, GPUs) ranks: with one GPU a 1-rank group,
+        # which runs NCCL's set-up and kernels but moves nothing between GPUs
+        backend = "gloo" if ctx.smoke else "nccl"
+        results, error = run_collective(ranks, backend)
+        out["collective"] = {"ranks": ranks, "backend": backend, "results": results}
+        ok, detail = judge_collective(results, ranks, backend)
+        alone = " (1 rank: nothing moves between GPUs)" if ranks == 1 else ""
+        check(
+            "ranks",
+            f"{net} group of {ranks} rank(s): all-reduce and broadcast{alone}",
+            ok and not error,
+            error or detail,
+        )
         name = f"{net} all-reduce between 2 ranks (ZeRO-2 gradients)"
         if ranks < 2:
-            not_run("ranks", name, f"{ctx.gpus} GPU: 2 ranks need 2 GPUs")
+            # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so two
+            # processes sharing the GPU are no way to test it: this needs 2 GPUs
+            not_run(
+                "ranks",
+                name,
+                f"{ctx.gpus} GPU: NCCL needs one GPU per rank, so 2 ranks need 2 GPUs "
+                "(the 1-rank group above ran NCCL's set-up and collectives, no traffic)",
+            )
         elif zero2 is not None and zero2["ok"]:
             norms = zero2["grad_norms"]
             # the gradient norm of the whole reduced gradient is one value on every rank
@@ -1327,7 +1443,7 @@ SECTIONS: dict[str, tuple[Callable[[Ctx], Callable[[dict[str, Any]], None]], flo
     "deepspeed": (deepspeed_section, 60),
     "fsdp": (fsdp_section, 100),
     "oom": (oom_section, 20),
-    "ranks": (ranks_section, 60),
+    "ranks": (ranks_section, 70),
     "compress": (compress_section, 20),
     "speed": (speed_section, 50),
     "ladder": (ladder_section, 60),

@@ -63,7 +63,7 @@ def test_every_section_runs_in_cpu_smoke_mode(tmp_path: Path) -> None:
     assert result["summary"]["line"] == f"all {len(result['checks'])} checks passed"
     assert set(result["plan"]) == SECTIONS
     assert result["estimated_total_s"] < 8 * 60 and result["budget_s"] > 0
-    assert "about 450 s in all" in done.stdout
+    assert "about 460 s in all" in done.stdout
 
 
 def test_sigterm_leaves_the_results_so_far(tmp_path: Path) -> None:
@@ -124,23 +124,46 @@ def test_a_section_past_its_limit_is_recorded_as_timed_out_and_the_run_goes_on(
 
 
 def test_with_one_gpu_the_two_rank_all_reduce_is_not_run_and_not_passed(tmp_path: Path) -> None:
-    """As on a machine with one GPU: the launcher paths run as one rank; the 2-rank
-    all-reduce is recorded as not run, the summary says so, and the run fails (exit 3)
-    without --allow-partial."""
-    out = tmp_path / "one.json"
-    done = gpu_check("--cpu-smoke", "--sections", "ranks", "--smoke-gpus", "1", "--out", str(out))
-    assert done.returncode == 3, done.stdout[-3000:]
-    result = results(out)
+    """As on a machine with one GPU: the launcher paths and the direct collectives run as
+    one rank (said as such: nothing moves between GPUs); the 2-rank all-reduce is recorded
+    as not run with why (NCCL needs one GPU per rank), the summary says so, and the run
+    fails (exit 3) without --allow-partial, passes with it."""
+    for extra, code in (([], 3), (["--allow-partial"], 0)):
+        out = tmp_path / f"one{code}.json"
+        done = gpu_check(
+            "--cpu-smoke", "--sections", "ranks", "--smoke-gpus", "1", "--out", str(out), *extra
+        )
+        assert done.returncode == code, done.stdout[-3000:]
+    result = results(tmp_path / "one3.json")
     checks = {c["check"]: c for c in result["checks"]}
     reduce = checks["gloo all-reduce between 2 ranks (ZeRO-2 gradients)"]
     assert reduce["status"] == "not run" and reduce["ok"] is False
-    launched = [c for c in result["checks"] if c["status"] == "passed"]
-    assert len(launched) == 2 and all("1 rank(s)" in c["check"] for c in launched)
+    assert "NCCL needs one GPU per rank, so 2 ranks need 2 GPUs" in reduce["detail"]
+    ran = [c["check"] for c in result["checks"] if c["status"] == "passed"]
+    assert len(ran) == 3 and all("1 rank(s)" in c for c in ran)
+    assert "gloo group of 1 rank(s): all-reduce and broadcast (1 rank: nothing moves" in ran[2]
+    assert result["sections"]["ranks"]["collective"]["results"][0]["sum"] == 1.0
     assert statuses(result) == {"ranks": "partial"}
     line = result["summary"]["line"]
-    assert line.startswith("2 passed, 0 failed, 1 not run (of 3 checks)"), line
-    assert "3 of 3" not in done.stdout and "all 3" not in done.stdout
+    assert line.startswith("3 passed, 0 failed, 1 not run (of 4 checks)"), line
+    assert "4 of 4" not in done.stdout and "all 4" not in done.stdout
     assert "NOT RUN [ranks]" in done.stdout
+
+
+def test_the_collective_check_runs_ranks_and_judges_what_they_sum() -> None:
+    """The ranks section's direct check (NCCL on a GPU; gloo here, the same code): two
+    processes all-reduce and broadcast; a wrong sum, a missing rank or another backend
+    fails the judgement, and a backend that cannot start is an error, not a pass."""
+    script = _script()
+    results, error = script.run_collective(2, "gloo")
+    assert error == "" and [r["rank"] for r in results] == [0, 1]
+    assert script.judge_collective(results, 2, "gloo")[0]
+    assert not script.judge_collective(results, 2, "nccl")[0]
+    assert not script.judge_collective(results[:1], 2, "gloo")[0]
+    wrong = [dict(results[0], sum=2.0), results[1]]
+    assert not script.judge_collective(wrong, 2, "gloo")[0]
+    results, error = script.run_collective(1, "no-such-backend", timeout=60)
+    assert results == [None] and "rank 0 exited" in error
 
 
 def test_a_section_that_cannot_run_fails_the_run_unless_allow_partial(tmp_path: Path) -> None:
