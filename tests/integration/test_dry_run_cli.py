@@ -53,13 +53,34 @@ def test_simulate_prints_the_dry_run_beside_the_formula(config, capsys) -> None:
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--zero", "2", "--precision", "bf16", "--gpus", "2"], "ZeRO, its 16-bit modes"),
+        (["--zero", "2", "--offload-optimizer", "cpu", "--gpus", "2"], "offload is not"),
         (["--checkpointing", "selective"], "--checkpointing selective: the dry run"),
     ],
 )
 def test_simulate_refuses_what_it_cannot_run(config, capsys, extra, expected) -> None:
     code, _, err = _run(["estimate", "--hf-config", str(config), "--simulate", *extra], capsys)
     assert code == 2 and expected in err
+
+
+def test_simulate_runs_deepspeed_zero_on_fake_ranks(config, capsys) -> None:
+    """`--zero 2 --precision bf16 --gpus 2`: DeepSpeed's own engine on a fake group of two
+    ranks; its model states are the formula's DeepSpeed layout to the byte."""
+    args = ["estimate", "--hf-config", str(config), "--seq-len", "64", "--micro-batch", "2"]
+    zero = ["--zero", "2", "--precision", "bf16", "--gpus", "2"]
+    code, out, _ = _run([*args, *zero, "--simulate", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    dry, formula = data["dry_run"], data["estimate"]
+    assert (dry["engine"], dry["zero_stage"], dry["world_size"]) == ("deepspeed", 2, 2)
+    assert dry["params_bytes"] == formula["params_bytes"]
+    assert (
+        dry["optimizer_bytes"] - formula["optimizer_bytes"] == dry["optimizer_step_counter_bytes"]
+    )
+    # the step makes an fp32 copy of the bf16 gradient partition (twice its bytes), held
+    # as a step temporary until the optimizer takes it as the masters' gradient
+    step = dry["points"]["optimizer step"]
+    made = step["optimizer step temporaries"] + step["DeepSpeed fp32 gradient partition"]
+    assert made >= 2 * dry["grads_bytes"] > 0
 
 
 def test_simulate_needs_a_config(capsys) -> None:

@@ -414,10 +414,10 @@ def _simulate(
         )
     if args.compare_stages:
         problems.append("--simulate: leave out --compare-stages")
-    if e.zero_stage or e.precision in ("fp16", "bf16") or e.offload_optimizer or e.offload_params:
+    if e.offload_optimizer or e.offload_params:
         problems.append(
-            "--simulate: DeepSpeed's ZeRO, its 16-bit modes and offload are not simulated "
-            "(the plain loop and FSDP are)"
+            "--simulate: offload is not simulated (the plain loop, FSDP and DeepSpeed's "
+            "ZeRO 0-3 are)"
         )
     if e.checkpointing not in ("none", "full"):
         problems.append(
@@ -442,6 +442,7 @@ def _simulate(
         grad_accum=e.grad_accum,
         activation_checkpointing=e.checkpointing == "full",
         fsdp=e.fsdp,
+        zero_stage=e.zero_stage,
     )
     impl = e.optimizer_impl if e.optimizer_impl in ("foreach", "for-loop", "fused") else "foreach"
     try:

@@ -73,13 +73,19 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
 * **DeepSpeed buffers**: ZeRO 1 and 2 reduce gradients through a contiguous bucket of
   `reduce_bucket_size` elements in the gradient dtype (two with `overlap_comm`); stage 0
   flattens one allreduce bucket of that size; under 16-bit training the step makes an
-  fp32 copy of this GPU's gradient partition (4·Ψ/N). Stage 3 gathers parameters in the
+  fp32 copy of this GPU's gradient partition (4·Ψ/N); ZeRO 1/2 first flatten it in the
+  gradient dtype (W·Ψ/N), alive with the fp32 copy until the optimizer runs: the step's
+  highest moment holds the larger of that flat copy and the optimizer's temporaries
+  ("DeepSpeed flattened gradient partition" is the flat copy beyond the temporaries). Stage 3 gathers parameters in the
   compute dtype: the layer running plus what the prefetcher fetches ahead (at most
   `stage3_prefetch_bucket_size` elements), capped at `stage3_max_live_parameters`, never
   more than the model; its reduce bucket is in the "deepspeed" accounting's gradients.
   The sizes are DeepSpeed's defaults (5e8, 5e7, 1e9 elements) unless a DeepSpeed config
   gives them (`deepspeed_config`); the workbench's own engine caps the reduce bucket at the
-  model's size (`deepspeed_layout.bucket_elements`).
+  model's size (`deepspeed_layout.bucket_elements`). DeepSpeed 0.19 releases the ZeRO 1/2
+  buckets at the end of each backward and frees stage 0-2 gradients at each step, so
+  neither is held through the next forward; ZeRO-3 keeps its gradient partition buffer
+  (what dry runs of DeepSpeed's own engine show, tests/integration/test_dry_run_deepspeed.py).
 * **FSDP gathered units**: FSDP2 gathers each wrapped unit (one transformer layer; the
   root unit holds the embedding, the final norm and the output projection) in the
   compute dtype, and keeps the last all-gather's output until the next. `full_shard`
@@ -103,7 +109,7 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
 * **first gradients**: without accumulation no gradient exists before backward
   (`zero_grad(set_to_none=True)`); the first to appear, while the loss's backward
   buffers are alive, is the output projection's (W·vh/t). With accumulation every
-  gradient is already held.
+  gradient is already held (and under ZeRO-3 its gradient partition buffer).
 
 Without a transformer shape only the model-state terms, the optimizer temporaries, the
 buckets and the engines' buffers are counted (FSDP then gathers the whole model as one
@@ -366,8 +372,8 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
 
 
 def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
-    """(gathered stage-3 parameters, reduce buckets held from the first backward on,
-    fp32 gradient copy at the step) of DeepSpeed (module docstring)."""
+    """(gathered stage-3 parameters, reduce buckets in backward, fp32 gradient copy at
+    the step) of DeepSpeed (module docstring)."""
     ds = i.deepspeed
     w = grad_bytes(i.precision)
     psi = i.shard_params
@@ -421,7 +427,10 @@ def step_peak(
     casts = autocast_casts(i, engine)
     transient = backward_transient(i)
     temps = optimizer_temporaries(i, engine, impl)
-    held_grads = grads if (i.grad_accum > 1 or engine == "deepspeed") else 0
+    # gradients alive before this step's backward: accumulation's, and ZeRO-3's partition
+    # buffer (DeepSpeed 0.19 frees stage 0-2 gradients at each step; dry runs of its engine)
+    zero3 = engine == "deepspeed" and i.zero_stage == 3
+    held_grads = grads if (i.grad_accum > 1 or zero3) else 0
     arch = i.architecture
     first = 0  # FSDP's and DeepSpeed's first gradients are in their own terms
     if held_grads == 0 and arch is not None and i.pipeline_parallel == 1 and engine in _LOOPS:
@@ -445,14 +454,18 @@ def step_peak(
         if gathered:
             engine_fwd["ZeRO-3 gathered parameters"] = gathered
             engine_bwd["ZeRO-3 gathered parameters"] = gathered
-        if reduce:
-            key = "DeepSpeed reduce buckets"
-            engine_bwd[key] = reduce
-            if i.zero_stage in (1, 2):  # allocated at the first backward, kept
-                engine_fwd[key] = reduce
-                engine_step[key] = reduce
+        if reduce:  # allocated in backward, released at its end (DeepSpeed 0.19)
+            engine_bwd["DeepSpeed reduce buckets"] = reduce
         if fp32_grads:
             engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
+            if i.zero_stage in (1, 2):
+                # the partition is flattened in the gradient dtype, then upcast: both are
+                # alive before the optimizer runs, a moment above the step's own when its
+                # temporaries are smaller than the flat copy
+                flat = grad_bytes(i.precision) * (fp32_grads // 4)
+                extra = max(0, flat - temps)
+                if extra:
+                    engine_step["DeepSpeed flattened gradient partition"] = extra
 
     recompute = breakdown.recompute_bytes if breakdown is not None else 0
     stored = acts - recompute  # the recomputation working set exists in backward only

@@ -17,14 +17,15 @@ of the steady-state step per category, per module and per point of the step, bes
 formula's estimate of the same setup (`workbench.estimate.estimate_memory` with the same
 settings the engines use: `formula`, `DryRun.compare()`).
 
-What it cannot represent is said and, where the formula has a term for it, added under
-that term's name (`added_terms`): DDP's gradient buckets (DistributedDataParallel's C++
-reducer reads tensor data, so several ranks without FSDP run as one replica plus the
-formula's bucket term); the CUDA context, the caching allocator's reserve and
-fragmentation (the formula's `overhead_bytes`, on its own line). DeepSpeed (ZeRO stages,
-its 16-bit modes), offload and DeepSpeed-only optimizers are refused: their buffers live
-in DeepSpeed's own C++ and CUDA code. `torch.compile` is not simulated (the steps run
-eagerly; a note says so).
+DeepSpeed's setups (ZeRO 1-3, its fp16/bf16, and several ranks without FSDP, which a
+Session trains through DeepSpeed's ZeRO-0 data parallelism: `workbench.config.engine_for`)
+run DeepSpeed's own engine on the fake tensors (`dry_run_deepspeed`): its flat buffers,
+partitions, reduce buckets and ZeRO-3 gathering are measured, not assumed. What it cannot
+represent is said: the CUDA context, the caching allocator's reserve and fragmentation
+(the formula's `overhead_bytes`, on its own line, in neither peak). Offload and
+DeepSpeed-only optimizers are refused (their kernels are DeepSpeed's C++/CUDA code, which
+fake tensors cannot run; the formula counts them). `torch.compile` is not simulated (the
+steps run eagerly; a note says so).
 
 The device: CUDA where torch has it (the GPU's kernels, cuBLAS's and the allocator's
 512-byte rounding); on a CPU-only torch the steps run on fake CPU tensors (faking CUDA
@@ -59,11 +60,21 @@ from workbench.config import (
     OptimizerName,
     Precision,
     TrainConfig,
+    engine_for,
 )
 from workbench.display import fmt_bytes
 from workbench.problems import SettingProblem
 from workbench.train.backends.optimizer import build_optimizer
 from workbench.train.dry_run_checks import OPTIMIZER_IMPLS, check_arguments
+from workbench.train.dry_run_deepspeed import (
+    DeepSpeedKinds,
+    base_optimizer,
+    build_engine,
+    deepspeed_dry_run,
+    engine_tensors,
+    master_tensors,
+    parameter_tensors,
+)
 from workbench.train.dry_run_fake import (
     FakeBatch,
     FakeModel,
@@ -92,6 +103,9 @@ from workbench.train.recompute import (
 )
 
 Progress = Callable[[str, int, int], None]
+
+#: DeepSpeed's 16-bit modes: the engine trains a copy of the module in this dtype.
+DEEPSPEED_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
 def simulate_memory(
@@ -198,14 +212,11 @@ def simulate_memory(
     notes = _notes(
         config, fm, fb, sim_device, world_size, blocks_note, attention_note, formula_note, formula
     )
-    added = _added_terms(config, world_size, formula, measured.grads_bytes)
     points = {p: dict(measured.points[p]) for p in POINTS}
-    phases = {p: sum(points[p].values()) + sum(added.values()) for p in POINTS}
-    measured_phases = {p: sum(points[p].values()) for p in POINTS}
+    phases = {p: sum(points[p].values()) for p in POINTS}
     phase = max(POINTS, key=lambda p: phases[p])
     return DryRun(
         peak_bytes=phases[phase],
-        measured_peak_bytes=max(measured_phases.values()),
         phase=phase,
         by_category={k: v for k, v in points[phase].items() if v},
         points=points,
@@ -215,7 +226,6 @@ def simulate_memory(
         grads_bytes=measured.grads_bytes,
         optimizer_bytes=measured.optimizer_bytes,
         optimizer_step_counter_bytes=measured.optimizer_step_counter_bytes,
-        added_terms=added,
         overhead_bytes=formula.overhead_bytes if formula is not None else 0,
         formula=formula,
         model=fm.name,
@@ -229,6 +239,7 @@ def simulate_memory(
         attention=attention,
         activation_checkpointing=bool(config.activation_checkpointing),
         fsdp=FsdpMode(config.fsdp).value,
+        zero_stage=int(config.zero_stage),
         micro_batch=fb.micro_batch,
         seq_len=fb.seq_len,
         grad_accum=int(config.grad_accum),
@@ -296,15 +307,17 @@ def _formula(
     attention: str | None,
 ) -> tuple[Any, str | None]:
     """The formula's estimate of the same setup (the settings the engines run), or None and
-    why. Several ranks without FSDP are counted as DDP (the "paper" accounting), as they
-    are simulated."""
+    why. DeepSpeed's setups (ZeRO, its 16-bit modes, several ranks without FSDP) are
+    counted with DeepSpeed's layout and the engine config the Session hands it."""
     from workbench.estimate import estimate_memory
 
     fsdp = FsdpMode(config.fsdp)
+    deepspeed = _engine(config, world_size) == "deepspeed"
+    accounting = "fsdp" if fsdp is not FsdpMode.OFF else "paper"
     kwargs: dict[str, Any] = {
         "precision": Precision(config.precision).value,
         "optimizer": OptimizerName(config.optimizer).value,
-        "zero_stage": 0,
+        "zero_stage": int(config.zero_stage),
         "gpus": int(world_size),
         "micro_batch": fb.micro_batch,
         "checkpointing": "full" if config.activation_checkpointing else "none",
@@ -312,9 +325,13 @@ def _formula(
         "fsdp_reduce_fp32": bool(config.fsdp_reduce_fp32),
         "grad_accum": int(config.grad_accum),
         "weight_decay": float(config.weight_decay),
-        "accounting": "fsdp" if fsdp is not FsdpMode.OFF else "paper",
+        "accounting": "deepspeed" if deepspeed else accounting,
         "optimizer_impl": impl,
     }
+    if deepspeed:
+        from workbench.train.backends.deepspeed import engine_config
+
+        kwargs["deepspeed_config"] = engine_config(config, int(world_size), fm.n_params)
     info = fm.info
     if fm.kind == "built-in" and info is not None and info.is_transformer:
         kwargs.update(
@@ -377,9 +394,9 @@ def _optimizer(config: TrainConfig, params: list[nn.Parameter], impl: str) -> An
 
 
 def _engine(config: TrainConfig, world_size: int) -> str:
-    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
-        return "fsdp"
-    return "ddp" if world_size > 1 else "plain"
+    """The engine a Session trains `config` with on `world_size` ranks
+    (`workbench.config.engine_for`): "plain", "fsdp" or "deepspeed"."""
+    return engine_for(config, world_size).value
 
 
 # ---------------------------------------------------------------------- the run
@@ -416,13 +433,17 @@ def _simulate(
                 _report(progress, "sharding", 0, steps)
                 ctx.enter_context(fake_process_group(world_size))
                 mesh = make_mesh(FsdpMode(config.fsdp), world_size, device.type)
-            pure = PURE_DTYPES.get(precision)
-            if pure is not None:  # bf16-true: the engines' private bf16 copy
+            elif engine == "deepspeed":
+                _report(progress, "building DeepSpeed", 0, steps)
+                ctx.enter_context(deepspeed_dry_run(world_size, device))
+            pure = PURE_DTYPES.get(precision) or DEEPSPEED_DTYPES.get(precision)
+            if pure is not None:  # bf16-true, DeepSpeed's fp16/bf16: the 16-bit copy
                 module = cast_copy(module, pure, fake)
                 module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
                 blocks = checkpointable_modules(module)
             if config.activation_checkpointing:
                 _checkpoint(module, gpu_kernels=device.type == "cpu")
+            ds_engine: Any = None
             with fake:
                 if mesh is not None:
                     policy = mixed_precision(precision, bool(config.fsdp_reduce_fp32))
@@ -433,7 +454,11 @@ def _simulate(
                         [SettingProblem("model", fm.name, "has no trainable parameters")],
                         formula=formula,
                     )
-                optimizer = _optimizer(config, params, impl)
+                if engine == "deepspeed":
+                    ds_engine, _ = build_engine(module, config, world_size, impl)
+                    optimizer = base_optimizer(ds_engine)
+                else:
+                    optimizer = _optimizer(config, params, impl)
             stack = ModuleStack(module)
             ctx.callback(stack.remove)
             ctx.enter_context(fake)
@@ -443,19 +468,24 @@ def _simulate(
             else:
                 tracker = phase_tracker(MemTracker, device.type)()
                 tracker.track_external(module, *_flat(fb.value))
+            if ds_engine is not None:
+                tracker.track_external(optimizer, *engine_tensors(ds_engine))
+                tracker.label(parameter_tensors(ds_engine), "Parameter")
+                tracker.label(master_tensors(ds_engine), "Optstate")
+                tracker.reclassify = DeepSpeedKinds(ds_engine, tracker, device.type)
             if device.type == "cpu":
                 ctx.enter_context(GpuKernels())
             ctx.enter_context(tracker)
             ctx.enter_context(recorder)
             autocast = (
                 contextlib.nullcontext
-                if engine == "fsdp"
+                if engine == "fsdp" or pure is not None
                 else build_precision(config, device.type).autocast
             )
             scale = float(config.loss_scale_init) if precision is Precision.AMP_FP16 else 1.0
             plan = StepPlan(autocast, scale, int(config.grad_accum), config.clip_grad_norm, steps)
             grads = run_steps(
-                module,
+                ds_engine if ds_engine is not None else module,
                 optimizer,
                 fb.value,
                 loss_fn,
@@ -464,9 +494,19 @@ def _simulate(
                 on_phase=lambda name: phase.__setitem__(0, name),
                 progress=progress,
                 device_type=device.type,
+                engine=ds_engine,
             )
             shown = _shown(module, blocks)
-            measured = measure(tracker, module, optimizer, grads, shown, device.type)
+            measured = measure(
+                tracker,
+                module,
+                optimizer,
+                grads,
+                shown,
+                device.type,
+                param_tensors=None if ds_engine is None else parameter_tensors(ds_engine),
+                masters=None if ds_engine is None else master_tensors(ds_engine),
+            )
     except DryRunError:
         raise
     except Exception as exc:
@@ -537,21 +577,6 @@ def _progress(progress: Progress | bool | None) -> Progress | None:
 
 
 # ---------------------------------------------------------------------- what it adds and says
-def _added_terms(
-    config: TrainConfig, world_size: int, formula: Any, grads_bytes: int
-) -> dict[str, int]:
-    """The formula's terms for what the dry run cannot represent (DDP's buckets)."""
-    if _engine(config, world_size) != "ddp":
-        return {}
-    name = "DDP gradient buckets"
-    peak = getattr(formula, "peak", None)
-    if peak is not None:
-        for terms in peak.points.values():
-            if name in terms:
-                return {name: int(terms[name])}
-    return {name: grads_bytes}  # DDP's buckets are the gradients' size
-
-
 def _notes(
     config: TrainConfig,
     fm: FakeModel,
@@ -576,12 +601,19 @@ def _notes(
         f"not simulated: the CUDA context, the allocator's reserve and fragmentation (the "
         f"formula's {overhead}, on its own line)"
     )
-    if _engine(config, world_size) == "ddp":
+    if _engine(config, world_size) == "deepspeed":
+        stage = int(config.zero_stage)
+        why = (
+            f"several ranks without FSDP train through DeepSpeed ZeRO-0 in a Session, as "
+            f"here ({world_size} ranks)"
+            if stage == 0 and world_size > 1
+            else f"DeepSpeed ZeRO-{stage}"
+        )
         notes.append(
-            f"DDP over {world_size} ranks is not simulated (its C++ reducer reads tensor "
-            "data): one replica ran, and the formula's DDP gradient buckets are added, "
-            "labelled; a workbench Session trains several ranks without FSDP through "
-            "DeepSpeed ZeRO-0, whose buckets the formula's deepspeed accounting counts"
+            f"{why}: DeepSpeed's own engine ran on fake tensors over a fake group of "
+            f"{world_size} rank(s), with the engine config a Session hands it; its checks "
+            "that read values back (fp16 overflow, the gradient norm's finiteness, ZeRO-3's "
+            "parameter order on every rank) answered without reading, so no step is skipped"
         )
     if Precision(config.precision) is Precision.AMP_FP16:
         notes.append(

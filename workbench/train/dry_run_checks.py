@@ -17,11 +17,13 @@ import torch
 
 from workbench.config import (
     SESSION_OPTIMIZERS,
-    FsdpMode,
+    Engine,
     OffloadDevice,
     OptimizerName,
     Precision,
     TrainConfig,
+    engine_for,
+    engine_problems,
 )
 from workbench.problems import SettingProblem
 from workbench.train.dry_run_fsdp import group_problem
@@ -88,8 +90,9 @@ def check_arguments(
     if loss_fn is not None and not callable(loss_fn):
         p.append(SettingProblem("loss_fn", loss_fn, "must be a function(outputs, targets)"))
     sim = _device(p, device)
-    p += _setting_problems(config)
-    if FsdpMode(config.fsdp) is not FsdpMode.OFF and _is_int(world_size) and world_size >= 1:
+    p += _setting_problems(config, world_size)
+    ranked = _is_int(world_size) and 1 <= world_size <= MAX_WORLD_SIZE
+    if ranked and engine_for(config, world_size) is not Engine.PLAIN:
         problem = group_problem(world_size)
         if problem is not None:
             p.append(problem)
@@ -113,30 +116,20 @@ def _device(p: list[SettingProblem], device: Any) -> torch.device:
     return torch.device(device if device in ("cpu", "cuda") else "cpu")
 
 
-def _setting_problems(config: TrainConfig) -> list[SettingProblem]:
+def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProblem]:
     """The settings a dry run cannot represent, each with what to do instead."""
     p: list[SettingProblem] = []
-    why = (
-        "DeepSpeed's own buffers live in its C++/CUDA code, which fake tensors cannot run; "
-        "its terms are in the formula (workbench.predict_memory)"
-    )
-    if int(config.zero_stage) != 0:
-        p.append(
-            SettingProblem(
-                "zero_stage",
-                int(config.zero_stage),
-                f"must be 0 for a dry run: {why}; FSDP full_shard is the nearest (ZeRO-3), "
-                "shard_grad_op (ZeRO-2)",
-            )
-        )
+    ranks = world_size if _is_int(world_size) and world_size >= 1 else 1
+    p += engine_problems(config, ranks)
+    engine = engine_for(config, ranks)
     precision = Precision(config.precision)
-    if precision.is_deepspeed:
-        nearest = "amp-bf16" if precision is Precision.BF16 else "amp-fp16"
+    if engine is Engine.DEEPSPEED and precision is Precision.AMP_FP16:
         p.append(
             SettingProblem(
                 "precision",
                 precision.value,
-                f"is DeepSpeed's 16-bit mode: {why}; the nearest torch precision is {nearest!r}",
+                "a Session trains DeepSpeed setups (ZeRO >= 1, several ranks without FSDP) in "
+                "'fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16', not torch's amp-fp16",
             )
         )
     for name in ("offload_optimizer", "offload_params"):
@@ -146,7 +139,8 @@ def _setting_problems(config: TrainConfig) -> list[SettingProblem]:
                     name,
                     OffloadDevice(getattr(config, name)).value,
                     "offload cannot be simulated: host and device memory are one fake device "
-                    "here; the formula counts it",
+                    "here, and DeepSpeed's CPU optimizer is a C++ kernel fake tensors cannot "
+                    "run; the formula counts it (workbench.predict_memory)",
                 )
             )
     optimizer = OptimizerName(config.optimizer)

@@ -17,7 +17,7 @@ the FSDP backend shards them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,8 +52,11 @@ def group_problem(world_size: int) -> SettingProblem | None:
 
 
 @contextlib.contextmanager
-def fake_process_group(world_size: int) -> Iterator[None]:
-    """The default group over the fake backend, this process rank 0 of `world_size`."""
+def fake_process_group(
+    world_size: int, destroy: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """The default group over the fake backend, this process rank 0 of `world_size`;
+    `destroy` ends it (default: `torch.distributed.destroy_process_group`)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -61,7 +64,7 @@ def fake_process_group(world_size: int) -> Iterator[None]:
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        (destroy or dist.destroy_process_group)()
 
 
 def make_mesh(mode: FsdpMode, world_size: int, device_type: str) -> Any:

@@ -80,6 +80,37 @@ _ROWS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
         "gradients and reduce-scatter buffers",
     ),
     (
+        "DeepSpeed reduce buckets",
+        ("DeepSpeed reduce buckets",),
+        ("DeepSpeed reduce buckets",),
+        "ZeRO 1/2's contiguous reduce buckets (reduce_bucket_size elements in the gradient "
+        "dtype) and stage 0's flat allreduce bucket, alive in backward; the dry run counts "
+        "the ones DeepSpeed's engine allocated",
+    ),
+    (
+        "DeepSpeed fp32 gradient partition",
+        ("DeepSpeed fp32 gradient partition",),
+        ("DeepSpeed fp32 gradient partition", "DeepSpeed flattened gradient partition"),
+        "16-bit training: the fp32 copy of this rank's gradient partition the step makes "
+        "for the fp32 masters (formula: with ZeRO 1/2's flat 16-bit copy beyond the "
+        "step's temporaries; dry run: once it is the masters' gradient, before that a step "
+        "temporary)",
+    ),
+    (
+        "ZeRO-3 gathered parameters",
+        ("ZeRO-3 gathered parameters",),
+        ("ZeRO-3 gathered parameters",),
+        "formula: the layer running plus what the prefetcher fetches ahead, in the compute "
+        "dtype, at most the model; dry run: the parameters DeepSpeed holds gathered then",
+    ),
+    (
+        "DeepSpeed other buffers",
+        ("DeepSpeed other buffers",),
+        (),
+        "DeepSpeed's own bookkeeping tensors (flags, norms, small buffers); the formula "
+        "leaves them out",
+    ),
+    (
         "buffers",
         ("buffers",),
         (),
@@ -156,12 +187,12 @@ class DryRun(Readable):
     "backward", "optimizer step": the highest moment of the forward and loss, of the
     backward, of the optimizer step), `by_category` its bytes by category (parameters,
     gradients, optimizer states, optimizer step temporaries, activations, temporaries,
-    buffers, other; under FSDP also gathered parameters and unsharded gradients), `points`
-    every point's categories and `phases` their totals. `added_terms` are the formula's
-    terms for what the dry run cannot represent (DDP's gradient buckets), each labelled and
-    included in `peak_bytes` and every point's total; `measured_peak_bytes` is the
-    tracker's figure without them. `overhead_bytes` is the formula's CUDA context and
-    allocator reserve, which neither peak includes (`required_bytes` adds it).
+    buffers, other; under FSDP also gathered parameters and unsharded gradients; under
+    DeepSpeed its reduce buckets, fp32 gradient partition, ZeRO-3's gathered parameters
+    and its other buffers), `points` every point's categories and `phases` their totals.
+    `overhead_bytes` is the formula's CUDA context and allocator reserve, which the dry
+    run cannot represent and the peak does not include (`required_bytes` adds it).
+    `engine` is "plain", "fsdp" or "deepspeed" (`zero_stage` its stage).
 
     `by_module`: the peaks while each top-level module and transformer block ran (the
     last step). `params_bytes`, `grads_bytes`, `optimizer_bytes` are the model states at
@@ -173,7 +204,6 @@ class DryRun(Readable):
     """
 
     peak_bytes: int
-    measured_peak_bytes: int
     phase: str
     by_category: dict[str, int]
     points: dict[str, dict[str, int]]
@@ -183,7 +213,6 @@ class DryRun(Readable):
     grads_bytes: int
     optimizer_bytes: int
     optimizer_step_counter_bytes: int
-    added_terms: dict[str, int]
     overhead_bytes: int
     formula: Any  # workbench.estimate.MemoryEstimate | None
     model: str
@@ -197,6 +226,7 @@ class DryRun(Readable):
     attention: str | None
     activation_checkpointing: bool
     fsdp: str
+    zero_stage: int
     micro_batch: int
     seq_len: int | None
     grad_accum: int
@@ -234,11 +264,6 @@ class DryRun(Readable):
                 if dry == 0 and not form:
                     continue
                 rows.append(Comparison(point, label, dry, form, why))
-            for name, value in self.added_terms.items():
-                form = None if theirs is None else theirs.get(name, value)
-                rows.append(
-                    Comparison(point, name, value, form, "the formula's term, added: not simulated")
-                )
             total_form = None if theirs is None else sum(theirs.values())
             rows.append(
                 Comparison(point, "total", self.phases.get(point, 0), total_form, "the point's sum")
@@ -252,7 +277,10 @@ class DryRun(Readable):
 
     def _setup(self) -> str:
         ranks = f"{self.world_size} rank" + ("s" if self.world_size > 1 else "")
-        engine = f"FSDP {self.fsdp}" if self.engine == "fsdp" else self.engine
+        engine = {
+            "fsdp": f"FSDP {self.fsdp}",
+            "deepspeed": f"DeepSpeed ZeRO-{self.zero_stage}",
+        }.get(self.engine, self.engine)
         seq = f" x {self.seq_len}" if self.seq_len else ""
         return (
             f"{self.model}, {self.precision}, {self.optimizer} ({self.optimizer_impl}), "

@@ -52,6 +52,11 @@ KINDS: dict[str, str] = {
     "All Gather": "gathered parameters",
     "Unsharded Grad": "unsharded gradients",
     "Reduce Scatter": "unsharded gradients",
+    # DeepSpeed's own buffers, told apart by `dry_run_deepspeed.DeepSpeedKinds`
+    "DeepSpeed Buckets": "DeepSpeed reduce buckets",
+    "DeepSpeed fp32 Grad": "DeepSpeed fp32 gradient partition",
+    "ZeRO-3 Gathered": "ZeRO-3 gathered parameters",
+    "DeepSpeed Other": "DeepSpeed other buffers",
 }
 
 #: The categories in the order they are shown ("optimizer step temporaries" is the part of
@@ -67,6 +72,10 @@ CATEGORIES = (
     "other",
     "gathered parameters",
     "unsharded gradients",
+    "DeepSpeed reduce buckets",
+    "DeepSpeed fp32 gradient partition",
+    "ZeRO-3 gathered parameters",
+    "DeepSpeed other buffers",
 )
 
 _PEAK_FORWARD = frozenset({"Peak-Forward", "Peak Forward"})
@@ -84,6 +93,26 @@ def phase_tracker(base: type, device_type: str) -> type:
             super().__init__(*args, **kwargs)
             self.phase: str | None = None
             self.phase_peaks: dict[str, dict[str, int]] = {}
+            #: refiles a new highest moment's kinds in place (DeepSpeed's buffers)
+            self.reclassify: Callable[[dict[str, int]], None] | None = None
+
+        def kind_of(self, storage: Any) -> tuple[str, int] | None:
+            """The kind the tracker files `storage` under and its bytes (None: untracked)."""
+            entry = self._WINFO.get(storage)
+            if entry is None:
+                return None
+            winfo = entry[0]
+            return str(getattr(winfo.reftype, "value", winfo.reftype)), int(winfo.mem_consumed)
+
+        def label(self, tensors: Any, kind: str) -> None:
+            """File the storages of `tensors` under the tracker's kind `kind`
+            ("Parameter", "Optstate", ...), tracked from now on."""
+            from torch.distributed._tools.mem_tracker import _MemRefType
+
+            reftype = _MemRefType(kind)
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    self._update_and_maybe_create_winfos(t, reftype)
 
         # the trackers call this after every operator: the one place a phase's peak shows
         def _update_peak_stats(self, peak_state: Any) -> None:
@@ -99,6 +128,8 @@ def phase_tracker(base: type, device_type: str) -> type:
                     now[key] = now.get(key, 0) + value
             best = self.phase_peaks.get(self.phase)
             if now and (best is None or now.get("Total", 0) > best.get("Total", 0)):
+                if self.reclassify is not None:
+                    self.reclassify(now)
                 self.phase_peaks[self.phase] = now
 
     return PhaseTracker
@@ -153,10 +184,21 @@ def run_steps(
     on_phase: Callable[[str], None],
     progress: Progress | None,
     device_type: str,
+    engine: Any = None,
 ) -> int:
     """Run the steps (see the module docstring); returns the gradient bytes held just
     before the last `zero_grad` (all of this rank's gradients). `on_phase(name)` is
-    called as each part begins ("forward", "backward", "optimizer step")."""
+    called as each part begins ("forward", "backward", "optimizer step").
+
+    With a DeepSpeed `engine` (`dry_run_deepspeed`), the steps are the Session's DeepSpeed
+    backend's: `engine(batch)`, `engine.backward(loss)` (DeepSpeed divides by the
+    accumulation and scales fp16 losses itself), `engine.step()` after every micro-batch
+    (only the boundary's steps), clipping in DeepSpeed's config; `module` is the engine and
+    `optimizer` unused."""
+    if engine is not None:
+        return _run_engine_steps(
+            engine, batch, loss_fn, plan, tracker, on_phase, progress, device_type
+        )
     params = [p for p in module.parameters() if p.requires_grad]
     inv_accum = 1.0 / plan.grad_accum
     grads_bytes = 0
@@ -194,6 +236,47 @@ def run_steps(
     return grads_bytes
 
 
+def _run_engine_steps(
+    engine: Any,
+    batch: Any,
+    loss_fn: Any,
+    plan: StepPlan,
+    tracker: Any,
+    on_phase: Callable[[str], None],
+    progress: Progress | None,
+    device_type: str,
+) -> int:
+    from workbench.train.dry_run_deepspeed import gradient_tensors
+
+    grads_bytes = 0
+    for step in range(plan.steps):
+        measuring = step > 0
+        for micro in range(plan.grad_accum):
+            if step or micro:
+                tracker.reset_mod_stats()
+            on_phase("forward")
+            tracker.phase = PHASES[0] if measuring else None
+            _report(progress, "forward", step, plan.steps)
+            loss = forward_and_loss(engine, batch, loss_fn, plan.autocast)
+            on_phase("backward")
+            tracker.phase = PHASES[1] if measuring else None
+            _report(progress, "backward", step, plan.steps)
+            boundary = micro == plan.grad_accum - 1
+            engine.set_gradient_accumulation_boundary(boundary)
+            engine.backward(loss)
+            del loss
+            if not boundary:
+                engine.step()  # not a boundary: DeepSpeed only advances its micro counter
+        on_phase("optimizer step")
+        tracker.phase = PHASES[2] if measuring else None
+        _report(progress, "optimizer step", step, plan.steps)
+        grads_bytes = storage_bytes(gradient_tensors(engine), device_type)
+        engine.step()
+        tracker.phase = None
+    _report(progress, "done", plan.steps, plan.steps)
+    return grads_bytes
+
+
 def _report(progress: Progress | None, phase: str, step: int, total: int) -> None:
     if progress is not None:
         progress(phase, min(step + 1, total), total)
@@ -219,15 +302,22 @@ def measure(
     grads_bytes: int,
     shown: dict[int, str],
     device_type: str,
+    *,
+    param_tensors: list[torch.Tensor] | None = None,
+    masters: list[torch.Tensor] | None = None,
 ) -> Measured:
     """The categories of each phase's peak, the module peaks of the modules in `shown`
-    (id -> name) and the states at rest (see the module docstring)."""
+    (id -> name) and the states at rest (see the module docstring). `param_tensors`: the
+    parameters' storage where it is not the module's parameters (ZeRO-3's partitions);
+    `masters`: fp32 master copies counted with the optimizer states (DeepSpeed's)."""
     states = [v for st in optimizer.state.values() for v in st.values()]
-    optimizer_bytes = storage_bytes(states, device_type)
+    optimizer_bytes = storage_bytes([*states, *(masters or [])], device_type)
     counters = storage_bytes(
         (v for v in states if isinstance(v, torch.Tensor) and v.dim() == 0), device_type
     )
-    params_bytes = storage_bytes(module.parameters(), device_type)
+    params_bytes = storage_bytes(
+        module.parameters() if param_tensors is None else param_tensors, device_type
+    )
     points = {
         phase: categories(tracker.phase_peaks.get(phase, {}), optimizer_bytes) for phase in PHASES
     }

@@ -83,6 +83,7 @@ ENGINE_TERMS = (
     "ZeRO-3 gathered parameters",
     "DeepSpeed reduce buckets",
     "DeepSpeed fp32 gradient partition",
+    "DeepSpeed flattened gradient partition",
 )
 DROPOUT = {"model's": None, "on": True, "off": False}
 

@@ -77,6 +77,7 @@ class DryRunControl:
                     grad_accum=estimate.grad_accum,
                     activation_checkpointing=estimate.checkpointing == "full",
                     fsdp=estimate.fsdp,
+                    zero_stage=estimate.zero_stage,
                 )
 
                 def progress(phase: str, step: int, steps: int) -> None:
@@ -115,8 +116,8 @@ def dry_run_refusal(e: MemoryEstimate | None) -> str | None:
     """Why the dry run cannot run a setup (None when it can)."""
     if e is None:
         return "no valid estimate"
-    if e.zero_stage or e.precision in ("fp16", "bf16") or e.offload_params or e.offload_optimizer:
-        return "DeepSpeed's ZeRO, its 16-bit modes and offload are not simulated"
+    if e.offload_params or e.offload_optimizer:
+        return "offload is not simulated (the plain loop, FSDP and DeepSpeed's ZeRO 0-3 are)"
     if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
         return "tensor and pipeline parallelism are not simulated"
     if e.checkpointing not in ("none", "full"):

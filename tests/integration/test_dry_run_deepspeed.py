@@ -1,0 +1,260 @@
+"""The dry run of DeepSpeed setups: DeepSpeed's own engine (ZeRO 0-3, its 16-bit modes) on
+fake tensors over a fake group of ranks, held against the formula's DeepSpeed terms over a
+grid, and leaving nothing behind.
+
+`BOUNDS` are what the grid measured (run this file: `python
+tests/integration/test_dry_run_deepspeed.py` prints the table of docs/dry_run.md and
+BOUNDS); every setup of the grid runs here (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from workbench import Session, TrainConfig
+from workbench.train.dry_run import DryRunError, simulate_memory
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_dry_run import FAMILIES, TINY  # noqa: E402
+
+#: (family, ZeRO stage, ranks, precision, optimizer implementation)
+GRID = [
+    (family, *setup)
+    for family in FAMILIES
+    for setup in (
+        (0, 2, "fp32", "foreach"),
+        (0, 2, "amp-bf16", "for-loop"),
+        (1, 2, "bf16", "foreach"),
+        (2, 4, "bf16", "fused"),
+        (2, 2, "fp16", "foreach"),
+        (3, 4, "bf16", "foreach"),
+        (3, 2, "amp-bf16", "fused"),
+    )
+]
+ROWS = (
+    "parameters",
+    "gradients",
+    "optimizer states",
+    "optimizer step temporaries",
+    "activations and transients",
+    "DeepSpeed reduce buckets",
+    "DeepSpeed fp32 gradient partition",
+    "ZeRO-3 gathered parameters",
+    "total",
+)
+#: (family, stage, point, row) -> (lowest, highest) of (dry run - formula) / the dry run's
+#: total at that point over the grid, rounded outward to 0.1%. Rows not listed are equal.
+BOUNDS: dict[tuple[str, int, str, str], tuple[float, float]] = {
+    ("gpt2", 0, "backward", "DeepSpeed reduce buckets"): (-0.16, -0.132),
+    ("gpt2", 0, "backward", "activations and transients"): (0.153, 0.215),
+    ("gpt2", 0, "backward", "total"): (-0.006, 0.083),
+    ("gpt2", 0, "forward end", "activations and transients"): (0.165, 0.222),
+    ("gpt2", 0, "forward end", "total"): (0.165, 0.222),
+    ("gpt2", 0, "optimizer step", "total"): (-0.0, 0.001),
+    ("gpt2", 1, "backward", "activations and transients"): (0.068, 0.069),
+    ("gpt2", 1, "backward", "gradients"): (0.013, 0.014),
+    ("gpt2", 1, "backward", "total"): (0.082, 0.083),
+    ("gpt2", 1, "forward end", "activations and transients"): (0.177, 0.178),
+    ("gpt2", 1, "forward end", "total"): (0.177, 0.178),
+    ("gpt2", 1, "optimizer step", "DeepSpeed fp32 gradient partition"): (-0.164, -0.163),
+    ("gpt2", 1, "optimizer step", "gradients"): (0.02, 0.021),
+    ("gpt2", 1, "optimizer step", "optimizer step temporaries"): (0.081, 0.082),
+    ("gpt2", 1, "optimizer step", "total"): (-0.062, -0.061),
+    ("gpt2", 2, "backward", "activations and transients"): (0.069, 0.083),
+    ("gpt2", 2, "backward", "total"): (0.069, 0.084),
+    ("gpt2", 2, "forward end", "activations and transients"): (0.177, 0.213),
+    ("gpt2", 2, "forward end", "total"): (0.177, 0.213),
+    ("gpt2", 2, "optimizer step", "DeepSpeed fp32 gradient partition"): (-0.209, -0.163),
+    ("gpt2", 2, "optimizer step", "gradients"): (0.02, 0.026),
+    ("gpt2", 2, "optimizer step", "optimizer step temporaries"): (0.081, 0.209),
+    ("gpt2", 2, "optimizer step", "total"): (-0.062, 0.027),
+    ("gpt2", 3, "backward", "ZeRO-3 gathered parameters"): (-0.001, 0.065),
+    ("gpt2", 3, "backward", "activations and transients"): (0.12, 0.173),
+    ("gpt2", 3, "backward", "total"): (0.172, 0.186),
+    ("gpt2", 3, "forward end", "ZeRO-3 gathered parameters"): (-0.001, 0.062),
+    ("gpt2", 3, "forward end", "activations and transients"): (0.177, 0.182),
+    ("gpt2", 3, "forward end", "total"): (0.177, 0.243),
+    ("gpt2", 3, "optimizer step", "optimizer step temporaries"): (-0.0, 0.125),
+    ("gpt2", 3, "optimizer step", "total"): (-0.0, 0.126),
+    ("llama", 0, "backward", "DeepSpeed reduce buckets"): (-0.159, -0.145),
+    ("llama", 0, "backward", "activations and transients"): (0.088, 0.133),
+    ("llama", 0, "backward", "total"): (-0.057, -0.025),
+    ("llama", 0, "forward end", "activations and transients"): (0.092, 0.145),
+    ("llama", 0, "forward end", "total"): (0.092, 0.146),
+    ("llama", 0, "optimizer step", "total"): (-0.0, 0.001),
+    ("llama", 1, "backward", "activations and transients"): (-0.013, -0.012),
+    ("llama", 1, "backward", "gradients"): (0.014, 0.015),
+    ("llama", 1, "backward", "total"): (0.002, 0.003),
+    ("llama", 1, "forward end", "activations and transients"): (0.107, 0.108),
+    ("llama", 1, "forward end", "total"): (0.107, 0.108),
+    ("llama", 1, "optimizer step", "DeepSpeed fp32 gradient partition"): (-0.166, -0.165),
+    ("llama", 1, "optimizer step", "gradients"): (0.005, 0.006),
+    ("llama", 1, "optimizer step", "optimizer step temporaries"): (0.082, 0.083),
+    ("llama", 1, "optimizer step", "total"): (-0.078, -0.077),
+    ("llama", 2, "backward", "DeepSpeed reduce buckets"): (-0.134, -0.11),
+    ("llama", 2, "backward", "activations and transients"): (0.104, 0.125),
+    ("llama", 2, "backward", "total"): (-0.008, -0.006),
+    ("llama", 2, "forward end", "activations and transients"): (0.107, 0.13),
+    ("llama", 2, "forward end", "total"): (0.107, 0.131),
+    ("llama", 2, "optimizer step", "DeepSpeed fp32 gradient partition"): (-0.211, -0.165),
+    ("llama", 2, "optimizer step", "gradients"): (0.005, 0.02),
+    ("llama", 2, "optimizer step", "optimizer step temporaries"): (0.082, 0.211),
+    ("llama", 2, "optimizer step", "total"): (-0.078, 0.02),
+    ("llama", 3, "backward", "ZeRO-3 gathered parameters"): (-0.001, 0.069),
+    ("llama", 3, "backward", "activations and transients"): (0.05, 0.105),
+    ("llama", 3, "backward", "total"): (0.104, 0.119),
+    ("llama", 3, "forward end", "ZeRO-3 gathered parameters"): (-0.001, 0.067),
+    ("llama", 3, "forward end", "activations and transients"): (0.096, 0.108),
+    ("llama", 3, "forward end", "total"): (0.107, 0.164),
+    ("llama", 3, "optimizer step", "optimizer step temporaries"): (-0.0, 0.125),
+    ("llama", 3, "optimizer step", "total"): (0.0, 0.126),
+}
+
+
+def dry_run(family: str, stage: int, ranks: int, precision: str, impl: str) -> Any:
+    config = TrainConfig(micro_batch=2, precision=precision, zero_stage=stage)
+    return simulate_memory(
+        lambda: FAMILIES[family]("sdpa"),
+        config,
+        seq_len=128,
+        world_size=ranks,
+        optimizer_impl=impl,
+        progress=False,
+    )
+
+
+def shares(run: Any) -> dict[tuple[str, str], tuple[float, int, int | None]]:
+    """(point, row) -> ((dry - formula) / dry total at the point, dry, formula)."""
+    rows = [r for r in run.compare().rows if r.category in ROWS]
+    totals = {r.point: r.dry_run_bytes for r in rows if r.category == "total"}
+    return {
+        (r.point, r.category): (
+            (r.dry_run_bytes - (r.formula_bytes or 0)) / totals[r.point],
+            r.dry_run_bytes,
+            r.formula_bytes,
+        )
+        for r in rows
+    }
+
+
+@pytest.mark.parametrize("setup", GRID, ids=lambda s: "-".join(map(str, s)))
+def test_formula_within_the_measured_bounds(setup: tuple[Any, ...]) -> None:
+    run = dry_run(*setup)
+    assert (run.engine, run.zero_stage, run.world_size) == ("deepspeed", setup[1], setup[2])
+    assert run.formula is not None
+    # the model states at rest: DeepSpeed's layout to the byte (+ Adam's step counters)
+    assert run.params_bytes == run.formula.params_bytes
+    extra = run.optimizer_bytes - run.formula.optimizer_bytes
+    assert 0 <= extra <= run.optimizer_step_counter_bytes
+    for key, (share, dry, formula) in shares(run).items():
+        if key[1] == "parameters":
+            assert dry == formula, key
+        elif key[1] == "optimizer states":
+            assert 0 <= dry - (formula or 0) <= run.optimizer_step_counter_bytes, key
+        else:
+            low, high = BOUNDS.get((setup[0], setup[1], *key), (0.0, 0.0))
+            assert low <= share <= high, (key, share, dry, formula)
+
+
+def test_zero3_gathers_and_partitions_as_the_formula_counts() -> None:
+    """ZeRO-3 on 4 ranks: each rank holds a quarter of the 16-bit weights, the gradient
+    partition plus the reduce bucket from step to step, and gathers the layers it runs
+    (DeepSpeed's own coordinator, told apart from the partitions)."""
+    run = simulate_memory(
+        "tiny-gpt",
+        TrainConfig(micro_batch=4, precision="bf16", zero_stage=3),
+        model_options=TINY,
+        world_size=4,
+        progress=False,
+    )
+    forward = run.points["forward end"]
+    assert run.params_bytes == run.formula.params_bytes  # 2 bytes x ceil(params / 4)
+    assert forward["ZeRO-3 gathered parameters"] > 0
+    assert forward["gradients"] == run.formula.peak.points["forward end"]["gradients"]
+    step = run.points["optimizer step"]
+    assert step["DeepSpeed fp32 gradient partition"] == 4 * -(-run.n_params // 4)
+
+
+def _nothing_left() -> None:
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        assert key not in os.environ, key
+
+
+def test_nothing_is_left_behind_and_a_session_trains_deepspeed_after() -> None:
+    hook = sys.excepthook
+    linear = torch.nn.functional.linear
+    simulate_memory(
+        "tiny-gpt",
+        TrainConfig(micro_batch=2, precision="bf16", zero_stage=3),
+        model_options=TINY,
+        world_size=2,
+        progress=False,
+    )
+    _nothing_left()
+    assert sys.excepthook is hook and torch.nn.functional.linear is linear
+    config = TrainConfig(micro_batch=2, zero_stage=2)
+    with Session(config, model="tiny-gpt", model_options=TINY) as s:
+        s.run(optimizer_steps=2)
+        assert s.backend.zero_stage == 2
+        # the Session's own process group exists: its dry run is refused, the group kept
+        with pytest.raises(DryRunError, match="already initialised"):
+            s.simulate(progress=False)
+        s.run(optimizer_steps=1)
+        assert s.backend.zero_stage == 2
+    _nothing_left()
+
+
+@pytest.mark.parametrize(
+    ("config", "world_size", "field", "text"),
+    [
+        (TrainConfig(zero_stage=2, offload_optimizer="cpu"), 2, "offload_optimizer", "offload"),
+        (TrainConfig(precision="bf16-true"), 2, "precision", "pure bf16"),
+        (TrainConfig(precision="amp-fp16", zero_stage=1), 2, "precision", "'fp16'"),
+    ],
+)
+def test_what_deepspeed_cannot_run_is_refused_by_name(
+    config: TrainConfig, world_size: int, field: str, text: str
+) -> None:
+    with pytest.raises(DryRunError) as info:
+        simulate_memory("tiny-gpt", config, model_options=TINY, world_size=world_size)
+    assert field in {p.field for p in info.value.problems}
+    assert text in str(info.value)
+    _nothing_left()
+
+
+def _table(results: list[tuple[tuple[Any, ...], Any]]) -> str:
+    per: dict[tuple[Any, ...], list[tuple[float, float | None]]] = {}
+    for setup, run in results:
+        for key, (share, dry, formula) in shares(run).items():
+            ratio = dry / formula if formula else None
+            per.setdefault((setup[0], setup[1], *key), []).append((share, ratio))
+    lines = [
+        "| model | ZeRO | point | row | dry run / formula | (dry run - formula) / point total |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (family, stage, point, row), values in sorted(per.items(), key=lambda kv: str(kv[0])):
+        ratios = [r for _, r in values if r is not None]
+        share = [s for s, _ in values]
+        ratio = f"{min(ratios):.3f} .. {max(ratios):.3f}" if ratios else "n/a"
+        lines.append(
+            f"| {family} | {stage} | {point} | {row} | {ratio} | "
+            f"{100 * min(share):+.1f}% .. {100 * max(share):+.1f}% |"
+        )
+    bounds = {
+        key: (round(min(s for s, _ in v) - 0.0005, 3), round(max(s for s, _ in v) + 0.0005, 3))
+        for key, v in sorted(per.items(), key=lambda kv: str(kv[0]))
+        if key[3] not in ("parameters", "optimizer states") and any(abs(s) > 0 for s, _ in v)
+    }
+    return "\n".join(lines) + "\n\nBOUNDS = " + repr(bounds)
+
+
+if __name__ == "__main__":  # the table of docs/dry_run.md (and BOUNDS)
+    print(_table([(s, dry_run(*s)) for s in GRID]))
