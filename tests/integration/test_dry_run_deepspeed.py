@@ -204,12 +204,27 @@ def test_nothing_is_left_behind_and_a_session_trains_deepspeed_after() -> None:
     with Session(config, model="tiny-gpt", model_options=TINY) as s:
         s.run(optimizer_steps=2)
         assert s.backend.zero_stage == 2
-        # the Session's own process group exists: its dry run is refused, the group kept
-        with pytest.raises(DryRunError, match="already initialised"):
-            s.simulate(progress=False)
+        # the Session's own process group exists here: its dry run runs in a child
+        # process, with DeepSpeed's engine on a fake group there; the group is kept
+        run = s.simulate(progress=False)
+        assert (run.engine, run.zero_stage) == ("deepspeed", 2)
+        assert run.params_bytes == s.memory().params_bytes
+        assert s.memory().dry_run is run and "dry run" in str(s.memory())
         s.run(optimizer_steps=1)
         assert s.backend.zero_stage == 2
     _nothing_left()
+
+
+def test_a_notebook_s_own_module_cannot_cross_to_the_child_and_is_named() -> None:
+    """In a process that holds a group the dry run runs in a child, which cannot import a
+    class a notebook defined (`__main__`): refused, naming the model, before spawning."""
+    from workbench.train.dry_run_child import simulate_in_child
+
+    local = type("NotebookNet", (torch.nn.Linear,), {"__module__": "__main__"})
+    with pytest.raises(DryRunError) as info:
+        simulate_in_child(local(4, 4), TrainConfig(), world_size=2)
+    assert [p.field for p in info.value.problems] == ["model"]
+    assert "importable module" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,10 @@ class SessionTools:
         its peak is measured, the formula's beside it (`DryRun.formula`). Cached per
         setup: the same settings answer again at once; `memory()` shows the cached dry
         run's peak next to the prediction. Runs outside the training loop's lock: a
-        running session keeps training (the dry run copies the module's shapes first)."""
+        running session keeps training (the dry run copies the module's shapes first).
+        A distributed session (DeepSpeed, FSDP) holds this process's process group, so
+        its dry run runs in a child process (`workbench.train.dry_run_child`: tens of
+        seconds more, and a model or loss defined in the notebook cannot cross)."""
         from workbench.train.dry_run import simulate_memory
 
         self._check_open("simulate memory")
@@ -88,7 +91,12 @@ class SessionTools:
             options = self.model_options if self.info is not None else None
         if self.info is not None:
             batch = None  # a built-in model: its own dataset's samples
-        run = simulate_memory(
+        simulate: Any = simulate_memory
+        if _holds_a_process_group():  # a distributed engine's: the dry run forms its own
+            from workbench.train.dry_run_child import simulate_in_child
+
+            simulate = simulate_in_child
+        run = simulate(
             model,
             cfg,
             batch=batch,
@@ -242,3 +250,9 @@ def module_description(model: Any, batch: Any) -> ModuleDescription | None:
     config = model.config
     training = training_facts(config.to_dict(), getattr(config, "_attn_implementation", None))
     return ModuleDescription(facts.counted, arch, training)
+
+
+def _holds_a_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
