@@ -136,7 +136,8 @@ def simulate_memory(
     loss. `loss_fn(outputs, targets)` as in a Session (a built-in model brings its own).
     `steps` (2 to 100): the first step creates the optimizer states; the peak is the
     highest of the later ones. `optimizer_impl`: "foreach" (torch's default on CUDA),
-    "for-loop" or "fused". `device`: "auto" (CUDA where torch has it, else the CPU),
+    "for-loop" or "fused". `device`: "auto" (CUDA where torch has it, else the CPU; a
+    DeepSpeed setup always the CPU, with DeepSpeed's CPU accelerator: the path verified),
     "cuda" or "cpu". `progress(phase, step, steps)` is called as each part of each step
     begins; None shows a line on a terminal's stderr, False nothing.
 
@@ -590,8 +591,9 @@ def _notes(
 ) -> list[str]:
     notes: list[str] = []
     if device.type == "cpu":
+        why = "this torch has no CUDA" if not torch.cuda.is_available() else "DeepSpeed"
         notes.append(
-            "simulated on fake CPU tensors (this torch has no CUDA): dropout and attention "
+            f"simulated on fake CPU tensors ({why}): dropout and attention "
             "dropout run as the GPU's kernels; CPU autocast's operator lists differ from "
             "CUDA's in a few operators, and each storage counts its exact bytes where CUDA's "
             "allocator rounds up to 512"

@@ -92,6 +92,10 @@ def check_arguments(
     sim = _device(p, device)
     p += _setting_problems(config, world_size)
     ranked = _is_int(world_size) and 1 <= world_size <= MAX_WORLD_SIZE
+    if device == "auto" and ranked and engine_for(config, world_size) is Engine.DEEPSPEED:
+        # DeepSpeed's engine on fake tensors is verified with its CPU accelerator (fake CPU
+        # tensors running the GPU's kernels); device="cuda" asks for its CUDA path
+        sim = torch.device("cpu")
     if ranked and engine_for(config, world_size) is not Engine.PLAIN:
         problem = group_problem(world_size)
         if problem is not None:

@@ -24,9 +24,9 @@ What a dry run changes in DeepSpeed, only while it runs (`deepspeed_dry_run`):
   device, which is what those calls would make of it;
 * ZeRO-3's process-wide `torch.nn.functional.linear` patch is put back after, as the
   backend does (`_Zero3LinearPatch`);
-* on a CPU-only torch, DeepSpeed's CPU accelerator answers that fp16 is supported: the
-  simulation stands for a GPU's run, and DeepSpeed's fp16 is torch operators on fake
-  tensors.
+* DeepSpeed's CPU accelerator (what `device="auto"` simulates with) answers that fp16 is
+  supported: the simulation stands for a GPU's run, and DeepSpeed's fp16 is torch
+  operators on fake tensors.
 
 `categories` files what the tracker saw: the module's parameters (the flat 16-bit buffer
 under ZeRO 1/2, each rank's partition under ZeRO-3, counted as "parameters"), the fp32
