@@ -173,7 +173,7 @@ def test_zero3_engine_and_fsdp_engine_leave_no_patch_behind() -> None:
         s.update(zero_stage=0, fsdp="full_shard")
         s.run(optimizer_steps=1)
     assert torch.nn.functional.linear is original
-    assert zero._Zero3LinearPatch.engines == 0
+    assert zero.Zero3LinearPatch.engines == 0
 
 
 # --------------------------------------------------------------------------- GPU readiness

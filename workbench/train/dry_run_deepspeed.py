@@ -23,7 +23,7 @@ What a dry run changes in DeepSpeed, only while it runs (`deepspeed_dry_run`):
   cannot swap fake parameters, so the module comes already cast (`cast_copy`) and on its
   device, which is what those calls would make of it;
 * ZeRO-3's process-wide `torch.nn.functional.linear` patch is put back after, as the
-  backend does (`_Zero3LinearPatch`);
+  backend does (`Zero3LinearPatch`);
 * DeepSpeed's CPU accelerator (what `device="auto"` simulates with) answers that fp16 is
   supported: the simulation stands for a GPU's run, and DeepSpeed's fp16 is torch
   operators on fake tensors.
@@ -98,8 +98,8 @@ def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
     import deepspeed.runtime.zero.stage3 as ds_stage3
     import deepspeed.runtime.zero.stage_1_and_2 as ds_stage12
 
-    from workbench.train.backends.deepspeed import _Zero3LinearPatch
-    from workbench.train.backends.process_group import _forget_stale_groups
+    from workbench.train.backends.deepspeed import Zero3LinearPatch
+    from workbench.train.backends.process_group import forget_stale_groups
     from workbench.train.devices import use_deepspeed_accelerator
 
     saved_env = {k: os.environ.get(k) for k in _ENV}
@@ -124,13 +124,13 @@ def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
             MASTER_PORT="0",
         )
         logger.setLevel(logging.ERROR)
-        _forget_stale_groups()
+        forget_stale_groups()
         accelerator = use_deepspeed_accelerator(device)
         if not accelerator.is_fp16_supported():  # a CPU simulating a GPU's fp16 run
             patch(type(accelerator), "is_fp16_supported", _supported)
         excepthook = sys.excepthook  # each new group wraps it ("[rank0]: " prefixes)
         ctx.callback(setattr, sys, "excepthook", excepthook)
-        _Zero3LinearPatch.acquire()
+        Zero3LinearPatch.acquire()
         try:
             with fake_process_group(world_size, destroy=_destroy(ds_comm)):
                 deepspeed.init_distributed(
@@ -138,7 +138,7 @@ def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
                 )
                 yield
         finally:
-            _Zero3LinearPatch.release()
+            Zero3LinearPatch.release()
             logger.setLevel(level)
             for key, value in saved_env.items():
                 if value is None:

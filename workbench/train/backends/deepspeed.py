@@ -65,7 +65,7 @@ STATE_FORMAT = 1
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
 
 
-class _Zero3LinearPatch:
+class Zero3LinearPatch:
     """ZeRO-3 replaces `torch.nn.functional.linear` process-wide with its memory-efficient
     version and never puts it back ("This will persist unless manually reset"): every
     later model in the notebook, trained by DeepSpeed or not, would run through it (and
@@ -203,7 +203,7 @@ class DeepSpeedBackend:
             raise ValueError("model: has no trainable parameters (requires_grad=True)")
         self.ds_config = engine_config(config, self.world_size, n_params)
         if self.ds_config["zero_optimization"]["stage"] == 3:
-            _Zero3LinearPatch.acquire()  # before initialize, which patches
+            Zero3LinearPatch.acquire()  # before initialize, which patches
             self._zero3 = True
         trainable = [p for p in module.parameters() if p.requires_grad]
         engine, _, _, _ = deepspeed.initialize(
@@ -612,7 +612,7 @@ class DeepSpeedBackend:
     def _teardown(self) -> None:
         if self._zero3:
             self._zero3 = False
-            _Zero3LinearPatch.release()
+            Zero3LinearPatch.release()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

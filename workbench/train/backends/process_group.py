@@ -67,7 +67,7 @@ class ProcessGroupLease:
         cls._restore_env()
         cls.users = 0
         cls.created = False
-        _forget_stale_groups()
+        forget_stale_groups()
         added = []
         defaults = {
             "MASTER_ADDR": "127.0.0.1",
@@ -147,7 +147,7 @@ def _start_deepspeed_comm(device: torch.device) -> None:
     )
 
 
-def _forget_stale_groups() -> None:
+def forget_stale_groups() -> None:
     """DeepSpeed caches sub-groups of the default group in module globals; after someone
     else destroyed the default group they point at dead groups and the next engine fails
     ("Group ... is not registered"). Drop them before creating a new default group."""
