@@ -32,9 +32,9 @@ def _grads_per_step(session: Session) -> list[dict[str, torch.Tensor]]:
     backend = session.backend
     original = backend.step
 
-    def spy():
+    def spy(**read):  # the step hands over what it read (the gradient norm)
         captured.append({n: p.grad.detach().clone() for n, p in session.model.named_parameters()})
-        return original()
+        return original(**read)
 
     backend.step = spy  # type: ignore[method-assign]
     return captured
