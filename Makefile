@@ -17,7 +17,7 @@ TORCH_CUDA_INDEX ?=
 # cached op builds are not invalidated by a second ninja on the system PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install lab test test-fast fuzz lint bench gpu-check gpu-wheels browser-deps clean
+.PHONY: install lab test test-fast fuzz lint bench gpu-check gpu-wheels browser-deps notebooks-html clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ gpu-check: install
 # PyTorch image, into .whl/; there, `bash benchmarks/gpu_run.sh` installs them and runs it.
 gpu-wheels: install
 	PY=$(PY) bash benchmarks/gpu_wheels.sh
+
+# Every notebook executed and rendered as HTML under docs/notebooks/ (minutes), for readers
+# without a kernel; tests/notebooks checks each page records its notebook's current cells.
+notebooks-html: install
+	$(PY) docs/notebooks/render.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,17 +1,28 @@
-"""Every notebook under notebooks/ runs top to bottom on a fresh kernel without a cell error.
+"""Every notebook under notebooks/ runs top to bottom on a fresh kernel without a cell error,
+checks what it teaches, and has a current rendered copy under docs/notebooks/.
 
 Each notebook executes with nbclient on the "python3" kernel (the Makefile installs the
 venv's kernel under that name) in a temporary copy of notebooks/, so running the tests
 never writes into the repository. The start notebook must also leave static PNG charts in
 its saved outputs, so it reads well without a live kernel.
+
+Each notebook asserts its lessons in code cells tagged "check" (source hidden in
+JupyterLab): a claim that stops being true raises there, and the notebook's test fails.
+The static tests below ask every notebook for such cells, each with an `assert`, and for a
+rendered page (docs/notebooks/<name>.html, `make notebooks-html`) that records the hash of
+the notebook's current cells.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
+import json
 import os
+import re
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import nbformat
 import pytest
@@ -19,7 +30,9 @@ from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
+RENDERED = REPO / "docs" / "notebooks"
 START = "00_start_here.ipynb"
+PAGE_LIMIT_BYTES = 3_000_000  # a rendered page: outputs and PNG charts, no widget state
 
 
 def _notebooks() -> list[Path]:
@@ -89,3 +102,67 @@ def _check_static_charts(nb: nbformat.NotebookNode) -> None:
     assert widget_views, "the start notebook shows no widgets"
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     assert state.get("state"), "the executed notebook holds no widget state"
+
+
+def _check_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in nb.cells if c.cell_type == "code" and "check" in c.metadata.get("tags", [])]
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
+def test_notebook_checks_what_it_teaches(path: Path) -> None:
+    checks = _check_cells(nbformat.read(path, as_version=4))
+    assert checks, f"{path.name}: no code cell tagged 'check' asserts its lessons"
+    for cell in checks:
+        assert re.search(r"^\s*assert\b", cell.source, re.MULTILINE), (
+            f"{path.name}: the check cell {cell.get('id')} asserts nothing:\n{cell.source}"
+        )
+
+
+def _render() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("notebook_render", RENDERED / "render.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
+def test_rendered_page_is_current(path: Path) -> None:
+    render = _render()
+    page = render.page_for(path)
+    assert page.is_file(), f"{page.relative_to(REPO)} is missing: run `make notebooks-html`"
+    recorded = render.recorded(page)
+    assert recorded.get(render.NAME_META) == path.name, recorded
+    assert recorded.get(render.HASH_META) == render.source_hash(path), (
+        f"{path.name} changed since {page.name} was rendered: run `make notebooks-html` "
+        f"(or `python docs/notebooks/render.py {path.name}`)"
+    )
+    html = page.read_text(encoding="utf-8")
+    assert page.stat().st_size < PAGE_LIMIT_BYTES, f"{page.name}: {page.stat().st_size:,} bytes"
+    assert "application/vnd.jupyter.widget-state+json" not in html, "widget state embedded"
+    assert "checked: " in html, f"{page.name} shows no check's output: was it executed?"
+    assert "Traceback (most recent call last)" not in html
+    if f'href="{render.SHARED_CSS}"' in html:
+        assert (RENDERED / render.SHARED_CSS).is_file(), f"{page.name} links a missing stylesheet"
+
+
+def test_every_rendered_page_has_its_notebook() -> None:
+    names = {p.stem for p in _notebooks()}
+    orphans = [p.name for p in RENDERED.glob("*.html") if p.stem not in names]
+    assert not orphans, f"pages without a notebook (renamed or removed?): {orphans}"
+
+
+def test_the_source_hash_sees_cells_not_outputs(tmp_path: Path) -> None:
+    render = _render()
+    path = tmp_path / START
+    shutil.copy(NOTEBOOKS / START, path)
+    before = render.source_hash(path)
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["ran\n"]}]
+    code["execution_count"] = 7
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    assert render.source_hash(path) == before  # executing a notebook does not change its hash
+    code["source"] = ["# one changed line\n"] + list(code["source"])
+    path.write_text(json.dumps(nb), encoding="utf-8")
+    assert render.source_hash(path) != before
