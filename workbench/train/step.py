@@ -3,8 +3,13 @@ backward passes, then the optimizer step; timed, and turned into a `StepRecord`.
 
 The loop has no mode checks: the backend was built for the settings (precision, ZeRO
 stage) and the phase labels are no-ops unless the profiler asks for them. The host waits
-for the device twice per step: reading the loss (to skip a non-finite step before the
-optimizer touches the weights) and at the end (so the step's time is the device's).
+for the device once per step, in `read_device_values`, the one place the step turns device
+values into numbers: the summed loss and, where the backend prepares it before the
+optimizer step (`prepare_step()`, the plain backend without loss scaling), the gradient
+norm, read together, so a non-finite step is skipped before the optimizer touches the
+weights. The step's time comes from `step_clock` (CUDA events read a step late, no sync of
+their own). docs/step_cost.md says what each part of a step costs and which settings add
+syncs of their own (a loss scaler's checks, the DeepSpeed and FSDP engines' norms).
 The CUDA peak statistic is reset as the step starts, so each record's peak is its own
 step's. A step that fails leaves the weights and optimizer state as they were; the Session
 turns the failure into an event (`NonFiniteLoss`, out of memory, any other exception).
@@ -84,6 +89,17 @@ class StepMeasure:
     loss_parts: dict[str, float] | None = None  # from a loss_fn with take_parts()
 
 
+def read_device_values(
+    loss_sum: torch.Tensor, grad_norm: torch.Tensor | None
+) -> tuple[float, float | None]:
+    """The step's one read of device values: (summed loss, gradient norm or None), copied
+    to the host together. On CUDA the host waits for the device here, once per step."""
+    if grad_norm is None:
+        return loss_sum.item(), None  # host waits for the device here
+    both = torch.stack((loss_sum.float(), grad_norm.float())).tolist()  # and here
+    return both[0], both[1]
+
+
 def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasure:
     """One optimizer step on `runtime` (a `workbench.train.runtime.Runtime`). The batches
     read are appended to `fetched`, so an out-of-memory retry can split them. Raises
@@ -96,13 +112,15 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
     backend = runtime.backend
     data = runtime.data
     loss_fn = runtime.loss_fn
+    clock = runtime.clock
     take_parts = getattr(loss_fn, "take_parts", None)
     if take_parts is not None:
         take_parts()
     module = backend.module
+    autocast = backend.autocast
     accum = int(cfg.grad_accum)
     runtime.begin_step()  # the CUDA peak of this step's record counts from here
-    t0 = perf_counter()
+    clock.start()
     data_s = 0.0
     total: torch.Tensor | None = None
     for _ in range(accum):
@@ -112,12 +130,16 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         data_s += perf_counter() - t
         fetched.append(batch)
         with label("workbench.forward"):
-            loss = batches.forward_and_loss(module, batch, loss_fn, backend.autocast)
+            loss = batches.forward_and_loss(module, batch, loss_fn, autocast)
         with label("workbench.backward"):
             backend.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
-    loss_value = total.item() / accum  # host waits for the device here, once per step
+    prepare = getattr(backend, "prepare_step", None)  # the plain backend's gradient norm
+    norm = prepare() if prepare is not None else None
+    clock.before_read()
+    loss_sum, grad_norm = read_device_values(total, norm)
+    loss_value = loss_sum / accum
     loss_parts = take_parts() if take_parts is not None else None
     if not math.isfinite(loss_value):
         backend.zero_grad()
@@ -126,14 +148,13 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
     if first:
         before = backend.model_state_bytes()
     with label("workbench.optimizer"):
-        outcome = backend.step()
+        outcome = backend.step() if norm is None else backend.step(grad_norm=grad_norm)
     if first:
         after = backend.model_state_bytes()
         runtime.state_bytes = ModelStateBytes(
             before.params_bytes, before.grads_bytes, after.optimizer_bytes
         )
-    runtime.sync_device()  # host waits for the device here, so step_s is the step's time
-    return StepMeasure(loss_value, outcome, perf_counter() - t0, data_s, loss_parts)
+    return StepMeasure(loss_value, outcome, clock.stop(), data_s, loss_parts)
 
 
 def make_record(
