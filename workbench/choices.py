@@ -144,6 +144,18 @@ class FsdpMode(StrEnum):
         return self in (FsdpMode.FULL_SHARD, FsdpMode.SHARD_GRAD_OP)
 
 
+class Attention(StrEnum):
+    """The attention kernel a Session trains with (`TrainConfig.attention`): the model's
+    own, the unfused one written out in the model (its scores and probabilities kept for
+    backward), or PyTorch's `scaled_dot_product_attention` (flash / memory-efficient
+    kernels: no s x s tensors kept). A `transformers` model takes it as its
+    `attn_implementation`."""
+
+    MODEL = "model"
+    EAGER = "eager"
+    SDPA = "sdpa"
+
+
 class Engine(StrEnum):
     """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
     DeepSpeed engine, or PyTorch FSDP2. The distributed engines train a copy of it."""
@@ -173,6 +185,7 @@ ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "offload_params": OffloadDevice,
     "fsdp": FsdpMode,
     "device": Device,
+    "attention": Attention,
 }
 
 

@@ -34,6 +34,7 @@ from workbench.choices import (  # the choices, re-exported here
     NOT_IN_SESSION,
     SESSION_OPTIMIZERS,
     VALUE_ALIASES,
+    Attention,
     Device,
     Engine,
     FsdpMode,
@@ -253,6 +254,16 @@ class TrainConfig:
         help="recompute marked blocks in backward",
         flag="--activation-checkpointing",
         panel=9,
+    )
+    attention: Attention | str = setting(
+        Attention.MODEL,
+        kind="choice",
+        label="attention",
+        help="attention kernel: the model's own, eager (scores kept for backward) or sdpa "
+        "(PyTorch's fused scaled_dot_product_attention); switchable live",
+        flag="--attention",
+        metavar="KERNEL",
+        panel=13,
     )
     num_workers: int = setting(
         0,
@@ -858,6 +869,7 @@ __all__ = [
     "SESSION_OPTIMIZERS",
     "SETTINGS",
     "VALUE_ALIASES",
+    "Attention",
     "Device",
     "Engine",
     "FsdpMode",

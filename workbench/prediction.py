@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import Engine, FsdpMode, OffloadDevice, TrainConfig, engine_for
+from workbench.config import Attention, Engine, FsdpMode, OffloadDevice, TrainConfig, engine_for
 from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
@@ -99,5 +99,17 @@ def predict_memory(
         weight_decay=float(config.weight_decay),
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
-        **shape_of(model),
+        **_with_attention(shape_of(model), Attention(config.attention)),
     )
+
+
+def _with_attention(shape: dict[str, Any], kernel: Attention) -> dict[str, Any]:
+    """The shape with the estimator's attention terms for the config's kernel: "sdpa" as
+    is; "eager" the model's own unfused kernel (the built-in GPT's is Megatron's, its
+    softmax output kept in the compute dtype; a transformers model's keeps fp32)."""
+    if not shape or kernel is Attention.MODEL:
+        return shape
+    if kernel is Attention.SDPA:
+        return {**shape, "attention": "sdpa"}
+    own = shape.get("attention")
+    return {**shape, "attention": "megatron" if own == "megatron" else "eager"}

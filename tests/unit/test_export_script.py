@@ -484,3 +484,24 @@ def test_an_exported_job_trains_the_sessions_trajectory(
     )
     moved = max(abs(a.loss - b.loss) for a, b in zip(records, records[1:], strict=False))
     assert moved > 1e-3  # the steps train: a trajectory, not one loss repeated
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
+def test_an_exported_job_trains_with_the_sessions_attention_kernel(
+    fmt: str, tmp_path: Path
+) -> None:
+    """`attention="sdpa"` travels in the job's config: the job's model runs PyTorch's
+    fused kernel, as the Session's; a kernel the job does not know is refused by name."""
+    from workbench.export import export_job
+    from workbench.export.job_common import build
+
+    config = TrainConfig(attention="sdpa", **({"fsdp": "full_shard"} if fmt != "deepspeed" else {}))
+    out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=TINY_GPT)
+    job = json.loads((Path(out.out_dir) / "job.json").read_text())
+    assert job["config"]["attention"] == "sdpa"
+    module, _, _ = build(job)
+    kernels = {m.kernel for m in module.modules() if type(m).__name__ == "CausalSelfAttention"}
+    assert kernels == {"sdpa"}
+    job["config"]["attention"] = "flash"
+    with pytest.raises(SystemExit):
+        build(job)

@@ -226,7 +226,40 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
     module, dataset, loss_fn = built[0], built[1], built[2]
     if job["activation_checkpointing"] and not checkpoint_marked_blocks(module):
         fail("activation checkpointing is on but the model has no checkpointable blocks")
+    config = job.get("config")
+    kernel = config.get("attention", "model") if isinstance(config, dict) else "model"
+    if kernel not in ATTENTION_KERNELS:
+        fail(f"attention={kernel!r}: must be one of {', '.join(ATTENTION_KERNELS)}")
+    if kernel != "model" and not set_attention(module, kernel):
+        fail(
+            f"attention={kernel!r}: the model is neither the workbench GPT nor a "
+            "transformers model, so there is no attention kernel to switch"
+        )
     return module, dataset, loss_fn
+
+
+#: The attention kernels a job trains with (the Session's `attention` setting).
+ATTENTION_KERNELS = ("model", "eager", "sdpa")
+
+
+def set_attention(module: torch.nn.Module, kernel: str) -> bool:
+    """The job's own copy of the Session's rule (`workbench.train.attention`): the
+    workbench GPT's attention modules take `kernel` as their `kernel` attribute, a
+    transformers model as its attn_implementation. False when the model has neither."""
+    layers = [m for m in module.modules() if type(m).__name__ == "CausalSelfAttention"]
+    for layer in layers:
+        layer.kernel = kernel
+    if layers:
+        return True
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return False
+    switch = getattr(module, "set_attn_implementation", None)
+    if callable(switch):
+        switch(kernel)
+    else:
+        config._attn_implementation = kernel
+    return True
 
 
 #: The attribute that marks a block for activation checkpointing (what

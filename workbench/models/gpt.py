@@ -19,8 +19,9 @@ per block (pre-LN), with s sequence length, b micro-batch, h hidden, a heads,
     fc_proj input (GELU out)   4sbh
     MLP dropout                sbh mask
 
-Attention is written out by hand (no fused scaled_dot_product_attention, which stores
-no `as^2b` terms). Scaling, causal masking and softmax are one autograd function that
+Attention is written out by hand by default (no fused scaled_dot_product_attention, which
+stores no `as^2b` terms); `CausalSelfAttention.kernel = "sdpa"` (the Session's
+`attention="sdpa"`) runs PyTorch's fused kernel instead, the estimator's "sdpa" terms. Scaling, causal masking and softmax are one autograd function that
 computes in fp32 and stores its output in the compute dtype, as Megatron's fused
 softmax does, so the softmax runs in fp32 under autocast without storing fp32 scores.
 
@@ -106,6 +107,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = MaskDropout(dropout)
         mask = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("causal_mask", mask, persistent=False)
+        #: "eager": written out (the module docstring's terms); "sdpa": PyTorch's fused
+        #: scaled_dot_product_attention, which keeps no s x s tensors for backward
+        self.kernel = "eager"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
@@ -114,6 +118,10 @@ class CausalSelfAttention(nn.Module):
         q = q.reshape(b, s, self.heads, d).transpose(1, 2)
         k = k.reshape(b, s, self.heads, d).transpose(1, 2)
         v = v.reshape(b, s, self.heads, d).transpose(1, 2)
+        if self.kernel == "sdpa":
+            p = self.attn_drop.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, h)))
         scores = q @ k.transpose(-2, -1)
         att = ScaledMaskedSoftmax.apply(scores, self.causal_mask[:s, :s], 1.0 / math.sqrt(d))
         att = self.attn_drop(att)

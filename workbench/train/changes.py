@@ -5,7 +5,7 @@ A change is validated when `update()` is called (every problem at once, the sess
 untouched) and applied at the next optimizer-step boundary by `Runtime.rebuild`: the data
 loader is rebuilt for `DATA_FIELDS`, the backend (optimizer, precision policy, schedule,
 DeepSpeed engine) for `BACKEND_FIELDS`, carrying weights and optimizer state; activation
-checkpointing is switched on the model. `ChangeQueue` holds a Session's queue of
+checkpointing and the attention kernel are switched on the model. `ChangeQueue` holds a Session's queue of
 changes between the two. What a session cannot run is a list of `SettingProblem`s (the
 setting, its value, why; other settings named between backticks), raised in one
 `ConfigError`.
@@ -35,6 +35,7 @@ from workbench.config import (
     plain_value,
     runtime_problems,
 )
+from workbench.train.attention import attention_problem
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.records import Event
@@ -156,6 +157,9 @@ def session_problems(
                 "workbench.train.recompute.mark_checkpointable(model, [names])",
             )
         )
+    kernel = attention_problem(model, config.attention)
+    if kernel is not None:
+        p.append(kernel)
     if Device(config.device) is not Device.AUTO and Device(config.device).value != device.type:
         p.append(
             SettingProblem(

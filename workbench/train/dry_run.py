@@ -64,6 +64,7 @@ from workbench.config import (
 )
 from workbench.display import fmt_bytes
 from workbench.problems import SettingProblem
+from workbench.train.attention import attention_problem, estimator_attention, set_attention
 from workbench.train.backends.optimizer import build_optimizer
 from workbench.train.dry_run_checks import OPTIMIZER_IMPLS, check_arguments
 from workbench.train.dry_run_deepspeed import (
@@ -168,6 +169,10 @@ def simulate_memory(
     if isinstance(made, list):
         raise DryRunError(made)
     fb = made
+    kernel = attention_problem(fm.module, config.attention)
+    if kernel is not None:
+        raise DryRunError([kernel])
+    set_attention(fm.module, config.attention)  # the fake copy's
     blocks, blocks_note = _blocks(fm.module)
     if config.activation_checkpointing and not blocks:
         raise DryRunError(
@@ -288,7 +293,7 @@ def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
 def _attention(fm: FakeModel) -> tuple[str | None, str | None]:
     """The attention kernel the formula counts, and a note when it is a guess."""
     if fm.kind == "built-in":
-        return getattr(fm.info, "attention", None), None
+        return estimator_attention(fm.module) or getattr(fm.info, "attention", None), None
     config = fm.hf_config
     if config is not None:
         impl = getattr(config, "_attn_implementation", None) or "sdpa"

@@ -30,6 +30,7 @@ from torch import nn
 
 from workbench.config import TrainConfig
 from workbench.train import batches
+from workbench.train.attention import set_attention
 from workbench.train.backends import Backend, ModelStateBytes, build_backend
 from workbench.train.changes import (
     BACKEND_FIELDS,
@@ -89,6 +90,7 @@ class Runtime:
         if buffers:
             load_buffers(model, buffers)
         set_activation_checkpointing(model, bool(config.activation_checkpointing))
+        set_attention(model, config.attention)
         self.data = DataStream(
             data,
             micro_batch=int(config.micro_batch),
@@ -146,12 +148,15 @@ class Runtime:
                 new_backend = self._next_backend(target, release_first=release_first)
             if "activation_checkpointing" in changed:
                 self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
+            if "attention" in changed or new_backend is not None:
+                self._set_attention(target.attention, new_backend)
         except BaseException:
             if new_data is not None:
                 new_data.close()
             if new_backend is not None:
                 new_backend.close()
             self._set_checkpointing(bool(old.activation_checkpointing), None)
+            self._set_attention(old.attention, None)
             raise
         if new_data is not None:
             self.data, old_data = new_data, self.data
@@ -204,6 +209,13 @@ class Runtime:
         for backend in (getattr(self, "backend", None), new_backend):
             if backend is not None and inner_module(backend, self.model) is not self.model:
                 set_activation_checkpointing(inner_module(backend, self.model), enabled)
+
+    def _set_attention(self, kernel: Any, new_backend: Backend | None) -> None:
+        """On your module and on the module an engine trains (its copy)."""
+        set_attention(self.model, kernel)
+        for backend in (getattr(self, "backend", None), new_backend):
+            if backend is not None and inner_module(backend, self.model) is not self.model:
+                set_attention(inner_module(backend, self.model), kernel)
 
     def _announce_op_builds(self, config: TrainConfig) -> None:
         """DeepSpeed compiles some ops the first time they are used on a machine (a

@@ -55,6 +55,7 @@ MEMORY_FIELDS = frozenset(
         "offload_optimizer",
         "offload_params",
         "activation_checkpointing",
+        "attention",
         "optimizer",
     }
 )
@@ -74,6 +75,7 @@ STATUS_KEYS = (
     "offload_params",
     "clip_grad_norm",
     "activation_checkpointing",
+    "attention",
     "num_workers",
     "lr",
     "lr_schedule",
