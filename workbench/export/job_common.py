@@ -248,7 +248,7 @@ def set_attention(module: torch.nn.Module, kernel: str) -> bool:
     transformers model as its attn_implementation. False when the model has neither."""
     layers = [m for m in module.modules() if type(m).__name__ == "CausalSelfAttention"]
     for layer in layers:
-        layer.kernel = kernel
+        setattr(layer, "kernel", kernel)  # noqa: B010 (a plain attribute, not a submodule)
     if layers:
         return True
     config = getattr(module, "config", None)
