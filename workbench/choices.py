@@ -42,13 +42,14 @@ class OptimizerName(StrEnum):
     """Optimizers by state layout. A Session trains adamw, adam, sgd and sgd-nomomentum;
     the others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that
     the estimator and the DeepSpeed import/export know (`runtime_problems` says why a
-    Session refuses them and which one is nearest), and adam8bit (estimator only)."""
+    Session refuses them and which one is nearest), and adam8bit (8-bit AdamW: torchao's
+    `AdamW8bit` in the plain loop; estimated everywhere)."""
 
     ADAMW = "adamw"
     ADAM = "adam"
     SGD = "sgd"  # with momentum
     SGD_NOMOMENTUM = "sgd-nomomentum"
-    ADAM8BIT = "adam8bit"  # estimator only (bitsandbytes-style 8-bit states)
+    ADAM8BIT = "adam8bit"  # 8-bit AdamW states (torchao's AdamW8bit; bitsandbytes-style)
     LAMB = "lamb"  # DeepSpeed FusedLamb (CUDA kernel)
     LION = "lion"  # DeepSpeed FusedLion (CUDA) / DeepSpeedCPULion (optimizer offload)
     ADAGRAD = "adagrad"  # torch.optim.Adagrad / DeepSpeedCPUAdagrad (optimizer offload)
@@ -66,17 +67,18 @@ class OptimizerName(StrEnum):
         )
 
 
-#: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends).
+#: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends; adam8bit
+#: the plain loop only).
 SESSION_OPTIMIZERS = (
     OptimizerName.ADAMW,
     OptimizerName.ADAM,
     OptimizerName.SGD,
     OptimizerName.SGD_NOMOMENTUM,
+    OptimizerName.ADAM8BIT,
 )
 
 #: Why a Session cannot train an optimizer, and the nearest one it can.
 NOT_IN_SESSION: dict[OptimizerName, tuple[str, OptimizerName]] = {
-    OptimizerName.ADAM8BIT: ("is available in the memory estimator only", OptimizerName.ADAMW),
     OptimizerName.LAMB: (
         "DeepSpeed's Lamb is FusedLamb, a CUDA kernel (no CPU build), and the Session does "
         "not build it; Lamb is AdamW with a per-layer trust ratio",

@@ -511,13 +511,12 @@ class TrainConfig:
             return not bad.intersection(names)
 
         # Combinations: each is checked when the fields it reads are valid on their own.
-        if ok("optimizer") and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT:
-            add(
-                "optimizer",
-                "adam8bit",
-                "is available in the memory estimator only; a Session trains with adamw, adam, "
-                "sgd or sgd-nomomentum",
-            )
+        if (
+            ok("optimizer", "zero_stage", "precision", "fsdp")
+            and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT
+            and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
+        ):
+            add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
         if (
             ok("optimizer", "zero_stage")
             and OptimizerName(self.optimizer).is_onebit
@@ -804,6 +803,15 @@ def bf16_true_problem(why: str = "") -> SettingProblem:
     )
 
 
+#: Why 8-bit AdamW trains in the plain loop only.
+ADAM8BIT_ENGINES = (
+    "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop (one rank, `zero_stage`=0, "
+    "no `fsdp`, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
+    "optimizers, and its 8-bit states under FSDP2 are not wired into the Session's state "
+    "carrying; the estimator counts it for every engine"
+)
+
+
 def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
     """What the engine `engine_for(config, world_size)` picks cannot train of a valid
     `config` (empty when it can): pure bf16 when several ranks without FSDP send it to
@@ -811,6 +819,8 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
     engine = engine_for(config, world_size)
     if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
+    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
+        return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
     return []
 
 

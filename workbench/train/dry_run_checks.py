@@ -148,7 +148,17 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                 )
             )
     optimizer = OptimizerName(config.optimizer)
-    if optimizer not in SESSION_OPTIMIZERS:
+    if optimizer is OptimizerName.ADAM8BIT:
+        p.append(
+            SettingProblem(
+                "optimizer",
+                optimizer.value,
+                "torchao's 8-bit AdamW steps through torch.compile, which does not run under "
+                "the memory tracker's dispatch mode; the formula counts its 2 bytes per "
+                "parameter (workbench.predict_memory), and a Session measures it",
+            )
+        )
+    elif optimizer not in SESSION_OPTIMIZERS:
         p.append(
             SettingProblem(
                 "optimizer",

@@ -81,11 +81,26 @@ def storage_bytes(tensors: Any) -> int:
     """Bytes of the distinct storages behind `tensors` (shared storage counted once; a
     DTensor counts its local shard's storage, padding included)."""
     seen: dict[int, int] = {}
+    for t in _plain_tensors(tensors):
+        if t.device.type != "meta":
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _plain_tensors(tensors: Any) -> Any:
+    """The plain tensors behind `tensors`: a DTensor's local shard, a wrapper subclass's
+    inner tensors (torchao's 8-bit optimizer states: codes, scales, quantization map)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     for t in tensors:
         local = getattr(t, "_local_tensor", None)
         if isinstance(local, torch.Tensor):
             t = local
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
+        if not isinstance(t, torch.Tensor):
+            continue
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            yield from _plain_tensors(getattr(t, n) for n in names)
+        else:
+            yield t

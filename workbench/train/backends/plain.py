@@ -40,7 +40,12 @@ from torch import nn
 
 from workbench.config import OptimizerName, TrainConfig
 from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
+from workbench.train.backends.optimizer import (
+    OPTIMIZER_FAMILY,
+    build_optimizer,
+    neutral,
+    placed_state,
+)
 from workbench.train.precision import (
     PrecisionPolicy,
     build_precision,
@@ -201,7 +206,10 @@ class PlainBackend:
     def _set_lr(self) -> None:
         lr = lr_at(self.config, self.steps, self._base_lr)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):  # torchao's 8-bit AdamW keeps a tensor
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
     @property
     def lr(self) -> float:
@@ -215,7 +223,7 @@ class PlainBackend:
         for p, st in self.optimizer.state.items():
             name = ids.get(id(p))
             if name is not None and st:
-                opt_state[name] = {k: v for k, v in st.items() if v is not None}
+                opt_state[name] = {k: neutral(v) for k, v in st.items() if v is not None}
         return {
             "format": STATE_FORMAT,
             "model": {name: _fp32(p.detach()) for name, p in self._named},
@@ -252,7 +260,12 @@ class PlainBackend:
                 p = by_name.get(name)
                 if p is None or not p.requires_grad:
                     continue
-                self.optimizer.state[p] = {k: _beside(v, p) for k, v in st.items()}
+                if callable(getattr(self.optimizer, "_new_buffer", None)):  # 8-bit states
+                    self.optimizer.state[p] = {
+                        k: placed_state(self.optimizer, p, k, v) for k, v in st.items()
+                    }
+                else:
+                    self.optimizer.state[p] = {k: _beside(v, p) for k, v in st.items()}
         self.steps = int(state.get("steps", (state.get("scheduler") or {}).get("steps", 0)))
         self.overflow_steps = int(state.get("overflow_steps", 0))
         restore_scaler(self.policy.scaler, state.get("scaler"), self.config)
