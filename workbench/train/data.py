@@ -16,7 +16,7 @@ e.g. `shuffle=False` or a seeded `generator`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,10 @@ def batch_size_of(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return batch_size_of(next(iter(batch.values())))
     return 1
+
+
+def _unmoved(batch: Any) -> Any:
+    return batch
 
 
 def move_to(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -118,6 +122,12 @@ class DataStream:
         self._skip = 0
         self._closed = False
         self._non_blocking = bool(pin_memory) and self.device.type == "cuda"
+        # the loader this stream builds collates on the CPU: nothing to move for a CPU session
+        self._move: Callable[[Any], Any] = (
+            _unmoved
+            if self.device.type == "cpu" and not self.user_loader
+            else lambda batch: move_to(batch, self.device, self._non_blocking)
+        )
         if self.user_loader:
             self.loader: DataLoader[Any] = source  # type: ignore[assignment]
             self._sampler: ResumableSampler | None = None
@@ -183,7 +193,7 @@ class DataStream:
                 self._it = None
                 continue
             self.offset += 1 if self.user_loader else batch_size_of(batch)
-            return move_to(batch, self.device, self._non_blocking)
+            return self._move(batch)
 
     def push_front(self, batches: list[Any]) -> None:
         """Put batches back (already on device) to be read next, in order."""

@@ -89,9 +89,9 @@ from workbench.train.session_tools import SessionTools
 from workbench.train.step import (
     Label,
     NonFiniteLoss,
+    RecordMaker,
     StepMeasure,
     is_oom,
-    make_record,
     nan_advice,
     optimizer_step,
 )
@@ -224,6 +224,7 @@ class Session(SessionTools):
         )
         self._version = 0
         self._callbacks: list[Callable[[StepRecord], None]] = []
+        self._records = RecordMaker()
         self._last_save_time = time.time()
         self.reference_batch = config.effective_batch_size(self.world_size)
         # Phase labels of the loop: no-ops, `record_function` while the profiler runs.
@@ -674,7 +675,8 @@ class Session(SessionTools):
         """One optimizer step with fault handling; a state name when the loop must end."""
         record: StepRecord | None = None
         with self._step_lock:
-            self._apply_pending(raise_errors=False)
+            if self._changes:  # queued changes (read without the lock: seen next step at worst)
+                self._apply_pending(raise_errors=False)
             try:
                 record = self._step_with_oom_retry()
             except NonFiniteLoss as nf:
@@ -752,7 +754,7 @@ class Session(SessionTools):
         sample = self._sampler.latest() if self._sampler is not None else None
         warmup, rt.fresh = rt.fresh, False
         changes = self._changes.for_record()
-        return make_record(
+        return self._records.make(
             step=self._step + 1,
             config=self._config,
             measure=measure,

@@ -83,7 +83,7 @@ class CudaClock:
         front = start.elapsed_time(read) / 1e3
         self._now, self._spare = self._spare, self._now
         self._has_before = True
-        return front + tail
+        return float(front + tail)
 
     def reset(self) -> None:
         self._has_before = False
