@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed$(if $(HAS_GPU),-gpu)
 # PyPI's torch is the CUDA build; TORCH_CUDA_INDEX picks another CUDA index, e.g.
 # TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_CPU ?= torch==2.13.0
-TORCH_CUDA ?= torch>=2.3,<3
+TORCH_CUDA ?= torch>=2.6,<3
 TORCH_CUDA_INDEX ?=
 # Every tool (and the ninja that builds DeepSpeed's ops) comes from the venv, so DeepSpeed's
 # cached op builds are not invalidated by a second ninja on the system PATH.
@@ -73,7 +73,7 @@ bench: install
 
 # On a machine with an NVIDIA GPU: every CUDA, NCCL and NVML path (fails without CUDA).
 gpu-check: install
-	$(PY) benchmarks/gpu_check.py
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 # For a GPU machine that reaches no package registry: the wheels gpu_check needs beyond its
 # PyTorch image, into .whl/; there, `bash benchmarks/gpu_run.sh` installs them and runs it.
