@@ -70,6 +70,7 @@ bench: install
 	$(PY) benchmarks/panels.py
 	$(PY) benchmarks/sharding.py
 	$(PY) benchmarks/long_run.py
+	$(PY) benchmarks/anchors.py
 
 # On a machine with an NVIDIA GPU: every CUDA, NCCL and NVML path (fails without CUDA).
 gpu-check: install
