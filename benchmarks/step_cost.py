@@ -8,7 +8,8 @@ millisecond on one CPU thread, so the Session's fixed cost is what shows):
 * the total: `--reps` interleaved pairs of a plain loop (DataLoader, forward, backward,
   `opt.step()`, `opt.zero_grad(set_to_none=True)`, `loss.item()`) and `Session.run()` for
   the same steps on the same data; the extra per step is the median Session step minus the
-  median plain step, also as the median of the per-pair differences;
+  median plain step, also as the median of the per-pair differences, and in process CPU
+  time (less sensitive to other processes on a shared machine);
 * the parts: each piece of the Session's step called on its own, on a live session, many
   times (`time_call`): the gradient norm, the memory reading, building the record, the
   history, the run log (no run folder, and a queue put with one), the change queue and the
@@ -43,8 +44,8 @@ MICRO_BATCH = 32
 MLP = dict(in_features=32, hidden=64, depth=2, out_features=8, samples=4096)
 
 
-def plain_seconds(steps: int, seed: int) -> float:
-    """Seconds per step of a hand-written loop over the same model and data."""
+def plain_seconds(steps: int, seed: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds per step of a hand-written loop, same model and data."""
     torch.manual_seed(seed)
     model, dataset, loss_fn, _ = build_model("mlp", seed=seed, **MLP)
     loader = DataLoader(
@@ -73,23 +74,24 @@ def plain_seconds(steps: int, seed: int) -> float:
     for _ in range(10):
         step()
     gc.collect()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def _config(seed: int) -> TrainConfig:
     return TrainConfig(micro_batch=MICRO_BATCH, seed=seed, lr=1e-3, weight_decay=0.0)
 
 
-def session_seconds(steps: int, seed: int) -> float:
+def session_seconds(steps: int, seed: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds per step of `Session.run()`."""
     with Session(_config(seed), model="mlp", model_options=dict(MLP), device="cpu") as s:
         s.run(10, progress=False)
         gc.collect()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         s.run(steps, progress=False)
-        return (time.perf_counter() - start) / steps
+        return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def parts() -> dict[str, float]:
@@ -107,7 +109,8 @@ def parts() -> dict[str, float]:
         # gradients present, as between backward and the optimizer step
         x, y = rt.data.next()
         rt.loss_fn(backend.module(x), y).backward()
-        out["grad_norm"] = med(backend._norm_tensor)
+        norm = getattr(backend, "_norm_tensor", None) or backend._grad_norm  # before: a float
+        out["grad_norm"] = med(norm)
         backend.zero_grad()
         out["memory_reading"] = med(rt.read_memory)
         measure = _measure_of(record)
@@ -151,12 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive_int("--threads"), default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    plain, sess = [], []
+    plain, sess, plain_cpu, sess_cpu = [], [], [], []
     for rep in range(args.reps):  # interleaved: the machine may be shared
-        plain.append(plain_seconds(args.steps, rep))
-        sess.append(session_seconds(args.steps, rep))
+        for runs, cpus, fn in (
+            (plain, plain_cpu, plain_seconds),
+            (sess, sess_cpu, session_seconds),
+        ):
+            wall, cpu = fn(args.steps, rep)
+            runs.append(wall)
+            cpus.append(cpu)
     extra = statistics.median(sess) - statistics.median(plain)
     pair = statistics.median(s - p for s, p in zip(sess, plain, strict=True))
+    cpu_extra = statistics.median(sess_cpu) - statistics.median(plain_cpu)
     costs = parts()
     results = {
         "model": f"mlp {MLP}, micro-batch {MICRO_BATCH}, fp32, adamw, cpu",
@@ -168,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         "session_median_seconds": statistics.median(sess),
         "extra_seconds_per_step": extra,
         "pairwise_median_extra_seconds": pair,
+        "plain_cpu_seconds_per_step": plain_cpu,
+        "session_cpu_seconds_per_step": sess_cpu,
+        "cpu_extra_seconds_per_step": cpu_extra,
         "target_extra_seconds": TARGET_SECONDS,
         "parts_seconds": costs,
     }
@@ -177,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(pairwise median {pair * 1e6:.0f} us; target <= {TARGET_SECONDS * 1e6:.0f} us)"
     )
     print(f"  spread: plain {_spread(plain)}, session {_spread(sess)}")
+    print(f"  process CPU time: extra {cpu_extra * 1e6:.0f} us per step")
     for name, seconds in costs.items():
         print(f"  {name:26s} {seconds * 1e6:7.1f} us")
     print(f"  {'sum of parts':26s} {sum(costs.values()) * 1e6:7.1f} us")
