@@ -23,7 +23,8 @@ step to the end of the last (callbacks of Lightning and the Hugging Face Trainer
 them; on CUDA the device is synchronized at both marks). Runs are interleaved: every
 repeat runs every trainer, in an order rotated each repeat, so a shared machine's load
 falls on all of them alike. Prints, per model, the median seconds per step, the extra per
-step over plain and the ratio to plain; writes benchmarks/results/anchors.json (or
+step over plain and the ratio to plain (the JSON also has each in process CPU time, less
+sensitive to other processes on a shared machine); writes benchmarks/results/anchors.json (or
 anchors-cuda.json with --device cuda).
 
 Models: `mlp-64` (2 hidden layers of 64: a step of about half a millisecond on one CPU
@@ -111,7 +112,7 @@ def _cycle(loader: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- the trainers
-def run_plain(model: Model, seed: int, device: str) -> float:
+def run_plain(model: Model, seed: int, device: str) -> tuple[float, float]:
     torch.manual_seed(seed)
     module, data, loss_fn = _build(model, seed)
     module.to(device).train()
@@ -155,19 +156,19 @@ def run_accelerate(model: Model, seed: int, device: str) -> float:
         accelerator.free_memory()
 
 
-def _time_loop(step: Callable[[], float], model: Model, device: str) -> float:
+def _time_loop(step: Callable[[], float], model: Model, device: str) -> tuple[float, float]:
     for _ in range(model.warmup_steps):
         step()
     gc.collect()
     _sync(device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(model.steps):
         step()
     _sync(device)
-    return (time.perf_counter() - start) / model.steps
+    return (time.perf_counter() - start) / model.steps, (time.process_time() - cpu) / model.steps
 
 
-def run_session(model: Model, seed: int, device: str) -> float:
+def run_session(model: Model, seed: int, device: str) -> tuple[float, float]:
     cfg = TrainConfig(micro_batch=model.micro_batch, seed=seed, lr=LR, weight_decay=0.0)
     options = dict(model.options)
     if model.builtin == "mlp":
@@ -176,13 +177,14 @@ def run_session(model: Model, seed: int, device: str) -> float:
         s.run(model.warmup_steps, progress=False)
         gc.collect()
         _sync(device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         records = s.run(model.steps, progress=False)
         _sync(device)
         seconds = (time.perf_counter() - start) / model.steps
+        cpu_seconds = (time.process_time() - cpu) / model.steps
         last = records[-1]
         assert last.grad_norm is not None and last.samples_per_s > 0  # all measured
-    return seconds
+    return seconds, cpu_seconds
 
 
 class _Marks:
@@ -191,22 +193,22 @@ class _Marks:
     def __init__(self, model: Model, device: str) -> None:
         self.first, self.last = model.warmup_steps, model.warmup_steps + model.steps
         self.device = device
-        self.start = self.end = 0.0
+        self.start = self.end = self.cpu_start = self.cpu_end = 0.0
 
     def begin(self, done: int) -> None:
         if done == self.first:
             _sync(self.device)
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def finish(self, done: int) -> None:
         if done == self.last:
             _sync(self.device)
-            self.end = time.perf_counter()
+            self.end, self.cpu_end = time.perf_counter(), time.process_time()
 
-    def seconds_per_step(self, steps: int) -> float:
+    def seconds_per_step(self, steps: int) -> tuple[float, float]:
         if not self.end:
             raise RuntimeError("the timed steps did not all run")
-        return (self.end - self.start) / steps
+        return (self.end - self.start) / steps, (self.cpu_end - self.cpu_start) / steps
 
 
 def run_lightning(model: Model, seed: int, device: str) -> float:
@@ -317,7 +319,7 @@ def run_hf_trainer(model: Model, seed: int, device: str) -> float:
     return marks.seconds_per_step(model.steps)
 
 
-RUNNERS: dict[str, Callable[[Model, int, str], float]] = {
+RUNNERS: dict[str, Callable[[Model, int, str], tuple[float, float]]] = {
     "plain": run_plain,
     "session": run_session,
     "lightning": run_lightning,
@@ -343,6 +345,7 @@ def compare(
 ) -> dict[str, dict[str, Any]]:
     """Seconds per step of every trainer on every model, interleaved (see the docstring)."""
     seconds: dict[str, dict[str, list[float]]] = {m.name: {t: [] for t in trainers} for m in models}
+    cpu: dict[str, dict[str, list[float]]] = {m.name: {t: [] for t in trainers} for m in models}
     failures: dict[str, str] = {}
     for rep in range(reps):
         for model in models:
@@ -351,27 +354,34 @@ def compare(
                 if name in failures:
                     continue
                 try:
-                    seconds[model.name][name].append(RUNNERS[name](model, rep, device))
+                    wall, cpu_s = RUNNERS[name](model, rep, device)
                 except Exception as exc:
                     failures[name] = f"{type(exc).__name__}: {exc}"
                     print(
                         f"{name}: failed ({failures[name]}); skipped from here on",
                         file=sys.__stdout__,
                     )
+                    continue
+                seconds[model.name][name].append(wall)
+                cpu[model.name][name].append(cpu_s)
     results: dict[str, dict[str, Any]] = {}
     for model in models:
-        runs = seconds[model.name]
+        runs, cpus = seconds[model.name], cpu[model.name]
         plain = statistics.median(runs["plain"]) if runs.get("plain") else None
+        plain_cpu = statistics.median(cpus["plain"]) if cpus.get("plain") else None
         rows = {}
         for name in trainers:
             if not runs[name]:
                 continue
-            median = statistics.median(runs[name])
+            median, median_cpu = statistics.median(runs[name]), statistics.median(cpus[name])
             rows[name] = {
                 "seconds_per_step": runs[name],
+                "cpu_seconds_per_step": cpus[name],
                 "median_seconds_per_step": median,
+                "median_cpu_seconds_per_step": median_cpu,
                 "extra_seconds_per_step": None if plain is None else median - plain,
                 "ratio_to_plain": None if plain is None else median / plain,
+                "cpu_ratio_to_plain": None if plain_cpu is None else median_cpu / plain_cpu,
             }
         results[model.name] = {
             "model": f"{model.builtin} {model.options}",
