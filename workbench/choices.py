@@ -57,6 +57,11 @@ class OptimizerName(StrEnum):
     ZERO_ONE_ADAM = "zerooneadam"  # DeepSpeed 0/1 Adam (not in DeepSpeed 0.19.8)
     ONEBIT_LAMB = "onebitlamb"  # DeepSpeed 1-bit Lamb (not in DeepSpeed 0.19.8)
 
+    @classmethod
+    def _missing_(cls, value: object) -> OptimizerName | None:
+        # 8-bit AdamW under the name bitsandbytes and torchao give it
+        return cls.ADAM8BIT if value == "adamw8bit" else None
+
     @property
     def is_onebit(self) -> bool:
         """A 1-bit (error-feedback compressed) optimizer; DeepSpeed runs these without ZeRO."""

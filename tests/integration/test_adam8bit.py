@@ -93,6 +93,10 @@ def test_a_live_switch_carries_the_moments_both_ways() -> None:
         assert a.shape == b.shape and b.abs().sum() > 0
 
 
+def test_adamw8bit_is_the_same_optimizer() -> None:
+    assert TrainConfig(optimizer="adamw8bit") == TrainConfig(optimizer="adam8bit")
+
+
 @pytest.mark.parametrize(
     "settings", [{"zero_stage": 2}, {"fsdp": "full_shard"}, {"precision": "bf16"}]
 )
