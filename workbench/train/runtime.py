@@ -211,11 +211,13 @@ class Runtime:
                 set_activation_checkpointing(inner_module(backend, self.model), enabled)
 
     def _set_attention(self, kernel: Any, new_backend: Backend | None) -> None:
-        """On your module and on the module an engine trains (its copy)."""
+        """On your module and on the module the engine trains (its copy): the new
+        backend's when one was built (the old one may be released already), else the
+        current one's."""
         set_attention(self.model, kernel)
-        for backend in (getattr(self, "backend", None), new_backend):
-            if backend is not None and inner_module(backend, self.model) is not self.model:
-                set_attention(inner_module(backend, self.model), kernel)
+        backend = new_backend if new_backend is not None else getattr(self, "backend", None)
+        if backend is not None and inner_module(backend, self.model) is not self.model:
+            set_attention(inner_module(backend, self.model), kernel)
 
     def _announce_op_builds(self, config: TrainConfig) -> None:
         """DeepSpeed compiles some ops the first time they are used on a machine (a
