@@ -31,8 +31,8 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     """The DeepSpeed config dict for `config` on `world_size` data-parallel ranks.
 
     Raises ValueError for settings DeepSpeed cannot express (fp16 growth/backoff factors
-    other than 2 and 0.5, a loss_scale_init that is not a power of two, the estimator-only
-    adam8bit optimizer, pure bf16 "bf16-true": DeepSpeed's bf16 keeps an fp32 master
+    other than 2 and 0.5, a loss_scale_init that is not a power of two, the adam8bit
+    optimizer (torchao's, not DeepSpeed's), pure bf16 "bf16-true": DeepSpeed's bf16 keeps an fp32 master
     copy). An optimizer ZeRO has not been tested with (SGD, Lamb) gets
     `"zero_allow_untested_optimizer": true` at stages 1-3, which DeepSpeed requires.
     """

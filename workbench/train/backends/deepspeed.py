@@ -128,7 +128,10 @@ def _check_supported(config: TrainConfig) -> None:
             "ranks) use precision='fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16'"
         )
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
-        raise ValueError("optimizer='adam8bit': is available in the memory estimator only")
+        raise ValueError(
+            "optimizer='adam8bit': torchao's 8-bit AdamW trains in the plain loop; DeepSpeed "
+            "builds its own optimizers"
+        )
 
 
 # --------------------------------------------------------------------------- backend
