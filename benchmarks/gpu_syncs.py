@@ -1,8 +1,8 @@
 """gpu_check's syncs and anchors sections: host-device syncs per optimizer step, counted,
 and the anchors (`benchmarks/anchors.py`) on the GPU.
 
-* syncs (~5 s): a Session on CUDA (fp32, amp-bf16, fp32 with clipping, bf16-true, each with
-  pinned memory so the batch copies are asynchronous) trains warm-up steps, then
+* syncs (~5 s): a Session on CUDA (fp32, amp-bf16, fp32 with clipping, bf16-true; the
+  default loader settings, no pinned memory) trains warm-up steps, then
   `STEPS` steps with `torch.cuda.set_sync_debug_mode("warn")` (which warns at every
   operation that makes the host wait: `.item()`, `.tolist()`, a copy to pageable host
   memory) and with `torch.cuda.synchronize` and the event and stream `synchronize` methods
@@ -105,7 +105,6 @@ def syncs_section(ctx: Any, check: Callable[..., bool]) -> Callable[[dict[str, A
                 lr=1e-3,
                 seed=1,
                 device=ctx.device,
-                pin_memory=not ctx.smoke,
                 **settings,
             )
             with Session(cfg, model="mlp", model_options={"hidden": 256, "depth": 2}) as s:

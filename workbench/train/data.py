@@ -121,7 +121,10 @@ class DataStream:
         self._it: Iterator[Any] | None = None
         self._skip = 0
         self._closed = False
-        self._non_blocking = bool(pin_memory) and self.device.type == "cuda"
+        # Copies to the GPU never make the host wait for the device: from pinned memory they
+        # are asynchronous; from pageable memory CUDA stages the batch at once and queues the
+        # copy (a blocking copy would wait for the stream, a host-device sync per batch).
+        self._non_blocking = self.device.type == "cuda"
         # the loader this stream builds collates on the CPU: nothing to move for a CPU session
         self._move: Callable[[Any], Any] = (
             _unmoved

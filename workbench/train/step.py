@@ -137,7 +137,8 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
     prepare = getattr(backend, "prepare_step", None)  # the plain backend's gradient norm
-    norm = prepare() if prepare is not None else None
+    with label("workbench.optimizer"):  # the norm and clipping: the optimizer phase's work
+        norm = prepare() if prepare is not None else None
     clock.before_read()
     loss_sum, grad_norm = read_device_values(total, norm)
     loss_value = loss_sum / accum
