@@ -347,12 +347,15 @@ def compare(
     seconds: dict[str, dict[str, list[float]]] = {m.name: {t: [] for t in trainers} for m in models}
     cpu: dict[str, dict[str, list[float]]] = {m.name: {t: [] for t in trainers} for m in models}
     failures: dict[str, str] = {}
+    threads = torch.get_num_threads()  # each run starts with them, whatever the last one set
     for rep in range(reps):
         for model in models:
             order = trainers[rep % len(trainers) :] + trainers[: rep % len(trainers)]
             for name in order:
                 if name in failures:
                     continue
+                torch.set_num_threads(threads)
+                gc.collect()
                 try:
                     wall, cpu_s = RUNNERS[name](model, rep, device)
                 except Exception as exc:
