@@ -255,6 +255,15 @@ class TrainConfig:
         flag="--activation-checkpointing",
         panel=9,
     )
+    optimizer_in_backward: bool = setting(
+        False,
+        kind="bool",
+        label="optimizer in backward",
+        help="step each parameter as its gradient is ready and free the gradient (the plain "
+        "loop; no accumulation, clipping or fp16 loss scaling)",
+        flag="--optimizer-in-backward",
+        panel=14,
+    )
     attention: Attention | str = setting(
         Attention.MODEL,
         kind="choice",
@@ -511,6 +520,30 @@ class TrainConfig:
             return not bad.intersection(names)
 
         # Combinations: each is checked when the fields it reads are valid on their own.
+        if ok("optimizer_in_backward") and self.optimizer_in_backward is True:
+            for name, bad_value, why in (
+                ("grad_accum", ok("grad_accum") and self.grad_accum != 1, "grad_accum=1"),
+                ("clip_grad_norm", self.clip_grad_norm is not None, "clip_grad_norm=None"),
+                (
+                    "precision",
+                    ok("precision") and Precision(self.precision) is Precision.AMP_FP16,
+                    "a precision without loss scaling (fp32, amp-bf16, bf16-true)",
+                ),
+                (
+                    "zero_stage",
+                    ok("zero_stage", "precision", "fsdp")
+                    and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF),
+                    "the plain loop (zero_stage=0, no fsdp, a torch precision)",
+                ),
+            ):
+                if bad_value:
+                    add(
+                        "optimizer_in_backward",
+                        True,
+                        f"steps each parameter inside backward and frees its gradient, so "
+                        f"nothing is left to accumulate, clip, unscale or shard: needs {why} "
+                        f"(`{name}` says otherwise)",
+                    )
         if (
             ok("optimizer", "zero_stage", "precision", "fsdp")
             and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT
@@ -821,6 +854,15 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
         return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
+    if config.optimizer_in_backward and engine is not Engine.PLAIN:
+        return [
+            SettingProblem(
+                "optimizer_in_backward",
+                True,
+                f"steps in the plain loop only; {world_size} ranks without `fsdp` train "
+                "through DeepSpeed",
+            )
+        ]
     return []
 
 

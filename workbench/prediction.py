@@ -97,6 +97,7 @@ def predict_memory(
         fsdp_reduce_fp32=bool(config.fsdp_reduce_fp32),
         grad_accum=int(config.grad_accum),
         weight_decay=float(config.weight_decay),
+        optimizer_in_backward=bool(config.optimizer_in_backward),
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
         **_with_attention(shape_of(model), Attention(config.attention)),

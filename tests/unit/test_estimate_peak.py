@@ -376,3 +376,21 @@ def test_a_model_without_a_shape_says_why_its_activations_are_not_estimated():
     assert e.activation_bytes is None and "encoder-decoder" in e.activation_note
     assert "encoder-decoder" in str(e)
     assert estimate_memory(model="llama-3-8b").activation_note is None
+
+
+def test_optimizer_in_backward_leaves_the_step_the_states_and_one_gradient_in_backward() -> None:
+    """Each parameter stepped as its gradient is ready: the step point holds the
+    parameters and the optimizer states only; the end of backward one gradient (the
+    largest parameter's, here the embedding's) with its own step's temporary."""
+    kwargs = dict(model="llama-3-8b", precision="bf16-true", micro_batch=1, seq_len=8)
+    plain = estimate_memory(**kwargs, checkpointing="full")
+    e = estimate_memory(**kwargs, checkpointing="full", optimizer_in_backward=True)
+    assert sum(e.peak.points["optimizer step"].values()) == e.params_bytes + e.optimizer_bytes
+    assert e.peak_bytes < plain.peak_bytes
+    vocab_rows = 128256 * 4096  # the largest tensor: the embedding (untied head alike)
+    assert e.peak.backward_moment == "backward end"  # 8 tokens: activations are small
+    assert e.peak.points["backward"]["gradients"] == 2 * vocab_rows
+    with pytest.raises(ValueError, match="optimizer_in_backward=True.*grad_accum=1"):
+        estimate_memory(model="llama-3-8b", optimizer_in_backward=True, grad_accum=4)
+    with pytest.raises(ValueError, match="optimizer_in_backward=True.*plain loop"):
+        estimate_memory(model="llama-3-8b", optimizer_in_backward=True, zero_stage=2, gpus=8)

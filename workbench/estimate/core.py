@@ -79,6 +79,7 @@ def estimate_memory(
     fsdp_reduce_fp32: bool = True,
     weight_decay: float = 0.0,
     deepspeed_config: Any = None,
+    optimizer_in_backward: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
 
@@ -116,7 +117,9 @@ def estimate_memory(
     `bucket_view` (DDP's `gradient_as_bucket_view`), `weight_decay` (SGD's and Adam's
     decay copy the gradient in the step; torch's default 0), `fsdp_reduce_fp32` (FSDP reduces
     gradients in fp32 under AMP) and `deepspeed_config` (a DeepSpeed JSON path or dict:
-    its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`).
+    its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`), and
+    `optimizer_in_backward` (each parameter stepped as its gradient is ready and the
+    gradient freed: the plain loop only, no accumulation).
 
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
     numpy scalars are numbers, bools and text are not (except the counts `n_params` and

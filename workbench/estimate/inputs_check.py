@@ -113,6 +113,7 @@ class EstimateInputs:
     bucket_view: bool = False
     fsdp_reduce_fp32: bool = True
     weight_decay: float = 0.0
+    optimizer_in_backward: bool = False
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
     # a module's or a built config's: its active parameters (None: the shape's) and why
@@ -503,6 +504,24 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     bucket_view = _flag(p, "bucket_view", given["bucket_view"])
     reduce_fp32 = _flag(p, "fsdp_reduce_fp32", given["fsdp_reduce_fp32"])
     decay = _checked(p, "weight_decay", given["weight_decay"])
+    in_backward = _flag(p, "optimizer_in_backward", given["optimizer_in_backward"])
+    if in_backward is True:
+        if grad_accum not in (None, 1):
+            p.append(
+                Problem(
+                    "optimizer_in_backward",
+                    True,
+                    "steps each parameter as its gradient is ready: needs grad_accum=1",
+                )
+            )
+        if (stage or 0) > 0 or sharding not in (None, "off") or (n_gpus or 1) > 1:
+            p.append(
+                Problem(
+                    "optimizer_in_backward",
+                    True,
+                    "counted for the plain loop on one GPU (zero_stage=0, no fsdp, gpus=1)",
+                )
+            )
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
     p.extend(ds_problems)
@@ -550,6 +569,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         bucket_view=bucket_view,
         fsdp_reduce_fp32=reduce_fp32,
         weight_decay=decay,
+        optimizer_in_backward=bool(in_backward),
         deepspeed=ds,
         deepspeed_given=ds_source is not None,
     )

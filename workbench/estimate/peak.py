@@ -281,6 +281,20 @@ def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
     return width * min(copies * stepped, int(_loop_peak(sizes, previous, current) * share))
 
 
+def _in_backward_terms(i: EstimateInputs, impl: str, grads: int, temps: int) -> tuple[int, int]:
+    """(the largest parameter's gradient, its own step's temporaries) under
+    `optimizer_in_backward`: one optimizer per parameter, so foreach and the for-loop both
+    step one tensor (the whole model's figures without a shape: an upper bound)."""
+    sizes = parameter_order(i)
+    if not sizes or not i.n_params:
+        return grads, temps
+    largest = max(sizes)
+    share = largest / i.n_params
+    return int(grads * share), int(temps * share) if impl == "foreach" else min(
+        temps, int(optimizer_temporaries(i, "plain", "for-loop"))
+    )
+
+
 def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
     """(forward, backward) bytes of the logits and the loss beyond the fp32 log-probs the
     activations already count, with `i.loss_chunks` chunks."""
@@ -508,6 +522,14 @@ def step_peak(
             **_backward_end_engine(i, engine, engine_bwd, engine_step),
         },
     }
+    if i.optimizer_in_backward:
+        # each parameter is stepped as its gradient is ready and the gradient freed: one
+        # gradient and its step's temporaries at a time, nothing left for the step
+        one_grad, one_temps = _in_backward_terms(i, impl, grads, temps)
+        moments["backward end"].update(
+            {"gradients": one_grad, "optimizer step temporaries": one_temps}
+        )
+        temps, grads = 0, 0
     moment = max(moments, key=lambda name: sum(moments[name].values()))
     backward = moments[moment]
     step = {

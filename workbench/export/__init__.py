@@ -62,9 +62,11 @@ from workbench.config import (
     Engine,
     FsdpMode,
     OffloadDevice,
+    OptimizerName,
     SettingProblem,
     TrainConfig,
     engine_for,
+    plain_value,
     problem_lines,
 )
 from workbench.deepspeed import to_deepspeed
@@ -425,6 +427,21 @@ def _check(
     if format == "fsdp" and engine is Engine.DEEPSPEED:
         message = "--format fsdp exports PyTorch FSDP jobs"
         problems.append(SettingProblem("zero_stage", config.zero_stage, message))
+    for name, value, why in (
+        (
+            "optimizer_in_backward",
+            bool(config.optimizer_in_backward),
+            "the exported jobs step one optimizer after backward; a Session trains it",
+        ),
+        (
+            "optimizer",
+            OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and format != "deepspeed",
+            "the exported jobs build torch's optimizers (and DeepSpeed its own); a Session "
+            "trains torchao's 8-bit AdamW",
+        ),
+    ):
+        if value:
+            problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))
     strategy = STRATEGY[engine]
     if (
         gpus_ok

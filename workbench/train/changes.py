@@ -67,6 +67,7 @@ BACKEND_FIELDS = frozenset(
         "loss_scale_interval",
         "grad_accum",
         "micro_batch",
+        "optimizer_in_backward",
     }
 )
 _LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")

@@ -65,7 +65,7 @@ from workbench.config import (
 from workbench.display import fmt_bytes
 from workbench.problems import SettingProblem
 from workbench.train.attention import attention_problem, estimator_attention, set_attention
-from workbench.train.backends.optimizer import build_optimizer
+from workbench.train.backends.optimizer import build_optimizers
 from workbench.train.dry_run_checks import OPTIMIZER_IMPLS, check_arguments
 from workbench.train.dry_run_deepspeed import (
     DeepSpeedKinds,
@@ -333,6 +333,7 @@ def _formula(
         "weight_decay": float(config.weight_decay),
         "accounting": "deepspeed" if deepspeed else accounting,
         "optimizer_impl": impl,
+        "optimizer_in_backward": bool(config.optimizer_in_backward),
     }
     if deepspeed:
         from workbench.train.backends.deepspeed import engine_config
@@ -391,7 +392,7 @@ def _checkpoint(module: nn.Module, *, gpu_kernels: bool) -> None:
 
 def _optimizer(config: TrainConfig, params: list[nn.Parameter], impl: str) -> Any:
     """The engines' optimizer (`build_optimizer`) in implementation `impl`."""
-    optimizer = build_optimizer(config, params)
+    optimizer = build_optimizers(config, params)  # one per parameter in backward
     for group in optimizer.param_groups:
         group["foreach"] = impl == "foreach"
         if "fused" in group:

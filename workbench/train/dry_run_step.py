@@ -91,7 +91,7 @@ def phase_tracker(base: type, device_type: str) -> type:
     class PhaseTracker(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.phase: str | None = None
+            self._phase: str | None = None
             self.phase_peaks: dict[str, dict[str, int]] = {}
             #: refiles a new highest moment's kinds in place (DeepSpeed's buffers)
             self.reclassify: Callable[[dict[str, int]], None] | None = None
@@ -114,11 +114,25 @@ def phase_tracker(base: type, device_type: str) -> type:
                 if isinstance(t, torch.Tensor):
                     self._update_and_maybe_create_winfos(t, reftype)
 
+        @property
+        def phase(self) -> str | None:
+            return self._phase
+
+        @phase.setter
+        def phase(self, name: str | None) -> None:
+            """A phase starts: what is alive now is its first moment (a phase that runs
+            no operator, e.g. an optimizer step done in backward, holds just that)."""
+            self._phase = name
+            if name is not None:
+                self._record()
+
         # the trackers call this after every operator: the one place a phase's peak shows
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
-            if self.phase is None:
-                return
+            if self._phase is not None:
+                self._record()
+
+        def _record(self) -> None:
             now: dict[str, int] = {}
             for dev, snap in self._curr_mem_snap.items():
                 if dev.type != device_type:
@@ -126,11 +140,13 @@ def phase_tracker(base: type, device_type: str) -> type:
                 for kind, value in snap.items():
                     key = getattr(kind, "value", kind)
                     now[key] = now.get(key, 0) + value
-            best = self.phase_peaks.get(self.phase)
+            phase = self._phase
+            assert phase is not None
+            best = self.phase_peaks.get(phase)
             if now and (best is None or now.get("Total", 0) > best.get("Total", 0)):
                 if self.reclassify is not None:
                     self.reclassify(now)
-                self.phase_peaks[self.phase] = now
+                self.phase_peaks[phase] = now
 
     return PhaseTracker
 

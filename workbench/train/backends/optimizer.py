@@ -13,6 +13,7 @@ family: its moments travel dequantized to fp32 (`neutral`) and are quantized aga
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import torch
@@ -84,4 +85,76 @@ def placed_state(optimizer: torch.optim.Optimizer, p: torch.Tensor, key: str, va
     return value
 
 
-__all__ = ["OPTIMIZER_FAMILY", "STATE_KEYS", "build_optimizer", "neutral", "placed_state"]
+class InBackwardOptimizers:
+    """`optimizer_in_backward`: one optimizer per parameter, stepped by the parameter's
+    post-accumulate-grad hook as soon as its gradient is ready, the gradient freed at once
+    (torchtune's pattern), so a step never holds every gradient. It stands where an
+    optimizer stands: `step()` and `zero_grad()` do nothing (the hooks did it),
+    `param_groups` are every optimizer's, `state` reads and writes each parameter's own
+    optimizer's state. `remove()` takes the hooks off."""
+
+    def __init__(self, make: Callable[[list[nn.Parameter]], Any], params: list[nn.Parameter]):
+        self.by_param: dict[nn.Parameter, torch.optim.Optimizer] = {p: make([p]) for p in params}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._step_one) for p in params]
+        self.state = _RoutedState(self.by_param)
+
+    def _step_one(self, p: torch.Tensor) -> None:
+        optimizer = self.by_param[p]  # type: ignore[index]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self.by_param.values() for g in o.param_groups]
+
+    def step(self) -> None:
+        """Nothing: each parameter was stepped in backward."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing: each gradient was freed when its parameter stepped."""
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+class _RoutedState(MutableMapping[Any, Any]):
+    """Each parameter's state in its own optimizer."""
+
+    def __init__(self, by_param: dict[nn.Parameter, torch.optim.Optimizer]) -> None:
+        self._by_param = by_param
+
+    def __getitem__(self, p: Any) -> Any:
+        return self._by_param[p].state[p]
+
+    def __setitem__(self, p: Any, value: Any) -> None:
+        self._by_param[p].state[p] = value
+
+    def __delitem__(self, p: Any) -> None:
+        del self._by_param[p].state[p]
+
+    def __iter__(self) -> Iterator[Any]:
+        return (p for p, o in self._by_param.items() if p in o.state)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def build_optimizers(config: TrainConfig, params: list[nn.Parameter]) -> Any:
+    """`build_optimizer`, or with `optimizer_in_backward` one per parameter
+    (`InBackwardOptimizers`)."""
+    if config.optimizer_in_backward:
+        return InBackwardOptimizers(lambda ps: build_optimizer(config, ps), params)
+    return build_optimizer(config, params)
+
+
+__all__ = [
+    "OPTIMIZER_FAMILY",
+    "STATE_KEYS",
+    "InBackwardOptimizers",
+    "build_optimizer",
+    "build_optimizers",
+    "neutral",
+    "placed_state",
+]

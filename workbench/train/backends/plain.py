@@ -42,7 +42,8 @@ from workbench.config import OptimizerName, TrainConfig
 from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
 from workbench.train.backends.optimizer import (
     OPTIMIZER_FAMILY,
-    build_optimizer,
+    InBackwardOptimizers,
+    build_optimizers,
     neutral,
     placed_state,
 )
@@ -89,7 +90,8 @@ class PlainBackend:
         self._named = named_unique_parameters(model)
         trainable = [p for _, p in self._named if p.requires_grad]
         self._params = trainable
-        self.optimizer = build_optimizer(config, trainable)
+        self.optimizer = build_optimizers(config, trainable)
+        self._in_backward = isinstance(self.optimizer, InBackwardOptimizers)
         self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
@@ -101,6 +103,8 @@ class PlainBackend:
             self._load(state)
         self._set_lr()
         self._apply_step = self._step_scaled if self.policy.scaler is not None else self._step_plain
+        if self._in_backward:
+            self._apply_step = self._step_in_backward
         # the total norm in one foreach kernel when every gradient shares a device and dtype
         # (always, unless your module mixes them); torch's grouping otherwise
         kinds = {(p.device, p.dtype) for p in trainable}
@@ -134,8 +138,8 @@ class PlainBackend:
         tensor (gradients clipped in place when clip_grad_norm is set), so the step's one
         read (`workbench.train.step.read_device_values`) takes it with the loss; `step()`
         then uses it. None under loss scaling: the scaler unscales first, inside `step()`."""
-        if self.policy.scaler is not None:
-            return None
+        if self.policy.scaler is not None or self._in_backward:
+            return None  # in backward: each gradient is gone once its parameter stepped
         self._prepared = self._norm_tensor()
         return self._prepared
 
@@ -187,6 +191,9 @@ class PlainBackend:
         norm = self._grad_norm()
         self.optimizer.step()
         return norm, False, None
+
+    def _step_in_backward(self) -> tuple[float | None, bool, float | None]:
+        return None, False, None  # stepped in backward; no gradients left for a norm
 
     def _step_scaled(self) -> tuple[float | None, bool, float | None]:
         scaler = self.policy.scaler
@@ -283,6 +290,8 @@ class PlainBackend:
         if self._closed:
             return
         self._closed = True
+        if isinstance(self.optimizer, InBackwardOptimizers):
+            self.optimizer.remove()
         self.optimizer.state.clear()
         self.optimizer.param_groups.clear()
         if self._model is not self._yours:
