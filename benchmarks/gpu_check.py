@@ -47,11 +47,12 @@ is estimated to take on one H200 (a section's limit is twice its estimate):
    over one steady optimizer step of a 100M-parameter `transformers` Llama (fp32,
    amp-bf16, bf16-true x sdpa, eager; within 15%), and the dry run's peak when
    `workbench.simulate_memory` is there (within 10%).
-11. syncs (~5 s) and 12. anchors (~14 s), in `gpu_syncs.py`: host-device syncs per optimizer
+11. syncs (~4 s) and 12. anchors (~5 s), in `gpu_syncs.py`: host-device syncs per optimizer
    step counted (at most one in fp32, amp-bf16, bf16-true, none added by clipping), and
-   the Session beside a plain loop, Lightning, accelerate and the Hugging Face Trainer.
+   the Session beside a plain loop and accelerate (`benchmarks/anchors.py --device cuda`
+   adds Lightning and the Hugging Face Trainer).
 
-Sized to finish in under 8 minutes on one H200: the estimates add up to about 479 s, and
+Sized to finish in under 8 minutes on one H200: the estimates add up to about 469 s, and
 the whole run has a 470-second budget (`--budget`); a section starts only while budget is
 left and its limit is cut to what is left.
 
@@ -1452,8 +1453,8 @@ SECTIONS: dict[str, tuple[Callable[[Ctx], Callable[[dict[str, Any]], None]], flo
     "speed": (speed_section, 50),
     "ladder": (ladder_section, 60),
     "peak": (peak_section, 45),
-    "syncs": (lambda ctx: gpu_syncs.syncs_section(ctx, check), 5),
-    "anchors": (lambda ctx: gpu_syncs.anchors_section(ctx, check), 14),
+    "syncs": (lambda ctx: gpu_syncs.syncs_section(ctx, check), 4),
+    "anchors": (lambda ctx: gpu_syncs.anchors_section(ctx, check), 5),
 }
 
 

@@ -65,7 +65,7 @@ def test_every_section_runs_in_cpu_smoke_mode(tmp_path: Path) -> None:
     assert result["summary"]["line"] == f"all {len(result['checks'])} checks passed"
     assert set(result["plan"]) == SECTIONS
     assert result["estimated_total_s"] < 8 * 60 and result["budget_s"] > 0
-    assert "about 479 s in all" in done.stdout
+    assert "about 469 s in all" in done.stdout
 
 
 def test_sigterm_leaves_the_results_so_far(tmp_path: Path) -> None:
