@@ -174,3 +174,26 @@ def test_the_dry_run_button_simulates_the_session_and_the_chart_shows_it() -> No
             assert mem["predicted"][at] == pytest.approx(panel.memory_report.predicted.peak_bytes)
         finally:
             panel.close()
+
+
+def test_the_memory_technique_advice_applies_in_one_click(session: Session) -> None:
+    """The panel lists the technique that frees the most of the predicted peak (here 8-bit
+    AdamW: the small GPT's optimizer states outweigh its activations) with its apply
+    button, and one click changes the session."""
+    session.run(optimizer_steps=2)
+    panel = TrainingPanel(session, autostart=False)
+    try:
+        panel.refresh(draw_now=True)
+        advice = next(a for a in panel.advice if a.id == "memory-technique")
+        assert advice.apply == session.memory_advice()[0].apply == {"optimizer": "adam8bit"}
+        assert advice.message.startswith("optimizer states are") and "frees" in advice.message
+        button = next(
+            w.children[1]
+            for w in panel.advice_box.children
+            if len(w.children) == 2
+            and "wb-advice-apply-memory-technique" in w.children[1]._dom_classes
+        )
+        button.click()
+        assert session.config.optimizer == "adam8bit"
+    finally:
+        panel.close()

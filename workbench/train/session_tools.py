@@ -129,6 +129,14 @@ class SessionTools:
             raise ValueError(f"config={cfg!r}: must be a workbench.TrainConfig or None")
         return predict_memory(cfg, self._model_description(), self.world_size)
 
+    def memory_advice(self) -> list[Any]:
+        """The memory technique that frees the most of this session's predicted peak, as
+        an `Advice` whose `apply` is the change for `update(**apply)`
+        (`workbench.train.memory_advice`); [] when none frees anything."""
+        from workbench.train.memory_advice import memory_advice
+
+        return memory_advice(self._config, self._model_description(), self.world_size)
+
     def _model_description(self) -> Any:
         """The built-in model's shape facts; for your module with a Hugging Face `config`
         (a `transformers` model) its shape from that config at the sequence length of the

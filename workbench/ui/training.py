@@ -549,6 +549,9 @@ class TrainingPanel(TrainingCharts, PanelBase):
                 config=self.session.config,
                 gpu_uuid=getattr(self.session, "gpu_uuid", None),
             )
+            memory = getattr(self.session, "memory_advice", None)
+            if callable(memory):  # the technique that frees the most of the peak
+                advice += memory()
         except Exception as exc:
             self.advice = []
             self.advice_box.children = (

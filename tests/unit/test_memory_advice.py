@@ -1,0 +1,55 @@
+"""`workbench.train.memory_advice`: the memory technique that frees the most of the predicted
+peak, named with the term it shrinks and the bytes it frees, applied in one change."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import Session, TrainConfig
+from workbench.models import build_model
+from workbench.prediction import predict_memory
+from workbench.train.memory_advice import memory_advice
+
+TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64}
+
+
+def test_optimizer_states_of_a_7b_model_point_to_8_bit_adamw() -> None:
+    config = TrainConfig(precision="amp-bf16")
+    (advice,) = memory_advice(config, 7_000_000_000)
+    base = predict_memory(config, 7_000_000_000)
+    after = predict_memory(config.replace(optimizer="adam8bit"), 7_000_000_000)
+    assert advice.apply == {"optimizer": "adam8bit"}
+    assert advice.evidence["freed_bytes"]["8-bit AdamW"] == base.peak_bytes - after.peak_bytes
+    share = round(100 * base.peak_terms["optimizer states"] / base.peak_bytes)
+    assert advice.message.startswith(f"optimizer states are {share}% of the peak")
+    # 7e9 x (8 - 2) bytes of states, and foreach's fp32 temporary (4 bytes each), which the
+    # 8-bit step (one compiled kernel per tensor) does not make: 7e9 x 10 bytes = 65.19 GiB
+    assert "8-bit AdamW frees 65.19 GiB" in advice.message
+
+
+def test_a_tiny_gpt_s_activations_point_to_checkpointing_and_the_change_applies() -> None:
+    info = build_model("tiny-gpt", **TINY)[3]
+    config = TrainConfig(micro_batch=8)
+    (advice,) = memory_advice(config, info)
+    assert advice.apply == {"activation_checkpointing": True}
+    assert advice.message.startswith("activations are")
+    freed = advice.evidence["freed_bytes"]
+    assert freed["activation checkpointing"] == max(freed.values()) > 0
+    with Session(config, model_options=TINY) as s:
+        s.run(optimizer_steps=1)
+        assert [a.apply for a in s.memory_advice()] == [advice.apply]
+        before = s.predict().peak_bytes
+        s.update(**advice.apply)
+        s.run(optimizer_steps=1)
+        assert before - s.predict().peak_bytes == freed["activation checkpointing"]
+
+
+def test_nothing_left_to_switch_on_gives_no_advice() -> None:
+    info = build_model("tiny-gpt", **TINY)[3]
+    done = TrainConfig(
+        optimizer="adam8bit", optimizer_in_backward=True, attention="sdpa",
+        activation_checkpointing=True,
+    )  # fmt: skip
+    assert memory_advice(done, info) == []
+    with pytest.raises(ValueError, match="config="):
+        memory_advice("fp32", info)  # type: ignore[arg-type]

@@ -1,0 +1,97 @@
+"""Advice that names a memory technique and the bytes it frees, from the estimator.
+
+    memory_advice(config, model, world_size)   # [Advice]: the technique that frees the most
+
+For the setup in effect, each technique a Session trains (`TECHNIQUES`: 8-bit AdamW, the
+optimizer step in backward, sdpa attention, activation checkpointing) is tried as a
+settings change: a change the config or the engine refuses is skipped, the others are
+predicted (`workbench.prediction.predict_memory`, the one prediction path) and the one
+that lowers the peak of a step the most becomes one `Advice` ("memory-technique"), its
+message naming the term it shrinks and its share of the peak ("optimizer states are 38% of
+the peak (1.2 GiB): 8-bit AdamW frees 0.9 GiB, peak 3.1 GiB -> 2.2 GiB"), its `apply` the
+change a panel hands to `session.update(**apply)`; `evidence` lists every technique tried
+with the bytes it frees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.advisor import Advice
+from workbench.config import ConfigError, TrainConfig, engine_problems
+from workbench.display import fmt_bytes
+from workbench.prediction import predict_memory
+
+#: (what the advice calls it, the settings change) in the order they are tried.
+TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("8-bit AdamW", {"optimizer": "adam8bit"}),
+    ("the optimizer step in backward", {"optimizer_in_backward": True}),
+    ("sdpa attention", {"attention": "sdpa"}),
+    ("activation checkpointing", {"activation_checkpointing": True}),
+)
+
+
+def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[Advice]:
+    """The technique that frees the most of the predicted peak for `model` (a prediction
+    description or a parameter count, as `predict_memory` takes) trained with `config` on
+    `world_size` ranks, as one Advice; [] when none frees anything or the setup cannot be
+    predicted."""
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+    try:
+        base = predict_memory(config, model, world_size)
+    except ValueError:
+        return []
+    tried: dict[str, int] = {}
+    best: tuple[int, str, dict[str, Any], Any] | None = None
+    for name, change in TECHNIQUES:
+        if all(_same(getattr(config, k), v) for k, v in change.items()):
+            continue  # already on
+        try:
+            candidate = config.replace(**change)
+        except ConfigError:
+            continue  # the setup excludes it (e.g. accumulation for the step in backward)
+        if engine_problems(candidate, world_size):
+            continue
+        try:
+            predicted = predict_memory(candidate, model, world_size)
+        except ValueError:
+            continue
+        freed = base.peak_bytes - predicted.peak_bytes
+        tried[name] = freed
+        if freed > 0 and (best is None or freed > best[0]):
+            best = (freed, name, change, predicted)
+    if best is None:
+        return []
+    freed, name, change, predicted = best
+    term, held = _shrunk_term(base.peak_terms, predicted.peak_terms)
+    share = 100 * held / base.peak_bytes if base.peak_bytes else 0.0
+    message = (
+        f"{term} {'are' if term.endswith('s') else 'is'} {share:.0f}% of the peak of a step "
+        f"({fmt_bytes(held)}): {name} frees {fmt_bytes(freed)}, peak "
+        f"{fmt_bytes(base.peak_bytes)} -> {fmt_bytes(predicted.peak_bytes)}"
+    )
+    evidence = {
+        "peak_bytes": base.peak_bytes,
+        "technique_peak_bytes": predicted.peak_bytes,
+        "freed_bytes": {k: v for k, v in tried.items()},
+        "term": term,
+    }
+    return [Advice("memory-technique", "info", message, evidence=evidence, apply=dict(change))]
+
+
+def _same(current: Any, wanted: Any) -> bool:
+    return str(getattr(current, "value", current)) == str(wanted)
+
+
+def _shrunk_term(before: dict[str, int], after: dict[str, int]) -> tuple[str, int]:
+    """The peak term that shrinks the most, and its bytes before (the peak's largest
+    term when none shrinks, e.g. a peak moving to another point of the step)."""
+    drops = {k: v - after.get(k, 0) for k, v in before.items()}
+    term = max(drops, key=lambda k: drops[k]) if drops else ""
+    if not drops or drops[term] <= 0:
+        term = max(before, key=lambda k: before[k]) if before else "the peak"
+    return term, before.get(term, 0)
+
+
+__all__ = ["TECHNIQUES", "memory_advice"]
