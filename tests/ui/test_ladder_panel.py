@@ -92,3 +92,20 @@ def test_a_session_gives_its_model_and_basic_settings_only() -> None:
         assert "the session trains your own module" in strip_tags(panel.status.value)
     finally:
         panel.close()
+
+
+def test_the_memory_ladder_runs_from_the_tab() -> None:
+    """(No thread-leak check here: the 8-bit AdamW rung's torch.compile keeps inductor's
+    own worker threads for the process, by design.)"""
+    tiny = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 16, "dropout": 0.0}
+    panel = LadderPanel(model="tiny-gpt", model_options=tiny, steps=2, device="cpu")
+    try:
+        panel.repeats.widget.value = "1"
+        panel.kind.value = "memory"
+        panel.compile.value = True  # the speed ladder's option: not the memory ladder's
+        result = panel.run(wait=True)
+        assert panel.error is None, panel.error
+        assert result.setup["kind"] == "memory" and len(result.names) == 5
+        assert "memory frees" in str(result) and "+ 8-bit AdamW" in strip_tags(panel.table.value)
+    finally:
+        panel.close()

@@ -112,6 +112,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     )
     default.add_argument("--compile", action="store_true", help="add a torch.compile rung")
     default.add_argument(
+        "--memory",
+        action="store_true",
+        help="the memory ladder instead: + sdpa, + checkpointing, + 8-bit AdamW, + the "
+        "optimizer step in backward, each rung's memory freed and step time cost",
+    )
+    default.add_argument(
         "--checkpointing",
         action="store_true",
         help="add an activation-checkpointing rung with a 2x micro-batch",
@@ -240,6 +246,8 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             problems.append(str(exc))
     kw["compile"], kw["checkpointing"] = bool(args.compile), bool(args.checkpointing)
     kw["memory"] = not args.no_memory
+    if args.memory:
+        kw["kind"] = "memory"
     base, base_problems = _config_problems(args)
     problems += base_problems
     kw["base"] = base

@@ -77,6 +77,13 @@ class LadderPanel(JobPanel):
             options=["linear", "sqrt", "none"], value="linear", description="LR rule"
         )
         self.lr_scaling.add_class("wb-ladder-lr-scaling")
+        self.kind = widgets.Dropdown(
+            options=[("speed (the default ladder)", "speed"), ("memory techniques", "memory")],
+            value="speed",
+            description="ladder",
+        )
+        self.kind.add_class("wb-ladder-kind")
+        self.kind.disabled = rungs is not None
         self.data_parallel = widgets.Checkbox(value=True, description="data parallel")
         self.compile = widgets.Checkbox(value=False, description="torch.compile")
         self.checkpointing = widgets.Checkbox(value=False, description="act. checkpointing")
@@ -99,7 +106,7 @@ class LadderPanel(JobPanel):
         self.widget = widgets.VBox(
             [
                 widgets.HBox([self.steps.box, self.repeats.box]),
-                widgets.HBox([self.target.box, self.lr_scaling]),
+                widgets.HBox([self.target.box, self.lr_scaling, self.kind]),
                 widgets.HBox([self.data_parallel, self.compile, self.checkpointing]),
                 widgets.HBox([self.button, self.cancel_button]),
                 widgets.HBox([self.progress, self.progress_label]),
@@ -171,8 +178,9 @@ class LadderPanel(JobPanel):
                 repeats=values["repeats"],
                 lr_scaling=self.lr_scaling.value,
                 ranks=None if self.data_parallel.value else 1,
-                compile=self.compile.value,
-                checkpointing=self.checkpointing.value,
+                compile=self.compile.value and self.kind.value == "speed",
+                checkpointing=self.checkpointing.value and self.kind.value == "speed",
+                kind=self.kind.value,
                 **self._options,
             )
         except ValueError as exc:

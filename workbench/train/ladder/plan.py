@@ -29,11 +29,13 @@ from workbench.inputs import shown
 from workbench.train.ladder.problems import LadderError, LadderProblem, in_rung, of_error, said
 from workbench.train.ladder.report import RungPlan
 from workbench.train.ladder.rungs import (
+    KINDS,
     MAX_RUNGS,
     Rung,
     available_ranks,
     cumulative_configs,
     default_rungs,
+    memory_rungs,
     read_rung,
 )
 
@@ -65,6 +67,7 @@ class LadderSpec:
     launcher: str = "torchrun"
     memory: bool = True
     timeout: float | None = None
+    kind: str = "speed"
 
     @classmethod
     def of(cls, caller: str, args: Sequence[Any], keywords: Mapping[str, Any]) -> LadderSpec:
@@ -107,6 +110,22 @@ class LadderSpec:
             value = getattr(self, flag)
             if not isinstance(value, bool):
                 problems.append(LadderProblem(flag, value, "must be True or False"))
+        if self.kind not in KINDS:
+            problems.append(LadderProblem("kind", self.kind, f"must be one of {', '.join(KINDS)}"))
+        elif self.kind == "memory":
+            for flag in ("compile", "checkpointing"):
+                if getattr(self, flag) is True:
+                    problems.append(
+                        LadderProblem(
+                            flag,
+                            True,
+                            "belongs to the speed ladder; the memory ladder has its own rungs",
+                        )
+                    )
+            if self.rungs is not None:
+                problems.append(
+                    LadderProblem("rungs", "given", "the memory ladder has its own rungs")
+                )
         if self.base is not None and not isinstance(self.base, TrainConfig):
             problems.append(
                 LadderProblem("base", self.base, "must be a workbench.TrainConfig or None")
@@ -179,6 +198,7 @@ class LadderPlan:
     timeout: float | None
     model_description: Any  # what the estimator needs (ModelInfo or a parameter count)
     notes: tuple[str, ...] = ()
+    kind: str = "speed"  # "memory": the memory ladder (`memory_rungs`)
 
     @property
     def total_steps(self) -> int:
@@ -297,6 +317,7 @@ def plan_ladder(
     launcher: str = "torchrun",
     memory: bool = True,
     timeout: float | None = None,
+    kind: str = "speed",
 ) -> LadderPlan: ...
 
 
@@ -339,7 +360,9 @@ def plan_spec(spec: LadderSpec, *, also: Sequence[LadderProblem] = ()) -> Ladder
     )
     rungs = spec.rungs
     default = rungs is None
-    if rungs is None:
+    if rungs is None and spec.kind == "memory":
+        rungs = memory_rungs()
+    elif rungs is None:
         rungs = default_rungs(
             device=dev,
             ranks=ranks,
@@ -369,7 +392,7 @@ def plan_spec(spec: LadderSpec, *, also: Sequence[LadderProblem] = ()) -> Ladder
     if also:
         fail([])
     notes = []
-    if default and not any(p.ranks > 1 for p in planned):
+    if default and spec.kind == "speed" and not any(p.ranks > 1 for p in planned):
         notes.append(
             f"no data-parallel rung: {available_ranks(dev) if ranks is None else ranks} "
             f"rank(s) {'available' if ranks is None else 'asked for'} (it needs 2 or more)"
@@ -388,6 +411,7 @@ def plan_spec(spec: LadderSpec, *, also: Sequence[LadderProblem] = ()) -> Ladder
         timeout=timeout,
         model_description=description,
         notes=tuple(notes),
+        kind=spec.kind,
     )
 
 

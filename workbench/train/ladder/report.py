@@ -214,12 +214,15 @@ class LadderResult(Readable):
             ]
             rows.append(cells)
         notes = [f"{r.name}: {r.summary}" for r in self.rungs[1:]]
+        if self.setup.get("kind") == "memory":
+            notes += memory_notes(self.rungs)
         for r in self.rungs:
             notes += [f"{r.name}: {n}" for n in r.notes]
         notes += list(self.notes)
         s = self.setup
         title = (
-            f"optimization ladder: {s.get('model')} on {s.get('device')}, {s.get('samples')} "
+            f"{'memory' if s.get('kind') == 'memory' else 'optimization'} ladder: "
+            f"{s.get('model')} on {s.get('device')}, {s.get('samples')} "
             f"samples per rung, {s.get('repeats')} repeat(s)"
         )
         return Display(title, rows, header=header, notes=notes)
@@ -305,6 +308,36 @@ class LadderResult(Readable):
     def chart_png(self, dpi: int = 80) -> bytes:
         """`chart()` as PNG bytes."""
         return figure_png(self.chart(), dpi)
+
+
+def memory_notes(rungs: Sequence[RungResult]) -> list[str]:
+    """The memory ladder's verdict per rung: what it frees (measured, and predicted)
+    and what it costs in step time, each against the last rung that ran."""
+    out: list[str] = []
+    prev: RungResult | None = None
+    for r in rungs:
+        if r.error is not None:
+            continue
+        if prev is not None and r.memory_measured_bytes and prev.memory_measured_bytes:
+            freed = prev.memory_measured_bytes - r.memory_measured_bytes
+            predicted = (
+                prev.memory_predicted_bytes - r.memory_predicted_bytes
+                if r.memory_predicted_bytes and prev.memory_predicted_bytes
+                else None
+            )
+            cost = (
+                f"step time x{fmt_number(r.step_seconds / prev.step_seconds, 3)}"
+                if r.step_seconds and prev.step_seconds
+                else "step time n/a"
+            )
+            what = "frees" if freed >= 0 else "adds"
+            out.append(
+                f"{r.name}: memory {what} {fmt_bytes(abs(freed))} measured"
+                + (f" ({fmt_bytes(predicted)} predicted)" if predicted is not None else "")
+                + f" vs {prev.name}; {cost}"
+            )
+        prev = r
+    return out
 
 
 def _steps(n: int | None) -> str:

@@ -75,6 +75,7 @@ def ladder(
     launcher: str = "torchrun",
     memory: bool = True,
     timeout: float | None = None,
+    kind: str = "speed",
     progress: bool | None = None,
     on_progress: Callable[[LadderProgress], None] | None = None,
     cancel: threading.Event | None = None,
@@ -106,6 +107,8 @@ def ladder(
     `device`: "auto" (default: the base config's), "cpu" or "cuda". `launcher`: for
     data-parallel rungs, "torchrun" or "deepspeed". `memory`: measure each rung's memory
     next to the prediction (once per rung). `timeout`: seconds per multi-rank launch.
+    `kind`: "speed" (the default ladder above) or "memory" (`memory_rungs`: the memory
+    techniques cumulative, each rung's notes saying what it frees and what it costs).
     `progress`: a tqdm bar on stderr (None: when stderr is a terminal); `on_progress`:
     called with a `LadderProgress` after every step. `cancel`: a threading.Event; setting
     it stops the ladder at the next step (LadderCancelled).
@@ -194,6 +197,7 @@ def run_plan(
         "torch": torch.__version__,
         "load_average": busiest,
         "cores": os.cpu_count(),
+        "kind": plan.kind,
     }
     notes = [
         f"every rung trains on the same {plan.samples} samples in the same order (seed "

@@ -17,6 +17,10 @@ it (cumulative), plus `ranks` for data parallelism. The default ladder (`default
 6. optional + activation checkpointing with a 2x larger micro-batch and half the
    accumulation (`checkpointing=True`).
 
+The memory ladder (`memory_rungs`, `workbench ladder --memory`): baseline fp32 AdamW with
+eager attention, + sdpa attention, + activation checkpointing, + 8-bit AdamW, + the
+optimizer step in backward.
+
 `read_rung` takes a rung as a user writes it (a `Rung`, a (name, changes) pair or a
 mapping with an optional "name"); `cumulative_configs` applies the rungs in order and
 names every change a rung may not make.
@@ -137,6 +141,27 @@ def default_rungs(
             )
         )
     return rungs
+
+
+#: What `workbench ladder --memory` climbs (`memory_rungs`).
+KINDS = ("speed", "memory")
+
+
+def memory_rungs() -> list[Rung]:
+    """The memory ladder: the techniques a Session trains, cumulative, each measured for
+    the memory it frees and the step time it costs (the report's notes compare each rung
+    with the one before). A rung its setup excludes (the optimizer step in backward with
+    accumulation or clipping, say) fails and is reported; the others run on."""
+    return [
+        Rung(
+            "baseline: fp32, AdamW, eager attention",
+            {"precision": "fp32", "optimizer": "adamw", "attention": "eager"},
+        ),
+        Rung("+ sdpa attention", {"attention": "sdpa"}),
+        Rung("+ activation checkpointing", {"activation_checkpointing": True}),
+        Rung("+ 8-bit AdamW", {"optimizer": "adam8bit"}),
+        Rung("+ optimizer step in backward", {"optimizer_in_backward": True}),
+    ]
 
 
 def read_rung(value: Any, index: int, problems: list[LadderProblem]) -> Rung | None:
