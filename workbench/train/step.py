@@ -59,9 +59,10 @@ def nan_advice(config: TrainConfig) -> str:
     if precision in (Precision.AMP_FP16, Precision.FP16):
         bf16 = "amp-bf16" if precision is Precision.AMP_FP16 else "bf16"
         return (
-            f"{precision.value} overflows above 65504: lower loss_scale_init, or use "
-            f"precision={bf16!r} (fp32's exponent range) where the hardware has bf16; a lower "
-            "lr or clip_grad_norm also helps"
+            f"{precision.value}: an activation overflowed above 65504 in the forward (the loss "
+            "scale never reaches the forward, so loss_scale_init does not fix it): use "
+            f"precision={bf16!r} (fp32's exponent range) where the hardware has bf16, or "
+            "lower lr or set clip_grad_norm so the weights stop growing"
         )
     clip = (
         "set clip_grad_norm (e.g. 1.0)"
