@@ -138,19 +138,20 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         total = loss.detach() if total is None else total + loss.detach()
     assert total is not None
     prepare = getattr(backend, "prepare_step", None)  # the plain backend's gradient norm
-    with label("workbench.optimizer"):  # the norm and clipping: the optimizer phase's work
-        norm = prepare() if prepare is not None else None
-    clock.before_read()
-    loss_sum, grad_norm = read_device_values(total, norm)
-    loss_value = loss_sum / accum
-    loss_parts = take_parts() if take_parts is not None else None
-    if not math.isfinite(loss_value):
-        backend.zero_grad()
-        raise NonFiniteLoss(loss_value)
-    first = runtime.state_bytes is None
-    if first:
-        before = backend.model_state_bytes()
+    # one optimizer span per step: the norm and clipping, the step's one read of device
+    # values (the loss with the norm), the NaN check and the step itself
     with label("workbench.optimizer"):
+        norm = prepare() if prepare is not None else None
+        clock.before_read()
+        loss_sum, grad_norm = read_device_values(total, norm)
+        loss_value = loss_sum / accum
+        loss_parts = take_parts() if take_parts is not None else None
+        if not math.isfinite(loss_value):
+            backend.zero_grad()
+            raise NonFiniteLoss(loss_value)
+        first = runtime.state_bytes is None
+        if first:
+            before = backend.model_state_bytes()
         outcome = backend.step() if norm is None else backend.step(grad_norm=grad_norm)
     if first:
         after = backend.model_state_bytes()
