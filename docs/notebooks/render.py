@@ -4,7 +4,7 @@ Each notebook runs top to bottom on a fresh "python3" kernel in a temporary copy
 notebooks/ (as tests/notebooks/test_notebooks.py runs it, so nothing is written into the
 repository), then becomes `<name>.html` beside this file with nbconvert's lab template.
 Widget state is not stored, so a page holds the outputs and charts, not a widget model;
-the template's stylesheets go once into lab.css here, which every page links.
+the template's stylesheets go once into lab.css and head.css here, which every page links.
 
 Each page records its notebook's name and the SHA-256 of its cells' types and sources in
 two <meta> tags; tests/notebooks/test_notebooks.py fails when a notebook's cells changed
@@ -34,6 +34,7 @@ HASH_META = "workbench-notebook-source-sha256"
 NAME_META = "workbench-notebook"
 TIMEOUT_SECONDS = 600  # per cell
 SHARED_CSS = "lab.css"
+HEAD_CSS = "head.css"  # the template's other head styles, also the same in every page
 LAB_CSS = ("static/index.css", "static/theme-light.css")  # what the lab template inlines
 
 
@@ -123,7 +124,16 @@ def _link_shared_css(html: str, exporter: Any) -> str:
     )
     for block in blocks[1:]:
         html = html.replace(block, "", 1)
-    return html.replace(blocks[0], f'<link rel="stylesheet" href="{SHARED_CSS}">', 1)
+    html = html.replace(blocks[0], f'<link rel="stylesheet" href="{SHARED_CSS}">', 1)
+    # the template's other head styles (code highlighting, widgets, mermaid): the same in
+    # every page too, so one more shared file
+    end = html.index("</head>")
+    head_styles = re.findall(r"<style[^>]*>(.*?)</style>", html[:end], flags=re.S)
+    if head_styles:
+        (HERE / HEAD_CSS).write_text("\n".join(head_styles), encoding="utf-8")
+        head = re.sub(r"<style[^>]*>.*?</style>\s*", "", html[:end], flags=re.S)
+        html = head + f'<link rel="stylesheet" href="{HEAD_CSS}">\n' + html[end:]
+    return html
 
 
 def main(argv: list[str]) -> int:

@@ -142,8 +142,9 @@ def test_rendered_page_is_current(path: Path) -> None:
     assert "application/vnd.jupyter.widget-state+json" not in html, "widget state embedded"
     assert "checked: " in html, f"{page.name} shows no check's output: was it executed?"
     assert "Traceback (most recent call last)" not in html
-    if f'href="{render.SHARED_CSS}"' in html:
-        assert (RENDERED / render.SHARED_CSS).is_file(), f"{page.name} links a missing stylesheet"
+    for sheet in (render.SHARED_CSS, render.HEAD_CSS):
+        if f'href="{sheet}"' in html:
+            assert (RENDERED / sheet).is_file(), f"{page.name} links a missing {sheet}"
 
 
 def test_every_rendered_page_has_its_notebook() -> None:
