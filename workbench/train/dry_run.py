@@ -64,7 +64,7 @@ from workbench.config import (
 )
 from workbench.display import fmt_bytes
 from workbench.problems import SettingProblem
-from workbench.train.attention import attention_problem, estimator_attention, set_attention
+from workbench.train.attention import attention_problem, set_attention
 from workbench.train.backends.optimizer import build_optimizers
 from workbench.train.dry_run_checks import OPTIMIZER_IMPLS, check_arguments
 from workbench.train.dry_run_deepspeed import (
@@ -87,6 +87,7 @@ from workbench.train.dry_run_fake import (
     fake_batch,
     fake_model,
 )
+from workbench.train.dry_run_formula import formula_attention, formula_of
 from workbench.train.dry_run_fsdp import (
     fake_process_group,
     make_mesh,
@@ -185,8 +186,8 @@ def simulate_memory(
                 )
             ]
         )
-    attention, attention_note = _attention(fm)
-    formula, formula_note = _formula(config, fm, fb, world_size, optimizer_impl, attention)
+    attention, attention_note = formula_attention(fm)
+    formula, formula_note = formula_of(config, fm, fb, world_size, optimizer_impl, attention)
     loss = loss_fn if loss_fn is not None else fm.loss_fn
     if isinstance(fb.value, tuple) and loss is None:
         raise DryRunError(
@@ -288,85 +289,6 @@ def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
         "workbench.train.recompute.mark_checkpointable)"
     )
     return found, note
-
-
-def _attention(fm: FakeModel) -> tuple[str | None, str | None]:
-    """The attention kernel the formula counts, and a note when it is a guess."""
-    if fm.kind == "built-in":
-        return estimator_attention(fm.module) or getattr(fm.info, "attention", None), None
-    config = fm.hf_config
-    if config is not None:
-        impl = getattr(config, "_attn_implementation", None) or "sdpa"
-        return ("eager" if impl == "eager" else "sdpa"), None
-    return "sdpa", (
-        "the formula counts sdpa attention (no s^2 tensors): your module's attention kernel "
-        "is not known to it"
-    )
-
-
-def _formula(
-    config: TrainConfig,
-    fm: FakeModel,
-    fb: FakeBatch,
-    world_size: Any,
-    impl: str,
-    attention: str | None,
-) -> tuple[Any, str | None]:
-    """The formula's estimate of the same setup (the settings the engines run), or None and
-    why. DeepSpeed's setups (ZeRO, its 16-bit modes, several ranks without FSDP) are
-    counted with DeepSpeed's layout and the engine config the Session hands it."""
-    from workbench.estimate import estimate_memory
-
-    fsdp = FsdpMode(config.fsdp)
-    deepspeed = _engine(config, world_size) == "deepspeed"
-    accounting = "fsdp" if fsdp is not FsdpMode.OFF else "paper"
-    kwargs: dict[str, Any] = {
-        "precision": Precision(config.precision).value,
-        "optimizer": OptimizerName(config.optimizer).value,
-        "zero_stage": int(config.zero_stage),
-        "gpus": int(world_size),
-        "micro_batch": fb.micro_batch,
-        "checkpointing": "full" if config.activation_checkpointing else "none",
-        "fsdp": fsdp.value,
-        "fsdp_reduce_fp32": bool(config.fsdp_reduce_fp32),
-        "grad_accum": int(config.grad_accum),
-        "weight_decay": float(config.weight_decay),
-        "accounting": "deepspeed" if deepspeed else accounting,
-        "optimizer_impl": impl,
-        "optimizer_in_backward": bool(config.optimizer_in_backward),
-    }
-    if deepspeed:
-        from workbench.train.backends.deepspeed import engine_config
-
-        kwargs["deepspeed_config"] = engine_config(config, int(world_size), fm.n_params)
-    info = fm.info
-    if fm.kind == "built-in" and info is not None and info.is_transformer:
-        kwargs.update(
-            n_params=fm.n_params,
-            layers=info.layers,
-            hidden=info.hidden,
-            heads=info.heads,
-            seq_len=fb.seq_len or info.seq_len,
-            vocab=info.vocab,
-            dropout=bool(info.dropout),
-            attention=attention or "sdpa",
-        )
-    elif fm.kind == "transformers" and fm.twin is not None:
-        kwargs.update(model=fm.twin, attention=attention or "sdpa")
-        if fb.seq_len:
-            kwargs["seq_len"] = fb.seq_len
-    else:
-        kwargs["n_params"] = fm.n_params
-    try:
-        estimate = estimate_memory(**kwargs)
-    except ValueError as exc:
-        return None, f"the formula cannot describe this setup: {exc}"
-    if estimate.activation_bytes is None:
-        return estimate, (
-            "the formula has no transformer shape for this model: it counts model states, "
-            "the optimizer's temporaries and the engine's buffers, no activations"
-        )
-    return estimate, None
 
 
 def _checkpoint(module: nn.Module, *, gpu_kernels: bool) -> None:

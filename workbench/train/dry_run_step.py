@@ -212,11 +212,9 @@ def run_steps(
     (only the boundary's steps), clipping in DeepSpeed's config; `module` is the engine and
     `optimizer` unused."""
     if engine is not None:
-        return _run_engine_steps(
-            engine, batch, loss_fn, plan, tracker, on_phase, progress, device_type
-        )
-    params = [p for p in module.parameters() if p.requires_grad]
-    inv_accum = 1.0 / plan.grad_accum
+        backward, optimizer_step = _deepspeed_parts(engine, device_type)
+    else:
+        backward, optimizer_step = _torch_parts(module, optimizer, plan, device_type)
     grads_bytes = 0
     for step in range(plan.steps):
         measuring = step > 0
@@ -230,11 +228,32 @@ def run_steps(
             on_phase("backward")
             tracker.phase = PHASES[1] if measuring else None
             _report(progress, "backward", step, plan.steps)
-            (loss * (inv_accum * plan.loss_scale)).backward()  # type: ignore[no-untyped-call]
+            backward(loss, micro == plan.grad_accum - 1)
             del loss
         on_phase("optimizer step")
         tracker.phase = PHASES[2] if measuring else None
         _report(progress, "optimizer step", step, plan.steps)
+        grads_bytes = optimizer_step()
+        tracker.phase = None
+    _report(progress, "done", plan.steps, plan.steps)
+    return grads_bytes
+
+
+Backward = Callable[[torch.Tensor, bool], None]  # (loss, the accumulation's last micro-batch)
+OptimizerStep = Callable[[], int]  # the step; returns the gradient bytes it found
+
+
+def _torch_parts(
+    module: nn.Module, optimizer: torch.optim.Optimizer, plan: StepPlan, device_type: str
+) -> tuple[Backward, OptimizerStep]:
+    """The plain and FSDP engines' backward and optimizer step."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    factor = plan.loss_scale / plan.grad_accum
+
+    def backward(loss: torch.Tensor, last: bool) -> None:
+        (loss * factor).backward()  # type: ignore[no-untyped-call]
+
+    def optimizer_step() -> int:
         grads = [p.grad for p in params if p.grad is not None]
         if plan.loss_scale != 1.0 and grads:
             # GradScaler.unscale_ in place (no allocation)
@@ -245,52 +264,29 @@ def run_steps(
             torch.nn.utils.get_total_norm(grads)
         del grads  # zero_grad must free them
         optimizer.step()
-        grads_bytes = storage_bytes((p.grad for p in params), device_type)
+        held = storage_bytes((p.grad for p in params), device_type)
         optimizer.zero_grad(set_to_none=True)
-        tracker.phase = None
-    _report(progress, "done", plan.steps, plan.steps)
-    return grads_bytes
+        return held
+
+    return backward, optimizer_step
 
 
-def _run_engine_steps(
-    engine: Any,
-    batch: Any,
-    loss_fn: Any,
-    plan: StepPlan,
-    tracker: Any,
-    on_phase: Callable[[str], None],
-    progress: Progress | None,
-    device_type: str,
-) -> int:
+def _deepspeed_parts(engine: Any, device_type: str) -> tuple[Backward, OptimizerStep]:
+    """DeepSpeed's engine's backward and step, as the Session's backend calls them."""
     from workbench.train.dry_run_deepspeed import gradient_tensors
 
-    grads_bytes = 0
-    for step in range(plan.steps):
-        measuring = step > 0
-        for micro in range(plan.grad_accum):
-            if step or micro:
-                tracker.reset_mod_stats()
-            on_phase("forward")
-            tracker.phase = PHASES[0] if measuring else None
-            _report(progress, "forward", step, plan.steps)
-            loss = forward_and_loss(engine, batch, loss_fn, plan.autocast)
-            on_phase("backward")
-            tracker.phase = PHASES[1] if measuring else None
-            _report(progress, "backward", step, plan.steps)
-            boundary = micro == plan.grad_accum - 1
-            engine.set_gradient_accumulation_boundary(boundary)
-            engine.backward(loss)
-            del loss
-            if not boundary:
-                engine.step()  # not a boundary: DeepSpeed only advances its micro counter
-        on_phase("optimizer step")
-        tracker.phase = PHASES[2] if measuring else None
-        _report(progress, "optimizer step", step, plan.steps)
-        grads_bytes = storage_bytes(gradient_tensors(engine), device_type)
+    def backward(loss: torch.Tensor, last: bool) -> None:
+        engine.set_gradient_accumulation_boundary(last)
+        engine.backward(loss)
+        if not last:
+            engine.step()  # not a boundary: DeepSpeed only advances its micro counter
+
+    def optimizer_step() -> int:
+        held = storage_bytes(gradient_tensors(engine), device_type)
         engine.step()
-        tracker.phase = None
-    _report(progress, "done", plan.steps, plan.steps)
-    return grads_bytes
+        return held
+
+    return backward, optimizer_step
 
 
 def _report(progress: Progress | None, phase: str, step: int, total: int) -> None:

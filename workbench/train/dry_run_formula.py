@@ -1,0 +1,99 @@
+"""The formula's side of a dry run: the estimate of the same setup the dry run runs.
+
+`formula_of` asks `workbench.estimate.estimate_memory` for the settings the engines use
+(the precision, optimizer and its implementation, accumulation, checkpointing, FSDP with
+its layout or DeepSpeed with the engine config a Session hands it, the optimizer step in
+backward) and the model's transformer shape where one is known; `formula_attention` names
+the attention kernel the formula counts for the fake model, with a note when it is a
+guess. Each returns the figure and a note saying what the formula cannot describe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.config import Engine, FsdpMode, OptimizerName, Precision, TrainConfig, engine_for
+from workbench.train.attention import estimator_attention
+from workbench.train.dry_run_fake import FakeBatch, FakeModel
+
+
+def formula_attention(fm: FakeModel) -> tuple[str | None, str | None]:
+    """The attention kernel the formula counts, and a note when it is a guess."""
+    if fm.kind == "built-in":
+        return estimator_attention(fm.module) or getattr(fm.info, "attention", None), None
+    config = fm.hf_config
+    if config is not None:
+        impl = getattr(config, "_attn_implementation", None) or "sdpa"
+        return ("eager" if impl == "eager" else "sdpa"), None
+    return "sdpa", (
+        "the formula counts sdpa attention (no s^2 tensors): your module's attention kernel "
+        "is not known to it"
+    )
+
+
+def formula_of(
+    config: TrainConfig,
+    fm: FakeModel,
+    fb: FakeBatch,
+    world_size: Any,
+    impl: str,
+    attention: str | None,
+) -> tuple[Any, str | None]:
+    """The formula's estimate of the same setup (the settings the engines run), or None and
+    why. DeepSpeed's setups (ZeRO, its 16-bit modes, several ranks without FSDP) are
+    counted with DeepSpeed's layout and the engine config the Session hands it."""
+    from workbench.estimate import estimate_memory
+
+    fsdp = FsdpMode(config.fsdp)
+    deepspeed = engine_for(config, world_size) is Engine.DEEPSPEED
+    accounting = "fsdp" if fsdp is not FsdpMode.OFF else "paper"
+    kwargs: dict[str, Any] = {
+        "precision": Precision(config.precision).value,
+        "optimizer": OptimizerName(config.optimizer).value,
+        "zero_stage": int(config.zero_stage),
+        "gpus": int(world_size),
+        "micro_batch": fb.micro_batch,
+        "checkpointing": "full" if config.activation_checkpointing else "none",
+        "fsdp": fsdp.value,
+        "fsdp_reduce_fp32": bool(config.fsdp_reduce_fp32),
+        "grad_accum": int(config.grad_accum),
+        "weight_decay": float(config.weight_decay),
+        "accounting": "deepspeed" if deepspeed else accounting,
+        "optimizer_impl": impl,
+        "optimizer_in_backward": bool(config.optimizer_in_backward),
+    }
+    if deepspeed:
+        from workbench.train.backends.deepspeed import engine_config
+
+        kwargs["deepspeed_config"] = engine_config(config, int(world_size), fm.n_params)
+    info = fm.info
+    if fm.kind == "built-in" and info is not None and info.is_transformer:
+        kwargs.update(
+            n_params=fm.n_params,
+            layers=info.layers,
+            hidden=info.hidden,
+            heads=info.heads,
+            seq_len=fb.seq_len or info.seq_len,
+            vocab=info.vocab,
+            dropout=bool(info.dropout),
+            attention=attention or "sdpa",
+        )
+    elif fm.kind == "transformers" and fm.twin is not None:
+        kwargs.update(model=fm.twin, attention=attention or "sdpa")
+        if fb.seq_len:
+            kwargs["seq_len"] = fb.seq_len
+    else:
+        kwargs["n_params"] = fm.n_params
+    try:
+        estimate = estimate_memory(**kwargs)
+    except ValueError as exc:
+        return None, f"the formula cannot describe this setup: {exc}"
+    if estimate.activation_bytes is None:
+        return estimate, (
+            "the formula has no transformer shape for this model: it counts model states, "
+            "the optimizer's temporaries and the engine's buffers, no activations"
+        )
+    return estimate, None
+
+
+__all__ = ["formula_attention", "formula_of"]
