@@ -163,6 +163,17 @@ class Attention(StrEnum):
     SDPA = "sdpa"
 
 
+class Documents(StrEnum):
+    """The layout of the built-in text data (`TrainConfig.documents`): the character
+    stream cut into windows (no documents), one document per sample padded to the
+    sequence length, or documents packed into each sample with attention kept inside
+    each document (`workbench.models.gpt.DocumentDataset`)."""
+
+    STREAM = "stream"
+    PADDED = "padded"
+    PACKED = "packed"
+
+
 class Engine(StrEnum):
     """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
     DeepSpeed engine, or PyTorch FSDP2. The distributed engines train a copy of it."""
@@ -193,6 +204,7 @@ ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "fsdp": FsdpMode,
     "device": Device,
     "attention": Attention,
+    "documents": Documents,
 }
 
 

@@ -36,6 +36,7 @@ from workbench.choices import (  # the choices, re-exported here
     VALUE_ALIASES,
     Attention,
     Device,
+    Documents,
     Engine,
     FsdpMode,
     LRScaling,
@@ -78,7 +79,7 @@ class Setting:
     and the training panel's controls are made from these.
 
     `kind`: "int", "float", "bool", "choice" (an enum field; its choices come from the
-    enum) or "path". `minimum` / `above`: inclusive / exclusive lower bound; `maximum`
+    enum), "path" or "text" (`lora_targets`). `minimum` / `above`: inclusive / exclusive lower bound; `maximum`
     (shown as `maximum_text`, with `why` a larger value is nonsense) / `below`: inclusive /
     exclusive upper bound. `optional`: None is allowed (and means `none_means`). `panel`:
     the control's place in the training panel (None: no control)."""
@@ -264,6 +265,15 @@ class TrainConfig:
         flag="--optimizer-in-backward",
         panel=14,
     )
+    activation_offload: bool = setting(
+        False,
+        kind="bool",
+        label="activation offload",
+        help="move the activations the forward saves for backward to host memory and back "
+        "for the backward (pinned memory and a side stream on a GPU); switchable live",
+        flag="--activation-offload",
+        panel=15,
+    )
     attention: Attention | str = setting(
         Attention.MODEL,
         kind="choice",
@@ -273,6 +283,71 @@ class TrainConfig:
         flag="--attention",
         metavar="KERNEL",
         panel=13,
+    )
+    documents: Documents | str = setting(
+        Documents.STREAM,
+        kind="choice",
+        label="documents",
+        help="the built-in text's layout: stream (every window of the characters), padded "
+        "(one document per sample, padded) or packed (documents packed into each sample, "
+        "attention and positions kept inside each document); tiny-gpt's own data only, "
+        "set when a Session is built",
+        flag="--documents",
+        metavar="LAYOUT",
+    )
+    lora_rank: int = setting(
+        0,
+        kind="int",
+        label="LoRA rank",
+        help="LoRA adapters of this rank on the target layers through peft, the base weights "
+        "frozen (0: off; the plain loop); switching rebuilds at a step boundary, merging the "
+        "adapters trained so far into the base",
+        flag="--lora-rank",
+        metavar="RANK",
+        minimum=0,
+        maximum=4096,
+        maximum_text="4096",
+        why="a higher rank than any layer's width LoRA is meant for",
+        panel=16,
+    )
+    lora_alpha: float = setting(
+        16.0,
+        kind="float",
+        label="LoRA alpha",
+        help="LoRA scaling numerator: the adapters' update is scaled by alpha / rank",
+        flag="--lora-alpha",
+        metavar="ALPHA",
+        above=0,
+        maximum=1e6,
+        maximum_text="10^6",
+        why="a larger scale swamps the base weights",
+    )
+    lora_dropout: float = setting(
+        0.0,
+        kind="float",
+        label="LoRA dropout",
+        help="dropout on the adapters' input (each target keeps its own dropped copy)",
+        flag="--lora-dropout",
+        metavar="P",
+        minimum=0,
+        below=1.0,
+    )
+    lora_targets: str = setting(
+        "all-linear",
+        kind="text",
+        label="LoRA targets",
+        help='the layers that get adapters: "all-linear" (every nn.Linear but the output '
+        "head) or comma-separated module names or name endings (qkv,proj)",
+        flag="--lora-targets",
+        metavar="NAMES",
+    )
+    qlora: bool = setting(
+        False,
+        kind="bool",
+        label="QLoRA",
+        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit); the original weights "
+        "stay in host memory and get the merged adapters back",
+        flag="--qlora",
     )
     num_workers: int = setting(
         0,
@@ -550,6 +625,21 @@ class TrainConfig:
             and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
         ):
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
+        if ok("lora_rank") and self.lora_rank > 0:
+            if ok("zero_stage", "precision", "fsdp") and (
+                self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF
+            ):
+                add("lora_rank", self.lora_rank, LORA_ENGINES)
+        if ok("qlora", "lora_rank") and self.qlora is True:
+            if self.lora_rank == 0:
+                add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
+            if ok("precision") and Precision(self.precision) is Precision.BF16_TRUE:
+                add(
+                    "qlora",
+                    True,
+                    "keeps its 4-bit base and computes in the autocast dtype: use fp32 or "
+                    "amp-bf16 (`precision`=bf16-true)",
+                )
         if (
             ok("optimizer", "zero_stage")
             and OptimizerName(self.optimizer).is_onebit
@@ -720,6 +810,8 @@ def allowed_text(name: str) -> str:
         return "one of " + ", ".join(ENUM_FIELDS[name].choices())
     if spec.kind == "bool":
         return "True or False"
+    if spec.kind == "text":
+        return LORA_TARGETS_TEXT
     if spec.kind == "path":
         return (
             f"a directory path (a non-empty string of at most {_MAX_PATH} characters, no NUL)"
@@ -745,6 +837,8 @@ def _field_problem(name: str, v: Any, spec: Setting) -> SettingProblem | None:
         return None
     if spec.kind == "bool":
         ok = isinstance(v, bool)
+    elif spec.kind == "text":
+        ok = _lora_targets_ok(v)
     elif spec.kind == "path":
         ok = isinstance(v, str) and bool(v.strip()) and "\0" not in v and len(v) <= _MAX_PATH
     elif spec.kind == "int":
@@ -837,6 +931,32 @@ def bf16_true_problem(why: str = "") -> SettingProblem:
 
 
 #: Why 8-bit AdamW trains in the plain loop only.
+LORA_ENGINES = (
+    "trains LoRA adapters in the plain loop (one process, zero_stage=0, no fsdp, a torch "
+    "precision); DeepSpeed and FSDP are not wired to the adapters yet"
+)
+
+#: LoRA's `lora_targets`: "all-linear", or comma-separated module names or name endings.
+LORA_TARGETS_TEXT = (
+    '"all-linear" or comma-separated module names or name endings made of letters, digits, '
+    '"_" and "." (e.g. "qkv,proj"), at most 1000 characters'
+)
+
+
+def lora_target_names(text: str) -> list[str]:
+    """`lora_targets` as its list of names (["all-linear"] for every linear layer)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _lora_targets_ok(v: Any) -> bool:
+    if not isinstance(v, str) or len(v) > 1000:
+        return False
+    names = lora_target_names(v)
+    return bool(names) and all(
+        name == "all-linear" or all(c.isalnum() or c in "_." for c in name) for name in names
+    )
+
+
 ADAM8BIT_ENGINES = (
     "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop (one rank, `zero_stage`=0, "
     "no `fsdp`, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
@@ -854,6 +974,14 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
         return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
+    if config.lora_rank > 0 and engine is not Engine.PLAIN:
+        return [
+            SettingProblem(
+                "lora_rank",
+                config.lora_rank,
+                f"{LORA_ENGINES}; {world_size} ranks without `fsdp` train through DeepSpeed",
+            )
+        ]
     if config.optimizer_in_backward and engine is not Engine.PLAIN:
         return [
             SettingProblem(
@@ -923,6 +1051,7 @@ __all__ = [
     "VALUE_ALIASES",
     "Attention",
     "Device",
+    "Documents",
     "Engine",
     "FsdpMode",
     "LRScaling",

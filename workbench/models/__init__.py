@@ -4,7 +4,10 @@
     module, dataset, loss_fn, info = build_model("mlp", hidden=256, seed=1)
 
 * `tiny-gpt`: character-level GPT on Shakespeare's sonnets (workbench/models/data/);
-  options layers=4, hidden=128, heads=4, seq_len=64, dropout=0.1, text=None (a path).
+  options layers=4, hidden=128, heads=4, seq_len=64, dropout=0.1, text=None (a path),
+  documents="stream" (every window of the character stream; "padded" or "packed": the
+  text's documents, `workbench.models.gpt.DocumentDataset`, with an end-of-document
+  token in the vocabulary; a Session sets it from `TrainConfig.documents`).
 * `mlp`: regression on a fixed random teacher; options in_features=64, hidden=256,
   depth=3, out_features=16, samples=8192.
 * `cnn`: 10-class classification of generated 16x16 images; options channels=16,
@@ -29,7 +32,8 @@ from torch.utils.data import Dataset
 
 from workbench.inputs import shown
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+#: loss_fn(outputs, targets), or (outputs, batch) for tiny-gpt's document batches
+LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,23 @@ class ModelInfo:
 
 
 _OPTIONS: dict[str, dict[str, Any]] = {
-    "tiny-gpt": dict(layers=4, hidden=128, heads=4, seq_len=64, dropout=0.1, text=None, seed=0),
+    "tiny-gpt": dict(
+        layers=4,
+        hidden=128,
+        heads=4,
+        seq_len=64,
+        dropout=0.1,
+        text=None,
+        documents="stream",
+        seed=0,
+    ),
     "mlp": dict(in_features=64, hidden=256, depth=3, out_features=16, samples=8192, seed=0),
     "cnn": dict(channels=16, image_size=16, classes=10, samples=4096, seed=0),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_OPTIONS)
+#: tiny-gpt's `documents` option (`TrainConfig.documents`): the data's layout.
+DOCUMENTS = ("stream", "padded", "packed")
 
 
 def model_options(name: str) -> dict[str, Any]:
@@ -182,7 +197,7 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
     opts = {**allowed, **{k: v for k, v in options.items() if k in allowed}}
     bad = set()
     for key, value in opts.items():
-        if key in ("text", "dropout"):
+        if key in ("text", "dropout", "documents"):
             continue
         low, high = (0 if key == "seed" else 1), _OPTION_MAX[key]
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -200,6 +215,12 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
             or not 0 <= dropout < 1
         ):
             p.append(OptionProblem(name, "dropout", dropout, "must be a number in [0, 1)"))
+        if opts["documents"] not in DOCUMENTS:
+            p.append(
+                OptionProblem(
+                    name, "documents", opts["documents"], f"must be one of {', '.join(DOCUMENTS)}"
+                )
+            )
         if text is not None and (not isinstance(text, str) or not text):
             p.append(OptionProblem(name, "text", text, "must be a path to a text file or None"))
         elif text is not None and not _regular_file(text):
@@ -268,11 +289,30 @@ def build_model(name: str, **options: Any) -> tuple[nn.Module, Dataset[Any], Los
 
 
 def _tiny_gpt(
-    *, layers: int, hidden: int, heads: int, seq_len: int, dropout: float, text: str | None
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq_len: int,
+    dropout: float,
+    text: str | None,
+    documents: str,
 ) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
-    from workbench.models.gpt import CharDataset, TinyGPT, lm_loss, load_text
+    from workbench.models.gpt import (
+        CharDataset,
+        DocumentDataset,
+        TinyGPT,
+        document_loss,
+        lm_loss,
+        load_text,
+    )
 
-    dataset = CharDataset(load_text(text), seq_len)
+    dataset: CharDataset | DocumentDataset
+    loss: LossFn = lm_loss
+    if documents == "stream":
+        dataset = CharDataset(load_text(text), seq_len)
+    else:
+        dataset, loss = DocumentDataset(load_text(text), seq_len, documents), document_loss
     module = TinyGPT(
         vocab=dataset.vocab,
         seq_len=seq_len,
@@ -293,7 +333,7 @@ def _tiny_gpt(
         dropout=float(dropout),
         attention="megatron",  # unfused, Megatron's fused softmax (workbench/models/gpt.py)
     )
-    return module, dataset, lm_loss, info
+    return module, dataset, loss, info
 
 
 def _mlp(
@@ -339,6 +379,7 @@ def _cnn(
 
 
 __all__ = [
+    "DOCUMENTS",
     "MODEL_NAMES",
     "ModelInfo",
     "OptionProblem",

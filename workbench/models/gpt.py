@@ -42,6 +42,7 @@ close the gap at the cost of precision in the residual sums; torch AMP does not.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,11 @@ class CausalSelfAttention(nn.Module):
         #: scaled_dot_product_attention, which keeps no s x s tensors for backward
         self.kernel = "eager"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
+        """`blocked`: None for plain causal attention, else a (b, 1, s, s) bool tensor, True
+        where a query must not see a key (`document_mask`: causal and across documents).
+        With it the sdpa path passes `attn_mask` (True where attending), which on a GPU
+        rules out the flash kernel (PyTorch's memory-efficient or math kernel runs)."""
         b, s, h = x.shape
         d = h // self.heads
         q, k, v = self.qkv(x).split(h, dim=2)
@@ -120,10 +125,14 @@ class CausalSelfAttention(nn.Module):
         v = v.reshape(b, s, self.heads, d).transpose(1, 2)
         if self.kernel == "sdpa":
             p = self.attn_drop.p if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            if blocked is None:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=~blocked, dropout_p=p)
             return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, h)))
         scores = q @ k.transpose(-2, -1)
-        att = ScaledMaskedSoftmax.apply(scores, self.causal_mask[:s, :s], 1.0 / math.sqrt(d))
+        mask = self.causal_mask[:s, :s] if blocked is None else blocked
+        att = ScaledMaskedSoftmax.apply(scores, mask, 1.0 / math.sqrt(d))
         att = self.attn_drop(att)
         y = (att @ v).transpose(1, 2).reshape(b, s, h)
         return self.resid_drop(self.proj(y))
@@ -152,8 +161,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(hidden)
         self.mlp = MLP(hidden, dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), blocked)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -198,15 +207,41 @@ class TinyGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits (b, s, vocab) of token ids `idx` (b, s).
+
+        A document batch (`DocumentDataset`, given as `model(**batch)`) adds `doc_ids`
+        (b, s): a token attends only to earlier tokens of its own document (padding has
+        id -1, so no real token sees it), and `positions` (b, s): the learned position
+        embedding of each token's place in its document. `labels` are the loss's
+        (`document_loss` reads them from the batch); the forward does not use them.
+        """
+        del labels
         s = idx.shape[1]
         if s > self.seq_len:
             raise ValueError(f"sequence length {s}: the model was built for seq_len={self.seq_len}")
-        pos = torch.arange(s, device=idx.device)
+        pos = torch.arange(s, device=idx.device) if positions is None else positions
+        blocked = None if doc_ids is None else document_mask(doc_ids)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, blocked) if blocked is not None else block(x)
         return self.head(self.ln_f(x))
+
+
+def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """The block-diagonal causal mask of a document batch: (b, 1, s, s) bool, True where
+    query i must not see key j (j > i, or j in another document than i). One byte per
+    (query, key) pair of each sample, shared by every layer."""
+    s = doc_ids.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).triu(1)
+    other = doc_ids.unsqueeze(2) != doc_ids.unsqueeze(1)
+    return (other | causal).unsqueeze(1)
 
 
 class CharDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -233,6 +268,160 @@ class CharDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:
         return "".join(self.chars[int(i)] for i in ids)
+
+
+#: The document layouts of the built-in text (`TrainConfig.documents`; "stream" is
+#: `CharDataset`).
+DOCUMENT_LAYOUTS = ("padded", "packed")
+#: The label of a target that carries no loss (`F.cross_entropy`'s default ignore_index).
+IGNORE = -100
+_NUMERAL = re.compile(r"[IVXLC]+")
+
+
+def split_documents(text: str) -> list[str]:
+    """The documents of a text: with lines that are only a roman numeral (the sonnets'
+    headings), the text between two headings is one document (the heading itself and what
+    comes before the first one, the title, are not); without such lines, each paragraph
+    (blank lines between). Each document without its leading and trailing blank lines."""
+    lines = text.split("\n")
+    heads = [i for i, line in enumerate(lines) if _NUMERAL.fullmatch(line.strip())]
+    if heads:
+        parts = ["\n".join(lines[a + 1 : b]) for a, b in zip(heads, [*heads[1:], len(lines)])]
+    else:
+        parts = re.split(r"\n\s*\n", text)
+    return [d for d in (part.strip("\n") for part in parts) if d.strip()]
+
+
+class DocumentDataset(Dataset[dict[str, torch.Tensor]]):
+    """The text's documents (`split_documents`) as samples of `seq_len` tokens, each a dict
+    for `model(**batch)`: `idx` (token ids), `labels` (the next token, `IGNORE` where no
+    loss is taken), `doc_ids` (the document of each token, -1 for padding) and `positions`
+    (each token's place in its document). Every document ends with an end-of-document
+    token, `eos` (id `vocab - 1`, one past the text's characters), also the padding's id.
+
+    * "padded": one document per sample, cut to its first `seq_len` tokens (the rest is
+      dropped: `dropped_tokens`) and padded to `seq_len`; padding takes no loss and no real
+      token attends to it.
+    * "packed": the documents one after another, cut into windows of `seq_len` tokens (a
+      document may run on into the next window; its positions there restart at 0); only
+      the last window is padded. A token attends only to its own document.
+
+    Targets: each document's characters predict the next one and its last character
+    predicts `eos`; the `eos` token's own target (the next document's first character)
+    is `IGNORE`, so nothing is predicted across a boundary. The loss (`document_loss`)
+    is the mean over the targets that are not `IGNORE`.
+
+    What the layout costs: `slot_tokens` (samples x seq_len), `real_tokens` (not padding)
+    and `padding_fraction` = 1 - real / slots; `report()` gives them as a dict.
+    """
+
+    def __init__(self, text: str, seq_len: int, layout: str) -> None:
+        if layout not in DOCUMENT_LAYOUTS:
+            raise ValueError(f"documents={layout!r}: must be one of {', '.join(DOCUMENT_LAYOUTS)}")
+        docs = split_documents(text)
+        if not docs:
+            raise ValueError("the text has no documents (no non-empty paragraph)")
+        self.chars = sorted(set(text))
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.eos = len(self.chars)
+        self.layout, self.seq_len, self.documents = layout, seq_len, len(docs)
+        ids = [[self.stoi[c] for c in d] + [self.eos] for d in docs]
+        rows = self._padded(ids) if layout == "padded" else self._packed(ids)
+        if not rows:
+            raise ValueError(f"the text's {len(docs)} documents give no sample")
+        self.real_tokens = sum(sum(1 for d in r[2] if d >= 0) for r in rows)
+        self.loss_tokens = sum(sum(1 for t in r[1] if t != IGNORE) for r in rows)
+        self.slot_tokens = len(rows) * seq_len
+        self.dropped_tokens = sum(len(t) for t in ids) - self.real_tokens
+        names = ("idx", "labels", "doc_ids", "positions")
+        self.tensors = {
+            name: torch.tensor([r[k] for r in rows], dtype=torch.int64)
+            for k, name in enumerate(names)
+        }
+
+    def _padded(self, ids: list[list[int]]) -> list[tuple[list[int], ...]]:
+        s, rows = self.seq_len, []
+        for tokens in ids:
+            seq = tokens[: s + 1]
+            n = min(len(seq), s)
+            labels = seq[1 : s + 1] + [IGNORE] * (s - len(seq) + 1)
+            rows.append(
+                (
+                    seq[:n] + [self.eos] * (s - n),
+                    labels[:s],
+                    [0] * n + [-1] * (s - n),
+                    list(range(n)) + [0] * (s - n),
+                )
+            )
+        return rows
+
+    def _packed(self, ids: list[list[int]]) -> list[tuple[list[int], ...]]:
+        s = self.seq_len
+        stream = [t for tokens in ids for t in tokens]
+        doc = [k for k, tokens in enumerate(ids) for _ in tokens]
+        rows = []
+        for start in range(0, len(stream), s):
+            end = min(start + s, len(stream))
+            n = end - start
+            labels = [
+                stream[i + 1] if i + 1 < len(stream) and doc[i + 1] == doc[i] else IGNORE
+                for i in range(start, end)
+            ]
+            positions, place = [], 0
+            for i in range(start, end):
+                place = 0 if i == start or doc[i] != doc[i - 1] else place + 1
+                positions.append(place)
+            rows.append(
+                (
+                    stream[start:end] + [self.eos] * (s - n),
+                    labels + [IGNORE] * (s - n),
+                    doc[start:end] + [-1] * (s - n),
+                    positions + [0] * (s - n),
+                )
+            )
+        return rows
+
+    @property
+    def vocab(self) -> int:
+        return len(self.chars) + 1
+
+    @property
+    def padding_fraction(self) -> float:
+        """The share of the samples' token slots that are padding."""
+        return 1.0 - self.real_tokens / self.slot_tokens
+
+    def report(self) -> dict[str, Any]:
+        """The layout and what it costs (see the class docstring), plain values."""
+        return {
+            "documents": self.layout,
+            "document_count": self.documents,
+            "samples": len(self),
+            "seq_len": self.seq_len,
+            "slot_tokens": self.slot_tokens,
+            "real_tokens": self.real_tokens,
+            "loss_tokens": self.loss_tokens,
+            "padding_tokens": self.slot_tokens - self.real_tokens,
+            "padding_fraction": self.padding_fraction,
+            "dropped_tokens": self.dropped_tokens,
+        }
+
+    def __len__(self) -> int:
+        return int(self.tensors["idx"].shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {name: t[i] for name, t in self.tensors.items()}
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        return "".join(self.chars[int(i)] if int(i) < self.eos else "" for i in ids)
+
+
+def document_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy (fp32) over the micro-batch's targets that carry a
+    loss (`labels` not `IGNORE`): normalised per real token, so padding changes nothing."""
+    labels = batch["labels"]
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE
+    )
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -205,6 +205,43 @@ class ResolvedModel:
     info: Any | None = None
 
 
+def documents_problem(
+    documents: str, model: Any, data: Any, loss_fn: Any, model_options: dict[str, Any] | None
+) -> SettingProblem | None:
+    """Why `documents` (`TrainConfig.documents`) cannot apply to this model and data (None
+    when it can): a layout other than "stream" is the built-in tiny-gpt's own text data
+    (its documents, its end-of-document token, its mask-aware attention), so it needs
+    model "tiny-gpt" with its own data and loss; and tiny-gpt's `documents` option, when
+    given, must say the same."""
+    options = model_options or {}
+    given = options["documents"] if model == "tiny-gpt" and "documents" in options else None
+    if given is not None and given != documents:
+        return SettingProblem(
+            "documents",
+            documents,
+            f"tiny-gpt's model option documents={given!r} says otherwise; set the layout in "
+            "`documents` only",
+        )
+    if documents == "stream":
+        return None
+    if model != "tiny-gpt":
+        what = f"model {model!r}" if isinstance(model, str) else "your own module"
+        return SettingProblem(
+            "documents",
+            documents,
+            f"lays out the built-in tiny-gpt's text data; {what} has its own data (pack or pad "
+            "it in your Dataset); use 'stream'",
+        )
+    if data is not None or loss_fn is not None:
+        return SettingProblem(
+            "documents",
+            documents,
+            "lays out tiny-gpt's own text data, and this session is given its own `data` / "
+            "`loss_fn`; leave them out or use 'stream'",
+        )
+    return None
+
+
 def resolve_model(
     model: Any,
     *,
@@ -212,19 +249,27 @@ def resolve_model(
     loss_fn: Any = None,
     model_options: dict[str, Any] | None = None,
     seed: int = 0,
+    documents: str = "stream",
 ) -> ResolvedModel:
     """A Session's `model=` argument resolved: a built-in name (built with `model_options`,
     seeded from `seed` unless the options say otherwise; `data` and `loss_fn` default to
     the built-in's) or your `nn.Module` (then `data` is required). ValueError naming the
-    argument for anything else."""
+    argument for anything else. `documents` (`TrainConfig.documents`) other than "stream"
+    becomes tiny-gpt's `documents` option; a ConfigError naming `documents` for any other
+    model or data (`documents_problem`)."""
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
+    problem = documents_problem(documents, model, data, loss_fn, model_options)
+    if problem is not None:
+        raise ConfigError([problem])
     if isinstance(model, str):
         from workbench.models import build_model
 
         opts = dict(model_options or {})
         opts.setdefault("seed", int(seed))
+        if documents != "stream":
+            opts["documents"] = documents
         module, dataset, builtin_loss, info = build_model(model, **opts)
         resolved = ResolvedModel(
             module,

@@ -170,6 +170,16 @@ def session_problems(
                 "session (create a new Session)",
             )
         )
+    if "documents" in changed:
+        p.append(
+            SettingProblem(
+                "documents",
+                plain_value(config.documents),
+                "cannot change on a live session: the layout decides the samples, their "
+                "number (the data position) and the vocabulary (the end-of-document token); "
+                "create a new Session",
+            )
+        )
     if isinstance(data, DataLoader):
         for name in _LOADER_FIELDS:
             current = {

@@ -67,7 +67,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.config import ConfigError, Device, SettingProblem, TrainConfig
+from workbench.config import ConfigError, Device, Documents, SettingProblem, TrainConfig
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
@@ -177,7 +177,12 @@ class Session(SessionTools):
 
         # -- model, data, loss
         made = resolve_model(
-            model, data=data, loss_fn=loss_fn, model_options=model_options, seed=int(config.seed)
+            model,
+            data=data,
+            loss_fn=loss_fn,
+            model_options=model_options,
+            seed=int(config.seed),
+            documents=Documents(config.documents).value,
         )
         module, data, loss_fn = made.module, made.data, made.loss_fn
         self.info: Any | None = made.info
