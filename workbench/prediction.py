@@ -98,6 +98,7 @@ def predict_memory(
         grad_accum=int(config.grad_accum),
         weight_decay=float(config.weight_decay),
         optimizer_in_backward=bool(config.optimizer_in_backward),
+        activation_offload=bool(config.activation_offload),
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
         **_with_attention(shape_of(model), Attention(config.attention)),

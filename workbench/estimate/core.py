@@ -80,6 +80,12 @@ def estimate_memory(
     weight_decay: float = 0.0,
     deepspeed_config: Any = None,
     optimizer_in_backward: bool = False,
+    activation_offload: bool = False,
+    lora_rank: int = 0,
+    lora_targets: str = "all-linear",
+    lora_params: int | None = None,
+    lora_dropout: float = 0.0,
+    qlora: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
 
@@ -119,7 +125,14 @@ def estimate_memory(
     gradients in fp32 under AMP) and `deepspeed_config` (a DeepSpeed JSON path or dict:
     its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`), and
     `optimizer_in_backward` (each parameter stepped as its gradient is ready and the
-    gradient freed: the plain loop only, no accumulation).
+    gradient freed: the plain loop only, no accumulation), and `activation_offload` (the
+    activations the model's forward saves kept in host memory: `peak.host_terms`).
+
+    LoRA (`workbench.estimate.lora`): `lora_rank` (0: off) adapters on `lora_targets`
+    ("all-linear": every linear layer of a block; "attention": Q, K, V and output), the base
+    frozen; `lora_params` the exact adapter count (a module's; else the shape's),
+    `lora_dropout` (each target keeps a dropped copy of its input) and `qlora` (the base
+    linear layers in 4-bit NF4, bitsandbytes').
 
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
     numpy scalars are numbers, bools and text are not (except the counts `n_params` and

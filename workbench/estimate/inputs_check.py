@@ -24,6 +24,7 @@ from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
 from workbench.estimate.hf_build import config_facts
+from workbench.estimate.lora import LORA_TARGETS, LoraFacts, lora_facts
 from workbench.estimate.limits import (
     GIB,
     LIMITS,
@@ -114,6 +115,8 @@ class EstimateInputs:
     fsdp_reduce_fp32: bool = True
     weight_decay: float = 0.0
     optimizer_in_backward: bool = False
+    activation_offload: bool = False
+    lora: LoraFacts | None = None  # LoRA / QLoRA (`workbench.estimate.lora`)
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
     # a module's or a built config's: its active parameters (None: the shape's) and why
@@ -522,6 +525,17 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
                     "counted for the plain loop on one GPU (zero_stage=0, no fsdp, gpus=1)",
                 )
             )
+    act_offload = _flag(p, "activation_offload", given["activation_offload"])
+    if act_offload is True and (pp or 1) > 1:
+        p.append(
+            Problem(
+                "activation_offload",
+                True,
+                "counted without pipeline parallelism (pipeline_parallel=1): a stage's "
+                "micro-batches in flight are not modelled on the host",
+            )
+        )
+    lora = _lora(p, given, arch, stage, sharding, tp, pp, prec)
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
     p.extend(ds_problems)
@@ -570,9 +584,75 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         fsdp_reduce_fp32=reduce_fp32,
         weight_decay=decay,
         optimizer_in_backward=bool(in_backward),
+        activation_offload=bool(act_offload),
+        lora=lora,
         deepspeed=ds,
         deepspeed_given=ds_source is not None,
     )
+
+
+def _lora(
+    p: list[Problem],
+    given: Mapping[str, Any],
+    arch: Any,
+    stage: int | None,
+    sharding: str | None,
+    tp: int | None,
+    pp: int | None,
+    prec: Precision | None,
+) -> LoraFacts | None:
+    """The LoRA inputs (`lora_rank`, `lora_targets`, `lora_params`, `lora_dropout`,
+    `qlora`) checked, as `LoraFacts` (None when `lora_rank` is 0)."""
+    rank = _checked(p, "lora_rank", given["lora_rank"])
+    dropout = _checked(p, "lora_dropout", given["lora_dropout"])
+    qlora = _flag(p, "qlora", given["qlora"])
+    targets = given["lora_targets"]
+    if not isinstance(targets, str) or targets.strip().lower() not in LORA_TARGETS:
+        p.append(Problem("lora_targets", targets, f"must be one of {', '.join(LORA_TARGETS)}"))
+        targets = None
+    params = given["lora_params"]
+    if params is not None:
+        params = _checked(p, "lora_params", params)
+    if qlora is True and rank == 0:
+        p.append(Problem("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1"))
+    if not rank:
+        if params is not None:
+            p.append(Problem("lora_params", params, "counts LoRA adapters: needs lora_rank >= 1"))
+        return None
+    if (stage or 0) > 0 or sharding not in (None, "off") or (tp or 1) > 1 or (pp or 1) > 1:
+        p.append(
+            Problem(
+                "lora_rank",
+                rank,
+                "counted for data parallelism without sharding (zero_stage=0, fsdp off, "
+                "tensor_parallel=1, pipeline_parallel=1), as a Session trains it",
+            )
+        )
+    if qlora is True and prec is not None and prec not in (
+        Precision.FP32,
+        Precision.AMP_BF16,
+        Precision.AMP_FP16,
+    ):
+        p.append(
+            Problem(
+                "qlora",
+                True,
+                f"keeps a 4-bit base under a torch precision (fp32, amp-bf16, amp-fp16); "
+                f"precision={prec.value}",
+            )
+        )
+    if arch is None and params is None:
+        p.append(
+            Problem(
+                "lora_rank",
+                rank,
+                "needs the model's shape (a preset, config or module) or lora_params, the "
+                "adapters' parameter count",
+            )
+        )
+    if targets is None or dropout is None or not isinstance(qlora, bool) or rank is None:
+        return None
+    return lora_facts(arch, int(rank), targets.strip().lower(), params, float(dropout), qlora)
 
 
 def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None:

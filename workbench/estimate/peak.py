@@ -146,6 +146,9 @@ _LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
 #: How many chunks `chunked_loss_saving_bytes` assumes (torchtune's default).
 SAVING_CHUNKS = 8
 
+#: The host term of `activation_offload` (`StepPeak.host_terms`).
+OFFLOADED_TERM = "offloaded activations (host)"
+
 
 @dataclass(frozen=True)
 class StepPeak:
@@ -172,6 +175,8 @@ class StepPeak:
     #: the backward's highest moment: "loss backward", "last layer's backward" or
     #: "backward end" (its terms are the "backward" point's)
     backward_moment: str = "loss backward"
+    #: what the step keeps in host memory, not in the device peak (`activation_offload`)
+    host_terms: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -483,6 +488,13 @@ def step_peak(
 
     recompute = breakdown.recompute_bytes if breakdown is not None else 0
     stored = acts - recompute  # the recomputation working set exists in backward only
+    host: dict[str, int] = {}
+    if i.activation_offload:
+        # the forward's saved activations live in host memory; the device holds the layer
+        # in flight (being copied out in forward, brought back in backward)
+        host[OFFLOADED_TERM] = stored
+        stored = offload_in_flight(breakdown, stored)
+        acts = stored + recompute
     base = {"parameters": params, "optimizer states": optim}
     forward = {
         **base,
@@ -569,10 +581,21 @@ def step_peak(
         variable=variable,
         points=points,
         backward_moment=moment,
+        host_terms=host,
     )
 
 
+def offload_in_flight(breakdown: ActivationBreakdown | None, stored: int) -> int:
+    """The saved activations an `activation_offload` step holds on the device: one layer's
+    (its own stored bytes, or the output layer's inputs if larger), never more than all."""
+    if breakdown is None:
+        return 0
+    output_inputs = breakdown.output_bytes - breakdown.logits_bytes
+    return min(stored, max(breakdown.per_layer_bytes, output_inputs))
+
+
 __all__ = [
+    "OFFLOADED_TERM",
     "OPTIMIZER_IMPLS",
     "PHASES",
     "StepPeak",
@@ -580,6 +603,7 @@ __all__ = [
     "backward_transient",
     "engine_of",
     "loss_bytes",
+    "offload_in_flight",
     "optimizer_temporaries",
     "resolve_impl",
     "step_peak",

@@ -36,27 +36,16 @@ import torch
 from torch import nn
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
+from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.train import batches
 from workbench.train.backends.base import Backend, ModelStateBytes, storage_bytes
 from workbench.train.batches import LossFn
-from workbench.train.recompute import checkpointable_modules, is_checkpointing
-
-_VIEW_OR_COPY = frozenset(
-    {
-        "ToCopyBackward0",
-        "TBackward0",
-        "ViewBackward0",
-        "TransposeBackward0",
-        "PermuteBackward0",
-        "ExpandBackward0",
-        "UnsafeViewBackward0",
-        "AliasBackward0",
-        "SliceBackward0",
-        "SelectBackward0",
-        "CloneBackward0",
-        "ReshapeAliasBackward0",
-    }
+from workbench.train.offload import (
+    ActivationOffload,
+    is_parameter_derived,
+    parameter_storages,
 )
+from workbench.train.recompute import checkpointable_modules, is_checkpointing
 
 
 @dataclass(frozen=True)
@@ -64,6 +53,7 @@ class ActivationMeasure:
     activation_bytes: int
     parameter_saved_bytes: int
     by_dtype: dict[str, int] = field(default_factory=dict)  # activation bytes per dtype
+    offloaded_bytes: int = 0  # saved activations the activation offload keeps on the host
 
 
 @dataclass(frozen=True)
@@ -89,6 +79,9 @@ class MemoryReport(Readable):
     predicted: Any | None  # workbench.estimate.MemoryEstimate, None when it could not run
     notes: tuple[str, ...] = ()
     dry_run: Any | None = None  # workbench.train.dry_run_result.DryRun (Session.simulate())
+    activation_offload: bool = False
+    #: saved activations moved to host memory (on a CPU: what a GPU would not hold)
+    offloaded_activation_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -102,7 +95,16 @@ class MemoryReport(Readable):
         if pred is None or pred.activation_bytes is None:
             return None
         extra = pred.activations.recompute_bytes if pred.activations is not None else 0
-        return int(pred.activation_bytes - extra)
+        return int(pred.activation_bytes - extra - (self.predicted_offloaded_activation_bytes or 0))
+
+    @property
+    def predicted_offloaded_activation_bytes(self) -> int | None:
+        """The prediction comparable with `offloaded_activation_bytes`: the peak's host
+        term of offloaded activations (0 without `activation_offload`)."""
+        peak = getattr(self.predicted, "peak", None)
+        if peak is None:
+            return None
+        return int(peak.host_terms.get(OFFLOADED_TERM, 0))
 
     @property
     def predicted_forward_backward_bytes(self) -> int | None:
@@ -141,11 +143,20 @@ class MemoryReport(Readable):
                 predicted("optimizer_bytes"),
             ),
             (
-                "activations (one micro-batch)",
+                "activations (one micro-batch)"
+                + (", on the device" if self.activation_offload else ""),
                 fmt_bytes(self.activation_bytes),
                 fmt_bytes(self.predicted_activation_bytes),
             ),
         ]
+        if self.activation_offload:
+            rows.append(
+                (
+                    OFFLOADED_TERM,
+                    fmt_bytes(self.offloaded_activation_bytes),
+                    fmt_bytes(self.predicted_offloaded_activation_bytes),
+                )
+            )
         peak = getattr(pred, "peak", None)
         if peak is not None:
             rows.append(
@@ -177,36 +188,23 @@ class MemoryReport(Readable):
             f"memory: {fmt_count(self.n_params)} parameters, {self.precision}, {self.optimizer}, "
             f"micro-batch {self.micro_batch}"
             + (", activation checkpointing" if self.activation_checkpointing else "")
+            + (", activation offload" if self.activation_offload else "")
             + (f", {self.world_size} ranks" if self.world_size > 1 else "")
         )
         return Display(setup, rows, header=("", "measured", "predicted"), notes=self.notes)
 
 
-def _is_parameter_derived(t: torch.Tensor, param_storages: set[int]) -> bool:
-    if t.grad_fn is None and t.requires_grad:
-        return True  # a leaf that trains: a parameter (FSDP's gathered copy of one too)
-    if t.untyped_storage().data_ptr() in param_storages:
-        return True
-    fn = t.grad_fn
-    for _ in range(4):
-        if fn is None or type(fn).__name__ not in _VIEW_OR_COPY:
-            return False
-        nexts = [f for f, _ in fn.next_functions if f is not None]
-        if len(nexts) != 1:
-            return False
-        fn = nexts[0]
-        if type(fn).__name__ == "AccumulateGrad":
-            return True
-    return False
-
-
 def measure_activations(
-    model: nn.Module, forward_and_loss: Callable[[], torch.Tensor]
+    model: nn.Module,
+    forward_and_loss: Callable[[], torch.Tensor],
+    *,
+    offload: ActivationOffload | None = None,
 ) -> tuple[torch.Tensor, ActivationMeasure]:
     """Run `forward_and_loss()` with hooks that record what autograd saves; returns the
-    loss (its graph alive, ready for backward) and the measure."""
-    param_storages = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
-    param_storages |= {_local(b).untyped_storage().data_ptr() for b in model.buffers()}
+    loss (its graph alive, ready for backward) and the measure. With `offload` (whose
+    hooks `forward_and_loss` runs the model's forward under) what it moved to the host is
+    `offloaded_bytes`, the rest `activation_bytes`."""
+    param_storages = parameter_storages(model)
     acts: dict[int, tuple[int, str]] = {}
     params: dict[int, int] = {}
 
@@ -214,7 +212,7 @@ def measure_activations(
         st = t.untyped_storage()
         if st.nbytes() == 0 or t.device.type == "meta":
             return
-        if _is_parameter_derived(t, param_storages):
+        if is_parameter_derived(t, param_storages):
             params[st.data_ptr()] = st.nbytes()
         else:
             acts[st.data_ptr()] = (st.nbytes(), str(t.dtype).replace("torch.", ""))
@@ -236,27 +234,28 @@ def measure_activations(
         for m in checkpointable_modules(model)
         if is_checkpointing(m)
     ]
+    if offload is not None:
+        offload.observer = record  # its hooks are innermost in the model's forward
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             loss = forward_and_loss()
     finally:
         for h in handles:
             h.remove()
+        if offload is not None:
+            offload.observer = None
+    moved = offload.moved_bytes if offload is not None else {}
     by_dtype: dict[str, int] = {}
-    for nbytes, dtype in acts.values():
-        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+    for ptr, (nbytes, dtype) in acts.items():
+        if ptr not in moved:
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
     measure = ActivationMeasure(
         activation_bytes=sum(by_dtype.values()),
         parameter_saved_bytes=sum(params.values()),
         by_dtype=by_dtype,
+        offloaded_bytes=sum(moved.values()),
     )
     return loss, measure
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP), or the tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
 
 
 def step_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:
@@ -276,16 +275,19 @@ def probe(
     batch: Any,
     *,
     model: nn.Module,
+    offload: ActivationOffload | None = None,
 ) -> tuple[ActivationMeasure, ModelStateBytes]:
     """One forward+backward on a micro-batch: activations measured in the forward,
     model states counted while the gradients exist; the gradients are then dropped.
-    `model` is the module inside `backend.module` (the same object for PlainBackend)."""
+    `model` is the module inside `backend.module` (the same object for PlainBackend);
+    with `offload` the forward runs under its hooks, as the step runs it."""
     module = backend.module
+    context = backend.autocast if offload is None else offload.around(backend.autocast, model)
 
     def forward_and_loss() -> torch.Tensor:
-        return batches.forward_and_loss(module, batch, loss_fn, backend.autocast)
+        return batches.forward_and_loss(module, batch, loss_fn, context)
 
-    loss, measure = measure_activations(model, forward_and_loss)
+    loss, measure = measure_activations(model, forward_and_loss, offload=offload)
     backend.backward(loss)
     del loss
     states = backend.model_state_bytes()
@@ -316,7 +318,9 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
     batch = runtime.data.peek()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    activations, states = probe(backend, runtime.loss_fn, batch, model=runtime.trained_module)
+    activations, states = probe(
+        backend, runtime.loss_fn, batch, model=runtime.trained_module, offload=runtime.offload
+    )
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     counters = step_counter_bytes(getattr(backend, "optimizer", None))
     notes: list[str] = []
@@ -329,6 +333,11 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         notes.append(f"no prediction: {type(exc).__name__}: {exc}")
     if predicted is not None and predicted.activation_bytes is None:
         notes.append(no_activation_note)
+    if runtime.offload is not None and device.type == "cpu":
+        notes.append(
+            "activation offload on a CPU: the device is the host, so nothing moves and "
+            "nothing is freed here; the offloaded row is what a GPU would not hold"
+        )
     return MemoryReport(
         params_bytes=states.params_bytes,
         grads_bytes=states.grads_bytes,
@@ -347,4 +356,6 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         peak_rss_bytes=peak_rss_bytes() if device.type == "cpu" else None,
         predicted=predicted,
         notes=tuple(notes),
+        activation_offload=runtime.offload is not None,
+        offloaded_activation_bytes=activations.offloaded_bytes,
     )

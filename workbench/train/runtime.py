@@ -23,6 +23,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from workbench.train.changes import (
     needs_deepspeed,
 )
 from workbench.train.data import DataPosition, DataStream
+from workbench.train.offload import ActivationOffload
 from workbench.train.recompute import set_activation_checkpointing
 from workbench.train.schedule import scaled_lr
 from workbench.train.step_clock import step_clock
@@ -91,6 +93,7 @@ class Runtime:
             load_buffers(model, buffers)
         set_activation_checkpointing(model, bool(config.activation_checkpointing))
         set_attention(model, config.attention)
+        self.offload = _offload_for(config, device)
         self.data = DataStream(
             data,
             micro_batch=int(config.micro_batch),
@@ -118,6 +121,14 @@ class Runtime:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     # ------------------------------------------------------------------ the engine
+    @property
+    def forward_context(self) -> Callable[[], AbstractContextManager[Any]]:
+        """The context factory the forward runs in: the backend's autocast, under the
+        activation offload's saved-tensor hooks when `activation_offload` is set."""
+        if self.offload is None:
+            return self.backend.autocast
+        return self.offload.around(self.backend.autocast, self.trained_module)
+
     @property
     def trained_module(self) -> nn.Module:
         """The module the backend trains: your module, or a DeepSpeed engine's copy."""
@@ -161,6 +172,8 @@ class Runtime:
         if new_data is not None:
             self.data, old_data = new_data, self.data
             old_data.close()
+        if "activation_offload" in changed:
+            self.offload = _offload_for(target, self.device)
         if new_backend is not None:
             self.backend, old_backend = new_backend, self.backend
             old_backend.close()  # idempotent: released already under release_first
@@ -272,6 +285,10 @@ class Runtime:
         finally:
             self.data.close()
             self.backend.close()
+
+
+def _offload_for(config: TrainConfig, device: torch.device) -> ActivationOffload | None:
+    return ActivationOffload(device) if config.activation_offload else None
 
 
 def inner_module(backend: Backend, model: nn.Module) -> nn.Module:

@@ -119,7 +119,7 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
     if take_parts is not None:
         take_parts()
     module = backend.module
-    autocast = backend.autocast
+    autocast = runtime.forward_context  # autocast, under activation offload when set
     accum = int(cfg.grad_accum)
     runtime.begin_step()  # the CUDA peak of this step's record counts from here
     clock.start()

@@ -1,0 +1,177 @@
+"""Activation offload: what the forward saves for backward is kept in host memory.
+
+`ActivationOffload(device)` is built once per setting (`activation_offload=True`);
+`offload.around(autocast, model)` is the context factory the forward runs in (the
+Session's step, its memory probe, the dry run): the backend's autocast under a
+`torch.autograd.graph.saved_tensors_hooks` pair that
+
+* on CUDA copies each saved activation into a pinned host buffer on a side stream (the
+  side stream waits for the compute stream, the device tensor is marked used by the side
+  stream so the caching allocator does not hand its memory out before the copy ends) and
+  records an event; in backward, unpack makes the compute stream wait for that event and
+  copies the buffer back (non-blocking, pinned). This is `save_on_cpu(pin_memory=True)`
+  made asynchronous, and it skips what is not an activation: parameters and buffers saved
+  for backward (and their autocast copies: a chain of view/copy ops ending at a leaf
+  parameter, `is_parameter_derived`), which `save_on_cpu` would copy to the host at every
+  forward and back at every backward although they stay on the device anyway;
+* on a CPU moves nothing (the tensors are already in host memory): it only counts what a
+  GPU would not hold (`moved_bytes`), so `session.memory()` can show the saving;
+* on a fake device (the dry run, `synchronous=True`) moves each activation with a plain
+  `.to("cpu")` and back, which the memory tracker counts as host memory.
+
+Only what autograd saves inside the model's forward moves: the loss (the logits' fp32
+log-probabilities) is computed outside it and stays on the device. With activation
+checkpointing the checkpointed blocks' inputs are what the forward saves, and they move;
+the recomputation in backward runs under checkpointing's own hooks, on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+#: autograd nodes that only view or copy their input (an autocast cast of a weight)
+VIEW_OR_COPY = frozenset(
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "ViewBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "ExpandBackward0",
+        "UnsafeViewBackward0",
+        "AliasBackward0",
+        "SliceBackward0",
+        "SelectBackward0",
+        "CloneBackward0",
+        "ReshapeAliasBackward0",
+    }
+)
+
+
+def is_parameter_derived(t: torch.Tensor, param_storages: set[int]) -> bool:
+    """Whether a saved tensor is a parameter or buffer (shares one's storage, is a leaf
+    that trains, or a chain of at most four view/copy ops ending at a trained leaf)."""
+    if t.grad_fn is None and t.requires_grad:
+        return True  # a leaf that trains: a parameter (FSDP's gathered copy of one too)
+    if t.untyped_storage().data_ptr() in param_storages:
+        return True
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None or type(fn).__name__ not in VIEW_OR_COPY:
+            return False
+        nexts = [f for f, _ in fn.next_functions if f is not None]
+        if len(nexts) != 1:
+            return False
+        fn = nexts[0]
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+    return False
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP), or the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def parameter_storages(model: nn.Module) -> set[int]:
+    """The storage addresses of `model`'s parameters and buffers (local shards)."""
+    found = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
+    return found | {local_tensor(b).untyped_storage().data_ptr() for b in model.buffers()}
+
+
+class _OnHost:
+    """A saved activation's host copy, the event its copy ends at, and its device."""
+
+    __slots__ = ("device", "event", "host")
+
+    def __init__(self, host: torch.Tensor, event: Any, device: torch.device) -> None:
+        self.host, self.event, self.device = host, event, device
+
+
+class ActivationOffload:
+    """Saved activations kept in host memory (see the module docstring). `moved_bytes`
+    is what the last forward under `around()` moved (or, on a CPU, would move), one entry
+    per storage."""
+
+    def __init__(self, device: torch.device, *, synchronous: bool = False) -> None:
+        self.device = torch.device(device)
+        self.moved_bytes: dict[int, int] = {}
+        #: called with every tensor autograd saves under the hooks (the memory probe's count)
+        self.observer: Callable[[torch.Tensor], None] | None = None
+        self._cuda = self.device.type == "cuda" and not synchronous
+        self._moves = self.device.type != "cpu"
+        self._side: Any = torch.cuda.Stream(self.device) if self._cuda else None
+
+    def around(
+        self, autocast: Callable[[], AbstractContextManager[Any]], model: nn.Module
+    ) -> Callable[[], AbstractContextManager[Any]]:
+        """The forward's context factory: `autocast()` under the offload hooks."""
+
+        @contextmanager
+        def context() -> Iterator[None]:
+            with self.hooks(model), autocast():
+                yield
+
+        return context
+
+    @contextmanager
+    def hooks(self, model: nn.Module) -> Iterator[None]:
+        """The saved-tensor hooks alone, for a forward of `model`."""
+        params = parameter_storages(model)
+        moved: dict[int, int] = {}
+        self.moved_bytes = moved
+
+        def pack(t: torch.Tensor) -> Any:
+            if self.observer is not None:
+                self.observer(t)
+            if t.device.type != self.device.type or is_parameter_derived(t, params):
+                return t
+            st = t.untyped_storage()
+            if st.nbytes() == 0:
+                return t
+            moved[st.data_ptr()] = st.nbytes()
+            if not self._moves:
+                return t  # already in host memory: nothing to move on a CPU
+            if not self._cuda:
+                return _OnHost(t.to("cpu"), None, t.device)
+            compute = torch.cuda.current_stream(t.device)
+            side = self._side
+            side.wait_stream(compute)  # the activation is complete on the compute stream
+            with torch.cuda.stream(side):
+                host = torch.empty_like(t, device="cpu", pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(side)
+            t.record_stream(side)  # its memory is not reused before the copy ends
+            return _OnHost(host, event, t.device)
+
+        def unpack(packed: Any) -> torch.Tensor:
+            if not isinstance(packed, _OnHost):
+                return packed  # type: ignore[no-any-return]
+            if packed.event is None:
+                return packed.host.to(packed.device)
+            compute = torch.cuda.current_stream(packed.device)
+            compute.wait_event(packed.event)  # the device waits for the copy, not the host
+            return packed.host.to(packed.device, non_blocking=True)
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+
+    @property
+    def total_moved_bytes(self) -> int:
+        return sum(self.moved_bytes.values())
+
+
+__all__ = [
+    "VIEW_OR_COPY",
+    "ActivationOffload",
+    "is_parameter_derived",
+    "local_tensor",
+    "parameter_storages",
+]
