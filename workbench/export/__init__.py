@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import (
+    Documents,
     Engine,
     FsdpMode,
     OffloadDevice,
@@ -410,6 +411,8 @@ def _check(
         problems.append(ExportProblem("steps", steps, message, unset="total_steps"))
     before = len(problems)
     c.options = _check_model(model, model_options, problems)
+    if config is not None:
+        c.options = _with_documents(config, model, c.options, problems)
     if isinstance(model, str) and ":" not in model and len(problems) == before:
         c.info = _measure(model, c.options, 0, problems)  # the seed changes no size
     c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
@@ -559,6 +562,23 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
                 )
             )
     return dict(options)
+
+
+def _with_documents(
+    config: TrainConfig, model: Any, options: dict[str, Any], problems: list[SettingProblem]
+) -> dict[str, Any]:
+    """The model options with `config.documents` as tiny-gpt's `documents` option (every
+    format's script trains the document batches through `model(**batch)` and the
+    built-in's `loss_fn(outputs, batch)`); a problem naming `documents` for any other
+    model (`workbench.models.spec.documents_problem`)."""
+    from workbench.models.spec import documents_problem
+
+    documents = Documents(config.documents).value
+    problem = documents_problem(documents, model, None, None, options)
+    if problem is not None:
+        problems.append(problem)
+        return options
+    return {**options, "documents": documents} if documents != "stream" else options
 
 
 def _option_problem(option: str, value: Any, message: str) -> ExportProblem:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,44 @@ def split_documents(text: str) -> list[str]:
     return [d for d in (part.strip("\n") for part in parts) if d.strip()]
 
 
+@dataclass(frozen=True)
+class DocumentReport:
+    """What a document layout costs, over one epoch of its samples: `slot_tokens` (samples
+    x seq_len), `real_tokens` (the documents' tokens and their end-of-document tokens),
+    `loss_tokens` (targets that carry a loss), `dropped_tokens` (cut off by "padded"'s
+    truncation to seq_len)."""
+
+    documents: str  # the layout: "padded" or "packed"
+    document_count: int
+    samples: int
+    seq_len: int
+    slot_tokens: int
+    real_tokens: int
+    loss_tokens: int
+    dropped_tokens: int
+
+    @property
+    def padding_tokens(self) -> int:
+        return self.slot_tokens - self.real_tokens
+
+    @property
+    def padding_fraction(self) -> float:
+        """The share of the samples' token slots that are padding."""
+        return self.padding_tokens / self.slot_tokens
+
+    def real_tokens_per_s(self, tokens_per_s: float | None) -> float | None:
+        """Real tokens per second at a step's `tokens_per_s` (every slot counted), for
+        this epoch's share of padding."""
+        return None if tokens_per_s is None else tokens_per_s * (1.0 - self.padding_fraction)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "padding_tokens": self.padding_tokens,
+            "padding_fraction": self.padding_fraction,
+        }
+
+
 class DocumentDataset(Dataset[dict[str, torch.Tensor]]):
     """The text's documents (`split_documents`) as samples of `seq_len` tokens, each a dict
     for `model(**batch)`: `idx` (token ids), `labels` (the next token, `IGNORE` where no
@@ -312,7 +351,7 @@ class DocumentDataset(Dataset[dict[str, torch.Tensor]]):
     is the mean over the targets that are not `IGNORE`.
 
     What the layout costs: `slot_tokens` (samples x seq_len), `real_tokens` (not padding)
-    and `padding_fraction` = 1 - real / slots; `report()` gives them as a dict.
+    and `padding_fraction` = 1 - real / slots; `report()` gives them as a `DocumentReport`.
     """
 
     def __init__(self, text: str, seq_len: int, layout: str) -> None:
@@ -388,22 +427,20 @@ class DocumentDataset(Dataset[dict[str, torch.Tensor]]):
     @property
     def padding_fraction(self) -> float:
         """The share of the samples' token slots that are padding."""
-        return 1.0 - self.real_tokens / self.slot_tokens
+        return self.report().padding_fraction
 
-    def report(self) -> dict[str, Any]:
-        """The layout and what it costs (see the class docstring), plain values."""
-        return {
-            "documents": self.layout,
-            "document_count": self.documents,
-            "samples": len(self),
-            "seq_len": self.seq_len,
-            "slot_tokens": self.slot_tokens,
-            "real_tokens": self.real_tokens,
-            "loss_tokens": self.loss_tokens,
-            "padding_tokens": self.slot_tokens - self.real_tokens,
-            "padding_fraction": self.padding_fraction,
-            "dropped_tokens": self.dropped_tokens,
-        }
+    def report(self) -> DocumentReport:
+        """The layout and what it costs (see `DocumentReport`)."""
+        return DocumentReport(
+            documents=self.layout,
+            document_count=self.documents,
+            samples=len(self),
+            seq_len=self.seq_len,
+            slot_tokens=self.slot_tokens,
+            real_tokens=self.real_tokens,
+            loss_tokens=self.loss_tokens,
+            dropped_tokens=self.dropped_tokens,
+        )
 
     def __len__(self) -> int:
         return int(self.tensors["idx"].shape[0])

@@ -326,6 +326,15 @@ class Session(SessionTools):
         """The Dataset or DataLoader this session trains on (as given, or the built-in's)."""
         return self._data_source
 
+    def data_report(self) -> Any | None:
+        """The built-in text's document layout and the padding it costs (a
+        `workbench.models.gpt.DocumentReport`: padding_fraction, real and slot tokens per
+        epoch) when `config.documents` is "padded" or "packed"; None for other data."""
+        from workbench.models.gpt import DocumentDataset
+
+        data = self._data_source
+        return data.report() if isinstance(data, DocumentDataset) else None
+
     @property
     def data_position(self) -> DataPosition:
         """Where the next batch comes from: (epoch, samples read in it) for a Dataset,
