@@ -394,3 +394,45 @@ def test_optimizer_in_backward_leaves_the_step_the_states_and_one_gradient_in_ba
         estimate_memory(model="llama-3-8b", optimizer_in_backward=True, grad_accum=4)
     with pytest.raises(ValueError, match="optimizer_in_backward=True.*plain loop"):
         estimate_memory(model="llama-3-8b", optimizer_in_backward=True, zero_stage=2, gpus=8)
+
+
+def test_activation_offload_moves_the_saved_activations_to_a_host_term() -> None:
+    """llama-3-8b, bf16-true, full checkpointing, micro-batch 8, sequence 4096 (s·b·h =
+    2^27 elements): the forward saves each of the 32 layers' input (2 bytes x 2^27) and the
+    output layer's two inputs (the final norm's and the head's, 2 x 2 x 2^27); all of it,
+    34 x 2^28 bytes, is held on the host. The device keeps the layer in flight, the larger
+    of one layer's input and the output layer's two (2 x 2^28), so its peak (the loss's
+    backward, before and after) goes down by exactly 32 x 2^28 = 2^33 bytes."""
+    kwargs = dict(
+        model="llama-3-8b", precision="bf16-true", micro_batch=8, seq_len=4096, checkpointing="full"
+    )
+    plain = estimate_memory(**kwargs)
+    e = estimate_memory(**kwargs, activation_offload=True)
+    assert plain.peak.host_terms == {}
+    assert e.peak.host_terms == {"offloaded activations (host)": 34 * 2**28}
+    assert e.peak.points["forward end"]["activations"] == 2 * 2**28
+    assert plain.peak.points["forward end"]["activations"] == 34 * 2**28
+    assert e.peak.phase == plain.peak.phase == "backward"
+    assert plain.peak_bytes - e.peak_bytes == 2**33
+    # the recomputation working set stays on the device: the last layer's backward holds it
+    last = e.peak.points["backward"] if e.peak.backward_moment != "loss backward" else None
+    assert last is None or last["activations"] >= e.activations.recompute_bytes
+    # nothing else moves: the model states and the logits' terms are the same
+    for name in ("parameters", "optimizer states", "logits and loss"):
+        assert e.peak.points["forward end"][name] == plain.peak.points["forward end"][name]
+
+
+def test_activation_offload_without_checkpointing_keeps_one_layer_on_the_device() -> None:
+    kwargs = dict(model="llama-3-8b", precision="bf16-true", micro_batch=1, seq_len=2048)
+    plain = estimate_memory(**kwargs)
+    e = estimate_memory(**kwargs, activation_offload=True)
+    per_layer = e.activations.per_layer_bytes
+    stored = plain.peak.points["forward end"]["activations"]
+    assert e.peak.host_terms["offloaded activations (host)"] == stored
+    assert e.peak.points["forward end"]["activations"] == per_layer
+    assert stored == 32 * per_layer + 2 * 2 * 2048 * 4096  # the layers and the output's inputs
+    drop = plain.peak.phases["forward end"] - e.peak.phases["forward end"]
+    assert drop == stored - per_layer
+    # here the optimizer step is the peak either way: offloading does not lower it
+    assert e.peak.phase == plain.peak.phase == "optimizer step"
+    assert e.peak_bytes == plain.peak_bytes
