@@ -23,6 +23,7 @@ def test_every_technique_frees_memory_and_the_notes_say_what_it_costs() -> None:
         "baseline: fp32, AdamW, eager attention",
         "+ sdpa attention",
         "+ activation checkpointing",
+        "+ activation offload",
         "+ 8-bit AdamW",
         "+ optimizer step in backward",
     ]
@@ -54,4 +55,4 @@ def test_the_command_climbs_it(capsys: pytest.CaptureFixture[str]) -> None:
          "--model-options", json.dumps(TINY)]
     )  # fmt: skip
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and out["setup"]["kind"] == "memory" and len(out["rungs"]) == 5
+    assert code == 0 and out["setup"]["kind"] == "memory" and len(out["rungs"]) == 6

@@ -3,7 +3,7 @@
     memory_advice(config, model, world_size)   # [Advice]: the technique that frees the most
 
 For the setup in effect, each technique a Session trains (`TECHNIQUES`: 8-bit AdamW, the
-optimizer step in backward, sdpa attention, activation checkpointing) is tried as a
+optimizer step in backward, sdpa attention, activation checkpointing, activation offload) is tried as a
 settings change: a change the config or the engine refuses is skipped, the others are
 predicted (`workbench.prediction.predict_memory`, the one prediction path) and the one
 that lowers the peak of a step the most becomes one `Advice` ("memory-technique"), its
@@ -28,6 +28,7 @@ TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("the optimizer step in backward", {"optimizer_in_backward": True}),
     ("sdpa attention", {"attention": "sdpa"}),
     ("activation checkpointing", {"activation_checkpointing": True}),
+    ("activation offload", {"activation_offload": True}),
 )
 
 

@@ -159,6 +159,7 @@ def memory_rungs() -> list[Rung]:
         ),
         Rung("+ sdpa attention", {"attention": "sdpa"}),
         Rung("+ activation checkpointing", {"activation_checkpointing": True}),
+        Rung("+ activation offload", {"activation_offload": True}),
         Rung("+ 8-bit AdamW", {"optimizer": "adam8bit"}),
         Rung("+ optimizer step in backward", {"optimizer_in_backward": True}),
     ]
