@@ -307,7 +307,7 @@ class TrainConfig:
         minimum=0,
         maximum=4096,
         maximum_text="4096",
-        why="a higher rank than any layer's width LoRA is meant for",
+        why="wider than the layers LoRA adapts",
         panel=16,
     )
     lora_alpha: float = setting(
@@ -625,11 +625,12 @@ class TrainConfig:
             and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
         ):
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
-        if ok("lora_rank") and self.lora_rank > 0:
-            if ok("zero_stage", "precision", "fsdp") and (
-                self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF
-            ):
-                add("lora_rank", self.lora_rank, LORA_ENGINES)
+        if (
+            ok("lora_rank", "zero_stage", "precision", "fsdp")
+            and self.lora_rank > 0
+            and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
+        ):
+            add("lora_rank", self.lora_rank, LORA_ENGINES)
         if ok("qlora", "lora_rank") and self.qlora is True:
             if self.lora_rank == 0:
                 add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")

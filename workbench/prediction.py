@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import Attention, Engine, FsdpMode, OffloadDevice, TrainConfig, engine_for
+from workbench.config import (
+    Attention,
+    Documents,
+    Engine,
+    FsdpMode,
+    OffloadDevice,
+    TrainConfig,
+    engine_for,
+)
 from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
@@ -71,10 +79,13 @@ def predict_memory(
     *,
     accounting: str | None = None,
     gpu: str | None = None,
+    lora_params: int | None = None,
 ) -> MemoryEstimate:
     """The estimator's per-rank figure for training `model` with `config` on `world_size`
     ranks (see the module docstring). `accounting`: "paper" or "deepspeed" (default: the
-    engine's, `accounting_for`). `gpu`: a catalog GPU name for the fits answer. Raises
+    engine's, `accounting_for`). `gpu`: a catalog GPU name for the fits answer.
+    `lora_params`: the exact LoRA adapter count of the module (`lora_rank` > 0; else the
+    estimator counts them from the shape, every linear layer of a block a target). Raises
     ValueError (the estimator's, naming every bad input) when it cannot predict."""
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
@@ -98,11 +109,28 @@ def predict_memory(
         grad_accum=int(config.grad_accum),
         weight_decay=float(config.weight_decay),
         optimizer_in_backward=bool(config.optimizer_in_backward),
+        **_lora(config, lora_params),
         activation_offload=bool(config.activation_offload),
+        document_mask=Documents(config.documents) is not Documents.STREAM,
         accounting=accounting or accounting_for(config, world_size),
         gpu=gpu,
         **_with_attention(shape_of(model), Attention(config.attention)),
     )
+
+
+def _lora(config: TrainConfig, params: int | None) -> dict[str, Any]:
+    """The estimator's LoRA inputs of `config` (none when `lora_rank` is 0). The Session's
+    targets are module names; the shape's figures count every linear layer of a block
+    (`lora_params`, when given, is the exact adapter count)."""
+    if int(config.lora_rank) == 0:
+        return {}
+    return {
+        "lora_rank": int(config.lora_rank),
+        "lora_targets": "all-linear",
+        "lora_params": params,
+        "lora_dropout": float(config.lora_dropout),
+        "qlora": bool(config.qlora),
+    }
 
 
 def _with_attention(shape: dict[str, Any], kernel: Attention) -> dict[str, Any]:

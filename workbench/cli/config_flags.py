@@ -43,7 +43,14 @@ class ConfigFlag:
     help: str | None = None
 
 
-_KINDS = {"int": "int", "float": "float", "choice": "str", "path": "str", "bool": "switch"}
+_KINDS = {
+    "int": "int",
+    "float": "float",
+    "choice": "str",
+    "path": "str",
+    "text": "str",
+    "bool": "switch",
+}
 
 
 def _flag_help(name: str, spec: Setting, default: Any) -> str:

@@ -15,7 +15,13 @@ from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.limits import GIB, LIMITS
-from workbench.estimate.model_states import ModelStateQuery, ModelStates, model_state_bytes
+from workbench.estimate.lora import lora_model_states
+from workbench.estimate.model_states import (
+    ModelStateQuery,
+    ModelStates,
+    bytes_per_param,
+    model_state_bytes,
+)
 from workbench.estimate.peak import StepPeak, step_peak
 from workbench.estimate.result import MemoryEstimate
 
@@ -34,7 +40,14 @@ def model_states(i: EstimateInputs) -> ModelStates:
         i.offload_params,
         fsdp=i.fsdp,
     )
-    return model_state_bytes(query, i.accounting)
+    states = model_state_bytes(query, i.accounting)
+    if i.lora is None:
+        return states
+    per = bytes_per_param(i.precision, i.optimizer)
+    params, grads, optim = lora_model_states(
+        i.shard_params, i.lora, i.precision, per.weights, per.grads, per.optimizer
+    )
+    return ModelStates(params, grads, optim, 0)
 
 
 def activations(i: EstimateInputs) -> ActivationBreakdown | None:

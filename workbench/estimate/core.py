@@ -81,6 +81,7 @@ def estimate_memory(
     deepspeed_config: Any = None,
     optimizer_in_backward: bool = False,
     activation_offload: bool = False,
+    document_mask: bool = False,
     lora_rank: int = 0,
     lora_targets: str = "all-linear",
     lora_params: int | None = None,
@@ -126,7 +127,9 @@ def estimate_memory(
     its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`), and
     `optimizer_in_backward` (each parameter stepped as its gradient is ready and the
     gradient freed: the plain loop only, no accumulation), and `activation_offload` (the
-    activations the model's forward saves kept in host memory: `peak.host_terms`).
+    activations the model's forward saves kept in host memory: `peak.host_terms`), and
+    `document_mask` (packed documents: a block-diagonal attention mask per sample, which
+    the sdpa kernel keeps for backward: `peak`'s "document mask").
 
     LoRA (`workbench.estimate.lora`): `lora_rank` (0: off) adapters on `lora_targets`
     ("all-linear": every linear layer of a block; "attention": Q, K, V and output), the base

@@ -24,7 +24,6 @@ from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
 from workbench.estimate.hf_build import config_facts
-from workbench.estimate.lora import LORA_TARGETS, LoraFacts, lora_facts
 from workbench.estimate.limits import (
     GIB,
     LIMITS,
@@ -33,6 +32,7 @@ from workbench.estimate.limits import (
     as_int,
     check_number,
 )
+from workbench.estimate.lora import LORA_TARGETS, LoraFacts, lora_facts
 from workbench.estimate.model_states import ACCOUNTINGS, FSDP_MODES
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
@@ -116,6 +116,7 @@ class EstimateInputs:
     weight_decay: float = 0.0
     optimizer_in_backward: bool = False
     activation_offload: bool = False
+    document_mask: bool = False  # per-sample attention masks (packed documents)
     lora: LoraFacts | None = None  # LoRA / QLoRA (`workbench.estimate.lora`)
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
@@ -535,6 +536,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
                 "micro-batches in flight are not modelled on the host",
             )
         )
+    doc_mask = _flag(p, "document_mask", given["document_mask"])
     lora = _lora(p, given, arch, stage, sharding, tp, pp, prec)
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
@@ -585,6 +587,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         weight_decay=decay,
         optimizer_in_backward=bool(in_backward),
         activation_offload=bool(act_offload),
+        document_mask=bool(doc_mask),
         lora=lora,
         deepspeed=ds,
         deepspeed_given=ds_source is not None,
@@ -614,7 +617,9 @@ def _lora(
     if params is not None:
         params = _checked(p, "lora_params", params)
     if qlora is True and rank == 0:
-        p.append(Problem("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1"))
+        p.append(
+            Problem("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
+        )
     if not rank:
         if params is not None:
             p.append(Problem("lora_params", params, "counts LoRA adapters: needs lora_rank >= 1"))
@@ -628,10 +633,15 @@ def _lora(
                 "tensor_parallel=1, pipeline_parallel=1), as a Session trains it",
             )
         )
-    if qlora is True and prec is not None and prec not in (
-        Precision.FP32,
-        Precision.AMP_BF16,
-        Precision.AMP_FP16,
+    if (
+        qlora is True
+        and prec is not None
+        and prec
+        not in (
+            Precision.FP32,
+            Precision.AMP_BF16,
+            Precision.AMP_FP16,
+        )
     ):
         p.append(
             Problem(

@@ -124,8 +124,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.config import OptimizerName, Precision
-from workbench.estimate.activations import ActivationBreakdown, Attention
+from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
+from workbench.estimate.lora import adapter_activation_bytes, dequantized_bytes
 from workbench.estimate.model_states import ModelStates
 
 #: Optimizers only DeepSpeed (or bitsandbytes) provides: always a fused kernel.
@@ -430,6 +431,22 @@ def _backward_end_engine(
     }
 
 
+#: The term of packed documents' attention mask (`document_mask_bytes`).
+DOCUMENT_MASK_TERM = "document mask"
+
+
+def document_mask_bytes(i: EstimateInputs) -> int:
+    """Packed documents' block-diagonal causal mask that the step keeps (`document_mask`):
+    the sdpa kernel takes it as an additive bias in the compute dtype, one (b, 1, s, s)
+    tensor shared by every layer and kept for backward: e·s^2·b. The unfused kernels read
+    a bool mask (s^2·b bytes) that nothing keeps for backward and that is freed when the
+    forward returns, before the loss: no term."""
+    arch = i.architecture
+    if not i.document_mask or arch is None or i.attention is not Attention.SDPA:
+        return 0
+    return compute_bytes(i.precision) * arch.seq_len * arch.seq_len * i.micro_batch
+
+
 def step_peak(
     i: EstimateInputs, states: ModelStates, breakdown: ActivationBreakdown | None
 ) -> StepPeak:
@@ -455,6 +472,28 @@ def step_peak(
     if held_grads == 0 and arch is not None and i.pipeline_parallel == 1 and engine in _LOOPS:
         rows = -(-arch.vocab // i.tensor_parallel)
         first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
+
+    adapters = dequant = 0
+    if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
+        stepped = _stepped_params(i, engine)
+        temps = int(temps * i.lora.trainable / stepped) if stepped else 0
+        first = 0  # the output head is frozen: no gradient of its own
+        if casts:
+            # autocast keeps the 16-bit copies of trainable leaves only (the adapters'); a
+            # frozen weight is cast for each matmul, one layer's at a time
+            casts = 2 * i.lora.trainable + 2 * i.lora.largest_linear
+        e = compute_bytes(i.precision)
+        full = i.checkpointing is Checkpointing.FULL  # blocks keep only their inputs
+        adapters = adapter_activation_bytes(i.lora, arch, i.micro_batch, e, 0 if full else None)
+        in_flight = adapter_activation_bytes(i.lora, arch, i.micro_batch, e, 1 if full else None)
+        dequant = dequantized_bytes(i.lora, e)
+    lora_fwd: dict[str, int] = {}
+    lora_kept: dict[str, int] = {}
+    lora_bwd: dict[str, int] = {}
+    if i.lora is not None:
+        lora_fwd = {"LoRA adapter activations": adapters, "QLoRA dequantized weight": dequant}
+        lora_kept = {"LoRA adapter activations": adapters}
+        lora_bwd = {"LoRA adapter activations": in_flight, "QLoRA dequantized weight": dequant}
 
     engine_fwd: dict[str, int] = {}
     engine_bwd: dict[str, int] = {}
@@ -496,13 +535,17 @@ def step_peak(
         stored = offload_in_flight(breakdown, stored)
         acts = stored + recompute
     base = {"parameters": params, "optimizer states": optim}
+    mask = document_mask_bytes(i)
+    kept_mask = {DOCUMENT_MASK_TERM: mask} if mask else {}
     forward = {
         **base,
         "gradients": held_grads,
         "activations": stored,
         "logits and loss": logits_kept + loss_fwd,
         "autocast weight casts": casts,
+        **lora_fwd,
         **engine_fwd,
+        **kept_mask,
     }
     held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
     moments = {
@@ -513,7 +556,9 @@ def step_peak(
             "activations": stored,
             "logits and loss": logits_kept + loss_bwd,
             "autocast weight casts": casts,
+            **lora_kept,
             **held_units,
+            **kept_mask,
         },
         # the last layer's backward: its recomputation, its gradients' temporaries, the
         # output projection's gradient, the engine's unsharded gradients
@@ -523,7 +568,9 @@ def step_peak(
             "activations": acts,
             "autocast weight casts": casts,
             "backward transient": transient,
+            **lora_bwd,
             **engine_bwd,
+            **kept_mask,
         },
         # the end of backward: every gradient, the first layer's recomputation
         "backward end": {
@@ -531,6 +578,7 @@ def step_peak(
             "gradients": grads,
             "activations": recompute,
             "backward transient": transient,
+            **({"QLoRA dequantized weight": dequant} if i.lora is not None else {}),
             **_backward_end_engine(i, engine, engine_bwd, engine_step),
         },
     }
@@ -552,7 +600,7 @@ def step_peak(
     }
     points = dict(zip(PHASES, (forward, backward, step), strict=True))
     totals = {name: sum(terms.values()) for name, terms in points.items()}
-    scaling = ("activations", "logits and loss", "backward transient")
+    scaling = ("activations", "logits and loss", "backward transient", DOCUMENT_MASK_TERM)
     variable = {name: sum(terms.get(k, 0) for k in scaling) for name, terms in points.items()}
     phase = max(PHASES, key=lambda name: totals[name])
     terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}

@@ -36,6 +36,7 @@ from workbench.config import (
     runtime_problems,
 )
 from workbench.train.attention import attention_problem
+from workbench.train.lora import LORA_FIELDS, lora_problem
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.records import Event
@@ -69,7 +70,7 @@ BACKEND_FIELDS = frozenset(
         "micro_batch",
         "optimizer_in_backward",
     }
-)
+) | LORA_FIELDS  # the adapters change the parameters the optimizer steps
 _LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")
 
 
@@ -158,6 +159,9 @@ def session_problems(
                 "workbench.train.recompute.mark_checkpointable(model, [names])",
             )
         )
+    lora = lora_problem(model, config)
+    if lora is not None:
+        p.append(lora)
     kernel = attention_problem(model, config.attention)
     if kernel is not None:
         p.append(kernel)

@@ -95,7 +95,14 @@ class MemoryReport(Readable):
         if pred is None or pred.activation_bytes is None:
             return None
         extra = pred.activations.recompute_bytes if pred.activations is not None else 0
-        return int(pred.activation_bytes - extra - (self.predicted_offloaded_activation_bytes or 0))
+        peak = getattr(pred, "peak", None)
+        adapters = peak.points["forward end"].get("LoRA adapter activations", 0) if peak else 0
+        return int(
+            pred.activation_bytes
+            - extra
+            + adapters
+            - (self.predicted_offloaded_activation_bytes or 0)
+        )
 
     @property
     def predicted_offloaded_activation_bytes(self) -> int | None:

@@ -40,6 +40,7 @@ from workbench.train.changes import (
     needs_deepspeed,
 )
 from workbench.train.data import DataPosition, DataStream
+from workbench.train.lora import LORA_FIELDS, LoraAdapters
 from workbench.train.offload import ActivationOffload
 from workbench.train.recompute import set_activation_checkpointing
 from workbench.train.schedule import scaled_lr
@@ -105,11 +106,15 @@ class Runtime:
             world_size=world_size,
             position=position,
         )
+        self.lora: LoraAdapters | None = None
         try:
             batches.check_batch(self.data.peek(), loss_fn)  # a wrong data shape fails here
+            self.lora = LoraAdapters.attach(model, config, device)
             self.backend: Backend = self._build_backend(config, state)
         except BaseException:
             self.data.close()
+            if self.lora is not None:
+                self.lora.merge()  # your module as it came
             raise
         self.park_model()
 
@@ -155,7 +160,9 @@ class Runtime:
                     pin_memory=bool(target.pin_memory),
                     seed=int(target.seed),
                 )
-            if changed & BACKEND_FIELDS:
+            if changed & LORA_FIELDS:
+                new_backend = self._next_adapters(target)
+            elif changed & BACKEND_FIELDS:
                 new_backend = self._next_backend(target, release_first=release_first)
             if "activation_checkpointing" in changed:
                 self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
@@ -202,6 +209,38 @@ class Runtime:
             self.fresh = True
             self.clock.reset()
             raise
+
+    def _next_adapters(self, target: TrainConfig) -> Backend:
+        """LoRA switched, or its settings changed: the adapters trained so far merged into
+        your module's weights, `target`'s fresh adapters put on (the outputs do not change:
+        B starts at zero), and a backend for them. The optimizer state of parameters that
+        train on both sides is carried; the adapters' and the base's start fresh. On a
+        failure the previous settings' adapters are put on again (fresh, over the merged
+        weights) with a backend for them, and the exception propagates."""
+        state = self.backend.export_state()
+        self._write_back(state, self.backend)
+        if self.lora is not None:
+            self.lora.merge()
+        self.lora = None
+        try:
+            self.lora = LoraAdapters.attach(self.model, target, self.device)
+            return self._build_backend(target, _weights_now(state, self.model))
+        except BaseException:
+            if self.lora is not None:
+                self.lora.merge()
+            self.lora = LoraAdapters.attach(self.model, self.config, self.device)
+            old = self.backend
+            self.backend = self._build_backend(self.config, _weights_now(state, self.model))
+            old.close()
+            self.fresh = True
+            raise
+
+    def save_adapters(self, path: Any) -> Any:
+        """The LoRA adapters alone, in peft's format, in directory `path`."""
+        if self.lora is None:
+            raise ValueError("save_adapters: this session trains no LoRA adapters (lora_rank=0)")
+        self.sync_weights()
+        return self.lora.save(path)
 
     def _build_backend(self, config: TrainConfig, state: dict[str, Any] | None) -> Backend:
         if needs_deepspeed(config, self.world_size):
@@ -281,6 +320,8 @@ class Runtime:
         after releasing everything."""
         try:
             self.sync_weights()
+            if self.lora is not None:
+                self.lora.merge()  # your module's own layers, the adapters' update in them
             self.model.to(self.device)
         finally:
             self.data.close()
@@ -289,6 +330,13 @@ class Runtime:
 
 def _offload_for(config: TrainConfig, device: torch.device) -> ActivationOffload | None:
     return ActivationOffload(device) if config.activation_offload else None
+
+
+def _weights_now(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """`state` with the weights your module holds now, by their current names (after
+    LoRA layers went on or came off); the optimizer state of names that no longer exist
+    or no longer train is left for the backend to skip."""
+    return {**state, "model": {n: p.detach() for n, p in model.named_parameters()}}
 
 
 def inner_module(backend: Backend, model: nn.Module) -> nn.Module:

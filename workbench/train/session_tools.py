@@ -127,7 +127,21 @@ class SessionTools:
         cfg = self._config if config is None else config
         if not isinstance(cfg, TrainConfig):
             raise ValueError(f"config={cfg!r}: must be a workbench.TrainConfig or None")
-        return predict_memory(cfg, self._model_description(), self.world_size)
+        return predict_memory(
+            cfg, self._model_description(), self.world_size, lora_params=self._lora_params(cfg)
+        )
+
+    def _lora_params(self, config: TrainConfig) -> int | None:
+        """The adapters LoRA of `config` puts on this session's module (None: none, or
+        targets that pick no layer, which the session refuses anyway)."""
+        from workbench.train.lora import adapter_parameter_count
+
+        if int(config.lora_rank) == 0:
+            return None
+        try:
+            return adapter_parameter_count(self._model, config)
+        except ValueError:
+            return None
 
     def memory_advice(self) -> list[Any]:
         """The memory technique that frees the most of this session's predicted peak, as
@@ -153,6 +167,12 @@ class SessionTools:
             except Exception:  # no batch to read a sequence length from: count only
                 batch = None
             description = module_description(self._model, batch) or description
+        lora = getattr(getattr(self, "_rt", None), "lora", None)
+        if lora is not None:  # the base model's count: without adapters, 4-bit as it was
+            if isinstance(description, int):
+                description = lora.base_parameters()
+            else:
+                description.n_params = lora.base_parameters()
         self._description_cache = description
         return description
 

@@ -280,7 +280,7 @@ class PlainBackend:
     def model_state_bytes(self) -> ModelStateBytes:
         """Bytes of parameters, gradients present now, and every optimizer-state tensor
         (including Adam's 4-byte `step` counter per parameter tensor)."""
-        params = storage_bytes(p for _, p in self._named)
+        params = storage_bytes(p for _, p in self._named) + quant_state_bytes(self._named)
         grads = storage_bytes(p.grad for _, p in self._named if p.grad is not None)
         optim = storage_bytes(v for st in self.optimizer.state.values() for v in st.values())
         return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
@@ -297,6 +297,20 @@ class PlainBackend:
         if self._model is not self._yours:
             self._named, self._params = [], []
             self._model = self.module = self._yours
+
+
+def quant_state_bytes(named: list[tuple[str, nn.Parameter]]) -> int:
+    """Bytes of the quantisation constants of 4-bit weights (bitsandbytes' `quant_state`:
+    absmax, its second level and the code table), which are not parameters themselves."""
+    total = 0
+    for _, p in named:
+        state = getattr(p, "quant_state", None)
+        while state is not None:
+            for t in (getattr(state, "absmax", None), getattr(state, "code", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+            state = getattr(state, "state2", None)
+    return total
 
 
 def cast_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -1,0 +1,134 @@
+"""LoRA and QLoRA in the estimator: the adapters, the frozen base, the 4-bit base.
+
+LoRA (Hu et al. 2021) freezes the base weights and trains, on each target linear layer of
+shape (in, out), two matrices A (rank x in) and B (out x rank): `rank * (in + out)`
+parameters. Only they have gradients and optimizer states, so per GPU:
+
+    parameters          base bytes x frozen base  +  weight bytes x adapters
+    gradients           gradient bytes x adapters
+    optimizer states    (master + state bytes) x adapters
+
+QLoRA (Dettmers et al. 2023) holds the base linear layers in 4-bit NF4 (bitsandbytes'
+`Linear4bit`, blocks of 64 weights with double quantisation: a 1-byte absmax per block
+and an fp32 absmax per 256 blocks), `NF4_BYTES_PER_PARAM` bytes per weight; embeddings,
+norms, biases and the output head stay in the weights' dtype. Each 4-bit layer is
+dequantised for its matmul (forward, and backward for the input gradient): one layer's
+weight in the compute dtype, a transient.
+
+Targets: "all-linear" (every linear layer of a block: Q, K, V, output, the MLP's two or
+three matrices; not the output head, as peft's "all-linear") or "attention" (Q, K, V and
+output, the original paper's choice). A mixture-of-experts MLP is counted as its dense
+MLP of `ffn_hidden`. A Session passes the exact adapter count of your module
+(`lora_params`); the shape's figure stands for it otherwise.
+
+Activations: each target keeps its adapter's rank-wide middle (A x) for B's gradient, and
+with `lora_dropout` > 0 its own dropped copy of the layer input (peft applies dropout per
+target) and the 1-byte mask. The frozen base layers' inputs are still counted as the
+full fine-tune keeps them (an upper bound: a frozen layer that is not a target needs its
+input for no weight gradient).
+
+Pure Python: imports only the estimator's own tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.config import Precision
+
+#: bitsandbytes NF4 with double quantisation: 4 bits, a 1-byte absmax per 64 weights and
+#: an fp32 second-level absmax per 256 blocks (its 256-entry code table per layer aside).
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+LORA_TARGETS = ("all-linear", "attention")
+
+
+@dataclass(frozen=True)
+class LoraFacts:
+    """What the estimator reads of a LoRA setup (checked inputs)."""
+
+    rank: int
+    targets: str  # a LORA_TARGETS value
+    trainable: int  # adapter parameters
+    quantized: int  # base weights held in 4 bits (QLoRA), else 0
+    dropout: float
+    qlora: bool
+    layer_shapes: tuple[tuple[int, int], ...]  # (in, out) of each target of one layer
+    largest_linear: int  # elements of the largest linear weight of a block
+
+
+def block_linears(arch: Any) -> dict[str, tuple[int, int]]:
+    """(in, out) of each linear layer of one block of `arch`, by role."""
+    h, q, g = arch.hidden, arch.q_dim, arch.kv_dim
+    f = (arch.moe_ffn_hidden or arch.ffn_hidden) if arch.is_moe else arch.ffn_hidden
+    shapes = {"q": (h, q), "k": (h, g), "v": (h, g), "o": (q, h)}
+    if arch.mlp == "swiglu":
+        shapes.update({"gate": (h, f), "up": (h, f), "down": (f, h)})
+    else:
+        shapes.update({"up": (h, f), "down": (f, h)})
+    return shapes
+
+
+def target_shapes(arch: Any, targets: str) -> tuple[tuple[int, int], ...]:
+    """(in, out) of the targets of one block."""
+    shapes = block_linears(arch)
+    roles = ("q", "k", "v", "o") if targets == "attention" else tuple(shapes)
+    return tuple(shapes[r] for r in roles)
+
+
+def lora_facts(
+    arch: Any, rank: int, targets: str, params: int | None, dropout: float, qlora: bool
+) -> LoraFacts:
+    """The facts of a LoRA setup on `arch` (None: a shape-less model, where `params`
+    must be given)."""
+    shapes = target_shapes(arch, targets) if arch is not None else ()
+    linears = block_linears(arch) if arch is not None else {}
+    layers = arch.layers if arch is not None else 0
+    counted = layers * sum(rank * (a + b) for a, b in shapes)
+    quantized = layers * sum(a * b for a, b in linears.values()) if qlora else 0
+    largest = max((a * b for a, b in linears.values()), default=0)
+    return LoraFacts(
+        rank=rank,
+        targets=targets,
+        trainable=params if params is not None else counted,
+        quantized=quantized,
+        dropout=dropout,
+        qlora=qlora,
+        layer_shapes=shapes,
+        largest_linear=largest,
+    )
+
+
+def lora_model_states(
+    n_params: int, lora: LoraFacts, precision: Precision, weights: int, grads: int, optim: int
+) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes with `n_params` base parameters and
+    the adapters of `lora`, from the precision's per-parameter `weights`, `grads` and
+    `optim` bytes (optimizer states with any master copy)."""
+    base = n_params - lora.quantized
+    params = int(weights * base + NF4_BYTES_PER_PARAM * lora.quantized) + weights * lora.trainable
+    return params, grads * lora.trainable, optim * lora.trainable
+
+
+def adapter_activation_bytes(
+    lora: LoraFacts, arch: Any, micro_batch: int, e: int, layers: int | None = None
+) -> int:
+    """Bytes the adapters of `layers` blocks (default: all) keep for backward: per target
+    its rank-wide middle, and with dropout its dropped input copy (compute dtype) and
+    1-byte mask. Under full checkpointing a block keeps them only while it is recomputed,
+    one block at a time."""
+    if arch is None:
+        return 0
+    tokens = arch.seq_len * micro_batch
+    per_layer = 0
+    for fan_in, _ in lora.layer_shapes:
+        per_layer += e * tokens * lora.rank
+        if lora.dropout > 0:
+            per_layer += (e + 1) * tokens * fan_in
+    return (arch.layers if layers is None else layers) * per_layer
+
+
+def dequantized_bytes(lora: LoraFacts, e: int) -> int:
+    """QLoRA's transient: the largest 4-bit layer dequantised to the compute dtype."""
+    return e * lora.largest_linear if lora.qlora else 0

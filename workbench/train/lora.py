@@ -1,0 +1,326 @@
+"""LoRA and QLoRA on your module, through peft: adapters put in place, merged back.
+
+`LoraAdapters.attach(model, config, device)` puts peft's LoRA layers into your module in
+place (`peft.inject_adapter_in_model`): each target `nn.Linear` becomes a peft
+`lora.Linear` wrapping the original layer (`base_layer`) with two small matrices, and
+every other parameter is frozen (`requires_grad=False`). B starts at zero, so the module
+computes exactly what it did before. The plain backend then trains only the adapters.
+
+QLoRA (`qlora=True`): every linear layer but the output head is first replaced by
+bitsandbytes' `Linear4bit` (NF4, double quantisation, compute in the autocast dtype) and
+the adapters go on the targets among them. The original layers, with their weights in
+their own dtype, are kept aside in host memory.
+
+`merge()` gives your module back its own layers with the adapters' update added to the
+weights (`W += B A * alpha / rank`; under QLoRA into the kept original weight, not the
+4-bit copy) and the `requires_grad` every parameter had. The Session merges when LoRA is
+switched off or changed (then puts fresh adapters on: the outputs do not change at the
+switch) and at `close()`, so after either your module holds what was trained, in its own
+structure. `save(path)` writes the adapters alone in peft's format
+(`adapter_model.safetensors` and `adapter_config.json`), which
+`peft.PeftModel.from_pretrained` loads onto a `transformers` base model.
+
+Targets: `lora_targets="all-linear"` (every `nn.Linear` but the output head: the layer a
+`transformers` model's `get_output_embeddings()` returns, or one named `lm_head`, `head`,
+`output`, `embed_out`, `classifier` or `score`), or comma-separated module names or name
+endings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names, plain_value
+
+#: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head).
+HEAD_NAMES = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
+
+#: peft's adapter name for the Session's one adapter.
+ADAPTER = "default"
+
+#: The settings a LoRA rebuild reads.
+LORA_FIELDS = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora"})
+
+
+def _is_lora_layer(module: nn.Module) -> bool:
+    from peft.tuners.lora import LoraLayer
+
+    return isinstance(module, LoraLayer)
+
+
+def _base_linear(module: nn.Module) -> nn.Module:
+    """A linear layer as its base: a peft LoRA layer's wrapped layer, or itself."""
+    return module.get_base_layer() if _is_lora_layer(module) else module  # type: ignore[operator]
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    """Names of the model's linear layers (as their base under LoRA or QLoRA)."""
+    kinds: tuple[type, ...] = (nn.Linear,)
+    try:
+        from bitsandbytes.nn import Linear4bit
+
+        kinds = (nn.Linear, Linear4bit)
+    except ImportError:  # no bitsandbytes: no 4-bit layers either
+        pass
+    names = []
+    for name, module in model.named_modules():
+        plain = isinstance(module, kinds) and not _inside_lora(model, name)
+        if _is_lora_layer(module) or plain:
+            names.append(name)
+    return names
+
+
+def _inside_lora(model: nn.Module, name: str) -> bool:
+    """True for a module inside a peft LoRA layer (its base layer or an adapter matrix)."""
+    parts = name.split(".")
+    for k in range(1, len(parts)):
+        parent = model.get_submodule(".".join(parts[:k]))
+        if _is_lora_layer(parent):
+            return True
+    return False
+
+
+def _head_names(model: nn.Module) -> set[str]:
+    heads = set()
+    get = getattr(model, "get_output_embeddings", None)
+    out = get() if callable(get) else None
+    for name, module in model.named_modules():
+        if (out is not None and module is out) or name.split(".")[-1] in HEAD_NAMES:
+            heads.add(name)
+    return heads
+
+
+def resolve_targets(model: nn.Module, targets: str) -> list[str]:
+    """The full names of the linear layers `targets` (a `lora_targets` value) picks.
+    Raises ValueError naming the setting when it picks none."""
+    linears = _linear_names(model)
+    wanted = lora_target_names(targets)
+    if wanted == ["all-linear"]:
+        heads = _head_names(model)
+        picked = [n for n in linears if n not in heads]
+    else:
+        picked = [n for n in linears if any(n == w or n.endswith("." + w) for w in wanted)]
+    if not picked:
+        shown = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
+        raise ValueError(
+            f"lora_targets={targets!r}: picks none of the model's linear layers "
+            f"({shown or 'it has none'}); give their names or name endings, or 'all-linear'"
+        )
+    return picked
+
+
+def adapter_parameter_count(model: nn.Module, config: TrainConfig) -> int:
+    """The parameters LoRA of `config` adds to `model` (0 when `lora_rank` is 0), counted
+    from the target layers' shapes without changing the model."""
+    rank = int(config.lora_rank)
+    if rank == 0:
+        return 0
+    total = 0
+    for name in resolve_targets(model, str(config.lora_targets)):
+        base = _base_linear(model.get_submodule(name))
+        total += rank * (int(base.in_features) + int(base.out_features))
+    return total
+
+
+def is_adapter_parameter(name: str) -> bool:
+    """True for a LoRA adapter's parameter name (`...lora_A.default.weight`)."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def _compute_dtype(config: TrainConfig) -> torch.dtype:
+    precision = Precision(config.precision)
+    if precision is Precision.AMP_BF16:
+        return torch.bfloat16
+    if precision is Precision.AMP_FP16:
+        return torch.float16
+    return torch.float32
+
+
+def _set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+
+
+class LoraAdapters:
+    """LoRA adapters in your module (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        if any(_is_lora_layer(m) for m in model.modules()):
+            raise ValueError(
+                "lora_rank: the model holds peft LoRA layers already; give the Session the "
+                "base model (or `merge_and_unload()` it first)"
+            )
+        self.model = model
+        self.rank = int(config.lora_rank)
+        self.targets = resolve_targets(model, str(config.lora_targets))
+        self.qlora = bool(config.qlora)
+        self.requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
+        self.originals: dict[str, nn.Module] = {}
+        if self.qlora:
+            self._quantize(config, device)
+        self.peft_config = LoraConfig(
+            r=self.rank,
+            lora_alpha=float(config.lora_alpha),
+            lora_dropout=float(config.lora_dropout),
+            target_modules="|".join(re.escape(n) for n in self.targets),
+            bias="none",
+        )
+        inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+        model.to(device)
+
+    @classmethod
+    def attach(
+        cls, model: nn.Module, config: TrainConfig, device: torch.device
+    ) -> LoraAdapters | None:
+        """The adapters of `config` in `model` (None when `lora_rank` is 0)."""
+        return cls(model, config, device) if int(config.lora_rank) > 0 else None
+
+    def _quantize(self, config: TrainConfig, device: torch.device) -> None:
+        """Every linear layer but the head as bitsandbytes' 4-bit NF4 layer; the originals
+        kept in host memory."""
+        from bitsandbytes.nn import Linear4bit
+
+        heads = _head_names(self.model)
+        dtype = _compute_dtype(config)
+        for name in _linear_names(self.model):
+            layer = self.model.get_submodule(name)
+            if name in heads or not isinstance(layer, nn.Linear):
+                continue
+            four = Linear4bit(
+                layer.in_features,
+                layer.out_features,
+                bias=layer.bias is not None,
+                compute_dtype=dtype,
+                quant_type="nf4",
+                device="cpu",
+            )
+            four.load_state_dict(layer.state_dict())
+            four.weight.requires_grad_(False)
+            if four.bias is not None:
+                four.bias.requires_grad_(False)
+            four = four.to(device)  # bitsandbytes quantises when the layer is moved
+            self.originals[name] = layer.to("cpu")
+            _set(self.model, name, four)
+
+    # ------------------------------------------------------------------ facts
+    def adapter_parameters(self) -> int:
+        return sum(p.numel() for n, p in self.model.named_parameters() if is_adapter_parameter(n))
+
+    def base_parameters(self) -> int:
+        """The base model's parameters (the originals' count under QLoRA)."""
+        total = sum(
+            p.numel() for n, p in self.model.named_parameters() if not is_adapter_parameter(n)
+        )
+        for name, original in self.originals.items():
+            four = _base_linear(self.model.get_submodule(name))
+            total += sum(p.numel() for p in original.parameters())
+            total -= sum(p.numel() for p in four.parameters())
+        return total
+
+    def trainable_fraction(self) -> float:
+        """Adapter parameters over all (base + adapters)."""
+        adapters = self.adapter_parameters()
+        return adapters / max(1, adapters + self.base_parameters())
+
+    # ------------------------------------------------------------------ out
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapters' weights under peft's saved names (no adapter name)."""
+        from peft import get_peft_model_state_dict
+
+        return {
+            k: v.detach().cpu().contiguous()
+            for k, v in get_peft_model_state_dict(self.model, adapter_name=ADAPTER).items()
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """The adapters alone, in peft's format, in directory `path` (created)."""
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(self.state_dict(), str(folder / "adapter_model.safetensors"))
+        config = self.peft_config.to_dict()
+        config["target_modules"] = self.targets
+        (folder / "adapter_config.json").write_text(
+            json.dumps(config, indent=2, sort_keys=True, default=list)
+        )
+        return folder
+
+    def merge(self) -> None:
+        """Your module's own layers back, each with the adapters' update added to its
+        weight; every parameter's `requires_grad` as it was. Idempotent."""
+        if not self.targets and not self.originals:
+            return
+        with torch.no_grad():
+            for name in self.targets:
+                layer = self.model.get_submodule(name)
+                if not _is_lora_layer(layer):
+                    continue
+                delta = layer.get_delta_weight(ADAPTER)  # type: ignore[operator]
+                base = self.originals.pop(name, None)
+                if base is None:
+                    base = _base_linear(layer)
+                else:
+                    base.to(delta.device)
+                base.weight.add_(delta.to(base.weight.dtype))
+                _set(self.model, name, base)
+            for name, original in list(self.originals.items()):  # 4-bit layers w/o adapters
+                device = next(_base_linear(self.model.get_submodule(name)).parameters()).device
+                _set(self.model, name, original.to(device))
+            self.originals.clear()
+        self.targets = []
+        if "peft_config" in vars(self.model):  # the injection's record of its config
+            del self.model.peft_config
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(self.requires_grad.get(name, True))
+
+
+def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
+    """What stops LoRA of a valid `config` on `model` here (None when nothing does): peft
+    or, for QLoRA, bitsandbytes not importable; targets that pick no linear layer."""
+    if int(config.lora_rank) == 0:
+        return None
+    for name, module, why in (
+        ("lora_rank", "peft", "LoRA trains through peft: pip install peft"),
+        (
+            "qlora",
+            "bitsandbytes",
+            "the 4-bit base is bitsandbytes' Linear4bit: pip install bitsandbytes",
+        ),
+    ):
+        if name == "qlora" and not config.qlora:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return SettingProblem(name, plain_value(getattr(config, name)), f"{why} ({exc})")
+    try:
+        resolve_targets(model, str(config.lora_targets))
+    except ValueError as exc:
+        return SettingProblem("lora_targets", config.lora_targets, str(exc).split(": ", 1)[1])
+    return None
+
+
+def lora_summary(adapters: LoraAdapters | None) -> dict[str, Any] | None:
+    """The adapters in numbers: rank, targets, adapter and base parameters, the trainable
+    fraction, 4-bit layers (None without LoRA)."""
+    if adapters is None:
+        return None
+    return {
+        "rank": adapters.rank,
+        "targets": len(adapters.targets),
+        "adapter_params": adapters.adapter_parameters(),
+        "base_params": adapters.base_parameters(),
+        "trainable_fraction": adapters.trainable_fraction(),
+        "four_bit_layers": len(adapters.originals),
+    }
