@@ -114,10 +114,13 @@ class CausalSelfAttention(nn.Module):
         self.kernel = "eager"
 
     def forward(self, x: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
-        """`blocked`: None for plain causal attention, else a (b, 1, s, s) bool tensor, True
-        where a query must not see a key (`document_mask`: causal and across documents).
-        With it the sdpa path passes `attn_mask` (True where attending), which on a GPU
-        rules out the flash kernel (PyTorch's memory-efficient or math kernel runs)."""
+        """`blocked`: None for plain causal attention, else a document batch's mask
+        (`document_mask`: causal and across documents), (b, 1, s, s): for the eager path a
+        bool tensor, True where a query must not see a key; for sdpa the same as an
+        additive bias in the compute dtype (`document_bias`: 0 or -inf), one tensor every
+        layer's kernel keeps for backward (a bool `attn_mask` would be converted, and
+        kept, once per layer). Any `attn_mask` rules out the flash kernel on a GPU
+        (PyTorch's memory-efficient or math kernel runs)."""
         b, s, h = x.shape
         d = h // self.heads
         q, k, v = self.qkv(x).split(h, dim=2)
@@ -129,7 +132,7 @@ class CausalSelfAttention(nn.Module):
             if blocked is None:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=~blocked, dropout_p=p)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=blocked, dropout_p=p)
             return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, h)))
         scores = q @ k.transpose(-2, -1)
         mask = self.causal_mask[:s, :s] if blocked is None else blocked
@@ -228,7 +231,11 @@ class TinyGPT(nn.Module):
         if s > self.seq_len:
             raise ValueError(f"sequence length {s}: the model was built for seq_len={self.seq_len}")
         pos = torch.arange(s, device=idx.device) if positions is None else positions
-        blocked = None if doc_ids is None else document_mask(doc_ids)
+        blocked = None
+        if doc_ids is not None:
+            blocked = document_mask(doc_ids)
+            if self.blocks and self.blocks[0].attn.kernel == "sdpa":
+                blocked = document_bias(blocked, self.wte.weight.dtype)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x, blocked) if blocked is not None else block(x)
@@ -243,6 +250,17 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).triu(1)
     other = doc_ids.unsqueeze(2) != doc_ids.unsqueeze(1)
     return (other | causal).unsqueeze(1)
+
+
+def document_bias(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`document_mask`'s mask as sdpa's additive `attn_mask`: 0 where a query sees a key,
+    -inf where not, in the compute dtype (autocast's when it is on, else `dtype`), so the
+    kernel takes it as it is."""
+    device = blocked.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    bias = torch.zeros(blocked.shape, dtype=dtype, device=blocked.device)
+    return bias.masked_fill(blocked, float("-inf"))
 
 
 class CharDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
