@@ -80,12 +80,14 @@ def predict_memory(
     accounting: str | None = None,
     gpu: str | None = None,
     lora_params: int | None = None,
+    qlora_params: int | None = None,
 ) -> MemoryEstimate:
     """The estimator's per-rank figure for training `model` with `config` on `world_size`
     ranks (see the module docstring). `accounting`: "paper" or "deepspeed" (default: the
     engine's, `accounting_for`). `gpu`: a catalog GPU name for the fits answer.
     `lora_params`: the exact LoRA adapter count of the module (`lora_rank` > 0; else the
-    estimator counts them from the shape, every linear layer of a block a target). Raises
+    estimator counts them from the shape, every linear layer of a block a target), and
+    `qlora_params` the weights QLoRA holds in 4 bits. Raises
     ValueError (the estimator's, naming every bad input) when it cannot predict."""
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
@@ -109,7 +111,7 @@ def predict_memory(
         grad_accum=int(config.grad_accum),
         weight_decay=float(config.weight_decay),
         optimizer_in_backward=bool(config.optimizer_in_backward),
-        **_lora(config, lora_params),
+        **_lora(config, lora_params, qlora_params),
         activation_offload=bool(config.activation_offload),
         document_mask=Documents(config.documents) is not Documents.STREAM,
         accounting=accounting or accounting_for(config, world_size),
@@ -118,7 +120,7 @@ def predict_memory(
     )
 
 
-def _lora(config: TrainConfig, params: int | None) -> dict[str, Any]:
+def _lora(config: TrainConfig, params: int | None, quantized: int | None) -> dict[str, Any]:
     """The estimator's LoRA inputs of `config` (none when `lora_rank` is 0). The Session's
     targets are module names; the shape's figures count every linear layer of a block
     (`lora_params`, when given, is the exact adapter count)."""
@@ -130,6 +132,7 @@ def _lora(config: TrainConfig, params: int | None) -> dict[str, Any]:
         "lora_params": params,
         "lora_dropout": float(config.lora_dropout),
         "qlora": bool(config.qlora),
+        **({"qlora_params": quantized} if config.qlora else {}),
     }
 
 

@@ -87,6 +87,7 @@ def estimate_memory(
     lora_params: int | None = None,
     lora_dropout: float = 0.0,
     qlora: bool = False,
+    qlora_params: int | None = None,
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
 
@@ -135,7 +136,8 @@ def estimate_memory(
     ("all-linear": every linear layer of a block; "attention": Q, K, V and output), the base
     frozen; `lora_params` the exact adapter count (a module's; else the shape's),
     `lora_dropout` (each target keeps a dropped copy of its input) and `qlora` (the base
-    linear layers in 4-bit NF4, bitsandbytes').
+    linear layers in 4-bit NF4, bitsandbytes'; `qlora_params` the exact count of weights
+    held in 4 bits, else the shape's linear layers).
 
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
     numpy scalars are numbers, bools and text are not (except the counts `n_params` and

@@ -616,6 +616,9 @@ def _lora(
     params = given["lora_params"]
     if params is not None:
         params = _checked(p, "lora_params", params)
+    quantized = given["qlora_params"]
+    if quantized is not None:
+        quantized = _checked(p, "qlora_params", quantized)
     if qlora is True and rank == 0:
         p.append(
             Problem("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
@@ -651,6 +654,14 @@ def _lora(
                 f"precision={prec.value}",
             )
         )
+    if qlora is True and arch is None and quantized is None:
+        p.append(
+            Problem(
+                "qlora",
+                True,
+                "needs the model's shape or qlora_params, the base weights held in 4 bits",
+            )
+        )
     if arch is None and params is None:
         p.append(
             Problem(
@@ -662,7 +673,9 @@ def _lora(
         )
     if targets is None or dropout is None or not isinstance(qlora, bool) or rank is None:
         return None
-    return lora_facts(arch, int(rank), targets.strip().lower(), params, float(dropout), qlora)
+    return lora_facts(
+        arch, int(rank), targets.strip().lower(), params, float(dropout), qlora, quantized
+    )
 
 
 def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None:

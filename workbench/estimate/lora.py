@@ -78,10 +78,16 @@ def target_shapes(arch: Any, targets: str) -> tuple[tuple[int, int], ...]:
 
 
 def lora_facts(
-    arch: Any, rank: int, targets: str, params: int | None, dropout: float, qlora: bool
+    arch: Any,
+    rank: int,
+    targets: str,
+    params: int | None,
+    dropout: float,
+    qlora: bool,
+    quantized_params: int | None = None,
 ) -> LoraFacts:
     """The facts of a LoRA setup on `arch` (None: a shape-less model, where `params`
-    must be given)."""
+    must be given, and `quantized_params` under QLoRA)."""
     shapes = target_shapes(arch, targets) if arch is not None else ()
     linears = block_linears(arch) if arch is not None else {}
     layers = arch.layers if arch is not None else 0
@@ -92,7 +98,7 @@ def lora_facts(
         rank=rank,
         targets=targets,
         trainable=params if params is not None else counted,
-        quantized=quantized,
+        quantized=(quantized_params if quantized_params is not None else quantized) if qlora else 0,
         dropout=dropout,
         qlora=qlora,
         layer_shapes=shapes,

@@ -130,6 +130,18 @@ def adapter_parameter_count(model: nn.Module, config: TrainConfig) -> int:
     return total
 
 
+def four_bit_weight_count(model: nn.Module) -> int:
+    """The weights QLoRA holds in 4 bits: every linear layer's but the output head's
+    (biases stay in their dtype), counted from the shapes."""
+    heads = _head_names(model)
+    total = 0
+    for name in _linear_names(model):
+        if name not in heads:
+            base = _base_linear(model.get_submodule(name))
+            total += int(base.in_features) * int(base.out_features)
+    return total
+
+
 def is_adapter_parameter(name: str) -> bool:
     """True for a LoRA adapter's parameter name (`...lora_A.default.weight`)."""
     return ".lora_A." in name or ".lora_B." in name

@@ -340,6 +340,15 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         notes.append(f"no prediction: {type(exc).__name__}: {exc}")
     if predicted is not None and predicted.activation_bytes is None:
         notes.append(no_activation_note)
+    lora = getattr(runtime, "lora", None)
+    if lora is not None:
+        adapters, base = lora.adapter_parameters(), lora.base_parameters()
+        notes.append(
+            f"LoRA rank {lora.rank} on {len(lora.targets)} layers: {fmt_count(adapters)} "
+            f"adapter parameters train ({adapters / max(1, adapters + base):.2%} of "
+            f"{fmt_count(adapters + base)}); the base is frozen"
+            + (f", {len(lora.originals)} linear layers of it in 4-bit NF4" if lora.originals else "")
+        )
     if runtime.offload is not None and device.type == "cpu":
         notes.append(
             "activation offload on a CPU: the device is the host, so nothing moves and "

@@ -117,6 +117,29 @@ class SessionTools:
                 return run
         return None
 
+    def save_adapters(self, path: str | os.PathLike[str]) -> Any:
+        """Save the LoRA adapters alone, in peft's format (`adapter_model.safetensors`
+        and `adapter_config.json`) in directory `path` (created); returns its `Path`.
+        Runs between steps. ValueError when the session trains no adapters (the base
+        model with the adapters merged is your module, after `close()` or a switch to
+        `lora_rank=0`)."""
+        if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+            raise ValueError(f"path={path!r}: must be a directory path (str or os.PathLike)")
+        self._check_open("save adapters")
+        with self._between_steps():
+            self._apply_pending(raise_errors=False)
+            return self._rt.save_adapters(path)
+
+    def lora(self) -> dict[str, Any] | None:
+        """The LoRA adapters in numbers (`workbench.train.lora.lora_summary`: rank,
+        targets, adapter and base parameters, the trainable fraction, 4-bit layers), None
+        without LoRA."""
+        from workbench.train.lora import lora_summary
+
+        self._check_open("read the adapters")
+        with self._between_steps():
+            return lora_summary(self._rt.lora)
+
     def predict(self, config: TrainConfig | None = None) -> Any:
         """The estimator's prediction (`workbench.estimate.MemoryEstimate`) for this
         session's model and world size with `config` (default: the settings in effect),
@@ -127,21 +150,28 @@ class SessionTools:
         cfg = self._config if config is None else config
         if not isinstance(cfg, TrainConfig):
             raise ValueError(f"config={cfg!r}: must be a workbench.TrainConfig or None")
+        adapters, four_bit = self._lora_counts(cfg)
         return predict_memory(
-            cfg, self._model_description(), self.world_size, lora_params=self._lora_params(cfg)
+            cfg,
+            self._model_description(),
+            self.world_size,
+            lora_params=adapters,
+            qlora_params=four_bit,
         )
 
-    def _lora_params(self, config: TrainConfig) -> int | None:
-        """The adapters LoRA of `config` puts on this session's module (None: none, or
-        targets that pick no layer, which the session refuses anyway)."""
-        from workbench.train.lora import adapter_parameter_count
+    def _lora_counts(self, config: TrainConfig) -> tuple[int | None, int | None]:
+        """(the adapters LoRA of `config` puts on this session's module, the weights QLoRA
+        holds in 4 bits); None where not set, or for targets that pick no layer, which the
+        session refuses anyway."""
+        from workbench.train.lora import adapter_parameter_count, four_bit_weight_count
 
         if int(config.lora_rank) == 0:
-            return None
+            return None, None
         try:
-            return adapter_parameter_count(self._model, config)
+            adapters = adapter_parameter_count(self._model, config)
         except ValueError:
-            return None
+            return None, None
+        return adapters, four_bit_weight_count(self._model) if config.qlora else None
 
     def memory_advice(self) -> list[Any]:
         """The memory technique that frees the most of this session's predicted peak, as
