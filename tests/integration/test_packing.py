@@ -225,8 +225,8 @@ def test_the_estimators_mask_term_is_what_the_kernel_keeps() -> None:
                 session.close()
             measured[kernel, layout] = report.activation_bytes
             peak = report.predicted.peak
-            predicted[kernel, layout] = (
-                report.predicted_activation_bytes + peak.terms.get("document mask", 0)
+            predicted[kernel, layout] = report.predicted_activation_bytes + peak.terms.get(
+                "document mask", 0
             )
     assert predicted["eager", "packed"] - predicted["eager", "stream"] == 4 * b * s  # vocab
     sdpa_term = predicted["sdpa", "packed"] - predicted["sdpa", "stream"] - 4 * b * s

@@ -305,7 +305,8 @@ def split_documents(text: str) -> list[str]:
     lines = text.split("\n")
     heads = [i for i, line in enumerate(lines) if _NUMERAL.fullmatch(line.strip())]
     if heads:
-        parts = ["\n".join(lines[a + 1 : b]) for a, b in zip(heads, [*heads[1:], len(lines)])]
+        ends = [*heads[1:], len(lines)]
+        parts = ["\n".join(lines[a + 1 : b]) for a, b in zip(heads, ends, strict=True)]
     else:
         parts = re.split(r"\n\s*\n", text)
     return [d for d in (part.strip("\n") for part in parts) if d.strip()]
