@@ -15,6 +15,11 @@ micro-batch 8, fp32), the bound below is set from these figures:
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +30,7 @@ from workbench.config import ConfigError
 from workbench.estimate import EstimateInputError, estimate_memory
 from workbench.train.offload import ActivationOffload
 
+REPO = Path(__file__).resolve().parents[2]
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "dropout": 0.0}
 BOUND = 0.02  # measured: +0.46% (no checkpointing), +1.66% (checkpointing); see above
 STAY_BOUND = 0.04  # measured: +3.03% (the loss's int64 targets); see above
@@ -143,3 +149,91 @@ def test_on_a_gpu_the_device_holds_less_and_the_numbers_are_the_same() -> None:
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)
     saved = reports[0].cuda_max_allocated_bytes - reports[1].cuda_max_allocated_bytes
     assert saved > reports[1].offloaded_activation_bytes / 2
+
+
+# ------------------------------------------------------------------ the exported jobs
+def _run_script(script: str, cwd: Path, steps: int) -> list[dict[str, Any]]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    argv = [sys.executable, script, "--steps", str(steps)]
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "script", "settings"),
+    [
+        ("fsdp", "train_fsdp.py", {"fsdp": "full_shard"}),
+        ("deepspeed", "train_deepspeed.py", {"zero_stage": 2}),
+        ("lightning", "train_lightning.py", {}),
+    ],
+)
+def test_the_exported_jobs_train_with_it(
+    fmt: str, script: str, settings: dict[str, Any], tmp_path: Path
+) -> None:
+    """The setting travels in job.json and each script runs its forward under
+    `job_common.offloaded_activations` (on this CPU nothing moves): the job's losses are a
+    Session's with the same setting."""
+    from workbench.export import export_job
+
+    config = TrainConfig(micro_batch=4, seed=3, activation_offload=True, **settings)
+    out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=TINY)
+    assert json.loads((Path(out.out_dir) / "job.json").read_text())["activation_offload"] is True
+    lines = _run_script(script, Path(out.out_dir), steps=2)
+    assert [ln["step"] for ln in lines] == [1, 2]
+    if fmt == "lightning":
+        return  # Lightning's data parallel draws its own batches: finite losses only
+    with Session(config, model="tiny-gpt", model_options=TINY) as s:
+        records = s.run(2)
+    assert [ln["loss"] for ln in lines] == pytest.approx([r.loss for r in records], rel=1e-6)
+
+
+def test_the_jobs_parameter_rule_is_the_sessions() -> None:
+    """`job_common` keeps its own copy of the rule that skips parameters (the scripts
+    import nothing of workbench): on every tensor tiny-gpt's forward saves, under fp32 and
+    under autocast (whose weight casts are parameter-derived), the two agree."""
+    from workbench.export.job_common import from_parameter
+    from workbench.models import build_model
+    from workbench.train.offload import is_parameter_derived, parameter_storages
+
+    model = build_model("tiny-gpt", **TINY)[0]
+    ids = torch.randint(0, 60, (2, 16))
+    storages = parameter_storages(model)
+    verdicts: list[tuple[bool, bool]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        verdicts.append((is_parameter_derived(t, storages), from_parameter(t, storages)))
+        return t
+
+    for dtype in (None, torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if dtype is None:
+                model(ids)
+            else:
+                with torch.autocast("cpu", dtype=dtype):
+                    model(ids)
+    assert all(a == b for a, b in verdicts)
+    assert {a for a, _ in verdicts} == {True, False}  # both kinds were seen
+
+
+@pytest.mark.gpu
+def test_the_jobs_hooks_move_activations_on_a_gpu() -> None:
+    from workbench.export.job_common import loss_of, offload_stream
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 4))
+    model.to(device)
+    batch = (torch.randn(512, 64, device=device), torch.randint(0, 4, (512,), device=device))
+    loss_fn = torch.nn.functional.cross_entropy
+    plain = loss_of(model, batch, loss_fn)
+    plain.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    offloaded = loss_of(model, batch, loss_fn, offload_stream(True, device))
+    offloaded.backward()
+    assert torch.equal(offloaded, plain)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))

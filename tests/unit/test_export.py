@@ -87,6 +87,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
         "num_workers": 0,
         "pin_memory": False,
         "activation_checkpointing": True,
+        "activation_offload": False,
         "exported_world_size": 4,
     }
 

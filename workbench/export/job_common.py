@@ -18,6 +18,7 @@ which import it from their own folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -43,6 +44,7 @@ JOB_KEYS = (
     "num_workers",
     "pin_memory",
     "activation_checkpointing",
+    "activation_offload",
     "exported_world_size",
 )
 SCRIPT = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train"
@@ -114,6 +116,7 @@ def read_job(path: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         "num_workers": _is_int(job["num_workers"], 0, 1024),
         "pin_memory": isinstance(job["pin_memory"], bool),
         "activation_checkpointing": isinstance(job["activation_checkpointing"], bool),
+        "activation_offload": isinstance(job["activation_offload"], bool),
         "exported_world_size": _is_int(job["exported_world_size"], 1, 2**26),
     }
     for key in extra:
@@ -289,6 +292,82 @@ def checkpoint_marked_blocks(module: torch.nn.Module) -> int:
     return count
 
 
+#: autograd nodes that only view or copy a tensor (an autocast cast of a weight)
+_VIEW_OR_COPY = frozenset(
+    {"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
+     "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0",
+     "SliceBackward0", "SelectBackward0", "CloneBackward0", "ReshapeAliasBackward0"}
+)  # fmt: skip
+
+
+def from_parameter(t: torch.Tensor, storages: set[int]) -> bool:
+    """Whether a saved tensor is a parameter or buffer (`storages`), a trained leaf, or a
+    view/copy chain of one (`workbench.train.offload.is_parameter_derived`'s rule)."""
+    if (t.grad_fn is None and t.requires_grad) or t.untyped_storage().data_ptr() in storages:
+        return True
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None or type(fn).__name__ not in _VIEW_OR_COPY:
+            return False
+        nexts = [f for f, _ in fn.next_functions if f is not None]
+        if len(nexts) != 1:
+            return False
+        fn = nexts[0]
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+    return False
+
+
+class _OnHost:
+    __slots__ = ("device", "event", "host")
+
+    def __init__(self, host: torch.Tensor, event: Any, device: torch.device) -> None:
+        self.host, self.event, self.device = host, event, device
+
+
+def offloaded_activations(module: torch.nn.Module, side: Any) -> Any:
+    """The job's own copy of the Session's activation offload
+    (`workbench.train.offload`): saved-tensor hooks under which each CUDA activation the
+    forward saves (not a parameter or buffer, nor a cast of one) is copied into pinned host
+    memory on the side stream `side` (a `torch.cuda.Stream`), and brought back for the
+    backward once that copy's event is reached. On a CPU (`side` None) nothing moves."""
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        inner = getattr(t, "_local_tensor", None)
+        return inner if isinstance(inner, torch.Tensor) else t
+
+    storages = {
+        local(t).untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())
+    }
+
+    def pack(t: torch.Tensor) -> Any:
+        if side is None or t.device.type != "cuda" or from_parameter(t, storages):
+            return t
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            host = torch.empty_like(t, device="cpu", pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(side)
+        t.record_stream(side)  # its memory is not reused before the copy ends
+        return _OnHost(host, event, t.device)
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if not isinstance(packed, _OnHost):
+            return packed  # type: ignore[no-any-return]
+        torch.cuda.current_stream(packed.device).wait_event(packed.event)
+        return packed.host.to(packed.device, non_blocking=True)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def offload_stream(enabled: bool, device: torch.device) -> Any:
+    """The side stream of `activation_offload` (`enabled`) on a GPU, else None."""
+    if enabled and device.type == "cuda":
+        return torch.cuda.Stream(device)
+    return None
+
+
 def count_parameters(module: torch.nn.Module) -> int:
     """Unique parameters (a tied weight once), each at its full size: a ZeRO-3 shard by
     its `ds_numel`, an FSDP2 DTensor by its global numel (the job's copy of
@@ -353,10 +432,16 @@ def to_fp32(out: Any) -> Any:
     return out
 
 
-def loss_of(engine: Any, batch: Any, loss_fn: Any) -> torch.Tensor:
-    """The fp32 loss of one batch (the data contract in the module docstring)."""
+def loss_of(engine: Any, batch: Any, loss_fn: Any, offload: Any = None) -> torch.Tensor:
+    """The fp32 loss of one batch (the data contract in the module docstring); with
+    `offload` (`offload_stream`'s side stream) the forward keeps its saved activations in
+    host memory (`offloaded_activations`)."""
+    hooks: Any = contextlib.nullcontext()
+    if offload is not None:  # the forward's saved activations, not the loss's
+        hooks = offloaded_activations(getattr(engine, "module", engine), offload)
     if isinstance(batch, Mapping):
-        out = engine(**batch)
+        with hooks:
+            out = engine(**batch)
         if loss_fn is not None:
             return loss_fn(to_fp32(out), batch)  # type: ignore[no-any-return]
         loss = getattr(out, "loss", None)
@@ -366,7 +451,9 @@ def loss_of(engine: Any, batch: Any, loss_fn: Any) -> torch.Tensor:
             fail("the model's output has no .loss: include 'labels' or give a loss_fn")
         return loss.float()
     inputs, targets = batch
-    return loss_fn(to_fp32(engine(inputs)), targets)  # type: ignore[no-any-return]
+    with hooks:
+        out = engine(inputs)
+    return loss_fn(to_fp32(out), targets)  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------- settings (job["config"])

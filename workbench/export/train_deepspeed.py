@@ -11,8 +11,9 @@ Run it in its directory:
 gradient clipping and ZeRO settings; `job.json` what DeepSpeed JSON cannot say: the model
 (a workbench built-in name, or an importable factory "pkg.module:function" found from the
 current folder, imported only when `--model SPEC` names it too or `--trust-model-spec` is
-given: job.json alone never chooses code), its options, the seed, the number of steps, the data loader and
-activation checkpointing. This file and `job_common.py` beside it are the same for every
+given: job.json alone never chooses code), its options, the seed, the number of steps, the data loader,
+activation checkpointing and activation offload (the forward's saved activations kept in
+pinned host memory, `job_common.offloaded_activations`). This file and `job_common.py` beside it are the same for every
 job (the workbench ships them in `workbench/export/` and copies them as is). It needs
 torch and deepspeed; workbench only for a built-in model or activation checkpointing.
 
@@ -48,6 +49,7 @@ try:
         count_parameters,
         fail,
         loss_of,
+        offload_stream,
         read_job,
         read_json_file,
         single_process_env,
@@ -63,6 +65,7 @@ except ImportError:  # an exported folder without workbench installed
         count_parameters,
         fail,
         loss_of,
+        offload_stream,
         read_job,
         read_json_file,
         single_process_env,
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     # engine is built, so the job's masks are a Session's
     torch.manual_seed(int(job["seed"]))
     data = batches(job, dataset, micro, world, rank)
+    offload = offload_stream(bool(job["activation_offload"]), engine.device)
     n_params = count_parameters(engine.module)
     if rank == 0:
         start = {
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         total = torch.zeros((), device=engine.device)
         for _ in range(accum):
             batch = to_device(next(data), engine.device)
-            loss = loss_of(engine, batch, loss_fn)
+            loss = loss_of(engine, batch, loss_fn, offload)
             engine.backward(loss)
             engine.step()  # steps the optimizer at the accumulation boundary only
             total += loss.detach().float()

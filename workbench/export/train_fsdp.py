@@ -21,7 +21,9 @@ after forward, "shard_grad_op" keeps them gathered until backward, "no_shard" re
 compute (`MixedPrecisionPolicy`; fp16 adds torch's GradScaler); "bf16-true" (pure bf16)
 casts the model to bf16 before sharding (`model.to(torch.bfloat16)`: bf16 shards,
 gradients and optimizer states, no fp32 master copy; floating inputs cast to bf16);
-`offload_params="cpu"` keeps shards in host memory. Rank 0 prints one JSON line per
+`offload_params="cpu"` keeps shards in host memory; `activation_offload` the forward's
+saved activations, in pinned memory on a side stream (`job_common.offloaded_activations`,
+nothing moves on a CPU). Rank 0 prints one JSON line per
 optimizer step ({"step": ..., "loss": ...}).
 """
 
@@ -52,6 +54,7 @@ try:
         lr_multiplier,
         make_optimizer,
         marked_blocks,
+        offload_stream,
         read_job,
         single_process_env,
         to_device,
@@ -69,6 +72,7 @@ except ImportError:  # an exported folder without workbench installed
         lr_multiplier,
         make_optimizer,
         marked_blocks,
+        offload_stream,
         read_job,
         single_process_env,
         to_device,
@@ -194,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     # engine is built, so the job's masks are a Session's
     torch.manual_seed(int(job["seed"]))
     data = batches(job, dataset, micro, world, rank)
+    offload = offload_stream(bool(job["activation_offload"]), device)
     n_params = count_parameters(module)
     if rank == 0:
         start = {
@@ -220,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         total = torch.zeros((), device=device)
         for _ in range(accum):
             batch = to_device(next(data), device)
-            loss = loss_of(module, batch, loss_fn)
+            loss = loss_of(module, batch, loss_fn, offload)
             scaled = loss / accum
             if scaler is not None:
                 scaled = scaler.scale(scaled)

@@ -20,6 +20,8 @@ built-in model or activation checkpointing. Lightning's DeepSpeed and FSDP strat
 on CUDA GPUs only (the script says so and stops on a CPU); data parallel runs anywhere.
 The precision is Lightning's name for it (`PRECISION`: "amp-bf16" is "bf16-mixed", pure
 bf16 "bf16-true" is "bf16-true", Lightning's model cast to bf16 without a master copy).
+`activation_offload` runs each training step's forward under `job_common`'s offload hooks
+(saved activations in pinned host memory on a GPU; nothing moves on a CPU).
 
 Rank 0 prints one JSON line per optimizer step ({"step": ..., "loss": ...}).
 """
@@ -50,6 +52,7 @@ try:
         lr_multiplier,
         make_optimizer,
         marked_blocks,
+        offload_stream,
         read_job,
     )
 except ImportError:  # an exported folder without workbench installed
@@ -63,6 +66,7 @@ except ImportError:  # an exported folder without workbench installed
         lr_multiplier,
         make_optimizer,
         marked_blocks,
+        offload_stream,
         read_job,
     )
 
@@ -87,11 +91,14 @@ class JobModule(L.LightningModule):
         self.model = model
         self.loss_fn = loss_fn
         self.settings = config
+        self._offload: Any = None  # activation offload's side stream, made on the device
         self._t0 = time.perf_counter()
         self._losses: list[float] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        loss = loss_of(self.model, batch, self.loss_fn)
+        if self._offload is None:
+            self._offload = offload_stream(bool(self.settings["activation_offload"]), self.device)
+        loss = loss_of(self.model, batch, self.loss_fn, self._offload)
         self._losses.append(float(loss.detach()))
         return loss
 
