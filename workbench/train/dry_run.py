@@ -56,6 +56,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from workbench.config import (
+    Documents,
     FsdpMode,
     OptimizerName,
     Precision,
@@ -63,6 +64,7 @@ from workbench.config import (
     engine_for,
 )
 from workbench.display import fmt_bytes
+from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.problems import SettingProblem
 from workbench.train.attention import attention_problem, set_attention
 from workbench.train.backends.optimizer import build_optimizers
@@ -97,6 +99,7 @@ from workbench.train.dry_run_fsdp import (
 from workbench.train.dry_run_problems import DryRunError
 from workbench.train.dry_run_result import POINTS, DryRun
 from workbench.train.dry_run_step import StepPlan, measure, phase_tracker, run_steps
+from workbench.train.offload import ActivationOffload
 from workbench.train.precision import PURE_DTYPES, build_precision, cast_floating_inputs
 from workbench.train.recompute import (
     checkpointable_modules,
@@ -108,6 +111,20 @@ Progress = Callable[[str, int, int], None]
 
 #: DeepSpeed's 16-bit modes: the engine trains a copy of the module in this dtype.
 DEEPSPEED_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+
+
+def _with_documents(
+    model: Any, config: TrainConfig, options: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """The model options with `config.documents` as tiny-gpt's `documents` option, as a
+    Session builds it; DryRunError naming `documents` for any other model."""
+    from workbench.models.spec import documents_problem
+
+    documents = Documents(config.documents).value
+    problem = documents_problem(documents, model, None, None, dict(options or {}))
+    if problem is not None:
+        raise DryRunError([problem])
+    return {**(options or {}), "documents": documents} if documents != "stream" else options
 
 
 def simulate_memory(
@@ -155,6 +172,7 @@ def simulate_memory(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model_options = _with_documents(model, config, model_options)
     built = fake_model(model, model_options, fake_mode, sim_device)
     if isinstance(built, list):
         raise DryRunError(built)
@@ -202,6 +220,7 @@ def simulate_memory(
             formula=formula,
         )
     show = _progress(progress)
+    offload = ActivationOffload(sim_device, simulated=True) if config.activation_offload else None
     measured, dry = _simulate(
         fm,
         fb,
@@ -215,10 +234,13 @@ def simulate_memory(
         show,
         formula,
         fake_mode,
+        offload,
     )
     notes = _notes(
         config, fm, fb, sim_device, world_size, blocks_note, attention_note, formula_note, formula
     )
+    if offload is not None:
+        notes.append(offload_note(offload, formula))
     points = {p: dict(measured.points[p]) for p in POINTS}
     phases = {p: sum(points[p].values()) for p in POINTS}
     phase = max(POINTS, key=lambda p: phases[p])
@@ -342,9 +364,10 @@ def _simulate(
     progress: Progress | None,
     formula: Any,
     fake: Any,
+    offload: ActivationOffload | None = None,
 ) -> tuple[Any, str]:
     """Run the steps (see the module docstring); every context is closed before a
-    failure becomes a `DryRunError`."""
+    failure becomes a `DryRunError`. With `offload` the forward runs under its hooks."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -411,6 +434,9 @@ def _simulate(
                 if engine == "fsdp" or pure is not None
                 else build_precision(config, device.type).autocast
             )
+            if offload is not None:  # the saved activations' device copies dropped
+                trained = ds_engine.module if ds_engine is not None else module
+                autocast = offload.around(autocast, trained)
             scale = float(config.loss_scale_init) if precision is Precision.AMP_FP16 else 1.0
             plan = StepPlan(autocast, scale, int(config.grad_accum), config.clip_grad_norm, steps)
             grads = run_steps(
@@ -506,6 +532,17 @@ def _progress(progress: Progress | bool | None) -> Progress | None:
 
 
 # ---------------------------------------------------------------------- what it adds and says
+def offload_note(offload: ActivationOffload, formula: Any) -> str:
+    """What the dry run's last forward kept on the host, next to the formula's host term."""
+    peak = getattr(formula, "peak", None)
+    predicted = peak.host_terms.get(OFFLOADED_TERM) if peak is not None else None
+    return (
+        f"activation offload: {fmt_bytes(offload.total_moved_bytes)} of saved activations "
+        "held on the host per micro-batch, outside the device peak (the formula's "
+        f"{fmt_bytes(predicted) if predicted is not None else 'n/a'})"
+    )
+
+
 def _notes(
     config: TrainConfig,
     fm: FakeModel,

@@ -265,6 +265,9 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def expected_batch(fm: FakeModel, micro_batch: int) -> str | None:
     """What the model takes, when it is known (a built-in's sample, a transformers
     model's token ids)."""
+    if fm.kind == "built-in" and isinstance(fm.sample, Mapping):
+        shapes = ", ".join(f"{k} ({micro_batch}, {t.shape[0]})" for k, t in fm.sample.items())
+        return f"a dict of int64 {shapes}"
     if fm.kind == "built-in" and fm.sample is not None:
         x, y = fm.sample
         return (
@@ -406,12 +409,20 @@ def _made_batch(
                     "model_options={'seq_len': ...}",
                 )
             ]
-        x, y = fm.sample
-        with fake_mode:
-            value = (
-                torch.empty((micro_batch, *x.shape), dtype=x.dtype, device=device),
-                torch.empty((micro_batch, *y.shape), dtype=y.dtype, device=device),
-            )
+        if isinstance(fm.sample, Mapping):  # tiny-gpt's documents: a dict of its arguments
+            with fake_mode:
+                value = {
+                    k: torch.empty((micro_batch, *t.shape), dtype=t.dtype, device=device)
+                    for k, t in fm.sample.items()
+                }
+            x = fm.sample["idx"]
+        else:
+            x, y = fm.sample
+            with fake_mode:
+                value = (
+                    torch.empty((micro_batch, *x.shape), dtype=x.dtype, device=device),
+                    torch.empty((micro_batch, *y.shape), dtype=y.dtype, device=device),
+                )
         seq = int(x.shape[0]) if x.dim() == 1 and not x.is_floating_point() else None
         return FakeBatch(value, micro_batch, seq, f"{micro_batch} samples of its dataset", False)
     config = fm.hf_config
