@@ -323,3 +323,18 @@ def test_the_dry_run_takes_document_batches_and_measures_the_mask_term() -> None
     assert abs((peaks["packed"] - peaks["stream"]) - term) <= 0.03 * term
     with pytest.raises(ValueError, match=r"documents='packed': .*model 'mlp' has its own data"):
         simulate_memory("mlp", TrainConfig(documents="packed"), device="cpu")
+
+
+def test_compile_trains_packed_documents_as_eager_does() -> None:
+    """torch.compile of the forward takes the document batch (its keyword arguments) and
+    gives the eager losses."""
+    options = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 32}
+    losses = {}
+    for compiled in (False, True):
+        config = TrainConfig(documents="packed", compile=compiled, micro_batch=2)
+        session = Session(config, model_options=dict(options))
+        try:
+            losses[compiled] = [r.loss for r in session.run(3, progress=False)]
+        finally:
+            session.close()
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
