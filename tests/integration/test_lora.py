@@ -237,3 +237,12 @@ def test_estimator_counts_llama_2_7b_adapters_as_peft_does() -> None:
         estimate_memory(model="llama-2-7b", lora_rank=16, zero_stage=3, gpus=8)
     with pytest.raises(ValueError, match="lora_targets"):
         estimate_memory(model="llama-2-7b", lora_rank=16, lora_targets="everything")
+
+
+@pytest.mark.parametrize("format", ["lightning", "deepspeed"])
+def test_the_exported_jobs_refuse_lora_with_the_reason(format, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from workbench.export import ExportError, export_job
+
+    with pytest.raises(ExportError) as info:
+        export_job(TrainConfig(lora_rank=8), format=format, gpus=1, out_dir=tmp_path / "j")
+    assert "lora_rank=8" in str(info.value) and "train in a Session" in str(info.value)

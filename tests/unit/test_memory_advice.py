@@ -56,3 +56,23 @@ def test_nothing_left_to_switch_on_gives_no_advice() -> None:
     assert memory_advice(done, info) == []
     with pytest.raises(ValueError, match="config="):
         memory_advice("fp32", info)  # type: ignore[arg-type]
+
+
+def test_lora_is_said_for_fine_tuning_but_never_the_one_click_change() -> None:
+    """A 7B shape under amp-bf16 with checkpointing: 8-bit AdamW is the one-click change;
+    LoRA frees more (no gradients or states of the base), and the advice says so with its
+    own bytes, predicted by the same path."""
+
+    class SevenB:  # a 7B GPT-style shape, as a prediction reads it
+        n_params = 6_738_415_616
+        layers, hidden, heads, seq_len, vocab = 32, 4096, 32, 512, 32000
+
+    config = TrainConfig(precision="amp-bf16", activation_checkpointing=True, micro_batch=1)
+    (advice,) = memory_advice(config, SevenB())
+    assert "lora_rank" not in advice.apply
+    base = predict_memory(config, SevenB())
+    lora = predict_memory(config.replace(lora_rank=16), SevenB())
+    freed = base.peak_bytes - lora.peak_bytes
+    assert advice.evidence["freed_bytes"]["LoRA rank 16"] == freed
+    assert freed > max(v for k, v in advice.evidence["freed_bytes"].items() if k != "LoRA rank 16")
+    assert "if this run fine-tunes, LoRA (lora_rank=16" in advice.message

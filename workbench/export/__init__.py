@@ -437,6 +437,12 @@ def _check(
             "the exported jobs step one optimizer after backward; a Session trains it",
         ),
         (
+            "lora_rank",
+            int(config.lora_rank) > 0,
+            "the exported jobs train every parameter; LoRA adapters (peft) train in a "
+            "Session, and `session.save_adapters()` writes them for peft to load",
+        ),
+        (
             "optimizer",
             OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and format != "deepspeed",
             "the exported jobs build torch's optimizers (and DeepSpeed its own); a Session "

@@ -10,7 +10,8 @@ that lowers the peak of a step the most becomes one `Advice` ("memory-technique"
 message naming the term it shrinks and its share of the peak ("optimizer states are 38% of
 the peak (1.2 GiB): 8-bit AdamW frees 0.9 GiB, peak 3.1 GiB -> 2.2 GiB"), its `apply` the
 change a panel hands to `session.update(**apply)`; `evidence` lists every technique tried
-with the bytes it frees.
+with the bytes it frees. LoRA (`LORA_CHANGE`) is said beside it when it frees more, for
+a run that fine-tunes, but never applied in one click: it changes what trains.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("activation checkpointing", {"activation_checkpointing": True}),
     ("activation offload", {"activation_offload": True}),
 )
+
+
+#: LoRA changes what trains (adapters, the base frozen), so it is never the one-click
+#: technique; when it would free more than the best one, the advice says so for
+#: fine-tuning, with its own bytes.
+LORA_CHANGE: dict[str, Any] = {"lora_rank": 16}
 
 
 def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[Advice]:
@@ -72,6 +79,13 @@ def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[
         f"({fmt_bytes(held)}): {name} frees {fmt_bytes(freed)}, peak "
         f"{fmt_bytes(base.peak_bytes)} -> {fmt_bytes(predicted.peak_bytes)}"
     )
+    lora = _lora_freed(config, model, world_size, base.peak_bytes)
+    if lora is not None and lora > freed:
+        tried["LoRA rank 16"] = lora
+        message += (
+            f"; if this run fine-tunes, LoRA (lora_rank=16: adapters train, the base is "
+            f"frozen) frees {fmt_bytes(lora)}"
+        )
     evidence = {
         "peak_bytes": base.peak_bytes,
         "technique_peak_bytes": predicted.peak_bytes,
@@ -79,6 +93,19 @@ def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[
         "term": term,
     }
     return [Advice("memory-technique", "info", message, evidence=evidence, apply=dict(change))]
+
+
+def _lora_freed(config: TrainConfig, model: Any, world_size: int, peak: int) -> int | None:
+    """The bytes LoRA of rank 16 frees of `peak` (None: on already, or not predictable)."""
+    if int(config.lora_rank) > 0:
+        return None
+    try:
+        candidate = config.replace(**LORA_CHANGE)
+        if engine_problems(candidate, world_size):
+            return None
+        return peak - predict_memory(candidate, model, world_size).peak_bytes
+    except ValueError:  # ConfigError is one; a shape-less model predicts no adapters
+        return None
 
 
 def _same(current: Any, wanted: Any) -> bool:
