@@ -246,3 +246,16 @@ def test_the_exported_jobs_refuse_lora_with_the_reason(format, tmp_path) -> None
     with pytest.raises(ExportError) as info:
         export_job(TrainConfig(lora_rank=8), format=format, gpus=1, out_dir=tmp_path / "j")
     assert "lora_rank=8" in str(info.value) and "train in a Session" in str(info.value)
+
+
+def test_the_dry_run_refuses_lora_by_name_and_the_formula_still_answers() -> None:
+    from workbench.train.dry_run_problems import DryRunError
+
+    s = _session(lora_rank=8)
+    try:
+        with pytest.raises(DryRunError) as info:
+            s.simulate()
+    finally:
+        s.close()
+    assert [p.field for p in info.value.problems] == ["lora_rank"]
+    assert "the formula counts them" in str(info.value)

@@ -147,6 +147,17 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                     "run; the formula counts it (workbench.predict_memory)",
                 )
             )
+    if int(config.lora_rank) > 0:
+        p.append(
+            SettingProblem(
+                "lora_rank",
+                int(config.lora_rank),
+                "LoRA's adapters are put on your module by peft (and QLoRA's 4-bit base is "
+                "quantised by bitsandbytes' kernels), which the dry run's fake copy does not "
+                "do yet; the formula counts them (workbench.predict_memory), and a Session "
+                "measures them",
+            )
+        )
     optimizer = OptimizerName(config.optimizer)
     if optimizer is OptimizerName.ADAM8BIT:
         p.append(
