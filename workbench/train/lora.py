@@ -28,8 +28,10 @@ endings.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names, plain_value
+from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names
 
 #: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head).
 HEAD_NAMES = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
@@ -48,6 +50,19 @@ ADAPTER = "default"
 
 #: The settings a LoRA rebuild reads.
 LORA_FIELDS = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora"})
+
+
+#: bitsandbytes' CPU backend logs one warning, its only message, when its first import on a
+#: CPU with AVX512-bf16 finds no optional faster 4-bit kernel from the Hugging Face hub (the
+#: `kernels` package); the built-in kernel runs instead. peft imports bitsandbytes too.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def linear_4bit() -> type:
+    """bitsandbytes' `Linear4bit` (ImportError without bitsandbytes)."""
+    from bitsandbytes.nn import Linear4bit
+
+    return Linear4bit  # type: ignore[no-any-return]
 
 
 def _is_lora_layer(module: nn.Module) -> bool:
@@ -64,12 +79,8 @@ def _base_linear(module: nn.Module) -> nn.Module:
 def _linear_names(model: nn.Module) -> list[str]:
     """Names of the model's linear layers (as their base under LoRA or QLoRA)."""
     kinds: tuple[type, ...] = (nn.Linear,)
-    try:
-        from bitsandbytes.nn import Linear4bit
-
-        kinds = (nn.Linear, Linear4bit)
-    except ImportError:  # no bitsandbytes: no 4-bit layers either
-        pass
+    with contextlib.suppress(ImportError):  # no bitsandbytes: no 4-bit layers either
+        kinds = (nn.Linear, linear_4bit())
     names = []
     for name, module in model.named_modules():
         plain = isinstance(module, kinds) and not _inside_lora(model, name)
@@ -200,8 +211,7 @@ class LoraAdapters:
     def _quantize(self, config: TrainConfig, device: torch.device) -> None:
         """Every linear layer but the head as bitsandbytes' 4-bit NF4 layer; the originals
         kept in host memory."""
-        from bitsandbytes.nn import Linear4bit
-
+        Linear4bit = linear_4bit()
         heads = _head_names(self.model)
         dtype = _compute_dtype(config)
         for name in _linear_names(self.model):
@@ -302,20 +312,17 @@ def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None
     or, for QLoRA, bitsandbytes not importable; targets that pick no linear layer."""
     if int(config.lora_rank) == 0:
         return None
-    for name, module, why in (
-        ("lora_rank", "peft", "LoRA trains through peft: pip install peft"),
-        (
-            "qlora",
-            "bitsandbytes",
-            "the 4-bit base is bitsandbytes' Linear4bit: pip install bitsandbytes",
-        ),
-    ):
-        if name == "qlora" and not config.qlora:
-            continue
+    try:
+        importlib.import_module("peft")
+    except ImportError as exc:
+        why = f"LoRA trains through peft: pip install peft ({exc})"
+        return SettingProblem("lora_rank", int(config.lora_rank), why)
+    if config.qlora:
         try:
-            importlib.import_module(module)
+            linear_4bit()
         except ImportError as exc:
-            return SettingProblem(name, plain_value(getattr(config, name)), f"{why} ({exc})")
+            why = f"the 4-bit base is bitsandbytes' Linear4bit: pip install bitsandbytes ({exc})"
+            return SettingProblem("qlora", True, why)
     try:
         resolve_targets(model, str(config.lora_targets))
     except ValueError as exc:
