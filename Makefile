@@ -17,7 +17,7 @@ TORCH_CUDA_INDEX ?=
 # cached op builds are not invalidated by a second ninja on the system PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install lab test test-fast fuzz lint bench gpu-check gpu-wheels browser-deps notebooks-html clean
+.PHONY: install lab kernel test test-fast fuzz lint bench gpu-check gpu-wheels browser-deps notebooks-html clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,19 +31,31 @@ else
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet $(TORCH_CPU)
 endif
 	$(PIP) install --quiet -e ".[test]"
+	$(PIP) uninstall --quiet --yes workbench >/dev/null 2>&1 || true  # the project's former name
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# Debian's Chromium for the browser tests (Playwright drives it; no browser download).
+# Debian's Chromium for the browser tests (Playwright drives it; no browser download). An
+# ordinary user without sudo (or, with no terminal, without password-less sudo) is told the
+# one command to run as root.
 browser-deps:
 	@test -x /usr/bin/chromium || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
-	  else sudo apt-get update -q && sudo apt-get install -y -q chromium; fi; }
+	  elif command -v sudo >/dev/null 2>&1 && { sudo -n true 2>/dev/null || [ -t 0 ]; }; then \
+	    sudo apt-get update -q && sudo apt-get install -y -q chromium; \
+	  else echo "make test needs Debian's chromium (/usr/bin/chromium) for the browser tests;" \
+	    "install it once as root: apt-get install -y chromium (or: sudo apt-get install -y chromium)" >&2; \
+	    exit 1; fi; }
 
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
+
+# The .venv's Python as a kernel every Jupyter of this user lists (another JupyterLab, an
+# editor): pick "workbench (.venv)" there (workbench/kernel.py warns a kernel that is not it).
+kernel: install
+	$(PY) -m ipykernel install --user --name workbench --display-name "workbench (.venv)"
 
 test: install browser-deps
 	$(PY) -m pytest -q tests

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from workbench.kernel import check_kernel as _check_kernel
 from workbench.version import __version__
+
+_check_kernel()  # a notebook kernel from another environment than .venv is told so
 
 #: public name -> the module it lives in (imported on first use)
 _LAZY = {

@@ -1,0 +1,222 @@
+"""The package as a user installs it: `python -m build`, then the wheel in a fresh venv.
+
+The wheel and sdist are built from a copy of the working tree (the build never writes into
+the repository). The wheel with its `test` extra is installed from the package registry into
+a new virtual environment that sees neither this venv's packages nor the source tree, with
+the same torch release as this venv (a CPU build on a machine without a GPU, as `make
+install` picks). Every command then runs from a folder outside the source tree: the
+installed `workbench estimate` and `workbench export`, a 2-step Session (which reads the
+sonnets shipped as package data), `import workbench.ui`, and the extras' packages. One
+install for the module (about 2 GB, a minute or two with a warm pip cache); the venv is
+deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+NAME = PYPROJECT["project"]["name"]
+VERSION = PYPROJECT["project"]["version"]
+#: the file names setuptools gives the distribution (PEP 427/625: `-` becomes `_`)
+STEM = f"{NAME.replace('-', '_')}-{VERSION}"
+
+#: what a build copy of the working tree leaves out (local state, not sources)
+_NOT_SOURCES = shutil.ignore_patterns(
+    ".git", ".venv", ".whl", "__pycache__", "*.pyc", ".*_cache", ".hypothesis",
+    "*.egg-info", "build", "dist", "artifacts", ".ipynb_checkpoints", "checkpoints",
+)  # fmt: skip
+
+pytestmark = pytest.mark.timeout(1800)  # one registry install of torch and the extras
+
+
+@dataclass(frozen=True)
+class Installed:
+    wheel: Path
+    sdist: Path
+    venv: Path
+    outside: Path  # a folder outside the source tree, the cwd of every command
+    source: Path  # the copy the distributions were built from
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            args, capture_output=True, text=True, cwd=self.outside, env=_clean_env(),
+            timeout=timeout,
+        )  # fmt: skip
+        assert result.returncode == 0, f"{args}:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    def python(self, code: str, timeout: float = 300) -> str:
+        return self.run(str(self.venv / "bin" / "python"), "-c", code, timeout=timeout).stdout
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without anything that points at this venv or the tree."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    return env
+
+
+def _torch_requirement() -> str:
+    from importlib.metadata import version
+
+    return "torch==" + version("torch").split("+")[0]  # this venv's release, any local build
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    base = tmp_path_factory.mktemp("install")
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=_NOT_SOURCES)
+    dist = base / "dist"
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout + build.stderr
+    venv = base / "venv"
+    outside = base / "elsewhere"
+    outside.mkdir()
+    # the base interpreter, not this venv's: the new one must not see its packages
+    subprocess.run(
+        [str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(venv)],
+        check=True, timeout=300,
+    )  # fmt: skip
+    wheel = dist / f"{STEM}-py3-none-any.whl"
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+         f"{wheel}[test]", _torch_requirement()],
+        capture_output=True, text=True, cwd=outside, env=_clean_env(), timeout=1500,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    yield Installed(wheel, dist / f"{STEM}.tar.gz", venv, outside, source)
+    shutil.rmtree(venv, ignore_errors=True)  # about 2 GB
+
+
+def test_build_makes_a_wheel_and_an_sdist_under_the_free_name(installed: Installed) -> None:
+    assert NAME == "torch-workbench"  # `workbench` on the registry is an unrelated project
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        metadata = wheel.read(f"{STEM}.dist-info/METADATA").decode()
+        entry_points = wheel.read(f"{STEM}.dist-info/entry_points.txt").decode()
+        top_level = wheel.read(f"{STEM}.dist-info/top_level.txt").decode().split()
+    assert f"Name: {NAME}\n" in metadata
+    assert "Provides-Extra: test\n" in metadata
+    assert f'Requires-Dist: {NAME}[tensorboard]; extra == "test"' in metadata
+    assert "workbench = workbench.cli:main" in entry_points
+    assert top_level == ["workbench"]  # the import name stays `workbench`
+    with tarfile.open(installed.sdist) as sdist:
+        names = set(sdist.getnames())
+    for path in ("pyproject.toml", "README.md", "workbench/models/data/sonnets.txt"):
+        assert f"{STEM}/{path}" in names
+
+
+def test_the_wheel_ships_every_file_of_the_package(installed: Installed) -> None:
+    """Package data included: every file under workbench/ (modules, the sonnets, the job
+    scripts copied by `workbench export`, py.typed) is in the wheel, nothing else is."""
+    package = installed.source / "workbench"
+    on_disk = {
+        path.relative_to(installed.source).as_posix()
+        for path in package.rglob("*")
+        if path.is_file()
+    }
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        shipped = {name for name in wheel.namelist() if not name.startswith(f"{STEM}.dist-info/")}
+    assert shipped == on_disk
+    assert {"workbench/models/data/sonnets.txt", "workbench/py.typed"} <= shipped
+    assert "workbench/export/train_deepspeed.py" in shipped
+
+
+def test_the_installed_package_is_the_wheel_not_the_source_tree(installed: Installed) -> None:
+    out = installed.python(
+        "import importlib.metadata as m, workbench; "
+        f"print(workbench.__file__); print(m.version({NAME!r})); print(workbench.__version__)"
+    ).split()
+    site = installed.venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    assert Path(out[0]).is_relative_to(site / "site-packages")
+    assert out[1] == out[2] == VERSION
+
+
+def test_installed_estimate_command(installed: Installed) -> None:
+    out = installed.run(
+        str(installed.venv / "bin" / "workbench"), "estimate", "--model", "llama-2-7b"
+    ).stdout
+    assert out.startswith("llama-2-7b (6.738B parameters), fp32, adamw, ZeRO stage 0, 1 GPU")
+    assert "peak of a step" in out
+
+
+def test_installed_two_step_session_reads_the_shipped_sonnets(installed: Installed) -> None:
+    out = installed.python(
+        "import math\n"
+        "from workbench import Session, TrainConfig\n"
+        "s = Session(TrainConfig(micro_batch=2))\n"
+        "s.run(2, progress=False)\n"
+        "print(len(s.history), math.isfinite(s.history[-1].loss))\n"
+        "s.close()\n",
+        timeout=600,
+    )
+    assert out.split() == ["2", "True"]
+
+
+def test_installed_ui_imports_and_builds_an_estimator_panel(installed: Installed) -> None:
+    out = installed.python(
+        "import workbench.ui\n"
+        "from workbench import EstimatorPanel\n"
+        "print(type(EstimatorPanel()).__name__)\n"
+    )
+    assert out.split()[-1] == "EstimatorPanel"
+
+
+def test_installed_export_copies_the_shipped_job_scripts(installed: Installed) -> None:
+    job = installed.outside / "job"
+    installed.run(
+        str(installed.venv / "bin" / "workbench"), "export", "--out", str(job), "--zero", "2"
+    )
+    assert {"train_deepspeed.py", "job_common.py", "ds_config.json", "launch.sh"} <= {
+        p.name for p in job.iterdir()
+    }
+
+
+def test_the_test_extra_installs_its_packages(installed: Installed) -> None:
+    out = installed.python(
+        "import importlib.metadata as m\n"
+        "for name in ('tensorboard', 'pytest', 'hypothesis', 'nbclient', 'ipykernel',\n"
+        "             'playwright', 'transformers', 'lightning', 'build'):\n"
+        "    print(name, m.version(name))\n"
+        "import tensorboard, pytest, transformers, lightning\n"
+    )
+    assert len(out.splitlines()) == 9
+
+
+def test_environment_yml_makes_the_environment_make_install_makes() -> None:
+    """environment.yml (for conda users) pins what CI tests: the Python that the type check
+    targets, inside requires-python, and this checkout with the same `test` extra that
+    `make install` installs. (No conda here: CI checks the file against the same pins.)"""
+    import yaml
+    from packaging.specifiers import SpecifierSet
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["name"] == "workbench"
+    assert env["channels"] == ["conda-forge"]
+    deps = env["dependencies"]
+    pythons = [d for d in deps if isinstance(d, str) and d.startswith("python=")]
+    assert len(pythons) == 1
+    python = pythons[0].removeprefix("python=")
+    assert python == PYPROJECT["tool"]["mypy"]["python_version"]
+    assert f"{python}.0" in SpecifierSet(PYPROJECT["project"]["requires-python"])
+    assert "pip" in deps
+    (pip,) = [d["pip"] for d in deps if isinstance(d, dict)]
+    assert pip == ["-e .[test]"]
+    assert '$(PIP) install --quiet -e ".[test]"' in (ROOT / "Makefile").read_text()
