@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workbench.config import TrainConfig
+from workbench.config import ConfigError, SettingProblem, TrainConfig, plain_value
 from workbench.train import checkpoints as ckpt
 from workbench.train.history import RECENT_RECORDS
 from workbench.train.records import StepRecord
@@ -87,7 +87,20 @@ def resume_settings(
     if config.checkpoint_dir is not None:  # the file does not choose where to write
         config = config.replace(checkpoint_dir=str(Path(payload["path"]).parent))
     if config_changes:
+        saved_config = config
         config = config.replace(**config_changes)
+        if config.documents != saved_config.documents:
+            raise ConfigError(
+                [
+                    SettingProblem(
+                        "documents",
+                        plain_value(config.documents),
+                        f"the checkpoint was trained with documents="
+                        f"{plain_value(saved_config.documents)!r}, and the layout decides "
+                        "the samples, the data position and the vocabulary; resume with it",
+                    )
+                ]
+            )
     saved = payload.get("model") or {}
     options = None
     if model is None:
