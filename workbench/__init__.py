@@ -12,12 +12,18 @@ lists every public name (`__dir__`), and type checkers see them all (`TYPE_CHECK
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from workbench.kernel import check_kernel as _check_kernel
 from workbench.version import __version__
 
 _check_kernel()  # a notebook kernel from another environment than .venv is told so
+
+# bitsandbytes' CPU backend logs one warning, its only message, when it is first imported
+# (by QLoRA, peft or transformers) on a CPU with AVX512-bf16 and finds no optional faster
+# 4-bit kernel from the Hugging Face hub (the `kernels` package): its own kernel runs then.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 #: public name -> the module it lives in (imported on first use)
 _LAZY = {
@@ -44,6 +50,8 @@ _LAZY = {
     # what each optimization buys, measured
     "ladder": "workbench.train.ladder",
     "LadderResult": "workbench.train.ladder",
+    # a run the workbench does not own: your Trainer, Lightning or loop
+    "observe": "workbench.integrations",
     # hardware and advice
     "Sampler": "workbench.monitor",
     "advise": "workbench.advisor",
@@ -78,6 +86,7 @@ __all__ = [
     "find_max_micro_batch",
     "from_deepspeed",
     "ladder",
+    "observe",
     "predict_memory",
     "simulate_memory",
     "to_deepspeed",
@@ -89,6 +98,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.config import TrainConfig
     from workbench.deepspeed import from_deepspeed, to_deepspeed
     from workbench.estimate import MemoryEstimate, estimate_memory
+    from workbench.integrations import observe
     from workbench.modelstats import count_parameters
     from workbench.monitor import Sampler
     from workbench.prediction import predict_memory
@@ -106,7 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
 
 
 #: subpackages a user reaches as attributes (`workbench.compress.quantize(...)`)
-_SUBPACKAGES = ("compress", "estimate", "export", "monitor", "train", "ui")
+_SUBPACKAGES = ("compress", "estimate", "export", "integrations", "monitor", "train", "ui")
 
 
 def __getattr__(name: str) -> Any:

@@ -93,5 +93,14 @@ def dashboard(session: Any | None = None, sampler: Any | None = None) -> Dashboa
 
     `session=None` creates (and owns) `Session(TrainConfig(), model="tiny-gpt")`;
     `sampler=None` creates (and owns) a `Sampler`. Display the result in a notebook.
+    An `Observer` of a run you train yourself (`workbench.integrations`: a Trainer or
+    Lightning callback's `observer`, `workbench.observe()`) gets its read-only training
+    view with the monitor and the estimator (`workbench.ui.observer.ObserverDashboard`).
     """
+    from workbench.integrations.observer import Observer
+
+    if isinstance(session, Observer):
+        from workbench.ui.observer import ObserverDashboard
+
+        return ObserverDashboard(session, sampler=sampler)  # type: ignore[return-value]
     return Dashboard(session=session, sampler=sampler)

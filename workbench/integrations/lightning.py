@@ -1,0 +1,210 @@
+"""`WorkbenchLightningCallback`: a Lightning `Trainer` run recorded by an `Observer`.
+
+    cb = WorkbenchLightningCallback()
+    L.Trainer(max_steps=100, callbacks=[cb]).fit(module, loader)
+    workbench.dashboard(cb.observer)
+
+What it reads, from Lightning's hooks and objects:
+* the settings, at `on_train_start` (`settings_from_trainer`): `precision` ("32-true",
+  "bf16-mixed", "16-mixed", "bf16-true"), `accumulate_grad_batches`, `gradient_clip_val`,
+  the strategy (a `DeepSpeedStrategy`'s config through `workbench.from_deepspeed`, an
+  `FSDPStrategy`'s sharding), the train loader's `batch_size`, `num_workers` and
+  `pin_memory`, and the first optimizer's kind, learning rate and weight decay;
+* each batch at `on_train_batch_start` (after Lightning fetched it: the time since the
+  previous step ended is the wait for data) and its loss at `on_train_batch_end`
+  (`training_step`'s loss divided by `accumulate_grad_batches`, as Lightning hands it
+  back, kept on the device: the step's loss is their sum);
+* the gradient norm in `on_before_optimizer_step` (before Lightning clips), with the
+  model states' bytes on the first steps; the record is published at the end of the
+  batch whose optimizer step ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from workbench.config import ConfigError, TrainConfig
+from workbench.integrations.observer import Observer
+
+#: The workbench's settings as Lightning names them, for the advice.
+ARG_NAMES: dict[str, Any] = {
+    "micro_batch": "DataLoader(batch_size=...): batch_size=",
+    "grad_accum": "Trainer(accumulate_grad_batches=...): accumulate_grad_batches=",
+    "num_workers": "DataLoader(num_workers=...): num_workers=",
+    "pin_memory": "DataLoader(pin_memory=...): pin_memory=",
+    "clip_grad_norm": "Trainer(gradient_clip_val=...): gradient_clip_val=",
+    "lr": "your configure_optimizers: lr=",
+    "precision": {
+        "fp32": 'Trainer(precision="32-true")',
+        "amp-bf16": 'Trainer(precision="bf16-mixed")',
+        "amp-fp16": 'Trainer(precision="16-mixed")',
+        "bf16-true": 'Trainer(precision="bf16-true")',
+        "bf16": 'Trainer(precision="bf16-mixed", strategy=DeepSpeedStrategy(...))',
+        "fp16": 'Trainer(precision="16-mixed", strategy=DeepSpeedStrategy(...))',
+    },
+    "optimizer": {
+        "adam8bit": "an 8-bit AdamW in configure_optimizers (torchao.optim.AdamW8bit or "
+        "bitsandbytes.optim.AdamW8bit)",
+        "adamw": "torch.optim.AdamW in configure_optimizers",
+    },
+    "activation_checkpointing": "torch.utils.checkpoint around your blocks (or FSDPStrategy("
+    "activation_checkpointing_policy=...)): ",
+    "zero_stage": "DeepSpeedStrategy(stage=...): stage=",
+    "fsdp": "FSDPStrategy(sharding_strategy=...): ",
+}
+
+_PRECISION = {
+    "32-true": "fp32",
+    "32": "fp32",
+    "bf16-mixed": "amp-bf16",
+    "16-mixed": "amp-fp16",
+    "bf16-true": "bf16-true",
+}
+_FSDP = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard"}
+
+
+def settings_from_trainer(trainer: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(TrainConfig settings, what they were read from, notes on what could not be
+    mapped) of a running Lightning `Trainer`."""
+    read: dict[str, Any] = {}
+    notes: list[str] = []
+    settings: dict[str, Any] = {}
+    precision = str(getattr(trainer, "precision", "32-true"))
+    read["precision"] = precision
+    if precision in _PRECISION:
+        settings["precision"] = _PRECISION[precision]
+    else:
+        notes.append(f"precision={precision!r}: counted as fp32 (no mapping)")
+    settings["grad_accum"] = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    read["accumulate_grad_batches"] = settings["grad_accum"]
+    clip = getattr(trainer, "gradient_clip_val", None)
+    read["gradient_clip_val"] = clip
+    settings["clip_grad_norm"] = float(clip) if clip else None
+    loader = getattr(trainer, "train_dataloader", None)
+    for attr, name in (("batch_size", "micro_batch"), ("num_workers", "num_workers")):
+        value = getattr(loader, attr, None)
+        read[f"DataLoader.{attr}"] = value
+        if isinstance(value, int) and value >= (1 if name == "micro_batch" else 0):
+            settings[name] = value
+    settings["pin_memory"] = bool(getattr(loader, "pin_memory", False))
+    optimizers = getattr(trainer, "optimizers", None) or []
+    if optimizers:
+        opt = optimizers[0]
+        kind = type(opt).__name__.lower()
+        read["optimizer"] = type(opt).__name__
+        found = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(kind)
+        if "8bit" in kind:
+            found = "adam8bit"
+        if found is None:
+            notes.append(f"optimizer {type(opt).__name__}: counted as AdamW (no mapping)")
+        else:
+            settings["optimizer"] = found
+        group = opt.param_groups[0] if opt.param_groups else {}
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor):
+            lr = lr.item()
+        if isinstance(lr, (int, float)) and lr > 0:
+            settings["lr"] = float(lr)
+        if isinstance(group.get("weight_decay"), (int, float)):
+            settings["weight_decay"] = float(group["weight_decay"])
+        if found == "sgd" and isinstance(group.get("momentum"), (int, float)):
+            settings["momentum"] = float(group["momentum"])
+            if group["momentum"] == 0:
+                settings["optimizer"] = "sgd-nomomentum"
+                settings.pop("momentum")
+    strategy = getattr(trainer, "strategy", None)
+    name = type(strategy).__name__
+    read["strategy"] = name
+    if name == "DeepSpeedStrategy":
+        settings.update(_deepspeed(getattr(strategy, "config", None), notes))
+    elif name in ("FSDPStrategy", "ModelParallelStrategy"):
+        mode = str(getattr(getattr(strategy, "sharding_strategy", None), "name", "FULL_SHARD"))
+        settings["fsdp"] = _FSDP.get(mode, "full_shard")
+    return settings, read, notes
+
+
+def _deepspeed(config: Any, notes: list[str]) -> dict[str, Any]:
+    from workbench.deepspeed import from_deepspeed
+
+    if not isinstance(config, Mapping):
+        return {}
+    try:
+        parsed = from_deepspeed(dict(config))
+    except ValueError as exc:
+        notes.append(f"DeepSpeed config not read ({exc}); counted without")
+        return {}
+    keep = ("zero_stage", "offload_optimizer", "offload_params", "precision", "nvme_path")
+    return {k: getattr(parsed, k) for k in keep}
+
+
+class WorkbenchLightningCallback(Callback):  # type: ignore[misc]
+    """A Lightning `Callback` that records the run into `self.observer` (an `Observer`,
+    made at `on_train_start`; see the module docstring)."""
+
+    def __init__(self, *, grad_norm: bool = True) -> None:
+        if not isinstance(grad_norm, bool):
+            raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
+        self.observer: Observer | None = None
+        self._grad_norm = grad_norm
+        self._stepped = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        settings, read, notes = settings_from_trainer(trainer)
+        try:
+            config = TrainConfig(**settings)
+        except ConfigError as exc:
+            notes.append(f"settings not all mappable ({exc}); predicted with the defaults")
+            config = TrainConfig()
+        model = _inner_model(pl_module)
+        optimizers = getattr(trainer, "optimizers", None) or [None]
+        self.observer = Observer(
+            model,
+            optimizers[0],
+            config=config,
+            trainer="lightning",
+            arg_names=ARG_NAMES,
+            read_from=read,
+            notes=notes,
+            grad_norm=self._grad_norm,
+        )
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.observer is None:
+            return
+        accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        if batch_idx % accum == 0:
+            self.observer.begin_step()
+        self.observer.micro_batch(batch)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.observer is not None:
+            self.observer.before_optimizer_step(optimizer)
+            self._stepped = True
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.observer is None:
+            return
+        # Lightning hands back the loss divided by accumulate_grad_batches: the step's is
+        # the sum of its micro-batches'
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        self.observer.micro_batch(
+            loss=loss if isinstance(loss, torch.Tensor) else None, summed=True
+        )
+        if self._stepped:
+            self._stepped = False
+            self.observer.step()
+
+
+def _inner_model(pl_module: Any) -> Any:
+    """The LightningModule's wrapped model when it holds exactly one (`self.model`, the
+    common layout; what the prediction reads a shape from), else the module itself."""
+    inner = getattr(pl_module, "model", None)
+    return inner if isinstance(inner, torch.nn.Module) else pl_module

@@ -1,0 +1,478 @@
+"""`Observer`: a run the workbench does not own, recorded as the same `StepRecord` stream a
+Session publishes, next to the prediction for that run's own settings.
+
+    with workbench.observe(model, optimizer, micro_batch=8) as obs:   # a hand-written loop
+        for batch in loader:
+            loss = ...; loss.backward(); optimizer.step(); optimizer.zero_grad()
+            obs.step(loss)                       # one optimizer step done
+    workbench.dashboard(obs)                     # charts, advisor, monitor, estimator
+
+A trainer's callback (`workbench.integrations.hf`, `.lightning`) drives the same Observer
+from its hooks. Per optimizer step the record holds the loss (mean over its micro-batches),
+learning rate, samples (and tokens) per second, the step time split into the wait for data
+(where the trainer shows it) and compute, the gradient norm and loss scale where known, and
+the memory measured: CUDA's allocated / peak / reserved bytes or the process RSS each step,
+the parameters', gradients' and optimizer states' bytes counted from the tensors on the
+first steps and every `STATE_EVERY` steps after (they keep their sizes). `predict()` is the
+estimator's figure for the trainer's settings (`config`, a TrainConfig read from the
+trainer's arguments, shown read-only); `advice()` is the advisor's, each message naming the
+argument of *your* trainer to change (`arg_names`).
+
+On the hot path a step costs one host-device read (the loss, with the gradient norm when
+the observer computes it) and a few microseconds of bookkeeping: benchmarks/observe.py
+measures it against the same loop without the observer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import TrainConfig
+from workbench.train.backends.base import storage_bytes
+from workbench.train.history import History
+from workbench.train.records import Event, StepRecord
+
+#: Model-state bytes are counted on the first steps and then every this many steps.
+STATE_EVERY = 50
+
+
+class Observer:
+    """The records of a run you train yourself (see the module docstring).
+
+    `config`: the run's settings as a TrainConfig (what the prediction and the advisor
+    read; default `TrainConfig()` with `micro_batch` and `grad_accum` given), `trainer`:
+    "loop", "transformers" or "lightning", `arg_names`: a setting's name in your trainer
+    (`{"grad_accum": "gradient_accumulation_steps="}`) or a mapping from its value to
+    the argument (`{"precision": {"amp-bf16": "bf16=True"}}`), `read_from`: which of your
+    trainer's settings `config` was read from (shown), `notes`: what was assumed."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: TrainConfig | None = None,
+        trainer: str = "loop",
+        arg_names: Mapping[str, Any] | None = None,
+        read_from: Mapping[str, Any] | None = None,
+        notes: list[str] | None = None,
+        grad_norm: bool = True,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model={model!r}: must be a torch.nn.Module")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer={optimizer!r}: must be a torch.optim.Optimizer or None")
+        if config is not None and not isinstance(config, TrainConfig):
+            raise ValueError(f"config={config!r}: must be a workbench.TrainConfig or None")
+        if not isinstance(grad_norm, bool):
+            raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config or TrainConfig()
+        self.trainer = trainer
+        self.arg_names = dict(arg_names or {})
+        self.read_from = dict(read_from or {})
+        self.notes = list(notes or [])
+        self.want_grad_norm = grad_norm
+        self.history = History()
+        self.events: list[Event] = []
+        self.version = 0
+        self.device = _device_of(model)
+        self.world_size, self.rank = _world()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last_end: float | None = None
+        self._begin: float | None = None
+        self._data_s = 0.0
+        self._losses: list[torch.Tensor | float] = []
+        self._samples = 0
+        self._tokens = 0
+        self._norm: torch.Tensor | float | None = None
+        self._summed = False
+        self._step_lr: float | None = None
+        self._states: tuple[int | None, int | None, int | None] = (None, None, None)
+        self._batch: Any = None  # the first micro-batch seen: its sequence length
+        self._description: Any = None
+        self._read_memory = _memory_reader(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    # ------------------------------------------------------------------ the Session's reads
+    @property
+    def state(self) -> str:
+        return "closed" if self._closed else "running"
+
+    def records_since(self, index: int) -> list[StepRecord]:
+        """Records published after the first `index` (a panel's cursor), as a Session's."""
+        with self._lock:
+            return self.history.since(index)
+
+    def records(self) -> list[StepRecord]:
+        with self._lock:
+            return list(self.history)
+
+    # ------------------------------------------------------------------ the hooks
+    def begin_step(self) -> None:
+        """The first micro-batch of an optimizer step is in hand: the time since the last
+        step ended was the wait for data (and the trainer's own work between steps)."""
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self._data_s += now - self._last_end
+        self._begin = now
+
+    def micro_batch(
+        self, batch: Any = None, loss: torch.Tensor | float | None = None, *, summed: bool = False
+    ) -> None:
+        """One micro-batch of the step: its batch (samples and tokens counted from it)
+        and/or its loss (kept on the device until the step ends). `summed`: the loss is
+        this micro-batch's share of the step's (normalised by the step's token count, as
+        a transformers model given `num_items_in_batch` returns it), so the step's loss is
+        the sum of the shares, not their mean."""
+        self._summed = self._summed or summed
+        if batch is not None:
+            samples, tokens = _batch_size(batch)
+            self._samples += samples
+            self._tokens += tokens
+            if self._batch is None:
+                self._batch = batch
+        if loss is not None:
+            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """The gradients are ready: their total norm (on the device, read with the loss at
+        the step's end) when the observer computes it, and the model states' bytes on the
+        first steps."""
+        if optimizer is not None:
+            self.optimizer = optimizer
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        self._step_lr = self._lr()  # before the scheduler moves it
+        if self.want_grad_norm and params:
+            self._norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # type: ignore[misc]
+        step = self.history.total + 1
+        if step <= 2 or step % STATE_EVERY == 0:
+            self._states = (
+                storage_bytes(self.model.parameters()),
+                storage_bytes(p.grad for p in params),
+                None,
+            )
+
+    def step(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        samples: int | None = None,
+        tokens: int | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+        scale: float | None = None,
+        skipped: bool = False,
+        batch: Any = None,
+    ) -> StepRecord:
+        """One optimizer step ended: publish its record. `loss` (this step's, or the last
+        micro-batch's when `micro_batch()` was not called), `samples`/`tokens` (default:
+        counted from the batches given, else the config's micro_batch x grad_accum),
+        `lr` (default: the optimizer's first group's), `grad_norm` and `scale` when your
+        trainer knows them."""
+        if self._closed:
+            raise RuntimeError("observer: closed; create a new one with workbench.observe()")
+        now = time.perf_counter()
+        if batch is not None:
+            self.micro_batch(batch)
+        if loss is not None:
+            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        loss_value, norm = self._read_values(grad_norm)  # the step's one host-device read
+        start = self._last_end if self._last_end is not None else self._begin
+        step_s = now - start if start is not None else 0.0
+        data_s = min(self._data_s, step_s)
+        n = samples if samples is not None else (self._samples or self._config_samples())
+        t = tokens if tokens is not None else (self._tokens or None)
+        states = self._states
+        if states[0] is not None and self.optimizer is not None:
+            step = self.history.total + 1
+            if step <= 2 or step % STATE_EVERY == 0:
+                opt = storage_bytes(
+                    v
+                    for st in self.optimizer.state.values()
+                    for v in st.values()
+                    if isinstance(v, torch.Tensor)
+                )
+                states = self._states = (states[0], states[1], opt)
+        mem = self._read_memory()
+        cfg = self.config
+        record = StepRecord.from_fields(
+            {
+                "step": self.history.total + 1,
+                "micro_steps": max(1, len(self._losses)),
+                "loss": float(loss_value),
+                "samples_per_s": n / step_s if step_s > 0 else 0.0,
+                "tokens_per_s": t / step_s if t and step_s > 0 else None,
+                "step_seconds": step_s,
+                "data_seconds": data_s,
+                "compute_seconds": step_s - data_s,
+                "lr": float(lr) if lr is not None else self._step_lr_or_now(),
+                "grad_norm": norm,
+                "scale": scale,
+                "skipped": bool(skipped),
+                "precision": str(cfg.precision),
+                "micro_batch": int(cfg.micro_batch),
+                "grad_accum": int(cfg.grad_accum),
+                "zero_stage": int(cfg.zero_stage),
+                "fsdp": str(getattr(cfg.fsdp, "value", cfg.fsdp)),
+                "world_size": self.world_size,
+                "rank": self.rank,
+                "clip_grad_norm": cfg.clip_grad_norm,
+                "activation_checkpointing": bool(cfg.activation_checkpointing),
+                "num_workers": int(cfg.num_workers),
+                "changes": {},
+                "warmup": self.history.total == 0,
+                "params_bytes": states[0],
+                "grads_bytes": states[1],
+                "optimizer_bytes": states[2],
+                "cuda_allocated_bytes": mem[0],
+                "cuda_max_allocated_bytes": mem[1],
+                "cuda_reserved_bytes": mem[2],
+                "rss_bytes": mem[3],
+                "gpu_util_percent": None,
+                "gpu_memory_used_bytes": None,
+                "cpu_util_percent": None,
+                "loss_parts": None,
+                "wall_time": time.time(),
+            }
+        )
+        with self._lock:
+            self.history.append(record)
+            self.version += 1
+        self._losses, self._samples, self._tokens, self._norm = [], 0, 0, None
+        self._summed, self._step_lr = False, None
+        self._data_s = 0.0
+        self._last_end = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return record
+
+    def replace_last(self, **values: Any) -> None:
+        """Fill in what the trainer tells after the step (its logged grad norm)."""
+        import dataclasses
+
+        with self._lock:
+            if not self.history.total:
+                return
+            last = self.history._recent[-1]  # noqa: SLF001 - the newest record, kept in full
+            self.history._recent[-1] = dataclasses.replace(last, **values)  # noqa: SLF001
+            self.version += 1
+
+    def _read_values(self, grad_norm: float | None) -> tuple[float, float | None]:
+        """(the step's loss: the mean of its micro-batches' or their sum when `summed`;
+        the computed gradient norm or `grad_norm`), the device values in one read."""
+        tensors = [v.float().reshape(()) for v in self._losses if isinstance(v, torch.Tensor)]
+        floats = [float(v) for v in self._losses if not isinstance(v, torch.Tensor)]
+        norm = self._norm if grad_norm is None else grad_norm
+        if tensors:
+            device = tensors[0].device
+            read = [torch.stack([t.to(device) for t in tensors]).sum()]
+            if isinstance(norm, torch.Tensor):
+                read.append(norm.float().to(device))
+            got = torch.stack(read).tolist()  # host waits for the device here, once
+            total = got[0] + sum(floats)
+            if isinstance(norm, torch.Tensor):
+                norm = got[1]
+        elif floats:
+            total = sum(floats)
+        else:
+            return math.nan, float(norm) if norm is not None else None
+        count = len(tensors) + len(floats)
+        loss = total if self._summed else total / count
+        return float(loss), float(norm) if norm is not None else None
+
+    def _step_lr_or_now(self) -> float:
+        return self._step_lr if self._step_lr is not None else self._lr()
+
+    def _lr(self) -> float:
+        if self.optimizer is None or not self.optimizer.param_groups:
+            return math.nan
+        lr = self.optimizer.param_groups[0].get("lr", math.nan)
+        return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+
+    def _config_samples(self) -> int:
+        return int(self.config.micro_batch) * int(self.config.grad_accum)
+
+    # ------------------------------------------------------------------ predicted, advised
+    def description(self) -> Any:
+        """The model as the prediction reads it: a `transformers` model's shape at the
+        batches' sequence length, else its parameter count."""
+        if self._description is None:
+            from workbench.modelstats import count_parameters
+            from workbench.train.session_tools import module_description
+
+            description: Any = count_parameters(self.model)
+            if callable(getattr(getattr(self.model, "config", None), "to_dict", None)):
+                description = module_description(self.model, self._batch) or description
+            self._description = description
+        return self._description
+
+    def predict(self, config: TrainConfig | None = None) -> Any:
+        """The estimator's figure for this run's settings (or `config`'s), from
+        `workbench.predict_memory`; raises ValueError when it cannot predict them."""
+        from workbench.prediction import predict_memory
+
+        return predict_memory(config or self.config, self.description(), self.world_size)
+
+    def advice(self, samples: Any = None) -> list[Any]:
+        """The advisor's advice on the records (and `samples` of a `Sampler`), plus the
+        memory technique that frees the most of the predicted peak; each message ends with
+        the argument of your trainer to change, and none applies by itself (`apply` is
+        kept in `evidence["workbench_change"]`)."""
+        import dataclasses
+
+        from workbench.advisor import advise
+        from workbench.train.memory_advice import memory_advice
+
+        found = advise(self.records()[-500:], samples=samples, config=self.config)
+        with contextlib.suppress(ValueError):
+            found += memory_advice(self.config, self.description(), self.world_size)
+        out = []
+        for a in found:
+            change = a.apply or {}
+            message = a.message
+            if change:
+                message += f" → in your {self.trainer_name}: {self.say(change)}"
+            evidence = {**(a.evidence or {}), "workbench_change": dict(change)}
+            out.append(dataclasses.replace(a, message=message, apply=None, evidence=evidence))
+        return out
+
+    @property
+    def trainer_name(self) -> str:
+        return {
+            "transformers": "TrainingArguments",
+            "lightning": "Lightning Trainer",
+        }.get(self.trainer, "loop")
+
+    def say(self, change: Mapping[str, Any]) -> str:
+        """A settings change in your trainer's words (`arg_names`), the workbench's
+        names where your trainer has none."""
+        parts = []
+        for name, value in change.items():
+            plain = getattr(value, "value", value)
+            named = self.arg_names.get(name)
+            if isinstance(named, Mapping):
+                parts.append(str(named.get(plain, f"{name}={fmt_value(plain)}")))
+            elif isinstance(named, str):
+                parts.append(f"{named}{fmt_value(plain)}")
+            else:
+                parts.append(f"{name}={fmt_value(plain)} (the workbench's name)")
+        return ", ".join(parts)
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> Observer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Observer({self.trainer}, {self.history.total} steps, "
+            f"{self.config.precision}, micro-batch {self.config.micro_batch})"
+        )
+
+
+@contextlib.contextmanager
+def observe(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    micro_batch: int | None = None,
+    grad_accum: int = 1,
+    config: TrainConfig | None = None,
+    grad_norm: bool = True,
+) -> Iterator[Observer]:
+    """Observe a hand-written loop: call `obs.step(loss)` after each optimizer step
+    (`obs.begin_step()` when a step's first batch is in hand, to split off the data wait;
+    `obs.micro_batch(batch, loss)` per micro-batch under accumulation; otherwise the
+    gradient norm is read from the gradients left when `step()` runs, before
+    `zero_grad()`). `micro_batch` / `grad_accum` (or a whole `config`) describe the run
+    for the prediction."""
+    if config is None:
+        settings: dict[str, Any] = {"grad_accum": grad_accum}
+        if micro_batch is not None:
+            settings["micro_batch"] = micro_batch
+        config = TrainConfig(**settings)
+    obs = _LoopObserver(model, optimizer, config=config, grad_norm=grad_norm)
+    try:
+        yield obs
+    finally:
+        obs.close()
+
+
+class _LoopObserver(Observer):
+    """A hand-written loop's observer: when no `before_optimizer_step()` came, the
+    gradients left when `step()` runs (before your `zero_grad()`) are read there."""
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        self._prepared = True
+        super().before_optimizer_step(optimizer)
+
+    def step(self, loss: torch.Tensor | float | None = None, **kwargs: Any) -> StepRecord:
+        if not getattr(self, "_prepared", False) and any(
+            p.grad is not None for p in self.model.parameters()
+        ):
+            super().before_optimizer_step()
+        self._prepared = False
+        return super().step(loss, **kwargs)
+
+
+def fmt_value(v: Any) -> str:
+    """A setting's value as an argument writes it (floats without trailing zeros, text
+    quoted)."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, str):
+        return repr(v)
+    return str(v)
+
+
+def _batch_size(batch: Any) -> tuple[int, int]:
+    """(samples, tokens) of a batch: its token ids' shape (a dict's `input_ids`, a tuple's
+    first tensor), tokens only for integer ids."""
+    ids = batch
+    if isinstance(batch, Mapping):
+        ids = batch.get("input_ids", next(iter(batch.values()), None))
+    elif isinstance(batch, (tuple, list)) and batch:
+        ids = batch[0]
+    if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
+        samples = int(ids.shape[0])
+        tokens = int(ids.numel()) if not ids.is_floating_point() and ids.dim() == 2 else 0
+        return samples, tokens
+    return 0, 0
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _memory_reader(device: torch.device) -> Any:
+    """(CUDA allocated, peak, reserved, host RSS) bytes, None where not measured: the
+    Session's reader (RSS from /proc/self/statm through a kept descriptor on Linux)."""
+    from workbench.train.runtime import _memory_reader as reader
+
+    return reader(device)
