@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import logging
 import os
 import re
 from pathlib import Path
@@ -50,12 +49,6 @@ ADAPTER = "default"
 
 #: The settings a LoRA rebuild reads.
 LORA_FIELDS = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora"})
-
-
-#: bitsandbytes' CPU backend logs one warning, its only message, when its first import on a
-#: CPU with AVX512-bf16 finds no optional faster 4-bit kernel from the Hugging Face hub (the
-#: `kernels` package); the built-in kernel runs instead. peft imports bitsandbytes too.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def linear_4bit() -> type:
