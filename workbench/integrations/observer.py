@@ -98,6 +98,7 @@ class Observer:
         self._norm: torch.Tensor | float | None = None
         self._summed = False
         self._step_lr: float | None = None
+        self._params: list[nn.Parameter] | None = None
         self._states: tuple[int | None, int | None, int | None] = (None, None, None)
         self._batch: Any = None  # the first micro-batch seen: its sequence length
         self._description: Any = None
@@ -152,17 +153,15 @@ class Observer:
         first steps."""
         if optimizer is not None:
             self.optimizer = optimizer
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self._params is None:  # the module's parameters, listed once (about 100 us)
+            self._params = list(self.model.parameters())
+        grads = [p.grad for p in self._params if p.grad is not None]
         self._step_lr = self._lr()  # before the scheduler moves it
-        if self.want_grad_norm and params:
-            self._norm = torch.nn.utils.get_total_norm([p.grad for p in params])  # type: ignore[misc]
+        if self.want_grad_norm and grads:
+            self._norm = _total_norm(grads)
         step = self.history.total + 1
         if step <= 2 or step % STATE_EVERY == 0:
-            self._states = (
-                storage_bytes(self.model.parameters()),
-                storage_bytes(p.grad for p in params),
-                None,
-            )
+            self._states = (storage_bytes(self._params), storage_bytes(grads), None)
 
     def step(
         self,
@@ -424,12 +423,21 @@ class _LoopObserver(Observer):
         super().before_optimizer_step(optimizer)
 
     def step(self, loss: torch.Tensor | float | None = None, **kwargs: Any) -> StepRecord:
-        if not getattr(self, "_prepared", False) and any(
-            p.grad is not None for p in self.model.parameters()
-        ):
+        if self._params is None:
+            self._params = list(self.model.parameters())
+        if not getattr(self, "_prepared", False) and any(p.grad is not None for p in self._params):
             super().before_optimizer_step()
         self._prepared = False
         return super().step(loss, **kwargs)
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The total 2-norm of `grads` on the device: one foreach kernel when they share a
+    device and dtype (as the Session's plain loop computes it), torch's grouping else."""
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    return torch.nn.utils.get_total_norm(grads)
 
 
 def fmt_value(v: Any) -> str:

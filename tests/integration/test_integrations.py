@@ -1,0 +1,257 @@
+"""Observing runs the workbench does not own: a real Hugging Face `Trainer`, a real Lightning
+`Trainer` and a hand-written loop, each recorded as StepRecords whose losses equal the
+trainer's own, next to the prediction for the trainer's settings, with advice naming the
+trainer's argument, and shown by `workbench.dashboard(observer)`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import workbench
+from workbench.integrations import Observer, observe
+
+VOCAB = 128
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, n: int = 48, seq: int = 32) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, VOCAB, (n, seq), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def _gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config)
+
+
+def _hf_run(tmp_path, **args):  # type: ignore[no-untyped-def]
+    from transformers import Trainer, TrainingArguments
+
+    from workbench.integrations import WorkbenchTrainerCallback
+
+    settings = {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 5,
+        "logging_steps": 1,
+        "report_to": [],
+        "save_strategy": "no",
+        "use_cpu": True,
+        "disable_tqdm": True,
+        **args,
+    }
+    callback = WorkbenchTrainerCallback()
+    trainer = Trainer(
+        model=_gpt2(),
+        args=TrainingArguments(output_dir=str(tmp_path / "out"), **settings),
+        train_dataset=Tokens(),
+        callbacks=[callback],
+    )
+    trainer.train()
+    assert callback.observer is not None
+    return trainer, callback.observer
+
+
+def test_a_transformers_trainer_run_is_recorded_with_its_own_losses(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    trainer, obs = _hf_run(tmp_path)
+    records = obs.records()
+    logged = [e for e in trainer.state.log_history if "loss" in e]
+    assert [r.step for r in records] == [1, 2, 3, 4, 5]
+    # the step's loss is the Trainer's (it normalises each micro-batch by the step's tokens)
+    assert [r.loss for r in records] == pytest.approx([e["loss"] for e in logged], rel=1e-4)
+    assert [r.grad_norm for r in records] == pytest.approx([e["grad_norm"] for e in logged])
+    assert [r.lr for r in records] == pytest.approx([e["learning_rate"] for e in logged])
+    assert all(r.micro_steps == 2 and r.micro_batch == 4 and r.grad_accum == 2 for r in records)
+    # 4 x 2 samples of 32 tokens each step
+    last = records[-1]
+    assert last.tokens_per_s == pytest.approx(last.samples_per_s * 32)
+    assert last.samples_per_s == pytest.approx(8 / last.step_seconds)
+    assert 0 <= last.data_seconds <= last.step_seconds
+    assert last.rss_bytes and last.rss_bytes > 0
+    # measured model states next to the prediction for the Trainer's own settings
+    predicted = obs.predict()
+    assert last.params_bytes == predicted.params_bytes
+    assert last.grads_bytes == predicted.grads_bytes
+    assert predicted.activation_bytes is not None  # the GPT-2 shape at the batches' length
+    assert obs.read_from["gradient_accumulation_steps"] == 2
+    assert obs.config.clip_grad_norm == 1.0  # max_grad_norm's default
+
+
+def test_trainer_arguments_map_onto_the_workbench_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from transformers import TrainingArguments
+
+    from workbench.integrations.hf import settings_from_args
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=4,
+        bf16=True,
+        use_cpu=True,
+        gradient_checkpointing=True,
+        dataloader_num_workers=2,
+        max_grad_norm=0.0,
+        optim="adamw_torch",
+        report_to=[],
+    )
+    settings, read, notes = settings_from_args(args)
+    config = workbench.TrainConfig(**settings)
+    assert (config.micro_batch, config.grad_accum, str(config.precision)) == (16, 4, "amp-bf16")
+    assert config.activation_checkpointing and config.num_workers == 2
+    assert config.clip_grad_norm is None and str(config.optimizer) == "adamw"
+    assert read["bf16"] is True and notes == []
+    ds = {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "bf16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+    }
+    from workbench.integrations.hf import _from_deepspeed
+
+    out = _from_deepspeed(ds, settings, notes)
+    assert out["zero_stage"] == 3 and str(out["offload_optimizer"]) == "cpu"
+
+
+def test_the_advice_names_the_trainers_argument_and_applies_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, obs = _hf_run(tmp_path, max_steps=2)
+    advice = obs.advice()
+    memory = [a for a in advice if a.id == "memory-technique"]
+    assert memory, [a.message for a in advice]
+    (a,) = memory
+    assert a.apply is None
+    assert a.evidence["workbench_change"] == {"optimizer": "adam8bit"}
+    assert 'in your TrainingArguments: optim="adamw_bnb_8bit"' in a.message
+
+
+def test_a_lightning_trainer_run_is_recorded_with_its_own_losses() -> None:
+    import lightning as L
+
+    from workbench.integrations import WorkbenchLightningCallback
+    from workbench.models import build_model
+
+    model, data, loss_fn, _ = build_model("tiny-gpt", layers=2, hidden=64, heads=4, seq_len=32)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.losses: list[float] = []
+
+        def training_step(self, batch, i):  # type: ignore[no-untyped-def]
+            x, y = batch
+            loss = loss_fn(self.model(x), y)
+            self.losses.append(loss.detach().item())
+            return loss
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.0)
+
+    callback = WorkbenchLightningCallback()
+    module = Module()
+    trainer = L.Trainer(
+        max_steps=4,
+        accumulate_grad_batches=2,
+        precision="bf16-mixed",
+        gradient_clip_val=1.0,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    obs = callback.observer
+    assert obs is not None
+    records = obs.records()
+    assert [r.step for r in records] == [1, 2, 3, 4]
+    expected = [sum(module.losses[i : i + 2]) / 2 for i in range(0, 8, 2)]
+    assert [r.loss for r in records] == pytest.approx(expected, rel=1e-2)  # bf16 rounding
+    assert str(obs.config.precision) == "amp-bf16" and obs.config.grad_accum == 2
+    assert obs.config.micro_batch == 4 and obs.config.lr == 1e-3
+    assert all(r.grad_norm is not None and math.isfinite(r.grad_norm) for r in records)
+    assert records[-1].params_bytes == obs.predict().params_bytes
+    advice = obs.advice()
+    assert all(a.apply is None for a in advice)
+    text = obs.say({"grad_accum": 8, "precision": "bf16-true"})
+    assert text == (
+        "Trainer(accumulate_grad_batches=...): accumulate_grad_batches=8, "
+        'Trainer(precision="bf16-true")'
+    )
+
+
+def test_a_hand_written_loop_is_observed() -> None:
+    from workbench.models import build_model
+
+    model, data, loss_fn, _ = build_model("tiny-gpt", layers=2, hidden=64, heads=4, seq_len=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    losses = []
+    with observe(model, optimizer, micro_batch=4) as obs:
+        for i, (x, y) in enumerate(loader):
+            obs.begin_step()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            optimizer.step()
+            obs.step(loss, batch=x)
+            optimizer.zero_grad()
+            losses.append((float(loss), float(norm)))
+            if i == 3:
+                break
+    records = obs.records()
+    assert [r.loss for r in records] == pytest.approx([a for a, _ in losses])
+    assert [r.grad_norm for r in records] == pytest.approx([b for _, b in losses], rel=1e-5)
+    assert records[-1].tokens_per_s == pytest.approx(records[-1].samples_per_s * 32)
+    assert obs.state == "closed"
+    with pytest.raises(RuntimeError, match="closed"):
+        obs.step(1.0)
+    assert "(the workbench's name)" in obs.say({"grad_accum": 4})
+
+
+def test_bad_observer_arguments_name_the_field() -> None:
+    with pytest.raises(ValueError, match="model=3: must be a torch.nn.Module"):
+        Observer(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="optimizer='sgd': must be a torch.optim.Optimizer"):
+        Observer(torch.nn.Linear(2, 2), "sgd")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="grad_norm='yes': must be True or False"):
+        Observer(torch.nn.Linear(2, 2), grad_norm="yes")  # type: ignore[arg-type]
+
+
+def test_the_dashboard_of_an_observed_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, obs = _hf_run(tmp_path, max_steps=3)
+    d = workbench.dashboard(obs)
+    try:
+        d.training.refresh(draw_now=True)
+        assert d.training.chart_data()["loss"] == pytest.approx([r.loss for r in obs.records()])
+        bars = d.training.memory_chart_data()
+        assert bars["labels"][:2] == ["parameters", "gradients"]
+        assert bars["measured"][0] == pytest.approx(bars["predicted"][0])
+        assert "gradient_accumulation_steps" in d.training.settings_html.value
+        assert "observing your TrainingArguments" in d.training.status.value
+        assert d.tabs.titles == ("Observed run", "Hardware monitor", "Memory estimator")
+        assert d.estimator.read_inputs()[0]["micro_batch"] == 4  # the estimator opens on the run
+        assert d.snapshot_png()[:4] == b"\x89PNG"
+    finally:
+        d.close()
