@@ -49,8 +49,11 @@ browser-deps:
 	    "install it once as root: apt-get install -y chromium (or: sudo apt-get install -y chromium)" >&2; \
 	    exit 1; fi; }
 
+# Serves notebooks/ on 127.0.0.1 only; the browser and the URL it prints (with its token) open
+# the start notebook.
 lab: install
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) \
+	  --ServerApp.root_dir=notebooks --LabApp.default_url=/lab/tree/00_start_here.ipynb
 
 # The .venv's Python as a kernel every Jupyter of this user lists (another JupyterLab, an
 # editor): pick "workbench (.venv)" there (workbench/kernel.py warns a kernel that is not it).

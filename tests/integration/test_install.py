@@ -13,18 +13,24 @@ deleted afterwards.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
-import tomllib
+import time
+import urllib.error
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -220,3 +226,47 @@ def test_environment_yml_makes_the_environment_make_install_makes() -> None:
     (pip,) = [d["pip"] for d in deps if isinstance(d, dict)]
     assert pip == ["-e .[test]"]
     assert '$(PIP) install --quiet -e ".[test]"' in (ROOT / "Makefile").read_text()
+
+
+#: the URL `make lab` prints: the start notebook, with the server's token
+LAB_URL = re.compile(
+    r"http://127\.0\.0\.1:(\d+)/lab/tree/00_start_here\.ipynb\?token=([0-9a-f]{32,})"
+)
+
+
+def test_make_lab_prints_the_url_with_its_token_and_opens_the_start_notebook(
+    tmp_path: Path,
+) -> None:
+    """`make lab` as this user (root or not): the URL it prints and the one it gives the
+    browser ($BROWSER, a recorder here) open notebooks/00_start_here.ipynb with the token."""
+    opened = tmp_path / "opened"
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" >> {opened}\n')
+    browser.chmod(0o755)
+    env = {**_clean_env(), "BROWSER": str(browser), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+    log = tmp_path / "lab.log"
+    with log.open("w") as out:
+        lab = subprocess.Popen(
+            ["make", "--no-print-directory", "lab"], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (match := LAB_URL.search(log.read_text())) or not opened.exists():
+            assert lab.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        port, token = match.groups()
+        # the browser gets a local redirect page to the same URL
+        page = Path(opened.read_text().split()[0].removeprefix("file://")).read_text()
+        assert match.group(0) in page
+        base = f"http://127.0.0.1:{port}/api/contents/00_start_here.ipynb"
+        with urllib.request.urlopen(f"{base}?token={token}", timeout=30) as reply:
+            notebook = json.load(reply)
+        assert notebook["type"] == "notebook" and notebook["path"] == "00_start_here.ipynb"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(base, timeout=30)  # no token: refused
+        assert refused.value.code == 403
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=60)
