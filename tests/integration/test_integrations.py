@@ -255,3 +255,21 @@ def test_the_dashboard_of_an_observed_run(tmp_path) -> None:  # type: ignore[no-
         assert d.snapshot_png()[:4] == b"\x89PNG"
     finally:
         d.close()
+
+
+def test_a_loss_scale_is_read_with_the_loss() -> None:
+    """fp16's GradScaler (on CPU too): the record's scale is the scaler's, read from its
+    tensor in the step's one read."""
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+    with observe(model, optimizer, micro_batch=4) as obs:
+        for _ in range(3):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            obs.step(loss, scale=scaler._scale)
+            optimizer.zero_grad()
+            assert obs.records()[-1].scale == scaler.get_scale()
+    assert [r.scale for r in obs.records()] == [2048.0, 4096.0, 8192.0]

@@ -227,7 +227,10 @@ class WorkbenchTrainerCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.observer is None:
             return
-        self.observer.step()  # the lr read before the optimizer step, as the Trainer logs it
+        # the lr was read before the optimizer step, as the Trainer logs it; fp16's loss
+        # scale from accelerate's GradScaler (its tensor, read with the loss)
+        scaler = getattr(kwargs.get("optimizer"), "scaler", None)
+        self.observer.step(scale=getattr(scaler, "_scale", None))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         norm = (logs or {}).get("grad_norm")

@@ -200,7 +200,9 @@ class WorkbenchLightningCallback(Callback):  # type: ignore[misc]
         )
         if self._stepped:
             self._stepped = False
-            self.observer.step()
+            # 16-mixed's loss scale from Lightning's GradScaler (its tensor, read with the loss)
+            scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+            self.observer.step(scale=getattr(scaler, "_scale", None))
 
 
 def _inner_model(pl_module: Any) -> Any:

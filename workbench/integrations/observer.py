@@ -171,7 +171,7 @@ class Observer:
         tokens: int | None = None,
         lr: float | None = None,
         grad_norm: float | None = None,
-        scale: float | None = None,
+        scale: float | torch.Tensor | None = None,
         skipped: bool = False,
         batch: Any = None,
     ) -> StepRecord:
@@ -187,7 +187,7 @@ class Observer:
             self.micro_batch(batch)
         if loss is not None:
             self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        loss_value, norm = self._read_values(grad_norm)  # the step's one host-device read
+        loss_value, norm, scale = self._read_values(grad_norm, scale)  # one host read
         start = self._last_end if self._last_end is not None else self._begin
         step_s = now - start if start is not None else 0.0
         data_s = min(self._data_s, step_s)
@@ -268,28 +268,37 @@ class Observer:
             self.history._recent[-1] = dataclasses.replace(last, **values)  # noqa: SLF001
             self.version += 1
 
-    def _read_values(self, grad_norm: float | None) -> tuple[float, float | None]:
+    def _read_values(
+        self, grad_norm: float | None, scale: Any
+    ) -> tuple[float, float | None, float | None]:
         """(the step's loss: the mean of its micro-batches' or their sum when `summed`;
-        the computed gradient norm or `grad_norm`), the device values in one read."""
+        the computed gradient norm or `grad_norm`; the loss scale, a float or a scaler's
+        scale tensor), the device values in one read."""
         tensors = [v.float().reshape(()) for v in self._losses if isinstance(v, torch.Tensor)]
         floats = [float(v) for v in self._losses if not isinstance(v, torch.Tensor)]
         norm = self._norm if grad_norm is None else grad_norm
-        if tensors:
-            device = tensors[0].device
-            read = [torch.stack([t.to(device) for t in tensors]).sum()]
-            if isinstance(norm, torch.Tensor):
-                read.append(norm.float().to(device))
+        extra = [v for v in (norm, scale) if isinstance(v, torch.Tensor)]
+        total = math.nan
+        if tensors or extra:
+            device = (tensors or extra)[0].device
+            read = [torch.stack([t.to(device) for t in tensors]).sum()] if tensors else []
+            read += [v.float().reshape(()).to(device) for v in extra]
             got = torch.stack(read).tolist()  # host waits for the device here, once
-            total = got[0] + sum(floats)
+            if tensors:
+                total = got.pop(0) + sum(floats)
             if isinstance(norm, torch.Tensor):
-                norm = got[1]
-        elif floats:
+                norm = got.pop(0)
+            if isinstance(scale, torch.Tensor):
+                scale = got.pop(0)
+        if not tensors and floats:
             total = sum(floats)
-        else:
-            return math.nan, float(norm) if norm is not None else None
         count = len(tensors) + len(floats)
-        loss = total if self._summed else total / count
-        return float(loss), float(norm) if norm is not None else None
+        loss = total if self._summed or not count else total / count
+        return (
+            float(loss),
+            float(norm) if norm is not None else None,
+            float(scale) if scale is not None else None,
+        )
 
     def _step_lr_or_now(self) -> float:
         return self._step_lr if self._step_lr is not None else self._lr()
