@@ -163,12 +163,17 @@ def _fill_auto(ds: Any, settings: dict[str, Any]) -> Any:
 
 class WorkbenchTrainerCallback(TrainerCallback):  # type: ignore[misc]
     """A `transformers.TrainerCallback` that records the run into `self.observer` (an
-    `Observer`, made at `on_train_begin`; see the module docstring)."""
+    `Observer`, made with the callback; the model, optimizer and settings attached at
+    `on_train_begin`; see the module docstring)."""
 
     def __init__(self, *, grad_norm: bool = True) -> None:
         if not isinstance(grad_norm, bool):
             raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
-        self.observer: Observer | None = None
+        # made now, so a dashboard of it can be shown before `trainer.train()`; the model,
+        # optimizer and settings are attached when training starts
+        self.observer = Observer(
+            None, trainer="transformers", arg_names=ARG_NAMES, grad_norm=grad_norm
+        )
         self._grad_norm = grad_norm
         self._hook: Any = None
         self._logged_norm = False
@@ -186,18 +191,10 @@ class WorkbenchTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self._logged_norm = int(getattr(args, "logging_steps", 0) or 0) == 1 and bool(
             getattr(args, "max_grad_norm", 0)
         )
-        self.observer = Observer(
-            model,
-            kwargs.get("optimizer"),
-            config=config,
-            trainer="transformers",
-            arg_names=ARG_NAMES,
-            read_from=read,
-            notes=notes,
-            # the Trainer clips first: a norm read after it is the clipped one
-            grad_norm=self._grad_norm and not bool(getattr(args, "max_grad_norm", 0)),
-        )
         observer = self.observer
+        observer.attach(model, kwargs.get("optimizer"), config=config, read_from=read, notes=notes)
+        # the Trainer clips first: a norm read after it would be the clipped one
+        observer.want_grad_norm = self._grad_norm and not bool(getattr(args, "max_grad_norm", 0))
 
         def capture(module: Any, inputs: Any, kw: dict[str, Any], output: Any) -> None:
             if not module.training or not torch.is_grad_enabled():
@@ -217,15 +214,15 @@ class WorkbenchTrainerCallback(TrainerCallback):  # type: ignore[misc]
         self._hook = model.register_forward_hook(capture, with_kwargs=True)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.observer is not None:
+        if self.observer.attached:
             self.observer.begin_step()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.observer is not None:
+        if self.observer.attached:
             self.observer.before_optimizer_step(kwargs.get("optimizer"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.observer is None:
+        if not self.observer.attached:
             return
         # the lr was read before the optimizer step, as the Trainer logs it; fp16's loss
         # scale from accelerate's GradScaler (its tensor, read with the loss)
@@ -234,7 +231,7 @@ class WorkbenchTrainerCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         norm = (logs or {}).get("grad_norm")
-        if self.observer is not None and self._logged_norm and isinstance(norm, (int, float)):
+        if self.observer.attached and self._logged_norm and isinstance(norm, (int, float)):
             self.observer.replace_last(grad_norm=float(norm))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -143,13 +143,17 @@ def _deepspeed(config: Any, notes: list[str]) -> dict[str, Any]:
 
 class WorkbenchLightningCallback(Callback):  # type: ignore[misc]
     """A Lightning `Callback` that records the run into `self.observer` (an `Observer`,
-    made at `on_train_start`; see the module docstring)."""
+    made with the callback; the model, optimizer and settings attached at
+    `on_train_start`; see the module docstring)."""
 
     def __init__(self, *, grad_norm: bool = True) -> None:
         if not isinstance(grad_norm, bool):
             raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
-        self.observer: Observer | None = None
-        self._grad_norm = grad_norm
+        # made now, so a dashboard of it can be shown before `fit()`; the model, optimizer
+        # and settings are attached when training starts
+        self.observer = Observer(
+            None, trainer="lightning", arg_names=ARG_NAMES, grad_norm=grad_norm
+        )
         self._stepped = False
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -161,21 +165,12 @@ class WorkbenchLightningCallback(Callback):  # type: ignore[misc]
             config = TrainConfig()
         model = _inner_model(pl_module)
         optimizers = getattr(trainer, "optimizers", None) or [None]
-        self.observer = Observer(
-            model,
-            optimizers[0],
-            config=config,
-            trainer="lightning",
-            arg_names=ARG_NAMES,
-            read_from=read,
-            notes=notes,
-            grad_norm=self._grad_norm,
-        )
+        self.observer.attach(model, optimizers[0], config=config, read_from=read, notes=notes)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.observer is None:
+        if not self.observer.attached:
             return
         accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
         if batch_idx % accum == 0:
@@ -183,14 +178,14 @@ class WorkbenchLightningCallback(Callback):  # type: ignore[misc]
         self.observer.micro_batch(batch)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.observer is not None:
+        if self.observer.attached:
             self.observer.before_optimizer_step(optimizer)
             self._stepped = True
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.observer is None:
+        if not self.observer.attached:
             return
         # Lightning hands back the loss divided by accumulate_grad_batches: the step's is
         # the sum of its micro-batches'

@@ -56,7 +56,7 @@ class Observer:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None,
         optimizer: torch.optim.Optimizer | None = None,
         *,
         config: TrainConfig | None = None,
@@ -66,26 +66,14 @@ class Observer:
         notes: list[str] | None = None,
         grad_norm: bool = True,
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"model={model!r}: must be a torch.nn.Module")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"optimizer={optimizer!r}: must be a torch.optim.Optimizer or None")
-        if config is not None and not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a workbench.TrainConfig or None")
         if not isinstance(grad_norm, bool):
             raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
-        self.model = model
-        self.optimizer = optimizer
-        self.config = config or TrainConfig()
         self.trainer = trainer
         self.arg_names = dict(arg_names or {})
-        self.read_from = dict(read_from or {})
-        self.notes = list(notes or [])
         self.want_grad_norm = grad_norm
         self.history = History()
         self.events: list[Event] = []
         self.version = 0
-        self.device = _device_of(model)
         self.world_size, self.rank = _world()
         self._lock = threading.Lock()
         self._closed = False
@@ -98,13 +86,53 @@ class Observer:
         self._norm: torch.Tensor | float | None = None
         self._summed = False
         self._step_lr: float | None = None
-        self._params: list[nn.Parameter] | None = None
         self._states: tuple[int | None, int | None, int | None] = (None, None, None)
+        self.model: nn.Module | None = None
+        self.config = TrainConfig()
+        self.read_from: dict[str, Any] = {}
+        self.notes: list[str] = []
+        if model is not None:
+            self.attach(model, optimizer, config=config, read_from=read_from, notes=notes)
+        elif optimizer is not None or config is not None:
+            raise ValueError("model=None: an optimizer or config needs the model they train")
+
+    def attach(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        config: TrainConfig | None = None,
+        read_from: Mapping[str, Any] | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
+        """The model (and optimizer, settings) this observer records: a trainer callback
+        attaches them when its run starts, so a dashboard of `callback.observer` can be
+        shown before `trainer.train()`. Records already taken stay."""
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model={model!r}: must be a torch.nn.Module")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer={optimizer!r}: must be a torch.optim.Optimizer or None")
+        if config is not None and not isinstance(config, TrainConfig):
+            raise ValueError(f"config={config!r}: must be a workbench.TrainConfig or None")
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config or TrainConfig()
+        self.read_from = dict(read_from or {})
+        self.notes = list(notes or [])
+        self.device = _device_of(model)
+        self._params: list[nn.Parameter] | None = None
         self._batch: Any = None  # the first micro-batch seen: its sequence length
         self._description: Any = None
         self._read_memory = _memory_reader(self.device)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        with self._lock:
+            self.version += 1
+
+    @property
+    def attached(self) -> bool:
+        """True once a model is attached (a callback's run has started)."""
+        return self.model is not None
 
     # ------------------------------------------------------------------ the Session's reads
     @property
@@ -153,6 +181,8 @@ class Observer:
         first steps."""
         if optimizer is not None:
             self.optimizer = optimizer
+        if self.model is None:
+            return
         if self._params is None:  # the module's parameters, listed once (about 100 us)
             self._params = list(self.model.parameters())
         grads = [p.grad for p in self._params if p.grad is not None]
@@ -182,6 +212,8 @@ class Observer:
         trainer knows them."""
         if self._closed:
             raise RuntimeError("observer: closed; create a new one with workbench.observe()")
+        if self.model is None:
+            raise RuntimeError("observer: no model attached yet (Observer.attach)")
         now = time.perf_counter()
         if batch is not None:
             self.micro_batch(batch)
@@ -316,6 +348,8 @@ class Observer:
     def description(self) -> Any:
         """The model as the prediction reads it: a `transformers` model's shape at the
         batches' sequence length, else its parameter count."""
+        if self.model is None:
+            raise ValueError("observer: no model yet (a callback attaches it when training starts)")
         if self._description is None:
             from workbench.modelstats import count_parameters
             from workbench.train.session_tools import module_description
@@ -432,9 +466,13 @@ class _LoopObserver(Observer):
         super().before_optimizer_step(optimizer)
 
     def step(self, loss: torch.Tensor | float | None = None, **kwargs: Any) -> StepRecord:
-        if self._params is None:
+        if self._params is None and self.model is not None:
             self._params = list(self.model.parameters())
-        if not getattr(self, "_prepared", False) and any(p.grad is not None for p in self._params):
+        if (
+            not getattr(self, "_prepared", False)
+            and self._params is not None
+            and any(p.grad is not None for p in self._params)
+        ):
             super().before_optimizer_step()
         self._prepared = False
         return super().step(loss, **kwargs)

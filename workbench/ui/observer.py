@@ -127,6 +127,9 @@ class ObserverPanel(PanelBase, TrainingCharts):
                 for name, series in self.series.items():
                     series.append(r.step, getattr(r, name, None))
         self.status.value = self._status()
+        settings = self._settings_html()  # attached at the trainer's start
+        if self.settings_html.value != settings:
+            self.settings_html.value = settings
         now = time.monotonic()
         if new and (draw_now or now - self._last_advice >= ADVICE_EVERY_SECONDS):
             self._last_advice = now
@@ -137,7 +140,8 @@ class ObserverPanel(PanelBase, TrainingCharts):
     def _status(self) -> str:
         obs = self.observer
         if not self.records:
-            return status_html("info", f"observing your {obs.trainer_name}: no step yet")
+            waiting = "no step yet" if obs.attached else "waiting for training to start"
+            return status_html("info", f"observing your {obs.trainer_name}: {waiting}")
         r = self.records[-1]
         speed = f"{r.samples_per_s:.1f} samples/s"
         return status_html(
