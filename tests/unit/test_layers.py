@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("inputs", "outputs", "version", "choices", "display", "problems", "spread"),  # 1 leaves
     ("config", "estimate", "models", "modelstats"),  # 2 core
     ("prediction", "deepspeed", "advisor", "monitor"),  # 3 services
-    ("train", "export", "compress"),  # 4 engines
+    ("train", "export", "compress", "integrations"),  # 4 engines
     ("cli", "ui"),  # 5 shells
 ]
 SHIPPED = (

@@ -39,6 +39,7 @@ from workbench.config import TrainConfig
 from workbench.train.backends.base import storage_bytes
 from workbench.train.history import History
 from workbench.train.records import Event, StepRecord
+from workbench.train.runtime import memory_reader
 
 #: Model-state bytes are counted on the first steps and then every this many steps.
 STATE_EVERY = 50
@@ -123,7 +124,7 @@ class Observer:
         self._params: list[nn.Parameter] | None = None
         self._batch: Any = None  # the first micro-batch seen: its sequence length
         self._description: Any = None
-        self._read_memory = _memory_reader(self.device)
+        self._read_memory = memory_reader(self.device)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with self._lock:
@@ -296,8 +297,8 @@ class Observer:
         with self._lock:
             if not self.history.total:
                 return
-            last = self.history._recent[-1]  # noqa: SLF001 - the newest record, kept in full
-            self.history._recent[-1] = dataclasses.replace(last, **values)  # noqa: SLF001
+            last = self.history[-1]
+            self.history.replace_last(dataclasses.replace(last, **values))
             self.version += 1
 
     def _read_values(
@@ -523,11 +524,3 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
-
-
-def _memory_reader(device: torch.device) -> Any:
-    """(CUDA allocated, peak, reserved, host RSS) bytes, None where not measured: the
-    Session's reader (RSS from /proc/self/statm through a kept descriptor on Linux)."""
-    from workbench.train.runtime import _memory_reader as reader
-
-    return reader(device)

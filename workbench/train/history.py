@@ -113,6 +113,13 @@ class History(Sequence[Any]):
             index = self.total - len(self._recent)  # absolute index of the oldest
             self._thin(index, self._recent.popleft())
 
+    def replace_last(self, record: Any) -> None:
+        """Put `record` in the newest record's place (what a trainer tells after its step:
+        a logged gradient norm). ValueError when there is none."""
+        if not self._recent:
+            raise ValueError("history: no record to replace")
+        self._recent[-1] = record
+
     def _thin(self, index: int, record: Any) -> None:
         self._open.add(index, record)
         if self._open.count >= self._stride:

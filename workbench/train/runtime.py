@@ -83,7 +83,7 @@ class Runtime:
         self._on_event = on_event
         self.fresh = True  # the next step is the first on this backend (a warm-up step)
         self.state_bytes: ModelStateBytes | None = None  # measured at the first step
-        self.read_memory = _memory_reader(device)
+        self.read_memory = memory_reader(device)
         # times a step without a host-device sync of its own (workbench.train.step_clock)
         self.clock = step_clock(device)
         # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
@@ -359,7 +359,7 @@ def load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
                 own[name].copy_(value.to(device=own[name].device, dtype=own[name].dtype))
 
 
-def _memory_reader(device: torch.device) -> Callable[[], MemoryReading]:
+def memory_reader(device: torch.device) -> Callable[[], MemoryReading]:
     """(CUDA allocated, CUDA peak allocated, CUDA reserved, host RSS) bytes, None where
     not measured on this device. The peak is since `Runtime.begin_step()`: the step's."""
     if device.type == "cuda":
