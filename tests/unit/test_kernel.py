@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import warnings
@@ -84,31 +85,32 @@ def test_check_kernel_warns_only_inside_a_kernel(
 
 
 def test_a_kernel_of_another_python_warns_on_import_workbench(tmp_path: Path) -> None:
-    # the real mistake: a kernel of another interpreter that imports this checkout's package
-    # (an editable install elsewhere, PYTHONPATH); here: this venv's base Python
-    base = Path(sys.base_prefix) / "bin" / "python3"
-    if not (ROOT / ".venv" / "bin" / "python").exists() or Path(sys.prefix) != ROOT / ".venv":
-        pytest.fail("the tests run from the project's .venv (make test)")
+    """The real mistake, in a real interpreter: a kernel whose Python is not the checkout's
+    `.venv` imports the checkout's package (an editable install elsewhere, PYTHONPATH)."""
+    checkout = _checkout(tmp_path / "checkout")
+    shutil.copytree(ROOT / "workbench", checkout / "workbench", dirs_exist_ok=True)
     code = (
         "import sys, warnings; sys.modules['ipykernel'] = sys; warnings.simplefilter('always'); "
-        "import workbench"
+        "import workbench; print(workbench.__file__)"
     )
+    env = {"PYTHONPATH": str(checkout), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [str(base), "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
         timeout=120,
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "WrongKernelWarning: this notebook's kernel runs " in result.stderr
-    assert "`make lab`" in result.stderr
-    ok = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    assert result.stdout.strip() == str(checkout / "workbench" / "__init__.py")
+    assert (
+        f"WrongKernelWarning: this notebook's kernel runs {sys.executable}, not " in result.stderr
     )
-    assert ok.returncode == 0, ok.stderr
-    assert "WrongKernelWarning" not in ok.stderr
+    assert f"`make lab` in {checkout}" in result.stderr
+    # the same import outside a kernel (a script, the CLI): nothing said
+    script = subprocess.run(
+        [sys.executable, "-c", code.replace("sys.modules['ipykernel'] = sys; ", "")],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )  # fmt: skip
+    assert script.returncode == 0, script.stderr
+    assert "WrongKernelWarning" not in script.stderr
 
 
 def test_make_kernel_registers_the_named_kernel() -> None:
