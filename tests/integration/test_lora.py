@@ -259,3 +259,18 @@ def test_the_dry_run_refuses_lora_by_name_and_the_formula_still_answers() -> Non
         s.close()
     assert [p.field for p in info.value.problems] == ["lora_rank"]
     assert "the formula counts them" in str(info.value)
+
+
+def test_the_estimate_command_counts_lora_and_qlora(capsys) -> None:  # type: ignore[no-untyped-def]
+    from workbench.cli import main
+
+    code = main(["estimate", "--model", "llama-2-7b", "--lora-rank", "16", "--qlora", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["lora_rank"] == 16 and out["lora_params"] == 39_976_960
+    assert out["qlora_params"] == 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert out["grads_bytes"] == 4 * 39_976_960
+    with pytest.raises(SystemExit) as info:
+        main(["estimate", "--model", "llama-2-7b", "--lora-rank", "-3"])
+    assert info.value.code == 2
+    assert "--lora-rank -3: must be an integer from 0 to 4,096" in capsys.readouterr().err

@@ -59,6 +59,10 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "bucket_view": ("--bucket-view", "bool"),
     "fsdp_reduce_fp32": ("--fsdp-reduce", "reduce"),
     "deepspeed_config": ("--deepspeed-config", "str"),
+    "lora_rank": ("--lora-rank", "int"),
+    "lora_targets": ("--lora-targets", "str"),
+    "lora_dropout": ("--lora-dropout", "float"),
+    "qlora": ("--qlora", "bool"),
     "gpu": ("--gpu", "str"),
     "overhead_gib": ("--overhead-gib", "float"),
     "tokens": ("--tokens", "float"),
@@ -185,6 +189,31 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
         help="a DeepSpeed JSON (read, never run): its ZeRO stage, precision, optimizer, "
         "offload, micro-batch and accumulation (flags given override them), bucket and "
         "stage-3 prefetch sizes",
+    )
+    tune = parser.add_argument_group("fine-tuning with LoRA / QLoRA")
+    tune.add_argument(
+        "--lora-rank",
+        default="0",
+        metavar="R",
+        help="LoRA adapters of rank R, the base frozen: only they have gradients and "
+        "optimizer states (0: off)",
+    )
+    tune.add_argument(
+        "--lora-targets",
+        default="all-linear",
+        metavar="WHICH",
+        help="all-linear (every linear layer of a block) or attention (Q, K, V, output)",
+    )
+    tune.add_argument(
+        "--lora-dropout",
+        default="0",
+        metavar="P",
+        help="dropout on the adapters' input: each target keeps a dropped copy (0)",
+    )
+    tune.add_argument(
+        "--qlora",
+        action="store_true",
+        help="the base's linear layers in 4-bit NF4 (bitsandbytes)",
     )
     hw = parser.add_argument_group("hardware, time and cost")
     hw.add_argument("--gpu", help="GPU type, e.g. h100-80gb (see --list-gpus)")
@@ -514,6 +543,12 @@ def _headline(e: Any) -> str:
         parts.append(f"{e.attention} attention" + ("" if e.dropout else ", no dropout"))
     if e.grad_accum > 1:
         parts.append(f"{e.grad_accum} micro-batches per step")
+    if e.lora_rank:
+        parts.append(
+            f"LoRA rank {e.lora_rank}: {_count(e.lora_params)} adapter parameters train "
+            f"({e.trainable_fraction:.2%})"
+            + (f", {_count(e.qlora_params)} base weights in 4-bit NF4" if e.qlora_params else "")
+        )
     return ", ".join(parts)
 
 

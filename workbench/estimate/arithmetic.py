@@ -242,6 +242,9 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         optimizer_impl=peak.optimizer_impl,
         grad_accum=i.grad_accum,
         loss_chunks=i.loss_chunks,
+        lora_rank=i.lora.rank if i.lora is not None else 0,
+        lora_params=i.lora.trainable if i.lora is not None else 0,
+        qlora_params=i.lora.quantized if i.lora is not None else 0,
     )
 
 

@@ -112,6 +112,18 @@ class MemoryEstimate(Readable):
     optimizer_impl: str = "foreach"
     grad_accum: int = 1
     loss_chunks: int = 1
+    # LoRA (`workbench.estimate.lora`): the adapters that train (0 without LoRA), and the
+    # base weights held in 4 bits under QLoRA
+    lora_rank: int = 0
+    lora_params: int = 0
+    qlora_params: int = 0
+
+    @property
+    def trainable_fraction(self) -> float:
+        """The share of the parameters that train: the adapters' under LoRA, else 1."""
+        if not self.lora_rank:
+            return 1.0
+        return self.lora_params / max(1, self.n_params + self.lora_params)
 
     @property
     def model_states_bytes(self) -> int:
