@@ -61,6 +61,7 @@ def formula_of(
         "accounting": "deepspeed" if deepspeed else accounting,
         "optimizer_impl": impl,
         "optimizer_in_backward": bool(config.optimizer_in_backward),
+        "activation_offload": bool(config.activation_offload),
     }
     if deepspeed:
         from workbench.train.backends.deepspeed import engine_config

@@ -251,7 +251,7 @@ def measure_activations(
             h.remove()
         if offload is not None:
             offload.observer = None
-    moved = offload.moved_bytes if offload is not None else {}
+    moved = offload.moved_keys if offload is not None else set()
     by_dtype: dict[str, int] = {}
     for ptr, (nbytes, dtype) in acts.items():
         if ptr not in moved:
@@ -260,7 +260,7 @@ def measure_activations(
         activation_bytes=sum(by_dtype.values()),
         parameter_saved_bytes=sum(params.values()),
         by_dtype=by_dtype,
-        offloaded_bytes=sum(moved.values()),
+        offloaded_bytes=offload.total_moved_bytes if offload is not None else 0,
     )
     return loss, measure
 

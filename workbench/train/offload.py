@@ -16,8 +16,10 @@ Session's step, its memory probe, the dry run): the backend's autocast under a
   forward and back at every backward although they stay on the device anyway;
 * on a CPU moves nothing (the tensors are already in host memory): it only counts what a
   GPU would not hold (`moved_bytes`), so `session.memory()` can show the saving;
-* on a fake device (the dry run, `synchronous=True`) moves each activation with a plain
-  `.to("cpu")` and back, which the memory tracker counts as host memory.
+* in a dry run (`simulated=True`, fake tensors, which hold no data) keeps each
+  activation's shape instead of the tensor, so the memory tracker sees the device copy
+  freed once nothing else holds it, and makes a tensor of that shape on the device again
+  when backward needs it: the device side of offloading; `moved_bytes` is the host's.
 
 Only what autograd saves inside the model's forward moves: the loss (the logits' fp32
 log-probabilities) is computed outside it and stays on the device. With activation
@@ -27,6 +29,7 @@ the recomputation in backward runs under checkpointing's own hooks, on the devic
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -53,12 +56,24 @@ VIEW_OR_COPY = frozenset(
 )
 
 
-def is_parameter_derived(t: torch.Tensor, param_storages: set[int]) -> bool:
+def data_ptr(storage: Any) -> int:
+    """A real storage's key: its address."""
+    return int(storage.data_ptr())
+
+
+def storage_identity(storage: Any) -> int:
+    """A fake storage's key (every fake tensor's address is 0): its StorageImpl."""
+    return int(storage._cdata)
+
+
+def is_parameter_derived(
+    t: torch.Tensor, param_storages: set[int], key: Callable[[Any], int] = data_ptr
+) -> bool:
     """Whether a saved tensor is a parameter or buffer (shares one's storage, is a leaf
     that trains, or a chain of at most four view/copy ops ending at a trained leaf)."""
     if t.grad_fn is None and t.requires_grad:
         return True  # a leaf that trains: a parameter (FSDP's gathered copy of one too)
-    if t.untyped_storage().data_ptr() in param_storages:
+    if key(t.untyped_storage()) in param_storages:
         return True
     fn = t.grad_fn
     for _ in range(4):
@@ -79,10 +94,20 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else t
 
 
-def parameter_storages(model: nn.Module) -> set[int]:
-    """The storage addresses of `model`'s parameters and buffers (local shards)."""
-    found = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
-    return found | {local_tensor(b).untyped_storage().data_ptr() for b in model.buffers()}
+def parameter_storages(model: nn.Module, key: Callable[[Any], int] = data_ptr) -> set[int]:
+    """The storage keys of `model`'s parameters and buffers (local shards)."""
+    tensors = (*model.parameters(), *model.buffers())
+    return {key(local_tensor(t).untyped_storage()) for t in tensors}
+
+
+class _Shape:
+    """A fake activation's host copy in a dry run: its shape alone (fake tensors hold no
+    data), made again on the device when backward needs it."""
+
+    __slots__ = ("device", "dtype", "size", "stride")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.size, self.stride, self.dtype, self.device = t.size(), t.stride(), t.dtype, t.device
 
 
 class _OnHost:
@@ -95,17 +120,21 @@ class _OnHost:
 
 
 class ActivationOffload:
-    """Saved activations kept in host memory (see the module docstring). `moved_bytes`
-    is what the last forward under `around()` moved (or, on a CPU, would move), one entry
-    per storage."""
+    """Saved activations kept in host memory (see the module docstring). After a forward
+    under `around()`, `total_moved_bytes` is what it moved (on a CPU: would move), each
+    storage once, and `moved_keys` those storages' keys (their addresses; a dry run's fake
+    storages: their identity). A storage freed during the forward and its address reused
+    by another counts as two (each is told apart while the first is alive)."""
 
-    def __init__(self, device: torch.device, *, synchronous: bool = False) -> None:
+    def __init__(self, device: torch.device, *, simulated: bool = False) -> None:
         self.device = torch.device(device)
-        self.moved_bytes: dict[int, int] = {}
+        self.moved_keys: set[int] = set()
+        self.total_moved_bytes = 0
         #: called with every tensor autograd saves under the hooks (the memory probe's count)
         self.observer: Callable[[torch.Tensor], None] | None = None
-        self._cuda = self.device.type == "cuda" and not synchronous
-        self._moves = self.device.type != "cpu"
+        self._simulated = simulated
+        self._key = storage_identity if simulated else data_ptr
+        self._cuda = self.device.type == "cuda" and not simulated
         self._side: Any = torch.cuda.Stream(self.device) if self._cuda else None
 
     def around(
@@ -123,23 +152,29 @@ class ActivationOffload:
     @contextmanager
     def hooks(self, model: nn.Module) -> Iterator[None]:
         """The saved-tensor hooks alone, for a forward of `model`."""
-        params = parameter_storages(model)
-        moved: dict[int, int] = {}
-        self.moved_bytes = moved
+        key = self._key
+        params = parameter_storages(model, key)
+        self.moved_keys, self.total_moved_bytes = set(), 0
+        alive: dict[int, Any] = {}  # key -> a weak reference to the tensor first seen there
 
         def pack(t: torch.Tensor) -> Any:
             if self.observer is not None:
                 self.observer(t)
-            if t.device.type != self.device.type or is_parameter_derived(t, params):
+            if t.device.type != self.device.type or is_parameter_derived(t, params, key):
                 return t
             st = t.untyped_storage()
             if st.nbytes() == 0:
                 return t
-            moved[st.data_ptr()] = st.nbytes()
-            if not self._moves:
-                return t  # already in host memory: nothing to move on a CPU
+            k = key(st)
+            first = alive.get(k)
+            if first is None or first() is None:  # a storage not counted yet
+                alive[k] = weakref.ref(t)
+                self.moved_keys.add(k)
+                self.total_moved_bytes += st.nbytes()
+            if self._simulated:
+                return _Shape(t)  # the device copy is dropped; backward makes it again
             if not self._cuda:
-                return _OnHost(t.to("cpu"), None, t.device)
+                return t  # already in host memory: nothing to move on a CPU
             compute = torch.cuda.current_stream(t.device)
             side = self._side
             side.wait_stream(compute)  # the activation is complete on the compute stream
@@ -152,20 +187,18 @@ class ActivationOffload:
             return _OnHost(host, event, t.device)
 
         def unpack(packed: Any) -> torch.Tensor:
+            if isinstance(packed, _Shape):
+                return torch.empty_strided(
+                    packed.size, packed.stride, dtype=packed.dtype, device=packed.device
+                )
             if not isinstance(packed, _OnHost):
                 return packed  # type: ignore[no-any-return]
-            if packed.event is None:
-                return packed.host.to(packed.device)
             compute = torch.cuda.current_stream(packed.device)
             compute.wait_event(packed.event)  # the device waits for the copy, not the host
             return packed.host.to(packed.device, non_blocking=True)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
-
-    @property
-    def total_moved_bytes(self) -> int:
-        return sum(self.moved_bytes.values())
 
 
 __all__ = [
