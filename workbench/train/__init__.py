@@ -17,6 +17,7 @@ precision.py     precision policies (autocast context + GradScaler), the scaler'
 schedule.py      LR schedules and batch-size LR scaling
 data.py          DataStream: resumable, rebuildable data loading
 recompute.py     activation recomputation (checkpointing) of marked blocks, toggled live
+offload.py       activation offload: the forward's saved activations kept in host memory
 checkpoints.py   training checkpoints: the payload, atomic files, the newest N kept
 history.py       the bounded step history; runlog.py the run's JSON-lines log
 memory.py        measured memory (tensors, saved activations) next to the prediction

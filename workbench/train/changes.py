@@ -5,7 +5,9 @@ A change is validated when `update()` is called (every problem at once, the sess
 untouched) and applied at the next optimizer-step boundary by `Runtime.rebuild`: the data
 loader is rebuilt for `DATA_FIELDS`, the backend (optimizer, precision policy, schedule,
 DeepSpeed engine) for `BACKEND_FIELDS`, carrying weights and optimizer state; activation
-checkpointing and the attention kernel are switched on the model. `ChangeQueue` holds a Session's queue of
+checkpointing and the attention kernel are switched on the model, and activation offload
+on the runtime's forward (`activation_offload`: its saved-tensor hooks on or off, nothing
+rebuilt). `ChangeQueue` holds a Session's queue of
 changes between the two. What a session cannot run is a list of `SettingProblem`s (the
 setting, its value, why; other settings named between backticks), raised in one
 `ConfigError`.

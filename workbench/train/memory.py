@@ -18,6 +18,12 @@ What is measured, and how:
   checkpointing the inputs of checkpointed blocks are what the forward keeps, and they
   are counted (forward pre-hooks on those blocks); the recomputation during backward is
   a transient, not counted.
+* `offloaded_activation_bytes` (with `activation_offload`): the saved activations the
+  offload's hooks move to host memory (`workbench.train.offload`: every one the model's
+  forward saves, not parameters); `activation_bytes` is then what stays on the device (the
+  loss's saved tensors). On a CPU the device is the host: nothing moves and nothing is
+  freed, and the figure is what a GPU would not hold (a note says so). Next to the
+  prediction's host term (`predicted_offloaded_activation_bytes`).
 * `cuda_max_allocated_bytes` (CUDA): `torch.cuda.max_memory_allocated()` over the probe
   step (the peak statistics are reset before it), a forward and backward without an
   optimizer step: it is shown next to `predicted_forward_backward_bytes`, and the
