@@ -347,7 +347,7 @@ def offloaded_activations(module: torch.nn.Module, side: Any) -> Any:
         with torch.cuda.stream(side):
             host = torch.empty_like(t, device="cpu", pin_memory=True)
             host.copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(side)
         t.record_stream(side)  # its memory is not reused before the copy ends
         return _OnHost(host, event, t.device)
@@ -364,7 +364,7 @@ def offloaded_activations(module: torch.nn.Module, side: Any) -> Any:
 def offload_stream(enabled: bool, device: torch.device) -> Any:
     """The side stream of `activation_offload` (`enabled`) on a GPU, else None."""
     if enabled and device.type == "cuda":
-        return torch.cuda.Stream(device)
+        return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     return None
 
 
