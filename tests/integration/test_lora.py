@@ -233,8 +233,14 @@ def test_estimator_counts_llama_2_7b_adapters_as_peft_does() -> None:
     linear = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     rest = full.n_params - linear
     assert q.params_bytes == int(4 * rest + (0.5 + 1 / 64 + 4 / 16384) * linear) + 4 * 39_976_960
+    # ZeRO-3 over 8 GPUs: the base and the adapters' weights, gradients and states all
+    # split, each part ceil(x / 8)
+    z3 = estimate_memory(model="llama-2-7b", lora_rank=16, zero_stage=3, gpus=8)
+    assert z3.grads_bytes == 4 * -(-39_976_960 // 8)
+    assert z3.optimizer_bytes == 8 * -(-39_976_960 // 8)
+    assert z3.params_bytes == 4 * -(-full.n_params // 8) + 4 * -(-39_976_960 // 8)
     with pytest.raises(ValueError, match="lora_rank"):
-        estimate_memory(model="llama-2-7b", lora_rank=16, zero_stage=3, gpus=8)
+        estimate_memory(model="llama-2-7b", lora_rank=16, tensor_parallel=2, gpus=2)
     with pytest.raises(ValueError, match="lora_targets"):
         estimate_memory(model="llama-2-7b", lora_rank=16, lora_targets="everything")
 

@@ -311,3 +311,26 @@ def test_the_dry_run_button_measures_the_setup_beside_the_formula() -> None:
         assert len(p.dry_runs) == 1
     finally:
         p.close()
+
+
+def test_lora_and_qlora_in_the_panel() -> None:
+    """LoRA rank and QLoRA are inputs: the peak drops by what the estimator says, the
+    adapters' terms are drawn in their segments, and a bad rank is said beside the field."""
+    p = EstimatorPanel(model="llama-2-7b", precision="amp-bf16", checkpointing="full", zero_stage=0)
+    try:
+        _set(p, "gpus", "1")
+        full = p.estimate
+        _set(p, "lora_rank", "16")
+        lora = p.estimate
+        assert lora.lora_params == 39_976_960 and lora.peak_bytes < full.peak_bytes
+        p.fields["qlora"].widget.value = True
+        p.recompute()
+        qlora = p.estimate
+        assert qlora.qlora_params > 0 and qlora.peak_bytes < lora.peak_bytes
+        parts = segment_bytes(qlora)
+        assert sum(parts.values()) == qlora.peak_bytes + qlora.overhead_bytes
+        _set(p, "lora_rank", "-1")
+        assert "LoRA rank (0: off)" in p.fields["lora_rank"].error.value
+        assert p.estimate is qlora  # the last good estimate stays
+    finally:
+        p.close()

@@ -44,10 +44,22 @@ def model_states(i: EstimateInputs) -> ModelStates:
     if i.lora is None:
         return states
     per = bytes_per_param(i.precision, i.optimizer)
-    params, grads, optim = lora_model_states(
-        i.shard_params, i.lora, i.precision, per.weights, per.grads, per.optimizer
+    if i.fsdp != "off":
+        split = {"full_shard": (True, True, True), "shard_grad_op": (False, True, True)}
+        shard = split.get(i.fsdp, (False, False, False))
+    else:
+        shard = (i.zero_stage >= 3, i.zero_stage >= 2, i.zero_stage >= 1)
+    params, grads, optim, host = lora_model_states(
+        i.shard_params,
+        i.lora,
+        per.weights,
+        per.grads,
+        per.optimizer,
+        gpus=i.data_parallel,
+        shard=shard,
+        offload=(i.offload_optimizer, i.offload_params),
     )
-    return ModelStates(params, grads, optim, 0)
+    return ModelStates(params, grads, optim, host)
 
 
 def activations(i: EstimateInputs) -> ActivationBreakdown | None:

@@ -537,7 +537,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             )
         )
     doc_mask = _flag(p, "document_mask", given["document_mask"])
-    lora = _lora(p, given, arch, stage, sharding, tp, pp, prec)
+    lora = _lora(p, given, arch, tp, pp, prec)
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
     p.extend(ds_problems)
@@ -598,8 +598,6 @@ def _lora(
     p: list[Problem],
     given: Mapping[str, Any],
     arch: Any,
-    stage: int | None,
-    sharding: str | None,
     tp: int | None,
     pp: int | None,
     prec: Precision | None,
@@ -627,13 +625,13 @@ def _lora(
         if params is not None:
             p.append(Problem("lora_params", params, "counts LoRA adapters: needs lora_rank >= 1"))
         return None
-    if (stage or 0) > 0 or sharding not in (None, "off") or (tp or 1) > 1 or (pp or 1) > 1:
+    if (tp or 1) > 1 or (pp or 1) > 1:
         p.append(
             Problem(
                 "lora_rank",
                 rank,
-                "counted for data parallelism without sharding (zero_stage=0, fsdp off, "
-                "tensor_parallel=1, pipeline_parallel=1), as a Session trains it",
+                "counted for data parallelism (ZeRO or FSDP sharding included) without "
+                "tensor or pipeline parallelism (tensor_parallel=1, pipeline_parallel=1)",
             )
         )
     if (

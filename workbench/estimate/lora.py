@@ -35,8 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config import Precision
-
 #: bitsandbytes NF4 with double quantisation: 4 bits, a 1-byte absmax per 64 weights and
 #: an fp32 second-level absmax per 256 blocks (its 256-entry code table per layer aside).
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -107,14 +105,40 @@ def lora_facts(
 
 
 def lora_model_states(
-    n_params: int, lora: LoraFacts, precision: Precision, weights: int, grads: int, optim: int
-) -> tuple[int, int, int]:
-    """(parameter, gradient, optimizer-state) bytes with `n_params` base parameters and
-    the adapters of `lora`, from the precision's per-parameter `weights`, `grads` and
-    `optim` bytes (optimizer states with any master copy)."""
+    n_params: int,
+    lora: LoraFacts,
+    weights: int,
+    grads: int,
+    optim: int,
+    *,
+    gpus: int = 1,
+    shard: tuple[bool, bool, bool] = (False, False, False),
+    offload: tuple[bool, bool] = (False, False),
+) -> tuple[int, int, int, int]:
+    """(parameter, gradient, optimizer-state, host) bytes per GPU with `n_params` base
+    parameters and the adapters of `lora`, from the precision's per-parameter `weights`,
+    `grads` and `optim` bytes (optimizer states with any master copy). `shard`: whether
+    the (parameters, gradients, optimizer states) are split over `gpus` (ZeRO 3/2/1,
+    FSDP's modes), each part `ceil(x / gpus)`; `offload`: (optimizer, parameters) moved
+    to host memory, as ZeRO-Offload does."""
+
+    def part(count: int, split: bool) -> int:
+        return -(-count // gpus) if split else count
+
     base = n_params - lora.quantized
-    params = int(weights * base + NF4_BYTES_PER_PARAM * lora.quantized) + weights * lora.trainable
-    return params, grads * lora.trainable, optim * lora.trainable
+    params = int(
+        weights * part(base, shard[0])
+        + NF4_BYTES_PER_PARAM * part(lora.quantized, shard[0])
+        + weights * part(lora.trainable, shard[0])
+    )
+    grad = grads * part(lora.trainable, shard[1])
+    states = optim * part(lora.trainable, shard[2])
+    host = 0
+    if offload[0]:
+        host, grad, states = host + grad + states, 0, 0
+    if offload[1]:
+        host, params = host + params, 0
+    return params, grad, states, host
 
 
 def adapter_activation_bytes(

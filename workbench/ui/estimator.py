@@ -70,7 +70,7 @@ SEGMENTS = (
     ("activations", "activations", "#8e24aa", False),
     ("logits and loss", "logits and loss", "#ba68c8", False),
     ("optimizer step temporaries", "optimizer temporaries", "#e53935", True),
-    ("autocast weight casts", "autocast casts", "#f06292", True),
+    ("autocast weight casts", "weight casts (autocast, 4-bit)", "#f06292", True),
     ("backward transient", "backward transient", "#ff8a65", True),
     ("engine buffers", "buckets / gathered params", "#6d4c41", True),
     ("reserve", "CUDA context + reserve", "#bdbdbd", False),
@@ -85,6 +85,12 @@ ENGINE_TERMS = (
     "DeepSpeed fp32 gradient partition",
     "DeepSpeed flattened gradient partition",
 )
+#: Other peak terms, drawn in the segment of their kind.
+TERM_SEGMENTS = {
+    "LoRA adapter activations": "activations",
+    "document mask": "activations",
+    "QLoRA dequantized weight": "autocast weight casts",
+}
 DROPOUT = {"model's": None, "on": True, "off": False}
 
 
@@ -93,7 +99,8 @@ def segment_bytes(e: MemoryEstimate) -> dict[str, int]:
     terms = e.peak_terms
     out = {name: 0 for name, *_ in SEGMENTS}
     for term, value in terms.items():
-        out["engine buffers" if term in ENGINE_TERMS else term] += value
+        name = "engine buffers" if term in ENGINE_TERMS else TERM_SEGMENTS.get(term, term)
+        out[name if name in out else "engine buffers"] += value
     out["reserve"] = e.overhead_bytes
     return out
 
@@ -136,6 +143,8 @@ LABELS = {
     "tokens": "training tokens",
     "mfu": "MFU",
     "price_per_gpu_hour": "$ per GPU-hour",
+    "lora_rank": "LoRA rank (0: off)",
+    "qlora": "QLoRA (4-bit base)",
 }
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 # filled by a preset; the optional ones may be left empty (the estimator's defaults)
@@ -188,6 +197,8 @@ class EstimatorPanel(PanelBase):
             "tokens": "140B",
             "mfu": f"{DEFAULT_MFU:g}",
             "price_per_gpu_hour": "2.0",
+            "lora_rank": "0",
+            "qlora": False,
         }
         unknown = sorted(set(initial) - set(defaults) - {"mode"})
         if unknown:
@@ -224,6 +235,7 @@ class EstimatorPanel(PanelBase):
             "tokens",
             "mfu",
             "price_per_gpu_hour",
+            "lora_rank",
         ):
             f[name] = text_field(LABELS[name], values[name], f"wb-est-{name.replace('_', '-')}")
         f["tokens"].widget.placeholder = "e.g. 300B (empty: no time)"
@@ -262,7 +274,13 @@ class EstimatorPanel(PanelBase):
             values["optimizer_impl"],
             "wb-est-optimizer-impl",
         )
-        for name in ("tied_embeddings", "sequence_parallel", "offload_optimizer", "offload_params"):
+        for name in (
+            "tied_embeddings",
+            "sequence_parallel",
+            "offload_optimizer",
+            "offload_params",
+            "qlora",
+        ):
             f[name] = Field(
                 LABELS[name],
                 widgets.Checkbox(value=bool(values[name]), indent=False),
@@ -331,6 +349,8 @@ class EstimatorPanel(PanelBase):
                         "optimizer_impl",
                         "loss_chunks",
                         "overhead_gib",
+                        "lora_rank",
+                        "qlora",
                     )
                 ),
             ],
@@ -569,6 +589,8 @@ class EstimatorPanel(PanelBase):
         take("micro_batch", parse_int, minimum=1)
         take("grad_accum", parse_int, minimum=1)
         take("loss_chunks", parse_int, minimum=1)
+        take("lora_rank", parse_int, minimum=0, maximum=4096)
+        kwargs["qlora"] = f["qlora"].value
         kwargs["dropout"] = DROPOUT[f["dropout"].value]
         take("gpus", parse_int, minimum=1)
         take("tensor_parallel", parse_int, minimum=1)
