@@ -161,7 +161,7 @@ def _fill_auto(ds: Any, settings: dict[str, Any]) -> Any:
     return out
 
 
-class WorkbenchTrainerCallback(TrainerCallback):  # type: ignore[misc]
+class WorkbenchTrainerCallback(TrainerCallback):
     """A `transformers.TrainerCallback` that records the run into `self.observer` (an
     `Observer`, made with the callback; the model, optimizer and settings attached at
     `on_train_begin`; see the module docstring)."""

@@ -141,7 +141,7 @@ def _deepspeed(config: Any, notes: list[str]) -> dict[str, Any]:
     return {k: getattr(parsed, k) for k in keep}
 
 
-class WorkbenchLightningCallback(Callback):  # type: ignore[misc]
+class WorkbenchLightningCallback(Callback):
     """A Lightning `Callback` that records the run into `self.observer` (an `Observer`,
     made with the callback; the model, optimizer and settings attached at
     `on_train_start`; see the module docstring)."""

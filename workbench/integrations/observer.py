@@ -485,7 +485,8 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     first = grads[0]
     if all(g.device == first.device and g.dtype == first.dtype for g in grads):
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-    return torch.nn.utils.get_total_norm(grads)
+    norm: torch.Tensor = torch.nn.utils.get_total_norm(grads)
+    return norm
 
 
 def fmt_value(v: Any) -> str:
