@@ -484,7 +484,9 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     device and dtype (as the Session's plain loop computes it), torch's grouping else."""
     first = grads[0]
     if all(g.device == first.device and g.dtype == first.dtype for g in grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+        norms = torch.stack(torch._foreach_norm(grads, 2.0))
+        total: torch.Tensor = torch.linalg.vector_norm(norms, 2.0)
+        return total
     norm: torch.Tensor = torch.nn.utils.get_total_norm(grads)
     return norm
 
