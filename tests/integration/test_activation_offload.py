@@ -261,3 +261,18 @@ def test_the_dry_run_simulates_it_next_to_the_formula() -> None:
     predicted = plain.formula.peak_bytes - dry.formula.peak_bytes
     assert predicted == 2_883_584
     assert predicted <= freed <= 1.2 * predicted
+
+
+def test_the_estimate_command_shows_the_host_term(capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main
+
+    args = ["estimate", "--model", "llama-3-8b", "--precision", "bf16-true", "--micro-batch",
+            "8", "--seq-len", "4096", "--checkpointing", "full"]  # fmt: skip
+    assert main([*args, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--activation-offload", "--json"]) == 0
+    offloaded = json.loads(capsys.readouterr().out)
+    assert offloaded["peak"]["host_terms"] == {"offloaded activations (host)": 34 * 2**28}
+    assert plain["peak_bytes"] - offloaded["peak_bytes"] == 2**33
+    assert main([*args, "--activation-offload"]) == 0
+    assert "offloaded activations (host)" in capsys.readouterr().out

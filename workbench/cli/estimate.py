@@ -57,6 +57,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "optimizer_impl": ("--optimizer-impl", "str"),
     "loss_chunks": ("--loss-chunks", "int"),
     "bucket_view": ("--bucket-view", "bool"),
+    "activation_offload": ("--activation-offload", "bool"),
     "fsdp_reduce_fp32": ("--fsdp-reduce", "reduce"),
     "deepspeed_config": ("--deepspeed-config", "str"),
     "lora_rank": ("--lora-rank", "int"),
@@ -177,6 +178,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
         "--bucket-view",
         action="store_true",
         help="DDP gradient_as_bucket_view=True: the gradients are views of DDP's buckets",
+    )
+    step.add_argument(
+        "--activation-offload",
+        action="store_true",
+        help="the activations the forward saves held in host memory: a host term, one "
+        "layer's in flight on the GPU",
     )
     step.add_argument(
         "--fsdp-reduce",
@@ -588,6 +595,8 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
     ]
     if e.cpu_offload_bytes:
         rows.append(("offloaded to CPU", _fmt(e.cpu_offload_bytes, unit)))
+    for name, value in e.peak.host_terms.items():
+        rows.append((name, _fmt(value, unit)))
     width = max(len(r[1]) for r in rows if r[1][:1].isdigit() or r[1] == "-")
     label_width = max(len(r[0]) for r in rows) + 2
     lines = [_headline(e)]
