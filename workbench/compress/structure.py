@@ -358,7 +358,8 @@ class PrunedSelfAttention(nn.Module):
         self.causal_mask: torch.Tensor
         self.register_buffer("causal_mask", attention.causal_mask, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
+        """`blocked`: a document batch's bool mask (`workbench.models.gpt.document_mask`)."""
         from workbench.models.gpt import ScaledMaskedSoftmax
 
         b, s, _ = x.shape
@@ -369,8 +370,9 @@ class PrunedSelfAttention(nn.Module):
         k = k.reshape(b, s, self.heads, d).transpose(1, 2)
         v = v.reshape(b, s, self.heads, d).transpose(1, 2)
         scores = q @ k.transpose(-2, -1)
+        mask = self.causal_mask[:s, :s] if blocked is None else blocked
         att = ScaledMaskedSoftmax.apply(  # type: ignore[no-untyped-call]
-            scores, self.causal_mask[:s, :s], 1.0 / math.sqrt(d)
+            scores, mask, 1.0 / math.sqrt(d)
         )
         att = self.attn_drop(att)
         y = (att @ v).transpose(1, 2).reshape(b, s, inner)

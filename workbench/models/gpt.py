@@ -166,7 +166,8 @@ class Block(nn.Module):
         self.mlp = MLP(hidden, dropout)
 
     def forward(self, x: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), blocked)
+        h = self.ln_1(x)
+        x = x + (self.attn(h) if blocked is None else self.attn(h, blocked))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -234,7 +235,7 @@ class TinyGPT(nn.Module):
         blocked = None
         if doc_ids is not None:
             blocked = document_mask(doc_ids)
-            if self.blocks and self.blocks[0].attn.kernel == "sdpa":
+            if self.blocks and getattr(self.blocks[0].attn, "kernel", "eager") == "sdpa":
                 blocked = document_bias(blocked, self.wte.weight.dtype)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
