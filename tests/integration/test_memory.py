@@ -296,13 +296,13 @@ def test_each_records_cuda_peak_is_its_own_steps(monkeypatch):
     with Session(TrainConfig(micro_batch=4), model="mlp", model_options=SMALL["mlp"]) as s:
         rt = s._rt
         cpu, cuda = rt.device, torch.device("cuda", 0)
-        rt.device, rt.read_memory = cuda, runtime_module._memory_reader(cuda)
+        rt.device, rt.read_memory = cuda, runtime_module.memory_reader(cuda)
         try:
             fake.spike(10 << 30)  # 10 GiB: a probe that ran before these steps
             s.model.register_forward_pre_hook(lambda *_: fake.spike(next(spikes)))
             records = s.run(3)
         finally:
-            rt.device, rt.read_memory = cpu, runtime_module._memory_reader(cpu)
+            rt.device, rt.read_memory = cpu, runtime_module.memory_reader(cpu)
     base = fake.allocated
     assert [r.cuda_max_allocated_bytes for r in records] == [
         base + (300 << 20),

@@ -45,34 +45,37 @@ from workbench.train.records import Event
 
 #: Settings read by the data loader / the backend; a change to any rebuilds that piece.
 DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
-BACKEND_FIELDS = frozenset(
-    {
-        "precision",
-        "optimizer",
-        "lr",
-        "weight_decay",
-        "momentum",
-        "lr_schedule",
-        "warmup_steps",
-        "total_steps",
-        "lr_scaling",
-        "clip_grad_norm",
-        "zero_stage",
-        "compile",
-        "fsdp",
-        "fsdp_reduce_fp32",
-        "offload_optimizer",
-        "offload_params",
-        "nvme_path",
-        "loss_scale_init",
-        "loss_scale_growth",
-        "loss_scale_backoff",
-        "loss_scale_interval",
-        "grad_accum",
-        "micro_batch",
-        "optimizer_in_backward",
-    }
-) | LORA_FIELDS  # the adapters change the parameters the optimizer steps
+BACKEND_FIELDS = (
+    frozenset(
+        {
+            "precision",
+            "optimizer",
+            "lr",
+            "weight_decay",
+            "momentum",
+            "lr_schedule",
+            "warmup_steps",
+            "total_steps",
+            "lr_scaling",
+            "clip_grad_norm",
+            "zero_stage",
+            "compile",
+            "fsdp",
+            "fsdp_reduce_fp32",
+            "offload_optimizer",
+            "offload_params",
+            "nvme_path",
+            "loss_scale_init",
+            "loss_scale_growth",
+            "loss_scale_backoff",
+            "loss_scale_interval",
+            "grad_accum",
+            "micro_batch",
+            "optimizer_in_backward",
+        }
+    )
+    | LORA_FIELDS
+)  # the adapters change the parameters the optimizer steps
 _LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")
 
 

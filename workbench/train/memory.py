@@ -353,7 +353,11 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
             f"LoRA rank {lora.rank} on {len(lora.targets)} layers: {fmt_count(adapters)} "
             f"adapter parameters train ({adapters / max(1, adapters + base):.2%} of "
             f"{fmt_count(adapters + base)}); the base is frozen"
-            + (f", {len(lora.originals)} linear layers of it in 4-bit NF4" if lora.originals else "")
+            + (
+                f", {len(lora.originals)} linear layers of it in 4-bit NF4"
+                if lora.originals
+                else ""
+            )
         )
     if runtime.offload is not None and device.type == "cpu":
         notes.append(
