@@ -280,3 +280,20 @@ def test_the_estimate_command_counts_lora_and_qlora(capsys) -> None:  # type: ig
         main(["estimate", "--model", "llama-2-7b", "--lora-rank", "-3"])
     assert info.value.code == 2
     assert "--lora-rank -3: must be an integer from 0 to 4,096" in capsys.readouterr().err
+
+
+def test_a_lora_checkpoint_resumes_bit_exact(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = TrainConfig(lora_rank=4, micro_batch=2, seed=0, checkpoint_dir=str(tmp_path))
+    s = Session(config)
+    s.run(3, progress=False)
+    path = s.save_checkpoint()
+    expected = [r.loss for r in s.run(2, progress=False)]
+    s.close()
+    resumed = Session(config, resume=path)
+    try:
+        assert resumed.lora()["adapter_params"] == 4 * 4 * (
+            128 + 384 + 128 + 128 + 128 + 512 + 512 + 128
+        )  # type: ignore[index]
+        assert [r.loss for r in resumed.run(2, progress=False)] == expected
+    finally:
+        resumed.close()
