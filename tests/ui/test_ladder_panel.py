@@ -105,7 +105,7 @@ def test_the_memory_ladder_runs_from_the_tab() -> None:
         panel.compile.value = True  # the speed ladder's option: not the memory ladder's
         result = panel.run(wait=True)
         assert panel.error is None, panel.error
-        assert result.setup["kind"] == "memory" and len(result.names) == 5
+        assert result.setup["kind"] == "memory" and len(result.names) == 6
         assert "memory frees" in str(result) and "+ 8-bit AdamW" in strip_tags(panel.table.value)
     finally:
         panel.close()
