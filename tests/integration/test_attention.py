@@ -110,3 +110,20 @@ def test_a_transformers_model_takes_it_as_its_attn_implementation() -> None:
         s.update(attention="model")
         s.run(optimizer_steps=1)
         assert current_attention(model) == "sdpa"  # what it had
+
+
+def test_memory_says_why_sdpa_with_dropout_measures_more_on_a_cpu() -> None:
+    from workbench import Session, TrainConfig
+
+    notes = {}
+    for dropout in (0.1, 0.0):
+        s = Session(
+            TrainConfig(micro_batch=2, attention="sdpa"), model_options={"dropout": dropout}
+        )
+        try:
+            s.run(1, progress=False)
+            notes[dropout] = s.memory().notes
+        finally:
+            s.close()
+    assert any("sdpa with dropout on a CPU" in n for n in notes[0.1])
+    assert not any("sdpa with dropout" in n for n in notes[0.0])

@@ -94,3 +94,19 @@ def test_the_exported_jobs_refuse_what_only_a_session_trains(settings, field, tm
     with pytest.raises(ExportError) as info:
         export_job(TrainConfig(**settings), format="lightning", gpus=1, out_dir=tmp_path / "j")
     assert field in str(info.value) and "a Session trains" in str(info.value)
+
+
+def test_memory_compares_the_gradients_the_step_holds_at_once() -> None:
+    """Under the step in backward the report's predicted gradients are the most held at
+    once (the largest parameter's), not the at-rest figure that counts them all."""
+    s = Session(TrainConfig(micro_batch=2, optimizer_in_backward=True))
+    try:
+        s.run(1, progress=False)
+        report = s.memory()
+    finally:
+        s.close()
+    assert report.grads_bytes == 0  # every gradient freed once its parameter stepped
+    assert 0 < report.predicted_grads_bytes < report.predicted.grads_bytes
+    largest = max(p.numel() for p in s._model.parameters()) * 4
+    assert report.predicted_grads_bytes == largest
+    assert "one at a time, stepped in backward" in str(report)

@@ -178,6 +178,9 @@ class StepPeak:
     backward_moment: str = "loss backward"
     #: what the step keeps in host memory, not in the device peak (`activation_offload`)
     host_terms: dict[str, int] = field(default_factory=dict)
+    #: the most gradient bytes any moment of the step holds (every backward moment, not
+    #: only the highest: under `optimizer_in_backward` the largest parameter's gradient)
+    held_gradients_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -629,6 +632,9 @@ def step_peak(
         variable=variable,
         points=points,
         backward_moment=moment,
+        held_gradients_bytes=max(
+            terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
+        ),
         host_terms=host,
     )
 

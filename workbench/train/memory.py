@@ -86,6 +86,7 @@ class MemoryReport(Readable):
     notes: tuple[str, ...] = ()
     dry_run: Any | None = None  # workbench.train.dry_run_result.DryRun (Session.simulate())
     activation_offload: bool = False
+    optimizer_in_backward: bool = False  # each gradient freed once its parameter stepped
     #: saved activations moved to host memory (on a CPU: what a GPU would not hold)
     offloaded_activation_bytes: int = 0
 
@@ -120,6 +121,19 @@ class MemoryReport(Readable):
         return int(peak.host_terms.get(OFFLOADED_TERM, 0))
 
     @property
+    def predicted_grads_bytes(self) -> int | None:
+        """The prediction comparable with `grads_bytes`: every gradient, or under
+        `optimizer_in_backward` the most the step holds at once (its largest parameter's,
+        from the peak's points; the at-rest figure counts them all)."""
+        pred = self.predicted
+        if pred is None:
+            return None
+        peak = getattr(pred, "peak", None)
+        if self.optimizer_in_backward and peak is not None:
+            return int(peak.held_gradients_bytes)
+        return int(pred.grads_bytes)
+
+    @property
     def predicted_forward_backward_bytes(self) -> int | None:
         """The predicted peak comparable with `cuda_max_allocated_bytes` (a forward and
         backward without an optimizer step): the highest of the peak's forward end, its
@@ -148,7 +162,14 @@ class MemoryReport(Readable):
         counters = self.optimizer_step_counter_bytes
         rows = [
             ("parameters", fmt_bytes(self.params_bytes), predicted("params_bytes")),
-            ("gradients", fmt_bytes(self.grads_bytes), predicted("grads_bytes")),
+            (
+                "gradients"
+                + (" (one at a time, stepped in backward)" if self.optimizer_in_backward else ""),
+                fmt_bytes(self.grads_bytes),
+                fmt_bytes(self.predicted_grads_bytes)
+                if self.predicted_grads_bytes is not None
+                else "n/a",
+            ),
             (
                 "optimizer states" + (" (+ step counters)" if counters else ""),
                 fmt_bytes(self.optimizer_bytes - counters)
@@ -346,6 +367,17 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         notes.append(f"no prediction: {type(exc).__name__}: {exc}")
     if predicted is not None and predicted.activation_bytes is None:
         notes.append(no_activation_note)
+    if device.type == "cpu" and str(getattr(cfg.attention, "value", cfg.attention)) == "sdpa":
+        dropout = any(
+            "Dropout" in type(m).__name__ and float(getattr(m, "p", 0) or 0) > 0
+            for m in runtime.trained_module.modules()
+        )
+        if dropout:
+            notes.append(
+                "sdpa with dropout on a CPU: PyTorch's math kernel keeps the attention "
+                "weights for backward (a GPU's fused kernels keep a random seed), so the "
+                "measured activations exceed the prediction, which counts a GPU's kernel"
+            )
     lora = getattr(runtime, "lora", None)
     if lora is not None:
         adapters, base = lora.adapter_parameters(), lora.base_parameters()
@@ -383,5 +415,6 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         predicted=predicted,
         notes=tuple(notes),
         activation_offload=runtime.offload is not None,
+        optimizer_in_backward=bool(cfg.optimizer_in_backward),
         offloaded_activation_bytes=activations.offloaded_bytes,
     )
