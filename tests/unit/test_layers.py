@@ -14,7 +14,8 @@ ROOT = Path(__file__).parents[2] / "workbench"
 #: Lowest first; a module may import its own layer and the layers below (the package root,
 #: `workbench/__init__.py`, is the public facade over all of them and is left out).
 LAYERS: list[tuple[str, ...]] = [
-    ("inputs", "outputs", "version", "choices", "display", "problems", "spread"),  # 1 leaves
+    # 1 leaves
+    ("inputs", "outputs", "version", "kernel", "choices", "display", "problems", "spread"),
     ("config", "estimate", "models", "modelstats"),  # 2 core
     ("prediction", "deepspeed", "advisor", "monitor"),  # 3 services
     ("train", "export", "compress", "integrations"),  # 4 engines
