@@ -8,9 +8,12 @@ steps with `WorkbenchTrainerCallback` / `WorkbenchLightningCallback` and without
 `--reps` interleaved pairs (back to back, so a shared machine's load changes both alike;
 the order within a pair alternates). The time is the trainer's whole `train()` / `fit()`
 call after one warm-up run of each. The ratio with / without is reported per pair and as
-the median of the pairs' ratios: the callback's cost per step is one host read of the
-loss and gradient norm, the norm itself, and a few microseconds of bookkeeping; the
-target is <= 1.01 on these tiny models, whose steps take a few milliseconds.
+the median of the pairs' ratios. On a shared 2-core machine single pairs vary by several
+percent either way, more than the callback costs, so one more observed run times what is
+spent inside the callback's hooks themselves (perf_counter around each call): one host
+read of the loss (with the gradient norm and loss scale when it has them), the norm, and
+the record's bookkeeping. The target is <= 1.01 on these tiny models, whose steps take a
+few milliseconds.
 
 Writes benchmarks/results/observe.json.
 """
@@ -76,7 +79,7 @@ def hf_run(steps: int, observed: bool, out: str) -> float:
     return time.perf_counter() - start
 
 
-def lightning_run(steps: int, observed: bool) -> float:
+def lightning_run(steps: int, observed: bool, grad_norm: bool = True) -> float:
     import lightning as L
 
     from workbench.integrations import WorkbenchLightningCallback
@@ -104,12 +107,44 @@ def lightning_run(steps: int, observed: bool) -> float:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[WorkbenchLightningCallback()] if observed else [],
+        callbacks=[WorkbenchLightningCallback(grad_norm=grad_norm)] if observed else [],
     )
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     start = time.perf_counter()
     trainer.fit(Module(), loader)
     return time.perf_counter() - start
+
+
+def hook_seconds(cls: Any, run: Any, steps: int) -> float:
+    """Seconds per step spent inside the callback's own hooks (and the forward hook it
+    puts on the model), timed with perf_counter around each call in one observed run."""
+    from workbench.integrations import observer
+
+    spent = [0.0]
+    names = [n for n in vars(cls) if n.startswith("on_")]
+    originals = {n: getattr(cls, n) for n in names}
+    micro = observer.Observer.micro_batch
+
+    def timed(f: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        return call
+
+    try:
+        for n in names:
+            setattr(cls, n, timed(originals[n]))
+        observer.Observer.micro_batch = timed(micro)  # type: ignore[method-assign]
+        run(True)
+    finally:
+        for n in names:
+            setattr(cls, n, originals[n])
+        observer.Observer.micro_batch = micro  # type: ignore[method-assign]
+    return spent[0] / steps
 
 
 def pairs(run: Any, reps: int) -> dict[str, Any]:
@@ -140,9 +175,24 @@ def main() -> None:
     a = parser.parse_args()
     torch.set_num_threads(1)  # steady timings on a shared machine
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from workbench.integrations import WorkbenchLightningCallback, WorkbenchTrainerCallback
+
     with tempfile.TemporaryDirectory() as out:
         hf = pairs(lambda observed: hf_run(a.steps, observed, out), a.reps)
+        hf["hook_us_per_step"] = 1e6 * hook_seconds(
+            WorkbenchTrainerCallback, lambda o: hf_run(a.steps, o, out), a.steps
+        )
     pl = pairs(lambda observed: lightning_run(a.steps, observed), a.reps)
+    pl["hook_us_per_step"] = 1e6 * hook_seconds(
+        WorkbenchLightningCallback, lambda o: lightning_run(a.steps, o), a.steps
+    )
+    # the gradient norm (the advisor's spike rule reads it) is most of the Lightning
+    # callback's cost on a model of many small tensors: timed without it too
+    pl["hook_us_per_step_without_grad_norm"] = 1e6 * hook_seconds(
+        WorkbenchLightningCallback, lambda o: lightning_run(a.steps, o, grad_norm=False), a.steps
+    )
+    for r in (hf, pl):
+        r["hook_share_of_step"] = r["hook_us_per_step"] * 1e-6 / (r["without_median_s"] / a.steps)
     results = {
         "steps": a.steps,
         "reps": a.reps,
@@ -156,8 +206,13 @@ def main() -> None:
         print(
             f"{name}: with / without the callback = {r['ratio_median']:.4f} (median of "
             f"{a.reps} pairs; {r['without_median_s'] / a.steps * 1e3:.2f} ms a step without, "
-            f"{per_step * 1e6:+.0f} us a step with)"
+            f"{per_step * 1e6:+.0f} us a step with); inside the callback's hooks: "
+            f"{r['hook_us_per_step']:.0f} us a step = {r['hook_share_of_step']:.2%} of a step"
         )
+    print(
+        f"Lightning Trainer without the gradient norm (grad_norm=False): "
+        f"{pl['hook_us_per_step_without_grad_norm']:.0f} us a step inside the hooks"
+    )
     print(f"wrote {path}")
 
 

@@ -125,6 +125,24 @@ class Observer:
         self._batch: Any = None  # the first micro-batch seen: its sequence length
         self._description: Any = None
         self._read_memory = memory_reader(self.device)
+        cfg = self.config
+        # the record fields a run's settings fix, made once
+        self._fixed: dict[str, Any] = {
+            "precision": str(cfg.precision),
+            "micro_batch": int(cfg.micro_batch),
+            "grad_accum": int(cfg.grad_accum),
+            "zero_stage": int(cfg.zero_stage),
+            "fsdp": str(getattr(cfg.fsdp, "value", cfg.fsdp)),
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "clip_grad_norm": cfg.clip_grad_norm,
+            "activation_checkpointing": bool(cfg.activation_checkpointing),
+            "num_workers": int(cfg.num_workers),
+            "gpu_util_percent": None,
+            "gpu_memory_used_bytes": None,
+            "cpu_util_percent": None,
+            "loss_parts": None,
+        }
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with self._lock:
@@ -238,9 +256,9 @@ class Observer:
                 )
                 states = self._states = (states[0], states[1], opt)
         mem = self._read_memory()
-        cfg = self.config
         record = StepRecord.from_fields(
             {
+                **self._fixed,
                 "step": self.history.total + 1,
                 "micro_steps": max(1, len(self._losses)),
                 "loss": float(loss_value),
@@ -253,16 +271,6 @@ class Observer:
                 "grad_norm": norm,
                 "scale": scale,
                 "skipped": bool(skipped),
-                "precision": str(cfg.precision),
-                "micro_batch": int(cfg.micro_batch),
-                "grad_accum": int(cfg.grad_accum),
-                "zero_stage": int(cfg.zero_stage),
-                "fsdp": str(getattr(cfg.fsdp, "value", cfg.fsdp)),
-                "world_size": self.world_size,
-                "rank": self.rank,
-                "clip_grad_norm": cfg.clip_grad_norm,
-                "activation_checkpointing": bool(cfg.activation_checkpointing),
-                "num_workers": int(cfg.num_workers),
                 "changes": {},
                 "warmup": self.history.total == 0,
                 "params_bytes": states[0],
@@ -272,10 +280,6 @@ class Observer:
                 "cuda_max_allocated_bytes": mem[1],
                 "cuda_reserved_bytes": mem[2],
                 "rss_bytes": mem[3],
-                "gpu_util_percent": None,
-                "gpu_memory_used_bytes": None,
-                "cpu_util_percent": None,
-                "loss_parts": None,
                 "wall_time": time.time(),
             }
         )
@@ -307,18 +311,30 @@ class Observer:
         """(the step's loss: the mean of its micro-batches' or their sum when `summed`;
         the computed gradient norm or `grad_norm`; the loss scale, a float or a scaler's
         scale tensor), the device values in one read."""
-        tensors = [v.float().reshape(()) for v in self._losses if isinstance(v, torch.Tensor)]
-        floats = [float(v) for v in self._losses if not isinstance(v, torch.Tensor)]
         norm = self._norm if grad_norm is None else grad_norm
+        losses = self._losses
+        if (
+            len(losses) == 1
+            and isinstance(losses[0], torch.Tensor)
+            and not isinstance(norm, torch.Tensor)
+            and not isinstance(scale, torch.Tensor)
+        ):  # one micro-batch, nothing else on the device: one read of the loss itself
+            return (
+                float(losses[0].item()),
+                float(norm) if norm is not None else None,
+                float(scale) if scale is not None else None,
+            )
+        tensors = [v for v in losses if isinstance(v, torch.Tensor)]
+        floats = [float(v) for v in losses if not isinstance(v, torch.Tensor)]
         extra = [v for v in (norm, scale) if isinstance(v, torch.Tensor)]
         total = math.nan
         if tensors or extra:
             device = (tensors or extra)[0].device
-            read = [torch.stack([t.to(device) for t in tensors]).sum()] if tensors else []
-            read += [v.float().reshape(()).to(device) for v in extra]
+            read = [v.detach().reshape(()).to(device, torch.float32) for v in tensors + extra]
             got = torch.stack(read).tolist()  # host waits for the device here, once
             if tensors:
-                total = got.pop(0) + sum(floats)
+                total = sum(got[: len(tensors)]) + sum(floats)
+            got = got[len(tensors) :]
             if isinstance(norm, torch.Tensor):
                 norm = got.pop(0)
             if isinstance(scale, torch.Tensor):
