@@ -625,12 +625,6 @@ class TrainConfig:
             and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
         ):
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
-        if (
-            ok("lora_rank", "zero_stage", "precision", "fsdp")
-            and self.lora_rank > 0
-            and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
-        ):
-            add("lora_rank", self.lora_rank, LORA_ENGINES)
         if ok("qlora", "lora_rank") and self.qlora is True:
             if self.lora_rank == 0:
                 add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
@@ -933,8 +927,9 @@ def bf16_true_problem(why: str = "") -> SettingProblem:
 
 #: Why 8-bit AdamW trains in the plain loop only.
 LORA_ENGINES = (
-    "trains LoRA adapters in the plain loop (one process, zero_stage=0, no fsdp, a torch "
-    "precision); DeepSpeed and FSDP are not wired to the adapters yet"
+    "a Session trains LoRA adapters in the plain loop (one process, zero_stage=0, no fsdp, "
+    "a torch precision); its DeepSpeed and FSDP engines are not wired to the adapters yet "
+    "(the exported DeepSpeed, FSDP and Lightning jobs train them)"
 )
 
 #: LoRA's `lora_targets`: "all-linear", or comma-separated module names or name endings.
@@ -980,7 +975,8 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
             SettingProblem(
                 "lora_rank",
                 config.lora_rank,
-                f"{LORA_ENGINES}; {world_size} ranks without `fsdp` train through DeepSpeed",
+                f"{LORA_ENGINES}; this setup trains through {engine.value} "
+                f"({world_size} rank{'s' if world_size > 1 else ''})",
             )
         ]
     if config.optimizer_in_backward and engine is not Engine.PLAIN:

@@ -437,10 +437,10 @@ def _check(
             "the exported jobs step one optimizer after backward; a Session trains it",
         ),
         (
-            "lora_rank",
-            int(config.lora_rank) > 0,
-            "the exported jobs train every parameter; LoRA adapters (peft) train in a "
-            "Session, and `session.save_adapters()` writes them for peft to load",
+            "qlora",
+            bool(config.qlora),
+            "the exported jobs put LoRA's adapters on a base in its own dtype; QLoRA's 4-bit "
+            "base (bitsandbytes) is not sharded by their engines here; a Session trains it",
         ),
         (
             "optimizer",

@@ -238,7 +238,63 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
             f"attention={kernel!r}: the model is neither the workbench GPT nor a "
             "transformers model, so there is no attention kernel to switch"
         )
+    if isinstance(config, dict) and int(config.get("lora_rank", 0) or 0) > 0:
+        add_lora(module, config)
     return module, dataset, loss_fn
+
+
+#: Names of output heads "all-linear" leaves out (the Session's rule, `workbench.train.lora`).
+LORA_HEADS = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
+
+
+def lora_targets(module: torch.nn.Module, targets: str) -> list[str]:
+    """The job's own copy of the Session's target rule: "all-linear" is every nn.Linear
+    but the output head, else comma-separated module names or name endings."""
+    linears = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    wanted = [t.strip() for t in targets.split(",") if t.strip()]
+    if wanted == ["all-linear"]:
+        get = getattr(module, "get_output_embeddings", None)
+        out = get() if callable(get) else None
+        heads = {
+            n
+            for n, m in module.named_modules()
+            if (out is not None and m is out) or n.split(".")[-1] in LORA_HEADS
+        }
+        return [n for n in linears if n not in heads]
+    return [n for n in linears if any(n == w or n.endswith("." + w) for w in wanted)]
+
+
+def add_lora(module: torch.nn.Module, config: dict[str, Any]) -> None:
+    """peft's LoRA adapters on the job's module in place, the base frozen (the Session's
+    `lora_*` settings); the trainable share said on stderr."""
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as exc:
+        fail(f"lora_rank: LoRA trains through peft: pip install peft ({exc})")
+    names = lora_targets(module, str(config.get("lora_targets", "all-linear")))
+    if not names:
+        fail(
+            f"lora_targets={config.get('lora_targets')!r}: picks none of the model's linear layers"
+        )
+    alpha: Any = float(config.get("lora_alpha", 16.0))  # peft scales by alpha / r (a float)
+    lora = LoraConfig(
+        r=int(config["lora_rank"]),
+        lora_alpha=alpha,
+        lora_dropout=float(config.get("lora_dropout", 0.0)),
+        target_modules="|".join(re.escape(n) for n in names),
+        bias="none",
+    )
+    # the adapters' initial A from the run's seed alone, as a Session draws it
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(config.get("seed", 0)))
+        inject_adapter_in_model(lora, module)
+    adapters = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in module.parameters())
+    print(
+        f"LoRA rank {lora.r} on {len(names)} layers: {adapters:,} adapter parameters train "
+        f"({adapters / total:.2%} of {total:,}); the base is frozen",
+        file=sys.stderr,
+    )
 
 
 #: The attention kernels a job trains with (the Session's `attention` setting).

@@ -191,7 +191,11 @@ class LoraAdapters:
             target_modules="|".join(re.escape(n) for n in self.targets),
             bias="none",
         )
-        inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+        # the adapters' initial A from the run's seed alone (the exported jobs do the same),
+        # without moving the RNG the run itself draws from
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(config.seed))
+            inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
         model.to(device)
 
     @classmethod
