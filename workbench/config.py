@@ -300,8 +300,8 @@ class TrainConfig:
         kind="int",
         label="LoRA rank",
         help="LoRA adapters of this rank on the target layers through peft, the base weights "
-        "frozen (0: off; the plain loop); switching rebuilds at a step boundary, merging the "
-        "adapters trained so far into the base",
+        "frozen (0: off); switching rebuilds at a step boundary, merging the adapters trained "
+        "so far into the base",
         flag="--lora-rank",
         metavar="RANK",
         minimum=0,
@@ -345,8 +345,8 @@ class TrainConfig:
         False,
         kind="bool",
         label="QLoRA",
-        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit); the original weights "
-        "stay in host memory and get the merged adapters back",
+        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit; the plain loop); the "
+        "original weights stay in host memory and get the merged adapters back",
         flag="--qlora",
     )
     num_workers: int = setting(
@@ -926,10 +926,11 @@ def bf16_true_problem(why: str = "") -> SettingProblem:
 
 
 #: Why 8-bit AdamW trains in the plain loop only.
-LORA_ENGINES = (
-    "a Session trains LoRA adapters in the plain loop (one process, zero_stage=0, no fsdp, "
-    "a torch precision); its DeepSpeed and FSDP engines are not wired to the adapters yet "
-    "(the exported DeepSpeed, FSDP and Lightning jobs train them)"
+QLORA_ENGINES = (
+    "a Session trains QLoRA's 4-bit base (bitsandbytes' Linear4bit) in the plain loop "
+    "(one process, zero_stage=0, no fsdp, a torch precision): DeepSpeed's and FSDP's copies "
+    "and shards of the weights do not carry its quantisation state; LoRA on a base in its "
+    "own dtype trains on every engine"
 )
 
 #: LoRA's `lora_targets`: "all-linear", or comma-separated module names or name endings.
@@ -970,12 +971,12 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
         return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
-    if config.lora_rank > 0 and engine is not Engine.PLAIN:
+    if config.qlora and engine is not Engine.PLAIN:
         return [
             SettingProblem(
-                "lora_rank",
-                config.lora_rank,
-                f"{LORA_ENGINES}; this setup trains through {engine.value} "
+                "qlora",
+                True,
+                f"{QLORA_ENGINES}; this setup trains through {engine.value} "
                 f"({world_size} rank{'s' if world_size > 1 else ''})",
             )
         ]

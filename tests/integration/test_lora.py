@@ -202,11 +202,9 @@ def test_bad_lora_settings_name_the_field() -> None:
         TrainConfig(lora_rank=4, lora_targets="q k")
     with pytest.raises(ValueError, match=r"qlora=True: .*needs lora_rank >= 1"):
         TrainConfig(qlora=True)
-    # a job may train LoRA under ZeRO (exported); a Session trains it in the plain loop
-    with pytest.raises(
-        ValueError, match=r"lora_rank=4: a Session trains LoRA adapters in the plain"
-    ):
-        _session(lora_rank=4, zero_stage=2)
+    # QLoRA's 4-bit base trains in the plain loop only (LoRA itself on every engine)
+    with pytest.raises(ValueError, match=r"qlora=True: a Session trains QLoRA's 4-bit base"):
+        _session(lora_rank=4, qlora=True, zero_stage=2, precision="bf16")
     with pytest.raises(ValueError, match=r"lora_targets='nothing_here': picks none"):
         _session(lora_rank=4, lora_targets="nothing_here")
 
@@ -352,3 +350,65 @@ def test_a_lora_checkpoint_resumes_bit_exact(tmp_path) -> None:  # type: ignore[
         assert [r.loss for r in resumed.run(2, progress=False)] == expected
     finally:
         resumed.close()
+
+
+def _trained(settings: dict[str, object], steps: int = 3) -> tuple[list[float], object, nn.Module]:
+    model, data, loss, _ = build_model("tiny-gpt", **JOB_MODEL)  # type: ignore[arg-type]
+    config = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2, **settings)  # type: ignore[arg-type]
+    s = Session(config, model=model, data=data, loss_fn=loss)
+    try:
+        losses = [r.loss for r in s.run(steps, progress=False)]
+        report = s.memory()
+    finally:
+        s.close()
+    return losses, report, model
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"zero_stage": 2},
+        {"zero_stage": 3},
+        {"fsdp": "full_shard"},
+        {"zero_stage": 1, "precision": "bf16"},
+    ],
+    ids=["zero2", "zero3", "fsdp", "zero1-bf16"],
+)
+def test_lora_trains_on_the_deepspeed_and_fsdp_engines(settings) -> None:  # type: ignore[no-untyped-def]
+    """The engines train the adapters with the plain loop's losses (bf16 to its rounding),
+    their model states counted (the frozen base included) equal the prediction to the byte,
+    and your module gets its own layers back with the update merged."""
+    plain_losses, _, plain_model = _trained({})
+    losses, report, model = _trained(settings)
+    rel = 1e-2 if settings.get("precision") == "bf16" else 1e-6
+    assert losses == pytest.approx(plain_losses, rel=rel)
+    pred = report.predicted
+    assert report.params_bytes == pred.params_bytes
+    assert report.grads_bytes == pred.grads_bytes
+    assert report.optimizer_bytes - report.optimizer_step_counter_bytes == pred.optimizer_bytes
+    assert type(model.blocks[0].attn.qkv) is nn.Linear
+    x = torch.randint(0, 60, (2, 16))
+    atol = 5e-2 if settings.get("precision") == "bf16" else 1e-5
+    torch.testing.assert_close(_outputs(model, x), _outputs(plain_model, x), atol=atol, rtol=0)
+
+
+def test_lora_switches_live_on_a_deepspeed_engine() -> None:
+    model, data, loss, _ = build_model("tiny-gpt", **JOB_MODEL)  # type: ignore[arg-type]
+    s = Session(
+        TrainConfig(micro_batch=4, seed=3, lr=1e-2, zero_stage=2),
+        model=model,
+        data=data,
+        loss_fn=loss,
+    )
+    try:
+        s.run(1, progress=False)
+        s.update(lora_rank=4)
+        s.run(1, progress=False)
+        assert s.lora()["adapter_params"] == 2 * 4 * (64 + 192 + 64 + 64 + 64 + 256 + 256 + 64)  # type: ignore[index]
+        s.update(lora_rank=0)
+        s.run(1, progress=False)
+        assert s.lora() is None
+    finally:
+        s.close()
+    assert type(model.blocks[0].attn.qkv) is nn.Linear
+    assert all(p.requires_grad for p in model.parameters())

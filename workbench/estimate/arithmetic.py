@@ -15,7 +15,7 @@ from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.limits import GIB, LIMITS
-from workbench.estimate.lora import lora_model_states
+from workbench.estimate.lora import frozen_base_bytes
 from workbench.estimate.model_states import (
     ModelStateQuery,
     ModelStates,
@@ -43,23 +43,40 @@ def model_states(i: EstimateInputs) -> ModelStates:
     states = model_state_bytes(query, i.accounting)
     if i.lora is None:
         return states
-    per = bytes_per_param(i.precision, i.optimizer)
-    if i.fsdp != "off":
-        split = {"full_shard": (True, True, True), "shard_grad_op": (False, True, True)}
-        shard = split.get(i.fsdp, (False, False, False))
-    else:
-        shard = (i.zero_stage >= 3, i.zero_stage >= 2, i.zero_stage >= 1)
-    params, grads, optim, host = lora_model_states(
-        i.shard_params,
-        i.lora,
-        per.weights,
-        per.grads,
-        per.optimizer,
-        gpus=i.data_parallel,
-        shard=shard,
-        offload=(i.offload_optimizer, i.offload_params),
+    # the adapters train: their states as the engine lays them out (its accounting);
+    # the frozen base holds weights only, split as the engine splits weights
+    lora = i.lora
+    trained = model_state_bytes(
+        ModelStateQuery(
+            lora.trainable,
+            i.precision,
+            i.optimizer,
+            i.zero_stage,
+            i.data_parallel,
+            i.offload_optimizer,
+            i.offload_params,
+            fsdp=i.fsdp,
+        ),
+        i.accounting,
     )
-    return ModelStates(params, grads, optim, host)
+    split = i.fsdp == "full_shard" or (i.fsdp == "off" and i.zero_stage >= 3)
+    frozen = frozen_base_bytes(
+        i.shard_params, lora, bytes_per_param(i.precision, i.optimizer).weights,
+        gpus=i.data_parallel, split=split,
+    )  # fmt: skip
+    if i.offload_params:
+        return ModelStates(
+            trained.params_bytes,
+            trained.grads_bytes,
+            trained.optimizer_bytes,
+            trained.cpu_offload_bytes + frozen,
+        )
+    return ModelStates(
+        trained.params_bytes + frozen,
+        trained.grads_bytes,
+        trained.optimizer_bytes,
+        trained.cpu_offload_bytes,
+    )
 
 
 def activations(i: EstimateInputs) -> ActivationBreakdown | None:

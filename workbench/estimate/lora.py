@@ -2,11 +2,14 @@
 
 LoRA (Hu et al. 2021) freezes the base weights and trains, on each target linear layer of
 shape (in, out), two matrices A (rank x in) and B (out x rank): `rank * (in + out)`
-parameters. Only they have gradients and optimizer states, so per GPU:
+parameters. Only they have gradients and optimizer states, so per GPU the adapters' model
+states are the engine's accounting of `rank * (in + out)` parameters (the ZeRO paper's,
+DeepSpeed's or FSDP2's layout, sharded as the stage or mode shards them), plus the frozen
+base's weights (`frozen_base_bytes`):
 
-    parameters          base bytes x frozen base  +  weight bytes x adapters
-    gradients           gradient bytes x adapters
-    optimizer states    (master + state bytes) x adapters
+    parameters          weight bytes x frozen base  +  the adapters' (accounting)
+    gradients           the adapters' (accounting)
+    optimizer states    the adapters' (accounting: master copy, flat buffers included)
 
 QLoRA (Dettmers et al. 2023) holds the base linear layers in 4-bit NF4 (bitsandbytes'
 `Linear4bit`, blocks of 64 weights with double quantisation: a 1-byte absmax per block
@@ -104,41 +107,19 @@ def lora_facts(
     )
 
 
-def lora_model_states(
-    n_params: int,
-    lora: LoraFacts,
-    weights: int,
-    grads: int,
-    optim: int,
-    *,
-    gpus: int = 1,
-    shard: tuple[bool, bool, bool] = (False, False, False),
-    offload: tuple[bool, bool] = (False, False),
-) -> tuple[int, int, int, int]:
-    """(parameter, gradient, optimizer-state, host) bytes per GPU with `n_params` base
-    parameters and the adapters of `lora`, from the precision's per-parameter `weights`,
-    `grads` and `optim` bytes (optimizer states with any master copy). `shard`: whether
-    the (parameters, gradients, optimizer states) are split over `gpus` (ZeRO 3/2/1,
-    FSDP's modes), each part `ceil(x / gpus)`; `offload`: (optimizer, parameters) moved
-    to host memory, as ZeRO-Offload does."""
+def frozen_base_bytes(
+    n_params: int, lora: LoraFacts, weights: int, *, gpus: int = 1, split: bool = False
+) -> int:
+    """Bytes of the frozen base on one GPU: `n_params` base parameters in the weights'
+    dtype (`weights` bytes each), those QLoRA holds in 4 bits at `NF4_BYTES_PER_PARAM`;
+    each part `ceil(x / gpus)` when the engine splits the weights (`split`: ZeRO-3, FSDP
+    full_shard). The adapters' own states are the accounting's (`model_states`)."""
 
-    def part(count: int, split: bool) -> int:
+    def part(count: int) -> int:
         return -(-count // gpus) if split else count
 
     base = n_params - lora.quantized
-    params = int(
-        weights * part(base, shard[0])
-        + NF4_BYTES_PER_PARAM * part(lora.quantized, shard[0])
-        + weights * part(lora.trainable, shard[0])
-    )
-    grad = grads * part(lora.trainable, shard[1])
-    states = optim * part(lora.trainable, shard[2])
-    host = 0
-    if offload[0]:
-        host, grad, states = host + grad + states, 0, 0
-    if offload[1]:
-        host, params = host + params, 0
-    return params, grad, states, host
+    return int(weights * part(base) + NF4_BYTES_PER_PARAM * part(lora.quantized))
 
 
 def adapter_activation_bytes(

@@ -542,8 +542,10 @@ class DeepSpeedBackend:
         )
 
     def _count_params(self) -> int:
+        """Every parameter of the engine's module as this rank holds it, frozen ones too
+        (LoRA's base)."""
         total = 0
-        for _, p in self._named:
+        for p in self.engine.module.parameters():
             t = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
             total += _nbytes(t)
         return total

@@ -360,7 +360,10 @@ class FSDPBackend:
         """This rank's bytes, counted from its own (padded) shard storage: the sharded
         parameters, the sharded gradients (as they were just before the last optimizer
         step, or now between backward and step), every optimizer-state tensor."""
-        params = storage_bytes(_local(p) for _, p in self._named)
+        # every parameter's shard, frozen ones too (LoRA's base)
+        sharded = self._sharded if self._sharded is not None else None
+        every = sharded.parameters() if sharded is not None else (p for _, p in self._named)
+        params = storage_bytes(_local(p) for p in every)
         grads = self._count_grads() or self._grads_bytes
         optim = storage_bytes(
             _local(v) for st in self.optimizer.state.values() for v in st.values()
