@@ -4,12 +4,15 @@
 place (`peft.inject_adapter_in_model`): each target `nn.Linear` becomes a peft
 `lora.Linear` wrapping the original layer (`base_layer`) with two small matrices, and
 every other parameter is frozen (`requires_grad=False`). B starts at zero, so the module
-computes exactly what it did before. The plain backend then trains only the adapters.
+computes exactly what it did before; A is drawn from the run's seed alone (the exported
+jobs draw it the same way). The backend, whichever engine (the plain loop, DeepSpeed's or
+FSDP's copy of your module), then trains only the adapters.
 
 QLoRA (`qlora=True`): every linear layer but the output head is first replaced by
 bitsandbytes' `Linear4bit` (NF4, double quantisation, compute in the autocast dtype) and
 the adapters go on the targets among them. The original layers, with their weights in
-their own dtype, are kept aside in host memory.
+their own dtype, are kept aside in host memory. QLoRA trains in the plain loop only
+(`workbench.config.engine_problems`).
 
 `merge()` gives your module back its own layers with the adapters' update added to the
 weights (`W += B A * alpha / rank`; under QLoRA into the kept original weight, not the
