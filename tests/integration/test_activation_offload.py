@@ -16,15 +16,13 @@ micro-batch 8, fp32), the bound below is set from these figures:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.integration.job_runs import run_script
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
 from workbench.estimate import EstimateInputError, estimate_memory
@@ -152,17 +150,6 @@ def test_on_a_gpu_the_device_holds_less_and_the_numbers_are_the_same() -> None:
 
 
 # ------------------------------------------------------------------ the exported jobs
-def _run_script(script: str, cwd: Path, steps: int) -> list[dict[str, Any]]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    argv = [sys.executable, script, "--steps", str(steps)]
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=420)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]
-
-
 @pytest.mark.parametrize(
     ("fmt", "script", "settings"),
     [
@@ -182,7 +169,7 @@ def test_the_exported_jobs_train_with_it(
     config = TrainConfig(micro_batch=4, seed=3, activation_offload=True, **settings)
     out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=TINY)
     assert json.loads((Path(out.out_dir) / "job.json").read_text())["activation_offload"] is True
-    lines = _run_script(script, Path(out.out_dir), steps=2)
+    lines = run_script(script, Path(out.out_dir), steps=2)[0]
     assert [ln["step"] for ln in lines] == [1, 2]
     if fmt == "lightning":
         return  # Lightning's data parallel draws its own batches: finite losses only

@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.integration.job_runs import run_script
 from workbench import Session, TrainConfig
 from workbench.estimate import estimate_memory
 from workbench.models import build_model
@@ -259,24 +260,6 @@ def test_the_exported_jobs_refuse_qlora_with_the_reason(tmp_path) -> None:  # ty
 JOB_MODEL = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "dropout": 0.0}
 
 
-def _run_job(script: str, cwd, steps: int):  # type: ignore[no-untyped-def]
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    argv = [sys.executable, script, "--steps", str(steps)]
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=420)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]
-    return lines, done.stderr
-
-
 @pytest.mark.parametrize(
     ("fmt", "script", "settings"),
     [
@@ -295,7 +278,7 @@ def test_the_exported_jobs_train_lora(fmt, script, settings, tmp_path) -> None: 
     config = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2, **settings)
     out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=JOB_MODEL)
     assert json.loads((Path(out.out_dir) / "job.json").read_text())["config"]["lora_rank"] == 4
-    lines, stderr = _run_job(script, Path(out.out_dir), steps=3)
+    lines, stderr = run_script(script, Path(out.out_dir), steps=3)
     assert [ln["step"] for ln in lines] == [1, 2, 3]
     adapters = 2 * 4 * (64 + 192 + 64 + 64 + 64 + 256 + 256 + 64)
     assert f"LoRA rank 4 on 8 layers: {adapters:,} adapter parameters train" in stderr
@@ -412,3 +395,21 @@ def test_lora_switches_live_on_a_deepspeed_engine() -> None:
         s.close()
     assert type(model.blocks[0].attn.qkv) is nn.Linear
     assert all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("lora_rank", 10**9), ("lora_rank", "8"), ("lora_alpha", float("inf")),
+     ("lora_dropout", 1.0), ("lora_targets", "x" * 2000)],
+)  # fmt: skip
+def test_a_jobs_lora_settings_are_checked_before_anything_is_built(field, value, capsys) -> None:  # type: ignore[no-untyped-def]
+    """job.json is a file a user may be handed: its LoRA settings are range-checked, the
+    field and the allowed values named, before peft allocates anything."""
+    from workbench.export.job_common import add_lora
+
+    model, _ = _tiny()
+    config = {"lora_rank": 4, field: value}
+    with pytest.raises(SystemExit):
+        add_lora(model, config)
+    assert f"config.{field}=" in capsys.readouterr().err
+    assert not any(".lora_" in n for n, _ in model.named_parameters())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
@@ -28,10 +29,10 @@ from workbench.estimate.result import MemoryEstimate
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
 
 
-def model_states(i: EstimateInputs) -> ModelStates:
-    """Parameters, gradients and optimizer states on one GPU, and what is offloaded."""
+def _states_of(i: EstimateInputs, n_params: int) -> ModelStates:
+    """The accounting's model states of `n_params` trained parameters under `i`'s setup."""
     query = ModelStateQuery(
-        i.shard_params,
+        n_params,
         i.precision,
         i.optimizer,
         i.zero_stage,
@@ -40,43 +41,25 @@ def model_states(i: EstimateInputs) -> ModelStates:
         i.offload_params,
         fsdp=i.fsdp,
     )
-    states = model_state_bytes(query, i.accounting)
-    if i.lora is None:
-        return states
+    return model_state_bytes(query, i.accounting)
+
+
+def model_states(i: EstimateInputs) -> ModelStates:
+    """Parameters, gradients and optimizer states on one GPU, and what is offloaded."""
+    lora = i.lora
+    if lora is None:
+        return _states_of(i, i.shard_params)
     # the adapters train: their states as the engine lays them out (its accounting);
     # the frozen base holds weights only, split as the engine splits weights
-    lora = i.lora
-    trained = model_state_bytes(
-        ModelStateQuery(
-            lora.trainable,
-            i.precision,
-            i.optimizer,
-            i.zero_stage,
-            i.data_parallel,
-            i.offload_optimizer,
-            i.offload_params,
-            fsdp=i.fsdp,
-        ),
-        i.accounting,
-    )
+    trained = _states_of(i, lora.trainable)
     split = i.fsdp == "full_shard" or (i.fsdp == "off" and i.zero_stage >= 3)
     frozen = frozen_base_bytes(
         i.shard_params, lora, bytes_per_param(i.precision, i.optimizer).weights,
         gpus=i.data_parallel, split=split,
     )  # fmt: skip
-    if i.offload_params:
-        return ModelStates(
-            trained.params_bytes,
-            trained.grads_bytes,
-            trained.optimizer_bytes,
-            trained.cpu_offload_bytes + frozen,
-        )
-    return ModelStates(
-        trained.params_bytes + frozen,
-        trained.grads_bytes,
-        trained.optimizer_bytes,
-        trained.cpu_offload_bytes,
-    )
+    if i.offload_params:  # the base's weights go to the host with the adapters'
+        return replace(trained, cpu_offload_bytes=trained.cpu_offload_bytes + frozen)
+    return replace(trained, params_bytes=trained.params_bytes + frozen)
 
 
 def activations(i: EstimateInputs) -> ActivationBreakdown | None:

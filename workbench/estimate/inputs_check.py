@@ -9,6 +9,10 @@ offload, the tensor/pipeline/data-parallel split). Every problem is collected an
 one `EstimateInputError`. The arithmetic (`arithmetic`) reads the result and checks
 nothing; the one limit that needs a computed figure, the activation bytes of a GPU, is
 `check_activation_size`.
+
+Past 600 lines because every input of `estimate_memory` is read here once, next to the
+combinations it takes part in (the LoRA inputs' `_lora` among them), so one error lists
+every problem; the arithmetic lives in its own modules.
 """
 
 from __future__ import annotations

@@ -115,6 +115,10 @@ Without a transformer shape only the model-state terms, the optimizer temporarie
 buckets and the engines' buffers are counted (FSDP then gathers the whole model as one
 unit, and the largest parameter is taken to be the whole model: an upper bound).
 
+Past 600 lines because `step_peak` assembles every term of every moment of the step in one
+place (each engine's, offload's and LoRA's terms feed the same moments); the terms'
+formulas are the functions above it, and LoRA's own in `workbench.estimate.lora`.
+
 Pure Python: imports no torch.
 """
 

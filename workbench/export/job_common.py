@@ -95,6 +95,16 @@ def read_json_file(path: str, what: str) -> Any:
         fail(f"{what} {path}: cannot be read ({' '.join(str(exc).split())[:300]})")
 
 
+def _is_number(value: Any, low: float, high: float) -> bool:
+    """A finite int or float (not a bool) within [low, high]."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and low <= value <= high
+    )
+
+
 def _is_int(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
@@ -238,7 +248,7 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
             f"attention={kernel!r}: the model is neither the workbench GPT nor a "
             "transformers model, so there is no attention kernel to switch"
         )
-    if isinstance(config, dict) and int(config.get("lora_rank", 0) or 0) > 0:
+    if isinstance(config, dict) and config.get("lora_rank", 0) not in (0, None):  # checked there
         add_lora(module, config)
     return module, dataset, loss_fn
 
@@ -271,16 +281,30 @@ def add_lora(module: torch.nn.Module, config: dict[str, Any]) -> None:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as exc:
         fail(f"lora_rank: LoRA trains through peft: pip install peft ({exc})")
-    names = lora_targets(module, str(config.get("lora_targets", "all-linear")))
+    rank, alpha_in = config["lora_rank"], config.get("lora_alpha", 16.0)
+    dropout = config.get("lora_dropout", 0.0)
+    targets = config.get("lora_targets", "all-linear")
+    for name, value, ok, allowed in (
+        ("lora_rank", rank, _is_int(rank, 1, 4096), "an integer from 1 to 4096"),
+        ("lora_alpha", alpha_in, _is_number(alpha_in, 0.0, 1e6) and alpha_in > 0,
+         "a number > 0 and <= 10^6"),
+        ("lora_dropout", dropout, _is_number(dropout, 0.0, 1.0) and dropout < 1,
+         "a number >= 0 and < 1"),
+        ("lora_targets", targets, isinstance(targets, str) and 0 < len(targets) <= 1000,
+         "module names or 'all-linear', at most 1000 characters"),
+    ):  # fmt: skip
+        if not ok:
+            fail(f"job.json config.{name}={value!r}: must be {allowed}")
+    names = lora_targets(module, str(targets))
     if not names:
         fail(
             f"lora_targets={config.get('lora_targets')!r}: picks none of the model's linear layers"
         )
-    alpha: Any = float(config.get("lora_alpha", 16.0))  # peft scales by alpha / r (a float)
+    alpha: Any = float(alpha_in)  # peft scales by alpha / r (a float)
     lora = LoraConfig(
-        r=int(config["lora_rank"]),
+        r=int(rank),
         lora_alpha=alpha,
-        lora_dropout=float(config.get("lora_dropout", 0.0)),
+        lora_dropout=float(dropout),
         target_modules="|".join(re.escape(n) for n in names),
         bias="none",
     )

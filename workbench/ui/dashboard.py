@@ -6,12 +6,11 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from workbench.ui.charts import Chart
 from workbench.ui.compress import CompressionPanel
 from workbench.ui.estimator import EstimatorPanel
 from workbench.ui.ladder import LadderPanel
 from workbench.ui.monitor import MonitorPanel
-from workbench.ui.panel import PanelBase
+from workbench.ui.panel import PanelBase, TabbedPanels
 from workbench.ui.training import TrainingPanel
 
 TAB_TITLES = (
@@ -23,7 +22,7 @@ TAB_TITLES = (
 )
 
 
-class Dashboard(PanelBase):
+class Dashboard(TabbedPanels):
     """The five panels in tabs. `close()` closes the panels, and the session and sampler
     when the dashboard created them (ones passed in stay open; their owner closes them)."""
 
@@ -70,18 +69,6 @@ class Dashboard(PanelBase):
     @property
     def panels(self) -> tuple[PanelBase, ...]:
         return (self.training, self.estimator, self.monitor, self.compression, self.ladder)
-
-    def charts(self) -> list[Chart]:
-        return [c for p in self.panels for c in p.charts()]
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        for p in self.panels:
-            p.close()
-        for obj in self._owned:
-            obj.close()
-        super().close()
 
     def __repr__(self) -> str:
         return f"Dashboard({self.training!r}, {self.monitor!r})"

@@ -20,7 +20,7 @@ import ipywidgets as widgets
 
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import status_html
-from workbench.ui.panel import PanelBase, RefreshTimer
+from workbench.ui.panel import PanelBase, RefreshTimer, TabbedPanels
 from workbench.ui.training_charts import TrainingCharts
 
 SERIES = ("loss", "samples_per_s", "data_seconds", "step_seconds")
@@ -214,7 +214,7 @@ def estimator_values(observer: Any) -> dict[str, Any]:
     return {**values, "mode": MODE_SHAPE}
 
 
-class ObserverDashboard(PanelBase):
+class ObserverDashboard(TabbedPanels):
     """The observed run's panel, the hardware monitor and the estimator in tabs."""
 
     def __init__(self, observer: Any, sampler: Any | None = None) -> None:
@@ -247,18 +247,6 @@ class ObserverDashboard(PanelBase):
     @property
     def panels(self) -> tuple[PanelBase, ...]:
         return (self.training, self.monitor, self.estimator)
-
-    def charts(self) -> list[Chart]:
-        return [c for p in self.panels for c in p.charts()]
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        for p in self.panels:
-            p.close()
-        for obj in self._owned:
-            obj.close()
-        super().close()
 
     def __repr__(self) -> str:
         return f"ObserverDashboard({self.training.observer!r})"

@@ -257,3 +257,26 @@ def close_tree(widget: Any) -> None:
             elif isinstance(child, widgets.Widget):
                 stack.append(child)
         w.close()
+
+
+class TabbedPanels(PanelBase):
+    """Panels in tabs: their charts together, and `close()` closing the panels and then
+    the objects the tabs created for them (`_owned`: a session, a sampler)."""
+
+    _owned: list[Any]
+
+    @property
+    def panels(self) -> tuple[PanelBase, ...]:
+        raise NotImplementedError
+
+    def charts(self) -> list[Chart]:
+        return [c for p in self.panels for c in p.charts()]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        for p in self.panels:
+            p.close()
+        for obj in self._owned:
+            obj.close()
+        super().close()
