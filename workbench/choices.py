@@ -176,11 +176,13 @@ class Documents(StrEnum):
 
 class Engine(StrEnum):
     """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
-    DeepSpeed engine, or PyTorch FSDP2. The distributed engines train a copy of it."""
+    DeepSpeed engine, PyTorch FSDP2, or PyTorch's tensor parallelism (`tp` > 1, with data
+    parallel or FSDP2 over the other ranks). The distributed engines train a copy of it."""
 
     PLAIN = "plain"
     DEEPSPEED = "deepspeed"
     FSDP = "fsdp"
+    TENSOR_PARALLEL = "tensor-parallel"  # torch.distributed.tensor.parallel over `tp` ranks
 
     @property
     def copies_model(self) -> bool:

@@ -295,6 +295,21 @@ class TrainConfig:
         flag="--documents",
         metavar="LAYOUT",
     )
+    tp: int = setting(
+        1,
+        kind="int",
+        label="tensor parallel",
+        help="tensor-parallel size: each layer's matmuls split over this many ranks "
+        "(PyTorch's column/row-wise parallel linear layers, a vocabulary-parallel embedding, "
+        "head and loss), data parallel (or `fsdp`) over the rest; must divide the ranks, "
+        "the heads and the widths; set when a Session is built",
+        flag="--tp",
+        metavar="SIZE",
+        minimum=1,
+        maximum=64,
+        maximum_text="64",
+        why="more ranks than a tensor-parallel group spans on one node",
+    )
     lora_rank: int = setting(
         0,
         kind="int",
@@ -625,6 +640,8 @@ class TrainConfig:
             and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
         ):
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
+        if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
+            add("tp", self.tp, TP_NOT_DEEPSPEED)
         if ok("qlora", "lora_rank") and self.qlora is True:
             if self.lora_rank == 0:
                 add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
@@ -765,10 +782,15 @@ class TrainConfig:
 
     # ----------------------------------------------------------------- derived
     def effective_batch_size(self, world_size: int = 1) -> int:
-        """Samples per optimizer step across all data-parallel ranks."""
+        """Samples per optimizer step across all data-parallel ranks (`world_size` / `tp`
+        of them: the ranks of a tensor-parallel group read the same samples)."""
+        return int(self.micro_batch) * int(self.grad_accum) * self.data_parallel(world_size)
+
+    def data_parallel(self, world_size: int = 1) -> int:
+        """The data-parallel size on `world_size` ranks: `world_size` / `tp` (at least 1)."""
         if not _is_int(world_size) or world_size < 1:
             raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
-        return int(self.micro_batch) * int(self.grad_accum) * world_size
+        return max(1, world_size // int(self.tp))
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -898,13 +920,16 @@ TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assi
 
 
 def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
-    """The one answer to "which engine runs this config on `world_size` ranks": FSDP2 when
-    `fsdp` is on; DeepSpeed when the config asks for it (ZeRO >= 1, DeepSpeed 16-bit) or a
+    """The one answer to "which engine runs this config on `world_size` ranks": PyTorch's
+    tensor parallelism when `tp` > 1 (FSDP2 over the data-parallel ranks when `fsdp` is on
+    too); FSDP2 when `fsdp` is on; DeepSpeed when the config asks for it (ZeRO >= 1, DeepSpeed 16-bit) or a
     Session trains several ranks without FSDP (its data parallelism is DeepSpeed's ZeRO-0);
     else the plain loop. Every caller (the backends, the prediction, live changes, export)
     asks here; a new engine is one member of `Engine` and one backend file."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
+    if int(config.tp) > 1:
+        return Engine.TENSOR_PARALLEL
     if FsdpMode(config.fsdp) is not FsdpMode.OFF:
         return Engine.FSDP
     if config.uses_deepspeed or world_size > 1:
@@ -962,11 +987,67 @@ ADAM8BIT_ENGINES = (
 )
 
 
+#: Why tensor parallelism and DeepSpeed do not mix.
+TP_NOT_DEEPSPEED = (
+    "tensor parallelism trains through PyTorch's tensor-parallel API, with data parallel or "
+    "FSDP2 (`fsdp`) over the other ranks, not through DeepSpeed: use `zero_stage`=0 and a "
+    "torch precision (fp32, amp-bf16, bf16-true)"
+)
+
+#: What the tensor-parallel engine does not train, with why.
+TP_UNSUPPORTED: dict[str, str] = {
+    "lora_rank": "LoRA's adapters are not split by the tensor-parallel plan",
+    "optimizer_in_backward": "its per-parameter hooks step unreduced tensor-parallel gradients",
+    "offload_params": "tensor-parallel shards stay on the device",
+    "offload_optimizer": "tensor-parallel shards stay on the device",
+    "compile": "torch.compile of tensor-parallel DTensors is not wired in",
+    "activation_offload": "its hooks do not move DTensor activations",
+}
+
+
+def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
+    """What `tp` > 1 cannot train on `world_size` ranks (empty when it can): a `tp` that
+    does not divide the ranks, and the settings the tensor-parallel engine refuses."""
+    tp = int(config.tp)
+    if tp == 1:
+        return []
+    p: list[SettingProblem] = []
+    if world_size % tp:
+        p.append(
+            SettingProblem(
+                "tp",
+                tp,
+                f"must divide the {world_size} rank{'s' if world_size > 1 else ''} "
+                f"(ranks = tp x data parallel; launch {tp} x N ranks)",
+            )
+        )
+    if Precision(config.precision) is Precision.AMP_FP16:
+        p.append(
+            SettingProblem(
+                "precision",
+                "amp-fp16",
+                "torch's GradScaler is not wired into the tensor-parallel engine: use fp32, "
+                "amp-bf16 or bf16-true with `tp` > 1",
+            )
+        )
+    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
+        p.append(SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES))
+    for name, why in TP_UNSUPPORTED.items():
+        value = getattr(config, name)
+        on = OffloadDevice(value) is not OffloadDevice.NONE if "offload_" in name else value
+        if on:
+            p.append(SettingProblem(name, plain_value(value), f"not with `tp`={tp}: {why}"))
+    return p
+
+
 def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
     """What the engine `engine_for(config, world_size)` picks cannot train of a valid
     `config` (empty when it can): pure bf16 when several ranks without FSDP send it to
-    DeepSpeed (with ZeRO >= 1 the config itself is refused already)."""
+    DeepSpeed (with ZeRO >= 1 the config itself is refused already), the tensor-parallel
+    engine's limits (`tp_problems`)."""
     engine = engine_for(config, world_size)
+    if engine is Engine.TENSOR_PARALLEL:
+        return tp_problems(config, world_size)
     if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
@@ -1072,4 +1153,5 @@ __all__ = [
     "runtime_problems",
     "setting",
     "setting_choices",
+    "tp_problems",
 ]

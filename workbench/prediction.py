@@ -39,6 +39,7 @@ ACCOUNTING: dict[Engine, str] = {
     Engine.FSDP: "fsdp",
     Engine.DEEPSPEED: "deepspeed",
     Engine.PLAIN: "paper",
+    Engine.TENSOR_PARALLEL: "paper",  # FSDP2's layout over the data-parallel ranks with `fsdp`
 }
 
 
@@ -46,7 +47,10 @@ def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
     """The estimator accounting of the engine that trains `config` on `world_size` ranks
     (`engine_for`): FSDP2's layout under FSDP, DeepSpeed's under DeepSpeed, else the ZeRO
     paper's."""
-    return ACCOUNTING[engine_for(config, world_size)]
+    engine = engine_for(config, world_size)
+    if engine is Engine.TENSOR_PARALLEL and FsdpMode(config.fsdp) is not FsdpMode.OFF:
+        return ACCOUNTING[Engine.FSDP]
+    return ACCOUNTING[engine]
 
 
 def shape_of(model: Any) -> dict[str, Any]:
@@ -102,6 +106,7 @@ def predict_memory(
         optimizer=str(config.optimizer),
         zero_stage=int(config.zero_stage),
         gpus=int(world_size),
+        tensor_parallel=int(config.tp),
         micro_batch=int(config.micro_batch),
         checkpointing="full" if config.activation_checkpointing else "none",
         offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,

@@ -123,22 +123,24 @@ class CausalSelfAttention(nn.Module):
         (PyTorch's memory-efficient or math kernel runs)."""
         b, s, h = x.shape
         d = h // self.heads
-        q, k, v = self.qkv(x).split(h, dim=2)
-        q = q.reshape(b, s, self.heads, d).transpose(1, 2)
-        k = k.reshape(b, s, self.heads, d).transpose(1, 2)
-        v = v.reshape(b, s, self.heads, d).transpose(1, 2)
+        # q, k, v as thirds of the output and heads = width / d: under tensor parallelism
+        # this rank's slice of `qkv` holds its heads' q, k and v (workbench.train.tensor_plan)
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        q = q.reshape(b, s, -1, d).transpose(1, 2)
+        k = k.reshape(b, s, -1, d).transpose(1, 2)
+        v = v.reshape(b, s, -1, d).transpose(1, 2)
         if self.kernel == "sdpa":
             p = self.attn_drop.p if self.training else 0.0
             if blocked is None:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=blocked, dropout_p=p)
-            return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, h)))
+            return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, -1)))
         scores = q @ k.transpose(-2, -1)
         mask = self.causal_mask[:s, :s] if blocked is None else blocked
         att = ScaledMaskedSoftmax.apply(scores, mask, 1.0 / math.sqrt(d))
         att = self.attn_drop(att)
-        y = (att @ v).transpose(1, 2).reshape(b, s, h)
+        y = (att @ v).transpose(1, 2).reshape(b, s, -1)
         return self.resid_drop(self.proj(y))
 
 

@@ -129,8 +129,16 @@ def forward_and_loss(
     batch: Any,
     loss_fn: LossFn | None,
     autocast: Callable[[], AbstractContextManager[Any]],
+    loss_context: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> torch.Tensor:
-    """Forward inside `autocast()`, loss outside it, in fp32."""
+    """Forward inside `autocast()`, loss outside it, in fp32; inside `loss_context()` when
+    given (the tensor-parallel engine's vocabulary-parallel loss, whose DTensor loss comes
+    back as this rank's local, replicated value, still differentiable)."""
     with autocast():
         out = forward(module, batch)
-    return loss_of(out, batch, loss_fn)
+    if loss_context is None:
+        return loss_of(out, batch, loss_fn)
+    with loss_context():
+        loss = loss_of(out, batch, loss_fn)
+    to_local = getattr(loss, "to_local", None)
+    return to_local() if callable(to_local) else loss

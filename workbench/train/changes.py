@@ -42,6 +42,7 @@ from workbench.train.lora import LORA_FIELDS, lora_problem
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.records import Event
+from workbench.train.tensor_plan import tp_model_problem
 
 #: Settings read by the data loader / the backend; a change to any rebuilds that piece.
 DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
@@ -177,6 +178,19 @@ def session_problems(
                 Device(config.device).value,
                 f"this session runs on {device.type}; the device cannot change on a live "
                 "session (create a new Session)",
+            )
+        )
+    tp = tp_model_problem(model, int(config.tp))
+    if tp is not None:
+        p.append(tp)
+    if "tp" in changed:
+        p.append(
+            SettingProblem(
+                "tp",
+                int(config.tp),
+                "cannot change on a live session: the tensor-parallel size decides which "
+                "ranks read which samples and how each layer is split; create a new Session "
+                "(or launch) with it",
             )
         )
     if "documents" in changed:

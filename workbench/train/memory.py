@@ -49,6 +49,7 @@ from workbench.train.batches import LossFn
 from workbench.train.offload import (
     ActivationOffload,
     is_parameter_derived,
+    local_tensor,
     parameter_storages,
 )
 from workbench.train.recompute import checkpointable_modules, is_checkpointing
@@ -243,7 +244,7 @@ def measure_activations(
     params: dict[int, int] = {}
 
     def record(t: torch.Tensor) -> None:
-        st = t.untyped_storage()
+        st = local_tensor(t).untyped_storage()  # a DTensor's: its local tensor's
         if st.nbytes() == 0 or t.device.type == "meta":
             return
         if is_parameter_derived(t, param_storages):
@@ -318,8 +319,10 @@ def probe(
     module = backend.module
     context = backend.autocast if offload is None else offload.around(backend.autocast, model)
 
+    loss_context = getattr(backend, "loss_context", None)  # the tensor-parallel loss
+
     def forward_and_loss() -> torch.Tensor:
-        return batches.forward_and_loss(module, batch, loss_fn, context)
+        return batches.forward_and_loss(module, batch, loss_fn, context, loss_context)
 
     loss, measure = measure_activations(model, forward_and_loss, offload=offload)
     backend.backward(loss)

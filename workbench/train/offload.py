@@ -73,7 +73,7 @@ def is_parameter_derived(
     that trains, or a chain of at most four view/copy ops ending at a trained leaf)."""
     if t.grad_fn is None and t.requires_grad:
         return True  # a leaf that trains: a parameter (FSDP's gathered copy of one too)
-    if key(t.untyped_storage()) in param_storages:
+    if key(local_tensor(t).untyped_storage()) in param_storages:
         return True
     fn = t.grad_fn
     for _ in range(4):

@@ -102,8 +102,9 @@ class Runtime:
             pin_memory=bool(config.pin_memory),
             seed=int(config.seed),
             device=device,
-            rank=rank,
-            world_size=world_size,
+            # the ranks of a tensor-parallel group read the same samples
+            rank=rank // int(config.tp),
+            world_size=config.data_parallel(world_size),
             position=position,
         )
         self.lora: LoraAdapters | None = None

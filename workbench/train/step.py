@@ -120,6 +120,8 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         take_parts()
     module = backend.module
     autocast = runtime.forward_context  # autocast, under activation offload when set
+    # the tensor-parallel engine's loss runs vocabulary-parallel (loss_parallel)
+    loss_context = getattr(backend, "loss_context", None)
     accum = int(cfg.grad_accum)
     runtime.begin_step()  # the CUDA peak of this step's record counts from here
     clock.start()
@@ -132,7 +134,7 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
         data_s += perf_counter() - t
         fetched.append(batch)
         with label("workbench.forward"):
-            loss = batches.forward_and_loss(module, batch, loss_fn, autocast)
+            loss = batches.forward_and_loss(module, batch, loss_fn, autocast, loss_context)
         with label("workbench.backward"):
             backend.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
@@ -186,7 +188,7 @@ class RecordMaker:
         zero_stage: int,
     ) -> None:
         cfg, sb = config, state_bytes
-        self._samples = int(cfg.micro_batch) * int(cfg.grad_accum) * world_size
+        self._samples = cfg.effective_batch_size(world_size)  # over the data-parallel ranks
         self._tokens = self._samples * tokens_per_sample if tokens_per_sample else None
         self._fixed = {
             "micro_steps": int(cfg.grad_accum),

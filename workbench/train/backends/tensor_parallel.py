@@ -1,0 +1,401 @@
+"""`TensorParallelBackend`: PyTorch's tensor parallelism (`tp` > 1) behind the Backend
+contract, with data parallel or FSDP2 over the other ranks through a 2-D device mesh, and
+the backend-neutral state of the other engines (see `plain.py`), so a Session starts from
+and gives back full weights and optimizer state by parameter name.
+
+How it works
+------------
+* Mesh: `init_device_mesh(device, (world / tp, tp), mesh_dim_names=("dp", "tp"))` over the
+  default process group (`process_group.ProcessGroupLease`, gloo on CPU, NCCL on GPUs).
+  Ranks r*tp .. r*tp + tp - 1 form one tensor-parallel group; the ranks of a group read
+  the same samples (the Session shards data over the `dp` dimension).
+* The plan: `workbench.train.tensor_plan.tensor_plan(model, tp)` names each layer's style;
+  the engine trains a private deep copy of your module, the fused qkv rows permuted
+  (`TensorPlan.permutations`), then `parallelize_module` over the `tp` mesh
+  (`ColwiseParallel`, `RowwiseParallel`, the vocabulary-parallel embedding, the head's
+  logits `Shard(-1)`), a tied head re-tied to the embedding's now split matrix.
+* The loss runs under `loss_parallel()` (`loss_context`, and `backward`): cross-entropy
+  over logits split along the vocabulary, never gathering them.
+* Data parallel over `dp` ranks: with `fsdp` off, each gradient (its local shard) is
+  all-reduced (averaged) over the `dp` group before the step; with `fsdp` full_shard or
+  shard_grad_op, FSDP2's `fully_shard` over the `dp` mesh wraps each checkpointable block
+  and the root after the tensor-parallel plan (2-D: parameters sharded over `dp` and split
+  over `tp`), and its reduce-scatter averages.
+* Gradient norm: each local gradient's squared sum, weighted by how many ranks hold the
+  same elements (the replicas of a whole tensor, of a shard split over `tp` only, ...),
+  summed over every rank: the norm of the full gradient, as the plain loop computes it.
+* Precision: fp32, amp-bf16 (autocast around the forward; parameters fp32) and bf16-true
+  (the copy cast to bf16 before splitting). `workbench.config.tp_problems` refuses the rest.
+* State out: every parameter and optimizer state gathered (`full_tensor()`), the
+  permutation undone, on the CPU (collective: every rank calls it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import FsdpMode, OptimizerName, Precision, TrainConfig
+from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.fsdp import on_device
+from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
+from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
+from workbench.train.recompute import checkpointable_modules
+from workbench.train.schedule import lr_at
+from workbench.train.tensor_plan import TensorPlan, tensor_plan
+
+STATE_FORMAT = 1
+
+
+class TensorParallelBackend:
+    """Tensor parallelism behind the `Backend` contract (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        *,
+        state: dict[str, Any] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"config={config!r}: must be a TrainConfig")
+        if int(config.tp) < 2:
+            raise ValueError(f"tp={config.tp}: TensorParallelBackend needs tp >= 2")
+        self.config = config
+        self.device = torch.device(device) if device is not None else _default_device()
+        self._closed = True
+        self.module: nn.Module | None = None
+        self._model: nn.Module | None = None
+        self.optimizer: Any = None
+        self._named: list[tuple[str, nn.Parameter]] = []
+        ProcessGroupLease.acquire(self.device, deepspeed=False)
+        try:
+            with on_device(self.device):
+                self._build(model, state)
+        except BaseException:
+            self._teardown()
+            ProcessGroupLease.release()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ building
+    def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        config = self.config
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.tp = int(config.tp)
+        if self.world_size % self.tp:
+            raise ValueError(f"tp={self.tp}: must divide the {self.world_size} ranks")
+        self.dp = self.world_size // self.tp
+        self.precision = Precision(config.precision)
+        self.fsdp = FsdpMode(config.fsdp)
+        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
+        self._base_lr = float(config.lr)
+        self._inv_accum = 1.0 / int(config.grad_accum)
+        self._clip = config.clip_grad_norm
+        self.steps = 0
+        self.overflow_steps = 0
+        self._grads_bytes = 0
+        self.mesh = init_device_mesh(
+            self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp")
+        )
+        self._dp_group = self.mesh.get_group("dp")
+
+        module = copy.deepcopy(model)
+        self.plan: TensorPlan = tensor_plan(module, self.tp)
+        pure = PURE_DTYPES.get(self.precision)
+        if pure is not None:
+            module.to(pure)
+            module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
+        if state is not None:
+            _load_full_weights(module, state)
+        self._permute(module)
+        module.to(self.device)
+        _parallelize(module, self.mesh["tp"], self.plan)
+        if self.fsdp is not FsdpMode.OFF:
+            from torch.distributed.fsdp import fully_shard
+
+            reshard = self.fsdp is FsdpMode.FULL_SHARD
+            for unit in checkpointable_modules(module):
+                fully_shard(unit, mesh=self.mesh["dp"], reshard_after_forward=reshard)
+            fully_shard(module, mesh=self.mesh["dp"], reshard_after_forward=reshard)
+        self._model = module
+        self.module = module
+        self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not self._named:
+            raise ValueError("model: has no trainable parameters (requires_grad=True)")
+        self.optimizer = build_optimizer(config, [p for _, p in self._named])
+        if state is not None:
+            self._load_optimizer(state)
+        self._set_lr()
+
+    def _permute(self, module: nn.Module) -> None:
+        """The fused qkv rows into the order the tensor-parallel slices need."""
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                order = self.plan.permutations.get(name)
+                if order is not None:
+                    p.copy_(p[order])
+
+    # ------------------------------------------------------------------ the loop
+    @property
+    def zero_stage(self) -> int:
+        return 0
+
+    @property
+    def trained_module(self) -> nn.Module:
+        assert self._model is not None
+        return self._model
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self.precision is Precision.AMP_BF16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return on_device(self.device)
+
+    def loss_context(self) -> AbstractContextManager[Any]:
+        """Where the loss is computed: vocabulary-parallel cross-entropy over the split
+        logits."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with on_device(self.device), loss_parallel():
+            (loss * self._inv_accum).backward()
+
+    def step(self) -> StepOutcome:
+        with on_device(self.device):
+            return self._step()
+
+    def _step(self) -> StepOutcome:
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self.dp > 1 and self.fsdp is FsdpMode.OFF:
+            self._average_over_dp()
+        self._grads_bytes = self._count_grads()
+        norm = self._grad_norm()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        self._set_lr()
+        return StepOutcome(grad_norm=norm, skipped=False, scale=None, lr=lr)
+
+    def _average_over_dp(self) -> None:
+        import torch.distributed as dist
+
+        for _, p in self._named:
+            if p.grad is not None:
+                local = _local(p.grad)
+                dist.all_reduce(local, group=self._dp_group)
+                local.div_(self.dp)
+
+    def _grad_norm(self) -> float:
+        """The full gradient's norm (see the module docstring), clipped when asked."""
+        import torch.distributed as dist
+
+        grads = [p.grad for _, p in self._named if p.grad is not None]
+        if not grads:
+            return 0.0
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        for g in grads:
+            total += _local(g).float().pow(2).sum() * (_shards(g) / self.world_size)
+        dist.all_reduce(total)
+        norm = float(total.sqrt())
+        if self._clip is not None:
+            coef = float(self._clip) / (norm + 1e-6)
+            if coef < 1.0:
+                for g in grads:
+                    _local(g).mul_(coef)
+        return norm
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _set_lr(self) -> None:
+        lr = lr_at(self.config, self.steps, self._base_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------ state
+    def export_state(self) -> dict[str, Any]:
+        """Full fp32 weights and optimizer state by parameter name, on the CPU, in your
+        module's own row order (collective: every rank calls it)."""
+        with on_device(self.device):
+            model = {n: self._full(n, p).float() for n, p in self._named}
+            opt_state: dict[str, dict[str, Any]] = {}
+            for name, p in self._named:
+                st = self.optimizer.state.get(p) or {}
+                if st:
+                    opt_state[name] = {k: self._full(name, v, p) for k, v in st.items()}
+        return {
+            "format": STATE_FORMAT,
+            "model": model,
+            "optimizer": {"family": self._family, "state": opt_state},
+            "scaler": None,
+            "scheduler": {"steps": self.steps},
+            "steps": self.steps,
+            "overflow_steps": self.overflow_steps,
+        }
+
+    def _full(self, name: str, value: Any, param: Any = None) -> Any:
+        """`value` (a parameter, or a state of `param`) whole, on the CPU, unpermuted."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        full = full.detach().cpu()
+        order = self.plan.permutations.get(name)
+        like = param if param is not None else value
+        if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(like.shape):
+            full = full[torch.argsort(order)]
+        return full
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        self.steps = int(state.get("steps", 0))
+        optim = state.get("optimizer") or {}
+        saved = optim.get("state") or {}
+        if not saved or optim.get("family") is None or optim.get("family") != self._family:
+            return
+        for name, p in self._named:
+            if name not in saved:
+                continue
+            order = self.plan.permutations.get(name)
+            st: dict[str, Any] = {}
+            for key, v in saved[name].items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    v = v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
+                    if order is not None:
+                        v = v[order]
+                    if isinstance(p, DTensor):
+                        v = distribute_tensor(v, p.device_mesh, p.placements)
+                st[key] = v
+            self.optimizer.state[p] = st
+
+    # ------------------------------------------------------------------ memory
+    def model_state_bytes(self) -> ModelStateBytes:
+        """This rank's bytes, counted from its own shards' storage."""
+        model = self._model
+        every = model.parameters() if model is not None else (p for _, p in self._named)
+        params = storage_bytes(_local(p) for p in every)
+        grads = self._count_grads() or self._grads_bytes
+        optim = storage_bytes(
+            _local(v) for st in self.optimizer.state.values() for v in st.values()
+        )
+        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
+
+    def _count_grads(self) -> int:
+        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+        ProcessGroupLease.release()
+
+    def _teardown(self) -> None:
+        if self.optimizer is not None:
+            with contextlib.suppress(Exception):
+                self.optimizer.state.clear()
+                self.optimizer.param_groups.clear()
+        self.optimizer = None
+        self.module = None
+        self._model = None
+        self._named = []
+        gc.collect()
+
+
+def _parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
+    """`parallelize_module` with the plan's styles; a tied head re-tied after."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles: dict[str, Any] = {}
+    for name, kind in plan.layers.items():
+        if kind == "colwise":
+            styles[name] = ColwiseParallel()
+        elif kind == "rowwise":
+            styles[name] = RowwiseParallel()
+        elif kind == "embedding":
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        else:  # the head: logits split over the vocabulary for the parallel loss
+            styles[name] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(module, mesh, styles)
+    if plan.tied is not None:
+        head, embedding = (module.get_submodule(n) for n in plan.tied)
+        head.weight = embedding.weight
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local tensor, or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _shards(t: Any) -> int:
+    """Into how many disjoint pieces the ranks split `t` (1 for a whole tensor): the
+    product of the mesh sizes it is sharded over (`Shard`, and FSDP2's `_StridedShard` of
+    a tensor-parallel shard, whose `is_shard()` is False)."""
+    placements = getattr(t, "placements", None)
+    if placements is None:
+        return 1
+    n = 1
+    for size, placement in zip(t.device_mesh.shape, placements, strict=True):
+        if not (placement.is_replicate() or placement.is_partial()):
+            n *= int(size)
+    return n
+
+
+def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
+    """Full fp32 weights by name into the unsplit copy."""
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name not in weights:
+                raise ValueError(
+                    f"state: no weights for parameter {name}; the state belongs to a "
+                    "different model"
+                )
+            w = weights[name]
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
+                    f"{tuple(p.shape)}"
+                )
+            p.copy_(w.to(p.device, p.dtype))
+
+
+def _default_device() -> torch.device:
+    import os
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+__all__ = ["TensorParallelBackend"]
