@@ -66,6 +66,7 @@ _CLI_FIELDS = (
     "lr",
     "zero_stage",
     "fsdp",
+    "tp",
     "offload_optimizer",
     "offload_params",
     "nvme_path",
@@ -307,27 +308,41 @@ def _table(result: LaunchResult) -> str:
         "optimizer KiB",
         "pred",
     ]
+    split = any(r.layout for r in result.ranks)
+    if split:  # tensor parallel: each rank's place and its activations too
+        head[1:1] = ["tp rank", "dp rank"]
+        head += ["activations KiB", "pred"]
     rows = []
     for r in result.ranks:
         p = r.predicted or {}
         s = r.summary()
-        rows.append(
-            [
-                str(r.rank),
-                str(s.get("last_step", 0)),
-                "-" if "last_loss" not in s else f"{s['last_loss']:.4f}",
-                kib(r.params_bytes),
-                kib(p.get("params_bytes")),
-                kib(r.grads_bytes),
-                kib(p.get("grads_bytes")),
-                kib(r.optimizer_bytes),
-                kib(p.get("optimizer_bytes")),
-            ]
-        )
+        row = [
+            str(r.rank),
+            str(s.get("last_step", 0)),
+            "-" if "last_loss" not in s else f"{s['last_loss']:.4f}",
+            kib(r.params_bytes),
+            kib(p.get("params_bytes")),
+            kib(r.grads_bytes),
+            kib(p.get("grads_bytes")),
+            kib(r.optimizer_bytes),
+            kib(p.get("optimizer_bytes")),
+        ]
+        if split:
+            layout = r.layout or {}
+            row[1:1] = [str(layout.get("tp_rank", "-")), str(layout.get("dp_rank", "-"))]
+            row += [kib(r.activation_bytes), kib(p.get("activation_bytes"))]
+        rows.append(row)
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    layout = next((r.layout for r in result.ranks if r.layout), None)
+    what = (
+        f"tp={layout['tp']} x dp={layout['dp']}; measured from each rank's tensors vs the "
+        "estimator's tensor-parallel share"
+        if layout
+        else "measured from each rank's tensors vs predicted (accounting='deepspeed')"
+    )
     lines = [
         f"{result.world_size} ranks ({result.launcher}), {result.n_params or '?'} parameters; "
-        "measured from each rank's tensors vs predicted (accounting='deepspeed')"
+        + what
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *rows]]
     return "\n".join(lines)

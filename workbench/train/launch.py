@@ -325,7 +325,7 @@ def launch_like(
 def _predictions(config: TrainConfig, n_params: int | None, ranks: int) -> tuple[Any, Any]:
     """Per-rank model states predicted with the engine's layout (DeepSpeed's, or FSDP2's
     under `fsdp`) and with the ZeRO paper's."""
-    if not n_params:
+    if not n_params or int(config.tp) > 1:  # each rank predicts its own share then
         return None, None
     from workbench.prediction import predict_memory
 
@@ -373,9 +373,11 @@ def _result(
                 params_bytes=final.get("params_bytes"),
                 grads_bytes=final.get("grads_bytes"),
                 optimizer_bytes=final.get("optimizer_bytes"),
-                predicted=predicted,
+                predicted=final.get("predicted_rank") or predicted,
                 predicted_paper=paper,
                 pid=(state.hello.get(r) or {}).get("pid"),
+                layout=final.get("layout"),
+                activation_bytes=final.get("activation_bytes"),
             )
         )
     ckpt_dir = ckpt_step = None

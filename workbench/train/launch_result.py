@@ -43,6 +43,10 @@ class RankReport:
     predicted: dict[str, int] | None  # accounting="deepspeed"
     predicted_paper: dict[str, int] | None  # accounting="paper"
     pid: int | None = None
+    #: under tensor parallelism: this rank's place ({"tp", "dp", "tp_rank", "dp_rank"})
+    layout: dict[str, int] | None = None
+    #: under tensor parallelism: the activations one probe step saved on this rank
+    activation_bytes: int | None = None
 
     def summary(self) -> dict[str, Any]:
         """A short step summary: first/last step and loss, mean step seconds."""
@@ -66,6 +70,8 @@ class RankReport:
             "optimizer_bytes": self.optimizer_bytes,
             "predicted": self.predicted,
             "predicted_paper": self.predicted_paper,
+            "layout": self.layout,
+            "activation_bytes": self.activation_bytes,
             "summary": self.summary(),
             "losses": [r.loss for r in self.records],  # from summary's first_step on
         }

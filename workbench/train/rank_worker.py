@@ -19,6 +19,8 @@ after each line, which the parent reads live:
     {"type": "checkpoint", "rank", "step", "path"}                    a checkpoint written
     {"type": "final", "rank", "step", "params_bytes", "grads_bytes",
      "optimizer_bytes", "preempted": bool}                            clean end
+        (under `tp` > 1 also "layout", "activation_bytes" and "predicted_rank": this
+        rank's place, its measured activations and the estimator's figures for it)
     {"type": "error", "rank", "message", "traceback", "wall_time"}    then exit status 1
 
 Stopping (SIGTERM: a spot notice, a pre-emption, or the launcher passing one on): the
@@ -207,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             params_bytes=states.params_bytes,
             grads_bytes=states.grads_bytes,
             optimizer_bytes=states.optimizer_bytes - counters,
+            **_model_parallel_report(session, config, rank),
         )
         session.close()
         session = None
@@ -233,6 +236,37 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     finally:
         reporter.close()
+
+
+def _model_parallel_report(session: Any, config: Any, rank: int) -> dict[str, Any]:
+    """Under tensor parallelism (`tp` > 1): this rank's place in the layout, its
+    activations measured by one probe step (`Session.memory()`, collective: every rank
+    runs it) and the estimator's figures for this rank's share; empty otherwise."""
+    tp = int(config.tp)
+    if tp == 1:
+        return {}
+    report = session.memory()
+    pred = report.predicted
+    predicted = None
+    if pred is not None:
+        predicted = {
+            "params_bytes": pred.params_bytes,
+            "grads_bytes": pred.grads_bytes,
+            "optimizer_bytes": pred.optimizer_bytes,
+            "cpu_offload_bytes": pred.cpu_offload_bytes,
+            "activation_bytes": report.predicted_activation_bytes,
+            "logits_bytes": pred.activations.logits_bytes if pred.activations else None,
+        }
+    return {
+        "layout": {
+            "tp": tp,
+            "dp": config.data_parallel(session.world_size),
+            "tp_rank": rank % tp,
+            "dp_rank": rank // tp,
+        },
+        "activation_bytes": report.activation_bytes,
+        "predicted_rank": predicted,
+    }
 
 
 def errors_message(session: Any) -> str | None:

@@ -1,0 +1,209 @@
+"""Tensor parallelism (`tp`) on CPU ranks (gloo): the built-in GPT split over 2 and 4 ranks
+trains the single-rank run's losses; tp=2 x dp=2, with data parallel or FSDP2 over the
+second mesh dimension, trains the losses of plain data parallel on 2 ranks; the user's
+module gets the trained weights back in its own row order; each rank's parameters,
+gradients, optimizer states and activations are the estimator's tensor-parallel share.
+
+Two spawns (2 and 4 processes) run every configuration in turn; the single-rank reference
+runs in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from workbench import Session, TrainConfig
+from workbench.config import ConfigError
+
+GPT = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "dropout": 0.0}
+STEPS = 3
+#: the ZeRO tests' tolerance for a loss trajectory trained another way
+LOSS_TOL = 1e-5
+
+
+def config(**kw: Any) -> TrainConfig:
+    base: dict[str, Any] = {
+        "micro_batch": 4,
+        "grad_accum": 2,
+        "lr": 1e-2,
+        "seed": 1,
+        "clip_grad_norm": 1.0,
+    }
+    base.update(kw)
+    return TrainConfig(device="cpu", **base)
+
+
+#: world size -> name -> settings
+RUNS: dict[int, dict[str, dict[str, Any]]] = {
+    2: {"tp2": {"tp": 2}, "dp2": {"fsdp": "no_shard"}},
+    4: {"tp4": {"tp": 4}, "tp2 dp2": {"tp": 2}, "tp2 fsdp2": {"tp": 2, "fsdp": "full_shard"}},
+}
+
+
+def _train(settings: dict[str, Any]) -> dict[str, Any]:
+    with Session(config(**settings), model="tiny-gpt", model_options=GPT) as s:
+        records = s.run(optimizer_steps=STEPS)
+        report = s.memory()
+        pred = report.predicted
+        out = {
+            "engine": type(s.backend).__name__,
+            "losses": [r.loss for r in records],
+            "grad_norms": [r.grad_norm for r in records],
+            "samples": round(records[-1].samples_per_s * records[-1].step_seconds),
+            "params_bytes": report.params_bytes,
+            "grads_bytes": report.grads_bytes,
+            "optimizer_bytes": report.optimizer_bytes - report.optimizer_step_counter_bytes,
+            "activation_bytes": report.activation_bytes,
+            "predicted": {
+                "params_bytes": pred.params_bytes,
+                "grads_bytes": pred.grads_bytes,
+                "optimizer_bytes": pred.optimizer_bytes,
+                "activation_bytes": report.predicted_activation_bytes,
+            },
+            "errors": [e.message for e in s.events if e.kind == "error"],
+        }
+    out["weights"] = {k: v.clone() for k, v in s.model.state_dict().items()}
+    return out
+
+
+def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    result: dict[str, Any] = {}
+    try:
+        for name, settings in RUNS[world].items():
+            got = _train(settings)
+            torch.save(got.pop("weights"), os.path.join(out_dir, f"{name}-{rank}.pt"))
+            result[name] = got
+    except Exception as exc:
+        import traceback
+
+        result["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    finally:
+        with open(os.path.join(out_dir, f"{world}-rank-{rank}.json"), "w") as f:
+            json.dump(result, f)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, list[Any]], Path]:
+    import torch.multiprocessing as mp
+
+    from workbench.train.backends.process_group import _free_port
+
+    out = tmp_path_factory.mktemp("tp-ranks")
+    got: dict[int, list[Any]] = {}
+    for world in (2, 4):
+        mp.spawn(_rank, args=(world, _free_port(), str(out)), nprocs=world)
+        got[world] = [json.loads((out / f"{world}-rank-{r}.json").read_text()) for r in range(world)]
+        for r, result in enumerate(got[world]):
+            assert "error" not in result, (world, r, result.get("error"))
+            for name in RUNS[world]:
+                assert not result[name]["errors"], (world, r, name, result[name]["errors"])
+    return got, out
+
+
+@pytest.fixture(scope="module")
+def single() -> dict[str, Any]:
+    """The same model and samples on one rank, the plain loop."""
+    got = _train({})
+    assert got["engine"] == "PlainBackend"
+    return got
+
+
+def test_tensor_parallel_trains_the_single_rank_losses(ranks: Any, single: dict[str, Any]) -> None:
+    got, _ = ranks
+    for world, name in ((2, "tp2"), (4, "tp4")):
+        for r, result in enumerate(got[world]):
+            run = result[name]
+            assert run["engine"] == "TensorParallelBackend"
+            assert run["losses"] == pytest.approx(single["losses"], abs=LOSS_TOL), (name, r)
+            # the full gradient's norm, shards and replicas counted once
+            assert run["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4), (name, r)
+            assert run["samples"] == single["samples"]  # dp=1: one rank's samples a step
+
+
+def test_tp_times_dp_trains_the_data_parallel_losses(ranks: Any) -> None:
+    got, _ = ranks
+    for r in range(4):
+        dp_rank = r // 2  # ranks 0, 1 are dp rank 0; 2, 3 dp rank 1
+        reference = got[2][dp_rank]["dp2"]
+        for name in ("tp2 dp2", "tp2 fsdp2"):
+            run = got[4][r][name]
+            assert run["losses"] == pytest.approx(reference["losses"], abs=LOSS_TOL), (name, r)
+            assert run["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-4)
+            assert run["samples"] == reference["samples"]  # two data-parallel ranks' samples
+
+
+def test_your_module_gets_the_trained_weights_in_its_own_layout(
+    ranks: Any, single: dict[str, Any]
+) -> None:
+    """Whole tensors in the module's own row order (the fused qkv's permutation undone),
+    equal to the run each trains like; atol 1e-4 at lr 1e-2: Adam's step of an element
+    with a near-zero gradient follows its rounding."""
+    _, out = ranks
+    dp2 = torch.load(out / "dp2-0.pt", weights_only=True)
+    for name, world, reference in (
+        ("tp2", 2, single["weights"]),
+        ("tp4", 4, single["weights"]),
+        ("tp2 dp2", 4, dp2),
+        ("tp2 fsdp2", 4, dp2),
+    ):
+        for r in range(world):
+            w = torch.load(out / f"{name}-{r}.pt", weights_only=True)
+            assert w.keys() == reference.keys()
+            for key, value in reference.items():
+                assert type(w[key]) is torch.Tensor, key  # not a shard
+                torch.testing.assert_close(w[key], value, rtol=0, atol=1e-4, msg=key)
+
+
+def test_each_rank_holds_the_estimators_tensor_parallel_share(
+    ranks: Any, single: dict[str, Any]
+) -> None:
+    got, _ = ranks
+    # what the estimator does not count in a step's saved tensors, one rank or split
+    offset = single["activation_bytes"] - single["predicted"]["activation_bytes"]
+    for world, name in ((2, "tp2"), (4, "tp4")):
+        run = got[world][0][name]  # rank 0: the vocabulary's larger share
+        for field in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert run[field] == run["predicted"][field], (name, field)
+        assert run["params_bytes"] < single["params_bytes"] * 0.6
+        assert run["activation_bytes"] - run["predicted"]["activation_bytes"] == offset, name
+        assert run["activation_bytes"] < single["activation_bytes"]
+    # FSDP2 over the data-parallel ranks pads each shard to equal rows: at most a row more
+    fsdp = got[4][0]["tp2 fsdp2"]
+    for field in ("params_bytes", "grads_bytes"):
+        measured, predicted = fsdp[field], fsdp["predicted"][field]
+        assert predicted <= measured <= predicted * 1.01, (field, measured, predicted)
+
+
+def test_bad_tensor_parallel_sizes_are_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match=r"tp=2: tensor parallelism trains through PyTorch"):
+        TrainConfig(tp=2, zero_stage=1)
+    with pytest.raises(ConfigError, match=r"tp=0: must be an integer >= 1, at most 64"):
+        TrainConfig(tp=0)
+    # one rank: tp must divide the ranks; 3 does not divide the 4 heads either
+    with pytest.raises(ConfigError) as caught:
+        Session(config(tp=3), model="tiny-gpt", model_options=GPT)
+    text = str(caught.value)
+    assert "tp=3: must divide the 1 rank" in text
+    assert "tp=3: must divide heads=4, hidden=32, ffn_hidden=128 evenly" in text
+    with pytest.raises(ConfigError, match=r"tp=2: .*MLP has no tensor-parallel plan"):
+        Session(config(tp=2), model="mlp")
+    with pytest.raises(ConfigError, match=r"lora_rank=4: not with tp=2: LoRA"):
+        Session(config(tp=2, lora_rank=4), model="tiny-gpt", model_options=GPT)
