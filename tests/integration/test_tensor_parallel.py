@@ -40,13 +40,48 @@ def config(**kw: Any) -> TrainConfig:
 
 #: world size -> name -> settings
 RUNS: dict[int, dict[str, dict[str, Any]]] = {
-    2: {"tp2": {"tp": 2}, "dp2": {"fsdp": "no_shard"}},
+    2: {"tp2": {"tp": 2}, "dp2": {"fsdp": "no_shard"}, "llama tp2": {"tp": 2, "model": "llama"}},
     4: {"tp4": {"tp": 4}, "tp2 dp2": {"tp": 2}, "tp2 fsdp2": {"tp": 2, "fsdp": "full_shard"}},
 }
 
 
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Token ids with their labels (a `transformers` model computes its own loss)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 96, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def llama() -> torch.nn.Module:
+    """A Llama-style decoder from a config (grouped K/V heads, SwiGLU, RMSNorm, rotary)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _session(settings: dict[str, Any]) -> Session:
+    settings = dict(settings)
+    if settings.pop("model", None) == "llama":
+        return Session(config(**settings), model=llama(), data=Tokens())
+    return Session(config(**settings), model="tiny-gpt", model_options=GPT)
+
+
 def _train(settings: dict[str, Any]) -> dict[str, Any]:
-    with Session(config(**settings), model="tiny-gpt", model_options=GPT) as s:
+    with _session(settings) as s:
         records = s.run(optimizer_steps=STEPS)
         report = s.memory()
         pred = report.predicted
@@ -124,6 +159,34 @@ def single() -> dict[str, Any]:
     got = _train({})
     assert got["engine"] == "PlainBackend"
     return got
+
+
+@pytest.fixture(scope="module")
+def single_llama() -> dict[str, Any]:
+    got = _train({"model": "llama"})
+    assert got["engine"] == "PlainBackend"
+    return got
+
+
+def test_a_transformers_llama_splits_and_trains_the_single_rank_losses(
+    ranks: Any, single_llama: dict[str, Any]
+) -> None:
+    """q, k, v, gate, up column-wise, o and down row-wise, 2 K/V heads split 1 a rank, its
+    own loss computed vocabulary-parallel in its forward."""
+    got, out = ranks
+    for r in range(2):
+        run = got[2][r]["llama tp2"]
+        assert run["engine"] == "TensorParallelBackend"
+        assert run["losses"] == pytest.approx(single_llama["losses"], abs=LOSS_TOL)
+        assert run["grad_norms"] == pytest.approx(single_llama["grad_norms"], rel=1e-4)
+        w = torch.load(out / f"llama tp2-{r}.pt", weights_only=True)
+        for key, value in single_llama["weights"].items():
+            torch.testing.assert_close(w[key], value, rtol=0, atol=1e-4, msg=key)
+    run = got[2][0]["llama tp2"]
+    for field in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert run[field] == run["predicted"][field], field
+    offset = single_llama["activation_bytes"] - single_llama["predicted"]["activation_bytes"]
+    assert run["activation_bytes"] - run["predicted"]["activation_bytes"] == offset
 
 
 def test_tensor_parallel_trains_the_single_rank_losses(ranks: Any, single: dict[str, Any]) -> None:

@@ -89,9 +89,21 @@ def is_parameter_derived(
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP), or the tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    """The plain tensor holding `t`'s memory: a DTensor's local shard (FSDP, tensor
+    parallel), the tensor inside another wrapper subclass (the `AsyncCollectiveTensor` a
+    tensor-parallel collective returns), or the tensor itself."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    for _ in range(4):
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):
+            t = local
+        elif is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            t = getattr(t, names[0])
+        else:
+            break
+    return t
 
 
 def parameter_storages(model: nn.Module, key: Callable[[Any], int] = data_ptr) -> set[int]:

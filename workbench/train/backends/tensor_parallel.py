@@ -158,9 +158,17 @@ class TensorParallelBackend:
         return self._model
 
     def autocast(self) -> AbstractContextManager[Any]:
+        """The forward's context: autocast under amp-bf16, and the vocabulary-parallel
+        loss (a model that computes its own loss, a `transformers` one given labels, does
+        it in its forward)."""
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(on_device(self.device))
         if self.precision is Precision.AMP_BF16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return on_device(self.device)
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        stack.enter_context(loss_parallel())
+        return stack
 
     def loss_context(self) -> AbstractContextManager[Any]:
         """Where the loss is computed: vocabulary-parallel cross-entropy over the split
@@ -345,6 +353,23 @@ def _parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
     if plan.tied is not None:
         head, embedding = (module.get_submodule(n) for n in plan.tied)
         head.weight = embedding.weight
+    for p in module.parameters():
+        if p.requires_grad and getattr(p, "placements", None) is not None:
+            p.register_hook(_as_placed(p.placements))
+
+
+def _as_placed(placements: Any) -> Any:
+    """A gradient hook that gives a gradient its parameter's placements: the embedding's
+    backward returns a replicated (whole-vocabulary) gradient for a row-split table, which
+    would be accumulated and kept whole; as a shard it is this rank's rows (a local slice,
+    no communication)."""
+
+    def hook(grad: Any) -> Any:
+        if tuple(grad.placements) == tuple(placements):
+            return None
+        return grad.redistribute(placements=placements)
+
+    return hook
 
 
 def _local(t: Any) -> Any:
