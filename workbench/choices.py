@@ -174,6 +174,15 @@ class Documents(StrEnum):
     PACKED = "packed"
 
 
+class PipelineSchedule(StrEnum):
+    """The order a pipeline runs its micro-batches in (`pp` > 1): one forward, one backward
+    after the warm-up ("1f1b": at most `pp` micro-batches' activations in flight on the
+    first stage), or every forward then every backward ("gpipe": all of them)."""
+
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+
+
 class Engine(StrEnum):
     """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
     DeepSpeed engine, PyTorch FSDP2, or PyTorch's tensor parallelism (`tp` > 1, with data
@@ -183,6 +192,7 @@ class Engine(StrEnum):
     DEEPSPEED = "deepspeed"
     FSDP = "fsdp"
     TENSOR_PARALLEL = "tensor-parallel"  # torch.distributed.tensor.parallel over `tp` ranks
+    PIPELINE = "pipeline"  # torch.distributed.pipelining over `pp` stages
 
     @property
     def copies_model(self) -> bool:
@@ -207,6 +217,7 @@ ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "device": Device,
     "attention": Attention,
     "documents": Documents,
+    "pp_schedule": PipelineSchedule,
 }
 
 

@@ -37,6 +37,7 @@ from workbench.choices import (  # the choices, re-exported here
     Attention,
     Device,
     Documents,
+    PipelineSchedule,
     Engine,
     FsdpMode,
     LRScaling,
@@ -309,6 +310,30 @@ class TrainConfig:
         maximum=64,
         maximum_text="64",
         why="more ranks than a tensor-parallel group spans on one node",
+    )
+    pp: int = setting(
+        1,
+        kind="int",
+        label="pipeline stages",
+        help="pipeline-parallel stages: the layers cut into this many consecutive stages, "
+        "one a rank (torch.distributed.pipelining), the `grad_accum` micro-batches of a "
+        "step flowing through them; data parallel over the rest of the ranks; must divide "
+        "the ranks and the layers; set when a Session is built",
+        flag="--pp",
+        metavar="STAGES",
+        minimum=1,
+        maximum=64,
+        maximum_text="64",
+        why="more stages than a pipeline of this tool's models has layers",
+    )
+    pp_schedule: PipelineSchedule | str = setting(
+        PipelineSchedule.ONE_F_ONE_B,
+        kind="choice",
+        label="pipeline schedule",
+        help="1f1b (one forward, one backward: at most `pp` micro-batches in flight) or "
+        "gpipe (all forwards, then all backwards: every micro-batch in flight)",
+        flag="--pp-schedule",
+        metavar="SCHEDULE",
     )
     lora_rank: int = setting(
         0,
@@ -642,6 +667,22 @@ class TrainConfig:
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
         if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
             add("tp", self.tp, TP_NOT_DEEPSPEED)
+        if ok("pp", "zero_stage", "precision") and self.pp > 1 and self.uses_deepspeed:
+            add("pp", self.pp, PP_NOT_DEEPSPEED)
+        if ok("pp", "tp") and self.pp > 1 and self.tp > 1:
+            add(
+                "pp",
+                self.pp,
+                "tensor and pipeline parallelism together are not trained yet: use `tp` or "
+                "`pp` (the estimator predicts both at once)",
+            )
+        if ok("pp", "fsdp") and self.pp > 1 and FsdpMode(self.fsdp) is not FsdpMode.OFF:
+            add(
+                "pp",
+                self.pp,
+                "pipeline stages train with plain data parallel over the other ranks, not "
+                "FSDP: use `fsdp`='off' with `pp` > 1",
+            )
         if ok("qlora", "lora_rank") and self.qlora is True:
             if self.lora_rank == 0:
                 add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
@@ -787,10 +828,11 @@ class TrainConfig:
         return int(self.micro_batch) * int(self.grad_accum) * self.data_parallel(world_size)
 
     def data_parallel(self, world_size: int = 1) -> int:
-        """The data-parallel size on `world_size` ranks: `world_size` / `tp` (at least 1)."""
+        """The data-parallel size on `world_size` ranks: `world_size` / (`tp` x `pp`), at
+        least 1 (the ranks of one tensor-parallel group or pipeline read the same samples)."""
         if not _is_int(world_size) or world_size < 1:
             raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
-        return max(1, world_size // int(self.tp))
+        return max(1, world_size // (int(self.tp) * int(self.pp)))
 
     @property
     def uses_deepspeed(self) -> bool:
@@ -928,6 +970,8 @@ def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
     asks here; a new engine is one member of `Engine` and one backend file."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
+    if int(config.pp) > 1:
+        return Engine.PIPELINE
     if int(config.tp) > 1:
         return Engine.TENSOR_PARALLEL
     if FsdpMode(config.fsdp) is not FsdpMode.OFF:
@@ -994,14 +1038,21 @@ TP_NOT_DEEPSPEED = (
     "torch precision (fp32, amp-bf16, bf16-true)"
 )
 
-#: What the tensor-parallel engine does not train, with why.
+#: Why pipeline parallelism and DeepSpeed do not mix.
+PP_NOT_DEEPSPEED = (
+    "pipeline stages train through torch.distributed.pipelining with data parallel over "
+    "the other ranks, not through DeepSpeed: use `zero_stage`=0 and a torch precision "
+    "(fp32, amp-bf16, bf16-true)"
+)
+
+#: What the tensor-parallel and pipeline engines do not train, with why.
 TP_UNSUPPORTED: dict[str, str] = {
-    "lora_rank": "LoRA's adapters are not split by the tensor-parallel plan",
-    "optimizer_in_backward": "its per-parameter hooks step unreduced tensor-parallel gradients",
-    "offload_params": "tensor-parallel shards stay on the device",
-    "offload_optimizer": "tensor-parallel shards stay on the device",
-    "compile": "torch.compile of tensor-parallel DTensors is not wired in",
-    "activation_offload": "its hooks do not move DTensor activations",
+    "lora_rank": "LoRA's adapters are not put on the model-parallel engines' copies",
+    "optimizer_in_backward": "its per-parameter hooks would step unreduced gradients",
+    "offload_params": "the model-parallel engines keep their shards on the device",
+    "offload_optimizer": "the model-parallel engines keep their shards on the device",
+    "compile": "torch.compile is not wired into the model-parallel engines",
+    "activation_offload": "its hooks are not wired into the model-parallel engines",
 }
 
 
@@ -1021,13 +1072,20 @@ def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
                 f"(ranks = tp x data parallel; launch {tp} x N ranks)",
             )
         )
+    return p + _model_parallel_limits(config, "tp", tp)
+
+
+def _model_parallel_limits(config: TrainConfig, field: str, size: int) -> list[SettingProblem]:
+    """The settings the tensor-parallel and pipeline engines do not train (`field` is
+    "tp" or "pp", `size` its value > 1)."""
+    p: list[SettingProblem] = []
     if Precision(config.precision) is Precision.AMP_FP16:
         p.append(
             SettingProblem(
                 "precision",
                 "amp-fp16",
-                "torch's GradScaler is not wired into the tensor-parallel engine: use fp32, "
-                "amp-bf16 or bf16-true with `tp` > 1",
+                f"torch's GradScaler is not wired into the model-parallel engines: use fp32, "
+                f"amp-bf16 or bf16-true with `{field}` > 1",
             )
         )
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
@@ -1036,8 +1094,46 @@ def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
         value = getattr(config, name)
         on = OffloadDevice(value) is not OffloadDevice.NONE if "offload_" in name else value
         if on:
-            p.append(SettingProblem(name, plain_value(value), f"not with `tp`={tp}: {why}"))
+            p.append(SettingProblem(name, plain_value(value), f"not with `{field}`={size}: {why}"))
     return p
+
+
+def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
+    """What `pp` > 1 cannot train on `world_size` ranks (empty when it can): a `pp` that
+    does not divide the ranks, fewer micro-batches than stages under 1F1B, and what the
+    pipeline engine refuses (those of the tensor-parallel engine, and document batches)."""
+    pp = int(config.pp)
+    if pp == 1:
+        return []
+    p: list[SettingProblem] = []
+    if world_size % pp:
+        p.append(
+            SettingProblem(
+                "pp",
+                pp,
+                f"must divide the {world_size} rank{'s' if world_size > 1 else ''} "
+                f"(ranks = pp x data parallel; launch {pp} x N ranks)",
+            )
+        )
+    if int(config.grad_accum) < pp:
+        p.append(
+            SettingProblem(
+                "grad_accum",
+                int(config.grad_accum),
+                f"the micro-batches of a step fill the pipeline: needs at least `pp`={pp} "
+                "of them (the bubble shrinks as grad_accum grows)",
+            )
+        )
+    if Documents(config.documents) is not Documents.STREAM:
+        p.append(
+            SettingProblem(
+                "documents",
+                plain_value(config.documents),
+                "a pipeline stage passes hidden states only, not the document mask: use "
+                "'stream' with `pp` > 1",
+            )
+        )
+    return p + _model_parallel_limits(config, "pp", pp)
 
 
 def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
@@ -1048,6 +1144,8 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
     engine = engine_for(config, world_size)
     if engine is Engine.TENSOR_PARALLEL:
         return tp_problems(config, world_size)
+    if engine is Engine.PIPELINE:
+        return pp_problems(config, world_size)
     if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
@@ -1153,5 +1251,6 @@ __all__ = [
     "runtime_problems",
     "setting",
     "setting_choices",
+    "pp_problems",
     "tp_problems",
 ]

@@ -40,6 +40,7 @@ ACCOUNTING: dict[Engine, str] = {
     Engine.DEEPSPEED: "deepspeed",
     Engine.PLAIN: "paper",
     Engine.TENSOR_PARALLEL: "paper",  # FSDP2's layout over the data-parallel ranks with `fsdp`
+    Engine.PIPELINE: "paper",
 }
 
 
@@ -107,6 +108,7 @@ def predict_memory(
         zero_stage=int(config.zero_stage),
         gpus=int(world_size),
         tensor_parallel=int(config.tp),
+        pipeline_parallel=int(config.pp),
         micro_batch=int(config.micro_batch),
         checkpointing="full" if config.activation_checkpointing else "none",
         offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,

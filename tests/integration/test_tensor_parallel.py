@@ -145,7 +145,9 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, list[Any]
     got: dict[int, list[Any]] = {}
     for world in (2, 4):
         mp.spawn(_rank, args=(world, _free_port(), str(out)), nprocs=world)
-        got[world] = [json.loads((out / f"{world}-rank-{r}.json").read_text()) for r in range(world)]
+        got[world] = [
+            json.loads((out / f"{world}-rank-{r}.json").read_text()) for r in range(world)
+        ]
         for r, result in enumerate(got[world]):
             assert "error" not in result, (world, r, result.get("error"))
             for name in RUNS[world]:

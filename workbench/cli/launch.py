@@ -67,6 +67,8 @@ _CLI_FIELDS = (
     "zero_stage",
     "fsdp",
     "tp",
+    "pp",
+    "pp_schedule",
     "offload_optimizer",
     "offload_params",
     "nvme_path",
@@ -309,9 +311,12 @@ def _table(result: LaunchResult) -> str:
         "pred",
     ]
     split = any(r.layout for r in result.ranks)
-    if split:  # tensor parallel: each rank's place and its activations too
-        head[1:1] = ["tp rank", "dp rank"]
+    piped = any((r.layout or {}).get("pp", 1) > 1 for r in result.ranks)
+    if split:  # model parallel: each rank's place and its activations too
+        head[1:1] = ["stage" if piped else "tp rank", "dp rank"]
         head += ["activations KiB", "pred"]
+        if piped:
+            head += ["bubble", "ideal"]
     rows = []
     for r in result.ranks:
         p = r.predicted or {}
@@ -329,23 +334,38 @@ def _table(result: LaunchResult) -> str:
         ]
         if split:
             layout = r.layout or {}
-            row[1:1] = [str(layout.get("tp_rank", "-")), str(layout.get("dp_rank", "-"))]
+            place = layout.get("stage" if piped else "tp_rank", "-")
+            row[1:1] = [str(place), str(layout.get("dp_rank", "-"))]
             row += [kib(r.activation_bytes), kib(p.get("activation_bytes"))]
+            if piped:
+                row += [_share(layout.get("bubble_measured")), _share(layout.get("bubble_ideal"))]
         rows.append(row)
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
     layout = next((r.layout for r in result.ranks if r.layout), None)
-    what = (
-        f"tp={layout['tp']} x dp={layout['dp']}; measured from each rank's tensors vs the "
-        "estimator's tensor-parallel share"
-        if layout
-        else "measured from each rank's tensors vs predicted (accounting='deepspeed')"
-    )
+    if layout and piped:
+        what = (
+            f"pp={layout['pp']} stages x dp={layout['dp']}, {layout.get('schedule')} over "
+            f"{layout.get('micro_batches')} micro-batches; measured from each rank's tensors "
+            "vs the estimator's largest stage (activations: the first stage's in-flight "
+            "peak); bubble: the last step's idle share of the schedule vs (pp-1)/(m+pp-1)"
+        )
+    elif layout:
+        what = (
+            f"tp={layout['tp']} x dp={layout['dp']}; measured from each rank's tensors vs "
+            "the estimator's tensor-parallel share"
+        )
+    else:
+        what = "measured from each rank's tensors vs predicted (accounting='deepspeed')"
     lines = [
         f"{result.world_size} ranks ({result.launcher}), {result.n_params or '?'} parameters; "
         + what
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(x, widths, strict=True)) for x in [head, *rows]]
     return "\n".join(lines)
+
+
+def _share(v: Any) -> str:
+    return "-" if not isinstance(v, (int, float)) else f"{v:.0%}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from workbench.train.lora import LORA_FIELDS, lora_problem
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.records import Event
+from workbench.train.pipeline_plan import pp_model_problem
 from workbench.train.tensor_plan import tp_model_problem
 
 #: Settings read by the data loader / the backend; a change to any rebuilds that piece.
@@ -73,6 +74,7 @@ BACKEND_FIELDS = (
             "grad_accum",
             "micro_batch",
             "optimizer_in_backward",
+            "pp_schedule",
         }
     )
     | LORA_FIELDS
@@ -183,6 +185,18 @@ def session_problems(
     tp = tp_model_problem(model, int(config.tp))
     if tp is not None:
         p.append(tp)
+    stages = pp_model_problem(model, int(config.pp))
+    if stages is not None:
+        p.append(stages)
+    if "pp" in changed:
+        p.append(
+            SettingProblem(
+                "pp",
+                int(config.pp),
+                "cannot change on a live session: the stage count decides which ranks hold "
+                "which layers and read which samples; create a new Session (or launch) with it",
+            )
+        )
     if "tp" in changed:
         p.append(
             SettingProblem(

@@ -325,7 +325,7 @@ def launch_like(
 def _predictions(config: TrainConfig, n_params: int | None, ranks: int) -> tuple[Any, Any]:
     """Per-rank model states predicted with the engine's layout (DeepSpeed's, or FSDP2's
     under `fsdp`) and with the ZeRO paper's."""
-    if not n_params or int(config.tp) > 1:  # each rank predicts its own share then
+    if not n_params or int(config.tp) > 1 or int(config.pp) > 1:  # each rank's own then
         return None, None
     from workbench.prediction import predict_memory
 

@@ -19,7 +19,7 @@ after each line, which the parent reads live:
     {"type": "checkpoint", "rank", "step", "path"}                    a checkpoint written
     {"type": "final", "rank", "step", "params_bytes", "grads_bytes",
      "optimizer_bytes", "preempted": bool}                            clean end
-        (under `tp` > 1 also "layout", "activation_bytes" and "predicted_rank": this
+        (under `tp` or `pp` > 1 also "layout", "activation_bytes", "predicted_rank": this
         rank's place, its measured activations and the estimator's figures for it)
     {"type": "error", "rank", "message", "traceback", "wall_time"}    then exit status 1
 
@@ -176,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
 
         source = build_from_spec(args.model, _read_options(args.model_options))
         session = Session(config, resume=resume, **source)
-        n_params = count_parameters(session.model)
+        # the whole model's count (a pipeline rank's module is its stage)
+        info = getattr(session, "info", None)
+        n_params = info.n_params if info is not None else count_parameters(session.model)
         reporter.emit(
             "ready",
             n_params=int(n_params),
@@ -239,11 +241,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _model_parallel_report(session: Any, config: Any, rank: int) -> dict[str, Any]:
-    """Under tensor parallelism (`tp` > 1): this rank's place in the layout, its
+    """Under tensor or pipeline parallelism (`tp` or `pp` > 1): this rank's place in the
+    layout (a pipeline's stage, its layers and the last step's bubble too), its
     activations measured by one probe step (`Session.memory()`, collective: every rank
     runs it) and the estimator's figures for this rank's share; empty otherwise."""
-    tp = int(config.tp)
-    if tp == 1:
+    tp, pp = int(config.tp), int(config.pp)
+    if tp == 1 and pp == 1:
         return {}
     report = session.memory()
     pred = report.predicted
@@ -257,13 +260,19 @@ def _model_parallel_report(session: Any, config: Any, rank: int) -> dict[str, An
             "activation_bytes": report.predicted_activation_bytes,
             "logits_bytes": pred.activations.logits_bytes if pred.activations else None,
         }
+    layout: dict[str, Any] = {
+        "tp": tp,
+        "pp": pp,
+        "dp": config.data_parallel(session.world_size),
+        "tp_rank": rank % tp,
+        "stage": (rank // tp) % pp,
+        "dp_rank": rank // (tp * pp),
+    }
+    pipeline = getattr(session.backend, "pipeline_report", None)
+    if pipeline is not None:  # the last step's bubble, measured and ideal
+        layout.update(pipeline())
     return {
-        "layout": {
-            "tp": tp,
-            "dp": config.data_parallel(session.world_size),
-            "tp_rank": rank % tp,
-            "dp_rank": rank // tp,
-        },
+        "layout": layout,
         "activation_bytes": report.activation_bytes,
         "predicted_rank": predicted,
     }

@@ -102,8 +102,8 @@ class Runtime:
             pin_memory=bool(config.pin_memory),
             seed=int(config.seed),
             device=device,
-            # the ranks of a tensor-parallel group read the same samples
-            rank=rank // int(config.tp),
+            # the ranks of a tensor-parallel group or a pipeline read the same samples
+            rank=rank // (int(config.tp) * int(config.pp)),
             world_size=config.data_parallel(world_size),
             position=position,
         )

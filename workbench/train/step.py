@@ -127,17 +127,23 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
     clock.start()
     data_s = 0.0
     total: torch.Tensor | None = None
+    pipeline = getattr(backend, "train_step", None)  # a pipeline runs the whole step
     for _ in range(accum):
         t = perf_counter()
         with label("workbench.data"):
             batch = data.next()
         data_s += perf_counter() - t
         fetched.append(batch)
+        if pipeline is not None:
+            continue
         with label("workbench.forward"):
             loss = batches.forward_and_loss(module, batch, loss_fn, autocast, loss_context)
         with label("workbench.backward"):
             backend.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
+    if pipeline is not None:
+        with label("workbench.pipeline"):
+            total = pipeline(fetched[-accum:], loss_fn)
     assert total is not None
     prepare = getattr(backend, "prepare_step", None)  # the plain backend's gradient norm
     # one optimizer span per step: the norm and clipping, the step's one read of device

@@ -124,7 +124,11 @@ def qkv_order(hidden: int, tp: int) -> torch.Tensor:
     slices is (q_r; k_r; v_r): rank r's heads' q, k and v."""
     c = hidden // tp
     return torch.cat(
-        [torch.arange(j * hidden + r * c, j * hidden + (r + 1) * c) for r in range(tp) for j in range(3)]
+        [
+            torch.arange(j * hidden + r * c, j * hidden + (r + 1) * c)
+            for r in range(tp)
+            for j in range(3)
+        ]
     )
 
 
@@ -137,7 +141,9 @@ def _llama_plan(model: nn.Module) -> TensorPlan | None:
     names = {n for n, _ in model.named_modules()}
     want = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
     mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-    if not all(f"model.layers.{i}.{w}" in names for i in range(len(layers_list)) for w in (*want, *mlp)):
+    if not all(
+        f"model.layers.{i}.{w}" in names for i in range(len(layers_list)) for w in (*want, *mlp)
+    ):
         return None
     if "model.embed_tokens" not in names or "lm_head" not in names:
         return None

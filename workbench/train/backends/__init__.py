@@ -4,6 +4,7 @@
     deepspeed.py   DeepSpeedBackend: ZeRO stages 0-3, offload and DeepSpeed 16-bit
     fsdp.py        FSDPBackend: PyTorch FSDP2 full_shard / shard_grad_op / no_shard
     tensor_parallel.py  TensorParallelBackend: `tp` > 1, data parallel or FSDP2 over the rest
+    pipeline.py    PipelineBackend: `pp` > 1 stages (1F1B or GPipe), data parallel over the rest
     process_group.py  the default process group the distributed engines share
 
 `build_backend(config, model, ...)` builds the engine `workbench.config.engine_for` picks
@@ -30,6 +31,7 @@ BACKENDS: dict[Engine, str] = {
     Engine.DEEPSPEED: "workbench.train.backends.deepspeed:DeepSpeedBackend",
     Engine.FSDP: "workbench.train.backends.fsdp:FSDPBackend",
     Engine.TENSOR_PARALLEL: "workbench.train.backends.tensor_parallel:TensorParallelBackend",
+    Engine.PIPELINE: "workbench.train.backends.pipeline:PipelineBackend",
 }
 
 

@@ -1,0 +1,496 @@
+"""`PipelineBackend`: pipeline parallelism (`pp` > 1) through `torch.distributed.pipelining`
+behind the Backend contract, data parallel over the other ranks, with the backend-neutral
+state of the other engines (see `plain.py`).
+
+How it works
+------------
+* Ranks: ranks d*pp .. d*pp + pp - 1 form pipeline d; rank d*pp + s holds stage s
+  (`workbench.train.pipeline_plan.pipeline_stage`: `layers / pp` consecutive blocks, the
+  embeddings on the first stage, the final norm and head on the last). Every rank of a
+  pipeline reads the same samples (the Session shards data over the pipelines); the
+  first stage uses the inputs, the last the targets.
+* A step: the `grad_accum` micro-batches of the step, concatenated, go through one
+  `schedule.step` (`Schedule1F1B` or `ScheduleGPipe`, `pp_schedule`), which splits them
+  back into `grad_accum` micro-batches, runs forward and backward stage by stage
+  (activations sent forward, their gradients back, point to point) and divides the
+  gradients by the micro-batch count (`scale_grads`), so a step is the mean over its
+  micro-batches, as the plain loop's accumulation. The loop calls `train_step(batches,
+  loss_fn)` instead of forward and backward per micro-batch; the last stage's summed
+  loss is broadcast to its pipeline, so every rank records the same loss.
+* The tied head: the last stage's own copy of the embedding matrix; after the schedule,
+  the first and last stages of each pipeline sum their copies' gradients (one
+  all-reduce between the two), so both step identically and stay equal.
+* Data parallel over the pipelines: each gradient is all-reduced (averaged) over the
+  ranks holding the same stage. The gradient norm: every stage's squared sum (the tied
+  copy counted once), summed over the pipeline.
+* Measured: the schedule's wall time and the time this stage computed in it (its
+  forward and backward chunks), so `pipeline_report()` gives the bubble this rank sat
+  idle next to the schedule's ideal, (pp - 1) / (micro-batches + pp - 1); `probe()`
+  counts the peak of the activations this stage holds in flight during one step (bytes
+  saved for backward, packed minus unpacked), which 1F1B bounds by `pp` micro-batches
+  on the first stage and GPipe does not.
+* State out: every stage's full weights and optimizer states gathered to every rank
+  (`all_gather_object` over the pipeline: collective), the tied copy under the
+  embedding's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import time
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import OptimizerName, PipelineSchedule, Precision, TrainConfig
+from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.fsdp import on_device
+from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
+from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.batches import to_fp32
+from workbench.train.offload import is_parameter_derived, local_tensor, parameter_storages
+from workbench.train.pipeline_plan import TIED_COPY, pipeline_stage
+from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
+from workbench.train.schedule import lr_at
+
+STATE_FORMAT = 1
+
+
+class PipelineBackend:
+    """Pipeline parallelism behind the `Backend` contract (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        *,
+        state: dict[str, Any] | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        if not isinstance(config, TrainConfig):
+            raise ValueError(f"config={config!r}: must be a TrainConfig")
+        if int(config.pp) < 2:
+            raise ValueError(f"pp={config.pp}: PipelineBackend needs pp >= 2")
+        self.config = config
+        self.device = torch.device(device) if device is not None else _default_device()
+        self._closed = True
+        self.module: nn.Module | None = None
+        self.optimizer: Any = None
+        self._named: list[tuple[str, nn.Parameter]] = []
+        self._groups: list[Any] = []
+        ProcessGroupLease.acquire(self.device, deepspeed=False)
+        try:
+            with on_device(self.device):
+                self._build(model, state)
+        except BaseException:
+            self._teardown()
+            ProcessGroupLease.release()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ building
+    def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
+        import torch.distributed as dist
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        config = self.config
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.pp = int(config.pp)
+        if self.world_size % self.pp:
+            raise ValueError(f"pp={self.pp}: must divide the {self.world_size} ranks")
+        self.dp = self.world_size // self.pp
+        self.stage_index = self.rank % self.pp
+        self.first, self.last = self.stage_index == 0, self.stage_index == self.pp - 1
+        self.micro_batches = int(config.grad_accum)
+        self.schedule_name = PipelineSchedule(config.pp_schedule)
+        self.precision = Precision(config.precision)
+        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
+        self._base_lr = float(config.lr)
+        self._clip = config.clip_grad_norm
+        self.steps = 0
+        self.overflow_steps = 0
+        self._grads_bytes = 0
+        self._busy = 0.0
+        self.last_wall_seconds = 0.0
+        self.last_busy_seconds = 0.0
+        self._pp_group, self._dp_group, self._tied_group = self._make_groups(dist)
+
+        full = copy.deepcopy(model)
+        pure = PURE_DTYPES.get(self.precision)
+        if pure is not None:
+            full.to(pure)
+        if state is not None:
+            _load_full_weights(full, state)
+        self._has_tied = full.head.weight is full.wte.weight  # type: ignore[union-attr]
+        stage = pipeline_stage(full, self.pp, self.stage_index)
+        del full
+        if pure is not None and self.first:
+            stage.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
+        stage.to(self.device)
+        self.module = stage
+        self._named = [(n, p) for n, p in stage.named_parameters() if p.requires_grad]
+        if not self._named:
+            raise ValueError("model: has no trainable parameters (requires_grad=True)")
+        self._tied = dict(self._named).get(TIED_COPY[0]) if self.last and not self.first else None
+        self.optimizer = build_optimizer(config, [p for _, p in self._named])
+        if state is not None:
+            self._load_optimizer(state)
+        self._set_lr()
+        self.stage = PipelineStage(
+            stage, self.stage_index, self.pp, self.device, group=self._pp_group
+        )
+        self._time_chunks(self.stage)
+        schedule = (
+            Schedule1F1B if self.schedule_name is PipelineSchedule.ONE_F_ONE_B else ScheduleGPipe
+        )
+        self._loss_fn: Any = None
+        self.schedule = schedule(
+            self.stage,
+            n_microbatches=self.micro_batches,
+            loss_fn=self._micro_loss,
+            scale_grads=True,
+        )
+
+    def _make_groups(self, dist: Any) -> tuple[Any, Any, Any]:
+        """This rank's pipeline, its data-parallel peers (the same stage in every
+        pipeline) and the pair of first and last stages that share the tied head. Every
+        rank creates every group (`new_group` is collective)."""
+        pp, dp = self.pp, self.world_size // self.pp
+        mine = {}
+        for d in range(dp):
+            ranks = list(range(d * pp, (d + 1) * pp))
+            group = dist.new_group(ranks)
+            tied = dist.new_group([ranks[0], ranks[-1]])
+            self._groups += [group, tied]
+            if self.rank in ranks:
+                mine["pp"], mine["tied"] = group, tied
+        for s in range(pp):
+            ranks = [d * pp + s for d in range(dp)]
+            group = dist.new_group(ranks)
+            self._groups.append(group)
+            if self.rank in ranks:
+                mine["dp"] = group
+        return mine["pp"], mine["dp"], mine["tied"]
+
+    def _time_chunks(self, stage: Any) -> None:
+        """Add this stage's compute (its forward and backward chunks) to `_busy`."""
+        for name in ("forward_one_chunk", "backward_one_chunk"):
+            inner = getattr(stage, name)
+
+            def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return _inner(*args, **kwargs)
+                finally:
+                    self._busy += time.perf_counter() - t
+
+            setattr(stage, name, timed)
+
+    def _micro_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self._loss_fn(to_fp32(output), target)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ the loop
+    @property
+    def zero_stage(self) -> int:
+        return 0
+
+    @property
+    def trained_module(self) -> nn.Module:
+        assert self.module is not None
+        return self.module
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self.precision is Precision.AMP_BF16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return on_device(self.device)
+
+    def train_step(self, batches: list[Any], loss_fn: Any) -> torch.Tensor:
+        """Forward and backward of a step's micro-batches through the pipeline; the sum of
+        their losses (the same on every rank of the pipeline)."""
+        import torch.distributed as dist
+
+        if loss_fn is None:
+            raise ValueError(
+                "loss_fn=None: a pipeline's last stage computes the loss from its output "
+                "and the targets; give the Session a loss_fn"
+            )
+        inputs = torch.cat([b[0] for b in batches]).to(self.device)
+        targets = torch.cat([b[1] for b in batches]).to(self.device)
+        self._loss_fn = loss_fn
+        losses: list[torch.Tensor] = []
+        self._busy = 0.0
+        t = time.perf_counter()
+        with on_device(self.device), self.autocast():
+            if self.first:
+                self.schedule.step(inputs)
+            elif self.last:
+                self.schedule.step(target=targets, losses=losses)
+            else:
+                self.schedule.step()
+        self.last_wall_seconds = time.perf_counter() - t
+        self.last_busy_seconds = self._busy
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        if self.last:
+            total = torch.stack([loss.detach().float() for loss in losses]).sum()
+        src = dist.get_global_rank(self._pp_group, self.pp - 1)
+        dist.broadcast(total, src=src, group=self._pp_group)
+        return total
+
+    def backward(self, loss: torch.Tensor) -> None:
+        raise RuntimeError("a pipeline runs forward and backward in train_step()")
+
+    def step(self) -> StepOutcome:
+        with on_device(self.device):
+            return self._step()
+
+    def _step(self) -> StepOutcome:
+        import torch.distributed as dist
+
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self._sum_tied_gradients()
+        if self.dp > 1:
+            for _, p in self._named:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=self._dp_group)
+                    p.grad.div_(self.dp)
+        self._grads_bytes = self._count_grads()
+        norm = self._grad_norm()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        self._set_lr()
+        return StepOutcome(grad_norm=norm, skipped=False, scale=None, lr=lr)
+
+    def _sum_tied_gradients(self) -> None:
+        """The embedding's and the last stage's copy's gradients summed on both."""
+        import torch.distributed as dist
+
+        if not self._has_tied or not (self.first or self.last):
+            return
+        tied = dict(self._named)[TIED_COPY[1]] if self.first else self._tied
+        assert tied is not None
+        if tied.grad is None:
+            tied.grad = torch.zeros_like(tied)
+        dist.all_reduce(tied.grad, group=self._tied_group)
+
+    def _grad_norm(self) -> float:
+        import torch.distributed as dist
+
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        for _, p in self._named:
+            if p.grad is not None and p is not self._tied:  # the tied copy counted once
+                total += p.grad.float().pow(2).sum()
+        dist.all_reduce(total)  # every stage of every pipeline
+        norm = float((total / self.dp).sqrt())
+        if self._clip is not None:
+            coef = float(self._clip) / (norm + 1e-6)
+            if coef < 1.0:
+                for _, p in self._named:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        return norm
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _set_lr(self) -> None:
+        lr = lr_at(self.config, self.steps, self._base_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------ measuring
+    def pipeline_report(self) -> dict[str, Any]:
+        """This rank's place in the pipeline and the last step's bubble: the share of the
+        schedule's wall time this stage did not compute, next to the schedule's ideal."""
+        m, p = self.micro_batches, self.pp
+        wall, busy = self.last_wall_seconds, self.last_busy_seconds
+        return {
+            "pp": p,
+            "dp": self.dp,
+            "stage": self.stage_index,
+            "dp_rank": self.rank // p,
+            "schedule": self.schedule_name.value,
+            "micro_batches": m,
+            "layers": sorted(int(k) for k in self.module.blocks),  # type: ignore[union-attr]
+            "step_seconds": wall,
+            "compute_seconds": busy,
+            "bubble_measured": max(0.0, 1.0 - busy / wall) if wall > 0 else None,
+            "bubble_ideal": (p - 1) / (m + p - 1),
+        }
+
+    def probe(self, loss_fn: Any, batch: Any) -> tuple[Any, ModelStateBytes]:
+        """One pipeline step of `grad_accum` copies of `batch`, the peak of what this stage
+        holds saved for backward measured (packed minus unpacked storage bytes); the
+        model states counted while the gradients exist; the gradients then dropped."""
+        from workbench.train.memory import ActivationMeasure
+
+        assert self.module is not None
+        params = parameter_storages(self.module)
+        live: dict[int, list[int]] = {}
+        held = {"now": 0, "peak": 0}
+
+        def pack(t: torch.Tensor) -> Any:
+            inner = local_tensor(t)
+            st = inner.untyped_storage()
+            if st.nbytes() == 0 or is_parameter_derived(t, params):
+                return (t, None)
+            key = st.data_ptr()
+            entry = live.setdefault(key, [0, st.nbytes()])
+            if entry[0] == 0:
+                held["now"] += entry[1]
+                held["peak"] = max(held["peak"], held["now"])
+            entry[0] += 1
+            return (t, key)
+
+        def unpack(packed: Any) -> torch.Tensor:
+            t, key = packed
+            if key is not None and key in live:
+                entry = live[key]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    held["now"] -= entry[1]
+                    del live[key]
+            return t  # type: ignore[no-any-return]
+
+        timed = self.last_wall_seconds, self.last_busy_seconds  # a training step's, kept
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            self.train_step([batch] * self.micro_batches, loss_fn)
+        self.last_wall_seconds, self.last_busy_seconds = timed
+        states = self.model_state_bytes()
+        self.zero_grad()
+        measure = ActivationMeasure(
+            activation_bytes=held["peak"], parameter_saved_bytes=0, by_dtype={}
+        )
+        return measure, states
+
+    # ------------------------------------------------------------------ state
+    def export_state(self) -> dict[str, Any]:
+        """Full fp32 weights and optimizer state by parameter name, gathered from every
+        stage, on the CPU (collective: every rank calls it)."""
+        import torch.distributed as dist
+
+        mine_model: dict[str, torch.Tensor] = {}
+        mine_optim: dict[str, dict[str, Any]] = {}
+        for name, p in self._named:
+            if p is self._tied:
+                continue  # the embedding's copy: the first stage has the original
+            mine_model[name] = p.detach().float().cpu()
+            st = self.optimizer.state.get(p) or {}
+            if st:
+                mine_optim[name] = {
+                    k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                    for k, v in st.items()
+                }
+        gathered: list[Any] = [None] * self.pp
+        dist.all_gather_object(gathered, (mine_model, mine_optim), group=self._pp_group)
+        model: dict[str, torch.Tensor] = {}
+        opt_state: dict[str, dict[str, Any]] = {}
+        for weights, states in gathered:
+            model.update(weights)
+            opt_state.update(states)
+        return {
+            "format": STATE_FORMAT,
+            "model": model,
+            "optimizer": {"family": self._family, "state": opt_state},
+            "scaler": None,
+            "scheduler": {"steps": self.steps},
+            "steps": self.steps,
+            "overflow_steps": self.overflow_steps,
+        }
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        self.steps = int(state.get("steps", 0))
+        optim = state.get("optimizer") or {}
+        saved = optim.get("state") or {}
+        if not saved or optim.get("family") is None or optim.get("family") != self._family:
+            return
+        for name, p in self._named:
+            key = TIED_COPY[1] if p is self._tied else name
+            if key not in saved:
+                continue
+            self.optimizer.state[p] = {
+                k: (
+                    v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
+                    if isinstance(v, torch.Tensor) and v.dim() > 0
+                    else v
+                )
+                for k, v in saved[key].items()
+            }
+
+    # ------------------------------------------------------------------ memory
+    def model_state_bytes(self) -> ModelStateBytes:
+        """This stage's bytes (the tied copy included: this rank holds it)."""
+        params = storage_bytes(p for _, p in self._named)
+        grads = self._count_grads() or self._grads_bytes
+        optim = storage_bytes(v for st in self.optimizer.state.values() for v in st.values())
+        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
+
+    def _count_grads(self) -> int:
+        return storage_bytes(p.grad for _, p in self._named if p.grad is not None)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+        ProcessGroupLease.release()
+
+    def _teardown(self) -> None:
+        if self.optimizer is not None:
+            with contextlib.suppress(Exception):
+                self.optimizer.state.clear()
+                self.optimizer.param_groups.clear()
+        self.optimizer = None
+        self.module = None
+        self._named = []
+        groups, self._groups = self._groups, []
+        if groups:
+            import torch.distributed as dist
+
+            for group in groups:
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group(group)
+        gc.collect()
+
+
+def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
+    """Full fp32 weights by name into the whole copy (before it is cut into stages)."""
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name not in weights:
+                raise ValueError(
+                    f"state: no weights for parameter {name}; the state belongs to a "
+                    "different model"
+                )
+            w = weights[name]
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
+                    f"{tuple(p.shape)}"
+                )
+            p.copy_(w.to(p.device, p.dtype))
+
+
+def _default_device() -> torch.device:
+    import os
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+__all__ = ["PipelineBackend"]
