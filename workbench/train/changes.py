@@ -39,10 +39,10 @@ from workbench.config import (
 )
 from workbench.train.attention import attention_problem
 from workbench.train.lora import LORA_FIELDS, lora_problem
+from workbench.train.pipeline_plan import pp_model_problem
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.records import Event
-from workbench.train.pipeline_plan import pp_model_problem
 from workbench.train.tensor_plan import tp_model_problem
 
 #: Settings read by the data loader / the backend; a change to any rebuilds that piece.
