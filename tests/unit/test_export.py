@@ -745,3 +745,22 @@ def test_every_precision_has_lightnings_name() -> None:
     assert set(train_lightning.PRECISION) == set(Precision.choices())
     assert train_lightning.PRECISION["bf16-true"] == "bf16-true"
     assert train_lightning.PRECISION["amp-bf16"] == "bf16-mixed"
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
+@pytest.mark.parametrize("setting", [{"tp": 2}, {"pp": 2, "grad_accum": 4}])
+def test_tensor_and_pipeline_parallel_are_refused_by_every_export_with_the_reason(
+    fmt: str, setting: dict[str, int], tmp_path: Path
+) -> None:
+    from workbench.export import check_export
+
+    config = TrainConfig(micro_batch=4, **setting)
+    if fmt == "fsdp":
+        config = config.replace(fsdp="full_shard") if "tp" in setting else config
+    problems = check_export(config, format=fmt, gpus=2, out_dir=tmp_path / "job")
+    name = "tp" if "tp" in setting else "pp"
+    (problem,) = [p for p in problems if p.field == name]
+    assert problem.value == 2
+    assert f"not exported to --format {fmt}:" in problem.message
+    assert f"`workbench launch --{name}` train it" in problem.message
+    assert not (tmp_path / "job").exists()

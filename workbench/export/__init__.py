@@ -81,6 +81,19 @@ STRATEGY: dict[Engine, str] = {
     Engine.DEEPSPEED: "deepspeed",
     Engine.FSDP: "fsdp",
     Engine.PLAIN: "ddp",
+    # refused by the checks below (what a job would need: the model-parallel plan)
+    Engine.TENSOR_PARALLEL: "tensor-parallel",
+    Engine.PIPELINE: "pipeline",
+}
+
+#: Why the exported jobs do not carry `tp` / `pp` (each target, the setting).
+MODEL_PARALLEL_EXPORT = {
+    "deepspeed": "DeepSpeed's own tensor parallelism (AutoTP) and pipeline engine "
+    "(PipelineModule) need the model rewritten for them, which the exported script does not do",
+    "fsdp": "the exported FSDP job wraps the model in FSDP2 alone; it does not carry the "
+    "tensor-parallel plan or the pipeline stages",
+    "lightning": "the exported Lightning job trains with DDP, DeepSpeed or FSDP strategies; "
+    "Lightning's ModelParallelStrategy needs the plan in the LightningModule",
 }
 FORMATS = ("deepspeed", "fsdp", "lightning")
 CONFIG_NAME = "ds_config.json"
@@ -451,6 +464,13 @@ def _check(
     ):
         if value:
             problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))
+    for name in ("tp", "pp"):
+        if int(getattr(config, name)) > 1 and format in MODEL_PARALLEL_EXPORT:
+            why = (
+                f"not exported to --format {format}: {MODEL_PARALLEL_EXPORT[format]}; a "
+                f"Session and `workbench launch --{name}` train it"
+            )
+            problems.append(SettingProblem(name, int(getattr(config, name)), why))
     strategy = STRATEGY[engine]
     if (
         gpus_ok
