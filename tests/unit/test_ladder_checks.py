@@ -378,3 +378,24 @@ def test_the_typed_signatures_are_the_specs_fields() -> None:
         # help() and notebooks show the same keywords
         shown = list(inspect.signature(function).parameters)
         assert shown == [name for name, _, _ in fields] + extra
+
+
+def test_the_model_parallel_rung_splits_the_data_parallel_ranks() -> None:
+    rungs = default_rungs(device="cpu", ranks=2, model_parallel=True)
+    assert rungs[-1].name == "+ model parallel (tensor parallel x2)"
+    assert rungs[-1].changes == {"tp": 2}
+    # one rank: no data-parallel rung, no model-parallel rung either
+    assert "+ model parallel" not in [
+        r.name[:16] for r in default_rungs(ranks=1, model_parallel=True)
+    ]
+    gpt = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16}
+    p = plan_ladder(
+        None, "tiny-gpt", 16, model_options=gpt, device="cpu", ranks=2, model_parallel=True
+    )
+    last = p.rungs[-1]
+    assert last.config.tp == 2 and last.ranks == 2
+    # the 2 ranks read the same samples: one data-parallel rank's effective batch
+    assert last.effective_batch == 8 * 4 and last.steps == 16 * 8 // 32
+    # a model without a tensor-parallel plan: named before anything runs
+    with pytest.raises(ValueError, match=r"tp=2: MLP has no tensor-parallel plan"):
+        plan(None, steps=16, ranks=2, model_parallel=True)

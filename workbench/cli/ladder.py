@@ -122,6 +122,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         action="store_true",
         help="add an activation-checkpointing rung with a 2x micro-batch",
     )
+    default.add_argument(
+        "--model-parallel",
+        action="store_true",
+        help="add a + model parallel rung: the data-parallel ranks as one tensor-parallel "
+        "group (tp = ranks; tiny-gpt and transformers Llama-style models)",
+    )
     base = parser.add_argument_group("the baseline's settings (TrainConfig)")
     add_config_flags(base, fields=_BASE_FIELDS)
     run = parser.add_argument_group("running")
@@ -235,16 +241,17 @@ def _arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     if options is not None:
         kw["model_options"] = options
     if args.rungs is not None:
-        if args.compile or args.checkpointing or args.ranks is not None:
+        if args.compile or args.checkpointing or args.model_parallel or args.ranks is not None:
             problems.append(
-                "--compile, --checkpointing and --ranks shape the built-in ladder; with "
-                "--rungs, put those settings in the file's rungs"
+                "--compile, --checkpointing, --model-parallel and --ranks shape the built-in "
+                "ladder; with --rungs, put those settings in the file's rungs"
             )
         try:
             kw["rungs"] = read_rungs(args.rungs)
         except ValueError as exc:
             problems.append(str(exc))
     kw["compile"], kw["checkpointing"] = bool(args.compile), bool(args.checkpointing)
+    kw["model_parallel"] = bool(args.model_parallel)
     kw["memory"] = not args.no_memory
     if args.memory:
         kw["kind"] = "memory"

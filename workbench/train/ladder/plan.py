@@ -63,6 +63,7 @@ class LadderSpec:
     ranks: int | None = None
     compile: bool = False
     checkpointing: bool = False
+    model_parallel: bool = False
     device: str | None = None
     launcher: str = "torchrun"
     memory: bool = True
@@ -106,14 +107,14 @@ class LadderSpec:
                     f"must be one of {', '.join(LRScaling.choices())}",
                 )
             )
-        for flag in ("compile", "checkpointing", "memory"):
+        for flag in ("compile", "checkpointing", "model_parallel", "memory"):
             value = getattr(self, flag)
             if not isinstance(value, bool):
                 problems.append(LadderProblem(flag, value, "must be True or False"))
         if self.kind not in KINDS:
             problems.append(LadderProblem("kind", self.kind, f"must be one of {', '.join(KINDS)}"))
         elif self.kind == "memory":
-            for flag in ("compile", "checkpointing"):
+            for flag in ("compile", "checkpointing", "model_parallel"):
                 if getattr(self, flag) is True:
                     problems.append(
                         LadderProblem(
@@ -369,6 +370,7 @@ def plan_spec(spec: LadderSpec, *, also: Sequence[LadderProblem] = ()) -> Ladder
             lr_scaling=spec.lr_scaling,
             compile=spec.compile,
             checkpointing=spec.checkpointing,
+            model_parallel=spec.model_parallel,
             micro_batch=int(start.micro_batch),
         )
     elif not rungs:

@@ -71,6 +71,7 @@ def ladder(
     ranks: int | None = None,
     compile: bool = False,
     checkpointing: bool = False,
+    model_parallel: bool = False,
     device: str | None = None,
     launcher: str = "torchrun",
     memory: bool = True,
@@ -96,7 +97,7 @@ def ladder(
     the run's own `progress`, `on_progress` and `cancel`.
 
     `rungs`: None for `default_rungs(...)` (with `ranks`, `lr_scaling`, `compile`,
-    `checkpointing`), or a list of rungs: mappings of settings with an optional "name"
+    `checkpointing`, `model_parallel`), or a list of rungs: mappings of settings with an optional "name"
     (`{"name": "+ AMP", "precision": "amp-bf16"}`), (name, changes) pairs or `Rung`s;
     the first is the baseline. `model`: a built-in name or a factory 'pkg.module:function'
     (`model_options` go to it). `steps`: the baseline's optimizer steps; they set the

@@ -15,7 +15,11 @@ it (cumulative), plus `ranks` for data parallelism. The default ladder (`default
 5. optional + `torch.compile` (`compile=True`; compile time reported apart from the step
    time);
 6. optional + activation checkpointing with a 2x larger micro-batch and half the
-   accumulation (`checkpointing=True`).
+   accumulation (`checkpointing=True`);
+7. optional + model parallel (`model_parallel=True`, after the accumulation rung): the
+   data-parallel ranks become one tensor-parallel group (`tp` = ranks), the case study's
+   "model parallel + gradient accumulation + OneCycleLR"; the built-in GPT and
+   transformers Llama-style models split (`workbench.train.tensor_plan`).
 
 The memory ladder (`memory_rungs`, `workbench ladder --memory`): baseline fp32 AdamW with
 eager attention, + sdpa attention, + activation checkpointing, + 8-bit AdamW, + the
@@ -90,6 +94,7 @@ def default_rungs(
     lr_scaling: str = "linear",
     compile: bool = False,
     checkpointing: bool = False,
+    model_parallel: bool = False,
     micro_batch: int = 8,
     accumulation: int = 4,
     workers: int | None = None,
@@ -126,6 +131,13 @@ def default_rungs(
             {"grad_accum": accumulation, "lr_scaling": lr_scaling, "lr_schedule": "onecycle"},
         )
     )
+    if model_parallel and ranks > 1:
+        # the case study's last rung: the data-parallel ranks become one tensor-parallel
+        # group (each layer's matmuls split over them; every rank reads the same samples)
+        mp: dict[str, Any] = {"tp": ranks}
+        if amp == "amp-fp16":
+            mp["precision"] = "fp32"  # GradScaler is not wired into tensor parallelism
+        rungs.append(Rung(f"+ model parallel (tensor parallel x{ranks})", mp))
     if compile:
         rungs.append(Rung("+ torch.compile", {"compile": True}))
     if checkpointing:
