@@ -19,6 +19,7 @@ import torch
 
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
+from workbench.ui.training import layout_text
 
 GPT = {"layers": 4, "hidden": 32, "heads": 4, "seq_len": 16, "dropout": 0.0}
 STEPS = 3
@@ -68,6 +69,8 @@ def _train(settings: dict[str, Any]) -> dict[str, Any]:
             },
             "pipeline": pipeline() if pipeline is not None else None,
             "errors": [e.message for e in s.events if e.kind == "error"],
+            "layout": s.layout(),
+            "status": layout_text(s),  # what the training panel's status line shows
         }
     out["weights"] = {k: v.clone() for k, v in s.model.state_dict().items()}
     return out
@@ -205,6 +208,11 @@ def test_each_rank_reports_its_bubble(ranks: Any) -> None:
     for world, name, stages in ((2, "pp2 1f1b", 2), (2, "pp2 gpipe", 2), (4, "pp4", 4)):
         for r in range(world):
             report = got[world][r][name]["pipeline"]
+            layout = got[world][r][name]["layout"]
+            assert layout["stage"] == r and layout["pp"] == stages and layout["dp"] == 1
+            status = got[world][r][name]["status"]
+            assert status.startswith(f"pipeline stage {r} of {stages} (layers ")
+            assert f"over {MICRO_BATCHES} micro-batches, bubble " in status
             assert report["stage"] == r and report["pp"] == stages
             assert report["micro_batches"] == MICRO_BATCHES
             assert report["bubble_ideal"] == pytest.approx(

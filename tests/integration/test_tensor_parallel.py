@@ -19,6 +19,7 @@ import torch
 
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
+from workbench.ui.training import layout_text
 
 GPT = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "dropout": 0.0}
 STEPS = 3
@@ -101,6 +102,8 @@ def _train(settings: dict[str, Any]) -> dict[str, Any]:
                 "activation_bytes": report.predicted_activation_bytes,
             },
             "errors": [e.message for e in s.events if e.kind == "error"],
+            "layout": s.layout(),
+            "status": layout_text(s),  # what the training panel's status line shows
         }
     out["weights"] = {k: v.clone() for k, v in s.model.state_dict().items()}
     return out
@@ -272,3 +275,21 @@ def test_bad_tensor_parallel_sizes_are_refused_before_anything_starts() -> None:
         Session(config(tp=2), model="mlp")
     with pytest.raises(ConfigError, match=r"lora_rank=4: not with tp=2: LoRA"):
         Session(config(tp=2, lora_rank=4), model="tiny-gpt", model_options=GPT)
+
+
+def test_each_rank_knows_its_place_and_the_panel_says_it(
+    ranks: Any, single: dict[str, Any]
+) -> None:
+    got, _ = ranks
+    assert single["layout"] is None and single["status"] == ""
+    for r in range(4):
+        run = got[4][r]["tp2 dp2"]
+        assert run["layout"] == {
+            "tp": 2,
+            "pp": 1,
+            "dp": 2,
+            "tp_rank": r % 2,
+            "stage": 0,
+            "dp_rank": r // 2,
+        }
+        assert run["status"] == f"tensor parallel 2 (this rank {r % 2}) x data parallel 2"

@@ -41,6 +41,29 @@ class SessionTools:
         with self._step_lock, torch.random.fork_rng(devices=devices):
             yield
 
+    def layout(self) -> dict[str, Any] | None:
+        """Where this rank sits when the model is split (`tp` or `pp` > 1; None otherwise):
+        the tensor-parallel size and this rank's place in its group, the pipeline's stages,
+        this rank's stage, its layers, the schedule and the last step's bubble (measured
+        next to the ideal), the data-parallel size and rank."""
+        cfg = self._config
+        tp, pp = int(cfg.tp), int(cfg.pp)
+        if tp == 1 and pp == 1:
+            return None
+        rank = int(self.rank)
+        layout: dict[str, Any] = {
+            "tp": tp,
+            "pp": pp,
+            "dp": cfg.data_parallel(self.world_size),
+            "tp_rank": rank % tp,
+            "stage": (rank // tp) % pp,
+            "dp_rank": rank // (tp * pp),
+        }
+        report = getattr(self._rt.backend, "pipeline_report", None)
+        if report is not None:
+            layout.update(report())
+        return layout
+
     def memory(self) -> Any:
         """Measured memory of the current settings on one probe micro-batch, next to the
         estimator's prediction (`workbench.train.memory.MemoryReport`). Runs between

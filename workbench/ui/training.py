@@ -506,6 +506,9 @@ class TrainingPanel(TrainingCharts, PanelBase):
             step, text = self.change_steps[-1]
             parts.append(f"last change at step {step}: {text}")
         settings = " ".join(f"{k}={fmt_value(getattr(cfg, k))}" for k in STATUS_KEYS)
+        split = layout_text(self.session)
+        if split:
+            parts.append(split)
         kind = {"running": "ok", "error": "error", "paused": "warning"}.get(state, "info")
         pending = getattr(self.session, "pending_changes", None) or {}
         if pending:
@@ -627,6 +630,32 @@ class TrainingPanel(TrainingCharts, PanelBase):
     def __repr__(self) -> str:
         state = _state_name(self.session.state)
         return f"TrainingPanel(state={state!r}, records={len(self.records)})"
+
+
+def layout_text(session: Any) -> str:
+    """The split of the model as the status line shows it ("" when it is not split):
+    "tensor parallel 2 (this rank 0) x data parallel 1", or for a pipeline "pipeline
+    stage 0 of 2 (layers 0-1), 1f1b over 4 micro-batches, bubble 37% (ideal 20%) x data
+    parallel 1"."""
+    layout = getattr(session, "layout", None)
+    try:
+        split = layout() if callable(layout) else None
+    except Exception:  # a closed session: nothing to show
+        return ""
+    if not split:
+        return ""
+    if split["pp"] > 1:
+        layers = split.get("layers") or []
+        span = f" (layers {layers[0]}-{layers[-1]})" if layers else ""
+        text = f"pipeline stage {split['stage']} of {split['pp']}{span}"
+        if split.get("schedule"):
+            text += f", {split['schedule']} over {split['micro_batches']} micro-batches"
+        bubble = split.get("bubble_measured")
+        if isinstance(bubble, float) and split.get("step_seconds"):
+            text += f", bubble {bubble:.0%} (ideal {split['bubble_ideal']:.0%})"
+    else:
+        text = f"tensor parallel {split['tp']} (this rank {split['tp_rank']})"
+    return f"{text} x data parallel {split['dp']}"
 
 
 def _one_line(exc: Any) -> str:
