@@ -311,6 +311,16 @@ class TrainConfig:
         maximum_text="64",
         why="more ranks than a tensor-parallel group spans on one node",
     )
+    sequence_parallel: bool = setting(
+        False,
+        kind="bool",
+        label="sequence parallel",
+        help="with `tp` > 1: the layer norms, dropout and residual stream split along the "
+        "sequence over the tensor-parallel ranks (gathered before each column-parallel "
+        "matmul, reduce-scattered after each row-parallel one) instead of whole on every "
+        "rank; the built-in GPT; the sequence length must divide by `tp`",
+        flag="--sequence-parallel",
+    )
     pp: int = setting(
         1,
         kind="int",
@@ -667,6 +677,12 @@ class TrainConfig:
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
         if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
             add("tp", self.tp, TP_NOT_DEEPSPEED)
+        if ok("sequence_parallel", "tp") and self.sequence_parallel is True and self.tp == 1:
+            add(
+                "sequence_parallel",
+                True,
+                "splits the tensor-parallel group's norms along the sequence: needs `tp` > 1",
+            )
         if ok("pp", "zero_stage", "precision") and self.pp > 1 and self.uses_deepspeed:
             add("pp", self.pp, PP_NOT_DEEPSPEED)
         if ok("pp", "tp") and self.pp > 1 and self.tp > 1:

@@ -109,6 +109,7 @@ def predict_memory(
         gpus=int(world_size),
         tensor_parallel=int(config.tp),
         pipeline_parallel=int(config.pp),
+        sequence_parallel=bool(config.sequence_parallel),
         micro_batch=int(config.micro_batch),
         checkpointing="full" if config.activation_checkpointing else "none",
         offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,

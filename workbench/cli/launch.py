@@ -67,6 +67,7 @@ _CLI_FIELDS = (
     "zero_stage",
     "fsdp",
     "tp",
+    "sequence_parallel",
     "pp",
     "pp_schedule",
     "offload_optimizer",

@@ -182,7 +182,7 @@ def session_problems(
                 "session (create a new Session)",
             )
         )
-    tp = tp_model_problem(model, int(config.tp))
+    tp = tp_model_problem(model, int(config.tp), bool(config.sequence_parallel))
     if tp is not None:
         p.append(tp)
     stages = pp_model_problem(model, int(config.pp))
@@ -197,7 +197,7 @@ def session_problems(
                 "which layers and read which samples; create a new Session (or launch) with it",
             )
         )
-    if "tp" in changed:
+    if "tp" in changed or "sequence_parallel" in changed:
         p.append(
             SettingProblem(
                 "tp",

@@ -23,9 +23,12 @@ parallel, and what sizes `tp` must divide (Megatron's layout, through PyTorch's
 
 `tp` must divide the heads (and K/V heads), the hidden size and the MLP width; the
 vocabulary need not divide (the first ranks hold one row more, torch.chunk's split).
-Sequence parallelism (norms and dropout split along the sequence) is not applied: the
-activations outside the matmuls are whole on every rank, as the estimator's
-`sequence_parallel=False` counts them.
+Sequence parallelism (`sequence_parallel=True`, the built-in GPT): the layer norms
+(`SequenceParallel`), the dropout and the residual stream hold s/tp positions each; each
+column-parallel matmul all-gathers its input along the sequence and each row-parallel one
+reduce-scatters its output back (Korthikanti et al.), the position table's output is
+split like the sequence. Without it the activations outside the matmuls are whole on
+every rank, as the estimator's `sequence_parallel=False` counts them.
 
 Pure description: no process group is touched here (`workbench.train.backends.tensor_parallel`
 applies the plan).
@@ -61,16 +64,24 @@ class TensorPlan:
     permutations: dict[str, torch.Tensor] = field(default_factory=dict)
     #: (head, embedding) module names whose weights are one tied matrix
     tied: tuple[str, str] | None = None
+    #: the layers and the residual stream laid out for sequence parallelism
+    sequence_parallel: bool = False
 
 
-def tensor_plan(model: nn.Module, tp: int) -> TensorPlan:
-    """The `TensorPlan` of `model` over `tp` ranks; ValueError naming `tp` or the model
-    when it cannot be split so."""
-    plan = _gpt_plan(model, tp) or _llama_plan(model)
+def tensor_plan(model: nn.Module, tp: int, *, sequence_parallel: bool = False) -> TensorPlan:
+    """The `TensorPlan` of `model` over `tp` ranks (with `sequence_parallel`, the norms and
+    the residual stream split along the sequence); ValueError naming `tp`,
+    `sequence_parallel` or the model when it cannot be split so."""
+    plan = _gpt_plan(model, tp, sequence_parallel) or _llama_plan(model)
     if plan is None:
         raise ValueError(
             f"model: {type(model).__name__} has no tensor-parallel plan; `tp` > 1 splits "
             f"{KNOWN_FAMILIES}"
+        )
+    if sequence_parallel and not plan.sequence_parallel:
+        raise ValueError(
+            f"sequence_parallel: {type(model).__name__}'s plan has no sequence-parallel "
+            "layout (the built-in GPT has; a transformers model's residual stream stays whole)"
         )
     bad = [f"{name}={size}" for name, size in plan.sizes.items() if size % tp]
     if bad:
@@ -78,19 +89,23 @@ def tensor_plan(model: nn.Module, tp: int) -> TensorPlan:
     return plan
 
 
-def tp_model_problem(model: nn.Module, tp: int) -> SettingProblem | None:
+def tp_model_problem(
+    model: nn.Module, tp: int, sequence_parallel: bool = False
+) -> SettingProblem | None:
     """What stops `model` splitting over `tp` ranks (None when nothing does, or tp=1)."""
     if int(tp) == 1:
         return None
     try:
-        tensor_plan(model, int(tp))
+        tensor_plan(model, int(tp), sequence_parallel=bool(sequence_parallel))
     except ValueError as exc:
-        message = str(exc).split(": ", 1)[1]
+        field, message = str(exc).split(": ", 1)
+        if field == "sequence_parallel":
+            return SettingProblem("sequence_parallel", True, message)
         return SettingProblem("tp", int(tp), message)
     return None
 
 
-def _gpt_plan(model: nn.Module, tp: int) -> TensorPlan | None:
+def _gpt_plan(model: nn.Module, tp: int, sequence_parallel: bool) -> TensorPlan | None:
     from workbench.models.gpt import TinyGPT
 
     if not isinstance(model, TinyGPT):
@@ -99,8 +114,15 @@ def _gpt_plan(model: nn.Module, tp: int) -> TensorPlan | None:
     hidden = int(model.wte.weight.shape[1])
     heads = int(blocks[0].attn.heads) if blocks else 1
     layers: dict[str, str] = {"wte": "embedding", "head": "head"}
+    sizes = {"heads": heads, "hidden": hidden, "ffn_hidden": 4 * hidden}
+    if sequence_parallel:  # the position table's rows split as the sequence is
+        layers.update({"wpe": "positions", "ln_f": "norm"})
+        sizes["seq_len"] = int(model.seq_len)
     perms: dict[str, torch.Tensor] = {}
     for i, _ in enumerate(blocks):
+        if sequence_parallel:
+            layers[f"blocks.{i}.ln_1"] = "norm"
+            layers[f"blocks.{i}.ln_2"] = "norm"
         layers[f"blocks.{i}.attn.qkv"] = "colwise"
         layers[f"blocks.{i}.attn.proj"] = "rowwise"
         layers[f"blocks.{i}.mlp.fc"] = "colwise"
@@ -113,9 +135,10 @@ def _gpt_plan(model: nn.Module, tp: int) -> TensorPlan | None:
     return TensorPlan(
         family="tiny-gpt",
         layers=layers,
-        sizes={"heads": heads, "hidden": hidden, "ffn_hidden": 4 * hidden},
+        sizes=sizes,
         permutations=perms,
         tied=tied,
+        sequence_parallel=sequence_parallel,
     )
 
 

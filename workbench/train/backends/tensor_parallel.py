@@ -112,7 +112,9 @@ class TensorParallelBackend:
         self._dp_group = self.mesh.get_group("dp")
 
         module = copy.deepcopy(model)
-        self.plan: TensorPlan = tensor_plan(module, self.tp)
+        self.plan: TensorPlan = tensor_plan(
+            module, self.tp, sequence_parallel=bool(config.sequence_parallel)
+        )
         pure = PURE_DTYPES.get(self.precision)
         if pure is not None:
             module.to(pure)
@@ -335,20 +337,32 @@ def _parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleOutput,
         RowwiseParallel,
+        SequenceParallel,
         parallelize_module,
     )
 
+    # the residual stream: whole, or split along the sequence (dim 1) under sequence parallel
+    stream = Shard(1) if plan.sequence_parallel else Replicate()
     styles: dict[str, Any] = {}
     for name, kind in plan.layers.items():
         if kind == "colwise":
-            styles[name] = ColwiseParallel()
+            styles[name] = ColwiseParallel(input_layouts=stream)
         elif kind == "rowwise":
-            styles[name] = RowwiseParallel()
+            styles[name] = RowwiseParallel(output_layouts=stream)
         elif kind == "embedding":
-            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        elif kind == "norm":
+            styles[name] = SequenceParallel()
+        elif kind == "positions":  # (s, h) rows of the position table, split as the sequence
+            styles[name] = PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(0)
+            )
         else:  # the head: logits split over the vocabulary for the parallel loss
-            styles[name] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+            styles[name] = ColwiseParallel(
+                input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
+            )
     parallelize_module(module, mesh, styles)
     if plan.tied is not None:
         head, embedding = (module.get_submodule(n) for n in plan.tied)
