@@ -331,3 +331,24 @@ def test_each_rank_knows_its_place_and_the_panel_says_it(
             "dp_rank": r // 2,
         }
         assert run["status"] == f"tensor parallel 2 (this rank {r % 2}) x data parallel 2"
+
+
+@pytest.mark.parametrize("sequence", [False, True], ids=["tp2", "tp2 sp"])
+def test_the_exported_fsdp_job_trains_tensor_parallel_with_the_sessions_losses(
+    sequence: bool, ranks: Any, tmp_path: Path
+) -> None:
+    """`workbench export --format fsdp --tp 2`: the job splits the layers as the Session
+    does (its own copy of the plan) and FSDP2 shards over the data-parallel dimension;
+    on 2 ranks (tp=2 x dp=1) its losses are the Session's tp=2 run's."""
+    from tests.integration.job_runs import run_script
+    from workbench.export import export_job
+
+    got, _ = ranks
+    settings = {"tp": 2, "fsdp": "full_shard", "sequence_parallel": sequence}
+    job = export_job(
+        config(**settings), format="fsdp", gpus=2, out_dir=tmp_path / "job", model_options=GPT
+    )
+    lines, _ = run_script("train_fsdp.py", Path(job.out_dir), steps=STEPS, ranks=2)
+    session = got[2][0]["tp2 sp" if sequence else "tp2"]
+    assert [ln["loss"] for ln in lines] == pytest.approx(session["losses"], abs=LOSS_TOL)
+    assert [ln["grad_norm"] for ln in lines] == pytest.approx(session["grad_norms"], rel=1e-4)

@@ -749,7 +749,7 @@ def test_every_precision_has_lightnings_name() -> None:
 
 @pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
 @pytest.mark.parametrize("setting", [{"tp": 2}, {"pp": 2, "grad_accum": 4}])
-def test_tensor_and_pipeline_parallel_are_refused_by_every_export_with_the_reason(
+def test_tensor_and_pipeline_parallel_in_exports_carried_or_refused_with_the_reason(
     fmt: str, setting: dict[str, int], tmp_path: Path
 ) -> None:
     from workbench.export import check_export
@@ -759,6 +759,15 @@ def test_tensor_and_pipeline_parallel_are_refused_by_every_export_with_the_reaso
         config = config.replace(fsdp="full_shard") if "tp" in setting else config
     problems = check_export(config, format=fmt, gpus=2, out_dir=tmp_path / "job")
     name = "tp" if "tp" in setting else "pp"
+    if fmt == "fsdp" and name == "tp":  # the FSDP job carries the tensor-parallel plan
+        assert problems == []
+        bad = check_export(config.replace(tp=4), format=fmt, gpus=2, out_dir=tmp_path / "j")
+        assert [(p.field, p.value) for p in bad] == [("tp", 4)]
+        assert "must divide the 2 ranks" in bad[0].message
+        no_shard = config.replace(fsdp="no_shard")
+        (problem,) = check_export(no_shard, format=fmt, gpus=2, out_dir=tmp_path / "j")
+        assert problem.field == "fsdp" and "use full_shard or shard_grad_op" in problem.message
+        return
     (problem,) = [p for p in problems if p.field == name]
     assert problem.value == 2
     assert f"not exported to --format {fmt}:" in problem.message

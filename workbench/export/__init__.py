@@ -69,6 +69,7 @@ from workbench.config import (
     engine_for,
     plain_value,
     problem_lines,
+    tp_problems,
 )
 from workbench.deepspeed import to_deepspeed
 from workbench.inputs import InputFileError, read_text, shown
@@ -90,8 +91,8 @@ STRATEGY: dict[Engine, str] = {
 MODEL_PARALLEL_EXPORT = {
     "deepspeed": "DeepSpeed's own tensor parallelism (AutoTP) and pipeline engine "
     "(PipelineModule) need the model rewritten for them, which the exported script does not do",
-    "fsdp": "the exported FSDP job wraps the model in FSDP2 alone; it does not carry the "
-    "tensor-parallel plan or the pipeline stages",
+    "fsdp": "the exported FSDP job splits layers over tensor-parallel ranks (`tp`) but does "
+    "not cut the model into pipeline stages",
     "lightning": "the exported Lightning job trains with DDP, DeepSpeed or FSDP strategies; "
     "Lightning's ModelParallelStrategy needs the plan in the LightningModule",
 }
@@ -437,7 +438,8 @@ def _check(
     if format in MAX_SEED:
         _bounded_int("seed", int(config.seed), MAX_SEED[format], problems, minimum=0)
     engine = engine_for(config)  # the engine the config itself needs, on any cluster
-    if format == "fsdp" and engine is Engine.PLAIN:
+    off = FsdpMode(config.fsdp) is FsdpMode.OFF
+    if format == "fsdp" and (engine is Engine.PLAIN or engine is Engine.TENSOR_PARALLEL and off):
         message = "--format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
         problems.append(SettingProblem("fsdp", FsdpMode(config.fsdp).value, message))
     if format == "fsdp" and engine is Engine.DEEPSPEED:
@@ -465,12 +467,24 @@ def _check(
         if value:
             problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))
     for name in ("tp", "pp"):
-        if int(getattr(config, name)) > 1 and format in MODEL_PARALLEL_EXPORT:
+        carried = name == "tp" and format == "fsdp"  # the FSDP job splits the layers too
+        if int(getattr(config, name)) > 1 and format in MODEL_PARALLEL_EXPORT and not carried:
             why = (
                 f"not exported to --format {format}: {MODEL_PARALLEL_EXPORT[format]}; a "
                 f"Session and `workbench launch --{name}` train it"
             )
             problems.append(SettingProblem(name, int(getattr(config, name)), why))
+    if format == "fsdp" and int(config.tp) > 1 and gpus_ok and nodes_ok:
+        problems += tp_problems(config, gpus * nodes)
+        if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
+            problems.append(
+                SettingProblem(
+                    "fsdp",
+                    "no_shard",
+                    "the FSDP job's tensor-parallel mesh shards over the data-parallel "
+                    "ranks: use full_shard or shard_grad_op with `tp` > 1",
+                )
+            )
     strategy = STRATEGY[engine]
     if (
         gpus_ok

@@ -21,7 +21,11 @@ after forward, "shard_grad_op" keeps them gathered until backward, "no_shard" re
 compute (`MixedPrecisionPolicy`; fp16 adds torch's GradScaler); "bf16-true" (pure bf16)
 casts the model to bf16 before sharding (`model.to(torch.bfloat16)`: bf16 shards,
 gradients and optimizer states, no fp32 master copy; floating inputs cast to bf16);
-`offload_params="cpu"` keeps shards in host memory; `activation_offload` the forward's
+`offload_params="cpu"` keeps shards in host memory; `tp` > 1 splits the layers over
+tensor-parallel groups of that many ranks first (`job_common.tensor_parallelize`: the
+workbench GPT and transformers Llama-style decoders; `sequence_parallel` for the GPT),
+FSDP2 then sharding over the data-parallel dimension of the 2-D mesh, the loss
+vocabulary-parallel; `activation_offload` the forward's
 saved activations, in pinned memory on a side stream (`job_common.offloaded_activations`,
 nothing moves on a CPU). Rank 0 prints one JSON line per
 optimizer step ({"step": ..., "loss": ...}).
@@ -30,6 +34,7 @@ optimizer step ({"step": ..., "loss": ...}).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -56,7 +61,9 @@ try:
         marked_blocks,
         offload_stream,
         read_job,
+        sharded_grad_norm,
         single_process_env,
+        tensor_parallelize,
         to_device,
     )
 except ImportError:  # an exported folder without workbench installed
@@ -74,7 +81,9 @@ except ImportError:  # an exported folder without workbench installed
         marked_blocks,
         offload_stream,
         read_job,
+        sharded_grad_norm,
         single_process_env,
+        tensor_parallelize,
         to_device,
     )
 
@@ -93,8 +102,11 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     return args
 
 
-def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device) -> None:
-    """Apply FSDP2 to the marked blocks, then to the root (see the module docstring)."""
+def shard(
+    module: torch.nn.Module, config: dict[str, Any], device: torch.device, dp_mesh: Any = None
+) -> None:
+    """Apply FSDP2 to the marked blocks, then to the root (see the module docstring);
+    over `dp_mesh` (the data-parallel dimension of a tensor-parallel job) when given."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
@@ -114,7 +126,9 @@ def shard(module: torch.nn.Module, config: dict[str, Any], device: torch.device)
         policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
     else:
         policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
-    if mode == "no_shard":
+    if dp_mesh is not None:
+        mesh = dp_mesh
+    elif mode == "no_shard":
         mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh(device.type, (world,))
@@ -177,7 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     if config["precision"] in PURE:
         cast_to_pure(module, PURE[config["precision"]])
     module.to(device)
-    shard(module, config, device)
+    tp = int(config.get("tp", 1))
+    dp_mesh = None
+    if tp > 1:  # a 2-D mesh: FSDP2 over the data-parallel ranks, the layers split over tp
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if world % tp or config["fsdp"] == "no_shard":
+            fail(
+                f"tp={tp}: needs ranks that tp divides ({world}) and fsdp full_shard or "
+                "shard_grad_op"
+            )
+        mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        tensor_parallelize(module, mesh["tp"], tp, bool(config.get("sequence_parallel")))
+        dp_mesh = mesh["dp"]
+    shard(module, config, device, dp_mesh)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
     scaler = (
@@ -197,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     # dropout draws from torch's global RNG: seeded where a Session seeds it, once the
     # engine is built, so the job's masks are a Session's
     torch.manual_seed(int(job["seed"]))
-    data = batches(job, dataset, micro, world, rank)
+    data = batches(job, dataset, micro, world // tp, rank // tp)  # a tp group: one sample set
     offload = offload_stream(bool(job["activation_offload"]), device)
     n_params = count_parameters(module)
     if rank == 0:
@@ -214,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps,
         }
         print(json.dumps(start), flush=True)
+    vocabulary_parallel: Any = contextlib.nullcontext
+    if tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        vocabulary_parallel = loss_parallel
     applied = 0
     for step in range(1, args.steps + 1):
         lr = base_lr * lr_multiplier(
@@ -225,20 +257,25 @@ def main(argv: list[str] | None = None) -> int:
         total = torch.zeros((), device=device)
         for _ in range(accum):
             batch = to_device(next(data), device)
-            loss = loss_of(module, batch, loss_fn, offload)
-            scaled = loss / accum
-            if scaler is not None:
-                scaled = scaler.scale(scaled)
-            torch.autograd.backward(scaled)
+            with vocabulary_parallel():  # the split logits' cross-entropy under tp
+                loss = loss_of(module, batch, loss_fn, offload)
+                loss = loss.to_local() if hasattr(loss, "to_local") else loss
+                scaled = loss / accum
+                if scaler is not None:
+                    scaled = scaler.scale(scaled)
+                torch.autograd.backward(scaled)
             total += loss.detach().float()
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, float(clip))
+        if tp > 1:  # DTensors on two meshes: the norm over shards and replicas
+            grad_norm = sharded_grad_norm(params, world, None if clip is None else float(clip))
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        full = getattr(norm, "full_tensor", None)
-        grad_norm = float(full() if callable(full) else norm)  # host waits for the device
+            if clip is not None:
+                norm = torch.nn.utils.clip_grad_norm_(params, float(clip))
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            full = getattr(norm, "full_tensor", None)
+            grad_norm = float(full() if callable(full) else norm)  # host waits for the device
         skipped = False
         if scaler is not None:
             before = scaler.get_scale()
