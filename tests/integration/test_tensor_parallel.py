@@ -352,3 +352,30 @@ def test_the_exported_fsdp_job_trains_tensor_parallel_with_the_sessions_losses(
     session = got[2][0]["tp2 sp" if sequence else "tp2"]
     assert [ln["loss"] for ln in lines] == pytest.approx(session["losses"], abs=LOSS_TOL)
     assert [ln["grad_norm"] for ln in lines] == pytest.approx(session["grad_norms"], rel=1e-4)
+
+
+def test_the_exported_lightning_job_trains_tensor_parallel_with_the_sessions_losses(
+    ranks: Any, tmp_path: Path
+) -> None:
+    """`workbench export --format lightning --tp 2`: Lightning's ModelParallelStrategy,
+    the job's `configure_model` splitting the layers (and FSDP2 over the data-parallel
+    dimension); on 2 devices its losses are the Session's tp=2 run's."""
+    import subprocess
+    import sys
+
+    from workbench.export import export_job
+
+    got, _ = ranks
+    job = export_job(
+        config(tp=2), format="lightning", gpus=2, out_dir=tmp_path / "job", model_options=GPT
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    argv = [sys.executable, "train_lightning.py", "--steps", str(STEPS), "--devices", "2"]
+    done = subprocess.run(
+        argv, cwd=job.out_dir, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]
+    assert [ln["loss"] for ln in lines] == pytest.approx(got[2][0]["tp2"]["losses"], abs=LOSS_TOL)

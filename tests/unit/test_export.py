@@ -759,7 +759,7 @@ def test_tensor_and_pipeline_parallel_in_exports_carried_or_refused_with_the_rea
         config = config.replace(fsdp="full_shard") if "tp" in setting else config
     problems = check_export(config, format=fmt, gpus=2, out_dir=tmp_path / "job")
     name = "tp" if "tp" in setting else "pp"
-    if fmt == "fsdp" and name == "tp":  # the FSDP job carries the tensor-parallel plan
+    if fmt in ("fsdp", "lightning") and name == "tp":  # the jobs carry the plan
         assert problems == []
         bad = check_export(config.replace(tp=4), format=fmt, gpus=2, out_dir=tmp_path / "j")
         assert [(p.field, p.value) for p in bad] == [("tp", 4)]

@@ -93,8 +93,8 @@ MODEL_PARALLEL_EXPORT = {
     "(PipelineModule) need the model rewritten for them, which the exported script does not do",
     "fsdp": "the exported FSDP job splits layers over tensor-parallel ranks (`tp`) but does "
     "not cut the model into pipeline stages",
-    "lightning": "the exported Lightning job trains with DDP, DeepSpeed or FSDP strategies; "
-    "Lightning's ModelParallelStrategy needs the plan in the LightningModule",
+    "lightning": "the exported Lightning job splits layers over tensor-parallel ranks (`tp`, "
+    "Lightning's ModelParallelStrategy) but does not cut the model into pipeline stages",
 }
 FORMATS = ("deepspeed", "fsdp", "lightning")
 CONFIG_NAME = "ds_config.json"
@@ -467,22 +467,23 @@ def _check(
         if value:
             problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))
     for name in ("tp", "pp"):
-        carried = name == "tp" and format == "fsdp"  # the FSDP job splits the layers too
+        # the FSDP and Lightning jobs split the layers too
+        carried = name == "tp" and format in ("fsdp", "lightning")
         if int(getattr(config, name)) > 1 and format in MODEL_PARALLEL_EXPORT and not carried:
             why = (
                 f"not exported to --format {format}: {MODEL_PARALLEL_EXPORT[format]}; a "
                 f"Session and `workbench launch --{name}` train it"
             )
             problems.append(SettingProblem(name, int(getattr(config, name)), why))
-    if format == "fsdp" and int(config.tp) > 1 and gpus_ok and nodes_ok:
+    if format in ("fsdp", "lightning") and int(config.tp) > 1 and gpus_ok and nodes_ok:
         problems += tp_problems(config, gpus * nodes)
         if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
             problems.append(
                 SettingProblem(
                     "fsdp",
                     "no_shard",
-                    "the FSDP job's tensor-parallel mesh shards over the data-parallel "
-                    "ranks: use full_shard or shard_grad_op with `tp` > 1",
+                    f"the {format} job's tensor-parallel mesh shards over the data-parallel "
+                    "ranks with FSDP2: use full_shard or shard_grad_op (or off) with `tp` > 1",
                 )
             )
     strategy = STRATEGY[engine]

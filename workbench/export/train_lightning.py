@@ -13,7 +13,10 @@ of steps, the training settings (`config`: the workbench TrainConfig as a dict) 
 Lightning strategy the settings map to: DeepSpeed's (`ds_config.json` beside this file:
 the ZeRO stage, offload and 16-bit settings; Lightning runs the optimizer, schedule and
 batch sizes) for ZeRO or DeepSpeed 16-bit, FSDP's (`sharding_strategy` from `fsdp`,
-blocks the workbench marked wrapped) for FSDP, else data parallel. This file and
+blocks the workbench marked wrapped) for FSDP, Lightning's ModelParallelStrategy for
+`tp` > 1 (`configure_model` splits the layers over the tensor-parallel dimension with
+`job_common.tensor_parallelize`, then shards over the data-parallel one with FSDP2; the
+loss and its backward vocabulary-parallel), else data parallel. This file and
 `job_common.py` are the same for every job (shipped in `workbench/export/`, copied as is).
 It needs torch and lightning (and deepspeed for its strategy); workbench only for a
 built-in model or activation checkpointing. Lightning's DeepSpeed and FSDP strategies run
@@ -29,6 +32,7 @@ Rank 0 prints one JSON line per optimizer step ({"step": ..., "loss": ...}).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,6 +58,8 @@ try:
         marked_blocks,
         offload_stream,
         read_job,
+        sharded_grad_norm,
+        tensor_parallelize,
     )
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
@@ -68,6 +74,8 @@ except ImportError:  # an exported folder without workbench installed
         marked_blocks,
         offload_stream,
         read_job,
+        sharded_grad_norm,
+        tensor_parallelize,
     )
 
 CONFIG_NAME = "ds_config.json"
@@ -95,12 +103,58 @@ class JobModule(L.LightningModule):
         self._t0 = time.perf_counter()
         self._losses: list[float] = []
 
+    @property
+    def tp(self) -> int:
+        return int(self.settings.get("tp", 1))
+
+    def configure_model(self) -> None:
+        """Under `tp` > 1 (Lightning's ModelParallelStrategy): the layers split over the
+        mesh's tensor-parallel dimension (`job_common.tensor_parallelize`), then FSDP2 over
+        its data-parallel one, the marked blocks first."""
+        if self.tp == 1 or getattr(self, "_split", False):
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        mesh: Any = self.device_mesh  # ModelParallelStrategy's ("data_parallel", "tensor_parallel")
+        sequence = bool(self.settings.get("sequence_parallel"))
+        tensor_parallelize(self.model, mesh["tensor_parallel"], self.tp, sequence)
+        reshard = self.settings.get("fsdp") != "shard_grad_op"
+        for block in marked_blocks(self.model):
+            fully_shard(block, mesh=mesh["data_parallel"], reshard_after_forward=reshard)
+        fully_shard(self.model, mesh=mesh["data_parallel"], reshard_after_forward=reshard)
+        self._split = True
+
+    def _vocabulary_parallel(self) -> Any:
+        """The split logits' cross-entropy under tensor parallelism (forward and backward)."""
+        if self.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self._offload is None:
             self._offload = offload_stream(bool(self.settings["activation_offload"]), self.device)
-        loss = loss_of(self.model, batch, self.loss_fn, self._offload)
+        with self._vocabulary_parallel():
+            loss = loss_of(self.model, batch, self.loss_fn, self._offload)
+        loss = loss.to_local() if hasattr(loss, "to_local") else loss
         self._losses.append(float(loss.detach()))
         return loss
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with self._vocabulary_parallel():
+            super().backward(loss, *args, **kwargs)
+
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+    ) -> None:
+        if self.tp == 1:
+            super().configure_gradient_clipping(
+                optimizer, gradient_clip_val, gradient_clip_algorithm
+            )
+        elif gradient_clip_val is not None:  # DTensors on two meshes: over shards and replicas
+            params = [p for p in self.parameters() if p.requires_grad]
+            sharded_grad_norm(params, self.trainer.world_size, float(gradient_clip_val))
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         accum = int(self.settings["grad_accum"])
@@ -127,9 +181,16 @@ class JobModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def strategy(job: dict[str, Any], model: torch.nn.Module) -> Any:
+def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
     """Lightning's strategy for the job's settings (see the module docstring)."""
     kind = job["strategy"]
+    if kind == "tensor-parallel":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        tp = int(job["config"]["tp"])
+        if devices % tp:
+            fail(f"tp={tp}: must divide --devices {devices}")
+        return ModelParallelStrategy(data_parallel_size=devices // tp, tensor_parallel_size=tp)
     if kind == "deepspeed":
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
@@ -177,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = L.Trainer(
         accelerator="cpu" if cpu else "gpu",
         devices=args.devices,
-        strategy=strategy(job, model),
+        strategy=strategy(job, model, args.devices),
         precision=PRECISION[config["precision"]],  # type: ignore[arg-type]
         max_steps=args.steps,
         accumulate_grad_batches=int(config["grad_accum"]),
