@@ -241,3 +241,16 @@ def test_bad_pipeline_sizes_are_refused_before_anything_starts() -> None:
         Session(config(pp=8, grad_accum=8), model="tiny-gpt", model_options=GPT)
     with pytest.raises(ConfigError, match=r"pp=2: MLP has no pipeline split"):
         Session(config(pp=2), model="mlp")
+
+
+@pytest.mark.parametrize("settings", [{"tp": 2}, {"pp": 2, "grad_accum": 4}])
+def test_a_dry_run_of_a_split_model_says_it_is_not_simulated(settings: dict[str, int]) -> None:
+    import workbench
+    from workbench.models import build_model
+    from workbench.train.dry_run_problems import DryRunError
+
+    module = build_model("tiny-gpt", **GPT)[0]
+    name = next(iter(settings))
+    with pytest.raises(DryRunError, match=rf"{name}=2: the dry run simulates one rank") as caught:
+        workbench.simulate_memory(module, config=TrainConfig(**settings), world_size=2)
+    assert f"`workbench launch --{name}` measures it" in str(caught.value)

@@ -158,6 +158,18 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                 "measures them",
             )
         )
+    for name in ("tp", "pp"):
+        if int(getattr(config, name)) > 1:
+            p.append(
+                SettingProblem(
+                    name,
+                    int(getattr(config, name)),
+                    "the dry run simulates one rank of the plain loop, DeepSpeed or FSDP; "
+                    "tensor and pipeline parallelism are not simulated yet: the formula "
+                    "counts each rank's share (workbench.predict_memory), and `workbench "
+                    f"launch --{name}` measures it",
+                )
+            )
     optimizer = OptimizerName(config.optimizer)
     if optimizer is OptimizerName.ADAM8BIT:
         p.append(
