@@ -44,14 +44,22 @@ RUNS: dict[int, dict[str, dict[str, Any]]] = {
         "pp2 1f1b": {"pp": 2},
         "pp2 gpipe": {"pp": 2, "pp_schedule": "gpipe"},
         "dp2": {"fsdp": "no_shard"},
+        "pp2 switched": {"pp": 2, "switch": {"pp_schedule": "gpipe"}},
     },
     4: {"pp4": {"pp": 4}, "pp2 dp2": {"pp": 2}},
 }
 
 
 def _train(settings: dict[str, Any]) -> dict[str, Any]:
+    settings = dict(settings)
+    switch = settings.pop("switch", None)  # settings applied live after the first step
     with Session(config(**settings), model="tiny-gpt", model_options=GPT) as s:
-        records = s.run(optimizer_steps=STEPS)
+        if switch is None:
+            records = s.run(optimizer_steps=STEPS)
+        else:
+            records = s.run(optimizer_steps=1)
+            s.update(**switch)  # no loop running: a new engine, weights and state carried
+            records += s.run(optimizer_steps=STEPS - 1)
         report = s.memory()
         pred = report.predicted
         pipeline = getattr(s.backend, "pipeline_report", None)
@@ -136,7 +144,8 @@ def test_stages_train_the_single_rank_losses_under_both_schedules(
     ranks: Any, single: dict[str, Any]
 ) -> None:
     got, _ = ranks
-    for world, name in ((2, "pp2 1f1b"), (2, "pp2 gpipe"), (4, "pp4")):
+    # "pp2 switched": 1F1B for a step, then GPipe, the stage's weights and Adam state carried
+    for world, name in ((2, "pp2 1f1b"), (2, "pp2 gpipe"), (4, "pp4"), (2, "pp2 switched")):
         for r in range(world):
             run = got[world][r][name]
             assert run["engine"] == "PipelineBackend"
