@@ -685,13 +685,6 @@ class TrainConfig:
             )
         if ok("pp", "zero_stage", "precision") and self.pp > 1 and self.uses_deepspeed:
             add("pp", self.pp, PP_NOT_DEEPSPEED)
-        if ok("pp", "tp") and self.pp > 1 and self.tp > 1:
-            add(
-                "pp",
-                self.pp,
-                "tensor and pipeline parallelism together are not trained yet: use `tp` or "
-                "`pp` (the estimator predicts both at once)",
-            )
         if ok("pp", "fsdp") and self.pp > 1 and FsdpMode(self.fsdp) is not FsdpMode.OFF:
             add(
                 "pp",
@@ -1122,13 +1115,15 @@ def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
     if pp == 1:
         return []
     p: list[SettingProblem] = []
-    if world_size % pp:
+    tp = int(config.tp)
+    if world_size % (pp * tp):
+        what = f"times `tp`={tp}, " if tp > 1 else ""
         p.append(
             SettingProblem(
                 "pp",
                 pp,
-                f"must divide the {world_size} rank{'s' if world_size > 1 else ''} "
-                f"(ranks = pp x data parallel; launch {pp} x N ranks)",
+                f"{what}must divide the {world_size} rank{'s' if world_size > 1 else ''} "
+                f"(ranks = pp x tp x data parallel; launch {pp * tp} x N ranks)",
             )
         )
     if int(config.grad_accum) < pp:

@@ -46,7 +46,7 @@ RUNS: dict[int, dict[str, dict[str, Any]]] = {
         "dp2": {"fsdp": "no_shard"},
         "pp2 switched": {"pp": 2, "switch": {"pp_schedule": "gpipe"}},
     },
-    4: {"pp4": {"pp": 4}, "pp2 dp2": {"pp": 2}},
+    4: {"pp4": {"pp": 4}, "pp2 dp2": {"pp": 2}, "pp2 tp2": {"pp": 2, "tp": 2}},
 }
 
 
@@ -145,12 +145,29 @@ def test_stages_train_the_single_rank_losses_under_both_schedules(
 ) -> None:
     got, _ = ranks
     # "pp2 switched": 1F1B for a step, then GPipe, the stage's weights and Adam state carried
-    for world, name in ((2, "pp2 1f1b"), (2, "pp2 gpipe"), (4, "pp4"), (2, "pp2 switched")):
+    runs = ((2, "pp2 1f1b"), (2, "pp2 gpipe"), (4, "pp4"), (2, "pp2 switched"), (4, "pp2 tp2"))
+    for world, name in runs:
         for r in range(world):
             run = got[world][r][name]
             assert run["engine"] == "PipelineBackend"
             assert run["losses"] == pytest.approx(single["losses"], abs=LOSS_TOL), (name, r)
             assert run["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4), (name, r)
+
+
+def test_stages_split_over_tensor_parallel_ranks_hold_their_share(ranks: Any) -> None:
+    """pp=2 x tp=2 on 4 ranks (rank = stage x 2 + tp rank): each stage's layers split over
+    its 2 ranks; the first stage holds the estimator's tensor-parallel share of the largest
+    stage exactly."""
+    got, _ = ranks
+    for r in range(4):
+        run = got[4][r]["pp2 tp2"]
+        assert (run["layout"]["stage"], run["layout"]["tp_rank"]) == (r // 2, r % 2)
+        assert run["layout"]["dp_rank"] == 0 and run["pipeline"]["dp_rank"] == 0
+        assert run["pipeline"]["layers"] == ([0, 1] if r < 2 else [2, 3])
+    first = got[4][0]["pp2 tp2"]
+    assert first["params_bytes"] == first["predicted"]["params_bytes"]
+    assert first["optimizer_bytes"] == first["predicted"]["optimizer_bytes"]
+    assert first["params_bytes"] < got[2][0]["pp2 1f1b"]["params_bytes"] * 0.6
 
 
 def test_pipelines_over_data_parallel_ranks_train_the_data_parallel_losses(ranks: Any) -> None:
@@ -168,6 +185,7 @@ def test_your_module_gets_every_stages_weights(ranks: Any, single: dict[str, Any
     _, out = ranks
     dp2 = torch.load(out / "dp2-0.pt", weights_only=True)
     for name, world, reference in (
+        ("pp2 tp2", 4, single["weights"]),
         ("pp2 1f1b", 2, single["weights"]),
         ("pp2 gpipe", 2, single["weights"]),
         ("pp4", 4, single["weights"]),
@@ -234,8 +252,6 @@ def test_each_rank_reports_its_bubble(ranks: Any) -> None:
 def test_bad_pipeline_sizes_are_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match=r"pp=2: pipeline stages train through"):
         TrainConfig(pp=2, zero_stage=2)
-    with pytest.raises(ConfigError, match=r"pp=2: tensor and pipeline parallelism together"):
-        TrainConfig(pp=2, tp=2)
     with pytest.raises(ConfigError, match=r"pp=2: pipeline stages train with plain data"):
         TrainConfig(pp=2, fsdp="full_shard")
     with pytest.raises(ConfigError) as caught:

@@ -345,7 +345,9 @@ def _table(result: LaunchResult) -> str:
     layout = next((r.layout for r in result.ranks if r.layout), None)
     if layout and piped:
         what = (
-            f"pp={layout['pp']} stages x dp={layout['dp']}, {layout.get('schedule')} over "
+            f"pp={layout['pp']} stages"
+            + (f" x tp={layout['tp']}" if layout.get("tp", 1) > 1 else "")
+            + f" x dp={layout['dp']}, {layout.get('schedule')} over "
             f"{layout.get('micro_batches')} micro-batches; measured from each rank's tensors "
             "vs the estimator's largest stage (activations: the first stage's in-flight "
             "peak); bubble: the last step's idle share of the schedule vs (pp-1)/(m+pp-1)"

@@ -4,9 +4,13 @@ state of the other engines (see `plain.py`).
 
 How it works
 ------------
-* Ranks: ranks d*pp .. d*pp + pp - 1 form pipeline d; rank d*pp + s holds stage s
-  (`workbench.train.pipeline_plan.pipeline_stage`: `layers / pp` consecutive blocks, the
-  embeddings on the first stage, the final norm and head on the last). Every rank of a
+* Ranks: a 3-D mesh (dp, pp, tp), rank = (d * pp + s) * tp + t holds stage s of
+  pipeline d (`workbench.train.pipeline_plan.pipeline_stage`: `layers / pp` consecutive
+  blocks, the embeddings on the first stage, the final norm and head on the last), split
+  over its `tp` ranks when `tp` > 1 (the tensor-parallel engine's plan, `parallelize`,
+  restricted to the stage's layers; the last stage's copy of the tied head split by
+  vocabulary rows like the embedding, so the two copies' gradients are summed shard by
+  shard; the loss vocabulary-parallel inside the schedule). Every rank of a
   pipeline reads the same samples (the Session shards data over the pipelines); the
   first stage uses the inputs, the last the targets.
 * A step: the `grad_accum` micro-batches of the step, concatenated, go through one
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import time
 from contextlib import AbstractContextManager
@@ -51,11 +56,15 @@ from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_
 from workbench.train.backends.fsdp import on_device
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.backends.tensor_parallel import parallelize, permute_rows, shard_count
 from workbench.train.batches import to_fp32
 from workbench.train.offload import is_parameter_derived, local_tensor, parameter_storages
 from workbench.train.pipeline_plan import TIED_COPY, pipeline_stage
 from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
 from workbench.train.schedule import lr_at
+from workbench.train.tensor_plan import TensorPlan, tensor_plan
+
+_shards = shard_count
 
 STATE_FORMAT = 1
 
@@ -99,11 +108,13 @@ class PipelineBackend:
 
         config = self.config
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
-        self.pp = int(config.pp)
-        if self.world_size % self.pp:
-            raise ValueError(f"pp={self.pp}: must divide the {self.world_size} ranks")
-        self.dp = self.world_size // self.pp
-        self.stage_index = self.rank % self.pp
+        self.pp, self.tp = int(config.pp), int(config.tp)
+        if self.world_size % (self.pp * self.tp):
+            raise ValueError(
+                f"pp={self.pp}, tp={self.tp}: pp x tp must divide the {self.world_size} ranks"
+            )
+        self.dp = self.world_size // (self.pp * self.tp)
+        self.stage_index = (self.rank // self.tp) % self.pp
         self.first, self.last = self.stage_index == 0, self.stage_index == self.pp - 1
         self.micro_batches = int(config.grad_accum)
         self.schedule_name = PipelineSchedule(config.pp_schedule)
@@ -126,11 +137,21 @@ class PipelineBackend:
         if state is not None:
             _load_full_weights(full, state)
         self._has_tied = full.head.weight is full.wte.weight  # type: ignore[union-attr]
+        self.plan: TensorPlan | None = None
+        if self.tp > 1:  # each stage split over its tensor-parallel group: rows reordered first
+            self.plan = tensor_plan(full, self.tp, sequence_parallel=bool(config.sequence_parallel))
+            permute_rows(full, self.plan)
         stage = pipeline_stage(full, self.pp, self.stage_index)
         del full
         if pure is not None and self.first:
             stage.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
         stage.to(self.device)
+        if self.plan is not None:
+            names = {n for n, _ in stage.named_modules()}
+            own = {n: kind for n, kind in self.plan.layers.items() if n in names}
+            # the last stage's head is its own copy of the tied matrix: split, not tied
+            split = dataclasses.replace(self.plan, layers=own, tied=None)
+            parallelize(stage, self._mesh["tp"], split)
         self.module = stage
         self._named = [(n, p) for n, p in stage.named_parameters() if p.requires_grad]
         if not self._named:
@@ -156,25 +177,25 @@ class PipelineBackend:
         )
 
     def _make_groups(self, dist: Any) -> tuple[Any, Any, Any]:
-        """This rank's pipeline, its data-parallel peers (the same stage in every
-        pipeline) and the pair of first and last stages that share the tied head. Every
-        rank creates every group (`new_group` is collective)."""
-        pp, dp = self.pp, self.world_size // self.pp
-        mine = {}
+        """This rank's pipeline, its data-parallel peers (the same stage and tensor-parallel
+        rank in every pipeline) and the pair of first and last stages that share the tied
+        head: from the 3-D mesh (dp, pp, tp), rank = (d * pp + s) * tp + t, and one group
+        per pair. Every rank creates every group (collective)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        pp, tp, dp = self.pp, self.tp, self.dp
+        self._mesh = init_device_mesh(
+            self.device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp")
+        )
+        tied_mine = None
         for d in range(dp):
-            ranks = list(range(d * pp, (d + 1) * pp))
-            group = dist.new_group(ranks)
-            tied = dist.new_group([ranks[0], ranks[-1]])
-            self._groups += [group, tied]
-            if self.rank in ranks:
-                mine["pp"], mine["tied"] = group, tied
-        for s in range(pp):
-            ranks = [d * pp + s for d in range(dp)]
-            group = dist.new_group(ranks)
-            self._groups.append(group)
-            if self.rank in ranks:
-                mine["dp"] = group
-        return mine["pp"], mine["dp"], mine["tied"]
+            for t in range(tp):
+                pair = [(d * pp) * tp + t, (d * pp + pp - 1) * tp + t]
+                tied = dist.new_group(pair)
+                self._groups.append(tied)
+                if self.rank in pair:
+                    tied_mine = tied
+        return self._mesh.get_group("pp"), self._mesh.get_group("dp"), tied_mine
 
     def _time_chunks(self, stage: Any) -> None:
         """Add this stage's compute (its forward and backward chunks) to `_busy`."""
@@ -224,7 +245,7 @@ class PipelineBackend:
         losses: list[torch.Tensor] = []
         self._busy = 0.0
         t = time.perf_counter()
-        with on_device(self.device), self.autocast():
+        with on_device(self.device), self.autocast(), self._vocabulary_parallel():
             if self.first:
                 self.schedule.step(inputs)
             elif self.last:
@@ -235,10 +256,19 @@ class PipelineBackend:
         self.last_busy_seconds = self._busy
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.last:
-            total = torch.stack([loss.detach().float() for loss in losses]).sum()
+            total = torch.stack([_local(loss).detach().float() for loss in losses]).sum()
         src = dist.get_global_rank(self._pp_group, self.pp - 1)
         dist.broadcast(total, src=src, group=self._pp_group)
         return total
+
+    def _vocabulary_parallel(self) -> AbstractContextManager[Any]:
+        """The last stage's split logits' cross-entropy under tensor parallelism (the
+        schedule computes the loss and its backward inside `step`)."""
+        if self.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
 
     def backward(self, loss: torch.Tensor) -> None:
         raise RuntimeError("a pipeline runs forward and backward in train_step()")
@@ -255,8 +285,9 @@ class PipelineBackend:
         if self.dp > 1:
             for _, p in self._named:
                 if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self._dp_group)
-                    p.grad.div_(self.dp)
+                    local = _local(p.grad)
+                    dist.all_reduce(local, group=self._dp_group)
+                    local.div_(self.dp)
         self._grads_bytes = self._count_grads()
         norm = self._grad_norm()
         self.optimizer.step()
@@ -275,7 +306,7 @@ class PipelineBackend:
         assert tied is not None
         if tied.grad is None:
             tied.grad = torch.zeros_like(tied)
-        dist.all_reduce(tied.grad, group=self._tied_group)
+        dist.all_reduce(_local(tied.grad), group=self._tied_group)  # the same rows on both
 
     def _grad_norm(self) -> float:
         import torch.distributed as dist
@@ -283,15 +314,17 @@ class PipelineBackend:
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for _, p in self._named:
             if p.grad is not None and p is not self._tied:  # the tied copy counted once
-                total += p.grad.float().pow(2).sum()
+                # a whole tensor is on tp x dp ranks, a tensor-parallel shard on dp
+                weight = _shards(p.grad) / (self.tp * self.dp)
+                total += _local(p.grad).float().pow(2).sum() * weight
         dist.all_reduce(total)  # every stage of every pipeline
-        norm = float((total / self.dp).sqrt())
+        norm = float(total.sqrt())
         if self._clip is not None:
             coef = float(self._clip) / (norm + 1e-6)
             if coef < 1.0:
                 for _, p in self._named:
                     if p.grad is not None:
-                        p.grad.mul_(coef)
+                        _local(p.grad).mul_(coef)
         return norm
 
     def zero_grad(self) -> None:
@@ -314,9 +347,11 @@ class PipelineBackend:
         wall, busy = self.last_wall_seconds, self.last_busy_seconds
         return {
             "pp": p,
+            "tp": self.tp,
             "dp": self.dp,
             "stage": self.stage_index,
-            "dp_rank": self.rank // p,
+            "tp_rank": self.rank % self.tp,
+            "dp_rank": self.rank // (p * self.tp),
             "schedule": self.schedule_name.value,
             "micro_batches": m,
             "layers": sorted(int(k) for k in self.module.blocks),  # type: ignore[union-attr]
@@ -380,15 +415,15 @@ class PipelineBackend:
         mine_model: dict[str, torch.Tensor] = {}
         mine_optim: dict[str, dict[str, Any]] = {}
         for name, p in self._named:
+            whole = {
+                k: self._whole(name, v, p) for k, v in (self.optimizer.state.get(p) or {}).items()
+            }
+            weight = self._whole(name, p, p).float()  # collective over the tp group
             if p is self._tied:
                 continue  # the embedding's copy: the first stage has the original
-            mine_model[name] = p.detach().float().cpu()
-            st = self.optimizer.state.get(p) or {}
-            if st:
-                mine_optim[name] = {
-                    k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                    for k, v in st.items()
-                }
+            mine_model[name] = weight
+            if whole:
+                mine_optim[name] = whole
         gathered: list[Any] = [None] * self.pp
         dist.all_gather_object(gathered, (mine_model, mine_optim), group=self._pp_group)
         model: dict[str, torch.Tensor] = {}
@@ -406,35 +441,54 @@ class PipelineBackend:
             "overflow_steps": self.overflow_steps,
         }
 
+    def _whole(self, name: str, value: Any, param: Any) -> Any:
+        """A parameter or state of `param` whole, on the CPU, in your module's row order
+        (`full_tensor()` of a tensor-parallel shard: collective over the group)."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        full = full.detach().cpu()
+        order = self.plan.permutations.get(name) if self.plan is not None else None
+        if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(param.shape):
+            full = full[torch.argsort(order)]
+        return full
+
     def _load_optimizer(self, state: dict[str, Any]) -> None:
         self.steps = int(state.get("steps", 0))
         optim = state.get("optimizer") or {}
         saved = optim.get("state") or {}
         if not saved or optim.get("family") is None or optim.get("family") != self._family:
             return
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         for name, p in self._named:
             key = TIED_COPY[1] if p is self._tied else name
             if key not in saved:
                 continue
-            self.optimizer.state[p] = {
-                k: (
-                    v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
-                    if isinstance(v, torch.Tensor) and v.dim() > 0
-                    else v
-                )
-                for k, v in saved[key].items()
-            }
+            order = self.plan.permutations.get(key) if self.plan is not None else None
+            st: dict[str, Any] = {}
+            for k, v in saved[key].items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    v = v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
+                    if order is not None:
+                        v = v[order]
+                    if isinstance(p, DTensor):
+                        v = distribute_tensor(v, p.device_mesh, p.placements)
+                st[k] = v
+            self.optimizer.state[p] = st
 
     # ------------------------------------------------------------------ memory
     def model_state_bytes(self) -> ModelStateBytes:
         """This stage's bytes (the tied copy included: this rank holds it)."""
-        params = storage_bytes(p for _, p in self._named)
+        params = storage_bytes(_local(p) for _, p in self._named)
         grads = self._count_grads() or self._grads_bytes
-        optim = storage_bytes(v for st in self.optimizer.state.values() for v in st.values())
+        optim = storage_bytes(
+            _local(v) for st in self.optimizer.state.values() for v in st.values()
+        )
         return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
 
     def _count_grads(self) -> int:
-        return storage_bytes(p.grad for _, p in self._named if p.grad is not None)
+        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -460,6 +514,12 @@ class PipelineBackend:
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(group)
         gc.collect()
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local tensor, or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:

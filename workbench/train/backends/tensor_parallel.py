@@ -123,7 +123,7 @@ class TensorParallelBackend:
             _load_full_weights(module, state)
         self._permute(module)
         module.to(self.device)
-        _parallelize(module, self.mesh["tp"], self.plan)
+        parallelize(module, self.mesh["tp"], self.plan)
         if self.fsdp is not FsdpMode.OFF:
             from torch.distributed.fsdp import fully_shard
 
@@ -142,12 +142,7 @@ class TensorParallelBackend:
         self._set_lr()
 
     def _permute(self, module: nn.Module) -> None:
-        """The fused qkv rows into the order the tensor-parallel slices need."""
-        with torch.no_grad():
-            for name, p in module.named_parameters():
-                order = self.plan.permutations.get(name)
-                if order is not None:
-                    p.copy_(p[order])
+        permute_rows(module, self.plan)
 
     # ------------------------------------------------------------------ the loop
     @property
@@ -219,7 +214,7 @@ class TensorParallelBackend:
             return 0.0
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for g in grads:
-            total += _local(g).float().pow(2).sum() * (_shards(g) / self.world_size)
+            total += _local(g).float().pow(2).sum() * (shard_count(g) / self.world_size)
         dist.all_reduce(total)
         norm = float(total.sqrt())
         if self._clip is not None:
@@ -332,7 +327,7 @@ class TensorParallelBackend:
         gc.collect()
 
 
-def _parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
+def parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
     """`parallelize_module` with the plan's styles; a tied head re-tied after."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -372,6 +367,16 @@ def _parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
             p.register_hook(_as_placed(p.placements))
 
 
+def permute_rows(module: nn.Module, plan: TensorPlan) -> None:
+    """The fused qkv rows of `module` (whole, not yet split) into the order the
+    tensor-parallel slices need (`TensorPlan.permutations`)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            order = plan.permutations.get(name)
+            if order is not None:
+                p.copy_(p[order])
+
+
 def _as_placed(placements: Any) -> Any:
     """A gradient hook that gives a gradient its parameter's placements: the embedding's
     backward returns a replicated (whole-vocabulary) gradient for a row-split table, which
@@ -392,7 +397,7 @@ def _local(t: Any) -> Any:
     return to_local() if callable(to_local) else t
 
 
-def _shards(t: Any) -> int:
+def shard_count(t: Any) -> int:
     """Into how many disjoint pieces the ranks split `t` (1 for a whole tensor): the
     product of the mesh sizes it is sharded over (`Shard`, and FSDP2's `_StridedShard` of
     a tensor-parallel shard, whose `is_shard()` is False)."""
@@ -437,4 +442,4 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-__all__ = ["TensorParallelBackend"]
+__all__ = ["TensorParallelBackend", "parallelize", "permute_rows", "shard_count"]
