@@ -685,6 +685,13 @@ class TrainConfig:
             )
         if ok("pp", "zero_stage", "precision") and self.pp > 1 and self.uses_deepspeed:
             add("pp", self.pp, PP_NOT_DEEPSPEED)
+        if ok("pp", "grad_accum") and self.pp > 1 and self.grad_accum < self.pp:
+            add(
+                "grad_accum",
+                self.grad_accum,
+                f"the micro-batches of a step fill the pipeline: needs at least `pp`={self.pp} "
+                "of them (the bubble shrinks as grad_accum grows)",
+            )
         if ok("pp", "fsdp") and self.pp > 1 and FsdpMode(self.fsdp) is not FsdpMode.OFF:
             add(
                 "pp",
@@ -1108,9 +1115,10 @@ def _model_parallel_limits(config: TrainConfig, field: str, size: int) -> list[S
 
 
 def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
-    """What `pp` > 1 cannot train on `world_size` ranks (empty when it can): a `pp` that
-    does not divide the ranks, fewer micro-batches than stages under 1F1B, and what the
-    pipeline engine refuses (those of the tensor-parallel engine, and document batches)."""
+    """What `pp` > 1 cannot train on `world_size` ranks (empty when it can): a `pp` (times
+    `tp`) that does not divide the ranks, and what the pipeline engine refuses (those of
+    the tensor-parallel engine, and document batches). Fewer micro-batches than stages is
+    the config's own problem (`TrainConfig` refuses it)."""
     pp = int(config.pp)
     if pp == 1:
         return []
@@ -1124,15 +1132,6 @@ def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
                 pp,
                 f"{what}must divide the {world_size} rank{'s' if world_size > 1 else ''} "
                 f"(ranks = pp x tp x data parallel; launch {pp * tp} x N ranks)",
-            )
-        )
-    if int(config.grad_accum) < pp:
-        p.append(
-            SettingProblem(
-                "grad_accum",
-                int(config.grad_accum),
-                f"the micro-batches of a step fill the pipeline: needs at least `pp`={pp} "
-                "of them (the bubble shrinks as grad_accum grows)",
             )
         )
     if Documents(config.documents) is not Documents.STREAM:

@@ -254,14 +254,15 @@ def test_bad_pipeline_sizes_are_refused_before_anything_starts() -> None:
         TrainConfig(pp=2, zero_stage=2)
     with pytest.raises(ConfigError, match=r"pp=2: pipeline stages train with plain data"):
         TrainConfig(pp=2, fsdp="full_shard")
+    with pytest.raises(ConfigError, match=r"grad_accum=2: the micro-batches of a step fill"):
+        config(pp=3, grad_accum=2)  # needs at least pp=3 of them: the config itself
     with pytest.raises(ConfigError) as caught:
-        Session(config(pp=3, grad_accum=2), model="tiny-gpt", model_options=GPT)
+        Session(config(pp=3, grad_accum=3), model="tiny-gpt", model_options=GPT)
     text = str(caught.value)
     assert "pp=3: must divide the 1 rank" in text
-    assert (
-        "grad_accum=2: the micro-batches of a step fill the pipeline: needs at least pp=3" in text
-    )
     assert "pp=3: must divide the model's 4 layers evenly" in text
+    with pytest.raises(ConfigError, match=r"pp=2: times tp=2, must divide the 1 rank"):
+        Session(config(pp=2, tp=2, grad_accum=2), model="tiny-gpt", model_options=GPT)
     with pytest.raises(ConfigError, match=r"pp=8: more stages than the model's 4 layers"):
         Session(config(pp=8, grad_accum=8), model="tiny-gpt", model_options=GPT)
     with pytest.raises(ConfigError, match=r"pp=2: MLP has no pipeline split"):

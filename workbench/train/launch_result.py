@@ -43,9 +43,12 @@ class RankReport:
     predicted: dict[str, int] | None  # accounting="deepspeed"
     predicted_paper: dict[str, int] | None  # accounting="paper"
     pid: int | None = None
-    #: under tensor parallelism: this rank's place ({"tp", "dp", "tp_rank", "dp_rank"})
-    layout: dict[str, int] | None = None
-    #: under tensor parallelism: the activations one probe step saved on this rank
+    #: under tensor or pipeline parallelism: this rank's place ("tp", "pp", "dp",
+    #: "tp_rank", "stage", "dp_rank"; a pipeline's also "schedule", "micro_batches",
+    #: "layers", "step_seconds", "compute_seconds", "bubble_measured", "bubble_ideal")
+    layout: dict[str, Any] | None = None
+    #: under tensor or pipeline parallelism: the activations one probe step saved on this
+    #: rank (a pipeline stage: the peak it held in flight)
     activation_bytes: int | None = None
 
     def summary(self) -> dict[str, Any]:
