@@ -1088,6 +1088,15 @@ def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
                 f"(ranks = tp x data parallel; launch {tp} x N ranks)",
             )
         )
+    if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
+        p.append(
+            SettingProblem(
+                "fsdp",
+                "no_shard",
+                "with `tp` > 1, FSDP2 shards over the data-parallel ranks of the 2-D mesh: use "
+                "full_shard or shard_grad_op, or 'off' (plain data parallel over them)",
+            )
+        )
     return p + _model_parallel_limits(config, "tp", tp)
 
 

@@ -39,6 +39,8 @@ def config(**kw: Any) -> TrainConfig:
     return TrainConfig(device="cpu", **base)
 
 
+#: a live change after the first step that rebuilds the engine (clipping tighter)
+SWITCH = {"clip_grad_norm": 0.5}
 #: world size -> name -> settings
 RUNS: dict[int, dict[str, dict[str, Any]]] = {
     2: {
@@ -46,6 +48,7 @@ RUNS: dict[int, dict[str, dict[str, Any]]] = {
         "dp2": {"fsdp": "no_shard"},
         "llama tp2": {"tp": 2, "model": "llama"},
         "tp2 sp": {"tp": 2, "sequence_parallel": True},
+        "tp2 switched": {"tp": 2, "switch": SWITCH},
     },
     4: {
         "tp4": {"tp": 4},
@@ -92,8 +95,20 @@ def _session(settings: dict[str, Any]) -> Session:
 
 
 def _train(settings: dict[str, Any]) -> dict[str, Any]:
+    settings = dict(settings)
+    switch = settings.pop("switch", None)  # settings applied live after the first step
     with _session(settings) as s:
-        records = s.run(optimizer_steps=STEPS)
+        if switch is None:
+            records = s.run(optimizer_steps=STEPS)
+        else:  # no loop running: a new engine at once, weights and Adam state carried
+            records = s.run(optimizer_steps=1)
+            s.update(**switch)
+            records += s.run(optimizer_steps=STEPS - 1)
+        # Adam's first moments by parameter name, whole (collective under tp)
+        moments = {
+            name: st["exp_avg"].clone()
+            for name, st in s.backend.export_state()["optimizer"]["state"].items()
+        }
         report = s.memory()
         pred = report.predicted
         out = {
@@ -116,6 +131,7 @@ def _train(settings: dict[str, Any]) -> dict[str, Any]:
             "status": layout_text(s),  # what the training panel's status line shows
         }
     out["weights"] = {k: v.clone() for k, v in s.model.state_dict().items()}
+    out["moments"] = moments
     return out
 
 
@@ -136,6 +152,7 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
         for name, settings in RUNS[world].items():
             got = _train(settings)
             torch.save(got.pop("weights"), os.path.join(out_dir, f"{name}-{rank}.pt"))
+            torch.save(got.pop("moments"), os.path.join(out_dir, f"{name}-{rank}-moments.pt"))
             result[name] = got
     except Exception as exc:
         import traceback
@@ -181,6 +198,61 @@ def single_llama() -> dict[str, Any]:
     got = _train({"model": "llama"})
     assert got["engine"] == "PlainBackend"
     return got
+
+
+@pytest.fixture(scope="module")
+def single_switched() -> dict[str, Any]:
+    got = _train({"switch": SWITCH})
+    assert got["engine"] == "PlainBackend"
+    return got
+
+
+def test_a_live_switch_carries_the_split_weights_and_adam_state(
+    ranks: Any, single: dict[str, Any], single_switched: dict[str, Any]
+) -> None:
+    """A change after the first step rebuilds the tensor-parallel engine from the state it
+    exported (weights and Adam moments gathered whole, the qkv rows put back in your
+    module's order, then split again): the run follows one rank's that switched the same
+    way, and the moments it exports equal one rank's by name."""
+    got, out = ranks
+    assert single_switched["losses"][0] == single["losses"][0]
+    assert single_switched["losses"][2] != pytest.approx(single["losses"][2], abs=1e-7)
+    for r in range(2):
+        run = got[2][r]["tp2 switched"]
+        assert run["losses"] == pytest.approx(single_switched["losses"], abs=LOSS_TOL), r
+        assert run["grad_norms"] == pytest.approx(single_switched["grad_norms"], rel=1e-4)
+        moments = torch.load(out / f"tp2 switched-{r}-moments.pt", weights_only=True)
+        assert moments.keys() == single_switched["moments"].keys()
+        for name, value in single_switched["moments"].items():
+            torch.testing.assert_close(moments[name], value, rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_workbench_launch_reports_each_ranks_place_and_share() -> None:
+    """`workbench launch --tp 2` and `--pp 2`: every rank's layout, its measured states and
+    activations next to the estimator's figure for it, and the table's columns."""
+    from workbench.cli.launch import _table
+    from workbench.train.launch import launch_ranks
+
+    for settings, place in (({"tp": 2}, "tp rank"), ({"pp": 2, "grad_accum": 2}, "stage")):
+        result = launch_ranks(
+            config(**settings), ranks=2, model="tiny-gpt", steps=2, model_options=GPT, threads=1
+        )
+        assert result.ok, result.first_error
+        for r in result.ranks:
+            assert r.layout is not None and r.predicted is not None
+            assert r.layout["tp"] == settings.get("tp", 1) and r.layout["pp"] == settings.get(
+                "pp", 1
+            )
+            assert isinstance(r.activation_bytes, int) and r.activation_bytes > 0
+            assert isinstance(r.predicted["activation_bytes"], int)
+        first = result.ranks[0]
+        assert first.params_bytes == first.predicted["params_bytes"]
+        table = _table(result)
+        assert place in table and "activations KiB" in table
+        if "pp" in settings:
+            assert "bubble" in table and result.ranks[1].layout["stage"] == 1
+        else:
+            assert [r.layout["tp_rank"] for r in result.ranks] == [0, 1]
 
 
 def test_a_transformers_llama_splits_and_trains_the_single_rank_losses(
@@ -307,6 +379,8 @@ def test_bad_tensor_parallel_sizes_are_refused_before_anything_starts() -> None:
     assert "tp=3: must divide heads=4, hidden=32, ffn_hidden=128 evenly" in text
     with pytest.raises(ConfigError, match=r"tp=2: .*MLP has no tensor-parallel plan"):
         Session(config(tp=2), model="mlp")
+    with pytest.raises(ConfigError, match=r"fsdp='no_shard': with tp > 1, FSDP2 shards"):
+        Session(config(tp=2, fsdp="no_shard"), model="tiny-gpt", model_options=GPT)
     with pytest.raises(ConfigError, match=r"sequence_parallel=True: .* needs tp > 1"):
         TrainConfig(sequence_parallel=True)
     with pytest.raises(ConfigError, match=r"sequence_parallel=True: LlamaForCausalLM's plan"):

@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             params_bytes=states.params_bytes,
             grads_bytes=states.grads_bytes,
             optimizer_bytes=states.optimizer_bytes - counters,
-            **_model_parallel_report(session, config, rank),
+            # a probe step (collective) only after a full run, not on the way out of a stop
+            **({} if preempted else _model_parallel_report(session, config, rank)),
         )
         session.close()
         session = None

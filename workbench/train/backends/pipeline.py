@@ -283,11 +283,12 @@ class PipelineBackend:
         lr = float(self.optimizer.param_groups[0]["lr"])
         self._sum_tied_gradients()
         if self.dp > 1:
-            for _, p in self._named:
-                if p.grad is not None:
-                    local = _local(p.grad)
-                    dist.all_reduce(local, group=self._dp_group)
-                    local.div_(self.dp)
+            for _, p in self._named:  # every rank the same calls: an unused one reduces zeros
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                local = _local(p.grad)
+                dist.all_reduce(local, group=self._dp_group)
+                local.div_(self.dp)
         self._grads_bytes = self._count_grads()
         norm = self._grad_norm()
         self.optimizer.step()

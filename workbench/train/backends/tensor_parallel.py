@@ -199,20 +199,19 @@ class TensorParallelBackend:
     def _average_over_dp(self) -> None:
         import torch.distributed as dist
 
-        for _, p in self._named:
-            if p.grad is not None:
-                local = _local(p.grad)
-                dist.all_reduce(local, group=self._dp_group)
-                local.div_(self.dp)
+        for _, p in self._named:  # every rank the same calls: an unused one reduces zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            local = _local(p.grad)
+            dist.all_reduce(local, group=self._dp_group)
+            local.div_(self.dp)
 
     def _grad_norm(self) -> float:
         """The full gradient's norm (see the module docstring), clipped when asked."""
         import torch.distributed as dist
 
         grads = [p.grad for _, p in self._named if p.grad is not None]
-        if not grads:
-            return 0.0
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)  # reduced on every rank
         for g in grads:
             total += _local(g).float().pow(2).sum() * (shard_count(g) / self.world_size)
         dist.all_reduce(total)
