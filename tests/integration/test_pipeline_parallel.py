@@ -68,10 +68,12 @@ def _train(settings: dict[str, Any]) -> dict[str, Any]:
             "losses": [r.loss for r in records],
             "grad_norms": [r.grad_norm for r in records],
             "params_bytes": report.params_bytes,
+            "grads_bytes": report.grads_bytes,
             "optimizer_bytes": report.optimizer_bytes - report.optimizer_step_counter_bytes,
             "activation_bytes": report.activation_bytes,
             "predicted": {
                 "params_bytes": pred.params_bytes,
+                "grads_bytes": pred.grads_bytes,
                 "optimizer_bytes": pred.optimizer_bytes,
                 "activation_bytes": report.predicted_activation_bytes,
             },
@@ -206,8 +208,8 @@ def test_each_stage_holds_its_layers_and_the_first_the_estimators_stage(
         stages = [got[world][r][name] for r in range(world)]
         # the first stage is the largest: the estimator's stage, exact
         first = stages[0]
-        assert first["params_bytes"] == first["predicted"]["params_bytes"], name
-        assert first["optimizer_bytes"] == first["predicted"]["optimizer_bytes"], name
+        for field in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert first[field] == first["predicted"][field], (name, field)
         assert max(s["params_bytes"] for s in stages) == first["params_bytes"]
         per = 4 // world
         assert [s["pipeline"]["layers"] for s in stages] == [

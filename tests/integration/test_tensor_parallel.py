@@ -49,6 +49,7 @@ RUNS: dict[int, dict[str, dict[str, Any]]] = {
         "llama tp2": {"tp": 2, "model": "llama"},
         "tp2 sp": {"tp": 2, "sequence_parallel": True},
         "tp2 switched": {"tp": 2, "switch": SWITCH},
+        "tp2 dropout": {"tp": 2, "model_options": {"dropout": 0.1}},
     },
     4: {
         "tp4": {"tp": 4},
@@ -91,7 +92,8 @@ def _session(settings: dict[str, Any]) -> Session:
     settings = dict(settings)
     if settings.pop("model", None) == "llama":
         return Session(config(**settings), model=llama(), data=Tokens())
-    return Session(config(**settings), model="tiny-gpt", model_options=GPT)
+    options = {**GPT, **settings.pop("model_options", {})}
+    return Session(config(**settings), model="tiny-gpt", model_options=options)
 
 
 def _train(settings: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +227,36 @@ def test_a_live_switch_carries_the_split_weights_and_adam_state(
         assert moments.keys() == single_switched["moments"].keys()
         for name, value in single_switched["moments"].items():
             torch.testing.assert_close(moments[name], value, rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_with_dropout_the_ranks_stay_one_model(ranks: Any) -> None:
+    """Dropout draws from each rank's RNG, seeded alike, so the masks on the whole
+    (replicated) residual stream are the same on both ranks and the stream stays one: the
+    two ranks report the same losses and give back the same weights, the norms and
+    position table (held whole on each rank) included."""
+    got, out = ranks
+    a, b = got[2][0]["tp2 dropout"], got[2][1]["tp2 dropout"]
+    assert a["losses"] == b["losses"] and all(isinstance(x, float) for x in a["losses"])
+    assert a["losses"] != pytest.approx(got[2][0]["tp2"]["losses"], abs=1e-6)  # dropout acts
+    w0 = torch.load(out / "tp2 dropout-0.pt", weights_only=True)
+    w1 = torch.load(out / "tp2 dropout-1.pt", weights_only=True)
+    for name, value in w0.items():
+        assert torch.equal(value, w1[name]), name
+
+
+def test_every_rank_holds_its_vocabulary_share(ranks: Any) -> None:
+    """tp=4 over a vocabulary of 66 rows: torch.chunk gives 17, 17, 17 and 15 rows. DTensor
+    scatters padded chunks, so the last rank's 15 weight rows sit in a 17-row buffer (the
+    estimator's ceil(V/t), exact on every rank); its gradient and Adam moments are made
+    for the 15 rows alone: 2 rows less there (the head is tied: one matrix)."""
+    got, _ = ranks
+    row = GPT["hidden"] * 4  # one fp32 row of the (vocab x hidden) embedding
+    for r, short in enumerate((0, 0, 0, 2)):
+        run = got[4][r]["tp4"]
+        predicted = run["predicted"]
+        assert run["params_bytes"] == predicted["params_bytes"], r
+        assert run["grads_bytes"] == predicted["grads_bytes"] - short * row, r
+        assert run["optimizer_bytes"] == predicted["optimizer_bytes"] - 2 * short * row, r
 
 
 def test_workbench_launch_reports_each_ranks_place_and_share() -> None:

@@ -22,8 +22,8 @@ parallel, and what sizes `tp` must divide (Megatron's layout, through PyTorch's
   Their attention reads the local head count from the width (`view(..., -1, head_dim)`).
 
 `tp` must divide the heads (and K/V heads), the hidden size and the MLP width; the
-vocabulary need not divide (the first ranks hold ceil(V/tp) rows, the last the rest:
-torch.chunk's split).
+vocabulary need not divide (torch.chunk's split: the last rank holds fewer rows, in a
+buffer of ceil(V/tp) rows, as DTensor scatters padded chunks).
 Sequence parallelism (`sequence_parallel=True`, the built-in GPT): the layer norms
 (`SequenceParallel`), the dropout and the residual stream hold s/tp positions each; each
 column-parallel matmul all-gathers its input along the sequence and each row-parallel one
