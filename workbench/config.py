@@ -1088,6 +1088,15 @@ def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
                 f"(ranks = tp x data parallel; launch {tp} x N ranks)",
             )
         )
+    if config.sequence_parallel and Documents(config.documents) is not Documents.STREAM:
+        p.append(
+            SettingProblem(
+                "sequence_parallel",
+                True,
+                "splits the sequence of a stream of characters; a document batch's mask and "
+                "positions are not split with it: use `documents`='stream' with it",
+            )
+        )
     if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
         p.append(
             SettingProblem(

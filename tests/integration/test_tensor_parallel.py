@@ -413,6 +413,12 @@ def test_bad_tensor_parallel_sizes_are_refused_before_anything_starts() -> None:
         Session(config(tp=2), model="mlp")
     with pytest.raises(ConfigError, match=r"fsdp='no_shard': with tp > 1, FSDP2 shards"):
         Session(config(tp=2, fsdp="no_shard"), model="tiny-gpt", model_options=GPT)
+    with pytest.raises(ConfigError, match=r"sequence_parallel=True: splits the sequence of a"):
+        Session(
+            config(tp=2, sequence_parallel=True, documents="packed"),
+            model="tiny-gpt",
+            model_options=GPT,
+        )
     with pytest.raises(ConfigError, match=r"sequence_parallel=True: .* needs tp > 1"):
         TrainConfig(sequence_parallel=True)
     with pytest.raises(ConfigError, match=r"sequence_parallel=True: LlamaForCausalLM's plan"):
