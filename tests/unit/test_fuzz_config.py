@@ -113,7 +113,9 @@ def test_every_bound_is_accepted_and_one_past_it_refused() -> None:
             and name != "checkpoint_every_seconds"
         )
         value = int(top) if integral else float(top)
-        extra = {"total_steps": max(value, 1)} if name == "warmup_steps" else {}
+        # the settings a bound needs beside it: a schedule that long, a pipeline's micro-batches
+        needs = {"warmup_steps": {"total_steps": max(value, 1)}, "pp": {"grad_accum": value}}
+        extra = needs.get(name, {})
         assert getattr(TrainConfig(**{name: value}, **extra), name) == value
         with pytest.raises(ValueError, match=rf"{name}=.*at most"):
             TrainConfig(**{name: value + 1 if integral else value * 2}, **extra)

@@ -476,16 +476,7 @@ def _check(
             )
             problems.append(SettingProblem(name, int(getattr(config, name)), why))
     if format in ("fsdp", "lightning") and int(config.tp) > 1 and gpus_ok and nodes_ok:
-        problems += tp_problems(config, gpus * nodes)
-        if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
-            problems.append(
-                SettingProblem(
-                    "fsdp",
-                    "no_shard",
-                    f"the {format} job's tensor-parallel mesh shards over the data-parallel "
-                    "ranks with FSDP2: use full_shard or shard_grad_op (or off) with `tp` > 1",
-                )
-            )
+        problems += tp_problems(config, gpus * nodes)  # fsdp no_shard among them
     strategy = STRATEGY[engine]
     if (
         gpus_ok

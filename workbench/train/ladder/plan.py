@@ -314,6 +314,7 @@ def plan_ladder(
     ranks: int | None = None,
     compile: bool = False,
     checkpointing: bool = False,
+    model_parallel: bool = False,
     device: str | None = None,
     launcher: str = "torchrun",
     memory: bool = True,
