@@ -764,6 +764,12 @@ def test_tensor_and_pipeline_parallel_in_exports_carried_or_refused_with_the_rea
         bad = check_export(config.replace(tp=4), format=fmt, gpus=2, out_dir=tmp_path / "j")
         assert [(p.field, p.value) for p in bad] == [("tp", 4)]
         assert "must divide the 2 ranks" in bad[0].message
+        if fmt == "lightning":  # its data-parallel ranks go through FSDP2, never plain
+            (off,) = check_export(config, format=fmt, gpus=4, out_dir=tmp_path / "j")
+            assert (off.field, off.value) == ("fsdp", "off")
+            assert "use full_shard or shard_grad_op" in off.message
+            sharded = config.replace(fsdp="full_shard")
+            assert check_export(sharded, format=fmt, gpus=4, out_dir=tmp_path / "j") == []
         no_shard = config.replace(fsdp="no_shard")
         (problem,) = check_export(no_shard, format=fmt, gpus=2, out_dir=tmp_path / "j")
         assert problem.field == "fsdp" and "use full_shard or shard_grad_op" in problem.message

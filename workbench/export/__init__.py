@@ -477,6 +477,17 @@ def _check(
             problems.append(SettingProblem(name, int(getattr(config, name)), why))
     if format in ("fsdp", "lightning") and int(config.tp) > 1 and gpus_ok and nodes_ok:
         problems += tp_problems(config, gpus * nodes)  # fsdp no_shard among them
+        off = FsdpMode(config.fsdp) is FsdpMode.OFF
+        if format == "lightning" and off and gpus * nodes > int(config.tp):
+            problems.append(
+                SettingProblem(
+                    "fsdp",
+                    "off",
+                    "the Lightning job's ModelParallelStrategy runs its data-parallel ranks "
+                    "through FSDP2, not plain data parallel: use full_shard or shard_grad_op "
+                    f"with `tp` > 1 on more than `tp`={config.tp} GPUs",
+                )
+            )
     strategy = STRATEGY[engine]
     if (
         gpus_ok
