@@ -19,11 +19,13 @@ settings once and is rebuilt (carrying weights and optimizer state) when they ch
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -104,3 +106,36 @@ def _plain_tensors(tensors: Any) -> Any:
             yield from _plain_tensors(getattr(t, n) for n in names)
         else:
             yield t
+
+
+def rank_device() -> torch.device:
+    """This rank's device when none is given: its GPU (LOCAL_RANK) if CUDA is available,
+    else the CPU (every distributed engine's default)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
+    """Copy a backend-neutral state's full fp32 weights by name into a whole (not yet
+    sharded, split or cut) copy of the model; ValueError naming a missing or misshapen
+    parameter."""
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            if name not in weights:
+                raise ValueError(
+                    f"state: no weights for parameter {name}; the state belongs to a different "
+                    "model"
+                )
+            w = weights[name]
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
+                    f"{tuple(p.shape)}"
+                )
+            p.copy_(w.to(p.device, p.dtype))

@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -55,7 +54,7 @@ from torch import nn
 
 from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig, bf16_true_problem
 from workbench.modelstats import count_parameters
-from workbench.train.backends.base import ModelStateBytes, StepOutcome
+from workbench.train.backends.base import ModelStateBytes, StepOutcome, rank_device
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
 from workbench.train.backends.process_group import ProcessGroupLease
 from workbench.train.precision import cast_floating_inputs
@@ -149,7 +148,7 @@ class DeepSpeedBackend:
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config={config!r}: must be a TrainConfig")
         if device is None:
-            device = _default_device()
+            device = rank_device()
         self.device = torch.device(device)
         _check_supported(config)
         self.config = config
@@ -647,11 +646,6 @@ class DeepSpeedBackend:
 
 
 # --------------------------------------------------------------------------- helpers
-def _default_device() -> torch.device:
-    """This rank's device when none is given: its GPU (LOCAL_RANK) if CUDA is available."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 def _layout_of(engine: Any) -> str:

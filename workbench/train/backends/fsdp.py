@@ -58,7 +58,13 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
-from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.base import (
+    ModelStateBytes,
+    StepOutcome,
+    load_full_weights,
+    rank_device,
+    storage_bytes,
+)
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.backends.process_group import ProcessGroupLease, device_types
 from workbench.train.precision import (
@@ -94,7 +100,7 @@ class FSDPBackend:
                 "fsdp='off': FSDPBackend needs fsdp full_shard, shard_grad_op or no_shard"
             )
         self.config = config
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else rank_device()
         self._closed = True  # until fully built
         self.module: nn.Module | None = None
         self._sharded = None
@@ -138,7 +144,7 @@ class FSDPBackend:
             module.to(pure)
             module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
         if state is not None:
-            _load_full_weights(module, state)
+            load_full_weights(module, state)
         offload = OffloadDevice(config.offload_params) is OffloadDevice.CPU
         module.to(self.device)
         self.offload = offload
@@ -433,34 +439,3 @@ def _local(t: Any) -> Any:
     """A DTensor's local shard (its padded storage), or the tensor itself."""
     local = getattr(t, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else t
-
-
-def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
-    """Copy full fp32 weights by name into an unsharded module (before `fully_shard`)."""
-    weights = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(weights, dict):
-        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if not p.requires_grad:
-                continue
-            if name not in weights:
-                raise ValueError(
-                    f"state: no weights for parameter {name}; the state belongs to a different "
-                    "model"
-                )
-            w = weights[name]
-            if tuple(w.shape) != tuple(p.shape):
-                raise ValueError(
-                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
-                    f"{tuple(p.shape)}"
-                )
-            p.copy_(w.to(p.device, p.dtype))
-
-
-def _default_device() -> torch.device:
-    import os
-
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")

@@ -52,7 +52,13 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, PipelineSchedule, Precision, TrainConfig
-from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.base import (
+    ModelStateBytes,
+    StepOutcome,
+    load_full_weights,
+    rank_device,
+    storage_bytes,
+)
 from workbench.train.backends.fsdp import on_device
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.backends.process_group import ProcessGroupLease
@@ -85,7 +91,7 @@ class PipelineBackend:
         if int(config.pp) < 2:
             raise ValueError(f"pp={config.pp}: PipelineBackend needs pp >= 2")
         self.config = config
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else rank_device()
         self._closed = True
         self.module: nn.Module | None = None
         self.optimizer: Any = None
@@ -135,7 +141,7 @@ class PipelineBackend:
         if pure is not None:
             full.to(pure)
         if state is not None:
-            _load_full_weights(full, state)
+            load_full_weights(full, state)
         self._has_tied = full.head.weight is full.wte.weight  # type: ignore[union-attr]
         self.plan: TensorPlan | None = None
         if self.tp > 1:  # each stage split over its tensor-parallel group: rows reordered first
@@ -521,37 +527,6 @@ def _local(t: Any) -> Any:
     """A DTensor's local tensor, or the tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
-
-
-def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
-    """Full fp32 weights by name into the whole copy (before it is cut into stages)."""
-    weights = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(weights, dict):
-        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if not p.requires_grad:
-                continue
-            if name not in weights:
-                raise ValueError(
-                    f"state: no weights for parameter {name}; the state belongs to a "
-                    "different model"
-                )
-            w = weights[name]
-            if tuple(w.shape) != tuple(p.shape):
-                raise ValueError(
-                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
-                    f"{tuple(p.shape)}"
-                )
-            p.copy_(w.to(p.device, p.dtype))
-
-
-def _default_device() -> torch.device:
-    import os
-
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 __all__ = ["PipelineBackend"]

@@ -42,7 +42,13 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OptimizerName, Precision, TrainConfig
-from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.base import (
+    ModelStateBytes,
+    StepOutcome,
+    load_full_weights,
+    rank_device,
+    storage_bytes,
+)
 from workbench.train.backends.fsdp import on_device
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
 from workbench.train.backends.process_group import ProcessGroupLease
@@ -70,7 +76,7 @@ class TensorParallelBackend:
         if int(config.tp) < 2:
             raise ValueError(f"tp={config.tp}: TensorParallelBackend needs tp >= 2")
         self.config = config
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = torch.device(device) if device is not None else rank_device()
         self._closed = True
         self.module: nn.Module | None = None
         self._model: nn.Module | None = None
@@ -120,7 +126,7 @@ class TensorParallelBackend:
             module.to(pure)
             module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
         if state is not None:
-            _load_full_weights(module, state)
+            load_full_weights(module, state)
         self._permute(module)
         module.to(self.device)
         parallelize(module, self.mesh["tp"], self.plan)
@@ -408,37 +414,6 @@ def shard_count(t: Any) -> int:
         if not (placement.is_replicate() or placement.is_partial()):
             n *= int(size)
     return n
-
-
-def _load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
-    """Full fp32 weights by name into the unsplit copy."""
-    weights = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(weights, dict):
-        raise ValueError("state: must be a dict with a 'model' entry of fp32 weights by name")
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if not p.requires_grad:
-                continue
-            if name not in weights:
-                raise ValueError(
-                    f"state: no weights for parameter {name}; the state belongs to a "
-                    "different model"
-                )
-            w = weights[name]
-            if tuple(w.shape) != tuple(p.shape):
-                raise ValueError(
-                    f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
-                    f"{tuple(p.shape)}"
-                )
-            p.copy_(w.to(p.device, p.dtype))
-
-
-def _default_device() -> torch.device:
-    import os
-
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 __all__ = ["TensorParallelBackend", "parallelize", "permute_rows", "shard_count"]
