@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -20,6 +21,26 @@ settings.load_profile(os.environ.get("WORKBENCH_HYPOTHESIS_PROFILE", "repeatable
 _bin = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Segments an older DeepSpeed run left behind (mapped by no live process) are removed:
+    each holds 66 MB of RAM, and a machine that ran many suites with them could run out.
+    The workbench unlinks its own (tests/integration/test_launch.py checks it does)."""
+    from pathlib import Path
+
+    from tests.integration.job_runs import shm_segments
+
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        mapped.update(ln.rsplit("/", 1)[-1] for ln in text.splitlines() if "/dev/shm/" in ln)
+    for name in shm_segments() - mapped:
+        with contextlib.suppress(OSError):
+            os.unlink(f"/dev/shm/{name}")
 
 
 def _has_cuda() -> bool:

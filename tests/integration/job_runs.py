@@ -30,3 +30,9 @@ def run_script(
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]
     return lines, done.stderr
+
+
+def shm_segments() -> set[str]:
+    """The shared-memory segments of this user's DeepSpeed CPU comm op in /dev/shm (each
+    rank of a one-host run under DeepSpeed's launcher makes one of 66 MB)."""
+    return {p.name for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*")}

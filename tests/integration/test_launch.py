@@ -22,6 +22,7 @@ import psutil
 import pytest
 from torch import nn
 
+from tests.integration.job_runs import shm_segments
 from workbench.cli.launch import main
 from workbench.config import TrainConfig
 from workbench.models import build_model
@@ -150,6 +151,7 @@ def straight() -> LaunchResult:
 # Stage 1 is measured on the `straight` run, stage 2 through the command line (below).
 @pytest.mark.parametrize(("stage", "launcher"), [(0, "torchrun"), (3, "deepspeed")])
 def test_two_ranks_measured_memory_matches_deepspeed_accounting(stage: int, launcher: str) -> None:
+    segments = shm_segments()
     seen: list[StepRecord] = []
     config = TrainConfig(zero_stage=stage, **CPU)
     run = {"steps": 2, "launcher": launcher, "on_record": seen.append, "timeout": LAUNCH_TIMEOUT}
@@ -170,6 +172,9 @@ def test_two_ranks_measured_memory_matches_deepspeed_accounting(stage: int, laun
     # the two ranks trained on different shards of the data
     assert result.ranks[0].records[0].loss != result.ranks[1].records[0].loss
     assert rank_workers() == []
+    # under DeepSpeed's launcher its CPU comm op made a 66 MB /dev/shm segment per rank:
+    # each rank unlinked its own (release_shm_segment), so none outlives the run
+    assert shm_segments() == segments
 
 
 def test_stage_one_memory_on_the_straight_run(straight: LaunchResult) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.job_runs import shm_segments
 from workbench.config import TrainConfig
 from workbench.export import export_deepspeed
 
@@ -129,9 +130,12 @@ def test_exported_script_trains_two_steps_on_one_cpu_rank(launcher: str, tmp_pat
             *tail,
         ]
     (job / "my_models.py").write_text(FACTORY)  # importable from the job's directory
+    segments = shm_segments()
     code, lines, err = run_job(argv, cwd=job)
     assert code == 0, err[-3000:]
     check_two_steps(lines, stage=config.zero_stage, n_params=n_params)
+    # DeepSpeed's launcher has its CPU comm op make a /dev/shm segment: the job unlinks it
+    assert shm_segments() == segments
 
 
 def test_exported_script_refuses_a_different_world_size(tmp_path: Path) -> None:

@@ -203,6 +203,37 @@ def single_process_env() -> None:
     )
 
 
+#: The name DeepSpeed's shm comm op gives a rank's segment (ops/csrc/cpu/comm/shm.cpp).
+SHM_SEGMENT = "deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
+
+
+def release_shm_segment() -> str | None:
+    """After `deepspeed.init_distributed` on every rank: DeepSpeed's CPU comm op gives each
+    rank of a one-host run under its launcher (LOCAL_SIZE = the world size) a 66 MB
+    shared-memory segment it never unlinks, which /dev/shm would keep in RAM after the job.
+    Once every rank has mapped its peers' (a barrier), this rank unlinks its own; the
+    mapping lasts until the process exits. The path unlinked, or None where none was made.
+    (The workbench's own engines do the same: workbench/train/backends/process_group.py.)"""
+    import torch.distributed as dist
+    from deepspeed.comm import comm  # its module global `cdb`: the backend in use
+
+    op = getattr(comm.cdb, "shm_comm_op", None)
+    world = dist.get_world_size()
+    if op is None or os.environ.get("LOCAL_SIZE") != str(world) or not os.path.isdir("/dev/shm"):
+        return None
+    if world > 1:
+        dist.barrier()  # each peer has mapped this rank's segment: its name can go
+    path = "/dev/shm/" + SHM_SEGMENT.format(
+        uid=os.getuid(),
+        addr=os.environ.get("MASTER_ADDR", ""),
+        port=os.environ.get("MASTER_PORT", ""),
+        rank=dist.get_rank(),
+    )
+    with contextlib.suppress(FileNotFoundError):  # made once a process
+        os.unlink(path)
+    return path
+
+
 def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Module, Any, Any]:
     """(module, dataset, loss_fn) of the job's model: a workbench built-in or a factory
     (only when `approve_model` approved it: `approved`)."""

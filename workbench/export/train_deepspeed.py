@@ -52,6 +52,7 @@ try:
         offload_stream,
         read_job,
         read_json_file,
+        release_shm_segment,
         single_process_env,
         to_device,
     )
@@ -68,6 +69,7 @@ except ImportError:  # an exported folder without workbench installed
         offload_stream,
         read_job,
         read_json_file,
+        release_shm_segment,
         single_process_env,
         to_device,
     )
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     single_process_env()
     accelerator = get_accelerator()
     deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    release_shm_segment()  # DeepSpeed's CPU comm op leaves its segment in /dev/shm otherwise
     world, rank = dist.get_world_size(), dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
     if accelerator.device_name() != "cpu":
