@@ -616,14 +616,15 @@ def marked_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
 def tensor_parallelize(module: torch.nn.Module, mesh: Any, tp: int, sequence: bool) -> None:
     """Split `module` over the `tp` ranks of `mesh` in place: the job's copy of
     `workbench.train.tensor_plan` and the tensor-parallel engine's plan. The built-in GPT
-    (fused qkv rows reordered so each rank's slice holds its heads' q, k and v; with
-    `sequence`, the norms and residual stream split along the sequence) and
-    `transformers` Llama-style decoders; column-wise q/k/v (qkv) and first MLP layers,
+    (fused qkv rows reordered so each rank's slice holds its heads' q, k and v) and
+    `transformers` Llama-style decoders (with `sequence`, the norms and the residual
+    stream of either split along the sequence); column-wise q/k/v (qkv) and first MLP layers,
     row-wise projections, a vocabulary-parallel embedding and head (logits left split for
     `loss_parallel`)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
@@ -643,6 +644,28 @@ def tensor_parallelize(module: torch.nn.Module, mesh: Any, tp: int, sequence: bo
             styles[name] = RowwiseParallel(output_layouts=stream)
         elif kind == "embedding":
             styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        elif kind == "embedding-whole":
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        elif kind == "colwise-gathered":
+            styles[name] = ColwiseParallel()
+        elif kind == "gather-sequence":
+            styles[name] = PrepareModuleInput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )
+        elif kind == "gather-sequence-kw":
+            styles[name] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=True,
+            )
+        elif kind == "split-sequence":
+            styles[name] = PrepareModuleInput(
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Shard(1),),
+                use_local_output=True,
+            )
         elif kind == "norm":
             styles[name] = SequenceParallel()
         elif kind == "positions":
@@ -723,10 +746,16 @@ def _tp_layers(
             f"tp={tp}: {type(module).__name__} has no tensor-parallel plan; tp > 1 splits the "
             "workbench GPT and transformers Llama-style decoders"
         )
-    if sequence:
-        fail("sequence_parallel: a transformers model's residual stream stays whole")
     layers = {"model.embed_tokens": "embedding", "lm_head": "head"}
+    if sequence:  # positions and the mask read the embedding's output: whole there
+        layers.update({"model.embed_tokens": "embedding-whole", "model.layers.0": "split-sequence"})
+        layers["model.norm"] = "norm"
     for i in range(n):
+        if sequence:  # the attention and the MLP gather their input once each
+            layers[f"model.layers.{i}.input_layernorm"] = "norm"
+            layers[f"model.layers.{i}.post_attention_layernorm"] = "norm"
+            layers[f"model.layers.{i}.self_attn"] = "gather-sequence-kw"
+            layers[f"model.layers.{i}.mlp"] = "gather-sequence"
         for w in (
             "self_attn.q_proj",
             "self_attn.k_proj",
@@ -734,7 +763,7 @@ def _tp_layers(
             "mlp.gate_proj",
             "mlp.up_proj",
         ):
-            layers[f"model.layers.{i}.{w}"] = "colwise"
+            layers[f"model.layers.{i}.{w}"] = "colwise-gathered" if sequence else "colwise"
         layers[f"model.layers.{i}.self_attn.o_proj"] = "rowwise"
         layers[f"model.layers.{i}.mlp.down_proj"] = "rowwise"
     config = module.config

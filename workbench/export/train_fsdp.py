@@ -23,7 +23,7 @@ casts the model to bf16 before sharding (`model.to(torch.bfloat16)`: bf16 shards
 gradients and optimizer states, no fp32 master copy; floating inputs cast to bf16);
 `offload_params="cpu"` keeps shards in host memory; `tp` > 1 splits the layers over
 tensor-parallel groups of that many ranks first (`job_common.tensor_parallelize`: the
-workbench GPT and transformers Llama-style decoders; `sequence_parallel` for the GPT),
+workbench GPT and transformers Llama-style decoders, `sequence_parallel` for both),
 FSDP2 then sharding over the data-parallel dimension of the 2-D mesh, the loss
 vocabulary-parallel; `activation_offload` the forward's
 saved activations, in pinned memory on a side stream (`job_common.offloaded_activations`,

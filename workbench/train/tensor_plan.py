@@ -24,12 +24,16 @@ parallel, and what sizes `tp` must divide (Megatron's layout, through PyTorch's
 `tp` must divide the heads (and K/V heads), the hidden size and the MLP width; the
 vocabulary need not divide (torch.chunk's split: the last rank holds fewer rows, in a
 buffer of ceil(V/tp) rows, as DTensor scatters padded chunks).
-Sequence parallelism (`sequence_parallel=True`, the built-in GPT): the layer norms
+Sequence parallelism (`sequence_parallel=True`): in the built-in GPT the layer norms
 (`SequenceParallel`), the dropout and the residual stream hold s/tp positions each; each
 column-parallel matmul all-gathers its input along the sequence and each row-parallel one
 reduce-scatters its output back (Korthikanti et al.), the position table's output is
-split like the sequence. Without it the activations outside the matmuls are whole on
-every rank, as the estimator's `sequence_parallel=False` counts them.
+split like the sequence. On a Llama-style decoder the same with its RMSNorms, except
+that the embedding's output stays whole (the decoder computes positions and the causal
+mask from it) and the first layer takes its rank's positions, and the attention and the
+MLP each all-gather their input once for q, k, v and gate, up (torchtitan's layout).
+Without it the activations outside the matmuls are whole on every rank, as the
+estimator's `sequence_parallel=False` counts them.
 
 Pure description: no process group is touched here (`workbench.train.backends.tensor_parallel`
 applies the plan).
@@ -57,7 +61,9 @@ class TensorPlan:
     """One model's tensor-parallel layout (see the module docstring)."""
 
     family: str
-    #: module name -> "colwise" | "rowwise" | "embedding" | "head"
+    #: module name -> "colwise" | "rowwise" | "embedding" | "head", and under sequence
+    #: parallel "norm", "positions" (the GPT), "embedding-whole", "split-sequence",
+    #: "gather-sequence"(-kw), "colwise-gathered" (a Llama-style decoder)
     layers: dict[str, str]
     #: the sizes `tp` must divide, by name (heads, kv_heads, hidden, ffn_hidden)
     sizes: dict[str, int]
@@ -73,7 +79,7 @@ def tensor_plan(model: nn.Module, tp: int, *, sequence_parallel: bool = False) -
     """The `TensorPlan` of `model` over `tp` ranks (with `sequence_parallel`, the norms and
     the residual stream split along the sequence); ValueError naming `tp`,
     `sequence_parallel` or the model when it cannot be split so."""
-    plan = _gpt_plan(model, tp, sequence_parallel) or _llama_plan(model)
+    plan = _gpt_plan(model, tp, sequence_parallel) or _llama_plan(model, sequence_parallel)
     if plan is None:
         raise ValueError(
             f"model: {type(model).__name__} has no tensor-parallel plan; `tp` > 1 splits "
@@ -82,7 +88,7 @@ def tensor_plan(model: nn.Module, tp: int, *, sequence_parallel: bool = False) -
     if sequence_parallel and not plan.sequence_parallel:
         raise ValueError(
             f"sequence_parallel: {type(model).__name__}'s plan has no sequence-parallel "
-            "layout (the built-in GPT has; a transformers model's residual stream stays whole)"
+            "layout (the built-in GPT and transformers Llama-style decoders have one)"
         )
     bad = [f"{name}={size}" for name, size in plan.sizes.items() if size % tp]
     if bad:
@@ -156,7 +162,7 @@ def qkv_order(hidden: int, tp: int) -> torch.Tensor:
     )
 
 
-def _llama_plan(model: nn.Module) -> TensorPlan | None:
+def _llama_plan(model: nn.Module, sequence_parallel: bool = False) -> TensorPlan | None:
     base = getattr(model, "model", None)
     layers_list = getattr(base, "layers", None)
     config = getattr(model, "config", None)
@@ -172,13 +178,27 @@ def _llama_plan(model: nn.Module) -> TensorPlan | None:
     if "model.embed_tokens" not in names or "lm_head" not in names:
         return None
     layers: dict[str, str] = {"model.embed_tokens": "embedding", "lm_head": "head"}
+    if sequence_parallel:
+        # the decoder computes positions and the causal mask from the embedding's output,
+        # so it stays whole there and the first layer splits it along the sequence
+        layers["model.embed_tokens"] = "embedding-whole"
+        layers["model.layers.0"] = "split-sequence"
+        layers["model.norm"] = "norm"
+    # under sequence parallel the attention and the MLP each gather their input once (q, k
+    # and v, gate and up then share one whole copy, as torchtitan's Llama plan does)
+    colwise = "colwise-gathered" if sequence_parallel else "colwise"
     for i in range(len(layers_list)):
         p = f"model.layers.{i}"
+        if sequence_parallel:
+            layers[f"{p}.input_layernorm"] = "norm"
+            layers[f"{p}.post_attention_layernorm"] = "norm"
+            layers[f"{p}.self_attn"] = "gather-sequence-kw"  # called with hidden_states=
+            layers[f"{p}.mlp"] = "gather-sequence"
         for w in ("q_proj", "k_proj", "v_proj"):
-            layers[f"{p}.self_attn.{w}"] = "colwise"
+            layers[f"{p}.self_attn.{w}"] = colwise
         layers[f"{p}.self_attn.o_proj"] = "rowwise"
-        layers[f"{p}.mlp.gate_proj"] = "colwise"
-        layers[f"{p}.mlp.up_proj"] = "colwise"
+        layers[f"{p}.mlp.gate_proj"] = colwise
+        layers[f"{p}.mlp.up_proj"] = colwise
         layers[f"{p}.mlp.down_proj"] = "rowwise"
     heads = int(config.num_attention_heads)
     sizes = {
@@ -189,7 +209,9 @@ def _llama_plan(model: nn.Module) -> TensorPlan | None:
     }
     head_w: Any = model.lm_head.weight  # type: ignore[union-attr]
     tied = ("lm_head", "model.embed_tokens") if head_w is base.embed_tokens.weight else None  # type: ignore[union-attr]
-    return TensorPlan(family="llama", layers=layers, sizes=sizes, tied=tied)
+    return TensorPlan(
+        family="llama", layers=layers, sizes=sizes, tied=tied, sequence_parallel=sequence_parallel
+    )
 
 
 __all__ = ["KNOWN_FAMILIES", "TensorPlan", "qkv_order", "tensor_plan", "tp_model_problem"]

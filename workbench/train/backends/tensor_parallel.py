@@ -337,6 +337,7 @@ def parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
@@ -353,6 +354,28 @@ def parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
             styles[name] = RowwiseParallel(output_layouts=stream)
         elif kind == "embedding":
             styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        elif kind == "embedding-whole":  # a decoder that reads positions from its output
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        elif kind == "colwise-gathered":  # its input gathered by its module already
+            styles[name] = ColwiseParallel()
+        elif kind == "gather-sequence":  # a module's one positional input, gathered once
+            styles[name] = PrepareModuleInput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )
+        elif kind == "gather-sequence-kw":  # the same for a module given hidden_states=
+            styles[name] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=True,
+            )
+        elif kind == "split-sequence":  # the first layer's input: this rank's positions
+            styles[name] = PrepareModuleInput(
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Shard(1),),
+                use_local_output=True,
+            )
         elif kind == "norm":
             styles[name] = SequenceParallel()
         elif kind == "positions":  # (s, h) rows of the position table, split as the sequence
