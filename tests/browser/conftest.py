@@ -126,7 +126,9 @@ def _stop(lab: Lab, proc: subprocess.Popen[bytes]) -> None:
     psutil.wait_procs(descendants, timeout=5)
 
 
-@pytest.fixture(scope="session")
+# module scope: the server, its kernels and Chromium end with the browser tests rather than
+# running (and taking CPU) beside the rest of the suite
+@pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     base = tmp_path_factory.mktemp("lab")
     root = base / "notebooks"
@@ -176,7 +178,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
