@@ -202,15 +202,24 @@ class Observer:
             self.optimizer = optimizer
         if self.model is None:
             return
-        if self._params is None:  # the module's parameters, listed once (about 100 us)
-            self._params = list(self.model.parameters())
-        grads = [p.grad for p in self._params if p.grad is not None]
+        params = self._params if self._params is not None else self._list_params()
+        grads = [p.grad for p in params if p.grad is not None]
         self._step_lr = self._lr()  # before the scheduler moves it
         if self.want_grad_norm and grads:
-            self._norm = _total_norm(grads)
+            self._norm = _total_norm(grads, self._one_kind)
         step = self.history.total + 1
         if step <= 2 or step % STATE_EVERY == 0:
             self._states = (storage_bytes(self._params), storage_bytes(grads), None)
+
+    def _list_params(self) -> list[nn.Parameter]:
+        """The module's parameters, listed once (about 100 us), and whether one foreach
+        kernel takes their gradients' norm (one device and dtype): checked once, not each
+        step (comparing 30 devices costs as much as the norm on a tiny model)."""
+        assert self.model is not None
+        self._params = list(self.model.parameters())
+        kinds = {(p.device, p.dtype) for p in self._params if p.requires_grad}
+        self._one_kind = len(kinds) == 1 and self.device.type in ("cpu", "cuda")
+        return self._params
 
     def step(
         self,
@@ -313,6 +322,18 @@ class Observer:
         scale tensor), the device values in one read."""
         norm = self._norm if grad_norm is None else grad_norm
         losses = self._losses
+        if self.device.type == "cpu" and len(losses) == 1:
+            # nothing to wait for on a CPU: one .item() each is cheaper than stacking
+            loss = losses[0]
+            return (
+                float(loss.item() if isinstance(loss, torch.Tensor) else loss),
+                float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+                if norm is not None
+                else None,
+                float(scale.item() if isinstance(scale, torch.Tensor) else scale)
+                if scale is not None
+                else None,
+            )
         if (
             len(losses) == 1
             and isinstance(losses[0], torch.Tensor)
@@ -484,7 +505,7 @@ class _LoopObserver(Observer):
 
     def step(self, loss: torch.Tensor | float | None = None, **kwargs: Any) -> StepRecord:
         if self._params is None and self.model is not None:
-            self._params = list(self.model.parameters())
+            self._list_params()
         if (
             not getattr(self, "_prepared", False)
             and self._params is not None
@@ -495,11 +516,11 @@ class _LoopObserver(Observer):
         return super().step(loss, **kwargs)
 
 
-def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+def _total_norm(grads: list[torch.Tensor], one_kind: bool) -> torch.Tensor:
     """The total 2-norm of `grads` on the device: one foreach kernel when they share a
-    device and dtype (as the Session's plain loop computes it), torch's grouping else."""
-    first = grads[0]
-    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+    device and dtype (`one_kind`, as the Session's plain loop computes it), torch's
+    grouping else."""
+    if one_kind:
         norms = torch.stack(torch._foreach_norm(grads, 2.0))
         total: torch.Tensor = torch.linalg.vector_norm(norms, 2.0)
         return total
