@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     # 1 leaves
     ("inputs", "outputs", "version", "kernel", "choices", "display", "problems", "spread"),
     ("config", "estimate", "models", "modelstats"),  # 2 core
-    ("prediction", "deepspeed", "advisor", "monitor"),  # 3 services
+    ("prediction", "deepspeed", "advisor", "monitor", "planner"),  # 3 services
     ("train", "export", "compress", "integrations"),  # 4 engines
     ("cli", "ui"),  # 5 shells
 ]

@@ -1,7 +1,7 @@
-"""`workbench` command line: `workbench estimate | launch | export | compress | ladder`.
+"""`workbench` command line: `workbench estimate | launch | export | compress | ladder | plan`.
 
 Every command's argument parsing and printing lives in this package, one module per
-command (`estimate.py`, `launch.py`, `export.py`, `compress.py`, `ladder.py`; the
+command (`estimate.py`, `launch.py`, `export.py`, `compress.py`, `ladder.py`, `plan.py`; the
 TrainConfig flags they share in `config_flags.py`, `--model-options` in `model_flags.py`);
 the engines below never import it. Subcommands are registered in `COMMANDS`, one line
 each, and each is imported only when it runs, so `workbench estimate` never imports torch,
@@ -53,6 +53,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "compress": ("workbench.cli.compress:add_parser", "quantize/prune a checkpoint, measured"),
     "ladder": ("workbench.cli.ladder:add_parser", "what each optimization buys here, measured"),
+    "plan": (
+        "workbench.cli.plan:add_parser",
+        "every setup that fits a model on a cluster, ranked by predicted step time",
+    ),
 }
 
 

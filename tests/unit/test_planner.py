@@ -1,0 +1,173 @@
+"""`workbench plan` / `workbench.planner.plan`: every trainable setup ranked by the step-time
+model, each plan's memory the estimator's own figure, and bad input refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.cli import main
+from workbench.config import TrainConfig, engine_for, engine_problems
+from workbench.estimate import estimate_memory, get_gpu
+from workbench.planner import plan
+from workbench.planner.hardware import LINKS, cluster
+from workbench.planner.steptime import Layout, Shape, step_time
+
+H100 = get_gpu("h100")
+
+
+@pytest.fixture(scope="module")
+def llama8b() -> object:
+    return plan(model="llama-3-8b", gpu="h100", seq_len=4096, global_batch=64)
+
+
+def test_every_plan_is_a_setup_the_session_trains_and_the_estimators_memory(llama8b) -> None:
+    r = llama8b
+    assert r.searched > len(r.plans)  # some setups do not fit
+    assert len(r.plans) > 20
+    for p in r.plans[:25]:
+        config = TrainConfig(**p.settings)
+        assert engine_problems(config, 8) == []
+        assert p.tp * p.pp * p.dp == 8
+        s = p.settings
+        est = estimate_memory(
+            model="llama-3-8b",
+            seq_len=4096,
+            micro_batch=s["micro_batch"],
+            grad_accum=s["grad_accum"],
+            precision=s["precision"],
+            optimizer=s["optimizer"],
+            zero_stage=s.get("zero_stage", 0),
+            fsdp=s.get("fsdp", "off"),
+            offload_optimizer="offload_optimizer" in s,
+            offload_params="offload_params" in s,
+            tensor_parallel=p.tp,
+            pipeline_parallel=p.pp,
+            checkpointing="full" if s["activation_checkpointing"] else "none",
+            gpus=8,
+            gpu="h100",
+        )
+        assert (p.peak_bytes, p.required_bytes, p.fits) == (
+            est.peak_bytes,
+            est.required_bytes,
+            est.fits,
+        )
+        assert p.fits and p.required_bytes <= H100.memory_bytes
+        # the global batch is reached exactly
+        assert s["micro_batch"] * s["grad_accum"] * p.dp == 64
+
+
+def test_the_ranking_is_by_predicted_step_time_and_says_why(llama8b) -> None:
+    r = llama8b
+    times = [p.step_seconds for p in r.plans]
+    assert times == sorted(times)
+    assert all(p.step_seconds < r.best.step_seconds for p in r.unfit)
+    assert not any(p.fits for p in r.unfit)
+    why = r.why()
+    assert len(why) == 2 and all(r.best.label() in w for w in why)
+    # on 8 NVLinked H100s an 8B model's data parallel hides behind compute: the winner is
+    # data parallel (no tensor-parallel all-reduces), and it ties on time with ZeRO-2/3
+    assert r.best.tp == 1 and r.best.pp == 1 and r.best.dp == 8
+    budgets = dict(r.by_budget())
+    assert max(budgets) == H100.memory_bytes and budgets[H100.memory_bytes] is r.best
+    for budget, p in budgets.items():
+        assert p.required_bytes <= budget
+    text = r.text()
+    assert "Why #1:" in text and "Fastest plan per memory budget:" in text
+    assert LINKS["h100-80gb"].source in text
+
+
+def test_the_step_time_terms_are_the_documented_formulas() -> None:
+    """docs/planner.md by hand: PaLM's 6N + 12Lhs FLOPs a token at the efficiency; a ring
+    all-reduce of the fp32 gradients moves 2(d-1)/d of them; 4 tensor-parallel all-reduces
+    of b*s*h 16-bit activations a layer; the bubble (p-1)/m of compute."""
+    hw = cluster("h100", gpus_per_node=8)
+    shape = Shape(n_params=10**9, active_params=10**9, layers=16, hidden=2048, seq_len=2048)
+    base = {"micro_batch": 2, "accum": 4, "checkpointing": "none", "sixteen_bit": True}
+    ddp = Layout(tp=1, pp=1, dp=8, engine="ddp", bf16=True, grad_bytes=4, **base)
+    t = step_time(shape, ddp, hw, efficiency=0.5, overlap=0.0)
+    tokens = 2048 * 2 * 4 * 8
+    flops = (6 * 10**9 + 12 * 16 * 2048 * 2048) * tokens
+    assert t.compute == pytest.approx(flops / (8 * H100.peak_bf16_flops * 0.5))
+    assert t.data_parallel == pytest.approx(2 * 7 / 8 * 4 * 10**9 / (450e9))
+    assert t.data_parallel_exposed == t.data_parallel  # no overlap asked
+    assert step_time(shape, ddp, hw, efficiency=0.5).data_parallel_exposed == 0.0
+    tp = Layout(tp=2, pp=2, dp=2, engine="ddp", bf16=True, grad_bytes=4, **base)
+    t2 = step_time(shape, tp, hw, efficiency=0.5)
+    act = 2 * 2048 * 2048 * 2
+    assert t2.tensor_parallel == pytest.approx(4 * 8 * 4 * 2 * (1 / 2) * act / 450e9)
+    assert t2.bubble == pytest.approx(t2.compute * (2 - 1) / 4)
+    full = Layout(tp=1, pp=1, dp=8, engine="ddp", bf16=True, grad_bytes=4,
+                  **{**base, "checkpointing": "full"})  # fmt: skip
+    recompute = (2 * 10**9 + 4 * 16 * 2048 * 2048) * tokens
+    assert step_time(shape, full, hw, efficiency=0.5).compute == pytest.approx(
+        (flops + recompute) / (8 * H100.peak_bf16_flops * 0.5)
+    )
+
+
+def test_more_nodes_put_data_parallel_on_the_network() -> None:
+    one = cluster("a100-80gb", gpus_per_node=8, nodes=1)
+    two = cluster("a100-80gb", gpus_per_node=8, nodes=2)
+    assert one.link(8) == two.link(8) == 300e9
+    assert two.link(16) == 25e9
+    faster = cluster("a100-80gb", nodes=2, inter_node_gbps=50)
+    assert faster.link(16) == 50e9 and "overridden" in faster.source
+
+
+def test_a_model_no_setup_fits_says_which_term_breaks_and_by_how_much() -> None:
+    with pytest.raises(ValueError) as caught:
+        plan(model="gpt3-175b", gpu="h100", gpus_per_node=1, global_batch=8, offload=False)
+    text = str(caught.value)
+    assert text.startswith("model: no setup of ") and "GiB over, its largest term" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpu": "h10"}, "gpu='h10': unknown GPU; .*did you mean"),
+        ({"gpu": "l4", "nodes": 2}, "nodes=2: the catalog has no inter-node bandwidth for l4"),
+        ({"global_batch": 0}, "global_batch=0: must be an integer >= 1"),
+        ({"global_batch": True}, "global_batch=True: must be an integer >= 1"),
+        ({"gpus_per_node": 0}, "gpus_per_node=0: must be an integer from 1"),
+        ({"engines": ("zero4",)}, r"engines=\['zero4'\]: each must be one of ddp"),
+        ({"efficiency": 1.5}, "efficiency=1.5: must be a number > 0 and <= 1"),
+        ({"inter_node_gbps": -1}, "inter_node_gbps=-1: must be a number of GB/s > 0"),
+        ({"nodes": 100_000, "gpus_per_node": 100}, "nodes=100000: 100000 x 100 = 10,000,000 GPUs"),
+    ],
+)
+def test_bad_input_is_refused_by_name(kwargs: dict[str, object], message: str) -> None:
+    args = {"model": "llama-3-8b", "global_batch": 64, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        plan(**args)  # type: ignore[arg-type]
+
+
+def test_a_global_batch_no_data_parallel_size_divides_is_refused() -> None:
+    """With 2 GPUs and 1 layer a replica spans 1 or 2 GPUs: an odd batch leaves only dp=1,
+    which needs tp or pp of 2 (the heads do not split 3 ways, the layer not 2 ways)."""
+    with pytest.raises(ValueError, match="global_batch=3: no layout of 2 GPUs"):
+        plan(
+            n_params=1e6, layers=1, hidden=96, heads=3, seq_len=32, vocab=100,
+            gpu="h100", gpus_per_node=2, global_batch=3,
+        )  # fmt: skip
+
+
+def test_the_command_prints_the_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--seq-len", "4096", "--global-batch", "64"]
+    assert main([*args, "--top", "3", "--tokens", "1T", "--price", "2.5"]) == 0
+    out = capsys.readouterr().out
+    assert " #  plan" in out and "tokens with #1:" in out and "$" in out
+    assert main([*args, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    plans = got["plans"]
+    assert [p["step_seconds"] for p in plans] == sorted(p["step_seconds"] for p in plans)
+    first = plans[0]
+    assert first["fits"] is True and first["peak_bytes"] > 0
+    assert engine_for(TrainConfig(**first["settings"]), 8) is not None
+    assert main([*args, "--nodes", "x"]) == 2
+    assert "--nodes x: must be an integer >= 1" in capsys.readouterr().err
+    assert main([*args, "--price", "inf", "--global-batch", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--price inf: must be a number >= 0" in err and "--global-batch 0" in err
+    assert main(["plan", "--model", "llama-3-8b", "--gpu", "l4", "--nodes", "2"]) == 2
+    assert "--inter-node-gbps" in capsys.readouterr().err

@@ -1,0 +1,115 @@
+"""`workbench plan`: every setup that fits a model on a cluster, ranked by predicted step
+time (`workbench.planner`); pure math, no GPU needed.
+
+    workbench plan --model llama-3-8b --gpu h100 --gpus-per-node 8 --seq-len 4096 \\
+        --global-batch 256 [--nodes N] [--tokens 1T --price 2.5] [--top 10] [--json]
+
+The model flags are `workbench estimate`'s (--model, --hf-config, --params with the shape
+flags, --seq-len). A bad value is refused naming the flag, the value and what is allowed;
+so is a model no setup fits (with the term that breaks the best one and by how much).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from workbench.inputs import typed
+
+_SHAPE = ("layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden")
+
+
+def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    model = parser.add_argument_group("model (as `workbench estimate` takes it)")
+    model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b")
+    model.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json on disk")
+    model.add_argument("--params", metavar="N", help="parameter count (7B, 1.5e9) with a shape")
+    for name in _SHAPE:
+        model.add_argument("--" + name.replace("_", "-"), metavar="N")
+    model.add_argument("--seq-len", metavar="S", help="tokens a sample (the model's own)")
+    hw = parser.add_argument_group("the cluster")
+    hw.add_argument("--gpu", default="h100", help="a GPU of the catalog (h100)")
+    hw.add_argument("--gpus-per-node", default="8", metavar="N", help="(8)")
+    hw.add_argument("--nodes", default="1", metavar="N", help="(1)")
+    hw.add_argument("--intra-node-gbps", metavar="GB/s", help="per GPU per direction (catalog)")
+    hw.add_argument("--inter-node-gbps", metavar="GB/s", help="per GPU per direction (catalog)")
+    run = parser.add_argument_group("the run")
+    run.add_argument("--global-batch", default="256", metavar="B", help="samples a step (256)")
+    run.add_argument("--tokens", metavar="T", help="tokens to train (e.g. 1T): time and cost")
+    run.add_argument("--price", metavar="USD", help="price per GPU hour: the cost")
+    run.add_argument("--efficiency", metavar="F", help="of the peak FLOP/s compute reaches (0.4)")
+    run.add_argument("--engines", metavar="LIST", help="comma-separated, e.g. zero3,full_shard")
+    run.add_argument("--no-offload", action="store_true", help="leave CPU offload out")
+    out = parser.add_argument_group("output")
+    out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
+    out.add_argument("--json", action="store_true", help="every plan as JSON, best first")
+    return lambda args: run_plan(args, parser)
+
+
+def _number(flag: str, text: str | None, kind: type, problems: list[str], low: float) -> Any:
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < low:
+        what = "an integer" if kind is int else "a number"
+        problems.append(f"{flag} {typed(text)}: must be {what} >= {low:g}")
+        return None
+    return value
+
+
+def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from workbench.estimate import parse_count
+    from workbench.planner import plan
+
+    problems: list[str] = []
+    kw: dict[str, Any] = {
+        "model": args.model,
+        "hf_config": args.hf_config,
+        "n_params": args.params,
+        "gpu": args.gpu,
+        "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node, int, problems, 1),
+        "nodes": _number("--nodes", args.nodes, int, problems, 1),
+        "global_batch": _number("--global-batch", args.global_batch, int, problems, 1),
+        "intra_node_gbps": _number("--intra-node-gbps", args.intra_node_gbps, float, problems, 0),
+        "inter_node_gbps": _number("--inter-node-gbps", args.inter_node_gbps, float, problems, 0),
+        "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
+        "offload": not args.no_offload,
+    }
+    top = _number("--top", args.top, int, problems, 1)
+    if args.efficiency is not None:
+        kw["efficiency"] = _number("--efficiency", args.efficiency, float, problems, 0)
+    if args.seq_len is not None:
+        kw["seq_len"] = _number("--seq-len", args.seq_len, int, problems, 1)
+    for name in _SHAPE:
+        text = getattr(args, name)
+        if text is not None:
+            kw[name] = _number("--" + name.replace("_", "-"), text, int, problems, 1)
+    if args.engines is not None:
+        kw["engines"] = tuple(e.strip() for e in args.engines.split(",") if e.strip())
+    if args.tokens is not None:
+        count = parse_count(args.tokens)
+        if not count:
+            problems.append(f"--tokens {typed(args.tokens)}: must be a count > 0, e.g. 1T, 2e12")
+        else:
+            kw["tokens"] = float(count)
+    if problems:
+        for p in problems:
+            print(f"{parser.prog}: error: {p}", file=sys.stderr)
+        return 2
+    try:
+        result = plan(**kw)
+    except ValueError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result.text(top=top))
+    return 0

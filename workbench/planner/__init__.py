@@ -1,0 +1,516 @@
+"""Which setup should I run? `plan(...)` ranks every setup that fits a model on a cluster by
+predicted step time, and says why the first beats the next.
+
+    from workbench.planner import plan
+    result = plan(model="llama-3-8b", gpu="h100", gpus_per_node=8, seq_len=4096,
+                  global_batch=256)
+    result.plans[0].settings     # TrainConfig settings of the fastest plan that fits
+    print(result.text())         # the ranked table, why the winner wins, what does not fit
+
+The search space: the engine (DDP, ZeRO 1-3, FSDP full_shard / shard_grad_op, with and
+without CPU offload of the optimizer, and of the parameters under ZeRO-3), tensor- and
+pipeline-parallel sizes that divide the model and the GPUs, the micro-batch and the
+accumulation that reach the global batch, activation checkpointing (none or full), the
+optimizer (AdamW, 8-bit AdamW where the engine trains it), in the 16-bit precision each
+engine trains (bf16 where the GPU has it, else fp16). Only setups a `TrainConfig` accepts
+and its engine trains on that many ranks (`engine_problems`) are planned, so each plan can
+be run, launched and exported as it stands. Every memory figure
+is the estimator's peak (`workbench.estimate.estimate_memory`); the time is
+`workbench.planner.steptime` (docs/planner.md gives its formulas and sources).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.config import ConfigError, TrainConfig, engine_problems
+from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
+from workbench.inputs import shown
+from workbench.planner.hardware import Cluster, cluster
+from workbench.planner.steptime import Layout, Shape, StepTime, step_time
+
+_GIB = 1 << 30
+#: the most GPUs a plan spans (the largest published runs use tens of thousands)
+MAX_GPUS = 1 << 20
+
+#: engine -> (TrainConfig settings, the estimator's, ZeRO stage for the offload rule)
+ENGINES: dict[str, dict[str, Any]] = {
+    "ddp": {},
+    "zero1": {"zero_stage": 1},
+    "zero2": {"zero_stage": 2},
+    "zero3": {"zero_stage": 3},
+    "full_shard": {"fsdp": "full_shard"},
+    "shard_grad_op": {"fsdp": "shard_grad_op"},
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One setup: its TrainConfig settings, per-GPU peak, whether it fits, its step time."""
+
+    settings: dict[str, Any]
+    engine: str
+    tp: int
+    pp: int
+    dp: int
+    peak_bytes: int
+    required_bytes: int
+    fits: bool
+    time: StepTime
+    tokens_per_step: int
+    peak_terms: dict[str, int]
+    mfu: float
+
+    @property
+    def step_seconds(self) -> float:
+        return self.time.step_seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_seconds
+
+    def label(self) -> str:
+        """A short name: engine, layout, micro-batch x accumulation, checkpointing."""
+        s = self.settings
+        parts = [self.engine]
+        if s.get("offload_optimizer", "none") != "none":
+            parts.append("offload opt")
+        if s.get("offload_params", "none") != "none":
+            parts.append("offload params")
+        parts.append(f"tp{self.tp} pp{self.pp} dp{self.dp}")
+        parts.append(f"mb{s['micro_batch']}x{s['grad_accum']}")
+        if s.get("activation_checkpointing"):
+            parts.append("ckpt")
+        if s.get("optimizer") == "adam8bit":
+            parts.append("adam8bit")
+        if s.get("precision") == "bf16-true":
+            parts.append("bf16-true")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label(),
+            "settings": dict(self.settings),
+            "engine": self.engine,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "fits": self.fits,
+            "peak_bytes": self.peak_bytes,
+            "required_bytes": self.required_bytes,
+            "step_seconds": self.step_seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "time_terms": dict(self.time.terms),
+            "peak_terms": dict(self.peak_terms),
+        }
+
+
+@dataclass
+class PlanResult:
+    """The ranked plans (fitting ones first, fastest first) and what the search saw."""
+
+    plans: list[Plan]
+    unfit: list[Plan]
+    cluster: Cluster
+    global_batch: int
+    seq_len: int
+    searched: int
+    notes: list[str] = field(default_factory=list)
+    tokens: float | None = None
+    price_per_gpu_hour: float | None = None
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+    def why(self, top: int = 3) -> list[str]:
+        """Why the first plan beats each of the next: the term that differs the most."""
+        out = []
+        for other in self.plans[1:top]:
+            deltas = {k: other.time.terms.get(k, 0.0) - v for k, v in self.best.time.terms.items()}
+            term, delta = max(deltas.items(), key=lambda kv: kv[1])
+            gap = other.step_seconds - self.best.step_seconds
+            if gap * 1e3 >= 0.05:
+                out.append(
+                    f"{self.best.label()} beats {other.label()} by {gap * 1e3:.1f} ms a step: "
+                    f"{term} {delta * 1e3:+.1f} ms there"
+                )
+            elif other.time.data_parallel > self.best.time.data_parallel:
+                out.append(
+                    f"{self.best.label()} ties with {other.label()} (their data-parallel "
+                    "communication hidden behind compute) and communicates less: "
+                    f"{self.best.time.data_parallel * 1e3:.1f} ms against "
+                    f"{other.time.data_parallel * 1e3:.1f} ms a step"
+                )
+            else:
+                out.append(
+                    f"{self.best.label()} ties with {other.label()} and needs less memory: "
+                    f"{self.best.required_bytes / _GIB:.1f} GiB against "
+                    f"{other.required_bytes / _GIB:.1f} GiB a GPU"
+                )
+        return out
+
+    def by_budget(self) -> list[tuple[int, Plan]]:
+        """The fastest plan whose per-GPU peak fits each smaller memory budget (the GPU
+        catalog's capacities up to this GPU's)."""
+        from workbench.estimate import GPUS
+
+        budgets = sorted({g.memory_bytes for g in GPUS.values()})
+        out = []
+        for budget in budgets:
+            if budget > self.cluster.gpu.memory_bytes:
+                break
+            fitting = [p for p in self.plans if p.required_bytes <= budget]
+            if fitting:
+                out.append((budget, fitting[0]))
+        return out
+
+    def train_time(self, plan: Plan) -> tuple[float | None, float | None]:
+        """(seconds, cost) to train `tokens` with `plan`, when tokens (and a price) given."""
+        if self.tokens is None:
+            return None, None
+        seconds = self.tokens / plan.tokens_per_s
+        cost = None
+        if self.price_per_gpu_hour is not None:
+            cost = seconds / 3600 * self.cluster.gpus * self.price_per_gpu_hour
+        return seconds, cost
+
+    def text(self, top: int = 10) -> str:
+        c = self.cluster
+        lines = [
+            f"{len(self.plans)} of {self.searched} setups fit {c.nodes} x {c.gpus_per_node} "
+            f"{c.gpu.name} at global batch {self.global_batch} x {self.seq_len} tokens",
+            "",
+            f"{'#':>3}  {'plan':<48} {'peak/GPU':>9} {'step':>9} {'tokens/s':>10} {'MFU':>5}",
+        ]
+        for i, p in enumerate(self.plans[:top], 1):
+            lines.append(
+                f"{i:>3}  {p.label():<48} {p.required_bytes / _GIB:>7.1f}Gi "
+                f"{p.step_seconds * 1e3:>7.1f}ms {p.tokens_per_s:>10,.0f} {p.mfu:>5.0%}"
+            )
+        seconds, cost = self.train_time(self.best)
+        if seconds is not None:
+            money = f", ${cost:,.0f}" if cost is not None else ""
+            lines.append(f"\n{self.tokens:,.0f} tokens with #1: {seconds / 86400:,.1f} days{money}")
+        lines += ["", "Why #1:"] + [f"  {w}" for w in self.why()]
+        lines += ["", "Fastest plan per memory budget:"]
+        lines += [f"  {b / _GIB:>5.0f} GiB: {p.label()}" for b, p in self.by_budget()]
+        if self.unfit:
+            lines += ["", "Faster setups that do not fit (the largest term of each peak):"]
+            for p in self.unfit[:3]:
+                term, size = max(p.peak_terms.items(), key=lambda kv: kv[1])
+                over = (p.required_bytes - c.gpu.memory_bytes) / _GIB
+                lines.append(
+                    f"  {p.label()}: {p.required_bytes / _GIB:.1f} GiB, {over:.1f} GiB over; "
+                    f"{term} {size / _GIB:.1f} GiB"
+                )
+        lines += ["", f"Bandwidths: {c.source}"] + self.notes
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": {
+                "gpu": self.cluster.gpu.name,
+                "gpus_per_node": self.cluster.gpus_per_node,
+                "nodes": self.cluster.nodes,
+                "intra_node_bytes_per_s": self.cluster.intra_node,
+                "inter_node_bytes_per_s": self.cluster.inter_node,
+                "source": self.cluster.source,
+            },
+            "global_batch": self.global_batch,
+            "seq_len": self.seq_len,
+            "searched": self.searched,
+            "plans": [p.to_dict() for p in self.plans],
+            "unfit": [p.to_dict() for p in self.unfit[:10]],
+            "why": self.why(),
+            "notes": list(self.notes),
+        }
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of `n` up to `limit`, ascending (found up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    every = sorted({*small, *(n // d for d in small)})
+    return [d for d in every if d <= limit]
+
+
+def _powers_dividing(n: int, limit: int) -> list[int]:
+    out, p = [], 1
+    while p <= min(n, limit):
+        if n % p == 0:
+            out.append(p)
+        p *= 2
+    return out
+
+
+def plan(
+    *,
+    model: Any = None,
+    hf_config: Any = None,
+    n_params: int | float | str | None = None,
+    gpu: str = "h100",
+    gpus_per_node: int = 8,
+    nodes: int = 1,
+    seq_len: int | None = None,
+    global_batch: int = 256,
+    tokens: float | None = None,
+    price_per_gpu_hour: float | None = None,
+    efficiency: float = DEFAULT_MFU,
+    intra_node_gbps: float | None = None,
+    inter_node_gbps: float | None = None,
+    engines: tuple[str, ...] | None = None,
+    offload: bool = True,
+    max_micro_batch: int = 64,
+    **shape: Any,
+) -> PlanResult:
+    """Every trainable setup of the model on `nodes` x `gpus_per_node` GPUs of type `gpu`
+    at `global_batch` samples of `seq_len` tokens, ranked (see the module docstring).
+    The model is given as `workbench estimate` takes it (a preset or module in `model`, a
+    config.json in `hf_config`, or `n_params` with `layers`, `hidden`, `heads`, ...).
+    `engines` pins the engines searched (names of `ENGINES`), `offload=False` leaves
+    offload out. ValueError naming the field for bad input, and when no setup fits
+    (which term breaks the best one and by how much)."""
+    hw = cluster(
+        gpu,
+        gpus_per_node=gpus_per_node,
+        nodes=nodes,
+        intra_node_gbps=intra_node_gbps,
+        inter_node_gbps=inter_node_gbps,
+    )
+    G = hw.gpus
+    if G > MAX_GPUS:
+        raise ValueError(
+            f"nodes={nodes}: {nodes} x {gpus_per_node} = {G:,} GPUs; the planner plans at most "
+            f"{MAX_GPUS:,}"
+        )
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"global_batch={shown(global_batch)}: must be an integer >= 1 (samples)")
+    if not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency={shown(efficiency)}: must be a number > 0 and <= 1")
+    chosen = tuple(ENGINES) if engines is None else tuple(engines)
+    bad = [e for e in chosen if e not in ENGINES]
+    if bad or not chosen:
+        raise ValueError(f"engines={shown(list(chosen))}: each must be one of {', '.join(ENGINES)}")
+    base: dict[str, Any] = {"model": model, "hf_config": hf_config, "n_params": n_params}
+    base.update(shape)
+    if seq_len is not None:
+        base["seq_len"] = seq_len
+    try:
+        probe = estimate_memory(**base, gpu=hw.gpu.name, gpus=1)
+    except EstimateInputError as exc:
+        raise ValueError(str(exc)) from exc
+    if probe.layers is None or probe.hidden is None or probe.heads is None:
+        raise ValueError(
+            "model: the planner needs the model's shape (layers, hidden, heads): give a "
+            "preset, a config.json or a module, or layers=, hidden=, heads= with n_params"
+        )
+    if probe.seq_len is None:
+        raise ValueError("seq_len: the planner needs the tokens a sample (--seq-len)")
+    seq = int(probe.seq_len)
+    dims = {"heads": probe.heads, "hidden": probe.hidden, "ffn_hidden": probe.ffn_hidden}
+    if probe.kv_heads:
+        dims["kv_heads"] = probe.kv_heads
+    replicas = [d for d in _divisors(G, G) if global_batch % d == 0]
+    if not replicas or global_batch % 1:
+        raise ValueError(f"global_batch={global_batch}: no data-parallel size divides it")
+    sh = Shape(
+        n_params=int(probe.n_params),
+        active_params=int(probe.active_params or probe.n_params),
+        layers=int(probe.layers),
+        hidden=int(probe.hidden),
+        seq_len=seq,
+    )
+    bf16 = hw.gpu.peak_bf16_flops is not None
+    fits: list[Plan] = []
+    unfit: list[Plan] = []
+    searched = 0
+    layouts_possible = 0
+    for tp in _powers_dividing(G, min(hw.gpus_per_node, 64)):
+        if any(v and v % tp for v in dims.values()):
+            continue
+        for pp in _divisors(G // tp, int(probe.layers)):
+            if int(probe.layers) % pp:  # a stage holds whole layers, the same number each
+                continue
+            dp = G // (tp * pp)
+            if global_batch % dp:
+                continue
+            layouts_possible += 1
+            per_replica = global_batch // dp
+            for engine in chosen:
+                for off_opt, off_par in _offloads(engine, offload):
+                    for ckpt in (False, True):
+                        for opt in ("adamw", "adam8bit") if engine == "ddp" else ("adamw",):
+                            for mb in _powers_dividing(per_replica, max_micro_batch):
+                                accum = per_replica // mb
+                                settings = _settings(
+                                    engine, bf16, tp, pp, mb, accum, ckpt, opt, off_opt, off_par
+                                )
+                                try:  # a setup the Session trains on G ranks, as it is
+                                    if engine_problems(TrainConfig(**settings), G):
+                                        continue
+                                except ConfigError:
+                                    continue
+                                got = _one(sh, settings, engine, tp, pp, dp, hw, base, efficiency)
+                                if got is None:
+                                    continue
+                                searched += 1
+                                (fits if got.fits else unfit).append(got)
+    if layouts_possible == 0:
+        raise ValueError(
+            f"global_batch={global_batch}: no layout of {G} GPUs (tp x pp x dp) has a "
+            "data-parallel size that divides it; pick a multiple of the data-parallel size "
+            f"(e.g. {G} or {2 * G})"
+        )
+    fits.sort(key=_rank_key)
+    unfit.sort(key=_rank_key)
+    if not fits:
+        least = min(unfit, key=lambda p: p.required_bytes) if unfit else None
+        if least is None:
+            raise ValueError("model: no trainable setup was found for it on these GPUs")
+        term, size = max(least.peak_terms.items(), key=lambda kv: kv[1])
+        over = least.required_bytes - hw.gpu.memory_bytes
+        raise ValueError(
+            f"model: no setup of {searched} fits {G} x {hw.gpu.name} "
+            f"({hw.gpu.memory_bytes / _GIB:.0f} GiB each); the smallest, {least.label()}, needs "
+            f"{least.required_bytes / _GIB:.1f} GiB, {over / _GIB:.1f} GiB over, its largest "
+            f"term {term} {size / _GIB:.1f} GiB: more GPUs (nodes=), a larger GPU, or LoRA"
+        )
+    faster_unfit = [p for p in unfit if p.step_seconds < fits[0].step_seconds]
+    notes = [
+        f"Step time: compute at {efficiency:.0%} of the peak FLOP/s, collectives over the "
+        "bandwidths above, data-parallel ones hidden behind compute (docs/planner.md)."
+    ]
+    return PlanResult(
+        plans=fits,
+        unfit=faster_unfit,
+        cluster=hw,
+        global_batch=global_batch,
+        seq_len=seq,
+        searched=searched,
+        notes=notes,
+        tokens=tokens,
+        price_per_gpu_hour=price_per_gpu_hour,
+    )
+
+
+def _rank_key(p: Plan) -> tuple[float, float, int]:
+    """Fastest first; at the same predicted time (communication hidden behind compute)
+    the one that communicates less, then the one that needs less memory."""
+    return (round(p.step_seconds, 9), round(p.time.data_parallel, 9), p.required_bytes)
+
+
+def _offloads(engine: str, allowed: bool) -> list[tuple[bool, bool]]:
+    if not allowed:
+        return [(False, False)]
+    if engine in ("zero2", "zero1"):
+        return [(False, False), (True, False)]
+    if engine == "zero3":
+        return [(False, False), (True, False), (True, True)]
+    return [(False, False)]
+
+
+def _settings(
+    engine: str,
+    bf16: bool,
+    tp: int,
+    pp: int,
+    mb: int,
+    accum: int,
+    ckpt: bool,
+    opt: str,
+    off_opt: bool,
+    off_par: bool,
+) -> dict[str, Any]:
+    # DeepSpeed's own 16-bit for ZeRO, torch autocast for the others
+    sixteen = {True: ("bf16", "fp16"), False: ("amp-bf16", "amp-fp16")}[engine.startswith("zero")]
+    precision = sixteen[0] if bf16 else sixteen[1]
+    settings: dict[str, Any] = {
+        "precision": precision,
+        "optimizer": opt,
+        "micro_batch": mb,
+        "grad_accum": accum,
+        "activation_checkpointing": ckpt,
+        **ENGINES[engine],
+    }
+    if tp > 1:
+        settings["tp"] = tp
+    if pp > 1:
+        settings["pp"] = pp
+    if off_opt:
+        settings["offload_optimizer"] = "cpu"
+    if off_par:
+        settings["offload_params"] = "cpu"
+    return settings
+
+
+def _one(
+    sh: Shape,
+    settings: dict[str, Any],
+    engine: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    hw: Cluster,
+    base: dict[str, Any],
+    efficiency: float,
+) -> Plan | None:
+    """The plan of these settings, None where the estimator refuses the layout."""
+    s = settings
+    try:
+        est = estimate_memory(
+            **base,
+            micro_batch=s["micro_batch"],
+            grad_accum=s["grad_accum"],
+            precision=s["precision"],
+            optimizer=s["optimizer"],
+            zero_stage=s.get("zero_stage", 0),
+            fsdp=s.get("fsdp", "off"),
+            offload_optimizer="offload_optimizer" in s,
+            offload_params="offload_params" in s,
+            tensor_parallel=tp,
+            pipeline_parallel=pp,
+            checkpointing="full" if s["activation_checkpointing"] else "none",
+            gpus=hw.gpus,
+            gpu=hw.gpu.name,
+        )
+    except EstimateInputError:
+        return None
+    deepspeed_16 = s["precision"] in ("bf16", "fp16")
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=s["micro_batch"],
+        accum=s["grad_accum"],
+        engine=engine,
+        checkpointing="full" if s["activation_checkpointing"] else "none",
+        sixteen_bit=True,
+        bf16=s["precision"] in ("bf16", "amp-bf16", "bf16-true"),
+        grad_bytes=2 if deepspeed_16 else 4,
+        offload_optimizer="offload_optimizer" in s,
+        offload_params="offload_params" in s,
+    )
+    t = step_time(sh, layout, hw, efficiency=efficiency)
+    tokens = sh.seq_len * s["micro_batch"] * s["grad_accum"] * dp
+    peak = hw.gpu.peak_flops(True, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
+    mfu = t.model_flops / (t.step_seconds * hw.gpus * peak)
+    return Plan(
+        settings=settings,
+        engine=engine,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        peak_bytes=int(est.peak_bytes),
+        required_bytes=int(est.required_bytes),
+        fits=bool(est.fits),
+        time=t,
+        tokens_per_step=tokens,
+        peak_terms={k: int(v) for k, v in est.peak_terms.items()},
+        mfu=mfu if math.isfinite(mfu) else 0.0,
+    )
+
+
+__all__ = ["ENGINES", "Plan", "PlanResult", "plan"]

@@ -1,0 +1,151 @@
+"""The machine a plan runs on: the GPU (from the estimator's catalog), how many per node and
+how many nodes, and the bandwidths its collectives and offload traffic move over.
+
+Bandwidths are per GPU and per direction, in bytes/s, as NCCL's "bus bandwidth" reads them
+(what a ring collective's time divides by). Intra-node is the GPU's NVLink (or PCIe for a
+part without NVLink), inter-node the share of the node's network one GPU has; both come
+from the data sheets named in `LINKS` and can be given instead (`intra_node_gbps`,
+`inter_node_gbps`). A GPU without an inter-node figure needs one given to plan more than
+one node. PCIe (the offload traffic) is the slot's per-direction rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.estimate import GpuSpec, get_gpu
+from workbench.inputs import shown
+
+_G = 1e9
+
+
+@dataclass(frozen=True)
+class Links:
+    """One GPU's bandwidths, bytes/s per direction: NVLink (or PCIe) within a node, the
+    network share between nodes (None: not known), its PCIe slot; and their sources."""
+
+    intra_node: float
+    inter_node: float | None
+    pcie: float
+    source: str
+
+
+_NVLINK_A100 = "NVIDIA A100 data sheet: NVLink 600 GB/s (bidirectional), PCIe Gen4 64 GB/s"
+_NVLINK_H100 = "NVIDIA H100 data sheet (SXM): NVLink 900 GB/s (bidirectional), PCIe Gen5 128 GB/s"
+_DGX_A100 = "DGX A100: 8x 200 Gb/s HDR InfiniBand for 8 GPUs (25 GB/s per GPU)"
+_DGX_H100 = "DGX H100: 8x 400 Gb/s NDR InfiniBand for 8 GPUs (50 GB/s per GPU)"
+_PCIE4 = "PCIe Gen4 x16: 32 GB/s per direction (no NVLink on this part)"
+
+#: catalog name -> its links (the data sheet figure halved: per direction)
+LINKS: dict[str, Links] = {
+    "v100-16gb": Links(150 * _G, None, 16 * _G, "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s"),
+    "v100-32gb": Links(150 * _G, None, 16 * _G, "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s"),
+    "t4": Links(16 * _G, None, 16 * _G, "PCIe Gen3 x16: 16 GB/s per direction (no NVLink)"),
+    "a10g": Links(32 * _G, None, 32 * _G, _PCIE4),
+    "l4": Links(32 * _G, None, 32 * _G, _PCIE4),
+    "rtx-3090": Links(32 * _G, None, 32 * _G, _PCIE4),
+    "rtx-4090": Links(32 * _G, None, 32 * _G, _PCIE4),
+    "a100-40gb": Links(300 * _G, 25 * _G, 32 * _G, f"{_NVLINK_A100}; {_DGX_A100}"),
+    "a100-80gb": Links(300 * _G, 25 * _G, 32 * _G, f"{_NVLINK_A100}; {_DGX_A100}"),
+    "l40s": Links(32 * _G, None, 32 * _G, _PCIE4),
+    "h100-80gb": Links(450 * _G, 50 * _G, 64 * _G, f"{_NVLINK_H100}; {_DGX_H100}"),
+    "h200-141gb": Links(
+        450 * _G, 50 * _G, 64 * _G, f"{_NVLINK_H100} (same on the H200); {_DGX_H100}"
+    ),
+    "mi300x": Links(
+        448 * _G,
+        50 * _G,
+        64 * _G,
+        "AMD Instinct MI300X data sheet: 7 Infinity Fabric links, 896 GB/s aggregate "
+        "(bidirectional), PCIe Gen5; 8x 400 Gb/s networking for 8 GPUs (50 GB/s per GPU)",
+    ),
+}
+
+#: host memory bandwidth one node's CPU optimizer step shares (bytes/s): an assumption
+#: (two sockets of DDR5, about 300 GB/s each, read and write at half that), docs/planner.md
+HOST_BANDWIDTH = 300 * _G
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs a plan runs on and the bandwidths between them (bytes/s per direction)."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    nodes: int
+    intra_node: float
+    inter_node: float | None
+    pcie: float
+    host_bandwidth: float
+    source: str
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def link(self, span: int) -> float:
+        """The bandwidth a collective over groups of `span` consecutive GPUs runs at: the
+        network's as soon as a group leaves its node (the slowest link of the ring)."""
+        if span <= self.gpus_per_node or self.nodes == 1:
+            return self.intra_node
+        assert self.inter_node is not None
+        return self.inter_node
+
+
+def cluster(
+    gpu: str,
+    *,
+    gpus_per_node: int = 8,
+    nodes: int = 1,
+    intra_node_gbps: float | None = None,
+    inter_node_gbps: float | None = None,
+) -> Cluster:
+    """The `Cluster` of `nodes` x `gpus_per_node` GPUs of catalog type `gpu`; bandwidths in
+    GB/s per direction override the catalog's. ValueError naming the field and value for a
+    GPU not in the catalog, a count < 1, or several nodes with no inter-node figure."""
+    try:
+        spec = get_gpu(gpu)
+    except ValueError as exc:
+        import difflib
+
+        from workbench.estimate import gpu_names
+
+        close = difflib.get_close_matches(str(gpu).lower(), gpu_names(), n=2, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise ValueError(f"{exc}{hint}") from None
+    for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+            raise ValueError(f"{name}={shown(value)}: must be an integer from 1 to 100000")
+    rates: tuple[tuple[str, float | None], ...] = (
+        ("intra_node_gbps", intra_node_gbps),
+        ("inter_node_gbps", inter_node_gbps),
+    )
+    for rate_name, rate in rates:
+        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < 1e6
+        if rate is not None and not ok:
+            raise ValueError(f"{rate_name}={shown(rate)}: must be a number of GB/s > 0 and < 10^6")
+    links = LINKS[spec.name]
+    inter = inter_node_gbps * _G if inter_node_gbps is not None else links.inter_node
+    if nodes > 1 and inter is None:
+        raise ValueError(
+            f"nodes={nodes}: the catalog has no inter-node bandwidth for {spec.name} (its "
+            "parts ship without a standard network); give inter_node_gbps (--inter-node-gbps), "
+            "the GB/s per GPU per direction between nodes"
+        )
+    source = links.source
+    if intra_node_gbps is not None or inter_node_gbps is not None:
+        source += "; overridden: " + ", ".join(
+            f"{n}={v:g} GB/s"
+            for n, v in (("intra", intra_node_gbps), ("inter", inter_node_gbps))
+            if v is not None
+        )
+    return Cluster(
+        gpu=spec,
+        gpus_per_node=gpus_per_node,
+        nodes=nodes,
+        intra_node=intra_node_gbps * _G if intra_node_gbps is not None else links.intra_node,
+        inter_node=inter,
+        pcie=links.pcie,
+        host_bandwidth=HOST_BANDWIDTH,
+        source=source,
+    )

@@ -1,0 +1,165 @@
+"""The planner's step-time model: one optimizer step of a layout, term by term (seconds).
+
+Every formula and its source is in docs/planner.md; in short, for a model of N parameters
+(N_a used per token), L layers, width h, sequence s, a step of T tokens over G GPUs laid
+out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of b:
+
+* compute: (6 N_a + 12 L h s) T model FLOPs (PaLM, appendix B), plus the recomputed
+  forward (2 N_a + 4 L h s per token) under full checkpointing, split over the G GPUs at
+  `efficiency` x the GPU's peak for the precision;
+* the pipeline bubble: (pp - 1) / accum of that compute (Narayanan et al., 2021);
+* data parallel (ring collectives: a group of d moves (d-1)/d of the bytes per rank, twice
+  for an all-reduce): DDP and ZeRO-1 all-reduce the gradients once a step; ZeRO-2
+  reduce-scatters them every micro-batch and all-gathers the 16-bit weights once;
+  ZeRO-3 / FSDP full_shard all-gather the weights in each micro-batch's forward and
+  backward and reduce-scatter its gradients; FSDP shard_grad_op all-gathers once a
+  micro-batch. They overlap with compute: only what exceeds `overlap` x the compute
+  time is exposed (an assumption, docs/planner.md);
+* tensor parallel: 4 all-reduces of b s h activations per layer per micro-batch (2 in
+  the forward, 2 in the backward; 2 more with the recomputed forward), not overlapped;
+  sequence parallelism moves the same bytes (all-gather + reduce-scatter);
+* pipeline: each micro-batch's activations and their gradients sent to the next stage;
+* offload: gradients to the host and weights back over PCIe each step, the host's Adam
+  step at its memory bandwidth (36 bytes a parameter), parameters fetched over PCIe in
+  each micro-batch's forward and backward with `offload_params`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workbench.planner.hardware import Cluster
+
+#: bytes one parameter's host Adam step reads and writes (fp32 weight, two moments and
+#: the gradient read, the weight and moments written, the 16-bit copy written)
+HOST_ADAM_BYTES = 36
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the step-time model reads of a model."""
+
+    n_params: int
+    active_params: int
+    layers: int
+    hidden: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One plan's parallel layout and engine, as the step-time model reads it."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    accum: int
+    engine: str  # "ddp", "zero1", "zero2", "zero3", "full_shard", "shard_grad_op"
+    checkpointing: str  # "none" | "full"
+    sixteen_bit: bool
+    bf16: bool
+    grad_bytes: int  # bytes of one gradient element (4 under autocast, 2 in 16-bit)
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's time by term (seconds); `step_seconds` is their sum as exposed."""
+
+    compute: float
+    bubble: float
+    data_parallel: float
+    data_parallel_exposed: float
+    tensor_parallel: float
+    pipeline: float
+    offload: float
+    model_flops: float  # per step, all GPUs (what MFU counts)
+    terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step_seconds(self) -> float:
+        return (
+            self.compute
+            + self.bubble
+            + self.data_parallel_exposed
+            + self.tensor_parallel
+            + self.pipeline
+            + self.offload
+        )
+
+
+def _ring(bytes_per_rank: float, group: int, bandwidth: float) -> float:
+    """One ring all-gather or reduce-scatter of a group: (g-1)/g of the bytes per rank."""
+    return 0.0 if group <= 1 else (group - 1) / group * bytes_per_rank / bandwidth
+
+
+def step_time(
+    shape: Shape, layout: Layout, hw: Cluster, *, efficiency: float, overlap: float = 1.0
+) -> StepTime:
+    """The modelled time of one optimizer step (see the module docstring)."""
+    t, p, d, b, m = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.accum
+    tokens = shape.seq_len * b * m * d  # one step, all replicas
+    attention = 12 * shape.layers * shape.hidden * shape.seq_len
+    model_flops = float((6 * shape.active_params + attention) * tokens)
+    flops = model_flops
+    if layout.checkpointing == "full":
+        flops += (2 * shape.active_params + attention / 3) * tokens
+    peak = hw.gpu.peak_flops(layout.sixteen_bit, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
+    compute = flops / (hw.gpus * peak * efficiency)
+    bubble = compute * (p - 1) / m if p > 1 else 0.0
+
+    # data parallel: this rank's slice of the model (after tp and pp), 16-bit weights
+    shard = shape.n_params / (t * p)
+    weights16 = 2 * shard if layout.sixteen_bit else 4 * shard
+    grads = layout.grad_bytes * shard
+    link = hw.link(t * p * d)
+    per_micro = {
+        "zero2": _ring(grads, d, link),
+        "zero3": 2 * _ring(weights16, d, link) + _ring(grads, d, link),
+        "full_shard": 2 * _ring(weights16, d, link) + _ring(grads, d, link),
+        "shard_grad_op": _ring(weights16, d, link) + _ring(grads, d, link),
+    }.get(layout.engine, 0.0)
+    per_step = {
+        "ddp": 2 * _ring(grads, d, link),
+        "zero1": 2 * _ring(grads, d, link),
+        "zero2": _ring(weights16, d, link),
+    }.get(layout.engine, 0.0)
+    dp = per_micro * m + per_step
+    exposed = max(0.0, dp - overlap * compute)
+
+    # tensor parallel: 4 all-reduces (6 with the recomputed forward) a layer a micro-batch
+    act = b * shape.seq_len * shape.hidden * (2 if layout.sixteen_bit else 4)
+    reduces = 6 if layout.checkpointing == "full" else 4
+    layers_here = shape.layers / p
+    tp_s = m * layers_here * reduces * 2 * _ring(act, t, hw.link(t)) if t > 1 else 0.0
+    # pipeline: activations forward and their gradients back, per micro-batch, this stage
+    pp_s = 2 * m * act / t / hw.link(t * p) if p > 1 else 0.0
+
+    offload = 0.0
+    if layout.offload_optimizer:
+        shard_of_states = shard / (d if layout.engine in ("zero1", "zero2", "zero3") else 1)
+        node_share = hw.host_bandwidth / hw.gpus_per_node
+        offload += (grads + weights16) / d / hw.pcie
+        offload += HOST_ADAM_BYTES * shard_of_states / node_share
+    if layout.offload_params:
+        offload += m * 2 * weights16 / d / hw.pcie
+    return StepTime(
+        compute=compute,
+        bubble=bubble,
+        data_parallel=dp,
+        data_parallel_exposed=exposed,
+        tensor_parallel=tp_s,
+        pipeline=pp_s,
+        offload=offload,
+        model_flops=model_flops,
+        terms={
+            "compute": compute,
+            "pipeline bubble": bubble,
+            "data-parallel communication (exposed)": exposed,
+            "tensor-parallel communication": tp_s,
+            "pipeline sends": pp_s,
+            "offload traffic": offload,
+        },
+    )
