@@ -171,3 +171,29 @@ def test_the_command_prints_the_table_and_json(capsys: pytest.CaptureFixture[str
     assert "--price inf: must be a number >= 0" in err and "--global-batch 0" in err
     assert main(["plan", "--model", "llama-3-8b", "--gpu", "l4", "--nodes", "2"]) == 2
     assert "--inter-node-gbps" in capsys.readouterr().err
+
+
+def test_the_command_exports_plan_one_as_a_job(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--export DIR` writes plan #1 with the existing exporters: its settings in job.json."""
+    shape = ["--params", "50M", "--layers", "4", "--hidden", "512", "--heads", "8",
+             "--seq-len", "256", "--vocab", "1000", "--gpu", "a100-80gb",
+             "--gpus-per-node", "2", "--global-batch", "16"]  # fmt: skip
+    out = tmp_path / "job"  # type: ignore[operator]
+    args = ["plan", *shape, "--json", "--export", str(out), "--export-model", "tiny-gpt"]
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    best = got["plans"][0]
+    assert got["exported"]["plan"] == best["label"]
+    job = json.loads((out / "job.json").read_text())
+    for key, value in best["settings"].items():
+        assert job["config"][key] == value, key
+    assert job["exported_world_size"] == 2
+    assert main(["plan", *shape, "--export", str(out)]) == 2
+    assert "give --export-model SPEC" in capsys.readouterr().err
+    assert main(["plan", *shape, "--export", str(out), "--export-model", "tiny-gpt",
+                 "--export-format", "megatron"]) == 2  # fmt: skip
+    assert "--export-format megatron: must be one of deepspeed, fsdp, lightning" in (
+        capsys.readouterr().err
+    )

@@ -47,6 +47,18 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     out = parser.add_argument_group("output")
     out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
     out.add_argument("--json", action="store_true", help="every plan as JSON, best first")
+    out.add_argument("--export", metavar="DIR", help="write plan #1 as a job into DIR")
+    out.add_argument(
+        "--export-model",
+        metavar="SPEC",
+        help="the module the job trains: pkg.module:function that builds your model, or a "
+        "built-in name (needed with --export: a preset is a shape, not a model)",
+    )
+    out.add_argument(
+        "--export-format",
+        metavar="F",
+        help="deepspeed, fsdp or lightning (default: deepspeed for ZeRO and DDP, fsdp else)",
+    )
     return lambda args: run_plan(args, parser)
 
 
@@ -99,6 +111,17 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             problems.append(f"--tokens {typed(args.tokens)}: must be a count > 0, e.g. 1T, 2e12")
         else:
             kw["tokens"] = float(count)
+    if args.export is not None and not args.export_model:
+        problems.append(
+            f"--export {typed(args.export)}: give --export-model SPEC, the function that builds "
+            "the model the job trains (pkg.module:function) or a built-in name; a preset or "
+            "a parameter count is a shape the planner ranks, not a model a job can build"
+        )
+    formats = ("deepspeed", "fsdp", "lightning")
+    if args.export_format is not None and args.export_format not in formats:
+        problems.append(
+            f"--export-format {typed(args.export_format)}: must be one of {', '.join(formats)}"
+        )
     if problems:
         for p in problems:
             print(f"{parser.prog}: error: {p}", file=sys.stderr)
@@ -108,8 +131,43 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    exported = None
+    if args.export is not None:
+        exported = _export(result, args, parser)
+        if exported is None:
+            return 2
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        got = result.to_dict()
+        if exported is not None:
+            got["exported"] = exported
+        print(json.dumps(got, indent=2))
     else:
         print(result.text(top=top))
+        if exported is not None:
+            print(f"\nPlan #1 written to {exported['out_dir']} ({exported['format']}): "
+                  f"{exported['command']}")  # fmt: skip
     return 0
+
+
+def _export(result: Any, args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """Plan #1 as a job (`workbench.export.export_job`), what was written; None after
+    printing why it was refused."""
+    from workbench.config import TrainConfig
+    from workbench.export import export_job
+
+    best = result.best
+    fmt = args.export_format or ("fsdp" if "fsdp" in best.settings or best.tp > 1 else "deepspeed")
+    try:
+        job = export_job(
+            TrainConfig(**best.settings),
+            format=fmt,
+            gpus=result.cluster.gpus_per_node,
+            nodes=result.cluster.nodes,
+            out_dir=args.export,
+            model=args.export_model,
+        )
+    except ValueError as exc:
+        print(f"{parser.prog}: error: --export {typed(args.export)}: plan #1 "
+              f"({best.label()}): {exc}", file=sys.stderr)  # fmt: skip
+        return None
+    return {"out_dir": job.out_dir, "format": fmt, "command": job.command, "plan": best.label()}
