@@ -145,7 +145,7 @@ def test_bad_input_is_refused_by_name(kwargs: dict[str, object], message: str) -
 def test_a_global_batch_no_data_parallel_size_divides_is_refused() -> None:
     """With 2 GPUs and 1 layer a replica spans 1 or 2 GPUs: an odd batch leaves only dp=1,
     which needs tp or pp of 2 (the heads do not split 3 ways, the layer not 2 ways)."""
-    with pytest.raises(ValueError, match="global_batch=3: no layout of 2 GPUs"):
+    with pytest.raises(ValueError, match="global_batch=3: no layout of the 2 GPUs divides it"):
         plan(
             n_params=1e6, layers=1, hidden=96, heads=3, seq_len=32, vocab=100,
             gpu="h100", gpus_per_node=2, global_batch=3,

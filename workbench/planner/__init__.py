@@ -360,9 +360,10 @@ def plan(
                                 (fits if got.fits else unfit).append(got)
     if layouts_possible == 0:
         raise ValueError(
-            f"global_batch={global_batch}: no layout of {G} GPUs (tp x pp x dp) has a "
-            "data-parallel size that divides it; pick a multiple of the data-parallel size "
-            f"(e.g. {G} or {2 * G})"
+            f"global_batch={global_batch}: no layout of the {G} GPUs divides it: dp = "
+            f"{G} / (tp x pp) must divide the global batch, with tp a power of two that "
+            f"divides the heads and widths and pp a divisor of layers={probe.layers}; a "
+            f"multiple of {G} (e.g. {G} or {2 * G}) always works"
         )
     fits.sort(key=_rank_key)
     unfit.sort(key=_rank_key)
