@@ -47,6 +47,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     out = parser.add_argument_group("output")
     out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
     out.add_argument("--json", action="store_true", help="every plan as JSON, best first")
+    out.add_argument(
+        "--probe",
+        metavar="K",
+        help="run the top K plans for a few steps here (GPUs, else 2 CPU ranks, the built-in "
+        "GPT) and re-rank them by the measured step",
+    )
     out.add_argument("--export", metavar="DIR", help="write plan #1 as a job into DIR")
     out.add_argument(
         "--export-model",
@@ -95,6 +101,9 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "offload": not args.no_offload,
     }
     top = _number("--top", args.top, int, problems, 1)
+    probe = _number("--probe", args.probe, int, problems, 1)
+    if probe is not None and probe > 20:
+        problems.append(f"--probe {probe}: must be an integer from 1 to 20")
     if args.efficiency is not None:
         kw["efficiency"] = _number("--efficiency", args.efficiency, float, problems, 0)
     if args.seq_len is not None:
@@ -131,6 +140,11 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    probes = None
+    if probe:
+        from workbench.train.plan_probe import probe_plans
+
+        probes = probe_plans(result, probe)
     exported = None
     if args.export is not None:
         exported = _export(result, args, parser)
@@ -140,9 +154,17 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         got = result.to_dict()
         if exported is not None:
             got["exported"] = exported
+        if probes is not None:
+            from workbench.train.plan_probe import rerank
+
+            got["probes"] = [p.to_dict() for p in rerank(probes)]
         print(json.dumps(got, indent=2))
     else:
         print(result.text(top=top))
+        if probes is not None:
+            from workbench.train.plan_probe import text
+
+            print("\n" + text(probes))
         if exported is not None:
             print(f"\nPlan #1 written to {exported['out_dir']} ({exported['format']}): "
                   f"{exported['command']}")  # fmt: skip

@@ -1,0 +1,46 @@
+"""`workbench plan --probe K`: the planner's top plans trained for a few steps on 2 CPU
+ranks (`workbench.train.plan_probe`), measured next to predicted and re-ranked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.cli import main
+from workbench.planner import plan
+from workbench.train.plan_probe import scaled_settings
+
+
+def test_probes_run_the_top_plans_on_two_cpu_ranks_and_rerank_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--probe 2`: the top 2 plans' engines trained for a few steps on 2 CPU ranks (the
+    built-in GPT, the layouts scaled to 2 ranks); each rank's model states measured equal
+    the estimator's for what ran, and the probes come back ordered by the measured step."""
+    args = ["plan", "--model", "llama-3-8b", "--seq-len", "4096", "--global-batch", "64"]
+    assert main([*args, "--json", "--probe", "2"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    probes = got["probes"]
+    assert len(probes) == 2
+    assert {p["plan"] for p in probes} == {p["label"] for p in got["plans"][:2]}
+    for p in probes:
+        assert p["error"] is None, p
+        assert p["ranks"] == 2 and p["device"] == "cpu"
+        assert p["measured_states_bytes"] == p["predicted_states_bytes"] > 0
+        assert p["measured_step_seconds"] > 0
+    steps = [p["measured_step_seconds"] for p in probes]
+    assert steps == sorted(steps)
+    assert main([*args, "--probe", "21"]) == 2
+    assert "--probe 21: must be an integer from 1 to 20" in capsys.readouterr().err
+
+
+def test_a_plans_layout_is_scaled_to_the_ranks_at_hand() -> None:
+    result = plan(model="llama-3-70b", gpu="h100", nodes=8, seq_len=4096, global_batch=512)
+    for p in result.plans[:10]:
+        s = scaled_settings(p, 2, 4)
+        assert s.get("tp", 1) in (1, 2) and s.get("pp", 1) in (1, 2)
+        assert s.get("tp", 1) * s.get("pp", 1) <= 2
+        assert s["micro_batch"] <= 4 and s.get("pp", 1) <= s["grad_accum"] <= 2
+        for key in ("precision", "optimizer", "activation_checkpointing"):
+            assert s[key] == p.settings[key]
