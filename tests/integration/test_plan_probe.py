@@ -44,3 +44,23 @@ def test_a_plans_layout_is_scaled_to_the_ranks_at_hand() -> None:
         assert s["micro_batch"] <= 4 and s.get("pp", 1) <= s["grad_accum"] <= 2
         for key in ("precision", "optimizer", "activation_checkpointing"):
             assert s[key] == p.settings[key]
+
+
+def test_probes_run_tensor_and_pipeline_parallel_plans() -> None:
+    """A plan with tp (FSDP2 over the rest) and one with pipeline stages, each probed on
+    2 CPU ranks through the tensor-parallel and pipeline engines: both train, and rank 0
+    holds the estimator's share of the model states for what ran."""
+    import dataclasses
+
+    from workbench.train.plan_probe import probe_plans
+
+    result = plan(model="llama-3-70b", gpu="h100", nodes=8, seq_len=4096, global_batch=512)
+    tp = next(p for p in result.plans if p.tp > 1 and p.pp == 1)
+    pp = next(p for p in [*result.plans, *result.unfit] if p.tp == 1 and p.pp > 1)
+    probes = probe_plans(dataclasses.replace(result, plans=[tp, pp]), k=2)
+    assert [p.settings.get("tp", 1) for p in probes] == [2, 1]
+    assert [p.settings.get("pp", 1) for p in probes] == [1, 2]
+    for p in probes:
+        assert p.error is None, p.error
+        assert p.states_bytes == p.predicted_states_bytes
+        assert p.states_bytes is not None and p.states_bytes > 0
