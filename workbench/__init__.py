@@ -2,6 +2,7 @@
 
     import workbench
     workbench.estimate_memory(model="llama-3-8b", zero_stage=3, gpus=8)   # will it fit?
+    workbench.plan(model="llama-3-8b", gpu="h100", global_batch=256)      # what to run?
     s = workbench.Session(workbench.TrainConfig(micro_batch=8))          # a live loop
     workbench.dashboard(s)                                               # in a notebook
 
@@ -32,6 +33,9 @@ _LAZY = {
     "MemoryEstimate": "workbench.estimate",
     "predict_memory": "workbench.prediction",
     "count_parameters": "workbench.modelstats",
+    # which setup should I run?
+    "plan": "workbench.planner",
+    "PlanResult": "workbench.planner",
     # settings
     "TrainConfig": "workbench.config",
     # DeepSpeed JSON <-> TrainConfig
@@ -71,6 +75,7 @@ __all__ = [
     "MemoryEstimate",
     "MemoryReport",
     "MonitorPanel",
+    "PlanResult",
     "ProfileResult",
     "Sampler",
     "Session",
@@ -87,6 +92,7 @@ __all__ = [
     "from_deepspeed",
     "ladder",
     "observe",
+    "plan",
     "predict_memory",
     "simulate_memory",
     "to_deepspeed",
@@ -101,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.integrations import observe
     from workbench.modelstats import count_parameters
     from workbench.monitor import Sampler
+    from workbench.planner import PlanResult, plan
     from workbench.prediction import predict_memory
     from workbench.train.batch_finder import find_max_micro_batch
     from workbench.train.dry_run import simulate_memory
@@ -116,7 +123,16 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
 
 
 #: subpackages a user reaches as attributes (`workbench.compress.quantize(...)`)
-_SUBPACKAGES = ("compress", "estimate", "export", "integrations", "monitor", "train", "ui")
+_SUBPACKAGES = (
+    "compress",
+    "estimate",
+    "export",
+    "integrations",
+    "monitor",
+    "planner",
+    "train",
+    "ui",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -197,3 +197,58 @@ def test_the_command_exports_plan_one_as_a_job(
     assert "--export-format megatron: must be one of deepspeed, fsdp, lightning" in (
         capsys.readouterr().err
     )
+
+
+def test_what_the_user_pins_holds_in_every_plan() -> None:
+    base = {"model": "llama-3-8b", "gpu": "h100", "seq_len": 4096}
+    half = plan(**base, global_batch=64, headroom=0.5)
+    assert half.plans and all(p.required_bytes <= H100.memory_bytes / 2 for p in half.plans)
+    pure = plan(**base, global_batch=64, precision="bf16-true")
+    assert {p.settings["precision"] for p in pure.plans} == {"bf16-true"}
+    assert {p.engine for p in pure.plans} <= {"ddp", "full_shard", "shard_grad_op"}
+    by_tokens = plan(**base, global_tokens=64 * 4096)
+    assert [p.label() for p in by_tokens.plans] == [
+        p.label() for p in plan(**base, global_batch=64).plans
+    ]
+    lora = plan(**base, global_batch=64, lora_rank=16)
+    assert all(p.settings["lora_rank"] == 16 for p in lora.plans)
+    full = {p.label(): p for p in plan(**base, global_batch=64).plans}
+    first = lora.best
+    same = full[first.label().replace(" lora r16", "")]
+    # no gradients for the frozen weights: less compute, adapters-only reductions
+    assert first.time.compute < same.time.compute
+    assert first.time.data_parallel < same.time.data_parallel
+    assert first.required_bytes < same.required_bytes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"headroom": 1.0}, "headroom=1.0: must be a fraction >= 0 and < 1"),
+        ({"lora_rank": -1}, "lora_rank=-1: must be an integer from 0 to 4096"),
+        ({"precision": "bf17"}, "precision='bf17': must be one of fp32, amp-fp16"),
+        (
+            {"global_tokens": 1000, "seq_len": 4096},
+            "global_tokens=1000: must be a whole number of 4096-token",
+        ),
+    ],
+)
+def test_bad_pins_are_refused_by_name(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan(model="llama-3-8b", **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_command_takes_gpus_in_all_and_tokens_a_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--seq-len", "4096", "--json"]
+    assert main([*args, "--gpus", "16", "--global-tokens", "4194304"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["cluster"]["nodes"], got["cluster"]["gpus_per_node"]) == (2, 8)
+    assert got["global_batch"] == 1024
+    assert main([*args, "--gpus", "4"]) == 0  # fewer than a node: one node of 4
+    assert json.loads(capsys.readouterr().out)["cluster"]["gpus_per_node"] == 4
+    assert main([*args, "--gpus", "12"]) == 2
+    assert "--gpus 12: must be a whole number of nodes of 8 GPUs" in capsys.readouterr().err
+    assert main([*args, "--global-tokens", "4M", "--global-batch", "8"]) == 2
+    assert "give it or --global-batch, not both" in capsys.readouterr().err

@@ -33,12 +33,17 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     model.add_argument("--seq-len", metavar="S", help="tokens a sample (the model's own)")
     hw = parser.add_argument_group("the cluster")
     hw.add_argument("--gpu", default="h100", help="a GPU of the catalog (h100)")
-    hw.add_argument("--gpus-per-node", default="8", metavar="N", help="(8)")
-    hw.add_argument("--nodes", default="1", metavar="N", help="(1)")
+    hw.add_argument("--gpus", metavar="N", help="GPUs in all (nodes = N / --gpus-per-node)")
+    hw.add_argument("--gpus-per-node", default=None, metavar="N", help="(8, or --gpus if fewer)")
+    hw.add_argument("--nodes", default=None, metavar="N", help="(1, or from --gpus)")
     hw.add_argument("--intra-node-gbps", metavar="GB/s", help="per GPU per direction (catalog)")
     hw.add_argument("--inter-node-gbps", metavar="GB/s", help="per GPU per direction (catalog)")
     run = parser.add_argument_group("the run")
-    run.add_argument("--global-batch", default="256", metavar="B", help="samples a step (256)")
+    run.add_argument("--global-batch", default=None, metavar="B", help="samples a step (256)")
+    run.add_argument("--global-tokens", metavar="T", help="or tokens a step (e.g. 4M)")
+    run.add_argument("--precision", metavar="P", help="pin one precision (e.g. bf16-true)")
+    run.add_argument("--lora-rank", metavar="R", help="plan a LoRA fine-tune of rank R")
+    run.add_argument("--headroom", metavar="F", help="fraction of GPU memory kept free (0)")
     run.add_argument("--tokens", metavar="T", help="tokens to train (e.g. 1T): time and cost")
     run.add_argument("--price", metavar="USD", help="price per GPU hour: the cost")
     run.add_argument("--efficiency", metavar="F", help="of the peak FLOP/s compute reaches (0.4)")
@@ -92,14 +97,41 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "hf_config": args.hf_config,
         "n_params": args.params,
         "gpu": args.gpu,
-        "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node, int, problems, 1),
-        "nodes": _number("--nodes", args.nodes, int, problems, 1),
-        "global_batch": _number("--global-batch", args.global_batch, int, problems, 1),
+        "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node or "8", int, problems, 1),
+        "nodes": _number("--nodes", args.nodes or "1", int, problems, 1),
+        "global_batch": _number("--global-batch", args.global_batch or "256", int, problems, 1),
         "intra_node_gbps": _number("--intra-node-gbps", args.intra_node_gbps, float, problems, 0),
         "inter_node_gbps": _number("--inter-node-gbps", args.inter_node_gbps, float, problems, 0),
         "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
         "offload": not args.no_offload,
     }
+    gpus = _number("--gpus", args.gpus, int, problems, 1)
+    if gpus is not None and kw["gpus_per_node"] is not None:
+        per = kw["gpus_per_node"] if args.gpus_per_node else min(gpus, 8)
+        if gpus % per:
+            problems.append(f"--gpus {gpus}: must be a whole number of nodes of {per} GPUs")
+        elif args.nodes is not None and kw["nodes"] != gpus // per:
+            problems.append(
+                f"--gpus {gpus}: is {gpus // per} nodes of {per}, not --nodes {args.nodes}"
+            )
+        else:
+            kw["gpus_per_node"], kw["nodes"] = per, gpus // per
+    if args.global_tokens is not None:
+        if args.global_batch is not None:
+            problems.append("--global-tokens: give it or --global-batch, not both")
+        count = parse_count(args.global_tokens)
+        if not count:
+            problems.append(
+                f"--global-tokens {typed(args.global_tokens)}: must be a count > 0, e.g. 4M"
+            )
+        else:
+            kw["global_tokens"] = count
+    if args.precision is not None:
+        kw["precision"] = args.precision
+    if args.lora_rank is not None:
+        kw["lora_rank"] = _number("--lora-rank", args.lora_rank, int, problems, 1)
+    if args.headroom is not None:
+        kw["headroom"] = _number("--headroom", args.headroom, float, problems, 0)
     top = _number("--top", args.top, int, problems, 1)
     probe = _number("--probe", args.probe, int, problems, 1)
     if probe is not None and probe > 20:

@@ -21,6 +21,7 @@ is the estimator's peak (`workbench.estimate.estimate_memory`); the time is
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,8 @@ class Plan:
             parts.append("adam8bit")
         if s.get("precision") == "bf16-true":
             parts.append("bf16-true")
+        if s.get("lora_rank"):
+            parts.append(f"lora r{s['lora_rank']}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -263,6 +266,10 @@ def plan(
     inter_node_gbps: float | None = None,
     engines: tuple[str, ...] | None = None,
     offload: bool = True,
+    precision: str | None = None,
+    lora_rank: int = 0,
+    headroom: float = 0.0,
+    global_tokens: int | None = None,
     max_micro_batch: int = 64,
     **shape: Any,
 ) -> PlanResult:
@@ -271,8 +278,12 @@ def plan(
     The model is given as `workbench estimate` takes it (a preset or module in `model`, a
     config.json in `hf_config`, or `n_params` with `layers`, `hidden`, `heads`, ...).
     `engines` pins the engines searched (names of `ENGINES`), `offload=False` leaves
-    offload out. ValueError naming the field for bad input, and when no setup fits
-    (which term breaks the best one and by how much)."""
+    offload out, `precision` pins one precision (else each engine's 16-bit one and pure
+    bf16 where it trains), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
+    `headroom` keeps that fraction of each GPU's memory free, `global_tokens` gives the
+    global batch in tokens instead (a whole number of sequences). ValueError naming the
+    field for bad input, and when no setup fits (which term breaks the best one and by
+    how much)."""
     hw = cluster(
         gpu,
         gpus_per_node=gpus_per_node,
@@ -286,6 +297,19 @@ def plan(
             f"nodes={nodes}: {nodes} x {gpus_per_node} = {G:,} GPUs; the planner plans at most "
             f"{MAX_GPUS:,}"
         )
+    if (
+        not isinstance(headroom, (int, float))
+        or isinstance(headroom, bool)
+        or not 0 <= headroom < 1
+    ):
+        raise ValueError(f"headroom={shown(headroom)}: must be a fraction >= 0 and < 1")
+    if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or not 0 <= lora_rank <= 4096:
+        raise ValueError(f"lora_rank={shown(lora_rank)}: must be an integer from 0 to 4096")
+    from workbench.choices import Precision
+
+    if precision is not None and precision not in {p.value for p in Precision}:
+        allowed = ", ".join(p.value for p in Precision)
+        raise ValueError(f"precision={shown(precision)}: must be one of {allowed}")
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise ValueError(f"global_batch={shown(global_batch)}: must be an integer >= 1 (samples)")
     if not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
@@ -310,6 +334,15 @@ def plan(
     if probe.seq_len is None:
         raise ValueError("seq_len: the planner needs the tokens a sample (--seq-len)")
     seq = int(probe.seq_len)
+    if global_tokens is not None:
+        ok = isinstance(global_tokens, int) and not isinstance(global_tokens, bool)
+        if not ok or global_tokens < seq or global_tokens % seq:
+            near = max(1, round(global_tokens / seq)) * seq if ok else seq
+            raise ValueError(
+                f"global_tokens={shown(global_tokens)}: must be a whole number of "
+                f"{seq}-token sequences (a multiple of seq_len={seq}, e.g. {near:,})"
+            )
+        global_batch = global_tokens // seq
     dims = {"heads": probe.heads, "hidden": probe.hidden, "ffn_hidden": probe.ffn_hidden}
     if probe.kv_heads:
         dims["kv_heads"] = probe.kv_heads
@@ -340,24 +373,30 @@ def plan(
             layouts_possible += 1
             per_replica = global_batch // dp
             for engine in chosen:
-                for off_opt, off_par in _offloads(engine, offload):
-                    for ckpt in (False, True):
-                        for opt in ("adamw", "adam8bit") if engine == "ddp" else ("adamw",):
-                            for mb in _powers_dividing(per_replica, max_micro_batch):
-                                accum = per_replica // mb
-                                settings = _settings(
-                                    engine, bf16, tp, pp, mb, accum, ckpt, opt, off_opt, off_par
-                                )
-                                try:  # a setup the Session trains on G ranks, as it is
-                                    if engine_problems(TrainConfig(**settings), G):
-                                        continue
-                                except ConfigError:
-                                    continue
-                                got = _one(sh, settings, engine, tp, pp, dp, hw, base, efficiency)
-                                if got is None:
-                                    continue
-                                searched += 1
-                                (fits if got.fits else unfit).append(got)
+                choices = itertools.product(
+                    _offloads(engine, offload),
+                    (False, True),  # activation checkpointing
+                    ("adamw", "adam8bit") if engine == "ddp" else ("adamw",),
+                    _precisions(engine, bf16, precision),
+                    _powers_dividing(per_replica, max_micro_batch),
+                )
+                for (off_opt, off_par), ckpt, opt, prec, mb in choices:
+                    settings = _settings(
+                        engine, prec, tp, pp, mb, per_replica // mb, ckpt, opt, off_opt, off_par
+                    )
+                    if lora_rank:
+                        settings["lora_rank"] = lora_rank
+                    try:  # a setup the Session trains on G ranks, as it is
+                        if engine_problems(TrainConfig(**settings), G):
+                            continue
+                    except ConfigError:
+                        continue
+                    layout = (engine, tp, pp, dp)
+                    got = _one(sh, settings, layout, hw, base, efficiency, headroom)
+                    if got is None:
+                        continue
+                    searched += 1
+                    (fits if got.fits else unfit).append(got)
     if layouts_possible == 0:
         raise ValueError(
             f"global_batch={global_batch}: no layout of the {G} GPUs divides it: dp = "
@@ -413,9 +452,19 @@ def _offloads(engine: str, allowed: bool) -> list[tuple[bool, bool]]:
     return [(False, False)]
 
 
+def _precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
+    """The precisions searched for `engine`: the pinned one, else its 16-bit one (bf16
+    where the GPU has it) and pure bf16 where that engine trains it."""
+    if pinned is not None:
+        return (pinned,)
+    if engine.startswith("zero"):  # DeepSpeed's own 16-bit
+        return ("bf16",) if bf16 else ("fp16",)
+    return ("amp-bf16", "bf16-true") if bf16 else ("amp-fp16",)
+
+
 def _settings(
     engine: str,
-    bf16: bool,
+    precision: str,
     tp: int,
     pp: int,
     mb: int,
@@ -425,9 +474,6 @@ def _settings(
     off_opt: bool,
     off_par: bool,
 ) -> dict[str, Any]:
-    # DeepSpeed's own 16-bit for ZeRO, torch autocast for the others
-    sixteen = {True: ("bf16", "fp16"), False: ("amp-bf16", "amp-fp16")}[engine.startswith("zero")]
-    precision = sixteen[0] if bf16 else sixteen[1]
     settings: dict[str, Any] = {
         "precision": precision,
         "optimizer": opt,
@@ -450,19 +496,21 @@ def _settings(
 def _one(
     sh: Shape,
     settings: dict[str, Any],
-    engine: str,
-    tp: int,
-    pp: int,
-    dp: int,
+    layout_of: tuple[str, int, int, int],
     hw: Cluster,
     base: dict[str, Any],
     efficiency: float,
+    headroom: float = 0.0,
 ) -> Plan | None:
-    """The plan of these settings, None where the estimator refuses the layout."""
+    """The plan of these settings on (engine, tp, pp, dp), None where the estimator
+    refuses the layout."""
+    engine, tp, pp, dp = layout_of
     s = settings
+    lora = {"lora_rank": s["lora_rank"]} if s.get("lora_rank") else {}
     try:
         est = estimate_memory(
             **base,
+            **lora,
             micro_batch=s["micro_batch"],
             grad_accum=s["grad_accum"],
             precision=s["precision"],
@@ -479,7 +527,7 @@ def _one(
         )
     except EstimateInputError:
         return None
-    deepspeed_16 = s["precision"] in ("bf16", "fp16")
+    deepspeed_16 = s["precision"] in ("bf16", "fp16", "bf16-true")
     layout = Layout(
         tp=tp,
         pp=pp,
@@ -488,11 +536,12 @@ def _one(
         accum=s["grad_accum"],
         engine=engine,
         checkpointing="full" if s["activation_checkpointing"] else "none",
-        sixteen_bit=True,
+        sixteen_bit=s["precision"] != "fp32",
         bf16=s["precision"] in ("bf16", "amp-bf16", "bf16-true"),
         grad_bytes=2 if deepspeed_16 else 4,
         offload_optimizer="offload_optimizer" in s,
         offload_params="offload_params" in s,
+        trainable_params=int(est.lora_params) if lora and est.lora_params else None,
     )
     t = step_time(sh, layout, hw, efficiency=efficiency)
     tokens = sh.seq_len * s["micro_batch"] * s["grad_accum"] * dp
@@ -506,7 +555,7 @@ def _one(
         dp=dp,
         peak_bytes=int(est.peak_bytes),
         required_bytes=int(est.required_bytes),
-        fits=bool(est.fits),
+        fits=bool(est.fits) and est.required_bytes <= hw.gpu.memory_bytes * (1 - headroom),
         time=t,
         tokens_per_step=tokens,
         peak_terms={k: int(v) for k, v in est.peak_terms.items()},

@@ -4,9 +4,10 @@ Every formula and its source is in docs/planner.md; in short, for a model of N p
 (N_a used per token), L layers, width h, sequence s, a step of T tokens over G GPUs laid
 out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of b:
 
-* compute: (6 N_a + 12 L h s) T model FLOPs (PaLM, appendix B), plus the recomputed
-  forward (2 N_a + 4 L h s per token) under full checkpointing, split over the G GPUs at
-  `efficiency` x the GPU's peak for the precision;
+* compute: (6 N_a + 12 L h s) T model FLOPs (PaLM, appendix B; with frozen weights, as
+  under LoRA, 4 N_a + 2 N_trained: no weight gradients but the adapters'), plus the
+  recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, split over
+  the G GPUs at `efficiency` x the GPU's peak for the precision;
 * the pipeline bubble: (pp - 1) / accum of that compute (Narayanan et al., 2021);
 * data parallel (ring collectives: a group of d moves (d-1)/d of the bytes per rank, twice
   for an all-reduce): DDP and ZeRO-1 all-reduce the gradients once a step; ZeRO-2
@@ -62,6 +63,8 @@ class Layout:
     grad_bytes: int  # bytes of one gradient element (4 under autocast, 2 in 16-bit)
     offload_optimizer: bool = False
     offload_params: bool = False
+    #: parameters that train (LoRA: the adapters'); None: every one
+    trainable_params: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,14 @@ def step_time(
     t, p, d, b, m = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.accum
     tokens = shape.seq_len * b * m * d  # one step, all replicas
     attention = 12 * shape.layers * shape.hidden * shape.seq_len
-    model_flops = float((6 * shape.active_params + attention) * tokens)
+    trains = shape.n_params
+    if layout.trainable_params is not None:
+        trains = min(layout.trainable_params, shape.n_params)
+    if trains < shape.n_params:  # frozen weights (LoRA): no gradient for them, only the
+        matmul = 4 * shape.active_params + 2 * trains  # forward, backward to the inputs
+    else:
+        matmul = 6 * shape.active_params
+    model_flops = float((matmul + attention) * tokens)
     flops = model_flops
     if layout.checkpointing == "full":
         flops += (2 * shape.active_params + attention / 3) * tokens
@@ -113,7 +123,7 @@ def step_time(
     # data parallel: this rank's slice of the model (after tp and pp), 16-bit weights
     shard = shape.n_params / (t * p)
     weights16 = 2 * shard if layout.sixteen_bit else 4 * shard
-    grads = layout.grad_bytes * shard
+    grads = layout.grad_bytes * trains / (t * p)  # only what trains is reduced
     link = hw.link(t * p * d)
     per_micro = {
         "zero2": _ring(grads, d, link),
