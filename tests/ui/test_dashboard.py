@@ -27,6 +27,7 @@ def test_tabs_and_ownership(no_leaked_threads) -> None:
         assert d.tabs.titles == (
             "Training",
             "Memory estimator",
+            "Planner",
             "Hardware monitor",
             "Compression",
             "Optimization ladder",
@@ -34,6 +35,7 @@ def test_tabs_and_ownership(no_leaked_threads) -> None:
         assert d.tabs.children == (
             d.training.widget,
             d.estimator.widget,
+            d.planner.widget,
             d.monitor.widget,
             d.compression.widget,
             d.ladder.widget,

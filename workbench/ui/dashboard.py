@@ -1,4 +1,5 @@
-"""`dashboard()`: the training, estimator, monitor, compression and ladder panels in tabs."""
+"""`dashboard()`: the training, estimator, planner, monitor, compression and ladder panels in
+tabs."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from workbench.ui.estimator import EstimatorPanel
 from workbench.ui.ladder import LadderPanel
 from workbench.ui.monitor import MonitorPanel
 from workbench.ui.panel import PanelBase, TabbedPanels
+from workbench.ui.planner import PlannerPanel
 from workbench.ui.training import TrainingPanel
 
 TAB_TITLES = (
     "Training",
     "Memory estimator",
+    "Planner",
     "Hardware monitor",
     "Compression",
     "Optimization ladder",
@@ -23,7 +26,7 @@ TAB_TITLES = (
 
 
 class Dashboard(TabbedPanels):
-    """The five panels in tabs. `close()` closes the panels, and the session and sampler
+    """The six panels in tabs. `close()` closes the panels, and the session and sampler
     when the dashboard created them (ones passed in stay open; their owner closes them)."""
 
     def __init__(self, session: Any | None = None, sampler: Any | None = None) -> None:
@@ -45,6 +48,7 @@ class Dashboard(TabbedPanels):
             self.sampler = sampler
             self.training = TrainingPanel(session, sampler=sampler)
             self.estimator = EstimatorPanel()
+            self.planner = PlannerPanel()
             self.monitor = MonitorPanel(sampler)
             self.compression = CompressionPanel(session)
             self.ladder = LadderPanel(session)
@@ -56,6 +60,7 @@ class Dashboard(TabbedPanels):
             children=[
                 self.training.widget,
                 self.estimator.widget,
+                self.planner.widget,
                 self.monitor.widget,
                 self.compression.widget,
                 self.ladder.widget,
@@ -68,15 +73,22 @@ class Dashboard(TabbedPanels):
 
     @property
     def panels(self) -> tuple[PanelBase, ...]:
-        return (self.training, self.estimator, self.monitor, self.compression, self.ladder)
+        return (
+            self.training,
+            self.estimator,
+            self.planner,
+            self.monitor,
+            self.compression,
+            self.ladder,
+        )
 
     def __repr__(self) -> str:
         return f"Dashboard({self.training!r}, {self.monitor!r})"
 
 
 def dashboard(session: Any | None = None, sampler: Any | None = None) -> Dashboard:
-    """Training, memory estimator, hardware monitor, compression and the optimization
-    ladder in tabs.
+    """Training, memory estimator, planner, hardware monitor, compression and the
+    optimization ladder in tabs.
 
     `session=None` creates (and owns) `Session(TrainConfig(), model="tiny-gpt")`;
     `sampler=None` creates (and owns) a `Sampler`. Display the result in a notebook.

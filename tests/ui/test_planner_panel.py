@@ -1,0 +1,43 @@
+"""The Planner tab (`workbench.ui.planner.PlannerPanel`): the planner's ranking for the
+inputs shown, and a bad input refused in the status line with the last ranking kept."""
+
+from __future__ import annotations
+
+from workbench.planner import plan
+from workbench.ui.planner import PlannerPanel
+
+
+def test_the_panel_shows_the_planners_ranking() -> None:
+    panel = PlannerPanel(seq_len=4096, global_batch=64)
+    try:
+        result = panel.plan()
+        expected = plan(model="llama-3-8b", gpu="h100-80gb", seq_len=4096, global_batch=64)
+        assert [p.label() for p in result.plans] == [p.label() for p in expected.plans]
+        assert result.best.label() in panel.table.value
+        assert panel.table.value.count("<tr>") == 1 + 10  # the header and the top 10
+        assert "Why #1" in panel.why.value and "Fastest plan per memory budget" in panel.why.value
+        assert "setups fit 1 x 8 h100-80gb at 64 x 4096" in panel.status.value
+        # another GPU and size, through the widgets as a user sets them
+        panel.gpu.value, panel.gpus_per_node.value, panel.nodes.value = "a100-80gb", 8, 2
+        panel.button.click()
+        assert panel.result.cluster.gpus == 16 and panel.result.cluster.gpu.name == "a100-80gb"
+    finally:
+        panel.close()
+    assert panel.closed
+
+
+def test_a_bad_input_is_refused_in_the_status_line_and_the_ranking_stays() -> None:
+    panel = PlannerPanel(seq_len=4096, global_batch=64)
+    try:
+        first = panel.plan()
+        table = panel.table.value
+        panel.global_batch.value = 0
+        assert panel.plan() is None
+        assert "global_batch=0: must be an integer &gt;= 1" in panel.status.value
+        assert panel.result is first and panel.table.value == table
+        panel.global_batch.value, panel.gpu.value = 64, "l4"
+        panel.nodes.value = 2
+        assert panel.plan() is None
+        assert "no inter-node bandwidth for l4" in panel.status.value
+    finally:
+        panel.close()

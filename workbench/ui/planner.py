@@ -1,0 +1,126 @@
+"""PlannerPanel: `workbench.planner.plan` in a panel (the dashboard's Planner tab).
+
+Pick a model preset, the GPU, GPUs per node and nodes, the sequence length and the
+global batch, press **plan**: the panel ranks every setup the workbench trains there
+(pure math, well under a second) and shows the top plans (peak per GPU, step time,
+tokens/s, MFU), why the first beats the next, and the fastest plan per memory budget.
+A bad value shows its message (the field, the value, what is allowed) in the status
+line and the last ranking stays.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+
+from workbench.ui.fields import status_html
+from workbench.ui.panel import PanelBase
+
+_GIB = 1 << 30
+
+
+class PlannerPanel(PanelBase):
+    """Which setup should I run (module docstring). `plan()` is what the button does;
+    `result` holds the last ranking (a `PlanResult`, None before the first)."""
+
+    def __init__(
+        self,
+        model: str = "llama-3-8b",
+        gpu: str = "h100-80gb",
+        *,
+        gpus_per_node: int = 8,
+        nodes: int = 1,
+        seq_len: int = 4096,
+        global_batch: int = 256,
+        top: int = 10,
+    ) -> None:
+        from workbench.estimate import gpu_names, model_names
+
+        super().__init__()
+        self.result: Any = None
+        self.top = top
+        style = {"description_width": "120px"}
+        self.model = widgets.Dropdown(
+            options=model_names(), value=model, description="model", style=style
+        )
+        self.gpu = widgets.Dropdown(options=gpu_names(), value=gpu, description="GPU", style=style)
+        self.gpus_per_node = widgets.IntText(
+            gpus_per_node, description="GPUs per node", style=style
+        )
+        self.nodes = widgets.IntText(nodes, description="nodes", style=style)
+        self.seq_len = widgets.IntText(seq_len, description="sequence", style=style)
+        self.global_batch = widgets.IntText(global_batch, description="global batch", style=style)
+        self.button = widgets.Button(description="plan", button_style="primary")
+        self.button.on_click(lambda _: self.plan())
+        self.status = widgets.HTML(status_html("info", "Rank every setup that fits: press plan."))
+        self.status.add_class("wb-planner-status")
+        self.table = widgets.HTML()
+        self.table.add_class("wb-planner-table")
+        self.why = widgets.HTML()
+        self.why.add_class("wb-planner-why")
+        inputs = widgets.VBox(
+            [self.model, self.gpu, self.gpus_per_node, self.nodes, self.seq_len, self.global_batch]
+        )
+        self.widget = widgets.VBox([inputs, self.button, self.status, self.table, self.why])
+        self.widget.add_class("wb-planner")
+
+    def plan(self) -> Any:
+        """Rank the setups for the inputs shown; the `PlanResult`, or None after showing
+        why the inputs were refused (the last ranking stays)."""
+        from workbench.planner import plan
+
+        try:
+            result = plan(
+                model=self.model.value,
+                gpu=self.gpu.value,
+                gpus_per_node=int(self.gpus_per_node.value),
+                nodes=int(self.nodes.value),
+                seq_len=int(self.seq_len.value),
+                global_batch=int(self.global_batch.value),
+            )
+        except ValueError as exc:
+            self.status.value = status_html("error", str(exc))
+            return None
+        self.result = result
+        c = result.cluster
+        self.status.value = status_html(
+            "ok",
+            f"{len(result.plans)} of {result.searched} setups fit {c.nodes} x "
+            f"{c.gpus_per_node} {c.gpu.name} at {result.global_batch} x {result.seq_len} "
+            "tokens a step; the fastest first",
+        )
+        self.table.value = _table(result, self.top)
+        rows = [html.escape(w) for w in result.why()]
+        rows += [f"{b / _GIB:.0f} GiB: {html.escape(p.label())}" for b, p in result.by_budget()]
+        self.why.value = (
+            "<b>Why #1</b><br>" + "<br>".join(rows[: len(result.why())])
+            + "<br><b>Fastest plan per memory budget</b><br>"
+            + "<br>".join(rows[len(result.why()):])
+        )  # fmt: skip
+        return result
+
+    def __repr__(self) -> str:
+        best = self.result.best.label() if self.result is not None else "not planned yet"
+        return f"PlannerPanel({self.model.value} on {self.gpu.value}: {best})"
+
+
+def _table(result: Any, top: int) -> str:
+    head = ["#", "plan", "peak / GPU", "step", "tokens/s", "MFU"]
+    rows = []
+    for i, p in enumerate(result.plans[:top], 1):
+        cells = [
+            str(i),
+            html.escape(p.label()),
+            f"{p.required_bytes / _GIB:.1f} GiB",
+            f"{p.step_seconds * 1e3:,.1f} ms",
+            f"{p.tokens_per_s:,.0f}",
+            f"{p.mfu:.0%}",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    header = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+    return f"<table>{header}{''.join(rows)}</table>"
+
+
+__all__ = ["PlannerPanel"]
