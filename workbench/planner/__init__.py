@@ -11,8 +11,9 @@ The search space: the engine (DDP, ZeRO 1-3, FSDP full_shard / shard_grad_op, wi
 without CPU offload of the optimizer, and of the parameters under ZeRO-3), tensor- and
 pipeline-parallel sizes that divide the model and the GPUs, the micro-batch and the
 accumulation that reach the global batch, activation checkpointing (none or full), the
-optimizer (AdamW, 8-bit AdamW where the engine trains it), in the 16-bit precision each
-engine trains (bf16 where the GPU has it, else fp16). Only setups a `TrainConfig` accepts
+optimizer (AdamW, 8-bit AdamW where the engine trains it), in the mixed 16-bit precision
+each engine trains (bf16 where the GPU has it, else fp16; any other, pure bf16 among them,
+when pinned). Only setups a `TrainConfig` accepts
 and its engine trains on that many ranks (`engine_problems`) are planned, so each plan can
 be run, launched and exported as it stands. Every memory figure
 is the estimator's peak (`workbench.estimate.estimate_memory`); the time is
@@ -278,8 +279,8 @@ def plan(
     The model is given as `workbench estimate` takes it (a preset or module in `model`, a
     config.json in `hf_config`, or `n_params` with `layers`, `hidden`, `heads`, ...).
     `engines` pins the engines searched (names of `ENGINES`), `offload=False` leaves
-    offload out, `precision` pins one precision (else each engine's 16-bit one and pure
-    bf16 where it trains), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
+    offload out, `precision` pins one precision (else each engine's mixed 16-bit one;
+    pure bf16 only when pinned: it drops the fp32 master weights), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
     `headroom` keeps that fraction of each GPU's memory free, `global_tokens` gives the
     global batch in tokens instead (a whole number of sequences). ValueError naming the
     field for bad input, and when no setup fits (which term breaks the best one and by
@@ -453,13 +454,14 @@ def _offloads(engine: str, allowed: bool) -> list[tuple[bool, bool]]:
 
 
 def _precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
-    """The precisions searched for `engine`: the pinned one, else its 16-bit one (bf16
-    where the GPU has it) and pure bf16 where that engine trains it."""
+    """The precisions searched for `engine`: the pinned one, else its mixed 16-bit one
+    (bf16 where the GPU has it) with fp32 master weights. Pure bf16 (no fp32 copy: a
+    change to the numerics, not only to speed and memory) is planned when pinned."""
     if pinned is not None:
         return (pinned,)
     if engine.startswith("zero"):  # DeepSpeed's own 16-bit
         return ("bf16",) if bf16 else ("fp16",)
-    return ("amp-bf16", "bf16-true") if bf16 else ("amp-fp16",)
+    return ("amp-bf16",) if bf16 else ("amp-fp16",)
 
 
 def _settings(
