@@ -213,7 +213,7 @@ def release_shm_segment() -> str | None:
     shared-memory segment it never unlinks, which /dev/shm would keep in RAM after the job.
     Once every rank has mapped its peers' (a barrier), this rank unlinks its own; the
     mapping lasts until the process exits. The path unlinked, or None where none was made.
-    (The workbench's own engines do the same: workbench/train/backends/process_group.py.)"""
+    (The workbench's own engines call it too: workbench/train/backends/process_group.py.)"""
     import torch.distributed as dist
     from deepspeed.comm import comm  # its module global `cdb`: the backend in use
 

@@ -23,7 +23,8 @@ DeepSpeed's CPU comm op, when all ranks share a host under its own launcher (LOC
 the world size), gives each rank a 66 MB POSIX shared-memory segment it never unlinks:
 on Linux /dev/shm would keep every run's segments in RAM until a reboot. Once every rank
 has mapped its peers' (a barrier), each rank unlinks its own name here; the mappings stay
-valid until the process exits (`release_shm_segment`).
+valid until the process exits (`workbench.export.job_common.release_shm_segment`,
+which the exported DeepSpeed job calls too).
 """
 
 from __future__ import annotations
@@ -151,35 +152,10 @@ def _start_deepspeed_comm(device: torch.device) -> None:
     deepspeed.init_distributed(
         dist_backend=communication_backend(device), auto_mpi_discovery=False, verbose=False
     )
+    # the exported DeepSpeed job does the same: one implementation, in its job_common
+    from workbench.export.job_common import release_shm_segment
+
     release_shm_segment()
-
-
-#: The name DeepSpeed's shm comm op gives a rank's segment (ops/csrc/cpu/comm/shm.cpp).
-SHM_SEGMENT = "deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
-
-
-def release_shm_segment() -> str | None:
-    """Unlink this rank's DeepSpeed shm segment once every rank has mapped its peers'; the
-    path unlinked, or None where the op made none (not all ranks local, another
-    accelerator, not Linux). Every rank calls it, as every rank starts DeepSpeed's comm."""
-    import torch.distributed as dist
-    from deepspeed.comm import comm  # its module global `cdb`: the backend in use
-
-    op = getattr(comm.cdb, "shm_comm_op", None)
-    world = dist.get_world_size()
-    if op is None or os.environ.get("LOCAL_SIZE") != str(world) or not os.path.isdir("/dev/shm"):
-        return None
-    if world > 1:
-        dist.barrier()  # each peer has mapped this rank's segment: its name can go
-    path = "/dev/shm/" + SHM_SEGMENT.format(
-        uid=os.getuid(),
-        addr=os.environ.get("MASTER_ADDR", ""),
-        port=os.environ.get("MASTER_PORT", ""),
-        rank=dist.get_rank(),
-    )
-    with contextlib.suppress(FileNotFoundError):  # made once a process; unlinked already
-        os.unlink(path)
-    return path
 
 
 def forget_stale_groups() -> None:
