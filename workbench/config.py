@@ -1166,9 +1166,9 @@ def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
 
 def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
     """What the engine `engine_for(config, world_size)` picks cannot train of a valid
-    `config` (empty when it can): pure bf16 when several ranks without FSDP send it to
-    DeepSpeed (with ZeRO >= 1 the config itself is refused already), the tensor-parallel
-    engine's limits (`tp_problems`)."""
+    `config` (empty when it can): pure bf16 or torch's amp-fp16 when several ranks
+    without FSDP send it to DeepSpeed (with ZeRO >= 1 the config itself is refused
+    already), the tensor-parallel engine's limits (`tp_problems`)."""
     engine = engine_for(config, world_size)
     if engine is Engine.TENSOR_PARALLEL:
         return tp_problems(config, world_size)
@@ -1176,6 +1176,16 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
         return pp_problems(config, world_size)
     if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
         return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
+    if Precision(config.precision) is Precision.AMP_FP16 and engine is Engine.DEEPSPEED:
+        return [
+            SettingProblem(
+                "precision",
+                "amp-fp16",
+                f"{_deepspeed_why(config, world_size)} train through DeepSpeed, which does "
+                "not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
+                "fp16) or 'amp-bf16'",
+            )
+        ]
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
         return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
     if config.qlora and engine is not Engine.PLAIN:
@@ -1197,6 +1207,13 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
             )
         ]
     return []
+
+
+def _deepspeed_why(config: TrainConfig, world_size: int) -> str:
+    """What sends `config` to DeepSpeed, as a problem says it."""
+    if int(config.zero_stage):
+        return f"`zero_stage`={int(config.zero_stage)} runs"
+    return f"{world_size} ranks without `fsdp`"
 
 
 def runtime_problems(config: TrainConfig) -> list[SettingProblem]:

@@ -64,3 +64,27 @@ def test_probes_run_tensor_and_pipeline_parallel_plans() -> None:
         assert p.error is None, p.error
         assert p.states_bytes == p.predicted_states_bytes
         assert p.states_bytes is not None and p.states_bytes > 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_probes_measure_the_efficiency_the_planner_takes() -> None:
+    """On a GPU of the catalog each probe measures its efficiency (the planner's model
+    FLOPs a second over the local GPU's peak at the plan's precision): a fraction of the
+    peak, and `plan(efficiency=...)` takes it for the next ranking."""
+    import torch
+
+    from workbench.estimate import find_gpu
+    from workbench.train.plan_probe import probe_plans
+
+    gpu = find_gpu(torch.cuda.get_device_name(0))
+    assert not isinstance(gpu, str), gpu
+    result = plan(model="llama-3-8b", gpu=gpu.name, gpus_per_node=1, seq_len=1024, global_batch=8)
+    probes = probe_plans(result, 1, ranks=1)
+    (probe,) = probes
+    assert probe.error is None and probe.device == "cuda"
+    assert probe.efficiency is not None and 0 < probe.efficiency < 1
+    again = plan(model="llama-3-8b", gpu=gpu.name, gpus_per_node=1, seq_len=1024,
+                 global_batch=8, efficiency=probe.efficiency)  # fmt: skip
+    assert again.best.time.compute == pytest.approx(
+        result.best.time.compute * 0.4 / probe.efficiency
+    )

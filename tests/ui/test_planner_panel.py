@@ -33,7 +33,7 @@ def test_a_bad_input_is_refused_in_the_status_line_and_the_ranking_stays() -> No
         table = panel.table.value
         panel.global_batch.value = 0
         assert panel.plan() is None
-        assert "global_batch=0: must be an integer &gt;= 1" in panel.status.value
+        assert "global_batch=0: must be an integer from 1 to" in panel.status.value
         assert panel.result is first and panel.table.value == table
         panel.global_batch.value, panel.gpu.value = 64, "l4"
         panel.nodes.value = 2

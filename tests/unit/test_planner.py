@@ -8,7 +8,7 @@ import json
 import pytest
 
 from workbench.cli import main
-from workbench.config import TrainConfig, engine_for, engine_problems
+from workbench.config import TrainConfig, engine_problems
 from workbench.estimate import estimate_memory, get_gpu
 from workbench.planner import plan
 from workbench.planner.hardware import LINKS, cluster
@@ -106,6 +106,40 @@ def test_the_step_time_terms_are_the_documented_formulas() -> None:
     )
 
 
+def test_faster_setups_that_do_not_fit_are_listed_with_their_largest_term() -> None:
+    r = plan(model="llama-3-70b", gpu="h100", nodes=8, seq_len=4096, global_batch=512)
+    assert r.unfit, "at 70B on 64 GPUs plain ZeRO-1 data parallel is faster and does not fit"
+    for p in r.unfit:
+        assert not p.fits and p.required_bytes > H100.memory_bytes
+        assert p.step_seconds < r.best.step_seconds
+    assert "Faster setups that do not fit" in r.text()
+
+
+def test_the_volumes_of_zero3_offload_and_lora_are_the_documented_ones() -> None:
+    """ZeRO-3 gathers the 16-bit weights twice a micro-batch and reduce-scatters the
+    gradients; a LoRA run's host Adam step and PCIe traffic cover only the adapters; MFU is
+    against the peak the compute ran at (fp32's under fp32)."""
+    hw = cluster("h100", gpus_per_node=8)
+    shape = Shape(n_params=10**9, active_params=10**9, layers=16, hidden=2048, seq_len=2048)
+    base = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "accum": 4, "checkpointing": "none",
+            "sixteen_bit": True, "bf16": True}  # fmt: skip
+    z3 = step_time(shape, Layout(engine="zero3", grad_bytes=2, weight_bytes=2, **base), hw,
+                   efficiency=0.4)  # fmt: skip
+    ring = 7 / 8 * 2 * 10**9 / 450e9
+    assert z3.data_parallel == pytest.approx(4 * (2 * ring + ring))
+    off = {"offload_optimizer": True, "engine": "zero3", "grad_bytes": 2, "weight_bytes": 2}
+    full = step_time(shape, Layout(**off, **base), hw, efficiency=0.4)
+    lora = step_time(shape, Layout(**off, trainable_params=10**7, **base), hw, efficiency=0.4)
+    host = 30 * 10**9 / 8 / (300e9 / 8)  # 30 bytes a parameter of this rank's eighth
+    assert full.offload == pytest.approx((2e9 + 2e9) / 8 / 64e9 + host)
+    assert lora.offload == pytest.approx(full.offload / 100)
+    fp32 = Layout(engine="ddp", grad_bytes=4, weight_bytes=4,
+                  **{**base, "sixteen_bit": False, "bf16": False})  # fmt: skip
+    t = step_time(shape, fp32, hw, efficiency=0.4)
+    assert t.peak_flops == H100.peak_fp32_flops
+    assert t.compute == pytest.approx(t.model_flops / (8 * H100.peak_fp32_flops * 0.4))
+
+
 def test_more_nodes_put_data_parallel_on_the_network() -> None:
     one = cluster("a100-80gb", gpus_per_node=8, nodes=1)
     two = cluster("a100-80gb", gpus_per_node=8, nodes=2)
@@ -127,8 +161,8 @@ def test_a_model_no_setup_fits_says_which_term_breaks_and_by_how_much() -> None:
     [
         ({"gpu": "h10"}, "gpu='h10': unknown GPU; .*did you mean"),
         ({"gpu": "l4", "nodes": 2}, "nodes=2: the catalog has no inter-node bandwidth for l4"),
-        ({"global_batch": 0}, "global_batch=0: must be an integer >= 1"),
-        ({"global_batch": True}, "global_batch=True: must be an integer >= 1"),
+        ({"global_batch": 0}, "global_batch=0: must be an integer from 1 to 16,777,216"),
+        ({"global_batch": True}, "global_batch=True: must be an integer from 1 to"),
         ({"gpus_per_node": 0}, "gpus_per_node=0: must be an integer from 1"),
         ({"engines": ("zero4",)}, r"engines=\['zero4'\]: each must be one of ddp"),
         ({"efficiency": 1.5}, "efficiency=1.5: must be a number > 0 and <= 1"),
@@ -163,7 +197,7 @@ def test_the_command_prints_the_table_and_json(capsys: pytest.CaptureFixture[str
     assert [p["step_seconds"] for p in plans] == sorted(p["step_seconds"] for p in plans)
     first = plans[0]
     assert first["fits"] is True and first["peak_bytes"] > 0
-    assert engine_for(TrainConfig(**first["settings"]), 8) is not None
+    assert engine_problems(TrainConfig(**first["settings"]), 8) == []
     assert main([*args, "--nodes", "x"]) == 2
     assert "--nodes x: must be an integer >= 1" in capsys.readouterr().err
     assert main([*args, "--price", "inf", "--global-batch", "0"]) == 2
@@ -210,6 +244,12 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
     assert [p.label() for p in by_tokens.plans] == [
         p.label() for p in plan(**base, global_batch=64).plans
     ]
+    one = {"model": "llama-3-8b", "gpu": "h200", "gpus_per_node": 1, "seq_len": 1024}
+    eight = plan(**one, global_batch=8, optimizer="adam8bit")
+    assert eight.plans and {p.settings["optimizer"] for p in eight.plans} == {"adam8bit"}
+    assert all(engine_problems(TrainConfig(**p.settings), 1) == [] for p in eight.plans)
+    default = plan(**one, global_batch=8)
+    assert {p.settings["optimizer"] for p in default.plans} == {"adamw"}
     lora = plan(**base, global_batch=64, lora_rank=16)
     assert all(p.settings["lora_rank"] == 16 for p in lora.plans)
     full = {p.label(): p for p in plan(**base, global_batch=64).plans}
@@ -227,6 +267,9 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
         ({"headroom": 1.0}, "headroom=1.0: must be a fraction >= 0 and < 1"),
         ({"lora_rank": -1}, "lora_rank=-1: must be an integer from 0 to 4096"),
         ({"precision": "bf17"}, "precision='bf17': must be one of fp32, amp-fp16"),
+        ({"precision": "bf16", "gpu": "v100-32gb"}, "precision='bf16': v100-32gb has no bf16"),
+        ({"optimizer": "lion"}, "optimizer='lion': must be one of adamw, adam8bit"),
+        ({"headroom": 0.99}, r"model: no setup of \d+ fits 8 x h100-80gb \(0.8 GiB each, 99% kept"),
         (
             {"global_tokens": 1000, "seq_len": 4096},
             "global_tokens=1000: must be a whole number of 4096-token",

@@ -87,6 +87,39 @@ def _number(flag: str, text: str | None, kind: type, problems: list[str], low: f
     return value
 
 
+def _or(text: str | None, default: str) -> str:
+    """A flag's text, or its default when the flag was left out (an empty value stays
+    and is refused)."""
+    return default if text is None else text
+
+
+#: plan()'s fields as this command's flags, for its errors
+FLAGS = {
+    "gpu": "--gpu",
+    "gpus_per_node": "--gpus-per-node",
+    "nodes": "--nodes",
+    "global_batch": "--global-batch",
+    "global_tokens": "--global-tokens",
+    "seq_len": "--seq-len",
+    "efficiency": "--efficiency",
+    "headroom": "--headroom",
+    "lora_rank": "--lora-rank",
+    "precision": "--precision",
+    "engines": "--engines",
+    "intra_node_gbps": "--intra-node-gbps",
+    "inter_node_gbps": "--inter-node-gbps",
+}
+
+
+def _as_flag(message: str) -> str:
+    """A planner error that starts with a field (`efficiency=0.0: ...`) said as the flag
+    (`--efficiency 0.0: ...`)."""
+    field, sep, rest = message.partition("=")
+    if sep and field in FLAGS:
+        return f"{FLAGS[field]} {rest}"
+    return message
+
+
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from workbench.estimate import parse_count
     from workbench.planner import plan
@@ -97,9 +130,9 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "hf_config": args.hf_config,
         "n_params": args.params,
         "gpu": args.gpu,
-        "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node or "8", int, problems, 1),
-        "nodes": _number("--nodes", args.nodes or "1", int, problems, 1),
-        "global_batch": _number("--global-batch", args.global_batch or "256", int, problems, 1),
+        "gpus_per_node": _number("--gpus-per-node", _or(args.gpus_per_node, "8"), int, problems, 1),
+        "nodes": _number("--nodes", _or(args.nodes, "1"), int, problems, 1),
+        "global_batch": _number("--global-batch", _or(args.global_batch, "256"), int, problems, 1),
         "intra_node_gbps": _number("--intra-node-gbps", args.intra_node_gbps, float, problems, 0),
         "inter_node_gbps": _number("--inter-node-gbps", args.inter_node_gbps, float, problems, 0),
         "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
@@ -170,7 +203,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         result = plan(**kw)
     except ValueError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {_as_flag(str(exc))}", file=sys.stderr)
         return 2
     probes = None
     if probe:

@@ -10,12 +10,12 @@ predicted step time, and says why the first beats the next.
 The search space: the engine (DDP, ZeRO 1-3, FSDP full_shard / shard_grad_op, with and
 without CPU offload of the optimizer, and of the parameters under ZeRO-3), tensor- and
 pipeline-parallel sizes that divide the model and the GPUs, the micro-batch and the
-accumulation that reach the global batch, activation checkpointing (none or full), the
-optimizer (AdamW, 8-bit AdamW where the engine trains it), in the mixed 16-bit precision
+accumulation that reach the global batch, activation checkpointing (none or full), AdamW
+(8-bit AdamW when pinned, where its engine trains it), in the mixed 16-bit precision
 each engine trains (bf16 where the GPU has it, else fp16; any other, pure bf16 among them,
 when pinned). Only setups a `TrainConfig` accepts
 and its engine trains on that many ranks (`engine_problems`) are planned, so each plan can
-be run, launched and exported as it stands. Every memory figure
+be run and launched as it stands (and exported where the exporters carry its settings). Every memory figure
 is the estimator's peak (`workbench.estimate.estimate_memory`); the time is
 `workbench.planner.steptime` (docs/planner.md gives its formulas and sources).
 """
@@ -36,6 +36,8 @@ from workbench.planner.steptime import Layout, Shape, StepTime, step_time
 _GIB = 1 << 30
 #: the most GPUs a plan spans (the largest published runs use tens of thousands)
 MAX_GPUS = 1 << 20
+#: the largest global batch planned, in samples (Llama 3 405B's 16M tokens are 2048)
+MAX_GLOBAL_BATCH = 1 << 24
 
 #: engine -> (TrainConfig settings, the estimator's, ZeRO stage for the offload rule)
 ENGINES: dict[str, dict[str, Any]] = {
@@ -125,6 +127,7 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     tokens: float | None = None
     price_per_gpu_hour: float | None = None
+    headroom: float = 0.0
 
     @property
     def best(self) -> Plan:
@@ -137,15 +140,19 @@ class PlanResult:
             deltas = {k: other.time.terms.get(k, 0.0) - v for k, v in self.best.time.terms.items()}
             term, delta = max(deltas.items(), key=lambda kv: kv[1])
             gap = other.step_seconds - self.best.step_seconds
-            if gap * 1e3 >= 0.05:
+            if gap > 1e-6 * self.best.step_seconds:
                 out.append(
                     f"{self.best.label()} beats {other.label()} by {gap * 1e3:.1f} ms a step: "
                     f"{term} {delta * 1e3:+.1f} ms there"
                 )
             elif other.time.data_parallel > self.best.time.data_parallel:
+                hidden = (
+                    " (their data-parallel communication hidden behind compute)"
+                    if not other.time.data_parallel_exposed
+                    else ""
+                )
                 out.append(
-                    f"{self.best.label()} ties with {other.label()} (their data-parallel "
-                    "communication hidden behind compute) and communicates less: "
+                    f"{self.best.label()} ties with {other.label()}{hidden} and communicates less: "
                     f"{self.best.time.data_parallel * 1e3:.1f} ms against "
                     f"{other.time.data_parallel * 1e3:.1f} ms a step"
                 )
@@ -157,9 +164,14 @@ class PlanResult:
                 )
         return out
 
+    @property
+    def usable_bytes(self) -> float:
+        """A GPU's memory less the headroom kept free."""
+        return self.cluster.gpu.memory_bytes * (1 - self.headroom)
+
     def by_budget(self) -> list[tuple[int, Plan]]:
         """The fastest plan whose per-GPU peak fits each smaller memory budget (the GPU
-        catalog's capacities up to this GPU's)."""
+        catalog's capacities up to this GPU's, each less the headroom)."""
         from workbench.estimate import GPUS
 
         budgets = sorted({g.memory_bytes for g in GPUS.values()})
@@ -167,7 +179,7 @@ class PlanResult:
         for budget in budgets:
             if budget > self.cluster.gpu.memory_bytes:
                 break
-            fitting = [p for p in self.plans if p.required_bytes <= budget]
+            fitting = [p for p in self.plans if p.required_bytes <= budget * (1 - self.headroom)]
             if fitting:
                 out.append((budget, fitting[0]))
         return out
@@ -206,7 +218,7 @@ class PlanResult:
             lines += ["", "Faster setups that do not fit (the largest term of each peak):"]
             for p in self.unfit[:3]:
                 term, size = max(p.peak_terms.items(), key=lambda kv: kv[1])
-                over = (p.required_bytes - c.gpu.memory_bytes) / _GIB
+                over = (p.required_bytes - self.usable_bytes) / _GIB
                 lines.append(
                     f"  {p.label()}: {p.required_bytes / _GIB:.1f} GiB, {over:.1f} GiB over; "
                     f"{term} {size / _GIB:.1f} GiB"
@@ -227,9 +239,16 @@ class PlanResult:
             "global_batch": self.global_batch,
             "seq_len": self.seq_len,
             "searched": self.searched,
+            "headroom": self.headroom,
             "plans": [p.to_dict() for p in self.plans],
             "unfit": [p.to_dict() for p in self.unfit[:10]],
             "why": self.why(),
+            "by_budget": [
+                {"budget_bytes": b, "plan": p.label(), "required_bytes": p.required_bytes}
+                for b, p in self.by_budget()
+            ],
+            "train": dict(zip(("seconds", "cost"), self.train_time(self.best), strict=True))
+            | {"tokens": self.tokens, "price_per_gpu_hour": self.price_per_gpu_hour},
             "notes": list(self.notes),
         }
 
@@ -268,6 +287,7 @@ def plan(
     engines: tuple[str, ...] | None = None,
     offload: bool = True,
     precision: str | None = None,
+    optimizer: str = "adamw",
     lora_rank: int = 0,
     headroom: float = 0.0,
     global_tokens: int | None = None,
@@ -280,7 +300,9 @@ def plan(
     config.json in `hf_config`, or `n_params` with `layers`, `hidden`, `heads`, ...).
     `engines` pins the engines searched (names of `ENGINES`), `offload=False` leaves
     offload out, `precision` pins one precision (else each engine's mixed 16-bit one;
-    pure bf16 only when pinned: it drops the fp32 master weights), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
+    pure bf16 only when pinned: it drops the fp32 master weights), `optimizer` the
+    optimizer ("adamw", or "adam8bit" where its engine trains it: 8-bit moments change
+    the numerics too, so they are planned when asked for), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
     `headroom` keeps that fraction of each GPU's memory free, `global_tokens` gives the
     global batch in tokens instead (a whole number of sequences). ValueError naming the
     field for bad input, and when no setup fits (which term breaks the best one and by
@@ -311,8 +333,17 @@ def plan(
     if precision is not None and precision not in {p.value for p in Precision}:
         allowed = ", ".join(p.value for p in Precision)
         raise ValueError(f"precision={shown(precision)}: must be one of {allowed}")
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global_batch={shown(global_batch)}: must be an integer >= 1 (samples)")
+    if optimizer not in ("adamw", "adam8bit"):
+        raise ValueError(f"optimizer={shown(optimizer)}: must be one of adamw, adam8bit")
+    if (
+        isinstance(global_batch, bool)
+        or not isinstance(global_batch, int)
+        or not 1 <= global_batch <= MAX_GLOBAL_BATCH
+    ):
+        raise ValueError(
+            f"global_batch={shown(global_batch)}: must be an integer from 1 to "
+            f"{MAX_GLOBAL_BATCH:,} (samples)"
+        )
     if not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
         raise ValueError(f"efficiency={shown(efficiency)}: must be a number > 0 and <= 1")
     chosen = tuple(ENGINES) if engines is None else tuple(engines)
@@ -347,9 +378,6 @@ def plan(
     dims = {"heads": probe.heads, "hidden": probe.hidden, "ffn_hidden": probe.ffn_hidden}
     if probe.kv_heads:
         dims["kv_heads"] = probe.kv_heads
-    replicas = [d for d in _divisors(G, G) if global_batch % d == 0]
-    if not replicas or global_batch % 1:
-        raise ValueError(f"global_batch={global_batch}: no data-parallel size divides it")
     sh = Shape(
         n_params=int(probe.n_params),
         active_params=int(probe.active_params or probe.n_params),
@@ -358,11 +386,15 @@ def plan(
         seq_len=seq,
     )
     bf16 = hw.gpu.peak_bf16_flops is not None
+    if precision in ("bf16", "amp-bf16", "bf16-true") and not bf16:
+        raise ValueError(
+            f"precision={shown(precision)}: {hw.gpu.name} has no bf16; use fp16, amp-fp16 or fp32"
+        )
     fits: list[Plan] = []
     unfit: list[Plan] = []
     searched = 0
     layouts_possible = 0
-    for tp in _powers_dividing(G, min(hw.gpus_per_node, 64)):
+    for tp in _powers_dividing(hw.gpus_per_node, 64):  # a group inside one node (NVLink)
         if any(v and v % tp for v in dims.values()):
             continue
         for pp in _divisors(G // tp, int(probe.layers)):
@@ -377,7 +409,7 @@ def plan(
                 choices = itertools.product(
                     _offloads(engine, offload),
                     (False, True),  # activation checkpointing
-                    ("adamw", "adam8bit") if engine == "ddp" else ("adamw",),
+                    (optimizer,),
                     _precisions(engine, bf16, precision),
                     _powers_dividing(per_replica, max_micro_batch),
                 )
@@ -412,10 +444,12 @@ def plan(
         if least is None:
             raise ValueError("model: no trainable setup was found for it on these GPUs")
         term, size = max(least.peak_terms.items(), key=lambda kv: kv[1])
-        over = least.required_bytes - hw.gpu.memory_bytes
+        usable = hw.gpu.memory_bytes * (1 - headroom)
+        over = least.required_bytes - usable
+        kept = f", {headroom:.0%} kept free" if headroom else ""
         raise ValueError(
             f"model: no setup of {searched} fits {G} x {hw.gpu.name} "
-            f"({hw.gpu.memory_bytes / _GIB:.0f} GiB each); the smallest, {least.label()}, needs "
+            f"({usable / _GIB:.1f} GiB each{kept}); the smallest, {least.label()}, needs "
             f"{least.required_bytes / _GIB:.1f} GiB, {over / _GIB:.1f} GiB over, its largest "
             f"term {term} {size / _GIB:.1f} GiB: more GPUs (nodes=), a larger GPU, or LoRA"
         )
@@ -434,6 +468,7 @@ def plan(
         notes=notes,
         tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
+        headroom=float(headroom),
     )
 
 
@@ -453,6 +488,22 @@ def _offloads(engine: str, allowed: bool) -> list[tuple[bool, bool]]:
     return [(False, False)]
 
 
+def _element_bytes(engine: str, precision: str) -> tuple[int, int]:
+    """(bytes of a weight as gathered, of a gradient as reduced) on `engine` in
+    `precision`: DeepSpeed's 16-bit holds 16-bit weights and reduces 16-bit gradients;
+    under torch's autocast DeepSpeed holds fp32 weights, FSDP2 gathers 16-bit copies
+    (its MixedPrecisionPolicy) and reduces in fp32, as it does for pure bf16 by default
+    (`fsdp_reduce_fp32`); fp32 is 4 and 4."""
+    if precision in ("bf16", "fp16"):
+        return 2, 2
+    if precision == "fp32":
+        return 4, 4
+    fsdp = engine in ("full_shard", "shard_grad_op")
+    if precision == "bf16-true":
+        return 2, 4 if fsdp else 2
+    return (2 if fsdp else 4), 4  # amp-bf16, amp-fp16
+
+
 def _precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
     """The precisions searched for `engine`: the pinned one, else its mixed 16-bit one
     (bf16 where the GPU has it) with fp32 master weights. Pure bf16 (no fp32 copy: a
@@ -461,6 +512,8 @@ def _precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
         return (pinned,)
     if engine.startswith("zero"):  # DeepSpeed's own 16-bit
         return ("bf16",) if bf16 else ("fp16",)
+    if engine == "ddp" and not bf16:  # on several ranks DeepSpeed runs DDP: its own fp16
+        return ("amp-fp16", "fp16")
     return ("amp-bf16",) if bf16 else ("amp-fp16",)
 
 
@@ -529,7 +582,7 @@ def _one(
         )
     except EstimateInputError:
         return None
-    deepspeed_16 = s["precision"] in ("bf16", "fp16", "bf16-true")
+    weight_bytes, grad_bytes = _element_bytes(engine, s["precision"])
     layout = Layout(
         tp=tp,
         pp=pp,
@@ -540,15 +593,15 @@ def _one(
         checkpointing="full" if s["activation_checkpointing"] else "none",
         sixteen_bit=s["precision"] != "fp32",
         bf16=s["precision"] in ("bf16", "amp-bf16", "bf16-true"),
-        grad_bytes=2 if deepspeed_16 else 4,
+        grad_bytes=grad_bytes,
+        weight_bytes=weight_bytes,
         offload_optimizer="offload_optimizer" in s,
         offload_params="offload_params" in s,
         trainable_params=int(est.lora_params) if lora and est.lora_params else None,
     )
     t = step_time(sh, layout, hw, efficiency=efficiency)
     tokens = sh.seq_len * s["micro_batch"] * s["grad_accum"] * dp
-    peak = hw.gpu.peak_flops(True, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
-    mfu = t.model_flops / (t.step_seconds * hw.gpus * peak)
+    mfu = t.model_flops / (t.step_seconds * hw.gpus * t.peak_flops)  # the peak it ran at
     return Plan(
         settings=settings,
         engine=engine,

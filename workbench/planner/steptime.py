@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 from workbench.planner.hardware import Cluster
 
-#: bytes one parameter's host Adam step reads and writes (fp32 weight, two moments and
-#: the gradient read, the weight and moments written, the 16-bit copy written)
-HOST_ADAM_BYTES = 36
+#: bytes one parameter's host Adam step reads and writes: the fp32 weight, two moments and
+#: the fp32 gradient read (16), the weight and moments written (12), the 16-bit copy (2)
+HOST_ADAM_BYTES = 30
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ class Layout:
     checkpointing: str  # "none" | "full"
     sixteen_bit: bool
     bf16: bool
-    grad_bytes: int  # bytes of one gradient element (4 under autocast, 2 in 16-bit)
+    grad_bytes: int  # bytes of one gradient element as reduced (4 under autocast, 2 in 16-bit)
+    weight_bytes: int = 2  # bytes of one weight element as gathered (2 in 16-bit, 4 in fp32)
     offload_optimizer: bool = False
     offload_params: bool = False
     #: parameters that train (LoRA: the adapters'); None: every one
@@ -79,6 +80,7 @@ class StepTime:
     pipeline: float
     offload: float
     model_flops: float  # per step, all GPUs (what MFU counts)
+    peak_flops: float = 0.0  # one GPU's peak the compute ran at (FLOP/s)
     terms: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -122,7 +124,8 @@ def step_time(
 
     # data parallel: this rank's slice of the model (after tp and pp), 16-bit weights
     shard = shape.n_params / (t * p)
-    weights16 = 2 * shard if layout.sixteen_bit else 4 * shard
+    weights16 = layout.weight_bytes * shard  # gathered: every weight, frozen ones too
+    updated = layout.weight_bytes * trains / (t * p)  # what the optimizer changes
     grads = layout.grad_bytes * trains / (t * p)  # only what trains is reduced
     link = hw.link(t * p * d)
     per_micro = {
@@ -134,7 +137,7 @@ def step_time(
     per_step = {
         "ddp": 2 * _ring(grads, d, link),
         "zero1": 2 * _ring(grads, d, link),
-        "zero2": _ring(weights16, d, link),
+        "zero2": _ring(updated, d, link),
     }.get(layout.engine, 0.0)
     dp = per_micro * m + per_step
     exposed = max(0.0, dp - overlap * compute)
@@ -149,10 +152,10 @@ def step_time(
 
     offload = 0.0
     if layout.offload_optimizer:
-        shard_of_states = shard / (d if layout.engine in ("zero1", "zero2", "zero3") else 1)
+        states = trains / (t * p) / (d if layout.engine in ("zero1", "zero2", "zero3") else 1)
         node_share = hw.host_bandwidth / hw.gpus_per_node
-        offload += (grads + weights16) / d / hw.pcie
-        offload += HOST_ADAM_BYTES * shard_of_states / node_share
+        offload += (grads + updated) / d / hw.pcie
+        offload += HOST_ADAM_BYTES * states / node_share
     if layout.offload_params:
         offload += m * 2 * weights16 / d / hw.pcie
     return StepTime(
@@ -164,6 +167,7 @@ def step_time(
         pipeline=pp_s,
         offload=offload,
         model_flops=model_flops,
+        peak_flops=peak,
         terms={
             "compute": compute,
             "pipeline bubble": bubble,

@@ -121,7 +121,7 @@ def session_problems(
     cannot run of a valid `config`, one problem each (`changed`: the settings an update
     changes; a user's DataLoader refuses loader settings only when they change)."""
     p = runtime_problems(config)  # optimizers it cannot train, NVMe paths
-    p += engine_problems(config, world_size)  # pure bf16
+    p += engine_problems(config, world_size)  # pure bf16, amp-fp16 on DeepSpeed
     prec = Precision(config.precision)
     deepspeed = needs_deepspeed(config, world_size)
     if deepspeed and not _deepspeed_backend_available():
@@ -132,16 +132,6 @@ def session_problems(
                 f"with `zero_stage`={config.zero_stage} needs the DeepSpeed backend "
                 "(workbench.train.backends.deepspeed), which this installation does not "
                 "have; use precision fp32, amp-bf16 or amp-fp16 with `zero_stage`=0",
-            )
-        )
-    if deepspeed and prec is Precision.AMP_FP16:
-        p.append(
-            SettingProblem(
-                "precision",
-                prec.value,
-                "the DeepSpeed backend (`zero_stage` >= 1 or several ranks) does not run "
-                "torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled fp16) or "
-                "'amp-bf16'",
             )
         )
     if prec is Precision.FP16 and device.type == "cpu" and not _deepspeed_fp16_on_cpu():

@@ -13,8 +13,9 @@ ranks at hand: tp and pp keep what divides the ranks, the micro-batch at most 4,
 accumulation at most 2 (at least the stages). What is compared is what ran: each rank's
 measured model-state bytes next to the estimator's figure for that run, and the measured
 step time; `rerank` orders the probes by it. On a GPU of the catalog the probes also
-measure the efficiency (model FLOPs a second over the peak) that `plan(efficiency=...)`
-takes for the next ranking; on a CPU there is no catalog peak to measure it against.
+measure the efficiency (the planner's model FLOPs a second over the local GPU's catalog
+peak at the plan's precision) that `plan(efficiency=...)` takes for the next ranking; on a
+CPU there is no catalog peak to measure it against.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def probe_plans(
                 step_seconds=step,
                 states_bytes=measured,
                 predicted_states_bytes=predicted or None,
-                efficiency=_efficiency(run, ranks, result) if cuda else None,
+                efficiency=_efficiency(run, step, settings, options) if cuda else None,
             )
         )
     return probes
@@ -154,15 +155,29 @@ def _failed(plan: Plan, settings: dict[str, Any], ranks: int, device: str, error
     return Probe(plan, settings, ranks, device, None, None, None, None, error)
 
 
-def _efficiency(run: Any, ranks: int, result: PlanResult) -> float | None:
-    """Model FLOPs a second of the probe (6 N a token, the step's tokens over its measured
-    time) over its GPUs' catalog peak."""
+def _efficiency(
+    run: Any, step: float, settings: dict[str, Any], options: dict[str, Any]
+) -> float | None:
+    """The probe's model FLOPs a second over this machine's GPUs' catalog peak at its
+    precision: the planner's count (6N + 12Lhs a token, the recomputed forward under
+    checkpointing) of the step's tokens over its median step time. None when this GPU
+    is not in the catalog."""
+    from workbench.estimate import find_gpu
+
+    gpu = find_gpu(torch.cuda.get_device_name(0))
     last = run.ranks[0].records[-1]
-    if not last.tokens_per_s or not run.n_params:
+    if isinstance(gpu, str) or not last.tokens_per_s or not run.n_params:
         return None
-    gpu = result.cluster.gpu
-    peak = gpu.peak_flops(True, bf16=gpu.peak_bf16_flops is not None) or gpu.peak_fp32_flops
-    return float(6 * run.n_params * last.tokens_per_s / (ranks * peak))
+    tokens = last.tokens_per_s * last.step_seconds  # the step's tokens, all replicas
+    per_token = 6 * run.n_params + 12 * options["layers"] * options["hidden"] * options["seq_len"]
+    if settings.get("activation_checkpointing"):
+        per_token += (
+            2 * run.n_params + 4 * options["layers"] * options["hidden"] * options["seq_len"]
+        )
+    precision = str(settings.get("precision", "fp32"))
+    peak = gpu.peak_flops(precision != "fp32", bf16="bf16" in precision) or gpu.peak_fp32_flops
+    ranks = len(run.ranks)
+    return float(per_token * tokens / (step * ranks * peak))
 
 
 def text(probes: list[Probe]) -> str:
