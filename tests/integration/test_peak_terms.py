@@ -495,6 +495,17 @@ def _mlp() -> nn.Module:
     )
 
 
+def _settled(live: LiveBytes, expected: int, seconds: float = 5.0) -> int:
+    """`live`'s bytes once they equal `expected`, or as they are after `seconds` (a buffer
+    another thread frees is counted until it does)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while live.live_bytes != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return live.live_bytes
+
+
 @pytest.mark.parametrize("bucket_view", [True, False])
 def test_ddp_buckets_are_the_formulas_bytes(one_gloo_rank, bucket_view):
     """DDP allocates W·Ψ of buckets when built; after a backward the gradients are views
@@ -512,10 +523,14 @@ def test_ddp_buckets_are_the_formulas_bytes(one_gloo_rank, bucket_view):
     x = torch.randn(8, 256)
     with LiveBytes() as live:
         ddp = DistributedDataParallel(model, gradient_as_bucket_view=bucket_view)
-        assert live.live_bytes == grads  # the buckets, W·Ψ, whatever bucket_view
+        # building DDP broadcasts the weights through a flat W·Ψ buffer; once in a long
+        # CI-like run the count right after construction was 2 W·Ψ (not reproduced since,
+        # a buffer freed on gloo's worker thread after the wait returns is the likely
+        # source), so the count is read once it settles, up to 5 s
+        assert _settled(live, grads) == grads  # the buckets, W·Ψ, whatever bucket_view
         for _ in range(3):
             ddp(x).sum().backward()
-            assert live.live_bytes == grads + buckets
+            assert _settled(live, grads + buckets) == grads + buckets
             grad_storages = {p.grad.untyped_storage() for p in model.parameters()}
             assert sum(s.nbytes() for s in grad_storages) == grads
             if bucket_view:
