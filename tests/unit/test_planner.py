@@ -295,3 +295,45 @@ def test_the_command_takes_gpus_in_all_and_tokens_a_step(
     assert "--gpus 12: must be a whole number of nodes of 8 GPUs" in capsys.readouterr().err
     assert main([*args, "--global-tokens", "4M", "--global-batch", "8"]) == 2
     assert "give it or --global-batch, not both" in capsys.readouterr().err
+
+
+def _rank_of(result: object, tp: int, pp: int, dp: int, engine: str | None = None) -> int | None:
+    for i, p in enumerate(result.plans, 1):  # type: ignore[attr-defined]
+        if (p.tp, p.pp, p.dp) == (tp, pp, dp) and engine in (None, p.engine):
+            return i
+    return None
+
+
+def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
+    """docs/planner.md, "Held against published practice": each row's figures."""
+    a100, h100 = {"gpu": "a100-80gb"}, {"gpu": "h100"}
+    gpt3 = plan(model="gpt3-175b", **a100, nodes=128, global_batch=1536, seq_len=2048)
+    assert _rank_of(gpt3, 8, 16, 8) == 1 and gpt3.best.settings["micro_batch"] == 1
+    small = plan(model="llama-3-8b", **h100, global_batch=16, seq_len=8192)
+    assert (small.best.engine, small.best.dp) == ("zero3", 8)
+    assert _rank_of(small, 1, 1, 8, "full_shard") == 2
+    big = plan(model="llama-3-70b", **h100, nodes=32, global_batch=512, seq_len=8192)
+    assert _rank_of(big, 8, 1, 32, "full_shard") == 2
+    assert big.plans[1].step_seconds / big.best.step_seconds == pytest.approx(1.013, abs=0.002)
+    opt = plan(model="gpt3-175b", **a100, nodes=124, global_batch=992, seq_len=2048)
+    assert _rank_of(opt, 8, 1, 124, "full_shard") == 2
+    assert (opt.best.tp, opt.best.dp, opt.best.engine) == (4, 248, "full_shard")
+    megatron = plan(model="llama-3-70b", **h100, nodes=96, global_batch=384, seq_len=4096)
+    assert _rank_of(megatron, 8, 2, 48) is None  # does not fit without ZeRO over tp x pp
+    assert (megatron.best.engine, megatron.best.tp, megatron.best.dp) == ("full_shard", 8, 96)
+    with pytest.raises(ValueError, match="global_batch=2048: no layout of the 384 GPUs"):
+        plan(
+            n_params="176B",
+            layers=70,
+            hidden=14336,
+            heads=112,
+            seq_len=2048,
+            vocab=250880,
+            **a100,
+            nodes=48,
+            global_batch=2048,
+        )  # fmt: skip  (BLOOM: 12 stages of 70 layers)
+    llama405 = plan(model="llama-3.1-405b", **h100, nodes=2048, global_batch=2048, seq_len=8192)
+    best = llama405.best
+    assert (best.engine, best.tp, best.pp, best.dp) == ("full_shard", 8, 1, 2048)
+    assert best.settings["activation_checkpointing"] is True
