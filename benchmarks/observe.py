@@ -10,10 +10,12 @@ the order within a pair alternates). The time is the trainer's whole `train()` /
 call after one warm-up run of each. The ratio with / without is reported per pair and as
 the median of the pairs' ratios. On a shared 2-core machine single pairs vary by several
 percent either way, more than the callback costs, so one more observed run times what is
-spent inside the callback's hooks themselves (perf_counter around each call): one host
-read of the loss (with the gradient norm and loss scale when it has them), the norm, and
-the record's bookkeeping. The target is <= 1.01 on these tiny models, whose steps take a
-few milliseconds.
+spent inside the callback's hooks themselves (perf_counter around each call): the
+bookkeeping of a step, the host read of the pending steps' losses (every `FLUSH_EVERY`
+steps), the gradient norm where the callback takes it (`grad_norm="auto"`, the default:
+every step while it costs under 0.2% of the step, else every k-th; the Lightning run is
+timed with `grad_norm=False` too) and the process RSS (read at most every 50 ms). The
+target is <= 1.01 on these tiny models, whose steps take a few milliseconds.
 
 Writes benchmarks/results/observe.json.
 """
@@ -79,7 +81,7 @@ def hf_run(steps: int, observed: bool, out: str) -> float:
     return time.perf_counter() - start
 
 
-def lightning_run(steps: int, observed: bool, grad_norm: bool = True) -> float:
+def lightning_run(steps: int, observed: bool, grad_norm: bool | str = "auto") -> float:
     import lightning as L
 
     from workbench.integrations import WorkbenchLightningCallback

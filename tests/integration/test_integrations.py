@@ -166,7 +166,7 @@ def test_a_lightning_trainer_run_is_recorded_with_its_own_losses() -> None:
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
             return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.0)
 
-    callback = WorkbenchLightningCallback()
+    callback = WorkbenchLightningCallback(grad_norm=True)
     module = Module()
     trainer = L.Trainer(
         max_steps=4,
@@ -208,7 +208,7 @@ def test_a_hand_written_loop_is_observed() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     losses = []
-    with observe(model, optimizer, micro_batch=4) as obs:
+    with observe(model, optimizer, micro_batch=4, grad_norm=True) as obs:
         for i, (x, y) in enumerate(loader):
             obs.begin_step()
             loss = loss_fn(model(x), y)
@@ -235,8 +235,79 @@ def test_bad_observer_arguments_name_the_field() -> None:
         Observer(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="optimizer='sgd': must be a torch.optim.Optimizer"):
         Observer(torch.nn.Linear(2, 2), "sgd")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="grad_norm='yes': must be True or False"):
-        Observer(torch.nn.Linear(2, 2), grad_norm="yes")  # type: ignore[arg-type]
+    for bad in ("yes", 0, -2, 1.5, None):
+        with pytest.raises(
+            ValueError,
+            match=rf"grad_norm={bad!r}: must be True \(every step\), False \(never\), an int "
+            r"k >= 1 \(every k-th step\) or 'auto'",
+        ):
+            Observer(torch.nn.Linear(2, 2), grad_norm=bad)  # type: ignore[arg-type]
+
+
+def _loop(grad_norm: object, steps: int, pause: float = 0.0, slow_norm: float = 0.0):  # type: ignore[no-untyped-def]
+    """A hand-written SGD loop of `steps` steps observed with `grad_norm`; `pause` seconds
+    of extra work in each step, `slow_norm` seconds added to each norm the observer takes.
+    Returns the observer and the true norms."""
+    import time
+
+    from workbench.integrations import observer as observer_module
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    norm = observer_module._total_norm
+
+    def timed_norm(grads, one_kind):  # type: ignore[no-untyped-def]
+        if slow_norm:
+            time.sleep(slow_norm)
+        return norm(grads, one_kind)
+
+    true = []
+    g = torch.Generator().manual_seed(0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(observer_module, "_total_norm", timed_norm)
+        with observe(model, optimizer, micro_batch=4, grad_norm=grad_norm) as obs:
+            for _ in range(steps):
+                loss = model(torch.randn(4, 8, generator=g)).square().mean()
+                loss.backward()
+                true.append(
+                    float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+                )
+                time.sleep(pause)
+                optimizer.step()
+                obs.step(loss)
+                optimizer.zero_grad()
+    return obs, true
+
+
+def test_grad_norm_every_k_steps_takes_the_first_and_each_kth() -> None:
+    obs, true = _loop(3, 7)
+    norms = [r.grad_norm for r in obs.records()]
+    taken = [i + 1 for i, n in enumerate(norms) if n is not None]
+    assert taken == [1, 3, 6]
+    assert [norms[i - 1] for i in taken] == pytest.approx([true[i - 1] for i in taken], rel=1e-5)
+    obs, _ = _loop(False, 3)
+    assert [r.grad_norm for r in obs.records()] == [None, None, None]
+
+
+def test_grad_norm_auto_spaces_a_costly_norm_out_and_keeps_a_cheap_one_every_step() -> None:
+    """With "auto", a norm that costs 400x the 0.2% budget of its step is taken about every
+    400th step, a norm far under it every step (a 4-tensor norm takes 0.1-0.25 ms here, a
+    20th of the budget of a 0.6 s step)."""
+    from workbench.integrations.observer import NORM_BUDGET, norm_interval
+
+    obs, _ = _loop("auto", 6, pause=0.002, slow_norm=0.02)
+    norms = [r.grad_norm for r in obs.records()]
+    assert norms[0] is not None and norms[1] is not None  # the first two measure the cost
+    assert norms[2:] == [None] * 4
+    assert obs.norm_every >= 10
+    obs, true = _loop("auto", 4, pause=0.6)
+    assert obs.norm_every == 1
+    assert [r.grad_norm for r in obs.records()] == pytest.approx(true, rel=1e-5)
+    # the rule itself
+    assert norm_interval(NORM_BUDGET * 0.1, 0.1) == 1
+    assert NORM_BUDGET == 0.002
+    assert norm_interval(50e-6, 3.7e-3) == 7  # 50 us of a 3.7 ms step: 1.35%, every 7th
+    assert norm_interval(1.0, 0.0) == 1 and norm_interval(10.0, 1e-3) == 1000
 
 
 def test_the_dashboard_of_an_observed_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -273,3 +344,33 @@ def test_a_loss_scale_is_read_with_the_loss() -> None:
             optimizer.zero_grad()
             assert obs.records()[-1].scale == scaler.get_scale()
     assert [r.scale for r in obs.records()] == [2048.0, 4096.0, 8192.0]
+
+
+def test_a_callbacks_steps_are_read_from_the_device_in_batches() -> None:
+    """`end_step` (what the trainer callbacks call) keeps the device values: one host read
+    makes the records of FLUSH_EVERY steps, and a read of the records makes the rest."""
+    from workbench.integrations import observer as observer_module
+
+    model = torch.nn.Linear(4, 1)
+    obs = Observer(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_norm=False)
+    reads = []
+    host_values = observer_module._host_values
+
+    def counted(tensors):  # type: ignore[no-untyped-def]
+        tensors = list(tensors)
+        reads.append(len(tensors))
+        return host_values(tensors)
+
+    losses = [torch.tensor(float(i)) for i in range(observer_module.FLUSH_EVERY + 5)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(observer_module, "_host_values", counted)
+        for loss in losses:
+            obs.end_step(loss)
+        assert reads == [observer_module.FLUSH_EVERY]
+        records = obs.records()
+        assert reads == [observer_module.FLUSH_EVERY, 5]
+    assert [r.loss for r in records] == [float(v) for v in losses]
+    assert [r.step for r in records] == list(range(1, len(losses) + 1))
+    obs.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        obs.end_step(1.0)

@@ -32,7 +32,7 @@ import torch
 from transformers import TrainerCallback
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.integrations.observer import Observer
+from workbench.integrations.observer import Observer, grad_norm_every
 
 #: The workbench's settings as TrainingArguments names them, for the advice.
 ARG_NAMES: dict[str, Any] = {
@@ -166,9 +166,8 @@ class WorkbenchTrainerCallback(TrainerCallback):
     `Observer`, made with the callback; the model, optimizer and settings attached at
     `on_train_begin`; see the module docstring)."""
 
-    def __init__(self, *, grad_norm: bool = True) -> None:
-        if not isinstance(grad_norm, bool):
-            raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
+    def __init__(self, *, grad_norm: bool | int | str = "auto") -> None:
+        grad_norm_every(grad_norm)  # ValueError naming the value
         # made now, so a dashboard of it can be shown before `trainer.train()`; the model,
         # optimizer and settings are attached when training starts
         self.observer = Observer(
@@ -194,7 +193,9 @@ class WorkbenchTrainerCallback(TrainerCallback):
         observer = self.observer
         observer.attach(model, kwargs.get("optimizer"), config=config, read_from=read, notes=notes)
         # the Trainer clips first: a norm read after it would be the clipped one
-        observer.want_grad_norm = self._grad_norm and not bool(getattr(args, "max_grad_norm", 0))
+        observer.want_grad_norm = grad_norm_every(self._grad_norm) != 0 and not bool(
+            getattr(args, "max_grad_norm", 0)
+        )
 
         def capture(module: Any, inputs: Any, kw: dict[str, Any], output: Any) -> None:
             if not module.training or not torch.is_grad_enabled():
@@ -227,7 +228,7 @@ class WorkbenchTrainerCallback(TrainerCallback):
         # the lr was read before the optimizer step, as the Trainer logs it; fp16's loss
         # scale from accelerate's GradScaler (its tensor, read with the loss)
         scaler = getattr(kwargs.get("optimizer"), "scaler", None)
-        self.observer.step(scale=getattr(scaler, "_scale", None))
+        self.observer.end_step(scale=getattr(scaler, "_scale", None))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         norm = (logs or {}).get("grad_norm")

@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from workbench.config import ConfigError, TrainConfig
-from workbench.integrations.observer import Observer
+from workbench.integrations.observer import Observer, grad_norm_every
 
 #: The workbench's settings as Lightning names them, for the advice.
 ARG_NAMES: dict[str, Any] = {
@@ -146,15 +146,16 @@ class WorkbenchLightningCallback(Callback):
     made with the callback; the model, optimizer and settings attached at
     `on_train_start`; see the module docstring)."""
 
-    def __init__(self, *, grad_norm: bool = True) -> None:
-        if not isinstance(grad_norm, bool):
-            raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
+    def __init__(self, *, grad_norm: bool | int | str = "auto") -> None:
+        grad_norm_every(grad_norm)  # ValueError naming the value
         # made now, so a dashboard of it can be shown before `fit()`; the model, optimizer
         # and settings are attached when training starts
         self.observer = Observer(
             None, trainer="lightning", arg_names=ARG_NAMES, grad_norm=grad_norm
         )
         self._stepped = False
+        self._accum = 1
+        self._scaler: Any = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         settings, read, notes = settings_from_trainer(trainer)
@@ -166,14 +167,16 @@ class WorkbenchLightningCallback(Callback):
         model = _inner_model(pl_module)
         optimizers = getattr(trainer, "optimizers", None) or [None]
         self.observer.attach(model, optimizers[0], config=config, read_from=read, notes=notes)
+        # read once, not on the hot path: the accumulation and 16-mixed's GradScaler
+        self._accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        self._scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         if not self.observer.attached:
             return
-        accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
-        if batch_idx % accum == 0:
+        if batch_idx % self._accum == 0:
             self.observer.begin_step()
         self.observer.micro_batch(batch)
 
@@ -196,8 +199,7 @@ class WorkbenchLightningCallback(Callback):
         if self._stepped:
             self._stepped = False
             # 16-mixed's loss scale from Lightning's GradScaler (its tensor, read with the loss)
-            scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
-            self.observer.step(scale=getattr(scaler, "_scale", None))
+            self.observer.end_step(scale=getattr(self._scaler, "_scale", None))
 
 
 def _inner_model(pl_module: Any) -> Any:

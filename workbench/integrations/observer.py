@@ -11,16 +11,22 @@ A trainer's callback (`workbench.integrations.hf`, `.lightning`) drives the same
 from its hooks. Per optimizer step the record holds the loss (mean over its micro-batches),
 learning rate, samples (and tokens) per second, the step time split into the wait for data
 (where the trainer shows it) and compute, the gradient norm and loss scale where known, and
-the memory measured: CUDA's allocated / peak / reserved bytes or the process RSS each step,
+the memory measured: CUDA's allocated / peak / reserved bytes each step or the process RSS (at
+most every `RSS_SECONDS`),
 the parameters', gradients' and optimizer states' bytes counted from the tensors on the
 first steps and every `STATE_EVERY` steps after (they keep their sizes). `predict()` is the
 estimator's figure for the trainer's settings (`config`, a TrainConfig read from the
 trainer's arguments, shown read-only); `advice()` is the advisor's, each message naming the
 argument of *your* trainer to change (`arg_names`).
 
-On the hot path a step costs one host-device read (the loss, with the gradient norm when
-the observer computes it) and a few microseconds of bookkeeping: benchmarks/observe.py
-measures it against the same loop without the observer.
+On the hot path a trainer's callback (`end_step`) costs a few microseconds of bookkeeping
+and no wait for the device: the records of `FLUSH_EVERY` steps are made at once, their
+losses, norms and loss scales read in one host-device copy, or sooner when the records are
+read (a dashboard's refresh, `records()`). A hand-written loop's `obs.step(loss)` returns
+its record, so it reads the loss then. The gradient norm, the costly part on a model of
+many small tensors, is taken every step while it costs under 0.2% of the step
+(`grad_norm="auto"`). benchmarks/observe.py measures the cost against the same trainer
+without the callback.
 """
 
 from __future__ import annotations
@@ -41,8 +47,46 @@ from workbench.train.history import History
 from workbench.train.records import Event, StepRecord
 from workbench.train.runtime import memory_reader
 
-#: Model-state bytes are counted on the first steps and then every this many steps.
-STATE_EVERY = 50
+#: Model-state bytes are counted on the first steps and then every this many steps (they
+#: keep their sizes; counting a model's optimizer states takes about a millisecond).
+STATE_EVERY = 500
+
+#: Steps whose records wait for one host read of their device values (`end_step`): a
+#: trainer's callback reads the losses every this many steps, or when the records are read.
+FLUSH_EVERY = 32
+
+#: A CPU run's RSS is read at most this often (seconds); CUDA's counters every step.
+RSS_SECONDS = 0.05
+
+#: `grad_norm="auto"`: the share of the step the gradient norm may cost the host. Above it
+#: the norm is taken every k-th step, the smallest k that keeps its cost under this share.
+NORM_BUDGET = 0.002
+
+
+def grad_norm_every(value: bool | int | str) -> int | None:
+    """The `grad_norm` argument as a fixed interval: True -> 1 (every step), an int k >= 1
+    -> k, False -> 0 (never), "auto" -> None (chosen from the measured costs:
+    `norm_interval`). ValueError naming the value and what is allowed else."""
+    if value is True or value is False:
+        return int(value)
+    if value == "auto":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(
+        f"grad_norm={value!r}: must be True (every step), False (never), an int k >= 1 "
+        "(every k-th step) or 'auto' (every step while it costs under "
+        f"{NORM_BUDGET:.1%} of the step, else every k-th)"
+    )
+
+
+def norm_interval(norm_seconds: float, step_seconds: float, budget: float = NORM_BUDGET) -> int:
+    """How many steps apart `grad_norm="auto"` takes the norm: 1 while the norm's host time
+    (`norm_seconds`) is at most `budget` of the step (`step_seconds`), else the smallest k
+    with norm_seconds / k <= budget * step_seconds (at most 1000 steps apart)."""
+    if step_seconds <= 0 or norm_seconds <= budget * step_seconds:
+        return 1
+    return min(1000, math.ceil(norm_seconds / (budget * step_seconds)))
 
 
 class Observer:
@@ -53,7 +97,13 @@ class Observer:
     "loop", "transformers" or "lightning", `arg_names`: a setting's name in your trainer
     (`{"grad_accum": "gradient_accumulation_steps="}`) or a mapping from its value to
     the argument (`{"precision": {"amp-bf16": "bf16=True"}}`), `read_from`: which of your
-    trainer's settings `config` was read from (shown), `notes`: what was assumed."""
+    trainer's settings `config` was read from (shown), `notes`: what was assumed.
+    `grad_norm`: when the observer takes the gradients' total norm (a record without it
+    has `grad_norm=None`): True every step, False never, k every k-th step, "auto" (the
+    default) every step while it costs the host under `NORM_BUDGET` (0.2%) of the step,
+    else every k-th step with the smallest k that keeps it there (a model of many small
+    tensors whose steps take milliseconds: 30 gradients' norm is about 50 us on a CPU).
+    `norm_every` says the interval in use."""
 
     def __init__(
         self,
@@ -65,14 +115,20 @@ class Observer:
         arg_names: Mapping[str, Any] | None = None,
         read_from: Mapping[str, Any] | None = None,
         notes: list[str] | None = None,
-        grad_norm: bool = True,
+        grad_norm: bool | int | str = "auto",
     ) -> None:
-        if not isinstance(grad_norm, bool):
-            raise ValueError(f"grad_norm={grad_norm!r}: must be True or False")
+        self._norm_every = grad_norm_every(grad_norm)
         self.trainer = trainer
         self.arg_names = dict(arg_names or {})
-        self.want_grad_norm = grad_norm
-        self.history = History()
+        self.want_grad_norm = self._norm_every != 0
+        # "auto": the norm's host seconds (the last measured) and the steps apart it is
+        # taken; 1 until measured
+        self._norm_s = 0.0
+        self._norm_step = 1
+        self._history = History()
+        # steps ended whose records are not made yet (`end_step`), and steps ended in all
+        self._pending: list[tuple[Any, ...]] = []
+        self._steps = 0
         self.events: list[Event] = []
         self.version = 0
         self.world_size, self.rank = _world()
@@ -125,6 +181,8 @@ class Observer:
         self._batch: Any = None  # the first micro-batch seen: its sequence length
         self._description: Any = None
         self._read_memory = memory_reader(self.device)
+        self._memory_at = -math.inf
+        self._last_memory: tuple[int | None, ...] = (None, None, None, None)
         cfg = self.config
         # the record fields a run's settings fix, made once
         self._fixed: dict[str, Any] = {
@@ -158,14 +216,22 @@ class Observer:
     def state(self) -> str:
         return "closed" if self._closed else "running"
 
+    @property
+    def history(self) -> History:
+        """The records, the pending steps' made first (`flush`)."""
+        self.flush()
+        return self._history
+
     def records_since(self, index: int) -> list[StepRecord]:
         """Records published after the first `index` (a panel's cursor), as a Session's."""
+        self.flush()
         with self._lock:
-            return self.history.since(index)
+            return self._history.since(index)
 
     def records(self) -> list[StepRecord]:
+        self.flush()
         with self._lock:
-            return list(self.history)
+            return list(self._history)
 
     # ------------------------------------------------------------------ the hooks
     def begin_step(self) -> None:
@@ -203,13 +269,27 @@ class Observer:
         if self.model is None:
             return
         params = self._params if self._params is not None else self._list_params()
-        grads = [p.grad for p in params if p.grad is not None]
         self._step_lr = self._lr()  # before the scheduler moves it
-        if self.want_grad_norm and grads:
+        step = self._steps + 1
+        norm = self.want_grad_norm and (step == 1 or step % self.norm_every == 0)
+        states = step <= 2 or step % STATE_EVERY == 0
+        if not (norm or states):
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        if norm and grads:
+            start = time.perf_counter()
             self._norm = _total_norm(grads, self._one_kind)
-        step = self.history.total + 1
-        if step <= 2 or step % STATE_EVERY == 0:
+            self._norm_s = time.perf_counter() - start
+        if states:
             self._states = (storage_bytes(self._params), storage_bytes(grads), None)
+
+    @property
+    def norm_every(self) -> int:
+        """The steps apart the gradient norm is taken now (0: never; "auto" adapts it to
+        the measured cost of the norm and of the step)."""
+        if self._norm_every is not None:
+            return self._norm_every
+        return self._norm_step
 
     def _list_params(self) -> list[nn.Parameter]:
         """The module's parameters, listed once (about 100 us), and whether one foreach
@@ -233,11 +313,35 @@ class Observer:
         skipped: bool = False,
         batch: Any = None,
     ) -> StepRecord:
-        """One optimizer step ended: publish its record. `loss` (this step's, or the last
-        micro-batch's when `micro_batch()` was not called), `samples`/`tokens` (default:
-        counted from the batches given, else the config's micro_batch x grad_accum),
-        `lr` (default: the optimizer's first group's), `grad_norm` and `scale` when your
-        trainer knows them."""
+        """One optimizer step ended: publish its record (and those of steps still pending)
+        and return it. `loss` (this step's, or the last micro-batch's when `micro_batch()`
+        was not called), `samples`/`tokens` (default: counted from the batches given, else
+        the config's micro_batch x grad_accum), `lr` (default: the optimizer's first
+        group's), `grad_norm` and `scale` when your trainer knows them."""
+        self.end_step(
+            loss, samples=samples, tokens=tokens, lr=lr, grad_norm=grad_norm, scale=scale,
+            skipped=skipped, batch=batch,
+        )  # fmt: skip
+        self.flush()
+        record: StepRecord = self._history[-1]
+        return record
+
+    def end_step(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        samples: int | None = None,
+        tokens: int | None = None,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+        scale: float | torch.Tensor | None = None,
+        skipped: bool = False,
+        batch: Any = None,
+    ) -> None:
+        """As `step()`, but the record is made later, at the next read (`records()`,
+        `history`, a dashboard's refresh) or once `FLUSH_EVERY` steps are pending: the
+        trainer's callbacks end their steps so, and the host reads the device values of
+        the pending steps (losses, norms, loss scales) at once, not every step."""
         if self._closed:
             raise RuntimeError("observer: closed; create a new one with workbench.observe()")
         if self.model is None:
@@ -247,41 +351,109 @@ class Observer:
             self.micro_batch(batch)
         if loss is not None:
             self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        loss_value, norm, scale = self._read_values(grad_norm, scale)  # one host read
         start = self._last_end if self._last_end is not None else self._begin
         step_s = now - start if start is not None else 0.0
-        data_s = min(self._data_s, step_s)
-        n = samples if samples is not None else (self._samples or self._config_samples())
-        t = tokens if tokens is not None else (self._tokens or None)
+        self._steps += 1
+        step = self._steps
         states = self._states
-        if states[0] is not None and self.optimizer is not None:
-            step = self.history.total + 1
-            if step <= 2 or step % STATE_EVERY == 0:
-                opt = storage_bytes(
-                    v
-                    for st in self.optimizer.state.values()
-                    for v in st.values()
-                    if isinstance(v, torch.Tensor)
-                )
-                states = self._states = (states[0], states[1], opt)
-        mem = self._read_memory()
-        record = StepRecord.from_fields(
+        if (
+            states[0] is not None
+            and self.optimizer is not None
+            and (step <= 2 or step % STATE_EVERY == 0)
+        ):
+            opt = storage_bytes(
+                v
+                for st in self.optimizer.state.values()
+                for v in st.values()
+                if isinstance(v, torch.Tensor)
+            )
+            states = self._states = (states[0], states[1], opt)
+        norm = self._norm if grad_norm is None else grad_norm
+        entry = (
+            step,
+            self._losses,
+            self._summed,
+            norm,
+            scale,
+            step_s,
+            min(self._data_s, step_s),
+            samples if samples is not None else (self._samples or self._config_samples()),
+            tokens if tokens is not None else (self._tokens or None),
+            float(lr) if lr is not None else self._step_lr_or_now(),
+            bool(skipped),
+            states,
+            self._memory(now),
+            time.time(),
+        )
+        with self._lock:
+            self._pending.append(entry)
+            due = len(self._pending) >= FLUSH_EVERY
+        self._losses, self._samples, self._tokens, self._norm = [], 0, 0, None
+        self._summed, self._step_lr = False, None
+        self._data_s = 0.0
+        if self._norm_every is None and norm is not None and self._norm_s:
+            # "auto": the interval from the norm's cost and this step's time (the first
+            # step includes the trainer's start-up: re-measured at every norm taken)
+            self._norm_step = norm_interval(self._norm_s, step_s) if step > 1 else 1
+            self._norm_s = 0.0
+        if due:
+            self.flush()
+        self._last_end = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _memory(self, now: float) -> tuple[int | None, ...]:
+        """The memory reading of the step ending at `now`: CUDA's counters every step; the
+        process RSS (a system call of 3-20 us, a percent of a millisecond step) at most
+        every `RSS_SECONDS`, the last reading shown in between."""
+        if self.device.type == "cuda" or now - self._memory_at >= RSS_SECONDS:
+            self._last_memory = self._read_memory()
+            self._memory_at = now
+        return self._last_memory
+
+    def flush(self) -> None:
+        """Make the records of the pending steps: their device values read in one go."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            if not pending:
+                return
+            values = _host_values(
+                v for e in pending for v in (*e[1], e[3], e[4]) if isinstance(v, torch.Tensor)
+            )
+            for e in pending:
+                self._history.append(self._record(e, values))
+            self.version += 1
+
+    def _record(self, entry: tuple[Any, ...], values: Iterator[float]) -> StepRecord:
+        """The StepRecord of a pending step; `values`: the host values of its tensors, in
+        the order `flush` listed them (losses, norm, scale)."""
+        step, losses, summed, norm, scale, step_s, data_s, n, t, lr, skipped, states, mem, wall = (
+            entry
+        )
+        got = [next(values) if isinstance(v, torch.Tensor) else float(v) for v in losses]
+        if isinstance(norm, torch.Tensor):
+            norm = next(values)
+        if isinstance(scale, torch.Tensor):
+            scale = next(values)
+        total = sum(got) if got else math.nan
+        loss = total if summed or not got else total / len(got)
+        return StepRecord.from_fields(
             {
                 **self._fixed,
-                "step": self.history.total + 1,
-                "micro_steps": max(1, len(self._losses)),
-                "loss": float(loss_value),
+                "step": step,
+                "micro_steps": max(1, len(losses)),
+                "loss": float(loss),
                 "samples_per_s": n / step_s if step_s > 0 else 0.0,
                 "tokens_per_s": t / step_s if t and step_s > 0 else None,
                 "step_seconds": step_s,
                 "data_seconds": data_s,
                 "compute_seconds": step_s - data_s,
-                "lr": float(lr) if lr is not None else self._step_lr_or_now(),
-                "grad_norm": norm,
-                "scale": scale,
-                "skipped": bool(skipped),
+                "lr": lr,
+                "grad_norm": float(norm) if norm is not None else None,
+                "scale": float(scale) if scale is not None else None,
+                "skipped": skipped,
                 "changes": {},
-                "warmup": self.history.total == 0,
+                "warmup": step == 1,
                 "params_bytes": states[0],
                 "grads_bytes": states[1],
                 "optimizer_bytes": states[2],
@@ -289,86 +461,21 @@ class Observer:
                 "cuda_max_allocated_bytes": mem[1],
                 "cuda_reserved_bytes": mem[2],
                 "rss_bytes": mem[3],
-                "wall_time": time.time(),
+                "wall_time": wall,
             }
         )
-        with self._lock:
-            self.history.append(record)
-            self.version += 1
-        self._losses, self._samples, self._tokens, self._norm = [], 0, 0, None
-        self._summed, self._step_lr = False, None
-        self._data_s = 0.0
-        self._last_end = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        return record
 
     def replace_last(self, **values: Any) -> None:
         """Fill in what the trainer tells after the step (its logged grad norm)."""
         import dataclasses
 
+        self.flush()
         with self._lock:
-            if not self.history.total:
+            if not self._history.total:
                 return
-            last = self.history[-1]
-            self.history.replace_last(dataclasses.replace(last, **values))
+            last = self._history[-1]
+            self._history.replace_last(dataclasses.replace(last, **values))
             self.version += 1
-
-    def _read_values(
-        self, grad_norm: float | None, scale: Any
-    ) -> tuple[float, float | None, float | None]:
-        """(the step's loss: the mean of its micro-batches' or their sum when `summed`;
-        the computed gradient norm or `grad_norm`; the loss scale, a float or a scaler's
-        scale tensor), the device values in one read."""
-        norm = self._norm if grad_norm is None else grad_norm
-        losses = self._losses
-        if self.device.type == "cpu" and len(losses) == 1:
-            # nothing to wait for on a CPU: one .item() each is cheaper than stacking
-            loss = losses[0]
-            return (
-                float(loss.item() if isinstance(loss, torch.Tensor) else loss),
-                float(norm.item() if isinstance(norm, torch.Tensor) else norm)
-                if norm is not None
-                else None,
-                float(scale.item() if isinstance(scale, torch.Tensor) else scale)
-                if scale is not None
-                else None,
-            )
-        if (
-            len(losses) == 1
-            and isinstance(losses[0], torch.Tensor)
-            and not isinstance(norm, torch.Tensor)
-            and not isinstance(scale, torch.Tensor)
-        ):  # one micro-batch, nothing else on the device: one read of the loss itself
-            return (
-                float(losses[0].item()),
-                float(norm) if norm is not None else None,
-                float(scale) if scale is not None else None,
-            )
-        tensors = [v for v in losses if isinstance(v, torch.Tensor)]
-        floats = [float(v) for v in losses if not isinstance(v, torch.Tensor)]
-        extra = [v for v in (norm, scale) if isinstance(v, torch.Tensor)]
-        total = math.nan
-        if tensors or extra:
-            device = (tensors or extra)[0].device
-            read = [v.detach().reshape(()).to(device, torch.float32) for v in tensors + extra]
-            got = torch.stack(read).tolist()  # host waits for the device here, once
-            if tensors:
-                total = sum(got[: len(tensors)]) + sum(floats)
-            got = got[len(tensors) :]
-            if isinstance(norm, torch.Tensor):
-                norm = got.pop(0)
-            if isinstance(scale, torch.Tensor):
-                scale = got.pop(0)
-        if not tensors and floats:
-            total = sum(floats)
-        count = len(tensors) + len(floats)
-        loss = total if self._summed or not count else total / count
-        return (
-            float(loss),
-            float(norm) if norm is not None else None,
-            float(scale) if scale is not None else None,
-        )
 
     def _step_lr_or_now(self) -> float:
         return self._step_lr if self._step_lr is not None else self._lr()
@@ -452,6 +559,7 @@ class Observer:
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
+        self.flush()
         self._closed = True
 
     def __enter__(self) -> Observer:
@@ -475,7 +583,7 @@ def observe(
     micro_batch: int | None = None,
     grad_accum: int = 1,
     config: TrainConfig | None = None,
-    grad_norm: bool = True,
+    grad_norm: bool | int | str = "auto",
 ) -> Iterator[Observer]:
     """Observe a hand-written loop: call `obs.step(loss)` after each optimizer step
     (`obs.begin_step()` when a step's first batch is in hand, to split off the data wait;
@@ -526,6 +634,23 @@ def _total_norm(grads: list[torch.Tensor], one_kind: bool) -> torch.Tensor:
         return total
     norm: torch.Tensor = torch.nn.utils.get_total_norm(grads)
     return norm
+
+
+def _host_values(tensors: Any) -> Iterator[float]:
+    """The values of scalar tensors on the host, in order: one `.item()` each on a CPU
+    (nothing to wait for), else one stacked copy per device (one wait)."""
+    tensors = list(tensors)
+    if all(t.device.type == "cpu" for t in tensors):
+        return iter([float(t.item()) for t in tensors])
+    out: list[float] = [math.nan] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for index in by_device.values():
+        stacked = torch.stack([tensors[i].detach().reshape(()).to(torch.float32) for i in index])
+        for i, v in zip(index, stacked.tolist(), strict=True):
+            out[i] = float(v)
+    return iter(out)
 
 
 def fmt_value(v: Any) -> str:
