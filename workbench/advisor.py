@@ -189,7 +189,7 @@ def _record(obj: Any, i: int) -> _Rec:
         world_size=ints["world_size"] or 1,
         rank=ints["rank"] or 0,
         zero_stage=zero if isinstance(zero, int) else None,
-        activation_checkpointing=bool(_get(obj, "activation_checkpointing")),
+        activation_checkpointing=_get(obj, "activation_checkpointing") not in (None, False, "none"),
         num_workers=ints["num_workers"],
         clip_grad_norm=float(clip) if _is_number(clip) else None,
         changes=changes,

@@ -163,6 +163,35 @@ class Attention(StrEnum):
     SDPA = "sdpa"
 
 
+class Recompute(StrEnum):
+    """Activation recomputation a Session trains with (`TrainConfig.activation_checkpointing`;
+    True means "full", False "none"): none; selective (the attention core of each block, its
+    scores, probabilities and dropout, recomputed in backward: Korthikanti et al.'s
+    selective recomputation, for models whose attention offers it, the built-in GPT's);
+    full (each marked block keeps only its input). Truthy unless "none", so a check of
+    "is any recomputation on" reads `if config.activation_checkpointing`."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+    def __bool__(self) -> bool:
+        return self is not Recompute.NONE
+
+
+def session_recompute(checkpointing: object) -> str:
+    """The estimator's `checkpointing` as a Session's `activation_checkpointing` (a dry
+    run trains what a Session trains): none, selective or full; ValueError for the
+    estimator's own modes (selective-op)."""
+    value = str(checkpointing)
+    if value not in Recompute.choices():
+        raise ValueError(
+            f"checkpointing={value!r}: a Session (and its dry run) trains none, selective "
+            f"or full recomputation; {value!r} is estimated only"
+        )
+    return value
+
+
 class Documents(StrEnum):
     """The layout of the built-in text data (`TrainConfig.documents`): the character
     stream cut into windows (no documents), one document per sample padded to the
@@ -216,6 +245,7 @@ ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "fsdp": FsdpMode,
     "device": Device,
     "attention": Attention,
+    "activation_checkpointing": Recompute,
     "documents": Documents,
     "pp_schedule": PipelineSchedule,
 }

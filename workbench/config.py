@@ -45,6 +45,7 @@ from workbench.choices import (  # the choices, re-exported here
     OptimizerName,
     PipelineSchedule,
     Precision,
+    Recompute,
     did_you_mean,
 )
 from workbench.inputs import is_bool, is_int, is_number, shown
@@ -249,12 +250,15 @@ class TrainConfig:
         none_means="no clipping",
         panel=8,
     )
-    activation_checkpointing: bool = setting(
-        False,
-        kind="bool",
+    activation_checkpointing: Recompute | bool | str = setting(
+        Recompute.NONE,
+        kind="choice",
         label="checkpointing",
-        help="recompute marked blocks in backward",
+        help="activation recomputation in backward: none, selective (the attention core of "
+        "the built-in GPT's blocks) or full (each marked block keeps only its input); True "
+        "means full, False none",
         flag="--activation-checkpointing",
+        metavar="MODE",
         panel=9,
     )
     optimizer_in_backward: bool = setting(
@@ -582,6 +586,11 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        ckpt = self.activation_checkpointing
+        if _is_bool(ckpt):  # True / False: full / none
+            object.__setattr__(
+                self, "activation_checkpointing", Recompute.FULL if ckpt else Recompute.NONE
+            )
         for name, enum in ENUM_FIELDS.items():
             value = getattr(self, name)
             if not isinstance(value, enum) and isinstance(value, str):
@@ -630,6 +639,7 @@ class TrainConfig:
                         name,
                         value,
                         f"must be one of {', '.join(enum.choices())}"
+                        + (" (or True: full, False: none)" if enum is Recompute else "")
                         + (f";{hint}" if hint else ""),
                     ),
                 )
@@ -882,7 +892,8 @@ def allowed_text(name: str) -> str:
     spec = SETTINGS[name]
     none = " or None" if spec.optional else ""
     if spec.kind == "choice":
-        return "one of " + ", ".join(ENUM_FIELDS[name].choices())
+        extra = " (or True: full, False: none)" if ENUM_FIELDS[name] is Recompute else ""
+        return "one of " + ", ".join(ENUM_FIELDS[name].choices()) + extra
     if spec.kind == "bool":
         return "True or False"
     if spec.kind == "text":
@@ -1272,6 +1283,7 @@ __all__ = [
     "SETTINGS",
     "VALUE_ALIASES",
     "Attention",
+    "Recompute",
     "Device",
     "Documents",
     "Engine",

@@ -111,7 +111,7 @@ def predict_memory(
         pipeline_parallel=int(config.pp),
         sequence_parallel=bool(config.sequence_parallel),
         micro_batch=int(config.micro_batch),
-        checkpointing="full" if config.activation_checkpointing else "none",
+        checkpointing=str(config.activation_checkpointing),
         offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,
         offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
         fsdp=FsdpMode(config.fsdp).value,

@@ -195,7 +195,7 @@ def test_activation_checkpointing_toggles_live_and_keeps_the_trajectory(tiny):
         recs = s.run(2)
         losses += [r.loss for r in recs]
     assert recs[0].activation_checkpointing and recs[0].changes == {
-        "activation_checkpointing": True
+        "activation_checkpointing": "full"
     }
     assert with_ckpt < 0.6 * without
     # recomputation reproduces the dropout masks: same numbers as without checkpointing
@@ -208,7 +208,7 @@ def test_user_module_with_dataset_and_marked_blocks():
     y = x.sum(dim=1, keepdim=True)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     cfg = TrainConfig(micro_batch=8, lr=1e-2)
-    with pytest.raises(ValueError, match="activation_checkpointing=True: the model has no"):
+    with pytest.raises(ValueError, match="activation_checkpointing='full': the model has no"):
         Session(
             cfg.replace(activation_checkpointing=True),
             model=model,

@@ -41,3 +41,35 @@ def test_a_bad_input_is_refused_in_the_status_line_and_the_ranking_stays() -> No
         assert "no inter-node bandwidth for l4" in panel.status.value
     finally:
         panel.close()
+
+
+def test_the_pins_reach_the_planner() -> None:
+    """Engines, precision, attention, offload, LoRA and headroom, set in the widgets, rank
+    what `plan()` ranks with the same pins; a bad pin is refused naming it."""
+    panel = PlannerPanel(seq_len=4096, global_batch=64)
+    try:
+        panel.engines.value = ("zero3", "full_shard")
+        panel.precision.value = "bf16-true"
+        panel.attention.value = "eager"
+        panel.offload.value = False
+        panel.lora_rank.value = 16
+        panel.headroom.value = 0.1
+        result = panel.plan()
+        expected = plan(
+            model="llama-3-8b", gpu="h100-80gb", seq_len=4096, global_batch=64,
+            engines=("zero3", "full_shard"), precision="bf16-true", attention="eager",
+            offload=False, lora_rank=16, headroom=0.1,
+        )  # fmt: skip
+        assert [p.label() for p in result.plans] == [p.label() for p in expected.plans]
+        assert {p.engine for p in result.plans} <= {"zero3", "full_shard"}
+        assert all(
+            p.settings["precision"] == "bf16-true" and p.settings["attention"] == "eager"
+            and p.settings["lora_rank"] == 16 and "offload_optimizer" not in p.settings
+            for p in result.plans
+        )  # fmt: skip
+        panel.lora_rank.value = -1
+        assert panel.plan() is None
+        assert "lora_rank=-1: must be an integer from 0 to 4096" in panel.status.value
+        assert panel.result is result
+    finally:
+        panel.close()

@@ -48,7 +48,7 @@ def test_every_control_maps_to_its_setting(panel: TrainingPanel, session: FakeSe
     _set(panel, "precision", "amp-bf16")
     _set(panel, "micro_batch", "4")
     _set(panel, "clip_grad_norm", "1.0")
-    _set(panel, "activation_checkpointing", True)
+    _set(panel, "activation_checkpointing", "selective")
     _set(panel, "num_workers", "2")
     _set(panel, "lr", "1e-3")
     _set(panel, "lr_schedule", "cosine")
@@ -58,7 +58,7 @@ def test_every_control_maps_to_its_setting(panel: TrainingPanel, session: FakeSe
         {"precision": "amp-bf16"},
         {"micro_batch": 4},
         {"clip_grad_norm": 1.0},
-        {"activation_checkpointing": True},
+        {"activation_checkpointing": "selective"},
         {"num_workers": 2},
         {"lr": 1e-3},
         {"lr_schedule": "cosine"},

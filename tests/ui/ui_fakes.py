@@ -39,7 +39,7 @@ def report(session: FakeSession, *, activation_bytes: int, **measured: int) -> A
         micro_batch=int(cfg.micro_batch),
         precision=str(cfg.precision),
         optimizer=str(cfg.optimizer),
-        activation_checkpointing=bool(cfg.activation_checkpointing),
+        activation_checkpointing=str(cfg.activation_checkpointing),
         world_size=1,
         n_params=N_PARAMS,
         cuda_max_allocated_bytes=None,

@@ -62,7 +62,11 @@ def test_every_problem_reported_at_once():
             r"loss_scale_backoff=1.0: must be a finite number > 0 and < 1",
         ),
         ({"warmup_steps": 50, "total_steps": 10}, r"warmup_steps=50: must not exceed"),
-        ({"activation_checkpointing": "yes"}, r"activation_checkpointing='yes': must be True"),
+        (
+            {"activation_checkpointing": "yes"},
+            r"activation_checkpointing='yes': must be one of none, selective, full \(or True: "
+            r"full, False: none\)",
+        ),
     ],
 )
 def test_bad_values_name_field_value_and_allowed(changes, pattern):

@@ -86,7 +86,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
         "steps": 100,
         "num_workers": 0,
         "pin_memory": False,
-        "activation_checkpointing": True,
+        "activation_checkpointing": "full",
         "activation_offload": False,
         "exported_world_size": 4,
     }

@@ -509,3 +509,35 @@ def test_an_exported_job_trains_with_the_sessions_attention_kernel(
     job["config"]["attention"] = "flash"
     with pytest.raises(SystemExit):
         build(job)
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
+def test_an_exported_job_recomputes_what_the_session_recomputes(fmt: str, tmp_path: Path) -> None:
+    """`activation_checkpointing` travels as none, selective or full: the job's built-in
+    GPT recomputes its attention cores (selective) or runs its blocks under checkpoint
+    (full); an older job's True and False still mean full and none; a value no job
+    writes is refused by name."""
+    from workbench.export import export_job
+    from workbench.export.job_common import build
+
+    engine = {"fsdp": "full_shard"} if fmt != "deepspeed" else {}
+    for mode in ("none", "selective", "full", True):
+        config = TrainConfig(activation_checkpointing=mode, **engine)
+        out = export_job(
+            config, format=fmt, gpus=1, out_dir=tmp_path / f"{fmt}-{mode}", model_options=TINY_GPT
+        )
+        job = json.loads((Path(out.out_dir) / "job.json").read_text())
+        want = "full" if mode is True else mode
+        assert job["activation_checkpointing"] == want
+        module, _, _ = build(job)
+        cores = [m.recompute_core for m in module.modules() if hasattr(m, "recompute_core")]
+        blocks = [m for m in module.modules() if getattr(m, "_workbench_checkpointable", False)]
+        wrapped = ["forward" in m.__dict__ for m in blocks]
+        assert cores and all(c is (want == "selective") for c in cores)
+        assert blocks and all(w is (want == "full") for w in wrapped)
+    job["activation_checkpointing"] = False  # an older job's words
+    module, _, _ = build(job)
+    assert not any(m.recompute_core for m in module.modules() if hasattr(m, "recompute_core"))
+    job["activation_checkpointing"] = "attention"
+    with pytest.raises(SystemExit):
+        build(job)

@@ -44,7 +44,8 @@ def test_every_plan_is_a_setup_the_session_trains_and_the_estimators_memory(llam
             offload_params="offload_params" in s,
             tensor_parallel=p.tp,
             pipeline_parallel=p.pp,
-            checkpointing="full" if s["activation_checkpointing"] else "none",
+            checkpointing=s["activation_checkpointing"],
+            attention="sdpa",
             gpus=8,
             gpu="h100",
         )
@@ -336,4 +337,4 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     llama405 = plan(model="llama-3.1-405b", **h100, nodes=2048, global_batch=2048, seq_len=8192)
     best = llama405.best
     assert (best.engine, best.tp, best.pp, best.dp) == ("full_shard", 8, 1, 2048)
-    assert best.settings["activation_checkpointing"] is True
+    assert best.settings["activation_checkpointing"] == "full"

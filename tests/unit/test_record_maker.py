@@ -61,7 +61,7 @@ def _by_hand(a) -> dict:
         world_size=a["world_size"],
         rank=a["rank"],
         clip_grad_norm=cfg.clip_grad_norm,
-        activation_checkpointing=cfg.activation_checkpointing,
+        activation_checkpointing=str(cfg.activation_checkpointing),
         num_workers=cfg.num_workers,
         changes=a["changes"],
         warmup=a["warmup"],

@@ -74,8 +74,8 @@ def test_session_problems_name_their_setting() -> None:
     assert all(isinstance(p, SettingProblem) for p in found)
     assert [(p.field, p.value) for p in found] == [
         ("optimizer", "lamb"),
-        ("activation_checkpointing", True),
+        ("activation_checkpointing", "full"),
     ]
     text = str(ConfigError(found))
     assert "optimizer='lamb': cannot train here" in text
-    assert "activation_checkpointing=True: the model has no checkpointable blocks" in text
+    assert "activation_checkpointing='full': the model has no checkpointable blocks" in text

@@ -105,6 +105,9 @@ def add_config_flags(
         elif spec.kind == "offload" and bare_offload:
             text = None if text is None else text.replace(";", _BARE_OFFLOAD + ";", 1)
             parser.add_argument(spec.flag, nargs="?", const="cpu", metavar=spec.metavar, help=text)
+        elif name == "activation_checkpointing":  # a bare flag, as when it was a switch: full
+            text = None if text is None else text.replace(";", " (a bare flag means full);", 1)
+            parser.add_argument(spec.flag, nargs="?", const="full", metavar=spec.metavar, help=text)
         else:
             parser.add_argument(spec.flag, metavar=spec.metavar, help=text)
 

@@ -464,6 +464,7 @@ def _simulate(
         problems.append("--simulate: tensor and pipeline parallelism are not simulated")
     if problems:
         parser.error("; ".join(problems))
+    from workbench.choices import session_recompute
     from workbench.config import TrainConfig
     from workbench.estimate.hf_build import meta_module
     from workbench.train.dry_run import simulate_memory
@@ -471,12 +472,16 @@ def _simulate(
     module, found = meta_module(args.hf_config)
     if module is None:
         parser.error("; ".join(p.render(_flag, sep=" ") for p in found))
+    try:
+        recompute = session_recompute(e.checkpointing)
+    except ValueError as exc:
+        parser.error(f"--dry-run: {exc}")
     config = TrainConfig(
         precision=e.precision,
         optimizer=e.optimizer,
         micro_batch=e.micro_batch,
         grad_accum=e.grad_accum,
-        activation_checkpointing=e.checkpointing == "full",
+        activation_checkpointing=recompute,
         fsdp=e.fsdp,
         zero_stage=e.zero_stage,
     )

@@ -49,6 +49,9 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run.add_argument("--efficiency", metavar="F", help="of the peak FLOP/s compute reaches (0.4)")
     run.add_argument("--engines", metavar="LIST", help="comma-separated, e.g. zero3,full_shard")
     run.add_argument("--no-offload", action="store_true", help="leave CPU offload out")
+    run.add_argument(
+        "--attention", metavar="KERNEL", help="pin the kernel: sdpa (searched) or eager"
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
     out.add_argument("--json", action="store_true", help="every plan as JSON, best first")
@@ -105,6 +108,7 @@ FLAGS = {
     "headroom": "--headroom",
     "lora_rank": "--lora-rank",
     "precision": "--precision",
+    "attention": "--attention",
     "engines": "--engines",
     "intra_node_gbps": "--intra-node-gbps",
     "inter_node_gbps": "--inter-node-gbps",
@@ -161,6 +165,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             kw["global_tokens"] = count
     if args.precision is not None:
         kw["precision"] = args.precision
+    if args.attention is not None:
+        kw["attention"] = args.attention
     if args.lora_rank is not None:
         kw["lora_rank"] = _number("--lora-rank", args.lora_rank, int, problems, 1)
     if args.headroom is not None:

@@ -930,7 +930,7 @@ def _job(
         "steps": steps,
         "num_workers": int(config.num_workers),
         "pin_memory": bool(config.pin_memory),
-        "activation_checkpointing": bool(config.activation_checkpointing),
+        "activation_checkpointing": str(config.activation_checkpointing),
         "activation_offload": bool(config.activation_offload),
         "exported_world_size": world,
         "config": config.to_dict(),

@@ -48,6 +48,8 @@ JOB_KEYS = (
     "exported_world_size",
 )
 SCRIPT = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train"
+#: a job's activation recomputation (True and False, older jobs' words, mean full and none)
+RECOMPUTE = ("none", "selective", "full")
 
 
 def fail(message: str) -> NoReturn:
@@ -125,7 +127,8 @@ def read_job(path: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         "steps": _is_int(job["steps"], 1, MAX_STEPS),
         "num_workers": _is_int(job["num_workers"], 0, 1024),
         "pin_memory": isinstance(job["pin_memory"], bool),
-        "activation_checkpointing": isinstance(job["activation_checkpointing"], bool),
+        "activation_checkpointing": isinstance(job["activation_checkpointing"], bool)
+        or job["activation_checkpointing"] in RECOMPUTE,
         "activation_offload": isinstance(job["activation_offload"], bool),
         "exported_world_size": _is_int(job["exported_world_size"], 1, 2**26),
     }
@@ -268,8 +271,17 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
     ):
         fail(f"model {model!r}: the factory must return (module, dataset, loss_fn[, info])")
     module, dataset, loss_fn = built[0], built[1], built[2]
-    if job["activation_checkpointing"] and not checkpoint_marked_blocks(module):
+    recompute = job["activation_checkpointing"]
+    recompute = "full" if recompute is True else "none" if recompute is False else recompute
+    if recompute not in RECOMPUTE:
+        fail(f"activation_checkpointing={recompute!r}: must be one of {', '.join(RECOMPUTE)}")
+    if recompute == "full" and not checkpoint_marked_blocks(module):
         fail("activation checkpointing is on but the model has no checkpointable blocks")
+    if recompute == "selective" and not recompute_attention_cores(module):
+        fail(
+            "activation_checkpointing='selective': the model has no attention that "
+            "recomputes its core (the workbench GPT's); use 'full'"
+        )
     config = job.get("config")
     kernel = config.get("attention", "model") if isinstance(config, dict) else "model"
     if kernel not in ATTENTION_KERNELS:
@@ -401,6 +413,18 @@ def checkpoint_marked_blocks(module: torch.nn.Module) -> int:
         block.forward = functools.partial(checkpointed, block.forward)
         count += 1
     return count
+
+
+def recompute_attention_cores(module: torch.nn.Module) -> int:
+    """Selective recomputation: each attention module with a boolean `recompute_core`
+    attribute (the workbench GPT's) recomputes its core (scores, softmax, dropout, the
+    product with V) in backward; returns how many."""
+    cores: list[Any] = [
+        m for m in module.modules() if isinstance(getattr(m, "recompute_core", None), bool)
+    ]
+    for m in cores:
+        m.recompute_core = True
+    return len(cores)
 
 
 #: autograd nodes that only view or copy a tensor (an autocast cast of a weight)

@@ -194,7 +194,7 @@ class Observer:
             "world_size": self.world_size,
             "rank": self.rank,
             "clip_grad_norm": cfg.clip_grad_norm,
-            "activation_checkpointing": bool(cfg.activation_checkpointing),
+            "activation_checkpointing": str(cfg.activation_checkpointing),
             "num_workers": int(cfg.num_workers),
             "gpu_util_percent": None,
             "gpu_memory_used_bytes": None,

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -112,6 +113,13 @@ class CausalSelfAttention(nn.Module):
         #: "eager": written out (the module docstring's terms); "sdpa": PyTorch's fused
         #: scaled_dot_product_attention, which keeps no s x s tensors for backward
         self.kernel = "eager"
+        #: True: the core (scores to the product with V) runs under checkpoint and is
+        #: recomputed in backward (selective recomputation, workbench.train.recompute)
+        self.recompute_core = False
+        #: called with the core's inputs when it is recomputed (what its checkpoint keeps:
+        #: Session.memory() counts them), and the checkpoint's `context_fn` (a dry run's)
+        self.core_inputs_observer: Any = None
+        self.core_context_fn: Any = None
 
     def forward(self, x: torch.Tensor, blocked: torch.Tensor | None = None) -> torch.Tensor:
         """`blocked`: None for plain causal attention, else a document batch's mask
@@ -129,19 +137,35 @@ class CausalSelfAttention(nn.Module):
         q = q.reshape(b, s, -1, d).transpose(1, 2)
         k = k.reshape(b, s, -1, d).transpose(1, 2)
         v = v.reshape(b, s, -1, d).transpose(1, 2)
+        if self.recompute_core and torch.is_grad_enabled():
+            if self.core_inputs_observer is not None:
+                for t in (q, k, v, blocked):
+                    if t is not None:
+                        self.core_inputs_observer(t)
+            extra = {"context_fn": self.core_context_fn} if self.core_context_fn else {}
+            y = torch.utils.checkpoint.checkpoint(
+                self._core, q, k, v, blocked, use_reentrant=False, **extra
+            )
+        else:
+            y = self._core(q, k, v, blocked)
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, -1)))
+
+    def _core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: torch.Tensor | None
+    ) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d), masked) (dropped out) times v: (b, heads, s, d)."""
+        s, d = q.shape[-2], q.shape[-1]
         if self.kernel == "sdpa":
             p = self.attn_drop.p if self.training else 0.0
             if blocked is None:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=blocked, dropout_p=p)
-            return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, s, -1)))
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=blocked, dropout_p=p)
         scores = q @ k.transpose(-2, -1)
         mask = self.causal_mask[:s, :s] if blocked is None else blocked
         att = ScaledMaskedSoftmax.apply(scores, mask, 1.0 / math.sqrt(d))
         att = self.attn_drop(att)
-        y = (att @ v).transpose(1, 2).reshape(b, s, -1)
-        return self.resid_drop(self.proj(y))
+        y: torch.Tensor = att @ v
+        return y
 
 
 class MLP(nn.Module):

@@ -10,10 +10,12 @@ predicted step time, and says why the first beats the next.
 The search space: the engine (DDP, ZeRO 1-3, FSDP full_shard / shard_grad_op, with and
 without CPU offload of the optimizer, and of the parameters under ZeRO-3), tensor- and
 pipeline-parallel sizes that divide the model and the GPUs, the micro-batch and the
-accumulation that reach the global batch, activation checkpointing (none or full), AdamW
-(8-bit AdamW when pinned, where its engine trains it), in the mixed 16-bit precision
-each engine trains (bf16 where the GPU has it, else fp16; any other, pure bf16 among them,
-when pinned). Only setups a `TrainConfig` accepts
+accumulation that reach the global batch, activation recomputation (none, selective:
+the attention core, or full), the attention kernel (sdpa; eager when pinned: it has the
+same FLOPs in the step-time model and keeps the s x s scores, so it never ranks above
+its sdpa twin, and is for a model without a fused kernel), AdamW (8-bit AdamW when
+pinned, where its engine trains it), in the mixed 16-bit precision each engine trains
+(bf16 where the GPU has it, else fp16; any other, pure bf16 among them, when pinned). Only setups a `TrainConfig` accepts
 and its engine trains on that many ranks (`engine_problems`) are planned, so each plan can
 be run and launched as it stands (and exported where the exporters carry its settings). Every memory figure
 is the estimator's peak (`workbench.estimate.estimate_memory`); the time is
@@ -85,8 +87,13 @@ class Plan:
             parts.append("offload params")
         parts.append(f"tp{self.tp} pp{self.pp} dp{self.dp}")
         parts.append(f"mb{s['micro_batch']}x{s['grad_accum']}")
-        if s.get("activation_checkpointing"):
+        ckpt = s.get("activation_checkpointing", "none")
+        if ckpt == "full":
             parts.append("ckpt")
+        elif ckpt == "selective":
+            parts.append("sel-ckpt")
+        if s.get("attention") == "eager":
+            parts.append("eager")
         if s.get("optimizer") == "adam8bit":
             parts.append("adam8bit")
         if s.get("precision") == "bf16-true":
@@ -292,6 +299,7 @@ def plan(
     headroom: float = 0.0,
     global_tokens: int | None = None,
     max_micro_batch: int = 64,
+    attention: str | None = None,
     **shape: Any,
 ) -> PlanResult:
     """Every trainable setup of the model on `nodes` x `gpus_per_node` GPUs of type `gpu`
@@ -304,7 +312,8 @@ def plan(
     optimizer ("adamw", or "adam8bit" where its engine trains it: 8-bit moments change
     the numerics too, so they are planned when asked for), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
     `headroom` keeps that fraction of each GPU's memory free, `global_tokens` gives the
-    global batch in tokens instead (a whole number of sequences). ValueError naming the
+    global batch in tokens instead (a whole number of sequences), `attention` pins the
+    kernel ("sdpa", searched by default, or "eager" for a model without a fused one). ValueError naming the
     field for bad input, and when no setup fits (which term breaks the best one and by
     how much)."""
     hw = cluster(
@@ -333,6 +342,8 @@ def plan(
     if precision is not None and precision not in {p.value for p in Precision}:
         allowed = ", ".join(p.value for p in Precision)
         raise ValueError(f"precision={shown(precision)}: must be one of {allowed}")
+    if attention is not None and attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention={shown(attention)}: must be one of sdpa, eager")
     if optimizer not in ("adamw", "adam8bit"):
         raise ValueError(f"optimizer={shown(optimizer)}: must be one of adamw, adam8bit")
     if (
@@ -408,7 +419,7 @@ def plan(
             for engine in chosen:
                 choices = itertools.product(
                     _offloads(engine, offload),
-                    (False, True),  # activation checkpointing
+                    ("none", "selective", "full"),  # activation recomputation
                     (optimizer,),
                     _precisions(engine, bf16, precision),
                     _powers_dividing(per_replica, max_micro_batch),
@@ -417,6 +428,8 @@ def plan(
                     settings = _settings(
                         engine, prec, tp, pp, mb, per_replica // mb, ckpt, opt, off_opt, off_par
                     )
+                    if attention is not None:
+                        settings["attention"] = attention
                     if lora_rank:
                         settings["lora_rank"] = lora_rank
                     try:  # a setup the Session trains on G ranks, as it is
@@ -524,7 +537,7 @@ def _settings(
     pp: int,
     mb: int,
     accum: int,
-    ckpt: bool,
+    ckpt: str,
     opt: str,
     off_opt: bool,
     off_par: bool,
@@ -576,7 +589,8 @@ def _one(
             offload_params="offload_params" in s,
             tensor_parallel=tp,
             pipeline_parallel=pp,
-            checkpointing="full" if s["activation_checkpointing"] else "none",
+            checkpointing=s["activation_checkpointing"],
+            attention=s.get("attention", "sdpa"),
             gpus=hw.gpus,
             gpu=hw.gpu.name,
         )
@@ -590,7 +604,7 @@ def _one(
         micro_batch=s["micro_batch"],
         accum=s["grad_accum"],
         engine=engine,
-        checkpointing="full" if s["activation_checkpointing"] else "none",
+        checkpointing=s["activation_checkpointing"],
         sixteen_bit=s["precision"] != "fp32",
         bf16=s["precision"] in ("bf16", "amp-bf16", "bf16-true"),
         grad_bytes=grad_bytes,

@@ -6,8 +6,9 @@ out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of
 
 * compute: (6 N_a + 12 L h s) T model FLOPs (PaLM, appendix B; with frozen weights, as
   under LoRA, 4 N_a + 2 N_trained: no weight gradients but the adapters'), plus the
-  recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, split over
-  the G GPUs at `efficiency` x the GPU's peak for the precision;
+  recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, the attention
+  core's (4 L h s per token) under selective recomputation, split over the G GPUs at
+  `efficiency` x the GPU's peak for the precision;
 * the pipeline bubble: (pp - 1) / accum of that compute (Narayanan et al., 2021);
 * data parallel (ring collectives: a group of d moves (d-1)/d of the bytes per rank, twice
   for an all-reduce): DDP and ZeRO-1 all-reduce the gradients once a step; ZeRO-2
@@ -57,7 +58,7 @@ class Layout:
     micro_batch: int
     accum: int
     engine: str  # "ddp", "zero1", "zero2", "zero3", "full_shard", "shard_grad_op"
-    checkpointing: str  # "none" | "full"
+    checkpointing: str  # "none" | "selective" | "full"
     sixteen_bit: bool
     bf16: bool
     grad_bytes: int  # bytes of one gradient element as reduced (4 under autocast, 2 in 16-bit)
@@ -118,6 +119,8 @@ def step_time(
     flops = model_flops
     if layout.checkpointing == "full":
         flops += (2 * shape.active_params + attention / 3) * tokens
+    elif layout.checkpointing == "selective":  # the attention core's forward again
+        flops += attention / 3 * tokens
     peak = hw.gpu.peak_flops(layout.sixteen_bit, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
     compute = flops / (hw.gpus * peak * efficiency)
     bubble = compute * (p - 1) / m if p > 1 else 0.0

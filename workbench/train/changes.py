@@ -41,7 +41,7 @@ from workbench.train.attention import attention_problem
 from workbench.train.lora import LORA_FIELDS, lora_problem
 from workbench.train.pipeline_plan import pp_model_problem
 from workbench.train.precision import amp_supported
-from workbench.train.recompute import checkpointable_modules
+from workbench.train.recompute import checkpointable_modules, selective_supported
 from workbench.train.records import Event
 from workbench.train.tensor_plan import tp_model_problem
 
@@ -148,13 +148,24 @@ def session_problems(
         p.append(
             SettingProblem("precision", prec.value, f"not available on {device.type}: {reason}")
         )
-    if config.activation_checkpointing and not checkpointable_modules(model):
+    mode = str(config.activation_checkpointing)
+    if mode == "full" and not checkpointable_modules(model):
         p.append(
             SettingProblem(
                 "activation_checkpointing",
-                True,
+                mode,
                 "the model has no checkpointable blocks; mark them with "
                 "workbench.train.recompute.mark_checkpointable(model, [names])",
+            )
+        )
+    if mode == "selective" and not selective_supported(model):
+        p.append(
+            SettingProblem(
+                "activation_checkpointing",
+                mode,
+                "selective recomputation needs an attention core to recompute (the "
+                "built-in GPT's, or a transformers model's attention function); for your "
+                "own module use 'full'",
             )
         )
     lora = lora_problem(model, config)

@@ -103,7 +103,9 @@ from workbench.train.offload import ActivationOffload
 from workbench.train.precision import PURE_DTYPES, build_precision, cast_floating_inputs
 from workbench.train.recompute import (
     checkpointable_modules,
+    core_modules,
     mark_checkpointable,
+    selective_supported,
     set_activation_checkpointing,
 )
 
@@ -193,12 +195,25 @@ def simulate_memory(
         raise DryRunError([kernel])
     set_attention(fm.module, config.attention)  # the fake copy's
     blocks, blocks_note = _blocks(fm.module)
-    if config.activation_checkpointing and not blocks:
+    recompute = str(config.activation_checkpointing)
+    if recompute == "selective" and not selective_supported(fm.module):
         raise DryRunError(
             [
                 SettingProblem(
                     "activation_checkpointing",
-                    True,
+                    recompute,
+                    "selective recomputation needs an attention core to recompute (the "
+                    "built-in GPT's, or a transformers model's attention function); for "
+                    "your own module use 'full'",
+                )
+            ]
+        )
+    if recompute == "full" and not blocks:
+        raise DryRunError(
+            [
+                SettingProblem(
+                    "activation_checkpointing",
+                    recompute,
                     "the model has no blocks to checkpoint; mark them with "
                     "workbench.train.recompute.mark_checkpointable(model, [names])",
                 )
@@ -266,7 +281,7 @@ def simulate_memory(
         optimizer=OptimizerName(config.optimizer).value,
         optimizer_impl=optimizer_impl,
         attention=attention,
-        activation_checkpointing=bool(config.activation_checkpointing),
+        activation_checkpointing=str(config.activation_checkpointing),
         fsdp=FsdpMode(config.fsdp).value,
         zero_stage=int(config.zero_stage),
         micro_batch=fb.micro_batch,
@@ -313,17 +328,24 @@ def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
     return found, note
 
 
-def _checkpoint(module: nn.Module, *, gpu_kernels: bool) -> None:
-    """The Session's rule (`workbench.train.recompute`): each marked block, outermost
-    first, runs under `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`; on a
-    CPU simulation its recomputation also runs the GPU's kernels (a function mode is not
-    active inside autograd's recomputation unless the checkpoint enters it)."""
-    if not gpu_kernels:
-        set_activation_checkpointing(module, True)
+def _checkpoint(module: nn.Module, mode: str, *, gpu_kernels: bool) -> None:
+    """The Session's rule (`workbench.train.recompute`): "full": each marked block,
+    outermost first, runs under `torch.utils.checkpoint.checkpoint(...,
+    use_reentrant=False)`; "selective": each attention that offers it recomputes its core.
+    On a CPU simulation the recomputation also runs the GPU's kernels (a function mode is
+    not active inside autograd's recomputation unless the checkpoint enters it)."""
+    set_activation_checkpointing(module, "selective" if mode == "selective" else "none")
+    if not gpu_kernels and mode == "full":
+        set_activation_checkpointing(module, "full")
         return
 
     def contexts() -> tuple[Any, Any]:
         return contextlib.nullcontext(), GpuKernels()
+
+    if mode == "selective":
+        for core in core_modules(module):
+            core.core_context_fn = contexts if gpu_kernels else None
+        return
 
     def checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
         return torch.utils.checkpoint.checkpoint(
@@ -394,7 +416,9 @@ def _simulate(
                 module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
                 blocks = checkpointable_modules(module)
             if config.activation_checkpointing:
-                _checkpoint(module, gpu_kernels=device.type == "cpu")
+                _checkpoint(
+                    module, str(config.activation_checkpointing), gpu_kernels=device.type == "cpu"
+                )
             ds_engine: Any = None
             with fake:
                 if mesh is not None:

@@ -53,7 +53,7 @@ def formula_of(
         "zero_stage": int(config.zero_stage),
         "gpus": int(world_size),
         "micro_batch": fb.micro_batch,
-        "checkpointing": "full" if config.activation_checkpointing else "none",
+        "checkpointing": str(config.activation_checkpointing),
         "fsdp": fsdp.value,
         "fsdp_reduce_fp32": bool(config.fsdp_reduce_fp32),
         "grad_accum": int(config.grad_accum),

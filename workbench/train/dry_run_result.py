@@ -224,7 +224,7 @@ class DryRun(Readable):
     optimizer: str
     optimizer_impl: str
     attention: str | None
-    activation_checkpointing: bool
+    activation_checkpointing: str  # none, selective, full
     fsdp: str
     zero_stage: int
     micro_batch: int

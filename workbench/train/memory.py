@@ -52,7 +52,11 @@ from workbench.train.offload import (
     local_tensor,
     parameter_storages,
 )
-from workbench.train.recompute import checkpointable_modules, is_checkpointing
+from workbench.train.recompute import (
+    checkpointable_modules,
+    core_modules,
+    is_checkpointing,
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class MemoryReport(Readable):
     micro_batch: int
     precision: str
     optimizer: str
-    activation_checkpointing: bool
+    activation_checkpointing: str  # none, selective, full
     world_size: int
     n_params: int
     cuda_max_allocated_bytes: int | None
@@ -222,7 +226,11 @@ class MemoryReport(Readable):
         setup = (
             f"memory: {fmt_count(self.n_params)} parameters, {self.precision}, {self.optimizer}, "
             f"micro-batch {self.micro_batch}"
-            + (", activation checkpointing" if self.activation_checkpointing else "")
+            + (
+                f", {self.activation_checkpointing} activation checkpointing"
+                if self.activation_checkpointing not in ("none", False)
+                else ""
+            )
             + (", activation offload" if self.activation_offload else "")
             + (f", {self.world_size} ranks" if self.world_size > 1 else "")
         )
@@ -269,6 +277,10 @@ def measure_activations(
         for m in checkpointable_modules(model)
         if is_checkpointing(m)
     ]
+    # selective recomputation: the attention core's checkpoint keeps its inputs (q, k, v)
+    cores = core_modules(model)
+    for m in cores:
+        m.core_inputs_observer = record
     if offload is not None:
         offload.observer = record  # its hooks are innermost in the model's forward
     try:
@@ -277,6 +289,8 @@ def measure_activations(
     finally:
         for h in handles:
             h.remove()
+        for m in cores:
+            m.core_inputs_observer = None
         if offload is not None:
             offload.observer = None
     moved = offload.moved_keys if offload is not None else set()
@@ -413,7 +427,7 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         micro_batch=int(cfg.micro_batch),
         precision=str(cfg.precision),
         optimizer=str(cfg.optimizer),
-        activation_checkpointing=bool(cfg.activation_checkpointing),
+        activation_checkpointing=str(cfg.activation_checkpointing),
         world_size=runtime.world_size,
         n_params=count_parameters(runtime.trained_module),  # ZeRO-3 shards at full size
         cuda_max_allocated_bytes=cuda_peak,

@@ -73,6 +73,7 @@ def scaled_settings(plan: Plan, ranks: int, layers: int) -> dict[str, Any]:
     s["tp"], s["pp"] = tp, pp
     s["micro_batch"] = min(int(s["micro_batch"]), 4)
     s["grad_accum"] = max(pp, min(int(s["grad_accum"]), 2))
+    s.setdefault("attention", "sdpa")  # the kernel the plan's memory assumes
     return {k: v for k, v in s.items() if not (k in ("tp", "pp") and v == 1)}
 
 
@@ -170,10 +171,12 @@ def _efficiency(
         return None
     tokens = last.tokens_per_s * last.step_seconds  # the step's tokens, all replicas
     per_token = 6 * run.n_params + 12 * options["layers"] * options["hidden"] * options["seq_len"]
-    if settings.get("activation_checkpointing"):
-        per_token += (
-            2 * run.n_params + 4 * options["layers"] * options["hidden"] * options["seq_len"]
-        )
+    ckpt = str(settings.get("activation_checkpointing", "none"))
+    core = 4 * options["layers"] * options["hidden"] * options["seq_len"]
+    if ckpt == "full":
+        per_token += 2 * run.n_params + core
+    elif ckpt == "selective":
+        per_token += core
     precision = str(settings.get("precision", "fp32"))
     peak = gpu.peak_flops(precision != "fp32", bf16="bf16" in precision) or gpu.peak_fp32_flops
     ranks = len(run.ranks)

@@ -8,11 +8,20 @@ A block is *checkpointable* when it has the attribute `_workbench_checkpointable
     mark_checkpointable(model.encoder.layers)   # every child of a ModuleList/Sequential
     mark_checkpointable(model.block)            # one module
 
-and set `activation_checkpointing=True` (also live: `session.update(...)`). While on,
-each marked block runs under `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`:
-its forward keeps only its inputs and recomputes the rest during backward (dropout masks
-are reproduced: the RNG state is preserved). Switching replaces only the instance's
-`forward`, so parameter names, state dicts and the module object stay the same.
+and set `activation_checkpointing="full"` (or True; also live: `session.update(...)`).
+While on, each marked block runs under `torch.utils.checkpoint.checkpoint(...,
+use_reentrant=False)`: its forward keeps only its inputs and recomputes the rest during
+backward (dropout masks are reproduced: the RNG state is preserved). Switching replaces
+only the instance's `forward`, so parameter names, state dicts and the module object stay
+the same.
+
+`activation_checkpointing="selective"` recomputes less: each attention module with a
+boolean `recompute_core` attribute (the built-in GPT's `CausalSelfAttention`) runs its
+core (the scores, the masked softmax, the attention dropout and the product with V) under
+checkpoint, so the `as^2b` tensors are not kept (Korthikanti et al.'s selective
+recomputation; with the sdpa kernel, only its output and log-sum-exp are recomputed). A
+transformers model does the same through its attention function
+(`workbench.train.attention.set_hf_selective`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from torch import nn
 
 _FLAG = "_workbench_checkpointable"
 _ORIG = "_workbench_orig_forward"
+_CORE = "recompute_core"
 
 
 def mark_checkpointable(target: nn.Module, names: Iterable[str] | None = None) -> list[nn.Module]:
@@ -76,8 +86,45 @@ def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def set_activation_checkpointing(model: nn.Module, enabled: bool) -> int:
-    """Switch checkpointing of `model`'s marked blocks; returns how many are affected."""
+def core_recomputable_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of `model` that recompute their attention core on request: those with a
+    boolean `recompute_core` attribute (the built-in GPT's attention)."""
+    return [m for m in model.modules() if isinstance(getattr(m, _CORE, None), bool)]
+
+
+def selective_supported(model: nn.Module) -> bool:
+    """Whether `activation_checkpointing="selective"` has an attention core to recompute:
+    the built-in GPT's attention, or a transformers model's attention function."""
+    from workbench.train.attention import hf_selective_supported
+
+    return bool(core_recomputable_modules(model)) or hf_selective_supported(model)
+
+
+def core_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules whose attention core selective recomputation checkpoints (the built-in
+    GPT's attention, a transformers model's attention modules): each reads its
+    `core_inputs_observer` (called with what the checkpoint keeps) and `core_context_fn`
+    (the checkpoint's context_fn) while it recomputes."""
+    from workbench.train.attention import hf_attention_modules
+
+    return core_recomputable_modules(model) or hf_attention_modules(model)
+
+
+def set_activation_checkpointing(model: nn.Module, mode: bool | str) -> int:
+    """Switch `model`'s activation recomputation to `mode`: "full" (or True: each marked
+    block under checkpoint), "selective" (each attention that offers it recomputes its
+    core: `recompute_core = True`), "none" (or False); returns how many blocks or
+    attention modules the mode affects (0: nothing to switch)."""
+    mode = "full" if mode is True else "none" if mode is False else str(mode)
+    if mode not in ("none", "selective", "full"):
+        raise ValueError(f"mode={mode!r}: must be none, selective or full (or True / False)")
+    from workbench.train.attention import set_hf_selective
+
+    cores = core_recomputable_modules(model)
+    for module in cores:
+        setattr(module, _CORE, mode == "selective")
+    hf = not cores and set_hf_selective(model, mode == "selective")
+    enabled = mode == "full"
     blocks = checkpointable_modules(model)
     for block in blocks:
         active = _ORIG in block.__dict__
@@ -91,6 +138,8 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> int:
                 del block.forward
             else:
                 block.forward = original  # type: ignore[method-assign]
+    if mode == "selective":
+        return len(cores) or (len(core_modules(model)) if hf else 0)
     return len(blocks)
 
 

@@ -41,7 +41,7 @@ class StepRecord(Readable):
     world_size: int = 1
     rank: int = 0
     clip_grad_norm: float | None = None
-    activation_checkpointing: bool = False
+    activation_checkpointing: str = "none"  # none, selective, full
     num_workers: int = 0
     changes: dict[str, Any] = field(default_factory=dict)  # settings applied at this step
     # the first step on a new engine (session start, a rebuild): carries one-off costs

@@ -92,7 +92,7 @@ class Runtime:
         model.train()
         if buffers:
             load_buffers(model, buffers)
-        set_activation_checkpointing(model, bool(config.activation_checkpointing))
+        set_activation_checkpointing(model, str(config.activation_checkpointing))
         set_attention(model, config.attention)
         self.offload = _offload_for(config, device)
         self.data = DataStream(
@@ -166,7 +166,7 @@ class Runtime:
             elif changed & BACKEND_FIELDS:
                 new_backend = self._next_backend(target, release_first=release_first)
             if "activation_checkpointing" in changed:
-                self._set_checkpointing(bool(target.activation_checkpointing), new_backend)
+                self._set_checkpointing(str(target.activation_checkpointing), new_backend)
             if "attention" in changed or new_backend is not None:
                 self._set_attention(target.attention, new_backend)
         except BaseException:
@@ -174,7 +174,7 @@ class Runtime:
                 new_data.close()
             if new_backend is not None:
                 new_backend.close()
-            self._set_checkpointing(bool(old.activation_checkpointing), None)
+            self._set_checkpointing(str(old.activation_checkpointing), None)
             self._set_attention(old.attention, None)
             raise
         if new_data is not None:
@@ -256,12 +256,12 @@ class Runtime:
             device=self.device,
         )
 
-    def _set_checkpointing(self, enabled: bool, new_backend: Backend | None) -> None:
+    def _set_checkpointing(self, mode: str, new_backend: Backend | None) -> None:
         """On your module and on the module an engine trains (DeepSpeed's copy)."""
-        set_activation_checkpointing(self.model, enabled)
+        set_activation_checkpointing(self.model, mode)
         for backend in (getattr(self, "backend", None), new_backend):
             if backend is not None and inner_module(backend, self.model) is not self.model:
-                set_activation_checkpointing(inner_module(backend, self.model), enabled)
+                set_activation_checkpointing(inner_module(backend, self.model), mode)
 
     def _set_attention(self, kernel: Any, new_backend: Backend | None) -> None:
         """On your module and on the module the engine trains (its copy): the new
@@ -318,12 +318,15 @@ class Runtime:
     def close(self) -> None:
         """Bring the trained weights home (to your module, on the session's device), then
         release the loader workers and the backend. Raises what the weight copy raised,
-        after releasing everything."""
+        after releasing everything. Your module's forward is put back as it was given
+        (no recomputation: no checkpoint around its blocks, its attention function its
+        own)."""
         try:
             self.sync_weights()
             if self.lora is not None:
                 self.lora.merge()  # your module's own layers, the adapters' update in them
             self.model.to(self.device)
+            set_activation_checkpointing(self.model, "none")
         finally:
             self.data.close()
             self.backend.close()

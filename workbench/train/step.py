@@ -206,7 +206,7 @@ class RecordMaker:
             "world_size": world_size,
             "rank": rank,
             "clip_grad_norm": cfg.clip_grad_norm,
-            "activation_checkpointing": bool(cfg.activation_checkpointing),
+            "activation_checkpointing": str(cfg.activation_checkpointing),
             "num_workers": int(cfg.num_workers),
             "params_bytes": sb.params_bytes if sb else None,
             "grads_bytes": sb.grads_bytes if sb else None,

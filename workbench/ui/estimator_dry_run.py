@@ -63,6 +63,7 @@ class DryRunControl:
         estimate = e
 
         def run() -> None:
+            from workbench.choices import session_recompute
             from workbench.config import TrainConfig
             from workbench.train.dry_run import simulate_memory
 
@@ -75,7 +76,7 @@ class DryRunControl:
                     optimizer=estimate.optimizer,
                     micro_batch=estimate.micro_batch,
                     grad_accum=estimate.grad_accum,
-                    activation_checkpointing=estimate.checkpointing == "full",
+                    activation_checkpointing=session_recompute(estimate.checkpointing),
                     fsdp=estimate.fsdp,
                     zero_stage=estimate.zero_stage,
                 )

@@ -194,7 +194,7 @@ def estimator_values(observer: Any) -> dict[str, Any]:
         "zero_stage": int(cfg.zero_stage),
         "gpus": str(observer.world_size),
         "grad_accum": str(cfg.grad_accum),
-        "checkpointing": "full" if cfg.activation_checkpointing else "none",
+        "checkpointing": str(cfg.activation_checkpointing),
     }
     optimizer = str(getattr(cfg.optimizer, "value", cfg.optimizer))
     if optimizer in ("adamw", "adam", "sgd", "sgd-nomomentum", "adam8bit"):

@@ -1,7 +1,9 @@
 """PlannerPanel: `workbench.planner.plan` in a panel (the dashboard's Planner tab).
 
 Pick a model preset, the GPU, GPUs per node and nodes, the sequence length and the
-global batch, press **plan**: the panel ranks every setup the workbench trains there
+global batch, and pin what you must (the engines, one precision, the attention kernel, no
+offload, a LoRA rank, a memory headroom), press **plan**: the panel ranks every setup the
+workbench trains there
 (pure math, well under a second) and shows the top plans (peak per GPU, step time,
 tokens/s, MFU), why the first beats the next, and the fastest plan per memory budget.
 A bad value shows its message (the field, the value, what is allowed) in the status
@@ -52,6 +54,24 @@ class PlannerPanel(PanelBase):
         self.nodes = widgets.IntText(nodes, description="nodes", style=style)
         self.seq_len = widgets.IntText(seq_len, description="sequence", style=style)
         self.global_batch = widgets.IntText(global_batch, description="global batch", style=style)
+        # the pins (plan()'s constraints)
+        from workbench.choices import Precision
+        from workbench.planner import ENGINES
+
+        self.engines = widgets.SelectMultiple(
+            options=list(ENGINES), value=list(ENGINES), description="engines", style=style,
+            rows=len(ENGINES),
+        )  # fmt: skip
+        self.precision = widgets.Dropdown(
+            options=["auto"] + [p.value for p in Precision], value="auto",
+            description="precision", style=style,
+        )  # fmt: skip
+        self.attention = widgets.Dropdown(
+            options=["sdpa", "eager"], value="sdpa", description="attention", style=style
+        )
+        self.offload = widgets.Checkbox(True, description="CPU offload allowed", indent=False)
+        self.lora_rank = widgets.IntText(0, description="LoRA rank (0 off)", style=style)
+        self.headroom = widgets.FloatText(0.0, description="headroom", style=style)
         self.button = widgets.Button(description="plan", button_style="primary")
         self.button.on_click(lambda _: self.plan())
         self.status = widgets.HTML(status_html("info", "Rank every setup that fits: press plan."))
@@ -60,8 +80,13 @@ class PlannerPanel(PanelBase):
         self.table.add_class("wb-planner-table")
         self.why = widgets.HTML()
         self.why.add_class("wb-planner-why")
-        inputs = widgets.VBox(
-            [self.model, self.gpu, self.gpus_per_node, self.nodes, self.seq_len, self.global_batch]
+        setup = [self.model, self.gpu, self.gpus_per_node, self.nodes, self.seq_len]
+        pins = [self.engines, self.precision, self.attention, self.offload, self.lora_rank]
+        inputs = widgets.HBox(
+            [
+                widgets.VBox([*setup, self.global_batch]),
+                widgets.VBox([*pins, self.headroom]),
+            ]
         )
         self.widget = widgets.VBox([inputs, self.button, self.status, self.table, self.why])
         self.widget.add_class("wb-planner")
@@ -79,6 +104,12 @@ class PlannerPanel(PanelBase):
                 nodes=int(self.nodes.value),
                 seq_len=int(self.seq_len.value),
                 global_batch=int(self.global_batch.value),
+                engines=tuple(self.engines.value),
+                precision=None if self.precision.value == "auto" else self.precision.value,
+                attention=None if self.attention.value == "sdpa" else self.attention.value,
+                offload=bool(self.offload.value),
+                lora_rank=int(self.lora_rank.value),
+                headroom=float(self.headroom.value),
             )
         except ValueError as exc:
             self.status.value = status_html("error", str(exc))
