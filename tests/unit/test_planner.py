@@ -105,6 +105,41 @@ def test_the_step_time_terms_are_the_documented_formulas() -> None:
     assert step_time(shape, full, hw, efficiency=0.5).compute == pytest.approx(
         (flops + recompute) / (8 * H100.peak_bf16_flops * 0.5)
     )
+    # selective: the attention core's forward again, 4Lhs a token; no more all-reduces
+    sel = {**base, "checkpointing": "selective"}
+    selective = Layout(tp=2, pp=2, dp=2, engine="ddp", bf16=True, grad_bytes=4, **sel)
+    t3 = step_time(shape, selective, hw, efficiency=0.5)
+    per_token = 6 * 10**9 + 12 * 16 * 2048 * 2048
+    assert t3.compute == pytest.approx(t2.compute * (per_token + 4 * 16 * 2048 * 2048) / per_token)
+    assert t3.tensor_parallel == t2.tensor_parallel
+
+
+def test_selective_recomputation_and_the_attention_kernel_are_searched() -> None:
+    """Every plan of one layout is searched with none, selective and full recomputation;
+    with the eager kernel pinned, selective keeps the 5as^2b bytes a layer fewer than
+    none (16-bit probabilities and dropout output, a 1-byte mask: GPT-2 has dropout)."""
+    r = plan(model="gpt2-xl", gpu="h100", seq_len=1024, global_batch=64, attention="eager",
+             engines=("zero1",), offload=False)  # fmt: skip
+    seen = {p.settings["activation_checkpointing"] for p in r.plans}
+    assert seen == {"none", "selective", "full"}
+    assert all(p.settings["attention"] == "eager" for p in r.plans)
+    twins = {}
+    for p in r.plans + r.unfit:
+        key = (p.tp, p.pp, p.settings["micro_batch"])
+        twins.setdefault(key, {})[p.settings["activation_checkpointing"]] = p
+    pairs = [t for t in twins.values() if {"none", "selective"} <= t.keys()]
+    assert pairs
+    est = estimate_memory(model="gpt2-xl", seq_len=1024)
+    for t in pairs:
+        none, sel = t["none"], t["selective"]
+        b, s, a = none.settings["micro_batch"], 1024, int(est.heads)
+        layers = int(est.layers) // none.pp
+        assert none.peak_bytes - sel.peak_bytes >= layers * 5 * a * s * s * b // none.tp
+        assert sel.step_seconds > none.step_seconds
+    # unpinned, the kernel is sdpa (the plans' memory), and the settings name none
+    default = plan(model="gpt2-xl", gpu="h100", seq_len=1024, global_batch=64)
+    assert all("attention" not in p.settings for p in default.plans)
+    assert {p.settings["activation_checkpointing"] for p in default.plans} >= {"none", "full"}
 
 
 def test_faster_setups_that_do_not_fit_are_listed_with_their_largest_term() -> None:
@@ -270,6 +305,7 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
         ({"precision": "bf17"}, "precision='bf17': must be one of fp32, amp-fp16"),
         ({"precision": "bf16", "gpu": "v100-32gb"}, "precision='bf16': v100-32gb has no bf16"),
         ({"optimizer": "lion"}, "optimizer='lion': must be one of adamw, adam8bit"),
+        ({"attention": "flash"}, "attention='flash': must be one of sdpa, eager"),
         ({"headroom": 0.99}, r"model: no setup of \d+ fits 8 x h100-80gb \(0.8 GiB each, 99% kept"),
         (
             {"global_tokens": 1000, "seq_len": 4096},
