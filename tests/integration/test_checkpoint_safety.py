@@ -145,12 +145,16 @@ def test_previous_format_checkpoints_still_resume_exactly_and_convert(tmp_path):
     np.random.seed(99)
     with Session.resume_from(old.parent) as s:  # the directory: its newest step-N.pt
         assert s.step == 3 and [r.loss for r in s.history] == facts["history_losses"]
-        assert [r.loss for r in s.run(3)] == facts["continued_losses"]  # bit for bit
+        continued = [r.loss for r in s.run(3)]
+    # the losses the previous code went on to train, on the machine that wrote the file:
+    # equal to the last bit on that CPU, to float rounding on another (its matmul kernels
+    # sum in another order: measured 1e-7 relative); bit for bit on one machine below
+    assert continued == pytest.approx(facts["continued_losses"], rel=1e-6)
     assert ckpt.convert(old.parent) == [old]
     assert ckpt.verify(old)["format"] == 2
     assert "history" not in torch.load(old, weights_only=True)
     with Session.resume_from(old) as s:
-        assert [r.loss for r in s.run(3)] == facts["continued_losses"]
+        assert [r.loss for r in s.run(3)] == continued  # converted: the same, bit for bit
 
 
 def test_a_previous_format_file_with_other_objects_says_how_to_convert(tmp_path):

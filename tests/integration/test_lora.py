@@ -27,6 +27,9 @@ from workbench import Session, TrainConfig
 from workbench.estimate import estimate_memory
 from workbench.models import build_model
 
+#: the tolerance of a merged model against its unmerged adapters (fp32 rounding of the merge)
+MERGED = {"atol": 5e-5, "rtol": 1e-4}
+
 MB = 4
 
 
@@ -77,7 +80,9 @@ def test_only_adapters_train_and_close_merges_into_your_module() -> None:
     assert sorted(n for n, _ in model.named_parameters()) == sorted(
         n for n, _ in before.named_parameters()
     )
-    torch.testing.assert_close(_outputs(model, x), trained, atol=1e-5, rtol=1e-5)
+    # merged: W + s·BA in one matmul instead of Wx + s·B(Ax), fp32 rounding apart (measured:
+    # up to 1.3e-5 on outputs of about 1 on one CPU, under 1e-5 on another; MERGED allows 4x)
+    torch.testing.assert_close(_outputs(model, x), trained, **MERGED)
     assert not torch.allclose(_outputs(before, x), trained, atol=1e-3)
 
 
@@ -91,7 +96,7 @@ def test_switching_lora_off_and_on_keeps_what_was_trained() -> None:
     assert type(model.blocks[0].attn.qkv) is nn.Linear
     assert s.lora() is None
     assert all(p.requires_grad for p in model.parameters())
-    torch.testing.assert_close(_outputs(model, x), with_adapters, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(_outputs(model, x), with_adapters, **MERGED)
     s.run(1, progress=False)
     full_step = _outputs(model, x)
     assert not torch.allclose(full_step, with_adapters, atol=1e-4)  # the base trained

@@ -121,3 +121,22 @@ def test_from_fields_names_missing_and_unknown_fields() -> None:
     fields["lossy"] = 1.0
     with pytest.raises(ValueError, match=r"missing \['loss'\], unknown \['lossy'\]"):
         StepRecord.from_fields(fields)
+
+
+def test_an_earlier_records_true_or_false_recomputation_reads_as_full_or_none() -> None:
+    """Records written before recomputation had three modes (a run's log, a checkpoint's
+    history) held `activation_checkpointing` True or False: read as "full" and "none";
+    any other value that is no mode's text is still refused by name."""
+    from workbench.train.records import StepRecord
+
+    base = make_record(**_arguments()).to_dict()
+    assert (
+        StepRecord.from_dict({**base, "activation_checkpointing": True}).activation_checkpointing
+        == "full"
+    )
+    assert (
+        StepRecord.from_dict({**base, "activation_checkpointing": False}).activation_checkpointing
+        == "none"
+    )
+    with pytest.raises(ValueError, match="record field activation_checkpointing=3: must be str"):
+        StepRecord.from_dict({**base, "activation_checkpointing": 3})

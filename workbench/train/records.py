@@ -145,7 +145,8 @@ class StepRecord(Readable):
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
         """A record from `to_dict()`'s mapping (other keys ignored). Read from a file (a
         run's log, a checkpoint), every value must have its field's type: a ValueError
-        names the first that does not, so a crafted line never becomes a record."""
+        names the first that does not, so a crafted line never becomes a record. An
+        earlier record's `activation_checkpointing` True / False reads as "full" / "none"."""
         if not isinstance(data, dict):
             raise ValueError(f"record {shown(data)}: must be a mapping of record fields")
         kinds = _field_kinds()
@@ -153,6 +154,8 @@ class StepRecord(Readable):
         for key, value in data.items():
             if key not in kinds:
                 continue
+            if key == "activation_checkpointing" and isinstance(value, bool):
+                value = "full" if value else "none"  # what earlier records wrote
             allowed, optional = kinds[key]
             if not (value is None and optional) and not _is_kind(value, allowed):
                 raise ValueError(
