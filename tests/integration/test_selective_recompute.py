@@ -123,6 +123,7 @@ def test_a_transformers_model_recomputes_its_attention_function(kernel: str) -> 
                 s.update(attention="model")
                 assert model.config._attn_implementation == SELECTIVE + kernel
         assert model.config._attn_implementation == kernel  # its own function on close
+        assert not any(hasattr(m, "core_inputs_observer") for m in model.modules())
     assert losses["selective"] == pytest.approx(losses["none"], rel=1e-5)
     none, selective = reports["none"], reports["selective"]
     freed = none.activation_bytes - selective.activation_bytes

@@ -279,6 +279,7 @@ def measure_activations(
     ]
     # selective recomputation: the attention core's checkpoint keeps its inputs (q, k, v)
     cores = core_modules(model)
+    own = [m for m in cores if "core_inputs_observer" not in vars(m)]  # a transformers layer
     for m in cores:
         m.core_inputs_observer = record
     if offload is not None:
@@ -291,6 +292,8 @@ def measure_activations(
             h.remove()
         for m in cores:
             m.core_inputs_observer = None
+        for m in own:  # your module without the attribute it did not have
+            del m.core_inputs_observer
         if offload is not None:
             offload.observer = None
     moved = offload.moved_keys if offload is not None else set()
