@@ -44,7 +44,7 @@ def test_a_bad_input_is_refused_in_the_status_line_and_the_ranking_stays() -> No
 
 
 def test_the_pins_reach_the_planner() -> None:
-    """Engines, precision, attention, offload, LoRA and headroom, set in the widgets, rank
+    """Engines, precision, attention, optimizer, offload, LoRA and headroom, set in the widgets, rank
     what `plan()` ranks with the same pins; a bad pin is refused naming it."""
     panel = PlannerPanel(seq_len=4096, global_batch=64)
     try:
@@ -71,5 +71,20 @@ def test_the_pins_reach_the_planner() -> None:
         assert panel.plan() is None
         assert "lora_rank=-1: must be an integer from 0 to 4096" in panel.status.value
         assert panel.result is result
+    finally:
+        panel.close()
+
+
+def test_the_optimizer_pin_reaches_the_planner() -> None:
+    """8-bit AdamW pinned in the panel: Llama 3 8B on one H200 trains in the plain loop
+    without offload (AdamW's 16 bytes a parameter offload the optimizer in every plan)."""
+    panel = PlannerPanel(gpu="h200-141gb", gpus_per_node=1, seq_len=1024, global_batch=8)
+    try:
+        adamw = panel.plan()
+        assert all("offload_optimizer" in p.settings for p in adamw.plans)
+        panel.optimizer.value = "adam8bit"
+        eight = panel.plan()
+        assert eight.plans and {p.settings["optimizer"] for p in eight.plans} == {"adam8bit"}
+        assert eight.best.engine == "ddp" and "offload_optimizer" not in eight.best.settings
     finally:
         panel.close()

@@ -286,6 +286,11 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
     assert all(engine_problems(TrainConfig(**p.settings), 1) == [] for p in eight.plans)
     default = plan(**one, global_batch=8)
     assert {p.settings["optimizer"] for p in default.plans} == {"adamw"}
+    alias = plan(**one, global_batch=8, optimizer="adamw8bit")  # TrainConfig's other name
+    assert [p.label() for p in alias.plans] == [p.label() for p in eight.plans]
+    # 8-bit moments (2 bytes a parameter for AdamW's 8): 8B fits one H200 without offload
+    assert all("offload_optimizer" in p.settings for p in default.plans)
+    assert eight.best.engine == "ddp" and "offload_optimizer" not in eight.best.settings
     lora = plan(**base, global_batch=64, lora_rank=16)
     assert all(p.settings["lora_rank"] == 16 for p in lora.plans)
     full = {p.label(): p for p in plan(**base, global_batch=64).plans}
@@ -304,7 +309,10 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
         ({"lora_rank": -1}, "lora_rank=-1: must be an integer from 0 to 4096"),
         ({"precision": "bf17"}, "precision='bf17': must be one of fp32, amp-fp16"),
         ({"precision": "bf16", "gpu": "v100-32gb"}, "precision='bf16': v100-32gb has no bf16"),
-        ({"optimizer": "lion"}, "optimizer='lion': must be one of adamw, adam8bit"),
+        (
+            {"optimizer": "lion"},
+            r"optimizer='lion': must be one of adamw, adam8bit \(or adamw8bit\)",
+        ),
         ({"attention": "flash"}, "attention='flash': must be one of sdpa, eager"),
         ({"headroom": 0.99}, r"model: no setup of \d+ fits 8 x h100-80gb \(0.8 GiB each, 99% kept"),
         (
@@ -332,6 +340,16 @@ def test_the_command_takes_gpus_in_all_and_tokens_a_step(
     assert "--gpus 12: must be a whole number of nodes of 8 GPUs" in capsys.readouterr().err
     assert main([*args, "--global-tokens", "4M", "--global-batch", "8"]) == 2
     assert "give it or --global-batch, not both" in capsys.readouterr().err
+
+
+def test_the_command_pins_the_optimizer(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--gpu", "h200", "--gpus", "1", "--seq-len", "1024",
+            "--global-batch", "8", "--json"]  # fmt: skip
+    assert main([*args, "--optimizer", "adam8bit"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and {p["settings"]["optimizer"] for p in plans} == {"adam8bit"}
+    assert main([*args, "--optimizer", "lion"]) == 2
+    assert "--optimizer 'lion': must be one of adamw, adam8bit" in capsys.readouterr().err
 
 
 def _rank_of(result: object, tp: int, pp: int, dp: int, engine: str | None = None) -> int | None:

@@ -52,6 +52,9 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run.add_argument(
         "--attention", metavar="KERNEL", help="pin the kernel: sdpa (searched) or eager"
     )
+    run.add_argument(
+        "--optimizer", metavar="OPT", help="adamw (searched) or adam8bit (the plain loop)"
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
     out.add_argument("--json", action="store_true", help="every plan as JSON, best first")
@@ -109,6 +112,7 @@ FLAGS = {
     "lora_rank": "--lora-rank",
     "precision": "--precision",
     "attention": "--attention",
+    "optimizer": "--optimizer",
     "engines": "--engines",
     "intra_node_gbps": "--intra-node-gbps",
     "inter_node_gbps": "--inter-node-gbps",
@@ -167,6 +171,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kw["precision"] = args.precision
     if args.attention is not None:
         kw["attention"] = args.attention
+    if args.optimizer is not None:
+        kw["optimizer"] = args.optimizer
     if args.lora_rank is not None:
         kw["lora_rank"] = _number("--lora-rank", args.lora_rank, int, problems, 1)
     if args.headroom is not None:

@@ -344,8 +344,11 @@ def plan(
         raise ValueError(f"precision={shown(precision)}: must be one of {allowed}")
     if attention is not None and attention not in ("sdpa", "eager"):
         raise ValueError(f"attention={shown(attention)}: must be one of sdpa, eager")
+    optimizer = "adam8bit" if optimizer == "adamw8bit" else optimizer  # TrainConfig's alias
     if optimizer not in ("adamw", "adam8bit"):
-        raise ValueError(f"optimizer={shown(optimizer)}: must be one of adamw, adam8bit")
+        raise ValueError(
+            f"optimizer={shown(optimizer)}: must be one of adamw, adam8bit (or adamw8bit)"
+        )
     if (
         isinstance(global_batch, bool)
         or not isinstance(global_batch, int)

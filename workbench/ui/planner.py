@@ -69,6 +69,9 @@ class PlannerPanel(PanelBase):
         self.attention = widgets.Dropdown(
             options=["sdpa", "eager"], value="sdpa", description="attention", style=style
         )
+        self.optimizer = widgets.Dropdown(
+            options=["adamw", "adam8bit"], value="adamw", description="optimizer", style=style
+        )
         self.offload = widgets.Checkbox(True, description="CPU offload allowed", indent=False)
         self.lora_rank = widgets.IntText(0, description="LoRA rank (0 off)", style=style)
         self.headroom = widgets.FloatText(0.0, description="headroom", style=style)
@@ -81,11 +84,11 @@ class PlannerPanel(PanelBase):
         self.why = widgets.HTML()
         self.why.add_class("wb-planner-why")
         setup = [self.model, self.gpu, self.gpus_per_node, self.nodes, self.seq_len]
-        pins = [self.engines, self.precision, self.attention, self.offload, self.lora_rank]
+        pins = [self.engines, self.precision, self.attention, self.optimizer, self.offload]
         inputs = widgets.HBox(
             [
                 widgets.VBox([*setup, self.global_batch]),
-                widgets.VBox([*pins, self.headroom]),
+                widgets.VBox([*pins, self.lora_rank, self.headroom]),
             ]
         )
         self.widget = widgets.VBox([inputs, self.button, self.status, self.table, self.why])
@@ -107,6 +110,7 @@ class PlannerPanel(PanelBase):
                 engines=tuple(self.engines.value),
                 precision=None if self.precision.value == "auto" else self.precision.value,
                 attention=None if self.attention.value == "sdpa" else self.attention.value,
+                optimizer=self.optimizer.value,
                 offload=bool(self.offload.value),
                 lora_rank=int(self.lora_rank.value),
                 headroom=float(self.headroom.value),
