@@ -13,19 +13,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_script(
-    script: str, cwd: Path, steps: int, ranks: int = 1
+    script: str, cwd: Path, steps: int, ranks: int = 1, extra: tuple[str, ...] = ()
 ) -> tuple[list[dict[str, Any]], str]:
-    """(the job's step lines, its stderr) after `python SCRIPT --steps N` in `cwd`, one
+    """(the job's step lines, its stderr) after `python SCRIPT --steps N EXTRA...` in `cwd`, one
     process with no distributed environment, or under torchrun on `ranks` processes (as
     the job's launch.sh runs it); a failed run fails the test with its stderr."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    argv = [sys.executable, script, "--steps", str(steps)]
+    argv = [sys.executable, script, "--steps", str(steps), *extra]
     if ranks > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        argv = [*launcher, f"--nproc-per-node={ranks}", script, "--steps", str(steps)]
+        argv = [*launcher, f"--nproc-per-node={ranks}", script, "--steps", str(steps), *extra]
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]

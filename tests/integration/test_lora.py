@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -293,6 +297,81 @@ def test_the_exported_jobs_train_lora(fmt, script, settings, tmp_path) -> None: 
     with Session(plain, model="tiny-gpt", model_options=JOB_MODEL) as s:
         records = s.run(3)
     assert [ln["loss"] for ln in lines] == pytest.approx([r.loss for r in records], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "script", "settings", "ranks"),
+    [
+        ("fsdp", "train_fsdp.py", {"fsdp": "full_shard"}, 1),
+        ("fsdp", "train_fsdp.py", {"fsdp": "full_shard"}, 2),
+        ("lightning", "train_lightning.py", {}, 1),
+    ],
+)
+def test_the_exported_jobs_save_the_adapters_alone(fmt, script, settings, ranks, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`--save-dir`: the adapters alone in peft's format, gathered from FSDP2's shards,
+    under the names and config a Session's `save_adapters` writes; one rank's are the
+    Session's plain-loop adapters after the same steps, and they load onto the base."""
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from workbench.export import export_job
+
+    config = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2, **settings)
+    out = Path(export_job(config, format=fmt, gpus=ranks, out_dir=tmp_path / "job",
+                          model_options=JOB_MODEL).out_dir)  # fmt: skip
+    saved = tmp_path / "saved"
+    run_script(script, out, steps=3, ranks=ranks, extra=("--save-dir", str(saved)))
+    weights = load_file(str(saved / "adapter_model.safetensors"))
+    job_config = json.loads((saved / "adapter_config.json").read_text())
+    plain = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2)
+    with Session(plain, model="tiny-gpt", model_options=JOB_MODEL) as s:
+        s.run(3, progress=False)
+        folder = s.save_adapters(tmp_path / "session")
+    session = load_file(str(folder / "adapter_model.safetensors"))
+    session_config = json.loads((folder / "adapter_config.json").read_text())
+    assert sorted(weights) == sorted(session) and len(weights) == 2 * 8
+    assert all(weights[k].shape == session[k].shape for k in weights)
+    assert sorted(job_config["target_modules"]) == sorted(session_config["target_modules"])
+    assert (job_config["r"], job_config["lora_alpha"]) == (4, session_config["lora_alpha"])
+    assert not (saved / "model.safetensors").exists()  # the frozen base is not written
+    if fmt == "fsdp" and ranks == 1:  # the same batches as the Session's: the same adapters
+        for k in weights:
+            torch.testing.assert_close(weights[k], session[k], atol=1e-6, rtol=1e-5)
+    else:  # other batches (two ranks' shards, Lightning's sampler): trained, not initial
+        b = [k for k in weights if ".lora_B." in k]
+        assert all(weights[k].abs().max() > 0 for k in b)  # B starts at zero
+    base, _, _, _ = build_model("tiny-gpt", **JOB_MODEL)
+    lora = LoraConfig(r=4, lora_alpha=job_config["lora_alpha"],
+                      target_modules=job_config["target_modules"])  # fmt: skip
+    loaded = set_peft_model_state_dict(inject_adapter_in_model(lora, base), weights)
+    assert not loaded.unexpected_keys
+
+
+def test_the_exported_jobs_save_the_whole_model_without_lora(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without LoRA `--save-dir` writes model.safetensors: FSDP2's shards on two ranks
+    gathered into every weight of the model, which loads back into the built-in GPT; a
+    file for a folder is refused before anything trains."""
+    from safetensors.torch import load_file
+
+    from workbench.export import export_job
+
+    config = TrainConfig(micro_batch=4, seed=3, fsdp="full_shard")
+    out = Path(export_job(config, format="fsdp", gpus=2, out_dir=tmp_path / "job",
+                          model_options=JOB_MODEL).out_dir)  # fmt: skip
+    run_script("train_fsdp.py", out, steps=2, ranks=2, extra=("--save-dir", str(tmp_path / "w")))
+    weights = load_file(str(tmp_path / "w" / "model.safetensors"))
+    model, _, _, _ = build_model("tiny-gpt", seed=3, **JOB_MODEL)  # the job's initial weights
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights, strict=True)  # whole shapes: a shard would not load
+    qkv = [k for k in weights if k.endswith("qkv.weight")]  # trained: moved from the start
+    assert qkv and all(not torch.equal(initial[k], weights[k]) for k in qkv)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    done = subprocess.run([sys.executable, "train_fsdp.py", "--save-dir", str(blocker)],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert f"--save-dir {str(blocker)!r}: must be a folder" in done.stderr
 
 
 def test_the_dry_run_refuses_lora_by_name_and_the_formula_still_answers() -> None:

@@ -523,10 +523,24 @@ def test_the_exported_lightning_job_trains_tensor_parallel_with_the_sessions_los
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    argv = [sys.executable, "train_lightning.py", "--steps", str(STEPS), "--devices", "2"]
+    saved = tmp_path / "saved"
+    argv = [sys.executable, "train_lightning.py", "--steps", str(STEPS), "--devices", "2",
+            "--save-dir", str(saved)]  # fmt: skip
     done = subprocess.run(
         argv, cwd=job.out_dir, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith('{"step"')]
     assert [ln["loss"] for ln in lines] == pytest.approx(got[2][0]["tp2"]["losses"], abs=LOSS_TOL)
+    # --save-dir: the split layers gathered whole, every weight of the model
+    from safetensors.torch import load_file
+
+    from workbench.models import build_model
+
+    weights = load_file(str(saved / "model.safetensors"))
+    seed = json.loads((Path(job.out_dir) / "job.json").read_text())["seed"]
+    model, _, _, _ = build_model("tiny-gpt", seed=seed, **GPT)  # the job's initial weights
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights, strict=True)  # whole shapes: a shard would not load
+    qkv = [k for k in weights if k.endswith("qkv.weight")]  # trained: moved from the start
+    assert qkv and all(not torch.equal(initial[k], weights[k]) for k in qkv)

@@ -364,6 +364,83 @@ def add_lora(module: torch.nn.Module, config: dict[str, Any]) -> None:
     )
 
 
+def add_save_argument(parser: argparse.ArgumentParser) -> None:
+    """`--save-dir DIR`: where the job writes what it trained once it ends (`save_trained`)."""
+    parser.add_argument(
+        "--save-dir",
+        metavar="DIR",
+        default=None,
+        help="write the trained weights here at the end (model.safetensors; with LoRA the "
+        "adapters alone, in peft's format: adapter_model.safetensors, adapter_config.json)",
+    )
+
+
+def check_save_dir(path: str | None) -> str | None:
+    """`--save-dir`'s folder, checked before training: a folder or a path to make one at;
+    exits naming it when it is a file (nothing trained yet, nothing lost)."""
+    if path is None:
+        return None
+    if not path or os.path.exists(path) and not os.path.isdir(path):
+        fail(f"--save-dir {path!r}: must be a folder (or a path to make one at), not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        fail(f"--save-dir {path!r}: its parent {parent!r} is not a writable folder")
+    return path
+
+
+def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's whole weights on the host: every rank calls it (FSDP2's and tensor
+    parallel's DTensor shards are gathered, a collective); rank 0 gets them, the other
+    ranks of a sharded module an empty dict."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        gathered: dict[str, torch.Tensor] = get_model_state_dict(module, options=options)  # type: ignore[assignment]
+        return gathered
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+
+def save_trained(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], folder: str
+) -> dict[str, Any]:
+    """Rank 0 writes `state` (`full_state(module)`) into `folder` as safetensors: with LoRA
+    the adapters alone under peft's names with their `adapter_config.json` (what
+    `peft.PeftModel.from_pretrained` loads onto the base, as a Session's `save` writes
+    them), else the whole model (`model.safetensors`). Returns the "saved" event."""
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    lora_layers = [
+        n for n, m in module.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")
+    ]
+    if lora_layers:
+        from peft import get_peft_model_state_dict
+
+        tensors = get_peft_model_state_dict(module, state_dict=state, adapter_name="default")
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+        peft_config: Any = module.peft_config  # inject_adapter_in_model's record
+        config = peft_config["default"].to_dict()
+        config["target_modules"] = lora_layers
+        with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True, default=list)
+        files = ["adapter_model.safetensors", "adapter_config.json"]
+    else:
+        seen: set[int] = set()
+        tensors = {}
+        for k, v in state.items():  # tied weights: safetensors keeps no shared storage
+            v = v.detach().cpu().contiguous()
+            tensors[k] = v.clone() if v.data_ptr() in seen else v
+            seen.add(v.data_ptr())
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        files = ["model.safetensors"]
+    count = sum(t.numel() for t in tensors.values())
+    return {"event": "saved", "path": os.path.abspath(folder), "files": files, "parameters": count}
+
+
 #: The attention kernels a job trains with (the Session's `attention` setting).
 ATTENTION_KERNELS = ("model", "eager", "sdpa")
 

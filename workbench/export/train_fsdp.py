@@ -28,7 +28,9 @@ FSDP2 then sharding over the data-parallel dimension of the 2-D mesh, the loss
 vocabulary-parallel; `activation_offload` the forward's
 saved activations, in pinned memory on a side stream (`job_common.offloaded_activations`,
 nothing moves on a CPU). Rank 0 prints one JSON line per
-optimizer step ({"step": ..., "loss": ...}).
+optimizer step ({"step": ..., "loss": ...}). `--save-dir DIR` writes the trained weights
+at the end, gathered from the shards (`job_common.save_trained`: model.safetensors, or
+with LoRA the adapters alone in peft's format).
 """
 
 from __future__ import annotations
@@ -50,17 +52,21 @@ try:
     from workbench.export.job_common import (
         JOB_NAME,
         add_model_arguments,
+        add_save_argument,
         approve_model,
         batches,
         build,
+        check_save_dir,
         count_parameters,
         fail,
+        full_state,
         loss_of,
         lr_multiplier,
         make_optimizer,
         marked_blocks,
         offload_stream,
         read_job,
+        save_trained,
         sharded_grad_norm,
         single_process_env,
         tensor_parallelize,
@@ -70,17 +76,21 @@ except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
         add_model_arguments,
+        add_save_argument,
         approve_model,
         batches,
         build,
+        check_save_dir,
         count_parameters,
         fail,
+        full_state,
         loss_of,
         lr_multiplier,
         make_optimizer,
         marked_blocks,
         offload_stream,
         read_job,
+        save_trained,
         sharded_grad_norm,
         single_process_env,
         tensor_parallelize,
@@ -96,9 +106,11 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     steps = int(job["steps"])
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
     add_model_arguments(parser)
+    add_save_argument(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: must be an integer >= 1")
+    check_save_dir(args.save_dir)
     return args
 
 
@@ -300,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(record), flush=True)
     if rank == 0:
         print(json.dumps({"event": "done", "steps": args.steps}), flush=True)
+    if args.save_dir:
+        state = full_state(module)  # every rank: the shards gathered to rank 0
+        if rank == 0:
+            print(json.dumps(save_trained(module, state, args.save_dir)), flush=True)
+        dist.barrier()
     dist.destroy_process_group()
     return 0
 

@@ -27,6 +27,8 @@ bf16 "bf16-true" is "bf16-true", Lightning's model cast to bf16 without a master
 (saved activations in pinned host memory on a GPU; nothing moves on a CPU).
 
 Rank 0 prints one JSON line per optimizer step ({"step": ..., "loss": ...}).
+`--save-dir DIR` writes the trained weights at the end (data parallel and tensor parallel:
+model.safetensors, or with LoRA the adapters alone in peft's format).
 """
 
 from __future__ import annotations
@@ -49,15 +51,19 @@ try:
     from workbench.export.job_common import (
         JOB_NAME,
         add_model_arguments,
+        add_save_argument,
         approve_model,
         build,
+        check_save_dir,
         fail,
+        full_state,
         loss_of,
         lr_multiplier,
         make_optimizer,
         marked_blocks,
         offload_stream,
         read_job,
+        save_trained,
         sharded_grad_norm,
         tensor_parallelize,
     )
@@ -65,15 +71,19 @@ except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
         add_model_arguments,
+        add_save_argument,
         approve_model,
         build,
+        check_save_dir,
         fail,
+        full_state,
         loss_of,
         lr_multiplier,
         make_optimizer,
         marked_blocks,
         offload_stream,
         read_job,
+        save_trained,
         sharded_grad_norm,
         tensor_parallelize,
     )
@@ -214,9 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
     parser.add_argument("--devices", type=int, default=1, help="processes, one per GPU (1)")
     add_model_arguments(parser)
+    add_save_argument(parser)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.devices < 1:
         parser.error(f"--steps {args.steps} / --devices {args.devices}: must be integers >= 1")
+    check_save_dir(args.save_dir)
+    if args.save_dir and job["strategy"] in ("deepspeed", "fsdp"):
+        fail(
+            f"--save-dir {args.save_dir!r}: the job saves data-parallel and tensor-parallel "
+            f"runs; Lightning's {job['strategy']} strategy keeps its own sharded checkpoint "
+            "format (trainer.save_checkpoint), which this job does not write"
+        )
     approved = approve_model(job, args.model, args.trust_model_spec, job_path)
     config = job["config"]
     if job["seed"] > 2**32 - 1:
@@ -251,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     trainer.fit(JobModule(model, loss_fn, config), train_dataloaders=loader)
     if trainer.global_rank == 0:
         print(json.dumps({"event": "done", "steps": int(trainer.global_step)}), flush=True)
+    if args.save_dir:
+        state = full_state(model)  # every rank (tensor parallel: the shards gathered)
+        if trainer.global_rank == 0:
+            print(json.dumps(save_trained(model, state, args.save_dir)), flush=True)
+        trainer.strategy.barrier()
     return 0
 
 
