@@ -43,7 +43,7 @@ class OptimizerName(StrEnum):
     the others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that
     the estimator and the DeepSpeed import/export know (`runtime_problems` says why a
     Session refuses them and which one is nearest), and adam8bit (8-bit AdamW: torchao's
-    `AdamW8bit` in the plain loop; estimated everywhere)."""
+    `AdamW8bit` in the plain loop and under FSDP; estimated everywhere)."""
 
     ADAMW = "adamw"
     ADAM = "adam"
@@ -73,7 +73,7 @@ class OptimizerName(StrEnum):
 
 
 #: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends; adam8bit
-#: the plain loop only).
+#: the plain loop and FSDP only).
 SESSION_OPTIMIZERS = (
     OptimizerName.ADAMW,
     OptimizerName.ADAM,

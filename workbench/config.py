@@ -682,7 +682,7 @@ class TrainConfig:
         if (
             ok("optimizer", "zero_stage", "precision", "fsdp")
             and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT
-            and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
+            and self.uses_deepspeed
         ):
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
         if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
@@ -1051,10 +1051,10 @@ def _lora_targets_ok(v: Any) -> bool:
 
 
 ADAM8BIT_ENGINES = (
-    "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop (one rank, `zero_stage`=0, "
-    "no `fsdp`, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
-    "optimizers, and its 8-bit states under FSDP2 are not wired into the Session's state "
-    "carrying; the estimator counts it for every engine"
+    "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop and under FSDP (`zero_stage`"
+    "=0, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
+    "optimizers, and the model-parallel engines (tp, pp) build torch's; the estimator "
+    "counts it for every engine"
 )
 
 
@@ -1197,7 +1197,10 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
                 "fp16) or 'amp-bf16'",
             )
         ]
-    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine is not Engine.PLAIN:
+    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine not in (
+        Engine.PLAIN,
+        Engine.FSDP,
+    ):
         return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
     if config.qlora and engine is not Engine.PLAIN:
         return [

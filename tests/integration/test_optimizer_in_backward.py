@@ -85,7 +85,6 @@ def test_several_ranks_without_fsdp_are_refused() -> None:
     ("settings", "field"),
     [
         ({"optimizer_in_backward": True}, "optimizer_in_backward"),
-        ({"optimizer": "adam8bit"}, "optimizer"),
     ],
 )
 def test_the_exported_jobs_refuse_what_only_a_session_trains(settings, field, tmp_path) -> None:

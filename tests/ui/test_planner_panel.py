@@ -76,8 +76,8 @@ def test_the_pins_reach_the_planner() -> None:
 
 
 def test_the_optimizer_pin_reaches_the_planner() -> None:
-    """8-bit AdamW pinned in the panel: Llama 3 8B on one H200 trains in the plain loop
-    without offload (AdamW's 16 bytes a parameter offload the optimizer in every plan)."""
+    """8-bit AdamW pinned in the panel: Llama 3 8B on one H200 trains without offload
+    (AdamW's 16 bytes a parameter offload the optimizer in every plan)."""
     panel = PlannerPanel(gpu="h200-141gb", gpus_per_node=1, seq_len=1024, global_batch=8)
     try:
         adamw = panel.plan()
@@ -85,6 +85,6 @@ def test_the_optimizer_pin_reaches_the_planner() -> None:
         panel.optimizer.value = "adam8bit"
         eight = panel.plan()
         assert eight.plans and {p.settings["optimizer"] for p in eight.plans} == {"adam8bit"}
-        assert eight.best.engine == "ddp" and "offload_optimizer" not in eight.best.settings
+        assert "offload_optimizer" not in eight.best.settings
     finally:
         panel.close()

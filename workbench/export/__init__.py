@@ -459,9 +459,11 @@ def _check(
         ),
         (
             "optimizer",
-            OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and format != "deepspeed",
-            "the exported jobs build torch's optimizers (and DeepSpeed its own); a Session "
-            "trains torchao's 8-bit AdamW",
+            OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT
+            and format != "deepspeed"
+            and config.tp > 1,
+            "the FSDP and Lightning jobs train torchao's 8-bit AdamW data parallel and under "
+            "FSDP2, not on tensor-parallel layers (nor does a Session)",
         ),
     ):
         if value:

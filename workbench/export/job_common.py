@@ -695,7 +695,8 @@ def lr_multiplier(schedule: str, step: int, warmup_steps: int, total_steps: int)
 
 
 def make_optimizer(config: dict[str, Any], params: Any) -> torch.optim.Optimizer:
-    """The torch optimizer of a TrainConfig dict (adamw, adam, sgd, sgd-nomomentum)."""
+    """The optimizer of a TrainConfig dict: torch's adamw, adam, sgd, sgd-nomomentum, or
+    torchao's 8-bit AdamW (adam8bit; its learning rate a tensor: `set_lr`)."""
     name, lr, wd = config["optimizer"], float(config["lr"]), float(config["weight_decay"])
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
@@ -704,7 +705,24 @@ def make_optimizer(config: dict[str, Any], params: Any) -> torch.optim.Optimizer
     if name in ("sgd", "sgd-nomomentum"):
         momentum = float(config["momentum"]) if name == "sgd" else 0.0
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
-    fail(f"optimizer {name!r}: this script trains adamw, adam, sgd or sgd-nomomentum")
+    if name == "adam8bit":
+        try:
+            from torchao.optim import AdamW8bit  # type: ignore[import-untyped]
+        except ImportError as exc:
+            fail(f"optimizer 'adam8bit': torchao's 8-bit AdamW: pip install torchao ({exc})")
+        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, weight_decay=wd)
+        return optimizer
+    fail(f"optimizer {name!r}: this script trains adamw, adam, sgd, sgd-nomomentum or adam8bit")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's learning rate (in place where the optimizer keeps it as a tensor, as
+    torchao's 8-bit AdamW does: it refuses a float put there)."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 def marked_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:

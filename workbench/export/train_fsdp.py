@@ -67,6 +67,7 @@ try:
         offload_stream,
         read_job,
         save_trained,
+        set_lr,
         sharded_grad_norm,
         single_process_env,
         tensor_parallelize,
@@ -91,6 +92,7 @@ except ImportError:  # an exported folder without workbench installed
         offload_stream,
         read_job,
         save_trained,
+        set_lr,
         sharded_grad_norm,
         single_process_env,
         tensor_parallelize,
@@ -263,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         lr = base_lr * lr_multiplier(
             config["lr_schedule"], applied, int(config["warmup_steps"]), int(config["total_steps"])
         )
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         t0 = time.perf_counter()
         total = torch.zeros((), device=device)
         for _ in range(accum):

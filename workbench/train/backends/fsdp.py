@@ -65,7 +65,13 @@ from workbench.train.backends.base import (
     rank_device,
     storage_bytes,
 )
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
+from workbench.train.backends.optimizer import (
+    OPTIMIZER_FAMILY,
+    STATE_KEYS,
+    build_optimizer,
+    neutral,
+    placed_state,
+)
 from workbench.train.backends.process_group import ProcessGroupLease, device_types
 from workbench.train.precision import (
     PURE_DTYPES,
@@ -280,7 +286,10 @@ class FSDPBackend:
     def _set_lr(self) -> None:
         lr = lr_at(self.config, self.steps, self._base_lr)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):  # torchao's 8-bit AdamW keeps a tensor
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
     # ------------------------------------------------------------------ state
     def export_state(self) -> dict[str, Any]:
@@ -305,9 +314,9 @@ class FSDPBackend:
         opt_state: dict[str, dict[str, Any]] = {}
         if any(bool(s) for s in self.optimizer.state.values()):
             full = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
-            for name, st in full["state"].items():
+            for name, st in full["state"].items():  # 8-bit moments dequantized to fp32
                 opt_state[name] = {
-                    k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                    k: (neutral(v.detach()).cpu() if isinstance(v, torch.Tensor) else v)
                     for k, v in st.items()
                 }
         return {
@@ -348,7 +357,21 @@ class FSDPBackend:
             )
             if self.offload:
                 self._states_beside_shards()
+            self._requantize()
         restore_scaler(self.scaler, state.get("scaler"), self.config)
+
+    def _requantize(self) -> None:
+        """The loaded moments back in an 8-bit optimizer's own buffers: the state-dict
+        loader leaves the fp32 shards it distributed, which torchao's AdamW8bit would step
+        as they are (4 bytes a moment); each becomes the 8-bit DTensor the optimizer makes
+        for its shard (quantized from the fp32 values). Other optimizers: nothing."""
+        if not callable(getattr(self.optimizer, "_new_buffer", None)):
+            return
+        for param, st in self.optimizer.state.items():
+            for key in STATE_KEYS["adam"]:
+                value = st.get(key)
+                if isinstance(value, torch.Tensor) and not _is_8bit(value):
+                    st[key] = placed_state(self.optimizer, param, key, value)
 
     def _states_beside_shards(self) -> None:
         """torch's state-dict loader distributes full tensors onto the mesh's device type
@@ -433,6 +456,14 @@ def _state_tensor(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
     return value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+
+
+def _is_8bit(t: torch.Tensor) -> bool:
+    """A torchao low-bit state (a tensor subclass), as a DTensor's local shard or alone."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    local = _local(t)
+    return is_traceable_wrapper_subclass(local) and hasattr(local, "dequantize")
 
 
 def _local(t: Any) -> Any:
