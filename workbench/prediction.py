@@ -119,7 +119,7 @@ def predict_memory(
         grad_accum=int(config.grad_accum),
         weight_decay=float(config.weight_decay),
         optimizer_in_backward=bool(config.optimizer_in_backward),
-        **_lora(config, lora_params, qlora_params),
+        **lora_inputs(config, lora_params, qlora_params),
         activation_offload=bool(config.activation_offload),
         document_mask=Documents(config.documents) is not Documents.STREAM,
         accounting=accounting or accounting_for(config, world_size),
@@ -128,7 +128,7 @@ def predict_memory(
     )
 
 
-def _lora(config: TrainConfig, params: int | None, quantized: int | None) -> dict[str, Any]:
+def lora_inputs(config: TrainConfig, params: int | None, quantized: int | None) -> dict[str, Any]:
     """The estimator's LoRA inputs of `config` (none when `lora_rank` is 0). The Session's
     targets are module names; the shape's figures count every linear layer of a block
     (`lora_params`, when given, is the exact adapter count)."""

@@ -374,17 +374,74 @@ def test_the_exported_jobs_save_the_whole_model_without_lora(tmp_path) -> None: 
     assert f"--save-dir {str(blocker)!r}: must be a folder" in done.stderr
 
 
-def test_the_dry_run_refuses_lora_by_name_and_the_formula_still_answers() -> None:
-    from workbench.train.dry_run_problems import DryRunError
+@pytest.mark.parametrize(
+    ("settings", "world_size"),
+    [({}, 1), ({"lora_targets": "qkv,fc", "precision": "amp-bf16"}, 1),
+     ({"fsdp": "full_shard"}, 2), ({"zero_stage": 2}, 2)],
+)  # fmt: skip
+def test_the_dry_run_puts_lora_on_its_fake_copy(settings, world_size) -> None:  # type: ignore[no-untyped-def]
+    """LoRA in the dry run (peft's layers on the fake copy, the base frozen): one rank's
+    model states are a real Session's to the byte, on every engine they are the
+    formula's, and the adapters' gradients and states are all that LoRA trains."""
+    from workbench.train.dry_run import simulate_memory
 
-    s = _session(lora_rank=8)
+    config = TrainConfig(micro_batch=MB, seed=0, lora_rank=8, **settings)
+    run = simulate_memory("tiny-gpt", config, world_size=world_size, progress=False)
+    assert run.formula is not None
+    assert (run.params_bytes, run.grads_bytes) == (
+        run.formula.params_bytes,
+        run.formula.grads_bytes,
+    )
+    assert (
+        0 <= run.optimizer_bytes - run.formula.optimizer_bytes <= run.optimizer_step_counter_bytes
+    )
+    full = simulate_memory(
+        "tiny-gpt", config.replace(lora_rank=0), world_size=world_size, progress=False
+    )
+    assert run.grads_bytes < full.grads_bytes / 10 and run.params_bytes > full.params_bytes
+    if world_size == 1:
+        with Session(config) as s:
+            s.run(2, progress=False)
+            report = s.memory()
+        assert (run.params_bytes, run.grads_bytes, run.optimizer_bytes) == (
+            report.params_bytes, report.grads_bytes, report.optimizer_bytes,
+        )  # fmt: skip
+
+
+def test_a_lora_sessions_dry_run_of_your_module_is_its_measured_states() -> None:
+    """`session.simulate()` on a LoRA Session of your own module: the fake copy holds the
+    Session's adapters already (none put on twice), and the dry run's model states, the
+    formula's and the Session's measured ones are one figure each."""
+    model, _ = _tiny()
+    s = _session(model, lora_rank=8)
     try:
-        with pytest.raises(DryRunError) as info:
-            s.simulate()
+        s.run(1, progress=False)
+        run = s.simulate()
+        report = s.memory()
     finally:
         s.close()
-    assert [p.field for p in info.value.problems] == ["lora_rank"]
-    assert "the formula counts them" in str(info.value)
+    assert (run.params_bytes, run.grads_bytes, run.optimizer_bytes) == (
+        report.params_bytes, report.grads_bytes, report.optimizer_bytes,
+    )  # fmt: skip
+    assert (run.formula.params_bytes, run.formula.grads_bytes) == (
+        run.params_bytes,
+        run.grads_bytes,
+    )
+
+
+def test_the_dry_run_refuses_qlora_by_name_and_the_formula_still_answers() -> None:
+    from workbench.train.dry_run import simulate_memory
+    from workbench.train.dry_run_problems import DryRunError
+
+    with pytest.raises(DryRunError) as info:
+        simulate_memory("tiny-gpt", TrainConfig(lora_rank=8, qlora=True), progress=False)
+    assert [p.field for p in info.value.problems] == ["qlora"]
+    assert "the formula counts it" in str(info.value)
+    with pytest.raises(DryRunError) as info:
+        simulate_memory(
+            "tiny-gpt", TrainConfig(lora_rank=8, lora_targets="nothing"), progress=False
+        )
+    assert [p.field for p in info.value.problems] == ["lora_targets"]
 
 
 def test_the_estimate_command_counts_lora_and_qlora(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -99,6 +99,7 @@ from workbench.train.dry_run_fsdp import (
 from workbench.train.dry_run_problems import DryRunError
 from workbench.train.dry_run_result import POINTS, DryRun
 from workbench.train.dry_run_step import StepPlan, measure, phase_tracker, run_steps
+from workbench.train.lora import fake_adapters, holds_lora, resolve_targets
 from workbench.train.offload import ActivationOffload
 from workbench.train.precision import PURE_DTYPES, build_precision, cast_floating_inputs
 from workbench.train.recompute import (
@@ -219,6 +220,13 @@ def simulate_memory(
                 )
             ]
         )
+    if int(config.lora_rank) > 0:
+        try:
+            resolve_targets(fm.module, str(config.lora_targets))
+        except ValueError as exc:  # targets that pick none of the layers
+            raise DryRunError(
+                [SettingProblem("lora_targets", config.lora_targets, str(exc))]
+            ) from None
     attention, attention_note = formula_attention(fm)
     formula, formula_note = formula_of(config, fm, fb, world_size, optimizer_impl, attention)
     loss = loss_fn if loss_fn is not None else fm.loss_fn
@@ -234,6 +242,8 @@ def simulate_memory(
             ],
             formula=formula,
         )
+    if int(config.lora_rank) > 0 and not holds_lora(fm.module):  # after the formula
+        fake_adapters(fm.module, config, fake_mode)  # (a LoRA Session's copy has its own)
     show = _progress(progress)
     offload = ActivationOffload(sim_device, simulated=True) if config.activation_offload else None
     measured, dry = _simulate(

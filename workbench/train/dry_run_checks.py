@@ -147,15 +147,14 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                     "run; the formula counts it (workbench.predict_memory)",
                 )
             )
-    if int(config.lora_rank) > 0:
+    if int(config.lora_rank) > 0 and config.qlora:
         p.append(
             SettingProblem(
-                "lora_rank",
-                int(config.lora_rank),
-                "LoRA's adapters are put on your module by peft (and QLoRA's 4-bit base is "
-                "quantised by bitsandbytes' kernels), which the dry run's fake copy does not "
-                "do yet; the formula counts them (workbench.predict_memory), and a Session "
-                "measures them",
+                "qlora",
+                True,
+                "QLoRA's 4-bit base is quantised by bitsandbytes' kernels, which fake tensors "
+                "cannot run (LoRA on the base in its own dtype is simulated); the formula "
+                "counts it (workbench.predict_memory), and a Session measures it",
             )
         )
     for name in ("tp", "pp"):

@@ -63,6 +63,11 @@ def formula_of(
         "optimizer_in_backward": bool(config.optimizer_in_backward),
         "activation_offload": bool(config.activation_offload),
     }
+    if int(config.lora_rank) > 0:  # the adapters the dry run puts on the fake copy
+        from workbench.prediction import lora_inputs
+        from workbench.train.lora import adapter_parameter_count, holds_lora
+
+        kwargs.update(lora_inputs(config, adapter_parameter_count(fm.module, config), None))
     if deepspeed:
         from workbench.train.backends.deepspeed import engine_config
 
@@ -85,6 +90,9 @@ def formula_of(
             kwargs["seq_len"] = fb.seq_len
     else:
         kwargs["n_params"] = fm.n_params
+    if int(config.lora_rank) > 0 and "n_params" in kwargs and holds_lora(fm.module):
+        # a LoRA Session's copy holds its adapters already: the formula adds them to the base
+        kwargs["n_params"] -= int(kwargs["lora_params"])
     try:
         estimate = estimate_memory(**kwargs)
     except ValueError as exc:

@@ -84,6 +84,16 @@ _PEAK_BACKWARD = frozenset({"Peak-Backward", "Peak Backward"})
 Progress = Callable[[str, int, int], None]
 
 
+class _NoHook:
+    """A hook handle with nothing to remove (a frozen parameter's, see `phase_tracker`)."""
+
+    def remove(self) -> None:
+        pass
+
+
+_NO_HOOK = _NoHook()
+
+
 def phase_tracker(base: type, device_type: str) -> type:
     """`base` (MemTracker or FSDPMemTracker) that also keeps the highest total of each
     phase (`phase`, None while not measuring) with its kinds, on `device_type`."""
@@ -95,6 +105,20 @@ def phase_tracker(base: type, device_type: str) -> type:
             self.phase_peaks: dict[str, dict[str, int]] = {}
             #: refiles a new highest moment's kinds in place (DeepSpeed's buffers)
             self.reclassify: Callable[[dict[str, int]], None] | None = None
+
+        def _track_module_params_and_buffers(
+            self, module: nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            # torch's tracker hooks every parameter's gradient, and a frozen one (LoRA's
+            # base) refuses a hook: it is given a handle that removes nothing instead
+            if install_grad_hooks:
+                for p in module.parameters():
+                    if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                        self._param_to_grad_hook_handles[p] = (_NO_HOOK, _NO_HOOK)
+            tracked: tuple[int, int] = super()._track_module_params_and_buffers(
+                module, install_grad_hooks
+            )
+            return tracked
 
         def kind_of(self, storage: Any) -> tuple[str, int] | None:
             """The kind the tracker files `storage` under and its bytes (None: untracked)."""

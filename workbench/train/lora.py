@@ -307,6 +307,44 @@ class LoraAdapters:
             p.requires_grad_(self.requires_grad.get(name, True))
 
 
+def holds_lora(model: nn.Module) -> bool:
+    """Whether `model` holds peft LoRA layers (a LoRA Session's module, or a copy of it)."""
+    return any(_is_lora_layer(m) for m in model.modules())
+
+
+def fake_adapters(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
+    """LoRA of `config` put on a dry run's fake copy of a model (its parameters fake
+    tensors), as a Session puts it on the real one: peft's layers on the same targets, the
+    base frozen. peft makes the adapters on the meta device (`low_cpu_mem_usage`: moving
+    fake parameters with `.to()` is refused), and each becomes a fake tensor beside its
+    layer's weight. Returns the adapter parameter count."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets = resolve_targets(model, str(config.lora_targets))
+    lora = LoraConfig(
+        r=int(config.lora_rank),
+        lora_alpha=float(config.lora_alpha),
+        lora_dropout=float(config.lora_dropout),
+        target_modules="|".join(re.escape(n) for n in targets),
+        bias="none",
+    )
+    inject_adapter_in_model(lora, model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
+    count = 0
+    for name in targets:
+        layer = model.get_submodule(name)
+        home = _base_linear(layer).weight.device
+        for module in layer.modules():
+            for key, p in list(module.named_parameters(recurse=False)):
+                if p.device.type != "meta":
+                    continue
+                with fake_mode:
+                    made = torch.empty(p.shape, dtype=p.dtype, device=home)
+                # set in the dict, not through `.to()`: fake parameters cannot be swapped
+                module._parameters[key] = nn.Parameter(made, requires_grad=p.requires_grad)
+                count += p.numel()
+    return count
+
+
 def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
     """What stops LoRA of a valid `config` on `model` here (None when nothing does): peft
     or, for QLoRA, bitsandbytes not importable; targets that pick no linear layer."""
