@@ -43,13 +43,17 @@ class OptimizerName(StrEnum):
     the others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that
     the estimator and the DeepSpeed import/export know (`runtime_problems` says why a
     Session refuses them and which one is nearest), and adam8bit (8-bit AdamW: torchao's
-    `AdamW8bit` in the plain loop and under FSDP; estimated everywhere)."""
+    `AdamW8bit` in the plain loop and under FSDP; estimated everywhere), and
+    paged-adam8bit (bitsandbytes' `PagedAdamW8bit`, the plain loop)."""
 
     ADAMW = "adamw"
     ADAM = "adam"
     SGD = "sgd"  # with momentum
     SGD_NOMOMENTUM = "sgd-nomomentum"
     ADAM8BIT = "adam8bit"  # 8-bit AdamW states (torchao's AdamW8bit; bitsandbytes-style)
+    #: bitsandbytes' PagedAdamW8bit: the same 8-bit states in CUDA unified memory, paged
+    #: to host memory when the GPU runs short (on a CPU bitsandbytes keeps them unpaged)
+    PAGED_ADAM8BIT = "paged-adam8bit"
     LAMB = "lamb"  # DeepSpeed FusedLamb (CUDA kernel)
     LION = "lion"  # DeepSpeed FusedLion (CUDA) / DeepSpeedCPULion (optimizer offload)
     ADAGRAD = "adagrad"  # torch.optim.Adagrad / DeepSpeedCPUAdagrad (optimizer offload)
@@ -59,8 +63,17 @@ class OptimizerName(StrEnum):
 
     @classmethod
     def _missing_(cls, value: object) -> OptimizerName | None:
-        # 8-bit AdamW under the name bitsandbytes and torchao give it
-        return cls.ADAM8BIT if value == "adamw8bit" else None
+        # 8-bit AdamW under the names bitsandbytes and torchao give it
+        if value == "adamw8bit":
+            return cls.ADAM8BIT
+        if value in ("paged-adamw8bit", "paged_adamw8bit"):
+            return cls.PAGED_ADAM8BIT
+        return None
+
+    @property
+    def is_8bit(self) -> bool:
+        """8-bit AdamW, paged or not: two 1-byte moments a parameter."""
+        return self in (OptimizerName.ADAM8BIT, OptimizerName.PAGED_ADAM8BIT)
 
     @property
     def is_onebit(self) -> bool:
@@ -73,13 +86,14 @@ class OptimizerName(StrEnum):
 
 
 #: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends; adam8bit
-#: the plain loop and FSDP only).
+#: the plain loop and FSDP only; paged-adam8bit the plain loop only).
 SESSION_OPTIMIZERS = (
     OptimizerName.ADAMW,
     OptimizerName.ADAM,
     OptimizerName.SGD,
     OptimizerName.SGD_NOMOMENTUM,
     OptimizerName.ADAM8BIT,
+    OptimizerName.PAGED_ADAM8BIT,
 )
 
 #: Why a Session cannot train an optimizer, and the nearest one it can.
@@ -307,7 +321,7 @@ VALUE_ALIASES: dict[str, dict[str, str]] = {
         "adamw_hf": "adamw",
         "adamw_8bit": "adam8bit",
         "adamw8bit": "adam8bit",
-        "paged_adamw_8bit": "adam8bit",
+        "paged_adamw_8bit": "paged-adam8bit",
         "adam_8bit": "adam8bit",
         "fusedadam": "adamw",
         "fusedlamb": "lamb",

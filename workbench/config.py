@@ -685,6 +685,24 @@ class TrainConfig:
             and self.uses_deepspeed
         ):
             add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
+        if (
+            ok("optimizer", "optimizer_in_backward")
+            and OptimizerName(self.optimizer) is OptimizerName.PAGED_ADAM8BIT
+            and self.optimizer_in_backward is True
+        ):
+            add(
+                "optimizer",
+                "paged-adam8bit",
+                "bitsandbytes' paged optimizer steps every parameter in one optimizer; the "
+                "step in backward gives each its own: use optimizer='adam8bit' with "
+                "`optimizer_in_backward`",
+            )
+        if (
+            ok("optimizer", "zero_stage", "fsdp")
+            and OptimizerName(self.optimizer) is OptimizerName.PAGED_ADAM8BIT
+            and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
+        ):
+            add("optimizer", "paged-adam8bit", PAGED_ENGINES)
         if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
             add("tp", self.tp, TP_NOT_DEEPSPEED)
         if ok("sequence_parallel", "tp") and self.sequence_parallel is True and self.tp == 1:
@@ -1050,6 +1068,11 @@ def _lora_targets_ok(v: Any) -> bool:
     )
 
 
+PAGED_ENGINES = (
+    "bitsandbytes' paged 8-bit AdamW trains in the plain loop (one rank, `zero_stage`=0, no "
+    "`fsdp`): DeepSpeed builds its own optimizers, and FSDP's shards take torchao's "
+    "(`optimizer`='adam8bit'); the estimator counts it for every engine"
+)
 ADAM8BIT_ENGINES = (
     "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop and under FSDP (`zero_stage`"
     "=0, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
@@ -1135,6 +1158,8 @@ def _model_parallel_limits(config: TrainConfig, field: str, size: int) -> list[S
         )
     if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
         p.append(SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES))
+    if OptimizerName(config.optimizer) is OptimizerName.PAGED_ADAM8BIT:
+        p.append(SettingProblem("optimizer", "paged-adam8bit", PAGED_ENGINES))
     for name, why in TP_UNSUPPORTED.items():
         value = getattr(config, name)
         on = OffloadDevice(value) is not OffloadDevice.NONE if "offload_" in name else value
@@ -1202,6 +1227,11 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
         Engine.FSDP,
     ):
         return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
+    if (
+        OptimizerName(config.optimizer) is OptimizerName.PAGED_ADAM8BIT
+        and engine is not Engine.PLAIN
+    ):
+        return [SettingProblem("optimizer", "paged-adam8bit", PAGED_ENGINES)]
     if config.qlora and engine is not Engine.PLAIN:
         return [
             SettingProblem(

@@ -136,7 +136,7 @@ def test_every_optimizer_a_session_cannot_train_names_the_nearest(optimizer, nea
         ({"precision": "32"}, "did you mean 'fp32'\\?"),
         ({"precision": "amp_bf16"}, "did you mean 'amp-bf16'\\?"),
         ({"optimizer": "adamw_torch"}, "did you mean 'adamw'\\?"),
-        ({"optimizer": "paged_adamw_8bit"}, "did you mean 'adam8bit'\\?"),
+        ({"optimizer": "paged_adamw_8bit"}, "did you mean 'paged-adam8bit'\\?"),
         ({"optimizer": "sgd_nomomentum"}, "did you mean 'sgd-nomomentum'\\?"),
         ({"lr_schedule": "cosin"}, "did you mean 'cosine'\\?"),
         ({"lr_schedule": "constant_with_warmup"}, "did you mean 'constant'\\?"),

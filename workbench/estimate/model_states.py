@@ -63,6 +63,7 @@ OPTIMIZER_STATE_BYTES: dict[OptimizerName, int] = {
     OptimizerName.SGD: 4,  # momentum buffer
     OptimizerName.SGD_NOMOMENTUM: 0,
     OptimizerName.ADAM8BIT: 2,  # two 8-bit states
+    OptimizerName.PAGED_ADAM8BIT: 2,  # the same, in pageable memory
     # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
     OptimizerName.LAMB: 8,  # FusedLamb: exp_avg + exp_avg_sq
     OptimizerName.LION: 4,  # FusedLion: exp_avg
@@ -105,7 +106,7 @@ def state_bytes(precision: Precision, optimizer: OptimizerName) -> int:
     (fp32 states), halved under pure bf16 ("bf16-true": the optimizer keeps its states in
     the parameters' dtype, as torch's optimizers do); 8-bit states stay 8-bit."""
     k = OPTIMIZER_STATE_BYTES[optimizer]
-    if precision is Precision.BF16_TRUE and optimizer is not OptimizerName.ADAM8BIT:
+    if precision is Precision.BF16_TRUE and not optimizer.is_8bit:
         return k // 2
     return k
 

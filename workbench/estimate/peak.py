@@ -142,6 +142,7 @@ _FUSED_ONLY = frozenset(
         OptimizerName.ZERO_ONE_ADAM,
         OptimizerName.ONEBIT_LAMB,
         OptimizerName.ADAM8BIT,
+        OptimizerName.PAGED_ADAM8BIT,
     }
 )
 

@@ -465,6 +465,12 @@ def _check(
             "the FSDP and Lightning jobs train torchao's 8-bit AdamW data parallel and under "
             "FSDP2, not on tensor-parallel layers (nor does a Session)",
         ),
+        (
+            "optimizer",
+            OptimizerName(config.optimizer) is OptimizerName.PAGED_ADAM8BIT,
+            "the exported jobs build torch's, torchao's or DeepSpeed's optimizers; a Session "
+            "trains bitsandbytes' paged one (or export optimizer='adam8bit')",
+        ),
     ):
         if value:
             problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))

@@ -55,6 +55,7 @@ ARG_NAMES: dict[str, Any] = {
     },
     "optimizer": {
         "adam8bit": 'optim="adamw_bnb_8bit" (or "adamw_torch_8bit", torchao\'s)',
+        "paged-adam8bit": 'optim="paged_adamw_8bit"',
         "adamw": 'optim="adamw_torch"',
         "sgd": 'optim="sgd"',
     },
@@ -76,7 +77,7 @@ _OPTIMIZERS = {
     "adamw_bnb_8bit": "adam8bit",
     "adamw_8bit": "adam8bit",
     "adamw_torch_8bit": "adam8bit",
-    "paged_adamw_8bit": "adam8bit",
+    "paged_adamw_8bit": "paged-adam8bit",
 }
 
 

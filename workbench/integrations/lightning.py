@@ -49,6 +49,7 @@ ARG_NAMES: dict[str, Any] = {
     "optimizer": {
         "adam8bit": "an 8-bit AdamW in configure_optimizers (torchao.optim.AdamW8bit or "
         "bitsandbytes.optim.AdamW8bit)",
+        "paged-adam8bit": "bitsandbytes.optim.PagedAdamW8bit in configure_optimizers",
         "adamw": "torch.optim.AdamW in configure_optimizers",
     },
     "activation_checkpointing": "torch.utils.checkpoint around your blocks (or FSDPStrategy("
@@ -98,7 +99,7 @@ def settings_from_trainer(trainer: Any) -> tuple[dict[str, Any], dict[str, Any],
         read["optimizer"] = type(opt).__name__
         found = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(kind)
         if "8bit" in kind:
-            found = "adam8bit"
+            found = "paged-adam8bit" if "paged" in kind else "adam8bit"
         if found is None:
             notes.append(f"optimizer {type(opt).__name__}: counted as AdamW (no mapping)")
         else:

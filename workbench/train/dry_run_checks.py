@@ -170,7 +170,17 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                 )
             )
     optimizer = OptimizerName(config.optimizer)
-    if optimizer is OptimizerName.ADAM8BIT:
+    if optimizer is OptimizerName.PAGED_ADAM8BIT:
+        p.append(
+            SettingProblem(
+                "optimizer",
+                optimizer.value,
+                "bitsandbytes' 8-bit step is a C++/CUDA kernel fake tensors cannot run; the "
+                "formula counts its 2 bytes per parameter (workbench.predict_memory), and a "
+                "Session measures it",
+            )
+        )
+    elif optimizer is OptimizerName.ADAM8BIT:
         p.append(
             SettingProblem(
                 "optimizer",

@@ -248,13 +248,19 @@ class Runtime:
             self._announce_op_builds(config)
         if not engine_copies_model(config, self.world_size):
             self.model.to(self.device)  # the plain loop trains your module itself
-        return build_backend(
+        backend = build_backend(
             self.backend_config(config),
             self.model,
             state=state,
             world_size=self.world_size,
             device=self.device,
         )
+        from workbench.train.backends.optimizer import optimizer_note
+
+        note = optimizer_note(getattr(backend, "optimizer", None), self.device)
+        if note is not None:  # which 8-bit implementation, and where its states live
+            self._on_event("optimizer", note, "info", optimizer=str(config.optimizer))
+        return backend
 
     def _set_checkpointing(self, mode: str, new_backend: Backend | None) -> None:
         """On your module and on the module an engine trains (DeepSpeed's copy)."""

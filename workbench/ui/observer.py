@@ -197,7 +197,7 @@ def estimator_values(observer: Any) -> dict[str, Any]:
         "checkpointing": str(cfg.activation_checkpointing),
     }
     optimizer = str(getattr(cfg.optimizer, "value", cfg.optimizer))
-    if optimizer in ("adamw", "adam", "sgd", "sgd-nomomentum", "adam8bit"):
+    if optimizer in ("adamw", "adam", "sgd", "sgd-nomomentum", "adam8bit", "paged-adam8bit"):
         values["optimizer"] = optimizer
     try:
         description = observer.description()

@@ -126,10 +126,10 @@ def _check_supported(config: TrainConfig) -> None:
             "precision='amp-fp16': with the DeepSpeed backend (zero_stage >= 1 or several "
             "ranks) use precision='fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16'"
         )
-    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
+    if OptimizerName(config.optimizer).is_8bit:
         raise ValueError(
-            "optimizer='adam8bit': torchao's 8-bit AdamW trains in the plain loop; DeepSpeed "
-            "builds its own optimizers"
+            f"optimizer={config.optimizer!r}: 8-bit AdamW trains in the plain loop (and "
+            "torchao's under FSDP); DeepSpeed builds its own optimizers"
         )
 
 

@@ -13,7 +13,7 @@ family: its moments travel dequantized to fp32 (`neutral`) and are quantized aga
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ OPTIMIZER_FAMILY: dict[OptimizerName, str | None] = {
     OptimizerName.SGD: "sgd",
     OptimizerName.SGD_NOMOMENTUM: None,
     OptimizerName.ADAM8BIT: "adam",  # carried as fp32 moments, re-quantized when loaded
+    OptimizerName.PAGED_ADAM8BIT: "adam",  # bitsandbytes' state1/state2, as fp32 moments
 }
 STATE_KEYS: dict[str | None, tuple[str, ...]] = {
     "adam": ("exp_avg", "exp_avg_sq"),
@@ -52,10 +53,92 @@ def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.op
         from torchao.optim import AdamW8bit
 
         return AdamW8bit(params, lr=lr, weight_decay=wd)  # type: ignore[no-any-return]
+    if opt is OptimizerName.PAGED_ADAM8BIT:
+        import warnings
+
+        from bitsandbytes.optim import PagedAdamW8bit
+
+        paged = PagedAdamW8bit(params, lr=lr, weight_decay=wd)
+        # on a CPU bitsandbytes keeps the states unpaged, and says so on the first step;
+        # `optimizer_note` says it once, where the Session reports its settings
+        warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
+        return paged  # type: ignore[no-any-return]
     raise ValueError(
         f"optimizer={opt.value!r}: a Session trains with adamw, adam, sgd, sgd-nomomentum "
         "or adam8bit"
     )
+
+
+#: bitsandbytes' 8-bit blockwise states: (its state, quantization map, scales) per moment
+BNB_MOMENTS = {
+    "exp_avg": ("state1", "qmap1", "absmax1"),
+    "exp_avg_sq": ("state2", "qmap2", "absmax2"),
+}
+BNB_BLOCK = 256  # bitsandbytes' block size for 8-bit optimizer states
+
+
+def optimizer_note(optimizer: Any, device: torch.device) -> str | None:
+    """Which implementation an 8-bit optimizer is, and where its states live: said once
+    where the Session reports its settings (None for torch's own optimizers)."""
+    name = type(optimizer).__name__
+    if callable(getattr(optimizer, "_new_buffer", None)):
+        return f"8-bit AdamW: torchao's {name} (block-wise 8-bit moments, torch.compile'd step)"
+    if is_bnb_8bit(optimizer):
+        where = (
+            "paged: its states in CUDA unified memory, moved to host memory when the GPU runs short"
+            if device.type == "cuda"
+            else "unpaged on this CPU (paging is CUDA's unified memory; bitsandbytes keeps "
+            "the states in host memory here, as adam8bit would)"
+        )
+        return f"8-bit AdamW: bitsandbytes' {name}, {where}"
+    return None
+
+
+def is_bnb_8bit(optimizer: Any) -> bool:
+    return hasattr(optimizer, "name2qmap") and callable(getattr(optimizer, "init_state", None))
+
+
+def neutral_state(st: MutableMapping[str, Any]) -> dict[str, Any]:
+    """One parameter's optimizer state as the neutral state carries it: bitsandbytes'
+    8-bit blockwise moments (`state1`/`state2` with their maps and scales) dequantized to
+    fp32 `exp_avg`/`exp_avg_sq` and its integer step a tensor, as torch's AdamW keeps
+    them; any other optimizer's values through `neutral`."""
+    if "state1" not in st or "step" not in st:
+        return {k: neutral(v) for k, v in st.items() if v is not None}
+    import bitsandbytes.functional as F
+
+    out: dict[str, Any] = {"step": torch.tensor(float(st["step"]))}
+    for key, (state, qmap, absmax) in BNB_MOMENTS.items():
+        t = st[state]
+        if t.dtype == torch.uint8:
+            t = F.dequantize_blockwise(t, absmax=st[absmax], code=st[qmap], blocksize=BNB_BLOCK)
+        out[key] = t.detach().float().clone()
+    return out
+
+
+def place_bnb_state(optimizer: Any, p: torch.Tensor, st: Mapping[str, Any]) -> None:
+    """Neutral moments into bitsandbytes' own buffers for `p`: its state made as its first
+    step makes it (`init_state`), the fp32 moments quantized block-wise with its maps
+    (small tensors keep fp32 moments), the step count carried."""
+    import bitsandbytes.functional as F
+
+    for gindex, group in enumerate(optimizer.param_groups):
+        for pindex, q in enumerate(group["params"]):
+            if q is p:
+                optimizer.state[p] = {}
+                optimizer.init_state(group, p, gindex, pindex)
+    state = optimizer.state[p]
+    state["step"] = int(float(st.get("step", 0)))
+    for key, (buffer, qmap, absmax) in BNB_MOMENTS.items():
+        if key not in st:
+            continue
+        x = st[key].to(device=p.device, dtype=torch.float32)
+        if state[buffer].dtype == torch.uint8:
+            codes, quant = F.quantize_blockwise(x, code=state[qmap], blocksize=BNB_BLOCK)
+            state[buffer].copy_(codes.reshape(state[buffer].shape))
+            state[absmax].copy_(quant.absmax)
+        else:
+            state[buffer].copy_(x.reshape(state[buffer].shape))
 
 
 def neutral(value: Any) -> Any:

@@ -44,7 +44,9 @@ from workbench.train.backends.optimizer import (
     OPTIMIZER_FAMILY,
     InBackwardOptimizers,
     build_optimizers,
-    neutral,
+    is_bnb_8bit,
+    neutral_state,
+    place_bnb_state,
     placed_state,
 )
 from workbench.train.precision import (
@@ -230,7 +232,7 @@ class PlainBackend:
         for p, st in self.optimizer.state.items():
             name = ids.get(id(p))
             if name is not None and st:
-                opt_state[name] = {k: neutral(v) for k, v in st.items() if v is not None}
+                opt_state[name] = neutral_state(st)
         return {
             "format": STATE_FORMAT,
             "model": {name: _fp32(p.detach()) for name, p in self._named},
@@ -267,7 +269,9 @@ class PlainBackend:
                 p = by_name.get(name)
                 if p is None or not p.requires_grad:
                     continue
-                if callable(getattr(self.optimizer, "_new_buffer", None)):  # 8-bit states
+                if is_bnb_8bit(self.optimizer):  # bitsandbytes' 8-bit states
+                    place_bnb_state(self.optimizer, p, st)
+                elif callable(getattr(self.optimizer, "_new_buffer", None)):  # 8-bit states
                     self.optimizer.state[p] = {
                         k: placed_state(self.optimizer, p, k, v) for k, v in st.items()
                     }
