@@ -48,7 +48,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     try:
         config = TrainConfig(
             device="cpu", micro_batch=4, lr=3e-3, seed=0, optimizer="adam8bit",
-            fsdp="full_shard", checkpoint_dir=os.path.join(out_dir, f"rank-{rank}"),  # a rank its own
+            fsdp="full_shard", checkpoint_dir=os.path.join(out_dir, "ckpt"),  # one for both
         )  # fmt: skip
         with Session(config, model_options=GPT) as s:
             records = s.run(optimizer_steps=STEPS)
@@ -73,6 +73,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
                     if k != "step"
                 ),  # fmt: skip
                 "errors": [e.message for e in s.events if e.kind == "error"],
+                "saved_in": os.path.relpath(path, out_dir),  # each rank its own folder
             }
         with Session.resume_from(path) as s:
             resumed = s.run(optimizer_steps=1)
@@ -115,6 +116,11 @@ def test_each_rank_steps_8_bit_shards_counted_to_the_byte(ranks: Any) -> None:
 
 
 def test_a_checkpoint_of_two_ranks_resumes_into_8_bit_shards(ranks: Any) -> None:
+    """Both ranks save into one checkpoint_dir, each in its own rank-<r> folder (one
+    step-N.pt for both would be overwritten), and each resumes from its own file."""
+    assert [r["run"]["saved_in"] for r in ranks] == [
+        os.path.join("ckpt", f"rank-{r}", "step-00000003.pt") for r in (0, 1)
+    ]
     for result in ranks:
         resumed = result["resumed"]
         assert resumed["step"] == STEPS + 1 and math.isfinite(resumed["loss"])

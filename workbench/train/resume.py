@@ -4,8 +4,9 @@ loaded checkpoint gives the Session that resumes it.
 `workbench.train.checkpoints` owns the files (the payload, the manifest, atomic writes,
 the checks); this module is the Session's side of them:
 
-* `save_target(path, checkpoint_dir, step)`: the file a `save_checkpoint(path)` writes and
-  the folder to prune, if it saves into one;
+* `save_target(path, checkpoint_dir, step, world_size, rank)`: the file a
+  `save_checkpoint(path)` writes and the folder to prune, if it saves into one (each
+  rank's own, `rank-<r>`, with several ranks);
 * `manifest_fields(...)`: what the manifest says beyond the payload (model, ranks, log);
 * `resume_settings(payload, model, config_changes)`: the config, model and model options
   `Session.resume_from` builds with; the file never chooses code (a built-in model name
@@ -29,10 +30,17 @@ from workbench.train.runlog import LOG_NAME, tail_records
 
 
 def save_target(
-    path: str | os.PathLike[str] | None, checkpoint_dir: str | None, step: int
+    path: str | os.PathLike[str] | None,
+    checkpoint_dir: str | None,
+    step: int,
+    world_size: int = 1,
+    rank: int = 0,
 ) -> tuple[Path, Path | None]:
     """(the tensor file to write, the folder to prune or None). `path`: a file name (used
-    as is), a directory (`step-N.pt` in it), or None for `checkpoint_dir`."""
+    as is), a directory (`step-N.pt` in it), or None for `checkpoint_dir`. With several
+    ranks a directory gets each rank's own folder in it, `rank-<r>` (unless it is that
+    folder already, as `workbench launch` hands each rank): ranks writing one `step-N.pt`
+    would overwrite each other's."""
     if path is None:
         if checkpoint_dir is None:
             raise ValueError(
@@ -41,6 +49,8 @@ def save_target(
         path = checkpoint_dir
     p = Path(path)
     directory = p if (p.is_dir() or p.suffix == "") else None
+    if directory is not None and world_size > 1 and directory.name != f"rank-{rank}":
+        directory = directory / f"rank-{rank}"
     return (directory / ckpt.checkpoint_name(step) if directory else p), directory
 
 

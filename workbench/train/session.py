@@ -832,7 +832,8 @@ class Session(SessionTools):
 
         `path`: a file name (used as is; its manifest beside it, `NAME.json`), a directory
         (`step-N.pt` and `step-N.json` in it, then only the newest `keep_checkpoints`
-        kept), or None for `config.checkpoint_dir`. The layout is in
+        kept), or None for `config.checkpoint_dir`; with several ranks a directory gets
+        each rank's own folder in it (`rank-<r>`, as `workbench launch` lays them out). The layout is in
         `workbench.train.checkpoints`; `torch.load(path, weights_only=True)` reads it, and
         the trained weights are under `payload["backend"]["model"]` (fp32, by parameter
         name). The step records are not in it: they are in the run's log.
@@ -841,7 +842,9 @@ class Session(SessionTools):
         with self._step_lock:
             self._apply_pending(raise_errors=False)
             cfg = self._config
-            target, directory = save_target(path, cfg.checkpoint_dir, self._step)
+            target, directory = save_target(
+                path, cfg.checkpoint_dir, self._step, self.world_size, self.rank
+            )
             payload = ckpt.training_payload(
                 step=self._step,
                 config=cfg,
