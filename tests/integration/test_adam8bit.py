@@ -93,6 +93,27 @@ def test_a_live_switch_carries_the_moments_both_ways() -> None:
         assert a.shape == b.shape and b.abs().sum() > 0
 
 
+def test_a_switch_says_what_the_optimizer_state_becomes() -> None:
+    """Each optimizer switch is an "optimizer" event: carried within Adam's layout (8-bit
+    quantized or dequantized), reset across layouts, dropped for a stateless optimizer;
+    and the 8-bit implementation in use is named."""
+    with Session(TrainConfig(micro_batch=4, seed=0), model_options=TINY) as s:
+        s.run(optimizer_steps=1)
+        for name in ("adam8bit", "adamw", "sgd", "sgd-nomomentum", "adam"):
+            s.update(optimizer=name)
+            s.run(optimizer_steps=1)
+        said = [e.message for e in s.events if e.kind == "optimizer"]
+    switches = [m for m in said if m.startswith("optimizer ")]
+    assert switches == [
+        "optimizer adamw -> adam8bit: its state (exp_avg, exp_avg_sq) carried (quantized to 8 bits)",
+        "optimizer adam8bit -> adamw: its state (exp_avg, exp_avg_sq) carried (dequantized from 8 bits)",
+        "optimizer adamw -> sgd: its state (exp_avg, exp_avg_sq) is reset, the sgd state starts at zero (another layout)",
+        "optimizer sgd -> sgd-nomomentum: its state (momentum_buffer) is dropped (sgd-nomomentum keeps none)",
+        "optimizer sgd-nomomentum -> adam: no state to carry",
+    ]
+    assert any(m.startswith("8-bit AdamW: torchao's AdamW8bit") for m in said)
+
+
 def test_fsdp_trains_it_with_the_plain_loops_losses_and_8_bit_shards() -> None:
     """FSDP2 (one rank here; two in test_adam8bit_fsdp.py) steps torchao's AdamW8bit on
     its DTensor shards: the plain loop's losses, the moments 8-bit in the shards, counted

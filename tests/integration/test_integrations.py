@@ -139,8 +139,12 @@ def test_the_advice_names_the_trainers_argument_and_applies_nothing(tmp_path) ->
     assert memory, [a.message for a in advice]
     (a,) = memory
     assert a.apply is None
-    assert a.evidence["workbench_change"] == {"optimizer": "adam8bit"}
-    assert 'in your TrainingArguments: optim="adamw_bnb_8bit"' in a.message
+    # an fp32 run: pure bf16 frees the most (weights, gradients, moments and activations
+    # halved), said as the arguments that give it in transformers
+    assert a.evidence["workbench_change"] == {"precision": "bf16-true"}
+    assert (
+        "in your TrainingArguments: torch_dtype=torch.bfloat16 when loading the model" in a.message
+    )
 
 
 def test_a_lightning_trainer_run_is_recorded_with_its_own_losses() -> None:

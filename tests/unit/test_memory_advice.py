@@ -28,10 +28,12 @@ def test_optimizer_states_of_a_7b_model_point_to_8_bit_adamw() -> None:
 
 
 def test_a_tiny_gpt_s_activations_point_to_offloading_and_the_change_applies() -> None:
-    """Two layers: offloading keeps one layer's activations on the device, checkpointing
-    every layer's input and one layer's recomputation, so offloading frees the most."""
+    """Two layers in pure bf16: offloading keeps one layer's activations on the device,
+    checkpointing every layer's input and one layer's recomputation, so offloading frees
+    the most (in fp32, pure bf16 itself would: it halves the activations too)."""
     info = build_model("tiny-gpt", **TINY)[3]
-    config = TrainConfig(micro_batch=8)
+    assert memory_advice(TrainConfig(micro_batch=8), info)[0].apply == {"precision": "bf16-true"}
+    config = TrainConfig(micro_batch=8, precision="bf16-true")
     (advice,) = memory_advice(config, info)
     assert advice.apply == {"activation_offload": True}
     assert advice.message.startswith("activations are")
@@ -51,7 +53,7 @@ def test_nothing_left_to_switch_on_gives_no_advice() -> None:
     info = build_model("tiny-gpt", **TINY)[3]
     done = TrainConfig(
         optimizer="adam8bit", optimizer_in_backward=True, attention="sdpa",
-        activation_checkpointing=True, activation_offload=True,
+        activation_checkpointing=True, activation_offload=True, precision="bf16-true",
     )  # fmt: skip
     assert memory_advice(done, info) == []
     with pytest.raises(ValueError, match="config="):
@@ -76,3 +78,20 @@ def test_lora_is_said_for_fine_tuning_but_never_the_one_click_change() -> None:
     assert advice.evidence["freed_bytes"]["LoRA rank 16"] == freed
     assert freed > max(v for k, v in advice.evidence["freed_bytes"].items() if k != "LoRA rank 16")
     assert "if this run fine-tunes, LoRA (lora_rank=16" in advice.message
+
+
+def test_with_8_bit_states_on_pure_bf16_frees_the_most_and_deepspeed_is_not_offered_it() -> None:
+    """8-bit AdamW on already: pure bf16 (no fp32 master copy) halves the weights and the
+    gradients, the most left to free; under ZeRO (DeepSpeed refuses pure bf16) it is not
+    tried."""
+    config = TrainConfig(precision="amp-bf16", optimizer="adam8bit")
+    (advice,) = memory_advice(config, 7_000_000_000)
+    assert advice.apply == {"precision": "bf16-true"}
+    base = predict_memory(config, 7_000_000_000)
+    after = predict_memory(config.replace(precision="bf16-true"), 7_000_000_000)
+    assert advice.evidence["freed_bytes"]["pure bf16 (precision='bf16-true')"] == (
+        base.peak_bytes - after.peak_bytes
+    )
+    assert "pure bf16 (precision='bf16-true') frees" in advice.message
+    zero = memory_advice(TrainConfig(precision="bf16", zero_stage=2), 7_000_000_000, world_size=8)
+    assert all("pure bf16" not in name for a in zero for name in a.evidence["freed_bytes"])

@@ -3,7 +3,8 @@
     memory_advice(config, model, world_size)   # [Advice]: the technique that frees the most
 
 For the setup in effect, each technique a Session trains (`TECHNIQUES`: 8-bit AdamW, the
-optimizer step in backward, sdpa attention, activation checkpointing, activation offload) is tried as a
+optimizer step in backward, sdpa attention, activation checkpointing, activation offload,
+pure bf16) is tried as a
 settings change: a change the config or the engine refuses is skipped, the others are
 predicted (`workbench.prediction.predict_memory`, the one prediction path) and the one
 that lowers the peak of a step the most becomes one `Advice` ("memory-technique"), its
@@ -30,6 +31,8 @@ TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("sdpa attention", {"attention": "sdpa"}),
     ("activation checkpointing", {"activation_checkpointing": True}),
     ("activation offload", {"activation_offload": True}),
+    # no fp32 master copy: weights, gradients and Adam's moments in bf16 (torchtune's default)
+    ("pure bf16 (precision='bf16-true')", {"precision": "bf16-true"}),
 )
 
 

@@ -197,6 +197,7 @@ class Runtime:
         # An engine trains a copy: bring its weights home first, so the new engine starts
         # from (and a failed build leaves) your module up to date.
         self._write_back(state, self.backend)
+        self._say_optimizer_state(target, state)
         if not (release_first and self.trained_module is not self.model):
             return self._build_backend(target, state)
         state = _state_to_cpu(state)
@@ -210,6 +211,37 @@ class Runtime:
             self.fresh = True
             self.clock.reset()
             raise
+
+    def _say_optimizer_state(self, target: TrainConfig, state: dict[str, Any]) -> None:
+        """An optimizer switch says what its state becomes: carried when both keep the
+        same layout (Adam's two moments, across adamw, adam and the 8-bit ones: dequantized
+        and quantized again), else reset, naming what is dropped."""
+        from workbench.config import OptimizerName
+        from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
+
+        old, new = OptimizerName(self.config.optimizer), OptimizerName(target.optimizer)
+        if old is new:
+            return
+        was, now = OPTIMIZER_FAMILY.get(old), OPTIMIZER_FAMILY.get(new)
+        held = (state.get("optimizer") or {}).get("state") or {}
+        keys = ", ".join(STATE_KEYS.get(was, ()))
+        if was is not None and was == now:
+            how = " (quantized to 8 bits)" if new.is_8bit and not old.is_8bit else ""
+            how = " (dequantized from 8 bits)" if old.is_8bit and not new.is_8bit else how
+            message = f"optimizer {old.value} -> {new.value}: its state ({keys}) carried{how}"
+        elif held and keys and now is None:
+            message = (
+                f"optimizer {old.value} -> {new.value}: its state ({keys}) is dropped "
+                f"({new.value} keeps none)"
+            )
+        elif held and keys:
+            message = (
+                f"optimizer {old.value} -> {new.value}: its state ({keys}) is reset, the "
+                f"{new.value} state starts at zero (another layout)"
+            )
+        else:
+            message = f"optimizer {old.value} -> {new.value}: no state to carry"
+        self._on_event("optimizer", message, "info", optimizer=new.value)
 
     def _next_adapters(self, target: TrainConfig) -> Backend:
         """LoRA switched, or its settings changed: the adapters trained so far merged into
