@@ -372,6 +372,14 @@ def test_the_exported_jobs_save_the_whole_model_without_lora(tmp_path) -> None: 
                           cwd=out, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
     assert f"--save-dir {str(blocker)!r}: must be a folder" in done.stderr
+    # Lightning's DeepSpeed strategy keeps its own checkpoint format: refused, saying so
+    ds = Path(export_job(TrainConfig(micro_batch=4, zero_stage=2), format="lightning", gpus=1,
+                         out_dir=tmp_path / "ds", model_options=JOB_MODEL).out_dir)  # fmt: skip
+    done = subprocess.run([sys.executable, "train_lightning.py", "--save-dir", str(tmp_path / "d")],
+                          cwd=ds, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert "Lightning's deepspeed strategy keeps its own sharded checkpoint" in done.stderr
+    assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.parametrize(
