@@ -114,6 +114,26 @@ def test_a_switch_says_what_the_optimizer_state_becomes() -> None:
     assert any(m.startswith("8-bit AdamW: torchao's AdamW8bit") for m in said)
 
 
+def test_without_torchao_bitsandbytes_steps_it_and_the_session_says_so(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where torchao does not import, adam8bit is bitsandbytes' AdamW8bit (the "optimizer"
+    event names it): it trains, and a switch from adamw carries the moments into its
+    blocks."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)  # `import` raises ImportError
+    with Session(TrainConfig(micro_batch=4, seed=0), model_options=TINY) as s:
+        s.run(optimizer_steps=2)
+        s.update(optimizer="adam8bit")
+        records = s.run(optimizer_steps=2)
+        assert type(s.backend.optimizer).__module__.startswith("bitsandbytes")
+        said = [e.message for e in s.events if e.kind == "optimizer"]
+        assert any(
+            "bitsandbytes' AdamW8bit, unpaged (torchao does not import here" in m for m in said
+        )
+        assert {st["step"] for st in s.backend.optimizer.state.values()} == {4}  # carried
+        assert all(r.loss == r.loss and r.grad_norm for r in records)  # finite, stepped
+
+
 def test_fsdp_trains_it_with_the_plain_loops_losses_and_8_bit_shards() -> None:
     """FSDP2 (one rank here; two in test_adam8bit_fsdp.py) steps torchao's AdamW8bit on
     its DTensor shards: the plain loop's losses, the moments 8-bit in the shards, counted

@@ -50,8 +50,18 @@ def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.op
     if opt is OptimizerName.SGD_NOMOMENTUM:
         return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=wd)
     if opt is OptimizerName.ADAM8BIT:
-        from torchao.optim import AdamW8bit
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError:  # torchao missing or broken here: bitsandbytes' 8-bit AdamW
+            if any(hasattr(p, "device_mesh") for p in params):
+                raise ValueError(
+                    "optimizer='adam8bit' under FSDP: torchao's AdamW8bit steps the shards, "
+                    "and torchao does not import here (pip install torchao)"
+                ) from None
+            from bitsandbytes.optim import AdamW8bit as BnbAdamW8bit
 
+            fallback: torch.optim.Optimizer = BnbAdamW8bit(params, lr=lr, weight_decay=wd)
+            return fallback
         return AdamW8bit(params, lr=lr, weight_decay=wd)  # type: ignore[no-any-return]
     if opt is OptimizerName.PAGED_ADAM8BIT:
         import warnings
@@ -90,6 +100,8 @@ def optimizer_note(optimizer: Any, device: torch.device) -> str | None:
             else "unpaged on this CPU (paging is CUDA's unified memory; bitsandbytes keeps "
             "the states in host memory here, as adam8bit would)"
         )
+        if not getattr(optimizer, "is_paged", False):
+            where = "unpaged (torchao does not import here, so bitsandbytes' steps adam8bit)"
         return f"8-bit AdamW: bitsandbytes' {name}, {where}"
     return None
 
