@@ -290,8 +290,10 @@ class Runtime:
         from workbench.train.backends.optimizer import optimizer_note
 
         note = optimizer_note(getattr(backend, "optimizer", None), self.device)
-        if note is not None:  # which 8-bit implementation, and where its states live
+        if note is not None and note != getattr(self, "_optimizer_note", None):
+            # which 8-bit implementation, and where its states live: said when it changes
             self._on_event("optimizer", note, "info", optimizer=str(config.optimizer))
+        self._optimizer_note = note
         return backend
 
     def _set_checkpointing(self, mode: str, new_backend: Backend | None) -> None:
