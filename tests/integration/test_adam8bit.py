@@ -5,6 +5,8 @@ its engine does not train it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 import torch
 
@@ -16,12 +18,13 @@ QUANTIZED_MIN = 4096  # torchao (as bitsandbytes) quantizes tensors of 4096+ ele
 BLOCK = 256  # AdamW8bit's block size: one fp32 scale per block
 
 
-def _by_hand(model: torch.nn.Module) -> int:
-    """Both moments of every parameter as AdamW8bit keeps them: 1-byte codes, an fp32
-    scale per block and a 256-entry fp32 quantization map for the quantized tensors, fp32
-    moments for the small ones, and a 4-byte step counter per tensor."""
+def torchao_state_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Both moments of every tensor (a parameter, or a rank's shard of one) as AdamW8bit
+    keeps them: 1-byte codes, an fp32 scale per block and a 256-entry fp32 quantization map
+    for the quantized tensors, fp32 moments for the small ones, and a 4-byte step counter
+    per tensor."""
     total = 0
-    for p in model.parameters():
+    for p in tensors:
         n = p.numel()
         if n >= QUANTIZED_MIN and n % BLOCK == 0:
             total += 2 * (n + 4 * (n // BLOCK) + 4 * 256)
@@ -37,7 +40,7 @@ def test_adam8bit_trains_and_its_states_are_counted_to_the_byte(tmp_path) -> Non
         records = s.run(optimizer_steps=3)
         report = s.memory()
         assert records[-1].loss < records[0].loss
-        assert report.optimizer_bytes == _by_hand(s.model)
+        assert report.optimizer_bytes == torchao_state_bytes(s.model.parameters())
         n = sum(p.numel() for p in s.model.parameters())
         assert report.predicted.optimizer_bytes == 2 * n  # the estimator's 8-bit Adam
         # the small tensors kept in fp32 make tiny-gpt 27% over the 2 bytes per parameter;

@@ -14,25 +14,12 @@ from typing import Any
 import pytest
 import torch
 
+from tests.integration.test_adam8bit import torchao_state_bytes
 from workbench import Session, TrainConfig
 
 #: hidden 128: a 128 x 128 weight's shard is 8192 elements, quantized; biases stay fp32
 GPT = {"layers": 2, "hidden": 128, "heads": 4, "seq_len": 32, "dropout": 0.0}
 STEPS = 3
-QUANTIZED_MIN, BLOCK = 4096, 256
-
-
-def _by_hand(locals_: list[torch.Tensor]) -> int:
-    """Both moments of every local shard as AdamW8bit keeps them (see test_adam8bit.py)."""
-    total = 0
-    for t in locals_:
-        n = t.numel()
-        if n >= QUANTIZED_MIN and n % BLOCK == 0:
-            total += 2 * (n + 4 * (n // BLOCK) + 4 * 256)
-        else:
-            total += 2 * 4 * n
-        total += 4
-    return total
 
 
 def _rank(rank: int, port: int, out_dir: str) -> None:
@@ -63,7 +50,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
                 "losses": [r.loss for r in records],
                 "kinds": kinds,
                 "optimizer_bytes": report.optimizer_bytes,
-                "by_hand": _by_hand(locals_),
+                "by_hand": torchao_state_bytes(locals_),
                 "local_numel": sum(t.numel() for t in locals_),
                 "full_numel": sum(p.numel() for p in s.model.parameters()),
                 "exported_fp32": all(
