@@ -172,7 +172,7 @@ class LoraAdapters:
     """LoRA adapters in your module (see the module docstring)."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
+        from peft import inject_adapter_in_model
 
         if any(_is_lora_layer(m) for m in model.modules()):
             raise ValueError(
@@ -187,13 +187,7 @@ class LoraAdapters:
         self.originals: dict[str, nn.Module] = {}
         if self.qlora:
             self._quantize(config, device)
-        self.peft_config = LoraConfig(
-            r=self.rank,
-            lora_alpha=float(config.lora_alpha),
-            lora_dropout=float(config.lora_dropout),
-            target_modules="|".join(re.escape(n) for n in self.targets),
-            bias="none",
-        )
+        self.peft_config = peft_lora_config(config, self.targets)
         # the adapters' initial A from the run's seed alone (the exported jobs do the same),
         # without moving the RNG the run itself draws from
         with torch.random.fork_rng(devices=[]):
@@ -307,6 +301,19 @@ class LoraAdapters:
             p.requires_grad_(self.requires_grad.get(name, True))
 
 
+def peft_lora_config(config: TrainConfig, targets: list[str]) -> Any:
+    """peft's `LoraConfig` of `config`'s LoRA settings on exactly the layers `targets`."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=int(config.lora_rank),
+        lora_alpha=float(config.lora_alpha),
+        lora_dropout=float(config.lora_dropout),
+        target_modules="|".join(re.escape(n) for n in targets),
+        bias="none",
+    )
+
+
 def holds_lora(model: nn.Module) -> bool:
     """Whether `model` holds peft LoRA layers (a LoRA Session's module, or a copy of it)."""
     return any(_is_lora_layer(m) for m in model.modules())
@@ -318,16 +325,10 @@ def fake_adapters(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
     base frozen. peft makes the adapters on the meta device (`low_cpu_mem_usage`: moving
     fake parameters with `.to()` is refused), and each becomes a fake tensor beside its
     layer's weight. Returns the adapter parameter count."""
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
     targets = resolve_targets(model, str(config.lora_targets))
-    lora = LoraConfig(
-        r=int(config.lora_rank),
-        lora_alpha=float(config.lora_alpha),
-        lora_dropout=float(config.lora_dropout),
-        target_modules="|".join(re.escape(n) for n in targets),
-        bias="none",
-    )
+    lora = peft_lora_config(config, targets)
     inject_adapter_in_model(lora, model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     count = 0
     for name in targets:

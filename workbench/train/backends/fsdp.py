@@ -71,6 +71,7 @@ from workbench.train.backends.optimizer import (
     build_optimizer,
     neutral,
     placed_state,
+    set_lr,
 )
 from workbench.train.backends.process_group import ProcessGroupLease, device_types
 from workbench.train.precision import (
@@ -284,12 +285,7 @@ class FSDPBackend:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _set_lr(self) -> None:
-        lr = lr_at(self.config, self.steps, self._base_lr)
-        for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], torch.Tensor):  # torchao's 8-bit AdamW keeps a tensor
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
+        set_lr(self.optimizer, lr_at(self.config, self.steps, self._base_lr))
 
     # ------------------------------------------------------------------ state
     def export_state(self) -> dict[str, Any]:

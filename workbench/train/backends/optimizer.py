@@ -79,6 +79,16 @@ def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.op
     )
 
 
+def set_lr(optimizer: Any, lr: float) -> None:
+    """Every group's learning rate, in place where the optimizer keeps it as a tensor
+    (torchao's 8-bit AdamW: it refuses a float put there)."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 #: bitsandbytes' 8-bit blockwise states: (its state, quantization map, scales) per moment
 BNB_MOMENTS = {
     "exp_avg": ("state1", "qmap1", "absmax1"),

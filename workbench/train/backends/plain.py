@@ -48,6 +48,7 @@ from workbench.train.backends.optimizer import (
     neutral_state,
     place_bnb_state,
     placed_state,
+    set_lr,
 )
 from workbench.train.precision import (
     PrecisionPolicy,
@@ -213,12 +214,7 @@ class PlainBackend:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _set_lr(self) -> None:
-        lr = lr_at(self.config, self.steps, self._base_lr)
-        for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], torch.Tensor):  # torchao's 8-bit AdamW keeps a tensor
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
+        set_lr(self.optimizer, lr_at(self.config, self.steps, self._base_lr))
 
     @property
     def lr(self) -> float:
