@@ -176,6 +176,7 @@ class WorkbenchTrainerCallback(TrainerCallback):
         )
         self._grad_norm = grad_norm
         self._hook: Any = None
+        self._capture: Any = None  # the forward hook that reads each micro-batch and loss
         self._logged_norm = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -213,6 +214,7 @@ class WorkbenchTrainerCallback(TrainerCallback):
                 summed=kw.get("num_items_in_batch") is not None,
             )
 
+        self._capture = capture
         self._hook = model.register_forward_hook(capture, with_kwargs=True)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -220,16 +222,19 @@ class WorkbenchTrainerCallback(TrainerCallback):
             self.observer.begin_step()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.observer.attached:
+        if self.observer.attached and self.observer.grads_due:  # the norm or states' bytes
             self.observer.before_optimizer_step(kwargs.get("optimizer"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.observer.attached:
             return
-        # the lr was read before the optimizer step, as the Trainer logs it; fp16's loss
-        # scale from accelerate's GradScaler (its tensor, read with the loss)
+        # the lr was read when the step began, before its optimizer step, as the Trainer
+        # logs it; fp16's loss scale from accelerate's GradScaler (its tensor, read with
+        # the loss)
         scaler = getattr(kwargs.get("optimizer"), "scaler", None)
-        self.observer.end_step(scale=getattr(scaler, "_scale", None))
+        self.observer.end_step(
+            scale=getattr(scaler, "_scale", None) if scaler is not None else None
+        )
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         norm = (logs or {}).get("grad_norm")

@@ -155,6 +155,7 @@ class WorkbenchLightningCallback(Callback):
             None, trainer="lightning", arg_names=ARG_NAMES, grad_norm=grad_norm
         )
         self._stepped = False
+        self._on = False  # a model attached: the run has started
         self._accum = 1
         self._scaler: Any = None
 
@@ -170,37 +171,41 @@ class WorkbenchLightningCallback(Callback):
         self.observer.attach(model, optimizers[0], config=config, read_from=read, notes=notes)
         # read once, not on the hot path: the accumulation and 16-mixed's GradScaler
         self._accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
-        self._scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        self._scaler = scaler if hasattr(scaler, "_scale") else None
+        self._on = True
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self.observer.attached:
-            return
-        if batch_idx % self._accum == 0:
-            self.observer.begin_step()
-        self.observer.micro_batch(batch)
+        if self._on:
+            self.observer.batch_start(batch, batch_idx % self._accum == 0)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.observer.attached:
-            self.observer.before_optimizer_step(optimizer)
+        if self._on:
             self._stepped = True
+            if self.observer.grads_due:  # the norm or the states' bytes are taken this step
+                self.observer.before_optimizer_step(optimizer)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self.observer.attached:
+        if not self._on:
             return
         # Lightning hands back the loss divided by accumulate_grad_batches: the step's is
         # the sum of its micro-batches'
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        self.observer.micro_batch(
-            loss=loss if isinstance(loss, torch.Tensor) else None, summed=True
-        )
+        if not isinstance(loss, torch.Tensor):
+            loss = None
         if self._stepped:
             self._stepped = False
             # 16-mixed's loss scale from Lightning's GradScaler (its tensor, read with the loss)
-            self.observer.end_step(scale=getattr(self._scaler, "_scale", None))
+            scaler = self._scaler
+            self.observer.end_step(
+                loss, summed=True, scale=scaler._scale if scaler is not None else None
+            )
+        else:
+            self.observer.micro_batch(loss=loss, summed=True)
 
 
 def _inner_model(pl_module: Any) -> Any:

@@ -19,12 +19,12 @@ estimator's figure for the trainer's settings (`config`, a TrainConfig read from
 trainer's arguments, shown read-only); `advice()` is the advisor's, each message naming the
 argument of *your* trainer to change (`arg_names`).
 
-On the hot path a trainer's callback (`end_step`) costs a few microseconds of bookkeeping
-and no wait for the device: the records of `FLUSH_EVERY` steps are made at once, their
-losses, norms and loss scales read in one host-device copy, or sooner when the records are
-read (a dashboard's refresh, `records()`). A hand-written loop's `obs.step(loss)` returns
+On the hot path a trainer's callback (`end_step`) keeps what the step's record needs and
+never waits for the device: the records are made when they are read (a dashboard's
+refresh, `records()`), or once `FLUSH_EVERY` steps are pending, their losses, norms and
+loss scales read in one host-device copy. A hand-written loop's `obs.step(loss)` returns
 its record, so it reads the loss then. The gradient norm, the costly part on a model of
-many small tensors, is taken every step while it costs under 0.2% of the step
+many small tensors, is taken every step while it costs under 0.1% of the step
 (`grad_norm="auto"`). benchmarks/observe.py measures the cost against the same trainer
 without the callback.
 """
@@ -51,16 +51,22 @@ from workbench.train.runtime import memory_reader
 #: keep their sizes; counting a model's optimizer states takes about a millisecond).
 STATE_EVERY = 500
 
-#: Steps whose records wait for one host read of their device values (`end_step`): a
-#: trainer's callback reads the losses every this many steps, or when the records are read.
-FLUSH_EVERY = 32
+#: The most steps whose records wait to be made (`end_step`): a trainer's callback makes
+#: its records when they are read (`records()`, a dashboard's refresh), their losses read
+#: from the device in one copy, or once this many steps are pending (a bounded memory).
+FLUSH_EVERY = 1024
 
-#: A CPU run's RSS is read at most this often (seconds); CUDA's counters every step.
-RSS_SECONDS = 0.05
+#: A CPU run's RSS is read at most this often (seconds; reading /proc costs 5-40 us, a
+#: percent of a millisecond step); CUDA's counters every step.
+RSS_SECONDS = 0.25
+
+#: The columns of a pending step's device values, and the mark of a value kept there.
+LOSS, NORM, SCALE = 0, 1, 2
+ON_DEVICE = object()
 
 #: `grad_norm="auto"`: the share of the step the gradient norm may cost the host. Above it
 #: the norm is taken every k-th step, the smallest k that keeps its cost under this share.
-NORM_BUDGET = 0.002
+NORM_BUDGET = 0.001
 
 
 def grad_norm_every(value: bool | int | str) -> int | None:
@@ -100,7 +106,7 @@ class Observer:
     trainer's settings `config` was read from (shown), `notes`: what was assumed.
     `grad_norm`: when the observer takes the gradients' total norm (a record without it
     has `grad_norm=None`): True every step, False never, k every k-th step, "auto" (the
-    default) every step while it costs the host under `NORM_BUDGET` (0.2%) of the step,
+    default) every step while it costs the host under `NORM_BUDGET` (0.1%) of the step,
     else every k-th step with the smallest k that keeps it there (a model of many small
     tensors whose steps take milliseconds: 30 gradients' norm is about 50 us on a CPU).
     `norm_every` says the interval in use."""
@@ -125,22 +131,30 @@ class Observer:
         # taken; 1 until measured
         self._norm_s = 0.0
         self._norm_step = 1
+        # whether the next optimizer step needs the gradients (their norm, the states'
+        # bytes): a callback calls `before_optimizer_step` only then
+        self.grads_due = True
         self._history = History()
         # steps ended whose records are not made yet (`end_step`), and steps ended in all
         self._pending: list[tuple[Any, ...]] = []
         self._steps = 0
         self.events: list[Event] = []
-        self.version = 0
+        self._version = 0  # attachments, flushes and replacements so far
         self.world_size, self.rank = _world()
         self._lock = threading.Lock()
         self._closed = False
         self._last_end: float | None = None
         self._begin: float | None = None
         self._data_s = 0.0
-        self._losses: list[torch.Tensor | float] = []
+        # this step's losses: the sum of those given as numbers and how many, how many
+        # were added into its row of the device slots; its gradient norm (a number, or
+        # ON_DEVICE: in its row)
+        self._loss_sum, self._loss_n, self._loss_dev = 0.0, 0, 0
+        self._slots: _Slots | None = None
+        self._row = 0  # this step's row of the slots (rows are reused FLUSH_EVERY steps on)
         self._samples = 0
         self._tokens = 0
-        self._norm: torch.Tensor | float | None = None
+        self._norm: float | object | None = None
         self._summed = False
         self._step_lr: float | None = None
         self._states: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -177,10 +191,13 @@ class Observer:
         self.read_from = dict(read_from or {})
         self.notes = list(notes or [])
         self.device = _device_of(model)
+        self._cuda = self.device.type == "cuda"
         self._params: list[nn.Parameter] | None = None
         self._batch: Any = None  # the first micro-batch seen: its sequence length
         self._description: Any = None
         self._read_memory = memory_reader(self.device)
+        # wall-clock time = perf_counter() + this (a step's end read once, on one clock)
+        self._wall_offset = time.time() - time.perf_counter()
         self._memory_at = -math.inf
         self._last_memory: tuple[int | None, ...] = (None, None, None, None)
         cfg = self.config
@@ -204,7 +221,13 @@ class Observer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         with self._lock:
-            self.version += 1
+            self._version += 1
+
+    @property
+    def version(self) -> int:
+        """Changes with every step ended (its record may still be pending), attachment and
+        replaced record: a panel redraws when it changed since its last look."""
+        return self._version + self._steps
 
     @property
     def attached(self) -> bool:
@@ -241,6 +264,22 @@ class Observer:
         if self._last_end is not None:
             self._data_s += now - self._last_end
         self._begin = now
+        self._step_lr = self._lr()  # what this step uses: the scheduler moved it already
+
+    def batch_start(self, batch: Any, first: bool) -> None:
+        """A micro-batch is in hand (`first`: the first of its optimizer step): as
+        `begin_step()` when `first`, then `micro_batch(batch)`, in one call."""
+        if first:
+            now = time.perf_counter()
+            if self._last_end is not None:
+                self._data_s += now - self._last_end
+            self._begin = now
+            self._step_lr = self._lr()  # what this step uses: the scheduler moved it already
+        samples, tokens = _batch_size(batch)
+        self._samples += samples
+        self._tokens += tokens
+        if self._batch is None:
+            self._batch = batch
 
     def micro_batch(
         self, batch: Any = None, loss: torch.Tensor | float | None = None, *, summed: bool = False
@@ -258,7 +297,25 @@ class Observer:
             if self._batch is None:
                 self._batch = batch
         if loss is not None:
-            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            self._add_loss(loss)
+
+    def _add_loss(self, loss: torch.Tensor | float) -> None:
+        """A micro-batch's loss into this step's: a tensor added into the step's row of the
+        device slots (no tensor of the trainer's is kept, nothing waits for the device), a
+        number into its sum."""
+        if isinstance(loss, torch.Tensor):
+            # on a CPU too: an in-place copy costs a training step less than `.item()`
+            self._put(LOSS, loss, add=self._loss_dev > 0)
+            self._loss_dev += 1
+        else:
+            self._loss_sum += float(loss)
+            self._loss_n += 1
+
+    def _put(self, column: int, value: torch.Tensor, add: bool = False) -> None:
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = _Slots(value.device, FLUSH_EVERY)
+        slots.put(self._row, column, value, add)
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The gradients are ready: their total norm (on the device, read with the loss at
@@ -271,15 +328,18 @@ class Observer:
         params = self._params if self._params is not None else self._list_params()
         self._step_lr = self._lr()  # before the scheduler moves it
         step = self._steps + 1
-        norm = self.want_grad_norm and (step == 1 or step % self.norm_every == 0)
+        norm = self.want_grad_norm and (
+            step == 1 or step % (self._norm_every or self._norm_step) == 0
+        )
         states = step <= 2 or step % STATE_EVERY == 0
         if not (norm or states):
             return
+        start = time.perf_counter()
         grads = [p.grad for p in params if p.grad is not None]
         if norm and grads:
-            start = time.perf_counter()
-            self._norm = _total_norm(grads, self._one_kind)
-            self._norm_s = time.perf_counter() - start
+            self._put(NORM, _total_norm(grads, self._one_kind))
+            self._norm = ON_DEVICE
+            self._norm_s = time.perf_counter() - start  # the listing included
         if states:
             self._states = (storage_bytes(self._params), storage_bytes(grads), None)
 
@@ -337,79 +397,86 @@ class Observer:
         scale: float | torch.Tensor | None = None,
         skipped: bool = False,
         batch: Any = None,
+        summed: bool = False,
     ) -> None:
         """As `step()`, but the record is made later, at the next read (`records()`,
         `history`, a dashboard's refresh) or once `FLUSH_EVERY` steps are pending: the
         trainer's callbacks end their steps so, and the host reads the device values of
         the pending steps (losses, norms, loss scales) at once, not every step."""
-        if self._closed:
-            raise RuntimeError("observer: closed; create a new one with workbench.observe()")
-        if self.model is None:
-            raise RuntimeError("observer: no model attached yet (Observer.attach)")
         now = time.perf_counter()
+        if self._closed or self.model is None:
+            if self._closed:
+                raise RuntimeError("observer: closed; create a new one with workbench.observe()")
+            raise RuntimeError("observer: no model attached yet (Observer.attach)")
         if batch is not None:
             self.micro_batch(batch)
         if loss is not None:
-            self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        start = self._last_end if self._last_end is not None else self._begin
-        step_s = now - start if start is not None else 0.0
-        self._steps += 1
-        step = self._steps
+            self._add_loss(loss)
+            self._summed = self._summed or summed
+        kept_scale: object = scale
+        if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this step's
+            self._put(SCALE, scale)
+            kept_scale = ON_DEVICE
+        self._steps = step = self._steps + 1
         states = self._states
-        if (
-            states[0] is not None
-            and self.optimizer is not None
-            and (step <= 2 or step % STATE_EVERY == 0)
-        ):
-            opt = storage_bytes(
-                v
-                for st in self.optimizer.state.values()
-                for v in st.values()
-                if isinstance(v, torch.Tensor)
-            )
-            states = self._states = (states[0], states[1], opt)
+        if states[0] is not None and (step <= 2 or step % STATE_EVERY == 0):
+            states = self._states = (states[0], states[1], self._optimizer_bytes())
         norm = self._norm if grad_norm is None else grad_norm
+        if self._cuda or now - self._memory_at >= RSS_SECONDS:
+            self._last_memory = self._read_memory()
+            self._memory_at = now
+        # what the record needs, as it is now; the record itself is made at the flush
         entry = (
             step,
-            self._losses,
+            self._row,
+            (self._loss_sum, self._loss_n, self._loss_dev),
             self._summed,
             norm,
-            scale,
-            step_s,
-            min(self._data_s, step_s),
-            samples if samples is not None else (self._samples or self._config_samples()),
-            tokens if tokens is not None else (self._tokens or None),
-            float(lr) if lr is not None else self._step_lr_or_now(),
-            bool(skipped),
+            kept_scale,
+            now,
+            self._last_end if self._last_end is not None else self._begin,
+            self._data_s,
+            self._samples if samples is None else samples,
+            self._tokens if tokens is None else tokens,
+            (self._step_lr if self._step_lr is not None else self._lr()) if lr is None else lr,
+            skipped,
             states,
-            self._memory(now),
-            time.time(),
+            self._last_memory,
         )
         with self._lock:
             self._pending.append(entry)
             due = len(self._pending) >= FLUSH_EVERY
-        self._losses, self._samples, self._tokens, self._norm = [], 0, 0, None
-        self._summed, self._step_lr = False, None
-        self._data_s = 0.0
-        if self._norm_every is None and norm is not None and self._norm_s:
+        self._loss_sum, self._loss_n, self._loss_dev = 0.0, 0, 0
+        self._row = (self._row + 1) % FLUSH_EVERY
+        self._samples, self._tokens, self._norm = 0, 0, None
+        self._summed, self._step_lr, self._data_s = False, None, 0.0
+        if self._norm_s and self._norm_every is None and norm is not None:
             # "auto": the interval from the norm's cost and this step's time (the first
             # step includes the trainer's start-up: re-measured at every norm taken)
+            start = entry[7]
+            step_s = now - start if start is not None else 0.0
             self._norm_step = norm_interval(self._norm_s, step_s) if step > 1 else 1
             self._norm_s = 0.0
+        step += 1
+        self.grads_due = (
+            step <= 2
+            or step % STATE_EVERY == 0
+            or (self.want_grad_norm and step % (self._norm_every or self._norm_step) == 0)
+        )
         if due:
             self.flush()
-        self._last_end = time.perf_counter()
-        if self.device.type == "cuda":
+            now = time.perf_counter()
+        self._last_end = now
+        if self._cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def _memory(self, now: float) -> tuple[int | None, ...]:
-        """The memory reading of the step ending at `now`: CUDA's counters every step; the
-        process RSS (a system call of 3-20 us, a percent of a millisecond step) at most
-        every `RSS_SECONDS`, the last reading shown in between."""
-        if self.device.type == "cuda" or now - self._memory_at >= RSS_SECONDS:
-            self._last_memory = self._read_memory()
-            self._memory_at = now
-        return self._last_memory
+    def _optimizer_bytes(self) -> int | None:
+        if self.optimizer is None:
+            return None
+        return storage_bytes(
+            v for st in self.optimizer.state.values() for v in st.values()
+            if isinstance(v, torch.Tensor)
+        )  # fmt: skip
 
     def flush(self) -> None:
         """Make the records of the pending steps: their device values read in one go."""
@@ -417,53 +484,55 @@ class Observer:
             pending, self._pending = self._pending, []
             if not pending:
                 return
-            values = _host_values(
-                v for e in pending for v in (*e[1], e[3], e[4]) if isinstance(v, torch.Tensor)
-            )
+            # the device values of every pending step in one copy (one wait)
+            rows = self._slots.read() if self._slots is not None else []
             for e in pending:
-                self._history.append(self._record(e, values))
-            self.version += 1
+                self._history.append(self._record(e, rows))
+            self._version += 1
 
-    def _record(self, entry: tuple[Any, ...], values: Iterator[float]) -> StepRecord:
-        """The StepRecord of a pending step; `values`: the host values of its tensors, in
-        the order `flush` listed them (losses, norm, scale)."""
-        step, losses, summed, norm, scale, step_s, data_s, n, t, lr, skipped, states, mem, wall = (
-            entry
-        )
-        got = [next(values) if isinstance(v, torch.Tensor) else float(v) for v in losses]
-        if isinstance(norm, torch.Tensor):
-            norm = next(values)
-        if isinstance(scale, torch.Tensor):
-            scale = next(values)
-        total = sum(got) if got else math.nan
-        loss = total if summed or not got else total / len(got)
-        return StepRecord.from_fields(
-            {
-                **self._fixed,
-                "step": step,
-                "micro_steps": max(1, len(losses)),
-                "loss": float(loss),
-                "samples_per_s": n / step_s if step_s > 0 else 0.0,
-                "tokens_per_s": t / step_s if t and step_s > 0 else None,
-                "step_seconds": step_s,
-                "data_seconds": data_s,
-                "compute_seconds": step_s - data_s,
-                "lr": lr,
-                "grad_norm": float(norm) if norm is not None else None,
-                "scale": float(scale) if scale is not None else None,
-                "skipped": skipped,
-                "changes": {},
-                "warmup": step == 1,
-                "params_bytes": states[0],
-                "grads_bytes": states[1],
-                "optimizer_bytes": states[2],
-                "cuda_allocated_bytes": mem[0],
-                "cuda_max_allocated_bytes": mem[1],
-                "cuda_reserved_bytes": mem[2],
-                "rss_bytes": mem[3],
-                "wall_time": wall,
-            }
-        )
+    def _record(self, entry: tuple[Any, ...], rows: list[list[float]]) -> StepRecord:
+        """The StepRecord of a pending step; `rows`: the device slots' values on the host."""
+        (step, row, losses, summed, norm, scale, end, start, data_s, n, t, lr, skipped,
+         states, mem) = entry  # fmt: skip
+        total, count, on_device = losses
+        if on_device:
+            total += rows[row][LOSS]
+            count += on_device
+        loss = math.nan if not count else total if summed else total / count
+        if norm is ON_DEVICE:
+            norm = rows[row][NORM]
+        if scale is ON_DEVICE:
+            scale = rows[row][SCALE]
+        step_s = end - start if start is not None else 0.0
+        data_s = min(data_s, step_s)
+        n = n or self._config_samples()
+        fields = {
+            **self._fixed,
+            "step": step,
+            "micro_steps": max(1, count),
+            "loss": float(loss),
+            "samples_per_s": n / step_s if step_s > 0 else 0.0,
+            "tokens_per_s": t / step_s if t and step_s > 0 else None,
+            "step_seconds": step_s,
+            "data_seconds": data_s,
+            "compute_seconds": step_s - data_s,
+            "lr": float(lr),
+            "grad_norm": float(norm) if norm is not None else None,
+            "scale": float(scale) if scale is not None else None,
+            "skipped": bool(skipped),
+            "changes": {},
+            "warmup": step == 1,
+            "params_bytes": states[0],
+            "grads_bytes": states[1],
+            "optimizer_bytes": states[2],
+            "cuda_allocated_bytes": mem[0],
+            "cuda_max_allocated_bytes": mem[1],
+            "cuda_reserved_bytes": mem[2],
+            "rss_bytes": mem[3],
+            # the wall-clock time of the step's end, from the monotonic clock read then
+            "wall_time": self._wall_offset + end,
+        }
+        return StepRecord.from_fields(fields)
 
     def replace_last(self, **values: Any) -> None:
         """Fill in what the trainer tells after the step (its logged grad norm)."""
@@ -475,15 +544,13 @@ class Observer:
                 return
             last = self._history[-1]
             self._history.replace_last(dataclasses.replace(last, **values))
-            self.version += 1
-
-    def _step_lr_or_now(self) -> float:
-        return self._step_lr if self._step_lr is not None else self._lr()
+            self._version += 1
 
     def _lr(self) -> float:
-        if self.optimizer is None or not self.optimizer.param_groups:
+        try:
+            lr = self.optimizer.param_groups[0]["lr"]  # type: ignore[union-attr]
+        except (AttributeError, IndexError, KeyError):  # no optimizer, group or lr
             return math.nan
-        lr = self.optimizer.param_groups[0].get("lr", math.nan)
         return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
 
     def _config_samples(self) -> int:
@@ -636,21 +703,32 @@ def _total_norm(grads: list[torch.Tensor], one_kind: bool) -> torch.Tensor:
     return norm
 
 
-def _host_values(tensors: Any) -> Iterator[float]:
-    """The values of scalar tensors on the host, in order: one `.item()` each on a CPU
-    (nothing to wait for), else one stacked copy per device (one wait)."""
-    tensors = list(tensors)
-    if all(t.device.type == "cpu" for t in tensors):
-        return iter([float(t.item()) for t in tensors])
-    out: list[float] = [math.nan] * len(tensors)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    for index in by_device.values():
-        stacked = torch.stack([tensors[i].detach().reshape(()).to(torch.float32) for i in index])
-        for i, v in zip(index, stacked.tolist(), strict=True):
-            out[i] = float(v)
-    return iter(out)
+class _Slots:
+    """The pending steps' device values (loss, gradient norm, loss scale), each step's
+    copied into its row of one float32 buffer on the device: no tensor of the trainer's is
+    kept until the flush (a step's own small tensors held that long slow the steps after
+    it, by 3-5% on a CPU here: the allocator's heap stays fragmented), and the rows are read
+    in one copy. Row r of column c is a view made once (`cells`), written in place."""
+
+    def __init__(self, device: torch.device, rows: int) -> None:
+        self.device = device
+        self.buffer = torch.zeros(rows, 3, dtype=torch.float32, device=device)
+        self.cells = [row.unbind() for row in self.buffer.unbind()]
+
+    def put(self, row: int, column: int, value: torch.Tensor, add: bool) -> None:
+        if value.requires_grad:
+            value = value.detach()
+        if value.dim():  # one value a step: a per-sample loss counts as its mean
+            value = value.reshape(()) if value.numel() == 1 else value.float().mean()
+        cell = self.cells[row][column]
+        if add:
+            cell.add_(value.to(self.device) if value.device != self.device else value)
+        else:
+            cell.copy_(value)
+
+    def read(self) -> list[list[float]]:
+        rows: list[list[float]] = self.buffer.tolist()
+        return rows
 
 
 def fmt_value(v: Any) -> str:
@@ -667,14 +745,21 @@ def _batch_size(batch: Any) -> tuple[int, int]:
     """(samples, tokens) of a batch: its token ids' shape (a dict's `input_ids`, a tuple's
     first tensor), tokens only for integer ids."""
     ids = batch
-    if isinstance(batch, Mapping):
+    kind = type(batch)
+    if kind is torch.Tensor:  # the common layouts first: no abstract-class check
+        pass
+    elif kind is tuple or kind is list:
+        ids = batch[0] if batch else None
+    elif kind is dict or isinstance(batch, Mapping):
         ids = batch.get("input_ids", next(iter(batch.values()), None))
     elif isinstance(batch, (tuple, list)) and batch:
         ids = batch[0]
-    if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
-        samples = int(ids.shape[0])
-        tokens = int(ids.numel()) if not ids.is_floating_point() and ids.dim() == 2 else 0
-        return samples, tokens
+    if isinstance(ids, torch.Tensor):
+        shape = ids.shape
+        if not shape:
+            return 0, 0
+        tokens = shape[0] * shape[1] if len(shape) == 2 and not ids.dtype.is_floating_point else 0
+        return shape[0], tokens
     return 0, 0
 
 
