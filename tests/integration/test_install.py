@@ -228,6 +228,75 @@ def test_environment_yml_makes_the_environment_make_install_makes() -> None:
     assert '$(PIP) install --quiet -e ".[test]"' in (ROOT / "Makefile").read_text()
 
 
+#: what environment.yml's environment runs: the workbench's command, the unit tests of the
+#: settings, the estimator and the kernel check, and a Session trained for real
+ENV_TESTS = (
+    "tests/unit/test_kernel.py",
+    "tests/unit/test_config.py",
+    "tests/unit/test_estimate.py",
+    "tests/integration/test_session.py::test_loss_goes_down_on_tiny_gpt",
+)
+
+
+def test_environment_yml_builds_an_environment_where_the_tests_pass(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """environment.yml built as `conda env create -f environment.yml` builds it, without
+    conda (no conda channel is reachable from this machine, only PyPI): its conda part is
+    the Python release and pip alone, so the environment is a venv of that release (this
+    interpreter's); its `pip:` section is installed as conda installs it, written to a
+    requirements file beside environment.yml (a copy of the source tree) and run there with
+    `python -m pip install -U -r FILE --exists-action=b`. torch is this venv's release,
+    installed first, as `make install` does on a machine without a GPU (with none, pip
+    would take PyPI's default build: CUDA on Linux, which also runs on a CPU). In that
+    environment the dependencies are consistent (`pip check`), the workbench's command
+    runs, and so do a share of the tests (`ENV_TESTS`); `make test` there builds its own
+    .venv from the environment's python3, as CI's does from the machine's."""
+    import yaml
+
+    base = tmp_path_factory.mktemp("conda-env")
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=_NOT_SOURCES)
+    spec = yaml.safe_load((source / "environment.yml").read_text())
+    deps = spec["dependencies"]
+    (python,) = [d.removeprefix("python=") for d in deps if isinstance(d, str) and "=" in d]
+    assert python == f"{sys.version_info[0]}.{sys.version_info[1]}", "another Python release"
+    assert [d for d in deps if isinstance(d, str)] == [f"python={python}", "pip"]
+    (pip_specs,) = [d["pip"] for d in deps if isinstance(d, dict)]
+    env_dir = base / "env"
+    subprocess.run(
+        [str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", str(env_dir)],
+        check=True, timeout=300,
+    )  # fmt: skip
+    env = _clean_env()
+    env["PATH"] = os.pathsep.join([str(env_dir / "bin"), env["PATH"]])  # as `conda activate`
+    env["VIRTUAL_ENV"] = str(env_dir)
+    py = str(env_dir / "bin" / "python")
+
+    def run(*args: str, cwd: Path = source, timeout: float = 600) -> str:
+        result = subprocess.run(
+            args, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+        )
+        assert result.returncode == 0, f"{args}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        return result.stdout
+
+    try:
+        run(py, "-m", "pip", "install", "--quiet", _torch_requirement(), timeout=900)
+        requirements = source / "condaenv.workbench.requirements.txt"
+        requirements.write_text("\n".join(pip_specs))
+        run(py, "-m", "pip", "install", "--quiet", "-U", "-r", requirements.name,
+            "--exists-action=b", timeout=1500)  # fmt: skip
+        run(py, "-m", "pip", "check")
+        out = run(str(env_dir / "bin" / "workbench"), "estimate", "--model", "llama-2-7b")
+        assert "peak of a step" in out
+        where = run(py, "-c", "import workbench; print(workbench.__file__)")
+        assert Path(where.strip()).is_relative_to(source)  # `-e .`: the checkout itself
+        out = run(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ENV_TESTS, timeout=900)
+        assert re.search(r"\b\d+ passed\b", out) and " failed" not in out, out
+    finally:
+        shutil.rmtree(env_dir, ignore_errors=True)  # about 2 GB
+
+
 #: the URL `make lab` prints: the start notebook, with the server's token
 LAB_URL = re.compile(
     r"http://127\.0\.0\.1:(\d+)/lab/tree/00_start_here\.ipynb\?token=([0-9a-f]{32,})"
