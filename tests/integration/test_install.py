@@ -8,7 +8,8 @@ install` picks). Every command then runs from a folder outside the source tree: 
 installed `workbench estimate` and `workbench export`, a 2-step Session (which reads the
 sonnets shipped as package data), `import workbench.ui`, and the extras' packages. One
 install for the module (about 2 GB, a minute or two with a warm pip cache); the venv is
-deleted afterwards.
+deleted afterwards. environment.yml's environment is built the same way, as conda builds
+it, and a share of the tests runs in it.
 """
 
 from __future__ import annotations
