@@ -347,6 +347,17 @@ def test_auto_precision_from_a_pure_bf16_session_is_deepspeeds_bf16() -> None:
     assert import_deepspeed(explicit, base=base).config.precision == "bf16"
 
 
+def test_settings_deepspeed_cannot_hold_are_refused_not_dropped() -> None:
+    """A plain-loop setting with no DeepSpeed key (the optimizer stepped inside backward,
+    QLoRA's 4-bit base) is an error naming it, as `workbench export` refuses it, rather
+    than a config that silently trains without it."""
+    for settings in ({"optimizer_in_backward": True}, {"qlora": True, "lora_rank": 8}):
+        name = next(iter(settings))
+        with pytest.raises(ValueError, match=rf"{name}=True: .*Session's plain loop trains it"):
+            to_deepspeed(TrainConfig(**settings))
+    assert to_deepspeed(TrainConfig(lora_rank=8))["train_micro_batch_size_per_gpu"] == 8
+
+
 def from_deepspeed_quiet(ds: dict) -> TrainConfig:  # type: ignore[type-arg]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

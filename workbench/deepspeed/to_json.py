@@ -33,7 +33,7 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     Raises ValueError for settings DeepSpeed cannot express (fp16 growth/backoff factors
     other than 2 and 0.5, a loss_scale_init that is not a power of two, the adam8bit
     optimizer (torchao's, not DeepSpeed's), pure bf16 "bf16-true": DeepSpeed's bf16 keeps an fp32 master
-    copy). An optimizer ZeRO has not been tested with (SGD, Lamb) gets
+    copy, `optimizer_in_backward` and `qlora`, which only the plain loop trains). An optimizer ZeRO has not been tested with (SGD, Lamb) gets
     `"zero_allow_untested_optimizer": true` at stages 1-3, which DeepSpeed requires.
     """
     if not isinstance(config, TrainConfig):
@@ -50,6 +50,19 @@ def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
             ]
         )
     batch = config.effective_batch_size(world_size)  # validates world_size
+    # settings a DeepSpeed config cannot hold: refused, not dropped from the dict
+    unexpressed = [
+        SettingProblem(name, True, why)
+        for name, why in (
+            ("optimizer_in_backward", "DeepSpeed steps its optimizer after backward; a "
+             "Session's plain loop trains it"),
+            ("qlora", "DeepSpeed's engine does not train LoRA over a 4-bit bitsandbytes "
+             "base; a Session's plain loop trains it"),
+        )
+        if getattr(config, name) is True
+    ]  # fmt: skip
+    if unexpressed:
+        raise ConfigError(unexpressed)
     precision = Precision(config.precision)
     if precision is Precision.BF16_TRUE:  # DeepSpeed's bf16 always has an fp32 master copy
         raise ConfigError([bf16_true_problem()])
