@@ -400,3 +400,17 @@ def test_a_callbacks_steps_are_read_from_the_device_in_batches() -> None:
     obs.close()
     with pytest.raises(RuntimeError, match="closed"):
         obs.end_step(1.0)
+
+
+def test_a_loss_the_slots_cannot_take_is_kept_as_its_number() -> None:
+    """A loss of a tensor subclass (a tensor-parallel run's DTensor) is read as a number at
+    once instead of copied into the observer's slots, and the run goes on."""
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    model = torch.nn.Linear(4, 1)
+    obs = Observer(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_norm=False)
+    for value in (3.0, 5.0):
+        obs.end_step(torch.tensor(value).as_subclass(Wrapped), scale=torch.tensor([8.0]))
+    assert [(r.loss, r.scale) for r in obs.records()] == [(3.0, 8.0), (5.0, 8.0)]

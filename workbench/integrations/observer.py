@@ -305,17 +305,26 @@ class Observer:
         number into its sum."""
         if isinstance(loss, torch.Tensor):
             # on a CPU too: an in-place copy costs a training step less than `.item()`
-            self._put(LOSS, loss, add=self._loss_dev > 0)
-            self._loss_dev += 1
-        else:
-            self._loss_sum += float(loss)
-            self._loss_n += 1
+            if self._put(LOSS, loss, add=self._loss_dev > 0):
+                self._loss_dev += 1
+                return
+            loss = _number(loss)
+        self._loss_sum += float(loss)
+        self._loss_n += 1
 
-    def _put(self, column: int, value: torch.Tensor, add: bool = False) -> None:
+    def _put(self, column: int, value: torch.Tensor, add: bool = False) -> bool:
+        """`value` into this step's row of the slots; False for a tensor they cannot take
+        (a DTensor, another subclass): the caller keeps its number instead."""
+        if type(value) is not torch.Tensor:  # a DTensor or another subclass
+            return False
         slots = self._slots
-        if slots is None:
-            slots = self._slots = _Slots(value.device, FLUSH_EVERY)
-        slots.put(self._row, column, value, add)
+        try:
+            if slots is None:
+                slots = self._slots = _Slots(value.device, FLUSH_EVERY)
+            slots.put(self._row, column, value, add)
+        except (RuntimeError, TypeError, NotImplementedError):
+            return False
+        return True
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The gradients are ready: their total norm (on the device, read with the loss at
@@ -337,8 +346,8 @@ class Observer:
         start = time.perf_counter()
         grads = [p.grad for p in params if p.grad is not None]
         if norm and grads:
-            self._put(NORM, _total_norm(grads, self._one_kind))
-            self._norm = ON_DEVICE
+            total = _total_norm(grads, self._one_kind)
+            self._norm = ON_DEVICE if self._put(NORM, total) else _number(total)
             self._norm_s = time.perf_counter() - start  # the listing included
         if states:
             self._states = (storage_bytes(self._params), storage_bytes(grads), None)
@@ -415,8 +424,7 @@ class Observer:
             self._summed = self._summed or summed
         kept_scale: object = scale
         if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this step's
-            self._put(SCALE, scale)
-            kept_scale = ON_DEVICE
+            kept_scale = ON_DEVICE if self._put(SCALE, scale) else _number(scale)
         self._steps = step = self._steps + 1
         states = self._states
         if states[0] is not None and (step <= 2 or step % STATE_EVERY == 0):
@@ -729,6 +737,14 @@ class _Slots:
     def read(self) -> list[list[float]]:
         rows: list[list[float]] = self.buffer.tolist()
         return rows
+
+
+def _number(value: torch.Tensor) -> float:
+    """The value of a tensor the slots cannot take (a DTensor: its full value), now."""
+    full = getattr(value, "full_tensor", None)
+    if callable(full):
+        value = full()
+    return float(value.detach().float().mean())
 
 
 def fmt_value(v: Any) -> str:
