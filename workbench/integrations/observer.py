@@ -268,13 +268,14 @@ class Observer:
 
     def batch_start(self, batch: Any, first: bool) -> None:
         """A micro-batch is in hand (`first`: the first of its optimizer step): as
-        `begin_step()` when `first`, then `micro_batch(batch)`, in one call."""
+        `begin_step()` when `first`, then `micro_batch(batch)`."""
         if first:
-            now = time.perf_counter()
-            if self._last_end is not None:
-                self._data_s += now - self._last_end
-            self._begin = now
-            self._step_lr = self._lr()  # what this step uses: the scheduler moved it already
+            self.begin_step()
+        self._count(batch)
+
+    def _count(self, batch: Any) -> None:
+        """A micro-batch's samples and tokens into the step's; the first batch kept (its
+        sequence length, for the prediction)."""
         samples, tokens = _batch_size(batch)
         self._samples += samples
         self._tokens += tokens
@@ -285,17 +286,13 @@ class Observer:
         self, batch: Any = None, loss: torch.Tensor | float | None = None, *, summed: bool = False
     ) -> None:
         """One micro-batch of the step: its batch (samples and tokens counted from it)
-        and/or its loss (kept on the device until the step ends). `summed`: the loss is
+        and/or its loss (copied into the observer's device slots until the step's record is made). `summed`: the loss is
         this micro-batch's share of the step's (normalised by the step's token count, as
         a transformers model given `num_items_in_batch` returns it), so the step's loss is
         the sum of the shares, not their mean."""
         self._summed = self._summed or summed
         if batch is not None:
-            samples, tokens = _batch_size(batch)
-            self._samples += samples
-            self._tokens += tokens
-            if self._batch is None:
-                self._batch = batch
+            self._count(batch)
         if loss is not None:
             self._add_loss(loss)
 
