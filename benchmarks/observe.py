@@ -17,8 +17,8 @@ by 1-5%, more than the callback costs. A run's ratio is its mean step time with 
 run's objects land in memory), so the ratio reported is the mean of the runs'. The
 difference is what the callback adds to a step, Lightning's or transformers' own calls
 of its hooks included, every host read of the pending losses (every `FLUSH_EVERY` steps),
-the gradient norm (`grad_norm="auto"`, the default: every step while it costs under 0.2%
-of the step, else every k-th) and the process RSS (read at most every 50 ms).
+the gradient norm (`grad_norm="auto"`, the default: every step while it costs under 0.1%
+of the step, else every k-th) and the process RSS (read at most every 0.25 s).
 
 Also reported: `--reps` interleaved pairs of whole `train()` / `fit()` runs of `--steps`
 // 10 steps (start-up included, with that run-to-run noise), and the microseconds a step
@@ -249,7 +249,8 @@ def hook_seconds(cls: Any, run: Callable[[bool], Any], steps: int, micro: bool) 
     from workbench.integrations import observer
 
     spent = [0.0]
-    names = [n for n in vars(cls) if n.startswith("on_")]
+    # the hooks it has (those it leaves None, Lightning does not call)
+    names = [n for n, f in vars(cls).items() if n.startswith("on_") and callable(f)]
     originals = {n: getattr(cls, n) for n in names}
     micro_batch = observer.Observer.micro_batch
 

@@ -362,13 +362,15 @@ def test_a_callbacks_steps_are_read_from_the_device_in_batches() -> None:
     """`end_step` (what the trainer callbacks call) copies each step's device values into
     the observer's own slots: one host read makes the records of FLUSH_EVERY steps, and a
     read of the records makes the rest. No tensor of the trainer's is kept: a loss scale
-    updated in place after its step is recorded as it was at that step."""
+    updated in place after its step is recorded as it was at that step. (A CPU run's
+    values are read at once instead: `test_a_cpu_runs_values_are_read_at_once`.)"""
     import weakref
 
     from workbench.integrations import observer as observer_module
 
     model = torch.nn.Linear(4, 1)
     obs = Observer(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_norm=False)
+    obs._slots_on_cpu = True  # the path a CUDA run's values take (a CPU's are read at once)
     reads = []
     read = observer_module._Slots.read
 
@@ -414,3 +416,130 @@ def test_a_loss_the_slots_cannot_take_is_kept_as_its_number() -> None:
     for value in (3.0, 5.0):
         obs.end_step(torch.tensor(value).as_subclass(Wrapped), scale=torch.tensor([8.0]))
     assert [(r.loss, r.scale) for r in obs.records()] == [(3.0, 8.0), (5.0, 8.0)]
+
+
+def test_a_cpu_runs_values_are_read_at_once() -> None:
+    """On a CPU a step's loss and loss scale are ready when the op returns: the observer
+    reads them at once (no slots made, no tensor of the trainer's kept), each step's as it
+    was then, and a per-sample loss counts as its mean."""
+    import weakref
+
+    model = torch.nn.Linear(4, 1)
+    obs = Observer(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_norm=False)
+    scale = torch.tensor(1.0)
+    kept = []
+    for value in (1.0, 2.0, 3.0):
+        loss = torch.tensor(value, requires_grad=True) * 1.0
+        kept.append(weakref.ref(loss))
+        obs.end_step(loss, scale=scale)
+        scale.mul_(2.0)
+        del loss
+    obs.end_step(torch.tensor([1.0, 3.0]))  # a per-sample loss
+    assert all(ref() is None for ref in kept)
+    assert obs._slots is None
+    assert not [v for e in obs._pending for v in _leaves(e) if isinstance(v, torch.Tensor)]
+    records = obs.records()
+    assert [r.loss for r in records] == [1.0, 2.0, 3.0, 2.0]
+    assert [r.scale for r in records] == [1.0, 2.0, 4.0, None]
+
+
+def _lightning_fit(callback, *, steps=None, epochs=1, accumulate=1, extra=()):  # type: ignore[no-untyped-def]
+    """A tiny-gpt LightningModule trained with `callback`; returns the module, whose
+    `losses` are training_step's and `norms` the gradients' total norm in its own
+    `on_before_optimizer_step` (before Lightning clips), one per optimizer step."""
+    import lightning as L
+
+    from workbench.models import build_model
+
+    model, data, loss_fn, _ = build_model("tiny-gpt", layers=2, hidden=64, heads=4, seq_len=32)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.losses: list[float] = []
+            self.norms: list[float] = []
+
+        def training_step(self, batch, i):  # type: ignore[no-untyped-def]
+            x, y = batch
+            loss = loss_fn(self.model(x), y)
+            self.losses.append(loss.detach().item())
+            return loss
+
+        def on_before_optimizer_step(self, optimizer):  # type: ignore[no-untyped-def]
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    module = Module()
+    trainer = L.Trainer(
+        max_steps=steps if steps is not None else -1,
+        max_epochs=epochs,
+        accumulate_grad_batches=accumulate,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=8,
+        callbacks=[callback, *extra],
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    return module
+
+
+def test_lightning_calls_the_optimizer_hook_only_on_the_steps_that_read_gradients() -> None:
+    """Without accumulation every batch is an optimizer step: Lightning is left to call
+    `on_before_optimizer_step` only on the steps that take the norm (every 3rd here) or
+    count the states (steps 1 and 2), and skips the hooks the callback has no use for;
+    the records still hold every step's loss and the norm of the steps that took it."""
+    from workbench.integrations import WorkbenchLightningCallback
+
+    called = []
+    hook = WorkbenchLightningCallback.on_before_optimizer_step
+
+    def counted(self, trainer, pl_module, optimizer):  # type: ignore[no-untyped-def]
+        called.append(trainer.global_step + 1)
+        hook(self, trainer, pl_module, optimizer)
+
+    callback = WorkbenchLightningCallback(grad_norm=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(WorkbenchLightningCallback, "on_before_optimizer_step", counted)
+        module = _lightning_fit(callback, steps=7)
+    assert called == [1, 2, 3, 6]
+    records = callback.observer.records()
+    assert [r.loss for r in records] == pytest.approx(module.losses, rel=1e-6)
+    taken = {r.step: r.grad_norm for r in records if r.grad_norm is not None}
+    assert sorted(taken) == [1, 3, 6]
+    assert [taken[s] for s in (1, 3, 6)] == pytest.approx(
+        [module.norms[s - 1] for s in (1, 3, 6)], rel=1e-5
+    )
+    assert records[0].params_bytes and records[1].optimizer_bytes
+    for name in ("on_before_backward", "on_after_backward", "on_before_zero_grad"):
+        assert getattr(callback, name) is None  # Lightning skips them
+
+
+def test_lightning_accumulation_changed_by_a_scheduler_is_followed() -> None:
+    """A GradientAccumulationScheduler moves `accumulate_grad_batches` from 1 to 2 at the
+    second epoch: the records follow it, one per optimizer step, each with the mean of
+    its micro-batches' losses."""
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    from workbench.integrations import WorkbenchLightningCallback
+
+    callback = WorkbenchLightningCallback(grad_norm=True)
+    module = _lightning_fit(
+        callback, epochs=2, extra=[GradientAccumulationScheduler(scheduling={0: 1, 1: 2})]
+    )
+    records = callback.observer.records()
+    per_epoch = len(module.losses) // 2
+    first = module.losses[:per_epoch]
+    second = module.losses[per_epoch:]
+    expected = first + [sum(second[i : i + 2]) / 2 for i in range(0, per_epoch, 2)]
+    assert len(records) == len(module.norms) == per_epoch + per_epoch // 2
+    assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)
+    assert [r.grad_norm for r in records] == pytest.approx(module.norms, rel=1e-5)
+    assert [r.micro_steps for r in records] == [1] * per_epoch + [2] * (per_epoch // 2)

@@ -178,6 +178,7 @@ class WorkbenchTrainerCallback(TrainerCallback):
         self._hook: Any = None
         self._capture: Any = None  # the forward hook that reads each micro-batch and loss
         self._logged_norm = False
+        self._on = False  # a model attached: the run has started
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
@@ -216,17 +217,18 @@ class WorkbenchTrainerCallback(TrainerCallback):
 
         self._capture = capture
         self._hook = model.register_forward_hook(capture, with_kwargs=True)
+        self._on = True
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.observer.attached:
+        if self._on:
             self.observer.begin_step()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.observer.attached and self.observer.grads_due:  # the norm or states' bytes
+        if self._on and self.observer.grads_due:  # the norm or states' bytes
             self.observer.before_optimizer_step(kwargs.get("optimizer"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self.observer.attached:
+        if not self._on:
             return
         # the lr was read when the step began, before its optimizer step, as the Trainer
         # logs it; fp16's loss scale from accelerate's GradScaler (its tensor, read with
@@ -242,6 +244,7 @@ class WorkbenchTrainerCallback(TrainerCallback):
             self.observer.replace_last(grad_norm=float(norm))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._on = False
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

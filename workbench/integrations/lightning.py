@@ -17,6 +17,12 @@ What it reads, from Lightning's hooks and objects:
 * the gradient norm in `on_before_optimizer_step` (before Lightning clips), with the
   model states' bytes on the first steps; the record is published at the end of the
   batch whose optimizer step ran.
+
+What it costs a step (benchmarks/observe.py): Lightning dispatches every hook of every
+callback, an empty one included, at a few microseconds each; it skips a hook that is not
+callable. So the per-step hooks this callback has no use for are None, and without
+accumulation (every batch ends in an optimizer step) `on_before_optimizer_step` is None
+too on the steps that read no gradients: a step pays for two hooks.
 """
 
 from __future__ import annotations
@@ -147,6 +153,13 @@ class WorkbenchLightningCallback(Callback):
     made with the callback; the model, optimizer and settings attached at
     `on_train_start`; see the module docstring)."""
 
+    # Lightning calls a callback's hook only where it is callable (`_call_callback_hooks`):
+    # the per-step hooks this callback has no use for are None, so a step pays nothing
+    # for them (an empty hook costs its dispatch, a few microseconds each)
+    on_before_backward = None  # type: ignore[assignment]
+    on_after_backward = None  # type: ignore[assignment]
+    on_before_zero_grad = None  # type: ignore[assignment]
+
     def __init__(self, *, grad_norm: bool | int | str = "auto") -> None:
         grad_norm_every(grad_norm)  # ValueError naming the value
         # made now, so a dashboard of it can be shown before `fit()`; the model, optimizer
@@ -158,6 +171,7 @@ class WorkbenchLightningCallback(Callback):
         self._on = False  # a model attached: the run has started
         self._accum = 1
         self._scaler: Any = None
+        self._hooked = True  # Lightning calls `on_before_optimizer_step`
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         settings, read, notes = settings_from_trainer(trainer)
@@ -169,16 +183,37 @@ class WorkbenchLightningCallback(Callback):
         model = _inner_model(pl_module)
         optimizers = getattr(trainer, "optimizers", None) or [None]
         self.observer.attach(model, optimizers[0], config=config, read_from=read, notes=notes)
-        # read once, not on the hot path: the accumulation and 16-mixed's GradScaler
-        self._accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        # read once, not on the hot path: 16-mixed's GradScaler
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         self._scaler = scaler if hasattr(scaler, "_scale") else None
         self._on = True
+        self._read_accumulation(trainer)
+
+    def _read_accumulation(self, trainer: Any) -> None:
+        """The accumulation, read at each epoch's first batch (a GradientAccumulationScheduler
+        changes it when the epoch starts), not on every step."""
+        self._accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        self._dispatch_optimizer_hook(self._accum > 1 or self.observer.grads_due)
+
+    def _dispatch_optimizer_hook(self, on: bool) -> None:
+        """Whether Lightning calls `on_before_optimizer_step` on the next steps: without
+        accumulation every batch ends in an optimizer step, and the hook is needed only
+        on the steps that read the gradients (their norm, the states' bytes); elsewhere
+        it is None on this instance, which Lightning skips (as the unused hooks above)."""
+        if on is self._hooked:
+            return
+        self._hooked = on
+        if on:
+            self.__dict__.pop("on_before_optimizer_step", None)
+        else:
+            self.__dict__["on_before_optimizer_step"] = None
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._on:
+            if batch_idx == 0:
+                self._read_accumulation(trainer)
             self.observer.batch_start(batch, batch_idx % self._accum == 0)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -194,18 +229,25 @@ class WorkbenchLightningCallback(Callback):
             return
         # Lightning hands back the loss divided by accumulate_grad_batches: the step's is
         # the sum of its micro-batches'
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        loss = (
+            outputs.get("loss")
+            if type(outputs) is dict or isinstance(outputs, Mapping)
+            else outputs
+        )
         if not isinstance(loss, torch.Tensor):
             loss = None
-        if self._stepped:
+        observer = self.observer
+        if self._accum == 1 or self._stepped:  # this batch ended in an optimizer step
             self._stepped = False
             # 16-mixed's loss scale from Lightning's GradScaler (its tensor, read with the loss)
             scaler = self._scaler
-            self.observer.end_step(
+            observer.end_step(
                 loss, summed=True, scale=scaler._scale if scaler is not None else None
             )
+            if self._accum == 1:
+                self._dispatch_optimizer_hook(observer.grads_due)
         else:
-            self.observer.micro_batch(loss=loss, summed=True)
+            observer.micro_batch(loss=loss, summed=True)
 
 
 def _inner_model(pl_module: Any) -> Any:

@@ -31,6 +31,7 @@ without the callback.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import threading
@@ -131,12 +132,15 @@ class Observer:
         # taken; 1 until measured
         self._norm_s = 0.0
         self._norm_step = 1
+        # the steps whose gradients are read next: their norm, the model states' bytes
+        self._next_norm = 1
+        self._next_states = 1
         # whether the next optimizer step needs the gradients (their norm, the states'
         # bytes): a callback calls `before_optimizer_step` only then
         self.grads_due = True
         self._history = History()
         # steps ended whose records are not made yet (`end_step`), and steps ended in all
-        self._pending: list[tuple[Any, ...]] = []
+        self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self._steps = 0
         self.events: list[Event] = []
         self._version = 0  # attachments, flushes and replacements so far
@@ -151,6 +155,9 @@ class Observer:
         # ON_DEVICE: in its row)
         self._loss_sum, self._loss_n, self._loss_dev = 0.0, 0, 0
         self._slots: _Slots | None = None
+        # a CPU tensor's value is read at once (it is ready); True: copied into the slots
+        # too, as another device's are (what the tests of the slots set)
+        self._slots_on_cpu = False
         self._row = 0  # this step's row of the slots (rows are reused FLUSH_EVERY steps on)
         self._samples = 0
         self._tokens = 0
@@ -260,18 +267,34 @@ class Observer:
     def begin_step(self) -> None:
         """The first micro-batch of an optimizer step is in hand: the time since the last
         step ended was the wait for data (and the trainer's own work between steps)."""
-        now = time.perf_counter()
-        if self._last_end is not None:
-            self._data_s += now - self._last_end
-        self._begin = now
-        self._step_lr = self._lr()  # what this step uses: the scheduler moved it already
+        self.batch_start(None, True)
 
     def batch_start(self, batch: Any, first: bool) -> None:
         """A micro-batch is in hand (`first`: the first of its optimizer step): as
-        `begin_step()` when `first`, then `micro_batch(batch)`."""
+        `begin_step()` when `first`, then `micro_batch(batch)`. Written out in one body:
+        a trainer's callback calls it every micro-batch, when the step has left the
+        host's caches cold and each call costs a microsecond or more."""
         if first:
-            self.begin_step()
-        self._count(batch)
+            now = time.perf_counter()
+            if self._last_end is not None:
+                self._data_s += now - self._last_end
+            self._begin = now
+            try:  # the lr this step uses (a scheduler moved it already)
+                lr = self.optimizer.param_groups[0]["lr"]  # type: ignore[union-attr]
+            except (AttributeError, IndexError, KeyError):  # no optimizer, group or lr
+                lr = math.nan
+            self._step_lr = lr if type(lr) is float else self._lr()
+        if batch is None:
+            return
+        kind = type(batch)
+        ids = batch[0] if (kind is tuple or kind is list) and batch else batch
+        if type(ids) is torch.Tensor and ids.dim() and self._batch is not None:
+            shape = ids.shape  # the common layouts: a tensor, or a tuple's first
+            self._samples += shape[0]
+            if len(shape) == 2 and not ids.is_floating_point():
+                self._tokens += shape[0] * shape[1]
+        else:
+            self._count(batch)
 
     def _count(self, batch: Any) -> None:
         """A micro-batch's samples and tokens into the step's; the first batch kept (its
@@ -286,23 +309,36 @@ class Observer:
         self, batch: Any = None, loss: torch.Tensor | float | None = None, *, summed: bool = False
     ) -> None:
         """One micro-batch of the step: its batch (samples and tokens counted from it)
-        and/or its loss (copied into the observer's device slots until the step's record is made). `summed`: the loss is
+        and/or its loss (a CPU tensor's value read now, another device's copied into the
+        observer's device slots until the step's record is made). `summed`: the loss is
         this micro-batch's share of the step's (normalised by the step's token count, as
         a transformers model given `num_items_in_batch` returns it), so the step's loss is
         the sum of the shares, not their mean."""
-        self._summed = self._summed or summed
+        if summed:
+            self._summed = True
         if batch is not None:
-            self._count(batch)
+            if type(batch) is torch.Tensor and batch.dim() and self._batch is not None:
+                shape = batch.shape  # (`_count`'s common case, written out: the hot path)
+                self._samples += shape[0]
+                if len(shape) == 2 and not batch.is_floating_point():
+                    self._tokens += shape[0] * shape[1]
+            else:
+                self._count(batch)
         if loss is not None:
-            self._add_loss(loss)
+            if type(loss) is torch.Tensor and loss.is_cpu and not self._slots_on_cpu:
+                self._loss_sum += _number(loss) if loss.numel() != 1 else loss.item()
+                self._loss_n += 1  # (`_add_loss`'s CPU path)
+            else:
+                self._add_loss(loss)
 
     def _add_loss(self, loss: torch.Tensor | float) -> None:
-        """A micro-batch's loss into this step's: a tensor added into the step's row of the
-        device slots (no tensor of the trainer's is kept, nothing waits for the device), a
-        number into its sum."""
+        """A micro-batch's loss into this step's: a CPU tensor's value read now, another
+        device's added into the step's row of the device slots (no tensor of the trainer's
+        is kept, nothing waits for the device), a number into its sum."""
         if isinstance(loss, torch.Tensor):
-            # on a CPU too: an in-place copy costs a training step less than `.item()`
-            if self._put(LOSS, loss, add=self._loss_dev > 0):
+            if (self._slots_on_cpu or not loss.is_cpu) and self._put(
+                LOSS, loss, add=self._loss_dev > 0
+            ):
                 self._loss_dev += 1
                 return
             loss = _number(loss)
@@ -323,6 +359,15 @@ class Observer:
             return False
         return True
 
+    def _value(self, column: int, value: torch.Tensor) -> float | object:
+        """A step's tensor value (its gradient norm, loss scale): read now on a CPU (the
+        value is computed when the op returns: a read waits for nothing and costs a step
+        less than a copy), else copied into the step's row of the slots (`ON_DEVICE`), or
+        read now where they cannot take it."""
+        if (self._slots_on_cpu or not value.is_cpu) and self._put(column, value):
+            return ON_DEVICE
+        return _number(value)
+
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The gradients are ready: their total norm (on the device, read with the loss at
         the step's end) when the observer computes it, and the model states' bytes on the
@@ -334,17 +379,14 @@ class Observer:
         params = self._params if self._params is not None else self._list_params()
         self._step_lr = self._lr()  # before the scheduler moves it
         step = self._steps + 1
-        norm = self.want_grad_norm and (
-            step == 1 or step % (self._norm_every or self._norm_step) == 0
-        )
-        states = step <= 2 or step % STATE_EVERY == 0
+        norm = self.want_grad_norm and step >= self._next_norm
+        states = step >= self._next_states
         if not (norm or states):
             return
         start = time.perf_counter()
         grads = [p.grad for p in params if p.grad is not None]
         if norm and grads:
-            total = _total_norm(grads, self._one_kind)
-            self._norm = ON_DEVICE if self._put(NORM, total) else _number(total)
+            self._norm = self._value(NORM, _total_norm(grads, self._one_kind))
             self._norm_s = time.perf_counter() - start  # the listing included
         if states:
             self._states = (storage_bytes(self._params), storage_bytes(grads), None)
@@ -414,66 +456,88 @@ class Observer:
             if self._closed:
                 raise RuntimeError("observer: closed; create a new one with workbench.observe()")
             raise RuntimeError("observer: no model attached yet (Observer.attach)")
+        # written out in one body: a trainer's callback calls this every step, when the
+        # step has left the host's caches cold and each call costs a microsecond or more
         if batch is not None:
-            self.micro_batch(batch)
+            self._count(batch)
         if loss is not None:
-            self._add_loss(loss)
-            self._summed = self._summed or summed
+            if type(loss) is torch.Tensor and loss.is_cpu and not self._slots_on_cpu:
+                self._loss_sum += _number(loss) if loss.numel() != 1 else loss.item()
+                self._loss_n += 1  # (`_add_loss`'s CPU path)
+            else:
+                self._add_loss(loss)
+            if summed:
+                self._summed = True
         kept_scale: object = scale
-        if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this step's
-            kept_scale = ON_DEVICE if self._put(SCALE, scale) else _number(scale)
+        if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this
+            kept_scale = self._value(SCALE, scale)  # step's value, kept now
         self._steps = step = self._steps + 1
-        states = self._states
-        if states[0] is not None and (step <= 2 or step % STATE_EVERY == 0):
-            states = self._states = (states[0], states[1], self._optimizer_bytes())
-        norm = self._norm if grad_norm is None else grad_norm
+        if step >= self._next_states:  # the model states' bytes: the first steps, then
+            self._count_optimizer_states(step)  # every STATE_EVERY
         if self._cuda or now - self._memory_at >= RSS_SECONDS:
             self._last_memory = self._read_memory()
             self._memory_at = now
+        start = self._last_end
+        if start is None:
+            start = self._begin
         # what the record needs, as it is now; the record itself is made at the flush
-        entry = (
-            step,
-            self._row,
-            (self._loss_sum, self._loss_n, self._loss_dev),
-            self._summed,
-            norm,
-            kept_scale,
-            now,
-            self._last_end if self._last_end is not None else self._begin,
-            self._data_s,
-            self._samples if samples is None else samples,
-            self._tokens if tokens is None else tokens,
-            (self._step_lr if self._step_lr is not None else self._lr()) if lr is None else lr,
-            skipped,
-            states,
-            self._last_memory,
+        # (a deque: appended here while a dashboard's thread may be flushing it)
+        self._pending.append(
+            (
+                step,
+                self._row,
+                self._loss_sum,
+                self._loss_n,
+                self._loss_dev,
+                self._summed,
+                self._norm if grad_norm is None else grad_norm,
+                kept_scale,
+                now,
+                start,
+                self._data_s,
+                self._samples if samples is None else samples,
+                self._tokens if tokens is None else tokens,
+                (self._step_lr if self._step_lr is not None else self._lr()) if lr is None else lr,
+                skipped,
+                self._states,
+                self._last_memory,
+            )
         )
-        with self._lock:
-            self._pending.append(entry)
-            due = len(self._pending) >= FLUSH_EVERY
         self._loss_sum, self._loss_n, self._loss_dev = 0.0, 0, 0
         self._row = (self._row + 1) % FLUSH_EVERY
         self._samples, self._tokens, self._norm = 0, 0, None
         self._summed, self._step_lr, self._data_s = False, None, 0.0
-        if self._norm_s and self._norm_every is None and norm is not None:
-            # "auto": the interval from the norm's cost and this step's time (the first
-            # step includes the trainer's start-up: re-measured at every norm taken)
-            start = entry[7]
-            step_s = now - start if start is not None else 0.0
-            self._norm_step = norm_interval(self._norm_s, step_s) if step > 1 else 1
-            self._norm_s = 0.0
-        step += 1
-        self.grads_due = (
-            step <= 2
-            or step % STATE_EVERY == 0
-            or (self.want_grad_norm and step % (self._norm_every or self._norm_step) == 0)
+        if step >= self._next_norm:
+            self._next_norm = self._norm_after(step, now - start if start is not None else 0.0)
+        self.grads_due = step + 1 >= self._next_states or (
+            self.want_grad_norm and step + 1 >= self._next_norm
         )
-        if due:
+        if len(self._pending) >= FLUSH_EVERY:
             self.flush()
             now = time.perf_counter()
         self._last_end = now
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _count_optimizer_states(self, step: int) -> None:
+        """The optimizer states' bytes at `step` (the parameters' and gradients' were
+        counted before its optimizer step), and the next step they are counted at."""
+        self._next_states = step + 1 if step < 2 else (step // STATE_EVERY + 1) * STATE_EVERY
+        states = self._states
+        if states[0] is not None:
+            self._states = (states[0], states[1], self._optimizer_bytes())
+
+    def _norm_after(self, step: int, step_s: float) -> int:
+        """The step whose gradient norm is taken after the one at `step`: each k-th step
+        for a fixed `grad_norm=k`; for "auto", `norm_interval` steps on, from the norm's
+        measured cost and this step's time (the first step includes the trainer's
+        start-up: the second is taken too, and the cost measured at every norm taken)."""
+        if self._norm_every:
+            return (step // self._norm_every + 1) * self._norm_every
+        if self._norm_s and step > 1:
+            self._norm_step = norm_interval(self._norm_s, step_s)
+        self._norm_s = 0.0
+        return step + self._norm_step
 
     def _optimizer_bytes(self) -> int | None:
         if self.optimizer is None:
@@ -485,21 +549,21 @@ class Observer:
 
     def flush(self) -> None:
         """Make the records of the pending steps: their device values read in one go."""
+        queue = self._pending
         with self._lock:
-            pending, self._pending = self._pending, []
-            if not pending:
+            n = len(queue)  # the steps ended so far (the trainer's thread may end more)
+            if not n:
                 return
             # the device values of every pending step in one copy (one wait)
             rows = self._slots.read() if self._slots is not None else []
-            for e in pending:
-                self._history.append(self._record(e, rows))
+            for _ in range(n):
+                self._history.append(self._record(queue.popleft(), rows))
             self._version += 1
 
     def _record(self, entry: tuple[Any, ...], rows: list[list[float]]) -> StepRecord:
         """The StepRecord of a pending step; `rows`: the device slots' values on the host."""
-        (step, row, losses, summed, norm, scale, end, start, data_s, n, t, lr, skipped,
-         states, mem) = entry  # fmt: skip
-        total, count, on_device = losses
+        (step, row, total, count, on_device, summed, norm, scale, end, start, data_s, n, t,
+         lr, skipped, states, mem) = entry  # fmt: skip
         if on_device:
             total += rows[row][LOSS]
             count += on_device
@@ -556,6 +620,8 @@ class Observer:
             lr = self.optimizer.param_groups[0]["lr"]  # type: ignore[union-attr]
         except (AttributeError, IndexError, KeyError):  # no optimizer, group or lr
             return math.nan
+        if type(lr) is float:
+            return lr
         return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
 
     def _config_samples(self) -> int:
@@ -737,7 +803,10 @@ class _Slots:
 
 
 def _number(value: torch.Tensor) -> float:
-    """The value of a tensor the slots cannot take (a DTensor: its full value), now."""
+    """A tensor's value, now (a DTensor's full value; a tensor of several values, a
+    per-sample loss, counts as their mean)."""
+    if type(value) is torch.Tensor and value.numel() == 1:
+        return value.item()
     full = getattr(value, "full_tensor", None)
     if callable(full):
         value = full()
