@@ -22,7 +22,9 @@ argument of *your* trainer to change (`arg_names`).
 On the hot path a trainer's callback (`end_step`) keeps what the step's record needs and
 never waits for the device: the records are made when they are read (a dashboard's
 refresh, `records()`), or once `FLUSH_EVERY` steps are pending, their losses, norms and
-loss scales read in one host-device copy. A hand-written loop's `obs.step(loss)` returns
+loss scales (copied into the observer's device slots each step) read in one host-device
+copy. A CPU tensor's value is read at once instead: it is ready when its op returns, and
+in a training loop a read costs half what the copy does. A hand-written loop's `obs.step(loss)` returns
 its record, so it reads the loss then. The gradient norm, the costly part on a model of
 many small tensors, is taken every step while it costs under 0.1% of the step
 (`grad_norm="auto"`). benchmarks/observe.py measures the cost against the same trainer
