@@ -543,3 +543,53 @@ def test_lightning_accumulation_changed_by_a_scheduler_is_followed() -> None:
     assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)
     assert [r.grad_norm for r in records] == pytest.approx(module.norms, rel=1e-5)
     assert [r.micro_steps for r in records] == [1] * per_epoch + [2] * (per_epoch // 2)
+
+
+def test_lightning_manual_optimization_is_recorded_per_optimizer_step() -> None:
+    """A module that optimizes by hand and steps every second batch: one record per
+    optimizer step it took, with the mean of its two batches' losses."""
+    import lightning as L
+
+    from workbench.integrations import WorkbenchLightningCallback
+    from workbench.models import build_model
+
+    model, data, loss_fn, _ = build_model("tiny-gpt", layers=2, hidden=64, heads=4, seq_len=32)
+
+    class Manual(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.automatic_optimization = False
+            self.losses: list[float] = []
+
+        def training_step(self, batch, i):  # type: ignore[no-untyped-def]
+            x, y = batch
+            loss = loss_fn(self.model(x), y) / 2
+            self.manual_backward(loss)
+            self.losses.append(loss.detach().item())
+            if i % 2 == 1:
+                opt = self.optimizers()
+                opt.step()
+                opt.zero_grad()
+            return loss
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    callback = WorkbenchLightningCallback(grad_norm=False)
+    module = Manual()
+    trainer = L.Trainer(
+        max_epochs=1,
+        limit_train_batches=8,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    records = callback.observer.records()
+    expected = [module.losses[i] + module.losses[i + 1] for i in range(0, 8, 2)]
+    assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)

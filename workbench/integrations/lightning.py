@@ -21,8 +21,9 @@ What it reads, from Lightning's hooks and objects:
 What it costs a step (benchmarks/observe.py): Lightning dispatches every hook of every
 callback, an empty one included, at a few microseconds each; it skips a hook that is not
 callable. So the per-step hooks this callback has no use for are None, and without
-accumulation (every batch ends in an optimizer step) `on_before_optimizer_step` is None
-too on the steps that read no gradients: a step pays for two hooks.
+accumulation under automatic optimization (every batch ends in an optimizer step)
+`on_before_optimizer_step` is None too on the steps that read no gradients: a step pays
+for two hooks. Under manual optimization that hook says which batches stepped.
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ class WorkbenchLightningCallback(Callback):
         self._stepped = False
         self._on = False  # a model attached: the run has started
         self._accum = 1
+        self._manual = False
+        self._each_batch = False
         self._scaler: Any = None
         self._hooked = True  # Lightning calls `on_before_optimizer_step`
 
@@ -187,17 +190,21 @@ class WorkbenchLightningCallback(Callback):
         scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
         self._scaler = scaler if hasattr(scaler, "_scale") else None
         self._on = True
+        # with manual optimization the module steps when it chooses: the hook says when
+        self._manual = not getattr(pl_module, "automatic_optimization", True)
         self._read_accumulation(trainer)
 
     def _read_accumulation(self, trainer: Any) -> None:
         """The accumulation, read at each epoch's first batch (a GradientAccumulationScheduler
         changes it when the epoch starts), not on every step."""
         self._accum = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
-        self._dispatch_optimizer_hook(self._accum > 1 or self.observer.grads_due)
+        self._each_batch = self._accum == 1 and not self._manual  # each batch steps
+        self._dispatch_optimizer_hook(not self._each_batch or self.observer.grads_due)
 
     def _dispatch_optimizer_hook(self, on: bool) -> None:
         """Whether Lightning calls `on_before_optimizer_step` on the next steps: without
-        accumulation every batch ends in an optimizer step, and the hook is needed only
+        accumulation (and under automatic optimization) every batch ends in an optimizer
+        step, and the hook is needed only
         on the steps that read the gradients (their norm, the states' bytes); elsewhere
         it is None on this instance, which Lightning skips (as the unused hooks above)."""
         if on is self._hooked:
@@ -237,14 +244,14 @@ class WorkbenchLightningCallback(Callback):
         if not isinstance(loss, torch.Tensor):
             loss = None
         observer = self.observer
-        if self._accum == 1 or self._stepped:  # this batch ended in an optimizer step
+        if self._each_batch or self._stepped:  # this batch ended in an optimizer step
             self._stepped = False
             # 16-mixed's loss scale from Lightning's GradScaler (its tensor, read with the loss)
             scaler = self._scaler
             observer.end_step(
                 loss, summed=True, scale=scaler._scale if scaler is not None else None
             )
-            if self._accum == 1:
+            if self._each_batch:
                 self._dispatch_optimizer_hook(observer.grads_due)
         else:
             observer.micro_batch(loss=loss, summed=True)
