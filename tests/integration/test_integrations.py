@@ -148,44 +148,17 @@ def test_the_advice_names_the_trainers_argument_and_applies_nothing(tmp_path) ->
 
 
 def test_a_lightning_trainer_run_is_recorded_with_its_own_losses() -> None:
-    import lightning as L
-
     from workbench.integrations import WorkbenchLightningCallback
-    from workbench.models import build_model
-
-    model, data, loss_fn, _ = build_model("tiny-gpt", layers=2, hidden=64, heads=4, seq_len=32)
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-            self.losses: list[float] = []
-
-        def training_step(self, batch, i):  # type: ignore[no-untyped-def]
-            x, y = batch
-            loss = loss_fn(self.model(x), y)
-            self.losses.append(loss.detach().item())
-            return loss
-
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
-            return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.0)
 
     callback = WorkbenchLightningCallback(grad_norm=True)
-    module = Module()
-    trainer = L.Trainer(
+    module = _lightning_fit(
+        callback,
         max_steps=4,
+        limit_train_batches=None,
         accumulate_grad_batches=2,
         precision="bf16-mixed",
         gradient_clip_val=1.0,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
     )
-    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
     obs = callback.observer
     assert obs is not None
     records = obs.records()
@@ -443,10 +416,13 @@ def test_a_cpu_runs_values_are_read_at_once() -> None:
     assert [r.scale for r in records] == [1.0, 2.0, 4.0, None]
 
 
-def _lightning_fit(callback, *, steps=None, epochs=1, accumulate=1, extra=()):  # type: ignore[no-untyped-def]
-    """A tiny-gpt LightningModule trained with `callback`; returns the module, whose
-    `losses` are training_step's and `norms` the gradients' total norm in its own
-    `on_before_optimizer_step` (before Lightning clips), one per optimizer step."""
+def _lightning_fit(callback, *, manual: bool = False, extra=(), **trainer_args):  # type: ignore[no-untyped-def]
+    """A tiny-gpt LightningModule trained on the CPU with `callback` (and the `extra`
+    callbacks, the Trainer's arguments `trainer_args` over one epoch of 8 batches of 4);
+    returns the module, whose `losses` are training_step's and `norms` the gradients'
+    total norm in its own `on_before_optimizer_step` (before Lightning clips), one per
+    optimizer step. `manual`: it optimizes by hand, stepping every second batch with
+    each batch's loss halved."""
     import lightning as L
 
     from workbench.models import build_model
@@ -457,12 +433,20 @@ def _lightning_fit(callback, *, steps=None, epochs=1, accumulate=1, extra=()):  
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.automatic_optimization = not manual
             self.losses: list[float] = []
             self.norms: list[float] = []
 
         def training_step(self, batch, i):  # type: ignore[no-untyped-def]
             x, y = batch
             loss = loss_fn(self.model(x), y)
+            if manual:
+                loss = loss / 2
+                self.manual_backward(loss)
+                if i % 2 == 1:
+                    opt = self.optimizers()
+                    opt.step()
+                    opt.zero_grad()
             self.losses.append(loss.detach().item())
             return loss
 
@@ -471,22 +455,21 @@ def _lightning_fit(callback, *, steps=None, epochs=1, accumulate=1, extra=()):  
             self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
 
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+            return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.0)
 
+    settings = {
+        "max_epochs": 1,
+        "limit_train_batches": 8,
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        **trainer_args,
+    }
     module = Module()
-    trainer = L.Trainer(
-        max_steps=steps if steps is not None else -1,
-        max_epochs=epochs,
-        accumulate_grad_batches=accumulate,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_train_batches=8,
-        callbacks=[callback, *extra],
-    )
+    trainer = L.Trainer(callbacks=[callback, *extra], **settings)
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
     return module
 
@@ -508,7 +491,7 @@ def test_lightning_calls_the_optimizer_hook_only_on_the_steps_that_read_gradient
     callback = WorkbenchLightningCallback(grad_norm=3)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(WorkbenchLightningCallback, "on_before_optimizer_step", counted)
-        module = _lightning_fit(callback, steps=7)
+        module = _lightning_fit(callback, max_steps=7)
     assert called == [1, 2, 3, 6]
     records = callback.observer.records()
     assert [r.loss for r in records] == pytest.approx(module.losses, rel=1e-6)
@@ -532,7 +515,7 @@ def test_lightning_accumulation_changed_by_a_scheduler_is_followed() -> None:
 
     callback = WorkbenchLightningCallback(grad_norm=True)
     module = _lightning_fit(
-        callback, epochs=2, extra=[GradientAccumulationScheduler(scheduling={0: 1, 1: 2})]
+        callback, max_epochs=2, extra=[GradientAccumulationScheduler(scheduling={0: 1, 1: 2})]
     )
     records = callback.observer.records()
     per_epoch = len(module.losses) // 2
@@ -547,49 +530,11 @@ def test_lightning_accumulation_changed_by_a_scheduler_is_followed() -> None:
 
 def test_lightning_manual_optimization_is_recorded_per_optimizer_step() -> None:
     """A module that optimizes by hand and steps every second batch: one record per
-    optimizer step it took, with the mean of its two batches' losses."""
-    import lightning as L
-
+    optimizer step it took, with the sum of its two batches' (halved) losses."""
     from workbench.integrations import WorkbenchLightningCallback
-    from workbench.models import build_model
-
-    model, data, loss_fn, _ = build_model("tiny-gpt", layers=2, hidden=64, heads=4, seq_len=32)
-
-    class Manual(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-            self.automatic_optimization = False
-            self.losses: list[float] = []
-
-        def training_step(self, batch, i):  # type: ignore[no-untyped-def]
-            x, y = batch
-            loss = loss_fn(self.model(x), y) / 2
-            self.manual_backward(loss)
-            self.losses.append(loss.detach().item())
-            if i % 2 == 1:
-                opt = self.optimizers()
-                opt.step()
-                opt.zero_grad()
-            return loss
-
-        def configure_optimizers(self):  # type: ignore[no-untyped-def]
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     callback = WorkbenchLightningCallback(grad_norm=False)
-    module = Manual()
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=8,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
-    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    module = _lightning_fit(callback, manual=True)
     records = callback.observer.records()
     expected = [module.losses[i] + module.losses[i + 1] for i in range(0, 8, 2)]
     assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)
