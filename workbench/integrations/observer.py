@@ -273,9 +273,9 @@ class Observer:
 
     def batch_start(self, batch: Any, first: bool) -> None:
         """A micro-batch is in hand (`first`: the first of its optimizer step): as
-        `begin_step()` when `first`, then `micro_batch(batch)`. Written out in one body:
-        a trainer's callback calls it every micro-batch, when the step has left the
-        host's caches cold and each call costs a microsecond or more."""
+        `begin_step()` when `first`, then `micro_batch(batch)`. The step's beginning is
+        written out here: a trainer's callback calls this every micro-batch, when the step
+        has left the host's caches cold and each call costs a microsecond or more."""
         if first:
             now = time.perf_counter()
             if self._last_end is not None:
@@ -286,21 +286,20 @@ class Observer:
             except (AttributeError, IndexError, KeyError):  # no optimizer, group or lr
                 lr = math.nan
             self._step_lr = lr if type(lr) is float else self._lr()
-        if batch is None:
-            return
-        kind = type(batch)
-        ids = batch[0] if (kind is tuple or kind is list) and batch else batch
-        if type(ids) is torch.Tensor and ids.dim() and self._batch is not None:
-            shape = ids.shape  # the common layouts: a tensor, or a tuple's first
-            self._samples += shape[0]
-            if len(shape) == 2 and not ids.is_floating_point():
-                self._tokens += shape[0] * shape[1]
-        else:
+        if batch is not None:
             self._count(batch)
 
     def _count(self, batch: Any) -> None:
         """A micro-batch's samples and tokens into the step's; the first batch kept (its
         sequence length, for the prediction)."""
+        kind = type(batch)
+        ids = batch[0] if (kind is tuple or kind is list) and batch else batch
+        if type(ids) is torch.Tensor and ids.dim() and self._batch is not None:
+            shape = ids.shape  # the common layouts (a tensor, a tuple's first), checked cheaply
+            self._samples += shape[0]
+            if len(shape) == 2 and not ids.is_floating_point():
+                self._tokens += shape[0] * shape[1]
+            return
         samples, tokens = _batch_size(batch)
         self._samples += samples
         self._tokens += tokens
@@ -319,24 +318,19 @@ class Observer:
         if summed:
             self._summed = True
         if batch is not None:
-            if type(batch) is torch.Tensor and batch.dim() and self._batch is not None:
-                shape = batch.shape  # (`_count`'s common case, written out: the hot path)
-                self._samples += shape[0]
-                if len(shape) == 2 and not batch.is_floating_point():
-                    self._tokens += shape[0] * shape[1]
-            else:
-                self._count(batch)
+            self._count(batch)
         if loss is not None:
-            if type(loss) is torch.Tensor and loss.is_cpu and not self._slots_on_cpu:
-                self._loss_sum += _number(loss) if loss.numel() != 1 else loss.item()
-                self._loss_n += 1  # (`_add_loss`'s CPU path)
-            else:
-                self._add_loss(loss)
+            self._add_loss(loss)
 
     def _add_loss(self, loss: torch.Tensor | float) -> None:
         """A micro-batch's loss into this step's: a CPU tensor's value read now, another
         device's added into the step's row of the device slots (no tensor of the trainer's
         is kept, nothing waits for the device), a number into its sum."""
+        if type(loss) is torch.Tensor and loss.is_cpu and not self._slots_on_cpu:
+            # the common case first, in one call: a trainer's step runs it every micro-batch
+            self._loss_sum += loss.item() if loss.numel() == 1 else _number(loss)
+            self._loss_n += 1
+            return
         if isinstance(loss, torch.Tensor):
             if (self._slots_on_cpu or not loss.is_cpu) and self._put(
                 LOSS, loss, add=self._loss_dev > 0
@@ -463,11 +457,7 @@ class Observer:
         if batch is not None:
             self._count(batch)
         if loss is not None:
-            if type(loss) is torch.Tensor and loss.is_cpu and not self._slots_on_cpu:
-                self._loss_sum += _number(loss) if loss.numel() != 1 else loss.item()
-                self._loss_n += 1  # (`_add_loss`'s CPU path)
-            else:
-                self._add_loss(loss)
+            self._add_loss(loss)
             if summed:
                 self._summed = True
         kept_scale: object = scale
