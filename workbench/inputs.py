@@ -5,7 +5,9 @@ hostfile, a ladder's rung file, a job's job.json, a checkpoint's manifest) goes 
 `read_text` or `read_json`, which guarantee:
 
 * only a regular file is opened: a directory, a FIFO, a device (`/dev/zero`,
-  `/dev/urandom`) or a socket is refused before `open()`, so nothing blocks or reads forever;
+  `/dev/urandom`) or a socket is refused before `open()`, and the file is opened
+  non-blocking and checked again with `fstat` on the open descriptor (`open_regular`), so a
+  file swapped for a FIFO between the check and the open blocks nothing;
 * at most `max_bytes` are read, and a larger file is refused with its size and the limit;
 * the text must be UTF-8; a decode error names the path and the byte offset;
 * JSON is strict: a key given twice in one object, `NaN` / `Infinity`, a number too large
@@ -14,8 +16,9 @@ hostfile, a ladder's rung file, a job's job.json, a checkpoint's manifest) goes 
 
 Every failure is an `InputFileError` (a `ValueError`) that carries `what` (the flag or
 field that named the file), `path` and `reason` as data; its text is made from them.
-`shown(value)` is the `repr` to put in an error message: bounded in length, and safe for
-integers too large for `repr` (Python refuses to print more than 4,300 digits).
+`shown(value)` is the `repr` to put in an error message: bounded in length and in the work
+it takes to build (a deep or self-sharing container is looked at to a few levels only), and
+safe for integers too large for `repr` (Python refuses to print more than 4,300 digits).
 
 Pure: imports nothing of the package and no torch.
 """
@@ -27,9 +30,10 @@ import math
 import numbers
 import os
 import re
+import reprlib
 import stat
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 #: Default size limit of a settings file (a config.json, a DeepSpeed config, a job.json).
 MAX_SETTINGS_BYTES = 16 * 1024 * 1024
@@ -68,14 +72,33 @@ def is_number(v: Any) -> bool:
         return False
 
 
+#: How much of a container `shown` looks at: nesting levels, and items per level. The
+#: work is bounded by these, not by the value: a list of shared references nested 40 deep
+#: (`[L, L]` with `L = [L', L']`, a few bytes in a file) has 2^40 leaves, and its full
+#: `repr()` never finishes.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 3
+_SHOWN.maxdict = _SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxset = _SHOWN.maxfrozenset = 8
+_SHOWN.maxdeque = _SHOWN.maxarray = 8
+_SHOWN.maxlong = 40
+_SHOWN.maxstring = _SHOWN.maxother = 100
+
+
 def shown(value: Any, limit: int = 80) -> str:
-    """`repr(value)` for an error message: an integer of more than 30 digits as its size
-    ("an integer of 61 digits"), anything longer than `limit` characters cut with '...'."""
+    """`repr(value)` for an error message, built with bounded work: an integer of more than
+    30 digits as its size ("an integer of 61 digits"), a container to 3 levels and 8 items a
+    level (`reprlib`), a string from its first `limit` characters, and anything longer than
+    `limit` characters cut with '...'."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 100:
         digits = int(value.bit_length() * math.log10(2)) + 1
         return f"{'-' if value < 0 else ''}<an integer of about {digits} digits>"
     try:
-        text = repr(value)
+        if isinstance(value, (str, bytes)):
+            text = repr(value[: limit + 1])
+        elif isinstance(value, (dict, list, tuple, set, frozenset)):
+            text = _SHOWN.repr(value)
+        else:
+            text = repr(value)
     except Exception:  # a value whose repr fails still gets a message
         text = f"<{type(value).__name__}>"
     if len(text) > limit:
@@ -138,13 +161,38 @@ def read_bytes(
             what, name, f"{info.st_size:,} bytes: larger than the {max_bytes:,}-byte limit"
         )
     try:
-        with open(name, "rb") as f:
+        with open_regular(name, what=what) as f:
             data = f.read(max_bytes + 1)
     except OSError as exc:
         raise InputFileError(what, name, f"cannot be read ({_reason(exc)})") from None
     if len(data) > max_bytes:  # grew since the stat
         raise InputFileError(what, name, f"larger than the {max_bytes:,}-byte limit")
     return data
+
+
+def open_regular(path: str | os.PathLike[str], *, what: str) -> BinaryIO:
+    """`path` opened for reading in binary, checked on the open descriptor: opened
+    non-blocking (a FIFO swapped in after a `stat` by name cannot block the open), then
+    `fstat` must say a regular file, else InputFileError naming `what` and the path. The
+    caller closes the file (`with open_regular(...) as f`)."""
+    name = os.fsdecode(os.fspath(path))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags)
+    except FileNotFoundError:
+        raise InputFileError(what, name, "no such file") from None
+    except (OSError, ValueError) as exc:
+        raise InputFileError(what, name, f"cannot be read ({_reason(exc)})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputFileError(what, name, f"{_kind(mode)}, not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_text(
@@ -271,6 +319,7 @@ __all__ = [
     "read_bytes",
     "read_json",
     "is_bool",
+    "open_regular",
     "is_int",
     "is_number",
     "read_text",
