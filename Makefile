@@ -66,12 +66,13 @@ test: install browser-deps
 test-fast: install
 	$(PY) -m pytest -q tests/unit
 
-# The bad-input property tests with many more examples than `make test` runs (minutes).
+# The bad-input tests (docs/bad_input.md), the property tests with many more examples than
+# `make test` runs (minutes).
 FUZZ_EXAMPLES ?= 3000
 fuzz: install
 	WORKBENCH_HYPOTHESIS_PROFILE=explore WORKBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
 	  $(PY) -m pytest -q tests/unit/test_fuzz_*.py \
-	  tests/unit/test_model_options.py tests/integration/test_hostile_checkpoints.py
+	  tests/unit/test_model_options.py tests/integration/test_hostile_*.py
 
 lint: install
 	$(VENV)/bin/ruff check workbench tests benchmarks
