@@ -475,18 +475,18 @@ def _simulate(
     try:
         recompute = session_recompute(e.checkpointing)
     except ValueError as exc:
-        parser.error(f"--dry-run: {exc}")
-    config = TrainConfig(
-        precision=e.precision,
-        optimizer=e.optimizer,
-        micro_batch=e.micro_batch,
-        grad_accum=e.grad_accum,
-        activation_checkpointing=recompute,
-        fsdp=e.fsdp,
-        zero_stage=e.zero_stage,
-    )
+        parser.error(f"--checkpointing {typed(e.checkpointing)}: {exc}")
     impl = e.optimizer_impl if e.optimizer_impl in ("foreach", "for-loop", "fused") else "foreach"
-    try:
+    try:  # the dry run's settings are checked as the estimate's are: one line, exit 2
+        config = TrainConfig(
+            precision=e.precision,
+            optimizer=e.optimizer,
+            micro_batch=e.micro_batch,
+            grad_accum=e.grad_accum,
+            activation_checkpointing=recompute,
+            fsdp=e.fsdp,
+            zero_stage=e.zero_stage,
+        )
         dry = simulate_memory(
             module,
             config,

@@ -163,7 +163,7 @@ def config_facts(source: Any, field: str = "hf_config") -> ModelFacts:
             )
         else:
             message = (
-                f"model_type {model_type!r} is counted by building the model with transformers, "
+                f"model_type {shown(model_type)} is counted by building the model with transformers, "
                 f"which is not installed ({exc.name or exc}; pip install transformers); "
                 f"without it the supported families are {', '.join(FAMILIES)}"
             )
@@ -256,7 +256,12 @@ def _nothing(*problems: str) -> _Built:
     return _Built(0, "", {}, None, (), problems)
 
 
-def _build(config: dict[str, Any]) -> _Built:
+def _meta_model(config: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """(transformers' model for `config` (a dict with a `model_type`), built on the meta
+    device, or None; the problems): the one guarded path from a config to a module, for
+    the count and the dry run alike. The config class's own checks and the model's
+    constructor may raise anything; each becomes a problem quoting it. Raises ImportError
+    without torch or transformers."""
     import torch
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -264,33 +269,40 @@ def _build(config: dict[str, Any]) -> _Built:
     version = f"transformers {transformers.__version__}"
     model_type = config["model_type"]
     if model_type not in CONFIG_MAPPING:
-        return _nothing(
-            f"model_type {model_type!r} is not a model type {version} knows (nor one of "
-            f"{', '.join(FAMILIES)}, counted without it)"
-        )
+        return None, [
+            f"model_type {shown(model_type)} is not a model type {version} knows (nor one "
+            f"of {', '.join(FAMILIES)}, counted without it)"
+        ]
     config_class = CONFIG_MAPPING[model_type]
     problems = _checked_keys(config, getattr(config_class, "attribute_map", {}) or {})
     if problems:
-        return _nothing(*problems)
+        return None, problems
     data = {k: v for k, v in config.items() if k not in _LEFT_OUT}
     with _quiet(transformers):
         try:
             hf_config = config_class.from_dict(data)
         except Exception as exc:  # the library's own checks of the config: report them
-            return _nothing(f"{version} cannot read this {model_type} config: {_text(exc)}")
+            return None, [f"{version} cannot read this {model_type} config: {_text(exc)}"]
         deep = _too_deep(hf_config)
         if deep:
-            return _nothing(deep)
+            return None, [deep]
         auto = _auto_class(hf_config, model_type)
         if auto is None:
-            return _nothing(f"{version} has no model class for model_type {model_type!r}")
+            return None, [f"{version} has no model class for model_type {shown(model_type)}"]
         try:
             with torch.device("meta"):
                 module = auto.from_config(hf_config, trust_remote_code=False)
         except Exception as exc:  # the model's constructor: report, do not crash
-            return _nothing(
+            return None, [
                 f"building the {model_type} model ({auto.__name__}) failed: {_text(exc)}"
-            )
+            ]
+    return module, []
+
+
+def _build(config: dict[str, Any]) -> _Built:
+    module, problems = _meta_model(config)
+    if module is None:
+        return _nothing(*problems)
     from workbench.modelstats import count_parameters
 
     n = count_parameters(module)
@@ -490,23 +502,12 @@ def meta_module(source: Any, field: str = "hf_config") -> tuple[Any, list[Proble
     config, where, problem = load_config(source, field)
     if problem is not None or config is None:
         return None, [problem] if problem is not None else []
-    import torch
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    data = {k: v for k, v in config.items() if k not in _LEFT_OUT}
-    model_type = str(config.get("model_type"))
-    if model_type not in CONFIG_MAPPING:
-        return None, [
-            Problem(field, where, f"model_type {model_type!r} is not one transformers knows")
-        ]
-    with _quiet(transformers):
-        hf_config = CONFIG_MAPPING[model_type].from_dict(data)
-        auto = _auto_class(hf_config, model_type)
-        if auto is None:
-            return None, [
-                Problem(field, where, f"transformers has no model class for {model_type!r}")
-            ]
-        with torch.device("meta"):
-            module = auto.from_config(hf_config, trust_remote_code=False)
-    return module, []
+    try:
+        module, problems = _meta_model(config)
+    except ImportError as exc:
+        message = (
+            f"the dry run builds the model with transformers, which is not installed "
+            f"({exc.name or exc}; pip install transformers)"
+        )
+        return None, [Problem(field, where, message)]
+    return module, [Problem(field, where, m) for m in problems]
