@@ -21,6 +21,11 @@ What it reads, from the Trainer's own hooks and objects:
   when `logging_steps=1`, else the norm computed in `on_pre_optimizer_step` when the
   Trainer does not clip (`max_grad_norm=0`), else none;
 * the learning rate from the optimizer, the memory as an Observer measures it.
+
+A model whose output has no `.loss` (a Trainer subclass whose `compute_loss` computes the
+loss outside the model) leaves the hook without a loss: with `logging_steps=1` the loss
+the Trainer logs each step is taken instead, else the records' loss is None (unknown),
+the observer says why once (`NO_LOSS_NOTE`) and the advisor says nothing about it.
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ ARG_NAMES: dict[str, Any] = {
     "zero_stage": "the DeepSpeed config's zero_optimization.stage: ",
     "lora_rank": "a peft LoraConfig(r=...) on the model: r=",
 }
+
+#: What the observer says when the model's output carries no loss.
+NO_LOSS_NOTE = (
+    "the loss is not visible to the callback: the model's output has no .loss (a Trainer "
+    "whose compute_loss computes it outside the model, or a model given no labels); set "
+    "logging_steps=1 and the callback reads the loss the Trainer logs each step"
+)
 
 _OPTIMIZERS = {
     "adamw_torch": "adamw",
@@ -172,12 +184,17 @@ class WorkbenchTrainerCallback(TrainerCallback):
         # made now, so a dashboard of it can be shown before `trainer.train()`; the model,
         # optimizer and settings are attached when training starts
         self.observer = Observer(
-            None, trainer="transformers", arg_names=ARG_NAMES, grad_norm=grad_norm
+            None,
+            trainer="transformers",
+            arg_names=ARG_NAMES,
+            grad_norm=grad_norm,
+            no_loss_note=NO_LOSS_NOTE,
         )
         self._grad_norm = grad_norm
         self._hook: Any = None
         self._capture: Any = None  # the forward hook that reads each micro-batch and loss
         self._logged_norm = False
+        self._logged_loss = False  # the Trainer logs each step's loss (logging_steps=1)
         self._on = False  # a model attached: the run has started
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -190,6 +207,11 @@ class WorkbenchTrainerCallback(TrainerCallback):
         except ConfigError as exc:
             notes.append(f"settings not all mappable ({exc}); predicted with the defaults")
             config = TrainConfig(micro_batch=settings["micro_batch"])
+        strategy = getattr(args, "logging_strategy", "steps")
+        self._logged_loss = (
+            str(getattr(strategy, "value", strategy)) == "steps"
+            and getattr(args, "logging_steps", 0) == 1
+        )
         self._logged_norm = int(getattr(args, "logging_steps", 0) or 0) == 1 and bool(
             getattr(args, "max_grad_norm", 0)
         )
@@ -239,7 +261,11 @@ class WorkbenchTrainerCallback(TrainerCallback):
         )
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        norm = (logs or {}).get("grad_norm")
+        logs = logs or {}
+        loss = logs.get("loss")
+        if self._on and self._logged_loss and isinstance(loss, (int, float)):
+            self.observer.fill_loss(loss)  # where the model's output had none
+        norm = logs.get("grad_norm")
         if self.observer.attached and self._logged_norm and isinstance(norm, (int, float)):
             self.observer.replace_last(grad_norm=float(norm))
 

@@ -18,6 +18,10 @@ What it reads, from Lightning's hooks and objects:
   model states' bytes on the first steps; the record is published at the end of the
   batch whose optimizer step ran.
 
+Under manual optimization `training_step` need not return its loss: one that returns
+nothing leaves the records' loss None (unknown), the observer says once how to expose it
+(`NO_LOSS_NOTE`) and the advisor says nothing about it.
+
 What it costs a step (benchmarks/observe.py): Lightning dispatches every hook of every
 callback, an empty one included, at a few microseconds each; it skips a hook that is not
 callable. So the per-step hooks this callback has no use for are None, and without
@@ -64,6 +68,13 @@ ARG_NAMES: dict[str, Any] = {
     "zero_stage": "DeepSpeedStrategy(stage=...): stage=",
     "fsdp": "FSDPStrategy(sharding_strategy=...): ",
 }
+
+#: What the observer says when `training_step` hands back no loss.
+NO_LOSS_NOTE = (
+    "the loss is not visible to the callback: training_step returns no loss (under manual "
+    "optimization Lightning needs none); return it anyway, `return loss` or "
+    "`return {'loss': loss}`, and the callback reads it"
+)
 
 _PRECISION = {
     "32-true": "fp32",
@@ -166,7 +177,11 @@ class WorkbenchLightningCallback(Callback):
         # made now, so a dashboard of it can be shown before `fit()`; the model, optimizer
         # and settings are attached when training starts
         self.observer = Observer(
-            None, trainer="lightning", arg_names=ARG_NAMES, grad_norm=grad_norm
+            None,
+            trainer="lightning",
+            arg_names=ARG_NAMES,
+            grad_norm=grad_norm,
+            no_loss_note=NO_LOSS_NOTE,
         )
         self._stepped = False
         self._on = False  # a model attached: the run has started

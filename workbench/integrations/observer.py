@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
+from workbench.inputs import shown
 from workbench.train.backends.base import storage_bytes
 from workbench.train.history import History
 from workbench.train.records import Event, StepRecord
@@ -70,6 +71,13 @@ ON_DEVICE = object()
 #: `grad_norm="auto"`: the share of the step the gradient norm may cost the host. Above it
 #: the norm is taken every k-th step, the smallest k that keeps its cost under this share.
 NORM_BUDGET = 0.001
+
+#: What a hand-written loop's observer says when a step came without a loss (a trainer's
+#: callback says how to expose the loss to it: `Observer(no_loss_note=...)`).
+LOOP_NO_LOSS = (
+    "obs.step() was given no loss: pass it, obs.step(loss) (or obs.micro_batch(batch, loss) "
+    "per micro-batch)"
+)
 
 
 def grad_norm_every(value: bool | int | str) -> int | None:
@@ -112,7 +120,11 @@ class Observer:
     default) every step while it costs the host under `NORM_BUDGET` (0.1%) of the step,
     else every k-th step with the smallest k that keeps it there (a model of many small
     tensors whose steps take milliseconds: 30 gradients' norm is about 50 us on a CPU).
-    `norm_every` says the interval in use."""
+    `norm_every` says the interval in use. A step whose loss the observer was not given
+    is recorded with `loss=None` (unknown: not NaN, so no advice on it), and the first such
+    step adds a note (`notes`) and a "loss-unknown" event (`events`) saying why and how to
+    expose the loss: `no_loss_note` (a trainer's callback names its own way; default: pass
+    it to `step()`)."""
 
     def __init__(
         self,
@@ -125,8 +137,16 @@ class Observer:
         read_from: Mapping[str, Any] | None = None,
         notes: list[str] | None = None,
         grad_norm: bool | int | str = "auto",
+        no_loss_note: str | None = None,
     ) -> None:
         self._norm_every = grad_norm_every(grad_norm)
+        if no_loss_note is not None and not isinstance(no_loss_note, str):
+            raise ValueError(
+                f"no_loss_note={shown(no_loss_note)}: must be a string or None (what to say "
+                "when a step's loss cannot be read)"
+            )
+        self.no_loss_note = no_loss_note or LOOP_NO_LOSS
+        self._loss_noted = False  # the first step without a loss is said (notes, events)
         self.trainer = trainer
         self.arg_names = dict(arg_names or {})
         self.want_grad_norm = self._norm_every != 0
@@ -199,6 +219,7 @@ class Observer:
         self.config = config or TrainConfig()
         self.read_from = dict(read_from or {})
         self.notes = list(notes or [])
+        self._loss_noted = False
         self.device = _device_of(model)
         self._cuda = self.device.type == "cuda"
         self._params: list[nn.Parameter] | None = None
@@ -559,7 +580,10 @@ class Observer:
         if on_device:
             total += rows[row][LOSS]
             count += on_device
-        loss = math.nan if not count else total if summed else total / count
+        # no loss given: unknown (None), not a NaN a rule would read as divergence
+        loss = None if not count else total if summed else total / count
+        if loss is None and not self._loss_noted:
+            self._note_no_loss(step)
         if norm is ON_DEVICE:
             norm = rows[row][NORM]
         if scale is ON_DEVICE:
@@ -570,8 +594,8 @@ class Observer:
         fields = {
             **self._fixed,
             "step": step,
-            "micro_steps": max(1, count),
-            "loss": float(loss),
+            "micro_steps": count or self._fixed["grad_accum"],
+            "loss": None if loss is None else float(loss),
             "samples_per_s": n / step_s if step_s > 0 else 0.0,
             "tokens_per_s": t / step_s if t and step_s > 0 else None,
             "step_seconds": step_s,
@@ -594,6 +618,36 @@ class Observer:
             "wall_time": self._wall_offset + end,
         }
         return StepRecord.from_fields(fields)
+
+    def _note_no_loss(self, step: int) -> None:
+        """Say once (a note, an event) that the loss is unknown from `step`, and why."""
+        self._loss_noted = True
+        message = (
+            f"loss unknown from step {step}: {self.no_loss_note}. The records' loss is None "
+            "and the advisor says nothing about it"
+        )
+        self.notes.append(message)
+        self.events.append(Event("loss-unknown", message, step, severity="warning"))
+
+    def fill_loss(self, loss: float) -> None:
+        """The last ended step's loss as the trainer logged it after the step, where the
+        observer was given none (a step with its own loss keeps it); what was said about
+        that step's unknown loss is taken back."""
+        with self._lock:
+            if self._pending:  # not made yet: the step's entry takes the loss as given
+                entry = self._pending[-1]
+                if not (entry[3] or entry[4]):  # no loss as a number, none on the device
+                    self._pending[-1] = (*entry[:2], float(loss), 1, 0, False, *entry[6:])
+                return
+            if not self._history.total or self._history[-1].loss is not None:
+                return
+            step = self._history[-1].step
+        self.replace_last(loss=float(loss))
+        said = self.events[-1] if self.events else None
+        if said is not None and said.kind == "loss-unknown" and said.step == step:
+            # said for this step only (a dashboard made its record before the trainer logged)
+            self.notes.remove(self.events.pop().message)
+            self._loss_noted = False
 
     def replace_last(self, **values: Any) -> None:
         """Fill in what the trainer tells after the step (its logged grad norm)."""

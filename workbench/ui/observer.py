@@ -144,10 +144,11 @@ class ObserverPanel(PanelBase, TrainingCharts):
             return status_html("info", f"observing your {obs.trainer_name}: {waiting}")
         r = self.records[-1]
         speed = f"{r.samples_per_s:.1f} samples/s"
+        # a loss the observer could not read is None: the notes below say why
+        loss = f"loss {r.loss:.4g}" if r.loss is not None else "loss unknown (why: see Settings)"
         return status_html(
             "info",
-            f"observing your {obs.trainer_name} ({obs.state}): step {r.step}, loss "
-            f"{r.loss:.4g}, {speed}",
+            f"observing your {obs.trainer_name} ({obs.state}): step {r.step}, {loss}, {speed}",
         )
 
     def _update_advice(self) -> None:
