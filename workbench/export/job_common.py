@@ -255,6 +255,13 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
             fail(f"model {model!r}: {function} in {module_name} is not callable")
         built = factory(**options)
     else:
+        # a built-in takes its name and seed from job.json's own keys, never as options
+        for key, where in (("name", "model"), ("seed", "seed")):
+            if key in options:
+                fail(
+                    f"model {model!r}: model_options key {key!r}: the model's {key} is "
+                    f"job.json's {where!r}; remove it from model_options"
+                )
         try:
             from workbench.models import build_model
         except ImportError as exc:

@@ -118,11 +118,12 @@ MAX_BUILTIN_PARAMS = 2_000_000_000
 MAX_BUILTIN_DATA_BYTES = 4 << 30
 
 
-def _approx_size(name: str, o: dict[str, Any]) -> tuple[int, int]:
-    """(parameters, data bytes) of a built-in model with valid options, from its shape."""
-    if name == "tiny-gpt":
-        h, vocab = o["hidden"], 256  # characters: at most a byte's worth in practice
-        return o["layers"] * 12 * h * h + (vocab + o["seq_len"]) * h, 0
+def _approx_size(name: str, o: dict[str, Any], vocab: int = 0) -> tuple[int, int]:
+    """(parameters, data bytes) of a built-in model with valid options, from its shape
+    (`vocab`: tiny-gpt's vocabulary, `text_vocab`)."""
+    if name == "tiny-gpt":  # TinyGPT's count: 12Lh^2 + 13Lh + Vh + sh + 2h
+        h, layers = o["hidden"], o["layers"]
+        return layers * (12 * h * h + 13 * h) + (vocab + o["seq_len"] + 2) * h, 0
     if name == "mlp":
         h = o["hidden"]
         params = o["in_features"] * h + (o["depth"] - 1) * h * h + h * o["out_features"]
@@ -164,6 +165,41 @@ def _exists(path: str) -> bool:
         return os.path.exists(path)
     except (OSError, ValueError):
         return False
+
+
+def text_vocab(text: str | None, documents: str = "stream") -> tuple[int | None, str | None]:
+    """(tiny-gpt's vocabulary for the text at `text`, None) or (None, why the text cannot be
+    read): its distinct characters, one more for the end-of-document token of a `documents`
+    layout other than "stream". The file is read bounded (`workbench.inputs.read_text`: a
+    regular UTF-8 file of at most `gpt.MAX_TEXT_BYTES`); None is the built-in sonnets."""
+    from workbench.inputs import InputFileError, read_text
+    from workbench.models.gpt import DEFAULT_TEXT, MAX_TEXT_BYTES
+
+    try:
+        chars = read_text(text or DEFAULT_TEXT, what="text", max_bytes=MAX_TEXT_BYTES)
+    except InputFileError as exc:
+        return None, exc.reason
+    return len(set(chars)) + (documents != "stream"), None
+
+
+def options_from_file(name: Any, options: Any, source: str) -> list[OptionProblem]:
+    """The problems of built-in model options read from the file `source` (a checkpoint's
+    manifest, a job.json) rather than given by the user: an option that makes the workbench
+    read another file (tiny-gpt's `text`). A file read never chooses which other file the
+    workbench reads; the caller refuses these unless the user names the same value
+    themselves. Empty for anything else (the options' own checks are `option_problems`)."""
+    if name != "tiny-gpt" or not isinstance(options, dict) or options.get("text") is None:
+        return []
+    return [
+        OptionProblem(
+            name,
+            "text",
+            options["text"],
+            f"named by {source}; a file read cannot choose which other file the workbench "
+            "reads: pass the text yourself (model_options={'text': PATH}, or leave it out for "
+            "the built-in sonnets)",
+        )
+    ]
 
 
 def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
@@ -223,9 +259,11 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
             )
         if text is not None and (not isinstance(text, str) or not text):
             p.append(OptionProblem(name, "text", text, "must be a path to a text file or None"))
+            bad.add("text")
         elif text is not None and not _regular_file(text):
             why = "not a regular file" if _exists(text) else "no such file"
             p.append(OptionProblem(name, "text", text, f"{why} (a text file to train on)"))
+            bad.add("text")
         if not bad & {"hidden", "heads"} and opts["hidden"] % opts["heads"]:
             p.append(
                 OptionProblem(
@@ -234,8 +272,17 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
             )
     if name == "cnn" and "image_size" not in bad and opts["image_size"] % 4:
         p.append(OptionProblem(name, "image_size", opts["image_size"], "must be a multiple of 4"))
+    vocab, vocab_text = 0, ""
+    if name == "tiny-gpt" and not bad:  # the vocabulary the text really gives, read bounded
+        vocab_or_none, unreadable = text_vocab(opts["text"], str(opts["documents"]))
+        if vocab_or_none is None:
+            p.append(OptionProblem(name, "text", opts["text"], f"cannot be read: {unreadable}"))
+            bad.add("text")
+        else:
+            vocab = vocab_or_none
+            vocab_text = f"; its text's vocabulary: {vocab:,} characters"
     if not bad:
-        params, data = _approx_size(name, opts)
+        params, data = _approx_size(name, opts, vocab)
         if params > MAX_BUILTIN_PARAMS:
             p.append(
                 OptionProblem(
@@ -244,7 +291,7 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
                     params,
                     f"about {params / 1e9:,.1f}B parameters: more than the "
                     f"{MAX_BUILTIN_PARAMS / 1e9:g}B a built-in model may have (8 GB of fp32 "
-                    "weights); use your own module for a large model",
+                    f"weights{vocab_text}); use your own module for a large model",
                 )
             )
         if data > MAX_BUILTIN_DATA_BYTES:
@@ -260,11 +307,14 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
     return p
 
 
-def build_model(name: str, **options: Any) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
+def build_model(
+    name: str, /, **options: Any
+) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
     """(module, dataset, loss_fn, info) of the built-in model `name`.
 
-    Raises ValueError for an unknown name or option, listing every problem
-    (`option_problems`), before anything is allocated.
+    Raises ValueError for an unknown name or option (an option called `name` included),
+    listing every problem (`option_problems`: tiny-gpt's size with the vocabulary of its
+    text), before anything is allocated.
     """
     _check_name(name)
     problems = option_problems(name, options)
@@ -386,4 +436,6 @@ __all__ = [
     "build_model",
     "model_options",
     "option_problems",
+    "options_from_file",
+    "text_vocab",
 ]

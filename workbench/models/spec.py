@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.inputs import shown
 from workbench.problems import ConfigError, SettingProblem
 
 FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -260,6 +261,18 @@ def resolve_model(
     from torch import nn
     from torch.utils.data import DataLoader, Dataset
 
+    if model_options is not None and (
+        not isinstance(model_options, dict) or not all(isinstance(k, str) for k in model_options)
+    ):
+        raise ConfigError(
+            [
+                SettingProblem(
+                    "model_options",
+                    model_options,
+                    "must be a dict of option names to values (or None for the defaults)",
+                )
+            ]
+        )
     problem = documents_problem(documents, model, data, loss_fn, model_options)
     if problem is not None:
         raise ConfigError([problem])
@@ -291,14 +304,14 @@ def resolve_model(
         resolved = ResolvedModel(model, data, loss_fn)
     else:
         raise ValueError(
-            f"model={model!r}: must be a built-in model name (tiny-gpt, mlp, cnn) or a "
+            f"model={shown(model)}: must be a built-in model name (tiny-gpt, mlp, cnn) or a "
             "torch.nn.Module"
         )
     if not isinstance(resolved.data, (Dataset, DataLoader)):
-        raise ValueError(f"data={resolved.data!r}: must be a torch Dataset or DataLoader")
+        raise ValueError(f"data={shown(resolved.data)}: must be a torch Dataset or DataLoader")
     if resolved.loss_fn is not None and not callable(resolved.loss_fn):
         raise ValueError(
-            f"loss_fn={resolved.loss_fn!r}: must be callable(outputs, targets), or None when "
+            f"loss_fn={shown(resolved.loss_fn)}: must be callable(outputs, targets), or None when "
             "the model returns its own .loss"
         )
     return resolved
