@@ -186,9 +186,14 @@ class DeepSpeedBackend:
             _check_state_matches(model, state)
         module = copy.deepcopy(model)
         if state is not None:
+            # what trains comes from the state (checked above); a frozen weight (LoRA's
+            # base) from the state when it holds one, else it is your module's as it is:
+            # an engine's state holds only what trains
+            weights = state["model"]
             with torch.no_grad():
                 for name, p in module.named_parameters():
-                    p.copy_(state["model"][name].to(p.device, p.dtype))
+                    if name in weights:
+                        p.copy_(weights[name].to(p.device, p.dtype))
         self._half = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}.get(
             self.precision
         )
