@@ -64,3 +64,149 @@ def test_the_dry_runs_model_of_a_refused_config_is_a_problem(key, extra):
     assert module is None and len(problems) == 1
     assert problems[0].field == "hf_config"
     assert key in problems[0].message or "bogus" in problems[0].message
+
+
+# ------------------------------------------------ 2. plan() takes the CLI's keywords
+PLAN = {"model": "llama-3-8b", "global_batch": 16}
+
+
+def test_plan_takes_the_clis_gpus_params_price_and_no_offload():
+    from workbench.planner import plan
+
+    by_gpus = plan(**PLAN, gpus=16)
+    assert (by_gpus.cluster.gpus_per_node, by_gpus.cluster.nodes) == (8, 2)
+    assert plan(**PLAN, gpus=4).cluster.gpus_per_node == 4  # fewer than a node: one node
+    assert plan(**PLAN, gpus=8, price=2.5).to_dict() == plan(
+        **PLAN, gpus=8, price_per_gpu_hour=2.5
+    ).to_dict()
+    off = plan(**PLAN, gpus=8, no_offload=True)
+    assert not any("offload" in k for p in off.plans for k in p.settings)
+    shaped = plan(
+        params="1B", layers=4, hidden=256, heads=4, vocab=1000, seq_len=64, global_batch=8
+    )
+    assert shaped.plans
+
+
+@pytest.mark.parametrize(
+    ("keywords", "named"),
+    [
+        ({"gpus": 12, "gpus_per_node": 8}, "gpus=12"),
+        ({"gpus": 16, "nodes": 3}, "gpus=16"),
+        ({"gpus": 0}, "gpus=0"),
+        ({"gpus": True}, "gpus=True"),
+        ({"params": "1B", "n_params": "2B"}, "params"),
+        ({"price": 1.0, "price_per_gpu_hour": 2.0}, "price"),
+        ({"no_offload": "yes"}, "no_offload"),
+    ],
+)
+def test_plans_cli_keywords_in_conflict_or_bad_are_named(keywords, named):
+    from workbench.planner import plan
+
+    with pytest.raises(ValueError, match=named):
+        plan(**PLAN, **keywords)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "micro_batch",
+        "zero_stage",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "grad_accum",
+        "checkpointing",
+        "fsdp",
+        "top",
+        "json",
+        "probe",
+        "export",
+        "gpu_per_node",
+        "banana",
+    ],
+)
+def test_a_keyword_plan_does_not_take_is_a_value_error_naming_it(name):
+    from workbench.planner import plan
+
+    with pytest.raises(ValueError, match=name) as got:
+        plan(**PLAN, **{name: 1})
+    assert not isinstance(got.value, TypeError)
+    text = str(got.value)
+    if name in ("top", "json", "probe", "export"):
+        assert "result" in text  # what the API does instead
+    else:
+        assert "gpus_per_node" in text  # the allowed ones are listed
+    if name == "gpu_per_node":
+        assert "did you mean 'gpus_per_node'" in text
+
+
+def test_every_plan_flag_of_the_cli_is_a_keyword_plan_takes():
+    import inspect
+
+    from workbench.cli import build_parser
+    from workbench.planner import CLI_NAMES, OUTPUT_FLAGS, SHAPE_KEYS, plan
+
+    parser, _ = build_parser("plan")
+    sub = next(a for a in parser._actions if a.dest == "command")
+    plan_parser = sub.choices["plan"]
+    flags = [a.dest for a in plan_parser._actions if a.dest != "help"]
+    takes = set(inspect.signature(plan).parameters) | set(CLI_NAMES) | set(SHAPE_KEYS)
+    for dest in flags:
+        assert dest in takes or dest in OUTPUT_FLAGS, dest
+
+
+# ------------------------------------------------ 4. JSON output is valid JSON
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--inter-node-gbps", "5e-324", "--nodes", "2"],
+        ["--intra-node-gbps", "1e-300"],
+        ["--inter-node-gbps", "1e308", "--nodes", "2"],
+        ["--price", "1e308"],
+        ["--tokens", "1e30"],
+        ["--efficiency", "1e-300"],
+    ],
+)
+def test_plan_numbers_out_of_range_exit_2_naming_the_flag(argv, capsys):
+    line = one_error(["plan", "--model", "llama-3-8b", "--global-batch", "16", *argv, "--json"],
+                     capsys)
+    assert argv[0] in line, line
+
+
+def test_a_network_slower_than_a_cluster_has_is_refused_in_the_api():
+    from workbench.planner import plan
+
+    with pytest.raises(ValueError, match="inter_node_gbps"):
+        plan(**PLAN, nodes=2, inter_node_gbps=5e-324)
+    with pytest.raises(ValueError, match="intra_node_gbps"):
+        plan(**PLAN, intra_node_gbps=1e-9)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--model", "llama-3-8b", "--global-batch", "16", "--inter-node-gbps", "0.001",
+         "--nodes", "2", "--tokens", "1e15", "--price", "1e6", "--json"],
+        ["estimate", "--params", "1e16", "--gpu", "h100", "--tokens", "1e20", "--mfu", "0.001",
+         "--price-per-gpu-hour", "1e9", "--json"],
+    ],
+)
+def test_json_output_at_the_bounds_is_strict_json(argv, capsys):
+    code, out, err = run(argv, capsys)
+    if code == 0:
+        json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
+    else:
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_figure_that_is_not_finite_is_an_error_naming_it_never_infinity():
+    from workbench.cli import json_text
+
+    with pytest.raises(ValueError, match=r"plans\[1\]\.tokens_per_s: inf"):
+        json_text({"plans": [{"tokens_per_s": 1.0}, {"tokens_per_s": float("inf")}]})
+    with pytest.raises(ValueError, match="the value: nan"):
+        json_text(float("nan"))
+    looped: list = [1.0]
+    looped.append(looped)
+    with pytest.raises(ValueError, match="Circular"):
+        json_text(looped)
+    assert json.loads(json_text({"a": [1.5, 2]})) == {"a": [1.5, 2]}

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import math
 import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 Runner = Callable[[argparse.Namespace], int]
 Adder = Callable[[argparse.ArgumentParser], Runner]
@@ -67,6 +69,35 @@ class Parser(argparse.ArgumentParser):
         message = re.sub(r"^argument ([^:]+): ", lambda m: m.group(1).split("/")[-1] + " ", message)
         message = " ".join(message.split())
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def json_text(value: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """`value` as strict JSON (indented), for every command's --json: a figure that is not
+    finite (NaN, an infinity) is never printed as `NaN`/`Infinity`, which JSON does not
+    have; ValueError naming where it is (`plans[0].tokens_per_s: inf`). The walk is
+    bounded (64 levels; a container seen twice on one path is a cycle)."""
+    where = _not_finite(value, "", set(), 0)
+    if where is not None:
+        raise ValueError(f"{where}: not a finite number, so the JSON output would be invalid")
+    return json.dumps(value, indent=2, allow_nan=False, default=default)
+
+
+def _not_finite(value: Any, path: str, seen: set[int], depth: int) -> str | None:
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'the value'}: {value}"
+    if not isinstance(value, (dict, list, tuple)) or depth > 64 or id(value) in seen:
+        return None  # json.dumps reports a cycle or depth itself
+    seen.add(id(value))
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        sub = f"{path}.{key}" if isinstance(value, dict) and path else (
+            str(key) if isinstance(value, dict) else f"{path}[{key}]"
+        )
+        found = _not_finite(item, sub, seen, depth + 1)
+        if found is not None:
+            return found
+    seen.discard(id(value))
+    return None
 
 
 def _load(target: str) -> Adder:

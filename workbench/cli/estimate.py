@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import re
@@ -18,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cli import Runner
+from workbench.cli import Runner, json_text
 from workbench.inputs import typed
 
 # field of estimate_memory -> (flag, how the flag's text is read)
@@ -428,10 +427,11 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if args.simulate:
         return _simulate(args, parser, stages[0], unit_bytes, unit_name)
     if args.json:
-        if args.compare_stages:
-            print(json.dumps({"stages": [e.to_dict() for e in stages]}, indent=2))
-        else:
-            print(json.dumps(stages[0].to_dict(), indent=2))
+        got = {"stages": [e.to_dict() for e in stages]} if args.compare_stages else None
+        try:
+            print(json_text(got if got is not None else stages[0].to_dict()))
+        except ValueError as exc:
+            parser.error(str(exc))
     elif args.compare_stages:
         print(_stages_table(stages, unit_bytes, unit_name))
     else:
@@ -498,9 +498,10 @@ def _simulate(
     except ValueError as exc:
         parser.error(" ".join(str(exc).split()))
     if args.json:
-        print(
-            json.dumps({"estimate": e.to_dict(), "dry_run": dry.to_dict()}, indent=2, default=str)
-        )
+        try:
+            print(json_text({"estimate": e.to_dict(), "dry_run": dry.to_dict()}, default=str))
+        except ValueError as exc:
+            parser.error(str(exc))
     else:
         print(_report(e, unit, name))
         print()
@@ -689,7 +690,7 @@ def _gpu_table(*, as_json: bool) -> str:
     from workbench.estimate import GPUS
 
     if as_json:
-        return json.dumps({"gpus": [vars(g) for g in GPUS.values()]}, indent=2)
+        return json_text({"gpus": [vars(g) for g in GPUS.values()]})
     head = ["name", "GiB", "FP16 TFLOPS", "BF16", "FP32", "TF32", "description"]
     rows = [
         [
@@ -718,7 +719,7 @@ def _model_table(*, as_json: bool) -> str:
     from workbench.estimate import PRESETS
 
     if as_json:
-        return json.dumps(
+        return json_text(
             {
                 "models": [
                     {
@@ -730,8 +731,7 @@ def _model_table(*, as_json: bool) -> str:
                     }
                     for m in PRESETS
                 ]
-            },
-            indent=2,
+            }
         )
     head = ["name", "family", "params", "layers", "hidden", "heads", "kv", "MLP", "vocab", "seq"]
     rows = [

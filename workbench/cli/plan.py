@@ -12,12 +12,12 @@ so is a model no setup fits (with the term that breaks the best one and by how m
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from workbench.cli import json_text
 from workbench.inputs import typed
 
 _SHAPE = ("layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden")
@@ -116,6 +116,9 @@ FLAGS = {
     "engines": "--engines",
     "intra_node_gbps": "--intra-node-gbps",
     "inter_node_gbps": "--inter-node-gbps",
+    "tokens": "--tokens",
+    "price_per_gpu_hour": "--price",
+    "gpus": "--gpus",
 }
 
 
@@ -235,7 +238,12 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             from workbench.train.plan_probe import rerank
 
             got["probes"] = [p.to_dict() for p in rerank(probes)]
-        print(json.dumps(got, indent=2))
+        try:
+            text = json_text(got)
+        except ValueError as exc:
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 2
+        print(text)
     else:
         print(result.text(top=top))
         if probes is not None:

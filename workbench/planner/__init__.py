@@ -276,14 +276,160 @@ def _powers_dividing(n: int, limit: int) -> list[int]:
     return out
 
 
+#: `workbench plan`'s names for plan()'s keywords (its flags without the dashes)
+CLI_NAMES = {"params": "n_params", "price": "price_per_gpu_hour", "no_offload": "offload"}
+#: the flags of `workbench plan` that are about its output, with what the API does instead
+OUTPUT_FLAGS = {
+    "top": "result.text(top=N) shows the first N",
+    "json": "result.to_dict() is the JSON",
+    "probe": "workbench.train.plan_probe.probe_plans(result, k) runs the top k",
+    "export": "workbench.export.export_job(TrainConfig(**result.best.settings), ...) writes "
+    "plan #1 as a job",
+    "export_model": "export_job(..., model=SPEC) names the module the job trains",
+    "export_format": "export_job(..., format=F) picks the format",
+}
+#: the estimator's inputs each plan chooses itself (the search space)
+SEARCHED = (
+    "micro_batch",
+    "grad_accum",
+    "zero_stage",
+    "fsdp",
+    "offload_optimizer",
+    "offload_params",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "checkpointing",
+    "gpus",
+)
+#: the estimator's inputs that describe the model, passed on as they are
+SHAPE_KEYS = (
+    "layers",
+    "hidden",
+    "heads",
+    "vocab",
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "norm",
+    "bias",
+    "positions",
+    "tied_embeddings",
+    "parallel_residual",
+    "dropout",
+)
+
+
+def _cli_keywords(shape: dict[str, Any], given: dict[str, Any]) -> None:
+    """`workbench plan`'s own names in `shape` (params, price, no_offload) moved to
+    plan()'s keywords in `given`; ValueError naming any other keyword plan() does not take:
+    a setting each plan chooses, an output flag of the CLI, or an unknown name (with the
+    close one and the allowed ones)."""
+    import difflib
+
+    for name in list(shape):
+        if name in CLI_NAMES:
+            value = shape.pop(name)
+            target = CLI_NAMES[name]
+            if name == "no_offload":
+                if not isinstance(value, bool):
+                    raise ValueError(f"no_offload={shown(value)}: must be True or False")
+                given["offload"] = given["offload"] and not value
+                continue
+            if given[target] is not None:
+                raise ValueError(
+                    f"{name}={shown(value)}: give it or {target}= (the same input), not both"
+                )
+            given[target] = value
+        elif name in SHAPE_KEYS:
+            continue
+        elif name in SEARCHED:
+            raise ValueError(
+                f"{name}={shown(shape[name])}: each plan chooses it (plan.settings holds "
+                "it); plan() takes the cluster (gpu, gpus or gpus_per_node and nodes), the "
+                "batch and what to pin (engines, precision, optimizer, attention, offload)"
+            )
+        elif name in OUTPUT_FLAGS:
+            raise ValueError(
+                f"{name}={shown(shape[name])}: an output flag of `workbench plan`; plan() "
+                f"returns every plan and {OUTPUT_FLAGS[name]}"
+            )
+        else:
+            known = [*given, "gpus", "gpus_per_node", "nodes", *CLI_NAMES, *SHAPE_KEYS]
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"{name}={shown(shape[name])}: plan() takes no such keyword; {hint}"
+                f"allowed: {', '.join(known)}"
+            )
+
+
+def _nodes_of(
+    gpus: Any, gpus_per_node: int | None, nodes: int | None
+) -> tuple[Any, Any]:
+    """(gpus_per_node, nodes) from `gpus` in all, as `workbench plan --gpus` reads it: a
+    node holds 8 (or `gpus` when fewer) unless `gpus_per_node` says; ValueError naming
+    gpus when it is not whole nodes or disagrees with `nodes`."""
+    if gpus is None:
+        return (8 if gpus_per_node is None else gpus_per_node), (1 if nodes is None else nodes)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+        raise ValueError(f"gpus={shown(gpus)}: must be an integer from 1 to {MAX_GPUS:,}")
+    per = min(gpus, 8) if gpus_per_node is None else gpus_per_node
+    if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+        return per, nodes  # cluster() names gpus_per_node
+    if gpus % per:
+        raise ValueError(f"gpus={gpus}: must be a whole number of nodes of {per} GPUs")
+    if nodes is not None and nodes != gpus // per:
+        raise ValueError(f"gpus={gpus}: is {gpus // per} nodes of {per}, not nodes={shown(nodes)}")
+    return per, gpus // per
+
+
+def _checked_numbers(
+    tokens: Any, price: Any, efficiency: Any, headroom: Any
+) -> tuple[Any, Any, float]:
+    """(tokens, price_per_gpu_hour, efficiency) read with the estimator's bounds
+    (`workbench.estimate.limits`); ValueError naming the first out of range (headroom
+    too: a fraction >= 0 and < 1)."""
+    from workbench.estimate.limits import LIMITS, check_number
+
+    read = []
+    for name, value, bound in (
+        ("tokens", tokens, LIMITS["tokens"]),
+        ("price_per_gpu_hour", price, LIMITS["price_per_gpu_hour"]),
+    ):
+        if value is None:
+            read.append(None)
+            continue
+        number, problem = check_number(name, value, bound)
+        if problem is not None:
+            raise ValueError(f"{name}={shown(value)}: {problem}")
+        read.append(float(number))
+    mfu = LIMITS["mfu"]
+    number = efficiency if isinstance(efficiency, (int, float)) else None
+    if number is None or isinstance(number, bool) or not 0 < number <= 1:
+        raise ValueError(f"efficiency={shown(efficiency)}: must be a number > 0 and <= 1")
+    if number < mfu.low:
+        raise ValueError(
+            f"efficiency={shown(efficiency)}: less than {mfu.low:g} (below 0.1% of the peak "
+            f"no run is measured); allowed: a number from {mfu.low:g} to 1"
+        )
+    if (
+        not isinstance(headroom, (int, float))
+        or isinstance(headroom, bool)
+        or not 0 <= headroom < 1
+    ):
+        raise ValueError(f"headroom={shown(headroom)}: must be a fraction >= 0 and < 1")
+    return read[0], read[1], float(number)
+
+
 def plan(
     *,
     model: Any = None,
     hf_config: Any = None,
     n_params: int | float | str | None = None,
     gpu: str = "h100",
-    gpus_per_node: int = 8,
-    nodes: int = 1,
+    gpus: int | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
     seq_len: int | None = None,
     global_batch: int = 256,
     tokens: float | None = None,
@@ -313,9 +459,27 @@ def plan(
     the numerics too, so they are planned when asked for), `lora_rank` > 0 plans a LoRA fine-tune of that rank,
     `headroom` keeps that fraction of each GPU's memory free, `global_tokens` gives the
     global batch in tokens instead (a whole number of sequences), `attention` pins the
-    kernel ("sdpa", searched by default, or "eager" for a model without a fused one). ValueError naming the
-    field for bad input, and when no setup fits (which term breaks the best one and by
-    how much)."""
+    kernel ("sdpa", searched by default, or "eager" for a model without a fused one).
+    `gpus` is the GPUs in all, as `workbench plan --gpus` takes it (nodes of
+    `gpus_per_node`, 8 by default or `gpus` when fewer; one node without it); the CLI's
+    other names are taken too (`params`, `price`, `no_offload`). ValueError naming the
+    field for bad input (a keyword plan() does not take among them), and when no setup
+    fits (which term breaks the best one and by how much)."""
+    given: dict[str, Any] = {
+        name: value
+        for name, value in locals().items()
+        if name not in ("shape", "gpus", "gpus_per_node", "nodes")
+    }
+    _cli_keywords(shape, given)
+    n_params, price_per_gpu_hour, offload = (
+        given["n_params"],
+        given["price_per_gpu_hour"],
+        given["offload"],
+    )
+    gpus_per_node, nodes = _nodes_of(gpus, gpus_per_node, nodes)
+    tokens, price_per_gpu_hour, efficiency = _checked_numbers(
+        tokens, price_per_gpu_hour, efficiency, headroom
+    )
     hw = cluster(
         gpu,
         gpus_per_node=gpus_per_node,
@@ -329,12 +493,6 @@ def plan(
             f"nodes={nodes}: {nodes} x {gpus_per_node} = {G:,} GPUs; the planner plans at most "
             f"{MAX_GPUS:,}"
         )
-    if (
-        not isinstance(headroom, (int, float))
-        or isinstance(headroom, bool)
-        or not 0 <= headroom < 1
-    ):
-        raise ValueError(f"headroom={shown(headroom)}: must be a fraction >= 0 and < 1")
     if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or not 0 <= lora_rank <= 4096:
         raise ValueError(f"lora_rank={shown(lora_rank)}: must be an integer from 0 to 4096")
     from workbench.choices import Precision
@@ -358,8 +516,6 @@ def plan(
             f"global_batch={shown(global_batch)}: must be an integer from 1 to "
             f"{MAX_GLOBAL_BATCH:,} (samples)"
         )
-    if not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency={shown(efficiency)}: must be a number > 0 and <= 1")
     chosen = tuple(ENGINES) if engines is None else tuple(engines)
     bad = [e for e in chosen if e not in ENGINES]
     if bad or not chosen:
@@ -635,4 +791,4 @@ def _one(
     )
 
 
-__all__ = ["ENGINES", "Plan", "PlanResult", "plan"]
+__all__ = ["CLI_NAMES", "ENGINES", "OUTPUT_FLAGS", "SEARCHED", "SHAPE_KEYS", "Plan", "PlanResult", "plan"]

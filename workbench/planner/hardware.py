@@ -61,6 +61,10 @@ LINKS: dict[str, Links] = {
     ),
 }
 
+#: the slowest and fastest link planned, GB/s per direction: 1 MB/s is slower than the
+#: first 10 Mb/s Ethernet (no cluster trains over it), 10^6 GB/s 10^3 times NVLink
+MIN_GBPS, MAX_GBPS = 0.001, 1e6
+
 #: host memory bandwidth one node's CPU optimizer step shares (bytes/s): an assumption
 #: (two sockets of DDR5, about 300 GB/s each, read and write at half that), docs/planner.md
 HOST_BANDWIDTH = 300 * _G
@@ -121,9 +125,13 @@ def cluster(
         ("inter_node_gbps", inter_node_gbps),
     )
     for rate_name, rate in rates:
-        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < 1e6
-        if rate is not None and not ok:
-            raise ValueError(f"{rate_name}={shown(rate)}: must be a number of GB/s > 0 and < 10^6")
+        number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+        if rate is not None and not (number and MIN_GBPS <= rate <= MAX_GBPS):
+            raise ValueError(
+                f"{rate_name}={shown(rate)}: must be a number of GB/s > 0, at least "
+                f"{MIN_GBPS:g} (1 MB/s: slower than the first 10 Mb/s Ethernet, no cluster's "
+                "link) and at most 10^6 (10^3 times NVLink)"
+            )
     links = LINKS[spec.name]
     inter = inter_node_gbps * _G if inter_node_gbps is not None else links.inter_node
     if nodes > 1 and inter is None:
