@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from workbench.config import LRScaling, OptimizerName, Precision, TrainConfig
+from workbench.inputs import shown
 
 Severity = Literal["info", "warning", "critical"]
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -152,24 +153,24 @@ def _is_number(v: Any) -> bool:
 def _record(obj: Any, i: int) -> _Rec:
     where = f"records[{i}]"
     if isinstance(obj, (str, bytes)) or obj is None:
-        raise ValueError(f"{where}={obj!r}: must be a StepRecord or a dict of its fields")
+        raise ValueError(f"{where}={shown(obj)}: must be a StepRecord or a dict of its fields")
     nums: dict[str, float | None] = {}
     for name in _NUMERIC_FIELDS:
         v = _get(obj, name)
         if v is not None and not _is_number(v):
-            raise ValueError(f"{where}.{name}={v!r}: must be a number or None")
+            raise ValueError(f"{where}.{name}={shown(v)}: must be a number or None")
         nums[name] = None if v is None else float(v)
     ints: dict[str, int | None] = {}
     for name in _INT_FIELDS:
         v = _get(obj, name)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise ValueError(f"{where}.{name}={v!r}: must be an integer or None")
+            raise ValueError(f"{where}.{name}={shown(v)}: must be an integer or None")
         ints[name] = v
     if ints["step"] is None:
         raise ValueError(f"{where}.step=None: every record needs its step number (an integer)")
     changes = _get(obj, "changes") or {}
     if not isinstance(changes, Mapping):
-        raise ValueError(f"{where}.changes={changes!r}: must be a dict of applied settings")
+        raise ValueError(f"{where}.changes={shown(changes)}: must be a dict of applied settings")
     precision = _get(obj, "precision")
     zero = _get(obj, "zero_stage")
     clip = _get(obj, "clip_grad_norm")
@@ -202,7 +203,9 @@ def _record(obj: Any, i: int) -> _Rec:
 
 def _records(records: Any) -> list[_Rec]:
     if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Iterable):
-        raise ValueError(f"records={records!r}: must be a sequence of StepRecord objects or dicts")
+        raise ValueError(
+            f"records={shown(records)}: must be a sequence of StepRecord objects or dicts"
+        )
     recs = [_record(r, i) for i, r in enumerate(records)]
     if recs:  # one rank's view: several ranks' records would count every step twice
         rank = min(r.rank for r in recs)
@@ -221,12 +224,12 @@ def _samples(samples: Any, gpu_uuid: str | None = None) -> list[_GpuReading]:
     if samples is None:
         return []
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
-        raise ValueError(f"samples={samples!r}: must be a sequence of monitor Samples or None")
+        raise ValueError(f"samples={shown(samples)}: must be a sequence of monitor Samples or None")
     out: list[_GpuReading] = []
     for i, s in enumerate(samples):
         gpus = _get(s, "gpus")
         if gpus is None or isinstance(gpus, (str, bytes)):
-            raise ValueError(f"samples[{i}]={s!r}: must be a monitor Sample (with .gpus)")
+            raise ValueError(f"samples[{i}]={shown(s)}: must be a monitor Sample (with .gpus)")
         g = _pick_gpu(gpus, gpu_uuid)
         if g is None:
             out.append(_GpuReading(None, None, None))
@@ -235,7 +238,7 @@ def _samples(samples: Any, gpu_uuid: str | None = None) -> list[_GpuReading]:
         for n in ("util_percent", "memory_used_bytes", "memory_total_bytes"):
             v = _get(g, n)
             if v is not None and not _is_number(v):
-                raise ValueError(f"samples[{i}].gpus[0].{n}={v!r}: must be a number or None")
+                raise ValueError(f"samples[{i}].gpus[0].{n}={shown(v)}: must be a number or None")
             vals.append(None if v is None else float(v))
         out.append(_GpuReading(vals[0], vals[1], vals[2]))
     return out
@@ -257,12 +260,12 @@ def _model_dims(model_dims: Any) -> dict[str, int]:
         return {}
     if not isinstance(model_dims, Mapping):
         raise ValueError(
-            f"model_dims={model_dims!r}: must be a dict like {{'hidden_size': 768}} or None"
+            f"model_dims={shown(model_dims)}: must be a dict like {{'hidden_size': 768}} or None"
         )
     out: dict[str, int] = {}
     for k, v in model_dims.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"model_dims[{k!r}]={v!r}: must be an integer >= 1")
+            raise ValueError(f"model_dims[{shown(k)}]={shown(v)}: must be an integer >= 1")
         out[str(k)] = v
     return out
 
@@ -781,12 +784,14 @@ def advise(
     """
     recs = _records(records)
     if gpu_uuid is not None and not isinstance(gpu_uuid, str):
-        raise ValueError(f"gpu_uuid={gpu_uuid!r}: must be an NVML UUID string ('GPU-...') or None")
+        raise ValueError(
+            f"gpu_uuid={shown(gpu_uuid)}: must be an NVML UUID string ('GPU-...') or None"
+        )
     gpu = _samples(samples, gpu_uuid)
     if config is not None and not isinstance(config, TrainConfig):
-        raise ValueError(f"config={config!r}: must be a TrainConfig or None")
+        raise ValueError(f"config={shown(config)}: must be a TrainConfig or None")
     if device is not None and device not in _DEVICES:
-        raise ValueError(f"device={device!r}: must be one of {', '.join(_DEVICES)} or None")
+        raise ValueError(f"device={shown(device)}: must be one of {', '.join(_DEVICES)} or None")
     if device is None:
         if config is not None and str(config.device) in _DEVICES:
             device = str(config.device)

@@ -192,3 +192,68 @@ def test_the_dashboard_says_the_loss_is_unknown() -> None:
 def test_a_bad_no_loss_note_is_named(note: object) -> None:
     with pytest.raises(ValueError, match=r"no_loss_note=.*must be a string or None"):
         Observer(None, no_loss_note=note)  # type: ignore[arg-type]
+
+
+LONG = "x" * 5000
+
+
+def _raises_bounded(call) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert len(message) < 400 and "xxxx" in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: advise(LONG),
+        lambda: advise([LONG]),
+        lambda: advise([{"step": 1, "loss": LONG}]),
+        lambda: advise([{"step": LONG}]),
+        lambda: advise([{"step": 1, "changes": LONG}]),
+        lambda: advise([], samples=LONG),
+        lambda: advise([], samples=[LONG]),
+        lambda: advise([], samples=[{"gpus": [{"util_percent": LONG}]}]),
+        lambda: advise([], model_dims=LONG),
+        lambda: advise([], model_dims={LONG: LONG}),
+        lambda: advise([], gpu_uuid=[LONG]),
+        lambda: advise([], config=LONG),
+        lambda: advise([], device=LONG),
+    ],
+    ids=lambda _: "",
+)
+def test_a_bad_advisor_input_is_named_within_bounds(call) -> None:  # type: ignore[no-untyped-def]
+    _raises_bounded(call)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: Observer(None, grad_norm=LONG),
+        lambda: Observer(LONG),  # type: ignore[arg-type]
+        lambda: Observer(Tiny(), LONG),  # type: ignore[arg-type]
+        lambda: Observer(Tiny(), config=LONG),  # type: ignore[arg-type]
+        lambda: Observer(None, no_loss_note=[LONG]),  # type: ignore[arg-type]
+    ],
+    ids=lambda _: "",
+)
+def test_a_bad_observer_argument_is_named_within_bounds(call) -> None:  # type: ignore[no-untyped-def]
+    _raises_bounded(call)
+
+
+def test_a_non_observer_given_to_the_panel_is_named_within_bounds() -> None:
+    from workbench.ui.observer import ObserverPanel
+
+    _raises_bounded(lambda: ObserverPanel([LONG], autostart=False))
+
+
+def test_an_unmapped_trainer_setting_is_noted_within_bounds() -> None:
+    from workbench.integrations.hf import settings_from_args
+    from workbench.integrations.lightning import settings_from_trainer
+
+    _, _, notes = settings_from_args(SimpleNamespace(optim=LONG))
+    assert len(notes) == 1 and len(notes[0]) < 400
+    _, _, notes = settings_from_trainer(SimpleNamespace(precision=LONG))
+    assert len(notes) == 1 and len(notes[0]) < 400

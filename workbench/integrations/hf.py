@@ -37,6 +37,7 @@ import torch
 from transformers import TrainerCallback
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.inputs import shown
 from workbench.integrations.observer import Observer, grad_norm_every
 
 #: The workbench's settings as TrainingArguments names them, for the advice.
@@ -122,7 +123,9 @@ def settings_from_args(args: Any) -> tuple[dict[str, Any], dict[str, Any], list[
     if optim in _OPTIMIZERS:
         settings["optimizer"] = _OPTIMIZERS[optim]
     else:
-        notes.append(f"optim={optim!r}: counted as AdamW (the workbench has no mapping for it)")
+        notes.append(
+            f"optim={shown(optim)}: counted as AdamW (the workbench has no mapping for it)"
+        )
     ds = take("deepspeed")
     if ds:
         settings.update(_from_deepspeed(ds, settings, notes))

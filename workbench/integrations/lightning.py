@@ -39,6 +39,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from workbench.config import ConfigError, TrainConfig
+from workbench.inputs import shown
 from workbench.integrations.observer import Observer, grad_norm_every
 
 #: The workbench's settings as Lightning names them, for the advice.
@@ -97,7 +98,7 @@ def settings_from_trainer(trainer: Any) -> tuple[dict[str, Any], dict[str, Any],
     if precision in _PRECISION:
         settings["precision"] = _PRECISION[precision]
     else:
-        notes.append(f"precision={precision!r}: counted as fp32 (no mapping)")
+        notes.append(f"precision={shown(precision)}: counted as fp32 (no mapping)")
     settings["grad_accum"] = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
     read["accumulate_grad_batches"] = settings["grad_accum"]
     clip = getattr(trainer, "gradient_clip_val", None)

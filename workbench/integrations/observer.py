@@ -91,7 +91,7 @@ def grad_norm_every(value: bool | int | str) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     raise ValueError(
-        f"grad_norm={value!r}: must be True (every step), False (never), an int k >= 1 "
+        f"grad_norm={shown(value)}: must be True (every step), False (never), an int k >= 1 "
         "(every k-th step) or 'auto' (every step while it costs under "
         f"{NORM_BUDGET:.1%} of the step, else every k-th)"
     )
@@ -209,11 +209,13 @@ class Observer:
         attaches them when its run starts, so a dashboard of `callback.observer` can be
         shown before `trainer.train()`. Records already taken stay."""
         if not isinstance(model, nn.Module):
-            raise ValueError(f"model={model!r}: must be a torch.nn.Module")
+            raise ValueError(f"model={shown(model)}: must be a torch.nn.Module")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"optimizer={optimizer!r}: must be a torch.optim.Optimizer or None")
+            raise ValueError(
+                f"optimizer={shown(optimizer)}: must be a torch.optim.Optimizer or None"
+            )
         if config is not None and not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a workbench.TrainConfig or None")
+            raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig or None")
         self.model = model
         self.optimizer = optimizer
         self.config = config or TrainConfig()

@@ -18,6 +18,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.inputs import shown
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import status_html
 from workbench.ui.panel import PanelBase, RefreshTimer, TabbedPanels
@@ -44,7 +45,7 @@ class ObserverPanel(PanelBase, TrainingCharts):
         for name in ("config", "records_since", "predict", "advice", "history"):
             if not hasattr(observer, name):
                 raise ValueError(
-                    f"observer={observer!r}: must be a workbench.integrations.Observer "
+                    f"observer={shown(observer)}: must be a workbench.integrations.Observer "
                     f"(missing {name!r})"
                 )
         self.session = observer  # what TrainingCharts reads: .config and .predict
