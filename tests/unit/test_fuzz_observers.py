@@ -257,3 +257,53 @@ def test_an_unmapped_trainer_setting_is_noted_within_bounds() -> None:
     assert len(notes) == 1 and len(notes[0]) < 400
     _, _, notes = settings_from_trainer(SimpleNamespace(precision=LONG))
     assert len(notes) == 1 and len(notes[0]) < 400
+
+
+@pytest.fixture
+def loop():  # type: ignore[no-untyped-def]
+    model = Tiny()
+    with observe(model, torch.optim.SGD(model.parameters(), lr=0.1)) as obs:
+        yield obs
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"loss": "abc"}, "loss"),
+        ({"loss": [1.0, 2.0]}, "loss"),
+        ({"loss": torch.tensor([])}, "loss"),
+        ({"loss": 1.0, "grad_norm": "big"}, "grad_norm"),
+        ({"loss": 1.0, "grad_norm": torch.ones(3)}, "grad_norm"),
+        ({"loss": 1.0, "lr": "fast"}, "lr"),
+        ({"loss": 1.0, "samples": "many"}, "samples"),
+        ({"loss": 1.0, "samples": -4}, "samples"),
+        ({"loss": 1.0, "tokens": 2.5}, "tokens"),
+        ({"loss": 1.0, "scale": "x"}, "scale"),
+    ],
+    ids=lambda v: str(v)[:20],
+)
+def test_a_bad_step_value_is_named_at_the_call_and_no_record_is_lost(loop, kwargs, named) -> None:  # type: ignore[no-untyped-def]
+    obs = loop
+    obs.step(2.0)
+    with pytest.raises(ValueError, match=rf"^{named}=.*: must "):
+        obs.end_step(**kwargs)
+    obs.step(1.5, grad_norm=0.5, lr=0.01, samples=4, tokens=32, scale=8.0)
+    records = obs.records()
+    assert [(r.step, r.loss) for r in records] == [(1, 2.0), (2, 1.5)]
+    assert records[1].grad_norm == 0.5 and records[1].samples_per_s > 0
+    assert "nonfinite-loss" not in [a.id for a in obs.advice()]
+
+
+def test_a_grad_norm_given_as_a_tensor_is_read_with_the_step(loop) -> None:  # type: ignore[no-untyped-def]
+    obs = loop
+    record = obs.step(1.0, grad_norm=torch.tensor(3.0))
+    assert record.grad_norm == 3.0
+
+
+@pytest.mark.parametrize("loss", ["2.0", None, [1.0], True])
+def test_a_bad_filled_loss_is_named(loop, loss: object) -> None:  # type: ignore[no-untyped-def]
+    obs = loop
+    obs.step()
+    with pytest.raises(ValueError, match=r"^loss=.*must be a number"):
+        obs.fill_loss(loss)  # type: ignore[arg-type]
+    assert obs.records()[-1].loss is None

@@ -266,7 +266,7 @@ class WorkbenchTrainerCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         logs = logs or {}
         loss = logs.get("loss")
-        if self._on and self._logged_loss and isinstance(loss, (int, float)):
+        if self._on and self._logged_loss and type(loss) in (int, float):
             self.observer.fill_loss(loss)  # where the model's output had none
         norm = logs.get("grad_norm")
         if self.observer.attached and self._logged_norm and isinstance(norm, (int, float)):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import numbers
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -66,6 +67,7 @@ RSS_SECONDS = 0.25
 
 #: The columns of a pending step's device values, and the mark of a value kept there.
 LOSS, NORM, SCALE = 0, 1, 2
+_COLUMNS = ("loss", "grad_norm", "scale")
 ON_DEVICE = object()
 
 #: `grad_norm="auto"`: the share of the step the gradient norm may cost the host. Above it
@@ -340,10 +342,10 @@ class Observer:
         the sum of the shares, not their mean."""
         if summed:
             self._summed = True
+        if loss is not None:  # first: a loss it refuses leaves the batch uncounted
+            self._add_loss(loss)
         if batch is not None:
             self._count(batch)
-        if loss is not None:
-            self._add_loss(loss)
 
     def _add_loss(self, loss: torch.Tensor | float) -> None:
         """A micro-batch's loss into this step's: a CPU tensor's value read now, another
@@ -361,6 +363,8 @@ class Observer:
                 self._loss_dev += 1
                 return
             loss = _number(loss)
+        elif not isinstance(loss, numbers.Real) or isinstance(loss, bool):
+            raise ValueError(f"loss={shown(loss)}: must be a tensor, a real number or None")
         self._loss_sum += float(loss)
         self._loss_n += 1
 
@@ -385,7 +389,7 @@ class Observer:
         read now where they cannot take it."""
         if (self._slots_on_cpu or not value.is_cpu) and self._put(column, value):
             return ON_DEVICE
-        return _number(value)
+        return _number(value, _COLUMNS[column])
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The gradients are ready: their total norm (on the device, read with the loss at
@@ -476,16 +480,22 @@ class Observer:
                 raise RuntimeError("observer: closed; create a new one with workbench.observe()")
             raise RuntimeError("observer: no model attached yet (Observer.attach)")
         # written out in one body: a trainer's callback calls this every step, when the
-        # step has left the host's caches cold and each call costs a microsecond or more
-        if batch is not None:
-            self._count(batch)
+        # step has left the host's caches cold and each call costs a microsecond or more.
+        # The values checked first (a callback gives none of them): a refused one ends
+        # no step and changes nothing, and no record fails when it is made
+        if samples is not None or tokens is not None or lr is not None or grad_norm is not None:
+            samples, tokens, lr, grad_norm = self._checked(samples, tokens, lr, grad_norm)
+        kept_scale: object = scale
+        if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this
+            kept_scale = self._value(SCALE, scale)  # step's value, kept now
+        elif scale is not None:
+            kept_scale = _real("scale", scale)
         if loss is not None:
             self._add_loss(loss)
             if summed:
                 self._summed = True
-        kept_scale: object = scale
-        if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this
-            kept_scale = self._value(SCALE, scale)  # step's value, kept now
+        if batch is not None:
+            self._count(batch)
         self._steps = step = self._steps + 1
         if step >= self._next_states:  # the model states' bytes: the first steps, then
             self._count_optimizer_states(step)  # every STATE_EVERY
@@ -533,6 +543,24 @@ class Observer:
         self._last_end = now
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _checked(self, samples: Any, tokens: Any, lr: Any, grad_norm: Any) -> tuple[Any, ...]:
+        """`end_step`'s values given by the caller, checked (a ValueError names the first
+        refused): counts are integers >= 0, the others real numbers or one-value tensors
+        (the gradient norm's kept as the step's other device values, the lr's read now)."""
+        for name, value in (("samples", samples), ("tokens", tokens)):
+            if value is not None and (
+                not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0
+            ):
+                raise ValueError(f"{name}={shown(value)}: must be an integer >= 0 or None")
+        if lr is not None:
+            lr = _real("lr", lr)
+            lr = _number(lr, "lr") if isinstance(lr, torch.Tensor) else lr
+        if grad_norm is not None:
+            grad_norm = _real("grad_norm", grad_norm)
+            if isinstance(grad_norm, torch.Tensor):
+                grad_norm = self._value(NORM, grad_norm)
+        return samples, tokens, lr, grad_norm
 
     def _count_optimizer_states(self, step: int) -> None:
         """The optimizer states' bytes at `step` (the parameters' and gradients' were
@@ -635,6 +663,10 @@ class Observer:
         """The last ended step's loss as the trainer logged it after the step, where the
         observer was given none (a step with its own loss keeps it); what was said about
         that step's unknown loss is taken back."""
+        if not isinstance(loss, numbers.Real) or isinstance(loss, bool):
+            raise ValueError(
+                f"loss={shown(loss)}: must be a number (the step's loss as the trainer logged it)"
+            )
         with self._lock:
             if self._pending:  # not made yet: the step's entry takes the loss as given
                 entry = self._pending[-1]
@@ -838,6 +870,8 @@ class _Slots:
         if value.requires_grad:
             value = value.detach()
         if value.dim():  # one value a step: a per-sample loss counts as its mean
+            if not value.numel():
+                raise _empty(_COLUMNS[column], value)
             value = value.reshape(()) if value.numel() == 1 else value.float().mean()
         cell = self.cells[row][column]
         if add:
@@ -850,15 +884,35 @@ class _Slots:
         return rows
 
 
-def _number(value: torch.Tensor) -> float:
+def _number(value: torch.Tensor, name: str = "loss") -> float:
     """A tensor's value, now (a DTensor's full value; a tensor of several values, a
-    per-sample loss, counts as their mean)."""
+    per-sample loss, counts as their mean; an empty one is refused, naming `name`)."""
     if type(value) is torch.Tensor and value.numel() == 1:
         return value.item()
+    if not value.numel():
+        raise _empty(name, value)
     full = getattr(value, "full_tensor", None)
     if callable(full):
         value = full()
     return float(value.detach().float().mean())
+
+
+def _empty(name: str, value: torch.Tensor) -> ValueError:
+    return ValueError(
+        f"{name}={shown(value)}: must hold a value (an empty tensor has none; a per-sample "
+        "value counts as its mean)"
+    )
+
+
+def _real(name: str, value: Any) -> Any:
+    """`value` when it is a real number or a tensor of one real value, else ValueError
+    naming `name` (a value the step's record could not hold)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1 and not value.is_complex():
+            return value
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"{name}={shown(value)}: must be a real number, a one-value tensor or None")
 
 
 def fmt_value(v: Any) -> str:
