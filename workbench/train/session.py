@@ -80,9 +80,17 @@ from workbench.train.devices import cuda_uuid, resolve_device
 from workbench.train.history import History, Recent
 from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
-from workbench.train.resume import manifest_fields, resume_settings, resumed_records, save_target
+from workbench.inputs import shown
+from workbench.train.resume import (
+    folder_check,
+    manifest_fields,
+    resume_settings,
+    resumed_records,
+    resumed_run,
+    save_target,
+)
 from workbench.train.runlog import LOG_NAME
-from workbench.train.runtime import Runtime
+from workbench.train.runtime import RngStream, Runtime
 from workbench.train.schedule import scaled_lr
 from workbench.train.session_log import SessionLog, tensorboard_setting
 from workbench.train.session_tools import SessionTools
@@ -146,10 +154,13 @@ class Session(SessionTools):
     trained weights back, in its own dtypes, at every engine switch and at `close()`.
     `state_dict()` and `save_weights(path)` give the full weights at any time.
 
-    Reproducibility: a new session seeds torch's global RNG with `config.seed` (dropout
-    draws from it), built-in models draw their weights and data from `config.seed` too,
-    and the data order is a function of (seed, epoch). A resumed session restores the
-    RNG states saved in the checkpoint instead.
+    Reproducibility: each session draws its random numbers (dropout's) from its own
+    stream, seeded with `config.seed` (`torch.manual_seed`'s stream) and put into torch's
+    global generators only around its steps, so two sessions in one process train what
+    each trains alone and your notebook's torch RNG is left as it was
+    (`workbench.train.runtime.RngStream`). Built-in models draw their weights and data
+    from `config.seed` too, and the data order is a function of (seed, epoch). A resumed
+    session continues the stream saved in the checkpoint instead.
     """
 
     def __init__(
@@ -168,12 +179,32 @@ class Session(SessionTools):
         if config is None:
             config = TrainConfig()
         if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+            raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+        if resume is not None and not isinstance(resume, dict) and (
+            not isinstance(resume, (str, os.PathLike)) or not str(os.fspath(resume)).strip()
+            or isinstance(os.fspath(resume), bytes)
+        ):
+            raise ValueError(
+                f"resume={shown(resume)}: must be a checkpoint file or folder path (a "
+                "non-empty str or os.PathLike), a payload workbench.train.checkpoints.load "
+                "returned, or None"
+            )
         tensorboard = tensorboard_setting(tensorboard, config)
         self.id = uuid.uuid4().hex[:8]
         self.world_size, self.rank = world_from_env()
         self.device = resolve_device(device, Device(config.device).value)
         payload = resume if isinstance(resume, dict) or resume is None else ckpt.load(resume)
+        # the run this session saves as: checked before anything is trained or written
+        self.run_id, self._run_home = resumed_run(payload)
+        self._own_folders: set[str] = set()
+        if config.checkpoint_dir is not None:
+            start = int(payload["step"]) if payload is not None else 0
+            _, folder = save_target(
+                None, config.checkpoint_dir, start, self.world_size, self.rank
+            )
+            self._claim_folder(
+                folder or Path(config.checkpoint_dir), start, Path(config.checkpoint_dir)
+            )
 
         # -- model, data, loss
         made = resolve_model(
@@ -262,11 +293,10 @@ class Session(SessionTools):
             self._runlog.close()
             raise
         owners.register(module, self)
-        if payload is not None:
-            ckpt.set_rng_state(payload["rng"])
+        if payload is not None:  # the checkpoint's RNG stream, in place of the seeded one
+            rng = payload["rng"]
+            self._rt.rng = RngStream.made_by(lambda: ckpt.set_rng_state(rng), self.device)
             self._event("resumed", f"resumed from {payload['path']} at step {self._step}")
-        else:
-            torch.manual_seed(int(config.seed))  # dropout draws from torch's global RNG
 
     # ------------------------------------------------------------------ properties
     @property
@@ -485,8 +515,13 @@ class Session(SessionTools):
     def save_weights(self, path: str | os.PathLike[str]) -> str:
         """Write `state_dict()` (on the CPU) to `path` with `torch.save`, atomically; plain
         `torch.load(path)` (weights_only) reads it back. Returns the path."""
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise ValueError(f"path={path!r}: must be a file path")
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(
+                f"path={shown(path)}: must be a file path (a non-empty str or os.PathLike)"
+            )
+        if os.path.isdir(name):
+            raise ValueError(f"path={shown(name, 1000)}: is a folder; give a file path in it")
         weights = {k: v.cpu() for k, v in self.state_dict().items()}
         return str(ckpt.write_atomic(weights, path))
 
@@ -688,7 +723,7 @@ class Session(SessionTools):
     def _guarded_step(self) -> str | None:
         """One optimizer step with fault handling; a state name when the loop must end."""
         record: StepRecord | None = None
-        with self._step_lock:
+        with self._step_lock, self._rng_installed():
             if self._changes:  # queued changes (read without the lock: seen next step at worst)
                 self._apply_pending(raise_errors=False)
             try:
@@ -728,6 +763,11 @@ class Session(SessionTools):
         self._publish(record)
         self._autosave()
         return None
+
+    def _rng_installed(self) -> contextlib.AbstractContextManager[None]:
+        """This session's own RNG stream in torch's global generators for a block (what a
+        step or a checkpoint's RNG states read; `workbench.train.runtime.RngStream`)."""
+        return self._rt.rng.installed()
 
     def _step_with_oom_retry(self) -> StepRecord:
         while True:
@@ -845,21 +885,66 @@ class Session(SessionTools):
             target, directory = save_target(
                 path, cfg.checkpoint_dir, self._step, self.world_size, self.rank
             )
-            payload = ckpt.training_payload(
-                step=self._step,
-                config=cfg,
-                runtime=self._rt,
-                reference_batch=self.reference_batch,
-                model_name=self.model_name,
-                model_options=self.model_options,
-            )
+            with self._rng_installed():  # the payload's RNG states are this session's
+                payload = ckpt.training_payload(
+                    step=self._step,
+                    config=cfg,
+                    runtime=self._rt,
+                    reference_batch=self.reference_batch,
+                    model_name=self.model_name,
+                    model_options=self.model_options,
+                )
+            if directory is not None:
+                self._claim_folder(directory, self._step, directory)
+            else:
+                self._claim_file(target)
             self.flush_log()  # the log holds every step up to this checkpoint
             written = ckpt.save(payload, target, describe=self._manifest_fields(target))
             if directory is not None:
-                ckpt.prune(directory, int(cfg.keep_checkpoints))
+                ckpt.prune(
+                    directory,
+                    int(cfg.keep_checkpoints),
+                    run=self.run_id,
+                    written=written,
+                    own_unlabeled=self._is_home(directory),
+                )
             self._last_save_time = time.time()
         self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
         return str(written)
+
+    def _is_home(self, folder: Path) -> bool:
+        home = self._run_home
+        return home is not None and os.path.realpath(folder) == os.path.realpath(home)
+
+    def _claim_folder(self, folder: Path, step: int, log_folder: Path) -> None:
+        """Refuse `folder` (CheckpointError, a ValueError naming it) when this run must not
+        save into it, or `log_folder` when it must not keep its log.jsonl there: another
+        run's checkpoints or log are in it, or its own checkpoints newer than `step`
+        (`resume.folder_check`); nothing is changed. Then both are this session's."""
+        folder_check(
+            folder,
+            run=self.run_id,
+            step=step,
+            home=self._run_home,
+            log_folder=log_folder,
+            own_folders=self._own_folders,
+        )
+        self._own_folders |= {os.path.realpath(folder), os.path.realpath(log_folder)}
+
+    def _claim_file(self, target: Path) -> None:
+        """Refuse to write `target` over a checkpoint of another run (or any file that is
+        not one of this run's checkpoints)."""
+        if not os.path.lexists(target):
+            return
+        m = ckpt.manifest_path(target)
+        run = ckpt.manifest_run(m) if os.path.lexists(m) else ckpt.UNREADABLE
+        if run == self.run_id or (run is None and self._is_home(target.parent)):
+            return
+        raise ckpt.CheckpointError(
+            target,
+            "exists and is not a checkpoint of this run (another run's, or a file without "
+            "its manifest): nothing was changed; choose another file name",
+        )
 
     def _manifest_fields(self, target: Path) -> dict[str, Any]:
         return manifest_fields(
@@ -871,6 +956,7 @@ class Session(SessionTools):
             world_size=self.world_size,
             rank=self.rank,
             log_path=self.log_path,
+            run=self.run_id,
         )
 
     @classmethod

@@ -1,0 +1,120 @@
+"""State one Session must not take from another, or lose at a switch: each Session draws
+its random numbers (dropout) from its own stream, so two Sessions in one process train
+what each trains alone, a resumed one continues its checkpoint's stream, and the notebook's
+own torch RNG is left as it was; a ZeRO switch after DeepSpeed bf16 with LoRA applies and
+keeps training the adapters over the frozen base."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench import Session, TrainConfig
+from workbench.train import checkpoints as ckpt
+from workbench.train.records import StepRecord
+
+#: tiny-gpt with dropout, so the RNG a step draws from decides its loss
+DROPPY = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "dropout": 0.3}
+
+
+def _config(seed: int, **kw: object) -> TrainConfig:
+    return TrainConfig(micro_batch=4, lr=1e-2, seed=seed, **kw)  # type: ignore[arg-type]
+
+
+def _session(seed: int, **kw: object) -> Session:
+    return Session(_config(seed, **kw), model_options=dict(DROPPY))
+
+
+def _losses(records: list[StepRecord]) -> list[float]:
+    return [r.loss for r in records]
+
+
+def _alone(seed: int, steps: int) -> list[float]:
+    with _session(seed) as s:
+        return _losses(s.run(steps, progress=False))
+
+
+@pytest.mark.parametrize("other_seed", [1, 2], ids=["same-seed", "other-seed"])
+def test_a_second_session_does_not_change_the_first_ones_losses(other_seed: int) -> None:
+    alone = _alone(1, 3)
+    a = _session(1)
+    try:
+        first = _losses(a.run(1, progress=False))
+        with _session(other_seed) as b:  # a new session in the same process
+            b.run(2, progress=False)
+            rest = _losses(a.run(2, progress=False))
+    finally:
+        a.close()
+    assert first + rest == alone  # bit for bit
+
+
+def test_two_sessions_training_at_once_each_train_what_they_train_alone() -> None:
+    alone_a, alone_b = _alone(1, 4), _alone(2, 4)
+    a, b = _session(1), _session(2)
+    try:
+        a.start(4)  # a background thread
+        got_b = _losses(b.run(4, progress=False))  # this thread, at the same time
+        assert a.wait(timeout=120) == "idle"
+        got_a = _losses(a.records_since(0))
+    finally:
+        a.close()
+        b.close()
+    assert got_a == alone_a
+    assert got_b == alone_b
+
+
+def test_a_session_leaves_the_notebooks_torch_rng_as_it_was() -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    with _session(5) as s:
+        s.run(2, progress=False)
+        between = torch.rand(2)  # the notebook draws between runs
+        s.run(1, progress=False)
+    got = torch.cat((between, torch.rand(2)))
+    assert torch.equal(got, expected)
+
+
+def test_a_resumed_session_continues_its_checkpoints_stream_beside_another(tmp_path) -> None:
+    a = _session(1)
+    try:
+        a.run(2, progress=False)
+        with _session(9) as b:
+            b.run(1, progress=False)
+            path = a.save_checkpoint(tmp_path / "mid.pt")  # a's stream, not the process's
+            rest = _losses(a.run(2, progress=False))
+            resumed = Session.resume_from(path)
+            try:
+                b.run(1, progress=False)  # another session draws before the resumed one runs
+                continued = _losses(resumed.run(2, progress=False))
+            finally:
+                resumed.close()
+    finally:
+        a.close()
+    assert continued == rest
+    assert "torch" in ckpt.load(path)["rng"]
+
+
+def test_zero_switch_after_deepspeed_bf16_with_lora_applies_and_keeps_training() -> None:
+    """DeepSpeed's bf16 engine with LoRA, then `update(zero_stage=1)`: the engine is
+    rebuilt over the same frozen base (not in the engine's state, which holds what trains),
+    the adapters carried, and the losses go on as a run that never switched."""
+    settings = {"precision": "bf16", "lora_rank": 4}
+    opts = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "dropout": 0.0}
+    with Session(_config(3, **settings), model_options=dict(opts)) as ref:
+        expected = _losses(ref.run(4, progress=False))
+    with Session(_config(3, **settings), model_options=dict(opts)) as s:
+        got = _losses(s.run(2, progress=False))
+        adapters = s.lora()
+        base = {n: p.detach().float().clone() for n, p in s.model.named_parameters()
+                if not p.requires_grad}
+        s.update(zero_stage=1)
+        assert s.config.zero_stage == 1 and s.backend.zero_stage == 1
+        got += _losses(s.run(2, progress=False))
+        assert s.state == "idle"
+        assert s.lora() == adapters  # the same adapters train
+        trained = dict(s.model.named_parameters())
+        assert base and all(not trained[n].requires_grad for n in base)
+        for n, v in base.items():  # the frozen base unchanged by the switch
+            torch.testing.assert_close(trained[n].detach().float(), v, atol=0, rtol=0)
+    assert got == pytest.approx(expected, rel=1e-2)
