@@ -210,3 +210,90 @@ def test_a_figure_that_is_not_finite_is_an_error_naming_it_never_infinity():
     with pytest.raises(ValueError, match="Circular"):
         json_text(looped)
     assert json.loads(json_text({"a": [1.5, 2]})) == {"a": [1.5, 2]}
+
+
+# ------------------------------------------------ 3. an hf_config dict too deep or cyclic
+def _nested(depth: int) -> dict:
+    top: dict = {"model_type": "llama"}
+    inner = top
+    for _ in range(depth):
+        inner["a"] = {}
+        inner = inner["a"]
+    return top
+
+
+def test_an_hf_config_nested_5000_deep_is_a_value_error_naming_it():
+    from workbench.estimate import estimate_memory
+
+    with pytest.raises(ValueError, match=r"hf_config.*nested deeper than 64 levels"):
+        estimate_memory(hf_config=_nested(5000))
+
+
+@pytest.mark.parametrize("through", ["dict", "list"])
+def test_an_hf_config_that_contains_itself_is_a_value_error_naming_it(through):
+    from workbench.estimate import estimate_memory
+
+    config: dict = {**LLAMA}
+    config["self"] = config if through == "dict" else [config]
+    with pytest.raises(ValueError, match=r"hf_config.*contains itself"):
+        estimate_memory(hf_config=config)
+
+
+def test_the_dry_runs_model_of_a_cyclic_config_is_a_problem():
+    from workbench.estimate.hf_build import meta_module
+
+    config: dict = {**LLAMA}
+    config["rope_scaling"] = {"inner": config}
+    module, problems = meta_module(config)
+    assert module is None and "contains itself" in problems[0].message
+
+
+# ------------------------------------------------ 7. shared references never walked twice
+def _shared(depth: int) -> list:
+    value: list = [0]
+    for _ in range(depth):
+        value = [value, value]
+    return value
+
+
+def test_a_list_of_shared_references_40_deep_is_refused_promptly():
+    from workbench.config import TrainConfig
+    from workbench.estimate import estimate_memory
+
+    hostile = _shared(40)
+    with pytest.raises(ValueError, match="lr="):
+        TrainConfig(lr=hostile)
+    with pytest.raises(ValueError, match="layers="):
+        estimate_memory(layers=hostile)
+    with pytest.raises(ValueError, match="hf_config=.*must be a path"):
+        estimate_memory(hf_config=hostile)
+    with pytest.raises(ValueError, match="hf_config=.*not both"):
+        estimate_memory(model="gpt2", hf_config=hostile)
+    with pytest.raises(ValueError, match="hf_config.*holds more than"):
+        estimate_memory(hf_config={**LLAMA, "rope_scaling": _shared(28)})
+
+
+@pytest.mark.parametrize(("depth", "why"), [(28, "holds more than"), (40, "nested deeper")])
+def test_a_deepspeed_dict_of_shared_references_is_refused_promptly(depth, why):
+    from workbench.deepspeed import import_deepspeed
+
+    with pytest.raises(ValueError, match=why):
+        import_deepspeed({"train_micro_batch_size_per_gpu": 1, "x": _shared(depth)})
+
+
+def test_a_deepspeed_dict_that_contains_itself_is_refused():
+    from workbench.deepspeed import import_deepspeed
+
+    config: dict = {"train_micro_batch_size_per_gpu": 1}
+    config["x"] = [config]
+    with pytest.raises(ValueError, match=r"x\.0: contains itself"):
+        import_deepspeed(config)
+
+
+def test_the_walk_counts_each_container_once():
+    from workbench.estimate.limits import nesting_problem
+
+    assert nesting_problem(_shared(10), 64) is None  # 2^11 values: fine
+    assert nesting_problem(_shared(10), 10) == ("nested deeper than 10 levels", (0,) * 10)
+    assert nesting_problem(_shared(60), 64)[0].startswith("holds more than")
+    assert nesting_problem({"a": [1, {"b": 2}]}, 3) is None

@@ -90,8 +90,10 @@ def _not_finite(value: Any, path: str, seen: set[int], depth: int) -> str | None
     seen.add(id(value))
     items = value.items() if isinstance(value, dict) else enumerate(value)
     for key, item in items:
-        sub = f"{path}.{key}" if isinstance(value, dict) and path else (
-            str(key) if isinstance(value, dict) else f"{path}[{key}]"
+        sub = (
+            f"{path}.{key}"
+            if isinstance(value, dict) and path
+            else (str(key) if isinstance(value, dict) else f"{path}[{key}]")
         )
         found = _not_finite(item, sub, seen, depth + 1)
         if found is not None:

@@ -294,7 +294,7 @@ def run_ladder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             print(f"chart: {args.out}")
     failed = [r for r in result.rungs if r.error is not None]
     for r in failed:
-        print(f"workbench ladder: rung {r.name!r} failed: {r.error}", file=sys.stderr)
+        print(f"workbench ladder: rung {shown(r.name)} failed: {r.error}", file=sys.stderr)
     if chart_error is not None:
         print(f"{parser.prog}: error: {chart_error}", file=sys.stderr)
         return 2

@@ -86,7 +86,7 @@ def read_zero(r: Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
         r.errors.append(
             keyed(
                 "zero_optimization nvme_path",
-                f"{sorted(set(nvme_paths))!r} differ; workbench uses one nvme_path for both "
+                f"{shown(sorted(set(nvme_paths)))} differ; workbench uses one nvme_path for both "
                 "offloads",
             )
         )
@@ -147,7 +147,7 @@ def read_precision(
                     "torch_autocast.dtype",
                     given_dtype,
                     "torch autocast needs a 16-bit floating dtype; allowed: bfloat16, float16",
-                    value_text=repr(given_dtype),
+                    value_text=shown(given_dtype),
                 )
             )
     elif r.auto_paths & {"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}:
@@ -285,7 +285,7 @@ def _warmup_details(r: Reader, params: dict[str, Any], p: str) -> None:
     kind = r.string(params, "warmup_type", f"{p}.warmup_type")
     if kind != "linear":
         default = ", DeepSpeed's default" if kind is None else ""
-        r.ignore(f"{p}.warmup_type={kind or 'log'!r} ({_SCHEDULER_LINEAR}{default})")
+        r.ignore(f"{p}.warmup_type={shown(kind or 'log')} ({_SCHEDULER_LINEAR}{default})")
 
 
 def read_scheduler(r: Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None:
@@ -336,13 +336,13 @@ def read_scheduler(r: Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None
             if end != 0.0:
                 default = ", DeepSpeed's default" if end is None else ""
                 r.ignore(
-                    f"{p}.cos_min_ratio={0.0001 if end is None else end!r} (the workbench "
+                    f"{p}.cos_min_ratio={shown(0.0001 if end is None else end)} (the workbench "
                     f"decays to 0{default})"
                 )
             kind_w = r.string(params, "warmup_type", f"{p}.warmup_type")
             if kind_w != "linear":
                 default = ", DeepSpeed's default" if kind_w is None else ""
-                r.ignore(f"{p}.warmup_type={kind_w or 'log'!r} ({_SCHEDULER_LINEAR}{default})")
+                r.ignore(f"{p}.warmup_type={shown(kind_w or 'log')} ({_SCHEDULER_LINEAR}{default})")
         else:
             r.ignore(
                 "scheduler.type='WarmupDecayLR' (a linear decay to 0, imported as "

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from workbench.deepspeed.problems import KeyProblem, keyed
+from workbench.estimate.limits import nesting_problem
 from workbench.inputs import shown
 
 
@@ -141,18 +142,17 @@ def load_config(source: dict[str, Any] | str | os.PathLike[str]) -> dict[str, An
 
 
 def too_deep(ds: Any) -> KeyProblem | None:
-    """The problem when `ds` nests deeper than MAX_DEPTH (iterative: a config nested
-    200,000 levels deep is refused, not a RecursionError)."""
-    stack: list[tuple[str, Any, int]] = [("", ds, 1)]
-    while stack:
-        path, value, depth = stack.pop()
-        if isinstance(value, (dict, list, tuple)):
-            if depth > MAX_DEPTH:
-                return keyed(path or "the config", f"nested deeper than {MAX_DEPTH} levels")
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, child in items:
-                stack.append((f"{path}.{key}" if path else str(key), child, depth + 1))
-    return None
+    """The problem when `ds` nests deeper than MAX_DEPTH, contains itself or holds more
+    values than any config (a list reached by many paths counted each time), naming the
+    key path where it shows; each container is looked at once, so a config nested 200,000
+    levels deep or `L = [L, L]` forty times over is refused at once, not a RecursionError
+    or a walk of 2^40 values."""
+    found = nesting_problem(ds, MAX_DEPTH)
+    if found is None:
+        return None
+    why, at = found
+    path = ".".join(shown(k) if not isinstance(k, (str, int)) else str(k) for k in at[:40])
+    return keyed(path[:200] or "the config", why)
 
 
 _DROP = object()

@@ -293,9 +293,7 @@ def _meta_model(config: Mapping[str, Any]) -> tuple[Any, list[str]]:
             with torch.device("meta"):
                 module = auto.from_config(hf_config, trust_remote_code=False)
         except Exception as exc:  # the model's constructor: report, do not crash
-            return None, [
-                f"building the {model_type} model ({auto.__name__}) failed: {_text(exc)}"
-            ]
+            return None, [f"building the {model_type} model ({auto.__name__}) failed: {_text(exc)}"]
     return module, []
 
 

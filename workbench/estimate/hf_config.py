@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from workbench.estimate.architecture import FIELD_BOUNDS
-from workbench.estimate.limits import Bound, as_bool, check_number, is_bool
+from workbench.estimate.limits import Bound, as_bool, check_number, is_bool, nesting_problem
 from workbench.estimate.problems import Problem
-from workbench.inputs import InputFileError, shown
+from workbench.inputs import MAX_JSON_DEPTH, InputFileError, shown
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
 HEAD_DIM = FIELD_BOUNDS["head_dim"]
@@ -115,6 +115,12 @@ def load_config(source: Any, field: str) -> tuple[Mapping[str, Any] | None, str,
     """(the config, how to name it in a problem: its path or "{...}", None), or (None, name,
     the problem) for a config.json path (a file or its folder) or an already-loaded dict."""
     if isinstance(source, Mapping):
+        nesting = nesting_problem(source, MAX_JSON_DEPTH)
+        if nesting is not None:  # read as a tree by every reader after this one
+            why, at = nesting
+            where = "".join(f"[{shown(k)}]" for k in at[:8]) + ("..." if len(at) > 8 else "")
+            message = f"{why}{f' (at {where})' if at else ''}; a config is a JSON object"
+            return None, "{...}", Problem(field, "{...}", message)
         return source, "{...}", None
     if isinstance(source, (str, os.PathLike)) and str(source).strip():
         where = str(source)
@@ -124,7 +130,8 @@ def load_config(source: Any, field: str) -> tuple[Mapping[str, Any] | None, str,
         if not isinstance(loaded, dict):
             return None, where, Problem(field, where, "must hold a JSON object")
         return loaded, where, None
-    return None, str(source), Problem(field, source, "must be a path to a config.json or a dict")
+    where = source if isinstance(source, str) else f"<{type(source).__name__}>"
+    return None, where, Problem(field, source, "must be a path to a config.json or a dict")
 
 
 def read_family(config: Mapping[str, Any], model_type: str) -> FamilyShape:

@@ -65,6 +65,7 @@ from workbench.estimate.hf_config import (
     config_integer,
     read_family,
 )
+from workbench.inputs import shown
 
 #: The standard config names `hf_build.resolved_config` resolves for every family.
 STANDARD_KEYS = (
@@ -395,7 +396,7 @@ def _encoder(c: Mapping[str, Any], p: list[str]) -> _Mapped | str:
     max_position_embeddings - pad_token_id - 1 long)."""
     kind = c.get("position_embedding_type")
     if kind not in (None, "absolute"):
-        return f"with position_embedding_type={kind!r} adds relative-position tables"
+        return f"with position_embedding_type={shown(kind)} adds relative-position tables"
     decoder = config_flag(c, "is_decoder", False, p)
     fields = _gelu(c, p, positions="learned", causal=decoder, tied_embeddings=True)
     fields["tied_embeddings"] = config_flag(c, "tie_word_embeddings", True, p)

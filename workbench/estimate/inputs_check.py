@@ -40,6 +40,7 @@ from workbench.estimate.lora import LORA_TARGETS, LoraFacts, lora_facts
 from workbench.estimate.model_states import ACCOUNTINGS, FSDP_MODES
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
+from workbench.inputs import shown
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -208,7 +209,7 @@ def _training(model: Any, hf_config: Any) -> dict[str, Any]:
 def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
     """The model named by `model` or `hf_config` (an empty `_Source` for neither)."""
     if model is not None and hf_config is not None:
-        p.append(Problem("hf_config", str(hf_config), "give `model` or `hf_config`, not both"))
+        p.append(Problem("hf_config", hf_config, "give `model` or `hf_config`, not both"))
         return _Source()
     if isinstance(model, str):
         found = find_model(model)
@@ -234,8 +235,8 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
         return _Source()
     p.extend(facts.problems)
     config_name = None
-    if hf_config is not None:
-        config_name = str(hf_config) if not isinstance(hf_config, Mapping) else "dict"
+    if hf_config is not None and not facts.problems:  # a path or a dict: named as it is
+        config_name = "dict" if isinstance(hf_config, Mapping) else str(hf_config)
     return _Source(
         name=facts.name,
         config_name=config_name,
@@ -361,7 +362,9 @@ def _engine_problems(
         message = "is DeepSpeed's; FSDP offloads with `offload_params`"
         p.append(Problem("offload_optimizer", True, message))
     if offload_params and sharding != "full_shard":
-        p.append(Problem("offload_params", True, f"needs fsdp 'full_shard' (got {sharding!r})"))
+        p.append(
+            Problem("offload_params", True, f"needs fsdp 'full_shard' (got {shown(sharding)})")
+        )
     if accounting not in ("paper", "fsdp"):
         p.append(Problem("accounting", accounting, "an FSDP setup is counted by 'fsdp'"))
     return "fsdp"

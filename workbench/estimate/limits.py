@@ -192,13 +192,65 @@ def check_number(name: str, value: Any, bound: Bound | None = None) -> tuple[Any
     return number, None
 
 
+#: The most values a nested input (a config dict) may hold, a list or dict reached twice
+#: counted each time (a config.json of 16 MiB holds about 10^6).
+MAX_NESTED_VALUES = 10**6
+
+
+def nesting_problem(
+    value: Any, max_depth: int, max_values: int = MAX_NESTED_VALUES
+) -> tuple[str, tuple[Any, ...]] | None:
+    """(why the dicts, lists and tuples of `value` cannot be walked as a tree, the keys and
+    indexes of the container where that shows), or None. Why: it "contains itself", is
+    "nested deeper than N levels" (`max_depth`, the outermost container at level 1) or
+    "holds more than N values" (`max_values`, counting a container reached by two paths
+    each time: `L = [L, L]` forty times over is 2^40 values). Each container is looked at
+    once (memoized), so a hostile value costs no more than its distinct containers; the
+    recursion is at most `max_depth` deep."""
+    done: dict[int, tuple[int, int]] = {}  # id -> (levels, itself included; values)
+    on_path: set[int] = set()
+    keep: list[Any] = []  # the containers measured, alive while their ids are keys
+    path: list[Any] = []
+
+    def measure(item: Any, level: int) -> tuple[int, int] | str:
+        if not isinstance(item, (dict, list, tuple)):
+            return 0, 1
+        key = id(item)
+        if key in on_path:
+            return "contains itself"
+        if level > max_depth or level - 1 + done.get(key, (0, 0))[0] > max_depth:
+            return f"nested deeper than {max_depth} levels"
+        if key in done:
+            return done[key]
+        on_path.add(key)
+        keep.append(item)
+        height, count = 0, 1
+        for at, child in item.items() if isinstance(item, dict) else enumerate(item):
+            path.append(at)
+            got = measure(child, level + 1)
+            if isinstance(got, str):
+                return got
+            path.pop()
+            height, count = max(height, got[0]), count + got[1]
+            if count > max_values:
+                return f"holds more than {max_values:,} values"
+        on_path.discard(key)
+        done[key] = (height + 1, count)
+        return height + 1, count
+
+    got = measure(value, 1)
+    return (got, tuple(path)) if isinstance(got, str) else None
+
+
 __all__ = [
     "GIB",
     "LIMITS",
     "MAX_BYTES_PER_GPU",
+    "MAX_NESTED_VALUES",
     "Bound",
     "as_bool",
     "as_float",
     "as_int",
     "check_number",
+    "nesting_problem",
 ]

@@ -363,9 +363,7 @@ def _cli_keywords(shape: dict[str, Any], given: dict[str, Any]) -> None:
             )
 
 
-def _nodes_of(
-    gpus: Any, gpus_per_node: int | None, nodes: int | None
-) -> tuple[Any, Any]:
+def _nodes_of(gpus: Any, gpus_per_node: int | None, nodes: int | None) -> tuple[Any, Any]:
     """(gpus_per_node, nodes) from `gpus` in all, as `workbench plan --gpus` reads it: a
     node holds 8 (or `gpus` when fewer) unless `gpus_per_node` says; ValueError naming
     gpus when it is not whole nodes or disagrees with `nodes`."""
@@ -791,4 +789,13 @@ def _one(
     )
 
 
-__all__ = ["CLI_NAMES", "ENGINES", "OUTPUT_FLAGS", "SEARCHED", "SHAPE_KEYS", "Plan", "PlanResult", "plan"]
+__all__ = [
+    "CLI_NAMES",
+    "ENGINES",
+    "OUTPUT_FLAGS",
+    "SEARCHED",
+    "SHAPE_KEYS",
+    "Plan",
+    "PlanResult",
+    "plan",
+]

@@ -593,7 +593,7 @@ def failure_problem(
     module = stack.innermost
     func = getattr(exc, "func", None) or recorder.last
     operator = str(func) if func is not None else None
-    where = f"module {module!r}" if module else f"the {phase}"
+    where = f"module {shown(module)}" if module else f"the {phase}"
     op = f", operator {operator}" if operator else ""
     why = _FAKE_WHY.get(type(exc).__name__)
     if why is not None:
