@@ -12,7 +12,11 @@ the checks); this module is the Session's side of them:
   `Session.resume_from` builds with; the file never chooses code (a built-in model name
   only) nor where the resumed run writes (beside the checkpoint it read);
 * `resumed_records(payload)`: the history a resumed session starts with, from the run's
-  own `log.jsonl` only.
+  own `log.jsonl` only (the one beside the checkpoint);
+* `resumed_run(payload)`: the run a resumed session continues (its id, and the folder whose
+  checkpoints without a run id are that run's);
+* `folder_check(...)`: refuses a folder a run must not write into (another run's
+  checkpoints or log, or its own newer checkpoints), before anything is written.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, SettingProblem, TrainConfig, plain_value
+from workbench.inputs import shown
 from workbench.train import checkpoints as ckpt
 from workbench.train.history import RECENT_RECORDS
 from workbench.train.records import StepRecord
@@ -41,6 +46,11 @@ def save_target(
     ranks a directory gets each rank's own folder in it, `rank-<r>` (unless it is that
     folder already, as `workbench launch` hands each rank): ranks writing one `step-N.pt`
     would overwrite each other's."""
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not _text(path)):
+        raise ValueError(
+            f"path={shown(path)}: must be a file or folder path (a non-empty str or "
+            "os.PathLike), or None for config.checkpoint_dir"
+        )
     if path is None:
         if checkpoint_dir is None:
             raise ValueError(
@@ -54,6 +64,70 @@ def save_target(
     return (directory / ckpt.checkpoint_name(step) if directory else p), directory
 
 
+def _text(path: Any) -> str:
+    """A path's text ("" for an empty one; bytes paths are refused: not text)."""
+    name = os.fspath(path)
+    return name.strip() if isinstance(name, str) else ""
+
+
+def resumed_run(payload: dict[str, Any] | None) -> tuple[str, Path | None]:
+    """(the run id a session continues, the folder whose checkpoints without a run id are
+    its own). A new session: a new id, no folder. A resumed one: the id its checkpoint's
+    manifest names, or a new one for a checkpoint of the previous layout (none named);
+    either way the checkpoints without a run id in the folder it resumed from count as
+    this run's (the previous layout's, which this run continues)."""
+    if payload is None:
+        return ckpt.new_run_id(), None
+    manifest = payload.get("manifest") or {}
+    run = manifest.get("run")
+    home = Path(str(payload["path"])).parent if payload.get("path") else None
+    if isinstance(run, str) and ckpt.RUN_ID.match(run):
+        return run, home
+    return ckpt.new_run_id(), home
+
+
+def folder_check(
+    directory: Path,
+    *,
+    run: str,
+    step: int,
+    home: Path | None,
+    log_folder: Path | None,
+    own_folders: set[str],
+) -> None:
+    """ValueError (CheckpointError naming `directory`) when run `run` at step `step` must
+    not write checkpoints into `directory` (`checkpoints.run_folder_problem`), or its log
+    into `log_folder`'s log.jsonl; `home`: the folder it resumed from; `own_folders`:
+    folders (resolved) this session already writes into."""
+    checks: list[tuple[Path, Path | None]] = [(directory, None)]
+    if log_folder is not None:
+        log = log_folder / LOG_NAME
+        if _same(log_folder, directory):
+            checks = [(directory, log)]
+        else:
+            checks.append((log_folder, log))
+    for folder, log in checks:
+        is_home = home is not None and _same(folder, home)
+        problem = ckpt.run_folder_problem(
+            folder,
+            run,
+            step,
+            own_unlabeled=is_home,
+            log=log,
+            log_is_own=is_home or _key(folder) in own_folders,
+        )
+        if problem is not None:
+            raise ckpt.CheckpointError(folder, problem)
+
+
+def _key(folder: Path) -> str:
+    return os.path.realpath(folder)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return _key(a) == _key(b)
+
+
 def manifest_fields(
     *,
     target: Path,
@@ -64,9 +138,11 @@ def manifest_fields(
     world_size: int,
     rank: int,
     log_path: str | None,
+    run: str | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint's manifest says beyond the payload: the model, the ranks, and
-    where the run's log is (relative to the checkpoint when it is beside it)."""
+    """What a checkpoint's manifest says beyond the payload: the model, the ranks, the run
+    that wrote it, and where the run's log is (relative to the checkpoint when it is
+    beside it)."""
     log_file = log_path
     if log_file is not None:
         with contextlib.suppress(ValueError):
@@ -81,6 +157,7 @@ def manifest_fields(
         "world_size": world_size,
         "rank": rank,
         "log": log_file,
+        **({} if run is None else {"run": run}),
     }
 
 
@@ -106,7 +183,7 @@ def resume_settings(
                         "documents",
                         plain_value(config.documents),
                         f"the checkpoint was trained with documents="
-                        f"{plain_value(saved_config.documents)!r}, and the layout decides "
+                        f"{shown(plain_value(saved_config.documents))}, and the layout decides "
                         "the samples, the data position and the vocabulary; resume with it",
                     )
                 ]
@@ -128,18 +205,48 @@ def resume_settings(
 def resumed_records(payload: dict[str, Any]) -> list[StepRecord]:
     """The history a resumed session starts with: the newest records, up to the
     checkpoint's step, of the run's log named in its manifest (or, for the previous
-    format, the records inside the checkpoint). Only a file named `log.jsonl` is read."""
+    format, the records inside the checkpoint). Only a `log.jsonl` in the checkpoint's
+    folder or a folder below it is read (`_own_log`), and only when it is a regular file
+    (none: an empty history)."""
     if "history" in payload:  # previous format
         return [StepRecord.from_dict(r) for r in payload["history"][-RECENT_RECORDS:]]
     manifest = payload.get("manifest") or {}
     log_name = manifest.get("log")
     if not isinstance(log_name, str) or not log_name:
         return []
-    log_file = Path(payload["path"]).parent / log_name
-    # the manifest names the run's own log; any other file is not read
-    if log_file.name != LOG_NAME or not log_file.is_file():
+    log_file = _own_log(Path(payload["path"]).parent, log_name)
+    if log_file is None or not os.path.lexists(log_file):
         return []
-    return tail_records(log_file, up_to_step=int(payload["step"]), limit=RECENT_RECORDS)
+    try:
+        return tail_records(log_file, up_to_step=int(payload["step"]), limit=RECENT_RECORDS)
+    except (OSError, ValueError):  # not a regular file, or unreadable: no history
+        return []
 
 
-__all__ = ["manifest_fields", "resume_settings", "resumed_records", "save_target"]
+def _own_log(folder: Path, name: str) -> Path | None:
+    """The log a manifest names, `name` relative to the checkpoint's `folder`, when it is a
+    `log.jsonl` in that folder or one below it, reached without a symbolic link (a save's
+    own run folder, beside the checkpoint or the `checkpoint_dir` it was saved from);
+    None for anything else ("../other/log.jsonl", an absolute path): a file never
+    chooses which other file is read."""
+    parts = Path(name).parts
+    if not parts or parts[-1] != LOG_NAME or Path(name).is_absolute():
+        return None
+    if any(p in ("", ".", "..") for p in parts) or len(parts) > 8:
+        return None
+    here = folder
+    for part in parts[:-1]:
+        here = here / part
+        if os.path.islink(here):
+            return None
+    return folder.joinpath(*parts)
+
+
+__all__ = [
+    "folder_check",
+    "manifest_fields",
+    "resume_settings",
+    "resumed_records",
+    "resumed_run",
+    "save_target",
+]

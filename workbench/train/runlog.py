@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workbench.inputs import InputFileError, open_regular
 from workbench.train.records import Event, StepRecord
 
 log = logging.getLogger("workbench")
@@ -127,10 +128,18 @@ class RunLog:
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
-        if self._file is not None:
-            self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for name in ("_file", "_tb"):  # a full disk here is reported, never raised
+            sink = getattr(self, name)
+            if sink is None:
+                continue
+            try:
+                sink.close()
+            except Exception as exc:
+                if self.error is None:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    log.warning(
+                        "workbench: run log %s: %s", self.path or self.tensorboard_dir, self.error
+                    )
 
     # ------------------------------------------------------------------ writer thread
     def _run(self) -> None:
@@ -220,20 +229,29 @@ def read_events(path: str | os.PathLike[str]) -> list[Event]:
 
 
 _MAX_LINE = 1 << 20  # a record line is a few hundred bytes
+#: `tail_records` reads at most this many bytes from the end of a log: room for a resumed
+#: history's 2048 records of a few hundred bytes each, many times over, and a bound on the
+#: time a damaged log (a crash can leave a zero-filled, sparse tail of any size) can take.
+MAX_TAIL_BYTES = 16 << 20
 
 
 def tail_records(path: str | os.PathLike[str], *, up_to_step: int, limit: int) -> list[Any]:
     """The newest `limit` records with step <= `up_to_step` (the newest line of each
-    step), read backwards from the end of the file: what a resumed session's history
-    starts with, in time that does not grow with the run's length."""
+    step), read backwards from the end of the file, at most `MAX_TAIL_BYTES` of it: what a
+    resumed session's history starts with, in time that does not grow with the run's
+    length. ValueError (`workbench.inputs.InputFileError`) when `path` is a symbolic link
+    or not a regular file (nothing is read; a FIFO does not block)."""
+    if os.path.islink(path):
+        raise InputFileError("run log", str(path), "a symbolic link, not a regular file")
     found: dict[int, dict[str, Any]] = {}
     block = 1 << 16
-    with open(path, "rb") as f:
+    with open_regular(path, what="run log") as f:
         f.seek(0, os.SEEK_END)
         end = f.tell()
+        floor = max(0, end - MAX_TAIL_BYTES)
         carry = b""
-        while end > 0 and len(found) < limit:
-            start = max(0, end - block)
+        while end > floor and len(found) < limit:
+            start = max(floor, end - block)
             f.seek(start)
             chunk = f.read(end - start) + carry
             end = start

@@ -26,6 +26,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -325,8 +326,11 @@ class TrainingPanel(TrainingCharts, PanelBase):
             s.stop()
             self._say("ok", "stopped")
         elif name == "save":
-            # without a checkpoint_dir in the config, save under ./checkpoints
-            target = None if s.config.checkpoint_dir else "checkpoints"
+            # without a checkpoint_dir in the config, save under ./checkpoints/<run id>: a
+            # folder of this run's own, so sessions saving from two panels never meet
+            run = getattr(s, "run_id", None)
+            default = "checkpoints" if run is None else str(Path("checkpoints") / run)
+            target = None if s.config.checkpoint_dir else default
             path = s.save_checkpoint() if target is None else s.save_checkpoint(target)
             self._say("ok", f"checkpoint saved: {path}")
         elif name == "profile":

@@ -50,6 +50,14 @@ CPU_RANKS = 2
 #: Keys a rung may not hold: the model (code) is the ladder's own argument, never a rung's
 #: (a rungs file cannot choose code to run).
 NOT_SETTINGS = ("model", "model_options", "data", "loss_fn", "sampler", "factory")
+#: Settings that choose where the workbench writes, and what it deletes there: a rung
+#: (often read from a file) never sets them; the ladder's runs save no checkpoints.
+WHERE_TO_WRITE = (
+    "checkpoint_dir",
+    "checkpoint_every_steps",
+    "checkpoint_every_seconds",
+    "keep_checkpoints",
+)
 #: Rungs in one ladder: each is run `repeats` times; more would take days.
 MAX_RUNGS = 64
 #: A rung's name is a table row and a chart label.
@@ -254,6 +262,16 @@ def cumulative_configs(
                     changes.pop(name),
                     "a rung holds training settings only; the model is the ladder's own "
                     "(model=, --model), never a rung's",
+                    where=where,
+                )
+            )
+        for name in [n for n in WHERE_TO_WRITE if n in changes]:
+            problems.append(
+                LadderProblem(
+                    name,
+                    changes.pop(name),
+                    "a rung file never chooses where the workbench writes (checkpoints and "
+                    "what is pruned there); the ladder's runs save no checkpoints",
                     where=where,
                 )
             )
