@@ -297,3 +297,40 @@ def test_the_walk_counts_each_container_once():
     assert nesting_problem(_shared(10), 10) == ("nested deeper than 10 levels", (0,) * 10)
     assert nesting_problem(_shared(60), 64)[0].startswith("holds more than")
     assert nesting_problem({"a": [1, {"b": 2}]}, 3) is None
+
+
+# ------------------------------------------------ 5. number flags take ASCII digits only
+ARABIC_12 = "\u0661\u0662"  # Arabic-Indic "12": Python's int() reads it as 12
+FULLWIDTH_8 = "\uff18"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["estimate", "--model", "gpt2", "--micro-batch", ARABIC_12],
+        ["estimate", "--model", "gpt2", "--gpus", FULLWIDTH_8],
+        ["estimate", "--model", "gpt2", "--overhead-gib", "\u0662"],
+        ["estimate", "--model", "gpt2", "--tokens", "\u0661e9"],
+        ["estimate", "--model", "gpt2", "--mfu", "0.\u0665"],
+        ["plan", "--model", "llama-3-8b", "--global-batch", ARABIC_12],
+        ["plan", "--model", "llama-3-8b", "--gpus", FULLWIDTH_8],
+        ["plan", "--model", "llama-3-8b", "--headroom", "0.\u0661"],
+    ],
+)
+def test_number_flags_take_ascii_digits_only(argv, capsys):
+    line = one_error(argv, capsys)
+    assert argv[-2] in line, line
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [(ARABIC_12, "int"), (FULLWIDTH_8, "int"), ("\u0661.5", "float"), ("\u0661e3", "float")],
+)
+def test_the_shared_flag_parser_takes_ascii_digits_only(text, kind):
+    from workbench.cli.config_flags import lenient_number, parse_number
+
+    problems: list[str] = []
+    assert parse_number(text, kind, "--micro-batch", problems) is None
+    assert len(problems) == 1 and "--micro-batch" in problems[0]
+    assert lenient_number(text, kind) == text  # passed on for TrainConfig to name
+    assert parse_number(" 12 ", kind, "--micro-batch", []) == 12  # ASCII, padded: as before

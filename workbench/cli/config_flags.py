@@ -127,7 +127,11 @@ def parse_number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
 
 
 def _number(text: str, kind: str) -> Any:
-    """An int or finite float from flag text, else None (never inf, nan or a bool)."""
+    """An int or finite float from flag text, else None (never inf, nan or a bool). Only
+    ASCII digits make a number: Python's int() and float() also read other scripts' digits
+    ("١٢" is 12 to them), which no one types as a number by intent."""
+    if not isinstance(text, str) or not text.isascii():
+        return None
     try:
         if kind == "int":
             return int(text)

@@ -257,6 +257,8 @@ def _read(text: str, kind: str) -> Any:
     `estimate_memory` then reports it together with every other problem. Thousands
     separators are read only where they group digits by three."""
     text = text.strip()
+    if not text.isascii():  # int() and float() read other scripts' digits too ("١٢" = 12)
+        return text
     if _GROUPED_INT.fullmatch(text):
         text = text.replace(",", "").replace("_", "")
     elif "," in text or "_" in text:

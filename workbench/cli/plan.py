@@ -82,8 +82,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
 def _number(flag: str, text: str | None, kind: type, problems: list[str], low: float) -> Any:
     if text is None:
         return None
-    try:
-        value = kind(text)
+    try:  # ASCII digits only: int() and float() read other scripts' digits ("١٢" = 12)
+        value = kind(text) if text.isascii() else None
     except ValueError:
         value = None
     if value is None or not math.isfinite(value) or value < low:
