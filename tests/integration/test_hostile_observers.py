@@ -110,3 +110,43 @@ def test_a_lightning_manual_step_returning_nothing_is_unknown_and_not_diverging(
     assert "nonfinite-loss" not in [a.id for a in obs.advice()]
     said = [n for n in obs.notes if "loss unknown" in n]
     assert len(said) == 1 and "training_step" in said[0]
+
+
+def test_a_lightning_step_skipping_some_batches_records_their_loss_as_unknown() -> None:
+    """Automatic optimization: a training_step that returns None for some batches (Lightning
+    still counts the step) leaves those records' loss unknown, the others' as returned."""
+    import lightning as L
+
+    from workbench.integrations import WorkbenchLightningCallback
+    from workbench.models import build_model
+
+    model, data, loss_fn, _ = build_model("tiny-gpt", layers=1, hidden=16, heads=2, seq_len=8)
+
+    class Skipping(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.losses: list[float] = []
+
+        def training_step(self, batch, i):  # type: ignore[no-untyped-def]
+            x, y = batch
+            loss = loss_fn(self.model(x), y)
+            self.losses.append(loss.item())
+            return loss if i % 2 == 0 else None
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    callback = WorkbenchLightningCallback()
+    module = Skipping()
+    trainer = L.Trainer(
+        max_epochs=1, limit_train_batches=4, accelerator="cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[callback],
+    )  # fmt: skip
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    records = callback.observer.records()
+    assert len(records) == trainer.global_step == 4
+    assert [r.loss for r in records[1::2]] == [None, None]
+    assert [r.loss for r in records[::2]] == [module.losses[0], module.losses[2]]
+    assert "nonfinite-loss" not in [a.id for a in callback.observer.advice()]

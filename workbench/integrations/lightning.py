@@ -18,9 +18,9 @@ What it reads, from Lightning's hooks and objects:
   model states' bytes on the first steps; the record is published at the end of the
   batch whose optimizer step ran.
 
-Under manual optimization `training_step` need not return its loss: one that returns
-nothing leaves the records' loss None (unknown), the observer says once how to expose it
-(`NO_LOSS_NOTE`) and the advisor says nothing about it.
+A `training_step` that returns no loss (manual optimization needs none) leaves the
+records' loss None (unknown): the observer says once how to expose it (`NO_LOSS_NOTE`) and
+the advisor says nothing about it.
 
 What it costs a step (benchmarks/observe.py): Lightning dispatches every hook of every
 callback, an empty one included, at a few microseconds each; it skips a hook that is not
@@ -72,9 +72,9 @@ ARG_NAMES: dict[str, Any] = {
 
 #: What the observer says when `training_step` hands back no loss.
 NO_LOSS_NOTE = (
-    "the loss is not visible to the callback: training_step returns no loss (under manual "
-    "optimization Lightning needs none); return it anyway, `return loss` or "
-    "`return {'loss': loss}`, and the callback reads it"
+    "the loss is not visible to the callback: training_step returned no loss (manual "
+    "optimization needs none; automatic optimization steps without one); return it, "
+    "`return loss` or `return {'loss': loss}`, and the callback reads it"
 )
 
 _PRECISION = {
