@@ -307,3 +307,21 @@ def test_a_bad_filled_loss_is_named(loop, loss: object) -> None:  # type: ignore
     with pytest.raises(ValueError, match=r"^loss=.*must be a number"):
         obs.fill_loss(loss)  # type: ignore[arg-type]
     assert obs.records()[-1].loss is None
+
+
+def test_the_device_slots_keep_unknown_and_nan_apart_and_refuse_an_empty_loss() -> None:
+    """The path of a GPU run's values (kept in the device slots until the records are
+    made), taken on the CPU: a step without a loss is unknown, a NaN loss stays NaN, a
+    tensor grad norm is read with the step, an empty loss is refused naming it."""
+    obs = Observer(None, grad_norm=False)
+    obs.attach(Tiny())
+    obs._slots_on_cpu = True  # as a GPU run's tensors: copied into the slots
+    obs.end_step(torch.tensor(2.0), grad_norm=torch.tensor(0.5))
+    obs.end_step()
+    obs.end_step(torch.tensor([float("nan"), 1.0]))
+    with pytest.raises(ValueError, match=r"^loss=.*: must hold a value"):
+        obs.end_step(torch.zeros(0))
+    records = obs.records()
+    assert [r.loss for r in records[:2]] == [2.0, None] and math.isnan(records[2].loss)
+    assert records[0].grad_norm == 0.5
+    assert [a.evidence["steps"] for a in obs.advice() if a.id == "nonfinite-loss"] == [[3]]
