@@ -118,3 +118,17 @@ def test_zero_switch_after_deepspeed_bf16_with_lora_applies_and_keeps_training()
         for n, v in base.items():  # the frozen base unchanged by the switch
             torch.testing.assert_close(trained[n].detach().float(), v, atol=0, rtol=0)
     assert got == pytest.approx(expected, rel=1e-2)
+
+
+@pytest.mark.parametrize("engine", [{}, {"zero_stage": 1}], ids=["plain", "zero1"])
+def test_a_lora_rank_change_on_a_live_session_applies_and_trains(engine: dict) -> None:
+    """The adapters of the new rank have the old ones' names: they start fresh (their
+    optimizer state is not carried into other shapes), the old ones merged into the base."""
+    opts = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "dropout": 0.0}
+    with Session(_config(3, lora_rank=4, **engine), model_options=dict(opts)) as s:
+        before = _losses(s.run(2, progress=False))
+        s.update(lora_rank=8)
+        after = _losses(s.run(2, progress=False))
+        assert s.state == "idle" and s.lora()["rank"] == 8  # type: ignore[index]
+    # the merged adapters' update is kept: the loss goes on from where it was
+    assert after[0] == pytest.approx(before[-1], rel=5e-2)

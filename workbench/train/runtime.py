@@ -50,7 +50,7 @@ from workbench.train.changes import (
     needs_deepspeed,
 )
 from workbench.train.data import DataPosition, DataStream
-from workbench.train.lora import LORA_FIELDS, LoraAdapters
+from workbench.train.lora import LORA_FIELDS, LoraAdapters, is_adapter_parameter
 from workbench.train.offload import ActivationOffload
 from workbench.train.recompute import set_activation_checkpointing
 from workbench.train.schedule import scaled_lr
@@ -398,9 +398,16 @@ def _offload_for(config: TrainConfig, device: torch.device) -> ActivationOffload
 
 def _weights_now(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     """`state` with the weights your module holds now, by their current names (after
-    LoRA layers went on or came off); the optimizer state of names that no longer exist
-    or no longer train is left for the backend to skip."""
-    return {**state, "model": {n: p.detach() for n, p in model.named_parameters()}}
+    LoRA layers went on or came off) and without the adapters' optimizer state: the new
+    adapters start fresh, and they carry the old ones' names (in another shape when the
+    rank changed). The optimizer state of names that no longer exist or no longer train
+    is left for the backend to skip."""
+    optimizer = state.get("optimizer")
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict):
+        kept = {n: v for n, v in optimizer["state"].items() if not is_adapter_parameter(n)}
+        optimizer = {**optimizer, "state": kept}
+    weights = {n: p.detach() for n, p in model.named_parameters()}
+    return {**state, "model": weights, "optimizer": optimizer}
 
 
 def inner_module(backend: Backend, model: nn.Module) -> nn.Module:
