@@ -44,6 +44,20 @@ def test_a_step_without_a_loss_is_recorded_as_unknown_and_advised_nothing() -> N
     assert not any("diverg" in a.message for a in obs.advice())
 
 
+def test_an_unknown_loss_survives_the_log_and_reads_as_unknown() -> None:
+    """A record of an observed run written to a log (`to_dict`) and read back
+    (`from_dict`, as a resumed run or `read_records` does) keeps its unknown loss."""
+    from workbench.train.records import StepRecord
+
+    obs = Observer(None, trainer="transformers")
+    obs.attach(Tiny())
+    _steps(obs, [None])
+    record = obs.records()[0]
+    again = StepRecord.from_dict(record.to_dict())
+    assert again.loss is None and again == record
+    assert dict(again._display().rows)["loss"] == "unknown"
+
+
 def test_the_missing_loss_is_said_once_with_why() -> None:
     obs = Observer(None, trainer="lightning", no_loss_note="return the loss from training_step")
     obs.attach(Tiny())

@@ -23,7 +23,8 @@ class StepRecord(Readable):
 
     step: int  # optimizer steps completed, 1-based
     micro_steps: int  # micro-batches in this optimizer step (= grad_accum used)
-    loss: float  # mean loss over the micro-batches of this step
+    # mean loss over the micro-batches of this step; None when an observer could not read it
+    loss: float | None
     samples_per_s: float
     tokens_per_s: float | None  # for token models, else None
     step_seconds: float  # wall time of the whole optimizer step
@@ -86,7 +87,11 @@ class StepRecord(Readable):
         if self.tokens_per_s is not None:
             speed += f", {self.tokens_per_s:,.0f} tokens/s"
         rows = [
-            ("loss", fmt_number(self.loss) + ("  (step skipped)" if self.skipped else "")),
+            (
+                "loss",
+                ("unknown" if self.loss is None else fmt_number(self.loss))
+                + ("  (step skipped)" if self.skipped else ""),
+            ),
             *(
                 [("loss parts", ", ".join(f"{k} {fmt_number(v)}" for k, v in parts.items()))]
                 if (parts := self.loss_parts)
