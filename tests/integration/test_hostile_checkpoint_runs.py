@@ -109,6 +109,21 @@ def test_a_folder_holding_only_another_runs_log_is_refused(tmp_path):
     assert _files(folder) == before
 
 
+def test_a_run_moved_to_another_runs_folder_never_writes_over_its_checkpoints(other_run,
+                                                                               tmp_path):
+    steps = {p.name: p.read_bytes() for p in other_run.glob("step-*")}
+    with Session(_config(tmp_path / "first"), model_options=TINY) as s:
+        s.run(1)
+        s.update(checkpoint_dir=str(tmp_path / "moved"))  # a new folder: saves go there
+        s.run(2)
+        assert Path(s.save_checkpoint()).parent == tmp_path / "moved"
+        s.update(checkpoint_dir=str(other_run), checkpoint_every_steps=1)
+        s.run(1)  # step 4: its autosave is refused
+        failed = [e for e in s.events if e.kind == "checkpoint-failed"]
+        assert failed and "another run" in failed[-1].message
+    assert {p.name: p.read_bytes() for p in other_run.glob("step-*")} == steps
+
+
 def test_a_save_returns_a_checkpoint_that_exists_and_keeps_its_run(tmp_path):
     folder = tmp_path / "run"
     with Session(_config(folder, keep_checkpoints=2), model_options=TINY) as s:
@@ -242,10 +257,11 @@ def test_a_compressed_entry_in_the_tensor_file_is_refused(saved, tmp_path):
 
 # --------------------------------------------------------------------------- 5. bounded reads
 def test_the_log_tail_reads_a_bounded_number_of_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(runlog, "MAX_TAIL_BYTES", 1 << 20)
+    monkeypatch.setattr(runlog, "MAX_TAIL_BYTES", 1 << 20, raising=False)
+    with Session(_config(tmp_path), model_options=TINY) as s:
+        s.run(2)
     log = tmp_path / "log.jsonl"
-    line = json.dumps({"type": "record", "step": 1, "loss": 1.0}) + "\n"
-    log.write_text(line)
+    assert len(runlog.tail_records(log, up_to_step=10, limit=5)) == 2
     with open(log, "r+b") as f:
         f.truncate(8 << 20)  # a zero-filled (sparse) tail, as a crash can leave
     assert runlog.tail_records(log, up_to_step=10, limit=5) == []  # the start is not read
@@ -253,7 +269,7 @@ def test_the_log_tail_reads_a_bounded_number_of_bytes(tmp_path, monkeypatch):
 
 def test_a_sparse_tensor_file_past_the_limit_is_refused_before_it_is_read(saved, tmp_path,
                                                                           monkeypatch):
-    monkeypatch.setattr(ckpt, "MAX_CHECKPOINT_BYTES", 1 << 20)
+    monkeypatch.setattr(ckpt, "MAX_CHECKPOINT_BYTES", 1 << 20, raising=False)
     path = tmp_path / "ck" / "step-00000001.pt"
     _write_raw(saved, path)
     with open(path, "r+b") as f:

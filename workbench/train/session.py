@@ -895,7 +895,11 @@ class Session(SessionTools):
                     model_options=self.model_options,
                 )
             if directory is not None:
-                self._claim_folder(directory, self._step, directory)
+                # the log in the run folder is this session's own (update() moves it there)
+                ours = cfg.checkpoint_dir is not None and os.path.realpath(
+                    directory
+                ) == os.path.realpath(cfg.checkpoint_dir)
+                self._claim_folder(directory, self._step, None if ours else directory)
             else:
                 self._claim_file(target)
             self.flush_log()  # the log holds every step up to this checkpoint
@@ -916,7 +920,7 @@ class Session(SessionTools):
         home = self._run_home
         return home is not None and os.path.realpath(folder) == os.path.realpath(home)
 
-    def _claim_folder(self, folder: Path, step: int, log_folder: Path) -> None:
+    def _claim_folder(self, folder: Path, step: int, log_folder: Path | None) -> None:
         """Refuse `folder` (CheckpointError, a ValueError naming it) when this run must not
         save into it, or `log_folder` when it must not keep its log.jsonl there: another
         run's checkpoints or log are in it, or its own checkpoints newer than `step`
@@ -929,7 +933,7 @@ class Session(SessionTools):
             log_folder=log_folder,
             own_folders=self._own_folders,
         )
-        self._own_folders |= {os.path.realpath(folder), os.path.realpath(log_folder)}
+        self._own_folders |= {os.path.realpath(f) for f in (folder, log_folder) if f}
 
     def _claim_file(self, target: Path) -> None:
         """Refuse to write `target` over a checkpoint of another run (or any file that is
