@@ -76,9 +76,10 @@ def test_plan_takes_the_clis_gpus_params_price_and_no_offload():
     by_gpus = plan(**PLAN, gpus=16)
     assert (by_gpus.cluster.gpus_per_node, by_gpus.cluster.nodes) == (8, 2)
     assert plan(**PLAN, gpus=4).cluster.gpus_per_node == 4  # fewer than a node: one node
-    assert plan(**PLAN, gpus=8, price=2.5).to_dict() == plan(
-        **PLAN, gpus=8, price_per_gpu_hour=2.5
-    ).to_dict()
+    assert (
+        plan(**PLAN, gpus=8, price=2.5).to_dict()
+        == plan(**PLAN, gpus=8, price_per_gpu_hour=2.5).to_dict()
+    )
     off = plan(**PLAN, gpus=8, no_offload=True)
     assert not any("offload" in k for p in off.plans for k in p.settings)
     shaped = plan(
@@ -167,8 +168,9 @@ def test_every_plan_flag_of_the_cli_is_a_keyword_plan_takes():
     ],
 )
 def test_plan_numbers_out_of_range_exit_2_naming_the_flag(argv, capsys):
-    line = one_error(["plan", "--model", "llama-3-8b", "--global-batch", "16", *argv, "--json"],
-                     capsys)
+    line = one_error(
+        ["plan", "--model", "llama-3-8b", "--global-batch", "16", *argv, "--json"], capsys
+    )
     assert argv[0] in line, line
 
 
@@ -184,10 +186,10 @@ def test_a_network_slower_than_a_cluster_has_is_refused_in_the_api():
 @pytest.mark.parametrize(
     "argv",
     [
-        ["plan", "--model", "llama-3-8b", "--global-batch", "16", "--inter-node-gbps", "0.001",
-         "--nodes", "2", "--tokens", "1e15", "--price", "1e6", "--json"],
-        ["estimate", "--params", "1e16", "--gpu", "h100", "--tokens", "1e20", "--mfu", "0.001",
-         "--price-per-gpu-hour", "1e9", "--json"],
+        "plan --model llama-3-8b --global-batch 16 --inter-node-gbps 0.001 --nodes 2 "
+        "--tokens 1e15 --price 1e6 --json".split(),
+        "estimate --params 1e16 --gpu h100 --tokens 1e16 --mfu 0.001 "
+        "--price-per-gpu-hour 1e6 --json".split(),
     ],
 )
 def test_json_output_at_the_bounds_is_strict_json(argv, capsys):
@@ -334,3 +336,25 @@ def test_the_shared_flag_parser_takes_ascii_digits_only(text, kind):
     assert len(problems) == 1 and "--micro-batch" in problems[0]
     assert lenient_number(text, kind) == text  # passed on for TrainConfig to name
     assert parse_number(" 12 ", kind, "--micro-batch", []) == 12  # ASCII, padded: as before
+
+
+# ------------------------------------------------ 6. a bad DeepSpeed config: one line only
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["estimate", "--params", "1B", "--deepspeed-config"],
+        ["export", "--config"],  # launch reads it the same way (workbench.deepspeed)
+    ],
+)
+def test_a_bad_deepspeed_config_is_one_line_without_deepspeeds_import_notices(argv, tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "ds.json"
+    bad.write_text(json.dumps({"train_micro_batch_size_per_gpu": "x"}))
+    code = f"import sys; from workbench.cli import main; sys.exit(main({[*argv, str(bad)]!r}))"
+    # a fresh interpreter: DeepSpeed logs while it is first imported
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 2 and got.stdout == "", (got.stdout, got.stderr)
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train_micro_batch_size_per_gpu" in lines[0], got.stderr

@@ -34,6 +34,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,8 +67,26 @@ MAX_NAME = 200
 
 
 def _ds(module: str) -> Any:
-    """A DeepSpeed module, imported on first use (DeepSpeed ships no type information)."""
-    return importlib.import_module(module)
+    """A DeepSpeed module, imported on first use (DeepSpeed ships no type information).
+    The first import is quiet: DeepSpeed logs while it picks an accelerator ("Setting
+    accelerator to CPU ...", a warning on stdout on a machine without a GPU), which is no
+    news to someone checking a config and would come before its one-line error."""
+    if "deepspeed" in sys.modules:
+        return importlib.import_module(module)
+    logger = logging.getLogger("DeepSpeed")  # the one DeepSpeed's import configures
+    quiet = _BelowError()
+    logger.addFilter(quiet)
+    try:
+        return importlib.import_module(module)
+    finally:
+        logger.removeFilter(quiet)
+
+
+class _BelowError(logging.Filter):
+    """Drops the records below ERROR (DeepSpeed's import-time notices); errors pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
 
 
 def deepspeed_version() -> str:
