@@ -347,7 +347,7 @@ def _too_deep(hf_config: Any) -> str | None:
         value = getattr(hf_config, key, None)
         if type(value) is int and value > MAX_BUILD_LAYERS:
             return (
-                f"{key} {value}: more than {MAX_BUILD_LAYERS:,} layers (a model is built "
+                f"{key} {shown(value)}: more than {MAX_BUILD_LAYERS:,} layers (a model is built "
                 "layer by layer to be counted; the deepest models trained have about 10^2)"
             )
     return None
