@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -123,12 +124,11 @@ FLAGS = {
 
 
 def _as_flag(message: str) -> str:
-    """A planner error that starts with a field (`efficiency=0.0: ...`) said as the flag
-    (`--efficiency 0.0: ...`)."""
-    field, sep, rest = message.partition("=")
-    if sep and field in FLAGS:
-        return f"{FLAGS[field]} {rest}"
-    return message
+    """A planner error said with the flags: each field it names with a value
+    (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`)."""
+    return re.sub(
+        r"\b([a-z_]+)=", lambda m: FLAGS[m.group(1)] + " " if m.group(1) in FLAGS else m[0], message
+    )
 
 
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -141,25 +141,16 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "hf_config": args.hf_config,
         "n_params": args.params,
         "gpu": args.gpu,
-        "gpus_per_node": _number("--gpus-per-node", _or(args.gpus_per_node, "8"), int, problems, 1),
-        "nodes": _number("--nodes", _or(args.nodes, "1"), int, problems, 1),
+        # None: plan()'s defaults (8 a node, or --gpus when fewer; the nodes --gpus makes)
+        "gpus": _number("--gpus", args.gpus, int, problems, 1),
+        "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node, int, problems, 1),
+        "nodes": _number("--nodes", args.nodes, int, problems, 1),
         "global_batch": _number("--global-batch", _or(args.global_batch, "256"), int, problems, 1),
         "intra_node_gbps": _number("--intra-node-gbps", args.intra_node_gbps, float, problems, 0),
         "inter_node_gbps": _number("--inter-node-gbps", args.inter_node_gbps, float, problems, 0),
         "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
         "offload": not args.no_offload,
     }
-    gpus = _number("--gpus", args.gpus, int, problems, 1)
-    if gpus is not None and kw["gpus_per_node"] is not None:
-        per = kw["gpus_per_node"] if args.gpus_per_node else min(gpus, 8)
-        if gpus % per:
-            problems.append(f"--gpus {gpus}: must be a whole number of nodes of {per} GPUs")
-        elif args.nodes is not None and kw["nodes"] != gpus // per:
-            problems.append(
-                f"--gpus {gpus}: is {gpus // per} nodes of {per}, not --nodes {args.nodes}"
-            )
-        else:
-            kw["gpus_per_node"], kw["nodes"] = per, gpus // per
     if args.global_tokens is not None:
         if args.global_batch is not None:
             problems.append("--global-tokens: give it or --global-batch, not both")
