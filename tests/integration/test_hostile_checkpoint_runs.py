@@ -109,8 +109,7 @@ def test_a_folder_holding_only_another_runs_log_is_refused(tmp_path):
     assert _files(folder) == before
 
 
-def test_a_run_moved_to_another_runs_folder_never_writes_over_its_checkpoints(other_run,
-                                                                               tmp_path):
+def test_a_run_moved_to_another_runs_folder_never_writes_over_its_checkpoints(other_run, tmp_path):
     steps = {p.name: p.read_bytes() for p in other_run.glob("step-*")}
     with Session(_config(tmp_path / "first"), model_options=TINY) as s:
         s.run(1)
@@ -149,8 +148,11 @@ def test_a_save_returns_a_checkpoint_that_exists_and_keeps_its_run(tmp_path):
 def test_pruning_deletes_only_the_runs_own_checkpoints(saved, tmp_path):
     folder = tmp_path / "mixed"
     for step, run in ((5, "aaaa"), (6, "aaaa"), (1, "bbbb"), (2, "bbbb")):
-        ckpt.save(dict(copy.deepcopy(saved), step=step), folder / ckpt.checkpoint_name(step),
-                  describe={"run": run})
+        ckpt.save(
+            dict(copy.deepcopy(saved), step=step),
+            folder / ckpt.checkpoint_name(step),
+            describe={"run": run},
+        )
     written = folder / ckpt.checkpoint_name(2)
     deleted = ckpt.prune(folder, 1, run="bbbb", written=written)
     assert [p.name for p in deleted] == ["step-00000001.pt"]
@@ -187,9 +189,11 @@ def test_a_previous_layout_checkpoint_belongs_to_the_run_resumed_from_it(saved, 
 @pytest.mark.parametrize("bad", ["", 5, b"x", 1.5])
 def test_save_checkpoint_refuses_an_empty_or_non_path_argument(tmp_path, monkeypatch, bad):
     monkeypatch.chdir(tmp_path)
-    with Session(_config(), model_options=TINY) as s:
-        with pytest.raises(ValueError, match=r"path=.*file or folder path"):
-            s.save_checkpoint(bad)
+    with (
+        Session(_config(), model_options=TINY) as s,
+        pytest.raises(ValueError, match=r"path=.*file or folder path"),
+    ):
+        s.save_checkpoint(bad)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -203,10 +207,19 @@ def test_save_weights_refuses_a_bad_path(tmp_path, monkeypatch, bad):
             s.save_weights(tmp_path)
 
 
-@pytest.mark.parametrize("bad", [5, "", 1.5])
+@pytest.mark.parametrize("bad", [5, "", 1.5, b"x"])
 def test_session_refuses_a_resume_that_is_not_a_path(bad):
     with pytest.raises(ValueError, match=r"resume=.*checkpoint file or folder"):
         Session(_config(), model_options=TINY, resume=bad)
+    with pytest.raises(ValueError, match=r"path_or_dir=.*checkpoint file or folder"):
+        Session.resume_from(bad)
+    with pytest.raises(ValueError, match=r"path=.*checkpoint file or folder"):
+        ckpt.load(bad)
+
+
+def test_session_refuses_a_resume_dict_that_is_not_a_payload():
+    with pytest.raises(ValueError, match=r"resume: a dict that is not a payload"):
+        Session(_config(), model_options=TINY, resume={"step": 1})
 
 
 # --------------------------------------------------------------------------- 2. rung files
@@ -267,8 +280,9 @@ def test_the_log_tail_reads_a_bounded_number_of_bytes(tmp_path, monkeypatch):
     assert runlog.tail_records(log, up_to_step=10, limit=5) == []  # the start is not read
 
 
-def test_a_sparse_tensor_file_past_the_limit_is_refused_before_it_is_read(saved, tmp_path,
-                                                                          monkeypatch):
+def test_a_sparse_tensor_file_past_the_limit_is_refused_before_it_is_read(
+    saved, tmp_path, monkeypatch
+):
     monkeypatch.setattr(ckpt, "MAX_CHECKPOINT_BYTES", 1 << 20, raising=False)
     path = tmp_path / "ck" / "step-00000001.pt"
     _write_raw(saved, path)
@@ -277,7 +291,9 @@ def test_a_sparse_tensor_file_past_the_limit_is_refused_before_it_is_read(saved,
     manifest = json.loads(path.with_suffix(".json").read_text())
     manifest["bytes"] = 4 << 20
     path.with_suffix(".json").write_text(json.dumps(manifest))
-    with pytest.raises(ckpt.CheckpointError, match=r"4194304 bytes.*more than.*MAX_CHECKPOINT_BYTES"):
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"4194304 bytes.*more than.*MAX_CHECKPOINT_BYTES"
+    ):
         ckpt.load(path)
 
 
@@ -299,11 +315,18 @@ def test_a_fifo_in_place_of_the_tensor_file_is_refused(tmp_path):
     folder.mkdir()
     fifo = folder / "step-00000001.pt"
     os.mkfifo(fifo)
-    (folder / "step-00000001.json").write_text(json.dumps({
-        "kind": ckpt.MANIFEST_KIND, "format": ckpt.CHECKPOINT_FORMAT, "file": fifo.name,
-        "bytes": 0, "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-        "step": 1,
-    }))
+    (folder / "step-00000001.json").write_text(
+        json.dumps(
+            {
+                "kind": ckpt.MANIFEST_KIND,
+                "format": ckpt.CHECKPOINT_FORMAT,
+                "file": fifo.name,
+                "bytes": 0,
+                "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                "step": 1,
+            }
+        )
+    )
     with pytest.raises(ckpt.CheckpointError, match=r"not a regular file"):
         ckpt.load(fifo)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
@@ -339,8 +362,15 @@ def _crafted(saved: dict[str, Any], **changes: Any) -> dict[str, Any]:
         ({"data": _shared()}, "data"),
         ({"model.options": {"hidden": _shared()}}, "model.options"),
     ],
-    ids=["huge-step", "huge-offset", "short-numpy-rng", "short-python-rng",
-         "python-rng-tuple-1", "shared-data", "shared-option"],
+    ids=[
+        "huge-step",
+        "huge-offset",
+        "short-numpy-rng",
+        "short-python-rng",
+        "python-rng-tuple-1",
+        "shared-data",
+        "shared-option",
+    ],
 )
 def test_a_crafted_payload_is_refused_when_loaded(saved, tmp_path, changes, named):
     crafted = _crafted(saved, **changes)
@@ -465,8 +495,10 @@ def test_close_still_closes_when_the_log_cannot_be_written(tmp_path, monkeypatch
 def test_save_weights_never_turns_a_fifo_into_a_regular_file(tmp_path):
     fifo = tmp_path / "weights.pt"
     os.mkfifo(fifo)
-    with Session(_config(), model_options=TINY) as s:
-        with pytest.raises(ValueError, match=r"weights\.pt"):
-            s.save_weights(fifo)
+    with (
+        Session(_config(), model_options=TINY) as s,
+        pytest.raises(ValueError, match=r"weights\.pt"),
+    ):
+        s.save_weights(fifo)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]

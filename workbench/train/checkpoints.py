@@ -73,7 +73,7 @@ import stat
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -552,8 +552,15 @@ def prune(
 
 def resolve(path_or_dir: str | os.PathLike[str]) -> Path:
     """The checkpoint's tensor file: the path itself (a `.json` manifest names its tensor
-    file), or the newest complete checkpoint in a directory."""
-    p = Path(path_or_dir)
+    file), or the newest complete checkpoint in a directory. ValueError for anything but
+    a non-empty str or os.PathLike."""
+    name = os.fspath(path_or_dir) if isinstance(path_or_dir, (str, os.PathLike)) else None
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(
+            f"path={shown(path_or_dir)}: must be a checkpoint file or folder path (a "
+            "non-empty str or os.PathLike)"
+        )
+    p = Path(name)
     if p.is_dir():
         files = list_checkpoints(p)
         if not files:
@@ -600,7 +607,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
         problems.append(f"sha256={shown(digest)}: must be 64 hexadecimal digits")
     step = manifest.get("step")
-    if not is_int(step) or not 0 <= step <= MAX_COUNT:
+    if not _count(step):
         problems.append(f"step={shown(step)}: must be an integer >= 0 (and below 2**63)")
     run = manifest.get("run")
     if run is not None and not (isinstance(run, str) and RUN_ID.match(run)):
@@ -918,9 +925,7 @@ def _rng_problems(rng: Any) -> list[str]:
     p = []
     state = rng.get("torch")
     if not (
-        _dense(state)
-        and state.dtype == torch.uint8
-        and state.shape == torch.get_rng_state().shape
+        _dense(state) and state.dtype == torch.uint8 and state.shape == torch.get_rng_state().shape
     ):
         p.append("rng.torch: must be torch's RNG state (a uint8 tensor torch.get_rng_state gives)")
     cuda = rng.get("cuda")
@@ -986,7 +991,7 @@ def _rng_problems(rng: Any) -> list[str]:
     return p
 
 
-def _dense(value: Any) -> bool:
+def _dense(value: Any) -> TypeGuard[torch.Tensor]:
     return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
 
@@ -1025,8 +1030,7 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
         and all(_count(v) for v in data.values())
     ):
         p.append(
-            f"data={shown(data)}: must be {{'epoch': int, 'offset': int}}, each from 0 "
-            "to 2**63 - 1"
+            f"data={shown(data)}: must be {{'epoch': int, 'offset': int}}, each from 0 to 2**63 - 1"
         )
     ref = payload.get("reference_batch")
     if ref is not None and (not _count(ref) or ref < 1):
@@ -1042,8 +1046,7 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
             bad = None if options is None else settings_problem(options)
             if bad:
                 p.append(
-                    f"model.options={shown(options)}: must map option names to plain values "
-                    f"({bad})"
+                    f"model.options={shown(options)}: must map option names to plain values ({bad})"
                 )
     return p
 

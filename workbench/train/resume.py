@@ -101,11 +101,11 @@ def folder_check(
     folders (resolved) this session already writes into."""
     checks: list[tuple[Path, Path | None]] = [(directory, None)]
     if log_folder is not None:
-        log = log_folder / LOG_NAME
+        log_file = log_folder / LOG_NAME
         if _same(log_folder, directory):
-            checks = [(directory, log)]
+            checks = [(directory, log_file)]
         else:
-            checks.append((log_folder, log))
+            checks.append((log_folder, log_file))
     for folder, log in checks:
         is_home = home is not None and _same(folder, home)
         problem = ckpt.run_folder_problem(

@@ -68,6 +68,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import ConfigError, Device, Documents, SettingProblem, TrainConfig
+from workbench.inputs import shown
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
@@ -80,7 +81,6 @@ from workbench.train.devices import cuda_uuid, resolve_device
 from workbench.train.history import History, Recent
 from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
-from workbench.inputs import shown
 from workbench.train.resume import (
     folder_check,
     manifest_fields,
@@ -112,6 +112,28 @@ STATES = ("idle", "running", "paused", "stopped", "error", "closed")
 #: Failures of a background run are also logged here (stderr by default), so they show
 #: in the notebook cell or console the user is looking at, not only in `events`.
 log = logging.getLogger("workbench")
+
+
+def _check_checkpoint_arg(name: str, value: Any, *, payload_too: bool = False) -> None:
+    """ValueError naming `name` unless `value` is a checkpoint file or folder path (with
+    `payload_too`: None, or a payload `checkpoints.load` returned)."""
+    if payload_too and value is None:
+        return
+    if payload_too and isinstance(value, dict):
+        problems = ckpt.payload_problems(value)
+        if problems or "path" not in value:
+            raise ValueError(
+                f"{name}: a dict that is not a payload workbench.train.checkpoints.load "
+                f"returned ({'; '.join(problems) or 'no path'}); pass the checkpoint's path"
+            )
+        return
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        more = ", a payload workbench.train.checkpoints.load returned, or None"
+        raise ValueError(
+            f"{name}={shown(value)}: must be a checkpoint file or folder path (a non-empty "
+            f"str or os.PathLike){more if payload_too else ''}"
+        )
 
 
 class SessionError(RuntimeError):
@@ -180,15 +202,7 @@ class Session(SessionTools):
             config = TrainConfig()
         if not isinstance(config, TrainConfig):
             raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
-        if resume is not None and not isinstance(resume, dict) and (
-            not isinstance(resume, (str, os.PathLike)) or not str(os.fspath(resume)).strip()
-            or isinstance(os.fspath(resume), bytes)
-        ):
-            raise ValueError(
-                f"resume={shown(resume)}: must be a checkpoint file or folder path (a "
-                "non-empty str or os.PathLike), a payload workbench.train.checkpoints.load "
-                "returned, or None"
-            )
+        _check_checkpoint_arg("resume", resume, payload_too=True)
         tensorboard = tensorboard_setting(tensorboard, config)
         self.id = uuid.uuid4().hex[:8]
         self.world_size, self.rank = world_from_env()
@@ -199,9 +213,7 @@ class Session(SessionTools):
         self._own_folders: set[str] = set()
         if config.checkpoint_dir is not None:
             start = int(payload["step"]) if payload is not None else 0
-            _, folder = save_target(
-                None, config.checkpoint_dir, start, self.world_size, self.rank
-            )
+            _, folder = save_target(None, config.checkpoint_dir, start, self.world_size, self.rank)
             self._claim_folder(
                 folder or Path(config.checkpoint_dir), start, Path(config.checkpoint_dir)
             )
@@ -986,6 +998,7 @@ class Session(SessionTools):
         raises `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it; a
         file never chooses code to run (docs/checkpoints.md).
         """
+        _check_checkpoint_arg("path_or_dir", path_or_dir)
         payload = ckpt.load(path_or_dir)
         config, model, options = resume_settings(payload, model, config_changes)
         return cls(
