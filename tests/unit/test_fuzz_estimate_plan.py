@@ -358,3 +358,21 @@ def test_a_bad_deepspeed_config_is_one_line_without_deepspeeds_import_notices(ar
     assert got.returncode == 2 and got.stdout == "", (got.stdout, got.stderr)
     lines = got.stderr.strip().splitlines()
     assert len(lines) == 1 and "train_micro_batch_size_per_gpu" in lines[0], got.stderr
+
+
+def test_plan_reads_the_commands_texts_for_engines_and_counts():
+    from workbench.planner import plan
+
+    got = plan(
+        model="llama-3-8b",
+        seq_len=4096,
+        global_tokens="4,194,304",
+        tokens="1T",
+        engines="zero3, full_shard",
+    )
+    assert got.global_batch == 1024 and got.tokens == 1e12
+    assert {p.engine for p in got.plans} <= {"zero3", "full_shard"}
+    with pytest.raises(ValueError, match=r"tokens='1X': must be a count"):
+        plan(**PLAN, tokens="1X")
+    with pytest.raises(ValueError, match=r"engines=\['zero9'\]"):
+        plan(**PLAN, engines="zero9")

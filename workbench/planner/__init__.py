@@ -381,6 +381,23 @@ def _nodes_of(gpus: Any, gpus_per_node: int | None, nodes: int | None) -> tuple[
     return per, gpus // per
 
 
+def _counts(tokens: Any, global_tokens: Any) -> tuple[Any, Any]:
+    """`tokens` and `global_tokens` given as text as the command takes them ("1T", "4M")
+    read as counts (`workbench.estimate.parse_count`); ValueError naming text that is no
+    count. Numbers pass as they are (checked where they are used)."""
+    from workbench.estimate import parse_count
+
+    read = []
+    for name, value in (("tokens", tokens), ("global_tokens", global_tokens)):
+        if isinstance(value, str):
+            count = parse_count(value)
+            if not count:
+                raise ValueError(f"{name}={shown(value)}: must be a count > 0, e.g. 4M, 1T, 2e12")
+            value = float(count) if name == "tokens" else count
+        read.append(value)
+    return read[0], read[1]
+
+
 def _checked_numbers(
     tokens: Any, price: Any, efficiency: Any, headroom: Any
 ) -> tuple[Any, Any, float]:
@@ -475,6 +492,9 @@ def plan(
         given["offload"],
     )
     gpus_per_node, nodes = _nodes_of(gpus, gpus_per_node, nodes)
+    if isinstance(engines, str):  # as the command takes them: "zero3,full_shard"
+        engines = tuple(e.strip() for e in engines.split(",") if e.strip())
+    tokens, global_tokens = _counts(tokens, global_tokens)
     tokens, price_per_gpu_hour, efficiency = _checked_numbers(
         tokens, price_per_gpu_hour, efficiency, headroom
     )
