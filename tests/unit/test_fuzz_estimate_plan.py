@@ -186,10 +186,36 @@ def test_a_network_slower_than_a_cluster_has_is_refused_in_the_api():
 @pytest.mark.parametrize(
     "argv",
     [
-        "plan --model llama-3-8b --global-batch 16 --inter-node-gbps 0.001 --nodes 2 "
-        "--tokens 1e15 --price 1e6 --json".split(),
-        "estimate --params 1e16 --gpu h100 --tokens 1e16 --mfu 0.001 "
-        "--price-per-gpu-hour 1e6 --json".split(),
+        [
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--global-batch",
+            "16",
+            "--inter-node-gbps",
+            "0.001",
+            "--nodes",
+            "2",
+            "--tokens",
+            "1e15",
+            "--price",
+            "1e6",
+            "--json",
+        ],
+        [
+            "estimate",
+            "--params",
+            "1e16",
+            "--gpu",
+            "h100",
+            "--tokens",
+            "1e16",
+            "--mfu",
+            "0.001",
+            "--price-per-gpu-hour",
+            "1e6",
+            "--json",
+        ],
     ],
 )
 def test_json_output_at_the_bounds_is_strict_json(argv, capsys):
