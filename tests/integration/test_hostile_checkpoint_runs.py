@@ -391,6 +391,15 @@ def test_a_sparse_weight_is_refused_when_loaded(saved, tmp_path):
         Session.resume_from(path, model="mlp")
 
 
+def test_a_sparse_optimizer_state_is_refused_when_loaded(saved, tmp_path):
+    crafted = copy.deepcopy(saved)
+    state = next(iter(crafted["backend"]["optimizer"]["state"].values()))
+    state["exp_avg"] = state["exp_avg"].to_sparse()
+    path = _write_raw(crafted, tmp_path / "ck" / "step-00000001.pt")
+    with pytest.raises(ckpt.CheckpointError, match=r"backend\.optimizer\..*exp_avg.*dense"):
+        Session.resume_from(path, model="mlp")
+
+
 def test_a_config_value_of_shared_references_is_refused(saved, tmp_path):
     crafted = _crafted(saved, **{"config.lr": _shared()})
     path = _write_raw(crafted, tmp_path / "ck" / "step-00000001.pt")

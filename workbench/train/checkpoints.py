@@ -879,6 +879,25 @@ def _tensors_problem(name: str, value: Any, what: str) -> str | None:
     return None
 
 
+def _first_not_dense(value: Any, where: str) -> str | None:
+    """Where in `value` (nested dicts, lists and tuples, each walked once however often it
+    is referenced) the first tensor that is not dense (strided) is; None when none is."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, torch.Tensor):
+            if v.layout != torch.strided:
+                return at
+            continue
+        if type(v) not in (list, tuple, dict) or id(v) in seen:
+            continue
+        seen.add(id(v))
+        items = v.items() if type(v) is dict else enumerate(v)
+        stack.extend((x, f"{at}.{str(k)[:40]}") for k, x in items)
+    return None
+
+
 def _count(value: Any) -> bool:
     return is_int(value) and 0 <= value <= MAX_COUNT
 
@@ -1017,6 +1036,10 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
         bad = _tensors_problem("backend.model", backend.get("model"), "parameter")
         if bad:
             p.append(bad)
+        else:
+            where = _first_not_dense(backend, "backend")
+            if where:
+                p.append(f"{where}: must be a dense (strided) tensor, as a save writes it")
     buffers = payload.get("buffers")
     if buffers is not None:
         bad = _tensors_problem("buffers", buffers, "buffer")
