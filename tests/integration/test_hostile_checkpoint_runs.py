@@ -511,3 +511,20 @@ def test_save_weights_never_turns_a_fifo_into_a_regular_file(tmp_path):
         s.save_weights(fifo)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]
+
+
+# --------------------------------------------------------------------------- the panel's save
+def test_the_panels_save_button_saves_each_session_in_its_own_folder(tmp_path, monkeypatch):
+    from workbench.ui.training import TrainingPanel
+
+    monkeypatch.chdir(tmp_path)
+    saved_by = {}
+    for _ in range(2):  # two sessions, each with its own panel, saving without a run folder
+        with Session(_config(), model_options=TINY) as s:
+            s.run(1)
+            panel = TrainingPanel(s)
+            panel.buttons["save"].click()
+            assert "checkpoint saved" in panel.message_text, panel.message_text
+            saved_by[s.run_id] = ckpt.list_checkpoints(tmp_path / "checkpoints" / s.run_id)
+            panel.close()
+    assert len(saved_by) == 2 and all(len(files) == 1 for files in saved_by.values())
