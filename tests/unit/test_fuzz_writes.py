@@ -148,3 +148,19 @@ def test_shown_is_what_messages_use_for_a_deep_value() -> None:
     """The common path of every error message: a bounded text in bounded time."""
     assert sys.getrecursionlimit() > 100
     assert len(shown({"k": shared_references(60)})) <= 80
+
+
+def test_a_report_with_a_diverged_figure_is_strict_json() -> None:
+    """`workbench export/compress/launch --json` and compress's report.json: a NaN loss or
+    an infinite ratio is `null`, never `NaN`/`Infinity` (which JSON parsers refuse)."""
+    import json
+
+    from workbench.cli import report_json
+
+    text = report_json({"losses": [1.0, float("nan")], "ratio": float("inf"), "n": 3})
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {
+        "losses": [1.0, None],
+        "ratio": None,
+        "n": 3,
+    }

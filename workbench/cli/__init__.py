@@ -82,6 +82,26 @@ def json_text(value: Any, default: Callable[[Any], Any] | None = None) -> str:
     return json.dumps(value, indent=2, allow_nan=False, default=default)
 
 
+def report_json(value: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """A run's or a report's record as strict JSON (indented): a measured figure that is not
+    finite (a diverged run's NaN loss, an infinite ratio) is written `null`, "no number",
+    since JSON has no NaN or Infinity and the rest of the record is still worth having.
+    (`json_text` is for predictions, where such a figure is an error.)"""
+    return json.dumps(_finite(value, 0), indent=2, allow_nan=False, default=default)
+
+
+def _finite(value: Any, depth: int) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth > 64:  # json.dumps reports the depth itself
+        return value
+    if isinstance(value, dict):
+        return {k: _finite(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, depth + 1) for v in value]
+    return value
+
+
 def _not_finite(value: Any, path: str, seen: set[int], depth: int) -> str | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path or 'the value'}: {value}"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import logging
 import os
 import stat
@@ -27,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.cli import report_json
 from workbench.cli.config_flags import parse_number
 from workbench.cli.model_flags import add_model_options_flag, parse_model_options
 from workbench.inputs import shown, typed
@@ -270,7 +270,7 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         data = report.to_dict()
         data["held_out"] = held_note
         data["written"] = written
-        print(json.dumps(data, indent=2))
+        print(report_json(data))
     else:
         print(report)
         print(f"  note: {held_note}")
@@ -375,6 +375,6 @@ def _write(report: Any, out: Path) -> list[str]:
         buffer = io.BytesIO()
         torch.save(model.state_dict(), buffer)
         files[f"{method}.pt"] = buffer.getvalue()
-    files["report.json"] = json.dumps(report.to_dict(), indent=2)
+    files["report.json"] = report_json(report.to_dict())
     files["report.png"] = report.chart_png()
     return [str(path) for path in write_files(out, files)]

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workbench.cli import report_json
 from workbench.cli.config_flags import (
     CONFIG_FLAGS,
     add_config_flags,
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for line in result.warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print(report_json(result.to_dict(), default=str))
     else:
         print(_report(result, config))
     return 0
