@@ -495,7 +495,9 @@ def run_folder_problem(
     others = [(s, p, r) for s, p, r in runs if not (r == run or (r is None and own_unlabeled))]
     if others:
         s_, p_, r_ = others[-1]
-        who = f"run {r_}" if r_ not in (None, UNREADABLE) else "a run without a run id"
+        who = {None: "a run without a run id", UNREADABLE: "a manifest that cannot be read"}.get(
+            r_, f"run {r_}"
+        )
         return (
             f"holds checkpoints of another run ({who}; its newest is {p_.name}): nothing in "
             "it was changed; choose another checkpoint_dir, or continue that run with "
@@ -514,8 +516,8 @@ def run_folder_problem(
             if os.lstat(log).st_size > 0 or not stat.S_ISREG(os.lstat(log).st_mode):
                 return (
                     f"holds {Path(log).name} of another run (and no checkpoint of this one): "
-                    "nothing in it was changed; choose another checkpoint_dir, or continue "
-                    "that run with Session.resume_from on its checkpoint"
+                    "nothing in it was changed; choose another checkpoint_dir (to continue "
+                    "that run, resume from one of its checkpoints)"
                 )
     return None
 
