@@ -132,3 +132,24 @@ def test_a_lora_rank_change_on_a_live_session_applies_and_trains(engine: dict) -
         assert s.state == "idle" and s.lora()["rank"] == 8  # type: ignore[index]
     # the merged adapters' update is kept: the loss goes on from where it was
     assert after[0] == pytest.approx(before[-1], rel=5e-2)
+
+
+@pytest.mark.parametrize(
+    "engine", [{"zero_stage": 1}, {"fsdp": "full_shard"}], ids=["zero1", "fsdp"]
+)
+def test_an_engines_lora_checkpoint_keeps_the_adapters_merged_at_a_switch(
+    engine: dict, tmp_path
+) -> None:
+    """A LoRA switch merges the adapters trained so far into the frozen base; an engine's
+    checkpoint after it holds that base too, so the resumed run goes on exactly."""
+    opts = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "dropout": 0.0}
+    with Session(_config(3, lora_rank=4, **engine), model_options=dict(opts)) as a:
+        a.run(2, progress=False)
+        a.update(lora_rank=8)  # the rank-4 adapters' training now lives in the base
+        a.run(1, progress=False)
+        path = a.save_checkpoint(tmp_path / "mid.pt")
+        rest = _losses(a.run(2, progress=False))
+    weights = ckpt.load(path)["backend"]["model"]
+    assert any(name.endswith("base_layer.weight") for name in weights)
+    with Session.resume_from(path) as b:
+        assert _losses(b.run(2, progress=False)) == rest

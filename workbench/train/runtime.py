@@ -124,6 +124,10 @@ class Runtime:
             with GLOBAL_RNG_LOCK:
                 batches.check_batch(self.data.peek(), loss_fn)  # a wrong data shape fails here
                 self.lora = LoraAdapters.attach(model, config, device)
+                if state is not None and engine_copies_model(config, world_size):
+                    # your module holds what the engine's state lacks (a frozen base) and
+                    # gets back: up to date with the state first, as after a switch
+                    load_weights(model, state.get("model") or {})
                 self.backend: Backend = self._build_backend(config, state)
         except BaseException:
             self.data.close()
@@ -361,11 +365,7 @@ class Runtime:
         inner = inner_module(backend, self.model)
         if inner is self.model:
             return
-        weights = state["model"]
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if name in weights:
-                    p.copy_(weights[name].to(device=p.device, dtype=p.dtype))
+        load_weights(self.model, state["model"])
         load_buffers(self.model, persistent_buffers(inner))
 
     def park_model(self) -> None:
@@ -419,6 +419,28 @@ def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """The module's buffers that its state_dict keeps (running statistics and the like)."""
     names = {name for name, _ in model.named_buffers()}
     return {k: v.detach() for k, v in model.state_dict().items() if k in names}
+
+
+def load_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy `weights` (by name) into the module's parameters, in their dtypes and devices;
+    names the module lacks are skipped, and so are the module's own tensors (an engine's
+    state holds your module's frozen weights themselves). A shape that differs is a
+    ValueError naming the parameter, raised before anything is copied."""
+    pairs = [(n, p, weights[n]) for n, p in model.named_parameters() if n in weights]
+    for name, p, w in pairs:
+        if tuple(w.shape) != tuple(p.shape):
+            raise ValueError(
+                f"state: parameter {name} has shape {tuple(w.shape)}, the model has "
+                f"{tuple(p.shape)}"
+            )
+    with torch.no_grad():
+        for _, p, w in pairs:
+            if not _same_storage(w, p):
+                p.copy_(w.to(device=p.device, dtype=p.dtype))
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
 
 
 def load_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:

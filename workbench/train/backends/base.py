@@ -139,3 +139,17 @@ def load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
                     f"{tuple(p.shape)}"
                 )
             p.copy_(w.to(p.device, p.dtype))
+
+
+def frozen_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Your module's parameters that do not train (LoRA's frozen base), by name. An engine
+    trains a copy of your module and keeps these to export from your module itself: it
+    holds them exactly (the engine's copy may be 16-bit), and a LoRA switch merges the
+    adapters trained so far into them, so a state without them (a checkpoint) would lose
+    that training."""
+    return [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+
+
+def frozen_weights(params: list[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """`frozen_parameters`' weights in fp32 on the host (no copy when they are already)."""
+    return {n: p.detach().float().cpu() for n, p in params}

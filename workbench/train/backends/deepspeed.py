@@ -54,7 +54,13 @@ from torch import nn
 
 from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig, bf16_true_problem
 from workbench.modelstats import count_parameters
-from workbench.train.backends.base import ModelStateBytes, StepOutcome, rank_device
+from workbench.train.backends.base import (
+    ModelStateBytes,
+    StepOutcome,
+    frozen_parameters,
+    frozen_weights,
+    rank_device,
+)
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
 from workbench.train.backends.process_group import ProcessGroupLease
 from workbench.train.precision import cast_floating_inputs
@@ -155,6 +161,7 @@ class DeepSpeedBackend:
         self._closed = True  # until fully built
         self.engine: Any = None
         self._hooks: list[Any] = []
+        self._frozen: list[tuple[str, nn.Parameter]] = []
         self._zero3 = False
         ProcessGroupLease.acquire(self.device, deepspeed=True)
         try:
@@ -184,6 +191,7 @@ class DeepSpeedBackend:
 
         if state is not None:
             _check_state_matches(model, state)
+        self._frozen = frozen_parameters(model)  # exported from your module
         module = copy.deepcopy(model)
         if state is not None:
             # what trains comes from the state (checked above); a frozen weight (LoRA's
@@ -326,6 +334,7 @@ class DeepSpeedBackend:
                 entry: dict[str, Any] = dict(states)
                 entry["step"] = torch.tensor(float(step)) if self._family == "adam" else None
                 opt_state[name] = {k: v for k, v in entry.items() if v is not None}
+        model.update(frozen_weights(self._frozen))
         scaler_state = None
         if self.precision is Precision.FP16:
             scale = self._scale()
@@ -629,6 +638,7 @@ class DeepSpeedBackend:
         self.engine = None
         self.module = None  # type: ignore[assignment]
         self._named = []
+        self._frozen = []
         if engine is not None:
             opt = engine.optimizer
             with contextlib.suppress(Exception):

@@ -61,6 +61,8 @@ from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, 
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
+    frozen_parameters,
+    frozen_weights,
     load_full_weights,
     rank_device,
     storage_bytes,
@@ -111,6 +113,7 @@ class FSDPBackend:
         self._closed = True  # until fully built
         self.module: nn.Module | None = None
         self._sharded = None
+        self._frozen: list[tuple[str, nn.Parameter]] = []
         self.optimizer: Any = None
         self._group: Any = None  # a group this backend created for host tensors, if any
         ProcessGroupLease.acquire(self.device, deepspeed=False)
@@ -145,6 +148,7 @@ class FSDPBackend:
         self.overflow_steps = 0
         self._grads_bytes = 0
 
+        self._frozen = frozen_parameters(model)  # exported from your module
         module = copy.deepcopy(model)
         pure = PURE_DTYPES.get(self.precision)
         if pure is not None:  # bf16-true: shards, gradients and states in bf16
@@ -307,6 +311,7 @@ class FSDPBackend:
         assert self._sharded is not None
         weights = get_model_state_dict(self._sharded, options=options)
         model = {n: weights[n].detach().float().cpu() for n, _ in self._named}
+        model.update(frozen_weights(self._frozen))
         opt_state: dict[str, dict[str, Any]] = {}
         if any(bool(s) for s in self.optimizer.state.values()):
             full = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
@@ -417,6 +422,7 @@ class FSDPBackend:
         self.module = None
         self._sharded = None
         self._named = []
+        self._frozen = []
         gc.collect()
         group, self._group = self._group, None
         if group is not None:
