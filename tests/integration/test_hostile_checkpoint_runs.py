@@ -528,3 +528,21 @@ def test_the_panels_save_button_saves_each_session_in_its_own_folder(tmp_path, m
             saved_by[s.run_id] = ckpt.list_checkpoints(tmp_path / "checkpoints" / s.run_id)
             panel.close()
     assert len(saved_by) == 2 and all(len(files) == 1 for files in saved_by.values())
+
+
+def test_reading_a_whole_log_refuses_a_fifo_and_stops_at_a_zero_filled_tail(tmp_path):
+    with Session(_config(tmp_path / "run"), model_options=TINY) as s:
+        s.run(2)
+    log = tmp_path / "run" / "log.jsonl"
+    with open(log, "r+b") as f:
+        f.truncate(log.stat().st_size + (64 << 20))  # what a crash can leave
+    assert [r.step for r in runlog.read_records(log)] == [1, 2]
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer that never closes
+    try:
+        os.write(writer, b'{"type": "record", "step": 1}\n')
+        with pytest.raises(ValueError, match=r"not a regular file"):
+            runlog.read_records(fifo)
+    finally:
+        os.close(writer)

@@ -198,10 +198,22 @@ def _fields(item: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reading
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Every complete JSON line of a run log, in file order (a torn last line, from a
-    process killed mid-write, is skipped)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
+    process killed mid-write, is skipped). Reading is bounded: `path` must be a regular
+    file (a FIFO is refused, never waited on: ValueError), a line longer than any record
+    (1 MiB) is skipped without being held in memory, and a line that starts with a NUL
+    byte ends the log (the zero-filled tail a crash can leave, of any size, is not read)."""
+    with open_regular(path, what="run log") as f:
+        while True:
+            line = f.readline(_MAX_LINE + 1)
+            if not line or line.startswith(b"\0"):
+                return
+            if len(line) > _MAX_LINE:  # no record is this long: skip to the next line
+                while line and not line.endswith(b"\n"):
+                    line = f.readline(_MAX_LINE + 1)
+                    if line.startswith(b"\0"):
+                        return
+                continue
+            if not line.endswith(b"\n"):
                 return
             with contextlib.suppress(ValueError):
                 yield json.loads(line)
