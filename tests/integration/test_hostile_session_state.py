@@ -106,8 +106,11 @@ def test_zero_switch_after_deepspeed_bf16_with_lora_applies_and_keeps_training()
     with Session(_config(3, **settings), model_options=dict(opts)) as s:
         got = _losses(s.run(2, progress=False))
         adapters = s.lora()
-        base = {n: p.detach().float().clone() for n, p in s.model.named_parameters()
-                if not p.requires_grad}
+        base = {
+            n: p.detach().float().clone()
+            for n, p in s.model.named_parameters()
+            if not p.requires_grad
+        }
         s.update(zero_stage=1)
         assert s.config.zero_stage == 1 and s.backend.zero_stage == 1
         got += _losses(s.run(2, progress=False))

@@ -553,7 +553,7 @@ class RngStream:
             torch.default_generator.manual_seed(seed)
             cuda = _cuda_device(device)
             if cuda is not None:
-                torch.cuda.default_generators[cuda.index].manual_seed(seed)  # type: ignore[index]
+                torch.cuda.default_generators[cuda.index].manual_seed(seed)
 
         return cls.made_by(seed_generators, device)
 
