@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from torch import nn
 
 from workbench import Session, TrainConfig
 from workbench.train.dry_run import DryRunError, simulate_memory
-
-transformers = pytest.importorskip("transformers")
 
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32}
 
@@ -480,7 +479,8 @@ def test_the_user_s_module_is_untouched_and_nothing_is_left() -> None:
 
 
 def test_a_two_billion_parameter_model_allocates_nothing() -> None:
-    psutil = pytest.importorskip("psutil")
+    import psutil
+
     before = psutil.Process().memory_info().rss
     options = {"layers": 9, "hidden": 4096, "heads": 32, "seq_len": 64, "dropout": 0.0}
     run = simulate_memory("tiny-gpt", TrainConfig(micro_batch=1), model_options=options)

@@ -14,19 +14,16 @@ without dropout. Two checks per family:
 from __future__ import annotations
 
 import pytest
+import torch
+import transformers
 
-transformers = pytest.importorskip(
-    "transformers", reason="the `test` extra installs transformers (pip install -e '.[test]')"
-)
-torch = pytest.importorskip("torch")
-
-from workbench.estimate import (  # noqa: E402
+from workbench.estimate import (
     Architecture,
     estimate_memory,
     read_hf_config,
     transformer_activation_bytes,
 )
-from workbench.train.memory import measure_activations  # noqa: E402
+from workbench.train.memory import measure_activations
 
 L, H, A, KV, F, V, S, B = 2, 64, 4, 2, 96, 100, 32, 3  # layers, hidden, heads, kv heads, ...
 

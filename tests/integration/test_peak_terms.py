@@ -27,20 +27,16 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import transformers
+from peak_measure import LiveBytes, estimator_inputs, tiny_llama
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip(
-    "transformers", reason="the `test` extra installs transformers (pip install -e '.[test]')"
-)
-
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from peak_measure import LiveBytes, estimator_inputs, tiny_llama  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from workbench.estimate import estimate_memory  # noqa: E402
-from workbench.estimate.peak import (  # noqa: E402
+from workbench.estimate import estimate_memory
+from workbench.estimate.peak import (
     _fsdp_terms,
     autocast_casts,
     engine_of,
@@ -48,7 +44,7 @@ from workbench.estimate.peak import (  # noqa: E402
     optimizer_temporaries,
     resolve_impl,
 )
-from workbench.train.memory import measure_activations  # noqa: E402
+from workbench.train.memory import measure_activations
 
 S, B = 32, 3  # sequence length, micro-batch
 DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16}

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from workbench.spread import Spread, figure_png, spread, spread_bars
 
 
@@ -22,7 +20,8 @@ def test_quartiles_are_the_inclusive_method() -> None:
 def test_the_ladder_and_the_compression_report_use_the_same_spread(monkeypatch) -> None:
     import importlib
 
-    torch = pytest.importorskip("torch")
+    import torch
+
     from workbench.compress import compare
     from workbench.train.ladder import report
 
