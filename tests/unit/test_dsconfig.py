@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -72,21 +73,42 @@ def test_export_is_a_config_deepspeed_accepts(config: TrainConfig) -> None:
     engine from exports is tests/integration/test_deepspeed_optimizers.py."""
     ds = to_deepspeed(config, world_size=2)
     assert ds_check.config_problems(ds, batch_keys=("train_batch_size",)) == []
-    if OptimizerName(config.optimizer).is_onebit and not ds_check.onebit_available():
-        return  # not in this DeepSpeed: the import says so (test_round_trip_is_identical)
     opt = ds["optimizer"]
-    assert (
-        ds_check.optimizer_problems(
-            opt["type"],
-            opt["params"],
-            zero_stage=config.zero_stage,
-            offload=config.offload_optimizer != "none",
-            allow_untested=ds.get("zero_allow_untested_optimizer", False),
+    if OptimizerName(config.optimizer).is_onebit and not ds_check.onebit_available():
+        _assert_a_missing_onebit_optimizer_is_reported(config, ds)
+    else:
+        assert (
+            ds_check.optimizer_problems(
+                opt["type"],
+                opt["params"],
+                zero_stage=config.zero_stage,
+                offload=config.offload_optimizer != "none",
+                allow_untested=ds.get("zero_allow_untested_optimizer", False),
+            )
+            == []
         )
-        == []
-    )
     if "scheduler" in ds:
         assert ds_check.scheduler_problems(ds["scheduler"]["type"], ds["scheduler"]["params"]) == []
+
+
+def _assert_a_missing_onebit_optimizer_is_reported(config: TrainConfig, ds: dict) -> None:
+    """A DeepSpeed without the 1-bit optimizers builds no class for the exported type (its
+    `deepspeed.initialize` would fail); the import says so, naming the type and the
+    installed DeepSpeed, and a Session refuses the optimizer with the nearest it trains."""
+    from workbench import Session
+    from workbench.config import runtime_problems
+
+    kind = ds["optimizer"]["type"]
+    assert ds_check.optimizer_class(kind, offload=False) == (None, set())
+    assert kind.lower() not in ds_check.deepspeed_optimizer_types()
+    (note,) = import_deepspeed(json.loads(json.dumps(ds))).warnings
+    assert note.startswith(f"optimizer.type={kind!r}: {DS} (installed) has no 1-bit optimizers")
+    assert "a Session refuses it (nearest: adamw)" in note
+    (problem,) = runtime_problems(config)
+    assert (problem.field, problem.value) == ("optimizer", config.optimizer)
+    assert "cannot train here" in str(problem) and "optimizer='adamw'" in str(problem)
+    with pytest.raises(ValueError, match=re.escape(str(problem))):
+        Session(config, model="tiny-gpt", model_options={"layers": 1, "hidden": 16, "heads": 2})
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "adagrad", "lamb", "lion"])
