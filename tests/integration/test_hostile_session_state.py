@@ -156,3 +156,34 @@ def test_an_engines_lora_checkpoint_keeps_the_adapters_merged_at_a_switch(
     assert any(name.endswith("base_layer.weight") for name in weights)
     with Session.resume_from(path) as b:
         assert _losses(b.run(2, progress=False)) == rest
+
+
+def test_a_callback_on_a_skipped_step_can_wait_for_another_session() -> None:
+    """A non-finite loss's record reaches the callbacks after the step released what it
+    held: a callback that waits for another session's background run does not hang."""
+    calls = {"n": 0}
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        loss = torch.nn.functional.mse_loss(outputs, targets)
+        return loss * float("nan") if calls["n"] == 2 else loss
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+    a = Session(_config(1), model=torch.nn.Linear(4, 1), data=data, loss_fn=loss_fn)
+    b = _session(2)
+    seen: list[str] = []
+
+    def on_record(record: StepRecord) -> None:
+        if record.skipped:
+            b.start(2)
+            seen.append(b.wait(timeout=60))
+
+    a.on_record(on_record)
+    try:
+        a.run(3, progress=False)
+    finally:
+        a.close()
+        b.close()
+    assert seen == ["idle"]

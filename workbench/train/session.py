@@ -735,6 +735,9 @@ class Session(SessionTools):
     def _guarded_step(self) -> str | None:
         """One optimizer step with fault handling; a state name when the loop must end."""
         record: StepRecord | None = None
+        skipped: str | None = None  # why a non-finite loss ends the run
+        # the callbacks get the record after the step released its locks (a callback may
+        # wait for another session, whose steps need the RNG lock)
         with self._step_lock, self._rng_installed():
             if self._changes:  # queued changes (read without the lock: seen next step at worst)
                 self._apply_pending(raise_errors=False)
@@ -743,7 +746,7 @@ class Session(SessionTools):
             except NonFiniteLoss as nf:
                 record = self._nonfinite_record(nf.value)
                 cfg = self._config
-                ev = self._event(
+                skipped = self._event(
                     "nan-loss",
                     faults.nan_message(nf.value, record.step, nan_advice(cfg)),
                     "error",
@@ -751,10 +754,7 @@ class Session(SessionTools):
                     loss=nf.value,
                     precision=str(cfg.precision),
                     lr=record.lr,
-                )
-                self._publish(record)
-                self._fail(ev.message, announce=True)
-                return "paused"
+                ).message
             except Exception as exc:
                 self._rt.backend.zero_grad()
                 self._last_error = f"{type(exc).__name__}: {exc}"
@@ -773,6 +773,9 @@ class Session(SessionTools):
                 self._fail(ev.message, announce=self._background)
                 return "error"
         self._publish(record)
+        if skipped is not None:
+            self._fail(skipped, announce=True)
+            return "paused"
         self._autosave()
         return None
 
