@@ -351,6 +351,32 @@ def test_the_json_of_a_diverged_rung_is_strict() -> None:
     assert data["rungs"][1]["losses"] == [4.0, None, None, None]
 
 
+def _overloads(function: object) -> list:
+    """The `@overload` definitions of `function`, rebuilt from its module's source as
+    functions of their own (annotations kept as text, defaults evaluated in the module):
+    what `typing.get_overloads` returns, on every Python the project supports (3.10 has no
+    `typing.get_overloads`)."""
+    import __future__
+
+    import ast
+    import inspect
+    import sys
+
+    module = sys.modules[function.__module__]
+    found = []
+    for node in ast.parse(inspect.getsource(module)).body:
+        if not (isinstance(node, ast.FunctionDef) and node.name == function.__name__):
+            continue
+        if any(ast.unparse(d) in ("overload", "typing.overload") for d in node.decorator_list):
+            node.decorator_list = []
+            flags = __future__.annotations.compiler_flag
+            code = compile(ast.Module([node], []), module.__file__, "exec", flags=flags)
+            scope = dict(vars(module))
+            exec(code, scope)
+            found.append(scope[node.name])
+    return found
+
+
 def test_the_typed_signatures_are_the_specs_fields() -> None:
     """`plan_ladder` and `ladder` are typed by overloads (what mypy checks callers
     against): one taking a LadderSpec, one taking its fields, held equal to them here."""
@@ -360,9 +386,13 @@ def test_the_typed_signatures_are_the_specs_fields() -> None:
 
     from workbench.train.ladder import LadderSpec
 
-    get_overloads = getattr(typing, "get_overloads", None)
-    if get_overloads is None:  # Python 3.10
-        pytest.skip("typing.get_overloads needs Python 3.11")
+    def get_overloads(function: object) -> list:
+        rebuilt = _overloads(function)
+        if hasattr(typing, "get_overloads"):  # Python 3.11+: the rebuilt ones are the same
+            registered = typing.get_overloads(function)
+            assert list(map(inspect.signature, rebuilt)) == list(map(inspect.signature, registered))
+        return rebuilt
+
     fields = [(f.name, f.default, str(f.type)) for f in dataclasses.fields(LadderSpec)]
     run_options = ["progress", "on_progress", "cancel"]
     for function, extra in ((plan_ladder, []), (ladder, run_options)):
