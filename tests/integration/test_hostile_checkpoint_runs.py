@@ -546,3 +546,12 @@ def test_reading_a_whole_log_refuses_a_fifo_and_stops_at_a_zero_filled_tail(tmp_
             runlog.read_records(fifo)
     finally:
         os.close(writer)
+
+
+def test_a_previous_format_history_of_another_shape_is_skipped(saved, tmp_path):
+    old = dict(copy.deepcopy(saved), format=ckpt.PREVIOUS_FORMAT, history=[{"bogus": 1}, 7])
+    path = tmp_path / "old" / "step-00000001.pt"
+    path.parent.mkdir()
+    torch.save(old, path)  # format 1: one file, no manifest, the records inside
+    with Session.resume_from(path, model="mlp") as s:
+        assert s.step == saved["step"] and list(s.history) == []

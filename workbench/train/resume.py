@@ -12,7 +12,7 @@ the checks); this module is the Session's side of them:
   `Session.resume_from` builds with; the file never chooses code (a built-in model name
   only) nor where the resumed run writes (beside the checkpoint it read);
 * `resumed_records(payload)`: the history a resumed session starts with, from the run's
-  own `log.jsonl` only (the one beside the checkpoint);
+  own `log.jsonl` only (in the checkpoint's folder or one below it);
 * `resumed_run(payload)`: the run a resumed session continues (its id, and the folder whose
   checkpoints without a run id are that run's);
 * `folder_check(...)`: refuses a folder a run must not write into (another run's
@@ -209,7 +209,12 @@ def resumed_records(payload: dict[str, Any]) -> list[StepRecord]:
     folder or a folder below it is read (`_own_log`), and only when it is a regular file
     (none: an empty history)."""
     if "history" in payload:  # previous format
-        return [StepRecord.from_dict(r) for r in payload["history"][-RECENT_RECORDS:]]
+        history = payload["history"]
+        records = []
+        for r in history[-RECENT_RECORDS:] if isinstance(history, list) else []:
+            with contextlib.suppress(TypeError, ValueError, KeyError, AttributeError):
+                records.append(StepRecord.from_dict(r))  # a record of another shape: skipped
+        return records
     manifest = payload.get("manifest") or {}
     log_name = manifest.get("log")
     if not isinstance(log_name, str) or not log_name:
