@@ -39,6 +39,8 @@ from workbench.train.launch import (
 )
 from workbench.train.records import StepRecord
 
+#: The exit status after Ctrl-C (SIGINT), as a shell reports a command it interrupted.
+EXIT_INTERRUPTED = 130
 #: The largest DeepSpeed config read (a real one is a few kB).
 MAX_DS_CONFIG_BYTES = 1 << 20
 #: Keys of a --config that would choose the model: refused (a file never chooses code).
@@ -255,6 +257,9 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             model_options=options,
             threads=threads,
         )
+    except KeyboardInterrupt:  # Ctrl-C: launch_ranks has ended every rank before this
+        print("workbench launch: interrupted; every rank was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except LaunchError as exc:
         parser.error("; ".join(_as_flag(p) for p in exc.problems))
     except ValueError as exc:

@@ -243,6 +243,18 @@ def documents_problem(
     return None
 
 
+def builtin_options(
+    model_options: dict[str, Any] | None, *, seed: int, documents: str
+) -> dict[str, Any]:
+    """The options a built-in model is built with: `model_options`, seeded from `seed`
+    unless they say otherwise, and tiny-gpt's `documents` from `TrainConfig.documents`."""
+    opts = dict(model_options or {})
+    opts.setdefault("seed", int(seed))
+    if documents != "stream":
+        opts["documents"] = documents
+    return opts
+
+
 def resolve_model(
     model: Any,
     *,
@@ -279,10 +291,7 @@ def resolve_model(
     if isinstance(model, str):
         from workbench.models import build_model
 
-        opts = dict(model_options or {})
-        opts.setdefault("seed", int(seed))
-        if documents != "stream":
-            opts["documents"] = documents
+        opts = builtin_options(model_options, seed=seed, documents=documents)
         module, dataset, builtin_loss, info = build_model(model, **opts)
         resolved = ResolvedModel(
             module,

@@ -15,7 +15,10 @@ Failures: the first error line from any rank (rank, message, traceback tail), a 
 that exits with an error, a callback that raises or `timeout` seconds passing ends the
 whole tree at once: SIGTERM to every descendant process, SIGKILL after a short grace,
 then a wait, so no rank is left behind (ranks blocked in a collective with a dead peer do
-not answer SIGTERM).
+not answer SIGTERM). The launcher runs in its own session with a parent-death signal
+(Linux): when this process dies without ending it (SIGKILL, a closed terminal), the launcher
+gets SIGTERM and its ranks end with it. torchrun's agent keeps its folders in the launch's
+run folder, removed at the end, not in a `torchelastic_*` folder of the temporary directory.
 
 Pre-emption: a SIGTERM to the ranks (from the launcher, which passes its own SIGTERM on,
 from the cluster, or from this process when it receives SIGTERM on the main thread)
@@ -76,6 +79,7 @@ from workbench.train.launch_commands import (
 from workbench.train.launch_procs import (
     ERROR_GRACE_SECONDS,
     KILL_GRACE_SECONDS,
+    LAUNCHER_LOGS,
     LOG_TAIL_CHARS,
     POLL_SECONDS,
     EventsTail,
@@ -83,6 +87,7 @@ from workbench.train.launch_procs import (
     SigtermForward,
     alive,
     clean_run_dir,
+    die_with_parent,
     read_log_tail,
     terminate_tree,
 )
@@ -210,7 +215,13 @@ def launch_ranks(
         threads,
     )
     env = child_env(cuda, ranks)
-    command = launcher_command(launcher, ranks, rank_args, visible=env.get("CUDA_VISIBLE_DEVICES"))
+    command = launcher_command(
+        launcher,
+        ranks,
+        rank_args,
+        visible=env.get("CUDA_VISIBLE_DEVICES"),
+        log_dir=str(run_dir / LAUNCHER_LOGS),
+    )
     log_path = run_dir / "launcher.log"
 
     state = LaunchState(ranks, on_record)
@@ -224,6 +235,8 @@ def launch_ranks(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            # the launcher (and so its ranks) ends when this process dies, however it dies
+            preexec_fn=die_with_parent(),
         )
     timed_out = False
     error_deadline: float | None = None

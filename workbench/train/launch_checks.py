@@ -124,6 +124,44 @@ def _check_model(model: Any) -> list[SettingProblem]:
     return spec_problems(model)
 
 
+def model_problems(
+    config: TrainConfig, ranks: int, model: Any, options: dict[str, Any] | None
+) -> list[SettingProblem]:
+    """What every rank would refuse of a built-in model, found here before any process
+    starts: its options (`workbench.models.option_problems`: unknown ones, ranges, tiny-gpt's
+    text and size), and what a rank's Session checks of the model it builds
+    (`workbench.train.changes.session_problems`: `tp` and `pp` against its heads and layers,
+    recomputation, LoRA, the attention kernel), on the meta device (nothing allocated). A
+    factory 'pkg.module:function' is the user's code: the ranks call it, not this check."""
+    import torch
+
+    from workbench.models import MODEL_NAMES, build_model, option_problems
+    from workbench.models.spec import builtin_options, documents_problem
+    from workbench.train.changes import session_problems
+
+    if not isinstance(model, str) or model not in MODEL_NAMES:
+        return []
+    documents = str(config.documents)
+    wrong = documents_problem(documents, model, None, None, options)
+    if wrong is not None:
+        return [wrong]
+    opts = builtin_options(options, seed=int(config.seed), documents=documents)
+    given = options or {}
+    found = option_problems(model, opts)
+    if found:
+        return [SettingProblem("model_options", given, str(p)) for p in found]
+    try:
+        with torch.device("meta"):
+            module, dataset, _loss, _info = build_model(model, **opts)
+    except (ValueError, RuntimeError, TypeError, OverflowError, MemoryError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return [SettingProblem("model_options", given, f"model {model!r} cannot be built: {text}")]
+    device = torch.device("cuda" if uses_cuda(config) else "cpu")
+    return session_problems(
+        config, set(), model=module, device=device, world_size=ranks, data=dataset
+    )
+
+
 def ranks_problem(config: TrainConfig, ranks: Any) -> SettingProblem | None:
     """The problem when `ranks` local processes do not fit this machine (cores or GPUs)."""
     bad = integer_problem("ranks", ranks, 1, MAX_RANKS, "more local ranks than one machine runs")
@@ -307,6 +345,14 @@ def launch_problems(
         machine = ranks_problem(config, ranks)
         if machine:
             problems.append(machine)
+        if options_problem("model_options", model_options) is None:
+            # what a rank would refuse of the model, said here once (not again per rank)
+            said = {(p.field, p.message) for p in problems}
+            problems += [
+                p
+                for p in model_problems(config, int(ranks), model, model_options)
+                if (p.field, p.message) not in said
+            ]
     return problems
 
 

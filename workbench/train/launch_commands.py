@@ -47,8 +47,12 @@ def launcher_command(
     *,
     port: int | None = None,
     visible: str | None = None,
+    log_dir: str | None = None,
 ) -> list[str]:
-    """The local (single-node) command that starts `ranks` workers. `visible`: the ranks'
+    """The local (single-node) command that starts `ranks` workers. `log_dir`: where
+    torchrun's agent keeps its per-run folders (a folder of the launch, removed with it;
+    without it the agent makes a `torchelastic_*` folder in the temporary directory and
+    leaves it there). `visible`: the ranks'
     `CUDA_VISIBLE_DEVICES` ("" hides every GPU: CPU ranks). DeepSpeed's launcher writes the
     device ids of its `--world_info` into each rank's `CUDA_VISIBLE_DEVICES`, so they are
     the visible ones (a parent restricted to GPUs 2,3 trains on 2,3, not 0,1), and "-1" for
@@ -61,6 +65,7 @@ def launcher_command(
             "--standalone",
             "--nproc-per-node",
             str(ranks),
+            *(["--log-dir", log_dir] if log_dir else []),
             "-m",
             WORKER_MODULE,
             *worker_args,

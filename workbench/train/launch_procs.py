@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +21,8 @@ from workbench.train.launch_result import RankError
 from workbench.train.records import StepRecord
 
 POLL_SECONDS = 0.05
+#: The folder of a launch's run folder where torchrun's agent keeps its per-run folders.
+LAUNCHER_LOGS = "torchelastic"
 KILL_GRACE_SECONDS = 5.0  # SIGTERM lets a rank release a build lock (JIT ops) before SIGKILL
 LOG_TAIL_CHARS = 3000
 #: After a first error, how long the other ranks get to report theirs (the root cause may
@@ -31,6 +34,30 @@ _PEER_FAILURE = re.compile(
     r"nccl.*(watchdog|timeout|abort)|process ?group.*(abort|timed out)",
     re.IGNORECASE,
 )
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A `preexec_fn` for the launcher: on Linux the launcher gets SIGTERM when the process
+    that started it dies, however it dies (SIGKILL, a closed terminal's SIGHUP: no handler
+    of ours runs then), and passes it on to its ranks, which end too; elsewhere nothing.
+    The C library is loaded here, in the parent, so the child only makes one call."""
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the call: act on it now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+#: prctl's option that sends a signal to a process when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
 
 
 def _descendants(pid: int) -> list[Any]:
@@ -122,7 +149,7 @@ def alive(pid: int) -> bool:
 def clean_run_dir(run_dir: Path, *, keep: bool) -> None:
     """Remove a launch's run folder; `keep`: remove all but the checkpoints in it."""
     if keep:
-        for name in ("events", "config.json", "launcher.log"):
+        for name in ("events", "config.json", "launcher.log", LAUNCHER_LOGS):
             target = run_dir / name
             if target.is_dir():
                 shutil.rmtree(target, ignore_errors=True)
