@@ -233,6 +233,10 @@ def test_in_flight_activations_follow_the_schedule(ranks: Any) -> None:
 
 
 def test_each_rank_reports_its_bubble(ranks: Any) -> None:
+    """The ideal bubble is the schedule's (pp-1)/(m+pp-1); the measured one is the share of
+    the last step's wall time this stage spent outside its forward and backward chunks, as
+    the panel's status line shows it. Not compared with the ideal: on shared CPU cores a
+    tiny model's step is mostly the ranks' messages, whatever the schedule."""
     got, _ = ranks
     for world, name, stages in ((2, "pp2 1f1b", 2), (2, "pp2 gpipe", 2), (4, "pp4", 4)):
         for r in range(world):
@@ -248,7 +252,12 @@ def test_each_rank_reports_its_bubble(ranks: Any) -> None:
                 (stages - 1) / (MICRO_BATCHES + stages - 1)
             )
             assert 0 < report["compute_seconds"] < report["step_seconds"]
-            assert 0 < report["bubble_measured"] < 1
+            idle = 1 - report["compute_seconds"] / report["step_seconds"]
+            assert report["bubble_measured"] == pytest.approx(idle, rel=1e-9)
+            measured = (
+                f"bubble {report['bubble_measured']:.0%} (ideal {report['bubble_ideal']:.0%})"
+            )
+            assert f"micro-batches, {measured} x data parallel 1" in status
 
 
 def test_bad_pipeline_sizes_are_refused_before_anything_starts() -> None:
