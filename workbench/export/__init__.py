@@ -302,7 +302,9 @@ def export_job(
     total_steps = int(config.total_steps) if steps is None else steps
     template = format == "deepspeed" and nodes > 1 and host_path is None
     hostfile_text = str(host_path) if host_path is not None else HOSTFILE_NAME
-    commands = _commands(format, gpus=gpus, nodes=nodes, hostfile=hostfile_text, model=model)
+    commands = _commands(
+        format, gpus=gpus, nodes=nodes, hostfile=hostfile_text, model=model, options=options
+    )
     several = nodes > 1 or (format == "deepspeed" and host_path is not None)
     primary = commands["multinode"] if several else commands["single"]
     ddp = format == "lightning" and strategy == STRATEGY[Engine.PLAIN]
@@ -318,7 +320,9 @@ def export_job(
     files[script] = _script_text(script)
     files[COMMON_NAME] = _script_text(COMMON_NAME)
     files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
-    files[LAUNCH_NAME] = _launch_sh(format, config, model, gpus, nodes, primary, commands)
+    files[LAUNCH_NAME] = _launch_sh(
+        format, config, model, gpus, nodes, primary, commands, options=options
+    )
     if template:
         files[HOSTFILE_NAME] = _hostfile_template(nodes, gpus)
     _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
@@ -788,14 +792,27 @@ def _write(job: _Job) -> None:
         raise ExportError([_out_dir_problem(str(out), f"cannot write there: {reason}")]) from exc
 
 
-def model_flag(model: str) -> str:
+def model_flag(model: str, options: dict[str, Any] | None = None) -> str:
     """ " --model SPEC" for a factory model (the scripts import a factory only when their
-    command line names it too), "" for a built-in one."""
-    return f" --model {shlex.quote(model)}" if ":" in model else ""
+    command line names it too), " --text PATH" for a built-in's text file (read only when
+    the command line names it too), "" for a built-in one on its own data."""
+    if ":" in model:
+        return f" --model {shlex.quote(model)}"
+    text = (options or {}).get("text")
+    return f" --text {shlex.quote(str(text))}" if text is not None else ""
 
 
-def _commands(format: str, *, gpus: int, nodes: int, hostfile: str, model: str) -> dict[str, str]:
-    """The launch commands of a job; each passes `--model SPEC` for a factory model."""
+def _commands(
+    format: str,
+    *,
+    gpus: int,
+    nodes: int,
+    hostfile: str,
+    model: str,
+    options: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """The launch commands of a job; each passes `--model SPEC` for a factory model and
+    `--text PATH` for a built-in's text file."""
     script = SCRIPTS[format]
     multinode_torchrun = (
         f"torchrun --nnodes {nodes} --nproc-per-node {gpus} --node-rank $NODE_RANK "
@@ -826,7 +843,7 @@ def _commands(format: str, *, gpus: int, nodes: int, hostfile: str, model: str) 
             "multinode": f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}",
             "multinode_torchrun": f"{multinode_torchrun} --deepspeed_config {CONFIG_NAME}",
         }
-    flag = model_flag(model)
+    flag = model_flag(model, options)
     return {kind: command + flag for kind, command in commands.items()}
 
 
@@ -856,10 +873,12 @@ def _launch_sh(
     nodes: int,
     primary: str,
     commands: dict[str, str],
+    *,
+    options: dict[str, Any] | None = None,
 ) -> str:
     world = gpus * nodes
     script = SCRIPTS[format]
-    flag = model_flag(model)
+    flag = model_flag(model, options)
     if format == "deepspeed" and nodes == 1:
         several = f"""# One node with torchrun instead of DeepSpeed's launcher:
 #   {commands["torchrun"]}
@@ -885,6 +904,9 @@ def _launch_sh(
 #   python {script} --devices 1 --steps 2{flag}"""
     factory = (
         f"\n# --model {model}: the scripts import a factory only when their command line names it"
+        if ":" in model
+        else "\n# --text: the scripts read the text file job.json names only when their command "
+        "line names it too"
         if flag
         else ""
     )

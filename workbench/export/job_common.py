@@ -6,7 +6,9 @@ A factory is code, and a `job.json` is a file anyone may have edited: the factor
 is imported only when the script's command line names it too (`--model SPEC`, equal to
 job.json's; `launch.sh` passes it) or says `--trust-model-spec`; then the script prints
 what it imports (module, where from, function). Otherwise it refuses, naming the spec and
-the file. A built-in model name is data and always allowed. Files are read bounded: a
+the file. A built-in model name is data and always allowed. Nor does a job.json choose which
+other file is read: the text file a built-in's `text` option names is read only when the
+command line names the same path (`--text PATH`; `launch.sh` passes it). Files are read bounded: a
 regular file only (no FIFO or device), at most 16 MiB, strict JSON (a key given twice,
 NaN or Infinity refused).
 
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import re
+import shlex
 import socket
 import stat
 import sys
@@ -154,12 +157,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="import the factory job.json names without naming it with --model",
     )
+    parser.add_argument(
+        "--text",
+        metavar="PATH",
+        default=None,
+        help="the text file job.json's model options name (tiny-gpt's `text`); it is read "
+        "only when named here too (launch.sh does)",
+    )
 
 
-def approve_model(job: dict[str, Any], model: str | None, trusted: bool, source: str) -> bool:
+def approve_model(
+    job: dict[str, Any],
+    model: str | None,
+    trusted: bool,
+    source: str,
+    text: str | None = None,
+) -> bool:
     """Whether the job's model may be built: a built-in name always; a factory when the
     command line named it too (`model`, which must equal job.json's) or `trusted`, after
-    printing what will be imported. Exits with a refusal naming the spec and `source`."""
+    printing what will be imported. A built-in's `text` option (the file tiny-gpt trains
+    on) is read only when the command line names the same path (`text`, `--text`): a job
+    file never chooses which other file is read. Exits with a refusal naming the spec (or
+    the text) and `source`."""
     spec = job["model"]
     if model is not None and model != spec:
         fail(
@@ -167,6 +186,7 @@ def approve_model(job: dict[str, Any], model: str | None, trusted: bool, source:
             "(or re-export the job for another)"
         )
     if ":" not in spec:
+        approve_text(job, text, source)
         return True
     if not FACTORY.match(spec):
         fail(f"{source}: model {spec!r}: a factory must be written 'pkg.module:function'")
@@ -192,6 +212,31 @@ def approve_model(job: dict[str, Any], model: str | None, trusted: bool, source:
             file=sys.stderr,
         )
     return True
+
+
+def approve_text(job: dict[str, Any], text: str | None, source: str) -> None:
+    """Exit with a refusal unless the file a built-in model's `text` option names is the
+    one the command line names (`--text`), or neither names one (the built-in sonnets)."""
+    options = job["model_options"]
+    given = options.get("text") if isinstance(options, dict) else None
+    if given is None and text is None:
+        return
+    if given is None:
+        fail(
+            f"--text {repr(text)[:200]}: {source} trains on the built-in sonnets (no text option); "
+            "re-export the job with the text"
+        )
+    if text is None:
+        fail(
+            f"{source}: model option text={repr(given)[:200]} names a file to train on; a job "
+            "file cannot choose which file is read, so it is not read. Name it yourself: "
+            f"{SCRIPT} --text {shlex.quote(str(given))} (launch.sh does)"
+        )
+    if text != given:
+        fail(
+            f"--text {repr(text)[:200]}: {source} names the text {repr(given)[:200]}; give the same "
+            "path (or re-export the job for another text)"
+        )
 
 
 def single_process_env() -> None:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     job_path = os.path.join(HERE, JOB_NAME)
     job = read_job(job_path)
     args = parse_args(job, argv)
-    approved = approve_model(job, args.model, args.trust_model_spec, job_path)
+    approved = approve_model(job, args.model, args.trust_model_spec, job_path, text=args.text)
     ds_config = read_json_file(args.deepspeed_config, "--deepspeed_config")
     if not isinstance(ds_config, dict) or not all(
         isinstance(ds_config.get(k, 1), int) and not isinstance(ds_config.get(k, 1), bool)

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     job_path = os.path.join(HERE, JOB_NAME)
     job = read_job(job_path, extra=("config",))
     args = parse_args(job, argv)
-    approved = approve_model(job, args.model, args.trust_model_spec, job_path)
+    approved = approve_model(job, args.model, args.trust_model_spec, job_path, text=args.text)
     config = job["config"]
     if config.get("fsdp", "off") == "off":
         fail(f"{JOB_NAME}: config.fsdp is 'off'; export with --fsdp full_shard (or another mode)")

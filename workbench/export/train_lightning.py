@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             f"runs; Lightning's {job['strategy']} strategy keeps its own sharded checkpoint "
             "format (trainer.save_checkpoint), which this job does not write"
         )
-    approved = approve_model(job, args.model, args.trust_model_spec, job_path)
+    approved = approve_model(job, args.model, args.trust_model_spec, job_path, text=args.text)
     config = job["config"]
     if job["seed"] > 2**32 - 1:
         fail(f"{job_path}: seed={job['seed']}: Lightning's seed_everything takes a 32-bit seed")
