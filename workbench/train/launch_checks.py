@@ -346,11 +346,13 @@ def launch_problems(
         if machine:
             problems.append(machine)
         if options_problem("model_options", model_options) is None:
-            # what a rank would refuse of the model, said here once (not again per rank)
+            # what a rank would refuse of the model (given the options as the ranks get
+            # them: JSON), said here once (not again per rank)
             said = {(p.field, p.message) for p in problems}
+            as_sent = json.loads(json.dumps(model_options or {}, default=json_number))
             problems += [
                 p
-                for p in model_problems(config, int(ranks), model, model_options)
+                for p in model_problems(config, int(ranks), model, as_sent or None)
                 if (p.field, p.message) not in said
             ]
     return problems
