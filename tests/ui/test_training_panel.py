@@ -121,8 +121,9 @@ def test_buttons_and_wrong_states(panel: TrainingPanel, session: FakeSession) ->
     assert session.state == "idle" and "pause: only a running session" in panel.message_text
     b["stop"].click()
     assert session.state == "idle" and "stop: nothing to stop" in panel.message_text
-    b["save"].click()  # no checkpoint_dir in the config: saved under ./checkpoints
-    assert session.checkpoints == ["checkpoints"] and "checkpoint saved" in panel.message_text
+    b["save"].click()  # no checkpoint_dir in the config: under ./checkpoints/<run id>
+    assert session.checkpoints == [f"checkpoints/{session.run_id}"]
+    assert "checkpoint saved" in panel.message_text
     b["start"].click()
     assert session.state == "running"
     b["start"].click()

@@ -60,6 +60,7 @@ class FakeSession:
         self.pending: dict[str, Any] = {}
         self.updates: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
+        self.run_id = "0123456789ab"  # Session.run_id: the run's own id
         self.error: str | None = None
         self.failure: str | None = None  # why the last run ended early (Session.failure)
 

@@ -328,9 +328,7 @@ class TrainingPanel(TrainingCharts, PanelBase):
         elif name == "save":
             # without a checkpoint_dir in the config, save under ./checkpoints/<run id>: a
             # folder of this run's own, so sessions saving from two panels never meet
-            run = getattr(s, "run_id", None)
-            default = "checkpoints" if run is None else str(Path("checkpoints") / run)
-            target = None if s.config.checkpoint_dir else default
+            target = None if s.config.checkpoint_dir else str(Path("checkpoints") / s.run_id)
             path = s.save_checkpoint() if target is None else s.save_checkpoint(target)
             self._say("ok", f"checkpoint saved: {path}")
         elif name == "profile":
