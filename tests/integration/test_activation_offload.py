@@ -163,7 +163,8 @@ def test_the_exported_jobs_train_with_it(
 ) -> None:
     """The setting travels in job.json and each script runs its forward under
     `job_common.offloaded_activations` (on this CPU nothing moves): the job's losses are a
-    Session's with the same setting."""
+    Session's with the same setting (the Lightning job's loader shuffles its own way: its
+    losses, on other batches, are finite, fall, and stay within 2% of them)."""
     from workbench.export import export_job
 
     config = TrainConfig(micro_batch=4, seed=3, activation_offload=True, **settings)
@@ -171,11 +172,12 @@ def test_the_exported_jobs_train_with_it(
     assert json.loads((Path(out.out_dir) / "job.json").read_text())["activation_offload"] is True
     lines = run_script(script, Path(out.out_dir), steps=2)[0]
     assert [ln["step"] for ln in lines] == [1, 2]
-    if fmt == "lightning":
-        return  # Lightning's data parallel draws its own batches: finite losses only
     with Session(config, model="tiny-gpt", model_options=TINY) as s:
         records = s.run(2)
-    assert [ln["loss"] for ln in lines] == pytest.approx([r.loss for r in records], rel=1e-6)
+    losses = [ln["loss"] for ln in lines]
+    assert torch.isfinite(torch.tensor(losses)).all() and losses[-1] < losses[0], losses
+    same = 2e-2 if fmt == "lightning" else 1e-6
+    assert losses == pytest.approx([r.loss for r in records], rel=same)
 
 
 def test_the_jobs_parameter_rule_is_the_sessions() -> None:

@@ -203,8 +203,10 @@ def test_fsdp_switches_into_8_bit_and_back_carrying_the_moments() -> None:
 )
 def test_the_exported_jobs_train_it(fmt, script, ranks, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The FSDP and Lightning jobs step torchao's AdamW8bit (its tensor learning rate set
-    in place by the schedule): one FSDP rank's losses are the Session's; a tensor-parallel
-    job is refused with the reason."""
+    in place by the schedule): one FSDP rank's losses are the Session's (the Lightning
+    job's loader shuffles its own way: its losses, on other batches, stay within 2% of
+    them); every job's losses are finite and fall; a tensor-parallel job is refused with
+    the reason."""
     from pathlib import Path
 
     from tests.integration.job_runs import run_script
@@ -215,13 +217,15 @@ def test_the_exported_jobs_train_it(fmt, script, ranks, tmp_path) -> None:  # ty
     out = export_job(config, format=fmt, gpus=ranks, out_dir=tmp_path / "job", model_options=TINY)
     lines, _ = run_script(script, Path(out.out_dir), steps=3, ranks=ranks)
     assert [ln["step"] for ln in lines] == [1, 2, 3]
+    losses = [ln["loss"] for ln in lines]
+    assert torch.isfinite(torch.tensor(losses)).all() and losses[-1] < losses[0], losses
     if fmt == "fsdp":
         lr = config.lr  # the warmup's half, then the whole
         assert [ln["lr"] for ln in lines] == pytest.approx([lr / 2, lr, lr])
-    if fmt == "fsdp" and ranks == 1:
+    if ranks == 1:
         with Session(config, model_options=TINY) as s:
             want = [r.loss for r in s.run(optimizer_steps=3)]
-        assert [ln["loss"] for ln in lines] == pytest.approx(want, rel=1e-5)
+        assert losses == pytest.approx(want, rel=2e-2 if fmt == "lightning" else 1e-5)
     with pytest.raises(ExportError, match="optimizer"):
         export_job(config.replace(tp=2, fsdp="full_shard"), format="fsdp", gpus=2,
                    out_dir=tmp_path / "tp", model_options=TINY)  # fmt: skip

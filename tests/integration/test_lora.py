@@ -279,7 +279,9 @@ JOB_MODEL = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "dropout": 0.
 )
 def test_the_exported_jobs_train_lora(fmt, script, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The adapters go on the job's model (the base frozen) and train: the FSDP and
-    DeepSpeed jobs' losses are the Session's plain-loop LoRA losses with the same seed."""
+    DeepSpeed jobs' losses are the Session's plain-loop LoRA losses with the same seed; the
+    Lightning job's (its loader shuffles its own way: other batches) are finite, fall, and
+    stay within 2% of them."""
     from pathlib import Path
 
     from workbench.export import export_job
@@ -291,12 +293,13 @@ def test_the_exported_jobs_train_lora(fmt, script, settings, tmp_path) -> None: 
     assert [ln["step"] for ln in lines] == [1, 2, 3]
     adapters = 2 * 4 * (64 + 192 + 64 + 64 + 64 + 256 + 256 + 64)
     assert f"LoRA rank 4 on 8 layers: {adapters:,} adapter parameters train" in stderr
-    if fmt == "lightning":
-        return  # Lightning's data parallel draws its own batches: finite losses only
     plain = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2)
     with Session(plain, model="tiny-gpt", model_options=JOB_MODEL) as s:
         records = s.run(3)
-    assert [ln["loss"] for ln in lines] == pytest.approx([r.loss for r in records], rel=1e-6)
+    losses = [ln["loss"] for ln in lines]
+    assert torch.isfinite(torch.tensor(losses)).all() and losses[-1] < losses[0], losses
+    same = 2e-2 if fmt == "lightning" else 1e-6
+    assert losses == pytest.approx([r.loss for r in records], rel=same)
 
 
 @pytest.mark.parametrize(
