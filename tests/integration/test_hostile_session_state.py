@@ -138,7 +138,9 @@ def test_a_lora_rank_change_on_a_live_session_applies_and_trains(engine: dict) -
 
 
 @pytest.mark.parametrize(
-    "engine", [{"zero_stage": 1}, {"fsdp": "full_shard"}], ids=["zero1", "fsdp"]
+    "engine",
+    [{"zero_stage": 1}, {"fsdp": "full_shard"}, {"precision": "bf16-true"}],
+    ids=["zero1", "fsdp", "bf16-true"],
 )
 def test_an_engines_lora_checkpoint_keeps_the_adapters_merged_at_a_switch(
     engine: dict, tmp_path
@@ -187,3 +189,21 @@ def test_a_callback_on_a_skipped_step_can_wait_for_another_session() -> None:
         a.close()
         b.close()
     assert seen == ["idle"]
+
+
+def test_pure_bf16_with_lora_leaves_your_modules_frozen_weights_exact() -> None:
+    """Under "bf16-true" the loop trains a bf16 copy; the base LoRA freezes is never
+    trained, so your module gets it back as it gave it, not rounded to bf16."""
+    from workbench.models import build_model
+
+    opts = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
+    model, data, loss, _ = build_model("tiny-gpt", **opts)  # type: ignore[arg-type]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    config = _config(3, precision="bf16-true", lora_rank=4)
+    with Session(config, model=model, data=data, loss_fn=loss) as s:
+        s.run(2, progress=False)
+        frozen = [n for n, p in s.model.named_parameters() if not p.requires_grad]
+        s.state_dict()  # the trained weights brought into your module mid-run too
+        assert torch.equal(model.wte.weight, before["wte.weight"])
+    assert "wte.weight" in frozen
+    assert torch.equal(model.wte.weight, before["wte.weight"])  # frozen, not a target

@@ -124,10 +124,8 @@ class Runtime:
             with GLOBAL_RNG_LOCK:
                 batches.check_batch(self.data.peek(), loss_fn)  # a wrong data shape fails here
                 self.lora = LoraAdapters.attach(model, config, device)
-                if state is not None and engine_copies_model(config, world_size):
-                    # your module holds what the engine's state lacks (a frozen base) and
-                    # gets back: up to date with the state first, as after a switch
-                    load_weights(model, state.get("model") or {})
+                if state is not None:
+                    _resume_weights(model, state.get("model") or {})
                 self.backend: Backend = self._build_backend(config, state)
         except BaseException:
             self.data.close()
@@ -437,6 +435,15 @@ def load_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
         for _, p, w in pairs:
             if not _same_storage(w, p):
                 p.copy_(w.to(device=p.device, dtype=p.dtype))
+
+
+def _resume_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """A resumed state's weights into your module before a backend is built: a frozen
+    base is exported from your module when a copy of it trains (an engine, pure bf16).
+    A state that lacks a weight your module trains is left to the backend, which names
+    what is missing, with your module untouched."""
+    if all(n in weights for n, p in model.named_parameters() if p.requires_grad):
+        load_weights(model, weights)
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

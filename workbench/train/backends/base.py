@@ -143,7 +143,8 @@ def load_full_weights(module: nn.Module, state: dict[str, Any]) -> None:
 
 def frozen_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """Your module's parameters that do not train (LoRA's frozen base), by name. An engine
-    trains a copy of your module and keeps these to export from your module itself: it
+    that trains a copy of your module (DeepSpeed's, FSDP's, the plain loop's bf16 copy
+    under "bf16-true") keeps these to export from your module itself: it
     holds them exactly (the engine's copy may be 16-bit), and a LoRA switch merges the
     adapters trained so far into them, so a state without them (a checkpoint) would lose
     that training."""
@@ -151,5 +152,6 @@ def frozen_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def frozen_weights(params: list[tuple[str, nn.Parameter]]) -> dict[str, torch.Tensor]:
-    """`frozen_parameters`' weights in fp32 on the host (no copy when they are already)."""
-    return {n: p.detach().float().cpu() for n, p in params}
+    """`frozen_parameters`' weights in fp32 (no copy when they are already: an engine's
+    your module is in host memory)."""
+    return {n: p.detach().float() for n, p in params}

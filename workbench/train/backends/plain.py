@@ -39,7 +39,13 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, TrainConfig
-from workbench.train.backends.base import ModelStateBytes, StepOutcome, storage_bytes
+from workbench.train.backends.base import (
+    ModelStateBytes,
+    StepOutcome,
+    frozen_parameters,
+    frozen_weights,
+    storage_bytes,
+)
 from workbench.train.backends.optimizer import (
     OPTIMIZER_FAMILY,
     InBackwardOptimizers,
@@ -85,7 +91,9 @@ class PlainBackend:
         self.device = trainable[0].device
         self.policy: PrecisionPolicy = build_precision(config, self.device.type)
         self._yours = model
+        self._frozen: list[tuple[str, nn.Parameter]] = []
         if self.policy.param_dtype is not None:
+            self._frozen = frozen_parameters(model)  # exported from your module, exact
             model = cast_copy(model, self.policy.param_dtype)
         self._model = model
         # forward runs through torch.compile when asked (compiled on the first step)
@@ -231,7 +239,8 @@ class PlainBackend:
                 opt_state[name] = neutral_state(st)
         return {
             "format": STATE_FORMAT,
-            "model": {name: _fp32(p.detach()) for name, p in self._named},
+            "model": {name: _fp32(p.detach()) for name, p in self._named}
+            | frozen_weights(self._frozen),
             "optimizer": {"family": self._family, "state": opt_state},
             "scaler": scaler_state(self.policy.scaler, self.config),
             "scheduler": {"steps": self.steps},
@@ -295,7 +304,7 @@ class PlainBackend:
         self.optimizer.state.clear()
         self.optimizer.param_groups.clear()
         if self._model is not self._yours:
-            self._named, self._params = [], []
+            self._named, self._params, self._frozen = [], [], []
             self._model = self.module = self._yours
 
 
