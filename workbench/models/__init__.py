@@ -307,9 +307,7 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
     return p
 
 
-def build_model(
-    name: str, /, **options: Any
-) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
+def build_model(name: str, /, **options: Any) -> tuple[nn.Module, Dataset[Any], LossFn, ModelInfo]:
     """(module, dataset, loss_fn, info) of the built-in model `name`.
 
     Raises ValueError for an unknown name or option (an option called `name` included),
