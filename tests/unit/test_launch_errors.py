@@ -112,7 +112,7 @@ def test_numpy_scalars_are_numbers() -> None:
         "torchrun",
         np.float32(5.0),
         None,
-        {"hidden": np.int64(8), "samples": np.float64(64.0)},
+        {"hidden": np.int64(8), "samples": np.int64(64)},
         np.int16(1),
     )
     (only,) = launch_problems(CPU, np.bool_(True), "mlp", 1, "torchrun", None, None, None)

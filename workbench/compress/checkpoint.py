@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from workbench.inputs import shown
+from workbench.models import options_from_file
 from workbench.models.spec import factory_from_file, is_factory, load_factory, spec_problems
 from workbench.problems import ConfigError, SettingProblem
 
@@ -125,6 +126,9 @@ def load_trained(
         raise ConfigError(
             [SettingProblem("model_options", model_options, "must be a dict of options")]
         )
+    file_problems = options_from_file(name, options, source=f"checkpoint {shown(str(path))}")
+    if file_problems and (model_options or {}).get("text") is None:
+        raise ConfigError([SettingProblem("model_options", p.value, str(p)) for p in file_problems])
     options.update(model_options or {})
     if factory is not None:
         made = factory(**options)

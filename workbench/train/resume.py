@@ -28,6 +28,7 @@ from typing import Any
 
 from workbench.config import ConfigError, SettingProblem, TrainConfig, plain_value
 from workbench.inputs import shown
+from workbench.models import options_from_file
 from workbench.train import checkpoints as ckpt
 from workbench.train.history import RECENT_RECORDS
 from workbench.train.records import StepRecord
@@ -162,14 +163,20 @@ def manifest_fields(
 
 
 def resume_settings(
-    payload: dict[str, Any], model: Any, config_changes: dict[str, Any]
+    payload: dict[str, Any],
+    model: Any,
+    config_changes: dict[str, Any],
+    model_options: dict[str, Any] | None = None,
 ) -> tuple[TrainConfig, Any, dict[str, Any] | None]:
     """(config, model, model options) for a Session continuing `payload`.
 
     The saved settings with `config_changes` applied; a run that saved checkpoints goes on
     saving beside the one it resumed from. `model` None rebuilds the built-in model the
     checkpoint names (a built-in name only: resolving it never imports anything);
-    ValueError when it holds a module of your own, which you pass as `model`."""
+    ValueError when it holds a module of your own, which you pass as `model`.
+    `model_options`: yours, instead of the saved ones. Saved options that would make the
+    workbench read another file (tiny-gpt's `text`) are refused: a file read never chooses
+    which other file is read; pass them yourself."""
     config = TrainConfig.from_dict(payload["config"])
     if config.checkpoint_dir is not None:  # the file does not choose where to write
         config = config.replace(checkpoint_dir=str(Path(payload["path"]).parent))
@@ -199,6 +206,11 @@ def resume_settings(
         model, options = saved["name"], saved.get("options") or None
     elif isinstance(model, str) and model == saved.get("name"):
         options = saved.get("options") or None
+    if model_options is not None:
+        return config, model, model_options
+    problems = options_from_file(model, options, source=f"checkpoint {shown(payload['path'])}")
+    if problems:
+        raise ConfigError([SettingProblem("model_options", p.value, str(p)) for p in problems])
     return config, model, options
 
 

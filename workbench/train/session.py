@@ -989,6 +989,7 @@ class Session(SessionTools):
         sampler: Any | None = None,
         device: str | torch.device | None = None,
         tensorboard: bool | str | os.PathLike[str] = False,
+        model_options: dict[str, Any] | None = None,
         **config_changes: Any,
     ) -> Session:
         """A new Session continuing the checkpoint (a file, or the newest complete one in a
@@ -996,14 +997,16 @@ class Session(SessionTools):
 
         Built-in models are rebuilt from the checkpoint; for your own module pass `model`
         (same architecture), `data` and `loss_fn`. `config_changes` override the saved
-        settings. A run that saved checkpoints goes on saving them beside the one it resumed
+        settings; `model_options` replace the saved options of a built-in model (a saved
+        tiny-gpt `text` is not read unless you pass it here: a file never chooses which other
+        file is read). A run that saved checkpoints goes on saving them beside the one it resumed
         from (not where the file says it was saved). A truncated, altered or unsafe file
         raises `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it; a
         file never chooses code to run (docs/checkpoints.md).
         """
         _check_checkpoint_arg("path_or_dir", path_or_dir)
         payload = ckpt.load(path_or_dir)
-        config, model, options = resume_settings(payload, model, config_changes)
+        config, model, options = resume_settings(payload, model, config_changes, model_options)
         return cls(
             config,
             model=model,
