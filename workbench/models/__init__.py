@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from workbench.inputs import shown
+from workbench.rng import GLOBAL_RNG_LOCK
 
 #: loss_fn(outputs, targets), or (outputs, batch) for tiny-gpt's document batches
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -327,7 +328,9 @@ def build_model(name: str, /, **options: Any) -> tuple[nn.Module, Dataset[Any], 
         },
     }
     seed = opts.pop("seed")
-    with torch.random.fork_rng(devices=[]):
+    # seeded under the process's RNG lock: a Session training in a background thread
+    # draws its dropout from the same global generator (workbench.rng)
+    with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if name == "tiny-gpt":
             return _tiny_gpt(**opts)

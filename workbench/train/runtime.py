@@ -30,7 +30,6 @@ import contextlib
 import gc
 import logging
 import os
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -40,6 +39,7 @@ import torch
 from torch import nn
 
 from workbench.config import TrainConfig
+from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train import batches
 from workbench.train.attention import set_attention
 from workbench.train.backends import Backend, ModelStateBytes, build_backend
@@ -529,11 +529,9 @@ def _release_device_memory(device: torch.device) -> None:
 
 
 # --------------------------------------------------------------------------- random numbers
-#: torch's global generators hold one Session's stream at a time: a stream is put into them
-#: only while this lock is held, and so is anything else that moves them for a while
-#: (`torch.random.fork_rng` around a probe, a build that seeds them).
-GLOBAL_RNG_LOCK = threading.RLock()
-
+# torch's global generators hold one Session's stream at a time: a stream is put into them
+# only while `workbench.rng.GLOBAL_RNG_LOCK` is held, and so is anything else that moves
+# them for a while (`torch.random.fork_rng` around a probe, a build that seeds them).
 TorchRngStates = tuple[torch.Tensor, torch.Tensor | None]
 
 

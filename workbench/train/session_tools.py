@@ -20,6 +20,7 @@ import torch
 
 from workbench.config import TrainConfig
 from workbench.modelstats import count_parameters
+from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train.step import Label
 
 #: Why `memory()` has no activation prediction for the mlp, the cnn and user modules.
@@ -36,9 +37,10 @@ class SessionTools:
 
     @contextlib.contextmanager
     def _between_steps(self) -> Iterator[None]:
-        """Hold the step lock and keep the RNG untouched (probes must not change training)."""
+        """Hold the step lock and keep the RNG untouched (probes must not change training,
+        this session's or another's training in a background thread: `workbench.rng`)."""
         devices = [self.device] if self.device.type == "cuda" else []
-        with self._step_lock, torch.random.fork_rng(devices=devices):
+        with self._step_lock, GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=devices):
             yield
 
     def layout(self) -> dict[str, Any] | None:
