@@ -434,8 +434,10 @@ class Session(SessionTools):
 
     # ------------------------------------------------------------------ checks
     def _problems(self, config: TrainConfig, changed: set[str]) -> list[SettingProblem]:
-        """What this session (device, ranks, model, data) cannot run of `config`."""
-        return session_problems(
+        """What this session (device, ranks, model, data) cannot run of `config`; a new
+        `checkpoint_dir` holding another run's checkpoints or log is one (before the log
+        moves there)."""
+        problems = session_problems(
             config,
             changed,
             model=self._model,
@@ -443,6 +445,17 @@ class Session(SessionTools):
             world_size=self.world_size,
             data=self._data_source,
         )
+        if "checkpoint_dir" in changed and config.checkpoint_dir is not None:
+            _, folder = save_target(
+                None, config.checkpoint_dir, self._step, self.world_size, self.rank
+            )
+            try:
+                self._claim_folder(
+                    folder or Path(config.checkpoint_dir), self._step, Path(config.checkpoint_dir)
+                )
+            except ckpt.CheckpointError as exc:
+                problems.append(SettingProblem("checkpoint_dir", config.checkpoint_dir, exc.reason))
+        return problems
 
     # ------------------------------------------------------------------ events
     def _event(
