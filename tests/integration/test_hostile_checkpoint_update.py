@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from workbench import Session, TrainConfig
+from workbench.train.launch_checks import checkpoint_dir_problems
 
 TINY = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
 
@@ -35,3 +36,65 @@ def test_update_into_another_runs_folder_is_refused_before_the_log_moves(tmp_pat
         assert Path(second.save_checkpoint()).parent == mine
     after = {p.name: p.read_bytes() for p in theirs.iterdir() if p.is_file()}
     assert after == before
+
+
+def _saved(folder: Path, steps: list[int]) -> None:
+    """A run of the built-in tiny GPT saving a checkpoint at each of `steps` in `folder`."""
+    with Session(TrainConfig(micro_batch=2, checkpoint_dir=str(folder)), model_options=TINY) as s:
+        for step in steps:
+            s.run(step - s.step)
+            s.save_checkpoint()
+
+
+@pytest.fixture
+def no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything starts a process (torchrun, a rank)."""
+    import subprocess
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(subprocess, "Popen", started)
+
+
+@pytest.mark.usefixtures("no_process")
+def test_a_launch_into_another_runs_folder_is_refused_before_torchrun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench.cli import main
+
+    _saved(tmp_path / "earlier" / "rank-0", [1])
+    before = sorted(p.name for p in (tmp_path / "earlier" / "rank-0").iterdir())
+    options = '{"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}'
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["launch", "--device", "cpu", "--steps", "2", "--ranks", "1", "--micro-batch", "2",
+             "--model-options", options, "--checkpoint-dir", str(tmp_path / "earlier")]
+        )  # fmt: skip
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--checkpoint-dir" in err[0] and "another run" in err[0], err
+    assert sorted(p.name for p in (tmp_path / "earlier" / "rank-0").iterdir()) == before
+
+
+@pytest.mark.usefixtures("no_process")
+def test_a_resume_whose_rank_holds_newer_checkpoints_says_so_before_torchrun(
+    tmp_path: Path,
+) -> None:
+    """One rank saved step 4, the other was killed before it: every rank resumes from step
+    2, and rank 0's saves would overwrite its step 4; the launch says to use a new folder."""
+    from workbench.train.launch import launch_ranks
+
+    _saved(tmp_path / "run" / "rank-0", [2, 4])
+    _saved(tmp_path / "run" / "rank-1", [2])
+    with pytest.raises(ValueError, match=r"checkpoint_dir=.*rank-0/.*newer than its step 2"):
+        launch_ranks(
+            TrainConfig(device="cpu", micro_batch=2),
+            ranks=2,
+            model="tiny-gpt",
+            model_options=TINY,
+            steps=6,
+            resume=str(tmp_path / "run"),
+        )
+    # a new folder for the resumed run is free
+    assert checkpoint_dir_problems(tmp_path / "new", 2, str(tmp_path / "run"), 2) == []

@@ -56,6 +56,7 @@ from workbench.train.launch_checks import (
     MAX_TIMEOUT,
     LaunchError,
     check_ranks,
+    checkpoint_dir_problems,
     integer_problem,
     json_number,
     launch_problems,
@@ -192,12 +193,15 @@ def launch_ranks(
         if problems:
             raise LaunchError(problems)
     cuda = uses_cuda(config)
-    run_dir = Path(tempfile.mkdtemp(prefix="workbench-launch-"))
-    ckpt_dir = (
-        str(checkpoint_dir)
-        if checkpoint_dir is not None
-        else config.checkpoint_dir or resume_str or str(run_dir / "checkpoints")
+    chosen_dir = (
+        str(checkpoint_dir) if checkpoint_dir is not None else config.checkpoint_dir or resume_str
     )
+    if chosen_dir is not None:  # checked as each rank's Session checks it, before any starts
+        folder_problems = checkpoint_dir_problems(chosen_dir, ranks, resume_str, resume_at)
+        if folder_problems:
+            raise LaunchError(folder_problems)
+    run_dir = Path(tempfile.mkdtemp(prefix="workbench-launch-"))
+    ckpt_dir = chosen_dir or str(run_dir / "checkpoints")
     worker_config = config.replace(checkpoint_dir=None)
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps(worker_config.to_dict()), encoding="utf-8")

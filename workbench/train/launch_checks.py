@@ -198,6 +198,48 @@ def check_ranks(config: TrainConfig, ranks: Any) -> None:
         raise LaunchError([bad])
 
 
+def checkpoint_dir_problems(
+    checkpoint_dir: str | os.PathLike[str],
+    ranks: int,
+    resume: str | os.PathLike[str] | None,
+    resume_at: int | None,
+) -> list[SettingProblem]:
+    """Why the ranks must not save into `checkpoint_dir`'s `rank-<r>` folders (empty when
+    they may), found before any process starts and as each rank's Session would find it
+    (`checkpoints.run_folder_problem`): another run's checkpoints or log there; or, when
+    `checkpoint_dir` is the folder resumed from, a rank's checkpoints newer than the step
+    every rank resumes from (`resume_at`), which its saves would overwrite."""
+    from workbench.train import checkpoints as ckpt
+
+    problems = []
+    root = Path(checkpoint_dir)
+    for r in range(ranks):
+        folder = root / f"rank-{r}"
+        run, home, step = "", False, 0
+        if resume is not None and resume_at is not None:
+            step = resume_at
+            home = os.path.realpath(folder) == os.path.realpath(Path(resume) / f"rank-{r}")
+            if home:
+                found = ckpt.manifest_run(
+                    ckpt.manifest_path(folder / ckpt.checkpoint_name(resume_at))
+                )
+                run = found if isinstance(found, str) and found != ckpt.UNREADABLE else ""
+        problem = ckpt.run_folder_problem(
+            folder,
+            run,
+            step,
+            own_unlabeled=home,
+            log=folder / "log.jsonl",
+            log_is_own=home,
+        )
+        if problem is not None:
+            problems.append(
+                SettingProblem("checkpoint_dir", str(checkpoint_dir), f"rank-{r}/ {problem}")
+            )
+            break  # one rank's folder says it; the others are alike
+    return problems
+
+
 def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
     """The newest step for which every rank 0..ranks-1 has a checkpoint under `resume`
     (each a regular file: a FIFO or device there would block a rank); LaunchError naming
