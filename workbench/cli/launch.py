@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from workbench.cli import report_json
 from workbench.cli.config_flags import (
     CONFIG_FLAGS,
     add_config_flags,
@@ -265,7 +266,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     except ValueError as exc:
         parser.error("; ".join(" ".join(line.split()) for line in problem_lines(exc)))
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(report_json(result.to_dict()))
     else:
         print(_table(result))
     if result.first_error is not None:
