@@ -15,7 +15,18 @@ ROOT = Path(__file__).parents[2] / "workbench"
 #: `workbench/__init__.py`, is the public facade over all of them and is left out).
 LAYERS: list[tuple[str, ...]] = [
     # 1 leaves
-    ("inputs", "outputs", "version", "kernel", "choices", "display", "problems", "spread", "rng"),
+    (
+        "inputs",
+        "outputs",
+        "version",
+        "kernel",
+        "optimizers",
+        "choices",
+        "display",
+        "problems",
+        "spread",
+        "rng",
+    ),
     ("config", "estimate", "models", "modelstats"),  # 2 core
     ("prediction", "deepspeed", "advisor", "monitor", "planner"),  # 3 services
     ("train", "export", "compress", "integrations"),  # 4 engines

@@ -1,0 +1,104 @@
+"""The optimizer rows (`workbench.optimizers`) say what the tables said before them: state
+bytes, families, state keys, fused-only, DeepSpeed names, why a Session refuses one."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.choices import NOT_IN_SESSION, SESSION_OPTIMIZERS, OptimizerName
+from workbench.optimizers import OPTIMIZERS, ROWS, row
+
+STATE_BYTES = {
+    "adamw": 8,
+    "adam": 8,
+    "sgd": 4,
+    "sgd-nomomentum": 0,
+    "adam8bit": 2,
+    "paged-adam8bit": 2,
+    "lamb": 8,
+    "lion": 4,
+    "adagrad": 4,
+    "onebitadam": 8,
+    "zerooneadam": 12,
+    "onebitlamb": 12,
+}
+FAMILY = {
+    "adamw": "adam",
+    "adam": "adam",
+    "sgd": "sgd",
+    "sgd-nomomentum": None,
+    "adam8bit": "adam",
+    "paged-adam8bit": "adam",
+}
+FUSED_ONLY = {
+    "lamb",
+    "lion",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+    "adam8bit",
+    "paged-adam8bit",
+}
+DEEPSPEED = {
+    "adamw": "AdamW",
+    "adam": "Adam",
+    "sgd": "SGD",
+    "sgd-nomomentum": "SGD",
+    "adagrad": "Adagrad",
+    "lamb": "Lamb",
+    "lion": "Lion",
+    "onebitadam": "OneBitAdam",
+    "zerooneadam": "ZeroOneAdam",
+    "onebitlamb": "OneBitLamb",
+}
+OLD_NAMES = set(STATE_BYTES)
+
+
+def test_every_old_optimizer_has_its_row() -> None:
+    assert set(ROWS) >= OLD_NAMES
+    assert {o.value for o in OptimizerName} == set(ROWS)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_NAMES))
+def test_row_keeps_the_old_tables(name: str) -> None:
+    r = ROWS[name]
+    assert r.state_bytes_per_param == STATE_BYTES[name]
+    assert r.fused_only is (name in FUSED_ONLY)
+    assert r.deepspeed_name == DEEPSPEED.get(name)
+    assert r.eight_bit is (name in ("adam8bit", "paged-adam8bit"))
+    assert r.error_feedback is (name in ("onebitadam", "zerooneadam", "onebitlamb"))
+    assert r.deepspeed_fused is (name not in ("sgd", "sgd-nomomentum"))
+    if name in FAMILY:
+        assert r.family == FAMILY[name]
+        assert r.in_session
+
+
+def test_session_optimizers_and_refusals_read_the_rows() -> None:
+    assert [o.value for o in SESSION_OPTIMIZERS][:6] == list(FAMILY)
+    assert {o.value for o in SESSION_OPTIMIZERS} == {r.name for r in OPTIMIZERS if r.in_session}
+    assert {o.value: (why, nearest.value) for o, (why, nearest) in NOT_IN_SESSION.items()} == {
+        r.name: r.not_in_session for r in OPTIMIZERS if r.not_in_session
+    }
+
+
+def test_aliases_find_their_row() -> None:
+    assert row("adamw8bit").name == "adam8bit"
+    assert row("paged_adamw8bit").name == "paged-adam8bit"
+    assert row(OptimizerName.ADAMW).name == "adamw"
+    assert OptimizerName("adamw8bit") is OptimizerName.ADAM8BIT
+    with pytest.raises(KeyError):
+        row("nope")
+
+
+def test_every_session_row_can_be_built_or_says_why() -> None:
+    for r in OPTIMIZERS:
+        assert (r.factory is not None) is r.in_session, r.name
+        assert (r.not_in_session is None) is r.in_session, r.name
+        if r.engines and set(r.engines) != {
+            "plain",
+            "deepspeed",
+            "fsdp",
+            "tensor-parallel",
+            "pipeline",
+        }:
+            assert r.engines_reason, r.name

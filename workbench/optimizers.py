@@ -1,0 +1,307 @@
+"""One row per optimizer: every fact the workbench knows of it, in one place.
+
+An `OptimizerRow` holds an optimizer's name (the `TrainConfig.optimizer` value), its state
+layout (the family a switch between engines carries, the tensors of that family, the fp32
+state bytes per parameter), what its step allocates beyond its states, whether it exists
+only as a fused kernel, how a Session builds it (the import path of its class and the
+keywords it takes from the config: data, built by `workbench.train.backends.optimizer`),
+its DeepSpeed name, the engines a Session trains it on and why not on the others.
+`OPTIMIZERS` lists the rows; `workbench.choices.OptimizerName` is made from them, and the
+tables of the estimator, the engines and the DeepSpeed import/export read them.
+
+Pure: imports nothing (no torch, nothing of the package), so the leaves can read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The engines a Session trains with (`workbench.choices.Engine` values).
+ALL_ENGINES = ("plain", "deepspeed", "fsdp", "tensor-parallel", "pipeline")
+
+
+@dataclass(frozen=True)
+class Temporaries:
+    """What an unfused step allocates beyond the states, in tensors the size of the stepped
+    parameters: `copies` of them all at once under foreach; a for-loop holds `previous`
+    tensors the size of the parameter before and `current` the size of the one stepped."""
+
+    copies: int
+    previous: int
+    current: int
+
+
+@dataclass(frozen=True)
+class OptimizerRow:
+    """One optimizer (see the module docstring); `name` is its `TrainConfig.optimizer`."""
+
+    name: str
+    #: its `OptimizerName` member ("ADAMW")
+    member: str
+    #: the state layout a switch between engines carries: "adam" (two moments), "sgd" (a
+    #: momentum buffer), None (no state the engines carry over)
+    family: str | None
+    #: fp32 optimizer-state bytes per parameter, without any master copy
+    state_bytes_per_param: int
+    #: its state tensors, as torch names them
+    state_keys: tuple[str, ...] = ()
+    #: 8-bit states: they stay 8-bit under pure bf16
+    eight_bit: bool = False
+    #: a 1-bit optimizer: error-feedback buffers beyond its states, no ZeRO
+    error_feedback: bool = False
+    #: exists only as a fused kernel (DeepSpeed's, bitsandbytes', torchao's)
+    fused_only: bool = False
+    #: DeepSpeed runs a fused kernel of it (its "auto" implementation there)
+    deepspeed_fused: bool = True
+    #: an unfused step's temporaries without and with weight decay (None: none)
+    step_temporaries: Temporaries | None = None
+    decay_temporaries: Temporaries | None = None
+    #: "module:Class" a Session builds (None: a Session does not build it)
+    factory: str | None = None
+    #: (keyword, source): source is a TrainConfig field name, or "=<float>" a constant
+    factory_kwargs: tuple[tuple[str, str], ...] = ()
+    #: which library provides the class, for the message when it does not import
+    library: str | None = None
+    #: DeepSpeed's "type" for it (None: DeepSpeed has no such optimizer)
+    deepspeed_name: str | None = None
+    #: the engines a Session trains it on (`ALL_ENGINES` values)
+    engines: tuple[str, ...] = ()
+    #: why not on the others (None where it trains on every engine)
+    engines_reason: str | None = None
+    #: why a Session cannot train it at all, and the nearest optimizer it trains
+    not_in_session: tuple[str, str] | None = None
+    #: other names it goes by (bitsandbytes', torchao's)
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def in_session(self) -> bool:
+        """Whether a Session trains it (on some engine)."""
+        return bool(self.engines)
+
+    def temporaries(self, decay: bool) -> Temporaries | None:
+        """Its step temporaries with or without weight decay."""
+        return self.decay_temporaries if decay else self.step_temporaries
+
+
+_ADAM_KEYS = ("exp_avg", "exp_avg_sq")
+_LR_WD = (("lr", "lr"), ("weight_decay", "weight_decay"))
+_ONEBIT = (
+    "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
+    "ships them); "
+)
+
+#: 8-bit AdamW's engines, and why not DeepSpeed, tp or pp
+ADAM8BIT_ENGINES = (
+    "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop and under FSDP (`zero_stage`"
+    "=0, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
+    "optimizers, and the model-parallel engines (tp, pp) build torch's; the estimator "
+    "counts it for every engine"
+)
+#: bitsandbytes' paged 8-bit AdamW's engine, and why not the others
+PAGED_ENGINES = (
+    "bitsandbytes' paged 8-bit AdamW trains in the plain loop (one rank, `zero_stage`=0, no "
+    "`fsdp`): DeepSpeed builds its own optimizers, and FSDP's shards take torchao's "
+    "(`optimizer`='adam8bit'); the estimator counts it for every engine"
+)
+
+OPTIMIZERS: tuple[OptimizerRow, ...] = (
+    OptimizerRow(
+        name="adamw",
+        member="ADAMW",
+        family="adam",
+        state_bytes_per_param=8,
+        state_keys=_ADAM_KEYS,
+        step_temporaries=Temporaries(1, 1, 2),
+        decay_temporaries=Temporaries(1, 1, 2),
+        factory="torch.optim:AdamW",
+        factory_kwargs=_LR_WD,
+        deepspeed_name="AdamW",
+        engines=ALL_ENGINES,
+    ),
+    OptimizerRow(
+        name="adam",
+        member="ADAM",
+        family="adam",
+        state_bytes_per_param=8,
+        state_keys=_ADAM_KEYS,
+        step_temporaries=Temporaries(1, 1, 2),
+        decay_temporaries=Temporaries(1, 1, 3),  # Adam's L2 decay copies the gradient
+        factory="torch.optim:Adam",
+        factory_kwargs=_LR_WD,
+        deepspeed_name="Adam",
+        engines=ALL_ENGINES,
+    ),
+    OptimizerRow(
+        name="sgd",
+        member="SGD",
+        family="sgd",
+        state_bytes_per_param=4,
+        state_keys=("momentum_buffer",),
+        deepspeed_fused=False,
+        decay_temporaries=Temporaries(1, 0, 1),  # grad + decay x param, into a new tensor
+        factory="torch.optim:SGD",
+        factory_kwargs=(("lr", "lr"), ("momentum", "momentum"), ("weight_decay", "weight_decay")),
+        deepspeed_name="SGD",
+        engines=ALL_ENGINES,
+    ),
+    OptimizerRow(
+        name="sgd-nomomentum",
+        member="SGD_NOMOMENTUM",
+        family=None,
+        state_bytes_per_param=0,
+        deepspeed_fused=False,
+        decay_temporaries=Temporaries(1, 0, 1),
+        factory="torch.optim:SGD",
+        factory_kwargs=(("lr", "lr"), ("momentum", "=0.0"), ("weight_decay", "weight_decay")),
+        deepspeed_name="SGD",
+        engines=ALL_ENGINES,
+    ),
+    OptimizerRow(
+        name="adam8bit",
+        member="ADAM8BIT",
+        family="adam",  # carried as fp32 moments, re-quantized when loaded
+        state_bytes_per_param=2,  # two 8-bit states
+        state_keys=_ADAM_KEYS,
+        eight_bit=True,
+        fused_only=True,
+        factory="torchao.optim:AdamW8bit",
+        factory_kwargs=_LR_WD,
+        library="torchao",
+        engines=("plain", "fsdp"),
+        engines_reason=ADAM8BIT_ENGINES,
+        aliases=("adamw8bit",),
+    ),
+    OptimizerRow(
+        name="paged-adam8bit",
+        member="PAGED_ADAM8BIT",
+        family="adam",  # bitsandbytes' state1/state2, as fp32 moments
+        state_bytes_per_param=2,  # the same, in pageable memory
+        state_keys=_ADAM_KEYS,
+        eight_bit=True,
+        fused_only=True,
+        factory="bitsandbytes.optim:PagedAdamW8bit",
+        factory_kwargs=_LR_WD,
+        library="bitsandbytes",
+        engines=("plain",),
+        engines_reason=PAGED_ENGINES,
+        aliases=("paged-adamw8bit", "paged_adamw8bit"),
+    ),
+    # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
+    OptimizerRow(
+        name="lamb",
+        member="LAMB",
+        family=None,
+        state_bytes_per_param=8,  # FusedLamb: exp_avg + exp_avg_sq
+        state_keys=_ADAM_KEYS,
+        fused_only=True,
+        deepspeed_name="Lamb",
+        not_in_session=(
+            "DeepSpeed's Lamb is FusedLamb, a CUDA kernel (no CPU build), and the Session "
+            "does not build it; Lamb is AdamW with a per-layer trust ratio",
+            "adamw",
+        ),
+    ),
+    OptimizerRow(
+        name="lion",
+        member="LION",
+        family=None,
+        state_bytes_per_param=4,  # FusedLion: exp_avg
+        state_keys=("exp_avg",),
+        fused_only=True,
+        deepspeed_name="Lion",
+        not_in_session=(
+            "the Session does not build DeepSpeed's Lion (FusedLion needs CUDA; "
+            "DeepSpeedCPULion only runs with optimizer offload)",
+            "adamw",
+        ),
+    ),
+    OptimizerRow(
+        name="adagrad",
+        member="ADAGRAD",
+        family=None,
+        state_bytes_per_param=4,  # torch Adagrad `sum` / DeepSpeedCPUAdagrad `exp_avg_sq`
+        state_keys=("sum",),
+        step_temporaries=Temporaries(2, 1, 1),  # sqrt(sum) and -lr x grad together
+        decay_temporaries=Temporaries(2, 1, 1),
+        deepspeed_name="Adagrad",
+        not_in_session=(
+            "the Session does not build Adagrad (it carries Adam and SGD state only)",
+            "adam",
+        ),
+    ),
+    OptimizerRow(
+        name="onebitadam",
+        member="ONEBIT_ADAM",
+        family=None,
+        state_bytes_per_param=8,  # exp_avg + exp_avg_sq, + error feedback
+        state_keys=_ADAM_KEYS,
+        error_feedback=True,
+        fused_only=True,
+        deepspeed_name="OneBitAdam",
+        not_in_session=(
+            _ONEBIT + "1-bit Adam is Adam with compressed communication and decoupled weight decay",
+            "adamw",
+        ),
+    ),
+    OptimizerRow(
+        name="zerooneadam",
+        member="ZERO_ONE_ADAM",
+        family=None,
+        state_bytes_per_param=12,  # + momentum_accumulator, + error feedback
+        state_keys=(*_ADAM_KEYS, "momentum_accumulator"),
+        error_feedback=True,
+        fused_only=True,
+        deepspeed_name="ZeroOneAdam",
+        not_in_session=(
+            _ONEBIT + "0/1 Adam is Adam with compressed communication and decoupled weight decay",
+            "adamw",
+        ),
+    ),
+    OptimizerRow(
+        name="onebitlamb",
+        member="ONEBIT_LAMB",
+        family=None,
+        state_bytes_per_param=12,  # + exp_avg_sq_fresh, + error feedback
+        state_keys=(*_ADAM_KEYS, "exp_avg_sq_fresh"),
+        error_feedback=True,
+        fused_only=True,
+        deepspeed_name="OneBitLamb",
+        not_in_session=(
+            _ONEBIT + "1-bit Lamb is Lamb, AdamW with a per-layer trust ratio, with "
+            "compressed communication",
+            "adamw",
+        ),
+    ),
+)
+
+#: name -> row
+ROWS: dict[str, OptimizerRow] = {row.name: row for row in OPTIMIZERS}
+
+#: the state tensors of each family a switch between engines carries
+FAMILY_STATE_KEYS: dict[str | None, tuple[str, ...]] = {
+    "adam": _ADAM_KEYS,
+    "sgd": ("momentum_buffer",),
+    None: (),
+}
+
+
+def row(name: object) -> OptimizerRow:
+    """The row of `name` (an `OptimizerName` or its value, or an alias); KeyError if none."""
+    key = str(getattr(name, "value", name))
+    for r in OPTIMIZERS:
+        if key == r.name or key in r.aliases:
+            return r
+    raise KeyError(key)
+
+
+__all__ = [
+    "ADAM8BIT_ENGINES",
+    "ALL_ENGINES",
+    "FAMILY_STATE_KEYS",
+    "OPTIMIZERS",
+    "PAGED_ENGINES",
+    "ROWS",
+    "OptimizerRow",
+    "Temporaries",
+    "row",
+]
