@@ -4,13 +4,17 @@ Each choice setting is a str enum (`Precision`, `OptimizerName`, `FsdpMode`, ...
 `ENUM_FIELDS` by the field that takes it. `FIELD_ALIASES` maps the names Lightning, Hugging
 Face and DeepSpeed give a setting to the workbench's, `VALUE_ALIASES` their names for a
 choice, and `did_you_mean` turns a near miss into a hint. `Engine` names what trains a
-config (`workbench.config.engine_for` decides it). Pure: imports nothing of the package.
+config (`workbench.config.engine_for` decides it). Pure: imports only the optimizer rows
+(`workbench.optimizers`), which import nothing.
 """
 
 from __future__ import annotations
 
 import difflib
 from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from workbench.optimizers import OPTIMIZERS, ROWS, OptimizerRow
 
 
 class StrEnum(str, Enum):
@@ -38,98 +42,73 @@ class Precision(StrEnum):
         return self in (Precision.FP16, Precision.BF16)
 
 
-class OptimizerName(StrEnum):
-    """Optimizers by state layout. A Session trains adamw, adam, sgd and sgd-nomomentum;
-    the others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that
-    the estimator and the DeepSpeed import/export know (`runtime_problems` says why a
-    Session refuses them and which one is nearest), and adam8bit (8-bit AdamW: torchao's
+class _OptimizerEnum(StrEnum):
+    """Optimizers by state layout, one member per row of `workbench.optimizers.OPTIMIZERS`
+    (its `member` and `name`). A Session trains adamw, adam, sgd and sgd-nomomentum; the
+    others are DeepSpeed optimizers (names as DeepSpeed spells them, lowercased) that the
+    estimator and the DeepSpeed import/export know (`runtime_problems` says why a Session
+    refuses them and which one is nearest), and adam8bit (8-bit AdamW: torchao's
     `AdamW8bit` in the plain loop and under FSDP; estimated everywhere), and
-    paged-adam8bit (bitsandbytes' `PagedAdamW8bit`, the plain loop)."""
-
-    ADAMW = "adamw"
-    ADAM = "adam"
-    SGD = "sgd"  # with momentum
-    SGD_NOMOMENTUM = "sgd-nomomentum"
-    ADAM8BIT = "adam8bit"  # 8-bit AdamW states (torchao's AdamW8bit; bitsandbytes-style)
-    #: bitsandbytes' PagedAdamW8bit: the same 8-bit states in CUDA unified memory, paged
-    #: to host memory when the GPU runs short (on a CPU bitsandbytes keeps them unpaged)
-    PAGED_ADAM8BIT = "paged-adam8bit"
-    LAMB = "lamb"  # DeepSpeed FusedLamb (CUDA kernel)
-    LION = "lion"  # DeepSpeed FusedLion (CUDA) / DeepSpeedCPULion (optimizer offload)
-    ADAGRAD = "adagrad"  # torch.optim.Adagrad / DeepSpeedCPUAdagrad (optimizer offload)
-    ONEBIT_ADAM = "onebitadam"  # DeepSpeed 1-bit Adam (not in DeepSpeed 0.19.8)
-    ZERO_ONE_ADAM = "zerooneadam"  # DeepSpeed 0/1 Adam (not in DeepSpeed 0.19.8)
-    ONEBIT_LAMB = "onebitlamb"  # DeepSpeed 1-bit Lamb (not in DeepSpeed 0.19.8)
+    paged-adam8bit (bitsandbytes' `PagedAdamW8bit`, the plain loop); each row says which."""
 
     @classmethod
-    def _missing_(cls, value: object) -> OptimizerName | None:
-        # 8-bit AdamW under the names bitsandbytes and torchao give it
-        if value == "adamw8bit":
-            return cls.ADAM8BIT
-        if value in ("paged-adamw8bit", "paged_adamw8bit"):
-            return cls.PAGED_ADAM8BIT
+    def _missing_(cls, value: object) -> Any:
+        # the names other libraries give an optimizer (8-bit AdamW: bitsandbytes', torchao's)
+        for r in OPTIMIZERS:
+            if value in r.aliases:
+                return cls(r.name)
         return None
+
+    @property
+    def row(self) -> OptimizerRow:
+        """Its row: every fact the workbench knows of it."""
+        return ROWS[self.value]
 
     @property
     def is_8bit(self) -> bool:
         """8-bit AdamW, paged or not: two 1-byte moments a parameter."""
-        return self in (OptimizerName.ADAM8BIT, OptimizerName.PAGED_ADAM8BIT)
+        return ROWS[self.value].eight_bit
 
     @property
     def is_onebit(self) -> bool:
         """A 1-bit (error-feedback compressed) optimizer; DeepSpeed runs these without ZeRO."""
-        return self in (
-            OptimizerName.ONEBIT_ADAM,
-            OptimizerName.ZERO_ONE_ADAM,
-            OptimizerName.ONEBIT_LAMB,
-        )
+        return ROWS[self.value].error_feedback
 
 
-#: Optimizers a workbench Session trains (plain PyTorch and DeepSpeed backends; adam8bit
-#: the plain loop and FSDP only; paged-adam8bit the plain loop only).
-SESSION_OPTIMIZERS = (
-    OptimizerName.ADAMW,
-    OptimizerName.ADAM,
-    OptimizerName.SGD,
-    OptimizerName.SGD_NOMOMENTUM,
-    OptimizerName.ADAM8BIT,
-    OptimizerName.PAGED_ADAM8BIT,
-)
+if TYPE_CHECKING:  # the members code names; at run time every row's (below)
+
+    class OptimizerName(_OptimizerEnum):
+        ADAMW = "adamw"
+        ADAM = "adam"
+        SGD = "sgd"
+        SGD_NOMOMENTUM = "sgd-nomomentum"
+        ADAM8BIT = "adam8bit"
+        PAGED_ADAM8BIT = "paged-adam8bit"
+        LAMB = "lamb"
+        LION = "lion"
+        ADAGRAD = "adagrad"
+        ONEBIT_ADAM = "onebitadam"
+        ZERO_ONE_ADAM = "zerooneadam"
+        ONEBIT_LAMB = "onebitlamb"
+
+else:
+    OptimizerName = _OptimizerEnum(
+        "OptimizerName",
+        [(r.member, r.name) for r in OPTIMIZERS],
+        module=__name__,
+        qualname="OptimizerName",
+    )
+    OptimizerName.__doc__ = _OptimizerEnum.__doc__
+
+
+#: Optimizers a workbench Session trains (each row's `engines` says on which engines).
+SESSION_OPTIMIZERS = tuple(OptimizerName(r.name) for r in OPTIMIZERS if r.in_session)
 
 #: Why a Session cannot train an optimizer, and the nearest one it can.
 NOT_IN_SESSION: dict[OptimizerName, tuple[str, OptimizerName]] = {
-    OptimizerName.LAMB: (
-        "DeepSpeed's Lamb is FusedLamb, a CUDA kernel (no CPU build), and the Session does "
-        "not build it; Lamb is AdamW with a per-layer trust ratio",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.LION: (
-        "the Session does not build DeepSpeed's Lion (FusedLion needs CUDA; DeepSpeedCPULion "
-        "only runs with optimizer offload)",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.ADAGRAD: (
-        "the Session does not build Adagrad (it carries Adam and SGD state only)",
-        OptimizerName.ADAM,
-    ),
-    OptimizerName.ONEBIT_ADAM: (
-        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
-        "ships them); 1-bit Adam is Adam with compressed communication and decoupled weight "
-        "decay",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.ZERO_ONE_ADAM: (
-        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
-        "ships them); 0/1 Adam is Adam with compressed communication and decoupled weight "
-        "decay",
-        OptimizerName.ADAMW,
-    ),
-    OptimizerName.ONEBIT_LAMB: (
-        "the Session does not build DeepSpeed's 1-bit optimizers (DeepSpeed 0.19.8 no longer "
-        "ships them); 1-bit Lamb is Lamb, AdamW with a per-layer trust ratio, with compressed "
-        "communication",
-        OptimizerName.ADAMW,
-    ),
+    OptimizerName(r.name): (r.not_in_session[0], OptimizerName(r.not_in_session[1]))
+    for r in OPTIMIZERS
+    if r.not_in_session is not None
 }
 
 
