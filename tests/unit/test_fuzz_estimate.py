@@ -28,11 +28,13 @@ from workbench.estimate import (
     FAMILIES,
     GPUS,
     MODELS,
+    EstimateInputError,
     MemoryEstimate,
     estimate_memory,
     read_hf_config,
 )
 from workbench.estimate.limits import MAX_BYTES_PER_GPU
+from workbench.inputs import shown
 
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "0") or 0)
 
@@ -142,12 +144,28 @@ def test_estimate_memory_gives_a_result_or_a_value_error(kwargs):
     try:
         e = estimate_memory(**kwargs)
     except ValueError as exc:
-        text = str(exc)
-        assert text and len(text) < 20_000
         event("ValueError")
-        return
-    event("estimate")
-    _finite_figures(e)
+        _names_the_inputs(exc, kwargs)
+    else:
+        event("estimate")
+        _finite_figures(e)
+
+
+def _names_the_inputs(exc: ValueError, kwargs: dict[str, Any]) -> None:
+    """One `EstimateInputError` listing each problem as `field=value: what is allowed` (or
+    `field is missing: ...`, for a field not given or given as None), the value shown
+    bounded."""
+    assert isinstance(exc, EstimateInputError), (type(exc).__name__, str(exc)[:300])
+    text = str(exc)
+    assert exc.problems and len(text) < 20_000
+    for p in exc.problems:
+        line = str(p)
+        assert p.field and p.message and line in text, (line, text[:300])
+        if p.missing:  # not given, or given as None
+            assert line.startswith(f"{p.field} is missing: "), line
+            assert kwargs.get(p.field) is None, (p.field, kwargs[p.field])
+        else:
+            assert line.startswith(f"{p.field}={shown(p.value)}: "), line
 
 
 # ------------------------------------------------------------------ the CLI
@@ -328,9 +346,10 @@ def _check_read(source: Any) -> None:
     if fields:
         try:
             e = estimate_memory(hf_config=source)
-        except ValueError:
-            return
-        _finite_figures(e)
+        except ValueError as exc:
+            _names_the_inputs(exc, {"hf_config": source})
+        else:
+            _finite_figures(e)
 
 
 @fuzz_settings(300)

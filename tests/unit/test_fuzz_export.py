@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from workbench.cli import main
 from workbench.config import TrainConfig
 from workbench.deepspeed import import_deepspeed, to_deepspeed
+from workbench.inputs import shown
 
 
 def examples(default: int) -> int:
@@ -118,16 +119,42 @@ def deepspeed_configs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def check_import(source: Any) -> None:
-    """A valid import or a ValueError naming what is wrong, nothing else."""
+    """A valid import or a ValueError naming what is wrong, nothing else: each problem as
+    data (its key path or setting, the value shown bounded, the reason), all in the text."""
     try:
         result = import_deepspeed(source)
     except ValueError as exc:
-        assert str(exc), "an empty error message"
-        assert "Traceback" not in str(exc)
+        named_problems(exc, source)
+    else:
+        assert isinstance(result.config, TrainConfig)
+        assert result.world_size >= 1
+        assert all(isinstance(w, str) for w in result.warnings)
+
+
+def named_problems(exc: ValueError, source: Any) -> None:
+    """`exc` lists its problems, each `field=value: reason` (or `field: reason` when no
+    single value is at fault; the reason alone for the config as a whole) in its text; a
+    file that holds no config at all (not JSON, not an object) is named with the reason."""
+    text = str(exc)
+    assert "Traceback" not in text and len(text) < 20_000
+    problems = getattr(exc, "problems", None)
+    if problems is None and isinstance(source, (str, Path)):
+        assert text.startswith(f"DeepSpeed config {shown(str(source))}: "), text[:300]
+        assert len(text) > len(f"DeepSpeed config {shown(str(source))}: ")
         return
-    assert isinstance(result.config, TrainConfig)
-    assert result.world_size >= 1
-    assert all(isinstance(w, str) for w in result.warnings)
+    assert problems, f"{type(exc).__name__} without its problems as data: {text[:300]}"
+    for p in problems:
+        assert p.message, p
+        line = str(p)
+        assert line in text, (line, text[:300])
+        if not p.field:
+            continue
+        value_text = getattr(p, "value_text", None)
+        if value_text == "":
+            assert line.startswith(f"{p.field}: "), line
+        else:
+            value = shown(p.value) if value_text is None else value_text
+            assert line.startswith(f"{p.field}={value}: "), line
 
 
 @FUZZ
