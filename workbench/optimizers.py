@@ -62,6 +62,11 @@ class OptimizerRow:
     factory_kwargs: tuple[tuple[str, str], ...] = ()
     #: which library provides the class, for the message when it does not import
     library: str | None = None
+    #: "module:Class" built instead where `factory` does not import (not for sharded
+    #: parameters: FSDP's shards need the factory's own class)
+    fallback_factory: str | None = None
+    #: a warning its class gives that the Session says once itself (a message prefix)
+    quiet_warning: str | None = None
     #: DeepSpeed's "type" for it (None: DeepSpeed has no such optimizer)
     deepspeed_name: str | None = None
     #: the engines a Session trains it on (`ALL_ENGINES` values)
@@ -167,6 +172,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory="torchao.optim:AdamW8bit",
         factory_kwargs=_LR_WD,
         library="torchao",
+        fallback_factory="bitsandbytes.optim:AdamW8bit",
         engines=("plain", "fsdp"),
         engines_reason=ADAM8BIT_ENGINES,
         aliases=("adamw8bit",),
@@ -182,6 +188,9 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory="bitsandbytes.optim:PagedAdamW8bit",
         factory_kwargs=_LR_WD,
         library="bitsandbytes",
+        # on a CPU bitsandbytes keeps the states unpaged, and says so on the first step;
+        # `optimizer_note` says it once, where the Session reports its settings
+        quiet_warning="Paged optimizers are not supported on CPU",
         engines=("plain",),
         engines_reason=PAGED_ENGINES,
         aliases=("paged-adamw8bit", "paged_adamw8bit"),

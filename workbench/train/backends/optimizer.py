@@ -13,6 +13,8 @@ family: its moments travel dequantized to fp32 (`neutral`) and are quantized aga
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -20,63 +22,53 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from workbench.config import OptimizerName, TrainConfig
+from workbench.config import SESSION_OPTIMIZERS, OptimizerName, TrainConfig
+from workbench.optimizers import FAMILY_STATE_KEYS, OPTIMIZERS
 
+#: each optimizer a Session trains -> its state layout (its row's `family`)
 OPTIMIZER_FAMILY: dict[OptimizerName, str | None] = {
-    OptimizerName.ADAMW: "adam",
-    OptimizerName.ADAM: "adam",
-    OptimizerName.SGD: "sgd",
-    OptimizerName.SGD_NOMOMENTUM: None,
-    OptimizerName.ADAM8BIT: "adam",  # carried as fp32 moments, re-quantized when loaded
-    OptimizerName.PAGED_ADAM8BIT: "adam",  # bitsandbytes' state1/state2, as fp32 moments
+    OptimizerName(r.name): r.family for r in OPTIMIZERS if r.in_session
 }
-STATE_KEYS: dict[str | None, tuple[str, ...]] = {
-    "adam": ("exp_avg", "exp_avg_sq"),
-    "sgd": ("momentum_buffer",),
-    None: (),
-}
+STATE_KEYS: dict[str | None, tuple[str, ...]] = dict(FAMILY_STATE_KEYS)
+
+
+def _load(path: str) -> Any:
+    """The class at "module:Class"."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer of `config` over `params` (lr, weight decay, momentum)."""
+    """The torch optimizer of `config` over `params`, as its row says: its class (or the
+    fallback's where that does not import), with the keywords the row takes from the config
+    (lr, weight decay, momentum)."""
     opt = OptimizerName(config.optimizer)
-    lr, wd = float(config.lr), float(config.weight_decay)
-    if opt is OptimizerName.ADAMW:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
-    if opt is OptimizerName.ADAM:
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    if opt is OptimizerName.SGD:
-        return torch.optim.SGD(params, lr=lr, momentum=float(config.momentum), weight_decay=wd)
-    if opt is OptimizerName.SGD_NOMOMENTUM:
-        return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=wd)
-    if opt is OptimizerName.ADAM8BIT:
-        try:
-            from torchao.optim import AdamW8bit
-        except ImportError:  # torchao missing or broken here: bitsandbytes' 8-bit AdamW
-            if any(hasattr(p, "device_mesh") for p in params):
-                raise ValueError(
-                    "optimizer='adam8bit' under FSDP: torchao's AdamW8bit steps the shards, "
-                    "and torchao does not import here (pip install torchao)"
-                ) from None
-            from bitsandbytes.optim import AdamW8bit as BnbAdamW8bit
-
-            fallback: torch.optim.Optimizer = BnbAdamW8bit(params, lr=lr, weight_decay=wd)
-            return fallback
-        return AdamW8bit(params, lr=lr, weight_decay=wd)  # type: ignore[no-any-return]
-    if opt is OptimizerName.PAGED_ADAM8BIT:
-        import warnings
-
-        from bitsandbytes.optim import PagedAdamW8bit
-
-        paged = PagedAdamW8bit(params, lr=lr, weight_decay=wd)
-        # on a CPU bitsandbytes keeps the states unpaged, and says so on the first step;
-        # `optimizer_note` says it once, where the Session reports its settings
-        warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
-        return paged  # type: ignore[no-any-return]
-    raise ValueError(
-        f"optimizer={opt.value!r}: a Session trains with adamw, adam, sgd, sgd-nomomentum "
-        "or adam8bit"
-    )
+    r = opt.row
+    if r.factory is None:
+        raise ValueError(
+            f"optimizer={opt.value!r}: a Session trains with "
+            + ", ".join(o.value for o in SESSION_OPTIMIZERS)
+        )
+    kwargs = {
+        key: float(source[1:]) if source.startswith("=") else float(getattr(config, source))
+        for key, source in r.factory_kwargs
+    }
+    try:
+        cls = _load(r.factory)
+    except ImportError:  # its library missing or broken here: the fallback's, if any
+        if r.fallback_factory is None:
+            raise
+        if any(hasattr(p, "device_mesh") for p in params):
+            name = r.factory.partition(":")[2]
+            raise ValueError(
+                f"optimizer={opt.value!r} under FSDP: {r.library}'s {name} steps the shards, "
+                f"and {r.library} does not import here (pip install {r.library})"
+            ) from None
+        cls = _load(r.fallback_factory)
+    built: torch.optim.Optimizer = cls(params, **kwargs)
+    if r.quiet_warning:
+        warnings.filterwarnings("ignore", message=r.quiet_warning)
+    return built
 
 
 def set_lr(optimizer: Any, lr: float) -> None:
