@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from workbench.config import OptimizerName, Precision
 from workbench.inputs import shown
+from workbench.optimizers import OPTIMIZERS
 
 # name -> "module:function". The function takes a ModelStateQuery, returns ModelStates.
 ACCOUNTINGS: dict[str, str] = {
@@ -56,28 +57,15 @@ ACCOUNTINGS: dict[str, str] = {
 #: PyTorch FSDP's sharding modes (`estimate_memory(fsdp=...)`; "off": ZeRO or nothing).
 FSDP_MODES = ("off", "full_shard", "shard_grad_op", "no_shard")
 
-#: fp32 optimizer-state bytes per parameter, without any master copy.
+#: fp32 optimizer-state bytes per parameter, without any master copy (each optimizer's
+#: row: `workbench.optimizers`; docs/estimator.md names the source of each figure).
 OPTIMIZER_STATE_BYTES: dict[OptimizerName, int] = {
-    OptimizerName.ADAMW: 8,  # exp_avg + exp_avg_sq, fp32
-    OptimizerName.ADAM: 8,
-    OptimizerName.SGD: 4,  # momentum buffer
-    OptimizerName.SGD_NOMOMENTUM: 0,
-    OptimizerName.ADAM8BIT: 2,  # two 8-bit states
-    OptimizerName.PAGED_ADAM8BIT: 2,  # the same, in pageable memory
-    # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
-    OptimizerName.LAMB: 8,  # FusedLamb: exp_avg + exp_avg_sq
-    OptimizerName.LION: 4,  # FusedLion: exp_avg
-    OptimizerName.ADAGRAD: 4,  # torch Adagrad `sum` / DeepSpeedCPUAdagrad `exp_avg_sq`
-    OptimizerName.ONEBIT_ADAM: 8,  # exp_avg + exp_avg_sq, + error feedback (below)
-    OptimizerName.ZERO_ONE_ADAM: 12,  # + momentum_accumulator, + error feedback
-    OptimizerName.ONEBIT_LAMB: 12,  # + exp_avg_sq_fresh, + error feedback
+    OptimizerName(r.name): r.state_bytes_per_param for r in OPTIMIZERS
 }
 
 #: 1-bit optimizers' error feedback: an fp32 `worker_error` of the parameters and an fp32
 #: `server_error` of 1/N of them, on each of N data-parallel GPUs.
-ERROR_FEEDBACK_OPTIMIZERS = frozenset(
-    {OptimizerName.ONEBIT_ADAM, OptimizerName.ZERO_ONE_ADAM, OptimizerName.ONEBIT_LAMB}
-)
+ERROR_FEEDBACK_OPTIMIZERS = frozenset(OptimizerName(r.name) for r in OPTIMIZERS if r.error_feedback)
 
 
 def error_feedback_bytes(optimizer: OptimizerName | str, elements: int, gpus: int) -> int:

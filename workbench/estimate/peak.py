@@ -132,19 +132,10 @@ from workbench.estimate.activations import ActivationBreakdown, Attention, Check
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import adapter_activation_bytes, dequantized_bytes
 from workbench.estimate.model_states import ModelStates
+from workbench.optimizers import OPTIMIZERS, row
 
-#: Optimizers only DeepSpeed (or bitsandbytes) provides: always a fused kernel.
-_FUSED_ONLY = frozenset(
-    {
-        OptimizerName.LAMB,
-        OptimizerName.LION,
-        OptimizerName.ONEBIT_ADAM,
-        OptimizerName.ZERO_ONE_ADAM,
-        OptimizerName.ONEBIT_LAMB,
-        OptimizerName.ADAM8BIT,
-        OptimizerName.PAGED_ADAM8BIT,
-    }
-)
+#: Optimizers only DeepSpeed (or bitsandbytes, torchao) provides: always a fused kernel.
+_FUSED_ONLY = frozenset(OptimizerName(r.name) for r in OPTIMIZERS if r.fused_only)
 
 PHASES = ("forward end", "backward", "optimizer step")
 _LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
@@ -221,10 +212,7 @@ def resolve_impl(i: EstimateInputs, engine: str) -> str:
         return "fused"
     if i.optimizer_impl != "auto":
         return i.optimizer_impl
-    if engine == "deepspeed" and i.optimizer not in (
-        OptimizerName.SGD,
-        OptimizerName.SGD_NOMOMENTUM,
-    ):
+    if engine == "deepspeed" and row(i.optimizer).deepspeed_fused:
         return "fused"
     return "foreach"
 
@@ -274,18 +262,10 @@ def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
     width = 2 if i.precision is Precision.BF16_TRUE else 4  # state dtype (master is fp32)
     stepped = _stepped_params(i, engine)
     decay = i.weight_decay > 0
-    opt = i.optimizer
-    if opt in (OptimizerName.SGD, OptimizerName.SGD_NOMOMENTUM):
-        if not decay:
-            return 0
-        copies, previous, current = 1, 0, 1  # grad + decay x param, into a new tensor
-    elif opt is OptimizerName.ADAGRAD:
-        copies, previous, current = 2, 1, 1  # sqrt(sum) and -lr x grad together
-    elif opt in (OptimizerName.ADAM, OptimizerName.ADAMW):
-        l2 = opt is OptimizerName.ADAM and decay  # Adam's L2 decay copies the gradient
-        copies, previous, current = 1, 1, 3 if l2 else 2
-    else:
+    temporaries = row(i.optimizer).temporaries(decay)  # its row's, with or without decay
+    if temporaries is None:
         return 0
+    copies, previous, current = temporaries.copies, temporaries.previous, temporaries.current
     if impl == "foreach":
         return copies * width * stepped
     sizes = parameter_order(i)
