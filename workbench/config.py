@@ -679,30 +679,24 @@ class TrainConfig:
                         f"nothing is left to accumulate, clip, unscale or shard: needs {why} "
                         f"(`{name}` says otherwise)",
                     )
-        if (
-            ok("optimizer", "zero_stage", "precision", "fsdp")
-            and OptimizerName(self.optimizer) is OptimizerName.ADAM8BIT
-            and self.uses_deepspeed
-        ):
-            add("optimizer", "adam8bit", ADAM8BIT_ENGINES)
-        if (
-            ok("optimizer", "optimizer_in_backward")
-            and OptimizerName(self.optimizer) is OptimizerName.PAGED_ADAM8BIT
-            and self.optimizer_in_backward is True
-        ):
-            add(
-                "optimizer",
-                "paged-adam8bit",
-                "bitsandbytes' paged optimizer steps every parameter in one optimizer; the "
-                "step in backward gives each its own: use optimizer='adam8bit' with "
-                "`optimizer_in_backward`",
-            )
-        if (
-            ok("optimizer", "zero_stage", "fsdp")
-            and OptimizerName(self.optimizer) is OptimizerName.PAGED_ADAM8BIT
-            and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF)
-        ):
-            add("optimizer", "paged-adam8bit", PAGED_ENGINES)
+        if ok("optimizer"):  # what its row says it cannot step in backward or train on
+            optimizer = OptimizerName(self.optimizer)
+            r = optimizer.row
+            if (
+                ok("optimizer_in_backward")
+                and r.in_backward_reason
+                and self.optimizer_in_backward is True
+            ):
+                add("optimizer", optimizer.value, r.in_backward_reason)
+            if (
+                r.in_session
+                and ok("zero_stage", "precision", "fsdp")
+                and (
+                    ("deepspeed" not in r.engines and self.uses_deepspeed)
+                    or ("fsdp" not in r.engines and FsdpMode(self.fsdp) is not FsdpMode.OFF)
+                )
+            ):
+                add("optimizer", optimizer.value, r.engines_reason or "")
         if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
             add("tp", self.tp, TP_NOT_DEEPSPEED)
         if ok("sequence_parallel", "tp") and self.sequence_parallel is True and self.tp == 1:
@@ -1068,19 +1062,6 @@ def _lora_targets_ok(v: Any) -> bool:
     )
 
 
-PAGED_ENGINES = (
-    "bitsandbytes' paged 8-bit AdamW trains in the plain loop (one rank, `zero_stage`=0, no "
-    "`fsdp`): DeepSpeed builds its own optimizers, and FSDP's shards take torchao's "
-    "(`optimizer`='adam8bit'); the estimator counts it for every engine"
-)
-ADAM8BIT_ENGINES = (
-    "8-bit AdamW (torchao's AdamW8bit) trains in the plain loop and under FSDP (`zero_stage`"
-    "=0, precision fp32, amp-bf16, amp-fp16 or bf16-true): DeepSpeed builds its own "
-    "optimizers, and the model-parallel engines (tp, pp) build torch's; the estimator "
-    "counts it for every engine"
-)
-
-
 #: Why tensor parallelism and DeepSpeed do not mix.
 TP_NOT_DEEPSPEED = (
     "tensor parallelism trains through PyTorch's tensor-parallel API, with data parallel or "
@@ -1156,10 +1137,10 @@ def _model_parallel_limits(config: TrainConfig, field: str, size: int) -> list[S
                 f"amp-bf16 or bf16-true with `{field}` > 1",
             )
         )
-    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT:
-        p.append(SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES))
-    if OptimizerName(config.optimizer) is OptimizerName.PAGED_ADAM8BIT:
-        p.append(SettingProblem("optimizer", "paged-adam8bit", PAGED_ENGINES))
+    optimizer = OptimizerName(config.optimizer)
+    engine = "tensor-parallel" if field == "tp" else "pipeline"
+    if optimizer.row.in_session and engine not in optimizer.row.engines:
+        p.append(SettingProblem("optimizer", optimizer.value, optimizer.row.engines_reason or ""))
     for name, why in TP_UNSUPPORTED.items():
         value = getattr(config, name)
         on = OffloadDevice(value) is not OffloadDevice.NONE if "offload_" in name else value
@@ -1222,16 +1203,9 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
                 "fp16) or 'amp-bf16'",
             )
         ]
-    if OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT and engine not in (
-        Engine.PLAIN,
-        Engine.FSDP,
-    ):
-        return [SettingProblem("optimizer", "adam8bit", ADAM8BIT_ENGINES)]
-    if (
-        OptimizerName(config.optimizer) is OptimizerName.PAGED_ADAM8BIT
-        and engine is not Engine.PLAIN
-    ):
-        return [SettingProblem("optimizer", "paged-adam8bit", PAGED_ENGINES)]
+    optimizer = OptimizerName(config.optimizer)
+    if optimizer.row.in_session and engine.value not in optimizer.row.engines:
+        return [SettingProblem("optimizer", optimizer.value, optimizer.row.engines_reason or "")]
     if config.qlora and engine is not Engine.PLAIN:
         return [
             SettingProblem(

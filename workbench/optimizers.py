@@ -73,6 +73,8 @@ class OptimizerRow:
     engines: tuple[str, ...] = ()
     #: why not on the others (None where it trains on every engine)
     engines_reason: str | None = None
+    #: why it cannot step inside backward (`optimizer_in_backward`; None where it can)
+    in_backward_reason: str | None = None
     #: why a Session cannot train it at all, and the nearest optimizer it trains
     not_in_session: tuple[str, str] | None = None
     #: other names it goes by (bitsandbytes', torchao's)
@@ -193,6 +195,11 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         quiet_warning="Paged optimizers are not supported on CPU",
         engines=("plain",),
         engines_reason=PAGED_ENGINES,
+        in_backward_reason=(
+            "bitsandbytes' paged optimizer steps every parameter in one optimizer; the step "
+            "in backward gives each its own: use optimizer='adam8bit' with "
+            "`optimizer_in_backward`"
+        ),
         aliases=("paged-adamw8bit", "paged_adamw8bit"),
     ),
     # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
