@@ -75,6 +75,8 @@ class OptimizerRow:
     engines_reason: str | None = None
     #: why it cannot step inside backward (`optimizer_in_backward`; None where it can)
     in_backward_reason: str | None = None
+    #: why a dry run (fake tensors under the memory tracker) cannot step it (None: it can)
+    dry_run_reason: str | None = None
     #: why a Session cannot train it at all, and the nearest optimizer it trains
     not_in_session: tuple[str, str] | None = None
     #: other names it goes by (bitsandbytes', torchao's)
@@ -175,6 +177,11 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory_kwargs=_LR_WD,
         library="torchao",
         fallback_factory="bitsandbytes.optim:AdamW8bit",
+        dry_run_reason=(
+            "torchao's 8-bit AdamW steps through torch.compile, which does not run under the "
+            "memory tracker's dispatch mode; the formula counts its 2 bytes per parameter "
+            "(workbench.predict_memory), and a Session measures it"
+        ),
         engines=("plain", "fsdp"),
         engines_reason=ADAM8BIT_ENGINES,
         aliases=("adamw8bit",),
@@ -193,6 +200,11 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         # on a CPU bitsandbytes keeps the states unpaged, and says so on the first step;
         # `optimizer_note` says it once, where the Session reports its settings
         quiet_warning="Paged optimizers are not supported on CPU",
+        dry_run_reason=(
+            "bitsandbytes' 8-bit step is a C++/CUDA kernel fake tensors cannot run; the "
+            "formula counts its 2 bytes per parameter (workbench.predict_memory), and a "
+            "Session measures it"
+        ),
         engines=("plain",),
         engines_reason=PAGED_ENGINES,
         in_backward_reason=(

@@ -170,26 +170,8 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                 )
             )
     optimizer = OptimizerName(config.optimizer)
-    if optimizer is OptimizerName.PAGED_ADAM8BIT:
-        p.append(
-            SettingProblem(
-                "optimizer",
-                optimizer.value,
-                "bitsandbytes' 8-bit step is a C++/CUDA kernel fake tensors cannot run; the "
-                "formula counts its 2 bytes per parameter (workbench.predict_memory), and a "
-                "Session measures it",
-            )
-        )
-    elif optimizer is OptimizerName.ADAM8BIT:
-        p.append(
-            SettingProblem(
-                "optimizer",
-                optimizer.value,
-                "torchao's 8-bit AdamW steps through torch.compile, which does not run under "
-                "the memory tracker's dispatch mode; the formula counts its 2 bytes per "
-                "parameter (workbench.predict_memory), and a Session measures it",
-            )
-        )
+    if optimizer.row.dry_run_reason:  # its row says why fake tensors cannot step it
+        p.append(SettingProblem("optimizer", optimizer.value, optimizer.row.dry_run_reason))
     elif optimizer not in SESSION_OPTIMIZERS:
         p.append(
             SettingProblem(

@@ -132,11 +132,9 @@ def _check_supported(config: TrainConfig) -> None:
             "precision='amp-fp16': with the DeepSpeed backend (zero_stage >= 1 or several "
             "ranks) use precision='fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16'"
         )
-    if OptimizerName(config.optimizer).is_8bit:
-        raise ValueError(
-            f"optimizer={config.optimizer!r}: 8-bit AdamW trains in the plain loop (and "
-            "torchao's under FSDP); DeepSpeed builds its own optimizers"
-        )
+    optimizer = OptimizerName(config.optimizer)
+    if optimizer.row.in_session and "deepspeed" not in optimizer.row.engines:
+        raise ValueError(f"optimizer={optimizer.value!r}: {optimizer.row.engines_reason}")
 
 
 # --------------------------------------------------------------------------- backend
