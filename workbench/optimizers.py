@@ -69,6 +69,9 @@ class OptimizerRow:
     quiet_warning: str | None = None
     #: DeepSpeed's "type" for it (None: DeepSpeed has no such optimizer)
     deepspeed_name: str | None = None
+    #: DeepSpeed lists its class as tested with ZeRO (else the export sets
+    #: "zero_allow_untested_optimizer" at stages 1-3)
+    deepspeed_zero_tested: bool = False
     #: the engines a Session trains it on (`ALL_ENGINES` values)
     engines: tuple[str, ...] = ()
     #: why not on the others (None where it trains on every engine)
@@ -125,6 +128,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory="torch.optim:AdamW",
         factory_kwargs=_LR_WD,
         deepspeed_name="AdamW",
+        deepspeed_zero_tested=True,
         engines=ALL_ENGINES,
     ),
     OptimizerRow(
@@ -138,6 +142,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory="torch.optim:Adam",
         factory_kwargs=_LR_WD,
         deepspeed_name="Adam",
+        deepspeed_zero_tested=True,
         engines=ALL_ENGINES,
     ),
     OptimizerRow(
@@ -237,6 +242,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         state_keys=("exp_avg",),
         fused_only=True,
         deepspeed_name="Lion",
+        deepspeed_zero_tested=True,
         not_in_session=(
             "the Session does not build DeepSpeed's Lion (FusedLion needs CUDA; "
             "DeepSpeedCPULion only runs with optimizer offload)",
@@ -252,6 +258,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         step_temporaries=Temporaries(2, 1, 1),  # sqrt(sum) and -lr x grad together
         decay_temporaries=Temporaries(2, 1, 1),
         deepspeed_name="Adagrad",
+        deepspeed_zero_tested=True,
         not_in_session=(
             "the Session does not build Adagrad (it carries Adam and SGD state only)",
             "adam",

@@ -102,3 +102,23 @@ def test_every_session_row_can_be_built_or_says_why() -> None:
             "pipeline",
         }:
             assert r.engines_reason, r.name
+
+
+def test_deepspeed_tables_read_the_rows() -> None:
+    from workbench.deepspeed.keys import (
+        OPTIMIZER_OF_TYPE,
+        TYPE_OF_OPTIMIZER,
+        ZERO_TESTED_OPTIMIZERS,
+    )
+
+    assert {o.value for o in ZERO_TESTED_OPTIMIZERS} == {"adamw", "adam", "adagrad", "lion"}
+    assert {o.value: t for o, t in TYPE_OF_OPTIMIZER.items()} == DEEPSPEED
+    assert {t: o.value for t, o in OPTIMIZER_OF_TYPE.items()} == {
+        "adamw": "adamw",
+        "adagrad": "adagrad",
+        "lamb": "lamb",
+        "lion": "lion",
+        "onebitadam": "onebitadam",
+        "zerooneadam": "zerooneadam",
+        "onebitlamb": "onebitlamb",
+    }

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.config import OptimizerName, TrainConfig
+from workbench.optimizers import OPTIMIZERS
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -36,36 +37,24 @@ MODELLED_TOP_LEVEL = frozenset(
 )
 
 #: DeepSpeed optimizer type (lowercased; DeepSpeed matches its own names case-insensitively)
-#: -> the workbench's optimizer. "adam" is adam or adamw by `adam_w_mode`; "SGD" is
-#: torch.optim.SGD (case-sensitive, as DeepSpeed looks it up in torch.optim).
+#: -> the workbench's optimizer, from each optimizer's row (`deepspeed_name`). "adam" is
+#: adam or adamw by `adam_w_mode`, and "SGD" is torch.optim.SGD (case-sensitive, as DeepSpeed
+#: looks it up in torch.optim): the import reads those two itself.
 OPTIMIZER_OF_TYPE = {
-    "adamw": OptimizerName.ADAMW,
-    "adagrad": OptimizerName.ADAGRAD,
-    "lamb": OptimizerName.LAMB,
-    "lion": OptimizerName.LION,
-    "onebitadam": OptimizerName.ONEBIT_ADAM,
-    "zerooneadam": OptimizerName.ZERO_ONE_ADAM,
-    "onebitlamb": OptimizerName.ONEBIT_LAMB,
+    r.deepspeed_name.lower(): OptimizerName(r.name)
+    for r in OPTIMIZERS
+    if r.deepspeed_name and r.deepspeed_name.lower() not in ("adam", "sgd")
 }
-#: The workbench's optimizer -> DeepSpeed's type name (export).
+#: The workbench's optimizer -> DeepSpeed's type name (export), from each row.
 TYPE_OF_OPTIMIZER = {
-    OptimizerName.ADAMW: "AdamW",
-    OptimizerName.ADAM: "Adam",
-    OptimizerName.SGD: "SGD",
-    OptimizerName.SGD_NOMOMENTUM: "SGD",
-    OptimizerName.ADAGRAD: "Adagrad",
-    OptimizerName.LAMB: "Lamb",
-    OptimizerName.LION: "Lion",
-    OptimizerName.ONEBIT_ADAM: "OneBitAdam",
-    OptimizerName.ZERO_ONE_ADAM: "ZeroOneAdam",
-    OptimizerName.ONEBIT_LAMB: "OneBitLamb",
+    OptimizerName(r.name): r.deepspeed_name for r in OPTIMIZERS if r.deepspeed_name
 }
 #: Optimizers whose class DeepSpeed 0.19 lists as tested with ZeRO (ZERO_SUPPORTED_OPTIMIZERS:
-#: torch/Fused/CPU Adam, Adagrad, CPU/Fused Lion). The others need
-#: "zero_allow_untested_optimizer": true at stages 1-3; tests/unit/test_dsconfig.py checks
-#: this set against DeepSpeed's list.
+#: torch/Fused/CPU Adam, Adagrad, CPU/Fused Lion): each row's `deepspeed_zero_tested`. The
+#: others need "zero_allow_untested_optimizer": true at stages 1-3;
+#: tests/unit/test_dsconfig.py checks this set against DeepSpeed's list.
 ZERO_TESTED_OPTIMIZERS = frozenset(
-    {OptimizerName.ADAMW, OptimizerName.ADAM, OptimizerName.ADAGRAD, OptimizerName.LION}
+    OptimizerName(r.name) for r in OPTIMIZERS if r.deepspeed_zero_tested
 )
 #: The optimizer parameters the workbench models, per optimizer family; any other given
 #: parameter (with a value other than DeepSpeed's default) is listed as not modelled.
