@@ -78,6 +78,11 @@ class OptimizerRow:
     engines_reason: str | None = None
     #: why it cannot step inside backward (`optimizer_in_backward`; None where it can)
     in_backward_reason: str | None = None
+    #: why the exported FSDP and Lightning jobs do not train it (None: they do, if a
+    #: Session does; their copy of the row is `job_common.OPTIMIZER_CLASSES`)
+    export_reason: str | None = None
+    #: why those jobs do not train it on tensor-parallel layers (None: they do)
+    export_tp_reason: str | None = None
     #: why a dry run (fake tensors under the memory tracker) cannot step it (None: it can)
     dry_run_reason: str | None = None
     #: why a Session cannot train it at all, and the nearest optimizer it trains
@@ -182,6 +187,10 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory_kwargs=_LR_WD,
         library="torchao",
         fallback_factory="bitsandbytes.optim:AdamW8bit",
+        export_tp_reason=(
+            "the FSDP and Lightning jobs train torchao's 8-bit AdamW data parallel and under "
+            "FSDP2, not on tensor-parallel layers (nor does a Session)"
+        ),
         dry_run_reason=(
             "torchao's 8-bit AdamW steps through torch.compile, which does not run under the "
             "memory tracker's dispatch mode; the formula counts its 2 bytes per parameter "
@@ -205,6 +214,10 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         # on a CPU bitsandbytes keeps the states unpaged, and says so on the first step;
         # `optimizer_note` says it once, where the Session reports its settings
         quiet_warning="Paged optimizers are not supported on CPU",
+        export_reason=(
+            "the exported jobs build torch's, torchao's or DeepSpeed's optimizers; a Session "
+            "trains bitsandbytes' paged one (or export optimizer='adam8bit')"
+        ),
         dry_run_reason=(
             "bitsandbytes' 8-bit step is a C++/CUDA kernel fake tensors cannot run; the "
             "formula counts its 2 bytes per parameter (workbench.predict_memory), and a "

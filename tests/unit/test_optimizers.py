@@ -122,3 +122,13 @@ def test_deepspeed_tables_read_the_rows() -> None:
         "zerooneadam": "zerooneadam",
         "onebitlamb": "onebitlamb",
     }
+
+
+def test_the_job_scripts_copy_of_the_rows_is_equal() -> None:
+    from workbench.export.job_common import OPTIMIZER_CLASSES
+
+    assert OPTIMIZER_CLASSES == {
+        r.name: (r.factory, r.factory_kwargs, r.library)
+        for r in OPTIMIZERS
+        if r.in_session and r.export_reason is None and "fsdp" in r.engines
+    }

@@ -449,6 +449,7 @@ def _check(
     if format == "fsdp" and engine is Engine.DEEPSPEED:
         message = "--format fsdp exports PyTorch FSDP jobs"
         problems.append(SettingProblem("zero_stage", config.zero_stage, message))
+    row = OptimizerName(config.optimizer).row
     for name, value, why in (
         (
             "optimizer_in_backward",
@@ -461,20 +462,12 @@ def _check(
             "the exported jobs put LoRA's adapters on a base in its own dtype; QLoRA's 4-bit "
             "base (bitsandbytes) is not sharded by their engines here; a Session trains it",
         ),
-        (
+        (  # what each optimizer's row says the jobs do not train
             "optimizer",
-            OptimizerName(config.optimizer) is OptimizerName.ADAM8BIT
-            and format != "deepspeed"
-            and config.tp > 1,
-            "the FSDP and Lightning jobs train torchao's 8-bit AdamW data parallel and under "
-            "FSDP2, not on tensor-parallel layers (nor does a Session)",
+            bool(row.export_tp_reason) and format != "deepspeed" and config.tp > 1,
+            row.export_tp_reason or "",
         ),
-        (
-            "optimizer",
-            OptimizerName(config.optimizer) is OptimizerName.PAGED_ADAM8BIT,
-            "the exported jobs build torch's, torchao's or DeepSpeed's optimizers; a Session "
-            "trains bitsandbytes' paged one (or export optimizer='adam8bit')",
-        ),
+        ("optimizer", bool(row.export_reason), row.export_reason or ""),
     ):
         if value:
             problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))

@@ -746,25 +746,50 @@ def lr_multiplier(schedule: str, step: int, warmup_steps: int, total_steps: int)
     return floor + (1.0 - floor) * cosine
 
 
+#: The optimizers these jobs build: name -> (its class "module:Class", the keywords it
+#: takes from the config (source a config key, or "=<float>" a constant), the library to
+#: install where it does not import). A copy of the workbench's optimizer rows (this
+#: script imports nothing of the workbench); tests/unit/test_optimizers.py holds them equal.
+OPTIMIZER_CLASSES: dict[str, tuple[str, tuple[tuple[str, str], ...], str | None]] = {
+    "adamw": ("torch.optim:AdamW", (("lr", "lr"), ("weight_decay", "weight_decay")), None),
+    "adam": ("torch.optim:Adam", (("lr", "lr"), ("weight_decay", "weight_decay")), None),
+    "sgd": (
+        "torch.optim:SGD",
+        (("lr", "lr"), ("momentum", "momentum"), ("weight_decay", "weight_decay")),
+        None,
+    ),
+    "sgd-nomomentum": (
+        "torch.optim:SGD",
+        (("lr", "lr"), ("momentum", "=0.0"), ("weight_decay", "weight_decay")),
+        None,
+    ),
+    "adam8bit": (
+        "torchao.optim:AdamW8bit",
+        (("lr", "lr"), ("weight_decay", "weight_decay")),
+        "torchao",
+    ),
+}
+
+
 def make_optimizer(config: dict[str, Any], params: Any) -> torch.optim.Optimizer:
-    """The optimizer of a TrainConfig dict: torch's adamw, adam, sgd, sgd-nomomentum, or
-    torchao's 8-bit AdamW (adam8bit; its learning rate a tensor: `set_lr`)."""
-    name, lr, wd = config["optimizer"], float(config["lr"]), float(config["weight_decay"])
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    if name in ("sgd", "sgd-nomomentum"):
-        momentum = float(config["momentum"]) if name == "sgd" else 0.0
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
-    if name == "adam8bit":
-        try:
-            from torchao.optim import AdamW8bit  # type: ignore[import-untyped]
-        except ImportError as exc:
-            fail(f"optimizer 'adam8bit': torchao's 8-bit AdamW: pip install torchao ({exc})")
-        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, weight_decay=wd)
-        return optimizer
-    fail(f"optimizer {name!r}: this script trains adamw, adam, sgd, sgd-nomomentum or adam8bit")
+    """The optimizer of a TrainConfig dict, as `OPTIMIZER_CLASSES` builds it: torch's adamw,
+    adam, sgd, sgd-nomomentum, or torchao's 8-bit AdamW (adam8bit; its learning rate a
+    tensor: `set_lr`)."""
+    name = config["optimizer"]
+    if name not in OPTIMIZER_CLASSES:
+        fail(f"optimizer {name!r}: this script trains {', '.join(OPTIMIZER_CLASSES)}")
+    path, keywords, library = OPTIMIZER_CLASSES[name]
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        fail(f"optimizer {name!r}: {library}'s {attr}: pip install {library} ({exc})")
+    kwargs = {
+        key: float(source[1:]) if source.startswith("=") else float(config[source])
+        for key, source in keywords
+    }
+    optimizer: torch.optim.Optimizer = cls(params, **kwargs)
+    return optimizer
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
