@@ -85,6 +85,11 @@ class OptimizerRow:
     export_tp_reason: str | None = None
     #: why a dry run (fake tensors under the memory tracker) cannot step it (None: it can)
     dry_run_reason: str | None = None
+    #: the names Hugging Face's TrainingArguments(optim=...) gives it
+    hf_optims: tuple[str, ...] = ()
+    #: how to ask for it in Hugging Face's Trainer and in Lightning (for the advice)
+    hf_hint: str | None = None
+    lightning_hint: str | None = None
     #: why a Session cannot train it at all, and the nearest optimizer it trains
     not_in_session: tuple[str, str] | None = None
     #: other names it goes by (bitsandbytes', torchao's)
@@ -132,6 +137,9 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         decay_temporaries=Temporaries(1, 1, 2),
         factory="torch.optim:AdamW",
         factory_kwargs=_LR_WD,
+        hf_optims=("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw"),
+        hf_hint='optim="adamw_torch"',
+        lightning_hint="torch.optim.AdamW in configure_optimizers",
         deepspeed_name="AdamW",
         deepspeed_zero_tested=True,
         engines=ALL_ENGINES,
@@ -146,6 +154,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         decay_temporaries=Temporaries(1, 1, 3),  # Adam's L2 decay copies the gradient
         factory="torch.optim:Adam",
         factory_kwargs=_LR_WD,
+        hf_optims=("adam",),
         deepspeed_name="Adam",
         deepspeed_zero_tested=True,
         engines=ALL_ENGINES,
@@ -160,6 +169,8 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         decay_temporaries=Temporaries(1, 0, 1),  # grad + decay x param, into a new tensor
         factory="torch.optim:SGD",
         factory_kwargs=(("lr", "lr"), ("momentum", "momentum"), ("weight_decay", "weight_decay")),
+        hf_optims=("sgd",),
+        hf_hint='optim="sgd"',
         deepspeed_name="SGD",
         engines=ALL_ENGINES,
     ),
@@ -187,6 +198,10 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         factory_kwargs=_LR_WD,
         library="torchao",
         fallback_factory="bitsandbytes.optim:AdamW8bit",
+        hf_optims=("adamw_bnb_8bit", "adamw_8bit", "adamw_torch_8bit"),
+        hf_hint='optim="adamw_bnb_8bit" (or "adamw_torch_8bit", torchao\'s)',
+        lightning_hint="an 8-bit AdamW in configure_optimizers (torchao.optim.AdamW8bit or "
+        "bitsandbytes.optim.AdamW8bit)",
         export_tp_reason=(
             "the FSDP and Lightning jobs train torchao's 8-bit AdamW data parallel and under "
             "FSDP2, not on tensor-parallel layers (nor does a Session)"
@@ -214,6 +229,9 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         # on a CPU bitsandbytes keeps the states unpaged, and says so on the first step;
         # `optimizer_note` says it once, where the Session reports its settings
         quiet_warning="Paged optimizers are not supported on CPU",
+        hf_optims=("paged_adamw_8bit",),
+        hf_hint='optim="paged_adamw_8bit"',
+        lightning_hint="bitsandbytes.optim.PagedAdamW8bit in configure_optimizers",
         export_reason=(
             "the exported jobs build torch's, torchao's or DeepSpeed's optimizers; a Session "
             "trains bitsandbytes' paged one (or export optimizer='adam8bit')"

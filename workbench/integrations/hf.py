@@ -39,6 +39,7 @@ from transformers import TrainerCallback
 from workbench.config import ConfigError, TrainConfig
 from workbench.inputs import shown
 from workbench.integrations.observer import Observer, grad_norm_every
+from workbench.optimizers import OPTIMIZERS
 
 #: The workbench's settings as TrainingArguments names them, for the advice.
 ARG_NAMES: dict[str, Any] = {
@@ -59,12 +60,7 @@ ARG_NAMES: dict[str, Any] = {
         "fp16": 'fp16=True with DeepSpeed\'s "fp16": {"enabled": true}',
         "bf16-true": "torch_dtype=torch.bfloat16 when loading the model, bf16=False",
     },
-    "optimizer": {
-        "adam8bit": 'optim="adamw_bnb_8bit" (or "adamw_torch_8bit", torchao\'s)',
-        "paged-adam8bit": 'optim="paged_adamw_8bit"',
-        "adamw": 'optim="adamw_torch"',
-        "sgd": 'optim="sgd"',
-    },
+    "optimizer": {r.name: r.hf_hint for r in OPTIMIZERS if r.hf_hint},  # each row's
     "attention": {
         "sdpa": 'attn_implementation="sdpa" when loading the model',
         "eager": 'attn_implementation="eager" when loading the model',
@@ -80,18 +76,8 @@ NO_LOSS_NOTE = (
     "logging_steps=1 and the callback reads the loss the Trainer logs each step"
 )
 
-_OPTIMIZERS = {
-    "adamw_torch": "adamw",
-    "adamw_torch_fused": "adamw",
-    "adamw_hf": "adamw",
-    "adamw": "adamw",
-    "adam": "adam",
-    "sgd": "sgd",
-    "adamw_bnb_8bit": "adam8bit",
-    "adamw_8bit": "adam8bit",
-    "adamw_torch_8bit": "adam8bit",
-    "paged_adamw_8bit": "paged-adam8bit",
-}
+#: TrainingArguments' optim names -> the workbench's optimizer (each row's `hf_optims`)
+_OPTIMIZERS = {optim: r.name for r in OPTIMIZERS for optim in r.hf_optims}
 
 
 def settings_from_args(args: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:

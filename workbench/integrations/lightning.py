@@ -41,6 +41,7 @@ from lightning.pytorch.callbacks import Callback
 from workbench.config import ConfigError, TrainConfig
 from workbench.inputs import shown
 from workbench.integrations.observer import Observer, grad_norm_every
+from workbench.optimizers import OPTIMIZERS
 
 #: The workbench's settings as Lightning names them, for the advice.
 ARG_NAMES: dict[str, Any] = {
@@ -58,17 +59,20 @@ ARG_NAMES: dict[str, Any] = {
         "bf16": 'Trainer(precision="bf16-mixed", strategy=DeepSpeedStrategy(...))',
         "fp16": 'Trainer(precision="16-mixed", strategy=DeepSpeedStrategy(...))',
     },
-    "optimizer": {
-        "adam8bit": "an 8-bit AdamW in configure_optimizers (torchao.optim.AdamW8bit or "
-        "bitsandbytes.optim.AdamW8bit)",
-        "paged-adam8bit": "bitsandbytes.optim.PagedAdamW8bit in configure_optimizers",
-        "adamw": "torch.optim.AdamW in configure_optimizers",
-    },
+    "optimizer": {r.name: r.lightning_hint for r in OPTIMIZERS if r.lightning_hint},
     "activation_checkpointing": "torch.utils.checkpoint around your blocks (or FSDPStrategy("
     "activation_checkpointing_policy=...)): ",
     "zero_stage": "DeepSpeedStrategy(stage=...): stage=",
     "fsdp": "FSDPStrategy(sharding_strategy=...): ",
 }
+
+#: An optimizer's class name, lowercased -> the workbench's optimizer (the first row that
+#: builds that class: torch's SGD is sgd)
+_BY_CLASS: dict[str, str] = {}
+for _row in OPTIMIZERS:
+    for _path in (_row.factory, _row.fallback_factory):
+        if _path:
+            _BY_CLASS.setdefault(_path.partition(":")[2].lower(), _row.name)
 
 #: What the observer says when `training_step` hands back no loss.
 NO_LOSS_NOTE = (
@@ -116,8 +120,8 @@ def settings_from_trainer(trainer: Any) -> tuple[dict[str, Any], dict[str, Any],
         opt = optimizers[0]
         kind = type(opt).__name__.lower()
         read["optimizer"] = type(opt).__name__
-        found = {"adamw": "adamw", "adam": "adam", "sgd": "sgd"}.get(kind)
-        if "8bit" in kind:
+        found = _BY_CLASS.get(kind)  # the row whose class it is
+        if found is None and "8bit" in kind:
             found = "paged-adam8bit" if "paged" in kind else "adam8bit"
         if found is None:
             notes.append(f"optimizer {type(opt).__name__}: counted as AdamW (no mapping)")
