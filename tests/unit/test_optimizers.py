@@ -127,8 +127,33 @@ def test_deepspeed_tables_read_the_rows() -> None:
 def test_the_job_scripts_copy_of_the_rows_is_equal() -> None:
     from workbench.export.job_common import OPTIMIZER_CLASSES
 
-    assert OPTIMIZER_CLASSES == {
+    assert {
         r.name: (r.factory, r.factory_kwargs, r.library)
         for r in OPTIMIZERS
         if r.in_session and r.export_reason is None and "fsdp" in r.engines
+    } == OPTIMIZER_CLASSES
+
+
+def test_the_type_checkers_members_are_rows() -> None:
+    """`OptimizerName` is made from the rows at run time; the members the type checker
+    sees (written out in choices.py) must each be a row's."""
+    import ast
+    from pathlib import Path
+
+    import workbench.choices
+
+    tree = ast.parse(Path(workbench.choices.__file__).read_text(encoding="utf-8"))
+    stub = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name == "OptimizerName"
+    )
+    members = {
+        t.id: node.value.value
+        for node in stub.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for t in node.targets
+        if isinstance(t, ast.Name)
     }
+    assert members == {r.member: r.name for r in OPTIMIZERS if r.member in members}
+    assert {getattr(OptimizerName, m).value for m in members} == set(members.values())
