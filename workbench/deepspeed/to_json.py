@@ -123,13 +123,14 @@ def _optimizer_block(config: TrainConfig) -> dict[str, Any]:
             params["adam_w_mode"] = False
             return {"type": "Adam", "params": params}
         return {"type": "AdamW", "params": params}
-    if name is OptimizerName.SGD:
-        return {
-            "type": "SGD",
-            "params": {"lr": lr, "momentum": float(config.momentum), "weight_decay": wd},
+    r = name.row
+    if r.deepspeed_name == "SGD":  # torch's SGD, which DeepSpeed looks up in torch.optim: the
+        # keywords a Session builds it with (its row's)
+        params = {
+            key: float(source[1:]) if source.startswith("=") else float(getattr(config, source))
+            for key, source in r.factory_kwargs
         }
-    if name is OptimizerName.SGD_NOMOMENTUM:
-        return {"type": "SGD", "params": {"lr": lr, "momentum": 0.0, "weight_decay": wd}}
+        return {"type": "SGD", "params": params}
     if name in TYPE_OF_OPTIMIZER:  # DeepSpeed's own: its defaults for everything else
         return {"type": TYPE_OF_OPTIMIZER[name], "params": {"lr": lr, "weight_decay": wd}}
     allowed = ", ".join(o.value for o in OptimizerName if o in TYPE_OF_OPTIMIZER)
