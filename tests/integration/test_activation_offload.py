@@ -176,7 +176,7 @@ def test_the_exported_jobs_train_with_it(
         records = s.run(2)
     losses = [ln["loss"] for ln in lines]
     assert torch.isfinite(torch.tensor(losses)).all() and losses[-1] < losses[0], losses
-    same = 2e-2 if fmt == "lightning" else 1e-6
+    same = 1e-6
     assert losses == pytest.approx([r.loss for r in records], rel=same)
 
 

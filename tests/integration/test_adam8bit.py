@@ -241,7 +241,7 @@ def test_the_exported_jobs_train_it(fmt, script, ranks, tmp_path) -> None:  # ty
     if ranks == 1:
         with Session(config, model_options=TINY) as s:
             want = [r.loss for r in s.run(optimizer_steps=3)]
-        assert losses == pytest.approx(want, rel=2e-2 if fmt == "lightning" else 1e-5)
+        assert losses == pytest.approx(want, rel=1e-5)
     with pytest.raises(ExportError, match="optimizer"):
         export_job(config.replace(tp=2, fsdp="full_shard"), format="fsdp", gpus=2,
                    out_dir=tmp_path / "tp", model_options=TINY)  # fmt: skip

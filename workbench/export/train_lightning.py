@@ -43,7 +43,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
@@ -241,13 +241,20 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"{job_path}: seed={job['seed']}: Lightning's seed_everything takes a 32-bit seed")
     L.seed_everything(int(job["seed"]), verbose=False)
     model, dataset, loss_fn = build(job, approved=approved)
+    # the samples in the order the Session and the FSDP/DeepSpeed jobs draw them: a
+    # DistributedSampler seeded with the job's seed, reshuffled each epoch (Lightning calls
+    # its set_epoch), and a generator of its own; on several devices Lightning puts its own
+    # DistributedSampler in its place, seeded with the same seed (seed_everything above)
     loader = DataLoader(
         dataset,
         batch_size=int(config["micro_batch"]),
-        shuffle=True,
+        sampler=DistributedSampler(
+            dataset, num_replicas=1, rank=0, shuffle=True, seed=int(job["seed"]), drop_last=True
+        ),
         drop_last=True,
         num_workers=int(job["num_workers"]),
         pin_memory=bool(job["pin_memory"]),
+        generator=torch.Generator().manual_seed(int(job["seed"])),
     )
     cpu = config.get("device") == "cpu" or not torch.cuda.is_available()
     if cpu and job["strategy"] in ("deepspeed", "fsdp"):
