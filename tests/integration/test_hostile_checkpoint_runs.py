@@ -116,10 +116,10 @@ def test_a_run_moved_to_another_runs_folder_never_writes_over_its_checkpoints(ot
         s.update(checkpoint_dir=str(tmp_path / "moved"))  # a new folder: saves go there
         s.run(2)
         assert Path(s.save_checkpoint()).parent == tmp_path / "moved"
-        s.update(checkpoint_dir=str(other_run), checkpoint_every_steps=1)
-        s.run(1)  # step 4: its autosave is refused
-        failed = [e for e in s.events if e.kind == "checkpoint-failed"]
-        assert failed and "another run" in failed[-1].message
+        with pytest.raises(ValueError, match="checkpoint_dir=.*another run"):
+            s.update(checkpoint_dir=str(other_run), checkpoint_every_steps=1)
+        s.run(1)  # step 4: the session goes on in its own folder
+        assert s.config.checkpoint_dir == str(tmp_path / "moved")
     assert {p.name: p.read_bytes() for p in other_run.glob("step-*")} == steps
 
 
@@ -361,6 +361,13 @@ def _crafted(saved: dict[str, Any], **changes: Any) -> dict[str, Any]:
         ({"rng.python": (3,)}, "rng.python"),
         ({"data": _shared()}, "data"),
         ({"model.options": {"hidden": _shared()}}, "model.options"),
+        ({"step": _shared()}, "step"),
+        ({"backend.steps": [1]}, "backend.steps"),
+        ({"backend.overflow_steps": "x"}, "backend.overflow_steps"),
+        ({"backend.scheduler": [1]}, "backend.scheduler"),
+        ({"backend.optimizer.state": [1]}, "backend.optimizer.state"),
+        ({"backend.optimizer": "adamw"}, "backend.optimizer"),
+        ({"backend.scaler": {"scale": "big"}}, "backend.scaler"),
     ],
     ids=[
         "huge-step",
@@ -370,6 +377,13 @@ def _crafted(saved: dict[str, Any], **changes: Any) -> dict[str, Any]:
         "python-rng-tuple-1",
         "shared-data",
         "shared-option",
+        "shared-step",
+        "backend-steps-list",
+        "backend-overflow-text",
+        "backend-scheduler-list",
+        "backend-optimizer-state-list",
+        "backend-optimizer-text",
+        "backend-scaler-text",
     ],
 )
 def test_a_crafted_payload_is_refused_when_loaded(saved, tmp_path, changes, named):
@@ -555,3 +569,98 @@ def test_a_previous_format_history_of_another_shape_is_skipped(saved, tmp_path):
     torch.save(old, path)  # format 1: one file, no manifest, the records inside
     with Session.resume_from(path, model="mlp") as s:
         assert s.step == saved["step"] and list(s.history) == []
+
+
+# --------------------------------------------------------------------------- links planted in a run
+@pytest.mark.parametrize(
+    "planted", ["step-00000002.pt", "step-00000002.json", "step-00000002.pt.tmp"]
+)
+def test_a_link_planted_in_the_run_folder_is_never_written_through(tmp_path, planted):
+    """A symbolic link under a name the workbench chooses (the next checkpoint, its
+    manifest, their temporary file) is refused or replaced, never written through: the
+    file it points to stays as it was."""
+    folder = tmp_path / "run"
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    with Session(_config(folder), model_options=TINY) as s:
+        s.run(1)
+        s.save_checkpoint()
+        (folder / planted).symlink_to(outside)
+        s.run(1)
+        if planted.endswith(".tmp"):  # the workbench's own temporary name: replaced
+            written = Path(s.save_checkpoint())
+            assert written == folder / "step-00000002.pt" and not written.is_symlink()
+        else:
+            with pytest.raises(ValueError, match="symbolic link"):
+                s.save_checkpoint()
+    assert outside.read_text() == "keep"
+    assert not (tmp_path / "outside.json").exists()
+
+
+def test_a_resumed_runs_log_that_is_a_link_or_a_fifo_is_not_written_through(tmp_path, caplog):
+    folder = tmp_path / "run"
+    with Session(_config(folder), model_options=TINY) as s:
+        s.run(1)
+        s.save_checkpoint()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    (folder / "log.jsonl").unlink()
+    (folder / "log.jsonl").symlink_to(outside)
+    with Session.resume_from(folder) as s:
+        s.run(1)
+    assert outside.read_text() == "keep"
+    (folder / "log.jsonl").unlink()
+    os.mkfifo(folder / "log.jsonl")  # opened to append, a FIFO would block: never
+    with Session.resume_from(folder) as s:
+        s.run(1)
+    assert stat.S_ISFIFO(os.lstat(folder / "log.jsonl").st_mode)
+    assert "no run log" in caplog.text
+
+
+def test_a_checkpoint_file_named_inside_another_runs_folder_is_refused(other_run):
+    """`save_checkpoint("other/step-N.pt")`: a step-N.pt name is that folder's
+    checkpoint, and `resume_from(folder)` would pick it up as the other run's newest."""
+    before = _files(other_run)
+    with Session(_config(), model_options=TINY) as s:
+        s.run(1)
+        with pytest.raises(ValueError, match="another run"):
+            s.save_checkpoint(str(other_run / "step-00000009.pt"))
+        assert Path(s.save_checkpoint(str(other_run / "mine.pt"))).is_file()
+    assert {k: v for k, v in _files(other_run).items() if not k.startswith("mine")} == before
+
+
+@pytest.mark.parametrize("steps", [_shared(), 10**400, 10**12 + 1, 0, 1.5, True])
+def test_a_run_of_a_bad_step_count_is_refused_at_once(steps):
+    with Session(_config(), model_options=TINY) as s:
+        with pytest.raises(ValueError, match=r"optimizer_steps=.*integer from 1 to 10\^12"):
+            s.run(steps)
+        with pytest.raises(ValueError, match=r"optimizer_steps="):
+            s.start(steps)
+        with pytest.raises(ValueError, match=r"steps=.*integer from 1 to 10\^6"):
+            s.profile(steps=steps)
+        assert s.step == 0 and s.state == "idle"
+
+
+def test_a_launch_resuming_a_damaged_rank_checkpoint_says_so_before_torchrun(
+    saved, tmp_path, monkeypatch
+):
+    import subprocess
+
+    from workbench.train.launch import launch_ranks
+
+    def started(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", started)
+    crafted = _crafted(saved, **{"backend.steps": [1]})
+    crafted["model"] = {"name": "mlp", "options": MLP}
+    _write_raw(crafted, tmp_path / "run" / "rank-0" / "step-00000001.pt", model=crafted["model"])
+    with pytest.raises(ValueError, match=r"resume=.*rank-0/step-00000001\.pt.*backend\.steps"):
+        launch_ranks(
+            TrainConfig(device="cpu", micro_batch=2, seed=3),
+            ranks=1,
+            model="mlp",
+            model_options=MLP,
+            steps=3,
+            resume=str(tmp_path / "run"),
+        )

@@ -123,7 +123,7 @@ def _as_flag_line(problem: SettingProblem, raw: dict[str, str]) -> str:
         else:
             value_text = ", ".join(f"{k}={shown(problem.value.get(k))}" for k in extra.options)
     elif problem.field in raw:
-        value_text = raw[problem.field]
+        value_text = typed(raw[problem.field])  # as typed, cut when too long to read
     elif problem.value is None or (extra is not None and extra.value_text == ""):
         value_text = ""
     else:

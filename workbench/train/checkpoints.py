@@ -121,6 +121,11 @@ class CheckpointError(ValueError):
         return (type(self), (self.path, self.reason, self.hint))
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether `name` is a run folder's checkpoint name (`step-N.pt`)."""
+    return _NAME.match(name) is not None
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}.pt"
 
@@ -285,12 +290,12 @@ class _HashingWriter:
     def write(self, data: Any) -> int:
         try:
             written = int(self._f.write(data))
-        except BaseException as exc:
+            self.sha256.update(data)
+            self.size += len(memoryview(data).cast("B"))
+        except BaseException as exc:  # a full disk, or Ctrl-C while writing or hashing
             if self.error is None:
                 self.error = exc
             raise
-        self.sha256.update(data)
-        self.size += len(memoryview(data).cast("B"))
         return written
 
     def flush(self) -> None:
@@ -311,11 +316,18 @@ def _write_tmp(target: Path, write: Any) -> tuple[Path, int, str]:
     the bytes written, their SHA-256). Any failure removes the temporary file; the
     exception raised is the write's own (a KeyboardInterrupt stays one), and a full disk
     is one OSError saying so."""
-    target = check_target(target)  # never a rename over a device, FIFO, socket or folder
+    # `target` is checked by the caller (`check_target`: never a rename over a device,
+    # FIFO, socket or folder). The temporary name is the workbench's own: whatever has it
+    # (a killed save's leftover, or a link planted there) is removed, not written through,
+    # and the new file is created exclusively without following a link.
     tmp = target.with_name(target.name + ".tmp")
     w: _HashingWriter | None = None
     try:
-        with open(tmp, "wb") as f:
+        with contextlib.suppress(FileNotFoundError):
+            if not os.path.isdir(tmp) or os.path.islink(tmp):
+                os.unlink(tmp)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
             w = _HashingWriter(f)
             try:
                 write(w)
@@ -381,8 +393,10 @@ def save(
         raise ValueError(f"path={shown(str(target), 1000)}: .json is the manifest's name; use .pt")
     check_plain(payload)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target = check_target(target)
-    manifest_file = check_target(manifest_path(target))
+    # both names are the workbench's (a step-N.pt in a run folder, its manifest): a link
+    # planted under either is refused, never written through
+    target = check_target(target, follow_symlink=False)
+    manifest_file = check_target(manifest_path(target), follow_symlink=False)
     tensor_tmp, size, digest = _write_tmp(target, lambda f: torch.save(payload, f))
     manifest = {
         "kind": MANIFEST_KIND,
@@ -840,9 +854,9 @@ def load(path_or_dir: str | os.PathLike[str]) -> dict[str, Any]:
     ):
         raise CheckpointError(
             path,
-            f"altered: step {payload.get('step')}, format "
-            f"{payload['format']} in the file; step {manifest.get('step')}, format "
-            f"{manifest.get('format')} in its manifest",
+            f"altered: step {shown(payload.get('step'))}, format "
+            f"{shown(payload['format'])} in the file; step {shown(manifest.get('step'))}, format "
+            f"{shown(manifest.get('format'))} in its manifest",
         )
     problems = payload_problems(payload)
     if problems:
@@ -1020,6 +1034,61 @@ def _real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _real(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or (
+        isinstance(v, torch.Tensor) and v.numel() == 1
+    )
+
+
+def _backend_problems(backend: dict[str, Any]) -> list[str]:
+    """What keeps a backend's `load_state` from reading `backend` beyond its weights: the
+    step counters, the schedule position, the optimizer state by parameter name (each a
+    dict of tensors and numbers) and the loss scaler, as `export_state` writes them."""
+    p = []
+    for key in ("steps", "overflow_steps"):
+        if key in backend and not _count(backend[key]):
+            p.append(f"backend.{key}={shown(backend[key])}: must be an integer from 0 to 2**63 - 1")
+    scheduler = backend.get("scheduler")
+    if scheduler is not None and not (
+        isinstance(scheduler, dict) and ("steps" not in scheduler or _count(scheduler["steps"]))
+    ):
+        p.append(f"backend.scheduler={shown(scheduler)}: must be {{'steps': int >= 0}} or None")
+    optim = backend.get("optimizer")
+    if optim is not None:
+        state = optim.get("state") if isinstance(optim, dict) else None
+        family = optim.get("family") if isinstance(optim, dict) else None
+        if not isinstance(optim, dict) or not (family is None or isinstance(family, str)):
+            p.append(
+                f"backend.optimizer={shown(optim)}: must be a dict with 'family' (a name or "
+                "None) and 'state'"
+            )
+        elif state is not None and not (
+            isinstance(state, dict)
+            and all(
+                isinstance(name, str)
+                and isinstance(st, dict)
+                and all(isinstance(k, str) and _real_or_tensor(v) for k, v in st.items())
+                for name, st in state.items()
+            )
+        ):
+            p.append(
+                f"backend.optimizer.state={shown(state)}: must map parameter names to dicts "
+                "of tensors and numbers"
+            )
+    scaler = backend.get("scaler")
+    if scaler is not None and not (
+        isinstance(scaler, dict)
+        and all(isinstance(k, str) for k in scaler)
+        and all(_real(scaler[k]) for k in ("scale", "init_scale", "growth_tracker") if k in scaler)
+    ):
+        p.append(f"backend.scaler={shown(scaler)}: must be the loss scaler's numbers or None")
+    return p
+
+
+def _real_or_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) or _real(v)
+
+
 def payload_problems(payload: dict[str, Any]) -> list[str]:
     """What is wrong with the layout of a loaded payload (empty when it is one `save`
     writes): each entry of the module docstring's table has the type a resume relies on."""
@@ -1042,6 +1111,7 @@ def payload_problems(payload: dict[str, Any]) -> list[str]:
             where = _first_not_dense(backend, "backend")
             if where:
                 p.append(f"{where}: must be a dense (strided) tensor, as a save writes it")
+        p += _backend_problems(backend)
     buffers = payload.get("buffers")
     if buffers is not None:
         bad = _tensors_problem("buffers", buffers, "buffer")

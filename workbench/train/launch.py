@@ -63,6 +63,7 @@ from workbench.train.launch_checks import (
     options_problem,
     ranks_problem,
     resume_model_problem,
+    resume_payload_problem,
     resume_step,
     seconds_problem,
     uses_cuda,
@@ -190,6 +191,10 @@ def launch_ranks(
         mismatch = resume_model_problem(resume_str, ranks, resume_at, model)
         if mismatch:
             problems.append(mismatch)
+        elif not problems:  # what each rank's Session checks when it loads its file
+            damaged = resume_payload_problem(resume_str, ranks, resume_at)
+            if damaged:
+                problems.append(damaged)
         if problems:
             raise LaunchError(problems)
     cuda = uses_cuda(config)

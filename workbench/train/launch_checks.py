@@ -275,6 +275,26 @@ def resume_step(resume: str | os.PathLike[str], ranks: int) -> int:
     return step
 
 
+def resume_payload_problem(
+    resume: str | os.PathLike[str], ranks: int, step: int
+) -> SettingProblem | None:
+    """The first rank checkpoint of step `step` under `resume` that a rank's Session would
+    refuse (`checkpoints.load`: size and SHA-256 against its manifest, the safe loader,
+    the payload's layout), found before any process starts; each file is read once here
+    and released before the next."""
+    from workbench.train import checkpoints as ckpt
+
+    for r in range(ranks):
+        path = Path(resume) / f"rank-{r}" / ckpt.checkpoint_name(step)
+        try:
+            ckpt.load(path)
+        except ckpt.CheckpointError as exc:
+            return SettingProblem(
+                "resume", str(resume), f"rank-{r}/{path.name}: {exc.reason}; nothing was started"
+            )
+    return None
+
+
 def resume_model_problem(
     resume: str | os.PathLike[str], ranks: int, step: int, model: str
 ) -> SettingProblem | None:

@@ -40,6 +40,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_seconds
+from workbench.inputs import shown
 from workbench.train.records import StepRecord
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -65,10 +66,13 @@ class ProfiledSession(Protocol):
 
 def check_profile_args(steps: Any, record_memory: Any) -> None:
     """ValueError unless `steps` is an integer >= 1 and `record_memory` a bool."""
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
-        raise ValueError(f"steps={steps!r}: must be an integer >= 1")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 10**6:
+        raise ValueError(
+            f"steps={shown(steps)}: must be an integer from 1 to 10^6 (a profile keeps every "
+            "step's operators in memory)"
+        )
     if not isinstance(record_memory, bool):
-        raise ValueError(f"record_memory={record_memory!r}: must be True or False")
+        raise ValueError(f"record_memory={shown(record_memory)}: must be True or False")
 
 
 @dataclass(frozen=True)

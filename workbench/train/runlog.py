@@ -28,12 +28,13 @@ import logging
 import math
 import os
 import queue
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench.inputs import InputFileError, open_regular
+from workbench.inputs import InputFileError, open_regular, shown
 from workbench.train.records import Event, StepRecord
 
 log = logging.getLogger("workbench")
@@ -78,6 +79,38 @@ def tensorboard_writer_class() -> Any:
     return SummaryWriter
 
 
+def _open_log(path: Path) -> Any:
+    """The run's log opened to append, as a regular file only: opened non-blocking without
+    following a link (a FIFO there cannot block, a link planted there is not written
+    through), then checked with `fstat` on the descriptor; ValueError naming it otherwise."""
+    flags = (
+        os.O_WRONLY
+        | os.O_APPEND
+        | os.O_CREAT
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise ValueError(
+            f"run log {shown(str(path), 1000)}: cannot be opened to append "
+            f"({exc.strerror or exc}; a link, FIFO or device there is refused)"
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(
+                f"run log {shown(str(path), 1000)}: not a regular file (a FIFO, device or "
+                "socket is refused); move it away or choose another checkpoint_dir"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class RunLog:
     """JSON lines and/or TensorBoard scalars, written by a background thread.
 
@@ -100,7 +133,7 @@ class RunLog:
         self._file: Any = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - writer's
+            self._file = _open_log(self.path)
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_LIMIT)
         self.error: str | None = None  # the first write failure (later ones are dropped)
         self.written = 0  # lines written

@@ -68,7 +68,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import ConfigError, Device, Documents, SettingProblem, TrainConfig
-from workbench.inputs import shown
+from workbench.inputs import is_int, shown
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
 from workbench.train import checkpoints as ckpt
@@ -108,6 +108,9 @@ from workbench.train.world import world_from_env
 __all__ = ["STATES", "Session", "SessionError", "SessionStateError", "is_oom", "nan_advice"]
 
 STATES = ("idle", "running", "paused", "stopped", "error", "closed")
+
+#: The most optimizer steps one `run` / `start` asks for: TrainConfig's step bound.
+MAX_RUN_STEPS = 10**12
 
 #: Failures of a background run are also logged here (stderr by default), so they show
 #: in the notebook cell or console the user is looking at, not only in `events`.
@@ -415,7 +418,7 @@ class Session(SessionTools):
         """Call `callback(record)` in the training thread after each step; returns a
         function that unsubscribes. Exceptions in callbacks become warning events."""
         if not callable(callback):
-            raise ValueError(f"callback={callback!r}: must be callable(record)")
+            raise ValueError(f"callback={shown(callback)}: must be callable(record)")
         with self._state_lock:
             self._callbacks.append(callback)
 
@@ -561,8 +564,12 @@ class Session(SessionTools):
             if self._state == "running" or self._loop_active:
                 raise SessionStateError(f"cannot {action}: the session is already running")
             if steps is not None:
-                if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-                    raise ValueError(f"optimizer_steps={steps!r}: must be an integer >= 1 or None")
+                if not is_int(steps) or steps < 1 or steps > MAX_RUN_STEPS:
+                    raise ValueError(
+                        f"optimizer_steps={shown(steps)}: must be an integer from 1 to 10^12 "
+                        "(a longer run than any training run), or None"
+                    )
+                steps = int(steps)
                 self._target_step = self._step + steps
             self._pause_requested = False
             self._stop_requested = False
@@ -583,7 +590,7 @@ class Session(SessionTools):
         if optimizer_steps is None:
             raise ValueError("optimizer_steps=None: run() needs a number of steps >= 1")
         if progress is not None and not isinstance(progress, bool):
-            raise ValueError(f"progress={progress!r}: must be True, False or None")
+            raise ValueError(f"progress={shown(progress)}: must be True, False or None")
         start = self.history.total
         self._begin(optimizer_steps, "run")
         with progress_bar(self, optimizer_steps, progress):
@@ -877,7 +884,9 @@ class Session(SessionTools):
                 cb(record)
             except Exception as exc:
                 self._event(
-                    "callback-error", f"on_record callback {cb!r} raised {exc!r}", "warning"
+                    "callback-error",
+                    f"on_record callback {shown(cb)} raised {shown(exc)}",
+                    "warning",
                 )
 
     # ------------------------------------------------------------------ checkpoints
@@ -965,7 +974,11 @@ class Session(SessionTools):
 
     def _claim_file(self, target: Path) -> None:
         """Refuse to write `target` over a checkpoint of another run (or any file that is
-        not one of this run's checkpoints)."""
+        not one of this run's checkpoints); a `step-N.pt` name is a checkpoint of the folder
+        it is in, so that folder is checked as a save into it would be (another run's
+        checkpoints there: its `resume_from(folder)` would pick this file up)."""
+        if ckpt.is_checkpoint_name(target.name):
+            self._claim_folder(target.parent, self._step, None)
         if not os.path.lexists(target):
             return
         m = ckpt.manifest_path(target)
