@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from workbench.inputs import shown
+
 
 def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -> int:
     """Number of parameters of `module`, each shared (tied) weight counted once.
@@ -22,7 +24,7 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"module={type(module).__name__}: must be a torch.nn.Module")
     if not isinstance(trainable_only, bool):
-        raise ValueError(f"trainable_only={trainable_only!r}: must be True or False")
+        raise ValueError(f"trainable_only={shown(trainable_only)}: must be True or False")
     seen: set[Any] = set()
     total = 0
     for p in module.parameters():  # already skips repeats of the same Parameter object

@@ -15,7 +15,7 @@ named it (`write_file(path)`, `check_target(path)`): the file it points to is re
 atomically and the link stays; under a folder whose file names the workbench chooses
 (`write_files`) a link is refused. `check_target` says the same before any work is done.
 
-Pure: imports nothing of the package and no torch.
+Pure: imports only workbench.inputs (to show a path in an error) and no torch.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from workbench.inputs import shown
+
 
 class OutputError(ValueError):
     """A command's output could not be written; nothing of it was put in place.
@@ -34,7 +36,7 @@ class OutputError(ValueError):
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"cannot write {path!r}: {reason}; nothing was changed there")
+        super().__init__(f"cannot write {shown(path, 1000)}: {reason}; nothing was changed there")
 
 
 def _kind(mode: int) -> str:
@@ -68,8 +70,9 @@ def check_target(path: str | os.PathLike[str], *, follow_symlink: bool = True) -
     if stat.S_ISLNK(info.st_mode):
         if not follow_symlink:
             raise OutputError(
-                str(target), "is a symbolic link; the workbench names this file itself and "
-                "does not write through a link it did not ask for"
+                str(target),
+                "is a symbolic link; the workbench names this file itself and "
+                "does not write through a link it did not ask for",
             )
         resolved = Path(os.path.realpath(target))
         try:
@@ -85,9 +88,7 @@ def check_target(path: str | os.PathLike[str], *, follow_symlink: bool = True) -
             )
         return resolved
     if not stat.S_ISREG(info.st_mode):
-        raise OutputError(
-            str(target), f"exists and is {_kind(info.st_mode)}, not a regular file"
-        )
+        raise OutputError(str(target), f"exists and is {_kind(info.st_mode)}, not a regular file")
     return target
 
 

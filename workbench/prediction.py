@@ -30,6 +30,7 @@ from workbench.config import (
     engine_for,
 )
 from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
+from workbench.inputs import shown
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -95,11 +96,11 @@ def predict_memory(
     `qlora_params` the weights QLoRA holds in 4 bits. Raises
     ValueError (the estimator's, naming every bad input) when it cannot predict."""
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
     n_params = model if isinstance(model, int) else getattr(model, "n_params", None)
     if not isinstance(n_params, int) or isinstance(n_params, bool) or n_params < 1:
         raise ValueError(
-            f"model={model!r}: must be a parameter count or a description with n_params >= 1"
+            f"model={shown(model)}: must be a parameter count or a description with n_params >= 1"
         )
     return estimate_memory(
         n_params=n_params,

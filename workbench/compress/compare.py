@@ -35,6 +35,7 @@ from workbench.compress.measure import (
 from workbench.compress.prune import prune_structured, prune_unstructured
 from workbench.compress.quantize import ENGINES, quantize_int8
 from workbench.compress.report import CompressionReport, Figures, Row
+from workbench.inputs import shown
 from workbench.problems import SettingProblem
 from workbench.spread import spread
 
@@ -46,7 +47,7 @@ BEFORE = "before"
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        return f"{name}={value!r}: must be an integer >= {minimum}"
+        return f"{name}={shown(value)}: must be an integer >= {minimum}"
     return None
 
 
@@ -105,7 +106,7 @@ def apply_method(model: nn.Module, spec: str, *, sparsity: float, engine: str) -
         elif step in ("channels", "heads"):
             done = prune_structured(current, sparsity, unit=step)
         else:
-            raise ValueError(f"methods: {spec!r}: unknown method {step!r}")
+            raise ValueError(f"methods: {shown(spec, 1000)}: unknown method {shown(step)}")
         current = done.model
         layers += [name for name in done.layers if name not in layers]
         skipped += done.skipped
@@ -177,11 +178,11 @@ def compare(
         for name, cand in candidates.items():
             if not isinstance(name, str) or not name or name == BEFORE:
                 problems.append(
-                    f"candidates: name {name!r}: must be a non-empty string, not {BEFORE!r}"
+                    f"candidates: name {shown(name)}: must be a non-empty string, not {BEFORE!r}"
                 )
             if not isinstance(cand, (nn.Module, Compressed)):
                 problems.append(
-                    f"candidates[{name!r}]: must be an nn.Module or a Compressed result"
+                    f"candidates[{shown(name)}]: must be an nn.Module or a Compressed result"
                 )
     problems += [
         p
@@ -193,11 +194,11 @@ def compare(
         if p
     ]
     if not isinstance(compile, bool):
-        problems.append(f"compile={compile!r}: must be True or False")
+        problems.append(f"compile={shown(compile)}: must be True or False")
     if loss_fn is not None and not callable(loss_fn):
-        problems.append(f"loss_fn={loss_fn!r}: must be callable(outputs, targets) or None")
+        problems.append(f"loss_fn={shown(loss_fn)}: must be callable(outputs, targets) or None")
     if not isinstance(held_out, (Dataset, DataLoader)):
-        problems.append(f"held_out={held_out!r}: must be a torch Dataset or DataLoader")
+        problems.append(f"held_out={shown(held_out)}: must be a torch Dataset or DataLoader")
     raise_problems(problems)
 
     results = {
@@ -272,7 +273,7 @@ def compress(
     if sparsity_bad:
         problems.append(sparsity_bad)
     if engine not in ENGINES:
-        problems.append(f"engine={engine!r}: must be one of {', '.join(map(repr, ENGINES))}")
+        problems.append(f"engine={shown(engine)}: must be one of {', '.join(map(repr, ENGINES))}")
     if extra is not None and not isinstance(extra, Mapping):
         problems.append("extra: must be a mapping of name -> model")
     raise_problems(problems)
@@ -281,6 +282,6 @@ def compress(
     }
     for name, other in (extra or {}).items():
         if name in candidates:
-            raise ValueError(f"extra: {name!r} is also a method name; rename it")
+            raise ValueError(f"extra: {shown(name)} is also a method name; rename it")
         candidates[name] = other
     return compare(model, candidates, held_out, loss_fn, title=title, **measure)

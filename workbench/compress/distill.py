@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from workbench.compress.layers import raise_problems
 from workbench.compress.measure import eval_mode
+from workbench.inputs import shown
 from workbench.train import batches
 
 SOFT = ("kl", "mse")
@@ -86,7 +87,9 @@ def loss_problems(temperature: Any, alpha: Any, soft: Any, hard_loss: Any) -> li
         or not math.isfinite(temperature)
         or temperature <= 0
     ):
-        problems.append(f"temperature={temperature!r}: must be a number > 0 (1 = plain softmax)")
+        problems.append(
+            f"temperature={shown(temperature)}: must be a number > 0 (1 = plain softmax)"
+        )
     if (
         isinstance(alpha, bool)
         or not isinstance(alpha, (int, float))
@@ -94,16 +97,16 @@ def loss_problems(temperature: Any, alpha: Any, soft: Any, hard_loss: Any) -> li
         or not 0 <= alpha <= 1
     ):
         problems.append(
-            f"alpha={alpha!r}: must be a number in [0, 1] (the soft loss's weight; the hard "
+            f"alpha={shown(alpha)}: must be a number in [0, 1] (the soft loss's weight; the hard "
             "loss gets 1 - alpha)"
         )
     if soft not in SOFT:
         problems.append(
-            f"soft={soft!r}: must be 'kl' (outputs are logits) or 'mse' (regression outputs)"
+            f"soft={shown(soft)}: must be 'kl' (outputs are logits) or 'mse' (regression outputs)"
         )
     if not callable(hard_loss):
         problems.append(
-            f"hard_loss={hard_loss!r}: must be callable(outputs, targets), the task's own loss "
+            f"hard_loss={shown(hard_loss)}: must be callable(outputs, targets), the task's own loss "
             "(e.g. torch.nn.functional.cross_entropy)"
         )
     return problems

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.inputs import shown
 from workbench.problems import ConfigError, SettingProblem
 
 #: Layers magnitude pruning supports (their `weight` is pruned; biases are kept).
@@ -191,7 +192,7 @@ def select_layers(
             )
         return chosen, skipped
     if isinstance(layers, str) or not all(isinstance(n, str) for n in layers):
-        raise ValueError(f"layers={layers!r}: must be a list of layer names, or None for all")
+        raise ValueError(f"layers={shown(layers)}: must be a list of layer names, or None for all")
     names = list(layers)
     problems = []
     if not names:
@@ -201,21 +202,21 @@ def select_layers(
         if module is None:
             known = [n for n, m in modules.items() if isinstance(m, supported)]
             problems.append(
-                f"layers: {name!r} is not a layer of this model (its {_type_names(supported)} "
+                f"layers: {shown(name)} is not a layer of this model (its {_type_names(supported)} "
                 f"layers: {', '.join(known[:12]) or 'none'}{', ...' if len(known) > 12 else ''})"
             )
         elif not isinstance(module, supported):
             problems.append(
-                f"layers: {name!r} is a {type(module).__name__}, which {what} does not support "
+                f"layers: {shown(name)} is a {type(module).__name__}, which {what} does not support "
                 f"(supported: {_type_names(supported)})"
             )
         elif name in tied:
             problems.append(
-                f"layers: {name!r} shares its weight with {tied[name]} (tied); {what} would "
+                f"layers: {shown(name)} shares its weight with {tied[name]} (tied); {what} would "
                 "split the tie and make the model larger"
             )
         elif not plain_float_weight(module):
-            problems.append(f"layers: {name!r}: {ALREADY}")
+            problems.append(f"layers: {shown(name)}: {ALREADY}")
     raise_problems(problems)
     return names, []
 

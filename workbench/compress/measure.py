@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from workbench.inputs import shown
 from workbench.train import batches
 from workbench.train.data import batch_size_of, move_to
 
@@ -263,13 +264,13 @@ def held_out_split(
     a `seq_len` (tiny-gpt's, where neighbouring windows share characters), else 0.
     """
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise ValueError(f"fraction={fraction!r}: must be a number in (0, 1)")
+        raise ValueError(f"fraction={shown(fraction)}: must be a number in (0, 1)")
     n = len(dataset)  # type: ignore[arg-type]
     if gap is None:
         seq_len = getattr(dataset, "seq_len", None)
         gap = int(seq_len) + 1 if isinstance(seq_len, int) else 0
     if isinstance(gap, bool) or not isinstance(gap, int) or gap < 0:
-        raise ValueError(f"gap={gap!r}: must be an integer >= 0")
+        raise ValueError(f"gap={shown(gap)}: must be an integer >= 0")
     held = max(1, int(n * fraction))
     train_end = n - held - gap
     if train_end < 1:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from workbench.compress.layers import QUANTIZABLE, Compressed, check_model, select_layers
+from workbench.inputs import shown
 
 ENGINES = ("torchao", "torch.ao")
 WHAT = "INT8 dynamic quantization"
@@ -87,7 +88,7 @@ def quantize_int8(
     """
     check_model(model)
     if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r}: must be one of {', '.join(map(repr, ENGINES))}")
+        raise ValueError(f"engine={shown(engine)}: must be one of {', '.join(map(repr, ENGINES))}")
     names, skipped = select_layers(model, layers, QUANTIZABLE, WHAT)
     if engine == "torch.ao":
         devices = {p.device.type for p in model.parameters()}

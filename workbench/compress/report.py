@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+from workbench.inputs import shown
 from workbench.spread import figure_png, spread_bars
 
 #: Ratios within 10% of 1 count as "no change": on a shared machine timings of the same
@@ -167,7 +168,7 @@ class CompressionReport(Readable):
         for r in self.rows:
             if r.method == method:
                 return r
-        raise ValueError(f"method={method!r}: not in this report ({', '.join(self.methods)})")
+        raise ValueError(f"method={shown(method)}: not in this report ({', '.join(self.methods)})")
 
     def verdict(self, method: str) -> Verdict:
         return verdict_of(self.before, self.row(method))

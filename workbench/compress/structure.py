@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.inputs import shown
+
 UNITS = ("channels", "heads")
 
 _ELEMENTWISE: tuple[type[nn.Module], ...] = (
@@ -220,7 +222,7 @@ def _builtin_groups(model: nn.Module) -> list[Group]:
 def find_groups(model: nn.Module, unit: str) -> list[Group]:
     """The groups of `unit` ("channels" or "heads") structured pruning can remove."""
     if unit not in UNITS:
-        raise ValueError(f"unit={unit!r}: must be one of {', '.join(map(repr, UNITS))}")
+        raise ValueError(f"unit={shown(unit)}: must be one of {', '.join(map(repr, UNITS))}")
     found = _sequential_groups(model) + _builtin_groups(model)
     return [g for g in found if g.unit == unit]
 

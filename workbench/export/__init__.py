@@ -586,7 +586,7 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
             ExportProblem(
                 "model_options",
                 {k: options[k] for k in unknown},
-                f"unknown for {model!r}; allowed: {allowed}",
+                f"unknown for {shown(model)}; allowed: {allowed}",
                 options=tuple(unknown),
                 value_text="",
             )
@@ -604,7 +604,7 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
                 ExportProblem(
                     "model_options",
                     dict(known),
-                    f"{model!r} has {found.message}",
+                    f"{shown(model)} has {found.message}",
                     options=tuple(known),
                     value_text=None if known else "",
                 )
@@ -660,7 +660,7 @@ def _measure(model: str, options: dict[str, Any], seed: int, problems: list[Sett
             module, dataset, _loss, info = build_model(model, seed=seed, **options)
     except (ValueError, RuntimeError, TypeError, OverflowError, MemoryError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
-        message = f"cannot build {model!r} with {shown(options)}: {text}"
+        message = f"cannot build {shown(model)} with {shown(options)}: {text}"
         problems.append(ExportProblem("model_options", options, message, value_text=""))
         return None
     tensors = [*module.parameters(), *module.buffers()]
@@ -669,7 +669,7 @@ def _measure(model: str, options: dict[str, Any], seed: int, problems: list[Sett
     if total > MAX_MODEL_BYTES:
         given = ", ".join(f"{k}={v}" for k, v in options.items()) or "its defaults"
         message = (
-            f"{model!r} with {given} has {info.n_params:,} parameters; with its "
+            f"{shown(model)} with {given} has {info.n_params:,} parameters; with its "
             f"data {total / 2**30:,.1f} GiB in fp32: more than the "
             f"{MAX_MODEL_BYTES // 2**30} GiB limit (the job builds the model and its data whole "
             "in host memory on every rank)"

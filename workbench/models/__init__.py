@@ -148,7 +148,7 @@ class OptionProblem(str):
     def __new__(
         cls, model: str, option: str | None, value: Any, message: str, *, text: str = ""
     ) -> OptionProblem:
-        head = f"model {model!r}: " + (f"{option}={shown(value)}: " if option else "")
+        head = f"model {shown(model)}: " + (f"{option}={shown(value)}: " if option else "")
         self = super().__new__(cls, text or head + message)
         self.model, self.option, self.value, self.message = model, option, value, message
         return self
@@ -228,7 +228,7 @@ def option_problems(name: Any, options: dict[str, Any]) -> list[OptionProblem]:
                 None,
                 unknown,
                 f"unknown option(s) {names}; allowed: "
-                + ", ".join(f"{k}={v!r}" for k, v in allowed.items()),
+                + ", ".join(f"{k}={shown(v)}" for k, v in allowed.items()),
             )
         )
     opts = {**allowed, **{k: v for k, v in options.items() if k in allowed}}

@@ -53,6 +53,8 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils.data import Dataset
 
+from workbench.inputs import shown
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_TEXT = DATA_DIR / "sonnets.txt"
 
@@ -402,7 +404,9 @@ class DocumentDataset(Dataset[dict[str, torch.Tensor]]):
 
     def __init__(self, text: str, seq_len: int, layout: str) -> None:
         if layout not in DOCUMENT_LAYOUTS:
-            raise ValueError(f"documents={layout!r}: must be one of {', '.join(DOCUMENT_LAYOUTS)}")
+            raise ValueError(
+                f"documents={shown(layout)}: must be one of {', '.join(DOCUMENT_LAYOUTS)}"
+            )
         docs = split_documents(text)
         if not docs:
             raise ValueError("the text has no documents (no non-empty paragraph)")

@@ -81,7 +81,7 @@ def spec_problems(model: Any, *, importable: bool = True) -> list[SettingProblem
                     SettingProblem(
                         "model",
                         model,
-                        f"module {module!r} is not importable from {os.getcwd()} or sys.path",
+                        f"module {shown(module, 1000)} is not importable from {os.getcwd()} or sys.path",
                     )
                 ]
         return []
@@ -118,8 +118,8 @@ class UntrustedSpecError(ValueError):
         self.source = source
         module, _, function = spec.partition(":")
         super().__init__(
-            f"model={spec!r} in {source}: names Python code to import and run (module "
-            f"{module!r}, function {function!r}); a file cannot choose code to run, so it is "
+            f"model={shown(spec, 1000)} in {source}: names Python code to import and run (module "
+            f"{shown(module, 1000)}, function {shown(function)}); a file cannot choose code to run, so it is "
             f"not imported. Name the model yourself, or, if you trust this file, "
             f"{trust_hint}"
         )
@@ -220,13 +220,13 @@ def documents_problem(
         return SettingProblem(
             "documents",
             documents,
-            f"tiny-gpt's model option documents={given!r} says otherwise; set the layout in "
+            f"tiny-gpt's model option documents={shown(given)} says otherwise; set the layout in "
             "`documents` only",
         )
     if documents == "stream":
         return None
     if model != "tiny-gpt":
-        what = f"model {model!r}" if isinstance(model, str) else "your own module"
+        what = f"model {shown(model)}" if isinstance(model, str) else "your own module"
         return SettingProblem(
             "documents",
             documents,

@@ -20,6 +20,7 @@ import weakref
 from collections import deque
 from typing import Any
 
+from workbench.inputs import shown
 from workbench.monitor.host import HostReader
 from workbench.monitor.nvml import NvmlAdapter, NvmlUnavailable
 from workbench.monitor.types import SOURCE_HOST, SOURCE_NVML, Sample
@@ -38,7 +39,7 @@ def _check_interval(interval: Any) -> float:
     )
     if not ok:
         raise ValueError(
-            f"interval={interval!r}: must be a finite number of seconds > 0 and >= "
+            f"interval={shown(interval)}: must be a finite number of seconds > 0 and >= "
             f"{MIN_INTERVAL_SECONDS} (e.g. 0.5)"
         )
     return float(interval)
@@ -49,7 +50,7 @@ def _check_capacity(capacity: Any, interval: float) -> int:
         return max(1, math.ceil(DEFAULT_WINDOW_SECONDS / interval))
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(
-            f"capacity={capacity!r}: must be an integer >= 1 (samples kept) or None for "
+            f"capacity={shown(capacity)}: must be an integer >= 1 (samples kept) or None for "
             f"about {DEFAULT_WINDOW_SECONDS:.0f} s of samples"
         )
     return capacity
@@ -157,7 +158,7 @@ class Sampler:
         if since is not None and (
             isinstance(since, bool) or not isinstance(since, (int, float)) or math.isnan(since)
         ):
-            raise ValueError(f"since={since!r}: must be a time.time() value or None")
+            raise ValueError(f"since={shown(since)}: must be a time.time() value or None")
         with self._lock:
             items = list(self._buffer)
         if since is None:

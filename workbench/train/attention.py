@@ -30,6 +30,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from workbench.config import Attention
+from workbench.inputs import shown
 from workbench.problems import SettingProblem
 
 #: Where the kernel a module had when first seen is kept (a module attribute).
@@ -137,7 +138,7 @@ def _selective_name(base: str) -> str:
         if base not in masks:
             raise ValueError(
                 f"activation_checkpointing='selective': no attention mask function for the "
-                f"{base!r} kernel in this transformers version; use 'full'"
+                f"{shown(base)} kernel in this transformers version; use 'full'"
             )
         AttentionMaskInterface.register(name, masks[base])
         AttentionInterface.register(name, _recomputed(base))
@@ -155,7 +156,7 @@ def _base_function(base: str, module: nn.Module) -> Any:
     if fn is None:
         raise ValueError(
             f"activation_checkpointing='selective': {type(module).__name__} has no "
-            f"attention function {base!r} to recompute; use 'full'"
+            f"attention function {shown(base)} to recompute; use 'full'"
         )
     return fn
 

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import TrainConfig
+from workbench.inputs import shown
 
 
 @dataclass(frozen=True)
@@ -72,21 +73,21 @@ def find_max_micro_batch(
 
     problems = []
     if not isinstance(config, TrainConfig):
-        problems.append(f"config={config!r}: must be a workbench.TrainConfig")
+        problems.append(f"config={shown(config)}: must be a workbench.TrainConfig")
     if memory_budget_bytes is not None and (
         not isinstance(memory_budget_bytes, int)
         or isinstance(memory_budget_bytes, bool)
         or memory_budget_bytes < 1
     ):
         problems.append(
-            f"memory_budget_bytes={memory_budget_bytes!r}: must be an integer >= 1 or None"
+            f"memory_budget_bytes={shown(memory_budget_bytes)}: must be an integer >= 1 or None"
         )
     if (
         not isinstance(max_micro_batch, int)
         or isinstance(max_micro_batch, bool)
         or max_micro_batch < 1
     ):
-        problems.append(f"max_micro_batch={max_micro_batch!r}: must be an integer >= 1")
+        problems.append(f"max_micro_batch={shown(max_micro_batch)}: must be an integer >= 1")
     if isinstance(data, DataLoader):
         problems.append("data: must be a Dataset (the search builds loaders of each size)")
     if problems:

@@ -37,6 +37,7 @@ from workbench.config import (
     plain_value,
     runtime_problems,
 )
+from workbench.inputs import shown
 from workbench.train.attention import attention_problem
 from workbench.train.lora import LORA_FIELDS, lora_problem
 from workbench.train.pipeline_plan import pp_model_problem
@@ -230,7 +231,7 @@ def session_problems(
                     SettingProblem(
                         name,
                         getattr(config, name),
-                        f"data is a DataLoader you built (`{name}`={current!r}); change it "
+                        f"data is a DataLoader you built (`{name}`={shown(current)}); change it "
                         "there, or pass a Dataset so the session builds the loader",
                     )
                 )

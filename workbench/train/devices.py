@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from workbench.inputs import shown
 from workbench.problems import ConfigError, SettingProblem
 
 
@@ -32,9 +33,11 @@ def _local_rank() -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"environment LOCAL_RANK={raw!r}: must be an integer >= 0") from None
+        raise ValueError(
+            f"environment LOCAL_RANK={shown(raw, 1000)}: must be an integer >= 0"
+        ) from None
     if value < 0:
-        raise ValueError(f"environment LOCAL_RANK={raw!r}: must be an integer >= 0")
+        raise ValueError(f"environment LOCAL_RANK={shown(raw, 1000)}: must be an integer >= 0")
     return value
 
 

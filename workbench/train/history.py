@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
+from workbench.inputs import shown
+
 #: Newest records kept at full resolution (about 2 KB each).
 RECENT_RECORDS = 2048
 #: Buckets of thinned older records (two records each).
@@ -87,7 +89,7 @@ class History(Sequence[Any]):
         buckets: int = THINNED_BUCKETS,
     ) -> None:
         problems = [
-            f"{name}={value!r}: must be an integer >= {minimum}"
+            f"{name}={shown(value)}: must be an integer >= {minimum}"
             for name, value, minimum in (("recent", recent, 1), ("buckets", buckets, 2))
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum
         ]
@@ -157,7 +159,7 @@ class History(Sequence[Any]):
         """Records published after the first `n` that are still kept, in order (all
         full-resolution ones, plus the thinned ones at or after index `n`)."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"index={n!r}: must be an integer >= 0")
+            raise ValueError(f"index={shown(n)}: must be an integer >= 0")
         start = self.total - len(self._recent)
         if n >= start:
             return list(itertools.islice(self._recent, n - start, None))
@@ -219,7 +221,7 @@ class Recent(Sequence[Any]):
 
     def __init__(self, limit: int = 10_000) -> None:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"limit={limit!r}: must be an integer >= 1")
+            raise ValueError(f"limit={shown(limit)}: must be an integer >= 1")
         self._items: deque[Any] = deque(maxlen=limit)
         self.total = 0
 
@@ -229,7 +231,7 @@ class Recent(Sequence[Any]):
 
     def since(self, n: int) -> list[Any]:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"index={n!r}: must be an integer >= 0")
+            raise ValueError(f"index={shown(n)}: must be an integer >= 0")
         start = self.total - len(self._items)
         return list(itertools.islice(self._items, max(0, n - start), None))
 

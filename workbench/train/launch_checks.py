@@ -155,7 +155,9 @@ def model_problems(
             module, dataset, _loss, _info = build_model(model, **opts)
     except (ValueError, RuntimeError, TypeError, OverflowError, MemoryError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
-        return [SettingProblem("model_options", given, f"model {model!r} cannot be built: {text}")]
+        return [
+            SettingProblem("model_options", given, f"model {shown(model)} cannot be built: {text}")
+        ]
     device = torch.device("cuda" if uses_cuda(config) else "cpu")
     return session_problems(
         config, set(), model=module, device=device, world_size=ranks, data=dataset

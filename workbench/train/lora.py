@@ -118,7 +118,7 @@ def resolve_targets(model: nn.Module, targets: str) -> list[str]:
     if not picked:
         shown = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
         raise ValueError(
-            f"lora_targets={targets!r}: picks none of the model's linear layers "
+            f"lora_targets={shown(targets)}: picks none of the model's linear layers "
             f"({shown or 'it has none'}); give their names or name endings, or 'all-linear'"
         )
     return picked

@@ -22,6 +22,7 @@ from typing import Any
 from workbench.advisor import Advice
 from workbench.config import ConfigError, TrainConfig, engine_problems
 from workbench.display import fmt_bytes
+from workbench.inputs import shown
 from workbench.prediction import predict_memory
 
 #: (what the advice calls it, the settings change) in the order they are tried.
@@ -48,7 +49,7 @@ def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[
     `world_size` ranks, as one Advice; [] when none frees anything or the setup cannot be
     predicted."""
     if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={config!r}: must be a workbench.TrainConfig")
+        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
     try:
         base = predict_memory(config, model, world_size)
     except ValueError:

@@ -17,6 +17,8 @@ from typing import Protocol
 
 from torch import nn
 
+from workbench.inputs import shown
+
 
 class Closable(Protocol):
     """What the registries use of a Session."""
@@ -47,7 +49,7 @@ def take_over(module: nn.Module) -> None:
     previous = previous_ref() if previous_ref is not None else None
     if previous is not None and previous.state != "closed":
         warnings.warn(
-            f"closing {previous!r}: its model is now trained by a new Session",
+            f"closing {shown(previous)}: its model is now trained by a new Session",
             stacklevel=3,
         )
         previous.close()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from workbench.config import ConfigError, TrainConfig, engine_problems
+from workbench.inputs import shown
 from workbench.planner import Plan, PlanResult
 
 #: the built-in GPT a probe trains (small enough for CPU ranks, its layers split 1, 2, 4 ways)
@@ -93,7 +94,7 @@ def probe_plans(
     limits = (("k", k, 1, 20), ("ranks", ranks, 1, 64), ("steps", steps, 2, 100))
     for name, value, low, high in limits:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{name}={value!r}: must be an integer from {low} to {high}")
+            raise ValueError(f"{name}={shown(value)}: must be an integer from {low} to {high}")
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     if cuda:

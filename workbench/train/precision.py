@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from workbench.config import Precision, TrainConfig
+from workbench.inputs import shown
 
 _AMP_DTYPES = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
 #: The dtype an engine casts its copy of your module to (weights, gradients, states).
@@ -85,7 +86,7 @@ def amp_supported(precision: Precision | str, device_type: str) -> str | None:
     if p not in _AMP_DTYPES:
         return None
     if not torch.amp.autocast_mode.is_autocast_available(device_type):
-        return f"torch {torch.__version__} has no autocast for device {device_type!r}"
+        return f"torch {torch.__version__} has no autocast for device {shown(device_type)}"
     return None
 
 

@@ -33,6 +33,8 @@ from typing import Any
 import torch.utils.checkpoint
 from torch import nn
 
+from workbench.inputs import shown
+
 _FLAG = "_workbench_checkpointable"
 _ORIG = "_workbench_orig_forward"
 _CORE = "recompute_core"
@@ -46,7 +48,7 @@ def mark_checkpointable(target: nn.Module, names: Iterable[str] | None = None) -
     `ModuleList` or `Sequential`.
     """
     if not isinstance(target, nn.Module):
-        raise ValueError(f"target={target!r}: must be a torch.nn.Module")
+        raise ValueError(f"target={shown(target)}: must be a torch.nn.Module")
     if names is None:
         modules = list(target) if isinstance(target, (nn.ModuleList, nn.Sequential)) else [target]
     else:
@@ -60,7 +62,7 @@ def mark_checkpointable(target: nn.Module, names: Iterable[str] | None = None) -
                 unknown.append(name)
         if unknown:
             raise ValueError(
-                f"names={unknown!r}: no such submodule(s); e.g. "
+                f"names={shown(unknown)}: no such submodule(s); e.g. "
                 + ", ".join(n for n, _ in list(target.named_modules())[1:6])
             )
     for module in modules:
@@ -117,7 +119,7 @@ def set_activation_checkpointing(model: nn.Module, mode: bool | str) -> int:
     attention modules the mode affects (0: nothing to switch)."""
     mode = "full" if mode is True else "none" if mode is False else str(mode)
     if mode not in ("none", "selective", "full"):
-        raise ValueError(f"mode={mode!r}: must be none, selective or full (or True / False)")
+        raise ValueError(f"mode={shown(mode)}: must be none, selective or full (or True / False)")
     from workbench.train.attention import set_hf_selective
 
     cores = core_recomputable_modules(model)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import TrainConfig
+from workbench.inputs import shown
 from workbench.train.records import Event, StepRecord
 from workbench.train.runlog import LOG_NAME, TENSORBOARD_DIR, RunLog, tensorboard_writer_class
 
@@ -31,7 +32,7 @@ def tensorboard_setting(value: Any, config: TrainConfig) -> bool | str:
                 "pass tensorboard='path/to/folder'"
             )
     elif not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ValueError(f"tensorboard={value!r}: must be True, False or a folder path")
+        raise ValueError(f"tensorboard={shown(value)}: must be True, False or a folder path")
     tensorboard_writer_class()
     return True if value is True else str(value)
 

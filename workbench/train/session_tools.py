@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from workbench.config import TrainConfig
+from workbench.inputs import shown
 from workbench.modelstats import count_parameters
 from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train.step import Label
@@ -149,7 +150,9 @@ class SessionTools:
         model with the adapters merged is your module, after `close()` or a switch to
         `lora_rank=0`)."""
         if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-            raise ValueError(f"path={path!r}: must be a directory path (str or os.PathLike)")
+            raise ValueError(
+                f"path={shown(path, 1000)}: must be a directory path (str or os.PathLike)"
+            )
         self._check_open("save adapters")
         with self._between_steps():
             self._apply_pending(raise_errors=False)
@@ -174,7 +177,7 @@ class SessionTools:
 
         cfg = self._config if config is None else config
         if not isinstance(cfg, TrainConfig):
-            raise ValueError(f"config={cfg!r}: must be a workbench.TrainConfig or None")
+            raise ValueError(f"config={shown(cfg)}: must be a workbench.TrainConfig or None")
         adapters, four_bit = self._lora_counts(cfg)
         return predict_memory(
             cfg,
@@ -269,7 +272,7 @@ class SessionTools:
         ".optimizer") with `label(name)` context managers while this block runs (the
         profiler passes `torch.profiler.record_function`)."""
         if not callable(label):
-            raise ValueError(f"label={label!r}: must be callable(name) -> a context manager")
+            raise ValueError(f"label={shown(label)}: must be callable(name) -> a context manager")
         self._label = label
         try:
             yield

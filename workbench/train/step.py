@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from workbench.config import Precision, TrainConfig
+from workbench.inputs import shown
 from workbench.train import batches
 from workbench.train.backends import ModelStateBytes, StepOutcome
 from workbench.train.records import StepRecord
@@ -61,7 +62,7 @@ def nan_advice(config: TrainConfig) -> str:
         return (
             f"{precision.value}: an activation overflowed above 65504 in the forward (the loss "
             "scale never reaches the forward, so loss_scale_init does not fix it): use "
-            f"precision={bf16!r} (fp32's exponent range) where the hardware has bf16, or "
+            f"precision={shown(bf16)} (fp32's exponent range) where the hardware has bf16, or "
             "lower lr or set clip_grad_norm so the weights stop growing"
         )
     clip = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from workbench.config import format_problems
+from workbench.inputs import shown
 
 
 def world_from_env() -> tuple[int, int]:
@@ -19,7 +20,9 @@ def world_from_env() -> tuple[int, int]:
             if values[name] < minimum:
                 raise ValueError
         except ValueError:
-            problems.append(f"environment {name}={raw!r}: must be an integer >= {minimum}")
+            problems.append(
+                f"environment {name}={shown(raw, 1000)}: must be an integer >= {minimum}"
+            )
     if not problems and values["RANK"] >= values["WORLD_SIZE"]:
         problems.append(
             f"environment RANK={values['RANK']}: must be < WORLD_SIZE={values['WORLD_SIZE']}"

@@ -13,6 +13,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from workbench.inputs import shown
+
 # --------------------------------------------------------------------------- series
 #: Buckets a downsampled series stores (between half this and this many at any time).
 SERIES_BUCKETS = 1024
@@ -47,7 +49,7 @@ class Downsampled:
 
     def __init__(self, buckets: int = SERIES_BUCKETS) -> None:
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 2:
-            raise ValueError(f"buckets={buckets!r}: must be an integer >= 2")
+            raise ValueError(f"buckets={shown(buckets)}: must be an integer >= 2")
         self.bucket_limit = buckets
         self.stride = 1
         self.count = 0  # finite points appended

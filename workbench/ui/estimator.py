@@ -44,6 +44,7 @@ from workbench.estimate import (
     estimate_memory,
     gpu_names,
 )
+from workbench.inputs import shown
 from workbench.ui.charts import Chart
 from workbench.ui.estimator_dry_run import DryRunControl
 from workbench.ui.fields import (
@@ -163,7 +164,7 @@ class EstimatorPanel(PanelBase):
     def __init__(self, *, units: str = "GiB", **initial: Any) -> None:
         super().__init__()
         if units not in UNITS:
-            raise ValueError(f"units={units!r}: must be one of {', '.join(UNITS)}")
+            raise ValueError(f"units={shown(units)}: must be one of {', '.join(UNITS)}")
         defaults: dict[str, Any] = {
             "model": CUSTOM,
             "n_params": "7B",
@@ -208,7 +209,7 @@ class EstimatorPanel(PanelBase):
             )
         mode = initial.pop("mode", MODE_SHAPE)
         if mode not in (MODE_PARAMS, MODE_SHAPE):
-            raise ValueError(f"mode={mode!r}: must be {MODE_PARAMS!r} or {MODE_SHAPE!r}")
+            raise ValueError(f"mode={shown(mode)}: must be {MODE_PARAMS!r} or {MODE_SHAPE!r}")
         values = {**defaults, **{k: v for k, v in initial.items()}}
         if values["model"] != CUSTOM and values["model"] not in MODELS:
             raise ValueError(

@@ -14,6 +14,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.inputs import shown
 from workbench.ui.charts import Chart
 from workbench.ui.fields import GIB, status_html
 from workbench.ui.panel import PanelBase, RefreshTimer
@@ -76,8 +77,8 @@ class MonitorPanel(PanelBase):
             for name in ("latest", "history", "source"):
                 if not hasattr(sampler, name):
                     raise ValueError(
-                        f"sampler={sampler!r}: must be a workbench.monitor.Sampler "
-                        f"(missing {name!r})"
+                        f"sampler={shown(sampler)}: must be a workbench.monitor.Sampler "
+                        f"(missing {shown(name)})"
                     )
             self._owns_sampler = False
         self.sampler = sampler

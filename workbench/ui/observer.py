@@ -46,7 +46,7 @@ class ObserverPanel(PanelBase, TrainingCharts):
             if not hasattr(observer, name):
                 raise ValueError(
                     f"observer={shown(observer)}: must be a workbench.integrations.Observer "
-                    f"(missing {name!r})"
+                    f"(missing {shown(name)})"
                 )
         self.session = observer  # what TrainingCharts reads: .config and .predict
         self.observer = observer

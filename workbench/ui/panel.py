@@ -15,6 +15,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.inputs import shown
 from workbench.ui.charts import Chart, ReportChart, stack_pngs
 from workbench.ui.fields import status_html
 
@@ -45,7 +46,7 @@ class RefreshTimer:
             or interval_s < MIN_REFRESH_SECONDS
         ):
             raise ValueError(
-                f"interval_s={interval_s!r}: must be a number of seconds >= "
+                f"interval_s={shown(interval_s)}: must be a number of seconds >= "
                 f"{MIN_REFRESH_SECONDS} (at most 4 refreshes a second)"
             )
         self.interval_s = float(interval_s)

@@ -32,6 +32,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from workbench.display import fmt_bytes
+from workbench.inputs import shown
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import Field, status_html, strip_tags
 from workbench.ui.panel import PanelBase, RefreshTimer
@@ -118,7 +119,7 @@ class TrainingPanel(TrainingCharts, PanelBase):
         for name in ("config", "update", "records_since", "state", "start", "stop"):
             if not hasattr(session, name):
                 raise ValueError(
-                    f"session={session!r}: must be a workbench.Session (missing {name!r})"
+                    f"session={shown(session)}: must be a workbench.Session (missing {shown(name)})"
                 )
         self.session = session
         self.sampler = sampler
@@ -340,7 +341,7 @@ class TrainingPanel(TrainingCharts, PanelBase):
                 raise RuntimeError("this session has no dry run (Session.simulate)")
             self._run_task("dry run", self._dry_run_task)
         else:  # pragma: no cover - buttons are fixed above
-            raise ValueError(f"unknown action {name!r}")
+            raise ValueError(f"unknown action {shown(name)}")
 
     def _run_task(self, label: str, fn: Callable[[], None], *, quiet: bool = False) -> None:
         """Run a slow session call (profile, memory probe) off the kernel's thread."""
@@ -600,13 +601,13 @@ class TrainingPanel(TrainingCharts, PanelBase):
         the advice is gone or the session rejects it."""
         match = [a for a in self.advice if a.id == advice_id]
         if not match or not match[0].apply:
-            self._say("error", f"advice {advice_id!r}: no change to apply")
+            self._say("error", f"advice {shown(advice_id)}: no change to apply")
             return False
         change = dict(match[0].apply)
         try:
             self.session.update(**change)
         except Exception as exc:
-            self._say("error", f"advice {advice_id!r} not applied: {_one_line(exc)}")
+            self._say("error", f"advice {shown(advice_id)} not applied: {_one_line(exc)}")
             return False
         self._say(
             "ok", "applied advice: " + ", ".join(f"{k}={fmt_value(v)}" for k, v in change.items())

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig, bf16_true_problem
+from workbench.inputs import shown
 from workbench.modelstats import count_parameters
 from workbench.train.backends.base import (
     ModelStateBytes,
@@ -150,7 +151,7 @@ class DeepSpeedBackend:
         device: torch.device | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a TrainConfig")
+            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
         if device is None:
             device = rank_device()
         self.device = torch.device(device)

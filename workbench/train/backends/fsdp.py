@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.inputs import shown
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
@@ -102,7 +103,7 @@ class FSDPBackend:
         device: torch.device | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a TrainConfig")
+            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
         self.mode = FsdpMode(config.fsdp)
         if self.mode is FsdpMode.OFF:
             raise ValueError(

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, PipelineSchedule, Precision, TrainConfig
+from workbench.inputs import shown
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
@@ -87,7 +88,7 @@ class PipelineBackend:
         device: torch.device | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a TrainConfig")
+            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
         if int(config.pp) < 2:
             raise ValueError(f"pp={config.pp}: PipelineBackend needs pp >= 2")
         self.config = config

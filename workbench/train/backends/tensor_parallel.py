@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OptimizerName, Precision, TrainConfig
+from workbench.inputs import shown
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
@@ -72,7 +73,7 @@ class TensorParallelBackend:
         device: torch.device | None = None,
     ) -> None:
         if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={config!r}: must be a TrainConfig")
+            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
         if int(config.tp) < 2:
             raise ValueError(f"tp={config.tp}: TensorParallelBackend needs tp >= 2")
         self.config = config

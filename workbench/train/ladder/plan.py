@@ -379,7 +379,7 @@ def plan_spec(spec: LadderSpec, *, also: Sequence[LadderProblem] = ()) -> Ladder
     parsed = [read_rung(r, i, problems) for i, r in enumerate(rungs)]
     names = [r.name for r in parsed if r is not None]
     for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(said(f"rung name {name!r}: used twice; give every rung its own name"))
+        problems.append(said(f"rung name {shown(name)}: used twice; give every rung its own name"))
     configs = cumulative_configs(parsed, start, problems)
     if problems:
         fail(problems)

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
+from workbench.inputs import shown
 from workbench.spread import Spread, figure_png, spread, spread_bars
 
 # bar colours: helped, slower, no clear change, the baseline, failed
@@ -160,7 +161,7 @@ class LadderResult(Readable):
         for r in self.rungs:
             if r.name == name:
                 return r
-        raise ValueError(f"name={name!r}: not a rung of this ladder ({', '.join(self.names)})")
+        raise ValueError(f"name={shown(name)}: not a rung of this ladder ({', '.join(self.names)})")
 
     def to_dict(self) -> dict[str, Any]:
         return {
