@@ -237,6 +237,16 @@ def test_a_rung_never_chooses_where_the_workbench_writes(tmp_path, setting):
         plan_ladder([setting], "mlp", 4, model_options=MLP, device="cpu")
 
 
+def test_a_later_rung_choosing_where_to_write_is_refused_for_that_alone(tmp_path):
+    """The refusal is the rung's one problem: not also "changes nothing" (the refused
+    setting is the change it asked for)."""
+    rungs = [{"lr": 1e-3}, {"checkpoint_dir": str(tmp_path / "user-run")}]
+    with pytest.raises(ValueError, match=r"rung 2.*never chooses where") as info:
+        plan_ladder(rungs, "mlp", 4, model_options=MLP, device="cpu")
+    assert "changes nothing" not in str(info.value)
+    assert not (tmp_path / "user-run").exists()
+
+
 # --------------------------------------------------------------------------- 3. the log read
 def test_a_manifest_never_points_the_resume_at_another_runs_log(tmp_path):
     other = tmp_path / "other"

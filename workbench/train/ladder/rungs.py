@@ -265,7 +265,8 @@ def cumulative_configs(
                     where=where,
                 )
             )
-        for name in [n for n in WHERE_TO_WRITE if n in changes]:
+        writes = [n for n in WHERE_TO_WRITE if n in changes]
+        for name in writes:
             problems.append(
                 LadderProblem(
                     name,
@@ -323,7 +324,7 @@ def cumulative_configs(
             problems += of_error(exc, where=where)
             out.append((config, new_world))
             continue
-        if i > 0 and new == config and new_world == world and not (unknown or refused):
+        if i > 0 and new == config and new_world == world and not (unknown or refused or writes):
             same = ", ".join(f"{k}={shown(v)}" for k, v in rung.changes.items()) or "no settings"
             problems.append(
                 said(
