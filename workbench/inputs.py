@@ -126,7 +126,10 @@ def typed(text: str) -> str:
     return text if plain else shown(text)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of `st_mode` `mode` is, for a message ("a FIFO (named pipe)", ...)."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -155,7 +158,7 @@ def read_bytes(
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte, no permission
         raise InputFileError(what, name, f"cannot be read ({_reason(exc)})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise InputFileError(what, name, f"{_kind(info.st_mode)}, not a regular file")
+        raise InputFileError(what, name, f"{file_kind(info.st_mode)}, not a regular file")
     if info.st_size > max_bytes:
         raise InputFileError(
             what, name, f"{info.st_size:,} bytes: larger than the {max_bytes:,}-byte limit"
@@ -186,7 +189,7 @@ def open_regular(path: str | os.PathLike[str], *, what: str) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise InputFileError(what, name, f"{_kind(mode)}, not a regular file")
+            raise InputFileError(what, name, f"{file_kind(mode)}, not a regular file")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
@@ -318,6 +321,7 @@ __all__ = [
     "parse_json",
     "read_bytes",
     "read_json",
+    "file_kind",
     "is_bool",
     "open_regular",
     "is_int",

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from workbench.inputs import shown
+from workbench.inputs import file_kind, shown
 
 
 class OutputError(ValueError):
@@ -37,20 +37,6 @@ class OutputError(ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot write {shown(path, 1000)}: {reason}; nothing was changed there")
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    return "not a regular file"
 
 
 def check_target(path: str | os.PathLike[str], *, follow_symlink: bool = True) -> Path:
@@ -84,11 +70,13 @@ def check_target(path: str | os.PathLike[str], *, follow_symlink: bool = True) -
         if not stat.S_ISREG(info.st_mode):
             raise OutputError(
                 str(target),
-                f"is a link to {_kind(info.st_mode)} ({resolved}), not a regular file",
+                f"is a link to {file_kind(info.st_mode)} ({resolved}), not a regular file",
             )
         return resolved
     if not stat.S_ISREG(info.st_mode):
-        raise OutputError(str(target), f"exists and is {_kind(info.st_mode)}, not a regular file")
+        raise OutputError(
+            str(target), f"exists and is {file_kind(info.st_mode)}, not a regular file"
+        )
     return target
 
 
