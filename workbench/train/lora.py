@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names
+from workbench.inputs import shown
 
 #: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head).
 HEAD_NAMES = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
@@ -116,10 +117,10 @@ def resolve_targets(model: nn.Module, targets: str) -> list[str]:
     else:
         picked = [n for n in linears if any(n == w or n.endswith("." + w) for w in wanted)]
     if not picked:
-        shown = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
+        names = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
         raise ValueError(
             f"lora_targets={shown(targets)}: picks none of the model's linear layers "
-            f"({shown or 'it has none'}); give their names or name endings, or 'all-linear'"
+            f"({names or 'it has none'}); give their names or name endings, or 'all-linear'"
         )
     return picked
 
