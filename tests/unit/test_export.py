@@ -561,11 +561,9 @@ def test_an_absurd_model_size_is_refused_without_allocating_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import resource
-    import time
 
     out_dir = tmp_path / "job"
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
     code, out, err = cli(
         ["export", "--out", str(out_dir), "--model", "mlp", "--model-option", "hidden=100000"],
         capsys,
@@ -581,7 +579,6 @@ def test_an_absurd_model_size_is_refused_without_allocating_it(
         "--model-option hidden=60000: 'mlp' has about 7.2B parameters: more than the 2B a "
         "built-in model may have" in err
     )
-    assert time.perf_counter() - start < 30
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
     assert grown_kib < 2**20  # far less than the 29 GB the 7.2B parameters would take
     code, _, err = cli(

@@ -55,7 +55,10 @@ def test_an_atomic_write_refuses_a_fifo_and_leaves_it_one(fifo: Path) -> None:
     with pytest.raises(OutputError, match=r"pipe.*a FIFO \(named pipe\), not a regular file"):
         write_file(fifo, "x")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    assert target_problem(fifo, folder=False) == "exists and is a FIFO (named pipe), not a regular file"
+    assert (
+        target_problem(fifo, folder=False)
+        == "exists and is a FIFO (named pipe), not a regular file"
+    )
 
 
 def test_an_atomic_write_refuses_a_device() -> None:
@@ -107,9 +110,7 @@ def test_a_link_under_a_folder_of_chosen_names_is_refused(tmp_path: Path) -> Non
     assert sorted(p.name for p in job.iterdir()) == ["launch.sh"]
 
 
-def test_the_ladder_out_flag_refuses_a_fifo(
-    fifo: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_ladder_out_flag_refuses_a_fifo(fifo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from workbench.cli import main
 
     with pytest.raises(SystemExit) as exit_:
@@ -126,9 +127,7 @@ def test_a_file_swapped_for_a_fifo_after_the_check_does_not_block(
     """The check by name said "a regular file" (a swap after it); the open must not block
     and the descriptor's own fstat refuses it."""
     regular = os.stat(__file__)
-    monkeypatch.setattr(
-        "workbench.inputs.os.stat", lambda *a, **k: regular, raising=True
-    )
+    monkeypatch.setattr("workbench.inputs.os.stat", lambda *a, **k: regular, raising=True)
     with pytest.raises(InputFileError, match="a FIFO"):
         read_bytes(fifo, what="--config")
     with pytest.raises(InputFileError, match="a FIFO"):

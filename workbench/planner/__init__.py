@@ -406,7 +406,7 @@ def _checked_numbers(
     too: a fraction >= 0 and < 1)."""
     from workbench.estimate.limits import LIMITS, check_number
 
-    read = []
+    read: list[float | None] = []
     for name, value, bound in (
         ("tokens", tokens, LIMITS["tokens"]),
         ("price_per_gpu_hour", price, LIMITS["price_per_gpu_hour"]),

@@ -366,7 +366,7 @@ def _run_here(
             mem = _memory_here(session, plan.device)
         return RunMeasure(
             step_seconds=tuple(r.step_seconds for r in records),
-            losses=tuple(r.loss for r in records),
+            losses=tuple(float(r.loss) for r in records if r.loss is not None),
             wall_seconds=wall,
             notes=notes,
             **mem,
@@ -469,7 +469,8 @@ def _run_ranks(
     first = by_rank[0]
     losses = []
     for i in range(len(first)):
-        values = [recs[i].loss for recs in by_rank.values() if i < len(recs)]
+        # a Session's records always hold their loss (None is an observer's "unknown")
+        values = [float(recs[i].loss or 0.0) for recs in by_rank.values() if i < len(recs)]
         losses.append(sum(values) / len(values))
     mem: dict[str, Any] = {}
     if want_memory:
