@@ -20,17 +20,7 @@ from workbench.estimate.inputs_check import check_activation_size, check_inputs
 from workbench.estimate.limits import GIB, as_bool
 from workbench.estimate.problems import EstimateInputError, Problem, keywords_checked
 from workbench.estimate.result import MemoryEstimate
-
-#: Per-GPU memory the estimator reserves for the framework, in GiB. The CUDA context
-#: alone takes about 0.3-0.6 GiB on recent GPUs (more without lazy module loading),
-#: cuBLAS/cuDNN workspaces and NCCL buffers add a few hundred MiB, and the caching
-#: allocator loses some memory to fragmentation; 1 GiB covers the sum on the parts in
-#: the catalog for a plain data-parallel job. Raise it for NCCL-heavy or fragmented runs.
-DEFAULT_OVERHEAD_GIB = 1.0
-
-#: Model FLOPs utilisation assumed for time estimates: well-tuned large-model training
-#: reports 0.35-0.55 on A100/H100 (e.g. PaLM 46%, Megatron-LM ~50%); 0.4 is a middle value.
-DEFAULT_MFU = 0.4
+from workbench.estimate.schema import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
 
 
 @keywords_checked

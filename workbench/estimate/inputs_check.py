@@ -36,17 +36,14 @@ from workbench.estimate.limits import (
     as_int,
     check_number,
 )
-from workbench.estimate.lora import LORA_TARGETS, LoraFacts, lora_facts
-from workbench.estimate.model_states import ACCOUNTINGS, FSDP_MODES
+from workbench.estimate.lora import LoraFacts, lora_facts
+from workbench.estimate.model_states import ACCOUNTINGS
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
+from workbench.estimate.schema import OPTIMIZER_IMPLS, choices_of
 from workbench.inputs import shown
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
-
-#: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds;
-#: `workbench.estimate.peak` counts each one's temporaries).
-OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
 
 #: The architecture keywords of `estimate_memory`; given with a model, they override its own.
 ARCH_FIELDS = (
@@ -61,12 +58,18 @@ ARCH_FIELDS = (
     "parallel_residual",
 )
 
-_PRECISIONS = {p.value: p for p in Precision}
-_OPTIMIZERS = {o.value: o for o in OptimizerName}
-_CHECKPOINTING = {c.value: c for c in Checkpointing}
-_ATTENTION = {a.value: a for a in Attention}
-_IMPLS = {name: name for name in OPTIMIZER_IMPLS}
-_FSDP = {m: m for m in FSDP_MODES}
+
+def _table(name: str, read: Any = str) -> dict[str, Any]:
+    """Choice keyword `name`'s allowed text (declared in `schema`) -> what it reads as."""
+    return {str(value): read(value) for value in choices_of(name)}
+
+
+_PRECISIONS = _table("precision", Precision)
+_OPTIMIZERS = _table("optimizer", OptimizerName)
+_CHECKPOINTING = _table("checkpointing", Checkpointing)
+_ATTENTION = _table("attention", Attention)
+_IMPLS = _table("optimizer_impl")
+_FSDP = _table("fsdp")
 _NEEDS_SHAPE = (
     "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, `seq_len`, "
     "`vocab`) to split the model"
@@ -498,7 +501,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     price = given["price_per_gpu_hour"]
     if price is not None:
         price = _checked(p, "price_per_gpu_hour", price)
-    if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:
+    if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:  # a registry
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
     shard = _shard_params(p, gpus, n, arch, tp, pp, dp)
 
@@ -615,8 +618,9 @@ def _lora(
     dropout = _checked(p, "lora_dropout", given["lora_dropout"])
     qlora = _flag(p, "qlora", given["qlora"])
     targets = given["lora_targets"]
-    if not isinstance(targets, str) or targets.strip().lower() not in LORA_TARGETS:
-        p.append(Problem("lora_targets", targets, f"must be one of {', '.join(LORA_TARGETS)}"))
+    allowed = choices_of("lora_targets")
+    if not isinstance(targets, str) or targets.strip().lower() not in allowed:
+        p.append(Problem("lora_targets", targets, f"must be one of {', '.join(allowed)}"))
         targets = None
     params = given["lora_params"]
     if params is not None:
@@ -701,6 +705,7 @@ def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None
 __all__ = [
     "ARCH_FIELDS",
     "SHAPE_FIELDS",
+    "OPTIMIZER_IMPLS",
     "EstimateInputs",
     "check_activation_size",
     "check_inputs",
