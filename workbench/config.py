@@ -84,7 +84,14 @@ class Setting:
     enum), "path" or "text" (`lora_targets`). `minimum` / `above`: inclusive / exclusive lower bound; `maximum`
     (shown as `maximum_text`, with `why` a larger value is nonsense) / `below`: inclusive /
     exclusive upper bound. `optional`: None is allowed (and means `none_means`). `panel`:
-    the control's place in the training panel (None: no control)."""
+    the control's place in the training panel (None: no control). `rebuilds`: what a change
+    on a live Session rebuilds at the next step boundary: "data" (the data loader),
+    "backend" (optimizer, precision policy, schedule, engine, carrying weights and
+    optimizer state), "model" (switched on the module: recomputation, attention kernel),
+    "forward" (the runtime's forward hooks); empty: nothing (read as it is, or set when a
+    Session is built). `moves_memory`: a change moves the memory prediction (the field
+    is an input of `workbench.prediction.estimator_inputs`, or of the module's adapter
+    count), so the training panel measures memory again after it."""
 
     kind: str
     label: str
@@ -101,6 +108,8 @@ class Setting:
     none_means: str = ""
     panel: int | None = None
     values: tuple[Any, ...] = ()  # the allowed values of an int field with few of them
+    rebuilds: tuple[str, ...] = ()
+    moves_memory: bool = False
 
 
 def setting(default: Any, /, **declared: Any) -> Any:
@@ -125,15 +134,20 @@ class TrainConfig:
         flag="--precision",
         metavar="PRECISION",
         panel=1,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     optimizer: OptimizerName | str = setting(
         OptimizerName.ADAMW,
         kind="choice",
         label="optimizer",
-        help="a Session trains adamw, adam, sgd (with momentum) and sgd-nomomentum; the "
-        "others are for the estimator and DeepSpeed configs",
+        help="a Session trains "
+        + ", ".join(o.value for o in SESSION_OPTIMIZERS)
+        + "; the others are for the estimator and DeepSpeed configs",
         flag="--optimizer",
         metavar="OPTIMIZER",
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     micro_batch: int = setting(
         8,
@@ -147,6 +161,8 @@ class TrainConfig:
         maximum_text="10^6",
         why="more samples in one forward pass than any device holds",
         panel=2,
+        rebuilds=("data", "backend"),
+        moves_memory=True,
     )
     grad_accum: int = setting(
         1,
@@ -160,6 +176,8 @@ class TrainConfig:
         maximum_text="10^6",
         why="more micro-batches per step than any run accumulates",
         panel=3,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     lr: float = setting(
         3e-4,
@@ -173,6 +191,7 @@ class TrainConfig:
         maximum_text="1000",
         why="a larger step diverges with every optimizer",
         panel=11,
+        rebuilds=("backend",),
     )
     weight_decay: float = setting(
         0.01,
@@ -185,6 +204,8 @@ class TrainConfig:
         maximum=1e3,
         maximum_text="1000",
         why="a larger decay erases the weights in one step",
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     momentum: float = setting(
         0.9,
@@ -195,6 +216,7 @@ class TrainConfig:
         metavar="MOMENTUM",
         minimum=0,
         below=1.0,
+        rebuilds=("backend",),
     )
     lr_schedule: LRSchedule | str = setting(
         LRSchedule.CONSTANT,
@@ -204,6 +226,7 @@ class TrainConfig:
         flag="--lr-schedule",
         metavar="SCHEDULE",
         panel=12,
+        rebuilds=("backend",),
     )
     warmup_steps: int = setting(
         0,
@@ -216,6 +239,7 @@ class TrainConfig:
         maximum=10**12,
         maximum_text="10^12",
         why="longer than any training run",
+        rebuilds=("backend",),
     )
     total_steps: int = setting(
         1000,
@@ -228,12 +252,14 @@ class TrainConfig:
         maximum=10**12,
         maximum_text="10^12",
         why="longer than any training run",
+        rebuilds=("backend",),
     )
     lr_scaling: LRScaling | str = setting(
         LRScaling.NONE,
         kind="choice",
         label="LR scaling",
         help="scale lr with the effective batch relative to the one the session started with",
+        rebuilds=("backend",),
     )
     clip_grad_norm: float | None = setting(
         None,
@@ -249,6 +275,7 @@ class TrainConfig:
         optional=True,
         none_means="no clipping",
         panel=8,
+        rebuilds=("backend",),
     )
     activation_checkpointing: Recompute | bool | str = setting(
         Recompute.NONE,
@@ -260,6 +287,8 @@ class TrainConfig:
         flag="--activation-checkpointing",
         metavar="MODE",
         panel=9,
+        rebuilds=("model",),
+        moves_memory=True,
     )
     optimizer_in_backward: bool = setting(
         False,
@@ -269,6 +298,8 @@ class TrainConfig:
         "loop; no accumulation, clipping or fp16 loss scaling)",
         flag="--optimizer-in-backward",
         panel=14,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     activation_offload: bool = setting(
         False,
@@ -278,6 +309,8 @@ class TrainConfig:
         "for the backward (pinned memory and a side stream on a GPU); switchable live",
         flag="--activation-offload",
         panel=15,
+        rebuilds=("forward",),
+        moves_memory=True,
     )
     attention: Attention | str = setting(
         Attention.MODEL,
@@ -288,6 +321,8 @@ class TrainConfig:
         flag="--attention",
         metavar="KERNEL",
         panel=13,
+        rebuilds=("model",),
+        moves_memory=True,
     )
     documents: Documents | str = setting(
         Documents.STREAM,
@@ -299,6 +334,7 @@ class TrainConfig:
         "set when a Session is built",
         flag="--documents",
         metavar="LAYOUT",
+        moves_memory=True,
     )
     tp: int = setting(
         1,
@@ -314,6 +350,7 @@ class TrainConfig:
         maximum=64,
         maximum_text="64",
         why="more ranks than a tensor-parallel group spans on one node",
+        moves_memory=True,
     )
     sequence_parallel: bool = setting(
         False,
@@ -324,6 +361,7 @@ class TrainConfig:
         "matmul, reduce-scattered after each row-parallel one) instead of whole on every "
         "rank; the built-in GPT; the sequence length must divide by `tp`",
         flag="--sequence-parallel",
+        moves_memory=True,
     )
     pp: int = setting(
         1,
@@ -339,6 +377,7 @@ class TrainConfig:
         maximum=64,
         maximum_text="64",
         why="more stages than a pipeline of this tool's models has layers",
+        moves_memory=True,
     )
     pp_schedule: PipelineSchedule | str = setting(
         PipelineSchedule.ONE_F_ONE_B,
@@ -348,6 +387,7 @@ class TrainConfig:
         "gpipe (all forwards, then all backwards: every micro-batch in flight)",
         flag="--pp-schedule",
         metavar="SCHEDULE",
+        rebuilds=("backend",),
     )
     lora_rank: int = setting(
         0,
@@ -363,6 +403,8 @@ class TrainConfig:
         maximum_text="4096",
         why="wider than the layers LoRA adapts",
         panel=16,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     lora_alpha: float = setting(
         16.0,
@@ -375,6 +417,7 @@ class TrainConfig:
         maximum=1e6,
         maximum_text="10^6",
         why="a larger scale swamps the base weights",
+        rebuilds=("backend",),
     )
     lora_dropout: float = setting(
         0.0,
@@ -385,6 +428,8 @@ class TrainConfig:
         metavar="P",
         minimum=0,
         below=1.0,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     lora_targets: str = setting(
         "all-linear",
@@ -394,6 +439,8 @@ class TrainConfig:
         "head) or comma-separated module names or name endings (qkv,proj)",
         flag="--lora-targets",
         metavar="NAMES",
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     qlora: bool = setting(
         False,
@@ -402,6 +449,8 @@ class TrainConfig:
         help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit; the plain loop); the "
         "original weights stay in host memory and get the merged adapters back",
         flag="--qlora",
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     num_workers: int = setting(
         0,
@@ -415,6 +464,7 @@ class TrainConfig:
         maximum_text="1024",
         why="more loader processes than any machine runs",
         panel=10,
+        rebuilds=("data",),
     )
     pin_memory: bool = setting(
         False,
@@ -422,6 +472,7 @@ class TrainConfig:
         label="pinned memory",
         help="pinned host memory for the batches",
         flag="--pin-memory",
+        rebuilds=("data",),
     )
     zero_stage: int = setting(
         0,
@@ -432,12 +483,15 @@ class TrainConfig:
         metavar="STAGE",
         values=(0, 1, 2, 3),
         panel=4,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     compile: bool = setting(
         False,
         kind="bool",
         label="compile",
         help="run the forward through torch.compile (the first step after a build compiles)",
+        rebuilds=("backend",),
     )
     fsdp: FsdpMode | str = setting(
         FsdpMode.OFF,
@@ -448,6 +502,8 @@ class TrainConfig:
         flag="--fsdp",
         metavar="MODE",
         panel=5,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     fsdp_reduce_fp32: bool = setting(
         True,
@@ -455,6 +511,8 @@ class TrainConfig:
         label="FSDP fp32 reduce",
         help="FSDP under AMP or bf16-true: reduce gradients in fp32 (True) or in the 16-bit "
         "compute dtype",
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     offload_optimizer: OffloadDevice | str = setting(
         OffloadDevice.NONE,
@@ -464,6 +522,8 @@ class TrainConfig:
         flag="--offload-optimizer",
         metavar="DEVICE",
         panel=6,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     offload_params: OffloadDevice | str = setting(
         OffloadDevice.NONE,
@@ -473,6 +533,8 @@ class TrainConfig:
         flag="--offload-params",
         metavar="DEVICE",
         panel=7,
+        rebuilds=("backend",),
+        moves_memory=True,
     )
     nvme_path: str | None = setting(
         None,
@@ -482,6 +544,7 @@ class TrainConfig:
         flag="--nvme-path",
         metavar="PATH",
         optional=True,
+        rebuilds=("backend",),
     )
     loss_scale_init: float = setting(
         2.0**16,
@@ -494,6 +557,7 @@ class TrainConfig:
         maximum=2.0**127,
         maximum_text="2^127",
         why="a larger scale is infinite in fp32",
+        rebuilds=("backend",),
     )
     loss_scale_growth: float = setting(
         2.0,
@@ -504,6 +568,7 @@ class TrainConfig:
         maximum=2.0**16,
         maximum_text="65536",
         why="a larger factor overflows at the first growth",
+        rebuilds=("backend",),
     )
     loss_scale_backoff: float = setting(
         0.5,
@@ -512,6 +577,7 @@ class TrainConfig:
         help="fp16: factor the scale shrinks by after an overflow",
         above=0,
         below=1.0,
+        rebuilds=("backend",),
     )
     loss_scale_interval: int = setting(
         2000,
@@ -524,6 +590,7 @@ class TrainConfig:
         maximum=10**12,
         maximum_text="10^12",
         why="the scale would never grow",
+        rebuilds=("backend",),
     )
     seed: int = setting(
         0,
@@ -536,6 +603,7 @@ class TrainConfig:
         maximum=2**63 - 1,
         maximum_text="2^63 - 1",
         why="torch and NumPy seeds are 64-bit integers",
+        rebuilds=("data",),
     )
     device: Device | str = setting(
         Device.AUTO,

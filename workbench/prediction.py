@@ -18,10 +18,12 @@ Pure Python: imports the config and the estimator, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import fields
+from enum import Enum
 from typing import Any
 
 from workbench.config import (
-    Attention,
     Documents,
     Engine,
     FsdpMode,
@@ -30,6 +32,7 @@ from workbench.config import (
     engine_for,
 )
 from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
+from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
@@ -102,56 +105,103 @@ def predict_memory(
         raise ValueError(
             f"model={shown(model)}: must be a parameter count or a description with n_params >= 1"
         )
-    return estimate_memory(
-        n_params=n_params,
-        precision=str(config.precision),
-        optimizer=str(config.optimizer),
-        zero_stage=int(config.zero_stage),
-        gpus=int(world_size),
-        tensor_parallel=int(config.tp),
-        pipeline_parallel=int(config.pp),
-        sequence_parallel=bool(config.sequence_parallel),
-        micro_batch=int(config.micro_batch),
-        checkpointing=str(config.activation_checkpointing),
-        offload_optimizer=OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE,
-        offload_params=OffloadDevice(config.offload_params) is not OffloadDevice.NONE,
-        fsdp=FsdpMode(config.fsdp).value,
-        fsdp_reduce_fp32=bool(config.fsdp_reduce_fp32),
-        grad_accum=int(config.grad_accum),
-        weight_decay=float(config.weight_decay),
-        optimizer_in_backward=bool(config.optimizer_in_backward),
-        **lora_inputs(config, lora_params, qlora_params),
-        activation_offload=bool(config.activation_offload),
-        document_mask=Documents(config.documents) is not Documents.STREAM,
-        accounting=accounting or accounting_for(config, world_size),
-        gpu=gpu,
-        **_with_attention(shape_of(model), Attention(config.attention)),
+    inputs = estimator_inputs(
+        config, world_size, model=model, lora_params=lora_params, qlora_params=qlora_params
     )
+    if accounting:
+        inputs["accounting"] = accounting
+    return estimate_memory(n_params=n_params, gpu=gpu, **inputs)
 
 
-def lora_inputs(config: TrainConfig, params: int | None, quantized: int | None) -> dict[str, Any]:
-    """The estimator's LoRA inputs of `config` (none when `lora_rank` is 0). The Session's
-    targets are module names; the shape's figures count every linear layer of a block
-    (`lora_params`, when given, is the exact adapter count)."""
-    if int(config.lora_rank) == 0:
+def _text(value: Any) -> str:
+    """A choice setting's text: an enum's value, a string as it is."""
+    return str(value.value) if isinstance(value, Enum) else str(value)
+
+
+def _offloaded(value: Any) -> bool:
+    return OffloadDevice(value) is not OffloadDevice.NONE
+
+
+#: TrainConfig field -> (estimator keyword, how its value reads there): the settings that
+#: mean the same to both; `estimator_inputs` adds the rest (world size, attention, LoRA).
+_SAME: dict[str, tuple[str, Any]] = {
+    "precision": ("precision", _text),
+    "optimizer": ("optimizer", _text),
+    "zero_stage": ("zero_stage", int),
+    "tp": ("tensor_parallel", int),
+    "pp": ("pipeline_parallel", int),
+    "sequence_parallel": ("sequence_parallel", bool),
+    "micro_batch": ("micro_batch", int),
+    "activation_checkpointing": ("checkpointing", _text),
+    "offload_optimizer": ("offload_optimizer", _offloaded),
+    "offload_params": ("offload_params", _offloaded),
+    "fsdp": ("fsdp", lambda v: FsdpMode(v).value),
+    "fsdp_reduce_fp32": ("fsdp_reduce_fp32", bool),
+    "grad_accum": ("grad_accum", int),
+    "weight_decay": ("weight_decay", float),
+    "optimizer_in_backward": ("optimizer_in_backward", bool),
+    "activation_offload": ("activation_offload", bool),
+    "documents": ("document_mask", lambda v: Documents(v) is not Documents.STREAM),
+}
+
+#: The TrainConfig fields `estimator_inputs` reads (each `Setting.moves_memory`).
+ESTIMATOR_FIELDS = frozenset({*_SAME, "attention", "lora_rank", "lora_dropout", "qlora"})
+
+
+def estimator_inputs(
+    config: TrainConfig | Mapping[str, Any],
+    world_size: int = 1,
+    *,
+    model: Any = None,
+    lora_params: int | None = None,
+    qlora_params: int | None = None,
+) -> dict[str, Any]:
+    """The `estimate_memory` keywords of training `model` with `config` on `world_size`
+    ranks: the one mapping TrainConfig -> estimator inputs, used by the prediction
+    (`predict_memory`), the dry run's formula and the planner.
+
+    `config` is a TrainConfig (every setting read; the accounting is its engine's,
+    `accounting_for`) or a mapping of TrainConfig settings (the planner's: only those it
+    holds are read, no engine decided, the estimator's accounting). `model`: a model
+    description (`shape_of`; None: none, the caller gives the model); the attention kernel
+    is translated with the model's own (`attention_terms`) when it has a shape. LoRA:
+    `lora_params` / `qlora_params` as in `predict_memory`."""
+    if isinstance(config, TrainConfig):
+        values = {f.name: getattr(config, f.name) for f in fields(config)}
+    else:
+        values = dict(config)
+    out: dict[str, Any] = {"gpus": int(world_size)}
+    for name, (keyword, read) in _SAME.items():
+        if name in values:
+            out[keyword] = read(values[name])
+    out.update(lora_inputs(values, lora_params, qlora_params))
+    if isinstance(config, TrainConfig):
+        out["accounting"] = accounting_for(config, world_size)
+    shape = shape_of(model)
+    if shape:
+        kernel = attention_terms(_text(values.get("attention", "model")), shape.get("attention"))
+        shape = {**shape, "attention": kernel} if kernel is not None else shape
+    out.update(shape)
+    return out
+
+
+def lora_inputs(
+    config: TrainConfig | Mapping[str, Any], params: int | None, quantized: int | None
+) -> dict[str, Any]:
+    """The estimator's LoRA inputs of `config` (a TrainConfig or a mapping of its settings;
+    none when `lora_rank` is 0). The Session's targets are module names; the shape's
+    figures count every linear layer of a block (`lora_params`, when given, is the exact
+    adapter count)."""
+    get = (lambda n, d: getattr(config, n)) if isinstance(config, TrainConfig) else config.get
+    rank = int(get("lora_rank", 0))
+    if rank == 0:
         return {}
-    return {
-        "lora_rank": int(config.lora_rank),
-        "lora_targets": "all-linear",
-        "lora_params": params,
-        "lora_dropout": float(config.lora_dropout),
-        "qlora": bool(config.qlora),
-        **({"qlora_params": quantized} if config.qlora else {}),
-    }
-
-
-def _with_attention(shape: dict[str, Any], kernel: Attention) -> dict[str, Any]:
-    """The shape with the estimator's attention terms for the config's kernel: "sdpa" as
-    is; "eager" the model's own unfused kernel (the built-in GPT's is Megatron's, its
-    softmax output kept in the compute dtype; a transformers model's keeps fp32)."""
-    if not shape or kernel is Attention.MODEL:
-        return shape
-    if kernel is Attention.SDPA:
-        return {**shape, "attention": "sdpa"}
-    own = shape.get("attention")
-    return {**shape, "attention": "megatron" if own == "megatron" else "eager"}
+    out: dict[str, Any] = {"lora_rank": rank, "lora_targets": "all-linear", "lora_params": params}
+    if get("lora_dropout", None) is not None:
+        out["lora_dropout"] = float(get("lora_dropout", None))
+    qlora = get("qlora", None)
+    if qlora is not None:
+        out["qlora"] = bool(qlora)
+        if qlora:
+            out["qlora_params"] = quantized
+    return out

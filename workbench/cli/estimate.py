@@ -18,222 +18,84 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.cli import Runner, json_text
+from workbench.estimate.schema import CLI_GROUPS, FIELDS, SCHEMA, EstimateField
 from workbench.inputs import typed
 
-# field of estimate_memory -> (flag, how the flag's text is read)
-_FLAGS: dict[str, tuple[str, str]] = {
-    "model": ("--model", "str"),
-    "hf_config": ("--hf-config", "str"),
-    "n_params": ("--params", "str"),  # "7B", "1.5e9": estimate_memory reads counts
-    "layers": ("--layers", "int"),
-    "hidden": ("--hidden", "int"),
-    "heads": ("--heads", "int"),
-    "seq_len": ("--seq-len", "int"),
-    "vocab": ("--vocab", "int"),
-    "kv_heads": ("--kv-heads", "int"),
-    "ffn_hidden": ("--ffn-hidden", "int"),
-    "mlp": ("--mlp", "str"),
-    "norm": ("--norm", "str"),
-    "bias": ("--bias", "str"),
-    "positions": ("--positions", "str"),
-    "tied_embeddings": ("--embeddings", "tied"),
-    "parallel_residual": ("--parallel-residual", "bool"),
-    "micro_batch": ("--micro-batch", "int"),
-    "precision": ("--precision", "str"),
-    "optimizer": ("--optimizer", "str"),
-    "zero_stage": ("--zero", "int"),
-    "fsdp": ("--fsdp", "str"),
-    "gpus": ("--gpus", "int"),
-    "tensor_parallel": ("--tp", "int"),
-    "pipeline_parallel": ("--pp", "int"),
-    "sequence_parallel": ("--sequence-parallel", "bool"),
-    "offload_optimizer": ("--offload-optimizer", "offload"),
-    "offload_params": ("--offload-params", "offload"),
-    "checkpointing": ("--checkpointing", "str"),
-    "attention": ("--attention", "str"),
-    "dropout": ("--no-dropout", "nodrop"),
-    "grad_accum": ("--grad-accum", "int"),
-    "optimizer_impl": ("--optimizer-impl", "str"),
-    "loss_chunks": ("--loss-chunks", "int"),
-    "bucket_view": ("--bucket-view", "bool"),
-    "activation_offload": ("--activation-offload", "bool"),
-    "fsdp_reduce_fp32": ("--fsdp-reduce", "reduce"),
-    "deepspeed_config": ("--deepspeed-config", "str"),
-    "lora_rank": ("--lora-rank", "int"),
-    "lora_targets": ("--lora-targets", "str"),
-    "lora_dropout": ("--lora-dropout", "float"),
-    "qlora": ("--qlora", "bool"),
-    "gpu": ("--gpu", "str"),
-    "overhead_gib": ("--overhead-gib", "float"),
-    "tokens": ("--tokens", "float"),
-    "mfu": ("--mfu", "float"),
-    "price_per_gpu_hour": ("--price-per-gpu-hour", "float"),
-}
 _EMBEDDINGS = {"tied": True, "untied": False}
 _REDUCE = {"fp32": True, "compute": False}
 #: An offload device as a switch of the estimate (NVMe and CPU free the GPU alike).
 _OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
+#: Where the parsed arguments keep the spelling each flag was given as (an old alias).
+_SPELLED = "_spelled_as"
 
 
-def _shared_flag(
-    group: Any, name: str, *, default: str | None = None, shown_default: str | None = None
-) -> None:
-    """Add the flag of TrainConfig setting `name` as `workbench.config.SETTINGS` declares it
-    (an offload flag takes a device, a bare flag meaning cpu, as in the other commands)."""
-    from workbench.cli.config_flags import CONFIG_FLAGS
+class _Spelled(argparse.Action):
+    """Stores the flag's value and the spelling it was given as, so an error names the
+    flag as the user typed it (`--checkpointing`, the old spelling of
+    `--activation-checkpointing`)."""
 
-    spec = CONFIG_FLAGS[name]
-    text = spec.help or ""
-    if shown_default is not None:
-        text = re.sub(r"\([^()]*\)$", f"({shown_default})", text)
-    if spec.kind == "offload":
-        group.add_argument(
-            spec.flag, nargs="?", const="cpu", metavar=spec.metavar, help=text + "; bare: cpu"
-        )
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        spelled = dict(getattr(namespace, _SPELLED, None) or {})
+        spelled[self.dest] = option_string
+        setattr(namespace, _SPELLED, spelled)
+
+
+def _setting_help(field: EstimateField) -> str:
+    """The help of a flag shared with TrainConfig: the setting's own (`Setting.help`), with
+    what it accepts and the estimate's default."""
+    from workbench.config import SETTINGS, setting_choices
+
+    assert field.config_field is not None
+    spec = SETTINGS[field.config_field]
+    if field.read == "offload":
+        accepts = ", ".join(setting_choices(field.config_field))
+        return f"{accepts} (none); {spec.help}; bare: cpu"
+    if spec.kind == "choice":
+        return f"{', '.join(map(str, field.choices))} ({field.default}); {spec.help}"
+    if spec.kind == "bool":
+        return spec.help
+    return f"{spec.help} ({field.default})"
+
+
+def _add_flag(group: Any, field: EstimateField, flag: str) -> None:
+    """Add `field`'s flag (declared in `workbench.estimate.schema`) to `group`: text,
+    default None (the estimator's default), read later by `_estimate_options`."""
+    text = field.help or (_setting_help(field) if field.config_field else None)
+    names = (flag, *field.aliases)
+    if field.aliases and text is not None:
+        old = ", ".join(field.aliases)
+        text += f"; {old}: the old spelling, still accepted (deprecated)"
+    kw: dict[str, Any] = {"default": None, "help": text}
+    if field.read in ("switch", "nodrop"):
+        group.add_argument(*names, action="store_true", **kw)
+    elif field.read in ("offload", "recompute"):
+        const = "cpu" if field.read == "offload" else "full"
+        action = _Spelled if field.aliases else "store"
+        metavar = field.cli_metavar
+        group.add_argument(*names, nargs="?", const=const, metavar=metavar, action=action, **kw)
     else:
-        group.add_argument(spec.flag, metavar=spec.metavar, default=default, help=text)
+        action = _Spelled if field.aliases else "store"
+        group.add_argument(*names, metavar=field.cli_metavar, action=action, **kw)
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Runner:
-    """Arguments of `workbench estimate`; returns its runner."""
-    from workbench.estimate import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
-
-    model = parser.add_argument_group(
-        "model (a --model, a --hf-config, --params, or the shape flags; shape flags given "
-        "with a model override its values)"
-    )
-    model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b (--list-models)")
-    model.add_argument(
-        "--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder) on disk"
-    )
-    model.add_argument("--params", metavar="N", help="parameter count, e.g. 7B, 1.5e9, 350M")
-    model.add_argument("--layers", metavar="L")
-    model.add_argument("--hidden", metavar="H")
-    model.add_argument("--heads", metavar="A")
-    model.add_argument("--seq-len", metavar="S")
-    model.add_argument("--vocab", metavar="V")
-    model.add_argument("--kv-heads", metavar="K", help="key/value heads: GQA, 1 = MQA (= heads)")
-    model.add_argument("--ffn-hidden", metavar="F", help="MLP inner size (4h; SwiGLU: 2/3 of 4h)")
-    model.add_argument("--mlp", help="gelu or swiglu (gelu)")
-    model.add_argument("--norm", help="layernorm or rmsnorm (layernorm)")
-    model.add_argument("--bias", help="biases on all linear layers, qkv only, or none (all)")
-    model.add_argument("--positions", help="learned or rotary (learned)")
-    model.add_argument("--embeddings", help="tied or untied output projection (tied)")
-    model.add_argument(
-        "--parallel-residual",
-        action="store_true",
-        default=None,
-        help="attention and MLP read the same input (GPT-NeoX)",
-    )
-    # The flags a TrainConfig setting also has: declared once, in its Setting (the same
-    # name, metavar and meaning as in export, launch and ladder; the estimate's defaults).
-    shared = _shared_flag
-    shared(model, "micro_batch", shown_default="1")
-    setup = parser.add_argument_group("training setup")
-    shared(setup, "precision", shown_default="fp32")
-    shared(setup, "optimizer", shown_default="adamw")
-    shared(setup, "zero_stage")
-    shared(setup, "fsdp")
-    setup.add_argument(
-        "--gpus", default="1", metavar="N", help="all GPUs: tp x pp x data-parallel (1)"
-    )
-    setup.add_argument("--tp", default="1", metavar="T", help="tensor-parallel size (1)")
-    setup.add_argument("--pp", default="1", metavar="P", help="pipeline-parallel stages (1)")
-    setup.add_argument(
-        "--sequence-parallel", action="store_true", help="shard activations over tp (Megatron)"
-    )
-    shared(setup, "offload_optimizer")
-    shared(setup, "offload_params")
-    setup.add_argument(
-        "--checkpointing", default="none", help="activation recomputation: none, selective, full"
-    )
-    shared(setup, "grad_accum", shown_default="1")
-    step = parser.add_argument_group("the peak of a step (kernels and buffers)")
-    step.add_argument(
-        "--attention",
-        help="attention kernel: sdpa (fused, torch's and transformers' default: no s^2 "
-        "tensors) or eager (unfused, Korthikanti et al.) (sdpa)",
-    )
-    step.add_argument(
-        "--no-dropout",
-        action="store_true",
-        default=None,
-        help="the model trains without dropout: no masks kept",
-    )
-    step.add_argument(
-        "--optimizer-impl",
-        default="auto",
-        metavar="IMPL",
-        help="auto (what the engine builds), foreach, for-loop or fused (auto)",
-    )
-    step.add_argument(
-        "--loss-chunks",
-        default="1",
-        metavar="C",
-        help="chunked cross-entropy over C chunks of the sequence (1: not chunked)",
-    )
-    step.add_argument(
-        "--bucket-view",
-        action="store_true",
-        help="DDP gradient_as_bucket_view=True: the gradients are views of DDP's buckets",
-    )
-    step.add_argument(
-        "--activation-offload",
-        action="store_true",
-        help="the activations the forward saves held in host memory: a host term, one "
-        "layer's in flight on the GPU",
-    )
-    step.add_argument(
-        "--fsdp-reduce",
-        metavar="DTYPE",
-        help="FSDP under AMP: reduce gradients in fp32 or in the compute dtype (fp32)",
-    )
-    step.add_argument(
-        "--deepspeed-config",
-        metavar="PATH",
-        help="a DeepSpeed JSON (read, never run): its ZeRO stage, precision, optimizer, "
-        "offload, micro-batch and accumulation (flags given override them), bucket and "
-        "stage-3 prefetch sizes",
-    )
-    tune = parser.add_argument_group("fine-tuning with LoRA / QLoRA")
-    tune.add_argument(
-        "--lora-rank",
-        default="0",
-        metavar="R",
-        help="LoRA adapters of rank R, the base frozen: only they have gradients and "
-        "optimizer states (0: off)",
-    )
-    tune.add_argument(
-        "--lora-targets",
-        default="all-linear",
-        metavar="WHICH",
-        help="all-linear (every linear layer of a block) or attention (Q, K, V, output)",
-    )
-    tune.add_argument(
-        "--lora-dropout",
-        default="0",
-        metavar="P",
-        help="dropout on the adapters' input: each target keeps a dropped copy (0)",
-    )
-    tune.add_argument(
-        "--qlora",
-        action="store_true",
-        help="the base's linear layers in 4-bit NF4 (bitsandbytes)",
-    )
-    hw = parser.add_argument_group("hardware, time and cost")
-    hw.add_argument("--gpu", help="GPU type, e.g. h100-80gb (see --list-gpus)")
-    hw.add_argument(
-        "--overhead-gib",
-        default=str(DEFAULT_OVERHEAD_GIB),
-        metavar="GIB",
-        help=f"per-GPU CUDA context and allocator reserve ({DEFAULT_OVERHEAD_GIB})",
-    )
-    hw.add_argument("--tokens", metavar="T", help="training tokens, e.g. 300e9")
-    hw.add_argument(
-        "--mfu", default=str(DEFAULT_MFU), help=f"model FLOPs utilisation ({DEFAULT_MFU})"
-    )
-    hw.add_argument("--price-per-gpu-hour", metavar="PRICE")
+    """Arguments of `workbench estimate`; returns its runner. The estimator's flags are
+    made from `workbench.estimate.schema` (a flag shared with TrainConfig is the setting's
+    own: the same name, metavar and meaning as in export, launch and ladder; the
+    estimate's defaults)."""
+    groups = {key: parser.add_argument_group(title) for key, title in CLI_GROUPS.items()}
+    for field in FIELDS:
+        flag = field.cli_flag
+        if flag is not None:
+            _add_flag(groups[field.cli], field, flag)
     out = parser.add_argument_group("output")
     out.add_argument("--units", default="gib", help="gib (2^30 bytes, default) or gb (1e9 bytes)")
     out.add_argument("--json", action="store_true", help="print one JSON object")
@@ -277,48 +139,62 @@ def _read(text: str, kind: str) -> Any:
     return text
 
 
-def _flag(field: str) -> str:
-    return _FLAGS[field][0] if field in _FLAGS else field
+def _flag(field: str, args: argparse.Namespace | None = None) -> str:
+    """The flag of estimator keyword `field` as given in `args` (an old spelling too);
+    the keyword itself when it has no flag."""
+    known = SCHEMA.get(field)
+    flag = known.cli_flag if known is not None else None
+    if flag is None:
+        return field
+    spelled = (getattr(args, _SPELLED, None) or {}) if args is not None else {}
+    return str(spelled.get(_dest(flag), flag))
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def _arg(args: argparse.Namespace, flag: str) -> Any:
-    return getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    return getattr(args, _dest(flag), None)
 
 
 def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    """(keyword arguments for estimate_memory, problems only the CLI knows about)."""
+    """(keyword arguments for estimate_memory, problems only the CLI knows about). A flag
+    not given leaves its keyword out: the estimator's default."""
     options: dict[str, Any] = {}
     problems = []
-    for field, (flag, kind) in _FLAGS.items():
-        value = _arg(args, flag)
-        if kind == "offload" and value is None:
-            options[field] = False
+    for f in FIELDS:
+        flag = f.cli_flag
+        value = None if flag is None else _arg(args, flag)
+        if flag is None or value is None:
+            continue
+        field, kind, shown_flag = f.name, f.read, _flag(f.name, args)
+        if kind == "switch":
+            options[field] = True
         elif kind == "nodrop":
-            options[field] = False if value else None
+            options[field] = False
         elif kind == "reduce":
-            options[field] = True if value is None else _REDUCE.get(value.strip().lower())
+            options[field] = _REDUCE.get(value.strip().lower())
             if options[field] is None:
-                problems.append(f"{flag} {typed(value)}: must be fp32 or compute")
+                problems.append(f"{shown_flag} {typed(value)}: must be fp32 or compute")
                 options[field] = True
-        elif value is None or kind in ("bool", "str"):
-            options[field] = value
         elif kind == "tied":
             options[field] = _EMBEDDINGS.get(value.strip().lower())
             if options[field] is None:
-                problems.append(f"{flag} {typed(value)}: must be tied or untied")
+                problems.append(f"{shown_flag} {typed(value)}: must be tied or untied")
         elif kind == "offload":  # a device, as in every command; the estimate's is a switch
             device = value.strip().lower()
             options[field] = _OFFLOAD.get(device, False)
             if device not in _OFFLOAD:
-                problems.append(f"{flag} {typed(value)}: must be one of none, cpu, nvme")
+                problems.append(f"{shown_flag} {typed(value)}: must be one of none, cpu, nvme")
+        elif kind == "kernel":  # TrainConfig's "model": the model's own kernel
+            if value.strip().lower() != "model":
+                options[field] = value
+        elif kind in ("str", "count", "recompute"):
+            options[field] = value
         else:
             options[field] = _read(value, kind)
-    if args.fsdp is None:
-        options["fsdp"] = "off"
     problems += _deepspeed_setup(args, options)
-    for field, default in _DEFAULTS.items():
-        if options.get(field) is None:
-            options[field] = default
     if options.get("zero_stage") is None:
         options["zero_stage"] = 0
     if args.zero is not None and args.compare_stages:
@@ -328,15 +204,6 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
-
-
-#: The defaults of the flags a DeepSpeed config may also give.
-_DEFAULTS: dict[str, Any] = {
-    "precision": "fp32",
-    "optimizer": "adamw",
-    "micro_batch": 1,
-    "grad_accum": 1,
-}
 
 
 def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[str]:
@@ -349,7 +216,7 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     from workbench.deepspeed import import_deepspeed
 
     gpus = options.get("gpus")
-    world = gpus if isinstance(gpus, int) and args.gpus != "1" else None
+    world = gpus if isinstance(gpus, int) and args.gpus not in (None, "1") else None
     try:
         # DeepSpeed logs to stdout when it is first imported: keep --json's stdout clean
         with contextlib.redirect_stdout(sys.stderr):
@@ -379,7 +246,7 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     for field, value in given.items():
         if flags[field] is None:
             options[field] = value
-    if args.gpus == "1" and imported.world_size > 1:
+    if args.gpus in (None, "1") and imported.world_size > 1:
         options["gpus"] = imported.world_size
     return []
 
@@ -391,16 +258,21 @@ def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
     if not isinstance(exc, EstimateInputError):
         return [" ".join(str(exc).split())]
     lines = []
+
+    def name(field: str) -> str:
+        return _flag(field, args)
+
     for p in exc.problems:
-        flag = _flag(p.field)
-        kind = _FLAGS.get(p.field, ("", ""))[1]
-        bare = kind == "offload" and _arg(args, _flag(p.field)) in (None, "cpu")
-        if kind == "bool" or bare:  # a switch (or a bare offload flag): no value to show
-            lines.append(p.render(_flag, value_text="", sep=""))
+        known = SCHEMA.get(p.field)
+        flag = (known.cli_flag if known is not None else None) or p.field
+        kind = known.read if known is not None else ""
+        bare = kind == "offload" and _arg(args, flag) in (None, "cpu")
+        if kind == "switch" or bare:  # a switch (or a bare offload flag): no value to show
+            lines.append(p.render(name, value_text="", sep=""))
         else:
             raw = _arg(args, flag)
-            text = p.render(_flag, sep=" ") if raw is None else None
-            lines.append(text or p.render(_flag, value_text=typed(str(raw)), sep=" "))
+            text = p.render(name, sep=" ") if raw is None else None
+            lines.append(text or p.render(name, value_text=typed(str(raw)), sep=" "))
     return lines
 
 
@@ -417,7 +289,7 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     options, problems = _estimate_options(args)
     try:
         if args.compare_stages:
-            options.pop("zero_stage")
+            options.pop("zero_stage", None)
             stages = compare_stages(**options)
         else:
             stages = (estimate_memory(**options),)
@@ -459,7 +331,7 @@ def _simulate(
         )
     if e.checkpointing not in ("none", "full"):
         problems.append(
-            f"--checkpointing {e.checkpointing}: the dry run recomputes whole layers (full) "
+            f"{_flag('checkpointing', args)} {e.checkpointing}: the dry run recomputes whole layers (full) "
             "or nothing (none)"
         )
     if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
@@ -477,7 +349,7 @@ def _simulate(
     try:
         recompute = session_recompute(e.checkpointing)
     except ValueError as exc:
-        parser.error(f"--checkpointing {typed(e.checkpointing)}: {exc}")
+        parser.error(f"{_flag('checkpointing', args)} {typed(e.checkpointing)}: {exc}")
     impl = e.optimizer_impl if e.optimizer_impl in ("foreach", "for-loop", "fused") else "foreach"
     try:  # the dry run's settings are checked as the estimate's are: one line, exit 2
         config = TrainConfig(

@@ -123,6 +123,24 @@ class Attention(str, Enum):
         return [m.value for m in cls]
 
 
+def attention_terms(kernel: str | None, own: str | None = None) -> str | None:
+    """The estimator's attention terms (an `Attention` value) for a kernel named in the
+    Session's words (`TrainConfig.attention`: "model", "eager", "sdpa") or in transformers'
+    (`attn_implementation`: "eager", "sdpa", "flash_attention_2", ...): the one translation
+    between the two vocabularies. `own` is the model's own kernel in the estimator's words
+    ("megatron": the built-in GPT's unfused kernel, its softmax output in the compute dtype;
+    "eager": a transformers model's, the softmax in fp32; None: not known). "model" (or
+    None) gives `own`; an unfused "eager" is the model's own unfused kernel (megatron for
+    the built-in GPT, else eager); every fused kernel counts as sdpa."""
+    if kernel is None or kernel == "model":
+        return own
+    if kernel == "eager":
+        return Attention.MEGATRON.value if own == Attention.MEGATRON.value else kernel
+    if kernel == Attention.MEGATRON.value:
+        return kernel
+    return Attention.SDPA.value
+
+
 class Checkpointing(str, Enum):
     """Activation recomputation: none; selective (Megatron's: the attention core);
     selective-op (torchtitan's op-level policy: every layer keeps its input, every other

@@ -31,9 +31,11 @@ from typing import Any
 
 from workbench.config import ConfigError, TrainConfig, engine_problems
 from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
+from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown
 from workbench.planner.hardware import Cluster, cluster
 from workbench.planner.steptime import Layout, Shape, StepTime, step_time
+from workbench.prediction import estimator_inputs
 
 _GIB = 1 << 30
 #: the most GPUs a plan spans (the largest published runs use tens of thousands)
@@ -751,26 +753,17 @@ def _one(
     refuses the layout."""
     engine, tp, pp, dp = layout_of
     s = settings
-    lora = {"lora_rank": s["lora_rank"]} if s.get("lora_rank") else {}
+    lora = bool(s.get("lora_rank"))
+    inputs = estimator_inputs(s, hw.gpus)  # the settings as the estimator reads them
+    inputs.update(
+        base,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        attention=attention_terms(s.get("attention", "sdpa")),
+        gpu=hw.gpu.name,
+    )
     try:
-        est = estimate_memory(
-            **base,
-            **lora,
-            micro_batch=s["micro_batch"],
-            grad_accum=s["grad_accum"],
-            precision=s["precision"],
-            optimizer=s["optimizer"],
-            zero_stage=s.get("zero_stage", 0),
-            fsdp=s.get("fsdp", "off"),
-            offload_optimizer="offload_optimizer" in s,
-            offload_params="offload_params" in s,
-            tensor_parallel=tp,
-            pipeline_parallel=pp,
-            checkpointing=s["activation_checkpointing"],
-            attention=s.get("attention", "sdpa"),
-            gpus=hw.gpus,
-            gpu=hw.gpu.name,
-        )
+        est = estimate_memory(**inputs)
     except EstimateInputError:
         return None
     weight_bytes, grad_bytes = _element_bytes(engine, s["precision"])

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import Engine, FsdpMode, OptimizerName, Precision, TrainConfig, engine_for
+from workbench.config import Engine, TrainConfig, engine_for
+from workbench.estimate.activations import attention_terms
 from workbench.train.attention import estimator_attention
 from workbench.train.dry_run_fake import FakeBatch, FakeModel
 
@@ -23,8 +24,7 @@ def formula_attention(fm: FakeModel) -> tuple[str | None, str | None]:
         return estimator_attention(fm.module) or getattr(fm.info, "attention", None), None
     config = fm.hf_config
     if config is not None:
-        impl = getattr(config, "_attn_implementation", None) or "sdpa"
-        return ("eager" if impl == "eager" else "sdpa"), None
+        return attention_terms(getattr(config, "_attn_implementation", None) or "sdpa"), None
     return "sdpa", (
         "the formula counts sdpa attention (no s^2 tensors): your module's attention kernel "
         "is not known to it"
@@ -43,31 +43,16 @@ def formula_of(
     why. DeepSpeed's setups (ZeRO, its 16-bit modes, several ranks without FSDP) are
     counted with DeepSpeed's layout and the engine config the Session hands it."""
     from workbench.estimate import estimate_memory
+    from workbench.prediction import estimator_inputs
 
-    fsdp = FsdpMode(config.fsdp)
     deepspeed = engine_for(config, world_size) is Engine.DEEPSPEED
-    accounting = "fsdp" if fsdp is not FsdpMode.OFF else "paper"
-    kwargs: dict[str, Any] = {
-        "precision": Precision(config.precision).value,
-        "optimizer": OptimizerName(config.optimizer).value,
-        "zero_stage": int(config.zero_stage),
-        "gpus": int(world_size),
-        "micro_batch": fb.micro_batch,
-        "checkpointing": str(config.activation_checkpointing),
-        "fsdp": fsdp.value,
-        "fsdp_reduce_fp32": bool(config.fsdp_reduce_fp32),
-        "grad_accum": int(config.grad_accum),
-        "weight_decay": float(config.weight_decay),
-        "accounting": "deepspeed" if deepspeed else accounting,
-        "optimizer_impl": impl,
-        "optimizer_in_backward": bool(config.optimizer_in_backward),
-        "activation_offload": bool(config.activation_offload),
-    }
+    lora_params = None
     if int(config.lora_rank) > 0:  # the adapters the dry run puts on the fake copy
-        from workbench.prediction import lora_inputs
         from workbench.train.lora import adapter_parameter_count, holds_lora
 
-        kwargs.update(lora_inputs(config, adapter_parameter_count(fm.module, config), None))
+        lora_params = adapter_parameter_count(fm.module, config)
+    kwargs = estimator_inputs(config, world_size, lora_params=lora_params)
+    kwargs.update(micro_batch=fb.micro_batch, optimizer_impl=impl)
     if deepspeed:
         from workbench.train.backends.deepspeed import engine_config
 

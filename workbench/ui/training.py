@@ -31,6 +31,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from workbench.config import SETTINGS
 from workbench.display import fmt_bytes
 from workbench.inputs import shown
 from workbench.ui.charts import Chart, Downsampled
@@ -48,19 +49,9 @@ from workbench.ui.training_controls import (
 
 __all__ = ["CONTROLS", "Control", "TrainingPanel"]
 
-MEMORY_FIELDS = frozenset(
-    {
-        "precision",
-        "micro_batch",
-        "zero_stage",
-        "fsdp",
-        "offload_optimizer",
-        "offload_params",
-        "activation_checkpointing",
-        "attention",
-        "optimizer",
-    }
-)
+#: The settings whose change moves the memory prediction (`Setting.moves_memory`): the
+#: panel measures memory again after one of them changes.
+MEMORY_FIELDS = frozenset(name for name, spec in SETTINGS.items() if spec.moves_memory)
 KEPT_RECORDS = 500  # newest records the panel keeps (status line, advisor)
 #: chart series, by the StepRecord field each plots
 SERIES = ("loss", "samples_per_s", "data_seconds", "step_seconds")
