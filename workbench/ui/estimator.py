@@ -34,8 +34,6 @@ from workbench.estimate import (
     DEFAULT_MFU,
     DEFAULT_OVERHEAD_GIB,
     MODELS,
-    OPTIMIZER_IMPLS,
-    Attention,
     Checkpointing,
     EstimateInputError,
     MemoryEstimate,
@@ -44,6 +42,7 @@ from workbench.estimate import (
     estimate_memory,
     gpu_names,
 )
+from workbench.estimate.schema import FIELDS, PANEL_COLUMNS, EstimateField, labels, panel_fields
 from workbench.inputs import shown
 from workbench.ui.charts import Chart
 from workbench.ui.estimator_dry_run import DryRunControl
@@ -110,47 +109,34 @@ MODE_PARAMS = "parameter count"
 MODE_SHAPE = "transformer shape"
 CUSTOM = "custom"
 
-# UI labels of estimator fields (used to name fields in messages)
-LABELS = {
-    "n_params": "parameters",
-    "layers": "layers",
-    "hidden": "hidden size",
-    "heads": "attention heads",
-    "seq_len": "sequence length",
-    "vocab": "vocabulary",
-    "kv_heads": "kv heads",
-    "ffn_hidden": "MLP size",
-    "mlp": "MLP",
-    "tied_embeddings": "tied embeddings",
-    "model": "model preset",
-    "micro_batch": "micro-batch",
-    "precision": "precision",
-    "optimizer": "optimizer",
-    "zero_stage": "ZeRO stage",
-    "gpus": "GPUs",
-    "tensor_parallel": "tensor parallel",
-    "pipeline_parallel": "pipeline stages",
-    "sequence_parallel": "sequence parallel",
-    "offload_optimizer": "offload optimizer",
-    "offload_params": "offload parameters",
-    "checkpointing": "checkpointing",
-    "attention": "attention",
-    "dropout": "dropout",
-    "grad_accum": "accumulation",
-    "optimizer_impl": "optimizer impl",
-    "loss_chunks": "loss chunks",
-    "gpu": "GPU type",
-    "overhead_gib": "CUDA reserve (GiB)",
-    "tokens": "training tokens",
-    "mfu": "MFU",
-    "price_per_gpu_hour": "$ per GPU-hour",
-    "lora_rank": "LoRA rank (0: off)",
-    "qlora": "QLoRA (4-bit base)",
-}
+# UI labels of estimator fields (used to name fields in messages), from the schema
+LABELS = labels()
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 # filled by a preset; the optional ones may be left empty (the estimator's defaults)
 ARCH_FIELDS = ("kv_heads", "ffn_hidden", "mlp", "tied_embeddings")
 OPTIONAL_INTS = ("kv_heads", "ffn_hidden")
+
+
+def _field(spec: EstimateField, value: Any) -> Field:
+    """The panel's field of estimator keyword `spec`: a dropdown of its choices (of the
+    presets, the GPU catalog, the dropout's "model's"/on/off), a checkbox for a switch, a
+    text field for a number or a count."""
+    css = f"wb-est-{spec.name.replace('_', '-')}"
+    label = spec.label or spec.name
+    options: list[Any] | None = None
+    if spec.kind == "model":
+        options = [CUSTOM, *MODELS]
+    elif spec.kind == "gpu":
+        options = gpu_names()
+    elif spec.name == "dropout":
+        options = list(DROPOUT)
+    elif spec.choices:
+        options = list(spec.choices)
+    if options is not None:
+        return dropdown_field(label, options, value, css)
+    if spec.kind == "bool":
+        return Field(label, widgets.Checkbox(value=bool(value), indent=False), css)
+    return text_field(label, value, css)
 
 
 class EstimatorPanel(PanelBase):
@@ -222,71 +208,13 @@ class EstimatorPanel(PanelBase):
                 values[k] = f"{values[k]:g}" if isinstance(values[k], float) else str(values[k])
 
         f: dict[str, Field] = {}
-        for name in (
-            "n_params",
-            *SHAPE_FIELDS,
-            *OPTIONAL_INTS,
-            "micro_batch",
-            "grad_accum",
-            "loss_chunks",
-            "gpus",
-            "tensor_parallel",
-            "pipeline_parallel",
-            "overhead_gib",
-            "tokens",
-            "mfu",
-            "price_per_gpu_hour",
-            "lora_rank",
-        ):
-            f[name] = text_field(LABELS[name], values[name], f"wb-est-{name.replace('_', '-')}")
+        for spec in FIELDS:  # the panel's fields, declared in `workbench.estimate.schema`
+            if spec.label is not None:
+                f[spec.name] = _field(spec, values[spec.name])
         f["tokens"].widget.placeholder = "e.g. 300B (empty: no time)"
         f["kv_heads"].widget.placeholder = "empty: = heads"
         f["ffn_hidden"].widget.placeholder = "empty: 4h (SwiGLU 8h/3)"
-        f["model"] = dropdown_field(
-            LABELS["model"], [CUSTOM, *MODELS], values["model"], "wb-est-model"
-        )
-        f["mlp"] = dropdown_field(LABELS["mlp"], Mlp.choices(), values["mlp"], "wb-est-mlp")
         f["price_per_gpu_hour"].widget.placeholder = "USD (empty: no cost)"
-        f["precision"] = dropdown_field(
-            LABELS["precision"], Precision.choices(), values["precision"], "wb-est-precision"
-        )
-        f["optimizer"] = dropdown_field(
-            LABELS["optimizer"], OptimizerName.choices(), values["optimizer"], "wb-est-optimizer"
-        )
-        f["zero_stage"] = dropdown_field(
-            LABELS["zero_stage"], [0, 1, 2, 3], values["zero_stage"], "wb-est-zero-stage"
-        )
-        f["checkpointing"] = dropdown_field(
-            LABELS["checkpointing"],
-            Checkpointing.choices(),
-            values["checkpointing"],
-            "wb-est-checkpointing",
-        )
-        f["gpu"] = dropdown_field(LABELS["gpu"], gpu_names(), values["gpu"], "wb-est-gpu")
-        f["attention"] = dropdown_field(
-            LABELS["attention"], Attention.choices(), values["attention"], "wb-est-attention"
-        )
-        f["dropout"] = dropdown_field(
-            LABELS["dropout"], list(DROPOUT), values["dropout"], "wb-est-dropout"
-        )
-        f["optimizer_impl"] = dropdown_field(
-            LABELS["optimizer_impl"],
-            list(OPTIMIZER_IMPLS),
-            values["optimizer_impl"],
-            "wb-est-optimizer-impl",
-        )
-        for name in (
-            "tied_embeddings",
-            "sequence_parallel",
-            "offload_optimizer",
-            "offload_params",
-            "qlora",
-        ):
-            f[name] = Field(
-                LABELS[name],
-                widgets.Checkbox(value=bool(values[name]), indent=False),
-                f"wb-est-{name.replace('_', '-')}",
-            )
         self.fields = f
         self.mode = widgets.ToggleButtons(options=[MODE_PARAMS, MODE_SHAPE], value=mode)
         self.mode.add_class("wb-est-mode")
@@ -305,62 +233,19 @@ class EstimatorPanel(PanelBase):
         self._build_chart()
 
         column = widgets.Layout(margin="0 18px 0 0")
-        model = widgets.VBox(
-            [
-                widgets.HTML("<b>Model</b>"),
-                self.mode,
-                *(
-                    f[n].box
-                    for n in ("model", "n_params", *SHAPE_FIELDS, *ARCH_FIELDS, "micro_batch")
-                ),
-            ],
-            layout=column,
-        )
-        setup = widgets.VBox(
-            [
-                widgets.HTML("<b>Training setup</b>"),
-                *(
-                    f[n].box
-                    for n in (
-                        "precision",
-                        "optimizer",
-                        "checkpointing",
-                        "zero_stage",
-                        "gpus",
-                        "tensor_parallel",
-                        "pipeline_parallel",
-                        "sequence_parallel",
-                        "offload_optimizer",
-                        "offload_params",
-                        "gpu",
-                    )
-                ),
-            ],
-            layout=column,
-        )
-        step = widgets.VBox(
-            [
-                widgets.HTML("<b>The step's peak</b>"),
-                *(
-                    f[n].box
-                    for n in (
-                        "attention",
-                        "dropout",
-                        "grad_accum",
-                        "optimizer_impl",
-                        "loss_chunks",
-                        "overhead_gib",
-                        "lora_rank",
-                        "qlora",
-                    )
-                ),
-            ],
-            layout=column,
-        )
+
+        def boxes(name: str) -> list[Any]:
+            return [
+                widgets.HTML(f"<b>{PANEL_COLUMNS[name]}</b>"),
+                *(f[n].box for n in panel_fields(name)),
+            ]
+
+        model = widgets.VBox([*boxes("model")[:1], self.mode, *boxes("model")[1:]], layout=column)
+        setup = widgets.VBox(boxes("setup"), layout=column)
+        step = widgets.VBox(boxes("step"), layout=column)
         cost = widgets.VBox(
             [
-                widgets.HTML("<b>Time and cost</b>"),
-                *(f[n].box for n in ("tokens", "mfu", "price_per_gpu_hour")),
+                *boxes("cost"),
                 widgets.HBox(
                     [widgets.HTML("<b>units</b>", layout=widgets.Layout(width="130px")), self.units]
                 ),
