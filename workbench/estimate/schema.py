@@ -46,8 +46,19 @@ DEFAULT_MFU = 0.4
 #: "switch" (store_true), "tied" (tied/untied), "offload" (a device, a bare flag meaning
 #: cpu), "nodrop" (a switch that sets False), "reduce" (fp32/compute), "kernel" (an
 #: attention kernel, "model" meaning the model's own), "recompute" (a bare flag meaning full).
-READS = ("int", "float", "str", "count", "switch", "tied", "offload", "nodrop", "reduce")
-READS += ("kernel", "recompute")
+READS: tuple[str, ...] = (
+    "int",
+    "float",
+    "str",
+    "count",
+    "switch",
+    "tied",
+    "offload",
+    "nodrop",
+    "reduce",
+    "kernel",
+    "recompute",
+)
 
 #: The groups of `workbench estimate -h`, in order.
 CLI_GROUPS: dict[str, str] = {
