@@ -329,3 +329,12 @@ def test_what_a_change_rebuilds_is_what_the_live_session_rebuilds() -> None:
     assert declared["activation_offload"] == ("forward",)
     allowed = {"data", "backend", "model", "forward"}
     assert all(set(r) <= allowed for r in declared.values())
+
+
+def test_every_number_of_the_schema_has_its_range_in_limits() -> None:
+    """The ranges the checks enforce (`workbench.estimate.limits.LIMITS`) cover every
+    numeric keyword the schema declares, and nothing else."""
+    from workbench.estimate.limits import LIMITS
+
+    numbers = {f.name for f in FIELDS if f.kind in ("int", "float", "count") and not f.choices}
+    assert numbers == set(LIMITS) - {"max_positions"}
