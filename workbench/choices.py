@@ -149,7 +149,9 @@ class Attention(StrEnum):
     own, the unfused one written out in the model (its scores and probabilities kept for
     backward), or PyTorch's `scaled_dot_product_attention` (flash / memory-efficient
     kernels: no s x s tensors kept). A `transformers` model takes it as its
-    `attn_implementation`."""
+    `attn_implementation`. The estimator counts a kernel named here by
+    `workbench.estimate.activations.attention_terms`, the one translation into its own
+    `Attention` (sdpa, megatron, eager)."""
 
     MODEL = "model"
     EAGER = "eager"

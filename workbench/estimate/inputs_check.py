@@ -1,8 +1,8 @@
 """Checking the estimator's inputs: `estimate_memory`'s keyword arguments turned into one
 frozen `EstimateInputs`, every value typed and in range and the model resolved.
 
-`check_inputs` reads every keyword (ranges from `limits`, counts such as "7B" from
-`counts`), resolves the model from a preset (`presets`), a Hugging Face config
+`check_inputs` reads every keyword (choices from `schema`, where each keyword is declared;
+ranges from `limits`, counts such as "7B" from `counts`), resolves the model from a preset (`presets`), a Hugging Face config
 (`hf_config`), a torch module (`from_module`, which imports torch when called), a shape
 (`architecture`) or a parameter count, and checks how the inputs combine (ZeRO vs FSDP,
 offload, the tensor/pipeline/data-parallel split). Every problem is collected and raised as
