@@ -229,11 +229,12 @@ def test_a_planner_settings_mapping_reads_only_what_it_holds() -> None:
 
 def test_each_config_field_of_the_schema_is_mapped() -> None:
     """The estimator keyword a TrainConfig field shares is set from that field."""
-    from workbench.prediction import estimator_inputs
+    from workbench.prediction import ESTIMATOR_FIELDS, estimator_inputs
 
     inputs = estimator_inputs(TrainConfig(lora_rank=4, qlora=True), 1, model=_Model())
-    for keyword in CONFIG_FIELDS:
+    for keyword, config_field in CONFIG_FIELDS.items():
         assert keyword in inputs, keyword
+        assert config_field in ESTIMATOR_FIELDS, keyword
 
 
 @pytest.mark.parametrize(
@@ -297,7 +298,11 @@ def test_moves_memory_is_what_the_prediction_reads() -> None:
     """A setting moves the memory prediction exactly when changing it changes the
     estimator's inputs; `lora_targets` moves it through the module's adapter count (the
     Session counts the adapters of the targets it names)."""
+    from workbench.prediction import ESTIMATOR_FIELDS
+
     through_module = {"lora_targets"}
+    moving = {name for name, spec in SETTINGS.items() if spec.moves_memory}
+    assert moving == ESTIMATOR_FIELDS | through_module
     for name, spec in SETTINGS.items():
         if name in through_module:
             assert spec.moves_memory, name
