@@ -20,7 +20,8 @@ schedule.py      LR schedules and batch-size LR scaling
 data.py          DataStream: resumable, rebuildable data loading
 recompute.py     activation recomputation (checkpointing) of marked blocks, toggled live
 offload.py       activation offload: the forward's saved activations kept in host memory
-checkpoints/     training checkpoints: the payload, atomic files, the newest N kept
+checkpoints.py   training checkpoints: the payload, atomic files, the newest N kept
+                 (with checkpoint_files, _payload, _write and _runs.py beside it)
 history.py       the bounded step history; runlog.py the run's JSON-lines log
 memory.py        measured memory (tensors, saved activations) next to the prediction
 profiler.py      torch.profiler around a few steps

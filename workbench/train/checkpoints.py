@@ -57,11 +57,12 @@ Previous format (1, one pickled file with the history inside, no manifest): it r
 (read with torch's safe loader, NumPy's array type allow-listed for its RNG state), or,
 if it holds anything else, the error says how to convert it (`convert`).
 
-This package reads checkpoints (`load`, `verify`, `safe_load`, `convert`, under the
-`MAX_CHECKPOINT_BYTES` a caller may raise here) and re-exports its rooms: `files` (names,
-constants, `CheckpointError`, listing), `payload` (RNG states, a Session's payload, the
-layout checks of a loaded one), `write` (atomic writes) and `runs` (run ids, the folders a
-run must not write into, pruning).
+This module reads checkpoints (`load`, `verify`, `safe_load`, `convert`, under the
+`MAX_CHECKPOINT_BYTES` a caller may raise here) and re-exports the modules beside it, one
+concept each: `checkpoint_files` (names, constants, `CheckpointError`, listing),
+`checkpoint_payload` (RNG states, a Session's payload, the layout checks of a loaded one),
+`checkpoint_write` (atomic writes) and `checkpoint_runs` (run ids, the folders a run must
+not write into, pruning).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ import numpy as np
 import torch
 
 from workbench.inputs import InputFileError, is_int, read_json, shown
-from workbench.train.checkpoints.files import (
+from workbench.train.checkpoint_files import (
     CHECKPOINT_FORMAT,
     MANIFEST_KIND,
     MAX_COUNT,
@@ -95,7 +96,7 @@ from workbench.train.checkpoints.files import (
     manifest_path,
     open_regular,
 )
-from workbench.train.checkpoints.payload import (
+from workbench.train.checkpoint_payload import (
     check_plain,
     payload_problems,
     rng_as_plain,
@@ -104,7 +105,7 @@ from workbench.train.checkpoints.payload import (
     settings_problem,
     training_payload,
 )
-from workbench.train.checkpoints.runs import (
+from workbench.train.checkpoint_runs import (
     UNREADABLE,
     checkpoint_runs,
     manifest_run,
@@ -112,7 +113,7 @@ from workbench.train.checkpoints.runs import (
     prune,
     run_folder_problem,
 )
-from workbench.train.checkpoints.write import save, write_atomic
+from workbench.train.checkpoint_write import save, write_atomic
 
 __all__ = [
     "CHECKPOINT_FORMAT",
