@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from workbench import Session, TrainConfig
+from workbench.train import checkpoint_write as ckpt_write
 from workbench.train import checkpoints as ckpt
 from workbench.train import runlog
 from workbench.train.ladder import plan_ladder
@@ -446,7 +447,7 @@ def test_check_plain_names_a_bad_value_with_bounded_text():
 def _failing_writes(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
     """The checkpoint's file raises `error` at its third write (as a full disk or Ctrl-C
     would, inside torch.save)."""
-    real_init = ckpt._HashingWriter.__init__
+    real_init = ckpt_write._HashingWriter.__init__
 
     class Failing:
         def __init__(self, f: Any) -> None:
@@ -464,7 +465,7 @@ def _failing_writes(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> No
     def init(self: Any, f: Any) -> None:
         real_init(self, Failing(f))
 
-    monkeypatch.setattr(ckpt._HashingWriter, "__init__", init)
+    monkeypatch.setattr(ckpt_write._HashingWriter, "__init__", init)
 
 
 def test_a_full_disk_during_a_save_is_one_clear_error(tmp_path, monkeypatch):

@@ -340,12 +340,13 @@ def test_a_callbacks_steps_are_read_from_the_device_in_batches() -> None:
     import weakref
 
     from workbench.integrations import observer as observer_module
+    from workbench.integrations import step_values
 
     model = torch.nn.Linear(4, 1)
     obs = Observer(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_norm=False)
     obs._slots_on_cpu = True  # the path a CUDA run's values take (a CPU's are read at once)
     reads = []
-    read = observer_module._Slots.read
+    read = step_values.StepSlots.read
 
     def counted(self):  # type: ignore[no-untyped-def]
         reads.append(1)
@@ -355,7 +356,7 @@ def test_a_callbacks_steps_are_read_from_the_device_in_batches() -> None:
     losses = [float(i) for i in range(steps)]
     scale = torch.tensor(1.0)  # as a GradScaler's `_scale`: one tensor, changed in place
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(observer_module._Slots, "read", counted)
+        mp.setattr(step_values.StepSlots, "read", counted)
         kept = []
         for value in losses:
             loss = torch.tensor(value, requires_grad=True) * 1.0

@@ -339,11 +339,11 @@ def test_a_transformers_llama_trains_sequence_parallel(
 def test_the_jobs_copy_of_the_llama_plan_is_the_sessions(sequence: bool) -> None:
     """The exported jobs import nothing of workbench: job_common splits a Llama by its own
     copy of the plan, the same layers in the same styles."""
-    from workbench.export import job_common
+    from workbench.export import job_parallel
     from workbench.train.tensor_plan import tensor_plan
 
     model = llama()
-    layers, sizes, tied = job_common._tp_layers(model, 2, sequence)
+    layers, sizes, tied = job_parallel._tp_layers(model, 2, sequence)
     plan = tensor_plan(model, 2, sequence_parallel=sequence)
     assert layers == plan.layers and sizes == plan.sizes and tied == plan.tied
     assert ("model.layers.0" in layers) is sequence

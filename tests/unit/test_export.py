@@ -62,10 +62,20 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
         "ds_config.json",
         "job.json",
         "job_common.py",
+        "job_files.py",
+        "job_parallel.py",
         "launch.sh",
         "train_deepspeed.py",
     ]
-    names = ("ds_config.json", "train_deepspeed.py", "job_common.py", "job.json", "launch.sh")
+    names = (
+        "ds_config.json",
+        "train_deepspeed.py",
+        "job_common.py",
+        "job_files.py",
+        "job_parallel.py",
+        "job.json",
+        "launch.sh",
+    )
     assert result.paths == tuple(str(job / n) for n in names)
     ds = json.loads((job / "ds_config.json").read_text())
     assert ds == to_deepspeed(config, world_size=4) == result.ds_config
@@ -346,7 +356,8 @@ def test_cli_prints_where_it_wrote_and_the_command(
     )
     assert code == 0
     assert out.splitlines()[0] == (
-        f"wrote {out_dir}: ds_config.json, train_deepspeed.py, job_common.py, job.json, launch.sh"
+        f"wrote {out_dir}: ds_config.json, train_deepspeed.py, job_common.py, job_files.py, "
+        "job_parallel.py, job.json, launch.sh"
     )
     assert "deepspeed --num_gpus 2 train_deepspeed.py --deepspeed_config ds_config.json" in out
     assert "torchrun --standalone --nproc-per-node 2" in out
@@ -500,7 +511,15 @@ def test_an_export_that_fails_on_one_file_leaves_the_previous_job_whole(
     assert listing(tmp_path) == before  # ds_config.json still the ZeRO-1, 2-GPU one
     assert json.loads((job / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
     assert sorted(os.listdir(job)) == sorted(
-        ["ds_config.json", "job.json", "job_common.py", "launch.sh", "train_deepspeed.py"]
+        [
+            "ds_config.json",
+            "job.json",
+            "job_common.py",
+            "job_files.py",
+            "job_parallel.py",
+            "launch.sh",
+            "train_deepspeed.py",
+        ]
     )  # no staged file left behind
 
 

@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 SHIPPED = (
     "export/job_common.py",
+    "export/job_files.py",
+    "export/job_parallel.py",
     "export/train_deepspeed.py",
     "export/train_fsdp.py",
     "export/train_lightning.py",
@@ -161,6 +163,26 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 def test_the_shipped_job_scripts_stand_alone(script: str) -> None:
     path = ROOT / script
     name = "workbench." + script.removesuffix(".py").replace("/", ".")
-    allowed = ("workbench.export.job_common", "workbench.models")
+    allowed = (
+        "workbench.export.job_common",
+        "workbench.export.job_files",
+        "workbench.export.job_parallel",
+        "workbench.models",
+    )
     used = sorted({t for t, _, _ in _imports(name, path) if not t.startswith(allowed)})
     assert used == [], f"{script} needs more of workbench than its built-in models: {used}"
+
+
+#: Files still being split; each is allowed past the limit by its name only, until then.
+PENDING = ("workbench/config.py", "workbench/export/__init__.py")
+MAX_LINES = 900
+
+
+def test_no_module_is_past_900_lines() -> None:
+    """docs/architecture.md: "none past 900" lines (one concept per file)."""
+    long = {
+        str(path.relative_to(ROOT.parent)): n
+        for path in ROOT.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert {p: n for p, n in long.items() if p not in PENDING} == {}

@@ -319,6 +319,7 @@ def export_job(
         files[CONFIG_NAME] = json.dumps(ds, indent=2) + "\n"
     files[script] = _script_text(script)
     files[COMMON_NAME] = _script_text(COMMON_NAME)
+    files.update((n, _script_text(n)) for n in ("job_files.py", "job_parallel.py"))
     files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
     files[LAUNCH_NAME] = _launch_sh(
         format, config, model, gpus, nodes, primary, commands, options=options

@@ -1,20 +1,14 @@
-"""What every exported training script shares: reading `job.json`, the model and its data
-(a workbench built-in or a factory "pkg.module:function" found from the current folder),
-the data contract, a single-process fallback without a launcher.
-
-A factory is code, and a `job.json` is a file anyone may have edited: the factory it names
-is imported only when the script's command line names it too (`--model SPEC`, equal to
-job.json's; `launch.sh` passes it) or says `--trust-model-spec`; then the script prints
-what it imports (module, where from, function). Otherwise it refuses, naming the spec and
-the file. A built-in model name is data and always allowed. Nor does a job.json choose which
-other file is read: the text file a built-in's `text` option names is read only when the
-command line names the same path (`--text PATH`; `launch.sh` passes it). Files are read bounded: a
-regular file only (no FIFO or device), at most 16 MiB, strict JSON (a key given twice,
-NaN or Infinity refused).
+"""What every exported training script shares: the model and its data (a workbench
+built-in or a factory "pkg.module:function" found from the current folder, once
+`approve_model` approved it), the data contract, a single-process fallback without a
+launcher, LoRA, activation recomputation and offload, the learning-rate schedule and the
+optimizers, tensor parallelism. Reading `job.json` and the command line's approvals live in
+`job_files.py` beside it (see its docstring); this module re-exports their names.
 
 The workbench ships it as `workbench/export/job_common.py` and copies it as is beside the
 script of every export (`train_deepspeed.py`, `train_fsdp.py`, `train_lightning.py`),
-which import it from their own folder.
+which import it from their own folder. The library imports some of its pieces instead of
+keeping copies (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -27,216 +21,41 @@ import json
 import math
 import os
 import re
-import shlex
 import socket
-import stat
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-JOB_NAME = "job.json"
-JOB_KEYS = (
-    "description",
-    "model",
-    "model_options",
-    "seed",
-    "steps",
-    "num_workers",
-    "pin_memory",
-    "activation_checkpointing",
-    "activation_offload",
-    "exported_world_size",
-)
-SCRIPT = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train"
-#: a job's activation recomputation (True and False, older jobs' words, mean full and none)
-RECOMPUTE = ("none", "selective", "full")
+# Beside this file in an exported folder, modules of the package here: job.json and the
+# command line (job_files.py), tensor parallelism (job_parallel.py). Their names are this
+# module's too, for the scripts that import them from here.
+try:
+    import workbench.export.job_files as job_files
+    import workbench.export.job_parallel as job_parallel
+except ImportError:  # an exported folder without workbench installed
+    import job_files  # type: ignore[no-redef, import-not-found]
+    import job_parallel  # type: ignore[no-redef, import-not-found]
 
-
-def fail(message: str) -> NoReturn:
-    print(f"{SCRIPT}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-#: a factory spec: a dotted module path, a colon, a function name
-FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-MAX_FILE_BYTES = 16 * 1024 * 1024
-MAX_STEPS = 10**12
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} appears twice in one object")
-        out[key] = value
-    return out
-
-
-def _not_finite(text: str) -> Any:
-    raise ValueError(f"{text}: JSON numbers must be finite")
-
-
-def read_json_file(path: str, what: str) -> Any:
-    """The strict JSON of the regular file `path` (at most MAX_FILE_BYTES); exits with a
-    message naming `what` and the path for anything else."""
-    try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            fail(f"{what} {path}: not a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            fail(f"{what} {path}: {info.st_size:,} bytes, more than {MAX_FILE_BYTES:,}")
-        with open(path, "rb") as f:
-            text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
-        return json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_not_finite,
-            parse_float=lambda t: float(t) if math.isfinite(float(t)) else _not_finite(t),
-        )
-    except (OSError, ValueError, RecursionError) as exc:
-        fail(f"{what} {path}: cannot be read ({' '.join(str(exc).split())[:300]})")
-
-
-def _is_number(value: Any, low: float, high: float) -> bool:
-    """A finite int or float (not a bool) within [low, high]."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and low <= value <= high
-    )
-
-
-def _is_int(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def read_job(path: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The job description (`job.json`), every key present (JOB_KEYS and `extra`) and of
-    its type; every problem named at once."""
-    job = read_json_file(path, "the job description")
-    if not isinstance(job, dict):
-        fail(f"{path}: must hold a JSON object")
-    missing = [k for k in (*JOB_KEYS, *extra) if k not in job]
-    if missing:
-        fail(f"{path}: missing {', '.join(missing)}")
-    checks = {
-        "model": isinstance(job["model"], str) and 0 < len(job["model"]) <= 300,
-        "model_options": isinstance(job["model_options"], dict),
-        "seed": _is_int(job["seed"], 0, 2**64 - 1),
-        "steps": _is_int(job["steps"], 1, MAX_STEPS),
-        "num_workers": _is_int(job["num_workers"], 0, 1024),
-        "pin_memory": isinstance(job["pin_memory"], bool),
-        "activation_checkpointing": isinstance(job["activation_checkpointing"], bool)
-        or job["activation_checkpointing"] in RECOMPUTE,
-        "activation_offload": isinstance(job["activation_offload"], bool),
-        "exported_world_size": _is_int(job["exported_world_size"], 1, 2**26),
-    }
-    for key in extra:
-        checks[key] = isinstance(job[key], dict if key == "config" else str)
-    bad = [f"{k}={repr(job[k])[:80]}" for k, ok in checks.items() if not ok]
-    if bad:
-        fail(f"{path}: not a job this script writes: {', '.join(bad)}")
-    return dict(job)
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--model SPEC` and `--trust-model-spec` (see the module docstring)."""
-    parser.add_argument(
-        "--model",
-        metavar="SPEC",
-        default=None,
-        help="the model job.json names; a factory 'pkg.module:function' is imported only "
-        "when named here too (launch.sh does)",
-    )
-    parser.add_argument(
-        "--trust-model-spec",
-        action="store_true",
-        help="import the factory job.json names without naming it with --model",
-    )
-    parser.add_argument(
-        "--text",
-        metavar="PATH",
-        default=None,
-        help="the text file job.json's model options name (tiny-gpt's `text`); it is read "
-        "only when named here too (launch.sh does)",
-    )
-
-
-def approve_model(
-    job: dict[str, Any],
-    model: str | None,
-    trusted: bool,
-    source: str,
-    text: str | None = None,
-) -> bool:
-    """Whether the job's model may be built: a built-in name always; a factory when the
-    command line named it too (`model`, which must equal job.json's) or `trusted`, after
-    printing what will be imported. A built-in's `text` option (the file tiny-gpt trains
-    on) is read only when the command line names the same path (`text`, `--text`): a job
-    file never chooses which other file is read. Exits with a refusal naming the spec (or
-    the text) and `source`."""
-    spec = job["model"]
-    if model is not None and model != spec:
-        fail(
-            f"--model {model!r}: {source} names the model {spec!r}; give the same model "
-            "(or re-export the job for another)"
-        )
-    if ":" not in spec:
-        approve_text(job, text, source)
-        return True
-    if not FACTORY.match(spec):
-        fail(f"{source}: model {spec!r}: a factory must be written 'pkg.module:function'")
-    module_name, _, function = spec.partition(":")
-    if model is None and not trusted:
-        fail(
-            f"{source}: model {spec!r} names Python code to import and run (module "
-            f"{module_name!r}, function {function!r}); a job file cannot choose code to run, "
-            f"so it is not imported. Name it yourself: {SCRIPT} --model {spec} (launch.sh "
-            "does), or pass --trust-model-spec if you trust this file"
-        )
-    sys.path.insert(0, os.getcwd())  # as `python -m` finds modules in the current folder
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        found = None
-    origin = "not importable here" if found is None else (found.origin or "a namespace package")
-    why = "named by --model" if model is not None else "trusted with --trust-model-spec"
-    if os.environ.get("RANK", "0") == "0":
-        print(
-            f"{SCRIPT}: model {spec!r} ({why}): importing module {module_name!r} from "
-            f"{origin} and calling {function}(**model_options)",
-            file=sys.stderr,
-        )
-    return True
-
-
-def approve_text(job: dict[str, Any], text: str | None, source: str) -> None:
-    """Exit with a refusal unless the file a built-in model's `text` option names is the
-    one the command line names (`--text`), or neither names one (the built-in sonnets)."""
-    options = job["model_options"]
-    given = options.get("text") if isinstance(options, dict) else None
-    if given is None and text is None:
-        return
-    if given is None:
-        fail(
-            f"--text {repr(text)[:200]}: {source} trains on the built-in sonnets (no text option); "
-            "re-export the job with the text"
-        )
-    if text is None:
-        fail(
-            f"{source}: model option text={repr(given)[:200]} names a file to train on; a job "
-            "file cannot choose which file is read, so it is not read. Name it yourself: "
-            f"{SCRIPT} --text {shlex.quote(str(given))} (launch.sh does)"
-        )
-    if text != given:
-        fail(
-            f"--text {repr(text)[:200]}: {source} names the text {repr(given)[:200]}; give the same "
-            "path (or re-export the job for another text)"
-        )
+FACTORY = job_files.FACTORY
+JOB_KEYS = job_files.JOB_KEYS
+JOB_NAME = job_files.JOB_NAME
+MAX_FILE_BYTES = job_files.MAX_FILE_BYTES
+MAX_STEPS = job_files.MAX_STEPS
+RECOMPUTE = job_files.RECOMPUTE
+SCRIPT = job_files.SCRIPT
+add_model_arguments = job_files.add_model_arguments
+approve_model = job_files.approve_model
+approve_text = job_files.approve_text
+fail = job_files.fail
+int_in = job_files.int_in
+number_in = job_files.number_in
+read_job = job_files.read_job
+read_json_file = job_files.read_json_file
+tensor_parallelize = job_parallel.tensor_parallelize
+sharded_grad_norm = job_parallel.sharded_grad_norm
 
 
 def single_process_env() -> None:
@@ -380,10 +199,10 @@ def add_lora(module: torch.nn.Module, config: dict[str, Any]) -> None:
     dropout = config.get("lora_dropout", 0.0)
     targets = config.get("lora_targets", "all-linear")
     for name, value, ok, allowed in (
-        ("lora_rank", rank, _is_int(rank, 1, 4096), "an integer from 1 to 4096"),
-        ("lora_alpha", alpha_in, _is_number(alpha_in, 0.0, 1e6) and alpha_in > 0,
+        ("lora_rank", rank, int_in(rank, 1, 4096), "an integer from 1 to 4096"),
+        ("lora_alpha", alpha_in, number_in(alpha_in, 0.0, 1e6) and alpha_in > 0,
          "a number > 0 and <= 10^6"),
-        ("lora_dropout", dropout, _is_number(dropout, 0.0, 1.0) and dropout < 1,
+        ("lora_dropout", dropout, number_in(dropout, 0.0, 1.0) and dropout < 1,
          "a number >= 0 and < 1"),
         ("lora_targets", targets, isinstance(targets, str) and 0 < len(targets) <= 1000,
          "module names or 'all-linear', at most 1000 characters"),
@@ -557,7 +376,7 @@ def recompute_attention_cores(module: torch.nn.Module) -> int:
 
 
 #: autograd nodes that only view or copy a tensor (an autocast cast of a weight)
-_VIEW_OR_COPY = frozenset(
+VIEW_OR_COPY = frozenset(
     {"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
      "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0", "AliasBackward0",
      "SliceBackward0", "SelectBackward0", "CloneBackward0", "ReshapeAliasBackward0"}
@@ -571,7 +390,7 @@ def from_parameter(t: torch.Tensor, storages: set[int]) -> bool:
         return True
     fn = t.grad_fn
     for _ in range(4):
-        if fn is None or type(fn).__name__ not in _VIEW_OR_COPY:
+        if fn is None or type(fn).__name__ not in VIEW_OR_COPY:
             return False
         nexts = [f for f, _ in fn.next_functions if f is not None]
         if len(nexts) != 1:
@@ -806,194 +625,3 @@ def marked_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks the workbench marked as the model's repeated units (checkpointable):
     the built-in GPT's transformer blocks; FSDP wraps each of them."""
     return [m for m in module.modules() if getattr(m, CHECKPOINTABLE, False)]
-
-
-# ---------------------------------------------------------------------- tensor parallelism
-def tensor_parallelize(module: torch.nn.Module, mesh: Any, tp: int, sequence: bool) -> None:
-    """Split `module` over the `tp` ranks of `mesh` in place: the job's copy of
-    `workbench.train.tensor_plan` and the tensor-parallel engine's plan. The built-in GPT
-    (fused qkv rows reordered so each rank's slice holds its heads' q, k and v) and
-    `transformers` Llama-style decoders (with `sequence`, the norms and the residual
-    stream of either split along the sequence); column-wise q/k/v (qkv) and first MLP layers,
-    row-wise projections, a vocabulary-parallel embedding and head (logits left split for
-    `loss_parallel`)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleOutput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    layers, sizes, tied = _tp_layers(module, tp, sequence)
-    bad = [f"{name}={size}" for name, size in sizes.items() if size % tp]
-    if bad:
-        fail(f"tp={tp}: must divide {', '.join(bad)} evenly")
-    stream = Shard(1) if sequence else Replicate()
-    styles: dict[str, Any] = {}
-    for name, kind in layers.items():
-        if kind == "colwise":
-            styles[name] = ColwiseParallel(input_layouts=stream)
-        elif kind == "rowwise":
-            styles[name] = RowwiseParallel(output_layouts=stream)
-        elif kind == "embedding":
-            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
-        elif kind == "embedding-whole":
-            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        elif kind == "colwise-gathered":
-            styles[name] = ColwiseParallel()
-        elif kind == "gather-sequence":
-            styles[name] = PrepareModuleInput(
-                input_layouts=(Shard(1),),
-                desired_input_layouts=(Replicate(),),
-                use_local_output=True,
-            )
-        elif kind == "gather-sequence-kw":
-            styles[name] = PrepareModuleInput(
-                input_kwarg_layouts={"hidden_states": Shard(1)},
-                desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                use_local_output=True,
-            )
-        elif kind == "split-sequence":
-            styles[name] = PrepareModuleInput(
-                input_layouts=(Replicate(),),
-                desired_input_layouts=(Shard(1),),
-                use_local_output=True,
-            )
-        elif kind == "norm":
-            styles[name] = SequenceParallel()
-        elif kind == "positions":
-            styles[name] = PrepareModuleOutput(
-                output_layouts=Replicate(), desired_output_layouts=Shard(0)
-            )
-        else:
-            styles[name] = ColwiseParallel(
-                input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
-            )
-    parallelize_module(module, mesh, styles)
-    if tied is not None:
-        head, embedding = (module.get_submodule(n) for n in tied)
-        head.weight = embedding.weight
-    every: list[Any] = list(module.parameters())
-    for p in every:
-        placements = getattr(p, "placements", None)
-        if p.requires_grad and placements is not None:
-            p.register_hook(_placed_as(placements))
-
-
-def _placed_as(placements: Any) -> Any:
-    def hook(grad: Any) -> Any:  # the embedding's whole-vocabulary gradient -> its rows
-        if tuple(grad.placements) == tuple(placements):
-            return None
-        return grad.redistribute(placements=placements)
-
-    return hook
-
-
-def _tp_layers(
-    model: torch.nn.Module, tp: int, sequence: bool
-) -> tuple[dict[str, str], dict[str, int], tuple[str, str] | None]:
-    """(module name -> style, the sizes tp must divide, the tied (head, embedding))."""
-    module: Any = model  # its submodules are read by name
-    names = {n for n, _ in module.named_modules()}
-    blocks: Any = getattr(module, "blocks", None)
-    if type(module).__name__ == "TinyGPT" and isinstance(blocks, torch.nn.ModuleList):
-        hidden = int(module.wte.weight.shape[1])
-        layers: dict[str, str] = {"wte": "embedding", "head": "head"}
-        gpt_blocks: list[Any] = list(blocks)
-        sizes = {"heads": int(gpt_blocks[0].attn.heads), "hidden": hidden, "ffn_hidden": 4 * hidden}
-        if sequence:
-            layers.update({"wpe": "positions", "ln_f": "norm"})
-            sizes["seq_len"] = int(module.seq_len)
-        for i, block in enumerate(gpt_blocks):
-            if sequence:
-                layers[f"blocks.{i}.ln_1"] = layers[f"blocks.{i}.ln_2"] = "norm"
-            layers[f"blocks.{i}.attn.qkv"] = layers[f"blocks.{i}.mlp.fc"] = "colwise"
-            layers[f"blocks.{i}.attn.proj"] = layers[f"blocks.{i}.mlp.fc_proj"] = "rowwise"
-            if hidden % tp == 0:
-                c = hidden // tp
-                order = torch.cat(
-                    [
-                        torch.arange(j * hidden + r * c, j * hidden + (r + 1) * c)
-                        for r in range(tp)
-                        for j in range(3)
-                    ]
-                )
-                with torch.no_grad():
-                    for p in (block.attn.qkv.weight, block.attn.qkv.bias):
-                        p.copy_(p[order])
-        tied = ("head", "wte") if module.head.weight is module.wte.weight else None
-        return layers, sizes, tied
-    n = len(getattr(getattr(module, "model", None), "layers", None) or [])
-    want = (
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-    )
-    llama = n > 0 and all(f"model.layers.{i}.{w}" in names for i in range(n) for w in want)
-    if not llama or "model.embed_tokens" not in names or "lm_head" not in names:
-        fail(
-            f"tp={tp}: {type(module).__name__} has no tensor-parallel plan; tp > 1 splits the "
-            "workbench GPT and transformers Llama-style decoders"
-        )
-    layers = {"model.embed_tokens": "embedding", "lm_head": "head"}
-    if sequence:  # positions and the mask read the embedding's output: whole there
-        layers.update({"model.embed_tokens": "embedding-whole", "model.layers.0": "split-sequence"})
-        layers["model.norm"] = "norm"
-    for i in range(n):
-        if sequence:  # the attention and the MLP gather their input once each
-            layers[f"model.layers.{i}.input_layernorm"] = "norm"
-            layers[f"model.layers.{i}.post_attention_layernorm"] = "norm"
-            layers[f"model.layers.{i}.self_attn"] = "gather-sequence-kw"
-            layers[f"model.layers.{i}.mlp"] = "gather-sequence"
-        for w in (
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-        ):
-            layers[f"model.layers.{i}.{w}"] = "colwise-gathered" if sequence else "colwise"
-        layers[f"model.layers.{i}.self_attn.o_proj"] = "rowwise"
-        layers[f"model.layers.{i}.mlp.down_proj"] = "rowwise"
-    config = module.config
-    heads = int(config.num_attention_heads)
-    sizes = {
-        "heads": heads,
-        "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
-        "hidden": int(config.hidden_size),
-        "ffn_hidden": int(config.intermediate_size),
-    }
-    tied_llama = module.lm_head.weight is module.model.embed_tokens.weight
-    return layers, sizes, ("lm_head", "model.embed_tokens") if tied_llama else None
-
-
-def sharded_grad_norm(params: list[Any], world: int, clip: float | None) -> float:
-    """The full gradient's norm over DTensor shards and whole tensors alike (each local
-    squared sum weighted by how many ranks hold the same elements), clipped to `clip`."""
-    import torch.distributed as dist
-
-    grads: list[Any] = [p.grad for p in params if p.grad is not None]
-    device = grads[0].device if grads else torch.device("cpu")
-    total = torch.zeros((), dtype=torch.float32, device=device)
-    for g in grads:
-        local = g.to_local() if hasattr(g, "to_local") else g
-        pieces = 1
-        placements = getattr(g, "placements", None)
-        if placements is not None:
-            for size, placement in zip(g.device_mesh.shape, placements, strict=True):
-                if not (placement.is_replicate() or placement.is_partial()):
-                    pieces *= int(size)
-        total += local.float().pow(2).sum() * (pieces / world)
-    dist.all_reduce(total)
-    norm = float(total.sqrt())
-    if clip is not None and clip / (norm + 1e-6) < 1.0:
-        for g in grads:
-            (g.to_local() if hasattr(g, "to_local") else g).mul_(clip / (norm + 1e-6))
-    return norm

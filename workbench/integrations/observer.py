@@ -29,6 +29,12 @@ its record, so it reads the loss then. The gradient norm, the costly part on a m
 many small tensors, is taken every step while it costs under 0.1% of the step
 (`grad_norm="auto"`). benchmarks/observe.py measures the cost against the same trainer
 without the callback.
+
+Past 700 lines because the hot path is one object's: the hooks (`batch_start`,
+`end_step`) keep their state in the Observer's own attributes, written out in one body
+each, and the records are made from that state at the flush. What a step's values are
+(the gradient-norm schedule, the device slots, a tensor's value, a batch's size) lives in
+`workbench.integrations.step_values`.
 """
 
 from __future__ import annotations
@@ -47,6 +53,24 @@ from torch import nn
 
 from workbench.config import TrainConfig
 from workbench.inputs import shown
+from workbench.integrations.step_values import (
+    COLUMNS,
+    LOSS,
+    NORM,
+    ON_DEVICE,
+    SCALE,
+    StepSlots,
+    batch_size,
+    device_of,
+    grad_norm_every,
+    norm_interval,
+    number,
+    real_value,
+    world,
+)
+from workbench.integrations.step_values import (
+    NORM_BUDGET as NORM_BUDGET,
+)
 from workbench.train.backends.base import storage_bytes
 from workbench.train.history import History
 from workbench.train.records import Event, StepRecord
@@ -65,47 +89,12 @@ FLUSH_EVERY = 1024
 #: percent of a millisecond step); CUDA's counters every step.
 RSS_SECONDS = 0.25
 
-#: The columns of a pending step's device values, and the mark of a value kept there.
-LOSS, NORM, SCALE = 0, 1, 2
-_COLUMNS = ("loss", "grad_norm", "scale")
-ON_DEVICE = object()
-
-#: `grad_norm="auto"`: the share of the step the gradient norm may cost the host. Above it
-#: the norm is taken every k-th step, the smallest k that keeps its cost under this share.
-NORM_BUDGET = 0.001
-
 #: What a hand-written loop's observer says when a step came without a loss (a trainer's
 #: callback says how to expose the loss to it: `Observer(no_loss_note=...)`).
 LOOP_NO_LOSS = (
     "obs.step() was given no loss: pass it, obs.step(loss) (or obs.micro_batch(batch, loss) "
     "per micro-batch)"
 )
-
-
-def grad_norm_every(value: bool | int | str) -> int | None:
-    """The `grad_norm` argument as a fixed interval: True -> 1 (every step), an int k >= 1
-    -> k, False -> 0 (never), "auto" -> None (chosen from the measured costs:
-    `norm_interval`). ValueError naming the value and what is allowed else."""
-    if value is True or value is False:
-        return int(value)
-    if value == "auto":
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ValueError(
-        f"grad_norm={shown(value)}: must be True (every step), False (never), an int k >= 1 "
-        "(every k-th step) or 'auto' (every step while it costs under "
-        f"{NORM_BUDGET:.1%} of the step, else every k-th)"
-    )
-
-
-def norm_interval(norm_seconds: float, step_seconds: float, budget: float = NORM_BUDGET) -> int:
-    """How many steps apart `grad_norm="auto"` takes the norm: 1 while the norm's host time
-    (`norm_seconds`) is at most `budget` of the step (`step_seconds`), else the smallest k
-    with norm_seconds / k <= budget * step_seconds (at most 1000 steps apart)."""
-    if step_seconds <= 0 or norm_seconds <= budget * step_seconds:
-        return 1
-    return min(1000, math.ceil(norm_seconds / (budget * step_seconds)))
 
 
 class Observer:
@@ -168,7 +157,7 @@ class Observer:
         self._steps = 0
         self.events: list[Event] = []
         self._version = 0  # attachments, flushes and replacements so far
-        self.world_size, self.rank = _world()
+        self.world_size, self.rank = world()
         self._lock = threading.Lock()
         self._closed = False
         self._last_end: float | None = None
@@ -178,7 +167,7 @@ class Observer:
         # were added into its row of the device slots; its gradient norm (a number, or
         # ON_DEVICE: in its row)
         self._loss_sum, self._loss_n, self._loss_dev = 0.0, 0, 0
-        self._slots: _Slots | None = None
+        self._slots: StepSlots | None = None
         # a CPU tensor's value is read at once (it is ready); True: copied into the slots
         # too, as another device's are (what the tests of the slots set)
         self._slots_on_cpu = False
@@ -224,7 +213,7 @@ class Observer:
         self.read_from = dict(read_from or {})
         self.notes = list(notes or [])
         self._loss_noted = False
-        self.device = _device_of(model)
+        self.device = device_of(model)
         self._cuda = self.device.type == "cuda"
         self._params: list[nn.Parameter] | None = None
         self._batch: Any = None  # the first micro-batch seen: its sequence length
@@ -325,7 +314,7 @@ class Observer:
             if len(shape) == 2 and not ids.is_floating_point():
                 self._tokens += shape[0] * shape[1]
             return
-        samples, tokens = _batch_size(batch)
+        samples, tokens = batch_size(batch)
         self._samples += samples
         self._tokens += tokens
         if self._batch is None:
@@ -353,7 +342,7 @@ class Observer:
         is kept, nothing waits for the device), a number into its sum."""
         if type(loss) is torch.Tensor and loss.is_cpu and not self._slots_on_cpu:
             # the common case first, in one call: a trainer's step runs it every micro-batch
-            self._loss_sum += loss.item() if loss.numel() == 1 else _number(loss)
+            self._loss_sum += loss.item() if loss.numel() == 1 else number(loss)
             self._loss_n += 1
             return
         if isinstance(loss, torch.Tensor):
@@ -362,7 +351,7 @@ class Observer:
             ):
                 self._loss_dev += 1
                 return
-            loss = _number(loss)
+            loss = number(loss)
         elif not isinstance(loss, numbers.Real) or isinstance(loss, bool):
             raise ValueError(f"loss={shown(loss)}: must be a tensor, a real number or None")
         self._loss_sum += float(loss)
@@ -376,7 +365,7 @@ class Observer:
         slots = self._slots
         try:
             if slots is None:
-                slots = self._slots = _Slots(value.device, FLUSH_EVERY)
+                slots = self._slots = StepSlots(value.device, FLUSH_EVERY)
             slots.put(self._row, column, value, add)
         except (RuntimeError, TypeError, NotImplementedError):
             return False
@@ -389,7 +378,7 @@ class Observer:
         read now where they cannot take it."""
         if (self._slots_on_cpu or not value.is_cpu) and self._put(column, value):
             return ON_DEVICE
-        return _number(value, _COLUMNS[column])
+        return number(value, COLUMNS[column])
 
     def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The gradients are ready: their total norm (on the device, read with the loss at
@@ -489,7 +478,7 @@ class Observer:
         if isinstance(scale, torch.Tensor):  # a GradScaler's, updated in place: this
             kept_scale = self._value(SCALE, scale)  # step's value, kept now
         elif scale is not None:
-            kept_scale = _real("scale", scale)
+            kept_scale = real_value("scale", scale)
         if loss is not None:
             self._add_loss(loss)
             if summed:
@@ -554,10 +543,10 @@ class Observer:
             ):
                 raise ValueError(f"{name}={shown(value)}: must be an integer >= 0 or None")
         if lr is not None:
-            lr = _real("lr", lr)
-            lr = _number(lr, "lr") if isinstance(lr, torch.Tensor) else lr
+            lr = real_value("lr", lr)
+            lr = number(lr, "lr") if isinstance(lr, torch.Tensor) else lr
         if grad_norm is not None:
-            grad_norm = _real("grad_norm", grad_norm)
+            grad_norm = real_value("grad_norm", grad_norm)
             if isinstance(grad_norm, torch.Tensor):
                 grad_norm = self._value(NORM, grad_norm)
         return samples, tokens, lr, grad_norm
@@ -854,67 +843,6 @@ def _total_norm(grads: list[torch.Tensor], one_kind: bool) -> torch.Tensor:
     return norm
 
 
-class _Slots:
-    """The pending steps' device values (loss, gradient norm, loss scale), each step's
-    copied into its row of one float32 buffer on the device: no tensor of the trainer's is
-    kept until the flush (a step's own small tensors held that long slow the steps after
-    it, by 3-5% on a CPU here: the allocator's heap stays fragmented), and the rows are read
-    in one copy. Row r of column c is a view made once (`cells`), written in place."""
-
-    def __init__(self, device: torch.device, rows: int) -> None:
-        self.device = device
-        self.buffer = torch.zeros(rows, 3, dtype=torch.float32, device=device)
-        self.cells = [row.unbind() for row in self.buffer.unbind()]
-
-    def put(self, row: int, column: int, value: torch.Tensor, add: bool) -> None:
-        if value.requires_grad:
-            value = value.detach()
-        if value.dim():  # one value a step: a per-sample loss counts as its mean
-            if not value.numel():
-                raise _empty(_COLUMNS[column], value)
-            value = value.reshape(()) if value.numel() == 1 else value.float().mean()
-        cell = self.cells[row][column]
-        if add:
-            cell.add_(value.to(self.device) if value.device != self.device else value)
-        else:
-            cell.copy_(value)
-
-    def read(self) -> list[list[float]]:
-        rows: list[list[float]] = self.buffer.tolist()
-        return rows
-
-
-def _number(value: torch.Tensor, name: str = "loss") -> float:
-    """A tensor's value, now (a DTensor's full value; a tensor of several values, a
-    per-sample loss, counts as their mean; an empty one is refused, naming `name`)."""
-    if type(value) is torch.Tensor and value.numel() == 1:
-        return value.item()
-    if not value.numel():
-        raise _empty(name, value)
-    full = getattr(value, "full_tensor", None)
-    if callable(full):
-        value = full()
-    return float(value.detach().float().mean())
-
-
-def _empty(name: str, value: torch.Tensor) -> ValueError:
-    return ValueError(
-        f"{name}={shown(value)}: must hold a value (an empty tensor has none; a per-sample "
-        "value counts as its mean)"
-    )
-
-
-def _real(name: str, value: Any) -> Any:
-    """`value` when it is a real number or a tensor of one real value, else ValueError
-    naming `name` (a value the step's record could not hold)."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1 and not value.is_complex():
-            return value
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return value
-    raise ValueError(f"{name}={shown(value)}: must be a real number, a one-value tensor or None")
-
-
 def fmt_value(v: Any) -> str:
     """A setting's value as an argument writes it (floats without trailing zeros, text
     quoted)."""
@@ -923,38 +851,3 @@ def fmt_value(v: Any) -> str:
     if isinstance(v, str):
         return repr(v)
     return str(v)
-
-
-def _batch_size(batch: Any) -> tuple[int, int]:
-    """(samples, tokens) of a batch: its token ids' shape (a dict's `input_ids`, a tuple's
-    first tensor), tokens only for integer ids."""
-    ids = batch
-    kind = type(batch)
-    if kind is torch.Tensor:  # the common layouts first: no abstract-class check
-        pass
-    elif kind is tuple or kind is list:
-        ids = batch[0] if batch else None
-    elif kind is dict or isinstance(batch, Mapping):
-        ids = batch.get("input_ids", next(iter(batch.values()), None))
-    elif isinstance(batch, (tuple, list)) and batch:
-        ids = batch[0]
-    if isinstance(ids, torch.Tensor):
-        shape = ids.shape
-        if not shape:
-            return 0, 0
-        tokens = shape[0] * shape[1] if len(shape) == 2 and not ids.dtype.is_floating_point else 0
-        return shape[0], tokens
-    return 0, 0
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0

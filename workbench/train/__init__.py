@@ -2,6 +2,8 @@
 
 session.py       Session: its states, the loop thread, public API
 session_tools.py the Session's memory, predict, profile and launch methods
+session_step.py  one step of the Session's loop, its out-of-memory retry and its record
+run_folders.py   a run's id, the folders it claims and its checkpoint writes
 changes.py       the queue of settings changes; what a change rebuilds; what a session runs
 faults.py        what a failed step does: the out-of-memory retry, a non-finite loss, errors
 resume.py        where a save goes, its manifest, what a loaded checkpoint resumes with
@@ -19,6 +21,7 @@ data.py          DataStream: resumable, rebuildable data loading
 recompute.py     activation recomputation (checkpointing) of marked blocks, toggled live
 offload.py       activation offload: the forward's saved activations kept in host memory
 checkpoints.py   training checkpoints: the payload, atomic files, the newest N kept
+                 (with checkpoint_files, _payload, _write and _runs.py beside it)
 history.py       the bounded step history; runlog.py the run's JSON-lines log
 memory.py        measured memory (tensors, saved activations) next to the prediction
 profiler.py      torch.profiler around a few steps

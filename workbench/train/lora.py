@@ -43,10 +43,12 @@ import torch
 from torch import nn
 
 from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names
+from workbench.export.job_common import LORA_HEADS
 from workbench.inputs import shown
 
-#: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head).
-HEAD_NAMES = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
+#: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head):
+#: the exported jobs' set, one object (`workbench.export.job_common.LORA_HEADS`).
+HEAD_NAMES = LORA_HEADS
 
 #: peft's adapter name for the Session's one adapter.
 ADAPTER = "default"

@@ -37,23 +37,12 @@ from typing import Any
 import torch
 from torch import nn
 
-#: autograd nodes that only view or copy their input (an autocast cast of a weight)
-VIEW_OR_COPY = frozenset(
-    {
-        "ToCopyBackward0",
-        "TBackward0",
-        "ViewBackward0",
-        "TransposeBackward0",
-        "PermuteBackward0",
-        "ExpandBackward0",
-        "UnsafeViewBackward0",
-        "AliasBackward0",
-        "SliceBackward0",
-        "SelectBackward0",
-        "CloneBackward0",
-        "ReshapeAliasBackward0",
-    }
-)
+from workbench.export import job_common
+
+#: autograd nodes that only view or copy their input (an autocast cast of a weight): the
+#: exported jobs' set, one object (`workbench.export.job_common` stands alone; the library
+#: imports it)
+VIEW_OR_COPY = job_common.VIEW_OR_COPY
 
 
 def data_ptr(storage: Any) -> int:

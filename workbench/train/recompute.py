@@ -33,9 +33,11 @@ from typing import Any
 import torch.utils.checkpoint
 from torch import nn
 
+from workbench.export.job_common import CHECKPOINTABLE
 from workbench.inputs import shown
 
-_FLAG = "_workbench_checkpointable"
+#: the mark of a checkpointable block: the exported jobs' attribute (one name, read by both)
+_FLAG = CHECKPOINTABLE
 _ORIG = "_workbench_orig_forward"
 _CORE = "recompute_core"
 

@@ -16,7 +16,9 @@ the checks); this module is the Session's side of them:
 * `resumed_run(payload)`: the run a resumed session continues (its id, and the folder whose
   checkpoints without a run id are that run's);
 * `folder_check(...)`: refuses a folder a run must not write into (another run's
-  checkpoints or log, or its own newer checkpoints), before anything is written.
+  checkpoints or log, or its own newer checkpoints), before anything is written;
+* `check_checkpoint_arg(name, value)`: a checkpoint argument (`resume`, `path_or_dir`)
+  is a path (or a loaded payload), else ValueError naming it.
 """
 
 from __future__ import annotations
@@ -267,3 +269,25 @@ __all__ = [
     "resumed_run",
     "save_target",
 ]
+
+
+def check_checkpoint_arg(name: str, value: Any, *, payload_too: bool = False) -> None:
+    """ValueError naming `name` unless `value` is a checkpoint file or folder path (with
+    `payload_too`: None, or a payload `checkpoints.load` returned)."""
+    if payload_too and value is None:
+        return
+    if payload_too and isinstance(value, dict):
+        problems = ckpt.payload_problems(value)
+        if problems or "path" not in value:
+            raise ValueError(
+                f"{name}: a dict that is not a payload workbench.train.checkpoints.load "
+                f"returned ({'; '.join(problems) or 'no path'}); pass the checkpoint's path"
+            )
+        return
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        more = ", a payload workbench.train.checkpoints.load returned, or None"
+        raise ValueError(
+            f"{name}={shown(value)}: must be a checkpoint file or folder path (a non-empty "
+            f"str or os.PathLike){more if payload_too else ''}"
+        )

@@ -26,30 +26,20 @@ from __future__ import annotations
 import math
 
 from workbench.config import LRScaling, LRSchedule, TrainConfig
+from workbench.export import job_common
 
-ONECYCLE_PCT_START = 0.3
-ONECYCLE_FINAL_DIV = 1e4
+#: The formulas are the exported jobs' (`workbench.export.job_common.lr_multiplier`, one
+#: implementation: the shipped scripts stand alone, the library imports them)
+ONECYCLE_PCT_START = job_common.ONECYCLE_PCT_START
+ONECYCLE_FINAL_DIV = job_common.ONECYCLE_FINAL_DIV
 
 
 def lr_multiplier(
     schedule: LRSchedule | str, step: int, warmup_steps: int, total_steps: int
 ) -> float:
-    """Factor applied to the base learning rate for the step after `step` applied steps."""
-    sched = LRSchedule(schedule)
-    warmup = warmup_steps
-    if sched is LRSchedule.ONECYCLE and warmup == 0:
-        warmup = max(1, int(ONECYCLE_PCT_START * total_steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    if sched is LRSchedule.CONSTANT:
-        return 1.0
-    span = max(1, total_steps - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    if sched is LRSchedule.COSINE:
-        return cosine
-    floor = 1.0 / ONECYCLE_FINAL_DIV
-    return floor + (1.0 - floor) * cosine
+    """Factor applied to the base learning rate for the step after `step` applied steps
+    (ValueError for a schedule that is not an LRSchedule)."""
+    return job_common.lr_multiplier(LRSchedule(schedule).value, step, warmup_steps, total_steps)
 
 
 def lr_at(config: TrainConfig, step: int, base_lr: float) -> float:

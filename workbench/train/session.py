@@ -35,19 +35,14 @@ that always fails would otherwise block `resume`).
 LR scaling: `lr_scaling` scales `lr` by the effective batch relative to the one the
 session started with (see `workbench.train.schedule`).
 
-This file is the Session's public surface and its state machine (the loop thread, which
-fault moves it to which state, events). The pieces it drives live beside it, one concept
-each: `runtime.py` (the data stream and backend a setting is built into, and your module's
-weights), `changes.py` (the queue of changes and what a change rebuilds, what a session can
-run), `step.py` (one optimizer step and its record), `faults.py` (what to do and say when a
-step fails), `resume.py` (where a save goes, its manifest, what a loaded checkpoint resumes
-with), `checkpoints.py` (the checkpoint payload and files), `session_log.py` (the run log
-and TensorBoard), `owners.py` (one live Session per module; closing at exit), `world.py`
-(rank and world size), `progress.py` (the progress bar), `session_tools.py` (its memory,
-predict, profile and launch methods), `memory.py` and `profiler.py` (measuring it through
-its public methods), `launch.py` (several ranks). Past 700 lines because the public
-methods, each documented for `help()`, and the state machine they drive share one lock
-and one set of states.
+This file is the Session's public surface, its setup in named steps and its state machine
+(the loop thread, which fault moves it to which state, events). The pieces it drives live
+beside it, one concept each (docs/architecture.md lists them): `runtime.py`, `changes.py`,
+`step.py` and `session_step.py` (one step, its out-of-memory retry and its record),
+`faults.py`, `resume.py` and `run_folders.py` (the run's folders and checkpoints),
+`session_log.py`, `session_tools.py` (its memory, predict, profile and launch methods, its
+weights file and `resume_from`). Past 700 lines because the public methods, each documented
+for `help()`, and the state machine they drive share one lock and one set of states.
 """
 
 from __future__ import annotations
@@ -59,7 +54,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +66,10 @@ from workbench.config import ConfigError, Device, Documents, SettingProblem, Tra
 from workbench.inputs import is_int, shown
 from workbench.models.spec import resolve_model
 from workbench.modelstats import count_parameters
+from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train import checkpoints as ckpt
-from workbench.train import faults, owners
-from workbench.train.backends import Backend, StepOutcome
-from workbench.train.batches import DataContractError
+from workbench.train import owners
+from workbench.train.backends import Backend
 from workbench.train.changes import ChangeQueue, session_problems
 from workbench.train.data import DataPosition
 from workbench.train.devices import cuda_uuid, resolve_device
@@ -82,26 +77,23 @@ from workbench.train.history import History, Recent
 from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
 from workbench.train.resume import (
-    folder_check,
+    check_checkpoint_arg,
     manifest_fields,
-    resume_settings,
     resumed_records,
-    resumed_run,
     save_target,
 )
+from workbench.train.run_folders import RunFolders
 from workbench.train.runlog import LOG_NAME
 from workbench.train.runtime import RngStream, Runtime
 from workbench.train.schedule import scaled_lr
 from workbench.train.session_log import SessionLog, tensorboard_setting
+from workbench.train.session_step import SessionStep
 from workbench.train.session_tools import SessionTools
 from workbench.train.step import (
     Label,
     NonFiniteLoss,
-    RecordMaker,
-    StepMeasure,
     is_oom,
     nan_advice,
-    optimizer_step,
 )
 from workbench.train.world import world_from_env
 
@@ -117,26 +109,13 @@ MAX_RUN_STEPS = 10**12
 log = logging.getLogger("workbench")
 
 
-def _check_checkpoint_arg(name: str, value: Any, *, payload_too: bool = False) -> None:
-    """ValueError naming `name` unless `value` is a checkpoint file or folder path (with
-    `payload_too`: None, or a payload `checkpoints.load` returned)."""
-    if payload_too and value is None:
-        return
-    if payload_too and isinstance(value, dict):
-        problems = ckpt.payload_problems(value)
-        if problems or "path" not in value:
-            raise ValueError(
-                f"{name}: a dict that is not a payload workbench.train.checkpoints.load "
-                f"returned ({'; '.join(problems) or 'no path'}); pass the checkpoint's path"
-            )
-        return
-    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
-    if not isinstance(text, str) or not text.strip():
-        more = ", a payload workbench.train.checkpoints.load returned, or None"
-        raise ValueError(
-            f"{name}={shown(value)}: must be a checkpoint file or folder path (a non-empty "
-            f"str or os.PathLike){more if payload_too else ''}"
-        )
+def _checked_config(config: TrainConfig | None) -> TrainConfig:
+    """`config`, or the defaults for None; ValueError for anything but a TrainConfig."""
+    if config is None:
+        return TrainConfig()
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+    return config
 
 
 class SessionError(RuntimeError):
@@ -201,27 +180,49 @@ class Session(SessionTools):
         resume: str | os.PathLike[str] | dict[str, Any] | None = None,
         tensorboard: bool | str | os.PathLike[str] = False,
     ) -> None:
-        if config is None:
-            config = TrainConfig()
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
-        _check_checkpoint_arg("resume", resume, payload_too=True)
+        config = _checked_config(config)
+        check_checkpoint_arg("resume", resume, payload_too=True)
         tensorboard = tensorboard_setting(tensorboard, config)
+        payload = self._setup_run(config, device, resume)
+        config, module, data, loss_fn = self._setup_model(
+            config, model, data, loss_fn, model_options, sampler
+        )
+        self._setup_state(config, tensorboard)
+        self._setup_runtime(config, module, data, loss_fn, payload)
+
+    # ------------------------------------------------------------------ setup, in order
+    def _setup_run(
+        self,
+        config: TrainConfig,
+        device: str | torch.device | None,
+        resume: str | os.PathLike[str] | dict[str, Any] | None,
+    ) -> dict[str, Any] | None:
+        """Where this session runs (id, rank, world size, device) and the run it saves as
+        (new, or `resume`'s), its folder claimed before anything is written; the payload."""
         self.id = uuid.uuid4().hex[:8]
         self.world_size, self.rank = world_from_env()
         self.device = resolve_device(device, Device(config.device).value)
         payload = resume if isinstance(resume, dict) or resume is None else ckpt.load(resume)
-        # the run this session saves as: checked before anything is trained or written
-        self.run_id, self._run_home = resumed_run(payload)
-        self._own_folders: set[str] = set()
+        self._folders = RunFolders(payload)
+        self.run_id = self._folders.run_id
         if config.checkpoint_dir is not None:
             start = int(payload["step"]) if payload is not None else 0
-            _, folder = save_target(None, config.checkpoint_dir, start, self.world_size, self.rank)
-            self._claim_folder(
-                folder or Path(config.checkpoint_dir), start, Path(config.checkpoint_dir)
+            self._folders.claim_checkpoint_dir(
+                config.checkpoint_dir, start, self.world_size, self.rank
             )
+        return payload
 
-        # -- model, data, loss
+    def _setup_model(
+        self,
+        config: TrainConfig,
+        model: str | nn.Module,
+        data: Dataset[Any] | DataLoader[Any] | None,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+        model_options: dict[str, Any] | None,
+        sampler: Any | None,
+    ) -> tuple[TrainConfig, nn.Module, Any, Any]:
+        """The module, data and loss (`resolve_model`), this session's from now on, and
+        `config` (a DataLoader's batch size as micro_batch) checked against them."""
         made = resolve_model(
             model,
             data=data,
@@ -244,12 +245,14 @@ class Session(SessionTools):
         self._model: nn.Module = module
         self._data_source = data
         self._sampler = sampler
-
         problems = self._problems(config, set())
         if problems:
             raise ConfigError(problems)
+        return config, module, data, loss_fn
 
-        # -- state
+    def _setup_state(self, config: TrainConfig, tensorboard: Any) -> None:
+        """The state machine's fields (idle, step 0), the history and events, the run's
+        log writer and the learning rate's reference batch."""
         self._state_lock = threading.RLock()
         self._cond = threading.Condition(self._state_lock)
         self._step_lock = threading.RLock()
@@ -275,12 +278,21 @@ class Session(SessionTools):
         )
         self._version = 0
         self._callbacks: list[Callable[[StepRecord], None]] = []
-        self._records = RecordMaker()
-        self._last_save_time = time.time()
+        self._folders.last_save_time = time.time()
         self.reference_batch = config.effective_batch_size(self.world_size)
         # Phase labels of the loop: no-ops, `record_function` while the profiler runs.
         self._label: Label = contextlib.nullcontext
 
+    def _setup_runtime(
+        self,
+        config: TrainConfig,
+        module: nn.Module,
+        data: Any,
+        loss_fn: Any,
+        payload: dict[str, Any] | None,
+    ) -> None:
+        """The data stream and backend `config` is built into (`Runtime`), from `payload`'s
+        step, state, data position, history and RNG stream when resuming."""
         position = state = buffers = None
         if payload is not None:
             self._step = int(payload["step"])
@@ -307,6 +319,21 @@ class Session(SessionTools):
         except BaseException:
             self._runlog.close()
             raise
+        self._stepper = SessionStep(
+            self._rt,
+            self._changes,
+            sampler=self._sampler,
+            info=self.info,
+            world_size=self.world_size,
+            rank=self.rank,
+            device=self.device,
+            gpu_uuid=self._gpu_uuid,
+            config=lambda: self._config,
+            steps_done=lambda: self._step,
+            label=lambda: self._label,
+            apply=self._apply,
+            event=self._event,
+        )
         owners.register(module, self)
         if payload is not None:  # the checkpoint's RNG stream, in place of the seeded one
             rng = payload["rng"]
@@ -370,15 +397,6 @@ class Session(SessionTools):
     def data(self) -> Any:
         """The Dataset or DataLoader this session trains on (as given, or the built-in's)."""
         return self._data_source
-
-    def data_report(self) -> Any | None:
-        """The built-in text's document layout and the padding it costs (a
-        `workbench.models.gpt.DocumentReport`: padding_fraction, real and slot tokens per
-        epoch) when `config.documents` is "padded" or "packed"; None for other data."""
-        from workbench.models.gpt import DocumentDataset
-
-        data = self._data_source
-        return data.report() if isinstance(data, DocumentDataset) else None
 
     @property
     def data_position(self) -> DataPosition:
@@ -449,15 +467,9 @@ class Session(SessionTools):
             data=self._data_source,
         )
         if "checkpoint_dir" in changed and config.checkpoint_dir is not None:
-            _, folder = save_target(
-                None, config.checkpoint_dir, self._step, self.world_size, self.rank
+            problems += self._folders.checkpoint_dir_problems(
+                config.checkpoint_dir, self._step, self.world_size, self.rank
             )
-            try:
-                self._claim_folder(
-                    folder or Path(config.checkpoint_dir), self._step, Path(config.checkpoint_dir)
-                )
-            except ckpt.CheckpointError as exc:
-                problems.append(SettingProblem("checkpoint_dir", config.checkpoint_dir, exc.reason))
         return problems
 
     # ------------------------------------------------------------------ events
@@ -540,23 +552,42 @@ class Session(SessionTools):
                 return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
         return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
 
-    def save_weights(self, path: str | os.PathLike[str]) -> str:
-        """Write `state_dict()` (on the CPU) to `path` with `torch.save`, atomically; plain
-        `torch.load(path)` (weights_only) reads it back. Returns the path."""
-        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(
-                f"path={shown(path)}: must be a file path (a non-empty str or os.PathLike)"
-            )
-        if os.path.isdir(name):
-            raise ValueError(f"path={shown(name, 1000)}: is a folder; give a file path in it")
-        weights = {k: v.cpu() for k, v in self.state_dict().items()}
-        return str(ckpt.write_atomic(weights, path))
-
     # ------------------------------------------------------------------ running
     def _check_open(self, action: str) -> None:
         if self._state == "closed":
             raise SessionStateError(f"cannot {action}: the session is closed")
+
+    @contextlib.contextmanager
+    def _between_steps(self, action: str, *, apply_pending: bool = False) -> Iterator[Runtime]:
+        """For a tool (`session_tools`): the session open (SessionStateError naming
+        `action` else), the step lock held and torch's RNG left as it was (a probe changes
+        no training, this session's or another's in a background thread: `workbench.rng`),
+        the queued changes applied first with `apply_pending`; yields the runtime."""
+        self._check_open(action)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with self._step_lock, GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=devices):
+            if apply_pending:
+                self._apply_pending(raise_errors=False)
+            yield self._rt
+
+    @contextlib.contextmanager
+    def _interrupted(self) -> Iterator[None]:
+        """A block run with the loop paused: a running session is paused for it and resumed
+        after; a paused one is paused again after it, towards its run's target."""
+        was_running = self._state == "running"
+        if was_running:
+            self.pause()
+        was_paused, target = self._state == "paused", self._target_step
+        try:
+            yield
+        finally:
+            with self._cond:
+                if was_paused and self._state == "idle":  # back to the run it interrupted
+                    self._target_step = target
+                    self._state = "paused"
+                    self._cond.notify_all()
+            if was_running and self._state == "paused":
+                self.resume()
 
     def _begin(self, steps: int | None, action: str) -> None:
         with self._state_lock:
@@ -762,34 +793,14 @@ class Session(SessionTools):
             if self._changes:  # queued changes (read without the lock: seen next step at worst)
                 self._apply_pending(raise_errors=False)
             try:
-                record = self._step_with_oom_retry()
+                record = self._stepper.take()
             except NonFiniteLoss as nf:
-                record = self._nonfinite_record(nf.value)
-                cfg = self._config
-                skipped = self._event(
-                    "nan-loss",
-                    faults.nan_message(nf.value, record.step, nan_advice(cfg)),
-                    "error",
-                    step=record.step,
-                    loss=nf.value,
-                    precision=str(cfg.precision),
-                    lr=record.lr,
-                ).message
+                record = self._stepper.nonfinite_record(nf.value, self.reference_batch)
+                skipped = self._stepper.nan_event(nf.value, record).message
             except Exception as exc:
                 self._rt.backend.zero_grad()
                 self._last_error = f"{type(exc).__name__}: {exc}"
-                ev = self._event(
-                    "error",
-                    faults.failure_message(
-                        self._step + 1,
-                        self._last_error,
-                        data_contract=isinstance(exc, DataContractError),
-                    ),
-                    "error",
-                    step=self._step + 1,
-                    error=self._last_error,
-                    traceback=traceback.format_exc(),
-                )
+                ev = self._stepper.error_event(exc, self._last_error)
                 self._fail(ev.message, announce=self._background)
                 return "error"
         self._publish(record)
@@ -803,67 +814,6 @@ class Session(SessionTools):
         """This session's own RNG stream in torch's global generators for a block (what a
         step or a checkpoint's RNG states read; `workbench.train.runtime.RngStream`)."""
         return self._rt.rng.installed()
-
-    def _step_with_oom_retry(self) -> StepRecord:
-        while True:
-            fetched: list[Any] = []
-            try:
-                return self._record(optimizer_step(self._rt, fetched, self._label))
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                message = faults.first_line(str(exc)) or type(exc).__name__
-            # outside the except block, so the failed step's frames (and tensors) are freed
-            self._rt.backend.zero_grad()
-            self._recover_from_oom(fetched, message)
-
-    def _recover_from_oom(self, fetched: list[Any], message: str) -> None:
-        """Retry the same samples at half the micro-batch (`faults.halved_for_oom`)."""
-        cfg = self._config
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        target = faults.halved_for_oom(cfg, user_loader=self._rt.user_loader, message=message)
-        self._rt.data.requeue_split(fetched, 2)
-        fetched.clear()
-        self._apply(target, {"micro_batch", "grad_accum"}, release_first=True)
-        self._changes.follow(micro_batch=target.micro_batch, grad_accum=target.grad_accum)
-        self._event(
-            "oom",
-            faults.oom_message(cfg, target),
-            "warning",
-            step=self._step + 1,
-            error=message,
-            micro_batch=target.micro_batch,
-            grad_accum=target.grad_accum,
-        )
-
-    def _record(self, measure: StepMeasure) -> StepRecord:
-        """The record of the step just measured (the next step number)."""
-        rt = self._rt
-        sample = self._sampler.latest() if self._sampler is not None else None
-        warmup, rt.fresh = rt.fresh, False
-        changes = self._changes.for_record()
-        return self._records.make(
-            step=self._step + 1,
-            config=self._config,
-            measure=measure,
-            world_size=self.world_size,
-            rank=self.rank,
-            tokens_per_sample=self.info.tokens_per_sample if self.info is not None else None,
-            memory=rt.read_memory(),
-            state_bytes=rt.state_bytes,
-            warmup=warmup,
-            changes=changes,
-            zero_stage=rt.backend.zero_stage,
-            gpu=sample.gpu(self._gpu_uuid) if sample is not None else None,
-            cpu_util_percent=sample.cpu_util_percent if sample is not None else None,
-        )
-
-    def _nonfinite_record(self, loss: float) -> StepRecord:
-        cfg = self._config
-        lr = float(getattr(self._rt.backend, "lr", scaled_lr(cfg, self.reference_batch)))
-        outcome = StepOutcome(grad_norm=None, skipped=True, scale=None, lr=lr)
-        return self._record(StepMeasure(loss, outcome, 0.0, 0.0))
 
     def _fail(self, message: str, *, announce: bool) -> None:
         """Remember why the run ended; say it on the console when nobody is waiting on
@@ -891,14 +841,7 @@ class Session(SessionTools):
 
     # ------------------------------------------------------------------ checkpoints
     def _autosave(self) -> None:
-        cfg = self._config
-        if cfg.checkpoint_dir is None:
-            return
-        every, seconds = cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds
-        due = bool(every and self._step % every == 0) or bool(
-            seconds and time.time() - self._last_save_time >= seconds
-        )
-        if due:
+        if self._folders.save_due(self._config, self._step):
             try:
                 self.save_checkpoint()
             except Exception as exc:
@@ -931,65 +874,17 @@ class Session(SessionTools):
                     model_name=self.model_name,
                     model_options=self.model_options,
                 )
-            if directory is not None:
-                # the log in the run folder is this session's own (update() moves it there)
-                ours = cfg.checkpoint_dir is not None and os.path.realpath(
-                    directory
-                ) == os.path.realpath(cfg.checkpoint_dir)
-                self._claim_folder(directory, self._step, None if ours else directory)
-            else:
-                self._claim_file(target)
-            self.flush_log()  # the log holds every step up to this checkpoint
-            written = ckpt.save(payload, target, describe=self._manifest_fields(target))
-            if directory is not None:
-                ckpt.prune(
-                    directory,
-                    int(cfg.keep_checkpoints),
-                    run=self.run_id,
-                    written=written,
-                    own_unlabeled=self._is_home(directory),
-                )
-            self._last_save_time = time.time()
+            written = self._folders.write(
+                payload,
+                target,
+                directory,
+                config=cfg,
+                step=self._step,
+                flush_log=self.flush_log,
+                describe=lambda: self._manifest_fields(target),
+            )
         self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
         return str(written)
-
-    def _is_home(self, folder: Path) -> bool:
-        home = self._run_home
-        return home is not None and os.path.realpath(folder) == os.path.realpath(home)
-
-    def _claim_folder(self, folder: Path, step: int, log_folder: Path | None) -> None:
-        """Refuse `folder` (CheckpointError, a ValueError naming it) when this run must not
-        save into it, or `log_folder` when it must not keep its log.jsonl there: another
-        run's checkpoints or log are in it, or its own checkpoints newer than `step`
-        (`resume.folder_check`); nothing is changed. Then both are this session's."""
-        folder_check(
-            folder,
-            run=self.run_id,
-            step=step,
-            home=self._run_home,
-            log_folder=log_folder,
-            own_folders=self._own_folders,
-        )
-        self._own_folders |= {os.path.realpath(f) for f in (folder, log_folder) if f}
-
-    def _claim_file(self, target: Path) -> None:
-        """Refuse to write `target` over a checkpoint of another run (or any file that is
-        not one of this run's checkpoints); a `step-N.pt` name is a checkpoint of the folder
-        it is in, so that folder is checked as a save into it would be (another run's
-        checkpoints there: its `resume_from(folder)` would pick this file up)."""
-        if ckpt.is_checkpoint_name(target.name):
-            self._claim_folder(target.parent, self._step, None)
-        if not os.path.lexists(target):
-            return
-        m = ckpt.manifest_path(target)
-        run = ckpt.manifest_run(m) if os.path.lexists(m) else ckpt.UNREADABLE
-        if run == self.run_id or (run is None and self._is_home(target.parent)):
-            return
-        raise ckpt.CheckpointError(
-            target,
-            "exists and is not a checkpoint of this run (another run's, or a file without "
-            "its manifest): nothing was changed; choose another file name",
-        )
 
     def _manifest_fields(self, target: Path) -> dict[str, Any]:
         return manifest_fields(
@@ -1002,45 +897,4 @@ class Session(SessionTools):
             rank=self.rank,
             log_path=self.log_path,
             run=self.run_id,
-        )
-
-    @classmethod
-    def resume_from(
-        cls,
-        path_or_dir: str | os.PathLike[str],
-        *,
-        model: str | nn.Module | None = None,
-        data: Dataset[Any] | DataLoader[Any] | None = None,
-        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-        sampler: Any | None = None,
-        device: str | torch.device | None = None,
-        tensorboard: bool | str | os.PathLike[str] = False,
-        model_options: dict[str, Any] | None = None,
-        **config_changes: Any,
-    ) -> Session:
-        """A new Session continuing the checkpoint (a file, or the newest complete one in a
-        directory), checked against its manifest and read with `weights_only=True`.
-
-        Built-in models are rebuilt from the checkpoint; for your own module pass `model`
-        (same architecture), `data` and `loss_fn`. `config_changes` override the saved
-        settings; `model_options` replace the saved options of a built-in model (a saved
-        tiny-gpt `text` is not read unless you pass it here: a file never chooses which other
-        file is read). A run that saved checkpoints goes on saving them beside the one it resumed
-        from (not where the file says it was saved). A truncated, altered or unsafe file
-        raises `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it; a
-        file never chooses code to run (docs/checkpoints.md).
-        """
-        _check_checkpoint_arg("path_or_dir", path_or_dir)
-        payload = ckpt.load(path_or_dir)
-        config, model, options = resume_settings(payload, model, config_changes, model_options)
-        return cls(
-            config,
-            model=model,
-            data=data,
-            loss_fn=loss_fn,
-            sampler=sampler,
-            device=device,
-            model_options=options,
-            resume=payload,
-            tensorboard=tensorboard,
         )

@@ -1,27 +1,39 @@
-"""The Session's tools: measuring, predicting and profiling a live run, and launching its
-config on several ranks, each through the Session's public methods and between its steps.
+"""The Session's tools: measuring, predicting and profiling a live run, launching its
+config on several ranks, its weights as a file and continuing a checkpoint, each through
+the Session's public methods and between its steps.
 
-`SessionTools` is a base class of `workbench.train.session.Session` (the methods live
-here, the state they use is the Session's): `memory()` measures one probe micro-batch next
-to the estimator's prediction (`workbench.train.memory`), `predict()` is the one
-prediction path (`workbench.prediction.predict_memory`), `profile()` pauses a running
-session for torch.profiler (`workbench.train.profiler`) and resumes it, `phase_labels()`
-labels the loop's phases while a block runs, `launch()` runs the config on N processes.
+`SessionTools` is a base class of `workbench.train.session.Session`: `memory()` measures
+one probe micro-batch next to the estimator's prediction (`workbench.train.memory`),
+`predict()` is the one prediction path (`workbench.prediction.predict_memory`),
+`profile()` pauses a running session for torch.profiler (`workbench.train.profiler`) and
+resumes it, `phase_labels()` labels the loop's phases while a block runs, `launch()` runs
+the config on N processes, `save_weights()` writes `state_dict()`, and
+`Session.resume_from(path)` builds a Session continuing a checkpoint.
+
+Of the Session's private state the tools use only the narrow interface declared on
+`SessionTools` (its own module `_model`, its runtime `_rt`, the loop's phase label
+`_label`, and three hooks: `_check_open`, `_between_steps` and `_interrupted`); the rest
+is the Session's public API.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Self
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import TrainConfig
 from workbench.inputs import shown
 from workbench.modelstats import count_parameters
-from workbench.rng import GLOBAL_RNG_LOCK
+from workbench.train import checkpoints as ckpt
+from workbench.train.resume import check_checkpoint_arg, resume_settings
+from workbench.train.runtime import Runtime
 from workbench.train.step import Label
 
 #: Why `memory()` has no activation prediction for the mlp, the cnn and user modules.
@@ -36,20 +48,31 @@ NO_ACTIVATION_PREDICTION = (
 class SessionTools:
     """Tools over a live Session (see the module docstring)."""
 
-    @contextlib.contextmanager
-    def _between_steps(self) -> Iterator[None]:
-        """Hold the step lock and keep the RNG untouched (probes must not change training,
-        this session's or another's training in a background thread: `workbench.rng`)."""
-        devices = [self.device] if self.device.type == "cuda" else []
-        with self._step_lock, GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=devices):
-            yield
+    # The Session's side of the tools' interface (workbench.train.session defines them).
+    _model: nn.Module  # your module
+    _rt: Runtime  # the data stream and backend the settings in effect are built into
+    _label: Label  # the loop's phase labels
+
+    def _check_open(self, action: str) -> None:
+        """SessionStateError naming `action` when the session is closed."""
+        raise NotImplementedError
+
+    def _between_steps(
+        self, action: str, *, apply_pending: bool = False
+    ) -> AbstractContextManager[Runtime]:
+        """A block between two steps, torch's RNG untouched; yields the runtime."""
+        raise NotImplementedError
+
+    def _interrupted(self) -> AbstractContextManager[None]:
+        """A block with the loop paused, resumed after (a paused run stays paused)."""
+        raise NotImplementedError
 
     def layout(self) -> dict[str, Any] | None:
         """Where this rank sits when the model is split (`tp` or `pp` > 1; None otherwise):
         the tensor-parallel size and this rank's place in its group, the pipeline's stages,
         this rank's stage, its layers, the schedule and the last step's bubble (measured
         next to the ideal), the data-parallel size and rank."""
-        cfg = self._config
+        cfg = self.config
         tp, pp = int(cfg.tp), int(cfg.pp)
         if tp == 1 and pp == 1:
             return None
@@ -62,7 +85,7 @@ class SessionTools:
             "stage": (rank // tp) % pp,
             "dp_rank": rank // (tp * pp),
         }
-        report = getattr(self._rt.backend, "pipeline_report", None)
+        report = getattr(self.backend, "pipeline_report", None)
         if report is not None:
             layout.update(report())
         return layout
@@ -77,11 +100,9 @@ class SessionTools:
         `predicted_activation_bytes` is None."""
         from workbench.train.memory import measure
 
-        self._check_open("measure memory")
-        with self._between_steps():
-            self._apply_pending(raise_errors=False)
+        with self._between_steps("measure memory", apply_pending=True) as rt:
             report = measure(
-                self._rt,
+                rt,
                 predict=self.predict,
                 no_activation_note=NO_ACTIVATION_PREDICTION,
             )
@@ -106,13 +127,13 @@ class SessionTools:
         from workbench.train.dry_run import simulate_memory
 
         self._check_open("simulate memory")
-        cfg = self._config
+        cfg = self.config
         key = (cfg, self.world_size, steps)
         cache: dict[Any, Any] = self.__dict__.setdefault("_dry_runs", {})
         if key in cache:
             return cache[key]
-        with self._between_steps():
-            batch = self._rt.data.peek()
+        with self._between_steps("simulate memory") as rt:
+            batch = rt.data.peek()
             model = self.info.name if self.info is not None else self._model
             options = self.model_options if self.info is not None else None
         if self.info is not None:
@@ -139,7 +160,7 @@ class SessionTools:
         """The dry run `simulate()` made for the settings in effect, or None."""
         cache = self.__dict__.get("_dry_runs", {})
         for (cfg, world, _), run in cache.items():
-            if cfg == self._config and world == self.world_size:
+            if cfg == self.config and world == self.world_size:
                 return run
         return None
 
@@ -153,10 +174,8 @@ class SessionTools:
             raise ValueError(
                 f"path={shown(path, 1000)}: must be a directory path (str or os.PathLike)"
             )
-        self._check_open("save adapters")
-        with self._between_steps():
-            self._apply_pending(raise_errors=False)
-            return self._rt.save_adapters(path)
+        with self._between_steps("save adapters", apply_pending=True) as rt:
+            return rt.save_adapters(path)
 
     def lora(self) -> dict[str, Any] | None:
         """The LoRA adapters in numbers (`workbench.train.lora.lora_summary`: rank,
@@ -164,9 +183,8 @@ class SessionTools:
         without LoRA."""
         from workbench.train.lora import lora_summary
 
-        self._check_open("read the adapters")
-        with self._between_steps():
-            return lora_summary(self._rt.lora)
+        with self._between_steps("read the adapters") as rt:
+            return lora_summary(rt.lora)
 
     def predict(self, config: TrainConfig | None = None) -> Any:
         """The estimator's prediction (`workbench.estimate.MemoryEstimate`) for this
@@ -175,7 +193,7 @@ class SessionTools:
         ValueError when the estimator cannot predict the setup."""
         from workbench.prediction import predict_memory
 
-        cfg = self._config if config is None else config
+        cfg = self.config if config is None else config
         if not isinstance(cfg, TrainConfig):
             raise ValueError(f"config={shown(cfg)}: must be a workbench.TrainConfig or None")
         adapters, four_bit = self._lora_counts(cfg)
@@ -207,7 +225,7 @@ class SessionTools:
         (`workbench.train.memory_advice`); [] when none frees anything."""
         from workbench.train.memory_advice import memory_advice
 
-        return memory_advice(self._config, self._model_description(), self.world_size)
+        return memory_advice(self.config, self._model_description(), self.world_size)
 
     def _model_description(self) -> Any:
         """The built-in model's shape facts; for your module with a Hugging Face `config`
@@ -249,22 +267,10 @@ class SessionTools:
 
         check_profile_args(steps, record_memory)
         self._check_open("profile")
-        was_running = self._state == "running"
-        if was_running:
-            self.pause()
-        was_paused, target = self._state == "paused", self._target_step
-        try:
+        with self._interrupted():
             return profile_session(
                 self, steps=steps, record_memory=record_memory, trace_path=trace_path
             )
-        finally:
-            with self._cond:
-                if was_paused and self._state == "idle":  # back to the run it interrupted
-                    self._target_step = target
-                    self._state = "paused"
-                    self._cond.notify_all()
-            if was_running and self._state == "paused":
-                self.resume()
 
     @contextlib.contextmanager
     def phase_labels(self, label: Label) -> Iterator[None]:
@@ -284,8 +290,69 @@ class SessionTools:
         `workbench.train.launch.launch_ranks`. Needs a built-in model."""
         from workbench.train.launch import launch_like
 
-        return launch_like(
-            self._config, self.model_name, self.model_options, ranks, steps, **kwargs
+        return launch_like(self.config, self.model_name, self.model_options, ranks, steps, **kwargs)
+
+    def data_report(self) -> Any | None:
+        """The built-in text's document layout and the padding it costs (a
+        `workbench.models.gpt.DocumentReport`: padding_fraction, real and slot tokens per
+        epoch) when `config.documents` is "padded" or "packed"; None for other data."""
+        from workbench.models.gpt import DocumentDataset
+
+        data = self.data
+        return data.report() if isinstance(data, DocumentDataset) else None
+
+    def save_weights(self, path: str | os.PathLike[str]) -> str:
+        """Write `state_dict()` (on the CPU) to `path` with `torch.save`, atomically; plain
+        `torch.load(path)` (weights_only) reads it back. Returns the path."""
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(
+                f"path={shown(path)}: must be a file path (a non-empty str or os.PathLike)"
+            )
+        if os.path.isdir(name):
+            raise ValueError(f"path={shown(name, 1000)}: is a folder; give a file path in it")
+        weights = {k: v.cpu() for k, v in self.state_dict().items()}
+        return str(ckpt.write_atomic(weights, path))
+
+    @classmethod
+    def resume_from(
+        cls,
+        path_or_dir: str | os.PathLike[str],
+        *,
+        model: str | nn.Module | None = None,
+        data: Dataset[Any] | DataLoader[Any] | None = None,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        sampler: Any | None = None,
+        device: str | torch.device | None = None,
+        tensorboard: bool | str | os.PathLike[str] = False,
+        model_options: dict[str, Any] | None = None,
+        **config_changes: Any,
+    ) -> Self:
+        """A new Session continuing the checkpoint (a file, or the newest complete one in a
+        directory), checked against its manifest and read with `weights_only=True`.
+
+        Built-in models are rebuilt from the checkpoint; for your own module pass `model`
+        (same architecture), `data` and `loss_fn`. `config_changes` override the saved
+        settings; `model_options` replace the saved options of a built-in model (a saved
+        tiny-gpt `text` is not read unless you pass it here: a file never chooses which other
+        file is read). A run that saved checkpoints goes on saving them beside the one it resumed
+        from (not where the file says it was saved). A truncated, altered or unsafe file
+        raises `workbench.train.checkpoints.CheckpointError` (a ValueError) naming it; a
+        file never chooses code to run (docs/checkpoints.md).
+        """
+        check_checkpoint_arg("path_or_dir", path_or_dir)
+        payload = ckpt.load(path_or_dir)
+        config, model, options = resume_settings(payload, model, config_changes, model_options)
+        return cls(
+            config,
+            model=model,
+            data=data,
+            loss_fn=loss_fn,
+            sampler=sampler,
+            device=device,
+            model_options=options,
+            resume=payload,
+            tensorboard=tensorboard,
         )
 
 

@@ -1,0 +1,210 @@
+"""Tensor parallelism in the exported FSDP and Lightning jobs: the model's layers split
+over the tensor-parallel ranks of a device mesh by the job's own copy of the workbench's
+plan (`workbench.train.tensor_plan`: the built-in GPT and Llama-style transformers
+decoders), and the gradient norm over DTensor shards.
+
+The workbench ships it as `workbench/export/job_parallel.py` and copies it as is beside
+`job_common.py` (which imports it and re-exports `tensor_parallelize` and
+`sharded_grad_norm`) in every export; it imports nothing of the workbench.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+try:
+    from workbench.export.job_files import fail
+except ImportError:  # an exported folder without workbench installed: job_files.py beside
+    from job_files import fail  # type: ignore[no-redef, import-not-found]
+
+
+def tensor_parallelize(module: torch.nn.Module, mesh: Any, tp: int, sequence: bool) -> None:
+    """Split `module` over the `tp` ranks of `mesh` in place: the job's copy of
+    `workbench.train.tensor_plan` and the tensor-parallel engine's plan. The built-in GPT
+    (fused qkv rows reordered so each rank's slice holds its heads' q, k and v) and
+    `transformers` Llama-style decoders (with `sequence`, the norms and the residual
+    stream of either split along the sequence); column-wise q/k/v (qkv) and first MLP layers,
+    row-wise projections, a vocabulary-parallel embedding and head (logits left split for
+    `loss_parallel`)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    layers, sizes, tied = _tp_layers(module, tp, sequence)
+    bad = [f"{name}={size}" for name, size in sizes.items() if size % tp]
+    if bad:
+        fail(f"tp={tp}: must divide {', '.join(bad)} evenly")
+    stream = Shard(1) if sequence else Replicate()
+    styles: dict[str, Any] = {}
+    for name, kind in layers.items():
+        if kind == "colwise":
+            styles[name] = ColwiseParallel(input_layouts=stream)
+        elif kind == "rowwise":
+            styles[name] = RowwiseParallel(output_layouts=stream)
+        elif kind == "embedding":
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        elif kind == "embedding-whole":
+            styles[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        elif kind == "colwise-gathered":
+            styles[name] = ColwiseParallel()
+        elif kind == "gather-sequence":
+            styles[name] = PrepareModuleInput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )
+        elif kind == "gather-sequence-kw":
+            styles[name] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=True,
+            )
+        elif kind == "split-sequence":
+            styles[name] = PrepareModuleInput(
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Shard(1),),
+                use_local_output=True,
+            )
+        elif kind == "norm":
+            styles[name] = SequenceParallel()
+        elif kind == "positions":
+            styles[name] = PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(0)
+            )
+        else:
+            styles[name] = ColwiseParallel(
+                input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
+            )
+    parallelize_module(module, mesh, styles)
+    if tied is not None:
+        head, embedding = (module.get_submodule(n) for n in tied)
+        head.weight = embedding.weight
+    every: list[Any] = list(module.parameters())
+    for p in every:
+        placements = getattr(p, "placements", None)
+        if p.requires_grad and placements is not None:
+            p.register_hook(_placed_as(placements))
+
+
+def _placed_as(placements: Any) -> Any:
+    def hook(grad: Any) -> Any:  # the embedding's whole-vocabulary gradient -> its rows
+        if tuple(grad.placements) == tuple(placements):
+            return None
+        return grad.redistribute(placements=placements)
+
+    return hook
+
+
+def _tp_layers(
+    model: torch.nn.Module, tp: int, sequence: bool
+) -> tuple[dict[str, str], dict[str, int], tuple[str, str] | None]:
+    """(module name -> style, the sizes tp must divide, the tied (head, embedding))."""
+    module: Any = model  # its submodules are read by name
+    names = {n for n, _ in module.named_modules()}
+    blocks: Any = getattr(module, "blocks", None)
+    if type(module).__name__ == "TinyGPT" and isinstance(blocks, torch.nn.ModuleList):
+        hidden = int(module.wte.weight.shape[1])
+        layers: dict[str, str] = {"wte": "embedding", "head": "head"}
+        gpt_blocks: list[Any] = list(blocks)
+        sizes = {"heads": int(gpt_blocks[0].attn.heads), "hidden": hidden, "ffn_hidden": 4 * hidden}
+        if sequence:
+            layers.update({"wpe": "positions", "ln_f": "norm"})
+            sizes["seq_len"] = int(module.seq_len)
+        for i, block in enumerate(gpt_blocks):
+            if sequence:
+                layers[f"blocks.{i}.ln_1"] = layers[f"blocks.{i}.ln_2"] = "norm"
+            layers[f"blocks.{i}.attn.qkv"] = layers[f"blocks.{i}.mlp.fc"] = "colwise"
+            layers[f"blocks.{i}.attn.proj"] = layers[f"blocks.{i}.mlp.fc_proj"] = "rowwise"
+            if hidden % tp == 0:
+                c = hidden // tp
+                order = torch.cat(
+                    [
+                        torch.arange(j * hidden + r * c, j * hidden + (r + 1) * c)
+                        for r in range(tp)
+                        for j in range(3)
+                    ]
+                )
+                with torch.no_grad():
+                    for p in (block.attn.qkv.weight, block.attn.qkv.bias):
+                        p.copy_(p[order])
+        tied = ("head", "wte") if module.head.weight is module.wte.weight else None
+        return layers, sizes, tied
+    n = len(getattr(getattr(module, "model", None), "layers", None) or [])
+    want = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+    llama = n > 0 and all(f"model.layers.{i}.{w}" in names for i in range(n) for w in want)
+    if not llama or "model.embed_tokens" not in names or "lm_head" not in names:
+        fail(
+            f"tp={tp}: {type(module).__name__} has no tensor-parallel plan; tp > 1 splits the "
+            "workbench GPT and transformers Llama-style decoders"
+        )
+    layers = {"model.embed_tokens": "embedding", "lm_head": "head"}
+    if sequence:  # positions and the mask read the embedding's output: whole there
+        layers.update({"model.embed_tokens": "embedding-whole", "model.layers.0": "split-sequence"})
+        layers["model.norm"] = "norm"
+    for i in range(n):
+        if sequence:  # the attention and the MLP gather their input once each
+            layers[f"model.layers.{i}.input_layernorm"] = "norm"
+            layers[f"model.layers.{i}.post_attention_layernorm"] = "norm"
+            layers[f"model.layers.{i}.self_attn"] = "gather-sequence-kw"
+            layers[f"model.layers.{i}.mlp"] = "gather-sequence"
+        for w in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+        ):
+            layers[f"model.layers.{i}.{w}"] = "colwise-gathered" if sequence else "colwise"
+        layers[f"model.layers.{i}.self_attn.o_proj"] = "rowwise"
+        layers[f"model.layers.{i}.mlp.down_proj"] = "rowwise"
+    config = module.config
+    heads = int(config.num_attention_heads)
+    sizes = {
+        "heads": heads,
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+        "hidden": int(config.hidden_size),
+        "ffn_hidden": int(config.intermediate_size),
+    }
+    tied_llama = module.lm_head.weight is module.model.embed_tokens.weight
+    return layers, sizes, ("lm_head", "model.embed_tokens") if tied_llama else None
+
+
+def sharded_grad_norm(params: list[Any], world: int, clip: float | None) -> float:
+    """The full gradient's norm over DTensor shards and whole tensors alike (each local
+    squared sum weighted by how many ranks hold the same elements), clipped to `clip`."""
+    import torch.distributed as dist
+
+    grads: list[Any] = [p.grad for p in params if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for g in grads:
+        local = g.to_local() if hasattr(g, "to_local") else g
+        pieces = 1
+        placements = getattr(g, "placements", None)
+        if placements is not None:
+            for size, placement in zip(g.device_mesh.shape, placements, strict=True):
+                if not (placement.is_replicate() or placement.is_partial()):
+                    pieces *= int(size)
+        total += local.float().pow(2).sum() * (pieces / world)
+    dist.all_reduce(total)
+    norm = float(total.sqrt())
+    if clip is not None and clip / (norm + 1e-6) < 1.0:
+        for g in grads:
+            (g.to_local() if hasattr(g, "to_local") else g).mul_(clip / (norm + 1e-6))
+    return norm
