@@ -32,7 +32,9 @@ from workbench.choices import (  # the choices, re-exported here
     ENUM_FIELDS,
     FIELD_ALIASES,
     NOT_IN_SESSION,
+    PP_NOT_DEEPSPEED,
     SESSION_OPTIMIZERS,
+    TP_NOT_DEEPSPEED,
     VALUE_ALIASES,
     Attention,
     Device,
@@ -46,6 +48,7 @@ from workbench.choices import (  # the choices, re-exported here
     PipelineSchedule,
     Precision,
     Recompute,
+    bf16_true_problem,
     did_you_mean,
 )
 from workbench.inputs import is_bool, is_int, is_number, shown
@@ -875,7 +878,7 @@ class TrainConfig:
     @property
     def uses_deepspeed(self) -> bool:
         """True when the config itself asks for DeepSpeed (ZeRO >= 1 or DeepSpeed 16-bit),
-        on any number of ranks; `engine_for` says which engine runs it."""
+        on any number of ranks; `workbench.engines.engine_for` says which engine runs it."""
         return int(self.zero_stage) >= 1 or Precision(self.precision).is_deepspeed
 
 
@@ -1000,47 +1003,6 @@ def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) 
 TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]
 
 
-def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
-    """The one answer to "which engine runs this config on `world_size` ranks": PyTorch's
-    tensor parallelism when `tp` > 1 (FSDP2 over the data-parallel ranks when `fsdp` is on
-    too); FSDP2 when `fsdp` is on; DeepSpeed when the config asks for it (ZeRO >= 1, DeepSpeed 16-bit) or a
-    Session trains several ranks without FSDP (its data parallelism is DeepSpeed's ZeRO-0);
-    else the plain loop. Every caller (the backends, the prediction, live changes, export)
-    asks here; a new engine is one member of `Engine` and one backend file."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
-    if int(config.pp) > 1:
-        return Engine.PIPELINE
-    if int(config.tp) > 1:
-        return Engine.TENSOR_PARALLEL
-    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
-        return Engine.FSDP
-    if config.uses_deepspeed or world_size > 1:
-        return Engine.DEEPSPEED
-    return Engine.PLAIN
-
-
-def bf16_true_problem(why: str = "") -> SettingProblem:
-    """The problem of pure bf16 (`precision`='bf16-true') on DeepSpeed; `why` says what
-    sends the config there ("`zero_stage`=2", "2 ranks without `fsdp` train through it")."""
-    deepspeed = f"DeepSpeed ({why})" if why else "DeepSpeed"
-    return SettingProblem(
-        "precision",
-        Precision.BF16_TRUE.value,
-        f"pure bf16 has no fp32 master copy of the weights and {deepspeed} always "
-        "keeps one: use 'bf16' (DeepSpeed's bf16 with an fp32 master copy), or pure bf16 "
-        "with `fsdp` (full_shard, shard_grad_op or no_shard) and `zero_stage`=0",
-    )
-
-
-#: Why 8-bit AdamW trains in the plain loop only.
-QLORA_ENGINES = (
-    "a Session trains QLoRA's 4-bit base (bitsandbytes' Linear4bit) in the plain loop "
-    "(one process, zero_stage=0, no fsdp, a torch precision): DeepSpeed's and FSDP's copies "
-    "and shards of the weights do not carry its quantisation state; LoRA on a base in its "
-    "own dtype trains on every engine"
-)
-
 #: LoRA's `lora_targets`: "all-linear", or comma-separated module names or name endings.
 LORA_TARGETS_TEXT = (
     '"all-linear" or comma-separated module names or name endings made of letters, digits, '
@@ -1060,178 +1022,6 @@ def _lora_targets_ok(v: Any) -> bool:
     return bool(names) and all(
         name == "all-linear" or all(c.isalnum() or c in "_." for c in name) for name in names
     )
-
-
-#: Why tensor parallelism and DeepSpeed do not mix.
-TP_NOT_DEEPSPEED = (
-    "tensor parallelism trains through PyTorch's tensor-parallel API, with data parallel or "
-    "FSDP2 (`fsdp`) over the other ranks, not through DeepSpeed: use `zero_stage`=0 and a "
-    "torch precision (fp32, amp-bf16, bf16-true)"
-)
-
-#: Why pipeline parallelism and DeepSpeed do not mix.
-PP_NOT_DEEPSPEED = (
-    "pipeline stages train through torch.distributed.pipelining with data parallel over "
-    "the other ranks, not through DeepSpeed: use `zero_stage`=0 and a torch precision "
-    "(fp32, amp-bf16, bf16-true)"
-)
-
-#: What the tensor-parallel and pipeline engines do not train, with why.
-TP_UNSUPPORTED: dict[str, str] = {
-    "lora_rank": "LoRA's adapters are not put on the model-parallel engines' copies",
-    "optimizer_in_backward": "its per-parameter hooks would step unreduced gradients",
-    "offload_params": "the model-parallel engines keep their shards on the device",
-    "offload_optimizer": "the model-parallel engines keep their shards on the device",
-    "compile": "torch.compile is not wired into the model-parallel engines",
-    "activation_offload": "its hooks are not wired into the model-parallel engines",
-}
-
-
-def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
-    """What `tp` > 1 cannot train on `world_size` ranks (empty when it can): a `tp` that
-    does not divide the ranks, and the settings the tensor-parallel engine refuses."""
-    tp = int(config.tp)
-    if tp == 1:
-        return []
-    p: list[SettingProblem] = []
-    if world_size % tp:
-        p.append(
-            SettingProblem(
-                "tp",
-                tp,
-                f"must divide the {world_size} rank{'s' if world_size > 1 else ''} "
-                f"(ranks = tp x data parallel; launch {tp} x N ranks)",
-            )
-        )
-    if config.sequence_parallel and Documents(config.documents) is not Documents.STREAM:
-        p.append(
-            SettingProblem(
-                "sequence_parallel",
-                True,
-                "splits the sequence of a stream of characters; a document batch's mask and "
-                "positions are not split with it: use `documents`='stream' with it",
-            )
-        )
-    if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
-        p.append(
-            SettingProblem(
-                "fsdp",
-                "no_shard",
-                "with `tp` > 1, FSDP2 shards over the data-parallel ranks of the 2-D mesh: use "
-                "full_shard or shard_grad_op, or 'off' (plain data parallel over them)",
-            )
-        )
-    return p + _model_parallel_limits(config, "tp", tp)
-
-
-def _model_parallel_limits(config: TrainConfig, field: str, size: int) -> list[SettingProblem]:
-    """The settings the tensor-parallel and pipeline engines do not train (`field` is
-    "tp" or "pp", `size` its value > 1)."""
-    p: list[SettingProblem] = []
-    if Precision(config.precision) is Precision.AMP_FP16:
-        p.append(
-            SettingProblem(
-                "precision",
-                "amp-fp16",
-                f"torch's GradScaler is not wired into the model-parallel engines: use fp32, "
-                f"amp-bf16 or bf16-true with `{field}` > 1",
-            )
-        )
-    optimizer = OptimizerName(config.optimizer)
-    engine = "tensor-parallel" if field == "tp" else "pipeline"
-    if optimizer.row.in_session and engine not in optimizer.row.engines:
-        p.append(SettingProblem("optimizer", optimizer.value, optimizer.row.engines_reason or ""))
-    for name, why in TP_UNSUPPORTED.items():
-        value = getattr(config, name)
-        on = OffloadDevice(value) is not OffloadDevice.NONE if "offload_" in name else value
-        if on:
-            p.append(SettingProblem(name, plain_value(value), f"not with `{field}`={size}: {why}"))
-    return p
-
-
-def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
-    """What `pp` > 1 cannot train on `world_size` ranks (empty when it can): a `pp` (times
-    `tp`) that does not divide the ranks, and what the pipeline engine refuses (those of
-    the tensor-parallel engine, and document batches). Fewer micro-batches than stages is
-    the config's own problem (`TrainConfig` refuses it)."""
-    pp = int(config.pp)
-    if pp == 1:
-        return []
-    p: list[SettingProblem] = []
-    tp = int(config.tp)
-    if world_size % (pp * tp):
-        what = f"times `tp`={tp}, " if tp > 1 else ""
-        p.append(
-            SettingProblem(
-                "pp",
-                pp,
-                f"{what}must divide the {world_size} rank{'s' if world_size > 1 else ''} "
-                f"(ranks = pp x tp x data parallel; launch {pp * tp} x N ranks)",
-            )
-        )
-    if Documents(config.documents) is not Documents.STREAM:
-        p.append(
-            SettingProblem(
-                "documents",
-                plain_value(config.documents),
-                "a pipeline stage passes hidden states only, not the document mask: use "
-                "'stream' with `pp` > 1",
-            )
-        )
-    return p + _model_parallel_limits(config, "pp", pp)
-
-
-def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
-    """What the engine `engine_for(config, world_size)` picks cannot train of a valid
-    `config` (empty when it can): pure bf16 or torch's amp-fp16 when several ranks
-    without FSDP send it to DeepSpeed (with ZeRO >= 1 the config itself is refused
-    already), the tensor-parallel engine's limits (`tp_problems`)."""
-    engine = engine_for(config, world_size)
-    if engine is Engine.TENSOR_PARALLEL:
-        return tp_problems(config, world_size)
-    if engine is Engine.PIPELINE:
-        return pp_problems(config, world_size)
-    if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
-        return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
-    if Precision(config.precision) is Precision.AMP_FP16 and engine is Engine.DEEPSPEED:
-        return [
-            SettingProblem(
-                "precision",
-                "amp-fp16",
-                f"{_deepspeed_why(config, world_size)} train through DeepSpeed, which does "
-                "not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
-                "fp16) or 'amp-bf16'",
-            )
-        ]
-    optimizer = OptimizerName(config.optimizer)
-    if optimizer.row.in_session and engine.value not in optimizer.row.engines:
-        return [SettingProblem("optimizer", optimizer.value, optimizer.row.engines_reason or "")]
-    if config.qlora and engine is not Engine.PLAIN:
-        return [
-            SettingProblem(
-                "qlora",
-                True,
-                f"{QLORA_ENGINES}; this setup trains through {engine.value} "
-                f"({world_size} rank{'s' if world_size > 1 else ''})",
-            )
-        ]
-    if config.optimizer_in_backward and engine is not Engine.PLAIN:
-        return [
-            SettingProblem(
-                "optimizer_in_backward",
-                True,
-                f"steps in the plain loop only; {world_size} ranks without `fsdp` train "
-                "through DeepSpeed",
-            )
-        ]
-    return []
-
-
-def _deepspeed_why(config: TrainConfig, world_size: int) -> str:
-    """What sends `config` to DeepSpeed, as a problem says it."""
-    if int(config.zero_stage):
-        return f"`zero_stage`={int(config.zero_stage)} runs"
-    return f"{world_size} ranks without `fsdp`"
 
 
 def runtime_problems(config: TrainConfig) -> list[SettingProblem]:
@@ -1307,14 +1097,10 @@ __all__ = [
     "allowed_text",
     "bf16_true_problem",
     "did_you_mean",
-    "engine_for",
-    "engine_problems",
     "format_problems",
     "plain_value",
     "problem_lines",
     "runtime_problems",
     "setting",
     "setting_choices",
-    "pp_problems",
-    "tp_problems",
 ]

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "rng",
     ),
     ("config", "estimate", "models", "modelstats"),  # 2 core
-    ("prediction", "deepspeed", "advisor", "monitor", "planner"),  # 3 services
+    ("prediction", "engines", "deepspeed", "advisor", "monitor", "planner"),  # 3 services
     ("train", "export", "compress", "integrations"),  # 4 engines
     ("cli", "ui"),  # 5 shells
 ]

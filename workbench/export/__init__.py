@@ -66,12 +66,11 @@ from workbench.config import (
     OptimizerName,
     SettingProblem,
     TrainConfig,
-    engine_for,
     plain_value,
     problem_lines,
-    tp_problems,
 )
 from workbench.deepspeed import to_deepspeed
+from workbench.engines import engine_for, tp_problems
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 from workbench.problems import listing

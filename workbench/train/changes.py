@@ -32,11 +32,10 @@ from workbench.config import (
     Precision,
     SettingProblem,
     TrainConfig,
-    engine_for,
-    engine_problems,
     plain_value,
     runtime_problems,
 )
+from workbench.engines import engine_for, engine_problems
 from workbench.inputs import shown
 from workbench.train.attention import attention_problem
 from workbench.train.lora import LORA_FIELDS, lora_problem

@@ -61,9 +61,9 @@ from workbench.config import (
     OptimizerName,
     Precision,
     TrainConfig,
-    engine_for,
 )
 from workbench.display import fmt_bytes
+from workbench.engines import engine_for
 from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.problems import SettingProblem
 from workbench.train.attention import attention_problem, set_attention

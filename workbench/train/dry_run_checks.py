@@ -22,9 +22,8 @@ from workbench.config import (
     OptimizerName,
     Precision,
     TrainConfig,
-    engine_for,
-    engine_problems,
 )
+from workbench.engines import engine_for, engine_problems
 from workbench.problems import SettingProblem
 from workbench.train.dry_run_fsdp import group_problem
 

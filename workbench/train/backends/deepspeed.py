@@ -52,7 +52,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig, bf16_true_problem
+from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig
+from workbench.engines import bf16_true_problem
 from workbench.inputs import shown
 from workbench.modelstats import count_parameters
 from workbench.train.backends.base import (
