@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
@@ -32,9 +31,7 @@ from workbench.choices import (  # the choices, re-exported here
     ENUM_FIELDS,
     FIELD_ALIASES,
     NOT_IN_SESSION,
-    PP_NOT_DEEPSPEED,
     SESSION_OPTIMIZERS,
-    TP_NOT_DEEPSPEED,
     VALUE_ALIASES,
     Attention,
     Device,
@@ -53,6 +50,13 @@ from workbench.choices import (  # the choices, re-exported here
 )
 from workbench.inputs import is_bool, is_int, is_number, shown
 from workbench.problems import ConfigError, SettingProblem, format_problems, problem_lines
+from workbench.settings_check import (  # runtime_problems and the LoRA targets: re-exported
+    LORA_TARGETS_TEXT,
+    combination_problems,
+    lora_target_names,
+    lora_targets_ok,
+    runtime_problems,
+)
 
 
 def _unknown_setting(name: str, value: Any) -> SettingProblem:
@@ -657,168 +661,7 @@ class TrainConfig:
         def ok(*names: str) -> bool:
             return not bad.intersection(names)
 
-        # Combinations: each is checked when the fields it reads are valid on their own.
-        if ok("optimizer_in_backward") and self.optimizer_in_backward is True:
-            for name, bad_value, why in (
-                ("grad_accum", ok("grad_accum") and self.grad_accum != 1, "grad_accum=1"),
-                ("clip_grad_norm", self.clip_grad_norm is not None, "clip_grad_norm=None"),
-                (
-                    "precision",
-                    ok("precision") and Precision(self.precision) is Precision.AMP_FP16,
-                    "a precision without loss scaling (fp32, amp-bf16, bf16-true)",
-                ),
-                (
-                    "zero_stage",
-                    ok("zero_stage", "precision", "fsdp")
-                    and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF),
-                    "the plain loop (zero_stage=0, no fsdp, a torch precision)",
-                ),
-            ):
-                if bad_value:
-                    add(
-                        "optimizer_in_backward",
-                        True,
-                        f"steps each parameter inside backward and frees its gradient, so "
-                        f"nothing is left to accumulate, clip, unscale or shard: needs {why} "
-                        f"(`{name}` says otherwise)",
-                    )
-        if ok("optimizer"):  # what its row says it cannot step in backward or train on
-            optimizer = OptimizerName(self.optimizer)
-            r = optimizer.row
-            if (
-                ok("optimizer_in_backward")
-                and r.in_backward_reason
-                and self.optimizer_in_backward is True
-            ):
-                add("optimizer", optimizer.value, r.in_backward_reason)
-            if (
-                r.in_session
-                and ok("zero_stage", "precision", "fsdp")
-                and (
-                    ("deepspeed" not in r.engines and self.uses_deepspeed)
-                    or ("fsdp" not in r.engines and FsdpMode(self.fsdp) is not FsdpMode.OFF)
-                )
-            ):
-                add("optimizer", optimizer.value, r.engines_reason or "")
-        if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
-            add("tp", self.tp, TP_NOT_DEEPSPEED)
-        if ok("sequence_parallel", "tp") and self.sequence_parallel is True and self.tp == 1:
-            add(
-                "sequence_parallel",
-                True,
-                "splits the tensor-parallel group's norms along the sequence: needs `tp` > 1",
-            )
-        if ok("pp", "zero_stage", "precision") and self.pp > 1 and self.uses_deepspeed:
-            add("pp", self.pp, PP_NOT_DEEPSPEED)
-        if ok("pp", "grad_accum") and self.pp > 1 and self.grad_accum < self.pp:
-            add(
-                "grad_accum",
-                self.grad_accum,
-                f"the micro-batches of a step fill the pipeline: needs at least `pp`={self.pp} "
-                "of them (the bubble shrinks as grad_accum grows)",
-            )
-        if ok("pp", "fsdp") and self.pp > 1 and FsdpMode(self.fsdp) is not FsdpMode.OFF:
-            add(
-                "pp",
-                self.pp,
-                "pipeline stages train with plain data parallel over the other ranks, not "
-                "FSDP: use `fsdp`='off' with `pp` > 1",
-            )
-        if ok("qlora", "lora_rank") and self.qlora is True:
-            if self.lora_rank == 0:
-                add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
-            if ok("precision") and Precision(self.precision) is Precision.BF16_TRUE:
-                add(
-                    "qlora",
-                    True,
-                    "keeps its 4-bit base and computes in the autocast dtype: use fp32 or "
-                    "amp-bf16 (`precision`=bf16-true)",
-                )
-        if (
-            ok("optimizer", "zero_stage")
-            and OptimizerName(self.optimizer).is_onebit
-            and self.zero_stage != 0
-        ):
-            optimizer = OptimizerName(self.optimizer)
-            add(
-                "optimizer",
-                optimizer.value,
-                "DeepSpeed's 1-bit optimizers do not run with ZeRO; needs `zero_stage`=0 "
-                f"(`zero_stage`={self.zero_stage})",
-            )
-        fsdp = FsdpMode(self.fsdp) if ok("fsdp") else None
-        offload_opt = OffloadDevice(self.offload_optimizer) if ok("offload_optimizer") else None
-        offload_par = OffloadDevice(self.offload_params) if ok("offload_params") else None
-        precision = Precision(self.precision) if ok("precision") else None
-        stage = self.zero_stage if ok("zero_stage") else None
-        if fsdp is not None and fsdp is not FsdpMode.OFF:
-            if stage is not None and stage != 0:
-                add(
-                    "fsdp",
-                    fsdp.value,
-                    "PyTorch FSDP and DeepSpeed ZeRO are two sharding engines; use one "
-                    f"(`zero_stage`={stage} needs `fsdp`='off', `fsdp` needs `zero_stage`=0)",
-                )
-            if precision is not None and precision.is_deepspeed:
-                add(
-                    "fsdp",
-                    fsdp.value,
-                    f"`precision`={precision.value!r} is DeepSpeed's 16-bit mode; with FSDP use "
-                    "'amp-bf16' or 'amp-fp16' (FSDP's mixed precision)",
-                )
-            if offload_opt is not None and offload_opt is not OffloadDevice.NONE:
-                add(
-                    "offload_optimizer",
-                    offload_opt.value,
-                    "a DeepSpeed (ZeRO-Offload) setting; FSDP offloads parameters, gradients "
-                    "and optimizer states together with `offload_params`='cpu'",
-                )
-            if offload_par is not None and (
-                offload_par is OffloadDevice.NVME
-                or (offload_par is OffloadDevice.CPU and fsdp is not FsdpMode.FULL_SHARD)
-            ):
-                add(
-                    "offload_params",
-                    offload_par.value,
-                    f"FSDP offloads to 'cpu' with `fsdp`='full_shard' (`fsdp`={fsdp.value!r})",
-                )
-        if (
-            stage == 0
-            and offload_opt is not None
-            and offload_opt is not OffloadDevice.NONE
-            and fsdp is FsdpMode.OFF
-        ):
-            add(
-                "offload_optimizer",
-                offload_opt.value,
-                "needs zero_stage 1, 2 or 3 (`zero_stage`=0)",
-            )
-        if (
-            stage is not None
-            and offload_par is not None
-            and offload_par is not OffloadDevice.NONE
-            and stage != 3
-            and fsdp is FsdpMode.OFF
-        ):
-            add(
-                "offload_params",
-                offload_par.value,
-                f"parameter offload needs `zero_stage`=3 (`zero_stage`={stage})",
-            )
-        if precision is Precision.BF16_TRUE and stage is not None and stage >= 1:
-            p.append(bf16_true_problem(f"`zero_stage`={stage}"))
-        # DeepSpeed's own 16-bit modes (fp16/bf16) with zero_stage=0 are allowed: the
-        # Session routes them through the DeepSpeed engine, which supports stage 0.
-        uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
-        if uses_nvme and ok("nvme_path") and not self.nvme_path:
-            add("nvme_path", None, "NVMe offload needs nvme_path, a writable directory")
-        # Whether nvme_path exists is a question about the machine: runtime_problems().
-        if ok("warmup_steps", "total_steps") and self.warmup_steps > self.total_steps:
-            add(
-                "warmup_steps",
-                self.warmup_steps,
-                f"must not exceed `total_steps`={self.total_steps}",
-            )
+        p += combination_problems(self, ok)
         return p
 
     def validate(self) -> None:
@@ -939,7 +782,7 @@ def _field_problem(name: str, v: Any, spec: Setting) -> SettingProblem | None:
     if spec.kind == "bool":
         ok = isinstance(v, bool)
     elif spec.kind == "text":
-        ok = _lora_targets_ok(v)
+        ok = lora_targets_ok(v)
     elif spec.kind == "path":
         ok = isinstance(v, str) and bool(v.strip()) and "\0" not in v and len(v) <= _MAX_PATH
     elif spec.kind == "int":
@@ -1003,60 +846,6 @@ def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) 
 TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]
 
 
-#: LoRA's `lora_targets`: "all-linear", or comma-separated module names or name endings.
-LORA_TARGETS_TEXT = (
-    '"all-linear" or comma-separated module names or name endings made of letters, digits, '
-    '"_" and "." (e.g. "qkv,proj"), at most 1000 characters'
-)
-
-
-def lora_target_names(text: str) -> list[str]:
-    """`lora_targets` as its list of names (["all-linear"] for every linear layer)."""
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _lora_targets_ok(v: Any) -> bool:
-    if not isinstance(v, str) or len(v) > 1000:
-        return False
-    names = lora_target_names(v)
-    return bool(names) and all(
-        name == "all-linear" or all(c.isalnum() or c in "_." for c in name) for name in names
-    )
-
-
-def runtime_problems(config: TrainConfig) -> list[SettingProblem]:
-    """What a workbench Session on this machine cannot run of a valid `config`, as
-    `SettingProblem`s (empty when it can; `str()` of each is its line): an optimizer the
-    Session does not train, with why and the nearest one it does; an NVMe offload directory
-    that does not exist here or is not writable. `TrainConfig.setting_problems()` checks the
-    config itself; this checks the machine."""
-    p: list[SettingProblem] = []
-    optimizer = OptimizerName(config.optimizer)
-    if optimizer not in SESSION_OPTIMIZERS:
-        why, nearest = NOT_IN_SESSION[optimizer]
-        p.append(
-            SettingProblem(
-                "optimizer",
-                optimizer.value,
-                f"cannot train here: {why}; the nearest a Session trains is "
-                f"`optimizer`={nearest.value!r} (a Session trains "
-                f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})",
-            )
-        )
-    uses_nvme = OffloadDevice.NVME in (
-        OffloadDevice(config.offload_optimizer),
-        OffloadDevice(config.offload_params),
-    )
-    path = config.nvme_path
-    if uses_nvme and path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
-        p.append(
-            SettingProblem(
-                "nvme_path", path, "must be an existing writable directory on this machine"
-            )
-        )
-    return p
-
-
 def plain_value(v: Any) -> Any:
     """A setting's value as plain data: an enum member as its string."""
     return v.value if isinstance(v, Enum) else v
@@ -1098,6 +887,7 @@ __all__ = [
     "bf16_true_problem",
     "did_you_mean",
     "format_problems",
+    "lora_target_names",
     "plain_value",
     "problem_lines",
     "runtime_problems",

@@ -62,9 +62,9 @@ class SessionTools:
             "stage": (rank // tp) % pp,
             "dp_rank": rank // (tp * pp),
         }
-        report = getattr(self._rt.backend, "pipeline_report", None)
+        report = self._rt.backend.pipeline_report()
         if report is not None:
-            layout.update(report())
+            layout.update(report)
         return layout
 
     def memory(self) -> Any:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import gc
 import time
 from contextlib import AbstractContextManager
 from typing import Any
@@ -52,61 +51,34 @@ import torch
 from torch import nn
 
 from workbench.config import OptimizerName, PipelineSchedule, Precision, TrainConfig
-from workbench.inputs import shown
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
     load_full_weights,
-    rank_device,
-    storage_bytes,
 )
-from workbench.train.backends.fsdp import on_device
+from workbench.train.backends.distributed import DistributedBackend, on_device
 from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
-from workbench.train.backends.process_group import ProcessGroupLease
 from workbench.train.backends.tensor_parallel import parallelize, permute_rows, shard_count
 from workbench.train.batches import to_fp32
 from workbench.train.offload import is_parameter_derived, local_tensor, parameter_storages
 from workbench.train.pipeline_plan import TIED_COPY, pipeline_stage
 from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
-from workbench.train.schedule import lr_at
 from workbench.train.tensor_plan import TensorPlan, tensor_plan
 
 _shards = shard_count
 
-STATE_FORMAT = 1
 
-
-class PipelineBackend:
+class PipelineBackend(DistributedBackend):
     """Pipeline parallelism behind the `Backend` contract (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        model: nn.Module,
-        *,
-        state: dict[str, Any] | None = None,
-        device: torch.device | None = None,
-    ) -> None:
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
+    runs_whole_step = True  # the schedule runs a step's forwards and backwards
+
+    def _refuse(self, config: TrainConfig) -> None:
         if int(config.pp) < 2:
             raise ValueError(f"pp={config.pp}: PipelineBackend needs pp >= 2")
-        self.config = config
-        self.device = torch.device(device) if device is not None else rank_device()
-        self._closed = True
-        self.module: nn.Module | None = None
-        self.optimizer: Any = None
-        self._named: list[tuple[str, nn.Parameter]] = []
+
+    def _fresh(self) -> None:
         self._groups: list[Any] = []
-        ProcessGroupLease.acquire(self.device, deepspeed=False)
-        try:
-            with on_device(self.device):
-                self._build(model, state)
-        except BaseException:
-            self._teardown()
-            ProcessGroupLease.release()
-            raise
-        self._closed = False
 
     # ------------------------------------------------------------------ building
     def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
@@ -127,11 +99,7 @@ class PipelineBackend:
         self.schedule_name = PipelineSchedule(config.pp_schedule)
         self.precision = Precision(config.precision)
         self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
-        self._base_lr = float(config.lr)
         self._clip = config.clip_grad_norm
-        self.steps = 0
-        self.overflow_steps = 0
-        self._grads_bytes = 0
         self._busy = 0.0
         self.last_wall_seconds = 0.0
         self.last_busy_seconds = 0.0
@@ -335,18 +303,6 @@ class PipelineBackend:
                         _local(p.grad).mul_(coef)
         return norm
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _set_lr(self) -> None:
-        lr = lr_at(self.config, self.steps, self._base_lr)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
     # ------------------------------------------------------------------ measuring
     def pipeline_report(self) -> dict[str, Any]:
         """This rank's place in the pipeline and the last step's bubble: the share of the
@@ -439,15 +395,7 @@ class PipelineBackend:
         for weights, states in gathered:
             model.update(weights)
             opt_state.update(states)
-        return {
-            "format": STATE_FORMAT,
-            "model": model,
-            "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": None,
-            "scheduler": {"steps": self.steps},
-            "steps": self.steps,
-            "overflow_steps": self.overflow_steps,
-        }
+        return self._neutral_state(model, opt_state, self._family)
 
     def _whole(self, name: str, value: Any, param: Any) -> Any:
         """A parameter or state of `param` whole, on the CPU, in your module's row order
@@ -485,35 +433,8 @@ class PipelineBackend:
                 st[k] = v
             self.optimizer.state[p] = st
 
-    # ------------------------------------------------------------------ memory
-    def model_state_bytes(self) -> ModelStateBytes:
-        """This stage's bytes (the tied copy included: this rank holds it)."""
-        params = storage_bytes(_local(p) for _, p in self._named)
-        grads = self._count_grads() or self._grads_bytes
-        optim = storage_bytes(
-            _local(v) for st in self.optimizer.state.values() for v in st.values()
-        )
-        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
-
-    def _count_grads(self) -> int:
-        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
-
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._teardown()
-        ProcessGroupLease.release()
-
-    def _teardown(self) -> None:
-        if self.optimizer is not None:
-            with contextlib.suppress(Exception):
-                self.optimizer.state.clear()
-                self.optimizer.param_groups.clear()
-        self.optimizer = None
-        self.module = None
-        self._named = []
+    def _release(self) -> None:
         groups, self._groups = self._groups, []
         if groups:
             import torch.distributed as dist
@@ -521,7 +442,6 @@ class PipelineBackend:
             for group in groups:
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(group)
-        gc.collect()
 
 
 def _local(t: Any) -> Any:
