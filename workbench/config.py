@@ -14,7 +14,9 @@ nearest one that it can; an NVMe offload directory that does not exist here).
 
 Past 700 lines because every setting is declared here once, with its label, help, flag and
 limits (`Setting`), and validated here; the choices of the choice settings and other
-trainers' names are in `workbench/choices.py`; the DeepSpeed mapping lives in
+trainers' names are in `workbench/choices.py`; the checks that read several settings at once
+and `runtime_problems` in `workbench/settings_check.py`; which engine trains a config and
+what it refuses in `workbench/engines.py`; the DeepSpeed mapping lives in
 `workbench/deepspeed/`.
 """
 
@@ -24,7 +26,6 @@ import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from enum import Enum
 from typing import Any
 
 from workbench.choices import (  # the choices, re-exported here
@@ -55,6 +56,7 @@ from workbench.settings_check import (  # runtime_problems and the LoRA targets:
     combination_problems,
     lora_target_names,
     lora_targets_ok,
+    plain_value,
     runtime_problems,
 )
 
@@ -621,16 +623,14 @@ class TrainConfig:
 
     def setting_problems(self) -> list[SettingProblem]:
         """Every problem with this config as data (empty when valid): each field on its
-        own, then every combination whose fields are themselves valid."""
+        own, then every combination whose fields are themselves valid
+        (`workbench.settings_check.combination_problems`)."""
         p: list[SettingProblem] = []
         bad: set[str] = set()
 
         def report(name: str, problem: SettingProblem) -> None:
             bad.add(name)
             p.append(problem)
-
-        def add(name: str, value: Any, message: str) -> None:
-            p.append(SettingProblem(name, value, message))
 
         for name, enum in ENUM_FIELDS.items():
             value = getattr(self, name)
@@ -846,15 +846,7 @@ def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) 
 TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]
 
 
-def plain_value(v: Any) -> Any:
-    """A setting's value as plain data: an enum member as its string."""
-    return v.value if isinstance(v, Enum) else v
-
-
 _plain = plain_value
-
-
-_format = format_problems
 
 
 TrainConfig.__doc__ = _describe_settings()

@@ -4,7 +4,7 @@ cannot run of a valid one.
 `workbench.config.TrainConfig.setting_problems()` checks each field on its own from its
 `Setting`, then calls `combination_problems(config, ok)` for every combination whose fields
 are themselves valid (`ok(*names)`); `runtime_problems(config)` (re-exported by
-`workbench.config`) answers what a workbench Session on this machine cannot run of it. Below
+`workbench.config`, as is `plain_value`) answers what a workbench Session on this machine cannot run of it. Below
 config.py: reads a config's attributes and imports only the choices and `SettingProblem`.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from workbench.choices import (
@@ -26,6 +27,11 @@ from workbench.choices import (
     bf16_true_problem,
 )
 from workbench.problems import SettingProblem
+
+
+def plain_value(v: Any) -> Any:
+    """A setting's value as plain data: an enum member as its string."""
+    return v.value if isinstance(v, Enum) else v
 
 
 def combination_problems(config: Any, ok: Callable[..., bool]) -> list[SettingProblem]:
