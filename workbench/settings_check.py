@@ -3,9 +3,10 @@ cannot run of a valid one.
 
 `workbench.config.TrainConfig.setting_problems()` checks each field on its own from its
 `Setting`, then calls `combination_problems(config, ok)` for every combination whose fields
-are themselves valid (`ok(*names)`); `runtime_problems(config)` (re-exported by
-`workbench.config`, as is `plain_value`) answers what a workbench Session on this machine cannot run of it. Below
-config.py: reads a config's attributes and imports only the choices and `SettingProblem`.
+are themselves valid (`ok(*names)`); `runtime_problems(config)` answers what a workbench
+Session on this machine cannot run of it (both it and `plain_value` are re-exported by
+`workbench.config`). Below config.py: reads a config's attributes and imports only the
+choices and `SettingProblem`.
 """
 
 from __future__ import annotations
