@@ -61,7 +61,7 @@ from workbench.train.backends.base import (
     frozen_weights,
 )
 from workbench.train.backends.distributed import DistributedBackend
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
+from workbench.train.backends.optimizer import STATE_KEYS
 from workbench.train.precision import cast_floating_inputs
 
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
@@ -161,7 +161,6 @@ class DeepSpeedBackend(DistributedBackend):
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self.precision = Precision(config.precision)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._accum = int(config.grad_accum)
         self._micro = 0
 

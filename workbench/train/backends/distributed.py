@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import TrainConfig
+from workbench.config import OptimizerName, TrainConfig
 from workbench.inputs import shown
 from workbench.train.backends.base import Backend, ModelStateBytes, rank_device, storage_bytes
-from workbench.train.backends.optimizer import set_lr
+from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, set_lr
 from workbench.train.backends.process_group import ProcessGroupLease
 from workbench.train.schedule import lr_at
 
@@ -66,6 +66,8 @@ class DistributedBackend(Backend):
         self.steps = 0
         self.overflow_steps = 0
         self._grads_bytes = 0
+        # the state layout a switch between engines carries ("adam", "sgd", None)
+        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._fresh()
         ProcessGroupLease.acquire(self.device, deepspeed=self.deepspeed_lease)
         try:
@@ -149,6 +151,14 @@ class DistributedBackend(Backend):
             "steps": self.steps,
             "overflow_steps": self.overflow_steps,
         }
+
+    def _saved_optimizer(self, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """A neutral state's optimizer states by parameter name, when they are of this
+        engine's optimizer family (`_family`); else none (a new family starts fresh)."""
+        optim = state.get("optimizer") or {}
+        saved = optim.get("state") or {}
+        family = optim.get("family")
+        return saved if saved and family is not None and family == self._family else {}
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
+from workbench.config import FsdpMode, OffloadDevice, Precision, TrainConfig
 from workbench.train.backends.base import (
     StepOutcome,
     frozen_parameters,
@@ -69,7 +69,6 @@ from workbench.train.backends.distributed import (  # on_device: re-exported
     on_device,
 )
 from workbench.train.backends.optimizer import (
-    OPTIMIZER_FAMILY,
     STATE_KEYS,
     build_optimizer,
     neutral,
@@ -119,7 +118,6 @@ class FSDPBackend(DistributedBackend):
         config = self.config
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.precision = Precision(config.precision)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
 
@@ -297,9 +295,8 @@ class FSDPBackend(DistributedBackend):
 
         self.steps = int(state.get("steps", 0))
         self.overflow_steps = int(state.get("overflow_steps", 0))
-        optim = state.get("optimizer") or {}
-        saved = optim.get("state") or {}
-        if saved and optim.get("family") is not None and optim.get("family") == self._family:
+        saved = self._saved_optimizer(state)
+        if saved:
             options = StateDictOptions(full_state_dict=True)
             assert self._sharded is not None
             fresh = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)

@@ -50,15 +50,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import OptimizerName, PipelineSchedule, Precision, TrainConfig
+from workbench.config import PipelineSchedule, Precision, TrainConfig
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
     load_full_weights,
 )
 from workbench.train.backends.distributed import DistributedBackend, on_device
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
-from workbench.train.backends.tensor_parallel import parallelize, permute_rows, shard_count
+from workbench.train.backends.optimizer import build_optimizer
+from workbench.train.backends.tensor_parallel import (
+    parallelize,
+    permute_rows,
+    shard_count,
+    split_state,
+    whole_tensor,
+)
 from workbench.train.batches import to_fp32
 from workbench.train.offload import is_parameter_derived, local_tensor, parameter_storages
 from workbench.train.pipeline_plan import TIED_COPY, pipeline_stage
@@ -98,7 +104,6 @@ class PipelineBackend(DistributedBackend):
         self.micro_batches = int(config.grad_accum)
         self.schedule_name = PipelineSchedule(config.pp_schedule)
         self.precision = Precision(config.precision)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._clip = config.clip_grad_norm
         self._busy = 0.0
         self.last_wall_seconds = 0.0
@@ -400,38 +405,19 @@ class PipelineBackend(DistributedBackend):
     def _whole(self, name: str, value: Any, param: Any) -> Any:
         """A parameter or state of `param` whole, on the CPU, in your module's row order
         (`full_tensor()` of a tensor-parallel shard: collective over the group)."""
-        if not isinstance(value, torch.Tensor):
-            return value
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        full = full.detach().cpu()
-        order = self.plan.permutations.get(name) if self.plan is not None else None
-        if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(param.shape):
-            full = full[torch.argsort(order)]
-        return full
+        return whole_tensor(value, param, self._order(name))
+
+    def _order(self, name: str) -> torch.Tensor | None:
+        """The tensor-parallel plan's permutation of a parameter's rows, if any."""
+        return self.plan.permutations.get(name) if self.plan is not None else None
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
         self.steps = int(state.get("steps", 0))
-        optim = state.get("optimizer") or {}
-        saved = optim.get("state") or {}
-        if not saved or optim.get("family") is None or optim.get("family") != self._family:
-            return
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
+        saved = self._saved_optimizer(state)
         for name, p in self._named:
             key = TIED_COPY[1] if p is self._tied else name
-            if key not in saved:
-                continue
-            order = self.plan.permutations.get(key) if self.plan is not None else None
-            st: dict[str, Any] = {}
-            for k, v in saved[key].items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    v = v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
-                    if order is not None:
-                        v = v[order]
-                    if isinstance(p, DTensor):
-                        v = distribute_tensor(v, p.device_mesh, p.placements)
-                st[k] = v
-            self.optimizer.state[p] = st
+            if key in saved:
+                self.optimizer.state[p] = split_state(saved[key], p, self._order(key), self.device)
 
     # ------------------------------------------------------------------ teardown
     def _release(self) -> None:

@@ -40,10 +40,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import FsdpMode, OptimizerName, Precision, TrainConfig
+from workbench.config import FsdpMode, Precision, TrainConfig
 from workbench.train.backends.base import StepOutcome, load_full_weights
 from workbench.train.backends.distributed import DistributedBackend, on_device
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
+from workbench.train.backends.optimizer import build_optimizer
 from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
 from workbench.train.recompute import checkpointable_modules
 from workbench.train.tensor_plan import TensorPlan, tensor_plan
@@ -72,7 +72,6 @@ class TensorParallelBackend(DistributedBackend):
         self.dp = self.world_size // self.tp
         self.precision = Precision(config.precision)
         self.fsdp = FsdpMode(config.fsdp)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
         self.mesh = init_device_mesh(
@@ -197,7 +196,7 @@ class TensorParallelBackend(DistributedBackend):
         """Full fp32 weights and optimizer state by parameter name, on the CPU, in your
         module's own row order (collective: every rank calls it)."""
         with on_device(self.device):
-            model = {n: self._full(n, p).float() for n, p in self._named}
+            model = {n: self._full(n, p, p).float() for n, p in self._named}
             opt_state: dict[str, dict[str, Any]] = {}
             for name, p in self._named:
                 st = self.optimizer.state.get(p) or {}
@@ -205,40 +204,17 @@ class TensorParallelBackend(DistributedBackend):
                     opt_state[name] = {k: self._full(name, v, p) for k, v in st.items()}
         return self._neutral_state(model, opt_state, self._family)
 
-    def _full(self, name: str, value: Any, param: Any = None) -> Any:
+    def _full(self, name: str, value: Any, param: Any) -> Any:
         """`value` (a parameter, or a state of `param`) whole, on the CPU, unpermuted."""
-        if not isinstance(value, torch.Tensor):
-            return value
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        full = full.detach().cpu()
-        order = self.plan.permutations.get(name)
-        like = param if param is not None else value
-        if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(like.shape):
-            full = full[torch.argsort(order)]
-        return full
+        return whole_tensor(value, param, self.plan.permutations.get(name))
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
         self.steps = int(state.get("steps", 0))
-        optim = state.get("optimizer") or {}
-        saved = optim.get("state") or {}
-        if not saved or optim.get("family") is None or optim.get("family") != self._family:
-            return
+        saved = self._saved_optimizer(state)
         for name, p in self._named:
-            if name not in saved:
-                continue
-            order = self.plan.permutations.get(name)
-            st: dict[str, Any] = {}
-            for key, v in saved[name].items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    v = v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
-                    if order is not None:
-                        v = v[order]
-                    if isinstance(p, DTensor):
-                        v = distribute_tensor(v, p.device_mesh, p.placements)
-                st[key] = v
-            self.optimizer.state[p] = st
+            if name in saved:
+                order = self.plan.permutations.get(name)
+                self.optimizer.state[p] = split_state(saved[name], p, order, self.device)
 
     # ------------------------------------------------------------------ memory
     def _params_held(self) -> Any:
@@ -341,6 +317,38 @@ def _local(t: Any) -> Any:
     """A DTensor's local tensor, or the tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
+
+
+def whole_tensor(value: Any, param: Any, order: torch.Tensor | None) -> Any:
+    """A parameter or a state of `param` whole (`full_tensor()` of a shard: collective over
+    its group), on the CPU, in your module's row order (`order`: the plan's permutation of
+    its rows, undone here); anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    full = value.full_tensor() if hasattr(value, "full_tensor") else value
+    full = full.detach().cpu()
+    if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(param.shape):
+        full = full[torch.argsort(order)]
+    return full
+
+
+def split_state(
+    saved: dict[str, Any], param: Any, order: torch.Tensor | None, device: torch.device
+) -> dict[str, Any]:
+    """One parameter's saved optimizer state placed as `param` is: each tensor on `device`
+    in its dtype, its rows permuted (`order`), split as its DTensor; scalars as they are."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    st: dict[str, Any] = {}
+    for key, v in saved.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            v = v.to(device, param.dtype if v.is_floating_point() else v.dtype)
+            if order is not None:
+                v = v[order]
+            if isinstance(param, DTensor):
+                v = distribute_tensor(v, param.device_mesh, param.placements)
+        st[key] = v
+    return st
 
 
 def shard_count(t: Any) -> int:
