@@ -106,6 +106,12 @@ class DistributedBackend(Backend):
         """Every parameter this rank holds (frozen ones too), for `model_state_bytes`."""
         return (p for _, p in self._named)
 
+    @property
+    def zero_stage(self) -> int:
+        """No DeepSpeed ZeRO (DeepSpeed's backend reads its engine's): what records carry;
+        FSDP2's sharding is in the records' `fsdp` as set."""
+        return 0
+
     # ------------------------------------------------------------------ the learning rate
     @property
     def lr(self) -> float:

@@ -193,11 +193,6 @@ class FSDPBackend(DistributedBackend):
 
     # ------------------------------------------------------------------ the loop
     @property
-    def zero_stage(self) -> int:
-        """No DeepSpeed ZeRO: FSDP shards (the records carry `fsdp` as set)."""
-        return 0
-
-    @property
     def trained_module(self) -> nn.Module:
         """The module FSDP trains (the sharded copy of yours)."""
         assert self._sharded is not None

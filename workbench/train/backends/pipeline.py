@@ -196,10 +196,6 @@ class PipelineBackend(DistributedBackend):
 
     # ------------------------------------------------------------------ the loop
     @property
-    def zero_stage(self) -> int:
-        return 0
-
-    @property
     def trained_module(self) -> nn.Module:
         assert self.module is not None
         return self.module

@@ -114,10 +114,6 @@ class TensorParallelBackend(DistributedBackend):
 
     # ------------------------------------------------------------------ the loop
     @property
-    def zero_stage(self) -> int:
-        return 0
-
-    @property
     def trained_module(self) -> nn.Module:
         assert self._model is not None
         return self._model
