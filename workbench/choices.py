@@ -4,8 +4,10 @@ Each choice setting is a str enum (`Precision`, `OptimizerName`, `FsdpMode`, ...
 `ENUM_FIELDS` by the field that takes it. `FIELD_ALIASES` maps the names Lightning, Hugging
 Face and DeepSpeed give a setting to the workbench's, `VALUE_ALIASES` their names for a
 choice, and `did_you_mean` turns a near miss into a hint. `Engine` names what trains a
-config (`workbench.config.engine_for` decides it). Pure: imports only the optimizer rows
-(`workbench.optimizers`), which import nothing.
+config (`workbench.engines.engine_for` decides it; each engine's facts are its row in
+`workbench.engines`); the refusals TrainConfig itself makes of an engine are here, below it.
+Pure: imports only the optimizer rows (`workbench.optimizers`), which import nothing, and
+`SettingProblem`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from workbench.optimizers import OPTIMIZERS, ROWS, OptimizerRow
+from workbench.problems import SettingProblem
 
 
 class StrEnum(str, Enum):
@@ -208,9 +211,11 @@ class PipelineSchedule(StrEnum):
 
 
 class Engine(StrEnum):
-    """What trains a config (`engine_for`): the plain PyTorch loop on your own module, a
-    DeepSpeed engine, PyTorch FSDP2, or PyTorch's tensor parallelism (`tp` > 1, with data
-    parallel or FSDP2 over the other ranks). The distributed engines train a copy of it."""
+    """What trains a config (`workbench.engines.engine_for`; an engine's facts are its row,
+    `workbench.engines.ENGINES[engine]`): the plain PyTorch loop on your own module, a
+    DeepSpeed engine, PyTorch FSDP2, PyTorch's tensor parallelism (`tp` > 1, with data
+    parallel or FSDP2 over the other ranks) or pipelining (`pp` > 1). The distributed
+    engines train a copy of it."""
 
     PLAIN = "plain"
     DEEPSPEED = "deepspeed"
@@ -222,6 +227,34 @@ class Engine(StrEnum):
     def copies_model(self) -> bool:
         """Whether the engine trains its own copy of your module (weights copied back)."""
         return self is not Engine.PLAIN
+
+
+#: Why tensor parallelism and DeepSpeed do not mix.
+TP_NOT_DEEPSPEED = (
+    "tensor parallelism trains through PyTorch's tensor-parallel API, with data parallel or "
+    "FSDP2 (`fsdp`) over the other ranks, not through DeepSpeed: use `zero_stage`=0 and a "
+    "torch precision (fp32, amp-bf16, bf16-true)"
+)
+
+#: Why pipeline parallelism and DeepSpeed do not mix.
+PP_NOT_DEEPSPEED = (
+    "pipeline stages train through torch.distributed.pipelining with data parallel over "
+    "the other ranks, not through DeepSpeed: use `zero_stage`=0 and a torch precision "
+    "(fp32, amp-bf16, bf16-true)"
+)
+
+
+def bf16_true_problem(why: str = "") -> SettingProblem:
+    """The problem of pure bf16 (`precision`='bf16-true') on DeepSpeed; `why` says what
+    sends the config there ("`zero_stage`=2", "2 ranks without `fsdp` train through it")."""
+    deepspeed = f"DeepSpeed ({why})" if why else "DeepSpeed"
+    return SettingProblem(
+        "precision",
+        Precision.BF16_TRUE.value,
+        f"pure bf16 has no fp32 master copy of the weights and {deepspeed} always "
+        "keeps one: use 'bf16' (DeepSpeed's bf16 with an fp32 master copy), or pure bf16 "
+        "with `fsdp` (full_shard, shard_grad_op or no_shard) and `zero_stage`=0",
+    )
 
 
 class Device(StrEnum):

@@ -14,7 +14,9 @@ nearest one that it can; an NVMe offload directory that does not exist here).
 
 Past 700 lines because every setting is declared here once, with its label, help, flag and
 limits (`Setting`), and validated here; the choices of the choice settings and other
-trainers' names are in `workbench/choices.py`; the DeepSpeed mapping lives in
+trainers' names are in `workbench/choices.py`; the checks that read several settings at once
+and `runtime_problems` in `workbench/settings_check.py`; which engine trains a config and
+what it refuses in `workbench/engines.py`; the DeepSpeed mapping lives in
 `workbench/deepspeed/`.
 """
 
@@ -22,10 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from enum import Enum
 from typing import Any
 
 from workbench.choices import (  # the choices, re-exported here
@@ -46,10 +46,19 @@ from workbench.choices import (  # the choices, re-exported here
     PipelineSchedule,
     Precision,
     Recompute,
+    bf16_true_problem,
     did_you_mean,
 )
 from workbench.inputs import is_bool, is_int, is_number, shown
 from workbench.problems import ConfigError, SettingProblem, format_problems, problem_lines
+from workbench.settings_check import (  # runtime_problems and the LoRA targets: re-exported
+    LORA_TARGETS_TEXT,
+    combination_problems,
+    lora_target_names,
+    lora_targets_ok,
+    plain_value,
+    runtime_problems,
+)
 
 
 def _unknown_setting(name: str, value: Any) -> SettingProblem:
@@ -682,16 +691,14 @@ class TrainConfig:
 
     def setting_problems(self) -> list[SettingProblem]:
         """Every problem with this config as data (empty when valid): each field on its
-        own, then every combination whose fields are themselves valid."""
+        own, then every combination whose fields are themselves valid
+        (`workbench.settings_check.combination_problems`)."""
         p: list[SettingProblem] = []
         bad: set[str] = set()
 
         def report(name: str, problem: SettingProblem) -> None:
             bad.add(name)
             p.append(problem)
-
-        def add(name: str, value: Any, message: str) -> None:
-            p.append(SettingProblem(name, value, message))
 
         for name, enum in ENUM_FIELDS.items():
             value = getattr(self, name)
@@ -722,168 +729,7 @@ class TrainConfig:
         def ok(*names: str) -> bool:
             return not bad.intersection(names)
 
-        # Combinations: each is checked when the fields it reads are valid on their own.
-        if ok("optimizer_in_backward") and self.optimizer_in_backward is True:
-            for name, bad_value, why in (
-                ("grad_accum", ok("grad_accum") and self.grad_accum != 1, "grad_accum=1"),
-                ("clip_grad_norm", self.clip_grad_norm is not None, "clip_grad_norm=None"),
-                (
-                    "precision",
-                    ok("precision") and Precision(self.precision) is Precision.AMP_FP16,
-                    "a precision without loss scaling (fp32, amp-bf16, bf16-true)",
-                ),
-                (
-                    "zero_stage",
-                    ok("zero_stage", "precision", "fsdp")
-                    and (self.uses_deepspeed or FsdpMode(self.fsdp) is not FsdpMode.OFF),
-                    "the plain loop (zero_stage=0, no fsdp, a torch precision)",
-                ),
-            ):
-                if bad_value:
-                    add(
-                        "optimizer_in_backward",
-                        True,
-                        f"steps each parameter inside backward and frees its gradient, so "
-                        f"nothing is left to accumulate, clip, unscale or shard: needs {why} "
-                        f"(`{name}` says otherwise)",
-                    )
-        if ok("optimizer"):  # what its row says it cannot step in backward or train on
-            optimizer = OptimizerName(self.optimizer)
-            r = optimizer.row
-            if (
-                ok("optimizer_in_backward")
-                and r.in_backward_reason
-                and self.optimizer_in_backward is True
-            ):
-                add("optimizer", optimizer.value, r.in_backward_reason)
-            if (
-                r.in_session
-                and ok("zero_stage", "precision", "fsdp")
-                and (
-                    ("deepspeed" not in r.engines and self.uses_deepspeed)
-                    or ("fsdp" not in r.engines and FsdpMode(self.fsdp) is not FsdpMode.OFF)
-                )
-            ):
-                add("optimizer", optimizer.value, r.engines_reason or "")
-        if ok("tp", "zero_stage", "precision") and self.tp > 1 and self.uses_deepspeed:
-            add("tp", self.tp, TP_NOT_DEEPSPEED)
-        if ok("sequence_parallel", "tp") and self.sequence_parallel is True and self.tp == 1:
-            add(
-                "sequence_parallel",
-                True,
-                "splits the tensor-parallel group's norms along the sequence: needs `tp` > 1",
-            )
-        if ok("pp", "zero_stage", "precision") and self.pp > 1 and self.uses_deepspeed:
-            add("pp", self.pp, PP_NOT_DEEPSPEED)
-        if ok("pp", "grad_accum") and self.pp > 1 and self.grad_accum < self.pp:
-            add(
-                "grad_accum",
-                self.grad_accum,
-                f"the micro-batches of a step fill the pipeline: needs at least `pp`={self.pp} "
-                "of them (the bubble shrinks as grad_accum grows)",
-            )
-        if ok("pp", "fsdp") and self.pp > 1 and FsdpMode(self.fsdp) is not FsdpMode.OFF:
-            add(
-                "pp",
-                self.pp,
-                "pipeline stages train with plain data parallel over the other ranks, not "
-                "FSDP: use `fsdp`='off' with `pp` > 1",
-            )
-        if ok("qlora", "lora_rank") and self.qlora is True:
-            if self.lora_rank == 0:
-                add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
-            if ok("precision") and Precision(self.precision) is Precision.BF16_TRUE:
-                add(
-                    "qlora",
-                    True,
-                    "keeps its 4-bit base and computes in the autocast dtype: use fp32 or "
-                    "amp-bf16 (`precision`=bf16-true)",
-                )
-        if (
-            ok("optimizer", "zero_stage")
-            and OptimizerName(self.optimizer).is_onebit
-            and self.zero_stage != 0
-        ):
-            optimizer = OptimizerName(self.optimizer)
-            add(
-                "optimizer",
-                optimizer.value,
-                "DeepSpeed's 1-bit optimizers do not run with ZeRO; needs `zero_stage`=0 "
-                f"(`zero_stage`={self.zero_stage})",
-            )
-        fsdp = FsdpMode(self.fsdp) if ok("fsdp") else None
-        offload_opt = OffloadDevice(self.offload_optimizer) if ok("offload_optimizer") else None
-        offload_par = OffloadDevice(self.offload_params) if ok("offload_params") else None
-        precision = Precision(self.precision) if ok("precision") else None
-        stage = self.zero_stage if ok("zero_stage") else None
-        if fsdp is not None and fsdp is not FsdpMode.OFF:
-            if stage is not None and stage != 0:
-                add(
-                    "fsdp",
-                    fsdp.value,
-                    "PyTorch FSDP and DeepSpeed ZeRO are two sharding engines; use one "
-                    f"(`zero_stage`={stage} needs `fsdp`='off', `fsdp` needs `zero_stage`=0)",
-                )
-            if precision is not None and precision.is_deepspeed:
-                add(
-                    "fsdp",
-                    fsdp.value,
-                    f"`precision`={precision.value!r} is DeepSpeed's 16-bit mode; with FSDP use "
-                    "'amp-bf16' or 'amp-fp16' (FSDP's mixed precision)",
-                )
-            if offload_opt is not None and offload_opt is not OffloadDevice.NONE:
-                add(
-                    "offload_optimizer",
-                    offload_opt.value,
-                    "a DeepSpeed (ZeRO-Offload) setting; FSDP offloads parameters, gradients "
-                    "and optimizer states together with `offload_params`='cpu'",
-                )
-            if offload_par is not None and (
-                offload_par is OffloadDevice.NVME
-                or (offload_par is OffloadDevice.CPU and fsdp is not FsdpMode.FULL_SHARD)
-            ):
-                add(
-                    "offload_params",
-                    offload_par.value,
-                    f"FSDP offloads to 'cpu' with `fsdp`='full_shard' (`fsdp`={fsdp.value!r})",
-                )
-        if (
-            stage == 0
-            and offload_opt is not None
-            and offload_opt is not OffloadDevice.NONE
-            and fsdp is FsdpMode.OFF
-        ):
-            add(
-                "offload_optimizer",
-                offload_opt.value,
-                "needs zero_stage 1, 2 or 3 (`zero_stage`=0)",
-            )
-        if (
-            stage is not None
-            and offload_par is not None
-            and offload_par is not OffloadDevice.NONE
-            and stage != 3
-            and fsdp is FsdpMode.OFF
-        ):
-            add(
-                "offload_params",
-                offload_par.value,
-                f"parameter offload needs `zero_stage`=3 (`zero_stage`={stage})",
-            )
-        if precision is Precision.BF16_TRUE and stage is not None and stage >= 1:
-            p.append(bf16_true_problem(f"`zero_stage`={stage}"))
-        # DeepSpeed's own 16-bit modes (fp16/bf16) with zero_stage=0 are allowed: the
-        # Session routes them through the DeepSpeed engine, which supports stage 0.
-        uses_nvme = OffloadDevice.NVME in (offload_opt, offload_par)
-        if uses_nvme and ok("nvme_path") and not self.nvme_path:
-            add("nvme_path", None, "NVMe offload needs nvme_path, a writable directory")
-        # Whether nvme_path exists is a question about the machine: runtime_problems().
-        if ok("warmup_steps", "total_steps") and self.warmup_steps > self.total_steps:
-            add(
-                "warmup_steps",
-                self.warmup_steps,
-                f"must not exceed `total_steps`={self.total_steps}",
-            )
+        p += combination_problems(self, ok)
         return p
 
     def validate(self) -> None:
@@ -943,7 +789,7 @@ class TrainConfig:
     @property
     def uses_deepspeed(self) -> bool:
         """True when the config itself asks for DeepSpeed (ZeRO >= 1 or DeepSpeed 16-bit),
-        on any number of ranks; `engine_for` says which engine runs it."""
+        on any number of ranks; `workbench.engines.engine_for` says which engine runs it."""
         return int(self.zero_stage) >= 1 or Precision(self.precision).is_deepspeed
 
 
@@ -1004,7 +850,7 @@ def _field_problem(name: str, v: Any, spec: Setting) -> SettingProblem | None:
     if spec.kind == "bool":
         ok = isinstance(v, bool)
     elif spec.kind == "text":
-        ok = _lora_targets_ok(v)
+        ok = lora_targets_ok(v)
     elif spec.kind == "path":
         ok = isinstance(v, str) and bool(v.strip()) and "\0" not in v and len(v) <= _MAX_PATH
     elif spec.kind == "int":
@@ -1068,282 +914,7 @@ def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) 
 TrainConfig.__init__ = _init_naming_unknown_settings  # type: ignore[method-assign]
 
 
-def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
-    """The one answer to "which engine runs this config on `world_size` ranks": PyTorch's
-    tensor parallelism when `tp` > 1 (FSDP2 over the data-parallel ranks when `fsdp` is on
-    too); FSDP2 when `fsdp` is on; DeepSpeed when the config asks for it (ZeRO >= 1, DeepSpeed 16-bit) or a
-    Session trains several ranks without FSDP (its data parallelism is DeepSpeed's ZeRO-0);
-    else the plain loop. Every caller (the backends, the prediction, live changes, export)
-    asks here; a new engine is one member of `Engine` and one backend file."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ConfigError([SettingProblem("world_size", world_size, "must be an integer >= 1")])
-    if int(config.pp) > 1:
-        return Engine.PIPELINE
-    if int(config.tp) > 1:
-        return Engine.TENSOR_PARALLEL
-    if FsdpMode(config.fsdp) is not FsdpMode.OFF:
-        return Engine.FSDP
-    if config.uses_deepspeed or world_size > 1:
-        return Engine.DEEPSPEED
-    return Engine.PLAIN
-
-
-def bf16_true_problem(why: str = "") -> SettingProblem:
-    """The problem of pure bf16 (`precision`='bf16-true') on DeepSpeed; `why` says what
-    sends the config there ("`zero_stage`=2", "2 ranks without `fsdp` train through it")."""
-    deepspeed = f"DeepSpeed ({why})" if why else "DeepSpeed"
-    return SettingProblem(
-        "precision",
-        Precision.BF16_TRUE.value,
-        f"pure bf16 has no fp32 master copy of the weights and {deepspeed} always "
-        "keeps one: use 'bf16' (DeepSpeed's bf16 with an fp32 master copy), or pure bf16 "
-        "with `fsdp` (full_shard, shard_grad_op or no_shard) and `zero_stage`=0",
-    )
-
-
-#: Why 8-bit AdamW trains in the plain loop only.
-QLORA_ENGINES = (
-    "a Session trains QLoRA's 4-bit base (bitsandbytes' Linear4bit) in the plain loop "
-    "(one process, zero_stage=0, no fsdp, a torch precision): DeepSpeed's and FSDP's copies "
-    "and shards of the weights do not carry its quantisation state; LoRA on a base in its "
-    "own dtype trains on every engine"
-)
-
-#: LoRA's `lora_targets`: "all-linear", or comma-separated module names or name endings.
-LORA_TARGETS_TEXT = (
-    '"all-linear" or comma-separated module names or name endings made of letters, digits, '
-    '"_" and "." (e.g. "qkv,proj"), at most 1000 characters'
-)
-
-
-def lora_target_names(text: str) -> list[str]:
-    """`lora_targets` as its list of names (["all-linear"] for every linear layer)."""
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _lora_targets_ok(v: Any) -> bool:
-    if not isinstance(v, str) or len(v) > 1000:
-        return False
-    names = lora_target_names(v)
-    return bool(names) and all(
-        name == "all-linear" or all(c.isalnum() or c in "_." for c in name) for name in names
-    )
-
-
-#: Why tensor parallelism and DeepSpeed do not mix.
-TP_NOT_DEEPSPEED = (
-    "tensor parallelism trains through PyTorch's tensor-parallel API, with data parallel or "
-    "FSDP2 (`fsdp`) over the other ranks, not through DeepSpeed: use `zero_stage`=0 and a "
-    "torch precision (fp32, amp-bf16, bf16-true)"
-)
-
-#: Why pipeline parallelism and DeepSpeed do not mix.
-PP_NOT_DEEPSPEED = (
-    "pipeline stages train through torch.distributed.pipelining with data parallel over "
-    "the other ranks, not through DeepSpeed: use `zero_stage`=0 and a torch precision "
-    "(fp32, amp-bf16, bf16-true)"
-)
-
-#: What the tensor-parallel and pipeline engines do not train, with why.
-TP_UNSUPPORTED: dict[str, str] = {
-    "lora_rank": "LoRA's adapters are not put on the model-parallel engines' copies",
-    "optimizer_in_backward": "its per-parameter hooks would step unreduced gradients",
-    "offload_params": "the model-parallel engines keep their shards on the device",
-    "offload_optimizer": "the model-parallel engines keep their shards on the device",
-    "compile": "torch.compile is not wired into the model-parallel engines",
-    "activation_offload": "its hooks are not wired into the model-parallel engines",
-}
-
-
-def tp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
-    """What `tp` > 1 cannot train on `world_size` ranks (empty when it can): a `tp` that
-    does not divide the ranks, and the settings the tensor-parallel engine refuses."""
-    tp = int(config.tp)
-    if tp == 1:
-        return []
-    p: list[SettingProblem] = []
-    if world_size % tp:
-        p.append(
-            SettingProblem(
-                "tp",
-                tp,
-                f"must divide the {world_size} rank{'s' if world_size > 1 else ''} "
-                f"(ranks = tp x data parallel; launch {tp} x N ranks)",
-            )
-        )
-    if config.sequence_parallel and Documents(config.documents) is not Documents.STREAM:
-        p.append(
-            SettingProblem(
-                "sequence_parallel",
-                True,
-                "splits the sequence of a stream of characters; a document batch's mask and "
-                "positions are not split with it: use `documents`='stream' with it",
-            )
-        )
-    if FsdpMode(config.fsdp) is FsdpMode.NO_SHARD:
-        p.append(
-            SettingProblem(
-                "fsdp",
-                "no_shard",
-                "with `tp` > 1, FSDP2 shards over the data-parallel ranks of the 2-D mesh: use "
-                "full_shard or shard_grad_op, or 'off' (plain data parallel over them)",
-            )
-        )
-    return p + _model_parallel_limits(config, "tp", tp)
-
-
-def _model_parallel_limits(config: TrainConfig, field: str, size: int) -> list[SettingProblem]:
-    """The settings the tensor-parallel and pipeline engines do not train (`field` is
-    "tp" or "pp", `size` its value > 1)."""
-    p: list[SettingProblem] = []
-    if Precision(config.precision) is Precision.AMP_FP16:
-        p.append(
-            SettingProblem(
-                "precision",
-                "amp-fp16",
-                f"torch's GradScaler is not wired into the model-parallel engines: use fp32, "
-                f"amp-bf16 or bf16-true with `{field}` > 1",
-            )
-        )
-    optimizer = OptimizerName(config.optimizer)
-    engine = "tensor-parallel" if field == "tp" else "pipeline"
-    if optimizer.row.in_session and engine not in optimizer.row.engines:
-        p.append(SettingProblem("optimizer", optimizer.value, optimizer.row.engines_reason or ""))
-    for name, why in TP_UNSUPPORTED.items():
-        value = getattr(config, name)
-        on = OffloadDevice(value) is not OffloadDevice.NONE if "offload_" in name else value
-        if on:
-            p.append(SettingProblem(name, plain_value(value), f"not with `{field}`={size}: {why}"))
-    return p
-
-
-def pp_problems(config: TrainConfig, world_size: int) -> list[SettingProblem]:
-    """What `pp` > 1 cannot train on `world_size` ranks (empty when it can): a `pp` (times
-    `tp`) that does not divide the ranks, and what the pipeline engine refuses (those of
-    the tensor-parallel engine, and document batches). Fewer micro-batches than stages is
-    the config's own problem (`TrainConfig` refuses it)."""
-    pp = int(config.pp)
-    if pp == 1:
-        return []
-    p: list[SettingProblem] = []
-    tp = int(config.tp)
-    if world_size % (pp * tp):
-        what = f"times `tp`={tp}, " if tp > 1 else ""
-        p.append(
-            SettingProblem(
-                "pp",
-                pp,
-                f"{what}must divide the {world_size} rank{'s' if world_size > 1 else ''} "
-                f"(ranks = pp x tp x data parallel; launch {pp * tp} x N ranks)",
-            )
-        )
-    if Documents(config.documents) is not Documents.STREAM:
-        p.append(
-            SettingProblem(
-                "documents",
-                plain_value(config.documents),
-                "a pipeline stage passes hidden states only, not the document mask: use "
-                "'stream' with `pp` > 1",
-            )
-        )
-    return p + _model_parallel_limits(config, "pp", pp)
-
-
-def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
-    """What the engine `engine_for(config, world_size)` picks cannot train of a valid
-    `config` (empty when it can): pure bf16 or torch's amp-fp16 when several ranks
-    without FSDP send it to DeepSpeed (with ZeRO >= 1 the config itself is refused
-    already), the tensor-parallel engine's limits (`tp_problems`)."""
-    engine = engine_for(config, world_size)
-    if engine is Engine.TENSOR_PARALLEL:
-        return tp_problems(config, world_size)
-    if engine is Engine.PIPELINE:
-        return pp_problems(config, world_size)
-    if Precision(config.precision) is Precision.BF16_TRUE and engine is Engine.DEEPSPEED:
-        return [bf16_true_problem(f"{world_size} ranks without `fsdp` train through it")]
-    if Precision(config.precision) is Precision.AMP_FP16 and engine is Engine.DEEPSPEED:
-        return [
-            SettingProblem(
-                "precision",
-                "amp-fp16",
-                f"{_deepspeed_why(config, world_size)} train through DeepSpeed, which does "
-                "not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
-                "fp16) or 'amp-bf16'",
-            )
-        ]
-    optimizer = OptimizerName(config.optimizer)
-    if optimizer.row.in_session and engine.value not in optimizer.row.engines:
-        return [SettingProblem("optimizer", optimizer.value, optimizer.row.engines_reason or "")]
-    if config.qlora and engine is not Engine.PLAIN:
-        return [
-            SettingProblem(
-                "qlora",
-                True,
-                f"{QLORA_ENGINES}; this setup trains through {engine.value} "
-                f"({world_size} rank{'s' if world_size > 1 else ''})",
-            )
-        ]
-    if config.optimizer_in_backward and engine is not Engine.PLAIN:
-        return [
-            SettingProblem(
-                "optimizer_in_backward",
-                True,
-                f"steps in the plain loop only; {world_size} ranks without `fsdp` train "
-                "through DeepSpeed",
-            )
-        ]
-    return []
-
-
-def _deepspeed_why(config: TrainConfig, world_size: int) -> str:
-    """What sends `config` to DeepSpeed, as a problem says it."""
-    if int(config.zero_stage):
-        return f"`zero_stage`={int(config.zero_stage)} runs"
-    return f"{world_size} ranks without `fsdp`"
-
-
-def runtime_problems(config: TrainConfig) -> list[SettingProblem]:
-    """What a workbench Session on this machine cannot run of a valid `config`, as
-    `SettingProblem`s (empty when it can; `str()` of each is its line): an optimizer the
-    Session does not train, with why and the nearest one it does; an NVMe offload directory
-    that does not exist here or is not writable. `TrainConfig.setting_problems()` checks the
-    config itself; this checks the machine."""
-    p: list[SettingProblem] = []
-    optimizer = OptimizerName(config.optimizer)
-    if optimizer not in SESSION_OPTIMIZERS:
-        why, nearest = NOT_IN_SESSION[optimizer]
-        p.append(
-            SettingProblem(
-                "optimizer",
-                optimizer.value,
-                f"cannot train here: {why}; the nearest a Session trains is "
-                f"`optimizer`={nearest.value!r} (a Session trains "
-                f"{', '.join(o.value for o in SESSION_OPTIMIZERS)})",
-            )
-        )
-    uses_nvme = OffloadDevice.NVME in (
-        OffloadDevice(config.offload_optimizer),
-        OffloadDevice(config.offload_params),
-    )
-    path = config.nvme_path
-    if uses_nvme and path and not (os.path.isdir(path) and os.access(path, os.W_OK)):
-        p.append(
-            SettingProblem(
-                "nvme_path", path, "must be an existing writable directory on this machine"
-            )
-        )
-    return p
-
-
-def plain_value(v: Any) -> Any:
-    """A setting's value as plain data: an enum member as its string."""
-    return v.value if isinstance(v, Enum) else v
-
-
 _plain = plain_value
-
-
-_format = format_problems
 
 
 TrainConfig.__doc__ = _describe_settings()
@@ -1375,14 +946,11 @@ __all__ = [
     "allowed_text",
     "bf16_true_problem",
     "did_you_mean",
-    "engine_for",
-    "engine_problems",
     "format_problems",
+    "lora_target_names",
     "plain_value",
     "problem_lines",
     "runtime_problems",
     "setting",
     "setting_choices",
-    "pp_problems",
-    "tp_problems",
 ]

@@ -29,8 +29,8 @@ from workbench.config import (
     FsdpMode,
     OffloadDevice,
     TrainConfig,
-    engine_for,
 )
+from workbench.engines import engine_for
 from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
 from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown

@@ -75,7 +75,7 @@ def test_what_it_excludes_is_refused_by_name(settings: dict, field: str) -> None
 def test_several_ranks_without_fsdp_are_refused() -> None:
     with Session(TrainConfig(micro_batch=4), model_options=TINY) as s:
         s.run(optimizer_steps=1)
-        from workbench.config import engine_problems
+        from workbench.engines import engine_problems
 
         problems = engine_problems(s.config.replace(optimizer_in_backward=True), 2)
         assert [p.field for p in problems] == ["optimizer_in_backward"]

@@ -267,7 +267,8 @@ def test_the_docstring_lists_every_setting_and_every_allowed_value() -> None:
     ],
 )
 def test_one_engine_decision(changes, world_size, engine) -> None:
-    from workbench.config import Engine, engine_for
+    from workbench.config import Engine
+    from workbench.engines import engine_for
 
     got = engine_for(TrainConfig(**changes), world_size)
     assert got is Engine(engine)
@@ -284,7 +285,7 @@ def test_every_engine_has_a_backend_and_an_accounting() -> None:
 
 @pytest.mark.parametrize("world_size", [0, -1, 1.5, True, "2"])
 def test_engine_for_names_a_bad_world_size(world_size) -> None:
-    from workbench.config import engine_for
+    from workbench.engines import engine_for
 
     with pytest.raises(ValueError, match=r"world_size=.*: must be an integer >= 1"):
         engine_for(TrainConfig(), world_size)
@@ -292,7 +293,7 @@ def test_engine_for_names_a_bad_world_size(world_size) -> None:
 
 @pytest.mark.parametrize("fsdp", ["off", "full_shard", "shard_grad_op", "no_shard"])
 def test_pure_bf16_runs_on_the_plain_loop_and_fsdp(fsdp) -> None:
-    from workbench.config import engine_problems
+    from workbench.engines import engine_problems
 
     cfg = TrainConfig(precision="bf16-true", fsdp=fsdp)
     assert cfg.precision is Precision.BF16_TRUE and not cfg.uses_deepspeed
@@ -319,7 +320,7 @@ def test_pure_bf16_with_zero_is_refused_naming_the_field_and_what_to_use(stage) 
 def test_pure_bf16_on_several_ranks_without_fsdp_is_an_engine_problem() -> None:
     """Several ranks without FSDP train through DeepSpeed (`engine_for`): the config is
     valid, the engine it meets on 2 ranks cannot train it."""
-    from workbench.config import engine_problems
+    from workbench.engines import engine_problems
 
     cfg = TrainConfig(precision="bf16-true")
     (problem,) = engine_problems(cfg, 2)

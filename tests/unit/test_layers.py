@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
         "spread",
         "rng",
     ),
-    ("config", "estimate", "models", "modelstats"),  # 2 core
-    ("prediction", "deepspeed", "advisor", "monitor", "planner"),  # 3 services
+    ("config", "settings_check", "estimate", "models", "modelstats"),  # 2 core
+    ("prediction", "engines", "deepspeed", "advisor", "monitor", "planner"),  # 3 services
     ("train", "export", "compress", "integrations"),  # 4 engines
     ("cli", "ui"),  # 5 shells
 ]

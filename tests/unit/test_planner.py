@@ -8,7 +8,8 @@ import json
 import pytest
 
 from workbench.cli import main
-from workbench.config import TrainConfig, engine_problems
+from workbench.config import TrainConfig
+from workbench.engines import engine_problems
 from workbench.estimate import estimate_memory, get_gpu
 from workbench.planner import plan
 from workbench.planner.hardware import LINKS, cluster

@@ -16,7 +16,6 @@ from workbench.config import (
     Precision,
     SettingProblem,
     TrainConfig,
-    bf16_true_problem,
 )
 from workbench.deepspeed.keys import (
     ADAM_BETAS,
@@ -25,6 +24,7 @@ from workbench.deepspeed.keys import (
     TYPE_OF_OPTIMIZER,
     ZERO_TESTED_OPTIMIZERS,
 )
+from workbench.engines import bf16_true_problem
 
 
 def to_deepspeed(config: TrainConfig, world_size: int = 1) -> dict[str, Any]:

@@ -52,7 +52,6 @@ import json
 import math
 import os
 import re
-import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,30 +61,34 @@ from workbench.config import (
     Documents,
     Engine,
     FsdpMode,
-    OffloadDevice,
     OptimizerName,
     SettingProblem,
     TrainConfig,
-    engine_for,
     plain_value,
     problem_lines,
-    tp_problems,
 )
 from workbench.deepspeed import to_deepspeed
+from workbench.engines import ENGINES, engine_for, tp_problems
+from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's names, commands)
+    CONFIG_NAME,
+    MASTER_PORT,
+    SCRIPT_NAME,
+    SCRIPTS,
+    describe,
+    hostfile_template,
+    launch_commands,
+    launch_sh,
+    model_flag,
+)
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 from workbench.problems import listing
 
-#: The job's distributed strategy for the engine a config needs (`engine_for`): data
-#: parallel replicas (DDP) when the config asks for neither DeepSpeed nor FSDP.
-STRATEGY: dict[Engine, str] = {
-    Engine.DEEPSPEED: "deepspeed",
-    Engine.FSDP: "fsdp",
-    Engine.PLAIN: "ddp",
-    # refused by the checks below (what a job would need: the model-parallel plan)
-    Engine.TENSOR_PARALLEL: "tensor-parallel",
-    Engine.PIPELINE: "pipeline",
-}
+#: The job's distributed strategy for the engine a config needs (`engine_for`), from the
+#: engines' rows: data parallel replicas (DDP) when the config asks for neither DeepSpeed nor
+#: FSDP; the model-parallel engines' are refused by the checks below where a format does
+#: not carry them.
+STRATEGY: dict[Engine, str] = {engine: row.export_strategy for engine, row in ENGINES.items()}
 
 #: Why the exported jobs do not carry `tp` / `pp` (each target, the setting).
 MODEL_PARALLEL_EXPORT = {
@@ -97,19 +100,10 @@ MODEL_PARALLEL_EXPORT = {
     "Lightning's ModelParallelStrategy) but does not cut the model into pipeline stages",
 }
 FORMATS = ("deepspeed", "fsdp", "lightning")
-CONFIG_NAME = "ds_config.json"
-SCRIPT_NAME = "train_deepspeed.py"
-#: the training script of each format (a module of this package, copied as is)
-SCRIPTS = {
-    "deepspeed": "train_deepspeed.py",
-    "fsdp": "train_fsdp.py",
-    "lightning": "train_lightning.py",
-}
 COMMON_NAME = "job_common.py"
 JOB_NAME = "job.json"
 LAUNCH_NAME = "launch.sh"
 HOSTFILE_NAME = "hostfile"
-MASTER_PORT = 29500
 
 _FACTORY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)\s*$")
@@ -302,7 +296,7 @@ def export_job(
     total_steps = int(config.total_steps) if steps is None else steps
     template = format == "deepspeed" and nodes > 1 and host_path is None
     hostfile_text = str(host_path) if host_path is not None else HOSTFILE_NAME
-    commands = _commands(
+    commands = launch_commands(
         format, gpus=gpus, nodes=nodes, hostfile=hostfile_text, model=model, options=options
     )
     several = nodes > 1 or (format == "deepspeed" and host_path is not None)
@@ -321,11 +315,11 @@ def export_job(
     files[COMMON_NAME] = _script_text(COMMON_NAME)
     files.update((n, _script_text(n)) for n in ("job_files.py", "job_parallel.py"))
     files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
-    files[LAUNCH_NAME] = _launch_sh(
+    files[LAUNCH_NAME] = launch_sh(
         format, config, model, gpus, nodes, primary, commands, options=options
     )
     if template:
-        files[HOSTFILE_NAME] = _hostfile_template(nodes, gpus)
+        files[HOSTFILE_NAME] = hostfile_template(nodes, gpus)
     _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
     if template:
         host_path = out / HOSTFILE_NAME
@@ -443,11 +437,11 @@ def _check(
     if format in MAX_SEED:
         _bounded_int("seed", int(config.seed), MAX_SEED[format], problems, minimum=0)
     engine = engine_for(config)  # the engine the config itself needs, on any cluster
-    off = FsdpMode(config.fsdp) is FsdpMode.OFF
-    if format == "fsdp" and (engine is Engine.PLAIN or engine is Engine.TENSOR_PARALLEL and off):
+    refused = ENGINES[engine].fsdp_export_refusal
+    if format == "fsdp" and refused == "fsdp" and FsdpMode(config.fsdp) is FsdpMode.OFF:
         message = "--format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
         problems.append(SettingProblem("fsdp", FsdpMode(config.fsdp).value, message))
-    if format == "fsdp" and engine is Engine.DEEPSPEED:
+    if format == "fsdp" and refused == "zero_stage":
         message = "--format fsdp exports PyTorch FSDP jobs"
         problems.append(SettingProblem("zero_stage", config.zero_stage, message))
     row = OptimizerName(config.optimizer).row
@@ -786,153 +780,14 @@ def _write(job: _Job) -> None:
         raise ExportError([_out_dir_problem(str(out), f"cannot write there: {reason}")]) from exc
 
 
-def model_flag(model: str, options: dict[str, Any] | None = None) -> str:
-    """ " --model SPEC" for a factory model (the scripts import a factory only when their
-    command line names it too), " --text PATH" for a built-in's text file (read only when
-    the command line names it too), "" for a built-in one on its own data."""
-    if ":" in model:
-        return f" --model {shlex.quote(model)}"
-    text = (options or {}).get("text")
-    return f" --text {shlex.quote(str(text))}" if text is not None else ""
-
-
-def _commands(
-    format: str,
-    *,
-    gpus: int,
-    nodes: int,
-    hostfile: str,
-    model: str,
-    options: dict[str, Any] | None = None,
-) -> dict[str, str]:
-    """The launch commands of a job; each passes `--model SPEC` for a factory model and
-    `--text PATH` for a built-in's text file."""
-    script = SCRIPTS[format]
-    multinode_torchrun = (
-        f"torchrun --nnodes {nodes} --nproc-per-node {gpus} --node-rank $NODE_RANK "
-        f"--master-addr $MASTER_ADDR --master-port {MASTER_PORT} {script}"
-    )
-    if format == "fsdp":
-        single = f"torchrun --standalone --nproc-per-node {gpus} {script}"
-        commands = {
-            "single": single,
-            "torchrun": single,
-            "multinode": multinode_torchrun,
-            "multinode_torchrun": multinode_torchrun,
-        }
-    elif format == "lightning":
-        devices = f"--devices {gpus}"
-        commands = {
-            "single": f"python {script} {devices}",
-            "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {script} {devices}",
-            "multinode": f"{multinode_torchrun} {devices}",
-            "multinode_torchrun": f"{multinode_torchrun} {devices}",
-        }
-    else:
-        tail = f"{script} --deepspeed_config {CONFIG_NAME}"
-        host = shlex.quote(hostfile)
-        commands = {
-            "single": f"deepspeed --num_gpus {gpus} {tail}",
-            "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {tail}",
-            "multinode": f"deepspeed --hostfile {host} --num_nodes {nodes} --num_gpus {gpus} {tail}",
-            "multinode_torchrun": f"{multinode_torchrun} --deepspeed_config {CONFIG_NAME}",
-        }
-    flag = model_flag(model, options)
-    return {kind: command + flag for kind, command in commands.items()}
-
-
-def describe(config: TrainConfig, model: str) -> str:
-    """One line naming the model and the settings that shape the job."""
-    engine = FsdpMode(config.fsdp)
-    parts = [
-        model,
-        f"FSDP {engine.value}" if engine is not FsdpMode.OFF else f"ZeRO stage {config.zero_stage}",
-        str(config.precision),
-        str(config.optimizer),
-        f"micro-batch {config.micro_batch}",
-        f"grad-accum {config.grad_accum}",
-    ]
-    if OffloadDevice(config.offload_optimizer) is not OffloadDevice.NONE:
-        parts.append(f"optimizer offload to {config.offload_optimizer}")
-    if OffloadDevice(config.offload_params) is not OffloadDevice.NONE:
-        parts.append(f"parameter offload to {config.offload_params}")
-    return ", ".join(parts)
-
-
-def _launch_sh(
-    format: str,
-    config: TrainConfig,
-    model: str,
-    gpus: int,
-    nodes: int,
-    primary: str,
-    commands: dict[str, str],
-    *,
-    options: dict[str, Any] | None = None,
-) -> str:
-    world = gpus * nodes
-    script = SCRIPTS[format]
-    flag = model_flag(model, options)
-    if format == "deepspeed" and nodes == 1:
-        several = f"""# One node with torchrun instead of DeepSpeed's launcher:
-#   {commands["torchrun"]}
-# Several nodes: re-export with `workbench export --format deepspeed --nodes M --hostfile FILE`
-# (train_batch_size = micro-batch x grad-accum x world size changes with the world size).
-# One process without any launcher (rank 0 of 1, set up by the script; CPU works with gloo),
-# for a config exported with --gpus 1:
-#   python {script} --deepspeed_config {CONFIG_NAME} --steps 2{flag}"""
-    elif format == "deepspeed":
-        several = f"""# DeepSpeed's launcher runs every rank from this node over ssh (hostfile: one
-# 'HOSTNAME slots=GPUS' line per node; this directory at the same path on every node).
-# With torchrun instead, run on every node (NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0):
-#   {commands["multinode_torchrun"]}"""
-    elif format == "fsdp":
-        several = f"""# Several nodes: run on every node (NODE_RANK 0..N-1, MASTER_ADDR = node 0):
-#   {commands["multinode_torchrun"].replace(f"--nnodes {nodes}", "--nnodes N")}
-# One process without any launcher (rank 0 of 1; CPU works with gloo):
-#   python {script} --steps 2{flag}"""
-    else:
-        several = f"""# Under torchrun instead of Lightning's own process launch:
-#   {commands["torchrun"]}
-# One process on this machine's CPU or GPU:
-#   python {script} --devices 1 --steps 2{flag}"""
-    factory = (
-        f"\n# --model {model}: the scripts import a factory only when their command line names it"
-        if ":" in model
-        else "\n# --text: the scripts read the text file job.json names only when their command "
-        "line names it too"
-        if flag
-        else ""
-    )
-    return f"""#!/usr/bin/env bash
-# {describe(config, model)}
-# world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format {format}`.
-# Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.{factory}
-set -euo pipefail
-cd "$(dirname "$0")"
-exec {primary} "$@"
-
-{several}
-"""
-
-
-def _hostfile_template(nodes: int, gpus: int) -> str:
-    lines = [
-        "# DeepSpeed hostfile: one line per node, 'HOSTNAME slots=GPUS'. Replace the names",
-        "# below with your nodes' host names (reachable by passwordless ssh).",
-    ]
-    lines += [f"node-{i} slots={gpus}" for i in range(1, nodes + 1)]
-    return "\n".join(lines) + "\n"
-
-
 def _estimate(config: TrainConfig, info: Any, world: int, *, ddp: bool = False) -> Any:
     """The per-GPU prediction for a built-in model from its ModelInfo (measured on the meta
     device; a factory's size is not known without importing it, so it has none). `ddp`: a
     Lightning job that is data parallel holds plain replicas on its ranks, the plain loop's
     accounting (not that of the DeepSpeed ZeRO-0 a Session's ranks train through)."""
-    from workbench.prediction import ACCOUNTING, predict_memory
+    from workbench.prediction import predict_memory
 
-    accounting = ACCOUNTING[Engine.PLAIN] if ddp else None
+    accounting = ENGINES[Engine.PLAIN].accounting if ddp else None
     try:
         return predict_memory(config, info, world, accounting=accounting)
     except ValueError as exc:

@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.config import ConfigError, TrainConfig, engine_problems
+from workbench.config import ConfigError, TrainConfig
+from workbench.engines import engine_problems
 from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
 from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown

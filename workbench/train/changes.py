@@ -32,11 +32,10 @@ from workbench.config import (
     Precision,
     SettingProblem,
     TrainConfig,
-    engine_for,
-    engine_problems,
     plain_value,
     runtime_problems,
 )
+from workbench.engines import ENGINES, engine_for, engine_problems
 from workbench.inputs import shown
 from workbench.train.attention import attention_problem
 from workbench.train.lora import LORA_FIELDS, lora_problem
@@ -104,7 +103,8 @@ def _deepspeed_fp16_on_cpu() -> bool:
 
 def _deepspeed_backend_available() -> bool:
     try:
-        return importlib.util.find_spec("workbench.train.backends.deepspeed") is not None
+        module = ENGINES[Engine.DEEPSPEED].backend.partition(":")[0]
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
 

@@ -18,7 +18,7 @@ formula's estimate of the same setup (`workbench.estimate.estimate_memory` with 
 settings the engines use: `formula`, `DryRun.compare()`).
 
 DeepSpeed's setups (ZeRO 1-3, its fp16/bf16, and several ranks without FSDP, which a
-Session trains through DeepSpeed's ZeRO-0 data parallelism: `workbench.config.engine_for`)
+Session trains through DeepSpeed's ZeRO-0 data parallelism: `workbench.engines.engine_for`)
 run DeepSpeed's own engine on the fake tensors (`dry_run_deepspeed`): its flat buffers,
 partitions, reduce buckets and ZeRO-3 gathering are measured, not assumed. What it cannot
 represent is said: the CUDA context, the caching allocator's reserve and fragmentation
@@ -61,9 +61,9 @@ from workbench.config import (
     OptimizerName,
     Precision,
     TrainConfig,
-    engine_for,
 )
 from workbench.display import fmt_bytes
+from workbench.engines import engine_for
 from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.problems import SettingProblem
 from workbench.train.attention import attention_problem, set_attention
@@ -378,7 +378,7 @@ def _optimizer(config: TrainConfig, params: list[nn.Parameter], impl: str) -> An
 
 def _engine(config: TrainConfig, world_size: int) -> str:
     """The engine a Session trains `config` with on `world_size` ranks
-    (`workbench.config.engine_for`): "plain", "fsdp" or "deepspeed"."""
+    (`workbench.engines.engine_for`): "plain", "fsdp" or "deepspeed"."""
     return engine_for(config, world_size).value
 
 

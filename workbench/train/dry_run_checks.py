@@ -20,11 +20,9 @@ from workbench.config import (
     Engine,
     OffloadDevice,
     OptimizerName,
-    Precision,
     TrainConfig,
-    engine_for,
-    engine_problems,
 )
+from workbench.engines import engine_for, engine_problems
 from workbench.problems import SettingProblem
 from workbench.train.dry_run_fsdp import group_problem
 
@@ -124,18 +122,7 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
     """The settings a dry run cannot represent, each with what to do instead."""
     p: list[SettingProblem] = []
     ranks = world_size if _is_int(world_size) and world_size >= 1 else 1
-    p += engine_problems(config, ranks)
-    engine = engine_for(config, ranks)
-    precision = Precision(config.precision)
-    if engine is Engine.DEEPSPEED and precision is Precision.AMP_FP16:
-        p.append(
-            SettingProblem(
-                "precision",
-                precision.value,
-                "a Session trains DeepSpeed setups (ZeRO >= 1, several ranks without FSDP) in "
-                "'fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16', not torch's amp-fp16",
-            )
-        )
+    p += engine_problems(config, ranks)  # what the engine refuses (amp-fp16 on DeepSpeed, ...)
     for name in ("offload_optimizer", "offload_params"):
         if OffloadDevice(getattr(config, name)) is not OffloadDevice.NONE:
             p.append(

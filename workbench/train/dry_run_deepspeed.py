@@ -1,7 +1,7 @@
 """DeepSpeed in a dry run: its own engine (ZeRO 0-3, its 16-bit modes) on fake tensors, N
 ranks stood in for by a fake process group.
 
-The Session trains through DeepSpeed whenever `workbench.config.engine_for` says so (ZeRO >=
+The Session trains through DeepSpeed whenever `workbench.engines.engine_for` says so (ZeRO >=
 1, DeepSpeed's fp16/bf16, or several ranks without FSDP: its data parallelism is ZeRO-0), so
 a dry run of those setups runs `deepspeed.initialize` itself, with the dict the Session's
 backend hands it (`workbench.train.backends.deepspeed.engine_config`), on the fake module:

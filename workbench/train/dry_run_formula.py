@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import Engine, TrainConfig, engine_for
+from workbench.config import Engine, TrainConfig
+from workbench.engines import engine_for
 from workbench.estimate.activations import attention_terms
 from workbench.train.attention import estimator_attention
 from workbench.train.dry_run_fake import FakeBatch, FakeModel

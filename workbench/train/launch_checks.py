@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Device, Precision, TrainConfig, engine_problems, runtime_problems
+from workbench.config import Device, Precision, TrainConfig, runtime_problems
+from workbench.engines import engine_problems
 from workbench.inputs import InputFileError, is_bool, is_int, read_json, shown
 from workbench.problems import SettingProblem, listing
 from workbench.train.launch_commands import LAUNCHERS

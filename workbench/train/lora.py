@@ -12,7 +12,7 @@ QLoRA (`qlora=True`): every linear layer but the output head is first replaced b
 bitsandbytes' `Linear4bit` (NF4, double quantisation, compute in the autocast dtype) and
 the adapters go on the targets among them. The original layers, with their weights in
 their own dtype, are kept aside in host memory. QLoRA trains in the plain loop only
-(`workbench.config.engine_problems`).
+(`workbench.engines.engine_problems`).
 
 `merge()` gives your module back its own layers with the adapters' update added to the
 weights (`W += B A * alpha / rank`; under QLoRA into the kept original weight, not the

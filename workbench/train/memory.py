@@ -333,13 +333,13 @@ def probe(
     model states counted while the gradients exist; the gradients are then dropped.
     `model` is the module inside `backend.module` (the same object for PlainBackend);
     with `offload` the forward runs under its hooks, as the step runs it."""
-    own = getattr(backend, "probe", None)  # a pipeline measures a whole step of its stage
+    own = backend.probe(loss_fn, batch)  # a pipeline measures a whole step of its stage
     if own is not None:
-        return own(loss_fn, batch)  # type: ignore[no-any-return]
+        return own
     module = backend.module
     context = backend.autocast if offload is None else offload.around(backend.autocast, model)
 
-    loss_context = getattr(backend, "loss_context", None)  # the tensor-parallel loss
+    loss_context = backend.loss_context  # the tensor-parallel loss
 
     def forward_and_loss() -> torch.Tensor:
         return batches.forward_and_loss(module, batch, loss_fn, context, loss_context)
@@ -379,7 +379,7 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         backend, runtime.loss_fn, batch, model=runtime.trained_module, offload=runtime.offload
     )
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    counters = step_counter_bytes(getattr(backend, "optimizer", None))
+    counters = step_counter_bytes(backend.optimizer)
     notes: list[str] = []
     if states.optimizer_bytes == 0 and cfg.optimizer != "sgd-nomomentum":
         notes.append("optimizer states are created at the first optimizer step; run one")

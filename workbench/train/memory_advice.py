@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.advisor import Advice
-from workbench.config import ConfigError, TrainConfig, engine_problems
+from workbench.config import ConfigError, TrainConfig
 from workbench.display import fmt_bytes
+from workbench.engines import engine_problems
 from workbench.inputs import shown
 from workbench.prediction import predict_memory
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from workbench.config import ConfigError, TrainConfig, engine_problems
+from workbench.config import ConfigError, TrainConfig
+from workbench.engines import engine_problems
 from workbench.inputs import shown
 from workbench.planner import Plan, PlanResult
 

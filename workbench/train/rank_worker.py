@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             reporter.emit("checkpoint", step=session.step, path=path)
         states = session.backend.model_state_bytes()
         # optimizer states without the 0-d step counters, as the estimator counts them
-        counters = step_counter_bytes(getattr(session.backend, "optimizer", None))
+        counters = step_counter_bytes(session.backend.optimizer)
         reporter.emit(
             "final",
             step=session.step,
@@ -269,9 +269,9 @@ def _model_parallel_report(session: Any, config: Any, rank: int) -> dict[str, An
         "stage": (rank // tp) % pp,
         "dp_rank": rank // (tp * pp),
     }
-    pipeline = getattr(session.backend, "pipeline_report", None)
+    pipeline = session.backend.pipeline_report()
     if pipeline is not None:  # the last step's bubble, measured and ideal
-        layout.update(pipeline())
+        layout.update(pipeline)
     return {
         "layout": layout,
         "activation_bytes": report.activation_bytes,

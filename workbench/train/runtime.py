@@ -311,7 +311,7 @@ class Runtime:
         )
         from workbench.train.backends.optimizer import optimizer_note
 
-        note = optimizer_note(getattr(backend, "optimizer", None), self.device)
+        note = optimizer_note(backend.optimizer, self.device)
         if note is not None and note != getattr(self, "_optimizer_note", None):
             # which 8-bit implementation, and where its states live: said when it changes
             self._on_event("optimizer", note, "info", optimizer=str(config.optimizer))

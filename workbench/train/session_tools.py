@@ -85,9 +85,9 @@ class SessionTools:
             "stage": (rank // tp) % pp,
             "dp_rank": rank // (tp * pp),
         }
-        report = getattr(self.backend, "pipeline_report", None)
+        report = self.backend.pipeline_report()
         if report is not None:
-            layout.update(report())
+            layout.update(report)
         return layout
 
     def memory(self) -> Any:

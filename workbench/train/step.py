@@ -122,35 +122,34 @@ def optimizer_step(runtime: Any, fetched: list[Any], label: Label) -> StepMeasur
     module = backend.module
     autocast = runtime.forward_context  # autocast, under activation offload when set
     # the tensor-parallel engine's loss runs vocabulary-parallel (loss_parallel)
-    loss_context = getattr(backend, "loss_context", None)
+    loss_context = backend.loss_context
     accum = int(cfg.grad_accum)
     runtime.begin_step()  # the CUDA peak of this step's record counts from here
     clock.start()
     data_s = 0.0
     total: torch.Tensor | None = None
-    pipeline = getattr(backend, "train_step", None)  # a pipeline runs the whole step
+    whole_step = backend.runs_whole_step  # a pipeline runs the whole step
     for _ in range(accum):
         t = perf_counter()
         with label("workbench.data"):
             batch = data.next()
         data_s += perf_counter() - t
         fetched.append(batch)
-        if pipeline is not None:
+        if whole_step:
             continue
         with label("workbench.forward"):
             loss = batches.forward_and_loss(module, batch, loss_fn, autocast, loss_context)
         with label("workbench.backward"):
             backend.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
-    if pipeline is not None:
+    if whole_step:
         with label("workbench.pipeline"):
-            total = pipeline(fetched[-accum:], loss_fn)
+            total = backend.train_step(fetched[-accum:], loss_fn)
     assert total is not None
-    prepare = getattr(backend, "prepare_step", None)  # the plain backend's gradient norm
     # one optimizer span per step: the norm and clipping, the step's one read of device
     # values (the loss with the norm), the NaN check and the step itself
     with label("workbench.optimizer"):
-        norm = prepare() if prepare is not None else None
+        norm = backend.prepare_step()  # the plain backend's gradient norm, else None
         clock.before_read()
         loss_sum, grad_norm = read_device_values(total, norm)
         loss_value = loss_sum / accum

@@ -7,9 +7,11 @@
     pipeline.py    PipelineBackend: `pp` > 1 stages (1F1B or GPipe), data parallel over the rest
     process_group.py  the default process group the distributed engines share
 
-`build_backend(config, model, ...)` builds the engine `workbench.config.engine_for` picks
-(`BACKENDS` maps each `Engine` to its class); engines are imported only when picked, so a
-plain run never imports DeepSpeed. A new engine is one `Engine` member and one file here.
+`build_backend(config, model, ...)` builds the engine `workbench.engines.engine_for` picks
+(`BACKENDS`, from the engines' rows, maps each `Engine` to its class); engines are imported
+only when picked, so a plain run never imports DeepSpeed. A new engine is one `Engine`
+member, its row in `workbench.engines` and one file here (a `DistributedBackend` subclass,
+distributed.py, when it spans ranks).
 """
 
 from __future__ import annotations
@@ -19,20 +21,15 @@ from typing import Any
 
 import torch
 
-from workbench.config import Engine, TrainConfig, engine_for
+from workbench.config import Engine, TrainConfig
+from workbench.engines import ENGINES, engine_for
 from workbench.train.backends.base import Backend, ModelStateBytes, StepOutcome
 
 __all__ = ["BACKENDS", "Backend", "ModelStateBytes", "StepOutcome", "build_backend"]
 
 
-#: The backend class of each engine, as "module:Class" (imported when picked).
-BACKENDS: dict[Engine, str] = {
-    Engine.PLAIN: "workbench.train.backends.plain:PlainBackend",
-    Engine.DEEPSPEED: "workbench.train.backends.deepspeed:DeepSpeedBackend",
-    Engine.FSDP: "workbench.train.backends.fsdp:FSDPBackend",
-    Engine.TENSOR_PARALLEL: "workbench.train.backends.tensor_parallel:TensorParallelBackend",
-    Engine.PIPELINE: "workbench.train.backends.pipeline:PipelineBackend",
-}
+#: The backend class of each engine, as "module:Class" (imported when picked): the rows'.
+BACKENDS: dict[Engine, str] = {engine: row.backend for engine, row in ENGINES.items()}
 
 
 def build_backend(

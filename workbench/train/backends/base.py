@@ -1,8 +1,9 @@
 """The contract between the Session's loop and an engine that owns the optimizer.
 
 Implementations live beside this file, one per engine: `PlainBackend` (torch optimizer +
-precision policy, `plain.py`) and `DeepSpeedBackend` (ZeRO stages 0-3 and DeepSpeed
-16-bit, `deepspeed.py`); `workbench.train.backends.build_backend` picks one for a config.
+precision policy, `plain.py`) and the engines over a process group, which share one
+lifecycle (`distributed.DistributedBackend`: DeepSpeed, FSDP2, tensor parallel, pipeline);
+`workbench.train.backends.build_backend` builds the one `workbench.engines` picks.
 The Session's hot loop is the same for all:
 
     for micro in range(grad_accum):
@@ -20,9 +21,9 @@ settings once and is rebuilt (carrying weights and optimizer state) when they ch
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -47,7 +48,18 @@ class ModelStateBytes:
 
 @runtime_checkable
 class Backend(Protocol):
+    """Every hook the Session's loop, its runtime and its memory probe call on an engine.
+    The engines subclass it (the plain loop directly, the distributed ones through
+    `distributed.DistributedBackend`), so the optional hooks have their defaults here and
+    no caller probes for one."""
+
     module: torch.nn.Module  # what forward is called on (the model, or a DeepSpeed engine)
+    #: the torch optimizer the backend steps, for its notes and step counters (None when
+    #: the engine keeps its own: DeepSpeed's)
+    optimizer: Any
+    #: True when `train_step` runs a step's forwards and backwards itself (a pipeline's
+    #: schedule); then the loop reads the batches and calls it instead of `backward`
+    runs_whole_step: ClassVar[bool] = False
 
     @property
     def zero_stage(self) -> int:
@@ -58,16 +70,44 @@ class Backend(Protocol):
         """The module whose parameters the engine updates: the model itself, or the
         engine's own copy of it (DeepSpeed, FSDP)."""
 
+    @property
+    def lr(self) -> float:
+        """Learning rate of the next optimizer step."""
+
     def autocast(self) -> AbstractContextManager[Any]: ...
+
+    def loss_context(self) -> AbstractContextManager[Any]:
+        """Where the loss is computed (the tensor-parallel engine's vocabulary-parallel
+        cross-entropy); nothing by default."""
+        return nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's mean loss; scales by 1/grad_accum internally."""
+
+    def train_step(self, batches: list[Any], loss_fn: Any) -> torch.Tensor:
+        """Forward and backward of a step's micro-batches at once (`runs_whole_step`); the
+        sum of their losses."""
+        raise NotImplementedError(f"{type(self).__name__} trains micro-batch by micro-batch")
+
+    def prepare_step(self) -> torch.Tensor | None:
+        """The gradient norm as a device tensor before `step` (read once with the loss:
+        the plain loop's), or None: `step` computes its own."""
+        return None
 
     def step(self) -> StepOutcome:
         """Finish the optimizer step after grad_accum backward calls."""
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping (used when a step is abandoned)."""
+
+    def probe(self, loss_fn: Any, batch: Any) -> tuple[Any, ModelStateBytes] | None:
+        """The engine's own memory probe of one micro-batch (a pipeline measures a whole
+        step of its stage), or None: the Session's probe measures a forward and backward."""
+        return None
+
+    def pipeline_report(self) -> dict[str, Any] | None:
+        """This rank's place in a pipeline and the last step's bubble (None: no pipeline)."""
+        return None
 
     def export_state(self) -> dict[str, Any]:
         """Full fp32 weights + optimizer/scaler/scheduler state in a backend-neutral form,

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import gc
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -52,22 +51,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig, bf16_true_problem
-from workbench.inputs import shown
+from workbench.config import ConfigError, OptimizerName, Precision, TrainConfig
+from workbench.engines import bf16_true_problem
 from workbench.modelstats import count_parameters
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
     frozen_parameters,
     frozen_weights,
-    rank_device,
 )
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, STATE_KEYS
-from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.train.backends.distributed import DistributedBackend
+from workbench.train.backends.optimizer import STATE_KEYS
 from workbench.train.precision import cast_floating_inputs
-from workbench.train.schedule import lr_at
 
-STATE_FORMAT = 1
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
 
 
@@ -139,37 +135,22 @@ def _check_supported(config: TrainConfig) -> None:
 
 
 # --------------------------------------------------------------------------- backend
-class DeepSpeedBackend:
-    """A DeepSpeed engine behind the `Backend` contract (see the module docstring)."""
+class DeepSpeedBackend(DistributedBackend):
+    """A DeepSpeed engine behind the `Backend` contract (see the module docstring). Its
+    optimizer is the engine's own (`optimizer` stays None)."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        model: nn.Module,
-        *,
-        state: dict[str, Any] | None = None,
-        device: torch.device | None = None,
-    ) -> None:
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
-        if device is None:
-            device = rank_device()
-        self.device = torch.device(device)
+    deepspeed_lease = True
+
+    def _refuse(self, config: TrainConfig) -> None:
         _check_supported(config)
-        self.config = config
-        self._closed = True  # until fully built
+
+    def _fresh(self) -> None:
         self.engine: Any = None
         self._hooks: list[Any] = []
-        self._frozen: list[tuple[str, nn.Parameter]] = []
         self._zero3 = False
-        ProcessGroupLease.acquire(self.device, deepspeed=True)
-        try:
-            self._build(model, state)
-        except BaseException:
-            self._teardown()
-            ProcessGroupLease.release()
-            raise
-        self._closed = False
+
+    def _building(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # DeepSpeed places the module on the device index it is given
 
     # ------------------------------------------------------------------ building
     def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
@@ -180,13 +161,8 @@ class DeepSpeedBackend:
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self.precision = Precision(config.precision)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
-        self._base_lr = float(config.lr)
         self._accum = int(config.grad_accum)
         self._micro = 0
-        self.steps = 0
-        self.overflow_steps = 0
-        self._grads_bytes = 0
 
         if state is not None:
             _check_state_matches(model, state)
@@ -231,7 +207,7 @@ class DeepSpeedBackend:
         self.engine = engine
         if config.compile:
             engine.compile()  # DeepSpeed's own: torch.compile of the module it wraps
-        self.module: nn.Module = engine
+        self.module = engine
         self._layout = _layout_of(engine)
         self._named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
         if state is not None:
@@ -293,15 +269,8 @@ class DeepSpeedBackend:
             return
         opt.zero_grad()
 
-    @property
-    def lr(self) -> float:
-        """Learning rate of the next optimizer step."""
-        return float(self.engine.optimizer.param_groups[0]["lr"])
-
-    def _set_lr(self) -> None:
-        lr = lr_at(self.config, self.steps, self._base_lr)
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = lr
+    def _lr_optimizer(self) -> Any:
+        return self.engine.optimizer
 
     def _basic_grad_norm(self) -> float | None:
         grads = [p.grad for _, p in self._named if p.grad is not None]
@@ -342,15 +311,7 @@ class DeepSpeedBackend:
                 "growth_tracker": 0,
                 "init_scale": float(self.config.loss_scale_init),
             }
-        return {
-            "format": STATE_FORMAT,
-            "model": model,
-            "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": scaler_state,
-            "scheduler": {"steps": self.steps},
-            "steps": self.steps,
-            "overflow_steps": self.overflow_steps,
-        }
+        return self._neutral_state(model, opt_state, self._family, scaler_state)
 
     def _optimizer_step(self) -> int:
         base = _base_optimizer(self.engine)
@@ -617,16 +578,7 @@ class DeepSpeedBackend:
         return total
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        """Destroy the engine, free its buffers, drop the process group if this was the
-        last backend using one this process created. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._teardown()
-        ProcessGroupLease.release()
-
-    def _teardown(self) -> None:
+    def _release(self) -> None:
         if self._zero3:
             self._zero3 = False
             Zero3LinearPatch.release()
@@ -635,9 +587,6 @@ class DeepSpeedBackend:
         self._hooks.clear()
         engine = self.engine
         self.engine = None
-        self.module = None  # type: ignore[assignment]
-        self._named = []
-        self._frozen = []
         if engine is not None:
             opt = engine.optimizer
             with contextlib.suppress(Exception):
@@ -650,13 +599,6 @@ class DeepSpeedBackend:
             if opt is not None:
                 _free_flat_buffers(opt)
             del engine, opt, base
-        gc.collect()
-
-    def __enter__(self) -> DeepSpeedBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # --------------------------------------------------------------------------- helpers

@@ -50,33 +50,31 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import nn
 
-from workbench.config import FsdpMode, OffloadDevice, OptimizerName, Precision, TrainConfig
-from workbench.inputs import shown
+from workbench.config import FsdpMode, OffloadDevice, Precision, TrainConfig
 from workbench.train.backends.base import (
-    ModelStateBytes,
     StepOutcome,
     frozen_parameters,
     frozen_weights,
     load_full_weights,
-    rank_device,
-    storage_bytes,
+)
+from workbench.train.backends.distributed import (  # on_device: re-exported
+    DistributedBackend,
+    local_tensor,
+    on_device,
 )
 from workbench.train.backends.optimizer import (
-    OPTIMIZER_FAMILY,
     STATE_KEYS,
     build_optimizer,
     neutral,
     placed_state,
-    set_lr,
 )
-from workbench.train.backends.process_group import ProcessGroupLease, device_types
+from workbench.train.backends.process_group import device_types
 from workbench.train.precision import (
     PURE_DTYPES,
     cast_floating_inputs,
@@ -84,48 +82,27 @@ from workbench.train.precision import (
     scaler_state,
 )
 from workbench.train.recompute import checkpointable_modules
-from workbench.train.schedule import lr_at
 
-STATE_FORMAT = 1
 _HALF = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
 _BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl"}  # a group's backend per device type
 
 
-class FSDPBackend:
+class FSDPBackend(DistributedBackend):
     """FSDP2 behind the `Backend` contract (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        model: nn.Module,
-        *,
-        state: dict[str, Any] | None = None,
-        device: torch.device | None = None,
-    ) -> None:
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
-        self.mode = FsdpMode(config.fsdp)
-        if self.mode is FsdpMode.OFF:
+    def _refuse(self, config: TrainConfig) -> None:
+        if FsdpMode(config.fsdp) is FsdpMode.OFF:
             raise ValueError(
                 "fsdp='off': FSDPBackend needs fsdp full_shard, shard_grad_op or no_shard"
             )
-        self.config = config
-        self.device = torch.device(device) if device is not None else rank_device()
-        self._closed = True  # until fully built
-        self.module: nn.Module | None = None
-        self._sharded = None
-        self._frozen: list[tuple[str, nn.Parameter]] = []
-        self.optimizer: Any = None
+
+    def _fresh(self) -> None:
+        self.mode = FsdpMode(self.config.fsdp)
+        self._sharded: nn.Module | None = None
         self._group: Any = None  # a group this backend created for host tensors, if any
-        ProcessGroupLease.acquire(self.device, deepspeed=False)
-        try:
-            with on_device(self.device):
-                self._build(model, state)
-        except BaseException:
-            self._teardown()
-            ProcessGroupLease.release()
-            raise
-        self._closed = False
+
+    def _building(self) -> AbstractContextManager[Any]:
+        return on_device(self.device)  # the mesh and fully_shard on the session's device
 
     # ------------------------------------------------------------------ building
     def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
@@ -141,13 +118,8 @@ class FSDPBackend:
         config = self.config
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.precision = Precision(config.precision)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
-        self._base_lr = float(config.lr)
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
-        self.steps = 0
-        self.overflow_steps = 0
-        self._grads_bytes = 0
 
         self._frozen = frozen_parameters(model)  # exported from your module
         module = copy.deepcopy(model)
@@ -181,7 +153,7 @@ class FSDPBackend:
         for unit in checkpointable_modules(module):
             fully_shard(unit, **options)
         fully_shard(module, **options)
-        self._sharded: nn.Module | None = module
+        self._sharded = module
         # forward runs through torch.compile when asked (compiled on the first step)
         self.module = torch.compile(module) if config.compile else module
         self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -220,11 +192,6 @@ class FSDPBackend:
         return DeviceMesh.from_group(self._group, self.device.type)
 
     # ------------------------------------------------------------------ the loop
-    @property
-    def zero_stage(self) -> int:
-        """No DeepSpeed ZeRO: FSDP shards (the records carry `fsdp` as set)."""
-        return 0
-
     @property
     def trained_module(self) -> nn.Module:
         """The module FSDP trains (the sharded copy of yours)."""
@@ -281,17 +248,6 @@ class FSDPBackend:
         full = getattr(norm, "full_tensor", None)  # a DTensor over the shards
         return float(full() if callable(full) else norm)
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def lr(self) -> float:
-        """Learning rate of the next optimizer step."""
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _set_lr(self) -> None:
-        set_lr(self.optimizer, lr_at(self.config, self.steps, self._base_lr))
-
     # ------------------------------------------------------------------ state
     def export_state(self) -> dict[str, Any]:
         """Full fp32 weights and optimizer state by parameter name, on the CPU
@@ -321,15 +277,9 @@ class FSDPBackend:
                     k: (neutral(v.detach()).cpu() if isinstance(v, torch.Tensor) else v)
                     for k, v in st.items()
                 }
-        return {
-            "format": STATE_FORMAT,
-            "model": model,
-            "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": scaler_state(self.scaler, self.config),
-            "scheduler": {"steps": self.steps},
-            "steps": self.steps,
-            "overflow_steps": self.overflow_steps,
-        }
+        return self._neutral_state(
+            model, opt_state, self._family, scaler_state(self.scaler, self.config)
+        )
 
     def _load_state(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
@@ -340,9 +290,8 @@ class FSDPBackend:
 
         self.steps = int(state.get("steps", 0))
         self.overflow_steps = int(state.get("overflow_steps", 0))
-        optim = state.get("optimizer") or {}
-        saved = optim.get("state") or {}
-        if saved and optim.get("family") is not None and optim.get("family") == self._family:
+        saved = self._saved_optimizer(state)
+        if saved:
             options = StateDictOptions(full_state_dict=True)
             assert self._sharded is not None
             fresh = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
@@ -387,44 +336,14 @@ class FSDPBackend:
                     st[key] = value.to(home)
 
     # ------------------------------------------------------------------ memory
-    def model_state_bytes(self) -> ModelStateBytes:
-        """This rank's bytes, counted from its own (padded) shard storage: the sharded
-        parameters, the sharded gradients (as they were just before the last optimizer
-        step, or now between backward and step), every optimizer-state tensor."""
-        # every parameter's shard, frozen ones too (LoRA's base)
-        sharded = self._sharded if self._sharded is not None else None
-        every = sharded.parameters() if sharded is not None else (p for _, p in self._named)
-        params = storage_bytes(_local(p) for p in every)
-        grads = self._count_grads() or self._grads_bytes
-        optim = storage_bytes(
-            _local(v) for st in self.optimizer.state.values() for v in st.values()
-        )
-        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
-
-    def _count_grads(self) -> int:
-        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
+    def _params_held(self) -> Any:
+        """Every parameter's shard, frozen ones too (LoRA's base)."""
+        sharded = self._sharded
+        return sharded.parameters() if sharded is not None else (p for _, p in self._named)
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        """Free the sharded copy and the optimizer; drop the process group if this was
-        the last engine using one this process created. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._teardown()
-        ProcessGroupLease.release()
-
-    def _teardown(self) -> None:
-        if self.optimizer is not None:
-            with contextlib.suppress(Exception):
-                self.optimizer.state.clear()
-                self.optimizer.param_groups.clear()
-        self.optimizer = None
-        self.module = None
+    def _release(self) -> None:
         self._sharded = None
-        self._named = []
-        self._frozen = []
-        gc.collect()
         group, self._group = self._group, None
         if group is not None:
             import torch.distributed as dist
@@ -445,14 +364,6 @@ def _mixed_precision(policy: Any, precision: Precision, reduce_fp32: bool) -> An
     return policy(param_dtype=None, reduce_dtype=None)
 
 
-def on_device(device: torch.device) -> AbstractContextManager[Any]:
-    """`torch.cuda.device(device)` for a CUDA device (the current device of this thread
-    while the block runs, restored after), nothing otherwise."""
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return nullcontext()
-
-
 def _state_tensor(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
     """A saved optimizer-state value on `device`, a floating state tensor in `dtype`;
     scalars (Adam's step) as they are."""
@@ -469,7 +380,4 @@ def _is_8bit(t: torch.Tensor) -> bool:
     return is_traceable_wrapper_subclass(local) and hasattr(local, "dequantize")
 
 
-def _local(t: Any) -> Any:
-    """A DTensor's local shard (its padded storage), or the tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+_local = local_tensor

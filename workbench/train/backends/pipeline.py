@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import gc
 import time
 from contextlib import AbstractContextManager
 from typing import Any
@@ -51,62 +50,41 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import OptimizerName, PipelineSchedule, Precision, TrainConfig
-from workbench.inputs import shown
+from workbench.config import PipelineSchedule, Precision, TrainConfig
 from workbench.train.backends.base import (
     ModelStateBytes,
     StepOutcome,
     load_full_weights,
-    rank_device,
-    storage_bytes,
 )
-from workbench.train.backends.fsdp import on_device
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
-from workbench.train.backends.process_group import ProcessGroupLease
-from workbench.train.backends.tensor_parallel import parallelize, permute_rows, shard_count
+from workbench.train.backends.distributed import DistributedBackend, on_device
+from workbench.train.backends.optimizer import build_optimizer
+from workbench.train.backends.tensor_parallel import (
+    parallelize,
+    permute_rows,
+    shard_count,
+    split_state,
+    whole_tensor,
+)
 from workbench.train.batches import to_fp32
 from workbench.train.offload import is_parameter_derived, local_tensor, parameter_storages
 from workbench.train.pipeline_plan import TIED_COPY, pipeline_stage
 from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
-from workbench.train.schedule import lr_at
 from workbench.train.tensor_plan import TensorPlan, tensor_plan
 
 _shards = shard_count
 
-STATE_FORMAT = 1
 
-
-class PipelineBackend:
+class PipelineBackend(DistributedBackend):
     """Pipeline parallelism behind the `Backend` contract (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        model: nn.Module,
-        *,
-        state: dict[str, Any] | None = None,
-        device: torch.device | None = None,
-    ) -> None:
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
+    runs_whole_step = True  # the schedule runs a step's forwards and backwards
+
+    def _refuse(self, config: TrainConfig) -> None:
         if int(config.pp) < 2:
             raise ValueError(f"pp={config.pp}: PipelineBackend needs pp >= 2")
-        self.config = config
-        self.device = torch.device(device) if device is not None else rank_device()
-        self._closed = True
-        self.module: nn.Module | None = None
-        self.optimizer: Any = None
-        self._named: list[tuple[str, nn.Parameter]] = []
+
+    def _fresh(self) -> None:
         self._groups: list[Any] = []
-        ProcessGroupLease.acquire(self.device, deepspeed=False)
-        try:
-            with on_device(self.device):
-                self._build(model, state)
-        except BaseException:
-            self._teardown()
-            ProcessGroupLease.release()
-            raise
-        self._closed = False
 
     # ------------------------------------------------------------------ building
     def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
@@ -126,12 +104,7 @@ class PipelineBackend:
         self.micro_batches = int(config.grad_accum)
         self.schedule_name = PipelineSchedule(config.pp_schedule)
         self.precision = Precision(config.precision)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
-        self._base_lr = float(config.lr)
         self._clip = config.clip_grad_norm
-        self.steps = 0
-        self.overflow_steps = 0
-        self._grads_bytes = 0
         self._busy = 0.0
         self.last_wall_seconds = 0.0
         self.last_busy_seconds = 0.0
@@ -222,10 +195,6 @@ class PipelineBackend:
         return self._loss_fn(to_fp32(output), target)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ the loop
-    @property
-    def zero_stage(self) -> int:
-        return 0
-
     @property
     def trained_module(self) -> nn.Module:
         assert self.module is not None
@@ -335,18 +304,6 @@ class PipelineBackend:
                         _local(p.grad).mul_(coef)
         return norm
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _set_lr(self) -> None:
-        lr = lr_at(self.config, self.steps, self._base_lr)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
     # ------------------------------------------------------------------ measuring
     def pipeline_report(self) -> dict[str, Any]:
         """This rank's place in the pipeline and the last step's bubble: the share of the
@@ -439,81 +396,27 @@ class PipelineBackend:
         for weights, states in gathered:
             model.update(weights)
             opt_state.update(states)
-        return {
-            "format": STATE_FORMAT,
-            "model": model,
-            "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": None,
-            "scheduler": {"steps": self.steps},
-            "steps": self.steps,
-            "overflow_steps": self.overflow_steps,
-        }
+        return self._neutral_state(model, opt_state, self._family)
 
     def _whole(self, name: str, value: Any, param: Any) -> Any:
         """A parameter or state of `param` whole, on the CPU, in your module's row order
         (`full_tensor()` of a tensor-parallel shard: collective over the group)."""
-        if not isinstance(value, torch.Tensor):
-            return value
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        full = full.detach().cpu()
-        order = self.plan.permutations.get(name) if self.plan is not None else None
-        if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(param.shape):
-            full = full[torch.argsort(order)]
-        return full
+        return whole_tensor(value, param, self._order(name))
+
+    def _order(self, name: str) -> torch.Tensor | None:
+        """The tensor-parallel plan's permutation of a parameter's rows, if any."""
+        return self.plan.permutations.get(name) if self.plan is not None else None
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
         self.steps = int(state.get("steps", 0))
-        optim = state.get("optimizer") or {}
-        saved = optim.get("state") or {}
-        if not saved or optim.get("family") is None or optim.get("family") != self._family:
-            return
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
+        saved = self._saved_optimizer(state)
         for name, p in self._named:
             key = TIED_COPY[1] if p is self._tied else name
-            if key not in saved:
-                continue
-            order = self.plan.permutations.get(key) if self.plan is not None else None
-            st: dict[str, Any] = {}
-            for k, v in saved[key].items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    v = v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
-                    if order is not None:
-                        v = v[order]
-                    if isinstance(p, DTensor):
-                        v = distribute_tensor(v, p.device_mesh, p.placements)
-                st[k] = v
-            self.optimizer.state[p] = st
-
-    # ------------------------------------------------------------------ memory
-    def model_state_bytes(self) -> ModelStateBytes:
-        """This stage's bytes (the tied copy included: this rank holds it)."""
-        params = storage_bytes(_local(p) for _, p in self._named)
-        grads = self._count_grads() or self._grads_bytes
-        optim = storage_bytes(
-            _local(v) for st in self.optimizer.state.values() for v in st.values()
-        )
-        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
-
-    def _count_grads(self) -> int:
-        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
+            if key in saved:
+                self.optimizer.state[p] = split_state(saved[key], p, self._order(key), self.device)
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._teardown()
-        ProcessGroupLease.release()
-
-    def _teardown(self) -> None:
-        if self.optimizer is not None:
-            with contextlib.suppress(Exception):
-                self.optimizer.state.clear()
-                self.optimizer.param_groups.clear()
-        self.optimizer = None
-        self.module = None
-        self._named = []
+    def _release(self) -> None:
         groups, self._groups = self._groups, []
         if groups:
             import torch.distributed as dist
@@ -521,7 +424,6 @@ class PipelineBackend:
             for group in groups:
                 with contextlib.suppress(Exception):
                     dist.destroy_process_group(group)
-        gc.collect()
 
 
 def _local(t: Any) -> Any:

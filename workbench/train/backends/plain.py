@@ -40,6 +40,7 @@ from torch import nn
 
 from workbench.config import OptimizerName, TrainConfig
 from workbench.train.backends.base import (
+    Backend,
     ModelStateBytes,
     StepOutcome,
     frozen_parameters,
@@ -73,7 +74,7 @@ def named_unique_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return list(model.named_parameters())
 
 
-class PlainBackend:
+class PlainBackend(Backend):
     """torch optimizer + autocast/GradScaler policy + LR schedule on the model's device.
 
     `config.lr` is the learning rate the optimizer uses (the Session passes the value

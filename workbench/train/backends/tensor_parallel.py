@@ -25,7 +25,7 @@ How it works
   same elements (the replicas of a whole tensor, of a shard split over `tp` only, ...),
   summed over every rank: the norm of the full gradient, as the plain loop computes it.
 * Precision: fp32, amp-bf16 (autocast around the forward; parameters fp32) and bf16-true
-  (the copy cast to bf16 before splitting). `workbench.config.tp_problems` refuses the rest.
+  (the copy cast to bf16 before splitting). `workbench.engines.tp_problems` refuses the rest.
 * State out: every parameter and optimizer state gathered (`full_tensor()`), the
   permutation undone, on the CPU (collective: every rank calls it).
 """
@@ -34,64 +34,30 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import nn
 
-from workbench.config import FsdpMode, OptimizerName, Precision, TrainConfig
-from workbench.inputs import shown
-from workbench.train.backends.base import (
-    ModelStateBytes,
-    StepOutcome,
-    load_full_weights,
-    rank_device,
-    storage_bytes,
-)
-from workbench.train.backends.fsdp import on_device
-from workbench.train.backends.optimizer import OPTIMIZER_FAMILY, build_optimizer
-from workbench.train.backends.process_group import ProcessGroupLease
+from workbench.config import FsdpMode, Precision, TrainConfig
+from workbench.train.backends.base import StepOutcome, load_full_weights
+from workbench.train.backends.distributed import DistributedBackend, on_device
+from workbench.train.backends.optimizer import build_optimizer
 from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
 from workbench.train.recompute import checkpointable_modules
-from workbench.train.schedule import lr_at
 from workbench.train.tensor_plan import TensorPlan, tensor_plan
 
-STATE_FORMAT = 1
 
-
-class TensorParallelBackend:
+class TensorParallelBackend(DistributedBackend):
     """Tensor parallelism behind the `Backend` contract (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        model: nn.Module,
-        *,
-        state: dict[str, Any] | None = None,
-        device: torch.device | None = None,
-    ) -> None:
-        if not isinstance(config, TrainConfig):
-            raise ValueError(f"config={shown(config)}: must be a TrainConfig")
+    def _refuse(self, config: TrainConfig) -> None:
         if int(config.tp) < 2:
             raise ValueError(f"tp={config.tp}: TensorParallelBackend needs tp >= 2")
-        self.config = config
-        self.device = torch.device(device) if device is not None else rank_device()
-        self._closed = True
-        self.module: nn.Module | None = None
+
+    def _fresh(self) -> None:
         self._model: nn.Module | None = None
-        self.optimizer: Any = None
-        self._named: list[tuple[str, nn.Parameter]] = []
-        ProcessGroupLease.acquire(self.device, deepspeed=False)
-        try:
-            with on_device(self.device):
-                self._build(model, state)
-        except BaseException:
-            self._teardown()
-            ProcessGroupLease.release()
-            raise
-        self._closed = False
 
     # ------------------------------------------------------------------ building
     def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
@@ -106,13 +72,8 @@ class TensorParallelBackend:
         self.dp = self.world_size // self.tp
         self.precision = Precision(config.precision)
         self.fsdp = FsdpMode(config.fsdp)
-        self._family = OPTIMIZER_FAMILY[OptimizerName(config.optimizer)]
-        self._base_lr = float(config.lr)
         self._inv_accum = 1.0 / int(config.grad_accum)
         self._clip = config.clip_grad_norm
-        self.steps = 0
-        self.overflow_steps = 0
-        self._grads_bytes = 0
         self.mesh = init_device_mesh(
             self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp")
         )
@@ -152,10 +113,6 @@ class TensorParallelBackend:
         permute_rows(module, self.plan)
 
     # ------------------------------------------------------------------ the loop
-    @property
-    def zero_stage(self) -> int:
-        return 0
-
     @property
     def trained_module(self) -> nn.Module:
         assert self._model is not None
@@ -230,107 +187,39 @@ class TensorParallelBackend:
                     _local(g).mul_(coef)
         return norm
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _set_lr(self) -> None:
-        lr = lr_at(self.config, self.steps, self._base_lr)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
     # ------------------------------------------------------------------ state
     def export_state(self) -> dict[str, Any]:
         """Full fp32 weights and optimizer state by parameter name, on the CPU, in your
         module's own row order (collective: every rank calls it)."""
         with on_device(self.device):
-            model = {n: self._full(n, p).float() for n, p in self._named}
+            model = {n: self._full(n, p, p).float() for n, p in self._named}
             opt_state: dict[str, dict[str, Any]] = {}
             for name, p in self._named:
                 st = self.optimizer.state.get(p) or {}
                 if st:
                     opt_state[name] = {k: self._full(name, v, p) for k, v in st.items()}
-        return {
-            "format": STATE_FORMAT,
-            "model": model,
-            "optimizer": {"family": self._family, "state": opt_state},
-            "scaler": None,
-            "scheduler": {"steps": self.steps},
-            "steps": self.steps,
-            "overflow_steps": self.overflow_steps,
-        }
+        return self._neutral_state(model, opt_state, self._family)
 
-    def _full(self, name: str, value: Any, param: Any = None) -> Any:
+    def _full(self, name: str, value: Any, param: Any) -> Any:
         """`value` (a parameter, or a state of `param`) whole, on the CPU, unpermuted."""
-        if not isinstance(value, torch.Tensor):
-            return value
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        full = full.detach().cpu()
-        order = self.plan.permutations.get(name)
-        like = param if param is not None else value
-        if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(like.shape):
-            full = full[torch.argsort(order)]
-        return full
+        return whole_tensor(value, param, self.plan.permutations.get(name))
 
     def _load_optimizer(self, state: dict[str, Any]) -> None:
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
         self.steps = int(state.get("steps", 0))
-        optim = state.get("optimizer") or {}
-        saved = optim.get("state") or {}
-        if not saved or optim.get("family") is None or optim.get("family") != self._family:
-            return
+        saved = self._saved_optimizer(state)
         for name, p in self._named:
-            if name not in saved:
-                continue
-            order = self.plan.permutations.get(name)
-            st: dict[str, Any] = {}
-            for key, v in saved[name].items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    v = v.to(self.device, p.dtype if v.is_floating_point() else v.dtype)
-                    if order is not None:
-                        v = v[order]
-                    if isinstance(p, DTensor):
-                        v = distribute_tensor(v, p.device_mesh, p.placements)
-                st[key] = v
-            self.optimizer.state[p] = st
+            if name in saved:
+                order = self.plan.permutations.get(name)
+                self.optimizer.state[p] = split_state(saved[name], p, order, self.device)
 
     # ------------------------------------------------------------------ memory
-    def model_state_bytes(self) -> ModelStateBytes:
-        """This rank's bytes, counted from its own shards' storage."""
+    def _params_held(self) -> Any:
         model = self._model
-        every = model.parameters() if model is not None else (p for _, p in self._named)
-        params = storage_bytes(_local(p) for p in every)
-        grads = self._count_grads() or self._grads_bytes
-        optim = storage_bytes(
-            _local(v) for st in self.optimizer.state.values() for v in st.values()
-        )
-        return ModelStateBytes(params_bytes=params, grads_bytes=grads, optimizer_bytes=optim)
-
-    def _count_grads(self) -> int:
-        return storage_bytes(_local(p.grad) for _, p in self._named if p.grad is not None)
+        return model.parameters() if model is not None else (p for _, p in self._named)
 
     # ------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._teardown()
-        ProcessGroupLease.release()
-
-    def _teardown(self) -> None:
-        if self.optimizer is not None:
-            with contextlib.suppress(Exception):
-                self.optimizer.state.clear()
-                self.optimizer.param_groups.clear()
-        self.optimizer = None
-        self.module = None
+    def _release(self) -> None:
         self._model = None
-        self._named = []
-        gc.collect()
 
 
 def parallelize(module: nn.Module, mesh: Any, plan: TensorPlan) -> None:
@@ -424,6 +313,38 @@ def _local(t: Any) -> Any:
     """A DTensor's local tensor, or the tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
+
+
+def whole_tensor(value: Any, param: Any, order: torch.Tensor | None) -> Any:
+    """A parameter or a state of `param` whole (`full_tensor()` of a shard: collective over
+    its group), on the CPU, in your module's row order (`order`: the plan's permutation of
+    its rows, undone here); anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    full = value.full_tensor() if hasattr(value, "full_tensor") else value
+    full = full.detach().cpu()
+    if order is not None and full.dim() > 0 and tuple(full.shape) == tuple(param.shape):
+        full = full[torch.argsort(order)]
+    return full
+
+
+def split_state(
+    saved: dict[str, Any], param: Any, order: torch.Tensor | None, device: torch.device
+) -> dict[str, Any]:
+    """One parameter's saved optimizer state placed as `param` is: each tensor on `device`
+    in its dtype, its rows permuted (`order`), split as its DTensor; scalars as they are."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    st: dict[str, Any] = {}
+    for key, v in saved.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            v = v.to(device, param.dtype if v.is_floating_point() else v.dtype)
+            if order is not None:
+                v = v[order]
+            if isinstance(param, DTensor):
+                v = distribute_tensor(v, param.device_mesh, param.placements)
+        st[key] = v
+    return st
 
 
 def shard_count(t: Any) -> int:
