@@ -213,3 +213,16 @@ def test_rendered_page_carries_no_library_noise(path: Path) -> None:
         for line in re.sub(r"<[^>]+>", "", block).splitlines():
             line = line.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
             assert not any(p.match(line) for p in render.LIBRARY_NOISE), (page.name, line)
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
+def test_every_chart_is_drawn_into_the_page(path: Path) -> None:
+    """Pages render under Agg, where `plt.show()` draws nothing: a chart is displayed as
+    its PNG (each notebook's `show(fig)`), so the page holds one image per chart cell."""
+    nb = nbformat.read(path, as_version=4)
+    charts = [c for c in nb.cells if c.cell_type == "code" and "plt.subplots(" in c.source]
+    for cell in charts:
+        assert "plt.show()" not in cell.source, f"{path.name}: {cell.source[:200]}"
+    page = _render().page_for(path)
+    assert page.is_file(), f"{page.relative_to(REPO)} is missing: run `make notebooks-html`"
+    assert page.read_text(encoding="utf-8").count("data:image/png;base64,") >= len(charts)
