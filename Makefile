@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed$(if $(HAS_GPU),-gpu)
 # PyPI's torch is the CUDA build; TORCH_CUDA_INDEX picks another CUDA index, e.g.
 # TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_CPU ?= torch==2.13.0
-TORCH_CUDA ?= torch>=2.6,<3
+TORCH_CUDA ?= torch>=2.10,<3
 TORCH_CUDA_INDEX ?=
 # Every tool (and the ninja that builds DeepSpeed's ops) comes from the venv, so DeepSpeed's
 # cached op builds are not invalidated by a second ninja on the system PATH.

@@ -729,16 +729,20 @@ def _rule_grad_spike(c: _Ctx) -> list[Advice]:
     ]
     recent_steps = {r.step for r in c.recent}
     spikes: list[tuple[int, float, float]] = []
+    first_spike: int | None = None  # index in `norms` of the first spike in the history
     for i in range(MIN_SPIKE_BASELINE, len(norms)):
         step, g = norms[i]
-        if step not in recent_steps:
-            continue
         baseline = _median([n for _, n in norms[max(0, i - RECENT_STEPS) : i]])
         if baseline > 0 and g > SPIKE_FACTOR * baseline:
-            spikes.append((step, g, baseline))
-    if not spikes:
+            first_spike = i if first_spike is None else first_spike
+            if step in recent_steps:
+                spikes.append((step, g, baseline))
+    if not spikes or first_spike is None:
         return []
-    typical = _median([n for _, n in norms])
+    # the typical norm is the run's before it first spiked: the spikes and a diverged
+    # stretch after them (norms growing step by step, no longer spikes against their own
+    # running median) would otherwise raise it, and the clip suggested from it
+    typical = _median([n for _, n in norms[:first_spike]])
     clip = c.setting("clip_grad_norm")
     if isinstance(clip, (int, float)) and clip <= SPIKE_FACTOR * typical:
         return []  # clipping already caps these spikes
@@ -752,7 +756,8 @@ def _rule_grad_spike(c: _Ctx) -> list[Advice]:
                 f"Gradient norm spiked {len(spikes)} time(s) in the last {len(c.recent)} steps "
                 f"(largest {max(s[1] for s in spikes):.3g} vs a running median of "
                 f"{spikes[0][2]:.3g}) and {now}: clip at {suggest:g} (about twice the "
-                "typical norm) to keep single bad batches from derailing training."
+                "median norm before the first spike) to keep single bad batches from derailing "
+                "training."
             ),
             evidence={
                 "spikes": [{"step": s, "grad_norm": g, "median_before": b} for s, g, b in spikes],

@@ -6,6 +6,12 @@ repository), then becomes `<name>.html` beside this file with nbconvert's lab te
 Widget state is not stored, so a page holds the outputs and charts, not a widget model;
 the template's stylesheets go once into lab.css and head.css here, which every page links.
 
+Library noise is left out of the pages (`drop_library_noise`): lines other libraries
+write to stderr that say nothing about the lesson, such as the linker's `cannot find -laio`
+when DeepSpeed probes for libaio while it builds an op (notebook 04), torchao's `Failed to
+load` of CUDA kernels a CPU machine lacks (notebook 06), the profiler's kineto start/stop
+lines and torch's pytree registration notices; the notebook itself runs unchanged.
+
 Each page records its notebook's name and the SHA-256 of its cells' types and sources in
 two <meta> tags; tests/notebooks/test_notebooks.py fails when a notebook's cells changed
 and its page was not rendered again.
@@ -36,6 +42,41 @@ TIMEOUT_SECONDS = 600  # per cell
 SHARED_CSS = "lab.css"
 HEAD_CSS = "head.css"  # the template's other head styles, also the same in every page
 LAB_CSS = ("static/index.css", "static/theme-light.css")  # what the lab template inlines
+
+
+#: stderr lines of other libraries that say nothing about the lesson (see the docstring)
+LIBRARY_NOISE = (
+    re.compile(r"^(/usr/bin/)?ld: cannot find -laio\b.*$"),
+    re.compile(r"^collect2: error: ld returned 1 exit status$"),
+    re.compile(r"^Failed to load .*torchao.*: Could not load this library: .*$"),
+    re.compile(r"^USDT:.*\] profiler_(start|stop)$"),
+    re.compile(r"^W\d{4} [\d:.]+ \d+ .*_pytree\.py:\d+\] <enum '\w+'> is an Enum subclass.*$"),
+)
+
+
+def drop_library_noise(nb: Any) -> int:
+    """Removes the `LIBRARY_NOISE` lines from the stderr outputs of `nb`'s code cells (an
+    output left empty goes); returns how many lines were removed."""
+    removed = 0
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        kept_outputs = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                text = out.get("text", "")
+                text = "".join(text) if isinstance(text, list) else text
+                lines = text.splitlines(keepends=True)
+                kept = [
+                    ln for ln in lines if not any(p.match(ln.rstrip("\n")) for p in LIBRARY_NOISE)
+                ]
+                removed += len(lines) - len(kept)
+                if not kept:
+                    continue
+                out["text"] = "".join(kept)
+            kept_outputs.append(out)
+        cell["outputs"] = kept_outputs
+    return removed
 
 
 def notebooks() -> list[Path]:
@@ -95,6 +136,7 @@ def render(path: Path) -> Path:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    drop_library_noise(nb)
     exporter = HTMLExporter(template_name="lab")
     html, _ = exporter.from_notebook_node(nb)
     html = _link_shared_css(html, exporter)

@@ -167,3 +167,62 @@ def test_the_source_hash_sees_cells_not_outputs(tmp_path: Path) -> None:
     code["source"] = ["# one changed line\n"] + list(code["source"])
     path.write_text(json.dumps(nb), encoding="utf-8")
     assert render.source_hash(path) != before
+
+
+def test_library_noise_is_left_out_of_the_pages_and_the_rest_kept() -> None:
+    render = _render()
+    lesson = "workbench session 1: loss is nan at step 25: the step was not applied\n"
+    noise = [
+        "/usr/bin/ld: cannot find -laio: No such file or directory\n",
+        "collect2: error: ld returned 1 exit status\n",
+        "Failed to load /venv/site-packages/torchao/_C_mxfp8.so: Could not load this library: x\n",
+        "USDT:2026-12-01 19:08:26 5242:5242 SyncActivityProfilerHandler.cpp:52] profiler_start\n",
+    ]
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "source": "ld: cannot find -laio"},
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {"output_type": "stream", "name": "stderr", "text": [*noise[:2]]},
+                    {"output_type": "stream", "name": "stderr", "text": noise[2] + lesson},
+                    {"output_type": "stream", "name": "stdout", "text": noise[3]},
+                    {"output_type": "stream", "name": "stderr", "text": noise[3]},
+                ],
+            },
+        ]
+    }
+    assert render.drop_library_noise(nb) == 4
+    outputs = nb["cells"][1]["outputs"]
+    assert outputs == [
+        {"output_type": "stream", "name": "stderr", "text": lesson},
+        {"output_type": "stream", "name": "stdout", "text": noise[3]},  # stdout is the lesson's
+    ]
+    assert nb["cells"][0]["source"] == "ld: cannot find -laio"
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
+def test_rendered_page_carries_no_library_noise(path: Path) -> None:
+    render = _render()
+    page = render.page_for(path)
+    assert page.is_file(), f"{page.relative_to(REPO)} is missing: run `make notebooks-html`"
+    html = page.read_text(encoding="utf-8")
+    for block in re.findall(
+        r'data-mime-type="application/vnd\.jupyter\.stderr"[^>]*>\s*<pre>(.*?)</pre>', html, re.S
+    ):
+        for line in re.sub(r"<[^>]+>", "", block).splitlines():
+            line = line.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+            assert not any(p.match(line) for p in render.LIBRARY_NOISE), (page.name, line)
+
+
+@pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
+def test_every_chart_is_drawn_into_the_page(path: Path) -> None:
+    """Pages render under Agg, where `plt.show()` draws nothing: a chart is displayed as
+    its PNG (each notebook's `show(fig)`), so the page holds one image per chart cell."""
+    nb = nbformat.read(path, as_version=4)
+    charts = [c for c in nb.cells if c.cell_type == "code" and "plt.subplots(" in c.source]
+    for cell in charts:
+        assert "plt.show()" not in cell.source, f"{path.name}: {cell.source[:200]}"
+    page = _render().page_for(path)
+    assert page.is_file(), f"{page.relative_to(REPO)} is missing: run `make notebooks-html`"
+    assert page.read_text(encoding="utf-8").count("data:image/png;base64,") >= len(charts)

@@ -233,10 +233,12 @@ def test_dict_round_trip():
 def test_random_inputs_either_construct_or_raise_value_error(micro, lr):
     try:
         cfg = TrainConfig(micro_batch=micro, lr=lr)
-    except ValueError:
-        return
-    assert isinstance(cfg.micro_batch, int) and cfg.micro_batch >= 1
-    assert math.isfinite(cfg.lr) and cfg.lr > 0
+    except ValueError as exc:  # each line of the refusal names the field at fault
+        for line in str(exc).splitlines()[1:] or [str(exc)]:
+            assert "micro_batch=" in line or "lr=" in line, line
+    else:
+        assert isinstance(cfg.micro_batch, int) and cfg.micro_batch >= 1
+        assert math.isfinite(cfg.lr) and cfg.lr > 0
 
 
 def test_the_docstring_lists_every_setting_and_every_allowed_value() -> None:

@@ -764,33 +764,47 @@ def test_every_precision_has_lightnings_name() -> None:
     assert train_lightning.PRECISION["amp-bf16"] == "bf16-mixed"
 
 
-@pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
-@pytest.mark.parametrize("setting", [{"tp": 2}, {"pp": 2, "grad_accum": 4}])
-def test_tensor_and_pipeline_parallel_in_exports_carried_or_refused_with_the_reason(
+@pytest.mark.parametrize("fmt", ["fsdp", "lightning"])
+def test_tensor_parallel_in_exports_carried_where_the_job_holds_the_plan(
+    fmt: str, tmp_path: Path
+) -> None:
+    from workbench.export import check_export
+
+    config = TrainConfig(micro_batch=4, tp=2)
+    if fmt == "fsdp":
+        config = config.replace(fsdp="full_shard")
+    assert check_export(config, format=fmt, gpus=2, out_dir=tmp_path / "job") == []
+    bad = check_export(config.replace(tp=4), format=fmt, gpus=2, out_dir=tmp_path / "j")
+    assert [(p.field, p.value) for p in bad] == [("tp", 4)]
+    assert "must divide the 2 ranks" in bad[0].message
+    if fmt == "lightning":  # its data-parallel ranks go through FSDP2, never plain
+        (off,) = check_export(config, format=fmt, gpus=4, out_dir=tmp_path / "j")
+        assert (off.field, off.value) == ("fsdp", "off")
+        assert "use full_shard or shard_grad_op" in off.message
+        sharded = config.replace(fsdp="full_shard")
+        assert check_export(sharded, format=fmt, gpus=4, out_dir=tmp_path / "j") == []
+    no_shard = config.replace(fsdp="no_shard")
+    (problem,) = check_export(no_shard, format=fmt, gpus=2, out_dir=tmp_path / "j")
+    assert problem.field == "fsdp" and "use full_shard or shard_grad_op" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("fmt", "setting"),
+    [
+        ("deepspeed", {"tp": 2}),
+        ("deepspeed", {"pp": 2, "grad_accum": 4}),
+        ("fsdp", {"pp": 2, "grad_accum": 4}),
+        ("lightning", {"pp": 2, "grad_accum": 4}),
+    ],
+)
+def test_tensor_and_pipeline_parallel_in_exports_refused_with_the_reason(
     fmt: str, setting: dict[str, int], tmp_path: Path
 ) -> None:
     from workbench.export import check_export
 
     config = TrainConfig(micro_batch=4, **setting)
-    if fmt == "fsdp":
-        config = config.replace(fsdp="full_shard") if "tp" in setting else config
     problems = check_export(config, format=fmt, gpus=2, out_dir=tmp_path / "job")
     name = "tp" if "tp" in setting else "pp"
-    if fmt in ("fsdp", "lightning") and name == "tp":  # the jobs carry the plan
-        assert problems == []
-        bad = check_export(config.replace(tp=4), format=fmt, gpus=2, out_dir=tmp_path / "j")
-        assert [(p.field, p.value) for p in bad] == [("tp", 4)]
-        assert "must divide the 2 ranks" in bad[0].message
-        if fmt == "lightning":  # its data-parallel ranks go through FSDP2, never plain
-            (off,) = check_export(config, format=fmt, gpus=4, out_dir=tmp_path / "j")
-            assert (off.field, off.value) == ("fsdp", "off")
-            assert "use full_shard or shard_grad_op" in off.message
-            sharded = config.replace(fsdp="full_shard")
-            assert check_export(sharded, format=fmt, gpus=4, out_dir=tmp_path / "j") == []
-        no_shard = config.replace(fsdp="no_shard")
-        (problem,) = check_export(no_shard, format=fmt, gpus=2, out_dir=tmp_path / "j")
-        assert problem.field == "fsdp" and "use full_shard or shard_grad_op" in problem.message
-        return
     (problem,) = [p for p in problems if p.field == name]
     assert problem.value == 2
     assert f"not exported to --format {fmt}:" in problem.message

@@ -112,6 +112,10 @@ class Reader:
 #: exact in most JSON readers (a float's 53-bit mantissa), and no batch size, step count or
 #: bucket size comes near it.
 MAX_INTEGER = 2**53
+#: Keys that only say how often DeepSpeed logs: the workbench allocates and loops over
+#: nothing by them, so any positive integer is taken (configs write 2e16 to mean "never
+#: print", e.g. LMFlow's ds_config_chatbot.json: `"steps_per_print": 20000000000000000`).
+LOG_INTERVAL_KEYS = frozenset({"steps_per_print"})
 #: How deep a DeepSpeed config may nest: the deepest real one nests 4 levels.
 MAX_DEPTH = 32
 #: A string value that reads as a boolean or a number where DeepSpeed expects one (keys
@@ -161,7 +165,7 @@ _DROP = object()
 def cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[KeyProblem], list[str]]:
     """`ds` without the values that make it no JSON-like DeepSpeed config, the problem
     line of each (keys that are not strings, values JSON cannot hold: NaN, infinity,
-    integers past MAX_INTEGER, other objects; strings that read as a boolean or a number,
+    integers past MAX_INTEGER (but a log interval), other objects; strings that read as a boolean or a number,
     which DeepSpeed would take as true or coerce) and their key paths. `ds` nests at most
     MAX_DEPTH levels (checked first)."""
     problems: list[KeyProblem] = []
@@ -193,7 +197,7 @@ def cleaned(ds: dict[str, Any]) -> tuple[dict[str, Any], list[KeyProblem], list[
             bad = _string_problem(path, value) if isinstance(value, str) else None
             return value if bad is None else drop(path, bad)
         if isinstance(value, int):
-            if abs(value) > MAX_INTEGER:
+            if abs(value) > MAX_INTEGER and not (path in LOG_INTERVAL_KEYS and value > 0):
                 return drop(
                     path,
                     KeyProblem(

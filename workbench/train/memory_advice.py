@@ -13,6 +13,11 @@ the peak (1.2 GiB): 8-bit AdamW frees 0.9 GiB, peak 3.1 GiB -> 2.2 GiB"), its `a
 change a panel hands to `session.update(**apply)`; `evidence` lists every technique tried
 with the bytes it frees. LoRA (`LORA_CHANGE`) is said beside it when it frees more, for
 a run that fine-tunes, but never applied in one click: it changes what trains.
+
+Activation offload moves what the forward saves from the device to host memory: on a CPU
+the activations are already there, nothing moves and nothing is freed, so it is not
+offered for a run on a CPU (`device`, else the config's: "auto" is the CPU on a machine
+without CUDA); `evidence["not_on_this_device"]` says why.
 """
 
 from __future__ import annotations
@@ -38,28 +43,40 @@ TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+#: Techniques that move device memory to the host: they free nothing on a CPU.
+HOST_MOVES: frozenset[str] = frozenset({"activation offload"})
+
 #: LoRA changes what trains (adapters, the base frozen), so it is never the one-click
 #: technique; when it would free more than the best one, the advice says so for
 #: fine-tuning, with its own bytes.
 LORA_CHANGE: dict[str, Any] = {"lora_rank": 16}
 
 
-def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[Advice]:
+def memory_advice(
+    config: TrainConfig, model: Any, world_size: int = 1, *, device: Any = None
+) -> list[Advice]:
     """The technique that frees the most of the predicted peak for `model` (a prediction
     description or a parameter count, as `predict_memory` takes) trained with `config` on
     `world_size` ranks, as one Advice; [] when none frees anything or the setup cannot be
-    predicted."""
+    predicted. `device`: where the run trains (a torch device or its name; default: the
+    config's `device`, "auto" resolved on this machine); on a CPU the techniques that only
+    move memory to the host (`HOST_MOVES`) are not offered."""
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+    on_cpu = _device_type(config, device) == "cpu"
     try:
         base = predict_memory(config, model, world_size)
     except ValueError:
         return []
     tried: dict[str, int] = {}
+    not_here: dict[str, str] = {}
     best: tuple[int, str, dict[str, Any], Any] | None = None
     for name, change in TECHNIQUES:
         if all(_same(getattr(config, k), v) for k, v in change.items()):
             continue  # already on
+        if on_cpu and name in HOST_MOVES:
+            not_here[name] = "on a CPU the activations are already in host memory: nothing moves"
+            continue
         try:
             candidate = config.replace(**change)
         except ConfigError:
@@ -97,6 +114,8 @@ def memory_advice(config: TrainConfig, model: Any, world_size: int = 1) -> list[
         "freed_bytes": {k: v for k, v in tried.items()},
         "term": term,
     }
+    if not_here:
+        evidence["not_on_this_device"] = not_here
     return [Advice("memory-technique", "info", message, evidence=evidence, apply=dict(change))]
 
 
@@ -113,6 +132,24 @@ def _lora_freed(config: TrainConfig, model: Any, world_size: int, peak: int) -> 
         return None
 
 
+def _device_type(config: TrainConfig, device: Any) -> str:
+    """ "cpu" or "cuda": `device`'s type, else the config's device ("auto": CUDA when this
+    machine has it)."""
+    import torch
+
+    if device is not None:
+        try:
+            return torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise ValueError(
+                f"device={shown(device)}: must be a torch device or its name (cpu, cuda, cuda:N)"
+            ) from None
+    configured = str(getattr(config.device, "value", config.device))
+    if configured == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(configured).type
+
+
 def _same(current: Any, wanted: Any) -> bool:
     return str(getattr(current, "value", current)) == str(wanted)
 
@@ -127,4 +164,4 @@ def _shrunk_term(before: dict[str, int], after: dict[str, int]) -> tuple[str, in
     return term, before.get(term, 0)
 
 
-__all__ = ["TECHNIQUES", "memory_advice"]
+__all__ = ["HOST_MOVES", "TECHNIQUES", "memory_advice"]

@@ -15,7 +15,12 @@ Session's step, its memory probe, the dry run): the backend's autocast under a
   parameter, `is_parameter_derived`), which `save_on_cpu` would copy to the host at every
   forward and back at every backward although they stay on the device anyway;
 * on a CPU moves nothing (the tensors are already in host memory): it only counts what a
-  GPU would not hold (`moved_bytes`), so `session.memory()` can show the saving;
+  GPU would not hold (`moved_bytes`), so `session.memory()` can show the saving; a CPU run
+  frees no memory by it and its losses are the same because nothing moved. With
+  `host_copy=True` (for tests) a CPU forward copies each activation it would move into a
+  separate host tensor and backward reads that copy, the pack/unpack of the CUDA path
+  made between two host buffers (`copies`, `unpacked` count them), so a CPU test shows
+  that backward computes from what was offloaded;
 * in a dry run (`simulated=True`, fake tensors, which hold no data) keeps each
   activation's shape instead of the tensor, so the memory tracker sees the device copy
   freed once nothing else holds it, and makes a tensor of that shape on the device again
@@ -112,7 +117,8 @@ class _Shape:
 
 
 class _OnHost:
-    """A saved activation's host copy, the event its copy ends at, and its device."""
+    """A saved activation's host copy, the event its copy ends at (None for a CPU
+    `host_copy`), and its device."""
 
     __slots__ = ("device", "event", "host")
 
@@ -127,10 +133,17 @@ class ActivationOffload:
     storages: their identity). A storage freed during the forward and its address reused
     by another counts as two (each is told apart while the first is alive)."""
 
-    def __init__(self, device: torch.device, *, simulated: bool = False) -> None:
+    def __init__(
+        self, device: torch.device, *, simulated: bool = False, host_copy: bool = False
+    ) -> None:
         self.device = torch.device(device)
         self.moved_keys: set[int] = set()
         self.total_moved_bytes = 0
+        #: with `host_copy` on a CPU: activations copied in the last forward, and copies
+        #: that backward has read back
+        self.copies = 0
+        self.unpacked = 0
+        self._host_copy = host_copy and self.device.type == "cpu" and not simulated
         #: called with every tensor autograd saves under the hooks (the memory probe's count)
         self.observer: Callable[[torch.Tensor], None] | None = None
         self._simulated = simulated
@@ -156,6 +169,7 @@ class ActivationOffload:
         key = self._key
         params = parameter_storages(model, key)
         self.moved_keys, self.total_moved_bytes = set(), 0
+        self.copies = self.unpacked = 0
         alive: dict[int, Any] = {}  # key -> a weak reference to the tensor first seen there
 
         def pack(t: torch.Tensor) -> Any:
@@ -174,6 +188,11 @@ class ActivationOffload:
                 self.total_moved_bytes += st.nbytes()
             if self._simulated:
                 return _Shape(t)  # the device copy is dropped; backward makes it again
+            if self._host_copy:  # a separate host buffer, as the CUDA path's pinned one
+                host = torch.empty_like(t, device="cpu")
+                host.copy_(t)
+                self.copies += 1
+                return _OnHost(host, None, t.device)
             if not self._cuda:
                 return t  # already in host memory: nothing to move on a CPU
             compute = torch.cuda.current_stream(t.device)
@@ -194,6 +213,9 @@ class ActivationOffload:
                 )
             if not isinstance(packed, _OnHost):
                 return packed  # type: ignore[no-any-return]
+            if packed.event is None:  # a CPU host copy: backward reads the copy
+                self.unpacked += 1
+                return packed.host
             compute = torch.cuda.current_stream(packed.device)
             compute.wait_event(packed.event)  # the device waits for the copy, not the host
             return packed.host.to(packed.device, non_blocking=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -87,7 +88,11 @@ class OperatorRow:
 @dataclass(frozen=True)
 class ProfileResult(Readable):
     """What `Session.profile()` found. `phase_shares` maps data / forward / backward /
-    optimizer / other to shares of the recorded steps' host time (summing to 1)."""
+    optimizer / other to shares of the recorded steps' host time (summing to 1).
+    `phase_seconds` holds each phase's total over the recorded steps; `phase_step_seconds`
+    each labelled phase's time in every recorded step, in order, so one slow step (a
+    one-off allocation, a thread the OS descheduled) shows as what it is: the summary
+    gives the median step and the range, not a mean that one outlier sets."""
 
     steps: int
     step_seconds: float  # mean host time of a recorded step
@@ -99,18 +104,32 @@ class ProfileResult(Readable):
     memory_by_category: dict[str, int] | None  # bytes at the peak, per category
     memory_peak_bytes: int | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    phase_step_seconds: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def typical_phase_seconds(self, name: str) -> tuple[float, float, float] | None:
+        """(median, fastest, slowest) time of phase `name` over the recorded steps; None
+        when its time per step was not recorded ("other" is only a remainder)."""
+        spans = self.phase_step_seconds.get(name)
+        if not spans:
+            return None
+        return statistics.median(spans), min(spans), max(spans)
 
     def _display(self) -> Display:
-        """The phase split, then the top operators (`table` has torch's full table)."""
-        rows = [
-            (
-                f"{name} (per step)",
-                fmt_seconds(self.phase_seconds.get(name, 0.0) / self.steps),
-                f"{share:.0%}",
-                "",
-            )
-            for name, share in self.phase_shares.items()
-        ]
+        """The phase split (each phase's median step and range), then the top operators
+        (`table` has torch's full table)."""
+        rows = []
+        for name, share in self.phase_shares.items():
+            typical = self.typical_phase_seconds(name)
+            if typical is None:
+                label, time_text = (
+                    f"{name} (mean per step)",
+                    fmt_seconds(self.phase_seconds.get(name, 0.0) / self.steps),
+                )
+            else:
+                median, low, high = typical
+                label = f"{name} (median step; {fmt_seconds(low)} to {fmt_seconds(high)})"
+                time_text = fmt_seconds(median)
+            rows.append((label, time_text, f"{share:.0%}", ""))
         device = any(op.self_device_seconds is not None for op in self.operators)
         for op in self.operators[:10]:
             self_time = op.self_device_seconds if device else op.self_cpu_seconds
@@ -212,6 +231,10 @@ def profile_session(
         )
         for name in PHASES
     }
+    per_step: dict[str, list[float]] = {name: [] for name in PHASES}
+    for e in prof.events():
+        if e.name.startswith("workbench.") and e.name[len("workbench.") :] in per_step:
+            per_step[e.name[len("workbench.") :]].append(e.cpu_time_total * us)
     total_s = step_total * us if step_total else sum(phase_seconds.values())
     phase_seconds["other"] = max(0.0, total_s - sum(phase_seconds.values()))
     shares = {k: (v / total_s if total_s > 0 else 0.0) for k, v in phase_seconds.items()}
@@ -257,4 +280,5 @@ def profile_session(
         memory_by_category=split,
         memory_peak_bytes=peak,
         notes=tuple(notes),
+        phase_step_seconds={name: tuple(spans) for name, spans in per_step.items() if spans},
     )
