@@ -25,37 +25,17 @@ from typing import Any
 
 from workbench.config import (
     Documents,
-    Engine,
     FsdpMode,
     OffloadDevice,
     TrainConfig,
 )
-from workbench.engines import engine_for
+from workbench.engines import ACCOUNTING as ACCOUNTING  # re-exported: the engine rows'
+from workbench.engines import accounting_for
 from workbench.estimate import Architecture, MemoryEstimate, estimate_memory
 from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
-
-
-#: The estimator's accounting for each engine's memory layout.
-ACCOUNTING: dict[Engine, str] = {
-    Engine.FSDP: "fsdp",
-    Engine.DEEPSPEED: "deepspeed",
-    Engine.PLAIN: "paper",
-    Engine.TENSOR_PARALLEL: "paper",  # FSDP2's layout over the data-parallel ranks with `fsdp`
-    Engine.PIPELINE: "paper",
-}
-
-
-def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
-    """The estimator accounting of the engine that trains `config` on `world_size` ranks
-    (`engine_for`): FSDP2's layout under FSDP, DeepSpeed's under DeepSpeed, else the ZeRO
-    paper's."""
-    engine = engine_for(config, world_size)
-    if engine is Engine.TENSOR_PARALLEL and FsdpMode(config.fsdp) is not FsdpMode.OFF:
-        return ACCOUNTING[Engine.FSDP]
-    return ACCOUNTING[engine]
 
 
 def shape_of(model: Any) -> dict[str, Any]:

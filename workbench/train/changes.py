@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from workbench.config import (
+    SETTINGS,
     ConfigError,
     Device,
     Engine,
@@ -38,47 +39,18 @@ from workbench.config import (
 from workbench.engines import ENGINES, engine_for, engine_problems
 from workbench.inputs import shown
 from workbench.train.attention import attention_problem
-from workbench.train.lora import LORA_FIELDS, lora_problem
+from workbench.train.lora import lora_problem
 from workbench.train.pipeline_plan import pp_model_problem
 from workbench.train.precision import amp_supported
 from workbench.train.recompute import checkpointable_modules, selective_supported
 from workbench.train.records import Event
 from workbench.train.tensor_plan import tp_model_problem
 
-#: Settings read by the data loader / the backend; a change to any rebuilds that piece.
-DATA_FIELDS = frozenset({"micro_batch", "num_workers", "pin_memory", "seed"})
-BACKEND_FIELDS = (
-    frozenset(
-        {
-            "precision",
-            "optimizer",
-            "lr",
-            "weight_decay",
-            "momentum",
-            "lr_schedule",
-            "warmup_steps",
-            "total_steps",
-            "lr_scaling",
-            "clip_grad_norm",
-            "zero_stage",
-            "compile",
-            "fsdp",
-            "fsdp_reduce_fp32",
-            "offload_optimizer",
-            "offload_params",
-            "nvme_path",
-            "loss_scale_init",
-            "loss_scale_growth",
-            "loss_scale_backoff",
-            "loss_scale_interval",
-            "grad_accum",
-            "micro_batch",
-            "optimizer_in_backward",
-            "pp_schedule",
-        }
-    )
-    | LORA_FIELDS
-)  # the adapters change the parameters the optimizer steps
+#: Settings read by the data loader / the backend (each field's `Setting.rebuilds`); a
+#: change to any rebuilds that piece. The LoRA settings rebuild the backend: the adapters
+#: change the parameters the optimizer steps.
+DATA_FIELDS = frozenset(n for n, spec in SETTINGS.items() if "data" in spec.rebuilds)
+BACKEND_FIELDS = frozenset(n for n, spec in SETTINGS.items() if "backend" in spec.rebuilds)
 _LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")
 
 

@@ -114,6 +114,7 @@ from workbench.train.checkpoint_runs import (
     run_folder_problem,
 )
 from workbench.train.checkpoint_write import save, write_atomic
+from workbench.version import safe_loading_problem
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -387,6 +388,9 @@ def safe_load(
     checked file object of `path` to read (`load` passes it); without it the file is
     opened as `load` does (a regular file, bounded, stored entries only)."""
     p = Path(path)
+    problem = safe_loading_problem()
+    if problem is not None:  # an older torch's weights_only loader could run code
+        raise CheckpointError(p, problem)
     if file is None:
         with _open_tensor_file(p, None) as f:
             _check_archive(f, p)

@@ -795,7 +795,7 @@ class Session(SessionTools):
             try:
                 record = self._stepper.take()
             except NonFiniteLoss as nf:
-                record = self._stepper.nonfinite_record(nf.value, self.reference_batch)
+                record = self._stepper.nonfinite_record(nf.value)
                 skipped = self._stepper.nan_event(nf.value, record).message
             except Exception as exc:
                 self._rt.backend.zero_grad()

@@ -25,7 +25,6 @@ from workbench.train.backends import StepOutcome
 from workbench.train.batches import DataContractError
 from workbench.train.records import Event, StepRecord
 from workbench.train.runtime import Runtime
-from workbench.train.schedule import scaled_lr
 from workbench.train.step import (
     Label,
     RecordMaker,
@@ -124,10 +123,9 @@ class SessionStep:
             cpu_util_percent=sample.cpu_util_percent if sample is not None else None,
         )
 
-    def nonfinite_record(self, loss: float, reference_batch: int) -> StepRecord:
+    def nonfinite_record(self, loss: float) -> StepRecord:
         """The record of a step skipped for the non-finite `loss`."""
-        cfg = self._config()
-        lr = float(getattr(self._rt.backend, "lr", scaled_lr(cfg, reference_batch)))
+        lr = float(self._rt.backend.lr)
         outcome = StepOutcome(grad_norm=None, skipped=True, scale=None, lr=lr)
         return self.record(StepMeasure(loss, outcome, 0.0, 0.0))
 

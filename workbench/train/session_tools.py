@@ -225,7 +225,9 @@ class SessionTools:
         (`workbench.train.memory_advice`); [] when none frees anything."""
         from workbench.train.memory_advice import memory_advice
 
-        return memory_advice(self.config, self._model_description(), self.world_size)
+        return memory_advice(
+            self.config, self._model_description(), self.world_size, device=self.device
+        )
 
     def _model_description(self) -> Any:
         """The built-in model's shape facts; for your module with a Hugging Face `config`
