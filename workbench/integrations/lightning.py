@@ -40,7 +40,8 @@ from lightning.pytorch.callbacks import Callback
 
 from workbench.config import ConfigError, TrainConfig
 from workbench.inputs import shown
-from workbench.integrations.observer import Observer, grad_norm_every
+from workbench.integrations.observer import Observer
+from workbench.integrations.step_values import grad_norm_every
 from workbench.optimizers import OPTIMIZERS
 
 #: The workbench's settings as Lightning names them, for the advice.
