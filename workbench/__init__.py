@@ -47,9 +47,9 @@ _LAZY = {
     "SessionStateError": "workbench.train.session",
     "StepRecord": "workbench.train.records",
     "Event": "workbench.train.records",
-    "MemoryReport": "workbench.train.memory",
-    "ProfileResult": "workbench.train.profiler",
-    "find_max_micro_batch": "workbench.train.batch_finder",
+    "MemoryReport": "workbench.train.measure.memory",
+    "ProfileResult": "workbench.train.measure.profiler",
+    "find_max_micro_batch": "workbench.train.measure.batch_finder",
     "simulate_memory": "workbench.train.dry_run",
     # what each optimization buys, measured
     "ladder": "workbench.train.ladder",
@@ -109,11 +109,11 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.monitor import Sampler
     from workbench.planner import PlanResult, plan
     from workbench.prediction import predict_memory
-    from workbench.train.batch_finder import find_max_micro_batch
     from workbench.train.dry_run import simulate_memory
     from workbench.train.ladder import LadderResult, ladder
-    from workbench.train.memory import MemoryReport
-    from workbench.train.profiler import ProfileResult
+    from workbench.train.measure.batch_finder import find_max_micro_batch
+    from workbench.train.measure.memory import MemoryReport
+    from workbench.train.measure.profiler import ProfileResult
     from workbench.train.records import Event, StepRecord
     from workbench.train.session import Session, SessionError, SessionStateError
     from workbench.ui.dashboard import dashboard

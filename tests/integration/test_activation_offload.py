@@ -1,5 +1,5 @@
 """`activation_offload`: the activations the model's forward saves for backward are kept in
-host memory (`workbench.train.offload`); the same training, and what the device would not
+host memory (`workbench.train.techniques.offload`); the same training, and what the device would not
 hold measured by `session.memory()` next to the estimator's host term.
 
 Measured on the built-in tiny-gpt (2 layers, hidden 64, 4 heads, sequence 64, no dropout,
@@ -26,7 +26,7 @@ from tests.integration.job_runs import run_script
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
 from workbench.estimate import EstimateInputError, estimate_memory
-from workbench.train.offload import ActivationOffload
+from workbench.train.techniques.offload import ActivationOffload
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "dropout": 0.0}
@@ -186,7 +186,7 @@ def test_the_jobs_parameter_rule_is_the_sessions() -> None:
     under autocast (whose weight casts are parameter-derived), the two agree."""
     from workbench.export.job_common import from_parameter
     from workbench.models import build_model
-    from workbench.train.offload import is_parameter_derived, parameter_storages
+    from workbench.train.techniques.offload import is_parameter_derived, parameter_storages
 
     model = build_model("tiny-gpt", **TINY)[0]
     ids = torch.randint(0, 60, (2, 16))

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
-from workbench.train.attention import current_attention
+from workbench.train.techniques.attention import current_attention
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "dropout": 0.0}
 

@@ -15,7 +15,7 @@ from workbench import Session, TrainConfig
 from workbench.models import build_model
 from workbench.train.backends.fsdp import FSDPBackend
 from workbench.train.backends.plain import PlainBackend
-from workbench.train.precision import build_precision
+from workbench.train.techniques.precision import build_precision
 
 MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 512}
 TINY = {"layers": 2, "hidden": 32, "heads": 2, "seq_len": 16}
@@ -259,7 +259,7 @@ def test_fsdp_trains_bf16_true_on_two_gloo_ranks(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- refused
 def test_deepspeed_refuses_bf16_true_naming_the_field_and_what_to_use() -> None:
     from workbench.train.changes import session_problems
-    from workbench.train.launch_checks import launch_problems
+    from workbench.train.launch.checks import launch_problems
 
     with pytest.raises(ValueError, match=r"precision='bf16-true': pure bf16 .*\(zero_stage=2\)"):
         TrainConfig(precision="bf16-true", zero_stage=2)

@@ -176,7 +176,7 @@ def _real_tracked_run(config: TrainConfig) -> Any:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from workbench.models import build_model
-    from workbench.train.dry_run_step import StepPlan, measure, phase_tracker, run_steps
+    from workbench.train.dry_run.step import StepPlan, measure, phase_tracker, run_steps
 
     module, data, loss, _ = build_model("tiny-gpt", **TINY)
     optimizer = torch.optim.AdamW(module.parameters(), lr=config.lr, foreach=True)

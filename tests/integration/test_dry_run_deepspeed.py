@@ -218,7 +218,7 @@ def test_nothing_is_left_behind_and_a_session_trains_deepspeed_after() -> None:
 def test_a_notebook_s_own_module_cannot_cross_to_the_child_and_is_named() -> None:
     """In a process that holds a group the dry run runs in a child, which cannot import a
     class a notebook defined (`__main__`): refused, naming the model, before spawning."""
-    from workbench.train.dry_run_child import simulate_in_child
+    from workbench.train.dry_run.child import simulate_in_child
 
     local = type("NotebookNet", (torch.nn.Linear,), {"__module__": "__main__"})
     with pytest.raises(DryRunError) as info:

@@ -5,7 +5,7 @@ without dropout. Two checks per family:
 
 * the parameter count the estimator derives from the model's config.json equals the
   module's own count (GQA, SwiGLU, biases, norms, tied or untied embeddings);
-* the bytes autograd saves for backward (`workbench.train.memory.measure_activations`)
+* the bytes autograd saves for backward (`workbench.train.measure.memory.measure_activations`)
   equal the activation formula plus the implementation details it leaves out, each
   counted by hand below: per-token norm statistics, the normalised copy an unfused
   RMSNorm keeps, the rotary cos/sin tables, the int64 token ids and the loss normaliser.
@@ -23,7 +23,7 @@ from workbench.estimate import (
     read_hf_config,
     transformer_activation_bytes,
 )
-from workbench.train.memory import measure_activations
+from workbench.train.measure.memory import measure_activations
 
 L, H, A, KV, F, V, S, B = 2, 64, 4, 2, 96, 100, 32, 3  # layers, hidden, heads, kv heads, ...
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from workbench import Session, TrainConfig
-from workbench.train import checkpoint_write as ckpt_write
 from workbench.train import checkpoints as ckpt
 from workbench.train import runlog
+from workbench.train.checkpointing import write as ckpt_write
 from workbench.train.ladder import plan_ladder
 
 TINY = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from workbench import Session, TrainConfig
-from workbench.train.launch_checks import checkpoint_dir_problems
+from workbench.train.launch.checks import checkpoint_dir_problems
 
 TINY = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
 

@@ -43,7 +43,7 @@ def rank_workers() -> list[psutil.Process]:
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "workbench.train.rank_worker" in " ".join(p.cmdline()):
+            if "workbench.train.launch.rank_worker" in " ".join(p.cmdline()):
                 found.append(p)
         except psutil.Error:
             pass
@@ -484,7 +484,7 @@ def test_cli_a_resumed_checkpoint_naming_a_factory_runs_nothing(
 def test_cli_print_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--ranks", "2", "--zero", "3", "--device", "cpu", "--print-command"]) == 0
     out = capsys.readouterr().out
-    assert "torchrun --standalone --nproc-per-node 2 -m workbench.train.rank_worker" in out
+    assert "torchrun --standalone --nproc-per-node 2 -m workbench.train.launch.rank_worker" in out
     assert "--nnodes NNODES" in out
     assert '"zero_stage": 3' in out
     assert (

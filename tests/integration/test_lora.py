@@ -442,7 +442,7 @@ def test_a_lora_sessions_dry_run_of_your_module_is_its_measured_states() -> None
 
 def test_the_dry_run_refuses_qlora_by_name_and_the_formula_still_answers() -> None:
     from workbench.train.dry_run import simulate_memory
-    from workbench.train.dry_run_problems import DryRunError
+    from workbench.train.dry_run.problems import DryRunError
 
     with pytest.raises(DryRunError) as info:
         simulate_memory("tiny-gpt", TrainConfig(lora_rank=8, qlora=True), progress=False)

@@ -44,7 +44,7 @@ from workbench.estimate.peak import (
     optimizer_temporaries,
     resolve_impl,
 )
-from workbench.train.memory import measure_activations
+from workbench.train.measure.memory import measure_activations
 
 S, B = 32, 3  # sequence length, micro-batch
 DTYPES = {"fp32": torch.float32, "bf16-true": torch.bfloat16}

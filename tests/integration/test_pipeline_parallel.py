@@ -284,7 +284,7 @@ def test_bad_pipeline_sizes_are_refused_before_anything_starts() -> None:
 def test_a_dry_run_of_a_split_model_says_it_is_not_simulated(settings: dict[str, int]) -> None:
     import workbench
     from workbench.models import build_model
-    from workbench.train.dry_run_problems import DryRunError
+    from workbench.train.dry_run.problems import DryRunError
 
     module = build_model("tiny-gpt", **GPT)[0]
     name = next(iter(settings))

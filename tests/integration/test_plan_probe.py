@@ -1,5 +1,5 @@
 """`workbench plan --probe K`: the planner's top plans trained for a few steps on 2 CPU
-ranks (`workbench.train.plan_probe`), measured next to predicted and re-ranked."""
+ranks (`workbench.train.measure.plan_probe`), measured next to predicted and re-ranked."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.planner import plan
-from workbench.train.plan_probe import scaled_settings
+from workbench.train.measure.plan_probe import scaled_settings
 
 
 def test_probes_run_the_top_plans_on_two_cpu_ranks_and_rerank_them(
@@ -52,7 +52,7 @@ def test_probes_run_tensor_and_pipeline_parallel_plans() -> None:
     holds the estimator's share of the model states for what ran."""
     import dataclasses
 
-    from workbench.train.plan_probe import probe_plans
+    from workbench.train.measure.plan_probe import probe_plans
 
     result = plan(model="llama-3-70b", gpu="h100", nodes=8, seq_len=4096, global_batch=512)
     tp = next(p for p in result.plans if p.tp > 1 and p.pp == 1)
@@ -74,7 +74,7 @@ def test_on_a_gpu_the_probes_measure_the_efficiency_the_planner_takes() -> None:
     import torch
 
     from workbench.estimate import find_gpu
-    from workbench.train.plan_probe import probe_plans
+    from workbench.train.measure.plan_probe import probe_plans
 
     gpu = find_gpu(torch.cuda.get_device_name(0))
     assert not isinstance(gpu, str), gpu

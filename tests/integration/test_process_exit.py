@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from workbench import Session, TrainConfig
-from workbench.train import toolchain
+from workbench.train.launch import toolchain
 
 SCRIPT = """
 import atexit, json, sys, time

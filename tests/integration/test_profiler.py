@@ -152,7 +152,7 @@ def test_on_cuda_the_phase_split_holds_the_device_time_of_each_phase(monkeypatch
     not in "other" (simulated asynchronous device)."""
     import torch
 
-    from workbench.train.profiler import profile_session
+    from workbench.train.measure.profiler import profile_session
 
     device = _AsyncDevice()
     monkeypatch.setattr(torch.cuda, "synchronize", device.synchronize)

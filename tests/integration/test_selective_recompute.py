@@ -103,7 +103,7 @@ def test_a_transformers_model_recomputes_its_attention_function(kernel: str) -> 
     selective terms predict for that kernel (eager: e·as^2b probabilities and
     transformers' fp32 softmax output kept besides them; sdpa: its log-sum-exp), less the
     causal mask the eager kernel's checkpoints keep."""
-    from workbench.train.attention import SELECTIVE, current_attention
+    from workbench.train.techniques.attention import SELECTIVE, current_attention
 
     reports, losses = {}, {}
     for mode in ("none", "selective"):

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from workbench import Session, TrainConfig
-from workbench.train.recompute import mark_checkpointable
 from workbench.train.session import SessionError, SessionStateError
+from workbench.train.techniques.recompute import mark_checkpointable
 
 
 def _wait_for(session: Session, condition, timeout: float = 60.0) -> None:

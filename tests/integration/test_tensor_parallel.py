@@ -340,7 +340,7 @@ def test_the_jobs_copy_of_the_llama_plan_is_the_sessions(sequence: bool) -> None
     """The exported jobs import nothing of workbench: job_common splits a Llama by its own
     copy of the plan, the same layers in the same styles."""
     from workbench.export import job_parallel
-    from workbench.train.tensor_plan import tensor_plan
+    from workbench.train.techniques.tensor_plan import tensor_plan
 
     model = llama()
     layers, sizes, tied = job_parallel._tp_layers(model, 2, sequence)

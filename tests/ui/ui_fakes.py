@@ -18,7 +18,7 @@ N_PARAMS = 1000
 def report(session: FakeSession, *, activation_bytes: int, **measured: int) -> Any:
     """A `MemoryReport` for the fake session's settings: measured model states from its
     newest record unless given, and `session.predict()` as the prediction."""
-    from workbench.train.memory import MemoryReport
+    from workbench.train.measure.memory import MemoryReport
 
     last = session.history[-1] if session.history else None
     cfg = session.config

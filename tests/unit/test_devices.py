@@ -72,7 +72,7 @@ def test_deepspeed_accelerator_follows_the_session_device(monkeypatch: pytest.Mo
 
 
 def test_cpu_ranks_cannot_see_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workbench.train.launch_commands import child_env
+    from workbench.train.launch.commands import child_env
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     cpu = child_env(False, 2)

@@ -323,7 +323,7 @@ def test_the_training_panel_measures_memory_again_after_every_setting_that_moves
 def test_what_a_change_rebuilds_is_what_the_live_session_rebuilds() -> None:
     """The declared `rebuilds` equal the sets the Session's change queue rebuilds from."""
     from workbench.train.changes import BACKEND_FIELDS, DATA_FIELDS
-    from workbench.train.lora import LORA_FIELDS
+    from workbench.train.techniques.lora import LORA_FIELDS
 
     declared = {f.name: SETTINGS[f.name].rebuilds for f in dataclasses.fields(TrainConfig)}
     # what the data loader and the backend read when they are built

@@ -110,7 +110,7 @@ def test_the_cli_says_one_line_when_interrupted(
 
 
 def test_torchrun_keeps_its_logs_in_the_launchs_folder() -> None:
-    from workbench.train.launch_commands import launcher_command
+    from workbench.train.launch.commands import launcher_command
 
     command = launcher_command("torchrun", 2, ["--steps", "1"], log_dir="/run/x/torchelastic")
     assert command[command.index("--log-dir") + 1] == "/run/x/torchelastic"

@@ -8,7 +8,8 @@ import pytest
 
 def test_the_library_reads_the_jobs_own_tables() -> None:
     from workbench.export import job_common
-    from workbench.train import lora, offload, recompute, schedule
+    from workbench.train import schedule
+    from workbench.train.techniques import lora, offload, recompute
 
     assert offload.VIEW_OR_COPY is job_common.VIEW_OR_COPY
     assert lora.HEAD_NAMES is job_common.LORA_HEADS

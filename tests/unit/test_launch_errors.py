@@ -19,7 +19,7 @@ from workbench.train.launch import (
     resume_step,
     validate_launch,
 )
-from workbench.train.launch_procs import LaunchState
+from workbench.train.launch.procs import LaunchState
 
 PEER = (
     "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "

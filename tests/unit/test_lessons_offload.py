@@ -14,8 +14,8 @@ import torch
 
 from workbench import TrainConfig
 from workbench.models import build_model
-from workbench.train.memory_advice import memory_advice
-from workbench.train.offload import ActivationOffload
+from workbench.train.measure.memory_advice import memory_advice
+from workbench.train.techniques.offload import ActivationOffload
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64}
 

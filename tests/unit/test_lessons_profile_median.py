@@ -12,7 +12,7 @@ import re
 import pytest
 
 from workbench import Session, TrainConfig
-from workbench.train.profiler import PHASES, ProfileResult
+from workbench.train.measure.profiler import PHASES, ProfileResult
 
 TINY = dict(layers=1, hidden=32, heads=2, seq_len=16, dropout=0.0)
 

@@ -1,4 +1,4 @@
-"""`workbench.train.memory_advice`: the memory technique that frees the most of the predicted
+"""`workbench.train.measure.memory_advice`: the memory technique that frees the most of the predicted
 peak, named with the term it shrinks and the bytes it frees, applied in one change."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from workbench import Session, TrainConfig
 from workbench.models import build_model
 from workbench.prediction import predict_memory
-from workbench.train.memory_advice import memory_advice
+from workbench.train.measure.memory_advice import memory_advice
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64}
 

@@ -21,8 +21,8 @@ def test_dir_lists_every_lazy_name_before_it_is_imported() -> None:
 
 def test_every_public_name_resolves_to_its_object() -> None:
     from workbench.advisor import Advice
-    from workbench.train.memory import MemoryReport
-    from workbench.train.profiler import ProfileResult
+    from workbench.train.measure.memory import MemoryReport
+    from workbench.train.measure.profiler import ProfileResult
     from workbench.train.records import StepRecord
     from workbench.train.session import Session, SessionError
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.train import step_clock
-from workbench.train.step_clock import CudaClock, HostClock
+from workbench.train.measure import step_clock
+from workbench.train.measure.step_clock import CudaClock, HostClock
 
 
 class FakeEvent:

@@ -213,7 +213,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
     probes = None
     if probe:
-        from workbench.train.plan_probe import probe_plans
+        from workbench.train.measure.plan_probe import probe_plans
 
         probes = probe_plans(result, probe)
     exported = None
@@ -226,7 +226,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if exported is not None:
             got["exported"] = exported
         if probes is not None:
-            from workbench.train.plan_probe import rerank
+            from workbench.train.measure.plan_probe import rerank
 
             got["probes"] = [p.to_dict() for p in rerank(probes)]
         try:
@@ -238,7 +238,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(result.text(top=top))
         if probes is not None:
-            from workbench.train.plan_probe import text
+            from workbench.train.measure.plan_probe import text
 
             print("\n" + text(probes))
         if exported is not None:

@@ -167,7 +167,7 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
     return module, dataset, loss_fn
 
 
-#: Names of output heads "all-linear" leaves out (the Session's rule, `workbench.train.lora`).
+#: Names of output heads "all-linear" leaves out (the Session's rule, `workbench.train.techniques.lora`).
 LORA_HEADS = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
 
 
@@ -317,7 +317,7 @@ ATTENTION_KERNELS = ("model", "eager", "sdpa")
 
 
 def set_attention(module: torch.nn.Module, kernel: str) -> bool:
-    """The job's own copy of the Session's rule (`workbench.train.attention`): the
+    """The job's own copy of the Session's rule (`workbench.train.techniques.attention`): the
     workbench GPT's attention modules take `kernel` as their `kernel` attribute, a
     transformers model as its attn_implementation. False when the model has neither."""
     layers = [m for m in module.modules() if type(m).__name__ == "CausalSelfAttention"]
@@ -337,7 +337,7 @@ def set_attention(module: torch.nn.Module, kernel: str) -> bool:
 
 
 #: The attribute that marks a block for activation checkpointing (what
-#: `workbench.train.recompute.mark_checkpointable` sets; tiny-gpt's blocks carry it).
+#: `workbench.train.techniques.recompute.mark_checkpointable` sets; tiny-gpt's blocks carry it).
 CHECKPOINTABLE = "_workbench_checkpointable"
 
 
@@ -385,7 +385,7 @@ VIEW_OR_COPY = frozenset(
 
 def from_parameter(t: torch.Tensor, storages: set[int]) -> bool:
     """Whether a saved tensor is a parameter or buffer (`storages`), a trained leaf, or a
-    view/copy chain of one (`workbench.train.offload.is_parameter_derived`'s rule)."""
+    view/copy chain of one (`workbench.train.techniques.offload.is_parameter_derived`'s rule)."""
     if (t.grad_fn is None and t.requires_grad) or t.untyped_storage().data_ptr() in storages:
         return True
     fn = t.grad_fn
@@ -410,7 +410,7 @@ class _OnHost:
 
 def offloaded_activations(module: torch.nn.Module, side: Any) -> Any:
     """The job's own copy of the Session's activation offload
-    (`workbench.train.offload`): saved-tensor hooks under which each CUDA activation the
+    (`workbench.train.techniques.offload`): saved-tensor hooks under which each CUDA activation the
     forward saves (not a parameter or buffer, nor a cast of one) is copied into pinned host
     memory on the side stream `side` (a `torch.cuda.Stream`), and brought back for the
     backward once that copy's event is reached. On a CPU (`side` None) nothing moves."""

@@ -1,6 +1,6 @@
 """Tensor parallelism in the exported FSDP and Lightning jobs: the model's layers split
 over the tensor-parallel ranks of a device mesh by the job's own copy of the workbench's
-plan (`workbench.train.tensor_plan`: the built-in GPT and Llama-style transformers
+plan (`workbench.train.techniques.tensor_plan`: the built-in GPT and Llama-style transformers
 decoders), and the gradient norm over DTensor shards.
 
 The workbench ships it as `workbench/export/job_parallel.py` and copies it as is beside
@@ -22,7 +22,7 @@ except ImportError:  # an exported folder without workbench installed: job_files
 
 def tensor_parallelize(module: torch.nn.Module, mesh: Any, tp: int, sequence: bool) -> None:
     """Split `module` over the `tp` ranks of `mesh` in place: the job's copy of
-    `workbench.train.tensor_plan` and the tensor-parallel engine's plan. The built-in GPT
+    `workbench.train.techniques.tensor_plan` and the tensor-parallel engine's plan. The built-in GPT
     (fused qkv rows reordered so each rank's slice holds its heads' q, k and v) and
     `transformers` Llama-style decoders (with `sequence`, the norms and the residual
     stream of either split along the sequence); column-wise q/k/v (qkv) and first MLP layers,

@@ -727,7 +727,7 @@ class Observer:
         import dataclasses
 
         from workbench.advisor import advise
-        from workbench.train.memory_advice import memory_advice
+        from workbench.train.measure.memory_advice import memory_advice
 
         found = advise(self.records()[-500:], samples=samples, config=self.config)
         with contextlib.suppress(ValueError):

@@ -116,7 +116,7 @@ class CausalSelfAttention(nn.Module):
         #: scaled_dot_product_attention, which keeps no s x s tensors for backward
         self.kernel = "eager"
         #: True: the core (scores to the product with V) runs under checkpoint and is
-        #: recomputed in backward (selective recomputation, workbench.train.recompute)
+        #: recomputed in backward (selective recomputation, workbench.train.techniques.recompute)
         self.recompute_core = False
         #: called with the core's inputs when it is recomputed (what its checkpoint keeps:
         #: Session.memory() counts them), and the checkpoint's `context_fn` (a dry run's)
@@ -134,7 +134,7 @@ class CausalSelfAttention(nn.Module):
         b, s, h = x.shape
         d = h // self.heads
         # q, k, v as thirds of the output and heads = width / d: under tensor parallelism
-        # this rank's slice of `qkv` holds its heads' q, k and v (workbench.train.tensor_plan)
+        # this rank's slice of `qkv` holds its heads' q, k and v (workbench.train.techniques.tensor_plan)
         q, k, v = self.qkv(x).chunk(3, dim=2)
         q = q.reshape(b, s, -1, d).transpose(1, 2)
         k = k.reshape(b, s, -1, d).transpose(1, 2)
@@ -182,7 +182,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block; marked checkpointable (see workbench.train.recompute)."""
+    """Pre-LN transformer block; marked checkpointable (see workbench.train.techniques.recompute)."""
 
     _workbench_checkpointable = True
 

@@ -285,7 +285,7 @@ CLI_NAMES = {"params": "n_params", "price": "price_per_gpu_hour", "no_offload": 
 OUTPUT_FLAGS = {
     "top": "result.text(top=N) shows the first N",
     "json": "result.to_dict() is the JSON",
-    "probe": "workbench.train.plan_probe.probe_plans(result, k) runs the top k",
+    "probe": "workbench.train.measure.plan_probe.probe_plans(result, k) runs the top k",
     "export": "workbench.export.export_job(TrainConfig(**result.best.settings), ...) writes "
     "plan #1 as a job",
     "export_model": "export_job(..., model=SPEC) names the module the job trains",

@@ -1,5 +1,6 @@
-"""Training: the live `Session` and its parts, one concept per file.
+"""Training: the live `Session` and its parts, in rooms by concept.
 
+The Session and its loop:
 session.py       Session: its states, the loop thread, public API
 session_tools.py the Session's memory, predict, profile and launch methods
 session_step.py  one step of the Session's loop, its out-of-memory retry and its record
@@ -14,23 +15,26 @@ progress.py      run()'s progress bar
 runtime.py       the data stream and backend one setting is built into; your module's weights
 step.py          one optimizer step (timed, recorded); NaN and out-of-memory helpers
 batches.py       the data contract: (inputs, targets) pairs or model(**batch) mappings
-backends/        the Backend contract and one file per engine (plain, DeepSpeed, FSDP)
-precision.py     precision policies (autocast context + GradScaler), the scaler's state
 schedule.py      LR schedules and batch-size LR scaling
 data.py          DataStream: resumable, rebuildable data loading
-recompute.py     activation recomputation (checkpointing) of marked blocks, toggled live
-offload.py       activation offload: the forward's saved activations kept in host memory
-checkpoints.py   training checkpoints: the payload, atomic files, the newest N kept
-                 (with checkpoint_files, _payload, _write and _runs.py beside it)
-history.py       the bounded step history; runlog.py the run's JSON-lines log
-memory.py        measured memory (tensors, saved activations) next to the prediction
-profiler.py      torch.profiler around a few steps
-batch_finder.py  find_max_micro_batch
 devices.py       the device a session trains on; DeepSpeed's accelerator to match
-toolchain.py     the tools DeepSpeed builds its ops with; which ops still need a build
-launch.py        several ranks through torchrun or DeepSpeed's launcher, with
-                 launch_checks.py, launch_commands.py, launch_procs.py, launch_result.py
-                 (rank_worker.py is the program each rank runs)
-ladder/          the optimization ladder (rungs, plan, run, report)
+history.py       the bounded step history; runlog.py the run's JSON-lines log
 records.py       StepRecord, Event
+checkpoints.py   training checkpoints: reading, verifying, converting; every name of
+                 checkpointing/ (files and names, the payload, atomic writes, run ownership)
+
+The rooms:
+backends/        the Backend contract, the shared distributed lifecycle, one file per engine
+techniques/      what a setting switches on the model or the step: precision policies,
+                 LoRA/QLoRA, activation recomputation and offload, the attention kernel,
+                 the tensor- and pipeline-parallel plans
+measure/         measured memory next to the prediction, the memory advice, the profiler,
+                 the step clock, the batch-size finder, the planner's probes
+dry_run/         a step on fake tensors under torch's memory tracker (simulate_memory)
+launch/          several ranks through torchrun or DeepSpeed's launcher (rank_worker.py is
+                 the program each rank runs; toolchain.py the tools DeepSpeed builds with)
+ladder/          the optimization ladder (rungs, plan, run, report)
+
+memory.py, plan_probe.py, tensor_plan.py and pipeline_plan.py keep the tutorials' import
+paths of measure/ and techniques/ modules.
 """

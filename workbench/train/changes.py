@@ -38,13 +38,13 @@ from workbench.config import (
 )
 from workbench.engines import ENGINES, engine_for, engine_problems
 from workbench.inputs import shown
-from workbench.train.attention import attention_problem
-from workbench.train.lora import lora_problem
-from workbench.train.pipeline_plan import pp_model_problem
-from workbench.train.precision import amp_supported
-from workbench.train.recompute import checkpointable_modules, selective_supported
 from workbench.train.records import Event
-from workbench.train.tensor_plan import tp_model_problem
+from workbench.train.techniques.attention import attention_problem
+from workbench.train.techniques.lora import lora_problem
+from workbench.train.techniques.pipeline_plan import pp_model_problem
+from workbench.train.techniques.precision import amp_supported
+from workbench.train.techniques.recompute import checkpointable_modules, selective_supported
+from workbench.train.techniques.tensor_plan import tp_model_problem
 
 #: Settings read by the data loader / the backend (each field's `Setting.rebuilds`); a
 #: change to any rebuilds that piece. The LoRA settings rebuild the backend: the adapters
@@ -128,7 +128,7 @@ def session_problems(
                 "activation_checkpointing",
                 mode,
                 "the model has no checkpointable blocks; mark them with "
-                "workbench.train.recompute.mark_checkpointable(model, [names])",
+                "workbench.train.techniques.recompute.mark_checkpointable(model, [names])",
             )
         )
     if mode == "selective" and not selective_supported(model):

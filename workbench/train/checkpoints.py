@@ -81,7 +81,7 @@ import numpy as np
 import torch
 
 from workbench.inputs import InputFileError, is_int, read_json, shown
-from workbench.train.checkpoint_files import (
+from workbench.train.checkpointing.files import (
     CHECKPOINT_FORMAT,
     MANIFEST_KIND,
     MAX_COUNT,
@@ -96,7 +96,7 @@ from workbench.train.checkpoint_files import (
     manifest_path,
     open_regular,
 )
-from workbench.train.checkpoint_payload import (
+from workbench.train.checkpointing.payload import (
     check_plain,
     payload_problems,
     rng_as_plain,
@@ -105,7 +105,7 @@ from workbench.train.checkpoint_payload import (
     settings_problem,
     training_payload,
 )
-from workbench.train.checkpoint_runs import (
+from workbench.train.checkpointing.runs import (
     UNREADABLE,
     checkpoint_runs,
     manifest_run,
@@ -113,7 +113,7 @@ from workbench.train.checkpoint_runs import (
     prune,
     run_folder_problem,
 )
-from workbench.train.checkpoint_write import save, write_atomic
+from workbench.train.checkpointing.write import save, write_atomic
 from workbench.version import safe_loading_problem
 
 __all__ = [

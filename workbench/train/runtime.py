@@ -41,7 +41,6 @@ from torch import nn
 from workbench.config import TrainConfig
 from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train import batches
-from workbench.train.attention import set_attention
 from workbench.train.backends import Backend, ModelStateBytes, build_backend
 from workbench.train.changes import (
     BACKEND_FIELDS,
@@ -50,11 +49,12 @@ from workbench.train.changes import (
     needs_deepspeed,
 )
 from workbench.train.data import DataPosition, DataStream
-from workbench.train.lora import LORA_FIELDS, LoraAdapters, is_adapter_parameter
-from workbench.train.offload import ActivationOffload
-from workbench.train.recompute import set_activation_checkpointing
+from workbench.train.measure.step_clock import step_clock
 from workbench.train.schedule import scaled_lr
-from workbench.train.step_clock import step_clock
+from workbench.train.techniques.attention import set_attention
+from workbench.train.techniques.lora import LORA_FIELDS, LoraAdapters, is_adapter_parameter
+from workbench.train.techniques.offload import ActivationOffload
+from workbench.train.techniques.recompute import set_activation_checkpointing
 
 log = logging.getLogger("workbench")
 
@@ -94,7 +94,7 @@ class Runtime:
         self.fresh = True  # the next step is the first on this backend (a warm-up step)
         self.state_bytes: ModelStateBytes | None = None  # measured at the first step
         self.read_memory = memory_reader(device)
-        # times a step without a host-device sync of its own (workbench.train.step_clock)
+        # times a step without a host-device sync of its own (workbench.train.measure.step_clock)
         self.clock = step_clock(device)
         # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
         # then, so the GPU never holds a second fp32 copy (see park_model).
@@ -337,7 +337,7 @@ class Runtime:
     def _announce_op_builds(self, config: TrainConfig) -> None:
         """DeepSpeed compiles some ops the first time they are used on a machine (a
         minute or two); say so before the wait, as an event and on the console."""
-        from workbench.train.toolchain import pending_op_builds, use_interpreter_tools
+        from workbench.train.launch.toolchain import pending_op_builds, use_interpreter_tools
 
         use_interpreter_tools()
         pending = pending_op_builds(config)

@@ -3,9 +3,9 @@ config on several ranks, its weights as a file and continuing a checkpoint, each
 the Session's public methods and between its steps.
 
 `SessionTools` is a base class of `workbench.train.session.Session`: `memory()` measures
-one probe micro-batch next to the estimator's prediction (`workbench.train.memory`),
+one probe micro-batch next to the estimator's prediction (`workbench.train.measure.memory`),
 `predict()` is the one prediction path (`workbench.prediction.predict_memory`),
-`profile()` pauses a running session for torch.profiler (`workbench.train.profiler`) and
+`profile()` pauses a running session for torch.profiler (`workbench.train.measure.profiler`) and
 resumes it, `phase_labels()` labels the loop's phases while a block runs, `launch()` runs
 the config on N processes, `save_weights()` writes `state_dict()`, and
 `Session.resume_from(path)` builds a Session continuing a checkpoint.
@@ -92,13 +92,13 @@ class SessionTools:
 
     def memory(self) -> Any:
         """Measured memory of the current settings on one probe micro-batch, next to the
-        estimator's prediction (`workbench.train.memory.MemoryReport`). Runs between
+        estimator's prediction (`workbench.train.measure.memory.MemoryReport`). Runs between
         steps (a running session keeps running); the probe does not change training.
 
         The estimator predicts activations for transformer shapes only (tiny-gpt); for
         the mlp, the cnn and your own modules the report's notes say so and
         `predicted_activation_bytes` is None."""
-        from workbench.train.memory import measure
+        from workbench.train.measure.memory import measure
 
         with self._between_steps("measure memory", apply_pending=True) as rt:
             report = measure(
@@ -122,7 +122,7 @@ class SessionTools:
         run's peak next to the prediction. Runs outside the training loop's lock: a
         running session keeps training (the dry run copies the module's shapes first).
         A distributed session (DeepSpeed, FSDP) holds this process's process group, so
-        its dry run runs in a child process (`workbench.train.dry_run_child`: tens of
+        its dry run runs in a child process (`workbench.train.dry_run.child`: tens of
         seconds more, and a model or loss defined in the notebook cannot cross)."""
         from workbench.train.dry_run import simulate_memory
 
@@ -140,7 +140,7 @@ class SessionTools:
             batch = None  # a built-in model: its own dataset's samples
         simulate: Any = simulate_memory
         if _holds_a_process_group():  # a distributed engine's: the dry run forms its own
-            from workbench.train.dry_run_child import simulate_in_child
+            from workbench.train.dry_run.child import simulate_in_child
 
             simulate = simulate_in_child
         run = simulate(
@@ -178,10 +178,10 @@ class SessionTools:
             return rt.save_adapters(path)
 
     def lora(self) -> dict[str, Any] | None:
-        """The LoRA adapters in numbers (`workbench.train.lora.lora_summary`: rank,
+        """The LoRA adapters in numbers (`workbench.train.techniques.lora.lora_summary`: rank,
         targets, adapter and base parameters, the trainable fraction, 4-bit layers), None
         without LoRA."""
-        from workbench.train.lora import lora_summary
+        from workbench.train.techniques.lora import lora_summary
 
         with self._between_steps("read the adapters") as rt:
             return lora_summary(rt.lora)
@@ -209,7 +209,7 @@ class SessionTools:
         """(the adapters LoRA of `config` puts on this session's module, the weights QLoRA
         holds in 4 bits); None where not set, or for targets that pick no layer, which the
         session refuses anyway."""
-        from workbench.train.lora import adapter_parameter_count, four_bit_weight_count
+        from workbench.train.techniques.lora import adapter_parameter_count, four_bit_weight_count
 
         if int(config.lora_rank) == 0:
             return None, None
@@ -222,8 +222,8 @@ class SessionTools:
     def memory_advice(self) -> list[Any]:
         """The memory technique that frees the most of this session's predicted peak, as
         an `Advice` whose `apply` is the change for `update(**apply)`
-        (`workbench.train.memory_advice`); [] when none frees anything."""
-        from workbench.train.memory_advice import memory_advice
+        (`workbench.train.measure.memory_advice`); [] when none frees anything."""
+        from workbench.train.measure.memory_advice import memory_advice
 
         return memory_advice(
             self.config, self._model_description(), self.world_size, device=self.device
@@ -264,8 +264,8 @@ class SessionTools:
         """Profile `steps` optimizer steps with torch.profiler (after 1 wait + 1 warmup
         step; all `steps + 2` are real training steps). A running session is paused for
         it and resumed after; a paused one stays paused with its run's target. Returns
-        `workbench.train.profiler.ProfileResult`."""
-        from workbench.train.profiler import check_profile_args, profile_session
+        `workbench.train.measure.profiler.ProfileResult`."""
+        from workbench.train.measure.profiler import check_profile_args, profile_session
 
         check_profile_args(steps, record_memory)
         self._check_open("profile")

@@ -263,7 +263,7 @@ def peak_pair(record: Any, predicted: Any) -> list[tuple[str, float | None, floa
 
 def report_pairs(report: Any) -> list[tuple[str, float | None, float | None]]:
     """(what, measured, predicted) bytes from a `session.memory()` report
-    (`workbench.train.memory.MemoryReport`: measured bytes in its own fields, the
+    (`workbench.train.measure.memory.MemoryReport`: measured bytes in its own fields, the
     prediction in `predicted`, the comparable activation figure in
     `predicted_activation_bytes`)."""
     if report is None:

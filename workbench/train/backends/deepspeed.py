@@ -62,7 +62,7 @@ from workbench.train.backends.base import (
 )
 from workbench.train.backends.distributed import DistributedBackend
 from workbench.train.backends.optimizer import STATE_KEYS
-from workbench.train.precision import cast_floating_inputs
+from workbench.train.techniques.precision import cast_floating_inputs
 
 DS_DEFAULT_BUCKET = 500_000_000  # DeepSpeed's default reduce/allgather bucket (elements)
 

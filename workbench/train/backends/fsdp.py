@@ -21,7 +21,7 @@ How it works
   back from `export_state()` at every switch and at close (`workbench.train.runtime`).
 * Wrapping rule: `fully_shard` is applied to every block marked checkpointable (the
   built-in GPT's transformer blocks; mark yours with
-  `workbench.train.recompute.mark_checkpointable(model, [names])`), then to the root, so
+  `workbench.train.techniques.recompute.mark_checkpointable(model, [names])`), then to the root, so
   each block's parameters are gathered just before it runs and freed after.
 * Modes: "full_shard" reshards parameters after forward (`reshard_after_forward=True`,
   ZeRO-3-like peak), "shard_grad_op" keeps them gathered from forward to backward
@@ -75,13 +75,13 @@ from workbench.train.backends.optimizer import (
     placed_state,
 )
 from workbench.train.backends.process_group import device_types
-from workbench.train.precision import (
+from workbench.train.techniques.precision import (
     PURE_DTYPES,
     cast_floating_inputs,
     restore_scaler,
     scaler_state,
 )
-from workbench.train.recompute import checkpointable_modules
+from workbench.train.techniques.recompute import checkpointable_modules
 
 _HALF = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
 _BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl"}  # a group's backend per device type

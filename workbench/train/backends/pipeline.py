@@ -5,7 +5,7 @@ state of the other engines (see `plain.py`).
 How it works
 ------------
 * Ranks: a 3-D mesh (dp, pp, tp), rank = (d * pp + s) * tp + t holds stage s of
-  pipeline d (`workbench.train.pipeline_plan.pipeline_stage`: `layers / pp` consecutive
+  pipeline d (`workbench.train.techniques.pipeline_plan.pipeline_stage`: `layers / pp` consecutive
   blocks, the embeddings on the first stage, the final norm and head on the last), split
   over its `tp` ranks when `tp` > 1 (the tensor-parallel engine's plan, `parallelize`,
   restricted to the stage's layers; the last stage's copy of the tied head split by
@@ -66,10 +66,14 @@ from workbench.train.backends.tensor_parallel import (
     whole_tensor,
 )
 from workbench.train.batches import to_fp32
-from workbench.train.offload import is_parameter_derived, local_tensor, parameter_storages
-from workbench.train.pipeline_plan import TIED_COPY, pipeline_stage
-from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
-from workbench.train.tensor_plan import TensorPlan, tensor_plan
+from workbench.train.techniques.offload import (
+    is_parameter_derived,
+    local_tensor,
+    parameter_storages,
+)
+from workbench.train.techniques.pipeline_plan import TIED_COPY, pipeline_stage
+from workbench.train.techniques.precision import PURE_DTYPES, cast_floating_inputs
+from workbench.train.techniques.tensor_plan import TensorPlan, tensor_plan
 
 _shards = shard_count
 
@@ -330,7 +334,7 @@ class PipelineBackend(DistributedBackend):
         """One pipeline step of `grad_accum` copies of `batch`, the peak of what this stage
         holds saved for backward measured (packed minus unpacked storage bytes); the
         model states counted while the gradients exist; the gradients then dropped."""
-        from workbench.train.memory import ActivationMeasure
+        from workbench.train.measure.memory import ActivationMeasure
 
         assert self.module is not None
         params = parameter_storages(self.module)

@@ -57,14 +57,14 @@ from workbench.train.backends.optimizer import (
     placed_state,
     set_lr,
 )
-from workbench.train.precision import (
+from workbench.train.schedule import lr_at
+from workbench.train.techniques.precision import (
     PrecisionPolicy,
     build_precision,
     cast_floating_inputs,
     restore_scaler,
     scaler_state,
 )
-from workbench.train.schedule import lr_at
 
 STATE_FORMAT = 1
 

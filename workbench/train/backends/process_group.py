@@ -37,7 +37,7 @@ import sys
 import torch
 
 from workbench.train.devices import communication_backend, use_deepspeed_accelerator
-from workbench.train.toolchain import use_interpreter_tools
+from workbench.train.launch.toolchain import use_interpreter_tools
 
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -145,7 +145,7 @@ def device_types(group: object = None) -> frozenset[str]:
 
 def _start_deepspeed_comm(device: torch.device) -> None:
     """DeepSpeed's communication layer, on the existing torch group or a new one. It may
-    JIT-build its CPU comm op here (with this interpreter's tools: workbench.train.toolchain)."""
+    JIT-build its CPU comm op here (with this interpreter's tools: workbench.train.launch.toolchain)."""
     use_interpreter_tools()
     import deepspeed
 

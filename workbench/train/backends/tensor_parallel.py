@@ -9,7 +9,7 @@ How it works
   default process group (`process_group.ProcessGroupLease`, gloo on CPU, NCCL on GPUs).
   Ranks r*tp .. r*tp + tp - 1 form one tensor-parallel group; the ranks of a group read
   the same samples (the Session shards data over the `dp` dimension).
-* The plan: `workbench.train.tensor_plan.tensor_plan(model, tp)` names each layer's style;
+* The plan: `workbench.train.techniques.tensor_plan.tensor_plan(model, tp)` names each layer's style;
   the engine trains a private deep copy of your module, the fused qkv rows permuted
   (`TensorPlan.permutations`), then `parallelize_module` over the `tp` mesh
   (`ColwiseParallel`, `RowwiseParallel`, the vocabulary-parallel embedding, the head's
@@ -44,9 +44,9 @@ from workbench.config import FsdpMode, Precision, TrainConfig
 from workbench.train.backends.base import StepOutcome, load_full_weights
 from workbench.train.backends.distributed import DistributedBackend, on_device
 from workbench.train.backends.optimizer import build_optimizer
-from workbench.train.precision import PURE_DTYPES, cast_floating_inputs
-from workbench.train.recompute import checkpointable_modules
-from workbench.train.tensor_plan import TensorPlan, tensor_plan
+from workbench.train.techniques.precision import PURE_DTYPES, cast_floating_inputs
+from workbench.train.techniques.recompute import checkpointable_modules
+from workbench.train.techniques.tensor_plan import TensorPlan, tensor_plan
 
 
 class TensorParallelBackend(DistributedBackend):

@@ -19,7 +19,7 @@ it (cumulative), plus `ranks` for data parallelism. The default ladder (`default
 7. optional + model parallel (`model_parallel=True`, after the accumulation rung): the
    data-parallel ranks become one tensor-parallel group (`tp` = ranks), the case study's
    "model parallel + gradient accumulation + OneCycleLR"; the built-in GPT and
-   transformers Llama-style models split (`workbench.train.tensor_plan`).
+   transformers Llama-style models split (`workbench.train.techniques.tensor_plan`).
 
 The memory ladder (`memory_rungs`, `workbench ladder --memory`): baseline fp32 AdamW with
 eager attention, + sdpa attention, + activation checkpointing, + 8-bit AdamW, + the
@@ -80,7 +80,7 @@ def amp_precision(device: str) -> str:
     """The AMP setting for `device`: "amp-bf16" where autocast supports bfloat16 there
     (every CPU build of torch 2.x; GPUs of compute capability 8.0 and later), else
     "amp-fp16"."""
-    from workbench.train.precision import amp_supported
+    from workbench.train.techniques.precision import amp_supported
 
     return "amp-bf16" if amp_supported("amp-bf16", device) is None else "amp-fp16"
 

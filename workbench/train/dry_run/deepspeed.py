@@ -52,7 +52,7 @@ from torch import nn
 
 from workbench.config import TrainConfig
 from workbench.estimate import PHASES
-from workbench.train.dry_run_fsdp import fake_process_group
+from workbench.train.dry_run.fsdp import fake_process_group
 
 #: The launcher variables DeepSpeed reads, as rank 0 of a fake group sets them.
 _ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -17,8 +17,8 @@ import torch
 
 from workbench.inputs import shown
 from workbench.outputs import check_target
-from workbench.train.checkpoint_files import MANIFEST_KIND, manifest_path
-from workbench.train.checkpoint_payload import check_plain
+from workbench.train.checkpointing.files import MANIFEST_KIND, manifest_path
+from workbench.train.checkpointing.payload import check_plain
 from workbench.version import __version__
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)

@@ -3,7 +3,7 @@
 A block is *checkpointable* when it has the attribute `_workbench_checkpointable = True`
 (tiny-gpt's transformer blocks are marked). Mark your own blocks with
 
-    from workbench.train.recompute import mark_checkpointable
+    from workbench.train.techniques.recompute import mark_checkpointable
     mark_checkpointable(model, ["encoder.layers.0", "encoder.layers.1"])  # by name
     mark_checkpointable(model.encoder.layers)   # every child of a ModuleList/Sequential
     mark_checkpointable(model.block)            # one module
@@ -21,7 +21,7 @@ core (the scores, the masked softmax, the attention dropout and the product with
 checkpoint, so the `as^2b` tensors are not kept (Korthikanti et al.'s selective
 recomputation; with the sdpa kernel, only its output and log-sum-exp are recomputed). A
 transformers model does the same through its attention function
-(`workbench.train.attention.set_hf_selective`).
+(`workbench.train.techniques.attention.set_hf_selective`).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def core_recomputable_modules(model: nn.Module) -> list[nn.Module]:
 def selective_supported(model: nn.Module) -> bool:
     """Whether `activation_checkpointing="selective"` has an attention core to recompute:
     the built-in GPT's attention, or a transformers model's attention function."""
-    from workbench.train.attention import hf_selective_supported
+    from workbench.train.techniques.attention import hf_selective_supported
 
     return bool(core_recomputable_modules(model)) or hf_selective_supported(model)
 
@@ -109,7 +109,7 @@ def core_modules(model: nn.Module) -> list[nn.Module]:
     GPT's attention, a transformers model's attention modules): each reads its
     `core_inputs_observer` (called with what the checkpoint keeps) and `core_context_fn`
     (the checkpoint's context_fn) while it recomputes."""
-    from workbench.train.attention import hf_attention_modules
+    from workbench.train.techniques.attention import hf_attention_modules
 
     return core_recomputable_modules(model) or hf_attention_modules(model)
 
@@ -122,7 +122,7 @@ def set_activation_checkpointing(model: nn.Module, mode: bool | str) -> int:
     mode = "full" if mode is True else "none" if mode is False else str(mode)
     if mode not in ("none", "selective", "full"):
         raise ValueError(f"mode={shown(mode)}: must be none, selective or full (or True / False)")
-    from workbench.train.attention import set_hf_selective
+    from workbench.train.techniques.attention import set_hf_selective
 
     cores = core_recomputable_modules(model)
     for module in cores:

@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from workbench.problems import SettingProblem
-from workbench.train.dry_run_problems import DryRunError
+from workbench.train.dry_run.problems import DryRunError
 
 
 def _run(payload: bytes) -> bytes:
@@ -40,7 +40,7 @@ def _run(payload: bytes) -> bytes:
 def simulate_in_child(model: Any, config: Any, **kwargs: Any) -> Any:
     """`simulate_memory(model, config, **kwargs)` in a spawned child (module docstring);
     raises `DryRunError` naming what cannot cross, or the child's problems."""
-    from workbench.train.dry_run_fake import meta_twin
+    from workbench.train.dry_run.fake import meta_twin
 
     if isinstance(model, nn.Module):
         model = meta_twin(model)

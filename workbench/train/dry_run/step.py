@@ -33,7 +33,7 @@ from torch import nn
 
 from workbench.estimate import PHASES
 from workbench.train.batches import forward_and_loss
-from workbench.train.dry_run_result import ModulePeak
+from workbench.train.dry_run.result import ModulePeak
 
 #: The tracker's kinds (MemTracker's and FSDPMemTracker's names) -> the dry run's categories.
 KINDS: dict[str, str] = {
@@ -297,7 +297,7 @@ def _torch_parts(
 
 def _deepspeed_parts(engine: Any, device_type: str) -> tuple[Backward, OptimizerStep]:
     """DeepSpeed's engine's backward and step, as the Session's backend calls them."""
-    from workbench.train.dry_run_deepspeed import gradient_tensors
+    from workbench.train.dry_run.deepspeed import gradient_tensors
 
     def backward(loss: torch.Tensor, last: bool) -> None:
         engine.set_gradient_accumulation_boundary(last)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from workbench.inputs import is_int, shown
-from workbench.train.checkpoint_files import CHECKPOINT_FORMAT, is_count
+from workbench.train.checkpointing.files import CHECKPOINT_FORMAT, is_count
 
 #: Plain settings (config values, model options) nest at most this deep and hold at most
 #: this many items in all: a TrainConfig and a model's options are a flat dict of scalars.

@@ -3,7 +3,7 @@
 Started by `torchrun` or DeepSpeed's launcher (see `workbench.train.launch`), never by
 hand; every rank runs the same command:
 
-    python -m workbench.train.rank_worker --config CONFIG.json --model tiny-gpt \
+    python -m workbench.train.launch.rank_worker --config CONFIG.json --model tiny-gpt \
         --steps 20 --events-dir RUN_DIR [--checkpoint-dir DIR] [--resume-dir DIR \
         --resume-step N]
 
@@ -51,7 +51,7 @@ from typing import Any
 from workbench.inputs import parse_json, read_json, shown
 from workbench.models.spec import build_from_spec
 from workbench.modelstats import count_parameters
-from workbench.train.memory import step_counter_bytes
+from workbench.train.measure.memory import step_counter_bytes
 
 EXIT_ERROR = 1
 TRACEBACK_TAIL_CHARS = 4000
@@ -102,7 +102,7 @@ def _agree_to_stop(flag: bool, device: Any) -> bool:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workbench.train.rank_worker")
+    p = argparse.ArgumentParser(prog="python -m workbench.train.launch.rank_worker")
     p.add_argument("--config", required=True, help="TrainConfig JSON file (or JSON text)")
     p.add_argument("--model", default="tiny-gpt")
     p.add_argument("--model-options", default="{}", help="JSON object")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.train.launch_result import RankError
+from workbench.train.launch.result import RankError
 from workbench.train.records import StepRecord
 
 POLL_SECONDS = 0.05

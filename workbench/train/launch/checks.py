@@ -24,7 +24,7 @@ from workbench.config import Device, Precision, TrainConfig, runtime_problems
 from workbench.engines import engine_problems
 from workbench.inputs import InputFileError, is_bool, is_int, read_json, shown
 from workbench.problems import SettingProblem, listing
-from workbench.train.launch_commands import LAUNCHERS
+from workbench.train.launch.commands import LAUNCHERS
 
 #: Local ranks one launch starts (per node): more processes than one machine runs.
 MAX_RANKS = 1024

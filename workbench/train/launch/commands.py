@@ -1,5 +1,5 @@
 """The commands and environment that start a launch's ranks: torchrun's or DeepSpeed's
-per-node launcher running `python -m workbench.train.rank_worker` with its arguments, the
+per-node launcher running `python -m workbench.train.launch.rank_worker` with its arguments, the
 multi-node variants printed for the user, and the environment the ranks inherit.
 """
 
@@ -14,10 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.train.toolchain import child_path
+from workbench.train.launch.toolchain import child_path
 
 LAUNCHERS = ("torchrun", "deepspeed")
-WORKER_MODULE = "workbench.train.rank_worker"
+WORKER_MODULE = "workbench.train.launch.rank_worker"
 _DIST_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",

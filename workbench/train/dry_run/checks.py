@@ -24,7 +24,7 @@ from workbench.config import (
 )
 from workbench.engines import engine_for, engine_problems
 from workbench.problems import SettingProblem
-from workbench.train.dry_run_fsdp import group_problem
+from workbench.train.dry_run.fsdp import group_problem
 
 #: The optimizer implementations a dry run steps with ("foreach": torch's default on CUDA).
 OPTIMIZER_IMPLS = ("foreach", "for-loop", "fused")

@@ -15,8 +15,8 @@ from typing import Any
 from workbench.config import Engine, TrainConfig
 from workbench.engines import engine_for
 from workbench.estimate.activations import attention_terms
-from workbench.train.attention import estimator_attention
-from workbench.train.dry_run_fake import FakeBatch, FakeModel
+from workbench.train.dry_run.fake import FakeBatch, FakeModel
+from workbench.train.techniques.attention import estimator_attention
 
 
 def formula_attention(fm: FakeModel) -> tuple[str | None, str | None]:
@@ -49,7 +49,7 @@ def formula_of(
     deepspeed = engine_for(config, world_size) is Engine.DEEPSPEED
     lora_params = None
     if int(config.lora_rank) > 0:  # the adapters the dry run puts on the fake copy
-        from workbench.train.lora import adapter_parameter_count, holds_lora
+        from workbench.train.techniques.lora import adapter_parameter_count, holds_lora
 
         lora_params = adapter_parameter_count(fm.module, config)
     kwargs = estimator_inputs(config, world_size, lora_params=lora_params)

@@ -2,7 +2,7 @@
 to the estimator's figures, the first failure, and where the checkpoints went.
 
 `workbench.train.launch.launch_ranks` builds a `LaunchResult` from what the ranks
-reported (`workbench.train.launch_procs.LaunchState`).
+reported (`workbench.train.launch.procs.LaunchState`).
 """
 
 from __future__ import annotations

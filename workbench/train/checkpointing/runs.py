@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from workbench.inputs import shown
-from workbench.train.checkpoint_files import (
+from workbench.train.checkpointing.files import (
     MANIFEST_KIND,
     MAX_MANIFEST_BYTES,
     RUN_ID,

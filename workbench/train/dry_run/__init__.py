@@ -66,10 +66,9 @@ from workbench.display import fmt_bytes
 from workbench.engines import engine_for
 from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.problems import SettingProblem
-from workbench.train.attention import attention_problem, set_attention
 from workbench.train.backends.optimizer import build_optimizers
-from workbench.train.dry_run_checks import OPTIMIZER_IMPLS, check_arguments
-from workbench.train.dry_run_deepspeed import (
+from workbench.train.dry_run.checks import OPTIMIZER_IMPLS, check_arguments
+from workbench.train.dry_run.deepspeed import (
     DeepSpeedKinds,
     base_optimizer,
     build_engine,
@@ -78,7 +77,7 @@ from workbench.train.dry_run_deepspeed import (
     master_tensors,
     parameter_tensors,
 )
-from workbench.train.dry_run_fake import (
+from workbench.train.dry_run.fake import (
     FakeBatch,
     FakeModel,
     GpuKernels,
@@ -89,20 +88,21 @@ from workbench.train.dry_run_fake import (
     fake_batch,
     fake_model,
 )
-from workbench.train.dry_run_formula import formula_attention, formula_of
-from workbench.train.dry_run_fsdp import (
+from workbench.train.dry_run.formula import formula_attention, formula_of
+from workbench.train.dry_run.fsdp import (
     fake_process_group,
     make_mesh,
     mixed_precision,
     shard,
 )
-from workbench.train.dry_run_problems import DryRunError
-from workbench.train.dry_run_result import POINTS, DryRun
-from workbench.train.dry_run_step import StepPlan, measure, phase_tracker, run_steps
-from workbench.train.lora import fake_adapters, holds_lora, resolve_targets
-from workbench.train.offload import ActivationOffload
-from workbench.train.precision import PURE_DTYPES, build_precision, cast_floating_inputs
-from workbench.train.recompute import (
+from workbench.train.dry_run.problems import DryRunError
+from workbench.train.dry_run.result import POINTS, DryRun
+from workbench.train.dry_run.step import StepPlan, measure, phase_tracker, run_steps
+from workbench.train.techniques.attention import attention_problem, set_attention
+from workbench.train.techniques.lora import fake_adapters, holds_lora, resolve_targets
+from workbench.train.techniques.offload import ActivationOffload
+from workbench.train.techniques.precision import PURE_DTYPES, build_precision, cast_floating_inputs
+from workbench.train.techniques.recompute import (
     checkpointable_modules,
     core_modules,
     mark_checkpointable,
@@ -216,7 +216,7 @@ def simulate_memory(
                     "activation_checkpointing",
                     recompute,
                     "the model has no blocks to checkpoint; mark them with "
-                    "workbench.train.recompute.mark_checkpointable(model, [names])",
+                    "workbench.train.techniques.recompute.mark_checkpointable(model, [names])",
                 )
             ]
         )
@@ -333,13 +333,13 @@ def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
     note = (
         f"blocks (FSDP units, checkpointed blocks): {len(found)} x {', '.join(kinds)}, from "
         f"{source} (no block was marked; mark yours with "
-        "workbench.train.recompute.mark_checkpointable)"
+        "workbench.train.techniques.recompute.mark_checkpointable)"
     )
     return found, note
 
 
 def _checkpoint(module: nn.Module, mode: str, *, gpu_kernels: bool) -> None:
-    """The Session's rule (`workbench.train.recompute`): "full": each marked block,
+    """The Session's rule (`workbench.train.techniques.recompute`): "full": each marked block,
     outermost first, runs under `torch.utils.checkpoint.checkpoint(...,
     use_reentrant=False)`; "selective": each attention that offers it recomputes its core.
     On a CPU simulation the recomputation also runs the GPU's kernels (a function mode is

@@ -5,11 +5,11 @@
                           on_record=print)
     result.ranks[1].optimizer_bytes, result.ranks[1].predicted["optimizer_bytes"]
 
-Each rank is `python -m workbench.train.rank_worker` (a workbench `Session`), started by
+Each rank is `python -m workbench.train.launch.rank_worker` (a workbench `Session`), started by
 `torchrun` (`python -m torch.distributed.run --standalone`) or by DeepSpeed's per-node
 launcher (`python -m deepspeed.launcher.launch`); gloo on CPU, NCCL on GPUs (DeepSpeed
 picks). Ranks append JSON lines to `<run dir>/rank-<r>.jsonl`, which this process tails
-(see `workbench.train.rank_worker` for the line types).
+(see `workbench.train.launch.rank_worker` for the line types).
 
 Failures: the first error line from any rank (rank, message, traceback tail), a launcher
 that exits with an error, a callback that raises or `timeout` seconds passing ends the
@@ -49,7 +49,7 @@ from typing import Any
 from workbench.config import FsdpMode, TrainConfig
 from workbench.inputs import shown
 from workbench.problems import SettingProblem
-from workbench.train.launch_checks import (
+from workbench.train.launch.checks import (
     MAX_RANKS,
     MAX_STEPS,
     MAX_THREADS,
@@ -69,7 +69,7 @@ from workbench.train.launch_checks import (
     uses_cuda,
     validate_launch,
 )
-from workbench.train.launch_commands import (
+from workbench.train.launch.commands import (
     LAUNCHERS,
     WORKER_MODULE,
     child_env,
@@ -78,7 +78,7 @@ from workbench.train.launch_commands import (
     print_commands,
     worker_args,
 )
-from workbench.train.launch_procs import (
+from workbench.train.launch.procs import (
     ERROR_GRACE_SECONDS,
     KILL_GRACE_SECONDS,
     LAUNCHER_LOGS,
@@ -93,7 +93,7 @@ from workbench.train.launch_procs import (
     read_log_tail,
     terminate_tree,
 )
-from workbench.train.launch_result import EXIT_PREEMPTED, LaunchResult, RankError, RankReport
+from workbench.train.launch.result import EXIT_PREEMPTED, LaunchResult, RankError, RankReport
 from workbench.train.records import StepRecord
 
 __all__ = [

@@ -1,0 +1,4 @@
+"""What a setting switches on the model or the step: precision policies (`precision`),
+LoRA/QLoRA adapters (`lora`), activation recomputation (`recompute`) and offload
+(`offload`), the attention kernel (`attention`), and the tensor- and pipeline-parallel
+plans of a module (`tensor_plan`, `pipeline_plan`)."""
