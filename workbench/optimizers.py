@@ -62,6 +62,9 @@ class OptimizerRow:
     fused_only: bool = False
     #: DeepSpeed runs a fused kernel of it (its "auto" implementation there)
     deepspeed_fused: bool = True
+    #: the implementation torch builds when not told ("foreach": torch's default on a GPU
+    #: for most optimizers; "for-loop" where its class has no foreach default)
+    default_impl: str = "foreach"
     #: an unfused step's temporaries without and with weight decay (None: none)
     step_temporaries: Temporaries | None = None
     decay_temporaries: Temporaries | None = None
