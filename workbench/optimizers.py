@@ -262,6 +262,41 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         ),
         aliases=("paged-adamw8bit", "paged_adamw8bit"),
     ),
+    OptimizerRow(
+        name="adafactor",
+        member="ADAFACTOR",
+        family=None,  # no moments an engine switch carries
+        state_bytes_per_param=4,  # a 1-dim parameter's `variance`; matrices far less
+        state_keys=("row_var", "col_var", "variance"),
+        state_layout="factored",
+        deepspeed_fused=False,
+        default_impl="for-loop",  # its class has no foreach default: None is the loop
+        # the for-loop (torch's default for it): row_var @ col_var, a parameter-sized
+        # estimate, while the previous parameter's is still bound
+        step_temporaries=Temporaries(1, 1, 1),
+        decay_temporaries=Temporaries(1, 1, 1),  # decay scales the parameter in place
+        factory="torch.optim:Adafactor",
+        factory_kwargs=_LR_WD,
+        lightning_hint="torch.optim.Adafactor in configure_optimizers",
+        engines=("plain",),
+        engines_reason=(
+            "torch's Adafactor (torch.optim.Adafactor) trains in the plain loop: the "
+            "sharded DTensor parameters of FSDP2 and tensor parallelism fail its in-place "
+            "statistics (aten.pow_ on a partial norm), DeepSpeed has no Adafactor, and the "
+            "pipeline engine is left out until a run checks it; the estimator counts its "
+            "factored states for every engine"
+        ),
+        export_reason=(
+            "the exported jobs build AdamW, Adam, SGD or 8-bit AdamW (DeepSpeed has no "
+            "Adafactor, and FSDP2's shards fail its step); a Session trains torch's "
+            "Adafactor in the plain loop"
+        ),
+        dry_run_reason=(
+            "torch's Adafactor reads each parameter's norm with .item() every step, which "
+            "fake tensors cannot give; the formula counts its factored states "
+            "(workbench.predict_memory), and a Session measures them"
+        ),
+    ),
     # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
     OptimizerRow(
         name="lamb",
