@@ -50,3 +50,22 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
             seen.add(key)
         total += p.numel()
     return total
+
+
+def parameter_shapes(module: torch.nn.Module) -> tuple[tuple[int, ...], ...]:
+    """The shapes of `module`'s trainable parameters, in its order, each shared (tied)
+    weight once as `count_parameters` counts it (an FSDP DTensor's global shape)."""
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"module={type(module).__name__}: must be a torch.nn.Module")
+    seen: set[Any] = set()
+    shapes: list[tuple[int, ...]] = []
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        if p.device.type != "meta" and p.numel() > 0 and not hasattr(p, "_local_tensor"):
+            key = (p.device, p.untyped_storage().data_ptr(), p.storage_offset(), tuple(p.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+        shapes.append(tuple(int(d) for d in p.shape))
+    return tuple(shapes)

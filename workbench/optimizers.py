@@ -14,7 +14,11 @@ Pure: imports nothing (no torch, nothing of the package), so the leaves can read
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+#: How an optimizer's states are laid out (`OptimizerRow.state_layout`).
+STATE_LAYOUTS = ("elementwise", "factored")
 
 #: The engines a Session trains with (`workbench.choices.Engine` values).
 ALL_ENGINES = ("plain", "deepspeed", "fsdp", "tensor-parallel", "pipeline")
@@ -41,10 +45,15 @@ class OptimizerRow:
     #: the state layout a switch between engines carries: "adam" (two moments), "sgd" (a
     #: momentum buffer), None (no state the engines carry over)
     family: str | None
-    #: fp32 optimizer-state bytes per parameter, without any master copy
+    #: fp32 optimizer-state bytes per parameter, without any master copy (a "factored"
+    #: layout: a 1-dim parameter's, the bound the estimator counts without shapes)
     state_bytes_per_param: int
     #: its state tensors, as torch names them
     state_keys: tuple[str, ...] = ()
+    #: "elementwise" (each state the size of its parameter) or "factored" (a parameter of
+    #: 2+ dims keeps a row and a column statistic, shape[:-1] and shape[:-2] + shape[-1:],
+    #: a 1-dim one a full state: `factored_state_elements`)
+    state_layout: str = "elementwise"
     #: 8-bit states: they stay 8-bit under pure bf16
     eight_bit: bool = False
     #: a 1-bit optimizer: error-feedback buffers beyond its states, no ZeRO
@@ -53,6 +62,9 @@ class OptimizerRow:
     fused_only: bool = False
     #: DeepSpeed runs a fused kernel of it (its "auto" implementation there)
     deepspeed_fused: bool = True
+    #: the implementation torch builds when not told ("foreach": torch's default on a GPU
+    #: for most optimizers; "for-loop" where its class has no foreach default)
+    default_impl: str = "foreach"
     #: an unfused step's temporaries without and with weight decay (None: none)
     step_temporaries: Temporaries | None = None
     decay_temporaries: Temporaries | None = None
@@ -250,6 +262,41 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         ),
         aliases=("paged-adamw8bit", "paged_adamw8bit"),
     ),
+    OptimizerRow(
+        name="adafactor",
+        member="ADAFACTOR",
+        family=None,  # no moments an engine switch carries
+        state_bytes_per_param=4,  # a 1-dim parameter's `variance`; matrices far less
+        state_keys=("row_var", "col_var", "variance"),
+        state_layout="factored",
+        deepspeed_fused=False,
+        default_impl="for-loop",  # its class has no foreach default: None is the loop
+        # the for-loop (torch's default for it): row_var @ col_var, a parameter-sized
+        # estimate, while the previous parameter's is still bound
+        step_temporaries=Temporaries(1, 1, 1),
+        decay_temporaries=Temporaries(1, 1, 1),  # decay scales the parameter in place
+        factory="torch.optim:Adafactor",
+        factory_kwargs=_LR_WD,
+        lightning_hint="torch.optim.Adafactor in configure_optimizers",
+        engines=("plain",),
+        engines_reason=(
+            "torch's Adafactor (torch.optim.Adafactor) trains in the plain loop: the "
+            "sharded DTensor parameters of FSDP2 and tensor parallelism fail its in-place "
+            "statistics (aten.pow_ on a partial norm), DeepSpeed has no Adafactor, and the "
+            "pipeline engine is left out until a run checks it; the estimator counts its "
+            "factored states for every engine"
+        ),
+        export_reason=(
+            "the exported jobs build AdamW, Adam, SGD or 8-bit AdamW (DeepSpeed has no "
+            "Adafactor, and FSDP2's shards fail its step); a Session trains torch's "
+            "Adafactor in the plain loop"
+        ),
+        dry_run_reason=(
+            "torch's Adafactor reads each parameter's norm with .item() every step, which "
+            "fake tensors cannot give; the formula counts its factored states "
+            "(workbench.predict_memory), and a Session measures them"
+        ),
+    ),
     # DeepSpeed's optimizers (docs/estimator.md names the source of each figure):
     OptimizerRow(
         name="lamb",
@@ -351,6 +398,28 @@ FAMILY_STATE_KEYS: dict[str | None, tuple[str, ...]] = {
 }
 
 
+def factored_state_elements(shapes: Iterable[Sequence[int]], shards: int = 1) -> int:
+    """State elements a "factored" optimizer keeps for parameters of `shapes`, each split
+    over `shards` ranks along its first dimension (FSDP2's layout): a row statistic of
+    shape[:-1] and a column statistic of shape[:-2] + shape[-1:] for 2+ dims (each rank
+    keeps the whole column statistic of its rows), the parameter's size for 1 dim."""
+    total = 0
+    for shape in shapes:
+        dims = [int(d) for d in shape]
+        if not dims:
+            total += 1
+            continue
+        dims[0] = -(-dims[0] // shards)
+        if len(dims) == 1:
+            total += dims[0]
+            continue
+        outer = 1
+        for d in dims[:-2]:
+            outer *= d
+        total += outer * dims[-2] + outer * dims[-1]
+    return total
+
+
 def row(name: object) -> OptimizerRow:
     """The row of `name` (an `OptimizerName` or its value, or an alias); KeyError if none."""
     key = str(getattr(name, "value", name))
@@ -368,6 +437,8 @@ __all__ = [
     "PAGED_ENGINES",
     "ROWS",
     "OptimizerRow",
+    "STATE_LAYOUTS",
     "Temporaries",
+    "factored_state_elements",
     "row",
 ]

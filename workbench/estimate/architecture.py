@@ -492,3 +492,45 @@ def _moe_problems(fields: dict[str, Any], v: dict[str, Any]) -> list[Problem]:
         message = f"must not exceed `experts`={experts}"
         p.append(Problem("experts_per_token", fields["experts_per_token"], message))
     return p
+
+
+def parameter_shapes(arch: Architecture) -> tuple[tuple[int, ...], ...]:
+    """The parameter tensors' shapes of `arch` (torch's (out, in) for a linear layer), a
+    tied output projection once: the token embedding and a learned position table; per
+    layer two norms, the attention's Q, K and V projections (one fused (q + 2g, h) matrix
+    where every linear layer has a bias and positions are learned, GPT-2's layout; three
+    matrices otherwise, Llama's), its output projection, the MLP's matrices (each
+    expert's, a shared expert's and the router's for a mixture of experts) and their
+    biases; the final norm and an untied output projection. The count of these shapes is
+    `arch.n_params`; a factored optimizer's states follow them."""
+    h, q, g = arch.hidden, arch.q_dim, arch.kv_dim
+    norm: list[tuple[int, ...]] = [(h,), (h,)] if arch.norm == _LAYERNORM else [(h,)]
+    all_biases = arch.bias == _BIAS_ALL
+    qkv_bias = all_biases or arch.bias == _BIAS_QKV
+
+    def mlp(inner: int) -> list[tuple[int, ...]]:
+        first = [(inner, h)] * (2 if arch.mlp == _SWIGLU else 1)
+        shapes: list[tuple[int, ...]] = [*first, (h, inner)]
+        if all_biases:
+            shapes += [(inner,)] * len(first) + [(h,)]
+        return shapes
+
+    if all_biases and arch.positions != _ROTARY:
+        attention: list[tuple[int, ...]] = [(q + 2 * g, h), (q + 2 * g,)]
+    else:
+        attention = [(q, h), (g, h), (g, h)] + ([(q,), (g,), (g,)] if qkv_bias else [])
+    attention += [(h, q)] + ([(h,)] if all_biases else [])
+    if arch.experts is None:
+        block = mlp(arch.ffn_hidden)
+    else:
+        block = mlp(arch.moe_ffn_hidden or arch.ffn_hidden) * arch.experts
+        block += mlp(arch.shared_ffn_hidden) if arch.shared_ffn_hidden else []
+        block += [(arch.experts, h)] + ([(arch.experts,)] if all_biases else [])
+    layer = [*norm, *attention, *norm, *block]
+    shapes: list[tuple[int, ...]] = [(arch.vocab, h)]
+    if arch.max_positions:
+        shapes.append((arch.max_positions, h))
+    shapes += layer * arch.layers + norm
+    if not arch.tied_embeddings:
+        shapes.append((arch.vocab, h))
+    return tuple(shapes)

@@ -40,6 +40,8 @@ def _states_of(i: EstimateInputs, n_params: int) -> ModelStates:
         i.offload_optimizer,
         i.offload_params,
         fsdp=i.fsdp,
+        # the model's shapes for the whole model's states (a LoRA's adapters have others)
+        parameter_shapes=i.parameter_shapes if n_params == i.shard_params else None,
     )
     return model_state_bytes(query, i.accounting)
 

@@ -53,8 +53,10 @@ from workbench.estimate.model_states import (
     ModelStateQuery,
     ModelStates,
     error_feedback_bytes,
+    optimizer_state_bytes,
 )
 from workbench.inputs import shown
+from workbench.optimizers import row
 
 #: DeepSpeed's `nccl_start_alignment_factor`: ZeRO 1/2 flat buffers are padded to a
 #: multiple of this times the data-parallel size (elements).
@@ -125,6 +127,9 @@ def deepspeed_layout(q: ModelStateQuery) -> DeepSpeedLayout:
     if q.offload_optimizer:
         opt_per += CPU_OPTIMIZER_EXTRA_BYTES.get(OptimizerName(q.optimizer), 0)
     optim = opt_per * part + error_feedback_bytes(q.optimizer, part, gpus)
+    if row(q.optimizer).state_layout == "factored":  # its statistics, not k per parameter
+        factored = optimizer_state_bytes(q, part, gpus if q.zero_stage >= 1 else 1)
+        optim += factored - k * part
     cpu = 0
     if q.offload_optimizer:
         cpu += grads + optim

@@ -4,6 +4,9 @@ allocating it.
 The only part of `workbench.estimate` that touches torch, and only when called: the
 import is inside `module_facts`, so `import workbench.estimate` stays torch-free.
 
+Its trainable parameters' shapes come with the count (`ModelFacts.parameter_shapes`: a
+factored optimizer's states follow them).
+
 * an `nn.Module` instance is counted as it is (`workbench.count_parameters`: shared
   weights once; a module already on the `meta` device costs no memory);
 * a class or zero-argument factory (`lambda: MyModel(cfg)`,
@@ -41,7 +44,7 @@ def module_facts(model: Any) -> ModelFacts:
     except ImportError:
         problem = Problem("model", model, "a module needs torch installed (pip install torch)")
         return ModelFacts(None, type(model).__name__, {}, None, None, [problem])
-    from workbench.modelstats import count_parameters
+    from workbench.modelstats import count_parameters, parameter_shapes
 
     module: Any = model
     if not isinstance(model, torch.nn.Module):
@@ -58,6 +61,7 @@ def module_facts(model: Any) -> ModelFacts:
         if not isinstance(module, torch.nn.Module):
             return ModelFacts(None, _name(model), {}, None, None, [_not_a_model(model)])
     n = count_parameters(module)
+    shapes = parameter_shapes(module)
     fields: dict[str, Any] = {}
     # without a config, a module with experts does not say how many a token uses: None
     active = active_from_experts(n, routed_expert_params(module), {})
@@ -71,7 +75,7 @@ def module_facts(model: Any) -> ModelFacts:
         except Exception as exc:  # a config that cannot describe itself: count only
             msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             note = f"activations not estimated: its config could not be read ({msg})"
-    return ModelFacts(n, type(module).__name__, fields, active, note, [])
+    return ModelFacts(n, type(module).__name__, fields, active, note, [], shapes)
 
 
 def _name(obj: Any) -> str:

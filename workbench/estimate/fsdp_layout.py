@@ -32,7 +32,7 @@ from workbench.estimate.model_states import (
     ModelStateQuery,
     ModelStates,
     error_feedback_bytes,
-    state_bytes,
+    optimizer_state_bytes,
 )
 
 FP32 = 4
@@ -44,9 +44,8 @@ def model_states(q: ModelStateQuery) -> ModelStates:
     width = 2 if q.precision is Precision.BF16_TRUE else FP32  # the dtype the model is built in
     params = width * held
     grads = width * held
-    optim = state_bytes(q.precision, q.optimizer) * held + error_feedback_bytes(
-        q.optimizer, held, q.gpus
-    )
+    shards = 1 if q.fsdp == "no_shard" else q.gpus
+    optim = optimizer_state_bytes(q, held, shards) + error_feedback_bytes(q.optimizer, held, q.gpus)
     if q.offload_params:
         return ModelStates(0, 0, 0, params + grads + optim)
     return ModelStates(params, grads, optim, 0)

@@ -103,7 +103,8 @@ class ModelFacts(NamedTuple):
     exact), `name` the class built, `fields` the `Architecture` fields ({} without a
     shape), `active_params` the parameters one token uses (a mixture of experts; the
     count for a dense model; None where not known), `activation_note` why there is no
-    shape, `problems` what is wrong (then the rest is empty)."""
+    shape, `problems` what is wrong (then the rest is empty), `parameter_shapes` a
+    module's trainable parameters' shapes (None where not read)."""
 
     counted: int | None
     name: str | None
@@ -111,6 +112,7 @@ class ModelFacts(NamedTuple):
     active_params: int | None
     activation_note: str | None
     problems: list[Problem]
+    parameter_shapes: tuple[tuple[int, ...], ...] | None = None
 
     def architecture(self) -> Architecture | None:
         """The shape as an `Architecture` (None without one, or when its fields do not

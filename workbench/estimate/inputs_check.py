@@ -17,13 +17,14 @@ every problem; the arithmetic lives in its own modules.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from workbench.config import OptimizerName, Precision
 from workbench.estimate.activations import Attention, Checkpointing
-from workbench.estimate.architecture import Architecture, build_architecture
+from workbench.estimate.architecture import Architecture, build_architecture, parameter_shapes
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
@@ -132,6 +133,10 @@ class EstimateInputs:
     # its activations are not estimated when it gives no shape
     active_params: int | None = None
     activation_note: str | None = None
+    # the trained parameters' shapes (a module's, or its shape's: `parameter_shapes_of`);
+    # None where they do not describe `shard_params` (a factored optimizer's states
+    # follow them; without them its bound is counted)
+    parameter_shapes: tuple[tuple[int, ...], ...] | None = None
 
 
 # ---------------------------------------------------------------- readers
@@ -170,6 +175,20 @@ def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------- the model
+def parameter_shapes_of(
+    counted: tuple[tuple[int, ...], ...] | None, arch: Architecture | None, params: int
+) -> tuple[tuple[int, ...], ...] | None:
+    """The shapes of the `params` parameters one GPU holds before ZeRO: a module's own
+    (`counted`), else its shape's (`architecture.parameter_shapes`), when they count
+    `params` (so never under tensor or pipeline parallelism); None otherwise."""
+    shapes = (
+        counted if counted is not None else (parameter_shapes(arch) if arch is not None else None)
+    )
+    if shapes is None or sum(math.prod(s) for s in shapes) != params:
+        return None
+    return shapes
+
+
 class _Source(NamedTuple):
     """Where the model's shape comes from: a preset's or an `Architecture` (`base`), or the
     fields of a config or module (`fields`), and a module's (or a built config's)
@@ -185,6 +204,7 @@ class _Source(NamedTuple):
     active_params: int | None = None
     activation_note: str | None = None
     training: Mapping[str, Any] | None = None  # `hf_shape.training_facts`: dropout, attention
+    shapes: tuple[tuple[int, ...], ...] | None = None  # a module's parameters' shapes
 
 
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
@@ -248,6 +268,7 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
         active_params=facts.active_params,
         activation_note=facts.activation_note,
         training=_training(model, hf_config) if not facts.problems else {},
+        shapes=facts.parameter_shapes,
     )
 
 
@@ -597,6 +618,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         weight_decay=decay,
         optimizer_in_backward=bool(in_backward),
         activation_offload=bool(act_offload),
+        parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
         document_mask=bool(doc_mask),
         lora=lora,
         deepspeed=ds,

@@ -11,6 +11,11 @@ An *accounting* is one function `ModelStateQuery -> ModelStates`. This module im
     bf16-true (pure bf16)     2       2     the states above in bf16 (adam/adamw 4), no
                                             master copy (Lightning's "bf16-true")
 
+A factored optimizer (Adafactor: its row's `state_layout`) keeps, for a parameter of 2+
+dimensions, a row statistic (shape[:-1]) and a column statistic (shape[:-2] + shape[-1:])
+in fp32, and a full one for a 1-dim parameter (`optimizer_state_bytes`, from the query's
+`parameter_shapes`); without shapes its 4 bytes per parameter are counted, a bound.
+
 `adam8bit` stores two 1-byte states per parameter (bitsandbytes-style; its small
 per-block quantisation constants are ignored). DeepSpeed's Lamb, Lion, Adagrad and the
 1-bit optimizers (1-bit Adam, 0/1 Adam, 1-bit Lamb, which also keep fp32 error-feedback
@@ -45,7 +50,7 @@ from dataclasses import dataclass
 
 from workbench.config import OptimizerName, Precision
 from workbench.inputs import shown
-from workbench.optimizers import OPTIMIZERS
+from workbench.optimizers import OPTIMIZERS, factored_state_elements, row
 
 # name -> "module:function". The function takes a ModelStateQuery, returns ModelStates.
 ACCOUNTINGS: dict[str, str] = {
@@ -111,6 +116,9 @@ class ModelStateQuery:
     offload_optimizer: bool
     offload_params: bool
     fsdp: str = "off"  # an FSDP_MODES value; "off" means ZeRO (`zero_stage`) or nothing
+    #: the trained parameters' shapes (a factored optimizer's states follow them; None:
+    #: not known, its 1-dim bound per parameter is counted)
+    parameter_shapes: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,19 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
     )
 
 
+def optimizer_state_bytes(q: ModelStateQuery, held: int, shards: int) -> int:
+    """The optimizer's state bytes (no master copy) for `held` parameters on one GPU, the
+    model split over `shards` ranks: `state_bytes` per parameter for an elementwise layout;
+    for a factored one (its row's `state_layout`) the row and column statistics of
+    `q.parameter_shapes`, each split along its first dimension (`factored_state_elements`),
+    or, without shapes, the 1-dim bound `state_bytes` x `held`."""
+    per = state_bytes(q.precision, q.optimizer)
+    if row(q.optimizer).state_layout != "factored" or q.parameter_shapes is None:
+        return per * held
+    width = 2 if q.precision is Precision.BF16_TRUE else 4
+    return width * factored_state_elements(q.parameter_shapes, shards)
+
+
 def _shard(n_params: int, gpus: int) -> int:
     return -(-n_params // gpus)  # ceil division: never under-count
 
@@ -165,8 +186,8 @@ def paper_model_states(q: ModelStateQuery) -> ModelStates:
     params = weights * (shard if q.zero_stage >= 3 else full)
     grads = grads_per * (shard if q.zero_stage >= 2 else full)
     held = shard if q.zero_stage >= 1 else full  # parameters whose optimizer state it holds
-    optim_per = master + state_bytes(q.precision, q.optimizer)
-    optim = optim_per * held + error_feedback_bytes(q.optimizer, held, q.gpus)
+    states = optimizer_state_bytes(q, held, q.gpus if q.zero_stage >= 1 else 1)
+    optim = master * held + states + error_feedback_bytes(q.optimizer, held, q.gpus)
     cpu = 0
     if q.offload_optimizer:
         cpu += grads + optim

@@ -65,7 +65,13 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   DeepSpeed builds for its optimizers) allocate none; nor does SGD without weight decay,
   nor an optimizer offloaded to the CPU. Every case is measured on this CPU in
   tests/integration/test_peak_terms.py. `optimizer_impl="auto"` takes what the engine
-  builds: DeepSpeed's fused kernel under DeepSpeed, torch's foreach otherwise.
+  builds: DeepSpeed's fused kernel under DeepSpeed, torch's default otherwise (foreach;
+  the for-loop for an optimizer whose row's `default_impl` says so, torch's Adafactor).
+  A factored optimizer (Adafactor) holds, in its for-loop, the estimate `row_var @ col_var`
+  the size of the parameter it steps and the previous parameter's still bound (its row's
+  temporaries 1, 1, 1), and the row and column means of a parameter plus vectors its loop
+  still binds (`factored_means`: twice the largest parameter's statistics, a bound; its
+  foreach step is the row's one copy, exact); the statistics themselves are states.
 * **DDP gradient buckets**: `DistributedDataParallel` copies every gradient into flat
   buckets it allocates at construction (the gradients' size, W·Ψ with W the gradient
   bytes), for the whole run, unless `gradient_as_bucket_view=True` (`bucket_view`), where
@@ -132,7 +138,7 @@ from workbench.estimate.activations import ActivationBreakdown, Attention, Check
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import adapter_activation_bytes, dequantized_bytes
 from workbench.estimate.model_states import ModelStates
-from workbench.optimizers import OPTIMIZERS, row
+from workbench.optimizers import OPTIMIZERS, factored_state_elements, row
 
 #: Optimizers only DeepSpeed (or bitsandbytes, torchao) provides: always a fused kernel.
 _FUSED_ONLY = frozenset(OptimizerName(r.name) for r in OPTIMIZERS if r.fused_only)
@@ -205,7 +211,8 @@ def grad_bytes(precision: Precision) -> int:
 def resolve_impl(i: EstimateInputs, engine: str) -> str:
     """The optimizer implementation counted: `optimizer_impl`, or for "auto" the engine's
     ("fused" for DeepSpeed and for the optimizers that exist only as fused kernels, "cpu"
-    under optimizer offload, torch's "foreach" otherwise)."""
+    under optimizer offload, torch's own default otherwise: "foreach", or the for-loop where
+    the optimizer's row says so, as for Adafactor)."""
     if i.offload_optimizer or (engine == "fsdp" and i.offload_params):
         return "cpu"
     if i.optimizer in _FUSED_ONLY:
@@ -214,7 +221,7 @@ def resolve_impl(i: EstimateInputs, engine: str) -> str:
         return i.optimizer_impl
     if engine == "deepspeed" and row(i.optimizer).deepspeed_fused:
         return "fused"
-    return "foreach"
+    return row(i.optimizer).default_impl  # torch's own default: foreach, or its for-loop
 
 
 def _stepped_params(i: EstimateInputs, engine: str) -> int:
@@ -272,7 +279,18 @@ def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
     if not sizes:  # no shape: the largest parameter may be the whole model
         return width * stepped * current
     share = stepped / i.shard_params if i.shard_params else 1.0  # sharded: each its share
-    return width * min(copies * stepped, int(_loop_peak(sizes, previous, current) * share))
+    loop = width * min(copies * stepped, int(_loop_peak(sizes, previous, current) * share))
+    return loop + factored_means(i, width)
+
+
+def factored_means(i: EstimateInputs, width: int) -> int:
+    """A factored optimizer's for-loop (`state_layout` "factored") also holds the row and
+    column means of the parameter it steps and vectors the loop's variables still bind from
+    earlier ones: at most twice the largest parameter's statistics (0 for other layouts or
+    without the shapes)."""
+    if row(i.optimizer).state_layout != "factored" or not i.parameter_shapes:
+        return 0
+    return 2 * width * max(factored_state_elements([s]) for s in i.parameter_shapes)
 
 
 def _in_backward_terms(i: EstimateInputs, impl: str, grads: int, temps: int) -> tuple[int, int]:
