@@ -145,7 +145,7 @@ def test_stepped_inside_backward_it_trains_the_same_losses() -> None:
 
 def test_a_dry_run_refuses_it_by_name() -> None:
     from workbench import simulate_memory
-    from workbench.train.dry_run_problems import DryRunError
+    from workbench.train.dry_run.problems import DryRunError
 
     with pytest.raises(DryRunError, match=r"optimizer='adafactor': .*fake tensors cannot"):
         simulate_memory("tiny-gpt", _config())
