@@ -301,6 +301,7 @@ def simulate_memory(
         batch=fb.text,
         wall_seconds=time.perf_counter() - started,
         notes=tuple(notes),
+        trace=measured.trace,
     )
 
 

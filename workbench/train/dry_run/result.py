@@ -9,10 +9,11 @@ sentences). Pure: imports the display helpers only.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
+from workbench.estimate.allocator import AllocEvent, AllocTrace
 
 #: The formula's points of a step, in order (`workbench.estimate.PHASES`).
 POINTS = ("forward end", "backward", "optimizer step")
@@ -234,6 +235,7 @@ class DryRun(Readable):
     batch: str
     wall_seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    trace: AllocTrace | None = None
 
     @property
     def required_bytes(self) -> int:
@@ -245,8 +247,11 @@ class DryRun(Readable):
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the formula as its own dict)."""
-        out = asdict(self)
+        """A JSON-ready dict (the formula as its own dict; the trace as its number of
+        events, `trace_events`: `trace.to_dict()` gives the events)."""
+        out = asdict(replace(self, trace=None))
+        del out["trace"]
+        out["trace_events"] = len(self.trace.events) if self.trace is not None else 0
         out["formula"] = self.formula.to_dict() if self.formula is not None else None
         return out
 
@@ -354,4 +359,13 @@ class DryRun(Readable):
         )
 
 
-__all__ = ["EXPLAINED", "POINTS", "Comparison", "DryRun", "DryRunComparison", "ModulePeak"]
+__all__ = [
+    "EXPLAINED",
+    "POINTS",
+    "AllocEvent",
+    "AllocTrace",
+    "Comparison",
+    "DryRun",
+    "DryRunComparison",
+    "ModulePeak",
+]

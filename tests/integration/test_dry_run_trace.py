@@ -1,0 +1,77 @@
+"""The dry run's allocation trace (`DryRun.trace`): the ordered allocations and frees of
+the steps, with the step, phase, module, category and operator of each, and what the
+allocator model makes of it."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from workbench import TrainConfig
+from workbench.estimate.allocator import ALL_GATHER_STREAM, AllocEvent, AllocTrace
+from workbench.train.dry_run import simulate_memory
+
+TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32}
+
+
+@pytest.fixture(scope="module")
+def plain() -> object:
+    config = TrainConfig(micro_batch=4)
+    return simulate_memory("tiny-gpt", config, model_options=TINY, progress=False)
+
+
+def test_the_trace_replays_to_the_measured_peak(plain: object) -> None:
+    trace = plain.trace  # type: ignore[attr-defined]
+    assert isinstance(trace, AllocTrace)
+    assert all(isinstance(e, AllocEvent) for e in trace.events)
+    rounding = 512 if trace.device == "cuda" else 1
+    # the highest moment of the measured steps is the trace's allocated peak
+    assert trace.allocated_peak_bytes(rounding) == plain.peak_bytes  # type: ignore[attr-defined]
+
+
+def test_every_free_follows_its_allocation_with_the_same_bytes(plain: object) -> None:
+    live: dict[int, int] = {}
+    for e in plain.trace.events:  # type: ignore[attr-defined]
+        assert e.kind in ("alloc", "free")
+        if e.kind == "alloc":
+            assert e.block not in live and e.nbytes > 0
+            live[e.block] = e.nbytes
+        else:
+            assert live.pop(e.block) == e.nbytes
+    # what stays: the parameters, the optimizer states, buffers and the batch
+    kept = {e.category for e in plain.trace.events if e.block in live}  # type: ignore[attr-defined]
+    assert kept <= {"parameters", "optimizer states", "buffers", "other"}
+
+
+def test_events_name_their_step_phase_module_and_operator(plain: object) -> None:
+    events = plain.trace.events  # type: ignore[attr-defined]
+    phases = collections.Counter((e.step, e.phase) for e in events)
+    assert phases[(-1, "setup")] > 0
+    for step in (0, 1):
+        for phase in ("forward", "backward", "optimizer step"):
+            assert phases[(step, phase)] > 0, (step, phase)
+    setup = [e for e in events if e.phase == "setup"]
+    assert {e.category for e in setup} >= {"parameters"}
+    assert all(e.op is None for e in setup)
+    forward = [e for e in events if e.kind == "alloc" and e.phase == "forward"]
+    assert any(e.module and ".blocks.1." in e.module for e in forward)
+    assert any(e.op == "aten.mm.default" or (e.op or "").startswith("aten.") for e in forward)
+    cats = {e.category for e in events}
+    assert {"gradients", "activations", "optimizer states"} <= cats
+    # Adam's moments are made in the first step and stay; its temporaries are freed
+    states = [e for e in events if e.category == "optimizer states"]
+    assert states and all(e.kind == "alloc" and e.step == 0 for e in states)
+
+
+def test_the_trace_leaves_the_json_small(plain: object) -> None:
+    out = plain.to_dict()  # type: ignore[attr-defined]
+    assert "trace" not in out
+    assert out["trace_events"] == len(plain.trace.events)  # type: ignore[attr-defined]
+
+
+def test_fsdp_all_gathers_are_filed_on_their_own_stream() -> None:
+    config = TrainConfig(micro_batch=2, fsdp="full_shard")
+    run = simulate_memory("tiny-gpt", config, model_options=TINY, world_size=2, progress=False)
+    streams = {e.stream for e in run.trace.events if e.category == "gathered parameters"}
+    assert streams == {ALL_GATHER_STREAM}
