@@ -9,8 +9,14 @@ import collections
 import pytest
 
 from workbench import TrainConfig
-from workbench.estimate.allocator import ALL_GATHER_STREAM, AllocEvent, AllocTrace
-from workbench.train.dry_run import simulate_memory
+from workbench.estimate.allocator import (
+    ALL_GATHER_STREAM,
+    AllocatorReplay,
+    AllocEvent,
+    AllocTrace,
+    replay,
+)
+from workbench.train.dry_run import DryRunError, simulate_memory
 
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32}
 
@@ -75,3 +81,52 @@ def test_fsdp_all_gathers_are_filed_on_their_own_stream() -> None:
     run = simulate_memory("tiny-gpt", config, model_options=TINY, world_size=2, progress=False)
     streams = {e.stream for e in run.trace.events if e.category == "gathered parameters"}
     assert streams == {ALL_GATHER_STREAM}
+
+
+def test_the_dry_run_carries_the_allocators_reserved_peak(plain: object) -> None:
+    run = plain
+    replayed = run.allocator  # type: ignore[attr-defined]
+    assert isinstance(replayed, AllocatorReplay)
+    assert run.reserved_peak_bytes == replayed.reserved_peak_bytes  # type: ignore[attr-defined]
+    # the reserve holds at least what is allocated, and segments come in 2 MiB multiples
+    assert run.reserved_peak_bytes >= run.allocated_peak_bytes >= run.peak_bytes  # type: ignore[attr-defined]
+    assert run.reserved_peak_bytes % (2 * 1024 * 1024) == 0  # type: ignore[attr-defined]
+    assert run.fragmentation_bytes == (  # type: ignore[attr-defined]
+        replayed.reserved_peak_bytes - replayed.allocated_at_reserved_peak_bytes
+    )
+    # the same trace replayed again gives the same figures
+    assert replay(run.trace).reserved_peak_bytes == run.reserved_peak_bytes  # type: ignore[attr-defined]
+    text = str(run)
+    assert "allocated peak (" in text and "reserved peak (" in text
+    compared = str(run.compare())  # type: ignore[attr-defined]
+    assert "allocated peak (" in compared and "reserved peak (" in compared
+    out = plain.to_dict()  # type: ignore[attr-defined]
+    assert out["reserved_peak_bytes"] == run.reserved_peak_bytes  # type: ignore[attr-defined]
+    assert "reserved_bytes" not in out["allocator"]
+
+
+def test_alloc_conf_is_replayed_and_a_bad_one_named() -> None:
+    config = TrainConfig(micro_batch=4)
+    grown = simulate_memory(
+        "tiny-gpt",
+        config,
+        model_options=TINY,
+        progress=False,
+        alloc_conf="expandable_segments:True",
+    )
+    assert grown.allocator is not None
+    assert grown.allocator.settings == "expandable_segments:True"
+    for bad, key in (
+        ("max_split_size_mb:5", "max_split_size_mb"),
+        ("expandable:True", "expandable"),
+        ("garbage_collection_threshold:2", "garbage_collection_threshold"),
+    ):
+        with pytest.raises(DryRunError, match=f"alloc_conf.*{key}") as info:
+            simulate_memory("tiny-gpt", config, model_options=TINY, alloc_conf=bad)
+        assert info.value.problems[0].field == "alloc_conf"
+
+
+def test_the_environments_alloc_conf_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:3")
+    with pytest.raises(DryRunError, match="max_split_size_mb"):
+        simulate_memory("tiny-gpt", TrainConfig(micro_batch=4), model_options=TINY)
