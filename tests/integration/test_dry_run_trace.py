@@ -130,3 +130,42 @@ def test_the_environments_alloc_conf_is_read(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:3")
     with pytest.raises(DryRunError, match="max_split_size_mb"):
         simulate_memory("tiny-gpt", TrainConfig(micro_batch=4), model_options=TINY)
+
+
+@pytest.mark.gpu
+def test_the_allocator_model_meets_max_memory_reserved_on_a_gpu() -> None:
+    """Two real fp32 AdamW steps of an MLP on CUDA beside the dry run's replayed reserve
+    (cuBLAS's workspace, which goes through the allocator too, is not in the trace)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+
+    x, y = torch.randn(256, 1024), torch.randn(256, 1024)
+    run = simulate_memory(
+        build,
+        TrainConfig(micro_batch=256),
+        batch=(x, y),
+        loss_fn=F.mse_loss,
+        device="cuda",
+        progress=False,
+    )
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model = build().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    xc, yc = x.cuda(), y.cuda()
+    for _ in range(2):
+        loss = F.mse_loss(model(xc), yc)
+        loss.backward()
+        del loss
+        torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_reserved()
+    assert run.reserved_peak_bytes is not None
+    assert abs(run.reserved_peak_bytes / measured - 1) <= 0.15, (run.reserved_peak_bytes, measured)
