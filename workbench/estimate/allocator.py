@@ -58,8 +58,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.estimate.allocator_conf import (
-    _POW2_INTERVALS,
-    _POW2_START_LOG,
     IGNORED_KEYS,
     K_MIN_BLOCK_SIZE,
     K_MIN_LARGE_ALLOC,
@@ -68,6 +66,8 @@ from workbench.estimate.allocator_conf import (
     K_SMALL_SIZE,
     MIB,
     MODELLED_KEYS,
+    POW2_INTERVALS,
+    POW2_START_LOG,
     AllocatorConfigError,
     AllocatorSettings,
     parse_alloc_conf,
@@ -265,8 +265,8 @@ class CachingAllocator:
         return _round_up(size, K_MIN_BLOCK_SIZE)
 
     def _divisions(self, size: int) -> int:
-        index = max(0, size.bit_length() - 1 - _POW2_START_LOG)
-        return self.settings.roundup_power2_divisions[min(index, _POW2_INTERVALS - 1)]
+        index = max(0, size.bit_length() - 1 - POW2_START_LOG)
+        return self.settings.roundup_power2_divisions[min(index, POW2_INTERVALS - 1)]
 
     def allocation_size(self, size: int) -> int:
         """get_allocation_size: a new segment's bytes for a rounded request."""

@@ -25,8 +25,8 @@ K_MIN_LARGE_ALLOC = 10 * MIB
 K_ROUND_LARGE = 2 * MIB
 K_LARGE_BUFFER = 20 * MIB
 #: roundup_power2_divisions' intervals: 1 MiB to 64 GiB, one per power of two
-_POW2_START_LOG = 20
-_POW2_INTERVALS = 16
+POW2_START_LOG = 20
+POW2_INTERVALS = 16
 
 
 # ---------------------------------------------------------------------- the settings
@@ -77,7 +77,7 @@ class AllocatorSettings:
     max_split_size_bytes: int | None = None
     max_non_split_rounding_bytes: int = K_LARGE_BUFFER
     garbage_collection_threshold: float = 0.0
-    roundup_power2_divisions: tuple[int, ...] = (0,) * _POW2_INTERVALS
+    roundup_power2_divisions: tuple[int, ...] = (0,) * POW2_INTERVALS
     expandable_segments: bool = False
     large_segment_bytes: int = K_LARGE_BUFFER
     memory_fraction: float | None = None
@@ -190,10 +190,10 @@ def parse_alloc_conf(text: str | None) -> AllocatorSettings:
 
 def _parse_divisions(toks: list[str], i: int, fields: dict[str, Any]) -> int:
     key = "roundup_power2_divisions"
-    divisions = [0] * _POW2_INTERVALS
+    divisions = [0] * POW2_INTERVALS
     if toks[i] != "[":
         value = _divisions(key, toks[i])
-        fields[key] = tuple([value] * _POW2_INTERVALS)
+        fields[key] = tuple([value] * POW2_INTERVALS)
         return i + 1
     i += 1
     last: int | None = None  # the last interval set (parseRoundUpPower2Divisions)
@@ -207,13 +207,13 @@ def _parse_divisions(toks: list[str], i: int, fields: dict[str, Any]) -> int:
         value = _divisions(key, toks[i + 2])
         if bound == ">":  # every interval after the last one named
             start = 0 if last is None else last + 1
-            for j in range(start, _POW2_INTERVALS):
+            for j in range(start, POW2_INTERVALS):
                 divisions[j] = value
         else:
             mb = _number(key, bound, int, "a power-of-two size in MiB, 1 to 65536, or '>'")
             if mb < 1 or mb & (mb - 1) or mb > 65536:
                 raise AllocatorConfigError(key, bound, "a power-of-two size in MiB, 1 to 65536")
-            index = min(mb.bit_length() - 1, _POW2_INTERVALS - 1)
+            index = min(mb.bit_length() - 1, POW2_INTERVALS - 1)
             if last is None:  # the first entry also covers the intervals below it
                 for j in range(index):
                     divisions[j] = value
