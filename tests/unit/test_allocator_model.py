@@ -324,3 +324,11 @@ def test_a_setting_the_model_does_not_know_names_its_key(conf: str, key: str, wo
     assert info.value.key == key and words in str(info.value)
     with pytest.raises(AllocatorConfigError):
         replay(_trace(("alloc", 0, 512)), conf)
+
+
+def test_fragmentation_is_taken_at_the_fullest_moment_of_the_highest_reserve() -> None:
+    # the 2 MiB segment is reserved by the first 512 bytes; it is fullest after the second
+    trace = _trace(("alloc", 0, 512), ("alloc", 1, 1 * MIB), ("free", 1, 1 * MIB))
+    r = replay(trace)
+    assert r.reserved_peak_bytes == 2 * MIB and r.peak_event == 1
+    assert r.fragmentation_bytes == 2 * MIB - (1 * MIB + 512)

@@ -607,7 +607,8 @@ class AllocatorReplay:
     `reserved_peak_bytes`: the most the allocator held (torch.cuda.max_memory_reserved);
     `allocated_peak_bytes`: the most its blocks in use held (max_memory_allocated: the
     512-byte rounding and the unsplit rests included); `allocated_at_reserved_peak_bytes`
-    the blocks in use when the reserve first reached its peak (event `peak_event`);
+    the most the blocks in use held while the reserve stood at its peak (event
+    `peak_event`: the fullest moment of the highest reserve);
     `fragmentation_bytes` = reserved peak - allocated then, `fragmentation_share` its share
     of the reserved peak. `reserved_bytes` and `allocated_bytes`: after each event.
     `out_of_memory_event`: the event that found no memory within `capacity_bytes` (None:
@@ -668,7 +669,9 @@ def replay(
                 model.free(b)
         reserved.append(model.reserved_bytes)
         allocated.append(model.allocated_bytes)
-        if model.reserved_bytes > peak:
+        if model.reserved_bytes > peak or (
+            model.reserved_bytes == peak and model.allocated_bytes > at_peak
+        ):  # the fullest moment of the highest reserve
             peak, at_peak, peak_event = model.reserved_bytes, model.allocated_bytes, n
             segments = model.segments
     peak = max(peak, 0)
