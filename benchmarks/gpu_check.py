@@ -45,8 +45,10 @@ is estimated to take on one H200 (a section's limit is twice its estimate):
    predicted, and the compile time reported apart from the step time.
 10. peak (~45 s): the estimator's peak of a step next to `torch.cuda.max_memory_allocated()`
    over one steady optimizer step of a 100M-parameter `transformers` Llama (fp32,
-   amp-bf16, bf16-true x sdpa, eager; within 15%), and the dry run's peak when
-   `workbench.simulate_memory` is there (within 10%).
+   amp-bf16, bf16-true x sdpa, eager; within 15%), the dry run's peak when
+   `workbench.simulate_memory` is there (within 10%), and the caching allocator model's
+   reserved peak of the dry run's trace next to `torch.cuda.max_memory_reserved()` over
+   the same two steps (within 15%; the figures and the advised setting in the JSON).
 11. syncs (~4 s) and 12. anchors (~5 s), in `gpu_syncs.py`: host-device syncs per optimizer
    step counted (at most one in fp32, amp-bf16, bf16-true, none added by clipping), and
    the Session beside a plain loop and accelerate (`benchmarks/anchors.py --device cuda`
@@ -1266,6 +1268,9 @@ def peak_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                     torch.cuda.reset_peak_memory_stats(device)
                 _llama_step(model, opt, ids, autocast)
                 measured = torch.cuda.max_memory_allocated(device) if cuda else None
+                # segments are cached from the first step on (nothing empties the cache
+                # until the setup is done): the reserved peak of both steps
+                reserved = torch.cuda.max_memory_reserved(device) if cuda else None
                 e = estimate_memory(
                     model=model,
                     seq_len=seq,
@@ -1277,6 +1282,7 @@ def peak_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                 )
                 row: dict[str, Any] = {
                     "measured_max_allocated": measured,
+                    "measured_max_reserved": reserved,
                     "formula_peak": e.peak_bytes,
                     "formula_phase": e.peak.phase,
                     "formula_terms": e.peak_terms,
@@ -1289,6 +1295,13 @@ def peak_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                         batch={"input_ids": ids.cpu(), "labels": ids.cpu()},
                     )
                     row["dry_run_peak"] = dry.peak_bytes
+                    if getattr(dry, "reserved_peak_bytes", None) is not None:
+                        # the allocator model's replay of the dry run's allocations
+                        row["dry_run_reserved_peak"] = dry.reserved_peak_bytes
+                        row["dry_run_allocated_peak"] = dry.allocated_peak_bytes
+                        row["dry_run_fragmentation"] = dry.fragmentation_bytes
+                        advice = dry.allocator_advice
+                        row["dry_run_allocator_advice"] = str(advice) if advice else None
                 out[name] = row
                 del model, opt, ids
                 if cuda:
@@ -1303,6 +1316,19 @@ def peak_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                         abs(ratio - 1) <= 0.15,
                         f"{ratio:.3f}",
                     )
+                    if reserved and "dry_run_reserved_peak" in row:
+                        reserved_ratio = row["dry_run_reserved_peak"] / reserved
+                        row["dry_run_reserved_over_measured"] = reserved_ratio
+                        print(
+                            f"  {name}: allocator model / max_memory_reserved = {reserved_ratio:.3f}"
+                        )
+                        check(
+                            "peak",
+                            f"{name}: the allocator model's reserved peak within 15% of "
+                            "max_memory_reserved (cuBLAS's workspace is not in the trace)",
+                            abs(reserved_ratio - 1) <= 0.15,
+                            f"{reserved_ratio:.3f} ({row['dry_run_reserved_peak']} vs {reserved})",
+                        )
                     if "dry_run_peak" in row:
                         dry_ratio = row["dry_run_peak"] / measured
                         row["dry_run_over_measured"] = dry_ratio

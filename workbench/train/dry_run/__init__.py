@@ -21,8 +21,11 @@ DeepSpeed's setups (ZeRO 1-3, its fp16/bf16, and several ranks without FSDP, whi
 Session trains through DeepSpeed's ZeRO-0 data parallelism: `workbench.engines.engine_for`)
 run DeepSpeed's own engine on the fake tensors (`dry_run_deepspeed`): its flat buffers,
 partitions, reduce buckets and ZeRO-3 gathering are measured, not assumed. What it cannot
-represent is said: the CUDA context, the caching allocator's reserve and fragmentation
-(the formula's `overhead_bytes`, on its own line, in neither peak). Offload and
+represent is said: the CUDA context (within the formula's `overhead_bytes`, on its own
+line, in neither peak). The caching allocator is modelled: the steps' allocations and
+frees (`DryRun.trace`) are replayed through `workbench.estimate.allocator` under
+`PYTORCH_CUDA_ALLOC_CONF` for the reserved peak (`reserved_peak_bytes`), its
+fragmentation and the setting that would lower it (`allocator_advice`). Offload and
 DeepSpeed-only optimizers are refused (their kernels are DeepSpeed's C++/CUDA code, which
 fake tensors cannot run; the formula counts them). `torch.compile` is not simulated (the
 steps run eagerly; a note says so).
@@ -46,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -64,6 +68,14 @@ from workbench.config import (
 )
 from workbench.display import fmt_bytes
 from workbench.engines import engine_for
+from workbench.estimate.allocator import (
+    AllocatorConfigError,
+    AllocatorSettings,
+    AllocTrace,
+    best_setting,
+    parse_alloc_conf,
+    replay,
+)
 from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.problems import SettingProblem
 from workbench.train.backends.optimizer import build_optimizers
@@ -143,6 +155,7 @@ def simulate_memory(
     model_options: Mapping[str, Any] | None = None,
     optimizer_impl: str = "foreach",
     device: str = "auto",
+    alloc_conf: str | None = None,
 ) -> DryRun:
     """The measured peak of training `model` with `config` on `world_size` ranks, per rank,
     from `steps` real steps on fake tensors (see the module docstring).
@@ -161,7 +174,10 @@ def simulate_memory(
     "for-loop" or "fused". `device`: "auto" (CUDA where torch has it, else the CPU; a
     DeepSpeed setup always the CPU, with DeepSpeed's CPU accelerator: the path verified),
     "cuda" or "cpu". `progress(phase, step, steps)` is called as each part of each step
-    begins; None shows a line on a terminal's stderr, False nothing.
+    begins; None shows a line on a terminal's stderr, False nothing. `alloc_conf`: the
+    `PYTORCH_CUDA_ALLOC_CONF` the steps' allocations are replayed under
+    (`workbench.estimate.allocator`; None: the environment's PYTORCH_CUDA_ALLOC_CONF, else
+    PYTORCH_ALLOC_CONF, as torch reads them).
 
     Raises `DryRunError` (a ValueError) naming every bad argument, or the model's or
     the batch's failure (see the module docstring).
@@ -170,8 +186,12 @@ def simulate_memory(
     config, sim_device, problems = check_arguments(
         config, world_size, steps, optimizer_impl, seq_len, device, progress, loss_fn
     )
+    settings = _allocator_settings(alloc_conf)
+    if isinstance(settings, SettingProblem):
+        problems = [*problems, settings]
     if problems:
         raise DryRunError(problems)
+    assert isinstance(settings, AllocatorSettings)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -269,6 +289,7 @@ def simulate_memory(
     points = {p: dict(measured.points[p]) for p in POINTS}
     phases = {p: sum(points[p].values()) for p in POINTS}
     phase = max(POINTS, key=lambda p: phases[p])
+    allocator, advice = _allocator(measured.trace, settings)
     return DryRun(
         peak_bytes=phases[phase],
         phase=phase,
@@ -301,7 +322,34 @@ def simulate_memory(
         batch=fb.text,
         wall_seconds=time.perf_counter() - started,
         notes=tuple(notes),
+        trace=measured.trace,
+        reserved_peak_bytes=allocator.reserved_peak_bytes if allocator is not None else None,
+        fragmentation_bytes=allocator.fragmentation_bytes if allocator is not None else None,
+        allocator=allocator,
+        allocator_advice=advice,
     )
+
+
+def _allocator_settings(alloc_conf: str | None) -> AllocatorSettings | SettingProblem:
+    """The allocator settings of `alloc_conf` (None: the environment's, as torch reads
+    them), or the problem naming the key torch's allocator or the model does not take."""
+    if alloc_conf is None:
+        alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
+            "PYTORCH_ALLOC_CONF"
+        )
+    try:
+        return parse_alloc_conf(alloc_conf)
+    except AllocatorConfigError as exc:
+        return SettingProblem("alloc_conf", alloc_conf, str(exc))
+
+
+def _allocator(trace: AllocTrace | None, settings: AllocatorSettings) -> tuple[Any, Any]:
+    """The trace replayed through the caching allocator model under `settings`, and the
+    setting that would lower its reserved peak most (None: none does)."""
+    if trace is None:
+        return None, None
+    replayed = replay(trace, settings)
+    return replayed, best_setting(trace, settings.text, baseline=replayed)
 
 
 # ---------------------------------------------------------------------- the model's parts
@@ -599,8 +647,10 @@ def _notes(
         )
     overhead = fmt_bytes(formula.overhead_bytes) if formula is not None else "about 1 GiB"
     notes.append(
-        f"not simulated: the CUDA context, the allocator's reserve and fragmentation (the "
-        f"formula's {overhead}, on its own line)"
+        "reserved peak: the steps' allocations and frees replayed through a model of "
+        "PyTorch's CUDA caching allocator (workbench.estimate.allocator); not simulated: "
+        f"the CUDA context (within the formula's {overhead} of context and reserve, on "
+        "its own line)"
     )
     if _engine(config, world_size) == "deepspeed":
         stage = int(config.zero_stage)

@@ -9,10 +9,16 @@ sentences). Pure: imports the display helpers only.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
+from workbench.estimate.allocator import (
+    AllocatorAdvice,
+    AllocatorReplay,
+    AllocEvent,
+    AllocTrace,
+)
 
 #: The formula's points of a step, in order (`workbench.estimate.PHASES`).
 POINTS = ("forward end", "backward", "optimizer step")
@@ -150,9 +156,15 @@ class DryRunComparison(Readable):
 
     rows: tuple[Comparison, ...]
     title: str
+    #: (name, dry run bytes, formula's peak) of the allocated and reserved peaks
+    peaks: tuple[tuple[str, int | None, int | None], ...] = ()
 
     def _display(self) -> Display:
         rows = [
+            (name, fmt_bytes(ours), fmt_bytes(theirs), _signed(_minus(ours, theirs)))
+            for name, ours, theirs in self.peaks
+        ]
+        rows += [
             (
                 f"{r.point}: {r.category}",
                 fmt_bytes(r.dry_run_bytes),
@@ -169,6 +181,10 @@ class DryRunComparison(Readable):
         return Display(
             self.title, rows, header=("", "dry run", "formula", "difference"), notes=notes
         )
+
+
+def _minus(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a - b
 
 
 def _signed(n: int | None) -> str:
@@ -234,6 +250,21 @@ class DryRun(Readable):
     batch: str
     wall_seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    trace: AllocTrace | None = None
+    reserved_peak_bytes: int | None = None
+    fragmentation_bytes: int | None = None
+    allocator: AllocatorReplay | None = None
+    allocator_advice: AllocatorAdvice | None = None
+
+    @property
+    def allocated_peak_bytes(self) -> int | None:
+        """The allocator's allocated peak (torch.cuda.max_memory_allocated: each block as
+        the allocator rounds and splits it); None without a replay."""
+        return self.allocator.allocated_peak_bytes if self.allocator is not None else None
+
+    @property
+    def fragmentation_share(self) -> float | None:
+        return self.allocator.fragmentation_share if self.allocator is not None else None
 
     @property
     def required_bytes(self) -> int:
@@ -245,8 +276,12 @@ class DryRun(Readable):
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the formula as its own dict)."""
-        out = asdict(self)
+        """A JSON-ready dict (the formula as its own dict; the trace as its number of
+        events, `trace_events`: `trace.to_dict()` gives the events)."""
+        out = asdict(replace(self, trace=None, allocator=None))
+        del out["trace"]
+        out["trace_events"] = len(self.trace.events) if self.trace is not None else 0
+        out["allocator"] = self.allocator.to_dict() if self.allocator is not None else None
         out["formula"] = self.formula.to_dict() if self.formula is not None else None
         return out
 
@@ -269,7 +304,49 @@ class DryRun(Readable):
                 Comparison(point, "total", self.phases.get(point, 0), total_form, "the point's sum")
             )
         title = f"dry run vs formula per point of the step: {self._setup()}"
-        return DryRunComparison(tuple(rows), title)
+        f_peak = self.formula.peak_bytes if self.formula is not None else None
+        # the formula's peak counts allocations: beside the allocated peak only
+        peaks = tuple(
+            (name, value, f_peak if n == 0 else None)
+            for n, (name, value) in enumerate(self.peak_lines())
+        )
+        return DryRunComparison(tuple(rows), title, peaks)
+
+    def peak_lines(self) -> tuple[tuple[str, int | None], ...]:
+        """The allocated peak and the reserved peak, named, for the report and compare()."""
+        if self.allocator is None:
+            return ()
+        return (
+            ("allocated peak (blocks in use, the allocator's rounding)", self.allocated_peak_bytes),
+            ("reserved peak (segments the caching allocator holds)", self.reserved_peak_bytes),
+        )
+
+    def _allocator_rows(self, formula_peak: int | None, cell: Any) -> list[tuple[str, ...]]:
+        if self.allocator is None:
+            return []
+        rows: list[tuple[str, ...]] = [
+            (name, cell(value), "", "") for name, value in self.peak_lines()
+        ]
+        share = self.fragmentation_share or 0.0
+        rows.append(
+            (
+                "  fragmentation at the reserved peak",
+                f"{cell(self.fragmentation_bytes)} ({share:.0%})",
+                "",
+                "",
+            )
+        )
+        if self.allocator_advice is not None:
+            a = self.allocator_advice
+            rows.append(
+                (
+                    f"  with {a.setting}",
+                    cell(a.reserved_peak_bytes),
+                    "",
+                    "-" + fmt_bytes(a.saves_bytes),
+                )
+            )
+        return rows
 
     def _formula_points(self) -> dict[str, dict[str, int]]:
         peak = getattr(self.formula, "peak", None)
@@ -306,6 +383,7 @@ class DryRun(Readable):
                 diff(self.peak_bytes, f_peak),
             )
         ]
+        rows += self._allocator_rows(f_peak, cell)
         for r in self.compare().rows:
             if r.point == self.phase and r.category != "total":
                 rows.append(
@@ -354,4 +432,15 @@ class DryRun(Readable):
         )
 
 
-__all__ = ["EXPLAINED", "POINTS", "Comparison", "DryRun", "DryRunComparison", "ModulePeak"]
+__all__ = [
+    "EXPLAINED",
+    "POINTS",
+    "AllocEvent",
+    "AllocTrace",
+    "AllocatorAdvice",
+    "AllocatorReplay",
+    "Comparison",
+    "DryRun",
+    "DryRunComparison",
+    "ModulePeak",
+]

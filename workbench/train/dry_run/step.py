@@ -32,6 +32,13 @@ import torch
 from torch import nn
 
 from workbench.estimate import PHASES
+from workbench.estimate.allocator import (
+    ALL_GATHER_STREAM,
+    COMPUTE_STREAM,
+    REDUCE_SCATTER_STREAM,
+    AllocEvent,
+    AllocTrace,
+)
 from workbench.train.batches import forward_and_loss
 from workbench.train.dry_run.result import ModulePeak
 
@@ -78,6 +85,13 @@ CATEGORIES = (
     "DeepSpeed other buffers",
 )
 
+#: The tracker's kinds whose storages FSDP2 makes on its own streams.
+_STREAMS = {
+    "All Gather": ALL_GATHER_STREAM,
+    "Unsharded Param": ALL_GATHER_STREAM,
+    "Reduce Scatter": REDUCE_SCATTER_STREAM,
+}
+
 _PEAK_FORWARD = frozenset({"Peak-Forward", "Peak Forward"})
 _PEAK_BACKWARD = frozenset({"Peak-Backward", "Peak Backward"})
 
@@ -94,6 +108,88 @@ class _NoHook:
 _NO_HOOK = _NoHook()
 
 
+class TraceRecorder:
+    """The ordered allocations and frees the tracker sees on one device type, for
+    `AllocTrace`: each storage's bytes when it is made, freed or resized (FSDP2 frees and
+    refills its unsharded parameters by `resize_`: a free and an allocation), with the
+    step and phase (`at`), the innermost module running and the operator. A storage's
+    category is the last kind the tracker filed it under (gradients are made as backward
+    temporaries and refiled by the gradient hooks); an optimizer storage freed within the
+    steps is an "optimizer step temporaries" one."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.step = -1
+        self.phase = "setup"
+        self.op: str | None = None
+        # kind, nbytes, block, step, phase, module, op
+        self._rows: list[tuple[str, int, int, int, str, str | None, str | None]] = []
+        self._kinds: dict[int, str] = {}  # block -> the tracker's last kind
+        self._freed: set[int] = set()
+        self._live: dict[int, int] = {}  # id(winfo) -> its block now
+        self._next = 0
+        self._sizes: dict[int, int] = {}  # block -> its bytes
+
+    def at(self, step: int, phase: str) -> None:
+        self.step, self.phase = step, phase
+
+    def note(self, update: str, winfo: Any, old_bytes: int | None, module: str | None) -> None:
+        """One of the tracker's updates ("ADD", "DEL", "REF", "SIZE") of `winfo`."""
+        if winfo.device.type != self.device_type:
+            return
+        kind = str(getattr(winfo.reftype, "value", winfo.reftype))
+        key = id(winfo)
+        if update == "REF":
+            block = self._live.get(key)
+            if block is not None:
+                self._kinds[block] = kind
+            return
+        if update in ("DEL", "SIZE"):
+            block = self._live.pop(key, None)
+            if block is not None:
+                self._row("free", self._bytes_of(block), block, module)
+                self._freed.add(block)
+        if update in ("ADD", "SIZE"):
+            nbytes = int(winfo.size) * int(winfo.element_size)
+            if nbytes > 0:
+                block = self._next
+                self._next += 1
+                self._live[key] = block
+                self._kinds[block] = kind
+                self._sizes[block] = nbytes
+                self._row("alloc", nbytes, block, module)
+
+    def _bytes_of(self, block: int) -> int:
+        return self._sizes[block]
+
+    def _row(self, kind: str, nbytes: int, block: int, module: str | None) -> None:
+        self._rows.append((kind, nbytes, block, self.step, self.phase, module, self.op))
+
+    def trace(self) -> AllocTrace:
+        def category(block: int) -> str:
+            kind = self._kinds.get(block, "Other")
+            name = KINDS.get(kind, "other")
+            if name == "optimizer states" and block in self._freed:
+                return "optimizer step temporaries"
+            return name
+
+        events = tuple(
+            AllocEvent(
+                kind=kind,
+                nbytes=nbytes,
+                block=block,
+                stream=_STREAMS.get(self._kinds.get(block, ""), COMPUTE_STREAM),
+                step=step,
+                phase=phase,
+                module=module,
+                category=category(block),
+                op=op,
+            )
+            for kind, nbytes, block, step, phase, module, op in self._rows
+        )
+        return AllocTrace(events, self.device_type)
+
+
 def phase_tracker(base: type, device_type: str) -> type:
     """`base` (MemTracker or FSDPMemTracker) that also keeps the highest total of each
     phase (`phase`, None while not measuring) with its kinds, on `device_type`."""
@@ -105,6 +201,37 @@ def phase_tracker(base: type, device_type: str) -> type:
             self.phase_peaks: dict[str, dict[str, int]] = {}
             #: refiles a new highest moment's kinds in place (DeepSpeed's buffers)
             self.reclassify: Callable[[dict[str, int]], None] | None = None
+            #: the allocations and frees in order (`alloc_trace()`)
+            self.recorder = TraceRecorder(device_type)
+
+        def _update_snap(
+            self,
+            u_type: Any,
+            winfo: Any,
+            old_mem_consumed: int | None = None,
+            old_reftype: Any = None,
+        ) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            update = str(getattr(u_type, "name", u_type))
+            module = _innermost(self._mod_tracker.parents) if update != "REF" else None
+            self.recorder.note(update, winfo, old_mem_consumed, module)
+
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
+            self.recorder.op = str(func)
+            try:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self.recorder.op = None
+
+        def alloc_trace(self) -> AllocTrace:
+            """The allocations and frees seen so far (`AllocTrace`)."""
+            return self.recorder.trace()
 
         def _track_module_params_and_buffers(
             self, module: nn.Module, install_grad_hooks: bool = True
@@ -173,6 +300,15 @@ def phase_tracker(base: type, device_type: str) -> type:
                 self.phase_peaks[phase] = now
 
     return PhaseTracker
+
+
+def _innermost(parents: Any) -> str | None:
+    """The innermost of the modules running (the memory tracker's qualified names; the
+    most deeply nested one), None outside every module."""
+    names = [p for p in parents if p != "Global"]
+    if not names:
+        return None
+    return max(names, key=lambda n: (n.count("."), len(n)))
 
 
 @dataclass(frozen=True)
@@ -246,21 +382,30 @@ def run_steps(
             if step or micro:
                 tracker.reset_mod_stats()  # the trackers follow one forward at a time
             on_phase("forward")
+            _at(tracker, step, "forward")
             tracker.phase = PHASES[0] if measuring else None
             _report(progress, "forward", step, plan.steps)
             loss = forward_and_loss(module, batch, loss_fn, plan.autocast)
             on_phase("backward")
+            _at(tracker, step, "backward")
             tracker.phase = PHASES[1] if measuring else None
             _report(progress, "backward", step, plan.steps)
             backward(loss, micro == plan.grad_accum - 1)
             del loss
         on_phase("optimizer step")
+        _at(tracker, step, "optimizer step")
         tracker.phase = PHASES[2] if measuring else None
         _report(progress, "optimizer step", step, plan.steps)
         grads_bytes = optimizer_step()
         tracker.phase = None
     _report(progress, "done", plan.steps, plan.steps)
     return grads_bytes
+
+
+def _at(tracker: Any, step: int, phase: str) -> None:
+    recorder = getattr(tracker, "recorder", None)
+    if recorder is not None:
+        recorder.at(step, phase)
 
 
 Backward = Callable[[torch.Tensor, bool], None]  # (loss, the accumulation's last micro-batch)
@@ -329,6 +474,7 @@ class Measured:
     grads_bytes: int
     optimizer_bytes: int
     optimizer_step_counter_bytes: int
+    trace: AllocTrace | None = None
 
 
 def measure(
@@ -364,6 +510,7 @@ def measure(
         grads_bytes=grads_bytes,
         optimizer_bytes=optimizer_bytes,
         optimizer_step_counter_bytes=counters,
+        trace=tracker.alloc_trace() if hasattr(tracker, "alloc_trace") else None,
     )
 
 
@@ -411,6 +558,7 @@ __all__ = [
     "KINDS",
     "Measured",
     "StepPlan",
+    "TraceRecorder",
     "categories",
     "measure",
     "module_peaks",
