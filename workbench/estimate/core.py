@@ -20,7 +20,7 @@ from workbench.estimate.inputs_check import check_activation_size, check_inputs
 from workbench.estimate.limits import GIB, as_bool
 from workbench.estimate.problems import EstimateInputError, Problem, keywords_checked
 from workbench.estimate.result import MemoryEstimate
-from workbench.estimate.schema import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
+from workbench.estimate.schema import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB, OVERHEAD_AUTO
 
 
 @keywords_checked
@@ -56,7 +56,7 @@ def estimate_memory(
     checkpointing: Checkpointing | str = "none",
     dropout: bool | None = None,
     gpu: str | None = None,
-    overhead_gib: float = DEFAULT_OVERHEAD_GIB,
+    overhead_gib: float | str = OVERHEAD_AUTO,
     tokens: float | str | None = None,
     mfu: float = DEFAULT_MFU,
     price_per_gpu_hour: float | None = None,

@@ -111,7 +111,7 @@ class EstimateInputs:
     sequence_parallel: bool
     shard_params: int
     gpu: GpuSpec | None
-    overhead_gib: float
+    overhead_gib: float | None  # None: derived ("auto", `workbench.estimate.reserve`)
     tokens: float | None
     mfu: float
     price_per_gpu_hour: float | None
@@ -516,7 +516,9 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     dp = _data_parallel(p, gpus, arch, n_gpus, tp, pp)
 
     gpu = _gpu(p, given["gpu"])
-    overhead = _checked(p, "overhead_gib", given["overhead_gib"])
+    overhead = given["overhead_gib"]
+    derived = isinstance(overhead, str) and overhead.strip().lower() == "auto"
+    overhead = None if derived else _checked(p, "overhead_gib", overhead)
     tokens = _tokens(p, given["tokens"])
     mfu = _checked(p, "mfu", given["mfu"])
     price = given["price_per_gpu_hour"]
@@ -580,7 +582,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     assert n is not None and prec is not None and opt is not None and ckpt is not None
     assert stage is not None and sharding is not None and mb is not None
     assert n_gpus is not None and tp is not None and pp is not None and dp is not None
-    assert shard is not None and overhead is not None and mfu is not None
+    assert shard is not None and (derived or overhead is not None) and mfu is not None
     return EstimateInputs(
         n_params=n,
         architecture=arch,

@@ -33,12 +33,14 @@ from workbench.estimate.model_states import FSDP_MODES
 #: `workbench.estimate.peak` counts each one's temporaries).
 OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
 
-#: Per-GPU memory the estimator reserves for the framework, in GiB. The CUDA context
-#: alone takes about 0.3-0.6 GiB on recent GPUs (more without lazy module loading),
-#: cuBLAS/cuDNN workspaces and NCCL buffers add a few hundred MiB, and the caching
-#: allocator loses some memory to fragmentation; 1 GiB covers the sum on the parts in
-#: the catalog for a plain data-parallel job. Raise it for NCCL-heavy or fragmented runs.
+#: The flat per-GPU figure for the CUDA context and allocator reserve the estimator used
+#: before it derived them (`workbench.estimate.reserve`: the CUDA context per GPU
+#: generation, NCCL's buffers, the allocator's segment rounding). No longer the default
+#: (`overhead_gib="auto"`); kept for code that passes it as `overhead_gib` explicitly.
 DEFAULT_OVERHEAD_GIB = 1.0
+
+#: `overhead_gib`'s default: the reserve derived from the setup (`workbench.estimate.reserve`).
+OVERHEAD_AUTO = "auto"
 
 #: Model FLOPs utilisation assumed for time estimates: well-tuned large-model training
 #: reports 0.35-0.55 on A100/H100 (e.g. PaLM 46%, Megatron-LM ~50%); 0.4 is a middle value.
@@ -481,8 +483,9 @@ FIELDS: tuple[EstimateField, ...] = (
     _f(
         "overhead_gib",
         "float",
-        DEFAULT_OVERHEAD_GIB,
-        help=f"per-GPU CUDA context and allocator reserve ({DEFAULT_OVERHEAD_GIB})",
+        OVERHEAD_AUTO,
+        help="per-GPU CUDA context, NCCL buffers and allocator reserve in GiB, replacing the "
+        "derived figure (auto: derived from the GPU and the setup)",
         flag="--overhead-gib",
         read="float",
         metavar="GIB",
@@ -703,6 +706,7 @@ __all__ = [
     "CLI_GROUPS",
     "DEFAULT_MFU",
     "DEFAULT_OVERHEAD_GIB",
+    "OVERHEAD_AUTO",
     "CONFIG_FIELDS",
     "FIELDS",
     "OPTIMIZER_IMPLS",
