@@ -518,7 +518,11 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     gpu = _gpu(p, given["gpu"])
     overhead = given["overhead_gib"]
     derived = isinstance(overhead, str) and overhead.strip().lower() == "auto"
-    overhead = None if derived else _checked(p, "overhead_gib", overhead)
+    if not derived:
+        number, message = check_number("overhead_gib", overhead)
+        if message is not None:
+            p.append(Problem("overhead_gib", overhead, f"{message}, or auto (derived)"))
+        overhead = number
     tokens = _tokens(p, given["tokens"])
     mfu = _checked(p, "mfu", given["mfu"])
     price = given["price_per_gpu_hour"]

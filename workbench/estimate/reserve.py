@@ -23,8 +23,9 @@ shows that plus what the process holds outside the allocator. Three terms:
   (c10/cuda/CUDACachingAllocator.cpp): a request is rounded to 512 bytes (kMinBlockSize);
   up to 1 MiB (kSmallSize) it is served from the small pool's 2 MiB segments (kSmallBuffer);
   below 10 MiB (kMinLargeAlloc) from 20 MiB segments (kLargeBuffer); from 10 MiB on from
-  its own segment rounded up to 2 MiB (kRoundLarge). n equal blocks of r bytes that share
-  segments of S bytes take ceil(n / floor(S / r)) segments. The live tensors at the peak:
+  its own segment rounded up to 2 MiB (kRoundLarge); the allocator splits a cached segment
+  for any request of its pool, so the blocks of each pool are packed together without gaps
+  (`segments_bytes`). The live tensors at the peak:
   each model-state term split per parameter tensor (the model's shapes; its optimizer's
   state tensors each), the activations as hidden-state tensors (micro-batch x sequence x
   hidden x the activation bytes, over the tensor-parallel size), every other term one
@@ -95,17 +96,27 @@ class Reserve:
         }
 
 
-def segment_bytes(size: int, count: int = 1) -> int:
-    """The segment bytes `count` live blocks of `size` bytes take, packed as the caching
-    allocator's pools allow (see the module docstring)."""
-    if size <= 0 or count <= 0:
-        return 0
-    r = -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-    if r >= MIN_LARGE_ALLOC_BYTES:
-        return count * (-(-r // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES)
-    segment = SMALL_SEGMENT_BYTES if r <= SMALL_SIZE_BYTES else LARGE_SEGMENT_BYTES
-    per_segment = segment // r
-    return -(-count // per_segment) * segment
+def segments_bytes(blocks: dict[int, int]) -> int:
+    """The fewest segment bytes the live `blocks` ({block bytes: how many}) take under the
+    caching allocator's rules (see the module docstring): each request rounded to 512
+    bytes; from 10 MiB on, its own segment rounded up to 2 MiB; the blocks of 1-10 MiB
+    packed together into 20 MiB segments and those up to 1 MiB into 2 MiB segments, with no
+    gap between blocks (the allocator splits a cached segment for any request of its pool;
+    a lower bound: a real step leaves gaps)."""
+    large = mid = small = 0
+    for size, count in blocks.items():
+        if size <= 0 or count <= 0:
+            continue
+        r = -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        if r >= MIN_LARGE_ALLOC_BYTES:
+            large += count * (-(-r // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES)
+        elif r > SMALL_SIZE_BYTES:
+            mid += count * r
+        else:
+            small += count * r
+    mid_segments = -(-mid // LARGE_SEGMENT_BYTES) * LARGE_SEGMENT_BYTES
+    small_segments = -(-small // SMALL_SEGMENT_BYTES) * SMALL_SEGMENT_BYTES
+    return large + mid_segments + small_segments
 
 
 @lru_cache(maxsize=64)
@@ -140,7 +151,7 @@ def allocator_reserve_bytes(i: EstimateInputs, terms: dict[str, int]) -> int:
     hidden_block = 0
     if arch is not None:
         hidden_block = i.micro_batch * arch.seq_len * arch.hidden * width // i.tensor_parallel
-    waste = 0
+    live: dict[int, int] = {}
     for name, value in terms.items():
         if value <= 0:
             continue
@@ -153,8 +164,9 @@ def allocator_reserve_bytes(i: EstimateInputs, terms: dict[str, int]) -> int:
                 blocks[rest] = blocks.get(rest, 0) + 1
         else:
             blocks = {value: 1}
-        waste += sum(segment_bytes(size, n) - size * n for size, n in blocks.items())
-    return max(0, waste)
+        for size, n in blocks.items():
+            live[size] = live.get(size, 0) + n
+    return max(0, segments_bytes(live) - sum(size * n for size, n in live.items()))
 
 
 def nccl_bytes(i: EstimateInputs) -> int:
@@ -184,5 +196,5 @@ __all__ = [
     "allocator_reserve_bytes",
     "nccl_bytes",
     "reserve_of",
-    "segment_bytes",
+    "segments_bytes",
 ]

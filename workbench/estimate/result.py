@@ -185,7 +185,10 @@ class MemoryEstimate(Readable):
         if margin >= 0:
             return f"fits with {fmt_bytes(margin)} to spare"
         name, value = self.largest_term
-        return f"over by {fmt_bytes(-margin)}: the largest term is {name} ({fmt_bytes(value)})"
+        return (
+            f"does not fit: over by {fmt_bytes(-margin)}, the largest term is {name} "
+            f"({fmt_bytes(value)})"
+        )
 
     @property
     def peak_terms(self) -> dict[str, int]:
@@ -210,8 +213,9 @@ class MemoryEstimate(Readable):
             ]
         context = "measured" if reserve.context_measured else "assumed"
         return [
+            ("CUDA context and allocator reserve", fmt_bytes(self.overhead_bytes)),
             ("allocated peak (max_memory_allocated)", fmt_bytes(self.peak_bytes)),
-            ("  + allocator reserve (segment rounding)", fmt_bytes(reserve.allocator_bytes)),
+            ("  + allocator reserve (rounding)", fmt_bytes(reserve.allocator_bytes)),
             (
                 "reserved peak (max_memory_reserved)",
                 fmt_bytes(self.peak_bytes + reserve.allocator_bytes),
