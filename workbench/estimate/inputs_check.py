@@ -518,7 +518,9 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     gpu = _gpu(p, given["gpu"])
     overhead = given["overhead_gib"]
     derived = isinstance(overhead, str) and overhead.strip().lower() == "auto"
-    if not derived:
+    if derived:
+        overhead = None
+    else:
         number, message = check_number("overhead_gib", overhead)
         if message is not None:
             p.append(Problem("overhead_gib", overhead, f"{message}, or auto (derived)"))
