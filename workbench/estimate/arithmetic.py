@@ -121,11 +121,14 @@ def on_gpu(
     micro-batch the estimator takes); all None without a GPU, the micro-batch also without
     activations or when not even one sample fits.
 
-    Every point of the step is a sum of terms that are constant or exact multiples of
-    the micro-batch (`StepPeak.variable`), so the lowest crossing of the room left by those
-    lines is where to look first; the allocator's reserve rounds the tensors to segments,
-    so the answer is then found by computing the peak and its reserve at the micro-batches
-    around that crossing (doubling away from it, then halving the bracket)."""
+    Every point of the step is a sum of terms that are constant or exact multiples of the
+    micro-batch (`StepPeak.variable`), and the reserve is a constant (the context, NCCL's
+    buffers) plus the allocator's rounding, which is never negative and grows with the
+    tensors. So the lowest crossing of the room the constant part leaves by those lines is
+    the largest micro-batch that could fit; from there the answer is found by computing
+    the peak and its reserve at smaller micro-batches (doubling the step, then halving the
+    bracket), usually one or two. Should a term not divide evenly, the crossing is only a
+    first guess and the search goes both ways."""
     if i.gpu is None:
         return None, None, None
     gpu_mem = i.gpu.memory_bytes
@@ -134,12 +137,18 @@ def on_gpu(
         return gpu_mem, fits, None
     top = int(LIMITS["micro_batch"].high)
     mb = i.micro_batch
-    room = gpu_mem - reserve.total_bytes
-    b = top
+    room = gpu_mem - (reserve.total_bytes - reserve.allocator_bytes)
+    b, exact = top, True
     for name, total in peak.phases.items():
         grows = peak.variable.get(name, 0)
+        exact = exact and grows % mb == 0
+        if total - grows > room:  # the part that does not shrink with the micro-batch
+            return gpu_mem, fits, None
         if grows > 0:
-            b = min(b, max(1, (room - (total - grows)) * mb // grows))
+            b = min(b, (room - (total - grows)) * mb // grows)
+    if b < 1 and exact:
+        return gpu_mem, fits, None
+    b = max(1, min(b, top))
 
     def fits_at(n: int) -> bool:
         if n == mb:
@@ -148,8 +157,19 @@ def on_gpu(
         object.__setattr__(changed, "micro_batch", n)  # a private copy of frozen inputs
         return _required(changed, peak_of(changed, states)[0]) <= gpu_mem
 
-    b = max(1, min(b, top))
-    if not fits_at(b):  # bracket [low fits, high does not] below b
+    if fits_at(b):
+        if exact:  # nothing above the crossing fits, even without the allocator's rounding
+            return gpu_mem, fits, b
+        low, step = b, 1  # rounding in the terms: look above too
+        high = b + step
+        while high <= top and fits_at(high):
+            low, step = high, step * 2
+            high = b + step
+        if high > top:
+            if fits_at(top):
+                return gpu_mem, fits, top
+            high = top
+    else:  # bracket [low fits, high does not] below b
         high, step = b, 1
         low = b - step
         while low >= 1 and not fits_at(low):
@@ -159,16 +179,6 @@ def on_gpu(
             if not fits_at(1):
                 return gpu_mem, fits, None
             low = 1
-    else:  # above b
-        low, step = b, 1
-        high = b + step
-        while high <= top and fits_at(high):
-            low, step = high, step * 2
-            high = b + step
-        if high > top:
-            if fits_at(top):
-                return gpu_mem, fits, top
-            high = top
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if fits_at(mid) else (low, mid)

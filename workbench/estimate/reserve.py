@@ -41,6 +41,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from workbench.config import Precision
 from workbench.estimate.catalog import context_of, nccl_channels
@@ -119,17 +120,28 @@ def segments_bytes(blocks: dict[int, int]) -> int:
     return large + mid_segments + small_segments
 
 
-@lru_cache(maxsize=64)
-def _element_counts(shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...]:
-    """(elements, how many tensors have that many) of `shapes`."""
-    return tuple(Counter(math.prod(s) for s in shapes).items())
+@lru_cache(maxsize=16)
+def _counted(shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], ...], int]:
+    counts = tuple(Counter(math.prod(s) for s in shapes).items())
+    return counts, sum(n * k for n, k in counts)
+
+
+#: The last shapes counted, found by identity: one estimate reads the same tuple at every
+#: micro-batch it tries, and hashing a model's thousand shapes costs more than a lookup.
+_LAST: list[Any] = [None, None]
+
+
+def _element_counts(shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], ...], int]:
+    """((elements, how many tensors have that many), all elements) of `shapes`."""
+    if _LAST[0] is not shapes:
+        _LAST[:] = [shapes, _counted(shapes)]
+    return _LAST[1]  # type: ignore[no-any-return]
 
 
 def _split(total: int, shapes: tuple[tuple[int, ...], ...], pieces: int) -> dict[int, int]:
     """`total` bytes split over the tensors of `shapes` in proportion to their elements,
     each `pieces` times: {block bytes: how many}."""
-    counts = _element_counts(shapes)
-    whole = sum(n * k for n, k in counts)
+    counts, whole = _element_counts(shapes)
     blocks: dict[int, int] = {}
     if whole <= 0 or total <= 0:
         return blocks
