@@ -129,6 +129,12 @@ def estimate_memory(
     linear layers in 4-bit NF4, bitsandbytes'; `qlora_params` the exact count of weights
     held in 4 bits, else the shape's linear layers).
 
+    What the GPU holds beside the allocated peak (`e.reserve`, `workbench.estimate.reserve`)
+    is derived with `overhead_gib="auto"` (the default): the caching allocator's rounding of
+    the tensors live at the peak, the CUDA context of the GPU's generation and NCCL's buffers
+    on several ranks; `overhead_gib` given in GiB replaces all three. `fits` judges the
+    allocated peak plus that sum (what nvidia-smi shows); `e.verdict` says the margin.
+
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
     numpy scalars are numbers, bools and text are not (except the counts `n_params` and
     `tokens`, which may be text such as "7B").
