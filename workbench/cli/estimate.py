@@ -561,6 +561,7 @@ def _stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
     ]
     if stages[0].gpu is not None:
         rows.append([f"fits {stages[0].gpu}"] + ["yes" if e.fits else "no" for e in stages])
+        rows.append(["margin (- over)"] + [_fmt(e.margin_bytes, unit) for e in stages])
         if stages[0].layers is not None:
             rows.append(["max micro-batch"] + [str(e.max_micro_batch or "none") for e in stages])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
