@@ -133,3 +133,13 @@ def test_the_largest_micro_batch_fits_with_its_own_reserve_and_one_more_does_not
         at, above = estimate_memory(**kw, micro_batch=m), estimate_memory(**kw, micro_batch=m + 1)
         assert at.fits and at.required_bytes <= at.gpu_memory_bytes
         assert not above.fits and above.required_bytes > above.gpu_memory_bytes
+
+
+def test_without_lazy_module_loading_the_context_is_the_eager_measurement() -> None:
+    lazy = estimate_memory(model="gpt2", gpu="h100")
+    eager = estimate_memory(model="gpt2", gpu="h100", lazy_loading=False)
+    assert lazy.reserve is not None and eager.reserve is not None
+    assert eager.reserve.context_bytes == 666_632_192 and lazy.reserve.context_bytes == 400 * 10**6
+    assert eager.overhead_bytes - lazy.overhead_bytes == 666_632_192 - 400 * 10**6
+    with pytest.raises(EstimateInputError, match="lazy_loading='no': must be True or False"):
+        estimate_memory(model="gpt2", lazy_loading="no")

@@ -57,6 +57,7 @@ def estimate_memory(
     dropout: bool | None = None,
     gpu: str | None = None,
     overhead_gib: float | str = OVERHEAD_AUTO,
+    lazy_loading: bool = True,
     tokens: float | str | None = None,
     mfu: float = DEFAULT_MFU,
     price_per_gpu_hour: float | None = None,
@@ -132,7 +133,8 @@ def estimate_memory(
     What the GPU holds beside the allocated peak (`e.reserve`, `workbench.estimate.reserve`)
     is derived with `overhead_gib="auto"` (the default): the caching allocator's rounding of
     the tensors live at the peak, the CUDA context of the GPU's generation and NCCL's buffers
-    on several ranks; `overhead_gib` given in GiB replaces all three. `fits` judges the
+    on several ranks (`lazy_loading=False`: the context of a torch built with CUDA < 11.7 or
+    run with CUDA_MODULE_LOADING=EAGER); `overhead_gib` given in GiB replaces all three. `fits` judges the
     allocated peak plus that sum (what nvidia-smi shows); `e.verdict` says the margin.
 
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);

@@ -126,6 +126,7 @@ class EstimateInputs:
     optimizer_in_backward: bool = False
     activation_offload: bool = False
     document_mask: bool = False  # per-sample attention masks (packed documents)
+    lazy_loading: bool = True  # CUDA's lazy module loading: the context's size (`reserve`)
     lora: LoraFacts | None = None  # LoRA / QLoRA (`workbench.estimate.lora`)
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
@@ -576,6 +577,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             )
         )
     doc_mask = _flag(p, "document_mask", given["document_mask"])
+    lazy = _flag(p, "lazy_loading", given["lazy_loading"])
     lora = _lora(p, given, arch, tp, pp, prec)
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
@@ -628,6 +630,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         activation_offload=bool(act_offload),
         parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
         document_mask=bool(doc_mask),
+        lazy_loading=bool(lazy),
         lora=lora,
         deepspeed=ds,
         deepspeed_given=ds_source is not None,

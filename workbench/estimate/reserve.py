@@ -192,7 +192,7 @@ def reserve_of(i: EstimateInputs, terms: dict[str, int]) -> Reserve:
     """The reserve of checked inputs `i` whose peak has the named `terms`."""
     if i.overhead_gib is not None:
         return Reserve(0, 0, 0, given_bytes=math.ceil(i.overhead_gib * (1 << 30)))
-    context = context_of(i.gpu.name if i.gpu is not None else None)
+    context = context_of(i.gpu.name if i.gpu is not None else None, lazy=i.lazy_loading)
     return Reserve(
         context.bytes,
         nccl_bytes(i),

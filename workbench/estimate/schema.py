@@ -14,7 +14,7 @@ A flag shared with TrainConfig takes the TrainConfig setting's own flag and meta
 (`workbench.config.SETTINGS`), so `--activation-checkpointing` or `--tp` means the same in
 every command. Pure: imports no torch.
 
-Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 52
+Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 53
 keywords, a few lines each, and nothing else.
 """
 
@@ -492,6 +492,16 @@ FIELDS: tuple[EstimateField, ...] = (
         cli="hw",
         label="CUDA reserve (GiB)",
         panel=("step", 5),
+    ),
+    _f(
+        "lazy_loading",
+        "bool",
+        True,
+        help="the CUDA context is torch's before 1.13 or CUDA's before 11.7, or "
+        "CUDA_MODULE_LOADING=EAGER: every kernel loaded at start (0.67 GB, not 0.4)",
+        flag="--eager-loading",
+        read="nodrop",
+        cli="hw",
     ),
     _f(
         "tokens",
