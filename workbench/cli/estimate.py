@@ -466,6 +466,18 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
     rows += [
         ("CUDA context and allocator reserve", _fmt(e.overhead_bytes, unit)),
         ("peak + reserve", _fmt(e.required_bytes, unit)),
+    ]
+    if e.reserve is not None and e.reserve.given_bytes is None:
+        r = e.reserve
+        rows += [
+            ("  allocated peak (max_memory_allocated)", _fmt(e.peak_bytes, unit)),
+            (
+                "  reserved peak (+ allocator, rounding)",
+                _fmt(e.peak_bytes + r.allocator_bytes, unit),
+            ),
+            ("  nvidia-smi (+ CUDA context, NCCL)", _fmt(e.required_bytes, unit)),
+        ]
+    rows += [
         ("model states at rest", ""),
         ("  parameters", _fmt(e.params_bytes, unit)),
         ("  gradients", _fmt(e.grads_bytes, unit)),
@@ -505,6 +517,12 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
         lines.append(
             f"{e.gpu}: {_fmt(e.gpu_memory_bytes, unit)} {unit_name} per GPU -> the peak + "
             f"reserve {verdict}"
+            + (
+                f" ({_fmt(abs(e.margin_bytes), unit)} {unit_name} "
+                + ("to spare)" if e.fits else f"over; the largest term is {e.largest_term[0]})")
+                if e.margin_bytes is not None
+                else ""
+            )
         )
         if e.layers is not None:
             mmb = e.max_micro_batch
@@ -543,6 +561,7 @@ def _stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
     ]
     if stages[0].gpu is not None:
         rows.append([f"fits {stages[0].gpu}"] + ["yes" if e.fits else "no" for e in stages])
+        rows.append(["margin (- over)"] + [_fmt(e.margin_bytes, unit) for e in stages])
         if stages[0].layers is not None:
             rows.append(["max micro-batch"] + [str(e.max_micro_batch or "none") for e in stages])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

@@ -69,6 +69,7 @@ from workbench.estimate.presets import (
     model_names,
 )
 from workbench.estimate.problems import EstimateInputError, Problem
+from workbench.estimate.reserve import Reserve
 
 __all__ = [
     "ACCOUNTINGS",
@@ -76,6 +77,7 @@ __all__ = [
     "PHASES",
     "Attention",
     "StepPeak",
+    "Reserve",
     "FAMILIES",
     "MODELS",
     "PRESETS",

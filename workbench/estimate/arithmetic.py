@@ -2,20 +2,20 @@
 
 Model states come from `model_states` (the ZeRO paper's accounting or another), activations
 from `activations` (Korthikanti et al. 2022, extended), GPU figures from `catalog`; this
-module adds them up, compares the total with the GPU, and turns the training tokens into
-FLOPs, seconds and money. `estimate_from` assembles the `MemoryEstimate`.
+module adds them up, adds what the GPU holds beside the allocated peak (`reserve`: the CUDA
+context, NCCL's buffers, the allocator's reserve), compares the sum with the GPU, and turns
+the training tokens into FLOPs, seconds and money. `estimate_from` assembles the `MemoryEstimate`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import replace
 
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
 from workbench.estimate.inputs_check import EstimateInputs
-from workbench.estimate.limits import GIB, LIMITS
+from workbench.estimate.limits import LIMITS
 from workbench.estimate.lora import frozen_base_bytes
 from workbench.estimate.model_states import (
     ModelStateQuery,
@@ -24,6 +24,7 @@ from workbench.estimate.model_states import (
     model_state_bytes,
 )
 from workbench.estimate.peak import StepPeak, step_peak
+from workbench.estimate.reserve import Reserve, reserve_of
 from workbench.estimate.result import MemoryEstimate
 
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
@@ -92,9 +93,13 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
     )
 
 
-def overhead_bytes(i: EstimateInputs) -> int:
-    """The framework overhead per GPU, in bytes."""
-    return math.ceil(i.overhead_gib * GIB)
+def overhead_bytes(i: EstimateInputs, peak: StepPeak | None = None) -> int:
+    """What one GPU holds beside the allocated peak of `i` (bytes): `overhead_gib` when
+    given, else the derived reserve at `peak` (`reserve.reserve_of`; the peak computed when
+    not given)."""
+    if peak is None:
+        peak = peak_of(i, model_states(i))[0]
+    return reserve_of(i, peak.terms).total_bytes
 
 
 def peak_of(i: EstimateInputs, states: ModelStates) -> tuple[StepPeak, ActivationBreakdown | None]:
@@ -103,59 +108,81 @@ def peak_of(i: EstimateInputs, states: ModelStates) -> tuple[StepPeak, Activatio
     return step_peak(i, states, breakdown), breakdown
 
 
-def on_gpu(
-    i: EstimateInputs, states: ModelStates, peak: StepPeak, overhead: int
-) -> tuple[int | None, bool | None, int | None]:
-    """(the GPU's memory, whether the peak of a step plus `overhead` fits in it, the
-    largest micro-batch whose peak fits, at most the largest micro-batch the estimator
-    takes); all None without a GPU, the micro-batch also without activations or when not
-    even one sample fits.
+def _required(i: EstimateInputs, peak: StepPeak) -> int:
+    """The allocated peak plus what the GPU holds beside it (the reserve at that peak)."""
+    return peak.peak_bytes + reserve_of(i, peak.terms).total_bytes
 
-    Every point of the step is a sum of terms that are constant or exact multiples of
-    the micro-batch (`StepPeak.variable`: the tensor-parallel size divides the sizes it
-    splits, so no term rounds), so the largest micro-batch is the lowest crossing of the
-    room left by those lines; should a term not divide evenly, the crossing is checked by
-    computing the peak there."""
+
+def on_gpu(
+    i: EstimateInputs, states: ModelStates, peak: StepPeak, reserve: Reserve
+) -> tuple[int | None, bool | None, int | None]:
+    """(the GPU's memory, whether the peak of a step plus `reserve` fits in it, the
+    largest micro-batch whose peak plus its own reserve fits, at most the largest
+    micro-batch the estimator takes); all None without a GPU, the micro-batch also without
+    activations or when not even one sample fits.
+
+    Every point of the step is a sum of terms that are constant or exact multiples of the
+    micro-batch (`StepPeak.variable`), and the reserve is a constant (the context, NCCL's
+    buffers) plus the allocator's rounding, which is never negative and grows with the
+    tensors. So the lowest crossing of the room the constant part leaves by those lines is
+    the largest micro-batch that could fit; from there the answer is found by computing
+    the peak and its reserve at smaller micro-batches (doubling the step, then halving the
+    bracket), usually one or two. Should a term not divide evenly, the crossing is only a
+    first guess and the search goes both ways."""
     if i.gpu is None:
         return None, None, None
     gpu_mem = i.gpu.memory_bytes
-    room = gpu_mem - overhead
-    fits = peak.peak_bytes <= room
+    fits = peak.peak_bytes + reserve.total_bytes <= gpu_mem
     if i.architecture is None:
         return gpu_mem, fits, None
     top = int(LIMITS["micro_batch"].high)
     mb = i.micro_batch
+    room = gpu_mem - (reserve.total_bytes - reserve.allocator_bytes)
     b, exact = top, True
     for name, total in peak.phases.items():
         grows = peak.variable.get(name, 0)
-        fixed = total - grows
         exact = exact and grows % mb == 0
-        if fixed > room:
+        if total - grows > room:  # the part that does not shrink with the micro-batch
             return gpu_mem, fits, None
         if grows > 0:
-            b = min(b, (room - fixed) * mb // grows)
-    if b < 1:
+            b = min(b, (room - (total - grows)) * mb // grows)
+    if b < 1 and exact:
         return gpu_mem, fits, None
-    if exact:
-        return gpu_mem, fits, b
+    b = max(1, min(b, top))
 
     def fits_at(n: int) -> bool:
         if n == mb:
             return fits
         changed = copy.copy(i)
         object.__setattr__(changed, "micro_batch", n)  # a private copy of frozen inputs
-        return peak_of(changed, states)[0].peak_bytes <= room
+        return _required(changed, peak_of(changed, states)[0]) <= gpu_mem
 
-    for _ in range(64):  # rounding in the terms: a sample or two at most
-        if not fits_at(b):
-            if b == 1:
+    if fits_at(b):
+        if exact:  # nothing above the crossing fits, even without the allocator's rounding
+            return gpu_mem, fits, b
+        low, step = b, 1  # rounding in the terms: look above too
+        high = b + step
+        while high <= top and fits_at(high):
+            low, step = high, step * 2
+            high = b + step
+        if high > top:
+            if fits_at(top):
+                return gpu_mem, fits, top
+            high = top
+    else:  # bracket [low fits, high does not] below b
+        high, step = b, 1
+        low = b - step
+        while low >= 1 and not fits_at(low):
+            high, step = low, step * 2
+            low = b - step
+        if low < 1:
+            if not fits_at(1):
                 return gpu_mem, fits, None
-            b -= 1
-        elif b < top and fits_at(b + 1):
-            b += 1
-        else:
-            break
-    return gpu_mem, fits, b
+            low = 1
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits_at(mid) else (low, mid)
+    return gpu_mem, fits, low
 
 
 def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float | None]:
@@ -183,9 +210,9 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
     act_bytes = breakdown.total_bytes if breakdown is not None else None
     total = model_bytes + (act_bytes or 0)
-    overhead = overhead_bytes(i)
     peak = step_peak(i, states, breakdown)
-    gpu_mem, fits, max_mb = on_gpu(i, states, peak, overhead)
+    reserve = reserve_of(i, peak.terms)
+    gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve)
     flops, seconds, cost = time_and_cost(i)
     arch = i.architecture
     return MemoryEstimate(
@@ -195,7 +222,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         optimizer_bytes=states.optimizer_bytes,
         activation_bytes=act_bytes,
         total_bytes=total,
-        overhead_bytes=overhead,
+        overhead_bytes=reserve.total_bytes,
         cpu_offload_bytes=states.cpu_offload_bytes,
         gpu=i.gpu.name if i.gpu is not None else None,
         gpu_memory_bytes=gpu_mem,
@@ -252,6 +279,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         experts_per_token=arch.experts_per_token if arch else None,
         peak_bytes=peak.peak_bytes,
         peak=peak,
+        reserve=reserve,
         attention=i.attention.value,
         optimizer_impl=peak.optimizer_impl,
         grad_accum=i.grad_accum,

@@ -10,6 +10,11 @@ are power-of-two sized, so an "80GB" A100 has 80 GiB = 85.9e9 bytes, which is wh
 `nvidia-smi` reports for it). Some parts expose less to programs: GDDR parts with ECC on
 (T4, A10G, L4, L40S) show about 6% less, and the H100/H200 show about 0.5% less. The
 per-GPU framework overhead of the estimator (`overhead_gib`) is where to add that margin.
+
+The CUDA context and NCCL's channels (`CONTEXTS`, `context_of`, `nccl_channels`): what a
+process holds on the GPU beside the caching allocator's segments, per GPU generation, each
+figure with its source and whether it was measured or is assumed. `workbench.estimate.
+reserve` adds them to the allocator's reserve.
 """
 
 from __future__ import annotations
@@ -166,6 +171,85 @@ _AMBIGUOUS = {
     for fam in {_compact(n.split("-")[0]) for n in GPUS}
 }
 _AMBIGUOUS = {k: v for k, v in _AMBIGUOUS.items() if k and len(v) > 1}
+
+
+@dataclass(frozen=True)
+class ContextFigure:
+    """The CUDA context one process holds on one GPU (bytes), and where the figure comes
+    from: `measured` True for a figure measured on that generation with a recent torch,
+    False where it is assumed from another generation's or a generic measurement."""
+
+    generation: str
+    bytes: int
+    measured: bool
+    source: str
+
+
+_MIB = 1 << 20
+_LAZY_GENERIC = (
+    "ptrblck (NVIDIA), pytorch/pytorch#109888 and #107667: the CUDA context takes about "
+    "300-400 MB with CUDA >= 11.7 and lazy module loading (torch's default since 1.13, "
+    "pytorch/pytorch#86509; CUDA's own default on Linux since 12.2); >1000 MB before"
+)
+# fmt: off
+#: The CUDA context per GPU generation, with lazy module loading (CUDA_MODULE_LOADING=LAZY,
+#: set by torch >= 1.13 and CUDA's default since 12.2, NVIDIA's CUDA programming guide,
+#: "Lazy Loading"). The context grows as a step loads more kernels; these are the figures
+#: right after the first CUDA call, not counting what cuBLAS/cuDNN allocate through the
+#: caching allocator (that is in torch's reserved figure).
+CONTEXTS: dict[str, ContextFigure] = {
+    "volta": ContextFigure("volta", 287_047_680, False,
+        "pytorch/pytorch#86509 (torch 1.13, CUDA 11.7, GPU not named): 287,047,680 bytes "
+        "after one tensor with lazy loading (666,632,192 eager); assumed for Volta/Turing"),
+    "ampere": ContextFigure("ampere", 256 * _MIB, True,
+        "invoke-ai/InvokeAI#9413: 256 MiB bare context on an RTX 3090 (torch 2.7.1+cu128, "
+        "driver 610); measured on GA102"),
+    "ampere-dc": ContextFigure("ampere-dc", 400 * 10**6, False,
+        _LAZY_GENERIC + "; assumed 400 MB for A100/A10G (no A100 figure found)"),
+    "ada": ContextFigure("ada", 426 * _MIB, True,
+        "unslothai/unsloth-zoo#1053: 426 MiB in nvidia-smi after torch.cuda.mem_get_info on "
+        "an RTX 6000 Ada (torch 2.10+cu130); measured on AD102, assumed for L4/L40S"),
+    "hopper": ContextFigure("hopper", 400 * 10**6, False,
+        _LAZY_GENERIC + "; assumed 400 MB for H100/H200 (no Hopper figure found)"),
+    "cdna3": ContextFigure("cdna3", 400 * 10**6, False,
+        "no ROCm/HIP figure found; assumed as the NVIDIA parts' 400 MB"),
+}
+#: Without lazy module loading (torch built with CUDA < 11.7, or CUDA_MODULE_LOADING=EAGER)
+#: every kernel of every library is loaded at the first CUDA call.
+EAGER_CONTEXT = ContextFigure("eager", 666_632_192, True,
+    "pytorch/pytorch#86509: 666,632,192 bytes with CUDA_MODULE_LOADING=DEFAULT (eager) "
+    "against 287,047,680 lazy, same GPU and torch 1.13")
+#: Without a GPU named: the generic lazy-loading figure.
+GENERIC_CONTEXT = ContextFigure("unknown", 400 * 10**6, False, _LAZY_GENERIC)
+
+#: Each catalog GPU's generation (a key of `CONTEXTS`) and the NCCL channels one
+#: communicator opens on it. NCCL picks its channels from the topology at run time
+#: (`NCCL_DEBUG=INFO` logs "N coll channels"; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS
+#: bound them, NCCL's environment-variable docs); the counts here are assumed: 32 on
+#: NVLink4 (H100/H200, NCCL's MAXCHANNELS), 16 on NVLink3/2 (A100, V100), 4 on PCIe parts.
+GENERATIONS: dict[str, tuple[str, int]] = {
+    "v100-16gb": ("volta", 16), "v100-32gb": ("volta", 16), "t4": ("volta", 4),
+    "a10g": ("ampere-dc", 4), "l4": ("ada", 4), "rtx-3090": ("ampere", 4),
+    "rtx-4090": ("ada", 4), "a100-40gb": ("ampere-dc", 16), "a100-80gb": ("ampere-dc", 16),
+    "l40s": ("ada", 4), "h100-80gb": ("hopper", 32), "h200-141gb": ("hopper", 32),
+    "mi300x": ("cdna3", 16),
+}
+# fmt: on
+
+
+def context_of(gpu: str | None, *, lazy: bool = True) -> ContextFigure:
+    """The CUDA context on catalog GPU `gpu` (None: no GPU named), lazy or eager loading."""
+    if not lazy:
+        return EAGER_CONTEXT
+    if gpu is None or gpu not in GENERATIONS:
+        return GENERIC_CONTEXT
+    return CONTEXTS[GENERATIONS[gpu][0]]
+
+
+def nccl_channels(gpu: str | None) -> int:
+    """The NCCL channels one communicator opens on catalog GPU `gpu` (assumed, see
+    `GENERATIONS`; 16 without a GPU named)."""
+    return GENERATIONS[gpu][1] if gpu is not None and gpu in GENERATIONS else 16
 
 
 def gpu_names() -> list[str]:

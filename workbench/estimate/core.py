@@ -20,7 +20,7 @@ from workbench.estimate.inputs_check import check_activation_size, check_inputs
 from workbench.estimate.limits import GIB, as_bool
 from workbench.estimate.problems import EstimateInputError, Problem, keywords_checked
 from workbench.estimate.result import MemoryEstimate
-from workbench.estimate.schema import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB
+from workbench.estimate.schema import DEFAULT_MFU, DEFAULT_OVERHEAD_GIB, OVERHEAD_AUTO
 
 
 @keywords_checked
@@ -56,7 +56,8 @@ def estimate_memory(
     checkpointing: Checkpointing | str = "none",
     dropout: bool | None = None,
     gpu: str | None = None,
-    overhead_gib: float = DEFAULT_OVERHEAD_GIB,
+    overhead_gib: float | str = OVERHEAD_AUTO,
+    lazy_loading: bool = True,
     tokens: float | str | None = None,
     mfu: float = DEFAULT_MFU,
     price_per_gpu_hour: float | None = None,
@@ -128,6 +129,13 @@ def estimate_memory(
     `lora_dropout` (each target keeps a dropped copy of its input) and `qlora` (the base
     linear layers in 4-bit NF4, bitsandbytes'; `qlora_params` the exact count of weights
     held in 4 bits, else the shape's linear layers).
+
+    What the GPU holds beside the allocated peak (`e.reserve`, `workbench.estimate.reserve`)
+    is derived with `overhead_gib="auto"` (the default): the caching allocator's rounding of
+    the tensors live at the peak, the CUDA context of the GPU's generation and NCCL's buffers
+    on several ranks (`lazy_loading=False`: the context of a torch built with CUDA < 11.7 or
+    run with CUDA_MODULE_LOADING=EAGER); `overhead_gib` given in GiB replaces all three. `fits` judges the
+    allocated peak plus that sum (what nvidia-smi shows); `e.verdict` says the margin.
 
     Every number is range-checked (`workbench.estimate.limits` lists the ranges and why);
     numpy scalars are numbers, bools and text are not (except the counts `n_params` and

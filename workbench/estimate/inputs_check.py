@@ -111,7 +111,7 @@ class EstimateInputs:
     sequence_parallel: bool
     shard_params: int
     gpu: GpuSpec | None
-    overhead_gib: float
+    overhead_gib: float | None  # None: derived ("auto", `workbench.estimate.reserve`)
     tokens: float | None
     mfu: float
     price_per_gpu_hour: float | None
@@ -126,6 +126,7 @@ class EstimateInputs:
     optimizer_in_backward: bool = False
     activation_offload: bool = False
     document_mask: bool = False  # per-sample attention masks (packed documents)
+    lazy_loading: bool = True  # CUDA's lazy module loading: the context's size (`reserve`)
     lora: LoraFacts | None = None  # LoRA / QLoRA (`workbench.estimate.lora`)
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
     deepspeed_given: bool = False
@@ -516,7 +517,15 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     dp = _data_parallel(p, gpus, arch, n_gpus, tp, pp)
 
     gpu = _gpu(p, given["gpu"])
-    overhead = _checked(p, "overhead_gib", given["overhead_gib"])
+    overhead = given["overhead_gib"]
+    derived = isinstance(overhead, str) and overhead.strip().lower() == "auto"
+    if derived:
+        overhead = None
+    else:
+        number, message = check_number("overhead_gib", overhead)
+        if message is not None:
+            p.append(Problem("overhead_gib", overhead, f"{message}, or auto (derived)"))
+        overhead = number
     tokens = _tokens(p, given["tokens"])
     mfu = _checked(p, "mfu", given["mfu"])
     price = given["price_per_gpu_hour"]
@@ -568,6 +577,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             )
         )
     doc_mask = _flag(p, "document_mask", given["document_mask"])
+    lazy = _flag(p, "lazy_loading", given["lazy_loading"])
     lora = _lora(p, given, arch, tp, pp, prec)
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
@@ -580,7 +590,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     assert n is not None and prec is not None and opt is not None and ckpt is not None
     assert stage is not None and sharding is not None and mb is not None
     assert n_gpus is not None and tp is not None and pp is not None and dp is not None
-    assert shard is not None and overhead is not None and mfu is not None
+    assert shard is not None and (derived or overhead is not None) and mfu is not None
     return EstimateInputs(
         n_params=n,
         architecture=arch,
@@ -620,6 +630,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         activation_offload=bool(act_offload),
         parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
         document_mask=bool(doc_mask),
+        lazy_loading=bool(lazy),
         lora=lora,
         deepspeed=ds,
         deepspeed_given=ds_source is not None,

@@ -11,6 +11,7 @@ from typing import Any
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown
 from workbench.estimate.peak import StepPeak
+from workbench.estimate.reserve import Reserve
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,16 @@ class MemoryEstimate(Readable):
     (`peak.terms`: model states as held at that point, activations, the logits and loss,
     the optimizer's temporaries, autocast's weight casts, the engine's buckets and
     gathered parameters, the backward transient; `workbench.estimate.peak` defines each).
-    `overhead_bytes` is the CUDA context and the caching allocator's reserve, on its own
-    line; `fits` is `peak_bytes + overhead_bytes <= gpu_memory_bytes` and
-    `max_micro_batch` the largest micro-batch whose peak fits.
+    `reserve` (`workbench.estimate.reserve`) is what the GPU holds beside that peak: the
+    caching allocator's reserve at the peak, the CUDA context and NCCL's buffers, each
+    derived from the setup (or `overhead_gib` when given, replacing all three);
+    `overhead_bytes` is their sum. Three figures, each named as the tool that shows it:
+    `peak_bytes` (allocated, `max_memory_allocated`), `reserved_peak_bytes` (plus the
+    allocator's reserve, `max_memory_reserved`) and `nvidia_smi_bytes` (plus the context and
+    NCCL's buffers, what nvidia-smi shows; `required_bytes`). `fits` is
+    `required_bytes <= gpu_memory_bytes`, `margin_bytes` the room left (negative: over) and
+    `verdict` says it in words; `max_micro_batch` is the largest micro-batch whose peak plus
+    its reserve fits.
 
     Model states at rest (the ZeRO paper's figure) stay: `params_bytes`, `grads_bytes`,
     `optimizer_bytes` (`model_states_bytes` their sum), and `total_bytes = params_bytes +
@@ -75,7 +83,7 @@ class MemoryEstimate(Readable):
     heads: int | None
     seq_len: int | None
     vocab: int | None
-    overhead_gib: float
+    overhead_gib: float | None  # None: derived ("auto")
     tokens: float | None
     mfu: float
     price_per_gpu_hour: float | None
@@ -108,6 +116,7 @@ class MemoryEstimate(Readable):
     # the peak of a step
     peak_bytes: int = 0
     peak: StepPeak | None = None
+    reserve: Reserve | None = None
     attention: str = "sdpa"
     optimizer_impl: str = "foreach"
     grad_accum: int = 1
@@ -135,6 +144,53 @@ class MemoryEstimate(Readable):
         return self.peak_bytes + self.overhead_bytes
 
     @property
+    def reserved_peak_bytes(self) -> int | None:
+        """The caching allocator's reserved peak (`torch.cuda.max_memory_reserved()`): the
+        allocated peak plus the allocator's reserve; None when `overhead_gib` was given
+        (one figure, not split)."""
+        if self.reserve is None or self.reserve.given_bytes is not None:
+            return None
+        return self.peak_bytes + self.reserve.allocator_bytes
+
+    @property
+    def nvidia_smi_bytes(self) -> int:
+        """What nvidia-smi shows for the process at the peak: `required_bytes`."""
+        return self.required_bytes
+
+    @property
+    def margin_bytes(self) -> int | None:
+        """The GPU's memory left at the peak (negative: over by that much); None without
+        a GPU."""
+        if self.gpu_memory_bytes is None:
+            return None
+        return self.gpu_memory_bytes - self.required_bytes
+
+    @property
+    def largest_term(self) -> tuple[str, int]:
+        """The largest named term of what the GPU must hold (the peak's terms and the
+        reserve's)."""
+        terms = {**self.peak_terms, **(self.reserve.terms if self.reserve else {})}
+        if not terms:
+            return "model states", self.peak_bytes
+        name = max(terms, key=lambda k: terms[k])
+        return name, terms[name]
+
+    @property
+    def verdict(self) -> str | None:
+        """ "fits with 6.2 GiB to spare" or "over by 3.1 GiB: the largest term is
+        activations (40.0 GiB)"; None without a GPU."""
+        margin = self.margin_bytes
+        if margin is None:
+            return None
+        if margin >= 0:
+            return f"fits with {fmt_bytes(margin)} to spare"
+        name, value = self.largest_term
+        return (
+            f"does not fit: over by {fmt_bytes(-margin)}, the largest term is {name} "
+            f"({fmt_bytes(value)})"
+        )
+
+    @property
     def peak_terms(self) -> dict[str, int]:
         """The peak's named terms (bytes), largest point of the step."""
         return dict(self.peak.terms) if self.peak is not None else {}
@@ -142,6 +198,32 @@ class MemoryEstimate(Readable):
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (the activation breakdown nested)."""
         return asdict(self)
+
+    def _reserve_rows(self) -> list[tuple[str, str]]:
+        """The reserve's terms and the three named figures (allocated, reserved, nvidia-smi)."""
+        reserve = self.reserve
+        if reserve is None or reserve.given_bytes is not None:
+            return [
+                (
+                    "CUDA context and allocator reserve (overhead_gib)",
+                    fmt_bytes(self.overhead_bytes),
+                ),
+                ("allocated peak (max_memory_allocated)", fmt_bytes(self.peak_bytes)),
+                ("what nvidia-smi shows", fmt_bytes(self.required_bytes)),
+            ]
+        context = "measured" if reserve.context_measured else "assumed"
+        return [
+            ("CUDA context and allocator reserve", fmt_bytes(self.overhead_bytes)),
+            ("allocated peak (max_memory_allocated)", fmt_bytes(self.peak_bytes)),
+            ("  + allocator reserve (rounding)", fmt_bytes(reserve.allocator_bytes)),
+            (
+                "reserved peak (max_memory_reserved)",
+                fmt_bytes(self.peak_bytes + reserve.allocator_bytes),
+            ),
+            (f"  + CUDA context ({context})", fmt_bytes(reserve.context_bytes)),
+            ("  + NCCL buffers", fmt_bytes(reserve.nccl_bytes)),
+            ("what nvidia-smi shows", fmt_bytes(self.required_bytes)),
+        ]
 
     def _display(self) -> Display:
         acts = (
@@ -166,8 +248,8 @@ class MemoryEstimate(Readable):
                         fmt_bytes(self.peak.chunked_loss_saving_bytes),
                     )
                 )
+        rows += self._reserve_rows()
         rows += [
-            ("CUDA context and allocator reserve", fmt_bytes(self.overhead_bytes)),
             ("model states at rest", ""),
             ("  parameters", fmt_bytes(self.params_bytes)),
             ("  gradients", fmt_bytes(self.grads_bytes)),
@@ -178,8 +260,7 @@ class MemoryEstimate(Readable):
         if self.cpu_offload_bytes:
             rows.append(("offloaded to CPU", fmt_bytes(self.cpu_offload_bytes)))
         if self.gpu is not None:
-            verdict = "fits" if self.fits else "does not fit"
-            rows.append((f"on {self.gpu}", f"{verdict} ({fmt_bytes(self.gpu_memory_bytes)})"))
+            rows.append((f"on {self.gpu} ({fmt_bytes(self.gpu_memory_bytes)})", self.verdict or ""))
             if self.max_micro_batch is not None:
                 rows.append(("largest micro-batch that fits", str(self.max_micro_batch)))
         if self.train_seconds is not None:

@@ -14,7 +14,7 @@ A flag shared with TrainConfig takes the TrainConfig setting's own flag and meta
 (`workbench.config.SETTINGS`), so `--activation-checkpointing` or `--tp` means the same in
 every command. Pure: imports no torch.
 
-Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 52
+Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 53
 keywords, a few lines each, and nothing else.
 """
 
@@ -33,12 +33,14 @@ from workbench.estimate.model_states import FSDP_MODES
 #: `workbench.estimate.peak` counts each one's temporaries).
 OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
 
-#: Per-GPU memory the estimator reserves for the framework, in GiB. The CUDA context
-#: alone takes about 0.3-0.6 GiB on recent GPUs (more without lazy module loading),
-#: cuBLAS/cuDNN workspaces and NCCL buffers add a few hundred MiB, and the caching
-#: allocator loses some memory to fragmentation; 1 GiB covers the sum on the parts in
-#: the catalog for a plain data-parallel job. Raise it for NCCL-heavy or fragmented runs.
+#: The flat per-GPU figure for the CUDA context and allocator reserve the estimator used
+#: before it derived them (`workbench.estimate.reserve`: the CUDA context per GPU
+#: generation, NCCL's buffers, the allocator's segment rounding). No longer the default
+#: (`overhead_gib="auto"`); kept for code that passes it as `overhead_gib` explicitly.
 DEFAULT_OVERHEAD_GIB = 1.0
+
+#: `overhead_gib`'s default: the reserve derived from the setup (`workbench.estimate.reserve`).
+OVERHEAD_AUTO = "auto"
 
 #: Model FLOPs utilisation assumed for time estimates: well-tuned large-model training
 #: reports 0.35-0.55 on A100/H100 (e.g. PaLM 46%, Megatron-LM ~50%); 0.4 is a middle value.
@@ -481,14 +483,25 @@ FIELDS: tuple[EstimateField, ...] = (
     _f(
         "overhead_gib",
         "float",
-        DEFAULT_OVERHEAD_GIB,
-        help=f"per-GPU CUDA context and allocator reserve ({DEFAULT_OVERHEAD_GIB})",
+        OVERHEAD_AUTO,
+        help="per-GPU CUDA context, NCCL buffers and allocator reserve in GiB, replacing the "
+        "derived figure (auto: derived from the GPU and the setup)",
         flag="--overhead-gib",
         read="float",
         metavar="GIB",
         cli="hw",
         label="CUDA reserve (GiB)",
         panel=("step", 5),
+    ),
+    _f(
+        "lazy_loading",
+        "bool",
+        True,
+        help="the CUDA context is torch's before 1.13 or CUDA's before 11.7, or "
+        "CUDA_MODULE_LOADING=EAGER: every kernel loaded at start (0.67 GB, not 0.4)",
+        flag="--eager-loading",
+        read="nodrop",
+        cli="hw",
     ),
     _f(
         "tokens",
@@ -703,6 +716,7 @@ __all__ = [
     "CLI_GROUPS",
     "DEFAULT_MFU",
     "DEFAULT_OVERHEAD_GIB",
+    "OVERHEAD_AUTO",
     "CONFIG_FIELDS",
     "FIELDS",
     "OPTIMIZER_IMPLS",

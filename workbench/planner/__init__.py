@@ -222,6 +222,13 @@ class PlanResult:
             money = f", ${cost:,.0f}" if cost is not None else ""
             lines.append(f"\n{self.tokens:,.0f} tokens with #1: {seconds / 86400:,.1f} days{money}")
         lines += ["", "Why #1:"] + [f"  {w}" for w in self.why()]
+        if self.plans:
+            spare = self.usable_bytes - self.best.required_bytes
+            lines.append(
+                f"  it fits with {spare / _GIB:.1f} GiB to spare: "
+                f"{self.best.required_bytes / _GIB:.1f} of {self.usable_bytes / _GIB:.1f} GiB "
+                "(the allocated peak, the allocator's reserve, the CUDA context, NCCL's buffers)"
+            )
         lines += ["", "Fastest plan per memory budget:"]
         lines += [f"  {b / _GIB:>5.0f} GiB: {p.label()}" for b, p in self.by_budget()]
         if self.unfit:
@@ -230,8 +237,8 @@ class PlanResult:
                 term, size = max(p.peak_terms.items(), key=lambda kv: kv[1])
                 over = (p.required_bytes - self.usable_bytes) / _GIB
                 lines.append(
-                    f"  {p.label()}: {p.required_bytes / _GIB:.1f} GiB, {over:.1f} GiB over; "
-                    f"{term} {size / _GIB:.1f} GiB"
+                    f"  {p.label()}: {p.required_bytes / _GIB:.1f} GiB, over by {over:.1f} GiB: "
+                    f"the largest term is {term} ({size / _GIB:.1f} GiB)"
                 )
         lines += ["", f"Bandwidths: {c.source}"] + self.notes
         return "\n".join(lines)

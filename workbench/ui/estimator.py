@@ -32,7 +32,6 @@ from matplotlib.patches import Rectangle
 from workbench.config import OptimizerName, Precision
 from workbench.estimate import (
     DEFAULT_MFU,
-    DEFAULT_OVERHEAD_GIB,
     MODELS,
     Checkpointing,
     EstimateInputError,
@@ -42,7 +41,14 @@ from workbench.estimate import (
     estimate_memory,
     gpu_names,
 )
-from workbench.estimate.schema import FIELDS, PANEL_COLUMNS, EstimateField, labels, panel_fields
+from workbench.estimate.schema import (
+    FIELDS,
+    OVERHEAD_AUTO,
+    PANEL_COLUMNS,
+    EstimateField,
+    labels,
+    panel_fields,
+)
 from workbench.inputs import shown
 from workbench.ui.charts import Chart
 from workbench.ui.estimator_dry_run import DryRunControl
@@ -180,7 +186,7 @@ class EstimatorPanel(PanelBase):
             "optimizer_impl": "auto",
             "loss_chunks": "1",
             "gpu": "a100-80gb",
-            "overhead_gib": f"{DEFAULT_OVERHEAD_GIB:g}",
+            "overhead_gib": OVERHEAD_AUTO,
             "tokens": "140B",
             "mfu": f"{DEFAULT_MFU:g}",
             "price_per_gpu_hour": "2.0",
@@ -365,7 +371,7 @@ class EstimatorPanel(PanelBase):
         _, ymax = self._ax_setup.get_ylim()
         if tallest > ymax / 1.05 or tallest < 0.45 * ymax:
             ymax = tallest * 1.18
-        fits = "fits" if e.fits else ("does not fit" if e.fits is False else "")
+        fits = self._verdict(e, self.units.value)
         engine = f"FSDP {e.fsdp}" if e.fsdp != "off" else f"ZeRO {e.zero_stage}"
         self._ax_setup.set_title(f"peak of a step ({engine}) {fits}", fontsize=10)
         background = (
@@ -481,7 +487,8 @@ class EstimatorPanel(PanelBase):
         take("gpus", parse_int, minimum=1)
         take("tensor_parallel", parse_int, minimum=1)
         take("pipeline_parallel", parse_int, minimum=1)
-        take("overhead_gib", parse_float, minimum=0.0)
+        if f["overhead_gib"].value.strip().lower() not in ("", OVERHEAD_AUTO):
+            take("overhead_gib", parse_float, minimum=0.0)  # else derived from the setup
         take("mfu", parse_float, minimum=0.0, maximum=1.0, exclusive_minimum=True)
         take("price_per_gpu_hour", parse_float, minimum=0.0, optional=True)
         tokens_text = f["tokens"].value.strip()
@@ -578,6 +585,40 @@ class EstimatorPanel(PanelBase):
         return {n: f.error_text for n, f in self.fields.items() if f.error_text}
 
     # ------------------------------------------------------------------ summary
+    @staticmethod
+    def _verdict(e: MemoryEstimate, u: str) -> str:
+        """`MemoryEstimate.verdict` in the panel's units ("" without a GPU)."""
+        margin = e.margin_bytes
+        if margin is None:
+            return ""
+        if margin >= 0:
+            return f"fits with {format_bytes(margin, u)} to spare"
+        name, value = e.largest_term
+        return (
+            f"does not fit: over by {format_bytes(-margin, u)}, the largest term is {name} "
+            f"({format_bytes(value, u)})"
+        )
+
+    @staticmethod
+    def _reserve_rows(e: MemoryEstimate, u: str) -> list[tuple[str, str]]:
+        """Allocated, reserved and what nvidia-smi shows: three named lines, with the
+        reserve's terms between them (`MemoryEstimate.reserve`)."""
+        r = e.reserve
+        if r is None or r.given_bytes is not None:
+            return [
+                ("+ CUDA context and reserve (given)", format_bytes(e.overhead_bytes, u)),
+                ("what nvidia-smi shows", format_bytes(e.required_bytes, u)),
+            ]
+        context = "measured" if r.context_measured else "assumed"
+        reserved = e.reserved_peak_bytes or e.peak_bytes
+        return [
+            ("+ allocator reserve (rounding)", format_bytes(r.allocator_bytes, u)),
+            ("reserved peak (max_memory_reserved)", format_bytes(reserved, u)),
+            (f"+ CUDA context ({context})", format_bytes(r.context_bytes, u)),
+            ("+ NCCL buffers", format_bytes(r.nccl_bytes, u)),
+            ("what nvidia-smi shows", format_bytes(e.required_bytes, u)),
+        ]
+
     def _show_summary(self) -> None:
         e = self.estimate
         if e is None:
@@ -598,9 +639,12 @@ class EstimatorPanel(PanelBase):
             rows.append(("parameters per GPU before ZeRO", f"{e.shard_params:,}"))
         phase = e.peak.phase if e.peak is not None else ""
         rows += [
-            (f"peak of a step per GPU (at the {phase})", f"<b>{format_bytes(e.peak_bytes, u)}</b>"),
-            ("+ CUDA context and reserve", format_bytes(e.required_bytes, u)),
+            (
+                f"peak of a step per GPU, allocated (at the {phase})",
+                f"<b>{format_bytes(e.peak_bytes, u)}</b>",
+            ),
         ]
+        rows += self._reserve_rows(e, u)
         for term, value in e.peak_terms.items():
             if term not in ("parameters", "gradients", "optimizer states") and value:
                 label = f"{term} ({e.optimizer_impl})" if "temporaries" in term else term
@@ -626,10 +670,9 @@ class EstimatorPanel(PanelBase):
                 )
             )
         if e.gpu_memory_bytes is not None:
+            color = "#2e7d32" if e.fits else "#c62828"
             verdict = (
-                '<span style="color:#2e7d32"><b>fits</b></span>'
-                if e.fits
-                else '<span style="color:#c62828"><b>does not fit</b></span>'
+                f'<span style="color:{color}"><b>{html.escape(self._verdict(e, u))}</b></span>'
             )
             rows.append((f"{e.gpu} ({format_bytes(e.gpu_memory_bytes, u)})", verdict))
             if e.activation_bytes is not None:
