@@ -234,6 +234,7 @@ class DryRun(Readable):
     batch: str
     wall_seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    dtypes: dict[str, str] = field(default_factory=dict)  # per model-state category, as trained
 
     @property
     def required_bytes(self) -> int:
