@@ -247,6 +247,71 @@ def _built_in(
     )
 
 
+# ---------------------------------------------------------------------- a preset or a shape
+#: The estimator's shape keywords a preset's architecture takes as overrides.
+SHAPE_KEYS = (
+    "layers",
+    "hidden",
+    "heads",
+    "seq_len",
+    "vocab",
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "tied_embeddings",
+)
+
+
+def architecture_of(kwargs: Mapping[str, Any]) -> Any:
+    """The `Architecture` of estimator keywords (a preset `model` with its shape
+    overrides, or a shape), or None when they name none."""
+    from workbench.estimate import Architecture
+    from workbench.estimate.presets import find_model
+
+    shape = {k: kwargs[k] for k in SHAPE_KEYS if kwargs.get(k) is not None}
+    try:
+        if kwargs.get("model") is not None:
+            preset = find_model(kwargs["model"])
+            return None if isinstance(preset, str) else preset.architecture.replace(**shape)
+        return Architecture.create(**shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def shape_config(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the transformers config.json, as a dict, that builds the model the estimator
+    keywords name: a preset of a transformers family, or a shape;
+    `workbench.estimate.hf_shape.config_of`), or (None, what is missing)."""
+    from workbench.estimate.hf_shape import config_of
+
+    arch = architecture_of(kwargs)
+    family = _preset_family(kwargs)
+    if arch is None:
+        given = "a parameter count" if kwargs.get("n_params") is not None else "no model"
+        return None, (
+            f"{given} is not a model to build: give a preset of a transformers family "
+            "(gpt2, llama, mistral, mixtral, qwen, pythia), a config.json, or a shape "
+            "(layers, hidden, heads)"
+        )
+    config = config_of(arch)
+    if config is None:
+        return None, (
+            "no transformers model builds this shape (a decoder of the Llama, Mixtral, "
+            "GPT-2 or GPT-NeoX kind)"
+        )
+    if family == "mistral" and config.get("model_type") == "llama":  # its own classes
+        config = {k: v for k, v in config.items() if k not in ("attention_bias", "mlp_bias")}
+        config["model_type"] = "mistral"
+    return config, None
+
+
+def _preset_family(kwargs: Mapping[str, Any]) -> str | None:
+    from workbench.estimate.presets import find_model
+
+    preset = find_model(kwargs.get("model")) if kwargs.get("model") is not None else None
+    return None if preset is None or isinstance(preset, str) else preset.family
+
+
 # ---------------------------------------------------------------------- the micro-batch
 def _is_pair(batch: Any) -> bool:
     return isinstance(batch, (tuple, list)) and len(batch) == 2
@@ -612,11 +677,13 @@ def failure_problem(
 
 
 __all__ = [
+    "SHAPE_KEYS",
     "FakeBatch",
     "FakeModel",
     "GpuKernels",
     "ModuleStack",
     "OpRecorder",
+    "architecture_of",
     "cast_copy",
     "count_unique",
     "expected_batch",
@@ -626,4 +693,5 @@ __all__ = [
     "hf_config_of",
     "meta_twin",
     "model_name",
+    "shape_config",
 ]
