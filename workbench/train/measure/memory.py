@@ -363,6 +363,20 @@ def peak_rss_bytes() -> int | None:
         return None
 
 
+#: What the prediction's attention kernel (`MemoryEstimate.attention`) counted, as said
+#: beside the measurement (`workbench.prediction.sdpa_kernel` picks it for the device).
+_KERNEL_NOTES = {
+    "math": "attention predicted as torch's sdpa math kernel, the one it runs on a CPU when "
+    "the attention has dropout: it keeps the attention weights, their dropout mask and the "
+    "dropped weights in fp32 (a GPU's fused kernels keep a random seed and a log-sum-exp)",
+    "sdpa": "attention predicted as a fused sdpa kernel (flash or memory-efficient on a GPU, "
+    "the CPU's flash kernel without dropout): no s x s tensors kept",
+    "eager": "attention predicted as transformers' unfused kernel (its fp32 softmax kept)",
+    "megatron": "attention predicted as the model's unfused kernel (the softmax output and "
+    "its dropout mask kept)",
+}
+
+
 def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str) -> MemoryReport:
     """A `MemoryReport` of `runtime`'s settings (a `workbench.train.runtime.Runtime`) on one
     probe micro-batch, next to `predict()` (the Session's prediction). The caller holds the
@@ -390,17 +404,9 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         notes.append(f"no prediction: {type(exc).__name__}: {exc}")
     if predicted is not None and predicted.activation_bytes is None:
         notes.append(no_activation_note)
-    if device.type == "cpu" and str(getattr(cfg.attention, "value", cfg.attention)) == "sdpa":
-        dropout = any(
-            "Dropout" in type(m).__name__ and float(getattr(m, "p", 0) or 0) > 0
-            for m in runtime.trained_module.modules()
-        )
-        if dropout:
-            notes.append(
-                "sdpa with dropout on a CPU: PyTorch's math kernel keeps the attention "
-                "weights for backward (a GPU's fused kernels keep a random seed), so the "
-                "measured activations exceed the prediction, which counts a GPU's kernel"
-            )
+    kernel = getattr(predicted, "attention", None)
+    if predicted is not None and predicted.activation_bytes is not None and kernel is not None:
+        notes.append(_KERNEL_NOTES.get(kernel, f"predicted with the {kernel} attention kernel"))
     lora = getattr(runtime, "lora", None)
     if lora is not None:
         adapters, base = lora.adapter_parameters(), lora.base_parameters()
