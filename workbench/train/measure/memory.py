@@ -363,17 +363,14 @@ def peak_rss_bytes() -> int | None:
         return None
 
 
-#: What the prediction's attention kernel (`MemoryEstimate.attention`) counted, as said
-#: beside the measurement (`workbench.prediction.sdpa_kernel` picks it for the device).
+#: What the prediction's attention kernel (`MemoryEstimate.attention`, which
+#: `workbench.prediction.sdpa_kernel` picks for the device) counted, where it is not the
+#: kernel a GPU runs.
 _KERNEL_NOTES = {
-    "math": "attention predicted as torch's sdpa math kernel, the one it runs on a CPU when "
-    "the attention has dropout: it keeps the attention weights, their dropout mask and the "
-    "dropped weights in fp32 (a GPU's fused kernels keep a random seed and a log-sum-exp)",
-    "sdpa": "attention predicted as a fused sdpa kernel (flash or memory-efficient on a GPU, "
-    "the CPU's flash kernel without dropout): no s x s tensors kept",
-    "eager": "attention predicted as transformers' unfused kernel (its fp32 softmax kept)",
-    "megatron": "attention predicted as the model's unfused kernel (the softmax output and "
-    "its dropout mask kept)",
+    "math": "sdpa with dropout on a CPU: PyTorch runs its math kernel, which keeps the "
+    "attention weights, their dropout mask and the dropped weights in fp32, and the "
+    "prediction counts that kernel (attention 'math'); a GPU's fused kernels keep a random "
+    "seed and a log-sum-exp instead",
 }
 
 
@@ -406,7 +403,7 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         notes.append(no_activation_note)
     kernel = getattr(predicted, "attention", None)
     if predicted is not None and predicted.activation_bytes is not None and kernel is not None:
-        notes.append(_KERNEL_NOTES.get(kernel, f"predicted with the {kernel} attention kernel"))
+        notes.extend(n for k, n in _KERNEL_NOTES.items() if k == kernel)
     lora = getattr(runtime, "lora", None)
     if lora is not None:
         adapters, base = lora.adapter_parameters(), lora.base_parameters()
