@@ -63,9 +63,9 @@ def test_the_sdpa_kernel_torch_picks(kernel, device, dropout, expected) -> None:
 
 
 def test_the_math_kernel_terms_are_hand_counted() -> None:
-    """One layer, s 64, b 8, h 128, a 4 (f 4h): the math kernel keeps fp32 copies of Q, K,
-    V (3sbh) and with dropout three fp32 s x s tensors; the projection input stays in the
-    activation dtype, and nothing else of the attention differs from megatron's."""
+    """One layer, s 64, b 8, h 128, a 4 (f 4h): the math kernel keeps one fp32 s x s
+    tensor, three with dropout, and under 16-bit compute fp32 copies of Q, K and V (2 more
+    bytes each of 3sbh); nothing else of the attention differs from megatron's."""
     s, b, h, a = 64, 8, 128, 4
     sbh, as2b = s * b * h, a * s * s * b
     shape = dict(layers=1, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256)
@@ -77,8 +77,8 @@ def test_the_math_kernel_terms_are_hand_counted() -> None:
             megatron = transformer_activation_bytes(
                 **shape, attention="megatron", dropout=dropout, activation_bytes_per_element=e
             )
-            scores_math = 4 * (3 * sbh + (3 if dropout else 1) * as2b)
-            scores_megatron = e * (3 * sbh) + (e * 2 * as2b + as2b if dropout else e * as2b)
+            scores_math = 4 * (3 if dropout else 1) * as2b + (4 - e) * 3 * sbh
+            scores_megatron = e * 2 * as2b + as2b if dropout else e * as2b
             assert math.per_layer_bytes - megatron.per_layer_bytes == (
                 scores_math - scores_megatron
             )

@@ -77,11 +77,12 @@ input), +2as²b with dropout (the cast is dropout's input, not kept); in fp32 th
 one tensor. torch's own unfused kernel ("math": what `scaled_dot_product_attention` runs
 on a CPU when the attention has dropout; aten's sdp_utils_cpp.cpp, `use_flash_attention_cpp`,
 refuses dropout) keeps, per layer, scaled copies of Q and K and a contiguous copy of V
-(3sbh, with K and V repeated to every head) and as^2b for the softmax output, 3as^2b with
-dropout (its mask is a tensor of the scores' dtype, and the dropped probabilities are the
-second matmul's input), all in fp32 on a CPU (its math kernel computes 16-bit inputs in
-fp32): 4·(3sbh + as^2b or 3as^2b) bytes whatever the activation dtype, plus the
-projection input. The fused kernels torch and transformers use by default ("sdpa": flash /
+(3sbh, with K and V repeated to every head: in place of Q, K and V) and as^2b for the
+softmax output, 3as^2b with dropout (its mask is a tensor of the scores' dtype, and the
+dropped probabilities are the second matmul's input), all in fp32 on a CPU (its math
+kernel computes 16-bit inputs in fp32): 4·as^2b or 4·3as^2b score bytes whatever the
+activation dtype, and under 16-bit compute 2·3sbh more for the fp32 Q, K, V. Selective
+recomputation keeps the kernel's 16-bit inputs and recomputes the rest. The fused kernels torch and transformers use by default ("sdpa": flash /
 memory-efficient `scaled_dot_product_attention`) store no `as^2b` tensor: the per-layer
 score terms become the kernel's fp32 log-sum-exp, 4·asb bytes (4·asb/t with tensor
 parallelism), its dropout keeps a seed instead of an `as^2b` mask, and it keeps K and V
@@ -241,12 +242,11 @@ def _layer_terms(
     fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks, and which keeps K
     and V at their width `g` (grouped-query attention: no repeat). `math`: torch's math
     kernel on a CPU, whose copies of Q, K, V and score tensors are fp32 whatever the
-    activation dtype (the module docstring)."""
+    activation dtype (the module docstring; `activation_breakdown` adds the fp32 copies
+    of 16-bit Q, K and V)."""
     sbh = s * b * h
     outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
     qkv = 2 * sbh + 2 * s * b * (g or h) if fused else 4 * sbh  # Q, K, V, projection input
-    if math:
-        qkv = sbh  # the projection input; the kernel's Q, K, V copies are fp32 below
     split = qkv + (4 if gated else 2) * s * b * f  # and the MLP's inner tensors
     norm_inputs = 1 if parallel else 2  # a parallel block's two norms read one tensor
     linear = (2 + norm_inputs) * sbh // outside + split // t
@@ -254,8 +254,8 @@ def _layer_terms(
     if fused:
         return linear, 0, masks, 4 * (a * s * b) // t  # log-sum-exp, fp32
     as2b = a * s * s * b
-    if math:  # fp32: Q, K, V copies; softmax output (+ mask and dropped probabilities)
-        return linear, 0, masks, 4 * (3 * sbh + (3 if dropout else 1) * as2b) // t
+    if math:  # fp32 on a CPU: the softmax output (+ its mask and the dropped weights)
+        return linear, 0, masks, 4 * (3 if dropout else 1) * as2b // t
     if dropout:
         return linear, 2 * as2b // t, masks, as2b // t
     return linear, as2b // t, 0, 0
@@ -420,6 +420,8 @@ def activation_breakdown(
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is
         # dropout's input, not kept, and the fp32 output replaces it (+4 - 2 bytes)
         score_mask += (2 if dropout else 4) * a * s * s * b // t
+    if attention is Attention.MATH and e == 2:  # the CPU's math kernel upcasts Q, K, V
+        score_mask += (4 - e) * 3 * s * b * h // t  # its fp32 copies, beyond 16-bit ones
     if experts:
         tokens = s * b // (t if sp else 1)
         lin_el += experts_per_token * s * b * h // t + experts * tokens
