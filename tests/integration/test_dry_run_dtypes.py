@@ -62,3 +62,22 @@ def test_the_cast_is_said() -> None:
     run = _run("amp-bf16", "bfloat16")
     assert any("came with bf16 weights" in n and "fp32" in n for n in run.notes)
     assert not any("came with" in n for n in _run("amp-bf16", "float32").notes)
+
+
+def test_a_module_with_real_weights_trains_in_its_own_dtype_and_it_is_said() -> None:
+    """A Session trains your module as it is; its dry run does the same, and says so."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)).to(torch.bfloat16)
+    batch = (torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64))
+    run = simulate_memory(
+        model,
+        TrainConfig(precision="amp-bf16", micro_batch=4),
+        batch=batch,
+        loss_fn=nn.functional.cross_entropy,
+        progress=False,
+    )
+    assert run.dtypes["parameters"] == "bf16"
+    assert any("a Session trains them as they are" in n for n in run.notes)
+    assert next(model.parameters()).dtype is torch.bfloat16  # never changed

@@ -180,7 +180,7 @@ def simulate_memory(
     built = fake_model(model, model_options, fake_mode, sim_device)
     if isinstance(built, list):
         raise DryRunError(built)
-    fm, dtype_note = _weights_as_named(built, config, fake_mode)
+    fm, dtype_note = _weights_as_named(built, config, fake_mode, given=model)
     made = fake_batch(
         fm,
         batch,
@@ -315,13 +315,14 @@ def weights_dtype(precision: Precision) -> torch.dtype:
 
 
 def _weights_as_named(
-    fm: FakeModel, config: TrainConfig, fake_mode: Any
+    fm: FakeModel, config: TrainConfig, fake_mode: Any, *, given: Any = None
 ) -> tuple[FakeModel, str | None]:
     """`fm` with its floating weights in fp32 where the precision trains fp32 weights
     (fp32, amp-*) and the model came in another dtype (a config.json's `torch_dtype`, a
-    module loaded in bf16): the precision names the weights', gradients' and optimizer
-    states' dtype, not the checkpoint's. The 16-bit precisions cast their own copy in the
-    run (`cast_copy`). The note says what was cast."""
+    meta module or a function building it in bf16): the precision names the weights',
+    gradients' and optimizer states' dtype, not the config's. The 16-bit precisions cast
+    their own copy in the run (`cast_copy`). A module with real weights (`given`, a
+    Session's) is trained in its own dtype, as a Session trains it; the note says which."""
     precision = Precision(config.precision)
     if weights_dtype(precision) is not torch.float32:
         return fm, None
@@ -329,6 +330,13 @@ def _weights_as_named(
     other = sorted(_dtype_name(d) for d in found if d is not torch.float32)
     if not other:
         return fm, None
+    if isinstance(given, nn.Module) and any(p.device.type != "meta" for p in given.parameters()):
+        note = (
+            f"the module's weights are {', '.join(other)}, and a Session trains them as "
+            f"they are; {precision.value} names fp32 weights (load the model in fp32, "
+            "e.g. torch_dtype=torch.float32, for that)"
+        )
+        return fm, note
     module = cast_copy(fm.module, torch.float32, fake_mode)
     note = (
         f"the model came with {', '.join(other)} weights; {precision.value} trains fp32 "
