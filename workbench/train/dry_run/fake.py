@@ -16,6 +16,11 @@ kernels a GPU would run, and the names of what failed.
   keep more than the CUDA ones: dropout keeps a 1-byte mask (`native_dropout`, as CUDA's
   fused kernel) instead of a mask in the input's dtype, and scaled-dot-product attention
   with dropout runs the fused kernel (which keeps a random seed, not an s x s mask).
+* `shape_config` turns the estimator's keywords (a preset of a transformers family, with
+  its shape overrides, or a shape) into the config.json that builds that model
+  (`workbench.estimate.hf_shape.config_of`; a Mistral preset with Mistral's classes): the
+  model `workbench estimate --simulate` and the estimator panel's dry run build; a bare
+  parameter count is no model, and it says what to give.
 * `ModuleStack` (forward hooks on the fake copy) and `OpRecorder` (a dispatch mode) name the
   innermost module and the operator running when something fails (`failure_problem`).
 
