@@ -13,6 +13,12 @@ real layout ("deepspeed": fp32 master partitions, flat buffers, reduce buckets) 
 DeepSpeed trains it (ZeRO, DeepSpeed 16-bit, several ranks), FSDP2's ("fsdp") under
 `fsdp`, the ZeRO paper's otherwise.
 
+The attention kernel is the one torch runs on the device at hand (`device`; `sdpa_kernel`):
+`scaled_dot_product_attention` picks a fused kernel on a GPU (flash or memory-efficient)
+and on a CPU without dropout (its CPU flash kernel), and its math kernel on a CPU when the
+attention has dropout (the CPU flash kernel takes none), which keeps the s x s attention
+weights; the estimate's `attention` says which it counted.
+
 Pure Python: imports the config and the estimator, no torch.
 """
 
@@ -70,13 +76,15 @@ def predict_memory(
     gpu: str | None = None,
     lora_params: int | None = None,
     qlora_params: int | None = None,
+    device: str | None = None,
 ) -> MemoryEstimate:
     """The estimator's per-rank figure for training `model` with `config` on `world_size`
     ranks (see the module docstring). `accounting`: "paper" or "deepspeed" (default: the
     engine's, `accounting_for`). `gpu`: a catalog GPU name for the fits answer.
     `lora_params`: the exact LoRA adapter count of the module (`lora_rank` > 0; else the
     estimator counts them from the shape, every linear layer of a block a target), and
-    `qlora_params` the weights QLoRA holds in 4 bits. Raises
+    `qlora_params` the weights QLoRA holds in 4 bits. `device`: the device type it trains on
+    ("cuda", "cpu"; None: a GPU's), for the attention kernel torch picks there. Raises
     ValueError (the estimator's, naming every bad input) when it cannot predict."""
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
@@ -86,7 +94,12 @@ def predict_memory(
             f"model={shown(model)}: must be a parameter count or a description with n_params >= 1"
         )
     inputs = estimator_inputs(
-        config, world_size, model=model, lora_params=lora_params, qlora_params=qlora_params
+        config,
+        world_size,
+        model=model,
+        lora_params=lora_params,
+        qlora_params=qlora_params,
+        device=device,
     )
     if accounting:
         inputs["accounting"] = accounting
@@ -135,6 +148,7 @@ def estimator_inputs(
     model: Any = None,
     lora_params: int | None = None,
     qlora_params: int | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """The `estimate_memory` keywords of training `model` with `config` on `world_size`
     ranks: the one mapping TrainConfig -> estimator inputs, used by the prediction
@@ -145,7 +159,8 @@ def estimator_inputs(
     holds are read, no engine decided, the estimator's accounting). `model`: a model
     description (`shape_of`; None: none, the caller gives the model); the attention kernel
     is translated with the model's own (`attention_terms`) when it has a shape. LoRA:
-    `lora_params` / `qlora_params` as in `predict_memory`."""
+    `lora_params` / `qlora_params` as in `predict_memory`. `device`: the device type it
+    trains on (None: a GPU's), for the sdpa kernel torch picks there (`sdpa_kernel`)."""
     if isinstance(config, TrainConfig):
         values = {f.name: getattr(config, f.name) for f in fields(config)}
     else:
@@ -160,9 +175,23 @@ def estimator_inputs(
     shape = shape_of(model)
     if shape:
         kernel = attention_terms(_text(values.get("attention", "model")), shape.get("attention"))
+        kernel = sdpa_kernel(kernel, device, bool(shape.get("dropout", False)))
         shape = {**shape, "attention": kernel} if kernel is not None else shape
     out.update(shape)
     return out
+
+
+def sdpa_kernel(kernel: str | None, device: str | None, dropout: bool) -> str | None:
+    """The attention terms of `kernel` (the estimator's words) on `device` as torch's sdpa
+    backend selection decides (torch 2.x: aten/src/ATen/native/transformers/sdp_utils_cpp.cpp
+    `select_sdp_backend_cpp`: the CPU flash kernel unless a check refuses it, and
+    `check_for_dropout` refuses a dropout above 0; on CUDA, sdp_utils.cpp picks flash or
+    memory-efficient, both with dropout): "sdpa" on a CPU with dropout becomes "math" (its
+    math kernel, `activations.Attention.MATH`); every other kernel is what it says. Measured
+    on a CPU: tests/integration/test_attention_kernel.py."""
+    if kernel == "sdpa" and device == "cpu" and dropout:
+        return "math"
+    return kernel
 
 
 def lora_inputs(

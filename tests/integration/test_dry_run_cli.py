@@ -83,9 +83,11 @@ def test_simulate_runs_deepspeed_zero_on_fake_ranks(config, capsys) -> None:
     assert made >= 2 * dry["grads_bytes"] > 0
 
 
-def test_simulate_needs_a_config(capsys) -> None:
-    code, _, err = _run(["estimate", "--model", "llama-3-8b", "--simulate"], capsys)
-    assert code == 2 and "--simulate: needs --hf-config" in err
+def test_simulate_needs_a_model_to_build(capsys) -> None:
+    code, _, err = _run(["estimate", "--params", "7B", "--simulate"], capsys)
+    assert code == 2 and "--simulate: needs a model to build on fake tensors" in err
+    assert "--model PRESET" in err and "--hf-config FILE" in err and "--layers" in err
+    assert "--params gives a count, not a model to build" in err
 
 
 def test_a_session_simulates_its_own_setup_and_memory_shows_it() -> None:

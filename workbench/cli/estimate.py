@@ -103,7 +103,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
     out.add_argument(
         "--simulate",
         action="store_true",
-        help="also run a dry run of the --hf-config model: real training steps on fake "
+        help="also run a dry run of the model (--hf-config, a transformers --model preset or "
+        "a shape): real training steps on fake "
         "tensors (nothing allocated), its measured peak beside the formula's",
     )
     out.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
@@ -316,12 +317,34 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def _simulate(
     args: argparse.Namespace, parser: argparse.ArgumentParser, e: Any, unit: int, name: str
 ) -> int:
-    """`--simulate`: the dry run of the --hf-config model with the estimate's settings."""
+    """`--simulate`: the dry run of the model with the estimate's settings: the
+    --hf-config model, or the transformers model of a --model preset or a shape (its
+    config.json made by `workbench.train.dry_run.fake.shape_config`)."""
+    from workbench.train.dry_run.fake import shape_config
+
     problems = []
-    if args.hf_config is None:
-        problems.append(
-            "--simulate: needs --hf-config (the model is built from it on fake tensors)"
-        )
+    source: Any = args.hf_config
+    if source is None:
+        options, _ = _estimate_options(args)
+        source, missing = shape_config(options)
+        if source is None:
+            what = {
+                "model": f"{_flag('model', args)} PRESET (a transformers family: gpt2, llama, "
+                "mistral, mixtral, qwen, pythia)",
+                "hf_config": f"{_flag('hf_config', args)} FILE",
+                "shape": f"a shape ({_flag('layers', args)}, {_flag('hidden', args)}, "
+                f"{_flag('heads', args)})",
+            }
+            given = options.get("n_params") is not None and options.get("model") is None
+            why = (
+                f"{_flag('n_params', args)} gives a count, not a model to build"
+                if given
+                else str(missing)
+            )
+            problems.append(
+                f"--simulate: needs a model to build on fake tensors: {what['model']}, "
+                f"{what['hf_config']} or {what['shape']}; {why}"
+            )
     if args.compare_stages:
         problems.append("--simulate: leave out --compare-stages")
     if e.offload_optimizer or e.offload_params:
@@ -343,7 +366,7 @@ def _simulate(
     from workbench.estimate.hf_build import meta_module
     from workbench.train.dry_run import simulate_memory
 
-    module, found = meta_module(args.hf_config)
+    module, found = meta_module(source)
     if module is None:
         parser.error("; ".join(p.render(_flag, sep=" ") for p in found))
     try:

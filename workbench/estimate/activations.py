@@ -74,7 +74,15 @@ scale-mask-softmax keeping its output in the compute dtype ("megatron"). transfo
 unfused attention ("eager") runs the softmax in fp32 and keeps that fp32 output too: under
 16-bit compute +4as²b bytes per layer without dropout (its 16-bit cast is the matmul's
 input), +2as²b with dropout (the cast is dropout's input, not kept); in fp32 the two are
-one tensor. The fused kernels torch and transformers use by default ("sdpa": flash /
+one tensor. torch's own unfused kernel ("math": what `scaled_dot_product_attention` runs
+on a CPU when the attention has dropout; aten's sdp_utils_cpp.cpp, `use_flash_attention_cpp`,
+refuses dropout) keeps, per layer, scaled copies of Q and K and a contiguous copy of V
+(3sbh, with K and V repeated to every head: in place of Q, K and V) and as^2b for the
+softmax output, 3as^2b with dropout (its mask is a tensor of the scores' dtype, and the
+dropped probabilities are the second matmul's input), all in fp32 on a CPU (its math
+kernel computes 16-bit inputs in fp32): 4·as^2b or 4·3as^2b score bytes whatever the
+activation dtype, and under 16-bit compute 2·3sbh more for the fp32 Q, K, V. Selective
+recomputation keeps the kernel's 16-bit inputs and recomputes the rest. The fused kernels torch and transformers use by default ("sdpa": flash /
 memory-efficient `scaled_dot_product_attention`) store no `as^2b` tensor: the per-layer
 score terms become the kernel's fp32 log-sum-exp, 4·asb bytes (4·asb/t with tensor
 parallelism), its dropout keeps a seed instead of an `as^2b` mask, and it keeps K and V
@@ -109,11 +117,16 @@ class Attention(str, Enum):
     `megatron` (unfused, the scores a tensor, with Megatron's fused scale-mask-softmax that
     keeps its output in the compute dtype: Korthikanti et al.'s `as^2b` terms); `eager`
     (transformers' unfused attention: as megatron, but the softmax runs in fp32 and keeps
-    its fp32 output besides the 16-bit probabilities)."""
+    its fp32 output besides the 16-bit probabilities); `math` (the math kernel of
+    `scaled_dot_product_attention`, which torch picks on a CPU for attention with dropout,
+    whose CPU flash kernel takes none: it keeps scaled copies of Q and K and a copy of V,
+    the softmax output, and with dropout its mask in the scores' dtype and the dropped
+    probabilities, all in fp32 on a CPU, which computes 16-bit inputs in fp32)."""
 
     SDPA = "sdpa"
     MEGATRON = "megatron"
     EAGER = "eager"
+    MATH = "math"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -136,7 +149,7 @@ def attention_terms(kernel: str | None, own: str | None = None) -> str | None:
         return own
     if kernel == "eager":
         return Attention.MEGATRON.value if own == Attention.MEGATRON.value else kernel
-    if kernel == Attention.MEGATRON.value:
+    if kernel in (Attention.MEGATRON.value, Attention.MATH.value):
         return kernel
     return Attention.SDPA.value
 
@@ -221,12 +234,16 @@ def _layer_terms(
     parallel: bool = False,
     fused: bool = False,
     g: int | None = None,
+    math: bool = False,
 ) -> tuple[int, int, int, int]:
     """(linear elements, attention-score elements, linear mask bytes, score bytes kept
     whatever the activation dtype) of one layer on one GPU of a tensor-parallel group of
     `t` (see the module docstring). `fused`: the sdpa kernel, whose score bytes are its
     fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks, and which keeps K
-    and V at their width `g` (grouped-query attention: no repeat)."""
+    and V at their width `g` (grouped-query attention: no repeat). `math`: torch's math
+    kernel on a CPU, whose copies of Q, K, V and score tensors are fp32 whatever the
+    activation dtype (the module docstring; `activation_breakdown` adds the fp32 copies
+    of 16-bit Q, K and V)."""
     sbh = s * b * h
     outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
     qkv = 2 * sbh + 2 * s * b * (g or h) if fused else 4 * sbh  # Q, K, V, projection input
@@ -237,6 +254,8 @@ def _layer_terms(
     if fused:
         return linear, 0, masks, 4 * (a * s * b) // t  # log-sum-exp, fp32
     as2b = a * s * s * b
+    if math:  # fp32 on a CPU: the softmax output (+ its mask and the dropped weights)
+        return linear, 0, masks, 4 * (3 if dropout else 1) * as2b // t
     if dropout:
         return linear, 2 * as2b // t, masks, as2b // t
     return linear, as2b // t, 0, 0
@@ -273,7 +292,8 @@ def transformer_activation_bytes(
 
     `attention` is "megatron" (Korthikanti et al.'s unfused attention with Megatron's
     fused softmax, this function's default: the paper's formula), "eager" (transformers'
-    unfused attention, whose fp32 softmax output is kept too) or "sdpa" (a fused kernel
+    unfused attention, whose fp32 softmax output is kept too), "math" (torch's sdpa math
+    kernel as a CPU runs it with dropout, in fp32) or "sdpa" (a fused kernel
     that stores no `as^2b` tensors; `estimate_memory` defaults to it, as torch and
     transformers do).
 
@@ -394,11 +414,14 @@ def activation_breakdown(
         parallel_residual,
         attention is Attention.SDPA,
         kv_dim,
+        attention is Attention.MATH,
     )
     if attention is Attention.EAGER and e == 2:  # transformers' fp32 softmax output
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is
         # dropout's input, not kept, and the fp32 output replaces it (+4 - 2 bytes)
         score_mask += (2 if dropout else 4) * a * s * s * b // t
+    if attention is Attention.MATH and e == 2:  # the CPU's math kernel upcasts Q, K, V
+        score_mask += (4 - e) * 3 * s * b * h // t  # its fp32 copies, beyond 16-bit ones
     if experts:
         tokens = s * b // (t if sp else 1)
         lin_el += experts_per_token * s * b * h // t + experts * tokens

@@ -548,8 +548,9 @@ FIELDS: tuple[EstimateField, ...] = (
         optional=True,
         help="attention kernel: model (the model's own: a config's attn_implementation, "
         "else sdpa), sdpa (fused, torch's and transformers' default: no s^2 tensors), eager "
-        "(unfused, the softmax in fp32: transformers') or megatron (unfused, the softmax "
-        "output in the compute dtype: Korthikanti et al.) (model)",
+        "(unfused, the softmax in fp32: transformers'), megatron (unfused, the softmax "
+        "output in the compute dtype: Korthikanti et al.) or math (torch's sdpa math "
+        "kernel, what a CPU runs with dropout: the s^2 tensors in fp32) (model)",
         read="kernel",
         cli="step",
         label="attention",

@@ -203,6 +203,7 @@ class SessionTools:
             self.world_size,
             lora_params=adapters,
             qlora_params=four_bit,
+            device=self.device.type,  # the attention kernel torch picks on it
         )
 
     def _lora_counts(self, config: TrainConfig) -> tuple[int | None, int | None]:

@@ -39,18 +39,16 @@ class DryRunControl:
         `done(key)` is called when it ends. False, and why in the status, when the setup
         cannot be simulated or a run is still going; True at once for a cached setup."""
         from workbench.estimate.hf_build import meta_module
-        from workbench.estimate.hf_shape import config_of
+        from workbench.train.dry_run.fake import shape_config
 
         if self._thread is not None and self._thread.is_alive():
             self.status.value = status_html("error", "a dry run is still running")
             return False
         reason = dry_run_refusal(e)
-        arch = None
+        config = None
         if reason is None and key is not None:
-            arch = architecture_of(kwargs)
-            if arch is None or config_of(arch) is None:
-                reason = "no transformers model builds this shape"
-        if reason is not None or key is None or arch is None or e is None:
+            config, reason = shape_config(kwargs)
+        if reason is not None or key is None or config is None or e is None:
             self.status.value = status_html(
                 "error", f"dry run: {reason or 'needs a transformer shape'}"
             )
@@ -58,8 +56,6 @@ class DryRunControl:
         if key in self.runs:
             done(key)
             return True
-        config = config_of(arch)
-        assert config is not None
         estimate = e
 
         def run() -> None:
@@ -127,30 +123,11 @@ def dry_run_refusal(e: MemoryEstimate | None) -> str | None:
 
 
 def architecture_of(kwargs: dict[str, Any]) -> Any:
-    """The `Architecture` of the panel's inputs (a preset with its overrides, or a shape)."""
-    from workbench.estimate import MODELS, Architecture
+    """The `Architecture` of the panel's inputs (a preset with its overrides, or a shape):
+    the dry run's own reading (`workbench.train.dry_run.fake.architecture_of`)."""
+    from workbench.train.dry_run.fake import architecture_of as read
 
-    shape = {
-        k: kwargs[k]
-        for k in (
-            "layers",
-            "hidden",
-            "heads",
-            "seq_len",
-            "vocab",
-            "kv_heads",
-            "ffn_hidden",
-            "mlp",
-            "tied_embeddings",
-        )
-        if kwargs.get(k) is not None
-    }
-    try:
-        if "model" in kwargs:
-            return MODELS[kwargs["model"]].architecture.replace(**shape)
-        return Architecture.create(**shape)
-    except ValueError:
-        return None
+    return read(kwargs)
 
 
 __all__ = ["DryRunControl", "architecture_of", "dry_run_refusal"]

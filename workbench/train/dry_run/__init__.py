@@ -53,6 +53,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -199,7 +200,7 @@ def simulate_memory(
     built = fake_model(model, model_options, fake_mode, sim_device)
     if isinstance(built, list):
         raise DryRunError(built)
-    fm = built
+    fm, dtype_note = _weights_as_named(built, config, fake_mode, given=model)
     made = fake_batch(
         fm,
         batch,
@@ -266,7 +267,7 @@ def simulate_memory(
         fake_adapters(fm.module, config, fake_mode)  # (a LoRA Session's copy has its own)
     show = _progress(progress)
     offload = ActivationOffload(sim_device, simulated=True) if config.activation_offload else None
-    measured, dry = _simulate(
+    measured, dry, dtypes = _simulate(
         fm,
         fb,
         config,
@@ -286,6 +287,7 @@ def simulate_memory(
     )
     if offload is not None:
         notes.append(offload_note(offload, formula))
+    notes.insert(0, dtypes_note(config, dtypes, dtype_note))
     points = {p: dict(measured.points[p]) for p in POINTS}
     phases = {p: sum(points[p].values()) for p in POINTS}
     phase = max(POINTS, key=lambda p: phases[p])
@@ -327,6 +329,7 @@ def simulate_memory(
         fragmentation_bytes=allocator.fragmentation_bytes if allocator is not None else None,
         allocator=allocator,
         allocator_advice=advice,
+        dtypes=dtypes,
     )
 
 
@@ -353,6 +356,87 @@ def _allocator(trace: AllocTrace | None, settings: AllocatorSettings) -> tuple[A
 
 
 # ---------------------------------------------------------------------- the model's parts
+def weights_dtype(precision: Precision) -> torch.dtype:
+    """The dtype the precision trains weights in: bf16-true's and DeepSpeed's 16-bit copy,
+    else fp32 (fp32, and amp-*: autocast computes in 16 bits from fp32 weights)."""
+    return PURE_DTYPES.get(precision) or DEEPSPEED_DTYPES.get(precision) or torch.float32
+
+
+def _weights_as_named(
+    fm: FakeModel, config: TrainConfig, fake_mode: Any, *, given: Any = None
+) -> tuple[FakeModel, str | None]:
+    """`fm` with its floating weights in fp32 where the precision trains fp32 weights
+    (fp32, amp-*) and the model came in another dtype (a config.json's `torch_dtype`, a
+    meta module or a function building it in bf16): the precision names the weights',
+    gradients' and optimizer states' dtype, not the config's. The 16-bit precisions cast
+    their own copy in the run (`cast_copy`). A module with real weights (`given`, a
+    Session's) is trained in its own dtype, as a Session trains it; the note says which."""
+    precision = Precision(config.precision)
+    if weights_dtype(precision) is not torch.float32:
+        return fm, None
+    found = {p.dtype for p in fm.module.parameters() if p.is_floating_point()}
+    other = sorted(_dtype_name(d) for d in found if d is not torch.float32)
+    if not other:
+        return fm, None
+    if isinstance(given, nn.Module) and any(p.device.type != "meta" for p in given.parameters()):
+        note = (
+            f"the module's weights are {', '.join(other)}, and a Session trains them as "
+            f"they are; {precision.value} names fp32 weights (load the model in fp32, "
+            "e.g. torch_dtype=torch.float32, for that)"
+        )
+        return fm, note
+    module = cast_copy(fm.module, torch.float32, fake_mode)
+    note = (
+        f"the model came with {', '.join(other)} weights; {precision.value} trains fp32 "
+        "weights, so the dry run cast them to fp32 (load it in fp32 for a Session, e.g. "
+        "torch_dtype=torch.float32)"
+    )
+    return replace(fm, module=module), note
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        dtype, str(dtype).removeprefix("torch.")
+    )
+
+
+def state_dtypes(
+    params: nn.Module | list[torch.Tensor], optimizer: Any, masters: list[torch.Tensor] | None
+) -> dict[str, str]:
+    """The dtype(s) of each model-state category as trained: "parameters", "gradients"
+    (what backward writes: the parameters' dtype, or the gradients held when there are
+    any), "optimizer states" (the states' tensors, Adam's step counters left out) and,
+    under DeepSpeed's 16-bit modes, "master weights"."""
+    tensors = list(params.parameters()) if isinstance(params, nn.Module) else list(params)
+
+    def names(ts: Any) -> str:
+        found = sorted({_dtype_name(t.dtype) for t in ts if t.is_floating_point()})
+        return ", ".join(found) if found else "-"
+
+    held = [t.grad for t in tensors if getattr(t, "grad", None) is not None]
+    states = [
+        v
+        for st in optimizer.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    ]
+    out = {
+        "parameters": names(tensors),
+        "gradients": names(held or tensors),
+        "optimizer states": names(states),
+    }
+    if masters:
+        out["master weights"] = names(masters)
+    return out
+
+
+def dtypes_note(config: TrainConfig, dtypes: Mapping[str, str], cast: str | None) -> str:
+    """The note naming each category's dtype (and the cast, when there was one)."""
+    listed = "; ".join(f"{k} {v}" for k, v in dtypes.items())
+    text = f"dtypes ({Precision(config.precision).value}): {listed}"
+    return f"{text}; {cast}" if cast else text
+
+
 def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
     """The transformer blocks FSDP shards and checkpointing recomputes: the marked ones (as
     the Session's engines take them), else a transformers model's `_no_split_modules`,
@@ -445,9 +529,10 @@ def _simulate(
     formula: Any,
     fake: Any,
     offload: ActivationOffload | None = None,
-) -> tuple[Any, str]:
+) -> tuple[Any, str, dict[str, str]]:
     """Run the steps (see the module docstring); every context is closed before a
-    failure becomes a `DryRunError`. With `offload` the forward runs under its hooks."""
+    failure becomes a `DryRunError`. With `offload` the forward runs under its hooks.
+    Also returns the dtype of each model-state category as trained (`state_dtypes`)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -544,6 +629,11 @@ def _simulate(
                 param_tensors=None if ds_engine is None else parameter_tensors(ds_engine),
                 masters=None if ds_engine is None else master_tensors(ds_engine),
             )
+            dtypes = state_dtypes(
+                module if ds_engine is None else parameter_tensors(ds_engine),
+                optimizer,
+                None if ds_engine is None else master_tensors(ds_engine),
+            )
     except DryRunError:
         raise
     except Exception as exc:
@@ -554,7 +644,7 @@ def _simulate(
             exc, phase=phase[0], fm=fm, batch=fb, stack=stack, recorder=recorder
         )
         raise DryRunError([problem], module=where, operator=operator, formula=formula) from exc
-    return measured, engine
+    return measured, engine, dtypes
 
 
 def _flat(value: Any) -> list[torch.Tensor]:

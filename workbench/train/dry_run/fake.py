@@ -16,6 +16,11 @@ kernels a GPU would run, and the names of what failed.
   keep more than the CUDA ones: dropout keeps a 1-byte mask (`native_dropout`, as CUDA's
   fused kernel) instead of a mask in the input's dtype, and scaled-dot-product attention
   with dropout runs the fused kernel (which keeps a random seed, not an s x s mask).
+* `shape_config` turns the estimator's keywords (a preset of a transformers family, with
+  its shape overrides, or a shape) into the config.json that builds that model
+  (`workbench.estimate.hf_shape.config_of`; a Mistral preset with Mistral's classes): the
+  model `workbench estimate --simulate` and the estimator panel's dry run build; a bare
+  parameter count is no model, and it says what to give.
 * `ModuleStack` (forward hooks on the fake copy) and `OpRecorder` (a dispatch mode) name the
   innermost module and the operator running when something fails (`failure_problem`).
 
@@ -245,6 +250,71 @@ def _built_in(
     return FakeModel(
         module, name, "built-in", n, loss_fn=loss_fn, info=replace(info, n_params=n), sample=sample
     )
+
+
+# ---------------------------------------------------------------------- a preset or a shape
+#: The estimator's shape keywords a preset's architecture takes as overrides.
+SHAPE_KEYS = (
+    "layers",
+    "hidden",
+    "heads",
+    "seq_len",
+    "vocab",
+    "kv_heads",
+    "ffn_hidden",
+    "mlp",
+    "tied_embeddings",
+)
+
+
+def architecture_of(kwargs: Mapping[str, Any]) -> Any:
+    """The `Architecture` of estimator keywords (a preset `model` with its shape
+    overrides, or a shape), or None when they name none."""
+    from workbench.estimate import Architecture
+    from workbench.estimate.presets import find_model
+
+    shape = {k: kwargs[k] for k in SHAPE_KEYS if kwargs.get(k) is not None}
+    try:
+        if kwargs.get("model") is not None:
+            preset = find_model(kwargs["model"])
+            return None if isinstance(preset, str) else preset.architecture.replace(**shape)
+        return Architecture.create(**shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def shape_config(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the transformers config.json, as a dict, that builds the model the estimator
+    keywords name: a preset of a transformers family, or a shape;
+    `workbench.estimate.hf_shape.config_of`), or (None, what is missing)."""
+    from workbench.estimate.hf_shape import config_of
+
+    arch = architecture_of(kwargs)
+    family = _preset_family(kwargs)
+    if arch is None:
+        given = "a parameter count" if kwargs.get("n_params") is not None else "no model"
+        return None, (
+            f"{given} is not a model to build: give a preset of a transformers family "
+            "(gpt2, llama, mistral, mixtral, qwen, pythia), a config.json, or a shape "
+            "(layers, hidden, heads)"
+        )
+    config = config_of(arch)
+    if config is None:
+        return None, (
+            "no transformers model builds this shape (a decoder of the Llama, Mixtral, "
+            "GPT-2 or GPT-NeoX kind)"
+        )
+    if family == "mistral" and config.get("model_type") == "llama":  # its own classes
+        config = {k: v for k, v in config.items() if k not in ("attention_bias", "mlp_bias")}
+        config["model_type"] = "mistral"
+    return config, None
+
+
+def _preset_family(kwargs: Mapping[str, Any]) -> str | None:
+    from workbench.estimate.presets import find_model
+
+    preset = find_model(kwargs.get("model")) if kwargs.get("model") is not None else None
+    return None if preset is None or isinstance(preset, str) else preset.family
 
 
 # ---------------------------------------------------------------------- the micro-batch
@@ -612,11 +682,13 @@ def failure_problem(
 
 
 __all__ = [
+    "SHAPE_KEYS",
     "FakeBatch",
     "FakeModel",
     "GpuKernels",
     "ModuleStack",
     "OpRecorder",
+    "architecture_of",
     "cast_copy",
     "count_unique",
     "expected_batch",
@@ -626,4 +698,5 @@ __all__ = [
     "hf_config_of",
     "meta_twin",
     "model_name",
+    "shape_config",
 ]

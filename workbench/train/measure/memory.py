@@ -363,6 +363,17 @@ def peak_rss_bytes() -> int | None:
         return None
 
 
+#: What the prediction's attention kernel (`MemoryEstimate.attention`, which
+#: `workbench.prediction.sdpa_kernel` picks for the device) counted, where it is not the
+#: kernel a GPU runs.
+_KERNEL_NOTES = {
+    "math": "sdpa with dropout on a CPU: PyTorch runs its math kernel, which keeps the "
+    "attention weights, their dropout mask and the dropped weights in fp32, and the "
+    "prediction counts that kernel (attention 'math'); a GPU's fused kernels keep a random "
+    "seed and a log-sum-exp instead",
+}
+
+
 def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str) -> MemoryReport:
     """A `MemoryReport` of `runtime`'s settings (a `workbench.train.runtime.Runtime`) on one
     probe micro-batch, next to `predict()` (the Session's prediction). The caller holds the
@@ -390,17 +401,9 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         notes.append(f"no prediction: {type(exc).__name__}: {exc}")
     if predicted is not None and predicted.activation_bytes is None:
         notes.append(no_activation_note)
-    if device.type == "cpu" and str(getattr(cfg.attention, "value", cfg.attention)) == "sdpa":
-        dropout = any(
-            "Dropout" in type(m).__name__ and float(getattr(m, "p", 0) or 0) > 0
-            for m in runtime.trained_module.modules()
-        )
-        if dropout:
-            notes.append(
-                "sdpa with dropout on a CPU: PyTorch's math kernel keeps the attention "
-                "weights for backward (a GPU's fused kernels keep a random seed), so the "
-                "measured activations exceed the prediction, which counts a GPU's kernel"
-            )
+    kernel = getattr(predicted, "attention", None)
+    if predicted is not None and predicted.activation_bytes is not None and kernel is not None:
+        notes.extend(n for k, n in _KERNEL_NOTES.items() if k == kernel)
     lora = getattr(runtime, "lora", None)
     if lora is not None:
         adapters, base = lora.adapter_parameters(), lora.base_parameters()

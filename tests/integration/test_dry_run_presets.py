@@ -1,0 +1,50 @@
+"""`workbench estimate --simulate` with a preset of each transformers family: the model is
+built from the preset's config.json on fake tensors (one layer or two, a short sequence:
+the family's model classes run, cheaply)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.cli import main
+
+#: One preset per family, and the transformers class its blocks are.
+FAMILIES = {
+    "gpt2": "GPT2Block",
+    "llama-2-7b": "LlamaDecoderLayer",
+    "mistral-7b": "MistralDecoderLayer",
+    "qwen2.5-7b": "Qwen2DecoderLayer",
+    "pythia-1.4b": "GPTNeoXLayer",
+}
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("preset", sorted(FAMILIES))
+def test_a_preset_of_each_family_dry_runs(preset: str, capsys) -> None:
+    args = ["estimate", "--model", preset, "--layers", "1", "--seq-len", "16"]
+    code, out, err = _run([*args, "--micro-batch", "1", "--simulate", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    dry, formula = data["dry_run"], data["estimate"]
+    assert dry["params_bytes"] == formula["params_bytes"]
+    assert dry["peak_bytes"] > dry["params_bytes"]
+    assert dry["seq_len"] == 16 and dry["micro_batch"] == 1
+    assert any(FAMILIES[preset] in n for n in dry["notes"])
+    assert dry["dtypes"]["parameters"] == "fp32"
+
+
+def test_a_shape_dry_runs_as_a_llama(capsys) -> None:
+    args = ["estimate", "--layers", "1", "--hidden", "64", "--heads", "4", "--seq-len", "16"]
+    code, out, err = _run([*args, "--vocab", "128", "--simulate", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["dry_run"]["n_params"] > 0
