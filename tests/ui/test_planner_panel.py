@@ -88,3 +88,23 @@ def test_the_optimizer_pin_reaches_the_planner() -> None:
         assert "offload_optimizer" not in eight.best.settings
     finally:
         panel.close()
+
+
+def test_plans_tied_on_step_time_are_marked_as_tied_not_ranked() -> None:
+    """Plans whose predicted step times are equal to the 0.1 ms shown share a place ("1=")
+    and the table says why they tie, so a tie-break does not read as a speed-up."""
+    from workbench.ui.planner import tie_note, tied_ranks
+
+    assert tied_ranks([0.1, 0.1, 0.2, 0.3, 0.3, 0.3]) == ["1=", "1=", "3", "4=", "4=", "4="]
+    assert tied_ranks([0.1, 0.2]) == ["1", "2"]
+    assert tie_note([0.1, 0.2]) == ""
+    assert tie_note([0.1, 0.1, 0.2]).startswith("Tied (2 plans at #1)")
+    panel = PlannerPanel(seq_len=4096, global_batch=64)
+    try:
+        result = panel.plan()
+        times = [round(p.step_seconds * 1e3, 1) for p in result.plans[:10]]
+        tied = len(times) != len(set(times))
+        assert ("Tied (" in panel.table.value) is tied
+        assert ("<td>1=</td>" in panel.table.value) is (times.count(times[0]) > 1)
+    finally:
+        panel.close()

@@ -141,12 +141,41 @@ class PlannerPanel(PanelBase):
         return f"PlannerPanel({self.model.value} on {self.gpu.value}: {best})"
 
 
+def tied_ranks(step_seconds: list[float]) -> list[str]:
+    """Each plan's place, "3=" where its step time as shown (0.1 ms) equals another's: the
+    step-time model does not tell them apart, and the order among them is the tie-break
+    (less communication, then less memory), not a predicted speed-up."""
+    shown_ms = [round(s * 1e3, 1) for s in step_seconds]
+    places = []
+    for i, ms in enumerate(shown_ms):
+        first = shown_ms.index(ms)
+        tied = shown_ms.count(ms) > 1
+        places.append(f"{first + 1}=" if tied else str(i + 1))
+    return places
+
+
+def tie_note(step_seconds: list[float]) -> str:
+    """One line saying which of the shown plans tie, and why the order among them holds."""
+    places = tied_ranks(step_seconds)
+    groups = sorted({p for p in places if p.endswith("=")}, key=lambda p: int(p[:-1]))
+    if not groups:
+        return ""
+    sizes = [f"{places.count(g)} plans at #{g[:-1]}" for g in groups]
+    return (
+        f"Tied ({', '.join(sizes)}): the same predicted step time to 0.1 ms, their compute "
+        "at the same assumed MFU; among them the one that communicates less, then needs "
+        "less memory, comes first"
+    )
+
+
 def _table(result: Any, top: int) -> str:
     head = ["#", "plan", "peak / GPU", "step", "tokens/s", "MFU"]
+    shown = result.plans[:top]
+    places = tied_ranks([p.step_seconds for p in shown])
     rows = []
-    for i, p in enumerate(result.plans[:top], 1):
+    for place, p in zip(places, shown, strict=True):
         cells = [
-            str(i),
+            place,
             html.escape(p.label()),
             f"{p.required_bytes / _GIB:.1f} GiB",
             f"{p.step_seconds * 1e3:,.1f} ms",
@@ -155,7 +184,9 @@ def _table(result: Any, top: int) -> str:
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     header = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
-    return f"<table>{header}{''.join(rows)}</table>"
+    note = tie_note([p.step_seconds for p in shown])
+    caption = f"<caption>{html.escape(note)}</caption>" if note else ""
+    return f"<table>{caption}{header}{''.join(rows)}</table>"
 
 
 __all__ = ["PlannerPanel"]
