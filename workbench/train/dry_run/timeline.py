@@ -218,6 +218,8 @@ def _module_band(module: str | None) -> str:
     if not module:
         return "activations: (no module)"
     parts = module.split(".")
+    if len(parts) > 1 and parts[0][:1].isupper():  # the root model's class name
+        parts = parts[1:]
     for i, part in enumerate(parts):
         if part.isdigit():
             return "activations: " + ".".join(parts[: i + 1])
