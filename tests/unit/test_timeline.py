@@ -15,7 +15,9 @@ from workbench.estimate.allocator import AllocEvent, AllocTrace, replay
 from workbench.outputs import OutputError
 from workbench.train.dry_run.timeline import (
     memory_snapshot,
+    side_by_side,
     timeline,
+    trace_of_snapshot,
     write_snapshot,
     write_timeline,
 )
@@ -130,3 +132,23 @@ def test_the_snapshot_opens_in_torchs_memory_viewer(tmp_path: Path) -> None:
     assert "segments:" in _memory_viz.segsum(snap)
     alloc = next(e for e in snap["device_traces"][0] if e["action"] == "alloc")
     assert alloc["frames"][1]["name"] == "parameters" and alloc["size"] == 4 * MIB
+
+
+def test_a_recorded_snapshot_reads_back_as_a_trace() -> None:
+    """`trace_of_snapshot` reads torch's snapshot format: the dry run's own snapshot comes
+    back with the same allocations (in the allocator's block sizes) and frees."""
+    trace = _trace()
+    snap = memory_snapshot(trace)
+    params = next(e["addr"] for e in snap["device_traces"][0] if e["action"] == "alloc")
+    back = trace_of_snapshot(snap, categories={params: "parameters"})
+    assert [(e.kind, e.nbytes) for e in back.events] == [
+        (e.kind, -(-e.nbytes // 512) * 512) for e in trace.events
+    ]
+    assert back.events[0].category == "parameters" and back.events[1].category == "activations"
+    assert back.events[1].op == "aten.mm.default"
+    # blocks in use before the recording began come first, as the setup
+    first = trace_of_snapshot({"segments": snap["segments"], "device_traces": [[]]})
+    assert sorted(e.nbytes for e in first.events) == [4 * MIB, 4 * MIB, 8 * MIB]
+    assert {e.phase for e in first.events} == {"setup"}
+    tl = timeline(back)
+    assert tl.peak_bytes == 16 * MIB and len(side_by_side(tl, timeline(trace)).axes) == 4

@@ -112,9 +112,15 @@ class Timeline:
         lines, the peak marked, the phases shaded; below, the largest tensors at the peak."""
         from matplotlib.figure import Figure
 
-        n = len(self.total)
         fig = Figure(figsize=(10, 6.5), dpi=80)
         ax, tab = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, 2], "hspace": 0.45})
+        self.draw(ax, tab)
+        return fig
+
+    def draw(self, ax: Any, tab: Any, *, legend: bool = True) -> None:
+        """Draw the picture on matplotlib axes `ax` (the memory over time) and `tab` (the
+        largest tensors' table)."""
+        n = len(self.total)
         gib = 2**30
         unit, name = (gib, "GiB") if max(self.total, default=0) >= gib else (2**20, "MiB")
         xs = list(range(n))
@@ -139,24 +145,13 @@ class Timeline:
                 labels=[band for band, _ in self.bands],
                 zorder=1,
             )
-            if self.allocated:
-                ax.plot(
-                    range(len(self.allocated)),
-                    [v / unit for v in self.allocated],
-                    color="black",
-                    lw=1,
-                    label="allocated (allocator's blocks)",
-                    zorder=2,
-                )
-            if self.reserved:
-                ax.plot(
-                    range(len(self.reserved)),
-                    [v / unit for v in self.reserved],
-                    color="red",
-                    lw=1.2,
-                    label="reserved (segments held)",
-                    zorder=2,
-                )
+            for values, color, label in (
+                (self.allocated, "black", "allocated (allocator's blocks)"),
+                (self.reserved, "red", "reserved (segments held)"),
+            ):
+                if values:
+                    ys = [v / unit for v in values]
+                    ax.plot(range(len(ys)), ys, color=color, lw=1, label=label, zorder=2)
             ax.axvline(self.peak_event, color="black", ls="--", lw=0.8, zorder=3)
             ax.annotate(
                 f"peak {fmt_bytes(self.peak_bytes)}",
@@ -166,10 +161,11 @@ class Timeline:
                 fontsize=8,
             )
         ax.set_xlim(-0.5, max(n - 0.5, 0.5))
-        ax.set_xlabel("allocations and frees of the steps, in order")
+        ax.set_xlabel("allocations and frees, in order")
         ax.set_ylabel(name)
-        ax.set_title(self.title, fontsize=10, pad=14)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title(self.title, fontsize=9, pad=14)
+        if legend:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         tab.axis("off")
         rows = self.table()
         if rows:
@@ -183,7 +179,6 @@ class Timeline:
             t.set_fontsize(7)
             t.auto_set_column_width(list(range(5)))
             tab.set_title(f"the {len(rows)} largest tensors alive at the peak", fontsize=9)
-        return fig
 
     def png(self, dpi: int = 80) -> bytes:
         """`figure()` as PNG bytes."""
@@ -450,6 +445,79 @@ def _segments(
     return out
 
 
+def side_by_side(left: Timeline, right: Timeline) -> Any:
+    """Two pictures in one matplotlib `Figure`, left and right (a real GPU step's
+    beside the dry run's): the same bands and lines, each on its own scale."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(18, 6.5), dpi=80)
+    axes = fig.subplots(2, 2, gridspec_kw={"height_ratios": [3, 2], "hspace": 0.45})
+    left.draw(axes[0][0], axes[1][0], legend=False)
+    right.draw(axes[0][1], axes[1][1])
+    return fig
+
+
+def trace_of_snapshot(
+    snapshot: dict[str, Any], device: int = 0, categories: dict[int, str] | None = None
+) -> AllocTrace:
+    """The `AllocTrace` of a snapshot `torch.cuda.memory._snapshot()` recorded (with
+    `torch.cuda.memory._record_memory_history`) on CUDA device `device`: its "alloc" and
+    "free_completed" events in order, the blocks that were in use before the recording
+    began first (phase "setup"). `categories` files a block by its address (a parameter's,
+    a gradient's, an optimizer state's `data_ptr()`); a block in use before the recording
+    and not named there is filed as parameters, one made during it as activations (the
+    snapshot names no module, so the real step's activations and transients share one
+    band). The operator is the innermost frame's function."""
+    categories = categories or {}
+    traces = snapshot.get("device_traces") or [[]]
+    events_in = traces[device] if device < len(traces) else []
+    made = {e["addr"] for e in events_in if e.get("action") == "alloc"}
+    out: list[AllocEvent] = []
+    live: dict[int, tuple[int, int]] = {}  # address -> (block id, size)
+    ids = 0
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", device) != device:
+            continue
+        for b in seg.get("blocks", []):
+            addr = b.get("address")
+            if b.get("state") == "active_allocated" and addr is not None and addr not in made:
+                live[addr] = (ids, int(b["size"]))
+                category = categories.get(addr, "parameters")
+                out.append(
+                    AllocEvent(
+                        "alloc",
+                        int(b["size"]),
+                        ids,
+                        seg.get("stream", 0),
+                        -1,
+                        "setup",
+                        None,
+                        category,
+                        None,
+                    )
+                )
+                ids += 1
+    for e in events_in:
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc":
+            live[addr] = (ids, int(e["size"]))
+            frames = e.get("frames") or []
+            op = frames[0].get("name") if frames else None
+            category = categories.get(addr, "activations")
+            out.append(
+                AllocEvent(
+                    "alloc", int(e["size"]), ids, e.get("stream", 0), 0, "step", None, category, op
+                )
+            )
+            ids += 1
+        elif action == "free_completed" and addr in live:
+            block, size = live.pop(addr)
+            out.append(
+                AllocEvent("free", size, block, e.get("stream", 0), 0, "step", None, "", None)
+            )
+    return AllocTrace(tuple(out), "cuda")
+
+
 # ---------------------------------------------------------------------- files
 def timeline_problem(path: str | os.PathLike[str]) -> str | None:
     """Why `path` cannot take the picture (None when it can): its suffix (PNG or HTML)."""
@@ -492,8 +560,10 @@ __all__ = [
     "LiveTensor",
     "Timeline",
     "memory_snapshot",
+    "side_by_side",
     "timeline",
     "timeline_problem",
+    "trace_of_snapshot",
     "write_snapshot",
     "write_timeline",
 ]
