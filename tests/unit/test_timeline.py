@@ -152,3 +152,20 @@ def test_a_recorded_snapshot_reads_back_as_a_trace() -> None:
     assert {e.phase for e in first.events} == {"setup"}
     tl = timeline(back)
     assert tl.peak_bytes == 16 * MIB and len(side_by_side(tl, timeline(trace)).axes) == 4
+
+
+@pytest.mark.parametrize(
+    "conf", [None, "expandable_segments:True", "garbage_collection_threshold:0.5"]
+)
+def test_the_snapshots_segments_are_what_the_allocator_holds(conf) -> None:
+    trace = _trace()
+    snap = memory_snapshot(trace, conf)
+    held = sum(s["total_size"] for s in snap["segments"])
+    assert held == replay(trace, conf).reserved_bytes[-1]
+    # the segment events add up to the same: made minus released
+    events = snap["device_traces"][0]
+    made = sum(e["size"] for e in events if e["action"] == "segment_alloc")
+    freed = sum(e["size"] for e in events if e["action"] == "segment_free")
+    assert made - freed == held
+    assert [e["action"] for e in events].count("alloc") == 6
+    assert "segments:" in _memory_viz.segsum(snap)

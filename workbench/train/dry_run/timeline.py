@@ -386,18 +386,30 @@ def _blocks(model: CachingAllocator, live: dict[int, Any]) -> list[Any]:
 
 
 def _segment_heads(model: CachingAllocator, live: dict[int, Any]) -> dict[int, tuple[int, int]]:
-    """The segments held: (first address) -> (size, stream)."""
-    heads: dict[int, tuple[int, int]] = {}
+    """The segments held: (first address) -> (mapped size, stream)."""
+    return {
+        head.ptr: (sum(c.size for c in chain if c.mapped), head.stream)
+        for head, chain in _segment_chains(model, live)
+    }
+
+
+def _segment_chains(model: CachingAllocator, live: dict[int, Any]) -> list[tuple[Any, list[Any]]]:
+    """Each segment's first block and its blocks in address order (an expandable
+    segment's unmapped ranges included)."""
+    seen: set[int] = set()
+    out: list[tuple[Any, list[Any]]] = []
     for b in _blocks(model, live):
         while b.prev is not None:
             b = b.prev
-        if b.ptr not in heads:
-            size, c = 0, b
-            while c is not None:
-                size += c.size if c.mapped else 0
-                c = c.next
-            heads[b.ptr] = (size, b.stream)
-    return heads
+        if b.ptr in seen:
+            continue
+        seen.add(b.ptr)
+        chain, c = [], b
+        while c is not None:
+            chain.append(c)
+            c = c.next
+        out.append((b, chain))
+    return sorted(out, key=lambda hc: int(hc[0].ptr))
 
 
 def _segments(
@@ -408,11 +420,9 @@ def _segments(
 ) -> list[dict[str, Any]]:
     by_ptr = {b.ptr: k for k, b in live.items()}
     out: list[dict[str, Any]] = []
-    for head, (total, stream) in sorted(_segment_heads(model, live).items()):
-        start = next(b for b in _blocks(model, live) if b.ptr == head)
+    for start, chain in _segment_chains(model, live):
         blocks: list[dict[str, Any]] = []
-        c = start
-        while c is not None:
+        for c in chain:
             if c.mapped:
                 key = by_ptr.get(c.ptr) if c.allocated else None
                 blocks.append(
@@ -424,7 +434,7 @@ def _segments(
                         "frames": frames.get(key, []) if key is not None else [],
                     }
                 )
-            c = c.next
+        total, head, stream = sum(b["size"] for b in blocks), start.ptr, start.stream
         allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
         out.append(
             {
