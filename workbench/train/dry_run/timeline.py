@@ -255,10 +255,14 @@ def timeline(
             peak, peak_event = running, n
     at_peak = history[peak_event] if history else {}
     fixed = ["parameters", "gradients", "optimizer states"]
-    modules = sorted(
-        (g for g in {g for h in history for g in h} if g.startswith("activations: ")),
-        key=lambda g: -at_peak.get(g, 0),
-    )
+    highest: dict[str, int] = {}
+    for h in history:
+        for g, v in h.items():
+            if g.startswith("activations: "):
+                highest[g] = max(highest.get(g, 0), v)
+    # the most at the peak first, then the highest anywhere (a peak in the optimizer step
+    # holds no activations), then by name
+    modules = sorted(highest, key=lambda g: (-at_peak.get(g, 0), -highest[g], _natural(g)))
     own, rest = modules[:MODULE_BANDS], set(modules[MODULE_BANDS:])
     names = fixed + sorted(own, key=_natural) + (["activations: other modules"] if rest else [])
     names.append("transients")
@@ -283,7 +287,9 @@ def timeline(
 
 
 def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in name.replace(".", " ").split())
+    return tuple(
+        (0, int(p), "") if p.isdigit() else (1, 0, p) for p in name.replace(".", " ").split()
+    )
 
 
 def _largest_at(trace: AllocTrace, peak_event: int, top: int) -> tuple[LiveTensor, ...]:
