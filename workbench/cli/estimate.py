@@ -15,11 +15,12 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from workbench.cli import Runner, json_text
 from workbench.estimate.schema import CLI_GROUPS, FIELDS, SCHEMA, EstimateField
-from workbench.inputs import typed
+from workbench.inputs import shown, typed
 
 _EMBEDDINGS = {"tied": True, "untied": False}
 _REDUCE = {"fp32": True, "compute": False}
@@ -106,6 +107,20 @@ def add_parser(parser: argparse.ArgumentParser) -> Runner:
         help="also run a dry run of the model (--hf-config, a transformers --model preset or "
         "a shape): real training steps on fake "
         "tensors (nothing allocated), its measured peak beside the formula's",
+    )
+    out.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="with --simulate: write the picture of the step's memory over time (allocated "
+        "and reserved, stacked by category, the peak and its ten largest tensors) to FILE, "
+        "a .png or an .html page",
+    )
+    out.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="with --simulate: write the dry run's allocations as a memory snapshot pickle "
+        "for torch's memory viewer (https://pytorch.org/memory_viz, "
+        "torch.cuda.memory._memory_viz), to set beside a real GPU's snapshot",
     )
     out.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     out.add_argument("--list-models", action="store_true", help="list the model presets and exit")
@@ -298,6 +313,9 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("; ".join(_problem_lines(exc, args) + problems))
     if problems:
         parser.error("; ".join(problems))
+    problems += _picture_problems(args)
+    if problems:
+        parser.error("; ".join(problems))
     unit_bytes, unit_name = _UNITS[args.units.strip().lower()]
     if args.simulate:
         return _simulate(args, parser, stages[0], unit_bytes, unit_name)
@@ -394,6 +412,7 @@ def _simulate(
         )
     except ValueError as exc:
         parser.error(" ".join(str(exc).split()))
+    _write_pictures(args, parser, dry)
     if args.json:
         try:
             print(json_text({"estimate": e.to_dict(), "dry_run": dry.to_dict()}, default=str))
@@ -406,6 +425,50 @@ def _simulate(
         print()
         print(dry.compare())
     return 0
+
+
+def _picture_problems(args: argparse.Namespace) -> list[str]:
+    """--timeline and --snapshot: with --simulate, a file that can be written (and the
+    picture's suffix), said before the dry run."""
+    from workbench.outputs import target_problem
+
+    problems = []
+    for flag, path in (("--timeline", args.timeline), ("--snapshot", args.snapshot)):
+        if path is None:
+            continue
+        from workbench.train.dry_run.timeline import TIMELINE_SUFFIXES
+
+        if not args.simulate:
+            problems.append(f"{flag} {typed(path)}: needs --simulate (it draws the dry run)")
+            continue
+        suffix = Path(path).suffix.lower()
+        if flag == "--timeline" and suffix not in TIMELINE_SUFFIXES:
+            problems.append(
+                f"{flag} {typed(path)}: the suffix {shown(suffix or '(none)')} is not one "
+                f"written; allowed: {', '.join(TIMELINE_SUFFIXES)}"
+            )
+            continue
+        reason = target_problem(path, folder=False)
+        if reason is not None:
+            problems.append(f"{flag} {typed(path)}: {reason}")
+    return problems
+
+
+def _write_pictures(args: argparse.Namespace, parser: argparse.ArgumentParser, dry: Any) -> None:
+    """Write --timeline's picture and --snapshot's pickle of the dry run `dry`."""
+    from workbench.outputs import OutputError
+    from workbench.train.dry_run.timeline import write_snapshot, write_timeline
+
+    said = sys.stderr if args.json else sys.stdout
+    try:
+        if args.timeline is not None:
+            write_timeline(dry.timeline(), args.timeline)
+            print(f"timeline: {args.timeline}", file=said)
+        if args.snapshot is not None:
+            write_snapshot(dry.memory_snapshot(), args.snapshot)
+            print(f"memory snapshot (for torch's memory viewer): {args.snapshot}", file=said)
+    except OutputError as exc:
+        parser.error(str(exc))
 
 
 # ---------------------------------------------------------------- printing

@@ -90,23 +90,33 @@ class SessionTools:
             layout.update(report)
         return layout
 
-    def memory(self) -> Any:
+    def memory(self, snapshot: bool = False) -> Any:
         """Measured memory of the current settings on one probe micro-batch, next to the
         estimator's prediction (`workbench.train.measure.memory.MemoryReport`). Runs between
         steps (a running session keeps running); the probe does not change training.
 
+        `snapshot=True` (CUDA only; elsewhere a ValueError naming the argument): the probe
+        step is recorded with `torch.cuda.memory._record_memory_history` (`report.snapshot`,
+        the pickle torch's memory viewer opens) and `report.picture()` draws it beside the
+        dry run's picture of the same settings (`simulate()`, run when none is cached).
+
         The estimator predicts activations for transformer shapes only (tiny-gpt); for
         the mlp, the cnn and your own modules the report's notes say so and
         `predicted_activation_bytes` is None."""
-        from workbench.train.measure.memory import measure
+        from workbench.train.measure.memory import measure, snapshot_refusal
 
+        if snapshot and (not torch.cuda.is_available() or self.device.type != "cuda"):
+            raise ValueError(snapshot_refusal(self.device))
         with self._between_steps("measure memory", apply_pending=True) as rt:
             report = measure(
                 rt,
                 predict=self.predict,
                 no_activation_note=NO_ACTIVATION_PREDICTION,
+                snapshot=snapshot,
             )
         dry = self.cached_dry_run()
+        if dry is None and snapshot:
+            dry = self.simulate()
         if dry is not None:
             import dataclasses
 

@@ -267,7 +267,12 @@ class EstimatorPanel(PanelBase):
             [
                 self.chart.image,
                 widgets.VBox(
-                    [self.summary, self.status, widgets.HBox([self.dry.button, self.dry.status])]
+                    [
+                        self.summary,
+                        self.status,
+                        widgets.HBox([self.dry.button, self.dry.status]),
+                        self.dry.picture,
+                    ]
                 ),
             ],
             layout=wrap,

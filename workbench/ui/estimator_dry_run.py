@@ -1,8 +1,10 @@
 """The estimator panel's dry run: `workbench.simulate_memory` on a transformers model of the
 panel's preset or shape (`workbench.estimate.hf_shape.config_of`, built on fake tensors:
 nothing allocated), off the kernel's thread, its progress beside the button, cached per
-setup. `DryRunControl` is the button, the status line and the cache; the panel asks it to
-start and shows a finished run's peak in its summary.
+setup. `DryRunControl` is the button, the status line, the picture and the cache; the panel
+asks it to start and shows a finished run's peak in its summary, and below it the picture of
+the step's memory over time (`DryRun.timeline()`: allocated and reserved, stacked by
+category, the peak and its ten largest tensors) in `picture`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class DryRunControl:
         self.status = widgets.HTML()
         self.status.add_class("wb-est-dryrun-status")
         self.runs: dict[tuple[Any, ...], Any] = {}  # per setup: the DryRun or the error
+        #: the last shown run's picture (`DryRun.timeline()` as a PNG); hidden before one
+        self.picture = widgets.Image(format="png", layout=widgets.Layout(display="none"))
+        self.picture.add_class("wb-est-dryrun-picture")
         self._thread: threading.Thread | None = None
 
     def start(
@@ -54,6 +59,7 @@ class DryRunControl:
             )
             return False
         if key in self.runs:
+            self.show(self.runs[key])
             done(key)
             return True
         estimate = e
@@ -90,11 +96,13 @@ class DryRunControl:
                     progress=progress,
                 )
                 self.runs[key] = finished
+                self.show(finished)
                 self.status.value = status_html(
                     "ok", f"dry run: {finished.wall_seconds:.1f} s, peak in the summary"
                 )
             except Exception as exc:  # the model's or the setup's: say so, keep the panel
                 self.runs[key] = exc
+                self.show(exc)
                 self.status.value = status_html("error", f"dry run: {exc}")
             done(key)
 
@@ -102,6 +110,17 @@ class DryRunControl:
         self._thread = threading.Thread(target=run, name="workbench-dry-run", daemon=True)
         self._thread.start()
         return True
+
+    def show(self, run: Any) -> None:
+        """Show `run`'s picture (a `DryRun`; anything else, or a run without a trace,
+        hides it)."""
+        timeline = getattr(run, "timeline", None)
+        picture = timeline() if callable(timeline) else None
+        if picture is None:
+            self.picture.layout.display = "none"
+            return
+        self.picture.value = picture.png()
+        self.picture.layout.display = None
 
     def wait(self, timeout: float | None = 300) -> None:
         """Wait for a running dry run to finish."""

@@ -286,6 +286,27 @@ class DryRun(Readable):
         out["formula"] = self.formula.to_dict() if self.formula is not None else None
         return out
 
+    def timeline(self, top: int = 10) -> Any:
+        """The picture of the steps' memory over time (`workbench.train.dry_run.timeline`'s
+        `Timeline`: `.figure()`, `.png()`, `.html()`, the data it draws); None without a
+        trace."""
+        if self.trace is None:
+            return None
+        from workbench.train.dry_run.timeline import timeline
+
+        title = f"memory over the dry run's steps: {self._setup()}"
+        return timeline(self.trace, self.allocator, top=top, title=title)
+
+    def memory_snapshot(self) -> dict[str, Any] | None:
+        """The trace as `torch.cuda.memory._snapshot()` writes one, for torch's memory
+        viewer (torch.cuda.memory._memory_viz; pickle it to open it); None without a trace."""
+        if self.trace is None:
+            return None
+        from workbench.train.dry_run.timeline import memory_snapshot
+
+        settings = self.allocator.settings if self.allocator is not None else None
+        return memory_snapshot(self.trace, settings or None)
+
     def compare(self) -> DryRunComparison:
         """Every point's categories, dry run next to formula, with the difference and what
         each side counts (the formula's terms at the same point; see `EXPLAINED`)."""

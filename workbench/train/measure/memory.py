@@ -35,7 +35,7 @@ What is measured, and how:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -94,6 +94,12 @@ class MemoryReport(Readable):
     optimizer_in_backward: bool = False  # each gradient freed once its parameter stepped
     #: saved activations moved to host memory (on a CPU: what a GPU would not hold)
     offloaded_activation_bytes: int = 0
+    #: `memory(snapshot=True)` on CUDA: the probe step as `torch.cuda.memory._snapshot()`
+    #: recorded it (the pickle torch's memory viewer opens), and the addresses of the
+    #: parameters and optimizer states in it (their categories)
+    snapshot: dict[str, Any] | None = None
+    snapshot_categories: dict[int, str] = field(default_factory=dict)
+    snapshot_device: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -151,8 +157,32 @@ class MemoryReport(Readable):
             max(peak.phases["forward end"], peak.phases["backward"], pred.model_states_bytes)
         )
 
+    def timeline(self) -> Any:
+        """The picture of the recorded real step (`memory(snapshot=True)` on CUDA: a
+        `workbench.train.dry_run.timeline.Timeline`), None without a snapshot."""
+        if self.snapshot is None:
+            return None
+        from workbench.train.dry_run.timeline import timeline, trace_of_snapshot
+
+        trace = trace_of_snapshot(self.snapshot, self.snapshot_device, self.snapshot_categories)
+        return timeline(trace, title="the real step on CUDA (the probe's forward and backward)")
+
+    def picture(self) -> Any:
+        """The recorded real step's picture beside the dry run's (a matplotlib `Figure`;
+        the real step alone without a dry run), None without a snapshot."""
+        real = self.timeline()
+        if real is None:
+            return None
+        dry = self.dry_run.timeline() if self.dry_run is not None else None
+        if dry is None:
+            return real.figure()
+        from workbench.train.dry_run.timeline import side_by_side
+
+        return side_by_side(real, dry)
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, snapshot=None, snapshot_categories={}))
+        d["snapshot"] = self.snapshot is not None
         d["predicted"] = self.predicted.to_dict() if self.predicted is not None else None
         d["dry_run"] = self.dry_run.to_dict() if self.dry_run is not None else None
         return d
@@ -374,21 +404,38 @@ _KERNEL_NOTES = {
 }
 
 
-def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str) -> MemoryReport:
+def measure(
+    runtime: Any,
+    *,
+    predict: Callable[[], Any],
+    no_activation_note: str,
+    snapshot: bool = False,
+) -> MemoryReport:
     """A `MemoryReport` of `runtime`'s settings (a `workbench.train.runtime.Runtime`) on one
     probe micro-batch, next to `predict()` (the Session's prediction). The caller holds the
-    step boundary and keeps the RNG untouched."""
+    step boundary and keeps the RNG untouched. `snapshot` (CUDA only: a ValueError
+    elsewhere): record the probe with `torch.cuda.memory._record_memory_history` and keep
+    its `torch.cuda.memory._snapshot()` (`MemoryReport.snapshot`, `.picture()`)."""
     from workbench.modelstats import count_parameters
 
     cfg = runtime.config
     device = runtime.device
     backend = runtime.backend
     batch = runtime.data.peek()
+    if snapshot and device.type != "cuda":
+        raise ValueError(snapshot_refusal(device))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    activations, states = probe(
-        backend, runtime.loss_fn, batch, model=runtime.trained_module, offload=runtime.offload
-    )
+    if snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    try:
+        activations, states = probe(
+            backend, runtime.loss_fn, batch, model=runtime.trained_module, offload=runtime.offload
+        )
+        recorded = torch.cuda.memory._snapshot() if snapshot else None
+    finally:
+        if snapshot:
+            torch.cuda.memory._record_memory_history(enabled=None)
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     counters = step_counter_bytes(backend.optimizer)
     notes: list[str] = []
@@ -443,4 +490,34 @@ def measure(runtime: Any, *, predict: Callable[[], Any], no_activation_note: str
         activation_offload=runtime.offload is not None,
         optimizer_in_backward=bool(cfg.optimizer_in_backward),
         offloaded_activation_bytes=activations.offloaded_bytes,
+        snapshot=recorded,
+        snapshot_categories=_state_addresses(runtime.trained_module, backend.optimizer)
+        if snapshot
+        else {},
+        snapshot_device=(device.index or 0) if device.type == "cuda" else 0,
     )
+
+
+def snapshot_refusal(device: Any) -> str:
+    """Why `memory(snapshot=True)` cannot record on `device` (anything but CUDA)."""
+    from workbench.inputs import shown
+
+    return (
+        f"snapshot=True: recording the real step needs CUDA "
+        f"(torch.cuda.memory._record_memory_history); this session runs on "
+        f"{shown(str(device))}. The dry run's picture needs no GPU: "
+        f"session.simulate().timeline()"
+    )
+
+
+def _state_addresses(model: nn.Module, optimizer: Any) -> dict[int, str]:
+    """The addresses of the parameters and optimizer states now held (their categories
+    in a recorded snapshot)."""
+    out: dict[int, str] = {}
+    for p in model.parameters():
+        out[p.data_ptr()] = "parameters"
+    for state in getattr(optimizer, "state", {}).values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                out[v.data_ptr()] = "optimizer states"
+    return out
