@@ -265,6 +265,7 @@ class DryRun(Readable):
     @property
     def fragmentation_share(self) -> float | None:
         return self.allocator.fragmentation_share if self.allocator is not None else None
+
     dtypes: dict[str, str] = field(default_factory=dict)  # per model-state category, as trained
 
     @property
