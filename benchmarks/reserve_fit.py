@@ -7,7 +7,7 @@ AdamW/SGD foreach) whose allocation trace is replayed through the caching-alloca
 (`workbench.estimate.allocator`, no `PYTORCH_CUDA_ALLOC_CONF`): its reserve is the reserved
 peak minus the allocated peak (`DryRun.reserved_peak_bytes - DryRun.allocated_peak_bytes`).
 Beside it, the estimate's own terms for the same setup (`DryRun.formula`): the segment
-rounding of the tensors live at the peak (`Reserve.rounding_bytes`) and the transient bytes
+rounding of the model states live at the peak (`Reserve.rounding_bytes`) and the transient bytes
 at the peak (the peak minus its parameters, gradients and optimizer states: activations,
 the loss's and the backward's temporaries, the tensors a step frees and makes again, which
 leave the cached segments fragmented).
@@ -16,7 +16,8 @@ The fitted form (`workbench.estimate.reserve.allocator_reserve_from`):
 
     allocator reserve = rounding + TRANSIENT_SHARE x transient bytes
 
-one coefficient, least squares over the grid (no intercept; the rounding is the floor). The
+one coefficient, least squares over the grid weighted by 1 / the reserved peak squared (no
+intercept; the rounding is the floor). The
 error is |fitted - replayed reserve| / the replayed reserved peak, largest and mean over the
 grid. Writes benchmarks/results/reserve_fit.json: every point, the coefficient and the error.
 
@@ -172,7 +173,7 @@ def fit(points: list[dict[str, Any]]) -> dict[str, Any]:
         p["fitted_reserve_bytes"] = round(fitted)
         errors.append(abs(fitted - p["replayed_reserve_bytes"]) / p["reserved_peak_bytes"])
     return {
-        "form": "allocator reserve = rounding + transient_share x transient bytes",
+        "form": "allocator reserve = model states' segment rounding + transient_share x transient bytes",
         "transient_share": share,
         "max_error": round(max(errors), 4),
         "mean_error": round(sum(errors) / len(errors), 4),
