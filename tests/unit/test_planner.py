@@ -369,8 +369,10 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     assert (small.best.engine, small.best.dp) == ("zero3", 8)
     assert _rank_of(small, 1, 1, 8, "full_shard") == 2
     big = plan(model="llama-3-70b", **h100, nodes=32, global_batch=512, seq_len=8192)
-    assert _rank_of(big, 8, 1, 32, "full_shard") == 2
-    assert big.plans[1].step_seconds / big.best.step_seconds == pytest.approx(1.013, abs=0.002)
+    assert _rank_of(big, 8, 1, 32, "full_shard") == 1  # torchtitan's layout
+    # TP 8 x PP 16 with DDP (#1 before the allocator's reserve was counted) falls to 28
+    assert _rank_of(big, 8, 16, 2) == 28
+    assert big.best.settings["micro_batch"] == 1 and big.best.settings["grad_accum"] == 16
     opt = plan(model="gpt3-175b", **a100, nodes=124, global_batch=992, seq_len=2048)
     assert _rank_of(opt, 8, 1, 124, "full_shard") == 2
     assert (opt.best.tp, opt.best.dp, opt.best.engine) == (4, 248, "full_shard")
