@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Any
 
 from workbench.estimate.limits import LIMITS, Bound, as_bool, check_number
@@ -379,11 +380,31 @@ def _default_ffn(mlp: str, hidden: int) -> int:
     return swiglu_ffn_default(hidden) if mlp == _SWIGLU else 4 * hidden
 
 
+#: The last fields built and their architecture: a panel re-estimates one shape on every
+#: change and a planner estimates one shape in every layout; checking the fields again
+#: each time cost a tenth of an estimate.
+_LAST_BUILT: list[Any] = [None, None]
+
+
 def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, list[Problem]]:
     """(the architecture, []) or (None, every problem) for `fields` (see `Architecture`).
 
     Missing required fields are reported as one problem naming all of them; None values
     of optional fields take the defaults."""
+    try:
+        key: Any = tuple((k, type(v), v) for k, v in sorted(fields.items()))
+        hash(key)
+    except TypeError:  # an unhashable value: checked below, never remembered
+        key = None
+    if key is not None and _LAST_BUILT[0] == key:
+        return _LAST_BUILT[1], []
+    arch, problems = _build_architecture(fields)
+    if key is not None and arch is not None:
+        _LAST_BUILT[:] = [key, arch]
+    return arch, problems
+
+
+def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, list[Problem]]:
     p: list[Problem] = []
     unknown = sorted(set(fields) - set(FIELDS))
     for name in unknown:
@@ -494,6 +515,7 @@ def _moe_problems(fields: dict[str, Any], v: dict[str, Any]) -> list[Problem]:
     return p
 
 
+@lru_cache(maxsize=64)
 def parameter_shapes(arch: Architecture) -> tuple[tuple[int, ...], ...]:
     """The parameter tensors' shapes of `arch` (torch's (out, in) for a linear layer), a
     tied output projection once: the token embedding and a learned position table; per
@@ -502,7 +524,9 @@ def parameter_shapes(arch: Architecture) -> tuple[tuple[int, ...], ...]:
     matrices otherwise, Llama's), its output projection, the MLP's matrices (each
     expert's, a shared expert's and the router's for a mixture of experts) and their
     biases; the final norm and an untied output projection. The count of these shapes is
-    `arch.n_params`; a factored optimizer's states follow them."""
+    `arch.n_params`; a factored optimizer's states follow them. Cached per architecture
+    (a frozen value): an estimate reads them on every call, and the same tuple object
+    comes back, so what is derived from it can be cached too."""
     h, q, g = arch.hidden, arch.q_dim, arch.kv_dim
     norm: list[tuple[int, ...]] = [(h,), (h,)] if arch.norm == _LAYERNORM else [(h,)]
     all_biases = arch.bias == _BIAS_ALL

@@ -24,7 +24,7 @@ from workbench.estimate.model_states import (
     model_state_bytes,
 )
 from workbench.estimate.peak import StepPeak, step_peak
-from workbench.estimate.reserve import Reserve, reserve_of
+from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of
 from workbench.estimate.result import MemoryEstimate
 
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
@@ -157,6 +157,12 @@ def on_gpu(
         object.__setattr__(changed, "micro_batch", n)  # a private copy of frozen inputs
         return _required(changed, peak_of(changed, states)[0]) <= gpu_mem
 
+    if exact and fits and b > mb:
+        bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1))
+        if bound is not None:
+            if bound - 1 == mb or fits_at(bound - 1):  # nothing from `bound` on fits
+                return gpu_mem, fits, bound - 1
+            b = bound - 1  # the answer is below: the bracket search from there
     if fits_at(b):
         if exact:  # nothing above the crossing fits, even without the allocator's rounding
             return gpu_mem, fits, b
@@ -183,6 +189,47 @@ def on_gpu(
         mid = (low + high) // 2
         low, high = (mid, high) if fits_at(mid) else (low, mid)
     return gpu_mem, fits, low
+
+
+def _lowest_unfitting(
+    i: EstimateInputs, peak: StepPeak, reserve: Reserve, gpu_mem: int, top: int
+) -> int | None:
+    """The smallest micro-batch that provably does not fit (None: up to `top`, the
+    crossing of the lines without the allocator's share plus one, none is ruled out), from a lower bound of what any micro-batch n needs, made of the peak's
+    lines (each phase's total is its constant part plus its `variable` part scaled by n;
+    the highest backward moment at n is at least the one at this micro-batch) and of the
+    reserve: its constant part (the context, NCCL's buffers, or `overhead_gib` given),
+    plus the allocator's fitted share of the transient bytes, which are at least the
+    total less the most model-state bytes any point of the step holds (its rounding of
+    the states is left out: it is never negative). The bound grows with n, so every
+    micro-batch from the first one it rules out is ruled out; the micro-batch just below
+    is then usually the answer, found with one computed peak. Only micro-batches above
+    this one (which fits) are bounded: a term that grows with the micro-batch but is not
+    in `variable` makes the lines too low above it, never too high."""
+    mb = i.micro_batch
+    share = 0.0 if i.overhead_gib is not None else TRANSIENT_SHARE
+    constant = reserve.total_bytes - reserve.allocator_bytes
+    base = peak.points["forward end"]
+    states = base.get("parameters", 0) + base.get("optimizer states", 0)
+    states += peak.held_gradients_bytes
+    lines = [
+        (total - peak.variable.get(name, 0), peak.variable.get(name, 0) // mb)
+        for name, total in peak.phases.items()
+    ]
+    if any(per < 0 for _, per in lines):
+        return None
+
+    def needs(n: int) -> int:
+        highest = max(fixed + per * n for fixed, per in lines)
+        return highest + constant + max(0, int(share * (highest - states)))
+
+    if needs(top) <= gpu_mem:
+        return None
+    low, high = mb, top  # this micro-batch fits; needs(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if needs(mid) <= gpu_mem else (low, mid)
+    return high
 
 
 def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float | None]:

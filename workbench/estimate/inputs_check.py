@@ -185,9 +185,21 @@ def parameter_shapes_of(
     shapes = (
         counted if counted is not None else (parameter_shapes(arch) if arch is not None else None)
     )
-    if shapes is None or sum(math.prod(s) for s in shapes) != params:
+    if shapes is None or _elements(shapes) != params:
         return None
     return shapes
+
+
+#: The last shapes counted, found by identity (`parameter_shapes` caches its tuples, and a
+#: module's are read once per estimate): summing a model's thousand shapes on every
+#: estimate cost more than the rest of it.
+_LAST_COUNTED: list[Any] = [None, 0]
+
+
+def _elements(shapes: tuple[tuple[int, ...], ...]) -> int:
+    if _LAST_COUNTED[0] is not shapes:
+        _LAST_COUNTED[:] = [shapes, sum(math.prod(s) for s in shapes)]
+    return int(_LAST_COUNTED[1])
 
 
 class _Source(NamedTuple):

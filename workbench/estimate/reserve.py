@@ -218,12 +218,29 @@ def nccl_bytes(i: EstimateInputs) -> int:
     return groups * channels * NCCL_PEERS_PER_CHANNEL * sum(NCCL_BUFFERS_BYTES)
 
 
+#: The last model states' rounding, with the shapes it was found for (by identity) and the
+#: states and optimizer it was found for: the states do not change with the micro-batch, so
+#: an estimate (which computes the peak at the micro-batches it tries for the largest that
+#: fits) and a planner (many layouts of one model) round them once.
+_LAST_ROUNDING: list[Any] = [None, None, 0]
+
+
+def _states_rounding(i: EstimateInputs, states: dict[str, int]) -> int:
+    """`rounding_reserve_bytes(i, states)` for the model-state terms `states`, remembered."""
+    key = (tuple(states.items()), i.optimizer)
+    if _LAST_ROUNDING[0] is i.parameter_shapes and _LAST_ROUNDING[1] == key:
+        return int(_LAST_ROUNDING[2])
+    value = rounding_reserve_bytes(i, states)
+    _LAST_ROUNDING[:] = [i.parameter_shapes, key, value]
+    return value
+
+
 def reserve_of(i: EstimateInputs, terms: dict[str, int]) -> Reserve:
     """The reserve of checked inputs `i` whose peak has the named `terms`."""
     if i.overhead_gib is not None:
         return Reserve(0, 0, 0, given_bytes=math.ceil(i.overhead_gib * (1 << 30)))
     context = context_of(i.gpu.name if i.gpu is not None else None, lazy=i.lazy_loading)
-    rounding = rounding_reserve_bytes(i, {k: v for k, v in terms.items() if k in _STATES})
+    rounding = _states_rounding(i, {k: v for k, v in terms.items() if k in _STATES})
     return Reserve(
         context.bytes,
         nccl_bytes(i),
