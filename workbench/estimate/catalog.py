@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from workbench.inputs import shown
 
@@ -137,6 +138,7 @@ _NOISE = (
 )
 
 
+@lru_cache(maxsize=256)
 def _compact(name: str) -> str:
     key = re.sub(r"[^a-z0-9]", "", name.lower())
     for word in _NOISE:

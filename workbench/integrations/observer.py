@@ -717,7 +717,10 @@ class Observer:
         `workbench.predict_memory`; raises ValueError when it cannot predict them."""
         from workbench.prediction import predict_memory
 
-        return predict_memory(config or self.config, self.description(), self.world_size)
+        device = self.device.type if self.model is not None else None
+        return predict_memory(
+            config or self.config, self.description(), self.world_size, device=device
+        )
 
     def advice(self, samples: Any = None) -> list[Any]:
         """The advisor's advice on the records (and `samples` of a `Sampler`), plus the
@@ -731,7 +734,8 @@ class Observer:
 
         found = advise(self.records()[-500:], samples=samples, config=self.config)
         with contextlib.suppress(ValueError):
-            found += memory_advice(self.config, self.description(), self.world_size)
+            where = self.device if self.model is not None else None
+            found += memory_advice(self.config, self.description(), self.world_size, device=where)
         out = []
         for a in found:
             change = a.apply or {}

@@ -63,9 +63,10 @@ def memory_advice(
     move memory to the host (`HOST_MOVES`) are not offered."""
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
-    on_cpu = _device_type(config, device) == "cpu"
+    where = _device_type(config, device)
+    on_cpu = where == "cpu"
     try:
-        base = predict_memory(config, model, world_size)
+        base = predict_memory(config, model, world_size, device=where)
     except ValueError:
         return []
     tried: dict[str, int] = {}
@@ -84,7 +85,7 @@ def memory_advice(
         if engine_problems(candidate, world_size):
             continue
         try:
-            predicted = predict_memory(candidate, model, world_size)
+            predicted = predict_memory(candidate, model, world_size, device=where)
         except ValueError:
             continue
         freed = base.peak_bytes - predicted.peak_bytes
@@ -101,7 +102,7 @@ def memory_advice(
         f"({fmt_bytes(held)}): {name} frees {fmt_bytes(freed)}, peak "
         f"{fmt_bytes(base.peak_bytes)} -> {fmt_bytes(predicted.peak_bytes)}"
     )
-    lora = _lora_freed(config, model, world_size, base.peak_bytes)
+    lora = _lora_freed(config, model, world_size, base.peak_bytes, where)
     if lora is not None and lora > freed:
         tried["LoRA rank 16"] = lora
         message += (
@@ -119,15 +120,18 @@ def memory_advice(
     return [Advice("memory-technique", "info", message, evidence=evidence, apply=dict(change))]
 
 
-def _lora_freed(config: TrainConfig, model: Any, world_size: int, peak: int) -> int | None:
-    """The bytes LoRA of rank 16 frees of `peak` (None: on already, or not predictable)."""
+def _lora_freed(
+    config: TrainConfig, model: Any, world_size: int, peak: int, device: str
+) -> int | None:
+    """The bytes LoRA of rank 16 frees of `peak` on `device` (None: on already, or not
+    predictable)."""
     if int(config.lora_rank) > 0:
         return None
     try:
         candidate = config.replace(**LORA_CHANGE)
         if engine_problems(candidate, world_size):
             return None
-        return peak - predict_memory(candidate, model, world_size).peak_bytes
+        return peak - predict_memory(candidate, model, world_size, device=device).peak_bytes
     except ValueError:  # ConfigError is one; a shape-less model predicts no adapters
         return None
 
