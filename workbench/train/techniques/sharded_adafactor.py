@@ -37,9 +37,9 @@ class ShardedAdafactor(torch.optim.Adafactor):
     global state shapes as torch's."""
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
         if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
-            return super().step(closure)
+            return super().step(closure)  # type: ignore[no-untyped-call]
         loss = None
         if closure is not None:
             with torch.enable_grad():
