@@ -3,8 +3,9 @@
 An `OptimizerRow` holds an optimizer's name (the `TrainConfig.optimizer` value), its state
 layout (the family a switch between engines carries, the tensors of that family, the fp32
 state bytes per parameter), what its step allocates beyond its states, whether it exists
-only as a fused kernel, how a Session builds it (the import path of its class and the
-keywords it takes from the config: data, built by `workbench.train.backends.optimizer`),
+only as a fused kernel, how a Session builds it (the import path of its class, of the
+class for sharded parameters where that one cannot step FSDP2's shards, and the keywords
+it takes from the config: data, built by `workbench.train.backends.optimizer`),
 its DeepSpeed name, the engines a Session trains it on and why not on the others.
 `OPTIMIZERS` lists the rows; `workbench.choices.OptimizerName` is made from them, and the
 tables of the estimator, the engines and the DeepSpeed import/export read them.
