@@ -3,8 +3,9 @@
 An `OptimizerRow` holds an optimizer's name (the `TrainConfig.optimizer` value), its state
 layout (the family a switch between engines carries, the tensors of that family, the fp32
 state bytes per parameter), what its step allocates beyond its states, whether it exists
-only as a fused kernel, how a Session builds it (the import path of its class and the
-keywords it takes from the config: data, built by `workbench.train.backends.optimizer`),
+only as a fused kernel, how a Session builds it (the import path of its class, of the
+class for sharded parameters where that one cannot step FSDP2's shards, and the keywords
+it takes from the config: data, built by `workbench.train.backends.optimizer`),
 its DeepSpeed name, the engines a Session trains it on and why not on the others.
 `OPTIMIZERS` lists the rows; `workbench.choices.OptimizerName` is made from them, and the
 tables of the estimator, the engines and the DeepSpeed import/export read them.
@@ -77,6 +78,9 @@ class OptimizerRow:
     #: "module:Class" built instead where `factory` does not import (not for sharded
     #: parameters: FSDP's shards need the factory's own class)
     fallback_factory: str | None = None
+    #: "module:Class" built instead of `factory` when the parameters are sharded (DTensors:
+    #: FSDP2's shards), same keywords, for a class that cannot step them (None: `factory`)
+    sharded_factory: str | None = None
     #: a warning its class gives that the Session says once itself (a message prefix)
     quiet_warning: str | None = None
     #: DeepSpeed's "type" for it (None: DeepSpeed has no such optimizer)
@@ -277,19 +281,23 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         decay_temporaries=Temporaries(1, 1, 1),  # decay scales the parameter in place
         factory="torch.optim:Adafactor",
         factory_kwargs=_LR_WD,
+        # torch 2.13's class fails FSDP2's shards (aten.pow_ on a partial column norm):
+        # its subclass reduces each statistic over the ranks, the same arithmetic
+        sharded_factory="workbench.train.techniques.sharded_adafactor:ShardedAdafactor",
         lightning_hint="torch.optim.Adafactor in configure_optimizers",
-        engines=("plain",),
+        engines=("plain", "fsdp"),
         engines_reason=(
-            "torch's Adafactor (torch.optim.Adafactor) trains in the plain loop: the "
-            "sharded DTensor parameters of FSDP2 and tensor parallelism fail its in-place "
-            "statistics (aten.pow_ on a partial norm), DeepSpeed has no Adafactor, and the "
-            "pipeline engine is left out until a run checks it; the estimator counts its "
-            "factored states for every engine"
+            "torch's Adafactor (torch.optim.Adafactor) trains in the plain loop and under "
+            "FSDP2 (`fsdp`, `zero_stage`=0; its shards step with the same statistics, "
+            "reduced over the ranks): DeepSpeed has no Adafactor, and the model-parallel "
+            "engines (tp, pp) are left out until a run checks them; the estimator counts "
+            "its factored states for every engine"
         ),
         export_reason=(
             "the exported jobs build AdamW, Adam, SGD or 8-bit AdamW (DeepSpeed has no "
-            "Adafactor, and FSDP2's shards fail its step); a Session trains torch's "
-            "Adafactor in the plain loop"
+            "Adafactor, and FSDP2's shards need the workbench's sharded step, which the "
+            "standalone job scripts do not carry); a Session trains torch's Adafactor in "
+            "the plain loop and under FSDP"
         ),
         dry_run_reason=(
             "torch's Adafactor reads each parameter's norm with .item() every step, which "

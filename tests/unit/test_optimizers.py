@@ -3,6 +3,8 @@ bytes, families, state keys, fused-only, DeepSpeed names, why a Session refuses 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from workbench.choices import NOT_IN_SESSION, SESSION_OPTIMIZERS, OptimizerName
@@ -102,6 +104,38 @@ def test_every_session_row_can_be_built_or_says_why() -> None:
             "pipeline",
         }:
             assert r.engines_reason, r.name
+
+
+def _class(path: str) -> type:
+    import importlib
+
+    module, _, name = path.partition(":")
+    cls: type = getattr(importlib.import_module(module), name)
+    return cls
+
+
+def test_a_sharded_factory_is_its_rows_class_for_fsdps_shards() -> None:
+    """A row naming a class for sharded (DTensor) parameters trains under FSDP, and that
+    class is its factory's own, subclassed (the same keywords and states)."""
+    sharded = [r for r in OPTIMIZERS if r.sharded_factory]
+    assert [r.name for r in sharded] == ["adafactor"]
+    for r in sharded:
+        assert r.factory and "fsdp" in r.engines
+        assert issubclass(_class(r.sharded_factory or ""), _class(r.factory))
+
+
+def test_the_export_refuses_adafactor_under_fsdp_by_its_rows_reason(tmp_path: Any) -> None:
+    """The standalone FSDP job builds its optimizer from its own copy of the rows, without
+    the sharded step: it refuses Adafactor by the row's export reason, naming it."""
+    from workbench.config import TrainConfig
+    from workbench.export import ExportError, export_job
+
+    reason = row("adafactor").export_reason or ""
+    assert "sharded step" in reason
+    config = TrainConfig(optimizer="adafactor", fsdp="full_shard")
+    with pytest.raises(ExportError, match=r"optimizer='adafactor': the exported jobs") as err:
+        export_job(config, format="fsdp", gpus=2, out_dir=tmp_path)
+    assert reason in str(err.value)
 
 
 def test_deepspeed_tables_read_the_rows() -> None:

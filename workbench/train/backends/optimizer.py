@@ -39,9 +39,10 @@ def _load(path: str) -> Any:
 
 
 def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer of `config` over `params`, as its row says: its class (or the
-    fallback's where that does not import), with the keywords the row takes from the config
-    (lr, weight decay, momentum)."""
+    """The torch optimizer of `config` over `params`, as its row says: its class (the
+    row's `sharded_factory` where the parameters are sharded DTensors and the row names
+    one; the fallback's where the class does not import), with the keywords the row takes
+    from the config (lr, weight decay, momentum)."""
     opt = OptimizerName(config.optimizer)
     r = opt.row
     if r.factory is None:
@@ -53,12 +54,13 @@ def build_optimizer(config: TrainConfig, params: list[nn.Parameter]) -> torch.op
         key: float(source[1:]) if source.startswith("=") else float(getattr(config, source))
         for key, source in r.factory_kwargs
     }
+    sharded = any(hasattr(p, "device_mesh") for p in params)
     try:
-        cls = _load(r.factory)
+        cls = _load(r.sharded_factory if sharded and r.sharded_factory else r.factory)
     except ImportError:  # its library missing or broken here: the fallback's, if any
         if r.fallback_factory is None:
             raise
-        if any(hasattr(p, "device_mesh") for p in params):
+        if sharded:
             name = r.factory.partition(":")[2]
             raise ValueError(
                 f"optimizer={opt.value!r} under FSDP: {r.library}'s {name} steps the shards, "
