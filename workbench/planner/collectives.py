@@ -25,8 +25,9 @@ The model is NCCL's own tuning model (NCCL 2.30, `src/graph/tuning.cc` and
   All-gather and reduce-scatter run the ring (NCCL's tree is all-reduce only; its PAT
   algorithm runs one GPU a node only).
 * **Latency** (NCCL's Simple protocol constants): ring 8.4 us + 3.4 us per NVLink step +
-  14 us per network step (twice: NCCL adds the flush); tree 8.4 us + 2 x ((k - 1) x 4.0 us
-  + log2(nodes) x 28 us).
+  14 us per network step; tree 8.4 us + 2 x ((k - 1) x 4.0 us + log2(nodes) x 14 us).
+  A collective moved as several calls (FSDP's one a layer, DDP's 25 MiB buckets) pays it
+  for each.
 
 Not modelled: NVLink SHARP (NVLS: the switch reduces; NCCL uses it for an all-reduce on
 one NVSwitch node of Hoppers when the fabric manager enables it, about 480 GB/s bus
@@ -46,10 +47,10 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 RING_BASE_US = 8.4
 TREE_BASE_US = 8.4
 #: per-step hardware latencies (us): a ring step over NVLink, a tree step over NVLink, a
-#: step over the network (NCCL adds the network latency again for the flush)
+#: step over the network
 RING_NVLINK_STEP_US = 3.4
 TREE_NVLINK_STEP_US = 4.0
-NET_STEP_US = 14.0 * 2
+NET_STEP_US = 14.0
 #: NCCL's tree all-reduce bandwidth refinement (`busBw * .92`)
 TREE_BANDWIDTH = 0.92
 
@@ -118,9 +119,7 @@ def collective(
     bus = min(fabric.intra_bus, share)
     inter_steps = 2 * (nodes - 1) if kind == "all_reduce" else nodes - 1
     ring_lat = (
-        RING_BASE_US
-        + (steps - inter_steps) * RING_NVLINK_STEP_US
-        + inter_steps * NET_STEP_US
+        RING_BASE_US + (steps - inter_steps) * RING_NVLINK_STEP_US + inter_steps * NET_STEP_US
     )
     ring = factor * size_bytes / bus + ring_lat * 1e-6
     best, name = ring, "ring (network)"

@@ -58,16 +58,14 @@ LINKS: dict[str, Links] = {
         150 * _G,
         None,
         16 * _G,
-        "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; "
-        + _NCCL_BUS.format(links=6, rate=20.0),
+        "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; " + _NCCL_BUS.format(links=6, rate=20.0),
         intra_bus=120 * _G,
     ),
     "v100-32gb": Links(
         150 * _G,
         None,
         16 * _G,
-        "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; "
-        + _NCCL_BUS.format(links=6, rate=20.0),
+        "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; " + _NCCL_BUS.format(links=6, rate=20.0),
         intra_bus=120 * _G,
     ),
     "t4": Links(16 * _G, None, 16 * _G, "PCIe Gen3 x16: 16 GB/s per direction (no NVLink)"),
