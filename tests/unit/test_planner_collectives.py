@@ -209,3 +209,56 @@ def test_compile_and_float8_are_torchtitans_measured_factors() -> None:
     assert compute_speedup("a100-80gb", compiled=True) == 1.0  # no published figure used
     with pytest.raises(ValueError, match="float8=True: no published float8"):
         compute_speedup("a100-80gb", float8=True)
+
+
+_SMALL = {"model": "llama-3-8b", "gpu": "h100", "gpus": 8, "seq_len": 4096, "engines": "ddp"}
+
+
+def test_a_pinned_schedule_runs_every_pipeline_plan_and_is_on_its_label() -> None:
+    from workbench.planner import plan
+
+    result = plan(**_SMALL, global_batch=64, pp_schedule="interleaved-1f1b", virtual_stages=2)
+    piped = [p for p in result.plans + result.unfit if p.pp > 1]
+    assert piped and all("interleaved-1f1b v2" in p.label() for p in piped)
+    assert all(p.time.bubble == 0.0 for p in result.plans if p.pp == 1)
+
+
+def test_a_pinned_schedule_that_cannot_run_says_what_must_divide_what() -> None:
+    from workbench.planner import plan
+
+    # 32 layers: pp 2, 4, 8 x 5 virtual stages divides none of them
+    with pytest.raises(ValueError, match=r"pp_schedule='interleaved-1f1b': no layout can run it: "
+                       r"layers=32: must be a multiple of pp x virtual_stages = 2 x 5 = 10"):  # fmt: skip
+        plan(**_SMALL, global_batch=64, pp_schedule="interleaved-1f1b", virtual_stages=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"pp_schedule": "looped"}, "pp_schedule='looped': must be one of 1f1b, gpipe, "),
+        ({"virtual_stages": 0}, "virtual_stages=0: must be an integer from 1 to 64"),
+        ({"compile": "yes"}, "compile='yes': must be True or False"),
+        ({"float8": True, "gpu": "a100-80gb"}, "float8=True: no published float8"),
+    ],
+)
+def test_bad_planner_pins_are_refused_by_name(kwargs: dict[str, object], message: str) -> None:
+    from workbench.planner import plan
+
+    with pytest.raises(ValueError, match=message):
+        plan(**{**_SMALL, "global_batch": 64, **kwargs})
+
+
+def test_compile_float8_and_hsdp_are_planned_when_pinned() -> None:
+    from workbench.planner import plan
+
+    sharded = {**_SMALL, "engines": "full_shard", "global_batch": 64}
+    base = plan(**sharded)
+    fast = plan(**sharded, compile=True, float8=True)
+    assert all(p.settings["compile"] for p in fast.plans)  # the Session compiles it
+    plain = {p.label(): p for p in base.plans}
+    for p in fast.plans:
+        twin = plain[p.label().replace(" compile float8", "")]
+        assert p.time.compute == pytest.approx(twin.time.compute * 5762 / 8532)
+    hybrid = plan(model="llama-3-8b", gpu="h100", nodes=2, seq_len=4096, global_batch=64,
+                  engines="full_shard", hsdp=True)  # fmt: skip
+    assert hybrid.plans and all("hsdp 8" in p.label() for p in hybrid.plans if p.tp == 1)

@@ -30,6 +30,8 @@ so it counts 1.0 there (no gain claimed).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from workbench.inputs import shown
 
 #: the pipeline schedules the planner models
@@ -86,6 +88,58 @@ def schedule_problems(
     return out
 
 
+@dataclass(frozen=True)
+class Pins:
+    """The planner-only choices a plan() call pins: the pipeline schedule ("search": each
+    that runs), virtual stages a rank (None: 2 for an interleaved schedule), torch.compile,
+    float8 matmuls, HSDP (shard inside a node, replicate across)."""
+
+    pp_schedule: str = "1f1b"
+    virtual_stages: int | None = None
+    compile: bool = False
+    float8: bool = False
+    hsdp: bool = False
+
+
+def checked_pins(
+    pp_schedule: object, virtual_stages: object, compile: object, float8: object, hsdp: object
+) -> Pins:
+    """`Pins` from plan()'s keywords; ValueError naming a bad one and what is allowed."""
+    allowed = (*SCHEDULES, "search")
+    if pp_schedule not in allowed:
+        raise ValueError(f"pp_schedule={shown(pp_schedule)}: must be one of {', '.join(allowed)}")
+    v = virtual_stages
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64):
+        raise ValueError(f"virtual_stages={shown(v)}: must be an integer from 1 to 64")
+    for name, flag in (("compile", compile), ("float8", float8), ("hsdp", hsdp)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}={shown(flag)}: must be True or False")
+    return Pins(str(pp_schedule), v, bool(compile), bool(float8), bool(hsdp))
+
+
+def schedule_choices(
+    pins: Pins, stages: int, layers: int, micro_batches: int
+) -> tuple[list[tuple[str, int]], list[str]]:
+    """The (schedule, virtual stages) to plan for `stages` pipeline stages, and why the
+    pinned ones cannot run here (empty list of choices: none can)."""
+    if stages <= 1:
+        return [("1f1b", 1)], []
+    if pins.pp_schedule == "search":
+        wanted = [("1f1b", 1)]
+        for v in (2, 4) if pins.virtual_stages is None else (pins.virtual_stages,):
+            wanted += [("interleaved-1f1b", v), ("zero-bubble", v)]
+    else:
+        interleaved = pins.pp_schedule in ("interleaved-1f1b", "zero-bubble")
+        default_v = 2 if interleaved else 1
+        v = default_v if pins.virtual_stages is None else pins.virtual_stages
+        wanted = [(pins.pp_schedule, v)]
+    out, why = [], []
+    for schedule, v in wanted:
+        problems = schedule_problems(schedule, stages, v, layers, micro_batches)
+        (why if problems else out).extend(problems if problems else [(schedule, v)])
+    return out, why
+
+
 def compute_speedup(gpu: str, *, compiled: bool = False, float8: bool = False) -> float:
     """The factor on the compute's rate of torch.compile and float8 matmuls on `gpu`."""
     compile_f, float8_f = COMPUTE_FACTORS.get(gpu, (1.0, None))
@@ -102,6 +156,9 @@ def compute_speedup(gpu: str, *, compiled: bool = False, float8: bool = False) -
 
 __all__ = [
     "COMPUTE_FACTORS",
+    "Pins",
+    "checked_pins",
+    "schedule_choices",
     "SCHEDULES",
     "bubble_fraction",
     "compute_speedup",
