@@ -16,80 +16,40 @@ _G, _GIB, _MIB = 1e9, 2**30, 2**20
 #: (collective, nodes, GPUs a node, the node's NICs GB/s, GPU bus GB/s inside a node,
 #: message bytes, published busbw GB/s, source, the model's error as docs/planner.md
 #: states it: None when within 15%, else the named missing term)
+_NVLS = "-23%: NVLink SHARP (NVLS), the switch reducing, is not modelled"
+_VP = "https://github.com/aigatech/vpbenchmarking"  # Voltage Park / AI @ Georgia Tech report
+_RS = "https://github.com/NVIDIA/nccl/issues/1229"
+# fmt: off
 PUBLISHED = [
-    # one node of 8 A100 SXM4: nccl issue #1048 (2023-11): all_reduce_perf -b 8 -e 4G -g 8
-    (
-        "all_reduce",
-        1,
-        8,
-        100,
-        240,
-        4 * _GIB,
-        232.54,
-        "https://github.com/NVIDIA/nccl/issues/1048 (8 A100, single node)",
-        None,
-    ),
-    # two nodes of 8 A100, 4 x 200 Gb/s HDR each: 86 GB/s (same issue; the reporter's
-    # ib_write_bw per NIC 24 GB/s)
-    (
-        "all_reduce",
-        2,
-        8,
-        100,
-        240,
-        4 * _GIB,
-        86.0,
-        "https://github.com/NVIDIA/nccl/issues/1048 (2 x 8 A100, 4 HDR NICs a node)",
-        "+16%: the NICs' achieved 24 of 25 GB/s and a partly idle fourth NIC",
-    ),
+    # one node of 8 A100 SXM4: all_reduce_perf -b 8 -e 4G -g 8
+    ("all_reduce", 1, 8, 100, 240, 4 * _GIB, 232.54,
+     "https://github.com/NVIDIA/nccl/issues/1048 (8 A100, single node)", None),
+    # two nodes of 8 A100, 4 x 200 Gb/s HDR each (the reporter's ib_write_bw: 24 GB/s a NIC)
+    ("all_reduce", 2, 8, 100, 240, 4 * _GIB, 86.0,
+     "https://github.com/NVIDIA/nccl/issues/1048 (2 x 8 A100, 4 HDR NICs a node)",
+     "+16%: the NICs' achieved 24 of 25 GB/s and a partly idle fourth NIC"),
     # three nodes of 8 A100 40GB, 4 x HDR each, -e 128M: peak about 96 GB/s
-    (
-        "all_reduce",
-        3,
-        8,
-        100,
-        240,
-        128 * _MIB,
-        96.0,
-        "https://github.com/NVIDIA/nccl-tests/issues/119 (3 x 8 A100, 4 HDR NICs a node)",
-        None,
-    ),
-    # one node of 8 H100 SXM5 (Voltage Park / AI @ Georgia Tech, NCCL 2.24.3): 479.72 at 8 GiB
-    (
-        "all_reduce",
-        1,
-        8,
-        400,
-        370.8,
-        8 * _GIB,
-        479.72,
-        "https://github.com/aigatech/vpbenchmarking (8 H100, NCCL 2.24.3)",
-        "-23%: NVLink SHARP (NVLS), the switch reducing, is not modelled",
-    ),
-    # four nodes of 8 H100, 3.2 Tb/s InfiniBand a node (8 x 400 Gb/s): 330.93 / 323.53
-    (
-        "all_reduce",
-        4,
-        8,
-        400,
-        370.8,
-        8 * _GIB,
-        330.93,
-        "https://github.com/aigatech/vpbenchmarking (4 x 8 H100, 8 x 400 Gb/s)",
-        None,
-    ),
-    (
-        "all_gather",
-        4,
-        8,
-        400,
-        370.8,
-        8 * _GIB,
-        323.53,
-        "https://github.com/aigatech/vpbenchmarking (4 x 8 H100, 8 x 400 Gb/s)",
-        None,
-    ),
+    ("all_reduce", 3, 8, 100, 240, 128 * _MIB, 96.0,
+     "https://github.com/NVIDIA/nccl-tests/issues/119 (3 x 8 A100, 4 HDR NICs a node)", None),
+    # one node of 8 H100 SXM5, NCCL 2.24.3: 479.72 GB/s at 8 GiB
+    ("all_reduce", 1, 8, 400, 370.8, 8 * _GIB, 479.72, f"{_VP} (8 H100)", _NVLS),
+    # four nodes of 8 H100, 3.2 Tb/s InfiniBand a node (8 x 400 Gb/s)
+    ("all_reduce", 4, 8, 400, 370.8, 8 * _GIB, 330.93, f"{_VP} (4 x 8 H100)", None),
+    ("all_gather", 4, 8, 400, 370.8, 8 * _GIB, 323.53, f"{_VP} (4 x 8 H100)", None),
+    # one node of 8 H100 80GB HBM3: 479.41 GB/s at 8 GiB
+    ("all_reduce", 1, 8, 400, 370.8, 8 * _GIB, 479.41,
+     "https://github.com/NVIDIA/nccl-tests/issues/347 (8 H100, single node)", _NVLS),
+    # an H100 cluster's reduce-scatter bus bandwidth at 4/8/16/32 nodes, "360, 345, 320,
+    # 300" GB/s; the message size is not given (8 GiB, the top of nccl-tests' usual sweep,
+    # assumed) nor the network (8 x 400 Gb/s assumed, as on the neighbouring issues' H100s)
+    ("reduce_scatter", 4, 8, 400, 370.8, 8 * _GIB, 360.0, f"{_RS} (4 nodes)", None),
+    ("reduce_scatter", 8, 8, 400, 370.8, 8 * _GIB, 345.0, f"{_RS} (8 nodes)", None),
+    ("reduce_scatter", 16, 8, 400, 370.8, 8 * _GIB, 320.0, f"{_RS} (16 nodes)", None),
+    ("reduce_scatter", 32, 8, 400, 370.8, 8 * _GIB, 300.0, f"{_RS} (32 nodes)",
+     "+17%: the ring's bandwidth falling with its length on a real fabric (switch hops, "
+     "congestion), beyond NCCL's per-step latency"),
 ]
+# fmt: on
 
 
 def _fabric(nic_gbps: float, bus_gbps: float, per_node: int = 8) -> Fabric:
