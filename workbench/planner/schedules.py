@@ -133,10 +133,14 @@ def schedule_choices(
         default_v = 2 if interleaved else 1
         v = default_v if pins.virtual_stages is None else pins.virtual_stages
         wanted = [(pins.pp_schedule, v)]
-    out, why = [], []
+    out: list[tuple[str, int]] = []
+    why: list[str] = []
     for schedule, v in wanted:
         problems = schedule_problems(schedule, stages, v, layers, micro_batches)
-        (why if problems else out).extend(problems if problems else [(schedule, v)])
+        if problems:
+            why.extend(problems)
+        else:
+            out.append((schedule, v))
     return out, why
 
 

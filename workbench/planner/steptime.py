@@ -150,11 +150,12 @@ def step_time(
     replicas = d // sg
 
     layers_here = shape.layers / p
+    layer_calls = max(1, shape.layers // p)  # one collective a layer of this stage
 
     def dp(kind: str, size: float) -> float:
         # sharded engines gather and reduce a layer at a time; DDP and ZeRO-1/2 in buckets
         sharded = layout.engine in ("zero3", "full_shard", "shard_grad_op")
-        calls = layers_here if sharded else math.ceil(size / DDP_BUCKET_BYTES)
+        calls = layer_calls if sharded else math.ceil(size / DDP_BUCKET_BYTES)
         return nccl.seconds(kind, size, sg, fabric, per_node=min(per_node, sg), calls=calls)
 
     per_micro = {
@@ -172,7 +173,7 @@ def step_time(
         # one rank of each shard group a node apart: the group's ranks per node over s
         across = max(1, per_node // sg)
         per_step += nccl.seconds(
-            "all_reduce", grads / sg, replicas, fabric, per_node=across, calls=layers_here
+            "all_reduce", grads / sg, replicas, fabric, per_node=across, calls=layer_calls
         )
     dp_s = per_micro * m + per_step
     exposed = max(0.0, dp_s - overlap * compute)
