@@ -8,21 +8,26 @@ out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of
   under LoRA, 4 N_a + 2 N_trained: no weight gradients but the adapters'), plus the
   recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, the attention
   core's (4 L h s per token) under selective recomputation, split over the G GPUs at
-  `efficiency` x the GPU's peak for the precision;
-* the pipeline bubble: (pp - 1) / accum of that compute (Narayanan et al., 2021);
-* data parallel (ring collectives: a group of d moves (d-1)/d of the bytes per rank, twice
-  for an all-reduce): DDP and ZeRO-1 all-reduce the gradients once a step; ZeRO-2
+  `efficiency` x the GPU's peak for the precision, faster by torch.compile's and
+  float8's published factors when pinned (workbench.planner.schedules);
+* the pipeline bubble: (pp - 1) / accum of that compute under 1F1B (Narayanan et al.,
+  2021), less under an interleaved or zero-bubble schedule (workbench.planner.schedules);
+* data parallel, each collective as NCCL runs it (workbench.planner.collectives: NVLink
+  inside a node, the node's NICs together across nodes, ring or tree, NCCL's latency a
+  call): DDP and ZeRO-1 all-reduce the gradients once a step in 25 MiB buckets; ZeRO-2
   reduce-scatters them every micro-batch and all-gathers the 16-bit weights once;
   ZeRO-3 / FSDP full_shard all-gather the weights in each micro-batch's forward and
-  backward and reduce-scatter its gradients; FSDP shard_grad_op all-gathers once a
-  micro-batch. They overlap with compute: only what exceeds `overlap` x the compute
-  time is exposed (an assumption, docs/planner.md);
+  backward and reduce-scatter its gradients, a layer at a time; FSDP shard_grad_op
+  all-gathers once a micro-batch; HSDP does FSDP's inside a node and all-reduces the
+  gradient shards across. They overlap with compute: only what exceeds `overlap` x the
+  compute time is exposed (an assumption, docs/planner.md);
 * tensor parallel: 4 all-reduces of b s h activations per layer per micro-batch (2 in
   the forward, 2 in the backward; 2 more with the recomputed forward), not overlapped;
   sequence parallelism moves the same bytes (all-gather + reduce-scatter);
-* pipeline: each micro-batch's activations and their gradients sent to the next stage;
+* pipeline: each micro-batch's activations and their gradients sent to the next stage
+  (v times with v virtual stages a rank);
 * offload: gradients to the host and weights back over PCIe each step, the host's Adam
-  step at its memory bandwidth (36 bytes a parameter), parameters fetched over PCIe in
+  step at its memory bandwidth (30 bytes a parameter), parameters fetched over PCIe in
   each micro-batch's forward and backward with `offload_params`.
 """
 
