@@ -36,6 +36,9 @@ from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown
 from workbench.planner.hardware import Cluster, cluster
 from workbench.planner.schedules import Pins, checked_pins, schedule_choices
+from workbench.planner.space import element_bytes as _element_bytes
+from workbench.planner.space import offloads as _offloads
+from workbench.planner.space import precisions as _precisions
 from workbench.planner.steptime import Layout, Shape, StepTime, step_time
 from workbench.prediction import estimator_inputs
 
@@ -258,6 +261,8 @@ class PlanResult:
                 "nodes": self.cluster.nodes,
                 "intra_node_bytes_per_s": self.cluster.intra_node,
                 "inter_node_bytes_per_s": self.cluster.inter_node,
+                "node_network_bytes_per_s": self.cluster.node_network,
+                "intra_bus_bytes_per_s": self.cluster.fabric.intra_bus,
                 "source": self.cluster.source,
             },
             "global_batch": self.global_batch,
@@ -704,45 +709,6 @@ def _rank_key(p: Plan) -> tuple[float, float, int]:
     """Fastest first; at the same predicted time (communication hidden behind compute)
     the one that communicates less, then the one that needs less memory."""
     return (round(p.step_seconds, 9), round(p.time.data_parallel, 9), p.required_bytes)
-
-
-def _offloads(engine: str, allowed: bool) -> list[tuple[bool, bool]]:
-    if not allowed:
-        return [(False, False)]
-    if engine in ("zero2", "zero1"):
-        return [(False, False), (True, False)]
-    if engine == "zero3":
-        return [(False, False), (True, False), (True, True)]
-    return [(False, False)]
-
-
-def _element_bytes(engine: str, precision: str) -> tuple[int, int]:
-    """(bytes of a weight as gathered, of a gradient as reduced) on `engine` in
-    `precision`: DeepSpeed's 16-bit holds 16-bit weights and reduces 16-bit gradients;
-    under torch's autocast DeepSpeed holds fp32 weights, FSDP2 gathers 16-bit copies
-    (its MixedPrecisionPolicy) and reduces in fp32, as it does for pure bf16 by default
-    (`fsdp_reduce_fp32`); fp32 is 4 and 4."""
-    if precision in ("bf16", "fp16"):
-        return 2, 2
-    if precision == "fp32":
-        return 4, 4
-    fsdp = engine in ("full_shard", "shard_grad_op")
-    if precision == "bf16-true":
-        return 2, 4 if fsdp else 2
-    return (2 if fsdp else 4), 4  # amp-bf16, amp-fp16
-
-
-def _precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
-    """The precisions searched for `engine`: the pinned one, else its mixed 16-bit one
-    (bf16 where the GPU has it) with fp32 master weights. Pure bf16 (no fp32 copy: a
-    change to the numerics, not only to speed and memory) is planned when pinned."""
-    if pinned is not None:
-        return (pinned,)
-    if engine.startswith("zero"):  # DeepSpeed's own 16-bit
-        return ("bf16",) if bf16 else ("fp16",)
-    if engine == "ddp" and not bf16:  # on several ranks DeepSpeed runs DDP: its own fp16
-        return ("amp-fp16", "fp16")
-    return ("amp-bf16",) if bf16 else ("amp-fp16",)
 
 
 def _settings(
