@@ -39,6 +39,13 @@ PUBLISHED = [
     # one node of 8 H100 80GB HBM3: 479.41 GB/s at 8 GiB
     ("all_reduce", 1, 8, 400, 370.8, 8 * _GIB, 479.41,
      "https://github.com/NVIDIA/nccl-tests/issues/347 (8 H100, single node)", _NVLS),
+    # HGX H100 nodes, one NIC a GPU (16 and 32 "GPU-NIC pairs"), all_reduce_perf -e 16g:
+    # "each 2 nodes with 16 pairs can still get 470 GB/s", "4 nodes ... max busbw 365.84"
+    ("all_reduce", 2, 8, 400, 370.8, 16 * _GIB, 470.0,
+     "https://github.com/NVIDIA/nccl-tests/issues/309 (2 x 8 H100)",
+     "-21%: NVLS-Tree (NVLink SHARP inside each node, NCCL's two-node case) is not modelled"),
+    ("all_reduce", 4, 8, 400, 370.8, 16 * _GIB, 365.84,
+     "https://github.com/NVIDIA/nccl-tests/issues/309 (4 x 8 H100)", None),
     # an H100 cluster's reduce-scatter bus bandwidth at 4/8/16/32 nodes, "360, 345, 320,
     # 300" GB/s; the message size is not given (8 GiB, the top of nccl-tests' usual sweep,
     # assumed) nor the network (8 x 400 Gb/s assumed, as on the neighbouring issues' H100s)
