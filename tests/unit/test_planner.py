@@ -92,13 +92,19 @@ def test_the_step_time_terms_are_the_documented_formulas() -> None:
     tokens = 2048 * 2 * 4 * 8
     flops = (6 * 10**9 + 12 * 16 * 2048 * 2048) * tokens
     assert t.compute == pytest.approx(flops / (8 * H100.peak_bf16_flops * 0.5))
-    assert t.data_parallel == pytest.approx(2 * 7 / 8 * 4 * 10**9 / (450e9))
+    # NCCL's ring inside a DGX H100 (18 NVLink links x 20.6 GB/s), 25 MB buckets, each
+    # paying NCCL's ring latency (8.4 us + 14 steps x 3.4 us)
+    buckets = 153  # 4 GB in 25 MiB buckets, the last one partly full
+    assert t.data_parallel == pytest.approx(
+        2 * 7 / 8 * 4 * 10**9 / 370.8e9 + buckets * (8.4 + 14 * 3.4) * 1e-6
+    )
     assert t.data_parallel_exposed == t.data_parallel  # no overlap asked
     assert step_time(shape, ddp, hw, efficiency=0.5).data_parallel_exposed == 0.0
     tp = Layout(tp=2, pp=2, dp=2, engine="ddp", bf16=True, grad_bytes=4, **base)
     t2 = step_time(shape, tp, hw, efficiency=0.5)
     act = 2 * 2048 * 2048 * 2
-    assert t2.tensor_parallel == pytest.approx(4 * 8 * 4 * 2 * (1 / 2) * act / 450e9)
+    one = 2 * (1 / 2) * act / 370.8e9 + (8.4 + 2 * 3.4) * 1e-6  # NCCL's ring and latency
+    assert t2.tensor_parallel == pytest.approx(4 * 8 * 4 * one)
     assert t2.bubble == pytest.approx(t2.compute * (2 - 1) / 4)
     full = Layout(tp=1, pp=1, dp=8, engine="ddp", bf16=True, grad_bytes=4,
                   **{**base, "checkpointing": "full"})  # fmt: skip
@@ -162,7 +168,8 @@ def test_the_volumes_of_zero3_offload_and_lora_are_the_documented_ones() -> None
             "sixteen_bit": True, "bf16": True}  # fmt: skip
     z3 = step_time(shape, Layout(engine="zero3", grad_bytes=2, weight_bytes=2, **base), hw,
                    efficiency=0.4)  # fmt: skip
-    ring = 7 / 8 * 2 * 10**9 / 450e9
+    # a layer at a time (16 calls), NCCL's ring over NVLink and its latency
+    ring = 7 / 8 * 2 * 10**9 / 370.8e9 + 16 * (8.4 + 7 * 3.4) * 1e-6
     assert z3.data_parallel == pytest.approx(4 * (2 * ring + ring))
     off = {"offload_optimizer": True, "engine": "zero3", "grad_bytes": 2, "weight_bytes": 2}
     full = step_time(shape, Layout(**off, **base), hw, efficiency=0.4)
@@ -364,21 +371,24 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     """docs/planner.md, "Held against published practice": each row's figures."""
     a100, h100 = {"gpu": "a100-80gb"}, {"gpu": "h100"}
     gpt3 = plan(model="gpt3-175b", **a100, nodes=128, global_batch=1536, seq_len=2048)
-    assert _rank_of(gpt3, 8, 16, 8) == 1 and gpt3.best.settings["micro_batch"] == 1
+    # Megatron's layout: 1F1B's bubble (15/192 of the compute) behind FSDP over 512 x TP 2,
+    # whose gathers hide behind compute once the network is the node's eight NICs
+    assert _rank_of(gpt3, 8, 16, 8) == 3 and gpt3.best.settings["micro_batch"] == 1
+    assert (gpt3.best.engine, gpt3.best.tp, gpt3.best.dp) == ("full_shard", 2, 512)
     small = plan(model="llama-3-8b", **h100, global_batch=16, seq_len=8192)
     assert (small.best.engine, small.best.dp) == ("zero3", 8)
     assert _rank_of(small, 1, 1, 8, "full_shard") == 2
     big = plan(model="llama-3-70b", **h100, nodes=32, global_batch=512, seq_len=8192)
-    assert _rank_of(big, 8, 1, 32, "full_shard") == 1  # torchtitan's layout
+    assert _rank_of(big, 8, 1, 32, "full_shard") == 5  # torchtitan's layout, 0.7% slower
+    assert (big.best.engine, big.best.tp, big.best.dp) == ("zero3", 1, 256)
     # TP 8 x PP 16 with DDP (#1 before the allocator's reserve was counted) falls to 28
     assert _rank_of(big, 8, 16, 2) == 28
-    assert big.best.settings["micro_batch"] == 1 and big.best.settings["grad_accum"] == 16
     opt = plan(model="gpt3-175b", **a100, nodes=124, global_batch=992, seq_len=2048)
-    assert _rank_of(opt, 8, 1, 124, "full_shard") == 2
-    assert (opt.best.tp, opt.best.dp, opt.best.engine) == (4, 248, "full_shard")
+    assert _rank_of(opt, 8, 1, 124, "full_shard") == 11
+    assert (opt.best.tp, opt.best.dp, opt.best.engine) == (2, 496, "full_shard")
     megatron = plan(model="llama-3-70b", **h100, nodes=96, global_batch=384, seq_len=4096)
     assert _rank_of(megatron, 8, 2, 48) is None  # does not fit without ZeRO over tp x pp
-    assert (megatron.best.engine, megatron.best.tp, megatron.best.dp) == ("full_shard", 8, 96)
+    assert (megatron.best.engine, megatron.best.tp, megatron.best.dp) == ("full_shard", 2, 384)
     with pytest.raises(ValueError, match="global_batch=2048: no layout of the 384 GPUs"):
         plan(
             n_params="176B",

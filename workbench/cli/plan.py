@@ -56,6 +56,15 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run.add_argument(
         "--optimizer", metavar="OPT", help="adamw (searched) or adam8bit (the plain loop)"
     )
+    run.add_argument(
+        "--pp-schedule",
+        metavar="S",
+        help="1f1b (default), gpipe, interleaved-1f1b, zero-bubble, or search",
+    )
+    run.add_argument("--virtual-stages", metavar="V", help="stages a rank (interleaved: 2)")
+    run.add_argument("--compile", action="store_true", help="pin torch.compile")
+    run.add_argument("--float8", action="store_true", help="pin float8 matmuls (Hopper)")
+    run.add_argument("--hsdp", action="store_true", help="FSDP sharded in a node, replicated")
     out = parser.add_argument_group("output")
     out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
     out.add_argument("--json", action="store_true", help="every plan as JSON, best first")
@@ -114,6 +123,8 @@ FLAGS = {
     "precision": "--precision",
     "attention": "--attention",
     "optimizer": "--optimizer",
+    "pp_schedule": "--pp-schedule",
+    "virtual_stages": "--virtual-stages",
     "engines": "--engines",
     "intra_node_gbps": "--intra-node-gbps",
     "inter_node_gbps": "--inter-node-gbps",
@@ -167,6 +178,11 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kw["attention"] = args.attention
     if args.optimizer is not None:
         kw["optimizer"] = args.optimizer
+    if args.pp_schedule is not None:
+        kw["pp_schedule"] = args.pp_schedule
+    if args.virtual_stages is not None:
+        kw["virtual_stages"] = _number("--virtual-stages", args.virtual_stages, int, problems, 1)
+    kw.update(compile=args.compile, float8=args.float8, hsdp=args.hsdp)
     if args.lora_rank is not None:
         kw["lora_rank"] = _number("--lora-rank", args.lora_rank, int, problems, 1)
     if args.headroom is not None:

@@ -35,6 +35,10 @@ from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
 from workbench.estimate.activations import attention_terms
 from workbench.inputs import shown
 from workbench.planner.hardware import Cluster, cluster
+from workbench.planner.schedules import Pins, checked_pins, schedule_choices
+from workbench.planner.space import element_bytes as _element_bytes
+from workbench.planner.space import offloads as _offloads
+from workbench.planner.space import precisions as _precisions
 from workbench.planner.steptime import Layout, Shape, StepTime, step_time
 from workbench.prediction import estimator_inputs
 
@@ -71,6 +75,9 @@ class Plan:
     tokens_per_step: int
     peak_terms: dict[str, int]
     mfu: float
+    #: planner-only choices the Session does not train (another trainer's: torchtitan,
+    #: Megatron): the pipeline schedule, float8, HSDP; workbench.planner.schedules
+    extras: tuple[str, ...] = ()
 
     @property
     def step_seconds(self) -> float:
@@ -103,7 +110,9 @@ class Plan:
             parts.append("bf16-true")
         if s.get("lora_rank"):
             parts.append(f"lora r{s['lora_rank']}")
-        return " ".join(parts)
+        if s.get("compile"):
+            parts.append("compile")
+        return " ".join(parts + list(self.extras))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +128,7 @@ class Plan:
             "step_seconds": self.step_seconds,
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
+            "extras": list(self.extras),
             "time_terms": dict(self.time.terms),
             "peak_terms": dict(self.peak_terms),
         }
@@ -251,6 +261,8 @@ class PlanResult:
                 "nodes": self.cluster.nodes,
                 "intra_node_bytes_per_s": self.cluster.intra_node,
                 "inter_node_bytes_per_s": self.cluster.inter_node,
+                "node_network_bytes_per_s": self.cluster.node_network,
+                "intra_bus_bytes_per_s": self.cluster.fabric.intra_bus,
                 "source": self.cluster.source,
             },
             "global_batch": self.global_batch,
@@ -471,6 +483,11 @@ def plan(
     global_tokens: int | None = None,
     max_micro_batch: int = 64,
     attention: str | None = None,
+    pp_schedule: str = "1f1b",
+    virtual_stages: int | None = None,
+    compile: bool = False,
+    float8: bool = False,
+    hsdp: bool = False,
     **shape: Any,
 ) -> PlanResult:
     """Every trainable setup of the model on `nodes` x `gpus_per_node` GPUs of type `gpu`
@@ -487,7 +504,11 @@ def plan(
     kernel ("sdpa", searched by default, or "eager" for a model without a fused one).
     `gpus` is the GPUs in all, as `workbench plan --gpus` takes it (nodes of
     `gpus_per_node`, 8 by default or `gpus` when fewer; one node without it); the CLI's
-    other names are taken too (`params`, `price`, `no_offload`). ValueError naming the
+    other names are taken too (`params`, `price`, `no_offload`). Planner-only choices
+    (workbench.planner.schedules, shown on each plan's label): `pp_schedule` ("1f1b",
+    "gpipe", "interleaved-1f1b", "zero-bubble", or "search" for each that runs) with
+    `virtual_stages` a rank, `compile` (torch.compile, which the Session trains),
+    `float8` and `hsdp` (FSDP sharded inside a node, replicated across). ValueError naming the
     field for bad input (a keyword plan() does not take among them), and when no setup
     fits (which term breaks the best one and by how much)."""
     given: dict[str, Any] = {
@@ -508,6 +529,7 @@ def plan(
     tokens, price_per_gpu_hour, efficiency = _checked_numbers(
         tokens, price_per_gpu_hour, efficiency, headroom
     )
+    pins = checked_pins(pp_schedule, virtual_stages, compile, float8, hsdp)
     hw = cluster(
         gpu,
         gpus_per_node=gpus_per_node,
@@ -592,6 +614,7 @@ def plan(
     unfit: list[Plan] = []
     searched = 0
     layouts_possible = 0
+    refused: list[str] = []  # why a pinned schedule cannot run a layout
     for tp in _powers_dividing(hw.gpus_per_node, 64):  # a group inside one node (NVLink)
         if any(v and v % tp for v in dims.values()):
             continue
@@ -619,17 +642,23 @@ def plan(
                         settings["attention"] = attention
                     if lora_rank:
                         settings["lora_rank"] = lora_rank
+                    if pins.compile:
+                        settings["compile"] = True
                     try:  # a setup the Session trains on G ranks, as it is
                         if engine_problems(TrainConfig(**settings), G):
                             continue
                     except ConfigError:
                         continue
-                    layout = (engine, tp, pp, dp)
-                    got = _one(sh, settings, layout, hw, base, efficiency, headroom)
-                    if got is None:
-                        continue
-                    searched += 1
-                    (fits if got.fits else unfit).append(got)
+                    runs, why = schedule_choices(pins, pp, sh.layers, per_replica // mb)
+                    refused += [w for w in why if w not in refused]
+                    for schedule in runs:
+                        layout = (engine, tp, pp, dp)
+                        got = _one(sh, settings, layout, hw, base, efficiency, headroom,
+                                   pins=pins, schedule=schedule)  # fmt: skip
+                        if got is None:
+                            continue
+                        searched += 1
+                        (fits if got.fits else unfit).append(got)
     if layouts_possible == 0:
         raise ValueError(
             f"global_batch={global_batch}: no layout of the {G} GPUs divides it: dp = "
@@ -639,6 +668,9 @@ def plan(
         )
     fits.sort(key=_rank_key)
     unfit.sort(key=_rank_key)
+    piped = any(p.pp > 1 for p in fits + unfit)
+    if refused and pins.pp_schedule in ("interleaved-1f1b", "zero-bubble") and not piped:
+        raise ValueError(f"pp_schedule={shown(pp_schedule)}: no layout can run it: {refused[0]}")
     if not fits:
         least = min(unfit, key=lambda p: p.required_bytes) if unfit else None
         if least is None:
@@ -654,7 +686,8 @@ def plan(
             f"term {term} {size / _GIB:.1f} GiB: more GPUs (nodes=), a larger GPU, or LoRA"
         )
     faster_unfit = [p for p in unfit if p.step_seconds < fits[0].step_seconds]
-    notes = [
+    notes = [f"pp_schedule={pp_schedule}: not run where {refused[0]}"] if refused else []
+    notes += [
         f"Step time: compute at {efficiency:.0%} of the peak FLOP/s, collectives over the "
         "bandwidths above, data-parallel ones hidden behind compute (docs/planner.md)."
     ]
@@ -676,45 +709,6 @@ def _rank_key(p: Plan) -> tuple[float, float, int]:
     """Fastest first; at the same predicted time (communication hidden behind compute)
     the one that communicates less, then the one that needs less memory."""
     return (round(p.step_seconds, 9), round(p.time.data_parallel, 9), p.required_bytes)
-
-
-def _offloads(engine: str, allowed: bool) -> list[tuple[bool, bool]]:
-    if not allowed:
-        return [(False, False)]
-    if engine in ("zero2", "zero1"):
-        return [(False, False), (True, False)]
-    if engine == "zero3":
-        return [(False, False), (True, False), (True, True)]
-    return [(False, False)]
-
-
-def _element_bytes(engine: str, precision: str) -> tuple[int, int]:
-    """(bytes of a weight as gathered, of a gradient as reduced) on `engine` in
-    `precision`: DeepSpeed's 16-bit holds 16-bit weights and reduces 16-bit gradients;
-    under torch's autocast DeepSpeed holds fp32 weights, FSDP2 gathers 16-bit copies
-    (its MixedPrecisionPolicy) and reduces in fp32, as it does for pure bf16 by default
-    (`fsdp_reduce_fp32`); fp32 is 4 and 4."""
-    if precision in ("bf16", "fp16"):
-        return 2, 2
-    if precision == "fp32":
-        return 4, 4
-    fsdp = engine in ("full_shard", "shard_grad_op")
-    if precision == "bf16-true":
-        return 2, 4 if fsdp else 2
-    return (2 if fsdp else 4), 4  # amp-bf16, amp-fp16
-
-
-def _precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
-    """The precisions searched for `engine`: the pinned one, else its mixed 16-bit one
-    (bf16 where the GPU has it) with fp32 master weights. Pure bf16 (no fp32 copy: a
-    change to the numerics, not only to speed and memory) is planned when pinned."""
-    if pinned is not None:
-        return (pinned,)
-    if engine.startswith("zero"):  # DeepSpeed's own 16-bit
-        return ("bf16",) if bf16 else ("fp16",)
-    if engine == "ddp" and not bf16:  # on several ranks DeepSpeed runs DDP: its own fp16
-        return ("amp-fp16", "fp16")
-    return ("amp-bf16",) if bf16 else ("amp-fp16",)
 
 
 def _settings(
@@ -756,6 +750,9 @@ def _one(
     base: dict[str, Any],
     efficiency: float,
     headroom: float = 0.0,
+    *,
+    pins: Pins | None = None,
+    schedule: tuple[str, int] = ("1f1b", 1),
 ) -> Plan | None:
     """The plan of these settings on (engine, tp, pp, dp), None where the estimator
     refuses the layout."""
@@ -770,6 +767,17 @@ def _one(
         attention=attention_terms(s.get("attention", "sdpa")),
         gpu=hw.gpu.name,
     )
+    pins = pins or Pins()
+    shard_group, extras = None, []
+    if schedule[0] != "1f1b" and pp > 1:
+        extras.append(f"{schedule[0]} v{schedule[1]}" if schedule[1] > 1 else schedule[0])
+    if pins.float8:
+        extras.append("float8")
+    fsdp_hsdp = pins.hsdp and engine in ("full_shard", "shard_grad_op") and hw.nodes > 1
+    if fsdp_hsdp and 1 <= hw.gpus_per_node // (tp * pp) < dp:  # shard inside a node
+        shard_group = hw.gpus_per_node // (tp * pp)
+        inputs["gpus"] = shard_group * tp * pp  # the memory of FSDP over the shard group
+        extras.append(f"hsdp {shard_group}")
     try:
         est = estimate_memory(**inputs)
     except EstimateInputError:
@@ -790,6 +798,11 @@ def _one(
         offload_optimizer="offload_optimizer" in s,
         offload_params="offload_params" in s,
         trainable_params=int(est.lora_params) if lora and est.lora_params else None,
+        schedule=schedule[0] if pp > 1 else "1f1b",
+        virtual_stages=schedule[1] if pp > 1 else 1,
+        shard_group=shard_group,
+        compiled=bool(s.get("compile")),
+        float8=pins.float8,
     )
     t = step_time(sh, layout, hw, efficiency=efficiency)
     tokens = sh.seq_len * s["micro_batch"] * s["grad_accum"] * dp
@@ -807,6 +820,7 @@ def _one(
         tokens_per_step=tokens,
         peak_terms={k: int(v) for k, v in est.peak_terms.items()},
         mfu=mfu if math.isfinite(mfu) else 0.0,
+        extras=tuple(extras),
     )
 
 

@@ -1,12 +1,15 @@
 """The machine a plan runs on: the GPU (from the estimator's catalog), how many per node and
 how many nodes, and the bandwidths its collectives and offload traffic move over.
 
-Bandwidths are per GPU and per direction, in bytes/s, as NCCL's "bus bandwidth" reads them
-(what a ring collective's time divides by). Intra-node is the GPU's NVLink (or PCIe for a
-part without NVLink), inter-node the share of the node's network one GPU has; both come
-from the data sheets named in `LINKS` and can be given instead (`intra_node_gbps`,
-`inter_node_gbps`). A GPU without an inter-node figure needs one given to plan more than
-one node. PCIe (the offload traffic) is the slot's per-direction rate.
+Bandwidths are per GPU and per direction, in bytes/s. Intra-node is the GPU's NVLink (or
+PCIe for a part without NVLink): the data sheet's figure, and the bus bandwidth a ring
+collective gets out of it as NCCL's topology counts it (`intra_bus`: NVLink links x NCCL's
+per-link rate); inter-node is one GPU's share of its node's NICs (a DGX gives each GPU its
+own NIC), so a node's network together is `inter_node x gpus_per_node`, what NCCL spreads
+one collective's channels over (workbench/planner/collectives.py). Both come from the data
+sheets named in `LINKS` and can be given instead (`intra_node_gbps`, `inter_node_gbps`).
+A GPU without an inter-node figure needs one given to plan more than one node. PCIe (the
+offload traffic) is the slot's per-direction rate.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 from workbench.estimate import GpuSpec, get_gpu
 from workbench.inputs import shown
+from workbench.planner.collectives import Fabric
 
 _G = 1e9
 
@@ -22,35 +26,86 @@ _G = 1e9
 @dataclass(frozen=True)
 class Links:
     """One GPU's bandwidths, bytes/s per direction: NVLink (or PCIe) within a node, the
-    network share between nodes (None: not known), its PCIe slot; and their sources."""
+    network share between nodes (None: not known), its PCIe slot; and their sources.
+    `intra_bus` is the bus bandwidth NCCL's ring gets inside a node (None: `intra_node`);
+    `nics` the node's network as its data sheet gives it (e.g. "8 x 400 Gb/s")."""
 
     intra_node: float
     inter_node: float | None
     pcie: float
     source: str
+    intra_bus: float | None = None
+    nics: str = ""
 
 
 _NVLINK_A100 = "NVIDIA A100 data sheet: NVLink 600 GB/s (bidirectional), PCIe Gen4 64 GB/s"
 _NVLINK_H100 = "NVIDIA H100 data sheet (SXM): NVLink 900 GB/s (bidirectional), PCIe Gen5 128 GB/s"
-_DGX_A100 = "DGX A100: 8x 200 Gb/s HDR InfiniBand for 8 GPUs (25 GB/s per GPU)"
-_DGX_H100 = "DGX H100: 8x 400 Gb/s NDR InfiniBand for 8 GPUs (50 GB/s per GPU)"
+_DGX_A100 = (
+    "DGX A100 user guide: 8x 200 Gb/s HDR InfiniBand (ConnectX-6) for 8 GPUs, 200 GB/s a node "
+    "(25 GB/s per GPU)"
+)
+_DGX_H100 = (
+    "DGX H100 user guide: 8x 400 Gb/s NDR InfiniBand (ConnectX-7) for 8 GPUs, 400 GB/s a node "
+    "(50 GB/s per GPU)"
+)
+#: NCCL 2.30 src/graph/topo.h: NVLink GB/s per link as NCCL's topology counts it
+_NCCL_BUS = "NCCL ring bus bandwidth: {links} NVLink links x {rate} GB/s (NCCL src/graph/topo.h)"
 _PCIE4 = "PCIe Gen4 x16: 32 GB/s per direction (no NVLink on this part)"
 
 #: catalog name -> its links (the data sheet figure halved: per direction)
 LINKS: dict[str, Links] = {
-    "v100-16gb": Links(150 * _G, None, 16 * _G, "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s"),
-    "v100-32gb": Links(150 * _G, None, 16 * _G, "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s"),
+    "v100-16gb": Links(
+        150 * _G,
+        None,
+        16 * _G,
+        "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; " + _NCCL_BUS.format(links=6, rate=20.0),
+        intra_bus=120 * _G,
+    ),
+    "v100-32gb": Links(
+        150 * _G,
+        None,
+        16 * _G,
+        "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; " + _NCCL_BUS.format(links=6, rate=20.0),
+        intra_bus=120 * _G,
+    ),
     "t4": Links(16 * _G, None, 16 * _G, "PCIe Gen3 x16: 16 GB/s per direction (no NVLink)"),
     "a10g": Links(32 * _G, None, 32 * _G, _PCIE4),
     "l4": Links(32 * _G, None, 32 * _G, _PCIE4),
     "rtx-3090": Links(32 * _G, None, 32 * _G, _PCIE4),
     "rtx-4090": Links(32 * _G, None, 32 * _G, _PCIE4),
-    "a100-40gb": Links(300 * _G, 25 * _G, 32 * _G, f"{_NVLINK_A100}; {_DGX_A100}"),
-    "a100-80gb": Links(300 * _G, 25 * _G, 32 * _G, f"{_NVLINK_A100}; {_DGX_A100}"),
+    "a100-40gb": Links(
+        300 * _G,
+        25 * _G,
+        32 * _G,
+        f"{_NVLINK_A100}; {_DGX_A100}; " + _NCCL_BUS.format(links=12, rate=20.0),
+        intra_bus=240 * _G,
+        nics="8 x 200 Gb/s HDR",
+    ),
+    "a100-80gb": Links(
+        300 * _G,
+        25 * _G,
+        32 * _G,
+        f"{_NVLINK_A100}; {_DGX_A100}; " + _NCCL_BUS.format(links=12, rate=20.0),
+        intra_bus=240 * _G,
+        nics="8 x 200 Gb/s HDR",
+    ),
     "l40s": Links(32 * _G, None, 32 * _G, _PCIE4),
-    "h100-80gb": Links(450 * _G, 50 * _G, 64 * _G, f"{_NVLINK_H100}; {_DGX_H100}"),
+    "h100-80gb": Links(
+        450 * _G,
+        50 * _G,
+        64 * _G,
+        f"{_NVLINK_H100}; {_DGX_H100}; " + _NCCL_BUS.format(links=18, rate=20.6),
+        intra_bus=370.8 * _G,
+        nics="8 x 400 Gb/s NDR",
+    ),
     "h200-141gb": Links(
-        450 * _G, 50 * _G, 64 * _G, f"{_NVLINK_H100} (same on the H200); {_DGX_H100}"
+        450 * _G,
+        50 * _G,
+        64 * _G,
+        f"{_NVLINK_H100} (same on the H200); {_DGX_H100} (DGX H200: the same); "
+        + _NCCL_BUS.format(links=18, rate=20.6),
+        intra_bus=370.8 * _G,
+        nics="8 x 400 Gb/s NDR",
     ),
     "mi300x": Links(
         448 * _G,
@@ -58,6 +113,7 @@ LINKS: dict[str, Links] = {
         64 * _G,
         "AMD Instinct MI300X data sheet: 7 Infinity Fabric links, 896 GB/s aggregate "
         "(bidirectional), PCIe Gen5; 8x 400 Gb/s networking for 8 GPUs (50 GB/s per GPU)",
+        nics="8 x 400 Gb/s",
     ),
 }
 
@@ -82,14 +138,28 @@ class Cluster:
     pcie: float
     host_bandwidth: float
     source: str
+    #: a ring collective's bus bandwidth inside a node (NCCL's; None: `intra_node`)
+    intra_bus: float | None = None
 
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def node_network(self) -> float | None:
+        """A node's NICs together, bytes/s per direction (None: not known)."""
+        return None if self.inter_node is None else self.inter_node * self.gpus_per_node
+
+    @property
+    def fabric(self) -> Fabric:
+        """What workbench.planner.collectives reads of this cluster."""
+        bus = self.intra_node if self.intra_bus is None else self.intra_bus
+        return Fabric(self.gpus_per_node, bus, self.node_network)
+
     def link(self, span: int) -> float:
-        """The bandwidth a collective over groups of `span` consecutive GPUs runs at: the
-        network's as soon as a group leaves its node (the slowest link of the ring)."""
+        """The bandwidth one GPU's point-to-point traffic over groups of `span` consecutive
+        GPUs runs at (a pipeline's sends): its own NIC's share as soon as a group leaves
+        its node. Collectives: workbench.planner.collectives over `fabric`."""
         if span <= self.gpus_per_node or self.nodes == 1:
             return self.intra_node
         assert self.inter_node is not None
@@ -152,6 +222,7 @@ def cluster(
         gpus_per_node=gpus_per_node,
         nodes=nodes,
         intra_node=intra_node_gbps * _G if intra_node_gbps is not None else links.intra_node,
+        intra_bus=intra_node_gbps * _G if intra_node_gbps is not None else links.intra_bus,
         inter_node=inter,
         pcie=links.pcie,
         host_bandwidth=HOST_BANDWIDTH,

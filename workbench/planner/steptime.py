@@ -8,33 +8,44 @@ out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of
   under LoRA, 4 N_a + 2 N_trained: no weight gradients but the adapters'), plus the
   recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, the attention
   core's (4 L h s per token) under selective recomputation, split over the G GPUs at
-  `efficiency` x the GPU's peak for the precision;
-* the pipeline bubble: (pp - 1) / accum of that compute (Narayanan et al., 2021);
-* data parallel (ring collectives: a group of d moves (d-1)/d of the bytes per rank, twice
-  for an all-reduce): DDP and ZeRO-1 all-reduce the gradients once a step; ZeRO-2
+  `efficiency` x the GPU's peak for the precision, faster by torch.compile's and
+  float8's published factors when pinned (workbench.planner.schedules);
+* the pipeline bubble: (pp - 1) / accum of that compute under 1F1B (Narayanan et al.,
+  2021), less under an interleaved or zero-bubble schedule (workbench.planner.schedules);
+* data parallel, each collective as NCCL runs it (workbench.planner.collectives: NVLink
+  inside a node, the node's NICs together across nodes, ring or tree, NCCL's latency a
+  call): DDP and ZeRO-1 all-reduce the gradients once a step in 25 MiB buckets; ZeRO-2
   reduce-scatters them every micro-batch and all-gathers the 16-bit weights once;
   ZeRO-3 / FSDP full_shard all-gather the weights in each micro-batch's forward and
-  backward and reduce-scatter its gradients; FSDP shard_grad_op all-gathers once a
-  micro-batch. They overlap with compute: only what exceeds `overlap` x the compute
-  time is exposed (an assumption, docs/planner.md);
+  backward and reduce-scatter its gradients, a layer at a time; FSDP shard_grad_op
+  all-gathers once a micro-batch; HSDP does FSDP's inside a node and all-reduces the
+  gradient shards across. They overlap with compute: only what exceeds `overlap` x the
+  compute time is exposed (an assumption, docs/planner.md);
 * tensor parallel: 4 all-reduces of b s h activations per layer per micro-batch (2 in
   the forward, 2 in the backward; 2 more with the recomputed forward), not overlapped;
   sequence parallelism moves the same bytes (all-gather + reduce-scatter);
-* pipeline: each micro-batch's activations and their gradients sent to the next stage;
+* pipeline: each micro-batch's activations and their gradients sent to the next stage
+  (v times with v virtual stages a rank);
 * offload: gradients to the host and weights back over PCIe each step, the host's Adam
-  step at its memory bandwidth (36 bytes a parameter), parameters fetched over PCIe in
+  step at its memory bandwidth (30 bytes a parameter), parameters fetched over PCIe in
   each micro-batch's forward and backward with `offload_params`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from workbench.planner import collectives as nccl
 from workbench.planner.hardware import Cluster
+from workbench.planner.schedules import bubble_fraction, compute_speedup
 
 #: bytes one parameter's host Adam step reads and writes: the fp32 weight, two moments and
 #: the fp32 gradient read (16), the weight and moments written (12), the 16-bit copy (2)
 HOST_ADAM_BYTES = 30
+#: the bytes of one gradient bucket DDP (`bucket_cap_mb`, 25 MB) and DeepSpeed's ZeRO-1/2
+#: (`reduce_bucket_size`, 5e8 elements: larger) reduce at a time; the planner counts DDP's
+DDP_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,16 @@ class Layout:
     offload_params: bool = False
     #: parameters that train (LoRA: the adapters'); None: every one
     trainable_params: int | None = None
+    #: the pipeline schedule (workbench.planner.schedules.SCHEDULES) and its virtual
+    #: stages a rank (interleaved schedules: layers cut into pp x v chunks)
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    #: HSDP: shard over groups of this many data-parallel ranks (within a node), replicate
+    #: across them (None: shard over all dp ranks)
+    shard_group: int | None = None
+    #: torch.compile on, float8 matmuls on (factors from published measurements)
+    compiled: bool = False
+    float8: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,11 +117,6 @@ class StepTime:
         )
 
 
-def _ring(bytes_per_rank: float, group: int, bandwidth: float) -> float:
-    """One ring all-gather or reduce-scatter of a group: (g-1)/g of the bytes per rank."""
-    return 0.0 if group <= 1 else (group - 1) / group * bytes_per_rank / bandwidth
-
-
 def step_time(
     shape: Shape, layout: Layout, hw: Cluster, *, efficiency: float, overlap: float = 1.0
 ) -> StepTime:
@@ -122,36 +138,59 @@ def step_time(
     elif layout.checkpointing == "selective":  # the attention core's forward again
         flops += attention / 3 * tokens
     peak = hw.gpu.peak_flops(layout.sixteen_bit, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
-    compute = flops / (hw.gpus * peak * efficiency)
-    bubble = compute * (p - 1) / m if p > 1 else 0.0
+    speedup = compute_speedup(hw.gpu.name, compiled=layout.compiled, float8=layout.float8)
+    compute = flops / (hw.gpus * peak * efficiency * speedup)
+    v = layout.virtual_stages
+    bubble = compute * bubble_fraction(layout.schedule, p, m, v) if p > 1 else 0.0
 
     # data parallel: this rank's slice of the model (after tp and pp), 16-bit weights
     shard = shape.n_params / (t * p)
     weights16 = layout.weight_bytes * shard  # gathered: every weight, frozen ones too
     updated = layout.weight_bytes * trains / (t * p)  # what the optimizer changes
     grads = layout.grad_bytes * trains / (t * p)  # only what trains is reduced
-    link = hw.link(t * p * d)
+    fabric = hw.fabric
+    per_node = nccl.placement(t * p, d, hw.gpus_per_node)
+    # HSDP: shard over `s` ranks inside a node, replicate over the d / s groups
+    sg = layout.shard_group if layout.shard_group and layout.shard_group < d else d
+    replicas = d // sg
+
+    layers_here = shape.layers / p
+    layer_calls = max(1, shape.layers // p)  # one collective a layer of this stage
+
+    def dp(kind: str, size: float) -> float:
+        # sharded engines gather and reduce a layer at a time; DDP and ZeRO-1/2 in buckets
+        sharded = layout.engine in ("zero3", "full_shard", "shard_grad_op")
+        calls = layer_calls if sharded else math.ceil(size / DDP_BUCKET_BYTES)
+        return nccl.seconds(kind, size, sg, fabric, per_node=min(per_node, sg), calls=calls)
+
     per_micro = {
-        "zero2": _ring(grads, d, link),
-        "zero3": 2 * _ring(weights16, d, link) + _ring(grads, d, link),
-        "full_shard": 2 * _ring(weights16, d, link) + _ring(grads, d, link),
-        "shard_grad_op": _ring(weights16, d, link) + _ring(grads, d, link),
+        "zero2": dp("reduce_scatter", grads),
+        "zero3": 2 * dp("all_gather", weights16) + dp("reduce_scatter", grads),
+        "full_shard": 2 * dp("all_gather", weights16) + dp("reduce_scatter", grads),
+        "shard_grad_op": dp("all_gather", weights16) + dp("reduce_scatter", grads),
     }.get(layout.engine, 0.0)
     per_step = {
-        "ddp": 2 * _ring(grads, d, link),
-        "zero1": 2 * _ring(grads, d, link),
-        "zero2": _ring(updated, d, link),
+        "ddp": dp("all_reduce", grads),
+        "zero1": dp("all_reduce", grads),
+        "zero2": dp("all_gather", updated),
     }.get(layout.engine, 0.0)
-    dp = per_micro * m + per_step
-    exposed = max(0.0, dp - overlap * compute)
+    if replicas > 1:  # HSDP's replicas all-reduce their gradient shards once a step
+        # one rank of each shard group a node apart: the group's ranks per node over s
+        across = max(1, per_node // sg)
+        per_step += nccl.seconds(
+            "all_reduce", grads / sg, replicas, fabric, per_node=across, calls=layer_calls
+        )
+    dp_s = per_micro * m + per_step
+    exposed = max(0.0, dp_s - overlap * compute)
 
     # tensor parallel: 4 all-reduces (6 with the recomputed forward) a layer a micro-batch
     act = b * shape.seq_len * shape.hidden * (2 if layout.sixteen_bit else 4)
     reduces = 6 if layout.checkpointing == "full" else 4
-    layers_here = shape.layers / p
-    tp_s = m * layers_here * reduces * 2 * _ring(act, t, hw.link(t)) if t > 1 else 0.0
+    tp_one = nccl.seconds("all_reduce", act, t, fabric, per_node=min(t, hw.gpus_per_node))
+    tp_s = m * layers_here * reduces * tp_one if t > 1 else 0.0
     # pipeline: activations forward and their gradients back, per micro-batch, this stage
-    pp_s = 2 * m * act / t / hw.link(t * p) if p > 1 else 0.0
+    # (v times with v virtual stages a rank: each chunk boundary is a send)
+    pp_s = 2 * m * v * act / t / hw.link(t * p) if p > 1 else 0.0
 
     offload = 0.0
     if layout.offload_optimizer:
@@ -164,7 +203,7 @@ def step_time(
     return StepTime(
         compute=compute,
         bubble=bubble,
-        data_parallel=dp,
+        data_parallel=dp_s,
         data_parallel_exposed=exposed,
         tensor_parallel=tp_s,
         pipeline=pp_s,

@@ -1,0 +1,151 @@
+"""Collectives as NCCL runs them: the time of an all-reduce, all-gather or reduce-scatter of
+a group of ranks placed over nodes (pure: numbers in, seconds out).
+
+The model is NCCL's own tuning model (NCCL 2.30, `src/graph/tuning.cc` and
+`src/graph/topo.h`), reduced to what a planner needs for large messages:
+
+* **Bus bandwidth.** nccl-tests' "busbw": the rate a ring's busiest link moves, so that an
+  all-reduce of S bytes over n ranks takes 2 (n-1)/n S / busbw and an all-gather or a
+  reduce-scatter of S bytes (the gathered size) (n-1)/n S / busbw.
+* **Inside a node** the ring runs over NVLink/NVSwitch at the GPU's bus bandwidth as NCCL's
+  topology counts it (NVLink links x NCCL's per-link figure: 18 x 20.6 GB/s on an H100,
+  12 x 20.0 on an A100; the catalog's `intra_bus`).
+* **Across nodes** every NCCL channel's ring (or tree) leaves the node through one NIC and
+  the channels are spread over all of the node's NICs, so a group with k ranks on each
+  node, with gpus_per_node / k such groups running at once (every data-parallel group of a
+  layout communicates at the same time), gets k / gpus_per_node of the node's NICs
+  together: the whole node's network when one group holds the node (k = gpus_per_node),
+  one NIC's when tensor parallelism leaves one rank of the group on each node. The bus
+  bandwidth is the lesser of that share and the NVLink bus bandwidth.
+* **All-reduce across nodes** is the faster of NCCL's ring and its tree (a chain inside
+  each node, a double binary tree across nodes: NCCL's hierarchical all-reduce), each with
+  NCCL's latency: the tree's bandwidth is NCCL's 0.92 of the ring's (`busBw * .92`), its
+  latency grows with log2(nodes) where the ring's grows with the ranks, so NCCL (and this
+  model) picks the ring for large messages on few nodes and the tree on many.
+  All-gather and reduce-scatter run the ring (NCCL's tree is all-reduce only; its PAT
+  algorithm runs one GPU a node only).
+* **Latency** (NCCL's Simple protocol constants): ring 8.4 us + 3.4 us per NVLink step +
+  14 us per network step; tree 8.4 us + 2 x ((k - 1) x 4.0 us + log2(nodes) x 14 us).
+  A collective moved as several calls (FSDP's one a layer, DDP's 25 MiB buckets) pays it
+  for each.
+
+Not modelled: NVLink SHARP (NVLS: the switch reduces; NCCL uses it for an all-reduce on
+one NVSwitch node of Hoppers when the fabric manager enables it, about 480 GB/s bus
+bandwidth against the ring's 370), SHARP in the network (CollNet), small-message protocols
+(LL, LL128), congestion of a shared fabric.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: the collectives modelled (nccl-tests' names without `_perf`)
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+#: NCCL 2.30 `src/graph/tuning.cc`, Simple protocol: base latencies (us) of ring and tree
+RING_BASE_US = 8.4
+TREE_BASE_US = 8.4
+#: per-step hardware latencies (us): a ring step over NVLink, a tree step over NVLink, a
+#: step over the network
+RING_NVLINK_STEP_US = 3.4
+TREE_NVLINK_STEP_US = 4.0
+NET_STEP_US = 14.0
+#: NCCL's tree all-reduce bandwidth refinement (`busBw * .92`)
+TREE_BANDWIDTH = 0.92
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What the collectives read of a cluster: GPUs a node, a GPU's NVLink bus bandwidth
+    inside a node, a node's NICs together (bytes/s per direction; None: not known)."""
+
+    gpus_per_node: int
+    intra_bus: float
+    node_network: float | None
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective's modelled time and how NCCL runs it."""
+
+    kind: str
+    ranks: int
+    nodes: int
+    seconds: float
+    bus_bandwidth: float  # bytes/s: nccl-tests' busbw at this size (latency included)
+    algorithm: str  # "ring (NVLink)", "ring (network)", "tree (network)", "none"
+
+
+def placement(stride: int, group: int, gpus_per_node: int) -> int:
+    """Ranks of a group on each node, for a group of `group` ranks `stride` ranks apart
+    (a data-parallel group of a tp x pp x dp layout: stride tp x pp; ranks fill a node
+    before the next): gpus_per_node / stride of them, at least 1, at most the group."""
+    if stride >= gpus_per_node:
+        return 1
+    return max(1, min(group, gpus_per_node // stride))
+
+
+def _algbw_factor(kind: str, n: int) -> float:
+    """Bus bytes over algorithm bytes: 2 (n-1)/n for an all-reduce, (n-1)/n otherwise."""
+    return (2.0 if kind == "all_reduce" else 1.0) * (n - 1) / n
+
+
+def collective(
+    kind: str, size_bytes: float, ranks: int, fabric: Fabric, *, per_node: int | None = None
+) -> Collective:
+    """The time of one `kind` collective of `size_bytes` (the all-reduced tensor, or the
+    gathered / reduce-scattered whole) over `ranks` ranks with `per_node` of them on each
+    node (all of them on one node by default when they fit)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: must be one of {', '.join(KINDS)}")
+    if ranks <= 1 or size_bytes <= 0:
+        return Collective(kind, ranks, 1, 0.0, 0.0, "none")
+    k = min(ranks, fabric.gpus_per_node) if per_node is None else max(1, min(per_node, ranks))
+    nodes = math.ceil(ranks / k)
+    factor = _algbw_factor(kind, ranks)
+    steps = 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
+    if nodes == 1:
+        bus = fabric.intra_bus
+        lat = RING_BASE_US + steps * RING_NVLINK_STEP_US
+        seconds = factor * size_bytes / bus + lat * 1e-6
+        return Collective(kind, ranks, 1, seconds, factor * size_bytes / seconds, "ring (NVLink)")
+    if fabric.node_network is None:
+        raise ValueError(
+            f"ranks={ranks}: a group over {nodes} nodes needs the network's bandwidth "
+            "(inter_node_gbps)"
+        )
+    share = fabric.node_network * k / fabric.gpus_per_node  # this group's NICs
+    bus = min(fabric.intra_bus, share)
+    inter_steps = 2 * (nodes - 1) if kind == "all_reduce" else nodes - 1
+    ring_lat = (
+        RING_BASE_US + (steps - inter_steps) * RING_NVLINK_STEP_US + inter_steps * NET_STEP_US
+    )
+    ring = factor * size_bytes / bus + ring_lat * 1e-6
+    best, name = ring, "ring (network)"
+    if kind == "all_reduce":
+        tree_lat = TREE_BASE_US + 2 * (
+            (k - 1) * TREE_NVLINK_STEP_US + max(1, int(math.log2(nodes))) * NET_STEP_US
+        )
+        tree = factor * size_bytes / (TREE_BANDWIDTH * bus) + tree_lat * 1e-6
+        if tree < ring:
+            best, name = tree, "tree (network)"
+    return Collective(kind, ranks, nodes, best, factor * size_bytes / best, name)
+
+
+def seconds(
+    kind: str,
+    size_bytes: float,
+    ranks: int,
+    fabric: Fabric,
+    *,
+    per_node: int | None = None,
+    calls: int = 1,
+) -> float:
+    """The seconds of `size_bytes` moved as `calls` equal collectives (FSDP's and ZeRO-3's
+    one a layer, DDP's one a 25 MB bucket): each pays NCCL's latency."""
+    calls = max(1, int(calls))
+    return calls * collective(kind, size_bytes / calls, ranks, fabric, per_node=per_node).seconds
+
+
+__all__ = ["KINDS", "Collective", "Fabric", "collective", "placement", "seconds"]
