@@ -149,6 +149,8 @@ class PlanResult:
     #: the efficiency the ranking used and where it comes from (`planner.efficiency`)
     efficiency: float = 0.0
     efficiency_source: str = ""
+    #: the model's layer shape (hidden, heads, ffn_hidden, mlp): what the GPU probe builds
+    model_shape: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> Plan:
@@ -682,6 +684,12 @@ def plan(
         headroom=float(headroom),
         efficiency=efficiency,
         efficiency_source=eff.source,
+        model_shape={
+            "hidden": probe.hidden,
+            "heads": probe.heads,
+            "mlp": probe.mlp,
+            "ffn_hidden": probe.ffn_hidden or 4 * probe.hidden,
+        },  # fmt: skip
     )
 
 
