@@ -27,7 +27,9 @@ With frozen weights (LoRA) the backward skips their weight gradients: 4 N + 2 N_
 Hardware FLOPs (what hardware FLOP utilisation, HFU, counts; Korthikanti et al. 2022,
 section 6) add what recomputation runs again: full activation checkpointing runs the
 forward twice (+ 2 N + 4 L q s a token), selective recomputation the attention core's
-forward (+ 4 L q s a token, the same paper's section 5). Time is hardware FLOPs over the
+forward (+ 4 L q s a token, the same paper's section 5), torchtitan's op-level selective
+policy ("selective-op": every other matmul's output and the attention kernel's output kept)
+half of the weight matmuls' forward (+ N a token). Time is hardware FLOPs over the
 GPUs' peak x the rate they sustain; MFU is model FLOPs over the same time.
 
 Pure: no torch.
@@ -39,9 +41,9 @@ from dataclasses import dataclass
 
 from workbench.estimate.architecture import Architecture
 
-#: recomputation settings and the forward FLOPs each runs again (the activation_checkpointing
-#: names of TrainConfig)
-RECOMPUTE = ("none", "selective", "full")
+#: recomputation settings (the estimator's `checkpointing` names; TrainConfig's are the
+#: first three and "full")
+RECOMPUTE = ("none", "selective", "selective-op", "full")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class FlopCount:
             return 2 * self.matmul_params + core
         if recompute == "selective":
             return core
+        if recompute == "selective-op":  # every other matmul's output kept: half run again
+            return self.matmul_params
         if recompute == "none":
             return 0
         raise ValueError(f"recompute={recompute!r}: must be one of {', '.join(RECOMPUTE)}")
