@@ -32,3 +32,31 @@ def test_a_device_too_small_for_the_layer_is_refused_saying_so() -> None:
         probe_layer(r, device="cpu", memory_bytes=1 << 30)
     with pytest.raises(ValueError, match="steps=1: must be an integer from 2 to 100"):
         probe_layer(r, steps=1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_layer_of_llama_3_8b_runs_at_a_share_of_the_peak_not_launch_bound() -> None:
+    """One Llama 3 8B layer at 4096 tokens in bf16 keeps a catalog GPU busy: its efficiency
+    is a real share of the peak (the toy's was 10^-4 to 10^-3)."""
+    import torch
+
+    from workbench.estimate import find_gpu
+
+    gpu = find_gpu(torch.cuda.get_device_name(0))
+    assert not isinstance(gpu, str), gpu
+    # Llama 3 8B's layer shape (width 4096, 32 heads, SwiGLU 14336), two layers: it fits
+    r = plan(layers=2, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, mlp="swiglu",
+             norm="rmsnorm", bias="none", positions="rotary", vocab=32000, seq_len=4096,
+             gpu=gpu.name, gpus=1, global_batch=2)  # fmt: skip
+    got = probe_layer(r)
+    assert got.efficiency is not None and 0.1 < got.efficiency < 1, got.text()
+
+
+def test_grouped_query_attention_and_swiglu_are_built_at_the_planned_widths() -> None:
+    r = plan(layers=2, hidden=128, heads=8, kv_heads=2, ffn_hidden=256, mlp="swiglu",
+             norm="rmsnorm", bias="none", positions="rotary", vocab=500, seq_len=32,
+             gpu="h100", gpus=1, global_batch=2, precision="fp32")  # fmt: skip
+    got = probe_layer(r, steps=2, device="cpu")
+    weights = 128 * (128 + 2 * 2 * 16) + 128 * 128 + 3 * 128 * 256  # q, k, v; out; SwiGLU
+    per_token = 6 * weights + 12 * 128 * 32
+    assert got.flops_per_s == pytest.approx(per_token * got.micro_batch * 32 / got.seconds)

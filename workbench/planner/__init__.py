@@ -688,8 +688,9 @@ def plan(
             "hidden": probe.hidden,
             "heads": probe.heads,
             "mlp": probe.mlp,
+            "kv_heads": probe.kv_heads or probe.heads,
             "ffn_hidden": probe.ffn_hidden or 4 * probe.hidden,
-        },  # fmt: skip
+        },
     )
 
 

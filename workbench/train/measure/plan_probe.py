@@ -204,13 +204,14 @@ class LayerProbe:
 
 
 class _Layer(torch.nn.Module):
-    """A pre-norm decoder layer: attention through sdpa, a GELU or SwiGLU MLP."""
+    """A pre-norm decoder layer: grouped-query attention through sdpa, a GELU or SwiGLU
+    MLP."""
 
-    def __init__(self, hidden: int, heads: int, ffn: int, gated: bool) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn: int, gated: bool) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.kv_heads = heads, kv_heads
         self.norm1 = torch.nn.LayerNorm(hidden)
-        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+        self.qkv = torch.nn.Linear(hidden, hidden + 2 * kv_heads * (hidden // heads), bias=False)
         self.out = torch.nn.Linear(hidden, hidden, bias=False)
         self.norm2 = torch.nn.LayerNorm(hidden)
         self.up = torch.nn.Linear(hidden, (2 if gated else 1) * ffn, bias=False)
@@ -219,9 +220,14 @@ class _Layer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        d = h // self.heads
+        q, k, v = self.qkv(self.norm1(x)).split([h, self.kv_heads * d, self.kv_heads * d], -1)
         a = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            q.view(b, s, self.heads, d).transpose(1, 2),
+            k.view(b, s, self.kv_heads, d).transpose(1, 2),
+            v.view(b, s, self.kv_heads, d).transpose(1, 2),
+            is_causal=True,
+            enable_gqa=self.kv_heads != self.heads,
         )
         x = x + self.out(a.transpose(1, 2).reshape(b, s, h))
         u = self.up(self.norm2(x))
@@ -253,12 +259,14 @@ def probe_layer(
     best = result.plans[0]
     shape = result.model_shape
     hidden, heads, ffn = int(shape["hidden"]), int(shape["heads"]), int(shape["ffn_hidden"])
+    kv_heads = int(shape.get("kv_heads") or heads)
     gated = shape.get("mlp") == "swiglu"
     seq, mb = int(result.seq_len), int(best.settings["micro_batch"])
     precision = str(best.settings.get("precision", "fp32"))
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     one = estimate_memory(
-        layers=1, hidden=hidden, heads=heads, ffn_hidden=ffn, mlp="swiglu" if gated else "gelu",
+        layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
+        mlp="swiglu" if gated else "gelu",
         vocab=8, seq_len=seq, micro_batch=mb, precision=precision, dropout=False,
     )  # fmt: skip
     needed = int(one.total_bytes)
@@ -279,7 +287,9 @@ def probe_layer(
     sixteen = precision != "fp32"
     pure = precision in ("bf16", "fp16", "bf16-true")  # 16-bit weights, no autocast
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16
-    layer = _Layer(hidden, heads, ffn, gated).to(dev, dtype=dtype if pure else torch.float32)
+    layer = _Layer(hidden, heads, kv_heads, ffn, gated).to(
+        dev, dtype=dtype if pure else torch.float32
+    )
     x = torch.randn(mb, seq, hidden, device=dev, dtype=dtype if pure else torch.float32)
     x.requires_grad_(True)
     autocast = torch.autocast(dev.split(":")[0], dtype=dtype, enabled=sixteen and not pure)
@@ -334,6 +344,12 @@ def text(probes: list[Probe]) -> str:
             f"{p.plan.label():<48} {ran:<26} {p.step_seconds * 1e3:>7.1f}ms "
             f"{(p.states_bytes or 0) / 1024:>8.1f}Ki "
             f"{(p.predicted_states_bytes or 0) / 1024:>8.1f}Ki"
+        )
+    measured = next((p.efficiency for p in probes if p.efficiency is not None), None)
+    if measured is not None:
+        lines.append(
+            f"Efficiency measured on one layer of the planned model: {measured:.2f} of the "
+            f"peak (`workbench plan ... --mfu {measured:.2f}` ranks with it)"
         )
     return "\n".join(lines)
 
