@@ -623,10 +623,11 @@ def plan(
                         settings["lora_rank"] = lora_rank
                     try:  # a setup the Session trains on G ranks, as it is
                         problems = engine_problems(TrainConfig(**settings), G)
+                        problem = str(problems[0]) if problems else None
                     except ConfigError as exc:
-                        problems = [str(exc)]
-                    if problems:
-                        first_problem = first_problem or f"{settings}: {problems[0]}"
+                        problem = str(exc)
+                    if problem is not None:
+                        first_problem = first_problem or f"{settings}: {problem}"
                         continue
                     layout = (engine, tp, pp, dp)
                     got = _one(sh, settings, layout, hw, base, efficiency, headroom)
