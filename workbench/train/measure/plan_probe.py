@@ -236,7 +236,8 @@ class _Layer(torch.nn.Module):
             u = torch.nn.functional.silu(gate) * up
         else:
             u = torch.nn.functional.gelu(u)
-        return x + self.down(u)
+        out: torch.Tensor = x + self.down(u)
+        return out
 
 
 def probe_layer(
@@ -274,7 +275,7 @@ def probe_layer(
         if dev.startswith("cuda"):
             memory_bytes = int(torch.cuda.mem_get_info(torch.device(dev))[0])
         else:
-            import psutil
+            import psutil  # type: ignore[import-untyped]
 
             memory_bytes = int(psutil.virtual_memory().available)
     if needed > memory_bytes:
