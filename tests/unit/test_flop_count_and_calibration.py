@@ -170,3 +170,18 @@ def test_a_pinned_layout_is_the_only_one_planned() -> None:
 def test_a_pinned_layout_that_cannot_run_says_why(pin: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan(**SMALL, pin=pin)
+
+
+def test_the_command_pins_a_layout_and_says_why_one_cannot_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "2048",
+            "--global-batch", "16", "--json"]  # fmt: skip
+    assert main([*args, "--pin", "tp=2,pp=1,dp=4,engine=full_shard"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and {(p["tp"], p["pp"], p["dp"], p["engine"]) for p in plans} == {
+        (2, 1, 4, "full_shard")
+    }
+    assert all("hfu" in p for p in plans)
+    assert main([*args, "--pin", "pp=3"]) == 2
+    assert "--pin pp=3: must divide layers=32" in capsys.readouterr().err

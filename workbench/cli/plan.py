@@ -148,6 +148,7 @@ FLAGS = {
 def _as_flag(message: str) -> str:
     """A planner error said with the flags: each field it names with a value
     (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`)."""
+    message = re.sub(r"^pin (?=[a-z_ ]+)", "--pin ", message)  # "pin tp=3: ..." (one pin)
     return re.sub(
         r"\b([a-z_]+)=", lambda m: FLAGS[m.group(1)] + " " if m.group(1) in FLAGS else m[0], message
     )
