@@ -21,6 +21,10 @@ TOLERANCE = 0.20
 _TT = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 _MOSAIC = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
 _NARAYANAN = "Narayanan et al. 2021, Table 1 (TFLOP/s per GPU, their eq. 3 with recomputation)"
+_KORTHIKANTI = (
+    "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', "
+    "Tables 3 and 5 (iteration time; sequence parallelism, no data parallelism)"
+)
 #: torchtitan Table 1 (Llama 3.1 8B, 8 H100): FSDP 5,762 -> + torch.compile 6,667 -> + Float8
 #: 8,532 tokens/s/GPU
 COMPILE_H100 = 6667 / 5762
@@ -58,6 +62,9 @@ class PublishedRun:
     planned_gpu: str | None = None
     #: what of the published layout is not pinned, and why
     note: str = ""
+    #: why the prediction is further than `TOLERANCE` from the measurement: the effect the
+    #: model lacks, in numbers (empty: within the tolerance)
+    outside: str = ""
 
 
 RUNS: tuple[PublishedRun, ...] = (
@@ -221,6 +228,57 @@ RUNS: tuple[PublishedRun, ...] = (
         f"{_NARAYANAN}: 148 TFLOP/s",
         missing="the interleaved 1F1B schedule Megatron ran (a smaller bubble)",
     ),
+    PublishedRun(
+        "GPT 22B, 8 A100, TP 8, selective recomputation",
+        {"layers": 48, "hidden": 6144, "heads": 64, **_GPT},
+        "a100-80gb",
+        8,
+        4,
+        {
+            "engine": "ddp",
+            "tp": 8,
+            "pp": 1,
+            "dp": 1,
+            "micro_batch": 4,
+            "checkpointing": "selective",
+        },  # fmt: skip
+        4 * 2048 / 1.10 / 8,
+        f"{_KORTHIKANTI}: 1.10 s a step of 4 x 2048 tokens",
+    ),
+    PublishedRun(
+        "GPT 22B, 8 A100, TP 8, full recomputation",
+        {"layers": 48, "hidden": 6144, "heads": 64, **_GPT},
+        "a100-80gb",
+        8,
+        4,
+        {"engine": "ddp", "tp": 8, "pp": 1, "dp": 1, "micro_batch": 4, "checkpointing": "full"},
+        4 * 2048 / 1.42 / 8,
+        f"{_KORTHIKANTI}: 1.42 s a step of 4 x 2048 tokens",
+    ),
+    PublishedRun(
+        "GPT-3 175B, 64 A100, TP 8 x PP 8, full recomputation",
+        {"layers": 96, "hidden": 12288, "heads": 96, **_GPT},
+        "a100-80gb",
+        64,
+        64,
+        {"engine": "ddp", "tp": 8, "pp": 8, "dp": 1, "micro_batch": 1, "checkpointing": "full"},
+        64 * 2048 / 18.13 / 64,
+        f"{_KORTHIKANTI}: 18.13 s a step of 64 x 2048 tokens",
+        missing="the interleaved schedule (3 virtual stages) the paper ran",
+    ),
+    PublishedRun(
+        "GPT 1T, 512 A100, TP 8 x PP 64, full recomputation",
+        {"layers": 128, "hidden": 25600, "heads": 160, **_GPT},
+        "a100-80gb",
+        512,
+        512,
+        {"engine": "ddp", "tp": 8, "pp": 64, "dp": 1, "micro_batch": 1, "checkpointing": "full"},
+        512 * 2048 / 94.42 / 512,
+        f"{_KORTHIKANTI}: 94.42 s a step of 512 x 2048 tokens",
+        outside="one efficiency per GPU: the paper's 1T layers (h = 25,600) ran at HFU 57.0% "
+        "(Table 5, with its bubble), against the A100 median of 0.52 the model uses, and "
+        "the model keeps TP all-reduces and the 63/512 bubble fully exposed",
+    ),
 )
 
 
@@ -275,6 +333,8 @@ def table(rows: list[Compared]) -> str:
             lacks += f" (measured / {r.missing_factor:.2f} compared)"
         if r.note:
             lacks += f"; {r.note}"
+        if r.outside:
+            lacks += f"; outside {TOLERANCE:.0%}: {r.outside}"
         if r.planned_gpu:
             lacks += f"; planned on {r.planned_gpu} (same peak and links: the estimator's peak "
             lacks += f"exceeds {r.gpu}'s 80 GB)"
