@@ -185,3 +185,19 @@ def test_the_command_pins_a_layout_and_says_why_one_cannot_run(
     assert all("hfu" in p for p in plans)
     assert main([*args, "--pin", "pp=3"]) == 2
     assert "--pin pp=3: must divide layers=32" in capsys.readouterr().err
+
+
+def test_calibrate_reads_a_bounded_tail_of_a_regular_file_only(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file; a measured step comes from"):
+        plan(**SMALL, calibrate=fifo)  # refused, never waited on
+    big = tmp_path / "log.jsonl"
+    row = json.dumps(_records(40_000.0)[1]) + "\n"
+    with big.open("w", encoding="utf-8") as f:  # 17 MiB of junk, then the steps
+        f.write(("x" * 1023 + "\n") * (17 << 10))
+        f.write(row * 4)
+    r = plan(**SMALL, calibrate=big)
+    assert "median of 4 step(s)" in r.efficiency_source

@@ -208,19 +208,7 @@ def _record_dicts(calibrate: Any) -> tuple[list[dict[str, Any]], str]:
         path = Path(calibrate)
         if path.is_dir():
             path = path / "log.jsonl"
-        if not path.is_file():
-            raise ValueError(f"calibrate={shown(str(calibrate))}: no such file; {WHERE}")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        lines: list[dict[str, Any]] = []
-        try:
-            whole = json.loads(text)
-            lines = whole if isinstance(whole, list) else [whole]
-        except json.JSONDecodeError:
-            for line in text.splitlines():
-                try:
-                    lines.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        lines = _read_log_tail(path)
         got = [d for d in lines if isinstance(d, dict) and d.get("type", "record") == "record"]
         return got, str(path)
     if isinstance(calibrate, dict):
@@ -233,6 +221,42 @@ def _record_dicts(calibrate: Any) -> tuple[list[dict[str, Any]], str]:
     if hasattr(calibrate, "tokens_per_s"):
         return [_as_dict(calibrate)], "the step record given"
     raise ValueError(f"calibrate={shown(calibrate)}: not a measured step; {WHERE}")
+
+
+#: the most of a log read: its last 16 MiB (thousands of steps; the steady ones are last)
+LOG_TAIL_BYTES = 16 << 20
+
+
+def _read_log_tail(path: Path) -> list[Any]:
+    """The JSON values of a run's log (one a line) or of a JSON file (a record, a list of
+    them), reading at most its last `LOG_TAIL_BYTES`: a regular file only (a FIFO is refused,
+    never waited on); ValueError saying where a measured step comes from otherwise."""
+    from workbench.inputs import InputFileError, open_regular
+
+    try:
+        with open_regular(path, what="calibrate") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read(LOG_TAIL_BYTES)
+    except InputFileError as exc:
+        raise ValueError(f"calibrate={shown(str(path))}: {exc.reason}; {WHERE}") from None
+    text = data.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    if size <= LOG_TAIL_BYTES:
+        try:
+            whole = json.loads(text)
+            return whole if isinstance(whole, list) else [whole]
+        except (json.JSONDecodeError, RecursionError):
+            pass
+    lines = text.splitlines()
+    if size > LOG_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line read is cut
+    out: list[Any] = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except (json.JSONDecodeError, RecursionError):
+            continue
+    return out
 
 
 def _as_dict(record: Any) -> dict[str, Any]:
