@@ -381,8 +381,14 @@ def test_training_flops_time_and_cost():
 
 
 def test_full_checkpointing_costs_8_flops_per_param_token():
+    """The one FLOP count (workbench.estimate.flops): N without the looked-up position
+    table (GPT-3's output head is its tied embedding: multiplied, so counted once), 6 N +
+    12 L h s model FLOPs a token; full recomputation runs the forward again, 2 N + 4 L h s."""
     e = estimate_memory(**GPT3, checkpointing="full", tokens=300e9)
-    assert e.train_flops == 8 * e.n_params * 300e9
+    n = e.n_params - 2048 * 12288
+    attention = 12 * 96 * 12288 * 2048
+    assert e.model_flops == (6 * n + attention) * 300e9
+    assert e.train_flops == (8 * n + attention * 4 / 3) * 300e9
 
 
 def test_fp32_uses_the_fp32_peak_and_16_bit_the_tensor_peak():

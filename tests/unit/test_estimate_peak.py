@@ -353,7 +353,10 @@ def test_a_mixture_of_experts_reports_active_parameters_and_expert_activations()
     dense = estimate_memory(model="mistral-7b", **kw)  # Mixtral's attention, one MLP
     assert (moe.experts, moe.experts_per_token) == (8, 2)
     assert moe.active_params < moe.n_params and dense.active_params == dense.n_params
-    assert moe.train_flops == 6 * moe.active_params * 1e9  # a token uses 2 of 8 experts
+    # a token uses 2 of 8 experts: 6 N_active (less the 32,000 x 4,096 embedding lookup) +
+    # 12 L h s (the one FLOP count, workbench.estimate.flops)
+    n = moe.active_params - 32_000 * 4096
+    assert moe.train_flops == (6 * n + 12 * 32 * 4096 * 4096) * 1e9
     # per layer, a token's two routed copies each keep an expert MLP's tensors (SwiGLU:
     # 4sbf elements), plus the copies of the layer input (2sbh) and the router's logits
     # (8sb elements, 2 bytes) and fp32 probabilities (4 x 8sb bytes)

@@ -617,8 +617,12 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
                 + (str(mmb) if mmb is not None else "none (not even 1)")
             )
     if e.train_flops is not None:
-        factor = 8 if e.checkpointing == "full" else 6
-        line = f"compute: {factor} x params x tokens = {e.train_flops:.3g} FLOPs"
+        if e.layers is None:  # a parameter count: every parameter multiplied, no attention
+            line = f"compute: 6 x params x tokens = {e.train_flops:.3g} FLOPs"
+        else:
+            line = f"compute: {e.model_flops or e.train_flops:.3g} model FLOPs (6 N + 12 L q s a token)"
+        if e.model_flops is not None and e.train_flops > e.model_flops:
+            line += f", {e.train_flops:.3g} with the {e.checkpointing} recomputation"
         if e.train_seconds is not None:
             line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at MFU {e.mfu:g}"
             if e.cost is not None:

@@ -47,7 +47,26 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run.add_argument("--headroom", metavar="F", help="fraction of GPU memory kept free (0)")
     run.add_argument("--tokens", metavar="T", help="tokens to train (e.g. 1T): time and cost")
     run.add_argument("--price", metavar="USD", help="price per GPU hour: the cost")
-    run.add_argument("--efficiency", metavar="F", help="of the peak FLOP/s compute reaches (0.4)")
+    run.add_argument(
+        "--mfu",
+        metavar="F",
+        help="the share of the peak FLOP/s compute reaches (default: published runs on the GPU)",
+    )
+    run.add_argument("--efficiency", metavar="F", help="the same as --mfu (its older name)")
+    run.add_argument(
+        "--calibrate",
+        metavar="LOG",
+        nargs="?",
+        const="",
+        help="the efficiency measured from your steps of this model on this GPU: a Session's "
+        "run folder or its log.jsonl, or a step record's JSON",
+    )
+    run.add_argument(
+        "--pin",
+        metavar="K=V,...",
+        help="plan only this layout: tp, pp, dp, engine, micro_batch, checkpointing "
+        "(e.g. tp=8,pp=16,dp=8,engine=ddp)",
+    )
     run.add_argument("--engines", metavar="LIST", help="comma-separated, e.g. zero3,full_shard")
     run.add_argument("--no-offload", action="store_true", help="leave CPU offload out")
     run.add_argument(
@@ -118,6 +137,9 @@ FLAGS = {
     "global_tokens": "--global-tokens",
     "seq_len": "--seq-len",
     "efficiency": "--efficiency",
+    "mfu": "--mfu",
+    "calibrate": "--calibrate",
+    "pin": "--pin",
     "headroom": "--headroom",
     "lora_rank": "--lora-rank",
     "precision": "--precision",
@@ -137,6 +159,7 @@ FLAGS = {
 def _as_flag(message: str) -> str:
     """A planner error said with the flags: each field it names with a value
     (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`)."""
+    message = re.sub(r"^pin (?=[a-z_ ]+)", "--pin ", message)  # "pin tp=3: ..." (one pin)
     return re.sub(
         r"\b([a-z_]+)=", lambda m: FLAGS[m.group(1)] + " " if m.group(1) in FLAGS else m[0], message
     )
@@ -193,6 +216,17 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problems.append(f"--probe {probe}: must be an integer from 1 to 20")
     if args.efficiency is not None:
         kw["efficiency"] = _number("--efficiency", args.efficiency, float, problems, 0)
+    if args.mfu is not None:
+        kw["mfu"] = _number("--mfu", args.mfu, float, problems, 0)
+    if args.calibrate is not None:
+        if not args.calibrate:
+            from workbench.planner.efficiency import WHERE
+
+            problems.append(f"--calibrate: needs a measured step (a run's log.jsonl); {WHERE}")
+        else:
+            kw["calibrate"] = args.calibrate
+    if args.pin is not None:
+        kw["pin"] = args.pin
     if args.seq_len is not None:
         kw["seq_len"] = _number("--seq-len", args.seq_len, int, problems, 1)
     for name in _SHAPE:

@@ -13,7 +13,8 @@ import copy
 from dataclasses import replace
 
 from workbench.config import Precision
-from workbench.estimate.activations import ActivationBreakdown, Checkpointing, activation_breakdown
+from workbench.estimate.activations import ActivationBreakdown, activation_breakdown
+from workbench.estimate.flops import FlopCount, flop_count_of
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.limits import LIMITS
 from workbench.estimate.lora import frozen_base_bytes
@@ -232,15 +233,33 @@ def _lowest_unfitting(
     return high
 
 
-def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float | None]:
-    """(training FLOPs, seconds, cost) of the tokens: 6 FLOPs per parameter and token (8
-    with full recomputation; a mixture of experts counts the parameters a token uses), at `mfu` of the GPUs' peak, at the price per GPU-hour. Each
-    is None when its inputs are missing (tokens; a GPU with a peak rate; a price)."""
-    if i.tokens is None:
-        return None, None, None
+def flop_count(i: EstimateInputs) -> FlopCount:
+    """The FLOP count of `i`'s model (`workbench.estimate.flops`): with a shape, its
+    parameters a token uses less the embedding lookups and the attention term; with a
+    parameter count only, every parameter multiplied and no attention term."""
     arch = i.architecture
-    used = arch.active_params if arch is not None and arch.is_moe else i.n_params
-    flops = (8.0 if i.checkpointing is Checkpointing.FULL else 6.0) * used * i.tokens
+    if arch is None:
+        used = i.active_params if i.active_params is not None else i.n_params
+        return FlopCount(matmul_params=int(used), layers=0, attention_width=0, seq_len=0)
+    used = arch.active_params if arch.is_moe else i.n_params
+    if i.active_params is not None:
+        used = i.active_params
+    return flop_count_of(arch, used)
+
+
+def time_and_cost(
+    i: EstimateInputs,
+) -> tuple[float | None, float | None, float | None, float | None]:
+    """(hardware FLOPs, seconds, cost, model FLOPs) of the tokens: the one FLOP count
+    (`flops.FlopCount`: 6 N + 12 L q s a token, N without the embedding lookups; under LoRA
+    4 N + 2 N_trained; the recomputed forward on top for the hardware FLOPs), the hardware
+    FLOPs at `mfu` of the GPUs' peak (the rate the GPUs sustain on what they run), at the
+    price per GPU-hour. Each is None when its inputs are missing (tokens; a GPU with a peak
+    rate; a price)."""
+    if i.tokens is None:
+        return None, None, None, None
+    trained = i.lora.trainable if i.lora is not None else None
+    model, flops = flop_count(i).step(i.tokens, i.checkpointing.value, trained)
     seconds = cost = None
     if i.gpu is not None:
         peak = i.gpu.peak_flops(i.precision is not Precision.FP32, bf16=i.precision in _BF16)
@@ -248,7 +267,7 @@ def time_and_cost(i: EstimateInputs) -> tuple[float | None, float | None, float 
             seconds = flops / (i.gpus * peak * i.mfu)
             if i.price_per_gpu_hour is not None:
                 cost = seconds / 3600.0 * i.gpus * i.price_per_gpu_hour
-    return flops, seconds, cost
+    return flops, seconds, cost, model
 
 
 def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> MemoryEstimate:
@@ -260,7 +279,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     peak = step_peak(i, states, breakdown)
     reserve = reserve_of(i, peak.terms)
     gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve)
-    flops, seconds, cost = time_and_cost(i)
+    flops, seconds, cost, model_flops = time_and_cost(i)
     arch = i.architecture
     return MemoryEstimate(
         n_params=i.n_params,
@@ -276,6 +295,8 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         fits=fits,
         max_micro_batch=max_mb,
         train_flops=flops,
+        model_flops=model_flops,
+        flop_count=flop_count(i),
         train_seconds=seconds,
         cost=cost,
         activations=breakdown,
@@ -340,6 +361,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
 __all__ = [
     "activations",
     "estimate_from",
+    "flop_count",
     "model_states",
     "on_gpu",
     "peak_of",

@@ -10,6 +10,7 @@ from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown
+from workbench.estimate.flops import FlopCount
 from workbench.estimate.peak import StepPeak
 from workbench.estimate.reserve import Reserve
 
@@ -126,6 +127,12 @@ class MemoryEstimate(Readable):
     lora_rank: int = 0
     lora_params: int = 0
     qlora_params: int = 0
+    #: the training tokens' model FLOPs (6 N + 12 L q s a token, `estimate.flops`: what MFU
+    #: counts); `train_flops` adds the recomputed forward (what the GPUs run: HFU's count)
+    model_flops: float | None = None
+    #: the model's FLOP count (`estimate.flops.FlopCount`: the parameters a token multiplies,
+    #: layers, attention width, sequence), also without tokens
+    flop_count: FlopCount | None = None
 
     @property
     def trainable_fraction(self) -> float:

@@ -520,7 +520,7 @@ FIELDS: tuple[EstimateField, ...] = (
         "mfu",
         "float",
         DEFAULT_MFU,
-        help=f"model FLOPs utilisation ({DEFAULT_MFU})",
+        help=f"share of the peak the GPUs run their FLOPs at ({DEFAULT_MFU}; the MFU without recomputation)",
         flag="--mfu",
         read="float",
         cli="hw",

@@ -33,8 +33,13 @@ from workbench.config import ConfigError, TrainConfig
 from workbench.engines import engine_problems
 from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
 from workbench.estimate.activations import attention_terms
+from workbench.estimate.flops import FlopCount
 from workbench.inputs import shown
+from workbench.planner.checks import checked_numbers as _checked_numbers
+from workbench.planner.checks import counts as _counts
+from workbench.planner.efficiency import resolve as _efficiency_of
 from workbench.planner.hardware import Cluster, cluster
+from workbench.planner.pins import check_pin, read_pin
 from workbench.planner.schedules import Pins, checked_pins, schedule_choices
 from workbench.planner.space import element_bytes as _element_bytes
 from workbench.planner.space import offloads as _offloads
@@ -78,6 +83,8 @@ class Plan:
     #: planner-only choices the Session does not train (another trainer's: torchtitan,
     #: Megatron): the pipeline schedule, float8, HSDP; workbench.planner.schedules
     extras: tuple[str, ...] = ()
+    #: hardware FLOP utilisation: the recomputed forward counted (`estimate.flops`)
+    hfu: float = 0.0
 
     @property
     def step_seconds(self) -> float:
@@ -129,6 +136,7 @@ class Plan:
             "tokens_per_s": self.tokens_per_s,
             "mfu": self.mfu,
             "extras": list(self.extras),
+            "hfu": self.hfu,
             "time_terms": dict(self.time.terms),
             "peak_terms": dict(self.peak_terms),
         }
@@ -148,6 +156,11 @@ class PlanResult:
     tokens: float | None = None
     price_per_gpu_hour: float | None = None
     headroom: float = 0.0
+    #: the efficiency the ranking used and where it comes from (`planner.efficiency`)
+    efficiency: float = 0.0
+    efficiency_source: str = ""
+    #: the model's layer shape (hidden, heads, ffn_hidden, mlp): what the GPU probe builds
+    model_shape: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> Plan:
@@ -220,12 +233,13 @@ class PlanResult:
             f"{len(self.plans)} of {self.searched} setups fit {c.nodes} x {c.gpus_per_node} "
             f"{c.gpu.name} at global batch {self.global_batch} x {self.seq_len} tokens",
             "",
-            f"{'#':>3}  {'plan':<48} {'peak/GPU':>9} {'step':>9} {'tokens/s':>10} {'MFU':>5}",
+            f"{'#':>3}  {'plan':<48} {'peak/GPU':>9} {'step':>9} {'tokens/s':>10} {'MFU':>5} "
+            f"{'HFU':>5}",
         ]
         for i, p in enumerate(self.plans[:top], 1):
             lines.append(
                 f"{i:>3}  {p.label():<48} {p.required_bytes / _GIB:>7.1f}Gi "
-                f"{p.step_seconds * 1e3:>7.1f}ms {p.tokens_per_s:>10,.0f} {p.mfu:>5.0%}"
+                f"{p.step_seconds * 1e3:>7.1f}ms {p.tokens_per_s:>10,.0f} {p.mfu:>5.0%} {p.hfu:>5.0%}"
             )
         seconds, cost = self.train_time(self.best)
         if seconds is not None:
@@ -269,6 +283,8 @@ class PlanResult:
             "seq_len": self.seq_len,
             "searched": self.searched,
             "headroom": self.headroom,
+            "efficiency": self.efficiency,
+            "efficiency_source": self.efficiency_source,
             "plans": [p.to_dict() for p in self.plans],
             "unfit": [p.to_dict() for p in self.unfit[:10]],
             "why": self.why(),
@@ -403,61 +419,6 @@ def _nodes_of(gpus: Any, gpus_per_node: int | None, nodes: int | None) -> tuple[
     return per, gpus // per
 
 
-def _counts(tokens: Any, global_tokens: Any) -> tuple[Any, Any]:
-    """`tokens` and `global_tokens` given as text as the command takes them ("1T", "4M")
-    read as counts (`workbench.estimate.parse_count`); ValueError naming text that is no
-    count. Numbers pass as they are (checked where they are used)."""
-    from workbench.estimate import parse_count
-
-    read = []
-    for name, value in (("tokens", tokens), ("global_tokens", global_tokens)):
-        if isinstance(value, str):
-            count = parse_count(value)
-            if not count:
-                raise ValueError(f"{name}={shown(value)}: must be a count > 0, e.g. 4M, 1T, 2e12")
-            value = float(count) if name == "tokens" else count
-        read.append(value)
-    return read[0], read[1]
-
-
-def _checked_numbers(
-    tokens: Any, price: Any, efficiency: Any, headroom: Any
-) -> tuple[Any, Any, float]:
-    """(tokens, price_per_gpu_hour, efficiency) read with the estimator's bounds
-    (`workbench.estimate.limits`); ValueError naming the first out of range (headroom
-    too: a fraction >= 0 and < 1)."""
-    from workbench.estimate.limits import LIMITS, check_number
-
-    read: list[float | None] = []
-    for name, value, bound in (
-        ("tokens", tokens, LIMITS["tokens"]),
-        ("price_per_gpu_hour", price, LIMITS["price_per_gpu_hour"]),
-    ):
-        if value is None:
-            read.append(None)
-            continue
-        number, problem = check_number(name, value, bound)
-        if problem is not None:
-            raise ValueError(f"{name}={shown(value)}: {problem}")
-        read.append(float(number))
-    mfu = LIMITS["mfu"]
-    number = efficiency if isinstance(efficiency, (int, float)) else None
-    if number is None or isinstance(number, bool) or not 0 < number <= 1:
-        raise ValueError(f"efficiency={shown(efficiency)}: must be a number > 0 and <= 1")
-    if number < mfu.low:
-        raise ValueError(
-            f"efficiency={shown(efficiency)}: less than {mfu.low:g} (below 0.1% of the peak "
-            f"no run is measured); allowed: a number from {mfu.low:g} to 1"
-        )
-    if (
-        not isinstance(headroom, (int, float))
-        or isinstance(headroom, bool)
-        or not 0 <= headroom < 1
-    ):
-        raise ValueError(f"headroom={shown(headroom)}: must be a fraction >= 0 and < 1")
-    return read[0], read[1], float(number)
-
-
 def plan(
     *,
     model: Any = None,
@@ -471,7 +432,7 @@ def plan(
     global_batch: int = 256,
     tokens: float | None = None,
     price_per_gpu_hour: float | None = None,
-    efficiency: float = DEFAULT_MFU,
+    efficiency: float | None = None,
     intra_node_gbps: float | None = None,
     inter_node_gbps: float | None = None,
     engines: tuple[str, ...] | None = None,
@@ -488,6 +449,9 @@ def plan(
     compile: bool = False,
     float8: bool = False,
     hsdp: bool = False,
+    mfu: float | None = None,
+    calibrate: Any = None,
+    pin: dict[str, Any] | str | None = None,
     **shape: Any,
 ) -> PlanResult:
     """Every trainable setup of the model on `nodes` x `gpus_per_node` GPUs of type `gpu`
@@ -502,6 +466,12 @@ def plan(
     `headroom` keeps that fraction of each GPU's memory free, `global_tokens` gives the
     global batch in tokens instead (a whole number of sequences), `attention` pins the
     kernel ("sdpa", searched by default, or "eager" for a model without a fused one).
+    The compute runs at an efficiency (the share of the peak the GPUs sustain on the FLOPs
+    they run, `workbench.planner.efficiency`): `mfu` (or its older name `efficiency`) gives
+    it, `calibrate` measures it from a step of this model on your GPU (a Session, an
+    observer, their step records or a run's log.jsonl), else the median of published runs
+    on the GPU. `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
+    pp, dp, engine, micro_batch, checkpointing), e.g. {"tp": 8, "pp": 16, "dp": 8}.
     `gpus` is the GPUs in all, as `workbench plan --gpus` takes it (nodes of
     `gpus_per_node`, 8 by default or `gpus` when fewer; one node without it); the CLI's
     other names are taken too (`params`, `price`, `no_offload`). Planner-only choices
@@ -526,9 +496,19 @@ def plan(
     if isinstance(engines, str):  # as the command takes them: "zero3,full_shard"
         engines = tuple(e.strip() for e in engines.split(",") if e.strip())
     tokens, global_tokens = _counts(tokens, global_tokens)
-    tokens, price_per_gpu_hour, efficiency = _checked_numbers(
-        tokens, price_per_gpu_hour, efficiency, headroom
-    )
+    if efficiency is not None and mfu is not None:
+        raise ValueError(f"mfu={shown(mfu)}: give it or efficiency= (its older name), not both")
+    given_rate = mfu if mfu is not None else efficiency
+    rate_name = "mfu" if mfu is not None else "efficiency"
+    if given_rate is not None and calibrate is not None:
+        raise ValueError(
+            f"calibrate={shown(calibrate)}: give it or {rate_name}= (the efficiency either "
+            "measured or given), not both"
+        )
+    tokens, price_per_gpu_hour, rate = _checked_numbers(
+        tokens, price_per_gpu_hour, DEFAULT_MFU if given_rate is None else given_rate, headroom,
+        rate_name=rate_name,
+    )  # fmt: skip
     pins = checked_pins(pp_schedule, virtual_stages, compile, float8, hsdp)
     hw = cluster(
         gpu,
@@ -570,6 +550,9 @@ def plan(
     bad = [e for e in chosen if e not in ENGINES]
     if bad or not chosen:
         raise ValueError(f"engines={shown(list(chosen))}: each must be one of {', '.join(ENGINES)}")
+    pinned = read_pin(pin, tuple(ENGINES))
+    if "engine" in pinned:
+        chosen = (pinned["engine"],)
     base: dict[str, Any] = {"model": model, "hf_config": hf_config, "n_params": n_params}
     base.update(shape)
     if seq_len is not None:
@@ -598,13 +581,26 @@ def plan(
     dims = {"heads": probe.heads, "hidden": probe.hidden, "ffn_hidden": probe.ffn_hidden}
     if probe.kv_heads:
         dims["kv_heads"] = probe.kv_heads
+    count = probe.flop_count  # the one FLOP count (workbench.estimate.flops)
+    assert count is not None
     sh = Shape(
         n_params=int(probe.n_params),
-        active_params=int(probe.active_params or probe.n_params),
+        active_params=count.matmul_params,  # what a token multiplies: no embedding lookup
         layers=int(probe.layers),
         hidden=int(probe.hidden),
         seq_len=seq,
     )
+    if pinned:
+        check_pin(
+            pinned,
+            gpus=G,
+            gpus_per_node=hw.gpus_per_node,
+            layers=int(probe.layers),
+            global_batch=global_batch,
+            dims={**dims, "kv_heads": probe.kv_heads},
+        )
+    eff = _efficiency_of(given_rate, rate, rate_name, calibrate, count, hw)
+    efficiency = eff.value
     bf16 = hw.gpu.peak_bf16_flops is not None
     if precision in ("bf16", "amp-bf16", "bf16-true") and not bf16:
         raise ValueError(
@@ -615,24 +611,30 @@ def plan(
     searched = 0
     layouts_possible = 0
     refused: list[str] = []  # why a pinned schedule cannot run a layout
-    for tp in _powers_dividing(hw.gpus_per_node, 64):  # a group inside one node (NVLink)
+    first_problem: str | None = None
+    tps = [pinned["tp"]] if "tp" in pinned else _powers_dividing(hw.gpus_per_node, 64)
+    for tp in tps:  # a group inside one node (NVLink)
         if any(v and v % tp for v in dims.values()):
             continue
-        for pp in _divisors(G // tp, int(probe.layers)):
-            if int(probe.layers) % pp:  # a stage holds whole layers, the same number each
+        pps = [pinned["pp"]] if "pp" in pinned else _divisors(G // tp, int(probe.layers))
+        for pp in pps:
+            if int(probe.layers) % pp or (G // tp) % pp:  # whole layers, the same number each
                 continue
             dp = G // (tp * pp)
-            if global_batch % dp:
+            if global_batch % dp or pinned.get("dp", dp) != dp:
                 continue
             layouts_possible += 1
             per_replica = global_batch // dp
             for engine in chosen:
+                mbs = _powers_dividing(per_replica, max_micro_batch)
                 choices = itertools.product(
                     _offloads(engine, offload),
-                    ("none", "selective", "full"),  # activation recomputation
+                    (pinned["checkpointing"],)
+                    if "checkpointing" in pinned
+                    else ("none", "selective", "full"),  # activation recomputation
                     (optimizer,),
                     _precisions(engine, bf16, precision),
-                    _powers_dividing(per_replica, max_micro_batch),
+                    [pinned["micro_batch"]] if "micro_batch" in pinned else mbs,
                 )
                 for (off_opt, off_par), ckpt, opt, prec, mb in choices:
                     settings = _settings(
@@ -645,9 +647,12 @@ def plan(
                     if pins.compile:
                         settings["compile"] = True
                     try:  # a setup the Session trains on G ranks, as it is
-                        if engine_problems(TrainConfig(**settings), G):
-                            continue
-                    except ConfigError:
+                        problems = engine_problems(TrainConfig(**settings), G)
+                        problem = str(problems[0]) if problems else None
+                    except ConfigError as exc:
+                        problem = str(exc)
+                    if problem is not None:
+                        first_problem = first_problem or f"{settings}: {problem}"
                         continue
                     runs, why = schedule_choices(pins, pp, sh.layers, per_replica // mb)
                     refused += [w for w in why if w not in refused]
@@ -659,6 +664,13 @@ def plan(
                             continue
                         searched += 1
                         (fits if got.fits else unfit).append(got)
+    if layouts_possible == 0 and pinned:
+        raise ValueError(
+            f"pin={shown(pinned)}: no layout of the {G} GPUs has it at global_batch="
+            f"{global_batch}: dp = {G} / (tp x pp) must divide the global batch"
+        )
+    if pinned and searched == 0 and first_problem is not None:
+        raise ValueError(f"pin={shown(pinned)}: the Session does not train it: {first_problem}")
     if layouts_possible == 0:
         raise ValueError(
             f"global_batch={global_batch}: no layout of the {G} GPUs divides it: dp = "
@@ -688,8 +700,10 @@ def plan(
     faster_unfit = [p for p in unfit if p.step_seconds < fits[0].step_seconds]
     notes = [f"pp_schedule={pp_schedule}: not run where {refused[0]}"] if refused else []
     notes += [
-        f"Step time: compute at {efficiency:.0%} of the peak FLOP/s, collectives over the "
-        "bandwidths above, data-parallel ones hidden behind compute (docs/planner.md)."
+        f"Step time: compute at {efficiency:.0%} of the peak FLOP/s ({eff.source}), "
+        "collectives over the bandwidths above, data-parallel ones hidden behind compute "
+        "(docs/planner.md). MFU counts the model's FLOPs (6 N + 12 L q s a token, no "
+        "embedding lookup), HFU the recomputed forward too."
     ]
     return PlanResult(
         plans=fits,
@@ -702,6 +716,15 @@ def plan(
         tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour,
         headroom=float(headroom),
+        efficiency=efficiency,
+        efficiency_source=eff.source,
+        model_shape={
+            "hidden": probe.hidden,
+            "heads": probe.heads,
+            "mlp": probe.mlp,
+            "kv_heads": probe.kv_heads or probe.heads,
+            "ffn_hidden": probe.ffn_hidden or 4 * probe.hidden,
+        },
     )
 
 
@@ -807,6 +830,10 @@ def _one(
     t = step_time(sh, layout, hw, efficiency=efficiency)
     tokens = sh.seq_len * s["micro_batch"] * s["grad_accum"] * dp
     mfu = t.model_flops / (t.step_seconds * hw.gpus * t.peak_flops)  # the peak it ran at
+    trained = int(est.lora_params) if lora and est.lora_params else None
+    count = FlopCount(sh.active_params, sh.layers, sh.hidden, sh.seq_len)
+    hardware = count.step(tokens, layout.checkpointing, trained)[1]
+    hfu = hardware / (t.step_seconds * hw.gpus * t.peak_flops)
     return Plan(
         settings=settings,
         engine=engine,
@@ -821,6 +848,7 @@ def _one(
         peak_terms={k: int(v) for k, v in est.peak_terms.items()},
         mfu=mfu if math.isfinite(mfu) else 0.0,
         extras=tuple(extras),
+        hfu=hfu if math.isfinite(hfu) else 0.0,
     )
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from workbench.estimate.flops import FlopCount
 from workbench.planner import collectives as nccl
 from workbench.planner.hardware import Cluster
 from workbench.planner.schedules import bubble_fraction, compute_speedup
@@ -53,7 +54,7 @@ class Shape:
     """What the step-time model reads of a model."""
 
     n_params: int
-    active_params: int
+    active_params: int  # the FLOP count's N: the parameters a token multiplies (estimate.flops)
     layers: int
     hidden: int
     seq_len: int
@@ -123,20 +124,11 @@ def step_time(
     """The modelled time of one optimizer step (see the module docstring)."""
     t, p, d, b, m = layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.accum
     tokens = shape.seq_len * b * m * d  # one step, all replicas
-    attention = 12 * shape.layers * shape.hidden * shape.seq_len
     trains = shape.n_params
     if layout.trainable_params is not None:
         trains = min(layout.trainable_params, shape.n_params)
-    if trains < shape.n_params:  # frozen weights (LoRA): no gradient for them, only the
-        matmul = 4 * shape.active_params + 2 * trains  # forward, backward to the inputs
-    else:
-        matmul = 6 * shape.active_params
-    model_flops = float((matmul + attention) * tokens)
-    flops = model_flops
-    if layout.checkpointing == "full":
-        flops += (2 * shape.active_params + attention / 3) * tokens
-    elif layout.checkpointing == "selective":  # the attention core's forward again
-        flops += attention / 3 * tokens
+    count = FlopCount(shape.active_params, shape.layers, shape.hidden, shape.seq_len)
+    model_flops, flops = count.step(tokens, layout.checkpointing, trains)  # estimate.flops
     peak = hw.gpu.peak_flops(layout.sixteen_bit, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
     speedup = compute_speedup(hw.gpu.name, compiled=layout.compiled, float8=layout.float8)
     compute = flops / (hw.gpus * peak * efficiency * speedup)

@@ -124,7 +124,7 @@ class PlannerPanel(PanelBase):
             "ok",
             f"{len(result.plans)} of {result.searched} setups fit {c.nodes} x "
             f"{c.gpus_per_node} {c.gpu.name} at {result.global_batch} x {result.seq_len} "
-            "tokens a step; the fastest first",
+            f"tokens a step; the fastest first; compute at {result.efficiency_source}",
         )
         self.table.value = _table(result, self.top)
         rows = [html.escape(w) for w in result.why()]
@@ -163,13 +163,13 @@ def tie_note(step_seconds: list[float]) -> str:
     sizes = [f"{places.count(g)} plans at #{g[:-1]}" for g in groups]
     return (
         f"Tied ({', '.join(sizes)}): the same predicted step time to 0.1 ms, their compute "
-        "at the same assumed MFU; among them the one that communicates less, then needs "
+        "at the same efficiency; among them the one that communicates less, then needs "
         "less memory, comes first"
     )
 
 
 def _table(result: Any, top: int) -> str:
-    head = ["#", "plan", "peak / GPU", "step", "tokens/s", "MFU"]
+    head = ["#", "plan", "peak / GPU", "step", "tokens/s", "MFU", "HFU"]
     shown = result.plans[:top]
     places = tied_ranks([p.step_seconds for p in shown])
     rows = []
@@ -181,6 +181,7 @@ def _table(result: Any, top: int) -> str:
             f"{p.step_seconds * 1e3:,.1f} ms",
             f"{p.tokens_per_s:,.0f}",
             f"{p.mfu:.0%}",
+            f"{p.hfu:.0%}",
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     header = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"

@@ -1,0 +1,66 @@
+"""plan()'s numeric inputs read and checked: counts given as text ("1T", "4M") and the
+numbers with the estimator's bounds (`workbench.estimate.limits`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.inputs import shown
+
+
+def counts(tokens: Any, global_tokens: Any) -> tuple[Any, Any]:
+    """`tokens` and `global_tokens` given as text as the command takes them ("1T", "4M")
+    read as counts (`workbench.estimate.parse_count`); ValueError naming text that is no
+    count. Numbers pass as they are (checked where they are used)."""
+    from workbench.estimate import parse_count
+
+    read = []
+    for name, value in (("tokens", tokens), ("global_tokens", global_tokens)):
+        if isinstance(value, str):
+            count = parse_count(value)
+            if not count:
+                raise ValueError(f"{name}={shown(value)}: must be a count > 0, e.g. 4M, 1T, 2e12")
+            value = float(count) if name == "tokens" else count
+        read.append(value)
+    return read[0], read[1]
+
+
+def checked_numbers(
+    tokens: Any, price: Any, efficiency: Any, headroom: Any, *, rate_name: str = "efficiency"
+) -> tuple[Any, Any, float]:
+    """(tokens, price_per_gpu_hour, efficiency) read with the estimator's bounds
+    (`workbench.estimate.limits`); ValueError naming the first out of range (headroom
+    too: a fraction >= 0 and < 1)."""
+    from workbench.estimate.limits import LIMITS, check_number
+
+    read: list[float | None] = []
+    for name, value, bound in (
+        ("tokens", tokens, LIMITS["tokens"]),
+        ("price_per_gpu_hour", price, LIMITS["price_per_gpu_hour"]),
+    ):
+        if value is None:
+            read.append(None)
+            continue
+        number, problem = check_number(name, value, bound)
+        if problem is not None:
+            raise ValueError(f"{name}={shown(value)}: {problem}")
+        read.append(float(number))
+    mfu = LIMITS["mfu"]
+    number = efficiency if isinstance(efficiency, (int, float)) else None
+    if number is None or isinstance(number, bool) or not 0 < number <= 1:
+        raise ValueError(f"{rate_name}={shown(efficiency)}: must be a number > 0 and <= 1")
+    if number < mfu.low:
+        raise ValueError(
+            f"{rate_name}={shown(efficiency)}: less than {mfu.low:g} (below 0.1% of the peak "
+            f"no run is measured); allowed: a number from {mfu.low:g} to 1"
+        )
+    if (
+        not isinstance(headroom, (int, float))
+        or isinstance(headroom, bool)
+        or not 0 <= headroom < 1
+    ):
+        raise ValueError(f"headroom={shown(headroom)}: must be a fraction >= 0 and < 1")
+    return read[0], read[1], float(number)
+
+
+__all__ = ["checked_numbers", "counts"]

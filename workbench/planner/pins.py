@@ -1,0 +1,124 @@
+"""A pinned layout: `plan(pin={...})` / `workbench plan --pin tp=8,pp=16,...` plans only the
+setups with the pinned tensor-, pipeline- and data-parallel sizes, engine, micro-batch and
+recomputation (e.g. a published run's own layout, to compare its predicted time with its
+measured one). A pin that cannot run is refused saying what must divide what.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.inputs import shown
+
+#: what can be pinned, and what each takes
+PINNABLE = {
+    "tp": "tensor-parallel size (divides the GPUs a node, the heads and the widths)",
+    "pp": "pipeline stages (divides the layers)",
+    "dp": "data-parallel size (tp x pp x dp = the GPUs; divides the global batch)",
+    "engine": "ddp, zero1, zero2, zero3, full_shard or shard_grad_op",
+    "micro_batch": "samples a micro-batch (divides the global batch / dp)",
+    "checkpointing": "none, selective or full",
+}
+_RECOMPUTE = ("none", "selective", "full")
+
+
+def read_pin(pin: Any, engines: tuple[str, ...]) -> dict[str, Any]:
+    """`pin` as a dict (text "tp=8,pp=2" as the command takes it), each value checked
+    alone; ValueError naming the key, the value and what is allowed."""
+    if pin is None:
+        return {}
+    if isinstance(pin, str):
+        parsed: dict[str, Any] = {}
+        for part in (p.strip() for p in pin.split(",")):
+            if not part:
+                continue
+            key, eq, value = part.partition("=")
+            if not eq:
+                raise ValueError(
+                    f"pin={shown(pin)}: each pin is KEY=VALUE ({', '.join(PINNABLE)}), "
+                    "comma-separated, e.g. tp=8,pp=2,engine=ddp"
+                )
+            parsed[key.strip()] = value.strip()
+        pin = parsed
+    if not isinstance(pin, dict):
+        raise ValueError(f"pin={shown(pin)}: must be a dict of {', '.join(PINNABLE)}")
+    out: dict[str, Any] = {}
+    for key, value in pin.items():
+        if key not in PINNABLE:
+            raise ValueError(
+                f"pin={shown(key)}: not pinnable; allowed: "
+                + "; ".join(f"{k}: {v}" for k, v in PINNABLE.items())
+            )
+        if key == "engine":
+            if value not in engines:
+                raise ValueError(f"pin engine={shown(value)}: must be one of {', '.join(engines)}")
+            out[key] = value
+        elif key == "checkpointing":
+            if value not in _RECOMPUTE:
+                raise ValueError(
+                    f"pin checkpointing={shown(value)}: must be one of {', '.join(_RECOMPUTE)}"
+                )
+            out[key] = value
+        else:
+            number = value
+            if isinstance(value, str) and value.isascii() and value.isdigit():
+                number = int(value)
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise ValueError(f"pin {key}={shown(value)}: must be an integer >= 1")
+            out[key] = number
+    return out
+
+
+def check_pin(
+    pin: dict[str, Any],
+    *,
+    gpus: int,
+    gpus_per_node: int,
+    layers: int,
+    global_batch: int,
+    dims: dict[str, int | None],
+) -> None:
+    """ValueError saying what must divide what when the pinned sizes cannot lay out
+    `gpus` GPUs of `gpus_per_node` a node for a model of `layers` layers (and widths
+    `dims`) at `global_batch` samples."""
+    tp, pp, dp, mb = (pin.get(k) for k in ("tp", "pp", "dp", "micro_batch"))
+    if tp is not None:
+        if gpus_per_node % tp:
+            raise ValueError(
+                f"pin tp={tp}: must divide the {gpus_per_node} GPUs of a node (a "
+                "tensor-parallel group stays inside one node, on NVLink)"
+            )
+        for name, size in dims.items():
+            if size and size % tp:
+                raise ValueError(f"pin tp={tp}: must divide {name}={size}")
+    if pp is not None and layers % pp:
+        raise ValueError(
+            f"pin pp={pp}: must divide layers={layers} (every stage holds the same whole "
+            "number of layers)"
+        )
+    sizes = {k: v for k, v in (("tp", tp), ("pp", pp), ("dp", dp)) if v is not None}
+    product = 1
+    for v in sizes.values():
+        product *= v
+    said = " x ".join(f"{k} {v}" for k, v in sizes.items())
+    if len(sizes) == 3 and product != gpus:
+        raise ValueError(f"pin {said} = {product}: must be the {gpus} GPUs (tp x pp x dp)")
+    if gpus % product:
+        raise ValueError(f"pin {said} = {product}: must divide the {gpus} GPUs")
+    if dp is not None and global_batch % dp:
+        raise ValueError(
+            f"pin dp={dp}: must divide global_batch={global_batch} (each data-parallel "
+            "replica takes the same number of samples)"
+        )
+    if mb is not None:
+        replicas = dp if dp is not None else None
+        if replicas is not None and (global_batch // replicas) % mb:
+            raise ValueError(
+                f"pin micro_batch={mb}: must divide global_batch / dp = {global_batch} / "
+                f"{replicas} = {global_batch // replicas} (whole micro-batches a step)"
+            )
+        if global_batch % mb:
+            raise ValueError(f"pin micro_batch={mb}: must divide global_batch={global_batch}")
+
+
+__all__ = ["PINNABLE", "check_pin", "read_pin"]
