@@ -12,6 +12,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,9 +28,9 @@ _SPEC.loader.exec_module(P)
 GIB = P.GIB
 
 
-def _id(row: object) -> str:
-    needs = "+".join(row.needs)  # type: ignore[attr-defined]
-    return row.key + (f"-needs-{needs}" if needs else "")  # type: ignore[attr-defined]
+def _id(row: Any) -> str:
+    needs = "+".join(row.needs)
+    return row.key + (f"-needs-{needs}" if needs else "")
 
 
 def test_at_least_ten_rows_cover_the_fine_tunings_people_run() -> None:
@@ -54,30 +55,30 @@ def test_at_least_ten_rows_cover_the_fine_tunings_people_run() -> None:
 
 
 @pytest.mark.parametrize("row", P.ROWS, ids=_id)
-def test_each_row_is_within_15_percent_or_keeps_its_stated_miss(row: object) -> None:
+def test_each_row_is_within_15_percent_or_keeps_its_stated_miss(row: Any) -> None:
     d = P.difference(row)
-    if row.stated is None:  # type: ignore[attr-defined]
-        assert abs(d) <= P.TOLERANCE, f"{row.key}: {d:+.1%} beyond 15%: state the miss"  # type: ignore[attr-defined]
-        assert not row.needs  # type: ignore[attr-defined]
+    if row.stated is None:
+        assert abs(d) <= P.TOLERANCE, f"{row.key}: {d:+.1%} beyond 15%: state the miss"
+        assert not row.needs
     else:
         # the stated difference to the rounding of three decimals
-        assert abs(d - row.stated) <= 0.0006, (  # type: ignore[attr-defined]
-            f"{row.key}: the estimate moved: {d:+.2%} where {row.stated:+.1%} is stated "  # type: ignore[attr-defined]
+        assert abs(d - row.stated) <= 0.0006, (
+            f"{row.key}: the estimate moved: {d:+.2%} where {row.stated:+.1%} is stated "
             "(python benchmarks/published_finetune.py; restate the row and the docs table)"
         )
-        assert row.missing, row.key  # type: ignore[attr-defined]
-        assert row.needs or abs(row.stated) > P.TOLERANCE, row.key  # type: ignore[attr-defined]
+        assert row.missing, row.key
+        assert row.needs or abs(row.stated) > P.TOLERANCE, row.key
 
 
 @pytest.mark.parametrize("row", [r for r in P.ROWS if r.needs], ids=_id)
-def test_a_row_that_needs_a_term_is_refused_its_full_inputs_today(row: object) -> None:
+def test_a_row_that_needs_a_term_is_refused_its_full_inputs_today(row: Any) -> None:
     try:
         P.estimate_row(row, finished=True)
     except ValueError as exc:
         message = str(exc)
     else:
         pytest.fail(
-            f"{row.key}: the estimator takes its full inputs now: run "  # type: ignore[attr-defined]
+            f"{row.key}: the estimator takes its full inputs now: run "
             "`python benchmarks/published_finetune.py --finished`, drop the needs it has "
             "and state the new difference"
         )
@@ -90,16 +91,16 @@ _LOGPROBS = re.compile(r"4sbv = (\d+\.\d\d) GiB")
 
 
 @pytest.mark.parametrize("row", [r for r in P.ROWS if r.missing], ids=_id)
-def test_the_missing_terms_are_the_estimates_numbers(row: object) -> None:
+def test_the_missing_terms_are_the_estimates_numbers(row: Any) -> None:
     e = P.estimate_row(row)
-    quoted = [(name, float(v)) for v, name in _TERM_AFTER.findall(row.missing)]  # type: ignore[attr-defined]
-    quoted += [(name, float(v)) for name, v in _TERM_BEFORE.findall(row.missing)]  # type: ignore[attr-defined]
+    quoted = [(name, float(v)) for v, name in _TERM_AFTER.findall(row.missing)]
+    quoted += [(name, float(v)) for name, v in _TERM_BEFORE.findall(row.missing)]
     for name, gib in quoted:
-        assert name in e.peak_terms, (row.key, name)  # type: ignore[attr-defined]
-        assert round(e.peak_terms[name] / GIB, 2) == gib, (row.key, name)  # type: ignore[attr-defined]
-    for v in _LOGPROBS.findall(row.missing):  # type: ignore[attr-defined]
-        assert round(4 * e.seq_len * e.micro_batch * e.vocab / GIB, 2) == float(v), row.key  # type: ignore[attr-defined]
-    assert re.search(r"\d+\.\d\d GiB", row.missing), row.key  # type: ignore[attr-defined]
+        assert name in e.peak_terms, (row.key, name)
+        assert round(e.peak_terms[name] / GIB, 2) == gib, (row.key, name)
+    for v in _LOGPROBS.findall(row.missing):
+        assert round(4 * e.seq_len * e.micro_batch * e.vocab / GIB, 2) == float(v), row.key
+    assert re.search(r"\d+\.\d\d GiB", row.missing), row.key
 
 
 def test_the_paged_states_outside_the_allocator_are_what_the_full_fine_tune_misses() -> None:
