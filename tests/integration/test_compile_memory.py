@@ -1,0 +1,185 @@
+"""What a `torch.compile`d forward keeps for the backward, counted tensor by tensor on this
+CPU, against the formula's eager terms minus `workbench.estimate.compiled`'s term.
+
+The compiled forward hands its backward the tensors AOTAutograd's partitioner chose; they
+are the saved tensors of the `CompiledFunctionBackward` node the output hangs from. The eager
+forward's are caught with `saved_tensors_hooks`. Both are counted once per storage, without
+parameters and buffers. A layer's bytes are the difference between a model of two layers and
+the same model of one (everything before and after the layers cancels). The models are
+compiled afresh for each case (`torch._dynamo.reset()` first).
+
+Each case's compiled layer equals the formula's eager layer minus the term, plus the norms'
+per-token statistics the formula leaves out (counted by hand: `STATS`), exactly.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.estimate import transformer_activation_bytes
+from workbench.estimate.compiled import compiled_layer_drop_bytes
+from workbench.models.gpt import TinyGPT
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peak_measure import tiny_llama  # noqa: E402
+
+S, B = 32, 2  # sequence, micro-batch
+GPT = {"hidden": 32, "heads": 4, "vocab": 64}  # the built-in GPT: GELU MLP (4h), dropout 0.1
+LLAMA = {"hidden": 64, "heads": 4, "ffn": 96, "vocab": 100}  # SwiGLU, no dropout
+
+
+class _Logits(nn.Module):
+    """A transformers causal LM's logits as the model's output (what the Session compiles:
+    the model's forward)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.model(input_ids=ids).logits
+        return logits
+
+
+def _gpt(layers: int, dtype: torch.dtype, attention: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = TinyGPT(
+        vocab=GPT["vocab"], seq_len=S, layers=layers, hidden=GPT["hidden"], heads=GPT["heads"]
+    )
+    return model.to(dtype)
+
+
+def _llama(layers: int, dtype: torch.dtype, attention: str) -> nn.Module:
+    model = tiny_llama(
+        layers=layers,
+        hidden=LLAMA["hidden"],
+        heads=LLAMA["heads"],
+        kv_heads=LLAMA["heads"],
+        ffn=LLAMA["ffn"],
+        vocab=LLAMA["vocab"],
+        seq_len=S,
+        attention=attention,
+    )
+    return _Logits(model.to(dtype))
+
+
+def _frozen(model: nn.Module) -> set[int]:
+    tensors = [*model.parameters(), *model.buffers()]
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def _count(tensors: list[torch.Tensor], frozen: set[int]) -> int:
+    storages: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() not in frozen:
+            storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
+
+
+def eager_saved_bytes(model: nn.Module, ids: torch.Tensor) -> int:
+    """The bytes an eager forward saves for backward (parameters and buffers left out)."""
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(ids)
+    del out
+    return _count(saved, _frozen(model))
+
+
+def compiled_saved_bytes(model: nn.Module, ids: torch.Tensor) -> int:
+    """The bytes a compiled forward hands its backward (parameters and buffers left out)."""
+    torch._dynamo.reset()
+    out = torch.compile(model)(ids)
+    node = out.grad_fn
+    assert type(node).__name__ == "CompiledFunctionBackward", type(node)  # one graph, no break
+    saved = [t for t in node.saved_tensors if isinstance(t, torch.Tensor)]
+    return _count(saved, _frozen(model))
+
+
+def per_layer(
+    measure: Callable[[nn.Module, torch.Tensor], int],
+    build: Callable[..., nn.Module],
+    vocab: int,
+    dtype: torch.dtype,
+    attention: str,
+) -> int:
+    ids = torch.randint(0, vocab, (B, S), generator=torch.Generator().manual_seed(0))
+    two = measure(build(2, dtype, attention), ids)
+    one = measure(build(1, dtype, attention), ids)
+    return two - one
+
+
+#: (family, dtype, attention, the norms' per-token statistics one layer keeps, by hand):
+#: LayerNorm keeps its rstd (fp32 in fp32; in bf16 its mean and rstd, in bf16); RMSNorm its
+#: fp32 rstd; two norms per layer.
+CASES = [
+    ("gpt", torch.float32, "megatron", 2 * 4 * S * B),
+    ("gpt", torch.bfloat16, "megatron", 2 * 2 * 2 * S * B),
+    ("llama", torch.float32, "sdpa", 2 * 4 * S * B),
+    ("llama", torch.bfloat16, "sdpa", 2 * 4 * S * B),
+    ("llama", torch.bfloat16, "eager", 2 * 4 * S * B),
+]
+
+
+def _formula(family: str, dtype: torch.dtype, attention: str) -> tuple[int, int]:
+    """(the formula's eager bytes of one layer, the term's bytes of one layer)."""
+    e = 2 if dtype == torch.bfloat16 else 4
+    sizes = GPT if family == "gpt" else LLAMA
+    f = 4 * sizes["hidden"] if family == "gpt" else sizes["ffn"]
+    mlp = "gelu" if family == "gpt" else "swiglu"
+    breakdown = transformer_activation_bytes(
+        layers=1,
+        hidden=sizes["hidden"],
+        heads=sizes["heads"],
+        seq_len=S,
+        micro_batch=B,
+        vocab=sizes["vocab"],
+        activation_bytes_per_element=e,
+        dropout=family == "gpt",
+        ffn_hidden=f,
+        mlp=mlp,
+        attention=attention,
+    )
+    term = compiled_layer_drop_bytes(
+        seq_len=S,
+        micro_batch=B,
+        hidden=sizes["hidden"],
+        heads=sizes["heads"],
+        ffn_hidden=f,
+        mlp=mlp,
+        attention=attention,
+        checkpointing="none",
+        activation_bytes_per_element=e,
+        dropout=family == "gpt",
+    )
+    return breakdown.per_layer_bytes, term
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{c[0]}-{str(c[1]).split('.')[-1]}-{c[2]}" for c in CASES]
+)
+def test_a_compiled_layer_keeps_the_formula_minus_the_compile_term(case) -> None:
+    family, dtype, attention, stats = case
+    build = _gpt if family == "gpt" else _llama
+    vocab = (GPT if family == "gpt" else LLAMA)["vocab"]
+    kernel = "sdpa" if attention == "sdpa" else "eager"
+    compiled = per_layer(compiled_saved_bytes, build, vocab, dtype, kernel)
+    eager = per_layer(eager_saved_bytes, build, vocab, dtype, kernel)
+    formula, term = _formula(family, dtype, attention)
+    assert compiled == formula - term + stats
+    assert compiled <= eager  # what eager keeps beyond: the term and the norms' own copies
+    if family == "llama":
+        assert term > 0  # SwiGLU's SiLU output (+ the fp32 softmax output, eager in bf16)
+    else:
+        assert term == 0  # the GELU output is the second matmul's input: kept
