@@ -18,6 +18,7 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -189,3 +190,90 @@ def test_a_compiled_layer_keeps_the_formula_minus_the_compile_term(case) -> None
         assert term > 0  # SwiGLU's SiLU output (+ the fp32 softmax output, eager in bf16)
     else:
         assert term == 0  # the GELU output is the second matmul's input: kept
+
+
+class _DecoderLayer(nn.Module):
+    """One transformers Llama decoder layer with its rotary embedding: a layer as the
+    compiled model runs it."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import (
+            LlamaDecoderLayer,
+            LlamaRotaryEmbedding,
+        )
+
+        self.layer = LlamaDecoderLayer(config, 0)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1]).unsqueeze(0)
+        out = self.layer(
+            x,
+            attention_mask=None,
+            position_ids=positions,
+            position_embeddings=self.rotary(x, positions),
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+
+def test_at_llama_3_8b_sizes_the_partitioner_keeps_the_formula_minus_the_term() -> None:
+    """One Llama 3 8B layer (h 4096, 32 heads, f 14336) at 8192 tokens in bf16, on fake
+    tensors: the partitioner inductor uses (`PartitionedModule`, the dry run's) saves the
+    formula's layer minus the term plus the two RMSNorms' fp32 rstd, to the byte."""
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from workbench.train.dry_run.compiled import PartitionedModule
+
+    h, a, f, s, b = 4096, 32, 14336, 8192, 1
+    config = transformers.LlamaConfig(
+        hidden_size=h,
+        num_attention_heads=a,
+        num_key_value_heads=a,
+        intermediate_size=f,
+        max_position_embeddings=s,
+        attn_implementation="sdpa",
+    )
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with FakeTensorMode():
+            layer = _DecoderLayer(config)
+            x = torch.randn(b, s, h, requires_grad=True)
+            out = PartitionedModule(layer)(x)
+            kept = {t for t in [*layer.parameters(), *layer.buffers()]}
+            frozen = {StorageWeakRef(t.untyped_storage()) for t in kept}
+            storages = {
+                StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes()
+                for t in out.grad_fn.saved_tensors
+                if StorageWeakRef(t.untyped_storage()) not in frozen
+            }
+    finally:
+        torch.set_default_dtype(default)
+    formula = transformer_activation_bytes(
+        layers=1,
+        hidden=h,
+        heads=a,
+        seq_len=s,
+        micro_batch=b,
+        vocab=8,
+        dropout=False,
+        ffn_hidden=f,
+        mlp="swiglu",
+        attention="sdpa",
+    ).per_layer_bytes
+    term = compiled_layer_drop_bytes(
+        seq_len=s,
+        micro_batch=b,
+        hidden=h,
+        heads=a,
+        ffn_hidden=f,
+        mlp="swiglu",
+        attention="sdpa",
+        checkpointing="none",
+        activation_bytes_per_element=2,
+    )
+    assert term == 2 * s * b * f  # the SiLU output: 224 MiB per layer
+    assert sum(storages.values()) == formula - term + 2 * 4 * s * b
