@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from workbench.config import TrainConfig
+from workbench.estimate.compiled import COMPILE_TERM
 from workbench.train.ladder.plan import LadderPlan, LadderSpec, PlannedRung, plan_spec
 from workbench.train.ladder.problems import LadderProblem
 from workbench.train.ladder.report import LadderResult, RunMeasure, summarize
@@ -385,6 +386,15 @@ def _oom_notes(records: Sequence[Any], rung: PlannedRung) -> tuple[str, ...]:
     )
 
 
+def compile_term_bytes(predicted: Any) -> int:
+    """The bytes of a prediction's torch.compile term (`COMPILE_TERM`: the activations a
+    compiled step does not keep; 0 without compile or a peak)."""
+    peak = getattr(predicted, "peak", None)
+    if peak is None:
+        return 0
+    return max((-terms.get(COMPILE_TERM, 0) for terms in peak.points.values()), default=0)
+
+
 def _memory_here(session: Any, device: str) -> dict[str, Any]:
     """Measured next to predicted, from `session.memory()`: the CUDA peak of a probe step
     on a GPU; on a CPU the model states and one micro-batch's activations counted from
@@ -394,10 +404,13 @@ def _memory_here(session: Any, device: str) -> dict[str, Any]:
     except Exception as exc:
         return {"memory_note": f"not measured: {type(exc).__name__}: {exc}"}
     pred = report.predicted
+    # under compile: the activations its partitioner recomputes, which the prediction's
+    # activations (the formula's eager ones) still hold (workbench.estimate.compiled)
+    not_kept = compile_term_bytes(pred)
     if device == "cuda" and report.cuda_max_allocated_bytes is not None:
         return {
             "memory_measured_bytes": int(report.cuda_max_allocated_bytes),
-            "memory_predicted_bytes": None if pred is None else int(pred.total_bytes),
+            "memory_predicted_bytes": None if pred is None else int(pred.total_bytes) - not_kept,
             "memory_note": "CUDA peak of a probe step (session.memory()) vs the estimator's total",
         }
     states = (
@@ -424,6 +437,7 @@ def _memory_here(session: Any, device: str) -> dict[str, Any]:
             + pred.grads_bytes
             + pred.optimizer_bytes
             + report.predicted_activation_bytes
+            - not_kept
         ),
         "memory_note": "model states + one micro-batch's activations, counted from the tensors "
         "(session.memory()), vs the estimator's",
