@@ -25,6 +25,10 @@ How the figures are made, so that noise does not invent a speed-up:
   step's time minus the median step (under `compile` that is the compile time),
   `startup_seconds` the wall time of a run outside its steps (building the session, or
   launching the ranks and their process group).
+* the rung that turns `compile` on says beside its speed what compile saved against the
+  rung before it (`compile_memory_line`): measured (the memory figure of both rungs'
+  first repeats) and predicted (the estimator's term "recomputed under torch.compile",
+  `workbench.estimate.compiled`, which the prediction of a compiled rung subtracts).
 """
 
 from __future__ import annotations
