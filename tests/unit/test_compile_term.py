@@ -95,3 +95,43 @@ def test_the_keyword_is_declared_once_with_its_flag_and_panel_field() -> None:
 def test_compile_must_be_a_bool(value) -> None:
     with pytest.raises(EstimateInputError, match=r"compile=.*must be True or False"):
         estimate_memory(**LLAMA, compile=value)
+
+
+def _report(predicted):
+    from workbench.train.measure.memory import MemoryReport
+
+    return MemoryReport(
+        params_bytes=0,
+        grads_bytes=0,
+        optimizer_bytes=0,
+        optimizer_step_counter_bytes=0,
+        activation_bytes=0,
+        parameter_saved_bytes=0,
+        activation_bytes_by_dtype={},
+        micro_batch=1,
+        precision="bf16-true",
+        optimizer="adamw",
+        activation_checkpointing="none",
+        world_size=1,
+        n_params=1,
+        cuda_max_allocated_bytes=None,
+        peak_rss_bytes=None,
+        predicted=predicted,
+        activation_offload=bool(predicted.peak.host_terms),
+    )
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_sessions_activation_prediction_is_less_by_the_term(offload) -> None:
+    """`Session.memory()`'s predicted activations (what a compiled probe keeps) drop by the
+    term; offloaded, the host's share drops by it and the device's is unchanged."""
+    kw = {**LLAMA, "activation_offload": offload}
+    eager = _report(estimate_memory(**kw))
+    compiled = _report(estimate_memory(**kw, compile=True))
+    term = 32 * 2 * 8192 * 14336
+    assert compiled.predicted.peak.compile_not_kept_bytes == term
+    device = eager.predicted_activation_bytes - compiled.predicted_activation_bytes
+    host = (
+        eager.predicted_offloaded_activation_bytes - compiled.predicted_offloaded_activation_bytes
+    )
+    assert (device, host) == ((0, term) if offload else (term, 0))

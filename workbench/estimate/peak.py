@@ -184,6 +184,9 @@ class StepPeak:
     #: the most gradient bytes any moment of the step holds (every backward moment, not
     #: only the highest: under `optimizer_in_backward` the largest parameter's gradient)
     held_gradients_bytes: int = 0
+    #: the activations a `compile` step does not keep (`COMPILE_TERM`'s bytes; with
+    #: `activation_offload` off the host's share instead of a device term)
+    compile_not_kept_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -534,7 +537,7 @@ def step_peak(
 
     recompute = breakdown.recompute_bytes if breakdown is not None else 0
     stored = acts - recompute  # the recomputation working set exists in backward only
-    not_kept = compile_term_bytes(i, breakdown)  # torch.compile's recomputed activations
+    not_kept = compile_not_kept = compile_term_bytes(i, breakdown)  # recomputed by compile
     host: dict[str, int] = {}
     if i.activation_offload:
         # the forward's saved activations live in host memory; the device holds the layer
@@ -652,6 +655,7 @@ def step_peak(
             terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
         ),
         host_terms=host,
+        compile_not_kept_bytes=compile_not_kept,
     )
 
 

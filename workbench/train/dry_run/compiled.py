@@ -63,8 +63,7 @@ def compile_note(problem: str | None, formula: Any) -> str:
     """The run's note on `compile`: how its compiled step ran (`problem` None), or why it
     ran eagerly and what the formula subtracts for compile instead."""
     peak = getattr(formula, "peak", None)
-    points = peak.points.values() if peak is not None else ()
-    term = max((-terms.get(COMPILE_TERM, 0) for terms in points), default=0)
+    term = peak.compile_not_kept_bytes if peak is not None else 0
     said = f"the formula's term {COMPILE_TERM!r}: {fmt_bytes(term)} of activations"
     if problem is None:
         return (

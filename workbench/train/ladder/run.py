@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from workbench.config import TrainConfig
-from workbench.estimate.compiled import COMPILE_TERM
 from workbench.train.ladder.plan import LadderPlan, LadderSpec, PlannedRung, plan_spec
 from workbench.train.ladder.problems import LadderProblem
 from workbench.train.ladder.report import LadderResult, RunMeasure, summarize
@@ -386,15 +385,6 @@ def _oom_notes(records: Sequence[Any], rung: PlannedRung) -> tuple[str, ...]:
     )
 
 
-def compile_term_bytes(predicted: Any) -> int:
-    """The bytes of a prediction's torch.compile term (`COMPILE_TERM`: the activations a
-    compiled step does not keep; 0 without compile or a peak)."""
-    peak = getattr(predicted, "peak", None)
-    if peak is None:
-        return 0
-    return max((-terms.get(COMPILE_TERM, 0) for terms in peak.points.values()), default=0)
-
-
 def _memory_here(session: Any, device: str) -> dict[str, Any]:
     """Measured next to predicted, from `session.memory()`: the CUDA peak of a probe step
     on a GPU; on a CPU the model states and one micro-batch's activations counted from
@@ -405,8 +395,9 @@ def _memory_here(session: Any, device: str) -> dict[str, Any]:
         return {"memory_note": f"not measured: {type(exc).__name__}: {exc}"}
     pred = report.predicted
     # under compile: the activations its partitioner recomputes, which the prediction's
-    # activations (the formula's eager ones) still hold (workbench.estimate.compiled)
-    not_kept = compile_term_bytes(pred)
+    # total (the formula's eager activations) still holds (workbench.estimate.compiled)
+    peak = getattr(pred, "peak", None)
+    not_kept = peak.compile_not_kept_bytes if peak is not None else 0
     if device == "cuda" and report.cuda_max_allocated_bytes is not None:
         return {
             "memory_measured_bytes": int(report.cuda_max_allocated_bytes),
@@ -437,7 +428,6 @@ def _memory_here(session: Any, device: str) -> dict[str, Any]:
             + pred.grads_bytes
             + pred.optimizer_bytes
             + report.predicted_activation_bytes
-            - not_kept
         ),
         "memory_note": "model states + one micro-batch's activations, counted from the tensors "
         "(session.memory()), vs the estimator's",
