@@ -52,3 +52,30 @@ def test_compile_on_fsdp_runs_eagerly_and_says_why() -> None:
     run = workbench.simulate_memory("tiny-gpt", config, world_size=2, model_options=GPT)
     (note,) = _compile_notes(run)
     assert "fsdp engine" in note and "ran eagerly" in note
+
+
+def test_workbench_estimate_simulate_compile_passes_compile_to_the_dry_run(
+    tmp_path, capsys
+) -> None:
+    import json
+
+    from workbench.cli import main
+
+    config = tmp_path / "config.json"
+    llama = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 96,
+        "vocab_size": 100,
+        "max_position_embeddings": 32,
+    }
+    config.write_text(json.dumps(llama))
+    args = ["estimate", "--hf-config", str(config), "--micro-batch", "2", "--compile"]
+    assert main([*args, "--simulate", "--json"]) in (0, None)
+    data = json.loads(capsys.readouterr().out)
+    (note,) = [n for n in data["dry_run"]["notes"] if n.startswith("compile:")]
+    assert "ran eagerly" in note  # transformers' forward reads values: not traced
+    assert data["estimate"]["peak"]["compile_not_kept_bytes"] == 2 * 4 * 32 * 2 * 96
