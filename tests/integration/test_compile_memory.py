@@ -54,6 +54,8 @@ def _gpt(layers: int, dtype: torch.dtype, attention: str) -> nn.Module:
     model = TinyGPT(
         vocab=GPT["vocab"], seq_len=S, layers=layers, hidden=GPT["hidden"], heads=GPT["heads"]
     )
+    for block in model.blocks:  # "sdpa": torch's kernel (its math kernel on a CPU, dropout)
+        block.attn.kernel = attention
     return model.to(dtype)
 
 
@@ -132,6 +134,8 @@ def per_layer(
 CASES = [
     ("gpt", torch.float32, "megatron", 2 * 4 * S * B, "inductor"),
     ("gpt", torch.bfloat16, "megatron", 2 * 2 * 2 * S * B, "aot_eager_decomp_partition"),
+    ("gpt", torch.float32, "math", 2 * 4 * S * B, "aot_eager_decomp_partition"),
+    ("gpt", torch.bfloat16, "math", 2 * 2 * 2 * S * B, "aot_eager_decomp_partition"),
     ("llama", torch.float32, "sdpa", 2 * 4 * S * B, "aot_eager_decomp_partition"),
     ("llama", torch.bfloat16, "sdpa", 2 * 4 * S * B, "aot_eager_decomp_partition"),
     ("llama", torch.bfloat16, "eager", 2 * 4 * S * B, "inductor"),
@@ -179,7 +183,7 @@ def test_a_compiled_layer_keeps_the_formula_minus_the_compile_term(case) -> None
     family, dtype, attention, stats, backend = case
     build = _gpt if family == "gpt" else _llama
     vocab = (GPT if family == "gpt" else LLAMA)["vocab"]
-    kernel = "sdpa" if attention == "sdpa" else "eager"
+    kernel = "sdpa" if attention in ("sdpa", "math") else "eager"
     measure = functools.partial(compiled_saved_bytes, backend=backend)
     compiled = per_layer(measure, build, vocab, dtype, kernel)
     eager = per_layer(eager_saved_bytes, build, vocab, dtype, kernel)
@@ -188,6 +192,8 @@ def test_a_compiled_layer_keeps_the_formula_minus_the_compile_term(case) -> None
     assert compiled <= eager  # what eager keeps beyond: the term and the norms' own copies
     if family == "llama":
         assert term > 0  # SwiGLU's SiLU output (+ the fp32 softmax output, eager in bf16)
+    elif attention == "math":
+        assert term == 3 * GPT["heads"] * S * S * B  # the fp32 dropout mask kept as bool
     else:
         assert term == 0  # the GELU output is the second matmul's input: kept
 

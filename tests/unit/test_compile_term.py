@@ -135,3 +135,9 @@ def test_the_sessions_activation_prediction_is_less_by_the_term(offload) -> None
         eager.predicted_offloaded_activation_bytes - compiled.predicted_offloaded_activation_bytes
     )
     assert (device, host) == ((0, term) if offload else (term, 0))
+
+
+def test_the_cpu_math_kernel_keeps_its_dropout_mask_as_bool_when_compiled() -> None:
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100}
+    kw = {**shape, "attention": "math", "dropout": True, "micro_batch": 2}
+    assert _term(estimate_memory(**kw, compile=True)) == 2 * 3 * 4 * 32 * 32 * 2

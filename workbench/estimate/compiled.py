@@ -35,6 +35,9 @@ f MLP inner, a heads, e the activation bytes; t the tensor-parallel size):
   recomputes the fp32 probabilities: 2as^2b - 8asb bytes less per layer (measured without
   attention dropout, transformers' default for Llama; with dropout the term is 0, not
   measured). In fp32 the two steps keep the same.
+* **torch's math kernel with dropout ("math": what sdpa runs on a CPU when the attention has
+  dropout)**: its dropout mask, a tensor of the scores' dtype (fp32 on a CPU), is kept as a
+  bool mask: 4as^2b - as^2b = 3as^2b bytes less per layer, in fp32 and bf16.
 * **sdpa, Megatron's kernel, dropout**: no change (the fused kernel's inputs, output and
   log-sum-exp are kept; the dropout masks are random, which the partitioner never
   recomputes).
@@ -101,6 +104,10 @@ def compiled_layer_drop_bytes(
         # the fp32 probabilities, recomputed from the 16-bit scores and two fp32 row stats
         a = heads
         drop += (2 * a * s * s * b - 2 * 4 * a * s * b) // t
+    if attention == Attention.MATH.value and dropout and checkpointing == Checkpointing.NONE.value:
+        # the CPU math kernel's dropout mask: a tensor of the scores' dtype (fp32), kept as
+        # a bool mask when compiled
+        drop += 3 * heads * s * s * b // t
     return drop
 
 
