@@ -453,6 +453,7 @@ class TrainConfig:
         label="compile",
         help="run the forward through torch.compile (the first step after a build compiles)",
         rebuilds=("backend",),
+        moves_memory=True,
     )
     fsdp: FsdpMode | str = setting(
         FsdpMode.OFF,

@@ -135,6 +135,7 @@ _SAME: dict[str, tuple[str, Any]] = {
     "optimizer_in_backward": ("optimizer_in_backward", bool),
     "activation_offload": ("activation_offload", bool),
     "documents": ("document_mask", lambda v: Documents(v) is not Documents.STREAM),
+    "compile": ("compile", bool),
 }
 
 #: The TrainConfig fields `estimator_inputs` reads (each `Setting.moves_memory`).

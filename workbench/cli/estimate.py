@@ -401,6 +401,7 @@ def _simulate(
             activation_checkpointing=recompute,
             fsdp=e.fsdp,
             zero_stage=e.zero_stage,
+            compile=bool(_arg(args, "--compile")),
         )
         dry = simulate_memory(
             module,

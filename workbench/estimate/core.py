@@ -73,6 +73,7 @@ def estimate_memory(
     optimizer_in_backward: bool = False,
     activation_offload: bool = False,
     document_mask: bool = False,
+    compile: bool = False,
     lora_rank: int = 0,
     lora_targets: str = "all-linear",
     lora_params: int | None = None,
@@ -121,7 +122,10 @@ def estimate_memory(
     gradient freed: the plain loop only, no accumulation), and `activation_offload` (the
     activations the model's forward saves kept in host memory: `peak.host_terms`), and
     `document_mask` (packed documents: a block-diagonal attention mask per sample, which
-    the sdpa kernel keeps for backward: `peak`'s "document mask").
+    the sdpa kernel keeps for backward: `peak`'s "document mask"), and `compile` (the
+    model's forward through `torch.compile`: the activations its partitioner recomputes in
+    backward are not kept, `peak`'s "recomputed under torch.compile",
+    `workbench.estimate.compiled`).
 
     LoRA (`workbench.estimate.lora`): `lora_rank` (0: off) adapters on `lora_targets`
     ("all-linear": every linear layer of a block; "attention": Q, K, V and output), the base

@@ -126,6 +126,7 @@ class EstimateInputs:
     optimizer_in_backward: bool = False
     activation_offload: bool = False
     document_mask: bool = False  # per-sample attention masks (packed documents)
+    compile: bool = False  # torch.compile: what its partitioner recomputes (`compiled`)
     lazy_loading: bool = True  # CUDA's lazy module loading: the context's size (`reserve`)
     lora: LoraFacts | None = None  # LoRA / QLoRA (`workbench.estimate.lora`)
     deepspeed: Mapping[str, Any] = field(default_factory=dict)
@@ -589,6 +590,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             )
         )
     doc_mask = _flag(p, "document_mask", given["document_mask"])
+    compiled = _flag(p, "compile", given["compile"])
     lazy = _flag(p, "lazy_loading", given["lazy_loading"])
     lora = _lora(p, given, arch, tp, pp, prec)
     ds_source = given["deepspeed_config"]
@@ -642,6 +644,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         activation_offload=bool(act_offload),
         parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
         document_mask=bool(doc_mask),
+        compile=bool(compiled),
         lazy_loading=bool(lazy),
         lora=lora,
         deepspeed=ds,

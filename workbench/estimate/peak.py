@@ -135,6 +135,7 @@ from typing import Any
 
 from workbench.config import OptimizerName, Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
+from workbench.estimate.compiled import COMPILE_TERM, compiled_drop_bytes
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import adapter_activation_bytes, dequantized_bytes
 from workbench.estimate.model_states import ModelStates
@@ -183,6 +184,9 @@ class StepPeak:
     #: the most gradient bytes any moment of the step holds (every backward moment, not
     #: only the highest: under `optimizer_in_backward` the largest parameter's gradient)
     held_gradients_bytes: int = 0
+    #: the activations a `compile` step does not keep (`COMPILE_TERM`'s bytes; with
+    #: `activation_offload` off the host's share instead of a device term)
+    compile_not_kept_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -533,13 +537,16 @@ def step_peak(
 
     recompute = breakdown.recompute_bytes if breakdown is not None else 0
     stored = acts - recompute  # the recomputation working set exists in backward only
+    not_kept = compile_not_kept = compile_term_bytes(i, breakdown)  # recomputed by compile
     host: dict[str, int] = {}
     if i.activation_offload:
         # the forward's saved activations live in host memory; the device holds the layer
         # in flight (being copied out in forward, brought back in backward)
-        host[OFFLOADED_TERM] = stored
+        host[OFFLOADED_TERM] = stored - not_kept
         stored = offload_in_flight(breakdown, stored)
         acts = stored + recompute
+        not_kept = 0  # what compile does not keep is off the host's share
+    compiled = {COMPILE_TERM: -not_kept} if not_kept else {}
     base = {"parameters": params, "optimizer states": optim}
     mask = document_mask_bytes(i)
     kept_mask = {DOCUMENT_MASK_TERM: mask} if mask else {}
@@ -547,6 +554,7 @@ def step_peak(
         **base,
         "gradients": held_grads,
         "activations": stored,
+        **compiled,
         "logits and loss": logits_kept + loss_fwd,
         "autocast weight casts": casts,
         **lora_fwd,
@@ -560,6 +568,7 @@ def step_peak(
             **base,
             "gradients": held_grads,
             "activations": stored,
+            **compiled,
             "logits and loss": logits_kept + loss_bwd,
             "autocast weight casts": casts,
             **lora_kept,
@@ -572,6 +581,7 @@ def step_peak(
             **base,
             "gradients": held_grads + first,
             "activations": acts,
+            **compiled,
             "autocast weight casts": casts,
             "backward transient": transient,
             **lora_bwd,
@@ -606,7 +616,13 @@ def step_peak(
     }
     points = dict(zip(PHASES, (forward, backward, step), strict=True))
     totals = {name: sum(terms.values()) for name, terms in points.items()}
-    scaling = ("activations", "logits and loss", "backward transient", DOCUMENT_MASK_TERM)
+    scaling = (
+        "activations",
+        "logits and loss",
+        "backward transient",
+        DOCUMENT_MASK_TERM,
+        COMPILE_TERM,
+    )
     variable = {name: sum(terms.get(k, 0) for k in scaling) for name, terms in points.items()}
     phase = max(PHASES, key=lambda name: totals[name])
     terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}
@@ -639,6 +655,24 @@ def step_peak(
             terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
         ),
         host_terms=host,
+        compile_not_kept_bytes=compile_not_kept,
+    )
+
+
+def compile_term_bytes(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> int:
+    """The activation bytes a `compile` step does not keep (`workbench.estimate.compiled`:
+    what AOTAutograd's partitioner recomputes in backward; the peak's `COMPILE_TERM`, a
+    negative term beside "activations"); 0 without `compile` or a transformer shape."""
+    arch = i.architecture
+    if not i.compile or breakdown is None or arch is None:
+        return 0
+    return compiled_drop_bytes(
+        breakdown,
+        layers=arch.layers,
+        seq_len=arch.seq_len,
+        micro_batch=i.micro_batch,
+        hidden=arch.hidden,
+        heads=arch.heads,
     )
 
 
@@ -652,12 +686,14 @@ def offload_in_flight(breakdown: ActivationBreakdown | None, stored: int) -> int
 
 
 __all__ = [
+    "COMPILE_TERM",
     "OFFLOADED_TERM",
     "OPTIMIZER_IMPLS",
     "PHASES",
     "StepPeak",
     "autocast_casts",
     "backward_transient",
+    "compile_term_bytes",
     "engine_of",
     "loss_bytes",
     "offload_in_flight",

@@ -196,8 +196,9 @@ _STATES = ("parameters", "gradients", "optimizer states")
 
 
 def transient_bytes(terms: dict[str, int]) -> int:
-    """The peak's bytes beside its model states: what a step frees and makes again."""
-    return sum(v for k, v in terms.items() if k not in _STATES and v > 0)
+    """The peak's bytes beside its model states: what a step frees and makes again (a
+    negative term, torch.compile's activations not kept, is less of them)."""
+    return max(0, sum(v for k, v in terms.items() if k not in _STATES))
 
 
 def allocator_reserve_from(rounding: int, transient: int) -> int:

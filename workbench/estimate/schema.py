@@ -14,7 +14,7 @@ A flag shared with TrainConfig takes the TrainConfig setting's own flag and meta
 (`workbench.config.SETTINGS`), so `--activation-checkpointing` or `--tp` means the same in
 every command. Pure: imports no torch.
 
-Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 53
+Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 54
 keywords, a few lines each, and nothing else.
 """
 
@@ -643,6 +643,19 @@ FIELDS: tuple[EstimateField, ...] = (
         config_field="activation_offload",
     ),
     _f("document_mask", "bool", False),
+    _f(
+        "compile",
+        "bool",
+        False,
+        help="the model's forward through torch.compile: the activations its partitioner "
+        "recomputes in backward are not kept (workbench.estimate.compiled)",
+        flag="--compile",
+        read="switch",
+        cli="step",
+        label="torch.compile",
+        panel=("step", 12),
+        config_field="compile",
+    ),
     _f(
         "lora_rank",
         "int",

@@ -185,6 +185,7 @@ class EstimatorPanel(PanelBase):
             "grad_accum": "1",
             "optimizer_impl": "auto",
             "loss_chunks": "1",
+            "compile": False,
             "gpu": "a100-80gb",
             "overhead_gib": OVERHEAD_AUTO,
             "tokens": "140B",
@@ -486,6 +487,7 @@ class EstimatorPanel(PanelBase):
         take("micro_batch", parse_int, minimum=1)
         take("grad_accum", parse_int, minimum=1)
         take("loss_chunks", parse_int, minimum=1)
+        kwargs["compile"] = f["compile"].value
         take("lora_rank", parse_int, minimum=0, maximum=4096)
         kwargs["qlora"] = f["qlora"].value
         kwargs["dropout"] = DROPOUT[f["dropout"].value]

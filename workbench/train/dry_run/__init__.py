@@ -27,8 +27,10 @@ frees (`DryRun.trace`) are replayed through `workbench.estimate.allocator` under
 `PYTORCH_CUDA_ALLOC_CONF` for the reserved peak (`reserved_peak_bytes`), its
 fragmentation and the setting that would lower it (`allocator_advice`). Offload and
 DeepSpeed-only optimizers are refused (their kernels are DeepSpeed's C++/CUDA code, which
-fake tensors cannot run; the formula counts them). `torch.compile` is not simulated (the
-steps run eagerly; a note says so).
+fake tensors cannot run; the formula counts them). `compile=True` runs the graphs
+`torch.compile` would run, as its partitioner splits them (`dry_run_compiled`: what the
+backward keeps is the compiled step's, the transients op by op); where that cannot be
+simulated the steps run eagerly and a note names the formula's compile term.
 
 The device: CUDA where torch has it (the GPU's kernels, cuBLAS's and the allocator's
 512-byte rounding); on a CPU-only torch the steps run on fake CPU tensors (faking CUDA
@@ -81,6 +83,7 @@ from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.problems import SettingProblem
 from workbench.train.backends.optimizer import build_optimizers
 from workbench.train.dry_run.checks import OPTIMIZER_IMPLS, check_arguments
+from workbench.train.dry_run.compiled import compile_note, compile_problem, partitioned
 from workbench.train.dry_run.deepspeed import (
     DeepSpeedKinds,
     base_optimizer,
@@ -267,6 +270,7 @@ def simulate_memory(
         fake_adapters(fm.module, config, fake_mode)  # (a LoRA Session's copy has its own)
     show = _progress(progress)
     offload = ActivationOffload(sim_device, simulated=True) if config.activation_offload else None
+    compile_said: list[str] = []  # how a compiled step ran (`dry_run_compiled`)
     measured, dry, dtypes = _simulate(
         fm,
         fb,
@@ -281,10 +285,12 @@ def simulate_memory(
         formula,
         fake_mode,
         offload,
+        compile_said,
     )
     notes = _notes(
         config, fm, fb, sim_device, world_size, blocks_note, attention_note, formula_note, formula
     )
+    notes += compile_said
     if offload is not None:
         notes.append(offload_note(offload, formula))
     notes.insert(0, dtypes_note(config, dtypes, dtype_note))
@@ -529,10 +535,13 @@ def _simulate(
     formula: Any,
     fake: Any,
     offload: ActivationOffload | None = None,
+    notes_out: list[str] | None = None,
 ) -> tuple[Any, str, dict[str, str]]:
     """Run the steps (see the module docstring); every context is closed before a
     failure becomes a `DryRunError`. With `offload` the forward runs under its hooks.
-    Also returns the dtype of each model-state category as trained (`state_dtypes`)."""
+    Also returns the dtype of each model-state category as trained (`state_dtypes`).
+    Under `compile` the steps run the compiled step's graphs where they can
+    (`dry_run_compiled`); `notes_out` receives the note saying how they ran."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -592,22 +601,30 @@ def _simulate(
                 tracker.label(parameter_tensors(ds_engine), "Parameter")
                 tracker.label(master_tensors(ds_engine), "Optstate")
                 tracker.reclassify = DeepSpeedKinds(ds_engine, tracker, device.type)
-            if device.type == "cpu":
-                ctx.enter_context(GpuKernels())
-            ctx.enter_context(tracker)
-            ctx.enter_context(recorder)
             autocast = (
                 contextlib.nullcontext
                 if engine == "fsdp" or pure is not None
                 else build_precision(config, device.type).autocast
             )
+            stepped: nn.Module = module
+            if config.compile:
+                compiled = compile_problem(config, engine)
+                if compiled is None:  # the compiled step's graphs, traced before the tracker
+                    gpu = GpuKernels() if device.type == "cpu" else contextlib.nullcontext()
+                    stepped, compiled = partitioned(module, fb.value, loss_fn, autocast, gpu)
+                if notes_out is not None:
+                    notes_out.append(compile_note(compiled, formula))
+            if device.type == "cpu":
+                ctx.enter_context(GpuKernels())
+            ctx.enter_context(tracker)
+            ctx.enter_context(recorder)
             if offload is not None:  # the saved activations' device copies dropped
                 trained = ds_engine.module if ds_engine is not None else module
                 autocast = offload.around(autocast, trained)
             scale = float(config.loss_scale_init) if precision is Precision.AMP_FP16 else 1.0
             plan = StepPlan(autocast, scale, int(config.grad_accum), config.clip_grad_norm, steps)
             grads = run_steps(
-                ds_engine if ds_engine is not None else module,
+                ds_engine if ds_engine is not None else stepped,
                 optimizer,
                 fb.value,
                 loss_fn,
@@ -761,8 +778,6 @@ def _notes(
             "amp-fp16: the loss is scaled and the gradients unscaled in place, as the "
             "GradScaler does; its overflow check (a value read back) is not run"
         )
-    if config.compile:
-        notes.append("compile: torch.compile is not simulated; the steps ran eagerly")
     if fb.given and fb.micro_batch != int(config.micro_batch):
         notes.append(
             f"micro-batch {fb.micro_batch} from the batch given (the config says "

@@ -25,6 +25,10 @@ How the figures are made, so that noise does not invent a speed-up:
   step's time minus the median step (under `compile` that is the compile time),
   `startup_seconds` the wall time of a run outside its steps (building the session, or
   launching the ranks and their process group).
+* the rung that turns `compile` on says beside its speed what compile saved against the
+  rung before it (`compile_memory_line`): measured (the memory figure of both rungs'
+  first repeats) and predicted (the estimator's term "recomputed under torch.compile",
+  `workbench.estimate.compiled`, which the prediction of a compiled rung subtracts).
 """
 
 from __future__ import annotations
@@ -341,6 +345,30 @@ def memory_notes(rungs: Sequence[RungResult]) -> list[str]:
     return out
 
 
+def _memory_of(st: _Stats) -> RunMeasure | None:
+    """The run of a rung that measured its memory (the first repeat), if any."""
+    return next((r for r in st.runs if r.memory_note), None)
+
+
+def compile_memory_line(before: RunMeasure | None, after: RunMeasure | None, previous: str) -> str:
+    """The compile rung's memory beside its speed: what turning compile on saves against
+    the `previous` rung, measured (the activations its compiled forward keeps, counted
+    from the tensors, or the CUDA peak) and predicted (the estimator's term "recomputed
+    under torch.compile", `workbench.estimate.compiled`)."""
+    if before is None or after is None:
+        return "; memory not measured"
+    measured = _saving(before.memory_measured_bytes, after.memory_measured_bytes)
+    predicted = _saving(before.memory_predicted_bytes, after.memory_predicted_bytes)
+    return f"; memory vs {previous}: {measured} measured, {predicted} predicted"
+
+
+def _saving(before: int | None, after: int | None) -> str:
+    if before is None or after is None:
+        return "n/a"
+    saved = before - after
+    return f"{'saves' if saved >= 0 else 'adds'} {fmt_bytes(abs(saved))}"
+
+
 def _steps(n: int | None) -> str:
     return f"{n} step" + ("" if n == 1 else "s")
 
@@ -570,6 +598,8 @@ def summarize(
             verdict, gain, low, high, measure, summary = _verdict(st, prev, target_loss)
         if st.warmup_s is not None and p.settings.get("compile"):
             summary += f"; compile time {fmt_seconds(st.warmup_s)} (the first step, once)"
+        if p.changes.get("compile") and prev is not None:
+            summary += compile_memory_line(_memory_of(prev), memory, prev.plan.name)
         hit = st.steps_to_target
         results.append(
             RungResult(

@@ -394,10 +394,14 @@ def _memory_here(session: Any, device: str) -> dict[str, Any]:
     except Exception as exc:
         return {"memory_note": f"not measured: {type(exc).__name__}: {exc}"}
     pred = report.predicted
+    # under compile: the activations its partitioner recomputes, which the prediction's
+    # total (the formula's eager activations) still holds (workbench.estimate.compiled)
+    peak = getattr(pred, "peak", None)
+    not_kept = peak.compile_not_kept_bytes if peak is not None else 0
     if device == "cuda" and report.cuda_max_allocated_bytes is not None:
         return {
             "memory_measured_bytes": int(report.cuda_max_allocated_bytes),
-            "memory_predicted_bytes": None if pred is None else int(pred.total_bytes),
+            "memory_predicted_bytes": None if pred is None else int(pred.total_bytes) - not_kept,
             "memory_note": "CUDA peak of a probe step (session.memory()) vs the estimator's total",
         }
     states = (

@@ -13,7 +13,7 @@ it (cumulative), plus `ranks` for data parallelism. The default ladder (`default
    rule picked (`lr_scaling`: "linear" or "sqrt", from the baseline's effective batch) and
    a OneCycle schedule over the rung's steps;
 5. optional + `torch.compile` (`compile=True`; compile time reported apart from the step
-   time);
+   time, and the memory compile saved, measured and predicted);
 6. optional + activation checkpointing with a 2x larger micro-batch and half the
    accumulation (`checkpointing=True`);
 7. optional + model parallel (`model_parallel=True`, after the accumulation rung): the

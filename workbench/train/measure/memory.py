@@ -108,17 +108,20 @@ class MemoryReport(Readable):
     @property
     def predicted_activation_bytes(self) -> int | None:
         """The prediction comparable with `activation_bytes`: the estimator's activations
-        without its recomputation working set (a backward-pass transient)."""
+        without its recomputation working set (a backward-pass transient), and under
+        `compile` without what the compiled step does not keep (`workbench.estimate.compiled`)."""
         pred = self.predicted
         if pred is None or pred.activation_bytes is None:
             return None
         extra = pred.activations.recompute_bytes if pred.activations is not None else 0
         peak = getattr(pred, "peak", None)
         adapters = peak.points["forward end"].get("LoRA adapter activations", 0) if peak else 0
+        not_kept = peak.compile_not_kept_bytes if peak else 0
         return int(
             pred.activation_bytes
             - extra
             + adapters
+            - not_kept
             - (self.predicted_offloaded_activation_bytes or 0)
         )
 
