@@ -9,10 +9,20 @@ jobs draw it the same way). The backend, whichever engine (the plain loop, DeepS
 FSDP's copy of your module), then trains only the adapters.
 
 QLoRA (`qlora=True`): every linear layer but the output head is first replaced by
-bitsandbytes' `Linear4bit` (NF4, double quantisation, compute in the autocast dtype) and
-the adapters go on the targets among them. The original layers, with their weights in
-their own dtype, are kept aside in host memory. QLoRA trains in the plain loop only
-(`workbench.engines.engine_problems`).
+bitsandbytes' `Linear4bit` (NF4, double quantisation, blocksize 64) and the adapters go on
+the targets among them. The original layers, with their weights in their own dtype, are
+kept aside in host memory. It computes in the autocast dtype (amp-bf16, amp-fp16), in fp32
+under fp32, and in bf16 under pure bf16 ("bf16-true", as torchtune's and PEFT's QLoRA
+recipes run it: the weights are quantised from their bf16 values, so a layer dequantises
+straight to bf16, and the engine's copy holds norms, embedding, head and biases in bf16).
+bitsandbytes 0.50 trains it on a CPU too (its 4-bit quantise, dequantise and matmul have
+CPU kernels); which engines train it is their rows' word
+(`workbench.engines.EngineRow.qlora`).
+
+The adapters' dtype (`lora_dtype`): "auto", the trained weights' (bf16 under bf16-true,
+as torchtune keeps them), or "fp32" over a bf16 base, as peft's `get_peft_model` gives
+them (`autocast_adapter_dtype=True`): `adapters_in_dtype` casts them back after the
+engine's bf16 cast, and peft casts each adapter's input to its dtype.
 
 `merge()` gives your module back its own layers with the adapters' update added to the
 weights (`W += B A * alpha / rank`; under QLoRA into the kept original weight, not the
@@ -42,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names
+from workbench.config import LoraDtype, Precision, SettingProblem, TrainConfig, lora_target_names
 from workbench.export.job_common import LORA_HEADS
 from workbench.inputs import shown
 
@@ -54,7 +64,9 @@ HEAD_NAMES = LORA_HEADS
 ADAPTER = "default"
 
 #: The settings a LoRA rebuild reads.
-LORA_FIELDS = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora"})
+LORA_FIELDS = frozenset(
+    {"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora", "lora_dtype"}
+)
 
 
 def linear_4bit() -> type:
@@ -152,6 +164,33 @@ def four_bit_weight_count(model: nn.Module) -> int:
     return total
 
 
+def four_bit_weight_bytes(model: nn.Module, config: TrainConfig) -> int:
+    """The bytes QLoRA's 4-bit base takes as bitsandbytes holds it: each quantised layer's
+    weight by `workbench.estimate.lora.nf4_weight_bytes` (packed codes, absmax, the
+    second level, the code tables), counted from the shapes."""
+    from workbench.estimate.lora import nf4_weight_bytes
+
+    heads = _head_names(model)
+    total = 0
+    for name in _linear_names(model):
+        if name not in heads:
+            base = _base_linear(model.get_submodule(name))
+            total += nf4_weight_bytes(int(base.in_features) * int(base.out_features))
+    return total
+
+
+def adapters_in_dtype(model: nn.Module, config: TrainConfig) -> None:
+    """The adapters of `model` in fp32 (peft puts them in a 4-bit layer's compute dtype;
+    an engine's pure-bf16 copy casts them to bf16), unless `lora_dtype` is "auto" under
+    bf16-true, where they stay in the trained weights' bf16."""
+    pure = Precision(config.precision) is Precision.BF16_TRUE
+    if pure and LoraDtype(config.lora_dtype) is LoraDtype.AUTO:
+        return
+    for name, p in model.named_parameters():
+        if is_adapter_parameter(name) and p.dtype != torch.float32:
+            p.data = p.data.float()
+
+
 def is_adapter_parameter(name: str) -> bool:
     """True for a LoRA adapter's parameter name (`...lora_A.default.weight`)."""
     return ".lora_A." in name or ".lora_B." in name
@@ -159,7 +198,7 @@ def is_adapter_parameter(name: str) -> bool:
 
 def _compute_dtype(config: TrainConfig) -> torch.dtype:
     precision = Precision(config.precision)
-    if precision is Precision.AMP_BF16:
+    if precision in (Precision.AMP_BF16, Precision.BF16_TRUE):
         return torch.bfloat16
     if precision is Precision.AMP_FP16:
         return torch.float16
@@ -196,6 +235,7 @@ class LoraAdapters:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(config.seed))
             inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+        adapters_in_dtype(model, config)
         model.to(device)
 
     @classmethod
@@ -224,6 +264,9 @@ class LoraAdapters:
                 device="cpu",
             )
             four.load_state_dict(layer.state_dict())
+            if dtype is torch.bfloat16 and Precision(config.precision) is Precision.BF16_TRUE:
+                # quantised from the bf16 values: it dequantises straight to bf16
+                four.weight.data = four.weight.data.to(dtype)
             four.weight.requires_grad_(False)
             if four.bias is not None:
                 four.bias.requires_grad_(False)
