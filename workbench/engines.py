@@ -66,9 +66,10 @@ def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
 
 #: Which engines train QLoRA (each row's `qlora` says why one does not).
 QLORA_ENGINES = (
-    "a Session trains QLoRA's 4-bit base in the plain loop (bitsandbytes' Linear4bit) "
-    "under a torch precision (fp32, amp-bf16, amp-fp16, bf16-true); LoRA on a base in its "
-    "own dtype trains on every data-parallel engine"
+    "a Session trains QLoRA's 4-bit base in the plain loop (bitsandbytes' Linear4bit) and "
+    "under FSDP2 on 2+ ranks (torchao's NF4 tensor, which FSDP2 shards and gathers, as "
+    "torchtune does), under a torch precision (fp32, amp-bf16, amp-fp16, bf16-true); LoRA "
+    "on a base in its own dtype trains on every data-parallel engine"
 )
 
 #: Why an engine does not train QLoRA (its row's `qlora`).
@@ -81,8 +82,10 @@ QLORA_NOT_TENSOR_PARALLEL = (
     "the tensor-parallel plan splits each linear layer's weight along a dimension, which a "
     "4-bit layer's packed codes and block scales are not split along"
 )
-QLORA_NOT_FSDP = (
-    "FSDP2 shards bitsandbytes' Params4bit as a plain tensor, losing its quantisation state"
+QLORA_FSDP_ONE_RANK = (
+    "torch's FSDP2 on a one-rank mesh copies a parameter's first all-gather input only, "
+    "skipping the NF4 tensor's own gather hooks: launch 2+ ranks, or train QLoRA in the "
+    "plain loop (`fsdp`='off')"
 )
 QLORA_NOT_PIPELINE = "LoRA's adapters are not put on the pipeline stages' copies"
 
@@ -278,6 +281,8 @@ class EngineRow:
     fsdp_inside: bool = False
     #: QLoRA: None when it trains a 4-bit base, else why it does not
     qlora: str | None = None
+    #: QLoRA: the fewest ranks it trains a 4-bit base on, and why fewer do not
+    qlora_min_ranks: tuple[int, str] = (1, "")
 
     def accounting_of(self, config: TrainConfig) -> str:
         """The accounting of this engine's layout for `config` (FSDP2's when it shards
@@ -314,7 +319,7 @@ ENGINES: dict[Engine, EngineRow] = {
         export_strategy="fsdp",
         fsdp_export_refusal=None,
         check=_data_parallel_problems(Engine.FSDP),
-        qlora=QLORA_NOT_FSDP,
+        qlora_min_ranks=(2, QLORA_FSDP_ONE_RANK),
     ),
     Engine.TENSOR_PARALLEL: EngineRow(
         Engine.TENSOR_PARALLEL,
@@ -363,6 +368,9 @@ def qlora_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProb
         return []
     engine = engine_for(config, world_size)
     why = ENGINES[engine].qlora
+    fewest, few_why = ENGINES[engine].qlora_min_ranks
+    if why is None and world_size < fewest:
+        why = few_why
     if why is None:
         return []
     return [
@@ -403,7 +411,7 @@ __all__ = [
     "PP_NOT_DEEPSPEED",
     "QLORA_ENGINES",
     "QLORA_NOT_DEEPSPEED",
-    "QLORA_NOT_FSDP",
+    "QLORA_FSDP_ONE_RANK",
     "QLORA_NOT_PIPELINE",
     "QLORA_NOT_TENSOR_PARALLEL",
     "TP_NOT_DEEPSPEED",

@@ -243,7 +243,11 @@ def test_estimator_counts_llama_2_7b_adapters_as_peft_does() -> None:
     q = estimate_memory(model="llama-2-7b", lora_rank=16, qlora=True, precision="amp-bf16")
     linear = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
     rest = full.n_params - linear
-    assert q.params_bytes == int(4 * rest + (0.5 + 1 / 64 + 4 / 16384) * linear) + 4 * 39_976_960
+    # each of the 224 4-bit layers also holds its offset and code tables (1,092 bytes)
+    constants = 32 * 7 * (4 + 16 * 4 + 256 * 4)
+    assert q.params_bytes == (
+        int(4 * rest + (0.5 + 1 / 64 + 4 / 16384) * linear) + constants + 4 * 39_976_960
+    )
     # ZeRO-3 over 8 GPUs: the base and the adapters' weights, gradients and states all
     # split, each part ceil(x / 8)
     z3 = estimate_memory(model="llama-2-7b", lora_rank=16, zero_stage=3, gpus=8)

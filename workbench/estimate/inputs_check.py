@@ -746,7 +746,15 @@ def _lora(
         quantized,
         quantized_bytes,
         dtype.strip().lower(),
+        # FSDP2 trains torchao's NF4 tensor, in the weights' dtype (bf16 under bf16-true)
+        "torchao" if _fsdp_on(given["fsdp"]) else "bitsandbytes",
+        2 if prec is Precision.BF16_TRUE else 4,
     )
+
+
+def _fsdp_on(value: Any) -> bool:
+    """Whether an `fsdp` input names an FSDP mode (its own check reports a bad one)."""
+    return isinstance(value, str) and value.strip().lower() not in ("off", "")
 
 
 def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None:

@@ -28,6 +28,14 @@ weights), bf16 under pure bf16 ("bf16-true", as torchtune's and PEFT's QLoRA rec
 it). Each 4-bit layer is dequantised for its matmul (forward, and backward for the input
 gradient): one layer's weight in the compute dtype, a transient.
 
+Under FSDP2 the 4-bit base is torchao's `NF4Tensor` (torchtune's `FrozenNF4Linear`, which
+FSDP2 shards and gathers through the tensor's own hooks): packed codes ceil(n / 2), int8
+block scales n / 64, one second-level factor per 256 blocks, a scale mean and a 16-entry
+code, the last three in the weight's dtype (2 bytes under bf16-true, else 4). A rank holds
+1/N of each weight (`frozen_base_bytes`: ceil of the whole over N); the scale mean and the
+code stay whole on every rank, 17 x 2 bytes a layer in bf16 that the share leaves out
+(34 bytes x (N - 1) / N a layer: 19 KB on a 70B's 560 linear layers).
+
 The adapters' dtype (`lora_dtype`): "auto" keeps them in the trained weights' dtype (bf16
 under bf16-true, as torchtune does; fp32 otherwise); "fp32" keeps them in fp32 over a bf16
 base, as peft's `get_peft_model` does by default (`autocast_adapter_dtype=True`), so their
@@ -74,13 +82,26 @@ LORA_TARGETS = ("all-linear", "attention")
 LORA_DTYPES = tuple(d.value for d in LoraDtype)
 
 
-def nf4_weight_bytes(elements: int) -> int:
-    """Bytes bitsandbytes holds for one weight of `elements` in NF4 with double
-    quantisation (blocksize 64, uint8 storage): see the module docstring's table."""
+#: The 4-bit libraries whose layouts `nf4_weight_bytes` counts.
+FOUR_BIT_LIBRARIES = ("bitsandbytes", "torchao")
+
+
+def nf4_weight_bytes(elements: int, library: str = "bitsandbytes", scale_bytes: int = 4) -> int:
+    """Bytes one weight of `elements` takes in NF4 with double quantisation (blocks of 64,
+    absmaxes in blocks of 256). "bitsandbytes" (`Params4bit`, uint8 storage): see the
+    module docstring's table. "torchao" (`NF4Tensor`, torchtune's and FSDP2's): packed
+    codes ceil(n / 2), int8 block scales n / 64, a second-level factor per 256 blocks and
+    a scale mean and the 16-entry NF4 code in the weight's dtype (`scale_bytes` each: 2
+    under bf16-true, 4 in fp32)."""
     blocks = -(-elements // NF4_BLOCK)
-    return (
-        -(-elements // 2) + blocks + 4 * -(-blocks // NF4_ABSMAX_BLOCK) + NF4_LAYER_CONSTANT_BYTES
-    )
+    packed = -(-elements // 2) + blocks
+    if library == "torchao":
+        factors = -(-blocks // NF4_ABSMAX_BLOCK)
+        # torchao 0.18 keeps a lone factor as a view of its 256-wide block (`[:, 0]` of one
+        # row is contiguous already, so `.contiguous()` copies nothing): 256 held
+        held = NF4_ABSMAX_BLOCK if factors == 1 else factors
+        return packed + scale_bytes * (held + 1 + 16)
+    return packed + 4 * -(-blocks // NF4_ABSMAX_BLOCK) + NF4_LAYER_CONSTANT_BYTES
 
 
 @dataclass(frozen=True)
@@ -130,12 +151,15 @@ def lora_facts(
     quantized_params: int | None = None,
     quantized_bytes: int | None = None,
     dtype: str = "auto",
+    library: str = "bitsandbytes",
+    scale_bytes: int = 4,
 ) -> LoraFacts:
     """The facts of a LoRA setup on `arch` (None: a shape-less model, where `params`
     must be given, and `quantized_params` under QLoRA). The 4-bit base's bytes:
     `quantized_bytes` when given (a Session counts its layers), else each of the shape's
     linear layers by `nf4_weight_bytes`; with a count alone (`quantized_params`, no shape
-    or another count than the shape's) `NF4_BYTES_PER_PARAM` per weight."""
+    or another count than the shape's) `NF4_BYTES_PER_PARAM` per weight. `library` and
+    `scale_bytes`: the 4-bit layout (`nf4_weight_bytes`; torchao's under FSDP2)."""
     shapes = target_shapes(arch, targets) if arch is not None else ()
     linears = block_linears(arch) if arch is not None else {}
     layers = arch.layers if arch is not None else 0
@@ -145,7 +169,9 @@ def lora_facts(
     held = quantized_params if quantized_params is not None else quantized
     if quantized_bytes is None:
         if held == quantized:
-            quantized_bytes = layers * sum(nf4_weight_bytes(a * b) for a, b in linears.values())
+            quantized_bytes = layers * sum(
+                nf4_weight_bytes(a * b, library, scale_bytes) for a, b in linears.values()
+            )
         else:
             quantized_bytes = -(-held * int(NF4_BYTES_PER_PARAM * 2**16) // 2**16)
     return LoraFacts(

@@ -52,13 +52,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import LoraDtype, Precision, SettingProblem, TrainConfig, lora_target_names
+from workbench.config import (
+    FsdpMode,
+    LoraDtype,
+    Precision,
+    SettingProblem,
+    TrainConfig,
+    lora_target_names,
+)
+from workbench.estimate.lora import NF4_ABSMAX_BLOCK, NF4_BLOCK
 from workbench.export.job_common import LORA_HEADS
 from workbench.inputs import shown
 
 #: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head):
 #: the exported jobs' set, one object (`workbench.export.job_common.LORA_HEADS`).
 HEAD_NAMES = LORA_HEADS
+
+#: torchao's NF4 tensor (torchtune's 4-bit base, which FSDP2 shards).
+NF4_MODULE = "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"
 
 #: peft's adapter name for the Session's one adapter.
 ADAPTER = "default"
@@ -85,6 +96,41 @@ def _is_lora_layer(module: nn.Module) -> bool:
 def _base_linear(module: nn.Module) -> nn.Module:
     """A linear layer as its base: a peft LoRA layer's wrapped layer, or itself."""
     return module.get_base_layer() if _is_lora_layer(module) else module  # type: ignore[operator]
+
+
+class NF4Linear(nn.Linear):
+    """A frozen linear layer whose weight is torchao's `NF4Tensor` (4-bit NF4, blocks of
+    64 with double quantisation in blocks of 256), as torchtune's `FrozenNF4Linear`: the
+    4-bit base FSDP2 shards and gathers (the tensor implements FSDP2's
+    `fsdp_pre_all_gather` / `fsdp_post_all_gather`). `linear_nf4` dequantises the weight
+    to the input's dtype for the matmul, in forward and again in backward (only the 4-bit
+    weight is saved)."""
+
+    def __init__(self, layer: nn.Linear, dtype: torch.dtype) -> None:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        weight = layer.weight.detach().to("cpu", dtype).contiguous()
+        self.weight = nn.Parameter(to_nf4(weight, NF4_BLOCK, NF4_ABSMAX_BLOCK), requires_grad=False)
+        bias = layer.bias
+        self.bias = (
+            None
+            if bias is None
+            else nn.Parameter(bias.detach().to("cpu", dtype).clone(), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
+
+        out = linear_nf4(x, self.weight)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+def four_bit_library(config: TrainConfig) -> str:
+    """The library QLoRA's 4-bit base comes from: torchao's NF4 tensor under FSDP2 (the
+    `fsdp` setting on), bitsandbytes' Linear4bit in the plain loop."""
+    return "torchao" if FsdpMode(config.fsdp) is not FsdpMode.OFF else "bitsandbytes"
 
 
 def _linear_names(model: nn.Module) -> list[str]:
@@ -165,18 +211,46 @@ def four_bit_weight_count(model: nn.Module) -> int:
 
 
 def four_bit_weight_bytes(model: nn.Module, config: TrainConfig) -> int:
-    """The bytes QLoRA's 4-bit base takes as bitsandbytes holds it: each quantised layer's
-    weight by `workbench.estimate.lora.nf4_weight_bytes` (packed codes, absmax, the
-    second level, the code tables), counted from the shapes."""
+    """The bytes QLoRA's 4-bit base of `config` takes on `model`, whole: each quantised
+    layer's weight by `workbench.estimate.lora.nf4_weight_bytes` in the layout of its
+    library (`four_bit_library`: packed codes, scales, second level, code tables),
+    counted from the shapes."""
     from workbench.estimate.lora import nf4_weight_bytes
 
+    library = four_bit_library(config)
+    scale = 2 if Precision(config.precision) is Precision.BF16_TRUE else 4
     heads = _head_names(model)
     total = 0
     for name in _linear_names(model):
         if name not in heads:
             base = _base_linear(model.get_submodule(name))
-            total += nf4_weight_bytes(int(base.in_features) * int(base.out_features))
+            n = int(base.in_features) * int(base.out_features)
+            total += nf4_weight_bytes(n, library, scale)
     return total
+
+
+def nf4_shard_problem(model: nn.Module, world_size: int) -> str | None:
+    """What stops FSDP2 from sharding `model`'s torchao NF4 weights over `world_size`
+    ranks (None when nothing does): torchao splits each of a weight's inner tensors
+    evenly, so every 4-bit layer's weight count must be a multiple of 64 x 256 x ranks
+    (its second-level scales, one per 16,384 weights, split over the ranks)."""
+    whole = NF4_BLOCK * NF4_ABSMAX_BLOCK * world_size
+    for name, module in model.named_modules():
+        if isinstance(module, NF4Linear):
+            n = module.in_features * module.out_features
+            if n % whole or module.out_features % world_size:
+                return (
+                    f"FSDP2 shards torchao's NF4 weights evenly: layer {name} holds {n:,} "
+                    f"weights ({module.out_features} x {module.in_features}), not a multiple "
+                    f"of 64 x 256 x {world_size} ranks = {whole:,} over {world_size} ranks"
+                )
+    return None
+
+
+def lora_rebuild(changed: set[str], config: TrainConfig) -> bool:
+    """Whether a change of `changed` settings to `config` puts the adapters on afresh: a
+    LoRA setting, or `fsdp` under QLoRA (the 4-bit base's library follows the engine)."""
+    return bool(changed & LORA_FIELDS) or (bool(config.qlora) and "fsdp" in changed)
 
 
 def adapters_in_dtype(model: nn.Module, config: TrainConfig) -> None:
@@ -246,11 +320,24 @@ class LoraAdapters:
         return cls(model, config, device) if int(config.lora_rank) > 0 else None
 
     def _quantize(self, config: TrainConfig, device: torch.device) -> None:
-        """Every linear layer but the head as bitsandbytes' 4-bit NF4 layer; the originals
-        kept in host memory."""
-        Linear4bit = linear_4bit()
+        """Every linear layer but the head as a 4-bit NF4 layer (`four_bit_library`); the
+        originals kept in host memory."""
         heads = _head_names(self.model)
         dtype = _compute_dtype(config)
+        if four_bit_library(config) == "torchao":
+            # quantised from the weights in the dtype the engine's copy holds (bf16 under
+            # bf16-true: its cast leaves a bf16 NF4 tensor as it is)
+            pure = Precision(config.precision) is Precision.BF16_TRUE
+            for name in _linear_names(self.model):
+                layer = self.model.get_submodule(name)
+                if name in heads or not isinstance(layer, nn.Linear):
+                    continue
+                own = layer.weight.dtype
+                four_nf4 = NF4Linear(layer, torch.bfloat16 if pure else own).to(device)
+                self.originals[name] = layer.to("cpu")
+                _set(self.model, name, four_nf4)
+            return
+        Linear4bit = linear_4bit()
         for name in _linear_names(self.model):
             layer = self.model.get_submodule(name)
             if name in heads or not isinstance(layer, nn.Linear):
@@ -402,7 +489,13 @@ def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None
     except ImportError as exc:
         why = f"LoRA trains through peft: pip install peft ({exc})"
         return SettingProblem("lora_rank", int(config.lora_rank), why)
-    if config.qlora:
+    if config.qlora and four_bit_library(config) == "torchao":
+        try:
+            importlib.import_module(NF4_MODULE)
+        except ImportError as exc:
+            why = f"under FSDP the 4-bit base is torchao's NF4 tensor: pip install torchao ({exc})"
+            return SettingProblem("qlora", True, why)
+    elif config.qlora:
         try:
             linear_4bit()
         except ImportError as exc:
