@@ -133,3 +133,16 @@ def test_one_rank_is_refused_with_the_reason() -> None:
     assert len(found) == 1 and found[0].message.endswith(QLORA_FSDP_ONE_RANK)
     assert "fsdp (1 rank)" in found[0].message
     assert [p for p in engine_problems(_config(), 2) if p.field == "qlora"] == []
+
+
+def test_an_nf4_weight_that_does_not_split_evenly_is_named() -> None:
+    from torch import nn
+
+    from workbench.train.techniques.lora import NF4Linear, nf4_shard_problem
+
+    model = nn.Sequential(NF4Linear(nn.Linear(256, 256), torch.bfloat16))
+    assert nf4_shard_problem(model, 2) is None  # 65,536 = 2 x 64 x 256 x 2
+    model.append(NF4Linear(nn.Linear(128, 128), torch.bfloat16))
+    problem = nf4_shard_problem(model, 2)
+    assert problem is not None
+    assert "layer 1 holds 16,384 weights (128 x 128)" in problem and "32,768" in problem

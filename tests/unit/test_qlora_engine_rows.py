@@ -56,3 +56,16 @@ def test_fp32_adapters_under_deepspeeds_16_bit_mode_are_refused_by_name() -> Non
     with pytest.raises(ConfigError, match=r"lora_dtype='fp32': .*DeepSpeed's 16-bit mode"):
         TrainConfig(lora_rank=8, lora_dtype="fp32", precision="fp16")
     assert TrainConfig(lora_rank=8, lora_dtype="fp32", precision="bf16-true").lora_dtype == "fp32"
+
+
+def test_the_estimators_lora_dtype_and_qlora_bytes_are_checked_by_name() -> None:
+    from workbench.estimate import estimate_memory
+    from workbench.estimate.problems import EstimateInputError
+
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(model="gpt2", lora_rank=4, lora_dtype="half", qlora_bytes=10)
+    fields = {p.field: p.message for p in info.value.problems}
+    assert fields["lora_dtype"] == "must be one of auto, fp32"
+    assert "needs qlora=True" in fields["qlora_bytes"]
+    with pytest.raises(EstimateInputError, match="lora_dtype='fp32': .*DeepSpeed's 16-bit"):
+        estimate_memory(model="gpt2", lora_rank=4, lora_dtype="fp32", precision="bf16")

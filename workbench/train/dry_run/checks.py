@@ -139,9 +139,10 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
             SettingProblem(
                 "qlora",
                 True,
-                "QLoRA's 4-bit base is quantised by bitsandbytes' kernels, which fake tensors "
-                "cannot run (LoRA on the base in its own dtype is simulated); the formula "
-                "counts it (workbench.predict_memory), and a Session measures it",
+                "QLoRA's 4-bit base (bitsandbytes' Linear4bit in the plain loop, torchao's "
+                "NF4 tensor under FSDP) is not simulated on fake tensors (LoRA on the base "
+                "in its own dtype is); the formula counts it layer by layer "
+                "(workbench.predict_memory), and a Session measures it",
             )
         )
     for name in ("tp", "pp"):
