@@ -408,8 +408,9 @@ class TrainConfig:
         False,
         kind="bool",
         label="QLoRA",
-        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit; the plain loop); the "
-        "original weights stay in host memory and get the merged adapters back",
+        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit in the plain loop, "
+        "torchao's NF4 tensor under FSDP on 2+ ranks); the original weights stay in host "
+        "memory and get the merged adapters back",
         flag="--qlora",
         rebuilds=("backend",),
         moves_memory=True,

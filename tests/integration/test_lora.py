@@ -445,11 +445,18 @@ def test_a_lora_sessions_dry_run_of_your_module_is_its_measured_states() -> None
 
 
 def test_the_dry_run_refuses_qlora_by_name_and_the_formula_still_answers() -> None:
+    """QLoRA under FSDP is refused by name (the plain loop's is simulated:
+    tests/integration/test_qlora_bf16.py)."""
     from workbench.train.dry_run import simulate_memory
     from workbench.train.dry_run.problems import DryRunError
 
     with pytest.raises(DryRunError) as info:
-        simulate_memory("tiny-gpt", TrainConfig(lora_rank=8, qlora=True), progress=False)
+        simulate_memory(
+            "tiny-gpt",
+            TrainConfig(lora_rank=8, qlora=True, fsdp="full_shard"),
+            world_size=2,
+            progress=False,
+        )
     assert [p.field for p in info.value.problems] == ["qlora"]
     assert "the formula counts it" in str(info.value)
     with pytest.raises(DryRunError) as info:

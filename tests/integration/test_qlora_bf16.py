@@ -110,3 +110,41 @@ def test_the_estimator_keeps_a_bf16_base_under_bf16_true() -> None:
     assert pure.params_bytes == 2 * unquantized + base + 2 * adapters
     fp32 = estimate_memory(precision="bf16-true", lora_dtype="fp32", **common)  # type: ignore[arg-type]
     assert fp32.params_bytes == 2 * unquantized + base + 4 * adapters
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "fp32"])
+def test_the_dry_run_holds_the_4bit_base_as_a_session_does(precision: str) -> None:
+    """On fake tensors the 4-bit base is bitsandbytes' layout to the byte (the packed codes
+    and the quantisation state as frozen uint8 parameters), the rest in the precision's
+    dtype: the model states at rest are the formula's and the Session's (Adam's step
+    counters aside)."""
+    from workbench.train.dry_run import simulate_memory
+
+    config = TrainConfig(
+        micro_batch=4, seed=0, lora_rank=8, qlora=True, lr=1e-2, precision=precision
+    )
+    dry = simulate_memory("tiny-gpt", config, model_options=SMALL, progress=False)
+    formula = dry.formula
+    assert formula is not None and formula.qlora_params > 0
+    assert dry.params_bytes == formula.params_bytes
+    assert dry.grads_bytes == formula.grads_bytes
+    assert dry.optimizer_bytes - dry.optimizer_step_counter_bytes == formula.optimizer_bytes
+    _, report, _, _ = _run(precision=precision)
+    assert dry.params_bytes == report.params_bytes  # type: ignore[attr-defined]
+
+
+def test_a_module_holding_4bit_layers_is_refused_by_the_dry_run_by_name() -> None:
+    from workbench.train.dry_run import simulate_memory
+    from workbench.train.dry_run.problems import DryRunError
+    from workbench.train.techniques.lora import LoraAdapters
+
+    model, _, _, _ = build_model("tiny-gpt", **SMALL)  # type: ignore[arg-type]
+    config = TrainConfig(micro_batch=4, lora_rank=8, qlora=True, precision="bf16-true")
+    adapters = LoraAdapters(model, config, torch.device("cpu"))
+    try:
+        with pytest.raises(DryRunError) as info:
+            simulate_memory(model, config, progress=False)
+        assert [p.field for p in info.value.problems] == ["qlora"]
+        assert "simulate the base model" in str(info.value)
+    finally:
+        adapters.merge()

@@ -479,6 +479,86 @@ def fake_adapters(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
     return count
 
 
+class _Dequantized4bit(torch.autograd.Function):
+    """bitsandbytes' `MatMul4Bit` as the dry run sees it: the weight dequantised to its
+    quantisation dtype, then to the input's (a transient each way), for the forward and
+    again for the input's gradient; only the packed weight is saved for backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, shape: Any, dtype: Any) -> Any:
+        ctx.shape, ctx.dtype = shape, dtype
+        ctx.save_for_backward(packed)
+        return nn.functional.linear(x, packed.new_empty(shape, dtype=dtype).to(x.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (packed,) = ctx.saved_tensors
+        weight = packed.new_empty(ctx.shape, dtype=ctx.dtype).to(grad.dtype)
+        return grad @ weight, None, None, None
+
+
+class FakeLinear4bit(nn.Linear):
+    """A dry run's stand-in for bitsandbytes' `Linear4bit` on fake tensors (its kernels
+    do not run there): the packed codes as the layer's uint8 `weight` and the quantisation
+    state (absmax, second level, offset, code tables) as one uint8 parameter of its bytes
+    (`nf4_weight_bytes`), both frozen and never cast; the matmul dequantises as
+    `_Dequantized4bit` does."""
+
+    def __init__(self, layer: nn.Linear, dtype: torch.dtype) -> None:
+        from workbench.estimate.lora import nf4_weight_bytes
+
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        n = layer.in_features * layer.out_features
+        device = layer.weight.device
+        packed = torch.empty(((n + 1) // 2, 1), dtype=torch.uint8, device=device)
+        state = torch.empty(nf4_weight_bytes(n) - (n + 1) // 2, dtype=torch.uint8, device=device)
+        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.quant_state_bytes = nn.Parameter(state, requires_grad=False)
+        self.bias = None if layer.bias is None else nn.Parameter(layer.bias, requires_grad=False)
+        self.dequant_dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.out_features, self.in_features)
+        out = _Dequantized4bit.apply(x, self.weight, shape, self.dequant_dtype)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+#: Why a dry run does not copy a module that holds 4-bit layers already.
+FOUR_BIT_MODULE = (
+    "the module holds QLoRA's 4-bit layers already (a QLoRA Session's own module), whose "
+    "packed weights and quantisation state fake tensors cannot copy: simulate the base "
+    "model (a model name, or your module before QLoRA), on which the dry run puts its own "
+    "4-bit stand-in"
+)
+
+
+def holds_four_bit(model: nn.Module) -> bool:
+    """Whether `model` holds a 4-bit layer (bitsandbytes' or torchao's)."""
+    kinds: tuple[type, ...] = (NF4Linear,)
+    with contextlib.suppress(ImportError):
+        kinds = (NF4Linear, linear_4bit())
+    return any(isinstance(m, kinds) for m in model.modules())
+
+
+def fake_four_bit(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
+    """QLoRA's 4-bit base put on a dry run's fake copy of a model, as a Session's plain loop
+    holds it: every linear layer but the head a `FakeLinear4bit`, quantised from bf16
+    under bf16-true (else from the weights' dtype). Returns the layers replaced."""
+    pure = Precision(config.precision) is Precision.BF16_TRUE
+    heads = _head_names(model)
+    count = 0
+    for name in _linear_names(model):
+        layer = model.get_submodule(name)
+        if name in heads or type(layer) is not nn.Linear:
+            continue
+        with fake_mode:
+            four = FakeLinear4bit(layer, torch.bfloat16 if pure else layer.weight.dtype)
+        _set(model, name, four)
+        count += 1
+    return count
+
+
 def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
     """What stops LoRA of a valid `config` on `model` here (None when nothing does): peft
     or, for QLoRA, bitsandbytes not importable; targets that pick no linear layer."""
