@@ -22,6 +22,7 @@ from workbench import Session, TrainConfig
 from workbench.estimate import estimate_memory
 from workbench.estimate.lora import nf4_weight_bytes
 from workbench.models import build_model
+from workbench.train.techniques.lora import parameter_bytes_by_dtype
 
 SMALL = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32}
 
@@ -81,6 +82,10 @@ def test_qlora_trains_in_pure_bf16_and_its_states_are_the_prediction_to_the_byte
     assert dtypes["wte.weight"] == dtypes["ln_f.weight"] == torch.bfloat16  # not fp32
     assert dtypes["blocks.0.attn.qkv.base_layer.weight"] == torch.uint8  # the packed codes
     _states_match(report)
+    by_dtype = parameter_bytes_by_dtype(trained)  # what memory()'s note says
+    assert set(by_dtype) == {"uint8", "bfloat16", "float32"}  # fp32: the 4-bit code tables
+    assert sum(by_dtype.values()) == report.params_bytes  # type: ignore[attr-defined]
+    assert any(n.startswith("parameters by dtype: bfloat16") for n in report.notes)  # type: ignore[attr-defined]
     assert type(model.blocks[0].attn.qkv) is torch.nn.Linear  # your layers back, fp32
     assert model.blocks[0].attn.qkv.weight.dtype == torch.float32
 

@@ -46,6 +46,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from workbench.models import build_model
+    from workbench.train.techniques.lora import parameter_bytes_by_dtype
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -79,6 +80,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
                 if predicted is None
                 else [predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes],
                 "notes": list(report.notes),
+                "by_dtype": parameter_bytes_by_dtype(s.backend.trained_module),
             }
         finally:
             s.close()
@@ -124,6 +126,9 @@ def test_one_ranks_states_are_the_estimators_share(ranks: list[dict[str, Any]]) 
         params, grads, optimizer = result["measured"]
         assert [grads, optimizer] == result["predicted"][1:]
         assert params == result["predicted"][0] + REPLICATED
+        # the NF4 shards' codes (uint8), scales (int8), the rest bf16: memory()'s note
+        assert set(result["by_dtype"]) == {"bfloat16", "int8", "uint8"}
+        assert sum(result["by_dtype"].values()) == params
 
 
 def test_one_rank_is_refused_with_the_reason() -> None:

@@ -588,6 +588,43 @@ def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None
     return None
 
 
+def parameter_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
+    """The bytes of `module`'s parameters on this rank by dtype, every storage once: an
+    FSDP shard's local tensor, torchao's NF4 weight as its inner tensors (uint8 codes, int8
+    scales, its factors and code in the weight's dtype), bitsandbytes' 4-bit weight with
+    its quantisation state (uint8 absmax, fp32 second level, offset and code tables).
+    Under QLoRA it sums to the measured parameters (`Session.memory().params_bytes`)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    seen: dict[int, tuple[str, int]] = {}
+
+    def add(t: Any) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):
+            t = local
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            for name in names:
+                add(getattr(t, name))
+            return
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = (str(t.dtype).removeprefix("torch."), storage.nbytes())
+
+    for p in module.parameters():
+        add(p)
+        state = getattr(p, "quant_state", None)
+        while state is not None:
+            for part in ("absmax", "code", "offset"):
+                add(getattr(state, part, None))
+            state = getattr(state, "state2", None)
+    out: dict[str, int] = {}
+    for dtype, nbytes in seen.values():
+        out[dtype] = out.get(dtype, 0) + nbytes
+    return dict(sorted(out.items()))
+
+
 def lora_summary(adapters: LoraAdapters | None) -> dict[str, Any] | None:
     """The adapters in numbers: rank, targets, adapter and base parameters, the trainable
     fraction, 4-bit layers (None without LoRA)."""
