@@ -161,6 +161,16 @@ class Attention(StrEnum):
     SDPA = "sdpa"
 
 
+class LoraDtype(StrEnum):
+    """The dtype LoRA's adapters train in (`TrainConfig.lora_dtype`): "auto", the trained
+    weights' dtype (bf16 under pure bf16, as torchtune keeps them; fp32 otherwise), or
+    "fp32", fp32 adapters over a bf16 base, as peft's `get_peft_model` gives them by
+    default (`autocast_adapter_dtype=True`)."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+
+
 class Recompute(StrEnum):
     """Activation recomputation a Session trains with (`TrainConfig.activation_checkpointing`;
     True means "full", False "none"): none; selective (the attention core of each block, its
@@ -273,6 +283,7 @@ ENUM_FIELDS: dict[str, type[StrEnum]] = {
     "fsdp": FsdpMode,
     "device": Device,
     "attention": Attention,
+    "lora_dtype": LoraDtype,
     "activation_checkpointing": Recompute,
     "documents": Documents,
     "pp_schedule": PipelineSchedule,

@@ -39,6 +39,7 @@ from workbench.choices import (  # the choices, re-exported here
     Documents,
     Engine,
     FsdpMode,
+    LoraDtype,
     LRScaling,
     LRSchedule,
     OffloadDevice,
@@ -407,9 +408,21 @@ class TrainConfig:
         False,
         kind="bool",
         label="QLoRA",
-        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit; the plain loop); the "
-        "original weights stay in host memory and get the merged adapters back",
+        help="LoRA over a 4-bit NF4 base (bitsandbytes' Linear4bit in the plain loop, "
+        "torchao's NF4 tensor under FSDP on 2+ ranks); the original weights stay in host "
+        "memory and get the merged adapters back",
         flag="--qlora",
+        rebuilds=("backend",),
+        moves_memory=True,
+    )
+    lora_dtype: LoraDtype | str = setting(
+        LoraDtype.AUTO,
+        kind="choice",
+        label="LoRA dtype",
+        help="the adapters' dtype: auto (the trained weights': bf16 under bf16-true, as "
+        "torchtune keeps them) or fp32 (over a bf16 base, peft's get_peft_model default)",
+        flag="--lora-dtype",
+        metavar="DTYPE",
         rebuilds=("backend",),
         moves_memory=True,
     )
@@ -836,6 +849,7 @@ __all__ = [
     "FsdpMode",
     "LRScaling",
     "LRSchedule",
+    "LoraDtype",
     "OffloadDevice",
     "OptimizerName",
     "Precision",

@@ -64,13 +64,30 @@ def engine_for(config: TrainConfig, world_size: int = 1) -> Engine:
 # --- the refusals' texts --------------------------------------------------------------------
 
 
-#: Why QLoRA trains in the plain loop only.
+#: Which engines train QLoRA (each row's `qlora` says why one does not).
 QLORA_ENGINES = (
-    "a Session trains QLoRA's 4-bit base (bitsandbytes' Linear4bit) in the plain loop "
-    "(one process, zero_stage=0, no fsdp, a torch precision): DeepSpeed's and FSDP's copies "
-    "and shards of the weights do not carry its quantisation state; LoRA on a base in its "
-    "own dtype trains on every engine"
+    "a Session trains QLoRA's 4-bit base in the plain loop (bitsandbytes' Linear4bit) and "
+    "under FSDP2 on 2+ ranks (torchao's NF4 tensor, which FSDP2 shards and gathers, as "
+    "torchtune does), under a torch precision (fp32, amp-bf16, amp-fp16, bf16-true); LoRA "
+    "on a base in its own dtype trains on every data-parallel engine"
 )
+
+#: Why an engine does not train QLoRA (its row's `qlora`).
+QLORA_NOT_DEEPSPEED = (
+    "DeepSpeed's engine casts every weight to its 16-bit dtype and flattens them into its "
+    "partitions, where bitsandbytes' packed 4-bit codes and their quantisation state do not "
+    "survive"
+)
+QLORA_NOT_TENSOR_PARALLEL = (
+    "the tensor-parallel plan splits each linear layer's weight along a dimension, which a "
+    "4-bit layer's packed codes and block scales are not split along"
+)
+QLORA_FSDP_ONE_RANK = (
+    "torch's FSDP2 on a one-rank mesh copies a parameter's first all-gather input only, "
+    "skipping the NF4 tensor's own gather hooks: launch 2+ ranks, or train QLoRA in the "
+    "plain loop (`fsdp`='off')"
+)
+QLORA_NOT_PIPELINE = "LoRA's adapters are not put on the pipeline stages' copies"
 
 #: What the tensor-parallel and pipeline engines do not train, with why.
 TP_UNSUPPORTED: dict[str, str] = {
@@ -218,21 +235,13 @@ def _deepspeed_problems(config: TrainConfig, world_size: int) -> list[SettingPro
 
 def _data_parallel_problems(engine: Engine) -> Check:
     """The check of a data-parallel engine (plain, DeepSpeed, FSDP): the optimizer's row,
-    then what only the plain loop trains (QLoRA, the optimizer step in backward)."""
+    then what only the plain loop trains (the optimizer step in backward). QLoRA is each
+    row's own word (`qlora_problems`)."""
 
     def check(config: TrainConfig, world_size: int) -> list[SettingProblem]:
         p = _optimizer_problems(config, engine)
-        if p or engine is Engine.PLAIN:
+        if p or engine is Engine.PLAIN or config.qlora:
             return p
-        if config.qlora:
-            return [
-                SettingProblem(
-                    "qlora",
-                    True,
-                    f"{QLORA_ENGINES}; this setup trains through {engine.value} "
-                    f"({_ranks(world_size)})",
-                )
-            ]
         if config.optimizer_in_backward:
             return [
                 SettingProblem(
@@ -270,6 +279,10 @@ class EngineRow:
     #: whether it takes the `fsdp` setting as FSDP2 over its data-parallel ranks (the
     #: estimator then uses FSDP2's accounting)
     fsdp_inside: bool = False
+    #: QLoRA: None when it trains a 4-bit base, else why it does not
+    qlora: str | None = None
+    #: QLoRA: the fewest ranks it trains a 4-bit base on, and why fewer do not
+    qlora_min_ranks: tuple[int, str] = (1, "")
 
     def accounting_of(self, config: TrainConfig) -> str:
         """The accounting of this engine's layout for `config` (FSDP2's when it shards
@@ -297,6 +310,7 @@ ENGINES: dict[Engine, EngineRow] = {
         export_strategy="deepspeed",
         fsdp_export_refusal="zero_stage",
         check=_deepspeed_problems,
+        qlora=QLORA_NOT_DEEPSPEED,
     ),
     Engine.FSDP: EngineRow(
         Engine.FSDP,
@@ -305,6 +319,7 @@ ENGINES: dict[Engine, EngineRow] = {
         export_strategy="fsdp",
         fsdp_export_refusal=None,
         check=_data_parallel_problems(Engine.FSDP),
+        qlora_min_ranks=(2, QLORA_FSDP_ONE_RANK),
     ),
     Engine.TENSOR_PARALLEL: EngineRow(
         Engine.TENSOR_PARALLEL,
@@ -314,6 +329,7 @@ ENGINES: dict[Engine, EngineRow] = {
         fsdp_export_refusal="fsdp",  # with `fsdp` off: plain data parallel over the rest
         check=tp_problems,
         fsdp_inside=True,
+        qlora=QLORA_NOT_TENSOR_PARALLEL,
     ),
     Engine.PIPELINE: EngineRow(
         Engine.PIPELINE,
@@ -322,6 +338,7 @@ ENGINES: dict[Engine, EngineRow] = {
         export_strategy="pipeline",
         fsdp_export_refusal=None,  # `pp` is refused by the export checks
         check=pp_problems,
+        qlora=QLORA_NOT_PIPELINE,
     ),
 }
 
@@ -336,8 +353,45 @@ def engine_problems(config: TrainConfig, world_size: int = 1) -> list[SettingPro
     `config` (empty when it can): its row's check (pure bf16 or torch's amp-fp16 when
     several ranks without FSDP send it to DeepSpeed, the model-parallel engines' limits
     (`tp_problems`, `pp_problems`), an optimizer its row does not train, QLoRA and the
-    optimizer step in backward off the plain loop)."""
-    return engine_row(config, world_size).check(config, world_size)
+    optimizer step in backward off the plain loop), then QLoRA where its row does not
+    train it (`qlora_problems`)."""
+    return engine_row(config, world_size).check(config, world_size) + qlora_problems(
+        config, world_size
+    )
+
+
+def qlora_problems(config: TrainConfig, world_size: int = 1) -> list[SettingProblem]:
+    """QLoRA on an engine whose row does not train it, naming the engine and why (empty
+    without QLoRA or where it trains). A precision that sends the setup to DeepSpeed
+    (fp16, bf16) is DeepSpeed's refusal."""
+    if not config.qlora:
+        return []
+    engine = engine_for(config, world_size)
+    why = ENGINES[engine].qlora
+    fewest, few_why = ENGINES[engine].qlora_min_ranks
+    if why is None and world_size < fewest:
+        why = few_why
+    if why is None:
+        return []
+    return [
+        SettingProblem(
+            "qlora",
+            True,
+            f"{QLORA_ENGINES}; this setup trains through {engine.value} "
+            f"({_ranks(world_size)}{_deepspeed_cause(config, world_size, engine)}): {why}",
+        )
+    ]
+
+
+def _deepspeed_cause(config: TrainConfig, world_size: int, engine: Engine) -> str:
+    """What sends `config` to DeepSpeed, said after the ranks ("" for another engine)."""
+    if engine is not Engine.DEEPSPEED:
+        return ""
+    if Precision(config.precision).is_deepspeed:
+        return f", `precision`={Precision(config.precision).value} is DeepSpeed's 16-bit mode"
+    if int(config.zero_stage):
+        return f", `zero_stage`={int(config.zero_stage)}"
+    return ""
 
 
 def accounting_for(config: TrainConfig, world_size: int = 1) -> str:
@@ -356,6 +410,10 @@ __all__ = [
     "ENGINES",
     "PP_NOT_DEEPSPEED",
     "QLORA_ENGINES",
+    "QLORA_NOT_DEEPSPEED",
+    "QLORA_FSDP_ONE_RANK",
+    "QLORA_NOT_PIPELINE",
+    "QLORA_NOT_TENSOR_PARALLEL",
     "TP_NOT_DEEPSPEED",
     "TP_UNSUPPORTED",
     "EngineRow",
@@ -365,5 +423,6 @@ __all__ = [
     "engine_problems",
     "engine_row",
     "pp_problems",
+    "qlora_problems",
     "tp_problems",
 ]

@@ -34,7 +34,9 @@ def count_parameters(module: torch.nn.Module, *, trainable_only: bool = False) -
         if isinstance(full, int):  # ZeRO-3 partitioned: this rank holds a shard or nothing
             total += full
             continue
-        if hasattr(p, "_local_tensor"):  # an FSDP DTensor: numel() is the full size
+        if hasattr(p, "_local_tensor") or hasattr(p, "__tensor_flatten__"):
+            # an FSDP DTensor (numel() is the full size) or a tensor subclass over inner
+            # tensors (QLoRA's NF4 weight), which has no storage of its own to key on
             total += p.numel()
             continue
         if p.device.type != "meta" and p.numel() > 0:

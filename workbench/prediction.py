@@ -77,13 +77,15 @@ def predict_memory(
     lora_params: int | None = None,
     qlora_params: int | None = None,
     device: str | None = None,
+    qlora_bytes: int | None = None,
 ) -> MemoryEstimate:
     """The estimator's per-rank figure for training `model` with `config` on `world_size`
     ranks (see the module docstring). `accounting`: "paper" or "deepspeed" (default: the
     engine's, `accounting_for`). `gpu`: a catalog GPU name for the fits answer.
     `lora_params`: the exact LoRA adapter count of the module (`lora_rank` > 0; else the
     estimator counts them from the shape, every linear layer of a block a target), and
-    `qlora_params` the weights QLoRA holds in 4 bits. `device`: the device type it trains on
+    `qlora_params` the weights QLoRA holds in 4 bits, `qlora_bytes` their bytes as
+    bitsandbytes holds them (`four_bit_weight_bytes`). `device`: the device type it trains on
     ("cuda", "cpu"; None: a GPU's), for the attention kernel torch picks there. Raises
     ValueError (the estimator's, naming every bad input) when it cannot predict."""
     if not isinstance(config, TrainConfig):
@@ -99,6 +101,7 @@ def predict_memory(
         model=model,
         lora_params=lora_params,
         qlora_params=qlora_params,
+        qlora_bytes=qlora_bytes,
         device=device,
     )
     if accounting:
@@ -139,7 +142,9 @@ _SAME: dict[str, tuple[str, Any]] = {
 }
 
 #: The TrainConfig fields `estimator_inputs` reads (each `Setting.moves_memory`).
-ESTIMATOR_FIELDS = frozenset({*_SAME, "attention", "lora_rank", "lora_dropout", "qlora"})
+ESTIMATOR_FIELDS = frozenset(
+    {*_SAME, "attention", "lora_rank", "lora_dropout", "qlora", "lora_dtype"}
+)
 
 
 def estimator_inputs(
@@ -150,6 +155,7 @@ def estimator_inputs(
     lora_params: int | None = None,
     qlora_params: int | None = None,
     device: str | None = None,
+    qlora_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The `estimate_memory` keywords of training `model` with `config` on `world_size`
     ranks: the one mapping TrainConfig -> estimator inputs, used by the prediction
@@ -170,7 +176,7 @@ def estimator_inputs(
     for name, (keyword, read) in _SAME.items():
         if name in values:
             out[keyword] = read(values[name])
-    out.update(lora_inputs(values, lora_params, qlora_params))
+    out.update(lora_inputs(values, lora_params, qlora_params, qlora_bytes))
     if isinstance(config, TrainConfig):
         out["accounting"] = accounting_for(config, world_size)
     shape = shape_of(model)
@@ -196,12 +202,15 @@ def sdpa_kernel(kernel: str | None, device: str | None, dropout: bool) -> str | 
 
 
 def lora_inputs(
-    config: TrainConfig | Mapping[str, Any], params: int | None, quantized: int | None
+    config: TrainConfig | Mapping[str, Any],
+    params: int | None,
+    quantized: int | None,
+    quantized_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The estimator's LoRA inputs of `config` (a TrainConfig or a mapping of its settings;
     none when `lora_rank` is 0). The Session's targets are module names; the shape's
     figures count every linear layer of a block (`lora_params`, when given, is the exact
-    adapter count)."""
+    adapter count; `qlora_params` and `qlora_bytes` the 4-bit base's weights and bytes)."""
     get = (lambda n, d: getattr(config, n)) if isinstance(config, TrainConfig) else config.get
     rank = int(get("lora_rank", 0))
     if rank == 0:
@@ -214,4 +223,8 @@ def lora_inputs(
         out["qlora"] = bool(qlora)
         if qlora:
             out["qlora_params"] = quantized
+            out["qlora_bytes"] = quantized_bytes
+    dtype = get("lora_dtype", None)
+    if dtype is not None:
+        out["lora_dtype"] = _text(dtype)
     return out

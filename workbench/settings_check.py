@@ -22,6 +22,7 @@ from workbench.choices import (
     SESSION_OPTIMIZERS,
     TP_NOT_DEEPSPEED,
     FsdpMode,
+    LoraDtype,
     OffloadDevice,
     OptimizerName,
     Precision,
@@ -110,16 +111,20 @@ def combination_problems(config: Any, ok: Callable[..., bool]) -> list[SettingPr
             "pipeline stages train with plain data parallel over the other ranks, not "
             "FSDP: use `fsdp`='off' with `pp` > 1",
         )
-    if ok("qlora", "lora_rank") and config.qlora is True:
-        if config.lora_rank == 0:
-            add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
-        if ok("precision") and Precision(config.precision) is Precision.BF16_TRUE:
-            add(
-                "qlora",
-                True,
-                "keeps its 4-bit base and computes in the autocast dtype: use fp32 or "
-                "amp-bf16 (`precision`=bf16-true)",
-            )
+    if ok("qlora", "lora_rank") and config.qlora is True and config.lora_rank == 0:
+        add("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
+    if (
+        ok("lora_dtype", "precision")
+        and LoraDtype(config.lora_dtype) is LoraDtype.FP32
+        and Precision(config.precision).is_deepspeed
+    ):
+        add(
+            "lora_dtype",
+            "fp32",
+            f"fp32 adapters over a bf16 base: `precision`={Precision(config.precision).value} "
+            "is DeepSpeed's 16-bit mode, whose engine casts every weight, the adapters' too, "
+            "to its dtype; use 'auto'",
+        )
     if (
         ok("optimizer", "zero_stage")
         and OptimizerName(config.optimizer).is_onebit

@@ -31,11 +31,12 @@ from workbench.estimate.result import MemoryEstimate
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
 
 
-def _states_of(i: EstimateInputs, n_params: int) -> ModelStates:
-    """The accounting's model states of `n_params` trained parameters under `i`'s setup."""
+def _states_of(i: EstimateInputs, n_params: int, precision: Precision | None = None) -> ModelStates:
+    """The accounting's model states of `n_params` trained parameters under `i`'s setup
+    (under `precision` when given: fp32 adapters over a bf16 base)."""
     query = ModelStateQuery(
         n_params,
-        i.precision,
+        precision or i.precision,
         i.optimizer,
         i.zero_stage,
         i.data_parallel,
@@ -55,7 +56,9 @@ def model_states(i: EstimateInputs) -> ModelStates:
         return _states_of(i, i.shard_params)
     # the adapters train: their states as the engine lays them out (its accounting);
     # the frozen base holds weights only, split as the engine splits weights
-    trained = _states_of(i, lora.trainable)
+    # fp32 adapters (peft's default) over a pure-bf16 base train as fp32 training does
+    fp32 = lora.dtype == "fp32" and i.precision is Precision.BF16_TRUE
+    trained = _states_of(i, lora.trainable, Precision.FP32 if fp32 else None)
     split = i.fsdp == "full_shard" or (i.fsdp == "off" and i.zero_stage >= 3)
     frozen = frozen_base_bytes(
         i.shard_params, lora, bytes_per_param(i.precision, i.optimizer).weights,

@@ -80,6 +80,8 @@ def estimate_memory(
     lora_dropout: float = 0.0,
     qlora: bool = False,
     qlora_params: int | None = None,
+    qlora_bytes: int | None = None,
+    lora_dtype: str = "auto",
 ) -> MemoryEstimate:
     """Per-GPU memory of training a model, and optionally its compute time and cost.
 
@@ -132,7 +134,11 @@ def estimate_memory(
     frozen; `lora_params` the exact adapter count (a module's; else the shape's),
     `lora_dropout` (each target keeps a dropped copy of its input) and `qlora` (the base
     linear layers in 4-bit NF4, bitsandbytes'; `qlora_params` the exact count of weights
-    held in 4 bits, else the shape's linear layers).
+    held in 4 bits, else the shape's linear layers; `qlora_bytes` their exact bytes with
+    the quantisation constants, else counted layer by layer from the shape), and
+    `lora_dtype` ("auto": the adapters in the trained weights' dtype, bf16 under
+    bf16-true as torchtune keeps them; "fp32": fp32 adapters over a bf16 base, peft's
+    default).
 
     What the GPU holds beside the allocated peak (`e.reserve`, `workbench.estimate.reserve`)
     is derived with `overhead_gib="auto"` (the default): the caching allocator's rounding of

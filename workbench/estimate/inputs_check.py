@@ -37,7 +37,7 @@ from workbench.estimate.limits import (
     as_int,
     check_number,
 )
-from workbench.estimate.lora import LoraFacts, lora_facts
+from workbench.estimate.lora import LORA_DTYPES, LoraFacts, lora_facts
 from workbench.estimate.model_states import ACCOUNTINGS
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
@@ -693,24 +693,39 @@ def _lora(
                 "tensor or pipeline parallelism (tensor_parallel=1, pipeline_parallel=1)",
             )
         )
-    if (
-        qlora is True
-        and prec is not None
-        and prec
-        not in (
-            Precision.FP32,
-            Precision.AMP_BF16,
-            Precision.AMP_FP16,
-        )
-    ):
+    if qlora is True and prec is not None and prec.is_deepspeed:
         p.append(
             Problem(
                 "qlora",
                 True,
-                f"keeps a 4-bit base under a torch precision (fp32, amp-bf16, amp-fp16); "
-                f"precision={prec.value}",
+                "keeps a 4-bit base under a torch precision (fp32, amp-bf16, amp-fp16, "
+                f"bf16-true); precision={prec.value} is DeepSpeed's 16-bit mode, whose "
+                "engine casts every weight to its dtype",
             )
         )
+    dtype = given["lora_dtype"]
+    if not isinstance(dtype, str) or dtype.strip().lower() not in LORA_DTYPES:
+        p.append(Problem("lora_dtype", dtype, f"must be one of {', '.join(LORA_DTYPES)}"))
+        dtype = None
+    elif dtype.strip().lower() == "fp32" and prec is not None and prec.is_deepspeed:
+        p.append(
+            Problem(
+                "lora_dtype",
+                dtype,
+                f"fp32 adapters over a bf16 base: precision={prec.value} is DeepSpeed's 16-bit "
+                "mode, whose engine casts every weight, the adapters' too, to its dtype; use "
+                "'auto'",
+            )
+        )
+    quantized_bytes = given["qlora_bytes"]
+    if quantized_bytes is not None:
+        quantized_bytes = _checked(p, "qlora_bytes", quantized_bytes)
+        if qlora is not True:
+            p.append(
+                Problem(
+                    "qlora_bytes", quantized_bytes, "counts QLoRA's 4-bit base: needs qlora=True"
+                )
+            )
     if qlora is True and arch is None and quantized is None:
         p.append(
             Problem(
@@ -728,11 +743,33 @@ def _lora(
                 "adapters' parameter count",
             )
         )
-    if targets is None or dropout is None or not isinstance(qlora, bool) or rank is None:
+    if (
+        targets is None
+        or dropout is None
+        or not isinstance(qlora, bool)
+        or rank is None
+        or dtype is None
+    ):
         return None
     return lora_facts(
-        arch, int(rank), targets.strip().lower(), params, float(dropout), qlora, quantized
+        arch,
+        int(rank),
+        targets.strip().lower(),
+        params,
+        float(dropout),
+        qlora,
+        quantized,
+        quantized_bytes,
+        dtype.strip().lower(),
+        # FSDP2 trains torchao's NF4 tensor, in the weights' dtype (bf16 under bf16-true)
+        "torchao" if _fsdp_on(given["fsdp"]) else "bitsandbytes",
+        2 if prec is Precision.BF16_TRUE else 4,
     )
+
+
+def _fsdp_on(value: Any) -> bool:
+    """Whether an `fsdp` input names an FSDP mode (its own check reports a bad one)."""
+    return isinstance(value, str) and value.strip().lower() not in ("off", "")
 
 
 def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None:

@@ -21,6 +21,7 @@ error that says why instead of an answer printed as `inf` or as thirty digits:
     lora_rank           0 .. 4,096                wider than the layers LoRA adapts
     lora_params, qlora_params
                         1 .. 10^16                as n_params
+    qlora_bytes         1 .. 10^16                as n_params (bytes of the 4-bit base)
     lora_dropout        0 .. 0.99                 a dropout of 1 drops every input
     gpus, tensor_parallel, pipeline_parallel
                         1 .. 10^7                 the largest clusters have ~10^5 GPUs
@@ -114,6 +115,7 @@ LIMITS: dict[str, Bound] = {
     "lora_rank": Bound(0, 4096, "", "wider than the layers LoRA adapts"),
     "lora_params": Bound(1, 10**16, "parameters", "as n_params"),
     "qlora_params": Bound(1, 10**16, "parameters", "as n_params"),
+    "qlora_bytes": Bound(1, 10**16, "bytes", "as n_params"),
     "lora_dropout": Bound(0, 0.99, "", "a dropout of 1 drops every input", integer=False),
     "gpus": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "tensor_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),

@@ -11,12 +11,35 @@ base's weights (`frozen_base_bytes`):
     gradients           the adapters' (accounting)
     optimizer states    the adapters' (accounting: master copy, flat buffers included)
 
-QLoRA (Dettmers et al. 2023) holds the base linear layers in 4-bit NF4 (bitsandbytes'
-`Linear4bit`, blocks of 64 weights with double quantisation: a 1-byte absmax per block
-and an fp32 absmax per 256 blocks), `NF4_BYTES_PER_PARAM` bytes per weight; embeddings,
-norms, biases and the output head stay in the weights' dtype. Each 4-bit layer is
-dequantised for its matmul (forward, and backward for the input gradient): one layer's
-weight in the compute dtype, a transient.
+QLoRA (Dettmers et al. 2023) holds the base linear layers in 4-bit NF4, counted to the
+byte as bitsandbytes 0.50 lays a `Params4bit` out (`nf4_weight_bytes`, per layer of `n`
+weights; `functional.quantize_4bit` with `compress_statistics=True`, blocksize 64):
+
+    packed weights        ceil(n / 2) bytes (two 4-bit codes a byte, uint8 storage)
+    absmax, quantised     ceil(n / 64) bytes (one uint8 per 64-weight block)
+    second-level absmax   4 x ceil(blocks / 256) bytes (fp32, one per 256 blocks)
+    offset                4 bytes (the fp32 mean subtracted before the second level)
+    NF4 code              16 x 4 bytes (fp32)
+    second-level code     256 x 4 bytes (fp32, the dynamic 8-bit map)
+
+about `NF4_BYTES_PER_PARAM` (0.516) bytes per weight. Embeddings, norms, biases and the
+output head stay in the weights' dtype: fp32 under fp32 and amp (autocast keeps fp32
+weights), bf16 under pure bf16 ("bf16-true", as torchtune's and PEFT's QLoRA recipes run
+it). Each 4-bit layer is dequantised for its matmul (forward, and backward for the input
+gradient): one layer's weight in the compute dtype, a transient.
+
+Under FSDP2 the 4-bit base is torchao's `NF4Tensor` (torchtune's `FrozenNF4Linear`, which
+FSDP2 shards and gathers through the tensor's own hooks): packed codes ceil(n / 2), int8
+block scales n / 64, one second-level factor per 256 blocks, a scale mean and a 16-entry
+code, the last three in the weight's dtype (2 bytes under bf16-true, else 4). A rank holds
+1/N of each weight (`frozen_base_bytes`: ceil of the whole over N); the scale mean and the
+code stay whole on every rank, 17 x 2 bytes a layer in bf16 that the share leaves out
+(34 bytes x (N - 1) / N a layer: 19 KB on a 70B's 560 linear layers).
+
+The adapters' dtype (`lora_dtype`): "auto" keeps them in the trained weights' dtype (bf16
+under bf16-true, as torchtune does; fp32 otherwise); "fp32" keeps them in fp32 over a bf16
+base, as peft's `get_peft_model` does by default (`autocast_adapter_dtype=True`), so their
+weights, gradients and optimizer states are counted as fp32 training counts them.
 
 Targets: "all-linear" (every linear layer of a block: Q, K, V, output, the MLP's two or
 three matrices; not the output head, as peft's "all-linear") or "attention" (Q, K, V and
@@ -38,11 +61,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: bitsandbytes NF4 with double quantisation: 4 bits, a 1-byte absmax per 64 weights and
-#: an fp32 second-level absmax per 256 blocks (its 256-entry code table per layer aside).
+from workbench.choices import LoraDtype
+
+#: bitsandbytes NF4 with double quantisation per weight: 4 bits, a 1-byte absmax per 64
+#: weights and an fp32 second-level absmax per 256 blocks (a layer's constants aside:
+#: `nf4_weight_bytes` counts a layer to the byte).
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 
+#: NF4's block of weights sharing one absmax, and the second level's block of absmaxes.
+NF4_BLOCK = 64
+NF4_ABSMAX_BLOCK = 256
+#: A 4-bit layer's constants: the offset (fp32), the 16-entry NF4 code and the 256-entry
+#: second-level code (fp32 each).
+NF4_LAYER_CONSTANT_BYTES = 4 + 16 * 4 + 256 * 4
+
 LORA_TARGETS = ("all-linear", "attention")
+
+#: The adapters' dtype: "auto" (the trained weights': bf16 under bf16-true, torchtune's
+#: choice; fp32 otherwise) or "fp32" (peft's `autocast_adapter_dtype=True` default).
+LORA_DTYPES = tuple(d.value for d in LoraDtype)
+
+
+#: The 4-bit libraries whose layouts `nf4_weight_bytes` counts.
+FOUR_BIT_LIBRARIES = ("bitsandbytes", "torchao")
+
+
+def nf4_weight_bytes(elements: int, library: str = "bitsandbytes", scale_bytes: int = 4) -> int:
+    """Bytes one weight of `elements` takes in NF4 with double quantisation (blocks of 64,
+    absmaxes in blocks of 256). "bitsandbytes" (`Params4bit`, uint8 storage): see the
+    module docstring's table. "torchao" (`NF4Tensor`, torchtune's and FSDP2's): packed
+    codes ceil(n / 2), int8 block scales n / 64, a second-level factor per 256 blocks and
+    a scale mean and the 16-entry NF4 code in the weight's dtype (`scale_bytes` each: 2
+    under bf16-true, 4 in fp32)."""
+    blocks = -(-elements // NF4_BLOCK)
+    packed = -(-elements // 2) + blocks
+    if library == "torchao":
+        factors = -(-blocks // NF4_ABSMAX_BLOCK)
+        # torchao 0.18 keeps a lone factor as a view of its 256-wide block (`[:, 0]` of one
+        # row is contiguous already, so `.contiguous()` copies nothing): 256 held
+        held = NF4_ABSMAX_BLOCK if factors == 1 else factors
+        return packed + scale_bytes * (held + 1 + 16)
+    return packed + 4 * -(-blocks // NF4_ABSMAX_BLOCK) + NF4_LAYER_CONSTANT_BYTES
 
 
 @dataclass(frozen=True)
@@ -57,6 +116,10 @@ class LoraFacts:
     qlora: bool
     layer_shapes: tuple[tuple[int, int], ...]  # (in, out) of each target of one layer
     largest_linear: int  # elements of the largest linear weight of a block
+    #: bytes of the 4-bit base as bitsandbytes holds it (its constants included), else 0
+    quantized_bytes: int = 0
+    #: "auto" or "fp32" (`LORA_DTYPES`): fp32 adapters over a bf16 base
+    dtype: str = "auto"
 
 
 def block_linears(arch: Any) -> dict[str, tuple[int, int]]:
@@ -86,24 +149,42 @@ def lora_facts(
     dropout: float,
     qlora: bool,
     quantized_params: int | None = None,
+    quantized_bytes: int | None = None,
+    dtype: str = "auto",
+    library: str = "bitsandbytes",
+    scale_bytes: int = 4,
 ) -> LoraFacts:
     """The facts of a LoRA setup on `arch` (None: a shape-less model, where `params`
-    must be given, and `quantized_params` under QLoRA)."""
+    must be given, and `quantized_params` under QLoRA). The 4-bit base's bytes:
+    `quantized_bytes` when given (a Session counts its layers), else each of the shape's
+    linear layers by `nf4_weight_bytes`; with a count alone (`quantized_params`, no shape
+    or another count than the shape's) `NF4_BYTES_PER_PARAM` per weight. `library` and
+    `scale_bytes`: the 4-bit layout (`nf4_weight_bytes`; torchao's under FSDP2)."""
     shapes = target_shapes(arch, targets) if arch is not None else ()
     linears = block_linears(arch) if arch is not None else {}
     layers = arch.layers if arch is not None else 0
     counted = layers * sum(rank * (a + b) for a, b in shapes)
-    quantized = layers * sum(a * b for a, b in linears.values()) if qlora else 0
+    quantized = layers * sum(a * b for a, b in linears.values())
     largest = max((a * b for a, b in linears.values()), default=0)
+    held = quantized_params if quantized_params is not None else quantized
+    if quantized_bytes is None:
+        if held == quantized:
+            quantized_bytes = layers * sum(
+                nf4_weight_bytes(a * b, library, scale_bytes) for a, b in linears.values()
+            )
+        else:
+            quantized_bytes = -(-held * int(NF4_BYTES_PER_PARAM * 2**16) // 2**16)
     return LoraFacts(
         rank=rank,
         targets=targets,
         trainable=params if params is not None else counted,
-        quantized=(quantized_params if quantized_params is not None else quantized) if qlora else 0,
+        quantized=held if qlora else 0,
         dropout=dropout,
         qlora=qlora,
         layer_shapes=shapes,
         largest_linear=largest,
+        quantized_bytes=int(quantized_bytes) if qlora else 0,
+        dtype=dtype,
     )
 
 
@@ -111,15 +192,16 @@ def frozen_base_bytes(
     n_params: int, lora: LoraFacts, weights: int, *, gpus: int = 1, split: bool = False
 ) -> int:
     """Bytes of the frozen base on one GPU: `n_params` base parameters in the weights'
-    dtype (`weights` bytes each), those QLoRA holds in 4 bits at `NF4_BYTES_PER_PARAM`;
-    each part `ceil(x / gpus)` when the engine splits the weights (`split`: ZeRO-3, FSDP
-    full_shard). The adapters' own states are the accounting's (`model_states`)."""
+    dtype (`weights` bytes each), those QLoRA holds in 4 bits at their bytes as
+    bitsandbytes holds them (`LoraFacts.quantized_bytes`); each part `ceil(x / gpus)` when
+    the engine splits the weights (`split`: ZeRO-3, FSDP full_shard). The adapters' own
+    states are the accounting's (`model_states`)."""
 
     def part(count: int) -> int:
         return -(-count // gpus) if split else count
 
     base = n_params - lora.quantized
-    return int(weights * part(base) + NF4_BYTES_PER_PARAM * part(lora.quantized))
+    return int(weights * part(base) + part(lora.quantized_bytes))
 
 
 def adapter_activation_bytes(

@@ -26,7 +26,7 @@ from typing import Any
 from workbench.config import SETTINGS, OptimizerName, Precision
 from workbench.estimate.activations import Attention, Checkpointing
 from workbench.estimate.architecture import Bias, Mlp, Norm, Positions
-from workbench.estimate.lora import LORA_TARGETS
+from workbench.estimate.lora import LORA_DTYPES, LORA_TARGETS
 from workbench.estimate.model_states import FSDP_MODES
 
 #: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds;
@@ -701,6 +701,17 @@ FIELDS: tuple[EstimateField, ...] = (
         config_field="qlora",
     ),
     _f("qlora_params", "int", None, optional=True),
+    _f("qlora_bytes", "int", None, optional=True),
+    _f(
+        "lora_dtype",
+        "choice",
+        "auto",
+        choices=LORA_DTYPES,
+        help="the adapters' dtype: auto (the trained weights': bf16 under bf16-true, as "
+        "torchtune keeps them) or fp32 (peft's get_peft_model default over a bf16 base)",
+        cli="tune",
+        config_field="lora_dtype",
+    ),
 )
 
 #: The fields by keyword.

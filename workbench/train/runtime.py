@@ -52,7 +52,7 @@ from workbench.train.data import DataPosition, DataStream
 from workbench.train.measure.step_clock import step_clock
 from workbench.train.schedule import scaled_lr
 from workbench.train.techniques.attention import set_attention
-from workbench.train.techniques.lora import LORA_FIELDS, LoraAdapters, is_adapter_parameter
+from workbench.train.techniques.lora import LoraAdapters, is_adapter_parameter, lora_rebuild
 from workbench.train.techniques.offload import ActivationOffload
 from workbench.train.techniques.recompute import set_activation_checkpointing
 
@@ -183,7 +183,7 @@ class Runtime:
                     pin_memory=bool(target.pin_memory),
                     seed=int(target.seed),
                 )
-            if changed & LORA_FIELDS:
+            if lora_rebuild(changed, target):  # (QLoRA's 4-bit base follows `fsdp`)
                 new_backend = self._next_adapters(target)
             elif changed & BACKEND_FIELDS:
                 new_backend = self._next_backend(target, release_first=release_first)

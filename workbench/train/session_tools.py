@@ -214,7 +214,14 @@ class SessionTools:
             lora_params=adapters,
             qlora_params=four_bit,
             device=self.device.type,  # the attention kernel torch picks on it
+            qlora_bytes=self._four_bit_bytes(cfg) if four_bit is not None else None,
         )
+
+    def _four_bit_bytes(self, config: TrainConfig) -> int | None:
+        """The bytes bitsandbytes holds this session's 4-bit base in (QLoRA's)."""
+        from workbench.train.techniques.lora import four_bit_weight_bytes
+
+        return four_bit_weight_bytes(self._model, config)
 
     def _lora_counts(self, config: TrainConfig) -> tuple[int | None, int | None]:
         """(the adapters LoRA of `config` puts on this session's module, the weights QLoRA

@@ -38,6 +38,13 @@ How it works
   the policy casts nothing (`param_dtype=None`); gradients are reduced in fp32 and
   stored back in bf16 unless `fsdp_reduce_fp32=False` (then reduced in bf16); floating
   inputs are cast to bf16 by a forward pre-hook.
+* QLoRA: your module's 4-bit base is torchao's NF4 tensor under FSDP
+  (`workbench.train.techniques.lora.NF4Linear`, torchtune's way), which FSDP2 shards like
+  any parameter and gathers through the tensor's own `fsdp_pre_all_gather` /
+  `fsdp_post_all_gather` (packed codes, block scales and second-level factors gathered,
+  the NF4 code and scale mean kept whole); each 4-bit weight must split evenly
+  (`nf4_shard_problem`). torch 2.13's FSDP2 skips those hooks on a one-rank mesh, so
+  QLoRA under FSDP needs 2+ ranks (`workbench.engines`).
 * `offload_params="cpu"` (with "full_shard"): `CPUOffloadPolicy`, sharded parameters,
   gradients and the optimizer step live in host memory.
 * State in and out: full (unsharded) fp32 weights and optimizer state (in the dtype it
@@ -75,6 +82,7 @@ from workbench.train.backends.optimizer import (
     placed_state,
 )
 from workbench.train.backends.process_group import device_types
+from workbench.train.techniques.lora import adapters_in_dtype, nf4_shard_problem
 from workbench.train.techniques.precision import (
     PURE_DTYPES,
     cast_floating_inputs,
@@ -125,8 +133,12 @@ class FSDPBackend(DistributedBackend):
         module = copy.deepcopy(model)
         pure = PURE_DTYPES.get(self.precision)
         if pure is not None:  # bf16-true: shards, gradients and states in bf16
-            module.to(pure)
+            module.to(pure)  # (QLoRA's NF4 weights are bf16 already: left as they are)
             module.register_forward_pre_hook(cast_floating_inputs(pure), with_kwargs=True)
+        adapters_in_dtype(module, config)  # LoRA's adapters in `lora_dtype`'s dtype
+        problem = nf4_shard_problem(module, self.world_size)
+        if problem is not None:
+            raise ValueError(f"qlora=True: {problem}")
         if state is not None:
             load_full_weights(module, state)
         offload = OffloadDevice(config.offload_params) is OffloadDevice.CPU

@@ -58,6 +58,7 @@ from workbench.train.backends.optimizer import (
     set_lr,
 )
 from workbench.train.schedule import lr_at
+from workbench.train.techniques.lora import adapters_in_dtype
 from workbench.train.techniques.precision import (
     PrecisionPolicy,
     build_precision,
@@ -96,6 +97,7 @@ class PlainBackend(Backend):
         if self.policy.param_dtype is not None:
             self._frozen = frozen_parameters(model)  # exported from your module, exact
             model = cast_copy(model, self.policy.param_dtype)
+            adapters_in_dtype(model, config)  # fp32 adapters when `lora_dtype` says so
         self._model = model
         # forward runs through torch.compile when asked (compiled on the first step)
         self.module: nn.Module = torch.compile(model) if config.compile else model  # type: ignore[assignment]
@@ -316,7 +318,8 @@ def quant_state_bytes(named: list[tuple[str, nn.Parameter]]) -> int:
     for _, p in named:
         state = getattr(p, "quant_state", None)
         while state is not None:
-            for t in (getattr(state, "absmax", None), getattr(state, "code", None)):
+            parts = ("absmax", "code", "offset")  # offset: the second level's fp32 mean
+            for t in (getattr(state, name, None) for name in parts):
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
             state = getattr(state, "state2", None)

@@ -115,7 +115,14 @@ from workbench.train.dry_run.problems import DryRunError
 from workbench.train.dry_run.result import POINTS, DryRun
 from workbench.train.dry_run.step import StepPlan, measure, phase_tracker, run_steps
 from workbench.train.techniques.attention import attention_problem, set_attention
-from workbench.train.techniques.lora import fake_adapters, holds_lora, resolve_targets
+from workbench.train.techniques.lora import (
+    FOUR_BIT_MODULE,
+    fake_adapters,
+    fake_four_bit,
+    holds_four_bit,
+    holds_lora,
+    resolve_targets,
+)
 from workbench.train.techniques.offload import ActivationOffload
 from workbench.train.techniques.precision import PURE_DTYPES, build_precision, cast_floating_inputs
 from workbench.train.techniques.recompute import (
@@ -200,6 +207,8 @@ def simulate_memory(
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model_options = _with_documents(model, config, model_options)
+    if isinstance(model, nn.Module) and holds_four_bit(model):
+        raise DryRunError([SettingProblem("qlora", True, FOUR_BIT_MODULE)])
     built = fake_model(model, model_options, fake_mode, sim_device)
     if isinstance(built, list):
         raise DryRunError(built)
@@ -267,6 +276,8 @@ def simulate_memory(
             formula=formula,
         )
     if int(config.lora_rank) > 0 and not holds_lora(fm.module):  # after the formula
+        if config.qlora:  # the 4-bit base first: the adapters wrap its layers
+            fake_four_bit(fm.module, config, fake_mode)
         fake_adapters(fm.module, config, fake_mode)  # (a LoRA Session's copy has its own)
     show = _progress(progress)
     offload = ActivationOffload(sim_device, simulated=True) if config.activation_offload else None

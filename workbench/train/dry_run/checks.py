@@ -18,6 +18,7 @@ import torch
 from workbench.config import (
     SESSION_OPTIMIZERS,
     Engine,
+    FsdpMode,
     OffloadDevice,
     OptimizerName,
     TrainConfig,
@@ -134,14 +135,15 @@ def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProbl
                     "run; the formula counts it (workbench.predict_memory)",
                 )
             )
-    if int(config.lora_rank) > 0 and config.qlora:
+    if int(config.lora_rank) > 0 and config.qlora and FsdpMode(config.fsdp) is not FsdpMode.OFF:
         p.append(
             SettingProblem(
                 "qlora",
                 True,
-                "QLoRA's 4-bit base is quantised by bitsandbytes' kernels, which fake tensors "
-                "cannot run (LoRA on the base in its own dtype is simulated); the formula "
-                "counts it (workbench.predict_memory), and a Session measures it",
+                "QLoRA under FSDP (torchao's NF4 tensor, gathered through its own FSDP2 hooks) "
+                "is not simulated on fake tensors over the fake process group (the plain "
+                "loop's 4-bit base is); the formula counts it layer by layer "
+                "(workbench.predict_memory), and a Session on 2+ ranks measures it",
             )
         )
     for name in ("tp", "pp"):

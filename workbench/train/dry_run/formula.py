@@ -47,12 +47,25 @@ def formula_of(
     from workbench.prediction import estimator_inputs
 
     deepspeed = engine_for(config, world_size) is Engine.DEEPSPEED
-    lora_params = None
+    lora_params = four_bit = four_bit_bytes = None
     if int(config.lora_rank) > 0:  # the adapters the dry run puts on the fake copy
-        from workbench.train.techniques.lora import adapter_parameter_count, holds_lora
+        from workbench.train.techniques.lora import (
+            adapter_parameter_count,
+            four_bit_weight_bytes,
+            four_bit_weight_count,
+        )
 
         lora_params = adapter_parameter_count(fm.module, config)
-    kwargs = estimator_inputs(config, world_size, lora_params=lora_params)
+        if config.qlora:  # and the 4-bit base, layer by layer
+            four_bit = four_bit_weight_count(fm.module)
+            four_bit_bytes = four_bit_weight_bytes(fm.module, config)
+    kwargs = estimator_inputs(
+        config,
+        world_size,
+        lora_params=lora_params,
+        qlora_params=four_bit,
+        qlora_bytes=four_bit_bytes,
+    )
     kwargs.update(micro_batch=fb.micro_batch, optimizer_impl=impl)
     if deepspeed:
         from workbench.train.backends.deepspeed import engine_config
@@ -76,6 +89,8 @@ def formula_of(
             kwargs["seq_len"] = fb.seq_len
     else:
         kwargs["n_params"] = fm.n_params
+    from workbench.train.techniques.lora import holds_lora
+
     if int(config.lora_rank) > 0 and "n_params" in kwargs and holds_lora(fm.module):
         # a LoRA Session's copy holds its adapters already: the formula adds them to the base
         kwargs["n_params"] -= int(kwargs["lora_params"])

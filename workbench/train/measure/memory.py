@@ -46,6 +46,7 @@ from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.train import batches
 from workbench.train.backends.base import Backend, ModelStateBytes, storage_bytes
 from workbench.train.batches import LossFn
+from workbench.train.techniques.lora import parameter_bytes_by_dtype
 from workbench.train.techniques.offload import (
     ActivationOffload,
     is_parameter_derived,
@@ -466,6 +467,11 @@ def measure(
                 if lora.originals
                 else ""
             )
+        )
+        by_dtype = parameter_bytes_by_dtype(runtime.trained_module)
+        notes.append(
+            "parameters by dtype: "
+            + ", ".join(f"{dtype} {fmt_bytes(n)}" for dtype, n in by_dtype.items())
         )
     if runtime.offload is not None and device.type == "cpu":
         notes.append(

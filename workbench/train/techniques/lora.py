@@ -9,10 +9,20 @@ jobs draw it the same way). The backend, whichever engine (the plain loop, DeepS
 FSDP's copy of your module), then trains only the adapters.
 
 QLoRA (`qlora=True`): every linear layer but the output head is first replaced by
-bitsandbytes' `Linear4bit` (NF4, double quantisation, compute in the autocast dtype) and
-the adapters go on the targets among them. The original layers, with their weights in
-their own dtype, are kept aside in host memory. QLoRA trains in the plain loop only
-(`workbench.engines.engine_problems`).
+bitsandbytes' `Linear4bit` (NF4, double quantisation, blocksize 64) and the adapters go on
+the targets among them. The original layers, with their weights in their own dtype, are
+kept aside in host memory. It computes in the autocast dtype (amp-bf16, amp-fp16), in fp32
+under fp32, and in bf16 under pure bf16 ("bf16-true", as torchtune's and PEFT's QLoRA
+recipes run it: the weights are quantised from their bf16 values, so a layer dequantises
+straight to bf16, and the engine's copy holds norms, embedding, head and biases in bf16).
+bitsandbytes 0.50 trains it on a CPU too (its 4-bit quantise, dequantise and matmul have
+CPU kernels); which engines train it is their rows' word
+(`workbench.engines.EngineRow.qlora`).
+
+The adapters' dtype (`lora_dtype`): "auto", the trained weights' (bf16 under bf16-true,
+as torchtune keeps them), or "fp32" over a bf16 base, as peft's `get_peft_model` gives
+them (`autocast_adapter_dtype=True`): `adapters_in_dtype` casts them back after the
+engine's bf16 cast, and peft casts each adapter's input to its dtype.
 
 `merge()` gives your module back its own layers with the adapters' update added to the
 weights (`W += B A * alpha / rank`; under QLoRA into the kept original weight, not the
@@ -42,7 +52,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import Precision, SettingProblem, TrainConfig, lora_target_names
+from workbench.config import (
+    FsdpMode,
+    LoraDtype,
+    Precision,
+    SettingProblem,
+    TrainConfig,
+    lora_target_names,
+)
+from workbench.estimate.lora import NF4_ABSMAX_BLOCK, NF4_BLOCK
 from workbench.export.job_common import LORA_HEADS
 from workbench.inputs import shown
 
@@ -50,11 +68,16 @@ from workbench.inputs import shown
 #: the exported jobs' set, one object (`workbench.export.job_common.LORA_HEADS`).
 HEAD_NAMES = LORA_HEADS
 
+#: torchao's NF4 tensor (torchtune's 4-bit base, which FSDP2 shards).
+NF4_MODULE = "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"
+
 #: peft's adapter name for the Session's one adapter.
 ADAPTER = "default"
 
 #: The settings a LoRA rebuild reads.
-LORA_FIELDS = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora"})
+LORA_FIELDS = frozenset(
+    {"lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "qlora", "lora_dtype"}
+)
 
 
 def linear_4bit() -> type:
@@ -73,6 +96,41 @@ def _is_lora_layer(module: nn.Module) -> bool:
 def _base_linear(module: nn.Module) -> nn.Module:
     """A linear layer as its base: a peft LoRA layer's wrapped layer, or itself."""
     return module.get_base_layer() if _is_lora_layer(module) else module  # type: ignore[operator]
+
+
+class NF4Linear(nn.Linear):
+    """A frozen linear layer whose weight is torchao's `NF4Tensor` (4-bit NF4, blocks of
+    64 with double quantisation in blocks of 256), as torchtune's `FrozenNF4Linear`: the
+    4-bit base FSDP2 shards and gathers (the tensor implements FSDP2's
+    `fsdp_pre_all_gather` / `fsdp_post_all_gather`). `linear_nf4` dequantises the weight
+    to the input's dtype for the matmul, in forward and again in backward (only the 4-bit
+    weight is saved)."""
+
+    def __init__(self, layer: nn.Linear, dtype: torch.dtype) -> None:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        weight = layer.weight.detach().to("cpu", dtype).contiguous()
+        self.weight = nn.Parameter(to_nf4(weight, NF4_BLOCK, NF4_ABSMAX_BLOCK), requires_grad=False)
+        bias = layer.bias
+        self.bias = (
+            None
+            if bias is None
+            else nn.Parameter(bias.detach().to("cpu", dtype).clone(), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
+
+        out = linear_nf4(x, self.weight)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+def four_bit_library(config: TrainConfig) -> str:
+    """The library QLoRA's 4-bit base comes from: torchao's NF4 tensor under FSDP2 (the
+    `fsdp` setting on), bitsandbytes' Linear4bit in the plain loop."""
+    return "torchao" if FsdpMode(config.fsdp) is not FsdpMode.OFF else "bitsandbytes"
 
 
 def _linear_names(model: nn.Module) -> list[str]:
@@ -152,6 +210,61 @@ def four_bit_weight_count(model: nn.Module) -> int:
     return total
 
 
+def four_bit_weight_bytes(model: nn.Module, config: TrainConfig) -> int:
+    """The bytes QLoRA's 4-bit base of `config` takes on `model`, whole: each quantised
+    layer's weight by `workbench.estimate.lora.nf4_weight_bytes` in the layout of its
+    library (`four_bit_library`: packed codes, scales, second level, code tables),
+    counted from the shapes."""
+    from workbench.estimate.lora import nf4_weight_bytes
+
+    library = four_bit_library(config)
+    scale = 2 if Precision(config.precision) is Precision.BF16_TRUE else 4
+    heads = _head_names(model)
+    total = 0
+    for name in _linear_names(model):
+        if name not in heads:
+            base = _base_linear(model.get_submodule(name))
+            n = int(base.in_features) * int(base.out_features)
+            total += nf4_weight_bytes(n, library, scale)
+    return total
+
+
+def nf4_shard_problem(model: nn.Module, world_size: int) -> str | None:
+    """What stops FSDP2 from sharding `model`'s torchao NF4 weights over `world_size`
+    ranks (None when nothing does): torchao splits each of a weight's inner tensors
+    evenly, so every 4-bit layer's weight count must be a multiple of 64 x 256 x ranks
+    (its second-level scales, one per 16,384 weights, split over the ranks)."""
+    whole = NF4_BLOCK * NF4_ABSMAX_BLOCK * world_size
+    for name, module in model.named_modules():
+        if isinstance(module, NF4Linear):
+            n = module.in_features * module.out_features
+            if n % whole or module.out_features % world_size:
+                return (
+                    f"FSDP2 shards torchao's NF4 weights evenly: layer {name} holds {n:,} "
+                    f"weights ({module.out_features} x {module.in_features}), not a multiple "
+                    f"of 64 x 256 x {world_size} ranks = {whole:,} over {world_size} ranks"
+                )
+    return None
+
+
+def lora_rebuild(changed: set[str], config: TrainConfig) -> bool:
+    """Whether a change of `changed` settings to `config` puts the adapters on afresh: a
+    LoRA setting, or `fsdp` under QLoRA (the 4-bit base's library follows the engine)."""
+    return bool(changed & LORA_FIELDS) or (bool(config.qlora) and "fsdp" in changed)
+
+
+def adapters_in_dtype(model: nn.Module, config: TrainConfig) -> None:
+    """The adapters of `model` in fp32 (peft puts them in a 4-bit layer's compute dtype;
+    an engine's pure-bf16 copy casts them to bf16), unless `lora_dtype` is "auto" under
+    bf16-true, where they stay in the trained weights' bf16."""
+    pure = Precision(config.precision) is Precision.BF16_TRUE
+    if pure and LoraDtype(config.lora_dtype) is LoraDtype.AUTO:
+        return
+    for name, p in model.named_parameters():
+        if is_adapter_parameter(name) and p.dtype != torch.float32:
+            p.data = p.data.float()
+
+
 def is_adapter_parameter(name: str) -> bool:
     """True for a LoRA adapter's parameter name (`...lora_A.default.weight`)."""
     return ".lora_A." in name or ".lora_B." in name
@@ -159,7 +272,7 @@ def is_adapter_parameter(name: str) -> bool:
 
 def _compute_dtype(config: TrainConfig) -> torch.dtype:
     precision = Precision(config.precision)
-    if precision is Precision.AMP_BF16:
+    if precision in (Precision.AMP_BF16, Precision.BF16_TRUE):
         return torch.bfloat16
     if precision is Precision.AMP_FP16:
         return torch.float16
@@ -196,6 +309,7 @@ class LoraAdapters:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(config.seed))
             inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+        adapters_in_dtype(model, config)
         model.to(device)
 
     @classmethod
@@ -206,11 +320,24 @@ class LoraAdapters:
         return cls(model, config, device) if int(config.lora_rank) > 0 else None
 
     def _quantize(self, config: TrainConfig, device: torch.device) -> None:
-        """Every linear layer but the head as bitsandbytes' 4-bit NF4 layer; the originals
-        kept in host memory."""
-        Linear4bit = linear_4bit()
+        """Every linear layer but the head as a 4-bit NF4 layer (`four_bit_library`); the
+        originals kept in host memory."""
         heads = _head_names(self.model)
         dtype = _compute_dtype(config)
+        if four_bit_library(config) == "torchao":
+            # quantised from the weights in the dtype the engine's copy holds (bf16 under
+            # bf16-true: its cast leaves a bf16 NF4 tensor as it is)
+            pure = Precision(config.precision) is Precision.BF16_TRUE
+            for name in _linear_names(self.model):
+                layer = self.model.get_submodule(name)
+                if name in heads or not isinstance(layer, nn.Linear):
+                    continue
+                own = layer.weight.dtype
+                four_nf4 = NF4Linear(layer, torch.bfloat16 if pure else own).to(device)
+                self.originals[name] = layer.to("cpu")
+                _set(self.model, name, four_nf4)
+            return
+        Linear4bit = linear_4bit()
         for name in _linear_names(self.model):
             layer = self.model.get_submodule(name)
             if name in heads or not isinstance(layer, nn.Linear):
@@ -224,6 +351,9 @@ class LoraAdapters:
                 device="cpu",
             )
             four.load_state_dict(layer.state_dict())
+            if dtype is torch.bfloat16 and Precision(config.precision) is Precision.BF16_TRUE:
+                # quantised from the bf16 values: it dequantises straight to bf16
+                four.weight.data = four.weight.data.to(dtype)
             four.weight.requires_grad_(False)
             if four.bias is not None:
                 four.bias.requires_grad_(False)
@@ -349,6 +479,86 @@ def fake_adapters(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
     return count
 
 
+class _Dequantized4bit(torch.autograd.Function):
+    """bitsandbytes' `MatMul4Bit` as the dry run sees it: the weight dequantised to its
+    quantisation dtype, then to the input's (a transient each way), for the forward and
+    again for the input's gradient; only the packed weight is saved for backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, shape: Any, dtype: Any) -> Any:
+        ctx.shape, ctx.dtype = shape, dtype
+        ctx.save_for_backward(packed)
+        return nn.functional.linear(x, packed.new_empty(shape, dtype=dtype).to(x.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (packed,) = ctx.saved_tensors
+        weight = packed.new_empty(ctx.shape, dtype=ctx.dtype).to(grad.dtype)
+        return grad @ weight, None, None, None
+
+
+class FakeLinear4bit(nn.Linear):
+    """A dry run's stand-in for bitsandbytes' `Linear4bit` on fake tensors (its kernels
+    do not run there): the packed codes as the layer's uint8 `weight` and the quantisation
+    state (absmax, second level, offset, code tables) as one uint8 parameter of its bytes
+    (`nf4_weight_bytes`), both frozen and never cast; the matmul dequantises as
+    `_Dequantized4bit` does."""
+
+    def __init__(self, layer: nn.Linear, dtype: torch.dtype) -> None:
+        from workbench.estimate.lora import nf4_weight_bytes
+
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        n = layer.in_features * layer.out_features
+        device = layer.weight.device
+        packed = torch.empty(((n + 1) // 2, 1), dtype=torch.uint8, device=device)
+        state = torch.empty(nf4_weight_bytes(n) - (n + 1) // 2, dtype=torch.uint8, device=device)
+        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.quant_state_bytes = nn.Parameter(state, requires_grad=False)
+        self.bias = None if layer.bias is None else nn.Parameter(layer.bias, requires_grad=False)
+        self.dequant_dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.out_features, self.in_features)
+        out = _Dequantized4bit.apply(x, self.weight, shape, self.dequant_dtype)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+
+#: Why a dry run does not copy a module that holds 4-bit layers already.
+FOUR_BIT_MODULE = (
+    "the module holds QLoRA's 4-bit layers already (a QLoRA Session's own module), whose "
+    "packed weights and quantisation state fake tensors cannot copy: simulate the base "
+    "model (a model name, or your module before QLoRA), on which the dry run puts its own "
+    "4-bit stand-in"
+)
+
+
+def holds_four_bit(model: nn.Module) -> bool:
+    """Whether `model` holds a 4-bit layer (bitsandbytes' or torchao's)."""
+    kinds: tuple[type, ...] = (NF4Linear,)
+    with contextlib.suppress(ImportError):
+        kinds = (NF4Linear, linear_4bit())
+    return any(isinstance(m, kinds) for m in model.modules())
+
+
+def fake_four_bit(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
+    """QLoRA's 4-bit base put on a dry run's fake copy of a model, as a Session's plain loop
+    holds it: every linear layer but the head a `FakeLinear4bit`, quantised from bf16
+    under bf16-true (else from the weights' dtype). Returns the layers replaced."""
+    pure = Precision(config.precision) is Precision.BF16_TRUE
+    heads = _head_names(model)
+    count = 0
+    for name in _linear_names(model):
+        layer = model.get_submodule(name)
+        if name in heads or type(layer) is not nn.Linear:
+            continue
+        with fake_mode:
+            four = FakeLinear4bit(layer, torch.bfloat16 if pure else layer.weight.dtype)
+        _set(model, name, four)
+        count += 1
+    return count
+
+
 def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
     """What stops LoRA of a valid `config` on `model` here (None when nothing does): peft
     or, for QLoRA, bitsandbytes not importable; targets that pick no linear layer."""
@@ -359,7 +569,13 @@ def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None
     except ImportError as exc:
         why = f"LoRA trains through peft: pip install peft ({exc})"
         return SettingProblem("lora_rank", int(config.lora_rank), why)
-    if config.qlora:
+    if config.qlora and four_bit_library(config) == "torchao":
+        try:
+            importlib.import_module(NF4_MODULE)
+        except ImportError as exc:
+            why = f"under FSDP the 4-bit base is torchao's NF4 tensor: pip install torchao ({exc})"
+            return SettingProblem("qlora", True, why)
+    elif config.qlora:
         try:
             linear_4bit()
         except ImportError as exc:
@@ -370,6 +586,43 @@ def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None
     except ValueError as exc:
         return SettingProblem("lora_targets", config.lora_targets, str(exc).split(": ", 1)[1])
     return None
+
+
+def parameter_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
+    """The bytes of `module`'s parameters on this rank by dtype, every storage once: an
+    FSDP shard's local tensor, torchao's NF4 weight as its inner tensors (uint8 codes, int8
+    scales, its factors and code in the weight's dtype), bitsandbytes' 4-bit weight with
+    its quantisation state (uint8 absmax, fp32 second level, offset and code tables).
+    Under QLoRA it sums to the measured parameters (`Session.memory().params_bytes`)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    seen: dict[int, tuple[str, int]] = {}
+
+    def add(t: Any) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        local = getattr(t, "_local_tensor", None)
+        if isinstance(local, torch.Tensor):
+            t = local
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            for name in names:
+                add(getattr(t, name))
+            return
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = (str(t.dtype).removeprefix("torch."), storage.nbytes())
+
+    for p in module.parameters():
+        add(p)
+        state = getattr(p, "quant_state", None)
+        while state is not None:
+            for part in ("absmax", "code", "offset"):
+                add(getattr(state, part, None))
+            state = getattr(state, "state2", None)
+    out: dict[str, int] = {}
+    for dtype, nbytes in seen.values():
+        out[dtype] = out.get(dtype, 0) + nbytes
+    return dict(sorted(out.items()))
 
 
 def lora_summary(adapters: LoraAdapters | None) -> dict[str, Any] | None:
