@@ -82,6 +82,7 @@ import argparse
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import signal
 import socket
@@ -169,6 +170,7 @@ class Run:
         self.pending: list[str] = []  # sections not started yet
         self.fired: str | None = None  # the section whose limit has passed
         self.armed = False  # SIGALRM raises SectionTimeout only while a section runs
+        self.children_before: set[int] = set()  # descendants alive as the section began
         self.started = time.monotonic()
 
     def save(self, *, complete: bool = False) -> Path:
@@ -221,15 +223,58 @@ class SectionTimeout(BaseException):
     code under test, which catches Exception, does not swallow it)."""
 
 
-def kill_children(grace: float = 5.0) -> list[int]:
-    """SIGTERM every descendant process of this one (ranks, launchers, loader workers),
-    SIGKILL what is left after `grace` seconds; returns their pids."""
+#: a process whose command line holds this is one of Inductor's compile workers: they
+#: belong to the whole run (torch.compile in any later section uses them), never to the
+#: section that happened to start them
+COMPILE_WORKER_MARK = "compile_worker"
+
+
+def _tree(procs: Sequence[Any]) -> set[int]:
+    """The pids of `procs` and of all their descendants."""
+    import psutil
+
+    pids: set[int] = set()
+    for p in procs:
+        pids.add(p.pid)
+        with contextlib.suppress(psutil.Error):
+            pids.update(c.pid for c in p.children(recursive=True))
+    return pids
+
+
+def descendants() -> list[Any]:
+    """Every descendant process of this one (psutil.Process objects)."""
     import psutil
 
     try:
-        procs = psutil.Process().children(recursive=True)
+        return list(psutil.Process().children(recursive=True))
     except psutil.Error:
         return []
+
+
+def spared_pids(keep: set[int] | frozenset[int] = frozenset()) -> set[int]:
+    """The descendants a timed-out section's clean-up must leave alone: those in `keep`
+    (alive before the section started: an earlier section's, the run's own) and Inductor's
+    compile workers, each with its own descendants."""
+    import psutil
+
+    procs = descendants()
+    mine = [p for p in procs if p.pid in keep]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if any(COMPILE_WORKER_MARK in part for part in p.cmdline()):
+                mine.append(p)
+    return _tree(mine)
+
+
+def kill_children(
+    grace: float = 5.0, *, spare: set[int] | frozenset[int] = frozenset()
+) -> list[int]:
+    """SIGTERM every descendant process of this one (ranks, launchers, loader workers)
+    except the pids in `spare`, SIGKILL what is left after `grace` seconds; returns the
+    pids ended."""
+    import psutil
+
+    procs = [p for p in descendants() if p.pid not in spare]
     for p in procs:
         with contextlib.suppress(psutil.Error):
             p.terminate()
@@ -258,8 +303,10 @@ class Watchdog(threading.Thread):
         with self.run_.lock:
             self.run_.fired = self.section
         print(f"\n  [TIMED OUT] {self.section}: past its {self.limit:g} s limit; stopping it")
-        killed = kill_children()
+        spare = spared_pids(self.run_.children_before)
+        killed = kill_children(spare=spare)
         self.run_.current_out["killed_child_pids"] = killed
+        self.run_.current_out["spared_child_pids"] = sorted(spare)
         if threading.main_thread().ident is not None:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
         if self.done.wait(self.grace):
@@ -282,6 +329,22 @@ def _on_alarm(run: Run) -> Callable[[int, Any], None]:
     return handler
 
 
+def forked_child_signals(*channel: socket.socket) -> None:
+    """In a process forked from this one without exec (a DataLoader worker, a
+    multiprocessing child): SIGTERM and SIGALRM back to their defaults and the wakeup file
+    descriptor unset, the SIGTERM channel's sockets closed. Else the child inherits them,
+    a SIGTERM that ends a timed-out section's worker is written to the parent's channel and
+    reads as a SIGTERM to the whole check, and the worker ignores it (the inherited
+    handler does nothing) until it is killed."""
+    with contextlib.suppress(ValueError, OSError):  # ValueError: not the main thread
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    for sock in channel:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
 def install_sigterm(run: Run) -> None:
     """On SIGTERM write what the run has, end the child processes and exit 143. A thread
     waits on the signal's wakeup file descriptor, so this happens even while the main
@@ -290,6 +353,7 @@ def install_sigterm(run: Run) -> None:
     writer.setblocking(False)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the watcher acts on it
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    os.register_at_fork(after_in_child=lambda: forked_child_signals(reader, writer))
 
     def watch() -> None:
         while True:
@@ -328,6 +392,7 @@ def run_section(
     with run.lock:
         run.current, run.current_out, run.current_start = name, out, time.monotonic()
         run.fired = None
+        run.children_before = {p.pid for p in descendants()}
         if name in run.pending:
             run.pending.remove(name)
     status: str | None = None
@@ -1468,6 +1533,49 @@ def plain_step_seconds(ctx: Ctx, steps: int) -> float:
 
 # --------------------------------------------------------------------------- main
 #: name -> (section, seconds estimated on one H200); the order they run in
+STALL = "stall"
+
+
+class StallSection:
+    """`--smoke-stall`'s section: it starts a DataLoader with two forked workers, a forked
+    multiprocessing child and a stand-in for one of Inductor's compile workers (a process
+    with the same mark in its command line), then waits past any limit. Its timeout must
+    end the workers and the child, spare the compile worker, and leave the run going (no
+    SIGTERM read as the run's own)."""
+
+    def __init__(self) -> None:
+        self.compile_worker: subprocess.Popen[bytes] | None = None
+
+    def __call__(self, out: dict[str, Any]) -> None:
+        import torch
+        from torch.utils.data import DataLoader
+
+        stand_in = f"torch/_inductor/{COMPILE_WORKER_MARK}/__main__.py"
+        self.compile_worker = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(300)", stand_in]
+        )
+        out["compile_worker_pid"] = self.compile_worker.pid
+        data = torch.arange(64.0).reshape(32, 2)
+        loader = DataLoader(data, batch_size=1, num_workers=2, multiprocessing_context="fork")
+        batches = iter(loader)
+        next(batches)
+        out["loader_worker_pids"] = [w.pid for w in batches._workers]  # type: ignore[attr-defined]
+        # a plain forked child (torch's loader workers set their own C SIGTERM handler;
+        # a multiprocessing child keeps the inherited Python one and the wakeup fd)
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,))
+        child.start()
+        out["forked_child_pid"] = child.pid
+        while True:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.compile_worker is not None:
+            alive = self.compile_worker.poll() is None
+            RESULT.setdefault("smoke_stall", {})["compile_worker_alive_at_end"] = alive
+            self.compile_worker.kill()
+            self.compile_worker.wait()
+
+
 SECTIONS: dict[str, tuple[Callable[[Ctx], Callable[[dict[str, Any]], None]], float]] = {
     "nvml": (nvml_section, 10),
     "session": (session_section, 25),
@@ -1490,7 +1598,7 @@ def section_limits(text: str) -> dict[str, float]:
     for part in text.split(","):
         name, _, value = part.rpartition("=")
         name = name.strip() or "*"
-        if name != "*" and name not in SECTIONS:
+        if name not in ("*", STALL) and name not in SECTIONS:
             raise argparse.ArgumentTypeError(f"{part!r}: unknown section; one of {list(SECTIONS)}")
         try:
             seconds = float(value)
@@ -1507,7 +1615,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section tiny on CPU")
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument(
-        "--out", default=None, help="results JSON path (default: benchmarks/results/)"
+        "--out",
+        default=None,
+        help="results JSON path (default: gpu_check.json in --out-dir)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        default=os.environ.get("OUT") or None,
+        help="folder the results JSON is written to, after every section and on SIGTERM "
+        "(default: $OUT when set, the folder a lent machine sends back; else "
+        "benchmarks/results/)",
+    )
+    parser.add_argument(
+        "--smoke-stall",
+        action="store_true",
+        help="with --cpu-smoke: first a section 'stall' that starts forked loader workers "
+        "and a stand-in compile worker, then waits past its limit (checks the clean-up of "
+        "a timed-out section)",
     )
     parser.add_argument(
         "--allow-partial",
@@ -1546,8 +1670,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown:
         parser.error(f"--sections {args.sections}: unknown {unknown}; choose from {list(SECTIONS)}")
+    if args.smoke_stall and not args.cpu_smoke:
+        parser.error("--smoke-stall: only with --cpu-smoke (it stalls a section on purpose)")
+    stall: StallSection | None = None
+    if args.smoke_stall:
+        stall = StallSection()
+        SECTIONS[STALL] = (lambda ctx: stall, 1)  # type: ignore[assignment,return-value]
+        wanted.insert(0, STALL)
     name = "gpu_check_cpu_smoke" if args.cpu_smoke else "gpu_check"
-    path = Path(args.out) if args.out else RESULTS_DIR / f"{name}.json"
+    folder = Path(args.out_dir) if args.out_dir else RESULTS_DIR
+    path = Path(args.out) if args.out else folder / f"{name}.json"
     run = Run(name, path, args.allow_partial)
     install_sigterm(run)
     signal.signal(signal.SIGALRM, _on_alarm(run))
@@ -1612,6 +1744,8 @@ def main(argv: list[str] | None = None) -> int:
             estimate=estimates[section],
             grace=args.grace,
         )
+    if stall is not None:
+        stall.close()
     run.save(complete=True)
     code = exit_status(CHECKS, args.allow_partial)
     print(f"\n{RESULT['summary']['line']} in {RESULT['seconds']} s; wrote {path}")
