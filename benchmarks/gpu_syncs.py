@@ -2,7 +2,7 @@
 and the anchors (`benchmarks/anchors.py`) on the GPU.
 
 * syncs (~8 s): a Session on CUDA (fp32, amp-bf16, fp32 with clipping, bf16-true, and the
-  optimizers Adam, SGD, Adafactor, torchao's and bitsandbytes' paged 8-bit AdamW; the
+  optimizers Adam, SGD with and without momentum, Adafactor, torchao's and bitsandbytes' paged 8-bit AdamW; the
   default loader settings, no pinned memory) trains warm-up steps, then
   `STEPS` steps with `torch.cuda.set_sync_debug_mode("warn")` (which warns at every
   operation that makes the host wait: `.item()`, `.tolist()`, a copy to pageable host
@@ -52,6 +52,7 @@ BOUNDS: dict[str, int | str | None] = {
     "bf16-true": 1,
     "amp-fp16": None,
     "sgd": 1,
+    "sgd-nomomentum": 1,
     "adam": 1,
     "adafactor": 1,
     "adam8bit": 1,
@@ -64,6 +65,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "bf16-true": {"precision": "bf16-true"},
     "amp-fp16": {"precision": "amp-fp16"},
     "sgd": {"optimizer": "sgd"},
+    "sgd-nomomentum": {"optimizer": "sgd-nomomentum"},
     "adam": {"optimizer": "adam"},
     "adafactor": {"optimizer": "adafactor"},
     "adam8bit": {"optimizer": "adam8bit"},  # torchao's: its step compiles (GPU only here)

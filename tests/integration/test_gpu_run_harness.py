@@ -114,3 +114,26 @@ def test_the_slim_bitsandbytes_wheel_keeps_one_cuda_build(tmp_path: Path) -> Non
     )  # fmt: skip
     assert len(record) == 4 and record[-1] == "bitsandbytes-0.50.2.dist-info/RECORD,,"
     assert all(",sha256=" in line for line in record[:-1])
+
+
+def test_the_budget_cuts_the_oldest_sections_and_fits_eight_minutes(tmp_path: Path) -> None:
+    """A section starts only while its estimate fits in the budget left: ladder (~60 s)
+    does not fit a 40-second budget after nvml, and is "not run" (never passed). The GPU
+    budget, the gpu tests' cap and the machine's start fit in 8 minutes."""
+    out = tmp_path / "budget.json"
+    done = _gpu_check(
+        "--cpu-smoke", "--sections", "nvml,ladder", "--budget", "40", "--out", str(out)
+    )
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["sections"]["nvml"]["status"] == "passed"
+    ladder = result["sections"]["ladder"]
+    assert ladder["status"] == "not run" and "its estimate 60 s" in ladder["note"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    start_s, wheels_s, gpu_tests_s = 90, 15, 75  # gpu_run.sh cuts the gpu tests at 75 s
+    assert gpu_check.BUDGET_SECONDS + start_s + wheels_s + gpu_tests_s <= 8 * 60
+    assert "GPU_TESTS_SECONDS:-75" in RUN.read_text()
