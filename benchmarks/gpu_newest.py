@@ -238,18 +238,29 @@ def lora_section(ctx: Any, check: Callable[..., bool]) -> Section:
 
 def dryrun_section(ctx: Any, check: Callable[..., bool]) -> Section:
     def run(out: dict[str, Any]) -> None:
+        import gc
+
         from workbench import Session, simulate_memory
 
+        torch = ctx.torch
         device = "cpu" if ctx.smoke else "cuda"
         for name, settings in (("plain", {}), ("lora", {"lora_rank": 8})):
             config = _config(ctx, micro_batch=8, **settings)
+            gc.collect()
+            # what earlier sections left allocated is no part of this run's peak
+            before = 0 if ctx.smoke else torch.cuda.memory_allocated()
             with Session(config, model_options=_options(ctx)) as s:
                 records = s.run(optimizer_steps=4, progress=False)
-                real = _steady_peak(records)
+                peak = _steady_peak(records)
+            real = None if peak is None else peak - before
             dry = simulate_memory(
                 "tiny-gpt", config, model_options=_options(ctx), device=device, progress=False
             )
-            out[name] = {"dry_run_peak_bytes": dry.peak_bytes, "real_peak_bytes": real}
+            out[name] = {
+                "dry_run_peak_bytes": dry.peak_bytes,
+                "real_peak_bytes": real,
+                "allocated_before_bytes": before,
+            }
             if ctx.smoke:
                 check("dryrun", f"{name}: a dry run on the CPU", dry.peak_bytes > 0)
                 continue
