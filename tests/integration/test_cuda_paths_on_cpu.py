@@ -114,6 +114,8 @@ def test_the_observer_leaves_your_trainers_cuda_peak_alone(monkeypatch: Any) -> 
         assert len(resets) == expected
         assert obs.records()[-1].cuda_max_allocated_bytes == 300
         obs.close()
+    with pytest.raises(ValueError, match=r"reset_peak='yes': must be True or False"):
+        Observer(model, reset_peak="yes")  # type: ignore[arg-type]
 
 
 def test_a_plain_steps_norm_without_gradients_is_on_the_device() -> None:

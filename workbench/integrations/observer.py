@@ -136,12 +136,14 @@ class Observer:
         reset_peak: bool = False,
     ) -> None:
         self._norm_every = grad_norm_every(grad_norm)
-        self._reset_peak = bool(reset_peak)
+        self._reset_peak = reset_peak
         if no_loss_note is not None and not isinstance(no_loss_note, str):
             raise ValueError(
                 f"no_loss_note={shown(no_loss_note)}: must be a string or None (what to say "
                 "when a step's loss cannot be read)"
             )
+        if not isinstance(reset_peak, bool):
+            raise ValueError(f"reset_peak={shown(reset_peak)}: must be True or False")
         self.no_loss_note = no_loss_note or LOOP_NO_LOSS
         self._loss_noted = False  # the first step without a loss is said (notes, events)
         self.trainer = trainer
