@@ -42,17 +42,22 @@ done
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 modules=("${IMAGE[@]}")
 for pair in "${NEEDED[@]}"; do modules+=("${pair##*:}"); done
-bad=$("$PY" - "${modules[@]}" <<'PYEOF'
+verdict=$(mktemp)
+# the libraries' own import notices go to a log; the verdict to its own file
+"$PY" - "$verdict" "${modules[@]}" >/tmp/gpu_run_imports.log 2>&1 <<'PYEOF' ||
 import importlib, sys
 bad = []
-for name in sys.argv[1:]:
+for name in sys.argv[2:]:
     try:
         importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - any failure to import is a refusal
-        bad.append(f"{name} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
-print("; ".join(bad))
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        bad.append(f"{name} ({type(exc).__name__}: {first})")
+with open(sys.argv[1], "w") as f:
+    f.write("; ".join(bad))
 PYEOF
-) || refuse "the import check itself failed"
+  refuse "the import check itself failed: $(tail -n 1 /tmp/gpu_run_imports.log)"
+bad=$(cat "$verdict")
 [ -z "$bad" ] || refuse "does not import here: $bad"
 mkdir -p "$RESULTS"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"

@@ -67,7 +67,13 @@ def test_results_land_in_out_after_every_section(tmp_path: Path) -> None:
 
 
 def _run_sh(tmp_path: Path, wheels: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "WHEELS": str(wheels), "OUT": str(tmp_path / "out")}
+    env = {
+        **os.environ,
+        "WHEELS": str(wheels),
+        "OUT": str(tmp_path / "out"),
+        "SITE": str(tmp_path / "site"),
+        "GPU_RUN_PYTHON": sys.executable,
+    }
     return subprocess.run(["bash", str(RUN)], capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -88,6 +94,12 @@ def test_gpu_run_refuses_to_start_without_its_wheels(tmp_path: Path) -> None:
         "wheels missing from " + f"{wheels}/: bitsandbytes (run 'bash benchmarks/gpu_wheels.sh')"
     ), done.stderr
     assert not (tmp_path / "out").exists()  # nothing ran
+    (wheels / "bitsandbytes-1.0-py3-none-any.whl").write_bytes(b"")  # all there, all broken
+    done = _run_sh(tmp_path, wheels)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"the wheels in {wheels}/ did not install" in lines[0], done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_slim_bitsandbytes_wheel_keeps_one_cuda_build(tmp_path: Path) -> None:
