@@ -349,11 +349,13 @@ def _hf_run(ctx: Any, check: Callable[..., bool]) -> dict[str, Any]:
         "cuda_max_allocated_bytes": [r.cuda_max_allocated_bytes for r in records],
     }
     check("observers", "transformers: every step recorded", len(records) == 4, len(records))
-    # fp16 starts at a loss scale of 65536: a norm still scaled reads ~1e4 or inf
+    # fp16 starts at a loss scale of 65536: a norm still scaled reads ~1e4 or more (a step
+    # that overflows reads inf either way, and the scaler skips it)
+    finite = [n for n in norms if n is not None and math.isfinite(n)]
     check(
         "observers",
         "transformers: the gradient norm is the unscaled one",
-        _finite(norms) and max(norms) < 1e3,
+        len(finite) >= 2 and max(finite) < 1e3,
         norms,
     )
     if not small:
@@ -361,7 +363,7 @@ def _hf_run(ctx: Any, check: Callable[..., bool]) -> dict[str, Any]:
         row["run_peak_bytes"] = peak
         check(
             "observers",
-            "transformers: CUDA memory recorded and the trainer's peak not reset",
+            "transformers: CUDA memory recorded, within the run's peak",
             all(records_peak is not None for records_peak in row["cuda_max_allocated_bytes"])
             and peak >= max(row["cuda_max_allocated_bytes"]),
             (peak, row["cuda_max_allocated_bytes"]),
