@@ -22,8 +22,9 @@
   against, so it is checked below the 1-rank one).
 * observers (~30 s): the Hugging Face Trainer (fp16 without clipping: the gradient norm
   taken before the scaler's `unscale_`, divided by its scale) and Lightning on CUDA with
-  the workbench callbacks: records carry CUDA memory, the norm is finite and unscaled,
-  and the run's CUDA peak is not reset under the trainer (the observer's default).
+  the workbench callbacks: records carry CUDA memory (within the run's peak, which the
+  observer no longer resets under the trainer), the norm is unscaled (below 1e3; a step
+  that overflows reads inf and is skipped by the scaler).
 
 On `--cpu-smoke` the same code runs tiny on the CPU; what only CUDA has (paging, the
 reserved peak, the 4-bit CUDA kernels, torchao's compiled step) is left out there, the
