@@ -1072,6 +1072,7 @@ def peak_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                     optimizer_impl="foreach",
                 )
                 row: dict[str, Any] = {
+                    "use_cache": model.config.use_cache,
                     "measured_max_allocated": measured,
                     "measured_max_reserved": reserved,
                     "formula_peak": e.peak_bytes,

@@ -72,6 +72,9 @@ def test_every_section_runs_in_cpu_smoke_mode(tmp_path: Path) -> None:
     # the estimates add up past the GPU budget on purpose: the budget cuts the oldest
     assert result["estimated_total_s"] == 603 and result["budget_s"] > 0
     assert list(result["plan"])[:5] == ["optim8", "offload", "lora", "dryrun", "observers"]
+    # the peak section's Llama trains without a KV cache, as the dry run's copy does
+    llama = [v for v in result["sections"]["peak"].values() if isinstance(v, dict)]
+    assert llama and all(row["use_cache"] is False for row in llama)
     assert "about 603 s in all" in done.stdout
 
 
