@@ -19,7 +19,8 @@ What it reads, from the Trainer's own hooks and objects:
   fetches the step's batches (`get_batch_samples`) and does its logging;
 * the gradient norm: the Trainer's own (it logs the norm before clipping as `grad_norm`)
   when `logging_steps=1`, else the norm computed in `on_pre_optimizer_step` when the
-  Trainer does not clip (`max_grad_norm=0`), else none;
+  Trainer does not clip (`max_grad_norm=0`; under fp16 the gradients are still scaled
+  there, so the norm is divided by the loss scale: `pending_scale`), else none;
 * the learning rate from the optimizer, the memory as an Observer measures it.
 
 A model whose output has no `.loss` (a Trainer subclass whose `compute_loss` computes the
@@ -164,6 +165,23 @@ def _fill_auto(ds: Any, settings: dict[str, Any]) -> Any:
     return out
 
 
+def pending_scale(optimizer: Any) -> Any:
+    """The loss scale an fp16 run's gradients still carry as its optimizer step begins:
+    accelerate's GradScaler's scale (its device tensor: no sync) unless `unscale_` already
+    ran this step. The Trainer unscales only to clip, so with `max_grad_norm=0` the
+    gradients reach `on_pre_optimizer_step` scaled (x65536 at the start, inf on an
+    overflow step) and the scaler unscales them inside `optimizer.step()`. None when
+    nothing scales them."""
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is None or not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
+        return None
+    inner = getattr(optimizer, "optimizer", optimizer)
+    stage = scaler._per_optimizer_states.get(id(inner), {}).get("stage")
+    if getattr(stage, "name", None) == "UNSCALED":
+        return None
+    return scaler._scale
+
+
 class WorkbenchTrainerCallback(TrainerCallback):
     """A `transformers.TrainerCallback` that records the run into `self.observer` (an
     `Observer`, made with the callback; the model, optimizer and settings attached at
@@ -237,7 +255,8 @@ class WorkbenchTrainerCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._on and self.observer.grads_due:  # the norm or states' bytes
-            self.observer.before_optimizer_step(kwargs.get("optimizer"))
+            optimizer = kwargs.get("optimizer")
+            self.observer.before_optimizer_step(optimizer, grad_scale=pending_scale(optimizer))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self._on:

@@ -11,8 +11,10 @@ A trainer's callback (`workbench.integrations.hf`, `.lightning`) drives the same
 from its hooks. Per optimizer step the record holds the loss (mean over its micro-batches),
 learning rate, samples (and tokens) per second, the step time split into the wait for data
 (where the trainer shows it) and compute, the gradient norm and loss scale where known, and
-the memory measured: CUDA's allocated / peak / reserved bytes each step or the process RSS (at
-most every `RSS_SECONDS`),
+the memory measured: CUDA's allocated / peak / reserved bytes each step (one read of the
+allocator's statistics; the peak is the process's since its last reset, which the observer
+leaves to your trainer unless `reset_peak=True`) or the process RSS (at most every
+`RSS_SECONDS`),
 the parameters', gradients' and optimizer states' bytes counted from the tensors on the
 first steps and every `STATE_EVERY` steps after (they keep their sizes). `predict()` is the
 estimator's figure for the trainer's settings (`config`, a TrainConfig read from the
@@ -115,7 +117,9 @@ class Observer:
     is recorded with `loss=None` (unknown: not NaN, so no advice on it), and the first such
     step adds a note (`notes`) and a "loss-unknown" event (`events`) saying why and how to
     expose the loss: `no_loss_note` (a trainer's callback names its own way; default: pass
-    it to `step()`)."""
+    it to `step()`). `reset_peak=True` resets CUDA's peak at each step's end, so a record's
+    peak is its own step's; off by default, as that reset clobbers the peak your trainer
+    reports (the Trainer's memory metrics, Lightning's device stats)."""
 
     def __init__(
         self,
@@ -129,13 +133,17 @@ class Observer:
         notes: list[str] | None = None,
         grad_norm: bool | int | str = "auto",
         no_loss_note: str | None = None,
+        reset_peak: bool = False,
     ) -> None:
         self._norm_every = grad_norm_every(grad_norm)
+        self._reset_peak = reset_peak
         if no_loss_note is not None and not isinstance(no_loss_note, str):
             raise ValueError(
                 f"no_loss_note={shown(no_loss_note)}: must be a string or None (what to say "
                 "when a step's loss cannot be read)"
             )
+        if not isinstance(reset_peak, bool):
+            raise ValueError(f"reset_peak={shown(reset_peak)}: must be True or False")
         self.no_loss_note = no_loss_note or LOOP_NO_LOSS
         self._loss_noted = False  # the first step without a loss is said (notes, events)
         self.trainer = trainer
@@ -241,7 +249,7 @@ class Observer:
             "cpu_util_percent": None,
             "loss_parts": None,
         }
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self._reset_peak:
             torch.cuda.reset_peak_memory_stats(self.device)
         with self._lock:
             self._version += 1
@@ -380,10 +388,13 @@ class Observer:
             return ON_DEVICE
         return number(value, COLUMNS[column])
 
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def before_optimizer_step(
+        self, optimizer: torch.optim.Optimizer | None = None, *, grad_scale: Any = None
+    ) -> None:
         """The gradients are ready: their total norm (on the device, read with the loss at
         the step's end) when the observer computes it, and the model states' bytes on the
-        first steps."""
+        first steps. `grad_scale`: the loss scale the gradients still carry (fp16 before
+        the scaler's `unscale_`; a tensor or number), divided out of the norm."""
         if optimizer is not None:
             self.optimizer = optimizer
         if self.model is None:
@@ -398,7 +409,8 @@ class Observer:
         start = time.perf_counter()
         grads = [p.grad for p in params if p.grad is not None]
         if norm and grads:
-            self._norm = self._value(NORM, _total_norm(grads, self._one_kind))
+            total = _total_norm(grads, self._one_kind)
+            self._norm = self._value(NORM, total if grad_scale is None else total / grad_scale)
             self._norm_s = time.perf_counter() - start  # the listing included
         if states:
             self._states = (storage_bytes(self._params), storage_bytes(grads), None)
@@ -530,7 +542,7 @@ class Observer:
             self.flush()
             now = time.perf_counter()
         self._last_end = now
-        if self._cuda:
+        if self._cuda and self._reset_peak:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def _checked(self, samples: Any, tokens: Any, lr: Any, grad_norm: Any) -> tuple[Any, ...]:
@@ -795,19 +807,20 @@ def observe(
     grad_accum: int = 1,
     config: TrainConfig | None = None,
     grad_norm: bool | int | str = "auto",
+    reset_peak: bool = False,
 ) -> Iterator[Observer]:
     """Observe a hand-written loop: call `obs.step(loss)` after each optimizer step
     (`obs.begin_step()` when a step's first batch is in hand, to split off the data wait;
     `obs.micro_batch(batch, loss)` per micro-batch under accumulation; otherwise the
     gradient norm is read from the gradients left when `step()` runs, before
     `zero_grad()`). `micro_batch` / `grad_accum` (or a whole `config`) describe the run
-    for the prediction."""
+    for the prediction; `reset_peak`: as `Observer`'s."""
     if config is None:
         settings: dict[str, Any] = {"grad_accum": grad_accum}
         if micro_batch is not None:
             settings["micro_batch"] = micro_batch
         config = TrainConfig(**settings)
-    obs = _LoopObserver(model, optimizer, config=config, grad_norm=grad_norm)
+    obs = _LoopObserver(model, optimizer, config=config, grad_norm=grad_norm, reset_peak=reset_peak)
     try:
         yield obs
     finally:
@@ -818,9 +831,11 @@ class _LoopObserver(Observer):
     """A hand-written loop's observer: when no `before_optimizer_step()` came, the
     gradients left when `step()` runs (before your `zero_grad()`) are read there."""
 
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def before_optimizer_step(
+        self, optimizer: torch.optim.Optimizer | None = None, *, grad_scale: Any = None
+    ) -> None:
         self._prepared = True
-        super().before_optimizer_step(optimizer)
+        super().before_optimizer_step(optimizer, grad_scale=grad_scale)
 
     def step(self, loss: torch.Tensor | float | None = None, **kwargs: Any) -> StepRecord:
         if self._params is None and self.model is not None:

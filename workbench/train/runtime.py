@@ -463,14 +463,16 @@ def memory_reader(device: torch.device) -> Callable[[], MemoryReading]:
     """(CUDA allocated, CUDA peak allocated, CUDA reserved, host RSS) bytes, None where
     not measured on this device. The peak is since `Runtime.begin_step()`: the step's."""
     if device.type == "cuda":
+        from torch.cuda import memory as cuda_memory
 
         def cuda() -> MemoryReading:
-            return (
-                torch.cuda.memory_allocated(device),
-                torch.cuda.max_memory_allocated(device),
-                torch.cuda.memory_reserved(device),
-                None,
-            )
+            # one build of the allocator's statistics a step (memory_allocated,
+            # max_memory_allocated and memory_reserved each build and flatten all of them)
+            stats = cuda_memory.memory_stats_as_nested_dict(device)
+            if not stats:  # CUDA not initialized yet: nothing allocated
+                return 0, 0, 0, None
+            allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+            return int(allocated["current"]), int(allocated["peak"]), int(reserved["current"]), None
 
         return cuda
     rss = _rss_reader()

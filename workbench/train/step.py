@@ -9,7 +9,8 @@ optimizer step (`prepare_step()`, the plain backend without loss scaling), the g
 norm, read together, so a non-finite step is skipped before the optimizer touches the
 weights. The step's time comes from `step_clock` (CUDA events read a step late, no sync of
 their own). docs/step_cost.md says what each part of a step costs and which settings add
-syncs of their own (a loss scaler's checks, the DeepSpeed and FSDP engines' norms).
+syncs of their own (a loss scaler's checks, the DeepSpeed and FSDP engines' norms;
+bitsandbytes' 8-bit optimizers sync after every parameter they step, once more when paged).
 The CUDA peak statistic is reset as the step starts, so each record's peak is its own
 step's. A step that fails leaves the weights and optimizer state as they were; the Session
 turns the failure into an event (`NonFiniteLoss`, out of memory, any other exception).

@@ -127,7 +127,14 @@ def neutral_state(st: MutableMapping[str, Any]) -> dict[str, Any]:
     for key, (state, qmap, absmax) in BNB_MOMENTS.items():
         t = st[state]
         if t.dtype == torch.uint8:
-            t = F.dequantize_blockwise(t, absmax=st[absmax], code=st[qmap], blocksize=BNB_BLOCK)
+            # a paged optimizer's states live in managed memory that bitsandbytes hands out
+            # as CPU-typed tensors while their absmax is on the GPU: dequantized where the
+            # absmax is (a CPU kernel would read the GPU's absmax, a CUDA one refuses a CPU
+            # tensor), the 8-bit codes copied there first
+            where = st[absmax].device
+            t = F.dequantize_blockwise(
+                t.to(where), absmax=st[absmax], code=st[qmap].to(where), blocksize=BNB_BLOCK
+            )
         out[key] = t.detach().float().clone()
     return out
 

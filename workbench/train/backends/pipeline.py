@@ -27,9 +27,9 @@ How it works
 * Data parallel over the pipelines: each gradient is all-reduced (averaged) over the
   ranks holding the same stage. The gradient norm: every stage's squared sum (the tied
   copy counted once), summed over the pipeline.
-* Measured: the schedule's wall time and the time this stage computed in it (its
-  forward and backward chunks), so `pipeline_report()` gives the bubble this rank sat
-  idle next to the schedule's ideal, (pp - 1) / (micro-batches + pp - 1); `probe()`
+* Measured (CUDA events on a GPU, `SpanClock`): the schedule's wall time and the time
+  this stage computed in it (its forward and backward chunks), so `pipeline_report()`
+  gives the bubble this rank sat idle next to the schedule's ideal, (pp - 1) / (micro-batches + pp - 1); `probe()`
   counts the peak of the activations this stage holds in flight during one step (bytes
   saved for backward, packed minus unpacked), which 1F1B bounds by `pp` micro-batches
   on the first stage and GPipe does not.
@@ -78,6 +78,41 @@ from workbench.train.techniques.tensor_plan import TensorPlan, tensor_plan
 _shards = shard_count
 
 
+class SpanClock:
+    """Seconds of a stage's work, as the device did it. On CUDA the schedule's chunks and
+    its NCCL sends and receives are asynchronous: host time around a chunk measures its
+    launches, not its kernels. So each mark is a CUDA event recorded on the current stream
+    (the schedule makes that stream wait for its receives), and the spans between marks are
+    read once the step's last mark completed (`seconds`, `busy`: the one wait). Elsewhere
+    the work is done when the call returns: the host clock. `event`: the CUDA event type
+    (a stand-in in tests)."""
+
+    def __init__(self, device: torch.device, event: Any = None) -> None:
+        self.on_device = device.type == "cuda" or event is not None
+        self._event = event or (torch.cuda.Event if self.on_device else None)
+        self.spans: list[tuple[Any, Any]] = []
+
+    def mark(self) -> Any:
+        if not self.on_device:
+            return time.perf_counter()
+        event = self._event(enable_timing=True)
+        event.record()
+        return event
+
+    def span(self, start: Any, end: Any) -> None:
+        self.spans.append((start, end))
+
+    def seconds(self, start: Any, end: Any) -> float:
+        if not self.on_device:
+            return float(end - start)
+        end.synchronize()  # the host waits for the device here
+        return float(start.elapsed_time(end)) / 1000.0
+
+    def busy(self) -> float:
+        """The spans' seconds added up (after the step: its last mark has completed)."""
+        return sum(self.seconds(a, b) for a, b in self.spans)
+
+
 class PipelineBackend(DistributedBackend):
     """Pipeline parallelism behind the `Backend` contract (see the module docstring)."""
 
@@ -109,7 +144,7 @@ class PipelineBackend(DistributedBackend):
         self.schedule_name = PipelineSchedule(config.pp_schedule)
         self.precision = Precision(config.precision)
         self._clip = config.clip_grad_norm
-        self._busy = 0.0
+        self._clock = SpanClock(self.device)
         self.last_wall_seconds = 0.0
         self.last_busy_seconds = 0.0
         self._pp_group, self._dp_group, self._tied_group = self._make_groups(dist)
@@ -182,16 +217,16 @@ class PipelineBackend(DistributedBackend):
         return self._mesh.get_group("pp"), self._mesh.get_group("dp"), tied_mine
 
     def _time_chunks(self, stage: Any) -> None:
-        """Add this stage's compute (its forward and backward chunks) to `_busy`."""
+        """Time this stage's compute (its forward and backward chunks) on `_clock`."""
         for name in ("forward_one_chunk", "backward_one_chunk"):
             inner = getattr(stage, name)
 
             def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-                t = time.perf_counter()
+                start = self._clock.mark()
                 try:
                     return _inner(*args, **kwargs)
                 finally:
-                    self._busy += time.perf_counter() - t
+                    self._clock.span(start, self._clock.mark())
 
             setattr(stage, name, timed)
 
@@ -223,8 +258,9 @@ class PipelineBackend(DistributedBackend):
         targets = torch.cat([b[1] for b in batches]).to(self.device)
         self._loss_fn = loss_fn
         losses: list[torch.Tensor] = []
-        self._busy = 0.0
-        t = time.perf_counter()
+        clock = self._clock
+        clock.spans.clear()
+        start = clock.mark()
         with on_device(self.device), self.autocast(), self._vocabulary_parallel():
             if self.first:
                 self.schedule.step(inputs)
@@ -232,8 +268,9 @@ class PipelineBackend(DistributedBackend):
                 self.schedule.step(target=targets, losses=losses)
             else:
                 self.schedule.step()
-        self.last_wall_seconds = time.perf_counter() - t
-        self.last_busy_seconds = self._busy
+        end = clock.mark()
+        self.last_wall_seconds = clock.seconds(start, end)  # the host waits for the device
+        self.last_busy_seconds = clock.busy()
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.last:
             total = torch.stack([_local(loss).detach().float() for loss in losses]).sum()

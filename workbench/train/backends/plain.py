@@ -190,8 +190,8 @@ class PlainBackend(Backend):
             return norm
         # torch's get_total_norm and clip_grads_with_norm_, the same kernels, without their
         # grouping by device and dtype (one group here)
-        if not grads:
-            return torch.tensor(0.0)
+        if not grads:  # on the device: the step's one read stacks it with the loss
+            return torch.zeros((), dtype=torch.float32, device=self.device)
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
         if self._clip is not None:
             torch._foreach_mul_(grads, torch.clamp(self._clip / (norm + 1e-6), max=1.0))

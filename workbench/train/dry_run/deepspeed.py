@@ -91,6 +91,7 @@ def deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
 @contextlib.contextmanager
 def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
     import deepspeed
+    import deepspeed.accelerator.real_accelerator as ds_accelerator
     import deepspeed.comm as ds_comm
     import deepspeed.runtime.utils as ds_utils
     import deepspeed.runtime.zero.partition_parameters as ds_partition
@@ -125,6 +126,9 @@ def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
         )
         logger.setLevel(logging.ERROR)
         forget_stale_groups()
+        # DeepSpeed's accelerator is process-wide: the one in place (or none chosen yet)
+        # is put back after the block, so a dry run on the CPU leaves a GPU run's own
+        ctx.callback(setattr, ds_accelerator, "ds_accelerator", ds_accelerator.ds_accelerator)
         accelerator = use_deepspeed_accelerator(device)
         if not accelerator.is_fp16_supported():  # a CPU simulating a GPU's fp16 run
             patch(type(accelerator), "is_fp16_supported", _supported)

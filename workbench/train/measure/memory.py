@@ -408,6 +408,29 @@ _KERNEL_NOTES = {
 }
 
 
+def paged_state_note(optimizer: Any, device: torch.device) -> str | None:
+    """What CUDA's peak misses under a paged optimizer (bitsandbytes' `PagedAdamW8bit`):
+    its large states live in CUDA managed memory (`cudaMallocManaged`, CPU-typed tensors
+    flagged `is_paged`), which the caching allocator never sees, so
+    `torch.cuda.max_memory_allocated()` leaves them out; `optimizer_bytes` counts them from
+    the tensors. None when no state is paged or the device is not CUDA."""
+    if device.type != "cuda" or not getattr(optimizer, "is_paged", False):
+        return None
+    paged = [
+        v
+        for st in getattr(optimizer, "state", {}).values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and getattr(v, "is_paged", False)
+    ]
+    if not paged:
+        return None
+    return (
+        f"{fmt_bytes(storage_bytes(paged))} of optimizer states in {len(paged)} paged "
+        "tensors live in CUDA managed memory: counted in the optimizer row, not in the CUDA "
+        "peak (max_memory_allocated does not see managed memory)"
+    )
+
+
 def measure(
     runtime: Any,
     *,
@@ -473,6 +496,9 @@ def measure(
             "parameters by dtype: "
             + ", ".join(f"{dtype} {fmt_bytes(n)}" for dtype, n in by_dtype.items())
         )
+    paged = paged_state_note(backend.optimizer, device)
+    if paged is not None:
+        notes.append(paged)
     if runtime.offload is not None and device.type == "cpu":
         notes.append(
             "activation offload on a CPU: the device is the host, so nothing moves and "
