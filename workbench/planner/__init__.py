@@ -477,7 +477,8 @@ def plan(
     other names are taken too (`params`, `price`, `no_offload`). Planner-only choices
     (workbench.planner.schedules, shown on each plan's label): `pp_schedule` ("1f1b",
     "gpipe", "interleaved-1f1b", "zero-bubble", or "search" for each that runs) with
-    `virtual_stages` a rank, `compile` (torch.compile, which the Session trains),
+    `virtual_stages` a rank, `compile` (torch.compile: the Session trains it without tp
+    or pp; a tp or pp layout is planned compiled as torchtitan runs it, on the label),
     `float8` and `hsdp` (FSDP sharded inside a node, replicated across). ValueError naming the
     field for bad input (a keyword plan() does not take among them), and when no setup
     fits (which term breaks the best one and by how much)."""
@@ -644,7 +645,7 @@ def plan(
                         settings["attention"] = attention
                     if lora_rank:
                         settings["lora_rank"] = lora_rank
-                    if pins.compile:
+                    if pins.compile and tp == pp == 1:  # else torchtitan's: on the label
                         settings["compile"] = True
                     try:  # a setup the Session trains on G ranks, as it is
                         problems = engine_problems(TrainConfig(**settings), G)
@@ -794,6 +795,9 @@ def _one(
     shard_group, extras = None, []
     if schedule[0] != "1f1b" and pp > 1:
         extras.append(f"{schedule[0]} v{schedule[1]}" if schedule[1] > 1 else schedule[0])
+    compiled = pins.compile  # the Session compiles tp = pp = 1; the others are extras
+    if compiled and not s.get("compile"):
+        extras.append("compile")
     if pins.float8:
         extras.append("float8")
     fsdp_hsdp = pins.hsdp and engine in ("full_shard", "shard_grad_op") and hw.nodes > 1
@@ -824,7 +828,7 @@ def _one(
         schedule=schedule[0] if pp > 1 else "1f1b",
         virtual_stages=schedule[1] if pp > 1 else 1,
         shard_group=shard_group,
-        compiled=bool(s.get("compile")),
+        compiled=compiled or bool(s.get("compile")),
         float8=pins.float8,
     )
     t = step_time(sh, layout, hw, efficiency=efficiency)
