@@ -221,7 +221,10 @@ def test_compile_float8_and_hsdp_are_planned_when_pinned() -> None:
     sharded = {**_SMALL, "engines": "full_shard", "global_batch": 64}
     base = plan(**sharded)
     fast = plan(**sharded, compile=True, float8=True)
-    assert all(p.settings["compile"] for p in fast.plans)  # the Session compiles it
+    for p in fast.plans:  # the Session compiles tp = pp = 1; torchtitan the others
+        assert p.settings.get("compile") is (True if p.tp == p.pp == 1 else None)
+        assert ("compile" in p.extras) is (p.tp * p.pp > 1)
+    assert {p.tp for p in fast.plans} == {p.tp for p in base.plans}  # tp layouts kept
     plain = {p.label(): p for p in base.plans}
     for p in fast.plans:
         twin = plain[p.label().replace(" compile float8", "")]

@@ -39,6 +39,15 @@ from workbench.planner.checks import checked_numbers as _checked_numbers
 from workbench.planner.checks import counts as _counts
 from workbench.planner.efficiency import resolve as _efficiency_of
 from workbench.planner.hardware import Cluster, cluster
+from workbench.planner.keywords import (
+    CLI_NAMES,
+    MAX_GPUS,
+    OUTPUT_FLAGS,
+    SEARCHED,
+    SHAPE_KEYS,
+)
+from workbench.planner.keywords import cli_keywords as _cli_keywords
+from workbench.planner.keywords import nodes_of as _nodes_of
 from workbench.planner.pins import check_pin, read_pin
 from workbench.planner.schedules import Pins, checked_pins, schedule_choices
 from workbench.planner.space import element_bytes as _element_bytes
@@ -48,8 +57,6 @@ from workbench.planner.steptime import Layout, Shape, StepTime, step_time
 from workbench.prediction import estimator_inputs
 
 _GIB = 1 << 30
-#: the most GPUs a plan spans (the largest published runs use tens of thousands)
-MAX_GPUS = 1 << 20
 #: the largest global batch planned, in samples (Llama 3 405B's 16M tokens are 2048)
 MAX_GLOBAL_BATCH = 1 << 24
 
@@ -314,111 +321,6 @@ def _powers_dividing(n: int, limit: int) -> list[int]:
     return out
 
 
-#: `workbench plan`'s names for plan()'s keywords (its flags without the dashes)
-CLI_NAMES = {"params": "n_params", "price": "price_per_gpu_hour", "no_offload": "offload"}
-#: the flags of `workbench plan` that are about its output, with what the API does instead
-OUTPUT_FLAGS = {
-    "top": "result.text(top=N) shows the first N",
-    "json": "result.to_dict() is the JSON",
-    "probe": "workbench.train.measure.plan_probe.probe_plans(result, k) runs the top k",
-    "export": "workbench.export.export_job(TrainConfig(**result.best.settings), ...) writes "
-    "plan #1 as a job",
-    "export_model": "export_job(..., model=SPEC) names the module the job trains",
-    "export_format": "export_job(..., format=F) picks the format",
-}
-#: the estimator's inputs each plan chooses itself (the search space)
-SEARCHED = (
-    "micro_batch",
-    "grad_accum",
-    "zero_stage",
-    "fsdp",
-    "offload_optimizer",
-    "offload_params",
-    "tensor_parallel",
-    "pipeline_parallel",
-    "checkpointing",
-    "gpus",
-)
-#: the estimator's inputs that describe the model, passed on as they are
-SHAPE_KEYS = (
-    "layers",
-    "hidden",
-    "heads",
-    "vocab",
-    "kv_heads",
-    "ffn_hidden",
-    "mlp",
-    "norm",
-    "bias",
-    "positions",
-    "tied_embeddings",
-    "parallel_residual",
-    "dropout",
-)
-
-
-def _cli_keywords(shape: dict[str, Any], given: dict[str, Any]) -> None:
-    """`workbench plan`'s own names in `shape` (params, price, no_offload) moved to
-    plan()'s keywords in `given`; ValueError naming any other keyword plan() does not take:
-    a setting each plan chooses, an output flag of the CLI, or an unknown name (with the
-    close one and the allowed ones)."""
-    import difflib
-
-    for name in list(shape):
-        if name in CLI_NAMES:
-            value = shape.pop(name)
-            target = CLI_NAMES[name]
-            if name == "no_offload":
-                if not isinstance(value, bool):
-                    raise ValueError(f"no_offload={shown(value)}: must be True or False")
-                given["offload"] = given["offload"] and not value
-                continue
-            if given[target] is not None:
-                raise ValueError(
-                    f"{name}={shown(value)}: give it or {target}= (the same input), not both"
-                )
-            given[target] = value
-        elif name in SHAPE_KEYS:
-            continue
-        elif name in SEARCHED:
-            raise ValueError(
-                f"{name}={shown(shape[name])}: each plan chooses it (plan.settings holds "
-                "it); plan() takes the cluster (gpu, gpus or gpus_per_node and nodes), the "
-                "batch and what to pin (engines, precision, optimizer, attention, offload)"
-            )
-        elif name in OUTPUT_FLAGS:
-            raise ValueError(
-                f"{name}={shown(shape[name])}: an output flag of `workbench plan`; plan() "
-                f"returns every plan and {OUTPUT_FLAGS[name]}"
-            )
-        else:
-            known = [*given, "gpus", "gpus_per_node", "nodes", *CLI_NAMES, *SHAPE_KEYS]
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(
-                f"{name}={shown(shape[name])}: plan() takes no such keyword; {hint}"
-                f"allowed: {', '.join(known)}"
-            )
-
-
-def _nodes_of(gpus: Any, gpus_per_node: int | None, nodes: int | None) -> tuple[Any, Any]:
-    """(gpus_per_node, nodes) from `gpus` in all, as `workbench plan --gpus` reads it: a
-    node holds 8 (or `gpus` when fewer) unless `gpus_per_node` says; ValueError naming
-    gpus when it is not whole nodes or disagrees with `nodes`."""
-    if gpus is None:
-        return (8 if gpus_per_node is None else gpus_per_node), (1 if nodes is None else nodes)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-        raise ValueError(f"gpus={shown(gpus)}: must be an integer from 1 to {MAX_GPUS:,}")
-    per = min(gpus, 8) if gpus_per_node is None else gpus_per_node
-    if isinstance(per, bool) or not isinstance(per, int) or per < 1:
-        return per, nodes  # cluster() names gpus_per_node
-    if gpus % per:
-        raise ValueError(f"gpus={gpus}: must be a whole number of nodes of {per} GPUs")
-    if nodes is not None and nodes != gpus // per:
-        raise ValueError(f"gpus={gpus}: is {gpus // per} nodes of {per}, not nodes={shown(nodes)}")
-    return per, gpus // per
-
-
 def plan(
     *,
     model: Any = None,
@@ -477,7 +379,8 @@ def plan(
     other names are taken too (`params`, `price`, `no_offload`). Planner-only choices
     (workbench.planner.schedules, shown on each plan's label): `pp_schedule` ("1f1b",
     "gpipe", "interleaved-1f1b", "zero-bubble", or "search" for each that runs) with
-    `virtual_stages` a rank, `compile` (torch.compile, which the Session trains),
+    `virtual_stages` a rank, `compile` (torch.compile: the Session trains it without tp
+    or pp; a tp or pp layout is planned compiled as torchtitan runs it, on the label),
     `float8` and `hsdp` (FSDP sharded inside a node, replicated across). ValueError naming the
     field for bad input (a keyword plan() does not take among them), and when no setup
     fits (which term breaks the best one and by how much)."""
@@ -644,7 +547,7 @@ def plan(
                         settings["attention"] = attention
                     if lora_rank:
                         settings["lora_rank"] = lora_rank
-                    if pins.compile:
+                    if pins.compile and tp == pp == 1:  # else torchtitan's: on the label
                         settings["compile"] = True
                     try:  # a setup the Session trains on G ranks, as it is
                         problems = engine_problems(TrainConfig(**settings), G)
@@ -794,6 +697,9 @@ def _one(
     shard_group, extras = None, []
     if schedule[0] != "1f1b" and pp > 1:
         extras.append(f"{schedule[0]} v{schedule[1]}" if schedule[1] > 1 else schedule[0])
+    compiled = pins.compile  # the Session compiles tp = pp = 1; the others are extras
+    if compiled and not s.get("compile"):
+        extras.append("compile")
     if pins.float8:
         extras.append("float8")
     fsdp_hsdp = pins.hsdp and engine in ("full_shard", "shard_grad_op") and hw.nodes > 1
@@ -824,7 +730,7 @@ def _one(
         schedule=schedule[0] if pp > 1 else "1f1b",
         virtual_stages=schedule[1] if pp > 1 else 1,
         shard_group=shard_group,
-        compiled=bool(s.get("compile")),
+        compiled=compiled or bool(s.get("compile")),
         float8=pins.float8,
     )
     t = step_time(sh, layout, hw, efficiency=efficiency)

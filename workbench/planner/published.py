@@ -3,17 +3,20 @@ planner's predicted tokens/s per GPU next to the measured one (docs/planner.md, 
 published throughputs"; tests/unit/test_planner_published_runs.py holds every row).
 
 A row is data: the model as `plan()` takes it, the cluster, the batch, the pinned layout,
-the measured tokens a second per GPU, its source, and `missing`: what the step-time model
-does not have that the run used, with its effect in numbers where it is published (a
-factor the comparison divides the measurement by, e.g. torch.compile's measured speed-up),
-never a constant fitted to the row. `compare()` plans each row; `table()` writes the
+the measured tokens a second per GPU, its source, the planner-only choices the run used
+(`options`: its pipeline schedule, torch.compile, float8, passed to `plan()`, whose
+factors are the published ones of workbench.planner.schedules), and `missing`: what the
+step-time model does not have that the run used, with its effect in numbers, never a
+constant fitted to the row. `compare()` plans each row; `table()` writes the
 markdown table docs/planner.md holds, so both can be re-run after a change to the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from workbench.planner.schedules import COMPUTE_FACTORS
 
 #: how far a prediction may be from the measurement (as the ratio predicted / measured)
 TOLERANCE = 0.20
@@ -25,10 +28,12 @@ _KORTHIKANTI = (
     "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', "
     "Tables 3 and 5 (iteration time; sequence parallelism, no data parallelism)"
 )
-#: torchtitan Table 1 (Llama 3.1 8B, 8 H100): FSDP 5,762 -> + torch.compile 6,667 -> + Float8
-#: 8,532 tokens/s/GPU
-COMPILE_H100 = 6667 / 5762
-FLOAT8_H100 = 8532 / 6667
+#: Narayanan et al.'s scripts for Table 1 (micro-batch, virtual stages)
+_SC21 = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh"
+#: torch.compile's and float8's factors on Hopper (torchtitan Table 1: Llama 3.1 8B, 8 H100:
+#: FSDP 5,762 -> + torch.compile 6,667 -> + Float8 8,532 tokens/s/GPU), as the planner
+#: applies them (workbench.planner.schedules)
+COMPILE_H100, FLOAT8_H100 = COMPUTE_FACTORS["h100-80gb"]
 
 _MPT = {"mlp": "gelu", "norm": "layernorm", "bias": "none", "positions": "rotary", "vocab": 50368}
 _GPT = {"vocab": 51200, "seq_len": 2048}
@@ -57,6 +62,11 @@ class PublishedRun:
     #: it is worth (1.0: nothing missing, or not published)
     missing: str = ""
     missing_factor: float = 1.0
+    #: plan()'s planner-only keywords for what the run used: pp_schedule, virtual_stages,
+    #: compile, float8 (their effect is the step-time model's, workbench.planner.schedules)
+    options: dict[str, Any] = field(default_factory=dict)
+    #: where `options` and the pinned micro-batch are read, where not the row's source
+    options_source: str = ""
     #: the catalog GPU planned where the estimator's memory differs from the run's GPU
     #: (same peak FLOP/s and links), and why
     planned_gpu: str | None = None
@@ -113,8 +123,7 @@ RUNS: tuple[PublishedRun, ...] = (
         {"engine": "full_shard", "tp": 8, "pp": 1, "dp": 32, "checkpointing": "full"},
         829,
         f"{_TT}, Table 4 (2D, torch.compile + Float8)",
-        missing="torch.compile x Float8, measured x1.16 x 1.28 on 8B (Table 1)",
-        missing_factor=COMPILE_H100 * FLOAT8_H100,
+        options={"compile": True, "float8": True},
         note="local batch 16 not pinned as one micro-batch: the estimator puts it at 221 GiB "
         "(torchtitan measured 71.9 GiB)",
     ),
@@ -203,9 +212,10 @@ RUNS: tuple[PublishedRun, ...] = (
         "a100-80gb",
         32,
         512,
-        {"engine": "ddp", "tp": 1, "pp": 1, "dp": 32, "checkpointing": "full"},
+        {"engine": "ddp", "tp": 1, "pp": 1, "dp": 32, "micro_batch": 16, "checkpointing": "full"},
         _megatron_tokens(137, 24, 2304),
         f"{_NARAYANAN}: 137 TFLOP/s",
+        options_source=f"micro-batch 16: {_SC21} (MBS=16)",
     ),
     PublishedRun(
         "GPT 18.4B, 256 A100, TP 8, full recomputation",
@@ -213,9 +223,10 @@ RUNS: tuple[PublishedRun, ...] = (
         "a100-80gb",
         256,
         1024,
-        {"engine": "ddp", "tp": 8, "pp": 1, "dp": 32, "checkpointing": "full"},
+        {"engine": "ddp", "tp": 8, "pp": 1, "dp": 32, "micro_batch": 8, "checkpointing": "full"},
         _megatron_tokens(135, 40, 6144),
         f"{_NARAYANAN}: 135 TFLOP/s",
+        options_source=f"micro-batch 8: {_SC21} (MBS=8)",
     ),
     PublishedRun(
         "GPT 145.6B, 1536 A100, TP 8 x PP 8, full recomputation",
@@ -223,10 +234,14 @@ RUNS: tuple[PublishedRun, ...] = (
         "a100-80gb",
         1536,
         2304,
-        {"engine": "ddp", "tp": 8, "pp": 8, "dp": 24, "checkpointing": "full"},
+        {"engine": "ddp", "tp": 8, "pp": 8, "dp": 24, "micro_batch": 2, "checkpointing": "full"},
         _megatron_tokens(148, 80, 12288),
         f"{_NARAYANAN}: 148 TFLOP/s",
-        missing="the interleaved 1F1B schedule Megatron ran (a smaller bubble)",
+        options={"pp_schedule": "interleaved-1f1b", "virtual_stages": 2},
+        options_source="the interleaved schedule: section 5.1 ('we use the interleaved pipeline "
+        f"schedule with the scatter/gather optimization enabled'); 2 virtual stages and "
+        f"micro-batch 2: {_SC21} (MBS=2, --num-layers-per-virtual-pipeline-stage 5: 80 layers "
+        "/ 8 stages / 5)",
     ),
     PublishedRun(
         "GPT 22B, 8 A100, TP 8, selective recomputation",
@@ -264,7 +279,9 @@ RUNS: tuple[PublishedRun, ...] = (
         {"engine": "ddp", "tp": 8, "pp": 8, "dp": 1, "micro_batch": 1, "checkpointing": "full"},
         64 * 2048 / 18.13 / 64,
         f"{_KORTHIKANTI}: 18.13 s a step of 64 x 2048 tokens",
-        missing="the interleaved schedule (3 virtual stages) the paper ran",
+        options={"pp_schedule": "interleaved-1f1b", "virtual_stages": 3},
+        options_source="3 virtual stages: section 6 ('We use the interleaving schedule with "
+        "three interleaving stages (m = 3) for the 175B and 530B models')",
     ),
     PublishedRun(
         "GPT 1T, 512 A100, TP 8 x PP 64, full recomputation",
@@ -311,7 +328,7 @@ def compare(run: PublishedRun, **plan_options: Any) -> Compared:
         global_batch=run.global_batch,
         pin=run.pin,
         offload=False,
-        **plan_options,
+        **{**run.options, **plan_options},
     )
     best = result.best
     predicted = best.tokens_per_s / run.gpus
@@ -338,9 +355,10 @@ def table(rows: list[Compared]) -> str:
         if r.planned_gpu:
             lacks += f"; planned on {r.planned_gpu} (same peak and links: the estimator's peak "
             lacks += f"exceeds {r.gpu}'s 80 GB)"
+        source = f"{r.source}; {r.options_source}" if r.options_source else r.source
         lines.append(
             f"| {r.name} | {c.plan_label} | {r.measured_tokens_per_gpu:,.0f} | "
-            f"{c.predicted_tokens_per_gpu:,.0f} | {c.ratio:.2f} | {lacks} | {r.source} |"
+            f"{c.predicted_tokens_per_gpu:,.0f} | {c.ratio:.2f} | {lacks} | {source} |"
         )
     return "\n".join(lines)
 
