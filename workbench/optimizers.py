@@ -110,6 +110,10 @@ class OptimizerRow:
     not_in_session: tuple[str, str] | None = None
     #: other names it goes by (bitsandbytes', torchao's)
     aliases: tuple[str, ...] = ()
+    #: its states live in CUDA unified memory (cudaMallocManaged: bitsandbytes' paged
+    #: optimizers), which the caching allocator does not hand out and the driver pages to
+    #: the host when the GPU is full: beside the device peak, not in it
+    paged: bool = False
 
     @property
     def in_session(self) -> bool:
@@ -265,6 +269,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
             "`optimizer_in_backward`"
         ),
         aliases=("paged-adamw8bit", "paged_adamw8bit"),
+        paged=True,
     ),
     OptimizerRow(
         name="adafactor",

@@ -152,6 +152,10 @@ SAVING_CHUNKS = 8
 
 #: The host term of `activation_offload` (`StepPeak.host_terms`).
 OFFLOADED_TERM = "offloaded activations (host)"
+#: The term of a paged optimizer's states (`OptimizerRow.paged`, `StepPeak.host_terms`):
+#: CUDA unified memory, which no allocator statistic counts and the driver moves between
+#: the GPU and the host as the step needs it and room allows.
+PAGED_TERM = "paged optimizer states (unified memory)"
 
 
 @dataclass(frozen=True)
@@ -547,6 +551,11 @@ def step_peak(
         acts = stored + recompute
         not_kept = 0  # what compile does not keep is off the host's share
     compiled = {COMPILE_TERM: -not_kept} if not_kept else {}
+    if optim and row(i.optimizer).paged and not i.offload_optimizer:
+        # bitsandbytes' paged states (cudaMallocManaged) are outside the caching allocator:
+        # beside the device peak, paged out by the driver when the GPU is full
+        host[PAGED_TERM] = optim
+        optim = 0
     base = {"parameters": params, "optimizer states": optim}
     mask = document_mask_bytes(i)
     kept_mask = {DOCUMENT_MASK_TERM: mask} if mask else {}
@@ -688,6 +697,7 @@ def offload_in_flight(breakdown: ActivationBreakdown | None, stored: int) -> int
 __all__ = [
     "COMPILE_TERM",
     "OFFLOADED_TERM",
+    "PAGED_TERM",
     "OPTIMIZER_IMPLS",
     "PHASES",
     "StepPeak",
