@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.estimate.inputs_check import ARCH_FIELDS
 from workbench.inputs import shown
 
 #: the most GPUs a plan spans (the largest published runs use tens of thousands)
@@ -37,21 +38,7 @@ SEARCHED = (
     "gpus",
 )
 #: the estimator's inputs that describe the model, passed on as they are
-SHAPE_KEYS = (
-    "layers",
-    "hidden",
-    "heads",
-    "vocab",
-    "kv_heads",
-    "ffn_hidden",
-    "mlp",
-    "norm",
-    "bias",
-    "positions",
-    "tied_embeddings",
-    "parallel_residual",
-    "dropout",
-)
+SHAPE_KEYS = (*(k for k in ARCH_FIELDS if k != "seq_len"), "dropout")
 
 
 def cli_keywords(shape: dict[str, Any], given: dict[str, Any]) -> None:
