@@ -55,7 +55,7 @@ def model_states(i: EstimateInputs) -> ModelStates:
     # the adapters train: their states as the engine lays them out (its accounting);
     # the frozen base holds weights only, split as the engine splits weights
     trained = _states_of(i, lora.trainable)
-    split = i.fsdp == "full_shard" or (i.fsdp == "off" and i.zero_stage >= 3)
+    split = i.fsdp in ("full_shard", "shard_grad_op") or (i.fsdp == "off" and i.zero_stage >= 3)
     frozen = frozen_base_bytes(
         i.shard_params, lora, bytes_per_param(i.precision, i.optimizer).weights,
         gpus=i.data_parallel, split=split,

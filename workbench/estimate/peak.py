@@ -183,6 +183,9 @@ class StepPeak:
     #: the most gradient bytes any moment of the step holds (every backward moment, not
     #: only the highest: under `optimizer_in_backward` the largest parameter's gradient)
     held_gradients_bytes: int = 0
+    #: every moment of the backward's named terms ("loss backward", "last layer's
+    #: backward", "backward end"; `points["backward"]` is the highest of them)
+    moments: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -377,23 +380,44 @@ def backward_transient(i: EstimateInputs) -> int:
     return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention)
 
 
+def trained_params(i: EstimateInputs) -> int:
+    """Parameters on this GPU that have gradients: the adapters under LoRA (the frozen base
+    has none, on any engine), else every parameter."""
+    return i.lora.trainable if i.lora is not None else i.shard_params
+
+
+def _unit_trained(i: EstimateInputs) -> tuple[int, int]:
+    """(one layer's parameters with gradients, the output head's) on this GPU: under LoRA
+    a layer's adapters (`trainable` over the layers) and none of the frozen head's."""
+    layer, _ = _block_params(i)
+    arch = i.architecture
+    head = 0
+    if arch is not None and i.pipeline_parallel == 1:
+        head = -(-arch.vocab // i.tensor_parallel) * arch.hidden
+    if i.lora is None:
+        return layer, head
+    layers = arch.layers if arch is not None else 1
+    return -(-i.lora.trainable // max(1, layers)), 0
+
+
 def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
     """(gathered parameters at the forward's end, gathered at the backward's start,
-    unsharded gradients in backward) of FSDP2 (module docstring)."""
+    unsharded gradients in backward) of FSDP2 (module docstring). A unit's unsharded
+    gradients are those of its parameters that train: a frozen weight has none."""
     cw = compute_bytes(i.precision)
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
     arch = i.architecture
     layer, root = _block_params(i)
     if arch is None:
-        whole = cw * i.shard_params
-        return whole, whole, cw * i.shard_params + (4 * i.shard_params if upcast else 0)
+        whole, trained = cw * i.shard_params, trained_params(i)
+        return whole, whole, cw * trained + (4 * trained if upcast else 0)
     layers = arch.layers // i.pipeline_parallel
     if i.fsdp == "full_shard":  # a layer running and the next prefetched
         forward, backward = min(2, layers), min(2, layers)
     else:  # every layer gathered, and the last one's all-gather output until the loss
         forward, backward = layers + 1, layers
-    head = -(-arch.vocab // i.tensor_parallel) * arch.hidden if i.pipeline_parallel == 1 else 0
-    grads = cw * (head + min(2, layers) * layer) + (4 * layer if upcast else 0)
+    layer_trained, head = _unit_trained(i)
+    grads = cw * (head + min(2, layers) * layer_trained) + (4 * layer_trained if upcast else 0)
     return cw * (root + forward * layer), cw * (root + backward * layer), grads
 
 
@@ -402,9 +426,9 @@ def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
     the step) of DeepSpeed (module docstring)."""
     ds = i.deepspeed
     w = grad_bytes(i.precision)
-    psi = i.shard_params
+    psi = trained_params(i)  # DeepSpeed reduces and partitions the trained parameters only
     bucket = int(ds["reduce_bucket_size"])
-    if not i.deepspeed_given:  # the workbench caps its bucket at the model's size
+    if not i.deepspeed_given:  # the workbench caps its bucket at the trained parameters
         bucket = min(bucket, -(-psi // 64) * 64)
     gathered = reduce = 0
     if i.zero_stage == 3:
@@ -416,7 +440,7 @@ def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
         reduce = w * min(bucket, psi)
     fp32_grads = 0
     if w == 2 and not i.offload_optimizer:
-        fp32_grads = 4 * (_stepped_params(i, "deepspeed") if i.zero_stage >= 1 else psi)
+        fp32_grads = 4 * (-(-psi // i.data_parallel) if i.zero_stage >= 1 else psi)
     return gathered, reduce, fp32_grads
 
 
@@ -431,9 +455,10 @@ def _backward_end_engine(
     cw = compute_bytes(i.precision)
     _, root = _block_params(i)
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
+    graded = root if i.lora is None else 0  # LoRA: the embedding and head are frozen
     return {
         "FSDP gathered parameters": cw * root,
-        "FSDP unsharded gradients": cw * root + (4 * root if upcast else 0),
+        "FSDP unsharded gradients": cw * graded + (4 * graded if upcast else 0),
     }
 
 
@@ -482,7 +507,9 @@ def step_peak(
     adapters = dequant = 0
     if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
         stepped = _stepped_params(i, engine)
-        temps = int(temps * i.lora.trainable / stepped) if stepped else 0
+        # the adapters' share of what this GPU steps (sharded as the engine shards them)
+        adapters_stepped = -(-i.lora.trainable * stepped // max(1, i.shard_params))
+        temps = int(temps * adapters_stepped / stepped) if stepped else 0
         first = 0  # the output head is frozen: no gradient of its own
         if casts:
             # autocast keeps the 16-bit copies of trainable leaves only (the adapters'); a
@@ -505,7 +532,7 @@ def step_peak(
     engine_bwd: dict[str, int] = {}
     engine_step: dict[str, int] = {}
     if engine == "ddp":
-        buckets = 0 if i.bucket_view else grad_bytes(i.precision) * i.shard_params
+        buckets = 0 if i.bucket_view else grad_bytes(i.precision) * trained_params(i)
         for d in (engine_fwd, engine_bwd, engine_step):
             d["DDP gradient buckets"] = buckets
     elif engine == "fsdp":
@@ -639,6 +666,7 @@ def step_peak(
             terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
         ),
         host_terms=host,
+        moments={name: dict(terms) for name, terms in moments.items()},
     )
 
 
