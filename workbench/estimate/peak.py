@@ -355,6 +355,21 @@ def _block_params(i: EstimateInputs) -> tuple[int, int]:
     return arch.layer_params(t), root
 
 
+def fsdp_unit_params(i: EstimateInputs) -> tuple[int, int, int]:
+    """(one block's, the unit gathered first in forward and last in backward, the unit
+    gathered last in forward and first in backward) parameters on this GPU before
+    sharding, as `fsdp_units` makes the units: "blocks" (an untied model): the embedding
+    and the output head (with the final norm) units of their own; "blocks-only", or a head
+    tied to the embedding (one weight cannot be in two units): both in the root, which is
+    gathered for the whole step (the first unit then, the last one 0)."""
+    layer, root = _block_params(i)
+    arch = i.architecture
+    if arch is None or i.fsdp_units != "blocks" or arch.tied_embeddings:
+        return layer, root, 0
+    t = i.tensor_parallel
+    return layer, arch.embedding_params(t), arch.output_params(t)
+
+
 def _zero3_live(i: EstimateInputs) -> int:
     ds = i.deepspeed
     layer, _ = _block_params(i)
@@ -400,9 +415,10 @@ def _unit_trained(i: EstimateInputs) -> tuple[int, int]:
     return -(-i.lora.trainable // max(1, layers)), 0
 
 
-def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
-    """(gathered parameters at the forward's end, gathered at the backward's start,
-    unsharded gradients in backward) of FSDP2 (module docstring). A unit's unsharded
+def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int, int]:
+    """(gathered parameters at the forward's end, gathered in the last layer's backward,
+    unsharded gradients in backward, gathered in the loss's backward) of FSDP2 (module
+    docstring). A unit's unsharded
     gradients are those of its parameters that train: a frozen weight has none."""
     cw = compute_bytes(i.precision)
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
@@ -410,7 +426,7 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
     layer, root = _block_params(i)
     if arch is None:
         whole, trained = cw * i.shard_params, trained_params(i)
-        return whole, whole, cw * trained + (4 * trained if upcast else 0)
+        return whole, whole, cw * trained + (4 * trained if upcast else 0), whole
     layers = arch.layers // i.pipeline_parallel
     if i.fsdp == "full_shard":  # a layer running and the next prefetched
         forward, backward = min(2, layers), min(2, layers)
@@ -418,7 +434,16 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
         forward, backward = layers + 1, layers
     layer_trained, head = _unit_trained(i)
     grads = cw * (head + min(2, layers) * layer_trained) + (4 * layer_trained if upcast else 0)
-    return cw * (root + forward * layer), cw * (root + backward * layer), grads
+    _, first, last = fsdp_unit_params(i)
+    if last and i.fsdp == "full_shard":
+        # own units: the embedding is freed after its forward and gathered again only at
+        # the end of backward; every layer is freed after its forward, and the head stays
+        # gathered from its forward into its backward (with its all-gather output until
+        # the next all-gather); the loss's backward holds the head, a layer's backward the
+        # layer and the next prefetched (the head freed after its own backward)
+        return cw * 2 * last, cw * backward * layer, grads, cw * last
+    whole = cw * (root + backward * layer)
+    return cw * (root + forward * layer), whole, grads, whole
 
 
 def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
@@ -453,7 +478,9 @@ def _backward_end_engine(
     if engine != "fsdp":
         return {**{k: v for k, v in during.items() if "ZeRO-3" not in k}, **step}
     cw = compute_bytes(i.precision)
-    _, root = _block_params(i)
+    _, root, last = fsdp_unit_params(i)
+    if not last or i.fsdp != "full_shard":  # the root unit: the embedding and the head
+        root = _block_params(i)[1]
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
     graded = root if i.lora is None else 0  # LoRA: the embedding and head are frozen
     return {
@@ -504,7 +531,7 @@ def step_peak(
         rows = -(-arch.vocab // i.tensor_parallel)
         first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
 
-    adapters = dequant = 0
+    adapters = dequant = gathered_loss = 0
     if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
         stepped = _stepped_params(i, engine)
         # the adapters' share of what this GPU steps (sharded as the engine shards them)
@@ -536,7 +563,7 @@ def step_peak(
         for d in (engine_fwd, engine_bwd, engine_step):
             d["DDP gradient buckets"] = buckets
     elif engine == "fsdp":
-        gathered_fwd, gathered_bwd, unsharded = _fsdp_terms(i)
+        gathered_fwd, gathered_bwd, unsharded, gathered_loss = _fsdp_terms(i)
         engine_fwd["FSDP gathered parameters"] = gathered_fwd
         engine_bwd["FSDP gathered parameters"] = gathered_bwd
         engine_bwd["FSDP unsharded gradients"] = unsharded
@@ -581,6 +608,8 @@ def step_peak(
         **kept_mask,
     }
     held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
+    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
+        held_units["FSDP gathered parameters"] = gathered_loss
     moments = {
         # the loss's backward: its fp32 buffers, every activation still kept
         "loss backward": {

@@ -29,6 +29,10 @@ from workbench.estimate.architecture import Bias, Mlp, Norm, Positions
 from workbench.estimate.lora import LORA_TARGETS
 from workbench.estimate.model_states import FSDP_MODES
 
+#: FSDP's unit policies the estimator counts (`fsdp_units`); a Session's own list of module
+#: names is the dry run's to measure.
+UNIT_POLICIES = ("blocks", "blocks-only")
+
 #: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds;
 #: `workbench.estimate.peak` counts each one's temporaries).
 OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
@@ -441,6 +445,17 @@ FIELDS: tuple[EstimateField, ...] = (
         choices=FSDP_MODES,
         cli="setup",
         config_field="fsdp",
+    ),
+    _f(
+        "fsdp_units",
+        "choice",
+        "blocks",
+        choices=UNIT_POLICIES,
+        help="FSDP's units: blocks (each block, the embedding and the output head its own "
+        "unit, as torchtitan and torchtune shard them) or blocks-only (the embedding and "
+        "head gathered with the root)",
+        cli="setup",
+        config_field="fsdp_units",
     ),
     _f(
         "checkpointing",
