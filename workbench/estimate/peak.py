@@ -438,10 +438,11 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int, int]:
     if last and i.fsdp == "full_shard":
         # own units: the embedding is freed after its forward and gathered again only at
         # the end of backward; every layer is freed after its forward, and the head stays
-        # gathered from its forward into its backward (with its all-gather output until
-        # the next all-gather); the loss's backward holds the head, a layer's backward the
-        # layer and the next prefetched (the head freed after its own backward)
-        return cw * 2 * last, cw * backward * layer, grads, cw * last
+        # gathered from its forward into its backward, with its all-gather output until
+        # the next all-gather (the last layer's, prefetched by the head's backward): the
+        # loss's backward still holds both; a layer's backward holds the layer and the
+        # next prefetched (the head freed after its own backward)
+        return cw * 2 * last, cw * backward * layer, grads, cw * 2 * last
     whole = cw * (root + backward * layer)
     return cw * (root + forward * layer), whole, grads, whole
 

@@ -447,17 +447,6 @@ FIELDS: tuple[EstimateField, ...] = (
         config_field="fsdp",
     ),
     _f(
-        "fsdp_units",
-        "choice",
-        "blocks",
-        choices=UNIT_POLICIES,
-        help="FSDP's units: blocks (each block, the embedding and the output head its own "
-        "unit, as torchtitan and torchtune shard them) or blocks-only (the embedding and "
-        "head gathered with the root)",
-        cli="setup",
-        config_field="fsdp_units",
-    ),
-    _f(
         "checkpointing",
         "choice",
         "none",
@@ -625,6 +614,17 @@ FIELDS: tuple[EstimateField, ...] = (
         metavar="DTYPE",
         cli="step",
         config_field="fsdp_reduce_fp32",
+    ),
+    _f(
+        "fsdp_units",
+        "choice",
+        "blocks",
+        choices=UNIT_POLICIES,
+        help="FSDP's units: blocks (each block, the embedding and the output head its own "
+        "unit, as torchtitan and torchtune shard them) or blocks-only (the embedding and "
+        "head gathered with the root)",
+        cli="setup",
+        config_field="fsdp_units",
     ),
     _f("weight_decay", "float", 0.0, config_field="weight_decay"),
     _f(
