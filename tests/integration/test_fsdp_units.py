@@ -175,3 +175,30 @@ def test_the_estimator_gathers_a_70b_one_unit_at_a_time() -> None:
     off = estimate_memory(offload_params=True, **kw)
     off_root = estimate_memory(offload_params=True, fsdp_units="blocks-only", **kw)
     assert off.peak_bytes < off_root.peak_bytes - 2**30
+
+
+def test_the_exported_fsdp_job_shards_the_units_its_config_names(tmp_path: Any) -> None:
+    """The job's `config.fsdp_units` is the Session's: a list of names trains, a name that
+    matches no module stops the job naming the modules that exist."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.integration.job_runs import run_script
+    from workbench.export import export_job
+
+    config = TrainConfig(micro_batch=4, seed=3, fsdp="full_shard", fsdp_units="Block,ln_f")
+    out = Path(export_job(config, format="fsdp", gpus=1, out_dir=tmp_path / "ok").out_dir)
+    lines, _ = run_script("train_fsdp.py", out, steps=1)
+    assert len(lines) == 1
+    bad = Path(
+        export_job(config.replace(fsdp_units="Block,nope"), format="fsdp", gpus=1,
+                   out_dir=tmp_path / "bad").out_dir
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train_fsdp.py", "--steps", "1"], cwd=bad, capture_output=True,
+        text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(Path.cwd())},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "config.fsdp_units 'Block,nope': 'nope' matches no module" in done.stderr
+    assert "CausalSelfAttention" in done.stderr
