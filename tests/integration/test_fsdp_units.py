@@ -202,3 +202,23 @@ def test_the_exported_fsdp_job_shards_the_units_its_config_names(tmp_path: Any) 
     assert done.returncode != 0
     assert "config.fsdp_units 'Block,nope': 'nope' matches no module" in done.stderr
     assert "CausalSelfAttention" in done.stderr
+
+
+def test_the_exported_lightning_fsdp_strategy_wraps_the_configs_units() -> None:
+    """The Lightning job's FSDP strategy (FSDP1, built here without running: it needs a GPU
+    to train) wraps each module of the units `fsdp_units` names, and nothing else."""
+    from workbench.export.train_lightning import strategy
+
+    model = llama()
+    job = {"strategy": "fsdp", "config": {"fsdp": "full_shard", "fsdp_units": "blocks"}}
+    policy = strategy(job, model, 2).kwargs["auto_wrap_policy"]
+    wrapped = [
+        n for n, m in model.named_modules() if policy(module=m, recurse=False, nonwrapped_numel=0)
+    ]
+    assert wrapped == [
+        "model.embed_tokens",
+        "model.layers.0",
+        "model.layers.1",
+        "model.norm",
+        "lm_head",
+    ]
