@@ -124,7 +124,7 @@ class JobModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under `tp` > 1 (Lightning's ModelParallelStrategy): the layers split over the
         mesh's tensor-parallel dimension (`job_common.tensor_parallelize`), then FSDP2 over
-        its data-parallel one, the marked blocks first."""
+        its data-parallel one, the units of `fsdp_units` first (`job_units`)."""
         if self.tp == 1 or getattr(self, "_split", False):
             return
         from torch.distributed.fsdp import fully_shard
