@@ -58,7 +58,7 @@ def test_lora_on_a_70b_over_8_gpus_is_charged_the_adapters_gradients_only() -> N
     assert _most(lora.peak.moments, "FSDP unsharded gradients") == 8 * LAYER_ADAPTERS_70B
     assert lora.peak.moments["backward end"]["FSDP unsharded gradients"] == 0
     full = _70b(fsdp="full_shard")
-    assert _most(full.peak.moments, "FSDP unsharded gradients") > 10 * 2**30
+    assert _most(full.peak.moments, "FSDP unsharded gradients") > 8 * 2**30
     # DDP's buckets and ZeRO-2's reduce bucket and fp32 partition: the adapters'
     adapters = lora.lora_params
     ddp = _70b(lora_rank=16)
