@@ -92,9 +92,15 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   buckets at the end of each backward and frees stage 0-2 gradients at each step, so
   neither is held through the next forward; ZeRO-3 keeps its gradient partition buffer
   (what dry runs of DeepSpeed's own engine show, tests/integration/test_dry_run_deepspeed.py).
-* **FSDP gathered units**: FSDP2 gathers each wrapped unit (one transformer layer; the
+* **FSDP gathered units**: FSDP2 gathers each wrapped unit (`fsdp_units`: under "blocks",
+  the default, each transformer layer, the embedding and the output head with the final
+  norm, `fsdp_unit_params`; under "blocks-only" or with a head tied to the embedding, the
   root unit holds the embedding, the final norm and the output projection) in the
-  compute dtype, and keeps the last all-gather's output until the next. `full_shard`
+  compute dtype, and keeps the last all-gather's output until the next. With own units
+  under `full_shard` the embedding is gathered only in its forward and at the end of
+  backward; the head (kept gathered after its forward, as torchtitan keeps it) is held
+  twice, with its all-gather output, from the forward's end into the loss's backward; a
+  layer's backward holds two layers. Otherwise: `full_shard`
   frees a layer after its forward and backward and prefetches the next: the root and two
   layers at a time (the layer running and the one prefetched; at the instant the forward
   ends, the root and one). `shard_grad_op` and `no_shard` keep every layer gathered from
@@ -104,7 +110,9 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   the compute dtype, as autograd makes it) lives until its reduce-scatter, which overlaps
   the next unit's backward: two layers', and the output projection's, whose root unit
   reduces last; reducing in fp32 (`fsdp_reduce_fp32`, under 16-bit compute) adds one
-  layer's fp32 copy. At the end of backward the root is gathered with its unsharded
+  layer's fp32 copy. Only parameters that train have gradients: under LoRA a unit's are
+  its adapters' (none of the frozen head, embedding or root), as DDP's buckets and ZeRO's
+  buckets and partitions hold the adapters' only (`trained_params`). At the end of backward the root is gathered with its unsharded
   gradients. CPU offload keeps none of the states on the GPU but gathers and reduces the
   same units there.
 * **backward transient**: the activation gradients of the largest layer while its
