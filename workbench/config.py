@@ -489,6 +489,19 @@ class TrainConfig:
         rebuilds=("backend",),
         moves_memory=True,
     )
+    fsdp_units: str = setting(
+        "blocks",
+        kind="text",
+        label="FSDP units",
+        help='the modules FSDP shards as units: "blocks" (each transformer block, the '
+        "embedding and the output head their own units, as torchtitan and torchtune shard "
+        'them), "blocks-only" (the embedding and head gathered with the root) or '
+        "comma-separated module class names or qualified-name patterns (model.layers.*)",
+        flag="--fsdp-units",
+        metavar="UNITS",
+        rebuilds=("backend",),
+        moves_memory=True,
+    )
     offload_optimizer: OffloadDevice | str = setting(
         OffloadDevice.NONE,
         kind="choice",

@@ -133,6 +133,7 @@ _SAME: dict[str, tuple[str, Any]] = {
     "offload_params": ("offload_params", _offloaded),
     "fsdp": ("fsdp", lambda v: FsdpMode(v).value),
     "fsdp_reduce_fp32": ("fsdp_reduce_fp32", bool),
+    "fsdp_units": ("fsdp_units", lambda v: units_policy(str(v))),
     "grad_accum": ("grad_accum", int),
     "weight_decay": ("weight_decay", float),
     "optimizer_in_backward": ("optimizer_in_backward", bool),
@@ -186,6 +187,15 @@ def estimator_inputs(
         shape = {**shape, "attention": kernel} if kernel is not None else shape
     out.update(shape)
     return out
+
+
+def units_policy(units: str) -> str:
+    """The estimator's `fsdp_units` for a TrainConfig's: its keyword ("blocks",
+    "blocks-only"), and for a list of module names "blocks-only" (what the list leaves out
+    is gathered with the root: the larger count when it names the blocks; the dry run
+    measures the list itself)."""
+    text = units.strip()
+    return text if text in ("blocks", "blocks-only") else "blocks-only"
 
 
 def sdpa_kernel(kernel: str | None, device: str | None, dropout: bool) -> str | None:

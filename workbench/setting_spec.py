@@ -20,6 +20,27 @@ from workbench.settings_check import LORA_TARGETS_TEXT, lora_targets_ok
 
 _MAX_PATH = 4096  # PATH_MAX on Linux
 
+#: FSDP's `fsdp_units`: a keyword, or comma-separated class names / qualified-name patterns.
+FSDP_UNITS_TEXT = (
+    '"blocks", "blocks-only" or comma-separated module class names or qualified-name '
+    'patterns made of letters, digits, "_", ".", "*", "?" and "-" (e.g. '
+    '"LlamaDecoderLayer,lm_head" or "model.layers.*"), at most 1000 characters'
+)
+
+
+def fsdp_units_ok(v: Any) -> bool:
+    if not isinstance(v, str) or len(v) > 1000:
+        return False
+    names = [part.strip() for part in v.split(",") if part.strip()]
+    return bool(names) and all(all(c.isalnum() or c in "_.*?-" for c in n) for n in names)
+
+
+#: A text setting's check and what it accepts in words, by field.
+TEXT_RULES = {
+    "lora_targets": (lora_targets_ok, LORA_TARGETS_TEXT),
+    "fsdp_units": (fsdp_units_ok, FSDP_UNITS_TEXT),
+}
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -29,7 +50,7 @@ class Setting:
     and the training panel's controls are made from these.
 
     `kind`: "int", "float", "bool", "choice" (an enum field; its choices come from the
-    enum), "path" or "text" (`lora_targets`). `minimum` / `above`: inclusive / exclusive lower bound; `maximum`
+    enum), "path" or "text" (`lora_targets`, `fsdp_units`: `TEXT_RULES`). `minimum` / `above`: inclusive / exclusive lower bound; `maximum`
     (shown as `maximum_text`, with `why` a larger value is nonsense) / `below`: inclusive /
     exclusive upper bound. `optional`: None is allowed (and means `none_means`). `panel`:
     the control's place in the training panel (None: no control). `rebuilds`: what a change
@@ -79,7 +100,7 @@ def allowed_for(name: str, spec: Setting) -> str:
     if spec.kind == "bool":
         return "True or False"
     if spec.kind == "text":
-        return LORA_TARGETS_TEXT
+        return TEXT_RULES[name][1]
     if spec.kind == "path":
         return (
             f"a directory path (a non-empty string of at most {_MAX_PATH} characters, no NUL)"
@@ -106,7 +127,7 @@ def field_problem(name: str, v: Any, spec: Setting) -> SettingProblem | None:
     if spec.kind == "bool":
         ok = isinstance(v, bool)
     elif spec.kind == "text":
-        ok = lora_targets_ok(v)
+        ok = TEXT_RULES[name][0](v)
     elif spec.kind == "path":
         ok = isinstance(v, str) and bool(v.strip()) and "\0" not in v and len(v) <= _MAX_PATH
     elif spec.kind == "int":

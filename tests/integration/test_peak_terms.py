@@ -670,8 +670,9 @@ def _fsdp_formula(mode: str, precision: str) -> dict[str, int]:
         precision=precision,
         seq_len=S,
         micro_batch=B,
+        fsdp_units="blocks-only",  # wrapped as above: the embedding and head in the root
     )
-    forward, backward, _ = _fsdp_terms(i)
+    forward, backward, _, _ = _fsdp_terms(i)
     return {"forward end": forward, "backward": backward, "step": max(forward, backward)}
 
 

@@ -120,7 +120,8 @@ def test_ddp_buckets_and_the_bucket_view():
 
 def test_fsdp_modes_differ_and_offload_is_not_free():
     kw = dict(**LLAMA8, gpus=8, checkpointing="full")
-    full = estimate_memory(**kw, fsdp="full_shard")
+    # the embedding and head gathered with the root (`fsdp_units` "blocks-only")
+    full = estimate_memory(**kw, fsdp="full_shard", fsdp_units="blocks-only")
     grad_op = estimate_memory(**kw, fsdp="shard_grad_op")
     no_shard = estimate_memory(**kw, fsdp="no_shard")
     gathered = "FSDP gathered parameters"
@@ -133,6 +134,15 @@ def test_fsdp_modes_differ_and_offload_is_not_free():
     assert grad_op.peak.points["forward end"][gathered] == 2 * (root + 33 * layer)
     assert grad_op.peak.points["backward"][gathered] == 2 * (root + 32 * layer)
     assert grad_op.peak_bytes > full.peak_bytes
+    # the default units: the embedding and the head (with the final norm) units of their own;
+    # the head gathered with its all-gather output from the forward's end into the loss's
+    # backward, a layer's backward holding the layer and the next
+    own = estimate_memory(**kw, fsdp="full_shard")
+    head = 128256 * 4096 + 4096
+    assert own.peak.points["forward end"][gathered] == 2 * 2 * head
+    assert own.peak.moments["loss backward"][gathered] == 2 * 2 * head
+    assert own.peak.moments["last layer's backward"][gathered] == 2 * 2 * layer
+    assert own.peak.moments["backward end"][gathered] == 2 * 128256 * 4096
     assert no_shard.model_states_bytes > full.model_states_bytes
     offload = estimate_memory(**kw, fsdp="full_shard", offload_params=True)
     assert offload.model_states_bytes == 0 and offload.cpu_offload_bytes > 0

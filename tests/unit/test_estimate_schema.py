@@ -266,6 +266,8 @@ def _alternatives(name: str, value: object) -> list[object]:
         return [v for v in (*spec.values, 0, 1, 2, 3, 4, 16) if v != value]
     if spec.kind == "float":
         return [v for v in (0.0, 0.1, 0.5, 2.0, 1e-3) if v != value]
+    if name == "fsdp_units":  # its keywords (a list of names reads as "blocks-only")
+        return [v for v in ("blocks", "blocks-only") if v != value]
     return []
 
 
@@ -331,7 +333,7 @@ def test_what_a_change_rebuilds_is_what_the_live_session_rebuilds() -> None:
     assert LORA_FIELDS | {
         "precision", "optimizer", "lr", "weight_decay", "momentum", "lr_schedule",
         "warmup_steps", "total_steps", "lr_scaling", "clip_grad_norm", "zero_stage",
-        "compile", "fsdp", "fsdp_reduce_fp32", "offload_optimizer", "offload_params",
+        "compile", "fsdp", "fsdp_reduce_fp32", "fsdp_units", "offload_optimizer", "offload_params",
         "nvme_path", "loss_scale_init", "loss_scale_growth", "loss_scale_backoff",
         "loss_scale_interval", "grad_accum", "micro_batch", "optimizer_in_backward",
         "pp_schedule",

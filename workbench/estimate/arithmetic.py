@@ -59,7 +59,7 @@ def model_states(i: EstimateInputs) -> ModelStates:
     # fp32 adapters (peft's default) over a pure-bf16 base train as fp32 training does
     fp32 = lora.dtype == "fp32" and i.precision is Precision.BF16_TRUE
     trained = _states_of(i, lora.trainable, Precision.FP32 if fp32 else None)
-    split = i.fsdp == "full_shard" or (i.fsdp == "off" and i.zero_stage >= 3)
+    split = i.fsdp in ("full_shard", "shard_grad_op") or (i.fsdp == "off" and i.zero_stage >= 3)
     frozen = frozen_base_bytes(
         i.shard_params, lora, bytes_per_param(i.precision, i.optimizer).weights,
         gpus=i.data_parallel, split=split,

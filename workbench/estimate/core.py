@@ -68,6 +68,7 @@ def estimate_memory(
     loss_chunks: int = 1,
     bucket_view: bool = False,
     fsdp_reduce_fp32: bool = True,
+    fsdp_units: str = "blocks",
     weight_decay: float = 0.0,
     deepspeed_config: Any = None,
     optimizer_in_backward: bool = False,
@@ -118,7 +119,9 @@ def estimate_memory(
     builds; "foreach", "for-loop", "fused"), `loss_chunks` (chunked cross-entropy),
     `bucket_view` (DDP's `gradient_as_bucket_view`), `weight_decay` (SGD's and Adam's
     decay copy the gradient in the step; torch's default 0), `fsdp_reduce_fp32` (FSDP reduces
-    gradients in fp32 under AMP) and `deepspeed_config` (a DeepSpeed JSON path or dict:
+    gradients in fp32 under AMP), `fsdp_units` (FSDP's units: "blocks", each block, the
+    embedding and the output head its own; "blocks-only", embedding and head gathered with
+    the root) and `deepspeed_config` (a DeepSpeed JSON path or dict:
     its bucket and stage-3 prefetch sizes, `workbench.estimate.deepspeed_buffers`), and
     `optimizer_in_backward` (each parameter stepped as its gradient is ready and the
     gradient freed: the plain loop only, no accumulation), and `activation_offload` (the

@@ -71,6 +71,7 @@ _CHECKPOINTING = _table("checkpointing", Checkpointing)
 _ATTENTION = _table("attention", Attention)
 _IMPLS = _table("optimizer_impl")
 _FSDP = _table("fsdp")
+_FSDP_UNITS = _table("fsdp_units")
 _NEEDS_SHAPE = (
     "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, `seq_len`, "
     "`vocab`) to split the model"
@@ -122,6 +123,9 @@ class EstimateInputs:
     loss_chunks: int = 1
     bucket_view: bool = False
     fsdp_reduce_fp32: bool = True
+    #: FSDP's units: "blocks" (embedding and head units of their own) or "blocks-only"
+    #: (gathered with the root)
+    fsdp_units: str = "blocks"
     weight_decay: float = 0.0
     optimizer_in_backward: bool = False
     activation_offload: bool = False
@@ -560,6 +564,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         p.append(Problem("loss_chunks", chunks, message))
     bucket_view = _flag(p, "bucket_view", given["bucket_view"])
     reduce_fp32 = _flag(p, "fsdp_reduce_fp32", given["fsdp_reduce_fp32"])
+    units = _choice(p, "fsdp_units", given["fsdp_units"], _FSDP_UNITS)
     decay = _checked(p, "weight_decay", given["weight_decay"])
     in_backward = _flag(p, "optimizer_in_backward", given["optimizer_in_backward"])
     if in_backward is True:
@@ -639,6 +644,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         loss_chunks=chunks,
         bucket_view=bucket_view,
         fsdp_reduce_fp32=reduce_fp32,
+        fsdp_units=units,
         weight_decay=decay,
         optimizer_in_backward=bool(in_backward),
         activation_offload=bool(act_offload),

@@ -92,9 +92,15 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   buckets at the end of each backward and frees stage 0-2 gradients at each step, so
   neither is held through the next forward; ZeRO-3 keeps its gradient partition buffer
   (what dry runs of DeepSpeed's own engine show, tests/integration/test_dry_run_deepspeed.py).
-* **FSDP gathered units**: FSDP2 gathers each wrapped unit (one transformer layer; the
+* **FSDP gathered units**: FSDP2 gathers each wrapped unit (`fsdp_units`: under "blocks",
+  the default, each transformer layer, the embedding and the output head with the final
+  norm, `fsdp_unit_params`; under "blocks-only" or with a head tied to the embedding, the
   root unit holds the embedding, the final norm and the output projection) in the
-  compute dtype, and keeps the last all-gather's output until the next. `full_shard`
+  compute dtype, and keeps the last all-gather's output until the next. With own units
+  under `full_shard` the embedding is gathered only in its forward and at the end of
+  backward; the head (kept gathered after its forward, as torchtitan keeps it) is held
+  twice, with its all-gather output, from the forward's end into the loss's backward; a
+  layer's backward holds two layers. Otherwise: `full_shard`
   frees a layer after its forward and backward and prefetches the next: the root and two
   layers at a time (the layer running and the one prefetched; at the instant the forward
   ends, the root and one). `shard_grad_op` and `no_shard` keep every layer gathered from
@@ -104,7 +110,9 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   the compute dtype, as autograd makes it) lives until its reduce-scatter, which overlaps
   the next unit's backward: two layers', and the output projection's, whose root unit
   reduces last; reducing in fp32 (`fsdp_reduce_fp32`, under 16-bit compute) adds one
-  layer's fp32 copy. At the end of backward the root is gathered with its unsharded
+  layer's fp32 copy. Only parameters that train have gradients: under LoRA a unit's are
+  its adapters' (none of the frozen head, embedding or root), as DDP's buckets and ZeRO's
+  buckets and partitions hold the adapters' only (`trained_params`). At the end of backward the root is gathered with its unsharded
   gradients. CPU offload keeps none of the states on the GPU but gathers and reduces the
   same units there.
 * **backward transient**: the activation gradients of the largest layer while its
@@ -191,6 +199,9 @@ class StepPeak:
     #: the activations a `compile` step does not keep (`COMPILE_TERM`'s bytes; with
     #: `activation_offload` off the host's share instead of a device term)
     compile_not_kept_bytes: int = 0
+    #: every moment of the backward's named terms ("loss backward", "last layer's
+    #: backward", "backward end"; `points["backward"]` is the highest of them)
+    moments: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -360,6 +371,21 @@ def _block_params(i: EstimateInputs) -> tuple[int, int]:
     return arch.layer_params(t), root
 
 
+def fsdp_unit_params(i: EstimateInputs) -> tuple[int, int, int]:
+    """(one block's, the unit gathered first in forward and last in backward, the unit
+    gathered last in forward and first in backward) parameters on this GPU before
+    sharding, as `fsdp_units` makes the units: "blocks" (an untied model): the embedding
+    and the output head (with the final norm) units of their own; "blocks-only", or a head
+    tied to the embedding (one weight cannot be in two units): both in the root, which is
+    gathered for the whole step (the first unit then, the last one 0)."""
+    layer, root = _block_params(i)
+    arch = i.architecture
+    if arch is None or i.fsdp_units != "blocks" or arch.tied_embeddings:
+        return layer, root, 0
+    t = i.tensor_parallel
+    return layer, arch.embedding_params(t), arch.output_params(t)
+
+
 def _zero3_live(i: EstimateInputs) -> int:
     ds = i.deepspeed
     layer, _ = _block_params(i)
@@ -385,24 +411,56 @@ def backward_transient(i: EstimateInputs) -> int:
     return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention)
 
 
-def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int]:
-    """(gathered parameters at the forward's end, gathered at the backward's start,
-    unsharded gradients in backward) of FSDP2 (module docstring)."""
+def trained_params(i: EstimateInputs) -> int:
+    """Parameters on this GPU that have gradients: the adapters under LoRA (the frozen base
+    has none, on any engine), else every parameter."""
+    return i.lora.trainable if i.lora is not None else i.shard_params
+
+
+def _unit_trained(i: EstimateInputs) -> tuple[int, int]:
+    """(one layer's parameters with gradients, the output head's) on this GPU: under LoRA
+    a layer's adapters (`trainable` over the layers) and none of the frozen head's."""
+    layer, _ = _block_params(i)
+    arch = i.architecture
+    head = 0
+    if arch is not None and i.pipeline_parallel == 1:
+        head = -(-arch.vocab // i.tensor_parallel) * arch.hidden
+    if i.lora is None:
+        return layer, head
+    layers = arch.layers if arch is not None else 1
+    return -(-i.lora.trainable // max(1, layers)), 0
+
+
+def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int, int]:
+    """(gathered parameters at the forward's end, gathered in the last layer's backward,
+    unsharded gradients in backward, gathered in the loss's backward) of FSDP2 (module
+    docstring). A unit's unsharded
+    gradients are those of its parameters that train: a frozen weight has none."""
     cw = compute_bytes(i.precision)
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
     arch = i.architecture
     layer, root = _block_params(i)
     if arch is None:
-        whole = cw * i.shard_params
-        return whole, whole, cw * i.shard_params + (4 * i.shard_params if upcast else 0)
+        whole, trained = cw * i.shard_params, trained_params(i)
+        return whole, whole, cw * trained + (4 * trained if upcast else 0), whole
     layers = arch.layers // i.pipeline_parallel
     if i.fsdp == "full_shard":  # a layer running and the next prefetched
         forward, backward = min(2, layers), min(2, layers)
     else:  # every layer gathered, and the last one's all-gather output until the loss
         forward, backward = layers + 1, layers
-    head = -(-arch.vocab // i.tensor_parallel) * arch.hidden if i.pipeline_parallel == 1 else 0
-    grads = cw * (head + min(2, layers) * layer) + (4 * layer if upcast else 0)
-    return cw * (root + forward * layer), cw * (root + backward * layer), grads
+    layer_trained, head = _unit_trained(i)
+    grads = cw * (head + min(2, layers) * layer_trained) + (4 * layer_trained if upcast else 0)
+    _, first, last = fsdp_unit_params(i)
+    if last and i.fsdp == "full_shard":
+        # own units: the embedding is freed after its forward and gathered again only at
+        # the end of backward; every layer is freed after its forward, and the head stays
+        # gathered from its forward into its backward, with its all-gather output until
+        # the next all-gather (the last layer's, prefetched by the head's backward): the
+        # loss's backward still holds both; a layer's backward holds the layer and the
+        # next prefetched (the head freed after its own backward)
+        return cw * 2 * last, cw * backward * layer, grads, cw * 2 * last
+    whole = cw * (root + backward * layer)
+    return cw * (root + forward * layer), whole, grads, whole
 
 
 def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
@@ -410,9 +468,9 @@ def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
     the step) of DeepSpeed (module docstring)."""
     ds = i.deepspeed
     w = grad_bytes(i.precision)
-    psi = i.shard_params
+    psi = trained_params(i)  # DeepSpeed reduces and partitions the trained parameters only
     bucket = int(ds["reduce_bucket_size"])
-    if not i.deepspeed_given:  # the workbench caps its bucket at the model's size
+    if not i.deepspeed_given:  # the workbench caps its bucket at the trained parameters
         bucket = min(bucket, -(-psi // 64) * 64)
     gathered = reduce = 0
     if i.zero_stage == 3:
@@ -424,7 +482,7 @@ def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
         reduce = w * min(bucket, psi)
     fp32_grads = 0
     if w == 2 and not i.offload_optimizer:
-        fp32_grads = 4 * (_stepped_params(i, "deepspeed") if i.zero_stage >= 1 else psi)
+        fp32_grads = 4 * (-(-psi // i.data_parallel) if i.zero_stage >= 1 else psi)
     return gathered, reduce, fp32_grads
 
 
@@ -437,11 +495,14 @@ def _backward_end_engine(
     if engine != "fsdp":
         return {**{k: v for k, v in during.items() if "ZeRO-3" not in k}, **step}
     cw = compute_bytes(i.precision)
-    _, root = _block_params(i)
+    _, root, last = fsdp_unit_params(i)
+    if not last or i.fsdp != "full_shard":  # the root unit: the embedding and the head
+        root = _block_params(i)[1]
     upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
+    graded = root if i.lora is None else 0  # LoRA: the embedding and head are frozen
     return {
         "FSDP gathered parameters": cw * root,
-        "FSDP unsharded gradients": cw * root + (4 * root if upcast else 0),
+        "FSDP unsharded gradients": cw * graded + (4 * graded if upcast else 0),
     }
 
 
@@ -487,10 +548,12 @@ def step_peak(
         rows = -(-arch.vocab // i.tensor_parallel)
         first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
 
-    adapters = dequant = 0
+    adapters = dequant = gathered_loss = 0
     if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
         stepped = _stepped_params(i, engine)
-        temps = int(temps * i.lora.trainable / stepped) if stepped else 0
+        # the adapters' share of what this GPU steps (sharded as the engine shards them)
+        adapters_stepped = -(-i.lora.trainable * stepped // max(1, i.shard_params))
+        temps = int(temps * adapters_stepped / stepped) if stepped else 0
         first = 0  # the output head is frozen: no gradient of its own
         if casts:
             # autocast keeps the 16-bit copies of trainable leaves only (the adapters'); a
@@ -513,11 +576,11 @@ def step_peak(
     engine_bwd: dict[str, int] = {}
     engine_step: dict[str, int] = {}
     if engine == "ddp":
-        buckets = 0 if i.bucket_view else grad_bytes(i.precision) * i.shard_params
+        buckets = 0 if i.bucket_view else grad_bytes(i.precision) * trained_params(i)
         for d in (engine_fwd, engine_bwd, engine_step):
             d["DDP gradient buckets"] = buckets
     elif engine == "fsdp":
-        gathered_fwd, gathered_bwd, unsharded = _fsdp_terms(i)
+        gathered_fwd, gathered_bwd, unsharded, gathered_loss = _fsdp_terms(i)
         engine_fwd["FSDP gathered parameters"] = gathered_fwd
         engine_bwd["FSDP gathered parameters"] = gathered_bwd
         engine_bwd["FSDP unsharded gradients"] = unsharded
@@ -571,6 +634,8 @@ def step_peak(
         **kept_mask,
     }
     held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
+    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
+        held_units["FSDP gathered parameters"] = gathered_loss
     moments = {
         # the loss's backward: its fp32 buffers, every activation still kept
         "loss backward": {
@@ -665,6 +730,7 @@ def step_peak(
         ),
         host_terms=host,
         compile_not_kept_bytes=compile_not_kept,
+        moments={name: dict(terms) for name, terms in moments.items()},
     )
 
 

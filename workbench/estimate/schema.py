@@ -29,6 +29,10 @@ from workbench.estimate.architecture import Bias, Mlp, Norm, Positions
 from workbench.estimate.lora import LORA_DTYPES, LORA_TARGETS
 from workbench.estimate.model_states import FSDP_MODES
 
+#: FSDP's unit policies the estimator counts (`fsdp_units`); a Session's own list of module
+#: names is the dry run's to measure.
+UNIT_POLICIES = ("blocks", "blocks-only")
+
 #: The optimizer implementations `optimizer_impl` names ("auto": what the engine builds;
 #: `workbench.estimate.peak` counts each one's temporaries).
 OPTIMIZER_IMPLS = ("auto", "foreach", "for-loop", "fused")
@@ -610,6 +614,17 @@ FIELDS: tuple[EstimateField, ...] = (
         metavar="DTYPE",
         cli="step",
         config_field="fsdp_reduce_fp32",
+    ),
+    _f(
+        "fsdp_units",
+        "choice",
+        "blocks",
+        choices=UNIT_POLICIES,
+        help="FSDP's units: blocks (each block, the embedding and the output head its own "
+        "unit, as torchtitan and torchtune shard them) or blocks-only (the embedding and "
+        "head gathered with the root)",
+        cli="setup",
+        config_field="fsdp_units",
     ),
     _f("weight_decay", "float", 0.0, config_field="weight_decay"),
     _f(

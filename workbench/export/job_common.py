@@ -56,6 +56,8 @@ read_job = job_files.read_job
 read_json_file = job_files.read_json_file
 tensor_parallelize = job_parallel.tensor_parallelize
 sharded_grad_norm = job_parallel.sharded_grad_norm
+fsdp_units = job_parallel.fsdp_units
+units_problem = job_parallel.units_problem
 
 
 def single_process_env() -> None:

@@ -208,3 +208,101 @@ def sharded_grad_norm(params: list[Any], world: int, clip: float | None) -> floa
         for g in grads:
             (g.to_local() if hasattr(g, "to_local") else g).mul_(clip / (norm + 1e-6))
     return norm
+
+
+#: `fsdp_units` keywords: the transformer blocks with the embedding and the output head as
+#: units of their own (torchtitan's `apply_fsdp`, torchtune's `custom_sharded_layers:
+#: ['tok_embeddings', 'output']`), or the blocks alone with the embedding and head gathered
+#: with the root.
+UNIT_POLICIES = ("blocks", "blocks-only")
+
+
+def unit_tokens(spec: str) -> list[str]:
+    """`fsdp_units` as its list of tokens (a keyword, or class names / name patterns)."""
+    return [part.strip() for part in str(spec).split(",") if part.strip()]
+
+
+def _outside(module: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The leaf modules of `module` outside every block, in order."""
+    inside = {id(m) for b in blocks for m in b.modules()}
+    return [m for m in module.modules() if id(m) not in inside and not list(m.children())]
+
+
+def fsdp_units(
+    module: torch.nn.Module, spec: str, blocks: list[torch.nn.Module]
+) -> tuple[list[Any], list[str]]:
+    """(the units `fully_shard` is applied to, innermost first, each a module or a list of
+    modules sharded as one; the tokens of `spec` that match no module) of `module` whose
+    transformer blocks are `blocks`; the root is sharded after them by the caller.
+
+    "blocks": every block, the embeddings (every `nn.Embedding` outside the blocks, one
+    unit) and the output head (every `nn.Linear` outside the blocks, with the norms beside
+    it, one unit); a head tied to the embedding stays with the root, with the embedding,
+    since one weight cannot live in two units. "blocks-only": the blocks. Otherwise
+    comma-separated class names (`LlamaDecoderLayer`) or patterns of qualified names
+    (`model.layers.*`, `lm_head`; "*" and "?" match within one name segment): every module
+    holding parameters that one of them matches is a unit."""
+    import re
+
+    tokens = unit_tokens(spec)
+    if tokens == ["blocks-only"] or (tokens == ["blocks"] and not blocks):
+        return list(blocks), []  # no blocks: the root is the one unit, as before
+    if tokens == ["blocks"]:
+        rest = _outside(module, blocks)
+        embeddings = [m for m in rest if isinstance(m, torch.nn.Embedding)]
+        heads = [m for m in rest if isinstance(m, torch.nn.Linear)]
+        tied = {id(p) for m in embeddings for p in m.parameters()}
+        if any(id(p) in tied for m in heads for p in m.parameters()):
+            return list(blocks), []
+        norms = [m for m in rest if "norm" in type(m).__name__.lower() and heads]
+        units: list[Any] = list(blocks)
+        if embeddings:
+            units.insert(0, embeddings if len(embeddings) > 1 else embeddings[0])
+        if heads:
+            group = [*norms, *heads]
+            units.append(group if len(group) > 1 else group[0])
+        return units, []
+    # modules holding parameters; a pattern's "*" and "?" stay within one name segment
+    named = [(n, m) for n, m in module.named_modules() if n and any(True for _ in m.parameters())]
+    matched: list[tuple[str, torch.nn.Module]] = []
+    missing = []
+    for token in tokens:
+        segment = re.escape(token).replace(r"\*", "[^.]*").replace(r"\?", "[^.]")
+        hits = [(n, m) for n, m in named if type(m).__name__ == token or re.fullmatch(segment, n)]
+        if not hits:
+            missing.append(token)
+        matched += [h for h in hits if all(h[1] is not m for _, m in matched)]
+    # nested units first: FSDP2 shards an inner unit before the one around it
+    matched.sort(key=lambda nm: -nm[0].count("."))
+    return [m for _, m in matched], missing
+
+
+def module_names(module: torch.nn.Module, limit: int = 40) -> tuple[list[str], list[str]]:
+    """(the distinct class names of `module`'s submodules, its qualified names with the
+    repeated indices folded to `*`), at most `limit` of each: what `fsdp_units` can name."""
+    import re
+
+    classes: list[str] = []
+    names: list[str] = []
+    for n, m in module.named_modules():
+        if not n:
+            continue
+        c = type(m).__name__
+        if c not in classes:
+            classes.append(c)
+        folded = re.sub(r"\.\d+(?=\.|$)", ".*", n)
+        if folded not in names:
+            names.append(folded)
+    return classes[:limit], names[:limit]
+
+
+def units_problem(module: torch.nn.Module, missing: list[str]) -> str:
+    """Why `fsdp_units` tokens `missing` were refused: each matches no module; what the
+    model's modules are called (classes and folded qualified names) to pick from."""
+    classes, names = module_names(module)
+    verb = "matches" if len(missing) == 1 else "match"
+    return (
+        f"{', '.join(repr(t) for t in missing)} {verb} no module of the model: name a "
+        f"module class ({', '.join(classes)}) or a qualified-name pattern "
+        f"({', '.join(names)}), or use {' or '.join(UNIT_POLICIES)}"
+    )

@@ -14,8 +14,11 @@ file and `job_common.py` beside it are the same for every job (the workbench shi
 in `workbench/export/` and copies them as is). It needs torch only; workbench only for a
 built-in model or activation checkpointing.
 
-FSDP2 (`torch.distributed.fsdp.fully_shard`) wraps each block the workbench marked
-(the built-in GPT's transformer blocks), then the root: "full_shard" reshards parameters
+FSDP2 (`torch.distributed.fsdp.fully_shard`) wraps the units `config.fsdp_units` names
+(`job_parallel.fsdp_units`): by default each block the workbench marked (the built-in
+GPT's transformer blocks), the embedding and the output head as units of their own, as
+torchtitan and torchtune shard them; "blocks-only" the blocks alone; or the modules a list
+of class names or qualified-name patterns matches), then the root: "full_shard" reshards parameters
 after forward, "shard_grad_op" keeps them gathered until backward, "no_shard" replicates
 (a 2-D mesh, N replicas x 1 shard). "amp-bf16"/"amp-fp16" gather parameters in 16 bit for
 compute (`MixedPrecisionPolicy`; fp16 adds torch's GradScaler); "bf16-true" (pure bf16)
@@ -59,6 +62,7 @@ try:
         check_save_dir,
         count_parameters,
         fail,
+        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -72,6 +76,7 @@ try:
         single_process_env,
         tensor_parallelize,
         to_device,
+        units_problem,
     )
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
@@ -84,6 +89,7 @@ except ImportError:  # an exported folder without workbench installed
         check_save_dir,
         count_parameters,
         fail,
+        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -97,6 +103,7 @@ except ImportError:  # an exported folder without workbench installed
         single_process_env,
         tensor_parallelize,
         to_device,
+        units_problem,
     )
 
 HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
@@ -155,8 +162,17 @@ def shard(
         ),
         "reshard_after_forward": mode == "full_shard",
     }
-    for block in marked_blocks(module):
-        fully_shard(block, **options)
+    spec = str(config.get("fsdp_units", "blocks"))
+    blocks = marked_blocks(module)
+    units, missing = fsdp_units(module, spec, blocks)
+    if missing:
+        fail(f"config.fsdp_units {spec!r}: {units_problem(module, missing)}")
+    # the output head (the last unit under "blocks") stays gathered after forward, as
+    # torchtitan keeps it: its backward needs it at once
+    head = spec.strip() == "blocks" and len(units) > len(blocks)
+    for unit in units:
+        keep = head and unit is units[-1]
+        fully_shard(unit, **{**options, "reshard_after_forward": mode == "full_shard" and not keep})
     fully_shard(module, **options)
 
 

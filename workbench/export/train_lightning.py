@@ -56,6 +56,7 @@ try:
         build,
         check_save_dir,
         fail,
+        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -66,6 +67,7 @@ try:
         save_trained,
         sharded_grad_norm,
         tensor_parallelize,
+        units_problem,
     )
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
@@ -76,6 +78,7 @@ except ImportError:  # an exported folder without workbench installed
         build,
         check_save_dir,
         fail,
+        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -86,6 +89,7 @@ except ImportError:  # an exported folder without workbench installed
         save_trained,
         sharded_grad_norm,
         tensor_parallelize,
+        units_problem,
     )
 
 CONFIG_NAME = "ds_config.json"
@@ -120,7 +124,7 @@ class JobModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under `tp` > 1 (Lightning's ModelParallelStrategy): the layers split over the
         mesh's tensor-parallel dimension (`job_common.tensor_parallelize`), then FSDP2 over
-        its data-parallel one, the marked blocks first."""
+        its data-parallel one, the units of `fsdp_units` first (`job_units`)."""
         if self.tp == 1 or getattr(self, "_split", False):
             return
         from torch.distributed.fsdp import fully_shard
@@ -129,8 +133,8 @@ class JobModule(L.LightningModule):
         sequence = bool(self.settings.get("sequence_parallel"))
         tensor_parallelize(self.model, mesh["tensor_parallel"], self.tp, sequence)
         reshard = self.settings.get("fsdp") != "shard_grad_op"
-        for block in marked_blocks(self.model):
-            fully_shard(block, mesh=mesh["data_parallel"], reshard_after_forward=reshard)
+        for unit in job_units(self.model, self.settings):
+            fully_shard(unit, mesh=mesh["data_parallel"], reshard_after_forward=reshard)
         fully_shard(self.model, mesh=mesh["data_parallel"], reshard_after_forward=reshard)
         self._split = True
 
@@ -206,14 +210,34 @@ def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
 
         return DeepSpeedStrategy(config=os.path.join(HERE, CONFIG_NAME))
     if kind == "fsdp":
-        from lightning.pytorch.strategies import FSDPStrategy
+        # FSDP1 wraps each module of the config's units (`fsdp_units`) on its own
+        from functools import partial
 
-        blocks = {type(b) for b in marked_blocks(model)}
+        from lightning.pytorch.strategies import FSDPStrategy
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+        wrapped = {
+            id(m)
+            for unit in job_units(model, job["config"])
+            for m in (unit if isinstance(unit, list) else [unit])
+        }
+        policy = partial(lambda_auto_wrap_policy, lambda_fn=lambda m: id(m) in wrapped)
         return FSDPStrategy(
             sharding_strategy=SHARDING[job["config"]["fsdp"]],  # type: ignore[arg-type]
-            auto_wrap_policy=blocks or None,
+            auto_wrap_policy=policy if wrapped else None,
         )
     return "auto"
+
+
+def job_units(model: torch.nn.Module, config: dict[str, Any]) -> list[Any]:
+    """The FSDP units of `config.fsdp_units` (`job_parallel.fsdp_units`: "blocks", the
+    marked blocks with the embedding and head their own; "blocks-only"; or module names);
+    a name matching no module stops the job naming the modules that exist."""
+    spec = str(config.get("fsdp_units", "blocks"))
+    units, missing = fsdp_units(model, spec, marked_blocks(model))
+    if missing:
+        fail(f"config.fsdp_units {spec!r}: {units_problem(model, missing)}")
+    return units
 
 
 def main(argv: list[str] | None = None) -> int:

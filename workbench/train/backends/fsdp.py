@@ -19,10 +19,16 @@ How it works
 * The engine trains a private deep copy of your module on the session's device: FSDP2
   turns parameters into sharded DTensors in place. Your module gets the trained weights
   back from `export_state()` at every switch and at close (`workbench.train.runtime`).
-* Wrapping rule: `fully_shard` is applied to every block marked checkpointable (the
-  built-in GPT's transformer blocks; mark yours with
-  `workbench.train.techniques.recompute.mark_checkpointable(model, [names])`), then to the root, so
-  each block's parameters are gathered just before it runs and freed after.
+* Wrapping rule (`fsdp_units`, `sharding_units`): "blocks" (the default) applies
+  `fully_shard` to every block marked checkpointable (the built-in GPT's transformer
+  blocks; mark yours with
+  `workbench.train.techniques.recompute.mark_checkpointable(model, [names])`), to the
+  embedding and to the output head (with the final norm) as units of their own, as
+  torchtitan's `apply_fsdp` and torchtune's `custom_sharded_layers: ['tok_embeddings',
+  'output']` shard them (a head tied to the embedding stays in the root with it), then to
+  the root; "blocks-only" leaves the embedding and head in the root; a list of class
+  names or qualified-name patterns makes each module it matches a unit. So each unit's
+  parameters are gathered just before it runs and freed after.
 * Modes: "full_shard" reshards parameters after forward (`reshard_after_forward=True`,
   ZeRO-3-like peak), "shard_grad_op" keeps them gathered from forward to backward
   (`reshard_after_forward=False`, ZeRO-2-like peak), "no_shard" replicates (a 2-D mesh
@@ -64,6 +70,8 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OffloadDevice, Precision, TrainConfig
+from workbench.export.job_parallel import fsdp_units, unit_tokens, units_problem
+from workbench.inputs import shown
 from workbench.train.backends.base import (
     StepOutcome,
     frozen_parameters,
@@ -162,8 +170,8 @@ class FSDPBackend(DistributedBackend):
             ),
             "reshard_after_forward": self.mode is FsdpMode.FULL_SHARD,
         }
-        for unit in checkpointable_modules(module):
-            fully_shard(unit, **options)
+        for unit, after_forward in sharding_units(module, config):
+            fully_shard(unit, **{**options, "reshard_after_forward": after_forward})
         fully_shard(module, **options)
         self._sharded = module
         # forward runs through torch.compile when asked (compiled on the first step)
@@ -362,6 +370,23 @@ class FSDPBackend(DistributedBackend):
 
             with contextlib.suppress(Exception):
                 dist.destroy_process_group(group)
+
+
+def sharding_units(module: nn.Module, config: TrainConfig) -> list[tuple[Any, bool]]:
+    """The units `fully_shard` is applied to before the root (`config.fsdp_units`, see
+    `workbench.export.job_parallel.fsdp_units`), each with its `reshard_after_forward`:
+    the mode's, except the output head's under "blocks", which stays gathered after
+    forward as torchtitan keeps it (its backward needs it at once). A name matching no
+    module is a ValueError naming what the model's modules are called."""
+    blocks = checkpointable_modules(module)
+    spec = str(config.fsdp_units)
+    units, missing = fsdp_units(module, spec, blocks)
+    if missing:
+        raise ValueError(f"fsdp_units={shown(spec)}: {units_problem(module, missing)}")
+    after = FsdpMode(config.fsdp) is FsdpMode.FULL_SHARD
+    last = units[-1] if units else None
+    head = unit_tokens(spec) == ["blocks"] and len(units) > len(blocks)
+    return [(u, after and not (head and u is last)) for u in units]
 
 
 def _mixed_precision(policy: Any, precision: Precision, reduce_fp32: bool) -> Any:

@@ -45,7 +45,6 @@ from workbench.train.backends.base import StepOutcome, load_full_weights
 from workbench.train.backends.distributed import DistributedBackend, on_device
 from workbench.train.backends.optimizer import build_optimizer
 from workbench.train.techniques.precision import PURE_DTYPES, cast_floating_inputs
-from workbench.train.techniques.recompute import checkpointable_modules
 from workbench.train.techniques.tensor_plan import TensorPlan, tensor_plan
 
 
@@ -95,9 +94,11 @@ class TensorParallelBackend(DistributedBackend):
         if self.fsdp is not FsdpMode.OFF:
             from torch.distributed.fsdp import fully_shard
 
+            from workbench.train.backends.fsdp import sharding_units
+
             reshard = self.fsdp is FsdpMode.FULL_SHARD
-            for unit in checkpointable_modules(module):
-                fully_shard(unit, mesh=self.mesh["dp"], reshard_after_forward=reshard)
+            for unit, after_forward in sharding_units(module, self.config):  # `fsdp_units`
+                fully_shard(unit, mesh=self.mesh["dp"], reshard_after_forward=after_forward)
             fully_shard(module, mesh=self.mesh["dp"], reshard_after_forward=reshard)
         self._model = module
         self.module = module

@@ -110,6 +110,7 @@ from workbench.train.dry_run.fsdp import (
     make_mesh,
     mixed_precision,
     shard,
+    units_refusal,
 )
 from workbench.train.dry_run.problems import DryRunError
 from workbench.train.dry_run.result import POINTS, DryRun
@@ -260,6 +261,10 @@ def simulate_memory(
             raise DryRunError(
                 [SettingProblem("lora_targets", config.lora_targets, str(exc))]
             ) from None
+    if str(config.fsdp) != "off":  # unit names that match no module: refused by name
+        units_error = units_refusal(fm.module, config)
+        if units_error is not None:
+            raise DryRunError([units_error])
     attention, attention_note = formula_attention(fm)
     formula, formula_note = formula_of(config, fm, fb, world_size, optimizer_impl, attention)
     loss = loss_fn if loss_fn is not None else fm.loss_fn
@@ -586,7 +591,7 @@ def _simulate(
             with fake:
                 if mesh is not None:
                     policy = mixed_precision(precision, bool(config.fsdp_reduce_fp32))
-                    shard(module, blocks, FsdpMode(config.fsdp), policy, mesh)
+                    shard(module, config, policy, mesh)
                 params = [p for p in module.parameters() if p.requires_grad]
                 if not params:
                     raise DryRunError(

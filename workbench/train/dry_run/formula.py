@@ -70,7 +70,9 @@ def formula_of(
     if deepspeed:
         from workbench.train.backends.deepspeed import engine_config
 
-        kwargs["deepspeed_config"] = engine_config(config, int(world_size), fm.n_params)
+        # the engine sizes its buckets by the trained parameters (LoRA: the adapters)
+        trained = lora_params if lora_params is not None else fm.n_params
+        kwargs["deepspeed_config"] = engine_config(config, int(world_size), trained)
     info = fm.info
     if fm.kind == "built-in" and info is not None and info.is_transformer:
         kwargs.update(

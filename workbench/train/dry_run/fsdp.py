@@ -7,7 +7,8 @@ the FSDP backend shards them.
   even when it raises. A process that already has a default group (a live Session's
   engine, a launcher's) is refused before anything changes (`group_problem`): the dry run
   would otherwise replace or share it.
-* `shard(module, blocks, config, mesh)`: `fully_shard` on every block, then on the root,
+* `shard(module, config, policy, mesh)`: `fully_shard` on every unit of `fsdp_units` (the
+  FSDP backend's `sharding_units`), then on the root,
   with the FSDP backend's options (`workbench.train.backends.fsdp`): reshard after forward
   under "full_shard", not under "shard_grad_op" and "no_shard" (a 2-D mesh of N replicas x
   1 shard); the mixed-precision policy of the precision (`mixed_precision`). The mesh is
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config import FsdpMode, Precision
+from workbench.config import FsdpMode, Precision, TrainConfig
 from workbench.problems import SettingProblem
 
 _HALF = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}
@@ -92,20 +93,40 @@ def mixed_precision(precision: Precision, reduce_fp32: bool) -> Any:
     return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)
 
 
-def shard(
-    module: nn.Module, blocks: list[nn.Module], mode: FsdpMode, policy: Any, mesh: Any
-) -> None:
-    """`fully_shard` each block, then the root (inside the fake mode)."""
+def shard(module: nn.Module, config: TrainConfig, policy: Any, mesh: Any) -> None:
+    """`fully_shard` each unit of `config.fsdp_units` as the FSDP backend does
+    (`sharding_units`), then the root (inside the fake mode)."""
     from torch.distributed.fsdp import fully_shard
+
+    from workbench.train.backends.fsdp import sharding_units
 
     options: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": policy,
-        "reshard_after_forward": mode is FsdpMode.FULL_SHARD,
+        "reshard_after_forward": FsdpMode(config.fsdp) is FsdpMode.FULL_SHARD,
     }
-    for block in blocks:
-        fully_shard(block, **options)
+    for unit, after_forward in sharding_units(module, config):
+        fully_shard(unit, **{**options, "reshard_after_forward": after_forward})
     fully_shard(module, **options)
 
 
-__all__ = ["fake_process_group", "group_problem", "make_mesh", "mixed_precision", "shard"]
+def units_refusal(module: nn.Module, config: TrainConfig) -> SettingProblem | None:
+    """The problem of `config.fsdp_units` on `module` (names matching no module), or None."""
+    from workbench.export.job_parallel import fsdp_units, units_problem
+    from workbench.train.techniques.recompute import checkpointable_modules
+
+    spec = str(config.fsdp_units)
+    _, missing = fsdp_units(module, spec, checkpointable_modules(module))
+    if not missing:
+        return None
+    return SettingProblem("fsdp_units", spec, units_problem(module, missing))
+
+
+__all__ = [
+    "units_refusal",
+    "fake_process_group",
+    "group_problem",
+    "make_mesh",
+    "mixed_precision",
+    "shard",
+]
