@@ -1317,6 +1317,9 @@ COVERAGE: dict[str, tuple[str, ...]] = {
     ),
     "technique:precision": ("session", "syncs", "peak"),
     "technique:recompute": ("offload", "ladder"),
+    "technique:sharded_adafactor": (
+        "tests/integration/test_adafactor.py::test_on_a_gpu_the_sharded_step_is_torchs_step",
+    ),
 }
 #: what a lent machine cannot run, and why (said in the docs and the results)
 LEFT_OUT: dict[str, str] = {

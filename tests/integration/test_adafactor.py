@@ -319,3 +319,34 @@ def test_each_ranks_states_are_the_estimators_per_rank_figure_to_the_byte(ranks:
     assert first["held"] == first["measured"] == first["predicted"]
     assert second["held"] == second["measured"] == first["held"] - 4  # one fp32 row less
     assert second["predicted"] == first["predicted"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_sharded_step_is_torchs_step() -> None:
+    """On one CUDA rank (NCCL refuses two ranks on one GPU) FSDP2's parameters are still
+    DTensors: the sharded step's reductions and norms run on the device and give torch's
+    own step on an unsharded copy."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from workbench.train.techniques.sharded_adafactor import ShardedAdafactor
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        whole = _model().cuda()
+        sharded = fully_shard(copy.deepcopy(whole))
+        theirs = torch.optim.Adafactor(whole.parameters(), lr=1e-2, weight_decay=0.1)
+        ours = ShardedAdafactor(sharded.parameters(), lr=1e-2, weight_decay=0.1)
+        for _ in range(3):
+            x = torch.randn(4, 8, device="cuda")
+            for module, opt in ((whole, theirs), (sharded, ours)):
+                module(x).sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        for p, q in zip(whole.parameters(), sharded.parameters(), strict=True):
+            assert torch.allclose(q.full_tensor(), p, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
