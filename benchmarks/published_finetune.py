@@ -20,14 +20,20 @@ than 15% is kept with the missing term named in numbers (`missing`), its differe
 (`stated`) and held by tests/unit/test_published_finetune.py, so that any change of the
 model shows.
 
-Some settings the estimator on this branch does not take yet: `needs` names them
-(`NEEDS`: torch.compile, QLoRA under bf16-true, QLoRA under FSDP2, frozen weights without
-FSDP gradients, the recipe's FSDP units). `inputs` are written as the finished estimator
-will take them (`compile=True`; `precision="bf16-true"` with `qlora=True`); a row is
-estimated today with `today_inputs(row)`: the keywords of its needs dropped and `today`'s
-substitutes applied (QLoRA under amp-bf16, the only precision that takes it today). Run
-`--finished` once those terms exist: it estimates every row with its full inputs and prints
-the differences to state.
+Two settings the estimator does not take yet: `needs` names them (`NEEDS`: frozen weights
+without FSDP gradients, the recipe's FSDP units); the rows that need them (the 70B CPU
+offload, the 70B LoRA and the 405B QLoRA under FSDP) state today's difference with those
+terms named in numbers. `inputs` are the recipe's settings as the estimator takes them
+(`compile=True`; `precision="bf16-true"` with `qlora=True`; `lora_dtype="auto"`, the
+adapters in bf16, where the recipe builds them in the model's dtype, as torchtune and
+litgpt's bf16-true do, not peft's fp32); `today` holds a substitute where a row needs one
+(none now), `today_inputs(row)` applies it, and `--finished` estimates every row with its
+full inputs.
+
+A paged optimizer's states (bitsandbytes' `PagedAdamW8bit`) live in CUDA unified memory,
+outside torch's allocator: the estimate puts them beside its allocated peak
+(`peak.host_terms`, "paged optimizer states (unified memory)"), as torchtune's logged
+peak leaves them out.
 """
 
 from __future__ import annotations
@@ -51,16 +57,6 @@ TOLERANCE = 0.15
 
 #: what each `needs` entry is, and the keywords of `inputs` the branch's estimator lacks
 NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "compile": (
-        "torch.compile counted (a `compile` setting): the compiled loss keeps no fp32 "
-        "log-probabilities, the compiled layers fewer intermediates",
-        ("compile",),
-    ),
-    "qlora-bf16": (
-        "QLoRA under bf16-true: the NF4 base with bf16 non-quantized weights and adapters",
-        (),
-    ),
-    "qlora-fsdp": ("QLoRA under FSDP2 (a 4-bit base sharded)", ()),
     "frozen-grads": (
         "frozen weights cost no gradients under FSDP (no unsharded gradients for the base)",
         (),
@@ -169,7 +165,9 @@ ROWS: tuple[PublishedPeak, ...] = (
         settings="full_finetune_single_device, llama3_1/8B_full_single_device.yaml: bf16, "
         "bitsandbytes.optim.PagedAdamW8bit, optimizer_in_bwd True, activation checkpointing, "
         "CEWithChunkedOutputLoss; batch 2, packed 2048, compile (README note)",
-        measures="18.9 GiB, torchtune's logged peak (allocator statistics, not nvidia-smi)",
+        measures="18.9 GiB, torchtune's logged peak (allocator statistics, not nvidia-smi): "
+        "the paged 8-bit states live in CUDA unified memory, outside the allocator, so the "
+        "figure is the allocated peak without them; they are beside it",
         measured_gib=18.9,
         kind="allocated",
         inputs={
@@ -182,13 +180,12 @@ ROWS: tuple[PublishedPeak, ...] = (
             "attention": "sdpa",
             "gpu": "rtx-4090",
         },
-        needs=("compile",),
-        stated=0.807,
-        missing="the paged 8-bit states (the 14.96 GiB of 'optimizer states') live in CUDA "
-        "unified memory, outside torch's allocator, so no allocator statistic counts "
-        "them while the estimate's allocated peak does: without them the peak is "
-        "19.20 GiB (the forward's end), +1.6%; compile is not counted (the eager "
-        "forward end holds 4sbv = 1.96 GiB of fp32 log-probabilities)",
+        missing="within 15%, compared without the paged 8-bit states: they are the "
+        "host term 'paged optimizer states (unified memory)' 14.96 GiB beside the "
+        "allocated peak (bitsandbytes allocates them with cudaMallocManaged); compile "
+        "adds no term under full checkpointing; the eager loss's fp32 log-probabilities "
+        "4sbv = 1.96 GiB are kept at the forward end, which a compiled loss does not "
+        "keep (see the 8B LoRA row)",
     ),
     PublishedPeak(
         key="tt31-8b-lora-4090",
@@ -212,11 +209,14 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_rank": 8,
             "lora_targets": "attention",
             "lora_params": lora_params("llama-3.1-8b", 8, ("q", "v")),
+            "lora_dtype": "auto",  # bf16, as torchtune builds them
         },
-        needs=("compile",),
         stated=0.186,
-        missing="compile is not counted: of the forward end's 3.18 GiB of 'logits and loss', "
-        "4sbv = 1.96 GiB are the eager loss's fp32 log-probabilities",
+        missing="the compiled loss: compile is counted for the layers (0 under full "
+        "checkpointing), not for the loss; of the forward end's 3.18 GiB of 'logits and "
+        "loss', 4sbv = 1.96 GiB are the eager loss's fp32 log-probabilities, which "
+        "AOTAutograd's partitioner does not keep (it keeps the bf16 logits and two fp32 "
+        "values a token, measured on this CPU); without them 17.26 GiB, +6.6%",
     ),
     PublishedPeak(
         key="tt31-8b-qlora-4090",
@@ -240,16 +240,14 @@ ROWS: tuple[PublishedPeak, ...] = (
             "gpu": "rtx-4090",
             "lora_rank": 8,
             "lora_targets": "all-linear",
+            "lora_dtype": "auto",  # bf16: torchtune builds the adapters in the model's dtype
             "qlora": True,
         },
-        needs=("compile", "qlora-bf16"),
-        today={"precision": "amp-bf16"},
-        stated=0.622,
-        missing="QLoRA under amp-bf16 (the only precision that takes it today) keeps the "
-        "embedding and output head in fp32: 3.91 GiB of the 7.35 GiB of 'parameters', "
-        "where bf16-true keeps 1.96; autocast weight copies 0.15 GiB and fp32 adapter "
-        "states 0.16 GiB the run does not have; compile not counted (the eager "
-        "log-probabilities, 4sbv = 1.96 GiB)",
+        stated=0.322,
+        missing="the compiled loss, as the LoRA row: of the forward end's 3.18 GiB of "
+        "'logits and loss', 4sbv = 1.96 GiB are the eager loss's fp32 log-probabilities; "
+        "without them 7.82 GiB, +5.7% (the 5.35 GiB of 'parameters' are the NF4 base with "
+        "its scales and the bf16 embedding, head and norms)",
     ),
     PublishedPeak(
         key="tt31-70b-full-cpu-offload",
@@ -275,13 +273,13 @@ ROWS: tuple[PublishedPeak, ...] = (
             "attention": "sdpa",
             "gpu": "a100-80gb",
         },
-        needs=("compile", "fsdp-units"),
+        needs=("fsdp-units",),
         stated=0.393,
         missing="the root FSDP unit gathered whole: the embedding and output head (3.91 GiB "
         "of the 7.10 GiB of 'FSDP gathered parameters'), where the recipe's "
         "custom_sharded_layers shards each as its own unit; the 5.14 GiB of 'FSDP "
         "unsharded gradients' hold the output head's (1.96 GiB) for the same reason; "
-        "compile not counted",
+        "compile adds no term under full checkpointing",
     ),
     PublishedPeak(
         key="tt31-70b-lora",
@@ -308,12 +306,14 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_rank": 16,
             "lora_targets": "attention",
             "lora_params": lora_params("llama-3.1-70b", 16, ("q", "k", "v")),
+            "lora_dtype": "auto",  # bf16, as torchtune builds them
         },
-        needs=("compile", "frozen-grads", "fsdp-units"),
+        needs=("frozen-grads", "fsdp-units"),
         stated=0.298,
         missing="'FSDP unsharded gradients' 5.14 GiB for a frozen base that has none; the "
         "root unit gathered whole (3.91 GiB of embedding and output head in the 7.10 "
-        "GiB of 'FSDP gathered parameters'); compile not counted",
+        "GiB of 'FSDP gathered parameters'); compile adds no term under full "
+        "checkpointing",
     ),
     PublishedPeak(
         key="tt31-405b-qlora",
@@ -338,16 +338,14 @@ ROWS: tuple[PublishedPeak, ...] = (
             "gpu": "a100-80gb",
             "lora_rank": 16,
             "lora_targets": "all-linear",
+            "lora_dtype": "auto",  # bf16: torchtune builds the adapters in the model's dtype
             "qlora": True,
         },
-        needs=("compile", "qlora-bf16", "qlora-fsdp", "frozen-grads", "fsdp-units"),
-        today={"precision": "amp-bf16"},
-        stated=1.136,
-        missing="estimated under amp-bf16 (today's only QLoRA precision): 'FSDP unsharded "
-        "gradients' 27.66 GiB for a frozen base that has none; 'FSDP gathered "
-        "parameters' 19.70 GiB with the root unit (embedding and output head) whole; "
-        "'parameters' 26.37 GiB with the non-quantized weights in fp32; compile not "
-        "counted",
+        needs=("frozen-grads", "fsdp-units"),
+        stated=0.839,
+        missing="'FSDP unsharded gradients' 15.79 GiB for a frozen base that has none; "
+        "'FSDP gathered parameters' 19.70 GiB with the root unit (embedding and output "
+        "head) gathered whole; compile adds no term under full checkpointing",
     ),
     PublishedPeak(
         key="tt32-3b-compile",
@@ -365,10 +363,10 @@ ROWS: tuple[PublishedPeak, ...] = (
             "loss_chunks": 1,
             "checkpointing": "none",
         },
-        needs=("compile",),
-        stated=0.031,
-        missing="compile is not counted: the eager estimate (52.56 GiB) is 12.4% under the "
-        "same recipe's eager figure, 60.0 GiB, from which compile took 9.0 GiB (51.0 GiB)",
+        missing="within 15%: compile takes 3.50 GiB off the layers (the SiLU outputs, "
+        "'recomputed under torch.compile'); the eager loss's fp32 log-probabilities, "
+        "4sbv = 3.91 GiB, are still counted at the backward, which a compiled loss does "
+        "not keep; without them 45.15 GiB, -11.5%",
     ),
     PublishedPeak(
         key="tt32-3b-inbwd",
@@ -385,10 +383,9 @@ ROWS: tuple[PublishedPeak, ...] = (
             "optimizer_impl": "fused",
             "optimizer_in_backward": True,
         },
-        needs=("compile",),
-        stated=0.113,
-        missing="within 15%, compile not counted (the eager forward end holds 4sbv = 3.91 GiB "
-        "of fp32 log-probabilities)",
+        missing="within 15%; compile adds no term under full checkpointing; the eager "
+        "forward end holds 4sbv = 3.91 GiB of fp32 log-probabilities a compiled loss does "
+        "not keep (without them 21.81 GiB, -5.6%)",
     ),
     PublishedPeak(
         key="tt32-3b-activation-offload",
@@ -405,10 +402,8 @@ ROWS: tuple[PublishedPeak, ...] = (
             "optimizer_in_backward": True,
             "activation_offload": True,
         },
-        needs=("compile",),
-        stated=0.120,
-        missing="within 15%, compile not counted (4sbv = 3.91 GiB of fp32 log-probabilities "
-        "at the eager forward end)",
+        missing="within 15%; 4sbv = 3.91 GiB of fp32 log-probabilities at the eager forward "
+        "end a compiled loss does not keep (without them 20.49 GiB, -6.0%)",
     ),
     PublishedPeak(
         key="tt32-3b-adamw8bit",
@@ -425,10 +420,10 @@ ROWS: tuple[PublishedPeak, ...] = (
             "optimizer_in_backward": True,
             "activation_offload": True,
         },
-        needs=("compile",),
-        stated=0.047,
-        missing="within 15%, compile not counted (4sbv = 3.91 GiB of fp32 log-probabilities "
-        "at the eager forward end)",
+        missing="within 15%; 4sbv = 3.91 GiB of fp32 log-probabilities at the eager forward "
+        "end a compiled loss does not keep: without them 14.51 GiB, -17.6%, so this row "
+        "also holds about 3 GiB the estimate lacks (torchao's AdamW8bit under the step in "
+        "backward, not measured here)",
     ),
     PublishedPeak(
         key="tt32-3b-lora",
@@ -449,12 +444,12 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_rank": 64,
             "lora_targets": "all-linear",
             "lora_params": lora_params("llama-3.2-3b", 64, ("q", "v", "o", *_MLP)),
+            "lora_dtype": "auto",  # bf16, as torchtune builds them
         },
-        needs=("compile",),
         stated=0.522,
-        missing="compile is not counted: of the forward end's 6.36 GiB of 'logits and loss', "
-        "4sbv = 3.91 GiB are the eager loss's fp32 log-probabilities; without them "
-        "9.03 GiB, +6.2%",
+        missing="the compiled loss (compile adds no term for checkpointed layers): of the "
+        "forward end's 6.36 GiB of 'logits and loss', 4sbv = 3.91 GiB are the eager loss's "
+        "fp32 log-probabilities; without them 9.03 GiB, +6.2%",
     ),
     PublishedPeak(
         key="tt32-3b-qlora",
@@ -476,15 +471,14 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_rank": 64,
             "lora_targets": "all-linear",
             "lora_params": lora_params("llama-3.2-3b", 64, ("q", "v", "o", *_MLP)),
+            "lora_dtype": "auto",  # bf16: torchtune builds the adapters in the model's dtype
             "qlora": True,
         },
-        needs=("compile", "qlora-bf16"),
-        today={"precision": "amp-bf16"},
-        stated=1.292,
-        missing="compile not counted (4sbv = 3.91 GiB of fp32 log-probabilities at the eager "
-        "forward end); under amp-bf16 the tied embedding is fp32 (1.47 GiB where "
-        "bf16-true keeps 0.73) and the adapters too (0.33 GiB, bf16 0.17), with fp32 "
-        "states (0.67 GiB) and autocast copies (0.21 GiB)",
+        stated=0.977,
+        missing="the compiled loss: of the forward end's 6.36 GiB of 'logits and loss', "
+        "4sbv = 3.91 GiB are the eager loss's fp32 log-probabilities; without them "
+        "5.18 GiB, +12.6% (the 2.26 GiB of 'parameters' are the NF4 base with its scales "
+        "and the bf16 tied embedding and norms)",
     ),
 )
 
@@ -509,6 +503,7 @@ _LIT_INPUTS: dict[str, Any] = {
     "lora_rank": 8,
     "lora_targets": "attention",
     "lora_dropout": 0.05,
+    "lora_dtype": "auto",  # bf16-true builds the adapters in bf16 too (fabric.init_module)
 }
 _LIT_SETTINGS = (
     "litgpt finetune_lora at 8641822: bf16-true, LoRA rank 8 on query and value, dropout "
@@ -559,12 +554,6 @@ LITGPT_ROWS: tuple[PublishedPeak, ...] = (
         measured_gib=13.84 * _GB,
         kind="allocated",
         inputs=_lit("llama-2-7b", "llama-2-7b", 1, 13.84, qlora=True),
-        needs=("qlora-bf16",),
-        today={"precision": "amp-bf16"},
-        stated=-0.032,
-        missing="within 15% under amp-bf16, which keeps the embedding and output head in "
-        "fp32 (0.98 GiB where bf16 keeps 0.49) and autocast copies (0.09 GiB) the run does "
-        "not have",
     ),
     PublishedPeak(
         key="litgpt-llama2-13b-lora-mb1",
@@ -585,11 +574,6 @@ LITGPT_ROWS: tuple[PublishedPeak, ...] = (
         measured_gib=22.55 * _GB,
         kind="allocated",
         inputs=_lit("llama-2-13b", "llama-2-13b", 1, 22.55, qlora=True),
-        needs=("qlora-bf16",),
-        today={"precision": "amp-bf16"},
-        stated=-0.033,
-        missing="within 15% under amp-bf16 (fp32 embedding and head: 1.22 GiB where bf16 "
-        "keeps 0.61; autocast copies 0.14 GiB)",
     ),
 )
 

@@ -691,6 +691,10 @@ class EstimatorPanel(PanelBase):
                 )
         if e.cpu_offload_bytes:
             rows.append(("CPU offload per GPU", format_bytes(e.cpu_offload_bytes, u)))
+        for term, value in (e.peak.host_terms if e.peak is not None else {}).items():
+            # beside the device peak (paged states: CUDA unified memory; offloaded
+            # activations: host memory), not in it nor in the verdict
+            rows.append((f"{term}, beside the peak", format_bytes(value, u)))
         if e.train_flops is not None:
             rows.append(("training FLOPs", f"{e.train_flops:.3g}"))
             rows.append(

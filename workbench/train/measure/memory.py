@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
-from workbench.estimate.peak import OFFLOADED_TERM
+from workbench.estimate.peak import OFFLOADED_TERM, PAGED_TERM
 from workbench.train import batches
 from workbench.train.backends.base import Backend, ModelStateBytes, storage_bytes
 from workbench.train.batches import LossFn
@@ -499,6 +499,16 @@ def measure(
     paged = paged_state_note(backend.optimizer, device)
     if paged is not None:
         notes.append(paged)
+    predicted_peak = getattr(predicted, "peak", None)
+    beside = predicted_peak.host_terms.get(PAGED_TERM) if predicted_peak is not None else None
+    if beside:
+        notes.append(
+            f"the predicted peak leaves out the {fmt_bytes(beside)} of {PAGED_TERM}: on a "
+            "GPU bitsandbytes allocates them with cudaMallocManaged, outside the allocator, "
+            "and the driver pages them to host memory when the GPU is full (slower steps, "
+            "not out of memory)"
+            + ("; on a CPU they are host tensors" if device.type != "cuda" else "")
+        )
     if runtime.offload is not None and device.type == "cpu":
         notes.append(
             "activation offload on a CPU: the device is the host, so nothing moves and "
