@@ -273,14 +273,8 @@ ROWS: tuple[PublishedPeak, ...] = (
             "attention": "sdpa",
             "gpu": "a100-80gb",
         },
-        needs=("fsdp-units",),
-        stated=0.393,
-        missing="the root FSDP unit gathered whole: the embedding and output head (3.91 GiB "
-        "of the 7.10 GiB of 'FSDP gathered parameters'), where the recipe's "
-        "custom_sharded_layers shards each as its own unit; the 5.14 GiB of 'FSDP "
-        "unsharded gradients' hold the output head's (1.96 GiB) for the same reason; "
-        "compile adds no term under full checkpointing",
-    ),
+        stated=None,
+        missing="",    ),
     PublishedPeak(
         key="tt31-70b-lora",
         case="same, Llama 3.1 70B LoRA, 8x A100",
@@ -308,13 +302,8 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_params": lora_params("llama-3.1-70b", 16, ("q", "k", "v")),
             "lora_dtype": "auto",  # bf16, as torchtune builds them
         },
-        needs=("frozen-grads", "fsdp-units"),
-        stated=0.298,
-        missing="'FSDP unsharded gradients' 5.14 GiB for a frozen base that has none; the "
-        "root unit gathered whole (3.91 GiB of embedding and output head in the 7.10 "
-        "GiB of 'FSDP gathered parameters'); compile adds no term under full "
-        "checkpointing",
-    ),
+        stated=None,
+        missing="",    ),
     PublishedPeak(
         key="tt31-405b-qlora",
         case="same, Llama 3.1 405B QLoRA, 8x A100",
@@ -341,12 +330,12 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_dtype": "auto",  # bf16: torchtune builds the adapters in the model's dtype
             "qlora": True,
         },
-        needs=("frozen-grads", "fsdp-units"),
-        stated=0.839,
-        missing="'FSDP unsharded gradients' 15.79 GiB for a frozen base that has none; "
-        "'FSDP gathered parameters' 19.70 GiB with the root unit (embedding and output "
-        "head) gathered whole; compile adds no term under full checkpointing",
-    ),
+        stated=0.247,
+        missing="the compiled loss, as the 8B LoRA row: of the forward end's 4.89 GiB of "
+        "'logits and loss', 4sbv = 1.96 GiB are the eager loss's fp32 log-probabilities, "
+        "which a compiled loss does not keep (without them 53.92 GiB, +20.4%); the rest is "
+        "not found: the README's batch 2 is used, the config's own batch is 1, at which the "
+        "16.00 GiB of checkpointed layer inputs and the logits would halve",    ),
     PublishedPeak(
         key="tt32-3b-compile",
         case="torchtune README flags table, Llama 3.2 3B, + compile",

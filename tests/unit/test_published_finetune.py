@@ -72,15 +72,14 @@ def test_each_row_is_within_15_percent_or_keeps_its_stated_miss(row: Any) -> Non
 
 
 #: the terms still to land: the rows that need them state today's difference
-_STILL_NEEDED = {"frozen-grads", "fsdp-units"}
 
 
 @pytest.mark.parametrize("row", P.ROWS, ids=_id)
 def test_every_row_is_estimated_with_its_recipes_full_inputs(row: Any) -> None:
     """compile, QLoRA under bf16-true and under FSDP2 are taken: a row's estimate is of its
     full inputs (`compile=True`; `precision="bf16-true"` with `qlora=True`), with no
-    substitute; what a row still needs is one of the two terms not yet in the estimator."""
-    assert set(row.needs) <= _STILL_NEEDED, row.key
+    substitute, and no row waits on a term the estimator lacks."""
+    assert not row.needs, row.key
     assert not row.today, row.key
     assert P.today_inputs(row) == row.inputs
     full = P.estimate_row(row, finished=True)

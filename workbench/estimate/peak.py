@@ -145,7 +145,12 @@ from workbench.config import OptimizerName, Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 from workbench.estimate.compiled import COMPILE_TERM, compiled_drop_bytes
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
-from workbench.estimate.lora import adapter_activation_bytes, dequantized_bytes
+from workbench.estimate.lora import (
+    adapter_activation_bytes,
+    block_linears,
+    dequantized_bytes,
+    nf4_weight_bytes,
+)
 from workbench.estimate.model_states import ModelStates
 from workbench.optimizers import OPTIMIZERS, factored_state_elements, row
 
@@ -451,6 +456,7 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int, int]:
     layer_trained, head = _unit_trained(i)
     grads = cw * (head + min(2, layers) * layer_trained) + (4 * layer_trained if upcast else 0)
     _, first, last = fsdp_unit_params(i)
+    unit = _gathered_layer_bytes(i, layer, cw)
     if last and i.fsdp == "full_shard":
         # own units: the embedding is freed after its forward and gathered again only at
         # the end of backward; every layer is freed after its forward, and the head stays
@@ -458,9 +464,31 @@ def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int, int]:
         # the next all-gather (the last layer's, prefetched by the head's backward): the
         # loss's backward still holds both; a layer's backward holds the layer and the
         # next prefetched (the head freed after its own backward)
-        return cw * 2 * last, cw * backward * layer, grads, cw * 2 * last
-    whole = cw * (root + backward * layer)
-    return cw * (root + forward * layer), whole, grads, whole
+        return cw * 2 * last, backward * unit, grads, cw * 2 * last
+    whole = cw * root + backward * unit
+    return cw * root + forward * unit, whole, grads, whole
+
+
+def _gathered_layer_bytes(i: EstimateInputs, layer: int, cw: int) -> int:
+    """One gathered layer unit of `layer` parameters: in the compute dtype, except under
+    QLoRA, whose 4-bit weights FSDP2 gathers as they are held (torchao's NF4 tensor
+    all-gathers its packed codes and scales through its own FSDP hooks, torchtune's way;
+    they are dequantised one matmul at a time, the peak's "QLoRA dequantized weight"); the
+    norms and the layer's LoRA adapters beside them in the compute dtype."""
+    lora, arch = i.lora, i.architecture
+    if lora is None or arch is None:
+        return cw * layer
+    # LoRA's adapters are in their layer's unit (in blocks only: a layer's share)
+    adapters = lora.trainable // (arch.layers * i.tensor_parallel)
+    if not lora.quantized or arch.is_moe:
+        return cw * (layer + adapters)
+    linears = [a * b for a, b in block_linears(arch).values()]
+    quantized = sum(linears) // i.tensor_parallel
+    if quantized >= layer:
+        return cw * (layer + adapters)
+    scale = 2 if i.precision is Precision.BF16_TRUE else 4
+    packed = sum(nf4_weight_bytes(n // i.tensor_parallel, "torchao", scale) for n in linears)
+    return packed + cw * (layer - quantized + adapters)
 
 
 def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
