@@ -274,7 +274,8 @@ ROWS: tuple[PublishedPeak, ...] = (
             "gpu": "a100-80gb",
         },
         stated=None,
-        missing="",    ),
+        missing="",
+    ),
     PublishedPeak(
         key="tt31-70b-lora",
         case="same, Llama 3.1 70B LoRA, 8x A100",
@@ -303,7 +304,8 @@ ROWS: tuple[PublishedPeak, ...] = (
             "lora_dtype": "auto",  # bf16, as torchtune builds them
         },
         stated=None,
-        missing="",    ),
+        missing="",
+    ),
     PublishedPeak(
         key="tt31-405b-qlora",
         case="same, Llama 3.1 405B QLoRA, 8x A100",
@@ -335,7 +337,8 @@ ROWS: tuple[PublishedPeak, ...] = (
         "'logits and loss', 4sbv = 1.96 GiB are the eager loss's fp32 log-probabilities, "
         "which a compiled loss does not keep (without them 53.92 GiB, +20.4%); the rest is "
         "not found: the README's batch 2 is used, the config's own batch is 1, at which the "
-        "16.00 GiB of checkpointed layer inputs and the logits would halve",    ),
+        "16.00 GiB of checkpointed layer inputs and the logits would halve",
+    ),
     PublishedPeak(
         key="tt32-3b-compile",
         case="torchtune README flags table, Llama 3.2 3B, + compile",

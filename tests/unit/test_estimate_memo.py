@@ -49,7 +49,14 @@ def test_remembered_figures_equal_fresh_ones(optimizer: str) -> None:
 GRID = [
     dict(model="gpt2", gpu="t4"),
     dict(model="gpt2", gpu="t4", micro_batch=4, precision="amp-bf16", checkpointing="full"),
-    dict(model="llama-2-7b", gpu="a100-40gb", lora_rank=16, micro_batch=2, precision="amp-bf16", checkpointing="full"),
+    dict(
+        model="llama-2-7b",
+        gpu="a100-40gb",
+        lora_rank=16,
+        micro_batch=2,
+        precision="amp-bf16",
+        checkpointing="full",
+    ),
     dict(model="mistral-7b", gpu="a100-40gb", lora_rank=8, qlora=True, precision="amp-bf16"),
     dict(model="pythia-1.4b", gpu="a100-80gb", optimizer="adam8bit", activation_offload=True),
     dict(model="llama-3-8b", gpu="h100", gpus=8, zero_stage=3, precision="bf16", micro_batch=3),
