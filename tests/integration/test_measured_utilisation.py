@@ -37,3 +37,25 @@ def test_a_sessions_steps_give_its_mfu_and_hfu() -> None:
             measured_utilisation(s, gpu="b300x", **shape)
         with pytest.raises(ValueError, match="was the step the planned model's"):
             plan(**shape, gpu="h100", gpus=1, global_batch=4, calibrate=s)
+
+
+def test_the_session_and_an_observer_say_their_own_mfu() -> None:
+    """`Session.utilisation` and `Observer.utilisation` read their own steps with their
+    model's FLOP count: the same figures as `measured_utilisation` given the shape."""
+    import torch
+
+    from workbench.integrations.observer import Observer
+
+    info = build_model("tiny-gpt", **TINY)[3]
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "vocab": info.vocab,
+             "n_params": info.n_params}  # fmt: skip
+    with Session(TrainConfig(micro_batch=4, seed=0), model_options=TINY) as s:
+        s.run(optimizer_steps=4)
+        u = s.utilisation(gpu="h100")
+        assert u == measured_utilisation(s, gpu="h100", **shape)
+        assert u.mfu == u.hfu > 0  # no recomputation
+        with pytest.raises(ValueError, match="gpu=None: no CUDA device"):
+            s.utilisation()
+    observer = Observer(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="steps="):
+        observer.utilisation(gpu="h100")  # nothing observed yet: where steps come from

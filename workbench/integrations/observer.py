@@ -724,6 +724,13 @@ class Observer:
             self._description = description
         return self._description
 
+    def utilisation(self, gpu: str | None = None) -> Any:
+        """The watched run's measured MFU and HFU on `gpu` (`Session.utilisation`)."""
+        from workbench.train.measure.utilisation import measured_utilisation
+        from workbench.train.session_tools import flop_inputs
+
+        return measured_utilisation(self, gpu=gpu, **flop_inputs(self.description()))
+
     def predict(self, config: TrainConfig | None = None) -> Any:
         """The estimator's figure for this run's settings (or `config`'s), from
         `workbench.predict_memory`; raises ValueError when it cannot predict them."""

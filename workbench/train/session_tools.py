@@ -237,6 +237,15 @@ class SessionTools:
             return None, None
         return adapters, four_bit_weight_count(self._model) if config.qlora else None
 
+    def utilisation(self, gpu: str | None = None) -> Any:
+        """This session's measured MFU and HFU (`workbench.train.measure.utilisation`):
+        its own steps' tokens/s over the peak of `gpu` (a catalog name; the CUDA device's
+        when not given), with the one FLOP count of its model. ValueError naming the input
+        when there is no measured step or no GPU to read a peak of."""
+        from workbench.train.measure.utilisation import measured_utilisation
+
+        return measured_utilisation(self, gpu=gpu, **flop_inputs(self._model_description()))
+
     def memory_advice(self) -> list[Any]:
         """The memory technique that frees the most of this session's predicted peak, as
         an `Advice` whose `apply` is the change for `update(**apply)`
@@ -374,6 +383,17 @@ class SessionTools:
             resume=payload,
             tensorboard=tensorboard,
         )
+
+
+def flop_inputs(description: Any) -> dict[str, Any]:
+    """The estimator's keywords for the FLOP count of a run's model: its parameter count
+    and the shape a prediction description carries (`workbench.prediction.shape_of`; a
+    bare count gives the count alone)."""
+    from workbench.prediction import shape_of
+
+    if isinstance(description, int):
+        return {"n_params": description}
+    return {"n_params": description.n_params, **shape_of(description)}
 
 
 class ModuleDescription:

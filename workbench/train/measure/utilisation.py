@@ -54,7 +54,13 @@ def measured_utilisation(
     from workbench.estimate import estimate_memory, find_gpu
     from workbench.planner.efficiency import measured_step
 
-    step = measured_step(steps)
+    try:
+        step = measured_step(steps)
+    except ValueError as exc:  # the planner's words name its keyword: here it is `steps`
+        text = str(exc)
+        if text.startswith("calibrate="):
+            raise ValueError("steps=" + text.removeprefix("calibrate=")) from None
+        raise
     if gpu is None:
         import torch
 
