@@ -29,10 +29,24 @@ The model is NCCL's own tuning model (NCCL 2.30, `src/graph/tuning.cc` and
   A collective moved as several calls (FSDP's one a layer, DDP's 25 MiB buckets) pays it
   for each.
 
-Not modelled: NVLink SHARP (NVLS: the switch reduces; NCCL uses it for an all-reduce on
-one NVSwitch node of Hoppers when the fabric manager enables it, about 480 GB/s bus
-bandwidth against the ring's 370), SHARP in the network (CollNet), small-message protocols
-(LL, LL128), congestion of a shared fabric.
+* **NVLink SHARP (NVLS)**: on an NVSwitch node of Hoppers (HGX/DGX H100 and H200; the
+  catalog's `nvls`) the switch reduces and multicasts. NCCL's model (`tuning.cc`): one
+  channel a GPU of the group on a node (k), each at the per-channel rate NCCL's graph
+  search finds (`search.cc`: the fastest of its sm90 rates, 60, 50, 40, ... GB/s, with
+  (k + 1) x rate within the GPU's NVLink, the head GPU pulling twice: 40 GB/s on an H100),
+  times NCCL's NVLS efficiency 0.85 and (k - 1)/k; an all-reduce pipelines its reduce and
+  its multicast (x 2): 8 x 40 x 0.85 x 7/8 x 2 = 476 GB/s bus bandwidth on 8 H100s against
+  the ring's 370.8. All-gather and reduce-scatter get (k - 1)/k instead of the 2, and so
+  lose to the ring on one node (NCCL's own choice for large messages; across nodes NCCL
+  runs them with NVLS only over CollNet). Across nodes (no CollNet) the all-reduce may run
+  NVLS-Tree: NVLS inside each node, a tree over the network, each channel capped at the
+  lesser of its NIC's rate (twice that on two nodes, where the tree has one hop each way)
+  and NCCL's per-channel ceiling for NVLS-Tree on Hopper (57.7 GB/s on 2 nodes, 45.5 on
+  more): 8 x 57.7 = 462 GB/s on two DGX H100s, 8 x 45.5 = 364 on more (where the ring's
+  370.8 is as fast). Latency: 25 us inside a node, + 2 log2(nodes) x 20.9 us across.
+
+Not modelled: SHARP in the network (CollNet, and the NVLS+CollNet all-reduce it enables),
+small-message protocols (LL, LL128), congestion of a shared fabric.
 """
 
 from __future__ import annotations
@@ -54,15 +68,30 @@ NET_STEP_US = 14.0
 #: NCCL's tree all-reduce bandwidth refinement (`busBw * .92`)
 TREE_BANDWIDTH = 0.92
 
+#: NVLS (NCCL 2.30 `src/graph/tuning.cc`, Hopper): `nvlsEfficiency`, the NVLink hardware
+#: latency of NVLS and NVLS-Tree (us), NVLS-Tree's network latency a step (us), and
+#: `perChMaxNVLSTreeBws` (GB/s a channel) on 2 nodes and on more
+NVLS_EFFICIENCY = 0.85
+NVLS_NVLINK_US = 25.0
+NVLS_TREE_NET_US = 20.9
+NVLS_TREE_MAX_2_NODES, NVLS_TREE_MAX_MORE = 57.7, 45.5
+#: the per-channel rates (GB/s) NCCL's graph search tries on Hopper (`src/graph/search.cc`
+#: `sm90SpeedArrayIntra`, `sm90SpeedArrayInter`): inside one node, and with a network
+SM90_SPEEDS_INTRA = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+SM90_SPEEDS_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
+                     3.0, 2.4, 1.2, 0.24, 0.12)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Fabric:
     """What the collectives read of a cluster: GPUs a node, a GPU's NVLink bus bandwidth
-    inside a node, a node's NICs together (bytes/s per direction; None: not known)."""
+    inside a node, a node's NICs together (bytes/s per direction; None: not known), and
+    whether its NVSwitch reduces (NVLink SHARP: NCCL's NVLS)."""
 
     gpus_per_node: int
     intra_bus: float
     node_network: float | None
+    nvls: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,7 +103,9 @@ class Collective:
     nodes: int
     seconds: float
     bus_bandwidth: float  # bytes/s: nccl-tests' busbw at this size (latency included)
-    algorithm: str  # "ring (NVLink)", "ring (network)", "tree (network)", "none"
+    #: "ring (NVLink)", "NVLS (NVLink SHARP)", "ring (network)", "tree (network)",
+    #: "NVLS-Tree (network)", "none"
+    algorithm: str
 
 
 def placement(stride: int, group: int, gpus_per_node: int) -> int:
@@ -84,6 +115,48 @@ def placement(stride: int, group: int, gpus_per_node: int) -> int:
     if stride >= gpus_per_node:
         return 1
     return max(1, min(group, gpus_per_node // stride))
+
+
+def _fastest(speeds: tuple[float, ...], limit: float) -> float:
+    """The fastest of NCCL's per-channel rates at or below `limit` (GB/s; 0: none)."""
+    return next((s for s in speeds if s <= limit), 0.0)
+
+
+def nvls_bus_bandwidth(kind: str, k: int, nodes: int, fabric: Fabric) -> float | None:
+    """NCCL's NVLS bus bandwidth (bytes/s; for an all-gather or reduce-scatter its
+    algorithm bandwidth, as NCCL's model has it) for a group with `k` ranks on each of
+    `nodes` nodes; None where NCCL does not run NVLS: no NVLink SHARP, fewer than 2 ranks
+    (channels) a node, an all-gather or reduce-scatter across nodes (CollNet only)."""
+    if not fabric.nvls or k < 2 or (nodes > 1 and kind != "all_reduce"):
+        return None
+    bus = fabric.intra_bus / 1e9  # GB/s, NCCL's count of the GPU's NVLink
+    if nodes == 1:
+        rate = _fastest(SM90_SPEEDS_INTRA, bus / (k + 1))  # the head pulls twice
+        cap = SM90_SPEEDS_INTRA[0]  # the channel's "inter" rate, raised to the top
+    else:
+        assert fabric.node_network is not None
+        nic = fabric.node_network / fabric.gpus_per_node / 1e9  # a channel's NIC
+        rate = _fastest(SM90_SPEEDS_INTER, min(bus / (k + 1), nic))
+        tree_max = NVLS_TREE_MAX_2_NODES if nodes <= 2 else NVLS_TREE_MAX_MORE
+        cap = min(min(nic, 2 * rate) * (2 if nodes <= 2 else 1), tree_max)
+    if rate <= 0:
+        return None
+    per_channel = rate * NVLS_EFFICIENCY * (k - 1) / k
+    per_channel *= 2.0 if kind == "all_reduce" else (k - 1) / k
+    return k * min(per_channel, cap) * 1e9
+
+
+def _nvls_seconds(kind: str, size_bytes: float, k: int, nodes: int, fabric: Fabric) -> float | None:
+    """NCCL's NVLS (one node) or NVLS-Tree (across nodes) time, or None where it has none."""
+    bandwidth = nvls_bus_bandwidth(kind, k, nodes, fabric)
+    if bandwidth is None:
+        return None
+    n = k * nodes
+    moved = _algbw_factor(kind, n) * size_bytes if kind == "all_reduce" else size_bytes
+    lat = NVLS_NVLINK_US
+    if nodes > 1:
+        lat += 2 * max(1, int(math.log2(nodes))) * NVLS_TREE_NET_US
+    return moved / bandwidth + lat * 1e-6
 
 
 def _algbw_factor(kind: str, n: int) -> float:
@@ -109,6 +182,11 @@ def collective(
         bus = fabric.intra_bus
         lat = RING_BASE_US + steps * RING_NVLINK_STEP_US
         seconds = factor * size_bytes / bus + lat * 1e-6
+        nvls = _nvls_seconds(kind, size_bytes, k, 1, fabric)
+        if nvls is not None and nvls < seconds:
+            return Collective(
+                kind, ranks, 1, nvls, factor * size_bytes / nvls, "NVLS (NVLink SHARP)"
+            )
         return Collective(kind, ranks, 1, seconds, factor * size_bytes / seconds, "ring (NVLink)")
     if fabric.node_network is None:
         raise ValueError(
@@ -130,6 +208,9 @@ def collective(
         tree = factor * size_bytes / (TREE_BANDWIDTH * bus) + tree_lat * 1e-6
         if tree < ring:
             best, name = tree, "tree (network)"
+        nvls_tree = _nvls_seconds(kind, size_bytes, k, nodes, fabric)
+        if nvls_tree is not None and nvls_tree < best:
+            best, name = nvls_tree, "NVLS-Tree (network)"
     return Collective(kind, ranks, nodes, best, factor * size_bytes / best, name)
 
 
@@ -148,4 +229,12 @@ def seconds(
     return calls * collective(kind, size_bytes / calls, ranks, fabric, per_node=per_node).seconds
 
 
-__all__ = ["KINDS", "Collective", "Fabric", "collective", "placement", "seconds"]
+__all__ = [
+    "KINDS",
+    "Collective",
+    "Fabric",
+    "collective",
+    "nvls_bus_bandwidth",
+    "placement",
+    "seconds",
+]

@@ -6,7 +6,8 @@ PCIe for a part without NVLink): the data sheet's figure, and the bus bandwidth 
 collective gets out of it as NCCL's topology counts it (`intra_bus`: NVLink links x NCCL's
 per-link rate); inter-node is one GPU's share of its node's NICs (a DGX gives each GPU its
 own NIC), so a node's network together is `inter_node x gpus_per_node`, what NCCL spreads
-one collective's channels over (workbench/planner/collectives.py). Both come from the data
+one collective's channels over (workbench/planner/collectives.py). An 8-GPU HGX/DGX H100
+or H200 node's NVSwitch also reduces (NVLink SHARP: `nvls`, NCCL's NVLS). Both come from the data
 sheets named in `LINKS` and can be given instead (`intra_node_gbps`, `inter_node_gbps`).
 A GPU without an inter-node figure needs one given to plan more than one node. PCIe (the
 offload traffic) is the slot's per-direction rate.
@@ -36,6 +37,9 @@ class Links:
     source: str
     intra_bus: float | None = None
     nics: str = ""
+    #: the node's NVSwitch reduces (NVLink SHARP, NCCL's NVLS): third-generation NVSwitch
+    #: of an 8-GPU HGX/DGX Hopper board
+    nvls: bool = False
 
 
 _NVLINK_A100 = "NVIDIA A100 data sheet: NVLink 600 GB/s (bidirectional), PCIe Gen4 64 GB/s"
@@ -51,6 +55,14 @@ _DGX_H100 = (
 #: NCCL 2.30 src/graph/topo.h: NVLink GB/s per link as NCCL's topology counts it
 _NCCL_BUS = "NCCL ring bus bandwidth: {links} NVLink links x {rate} GB/s (NCCL src/graph/topo.h)"
 _PCIE4 = "PCIe Gen4 x16: 32 GB/s per direction (no NVLink on this part)"
+#: NVLink SHARP: which nodes have it, and NCCL's use of it
+_NVLS = (
+    "NVLink SHARP: the third-generation NVSwitch of the 8-GPU HGX/DGX H100 and H200 boards "
+    "reduces in the switch (NVIDIA Hopper architecture whitepaper, 'NVLink SHARP'); NCCL's "
+    "all-reduce uses it by default, 'a peak busBw of ~480GB/s' on 8 GPUs (NCCL maintainer, "
+    "NVIDIA/nccl-tests issue #212), and across nodes as NVLS-Tree from NCCL 2.18.1 (release "
+    "notes); it needs CUDA multicast (the fabric manager)"
+)
 
 #: catalog name -> its links (the data sheet figure halved: per direction)
 LINKS: dict[str, Links] = {
@@ -94,18 +106,21 @@ LINKS: dict[str, Links] = {
         450 * _G,
         50 * _G,
         64 * _G,
-        f"{_NVLINK_H100}; {_DGX_H100}; " + _NCCL_BUS.format(links=18, rate=20.6),
+        f"{_NVLINK_H100}; {_DGX_H100}; " + _NCCL_BUS.format(links=18, rate=20.6) + f"; {_NVLS}",
         intra_bus=370.8 * _G,
         nics="8 x 400 Gb/s NDR",
+        nvls=True,
     ),
     "h200-141gb": Links(
         450 * _G,
         50 * _G,
         64 * _G,
         f"{_NVLINK_H100} (same on the H200); {_DGX_H100} (DGX H200: the same); "
-        + _NCCL_BUS.format(links=18, rate=20.6),
+        + _NCCL_BUS.format(links=18, rate=20.6)
+        + f"; {_NVLS}",
         intra_bus=370.8 * _G,
         nics="8 x 400 Gb/s NDR",
+        nvls=True,
     ),
     "mi300x": Links(
         448 * _G,
@@ -140,6 +155,8 @@ class Cluster:
     source: str
     #: a ring collective's bus bandwidth inside a node (NCCL's; None: `intra_node`)
     intra_bus: float | None = None
+    #: the node's NVSwitch reduces (NVLink SHARP: NCCL's NVLS, workbench.planner.collectives)
+    nvls: bool = False
 
     @property
     def gpus(self) -> int:
@@ -154,7 +171,7 @@ class Cluster:
     def fabric(self) -> Fabric:
         """What workbench.planner.collectives reads of this cluster."""
         bus = self.intra_node if self.intra_bus is None else self.intra_bus
-        return Fabric(self.gpus_per_node, bus, self.node_network)
+        return Fabric(self.gpus_per_node, bus, self.node_network, nvls=self.nvls)
 
     def link(self, span: int) -> float:
         """The bandwidth one GPU's point-to-point traffic over groups of `span` consecutive
@@ -227,4 +244,7 @@ def cluster(
         pcie=links.pcie,
         host_bandwidth=HOST_BANDWIDTH,
         source=source,
+        # NVLS is the 8-GPU board's NVSwitch (a 4-GPU HGX board links its GPUs directly);
+        # an intra-node figure given describes another fabric
+        nvls=links.nvls and gpus_per_node == 8 and intra_node_gbps is None,
     )
