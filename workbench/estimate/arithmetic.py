@@ -9,7 +9,6 @@ the training tokens into FLOPs, seconds and money. `estimate_from` assembles the
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 from workbench.config import Precision
@@ -24,7 +23,7 @@ from workbench.estimate.model_states import (
     bytes_per_param,
     model_state_bytes,
 )
-from workbench.estimate.peak import StepPeak, step_peak
+from workbench.estimate.peak import StepPeak, peak_point, step_peak
 from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of
 from workbench.estimate.result import MemoryEstimate
 
@@ -157,9 +156,8 @@ def on_gpu(
     def fits_at(n: int) -> bool:
         if n == mb:
             return fits
-        changed = copy.copy(i)
-        object.__setattr__(changed, "micro_batch", n)  # a private copy of frozen inputs
-        return _required(changed, peak_of(changed, states)[0]) <= gpu_mem
+        changed = _at_micro_batch(i, n)
+        return _required(changed, peak_point(changed, states, activations(changed))) <= gpu_mem
 
     if exact and fits and b > mb:
         bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1))
@@ -193,6 +191,16 @@ def on_gpu(
         mid = (low + high) // 2
         low, high = (mid, high) if fits_at(mid) else (low, mid)
     return gpu_mem, fits, low
+
+
+def _at_micro_batch(i: EstimateInputs, n: int) -> EstimateInputs:
+    """A private copy of frozen inputs `i` at micro-batch `n` (what `copy.copy` makes,
+    without its generic protocol: the search for the largest micro-batch makes one per
+    micro-batch it tries)."""
+    changed = object.__new__(EstimateInputs)
+    changed.__dict__.update(i.__dict__)
+    changed.__dict__["micro_batch"] = n
+    return changed
 
 
 def _lowest_unfitting(
@@ -251,18 +259,20 @@ def flop_count(i: EstimateInputs) -> FlopCount:
 
 
 def time_and_cost(
-    i: EstimateInputs,
+    i: EstimateInputs, count: FlopCount | None = None
 ) -> tuple[float | None, float | None, float | None, float | None]:
     """(hardware FLOPs, seconds, cost, model FLOPs) of the tokens: the one FLOP count
     (`flops.FlopCount`: 6 N + 12 L q s a token, N without the embedding lookups; under LoRA
     4 N + 2 N_trained; the recomputed forward on top for the hardware FLOPs), the hardware
     FLOPs at `mfu` of the GPUs' peak (the rate the GPUs sustain on what they run), at the
     price per GPU-hour. Each is None when its inputs are missing (tokens; a GPU with a peak
-    rate; a price)."""
+    rate; a price). `count`: `flop_count(i)` when already computed."""
     if i.tokens is None:
         return None, None, None, None
     trained = i.lora.trainable if i.lora is not None else None
-    model, flops = flop_count(i).step(i.tokens, i.checkpointing.value, trained)
+    model, flops = (count if count is not None else flop_count(i)).step(
+        i.tokens, i.checkpointing.value, trained
+    )
     seconds = cost = None
     if i.gpu is not None:
         peak = i.gpu.peak_flops(i.precision is not Precision.FP32, bf16=i.precision in _BF16)
@@ -282,7 +292,8 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     peak = step_peak(i, states, breakdown)
     reserve = reserve_of(i, peak.terms)
     gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve)
-    flops, seconds, cost, model_flops = time_and_cost(i)
+    count = flop_count(i)
+    flops, seconds, cost, model_flops = time_and_cost(i, count)
     arch = i.architecture
     return MemoryEstimate(
         n_params=i.n_params,
@@ -299,7 +310,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
         max_micro_batch=max_mb,
         train_flops=flops,
         model_flops=model_flops,
-        flop_count=flop_count(i),
+        flop_count=count,
         train_seconds=seconds,
         cost=cost,
         activations=breakdown,

@@ -555,6 +555,48 @@ def step_peak(
 ) -> StepPeak:
     """The peak of one step of checked inputs `i`, with model states `states` and
     activations `breakdown` (`activations(i)`)."""
+    return _step_peak(i, states, breakdown, report=True)
+
+
+def peak_point(
+    i: EstimateInputs, states: ModelStates, breakdown: ActivationBreakdown | None
+) -> StepPeak:
+    """`step_peak`'s highest point only: `peak_bytes`, `phase`, `terms`, `phases`,
+    `engine` and `optimizer_impl` as `step_peak` gives them, the fields that describe the
+    rest of the step (`variable`, `points`, `moments`, `host_terms`, the held gradients,
+    the chunked loss's saving, compile's bytes) left at their defaults. For a search over
+    micro-batches, which reads what a point needs and its reserve (`reserve.reserve_of`
+    reads `terms`); tests/unit/test_estimate_fast_paths.py holds it equal to `step_peak`'s."""
+    return _step_peak(i, states, breakdown, report=False)
+
+
+#: The terms that grow in proportion to the micro-batch (`StepPeak.variable`).
+_SCALING = (
+    "activations",
+    "logits and loss",
+    "backward transient",
+    DOCUMENT_MASK_TERM,
+    COMPILE_TERM,
+)
+
+
+def _scaling_bytes(terms: dict[str, int]) -> int:
+    """The bytes of a point's `_SCALING` terms (written out: it runs for every point of
+    every peak the largest micro-batch's search computes)."""
+    get = terms.get
+    return (
+        get("activations", 0)
+        + get("logits and loss", 0)
+        + get("backward transient", 0)
+        + get(DOCUMENT_MASK_TERM, 0)
+        + get(COMPILE_TERM, 0)
+    )
+
+
+def _step_peak(
+    i: EstimateInputs, states: ModelStates, breakdown: ActivationBreakdown | None, report: bool
+) -> StepPeak:
+    """`step_peak` (`report`) or `peak_point` (not `report`)."""
     engine = engine_of(i)
     impl = resolve_impl(i, engine)
     params, grads, optim = states.params_bytes, states.grads_bytes, states.optimizer_bytes
@@ -718,16 +760,18 @@ def step_peak(
     }
     points = dict(zip(PHASES, (forward, backward, step), strict=True))
     totals = {name: sum(terms.values()) for name, terms in points.items()}
-    scaling = (
-        "activations",
-        "logits and loss",
-        "backward transient",
-        DOCUMENT_MASK_TERM,
-        COMPILE_TERM,
-    )
-    variable = {name: sum(terms.get(k, 0) for k in scaling) for name, terms in points.items()}
     phase = max(PHASES, key=lambda name: totals[name])
     terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}
+    if not report:
+        return StepPeak(
+            peak_bytes=totals[phase],
+            phase=phase,
+            terms=terms,
+            phases=totals,
+            engine=engine,
+            optimizer_impl=impl,
+        )
+    variable = {name: _scaling_bytes(terms) for name, terms in points.items()}
     saving = None
     if arch is not None and breakdown is not None and i.pipeline_parallel == 1:
         saving = 0
@@ -802,6 +846,7 @@ __all__ = [
     "loss_bytes",
     "offload_in_flight",
     "optimizer_temporaries",
+    "peak_point",
     "resolve_impl",
     "step_peak",
 ]
