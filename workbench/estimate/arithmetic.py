@@ -9,6 +9,7 @@ the training tokens into FLOPs, seconds and money. `estimate_from` assembles the
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from workbench.config import Precision
@@ -237,11 +238,39 @@ def _lowest_unfitting(
 
     if needs(top) <= gpu_mem:
         return None
+    # `needs` never falls as n grows, so the answer is the first n above this micro-batch
+    # where it passes the GPU (or mb + 1): solved from the lines, checked with two calls
+    guess = _first_crossing(lines, constant, share, states, gpu_mem, mb + 1, top)
+    if needs(guess) > gpu_mem and (guess == mb + 1 or needs(guess - 1) <= gpu_mem):
+        return guess
     low, high = mb, top  # this micro-batch fits; needs(high) does not
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if needs(mid) <= gpu_mem else (low, mid)
     return high
+
+
+def _first_crossing(
+    lines: list[tuple[int, int]],
+    constant: int,
+    share: float,
+    states: int,
+    gpu_mem: int,
+    low: int,
+    high: int,
+) -> int:
+    """A guess at the first n in [`low`, `high`] whose highest line `fixed + per x n` plus
+    `constant` plus `share` of what it holds beyond `states` passes `gpu_mem`
+    (`_lowest_unfitting`'s `needs`), solved in floating point: the caller checks it."""
+    room = gpu_mem - constant
+    h = room if room <= states else states + (room - states) / (1.0 + share)
+    first = high
+    for fixed, per in lines:
+        if per > 0:
+            first = min(first, math.floor((h - fixed) / per) + 1)
+        elif fixed > h:
+            first = low
+    return max(low, min(first, high))
 
 
 def flop_count(i: EstimateInputs) -> FlopCount:
@@ -295,80 +324,82 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     count = flop_count(i)
     flops, seconds, cost, model_flops = time_and_cost(i, count)
     arch = i.architecture
-    return MemoryEstimate(
-        n_params=i.n_params,
-        params_bytes=states.params_bytes,
-        grads_bytes=states.grads_bytes,
-        optimizer_bytes=states.optimizer_bytes,
-        activation_bytes=act_bytes,
-        total_bytes=total,
-        overhead_bytes=reserve.total_bytes,
-        cpu_offload_bytes=states.cpu_offload_bytes,
-        gpu=i.gpu.name if i.gpu is not None else None,
-        gpu_memory_bytes=gpu_mem,
-        fits=fits,
-        max_micro_batch=max_mb,
-        train_flops=flops,
-        model_flops=model_flops,
-        flop_count=count,
-        train_seconds=seconds,
-        cost=cost,
-        activations=breakdown,
-        precision=i.precision.value,
-        optimizer=i.optimizer.value,
-        zero_stage=i.zero_stage,
-        gpus=i.gpus,
-        offload_optimizer=i.offload_optimizer,
-        offload_params=i.offload_params,
-        fsdp=i.fsdp,
-        dropout=i.dropout,
-        checkpointing=i.checkpointing.value,
-        micro_batch=i.micro_batch,
-        layers=arch.layers if arch else None,
-        hidden=arch.hidden if arch else None,
-        heads=arch.heads if arch else None,
-        seq_len=arch.seq_len if arch else None,
-        vocab=arch.vocab if arch else None,
-        overhead_gib=i.overhead_gib,
-        tokens=i.tokens,
-        mfu=i.mfu,
-        price_per_gpu_hour=i.price_per_gpu_hour,
-        accounting=i.accounting,
-        model=i.model,
-        hf_config=i.hf_config,
-        kv_heads=arch.kv_heads if arch else None,
-        ffn_hidden=arch.ffn_hidden if arch else None,
-        mlp=arch.mlp if arch else None,
-        norm=arch.norm if arch else None,
-        bias=arch.bias if arch else None,
-        positions=arch.positions if arch else None,
-        tied_embeddings=arch.tied_embeddings if arch else None,
-        parallel_residual=arch.parallel_residual if arch else None,
-        tensor_parallel=i.tensor_parallel,
-        pipeline_parallel=i.pipeline_parallel,
-        sequence_parallel=i.sequence_parallel,
-        data_parallel=i.data_parallel,
-        shard_params=i.shard_params,
-        active_params=(
-            i.active_params
-            if i.active_params is not None
-            else arch.active_params
-            if arch is not None
-            else i.n_params
-        ),
-        activation_note=i.activation_note,
-        experts=arch.experts if arch else None,
-        experts_per_token=arch.experts_per_token if arch else None,
-        peak_bytes=peak.peak_bytes,
-        peak=peak,
-        reserve=reserve,
-        attention=i.attention.value,
-        optimizer_impl=peak.optimizer_impl,
-        grad_accum=i.grad_accum,
-        loss_chunks=i.loss_chunks,
-        lora_rank=i.lora.rank if i.lora is not None else 0,
-        lora_params=i.lora.trainable if i.lora is not None else 0,
-        qlora_params=i.lora.quantized if i.lora is not None else 0,
+    return MemoryEstimate.of_every_field(
+        dict(
+            n_params=i.n_params,
+            params_bytes=states.params_bytes,
+            grads_bytes=states.grads_bytes,
+            optimizer_bytes=states.optimizer_bytes,
+            activation_bytes=act_bytes,
+            total_bytes=total,
+            overhead_bytes=reserve.total_bytes,
+            cpu_offload_bytes=states.cpu_offload_bytes,
+            gpu=i.gpu.name if i.gpu is not None else None,
+            gpu_memory_bytes=gpu_mem,
+            fits=fits,
+            max_micro_batch=max_mb,
+            train_flops=flops,
+            model_flops=model_flops,
+            flop_count=count,
+            train_seconds=seconds,
+            cost=cost,
+            activations=breakdown,
+            precision=i.precision.value,
+            optimizer=i.optimizer.value,
+            zero_stage=i.zero_stage,
+            gpus=i.gpus,
+            offload_optimizer=i.offload_optimizer,
+            offload_params=i.offload_params,
+            fsdp=i.fsdp,
+            dropout=i.dropout,
+            checkpointing=i.checkpointing.value,
+            micro_batch=i.micro_batch,
+            layers=arch.layers if arch else None,
+            hidden=arch.hidden if arch else None,
+            heads=arch.heads if arch else None,
+            seq_len=arch.seq_len if arch else None,
+            vocab=arch.vocab if arch else None,
+            overhead_gib=i.overhead_gib,
+            tokens=i.tokens,
+            mfu=i.mfu,
+            price_per_gpu_hour=i.price_per_gpu_hour,
+            accounting=i.accounting,
+            model=i.model,
+            hf_config=i.hf_config,
+            kv_heads=arch.kv_heads if arch else None,
+            ffn_hidden=arch.ffn_hidden if arch else None,
+            mlp=arch.mlp if arch else None,
+            norm=arch.norm if arch else None,
+            bias=arch.bias if arch else None,
+            positions=arch.positions if arch else None,
+            tied_embeddings=arch.tied_embeddings if arch else None,
+            parallel_residual=arch.parallel_residual if arch else None,
+            tensor_parallel=i.tensor_parallel,
+            pipeline_parallel=i.pipeline_parallel,
+            sequence_parallel=i.sequence_parallel,
+            data_parallel=i.data_parallel,
+            shard_params=i.shard_params,
+            active_params=(
+                i.active_params
+                if i.active_params is not None
+                else arch.active_params
+                if arch is not None
+                else i.n_params
+            ),
+            activation_note=i.activation_note,
+            experts=arch.experts if arch else None,
+            experts_per_token=arch.experts_per_token if arch else None,
+            peak_bytes=peak.peak_bytes,
+            peak=peak,
+            reserve=reserve,
+            attention=i.attention.value,
+            optimizer_impl=peak.optimizer_impl,
+            grad_accum=i.grad_accum,
+            loss_chunks=i.loss_chunks,
+            lora_rank=i.lora.rank if i.lora is not None else 0,
+            lora_params=i.lora.trainable if i.lora is not None else 0,
+            qlora_params=i.lora.quantized if i.lora is not None else 0,
+        )
     )
 
 

@@ -61,8 +61,11 @@ ARCH_FIELDS = (
 
 
 def _table(name: str, read: Any = str) -> dict[str, Any]:
-    """Choice keyword `name`'s allowed text (declared in `schema`) -> what it reads as."""
-    return {str(value): read(value) for value in choices_of(name)}
+    """Choice keyword `name`'s allowed text (declared in `schema`; stripped and lower case,
+    as `_choice` reads a value) -> what it reads as."""
+    table = {str(value): read(value) for value in choices_of(name)}
+    assert all(key == key.strip().lower() for key in table), table
+    return table
 
 
 _PRECISIONS = _table("precision", Precision)
@@ -146,9 +149,26 @@ class EstimateInputs:
 
 
 # ---------------------------------------------------------------- readers
+#: Each input's range where a plain `int` (integer inputs) or `float` (the others) inside
+#: it reads as itself: `_checked`'s fast path, which gives what `check_number` gives.
+_INT_RANGES = {name: (b.low, b.high) for name, b in LIMITS.items() if b.integer and not b.low_open}
+_FLOAT_RANGES = {
+    name: (b.low, b.high) for name, b in LIMITS.items() if not b.integer and not b.low_open
+}
+
+
 def _checked(p: list[Problem], name: str, value: Any) -> Any:
     """`value` read and range-checked as input `name` (see `limits`), or None with the
     problem appended to `p`."""
+    kind = type(value)
+    if kind is int:  # the common cases first: a plain number in range reads as itself
+        bounds = _INT_RANGES.get(name)
+        if bounds is not None and bounds[0] <= value <= bounds[1]:
+            return value
+    elif kind is float:
+        bounds = _FLOAT_RANGES.get(name)
+        if bounds is not None and bounds[0] <= value <= bounds[1]:  # NaN is not
+            return value
     number, message = check_number(name, value)
     if message is not None:
         p.append(Problem(name, value, message))
@@ -174,7 +194,10 @@ def _count(p: list[Problem], name: str, value: Any) -> int | None:
 def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
     """The entry of `table` that text `v` names (case and spaces aside), or None with the
     problem appended to `p`."""
-    found = table.get(v.strip().lower()) if isinstance(v, str) else None
+    # the table's keys are stripped and lower case (`_table`): one given so is found as is
+    found = table.get(v) if type(v) is str else None
+    if found is None:
+        found = table.get(v.strip().lower()) if isinstance(v, str) else None
     if found is None:
         p.append(Problem(name, v, f"must be one of {', '.join(table)}"))
     return found
@@ -363,6 +386,8 @@ def _zero_stage(p: list[Problem], zero_stage: Any) -> int | None:
 
 def _flag(p: list[Problem], name: str, value: Any) -> Any:
     """`value` as a bool (a numpy bool too), or unchanged with the problem appended."""
+    if value is True or value is False:
+        return value
     flag = as_bool(value)
     if not isinstance(flag, bool):
         p.append(Problem(name, flag, "must be True or False"))

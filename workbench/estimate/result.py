@@ -5,7 +5,7 @@ Its fields are documented on the class; docs/estimator.md explains the figures.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
@@ -206,6 +206,18 @@ class MemoryEstimate(Readable):
         """A JSON-ready dict of every field (the activation breakdown nested)."""
         return asdict(self)
 
+    @classmethod
+    def of_every_field(cls, values: dict[str, Any]) -> MemoryEstimate:
+        """The estimate whose fields are `values`, which names every field once: what
+        `MemoryEstimate(**values)` makes, without the generated `__init__`'s one
+        `object.__setattr__` per field (the estimator makes one per call). Any other set
+        of names goes through `__init__` (defaults filled, unknown names refused)."""
+        if values.keys() != _FIELD_NAMES:
+            return cls(**values)
+        estimate = object.__new__(cls)
+        estimate.__dict__.update(values)
+        return estimate
+
     def _reserve_rows(self) -> list[tuple[str, str]]:
         """The reserve's terms and the three named figures (allocated, reserved, nvidia-smi)."""
         reserve = self.reserve
@@ -287,5 +299,8 @@ class MemoryEstimate(Readable):
         title = f"memory per GPU: {name}, {self.precision}, {self.optimizer}, {engine}, {split}"
         return Display(title, rows)
 
+
+#: Every field's name (`MemoryEstimate.of_every_field`).
+_FIELD_NAMES = frozenset(f.name for f in fields(MemoryEstimate))
 
 __all__ = ["MemoryEstimate"]
