@@ -28,6 +28,7 @@ from workbench.estimate.architecture import Architecture, build_architecture, pa
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.hf_build import config_facts
 from workbench.estimate.limits import (
     GIB,
@@ -146,6 +147,10 @@ class EstimateInputs:
     # None where they do not describe `shard_params` (a factored optimizer's states
     # follow them; without them its bound is counted)
     parameter_shapes: tuple[tuple[int, ...], ...] | None = None
+
+
+#: `EstimateInputs`'s fields (`check_inputs` builds it in one step: `frozen.of_every_field`).
+_INPUT_FIELDS = field_names(EstimateInputs)
 
 
 # ---------------------------------------------------------------- readers
@@ -454,7 +459,7 @@ def _data_parallel(
         for which, size in (("tensor_parallel", tp), ("pipeline_parallel", pp)):
             if size > 1:
                 p.append(Problem(which, size, _NEEDS_SHAPE))
-    elif arch is not None:
+    elif arch is not None and (tp > 1 or pp > 1):  # every shape splits by 1
         p.extend(arch.parallel_problems(tp, pp))
     if n_gpus is None:
         return None
@@ -635,51 +640,55 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     assert stage is not None and sharding is not None and mb is not None
     assert n_gpus is not None and tp is not None and pp is not None and dp is not None
     assert shard is not None and (derived or overhead is not None) and mfu is not None
-    return EstimateInputs(
-        n_params=n,
-        architecture=arch,
-        model=source.name,
-        hf_config=source.config_name,
-        micro_batch=mb,
-        precision=prec,
-        optimizer=opt,
-        checkpointing=ckpt,
-        zero_stage=stage,
-        fsdp=sharding,
-        accounting=accounting,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-        dropout=dropout,
-        gpus=n_gpus,
-        tensor_parallel=tp,
-        pipeline_parallel=pp,
-        data_parallel=dp,
-        sequence_parallel=sp,
-        shard_params=shard,
-        gpu=gpu,
-        overhead_gib=overhead,
-        tokens=tokens,
-        mfu=mfu,
-        price_per_gpu_hour=price,
-        active_params=source.active_params,
-        activation_note=source.activation_note if arch is None else None,
-        attention=attention,
-        optimizer_impl=impl,
-        grad_accum=grad_accum,
-        loss_chunks=chunks,
-        bucket_view=bucket_view,
-        fsdp_reduce_fp32=reduce_fp32,
-        fsdp_units=units,
-        weight_decay=decay,
-        optimizer_in_backward=bool(in_backward),
-        activation_offload=bool(act_offload),
-        parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
-        document_mask=bool(doc_mask),
-        compile=bool(compiled),
-        lazy_loading=bool(lazy),
-        lora=lora,
-        deepspeed=ds,
-        deepspeed_given=ds_source is not None,
+    return of_every_field(
+        EstimateInputs,
+        _INPUT_FIELDS,
+        dict(
+            n_params=n,
+            architecture=arch,
+            model=source.name,
+            hf_config=source.config_name,
+            micro_batch=mb,
+            precision=prec,
+            optimizer=opt,
+            checkpointing=ckpt,
+            zero_stage=stage,
+            fsdp=sharding,
+            accounting=accounting,
+            offload_optimizer=offload_optimizer,
+            offload_params=offload_params,
+            dropout=dropout,
+            gpus=n_gpus,
+            tensor_parallel=tp,
+            pipeline_parallel=pp,
+            data_parallel=dp,
+            sequence_parallel=sp,
+            shard_params=shard,
+            gpu=gpu,
+            overhead_gib=overhead,
+            tokens=tokens,
+            mfu=mfu,
+            price_per_gpu_hour=price,
+            active_params=source.active_params,
+            activation_note=source.activation_note if arch is None else None,
+            attention=attention,
+            optimizer_impl=impl,
+            grad_accum=grad_accum,
+            loss_chunks=chunks,
+            bucket_view=bucket_view,
+            fsdp_reduce_fp32=reduce_fp32,
+            fsdp_units=units,
+            weight_decay=decay,
+            optimizer_in_backward=bool(in_backward),
+            activation_offload=bool(act_offload),
+            parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
+            document_mask=bool(doc_mask),
+            compile=bool(compiled),
+            lazy_loading=bool(lazy),
+            lora=lora,
+            deepspeed=ds,
+            deepspeed_given=ds_source is not None,
+        ),
     )
 
 

@@ -5,12 +5,13 @@ Its fields are documented on the class; docs/estimator.md explains the figures.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown
 from workbench.estimate.flops import FlopCount
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.peak import StepPeak
 from workbench.estimate.reserve import Reserve
 
@@ -208,15 +209,9 @@ class MemoryEstimate(Readable):
 
     @classmethod
     def of_every_field(cls, values: dict[str, Any]) -> MemoryEstimate:
-        """The estimate whose fields are `values`, which names every field once: what
-        `MemoryEstimate(**values)` makes, without the generated `__init__`'s one
-        `object.__setattr__` per field (the estimator makes one per call). Any other set
-        of names goes through `__init__` (defaults filled, unknown names refused)."""
-        if values.keys() != _FIELD_NAMES:
-            return cls(**values)
-        estimate = object.__new__(cls)
-        estimate.__dict__.update(values)
-        return estimate
+        """`MemoryEstimate(**values)`, built in one step when `values` names every field
+        once (`workbench.estimate.frozen`: the estimator makes one per call)."""
+        return of_every_field(cls, _FIELD_NAMES, values)
 
     def _reserve_rows(self) -> list[tuple[str, str]]:
         """The reserve's terms and the three named figures (allocated, reserved, nvidia-smi)."""
@@ -301,6 +296,6 @@ class MemoryEstimate(Readable):
 
 
 #: Every field's name (`MemoryEstimate.of_every_field`).
-_FIELD_NAMES = frozenset(f.name for f in fields(MemoryEstimate))
+_FIELD_NAMES = field_names(MemoryEstimate)
 
 __all__ = ["MemoryEstimate"]
