@@ -24,7 +24,7 @@ from workbench.estimate.model_states import (
     bytes_per_param,
     model_state_bytes,
 )
-from workbench.estimate.peak import StepPeak, peak_point, step_peak
+from workbench.estimate.peak import StepFixed, StepPeak, fixed_terms, peak_point, step_peak
 from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of
 from workbench.estimate.result import MemoryEstimate
 
@@ -118,7 +118,11 @@ def _required(i: EstimateInputs, peak: StepPeak) -> int:
 
 
 def on_gpu(
-    i: EstimateInputs, states: ModelStates, peak: StepPeak, reserve: Reserve
+    i: EstimateInputs,
+    states: ModelStates,
+    peak: StepPeak,
+    reserve: Reserve,
+    fixed: StepFixed | None = None,
 ) -> tuple[int | None, bool | None, int | None]:
     """(the GPU's memory, whether the peak of a step plus `reserve` fits in it, the
     largest micro-batch whose peak plus its own reserve fits, at most the largest
@@ -132,7 +136,8 @@ def on_gpu(
     the largest micro-batch that could fit; from there the answer is found by computing
     the peak and its reserve at smaller micro-batches (doubling the step, then halving the
     bracket), usually one or two. Should a term not divide evenly, the crossing is only a
-    first guess and the search goes both ways."""
+    first guess and the search goes both ways. `fixed`: the step's terms that do not
+    change with the micro-batch (`peak.fixed_terms(i, states)`) when already computed."""
     if i.gpu is None:
         return None, None, None
     gpu_mem = i.gpu.memory_bytes
@@ -154,11 +159,14 @@ def on_gpu(
         return gpu_mem, fits, None
     b = max(1, min(b, top))
 
+    held = fixed if fixed is not None else fixed_terms(i, states)
+
     def fits_at(n: int) -> bool:
         if n == mb:
             return fits
         changed = _at_micro_batch(i, n)
-        return _required(changed, peak_point(changed, states, activations(changed))) <= gpu_mem
+        point = peak_point(changed, states, activations(changed), fixed=held)
+        return _required(changed, point) <= gpu_mem
 
     if exact and fits and b > mb:
         bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1))
@@ -318,9 +326,10 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
     act_bytes = breakdown.total_bytes if breakdown is not None else None
     total = model_bytes + (act_bytes or 0)
-    peak = step_peak(i, states, breakdown)
+    fixed = fixed_terms(i, states)
+    peak = step_peak(i, states, breakdown, fixed=fixed)
     reserve = reserve_of(i, peak.terms)
-    gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve)
+    gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve, fixed)
     count = flop_count(i)
     flops, seconds, cost, model_flops = time_and_cost(i, count)
     arch = i.architecture
