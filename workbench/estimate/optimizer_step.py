@@ -32,7 +32,7 @@ def resolve_impl(i: EstimateInputs, engine: str) -> str:
     return row(i.optimizer).default_impl  # torch's own default: foreach, or its for-loop
 
 
-def _stepped_params(i: EstimateInputs, engine: str) -> int:
+def stepped_params(i: EstimateInputs, engine: str) -> int:
     """Parameters this GPU's optimizer steps: its shard under ZeRO >= 1 and FSDP."""
     full = i.shard_params
     if (engine == "fsdp" and i.fsdp != "no_shard") or i.zero_stage >= 1:
@@ -75,7 +75,7 @@ def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
     if impl in ("fused", "cpu"):
         return 0
     width = 2 if i.precision is Precision.BF16_TRUE else 4  # state dtype (master is fp32)
-    stepped = _stepped_params(i, engine)
+    stepped = stepped_params(i, engine)
     decay = i.weight_decay > 0
     temporaries = row(i.optimizer).temporaries(decay)  # its row's, with or without decay
     if temporaries is None:
@@ -101,7 +101,7 @@ def factored_means(i: EstimateInputs, width: int) -> int:
     return 2 * width * max(factored_state_elements([s]) for s in i.parameter_shapes)
 
 
-def _in_backward_terms(i: EstimateInputs, impl: str, grads: int, temps: int) -> tuple[int, int]:
+def in_backward_terms(i: EstimateInputs, impl: str, grads: int, temps: int) -> tuple[int, int]:
     """(the largest parameter's gradient, its own step's temporaries) under
     `optimizer_in_backward`: one optimizer per parameter, so foreach and the for-loop both
     step one tensor (the whole model's figures without a shape: an upper bound)."""
@@ -117,7 +117,9 @@ def _in_backward_terms(i: EstimateInputs, impl: str, grads: int, temps: int) -> 
 
 __all__ = [
     "factored_means",
+    "in_backward_terms",
     "optimizer_temporaries",
     "parameter_order",
     "resolve_impl",
+    "stepped_params",
 ]

@@ -153,12 +153,12 @@ from workbench.estimate.lora import (
 )
 from workbench.estimate.model_states import ModelStates
 from workbench.estimate.optimizer_step import (
-    _in_backward_terms,
-    _stepped_params,
     factored_means,
+    in_backward_terms,
     optimizer_temporaries,
     parameter_order,
     resolve_impl,
+    stepped_params,
 )
 from workbench.optimizers import row
 
@@ -554,7 +554,7 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
 
     dequant = gathered_loss = 0
     if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
-        stepped = _stepped_params(i, engine)
+        stepped = stepped_params(i, engine)
         # the adapters' share of what this GPU steps (sharded as the engine shards them)
         adapters_stepped = -(-i.lora.trainable * stepped // max(1, i.shard_params))
         temps = int(temps * adapters_stepped / stepped) if stepped else 0
@@ -724,7 +724,7 @@ def _step_peak(
     if i.optimizer_in_backward:
         # each parameter is stepped as its gradient is ready and the gradient freed: one
         # gradient and its step's temporaries at a time, nothing left for the step
-        one_grad, one_temps = _in_backward_terms(i, impl, grads, temps)
+        one_grad, one_temps = in_backward_terms(i, impl, grads, temps)
         moments["backward end"].update(
             {"gradients": one_grad, "optimizer step temporaries": one_temps}
         )
