@@ -16,9 +16,8 @@ from workbench.estimate.arithmetic import (
     activations,
     model_states,
 )
-from workbench.estimate.core import check_inputs
 from workbench.estimate.frozen import field_names, of_every_field
-from workbench.estimate.inputs_check import _checked, _choice, _flag, _table
+from workbench.estimate.inputs_check import _checked, _choice, _flag, _table, check_inputs
 from workbench.estimate.limits import LIMITS, check_number
 from workbench.estimate.peak import fixed_terms, peak_point, step_peak
 from workbench.estimate.reserve import TRANSIENT_SHARE, reserve_of
