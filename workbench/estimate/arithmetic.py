@@ -25,7 +25,7 @@ from workbench.estimate.model_states import (
     model_state_bytes,
 )
 from workbench.estimate.peak import StepFixed, StepPeak, fixed_terms, peak_point, step_peak
-from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of
+from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of, reserve_total_bytes
 from workbench.estimate.result import MemoryEstimate
 
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
@@ -114,7 +114,7 @@ def peak_of(i: EstimateInputs, states: ModelStates) -> tuple[StepPeak, Activatio
 
 def _required(i: EstimateInputs, peak: StepPeak) -> int:
     """The allocated peak plus what the GPU holds beside it (the reserve at that peak)."""
-    return peak.peak_bytes + reserve_of(i, peak.terms).total_bytes
+    return peak.peak_bytes + reserve_total_bytes(i, peak.terms)
 
 
 def on_gpu(

@@ -144,6 +144,7 @@ from typing import Any, NamedTuple
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 from workbench.estimate.compiled import COMPILE_TERM, compiled_drop_bytes
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import (
     adapter_activation_bytes,
@@ -215,6 +216,10 @@ class StepPeak:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: `StepPeak`'s fields (`peak_point` builds one in one step).
+_PEAK_FIELDS = field_names(StepPeak)
 
 
 def engine_of(i: EstimateInputs) -> str:
@@ -747,13 +752,26 @@ def _step_peak(
     phase = max(PHASES, key=totals.__getitem__)
     terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}
     if not report:
-        return StepPeak(
-            peak_bytes=totals[phase],
-            phase=phase,
-            terms=terms,
-            phases=totals,
-            engine=engine,
-            optimizer_impl=impl,
+        return of_every_field(
+            StepPeak,
+            _PEAK_FIELDS,
+            {
+                "peak_bytes": totals[phase],
+                "phase": phase,
+                "terms": terms,
+                "phases": totals,
+                "engine": engine,
+                "optimizer_impl": impl,
+                "chunked_loss_saving_bytes": None,
+                "notes": (),
+                "variable": {},
+                "points": {},
+                "backward_moment": "loss backward",
+                "host_terms": {},
+                "held_gradients_bytes": 0,
+                "compile_not_kept_bytes": 0,
+                "moments": {},
+            },
         )
     variable = {name: _scaling_bytes(terms) for name, terms in points.items()}
     saving = None
