@@ -6,6 +6,7 @@ the frozen results built in one step."""
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import math
 
@@ -57,18 +58,21 @@ GRID = (
         for units in ("blocks", "blocks-only")
         for rank in (0, 16)
     ]
-    + [dict(model="llama-3-8b", gpus=8, tensor_parallel=2, sequence_parallel=True)]
+    + [
+        dict(model="llama-3-8b", gpus=8, tensor_parallel=2, sequence_parallel=True),
+        dict(**SHAPE, gpus=2, overhead_gib=2.5, lazy_loading=False, gpu="h100-80gb"),
+    ]
 )
 
 
-def inputs_of(cfg: dict, micro_batch: int = 1):
-    return check_inputs({**_DEFAULTS, **cfg, "micro_batch": micro_batch})
-
-
 _DEFAULTS = {
-    name: param.default
-    for name, param in __import__("inspect").signature(estimate_memory).parameters.items()
+    name: param.default for name, param in inspect.signature(estimate_memory).parameters.items()
 }
+
+
+def inputs_of(cfg: dict, micro_batch: int = 1):
+    """`estimate_memory`'s checked inputs of `cfg` at `micro_batch`."""
+    return check_inputs({**_DEFAULTS, **cfg, "micro_batch": micro_batch})
 
 
 def test_peak_point_and_fixed_terms_equal_the_full_peak():
