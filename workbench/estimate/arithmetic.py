@@ -241,7 +241,7 @@ def _lowest_unfitting(
         return None
 
     def needs(n: int) -> int:
-        highest = max(fixed + per * n for fixed, per in lines)
+        highest = max([fixed + per * n for fixed, per in lines])
         return highest + constant + max(0, int(share * (highest - states)))
 
     if needs(top) <= gpu_mem:

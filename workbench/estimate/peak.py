@@ -535,6 +535,10 @@ class StepFixed(NamedTuple):
     engine_bwd: dict[str, int]
     engine_step: dict[str, int]
     backward_end_engine: dict[str, int]
+    #: the engine's units held in the loss's backward (before any layer's)
+    held_units: dict[str, int]
+    #: the optimizer's states are paged (`PAGED_TERM`: beside the device peak)
+    paged: bool
 
 
 def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
@@ -600,6 +604,9 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
                 if extra:
                     engine_step["DeepSpeed flattened gradient partition"] = extra
 
+    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
+    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
+        held_units["FSDP gathered parameters"] = gathered_loss
     return StepFixed(
         engine,
         impl,
@@ -616,6 +623,8 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         engine_bwd,
         engine_step,
         _backward_end_engine(i, engine, engine_bwd, engine_step),
+        held_units,
+        bool(optim and row(i.optimizer).paged and not i.offload_optimizer),
     )
 
 
@@ -633,7 +642,7 @@ def _step_peak(
     engine, impl = f.engine, f.impl
     params, grads, optim = f.params, f.grads, f.optim
     casts, temps, held_grads, first = f.casts, f.temps, f.held_grads, f.first
-    dequant, gathered_loss = f.dequant, f.gathered_loss
+    dequant = f.dequant
     engine_fwd, engine_bwd, engine_step = f.engine_fwd, f.engine_bwd, f.engine_step
     acts = logits_kept = 0
     if breakdown is not None:
@@ -668,7 +677,7 @@ def _step_peak(
         acts = stored + recompute
         not_kept = 0  # what compile does not keep is off the host's share
     compiled = {COMPILE_TERM: -not_kept} if not_kept else {}
-    if optim and row(i.optimizer).paged and not i.offload_optimizer:
+    if f.paged:
         # bitsandbytes' paged states (cudaMallocManaged) are outside the caching allocator:
         # beside the device peak, paged out by the driver when the GPU is full
         host[PAGED_TERM] = optim
@@ -687,9 +696,6 @@ def _step_peak(
         **engine_fwd,
         **kept_mask,
     }
-    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
-    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
-        held_units["FSDP gathered parameters"] = gathered_loss
     moments = {
         # the loss's backward: its fp32 buffers, every activation still kept
         "loss backward": {
@@ -700,7 +706,7 @@ def _step_peak(
             "logits and loss": logits_kept + loss_bwd,
             "autocast weight casts": casts,
             **lora_kept,
-            **held_units,
+            **f.held_units,
             **kept_mask,
         },
         # the last layer's backward: its recomputation, its gradients' temporaries, the
