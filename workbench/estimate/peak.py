@@ -794,23 +794,28 @@ def _step_peak(
                 totals["optimizer step"],
             )
             saving = max(0, totals[phase] - chunked)
-    return StepPeak(
-        peak_bytes=totals[phase],
-        phase=phase,
-        terms=terms,
-        phases=totals,
-        engine=engine,
-        optimizer_impl=impl,
-        chunked_loss_saving_bytes=saving,
-        variable=variable,
-        points=points,
-        backward_moment=moment,
-        held_gradients_bytes=max(
-            terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
-        ),
-        host_terms=host,
-        compile_not_kept_bytes=compile_not_kept,
-        moments={name: dict(terms) for name, terms in moments.items()},
+    return of_every_field(
+        StepPeak,
+        _PEAK_FIELDS,
+        {
+            "peak_bytes": totals[phase],
+            "phase": phase,
+            "terms": terms,
+            "phases": totals,
+            "engine": engine,
+            "optimizer_impl": impl,
+            "chunked_loss_saving_bytes": saving,
+            "notes": (),
+            "variable": variable,
+            "points": points,
+            "backward_moment": moment,
+            "held_gradients_bytes": max(
+                terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
+            ),
+            "host_terms": host,
+            "compile_not_kept_bytes": compile_not_kept,
+            "moments": {name: dict(terms) for name, terms in moments.items()},
+        },
     )
 
 
