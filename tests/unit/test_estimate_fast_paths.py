@@ -21,7 +21,12 @@ from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import _checked, _choice, _flag, _table, check_inputs
 from workbench.estimate.limits import LIMITS, check_number
 from workbench.estimate.peak import fixed_terms, peak_point, step_peak
-from workbench.estimate.reserve import TRANSIENT_SHARE, reserve_of, reserve_total_bytes
+from workbench.estimate.reserve import (
+    TRANSIENT_SHARE,
+    allocator_at,
+    reserve_of,
+    reserve_total_bytes,
+)
 from workbench.estimate.result import MemoryEstimate
 
 SHAPE = dict(layers=4, hidden=256, heads=8, seq_len=512, vocab=32000)
@@ -87,7 +92,9 @@ def test_peak_point_and_fixed_terms_equal_the_full_peak():
         for name in ("peak_bytes", "phase", "terms", "phases", "engine", "optimizer_impl"):
             assert getattr(point, name) == getattr(full, name), (cfg, mb, name)
         assert reserve_of(i, point.terms) == reserve_of(i, full.terms)
-        assert reserve_total_bytes(i, point.terms) == reserve_of(i, full.terms).total_bytes
+        reserve = reserve_of(i, full.terms)
+        assert reserve_total_bytes(i, point.terms) == reserve.total_bytes
+        assert allocator_at(i, point.terms) == (reserve.allocator_bytes or 0)
 
 
 def _bisected(i, peak, reserve, gpu_mem, top):

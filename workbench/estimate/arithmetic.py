@@ -25,7 +25,12 @@ from workbench.estimate.model_states import (
     model_state_bytes,
 )
 from workbench.estimate.peak import StepFixed, StepPeak, fixed_terms, peak_point, step_peak
-from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of, reserve_total_bytes
+from workbench.estimate.reserve import (
+    TRANSIENT_SHARE,
+    Reserve,
+    allocator_at,
+    reserve_of,
+)
 from workbench.estimate.result import MemoryEstimate
 
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
@@ -112,11 +117,6 @@ def peak_of(i: EstimateInputs, states: ModelStates) -> tuple[StepPeak, Activatio
     return step_peak(i, states, breakdown), breakdown
 
 
-def _required(i: EstimateInputs, peak: StepPeak) -> int:
-    """The allocated peak plus what the GPU holds beside it (the reserve at that peak)."""
-    return peak.peak_bytes + reserve_total_bytes(i, peak.terms)
-
-
 def on_gpu(
     i: EstimateInputs,
     states: ModelStates,
@@ -160,13 +160,15 @@ def on_gpu(
     b = max(1, min(b, top))
 
     held = fixed if fixed is not None else fixed_terms(i, states)
+    # the context and NCCL's buffers (or the overhead given): the same at every micro-batch
+    beside = reserve.total_bytes - reserve.allocator_bytes
 
     def fits_at(n: int) -> bool:
         if n == mb:
             return fits
         changed = _at_micro_batch(i, n)
         point = peak_point(changed, states, activations(changed), fixed=held)
-        return _required(changed, point) <= gpu_mem
+        return point.peak_bytes + beside + allocator_at(changed, point.terms) <= gpu_mem
 
     if exact and fits and b > mb:
         bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1))
