@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/estimator.py [--sweep 100000] [--cli-runs 7]
 
-Measures (1) the latency of one `estimate_memory` call, with n_params only, with a
+Measures (1) the latency of one `estimate_memory` call (wall time, the target's, and the
+process's CPU time, which a busy shared machine does not inflate), with n_params only, with a
 full transformer shape, GPU, tokens and price, and with a model preset split by tensor,
 sequence and pipeline parallelism (target for the slower two: < 100 microseconds); (2) a sweep
 over `--sweep` distinct configurations (precision x optimizer x stage x GPUs x offload x
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from _common import ROOT, median_wall, positive_int, time_call, write_results
 
@@ -69,6 +72,19 @@ def sweep_configs(count: int) -> list[dict[str, object]]:
     return out
 
 
+def cpu_time_call(fn: Callable[[], object], number: int, repeat: int = 7) -> dict[str, float]:
+    """Process CPU seconds per call of `fn` (`number` calls a batch, `repeat` batches): on a
+    shared machine the CPU time is what the call costs, the wall time adds the waits for a
+    core. Median and min per call."""
+    per_call = []
+    for _ in range(repeat):
+        start = time.process_time()
+        for _ in range(number):
+            fn()
+        per_call.append((time.process_time() - start) / number)
+    return {"median_seconds": statistics.median(per_call), "min_seconds": min(per_call)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", type=positive_int("--sweep"), default=100_000)
@@ -104,6 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parallel = time_call(lambda: estimate_memory(**parallel_kw))  # type: ignore[arg-type]
 
+    cpu = {
+        name: cpu_time_call(fn, int(timed["calls_per_batch"]))
+        for name, fn, timed in (
+            (
+                "n_params",
+                lambda: estimate_memory(n_params=7.5e9, precision="fp16", zero_stage=2, gpus=64),
+                small,
+            ),
+            ("full", lambda: estimate_memory(**full_kw), full),  # type: ignore[arg-type]
+            ("preset_parallel", lambda: estimate_memory(**parallel_kw), parallel),  # type: ignore[arg-type]
+        )
+    }
+
     configs = sweep_configs(args.sweep)
     start = time.perf_counter()
     fits = 0
@@ -137,11 +166,16 @@ def main(argv: list[str] | None = None) -> int:
 
     one = max(full["median_seconds"], parallel["median_seconds"])
     target = f"(target < {TARGET_SECONDS * 1e6:.0f} us)"
-    print(f"one estimate, n_params only:        {small['median_seconds'] * 1e6:8.1f} us")
-    print(f"one estimate, shape + GPU + compute: {full['median_seconds'] * 1e6:8.1f} us  {target}")
-    print(
-        f"one estimate, preset + tp/pp/sp:     {parallel['median_seconds'] * 1e6:8.1f} us  {target}"
-    )
+    for label, wall, name in (
+        ("n_params only:       ", small, "n_params"),
+        ("shape + GPU + compute:", full, "full"),
+        ("preset + tp/pp/sp:    ", parallel, "preset_parallel"),
+    ):
+        print(
+            f"one estimate, {label} {wall['median_seconds'] * 1e6:8.1f} us wall, "
+            f"{cpu[name]['median_seconds'] * 1e6:8.1f} us CPU"
+            + (f"  {target}" if name != "n_params" else "")
+        )
     print(
         f"sweep of {len(configs):,} configurations: {sweep_seconds:8.2f} s "
         f"({sweep_seconds / len(configs) * 1e6:.1f} us each, {fits:,} fit)"
@@ -159,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "one_estimate_n_params": small,
             "one_estimate_full": full,
             "one_estimate_preset_parallel": parallel,
+            "one_estimate_cpu": cpu,
             "sweep": {
                 "configurations": len(configs),
                 "seconds": sweep_seconds,

@@ -105,6 +105,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.limits import as_bool, as_int
 from workbench.inputs import shown
 
@@ -372,6 +373,10 @@ def transformer_activation_bytes(
     )
 
 
+#: `ActivationBreakdown`'s fields (`activation_breakdown` builds one in one step).
+_BREAKDOWN_FIELDS = field_names(ActivationBreakdown)
+
+
 def activation_breakdown(
     n: int,
     h: int,
@@ -451,27 +456,31 @@ def activation_breakdown(
     output = e * 2 * (s * b * h // outside) + logits if p == 1 else 0
     layers_bytes = (n // p) * in_flight * per_layer
     total = layers_bytes + recompute + embedding + output
-    return ActivationBreakdown(
-        checkpointing=mode.value,
-        activation_bytes_per_element=e,
-        dropout=dropout,
-        per_layer_element_bytes=per_el,
-        per_layer_mask_bytes=per_mask,
-        per_layer_bytes=per_layer,
-        layers_bytes=layers_bytes,
-        recompute_bytes=recompute,
-        embedding_bytes=embedding,
-        output_bytes=output,
-        logits_bytes=logits,
-        total_bytes=total,
-        mlp=mlp,
-        ffn_hidden=f,
-        tensor_parallel=t,
-        sequence_parallel=sp,
-        pipeline_parallel=p,
-        in_flight_micro_batches=in_flight,
-        parallel_residual=parallel_residual,
-        attention=attention.value,
+    return of_every_field(
+        ActivationBreakdown,
+        _BREAKDOWN_FIELDS,
+        dict(
+            checkpointing=mode.value,
+            activation_bytes_per_element=e,
+            dropout=dropout,
+            per_layer_element_bytes=per_el,
+            per_layer_mask_bytes=per_mask,
+            per_layer_bytes=per_layer,
+            layers_bytes=layers_bytes,
+            recompute_bytes=recompute,
+            embedding_bytes=embedding,
+            output_bytes=output,
+            logits_bytes=logits,
+            total_bytes=total,
+            mlp=mlp,
+            ffn_hidden=f,
+            tensor_parallel=t,
+            sequence_parallel=sp,
+            pipeline_parallel=p,
+            in_flight_micro_batches=in_flight,
+            parallel_residual=parallel_residual,
+            attention=attention.value,
+        ),
     )
 
 

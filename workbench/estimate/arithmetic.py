@@ -9,7 +9,7 @@ the training tokens into FLOPs, seconds and money. `estimate_from` assembles the
 
 from __future__ import annotations
 
-import copy
+import math
 from dataclasses import replace
 
 from workbench.config import Precision
@@ -24,8 +24,13 @@ from workbench.estimate.model_states import (
     bytes_per_param,
     model_state_bytes,
 )
-from workbench.estimate.peak import StepPeak, step_peak
-from workbench.estimate.reserve import TRANSIENT_SHARE, Reserve, reserve_of
+from workbench.estimate.peak import StepFixed, StepPeak, fixed_terms, peak_point, step_peak
+from workbench.estimate.reserve import (
+    TRANSIENT_SHARE,
+    Reserve,
+    allocator_at,
+    reserve_of,
+)
 from workbench.estimate.result import MemoryEstimate
 
 _BF16 = (Precision.AMP_BF16, Precision.BF16, Precision.BF16_TRUE)
@@ -112,13 +117,12 @@ def peak_of(i: EstimateInputs, states: ModelStates) -> tuple[StepPeak, Activatio
     return step_peak(i, states, breakdown), breakdown
 
 
-def _required(i: EstimateInputs, peak: StepPeak) -> int:
-    """The allocated peak plus what the GPU holds beside it (the reserve at that peak)."""
-    return peak.peak_bytes + reserve_of(i, peak.terms).total_bytes
-
-
 def on_gpu(
-    i: EstimateInputs, states: ModelStates, peak: StepPeak, reserve: Reserve
+    i: EstimateInputs,
+    states: ModelStates,
+    peak: StepPeak,
+    reserve: Reserve,
+    fixed: StepFixed | None = None,
 ) -> tuple[int | None, bool | None, int | None]:
     """(the GPU's memory, whether the peak of a step plus `reserve` fits in it, the
     largest micro-batch whose peak plus its own reserve fits, at most the largest
@@ -132,7 +136,8 @@ def on_gpu(
     the largest micro-batch that could fit; from there the answer is found by computing
     the peak and its reserve at smaller micro-batches (doubling the step, then halving the
     bracket), usually one or two. Should a term not divide evenly, the crossing is only a
-    first guess and the search goes both ways."""
+    first guess and the search goes both ways. `fixed`: the step's terms that do not
+    change with the micro-batch (`peak.fixed_terms(i, states)`) when already computed."""
     if i.gpu is None:
         return None, None, None
     gpu_mem = i.gpu.memory_bytes
@@ -154,12 +159,16 @@ def on_gpu(
         return gpu_mem, fits, None
     b = max(1, min(b, top))
 
+    held = fixed if fixed is not None else fixed_terms(i, states)
+    # the context and NCCL's buffers (or the overhead given): the same at every micro-batch
+    beside = reserve.total_bytes - reserve.allocator_bytes
+
     def fits_at(n: int) -> bool:
         if n == mb:
             return fits
-        changed = copy.copy(i)
-        object.__setattr__(changed, "micro_batch", n)  # a private copy of frozen inputs
-        return _required(changed, peak_of(changed, states)[0]) <= gpu_mem
+        changed = _at_micro_batch(i, n)
+        point = peak_point(changed, states, activations(changed), fixed=held)
+        return point.peak_bytes + beside + allocator_at(changed, point.terms) <= gpu_mem
 
     if exact and fits and b > mb:
         bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1))
@@ -195,6 +204,16 @@ def on_gpu(
     return gpu_mem, fits, low
 
 
+def _at_micro_batch(i: EstimateInputs, n: int) -> EstimateInputs:
+    """A private copy of frozen inputs `i` at micro-batch `n` (what `copy.copy` makes,
+    without its generic protocol: the search for the largest micro-batch makes one per
+    micro-batch it tries)."""
+    changed = object.__new__(EstimateInputs)
+    changed.__dict__.update(i.__dict__)
+    changed.__dict__["micro_batch"] = n
+    return changed
+
+
 def _lowest_unfitting(
     i: EstimateInputs, peak: StepPeak, reserve: Reserve, gpu_mem: int, top: int
 ) -> int | None:
@@ -224,16 +243,44 @@ def _lowest_unfitting(
         return None
 
     def needs(n: int) -> int:
-        highest = max(fixed + per * n for fixed, per in lines)
+        highest = max([fixed + per * n for fixed, per in lines])
         return highest + constant + max(0, int(share * (highest - states)))
 
     if needs(top) <= gpu_mem:
         return None
+    # `needs` never falls as n grows, so the answer is the first n above this micro-batch
+    # where it passes the GPU (or mb + 1): solved from the lines, checked with two calls
+    guess = _first_crossing(lines, constant, share, states, gpu_mem, mb + 1, top)
+    if needs(guess) > gpu_mem and (guess == mb + 1 or needs(guess - 1) <= gpu_mem):
+        return guess
     low, high = mb, top  # this micro-batch fits; needs(high) does not
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if needs(mid) <= gpu_mem else (low, mid)
     return high
+
+
+def _first_crossing(
+    lines: list[tuple[int, int]],
+    constant: int,
+    share: float,
+    states: int,
+    gpu_mem: int,
+    low: int,
+    high: int,
+) -> int:
+    """A guess at the first n in [`low`, `high`] whose highest line `fixed + per x n` plus
+    `constant` plus `share` of what it holds beyond `states` passes `gpu_mem`
+    (`_lowest_unfitting`'s `needs`), solved in floating point: the caller checks it."""
+    room = gpu_mem - constant
+    h = room if room <= states else states + (room - states) / (1.0 + share)
+    first = high
+    for fixed, per in lines:
+        if per > 0:
+            first = min(first, math.floor((h - fixed) / per) + 1)
+        elif fixed > h:
+            first = low
+    return max(low, min(first, high))
 
 
 def flop_count(i: EstimateInputs) -> FlopCount:
@@ -251,18 +298,20 @@ def flop_count(i: EstimateInputs) -> FlopCount:
 
 
 def time_and_cost(
-    i: EstimateInputs,
+    i: EstimateInputs, count: FlopCount | None = None
 ) -> tuple[float | None, float | None, float | None, float | None]:
     """(hardware FLOPs, seconds, cost, model FLOPs) of the tokens: the one FLOP count
     (`flops.FlopCount`: 6 N + 12 L q s a token, N without the embedding lookups; under LoRA
     4 N + 2 N_trained; the recomputed forward on top for the hardware FLOPs), the hardware
     FLOPs at `mfu` of the GPUs' peak (the rate the GPUs sustain on what they run), at the
     price per GPU-hour. Each is None when its inputs are missing (tokens; a GPU with a peak
-    rate; a price)."""
+    rate; a price). `count`: `flop_count(i)` when already computed."""
     if i.tokens is None:
         return None, None, None, None
     trained = i.lora.trainable if i.lora is not None else None
-    model, flops = flop_count(i).step(i.tokens, i.checkpointing.value, trained)
+    model, flops = (count if count is not None else flop_count(i)).step(
+        i.tokens, i.checkpointing.value, trained
+    )
     seconds = cost = None
     if i.gpu is not None:
         peak = i.gpu.peak_flops(i.precision is not Precision.FP32, bf16=i.precision in _BF16)
@@ -279,85 +328,89 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
     model_bytes = states.params_bytes + states.grads_bytes + states.optimizer_bytes
     act_bytes = breakdown.total_bytes if breakdown is not None else None
     total = model_bytes + (act_bytes or 0)
-    peak = step_peak(i, states, breakdown)
+    fixed = fixed_terms(i, states)
+    peak = step_peak(i, states, breakdown, fixed=fixed)
     reserve = reserve_of(i, peak.terms)
-    gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve)
-    flops, seconds, cost, model_flops = time_and_cost(i)
+    gpu_mem, fits, max_mb = on_gpu(i, states, peak, reserve, fixed)
+    count = flop_count(i)
+    flops, seconds, cost, model_flops = time_and_cost(i, count)
     arch = i.architecture
-    return MemoryEstimate(
-        n_params=i.n_params,
-        params_bytes=states.params_bytes,
-        grads_bytes=states.grads_bytes,
-        optimizer_bytes=states.optimizer_bytes,
-        activation_bytes=act_bytes,
-        total_bytes=total,
-        overhead_bytes=reserve.total_bytes,
-        cpu_offload_bytes=states.cpu_offload_bytes,
-        gpu=i.gpu.name if i.gpu is not None else None,
-        gpu_memory_bytes=gpu_mem,
-        fits=fits,
-        max_micro_batch=max_mb,
-        train_flops=flops,
-        model_flops=model_flops,
-        flop_count=flop_count(i),
-        train_seconds=seconds,
-        cost=cost,
-        activations=breakdown,
-        precision=i.precision.value,
-        optimizer=i.optimizer.value,
-        zero_stage=i.zero_stage,
-        gpus=i.gpus,
-        offload_optimizer=i.offload_optimizer,
-        offload_params=i.offload_params,
-        fsdp=i.fsdp,
-        dropout=i.dropout,
-        checkpointing=i.checkpointing.value,
-        micro_batch=i.micro_batch,
-        layers=arch.layers if arch else None,
-        hidden=arch.hidden if arch else None,
-        heads=arch.heads if arch else None,
-        seq_len=arch.seq_len if arch else None,
-        vocab=arch.vocab if arch else None,
-        overhead_gib=i.overhead_gib,
-        tokens=i.tokens,
-        mfu=i.mfu,
-        price_per_gpu_hour=i.price_per_gpu_hour,
-        accounting=i.accounting,
-        model=i.model,
-        hf_config=i.hf_config,
-        kv_heads=arch.kv_heads if arch else None,
-        ffn_hidden=arch.ffn_hidden if arch else None,
-        mlp=arch.mlp if arch else None,
-        norm=arch.norm if arch else None,
-        bias=arch.bias if arch else None,
-        positions=arch.positions if arch else None,
-        tied_embeddings=arch.tied_embeddings if arch else None,
-        parallel_residual=arch.parallel_residual if arch else None,
-        tensor_parallel=i.tensor_parallel,
-        pipeline_parallel=i.pipeline_parallel,
-        sequence_parallel=i.sequence_parallel,
-        data_parallel=i.data_parallel,
-        shard_params=i.shard_params,
-        active_params=(
-            i.active_params
-            if i.active_params is not None
-            else arch.active_params
-            if arch is not None
-            else i.n_params
-        ),
-        activation_note=i.activation_note,
-        experts=arch.experts if arch else None,
-        experts_per_token=arch.experts_per_token if arch else None,
-        peak_bytes=peak.peak_bytes,
-        peak=peak,
-        reserve=reserve,
-        attention=i.attention.value,
-        optimizer_impl=peak.optimizer_impl,
-        grad_accum=i.grad_accum,
-        loss_chunks=i.loss_chunks,
-        lora_rank=i.lora.rank if i.lora is not None else 0,
-        lora_params=i.lora.trainable if i.lora is not None else 0,
-        qlora_params=i.lora.quantized if i.lora is not None else 0,
+    return MemoryEstimate.of_every_field(
+        {
+            "n_params": i.n_params,
+            "params_bytes": states.params_bytes,
+            "grads_bytes": states.grads_bytes,
+            "optimizer_bytes": states.optimizer_bytes,
+            "activation_bytes": act_bytes,
+            "total_bytes": total,
+            "overhead_bytes": reserve.total_bytes,
+            "cpu_offload_bytes": states.cpu_offload_bytes,
+            "gpu": i.gpu.name if i.gpu is not None else None,
+            "gpu_memory_bytes": gpu_mem,
+            "fits": fits,
+            "max_micro_batch": max_mb,
+            "train_flops": flops,
+            "model_flops": model_flops,
+            "flop_count": count,
+            "train_seconds": seconds,
+            "cost": cost,
+            "activations": breakdown,
+            "precision": i.precision.value,
+            "optimizer": i.optimizer.value,
+            "zero_stage": i.zero_stage,
+            "gpus": i.gpus,
+            "offload_optimizer": i.offload_optimizer,
+            "offload_params": i.offload_params,
+            "fsdp": i.fsdp,
+            "dropout": i.dropout,
+            "checkpointing": i.checkpointing.value,
+            "micro_batch": i.micro_batch,
+            "layers": arch.layers if arch else None,
+            "hidden": arch.hidden if arch else None,
+            "heads": arch.heads if arch else None,
+            "seq_len": arch.seq_len if arch else None,
+            "vocab": arch.vocab if arch else None,
+            "overhead_gib": i.overhead_gib,
+            "tokens": i.tokens,
+            "mfu": i.mfu,
+            "price_per_gpu_hour": i.price_per_gpu_hour,
+            "accounting": i.accounting,
+            "model": i.model,
+            "hf_config": i.hf_config,
+            "kv_heads": arch.kv_heads if arch else None,
+            "ffn_hidden": arch.ffn_hidden if arch else None,
+            "mlp": arch.mlp if arch else None,
+            "norm": arch.norm if arch else None,
+            "bias": arch.bias if arch else None,
+            "positions": arch.positions if arch else None,
+            "tied_embeddings": arch.tied_embeddings if arch else None,
+            "parallel_residual": arch.parallel_residual if arch else None,
+            "tensor_parallel": i.tensor_parallel,
+            "pipeline_parallel": i.pipeline_parallel,
+            "sequence_parallel": i.sequence_parallel,
+            "data_parallel": i.data_parallel,
+            "shard_params": i.shard_params,
+            "active_params": (
+                i.active_params
+                if i.active_params is not None
+                else arch.active_params
+                if arch is not None
+                else i.n_params
+            ),
+            "activation_note": i.activation_note,
+            "experts": arch.experts if arch else None,
+            "experts_per_token": arch.experts_per_token if arch else None,
+            "peak_bytes": peak.peak_bytes,
+            "peak": peak,
+            "reserve": reserve,
+            "attention": i.attention.value,
+            "optimizer_impl": peak.optimizer_impl,
+            "grad_accum": i.grad_accum,
+            "loss_chunks": i.loss_chunks,
+            "lora_rank": i.lora.rank if i.lora is not None else 0,
+            "lora_params": i.lora.trainable if i.lora is not None else 0,
+            "qlora_params": i.lora.quantized if i.lora is not None else 0,
+        }
     )
 
 

@@ -28,6 +28,7 @@ from workbench.estimate.architecture import Architecture, build_architecture, pa
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.hf_build import config_facts
 from workbench.estimate.limits import (
     GIB,
@@ -61,8 +62,11 @@ ARCH_FIELDS = (
 
 
 def _table(name: str, read: Any = str) -> dict[str, Any]:
-    """Choice keyword `name`'s allowed text (declared in `schema`) -> what it reads as."""
-    return {str(value): read(value) for value in choices_of(name)}
+    """Choice keyword `name`'s allowed text (declared in `schema`; stripped and lower case,
+    as `_choice` reads a value) -> what it reads as."""
+    table = {str(value): read(value) for value in choices_of(name)}
+    assert all(key == key.strip().lower() for key in table), table
+    return table
 
 
 _PRECISIONS = _table("precision", Precision)
@@ -145,10 +149,31 @@ class EstimateInputs:
     parameter_shapes: tuple[tuple[int, ...], ...] | None = None
 
 
+#: `EstimateInputs`'s fields (`check_inputs` builds it in one step: `frozen.of_every_field`).
+_INPUT_FIELDS = field_names(EstimateInputs)
+
+
 # ---------------------------------------------------------------- readers
+#: Each input's range where a plain `int` (integer inputs) or `float` (the others) inside
+#: it reads as itself: `_checked`'s fast path, which gives what `check_number` gives.
+_INT_RANGES = {name: (b.low, b.high) for name, b in LIMITS.items() if b.integer and not b.low_open}
+_FLOAT_RANGES = {
+    name: (b.low, b.high) for name, b in LIMITS.items() if not b.integer and not b.low_open
+}
+
+
 def _checked(p: list[Problem], name: str, value: Any) -> Any:
     """`value` read and range-checked as input `name` (see `limits`), or None with the
     problem appended to `p`."""
+    kind = type(value)
+    if kind is int:  # the common cases first: a plain number in range reads as itself
+        bounds = _INT_RANGES.get(name)
+        if bounds is not None and bounds[0] <= value <= bounds[1]:
+            return value
+    elif kind is float:
+        bounds = _FLOAT_RANGES.get(name)
+        if bounds is not None and bounds[0] <= value <= bounds[1]:  # NaN is not
+            return value
     number, message = check_number(name, value)
     if message is not None:
         p.append(Problem(name, value, message))
@@ -174,7 +199,10 @@ def _count(p: list[Problem], name: str, value: Any) -> int | None:
 def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
     """The entry of `table` that text `v` names (case and spaces aside), or None with the
     problem appended to `p`."""
-    found = table.get(v.strip().lower()) if isinstance(v, str) else None
+    # the table's keys are stripped and lower case (`_table`): one given so is found as is
+    found = table.get(v) if type(v) is str else None
+    if found is None:
+        found = table.get(v.strip().lower()) if isinstance(v, str) else None
     if found is None:
         p.append(Problem(name, v, f"must be one of {', '.join(table)}"))
     return found
@@ -363,6 +391,8 @@ def _zero_stage(p: list[Problem], zero_stage: Any) -> int | None:
 
 def _flag(p: list[Problem], name: str, value: Any) -> Any:
     """`value` as a bool (a numpy bool too), or unchanged with the problem appended."""
+    if value is True or value is False:
+        return value
     flag = as_bool(value)
     if not isinstance(flag, bool):
         p.append(Problem(name, flag, "must be True or False"))
@@ -429,7 +459,7 @@ def _data_parallel(
         for which, size in (("tensor_parallel", tp), ("pipeline_parallel", pp)):
             if size > 1:
                 p.append(Problem(which, size, _NEEDS_SHAPE))
-    elif arch is not None:
+    elif arch is not None and (tp > 1 or pp > 1):  # every shape splits by 1
         p.extend(arch.parallel_problems(tp, pp))
     if n_gpus is None:
         return None
@@ -610,51 +640,55 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     assert stage is not None and sharding is not None and mb is not None
     assert n_gpus is not None and tp is not None and pp is not None and dp is not None
     assert shard is not None and (derived or overhead is not None) and mfu is not None
-    return EstimateInputs(
-        n_params=n,
-        architecture=arch,
-        model=source.name,
-        hf_config=source.config_name,
-        micro_batch=mb,
-        precision=prec,
-        optimizer=opt,
-        checkpointing=ckpt,
-        zero_stage=stage,
-        fsdp=sharding,
-        accounting=accounting,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-        dropout=dropout,
-        gpus=n_gpus,
-        tensor_parallel=tp,
-        pipeline_parallel=pp,
-        data_parallel=dp,
-        sequence_parallel=sp,
-        shard_params=shard,
-        gpu=gpu,
-        overhead_gib=overhead,
-        tokens=tokens,
-        mfu=mfu,
-        price_per_gpu_hour=price,
-        active_params=source.active_params,
-        activation_note=source.activation_note if arch is None else None,
-        attention=attention,
-        optimizer_impl=impl,
-        grad_accum=grad_accum,
-        loss_chunks=chunks,
-        bucket_view=bucket_view,
-        fsdp_reduce_fp32=reduce_fp32,
-        fsdp_units=units,
-        weight_decay=decay,
-        optimizer_in_backward=bool(in_backward),
-        activation_offload=bool(act_offload),
-        parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
-        document_mask=bool(doc_mask),
-        compile=bool(compiled),
-        lazy_loading=bool(lazy),
-        lora=lora,
-        deepspeed=ds,
-        deepspeed_given=ds_source is not None,
+    return of_every_field(
+        EstimateInputs,
+        _INPUT_FIELDS,
+        dict(
+            n_params=n,
+            architecture=arch,
+            model=source.name,
+            hf_config=source.config_name,
+            micro_batch=mb,
+            precision=prec,
+            optimizer=opt,
+            checkpointing=ckpt,
+            zero_stage=stage,
+            fsdp=sharding,
+            accounting=accounting,
+            offload_optimizer=offload_optimizer,
+            offload_params=offload_params,
+            dropout=dropout,
+            gpus=n_gpus,
+            tensor_parallel=tp,
+            pipeline_parallel=pp,
+            data_parallel=dp,
+            sequence_parallel=sp,
+            shard_params=shard,
+            gpu=gpu,
+            overhead_gib=overhead,
+            tokens=tokens,
+            mfu=mfu,
+            price_per_gpu_hour=price,
+            active_params=source.active_params,
+            activation_note=source.activation_note if arch is None else None,
+            attention=attention,
+            optimizer_impl=impl,
+            grad_accum=grad_accum,
+            loss_chunks=chunks,
+            bucket_view=bucket_view,
+            fsdp_reduce_fp32=reduce_fp32,
+            fsdp_units=units,
+            weight_decay=decay,
+            optimizer_in_backward=bool(in_backward),
+            activation_offload=bool(act_offload),
+            parameter_shapes=parameter_shapes_of(source.shapes, arch, shard),
+            document_mask=bool(doc_mask),
+            compile=bool(compiled),
+            lazy_loading=bool(lazy),
+            lora=lora,
+            deepspeed=ds,
+            deepspeed_given=ds_source is not None,
+        ),
     )
 
 

@@ -139,11 +139,12 @@ Pure Python: imports no torch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from workbench.config import OptimizerName, Precision
+from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 from workbench.estimate.compiled import COMPILE_TERM, compiled_drop_bytes
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import (
     adapter_activation_bytes,
@@ -152,10 +153,15 @@ from workbench.estimate.lora import (
     nf4_weight_bytes,
 )
 from workbench.estimate.model_states import ModelStates
-from workbench.optimizers import OPTIMIZERS, factored_state_elements, row
-
-#: Optimizers only DeepSpeed (or bitsandbytes, torchao) provides: always a fused kernel.
-_FUSED_ONLY = frozenset(OptimizerName(r.name) for r in OPTIMIZERS if r.fused_only)
+from workbench.estimate.optimizer_step import (
+    factored_means,
+    in_backward_terms,
+    optimizer_temporaries,
+    parameter_order,
+    resolve_impl,
+    stepped_params,
+)
+from workbench.optimizers import row
 
 PHASES = ("forward end", "backward", "optimizer step")
 _LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
@@ -212,6 +218,10 @@ class StepPeak:
         return asdict(self)
 
 
+#: `StepPeak`'s fields (`peak_point` builds one in one step).
+_PEAK_FIELDS = field_names(StepPeak)
+
+
 def engine_of(i: EstimateInputs) -> str:
     """Which engine trains the setup: FSDP, DeepSpeed (ZeRO, DeepSpeed's 16-bit modes or
     its accounting), DDP (several data-parallel GPUs) or the plain loop."""
@@ -230,105 +240,6 @@ def compute_bytes(precision: Precision) -> int:
 def grad_bytes(precision: Precision) -> int:
     """Bytes per gradient element: 2 where the weights are 16-bit, else 4."""
     return 2 if precision in (Precision.FP16, Precision.BF16, Precision.BF16_TRUE) else 4
-
-
-def resolve_impl(i: EstimateInputs, engine: str) -> str:
-    """The optimizer implementation counted: `optimizer_impl`, or for "auto" the engine's
-    ("fused" for DeepSpeed and for the optimizers that exist only as fused kernels, "cpu"
-    under optimizer offload, torch's own default otherwise: "foreach", or the for-loop where
-    the optimizer's row says so, as for Adafactor)."""
-    if i.offload_optimizer or (engine == "fsdp" and i.offload_params):
-        return "cpu"
-    if i.optimizer in _FUSED_ONLY:
-        return "fused"
-    if i.optimizer_impl != "auto":
-        return i.optimizer_impl
-    if engine == "deepspeed" and row(i.optimizer).deepspeed_fused:
-        return "fused"
-    return row(i.optimizer).default_impl  # torch's own default: foreach, or its for-loop
-
-
-def _stepped_params(i: EstimateInputs, engine: str) -> int:
-    """Parameters this GPU's optimizer steps: its shard under ZeRO >= 1 and FSDP."""
-    full = i.shard_params
-    if (engine == "fsdp" and i.fsdp != "no_shard") or i.zero_stage >= 1:
-        return -(-full // i.data_parallel)
-    return full
-
-
-def parameter_order(i: EstimateInputs) -> list[int]:
-    """The sizes of this GPU's parameter tensors in the order an optimizer steps them (a
-    transformers decoder's: embedding, then per layer Q, K, V, output, the MLP's matrices
-    and the two norms, then the final norm and an untied output projection); two layers
-    stand for all, which is enough for neighbours. Empty without a shape."""
-    arch = i.architecture
-    if arch is None:
-        return []
-    t = i.tensor_parallel
-    h, q, g = arch.hidden, arch.q_dim, arch.kv_dim
-    rows = -(-arch.vocab // t)
-    inner = (arch.moe_ffn_hidden or arch.ffn_hidden) if arch.is_moe else arch.ffn_hidden
-    mlp = [h * inner // t] * (3 if arch.mlp == "swiglu" else 2)
-    norm = arch.norm_params()
-    layer = [h * q // t, h * g // t, h * g // t, q * h // t, *mlp, norm, norm]
-    order = [rows * h, *([arch.max_positions * h] if arch.max_positions else [])]
-    order += layer + layer + [norm]
-    if not arch.tied_embeddings:
-        order.append(rows * h)
-    return order
-
-
-def _loop_peak(sizes: list[int], previous: int, current: int) -> int:
-    """The most elements a for-loop optimizer holds at once: `previous` tensors the size of
-    the parameter before (its last temporary is still bound when the next is computed)
-    and `current` the size of the one being stepped, over neighbouring pairs."""
-    pairs = [previous * a + current * b for a, b in zip([0, *sizes], sizes, strict=False)]
-    return max(pairs, default=0)
-
-
-def optimizer_temporaries(i: EstimateInputs, engine: str, impl: str) -> int:
-    """Bytes the optimizer step allocates beyond its states (see the module docstring)."""
-    if impl in ("fused", "cpu"):
-        return 0
-    width = 2 if i.precision is Precision.BF16_TRUE else 4  # state dtype (master is fp32)
-    stepped = _stepped_params(i, engine)
-    decay = i.weight_decay > 0
-    temporaries = row(i.optimizer).temporaries(decay)  # its row's, with or without decay
-    if temporaries is None:
-        return 0
-    copies, previous, current = temporaries.copies, temporaries.previous, temporaries.current
-    if impl == "foreach":
-        return copies * width * stepped
-    sizes = parameter_order(i)
-    if not sizes:  # no shape: the largest parameter may be the whole model
-        return width * stepped * current
-    share = stepped / i.shard_params if i.shard_params else 1.0  # sharded: each its share
-    loop = width * min(copies * stepped, int(_loop_peak(sizes, previous, current) * share))
-    return loop + factored_means(i, width)
-
-
-def factored_means(i: EstimateInputs, width: int) -> int:
-    """A factored optimizer's for-loop (`state_layout` "factored") also holds the row and
-    column means of the parameter it steps and vectors the loop's variables still bind from
-    earlier ones: at most twice the largest parameter's statistics (0 for other layouts or
-    without the shapes)."""
-    if row(i.optimizer).state_layout != "factored" or not i.parameter_shapes:
-        return 0
-    return 2 * width * max(factored_state_elements([s]) for s in i.parameter_shapes)
-
-
-def _in_backward_terms(i: EstimateInputs, impl: str, grads: int, temps: int) -> tuple[int, int]:
-    """(the largest parameter's gradient, its own step's temporaries) under
-    `optimizer_in_backward`: one optimizer per parameter, so foreach and the for-loop both
-    step one tensor (the whole model's figures without a shape: an upper bound)."""
-    sizes = parameter_order(i)
-    if not sizes or not i.n_params:
-        return grads, temps
-    largest = max(sizes)
-    share = largest / i.n_params
-    return int(grads * share), int(temps * share) if impl == "foreach" else min(
-        temps, int(optimizer_temporaries(i, "plain", "for-loop"))
-    )
 
 
 def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
@@ -551,20 +462,94 @@ def document_mask_bytes(i: EstimateInputs) -> int:
 
 
 def step_peak(
-    i: EstimateInputs, states: ModelStates, breakdown: ActivationBreakdown | None
+    i: EstimateInputs,
+    states: ModelStates,
+    breakdown: ActivationBreakdown | None,
+    *,
+    fixed: StepFixed | None = None,
 ) -> StepPeak:
     """The peak of one step of checked inputs `i`, with model states `states` and
-    activations `breakdown` (`activations(i)`)."""
+    activations `breakdown` (`activations(i)`); `fixed`: `fixed_terms(i, states)` when
+    already computed (of inputs that differ from `i` in the micro-batch at most)."""
+    return _step_peak(i, states, breakdown, True, fixed)
+
+
+def peak_point(
+    i: EstimateInputs,
+    states: ModelStates,
+    breakdown: ActivationBreakdown | None,
+    *,
+    fixed: StepFixed | None = None,
+) -> StepPeak:
+    """`step_peak`'s highest point only: `peak_bytes`, `phase`, `terms`, `phases`,
+    `engine` and `optimizer_impl` as `step_peak` gives them, the fields that describe the
+    rest of the step (`variable`, `points`, `moments`, `host_terms`, the held gradients,
+    the chunked loss's saving, compile's bytes) left at their defaults. For a search over
+    micro-batches, which reads what a point needs and its reserve (`reserve.reserve_of`
+    reads `terms`); tests/unit/test_estimate_fast_paths.py holds it equal to `step_peak`'s.
+    `fixed` as for `step_peak`."""
+    return _step_peak(i, states, breakdown, False, fixed)
+
+
+#: The terms that grow in proportion to the micro-batch (`StepPeak.variable`).
+_SCALING = (
+    "activations",
+    "logits and loss",
+    "backward transient",
+    DOCUMENT_MASK_TERM,
+    COMPILE_TERM,
+)
+
+
+def _scaling_bytes(terms: dict[str, int]) -> int:
+    """The bytes of a point's `_SCALING` terms (written out: it runs for every point of
+    every peak the largest micro-batch's search computes)."""
+    get = terms.get
+    return (
+        get("activations", 0)
+        + get("logits and loss", 0)
+        + get("backward transient", 0)
+        + get(DOCUMENT_MASK_TERM, 0)
+        + get(COMPILE_TERM, 0)
+    )
+
+
+class StepFixed(NamedTuple):
+    """The terms of a step that do not change with the micro-batch (`fixed_terms`): the
+    engine, the optimizer's implementation, the model states as the step holds them, the
+    autocast casts, the optimizer's temporaries, the gradients held before backward and
+    the first one made, QLoRA's dequantized weight and the engine's buffers."""
+
+    engine: str
+    impl: str
+    params: int
+    grads: int
+    optim: int
+    casts: int
+    temps: int
+    held_grads: int
+    first: int
+    dequant: int
+    gathered_loss: int
+    engine_fwd: dict[str, int]
+    engine_bwd: dict[str, int]
+    engine_step: dict[str, int]
+    backward_end_engine: dict[str, int]
+    #: the engine's units held in the loss's backward (before any layer's)
+    held_units: dict[str, int]
+    #: the optimizer's states are paged (`PAGED_TERM`: beside the device peak)
+    paged: bool
+
+
+def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
+    """The terms of `i`'s step with model states `states` that its micro-batch does not
+    change: computed once for an estimate, whose search for the largest micro-batch that
+    fits computes the peak at other micro-batches of the same inputs (`step_peak`'s
+    `fixed`)."""
     engine = engine_of(i)
     impl = resolve_impl(i, engine)
     params, grads, optim = states.params_bytes, states.grads_bytes, states.optimizer_bytes
-    acts = logits_kept = 0
-    if breakdown is not None:
-        logits_kept = breakdown.logits_bytes
-        acts = breakdown.total_bytes - logits_kept
-    loss_fwd, loss_bwd = _loss_terms(i, breakdown)
     casts = autocast_casts(i, engine)
-    transient = backward_transient(i)
     temps = optimizer_temporaries(i, engine, impl)
     # gradients alive before this step's backward: accumulation's, and ZeRO-3's partition
     # buffer (DeepSpeed 0.19 frees stage 0-2 gradients at each step; dry runs of its engine)
@@ -576,9 +561,9 @@ def step_peak(
         rows = -(-arch.vocab // i.tensor_parallel)
         first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
 
-    adapters = dequant = gathered_loss = 0
+    dequant = gathered_loss = 0
     if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
-        stepped = _stepped_params(i, engine)
+        stepped = stepped_params(i, engine)
         # the adapters' share of what this GPU steps (sharded as the engine shards them)
         adapters_stepped = -(-i.lora.trainable * stepped // max(1, i.shard_params))
         temps = int(temps * adapters_stepped / stepped) if stepped else 0
@@ -587,18 +572,7 @@ def step_peak(
             # autocast keeps the 16-bit copies of trainable leaves only (the adapters'); a
             # frozen weight is cast for each matmul, one layer's at a time
             casts = 2 * i.lora.trainable + 2 * i.lora.largest_linear
-        e = compute_bytes(i.precision)
-        full = i.checkpointing is Checkpointing.FULL  # blocks keep only their inputs
-        adapters = adapter_activation_bytes(i.lora, arch, i.micro_batch, e, 0 if full else None)
-        in_flight = adapter_activation_bytes(i.lora, arch, i.micro_batch, e, 1 if full else None)
-        dequant = dequantized_bytes(i.lora, e)
-    lora_fwd: dict[str, int] = {}
-    lora_kept: dict[str, int] = {}
-    lora_bwd: dict[str, int] = {}
-    if i.lora is not None:
-        lora_fwd = {"LoRA adapter activations": adapters, "QLoRA dequantized weight": dequant}
-        lora_kept = {"LoRA adapter activations": adapters}
-        lora_bwd = {"LoRA adapter activations": in_flight, "QLoRA dequantized weight": dequant}
+        dequant = dequantized_bytes(i.lora, compute_bytes(i.precision))
 
     engine_fwd: dict[str, int] = {}
     engine_bwd: dict[str, int] = {}
@@ -630,6 +604,67 @@ def step_peak(
                 if extra:
                     engine_step["DeepSpeed flattened gradient partition"] = extra
 
+    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
+    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
+        held_units["FSDP gathered parameters"] = gathered_loss
+    return StepFixed(
+        engine,
+        impl,
+        params,
+        grads,
+        optim,
+        casts,
+        temps,
+        held_grads,
+        first,
+        dequant,
+        gathered_loss,
+        engine_fwd,
+        engine_bwd,
+        engine_step,
+        _backward_end_engine(i, engine, engine_bwd, engine_step),
+        held_units,
+        bool(optim and row(i.optimizer).paged and not i.offload_optimizer),
+    )
+
+
+def _step_peak(
+    i: EstimateInputs,
+    states: ModelStates,
+    breakdown: ActivationBreakdown | None,
+    report: bool,
+    fixed: StepFixed | None = None,
+) -> StepPeak:
+    """`step_peak` (`report`) or `peak_point` (not `report`); `fixed`: `fixed_terms(i,
+    states)` when already computed (for inputs that differ from `i` in the micro-batch at
+    most)."""
+    f = fixed if fixed is not None else fixed_terms(i, states)
+    engine, impl = f.engine, f.impl
+    params, grads, optim = f.params, f.grads, f.optim
+    casts, temps, held_grads, first = f.casts, f.temps, f.held_grads, f.first
+    dequant = f.dequant
+    engine_fwd, engine_bwd, engine_step = f.engine_fwd, f.engine_bwd, f.engine_step
+    acts = logits_kept = 0
+    if breakdown is not None:
+        logits_kept = breakdown.logits_bytes
+        acts = breakdown.total_bytes - logits_kept
+    loss_fwd, loss_bwd = _loss_terms(i, breakdown)
+    transient = backward_transient(i)
+    arch = i.architecture
+    adapters = 0
+    if i.lora is not None:
+        e = compute_bytes(i.precision)
+        full = i.checkpointing is Checkpointing.FULL  # blocks keep only their inputs
+        adapters = adapter_activation_bytes(i.lora, arch, i.micro_batch, e, 0 if full else None)
+        in_flight = adapter_activation_bytes(i.lora, arch, i.micro_batch, e, 1 if full else None)
+    lora_fwd: dict[str, int] = {}
+    lora_kept: dict[str, int] = {}
+    lora_bwd: dict[str, int] = {}
+    if i.lora is not None:
+        lora_fwd = {"LoRA adapter activations": adapters, "QLoRA dequantized weight": dequant}
+        lora_kept = {"LoRA adapter activations": adapters}
+        lora_bwd = {"LoRA adapter activations": in_flight, "QLoRA dequantized weight": dequant}
+
     recompute = breakdown.recompute_bytes if breakdown is not None else 0
     stored = acts - recompute  # the recomputation working set exists in backward only
     not_kept = compile_not_kept = compile_term_bytes(i, breakdown)  # recomputed by compile
@@ -642,7 +677,7 @@ def step_peak(
         acts = stored + recompute
         not_kept = 0  # what compile does not keep is off the host's share
     compiled = {COMPILE_TERM: -not_kept} if not_kept else {}
-    if optim and row(i.optimizer).paged and not i.offload_optimizer:
+    if f.paged:
         # bitsandbytes' paged states (cudaMallocManaged) are outside the caching allocator:
         # beside the device peak, paged out by the driver when the GPU is full
         host[PAGED_TERM] = optim
@@ -661,9 +696,6 @@ def step_peak(
         **engine_fwd,
         **kept_mask,
     }
-    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
-    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
-        held_units["FSDP gathered parameters"] = gathered_loss
     moments = {
         # the loss's backward: its fp32 buffers, every activation still kept
         "loss backward": {
@@ -674,7 +706,7 @@ def step_peak(
             "logits and loss": logits_kept + loss_bwd,
             "autocast weight casts": casts,
             **lora_kept,
-            **held_units,
+            **f.held_units,
             **kept_mask,
         },
         # the last layer's backward: its recomputation, its gradients' temporaries, the
@@ -697,18 +729,19 @@ def step_peak(
             "activations": recompute,
             "backward transient": transient,
             **({"QLoRA dequantized weight": dequant} if i.lora is not None else {}),
-            **_backward_end_engine(i, engine, engine_bwd, engine_step),
+            **f.backward_end_engine,
         },
     }
     if i.optimizer_in_backward:
         # each parameter is stepped as its gradient is ready and the gradient freed: one
         # gradient and its step's temporaries at a time, nothing left for the step
-        one_grad, one_temps = _in_backward_terms(i, impl, grads, temps)
+        one_grad, one_temps = in_backward_terms(i, impl, grads, temps)
         moments["backward end"].update(
             {"gradients": one_grad, "optimizer step temporaries": one_temps}
         )
         temps, grads = 0, 0
-    moment = max(moments, key=lambda name: sum(moments[name].values()))
+    moment_totals = {name: sum(terms.values()) for name, terms in moments.items()}
+    moment = max(moment_totals, key=moment_totals.__getitem__)
     backward = moments[moment]
     step = {
         **base,
@@ -717,24 +750,43 @@ def step_peak(
         **engine_step,
     }
     points = dict(zip(PHASES, (forward, backward, step), strict=True))
-    totals = {name: sum(terms.values()) for name, terms in points.items()}
-    scaling = (
-        "activations",
-        "logits and loss",
-        "backward transient",
-        DOCUMENT_MASK_TERM,
-        COMPILE_TERM,
-    )
-    variable = {name: sum(terms.get(k, 0) for k in scaling) for name, terms in points.items()}
-    phase = max(PHASES, key=lambda name: totals[name])
+    totals = {
+        PHASES[0]: sum(forward.values()),
+        PHASES[1]: moment_totals[moment],
+        PHASES[2]: sum(step.values()),
+    }
+    phase = max(PHASES, key=totals.__getitem__)
     terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}
+    if not report:
+        return of_every_field(
+            StepPeak,
+            _PEAK_FIELDS,
+            {
+                "peak_bytes": totals[phase],
+                "phase": phase,
+                "terms": terms,
+                "phases": totals,
+                "engine": engine,
+                "optimizer_impl": impl,
+                "chunked_loss_saving_bytes": None,
+                "notes": (),
+                "variable": {},
+                "points": {},
+                "backward_moment": "loss backward",
+                "host_terms": {},
+                "held_gradients_bytes": 0,
+                "compile_not_kept_bytes": 0,
+                "moments": {},
+            },
+        )
+    variable = {name: _scaling_bytes(terms) for name, terms in points.items()}
     saving = None
     if arch is not None and breakdown is not None and i.pipeline_parallel == 1:
         saving = 0
         if i.loss_chunks < SAVING_CHUNKS:
             f8, b8 = loss_bytes(i, arch.seq_len, arch.vocab, SAVING_CHUNKS)
-            loss_moment = sum(moments["loss backward"].values())
-            others = [sum(v.values()) for k, v in moments.items() if k != "loss backward"]
+            loss_moment = moment_totals["loss backward"]
+            others = [v for k, v in moment_totals.items() if k != "loss backward"]
             chunked = max(
                 totals["forward end"] - loss_fwd + f8,
                 loss_moment - loss_bwd + b8,
@@ -742,23 +794,28 @@ def step_peak(
                 totals["optimizer step"],
             )
             saving = max(0, totals[phase] - chunked)
-    return StepPeak(
-        peak_bytes=totals[phase],
-        phase=phase,
-        terms=terms,
-        phases=totals,
-        engine=engine,
-        optimizer_impl=impl,
-        chunked_loss_saving_bytes=saving,
-        variable=variable,
-        points=points,
-        backward_moment=moment,
-        held_gradients_bytes=max(
-            terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
-        ),
-        host_terms=host,
-        compile_not_kept_bytes=compile_not_kept,
-        moments={name: dict(terms) for name, terms in moments.items()},
+    return of_every_field(
+        StepPeak,
+        _PEAK_FIELDS,
+        {
+            "peak_bytes": totals[phase],
+            "phase": phase,
+            "terms": terms,
+            "phases": totals,
+            "engine": engine,
+            "optimizer_impl": impl,
+            "chunked_loss_saving_bytes": saving,
+            "notes": (),
+            "variable": variable,
+            "points": points,
+            "backward_moment": moment,
+            "held_gradients_bytes": max(
+                terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
+            ),
+            "host_terms": host,
+            "compile_not_kept_bytes": compile_not_kept,
+            "moments": {name: dict(terms) for name, terms in moments.items()},
+        },
     )
 
 
@@ -794,14 +851,19 @@ __all__ = [
     "PAGED_TERM",
     "OPTIMIZER_IMPLS",
     "PHASES",
+    "StepFixed",
     "StepPeak",
     "autocast_casts",
     "backward_transient",
     "compile_term_bytes",
     "engine_of",
+    "factored_means",
+    "fixed_terms",
     "loss_bytes",
     "offload_in_flight",
     "optimizer_temporaries",
+    "parameter_order",
+    "peak_point",
     "resolve_impl",
     "step_peak",
 ]

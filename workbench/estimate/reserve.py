@@ -236,6 +236,24 @@ def _states_rounding(i: EstimateInputs, states: dict[str, int]) -> int:
     return value
 
 
+def allocator_at(i: EstimateInputs, terms: dict[str, int]) -> int:
+    """`reserve_of(i, terms).allocator_bytes` (0 with `overhead_gib` given), without the
+    rest of the `Reserve`: the search for the largest micro-batch that fits adds it to the
+    context and NCCL's buffers, which the micro-batch does not change."""
+    if i.overhead_gib is not None:
+        return 0
+    rounding = _states_rounding(i, {k: v for k, v in terms.items() if k in _STATES})
+    return allocator_reserve_from(rounding, transient_bytes(terms))
+
+
+def reserve_total_bytes(i: EstimateInputs, terms: dict[str, int]) -> int:
+    """`reserve_of(i, terms).total_bytes`, without building the `Reserve`."""
+    if i.overhead_gib is not None:
+        return math.ceil(i.overhead_gib * (1 << 30))
+    context = context_of(i.gpu.name if i.gpu is not None else None, lazy=i.lazy_loading)
+    return context.bytes + nccl_bytes(i) + allocator_at(i, terms)
+
+
 def reserve_of(i: EstimateInputs, terms: dict[str, int]) -> Reserve:
     """The reserve of checked inputs `i` whose peak has the named `terms`."""
     if i.overhead_gib is not None:
@@ -257,9 +275,11 @@ __all__ = [
     "TRANSIENT_SHARE",
     "Reserve",
     "allocator_reserve_bytes",
+    "allocator_at",
     "allocator_reserve_from",
     "nccl_bytes",
     "reserve_of",
+    "reserve_total_bytes",
     "rounding_reserve_bytes",
     "segments_bytes",
     "transient_bytes",

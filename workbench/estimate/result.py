@@ -11,6 +11,7 @@ from typing import Any
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.activations import ActivationBreakdown
 from workbench.estimate.flops import FlopCount
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.peak import StepPeak
 from workbench.estimate.reserve import Reserve
 
@@ -206,6 +207,12 @@ class MemoryEstimate(Readable):
         """A JSON-ready dict of every field (the activation breakdown nested)."""
         return asdict(self)
 
+    @classmethod
+    def of_every_field(cls, values: dict[str, Any]) -> MemoryEstimate:
+        """`MemoryEstimate(**values)`, built in one step when `values` names every field
+        once (`workbench.estimate.frozen`: the estimator makes one per call)."""
+        return of_every_field(cls, _FIELD_NAMES, values)
+
     def _reserve_rows(self) -> list[tuple[str, str]]:
         """The reserve's terms and the three named figures (allocated, reserved, nvidia-smi)."""
         reserve = self.reserve
@@ -287,5 +294,8 @@ class MemoryEstimate(Readable):
         title = f"memory per GPU: {name}, {self.precision}, {self.optimizer}, {engine}, {split}"
         return Display(title, rows)
 
+
+#: Every field's name (`MemoryEstimate.of_every_field`).
+_FIELD_NAMES = field_names(MemoryEstimate)
 
 __all__ = ["MemoryEstimate"]
