@@ -276,6 +276,12 @@ class _FakeCudaMemory:
         self.resets += 1
         self.peak = self.allocated
 
+    def memory_stats_as_nested_dict(self, device: object = None) -> dict[str, object]:
+        """The statistics as the runtime reads them, once a step (`runtime.memory_reader`)."""
+        allocated = {"current": self.allocated, "peak": self.peak}
+        reserved = {"current": 2 * self.allocated, "peak": 2 * self.peak}
+        return {"allocated_bytes": {"all": allocated}, "reserved_bytes": {"all": reserved}}
+
 
 def test_each_records_cuda_peak_is_its_own_steps(monkeypatch):
     """The per-step CUDA peak is reset at every optimizer step: after an earlier spike
@@ -292,6 +298,9 @@ def test_each_records_cuda_peak_is_its_own_steps(monkeypatch):
         "reset_peak_memory_stats",
     ):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(
+        torch.cuda.memory, "memory_stats_as_nested_dict", fake.memory_stats_as_nested_dict
+    )
     spikes = iter([300 << 20, 100 << 20, 200 << 20])
     with Session(TrainConfig(micro_batch=4), model="mlp", model_options=SMALL["mlp"]) as s:
         rt = s._rt
