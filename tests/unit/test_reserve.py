@@ -51,7 +51,14 @@ def test_every_catalog_gpu_has_a_sourced_context_and_nccl_channels() -> None:
         assert figure.generation in CONTEXTS and figure.source and figure.bytes > 0
         assert nccl_channels(name) >= 1
     assert context_of("rtx-3090").bytes == 256 * MIB and context_of("rtx-3090").measured
-    assert context_of("h100-80gb").bytes == 400 * 10**6 and not context_of("h100-80gb").measured
+    # measured per generation: A100 (an A800, GA100) 414 MiB, H100 534 MiB (the H200 shows
+    # ~520 MiB: the H100's figure holds for both); the A10G is GA102, the RTX 3090's die
+    for name, mib in (("a100-40gb", 414), ("a100-80gb", 414), ("h100-80gb", 534)):
+        assert context_of(name).bytes == mib * MIB and context_of(name).measured, name
+    assert context_of("h200-141gb") == context_of("h100-80gb")
+    assert context_of("a10g") == context_of("rtx-3090")
+    assert context_of("mi300x").bytes == 400 * 10**6 and not context_of("mi300x").measured
+    assert context_of(None).bytes == 400 * 10**6 and not context_of(None).measured
     assert context_of("h100-80gb", lazy=False).bytes == 666_632_192  # eager loading
 
 
@@ -77,8 +84,8 @@ def test_the_allocator_reserve_rounds_the_live_tensors_at_the_peak() -> None:
     }
     rounded = math.ceil(20e9 / (2 * MIB)) * 2 * MIB  # its own segment, rounded to 2 MiB
     assert e.reserve is not None and e.reserve.allocator_bytes == 2 * (rounded - 20 * 10**9)
-    assert e.reserve.context_bytes == 400 * 10**6 and e.reserve.nccl_bytes == 0
-    assert e.overhead_bytes == 400 * 10**6 + 2 * (rounded - 20 * 10**9)
+    assert e.reserve.context_bytes == 414 * MIB and e.reserve.nccl_bytes == 0
+    assert e.overhead_bytes == 414 * MIB + 2 * (rounded - 20 * 10**9)
 
 
 def test_allocated_reserved_and_nvidia_smi_are_three_named_figures() -> None:
@@ -139,7 +146,7 @@ def test_without_lazy_module_loading_the_context_is_the_eager_measurement() -> N
     lazy = estimate_memory(model="gpt2", gpu="h100")
     eager = estimate_memory(model="gpt2", gpu="h100", lazy_loading=False)
     assert lazy.reserve is not None and eager.reserve is not None
-    assert eager.reserve.context_bytes == 666_632_192 and lazy.reserve.context_bytes == 400 * 10**6
-    assert eager.overhead_bytes - lazy.overhead_bytes == 666_632_192 - 400 * 10**6
+    assert eager.reserve.context_bytes == 666_632_192 and lazy.reserve.context_bytes == 534 * MIB
+    assert eager.overhead_bytes - lazy.overhead_bytes == 666_632_192 - 534 * MIB
     with pytest.raises(EstimateInputError, match="lazy_loading='no': must be True or False"):
         estimate_memory(model="gpt2", lazy_loading="no")

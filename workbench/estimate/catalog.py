@@ -199,22 +199,41 @@ _LAZY_GENERIC = (
 #: "Lazy Loading"). The context grows as a step loads more kernels; these are the figures
 #: right after the first CUDA call, not counting what cuBLAS/cuDNN allocate through the
 #: caching allocator (that is in torch's reserved figure).
+#: What sets the size with lazy loading is the part, not the torch or CUDA release: the
+#: measured figures (CUDA 12.8-13.0 where stated) run from 256 MiB on an RTX 3090 (82 SMs, 24 GB)
+#: through 414 MiB on an A800 (108 SMs, 80 GB) to 520-534 MiB on H200/H100 (132 SMs); a
+#: B200 (148 SMs) shows 612 MiB (unslothai/unsloth#8669, torch mem_get_info; no catalog
+#: entry). What moves it by release is eager loading (`EAGER_CONTEXT`: 2.3x the lazy figure
+#: in the torch 1.13 change; torch built with CUDA < 11.7 loads eagerly).
+#: Each figure is a process's own line in nvidia-smi (per-PID) holding a primary context
+#: and no allocator segments. The A800 and H200 figures are of contexts a transfer library
+#: (Mooncake) created in a serving process, not torch's: with lazy loading both are the
+#: driver's per-context state plus the modules loaded so far, and they agree with the
+#: torch-process figures of the same generation (H200 520 MiB, H100 534 MiB).
 CONTEXTS: dict[str, ContextFigure] = {
     "volta": ContextFigure("volta", 287_047_680, False,
         "pytorch/pytorch#86509 (torch 1.13, CUDA 11.7, GPU not named): 287,047,680 bytes "
         "after one tensor with lazy loading (666,632,192 eager); assumed for Volta/Turing"),
     "ampere": ContextFigure("ampere", 256 * _MIB, True,
         "invoke-ai/InvokeAI#9413: 256 MiB bare context on an RTX 3090 (torch 2.7.1+cu128, "
-        "driver 610); measured on GA102"),
-    "ampere-dc": ContextFigure("ampere-dc", 400 * 10**6, False,
-        _LAZY_GENERIC + "; assumed 400 MB for A100/A10G (no A100 figure found)"),
+        "driver 610); measured on GA102, used for the A10G (GA102 too)"),
+    "ampere-dc": ContextFigure("ampere-dc", 414 * _MIB, True,
+        "kvcache-ai/Mooncake#3973 (2026-09): ~414 MiB per process in nvidia-smi for a "
+        "primary context a runtime call created on an A800 (GA100, the A100's die; CUDA "
+        "12.9, per-process nvidia-fd tracking); measured on GA100, used for A100 40/80 GB"),
     "ada": ContextFigure("ada", 426 * _MIB, True,
         "unslothai/unsloth-zoo#1053: 426 MiB in nvidia-smi after torch.cuda.mem_get_info on "
         "an RTX 6000 Ada (torch 2.10+cu130); measured on AD102, assumed for L4/L40S"),
-    "hopper": ContextFigure("hopper", 400 * 10**6, False,
-        _LAZY_GENERIC + "; assumed 400 MB for H100/H200 (no Hopper figure found)"),
+    "hopper": ContextFigure("hopper", 534 * _MIB, True,
+        "meta-pytorch/torchcomms#777 (2026-02): 'On H100, each primary context costs "
+        "~534 MiB' (a stray context a torch rank's NCCL watchdog thread created on GPU 0; "
+        "torch/CUDA release not stated); kvcache-ai/Mooncake#3973: ~520 MiB on an H200 "
+        "(CUDA 12.9); measured on GH100, the H100's figure used for H100 and H200"),
     "cdna3": ContextFigure("cdna3", 400 * 10**6, False,
-        "no ROCm/HIP figure found; assumed as the NVIDIA parts' 400 MB"),
+        "no ROCm/HIP context figure found for MI300X (searched ROCm, vLLM's ROCm memory "
+        "profiling (vllm-project/vllm#43236 says ROCm's start-up overhead is larger than "
+        "CUDA's, with no figure), unsloth's amd-smi change, LUMI's AI guide); assumed as "
+        "the generic 400 MB"),
 }
 #: Without lazy module loading (torch built with CUDA < 11.7, or CUDA_MODULE_LOADING=EAGER)
 #: every kernel of every library is loaded at the first CUDA call.
@@ -231,7 +250,7 @@ GENERIC_CONTEXT = ContextFigure("unknown", 400 * 10**6, False, _LAZY_GENERIC)
 #: NVLink4 (H100/H200, NCCL's MAXCHANNELS), 16 on NVLink3/2 (A100, V100), 4 on PCIe parts.
 GENERATIONS: dict[str, tuple[str, int]] = {
     "v100-16gb": ("volta", 16), "v100-32gb": ("volta", 16), "t4": ("volta", 4),
-    "a10g": ("ampere-dc", 4), "l4": ("ada", 4), "rtx-3090": ("ampere", 4),
+    "a10g": ("ampere", 4), "l4": ("ada", 4), "rtx-3090": ("ampere", 4),
     "rtx-4090": ("ada", 4), "a100-40gb": ("ampere-dc", 16), "a100-80gb": ("ampere-dc", 16),
     "l40s": ("ada", 4), "h100-80gb": ("hopper", 32), "h200-141gb": ("hopper", 32),
     "mi300x": ("cdna3", 16),
