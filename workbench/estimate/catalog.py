@@ -208,8 +208,8 @@ _LAZY_GENERIC = (
 #: Each figure is a process's own line in nvidia-smi (per-PID) holding a primary context
 #: and no allocator segments. The A800 and H200 figures are of contexts a transfer library
 #: (Mooncake) created in a serving process, not torch's: with lazy loading both are the
-#: driver's per-context state plus the modules loaded so far, and they agree with the
-#: torch-process figures of the same generation (H200 520 MiB, H100 534 MiB).
+#: driver's per-context state plus the modules loaded so far. On Hopper the two kinds agree
+#: (the H200's 520 MiB, a torch process's 534 MiB on an H100); GA100 has no torch figure.
 CONTEXTS: dict[str, ContextFigure] = {
     "volta": ContextFigure("volta", 287_047_680, False,
         "pytorch/pytorch#86509 (torch 1.13, CUDA 11.7, GPU not named): 287,047,680 bytes "
