@@ -61,6 +61,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from workbench.inputs import shown
+
 #: the collectives modelled (nccl-tests' names without `_perf`)
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -227,7 +229,7 @@ def collective(
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: must be one of {', '.join(KINDS)}")
     if algorithm is not None and algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r}: must be one of {', '.join(ALGORITHMS)}")
+        raise ValueError(f"algorithm={shown(algorithm)}: must be one of {', '.join(ALGORITHMS)}")
     if ranks <= 1 or size_bytes <= 0:
         return Collective(kind, ranks, 1, 0.0, 0.0, "none")
     k = min(ranks, fabric.gpus_per_node) if per_node is None else max(1, min(per_node, ranks))
@@ -238,7 +240,7 @@ def collective(
         times = {n: t for n, t in times.items() if n in ALGORITHMS[algorithm]}
         if not times:
             raise ValueError(
-                f"algorithm={algorithm!r}: NCCL does not run it for this {kind} of {ranks} "
+                f"algorithm={shown(algorithm)}: NCCL does not run it for this {kind} of {ranks} "
                 f"ranks over {nodes} node(s)"
             )
     name = min(times, key=lambda n: times[n])
