@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from workbench.inputs import shown
 
@@ -112,7 +113,7 @@ class Fabric:
     nics: int | None = None
     sm: int = 80
 
-    @property
+    @cached_property  # a frozen dataclass: computed once, kept in the instance's __dict__
     def channel_rate(self) -> float:
         """The rate (bytes/s) NCCL's graph search gives a channel through one of the node's
         NICs: the fastest of its per-channel rates at or below the NIC's bandwidth."""
@@ -120,7 +121,7 @@ class Fabric:
         nic = self.node_network / (self.nics or self.gpus_per_node) / 1e9
         return _fastest(SM90_SPEEDS_INTER if self.sm >= 90 else SPEEDS_INTER, nic) * 1e9
 
-    @property
+    @cached_property
     def network_bus(self) -> float:
         """The node's network as NCCL's channels use it (bytes/s): floor(NIC / rate)
         channels a NIC at the channel rate, over all of the node's NICs."""
@@ -279,10 +280,10 @@ def _candidates(
             (k - 1) * TREE_NVLINK_STEP_US + max(1, int(math.log2(nodes))) * NET_STEP_US
         )
         tree_bus = TREE_BANDWIDTH * bus
-        if fabric.channel_rate > 0:  # NCCL: min(busBw * .92, nChannels x perChMaxTreeBw)
-            tree_max = TREE_MAX[min(TREE_MAX, key=lambda sm: abs(sm - fabric.sm))]
-            channels = share / fabric.channel_rate
-            tree_bus = min(tree_bus, channels * tree_max[0 if nodes <= 2 else 1] * 1e9)
+        rate = fabric.channel_rate
+        if rate > 0:  # NCCL: min(busBw * .92, nChannels x perChMaxTreeBw)
+            tree_max = TREE_MAX.get(fabric.sm) or TREE_MAX[90 if fabric.sm > 90 else 80]
+            tree_bus = min(tree_bus, share / rate * tree_max[0 if nodes <= 2 else 1] * 1e9)
         times["tree (network)"] = factor * size_bytes / tree_bus + tree_lat * 1e-6
         nvls_tree = _nvls_seconds(kind, size_bytes, k, nodes, fabric)
         if nvls_tree is not None:
