@@ -24,6 +24,7 @@ _VP = "https://github.com/aigatech/vpbenchmarking"  # Voltage Park / AI @ Georgi
 _RS = "https://github.com/NVIDIA/nccl/issues/1229"
 _RT = "https://github.com/NVIDIA/nccl/issues/1368"
 _MS = "https://github.com/microsoft/mscclpp/blob/main/docs/performance-ndmv4.md"
+_SB = "https://github.com/stas00/ml-engineering/blob/master/network/README.md#sharp"
 # fmt: off
 PUBLISHED = [
     # one node of 8 A100 SXM4: all_reduce_perf -b 8 -e 4G -g 8
@@ -44,6 +45,15 @@ PUBLISHED = [
     # one node of 8 H100 80GB HBM3: 479.41 GB/s at 8 GiB
     ("all_reduce", 1, 8, "h100", 8, 400, 8 * _GIB, 479.41, None,
      "https://github.com/NVIDIA/nccl-tests/issues/347 (8 H100, single node)", None),
+    # one node of 8 H100 80GB HBM3, reduce_scatter_perf, NCCL's ring (the reporter compared
+    # it with NCCL_ALGO=NVLS): 362.16 GB/s out-of-place at 8 GiB, the sweep's top
+    ("reduce_scatter", 1, 8, "h100", 8, 400, 8 * _GIB, 362.16, None,
+     "https://github.com/NVIDIA/nccl/issues/1047 (8 H100, single node)", None),
+    # one node of 8 H200 (NVLink 4, 18 links: the H100's 370.8 GB/s bus; the node the
+    # chapter measures with NCCL 2.27.7), nccl-tests -b 16G -e 16G -g 8 -z 1: reduce-scatter
+    # 362.9, all-gather 361.4 GB/s
+    ("reduce_scatter", 1, 8, "h100", 8, 400, 16 * _GIB, 362.9, None, f"{_SB} (8 H200)", None),
+    ("all_gather", 1, 8, "h100", 8, 400, 16 * _GIB, 361.4, None, f"{_SB} (8 H200)", None),
     # one node of 8 H100, all_gather_perf -b 128M -e 16384M -g 8: "saturated at ~360 GB/s"
     # at 16 GB (the maintainer: "360 GB/s is exactly what we'd expect on H100")
     ("all_gather", 1, 8, "h100", 8, 400, 16 * _GIB, 360.0, None,
@@ -74,7 +84,8 @@ PUBLISHED = [
     ("all_gather", 32, 8, "h100", 8, 400, 2 * _GIB, 200.0, None,
      "https://github.com/NVIDIA/nccl/issues/1218 (32 x 8 H100, RoCE)",
      "+53%: a ring step at 8 MiB a rank (255 steps, 512 KiB a channel) measured at 42 us "
-     "where NCCL's bandwidth and per-step latency give 27"),
+     "where NCCL's bandwidth and per-step latency give 27 (one timed iteration, -n 1; the 16 "
+     "channels forced are NCCL 2.30's own count on 8 NDR NICs of an H100 node)"),
     # Azure NDmv4 (8 A100 80GB, 8 x 200 Gb/s HDR a node), NCCL 2.17.1, in-place busbw:
     # one node all-gather 253.59 GB/s at 1G; two nodes of 8 all-gather 186.01 and
     # all-reduce 188.18 GB/s at 4G; two nodes with one GPU each (one NIC) at 1G: all-gather
@@ -84,10 +95,15 @@ PUBLISHED = [
     ("all_reduce", 2, 8, "a100", 8, 200, 4 * _GIB, 188.18, None, f"{_MS} (2 x 8 A100)", None),
     ("all_gather", 2, 1, "a100", 8, 200, _GIB, 15.84, None, f"{_MS} (2 x 1 A100)",
      "+51%: one GPU a node drives its 25 GB/s HDR NIC at 15.8 GB/s where NCCL's channel "
-     "rate is 24 and each of 8 GPUs a node gets 23.3 (186 / 8)"),
+     "rate is 24 and each of 8 GPUs a node gets 23.3 (186 / 8); the same VMs carry 23.3 with "
+     "MSCCL++'s all-gather (the same table), so the NIC, PCIe and GPUDirect path are not the "
+     "limit: NCCL runs a lone GPU's ring on one channel (one 24 GB/s search channel, not "
+     "duplicated below 25 GB/s) whose one thread block both receives from and sends to the "
+     "network; NCCL adds compute channels for fewer than 8 GPUs a node on Hopper and later "
+     "only (connect.cc) and gives no rate for one such channel"),
     ("all_reduce", 2, 1, "a100", 8, 200, _GIB, 18.65, None, f"{_MS} (2 x 1 A100)",
      "+29%: one GPU a node drives its 25 GB/s HDR NIC at 18.7 GB/s where NCCL's channel "
-     "rate is 24"),
+     "rate is 24: the one-channel ring of the all-gather row above"),
 ]
 
 # fmt: on
@@ -125,7 +141,8 @@ def test_the_grid_of_published_rows() -> None:
     says where the missing ones were looked for)."""
     held = {(kind, nodes) for kind, nodes, per_node, *_ in PUBLISHED if per_node == 8}
     assert {("all_reduce", 1), ("all_reduce", 2), ("all_gather", 1), ("all_gather", 2),
-            ("all_gather", 32), ("reduce_scatter", 8), ("reduce_scatter", 32)} <= held  # fmt: skip
+            ("all_gather", 32), ("reduce_scatter", 1), ("reduce_scatter", 8),
+            ("reduce_scatter", 32)} <= held  # fmt: skip
 
 
 def test_nccl_runs_a_nics_channels_at_its_graph_search_rate() -> None:
