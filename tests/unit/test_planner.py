@@ -379,15 +379,16 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     assert (small.best.engine, small.best.dp) == ("zero3", 8)
     assert _rank_of(small, 1, 1, 8, "full_shard") == 2
     big = plan(model="llama-3-70b", **h100, nodes=32, global_batch=512, seq_len=8192)
-    # torchtitan's layout is #1: its TP 8 all-reduces run on NCCL's NVLS (NVLink SHARP,
-    # 476 against the ring's 370.8 GB/s), 1.3% ahead of ZeRO-3 over 256; its
-    # data-parallel gathers (one rank a node, on its GPU's own NIC) exceed its compute
-    assert _rank_of(big, 8, 1, 32, "full_shard") == 1
-    tt = big.best
-    zero3 = big.plans[_rank_of(big, 1, 1, 256, "zero3") - 1]
-    assert zero3.step_seconds / tt.step_seconds == pytest.approx(1.013, abs=0.001)
+    # torchtitan's layout is #9, 2.1% behind ZeRO-3 over 256: its TP 8 all-reduces run on
+    # NCCL's NVLS (NVLink SHARP, 476 against the ring's 370.8 GB/s), but its data-parallel
+    # gathers (one rank a node, on its GPU's own NIC, whose channel NCCL runs at 48 of the
+    # NDR NIC's 50 GB/s) exceed its compute
+    assert _rank_of(big, 8, 1, 32, "full_shard") == 9
+    tt = big.plans[8]
+    zero3 = big.best
+    assert tt.step_seconds / zero3.step_seconds == pytest.approx(1.021, abs=0.001)
     assert tt.time.data_parallel > tt.time.compute
-    assert (big.best.engine, big.best.tp, big.best.dp) == ("full_shard", 8, 32)
+    assert (big.best.engine, big.best.tp, big.best.dp) == ("zero3", 1, 256)
     # TP 8 x PP 16 with DDP (#1 before the allocator's reserve was counted) falls to 28
     assert _rank_of(big, 8, 16, 2) == 28
     opt = plan(model="gpt3-175b", **a100, nodes=124, global_batch=992, seq_len=2048)

@@ -4,6 +4,8 @@ schedules, HSDP and compute factors held to their formulas (docs/planner.md,
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from workbench.planner.collectives import Fabric, collective, placement, seconds
@@ -13,64 +15,120 @@ from workbench.planner.steptime import Layout, Shape, step_time
 
 _G, _GIB, _MIB = 1e9, 2**30, 2**20
 
-#: (collective, nodes, GPUs a node, the node's NICs GB/s, GPU bus GB/s inside a node,
-#: message bytes, published busbw GB/s, source, the model's error as docs/planner.md
-#: states it: None when within 15%, else the named missing term)
+#: (collective, nodes, GPUs of each node in the collective, GPU ("a100": NCCL's 240 GB/s
+#: NVLink bus, Ampere rates; "h100": 370.8 GB/s, NVLink SHARP, Hopper rates), NICs a node x
+#: Gb/s each, message bytes, published busbw GB/s, the algorithm NCCL_ALGO forced (None: NCCL's choice, the model's fastest),
+#: source, the model's error as docs/planner.md states it: None when within 15%, else the
+#: named missing term). Every node holds 8 GPUs and its NICs.
 _VP = "https://github.com/aigatech/vpbenchmarking"  # Voltage Park / AI @ Georgia Tech report
 _RS = "https://github.com/NVIDIA/nccl/issues/1229"
+_RT = "https://github.com/NVIDIA/nccl/issues/1368"
+_MS = "https://github.com/microsoft/mscclpp/blob/main/docs/performance-ndmv4.md"
+_SB = "https://github.com/stas00/ml-engineering/blob/master/network/README.md#sharp"
 # fmt: off
 PUBLISHED = [
     # one node of 8 A100 SXM4: all_reduce_perf -b 8 -e 4G -g 8
-    ("all_reduce", 1, 8, 100, 240, 4 * _GIB, 232.54,
+    ("all_reduce", 1, 8, "a100", 8, 200, 4 * _GIB, 232.54, None,
      "https://github.com/NVIDIA/nccl/issues/1048 (8 A100, single node)", None),
-    # two nodes of 8 A100, 4 x 200 Gb/s HDR each (the reporter's ib_write_bw: 24 GB/s a NIC)
-    ("all_reduce", 2, 8, 100, 240, 4 * _GIB, 86.0,
-     "https://github.com/NVIDIA/nccl/issues/1048 (2 x 8 A100, 4 HDR NICs a node)",
-     "+16%: the NICs' achieved 24 of 25 GB/s and a partly idle fourth NIC"),
+    # two nodes of 8 A100, 4 x 200 Gb/s HDR each (the reporter's ib_write_bw: 24 GB/s a NIC,
+    # "the theoretical value (96 GB/s)")
+    ("all_reduce", 2, 8, "a100", 4, 200, 4 * _GIB, 86.0, None,
+     "https://github.com/NVIDIA/nccl/issues/1048 (2 x 8 A100, 4 HDR NICs a node)", None),
     # three nodes of 8 A100 40GB, 4 x HDR each, -e 128M: peak about 96 GB/s
-    ("all_reduce", 3, 8, 100, 240, 128 * _MIB, 96.0,
+    ("all_reduce", 3, 8, "a100", 4, 200, 128 * _MIB, 96.0, None,
      "https://github.com/NVIDIA/nccl-tests/issues/119 (3 x 8 A100, 4 HDR NICs a node)", None),
     # one node of 8 H100 SXM5, NCCL 2.24.3: 479.72 GB/s at 8 GiB
-    ("all_reduce", 1, 8, 400, 370.8, 8 * _GIB, 479.72, f"{_VP} (8 H100)", None),
+    ("all_reduce", 1, 8, "h100", 8, 400, 8 * _GIB, 479.72, None, f"{_VP} (8 H100)", None),
     # four nodes of 8 H100, 3.2 Tb/s InfiniBand a node (8 x 400 Gb/s)
-    ("all_reduce", 4, 8, 400, 370.8, 8 * _GIB, 330.93, f"{_VP} (4 x 8 H100)", None),
-    ("all_gather", 4, 8, 400, 370.8, 8 * _GIB, 323.53, f"{_VP} (4 x 8 H100)", None),
+    ("all_reduce", 4, 8, "h100", 8, 400, 8 * _GIB, 330.93, None, f"{_VP} (4 x 8 H100)", None),
+    ("all_gather", 4, 8, "h100", 8, 400, 8 * _GIB, 323.53, None, f"{_VP} (4 x 8 H100)", None),
     # one node of 8 H100 80GB HBM3: 479.41 GB/s at 8 GiB
-    ("all_reduce", 1, 8, 400, 370.8, 8 * _GIB, 479.41,
+    ("all_reduce", 1, 8, "h100", 8, 400, 8 * _GIB, 479.41, None,
      "https://github.com/NVIDIA/nccl-tests/issues/347 (8 H100, single node)", None),
+    # one node of 8 H100 80GB HBM3, reduce_scatter_perf, NCCL's ring (the reporter compared
+    # it with NCCL_ALGO=NVLS): 362.16 GB/s out-of-place at 8 GiB, the sweep's top
+    ("reduce_scatter", 1, 8, "h100", 8, 400, 8 * _GIB, 362.16, None,
+     "https://github.com/NVIDIA/nccl/issues/1047 (8 H100, single node)", None),
+    # one node of 8 H200 (NVLink 4, 18 links: the H100's 370.8 GB/s bus; the node the
+    # chapter measures with NCCL 2.27.7), nccl-tests -b 16G -e 16G -g 8 -z 1: reduce-scatter
+    # 362.9, all-gather 361.4 GB/s
+    ("reduce_scatter", 1, 8, "h100", 8, 400, 16 * _GIB, 362.9, None, f"{_SB} (8 H200)", None),
+    ("all_gather", 1, 8, "h100", 8, 400, 16 * _GIB, 361.4, None, f"{_SB} (8 H200)", None),
+    # one node of 8 H100, all_gather_perf -b 128M -e 16384M -g 8: "saturated at ~360 GB/s"
+    # at 16 GB (the maintainer: "360 GB/s is exactly what we'd expect on H100")
+    ("all_gather", 1, 8, "h100", 8, 400, 16 * _GIB, 360.0, None,
+     "https://github.com/NVIDIA/nccl-tests/issues/326 (8 H100, single node)", None),
     # HGX H100 nodes, one NIC a GPU (16 and 32 "GPU-NIC pairs"), all_reduce_perf -e 16g:
     # "each 2 nodes with 16 pairs can still get 470 GB/s", "4 nodes ... max busbw 365.84"
-    ("all_reduce", 2, 8, 400, 370.8, 16 * _GIB, 470.0,
+    ("all_reduce", 2, 8, "h100", 8, 400, 16 * _GIB, 470.0, None,
      "https://github.com/NVIDIA/nccl-tests/issues/309 (2 x 8 H100)", None),
-    ("all_reduce", 4, 8, 400, 370.8, 16 * _GIB, 365.84,
+    ("all_reduce", 4, 8, "h100", 8, 400, 16 * _GIB, 365.84, None,
      "https://github.com/NVIDIA/nccl-tests/issues/309 (4 x 8 H100)", None),
+    # five nodes of 8 H100 with 4 x 400 Gb/s RoCE each, NCCL 2.20, all_reduce_perf -e 1G:
+    # "tree bus bandwidth (150GB/s) is slower than ring bandwidth (190GB/s)", each forced
+    # with NCCL_ALGO (the tree at NCCL's Hopper ceiling of 36.0 GB/s a channel, 4 channels)
+    ("all_reduce", 5, 8, "h100", 4, 400, _GIB, 190.0, "ring", f"{_RT} (5 x 8 H100, Ring)", None),
+    ("all_reduce", 5, 8, "h100", 4, 400, _GIB, 150.0, "tree", f"{_RT} (5 x 8 H100, Tree)", None),
     # an H100 cluster's reduce-scatter bus bandwidth at 4/8/16/32 nodes, "360, 345, 320,
     # 300" GB/s; the message size is not given (8 GiB, the top of nccl-tests' usual sweep,
     # assumed) nor the network (8 x 400 Gb/s assumed, as on the neighbouring issues' H100s)
-    ("reduce_scatter", 4, 8, 400, 370.8, 8 * _GIB, 360.0, f"{_RS} (4 nodes)", None),
-    ("reduce_scatter", 8, 8, 400, 370.8, 8 * _GIB, 345.0, f"{_RS} (8 nodes)", None),
-    ("reduce_scatter", 16, 8, 400, 370.8, 8 * _GIB, 320.0, f"{_RS} (16 nodes)", None),
-    ("reduce_scatter", 32, 8, 400, 370.8, 8 * _GIB, 300.0, f"{_RS} (32 nodes)",
+    ("reduce_scatter", 4, 8, "h100", 8, 400, 8 * _GIB, 360.0, None, f"{_RS} (4 nodes)", None),
+    ("reduce_scatter", 8, 8, "h100", 8, 400, 8 * _GIB, 345.0, None, f"{_RS} (8 nodes)", None),
+    ("reduce_scatter", 16, 8, "h100", 8, 400, 8 * _GIB, 320.0, None, f"{_RS} (16 nodes)", None),
+    ("reduce_scatter", 32, 8, "h100", 8, 400, 8 * _GIB, 300.0, None, f"{_RS} (32 nodes)",
      "+17%: the ring's bandwidth falling with its length on a real fabric (switch hops, "
      "congestion), beyond NCCL's per-step latency"),
+    # 32 nodes of 8 H100 over RoCE, 8 HCAs a node (their speed not stated; 400 Gb/s
+    # assumed), NCCL_MIN/MAX_NCHANNELS=16, NCCL_IB_QPS_PER_CONNECTION=1,
+    # all_gather_perf -b 2G -e 2G: "only achieves 200GBps"
+    ("all_gather", 32, 8, "h100", 8, 400, 2 * _GIB, 200.0, None,
+     "https://github.com/NVIDIA/nccl/issues/1218 (32 x 8 H100, RoCE)",
+     "+53%: a ring step at 8 MiB a rank (255 steps, 512 KiB a channel) measured at 42 us "
+     "where NCCL's bandwidth and per-step latency give 27 (one timed iteration, -n 1; the 16 "
+     "channels forced are NCCL 2.30's own count on 8 NDR NICs of an H100 node)"),
+    # Azure NDmv4 (8 A100 80GB, 8 x 200 Gb/s HDR a node), NCCL 2.17.1, in-place busbw:
+    # one node all-gather 253.59 GB/s at 1G; two nodes of 8 all-gather 186.01 and
+    # all-reduce 188.18 GB/s at 4G; two nodes with one GPU each (one NIC) at 1G: all-gather
+    # 15.84, all-reduce 18.65 GB/s
+    ("all_gather", 1, 8, "a100", 8, 200, _GIB, 253.59, None, f"{_MS} (1 x 8 A100)", None),
+    ("all_gather", 2, 8, "a100", 8, 200, 4 * _GIB, 186.01, None, f"{_MS} (2 x 8 A100)", None),
+    ("all_reduce", 2, 8, "a100", 8, 200, 4 * _GIB, 188.18, None, f"{_MS} (2 x 8 A100)", None),
+    ("all_gather", 2, 1, "a100", 8, 200, _GIB, 15.84, None, f"{_MS} (2 x 1 A100)",
+     "+51%: one GPU a node drives its 25 GB/s HDR NIC at 15.8 GB/s where NCCL's channel "
+     "rate is 24 and each of 8 GPUs a node gets 23.3 (186 / 8); the same VMs carry 23.3 with "
+     "MSCCL++'s all-gather (the same table), so the NIC, PCIe and GPUDirect path are not the "
+     "limit: NCCL runs a lone GPU's ring on one channel (one 24 GB/s search channel, not "
+     "duplicated below 25 GB/s) whose one thread block both receives from and sends to the "
+     "network; NCCL adds compute channels for fewer than 8 GPUs a node on Hopper and later "
+     "only (connect.cc) and gives no rate for one such channel"),
+    ("all_reduce", 2, 1, "a100", 8, 200, _GIB, 18.65, None, f"{_MS} (2 x 1 A100)",
+     "+29%: one GPU a node drives its 25 GB/s HDR NIC at 18.7 GB/s where NCCL's channel "
+     "rate is 24: the one-channel ring of the all-gather row above"),
 ]
+
 # fmt: on
 
 
-def _fabric(nic_gbps: float, bus_gbps: float, per_node: int = 8) -> Fabric:
-    # the H100 rows (NCCL's 370.8 GB/s NVLink bus) are 8-GPU HGX/DGX boards: NVLink SHARP
-    nvls = bus_gbps == 370.8 and per_node == 8
-    return Fabric(per_node, bus_gbps * _G, nic_gbps * _G, nvls=nvls)
+def _fabric(gpu: str, nics: int, nic_gbit: float) -> Fabric:
+    """A node of 8 GPUs with `nics` NICs of `nic_gbit` Gb/s (GB/s = Gb/s / 8, as NCCL's
+    topology counts a port's speed)."""
+    hopper = gpu == "h100"
+    bus = 370.8 if hopper else 240.0
+    return Fabric(8, bus * _G, nics * nic_gbit / 8 * _G, nvls=hopper, nics=nics,
+                  sm=90 if hopper else 80)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("kind", "nodes", "per_node", "nic", "bus", "size", "busbw", "source", "off"), PUBLISHED
-)
+    ("kind", "nodes", "per_node", "gpu", "nics", "nic_gbit", "size", "busbw", "algo", "source",
+     "off"),
+    PUBLISHED,
+)  # fmt: skip
 def test_published_nccl_tests_bus_bandwidths(
-    kind: str, nodes: int, per_node: int, nic: float, bus: float, size: float, busbw: float,
-    source: str, off: str | None,
+    kind: str, nodes: int, per_node: int, gpu: str, nics: int, nic_gbit: float, size: float,
+    busbw: float, algo: str | None, source: str, off: str | None,
 ) -> None:  # fmt: skip
-    got = collective(kind, size, nodes * per_node, _fabric(nic, bus, per_node), per_node=per_node)
+    fabric = _fabric(gpu, nics, nic_gbit)
+    got = collective(kind, size, nodes * per_node, fabric, per_node=per_node, algorithm=algo)
     error = got.bus_bandwidth / _G / busbw - 1
     if off is None:
         assert abs(error) <= 0.15, (source, got.bus_bandwidth / _G, busbw)
@@ -78,11 +136,54 @@ def test_published_nccl_tests_bus_bandwidths(
         assert f"{error:+.0%}" == off.split(":")[0], (source, error)
 
 
+def test_the_grid_of_published_rows() -> None:
+    """Which of the collectives x {1, 2, 8, 32 nodes} the rows above hold (docs/planner.md
+    says where the missing ones were looked for)."""
+    held = {(kind, nodes) for kind, nodes, per_node, *_ in PUBLISHED if per_node == 8}
+    assert {("all_reduce", 1), ("all_reduce", 2), ("all_gather", 1), ("all_gather", 2),
+            ("all_gather", 32), ("reduce_scatter", 1), ("reduce_scatter", 8),
+            ("reduce_scatter", 32)} <= held  # fmt: skip
+
+
+def test_nccl_runs_a_nics_channels_at_its_graph_search_rate() -> None:
+    """NCCL's graph search (search.cc) gives a channel through a NIC the fastest of its
+    per-channel rates at or below the NIC's bandwidth: 24 GB/s on a 25 GB/s HDR NIC, 48 on
+    a 50 GB/s NDR one (NVIDIA: "For NDR @ 400Gbps you should see 46-48GB/s per NIC",
+    NVIDIA/nccl-tests issue #290), and floor(NIC / rate) channels on a NIC faster than the
+    top rate. A DGX A100's eight HDR NICs give 8 x 24 = 192 GB/s, NVIDIA's own figure ("On
+    an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s
+    AllReduce BusBW", NVIDIA/nccl issue #812)."""
+    a100 = cluster("a100-80gb", nodes=4).fabric
+    assert a100.channel_rate == 24e9 and a100.network_bus == 192e9
+    ring = collective("all_reduce", 8 * _GIB, 32, a100, per_node=8)
+    assert ring.bus_bandwidth / 192e9 == pytest.approx(1.0, abs=0.01)
+    h100 = cluster("h100", nodes=4).fabric
+    assert h100.channel_rate == 48e9 and h100.network_bus == 384e9
+    fast = Fabric(8, 370.8e9, 8 * 100e9, nics=8, sm=90)  # 800 Gb/s NICs: two 48s each
+    assert fast.channel_rate == 48e9 and fast.network_bus == 8 * 96e9
+    ampere = Fabric(8, 240e9, 8 * 50e9, nics=8, sm=80)  # NDR on an A100: 48 before Hopper too
+    assert ampere.channel_rate == 48e9
+    odd = Fabric(8, 370.8e9, 8 * 45.5e9, nics=8)  # 45.5: Hopper's 45, Ampere's 30
+    assert odd.channel_rate == 30e9 and replace(odd, sm=90).channel_rate == 45e9
+
+
+def test_a_forced_algorithm_is_nccl_algos() -> None:
+    two = cluster("h100", nodes=2).fabric
+    assert collective("all_reduce", _GIB, 16, two, algorithm="ring").algorithm == "ring (network)"
+    assert collective("all_reduce", _GIB, 16, two, algorithm="tree").algorithm == "tree (network)"
+    with pytest.raises(ValueError, match="algorithm='tree': NCCL does not run it for this "
+                       "all_gather"):  # fmt: skip
+        collective("all_gather", _GIB, 16, two, algorithm="tree")
+    with pytest.raises(ValueError, match="algorithm='collnet': must be one of ring, nvls, "):
+        collective("all_reduce", _GIB, 16, two, algorithm="collnet")
+
+
 def test_a_node_gives_a_collective_all_of_its_nics() -> None:
     """Two DGX H100s: a data-parallel all-reduce over 16 ranks runs at the node's eight
-    NICs together (min(NVLink's 370.8, 8 x 50) GB/s for the ring; NCCL's NVLS-Tree, 8
-    channels x 57.7 GB/s, is faster still), not one GPU's 50 GB/s share; with tensor
-    parallelism 8 the one rank of each group on a node gets one NIC."""
+    NICs together (min(NVLink's 370.8, 8 x 48) GB/s for the ring; NCCL's NVLS-Tree, 8
+    channels x 57.7 GB/s, is faster still), not one GPU's share; with tensor parallelism 8
+    the one rank of each group on a node gets one NIC's channel: 48 GB/s, NCCL's rate for a
+    50 GB/s NDR NIC."""
     two = cluster("h100", nodes=2)
     ring = collective("all_gather", 8 * _GIB, 16, two.fabric, per_node=8)
     assert ring.bus_bandwidth == pytest.approx(370.8e9, rel=0.01)
@@ -91,7 +192,7 @@ def test_a_node_gives_a_collective_all_of_its_nics() -> None:
     assert whole.bus_bandwidth == pytest.approx(8 * 57.7e9, rel=0.01)
     assert whole.algorithm == "NVLS-Tree (network)"
     rail = collective("all_reduce", 8 * _GIB, 2, two.fabric, per_node=1)
-    assert rail.bus_bandwidth == pytest.approx(50e9, rel=0.01)
+    assert rail.bus_bandwidth == pytest.approx(48e9, rel=0.01)
     one = cluster("h100", nodes=1)
     inside = collective("all_reduce", 8 * _GIB, 8, one.fabric)
     # two nodes cost the data-parallel all-reduce about what one does (not 9.6x)
@@ -210,10 +311,11 @@ def test_hsdp_shards_inside_a_node_and_replicates_across() -> None:
     one = step_time(shape, Layout(**{**base, "dp": 8}), cluster("a100-80gb"), efficiency=0.4,
                     overlap=0.0)  # fmt: skip
     # a node's FSDP, plus the 1/8 gradient shard all-reduced between the two replicas, one
-    # rank a node on its own NIC, a layer at a time
+    # rank a node on its own NIC (NCCL's 24 GB/s channel on a 25 GB/s HDR NIC), a layer at
+    # a time
     across = seconds("all_reduce", 4 * 8e9 / 8, 2, hw.fabric, per_node=1, calls=32)
     assert hsdp.data_parallel == pytest.approx(one.data_parallel + across)
-    assert across == pytest.approx(32 * (4e9 / 32 / 25e9 + (8.4 + 2 * 14) * 1e-6), rel=0.01)
+    assert across == pytest.approx(32 * (4e9 / 32 / 24e9 + (8.4 + 2 * 14) * 1e-6), rel=0.01)
 
 
 def test_compile_and_float8_are_torchtitans_measured_factors() -> None:

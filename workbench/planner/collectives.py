@@ -11,17 +11,24 @@ The model is NCCL's own tuning model (NCCL 2.30, `src/graph/tuning.cc` and
   topology counts it (NVLink links x NCCL's per-link figure: 18 x 20.6 GB/s on an H100,
   12 x 20.0 on an A100; the catalog's `intra_bus`).
 * **Across nodes** every NCCL channel's ring (or tree) leaves the node through one NIC and
-  the channels are spread over all of the node's NICs, so a group with k ranks on each
+  the channels are spread over all of the node's NICs. NCCL's graph search (`search.cc`)
+  gives every channel one rate from its speed array (`speedArrayInter` before Hopper,
+  `sm90SpeedArrayInter` on Hopper): the fastest at or below the NIC's bandwidth (its port
+  speed / 8, `topo.cc`), so a NIC carries floor(NIC / rate) channels at that rate: 24 GB/s
+  on a 25 GB/s HDR NIC, 48 on a 50 GB/s NDR one (RDMA writes measure the same: 24 of 25
+  GB/s with ib_write_bw on HDR, NVIDIA/nccl issue #1048). A group with k ranks on each
   node, with gpus_per_node / k such groups running at once (every data-parallel group of a
-  layout communicates at the same time), gets k / gpus_per_node of the node's NICs
+  layout communicates at the same time), gets k / gpus_per_node of the node's channels
   together: the whole node's network when one group holds the node (k = gpus_per_node),
   one NIC's when tensor parallelism leaves one rank of the group on each node. The bus
   bandwidth is the lesser of that share and the NVLink bus bandwidth.
 * **All-reduce across nodes** is the faster of NCCL's ring and its tree (a chain inside
   each node, a double binary tree across nodes: NCCL's hierarchical all-reduce), each with
-  NCCL's latency: the tree's bandwidth is NCCL's 0.92 of the ring's (`busBw * .92`), its
-  latency grows with log2(nodes) where the ring's grows with the ranks, so NCCL (and this
-  model) picks the ring for large messages on few nodes and the tree on many.
+  NCCL's latency: the tree's bandwidth is NCCL's 0.92 of the ring's (`busBw * .92`), each
+  channel at most NCCL's per-channel tree ceiling (`perChMaxTreeBws`: 23.6 GB/s on 2
+  nodes and 17.8 on more before Hopper, 41.4 and 36.0 on Hopper), its latency grows with
+  log2(nodes) where the ring's grows with the ranks, so NCCL (and this model) picks the
+  ring for large messages and the tree for smaller ones on many nodes.
   All-gather and reduce-scatter run the ring (NCCL's tree is all-reduce only; its PAT
   algorithm runs one GPU a node only).
 * **Latency** (NCCL's Simple protocol constants): ring 8.4 us + 3.4 us per NVLink step +
@@ -53,6 +60,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
+
+from workbench.inputs import shown
 
 #: the collectives modelled (nccl-tests' names without `_perf`)
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -80,18 +90,48 @@ NVLS_TREE_MAX_2_NODES, NVLS_TREE_MAX_MORE = 57.7, 45.5
 SM90_SPEEDS_INTRA = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
 SM90_SPEEDS_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
                      3.0, 2.4, 1.2, 0.24, 0.12)  # fmt: skip
+#: the same before Hopper (`speedArrayInter`): the rates a channel leaving the node may get
+SPEEDS_INTER = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0,
+                3.0, 2.4, 1.2, 0.24, 0.12)  # fmt: skip
+#: NCCL's per-channel ceiling of the tree all-reduce (`perChMaxTreeBws`, GB/s) on 2 nodes
+#: and on more, by GPU generation (SM major x 10: Volta, Ampere, Hopper)
+TREE_MAX = {70: (18.5, 10.0), 80: (23.6, 17.8), 90: (41.4, 36.0)}
 
 
 @dataclass(frozen=True)
 class Fabric:
     """What the collectives read of a cluster: GPUs a node, a GPU's NVLink bus bandwidth
-    inside a node, a node's NICs together (bytes/s per direction; None: not known), and
-    whether its NVSwitch reduces (NVLink SHARP: NCCL's NVLS)."""
+    inside a node, a node's NICs together (bytes/s per direction; None: not known),
+    whether its NVSwitch reduces (NVLink SHARP: NCCL's NVLS), how many NICs share that
+    network (None: one a GPU) and the GPU's generation (SM major x 10: 90 for Hopper), which
+    picks NCCL's per-channel rates."""
 
     gpus_per_node: int
     intra_bus: float
     node_network: float | None
     nvls: bool = False
+    nics: int | None = None
+    sm: int = 80
+
+    @cached_property  # a frozen dataclass: computed once, kept in the instance's __dict__
+    def channel_rate(self) -> float:
+        """The rate (bytes/s) NCCL's graph search gives a channel through one of the node's
+        NICs: the fastest of its per-channel rates at or below the NIC's bandwidth."""
+        assert self.node_network is not None
+        nic = self.node_network / (self.nics or self.gpus_per_node) / 1e9
+        return _fastest(SM90_SPEEDS_INTER if self.sm >= 90 else SPEEDS_INTER, nic) * 1e9
+
+    @cached_property
+    def network_bus(self) -> float:
+        """The node's network as NCCL's channels use it (bytes/s): floor(NIC / rate)
+        channels a NIC at the channel rate, over all of the node's NICs."""
+        assert self.node_network is not None
+        nics = self.nics or self.gpus_per_node
+        rate = self.channel_rate
+        if rate <= 0:
+            return self.node_network  # a NIC slower than NCCL's slowest rate: its own
+        per_nic = math.floor(self.node_network / nics / rate + 1e-9)
+        return nics * per_nic * rate
 
 
 @dataclass(frozen=True)
@@ -135,7 +175,7 @@ def nvls_bus_bandwidth(kind: str, k: int, nodes: int, fabric: Fabric) -> float |
         cap = SM90_SPEEDS_INTRA[0]  # the channel's "inter" rate, raised to the top
     else:
         assert fabric.node_network is not None
-        nic = fabric.node_network / fabric.gpus_per_node / 1e9  # a channel's NIC
+        nic = fabric.network_bus / fabric.gpus_per_node / 1e9  # a channel's NIC, as NCCL rates it
         rate = _fastest(SM90_SPEEDS_INTER, min(bus / (k + 1), nic))
         tree_max = NVLS_TREE_MAX_2_NODES if nodes <= 2 else NVLS_TREE_MAX_MORE
         cap = min(min(nic, 2 * rate) * (2 if nodes <= 2 else 1), tree_max)
@@ -164,54 +204,91 @@ def _algbw_factor(kind: str, n: int) -> float:
     return (2.0 if kind == "all_reduce" else 1.0) * (n - 1) / n
 
 
+#: NCCL_ALGO's names for the algorithms modelled, and the names `Collective` reports
+ALGORITHMS = {
+    "ring": ("ring (NVLink)", "ring (network)"),
+    "nvls": ("NVLS (NVLink SHARP)",),
+    "tree": ("tree (network)",),
+    "nvlstree": ("NVLS-Tree (network)",),
+}
+
+
 def collective(
-    kind: str, size_bytes: float, ranks: int, fabric: Fabric, *, per_node: int | None = None
+    kind: str,
+    size_bytes: float,
+    ranks: int,
+    fabric: Fabric,
+    *,
+    per_node: int | None = None,
+    algorithm: str | None = None,
 ) -> Collective:
     """The time of one `kind` collective of `size_bytes` (the all-reduced tensor, or the
     gathered / reduce-scattered whole) over `ranks` ranks with `per_node` of them on each
-    node (all of them on one node by default when they fit)."""
+    node (all of them on one node by default when they fit): the fastest of the algorithms
+    NCCL runs there, or the one `algorithm` names as NCCL_ALGO forces it ("ring", "tree",
+    "nvls", "nvlstree"; ValueError where NCCL has no such algorithm for it)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: must be one of {', '.join(KINDS)}")
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={shown(algorithm)}: must be one of {', '.join(ALGORITHMS)}")
     if ranks <= 1 or size_bytes <= 0:
         return Collective(kind, ranks, 1, 0.0, 0.0, "none")
     k = min(ranks, fabric.gpus_per_node) if per_node is None else max(1, min(per_node, ranks))
     nodes = math.ceil(ranks / k)
     factor = _algbw_factor(kind, ranks)
-    steps = 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
-    if nodes == 1:
-        bus = fabric.intra_bus
-        lat = RING_BASE_US + steps * RING_NVLINK_STEP_US
-        seconds = factor * size_bytes / bus + lat * 1e-6
-        nvls = _nvls_seconds(kind, size_bytes, k, 1, fabric)
-        if nvls is not None and nvls < seconds:
-            return Collective(
-                kind, ranks, 1, nvls, factor * size_bytes / nvls, "NVLS (NVLink SHARP)"
+    times = _candidates(kind, size_bytes, ranks, k, nodes, fabric)
+    if algorithm is not None:
+        times = {n: t for n, t in times.items() if n in ALGORITHMS[algorithm]}
+        if not times:
+            raise ValueError(
+                f"algorithm={shown(algorithm)}: NCCL does not run it for this {kind} of {ranks} "
+                f"ranks over {nodes} node(s)"
             )
-        return Collective(kind, ranks, 1, seconds, factor * size_bytes / seconds, "ring (NVLink)")
+    name = min(times, key=lambda n: times[n])
+    best = times[name]
+    return Collective(kind, ranks, nodes, best, factor * size_bytes / best, name)
+
+
+def _candidates(
+    kind: str, size_bytes: float, ranks: int, k: int, nodes: int, fabric: Fabric
+) -> dict[str, float]:
+    """Seconds of each algorithm NCCL runs for this collective, by `Collective.algorithm`."""
+    factor = _algbw_factor(kind, ranks)
+    steps = 2 * (ranks - 1) if kind == "all_reduce" else ranks - 1
+    times: dict[str, float] = {}
+    if nodes == 1:
+        lat = RING_BASE_US + steps * RING_NVLINK_STEP_US
+        times["ring (NVLink)"] = factor * size_bytes / fabric.intra_bus + lat * 1e-6
+        nvls = _nvls_seconds(kind, size_bytes, k, 1, fabric)
+        if nvls is not None:
+            times["NVLS (NVLink SHARP)"] = nvls
+        return times
     if fabric.node_network is None:
         raise ValueError(
             f"ranks={ranks}: a group over {nodes} nodes needs the network's bandwidth "
             "(inter_node_gbps)"
         )
-    share = fabric.node_network * k / fabric.gpus_per_node  # this group's NICs
+    share = fabric.network_bus * k / fabric.gpus_per_node  # this group's NICs' channels
     bus = min(fabric.intra_bus, share)
     inter_steps = 2 * (nodes - 1) if kind == "all_reduce" else nodes - 1
     ring_lat = (
         RING_BASE_US + (steps - inter_steps) * RING_NVLINK_STEP_US + inter_steps * NET_STEP_US
     )
-    ring = factor * size_bytes / bus + ring_lat * 1e-6
-    best, name = ring, "ring (network)"
+    times["ring (network)"] = factor * size_bytes / bus + ring_lat * 1e-6
     if kind == "all_reduce":
         tree_lat = TREE_BASE_US + 2 * (
             (k - 1) * TREE_NVLINK_STEP_US + max(1, int(math.log2(nodes))) * NET_STEP_US
         )
-        tree = factor * size_bytes / (TREE_BANDWIDTH * bus) + tree_lat * 1e-6
-        if tree < ring:
-            best, name = tree, "tree (network)"
+        tree_bus = TREE_BANDWIDTH * bus
+        rate = fabric.channel_rate
+        if rate > 0:  # NCCL: min(busBw * .92, nChannels x perChMaxTreeBw)
+            tree_max = TREE_MAX.get(fabric.sm) or TREE_MAX[90 if fabric.sm > 90 else 80]
+            tree_bus = min(tree_bus, share / rate * tree_max[0 if nodes <= 2 else 1] * 1e9)
+        times["tree (network)"] = factor * size_bytes / tree_bus + tree_lat * 1e-6
         nvls_tree = _nvls_seconds(kind, size_bytes, k, nodes, fabric)
-        if nvls_tree is not None and nvls_tree < best:
-            best, name = nvls_tree, "NVLS-Tree (network)"
-    return Collective(kind, ranks, nodes, best, factor * size_bytes / best, name)
+        if nvls_tree is not None:
+            times["NVLS-Tree (network)"] = nvls_tree
+    return times
 
 
 def seconds(
@@ -230,6 +307,7 @@ def seconds(
 
 
 __all__ = [
+    "ALGORITHMS",
     "KINDS",
     "Collective",
     "Fabric",

@@ -6,7 +6,9 @@ PCIe for a part without NVLink): the data sheet's figure, and the bus bandwidth 
 collective gets out of it as NCCL's topology counts it (`intra_bus`: NVLink links x NCCL's
 per-link rate); inter-node is one GPU's share of its node's NICs (a DGX gives each GPU its
 own NIC), so a node's network together is `inter_node x gpus_per_node`, what NCCL spreads
-one collective's channels over (workbench/planner/collectives.py). An 8-GPU HGX/DGX H100
+one collective's channels over (workbench/planner/collectives.py: each NIC's channels at the
+rate NCCL's graph search gives them, 24 GB/s on a 25 GB/s HDR NIC, 48 on a 50 GB/s NDR one,
+from the GPU generation's rates, `sm`). An 8-GPU HGX/DGX H100
 or H200 node's NVSwitch also reduces (NVLink SHARP: `nvls`, NCCL's NVLS). Both come from the data
 sheets named in `LINKS` and can be given instead (`intra_node_gbps`, `inter_node_gbps`).
 A GPU without an inter-node figure needs one given to plan more than one node. PCIe (the
@@ -40,6 +42,9 @@ class Links:
     #: the node's NVSwitch reduces (NVLink SHARP, NCCL's NVLS): third-generation NVSwitch
     #: of an 8-GPU HGX/DGX Hopper board
     nvls: bool = False
+    #: the GPU's generation as NCCL's tuning reads it (SM major x 10: 70 Volta, 80 Ampere and
+    #: others, 90 Hopper): which per-channel rates its graph search gives a NIC's channels
+    sm: int = 80
 
 
 _NVLINK_A100 = "NVIDIA A100 data sheet: NVLink 600 GB/s (bidirectional), PCIe Gen4 64 GB/s"
@@ -72,6 +77,7 @@ LINKS: dict[str, Links] = {
         16 * _G,
         "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; " + _NCCL_BUS.format(links=6, rate=20.0),
         intra_bus=120 * _G,
+        sm=70,
     ),
     "v100-32gb": Links(
         150 * _G,
@@ -79,6 +85,7 @@ LINKS: dict[str, Links] = {
         16 * _G,
         "NVIDIA V100 data sheet (SXM2): NVLink 300 GB/s; " + _NCCL_BUS.format(links=6, rate=20.0),
         intra_bus=120 * _G,
+        sm=70,
     ),
     "t4": Links(16 * _G, None, 16 * _G, "PCIe Gen3 x16: 16 GB/s per direction (no NVLink)"),
     "a10g": Links(32 * _G, None, 32 * _G, _PCIE4),
@@ -110,6 +117,7 @@ LINKS: dict[str, Links] = {
         intra_bus=370.8 * _G,
         nics="8 x 400 Gb/s NDR",
         nvls=True,
+        sm=90,
     ),
     "h200-141gb": Links(
         450 * _G,
@@ -121,6 +129,7 @@ LINKS: dict[str, Links] = {
         intra_bus=370.8 * _G,
         nics="8 x 400 Gb/s NDR",
         nvls=True,
+        sm=90,
     ),
     "mi300x": Links(
         448 * _G,
@@ -157,6 +166,8 @@ class Cluster:
     intra_bus: float | None = None
     #: the node's NVSwitch reduces (NVLink SHARP: NCCL's NVLS, workbench.planner.collectives)
     nvls: bool = False
+    #: the GPU's generation as NCCL's tuning reads it (`Links.sm`)
+    sm: int = 80
 
     @property
     def gpus(self) -> int:
@@ -171,7 +182,7 @@ class Cluster:
     def fabric(self) -> Fabric:
         """What workbench.planner.collectives reads of this cluster."""
         bus = self.intra_node if self.intra_bus is None else self.intra_bus
-        return Fabric(self.gpus_per_node, bus, self.node_network, nvls=self.nvls)
+        return Fabric(self.gpus_per_node, bus, self.node_network, nvls=self.nvls, sm=self.sm)
 
     def link(self, span: int) -> float:
         """The bandwidth one GPU's point-to-point traffic over groups of `span` consecutive
@@ -247,4 +258,5 @@ def cluster(
         # NVLS is the 8-GPU board's NVSwitch (a 4-GPU HGX board links its GPUs directly);
         # an intra-node figure given describes another fabric
         nvls=links.nvls and gpus_per_node == 8 and intra_node_gbps is None,
+        sm=links.sm,
     )
