@@ -176,6 +176,7 @@ class EstimatorPanel(PanelBase):
             "gpus": "8",
             "tensor_parallel": "1",
             "pipeline_parallel": "1",
+            "context_parallel": "1",
             "sequence_parallel": False,
             "offload_optimizer": False,
             "offload_params": False,
@@ -494,6 +495,7 @@ class EstimatorPanel(PanelBase):
         take("gpus", parse_int, minimum=1)
         take("tensor_parallel", parse_int, minimum=1)
         take("pipeline_parallel", parse_int, minimum=1)
+        take("context_parallel", parse_int, minimum=1)
         if f["overhead_gib"].value.strip().lower() not in ("", OVERHEAD_AUTO):
             take("overhead_gib", parse_float, minimum=0.0)  # else derived from the setup
         take("mfu", parse_float, minimum=0.0, maximum=1.0, exclusive_minimum=True)
