@@ -98,3 +98,22 @@ def test_the_exchange_by_hand() -> None:
     assert plain.context_parallel == 0 and "context-parallel K/V exchange (exposed)" not in (
         plain.terms
     )
+
+
+def test_compile_and_float8_speed_up_all_but_the_attention_core() -> None:
+    from workbench.estimate.flops import flop_count_of
+    from workbench.estimate.presets import find_model
+    from workbench.planner.steptime import _MEASURED_STEP, MEASURED_ATTENTION_SHARE, linear_factors
+
+    arch = find_model("llama-3-8b").architecture.replace(seq_len=8192)
+    assert flop_count_of(arch) == _MEASURED_STEP  # torchtitan's Table 1 step
+    # 16 L q s of 6 N + 16 L q s a token (selective recomputation runs the core again)
+    core = 16 * 32 * 4096 * 8192
+    a = core / (6 * 7_504_924_672 + core)
+    assert pytest.approx(a) == MEASURED_ATTENTION_SHARE and round(a, 3) == 0.276
+    c = (1 - a) / (1 / (6667 / 5762) - a)
+    a2 = a * 6667 / 5762
+    f = (1 - a2) / (1 / (8532 / 6667) - a2)
+    assert linear_factors("h100-80gb", compiled=True, float8=False) == pytest.approx(c)
+    assert linear_factors("h100-80gb", compiled=True, float8=True) == pytest.approx(c * f)
+    assert round(c, 3) == 1.231 and round(f, 3) == 1.473

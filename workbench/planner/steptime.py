@@ -9,7 +9,9 @@ out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of
   recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, the attention
   core's (4 L h s per token) under selective recomputation, split over the G GPUs at
   `efficiency` x the GPU's peak for the precision, faster by torch.compile's and
-  float8's published factors when pinned (workbench.planner.schedules);
+  float8's published factors when pinned (workbench.planner.schedules), on all but the
+  attention core (`linear_factors`: float8 converts the `nn.Linear` layers, torch.compile
+  fuses the elementwise work around them; the fused sdpa kernel is neither's);
 * the pipeline bubble: (pp - 1) / accum of that compute under 1F1B (Narayanan et al.,
   2021), less under an interleaved or zero-bubble schedule (workbench.planner.schedules);
 * data parallel, each collective as NCCL runs it (workbench.planner.collectives: NVLink
@@ -134,6 +136,43 @@ class StepTime:
         )
 
 
+#: the parameters Llama 3.1 8B's tokens multiply (8,030,261,248 less the 128,256 x 4,096
+#: embedding lookup): the step torch.compile's and float8's factors were measured on
+#: (torchtitan Table 1: 8,192 tokens, selective recomputation; `schedules.COMPUTE_FACTORS`)
+_MEASURED_STEP = FlopCount(7_504_924_672, 32, 4096, 8192)
+
+
+def _attention_flops(count: FlopCount, recompute: str) -> int:
+    """The attention core's hardware FLOPs a token: 12 L q s, and its forward (4 L q s)
+    again where `recompute` runs it (full, selective)."""
+    again = count.attention_per_token // 3 if recompute in ("full", "selective") else 0
+    return count.attention_per_token + again
+
+
+#: the attention core's share of the measured step's hardware FLOPs (0.276)
+MEASURED_ATTENTION_SHARE = _attention_flops(_MEASURED_STEP, "selective") / (
+    _MEASURED_STEP.hardware_per_token("selective")
+)
+
+
+def linear_factors(gpu: str, *, compiled: bool, float8: bool) -> float:
+    """The factor on the time of everything but the attention core that torch.compile and
+    float8 give on `gpu`: each published factor is a whole step's, measured with the
+    attention core (a share a of the step's time) unchanged, so the rest ran (1 - a) /
+    (1 / factor - a) times faster; float8's was measured on top of torch.compile, whose
+    step had the attention core at a x compile's factor of its time."""
+    a = MEASURED_ATTENTION_SHARE
+    factor = 1.0
+    if compiled:
+        whole = compute_speedup(gpu, compiled=True)
+        factor *= (1 - a) / (1 / whole - a)
+        a *= whole  # the attention core's share of the compiled step's time
+    if float8:
+        whole = compute_speedup(gpu, float8=True)
+        factor *= (1 - a) / (1 / whole - a)
+    return factor
+
+
 def step_time(
     shape: Shape, layout: Layout, hw: Cluster, *, efficiency: float, overlap: float = 1.0
 ) -> StepTime:
@@ -146,8 +185,13 @@ def step_time(
     count = FlopCount(shape.active_params, shape.layers, shape.hidden, shape.seq_len)
     model_flops, flops = count.step(tokens, layout.checkpointing, trains)  # estimate.flops
     peak = hw.gpu.peak_flops(layout.sixteen_bit, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
-    speedup = compute_speedup(hw.gpu.name, compiled=layout.compiled, float8=layout.float8)
-    compute = flops / (hw.gpus * peak * efficiency * speedup)
+    if layout.compiled or layout.float8:  # faster on all but the attention core
+        linear = flops - _attention_flops(count, layout.checkpointing) * tokens
+        factor = linear_factors(hw.gpu.name, compiled=layout.compiled, float8=layout.float8)
+        flops_at_rate = linear / factor + (flops - linear)
+        compute = flops_at_rate / (hw.gpus * peak * efficiency)
+    else:
+        compute = flops / (hw.gpus * peak * efficiency)
     v = layout.virtual_stages
     bubble = compute * bubble_fraction(layout.schedule, p, m, v) if p > 1 else 0.0
 
@@ -214,7 +258,7 @@ def step_time(
         offload += m * 2 * weights16 / group / hw.pcie
     cp_s = 0.0
     if c > 1:
-        rate = peak * efficiency * speedup
+        rate = peak * efficiency  # the attention core: neither compile's nor float8's
         cp_s = m * layers_here * ring_seconds(shape, layout, hw, rate)
     return StepTime(
         compute=compute,
