@@ -50,10 +50,10 @@ from workbench.planner.keywords import cli_keywords as _cli_keywords
 from workbench.planner.keywords import nodes_of as _nodes_of
 from workbench.planner.pins import check_pin, read_pin
 from workbench.planner.schedules import Pins, checked_pins, schedule_choices
-from workbench.planner.space import CP_ENGINES
 from workbench.planner.space import context_parallel_sizes as _cp_sizes
 from workbench.planner.space import element_bytes as _element_bytes
 from workbench.planner.space import offloads as _offloads
+from workbench.planner.space import plans_context_parallel as _plans_cp
 from workbench.planner.space import precisions as _precisions
 from workbench.planner.steptime import Layout, Shape, StepTime, step_time
 from workbench.prediction import estimator_inputs
@@ -543,7 +543,7 @@ def plan(
             layouts_possible += 1
             per_replica = global_batch // dp
             for engine in chosen:
-                if cp > 1 and engine not in CP_ENGINES:  # reducing over dp x cp
+                if cp > 1 and not _plans_cp(engine, pp, "cp" in pinned):  # over dp x cp
                     continue
                 mbs = _powers_dividing(per_replica, max_micro_batch)
                 choices = itertools.product(

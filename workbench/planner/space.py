@@ -58,18 +58,31 @@ CP_MIN_SEQ = 16384
 CP_ENGINES = ("ddp", "zero1", "full_shard", "shard_grad_op")
 #: the largest context-parallel size searched (Llama 3 405B's long-context stage used 16)
 CP_MAX = 64
+#: the fewest tokens a rank holds in a searched context-parallel layout (Llama 3 405B's
+#: 131,072 over cp 16: 8,192; torchtitan's runs 32,768): below it the exchange has less
+#: attention to hide behind and the search grows for layouts no published run uses
+CP_MIN_SHARE = 8192
+
+
+def plans_context_parallel(engine: str, pp: int, pinned: bool) -> bool:
+    """Whether `engine` is planned with a context-parallel size above 1 on `pp` stages: a
+    pinned cp with any of `CP_ENGINES`; searched, as the published runs ran it: FSDP
+    without a pipeline (torchtitan), DDP with one (Megatron-LM, Llama 3)."""
+    if engine not in CP_ENGINES:
+        return False
+    return pinned or (engine == "ddp" if pp > 1 else engine in ("full_shard", "shard_grad_op"))
 
 
 def context_parallel_sizes(pinned: int | None, ranks: int, seq_len: int) -> list[int]:
     """The context-parallel sizes planned over `ranks` GPUs (those left by tp x pp) for
     sequences of `seq_len` tokens: the pinned one, else 1 and, from `CP_MIN_SEQ` tokens,
-    each power of two up to `CP_MAX` that divides the ranks and splits the sequence into
-    2 x cp equal chunks (torch's load balancer)."""
+    each power of two up to `CP_MAX` that divides the ranks, splits the sequence into
+    2 x cp equal chunks (torch's load balancer) and leaves a rank `CP_MIN_SHARE` tokens."""
     if pinned is not None:
         return [pinned]
     sizes = [1]
     c = 2
-    while seq_len >= CP_MIN_SEQ and c <= min(ranks, CP_MAX):
+    while seq_len >= CP_MIN_SEQ and c <= min(ranks, CP_MAX, seq_len // CP_MIN_SHARE):
         if ranks % c == 0 and seq_len % (2 * c) == 0:
             sizes.append(c)
         c *= 2
@@ -80,7 +93,9 @@ __all__ = [
     "CP_ENGINES",
     "CP_MAX",
     "CP_MIN_SEQ",
+    "CP_MIN_SHARE",
     "context_parallel_sizes",
+    "plans_context_parallel",
     "element_bytes",
     "offloads",
     "precisions",
