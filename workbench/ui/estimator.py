@@ -639,10 +639,13 @@ class EstimatorPanel(PanelBase):
         rows += [
             ("parameters", f"{e.n_params:,}"),
         ]
-        if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        if e.tensor_parallel > 1 or e.pipeline_parallel > 1 or e.context_parallel > 1:
+            cp = e.context_parallel
             split = (
                 f"tp {e.tensor_parallel} &times; pp {e.pipeline_parallel} &times; "
-                f"dp {e.data_parallel}" + (" (sequence parallel)" if e.sequence_parallel else "")
+                + (f"cp {cp} &times; " if cp > 1 else "")
+                + f"dp {e.data_parallel // cp}"
+                + (" (sequence parallel)" if e.sequence_parallel else "")
             )
             rows.append(("GPU split", split))
             rows.append(("parameters per GPU before ZeRO", f"{e.shard_params:,}"))
@@ -726,6 +729,10 @@ class EstimatorPanel(PanelBase):
 
 def _split_label(e: MemoryEstimate) -> str:
     gpus = f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"
-    if e.tensor_parallel == 1 and e.pipeline_parallel == 1:
+    cp = e.context_parallel
+    if e.tensor_parallel == 1 and e.pipeline_parallel == 1 and cp == 1:
         return gpus
-    return f"{gpus}: tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
+    layout = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x " + (
+        f"cp {cp} x " if cp > 1 else ""
+    )
+    return f"{gpus}: {layout}dp {e.data_parallel // cp}"
