@@ -7,8 +7,9 @@ random mixes of presets, Hugging Face configs, LoRA/QLoRA, FSDP and its units, c
 paged optimizers, tensor/pipeline/sequence parallelism, offload, activation offload,
 DeepSpeed configs, grad accumulation, chunked loss and the other peak keywords) through
 `estimate_memory` of this tree and of OTHER_TREE, each in its own process (PYTHONPATH at
-that tree), and compares `to_dict()` of each estimate (or its error text). Prints the
-number compared and the first differences; exit status 1 on any difference.
+that tree), and compares `to_dict()` of each estimate (or its error text): every field both trees
+have (a field only one has, a new one, is listed apart). Prints the number compared and
+the first differences; exit status 1 on any difference.
 """
 
 from __future__ import annotations
@@ -190,9 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         mine = results_of(ROOT, args.count, tmp)
         theirs = results_of(args.other.resolve(), args.count, tmp)
-    differ = [k for k, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+    added: set[str] = set()  # fields one tree has and the other lacks: new, not changed
+    differ = []
+    for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        if a[0] == b[0] == "ok":
+            x, y = a[1], b[1]
+            added |= x.keys() ^ y.keys()  # type: ignore[union-attr]
+            if any(x[f] != y[f] for f in x.keys() & y.keys()):  # type: ignore[union-attr,index]
+                differ.append(k)
+        elif a != b:
+            differ.append(k)
     errors = sum(kind == "error" for kind, _ in mine)
     print(f"{len(mine):,} configurations ({errors:,} refused), {len(differ):,} differ")
+    if added:
+        print(f"  fields in one tree only (not compared): {', '.join(sorted(added))}")
     for k in differ[:5]:
         a, b = mine[k], theirs[k]
         if a[0] == b[0] == "ok":

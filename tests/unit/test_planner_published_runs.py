@@ -44,6 +44,8 @@ def test_the_schedules_and_compute_factors_the_runs_used_are_planned_not_divided
     measurement by a factor."""
     from dataclasses import replace
 
+    from workbench.planner.steptime import linear_factors
+
     by_name = {r.name: r for r in RUNS}
     assert all(r.missing_factor == 1.0 for r in RUNS)
     gpt145 = by_name["GPT 145.6B, 1536 A100, TP 8 x PP 8, full recomputation"]
@@ -56,4 +58,7 @@ def test_the_schedules_and_compute_factors_the_runs_used_are_planned_not_divided
     llama70 = by_name["Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, full recomputation"]
     fast, plain = compare(llama70), compare(replace(llama70, options={}))
     assert fast.plan_label.endswith("ckpt compile float8")  # tp 8: torchtitan's to compile
-    assert 1.0 < fast.predicted_tokens_per_gpu / plain.predicted_tokens_per_gpu < 8532 / 5762
+    # the factors speed up all but the attention core (measured at 28% of the 8B step's
+    # FLOPs, 13% of this one's): more than the 8B step's 8532 / 5762, less than the rest's
+    linear = linear_factors("h100-80gb", compiled=True, float8=True)
+    assert 8532 / 5762 < fast.predicted_tokens_per_gpu / plain.predicted_tokens_per_gpu < linear

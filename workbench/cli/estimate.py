@@ -377,6 +377,8 @@ def _simulate(
         )
     if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
         problems.append("--simulate: tensor and pipeline parallelism are not simulated")
+    if e.context_parallel > 1:
+        problems.append("--simulate: context parallelism is not simulated")
     if problems:
         parser.error("; ".join(problems))
     from workbench.choices import session_recompute
@@ -505,7 +507,13 @@ def _headline(e: Any) -> str:
     name = f"{source} ({count})" if source else None
     parts = [name or f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
     parts += [f"FSDP {e.fsdp}" if e.fsdp != "off" else f"ZeRO stage {e.zero_stage}", gpus]
-    if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+    if e.context_parallel > 1:
+        split = (
+            f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x cp {e.context_parallel} x "
+            f"dp {e.data_parallel // e.context_parallel}"
+        )
+        parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))
+    elif e.tensor_parallel > 1 or e.pipeline_parallel > 1:
         split = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
         parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))
     if e.offload_optimizer:

@@ -64,8 +64,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run.add_argument(
         "--pin",
         metavar="K=V,...",
-        help="plan only this layout: tp, pp, dp, engine, micro_batch, checkpointing "
-        "(e.g. tp=8,pp=16,dp=8,engine=ddp)",
+        help="plan only this layout: tp, pp, cp (context parallel), dp, engine, micro_batch, "
+        "checkpointing (e.g. tp=8,pp=16,dp=8,engine=ddp)",
     )
     run.add_argument("--engines", metavar="LIST", help="comma-separated, e.g. zero3,full_shard")
     run.add_argument("--no-offload", action="store_true", help="leave CPU offload out")

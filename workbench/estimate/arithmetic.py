@@ -294,6 +294,8 @@ def flop_count(i: EstimateInputs) -> FlopCount:
     used = arch.active_params if arch.is_moe else i.n_params
     if i.active_params is not None:
         used = i.active_params
+    if i.context_parallel > 1:  # every token attends to the whole sequence, not its rank's
+        arch = replace(arch, seq_len=arch.seq_len * i.context_parallel)
     return flop_count_of(arch, used)
 
 
@@ -368,7 +370,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "layers": arch.layers if arch else None,
             "hidden": arch.hidden if arch else None,
             "heads": arch.heads if arch else None,
-            "seq_len": arch.seq_len if arch else None,
+            "seq_len": arch.seq_len * i.context_parallel if arch else None,
             "vocab": arch.vocab if arch else None,
             "overhead_gib": i.overhead_gib,
             "tokens": i.tokens,
@@ -388,6 +390,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "tensor_parallel": i.tensor_parallel,
             "pipeline_parallel": i.pipeline_parallel,
             "sequence_parallel": i.sequence_parallel,
+            "context_parallel": i.context_parallel,
             "data_parallel": i.data_parallel,
             "shard_params": i.shard_params,
             "active_params": (

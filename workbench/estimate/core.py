@@ -50,6 +50,7 @@ def estimate_memory(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     sequence_parallel: bool = False,
+    context_parallel: int = 1,
     offload_optimizer: bool = False,
     offload_params: bool = False,
     fsdp: str = "off",
@@ -103,6 +104,11 @@ def estimate_memory(
     With both a shape and `n_params`, `n_params` counts the model states and the shape
     the activations. `gpus` = `tensor_parallel` x `pipeline_parallel` x the data-parallel
     size over which ZeRO shards; `sequence_parallel` needs `tensor_parallel` > 1.
+    `context_parallel` (torch's context parallelism as torchtitan runs it,
+    `workbench.estimate.context_parallel`) splits each sequence over that many GPUs: each
+    keeps the activations of `seq_len / context_parallel` tokens, attention gathers the keys
+    and values of the whole sequence, and the model states are sharded (ZeRO, FSDP) over the
+    data-parallel x context-parallel GPUs, which hold the same parameters.
     `accounting` picks how model-state bytes are counted (a key of
     `workbench.estimate.model_states.ACCOUNTINGS`; "paper" is the ZeRO paper's model).
     `fsdp` ("off", "full_shard", "shard_grad_op", "no_shard"): PyTorch FSDP instead of

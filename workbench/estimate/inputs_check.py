@@ -26,6 +26,8 @@ from workbench.config import OptimizerName, Precision
 from workbench.estimate.activations import Attention, Checkpointing
 from workbench.estimate.architecture import Architecture, build_architecture, parameter_shapes
 from workbench.estimate.catalog import GpuSpec, find_gpu
+from workbench.estimate.context_parallel import problems as cp_problems
+from workbench.estimate.context_parallel import rank_view
 from workbench.estimate.counts import COUNT_EXAMPLES, read_count
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
 from workbench.estimate.frozen import field_names, of_every_field
@@ -89,7 +91,8 @@ class EstimateInputs:
     `n_params` counts the model states: the count given, a module's count or the shape's.
     `architecture` is the transformer shape (None without one: then no activations).
     `model` is the preset's name or the module's class name, `hf_config` the config's path
-    (or "dict"). `gpus = tensor_parallel x pipeline_parallel x data_parallel`;
+    (or "dict"). `gpus = tensor_parallel x pipeline_parallel x data_parallel`, where
+    `data_parallel` includes the `context_parallel` ranks (they hold the same parameters);
     `shard_params` is what one GPU holds before ZeRO shards it over `data_parallel`.
     `fsdp` is an FSDP mode ("off": ZeRO `zero_stage`), `accounting` a key of
     `model_states.ACCOUNTINGS` ("fsdp" whenever `fsdp` is on).
@@ -147,6 +150,9 @@ class EstimateInputs:
     # None where they do not describe `shard_params` (a factored optimizer's states
     # follow them; without them its bound is counted)
     parameter_shapes: tuple[tuple[int, ...], ...] | None = None
+    # context parallelism (`workbench.estimate.context_parallel`): `architecture` is then
+    # one rank's view, its `seq_len` the rank's share (the model's sequence / this)
+    context_parallel: int = 1
 
 
 #: `EstimateInputs`'s fields (`check_inputs` builds it in one step: `frozen.of_every_field`).
@@ -541,6 +547,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     n_gpus = _checked(p, "gpus", gpus)
     tp = _checked(p, "tensor_parallel", given["tensor_parallel"])
     pp = _checked(p, "pipeline_parallel", given["pipeline_parallel"])
+    cp = _checked(p, "context_parallel", given["context_parallel"])
     dropout = (
         _flag(p, "dropout", given["dropout"])
         if given["dropout"] is not None
@@ -634,8 +641,12 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     if ds_source is not None and sharding not in (None, "off"):
         p.append(Problem("deepspeed_config", "given", "is DeepSpeed's; this setup is FSDP"))
 
+    if cp is not None and cp > 1:
+        p.extend(cp_problems(cp, arch, n_gpus, gpus, tp, pp, attention, doc_mask))
     if p:
         raise EstimateInputError(p)
+    if cp > 1 and arch is not None:  # one rank's view: its share of the sequence
+        arch = rank_view(arch, cp)
     assert n is not None and prec is not None and opt is not None and ckpt is not None
     assert stage is not None and sharding is not None and mb is not None
     assert n_gpus is not None and tp is not None and pp is not None and dp is not None
@@ -688,6 +699,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             lora=lora,
             deepspeed=ds,
             deepspeed_given=ds_source is not None,
+            context_parallel=cp,
         ),
     )
 

@@ -120,6 +120,7 @@ LIMITS: dict[str, Bound] = {
     "gpus": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "tensor_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "pipeline_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
+    "context_parallel": Bound(1, 10**7, "GPUs", "the largest clusters have about 10^5"),
     "overhead_gib": Bound(0, 1024, "GiB per GPU", "no GPU holds 1 TiB", integer=False),
     "tokens": Bound(
         0, 10**16, "tokens", "10^3 times the largest training sets", integer=False, low_open=True

@@ -144,6 +144,7 @@ from typing import Any, NamedTuple
 from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 from workbench.estimate.compiled import COMPILE_TERM, compiled_drop_bytes
+from workbench.estimate.context_parallel import ring_term
 from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import (
@@ -309,8 +310,9 @@ def _zero3_live(i: EstimateInputs) -> int:
     return min(i.shard_params, int(ds["stage3_max_live_parameters"]), layer + ahead)
 
 
-def backward_transient(i: EstimateInputs) -> int:
-    """Activation gradients of the largest layer during its backward."""
+def backward_transient(i: EstimateInputs, exchange: int = 0) -> int:
+    """Activation gradients of the largest layer during its backward (`exchange`: what
+    the attention's backward holds beside its gradients: context parallelism's buffers)."""
     arch = i.architecture
     if arch is None:
         return 0
@@ -324,7 +326,7 @@ def backward_transient(i: EstimateInputs) -> int:
         attention = (4 * sbh + 2 * e * sbh) // t
     else:
         attention = 2 * e * a * s * s * b // t
-    return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention)
+    return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention + exchange)
 
 
 def trained_params(i: EstimateInputs) -> int:
@@ -651,6 +653,7 @@ def _step_peak(
     loss_fwd, loss_bwd = _loss_terms(i, breakdown)
     transient = backward_transient(i)
     arch = i.architecture
+    ring = ring_term(i, backward_transient, transient) if i.context_parallel > 1 else {}
     adapters = 0
     if i.lora is not None:
         e = compute_bytes(i.precision)
@@ -718,6 +721,7 @@ def _step_peak(
             **compiled,
             "autocast weight casts": casts,
             "backward transient": transient,
+            **ring,
             **lora_bwd,
             **engine_bwd,
             **kept_mask,

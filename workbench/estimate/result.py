@@ -47,7 +47,10 @@ class MemoryEstimate(Readable):
     micro-batch of 1 fits. Compute fields are None when not asked for (`tokens`),
     `train_seconds` also without a GPU, `cost` also without a price.
 
-    `gpus = tensor_parallel x pipeline_parallel x data_parallel`. `shard_params` is the
+    `gpus = tensor_parallel x pipeline_parallel x data_parallel`, where `data_parallel`
+    counts the `context_parallel` ranks too (they hold the same parameters: the group ZeRO
+    and FSDP shard over; `seq_len` is the whole sequence, each of the `context_parallel`
+    ranks keeping the activations of its share). `shard_params` is the
     parameter count one GPU holds before ZeRO shards it over the `data_parallel` group:
     its tensor-parallel share of the largest pipeline stage (`n_params` without tensor or
     pipeline parallelism). `model` is the preset's name or the module's class name;
@@ -104,6 +107,7 @@ class MemoryEstimate(Readable):
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     sequence_parallel: bool = False
+    context_parallel: int = 1
     data_parallel: int = 1
     shard_params: int = 0
     fsdp: str = "off"
@@ -283,7 +287,12 @@ class MemoryEstimate(Readable):
             rows.append(("cost", f"{self.cost:,.0f}"))
         split = f"{self.gpus} GPU" + ("s" if self.gpus > 1 else "")
         engine = f"FSDP {self.fsdp}" if self.fsdp != "off" else f"ZeRO {self.zero_stage}"
-        if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
+        if self.context_parallel > 1:
+            split += (
+                f" (tp {self.tensor_parallel} x pp {self.pipeline_parallel} x "
+                f"cp {self.context_parallel} x dp {self.data_parallel // self.context_parallel})"
+            )
+        elif self.tensor_parallel > 1 or self.pipeline_parallel > 1:
             split += (
                 f" (tp {self.tensor_parallel} x pp {self.pipeline_parallel} x "
                 f"dp {self.data_parallel})"

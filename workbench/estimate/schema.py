@@ -14,7 +14,7 @@ A flag shared with TrainConfig takes the TrainConfig setting's own flag and meta
 (`workbench.config.SETTINGS`), so `--activation-checkpointing` or `--tp` means the same in
 every command. Pure: imports no torch.
 
-Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 54
+Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 55
 keywords, a few lines each, and nothing else.
 """
 
@@ -377,7 +377,7 @@ FIELDS: tuple[EstimateField, ...] = (
         "gpus",
         "int",
         1,
-        help="all GPUs: tp x pp x data-parallel (1)",
+        help="all GPUs: tp x pp x cp x data-parallel (1)",
         flag="--gpus",
         read="int",
         metavar="N",
@@ -417,6 +417,20 @@ FIELDS: tuple[EstimateField, ...] = (
         label="sequence parallel",
         panel=("setup", 7),
         config_field="sequence_parallel",
+    ),
+    _f(
+        "context_parallel",
+        "int",
+        1,
+        help="context-parallel size: the sequence split over this many GPUs, attention "
+        "exchanging keys and values (torch's context_parallel, as torchtitan runs it) (1)",
+        flag="--cp",
+        read="int",
+        metavar="N",
+        aliases=("--context-parallel",),
+        cli="setup",
+        label="context parallel",
+        panel=("setup", 11),
     ),
     _f(
         "offload_optimizer",

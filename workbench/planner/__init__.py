@@ -50,8 +50,10 @@ from workbench.planner.keywords import cli_keywords as _cli_keywords
 from workbench.planner.keywords import nodes_of as _nodes_of
 from workbench.planner.pins import check_pin, read_pin
 from workbench.planner.schedules import Pins, checked_pins, schedule_choices
+from workbench.planner.space import context_parallel_sizes as _cp_sizes
 from workbench.planner.space import element_bytes as _element_bytes
 from workbench.planner.space import offloads as _offloads
+from workbench.planner.space import plans_context_parallel as _plans_cp
 from workbench.planner.space import precisions as _precisions
 from workbench.planner.steptime import Layout, Shape, StepTime, step_time
 from workbench.prediction import estimator_inputs
@@ -92,6 +94,9 @@ class Plan:
     extras: tuple[str, ...] = ()
     #: hardware FLOP utilisation: the recomputed forward counted (`estimate.flops`)
     hfu: float = 0.0
+    #: context-parallel size: each sequence split over this many GPUs (a planner-only
+    #: choice: torchtitan's; "cp N" among the extras); tp x pp x cp x dp = the GPUs
+    cp: int = 1
 
     @property
     def step_seconds(self) -> float:
@@ -136,6 +141,7 @@ class Plan:
             "tp": self.tp,
             "pp": self.pp,
             "dp": self.dp,
+            "cp": self.cp,
             "fits": self.fits,
             "peak_bytes": self.peak_bytes,
             "required_bytes": self.required_bytes,
@@ -373,7 +379,10 @@ def plan(
     it, `calibrate` measures it from a step of this model on your GPU (a Session, an
     observer, their step records or a run's log.jsonl), else the median of published runs
     on the GPU. `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
-    pp, dp, engine, micro_batch, checkpointing), e.g. {"tp": 8, "pp": 16, "dp": 8}.
+    pp, cp, dp, engine, micro_batch, checkpointing), e.g. {"tp": 8, "pp": 16, "dp": 8}.
+    Context parallelism (cp: each sequence split over cp GPUs, torch's ring attention as
+    torchtitan runs it) is searched from `space.CP_MIN_SEQ` tokens and planned wherever
+    pinned; "cp N" on the label.
     `gpus` is the GPUs in all, as `workbench plan --gpus` takes it (nodes of
     `gpus_per_node`, 8 by default or `gpus` when fewer; one node without it); the CLI's
     other names are taken too (`params`, `price`, `no_offload`). Planner-only choices
@@ -492,6 +501,7 @@ def plan(
         layers=int(probe.layers),
         hidden=int(probe.hidden),
         seq_len=seq,
+        kv_width=int(probe.hidden) * int(probe.kv_heads or probe.heads) // int(probe.heads),
     )
     if pinned:
         check_pin(
@@ -501,6 +511,8 @@ def plan(
             layers=int(probe.layers),
             global_batch=global_batch,
             dims={**dims, "kv_heads": probe.kv_heads},
+            seq_len=seq,
+            engines=chosen,
         )
     eff = _efficiency_of(given_rate, rate, rate_name, calibrate, count, hw)
     efficiency = eff.value
@@ -520,15 +532,19 @@ def plan(
         if any(v and v % tp for v in dims.values()):
             continue
         pps = [pinned["pp"]] if "pp" in pinned else _divisors(G // tp, int(probe.layers))
-        for pp in pps:
-            if int(probe.layers) % pp or (G // tp) % pp:  # whole layers, the same number each
+        # context parallelism: the sequence split over cp of the ranks tp x pp leave
+        cps = ((pp, cp) for pp in pps for cp in _cp_sizes(pinned.get("cp"), G // tp // pp, seq))
+        for pp, cp in cps:
+            if int(probe.layers) % pp or (G // tp) % (pp * cp):  # whole layers, each the same
                 continue
-            dp = G // (tp * pp)
+            dp = G // (tp * pp * cp)
             if global_batch % dp or pinned.get("dp", dp) != dp:
                 continue
             layouts_possible += 1
             per_replica = global_batch // dp
             for engine in chosen:
+                if cp > 1 and not _plans_cp(engine, pp, "cp" in pinned):  # over dp x cp
+                    continue
                 mbs = _powers_dividing(per_replica, max_micro_batch)
                 choices = itertools.product(
                     _offloads(engine, offload),
@@ -562,7 +578,7 @@ def plan(
                     for schedule in runs:
                         layout = (engine, tp, pp, dp)
                         got = _one(sh, settings, layout, hw, base, efficiency, headroom,
-                                   pins=pins, schedule=schedule)  # fmt: skip
+                                   pins=pins, schedule=schedule, cp=cp)  # fmt: skip
                         if got is None:
                             continue
                         searched += 1
@@ -570,7 +586,8 @@ def plan(
     if layouts_possible == 0 and pinned:
         raise ValueError(
             f"pin={shown(pinned)}: no layout of the {G} GPUs has it at global_batch="
-            f"{global_batch}: dp = {G} / (tp x pp) must divide the global batch"
+            f"{global_batch}: dp = {G} / (tp x pp{' x cp' if 'cp' in pinned else ''}) must "
+            "divide the global batch"
         )
     if pinned and searched == 0 and first_problem is not None:
         raise ValueError(f"pin={shown(pinned)}: the Session does not train it: {first_problem}")
@@ -679,9 +696,10 @@ def _one(
     *,
     pins: Pins | None = None,
     schedule: tuple[str, int] = ("1f1b", 1),
+    cp: int = 1,
 ) -> Plan | None:
-    """The plan of these settings on (engine, tp, pp, dp), None where the estimator
-    refuses the layout."""
+    """The plan of these settings on (engine, tp, pp, dp) with the sequence split over `cp`
+    GPUs (context parallelism), None where the estimator refuses the layout."""
     engine, tp, pp, dp = layout_of
     s = settings
     lora = bool(s.get("lora_rank"))
@@ -690,6 +708,7 @@ def _one(
         base,
         tensor_parallel=tp,
         pipeline_parallel=pp,
+        context_parallel=cp,
         attention=attention_terms(s.get("attention", "sdpa")),
         gpu=hw.gpu.name,
     )
@@ -702,8 +721,11 @@ def _one(
         extras.append("compile")
     if pins.float8:
         extras.append("float8")
+    if cp > 1:  # torch's context parallelism, as torchtitan trains it
+        extras.append(f"cp {cp}")
     fsdp_hsdp = pins.hsdp and engine in ("full_shard", "shard_grad_op") and hw.nodes > 1
-    if fsdp_hsdp and 1 <= hw.gpus_per_node // (tp * pp) < dp:  # shard inside a node
+    inside = hw.gpus_per_node // (tp * pp)  # FSDP's group (dp x cp) inside a node
+    if fsdp_hsdp and 1 <= inside < dp * cp and inside % cp == 0:  # shard inside a node
         shard_group = hw.gpus_per_node // (tp * pp)
         inputs["gpus"] = shard_group * tp * pp  # the memory of FSDP over the shard group
         extras.append(f"hsdp {shard_group}")
@@ -732,6 +754,7 @@ def _one(
         shard_group=shard_group,
         compiled=compiled or bool(s.get("compile")),
         float8=pins.float8,
+        cp=cp,
     )
     t = step_time(sh, layout, hw, efficiency=efficiency)
     tokens = sh.seq_len * s["micro_batch"] * s["grad_accum"] * dp
@@ -755,6 +778,7 @@ def _one(
         mfu=mfu if math.isfinite(mfu) else 0.0,
         extras=tuple(extras),
         hfu=hfu if math.isfinite(hfu) else 0.0,
+        cp=cp,
     )
 
 

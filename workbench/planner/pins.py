@@ -1,6 +1,6 @@
 """A pinned layout: `plan(pin={...})` / `workbench plan --pin tp=8,pp=16,...` plans only the
-setups with the pinned tensor-, pipeline- and data-parallel sizes, engine, micro-batch and
-recomputation (e.g. a published run's own layout, to compare its predicted time with its
+setups with the pinned tensor-, pipeline-, context- and data-parallel sizes, engine,
+micro-batch and recomputation (e.g. a published run's own layout, to compare its predicted time with its
 measured one). A pin that cannot run is refused saying what must divide what.
 """
 
@@ -14,7 +14,9 @@ from workbench.inputs import shown
 PINNABLE = {
     "tp": "tensor-parallel size (divides the GPUs a node, the heads and the widths)",
     "pp": "pipeline stages (divides the layers)",
-    "dp": "data-parallel size (tp x pp x dp = the GPUs; divides the global batch)",
+    "dp": "data-parallel size (tp x pp x cp x dp = the GPUs; divides the global batch)",
+    "cp": "context-parallel size (the sequence split over cp GPUs; seq_len a multiple of "
+    "2 x cp; engine ddp, zero1, full_shard or shard_grad_op)",
     "engine": "ddp, zero1, zero2, zero3, full_shard or shard_grad_op",
     "micro_batch": "samples a micro-batch (divides the global batch / dp)",
     "checkpointing": "none, selective or full",
@@ -77,11 +79,28 @@ def check_pin(
     layers: int,
     global_batch: int,
     dims: dict[str, int | None],
+    seq_len: int | None = None,
+    engines: tuple[str, ...] = (),
 ) -> None:
     """ValueError saying what must divide what when the pinned sizes cannot lay out
     `gpus` GPUs of `gpus_per_node` a node for a model of `layers` layers (and widths
-    `dims`) at `global_batch` samples."""
+    `dims`) at `global_batch` samples of `seq_len` tokens, on one of `engines`."""
     tp, pp, dp, mb = (pin.get(k) for k in ("tp", "pp", "dp", "micro_batch"))
+    cp = pin.get("cp")
+    if cp is not None and cp > 1:
+        from workbench.planner.space import CP_ENGINES
+
+        if seq_len is not None and seq_len % (2 * cp):
+            raise ValueError(
+                f"pin cp={cp}: 2 x cp = {2 * cp} must divide seq_len={seq_len} (torch's load "
+                "balancer splits each sequence into 2 x cp chunks of equal length)"
+            )
+        if engines and not set(engines) & set(CP_ENGINES):
+            raise ValueError(
+                f"pin cp={cp}: context parallelism is planned with an engine that reduces "
+                f"over dp x cp ({', '.join(CP_ENGINES)}: torchtitan's FSDP, Megatron-LM's "
+                f"DDP and distributed optimizer); the engines planned are {', '.join(engines)}"
+            )
     if tp is not None:
         if gpus_per_node % tp:
             raise ValueError(
@@ -96,13 +115,14 @@ def check_pin(
             f"pin pp={pp}: must divide layers={layers} (every stage holds the same whole "
             "number of layers)"
         )
-    sizes = {k: v for k, v in (("tp", tp), ("pp", pp), ("dp", dp)) if v is not None}
+    sizes = {k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp)) if v is not None}
     product = 1
     for v in sizes.values():
         product *= v
     said = " x ".join(f"{k} {v}" for k, v in sizes.items())
-    if len(sizes) == 3 and product != gpus:
-        raise ValueError(f"pin {said} = {product}: must be the {gpus} GPUs (tp x pp x dp)")
+    if {"tp", "pp", "dp"} <= sizes.keys() and product != gpus:
+        whole = "tp x pp x cp x dp" if cp is not None else "tp x pp x dp"
+        raise ValueError(f"pin {said} = {product}: must be the {gpus} GPUs ({whole})")
     if gpus % product:
         raise ValueError(f"pin {said} = {product}: must divide the {gpus} GPUs")
     if dp is not None and global_batch % dp:

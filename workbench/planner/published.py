@@ -35,6 +35,22 @@ _SC21 = "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh"
 #: applies them (workbench.planner.schedules)
 COMPILE_H100, FLOAT8_H100 = COMPUTE_FACTORS["h100-80gb"]
 
+#: torchtitan's Table 2 (FSDP + CP + torch.compile + Float8, Llama 3.1 8B, 8 H100, local
+#: batch 1, full recomputation): (sequence, context-parallel size, tokens/s a GPU)
+_TT_CP = f"{_TT}, Table 2 (FSDP + CP + torch.compile + Float8, local batch 1)"
+_TT_CP_MEMORY = (
+    "memory: the estimator's reserved peak is 77.3 GiB at every row (each rank holds 32,768 "
+    "tokens); torchtitan's 83.9-84.5 GiB"
+)
+#: the measured rate at cp 4 and 8 against cp 1 and 2, at the same tokens a rank
+_TT_CP_RATE = (
+    "the measured model-FLOP rate (tokens/s x 6 N + 12 L h s a token) falls from 376 "
+    "TFLOP/s a GPU at cp 1 and 2 (3,890 x 96.6 G; 2,540 x 148.1 G) to 269 at cp 4 (1,071 x "
+    "251.2 G) and 251 at cp 8 (548 x 457.3 G), at the same 32,768 tokens and memory a "
+    "rank; the model keeps the rate (its K/V exchange hides behind attention over NVLink: "
+    "0 s exposed), so it is {ratio} here; torchtitan does not say what slows its ring "
+    "attention at cp 4 and 8"
+)
 _MPT = {"mlp": "gelu", "norm": "layernorm", "bias": "none", "positions": "rotary", "vocab": 50368}
 _GPT = {"vocab": 51200, "seq_len": 2048}
 
@@ -295,6 +311,85 @@ RUNS: tuple[PublishedRun, ...] = (
         outside="one efficiency per GPU: the paper's 1T layers (h = 25,600) ran at HFU 57.0% "
         "(Table 5, with its bubble), against the A100 median of 0.52 the model uses, and "
         "the model keeps TP all-reduces and the 63/512 bubble fully exposed",
+    ),
+    PublishedRun(
+        "Llama 3.1 8B, seq 32768, 8 H100, FSDP 8, full recomputation",
+        {"model": "llama-3-8b", "seq_len": 32768},
+        "h100",
+        8,
+        8,
+        {
+            "engine": "full_shard",
+            "tp": 1,
+            "pp": 1,
+            "cp": 1,
+            "dp": 8,
+            "micro_batch": 1,
+            "checkpointing": "full",
+        },  # fmt: skip
+        3890,
+        _TT_CP,
+        options={"compile": True, "float8": True},
+        note=_TT_CP_MEMORY,
+    ),
+    PublishedRun(
+        "Llama 3.1 8B, seq 65536, 8 H100, FSDP 4 x CP 2, full recomputation",
+        {"model": "llama-3-8b", "seq_len": 65536},
+        "h100",
+        8,
+        4,
+        {
+            "engine": "full_shard",
+            "tp": 1,
+            "pp": 1,
+            "cp": 2,
+            "dp": 4,
+            "micro_batch": 1,
+            "checkpointing": "full",
+        },  # fmt: skip
+        2540,
+        _TT_CP,
+        options={"compile": True, "float8": True},
+    ),
+    PublishedRun(
+        "Llama 3.1 8B, seq 131072, 8 H100, FSDP 2 x CP 4, full recomputation",
+        {"model": "llama-3-8b", "seq_len": 131072},
+        "h100",
+        8,
+        2,
+        {
+            "engine": "full_shard",
+            "tp": 1,
+            "pp": 1,
+            "cp": 4,
+            "dp": 2,
+            "micro_batch": 1,
+            "checkpointing": "full",
+        },  # fmt: skip
+        1071,
+        _TT_CP,
+        options={"compile": True, "float8": True},
+        outside=_TT_CP_RATE.format(ratio="1.23"),
+    ),
+    PublishedRun(
+        "Llama 3.1 8B, seq 262144, 8 H100, CP 8, full recomputation",
+        {"model": "llama-3-8b", "seq_len": 262144},
+        "h100",
+        8,
+        1,
+        {
+            "engine": "full_shard",
+            "tp": 1,
+            "pp": 1,
+            "cp": 8,
+            "dp": 1,
+            "micro_batch": 1,
+            "checkpointing": "full",
+        },  # fmt: skip
+        548,
+        _TT_CP,
+        options={"compile": True, "float8": True},
+        outside=_TT_CP_RATE.format(ratio="1.27"),
     ),
 )
 

@@ -1,6 +1,7 @@
 """The pieces of the planner's search space that depend only on an engine: which offloads
 it trains, which precisions are searched for it, and the bytes of a weight as gathered and
-of a gradient as reduced (what the step time's collectives move)."""
+of a gradient as reduced (what the step time's collectives move); and the context-parallel
+sizes searched for a sequence (`context_parallel_sizes`)."""
 
 from __future__ import annotations
 
@@ -44,4 +45,58 @@ def precisions(engine: str, bf16: bool, pinned: str | None) -> tuple[str, ...]:
     return ("amp-bf16",) if bf16 else ("amp-fp16",)
 
 
-__all__ = ["element_bytes", "offloads", "precisions"]
+#: the shortest sequence the search splits with context parallelism: below it tensor
+#: parallelism and FSDP hold a sequence's activations on the GPUs a node has (torchtitan's
+#: and Llama 3's context-parallel runs train 32K to 128K-token sequences); pinned, a `cp`
+#: is planned at any length it can split
+CP_MIN_SEQ = 16384
+#: the engines context parallelism is planned with, each reducing gradients over the data-
+#: and context-parallel ranks together: torchtitan's FSDP (sharded over its `dp_shard_cp`
+#: mesh), and Megatron-LM's DDP and distributed optimizer (ZeRO-1), whose data-parallel
+#: group with `--context-parallel-size` is dp x cp; DeepSpeed's ZeRO-2/3 run Ulysses
+#: sequence parallelism instead, not this
+CP_ENGINES = ("ddp", "zero1", "full_shard", "shard_grad_op")
+#: the largest context-parallel size searched (Llama 3 405B's long-context stage used 16)
+CP_MAX = 64
+#: the fewest tokens a rank holds in a searched context-parallel layout (Llama 3 405B's
+#: 131,072 over cp 16: 8,192; torchtitan's runs 32,768): below it the exchange has less
+#: attention to hide behind and the search grows for layouts no published run uses
+CP_MIN_SHARE = 8192
+
+
+def plans_context_parallel(engine: str, pp: int, pinned: bool) -> bool:
+    """Whether `engine` is planned with a context-parallel size above 1 on `pp` stages: a
+    pinned cp with any of `CP_ENGINES`; searched, as the published runs ran it: FSDP
+    without a pipeline (torchtitan), DDP with one (Megatron-LM, Llama 3)."""
+    if engine not in CP_ENGINES:
+        return False
+    return pinned or (engine == "ddp" if pp > 1 else engine in ("full_shard", "shard_grad_op"))
+
+
+def context_parallel_sizes(pinned: int | None, ranks: int, seq_len: int) -> list[int]:
+    """The context-parallel sizes planned over `ranks` GPUs (those left by tp x pp) for
+    sequences of `seq_len` tokens: the pinned one, else 1 and, from `CP_MIN_SEQ` tokens,
+    each power of two up to `CP_MAX` that divides the ranks, splits the sequence into
+    2 x cp equal chunks (torch's load balancer) and leaves a rank `CP_MIN_SHARE` tokens."""
+    if pinned is not None:
+        return [pinned]
+    sizes = [1]
+    c = 2
+    while seq_len >= CP_MIN_SEQ and c <= min(ranks, CP_MAX, seq_len // CP_MIN_SHARE):
+        if ranks % c == 0 and seq_len % (2 * c) == 0:
+            sizes.append(c)
+        c *= 2
+    return sizes
+
+
+__all__ = [
+    "CP_ENGINES",
+    "CP_MAX",
+    "CP_MIN_SEQ",
+    "CP_MIN_SHARE",
+    "context_parallel_sizes",
+    "plans_context_parallel",
+    "element_bytes",
+    "offloads",
+    "precisions",
+]

@@ -9,7 +9,9 @@ out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of
   recomputed forward (2 N_a + 4 L h s per token) under full checkpointing, the attention
   core's (4 L h s per token) under selective recomputation, split over the G GPUs at
   `efficiency` x the GPU's peak for the precision, faster by torch.compile's and
-  float8's published factors when pinned (workbench.planner.schedules);
+  float8's published factors when pinned (workbench.planner.schedules), on all but the
+  attention core (`linear_factors`: float8 converts the `nn.Linear` layers, torch.compile
+  fuses the elementwise work around them; the fused sdpa kernel is neither's);
 * the pipeline bubble: (pp - 1) / accum of that compute under 1F1B (Narayanan et al.,
   2021), less under an interleaved or zero-bubble schedule (workbench.planner.schedules);
 * data parallel, each collective as NCCL runs it (workbench.planner.collectives: NVLink
@@ -28,7 +30,17 @@ out as tp x pp x dp, each data-parallel replica running `accum` micro-batches of
   (v times with v virtual stages a rank);
 * offload: gradients to the host and weights back over PCIe each step, the host's Adam
   step at its memory bandwidth (30 bytes a parameter), parameters fetched over PCIe in
-  each micro-batch's forward and backward with `offload_params`.
+  each micro-batch's forward and backward with `offload_params`;
+* context parallel (cp > 1, torch's ring attention as torchtitan runs it): each layer's
+  attention all-gathers K and V of the whole sequence (2 b s g / t elements, g = kv_heads
+  x head size) over the cp group in its forward (again in the recomputed forward) and in
+  its backward, and passes the K/V gradients round the ring in fp32 (a reduce-scatter's
+  traffic). torch issues the gather before the rank's own block of attention and each
+  gradient hop before the next block, so each hides behind that much attention compute:
+  exposed = the gather less the rank's first block (1/cp of its attention), forward and
+  backward, plus the gradients' traffic less the other blocks' backward. The cp ranks
+  hold the same parameters: the data-parallel group is dp x cp (torchtitan's FSDP over
+  `dp_shard_cp`), and tp's and pp's activations are the rank's s / cp tokens.
 """
 
 from __future__ import annotations
@@ -58,6 +70,8 @@ class Shape:
     layers: int
     hidden: int
     seq_len: int
+    #: the width of K and V (kv_heads x head size; 0: `hidden`, multi-head attention)
+    kv_width: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,8 @@ class Layout:
     #: torch.compile on, float8 matmuls on (factors from published measurements)
     compiled: bool = False
     float8: bool = False
+    #: context parallelism: each sequence split over this many GPUs (tp x pp x cp x dp)
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,7 @@ class StepTime:
     model_flops: float  # per step, all GPUs (what MFU counts)
     peak_flops: float = 0.0  # one GPU's peak the compute ran at (FLOP/s)
     terms: dict[str, float] = field(default_factory=dict)
+    context_parallel: float = 0.0  # the ring attention's K/V exchange, exposed
 
     @property
     def step_seconds(self) -> float:
@@ -115,7 +132,45 @@ class StepTime:
             + self.tensor_parallel
             + self.pipeline
             + self.offload
+            + self.context_parallel
         )
+
+
+#: the parameters Llama 3.1 8B's tokens multiply (8,030,261,248 less the 128,256 x 4,096
+#: embedding lookup): the step torch.compile's and float8's factors were measured on
+#: (torchtitan Table 1: 8,192 tokens, selective recomputation; `schedules.COMPUTE_FACTORS`)
+_MEASURED_STEP = FlopCount(7_504_924_672, 32, 4096, 8192)
+
+
+def _attention_flops(count: FlopCount, recompute: str) -> int:
+    """The attention core's hardware FLOPs a token: 12 L q s, and its forward (4 L q s)
+    again where `recompute` runs it (full, selective)."""
+    again = count.attention_per_token // 3 if recompute in ("full", "selective") else 0
+    return count.attention_per_token + again
+
+
+#: the attention core's share of the measured step's hardware FLOPs (0.276)
+MEASURED_ATTENTION_SHARE = _attention_flops(_MEASURED_STEP, "selective") / (
+    _MEASURED_STEP.hardware_per_token("selective")
+)
+
+
+def linear_factors(gpu: str, *, compiled: bool, float8: bool) -> float:
+    """The factor on the time of everything but the attention core that torch.compile and
+    float8 give on `gpu`: each published factor is a whole step's, measured with the
+    attention core (a share a of the step's time) unchanged, so the rest ran (1 - a) /
+    (1 / factor - a) times faster; float8's was measured on top of torch.compile, whose
+    step had the attention core at a x compile's factor of its time."""
+    a = MEASURED_ATTENTION_SHARE
+    factor = 1.0
+    if compiled:
+        whole = compute_speedup(gpu, compiled=True)
+        factor *= (1 - a) / (1 / whole - a)
+        a *= whole  # the attention core's share of the compiled step's time
+    if float8:
+        whole = compute_speedup(gpu, float8=True)
+        factor *= (1 - a) / (1 / whole - a)
+    return factor
 
 
 def step_time(
@@ -130,8 +185,13 @@ def step_time(
     count = FlopCount(shape.active_params, shape.layers, shape.hidden, shape.seq_len)
     model_flops, flops = count.step(tokens, layout.checkpointing, trains)  # estimate.flops
     peak = hw.gpu.peak_flops(layout.sixteen_bit, bf16=layout.bf16) or hw.gpu.peak_fp32_flops
-    speedup = compute_speedup(hw.gpu.name, compiled=layout.compiled, float8=layout.float8)
-    compute = flops / (hw.gpus * peak * efficiency * speedup)
+    if layout.compiled or layout.float8:  # faster on all but the attention core
+        linear = flops - _attention_flops(count, layout.checkpointing) * tokens
+        factor = linear_factors(hw.gpu.name, compiled=layout.compiled, float8=layout.float8)
+        flops_at_rate = linear / factor + (flops - linear)
+        compute = flops_at_rate / (hw.gpus * peak * efficiency)
+    else:
+        compute = flops / (hw.gpus * peak * efficiency)
     v = layout.virtual_stages
     bubble = compute * bubble_fraction(layout.schedule, p, m, v) if p > 1 else 0.0
 
@@ -141,10 +201,12 @@ def step_time(
     updated = layout.weight_bytes * trains / (t * p)  # what the optimizer changes
     grads = layout.grad_bytes * trains / (t * p)  # only what trains is reduced
     fabric = hw.fabric
-    per_node = nccl.placement(t * p, d, hw.gpus_per_node)
-    # HSDP: shard over `s` ranks inside a node, replicate over the d / s groups
-    sg = layout.shard_group if layout.shard_group and layout.shard_group < d else d
-    replicas = d // sg
+    c = layout.cp
+    group = d * c  # the ranks that hold the same parameters: data- x context-parallel
+    per_node = nccl.placement(t * p, group, hw.gpus_per_node)
+    # HSDP: shard over `s` ranks inside a node, replicate over the group / s groups
+    sg = layout.shard_group if layout.shard_group and layout.shard_group < group else group
+    replicas = group // sg
 
     layers_here = shape.layers / p
     layer_calls = max(1, shape.layers // p)  # one collective a layer of this stage
@@ -176,7 +238,8 @@ def step_time(
     exposed = max(0.0, dp_s - overlap * compute)
 
     # tensor parallel: 4 all-reduces (6 with the recomputed forward) a layer a micro-batch
-    act = b * shape.seq_len * shape.hidden * (2 if layout.sixteen_bit else 4)
+    e = 2 if layout.sixteen_bit else 4
+    act = b * shape.seq_len // c * shape.hidden * e  # the rank's s / cp tokens
     reduces = 6 if layout.checkpointing == "full" else 4
     tp_one = nccl.seconds("all_reduce", act, t, fabric, per_node=min(t, hw.gpus_per_node))
     tp_s = m * layers_here * reduces * tp_one if t > 1 else 0.0
@@ -186,12 +249,17 @@ def step_time(
 
     offload = 0.0
     if layout.offload_optimizer:
-        states = trains / (t * p) / (d if layout.engine in ("zero1", "zero2", "zero3") else 1)
+        sharded = layout.engine in ("zero1", "zero2", "zero3")
+        states = trains / (t * p) / (group if sharded else 1)
         node_share = hw.host_bandwidth / hw.gpus_per_node
-        offload += (grads + updated) / d / hw.pcie
+        offload += (grads + updated) / group / hw.pcie
         offload += HOST_ADAM_BYTES * states / node_share
     if layout.offload_params:
-        offload += m * 2 * weights16 / d / hw.pcie
+        offload += m * 2 * weights16 / group / hw.pcie
+    cp_s = 0.0
+    if c > 1:
+        rate = peak * efficiency  # the attention core: neither compile's nor float8's
+        cp_s = m * layers_here * ring_seconds(shape, layout, hw, rate)
     return StepTime(
         compute=compute,
         bubble=bubble,
@@ -209,5 +277,30 @@ def step_time(
             "tensor-parallel communication": tp_s,
             "pipeline sends": pp_s,
             "offload traffic": offload,
+            **({"context-parallel K/V exchange (exposed)": cp_s} if c > 1 else {}),
         },
+        context_parallel=cp_s,
     )
+
+
+def ring_seconds(shape: Shape, layout: Layout, hw: Cluster, rate: float) -> float:
+    """The exposed seconds of one layer's ring attention exchange for one micro-batch
+    (module docstring): the K/V all-gather in the forward (twice under full
+    recomputation) and the backward, each less the rank's first block of attention, and
+    the fp32 K/V gradients' ring less the other blocks' backward; `rate` the FLOP/s the
+    compute runs at."""
+    t, c, b = layout.tp, layout.cp, layout.micro_batch
+    s = shape.seq_len
+    g = shape.kv_width or shape.hidden
+    e = 2 if layout.sixteen_bit else 4
+    kv = 2 * b * s * g / t  # K and V of the whole sequence: elements on this rank
+    ranks_per_node = nccl.placement(t, c, hw.gpus_per_node)  # cp ranks are tp apart
+    gather = nccl.seconds("all_gather", e * kv, c, hw.fabric, per_node=ranks_per_node)
+    grads = nccl.seconds("reduce_scatter", 4 * kv, c, hw.fabric, per_node=ranks_per_node)
+    # the attention core's FLOPs (the FLOP count's 12 h s a token: 4 forward, 8 backward)
+    forward = 4 * shape.hidden * s * (b * s / c) / t / rate
+    backward = 2 * forward
+    gathers = 2 if layout.checkpointing == "full" else 1  # the recomputed forward's too
+    exposed = gathers * max(0.0, gather - forward / c)
+    exposed += max(0.0, gather - backward / c) + max(0.0, grads - backward * (c - 1) / c)
+    return exposed

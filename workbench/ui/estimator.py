@@ -176,6 +176,7 @@ class EstimatorPanel(PanelBase):
             "gpus": "8",
             "tensor_parallel": "1",
             "pipeline_parallel": "1",
+            "context_parallel": "1",
             "sequence_parallel": False,
             "offload_optimizer": False,
             "offload_params": False,
@@ -494,6 +495,7 @@ class EstimatorPanel(PanelBase):
         take("gpus", parse_int, minimum=1)
         take("tensor_parallel", parse_int, minimum=1)
         take("pipeline_parallel", parse_int, minimum=1)
+        take("context_parallel", parse_int, minimum=1)
         if f["overhead_gib"].value.strip().lower() not in ("", OVERHEAD_AUTO):
             take("overhead_gib", parse_float, minimum=0.0)  # else derived from the setup
         take("mfu", parse_float, minimum=0.0, maximum=1.0, exclusive_minimum=True)
@@ -637,10 +639,13 @@ class EstimatorPanel(PanelBase):
         rows += [
             ("parameters", f"{e.n_params:,}"),
         ]
-        if e.tensor_parallel > 1 or e.pipeline_parallel > 1:
+        if e.tensor_parallel > 1 or e.pipeline_parallel > 1 or e.context_parallel > 1:
+            cp = e.context_parallel
             split = (
                 f"tp {e.tensor_parallel} &times; pp {e.pipeline_parallel} &times; "
-                f"dp {e.data_parallel}" + (" (sequence parallel)" if e.sequence_parallel else "")
+                + (f"cp {cp} &times; " if cp > 1 else "")
+                + f"dp {e.data_parallel // cp}"
+                + (" (sequence parallel)" if e.sequence_parallel else "")
             )
             rows.append(("GPU split", split))
             rows.append(("parameters per GPU before ZeRO", f"{e.shard_params:,}"))
@@ -724,6 +729,10 @@ class EstimatorPanel(PanelBase):
 
 def _split_label(e: MemoryEstimate) -> str:
     gpus = f"{e.gpus} GPU{'s' if e.gpus > 1 else ''}"
-    if e.tensor_parallel == 1 and e.pipeline_parallel == 1:
+    cp = e.context_parallel
+    if e.tensor_parallel == 1 and e.pipeline_parallel == 1 and cp == 1:
         return gpus
-    return f"{gpus}: tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
+    layout = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x " + (
+        f"cp {cp} x " if cp > 1 else ""
+    )
+    return f"{gpus}: {layout}dp {e.data_parallel // cp}"
