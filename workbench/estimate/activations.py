@@ -460,7 +460,7 @@ def activation_breakdown(
         ActivationBreakdown,
         _BREAKDOWN_FIELDS,
         dict(
-            checkpointing=mode.value,
+            checkpointing=mode._value_,  # `.value`, read directly (hot path)
             activation_bytes_per_element=e,
             dropout=dropout,
             per_layer_element_bytes=per_el,
@@ -479,7 +479,7 @@ def activation_breakdown(
             pipeline_parallel=p,
             in_flight_micro_batches=in_flight,
             parallel_residual=parallel_residual,
-            attention=attention.value,
+            attention=attention._value_,
         ),
     )
 

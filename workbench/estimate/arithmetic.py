@@ -310,7 +310,7 @@ def time_and_cost(
         return None, None, None, None
     trained = i.lora.trainable if i.lora is not None else None
     model, flops = (count if count is not None else flop_count(i)).step(
-        i.tokens, i.checkpointing.value, trained
+        i.tokens, i.checkpointing._value_, trained
     )
     seconds = cost = None
     if i.gpu is not None:
@@ -355,15 +355,15 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "train_seconds": seconds,
             "cost": cost,
             "activations": breakdown,
-            "precision": i.precision.value,
-            "optimizer": i.optimizer.value,
+            "precision": i.precision._value_,  # `.value`, read directly (hot path)
+            "optimizer": i.optimizer._value_,
             "zero_stage": i.zero_stage,
             "gpus": i.gpus,
             "offload_optimizer": i.offload_optimizer,
             "offload_params": i.offload_params,
             "fsdp": i.fsdp,
             "dropout": i.dropout,
-            "checkpointing": i.checkpointing.value,
+            "checkpointing": i.checkpointing._value_,
             "micro_batch": i.micro_batch,
             "layers": arch.layers if arch else None,
             "hidden": arch.hidden if arch else None,
@@ -403,7 +403,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "peak_bytes": peak.peak_bytes,
             "peak": peak,
             "reserve": reserve,
-            "attention": i.attention.value,
+            "attention": i.attention._value_,
             "optimizer_impl": peak.optimizer_impl,
             "grad_accum": i.grad_accum,
             "loss_chunks": i.loss_chunks,

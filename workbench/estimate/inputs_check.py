@@ -215,12 +215,23 @@ def parameter_shapes_of(
     """The shapes of the `params` parameters one GPU holds before ZeRO: a module's own
     (`counted`), else its shape's (`architecture.parameter_shapes`), when they count
     `params` (so never under tensor or pipeline parallelism); None otherwise."""
-    shapes = (
-        counted if counted is not None else (parameter_shapes(arch) if arch is not None else None)
-    )
+    shapes = counted if counted is not None else (_shapes_of(arch) if arch is not None else None)
     if shapes is None or _elements(shapes) != params:
         return None
     return shapes
+
+
+#: The last architecture's shapes, found by identity (a preset's and a built shape's
+#: `Architecture` come back as the same object; hashing one for `parameter_shapes`'s cache
+#: reads every field)
+_LAST_SHAPES: list[Any] = [None, None]
+
+
+def _shapes_of(arch: Architecture) -> tuple[tuple[int, ...], ...]:
+    """`parameter_shapes(arch)`, the last one remembered by identity."""
+    if _LAST_SHAPES[0] is not arch:
+        _LAST_SHAPES[:] = [arch, parameter_shapes(arch)]
+    return _LAST_SHAPES[1]  # type: ignore[no-any-return]
 
 
 #: The last shapes counted, found by identity (`parameter_shapes` caches its tuples, and a
