@@ -523,8 +523,13 @@ def _gpu(p: list[Problem], gpu: Any) -> GpuSpec | None:
     return found
 
 
+_TOKENS_HIGH = LIMITS["tokens"].high
+
+
 def _tokens(p: list[Problem], tokens: Any) -> float | None:
     """The training tokens: a count as text ("300B") or a number."""
+    if type(tokens) is float and 0.0 < tokens <= _TOKENS_HIGH:  # in range: reads as itself
+        return tokens
     if isinstance(tokens, str):
         counted = _count(p, "tokens", tokens)
         return float(counted) if counted is not None else None
@@ -713,6 +718,18 @@ def _lora(
 ) -> LoraFacts | None:
     """The LoRA inputs (`lora_rank`, `lora_targets`, `lora_params`, `lora_dropout`,
     `qlora`) checked, as `LoraFacts` (None when `lora_rank` is 0)."""
+    rank = given["lora_rank"]
+    if (  # no LoRA, the others at their defaults: nothing to check
+        rank == 0
+        and type(rank) is int
+        and given["qlora"] is False
+        and given["lora_params"] is None
+        and given["qlora_params"] is None
+        and type(given["lora_dropout"]) is float
+        and given["lora_dropout"] == 0.0
+        and given["lora_targets"] == "all-linear"
+    ):
+        return None
     rank = _checked(p, "lora_rank", given["lora_rank"])
     dropout = _checked(p, "lora_dropout", given["lora_dropout"])
     qlora = _flag(p, "qlora", given["qlora"])

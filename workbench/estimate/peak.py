@@ -232,14 +232,21 @@ def engine_of(i: EstimateInputs) -> str:
     return "ddp" if i.data_parallel > 1 else "plain"
 
 
+#: the members the step's functions compare with, bound once (an enum member read through
+#: its class costs several times a module constant, and a step reads them dozens of times)
+_FP32 = Precision.FP32
+_SIXTEEN_BIT_WEIGHTS = (Precision.FP16, Precision.BF16, Precision.BF16_TRUE)
+_SDPA = Attention.SDPA
+
+
 def compute_bytes(precision: Precision) -> int:
     """Bytes per element of the activations and of gathered 16-bit copies."""
-    return 4 if precision is Precision.FP32 else 2
+    return 4 if precision is _FP32 else 2
 
 
 def grad_bytes(precision: Precision) -> int:
     """Bytes per gradient element: 2 where the weights are 16-bit, else 4."""
-    return 2 if precision in (Precision.FP16, Precision.BF16, Precision.BF16_TRUE) else 4
+    return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
 
 
 def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
@@ -320,10 +327,8 @@ def backward_transient(i: EstimateInputs) -> int:
     f = arch.token_ffn_hidden
     sbh = s * b * h
     mlp = (3 if arch.mlp == "swiglu" else 2) * e * s * b * f // t
-    if i.attention is Attention.SDPA:
-        attention = (4 * sbh + 2 * e * sbh) // t
-    else:
-        attention = 2 * e * a * s * s * b // t
+    sdpa = i.attention is _SDPA
+    attention = (4 * sbh + 2 * e * sbh) // t if sdpa else 2 * e * a * s * s * b // t
     return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention)
 
 
@@ -456,7 +461,7 @@ def document_mask_bytes(i: EstimateInputs) -> int:
     a bool mask (s^2·b bytes) that nothing keeps for backward and that is freed when the
     forward returns, before the loss: no term."""
     arch = i.architecture
-    if not i.document_mask or arch is None or i.attention is not Attention.SDPA:
+    if not i.document_mask or arch is None or i.attention is not _SDPA:
         return 0
     return compute_bytes(i.precision) * arch.seq_len * arch.seq_len * i.micro_batch
 
