@@ -15,6 +15,7 @@ Pure: imports nothing (no torch, nothing of the package), so the leaves can read
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -435,11 +436,21 @@ def factored_state_elements(shapes: Iterable[Sequence[int]], shards: int = 1) ->
 
 def row(name: object) -> OptimizerRow:
     """The row of `name` (an `OptimizerName` or its value, or an alias); KeyError if none."""
+    try:  # the names already looked up (an estimate asks three times)
+        return _ROW_OF[name]
+    except (KeyError, TypeError):  # not yet, or unhashable
+        pass
     key = str(getattr(name, "value", name))
     for r in OPTIMIZERS:
         if key == r.name or key in r.aliases:
+            if len(_ROW_OF) < 256 and isinstance(name, (str, enum.Enum)):
+                _ROW_OF[name] = r
             return r
     raise KeyError(key)
+
+
+#: `row`'s answers, by the name asked (an `OptimizerName` or a text; bounded)
+_ROW_OF: dict[object, OptimizerRow] = {}
 
 
 __all__ = [

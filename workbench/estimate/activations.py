@@ -373,6 +373,12 @@ def transformer_activation_bytes(
     )
 
 
+#: the members `activation_breakdown` compares with, bound once (an enum member read
+#: through its class costs several times a module constant; it runs twice an estimate)
+_SDPA, _MATH, _EAGER = Attention.SDPA, Attention.MATH, Attention.EAGER
+_NONE, _SELECTIVE = Checkpointing.NONE, Checkpointing.SELECTIVE
+_SELECTIVE_OP = Checkpointing.SELECTIVE_OP
+
 #: `ActivationBreakdown`'s fields (`activation_breakdown` builds one in one step).
 _BREAKDOWN_FIELDS = field_names(ActivationBreakdown)
 
@@ -406,6 +412,7 @@ def activation_breakdown(
     k routed copies go through an expert MLP, which keeps its tensors for them; the
     layer also keeps the k copies of its input (k·sbh elements), the router's logits (E·sb
     elements) and its fp32 probabilities (4·E·sb bytes)."""
+    sdpa, math = attention is _SDPA, attention is _MATH
     lin_el, score_el, lin_mask, score_mask = _layer_terms(
         s,
         b,
@@ -417,15 +424,15 @@ def activation_breakdown(
         t,
         sp,
         parallel_residual,
-        attention is Attention.SDPA,
+        sdpa,
         kv_dim,
-        attention is Attention.MATH,
+        math,
     )
-    if attention is Attention.EAGER and e == 2:  # transformers' fp32 softmax output
+    if attention is _EAGER and e == 2:  # transformers' fp32 softmax output
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is
         # dropout's input, not kept, and the fp32 output replaces it (+4 - 2 bytes)
         score_mask += (2 if dropout else 4) * a * s * s * b // t
-    if attention is Attention.MATH and e == 2:  # the CPU's math kernel upcasts Q, K, V
+    if math and e == 2:  # the CPU's math kernel upcasts Q, K, V
         score_mask += (4 - e) * 3 * s * b * h // t  # its fp32 copies, beyond 16-bit ones
     if experts:
         tokens = s * b // (t if sp else 1)
@@ -435,14 +442,14 @@ def activation_breakdown(
     outside = t if sp else 1
     layer_input = e * (s * b * h // outside)
 
-    if mode is Checkpointing.NONE:
+    if mode is _NONE:
         per_el, per_mask, recompute = e * (lin_el + score_el), lin_mask + score_mask, 0
-    elif mode is Checkpointing.SELECTIVE:
+    elif mode is _SELECTIVE:
         per_el, per_mask = e * lin_el, lin_mask
         recompute = e * score_el + score_mask
-    elif mode is Checkpointing.SELECTIVE_OP:
+    elif mode is _SELECTIVE_OP:
         per_el = layer_input + e * _op_saved(s * b, h, kv_dim or h, f, mlp == "swiglu", t)
-        if attention is Attention.SDPA:  # the kernel's output and log-sum-exp
+        if sdpa:  # the kernel's output and log-sum-exp
             per_el += e * (s * b * h) // t + score_mask
         per_mask, recompute = 0, max(0, full_layer - per_el)
     else:
@@ -460,7 +467,7 @@ def activation_breakdown(
         ActivationBreakdown,
         _BREAKDOWN_FIELDS,
         dict(
-            checkpointing=mode.value,
+            checkpointing=mode._value_,  # `.value`, read directly (hot path)
             activation_bytes_per_element=e,
             dropout=dropout,
             per_layer_element_bytes=per_el,
@@ -479,7 +486,7 @@ def activation_breakdown(
             pipeline_parallel=p,
             in_flight_micro_batches=in_flight,
             parallel_residual=parallel_residual,
-            attention=attention.value,
+            attention=attention._value_,
         ),
     )
 

@@ -392,7 +392,9 @@ def build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, lis
     Missing required fields are reported as one problem naming all of them; None values
     of optional fields take the defaults."""
     try:
-        key: Any = tuple((k, type(v), v) for k, v in sorted(fields.items()))
+        # the fields in their order (the same shape comes in the same order; another
+        # order is only a miss) with their types (1 == 1.0 == True, yet they check apart)
+        key: Any = (tuple(fields.items()), tuple(map(type, fields.values())))
         hash(key)
     except TypeError:  # an unhashable value: checked below, never remembered
         key = None

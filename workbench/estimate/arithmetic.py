@@ -148,13 +148,16 @@ def on_gpu(
     mb = i.micro_batch
     room = gpu_mem - (reserve.total_bytes - reserve.allocator_bytes)
     b, exact = top, True
+    variable = peak.variable
+    lines = []  # each phase's (bytes at any micro-batch, bytes a sample)
     for name, total in peak.phases.items():
-        grows = peak.variable.get(name, 0)
+        grows = variable.get(name, 0)
         exact = exact and grows % mb == 0
         if total - grows > room:  # the part that does not shrink with the micro-batch
             return gpu_mem, fits, None
         if grows > 0:
             b = min(b, (room - (total - grows)) * mb // grows)
+        lines.append((total - grows, grows // mb))
     if b < 1 and exact:
         return gpu_mem, fits, None
     b = max(1, min(b, top))
@@ -171,7 +174,7 @@ def on_gpu(
         return point.peak_bytes + beside + allocator_at(changed, point.terms) <= gpu_mem
 
     if exact and fits and b > mb:
-        bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1))
+        bound = _lowest_unfitting(i, peak, reserve, gpu_mem, min(top, b + 1), lines)
         if bound is not None:
             if bound - 1 == mb or fits_at(bound - 1):  # nothing from `bound` on fits
                 return gpu_mem, fits, bound - 1
@@ -215,7 +218,12 @@ def _at_micro_batch(i: EstimateInputs, n: int) -> EstimateInputs:
 
 
 def _lowest_unfitting(
-    i: EstimateInputs, peak: StepPeak, reserve: Reserve, gpu_mem: int, top: int
+    i: EstimateInputs,
+    peak: StepPeak,
+    reserve: Reserve,
+    gpu_mem: int,
+    top: int,
+    lines: list[tuple[int, int]] | None = None,
 ) -> int | None:
     """The smallest micro-batch that provably does not fit (None: up to `top`, the
     crossing of the lines without the allocator's share plus one, none is ruled out), from a lower bound of what any micro-batch n needs, made of the peak's
@@ -228,19 +236,22 @@ def _lowest_unfitting(
     micro-batch from the first one it rules out is ruled out; the micro-batch just below
     is then usually the answer, found with one computed peak. Only micro-batches above
     this one (which fits) are bounded: a term that grows with the micro-batch but is not
-    in `variable` makes the lines too low above it, never too high."""
+    in `variable` makes the lines too low above it, never too high. `lines`: each phase's
+    (constant part, `variable` part a sample) when `on_gpu` has read them."""
     mb = i.micro_batch
     share = 0.0 if i.overhead_gib is not None else TRANSIENT_SHARE
     constant = reserve.total_bytes - reserve.allocator_bytes
     base = peak.points["forward end"]
     states = base.get("parameters", 0) + base.get("optimizer states", 0)
     states += peak.held_gradients_bytes
-    lines = [
-        (total - peak.variable.get(name, 0), peak.variable.get(name, 0) // mb)
-        for name, total in peak.phases.items()
-    ]
-    if any(per < 0 for _, per in lines):
-        return None
+    if lines is None:
+        lines = [
+            (total - peak.variable.get(name, 0), peak.variable.get(name, 0) // mb)
+            for name, total in peak.phases.items()
+        ]
+    for _, per in lines:
+        if per < 0:
+            return None
 
     def needs(n: int) -> int:
         highest = max([fixed + per * n for fixed, per in lines])
@@ -312,7 +323,7 @@ def time_and_cost(
         return None, None, None, None
     trained = i.lora.trainable if i.lora is not None else None
     model, flops = (count if count is not None else flop_count(i)).step(
-        i.tokens, i.checkpointing.value, trained
+        i.tokens, i.checkpointing._value_, trained
     )
     seconds = cost = None
     if i.gpu is not None:
@@ -357,15 +368,15 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "train_seconds": seconds,
             "cost": cost,
             "activations": breakdown,
-            "precision": i.precision.value,
-            "optimizer": i.optimizer.value,
+            "precision": i.precision._value_,  # `.value`, read directly (hot path)
+            "optimizer": i.optimizer._value_,
             "zero_stage": i.zero_stage,
             "gpus": i.gpus,
             "offload_optimizer": i.offload_optimizer,
             "offload_params": i.offload_params,
             "fsdp": i.fsdp,
             "dropout": i.dropout,
-            "checkpointing": i.checkpointing.value,
+            "checkpointing": i.checkpointing._value_,
             "micro_batch": i.micro_batch,
             "layers": arch.layers if arch else None,
             "hidden": arch.hidden if arch else None,
@@ -406,7 +417,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "peak_bytes": peak.peak_bytes,
             "peak": peak,
             "reserve": reserve,
-            "attention": i.attention.value,
+            "attention": i.attention._value_,
             "optimizer_impl": peak.optimizer_impl,
             "grad_accum": i.grad_accum,
             "loss_chunks": i.loss_chunks,

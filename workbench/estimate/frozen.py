@@ -23,8 +23,13 @@ def field_names(cls: type) -> frozenset[str]:
 
 def of_every_field(cls: type[T], names: frozenset[str], values: dict[str, Any]) -> T:
     """`cls(**values)` for dataclass `cls` whose fields are `names` (`field_names(cls)`;
-    `cls` has no `__post_init__` and no `__slots__`)."""
-    if values.keys() != names:
+    `cls` has no `__post_init__` and no `__slots__`).
+
+    The callers pass dict displays that name every field (tests/unit/
+    test_estimate_fast_paths.py holds each result equal to the constructor's), so only
+    the count is compared here: comparing the names cost as much as filling the object;
+    a display with a field missing makes `cls(**values)` fill its default or refuse."""
+    if len(values) != len(names):
         return cls(**values)
     made = object.__new__(cls)
     made.__dict__.update(values)

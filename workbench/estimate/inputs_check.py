@@ -221,12 +221,23 @@ def parameter_shapes_of(
     """The shapes of the `params` parameters one GPU holds before ZeRO: a module's own
     (`counted`), else its shape's (`architecture.parameter_shapes`), when they count
     `params` (so never under tensor or pipeline parallelism); None otherwise."""
-    shapes = (
-        counted if counted is not None else (parameter_shapes(arch) if arch is not None else None)
-    )
+    shapes = counted if counted is not None else (_shapes_of(arch) if arch is not None else None)
     if shapes is None or _elements(shapes) != params:
         return None
     return shapes
+
+
+#: The last architecture's shapes, found by identity (a preset's and a built shape's
+#: `Architecture` come back as the same object; hashing one for `parameter_shapes`'s cache
+#: reads every field)
+_LAST_SHAPES: list[Any] = [None, None]
+
+
+def _shapes_of(arch: Architecture) -> tuple[tuple[int, ...], ...]:
+    """`parameter_shapes(arch)`, the last one remembered by identity."""
+    if _LAST_SHAPES[0] is not arch:
+        _LAST_SHAPES[:] = [arch, parameter_shapes(arch)]
+    return _LAST_SHAPES[1]  # type: ignore[no-any-return]
 
 
 #: The last shapes counted, found by identity (`parameter_shapes` caches its tuples, and a
@@ -518,8 +529,13 @@ def _gpu(p: list[Problem], gpu: Any) -> GpuSpec | None:
     return found
 
 
+_TOKENS_HIGH = LIMITS["tokens"].high
+
+
 def _tokens(p: list[Problem], tokens: Any) -> float | None:
     """The training tokens: a count as text ("300B") or a number."""
+    if type(tokens) is float and 0.0 < tokens <= _TOKENS_HIGH:  # in range: reads as itself
+        return tokens
     if isinstance(tokens, str):
         counted = _count(p, "tokens", tokens)
         return float(counted) if counted is not None else None
@@ -714,6 +730,18 @@ def _lora(
 ) -> LoraFacts | None:
     """The LoRA inputs (`lora_rank`, `lora_targets`, `lora_params`, `lora_dropout`,
     `qlora`) checked, as `LoraFacts` (None when `lora_rank` is 0)."""
+    rank = given["lora_rank"]
+    if (  # no LoRA, the others at their defaults: nothing to check
+        rank == 0
+        and type(rank) is int
+        and given["qlora"] is False
+        and given["lora_params"] is None
+        and given["qlora_params"] is None
+        and type(given["lora_dropout"]) is float
+        and given["lora_dropout"] == 0.0
+        and given["lora_targets"] == "all-linear"
+    ):
+        return None
     rank = _checked(p, "lora_rank", given["lora_rank"])
     dropout = _checked(p, "lora_dropout", given["lora_dropout"])
     qlora = _flag(p, "qlora", given["qlora"])

@@ -233,14 +233,21 @@ def engine_of(i: EstimateInputs) -> str:
     return "ddp" if i.data_parallel > 1 else "plain"
 
 
+#: the members the step's functions compare with, bound once (an enum member read through
+#: its class costs several times a module constant, and a step reads them dozens of times)
+_FP32 = Precision.FP32
+_SIXTEEN_BIT_WEIGHTS = (Precision.FP16, Precision.BF16, Precision.BF16_TRUE)
+_SDPA = Attention.SDPA
+
+
 def compute_bytes(precision: Precision) -> int:
     """Bytes per element of the activations and of gathered 16-bit copies."""
-    return 4 if precision is Precision.FP32 else 2
+    return 4 if precision is _FP32 else 2
 
 
 def grad_bytes(precision: Precision) -> int:
     """Bytes per gradient element: 2 where the weights are 16-bit, else 4."""
-    return 2 if precision in (Precision.FP16, Precision.BF16, Precision.BF16_TRUE) else 4
+    return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
 
 
 def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
@@ -322,10 +329,8 @@ def backward_transient(i: EstimateInputs, exchange: int = 0) -> int:
     f = arch.token_ffn_hidden
     sbh = s * b * h
     mlp = (3 if arch.mlp == "swiglu" else 2) * e * s * b * f // t
-    if i.attention is Attention.SDPA:
-        attention = (4 * sbh + 2 * e * sbh) // t
-    else:
-        attention = 2 * e * a * s * s * b // t
+    sdpa = i.attention is _SDPA
+    attention = (4 * sbh + 2 * e * sbh) // t if sdpa else 2 * e * a * s * s * b // t
     return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention + exchange)
 
 
@@ -458,7 +463,7 @@ def document_mask_bytes(i: EstimateInputs) -> int:
     a bool mask (s^2·b bytes) that nothing keeps for backward and that is freed when the
     forward returns, before the loss: no term."""
     arch = i.architecture
-    if not i.document_mask or arch is None or i.attention is not Attention.SDPA:
+    if not i.document_mask or arch is None or i.attention is not _SDPA:
         return 0
     return compute_bytes(i.precision) * arch.seq_len * arch.seq_len * i.micro_batch
 
@@ -541,6 +546,9 @@ class StepFixed(NamedTuple):
     held_units: dict[str, int]
     #: the optimizer's states are paged (`PAGED_TERM`: beside the device peak)
     paged: bool
+    #: the sums of `engine_fwd`, `held_units`, `engine_bwd`, `backward_end_engine` and
+    #: `engine_step` (`peak_point` adds a point's terms without naming them)
+    sums: tuple[int, int, int, int, int]
 
 
 def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
@@ -609,6 +617,7 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
     held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
     if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
         held_units["FSDP gathered parameters"] = gathered_loss
+    backward_end = _backward_end_engine(i, engine, engine_bwd, engine_step)
     return StepFixed(
         engine,
         impl,
@@ -624,9 +633,12 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         engine_fwd,
         engine_bwd,
         engine_step,
-        _backward_end_engine(i, engine, engine_bwd, engine_step),
+        backward_end,
         held_units,
         bool(optim and row(i.optimizer).paged and not i.offload_optimizer),
+        tuple(
+            sum(d.values()) for d in (engine_fwd, held_units, engine_bwd, backward_end, engine_step)
+        ),  # type: ignore[arg-type]
     )
 
 
@@ -688,20 +700,56 @@ def _step_peak(
     base = {"parameters": params, "optimizer states": optim}
     mask = document_mask_bytes(i)
     kept_mask = {DOCUMENT_MASK_TERM: mask} if mask else {}
-    forward = {
-        **base,
-        "gradients": held_grads,
-        "activations": stored,
-        **compiled,
-        "logits and loss": logits_kept + loss_fwd,
-        "autocast weight casts": casts,
-        **lora_fwd,
-        **engine_fwd,
-        **kept_mask,
-    }
-    moments = {
+    one_grad = one_temps = 0
+    if i.optimizer_in_backward:
+        # each parameter is stepped as its gradient is ready and the gradient freed: one
+        # gradient and its step's temporaries at a time, nothing left for the step
+        one_grad, one_temps = in_backward_terms(i, impl, grads, temps)
+    # `peak_point` (not `report`): each point's total added up from the same values as its
+    # named terms below (tests/unit/test_estimate_fast_paths.py holds them equal), and only
+    # the highest point named; `step_peak` names every point and adds up their terms
+    moment = phase = ""
+    if not report:
+        fwd_sum, held_sum, bwd_sum, end_sum, step_sum = f.sums
+        lora_on = i.lora is not None
+        held = params + optim + casts + mask - not_kept
+        moment_totals = {
+            "loss backward": held + held_grads + stored + logits_kept + loss_bwd
+            + (adapters if lora_on else 0) + held_sum,
+            "last layer's backward": held + held_grads + first + acts + transient
+            + (in_flight + dequant if lora_on else 0) + bwd_sum
+            + (sum(ring.values()) if ring else 0),
+            "backward end": params + optim + recompute + transient
+            + (dequant if lora_on else 0) + end_sum
+            + (one_grad + one_temps if i.optimizer_in_backward else grads),
+        }  # fmt: skip
+        moment = max(moment_totals, key=moment_totals.__getitem__)
+        totals = {
+            PHASES[0]: held + held_grads + stored + logits_kept + loss_fwd
+            + (adapters + dequant if lora_on else 0) + fwd_sum,
+            PHASES[1]: moment_totals[moment],
+            PHASES[2]: params + optim + step_sum
+            + (0 if i.optimizer_in_backward else grads + temps),
+        }  # fmt: skip
+        phase = max(PHASES, key=totals.__getitem__)
+    forward: dict[str, int] = {}
+    if report or phase == PHASES[0]:
+        forward = {
+            **base,
+            "gradients": held_grads,
+            "activations": stored,
+            **compiled,
+            "logits and loss": logits_kept + loss_fwd,
+            "autocast weight casts": casts,
+            **lora_fwd,
+            **engine_fwd,
+            **kept_mask,
+        }
+    moments: dict[str, dict[str, int]] = {}
+    named = report or phase == PHASES[1]
+    if named and (report or moment == "loss backward"):
         # the loss's backward: its fp32 buffers, every activation still kept
-        "loss backward": {
+        moments["loss backward"] = {
             **base,
             "gradients": held_grads,
             "activations": stored,
@@ -711,10 +759,11 @@ def _step_peak(
             **lora_kept,
             **f.held_units,
             **kept_mask,
-        },
+        }
+    if named and (report or moment == "last layer's backward"):
         # the last layer's backward: its recomputation, its gradients' temporaries, the
         # output projection's gradient, the engine's unsharded gradients
-        "last layer's backward": {
+        moments["last layer's backward"] = {
             **base,
             "gradients": held_grads + first,
             "activations": acts,
@@ -725,41 +774,42 @@ def _step_peak(
             **lora_bwd,
             **engine_bwd,
             **kept_mask,
-        },
+        }
+    if named and (report or moment == "backward end"):
         # the end of backward: every gradient, the first layer's recomputation
-        "backward end": {
+        moments["backward end"] = {
             **base,
             "gradients": grads,
             "activations": recompute,
             "backward transient": transient,
             **({"QLoRA dequantized weight": dequant} if i.lora is not None else {}),
             **f.backward_end_engine,
-        },
-    }
+        }
+        if i.optimizer_in_backward:
+            moments["backward end"].update(
+                {"gradients": one_grad, "optimizer step temporaries": one_temps}
+            )
     if i.optimizer_in_backward:
-        # each parameter is stepped as its gradient is ready and the gradient freed: one
-        # gradient and its step's temporaries at a time, nothing left for the step
-        one_grad, one_temps = in_backward_terms(i, impl, grads, temps)
-        moments["backward end"].update(
-            {"gradients": one_grad, "optimizer step temporaries": one_temps}
-        )
         temps, grads = 0, 0
-    moment_totals = {name: sum(terms.values()) for name, terms in moments.items()}
-    moment = max(moment_totals, key=moment_totals.__getitem__)
-    backward = moments[moment]
-    step = {
-        **base,
-        "gradients": grads,
-        "optimizer step temporaries": temps,
-        **engine_step,
-    }
+    step: dict[str, int] = {}
+    if report or phase == PHASES[2]:
+        step = {
+            **base,
+            "gradients": grads,
+            "optimizer step temporaries": temps,
+            **engine_step,
+        }
+    if report:
+        moment_totals = {name: sum(terms.values()) for name, terms in moments.items()}
+        moment = max(moment_totals, key=moment_totals.__getitem__)
+        totals = {
+            PHASES[0]: sum(forward.values()),
+            PHASES[1]: moment_totals[moment],
+            PHASES[2]: sum(step.values()),
+        }
+        phase = max(PHASES, key=totals.__getitem__)
+    backward = moments.get(moment, {})
     points = dict(zip(PHASES, (forward, backward, step), strict=True))
-    totals = {
-        PHASES[0]: sum(forward.values()),
-        PHASES[1]: moment_totals[moment],
-        PHASES[2]: sum(step.values()),
-    }
-    phase = max(PHASES, key=totals.__getitem__)
     terms = {k: v for k, v in points[phase].items() if v or k in base or k == "gradients"}
     if not report:
         return of_every_field(
@@ -814,11 +864,16 @@ def _step_peak(
             "points": points,
             "backward_moment": moment,
             "held_gradients_bytes": max(
-                terms.get("gradients", 0) for terms in (forward, *moments.values(), step)
+                forward["gradients"],
+                moments["loss backward"]["gradients"],
+                moments["last layer's backward"]["gradients"],
+                moments["backward end"]["gradients"],
+                step["gradients"],
             ),
             "host_terms": host,
             "compile_not_kept_bytes": compile_not_kept,
-            "moments": {name: dict(terms) for name, terms in moments.items()},
+            # the highest moment is the backward point itself (the same terms)
+            "moments": moments,
         },
     )
 

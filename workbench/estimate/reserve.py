@@ -46,6 +46,7 @@ from typing import Any
 
 from workbench.config import Precision
 from workbench.estimate.catalog import context_of, nccl_channels
+from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.optimizers import row
 
@@ -198,7 +199,11 @@ _STATES = ("parameters", "gradients", "optimizer states")
 def transient_bytes(terms: dict[str, int]) -> int:
     """The peak's bytes beside its model states: what a step frees and makes again (a
     negative term, torch.compile's activations not kept, is less of them)."""
-    return max(0, sum(v for k, v in terms.items() if k not in _STATES))
+    total = 0
+    for k, v in terms.items():
+        if k not in _STATES:
+            total += v
+    return max(0, total)
 
 
 def allocator_reserve_from(rounding: int, transient: int) -> int:
@@ -260,14 +265,23 @@ def reserve_of(i: EstimateInputs, terms: dict[str, int]) -> Reserve:
         return Reserve(0, 0, 0, given_bytes=math.ceil(i.overhead_gib * (1 << 30)))
     context = context_of(i.gpu.name if i.gpu is not None else None, lazy=i.lazy_loading)
     rounding = _states_rounding(i, {k: v for k, v in terms.items() if k in _STATES})
-    return Reserve(
-        context.bytes,
-        nccl_bytes(i),
-        allocator_reserve_from(rounding, transient_bytes(terms)),
-        context_measured=context.measured,
-        context_source=context.source,
-        rounding_bytes=rounding,
+    return of_every_field(
+        Reserve,
+        _RESERVE_FIELDS,
+        {
+            "context_bytes": context.bytes,
+            "nccl_bytes": nccl_bytes(i),
+            "allocator_bytes": allocator_reserve_from(rounding, transient_bytes(terms)),
+            "given_bytes": None,
+            "context_measured": context.measured,
+            "context_source": context.source,
+            "rounding_bytes": rounding,
+        },
     )
+
+
+#: `Reserve`'s fields (`reserve_of` builds one in one step: `frozen.of_every_field`)
+_RESERVE_FIELDS = field_names(Reserve)
 
 
 __all__ = [
