@@ -36,8 +36,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from workbench.estimate import estimate_memory
+from workbench.estimate.engine_terms import _fsdp_terms
 from workbench.estimate.peak import (
-    _fsdp_terms,
     autocast_casts,
     engine_of,
     loss_bytes,

@@ -133,26 +133,30 @@ Past 600 lines because `step_peak` assembles every term of every moment of the s
 place (each engine's, offload's and LoRA's terms feed the same moments); the terms'
 formulas are the functions above it, and LoRA's own in `workbench.estimate.lora`.
 
+The terms a step's micro-batch does not change (the engine, its buffers, the autocast
+copies, the optimizer's temporaries) are gathered in `workbench.estimate.engine_terms`.
+
 Pure Python: imports no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from workbench.config import Precision
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 from workbench.estimate.compiled import COMPILE_TERM, compiled_drop_bytes
 from workbench.estimate.context_parallel import ring_term
+from workbench.estimate.engine_terms import (
+    StepFixed,
+    autocast_casts,
+    compute_bytes,
+    engine_of,
+    fixed_terms,
+)
 from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
-from workbench.estimate.lora import (
-    adapter_activation_bytes,
-    block_linears,
-    dequantized_bytes,
-    nf4_weight_bytes,
-)
+from workbench.estimate.lora import adapter_activation_bytes
 from workbench.estimate.model_states import ModelStates
 from workbench.estimate.optimizer_step import (
     factored_means,
@@ -160,12 +164,10 @@ from workbench.estimate.optimizer_step import (
     optimizer_temporaries,
     parameter_order,
     resolve_impl,
-    stepped_params,
 )
-from workbench.optimizers import row
 
 PHASES = ("forward end", "backward", "optimizer step")
-_LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
+_SDPA = Attention.SDPA  # bound once: an enum member read through its class costs more
 
 #: How many chunks `chunked_loss_saving_bytes` assumes (torchtune's default).
 SAVING_CHUNKS = 8
@@ -223,33 +225,6 @@ class StepPeak:
 _PEAK_FIELDS = field_names(StepPeak)
 
 
-def engine_of(i: EstimateInputs) -> str:
-    """Which engine trains the setup: FSDP, DeepSpeed (ZeRO, DeepSpeed's 16-bit modes or
-    its accounting), DDP (several data-parallel GPUs) or the plain loop."""
-    if i.fsdp != "off":
-        return "fsdp"
-    if i.zero_stage >= 1 or i.precision.is_deepspeed or i.accounting == "deepspeed":
-        return "deepspeed"
-    return "ddp" if i.data_parallel > 1 else "plain"
-
-
-#: the members the step's functions compare with, bound once (an enum member read through
-#: its class costs several times a module constant, and a step reads them dozens of times)
-_FP32 = Precision.FP32
-_SIXTEEN_BIT_WEIGHTS = (Precision.FP16, Precision.BF16, Precision.BF16_TRUE)
-_SDPA = Attention.SDPA
-
-
-def compute_bytes(precision: Precision) -> int:
-    """Bytes per element of the activations and of gathered 16-bit copies."""
-    return 4 if precision is _FP32 else 2
-
-
-def grad_bytes(precision: Precision) -> int:
-    """Bytes per gradient element: 2 where the weights are 16-bit, else 4."""
-    return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
-
-
 def _loss_terms(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> tuple[int, int]:
     """(forward, backward) bytes of the logits and the loss beyond the fp32 log-probs the
     activations already count, with `i.loss_chunks` chunks."""
@@ -268,55 +243,6 @@ def loss_bytes(i: EstimateInputs, s: int, v: int, chunks: int) -> tuple[int, int
     return e * sbv + upcast, 8 * sbv // chunks
 
 
-def autocast_casts(i: EstimateInputs, engine: str) -> int:
-    """The 16-bit weight copies torch autocast keeps through forward and backward."""
-    if i.precision not in (Precision.AMP_BF16, Precision.AMP_FP16) or engine == "fsdp":
-        return 0
-    arch = i.architecture
-    if arch is None:
-        matmul = i.shard_params
-    else:
-        t, p = i.tensor_parallel, i.pipeline_parallel
-        rows = -(-arch.vocab // t)
-        layer = arch.layer_params(t) - 2 * arch.norm_params()  # norms run in fp32: not cast
-        matmul = (arch.layers // p) * layer + (rows * arch.hidden if p == 1 else 0)
-    if i.zero_stage >= 3:  # only the gathered parameters are cast
-        matmul = min(matmul, _zero3_live(i))
-    return 2 * matmul
-
-
-def _block_params(i: EstimateInputs) -> tuple[int, int]:
-    """(one layer's parameters, the root unit's) on this GPU before sharding."""
-    arch = i.architecture
-    if arch is None:
-        return 0, i.shard_params
-    t = i.tensor_parallel
-    root = arch.embedding_params(t) + arch.output_params(t)
-    return arch.layer_params(t), root
-
-
-def fsdp_unit_params(i: EstimateInputs) -> tuple[int, int, int]:
-    """(one block's, the unit gathered first in forward and last in backward, the unit
-    gathered last in forward and first in backward) parameters on this GPU before
-    sharding, as `fsdp_units` makes the units: "blocks" (an untied model): the embedding
-    and the output head (with the final norm) units of their own; "blocks-only", or a head
-    tied to the embedding (one weight cannot be in two units): both in the root, which is
-    gathered for the whole step (the first unit then, the last one 0)."""
-    layer, root = _block_params(i)
-    arch = i.architecture
-    if arch is None or i.fsdp_units != "blocks" or arch.tied_embeddings:
-        return layer, root, 0
-    t = i.tensor_parallel
-    return layer, arch.embedding_params(t), arch.output_params(t)
-
-
-def _zero3_live(i: EstimateInputs) -> int:
-    ds = i.deepspeed
-    layer, _ = _block_params(i)
-    ahead = min(int(ds["stage3_prefetch_bucket_size"]), i.shard_params)
-    return min(i.shard_params, int(ds["stage3_max_live_parameters"]), layer + ahead)
-
-
 def backward_transient(i: EstimateInputs, exchange: int = 0) -> int:
     """Activation gradients of the largest layer during its backward (`exchange`: what
     the attention's backward holds beside its gradients: context parallelism's buffers)."""
@@ -332,124 +258,6 @@ def backward_transient(i: EstimateInputs, exchange: int = 0) -> int:
     sdpa = i.attention is _SDPA
     attention = (4 * sbh + 2 * e * sbh) // t if sdpa else 2 * e * a * s * s * b // t
     return 2 * e * sbh // (t if i.sequence_parallel else 1) + max(mlp, attention + exchange)
-
-
-def trained_params(i: EstimateInputs) -> int:
-    """Parameters on this GPU that have gradients: the adapters under LoRA (the frozen base
-    has none, on any engine), else every parameter."""
-    return i.lora.trainable if i.lora is not None else i.shard_params
-
-
-def _unit_trained(i: EstimateInputs) -> tuple[int, int]:
-    """(one layer's parameters with gradients, the output head's) on this GPU: under LoRA
-    a layer's adapters (`trainable` over the layers) and none of the frozen head's."""
-    layer, _ = _block_params(i)
-    arch = i.architecture
-    head = 0
-    if arch is not None and i.pipeline_parallel == 1:
-        head = -(-arch.vocab // i.tensor_parallel) * arch.hidden
-    if i.lora is None:
-        return layer, head
-    layers = arch.layers if arch is not None else 1
-    return -(-i.lora.trainable // max(1, layers)), 0
-
-
-def _fsdp_terms(i: EstimateInputs) -> tuple[int, int, int, int]:
-    """(gathered parameters at the forward's end, gathered in the last layer's backward,
-    unsharded gradients in backward, gathered in the loss's backward) of FSDP2 (module
-    docstring). A unit's unsharded
-    gradients are those of its parameters that train: a frozen weight has none."""
-    cw = compute_bytes(i.precision)
-    upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
-    arch = i.architecture
-    layer, root = _block_params(i)
-    if arch is None:
-        whole, trained = cw * i.shard_params, trained_params(i)
-        return whole, whole, cw * trained + (4 * trained if upcast else 0), whole
-    layers = arch.layers // i.pipeline_parallel
-    if i.fsdp == "full_shard":  # a layer running and the next prefetched
-        forward, backward = min(2, layers), min(2, layers)
-    else:  # every layer gathered, and the last one's all-gather output until the loss
-        forward, backward = layers + 1, layers
-    layer_trained, head = _unit_trained(i)
-    grads = cw * (head + min(2, layers) * layer_trained) + (4 * layer_trained if upcast else 0)
-    _, first, last = fsdp_unit_params(i)
-    unit = _gathered_layer_bytes(i, layer, cw)
-    if last and i.fsdp == "full_shard":
-        # own units: the embedding is freed after its forward and gathered again only at
-        # the end of backward; every layer is freed after its forward, and the head stays
-        # gathered from its forward into its backward, with its all-gather output until
-        # the next all-gather (the last layer's, prefetched by the head's backward): the
-        # loss's backward still holds both; a layer's backward holds the layer and the
-        # next prefetched (the head freed after its own backward)
-        return cw * 2 * last, backward * unit, grads, cw * 2 * last
-    whole = cw * root + backward * unit
-    return cw * root + forward * unit, whole, grads, whole
-
-
-def _gathered_layer_bytes(i: EstimateInputs, layer: int, cw: int) -> int:
-    """One gathered layer unit of `layer` parameters: in the compute dtype, except under
-    QLoRA, whose 4-bit weights FSDP2 gathers as they are held (torchao's NF4 tensor
-    all-gathers its packed codes and scales through its own FSDP hooks, torchtune's way;
-    they are dequantised one matmul at a time, the peak's "QLoRA dequantized weight"); the
-    norms and the layer's LoRA adapters beside them in the compute dtype."""
-    lora, arch = i.lora, i.architecture
-    if lora is None or arch is None:
-        return cw * layer
-    # LoRA's adapters are in their layer's unit (in blocks only: a layer's share)
-    adapters = lora.trainable // (arch.layers * i.tensor_parallel)
-    if not lora.quantized or arch.is_moe:
-        return cw * (layer + adapters)
-    linears = [a * b for a, b in block_linears(arch).values()]
-    quantized = sum(linears) // i.tensor_parallel
-    if quantized >= layer:
-        return cw * (layer + adapters)
-    scale = 2 if i.precision is Precision.BF16_TRUE else 4
-    packed = sum(nf4_weight_bytes(n // i.tensor_parallel, "torchao", scale) for n in linears)
-    return packed + cw * (layer - quantized + adapters)
-
-
-def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
-    """(gathered stage-3 parameters, reduce buckets in backward, fp32 gradient copy at
-    the step) of DeepSpeed (module docstring)."""
-    ds = i.deepspeed
-    w = grad_bytes(i.precision)
-    psi = trained_params(i)  # DeepSpeed reduces and partitions the trained parameters only
-    bucket = int(ds["reduce_bucket_size"])
-    if not i.deepspeed_given:  # the workbench caps its bucket at the trained parameters
-        bucket = min(bucket, -(-psi // 64) * 64)
-    gathered = reduce = 0
-    if i.zero_stage == 3:
-        gathered = compute_bytes(i.precision) * _zero3_live(i)
-    elif i.zero_stage in (1, 2):
-        overlap = ds["overlap_comm"]
-        reduce = w * bucket * (2 if overlap else 1)
-    else:
-        reduce = w * min(bucket, psi)
-    fp32_grads = 0
-    if w == 2 and not i.offload_optimizer:
-        fp32_grads = 4 * (-(-psi // i.data_parallel) if i.zero_stage >= 1 else psi)
-    return gathered, reduce, fp32_grads
-
-
-def _backward_end_engine(
-    i: EstimateInputs, engine: str, during: dict[str, int], step: dict[str, int]
-) -> dict[str, int]:
-    """The engine's buffers at the end of backward: DDP's and DeepSpeed's buckets; FSDP's
-    root unit gathered, with its unsharded gradients (the embedding's and the output
-    projection's, reduced last)."""
-    if engine != "fsdp":
-        return {**{k: v for k, v in during.items() if "ZeRO-3" not in k}, **step}
-    cw = compute_bytes(i.precision)
-    _, root, last = fsdp_unit_params(i)
-    if not last or i.fsdp != "full_shard":  # the root unit: the embedding and the head
-        root = _block_params(i)[1]
-    upcast = cw == 2 and i.fsdp_reduce_fp32 and i.precision is not Precision.BF16_TRUE
-    graded = root if i.lora is None else 0  # LoRA: the embedding and head are frozen
-    return {
-        "FSDP gathered parameters": cw * root,
-        "FSDP unsharded gradients": cw * graded + (4 * graded if upcast else 0),
-    }
 
 
 #: The term of packed documents' attention mask (`document_mask_bytes`).
@@ -518,127 +326,6 @@ def _scaling_bytes(terms: dict[str, int]) -> int:
         + get("backward transient", 0)
         + get(DOCUMENT_MASK_TERM, 0)
         + get(COMPILE_TERM, 0)
-    )
-
-
-class StepFixed(NamedTuple):
-    """The terms of a step that do not change with the micro-batch (`fixed_terms`): the
-    engine, the optimizer's implementation, the model states as the step holds them, the
-    autocast casts, the optimizer's temporaries, the gradients held before backward and
-    the first one made, QLoRA's dequantized weight and the engine's buffers."""
-
-    engine: str
-    impl: str
-    params: int
-    grads: int
-    optim: int
-    casts: int
-    temps: int
-    held_grads: int
-    first: int
-    dequant: int
-    gathered_loss: int
-    engine_fwd: dict[str, int]
-    engine_bwd: dict[str, int]
-    engine_step: dict[str, int]
-    backward_end_engine: dict[str, int]
-    #: the engine's units held in the loss's backward (before any layer's)
-    held_units: dict[str, int]
-    #: the optimizer's states are paged (`PAGED_TERM`: beside the device peak)
-    paged: bool
-    #: the sums of `engine_fwd`, `held_units`, `engine_bwd`, `backward_end_engine` and
-    #: `engine_step` (`peak_point` adds a point's terms without naming them)
-    sums: tuple[int, int, int, int, int]
-
-
-def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
-    """The terms of `i`'s step with model states `states` that its micro-batch does not
-    change: computed once for an estimate, whose search for the largest micro-batch that
-    fits computes the peak at other micro-batches of the same inputs (`step_peak`'s
-    `fixed`)."""
-    engine = engine_of(i)
-    impl = resolve_impl(i, engine)
-    params, grads, optim = states.params_bytes, states.grads_bytes, states.optimizer_bytes
-    casts = autocast_casts(i, engine)
-    temps = optimizer_temporaries(i, engine, impl)
-    # gradients alive before this step's backward: accumulation's, and ZeRO-3's partition
-    # buffer (DeepSpeed 0.19 frees stage 0-2 gradients at each step; dry runs of its engine)
-    zero3 = engine == "deepspeed" and i.zero_stage == 3
-    held_grads = grads if (i.grad_accum > 1 or zero3) else 0
-    arch = i.architecture
-    first = 0  # FSDP's and DeepSpeed's first gradients are in their own terms
-    if held_grads == 0 and arch is not None and i.pipeline_parallel == 1 and engine in _LOOPS:
-        rows = -(-arch.vocab // i.tensor_parallel)
-        first = min(grads, grad_bytes(i.precision) * rows * arch.hidden)
-
-    dequant = gathered_loss = 0
-    if i.lora is not None:  # LoRA: only the adapters train (workbench.estimate.lora)
-        stepped = stepped_params(i, engine)
-        # the adapters' share of what this GPU steps (sharded as the engine shards them)
-        adapters_stepped = -(-i.lora.trainable * stepped // max(1, i.shard_params))
-        temps = int(temps * adapters_stepped / stepped) if stepped else 0
-        first = 0  # the output head is frozen: no gradient of its own
-        if casts:
-            # autocast keeps the 16-bit copies of trainable leaves only (the adapters'); a
-            # frozen weight is cast for each matmul, one layer's at a time
-            casts = 2 * i.lora.trainable + 2 * i.lora.largest_linear
-        dequant = dequantized_bytes(i.lora, compute_bytes(i.precision))
-
-    engine_fwd: dict[str, int] = {}
-    engine_bwd: dict[str, int] = {}
-    engine_step: dict[str, int] = {}
-    if engine == "ddp":
-        buckets = 0 if i.bucket_view else grad_bytes(i.precision) * trained_params(i)
-        for d in (engine_fwd, engine_bwd, engine_step):
-            d["DDP gradient buckets"] = buckets
-    elif engine == "fsdp":
-        gathered_fwd, gathered_bwd, unsharded, gathered_loss = _fsdp_terms(i)
-        engine_fwd["FSDP gathered parameters"] = gathered_fwd
-        engine_bwd["FSDP gathered parameters"] = gathered_bwd
-        engine_bwd["FSDP unsharded gradients"] = unsharded
-    elif engine == "deepspeed":
-        gathered, reduce, fp32_grads = _deepspeed_buffers(i)
-        if gathered:
-            engine_fwd["ZeRO-3 gathered parameters"] = gathered
-            engine_bwd["ZeRO-3 gathered parameters"] = gathered
-        if reduce:  # allocated in backward, released at its end (DeepSpeed 0.19)
-            engine_bwd["DeepSpeed reduce buckets"] = reduce
-        if fp32_grads:
-            engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
-            if i.zero_stage in (1, 2):
-                # the partition is flattened in the gradient dtype, then upcast: both are
-                # alive before the optimizer runs, a moment above the step's own when its
-                # temporaries are smaller than the flat copy
-                flat = grad_bytes(i.precision) * (fp32_grads // 4)
-                extra = max(0, flat - temps)
-                if extra:
-                    engine_step["DeepSpeed flattened gradient partition"] = extra
-
-    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
-    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
-        held_units["FSDP gathered parameters"] = gathered_loss
-    backward_end = _backward_end_engine(i, engine, engine_bwd, engine_step)
-    return StepFixed(
-        engine,
-        impl,
-        params,
-        grads,
-        optim,
-        casts,
-        temps,
-        held_grads,
-        first,
-        dequant,
-        gathered_loss,
-        engine_fwd,
-        engine_bwd,
-        engine_step,
-        backward_end,
-        held_units,
-        bool(optim and row(i.optimizer).paged and not i.offload_optimizer),
-        tuple(
-            sum(d.values()) for d in (engine_fwd, held_units, engine_bwd, backward_end, engine_step)
-        ),  # type: ignore[arg-type]
     )
 
 
@@ -906,6 +593,7 @@ def offload_in_flight(breakdown: ActivationBreakdown | None, stored: int) -> int
 
 __all__ = [
     "COMPILE_TERM",
+    "compute_bytes",
     "OFFLOADED_TERM",
     "PAGED_TERM",
     "OPTIMIZER_IMPLS",
