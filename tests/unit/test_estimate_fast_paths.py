@@ -65,6 +65,31 @@ GRID = (
     ]
     + [
         dict(model="llama-3-8b", gpus=8, tensor_parallel=2, sequence_parallel=True),
+        # context parallelism's K/V exchange in the last layer's backward
+        dict(**SHAPE, context_parallel=2, gpus=4, fsdp="full_shard", precision="amp-bf16"),
+        dict(**SHAPE, context_parallel=4, gpus=8, zero_stage=3, precision="bf16"),
+        dict(**SHAPE, context_parallel=2, gpus=2, checkpointing="full", lora_rank=8),
+        dict(  # a long sequence: the exchange is above the MLP's backward (a term > 0)
+            **{**SHAPE, "seq_len": 8192}, context_parallel=4, gpus=4, checkpointing="full"
+        ),
+        dict(**{**SHAPE, "seq_len": 8192}, context_parallel=4, gpus=4, fsdp="full_shard"),
+        dict(  # a small vocabulary: the last layer's backward, with the exchange, is highest
+            **{**SHAPE, "seq_len": 8192, "vocab": 256}, context_parallel=4, gpus=4
+        ),
+        # one parameter stepped at a time in backward
+        dict(**SHAPE, optimizer_in_backward=True),
+        dict(
+            **SHAPE, optimizer_in_backward=True, optimizer="paged-adam8bit", precision="bf16-true"
+        ),
+        dict(  # a wide model on a short sequence: the end of backward is highest
+            layers=4,
+            hidden=1024,
+            heads=8,
+            seq_len=16,
+            vocab=256,
+            checkpointing="full",
+            optimizer_in_backward=True,
+        ),  # fmt: skip
         dict(**SHAPE, gpus=2, overhead_gib=2.5, lazy_loading=False, gpu="h100-80gb"),
     ]
 )
