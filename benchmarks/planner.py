@@ -4,7 +4,7 @@
 
 For each case (a model, a cluster, a global batch) the median wall time of `--runs` calls
 of `plan(...)` (each a full search: every engine, offload, tp x pp x dp layout,
-micro-batch x accumulation, checkpointing and optimizer the Session trains there, each
+micro-batch x accumulation, checkpointing and optimizer (and context-parallel degree on a long sequence) the Session trains there, each
 setup's peak from the estimator and its step time from the model), with how many setups
 it ranked and how many fit. The target is under a second on this CPU.
 
@@ -23,6 +23,8 @@ CASES: list[dict[str, Any]] = [
     {"model": "llama-3-70b", "gpu": "h100", "nodes": 8, "seq_len": 4096, "global_batch": 512},
     {"model": "gpt3-175b", "gpu": "a100-80gb", "nodes": 128, "global_batch": 1536},
     {"model": "llama-3-8b", "gpu": "l4", "gpus_per_node": 2, "global_batch": 8},
+    # a long sequence: context parallelism searched too
+    {"model": "llama-3-8b", "gpu": "h100", "nodes": 8, "seq_len": 131072, "global_batch": 64},
 ]
 
 

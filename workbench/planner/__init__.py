@@ -526,6 +526,9 @@ def plan(
     searched = 0
     layouts_possible = 0
     refused: list[str] = []  # why a pinned schedule cannot run a layout
+    #: settings already checked against the Session, with the problem (None: it trains):
+    #: the context-parallel degrees repeat the same settings
+    session_checked: dict[tuple[tuple[str, Any], ...], str | None] = {}
     first_problem: str | None = None
     tps = [pinned["tp"]] if "tp" in pinned else _powers_dividing(hw.gpus_per_node, 64)
     for tp in tps:  # a group inside one node (NVLink)
@@ -565,11 +568,16 @@ def plan(
                         settings["lora_rank"] = lora_rank
                     if pins.compile and tp == pp == 1:  # else torchtitan's: on the label
                         settings["compile"] = True
-                    try:  # a setup the Session trains on G ranks, as it is
-                        problems = engine_problems(TrainConfig(**settings), G)
-                        problem = str(problems[0]) if problems else None
-                    except ConfigError as exc:
-                        problem = str(exc)
+                    key = tuple(settings.items())
+                    if key in session_checked:  # the same settings at another cp degree
+                        problem = session_checked[key]
+                    else:
+                        try:  # a setup the Session trains on G ranks, as it is
+                            problems = engine_problems(TrainConfig(**settings), G)
+                            problem = str(problems[0]) if problems else None
+                        except ConfigError as exc:
+                            problem = str(exc)
+                        session_checked[key] = problem
                     if problem is not None:
                         first_problem = first_problem or f"{settings}: {problem}"
                         continue
