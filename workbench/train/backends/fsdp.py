@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OffloadDevice, Precision, TrainConfig
-from workbench.export.job_parallel import fsdp_units, unit_tokens, units_problem
+from workbench.export.job_parallel import resolve_units, unit_tokens
 from workbench.inputs import shown
 from workbench.train.backends.base import (
     StepOutcome,
@@ -377,12 +377,13 @@ def sharding_units(module: nn.Module, config: TrainConfig) -> list[tuple[Any, bo
     `workbench.export.job_parallel.fsdp_units`), each with its `reshard_after_forward`:
     the mode's, except the output head's under "blocks", which stays gathered after
     forward as torchtitan keeps it (its backward needs it at once). A name matching no
-    module is a ValueError naming what the model's modules are called."""
+    module is a ValueError naming what the model's modules are called, a tied weight split
+    over two units one naming them (`job_parallel.resolve_units`)."""
     blocks = checkpointable_modules(module)
     spec = str(config.fsdp_units)
-    units, missing = fsdp_units(module, spec, blocks)
-    if missing:
-        raise ValueError(f"fsdp_units={shown(spec)}: {units_problem(module, missing)}")
+    units, problem = resolve_units(module, spec, blocks)
+    if problem is not None:
+        raise ValueError(f"fsdp_units={shown(spec)}: {problem}")
     after = FsdpMode(config.fsdp) is FsdpMode.FULL_SHARD
     last = units[-1] if units else None
     head = unit_tokens(spec) == ["blocks"] and len(units) > len(blocks)
