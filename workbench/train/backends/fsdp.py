@@ -27,8 +27,9 @@ How it works
   torchtitan's `apply_fsdp` and torchtune's `custom_sharded_layers: ['tok_embeddings',
   'output']` shard them (a head tied to the embedding stays in the root with it), then to
   the root; "blocks-only" leaves the embedding and head in the root; a list of class
-  names or qualified-name patterns makes each module it matches a unit. So each unit's
-  parameters are gathered just before it runs and freed after.
+  names or qualified-name patterns makes each module it matches a unit (one that splits a
+  tied weight over two units, a tied head of its own, is refused: FSDP2 shards a weight in
+  one unit). So each unit's parameters are gathered just before it runs and freed after.
 * Modes: "full_shard" reshards parameters after forward (`reshard_after_forward=True`,
   ZeRO-3-like peak), "shard_grad_op" keeps them gathered from forward to backward
   (`reshard_after_forward=False`, ZeRO-2-like peak), "no_shard" replicates (a 2-D mesh
