@@ -2,7 +2,8 @@
 
 `run_ranks(work, out_dir)` spawns `world` processes; each sets the launcher's environment
 (`MASTER_ADDR`/`MASTER_PORT` on a free loopback port, `RANK`, `LOCAL_RANK`, `WORLD_SIZE`),
-one torch thread, joins the default process group (gloo unless told), calls
+one torch thread, joins the default process group (gloo unless told; `backend=None`
+leaves it to the work, as a Session makes it from the environment), calls
 `work(rank, out_dir)` and writes the dict it returns, or the error it raised (as
 `{"error": "<type>: <message>\\n<traceback>"}`), to `out_dir` as JSON, then destroys the group.
 The parent reads every rank's JSON back, in rank order. `work` must be a module-level
@@ -26,7 +27,7 @@ Work = Callable[[int, str], dict[str, Any]]
 
 
 def run_ranks(
-    work: Work, out_dir: str | Path, *, world: int = 2, backend: str = "gloo"
+    work: Work, out_dir: str | Path, *, world: int = 2, backend: str | None = "gloo"
 ) -> list[dict[str, Any]]:
     """Run `work` on `world` ranks joined over `backend`; each rank's result, in rank order
     (a rank that failed holds "error")."""
@@ -43,7 +44,9 @@ def _result_path(out_dir: str | Path, rank: int, world: int) -> Path:
     return Path(out_dir, f"rank-{rank}-of-{world}.json")
 
 
-def _one_rank(rank: int, world: int, port: int, out_dir: str, work: Work, backend: str) -> None:
+def _one_rank(
+    rank: int, world: int, port: int, out_dir: str, work: Work, backend: str | None
+) -> None:
     import torch.distributed as dist
 
     os.environ.update(
@@ -53,7 +56,8 @@ def _one_rank(rank: int, world: int, port: int, out_dir: str, work: Work, backen
     torch.set_num_threads(1)
     result: dict[str, Any] = {"error": "the rank stopped before its work returned"}
     try:
-        dist.init_process_group(backend)
+        if backend is not None:
+            dist.init_process_group(backend)
         result = work(rank, out_dir)
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
