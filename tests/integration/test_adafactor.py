@@ -7,7 +7,6 @@ per-rank figure."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
 from workbench.optimizers import row
@@ -219,52 +219,32 @@ def _sharded_against_torch(foreach: bool) -> dict[str, Any]:
     return {"worst": worst, "placed": placed}
 
 
-def _rank(rank: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, out_dir: str) -> dict[str, Any]:
     """One of 2 ranks: the sharded step against torch's, then a Session under FSDP2."""
-    import torch.distributed as dist
-
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-    )  # fmt: skip
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     result: dict[str, Any] = {}
-    try:
-        result["step"] = {str(f): _sharded_against_torch(f) for f in (False, True)}
-        config = _config(device="cpu", fsdp="full_shard")
-        with Session(config, model="tiny-gpt", model_options=GPT) as s:
-            records = s.run(optimizer_steps=STEPS)
-            report = s.memory()
-            assert report.predicted is not None
-            result["session"] = {
-                "optimizer": type(s.backend.optimizer).__name__,
-                "losses": [r.loss for r in records],
-                "held": held_bytes(s.backend.optimizer),
-                "measured": report.optimizer_bytes - report.optimizer_step_counter_bytes,
-                "predicted": report.predicted.optimizer_bytes,
-                "errors": [e.message for e in s.events if e.kind == "error"],
-            }
-            gathered = s.backend.export_state()["optimizer"]["state"]  # collective
-            torch.save(gathered, os.path.join(out_dir, f"state-{rank}.pt"))
-    except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    result["step"] = {str(f): _sharded_against_torch(f) for f in (False, True)}
+    config = _config(device="cpu", fsdp="full_shard")
+    with Session(config, model="tiny-gpt", model_options=GPT) as s:
+        records = s.run(optimizer_steps=STEPS)
+        report = s.memory()
+        assert report.predicted is not None
+        result["session"] = {
+            "optimizer": type(s.backend.optimizer).__name__,
+            "losses": [r.loss for r in records],
+            "held": held_bytes(s.backend.optimizer),
+            "measured": report.optimizer_bytes - report.optimizer_step_counter_bytes,
+            "predicted": report.predicted.optimizer_bytes,
+            "errors": [e.message for e in s.events if e.kind == "error"],
+        }
+        gathered = s.backend.export_state()["optimizer"]["state"]  # collective
+        torch.save(gathered, os.path.join(out_dir, f"state-{rank}.pt"))
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
-    import torch.multiprocessing as mp
-
-    from workbench.train.backends.process_group import _free_port
-
     out = tmp_path_factory.mktemp("adafactor-fsdp")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2)
-    got = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    got = run_ranks(_rank, out)
     for r, result in enumerate(got):
         assert "error" not in result, (r, result["error"])
         assert not result["session"]["errors"], (r, result["session"]["errors"])

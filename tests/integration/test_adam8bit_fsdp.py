@@ -6,7 +6,6 @@ ranks resumes into 8-bit shards again."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from tests.integration.test_adam8bit import torchao_state_bytes
 from workbench import Session, TrainConfig
 
@@ -22,69 +22,49 @@ GPT = {"layers": 2, "hidden": 128, "heads": 4, "seq_len": 32, "dropout": 0.0}
 STEPS = 3
 
 
-def _rank(rank: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-    )  # fmt: skip
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+def _rank(rank: int, out_dir: str) -> dict[str, Any]:
+    """One of 2 ranks (`run_ranks`): 8-bit Adam under FSDP2, saved and resumed."""
     result: dict[str, Any] = {}
-    try:
-        config = TrainConfig(
-            device="cpu", micro_batch=4, lr=3e-3, seed=0, optimizer="adam8bit",
-            fsdp="full_shard", checkpoint_dir=os.path.join(out_dir, "ckpt"),  # one for both
-        )  # fmt: skip
-        with Session(config, model_options=GPT) as s:
-            records = s.run(optimizer_steps=STEPS)
-            states = list(s.backend.optimizer.state.items())
-            locals_ = [p.to_local() for p, _ in states]
-            kinds = sorted({type(st["exp_avg"].to_local()).__name__ for _, st in states})
-            report = s.memory()
-            exported = s.backend.export_state()["optimizer"]["state"]
-            path = str(s.save_checkpoint())
-            result["run"] = {
-                "engine": type(s.backend).__name__,
-                "losses": [r.loss for r in records],
-                "kinds": kinds,
-                "optimizer_bytes": report.optimizer_bytes,
-                "by_hand": torchao_state_bytes(locals_),
-                "local_numel": sum(t.numel() for t in locals_),
-                "full_numel": sum(p.numel() for p in s.model.parameters()),
-                "exported_fp32": all(
-                    type(v) is torch.Tensor and v.dtype == torch.float32
-                    for st in exported.values()
-                    for k, v in st.items()
-                    if k != "step"
-                ),  # fmt: skip
-                "errors": [e.message for e in s.events if e.kind == "error"],
-                "saved_in": os.path.relpath(path, out_dir),  # each rank its own folder
-            }
-        with Session.resume_from(path) as s:
-            resumed = s.run(optimizer_steps=1)
-            kinds = sorted({type(st["exp_avg"].to_local()).__name__
-                            for st in s.backend.optimizer.state.values()})  # fmt: skip
-            result["resumed"] = {"step": resumed[-1].step, "loss": resumed[-1].loss, "kinds": kinds}
-    except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    config = TrainConfig(
+        device="cpu", micro_batch=4, lr=3e-3, seed=0, optimizer="adam8bit",
+        fsdp="full_shard", checkpoint_dir=os.path.join(out_dir, "ckpt"),  # one for both
+    )  # fmt: skip
+    with Session(config, model_options=GPT) as s:
+        records = s.run(optimizer_steps=STEPS)
+        states = list(s.backend.optimizer.state.items())
+        locals_ = [p.to_local() for p, _ in states]
+        kinds = sorted({type(st["exp_avg"].to_local()).__name__ for _, st in states})
+        report = s.memory()
+        exported = s.backend.export_state()["optimizer"]["state"]
+        path = str(s.save_checkpoint())
+        result["run"] = {
+            "engine": type(s.backend).__name__,
+            "losses": [r.loss for r in records],
+            "kinds": kinds,
+            "optimizer_bytes": report.optimizer_bytes,
+            "by_hand": torchao_state_bytes(locals_),
+            "local_numel": sum(t.numel() for t in locals_),
+            "full_numel": sum(p.numel() for p in s.model.parameters()),
+            "exported_fp32": all(
+                type(v) is torch.Tensor and v.dtype == torch.float32
+                for st in exported.values()
+                for k, v in st.items()
+                if k != "step"
+            ),  # fmt: skip
+            "errors": [e.message for e in s.events if e.kind == "error"],
+            "saved_in": os.path.relpath(path, out_dir),  # each rank its own folder
+        }
+    with Session.resume_from(path) as s:
+        resumed = s.run(optimizer_steps=1)
+        kinds = sorted({type(st["exp_avg"].to_local()).__name__
+                        for st in s.backend.optimizer.state.values()})  # fmt: skip
+        result["resumed"] = {"step": resumed[-1].step, "loss": resumed[-1].loss, "kinds": kinds}
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    from workbench.train.backends.process_group import _free_port
-
-    out = tmp_path_factory.mktemp("adam8bit-fsdp")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2)
-    got = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    got = run_ranks(_rank, tmp_path_factory.mktemp("adam8bit-fsdp"))
     for r, result in enumerate(got):
         assert "error" not in result, (r, result["error"])
         assert not result["run"]["errors"], (r, result["run"]["errors"])

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 from workbench.models import build_model
 from workbench.train.backends.fsdp import FSDPBackend
@@ -201,53 +203,26 @@ def test_fsdp_bf16_true_switches_live_with_the_plain_loop_and_reduces_in_bf16() 
         assert value.dtype == torch.float32 and torch.equal(value, final[name]), name
 
 
-def _two_ranks(rank: int, port: int, out_dir: str) -> None:
-    """One of 2 gloo ranks training pure bf16 under FSDP full_shard."""
-    import json
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-    )
-    torch.set_num_threads(1)
-    result: dict[str, object] = {}
-    try:
-        with Session(
-            config(fsdp="full_shard", clip_grad_norm=1.0), model="mlp", model_options=MLP
-        ) as s:
-            records = s.run(optimizer_steps=3)
-            state = s.backend.export_state()  # the full-state gathers
-            result = {
-                "losses": [r.loss for r in records],
-                "grad_norms": [r.grad_norm for r in records],
-                "shard_dtypes": sorted({str(p.to_local().dtype) for p in s.model.parameters()}),
-                "state_dtypes": sorted(str(d) for d in state_dtypes(s.backend)),
-                "exported": sorted({str(v.dtype) for v in state["model"].values()}),
-            }
-    except Exception as exc:
-        result = {"error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _two_ranks(rank: int, out_dir: str) -> dict[str, Any]:
+    """One of 2 gloo ranks training pure bf16 under FSDP full_shard (the Session makes the
+    process group from the environment)."""
+    with Session(
+        config(fsdp="full_shard", clip_grad_norm=1.0), model="mlp", model_options=MLP
+    ) as s:
+        records = s.run(optimizer_steps=3)
+        state = s.backend.export_state()  # the full-state gathers
+        result = {
+            "losses": [r.loss for r in records],
+            "grad_norms": [r.grad_norm for r in records],
+            "shard_dtypes": sorted({str(p.to_local().dtype) for p in s.model.parameters()}),
+            "state_dtypes": sorted(str(d) for d in state_dtypes(s.backend)),
+            "exported": sorted({str(v.dtype) for v in state["model"].values()}),
+        }
+    return result
 
 
 def test_fsdp_trains_bf16_true_on_two_gloo_ranks(tmp_path: Path) -> None:
-    import json
-
-    import torch.multiprocessing as tmp
-
-    from workbench.train.backends.process_group import _free_port
-
-    tmp.spawn(_two_ranks, args=(_free_port(), str(tmp_path)), nprocs=2)
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_ranks(_two_ranks, tmp_path, backend=None)
     for got in ranks:
         assert "error" not in got, got
         assert len(got["losses"]) == 3 and all(math.isfinite(v) for v in got["losses"])

@@ -21,14 +21,12 @@ parameters) where the full model's is 3,239,936.
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 from workbench.estimate import estimate_memory
 from workbench.train.dry_run import simulate_memory
@@ -119,18 +117,12 @@ RUNS: dict[str, dict[str, Any]] = {
 }
 
 
-def _rank(rank: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, out_dir: str) -> dict[str, Any]:
     """One of 2 ranks: each of RUNS for 2 steps; the gradients each FSDP unit reduces and
     the ZeRO-2 buckets DeepSpeed allocates (spied on), the predicted terms."""
-    import torch.distributed as dist
     from deepspeed.runtime.zero import stage_1_and_2
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-    )  # fmt: skip
-    torch.set_num_threads(1)
     reduced: list[int] = []
     buckets: list[int] = []
     real_reduce = _fsdp_param_group.foreach_reduce
@@ -149,7 +141,6 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
 
     _fsdp_param_group.foreach_reduce = spy_reduce
     zero.independent_gradient_partition_epilogue = spy_epilogue
-    dist.init_process_group("gloo")
     result: dict[str, Any] = {}
     try:
         for name, settings in RUNS.items():
@@ -169,25 +160,15 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
                     "reduce_buckets": _most(peak.moments, "DeepSpeed reduce buckets"),
                     "blocks": len(s.model.blocks),
                 }
-    except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         _fsdp_param_group.foreach_reduce = real_reduce
         zero.independent_gradient_partition_epilogue = real_epilogue
-        Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(result))
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    from workbench.train.backends.process_group import _free_port
-
-    out = tmp_path_factory.mktemp("frozen-grads")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2)
-    got = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    got = run_ranks(_rank, tmp_path_factory.mktemp("frozen-grads"))
     for r in got:
         assert "error" not in r, r["error"]
     return got

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 from workbench.train.backends import deepspeed as zero
 from workbench.train.backends.fsdp import FSDPBackend
@@ -177,63 +179,34 @@ def test_zero3_engine_and_fsdp_engine_leave_no_patch_behind() -> None:
 
 
 # --------------------------------------------------------------------------- GPU readiness
-def _offload_rank(rank: int, port: int, out_dir: str) -> None:
+def _offload_rank(rank: int, out_dir: str) -> dict[str, Any]:
     """One of 2 ranks: FSDP with CPU offload over a default group that has no backend for
     host tensors ("cuda:gloo" stands in for the NCCL-only group a launcher or DeepSpeed
     makes: a CPU tensor reduced over it fails with "No backend type associated with device
     type cpu", as over NCCL)."""
-    import json
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
+    cfg = config(
+        fsdp="full_shard",
+        offload_params="cpu",
+        precision="amp-fp16",  # the GradScaler's found-inf flag is reduced
+        clip_grad_norm=1.0,  # the gradient norm is reduced
+        device="cpu",
     )
-    torch.set_num_threads(1)
-    dist.init_process_group("cuda:gloo")
-    result: dict[str, object] = {}
-    try:
-        cfg = config(
-            fsdp="full_shard",
-            offload_params="cpu",
-            precision="amp-fp16",  # the GradScaler's found-inf flag is reduced
-            clip_grad_norm=1.0,  # the gradient norm is reduced
-            device="cpu",
-        )
-        with Session(cfg, model="mlp", model_options=MLP) as s:
-            records = s.run(optimizer_steps=2)
-            state = s.backend.export_state()  # the full-state gathers
-            result = {
-                "losses": losses(records),
-                "grad_norms": [r.grad_norm for r in records],
-                "state_names": sorted(state["model"]),
-                "errors": [e.message for e in s.events if e.kind == "error"],
-            }
-    except Exception as exc:
-        result = {"error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with Session(cfg, model="mlp", model_options=MLP) as s:
+        records = s.run(optimizer_steps=2)
+        state = s.backend.export_state()  # the full-state gathers
+        result = {
+            "losses": losses(records),
+            "grad_norms": [r.grad_norm for r in records],
+            "state_names": sorted(state["model"]),
+            "errors": [e.message for e in s.events if e.kind == "error"],
+        }
+    return result
 
 
 def test_cpu_offload_over_a_group_without_a_host_backend_trains_on_two_ranks(
     tmp_path: Path,
 ) -> None:
-    import json
-
-    import torch.multiprocessing as tmp
-
-    from workbench.train.backends.process_group import _free_port
-
-    tmp.spawn(_offload_rank, args=(_free_port(), str(tmp_path)), nprocs=2)
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_ranks(_offload_rank, tmp_path, backend="cuda:gloo")
     for got in ranks:
         assert "error" not in got, got
         assert not got["errors"], got["errors"]

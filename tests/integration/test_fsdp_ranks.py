@@ -9,7 +9,6 @@ start-up; each configuration a fraction of a second)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 
 MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 512}
@@ -49,20 +49,11 @@ def config(**kw: Any) -> TrainConfig:
     return TrainConfig(device="cpu", **base)
 
 
-def _rank(rank: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, out_dir: str) -> dict[str, Any]:
     """One of the 2 ranks: every configuration of RUNS in turn; losses, what each rank
     holds at rest, the reduce dtypes FSDP used and the gathered state go to out_dir."""
-    import torch.distributed as dist
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-    )
-    torch.set_num_threads(1)
     # FSDP2's gradient reduction, spied on: the dtype it reduces in (`reduce_dtype`, or
     # the gradients' own when the policy names none)
     real_reduce = _fsdp_param_group.foreach_reduce
@@ -74,7 +65,6 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
         return real_reduce(params, grads, *args, **kw)
 
     _fsdp_param_group.foreach_reduce = spy
-    dist.init_process_group("gloo")
     result: dict[str, Any] = {}
     try:
         for name, settings in RUNS.items():
@@ -105,25 +95,15 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
                     {"model": state["model"], "optimizer": state["optimizer"]["state"]},
                     os.path.join(out_dir, f"{name}-rank-{rank}.pt"),
                 )
-    except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         _fsdp_param_group.foreach_reduce = real_reduce
-        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
-    import torch.multiprocessing as mp
-
-    from workbench.train.backends.process_group import _free_port
-
     out = tmp_path_factory.mktemp("fsdp-ranks")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2)
-    got = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    got = run_ranks(_rank, out)
     for r, result in enumerate(got):
         assert "error" not in result, (r, result["error"])
         for name in RUNS:

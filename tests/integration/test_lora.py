@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -271,39 +272,71 @@ def test_the_exported_jobs_refuse_qlora_with_the_reason(tmp_path) -> None:  # ty
 
 
 JOB_MODEL = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "dropout": 0.0}
+#: the LoRA settings every exported job and the Session they are held to share
+JOB_LORA: dict[str, Any] = {"micro_batch": 4, "seed": 3, "lora_rank": 4, "lr": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def plain_lora(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], Path]:
+    """The Session's plain-loop LoRA run the jobs are held to, run once: its 3 losses and
+    the folder its `save_adapters` wrote."""
+    with Session(TrainConfig(**JOB_LORA), model="tiny-gpt", model_options=JOB_MODEL) as s:
+        records = s.run(3, progress=False)
+        folder = s.save_adapters(tmp_path_factory.mktemp("plain-lora") / "session")
+    return [r.loss for r in records], folder
+
+
+JobRun = tuple[Path, list[dict[str, Any]], str, Path]
+
+
+@pytest.fixture(scope="module")
+def lora_jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`run(fmt, script, settings, ranks, save)`: the exported LoRA job trained 3 steps
+    (with `--save-dir` when `save`), each setup run once for the module: (the job's
+    folder, its step lines, its stderr, the folder it saved to)."""
+    from workbench.export import export_job
+
+    runs: dict[tuple[str, int, bool], JobRun] = {}
+
+    def run(fmt: str, script: str, settings: dict[str, Any], ranks: int, save: bool) -> JobRun:
+        key = (fmt, ranks, save)
+        if key not in runs:
+            base = tmp_path_factory.mktemp(f"lora-{fmt}-{ranks}")
+            config = TrainConfig(**JOB_LORA, **settings)
+            out = Path(export_job(config, format=fmt, gpus=ranks, out_dir=base / "job",
+                                  model_options=JOB_MODEL).out_dir)  # fmt: skip
+            saved = base / "saved"
+            extra = ("--save-dir", str(saved)) if save else ()
+            lines, stderr = run_script(script, out, steps=3, ranks=ranks, extra=extra)
+            runs[key] = (out, lines, stderr, saved)
+        return runs[key]
+
+    return run
 
 
 @pytest.mark.parametrize(
-    ("fmt", "script", "settings"),
+    ("fmt", "script", "settings", "save"),
     [
-        ("fsdp", "train_fsdp.py", {"fsdp": "full_shard"}),
-        ("deepspeed", "train_deepspeed.py", {"zero_stage": 2}),
-        ("lightning", "train_lightning.py", {}),
+        ("fsdp", "train_fsdp.py", {"fsdp": "full_shard"}, True),
+        ("deepspeed", "train_deepspeed.py", {"zero_stage": 2}, False),
+        ("lightning", "train_lightning.py", {}, True),
     ],
 )
-def test_the_exported_jobs_train_lora(fmt, script, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_exported_jobs_train_lora(fmt, script, settings, save, lora_jobs, plain_lora) -> None:  # type: ignore[no-untyped-def]
     """The adapters go on the job's model (the base frozen) and train: the FSDP and
     DeepSpeed jobs' losses are the Session's plain-loop LoRA losses with the same seed; the
     Lightning job's (its loader shuffles its own way: other batches) are finite, fall, and
-    stay within 2% of them."""
-    from pathlib import Path
-
-    from workbench.export import export_job
-
-    config = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2, **settings)
-    out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt, model_options=JOB_MODEL)
-    assert json.loads((Path(out.out_dir) / "job.json").read_text())["config"]["lora_rank"] == 4
-    lines, stderr = run_script(script, Path(out.out_dir), steps=3)
+    stay within 2% of them. (The FSDP and Lightning runs are the ones that save the
+    adapters below: saving comes after the last step.)"""
+    out, lines, stderr, _ = lora_jobs(fmt, script, settings, 1, save)
+    assert json.loads((out / "job.json").read_text())["config"]["lora_rank"] == 4
     assert [ln["step"] for ln in lines] == [1, 2, 3]
     adapters = 2 * 4 * (64 + 192 + 64 + 64 + 64 + 256 + 256 + 64)
     assert f"LoRA rank 4 on 8 layers: {adapters:,} adapter parameters train" in stderr
-    plain = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2)
-    with Session(plain, model="tiny-gpt", model_options=JOB_MODEL) as s:
-        records = s.run(3)
     losses = [ln["loss"] for ln in lines]
     assert torch.isfinite(torch.tensor(losses)).all() and losses[-1] < losses[0], losses
     same = 1e-6
-    assert losses == pytest.approx([r.loss for r in records], rel=same)
+    assert losses == pytest.approx(plain_lora[0], rel=same)
 
 
 @pytest.mark.parametrize(
@@ -314,26 +347,19 @@ def test_the_exported_jobs_train_lora(fmt, script, settings, tmp_path) -> None: 
         ("lightning", "train_lightning.py", {}, 1),
     ],
 )
-def test_the_exported_jobs_save_the_adapters_alone(fmt, script, settings, ranks, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_exported_jobs_save_the_adapters_alone(
+    fmt, script, settings, ranks, lora_jobs, plain_lora
+) -> None:  # type: ignore[no-untyped-def]
     """`--save-dir`: the adapters alone in peft's format, gathered from FSDP2's shards,
     under the names and config a Session's `save_adapters` writes; one rank's are the
     Session's plain-loop adapters after the same steps, and they load onto the base."""
     from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from workbench.export import export_job
-
-    config = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2, **settings)
-    out = Path(export_job(config, format=fmt, gpus=ranks, out_dir=tmp_path / "job",
-                          model_options=JOB_MODEL).out_dir)  # fmt: skip
-    saved = tmp_path / "saved"
-    run_script(script, out, steps=3, ranks=ranks, extra=("--save-dir", str(saved)))
+    _, _, _, saved = lora_jobs(fmt, script, settings, ranks, True)
     weights = load_file(str(saved / "adapter_model.safetensors"))
     job_config = json.loads((saved / "adapter_config.json").read_text())
-    plain = TrainConfig(micro_batch=4, seed=3, lora_rank=4, lr=1e-2)
-    with Session(plain, model="tiny-gpt", model_options=JOB_MODEL) as s:
-        s.run(3, progress=False)
-        folder = s.save_adapters(tmp_path / "session")
+    folder = plain_lora[1]
     session = load_file(str(folder / "adapter_model.safetensors"))
     session_config = json.loads((folder / "adapter_config.json").read_text())
     assert sorted(weights) == sorted(session) and len(weights) == 2 * 8

@@ -13,14 +13,12 @@ skips the NF4 gather hooks on a one-rank mesh)."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 
 SMALL = {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 32}
@@ -42,68 +40,45 @@ def _config(**kw: Any) -> TrainConfig:
     )
 
 
-def _rank(rank: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
-
+def _rank(rank: int, out_dir: str) -> dict[str, Any]:
+    """One of 2 ranks (`run_ranks`): QLoRA under FSDP2, then your module back."""
     from workbench.models import build_model
     from workbench.train.techniques.lora import parameter_bytes_by_dtype
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-    )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     result: dict[str, Any] = {}
+    model, data, loss, _ = build_model("tiny-gpt", **SMALL)  # type: ignore[arg-type]
+    s = Session(_config(), model=model, data=data, loss_fn=loss)
     try:
-        model, data, loss, _ = build_model("tiny-gpt", **SMALL)  # type: ignore[arg-type]
-        s = Session(_config(), model=model, data=data, loss_fn=loss)
-        try:
-            losses = [r.loss for r in s.run(3, progress=False)]
-            report = s.memory()
-            weight = s.backend.trained_module.blocks[0].attn.qkv.base_layer.weight
-            predicted = report.predicted
-            result = {
-                "engine": type(s.backend).__name__,
-                "losses": losses,
-                "local": type(getattr(weight, "_local_tensor", weight)).__name__,
-                "local_rows": int(weight._local_tensor.shape[0]),
-                "measured": [
-                    report.params_bytes,
-                    report.grads_bytes,
-                    report.optimizer_bytes - report.optimizer_step_counter_bytes,
-                ],
-                "predicted": None
-                if predicted is None
-                else [predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes],
-                "notes": list(report.notes),
-                "by_dtype": parameter_bytes_by_dtype(s.backend.trained_module),
-            }
-        finally:
-            s.close()
-        result["back"] = type(model.blocks[0].attn.qkv).__name__
-        result["back_dtype"] = str(model.blocks[0].attn.qkv.weight.dtype)
-    except Exception as exc:
-        result["error"] = f"{type(exc).__name__}: {exc}"
+        losses = [r.loss for r in s.run(3, progress=False)]
+        report = s.memory()
+        weight = s.backend.trained_module.blocks[0].attn.qkv.base_layer.weight
+        predicted = report.predicted
+        result = {
+            "engine": type(s.backend).__name__,
+            "losses": losses,
+            "local": type(getattr(weight, "_local_tensor", weight)).__name__,
+            "local_rows": int(weight._local_tensor.shape[0]),
+            "measured": [
+                report.params_bytes,
+                report.grads_bytes,
+                report.optimizer_bytes - report.optimizer_step_counter_bytes,
+            ],
+            "predicted": None
+            if predicted is None
+            else [predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes],
+            "notes": list(report.notes),
+            "by_dtype": parameter_bytes_by_dtype(s.backend.trained_module),
+        }
     finally:
-        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        s.close()
+    result["back"] = type(model.blocks[0].attn.qkv).__name__
+    result["back_dtype"] = str(model.blocks[0].attn.qkv.weight.dtype)
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    from workbench.train.backends.process_group import _free_port
-
-    out = tmp_path_factory.mktemp("qlora-fsdp")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2)
-    got = [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    got = run_ranks(_rank, tmp_path_factory.mktemp("qlora-fsdp"))
     for r, result in enumerate(got):
         assert "error" not in result, (r, result["error"])
     return got

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.integration.rank_runs import run_ranks
 from workbench import Session, TrainConfig
 from workbench.config import ConfigError
 from workbench.ui.training import layout_text
@@ -138,49 +139,26 @@ def _train(settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, out_dir: str) -> dict[str, Any]:
+    """One of `world` ranks (`run_ranks`): every run of RUNS[world] in turn."""
     import torch.distributed as dist
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-    )
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    world = dist.get_world_size()
     result: dict[str, Any] = {}
-    try:
-        for name, settings in RUNS[world].items():
-            got = _train(settings)
-            torch.save(got.pop("weights"), os.path.join(out_dir, f"{name}-{rank}.pt"))
-            torch.save(got.pop("moments"), os.path.join(out_dir, f"{name}-{rank}-moments.pt"))
-            result[name] = got
-    except Exception as exc:
-        import traceback
-
-        result["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-    finally:
-        with open(os.path.join(out_dir, f"{world}-rank-{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    for name, settings in RUNS[world].items():
+        got = _train(settings)
+        torch.save(got.pop("weights"), os.path.join(out_dir, f"{name}-{rank}.pt"))
+        torch.save(got.pop("moments"), os.path.join(out_dir, f"{name}-{rank}-moments.pt"))
+        result[name] = got
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, list[Any]], Path]:
-    import torch.multiprocessing as mp
-
-    from workbench.train.backends.process_group import _free_port
-
     out = tmp_path_factory.mktemp("tp-ranks")
     got: dict[int, list[Any]] = {}
     for world in (2, 4):
-        mp.spawn(_rank, args=(world, _free_port(), str(out)), nprocs=world)
-        got[world] = [
-            json.loads((out / f"{world}-rank-{r}.json").read_text()) for r in range(world)
-        ]
+        got[world] = run_ranks(_rank, out, world=world)
         for r, result in enumerate(got[world]):
             assert "error" not in result, (world, r, result.get("error"))
             for name in RUNS[world]:

@@ -58,6 +58,7 @@ tensor_parallelize = job_parallel.tensor_parallelize
 sharded_grad_norm = job_parallel.sharded_grad_norm
 fsdp_units = job_parallel.fsdp_units
 units_problem = job_parallel.units_problem
+resolve_units = job_parallel.resolve_units
 
 
 def single_process_env() -> None:

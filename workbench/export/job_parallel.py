@@ -277,6 +277,60 @@ def fsdp_units(
     return [m for _, m in matched], missing
 
 
+def resolve_units(
+    module: torch.nn.Module, spec: str, blocks: list[torch.nn.Module]
+) -> tuple[list[Any], str | None]:
+    """The one resolver of `fsdp_units` that the Session, the dry run and the exported jobs
+    ask: (the units `fully_shard` is applied to, innermost first, as `fsdp_units` makes
+    them; why `spec` cannot be sharded on `module`, or None): names that match no module
+    (`units_problem`), or a tied weight whose modules fall in two units (`tied_split`)."""
+    units, missing = fsdp_units(module, spec, blocks)
+    if missing:
+        return units, units_problem(module, missing)
+    return units, tied_split(module, units)
+
+
+def tied_split(module: torch.nn.Module, units: list[Any]) -> str | None:
+    """Why `units` (innermost first, the rest of `module` in the root) cannot be sharded, or
+    None: FSDP2 shards each weight in one unit, the innermost holding the module that
+    holds it, so a weight tied over modules in two units (a GPT-2 head whose weight is the
+    embedding's, made a unit of its own) stops `fully_shard` half-way."""
+    names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
+    unit_of: dict[int, int] = {}  # a module -> the innermost unit holding it (-1: the root)
+    for i, unit in enumerate(units):
+        for part in unit if isinstance(unit, list) else [unit]:
+            for m in part.modules():
+                unit_of.setdefault(id(m), i)
+    first: dict[int, tuple[int, str]] = {}  # a weight -> (its unit, its first name)
+    for name, m in module.named_modules(remove_duplicate=False):
+        here = unit_of.get(id(m), -1)
+        for own, p in m.named_parameters(recurse=False, remove_duplicate=False):
+            full = f"{name}.{own}" if name else own
+            unit, seen = first.setdefault(id(p), (here, full))
+            if unit == here:
+                continue
+            held = [(u, n) for u, n in ((unit, seen), (here, full)) if u >= 0]
+            held += [(u, n) for u, n in ((unit, seen), (here, full)) if u < 0]
+            where = [
+                f"{n!r} in {'the root' if u < 0 else 'unit ' + repr(_unit_name(units[u], names))}"
+                for u, n in held
+            ]
+            out = [repr(_unit_name(units[u], names)) for u, _ in held if u >= 0]
+            return (
+                f"{held[0][1]!r} is {held[1][1]!r} (one tied weight: {' and '.join(where)}), "
+                "and FSDP2 shards a weight in one unit only: the tied weight's modules must "
+                f"be in one unit: leave {' and '.join(out)} out (the root then holds both), "
+                f"or name one module holding both ({UNIT_POLICIES[0]!r} keeps a tied head "
+                "with the embedding)"
+            )
+    return None
+
+
+def _unit_name(unit: Any, names: dict[int, str]) -> str:
+    """A unit's qualified name (its modules' joined by "+" for a group)."""
+    return "+".join(names.get(id(m), "?") for m in (unit if isinstance(unit, list) else [unit]))
+
+
 def module_names(module: torch.nn.Module, limit: int = 40) -> tuple[list[str], list[str]]:
     """(the distinct class names of `module`'s submodules, its qualified names with the
     repeated indices folded to `*`), at most `limit` of each: what `fsdp_units` can name."""

@@ -62,7 +62,6 @@ try:
         check_save_dir,
         count_parameters,
         fail,
-        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -70,13 +69,13 @@ try:
         marked_blocks,
         offload_stream,
         read_job,
+        resolve_units,
         save_trained,
         set_lr,
         sharded_grad_norm,
         single_process_env,
         tensor_parallelize,
         to_device,
-        units_problem,
     )
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
@@ -89,7 +88,6 @@ except ImportError:  # an exported folder without workbench installed
         check_save_dir,
         count_parameters,
         fail,
-        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -97,13 +95,13 @@ except ImportError:  # an exported folder without workbench installed
         marked_blocks,
         offload_stream,
         read_job,
+        resolve_units,
         save_trained,
         set_lr,
         sharded_grad_norm,
         single_process_env,
         tensor_parallelize,
         to_device,
-        units_problem,
     )
 
 HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
@@ -164,9 +162,9 @@ def shard(
     }
     spec = str(config.get("fsdp_units", "blocks"))
     blocks = marked_blocks(module)
-    units, missing = fsdp_units(module, spec, blocks)
-    if missing:
-        fail(f"config.fsdp_units {spec!r}: {units_problem(module, missing)}")
+    units, problem = resolve_units(module, spec, blocks)
+    if problem is not None:
+        fail(f"config.fsdp_units {spec!r}: {problem}")
     # the output head (the last unit under "blocks") stays gathered after forward, as
     # torchtitan keeps it: its backward needs it at once
     head = spec.strip() == "blocks" and len(units) > len(blocks)

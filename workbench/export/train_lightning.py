@@ -56,7 +56,6 @@ try:
         build,
         check_save_dir,
         fail,
-        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -64,10 +63,10 @@ try:
         marked_blocks,
         offload_stream,
         read_job,
+        resolve_units,
         save_trained,
         sharded_grad_norm,
         tensor_parallelize,
-        units_problem,
     )
 except ImportError:  # an exported folder without workbench installed
     from job_common import (  # type: ignore[no-redef, import-not-found]
@@ -78,7 +77,6 @@ except ImportError:  # an exported folder without workbench installed
         build,
         check_save_dir,
         fail,
-        fsdp_units,
         full_state,
         loss_of,
         lr_multiplier,
@@ -86,10 +84,10 @@ except ImportError:  # an exported folder without workbench installed
         marked_blocks,
         offload_stream,
         read_job,
+        resolve_units,
         save_trained,
         sharded_grad_norm,
         tensor_parallelize,
-        units_problem,
     )
 
 CONFIG_NAME = "ds_config.json"
@@ -232,11 +230,12 @@ def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
 def job_units(model: torch.nn.Module, config: dict[str, Any]) -> list[Any]:
     """The FSDP units of `config.fsdp_units` (`job_parallel.fsdp_units`: "blocks", the
     marked blocks with the embedding and head their own; "blocks-only"; or module names);
-    a name matching no module stops the job naming the modules that exist."""
+    a name matching no module stops the job naming the modules that exist, a tied weight
+    split over two units naming its modules."""
     spec = str(config.get("fsdp_units", "blocks"))
-    units, missing = fsdp_units(model, spec, marked_blocks(model))
-    if missing:
-        fail(f"config.fsdp_units {spec!r}: {units_problem(model, missing)}")
+    units, problem = resolve_units(model, spec, marked_blocks(model))
+    if problem is not None:
+        fail(f"config.fsdp_units {spec!r}: {problem}")
     return units
 
 

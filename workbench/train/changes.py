@@ -30,6 +30,7 @@ from workbench.config import (
     ConfigError,
     Device,
     Engine,
+    FsdpMode,
     Precision,
     SettingProblem,
     TrainConfig,
@@ -37,6 +38,7 @@ from workbench.config import (
     runtime_problems,
 )
 from workbench.engines import ENGINES, engine_for, engine_problems
+from workbench.export.job_parallel import fsdp_units, tied_split
 from workbench.inputs import shown
 from workbench.train.records import Event
 from workbench.train.techniques.attention import attention_problem
@@ -162,6 +164,9 @@ def session_problems(
     stages = pp_model_problem(model, int(config.pp))
     if stages is not None:
         p.append(stages)
+    tied = _tied_units(model, config)
+    if tied is not None:
+        p.append(tied)
     if "pp" in changed:
         p.append(
             SettingProblem(
@@ -218,6 +223,18 @@ def session_problems(
             )
         )
     return p
+
+
+def _tied_units(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
+    """FSDP units that split a tied weight over two units (`job_parallel.tied_split`), refused
+    before anything is built; names matching no module are refused when the engine is built
+    (`job_parallel.resolve_units`), on the module with LoRA's adapters in it."""
+    if FsdpMode(config.fsdp) is FsdpMode.OFF:
+        return None
+    spec = str(config.fsdp_units)
+    units, missing = fsdp_units(model, spec, checkpointable_modules(model))
+    problem = None if missing else tied_split(model, units)
+    return None if problem is None else SettingProblem("fsdp_units", spec, problem)
 
 
 class ChangeQueue:

@@ -27,8 +27,9 @@ How it works
   torchtitan's `apply_fsdp` and torchtune's `custom_sharded_layers: ['tok_embeddings',
   'output']` shard them (a head tied to the embedding stays in the root with it), then to
   the root; "blocks-only" leaves the embedding and head in the root; a list of class
-  names or qualified-name patterns makes each module it matches a unit. So each unit's
-  parameters are gathered just before it runs and freed after.
+  names or qualified-name patterns makes each module it matches a unit (one that splits a
+  tied weight over two units, a tied head of its own, is refused: FSDP2 shards a weight in
+  one unit). So each unit's parameters are gathered just before it runs and freed after.
 * Modes: "full_shard" reshards parameters after forward (`reshard_after_forward=True`,
   ZeRO-3-like peak), "shard_grad_op" keeps them gathered from forward to backward
   (`reshard_after_forward=False`, ZeRO-2-like peak), "no_shard" replicates (a 2-D mesh
@@ -70,7 +71,7 @@ import torch
 from torch import nn
 
 from workbench.config import FsdpMode, OffloadDevice, Precision, TrainConfig
-from workbench.export.job_parallel import fsdp_units, unit_tokens, units_problem
+from workbench.export.job_parallel import resolve_units, unit_tokens
 from workbench.inputs import shown
 from workbench.train.backends.base import (
     StepOutcome,
@@ -377,12 +378,13 @@ def sharding_units(module: nn.Module, config: TrainConfig) -> list[tuple[Any, bo
     `workbench.export.job_parallel.fsdp_units`), each with its `reshard_after_forward`:
     the mode's, except the output head's under "blocks", which stays gathered after
     forward as torchtitan keeps it (its backward needs it at once). A name matching no
-    module is a ValueError naming what the model's modules are called."""
+    module is a ValueError naming what the model's modules are called, a tied weight split
+    over two units one naming them (`job_parallel.resolve_units`)."""
     blocks = checkpointable_modules(module)
     spec = str(config.fsdp_units)
-    units, missing = fsdp_units(module, spec, blocks)
-    if missing:
-        raise ValueError(f"fsdp_units={shown(spec)}: {units_problem(module, missing)}")
+    units, problem = resolve_units(module, spec, blocks)
+    if problem is not None:
+        raise ValueError(f"fsdp_units={shown(spec)}: {problem}")
     after = FsdpMode(config.fsdp) is FsdpMode.FULL_SHARD
     last = units[-1] if units else None
     head = unit_tokens(spec) == ["blocks"] and len(units) > len(blocks)

@@ -111,15 +111,16 @@ def shard(module: nn.Module, config: TrainConfig, policy: Any, mesh: Any) -> Non
 
 
 def units_refusal(module: nn.Module, config: TrainConfig) -> SettingProblem | None:
-    """The problem of `config.fsdp_units` on `module` (names matching no module), or None."""
-    from workbench.export.job_parallel import fsdp_units, units_problem
+    """The problem of `config.fsdp_units` on `module` (names matching no module, a tied
+    weight split over two units), or None."""
+    from workbench.export.job_parallel import resolve_units
     from workbench.train.techniques.recompute import checkpointable_modules
 
     spec = str(config.fsdp_units)
-    _, missing = fsdp_units(module, spec, checkpointable_modules(module))
-    if not missing:
+    _, problem = resolve_units(module, spec, checkpointable_modules(module))
+    if problem is None:
         return None
-    return SettingProblem("fsdp_units", spec, units_problem(module, missing))
+    return SettingProblem("fsdp_units", spec, problem)
 
 
 __all__ = [
