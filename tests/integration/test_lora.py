@@ -296,10 +296,11 @@ def lora_jobs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder, its step lines, its stderr, the folder it saved to)."""
     from workbench.export import export_job
 
-    runs: dict[tuple[str, int, bool], JobRun] = {}
+    runs: dict[tuple[Any, ...], JobRun] = {}
 
     def run(fmt: str, script: str, settings: dict[str, Any], ranks: int, save: bool) -> JobRun:
-        key = (fmt, ranks, save)
+        # the whole setup is the key: a test reuses a run only of exactly its own setup
+        key = (fmt, script, tuple(sorted(settings.items())), ranks, save)
         if key not in runs:
             base = tmp_path_factory.mktemp(f"lora-{fmt}-{ranks}")
             config = TrainConfig(**JOB_LORA, **settings)

@@ -51,6 +51,23 @@ def test_the_ring_buffers_by_hand() -> None:
     # tensor parallelism splits the heads
     assert exchange_bytes(arch, 1, 8, 2, 2) == 1073741824 // 2
     assert exchange_bytes(arch, 1, 1, 1, 2) == 0
+    # two sequences a micro-batch, fp32 activations: the gathered K/V in 4 bytes
+    gathered32 = 2 * 4 * 2 * 131072 * 1024
+    assert exchange_bytes(arch, 2, 8, 1, 4) == gathered32 + 2 * query_grad + 2 * ring
+
+
+def test_zero_1_and_2_shard_their_states_over_data_and_context_parallel_ranks() -> None:
+    # ZeRO-1 splits the optimizer states, ZeRO-2 the gradients too, over dp x cp = 8
+    for stage in (1, 2):
+        split = estimate_memory(model="llama-3-8b", precision="bf16", zero_stage=stage,
+                                seq_len=8192, gpus=8, context_parallel=4)  # fmt: skip
+        eight = estimate_memory(model="llama-3-8b", precision="bf16", zero_stage=stage,
+                                seq_len=8192, gpus=8)  # fmt: skip
+        two = estimate_memory(model="llama-3-8b", precision="bf16", zero_stage=stage,
+                              seq_len=8192, gpus=2)  # fmt: skip
+        assert split.optimizer_bytes == eight.optimizer_bytes < two.optimizer_bytes
+        assert split.grads_bytes == eight.grads_bytes
+        assert split.params_bytes == two.params_bytes  # weights stay whole under ZeRO-1/2
 
 
 def test_the_peak_names_the_exchange_beyond_the_layer_transient() -> None:

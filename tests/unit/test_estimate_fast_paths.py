@@ -199,3 +199,19 @@ def test_frozen_results_built_in_one_step_equal_their_init():
     copied = copy.copy(i)
     object.__setattr__(copied, "micro_batch", 9)
     assert _at_micro_batch(i, 9) == copied and i.micro_batch == 2
+
+
+def test_the_grid_reaches_the_points_its_comments_name():
+    """The grid's context-parallel and optimizer-in-backward rows exercise the fast
+    totals where they decide the peak: the K/V exchange is a term above 0 and the last
+    layer's backward the highest moment; the end of backward the highest with one
+    parameter stepped at a time."""
+    from workbench.estimate.context_parallel import CP_TERM
+
+    long_seq = {**SHAPE, "seq_len": 8192, "vocab": 256}
+    peak = estimate_memory(**long_seq, context_parallel=4, gpus=4).peak
+    assert peak.moments["last layer's backward"][CP_TERM] > 0
+    assert (peak.phase, peak.backward_moment) == ("backward", "last layer's backward")
+    wide = dict(layers=4, hidden=1024, heads=8, seq_len=16, vocab=256)
+    peak = estimate_memory(**wide, checkpointing="full", optimizer_in_backward=True).peak
+    assert (peak.phase, peak.backward_moment) == ("backward", "backward end")

@@ -376,14 +376,24 @@ def test_compile_float8_and_hsdp_are_planned_when_pinned() -> None:
         assert ("compile" in p.extras) is (p.tp * p.pp > 1)
     assert {p.tp for p in fast.plans} == {p.tp for p in base.plans}  # tp layouts kept
     plain = {p.label(): p for p in base.plans}
+    from workbench.estimate.flops import flop_count_of
+    from workbench.estimate.presets import find_model
     from workbench.planner.steptime import linear_factors
 
     # the factors speed all but the attention core (27.6% of the step they were measured
     # on, less of this shorter one's): more than that step's 8532 / 5762, at most the rest's
     linear = linear_factors("h100-80gb", compiled=True, float8=True)
+    count = flop_count_of(find_model("llama-3-8b").architecture.replace(seq_len=4096))
     for p in fast.plans:
         twin = plain[p.label().replace(" compile float8", "")]
         assert twin.time.compute / linear < p.time.compute < twin.time.compute * 5762 / 8532
+        # exactly: the attention core's share a of this step's hardware FLOPs (12 L q s a
+        # token, its forward's 4 L q s again where recomputed) at the rate it had, the rest
+        # at `linear` times it
+        ckpt = p.settings["activation_checkpointing"]
+        again = count.attention_per_token // 3 if ckpt in ("full", "selective") else 0
+        a = (count.attention_per_token + again) / count.hardware_per_token(ckpt)
+        assert p.time.compute == pytest.approx(twin.time.compute * ((1 - a) / linear + a))
     hybrid = plan(model="llama-3-8b", gpu="h100", nodes=2, seq_len=4096, global_batch=64,
                   engines="full_shard", hsdp=True)  # fmt: skip
     assert hybrid.plans and all("hsdp 8" in p.label() for p in hybrid.plans if p.tp == 1)
