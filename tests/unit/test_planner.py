@@ -413,3 +413,20 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     best = llama405.best
     assert (best.engine, best.tp, best.pp, best.dp) == ("full_shard", 8, 1, 2048)
     assert best.settings["activation_checkpointing"] == "full"
+
+
+def test_the_table_keeps_its_columns_when_a_label_or_a_step_is_long() -> None:
+    """Offloaded ZeRO-3 labels pass 48 characters and a 70B step passes ten seconds: every
+    row's figures still start where the header's do, and a long step reads in seconds."""
+    r = plan(model="llama-3-70b", gpu="h100", gpus=64, seq_len=8192, global_batch=256)
+    lines = r.text(top=len(r.plans)).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#  plan"))
+    rows = lines[header + 1 : header + 1 + len(r.plans)]
+    assert any(len(p.label()) > 48 for p in r.plans)
+    assert all(p.step_seconds >= 10 for p in r.plans)
+    end_of_peak = lines[header].index("peak/GPU") + len("peak/GPU")
+    end_of_hfu = len(lines[header])
+    for row, p in zip(rows, r.plans, strict=True):
+        assert row[:end_of_peak].endswith(f"{p.required_bytes / (1 << 30):.1f}Gi"), row
+        assert row.endswith(f"{p.hfu:>5.0%}") and len(row) == end_of_hfu, row
+        assert f" {p.step_seconds:.1f}s " in row, row

@@ -73,6 +73,13 @@ ENGINES: dict[str, dict[str, Any]] = {
 }
 
 
+def _step_text(seconds: float) -> str:
+    """A step's time in ms below ten seconds, in s above (51.8 s, not 51848.2ms)."""
+    if seconds < 10:
+        return f"{seconds * 1e3:.1f}ms"
+    return f"{seconds:.1f}s"
+
+
 @dataclass(frozen=True)
 class Plan:
     """One setup: its TrainConfig settings, per-GPU peak, whether it fits, its step time."""
@@ -246,13 +253,20 @@ class PlanResult:
             f"{len(self.plans)} of {self.searched} setups fit {c.nodes} x {c.gpus_per_node} "
             f"{c.gpu.name} at global batch {self.global_batch} x {self.seq_len} tokens",
             "",
-            f"{'#':>3}  {'plan':<48} {'peak/GPU':>9} {'step':>9} {'tokens/s':>10} {'MFU':>5} "
-            f"{'HFU':>5}",
         ]
-        for i, p in enumerate(self.plans[:top], 1):
+        shown = self.plans[:top]
+        labels = [p.label() for p in shown]
+        steps = [_step_text(p.step_seconds) for p in shown]
+        name_w = max([48, *map(len, labels)])
+        step_w = max([9, *map(len, steps)])
+        lines.append(
+            f"{'#':>3}  {'plan':<{name_w}} {'peak/GPU':>9} {'step':>{step_w}} {'tokens/s':>10} "
+            f"{'MFU':>5} {'HFU':>5}"
+        )
+        for i, (p, label, step) in enumerate(zip(shown, labels, steps, strict=True), 1):
             lines.append(
-                f"{i:>3}  {p.label():<48} {p.required_bytes / _GIB:>7.1f}Gi "
-                f"{p.step_seconds * 1e3:>7.1f}ms {p.tokens_per_s:>10,.0f} {p.mfu:>5.0%} {p.hfu:>5.0%}"
+                f"{i:>3}  {label:<{name_w}} {p.required_bytes / _GIB:>7.1f}Gi "
+                f"{step:>{step_w}} {p.tokens_per_s:>10,.0f} {p.mfu:>5.0%} {p.hfu:>5.0%}"
             )
         seconds, cost = self.train_time(self.best)
         if seconds is not None:
