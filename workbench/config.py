@@ -71,10 +71,14 @@ def _unknown_setting(name: str, value: Any) -> SettingProblem:
 
 
 _is_bool, _is_int, _is_number = is_bool, is_int, is_number
+#: Values `_plain_number` returns as they are without asking what they hold.
+_PLAIN_TYPES = frozenset({int, float, bool, str, type(None), *ENUM_FIELDS.values()})
 
 
 def _plain_number(v: Any) -> Any:
     """A NumPy scalar as the Python int/float it holds (other values unchanged)."""
+    if type(v) in _PLAIN_TYPES:
+        return v
     if _is_int(v) and not isinstance(v, int):
         return int(v)
     if _is_number(v) and not isinstance(v, (int, float)):
@@ -652,13 +656,15 @@ class TrainConfig:
             if not isinstance(value, enum) and isinstance(value, str):
                 with contextlib.suppress(ValueError):  # reported by problems()
                     object.__setattr__(self, name, enum(value.strip().lower()))
-        for f in fields(self):  # NumPy scalars are numbers: kept as Python's own
-            value = getattr(self, f.name)
+        for name in _FIELD_NAMES:  # NumPy scalars are numbers: kept as Python's own
+            value = getattr(self, name)
+            if type(value) in _PLAIN_TYPES:
+                continue
             plain = _plain_number(value)
             if _is_bool(value) and not isinstance(value, bool):
                 plain = bool(value)
             if plain is not value:
-                object.__setattr__(self, f.name, plain)
+                object.__setattr__(self, name, plain)
         problems = self.setting_problems()
         if problems:
             raise ConfigError(problems)
@@ -825,14 +831,15 @@ def _describe_settings() -> str:
 
 
 _dataclass_init = TrainConfig.__init__
+_FIELD_NAMES = tuple(f.name for f in fields(TrainConfig))
+_KNOWN_FIELDS = frozenset(_FIELD_NAMES)
 
 
 def _init_naming_unknown_settings(self: TrainConfig, *args: Any, **kwargs: Any) -> None:
     """TrainConfig's generated __init__, but an unknown keyword is a ValueError that
     suggests the close setting (`accumulate_grad_batches` -> did you mean 'grad_accum'?)."""
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
+    if not _KNOWN_FIELDS.issuperset(kwargs):
+        unknown = sorted(set(kwargs) - _KNOWN_FIELDS)
         raise ConfigError([_unknown_setting(k, kwargs[k]) for k in unknown])
     _dataclass_init(self, *args, **kwargs)
 

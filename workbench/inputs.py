@@ -52,18 +52,40 @@ class InputFileError(ValueError):
         super().__init__(f"{what} {shown(path)}: {reason}")
 
 
+#: Python's own types, answered without the ABC checks below (the hot path of every
+#: TrainConfig: the planner builds thousands).
+_PLAIN_NOT_BOOL = frozenset({int, float, str, type(None)})
+_PLAIN_NOT_INT = frozenset({bool, float, str, type(None)})
+_PLAIN_NOT_NUMBER = frozenset({bool, str, type(None)})
+
+
 def is_bool(v: Any) -> bool:
     """True/False, NumPy's booleans included (a numpy.bool_ is no number)."""
+    t = type(v)
+    if t is bool:
+        return True
+    if t in _PLAIN_NOT_BOOL:
+        return False
     return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool") and hasattr(v, "item"))
 
 
 def is_int(v: Any) -> bool:
     """An integer: int or a NumPy integer scalar, never a bool."""
+    t = type(v)
+    if t is int:
+        return True
+    if t in _PLAIN_NOT_INT:
+        return False
     return isinstance(v, numbers.Integral) and not is_bool(v)
 
 
 def is_number(v: Any) -> bool:
     """A finite real number: int, float or a NumPy scalar of either, never a bool."""
+    t = type(v)
+    if t is float:
+        return math.isfinite(v)
+    if t in _PLAIN_NOT_NUMBER:
+        return False
     if not isinstance(v, numbers.Real) or is_bool(v):
         return False
     try:
