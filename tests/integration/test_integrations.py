@@ -305,6 +305,46 @@ def test_the_dashboard_of_an_observed_run(tmp_path) -> None:  # type: ignore[no-
         d.close()
 
 
+def test_a_dashboard_shown_before_training_takes_the_run_into_its_estimator_tab(
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
+    """As the README and notebook 06 show it: the dashboard displayed before
+    `trainer.train()` opens on the panel's defaults (no model handed over yet), and the
+    first refresh after the Trainer attaches its model puts the run into the tab: its
+    micro-batch, shape and parameter count, not the 7B default."""
+    from transformers import Trainer, TrainingArguments
+
+    from workbench.integrations import WorkbenchTrainerCallback
+
+    callback = WorkbenchTrainerCallback()
+    trainer = Trainer(
+        model=_gpt2(),
+        args=TrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2,
+            report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+        ),
+        train_dataset=Tokens(),
+        callbacks=[callback],
+    )  # fmt: skip
+    d = workbench.dashboard(callback.observer)
+    try:
+        default = d.estimator.estimate
+        assert default is not None and default.n_params > 10**9  # the panel's 7B
+        assert not d.sync_estimator()  # nothing attached yet: nothing to put in
+        trainer.train()
+        d.training.refresh(draw_now=True)
+        inputs = d.estimator.read_inputs()[0]
+        model = trainer.model
+        assert inputs["micro_batch"] == 4
+        assert inputs["hidden"] == model.config.n_embd and inputs["layers"] == model.config.n_layer
+        n = sum(p.numel() for p in model.parameters())
+        assert d.estimator.estimate is not None
+        assert d.estimator.estimate.n_params == pytest.approx(n, rel=0.05)
+        assert not d.sync_estimator()  # the same run again: the tab is left as it is
+    finally:
+        d.close()
+
+
 def test_a_loss_scale_is_read_with_the_loss() -> None:
     """fp16's GradScaler (on CPU too): the record's scale is the scaler's, read from its
     tensor in the step's one read."""

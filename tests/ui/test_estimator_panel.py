@@ -186,6 +186,23 @@ def test_constructor_rejects_unknown_inputs() -> None:
         EstimatorPanel(units="MB")
 
 
+def test_set_values_fills_the_fields_with_one_recompute_and_refuses_unknown_names() -> None:
+    p = EstimatorPanel()
+    try:
+        before = p.recomputes
+        assert p.set_values({"mode": "parameter count", "n_params": 1.3e9, "gpus": 2})
+        assert p.recomputes == before + 1
+        assert p.estimate.n_params == 1_300_000_000 and p.estimate.gpus == 2
+        kept = p.estimate
+        with pytest.raises(ValueError, match="bogus=1: unknown input"):
+            p.set_values({"gpus": 4, "bogus": 1})
+        with pytest.raises(ValueError, match="mode='counted'"):
+            p.set_values({"mode": "counted"})
+        assert p.estimate is kept and p.fields["gpus"].widget.value == "2"  # nothing changed
+    finally:
+        p.close()
+
+
 def test_initial_values_and_static_png() -> None:
     p = EstimatorPanel(mode="parameter count", n_params=1.3e9, gpus=2, zero_stage=1)
     try:

@@ -434,6 +434,33 @@ class EstimatorPanel(PanelBase):
             "tied_embeddings": arch.tied_embeddings,
         }
 
+    def set_values(self, values: dict[str, Any]) -> bool:
+        """Put `values` (field name -> value as the constructor takes them, and "mode")
+        into the fields, then one recompute; an unknown name is refused by name and
+        nothing changes. True when the new inputs estimate."""
+        unknown = sorted(set(values) - set(self.fields) - {"mode"})
+        if unknown:
+            raise ValueError(
+                f"{unknown[0]}={shown(values[unknown[0]])}: unknown input; known inputs: "
+                + ", ".join(["mode", *self.fields])
+            )
+        mode = values.get("mode", self.mode.value)
+        if mode not in (MODE_PARAMS, MODE_SHAPE):
+            raise ValueError(f"mode={shown(mode)}: must be {MODE_PARAMS!r} or {MODE_SHAPE!r}")
+        self._filling = True
+        try:
+            for name, value in values.items():
+                if name == "mode":
+                    continue
+                widget = self.fields[name].widget
+                if isinstance(widget.value, str) and not isinstance(value, str):
+                    value = f"{value:g}" if isinstance(value, float) else str(value)
+                widget.value = value
+            self.mode.value = mode
+        finally:
+            self._filling = False
+        return self.recompute()
+
     def _on_model(self, change: dict[str, Any]) -> None:
         """A preset fills the shape fields (one recompute for all of them)."""
         name = change["new"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
@@ -58,6 +59,8 @@ class ObserverPanel(PanelBase, TrainingCharts):
         self.memory_report: Any | None = None
         self._predicted: tuple[Any, Any] | None = None
         self._cursor = 0
+        #: called after each refresh (the dashboard puts the attached run into its tab)
+        self.after_refresh: list[Callable[[], Any]] = []
         self._version_seen: int | None = None
         self._last_advice = 0.0
         self.advice: list[Any] = []
@@ -137,6 +140,8 @@ class ObserverPanel(PanelBase, TrainingCharts):
             self._update_advice()
         with self._lock:
             self._draw()
+        for hook in list(self.after_refresh):
+            hook()
 
     def _status(self) -> str:
         obs = self.observer
@@ -245,6 +250,26 @@ class ObserverDashboard(TabbedPanels):
         self.tabs.titles = ("Observed run", "Hardware monitor", "Memory estimator")
         self.widget = widgets.VBox([self.tabs])
         self.widget.add_class("wb-dashboard")
+        #: the observed run's inputs last put into the estimator tab (None: its defaults)
+        self._estimated_run: tuple[Any, ...] | None = None
+        self.sync_estimator()
+        self.training.after_refresh.append(self.sync_estimator)
+
+    def sync_estimator(self) -> bool:
+        """Put the observed run into the estimator tab: once the trainer hands its model
+        over (a dashboard shown before `trainer.fit()` / `trainer.train()` opens on the
+        panel's defaults until then), and again when what is read of the run changes. True
+        when the tab changed."""
+        observer = self.training.observer
+        if not observer.attached:
+            return False
+        values = estimator_values(observer)
+        key = tuple(sorted(values.items()))
+        if key == self._estimated_run:
+            return False
+        self._estimated_run = key
+        self.estimator.set_values(values)
+        return True
 
     @property
     def panels(self) -> tuple[PanelBase, ...]:
