@@ -43,7 +43,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from workbench.config import LRScaling, OptimizerName, Precision, TrainConfig
@@ -822,4 +822,30 @@ def advise(
         *_rule_lr_scaling(ctx),
         *_rule_alignment(ctx),
     ]
-    return sorted(advice, key=lambda a: _SEVERITY_ORDER[a.severity])
+    return _one_value_a_setting(sorted(advice, key=lambda a: _SEVERITY_ORDER[a.severity]))
+
+
+def _one_value_a_setting(advice: list[Advice]) -> list[Advice]:
+    """Advice in severity order, each setting applied by the first (most severe) advice that
+    sets it: a later advice's other value for it leaves its `apply` and says which advice
+    sets it, so applying every piece of advice never undoes the more severe one's fix."""
+    taken: dict[str, tuple[Any, str]] = {}
+    out: list[Advice] = []
+    for a in advice:
+        apply = dict(a.apply or {})
+        clashes = [k for k, v in apply.items() if k in taken and taken[k][0] != v]
+        if clashes:
+            for k in clashes:
+                del apply[k]
+            said = ", ".join(f"{k}={taken[k][0]!r}" for k in clashes)
+            owners = ", ".join(sorted({taken[k][1] for k in clashes}))
+            a = replace(
+                a,
+                message=f"{a.message} (the {owners} advice above sets {said}: applied once, "
+                "from there)",
+                apply=apply or None,
+            )
+        for k, v in (a.apply or {}).items():
+            taken.setdefault(k, (v, f"[{a.severity}] {a.id}"))
+        out.append(a)
+    return out

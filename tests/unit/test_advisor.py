@@ -430,6 +430,26 @@ def test_grad_norm_spike_suggests_clipping() -> None:
     assert a.evidence["spikes"] == [{"step": 16, "grad_norm": 10.0, "median_before": 0.5}]
 
 
+def test_a_diverging_run_gets_one_clip_value_from_the_most_severe_advice() -> None:
+    """Notebook 06's diverging run: the NaN loss (critical) asks for clipping at 1.0 and the
+    spikes before it (a warning) would ask for twice their median, 15; applying every piece
+    of advice must not undo the critical fix, so the warning names it instead."""
+    records = run(MIN_SPIKE_BASELINE + 5, grad_norm=7.5)
+    records += [rec(len(records) + 1, grad_norm=1e6)]
+    records += [rec(len(records) + 1, loss=math.nan)]
+    advice = advise(records, config=TrainConfig(lr=1.0))
+    critical = one(advice, "nonfinite-loss")
+    spike = one(advice, "grad-norm-spike")
+    assert critical.apply == {"lr": 0.5, "clip_grad_norm": 1.0}
+    assert spike.apply is None
+    assert "[critical] nonfinite-loss advice above sets clip_grad_norm=1.0" in spike.message
+    assert "clip at 15" in spike.message  # its own finding is still said
+    merged: dict[str, Any] = {}
+    for a in advice:
+        merged.update(a.apply or {})
+    assert merged["clip_grad_norm"] == 1.0
+
+
 def test_no_spike_early_spike_clipped_or_skipped_do_not_fire() -> None:
     steady = run(30, grad_norm=0.5)
     assert "grad-norm-spike" not in ids(advise(steady))

@@ -196,8 +196,8 @@ def test_sample_config_imports_with_one_grouped_warning() -> None:
         "zero_optimization.overlap_comm",
         "zero_optimization.offload_optimizer.nvme_path='/mnt/nvme' (ignored while device is 'cpu')",
         "zero_optimization.offload_param.nvme_path='/mnt/nvme' (ignored while device is 'cpu')",
-        "fp16.hysteresis=2 (the workbench backs off on every overflow, hysteresis 1, "
-        "DeepSpeed's default)",
+        "fp16.hysteresis=2 (DeepSpeed's default, the workbench backs off on every overflow, "
+        "hysteresis 1)",
     ):
         assert entry in text
     # world size given: micro is solved for it
@@ -241,7 +241,7 @@ def test_values_deepspeed_accepts_but_the_workbench_approximates_are_named() -> 
         "fp16.loss_scale=128 (static loss scaling, the workbench scales dynamically); "
         "optimizer.params.betas=[0.9, 0.95] (the workbench uses [0.9, 0.999]); "
         "optimizer.params.eps=1e-06 (the workbench uses 1e-08); "
-        "scheduler.params.warmup_type='log' (the workbench warms up linearly, DeepSpeed's default)"
+        "scheduler.params.warmup_type='log' (DeepSpeed's default, the workbench warms up linearly)"
     )  # bias_correction=True is FusedAdam's default: nothing to say about it
 
 
@@ -255,7 +255,7 @@ def test_schedulers_deepspeed_has_and_the_workbench_approximates() -> None:
     assert cosine.config.warmup_steps == 500
     (text,) = cosine.warnings
     assert "warmup_num_steps=1000 (more than total_num_steps, uses 500)" in text
-    assert "cos_min_ratio=0.0001 (the workbench decays to 0, DeepSpeed's default)" in text
+    assert "cos_min_ratio=0.0001 (DeepSpeed's default, the workbench decays to 0)" in text
     decay = import_deepspeed(
         {
             **base,
@@ -282,7 +282,7 @@ def test_schedulers_deepspeed_has_and_the_workbench_approximates() -> None:
         2000,
     )
     assert (
-        "cycle_momentum=True (the workbench does not cycle momentum, DeepSpeed's default)"
+        "cycle_momentum=True (DeepSpeed's default, the workbench does not cycle momentum)"
         in (cycle.warnings[0])
     )
     rng = import_deepspeed({**base, "scheduler": {"type": "LRRangeTest"}})

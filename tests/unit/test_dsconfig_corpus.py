@@ -298,7 +298,7 @@ def test_hugging_face_zero2_with_auto() -> None:
         "fp16.hysteresis=2 (the workbench backs off on every overflow, hysteresis 1)",
         "scheduler.type='WarmupDecayLR' (a linear decay to 0, imported as lr_schedule='cosine' "
         "over the same steps: the workbench has no linear decay)",
-        "scheduler.params.warmup_type='log' (the workbench warms up linearly, DeepSpeed's default)",
+        "scheduler.params.warmup_type='log' (DeepSpeed's default, the workbench warms up linearly)",
     ]
     # 1.5e9 parameters, fp16 AdamW on 8 GPUs, ZeRO-2 + optimizer offload: the GPU keeps the
     # 2-byte weights (3.0 GB); the host holds 2-byte gradients and 12-byte optimizer states
@@ -392,8 +392,8 @@ def test_lamb() -> None:
         "steps_per_print",
         "prescale_gradients",
         "wall_clock_breakdown",
-        "fp16.hysteresis=2 (the workbench backs off on every overflow, hysteresis 1, "
-        "DeepSpeed's default)",
+        "fp16.hysteresis=2 (DeepSpeed's default, the workbench backs off on every overflow, "
+        "hysteresis 1)",
         "optimizer.params.bias_correction=False",
         "optimizer.params.max_coeff=0.3",  # min_coeff=0.01 is FusedLamb's default
     ]

@@ -170,10 +170,11 @@ def _read_fp16(r: Reader, given: dict[str, Any], fc: Any, kw: dict[str, Any]) ->
     kw["loss_scale_init"] = float(2 ** int(fc.initial_scale_power))
     kw["loss_scale_interval"] = int(fc.loss_scale_window)
     if int(fc.hysteresis) != 1:
-        default = "" if "hysteresis" in given else ", DeepSpeed's default"
         r.ignore(
-            f"fp16.hysteresis={fc.hysteresis} (the workbench backs off on every overflow, "
-            f"hysteresis 1{default})"
+            f"fp16.hysteresis={fc.hysteresis} "
+            + _why(
+                "the workbench backs off on every overflow, hysteresis 1", "hysteresis" not in given
+            )
         )
     if int(fc.min_loss_scale) != 1:
         r.ignore(f"fp16.min_loss_scale={fc.min_loss_scale} (the workbench uses 1)")
@@ -278,14 +279,19 @@ def read_optimizer(r: Reader, opt: dict[str, Any], kw: dict[str, Any], ds: dict[
 _SCHEDULER_LINEAR = "the workbench warms up linearly"
 
 
+def _why(what: str, defaulted: bool) -> str:
+    """Why a value is not carried over, said after it: "(DeepSpeed's default; the
+    workbench ...)" where the config left it to DeepSpeed, else "(the workbench ...)"."""
+    return f"(DeepSpeed's default; {what})" if defaulted else f"({what})"
+
+
 def _warmup_details(r: Reader, params: dict[str, Any], p: str) -> None:
     lo = r.number(params, "warmup_min_lr", f"{p}.warmup_min_lr")
     if lo not in (None, 0.0):
         r.ignore(f"{p}.warmup_min_lr={shown(lo)} (the workbench warms up from 0)")
     kind = r.string(params, "warmup_type", f"{p}.warmup_type")
     if kind != "linear":
-        default = ", DeepSpeed's default" if kind is None else ""
-        r.ignore(f"{p}.warmup_type={shown(kind or 'log')} ({_SCHEDULER_LINEAR}{default})")
+        r.ignore(f"{p}.warmup_type={shown(kind or 'log')} " + _why(_SCHEDULER_LINEAR, kind is None))
 
 
 def read_scheduler(r: Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None:
@@ -334,15 +340,16 @@ def read_scheduler(r: Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None
                 r.ignore(f"{p}.warmup_min_ratio={shown(lo)} (the workbench warms up from 0)")
             end = r.number(params, "cos_min_ratio", f"{p}.cos_min_ratio")
             if end != 0.0:
-                default = ", DeepSpeed's default" if end is None else ""
                 r.ignore(
-                    f"{p}.cos_min_ratio={shown(0.0001 if end is None else end)} (the workbench "
-                    f"decays to 0{default})"
+                    f"{p}.cos_min_ratio={shown(0.0001 if end is None else end)} "
+                    + _why("the workbench decays to 0", end is None)
                 )
             kind_w = r.string(params, "warmup_type", f"{p}.warmup_type")
             if kind_w != "linear":
-                default = ", DeepSpeed's default" if kind_w is None else ""
-                r.ignore(f"{p}.warmup_type={shown(kind_w or 'log')} ({_SCHEDULER_LINEAR}{default})")
+                r.ignore(
+                    f"{p}.warmup_type={shown(kind_w or 'log')} "
+                    + _why(_SCHEDULER_LINEAR, kind_w is None)
+                )
         else:
             r.ignore(
                 "scheduler.type='WarmupDecayLR' (a linear decay to 0, imported as "
@@ -364,8 +371,10 @@ def read_scheduler(r: Reader, sched: dict[str, Any], kw: dict[str, Any]) -> None
             r.ignore(f"{p}.cycle_min_lr={shown(lo)} (the workbench starts at cycle_max_lr / 25)")
         momentum = params.get("cycle_momentum", True)
         if momentum:
-            default = "" if "cycle_momentum" in params else ", DeepSpeed's default"
-            r.ignore(f"{p}.cycle_momentum=True (the workbench does not cycle momentum{default})")
+            r.ignore(
+                f"{p}.cycle_momentum=True "
+                + _why("the workbench does not cycle momentum", "cycle_momentum" not in params)
+            )
         for key in (
             "decay_lr_rate",
             "decay_step_size",

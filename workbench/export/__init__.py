@@ -92,8 +92,9 @@ STRATEGY: dict[Engine, str] = {engine: row.export_strategy for engine, row in EN
 
 #: Why the exported jobs do not carry `tp` / `pp` (each target, the setting).
 MODEL_PARALLEL_EXPORT = {
-    "deepspeed": "DeepSpeed's own tensor parallelism (AutoTP) and pipeline engine "
-    "(PipelineModule) need the model rewritten for them, which the exported script does not do",
+    "deepspeed": "the exported DeepSpeed job writes neither DeepSpeed's AutoTP training "
+    "(`tensor_parallel.autotp_size` in the config, DeepSpeed 0.16.4+, ZeRO 0-2) nor its "
+    "pipeline engine (PipelineModule, which needs the model rewritten as a list of layers)",
     "fsdp": "the exported FSDP job splits layers over tensor-parallel ranks (`tp`) but does "
     "not cut the model into pipeline stages",
     "lightning": "the exported Lightning job splits layers over tensor-parallel ranks (`tp`, "
