@@ -122,3 +122,23 @@ def test_table_json_and_chart() -> None:
     assert r.chart_png().startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="method='heads': not in this report"):
         r.verdict("heads")
+
+
+def test_a_combination_leaves_out_the_reason_of_a_step_that_paid_alone() -> None:
+    """channels alone 2x faster, channels+int8 slower: the slowdown is int8's, so the
+    combination's row keeps int8's reason and drops the pruning's."""
+    from torch import nn
+
+    from workbench.compress.compare import _reasons_left
+    from workbench.compress.layers import Compressed
+
+    why = (("channels", "the layers it narrows are too small a share"), ("int8", "not fused"))
+    combo = Compressed(nn.Linear(1, 1), "channels+int8", (), why_no_gain="x", why_by_step=why)
+    channels = Row("channels", figures(2000, 5.0))
+    slow_channels = Row("channels", figures(2000, 12.0))
+    assert _reasons_left(combo, BEFORE, [BEFORE, channels]) == "not fused"
+    both = "the layers it narrows are too small a share; not fused"
+    assert _reasons_left(combo, BEFORE, [BEFORE, slow_channels]) == both
+    assert _reasons_left(combo, BEFORE, [BEFORE]) == both  # no row of its own: kept
+    plain = Compressed(nn.Linear(1, 1), "int8", (), why_no_gain="not fused")
+    assert _reasons_left(plain, BEFORE, [BEFORE, channels]) == "not fused"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ from workbench.compress.measure import (
 )
 from workbench.compress.prune import prune_structured, prune_unstructured
 from workbench.compress.quantize import ENGINES, quantize_int8
-from workbench.compress.report import CompressionReport, Figures, Row
+from workbench.compress.report import CompressionReport, Figures, Row, verdict_of
 from workbench.inputs import shown
 from workbench.problems import SettingProblem
 from workbench.spread import spread
@@ -97,7 +98,7 @@ def apply_method(model: nn.Module, spec: str, *, sparsity: float, engine: str) -
     layers: list[str] = []
     skipped: list[str] = []
     notes: list[str] = []
-    why: list[str] = []
+    why: list[tuple[str, str]] = []
     for step in spec.split("+"):
         if step == "int8":
             done = quantize_int8(current, engine=engine)
@@ -112,15 +113,31 @@ def apply_method(model: nn.Module, spec: str, *, sparsity: float, engine: str) -
         skipped += done.skipped
         notes += done.notes
         if done.why_no_gain:
-            why.append(done.why_no_gain)
+            why.append((step, done.why_no_gain))
     return Compressed(
         model=current,
         method=spec,
         layers=tuple(layers),
         skipped=tuple(skipped),
         notes=tuple(notes),
-        why_no_gain="; ".join(why),
+        why_no_gain="; ".join(reason for _, reason in why),
+        why_by_step=tuple(why),
     )
+
+
+def _reasons_left(c: Compressed, before: Row, rows: list[Row]) -> str:
+    """Why `c` may not pay, leaving out the reason of a step of a combination that measured
+    faster than the model before on its own (its row above): "channels+int8" slower while
+    "channels" alone was faster is int8's doing, not the pruning's."""
+    if not c.why_by_step:
+        return c.why_no_gain
+    alone = {row.method: row for row in rows}
+    kept = [
+        reason
+        for step, reason in c.why_by_step
+        if step not in alone or verdict_of(before, alone[step]).latency != "faster"
+    ]
+    return "; ".join(kept)
 
 
 def _figures(
@@ -223,6 +240,10 @@ def compare(
                 why_no_gain=c.why_no_gain,
             )
         )
+    rows = [rows[0]] + [
+        replace(row, why_no_gain=_reasons_left(c, rows[0], rows))
+        for row, c in zip(rows[1:], results.values(), strict=True)
+    ]
     from workbench.train.data import batch_size_of
 
     device = next((t.device for t in before.parameters()), torch.device("cpu"))

@@ -41,7 +41,9 @@ class Compressed:
     the report shows it. `layers`: the layers it changed, by name. `skipped`: layers it
     left out, each with the reason. `notes`: how it was done (library, settings).
     `why_no_gain`: why the method may not pay on some hardware; the report shows it when
-    its measurements say the method did not pay.
+    its measurements say the method did not pay. `why_by_step`: a combination's reasons
+    by its steps ("channels", "int8"), so the report leaves out the reason of a step that
+    measured faster on its own.
     """
 
     model: nn.Module
@@ -50,6 +52,7 @@ class Compressed:
     skipped: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     why_no_gain: str = ""
+    why_by_step: tuple[tuple[str, str], ...] = ()
 
 
 ALREADY = (
