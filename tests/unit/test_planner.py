@@ -377,7 +377,16 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     assert (gpt3.best.engine, gpt3.best.tp, gpt3.best.dp) == ("full_shard", 2, 512)
     small = plan(model="llama-3-8b", **h100, global_batch=16, seq_len=8192)
     assert (small.best.engine, small.best.dp) == ("zero3", 8)
-    assert _rank_of(small, 1, 1, 8, "full_shard") == 2
+    # FSDP over 8 without recomputation needs 79.2 GiB: over the 79.11 GiB an H100 shows
+    # PyTorch (it fitted the data sheet's 80); with full recomputation it fits, 33% slower
+    fsdp = plan(model="llama-3-8b", **h100, global_batch=16, seq_len=8192, engines=["full_shard"])
+    whole = next(p for p in fsdp.unfit if p.dp == 8 and p.label().endswith("mb1x2"))
+    assert H100.memory_bytes < whole.required_bytes < 80 * 2**30
+    rank = _rank_of(small, 1, 1, 8, "full_shard")
+    assert rank is not None and small.plans[rank - 1].settings["activation_checkpointing"] == "full"
+    assert small.plans[rank - 1].step_seconds / small.best.step_seconds == pytest.approx(
+        1.333, abs=0.01
+    )
     big = plan(model="llama-3-70b", **h100, nodes=32, global_batch=512, seq_len=8192)
     # torchtitan's layout is #9, 2.1% behind ZeRO-3 over 256: its TP 8 all-reduces run on
     # NCCL's NVLS (NVLink SHARP, 476 against the ring's 370.8 GB/s), but its data-parallel
@@ -396,7 +405,12 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     assert (opt.best.tp, opt.best.dp, opt.best.engine) == (2, 496, "full_shard")
     megatron = plan(model="llama-3-70b", **h100, nodes=96, global_batch=384, seq_len=4096)
     assert _rank_of(megatron, 8, 2, 48) is None  # does not fit without ZeRO over tp x pp
-    assert (megatron.best.engine, megatron.best.tp, megatron.best.dp) == ("full_shard", 2, 384)
+    # FSDP 384 x TP 2 without recomputation needs 79.8 GiB, over an H100's 79.11: with full
+    # recomputation it is #2, 0.1% behind TP 8 x PP 8 with DDP
+    assert (megatron.best.engine, megatron.best.tp, megatron.best.pp) == ("ddp", 8, 8)
+    second = megatron.plans[1]
+    assert (second.engine, second.tp, second.dp) == ("full_shard", 2, 384)
+    assert second.settings["activation_checkpointing"] == "full"
     with pytest.raises(ValueError, match="global_batch=2048: no layout of the 384 GPUs"):
         plan(
             n_params="176B",

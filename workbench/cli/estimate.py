@@ -683,11 +683,11 @@ def _gpu_table(*, as_json: bool) -> str:
 
     if as_json:
         return json_text({"gpus": [vars(g) for g in GPUS.values()]})
-    head = ["name", "GiB", "FP16 TFLOPS", "BF16", "FP32", "TF32", "description"]
+    head = ["name", "GiB seen", "FP16 TFLOPS", "BF16", "FP32", "TF32", "description"]
     rows = [
         [
             g.name,
-            f"{g.memory_bytes / (1 << 30):g}",
+            f"{g.memory_bytes / (1 << 30):.2f}",
             f"{g.peak_fp16_flops / 1e12:g}",
             "-" if g.peak_bf16_flops is None else f"{g.peak_bf16_flops / 1e12:g}",
             f"{g.peak_fp32_flops / 1e12:g}",

@@ -5,11 +5,15 @@ non-tensor-core FP32 rate; `peak_tf32_flops` is the TF32 tensor-core rate where 
 has one. 16-bit tensor rates are with FP32 accumulate (what training uses; GeForce parts
 run FP16-accumulate twice as fast, which training does not use).
 
-Memory: `memory_bytes` is the data sheet capacity read as binary units (memory parts
-are power-of-two sized, so an "80GB" A100 has 80 GiB = 85.9e9 bytes, which is what
-`nvidia-smi` reports for it). Some parts expose less to programs: GDDR parts with ECC on
-(T4, A10G, L4, L40S) show about 6% less, and the H100/H200 show about 0.5% less. The
-per-GPU framework overhead of the estimator (`overhead_gib`) is where to add that margin.
+Memory: `memory_bytes` is what a CUDA (or ROCm) program can use on the part: the total
+PyTorch reports ("GPU 0 has a total capacity of 79.11 GiB" in its out-of-memory message,
+`torch.cuda.mem_get_info()[1]`), which the caching allocator, the CUDA context and NCCL
+share, so the fit verdict is held against it. It is less than the data sheet's capacity
+(`data_sheet_bytes`, read as binary units: an "80GB" part has 80 GiB): the driver keeps
+part of the memory, GDDR parts with ECC on (T4, A10G, L4, L40S) show 6-8% less, an H100
+1.1% less. Each figure is a published measurement (`memory_source`); where reports of one
+part differ (driver, CUDA and ECC settings move it by up to about 0.3 GiB), the lowest
+is taken, so a setup said to fit fits on each reported system.
 
 The CUDA context and NCCL's channels (`CONTEXTS`, `context_of`, `nccl_channels`): what a
 process holds on the GPU beside the caching allocator's segments, per GPU generation, each
@@ -41,6 +45,8 @@ class GpuSpec:
     peak_fp32_flops: float
     peak_tf32_flops: float | None
     source: str
+    data_sheet_bytes: int = 0
+    memory_source: str = ""
 
     def peak_flops(self, sixteen_bit: bool, *, bf16: bool = False) -> float | None:
         """The peak rate training runs at: 16-bit tensor rate, or plain FP32."""
@@ -99,11 +105,50 @@ def _tflops(x: float | None) -> float | None:
     return None if x is None else x * _T
 
 
+# fmt: off
+#: What PyTorch reports as the part's total memory (GiB), each from a published run naming
+#: the GPU: the lowest where reports differ.
+_VISIBLE: dict[str, tuple[float, str]] = {
+    "v100-16gb": (15.78, "kchengiva/Shift-GCN#34: '(GPU 0; 15.78 GiB total capacity' on a 16 GB "
+                  "V100; nvidia-smi 'Tesla V100-SXM2 ... 16160MiB' (15.78 GiB), "
+                  "microsoft/Bringing-Old-Photos-Back-to-Life#19"),
+    "v100-32gb": (31.74, "liucongg/ChatGLM-Finetuning#73: '(GPU 0; 31.74 GiB total capacity' "
+                  "on a V100 32GB"),
+    "t4": (14.56, "Zheng-Chong/CatVTON#133: '14.56 GiB total capacity' on a GCP Tesla T4; "
+           "14.75 GiB on Colab's T4 (hpcaitech/Open-Sora#697); nvidia-smi 15360MiB"),
+    "a10g": (22.49, "AUTOMATIC1111/stable-diffusion-webui#1259: '(GPU 0; 22.49 GiB total "
+             "capacity' on an A10G; nvidia-smi 23028MiB"),
+    "l4": (22.03, "ArcInstitute/evo2#190: 'GPU 0 has a total capacity of 22.03 GiB' on an L4; "
+           "nvidia-smi 23034MiB"),
+    "rtx-3090": (23.70, "Lightning-AI/lit-llama#137: '(GPU 0; 23.70 GiB total capacity' on an "
+                 "RTX 3090 24GB"),
+    "rtx-4090": (23.52, "Soul-AILab/SoulX-FlashTalk#5: '23.52 GiB' on a 4090 24G; 23.64 "
+                 "(TMElyralab/MuseTalk#76) and 23.68 GiB (zai-org/CogVideo#36) elsewhere; "
+                 "nvidia-smi 24564MiB"),
+    "a100-40gb": (39.50, "wdwd720/BrainIR research/phase4/GPU_BENCHMARK.json: NVIDIA "
+                  "A100-SXM4-40GB, gpu_mem_gb 39.5 (torch 2.14, driver 580.95.05); nvidia-smi "
+                  "40960MiB"),
+    "a100-80gb": (79.14, "lianqi1008/Control-GIC#6: '79.14 GiB total capacity' on an A100 "
+                  "80GB; 79.25 GiB in levihsu/OOTDiffusion#235; nvidia-smi 81920MiB"),
+    "l40s": (44.42, "stepfun-ai/Step-Video-T2V#8: 'has a total capacity of 44.42 GiB' on 8 "
+             "L40S; nvidia-smi 46068MiB"),
+    "h100-80gb": (79.11, "vllm-project/vllm#27508: 'GPU 0 has a total capacity of 79.11 GiB' "
+                  "on an H100; 79.19 GiB on an 'NVIDIA H100 80GB HBM3' elsewhere; nvidia-smi "
+                  "81559MiB (huggingface/text-generation-inference#2572)"),
+    "h200-141gb": (139.81, "vllm-project/vllm#34553: 'NVIDIA H200 (139.81 GiB)', 'GPU 5 has a "
+                   "total capacity of 139.81 GiB'; nvidia-smi 143771MiB"),
+    "mi300x": (191.98, "vllm-project/vllm#7951: 'HIP out of memory ... GPU 0 has a total "
+               "capacity of 191.98 GiB' on MI300X; ROCm/ROCm#4203: total_memory=196592MB"),
+}
+# fmt: on
+
 GPUS: dict[str, GpuSpec] = {
     row[0]: GpuSpec(
         name=row[0],
         description=row[1],
-        memory_bytes=row[2] * _GIB,
+        memory_bytes=round(_VISIBLE[row[0]][0] * _GIB),
+        data_sheet_bytes=row[2] * _GIB,
+        memory_source=_VISIBLE[row[0]][1],
         peak_fp16_flops=row[3] * _T,
         peak_bf16_flops=_tflops(row[4]),
         peak_fp32_flops=row[5] * _T,
@@ -150,7 +195,7 @@ def _aliases() -> dict[str, str]:
     table: dict[str, str] = {}
     for name, spec in GPUS.items():
         table[_compact(name)] = name
-        gib = spec.memory_bytes // _GIB
+        gib = spec.data_sheet_bytes // _GIB
         base = _compact(name)
         if base.endswith(str(gib)):
             base = base[: -len(str(gib))]
