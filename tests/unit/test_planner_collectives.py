@@ -475,6 +475,10 @@ def test_compile_float8_and_hsdp_are_planned_when_pinned() -> None:
         assert ("compile" in p.extras) is (p.tp * p.pp > 1)
     assert {p.tp for p in fast.plans} == {p.tp for p in base.plans}  # tp layouts kept
     plain = {p.label(): p for p in base.plans}
+    # compile also lowers the estimated memory: a few compiled tp 1 plans fit an H100's
+    # 79.11 GiB where their plain twins do not; every other plan has its twin
+    alone = [p for p in fast.plans if p.label().replace(" compile float8", "") not in plain]
+    assert all(p.tp == 1 for p in alone) and len(alone) < len(fast.plans) // 4
     from workbench.estimate.flops import flop_count_of
     from workbench.estimate.presets import find_model
     from workbench.planner.steptime import linear_factors
@@ -483,7 +487,7 @@ def test_compile_float8_and_hsdp_are_planned_when_pinned() -> None:
     # on, less of this shorter one's): more than that step's 8532 / 5762, at most the rest's
     linear = linear_factors("h100-80gb", compiled=True, float8=True)
     count = flop_count_of(find_model("llama-3-8b").architecture.replace(seq_len=4096))
-    for p in fast.plans:
+    for p in (p for p in fast.plans if p not in alone):
         twin = plain[p.label().replace(" compile float8", "")]
         assert twin.time.compute / linear < p.time.compute < twin.time.compute * 5762 / 8532
         # exactly: the attention core's share a of this step's hardware FLOPs (12 L q s a
