@@ -627,13 +627,13 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
             )
     if e.train_flops is not None:
         if e.layers is None:  # a parameter count: every parameter multiplied, no attention
-            line = f"compute: 6 x params x tokens = {e.train_flops:.3g} FLOPs"
+            line = f"compute: 6 x params x tokens = {e.model_flops or e.train_flops:.3g} FLOPs"
         else:
             line = f"compute: {e.model_flops or e.train_flops:.3g} model FLOPs (6 N + 12 L q s a token)"
         if e.model_flops is not None and e.train_flops > e.model_flops:
             line += f", {e.train_flops:.3g} with the {e.checkpointing} recomputation"
         if e.train_seconds is not None:
-            line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at MFU {e.mfu:g}"
+            line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at {e.utilisation_text}"
             if e.cost is not None:
                 cost = f"{e.cost:,.0f}" if e.cost < 1e12 else f"{e.cost:.3g}"
                 line += f"; cost {cost} at {e.price_per_gpu_hour:g} per GPU-hour"

@@ -1,0 +1,75 @@
+"""`workbench estimate` as a user reviewing its command line read it: the rate its time
+assumes named as what it is (HFU, with the MFU beside it), implementations an optimizer
+does not have refused, one error for a refused config file, conflicting flags refused,
+and every allowed value listed."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.cli import main
+from workbench.estimate import estimate_memory
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = main(["estimate", *argv])
+    except SystemExit as exc:  # argparse errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error(argv: list[str], capsys) -> str:
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "", (code, out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    return err.strip()
+
+
+# ---------------------------------------------------------------- the rate the time assumes
+LLAMA_RUN = ["--model", "llama-3-8b", "--precision", "bf16", "--zero", "3", "--gpus", "8"]
+LLAMA_RUN += ["--tokens", "1e12", "--gpu", "h100"]
+
+
+def test_with_recomputation_the_rate_is_said_as_hfu_with_the_mfu_beside_it(capsys):
+    code, out, _ = run([*LLAMA_RUN, "--checkpointing", "full"], capsys)
+    assert code == 0
+    line = next(s for s in out.splitlines() if s.startswith("compute:"))
+    # 282.3 days is 7.72e22 FLOPs at 0.4 of the peak: 0.4 is the HFU; 0.4 x 5.79/7.72 the MFU
+    assert "282.3 days on 8 x h100-80gb at HFU 0.40 (MFU 0.30)" in line, line
+    assert "at MFU 0.4" not in line
+
+
+def test_without_recomputation_the_rate_is_the_mfu(capsys):
+    code, out, _ = run(LLAMA_RUN, capsys)
+    assert code == 0
+    assert "on 8 x h100-80gb at MFU 0.4" in out
+    assert "HFU" not in out
+
+
+def test_the_mfu_is_the_rate_times_model_over_hardware_flops():
+    e = estimate_memory(
+        model="llama-3-8b", tokens=1e12, gpu="h100", gpus=8, zero_stage=3, checkpointing="full"
+    )
+    assert e.model_flops is not None and e.train_flops is not None
+    assert e.model_flops_utilisation == pytest.approx(0.4 * e.model_flops / e.train_flops)
+    assert e.model_flops_utilisation == pytest.approx(0.30, abs=0.005)
+    plain = estimate_memory(model="llama-3-8b", tokens=1e12, gpu="h100", gpus=8, zero_stage=3)
+    assert plain.model_flops_utilisation == pytest.approx(0.4)
+
+
+def test_a_parameter_count_prints_its_model_flops_before_the_recomputed_ones(capsys):
+    args = ["--params", "7B", "--precision", "bf16", "--tokens", "1e12", "--gpu", "h100"]
+    code, out, _ = run([*args, "--checkpointing", "full"], capsys)
+    assert code == 0
+    line = next(s for s in out.splitlines() if s.startswith("compute:"))
+    assert "6 x params x tokens = 4.2e+22 FLOPs, 5.6e+22 with the full recomputation" in line
+    assert "at HFU 0.40 (MFU 0.30)" in line
+
+
+def test_the_mfu_flag_says_it_is_applied_to_the_hardware_flops(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    assert "hardware FLOP utilisation (HFU)" in text
