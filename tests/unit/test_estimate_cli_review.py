@@ -73,3 +73,54 @@ def test_the_mfu_flag_says_it_is_applied_to_the_hardware_flops(capsys):
     assert code == 0
     text = " ".join(out.split())
     assert "hardware FLOP utilisation (HFU)" in text
+
+
+# ---------------------------------------------------------------- optimizer implementations
+@pytest.mark.parametrize(
+    ("optimizer", "impl", "allowed"),
+    [
+        ("adafactor", "fused", "auto, foreach, for-loop"),  # torch's Adafactor: foreach= only
+        ("lamb", "foreach", "auto, fused"),  # DeepSpeed's FusedLamb: a fused kernel only
+        ("adam8bit", "for-loop", "auto, fused"),
+    ],
+)
+def test_an_implementation_the_optimizer_lacks_is_refused_naming_both(optimizer, impl, allowed):
+    from workbench.estimate import EstimateInputError
+
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(n_params="7B", optimizer=optimizer, optimizer_impl=impl)
+    (problem,) = info.value.problems
+    assert problem.field == "optimizer_impl" and problem.value == impl
+    assert optimizer in problem.message and problem.message.endswith(f"one of {allowed}")
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "impl"),
+    [("adamw", "fused"), ("adagrad", "fused"), ("adafactor", "foreach"), ("lamb", "fused")],
+)
+def test_an_implementation_the_optimizer_has_is_taken(optimizer, impl):
+    assert estimate_memory(n_params="7B", optimizer=optimizer, optimizer_impl=impl).optimizer_impl
+
+
+def test_the_rows_implementations_are_what_torch_takes():
+    import inspect
+
+    import torch
+
+    from workbench.optimizers import ROWS
+
+    for name, cls in (("adamw", "AdamW"), ("adam", "Adam"), ("sgd", "SGD"), ("adagrad", "Adagrad")):
+        assert "fused" in inspect.signature(getattr(torch.optim, cls)).parameters
+        assert "fused" in ROWS[name].implementations
+    assert "fused" not in inspect.signature(torch.optim.Adafactor).parameters
+    assert ROWS["adafactor"].implementations == ("foreach", "for-loop")
+
+
+def test_the_cli_names_the_flags_of_an_implementation_the_optimizer_lacks(capsys):
+    err = one_error(
+        ["--params", "7B", "--optimizer", "adafactor", "--optimizer-impl", "fused"], capsys
+    )
+    assert err.endswith(
+        "error: --optimizer-impl fused: --optimizer adafactor has no fused implementation: "
+        "must be one of auto, foreach, for-loop"
+    ), err

@@ -46,6 +46,7 @@ from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
 from workbench.estimate.schema import OPTIMIZER_IMPLS, choices_of
 from workbench.inputs import shown
+from workbench.optimizers import row
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -212,6 +213,20 @@ def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
     if found is None:
         p.append(Problem(name, v, f"must be one of {', '.join(table)}"))
     return found
+
+
+def _impl_of(p: list[Problem], impl: str, optimizer: OptimizerName) -> None:
+    """Refuse an implementation `optimizer` has none of (its row's `implementations`)."""
+    kinds = row(optimizer).implementations
+    if impl == "auto" or impl in kinds:
+        return
+    name = optimizer.value
+    why = (
+        f"`optimizer` {name} exists only as a fused kernel"
+        if kinds == ("fused",)
+        else f"`optimizer` {name} has no {impl} implementation"
+    )
+    p.append(Problem("optimizer_impl", impl, f"{why}: must be one of auto, {', '.join(kinds)}"))
 
 
 # ---------------------------------------------------------------- the model
@@ -610,6 +625,8 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         kernel = (source.training or {}).get("attention", Attention.SDPA.value)
     attention = _choice(p, "attention", kernel, _ATTENTION)
     impl = _choice(p, "optimizer_impl", given["optimizer_impl"], _IMPLS)
+    if impl is not None and opt is not None:
+        _impl_of(p, impl, opt)
     grad_accum = _checked(p, "grad_accum", given["grad_accum"])
     chunks = _checked(p, "loss_chunks", given["loss_chunks"])
     if chunks is not None and arch is not None and chunks > arch.seq_len:
