@@ -121,6 +121,65 @@ def test_the_cli_names_the_flags_of_an_implementation_the_optimizer_lacks(capsys
         ["--params", "7B", "--optimizer", "adafactor", "--optimizer-impl", "fused"], capsys
     )
     assert err.endswith(
-        "error: --optimizer-impl fused: --optimizer adafactor has no fused implementation: "
+        "error: --optimizer-impl fused: --optimizer adafactor has no fused kernel: "
         "must be one of auto, foreach, for-loop"
     ), err
+
+
+# ---------------------------------------------------------------- a refused config.json alone
+LLAMA_KEYS = (
+    '"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, '
+    '"num_attention_heads": 32, "vocab_size": 1000, "intermediate_size": 11008, '
+    '"max_position_embeddings": 2048'
+)
+BAD_CONFIGS = {
+    "a key twice": "{" + LLAMA_KEYS + ', "hidden_size": 4096}',
+    "a string for a bool": "{" + LLAMA_KEYS + ', "tie_word_embeddings": "false"}',
+    "4.0 layers": "{"
+    + LLAMA_KEYS.replace('"num_hidden_layers": 2', '"num_hidden_layers": 4.0')
+    + "}",
+    "true layers": "{"
+    + LLAMA_KEYS.replace('"num_hidden_layers": 2', '"num_hidden_layers": true')
+    + "}",
+    "too deep": '{"a": ' + "[" * 100 + "]" * 100 + "}",
+}
+DEPENDENT_FLAGS = [
+    ["--seq-len", "2048"],
+    ["--hidden", "512"],
+    ["--lora-rank", "8"],
+    ["--lora-rank", "8", "--qlora"],
+    ["--cp", "2", "--gpus", "2"],
+    ["--tp", "2", "--gpus", "2"],
+]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+@pytest.mark.parametrize("extra", DEPENDENT_FLAGS, ids=" ".join)
+def test_a_refused_config_is_the_one_error(case, extra, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(BAD_CONFIGS[case])
+    alone = one_error(["--hf-config", str(tmp_path)], capsys)
+    assert f"--hf-config {tmp_path}: " in alone
+    assert one_error(["--hf-config", str(tmp_path), *extra], capsys) == alone
+
+
+def test_a_refused_config_still_lets_other_bad_flags_be_named(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(BAD_CONFIGS["a key twice"])
+    err = one_error(["--hf-config", str(tmp_path), "--seq-len", "2048", "--zero", "7"], capsys)
+    assert err.endswith(
+        "appears twice in one object (which one is meant?); --zero 7: must be 0, 1, 2 or 3"
+    )
+
+
+def test_the_api_reports_a_refused_config_or_preset_alone(tmp_path):
+    from workbench.estimate import EstimateInputError
+
+    (tmp_path / "config.json").write_text(BAD_CONFIGS["a key twice"])
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(hf_config=str(tmp_path), seq_len=2048, lora_rank=8)
+    assert [p.field for p in info.value.problems] == ["hf_config"]
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(model="no-such-model", seq_len=2048, gpus=2, context_parallel=2)
+    assert [p.field for p in info.value.problems] == ["model"]
+    with pytest.raises(EstimateInputError) as info:  # no model at all: the shape is asked
+        estimate_memory(seq_len=2048)
+    assert "layers" in {p.field for p in info.value.problems}
