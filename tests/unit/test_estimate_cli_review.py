@@ -183,3 +183,68 @@ def test_the_api_reports_a_refused_config_or_preset_alone(tmp_path):
     with pytest.raises(EstimateInputError) as info:  # no model at all: the shape is asked
         estimate_memory(seq_len=2048)
     assert "layers" in {p.field for p in info.value.problems}
+
+
+# ---------------------------------------------------------------- flags that say two things
+def test_a_model_with_params_is_refused_naming_both(tmp_path, capsys):
+    err = one_error(["--model", "gpt2", "--params", "7B"], capsys)
+    assert err.endswith(
+        "error: --model gpt2 and --params 7B: give one (the model counts its "
+        "own parameters; the shape flags change its shape)"
+    ), err
+    (tmp_path / "config.json").write_text("{" + LLAMA_KEYS + "}")
+    err = one_error(["--hf-config", str(tmp_path), "--params", "7B"], capsys)
+    assert f"--hf-config {tmp_path} and --params 7B: give one" in err
+    code, out, _ = run(
+        [
+            "--params",
+            "7B",
+            "--layers",
+            "32",
+            "--hidden",
+            "4096",
+            "--heads",
+            "32",
+            "--seq-len",
+            "2048",
+            "--vocab",
+            "32000",
+        ],
+        capsys,
+    )
+    assert code == 0 and out.startswith("7B parameters")  # a count with a bare shape: taken
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--model", "gpt2", "--activation-checkpointing", "--checkpointing", "selective"],
+            "--activation-checkpointing (bare: full) and --checkpointing selective: one setting "
+            "given two values (--checkpointing: the old spelling of --activation-checkpointing)",
+        ),
+        (
+            ["--model", "llama-3-8b", "--gpus", "8", "--cp", "2", "--context-parallel", "4"],
+            "--cp 2 and --context-parallel 4: one setting given two values "
+            "(--context-parallel: the old spelling of --cp)",
+        ),
+    ],
+)
+def test_an_old_spelling_beside_its_new_one_with_another_value_is_refused(args, said, capsys):
+    assert one_error(args, capsys).endswith(f"error: {said}; give one")
+
+
+@pytest.mark.parametrize(
+    ("args", "headline"),
+    [
+        (
+            ["--model", "gpt2", "--activation-checkpointing", "--checkpointing", "FULL"],
+            "checkpointing full",
+        ),
+        (["--model", "llama-3-8b", "--gpus", "8", "--cp", "2", "--context-parallel", "2"], "cp 2"),
+        (["--model", "llama-3-8b", "--gpus", "8", "--cp", "2", "--cp", "4"], "cp 4"),  # last wins
+    ],
+)
+def test_spellings_that_agree_are_taken(args, headline, capsys):
+    code, out, _ = run(args, capsys)
+    assert code == 0 and headline in out.splitlines()[0]

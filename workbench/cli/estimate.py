@@ -29,6 +29,9 @@ _OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 #: Where the parsed arguments keep the spelling each flag was given as (an old alias).
 _SPELLED = "_spelled_as"
+#: Where they keep every spelling a flag with an old alias was given as, with its value
+#: (a bare flag's value None): an old spelling and its new one that disagree are refused.
+_GIVEN_AS = "_given_as"
 
 
 class _Spelled(argparse.Action):
@@ -47,6 +50,10 @@ class _Spelled(argparse.Action):
         spelled = dict(getattr(namespace, _SPELLED, None) or {})
         spelled[self.dest] = option_string
         setattr(namespace, _SPELLED, spelled)
+        given = dict(getattr(namespace, _GIVEN_AS, None) or {})
+        bare = self.nargs == "?" and values is self.const  # `--activation-checkpointing`
+        given[self.dest] = {**given.get(self.dest, {}), option_string: None if bare else values}
+        setattr(namespace, _GIVEN_AS, given)
 
 
 def _setting_help(field: EstimateField) -> str:
@@ -210,7 +217,7 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
             options[field] = value
         else:
             options[field] = _read(value, kind)
-    problems += _deepspeed_setup(args, options)
+    problems += _deepspeed_setup(args, options) + _conflicts(args)
     if options.get("zero_stage") is None:
         options["zero_stage"] = 0
     if args.zero is not None and args.compare_stages:
@@ -220,6 +227,41 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
+
+
+def _conflicts(args: argparse.Namespace) -> list[str]:
+    """Flags that say two things: a preset or a config.json with --params (the model
+    counts its own parameters), and a flag's old spelling beside its new one with another
+    value (`--checkpointing selective --activation-checkpointing`)."""
+    problems = [
+        f"{_flag(source, args)} {typed(_arg(args, _flag(source, args)))} and "
+        f"{_flag('n_params', args)} {typed(args.params)}: give one (the model counts its own "
+        "parameters; the shape flags change its shape)"
+        for source in ("model", "hf_config")
+        if args.params is not None and _arg(args, _flag(source, args)) is not None
+    ]
+    for dest, spellings in (getattr(args, _GIVEN_AS, None) or {}).items():
+        read = {flag: _same(value) for flag, value in spellings.items()}
+        if len(spellings) > 1 and len(set(read.values())) > 1:
+            said = [
+                f"{f} {typed(v)}" if v is not None else f"{f} (bare: full)"
+                for f, v in spellings.items()
+            ]
+            field = next(f for f in FIELDS if f.cli_flag is not None and _dest(f.cli_flag) == dest)
+            problems.append(
+                f"{' and '.join(said)}: one setting given two values ({', '.join(field.aliases)}: "
+                f"the old spelling of {field.cli_flag}); give one"
+            )
+    return problems
+
+
+def _same(value: str | None) -> Any:
+    """A flag's value as compared between its spellings: a number read as a number, text
+    without case or spaces, a bare flag as its constant."""
+    if value is None:
+        return "full"  # the recomputation flags' bare value (the only bare flags aliased)
+    got = _read(value, "float")
+    return got.strip().lower() if isinstance(got, str) else got
 
 
 def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[str]:
