@@ -248,3 +248,14 @@ def test_an_old_spelling_beside_its_new_one_with_another_value_is_refused(args, 
 def test_spellings_that_agree_are_taken(args, headline, capsys):
     code, out, _ = run(args, capsys)
     assert code == 0 and headline in out.splitlines()[0]
+
+
+# ---------------------------------------------------------------- every allowed value
+def test_a_bad_attention_kernel_lists_every_value_the_flag_takes(capsys):
+    err = one_error(["--model", "gpt2", "--attention", "flash"], capsys)
+    assert err.endswith(
+        "error: --attention flash: must be one of model, sdpa, megatron, eager, math"
+    )
+    for kernel in ("model", " Model ", "sdpa", "EAGER", "megatron", "math"):  # each is taken
+        code, _, err = run(["--model", "gpt2", "--attention", kernel], capsys)
+        assert code == 0, (kernel, err)

@@ -211,7 +211,10 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
             if device not in _OFFLOAD:
                 problems.append(f"{shown_flag} {typed(value)}: must be one of none, cpu, nvme")
         elif kind == "kernel":  # TrainConfig's "model": the model's own kernel
-            if value.strip().lower() != "model":
+            allowed = ("model", *f.choices)
+            if value.strip().lower() not in allowed:
+                problems.append(f"{shown_flag} {typed(value)}: must be one of {', '.join(allowed)}")
+            elif value.strip().lower() != "model":
                 options[field] = value
         elif kind in ("str", "count", "recompute"):
             options[field] = value
