@@ -64,6 +64,9 @@ class OptimizerRow:
     fused_only: bool = False
     #: DeepSpeed runs a fused kernel of it (its "auto" implementation there)
     deepspeed_fused: bool = True
+    #: its torch class takes `fused=True` (torch 2.13: Adam, AdamW, SGD, Adagrad; not
+    #: Adafactor, whose signature has `foreach` only)
+    torch_fused: bool = True
     #: the implementation torch builds when not told ("foreach": torch's default on a GPU
     #: for most optimizers; "for-loop" where its class has no foreach default)
     default_impl: str = "foreach"
@@ -120,6 +123,15 @@ class OptimizerRow:
     def in_session(self) -> bool:
         """Whether a Session trains it (on some engine)."""
         return bool(self.engines)
+
+    @property
+    def implementations(self) -> tuple[str, ...]:
+        """The implementations it steps in: "fused" alone for one that exists only as a
+        fused kernel; torch's classes' "foreach" and "for-loop", and "fused" where the
+        class takes `fused=True` (`torch_fused`)."""
+        if self.fused_only:
+            return ("fused",)
+        return ("foreach", "for-loop", "fused") if self.torch_fused else ("foreach", "for-loop")
 
     def temporaries(self, decay: bool) -> Temporaries | None:
         """Its step temporaries with or without weight decay."""
@@ -280,6 +292,7 @@ OPTIMIZERS: tuple[OptimizerRow, ...] = (
         state_keys=("row_var", "col_var", "variance"),
         state_layout="factored",
         deepspeed_fused=False,
+        torch_fused=False,  # torch.optim.Adafactor(..., foreach=None): no fused kernel
         default_impl="for-loop",  # its class has no foreach default: None is the loop
         # the for-loop (torch's default for it): row_var @ col_var, a parameter-sized
         # estimate, while the previous parameter's is still bound

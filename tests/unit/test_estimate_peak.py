@@ -318,7 +318,10 @@ def test_cli_reads_the_setup_from_a_deepspeed_config(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--attention", "flash3"], "--attention flash3: must be one of sdpa, megatron, eager"),
+        (
+            ["--attention", "flash3"],
+            "--attention flash3: must be one of model, sdpa, megatron, eager",
+        ),
         (["--loss-chunks", "0"], "--loss-chunks 0: must be an integer from 1 to 10^6"),
         (["--optimizer-impl", "x"], "--optimizer-impl x: must be one of auto, foreach"),
         (["--fsdp-reduce", "fp8"], "--fsdp-reduce fp8: must be fp32 or compute"),

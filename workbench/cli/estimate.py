@@ -29,6 +29,9 @@ _OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 #: Where the parsed arguments keep the spelling each flag was given as (an old alias).
 _SPELLED = "_spelled_as"
+#: Where they keep every spelling a flag with an old alias was given as, with its value
+#: (a bare flag's value None): an old spelling and its new one that disagree are refused.
+_GIVEN_AS = "_given_as"
 
 
 class _Spelled(argparse.Action):
@@ -47,6 +50,10 @@ class _Spelled(argparse.Action):
         spelled = dict(getattr(namespace, _SPELLED, None) or {})
         spelled[self.dest] = option_string
         setattr(namespace, _SPELLED, spelled)
+        given = dict(getattr(namespace, _GIVEN_AS, None) or {})
+        bare = self.nargs == "?" and values is self.const  # `--activation-checkpointing`
+        given[self.dest] = {**given.get(self.dest, {}), option_string: None if bare else values}
+        setattr(namespace, _GIVEN_AS, given)
 
 
 def _setting_help(field: EstimateField) -> str:
@@ -204,13 +211,16 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
             if device not in _OFFLOAD:
                 problems.append(f"{shown_flag} {typed(value)}: must be one of none, cpu, nvme")
         elif kind == "kernel":  # TrainConfig's "model": the model's own kernel
-            if value.strip().lower() != "model":
+            allowed = ("model", *f.choices)
+            if value.strip().lower() not in allowed:
+                problems.append(f"{shown_flag} {typed(value)}: must be one of {', '.join(allowed)}")
+            elif value.strip().lower() != "model":
                 options[field] = value
         elif kind in ("str", "count", "recompute"):
             options[field] = value
         else:
             options[field] = _read(value, kind)
-    problems += _deepspeed_setup(args, options)
+    problems += _deepspeed_setup(args, options) + _conflicts(args)
     if options.get("zero_stage") is None:
         options["zero_stage"] = 0
     if args.zero is not None and args.compare_stages:
@@ -220,6 +230,41 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
+
+
+def _conflicts(args: argparse.Namespace) -> list[str]:
+    """Flags that say two things: a preset or a config.json with --params (the model
+    counts its own parameters), and a flag's old spelling beside its new one with another
+    value (`--checkpointing selective --activation-checkpointing`)."""
+    problems = [
+        f"{_flag(source, args)} {typed(_arg(args, _flag(source, args)))} and "
+        f"{_flag('n_params', args)} {typed(args.params)}: give one (the model counts its own "
+        "parameters; the shape flags change its shape)"
+        for source in ("model", "hf_config")
+        if args.params is not None and _arg(args, _flag(source, args)) is not None
+    ]
+    for dest, spellings in (getattr(args, _GIVEN_AS, None) or {}).items():
+        read = {flag: _same(value) for flag, value in spellings.items()}
+        if len(spellings) > 1 and len(set(read.values())) > 1:
+            said = [
+                f"{f} {typed(v)}" if v is not None else f"{f} (bare: full)"
+                for f, v in spellings.items()
+            ]
+            field = next(f for f in FIELDS if f.cli_flag is not None and _dest(f.cli_flag) == dest)
+            problems.append(
+                f"{' and '.join(said)}: one setting given two values ({', '.join(field.aliases)}: "
+                f"the old spelling of {field.cli_flag}); give one"
+            )
+    return problems
+
+
+def _same(value: str | None) -> Any:
+    """A flag's value as compared between its spellings: a number read as a number, text
+    without case or spaces, a bare flag as its constant."""
+    if value is None:
+        return "full"  # the recomputation flags' bare value (the only bare flags aliased)
+    got = _read(value, "float")
+    return got.strip().lower() if isinstance(got, str) else got
 
 
 def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[str]:
@@ -627,13 +672,13 @@ def _report(e: Any, unit: int, unit_name: str) -> str:
             )
     if e.train_flops is not None:
         if e.layers is None:  # a parameter count: every parameter multiplied, no attention
-            line = f"compute: 6 x params x tokens = {e.train_flops:.3g} FLOPs"
+            line = f"compute: 6 x params x tokens = {e.model_flops or e.train_flops:.3g} FLOPs"
         else:
             line = f"compute: {e.model_flops or e.train_flops:.3g} model FLOPs (6 N + 12 L q s a token)"
         if e.model_flops is not None and e.train_flops > e.model_flops:
             line += f", {e.train_flops:.3g} with the {e.checkpointing} recomputation"
         if e.train_seconds is not None:
-            line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at MFU {e.mfu:g}"
+            line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at {e.utilisation_text}"
             if e.cost is not None:
                 cost = f"{e.cost:,.0f}" if e.cost < 1e12 else f"{e.cost:.3g}"
                 line += f"; cost {cost} at {e.price_per_gpu_hour:g} per GPU-hour"

@@ -118,6 +118,7 @@ def problems(
                 cp,
                 "needs a transformer shape (a `model` or `layers`, `hidden`, `heads`, "
                 "`seq_len`, `vocab`) to split the sequence",
+                needs_model=True,
             )
         )
     else:

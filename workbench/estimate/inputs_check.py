@@ -11,8 +11,11 @@ nothing; the one limit that needs a computed figure, the activation bytes of a G
 `check_activation_size`.
 
 Past 600 lines because every input of `estimate_memory` is read here once, next to the
-combinations it takes part in (the LoRA inputs' `_lora` among them), so one error lists
-every problem; the arithmetic lives in its own modules.
+combinations it takes part in, so one error lists every problem; one value is read by
+`readers`, the LoRA inputs are checked in `lora_inputs`, the arithmetic lives in its own
+modules. A problem that only says the model's shape is missing (`Problem.needs_model`) is
+dropped when the model itself (a preset name, a config.json, a module) was refused: the
+user sees that refusal alone, not the shape it could not give.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from workbench.estimate.architecture import Architecture, build_architecture, pa
 from workbench.estimate.catalog import GpuSpec, find_gpu
 from workbench.estimate.context_parallel import problems as cp_problems
 from workbench.estimate.context_parallel import rank_view
-from workbench.estimate.counts import COUNT_EXAMPLES, read_count
+from workbench.estimate.counts import COUNT_EXAMPLES
 from workbench.estimate.deepspeed_buffers import read_deepspeed_buffers
 from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.hf_build import config_facts
@@ -36,16 +39,21 @@ from workbench.estimate.limits import (
     GIB,
     LIMITS,
     MAX_BYTES_PER_GPU,
-    as_bool,
     as_int,
     check_number,
 )
-from workbench.estimate.lora import LORA_DTYPES, LoraFacts, lora_facts
+from workbench.estimate.lora import LoraFacts
+from workbench.estimate.lora_inputs import lora_inputs
 from workbench.estimate.model_states import ACCOUNTINGS
 from workbench.estimate.presets import find_model
 from workbench.estimate.problems import EstimateInputError, Problem
+from workbench.estimate.readers import checked as _checked
+from workbench.estimate.readers import choice as _choice
+from workbench.estimate.readers import count as _count
+from workbench.estimate.readers import flag as _flag
 from workbench.estimate.schema import OPTIMIZER_IMPLS, choices_of
 from workbench.inputs import shown
+from workbench.optimizers import row
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -160,58 +168,13 @@ _INPUT_FIELDS = field_names(EstimateInputs)
 
 
 # ---------------------------------------------------------------- readers
-#: Each input's range where a plain `int` (integer inputs) or `float` (the others) inside
-#: it reads as itself: `_checked`'s fast path, which gives what `check_number` gives.
-_INT_RANGES = {name: (b.low, b.high) for name, b in LIMITS.items() if b.integer and not b.low_open}
-_FLOAT_RANGES = {
-    name: (b.low, b.high) for name, b in LIMITS.items() if not b.integer and not b.low_open
-}
-
-
-def _checked(p: list[Problem], name: str, value: Any) -> Any:
-    """`value` read and range-checked as input `name` (see `limits`), or None with the
-    problem appended to `p`."""
-    kind = type(value)
-    if kind is int:  # the common cases first: a plain number in range reads as itself
-        bounds = _INT_RANGES.get(name)
-        if bounds is not None and bounds[0] <= value <= bounds[1]:
-            return value
-    elif kind is float:
-        bounds = _FLOAT_RANGES.get(name)
-        if bounds is not None and bounds[0] <= value <= bounds[1]:  # NaN is not
-            return value
-    number, message = check_number(name, value)
-    if message is not None:
-        p.append(Problem(name, value, message))
-    return number
-
-
-def _count(p: list[Problem], name: str, value: Any) -> int | None:
-    """A count (`n_params`, `tokens`: a number or text such as "7B") in its range, or None
-    with the problem appended to `p`."""
-    bound = LIMITS[name]
-    got = read_count(value)
-    allowed = f"must be a whole number from 1 to {bound.high_text}"
-    if (isinstance(got, int) and got > bound.high) or got == "more than 10^30":
-        p.append(Problem(name, value, bound.too_large()))
-        return None
-    if isinstance(got, str) or got < 1:
-        hint = f"; {got}" if isinstance(got, str) and "separators" in got else ""
-        p.append(Problem(name, value, f"{allowed} ({COUNT_EXAMPLES}){hint}"))
-        return None
-    return got
-
-
-def _choice(p: list[Problem], name: str, v: Any, table: dict[str, Any]) -> Any:
-    """The entry of `table` that text `v` names (case and spaces aside), or None with the
-    problem appended to `p`."""
-    # the table's keys are stripped and lower case (`_table`): one given so is found as is
-    found = table.get(v) if type(v) is str else None
-    if found is None:
-        found = table.get(v.strip().lower()) if isinstance(v, str) else None
-    if found is None:
-        p.append(Problem(name, v, f"must be one of {', '.join(table)}"))
-    return found
+def _impl_of(p: list[Problem], impl: str, optimizer: OptimizerName) -> None:
+    """Refuse an implementation `optimizer` has none of (its row's `implementations`)."""
+    kinds = row(optimizer).implementations
+    if impl != "auto" and impl not in kinds:
+        why = "runs only as a fused kernel" if kinds == ("fused",) else f"has no {impl} kernel"
+        message = f"`optimizer` {optimizer.value} {why}: must be one of auto, {', '.join(kinds)}"
+        p.append(Problem("optimizer_impl", impl, message))
 
 
 # ---------------------------------------------------------------- the model
@@ -268,6 +231,7 @@ class _Source(NamedTuple):
     activation_note: str | None = None
     training: Mapping[str, Any] | None = None  # `hf_shape.training_facts`: dropout, attention
     shapes: tuple[tuple[int, ...], ...] | None = None  # a module's parameters' shapes
+    refused: bool = False  # the model, config or module itself was refused
 
 
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
@@ -296,12 +260,12 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
     """The model named by `model` or `hf_config` (an empty `_Source` for neither)."""
     if model is not None and hf_config is not None:
         p.append(Problem("hf_config", hf_config, "give `model` or `hf_config`, not both"))
-        return _Source()
+        return _Source(refused=True)
     if isinstance(model, str):
         found = find_model(model)
         if isinstance(found, str):
             p.append(Problem("model", model, found))
-            return _Source()
+            return _Source(refused=True)
         return _Source(name=found.name, base=found.architecture)
     if isinstance(model, Architecture):
         return _Source(base=model)
@@ -310,7 +274,7 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
             "must be a model name, an Architecture, a torch nn.Module or a function that builds one"
         )
         p.append(Problem("model", model, message))
-        return _Source()
+        return _Source(refused=True)
     if model is not None:
         from workbench.estimate.from_module import module_facts  # imports torch
 
@@ -332,11 +296,15 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
         activation_note=facts.activation_note,
         training=_training(model, hf_config) if not facts.problems else {},
         shapes=facts.parameter_shapes,
+        refused=bool(facts.problems),
     )
 
 
 def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> Architecture | None:
-    """The source's shape with the architecture keywords `given` applied and checked."""
+    """The source's shape with the architecture keywords `given` applied and checked (None
+    when the source was refused: its shape is not known, what `given` lacks not asked)."""
+    if source.refused:
+        return None
     if source.base is not None:
         try:
             return source.base.replace(**given)
@@ -406,16 +374,6 @@ def _zero_stage(p: list[Problem], zero_stage: Any) -> int | None:
     return stage
 
 
-def _flag(p: list[Problem], name: str, value: Any) -> Any:
-    """`value` as a bool (a numpy bool too), or unchanged with the problem appended."""
-    if value is True or value is False:
-        return value
-    flag = as_bool(value)
-    if not isinstance(flag, bool):
-        p.append(Problem(name, flag, "must be True or False"))
-    return flag
-
-
 def _engine_problems(
     p: list[Problem],
     sharding: str | None,
@@ -475,7 +433,7 @@ def _data_parallel(
     if arch is None and (tp > 1 or pp > 1):
         for which, size in (("tensor_parallel", tp), ("pipeline_parallel", pp)):
             if size > 1:
-                p.append(Problem(which, size, _NEEDS_SHAPE))
+                p.append(Problem(which, size, _NEEDS_SHAPE, needs_model=True))
     elif arch is not None and (tp > 1 or pp > 1):  # every shape splits by 1
         p.extend(arch.parallel_problems(tp, pp))
     if n_gpus is None:
@@ -610,6 +568,8 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         kernel = (source.training or {}).get("attention", Attention.SDPA.value)
     attention = _choice(p, "attention", kernel, _ATTENTION)
     impl = _choice(p, "optimizer_impl", given["optimizer_impl"], _IMPLS)
+    if impl is not None and opt is not None:
+        _impl_of(p, impl, opt)
     grad_accum = _checked(p, "grad_accum", given["grad_accum"])
     chunks = _checked(p, "loss_chunks", given["loss_chunks"])
     if chunks is not None and arch is not None and chunks > arch.seq_len:
@@ -650,7 +610,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     doc_mask = _flag(p, "document_mask", given["document_mask"])
     compiled = _flag(p, "compile", given["compile"])
     lazy = _flag(p, "lazy_loading", given["lazy_loading"])
-    lora = _lora(p, given, arch, tp, pp, prec)
+    lora = lora_inputs(p, given, arch, tp, pp, prec)
     ds_source = given["deepspeed_config"]
     ds, ds_problems = read_deepspeed_buffers(ds_source)
     p.extend(ds_problems)
@@ -659,6 +619,8 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
 
     if cp is not None and cp > 1:
         p.extend(cp_problems(cp, arch, n_gpus, gpus, tp, pp, attention, doc_mask))
+    if source.refused:  # the model's own problem, not what its missing shape leads to
+        p = [q for q in p if not q.needs_model]
     if p:
         raise EstimateInputError(p)
     if cp > 1 and arch is not None:  # one rank's view: its share of the sequence
@@ -718,138 +680,6 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             context_parallel=cp,
         ),
     )
-
-
-def _lora(
-    p: list[Problem],
-    given: Mapping[str, Any],
-    arch: Any,
-    tp: int | None,
-    pp: int | None,
-    prec: Precision | None,
-) -> LoraFacts | None:
-    """The LoRA inputs (`lora_rank`, `lora_targets`, `lora_params`, `lora_dropout`,
-    `qlora`) checked, as `LoraFacts` (None when `lora_rank` is 0)."""
-    rank = given["lora_rank"]
-    if (  # no LoRA, the others at their defaults: nothing to check
-        rank == 0
-        and type(rank) is int
-        and given["qlora"] is False
-        and given["lora_params"] is None
-        and given["qlora_params"] is None
-        and type(given["lora_dropout"]) is float
-        and given["lora_dropout"] == 0.0
-        and given["lora_targets"] == "all-linear"
-    ):
-        return None
-    rank = _checked(p, "lora_rank", given["lora_rank"])
-    dropout = _checked(p, "lora_dropout", given["lora_dropout"])
-    qlora = _flag(p, "qlora", given["qlora"])
-    targets = given["lora_targets"]
-    allowed = choices_of("lora_targets")
-    if not isinstance(targets, str) or targets.strip().lower() not in allowed:
-        p.append(Problem("lora_targets", targets, f"must be one of {', '.join(allowed)}"))
-        targets = None
-    params = given["lora_params"]
-    if params is not None:
-        params = _checked(p, "lora_params", params)
-    quantized = given["qlora_params"]
-    if quantized is not None:
-        quantized = _checked(p, "qlora_params", quantized)
-    if qlora is True and rank == 0:
-        p.append(
-            Problem("qlora", True, "trains LoRA adapters over a 4-bit base: needs lora_rank >= 1")
-        )
-    if not rank:
-        if params is not None:
-            p.append(Problem("lora_params", params, "counts LoRA adapters: needs lora_rank >= 1"))
-        return None
-    if (tp or 1) > 1 or (pp or 1) > 1:
-        p.append(
-            Problem(
-                "lora_rank",
-                rank,
-                "counted for data parallelism (ZeRO or FSDP sharding included) without "
-                "tensor or pipeline parallelism (tensor_parallel=1, pipeline_parallel=1)",
-            )
-        )
-    if qlora is True and prec is not None and prec.is_deepspeed:
-        p.append(
-            Problem(
-                "qlora",
-                True,
-                "keeps a 4-bit base under a torch precision (fp32, amp-bf16, amp-fp16, "
-                f"bf16-true); precision={prec.value} is DeepSpeed's 16-bit mode, whose "
-                "engine casts every weight to its dtype",
-            )
-        )
-    dtype = given["lora_dtype"]
-    if not isinstance(dtype, str) or dtype.strip().lower() not in LORA_DTYPES:
-        p.append(Problem("lora_dtype", dtype, f"must be one of {', '.join(LORA_DTYPES)}"))
-        dtype = None
-    elif dtype.strip().lower() == "fp32" and prec is not None and prec.is_deepspeed:
-        p.append(
-            Problem(
-                "lora_dtype",
-                dtype,
-                f"fp32 adapters over a bf16 base: precision={prec.value} is DeepSpeed's 16-bit "
-                "mode, whose engine casts every weight, the adapters' too, to its dtype; use "
-                "'auto'",
-            )
-        )
-    quantized_bytes = given["qlora_bytes"]
-    if quantized_bytes is not None:
-        quantized_bytes = _checked(p, "qlora_bytes", quantized_bytes)
-        if qlora is not True:
-            p.append(
-                Problem(
-                    "qlora_bytes", quantized_bytes, "counts QLoRA's 4-bit base: needs qlora=True"
-                )
-            )
-    if qlora is True and arch is None and quantized is None:
-        p.append(
-            Problem(
-                "qlora",
-                True,
-                "needs the model's shape or qlora_params, the base weights held in 4 bits",
-            )
-        )
-    if arch is None and params is None:
-        p.append(
-            Problem(
-                "lora_rank",
-                rank,
-                "needs the model's shape (a preset, config or module) or lora_params, the "
-                "adapters' parameter count",
-            )
-        )
-    if (
-        targets is None
-        or dropout is None
-        or not isinstance(qlora, bool)
-        or rank is None
-        or dtype is None
-    ):
-        return None
-    return lora_facts(
-        arch,
-        int(rank),
-        targets.strip().lower(),
-        params,
-        float(dropout),
-        qlora,
-        quantized,
-        quantized_bytes,
-        dtype.strip().lower(),
-        # FSDP2 trains torchao's NF4 tensor, in the weights' dtype (bf16 under bf16-true)
-        "torchao" if _fsdp_on(given["fsdp"]) else "bitsandbytes",
-        2 if prec is Precision.BF16_TRUE else 4,
-    )
-
-
-def _fsdp_on(value: Any) -> bool:
-    """Whether an `fsdp` input names an FSDP mode (its own check reports a bad one)."""
-    return isinstance(value, str) and value.strip().lower() not in ("off", "")
 
 
 def check_activation_size(inputs: EstimateInputs, activation_bytes: int) -> None:

@@ -25,12 +25,15 @@ class Problem:
 
     Other fields are named in `message` between backticks, so a front end can show its
     own names for them (the CLI shows flags); `str()` shows the Python names.
+    `needs_model`: the problem is that no model shape is known, which is said only when
+    the model itself was not refused (a refused config.json is reported alone).
     """
 
     field: str
     value: Any
     message: str
     missing: bool = False
+    needs_model: bool = False
 
     def render(
         self, name: Callable[[str], str] = str, value_text: str | None = None, sep: str = "="

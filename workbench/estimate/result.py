@@ -147,6 +147,27 @@ class MemoryEstimate(Readable):
         return self.lora_params / max(1, self.n_params + self.lora_params)
 
     @property
+    def model_flops_utilisation(self) -> float | None:
+        """The MFU the time assumes: `mfu` is the rate the GPUs run the FLOPs they execute
+        at (recomputation included: the hardware FLOP utilisation, HFU), so the MFU is
+        `mfu` x model FLOPs / hardware FLOPs (the same without recomputation); None
+        without `tokens`."""
+        if self.model_flops is None or not self.train_flops:
+            return None
+        return self.mfu * self.model_flops / self.train_flops
+
+    @property
+    def utilisation_text(self) -> str:
+        """The rate the time assumes, named: "HFU 0.40 (MFU 0.30)" where recomputation
+        runs FLOPs the model's count leaves out, else "MFU 0.4"."""
+        mfu = self.model_flops_utilisation
+        if mfu is None or self.train_flops is None or self.model_flops is None:
+            return f"HFU {self.mfu:g}"
+        if self.train_flops > self.model_flops:
+            return f"HFU {self.mfu:.2f} (MFU {mfu:.2f})"
+        return f"MFU {self.mfu:g}"
+
+    @property
     def model_states_bytes(self) -> int:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 

@@ -46,7 +46,8 @@ DEFAULT_OVERHEAD_GIB = 1.0
 #: `overhead_gib`'s default: the reserve derived from the setup (`workbench.estimate.reserve`).
 OVERHEAD_AUTO = "auto"
 
-#: Model FLOPs utilisation assumed for time estimates: well-tuned large-model training
+#: The utilisation assumed for time estimates, applied to the hardware FLOPs (recomputation
+#: included: HFU; the MFU where nothing is recomputed): well-tuned large-model training
 #: reports 0.35-0.55 on A100/H100 (e.g. PaLM 46%, Megatron-LM ~50%); 0.4 is a middle value.
 DEFAULT_MFU = 0.4
 
@@ -538,7 +539,9 @@ FIELDS: tuple[EstimateField, ...] = (
         "mfu",
         "float",
         DEFAULT_MFU,
-        help=f"share of the peak the GPUs run their FLOPs at ({DEFAULT_MFU}; the MFU without recomputation)",
+        help="share of the peak the GPUs run the FLOPs they execute at, recomputation "
+        "included: the hardware FLOP utilisation (HFU), as the planner's efficiency; the "
+        f"MFU without recomputation, lower with it (the report says both) ({DEFAULT_MFU})",
         flag="--mfu",
         read="float",
         cli="hw",

@@ -733,7 +733,7 @@ class EstimatorPanel(PanelBase):
                 (
                     "time",
                     format_seconds(e.train_seconds)
-                    + (f" on {e.gpus} GPUs at MFU {e.mfu:g}" if e.train_seconds else ""),
+                    + (f" on {e.gpus} GPUs at {e.utilisation_text}" if e.train_seconds else ""),
                 )
             )
             if e.cost is not None:
