@@ -220,9 +220,9 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kw["mfu"] = _number("--mfu", args.mfu, float, problems, 0)
     if args.calibrate is not None:
         if not args.calibrate:
-            from workbench.planner.efficiency import WHERE
+            from workbench.planner.efficiency import WHERE_CLI
 
-            problems.append(f"--calibrate: needs a measured step (a run's log.jsonl); {WHERE}")
+            problems.append(f"--calibrate: needs a measured step (a run's log.jsonl); {WHERE_CLI}")
         else:
             kw["calibrate"] = args.calibrate
     if args.pin is not None:
@@ -256,8 +256,13 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for p in problems:
             print(f"{parser.prog}: error: {p}", file=sys.stderr)
         return 2
+    from workbench.planner.efficiency import CalibrateError
+
     try:
         result = plan(**kw)
+    except CalibrateError as exc:
+        print(f"{parser.prog}: error: {exc.cli_text()}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"{parser.prog}: error: {_as_flag(str(exc))}", file=sys.stderr)
         return 2
