@@ -156,13 +156,58 @@ FLAGS = {
 }
 
 
-def _as_flag(message: str) -> str:
+#: the model's fields as this command's flags, named bare (`layers=` with no value) in
+#: plan()'s errors: a value after them is another module's figure (`layers=32`), left as is
+_MODEL_FLAGS = {
+    "model": "--model",
+    "hf_config": "--hf-config",
+    "n_params": "--params",
+    **{name: "--" + name.replace("_", "-") for name in _SHAPE},
+}
+#: plan()'s switches as this command's flags (`float8=True` is `--float8`)
+_SWITCHES = {"compile": "--compile", "float8": "--float8", "hsdp": "--hsdp"}
+
+
+def _as_flag(message: str, args: argparse.Namespace | None = None) -> str:
     """A planner error said with the flags: each field it names with a value
-    (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`)."""
+    (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`), a
+    field named bare (`more GPUs (nodes=)`, `layers=, hidden=, heads= with n_params=`) as
+    the flag alone, a switch (`float8=True`) as the flag, and an error about the model
+    (`model: ...`) under the model flag given (`--params 7B: ...`)."""
     message = re.sub(r"^pin (?=[a-z_ ]+)", "--pin ", message)  # "pin tp=3: ..." (one pin)
+    if message.startswith("model: "):
+        message = _model_given(args) + message[len("model") :]
+    message = re.sub(
+        r"\b([a-z_0-9]+)=True\b",
+        lambda m: _SWITCHES.get(m.group(1), m[0]),
+        message,
+    )
+    bare = {**FLAGS, **_MODEL_FLAGS}
+    message = re.sub(r"\b([a-z_0-9]+)=(?=[,;)\s]|$)", lambda m: bare.get(m.group(1), m[0]), message)
     return re.sub(
         r"\b([a-z_]+)=", lambda m: FLAGS[m.group(1)] + " " if m.group(1) in FLAGS else m[0], message
     )
+
+
+def _model_given(args: argparse.Namespace | None) -> str:
+    """The model flag given with its value as typed (`--params 7B`), or `--model`."""
+    for flag, dest in (("--model", "model"), ("--hf-config", "hf_config"), ("--params", "params")):
+        value = getattr(args, dest, None) if args is not None else None
+        if value is not None:
+            return f"{flag} {typed(str(value))}"
+    return "--model"
+
+
+def _estimate_problems(exc: ValueError, args: argparse.Namespace) -> list[str] | None:
+    """The estimator's problems behind a plan() error, one line each with the flags and the
+    values as typed (as `workbench estimate` says them); None when it is not one."""
+    from workbench.cli.estimate import _problem_lines
+    from workbench.estimate import EstimateInputError
+
+    cause = exc if isinstance(exc, EstimateInputError) else exc.__cause__
+    if not isinstance(cause, EstimateInputError):
+        return None
+    return _problem_lines(cause, args)
 
 
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -264,7 +309,9 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{parser.prog}: error: {exc.cli_text()}", file=sys.stderr)
         return 2
     except ValueError as exc:
-        print(f"{parser.prog}: error: {_as_flag(str(exc))}", file=sys.stderr)
+        lines = _estimate_problems(exc, args) or [_as_flag(str(exc), args)]
+        for line in lines:
+            print(f"{parser.prog}: error: {line}", file=sys.stderr)
         return 2
     probes = None
     if probe:
