@@ -60,3 +60,32 @@ def test_more_nodes_is_said_as_the_flag_on_the_cli_and_the_keyword_in_python(
     assert line.endswith("more GPUs (--nodes), a larger GPU, or LoRA")
     with pytest.raises(ValueError, match=r"more GPUs \(nodes=\), a larger GPU"):
         plan(model="llama-3-8b", headroom=0.99)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--mfu", "-0.1", "must be a finite number from 0.001 to 1"),
+        ("--mfu", "0", "must be a finite number from 0.001 to 1"),
+        ("--mfu", "0.0001", "must be a finite number from 0.001 to 1"),
+        ("--mfu", "1.5", "more than 1 (a utilisation is a fraction of the peak rate); allowed: "
+         "a finite number from 0.001 to 1"),
+        ("--efficiency", "0", "must be a finite number from 0.001 to 1"),
+        ("--headroom", "-0.5", "must be a number >= 0 and < 1"),
+        ("--headroom", "1", "must be a number >= 0 and < 1"),
+        ("--inter-node-gbps", "1e400", "must be a number of GB/s from 0.001 to 10^6"),
+        ("--intra-node-gbps", "0", "must be a number of GB/s from 0.001 to 10^6"),
+        ("--inter-node-gbps", "1e7", "must be a number of GB/s from 0.001 to 10^6"),
+    ],
+)  # fmt: skip
+def test_a_number_out_of_range_is_said_with_its_whole_range(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str
+) -> None:
+    assert _err(capsys, "--model", "llama-3-8b", flag, value) == [f"{flag} {value}: {said}"]
+
+
+@pytest.mark.parametrize("mfu", [0, 0.0001, 1.5, True])
+def test_plan_states_the_one_range_of_mfu(mfu: object) -> None:
+    with pytest.raises(ValueError, match=r"mfu=.*allowed: a finite number from 0.001 to 1$|"
+                       r"mfu=.*: must be a finite number from 0.001 to 1$"):  # fmt: skip
+        plan(model="llama-3-8b", mfu=mfu)

@@ -108,18 +108,54 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_plan(args, parser)
 
 
-def _number(flag: str, text: str | None, kind: type, problems: list[str], low: float) -> Any:
+def _number(
+    flag: str,
+    text: str | None,
+    kind: type,
+    problems: list[str],
+    low: float,
+    high: float | None = None,
+    *,
+    below: bool = False,
+    allowed: str = "",
+) -> Any:
+    """`text` read as a `kind` from `low` to `high` (below `high` when `below`), or None
+    after adding a problem naming `flag`, the text as typed and the whole range (`allowed`,
+    else "a number >= low")."""
     if text is None:
         return None
     try:  # ASCII digits only: int() and float() read other scripts' digits ("١٢" = 12)
         value = kind(text) if text.isascii() else None
     except ValueError:
         value = None
-    if value is None or not math.isfinite(value) or value < low:
+    over = high is not None and value is not None and (value >= high if below else value > high)
+    if value is None or not math.isfinite(value) or value < low or over:
         what = "an integer" if kind is int else "a number"
-        problems.append(f"{flag} {typed(text)}: must be {what} >= {low:g}")
+        problems.append(f"{flag} {typed(text)}: must be {allowed or f'{what} >= {low:g}'}")
         return None
     return value
+
+
+def _gbps(flag: str, text: str | None, problems: list[str]) -> Any:
+    """A link's GB/s per GPU per direction, in the catalog's range (`MIN_GBPS`, `MAX_GBPS`)."""
+    from workbench.planner.hardware import MAX_GBPS, MIN_GBPS
+
+    allowed = f"a number of GB/s from {MIN_GBPS:g} to 10^{math.log10(MAX_GBPS):.0f}"
+    return _number(flag, text, float, problems, MIN_GBPS, MAX_GBPS, allowed=allowed)
+
+
+def _rate(flag: str, text: str | None, problems: list[str]) -> Any:
+    """The efficiency (--mfu, --efficiency) in the estimator's range (`LIMITS["mfu"]`),
+    said as `workbench estimate --mfu` says it."""
+    from workbench.estimate.limits import LIMITS, check_number
+
+    value = _number(flag, text, float, problems, -math.inf, allowed=LIMITS["mfu"].allowed)
+    if value is None:
+        return None
+    number, problem = check_number("mfu", value, LIMITS["mfu"])
+    if problem is not None:
+        problems.append(f"{flag} {typed(str(text))}: {problem}")
+    return number
 
 
 def _or(text: str | None, default: str) -> str:
@@ -225,8 +261,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node, int, problems, 1),
         "nodes": _number("--nodes", args.nodes, int, problems, 1),
         "global_batch": _number("--global-batch", _or(args.global_batch, "256"), int, problems, 1),
-        "intra_node_gbps": _number("--intra-node-gbps", args.intra_node_gbps, float, problems, 0),
-        "inter_node_gbps": _number("--inter-node-gbps", args.inter_node_gbps, float, problems, 0),
+        "intra_node_gbps": _gbps("--intra-node-gbps", args.intra_node_gbps, problems),
+        "inter_node_gbps": _gbps("--inter-node-gbps", args.inter_node_gbps, problems),
         "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
         "offload": not args.no_offload,
     }
@@ -254,15 +290,23 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.lora_rank is not None:
         kw["lora_rank"] = _number("--lora-rank", args.lora_rank, int, problems, 1)
     if args.headroom is not None:
-        kw["headroom"] = _number("--headroom", args.headroom, float, problems, 0)
+        kw["headroom"] = _number(
+            "--headroom",
+            args.headroom,
+            float,
+            problems,
+            0,
+            1,
+            below=True,
+            allowed="a number >= 0 and < 1",
+        )
     top = _number("--top", args.top, int, problems, 1)
     probe = _number("--probe", args.probe, int, problems, 1)
     if probe is not None and probe > 20:
         problems.append(f"--probe {probe}: must be an integer from 1 to 20")
-    if args.efficiency is not None:
-        kw["efficiency"] = _number("--efficiency", args.efficiency, float, problems, 0)
-    if args.mfu is not None:
-        kw["mfu"] = _number("--mfu", args.mfu, float, problems, 0)
+    for name in ("efficiency", "mfu"):
+        if getattr(args, name) is not None:
+            kw[name] = _rate("--" + name, getattr(args, name), problems)
     if args.calibrate is not None:
         if not args.calibrate:
             from workbench.planner.efficiency import WHERE_CLI
