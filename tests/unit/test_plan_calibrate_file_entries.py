@@ -30,7 +30,9 @@ def _cli(capsys: pytest.CaptureFixture[str], path: Path) -> str:
 @pytest.mark.parametrize(
     ("text", "said"),
     [
-        ('"world_size": 1e400', "world_size=1e400: must be a finite number"),
+        ('"world_size": 1e400', "world_size=1e400: must be an integer >= 1"),
+        ('"world_size": NaN', "world_size=NaN: must be an integer >= 1"),
+        ('"tokens_per_s": Infinity', "tokens_per_s=Infinity: must be a finite number"),
         ('"world_size": [8]', "world_size=[8]: must be an integer >= 1"),
         ('"world_size": {"a": 1}', "world_size={'a': 1}: must be an integer >= 1"),
         ('"world_size": "abc"', "world_size='abc': must be an integer >= 1"),
@@ -45,7 +47,7 @@ def _cli(capsys: pytest.CaptureFixture[str], path: Path) -> str:
         ('"activation_checkpointing": {"a": 1}',
          "activation_checkpointing={'a': 1}: must be one of none, selective, selective-op, full"),
         ('"warmup": "false"', "warmup='false': must be true or false"),
-        ('"tokens_per_s": "40000"', "tokens_per_s='40000': must be a number"),
+        ('"tokens_per_s": "40000"', "tokens_per_s='40000': must be a finite number of tokens a second"),
     ],
 )  # fmt: skip
 def test_a_step_files_bad_entry_is_one_line_naming_the_file_and_key(
@@ -69,6 +71,9 @@ def test_a_log_line_read_strictly_is_named_and_a_cut_line_passed_over(
     log.write_text("\n".join(rows) + '\n{"tokens_per_s": 4', encoding="utf-8")  # a cut line
     step = measured_step(log)
     assert (step.steps, step.world_size, step.precision) == (3, 8, "amp-bf16")
+    diverged = json.dumps({**GOOD, "loss": float("nan"), "grad_norm": float("inf")})
+    log.write_text("\n".join([diverged] * 2), encoding="utf-8")  # as a Session writes it
+    assert measured_step(log).steps == 2  # a diverged loss is not what calibration reads
     log.write_text(rows[0] + '\n{"world_size": 8, "world_size": 1}\n', encoding="utf-8")
     err = _cli(capsys, log)
     assert f"--calibrate {log}: line 2: key 'world_size' appears twice" in err

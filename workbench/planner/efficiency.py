@@ -276,9 +276,9 @@ LOG_TAIL_BYTES = 16 << 20
 def _read_log_tail(path: Path) -> list[Any]:
     """The JSON values of a run's log (one a line) or of a JSON file (a record, a list of
     them), reading at most its last `LOG_TAIL_BYTES`: a regular file only (a FIFO is refused,
-    never waited on), strict JSON (`workbench.inputs.parse_json`: a key twice, NaN or 1e400
-    refused; a line that is no JSON at all, such as a line cut by a crash, is passed over);
-    CalibrateError naming the file otherwise."""
+    never waited on), strictly (`_strict_json`: a key twice refused; a line that is no JSON
+    at all, such as a line cut by a crash, is passed over); CalibrateError naming the file
+    otherwise."""
     from workbench.inputs import InputFileError, open_regular
 
     try:
@@ -310,36 +310,55 @@ _NOT_JSON = object()
 
 
 def _strict_json(text: str, path: Path, where: str) -> Any:
-    """The strict JSON value of `text` (`workbench.inputs.parse_json`); `_NOT_JSON` when it
-    is no JSON at all; CalibrateError naming the file (and `where` in it) when it is JSON
-    that strict reading refuses (a key given twice, a number that is not finite)."""
-    from workbench.inputs import InputFileError, parse_json
-
+    """The JSON value of `text`, read as `workbench.inputs.parse_json` reads a settings file
+    but for one thing: a number that is not finite (NaN, Infinity, 1e400) is kept as a
+    `_NonFinite` holding its text, refused (`_checked`) only in the entries calibration reads,
+    since a Session's own log writes a diverged loss as NaN. `_NOT_JSON` when it is no JSON
+    at all; CalibrateError naming the file (and `where` in it) for a key given twice in one
+    object or an integer too long to read."""
     try:
-        return parse_json(text, what="calibrate", path=str(path))
-    except InputFileError as exc:
-        try:
-            loose = json.loads(text, parse_float=_Number, parse_constant=_Number)
-        except (json.JSONDecodeError, RecursionError):
-            return _NOT_JSON
-        except ValueError:  # an integer of more than 4,300 digits: JSON, refused
-            loose = None
-        reason = exc.reason
-        records = loose if isinstance(loose, list) else [loose]
-        named = [
-            f"{key}={value}: must be a finite number (JSON has no NaN, Infinity, 1e400)"
-            for r in records
-            if isinstance(r, dict)
-            for key, value in r.items()
-            if isinstance(value, _Number) and not math.isfinite(float(value))
-        ]
-        if named:  # the strict reading refuses the first it meets: name its key
-            reason = named[0]
-        raise CalibrateError(str(path), where + reason, is_file=True, hint=False) from None
+        return json.loads(
+            text,
+            object_pairs_hook=_once_each,
+            parse_float=_finite_or_text,
+            parse_constant=_NonFinite,
+        )
+    except _Twice as dup:
+        problem = f"key {shown(dup.key)} appears twice in one object (which one is meant?)"
+    except (json.JSONDecodeError, RecursionError):
+        return _NOT_JSON
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        problem = "not valid JSON (an integer of more than 4,300 digits)"
+    raise CalibrateError(str(path), where + problem, is_file=True, hint=False)
 
 
-class _Number(str):
-    """A JSON number's text as written (the key a non-finite one is given to is named)."""
+class _Twice(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+class _NonFinite:
+    """A JSON number that is not finite (NaN, Infinity, 1e400), shown as written."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _finite_or_text(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
 
 
 def _as_dict(record: Any) -> dict[str, Any]:
@@ -368,7 +387,7 @@ def _checked(record: dict[str, Any], name: str, is_file: bool) -> None:
 
     rate = record.get("tokens_per_s")
     if rate is not None and (is_bool(rate) or not isinstance(rate, (int, float))):
-        raise bad("tokens_per_s", "a number of tokens a second")
+        raise bad("tokens_per_s", "a finite number of tokens a second")
     size = record.get("world_size")
     if size is not None and (not is_int(size) or size < 1):
         raise bad("world_size", "an integer >= 1")
