@@ -237,13 +237,13 @@ def _model_given(args: argparse.Namespace | None) -> str:
 def _estimate_problems(exc: ValueError, args: argparse.Namespace) -> list[str] | None:
     """The estimator's problems behind a plan() error, one line each with the flags and the
     values as typed (as `workbench estimate` says them); None when it is not one."""
-    from workbench.cli.estimate import _problem_lines
+    from workbench.cli.estimate import estimate_problem_lines
     from workbench.estimate import EstimateInputError
 
     cause = exc if isinstance(exc, EstimateInputError) else exc.__cause__
     if not isinstance(cause, EstimateInputError):
         return None
-    return _problem_lines(cause, args)
+    return estimate_problem_lines(cause, args)
 
 
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
