@@ -312,8 +312,9 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     return []
 
 
-def _problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
-    """The estimator's problems with flag names and the values as typed."""
+def estimate_problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
+    """The estimator's problems with flag names and the values as typed (`workbench plan`
+    says them so too)."""
     from workbench.estimate import EstimateInputError
 
     if not isinstance(exc, EstimateInputError):
@@ -355,7 +356,7 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         else:
             stages = (estimate_memory(**options),)
     except ValueError as exc:
-        parser.error("; ".join(_problem_lines(exc, args) + problems))
+        parser.error("; ".join(estimate_problem_lines(exc, args) + problems))
     if problems:
         parser.error("; ".join(problems))
     problems += _picture_problems(args)

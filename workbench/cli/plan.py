@@ -108,18 +108,54 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     return lambda args: run_plan(args, parser)
 
 
-def _number(flag: str, text: str | None, kind: type, problems: list[str], low: float) -> Any:
+def _number(
+    flag: str,
+    text: str | None,
+    kind: type,
+    problems: list[str],
+    low: float,
+    high: float | None = None,
+    *,
+    below: bool = False,
+    allowed: str = "",
+) -> Any:
+    """`text` read as a `kind` from `low` to `high` (below `high` when `below`), or None
+    after adding a problem naming `flag`, the text as typed and the whole range (`allowed`,
+    else "a number >= low")."""
     if text is None:
         return None
     try:  # ASCII digits only: int() and float() read other scripts' digits ("١٢" = 12)
         value = kind(text) if text.isascii() else None
     except ValueError:
         value = None
-    if value is None or not math.isfinite(value) or value < low:
+    over = high is not None and value is not None and (value >= high if below else value > high)
+    if value is None or not math.isfinite(value) or value < low or over:
         what = "an integer" if kind is int else "a number"
-        problems.append(f"{flag} {typed(text)}: must be {what} >= {low:g}")
+        problems.append(f"{flag} {typed(text)}: must be {allowed or f'{what} >= {low:g}'}")
         return None
     return value
+
+
+def _gbps(flag: str, text: str | None, problems: list[str]) -> Any:
+    """A link's GB/s per GPU per direction, in the catalog's range (`MIN_GBPS`, `MAX_GBPS`)."""
+    from workbench.planner.hardware import MAX_GBPS, MIN_GBPS
+
+    allowed = f"a number of GB/s from {MIN_GBPS:g} to 10^{math.log10(MAX_GBPS):.0f}"
+    return _number(flag, text, float, problems, MIN_GBPS, MAX_GBPS, allowed=allowed)
+
+
+def _rate(flag: str, text: str | None, problems: list[str]) -> Any:
+    """The efficiency (--mfu, --efficiency) in the estimator's range (`LIMITS["mfu"]`),
+    said as `workbench estimate --mfu` says it."""
+    from workbench.estimate.limits import LIMITS, check_number
+
+    value = _number(flag, text, float, problems, -math.inf, allowed=LIMITS["mfu"].allowed)
+    if value is None:
+        return None
+    number, problem = check_number("mfu", value, LIMITS["mfu"])
+    if problem is not None:
+        problems.append(f"{flag} {typed(str(text))}: {problem}")
+    return number
 
 
 def _or(text: str | None, default: str) -> str:
@@ -156,13 +192,58 @@ FLAGS = {
 }
 
 
-def _as_flag(message: str) -> str:
+#: the model's fields as this command's flags, named bare (`layers=` with no value) in
+#: plan()'s errors: a value after them is another module's figure (`layers=32`), left as is
+_MODEL_FLAGS = {
+    "model": "--model",
+    "hf_config": "--hf-config",
+    "n_params": "--params",
+    **{name: "--" + name.replace("_", "-") for name in _SHAPE},
+}
+#: plan()'s switches as this command's flags (`float8=True` is `--float8`)
+_SWITCHES = {"compile": "--compile", "float8": "--float8", "hsdp": "--hsdp"}
+
+
+def _as_flag(message: str, args: argparse.Namespace | None = None) -> str:
     """A planner error said with the flags: each field it names with a value
-    (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`)."""
+    (`efficiency=0.0: ...`, `... not nodes=3`) as the flag (`--efficiency 0.0: ...`), a
+    field named bare (`more GPUs (nodes=)`, `layers=, hidden=, heads= with n_params=`) as
+    the flag alone, a switch (`float8=True`) as the flag, and an error about the model
+    (`model: ...`) under the model flag given (`--params 7B: ...`)."""
     message = re.sub(r"^pin (?=[a-z_ ]+)", "--pin ", message)  # "pin tp=3: ..." (one pin)
+    if message.startswith("model: "):
+        message = _model_given(args) + message[len("model") :]
+    message = re.sub(
+        r"\b([a-z_0-9]+)=True\b",
+        lambda m: _SWITCHES.get(m.group(1), m[0]),
+        message,
+    )
+    bare = {**FLAGS, **_MODEL_FLAGS}
+    message = re.sub(r"\b([a-z_0-9]+)=(?=[,;)\s]|$)", lambda m: bare.get(m.group(1), m[0]), message)
     return re.sub(
         r"\b([a-z_]+)=", lambda m: FLAGS[m.group(1)] + " " if m.group(1) in FLAGS else m[0], message
     )
+
+
+def _model_given(args: argparse.Namespace | None) -> str:
+    """The model flag given with its value as typed (`--params 7B`), or `--model`."""
+    for flag, dest in (("--model", "model"), ("--hf-config", "hf_config"), ("--params", "params")):
+        value = getattr(args, dest, None) if args is not None else None
+        if value is not None:
+            return f"{flag} {typed(str(value))}"
+    return "--model"
+
+
+def _estimate_problems(exc: ValueError, args: argparse.Namespace) -> list[str] | None:
+    """The estimator's problems behind a plan() error, one line each with the flags and the
+    values as typed (as `workbench estimate` says them); None when it is not one."""
+    from workbench.cli.estimate import estimate_problem_lines
+    from workbench.estimate import EstimateInputError
+
+    cause = exc if isinstance(exc, EstimateInputError) else exc.__cause__
+    if not isinstance(cause, EstimateInputError):
+        return None
+    return estimate_problem_lines(cause, args)
 
 
 def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -180,8 +261,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "gpus_per_node": _number("--gpus-per-node", args.gpus_per_node, int, problems, 1),
         "nodes": _number("--nodes", args.nodes, int, problems, 1),
         "global_batch": _number("--global-batch", _or(args.global_batch, "256"), int, problems, 1),
-        "intra_node_gbps": _number("--intra-node-gbps", args.intra_node_gbps, float, problems, 0),
-        "inter_node_gbps": _number("--inter-node-gbps", args.inter_node_gbps, float, problems, 0),
+        "intra_node_gbps": _gbps("--intra-node-gbps", args.intra_node_gbps, problems),
+        "inter_node_gbps": _gbps("--inter-node-gbps", args.inter_node_gbps, problems),
         "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
         "offload": not args.no_offload,
     }
@@ -209,20 +290,28 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.lora_rank is not None:
         kw["lora_rank"] = _number("--lora-rank", args.lora_rank, int, problems, 1)
     if args.headroom is not None:
-        kw["headroom"] = _number("--headroom", args.headroom, float, problems, 0)
+        kw["headroom"] = _number(
+            "--headroom",
+            args.headroom,
+            float,
+            problems,
+            0,
+            1,
+            below=True,
+            allowed="a number >= 0 and < 1",
+        )
     top = _number("--top", args.top, int, problems, 1)
     probe = _number("--probe", args.probe, int, problems, 1)
     if probe is not None and probe > 20:
         problems.append(f"--probe {probe}: must be an integer from 1 to 20")
-    if args.efficiency is not None:
-        kw["efficiency"] = _number("--efficiency", args.efficiency, float, problems, 0)
-    if args.mfu is not None:
-        kw["mfu"] = _number("--mfu", args.mfu, float, problems, 0)
+    for name in ("efficiency", "mfu"):
+        if getattr(args, name) is not None:
+            kw[name] = _rate("--" + name, getattr(args, name), problems)
     if args.calibrate is not None:
         if not args.calibrate:
-            from workbench.planner.efficiency import WHERE
+            from workbench.planner.efficiency import WHERE_CLI
 
-            problems.append(f"--calibrate: needs a measured step (a run's log.jsonl); {WHERE}")
+            problems.append(f"--calibrate: needs a measured step (a run's log.jsonl); {WHERE_CLI}")
         else:
             kw["calibrate"] = args.calibrate
     if args.pin is not None:
@@ -256,10 +345,17 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for p in problems:
             print(f"{parser.prog}: error: {p}", file=sys.stderr)
         return 2
+    from workbench.planner.efficiency import CalibrateError
+
     try:
         result = plan(**kw)
+    except CalibrateError as exc:
+        print(f"{parser.prog}: error: {exc.cli_text()}", file=sys.stderr)
+        return 2
     except ValueError as exc:
-        print(f"{parser.prog}: error: {_as_flag(str(exc))}", file=sys.stderr)
+        lines = _estimate_problems(exc, args) or [_as_flag(str(exc), args)]
+        for line in lines:
+            print(f"{parser.prog}: error: {line}", file=sys.stderr)
         return 2
     probes = None
     if probe:

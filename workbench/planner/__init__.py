@@ -490,7 +490,8 @@ def plan(
     if probe.layers is None or probe.hidden is None or probe.heads is None:
         raise ValueError(
             "model: the planner needs the model's shape (layers, hidden, heads): give a "
-            "preset, a config.json or a module, or layers=, hidden=, heads= with n_params"
+            "preset or a module (model=), a config.json (hf_config=), or layers=, hidden=, "
+            "heads= with n_params="
         )
     if probe.seq_len is None:
         raise ValueError("seq_len: the planner needs the tokens a sample (--seq-len)")

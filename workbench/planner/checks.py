@@ -46,14 +46,9 @@ def checked_numbers(
             raise ValueError(f"{name}={shown(value)}: {problem}")
         read.append(float(number))
     mfu = LIMITS["mfu"]
-    number = efficiency if isinstance(efficiency, (int, float)) else None
-    if number is None or isinstance(number, bool) or not 0 < number <= 1:
-        raise ValueError(f"{rate_name}={shown(efficiency)}: must be a number > 0 and <= 1")
-    if number < mfu.low:
-        raise ValueError(
-            f"{rate_name}={shown(efficiency)}: less than {mfu.low:g} (below 0.1% of the peak "
-            f"no run is measured); allowed: a number from {mfu.low:g} to 1"
-        )
+    number, problem = check_number(rate_name, efficiency, mfu)  # the estimator's range
+    if problem is not None:
+        raise ValueError(f"{rate_name}={shown(efficiency)}: {problem}")
     if (
         not isinstance(headroom, (int, float))
         or isinstance(headroom, bool)

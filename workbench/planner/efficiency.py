@@ -31,7 +31,7 @@ from typing import Any
 
 from workbench.estimate.flops import FlopCount
 from workbench.estimate.schema import DEFAULT_MFU
-from workbench.inputs import shown
+from workbench.inputs import is_bool, is_int, shown, typed
 
 #: the efficiency used for a GPU with no published run in `PUBLISHED`
 FALLBACK = DEFAULT_MFU
@@ -188,6 +188,50 @@ WHERE = (
     "to_dict(); train the planned model for a few steps on your GPU first"
 )
 
+#: the same for the command line, which reads files only
+WHERE_CLI = (
+    "a measured step comes from a step log file: a Session's run folder or its log.jsonl "
+    "(written when the config has a checkpoint_dir), or a JSON file of step records (one "
+    "record's to_dict(), or a list of them, such as an observer's records saved with "
+    "json.dump); train the planned model for a few steps on your GPU first"
+)
+
+
+class CalibrateError(ValueError):
+    """`calibrate` holds no usable measured step. `source` names it (the file as given, or
+    what was given), `is_file` says it is a file, `problem` says what is wrong (from `key`,
+    `value` and `allowed` when one entry of a step record is at fault), `hint` whether to
+    say where a measured step comes from. `str()` is plan()'s wording; `cli_text()` the
+    command's (`--calibrate FILE: ...`, the places a measured step comes from on the CLI)."""
+
+    def __init__(
+        self,
+        source: Any,
+        problem: str = "",
+        *,
+        is_file: bool = False,
+        key: str | None = None,
+        value: Any = None,
+        allowed: str = "",
+        hint: bool = True,
+    ) -> None:
+        self.source = source
+        self.is_file = is_file
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        self.hint = hint
+        self.problem = problem if key is None else f"{key}={shown(value)}: must be {allowed}"
+        super().__init__(self._text(f"calibrate={shown(source)}", WHERE))
+
+    def _text(self, head: str, where: str) -> str:
+        return f"{head}: {self.problem}" + (f"; {where}" if self.hint else "")
+
+    def cli_text(self) -> str:
+        """The error said with the flag: `--calibrate FILE: ...`."""
+        name = typed(self.source) if self.is_file else shown(self.source)
+        return self._text(f"--calibrate {name}", WHERE_CLI)
+
 
 @dataclass(frozen=True)
 class MeasuredStep:
@@ -200,6 +244,8 @@ class MeasuredStep:
     precision: str
     steps: int
     source: str
+    #: whether `source` is a file (a step log): said as such on the command line
+    is_file: bool = False
 
 
 def _record_dicts(calibrate: Any) -> tuple[list[dict[str, Any]], str]:
@@ -220,7 +266,7 @@ def _record_dicts(calibrate: Any) -> tuple[list[dict[str, Any]], str]:
         return [_as_dict(r) for r in calibrate], "the step records given"
     if hasattr(calibrate, "tokens_per_s"):
         return [_as_dict(calibrate)], "the step record given"
-    raise ValueError(f"calibrate={shown(calibrate)}: not a measured step; {WHERE}")
+    raise CalibrateError(calibrate, "not a measured step")
 
 
 #: the most of a log read: its last 16 MiB (thousands of steps; the steady ones are last)
@@ -230,7 +276,9 @@ LOG_TAIL_BYTES = 16 << 20
 def _read_log_tail(path: Path) -> list[Any]:
     """The JSON values of a run's log (one a line) or of a JSON file (a record, a list of
     them), reading at most its last `LOG_TAIL_BYTES`: a regular file only (a FIFO is refused,
-    never waited on); ValueError saying where a measured step comes from otherwise."""
+    never waited on), strictly (`_strict_json`: a key twice refused; a line that is no JSON
+    at all, such as a line cut by a crash, is passed over); CalibrateError naming the file
+    otherwise."""
     from workbench.inputs import InputFileError, open_regular
 
     try:
@@ -239,24 +287,78 @@ def _read_log_tail(path: Path) -> list[Any]:
             f.seek(max(0, size - LOG_TAIL_BYTES))
             data = f.read(LOG_TAIL_BYTES)
     except InputFileError as exc:
-        raise ValueError(f"calibrate={shown(str(path))}: {exc.reason}; {WHERE}") from None
+        raise CalibrateError(str(path), exc.reason, is_file=True) from None
     text = data.split(b"\0", 1)[0].decode("utf-8", errors="replace")
-    if size <= LOG_TAIL_BYTES:
-        try:
-            whole = json.loads(text)
-            return whole if isinstance(whole, list) else [whole]
-        except (json.JSONDecodeError, RecursionError):
-            pass
+    whole = size <= LOG_TAIL_BYTES
+    if whole:
+        value = _strict_json(text, path, "")
+        if value is not _NOT_JSON:
+            return value if isinstance(value, list) else [value]
     lines = text.splitlines()
-    if size > LOG_TAIL_BYTES and lines:
+    if not whole and lines:
         lines = lines[1:]  # the first line read is cut
     out: list[Any] = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except (json.JSONDecodeError, RecursionError):
-            continue
+    for number, line in enumerate(lines, 1):
+        value = _strict_json(line, path, f"line {number}: " if whole else "")
+        if value is not _NOT_JSON:
+            out.append(value)
     return out
+
+
+#: what `_strict_json` returns for text that is no JSON at all
+_NOT_JSON = object()
+
+
+def _strict_json(text: str, path: Path, where: str) -> Any:
+    """The JSON value of `text`, read as `workbench.inputs.parse_json` reads a settings file
+    but for one thing: a number that is not finite (NaN, Infinity, 1e400) is kept as a
+    `_NonFinite` holding its text, refused (`_checked`) only in the entries calibration reads,
+    since a Session's own log writes a diverged loss as NaN. `_NOT_JSON` when it is no JSON
+    at all; CalibrateError naming the file (and `where` in it) for a key given twice in one
+    object or an integer too long to read."""
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_once_each,
+            parse_float=_finite_or_text,
+            parse_constant=_NonFinite,
+        )
+    except _Twice as dup:
+        problem = f"key {shown(dup.key)} appears twice in one object (which one is meant?)"
+    except (json.JSONDecodeError, RecursionError):
+        return _NOT_JSON
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        problem = "not valid JSON (an integer of more than 4,300 digits)"
+    raise CalibrateError(str(path), where + problem, is_file=True, hint=False)
+
+
+class _Twice(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+class _NonFinite:
+    """A JSON number that is not finite (NaN, Infinity, 1e400), shown as written."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _finite_or_text(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
 
 
 def _as_dict(record: Any) -> dict[str, Any]:
@@ -270,11 +372,47 @@ def _as_dict(record: Any) -> dict[str, Any]:
 _KEYS = ("tokens_per_s", "world_size", "activation_checkpointing", "precision", "warmup")
 
 
+def _checked(record: dict[str, Any], name: str, is_file: bool) -> None:
+    """CalibrateError naming the first entry of `record` calibration cannot read: a token
+    rate that is no number, a world size that is no integer >= 1, a recomputation or a
+    precision the Session does not train with, a warm-up or skipped flag that is not true
+    or false. A missing entry (or null) is its default."""
+    from workbench.choices import Precision
+    from workbench.estimate.flops import RECOMPUTE
+
+    def bad(key: str, allowed: str) -> CalibrateError:
+        return CalibrateError(
+            name, key=key, value=record[key], allowed=allowed, is_file=is_file, hint=False
+        )
+
+    rate = record.get("tokens_per_s")
+    if rate is not None and (is_bool(rate) or not isinstance(rate, (int, float))):
+        raise bad("tokens_per_s", "a finite number of tokens a second")
+    size = record.get("world_size")
+    if size is not None and (not is_int(size) or size < 1):
+        raise bad("world_size", "an integer >= 1")
+    for key, allowed in (
+        ("activation_checkpointing", RECOMPUTE),
+        ("precision", tuple(p.value for p in Precision)),
+    ):
+        value = record.get(key)
+        if value is not None and (not isinstance(value, str) or value not in allowed):
+            raise bad(key, f"one of {', '.join(allowed)}")
+    for key in ("warmup", "skipped"):
+        if record.get(key) is not None and not is_bool(record[key]):
+            raise bad(key, "true or false")
+
+
 def measured_step(calibrate: Any) -> MeasuredStep:
     """The median measured step of `calibrate` (see `WHERE`): the steps after warm-up with
-    a token rate, of the last world size and settings seen. ValueError saying where a
-    measured step comes from when it holds none."""
+    a token rate, of the last world size and settings seen. CalibrateError (a ValueError)
+    saying where a measured step comes from when it holds none, and naming the entry of a
+    step record it cannot read (`_checked`)."""
     records, name = _record_dicts(calibrate)
+    is_file = isinstance(calibrate, (str, Path))
+    for r in records:
+        if r.get("tokens_per_s") is not None:
+            _checked(r, name, is_file)
     usable = [
         r
         for r in records
@@ -286,7 +424,7 @@ def measured_step(calibrate: Any) -> MeasuredStep:
     steady = [r for r in usable if not r.get("warmup")] or usable
     if not steady:
         what = "no step with a token rate (tokens_per_s)" if records else "no step record"
-        raise ValueError(f"calibrate={shown(name)}: {what} in it; {WHERE}")
+        raise CalibrateError(name, f"{what} in it", is_file=is_file)
     last = steady[-1]
     key = ("world_size", "activation_checkpointing", "precision")
     same = [r for r in steady if all(r.get(k) == last.get(k) for k in key)]
@@ -297,6 +435,7 @@ def measured_step(calibrate: Any) -> MeasuredStep:
         precision=str(last.get("precision") or "fp32"),
         steps=len(same),
         source=name,
+        is_file=is_file,
     )
 
 
@@ -309,10 +448,13 @@ def measured_efficiency(step: MeasuredStep, count: FlopCount, peak_flops: float)
     value = hardware * step.tokens_per_s / (step.world_size * peak_flops)
     mfu = count.model_per_token() * step.tokens_per_s / (step.world_size * peak_flops)
     if not 1e-3 <= value <= 1.0:
-        raise ValueError(
-            f"calibrate={shown(step.source)}: {step.tokens_per_s:,.0f} tokens/s on "
-            f"{step.world_size} GPU(s) is {value:.3g} of the peak for this model (must be "
-            "from 0.001 to 1): was the step the planned model's, at its sequence, on this GPU?"
+        raise CalibrateError(
+            step.source,
+            f"{step.tokens_per_s:,.0f} tokens/s on {step.world_size} GPU(s) is {value:.3g} of "
+            "the peak for this model (must be from 0.001 to 1): was the step the planned "
+            "model's, at its sequence, on this GPU?",
+            is_file=step.is_file,
+            hint=False,
         )
     return Efficiency(
         value,
@@ -342,6 +484,8 @@ __all__ = [
     "FALLBACK",
     "PUBLISHED",
     "WHERE",
+    "WHERE_CLI",
+    "CalibrateError",
     "Efficiency",
     "MeasuredStep",
     "Published",
