@@ -119,7 +119,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     out.add_argument(
         "--print-command",
         action="store_true",
-        help="print the launch commands (one node, several nodes) and exit",
+        help="print the launch commands (one node, several nodes) and exit; nothing runs, "
+        "so this machine's cores and GPUs do not limit --ranks",
     )
     return lambda args: run_launch(args, parser)
 
@@ -202,8 +203,14 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         options,
         threads,
     )
+    # --print-command runs nothing here: the commands are for the machine that will run
+    # them (a GPU node prepared from a laptop), so this machine's cores and GPUs do not count
+    here = ranks_problem(config, ranks) if config is not None and world is not None else None
+    if args.print_command and here is not None:
+        api = [p for p in api if p != here]
     problems += [_as_flag(p) for p in api if p.field not in unparsed]
-    if config is None and world is not None:  # the machine's limit, said with the others
+    if config is None and world is not None and not args.print_command:
+        # the machine's limit, said with the others
         try:
             device_only = TrainConfig(device=args.device or "auto")
         except ValueError:
