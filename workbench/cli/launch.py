@@ -147,6 +147,12 @@ def _cli_config(
                     "--model-options), never a file's",
                 )
             imported = import_deepspeed(raw, world_size=ranks)
+            if imported.auto_keys:  # filled with the settings the ranks run (flags included)
+                final, _ = config_from_args(
+                    args, fields=_CLI_FIELDS, base=imported.config, check_numbers=True
+                )
+                if final is not None:  # a flag's problem is named below with the others
+                    imported = import_deepspeed(raw, world_size=ranks, base=final)
         except InputFileError as exc:
             problems.append(f"--config {typed(args.config)}: {exc.reason}")
         except (ValueError, OSError) as exc:
