@@ -334,12 +334,13 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
         f"  or: bash {shlex.quote(result.launch_path)}",
     ]
     if result.nodes == 1:
+        if result.torchrun_command != result.command:  # an FSDP job runs under torchrun
+            lines.append(f"  or: {result.torchrun_command}")
         lines += [
-            f"  or: {result.torchrun_command}",
             "  several nodes: re-export with --nodes M --hostfile FILE (train_batch_size grows "
             "with the world size)",
         ]
-    else:
+    elif result.multinode_torchrun_command != result.command:
         lines.append(f"  or, torchrun on every node: {result.multinode_torchrun_command}")
     if result.hostfile_path in result.paths:
         lines.append(f"  edit {result.hostfile_path}: one 'HOSTNAME slots=GPUS' line per node")
