@@ -24,6 +24,10 @@ writes into `out_dir`:
   variants;
 * `hostfile` (only for `nodes > 1` without a `hostfile=`): a template to fill in.
 
+Exporting into a folder that holds a job already loses nothing edited there
+(`workbench.export.edits`): an edited script is kept as `NAME.edited`, a filled-in
+hostfile is kept instead of the template, and a warning says so.
+
 The model is a built-in name (`tiny-gpt`, `mlp`, `cnn`; `model_options` as in
 `workbench.models.build_model`) or an importable factory `"pkg.module:function"` called
 as `function(**model_options)` after `torch.manual_seed(seed)`, returning
