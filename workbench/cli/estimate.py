@@ -497,10 +497,45 @@ def _picture_problems(args: argparse.Namespace) -> list[str]:
                 f"written; allowed: {', '.join(TIMELINE_SUFFIXES)}"
             )
             continue
-        reason = target_problem(path, folder=False)
+        reason = target_problem(path, folder=False) or _folder_problem(path)
         if reason is not None:
             problems.append(f"{flag} {typed(path)}: {reason}")
     return problems
+
+
+def _folder_problem(path: str) -> str | None:
+    """Why the folder a picture goes in cannot take it (None when it can), found before
+    the dry run by trying: an existing folder must take a new file (one is made there and
+    removed), a missing one must be one the write could make (made and removed again, so
+    nothing is left behind by the check)."""
+    import tempfile
+
+    from workbench.outputs import OutputError, check_target
+
+    try:
+        folder = check_target(path).parent  # a link the user named: where it points
+    except OutputError as exc:
+        return exc.reason
+    made: list[Path] = []
+    current = folder
+    try:
+        missing = [p for p in (folder, *folder.parents) if not os.path.lexists(p)]
+        for current in reversed(missing):
+            current.mkdir()
+            made.append(current)
+        current = folder
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".workbench-check-")
+        os.close(fd)
+        os.unlink(name)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
+        what = "cannot be made" if current in missing else "takes no new file"
+        return f"the folder {shown(str(current), 200)} {what} ({reason}); nothing was written"
+    finally:
+        for p in reversed(made):  # deepest first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return None
 
 
 def _write_pictures(args: argparse.Namespace, parser: argparse.ArgumentParser, dry: Any) -> None:

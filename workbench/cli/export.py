@@ -223,13 +223,11 @@ def _import_config(
     """(config, gpus, warnings) from `--config`. Without --gpus the world size is the one
     the batch keys imply. With --gpus, batch keys that fix micro-batch and accumulation
     keep them (train_batch_size follows the new world size, with a warning); otherwise
-    the missing one is solved for the new world size."""
-    from workbench.deepspeed import import_deepspeed
-
-    try:
-        imported = import_deepspeed(args.config)
-    except ValueError as exc:
-        problems.append(f"--config {args.config}: {one_line(exc)}")
+    the missing one is solved for the new world size. "auto" values are filled with the
+    settings the job is written with (the flags over the config), and the warning says
+    those."""
+    imported = _imported(args, problems)
+    if imported is None:
         return None, gpus, ()
     warns = list(imported.warnings)
     if not (is_int(nodes) and nodes >= 1):
@@ -258,12 +256,33 @@ def _import_config(
             f"{c.effective_batch_size(gpus * nodes)}"
         )
         return c, gpus, tuple(warns)
-    try:
-        imported = import_deepspeed(args.config, world_size=gpus * nodes)
-    except ValueError as exc:
-        problems.append(f"--config {args.config}: {one_line(exc)}")
+    imported = _imported(args, problems, world_size=gpus * nodes)
+    if imported is None:
         return None, gpus, ()
     return imported.config, gpus, imported.warnings
+
+
+def _imported(
+    args: argparse.Namespace, problems: list[str], *, world_size: int | None = None
+) -> Any:
+    """`import_deepspeed` of `--config` (None, with a problem, when it cannot be read):
+    read once with the default settings, then, when it has "auto" values, again with the
+    settings the flags make of it as the base, so that those values (and the warning
+    naming them) are the ones the job is written with."""
+    from workbench.deepspeed import import_deepspeed
+
+    try:
+        imported = import_deepspeed(args.config, world_size=world_size)
+        if imported.auto_keys:
+            final, _ = config_from_args(
+                args, fields=_CONFIG_FIELDS, base=imported.config, strip_text=True
+            )
+            if final is not None:  # a flag's problem is reported with the others later
+                imported = import_deepspeed(args.config, world_size=world_size, base=final)
+    except ValueError as exc:
+        problems.append(f"--config {args.config}: {one_line(exc)}")
+        return None
+    return imported
 
 
 def _export_raw(args: argparse.Namespace) -> dict[str, str]:
@@ -315,12 +334,13 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
         f"  or: bash {shlex.quote(result.launch_path)}",
     ]
     if result.nodes == 1:
+        if result.torchrun_command != result.command:  # an FSDP job runs under torchrun
+            lines.append(f"  or: {result.torchrun_command}")
         lines += [
-            f"  or: {result.torchrun_command}",
             "  several nodes: re-export with --nodes M --hostfile FILE (train_batch_size grows "
             "with the world size)",
         ]
-    else:
+    elif result.multinode_torchrun_command != result.command:
         lines.append(f"  or, torchrun on every node: {result.multinode_torchrun_command}")
     if result.hostfile_path in result.paths:
         lines.append(f"  edit {result.hostfile_path}: one 'HOSTNAME slots=GPUS' line per node")

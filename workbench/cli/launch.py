@@ -119,7 +119,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     out.add_argument(
         "--print-command",
         action="store_true",
-        help="print the launch commands (one node, several nodes) and exit",
+        help="print the launch commands (one node, several nodes) and exit; nothing runs, "
+        "so this machine's cores and GPUs do not limit --ranks",
     )
     return lambda args: run_launch(args, parser)
 
@@ -146,6 +147,12 @@ def _cli_config(
                     "--model-options), never a file's",
                 )
             imported = import_deepspeed(raw, world_size=ranks)
+            if imported.auto_keys:  # filled with the settings the ranks run (flags included)
+                final, _ = config_from_args(
+                    args, fields=_CLI_FIELDS, base=imported.config, check_numbers=True
+                )
+                if final is not None:  # a flag's problem is named below with the others
+                    imported = import_deepspeed(raw, world_size=ranks, base=final)
         except InputFileError as exc:
             problems.append(f"--config {typed(args.config)}: {exc.reason}")
         except (ValueError, OSError) as exc:
@@ -202,8 +209,14 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         options,
         threads,
     )
+    # --print-command runs nothing here: the commands are for the machine that will run
+    # them (a GPU node prepared from a laptop), so this machine's cores and GPUs do not count
+    here = ranks_problem(config, ranks) if config is not None and world is not None else None
+    if args.print_command and here is not None:
+        api = [p for p in api if p != here]
     problems += [_as_flag(p) for p in api if p.field not in unparsed]
-    if config is None and world is not None:  # the machine's limit, said with the others
+    if config is None and world is not None and not args.print_command:
+        # the machine's limit, said with the others
         try:
             device_only = TrainConfig(device=args.device or "auto")
         except ValueError:

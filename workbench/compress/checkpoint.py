@@ -39,29 +39,48 @@ class Trained:
     path: str = ""
 
 
+#: What `load_trained` reads, said after a refusal of something else.
+ALLOWED = (
+    "give a Session checkpoint (step-N.pt with its step-N.json manifest beside it, or a "
+    "folder of them) or a weights file (session.save_weights(), torch.save of a state dict "
+    "of tensors)"
+)
+
+
 def _read(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """(weights by name, the checkpoint payload or None for a plain weights file)."""
+    """(weights by name, the checkpoint payload or None for a plain weights file). A
+    refusal names `path` as given (never a file it was not), says why in the user's terms
+    and what is allowed."""
     from workbench.train import checkpoints
 
+    given = os.fspath(path)
+    tensor_file = checkpoints.manifest_path(given).with_suffix(".pt")
+    if given.endswith(".json") and os.path.isfile(given) and not os.path.lexists(tensor_file):
+        raise _path_error(
+            path,
+            f"a JSON file, not a checkpoint (a checkpoint's manifest step-N.json sits beside "
+            f"its tensor file; no {tensor_file.name} is there); {ALLOWED}",
+        )
     try:
         payload = checkpoints.load(path)
     except ValueError:
         if os.path.isdir(path) or checkpoints.manifest_path(path).is_file():
             raise  # a checkpoint folder, or a checkpoint with its manifest: its own error
         if not os.path.isfile(path):  # a FIFO or a device would block or never end
-            raise _path_error(path, "not a regular file (a checkpoint or weights file)") from None
+            raise _path_error(path, f"not a regular file; {ALLOWED}") from None
         try:  # torch's safe loader: a pickle naming other objects is refused unread
             weights = checkpoints.safe_load(path)
         except checkpoints.CheckpointError as refused:
+            reason = refused.reason + (f"; {refused.hint}" if refused.hint else "")
             raise _path_error(
                 path,
-                "neither a workbench checkpoint (no manifest beside it) nor a weights file "
-                f"(torch.save of a state dict): {refused.reason}",
+                "neither a Session checkpoint (no manifest beside it) nor a weights file "
+                f"({reason}); {ALLOWED}",
             ) from None
         if not isinstance(weights, dict) or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
         ):
-            raise _path_error(path, "not a state dict of tensors") from None
+            raise _path_error(path, f"not a state dict of tensors; {ALLOWED}") from None
         return weights, None
     backend = payload.get("backend") or {}
     weights = dict(backend.get("model") or {})

@@ -164,7 +164,12 @@ def import_deepspeed(
         config = TrainConfig(**kw)
     except ConfigError as exc:
         raise MappedConfigError(exc, _ds_keys_of(exc), _DS_KEY_OF_FIELD) from None
-    return DeepSpeedImport(config=config, world_size=world, warnings=r.warnings(deepspeed_name()))
+    return DeepSpeedImport(
+        config=config,
+        world_size=world,
+        warnings=r.warnings(deepspeed_name()),
+        auto_keys=tuple(sorted(r.auto_paths)),
+    )
 
 
 def from_deepspeed(

@@ -71,11 +71,14 @@ MODELLED_PARAMS = {
 class DeepSpeedImport:
     """A DeepSpeed config read back: the TrainConfig, the world size the batch keys imply,
     and the warnings, one string each (at most: the "auto" values filled, the keys not
-    modelled, and a 1-bit optimizer the installed DeepSpeed lacks)."""
+    modelled, and a 1-bit optimizer the installed DeepSpeed lacks). `auto_keys`: the key
+    paths whose value was "auto" (filled from the session's settings, or left to
+    DeepSpeed's defaults), sorted."""
 
     config: TrainConfig
     world_size: int
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    auto_keys: tuple[str, ...] = ()
 
 
 #: DeepSpeed's gradient clipping when a config has no `gradient_clipping` key (0.19:

@@ -24,6 +24,10 @@ writes into `out_dir`:
   variants;
 * `hostfile` (only for `nodes > 1` without a `hostfile=`): a template to fill in.
 
+Exporting into a folder that holds a job already loses nothing edited there
+(`workbench.export.edits`): an edited script is kept as `NAME.edited`, a filled-in
+hostfile is kept instead of the template, and a warning says so.
+
 The model is a built-in name (`tiny-gpt`, `mlp`, `cnn`; `model_options` as in
 `workbench.models.build_model`) or an importable factory `"pkg.module:function"` called
 as `function(**model_options)` after `torch.manual_seed(seed)`, returning
@@ -69,6 +73,7 @@ from workbench.config import (
 )
 from workbench.deepspeed import to_deepspeed
 from workbench.engines import ENGINES, engine_for, tp_problems
+from workbench.export.edits import keep_edited_scripts, kept_hostfile
 from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's names, commands)
     CONFIG_NAME,
     MASTER_PORT,
@@ -319,8 +324,13 @@ def export_job(
     files[LAUNCH_NAME] = launch_sh(
         format, config, model, gpus, nodes, primary, commands, options=options
     )
-    if template:
+    verbatim = (script, COMMON_NAME, "job_files.py", "job_parallel.py")
+    kept, edited = keep_edited_scripts(out, files, verbatim)  # the user's text is not lost
+    filled = kept_hostfile(out, HOSTFILE_NAME, nodes, gpus) if template else None
+    if template and filled is None:
         files[HOSTFILE_NAME] = hostfile_template(nodes, gpus)
+    warnings = (*warnings, *edited, *([filled] if filled else []))
+    files.update(kept)
     _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
     if template:
         host_path = out / HOSTFILE_NAME

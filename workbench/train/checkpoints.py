@@ -402,11 +402,11 @@ def safe_load(
         file.seek(0)
         names = _unsafe_globals(file)
         if not names:  # not a pickle at all, or a damaged one
-            raise CheckpointError(
-                p, "not a readable checkpoint: not a file torch.save wrote, or a damaged one"
-            ) from exc
-    except Exception as exc:
-        raise CheckpointError(p, f"not a readable checkpoint: {_last_line(exc)}") from exc
+            raise CheckpointError(p, f"not a readable checkpoint: {_NOT_TORCH_SAVE}") from exc
+    except Exception as exc:  # the zip reader says what is damaged; other loader errors
+        # (a KeyError of a byte value for a text file) are its internals, not a reason
+        reason = _last_line(exc) if isinstance(exc, RuntimeError) else _NOT_TORCH_SAVE
+        raise CheckpointError(p, f"not a readable checkpoint: {reason}") from exc
     if previous_format and names and set(names) <= _PREVIOUS_FORMAT_NAMES:
         with torch.serialization.safe_globals(_previous_format_globals()):
             try:
@@ -425,6 +425,9 @@ def safe_load(
             else ""
         ),
     )
+
+
+_NOT_TORCH_SAVE = "not a file torch.save wrote, or a damaged one"
 
 
 def _last_line(exc: BaseException) -> str:
