@@ -45,6 +45,22 @@ def test_the_models_errors_name_the_flags(
         assert "=" not in line.split(":")[0]
 
 
+def test_a_model_and_a_parameter_count_are_refused_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `workbench estimate` refuses them: the preset counts its own parameters, so a
+    --params beside it would plan a model that is neither."""
+    assert _err(capsys, "--model", "llama-3-8b", "--params", "7B") == [
+        "--model llama-3-8b and --params 7B: give one (the model counts its own parameters; "
+        "the shape flags change its shape)"
+    ]
+    config = tmp_path / "config.json"
+    config.write_text("{}", encoding="utf-8")
+    assert _err(capsys, "--hf-config", str(config), "--params", "7B")[0].startswith(
+        f"--hf-config {config} and --params 7B: give one"
+    )
+
+
 def test_python_keeps_the_keywords() -> None:
     with pytest.raises(ValueError, match=r"or layers=, hidden=, heads= with n_params="):
         plan(n_params="7B")

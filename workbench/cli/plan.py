@@ -266,6 +266,12 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
         "offload": not args.no_offload,
     }
+    for flag, given in (("--model", args.model), ("--hf-config", args.hf_config)):
+        if given is not None and args.params is not None:
+            problems.append(
+                f"{flag} {typed(given)} and --params {typed(args.params)}: give one (the model "
+                "counts its own parameters; the shape flags change its shape)"
+            )
     if args.global_tokens is not None:
         if args.global_batch is not None:
             problems.append("--global-tokens: give it or --global-batch, not both")
