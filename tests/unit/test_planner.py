@@ -71,10 +71,20 @@ def test_the_ranking_is_by_predicted_step_time_and_says_why(llama8b) -> None:
     # on 8 NVLinked H100s an 8B model's data parallel hides behind compute: the winner is
     # data parallel (no tensor-parallel all-reduces), and it ties on time with ZeRO-2/3
     assert r.best.tp == 1 and r.best.pp == 1 and r.best.dp == 8
-    budgets = dict(r.by_budget())
+    listed = r.by_budget()
+    budgets = dict(listed)
     assert max(budgets) == H100.memory_bytes and budgets[H100.memory_bytes] is r.best
     for budget, p in budgets.items():
         assert p.required_bytes <= budget
+    # a budget is listed where its plan changes (an L4's 22.03 and an A10G's 22.49 GiB buy
+    # the same plan: one line), the GPU's own always
+    plans = [p for _, p in listed]
+    assert all(a is not b for a, b in zip(plans[:-1], plans[1:], strict=True))
+    from workbench.estimate import GPUS
+
+    smaller = [g.memory_bytes for g in GPUS.values() if g.memory_bytes < H100.memory_bytes]
+    every = [next((p for p in r.plans if p.required_bytes <= b), None) for b in smaller]
+    assert {id(p) for p in every if p is not None} | {id(r.best)} == {id(p) for p in plans}
     text = r.text()
     assert "Why #1:" in text and "Fastest plan per memory budget:" in text
     assert LINKS["h100-80gb"].source in text

@@ -224,17 +224,23 @@ class PlanResult:
 
     def by_budget(self) -> list[tuple[int, Plan]]:
         """The fastest plan whose per-GPU peak fits each smaller memory budget (the GPU
-        catalog's capacities up to this GPU's, each less the headroom)."""
+        catalog's capacities, as PyTorch sees them, up to this GPU's, each less the
+        headroom): a budget is listed where its fastest plan changes from the smaller
+        budget's, and this GPU's own always."""
         from workbench.estimate import GPUS
 
-        budgets = sorted({g.memory_bytes for g in GPUS.values()})
-        out = []
-        for budget in budgets:
-            if budget > self.cluster.gpu.memory_bytes:
-                break
+        own = self.cluster.gpu.memory_bytes
+        budgets = sorted({g.memory_bytes for g in GPUS.values() if g.memory_bytes < own})
+        out: list[tuple[int, Plan]] = []
+        for budget in [*budgets, own]:
             fitting = [p for p in self.plans if p.required_bytes <= budget * (1 - self.headroom)]
-            if fitting:
-                out.append((budget, fitting[0]))
+            if not fitting:
+                continue
+            if out and out[-1][1] is fitting[0]:
+                if budget != own:
+                    continue
+                out.pop()  # this GPU's own budget stands for the smaller one's same plan
+            out.append((budget, fitting[0]))
         return out
 
     def train_time(self, plan: Plan) -> tuple[float | None, float | None]:
@@ -281,7 +287,7 @@ class PlanResult:
                 "(the allocated peak, the allocator's reserve, the CUDA context, NCCL's buffers)"
             )
         lines += ["", "Fastest plan per memory budget:"]
-        lines += [f"  {b / _GIB:>5.0f} GiB: {p.label()}" for b, p in self.by_budget()]
+        lines += [f"  {b / _GIB:>6.2f} GiB: {p.label()}" for b, p in self.by_budget()]
         if self.unfit:
             lines += ["", "Faster setups that do not fit (the largest term of each peak):"]
             for p in self.unfit[:3]:

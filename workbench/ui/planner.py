@@ -128,7 +128,7 @@ class PlannerPanel(PanelBase):
         )
         self.table.value = _table(result, self.top)
         rows = [html.escape(w) for w in result.why()]
-        rows += [f"{b / _GIB:.0f} GiB: {html.escape(p.label())}" for b, p in result.by_budget()]
+        rows += [f"{b / _GIB:.2f} GiB: {html.escape(p.label())}" for b, p in result.by_budget()]
         self.why.value = (
             "<b>Why #1</b><br>" + "<br>".join(rows[: len(result.why())])
             + "<br><b>Fastest plan per memory budget</b><br>"
