@@ -38,7 +38,7 @@ from workbench.config import (
     runtime_problems,
 )
 from workbench.engines import ENGINES, engine_for, engine_problems
-from workbench.export.job_parallel import fsdp_units, tied_split
+from workbench.export.job_parallel import fsdp_units, tied_split, units_problem
 from workbench.inputs import shown
 from workbench.train.records import Event
 from workbench.train.techniques.attention import attention_problem
@@ -176,16 +176,17 @@ def session_problems(
                 "which layers and read which samples; create a new Session (or launch) with it",
             )
         )
-    if "tp" in changed or "sequence_parallel" in changed:
-        p.append(
-            SettingProblem(
-                "tp",
-                int(config.tp),
-                "cannot change on a live session: the tensor-parallel size decides which "
-                "ranks read which samples and how each layer is split; create a new Session "
-                "(or launch) with it",
+    for name in ("tp", "sequence_parallel"):
+        if name in changed:
+            p.append(
+                SettingProblem(
+                    name,
+                    plain_value(getattr(config, name)),
+                    "cannot change on a live session: the tensor-parallel layout decides "
+                    "which ranks read which samples and how each layer is split; create a "
+                    "new Session (or launch) with it",
+                )
             )
-        )
     if "documents" in changed:
         p.append(
             SettingProblem(
@@ -226,14 +227,19 @@ def session_problems(
 
 
 def _tied_units(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
-    """FSDP units that split a tied weight over two units (`job_parallel.tied_split`), refused
-    before anything is built; names matching no module are refused when the engine is built
-    (`job_parallel.resolve_units`), on the module with LoRA's adapters in it."""
+    """FSDP units that split a tied weight over two units (`job_parallel.tied_split`) or
+    name no module of the model (`job_parallel.units_problem`), refused before anything is
+    built; with LoRA the names are checked when the engine is built
+    (`job_parallel.resolve_units`), on the module with the adapters in it."""
     if FsdpMode(config.fsdp) is FsdpMode.OFF:
         return None
     spec = str(config.fsdp_units)
     units, missing = fsdp_units(model, spec, checkpointable_modules(model))
-    problem = None if missing else tied_split(model, units)
+    if missing:
+        if int(config.lora_rank or 0) > 0:
+            return None  # the adapters' names exist once they are added
+        return SettingProblem("fsdp_units", spec, units_problem(model, missing))
+    problem = tied_split(model, units)
     return None if problem is None else SettingProblem("fsdp_units", spec, problem)
 
 
@@ -270,7 +276,9 @@ class ChangeQueue:
         problem (TrainConfig's own, then `problems(new, changed)`), nothing queued."""
         with self._lock:
             new = self.requested.replace(**changes)  # ConfigError: names, types, ranges
-            found = problems(new, set(changes))
+            # a setting given its present value changes nothing, and nothing is refused of it
+            changed = {k for k in changes if getattr(new, k) != getattr(self.requested, k)}
+            found = problems(new, changed)
             if found:
                 raise ConfigError(found)
             self.requested = new

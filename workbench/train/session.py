@@ -223,6 +223,11 @@ class Session(SessionTools):
     ) -> tuple[TrainConfig, nn.Module, Any, Any]:
         """The module, data and loss (`resolve_model`), this session's from now on, and
         `config` (a DataLoader's batch size as micro_batch) checked against them."""
+        if sampler is not None and not hasattr(sampler, "latest"):
+            raise ValueError(
+                f"sampler={shown(sampler)}: must be a workbench.monitor.Sampler (its latest "
+                "reading goes with each step record) or None"
+            )
         made = resolve_model(
             model,
             data=data,
@@ -874,15 +879,24 @@ class Session(SessionTools):
                     model_name=self.model_name,
                     model_options=self.model_options,
                 )
-            written = self._folders.write(
-                payload,
-                target,
-                directory,
-                config=cfg,
-                step=self._step,
-                flush_log=self.flush_log,
-                describe=lambda: self._manifest_fields(target),
-            )
+            try:
+                written = self._folders.write(
+                    payload,
+                    target,
+                    directory,
+                    config=cfg,
+                    step=self._step,
+                    flush_log=self.flush_log,
+                    describe=lambda: self._manifest_fields(target),
+                )
+            except OSError as exc:  # a folder it cannot write into, a full disk: said by path
+                reason = exc.strerror or " ".join(str(exc).split())
+                said = (
+                    f"path={shown(str(path if path is not None else cfg.checkpoint_dir))}: "
+                    f"cannot write the checkpoint {target} ({reason}); the session trains on, "
+                    "nothing was saved"
+                )
+                raise (OSError(said) if exc.errno is None else type(exc)(exc.errno, said)) from None
         self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
         return str(written)
 
