@@ -61,3 +61,13 @@ def test_a_count_whose_commas_group_nothing_is_refused() -> None:
 
     with pytest.raises(ValueError, match=r"parameters: '1,2,3' is not a count"):
         parse_count("parameters", "1,2,3")
+
+
+def test_a_count_out_of_range_states_the_range_it_left() -> None:
+    """'1e30' parameters is above 10^16: the message gives that bound, not only ">= 1"."""
+    from workbench.ui.fields import parse_count
+
+    for text in ("1e30", "0"):
+        with pytest.raises(ValueError, match=rf"parameters: '{text}' is out of range; enter a "
+                           r"count from 1 to 10\^16"):  # fmt: skip
+            parse_count("parameters", text)

@@ -218,6 +218,7 @@ def test_a_model_no_setup_fits_says_which_term_breaks_and_by_how_much() -> None:
         ({"global_batch": True}, "global_batch=True: must be an integer from 1 to"),
         ({"gpus_per_node": 0}, "gpus_per_node=0: must be an integer from 1"),
         ({"engines": ("zero4",)}, r"engines=\['zero4'\]: each must be one of ddp"),
+        ({"engines": ()}, r"engines=\[\]: give at least one of ddp, zero1, .* \(or leave it out"),
         (
             {"efficiency": 1.5},
             "efficiency=1.5: more than 1 .*allowed: a finite number from 0.001 to 1",

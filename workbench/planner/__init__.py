@@ -479,6 +479,11 @@ def plan(
             f"{MAX_GLOBAL_BATCH:,} (samples)"
         )
     chosen = tuple(ENGINES) if engines is None else tuple(engines)
+    if not chosen:
+        raise ValueError(
+            f"engines={shown(list(chosen))}: give at least one of {', '.join(ENGINES)} "
+            "(or leave it out: every one)"
+        )
     bad = [e for e in chosen if e not in ENGINES]
     if bad or not chosen:
         raise ValueError(f"engines={shown(list(chosen))}: each must be one of {', '.join(ENGINES)}")

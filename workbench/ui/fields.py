@@ -93,7 +93,7 @@ def parse_count(label: str, text: str, *, minimum: int = 1) -> int:
     from workbench.estimate.counts import parse_count as read_count
 
     raw = text.strip()
-    allowed = f"a count >= {minimum:g} ({COUNT_EXAMPLES})"
+    allowed = f"a count from {minimum:g} to 10^16 ({COUNT_EXAMPLES})"
     if not raw:
         raise ValueError(f"{label}: empty; enter {allowed}")
     value = read_count(raw)  # its own rules for separators: digits grouped by three
