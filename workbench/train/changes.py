@@ -348,3 +348,22 @@ class ChangeQueue:
         with self._lock:
             out, self._for_record = self._for_record, {}
             return out
+
+
+def checked_config(config: TrainConfig | None) -> TrainConfig:
+    """`config`, or the defaults for None; ValueError for anything but a TrainConfig."""
+    if config is None:
+        return TrainConfig()
+    if not isinstance(config, TrainConfig):
+        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+    return config
+
+
+def check_sampler(sampler: Any) -> None:
+    """ValueError naming `sampler` unless it is None or a `workbench.monitor.Sampler` (its
+    latest reading goes with each step record)."""
+    if sampler is not None and not hasattr(sampler, "latest"):
+        raise ValueError(
+            f"sampler={shown(sampler)}: must be a workbench.monitor.Sampler (its latest "
+            "reading goes with each step record) or None"
+        )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import SettingProblem, TrainConfig
+from workbench.inputs import shown
 from workbench.train import checkpoints as ckpt
 from workbench.train.resume import folder_check, resumed_run, save_target
 
@@ -109,11 +110,13 @@ class RunFolders:
         step: int,
         flush_log: Callable[[], None],
         describe: Callable[[], dict[str, Any]],
+        given: Any = None,
     ) -> Path:
         """Save `payload` as `target` (`resume.save_target`'s file and folder): the folder
         (or the file) claimed first, the run's log flushed (it holds every step up to the
         checkpoint), the checkpoint written with the manifest fields `describe()` gives,
-        then the run's older checkpoints in the folder pruned to `keep_checkpoints`."""
+        then the run's older checkpoints in the folder pruned to `keep_checkpoints`. An
+        OSError writing it is said by `given` (the path as the user gave it)."""
         if directory is not None:
             # the log in the run folder is this session's own (update() moves it there)
             ours = config.checkpoint_dir is not None and os.path.realpath(
@@ -123,7 +126,15 @@ class RunFolders:
         else:
             self.claim_file(target, step)
         flush_log()
-        written = ckpt.save(payload, target, describe=describe())
+        try:
+            written = ckpt.save(payload, target, describe=describe())
+        except OSError as exc:  # a folder it cannot write into, a full disk: said by path
+            reason = exc.strerror or " ".join(str(exc).split())
+            said = (
+                f"path={shown(str(given if given is not None else target))}: cannot write the "
+                f"checkpoint {target} ({reason}); the session trains on, nothing was saved"
+            )
+            raise (OSError(said) if exc.errno is None else type(exc)(exc.errno, said)) from None
         if directory is not None:
             ckpt.prune(
                 directory,

@@ -70,7 +70,12 @@ from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train import checkpoints as ckpt
 from workbench.train import owners
 from workbench.train.backends import Backend
-from workbench.train.changes import ChangeQueue, session_problems
+from workbench.train.changes import (
+    ChangeQueue,
+    check_sampler,
+    checked_config,
+    session_problems,
+)
 from workbench.train.data import DataPosition
 from workbench.train.devices import cuda_uuid, resolve_device
 from workbench.train.history import History, Recent
@@ -107,15 +112,6 @@ MAX_RUN_STEPS = 10**12
 #: Failures of a background run are also logged here (stderr by default), so they show
 #: in the notebook cell or console the user is looking at, not only in `events`.
 log = logging.getLogger("workbench")
-
-
-def _checked_config(config: TrainConfig | None) -> TrainConfig:
-    """`config`, or the defaults for None; ValueError for anything but a TrainConfig."""
-    if config is None:
-        return TrainConfig()
-    if not isinstance(config, TrainConfig):
-        raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
-    return config
 
 
 class SessionError(RuntimeError):
@@ -180,7 +176,7 @@ class Session(SessionTools):
         resume: str | os.PathLike[str] | dict[str, Any] | None = None,
         tensorboard: bool | str | os.PathLike[str] = False,
     ) -> None:
-        config = _checked_config(config)
+        config = checked_config(config)
         check_checkpoint_arg("resume", resume, payload_too=True)
         tensorboard = tensorboard_setting(tensorboard, config)
         payload = self._setup_run(config, device, resume)
@@ -223,11 +219,7 @@ class Session(SessionTools):
     ) -> tuple[TrainConfig, nn.Module, Any, Any]:
         """The module, data and loss (`resolve_model`), this session's from now on, and
         `config` (a DataLoader's batch size as micro_batch) checked against them."""
-        if sampler is not None and not hasattr(sampler, "latest"):
-            raise ValueError(
-                f"sampler={shown(sampler)}: must be a workbench.monitor.Sampler (its latest "
-                "reading goes with each step record) or None"
-            )
+        check_sampler(sampler)
         made = resolve_model(
             model,
             data=data,
@@ -853,16 +845,15 @@ class Session(SessionTools):
                 self._event("checkpoint-failed", f"autosave failed: {exc}", "warning")
 
     def save_checkpoint(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Write a checkpoint at the current step boundary; returns its path.
-
-        `path`: a file name (used as is; its manifest beside it, `NAME.json`), a directory
-        (`step-N.pt` and `step-N.json` in it, then only the newest `keep_checkpoints`
-        kept), or None for `config.checkpoint_dir`; with several ranks a directory gets
-        each rank's own folder in it (`rank-<r>`, as `workbench launch` lays them out). The layout is in
-        `workbench.train.checkpoints`; `torch.load(path, weights_only=True)` reads it, and
-        the trained weights are under `payload["backend"]["model"]` (fp32, by parameter
-        name). The step records are not in it: they are in the run's log.
-        """
+        """Write a checkpoint at the current step boundary; returns its path. `path`: a file
+        name (used as is; its manifest beside it, `NAME.json`), a directory (`step-N.pt` and
+        `step-N.json` in it, then only the newest `keep_checkpoints` kept), or None for
+        `config.checkpoint_dir`; with several ranks a directory gets each rank's own folder
+        in it (`rank-<r>`, as `workbench launch` lays them out). The layout is in
+        `workbench.train.checkpoints`; `torch.load(path, weights_only=True)` reads it, the
+        trained weights under `payload["backend"]["model"]` (fp32, by parameter name). The
+        step records are in the run's log. An OSError (a folder it cannot write) names
+        `path`; the session trains on."""
         self._check_open("save_checkpoint")
         with self._step_lock:
             self._apply_pending(raise_errors=False)
@@ -879,24 +870,16 @@ class Session(SessionTools):
                     model_name=self.model_name,
                     model_options=self.model_options,
                 )
-            try:
-                written = self._folders.write(
-                    payload,
-                    target,
-                    directory,
-                    config=cfg,
-                    step=self._step,
-                    flush_log=self.flush_log,
-                    describe=lambda: self._manifest_fields(target),
-                )
-            except OSError as exc:  # a folder it cannot write into, a full disk: said by path
-                reason = exc.strerror or " ".join(str(exc).split())
-                said = (
-                    f"path={shown(str(path if path is not None else cfg.checkpoint_dir))}: "
-                    f"cannot write the checkpoint {target} ({reason}); the session trains on, "
-                    "nothing was saved"
-                )
-                raise (OSError(said) if exc.errno is None else type(exc)(exc.errno, said)) from None
+            written = self._folders.write(
+                payload,
+                target,
+                directory,
+                config=cfg,
+                step=self._step,
+                flush_log=self.flush_log,
+                describe=lambda: self._manifest_fields(target),
+                given=path if path is not None else cfg.checkpoint_dir,
+            )
         self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
         return str(written)
 
