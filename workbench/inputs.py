@@ -247,16 +247,19 @@ def read_json(
     return parse_json(text, what=what, path=os.fspath(path), max_depth=max_depth)
 
 
-class _Duplicate(Exception):
+class DuplicateKey(Exception):
+    """A JSON object gives `key` twice (`no_duplicate_keys`)."""
+
     def __init__(self, key: str) -> None:
         self.key = key
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`' object_pairs_hook that refuses a key given twice (DuplicateKey)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _Duplicate(key)
+            raise DuplicateKey(key)
         out[key] = value
     return out
 
@@ -284,11 +287,11 @@ def parse_json(text: str, *, what: str, path: str = "", max_depth: int = MAX_JSO
     try:
         value = json.loads(
             text,
-            object_pairs_hook=_no_duplicates,
+            object_pairs_hook=no_duplicate_keys,
             parse_float=_finite_float,
             parse_constant=_refuse_constant,
         )
-    except _Duplicate as dup:
+    except DuplicateKey as dup:
         raise InputFileError(
             what, where, f"key {shown(dup.key)} appears twice in one object (which one is meant?)"
         ) from None

@@ -31,7 +31,7 @@ from typing import Any
 
 from workbench.estimate.flops import FlopCount
 from workbench.estimate.schema import DEFAULT_MFU
-from workbench.inputs import is_bool, is_int, shown, typed
+from workbench.inputs import DuplicateKey, is_bool, is_int, no_duplicate_keys, shown, typed
 
 #: the efficiency used for a GPU with no published run in `PUBLISHED`
 FALLBACK = DEFAULT_MFU
@@ -319,31 +319,17 @@ def _strict_json(text: str, path: Path, where: str) -> Any:
     try:
         return json.loads(
             text,
-            object_pairs_hook=_once_each,
+            object_pairs_hook=no_duplicate_keys,
             parse_float=_finite_or_text,
             parse_constant=_NonFinite,
         )
-    except _Twice as dup:
+    except DuplicateKey as dup:
         problem = f"key {shown(dup.key)} appears twice in one object (which one is meant?)"
     except (json.JSONDecodeError, RecursionError):
         return _NOT_JSON
     except ValueError:  # Python reads no integer of more than 4,300 digits
         problem = "not valid JSON (an integer of more than 4,300 digits)"
     raise CalibrateError(str(path), where + problem, is_file=True, hint=False)
-
-
-class _Twice(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Twice(key)
-        out[key] = value
-    return out
 
 
 class _NonFinite:
