@@ -396,3 +396,20 @@ def test_compressed_copies_do_not_share_tensors_with_the_original() -> None:
     # the quantized weights are tensor subclasses, and their inner tensors were compared
     assert kinds - {"Tensor", "Parameter"}, kinds
     assert copy.deepcopy(quantize_int8(model).model) is not None  # quantized copies copy
+
+
+def test_compress_cancel_is_checked_and_stops_before_any_work() -> None:
+    import threading
+
+    from workbench.compress import CompressionCancelled, compress
+    from workbench.models import build_model
+
+    model, data, loss_fn, _ = build_model(
+        "mlp", in_features=8, hidden=16, depth=1, out_features=2, samples=32
+    )
+    with pytest.raises(ValueError, match=r"cancel='stop': must be a threading.Event or None"):
+        compress(model, data, loss_fn, methods=["prune"], cancel="stop")
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(CompressionCancelled):
+        compress(model, data, loss_fn, methods=["prune"], cancel=stop)

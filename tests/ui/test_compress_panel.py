@@ -77,3 +77,28 @@ def test_a_user_module_needs_its_loss(no_leaked_threads) -> None:
             assert panel.measure(wait=True) is not None, panel.error
         finally:
             panel.close()
+
+
+def test_closing_mid_measurement_cancels_it(no_leaked_threads) -> None:
+    """close() while the panel measures stops the work at the next model or batch: no
+    report, the status says cancelled, and the thread has ended when close returns."""
+    from workbench.models import build_model
+
+    module, data, loss_fn, _ = build_model("mlp", **MLP)
+    started = __import__("threading").Event()
+    panel: CompressionPanel | None = None
+
+    def slow_loss(outputs, targets):
+        started.set()
+        assert panel is not None
+        panel._cancel.wait(timeout=60)  # held here until close() asks the job to stop
+        return loss_fn(outputs, targets)
+
+    with Session(TrainConfig(micro_batch=16), model=module, data=data, loss_fn=loss_fn) as s:
+        panel = CompressionPanel(s, loss_fn=slow_loss, repeats=3)
+        panel.measure()
+        assert started.wait(timeout=120) and panel.running
+        panel.close()
+        assert not panel.running
+        assert panel.report is None and panel.error is None
+        assert strip_tags(panel.status.value) == "cancelled"

@@ -29,7 +29,9 @@ def test_the_ladder_and_the_compression_report_use_the_same_spread(monkeypatch) 
     times = [0.004, 0.001, 0.003, 0.002]
     measured = importlib.import_module("workbench.compress.compare")
     monkeypatch.setattr(
-        measured, "latencies", lambda models, batch, repeats: {n: times for n in models}
+        measured,
+        "latencies",
+        lambda models, batch, repeats, cancel=None: {n: times for n in models},
     )
     model = torch.nn.Linear(2, 2)
     data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 2))

@@ -35,6 +35,7 @@ from workbench.compress.distill import (
 )
 from workbench.compress.layers import PRUNABLE, QUANTIZABLE, Compressed
 from workbench.compress.measure import (
+    CompressionCancelled,
     Quality,
     disk_bytes,
     evaluate,
@@ -56,6 +57,7 @@ __all__ = [
     "PRUNABLE",
     "QUANTIZABLE",
     "Compressed",
+    "CompressionCancelled",
     "CompressionReport",
     "DistillationLoss",
     "Figures",

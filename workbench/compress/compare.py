@@ -30,6 +30,7 @@ from workbench.compress.measure import (
     evaluate,
     first_batch,
     latencies,
+    stop_if_cancelled,
     weights_bytes,
     zero_fraction,
 )
@@ -44,6 +45,12 @@ from workbench.spread import spread
 METHODS = ("int8", "prune", "channels", "heads")
 DEFAULT_METHODS = ("int8", "prune", "channels")
 BEFORE = "before"
+
+
+def _cancel_problems(cancel: Any) -> list[str]:
+    if cancel is None or callable(getattr(cancel, "is_set", None)):
+        return []
+    return [f"cancel={shown(cancel)}: must be a threading.Event or None"]
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> str | None:
@@ -147,8 +154,11 @@ def _figures(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     batch_size: int,
     eval_samples: int | None,
+    cancel: Any = None,
 ) -> Figures:
-    quality = evaluate(model, held_out, loss_fn, batch_size=batch_size, max_samples=eval_samples)
+    quality = evaluate(
+        model, held_out, loss_fn, batch_size=batch_size, max_samples=eval_samples, cancel=cancel
+    )
     latency = spread(times)
     assert latency is not None  # at least 3 timed passes, each a finite number of seconds
     return Figures(
@@ -177,6 +187,7 @@ def compare(
     eval_samples: int | None = None,
     compile: bool = False,
     title: str | None = None,
+    cancel: Any = None,
 ) -> CompressionReport:
     """Measure `before` and each candidate (a module, or what a compression function
     returned) on the same held-out data and the same batch: weights and file size,
@@ -185,7 +196,8 @@ def compare(
     `eval_samples` samples; default all). `compile=True` times each model (the one
     before too) after `torch.compile` (compiling takes seconds to minutes per model).
     `loss_fn(outputs, targets)` is the task's loss (None when batches are mappings and the
-    model returns its own `.loss`).
+    model returns its own `.loss`). `cancel`: a threading.Event; setting it stops the
+    measurement at the next model or batch with `CompressionCancelled`.
     """
     check_model(before)
     problems = []
@@ -216,6 +228,7 @@ def compare(
         problems.append(f"loss_fn={shown(loss_fn)}: must be callable(outputs, targets) or None")
     if not isinstance(held_out, (Dataset, DataLoader)):
         problems.append(f"held_out={shown(held_out)}: must be a torch Dataset or DataLoader")
+    problems += _cancel_problems(cancel)
     raise_problems(problems)
 
     results = {
@@ -225,15 +238,14 @@ def compare(
     models: dict[str, nn.Module] = {BEFORE: before, **{n: c.model for n, c in results.items()}}
     batch = first_batch(held_out, batch_size)
     timed: dict[str, Any] = {n: torch.compile(m) for n, m in models.items()} if compile else models
-    times = latencies(timed, batch, repeats=repeats)
-    rows = [
-        Row(BEFORE, _figures(before, times[BEFORE], held_out, loss_fn, batch_size, eval_samples))
-    ]
+    times = latencies(timed, batch, repeats=repeats, cancel=cancel)
+    measure = (held_out, loss_fn, batch_size, eval_samples, cancel)
+    rows = [Row(BEFORE, _figures(before, times[BEFORE], *measure))]
     for name, c in results.items():
         rows.append(
             Row(
                 name,
-                _figures(c.model, times[name], held_out, loss_fn, batch_size, eval_samples),
+                _figures(c.model, times[name], *measure),
                 layers=c.layers,
                 skipped=c.skipped,
                 notes=c.notes,
@@ -274,6 +286,7 @@ def compress(
     engine: str = "torchao",
     extra: Mapping[str, nn.Module] | None = None,
     title: str | None = None,
+    cancel: Any = None,
     **measure: Any,
 ) -> CompressionReport:
     """Compress copies of `model` with each of `methods` and measure them against it.
@@ -282,8 +295,10 @@ def compress(
     unstructured magnitude pruning at `sparsity`), "channels" / "heads" (structured
     pruning of that fraction of the units), or steps joined by '+' ("channels+int8").
     `extra`: more models to measure alongside (a distilled student, say). `measure`:
-    `batch_size`, `repeats`, `eval_samples`, `compile` (see `compare`). Every problem
-    with the arguments is reported at once, before any work; your model is never changed.
+    `batch_size`, `repeats`, `eval_samples`, `compile` (see `compare`). `cancel`: a
+    threading.Event; setting it stops the work at the next method, model or batch with
+    `CompressionCancelled`. Every problem with the arguments is reported at once, before
+    any work; your model is never changed.
     """
     check_model(model)
     names = (
@@ -297,12 +312,14 @@ def compress(
         problems.append(f"engine={shown(engine)}: must be one of {', '.join(map(repr, ENGINES))}")
     if extra is not None and not isinstance(extra, Mapping):
         problems.append("extra: must be a mapping of name -> model")
+    problems += _cancel_problems(cancel)
     raise_problems(problems)
-    candidates: dict[str, nn.Module | Compressed] = {
-        spec: apply_method(model, spec, sparsity=float(sparsity), engine=engine) for spec in names
-    }
+    candidates: dict[str, nn.Module | Compressed] = {}
+    for spec in names:
+        stop_if_cancelled(cancel)
+        candidates[spec] = apply_method(model, spec, sparsity=float(sparsity), engine=engine)
     for name, other in (extra or {}).items():
         if name in candidates:
             raise ValueError(f"extra: {shown(name)} is also a method name; rename it")
         candidates[name] = other
-    return compare(model, candidates, held_out, loss_fn, title=title, **measure)
+    return compare(model, candidates, held_out, loss_fn, title=title, cancel=cancel, **measure)

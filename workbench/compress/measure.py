@@ -35,6 +35,17 @@ from workbench.inputs import shown
 from workbench.train import batches
 from workbench.train.data import batch_size_of, move_to
 
+
+class CompressionCancelled(RuntimeError):
+    """A measurement was cancelled (its `cancel` event was set) before it finished."""
+
+
+def stop_if_cancelled(cancel: Any) -> None:
+    """Raise `CompressionCancelled` once `cancel` (a threading.Event, or None) is set."""
+    if cancel is not None and cancel.is_set():
+        raise CompressionCancelled("the measurement was cancelled")
+
+
 # --------------------------------------------------------------------------- size
 
 
@@ -169,9 +180,11 @@ def evaluate(
     *,
     batch_size: int = 64,
     max_samples: int | None = None,
+    cancel: Any = None,
 ) -> Quality:
     """Mean loss over `data` (each batch's mean loss weighted by its samples) and the
-    accuracy where the task has one, in eval mode without autograd."""
+    accuracy where the task has one, in eval mode without autograd. `cancel`: a
+    threading.Event checked before each batch (`CompressionCancelled` once set)."""
     loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
     device = _device(model)
     loss_sum = 0.0
@@ -179,6 +192,7 @@ def evaluate(
     classification = True
     with eval_mode(model):
         for batch in loader:
+            stop_if_cancelled(cancel)
             batch = move_to(batch, device)
             n = batch_size_of(batch)
             out = batches.forward(model, batch)
@@ -218,21 +232,25 @@ def latencies(
     repeats: int = 30,
     rounds: int | None = None,
     warmup: int = 3,
+    cancel: Any = None,
 ) -> dict[str, list[float]]:
     """Seconds per forward pass of each model on `batch` (moved to each model's device):
     `warmup` untimed calls each, then `rounds` turns (default: `repeats`, one call per
     model per turn) in which every model runs `repeats / rounds` timed calls; eval mode,
-    no autograd."""
+    no autograd. `cancel`: a threading.Event checked before each model's calls
+    (`CompressionCancelled` once set)."""
     times: dict[str, list[float]] = {name: [] for name in models}
     rounds = repeats if rounds is None else rounds
     per_round = max(1, math.ceil(repeats / rounds))
     placed = {name: move_to(batch, _device(m)) for name, m in models.items()}
     for name, model in models.items():
+        stop_if_cancelled(cancel)
         with eval_mode(model):
             for _ in range(warmup):
                 batches.forward(model, placed[name])
     for _ in range(rounds):
         for name, model in models.items():
+            stop_if_cancelled(cancel)
             sync = _synchronizer(_device(model))
             with eval_mode(model):
                 for _ in range(per_round):

@@ -164,7 +164,7 @@ class CompressionPanel(JobPanel):
         return model, held, loss_fn, note
 
     def _run(self, methods: list[str], sparsity: float, engine: str) -> None:
-        from workbench.compress import compress
+        from workbench.compress import CompressionCancelled, compress
 
         try:
             model, held_out, loss_fn, note = self._source()
@@ -178,6 +178,7 @@ class CompressionPanel(JobPanel):
                 sparsity=sparsity,
                 engine=engine,
                 title=f"compression of {self.session.model_name or type(model).__name__}",
+                cancel=self._cancel,
                 **self._options,
             )
             if self._cancel.is_set():
@@ -190,6 +191,8 @@ class CompressionPanel(JobPanel):
                 "ok",
                 f"measured; pays here: {', '.join(paying) or 'none'}. {note}.",
             )
+        except CompressionCancelled:
+            self._show_status("info", "cancelled")
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             self._show_status("error", self.error)
