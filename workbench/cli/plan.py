@@ -62,6 +62,13 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         "run folder or its log.jsonl, or a step record's JSON",
     )
     run.add_argument(
+        "--nccl-tests",
+        metavar="FILE",
+        action="append",
+        help="your cluster's network as nccl-tests measured it: the saved output of "
+        "all_reduce_perf, all_gather_perf or reduce_scatter_perf over 2+ nodes (repeatable)",
+    )
+    run.add_argument(
         "--pin",
         metavar="K=V,...",
         help="plan only this layout: tp, pp, cp (context parallel), dp, engine, micro_batch, "
@@ -175,6 +182,7 @@ FLAGS = {
     "efficiency": "--efficiency",
     "mfu": "--mfu",
     "calibrate": "--calibrate",
+    "nccl_tests": "--nccl-tests",
     "pin": "--pin",
     "headroom": "--headroom",
     "lora_rank": "--lora-rank",
@@ -320,6 +328,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             problems.append(f"--calibrate: needs a measured step (a run's log.jsonl); {WHERE_CLI}")
         else:
             kw["calibrate"] = args.calibrate
+    if args.nccl_tests is not None:
+        kw["nccl_tests"] = args.nccl_tests
     if args.pin is not None:
         kw["pin"] = args.pin
     if args.seq_len is not None:
@@ -352,10 +362,11 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"{parser.prog}: error: {p}", file=sys.stderr)
         return 2
     from workbench.planner.efficiency import CalibrateError
+    from workbench.planner.nccl_tests import NcclTestsError
 
     try:
         result = plan(**kw)
-    except CalibrateError as exc:
+    except (CalibrateError, NcclTestsError) as exc:
         print(f"{parser.prog}: error: {exc.cli_text()}", file=sys.stderr)
         return 2
     except ValueError as exc:

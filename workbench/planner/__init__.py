@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.config import ConfigError, TrainConfig
@@ -310,6 +310,7 @@ class PlanResult:
                 "inter_node_bytes_per_s": self.cluster.inter_node,
                 "node_network_bytes_per_s": self.cluster.node_network,
                 "intra_bus_bytes_per_s": self.cluster.fabric.intra_bus,
+                "network_factor": self.cluster.network_factor,
                 "source": self.cluster.source,
             },
             "global_batch": self.global_batch,
@@ -379,6 +380,7 @@ def plan(
     hsdp: bool = False,
     mfu: float | None = None,
     calibrate: Any = None,
+    nccl_tests: Any = None,
     pin: dict[str, Any] | str | None = None,
     **shape: Any,
 ) -> PlanResult:
@@ -398,7 +400,8 @@ def plan(
     they run, `workbench.planner.efficiency`): `mfu` (or its older name `efficiency`) gives
     it, `calibrate` measures it from a step of this model on your GPU (a Session, an
     observer, their step records or a run's log.jsonl), else the median of published runs
-    on the GPU. `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
+    on the GPU. `nccl_tests` (a path, or a list of them) scales the network to what your
+    cluster's nccl-tests measured (`workbench.planner.nccl_tests`). `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
     pp, cp, dp, engine, micro_batch, checkpointing), e.g. {"tp": 8, "pp": 16, "dp": 8}.
     Context parallelism (cp: each sequence split over cp GPUs, torch's ring attention as
     torchtitan runs it) is searched from `space.CP_MIN_SEQ` tokens and planned wherever
@@ -449,6 +452,11 @@ def plan(
         intra_node_gbps=intra_node_gbps,
         inter_node_gbps=inter_node_gbps,
     )
+    if nccl_tests is not None:  # your fabric as it measured, on the plan and its label
+        from workbench.planner.nccl_tests import calibrate_network
+
+        network = calibrate_network(nccl_tests, hw)
+        hw = replace(hw, network_factor=network.factor, source=f"{hw.source}; {network.note()}")
     G = hw.gpus
     if G > MAX_GPUS:
         raise ValueError(

@@ -53,7 +53,10 @@ The model is NCCL's own tuning model (NCCL 2.30, `src/graph/tuning.cc` and
   370.8 is as fast). Latency: 25 us inside a node, + 2 log2(nodes) x 20.9 us across.
 
 Not modelled: SHARP in the network (CollNet, and the NVLS+CollNet all-reduce it enables),
-small-message protocols (LL, LL128), congestion of a shared fabric.
+small-message protocols (LL, LL128), congestion of a shared fabric. A fabric that carries
+less than NCCL's channel rates is measured instead: `Fabric.network_factor` scales the
+network (every channel's rate, and so the NIC share of NVLS-Tree and the tree's ceiling),
+from the user's own nccl-tests run (`workbench.planner.nccl_tests`).
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ class Fabric:
     nvls: bool = False
     nics: int | None = None
     sm: int = 80
+    #: the share of NCCL's channel rates the network carries (1: a healthy fabric with
+    #: NCCL's settings; less: yours as your nccl-tests measured it, planner.nccl_tests)
+    network_factor: float = 1.0
 
     @cached_property  # a frozen dataclass: computed once, kept in the instance's __dict__
     def channel_rate(self) -> float:
@@ -128,10 +134,10 @@ class Fabric:
         assert self.node_network is not None
         nics = self.nics or self.gpus_per_node
         rate = self.channel_rate
-        if rate <= 0:
-            return self.node_network  # a NIC slower than NCCL's slowest rate: its own
+        if rate <= 0:  # a NIC slower than NCCL's slowest rate: its own
+            return self.node_network * self.network_factor
         per_nic = math.floor(self.node_network / nics / rate + 1e-9)
-        return nics * per_nic * rate
+        return nics * per_nic * rate * self.network_factor
 
 
 @dataclass(frozen=True)
@@ -175,10 +181,12 @@ def nvls_bus_bandwidth(kind: str, k: int, nodes: int, fabric: Fabric) -> float |
         cap = SM90_SPEEDS_INTRA[0]  # the channel's "inter" rate, raised to the top
     else:
         assert fabric.node_network is not None
-        nic = fabric.network_bus / fabric.gpus_per_node / 1e9  # a channel's NIC, as NCCL rates it
+        # a channel's NIC as NCCL rates it (its search knows the NICs' speed, not how much
+        # of it the fabric carries: `network_factor` scales the network's cap below)
+        nic = fabric.network_bus / fabric.network_factor / fabric.gpus_per_node / 1e9
         rate = _fastest(SM90_SPEEDS_INTER, min(bus / (k + 1), nic))
         tree_max = NVLS_TREE_MAX_2_NODES if nodes <= 2 else NVLS_TREE_MAX_MORE
-        cap = min(min(nic, 2 * rate) * (2 if nodes <= 2 else 1), tree_max)
+        cap = min(min(nic, 2 * rate) * (2 if nodes <= 2 else 1), tree_max) * fabric.network_factor
     if rate <= 0:
         return None
     per_channel = rate * NVLS_EFFICIENCY * (k - 1) / k

@@ -168,6 +168,8 @@ class Cluster:
     nvls: bool = False
     #: the GPU's generation as NCCL's tuning reads it (`Links.sm`)
     sm: int = 80
+    #: the share of NCCL's channel rates the network carries (`Fabric.network_factor`)
+    network_factor: float = 1.0
 
     @property
     def gpus(self) -> int:
@@ -182,7 +184,14 @@ class Cluster:
     def fabric(self) -> Fabric:
         """What workbench.planner.collectives reads of this cluster."""
         bus = self.intra_node if self.intra_bus is None else self.intra_bus
-        return Fabric(self.gpus_per_node, bus, self.node_network, nvls=self.nvls, sm=self.sm)
+        return Fabric(
+            self.gpus_per_node,
+            bus,
+            self.node_network,
+            nvls=self.nvls,
+            sm=self.sm,
+            network_factor=self.network_factor,
+        )
 
     def link(self, span: int) -> float:
         """The bandwidth one GPU's point-to-point traffic over groups of `span` consecutive
@@ -191,7 +200,7 @@ class Cluster:
         if span <= self.gpus_per_node or self.nodes == 1:
             return self.intra_node
         assert self.inter_node is not None
-        return self.inter_node
+        return self.inter_node * self.network_factor
 
 
 def cluster(
