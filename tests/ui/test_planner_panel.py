@@ -108,3 +108,34 @@ def test_plans_tied_on_step_time_are_marked_as_tied_not_ranked() -> None:
         assert ("<td>1=</td>" in panel.table.value) is (times.count(times[0]) > 1)
     finally:
         panel.close()
+
+
+def test_the_mfu_and_your_nccl_tests_reach_the_planner(tmp_path) -> None:
+    """The MFU typed plans the compute at it; an nccl-tests file plans the network at the
+    share it measured, said in the status line; a bad value of either is refused naming
+    it and the last ranking stays."""
+    import html
+
+    from nccl_output import nccl_tests_output
+
+    run = tmp_path / "rs.txt"
+    run.write_text(nccl_tests_output("reduce_scatter", 2, 8, {8 * 2**30: 300.0}))
+    panel = PlannerPanel(seq_len=4096, global_batch=64, nodes=2)
+    try:
+        panel.mfu.value, panel.nccl_tests.value = "0.35", str(run)
+        result = panel.plan()
+        expected = plan(model="llama-3-8b", gpu="h100-80gb", nodes=2, seq_len=4096,
+                        global_batch=64, mfu=0.35, nccl_tests=str(run))  # fmt: skip
+        assert [p.label() for p in result.plans] == [p.label() for p in expected.plans]
+        assert result.efficiency == 0.35 and result.cluster.network_factor < 1
+        assert "from your nccl-tests: rs.txt: reduce_scatter over 2 x 8" in panel.status.value
+        table = panel.table.value
+        panel.mfu.value = "fast"
+        assert panel.plan() is None
+        assert "mfu='fast': must be a number" in html.unescape(panel.status.value)
+        panel.mfu.value, panel.nccl_tests.value = "", str(tmp_path / "missing.txt")
+        assert panel.plan() is None and "missing.txt" in panel.status.value
+        assert "no such file" in panel.status.value
+        assert panel.result is result and panel.table.value == table
+    finally:
+        panel.close()

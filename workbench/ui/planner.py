@@ -2,7 +2,9 @@
 
 Pick a model preset, the GPU, GPUs per node and nodes, the sequence length and the
 global batch, and pin what you must (the engines, one precision, the attention kernel, no
-offload, a LoRA rank, a memory headroom), press **plan**: the panel ranks every setup the
+offload, a LoRA rank, a memory headroom); give the compute's MFU (blank: published runs on
+the GPU) and your cluster's nccl-tests output (a file path, blank: NCCL's own model of the
+network, `workbench.planner.nccl_tests`) where you have them, press **plan**: the panel ranks every setup the
 workbench trains there
 (pure math, well under a second) and shows the top plans (peak per GPU, step time,
 tokens/s, MFU), why the first beats the next, and the fastest plan per memory budget.
@@ -75,6 +77,12 @@ class PlannerPanel(PanelBase):
         self.offload = widgets.Checkbox(True, description="CPU offload allowed", indent=False)
         self.lora_rank = widgets.IntText(0, description="LoRA rank (0 off)", style=style)
         self.headroom = widgets.FloatText(0.0, description="headroom", style=style)
+        self.mfu = widgets.Text(
+            "", placeholder="blank: published runs", description="MFU", style=style
+        )
+        self.nccl_tests = widgets.Text(
+            "", placeholder="blank: NCCL's model", description="nccl-tests file", style=style
+        )
         self.button = widgets.Button(description="plan", button_style="primary")
         self.button.on_click(lambda _: self.plan())
         self.status = widgets.HTML(status_html("info", "Rank every setup that fits: press plan."))
@@ -87,7 +95,7 @@ class PlannerPanel(PanelBase):
         pins = [self.engines, self.precision, self.attention, self.optimizer, self.offload]
         inputs = widgets.HBox(
             [
-                widgets.VBox([*setup, self.global_batch]),
+                widgets.VBox([*setup, self.global_batch, self.mfu, self.nccl_tests]),
                 widgets.VBox([*pins, self.lora_rank, self.headroom]),
             ]
         )
@@ -100,6 +108,7 @@ class PlannerPanel(PanelBase):
         from workbench.planner import plan
 
         try:
+            mfu, nccl_tests = self._optional_inputs()
             result = plan(
                 model=self.model.value,
                 gpu=self.gpu.value,
@@ -114,6 +123,8 @@ class PlannerPanel(PanelBase):
                 offload=bool(self.offload.value),
                 lora_rank=int(self.lora_rank.value),
                 headroom=float(self.headroom.value),
+                mfu=mfu,
+                nccl_tests=nccl_tests,
             )
         except ValueError as exc:
             self.status.value = status_html("error", str(exc))
@@ -124,7 +135,8 @@ class PlannerPanel(PanelBase):
             "ok",
             f"{len(result.plans)} of {result.searched} setups fit {c.nodes} x "
             f"{c.gpus_per_node} {c.gpu.name} at {result.global_batch} x {result.seq_len} "
-            f"tokens a step; the fastest first; compute at {result.efficiency_source}",
+            f"tokens a step; the fastest first; compute at {result.efficiency_source}"
+            + (f"; {c.source.rsplit('; ', 1)[-1]}" if c.network_factor != 1.0 else ""),
         )
         self.table.value = _table(result, self.top)
         rows = [html.escape(w) for w in result.why()]
@@ -135,6 +147,22 @@ class PlannerPanel(PanelBase):
             + "<br>".join(rows[len(result.why()):])
         )  # fmt: skip
         return result
+
+    def _optional_inputs(self) -> tuple[float | None, str | None]:
+        """The MFU and the nccl-tests file as typed (None where blank); ValueError naming
+        the field for an MFU that is not a number (plan() checks its range)."""
+        text = self.mfu.value.strip()
+        mfu = None
+        if text:
+            try:
+                mfu = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"mfu={text!r}: must be a number, the share of the peak FLOP/s compute "
+                    "reaches (e.g. 0.4), or blank for published runs on the GPU"
+                ) from None
+        path = self.nccl_tests.value.strip()
+        return mfu, path or None
 
     def __repr__(self) -> str:
         best = self.result.best.label() if self.result is not None else "not planned yet"
