@@ -129,6 +129,8 @@ def test_the_mfu_and_your_nccl_tests_reach_the_planner(tmp_path) -> None:
         assert [p.label() for p in result.plans] == [p.label() for p in expected.plans]
         assert result.efficiency == 0.35 and result.cluster.network_factor < 1
         assert "from your nccl-tests: rs.txt: reduce_scatter over 2 x 8" in panel.status.value
+        head = f"network at x{result.cluster.network_factor:.2f} of NCCL's channel rates"
+        assert head in html.unescape(panel.status.value)  # the share planned, not a run's
         table = panel.table.value
         panel.mfu.value = "fast"
         assert panel.plan() is None

@@ -297,7 +297,9 @@ class PlanResult:
                     f"  {p.label()}: {p.required_bytes / _GIB:.1f} GiB, over by {over:.1f} GiB: "
                     f"the largest term is {term} ({size / _GIB:.1f} GiB)"
                 )
-        lines += ["", f"Bandwidths: {c.source}"] + self.notes
+        lines += ["", f"Bandwidths: {c.source}"]
+        lines += [f"Network: {c.network_source}"] if c.network_source else []
+        lines += self.notes
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -311,6 +313,7 @@ class PlanResult:
                 "node_network_bytes_per_s": self.cluster.node_network,
                 "intra_bus_bytes_per_s": self.cluster.fabric.intra_bus,
                 "network_factor": self.cluster.network_factor,
+                "network_source": self.cluster.network_source,
                 "source": self.cluster.source,
             },
             "global_batch": self.global_batch,
@@ -456,7 +459,7 @@ def plan(
         from workbench.planner.nccl_tests import calibrate_network
 
         network = calibrate_network(nccl_tests, hw)
-        hw = replace(hw, network_factor=network.factor, source=f"{hw.source}; {network.note()}")
+        hw = replace(hw, network_factor=network.factor, network_source=network.note())
     G = hw.gpus
     if G > MAX_GPUS:
         raise ValueError(

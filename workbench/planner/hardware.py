@@ -170,6 +170,8 @@ class Cluster:
     sm: int = 80
     #: the share of NCCL's channel rates the network carries (`Fabric.network_factor`)
     network_factor: float = 1.0
+    #: where that share comes from (empty: NCCL's model; `planner.nccl_tests`' note)
+    network_source: str = ""
 
     @property
     def gpus(self) -> int:

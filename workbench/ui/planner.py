@@ -136,7 +136,7 @@ class PlannerPanel(PanelBase):
             f"{len(result.plans)} of {result.searched} setups fit {c.nodes} x "
             f"{c.gpus_per_node} {c.gpu.name} at {result.global_batch} x {result.seq_len} "
             f"tokens a step; the fastest first; compute at {result.efficiency_source}"
-            + (f"; {c.source.rsplit('; ', 1)[-1]}" if c.network_factor != 1.0 else ""),
+            + (f"; {c.network_source}" if c.network_source else ""),
         )
         self.table.value = _table(result, self.top)
         rows = [html.escape(w) for w in result.why()]
