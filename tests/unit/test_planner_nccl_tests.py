@@ -60,13 +60,15 @@ def test_every_layout_nccl_tests_prints_is_read(tmp_path: Path, layout: dict) ->
 
 
 def test_launcher_prefixes_crlf_and_noise_are_read(tmp_path: Path) -> None:
-    """srun --label ("0: "), mpirun --tag-output ("[1,0]<stdout>:"), CRLF line ends and
-    NCCL's INFO lines between."""
+    """srun --label ("0: "), timestamps, mpirun --tag-output ("[1,0]<stdout>:"), CRLF line
+    ends and NCCL's INFO lines between."""
     text = nccl_tests_output("all_gather", 2, 8, {8 * _GIB: 300.0})
     lines = text.splitlines()
-    labelled = [f"0: {line}" for line in lines[:8]] + [
-        f"[1,0]<stdout>:{line}" for line in lines[8:]
-    ]
+    labelled = (
+        [f"0: {line}" for line in lines[:8]]
+        + [f"2026-12-05T10:11:12.123456Z {line}" for line in lines[8:14]]  # a log collector's
+        + [f"[1,0]<stdout>:{line}" for line in lines[14:]]
+    )
     labelled.insert(5, "gpu-node00:1234:1234 [0] NCCL INFO NCCL_IB_HCA set to mlx5_0")
     (run,) = read_nccl_tests(_write(tmp_path, "\r\n".join(labelled) + "\r\n"))
     assert (run.kind, run.nodes, run.bus_bandwidth) == ("all_gather", 2, pytest.approx(300e9))
