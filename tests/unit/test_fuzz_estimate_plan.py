@@ -77,8 +77,8 @@ def test_plan_takes_the_clis_gpus_params_price_and_no_offload():
     assert (by_gpus.cluster.gpus_per_node, by_gpus.cluster.nodes) == (8, 2)
     assert plan(**PLAN, gpus=4).cluster.gpus_per_node == 4  # fewer than a node: one node
     assert (
-        plan(**PLAN, gpus=8, price=2.5).to_dict()
-        == plan(**PLAN, gpus=8, price_per_gpu_hour=2.5).to_dict()
+        plan(**PLAN, gpus=8, price=2.5, tokens=1e9).to_dict()
+        == plan(**PLAN, gpus=8, price_per_gpu_hour=2.5, tokens=1e9).to_dict()
     )
     off = plan(**PLAN, gpus=8, no_offload=True)
     assert not any("offload" in k for p in off.plans for k in p.settings)

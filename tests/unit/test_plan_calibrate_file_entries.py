@@ -91,3 +91,41 @@ def test_the_cli_says_where_a_measured_step_comes_from_as_files(
     with pytest.raises(ValueError, match="calibrate=session"):  # Python keeps its objects
         plan(model="llama-3-8b", gpus=8, seq_len=2048, global_batch=16, calibrate=[])
     assert "calibrate=session" in WHERE
+
+
+def test_a_step_carries_only_to_plans_on_the_same_kind_of_peak(tmp_path: Path) -> None:
+    """An fp32 step's share of the fp32 peak says nothing of the 16-bit plans' share of the
+    bf16 peak (and the other way round): refused, saying which step to measure or what to
+    pin; the same step calibrates the plans pinned to its precision."""
+    fp32 = {**GOOD, "precision": "fp32", "tokens_per_s": 4_000.0}
+    path = tmp_path / "fp32.json"
+    path.write_text(json.dumps(fp32))
+    kw = dict(model="llama-3-8b", gpus=8, seq_len=2048, global_batch=16)
+    with pytest.raises(CalibrateError, match="the step ran fp32 and the plans run 16-bit"):
+        plan(**kw, calibrate=str(path))
+    pinned = plan(**kw, calibrate=str(path), precision="fp32")
+    assert "measured from your step" in pinned.efficiency_source
+    bf16 = tmp_path / "bf16.json"
+    bf16.write_text(json.dumps(GOOD))
+    with pytest.raises(CalibrateError, match=r"the step ran amp-bf16 and the plans run fp32"):
+        plan(**kw, calibrate=str(bf16), precision="fp32")
+    with pytest.raises(CalibrateError, match="calibrate='': is empty: give a path"):
+        plan(**kw, calibrate="")
+
+
+def test_a_price_needs_the_tokens_and_a_pin_each_key_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    kw = dict(model="llama-3-8b", gpus=8, seq_len=2048, global_batch=16)
+    with pytest.raises(ValueError, match=r"price_per_gpu_hour=2.5: .* give tokens= too"):
+        plan(**kw, price_per_gpu_hour=2.5)
+    assert main([*ARGS, "--price", "2.5"]) == 2
+    assert "--price 2.5: the cost is of training the tokens; give --tokens too" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(ValueError, match=r"tp is pinned twice \(tp=2, tp=4\)"):
+        plan(**kw, pin="tp=2,tp=4")
+    with pytest.raises(ValueError, match="names nothing to pin"):
+        plan(**kw, pin=" , ")
+    twice = plan(**kw, engines=("zero3", "zero3"))  # each engine planned once
+    assert twice.searched == plan(**kw, engines=("zero3",)).searched

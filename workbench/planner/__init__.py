@@ -433,6 +433,8 @@ def plan(
     gpus_per_node, nodes = _nodes_of(gpus, gpus_per_node, nodes)
     if isinstance(engines, str):  # as the command takes them: "zero3,full_shard"
         engines = tuple(e.strip() for e in engines.split(",") if e.strip())
+    if isinstance(engines, (list, tuple)):  # each once ("zero3,zero3" plans zero3)
+        engines = tuple(dict.fromkeys(engines))
     tokens, global_tokens = _counts(tokens, global_tokens)
     if efficiency is not None and mfu is not None:
         raise ValueError(f"mfu={shown(mfu)}: give it or efficiency= (its older name), not both")
@@ -551,7 +553,7 @@ def plan(
             seq_len=seq,
             engines=chosen,
         )
-    eff = _efficiency_of(given_rate, rate, rate_name, calibrate, count, hw)
+    eff = _efficiency_of(given_rate, rate, rate_name, calibrate, count, hw, precision)
     efficiency = eff.value
     bf16 = hw.gpu.peak_bf16_flops is not None
     if precision in ("bf16", "amp-bf16", "bf16-true") and not bf16:

@@ -45,6 +45,11 @@ def checked_numbers(
         if problem is not None:
             raise ValueError(f"{name}={shown(value)}: {problem}")
         read.append(float(number))
+    if read[1] is not None and read[0] is None:
+        raise ValueError(
+            f"price_per_gpu_hour={shown(price)}: the cost is of training the tokens; give "
+            "tokens= too (the tokens to train)"
+        )
     mfu = LIMITS["mfu"]
     number, problem = check_number(rate_name, efficiency, mfu)  # the estimator's range
     if problem is not None:

@@ -251,6 +251,8 @@ class MeasuredStep:
 def _record_dicts(calibrate: Any) -> tuple[list[dict[str, Any]], str]:
     """The step records `calibrate` holds, as dicts, and a name for them."""
     if isinstance(calibrate, (str, Path)):
+        if not str(calibrate).strip():
+            raise CalibrateError(calibrate, "is empty: give a path")
         path = Path(calibrate)
         if path.is_dir():
             path = path / "log.jsonl"
@@ -451,15 +453,36 @@ def measured_efficiency(step: MeasuredStep, count: FlopCount, peak_flops: float)
 
 
 def resolve(
-    given: float | None, rate: float, name: str, calibrate: Any, count: FlopCount, hw: Any
+    given: float | None,
+    rate: float,
+    name: str,
+    calibrate: Any,
+    count: FlopCount,
+    hw: Any,
+    precision: str | None = None,
 ) -> Efficiency:
     """The efficiency the ranking uses (`workbench.planner.efficiency`): given, measured
-    from `calibrate`, or the published default of the GPU."""
+    from `calibrate`, or the published default of the GPU. A measured step carries to the
+    plans only on the same kind of peak: an fp32 step to plans pinned to fp32 (`precision`),
+    a 16-bit one to the 16-bit plans (CalibrateError else)."""
     if given is not None:
         flag = "--mfu" if name == "mfu" else "--efficiency"
         return Efficiency(rate, f"efficiency {rate:.2f}: given ({name}=, {flag})")
     if calibrate is not None:
         step = measured_step(calibrate)
+        planned_fp32 = precision == "fp32"
+        if (step.precision == "fp32") != planned_fp32:
+            want = "an fp32 step" if planned_fp32 else "a bf16 or fp16 step"
+            plans = "fp32 (pinned)" if planned_fp32 else "16-bit precisions"
+            raise CalibrateError(
+                step.source,
+                f"the step ran {step.precision} and the plans run {plans}: the share of one "
+                "peak a step reaches does not carry to the other (fp32 and 16-bit matmuls run "
+                f"on different units); calibrate with {want}, or pin precision="
+                f"{step.precision} (--precision)",
+                is_file=step.is_file,
+                hint=False,
+            )
         sixteen = step.precision != "fp32"
         peak = hw.gpu.peak_flops(sixteen, bf16="bf16" in step.precision)
         return measured_efficiency(step, count, peak or hw.gpu.peak_fp32_flops)

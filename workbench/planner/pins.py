@@ -40,7 +40,19 @@ def read_pin(pin: Any, engines: tuple[str, ...]) -> dict[str, Any]:
                     f"pin={shown(pin)}: each pin is KEY=VALUE ({', '.join(PINNABLE)}), "
                     "comma-separated, e.g. tp=8,pp=2,engine=ddp"
                 )
-            parsed[key.strip()] = value.strip()
+            key = key.strip()
+            if key in parsed and parsed[key] != value.strip():
+                raise ValueError(
+                    f"pin={shown(pin)}: {key} is pinned twice ({key}={parsed[key]}, "
+                    f"{key}={value.strip()}); pin each once"
+                )
+            parsed[key] = value.strip()
+        if not parsed:
+            raise ValueError(
+                f"pin={shown(pin)}: names nothing to pin; give KEY=VALUE pairs "
+                f"({', '.join(PINNABLE)}), comma-separated, e.g. tp=8,pp=2,engine=ddp, or "
+                "leave it out"
+            )
         pin = parsed
     if not isinstance(pin, dict):
         raise ValueError(f"pin={shown(pin)}: must be a dict of {', '.join(PINNABLE)}")
