@@ -55,11 +55,36 @@ def test_simulate_prints_the_dry_run_beside_the_formula(config, capsys) -> None:
     [
         (["--zero", "2", "--offload-optimizer", "cpu", "--gpus", "2"], "offload is not"),
         (["--checkpointing", "selective"], "--checkpointing selective: the dry run"),
+        (["--loss-chunks", "4"], "--loss-chunks: not simulated (the dry run runs the model"),
+        (["--no-dropout"], "--no-dropout: not simulated"),
+        (["--layers", "3"], "--layers: not simulated (the dry run builds the config.json as"),
     ],
 )
 def test_simulate_refuses_what_it_cannot_run(config, capsys, extra, expected) -> None:
     code, _, err = _run(["estimate", "--hf-config", str(config), "--simulate", *extra], capsys)
     assert code == 2 and expected in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--lora-rank", "8"], "LoRA rank 8"),
+        (["--optimizer-in-backward"], "optimizer in backward"),
+        (["--attention", "eager"], None),
+    ],
+)
+def test_simulate_runs_the_setup_the_estimate_shows(config, capsys, extra, said) -> None:
+    """Every setting of the estimate reaches the dry run: its header names it, and its
+    formula is the estimate's own figure (the same setup on both sides)."""
+    args = ["estimate", "--hf-config", str(config), "--seq-len", "64", *extra]
+    code, out, _ = _run([*args, "--simulate", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["dry_run"]["formula"]["peak_bytes"] == data["estimate"]["peak_bytes"]
+    if said is not None:
+        code, out, _ = _run([*args, "--simulate"], capsys)
+        header = next(line for line in out.splitlines() if line.startswith("dry run of a step"))
+        assert said in header
 
 
 def test_simulate_runs_deepspeed_zero_on_fake_ranks(config, capsys) -> None:

@@ -35,8 +35,10 @@ def test_a_sessions_steps_give_its_mfu_and_hfu() -> None:
         assert u.hfu > u.mfu and "MFU" in u.text() and "HFU" in u.text()
         with pytest.raises(ValueError, match="gpu='b300x': "):
             measured_utilisation(s, gpu="b300x", **shape)
-        with pytest.raises(ValueError, match="was the step the planned model's"):
+        with pytest.raises(ValueError, match="the step ran fp32 and the plans run 16-bit"):
             plan(**shape, gpu="h100", gpus=1, global_batch=4, calibrate=s)
+        with pytest.raises(ValueError, match="was the step the planned model's"):
+            plan(**shape, gpu="h100", gpus=1, global_batch=4, calibrate=s, precision="fp32")
 
 
 def test_the_session_and_an_observer_say_their_own_mfu() -> None:

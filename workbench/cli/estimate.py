@@ -388,8 +388,9 @@ def _simulate(
 
     problems = []
     source: Any = args.hf_config
+    options, _ = _estimate_options(args)
+    problems += _not_simulated(options, args)
     if source is None:
-        options, _ = _estimate_options(args)
         source, missing = shape_config(options)
         if source is None:
             what = {
@@ -449,7 +450,9 @@ def _simulate(
             activation_checkpointing=recompute,
             fsdp=e.fsdp,
             zero_stage=e.zero_stage,
-            compile=bool(_arg(args, "--compile")),
+            # the estimate's own weight decay (none unless given: the estimator's default)
+            weight_decay=float(options.get("weight_decay", 0.0)),
+            **{field: options[field] for field in _SIMULATED if field in options},
         )
         dry = simulate_memory(
             module,
@@ -474,6 +477,49 @@ def _simulate(
         print()
         print(dry.compare())
     return 0
+
+
+#: the estimate's settings the dry run takes as TrainConfig fields of the same names (the
+#: model, its sequence, the GPUs and the settings above are the dry run's own arguments)
+_SIMULATED = (
+    "attention", "fsdp_reduce_fp32", "fsdp_units", "optimizer_in_backward",
+    "activation_offload", "compile", "lora_rank", "lora_targets", "lora_dropout", "qlora",
+    "lora_dtype",
+)  # fmt: skip
+#: what only sizes the estimate (the model, its sequence, the GPUs, the run's cost) or is
+#: an argument of the dry run itself
+_NEUTRAL = frozenset({
+    "model", "hf_config", "n_params", "seq_len", "gpus", "gpu", "overhead_gib", "tokens",
+    "mfu", "price_per_gpu_hour", "optimizer_impl", "deepspeed_config", "precision",
+    "optimizer", "micro_batch", "grad_accum", "zero_stage", "fsdp", "checkpointing",
+    "offload_optimizer", "offload_params", "tensor_parallel", "pipeline_parallel",
+    "context_parallel", "sequence_parallel",
+})  # fmt: skip
+_SHAPE_KEYS = frozenset({
+    "layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "bias",
+    "positions", "tied_embeddings", "parallel_residual",
+})  # fmt: skip
+
+
+def _not_simulated(options: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Each flag given that the dry run cannot honour, named: it runs the model built as
+    it is (a config.json's own shape, its own dropout and loss), so a flag that changes
+    them would make its comparison another setup than the estimate above it."""
+    problems = []
+    for field, value in options.items():
+        if field in _NEUTRAL or field in _SIMULATED or value is None:
+            continue
+        if field in _SHAPE_KEYS and args.hf_config is None:
+            continue  # a preset's or a shape's config is built with them
+        where = (
+            "the dry run builds the config.json as it is: edit it there"
+            if field in _SHAPE_KEYS
+            else "the dry run runs the model as it is built, not this"
+        )
+        problems.append(
+            f"{_flag(field, args)}: not simulated ({where}); leave it out with --simulate"
+        )
+    return problems
 
 
 def _picture_problems(args: argparse.Namespace) -> list[str]:

@@ -517,6 +517,23 @@ ATTENTION_KERNELS = {
 }
 
 
+def _family_defaults(model_type: Any) -> dict[str, Any]:
+    """The settings transformers' config class of `model_type` gives a key the file leaves
+    out (a Llama config without `attention_dropout` trains with 0.0, a GPT-2 one without
+    `resid_pdrop` with 0.1); {} for a family transformers does not register. Only
+    transformers' own registered classes are looked up: nothing in the file is run."""
+    if not isinstance(model_type, str) or not model_type:
+        return {}
+    try:
+        from transformers import CONFIG_MAPPING
+
+        if model_type not in CONFIG_MAPPING:
+            return {}
+        return dict(CONFIG_MAPPING[model_type]().to_dict())
+    except Exception:  # a transformers without the family, or one whose defaults fail
+        return {}
+
+
 def training_facts(config: Mapping[str, Any], attn_implementation: Any = None) -> dict[str, Any]:
     """What a config says about how the model trains, as `estimate_memory` keywords:
     `dropout` (True when any dropout rate of `DROPOUT_KEYS` is above 0, False when the
@@ -526,6 +543,10 @@ def training_facts(config: Mapping[str, Any], attn_implementation: Any = None) -
     out: dict[str, Any] = {}
     rates = [config.get(k) for k in DROPOUT_KEYS]
     numbers = [r for r in rates if isinstance(r, (int, float)) and not isinstance(r, bool)]
+    if not numbers:  # the family's own defaults, as transformers builds the model
+        defaults = _family_defaults(config.get("model_type"))
+        rates = [defaults.get(k) for k in DROPOUT_KEYS]
+        numbers = [r for r in rates if isinstance(r, (int, float)) and not isinstance(r, bool)]
     if numbers:
         out["dropout"] = any(r > 0 for r in numbers)
     name = (

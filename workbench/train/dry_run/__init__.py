@@ -342,6 +342,7 @@ def simulate_memory(
         micro_batch=fb.micro_batch,
         seq_len=fb.seq_len,
         grad_accum=int(config.grad_accum),
+        techniques=_techniques(config),
         steps=steps,
         batch=fb.text,
         wall_seconds=time.perf_counter() - started,
@@ -801,6 +802,20 @@ def _notes(
         )
     notes += [n for n in (blocks_note, attention_note, formula_note) if n]
     return notes
+
+
+def _techniques(config: TrainConfig) -> tuple[str, ...]:
+    """What the dry run put on the model or its step beyond the engine, for its header."""
+    out = []
+    if int(config.lora_rank) > 0:
+        out.append(("QLoRA" if config.qlora else "LoRA") + f" rank {int(config.lora_rank)}")
+    if config.optimizer_in_backward:
+        out.append("optimizer in backward")
+    if config.activation_offload:
+        out.append("activation offload")
+    if config.compile:
+        out.append("compile")
+    return tuple(out)
 
 
 __all__ = ["OPTIMIZER_IMPLS", "DryRun", "DryRunError", "simulate_memory"]

@@ -267,6 +267,8 @@ class DryRun(Readable):
         return self.allocator.fragmentation_share if self.allocator is not None else None
 
     dtypes: dict[str, str] = field(default_factory=dict)  # per model-state category, as trained
+    #: the techniques on the model beyond its engine, as the header says them ("LoRA rank 8")
+    techniques: tuple[str, ...] = ()
 
     @property
     def required_bytes(self) -> int:
@@ -382,9 +384,10 @@ class DryRun(Readable):
             "deepspeed": f"DeepSpeed ZeRO-{self.zero_stage}",
         }.get(self.engine, self.engine)
         seq = f" x {self.seq_len}" if self.seq_len else ""
+        extra = "".join(f", {t}" for t in self.techniques)
         return (
             f"{self.model}, {self.precision}, {self.optimizer} ({self.optimizer_impl}), "
-            f"{engine}, {ranks}, micro-batch {self.micro_batch}{seq}"
+            f"{engine}{extra}, {ranks}, micro-batch {self.micro_batch}{seq}"
         )
 
     def _display(self) -> Display:
