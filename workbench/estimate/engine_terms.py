@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from workbench.config import Precision
-from workbench.estimate.activations import Attention
+from workbench.estimate.activations import Attention, Checkpointing
 from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.lora import block_linears, dequantized_bytes, nf4_weight_bytes
 from workbench.estimate.model_states import ModelStates
@@ -64,6 +64,30 @@ def autocast_casts(i: EstimateInputs, engine: str) -> int:
     if i.zero_stage >= 3:  # only the gathered parameters are cast
         matmul = min(matmul, _zero3_live(i))
     return 2 * matmul
+
+
+def _lora_casts(i: EstimateInputs) -> int:
+    """The 16-bit copies autocast makes under LoRA: its cache keeps the casts of trainable
+    leaves (the adapters') through forward and backward; a frozen weight is cast anew for
+    each matmul and autograd saves that copy for the gradient of the matmul's input, which
+    needs one wherever an adapter before it trains: every block's linear weights and the
+    output head, alive until their backward. Full recomputation keeps only the layer being
+    recomputed (or the head, run outside the blocks) at a time. A 4-bit base saves no copy
+    (its matmul dequantizes again in backward: `dequantized_bytes`). Measured by the dry
+    run on fake tensors (a 4-layer Llama, tests/integration)."""
+    lora = i.lora
+    assert lora is not None
+    arch = i.architecture
+    if lora.qlora or arch is None:
+        return 2 * lora.trainable + 2 * lora.largest_linear
+    t, p = i.tensor_parallel, i.pipeline_parallel
+    layer = arch.layer_params(t) - 2 * arch.norm_params()  # its linear weights
+    head = -(-arch.vocab // t) * arch.hidden if p == 1 else 0
+    if i.checkpointing is Checkpointing.FULL:
+        frozen = max(layer, head)
+    else:
+        frozen = (arch.layers // p) * layer + head
+    return 2 * lora.trainable + 2 * frozen
 
 
 def _block_params(i: EstimateInputs) -> tuple[int, int]:
@@ -274,9 +298,7 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         temps = int(temps * adapters_stepped / stepped) if stepped else 0
         first = 0  # the output head is frozen: no gradient of its own
         if casts:
-            # autocast keeps the 16-bit copies of trainable leaves only (the adapters'); a
-            # frozen weight is cast for each matmul, one layer's at a time
-            casts = 2 * i.lora.trainable + 2 * i.lora.largest_linear
+            casts = _lora_casts(i)
         dequant = dequantized_bytes(i.lora, compute_bytes(i.precision))
 
     engine_fwd: dict[str, int] = {}
@@ -298,6 +320,7 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
             engine_bwd["ZeRO-3 gathered parameters"] = gathered
         if reduce:  # allocated in backward, released at its end (DeepSpeed 0.19)
             engine_bwd["DeepSpeed reduce buckets"] = reduce
+
         if fp32_grads:
             engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
             if i.zero_stage in (1, 2):
@@ -313,6 +336,14 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
     if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
         held_units["FSDP gathered parameters"] = gathered_loss
     backward_end = _backward_end_engine(i, engine, engine_bwd, engine_step)
+    if engine == "deepspeed" and i.zero_stage == 1 and not i.deepspeed["overlap_comm"]:
+        # stage 1 partitions no gradient in backward: without overlap_comm (its default
+        # there) its hooks reduce nothing, every parameter's 16-bit .grad is whole at the
+        # end of backward, until `reduce_gradients` (DeepSpeed 0.19 stage_1_and_2.py
+        # `process_gradients`), with the optimizer offloaded or not
+        whole = grad_bytes(i.precision) * trained_params(i) - grads
+        if whole > 0:
+            backward_end["DeepSpeed stage-1 whole gradients"] = whole
     return StepFixed(
         engine,
         impl,
