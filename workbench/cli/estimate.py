@@ -493,7 +493,7 @@ _NEUTRAL = frozenset({
     "mfu", "price_per_gpu_hour", "optimizer_impl", "deepspeed_config", "precision",
     "optimizer", "micro_batch", "grad_accum", "zero_stage", "fsdp", "checkpointing",
     "offload_optimizer", "offload_params", "tensor_parallel", "pipeline_parallel",
-    "context_parallel", "sequence_parallel",
+    "context_parallel", "sequence_parallel", "weight_decay",
 })  # fmt: skip
 _SHAPE_KEYS = frozenset({
     "layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "bias",

@@ -643,7 +643,18 @@ FIELDS: tuple[EstimateField, ...] = (
         cli="setup",
         config_field="fsdp_units",
     ),
-    _f("weight_decay", "float", 0.0, config_field="weight_decay"),
+    _f(
+        "weight_decay",
+        "float",
+        0.0,
+        help="the optimizer's weight decay (0: none; a Session's default is 0.01): SGD's "
+        "step makes a temporary for it",
+        flag="--weight-decay",
+        read="float",
+        metavar="DECAY",
+        cli="step",
+        config_field="weight_decay",
+    ),
     _f(
         "deepspeed_config",
         "config",
