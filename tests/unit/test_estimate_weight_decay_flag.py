@@ -19,5 +19,7 @@ def test_the_flag_reaches_the_estimate(capsys: pytest.CaptureFixture[str]) -> No
     default = json.loads(capsys.readouterr().out)
     expected = estimate_memory(n_params=1e8, optimizer="sgd", weight_decay=0.01)
     assert given["peak_bytes"] == expected.peak_bytes > default["peak_bytes"]
-    assert main([*args, "--weight-decay", "-1"]) == 2
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--weight-decay", "-1"])
+    assert info.value.code == 2
     assert "--weight-decay -1: must be a finite number from 0 to" in capsys.readouterr().err
