@@ -256,8 +256,12 @@ def _training(model: Any, hf_config: Any) -> dict[str, Any]:
     return training_facts(config) if problem is None and config is not None else {}
 
 
-def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
-    """The model named by `model` or `hf_config` (an empty `_Source` for neither)."""
+def _model_source(
+    p: list[Problem], model: Any, hf_config: Any, shape: Mapping[str, Any]
+) -> _Source:
+    """The model named by `model` or `hf_config` (an empty `_Source` for neither); a
+    config counted by building its model is built with the shape keywords `shape` set
+    (`hf_build.override_config`)."""
     if model is not None and hf_config is not None:
         p.append(Problem("hf_config", hf_config, "give `model` or `hf_config`, not both"))
         return _Source(refused=True)
@@ -280,7 +284,7 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
 
         facts = module_facts(model)
     elif hf_config is not None:
-        facts = config_facts(hf_config)  # imports torch for a family counted on meta
+        facts = config_facts(hf_config, overrides=shape)  # imports torch for a built family
     else:
         return _Source()
     p.extend(facts.problems)
@@ -314,6 +318,9 @@ def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> A
     base_fields = source.fields or {}
     if not (base_fields or given):
         return None
+    counted_only = source.counted is not None and not base_fields
+    if counted_only and (source.config_name is not None or set(given) == {"seq_len"}):
+        return None  # a model counted without a shape: `activation_note` says why
     merged = {**base_fields, **given}
     merged.pop("dropout", None)  # a training fact of the source, not part of the shape
     if base_fields and "seq_len" in given and merged.get("positions") == "learned":
@@ -329,8 +336,10 @@ def _model(
     """(the parameter count of the model states, where the model comes from, its shape)."""
     n_params, model, hf_config = given["n_params"], given["model"], given["hf_config"]
     n = _count(p, "n_params", n_params) if n_params is not None else None
-    source = _model_source(p, model, hf_config)
     shape = {k: given[k] for k in ARCH_FIELDS if given[k] is not None}
+    source = _model_source(p, model, hf_config, shape)
+    if source.counted is not None and not source.fields and set(shape) == {"seq_len"}:
+        source = source._replace(activation_note=source.activation_note or _no_shape(source))
     arch = _architecture(p, source, shape)
     nothing = n_params is None and model is None and hf_config is None
     if nothing and source.base is None and not (source.fields or shape):
@@ -346,6 +355,15 @@ def _model(
             else (arch.n_params if arch is not None else None)
         )
     return n, source, arch
+
+
+def _no_shape(source: _Source) -> str:
+    """Why a module counted without a Hugging Face config has no activations at `seq_len`."""
+    reason = (
+        f"{source.name or 'the module'} has no Hugging Face config to read its transformer "
+        "shape from (give its layers, hidden, heads and vocab with seq_len)"
+    )
+    return f"activations not estimated: {reason}; a dry run of the model measures them"
 
 
 #: Families whose published training used dropout (GPT-2 and GPT-3: 0.1). Llama,
