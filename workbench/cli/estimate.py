@@ -227,6 +227,13 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
         problems.append(
             f"--zero {typed(args.zero)}: leave it out with --compare-stages (stages 0-3)"
         )
+    fsdp = _arg(args, _flag("fsdp"))
+    if fsdp is not None and fsdp.strip().lower() != "off" and args.compare_stages:
+        options.pop("fsdp", None)  # one message: the stages are not estimated under FSDP
+        problems.append(
+            f"{_flag('fsdp', args)} {typed(fsdp)}: leave it out with --compare-stages (it "
+            "compares DeepSpeed's ZeRO stages 0-3)"
+        )
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
@@ -426,6 +433,13 @@ def _simulate(
         problems.append("--simulate: tensor and pipeline parallelism are not simulated")
     if e.context_parallel > 1:
         problems.append("--simulate: context parallelism is not simulated")
+    seq_len = e.seq_len if e.seq_len is not None else options.get("seq_len")
+    if seq_len is None and args.hf_config is not None:
+        problems.append(
+            f"--simulate: {_flag('hf_config', args)} {typed(args.hf_config)} gives no sequence "
+            f"length to run (its config.json has no max_position_embeddings the estimate "
+            f"reads): give {_flag('seq_len', args)}"
+        )
     if problems:
         parser.error("; ".join(problems))
     from workbench.choices import session_recompute
@@ -458,7 +472,7 @@ def _simulate(
             module,
             config,
             world_size=e.gpus,
-            seq_len=e.seq_len,
+            seq_len=seq_len,
             optimizer_impl=impl,
             progress=None if not args.json else False,
         )

@@ -48,6 +48,7 @@ from workbench.estimate.hf_config import (
     HEAD_DIM,
     config_flag,
     config_integer,
+    family_key,
     load_config,
     read_family,
 )
@@ -103,8 +104,9 @@ class ModelFacts(NamedTuple):
     exact), `name` the class built, `fields` the `Architecture` fields ({} without a
     shape), `active_params` the parameters one token uses (a mixture of experts; the
     count for a dense model; None where not known), `activation_note` why there is no
-    shape, `problems` what is wrong (then the rest is empty), `parameter_shapes` a
-    module's trainable parameters' shapes (None where not read)."""
+    shape (`no_shape_reason` its reason alone), `problems` what is wrong (then the rest is
+    empty), `parameter_shapes` a module's trainable parameters' shapes (None where not
+    read)."""
 
     counted: int | None
     name: str | None
@@ -113,6 +115,7 @@ class ModelFacts(NamedTuple):
     activation_note: str | None
     problems: list[Problem]
     parameter_shapes: tuple[tuple[int, ...], ...] | None = None
+    no_shape_reason: str | None = None  # `activation_note`'s reason alone
 
     def architecture(self) -> Architecture | None:
         """The shape as an `Architecture` (None without one, or when its fields do not
@@ -155,7 +158,7 @@ def config_facts(
         return _failed(Problem(field, where, message))
     unsupported: list[str] = []
     if model_type in FAMILIES:
-        read = read_family(config, model_type)
+        read = read_family(config, model_type, "seq_len" in (overrides or {}))
         if read.problems:
             return _failed(*(Problem(field, where, m) for m in read.problems))
         if not read.unsupported:
@@ -208,7 +211,9 @@ def build_facts(
     if unmet:
         return _failed(*unmet)
     active = active_from_experts(built.n_params, built.routed, built.resolved)
-    return ModelFacts(built.n_params, built.name, shape.fields, active, shape.note, [])
+    return ModelFacts(
+        built.n_params, built.name, shape.fields, active, shape.note, [], None, shape.reason
+    )
 
 
 # ---------------------------------------------------------------- shape overrides
@@ -310,6 +315,24 @@ def override_config(
         edited[key] = checked
         keys[name] = key
     return edited, keys, problems
+
+
+def config_key(config: Mapping[str, Any], name: str) -> str:
+    """The key that holds `Architecture` field `name` in `config` (its family's name for
+    it: GPT-2's `n_embd` for `hidden`; the standard name where the family has none)."""
+    model_type = str(config.get("model_type"))
+    if model_type in FAMILIES:
+        return family_key(model_type, name) or name
+    standard = OVERRIDE_KEYS.get(name, {"seq_len": "max_position_embeddings"}.get(name, name))
+    key = FFN_KEYS.get(model_type, standard) if name == "ffn_hidden" else standard
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if model_type in CONFIG_MAPPING:
+            key = (getattr(CONFIG_MAPPING[model_type], "attribute_map", None) or {}).get(key, key)
+    except ImportError:
+        pass
+    return key
 
 
 def _override_value(name: str, value: Any) -> Any:
@@ -648,6 +671,7 @@ __all__ = [
     "build_facts",
     "clear_cache",
     "config_facts",
+    "config_key",
     "layer_stack_params",
     "module_config_facts",
     "override_config",

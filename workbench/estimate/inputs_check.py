@@ -21,6 +21,7 @@ user sees that refusal alone, not the shape it could not give.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -232,6 +233,7 @@ class _Source(NamedTuple):
     training: Mapping[str, Any] | None = None  # `hf_shape.training_facts`: dropout, attention
     shapes: tuple[tuple[int, ...], ...] | None = None  # a module's parameters' shapes
     refused: bool = False  # the model, config or module itself was refused
+    no_shape_reason: str | None = None  # why a counted model gives no shape
 
 
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
@@ -301,10 +303,13 @@ def _model_source(
         training=_training(model, hf_config) if not facts.problems else {},
         shapes=facts.parameter_shapes,
         refused=bool(facts.problems),
+        no_shape_reason=facts.no_shape_reason,
     )
 
 
-def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> Architecture | None:
+def _architecture(
+    p: list[Problem], source: _Source, given: dict[str, Any], hf_config: Any = None
+) -> Architecture | None:
     """The source's shape with the architecture keywords `given` applied and checked (None
     when the source was refused: its shape is not known, what `given` lacks not asked)."""
     if source.refused:
@@ -326,8 +331,46 @@ def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> A
     if base_fields and "seq_len" in given and merged.get("positions") == "learned":
         merged.setdefault("max_positions", base_fields["seq_len"])
     arch, shape_problems = build_architecture(merged)
+    if source.config_name is not None and shape_problems:
+        shape_problems = _config_problems(shape_problems, given, source, hf_config)
     p.extend(shape_problems)
     return arch
+
+
+_NAMED = re.compile(r"`(\w+)`")
+
+
+def _config_problems(
+    problems: list[Problem], given: Mapping[str, Any], source: _Source, hf_config: Any
+) -> list[Problem]:
+    """The shape's `problems` said as the config's where its own values are at fault:
+    a problem of a field not `given` names `hf_config` and the config's key
+    (`num_attention_heads 4: must divide hidden_size=66 evenly`); a field given that
+    disagrees with the config names the config's key it disagrees with."""
+    from workbench.estimate.hf_build import config_key
+    from workbench.estimate.hf_config import load_config
+
+    config, _, _ = load_config(hf_config, "hf_config")
+    config = config or {}
+    out = []
+    for q in problems:
+        own = q.field not in given and not q.missing
+
+        def named(m: re.Match[str], own: bool = own) -> str:
+            name = m.group(1)
+            if name in given:
+                return m.group(0)
+            return config_key(config, name) if own else f"the config's {config_key(config, name)}"
+
+        message = _NAMED.sub(named, q.message)
+        if own:
+            key = config_key(config, q.field)
+            out.append(
+                Problem("hf_config", source.config_name, f"{key} {shown(q.value)}: {message}")
+            )
+        else:
+            out.append(Problem(q.field, q.value, message, q.missing, q.needs_model))
+    return out
 
 
 def _model(
@@ -340,7 +383,7 @@ def _model(
     source = _model_source(p, model, hf_config, shape)
     if source.counted is not None and not source.fields and set(shape) == {"seq_len"}:
         source = source._replace(activation_note=source.activation_note or _no_shape(source))
-    arch = _architecture(p, source, shape)
+    arch = _architecture(p, source, shape, hf_config)
     nothing = n_params is None and model is None and hf_config is None
     if nothing and source.base is None and not (source.fields or shape):
         message = (
@@ -355,6 +398,23 @@ def _model(
             else (arch.n_params if arch is not None else None)
         )
     return n, source, arch
+
+
+def _why_no_shape(problem: Problem, source: _Source) -> Problem:
+    """`problem` (it needs the model's shape) with why the model given has none."""
+    what = (
+        f"the config.json {source.config_name}"
+        if source.config_name not in (None, "dict")
+        else "the config"
+        if source.config_name
+        else source.name or "the module"
+    )
+    reason = source.no_shape_reason or "it has no Hugging Face config to read one from"
+    return Problem(
+        problem.field,
+        problem.value,
+        f"{problem.message}; {what} was counted but gives no transformer shape ({reason})",
+    )
 
 
 def _no_shape(source: _Source) -> str:
@@ -639,6 +699,8 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         p.extend(cp_problems(cp, arch, n_gpus, gpus, tp, pp, attention, doc_mask))
     if source.refused:  # the model's own problem, not what its missing shape leads to
         p = [q for q in p if not q.needs_model]
+    elif arch is None and source.counted is not None:  # a model given: say why no shape
+        p = [_why_no_shape(q, source) if q.needs_model else q for q in p]
     if p:
         raise EstimateInputError(p)
     if cp > 1 and arch is not None:  # one rank's view: its share of the sequence
