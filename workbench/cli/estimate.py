@@ -29,6 +29,8 @@ _OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 #: Where the parsed arguments keep the spelling each flag was given as (an old alias).
 _SPELLED = "_spelled_as"
+#: Where they keep the warnings of --deepspeed-config's import ("auto" values filled).
+_DS_WARNINGS = "_deepspeed_warnings"
 #: Where they keep every spelling a flag with an old alias was given as, with its value
 #: (a bare flag's value None): an old spelling and its new one that disagree are refused.
 _GIVEN_AS = "_given_as"
@@ -292,6 +294,8 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     except ValueError as exc:
         options["deepspeed_config"] = None  # one message for the file, not two
         return [f"--deepspeed-config {typed(path)}: {' '.join(str(exc).split())}"]
+    # "auto" values filled and keys not modelled: said once, as `workbench export` says them
+    setattr(args, _DS_WARNINGS, list(imported.warnings))
     cfg = imported.config
     given = {
         "precision": str(cfg.precision),
@@ -356,6 +360,9 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         print(_model_table(as_json=args.json))
         return 0
     options, problems = _estimate_options(args)
+    for warning in getattr(args, _DS_WARNINGS, None) or ():
+        said = f"{_flag('deepspeed_config', args)} {typed(args.deepspeed_config)}"
+        print(f"workbench estimate: warning: {said}: {' '.join(warning.split())}", file=sys.stderr)
     try:
         if args.compare_stages:
             options.pop("zero_stage", None)
