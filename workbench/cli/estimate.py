@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli import Runner, json_text
-from workbench.cli.estimate_report import gpu_table, model_table, report, stages_table
+from workbench.cli.estimate_report import (
+    gpu_table,
+    model_table,
+    offload_devices,
+    report,
+    stages_table,
+)
 from workbench.estimate.schema import CLI_GROUPS, FIELDS, SCHEMA, EstimateField
 from workbench.inputs import shown, typed
 
@@ -31,6 +37,8 @@ _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 _SPELLED = "_spelled_as"
 #: Where they keep the warnings of --deepspeed-config's import ("auto" values filled).
 _DS_WARNINGS = "_deepspeed_warnings"
+#: Where they keep the offload devices --deepspeed-config names.
+_DS_OFFLOAD = "_deepspeed_offload"
 #: Where they keep every spelling a flag with an old alias was given as, with its value
 #: (a bare flag's value None): an old spelling and its new one that disagree are refused.
 _GIVEN_AS = "_given_as"
@@ -297,6 +305,14 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     # "auto" values filled and keys not modelled: said once, as `workbench export` says them
     setattr(args, _DS_WARNINGS, list(imported.warnings))
     cfg = imported.config
+    setattr(
+        args,
+        _DS_OFFLOAD,
+        {
+            "offload_optimizer": str(cfg.offload_optimizer),
+            "offload_params": str(cfg.offload_params),
+        },
+    )
     given = {
         "precision": str(cfg.precision),
         "optimizer": str(cfg.optimizer),
@@ -321,6 +337,28 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     if args.gpus in (None, "1") and imported.world_size > 1:
         options["gpus"] = imported.world_size
     return []
+
+
+def _asked_devices(args: argparse.Namespace) -> dict[str, str | None]:
+    """The offload device each of --offload-optimizer and --offload-params names (a bare
+    flag: cpu), else the one --deepspeed-config names; None where neither names one."""
+    from_file = getattr(args, _DS_OFFLOAD, None) or {}
+    asked: dict[str, str | None] = {}
+    for name in ("offload_optimizer", "offload_params"):
+        given = _arg(args, _flag(name))
+        device = given.strip().lower() if isinstance(given, str) else from_file.get(name)
+        asked[name] = device if device in ("cpu", "nvme") else None
+    return asked
+
+
+def _with_devices(e: Any, asked: dict[str, str | None]) -> dict[str, Any]:
+    """Estimate `e` as JSON, with the device each offload goes to (`offload_devices`)."""
+    devices = offload_devices(e, asked)
+    return {
+        **e.to_dict(),
+        "offload_optimizer_device": devices["offload_optimizer"],
+        "offload_params_device": devices["offload_params"],
+    }
 
 
 def estimate_problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
@@ -380,15 +418,16 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if args.simulate:
         return _simulate(args, parser, stages[0], unit_bytes, unit_name)
     if args.json:
-        got = {"stages": [e.to_dict() for e in stages]} if args.compare_stages else None
+        asked = _asked_devices(args)
+        got = {"stages": [_with_devices(e, asked) for e in stages]} if args.compare_stages else None
         try:
-            print(json_text(got if got is not None else stages[0].to_dict()))
+            print(json_text(got if got is not None else _with_devices(stages[0], asked)))
         except ValueError as exc:
             parser.error(str(exc))
     elif args.compare_stages:
-        print(stages_table(stages, unit_bytes, unit_name))
+        print(stages_table(stages, unit_bytes, unit_name, _asked_devices(args)))
     else:
-        print(report(stages[0], unit_bytes, unit_name))
+        print(report(stages[0], unit_bytes, unit_name, _asked_devices(args)))
     return 0
 
 
@@ -488,11 +527,12 @@ def _simulate(
     _write_pictures(args, parser, dry)
     if args.json:
         try:
-            print(json_text({"estimate": e.to_dict(), "dry_run": dry.to_dict()}, default=str))
+            estimate = _with_devices(e, _asked_devices(args))
+            print(json_text({"estimate": estimate, "dry_run": dry.to_dict()}, default=str))
         except ValueError as exc:
             parser.error(str(exc))
     else:
-        print(report(e, unit, name))
+        print(report(e, unit, name, _asked_devices(args)))
         print()
         print(dry)
         print()

@@ -5,7 +5,7 @@ command's parsing lives in `workbench.cli.estimate`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workbench.cli import json_text
@@ -34,7 +34,28 @@ def _duration(seconds: float) -> str:
     return f"{seconds:,.0f} s"
 
 
-def _headline(e: Any) -> str:
+#: How an offload device is named.
+_DEVICE_NAMES = {"cpu": "CPU", "nvme": "NVMe"}
+
+
+def offload_devices(e: Any, asked: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    """{"offload_optimizer": "cpu" / "nvme" / None, "offload_params": ...}: where estimate
+    `e` offloads each (None: it does not; `asked`: the devices the flags or the DeepSpeed
+    config name, "cpu" where they name none), for the report and the JSON."""
+    asked = asked or {}
+    return {
+        name: (asked.get(name) or "cpu") if getattr(e, name) else None
+        for name in ("offload_optimizer", "offload_params")
+    }
+
+
+def _offload_label(e: Any, asked: Mapping[str, str | None] | None) -> str:
+    """ "offloaded to CPU", "offloaded to NVMe" or "offloaded to CPU and NVMe"."""
+    used = {d for d in offload_devices(e, asked).values() if d is not None} or {"cpu"}
+    return "offloaded to " + " and ".join(_DEVICE_NAMES[d] for d in sorted(used))
+
+
+def _headline(e: Any, asked: Mapping[str, str | None] | None = None) -> str:
     gpus = f"{e.gpus} GPU" + ("s" if e.gpus > 1 else "")
     source = e.model or (os.path.basename(e.hf_config) if e.hf_config else None)
     count = f"{_count(e.n_params)} parameters"
@@ -52,10 +73,11 @@ def _headline(e: Any) -> str:
     elif e.tensor_parallel > 1 or e.pipeline_parallel > 1:
         split = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
         parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))
-    if e.offload_optimizer:
-        parts.append("optimizer offload")
-    if e.offload_params:
-        parts.append("parameter offload")
+    devices = offload_devices(e, asked)
+    if devices["offload_optimizer"]:
+        parts.append(f"optimizer offload to {_DEVICE_NAMES[devices['offload_optimizer']]}")
+    if devices["offload_params"]:
+        parts.append(f"parameter offload to {_DEVICE_NAMES[devices['offload_params']]}")
     if e.layers is not None:
         parts.append(f"micro-batch {e.micro_batch}, checkpointing {e.checkpointing}")
         parts.append(f"{e.attention} attention" + ("" if e.dropout else ", no dropout"))
@@ -81,7 +103,7 @@ def _shape_line(e: Any) -> str:
     )
 
 
-def report(e: Any, unit: int, unit_name: str) -> str:
+def report(e: Any, unit: int, unit_name: str, asked: Mapping[str, str | None] | None = None) -> str:
     act = (
         _fmt(e.activation_bytes, unit)
         if e.activation_bytes is not None
@@ -117,12 +139,12 @@ def report(e: Any, unit: int, unit_name: str) -> str:
         ("states + activations", _fmt(e.total_bytes, unit)),
     ]
     if e.cpu_offload_bytes:
-        rows.append(("offloaded to CPU", _fmt(e.cpu_offload_bytes, unit)))
+        rows.append((_offload_label(e, asked), _fmt(e.cpu_offload_bytes, unit)))
     for name, value in e.peak.host_terms.items():
         rows.append((name, _fmt(value, unit)))
     width = max(len(r[1]) for r in rows if r[1][:1].isdigit() or r[1] == "-")
     label_width = max(len(r[0]) for r in rows) + 2
-    lines = [_headline(e)]
+    lines = [_headline(e, asked)]
     if e.layers is not None:
         lines.append(_shape_line(e))
     if e.shard_params != e.n_params:
@@ -183,7 +205,12 @@ def report(e: Any, unit: int, unit_name: str) -> str:
     return "\n".join(lines)
 
 
-def stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
+def stages_table(
+    stages: Sequence[Any],
+    unit: int,
+    unit_name: str,
+    asked: Mapping[str, str | None] | None = None,
+) -> str:
     head = [f"per GPU, {unit_name}"] + [f"stage {e.zero_stage}" for e in stages]
     rows: list[list[str]] = [
         ["parameters"] + [_fmt(e.params_bytes, unit) for e in stages],
@@ -192,7 +219,7 @@ def stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
         ["activations"] + [_fmt(e.activation_bytes, unit) for e in stages],
         ["states + activations"] + [_fmt(e.total_bytes, unit) for e in stages],
         ["peak of a step"] + [_fmt(e.peak_bytes, unit) for e in stages],
-        ["offloaded to CPU"] + [_fmt(e.cpu_offload_bytes, unit) for e in stages],
+        [_offload_label(stages[-1], asked)] + [_fmt(e.cpu_offload_bytes, unit) for e in stages],
     ]
     if stages[0].gpu is not None:
         rows.append([f"fits {stages[0].gpu}"] + ["yes" if e.fits else "no" for e in stages])
@@ -200,7 +227,9 @@ def stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
         if stages[0].layers is not None:
             rows.append(["max micro-batch"] + [str(e.max_micro_batch or "none") for e in stages])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    out = [_headline(stages[0]).replace(f"ZeRO stage {stages[0].zero_stage}", "ZeRO stages 0-3")]
+    out = [
+        _headline(stages[0], asked).replace(f"ZeRO stage {stages[0].zero_stage}", "ZeRO stages 0-3")
+    ]
     for r in [head, *rows]:
         out.append(
             r[0].ljust(widths[0])
@@ -290,4 +319,4 @@ def model_table(*, as_json: bool) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["gpu_table", "model_table", "report", "stages_table"]
+__all__ = ["gpu_table", "model_table", "offload_devices", "report", "stages_table"]
