@@ -351,14 +351,40 @@ def _asked_devices(args: argparse.Namespace) -> dict[str, str | None]:
     return asked
 
 
-def _with_devices(e: Any, asked: dict[str, str | None]) -> dict[str, Any]:
-    """Estimate `e` as JSON, with the device each offload goes to (`offload_devices`)."""
+def _with_devices(e: Any, asked: dict[str, str | None], args: argparse.Namespace) -> dict[str, Any]:
+    """Estimate `e` as JSON, with the device each offload goes to (`offload_devices`) and
+    the notes its report prints (`_notes`)."""
     devices = offload_devices(e, asked)
     return {
         **e.to_dict(),
         "offload_optimizer_device": devices["offload_optimizer"],
         "offload_params_device": devices["offload_params"],
+        "notes": _notes(e, args),
     }
+
+
+#: The precisions that train fp32 weights (autocast computes in 16 bits over them).
+_FP32_WEIGHTS = ("fp32", "amp-bf16", "amp-fp16")
+
+
+def _notes(e: Any, args: argparse.Namespace) -> list[str]:
+    """What the report says beside the figures: a config.json saved in a 16-bit dtype
+    estimated at a precision that trains fp32 weights (the precision decides, as in the
+    dry run, which casts them)."""
+    if args.hf_config is None or e.precision not in _FP32_WEIGHTS:
+        return []
+    from workbench.estimate.hf_config import config_dtype, load_config
+
+    config, _, problem = load_config(args.hf_config, "hf_config")
+    dtype, _ = config_dtype(config) if problem is None and config is not None else (None, None)
+    if dtype is None or dtype in ("float32", "float64"):
+        return []
+    return [
+        f"the config.json names {dtype} weights; {_flag('precision', args)} {e.precision} "
+        f"trains fp32 weights, so the estimate counts fp32 (the precision decides: "
+        f"{_flag('precision', args)} bf16-true trains bf16 weights, bf16 or fp16 DeepSpeed's "
+        "16-bit weights over an fp32 master copy)"
+    ]
 
 
 def estimate_problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
@@ -419,15 +445,21 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         return _simulate(args, parser, stages[0], unit_bytes, unit_name)
     if args.json:
         asked = _asked_devices(args)
-        got = {"stages": [_with_devices(e, asked) for e in stages]} if args.compare_stages else None
+        got = (
+            {"stages": [_with_devices(e, asked, args) for e in stages]}
+            if args.compare_stages
+            else None
+        )
         try:
-            print(json_text(got if got is not None else _with_devices(stages[0], asked)))
+            print(json_text(got if got is not None else _with_devices(stages[0], asked, args)))
         except ValueError as exc:
             parser.error(str(exc))
     elif args.compare_stages:
         print(stages_table(stages, unit_bytes, unit_name, _asked_devices(args)))
     else:
-        print(report(stages[0], unit_bytes, unit_name, _asked_devices(args)))
+        print(
+            report(stages[0], unit_bytes, unit_name, _asked_devices(args), _notes(stages[0], args))
+        )
     return 0
 
 
@@ -527,12 +559,12 @@ def _simulate(
     _write_pictures(args, parser, dry)
     if args.json:
         try:
-            estimate = _with_devices(e, _asked_devices(args))
+            estimate = _with_devices(e, _asked_devices(args), args)
             print(json_text({"estimate": estimate, "dry_run": dry.to_dict()}, default=str))
         except ValueError as exc:
             parser.error(str(exc))
     else:
-        print(report(e, unit, name, _asked_devices(args)))
+        print(report(e, unit, name, _asked_devices(args), _notes(e, args)))
         print()
         print(dry)
         print()

@@ -103,7 +103,13 @@ def _shape_line(e: Any) -> str:
     )
 
 
-def report(e: Any, unit: int, unit_name: str, asked: Mapping[str, str | None] | None = None) -> str:
+def report(
+    e: Any,
+    unit: int,
+    unit_name: str,
+    asked: Mapping[str, str | None] | None = None,
+    notes: Sequence[str] = (),
+) -> str:
     act = (
         _fmt(e.activation_bytes, unit)
         if e.activation_bytes is not None
@@ -147,6 +153,7 @@ def report(e: Any, unit: int, unit_name: str, asked: Mapping[str, str | None] | 
     lines = [_headline(e, asked)]
     if e.layers is not None:
         lines.append(_shape_line(e))
+    lines += [f"note: {note}" for note in notes]
     if e.shard_params != e.n_params:
         lines.append(
             f"parameters per GPU before ZeRO: {_count(e.shard_params)} (tensor-parallel share "

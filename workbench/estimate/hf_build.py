@@ -46,6 +46,7 @@ from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.hf_config import (
     FAMILIES,
     HEAD_DIM,
+    config_dtype,
     config_flag,
     config_integer,
     family_key,
@@ -149,6 +150,9 @@ def config_facts(
             "own class for its model_type)"
         )
         return _failed(Problem(field, where, message))
+    _, dtype_problem = config_dtype(config)
+    if dtype_problem is not None:
+        return _failed(Problem(field, where, dtype_problem))
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():
         message = (

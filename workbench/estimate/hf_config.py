@@ -84,6 +84,32 @@ def family_key(model_type: str, name: str) -> str | None:
     return keys.get(name) or _COMMON_KEYS.get(name)
 
 
+#: The dtypes a config.json's `torch_dtype` (`dtype` since transformers 4.56) may name: the
+#: dtypes weights are saved in (the precision decides what the estimate counts).
+CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2")
+#: The keys that name it, the newer first.
+DTYPE_KEYS = ("dtype", "torch_dtype")
+
+
+def config_dtype(config: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(the dtype `config` says its weights were saved in, or None; the problem naming the
+    key when it names no dtype of `CONFIG_DTYPES`). Null is read as absent."""
+    found: str | None = None
+    for key in DTYPE_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, str) and value in CONFIG_DTYPES):
+            kind = "" if isinstance(value, str) else json_kind(value)
+            message = (
+                f"{key} {shown(value)}{f' is {kind}' if kind else ''}: must be one of "
+                f"{', '.join(CONFIG_DTYPES)} (the dtype the weights were saved in)"
+            )
+            return None, message
+        found = found or value
+    return found, None
+
+
 class FamilyShape(NamedTuple):
     """What `read_family` read: the `Architecture` fields (empty when anything is wrong),
     the `problems` (invalid values, each naming its key) and what is `unsupported` (valid,
@@ -121,7 +147,8 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
             )
         ]
     read = read_family(config, model_type)
-    messages = read.problems + read.unsupported
+    _, dtype_problem = config_dtype(config)
+    messages = read.problems + read.unsupported + ([dtype_problem] if dtype_problem else [])
     if messages:
         return {}, [Problem(field, where, message) for message in messages]
     return read.fields, []
