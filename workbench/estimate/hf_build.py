@@ -197,6 +197,7 @@ def build_facts(
     Problems name `field` and `where` (an override's, its keyword). Raises ImportError
     without torch or transformers."""
     keys: dict[str, str] = {}
+    overrides = overrides or {}
     if overrides:
         config, keys, refused = override_config(config, overrides)
         if refused:
