@@ -409,7 +409,11 @@ def _why_no_shape(problem: Problem, source: _Source) -> Problem:
         if source.config_name
         else source.name or "the module"
     )
-    reason = source.no_shape_reason or "it has no Hugging Face config to read one from"
+    reason = (
+        source.no_shape_reason
+        or source.activation_note
+        or "it has no Hugging Face config to read one from"
+    )
     return Problem(
         problem.field,
         problem.value,
