@@ -25,8 +25,11 @@ def test_the_json_names_each_device(capsys):
     argv = [*RUN, "--offload-optimizer", "nvme", "--offload-params", "--json"]
     got = json.loads(out_of(argv, capsys))
     assert got["offload_optimizer_device"] == "nvme" and got["offload_params_device"] == "cpu"
-    got = json.loads(out_of([*RUN, "--json"], capsys))
-    assert got["offload_optimizer_device"] is None and got["offload_params_device"] is None
+    argv = [*RUN, "--offload-params", "nvme", "--json"]
+    got = json.loads(out_of(argv, capsys))
+    assert got["offload_optimizer_device"] is None and got["offload_params_device"] == "nvme"
+    got = json.loads(out_of([*RUN, "--json"], capsys))  # no offload: the estimate's own JSON
+    assert "offload_optimizer_device" not in got and "offload_params_device" not in got
 
 
 def test_cpu_offload_is_still_cpu(capsys):

@@ -352,15 +352,19 @@ def _asked_devices(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def _with_devices(e: Any, asked: dict[str, str | None], args: argparse.Namespace) -> dict[str, Any]:
-    """Estimate `e` as JSON, with the device each offload goes to (`offload_devices`) and
-    the notes its report prints (`_notes`)."""
+    """Estimate `e` as JSON (`to_dict`), with the device each offload goes to
+    (`offload_optimizer_device`, `offload_params_device`: "cpu", "nvme" or None; given
+    when either offloads) and the notes its report prints (`notes`, given when there are
+    any): an estimate without offload or notes is `to_dict()` as it is."""
+    got = e.to_dict()
     devices = offload_devices(e, asked)
-    return {
-        **e.to_dict(),
-        "offload_optimizer_device": devices["offload_optimizer"],
-        "offload_params_device": devices["offload_params"],
-        "notes": _notes(e, args),
-    }
+    if any(devices.values()):
+        got["offload_optimizer_device"] = devices["offload_optimizer"]
+        got["offload_params_device"] = devices["offload_params"]
+    notes = _notes(e, args)
+    if notes:
+        got["notes"] = notes
+    return got
 
 
 #: The precisions that train fp32 weights (autocast computes in 16 bits over them).
