@@ -14,11 +14,17 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from workbench.cli import Runner, json_text
+from workbench.cli.estimate_report import (
+    gpu_table,
+    model_table,
+    offload_devices,
+    report,
+    stages_table,
+)
 from workbench.estimate.schema import CLI_GROUPS, FIELDS, SCHEMA, EstimateField
 from workbench.inputs import shown, typed
 
@@ -29,6 +35,10 @@ _OFFLOAD = {"none": False, "cpu": True, "nvme": True}
 _UNITS = {"gib": (1 << 30, "GiB"), "gb": (10**9, "GB")}
 #: Where the parsed arguments keep the spelling each flag was given as (an old alias).
 _SPELLED = "_spelled_as"
+#: Where they keep the warnings of --deepspeed-config's import ("auto" values filled).
+_DS_WARNINGS = "_deepspeed_warnings"
+#: Where they keep the offload devices --deepspeed-config names.
+_DS_OFFLOAD = "_deepspeed_offload"
 #: Where they keep every spelling a flag with an old alias was given as, with its value
 #: (a bare flag's value None): an old spelling and its new one that disagree are refused.
 _GIVEN_AS = "_given_as"
@@ -227,6 +237,13 @@ def _estimate_options(args: argparse.Namespace) -> tuple[dict[str, Any], list[st
         problems.append(
             f"--zero {typed(args.zero)}: leave it out with --compare-stages (stages 0-3)"
         )
+    fsdp = _arg(args, _flag("fsdp"))
+    if fsdp is not None and fsdp.strip().lower() != "off" and args.compare_stages:
+        options.pop("fsdp", None)  # one message: the stages are not estimated under FSDP
+        problems.append(
+            f"{_flag('fsdp', args)} {typed(fsdp)}: leave it out with --compare-stages (it "
+            "compares DeepSpeed's ZeRO stages 0-3)"
+        )
     if args.units.strip().lower() not in _UNITS:
         problems.append(f"--units {typed(args.units)}: must be gib or gb")
     return options, problems
@@ -285,7 +302,17 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     except ValueError as exc:
         options["deepspeed_config"] = None  # one message for the file, not two
         return [f"--deepspeed-config {typed(path)}: {' '.join(str(exc).split())}"]
+    # "auto" values filled and keys not modelled: said once, as `workbench export` says them
+    setattr(args, _DS_WARNINGS, list(imported.warnings))
     cfg = imported.config
+    setattr(
+        args,
+        _DS_OFFLOAD,
+        {
+            "offload_optimizer": str(cfg.offload_optimizer),
+            "offload_params": str(cfg.offload_params),
+        },
+    )
     given = {
         "precision": str(cfg.precision),
         "optimizer": str(cfg.optimizer),
@@ -310,6 +337,58 @@ def _deepspeed_setup(args: argparse.Namespace, options: dict[str, Any]) -> list[
     if args.gpus in (None, "1") and imported.world_size > 1:
         options["gpus"] = imported.world_size
     return []
+
+
+def _asked_devices(args: argparse.Namespace) -> dict[str, str | None]:
+    """The offload device each of --offload-optimizer and --offload-params names (a bare
+    flag: cpu), else the one --deepspeed-config names; None where neither names one."""
+    from_file = getattr(args, _DS_OFFLOAD, None) or {}
+    asked: dict[str, str | None] = {}
+    for name in ("offload_optimizer", "offload_params"):
+        given = _arg(args, _flag(name))
+        device = given.strip().lower() if isinstance(given, str) else from_file.get(name)
+        asked[name] = device if device in ("cpu", "nvme") else None
+    return asked
+
+
+def _with_devices(e: Any, asked: dict[str, str | None], args: argparse.Namespace) -> dict[str, Any]:
+    """Estimate `e` as JSON (`to_dict`), with the device each offload goes to
+    (`offload_optimizer_device`, `offload_params_device`: "cpu", "nvme" or None; given
+    when either offloads) and the notes its report prints (`notes`, given when there are
+    any): an estimate without offload or notes is `to_dict()` as it is."""
+    got = e.to_dict()
+    devices = offload_devices(e, asked)
+    if any(devices.values()):
+        got["offload_optimizer_device"] = devices["offload_optimizer"]
+        got["offload_params_device"] = devices["offload_params"]
+    notes = _notes(e, args)
+    if notes:
+        got["notes"] = notes
+    return got
+
+
+#: The precisions that train fp32 weights (autocast computes in 16 bits over them).
+_FP32_WEIGHTS = ("fp32", "amp-bf16", "amp-fp16")
+
+
+def _notes(e: Any, args: argparse.Namespace) -> list[str]:
+    """What the report says beside the figures: a config.json saved in a 16-bit dtype
+    estimated at a precision that trains fp32 weights (the precision decides, as in the
+    dry run, which casts them)."""
+    if args.hf_config is None or e.precision not in _FP32_WEIGHTS:
+        return []
+    from workbench.estimate.hf_config import config_dtype, load_config
+
+    config, _, problem = load_config(args.hf_config, "hf_config")
+    dtype, _ = config_dtype(config) if problem is None and config is not None else (None, None)
+    if dtype is None or dtype in ("float32", "float64"):
+        return []
+    return [
+        f"the config.json names {dtype} weights; {_flag('precision', args)} {e.precision} "
+        f"trains fp32 weights, so the estimate counts fp32 (the precision decides: "
+        f"{_flag('precision', args)} bf16-true trains bf16 weights, bf16 or fp16 DeepSpeed's "
+        "16-bit weights over an fp32 master copy)"
+    ]
 
 
 def estimate_problem_lines(exc: ValueError, args: argparse.Namespace) -> list[str]:
@@ -343,12 +422,15 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     from workbench.estimate import compare_stages, estimate_memory
 
     if args.list_gpus:
-        print(_gpu_table(as_json=args.json))
+        print(gpu_table(as_json=args.json))
         return 0
     if args.list_models:
-        print(_model_table(as_json=args.json))
+        print(model_table(as_json=args.json))
         return 0
     options, problems = _estimate_options(args)
+    for warning in getattr(args, _DS_WARNINGS, None) or ():
+        said = f"{_flag('deepspeed_config', args)} {typed(args.deepspeed_config)}"
+        print(f"workbench estimate: warning: {said}: {' '.join(warning.split())}", file=sys.stderr)
     try:
         if args.compare_stages:
             options.pop("zero_stage", None)
@@ -366,15 +448,22 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if args.simulate:
         return _simulate(args, parser, stages[0], unit_bytes, unit_name)
     if args.json:
-        got = {"stages": [e.to_dict() for e in stages]} if args.compare_stages else None
+        asked = _asked_devices(args)
+        got = (
+            {"stages": [_with_devices(e, asked, args) for e in stages]}
+            if args.compare_stages
+            else None
+        )
         try:
-            print(json_text(got if got is not None else stages[0].to_dict()))
+            print(json_text(got if got is not None else _with_devices(stages[0], asked, args)))
         except ValueError as exc:
             parser.error(str(exc))
     elif args.compare_stages:
-        print(_stages_table(stages, unit_bytes, unit_name))
+        print(stages_table(stages, unit_bytes, unit_name, _asked_devices(args)))
     else:
-        print(_report(stages[0], unit_bytes, unit_name))
+        print(
+            report(stages[0], unit_bytes, unit_name, _asked_devices(args), _notes(stages[0], args))
+        )
     return 0
 
 
@@ -426,6 +515,13 @@ def _simulate(
         problems.append("--simulate: tensor and pipeline parallelism are not simulated")
     if e.context_parallel > 1:
         problems.append("--simulate: context parallelism is not simulated")
+    seq_len = e.seq_len if e.seq_len is not None else options.get("seq_len")
+    if seq_len is None and args.hf_config is not None:
+        problems.append(
+            f"--simulate: {_flag('hf_config', args)} {typed(args.hf_config)} gives no sequence "
+            f"length to run (its config.json has no max_position_embeddings the estimate "
+            f"reads): give {_flag('seq_len', args)}"
+        )
     if problems:
         parser.error("; ".join(problems))
     from workbench.choices import session_recompute
@@ -458,7 +554,7 @@ def _simulate(
             module,
             config,
             world_size=e.gpus,
-            seq_len=e.seq_len,
+            seq_len=seq_len,
             optimizer_impl=impl,
             progress=None if not args.json else False,
         )
@@ -467,11 +563,12 @@ def _simulate(
     _write_pictures(args, parser, dry)
     if args.json:
         try:
-            print(json_text({"estimate": e.to_dict(), "dry_run": dry.to_dict()}, default=str))
+            estimate = _with_devices(e, _asked_devices(args), args)
+            print(json_text({"estimate": estimate, "dry_run": dry.to_dict()}, default=str))
         except ValueError as exc:
             parser.error(str(exc))
     else:
-        print(_report(e, unit, name))
+        print(report(e, unit, name, _asked_devices(args), _notes(e, args)))
         print()
         print(dry)
         print()
@@ -599,283 +696,3 @@ def _write_pictures(args: argparse.Namespace, parser: argparse.ArgumentParser, d
             print(f"memory snapshot (for torch's memory viewer): {args.snapshot}", file=said)
     except OutputError as exc:
         parser.error(str(exc))
-
-
-# ---------------------------------------------------------------- printing
-def _fmt(value: int | None, unit: int) -> str:
-    return "-" if value is None else f"{value / unit:,.2f}"
-
-
-def _count(n: float) -> str:
-    if n >= 1e15:
-        return f"{n:.4g}"
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.4g}{suffix}"
-    return f"{n:g}"
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 86400 * 1e6:
-        return f"{seconds / 86400:.3g} days"
-    if seconds >= 86400:
-        return f"{seconds / 86400:,.1f} days"
-    if seconds >= 3600:
-        return f"{seconds / 3600:,.1f} hours"
-    return f"{seconds:,.0f} s"
-
-
-def _headline(e: Any) -> str:
-    gpus = f"{e.gpus} GPU" + ("s" if e.gpus > 1 else "")
-    source = e.model or (os.path.basename(e.hf_config) if e.hf_config else None)
-    count = f"{_count(e.n_params)} parameters"
-    if e.experts:
-        count += f", {_count(e.active_params)} active: {e.experts_per_token} of {e.experts} experts"
-    name = f"{source} ({count})" if source else None
-    parts = [name or f"{_count(e.n_params)} parameters", e.precision, e.optimizer]
-    parts += [f"FSDP {e.fsdp}" if e.fsdp != "off" else f"ZeRO stage {e.zero_stage}", gpus]
-    if e.context_parallel > 1:
-        split = (
-            f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x cp {e.context_parallel} x "
-            f"dp {e.data_parallel // e.context_parallel}"
-        )
-        parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))
-    elif e.tensor_parallel > 1 or e.pipeline_parallel > 1:
-        split = f"tp {e.tensor_parallel} x pp {e.pipeline_parallel} x dp {e.data_parallel}"
-        parts.append(split + (" (sequence parallel)" if e.sequence_parallel else ""))
-    if e.offload_optimizer:
-        parts.append("optimizer offload")
-    if e.offload_params:
-        parts.append("parameter offload")
-    if e.layers is not None:
-        parts.append(f"micro-batch {e.micro_batch}, checkpointing {e.checkpointing}")
-        parts.append(f"{e.attention} attention" + ("" if e.dropout else ", no dropout"))
-    if e.grad_accum > 1:
-        parts.append(f"{e.grad_accum} micro-batches per step")
-    if e.lora_rank:
-        parts.append(
-            f"LoRA rank {e.lora_rank}: {_count(e.lora_params)} adapter parameters train "
-            f"({e.trainable_fraction:.2%})"
-            + (f", {_count(e.qlora_params)} base weights in 4-bit NF4" if e.qlora_params else "")
-        )
-    return ", ".join(parts)
-
-
-def _shape_line(e: Any) -> str:
-    """The architecture in one line: what the activations and the split were computed for."""
-    heads = f"{e.heads} heads" + (f" ({e.kv_heads} kv)" if e.kv_heads != e.heads else "")
-    embeddings = "tied" if e.tied_embeddings else "untied"
-    return (
-        f"shape: {e.layers} layers, hidden {e.hidden}, {heads}, {e.mlp} MLP {e.ffn_hidden}, "
-        f"vocab {e.vocab}, sequence {e.seq_len}, {e.norm}, biases {e.bias}, "
-        f"{e.positions} positions, {embeddings} embeddings"
-    )
-
-
-def _report(e: Any, unit: int, unit_name: str) -> str:
-    act = (
-        _fmt(e.activation_bytes, unit)
-        if e.activation_bytes is not None
-        else f"not counted ({e.activation_note}: --simulate)"
-        if e.activation_note
-        else "not counted (no shape: give --model, --hf-config or --layers --hidden --heads "
-        "--seq-len --vocab)"
-    )
-    rows = [(f"peak of a step, at the {e.peak.phase}", _fmt(e.peak_bytes, unit))]
-    for name, value in e.peak.terms.items():
-        label = f"{name} ({e.optimizer_impl})" if name == "optimizer step temporaries" else name
-        rows.append((f"  {label}", _fmt(value, unit)))
-    rows += [
-        ("CUDA context and allocator reserve", _fmt(e.overhead_bytes, unit)),
-        ("peak + reserve", _fmt(e.required_bytes, unit)),
-    ]
-    if e.reserve is not None and e.reserve.given_bytes is None:
-        r = e.reserve
-        rows += [
-            ("  allocated peak (max_memory_allocated)", _fmt(e.peak_bytes, unit)),
-            (
-                "  reserved peak (+ allocator, rounding)",
-                _fmt(e.peak_bytes + r.allocator_bytes, unit),
-            ),
-            ("  nvidia-smi (+ CUDA context, NCCL)", _fmt(e.required_bytes, unit)),
-        ]
-    rows += [
-        ("model states at rest", ""),
-        ("  parameters", _fmt(e.params_bytes, unit)),
-        ("  gradients", _fmt(e.grads_bytes, unit)),
-        ("  optimizer states", _fmt(e.optimizer_bytes, unit)),
-        ("stored activations", act),
-        ("states + activations", _fmt(e.total_bytes, unit)),
-    ]
-    if e.cpu_offload_bytes:
-        rows.append(("offloaded to CPU", _fmt(e.cpu_offload_bytes, unit)))
-    for name, value in e.peak.host_terms.items():
-        rows.append((name, _fmt(value, unit)))
-    width = max(len(r[1]) for r in rows if r[1][:1].isdigit() or r[1] == "-")
-    label_width = max(len(r[0]) for r in rows) + 2
-    lines = [_headline(e)]
-    if e.layers is not None:
-        lines.append(_shape_line(e))
-    if e.shard_params != e.n_params:
-        lines.append(
-            f"parameters per GPU before ZeRO: {_count(e.shard_params)} (tensor-parallel share "
-            f"of the largest pipeline stage), sharded over {e.data_parallel} data-parallel GPUs"
-        )
-    lines.append(f"per GPU, {unit_name} ({'2^30' if unit_name == 'GiB' else '10^9'} bytes):")
-    lines += [
-        f"  {label:<{label_width}}{value:>{width}}"
-        if value[:1].isdigit() or value == "-"
-        else f"  {label:<{label_width}}{value}".rstrip()
-        for label, value in rows
-    ]
-    saving = e.peak.chunked_loss_saving_bytes
-    if saving:
-        lines.append(
-            f"chunked cross-entropy (--loss-chunks 8) would lower the peak by "
-            f"{_fmt(saving, unit)} {unit_name}"
-        )
-    if e.gpu is not None:
-        verdict = "fits" if e.fits else "does NOT fit"
-        lines.append(
-            f"{e.gpu}: {_fmt(e.gpu_memory_bytes, unit)} {unit_name} per GPU -> the peak + "
-            f"reserve {verdict}"
-            + (
-                f" ({_fmt(abs(e.margin_bytes), unit)} {unit_name} "
-                + ("to spare)" if e.fits else f"over; the largest term is {e.largest_term[0]})")
-                if e.margin_bytes is not None
-                else ""
-            )
-        )
-        if e.layers is not None:
-            mmb = e.max_micro_batch
-            lines.append(
-                "largest micro-batch that fits: "
-                + (str(mmb) if mmb is not None else "none (not even 1)")
-            )
-    if e.train_flops is not None:
-        if e.layers is None:  # a parameter count: every parameter multiplied, no attention
-            line = f"compute: 6 x params x tokens = {e.model_flops or e.train_flops:.3g} FLOPs"
-        else:
-            line = f"compute: {e.model_flops or e.train_flops:.3g} model FLOPs (6 N + 12 L q s a token)"
-        if e.model_flops is not None and e.train_flops > e.model_flops:
-            line += f", {e.train_flops:.3g} with the {e.checkpointing} recomputation"
-        if e.train_seconds is not None:
-            line += f"; {_duration(e.train_seconds)} on {e.gpus} x {e.gpu} at {e.utilisation_text}"
-            if e.cost is not None:
-                cost = f"{e.cost:,.0f}" if e.cost < 1e12 else f"{e.cost:.3g}"
-                line += f"; cost {cost} at {e.price_per_gpu_hour:g} per GPU-hour"
-        elif e.gpu is None:
-            line += " (name a --gpu for time and cost)"
-        else:
-            line += f" ({e.gpu} has no {e.precision} tensor rate in its data sheet: time not known)"
-        lines.append(line)
-    if unit_name == "GiB":
-        lines.append("(--units gb prints decimal GB, 10^9 bytes, the ZeRO paper's unit)")
-    return "\n".join(lines)
-
-
-def _stages_table(stages: Sequence[Any], unit: int, unit_name: str) -> str:
-    head = [f"per GPU, {unit_name}"] + [f"stage {e.zero_stage}" for e in stages]
-    rows: list[list[str]] = [
-        ["parameters"] + [_fmt(e.params_bytes, unit) for e in stages],
-        ["gradients"] + [_fmt(e.grads_bytes, unit) for e in stages],
-        ["optimizer states"] + [_fmt(e.optimizer_bytes, unit) for e in stages],
-        ["activations"] + [_fmt(e.activation_bytes, unit) for e in stages],
-        ["states + activations"] + [_fmt(e.total_bytes, unit) for e in stages],
-        ["peak of a step"] + [_fmt(e.peak_bytes, unit) for e in stages],
-        ["offloaded to CPU"] + [_fmt(e.cpu_offload_bytes, unit) for e in stages],
-    ]
-    if stages[0].gpu is not None:
-        rows.append([f"fits {stages[0].gpu}"] + ["yes" if e.fits else "no" for e in stages])
-        rows.append(["margin (- over)"] + [_fmt(e.margin_bytes, unit) for e in stages])
-        if stages[0].layers is not None:
-            rows.append(["max micro-batch"] + [str(e.max_micro_batch or "none") for e in stages])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    out = [_headline(stages[0]).replace(f"ZeRO stage {stages[0].zero_stage}", "ZeRO stages 0-3")]
-    for r in [head, *rows]:
-        out.append(
-            r[0].ljust(widths[0])
-            + "".join(f"  {c:>{w}}" for c, w in zip(r[1:], widths[1:], strict=True))
-        )
-    if stages[0].activation_bytes is None:
-        out.append(
-            "activations not counted: no shape (give --model, --hf-config or --layers --hidden "
-            "--heads --seq-len --vocab)"
-        )
-    return "\n".join(out)
-
-
-def _gpu_table(*, as_json: bool) -> str:
-    from workbench.estimate import GPUS
-
-    if as_json:
-        return json_text({"gpus": [vars(g) for g in GPUS.values()]})
-    head = ["name", "GiB seen", "FP16 TFLOPS", "BF16", "FP32", "TF32", "description"]
-    rows = [
-        [
-            g.name,
-            f"{g.memory_bytes / (1 << 30):.2f}",
-            f"{g.peak_fp16_flops / 1e12:g}",
-            "-" if g.peak_bf16_flops is None else f"{g.peak_bf16_flops / 1e12:g}",
-            f"{g.peak_fp32_flops / 1e12:g}",
-            "-" if g.peak_tf32_flops is None else f"{g.peak_tf32_flops / 1e12:g}",
-            g.description,
-        ]
-        for g in GPUS.values()
-    ]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [head, *rows]
-    ]
-    lines.append(
-        "dense peak rates from vendor data sheets (sources in workbench/estimate/catalog.py)"
-    )
-    return "\n".join(lines)
-
-
-def _model_table(*, as_json: bool) -> str:
-    from workbench.estimate import PRESETS
-
-    if as_json:
-        return json_text(
-            {
-                "models": [
-                    {
-                        "name": m.name,
-                        "family": m.family,
-                        "n_params": m.n_params,
-                        **m.architecture.to_dict(),
-                        "source": m.source,
-                    }
-                    for m in PRESETS
-                ]
-            }
-        )
-    head = ["name", "family", "params", "layers", "hidden", "heads", "kv", "MLP", "vocab", "seq"]
-    rows = [
-        [
-            m.name,
-            m.family,
-            _count(m.n_params),
-            str(a.layers),
-            str(a.hidden),
-            str(a.heads),
-            str(a.kv_heads),
-            f"{a.mlp} {a.ffn_hidden}",
-            str(a.vocab),
-            str(a.seq_len),
-        ]
-        for m in PRESETS
-        for a in (m.architecture,)
-    ]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [head, *rows]
-    ]
-    lines.append(
-        "parameter counts computed from the shapes; sources in workbench/estimate/presets.py "
-        "(--list-models --json prints them)"
-    )
-    return "\n".join(lines)

@@ -46,8 +46,10 @@ from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.hf_config import (
     FAMILIES,
     HEAD_DIM,
+    config_dtype,
     config_flag,
     config_integer,
+    family_key,
     load_config,
     read_family,
 )
@@ -58,7 +60,7 @@ from workbench.estimate.hf_shape import (
     family_shape,
     no_activations,
 )
-from workbench.estimate.limits import LIMITS
+from workbench.estimate.limits import LIMITS, as_bool, check_number
 from workbench.estimate.problems import Problem
 from workbench.inputs import shown
 
@@ -103,8 +105,9 @@ class ModelFacts(NamedTuple):
     exact), `name` the class built, `fields` the `Architecture` fields ({} without a
     shape), `active_params` the parameters one token uses (a mixture of experts; the
     count for a dense model; None where not known), `activation_note` why there is no
-    shape, `problems` what is wrong (then the rest is empty), `parameter_shapes` a
-    module's trainable parameters' shapes (None where not read)."""
+    shape (`no_shape_reason` its reason alone), `problems` what is wrong (then the rest is
+    empty), `parameter_shapes` a module's trainable parameters' shapes (None where not
+    read)."""
 
     counted: int | None
     name: str | None
@@ -113,6 +116,7 @@ class ModelFacts(NamedTuple):
     activation_note: str | None
     problems: list[Problem]
     parameter_shapes: tuple[tuple[int, ...], ...] | None = None
+    no_shape_reason: str | None = None  # `activation_note`'s reason alone
 
     def architecture(self) -> Architecture | None:
         """The shape as an `Architecture` (None without one, or when its fields do not
@@ -126,9 +130,14 @@ def _failed(*problems: Problem) -> ModelFacts:
     return ModelFacts(None, None, {}, None, None, list(problems))
 
 
-def config_facts(source: Any, field: str = "hf_config") -> ModelFacts:
+def config_facts(
+    source: Any, field: str = "hf_config", overrides: Mapping[str, Any] | None = None
+) -> ModelFacts:
     """The facts of the config.json at `source` (a path, its folder or a loaded dict);
-    see the module docstring. `source` is never changed."""
+    see the module docstring. `source` is never changed. `overrides` are the estimator's
+    shape keywords given with it (`layers=8`): a config counted by building its model is
+    built with them set at the family's keys (`override_config`); one of the five families
+    read without building takes them in its shape, which counts itself."""
     config, where, problem = load_config(source, field)
     if problem is not None:
         return _failed(problem)
@@ -141,6 +150,9 @@ def config_facts(source: Any, field: str = "hf_config") -> ModelFacts:
             "own class for its model_type)"
         )
         return _failed(Problem(field, where, message))
+    _, dtype_problem = config_dtype(config)
+    if dtype_problem is not None:
+        return _failed(Problem(field, where, dtype_problem))
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():
         message = (
@@ -150,14 +162,14 @@ def config_facts(source: Any, field: str = "hf_config") -> ModelFacts:
         return _failed(Problem(field, where, message))
     unsupported: list[str] = []
     if model_type in FAMILIES:
-        read = read_family(config, model_type)
+        read = read_family(config, model_type, "seq_len" in (overrides or {}))
         if read.problems:
             return _failed(*(Problem(field, where, m) for m in read.problems))
         if not read.unsupported:
             return ModelFacts(None, None, read.fields, None, None, [])
         unsupported = read.unsupported  # counted by building the model
     try:
-        return build_facts(config, field, where)
+        return build_facts(config, field, where, overrides)
     except ImportError as exc:
         if unsupported:
             message = (
@@ -173,21 +185,198 @@ def config_facts(source: Any, field: str = "hf_config") -> ModelFacts:
 
 
 def build_facts(
-    config: Mapping[str, Any], field: str = "hf_config", where: str = "{...}"
+    config: Mapping[str, Any],
+    field: str = "hf_config",
+    where: str = "{...}",
+    overrides: Mapping[str, Any] | None = None,
 ) -> ModelFacts:
     """The facts of `config` (a dict with a `model_type`, without `auto_map`) from the
     model built on the meta device, whatever its family (`config_facts` reads the five
     families of `hf_config.FAMILIES` without building them; for those this gives the same
-    count and shape). Problems name `field` and `where`. Raises ImportError without torch
-    or transformers."""
+    count and shape), with the shape keywords `overrides` set (`override_config`).
+    Problems name `field` and `where` (an override's, its keyword). Raises ImportError
+    without torch or transformers."""
+    keys: dict[str, str] = {}
+    overrides = overrides or {}
+    if overrides:
+        config, keys, refused = override_config(config, overrides)
+        if refused:
+            return _failed(*refused)
     built = _built(config)
     if built.problems:
         return _failed(*(Problem(field, where, m) for m in built.problems))
     shape = family_shape(built.resolved, built.layer_params)
     if shape.problems:
         return _failed(*(Problem(field, where, m) for m in shape.problems))
+    unmet = [
+        _not_taken(name, overrides[name], key, str(config["model_type"]))
+        for name, key in keys.items()
+        if _built_value(name, key, shape.fields, built.resolved) != overrides[name]
+    ]
+    if unmet:
+        return _failed(*unmet)
     active = active_from_experts(built.n_params, built.routed, built.resolved)
-    return ModelFacts(built.n_params, built.name, shape.fields, active, shape.note, [])
+    return ModelFacts(
+        built.n_params, built.name, shape.fields, active, shape.note, [], None, shape.reason
+    )
+
+
+# ---------------------------------------------------------------- shape overrides
+#: The estimator's shape keywords a built config takes, at the standard config names
+#: (`attribute_map` gives each family's own: GPT-2's `n_layer`, T5's `num_layers`).
+OVERRIDE_KEYS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "ffn_hidden": "intermediate_size",
+    "vocab": "vocab_size",
+    "tied_embeddings": "tie_word_embeddings",
+}
+#: Families whose MLP inner size has a name of its own (`hf_shape` reads the same keys).
+FFN_KEYS = {
+    "falcon": "ffn_hidden_size",
+    "gptj": "n_inner",
+    "gpt_bigcode": "n_inner",
+    "gpt2": "n_inner",
+    "opt": "ffn_dim",
+    "t5": "d_ff",
+    "mt5": "d_ff",
+    "umt5": "d_ff",
+}
+#: Shape keywords a built model's family decides: no config key sets them.
+LAYOUT_FIELDS = ("mlp", "norm", "bias", "positions", "parallel_residual")
+#: An encoder-decoder's keys for its encoder's and decoder's sizes, per shape keyword.
+_SPLIT_KEYS = {
+    "layers": _LAYER_KEYS,
+    "heads": (
+        "num_attention_heads",
+        "num_heads",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "num_decoder_heads",
+    ),
+    "ffn_hidden": ("intermediate_size", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim"),
+}
+
+
+def override_config(
+    config: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], list[Problem]]:
+    """(`config` with the shape keywords `overrides` set at its family's keys, {keyword:
+    the key set}, the refusals, each naming its keyword and the key to edit instead).
+
+    Each of `OVERRIDE_KEYS` is set at the family's name for it (the config class's
+    `attribute_map`; `FFN_KEYS` for the MLP size) when the family has that key. Refused:
+    the keywords a family's layout decides (`LAYOUT_FIELDS`), an encoder-decoder's layers,
+    heads and MLP size (its encoder and decoder have keys of their own), a key the family
+    does not have. `seq_len` is the training sequence, not a key: the shape takes it.
+    Raises ImportError without transformers."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = str(config["model_type"])
+    config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401 (a lazy mapping)
+    names: Mapping[str, str] = getattr(config_class, "attribute_map", None) or {}
+    known = set(config) | _default_keys(config_class)
+    encoder_decoder = config.get("is_encoder_decoder", False) is True or bool(
+        {"num_decoder_layers", "decoder_layers"} & known
+    )
+    edited = dict(config)
+    keys: dict[str, str] = {}
+    problems: list[Problem] = []
+    for name, value in overrides.items():
+        if name in LAYOUT_FIELDS:
+            message = (
+                f"the {model_type} config.json is counted by building transformers' model, "
+                f"whose layout its model_type decides (no key sets `{name}`): leave it out, "
+                "or give a config.json of the layout wanted"
+            )
+            problems.append(Problem(name, value, message))
+            continue
+        if name not in OVERRIDE_KEYS:
+            continue  # seq_len: the shape's
+        if encoder_decoder and name in _SPLIT_KEYS:
+            split = [k for k in _SPLIT_KEYS[name] if k in known] or [OVERRIDE_KEYS[name]]
+            message = (
+                f"{model_type} is an encoder-decoder, whose encoder and decoder sizes are "
+                f"keys of their own: edit {', '.join(split)} in the config.json"
+            )
+            problems.append(Problem(name, value, message))
+            continue
+        standard = OVERRIDE_KEYS[name]
+        key = FFN_KEYS.get(model_type, standard) if name == "ffn_hidden" else standard
+        key = names.get(key, key)
+        if key not in known:
+            message = (
+                f"a {model_type} config.json has no {key} key to set it: the family decides "
+                "it; leave it out, or edit the config.json's own keys"
+            )
+            problems.append(Problem(name, value, message))
+            continue
+        checked = _override_value(name, value)
+        if isinstance(checked, str):
+            problems.append(Problem(name, value, checked))
+            continue
+        edited[key] = checked
+        keys[name] = key
+    return edited, keys, problems
+
+
+def config_key(config: Mapping[str, Any], name: str) -> str:
+    """The key that holds `Architecture` field `name` in `config` (its family's name for
+    it: GPT-2's `n_embd` for `hidden`; the standard name where the family has none)."""
+    model_type = str(config.get("model_type"))
+    if model_type in FAMILIES:
+        return family_key(model_type, name) or name
+    standard = OVERRIDE_KEYS.get(name, {"seq_len": "max_position_embeddings"}.get(name, name))
+    key = FFN_KEYS.get(model_type, standard) if name == "ffn_hidden" else standard
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if model_type in CONFIG_MAPPING:
+            key = (getattr(CONFIG_MAPPING[model_type], "attribute_map", None) or {}).get(key, key)
+    except ImportError:
+        pass
+    return key
+
+
+def _override_value(name: str, value: Any) -> Any:
+    """`value` read as shape keyword `name` (an integer in its range, or a bool), or the
+    message saying what is allowed."""
+    if name == "tied_embeddings":
+        flag = as_bool(value)
+        return flag if isinstance(flag, bool) else "must be True or False"
+    number, message = check_number(name, value)
+    return message if message is not None else number
+
+
+def _default_keys(config_class: Any) -> set[str]:
+    """The keys a config class writes (its defaults'), or none where it cannot say."""
+    if config_class is None:
+        return set()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return set(config_class().to_dict())
+    except Exception:  # a class without defaults for every argument
+        return set()
+
+
+def _built_value(
+    name: str, key: str, fields: Mapping[str, Any], resolved: Mapping[str, Any]
+) -> Any:
+    """Keyword `name` as the built model has it: its shape's, else its config's `key`."""
+    if fields:
+        return fields.get(name)
+    return resolved.get(key, resolved.get(OVERRIDE_KEYS[name]))
+
+
+def _not_taken(name: str, value: Any, key: str, model_type: str) -> Problem:
+    message = (
+        f"setting {key} in the {model_type} config.json does not build a model of "
+        f"`{name}` {shown(value)}: edit the config.json's own keys"
+    )
+    return Problem(name, value, message)
 
 
 def active_from_experts(
@@ -478,14 +667,19 @@ def module_config_facts(
 
 
 __all__ = [
+    "FFN_KEYS",
+    "LAYOUT_FIELDS",
     "MAX_BUILD_LAYERS",
+    "OVERRIDE_KEYS",
     "ModelFacts",
     "active_from_experts",
     "build_facts",
     "clear_cache",
     "config_facts",
+    "config_key",
     "layer_stack_params",
     "module_config_facts",
+    "override_config",
     "resolved_config",
     "routed_expert_params",
 ]

@@ -22,7 +22,8 @@ llama, mistral and qwen2 have a SwiGLU MLP, RMSNorm and rotary positions, and re
 MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions.
 `tie_word_embeddings` is read when present, and gpt_neox's `use_parallel_residual`
 (default true). The sequence length is the config's longest
-position: pass `seq_len` to estimate a shorter training sequence.
+position: pass `seq_len` to estimate a shorter training sequence (with `seq_len` given, a
+config of a family with rotary positions may leave `max_position_embeddings` out).
 
 Configs of these families whose layers the shape cannot describe (llama with biases on the
 attention but not the MLP or the reverse, gpt_neox without attention biases, gpt2 with
@@ -68,6 +69,47 @@ _KEYS: dict[str, dict[str, str]] = {
 _GATED = ("llama", "mistral", "qwen2")
 
 
+#: The keys of the shape fields every family reads under the same name.
+_COMMON_KEYS = {"kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
+
+
+def family_key(model_type: str, name: str) -> str | None:
+    """The config key of `Architecture` field `name` in a config of `model_type` (one of
+    `FAMILIES`), or None where the family has none."""
+    keys = _KEYS.get(model_type, _LLAMA_KEYS)
+    if name == "ffn_hidden":
+        return "n_inner" if model_type == "gpt2" else "intermediate_size"
+    if name == "tied_embeddings":
+        return "tie_word_embeddings"
+    return keys.get(name) or _COMMON_KEYS.get(name)
+
+
+#: The dtypes a config.json's `torch_dtype` (`dtype` since transformers 4.56) may name: the
+#: dtypes weights are saved in (the precision decides what the estimate counts).
+CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2")
+#: The keys that name it, the newer first.
+DTYPE_KEYS = ("dtype", "torch_dtype")
+
+
+def config_dtype(config: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(the dtype `config` says its weights were saved in, or None; the problem naming the
+    key when it names no dtype of `CONFIG_DTYPES`). Null is read as absent."""
+    found: str | None = None
+    for key in DTYPE_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, str) and value in CONFIG_DTYPES):
+            kind = "" if isinstance(value, str) else json_kind(value)
+            message = (
+                f"{key} {shown(value)}{f' is {kind}' if kind else ''}: must be one of "
+                f"{', '.join(CONFIG_DTYPES)} (the dtype the weights were saved in)"
+            )
+            return None, message
+        found = found or value
+    return found, None
+
+
 class FamilyShape(NamedTuple):
     """What `read_family` read: the `Architecture` fields (empty when anything is wrong),
     the `problems` (invalid values, each naming its key) and what is `unsupported` (valid,
@@ -105,7 +147,8 @@ def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any
             )
         ]
     read = read_family(config, model_type)
-    messages = read.problems + read.unsupported
+    _, dtype_problem = config_dtype(config)
+    messages = read.problems + read.unsupported + ([dtype_problem] if dtype_problem else [])
     if messages:
         return {}, [Problem(field, where, message) for message in messages]
     return read.fields, []
@@ -134,17 +177,28 @@ def load_config(source: Any, field: str) -> tuple[Mapping[str, Any] | None, str,
     return None, where, Problem(field, source, "must be a path to a config.json or a dict")
 
 
-def read_family(config: Mapping[str, Any], model_type: str) -> FamilyShape:
+def read_family(
+    config: Mapping[str, Any], model_type: str, seq_len_given: bool = False
+) -> FamilyShape:
     """The `Architecture` fields of `config`, a config of `model_type` (one of `FAMILIES`),
     with the keys and defaults of its `transformers` config class (see the module
-    docstring)."""
+    docstring). `seq_len_given`: the training sequence is given, so a family with rotary
+    positions (no position table to count) needs no `max_position_embeddings`."""
     problems: list[str] = []
     unsupported: list[str] = []
     keys = _KEYS[model_type]
     fields: dict[str, Any] = {}
-    missing = [key for key in keys.values() if config.get(key) is None]
+    optional = {"seq_len"} if seq_len_given and model_type != "gpt2" else set()
+    missing = [
+        key for name, key in keys.items() if config.get(key) is None and name not in optional
+    ]
     if missing:
-        problems.append(f"{model_type} config lacks {', '.join(missing)}")
+        hint = ""
+        if model_type != "gpt2" and keys["seq_len"] in missing:
+            hint = (
+                " (with `seq_len`, the training sequence, it may leave max_position_embeddings out)"
+            )
+        problems.append(f"{model_type} config lacks {', '.join(missing)}{hint}")
     for name, key in keys.items():
         fields[name] = config_integer(config, key, name, problems)
     gated = model_type in _GATED

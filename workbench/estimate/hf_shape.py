@@ -95,17 +95,22 @@ BLOOM_SEQ_LEN = 2048
 
 class Shape(NamedTuple):
     """The `Architecture` fields of a config (empty without a shape), why there is none
-    (`note`, a sentence to show beside the estimate) and the config's invalid values
-    (`problems`, each naming its key)."""
+    (`note`, a sentence to show beside the estimate; `reason`, its reason alone) and the
+    config's invalid values (`problems`, each naming its key)."""
 
     fields: dict[str, Any]
     note: str | None
     problems: list[str]
+    reason: str | None = None  # why there is no shape (the note's reason alone)
 
 
 class _Mapped(NamedTuple):
     fields: dict[str, Any]
     layer_extra: int = 0  # parameters per layer the shape's terms do not count
+
+
+def _no_shape(reason: str) -> Shape:
+    return Shape({}, no_activations(reason), [], reason)
 
 
 def no_activations(reason: str) -> str:
@@ -124,13 +129,13 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
             f"{name} is an encoder-decoder (the activation formula covers decoder-only and "
             "encoder-only transformers)"
         )
-        return Shape({}, no_activations(reason), [])
+        return _no_shape(reason)
     if config.get("kv_lora_rank") is not None:
         reason = (
             f"{name} uses multi-head latent attention (low-rank key/value projections), "
             "which the formula's attention terms do not describe"
         )
-        return Shape({}, no_activations(reason), [])
+        return _no_shape(reason)
     problems: list[str] = []
     mapped: _Mapped | str
     if model_type in _MAPPERS:  # llama too: every combination of its biases
@@ -138,14 +143,14 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
     elif model_type in FAMILIES:
         read = read_family(config, str(model_type))
         if read.unsupported and not read.problems:
-            return Shape({}, no_activations(f"{name} with {read.unsupported[0]}"), [])
+            return _no_shape(f"{name} with {read.unsupported[0]}")
         problems, mapped = read.problems, _Mapped(read.fields)
     else:
         return _inferred(config, name, layer_params)
     if problems:
         return Shape({}, None, problems)
     if isinstance(mapped, str):
-        return Shape({}, no_activations(f"{name} {mapped}"), [])
+        return _no_shape(f"{name} {mapped}")
     hidden, heads = _size(mapped.fields, "hidden"), _size(mapped.fields, "heads")
     uneven = heads > 0 and hidden % heads > 0
     if uneven and mapped.fields.get("head_dim") is None and model_type not in FAMILIES:
@@ -160,7 +165,7 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
             f"read from its config {expected:,} (a variant of the family the mapping does "
             "not describe)"
         )
-        return Shape({}, no_activations(reason), [])
+        return _no_shape(reason)
     return Shape(mapped.fields, None, [])
 
 
@@ -444,13 +449,13 @@ def _inferred(config: Mapping[str, Any], name: str, layer_params: int | None) ->
     them counts the built model's layers exactly."""
     reason = f"{name} is not a family mapped onto the activation formula's terms"
     if layer_params is None:
-        return Shape({}, no_activations(reason), [])
+        return _no_shape(reason)
     p: list[str] = []
     base = _standard(config, p)
     base["head_dim"] = config_integer(config, "head_dim", "head_dim", p, HEAD_DIM)
     if p or any(base[k] is None for k in ("layers", "hidden", "heads", "vocab", "seq_len")):
         reason += " (its config lacks the standard shape keys)"
-        return Shape({}, no_activations(reason), [])
+        return _no_shape(reason)
     experts, top_k = experts_and_top_k(config)
     moe: list[dict[str, Any]] = [{}]
     if experts and top_k:
@@ -468,7 +473,7 @@ def _inferred(config: Mapping[str, Any], name: str, layer_params: int | None) ->
             if arch is not None and arch.layers * arch.layer_params() == layer_params:
                 return Shape(fields, None, [])
     reason += f" and neither Llama's nor GPT's layout counts its {layer_params:,} layer parameters"
-    return Shape({}, no_activations(reason), [])
+    return _no_shape(reason)
 
 
 _LAYOUTS = (

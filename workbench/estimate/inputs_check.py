@@ -21,6 +21,7 @@ user sees that refusal alone, not the shape it could not give.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -232,6 +233,7 @@ class _Source(NamedTuple):
     training: Mapping[str, Any] | None = None  # `hf_shape.training_facts`: dropout, attention
     shapes: tuple[tuple[int, ...], ...] | None = None  # a module's parameters' shapes
     refused: bool = False  # the model, config or module itself was refused
+    no_shape_reason: str | None = None  # why a counted model gives no shape
 
 
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
@@ -256,8 +258,12 @@ def _training(model: Any, hf_config: Any) -> dict[str, Any]:
     return training_facts(config) if problem is None and config is not None else {}
 
 
-def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
-    """The model named by `model` or `hf_config` (an empty `_Source` for neither)."""
+def _model_source(
+    p: list[Problem], model: Any, hf_config: Any, shape: Mapping[str, Any]
+) -> _Source:
+    """The model named by `model` or `hf_config` (an empty `_Source` for neither); a
+    config counted by building its model is built with the shape keywords `shape` set
+    (`hf_build.override_config`)."""
     if model is not None and hf_config is not None:
         p.append(Problem("hf_config", hf_config, "give `model` or `hf_config`, not both"))
         return _Source(refused=True)
@@ -280,7 +286,7 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
 
         facts = module_facts(model)
     elif hf_config is not None:
-        facts = config_facts(hf_config)  # imports torch for a family counted on meta
+        facts = config_facts(hf_config, overrides=shape)  # imports torch for a built family
     else:
         return _Source()
     p.extend(facts.problems)
@@ -297,10 +303,13 @@ def _model_source(p: list[Problem], model: Any, hf_config: Any) -> _Source:
         training=_training(model, hf_config) if not facts.problems else {},
         shapes=facts.parameter_shapes,
         refused=bool(facts.problems),
+        no_shape_reason=facts.no_shape_reason,
     )
 
 
-def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> Architecture | None:
+def _architecture(
+    p: list[Problem], source: _Source, given: dict[str, Any], hf_config: Any = None
+) -> Architecture | None:
     """The source's shape with the architecture keywords `given` applied and checked (None
     when the source was refused: its shape is not known, what `given` lacks not asked)."""
     if source.refused:
@@ -314,13 +323,54 @@ def _architecture(p: list[Problem], source: _Source, given: dict[str, Any]) -> A
     base_fields = source.fields or {}
     if not (base_fields or given):
         return None
+    counted_only = source.counted is not None and not base_fields
+    if counted_only and (source.config_name is not None or set(given) == {"seq_len"}):
+        return None  # a model counted without a shape: `activation_note` says why
     merged = {**base_fields, **given}
     merged.pop("dropout", None)  # a training fact of the source, not part of the shape
     if base_fields and "seq_len" in given and merged.get("positions") == "learned":
         merged.setdefault("max_positions", base_fields["seq_len"])
     arch, shape_problems = build_architecture(merged)
+    if source.config_name is not None and shape_problems:
+        shape_problems = _config_problems(shape_problems, given, source, hf_config)
     p.extend(shape_problems)
     return arch
+
+
+_NAMED = re.compile(r"`(\w+)`")
+
+
+def _config_problems(
+    problems: list[Problem], given: Mapping[str, Any], source: _Source, hf_config: Any
+) -> list[Problem]:
+    """The shape's `problems` said as the config's where its own values are at fault:
+    a problem of a field not `given` names `hf_config` and the config's key
+    (`num_attention_heads 4: must divide hidden_size=66 evenly`); a field given that
+    disagrees with the config names the config's key it disagrees with."""
+    from workbench.estimate.hf_build import config_key
+    from workbench.estimate.hf_config import load_config
+
+    config, _, _ = load_config(hf_config, "hf_config")
+    config = config or {}
+    out = []
+    for q in problems:
+        own = q.field not in given and not q.missing
+
+        def named(m: re.Match[str], own: bool = own) -> str:
+            name = m.group(1)
+            if name in given:
+                return m.group(0)
+            return config_key(config, name) if own else f"the config's {config_key(config, name)}"
+
+        message = _NAMED.sub(named, q.message)
+        if own:
+            key = config_key(config, q.field)
+            out.append(
+                Problem("hf_config", source.config_name, f"{key} {shown(q.value)}: {message}")
+            )
+        else:
+            out.append(Problem(q.field, q.value, message, q.missing, q.needs_model))
+    return out
 
 
 def _model(
@@ -329,9 +379,11 @@ def _model(
     """(the parameter count of the model states, where the model comes from, its shape)."""
     n_params, model, hf_config = given["n_params"], given["model"], given["hf_config"]
     n = _count(p, "n_params", n_params) if n_params is not None else None
-    source = _model_source(p, model, hf_config)
     shape = {k: given[k] for k in ARCH_FIELDS if given[k] is not None}
-    arch = _architecture(p, source, shape)
+    source = _model_source(p, model, hf_config, shape)
+    if source.counted is not None and not source.fields and set(shape) == {"seq_len"}:
+        source = source._replace(activation_note=source.activation_note or _no_shape(source))
+    arch = _architecture(p, source, shape, hf_config)
     nothing = n_params is None and model is None and hf_config is None
     if nothing and source.base is None and not (source.fields or shape):
         message = (
@@ -346,6 +398,36 @@ def _model(
             else (arch.n_params if arch is not None else None)
         )
     return n, source, arch
+
+
+def _why_no_shape(problem: Problem, source: _Source) -> Problem:
+    """`problem` (it needs the model's shape) with why the model given has none."""
+    what = (
+        f"the config.json {source.config_name}"
+        if source.config_name not in (None, "dict")
+        else "the config"
+        if source.config_name
+        else source.name or "the module"
+    )
+    reason = (
+        source.no_shape_reason
+        or source.activation_note
+        or "it has no Hugging Face config to read one from"
+    )
+    return Problem(
+        problem.field,
+        problem.value,
+        f"{problem.message}; {what} was counted but gives no transformer shape ({reason})",
+    )
+
+
+def _no_shape(source: _Source) -> str:
+    """Why a module counted without a Hugging Face config has no activations at `seq_len`."""
+    reason = (
+        f"{source.name or 'the module'} has no Hugging Face config to read its transformer "
+        "shape from (give its layers, hidden, heads and vocab with seq_len)"
+    )
+    return f"activations not estimated: {reason}; a dry run of the model measures them"
 
 
 #: Families whose published training used dropout (GPT-2 and GPT-3: 0.1). Llama,
@@ -621,6 +703,8 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
         p.extend(cp_problems(cp, arch, n_gpus, gpus, tp, pp, attention, doc_mask))
     if source.refused:  # the model's own problem, not what its missing shape leads to
         p = [q for q in p if not q.needs_model]
+    elif arch is None and source.counted is not None:  # a model given: say why no shape
+        p = [_why_no_shape(q, source) if q.needs_model else q for q in p]
     if p:
         raise EstimateInputError(p)
     if cp > 1 and arch is not None:  # one rank's view: its share of the sequence

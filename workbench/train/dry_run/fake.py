@@ -263,7 +263,11 @@ SHAPE_KEYS = (
     "kv_heads",
     "ffn_hidden",
     "mlp",
+    "norm",
+    "bias",
+    "positions",
     "tied_embeddings",
+    "parallel_residual",
 )
 
 
