@@ -356,7 +356,7 @@ def _with_devices(e: Any, asked: dict[str, str | None], args: argparse.Namespace
     (`offload_optimizer_device`, `offload_params_device`: "cpu", "nvme" or None; given
     when either offloads) and the notes its report prints (`notes`, given when there are
     any): an estimate without offload or notes is `to_dict()` as it is."""
-    got = e.to_dict()
+    got: dict[str, Any] = dict(e.to_dict())
     devices = offload_devices(e, asked)
     if any(devices.values()):
         got["offload_optimizer_device"] = devices["offload_optimizer"]
