@@ -71,3 +71,21 @@ def test_a_dtype_that_is_none_is_refused_naming_the_key(value, base):
 def test_the_pure_reader_refuses_it_too():
     _, problems = read_hf_config({**LLAMA, "dtype": "int7"})
     assert [p.message.split(":")[0] for p in problems] == ["dtype 'int7'"]
+
+
+def test_a_module_and_the_function_that_builds_it_train_with_the_same_dropout() -> None:
+    """The dropout a module's own config gives (a Llama's attention_dropout 0.0) is read
+    from a module given and from one a function builds alike."""
+    import warnings
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workbench import estimate_memory
+
+    warnings.filterwarnings("ignore")
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, vocab_size=256, max_position_embeddings=128)  # fmt: skip
+    built = estimate_memory(model=lambda: LlamaForCausalLM(cfg), seq_len=128)
+    given = estimate_memory(model=LlamaForCausalLM(cfg), seq_len=128)
+    assert built.dropout is False and given.dropout is False
+    assert built.activation_bytes == given.activation_bytes

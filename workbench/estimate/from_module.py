@@ -23,7 +23,7 @@ experts a token is not routed to).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from workbench.estimate.hf_build import (
@@ -75,7 +75,26 @@ def module_facts(model: Any) -> ModelFacts:
         except Exception as exc:  # a config that cannot describe itself: count only
             msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             note = f"activations not estimated: its config could not be read ({msg})"
-    return ModelFacts(n, type(module).__name__, fields, active, note, [], shapes)
+    return ModelFacts(
+        n, type(module).__name__, fields, active, note, [], shapes, training=_training_of(module)
+    )
+
+
+def _training_of(module: Any) -> dict[str, Any] | None:
+    """The dropout and attention kernel the built module's Hugging Face config says it
+    trains with (a module given or built by a function alike); None without one."""
+    from workbench.estimate.hf_shape import training_facts
+
+    config = getattr(module, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    try:
+        data = to_dict()
+    except Exception:  # a config that cannot describe itself says nothing
+        return None
+    kernel = getattr(config, "_attn_implementation", None)
+    return training_facts(data, kernel) if isinstance(data, Mapping) else None
 
 
 def _name(obj: Any) -> str:

@@ -117,6 +117,9 @@ class ModelFacts(NamedTuple):
     problems: list[Problem]
     parameter_shapes: tuple[tuple[int, ...], ...] | None = None
     no_shape_reason: str | None = None  # `activation_note`'s reason alone
+    #: what a built module's own config says of its training (`hf_shape.training_facts`:
+    #: dropout, attention kernel); None where not read
+    training: dict[str, Any] | None = None
 
     def architecture(self) -> Architecture | None:
         """The shape as an `Architecture` (None without one, or when its fields do not

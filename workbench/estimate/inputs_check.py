@@ -300,7 +300,9 @@ def _model_source(
         counted=facts.counted,
         active_params=facts.active_params,
         activation_note=facts.activation_note,
-        training=_training(model, hf_config) if not facts.problems else {},
+        training=(facts.training if facts.training is not None else _training(model, hf_config))
+        if not facts.problems
+        else {},
         shapes=facts.parameter_shapes,
         refused=bool(facts.problems),
         no_shape_reason=facts.no_shape_reason,
