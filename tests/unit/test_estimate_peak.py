@@ -152,14 +152,16 @@ def test_fsdp_modes_differ_and_offload_is_not_free():
 def test_deepspeed_buffers_come_from_its_config():
     kw = dict(n_params="7B", precision="bf16", gpus=8)
     stage2 = estimate_memory(**kw, zero_stage=2)
-    capped = stage2.peak_terms["DeepSpeed reduce buckets"]
+    capped = stage2.peak.points["backward"]["DeepSpeed reduce buckets"]
     ds = {"zero_optimization": {"reduce_bucket_size": 2e8, "overlap_comm": True}}
     given = estimate_memory(**kw, zero_stage=2, deepspeed_config=ds)
-    assert given.peak_terms["DeepSpeed reduce buckets"] == 2 * 2 * 200_000_000 != capped
+    assert (
+        given.peak.points["backward"]["DeepSpeed reduce buckets"] == 2 * 2 * 200_000_000 != capped
+    )
     auto = estimate_memory(
         **kw, zero_stage=2, deepspeed_config={"zero_optimization": {"reduce_bucket_size": "auto"}}
     )
-    assert auto.peak_terms["DeepSpeed reduce buckets"] == 2 * 500_000_000
+    assert auto.peak.points["backward"]["DeepSpeed reduce buckets"] == 2 * 500_000_000
     stage3 = estimate_memory(
         **kw,
         zero_stage=3,

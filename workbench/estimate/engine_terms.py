@@ -227,7 +227,7 @@ def _backward_end_engine(
     root unit gathered, with its unsharded gradients (the embedding's and the output
     projection's, reduced last)."""
     if engine != "fsdp":
-        return {**{k: v for k, v in during.items() if "ZeRO-3" not in k}, **step}
+        return {k: v for k, v in during.items() if "ZeRO-3" not in k}
     cw = compute_bytes(i.precision)
     _, root, last = fsdp_unit_params(i)
     if not last or i.fsdp != "full_shard":  # the root unit: the embedding and the head
