@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from workbench.config import TrainConfig
-from workbench.export import export_job
+from workbench.export import ExportError, export_job
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_GPT = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
@@ -35,3 +37,60 @@ def test_the_deepspeed_job_checks_its_save_dir_before_training(tmp_path: Path) -
         assert done.returncode == 2, done.stderr[-2000:]
         assert f"--save_dir {bad!r}: {said}" in done.stderr
         assert '"step"' not in done.stdout  # refused before the first step
+
+
+def _refused(tmp_path: Path, config: TrainConfig, **kwargs: object) -> str:
+    out = tmp_path / "job"
+    options = {"model_options": TINY_GPT} if kwargs.get("model", "tiny-gpt") == "tiny-gpt" else {}
+    with pytest.raises(ExportError) as caught:
+        export_job(config, gpus=1, out_dir=out, **{**options, **kwargs})  # type: ignore[arg-type]
+    assert not out.exists()  # nothing written
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("fmt", ["fsdp", "lightning"])
+@pytest.mark.parametrize("optimizer", ["lamb", "lion", "adagrad", "onebitadam"])
+def test_fsdp_and_lightning_refuse_the_optimizers_their_scripts_do_not_build(
+    fmt: str, optimizer: str, tmp_path: Path
+) -> None:
+    config = TrainConfig(optimizer=optimizer, fsdp="full_shard" if fmt == "fsdp" else "off")
+    text = _refused(tmp_path, config, format=fmt)
+    assert f"optimizer={optimizer!r}: the --format {fmt} script builds adamw, adam, sgd" in text
+
+
+def test_lightning_with_deepspeed_refuses_torchs_amp(tmp_path: Path) -> None:
+    text = _refused(tmp_path, TrainConfig(zero_stage=2, precision="amp-bf16"), format="lightning")
+    assert "precision='amp-bf16': Lightning's DeepSpeed strategy trains DeepSpeed's own" in text
+
+
+def test_deepspeed_refuses_amp_fp16_as_launch_does(tmp_path: Path) -> None:
+    from workbench.engines import AMP_FP16_DEEPSPEED, engine_problems
+
+    text = _refused(tmp_path, TrainConfig(precision="amp-fp16"))
+    assert f"precision='amp-fp16': {AMP_FP16_DEEPSPEED}" in text
+    launched = engine_problems(TrainConfig(precision="amp-fp16", zero_stage=1), 2)
+    assert [p.message.endswith(AMP_FP16_DEEPSPEED) for p in launched] == [True]
+    assert "GradScaler" not in AMP_FP16_DEEPSPEED  # DeepSpeed 0.19 has one (ZeRO-0 autocast)
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
+def test_compile_is_refused_by_name_where_no_script_compiles(fmt: str, tmp_path: Path) -> None:
+    config = TrainConfig(compile=True, fsdp="full_shard" if fmt == "fsdp" else "off")
+    assert "compile=True: the exported jobs do not run torch.compile" in _refused(
+        tmp_path, config, format=fmt
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "model", "said"),
+    [
+        ({"activation_checkpointing": "full"}, "mlp", "activation_checkpointing='full': the model"),
+        ({"activation_checkpointing": "selective"}, "mlp", "activation_checkpointing='selective'"),
+        ({"attention": "sdpa"}, "mlp", "attention='sdpa': the model is neither"),
+        ({"lora_rank": 4, "lora_targets": "nothing"}, "tiny-gpt", "lora_targets='nothing': picks"),
+    ],
+)
+def test_what_the_model_cannot_train_is_refused_at_export(
+    settings: dict[str, object], model: str, said: str, tmp_path: Path
+) -> None:
+    assert said in _refused(tmp_path, TrainConfig(**settings), model=model)  # type: ignore[arg-type]

@@ -85,6 +85,7 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
     launch_sh,
     model_flag,
 )
+from workbench.export.refusals import format_problems, model_problems
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 from workbench.problems import listing
@@ -366,6 +367,7 @@ class _Checked:
     host_path: Path | None = None
     ds: dict[str, Any] = field(default_factory=dict)
     info: Any | None = None  # the built-in model's ModelInfo (measured on the meta device)
+    module: Any | None = None  # the built-in model, on the meta device
 
 
 def check_export(
@@ -438,7 +440,9 @@ def _check(
     if config is not None:
         c.options = _with_documents(config, model, c.options, problems)
     if isinstance(model, str) and ":" not in model and len(problems) == before:
-        c.info = _measure(model, c.options, 0, problems)  # the seed changes no size
+        measured = _measure(model, c.options, 0, problems)  # the seed changes no size
+        if measured is not None:
+            c.info, c.module = measured
     c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
     c.out = _check_out_dir(out_dir, problems)
     if config is None:
@@ -500,6 +504,10 @@ def _check(
                 )
             )
     strategy = STRATEGY[engine]
+    if format in FORMATS:
+        problems += format_problems(config, format, strategy)
+    if c.module is not None:
+        problems += model_problems(config, c.module)
     if (
         gpus_ok
         and nodes_ok
@@ -654,7 +662,7 @@ def _check_text(value: Any, problems: list[SettingProblem]) -> None:
 
 
 def _measure(model: str, options: dict[str, Any], seed: int, problems: list[SettingProblem]) -> Any:
-    """The built-in model's ModelInfo, built on the meta device (no memory allocated, any
+    """(the built-in model's ModelInfo, the module), built on the meta device (no memory allocated, any
     size); a problem line when it cannot be built or it and its data would take more than
     MAX_MODEL_BYTES in the job."""
     import torch
@@ -682,7 +690,7 @@ def _measure(model: str, options: dict[str, Any], seed: int, problems: list[Sett
         )
         problems.append(ExportProblem("model_options", options, message, value_text=""))
         return None
-    return info
+    return info, module
 
 
 #: The most bytes and host lines a hostfile may have.

@@ -1,0 +1,195 @@
+"""What an export refuses because its job cannot train it: checked at export, so that a
+job that would stop at its start (or silently train something else) is never written.
+
+* `format_problems`: a setting a format's script does not carry (an optimizer the FSDP
+  and Lightning scripts do not build, torch's amp precisions under Lightning's DeepSpeed
+  strategy, amp-fp16 under DeepSpeed, `compile`);
+* `model_problems`: what the model itself (built on the meta device, or the factory
+  imported) cannot train of the settings, as a Session checks it (recomputation of blocks
+  the model does not mark, an attention kernel it has none of, LoRA targets that match no
+  layer);
+* `factory_problems`: a factory `pkg.module:function` that does not import, or imports
+  only from the folder the export was run in (the job runs in its own folder);
+* `stale_format`: a job folder that holds another format's job.
+
+Each problem is a `SettingProblem` naming the setting, the value and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from workbench.config import OptimizerName, Precision, SettingProblem, TrainConfig
+from workbench.engines import AMP_FP16_DEEPSPEED
+from workbench.optimizers import OPTIMIZERS
+
+#: the optimizers the FSDP and Lightning scripts build (their copy of these rows is
+#: `job_common.OPTIMIZER_CLASSES`; tests/unit/test_optimizers.py holds the two equal)
+SCRIPT_OPTIMIZERS = tuple(
+    r.name for r in OPTIMIZERS if r.in_session and r.export_reason is None and "fsdp" in r.engines
+)
+
+#: why no exported job compiles
+COMPILE_REASON = (
+    "the exported jobs do not run torch.compile (their scripts train the model eagerly); "
+    "export without it, or add torch.compile to the script (each block before FSDP wraps "
+    "it); a Session and `workbench launch` compile it"
+)
+
+
+def format_problems(config: TrainConfig, format: str, strategy: str) -> list[SettingProblem]:
+    """The settings of `config` the `format` job (its Lightning `strategy`) does not
+    train, one problem each."""
+    p: list[SettingProblem] = []
+    optimizer = OptimizerName(config.optimizer)
+    row = optimizer.row
+    scripted = format in ("fsdp", "lightning") and optimizer.value in SCRIPT_OPTIMIZERS
+    if format in ("fsdp", "lightning") and row.export_reason is None and not scripted:
+        why = (
+            f"the --format {format} script builds {', '.join(SCRIPT_OPTIMIZERS)} "
+            "(torch's and torchao's classes); DeepSpeed's optimizers train in "
+            "--format deepspeed"
+        )
+        p.append(SettingProblem("optimizer", optimizer.value, why))
+    precision = Precision(config.precision)
+    if format == "lightning" and strategy == "deepspeed" and precision.value.startswith("amp-"):
+        why = (
+            "Lightning's DeepSpeed strategy trains DeepSpeed's own 16-bit modes, not torch's "
+            "autocast: use precision bf16 or fp16 with --format lightning and ZeRO, or "
+            "--format deepspeed"
+        )
+        p.append(SettingProblem("precision", precision.value, why))
+    elif format == "deepspeed" and precision is Precision.AMP_FP16:
+        p.append(SettingProblem("precision", precision.value, AMP_FP16_DEEPSPEED))
+    if config.compile:
+        p.append(SettingProblem("compile", True, COMPILE_REASON))
+    return p
+
+
+def model_problems(config: TrainConfig, module: Any) -> list[SettingProblem]:
+    """What `module` (the job's model, on the meta device) cannot train of `config`: the
+    checks a Session runs on its model (`workbench.train.changes.session_problems`)."""
+    from workbench.train.techniques.attention import attention_problem
+    from workbench.train.techniques.lora import lora_problem
+    from workbench.train.techniques.recompute import checkpointable_modules, selective_supported
+
+    p: list[SettingProblem] = []
+    mode = str(config.activation_checkpointing)
+    if mode == "full" and not checkpointable_modules(module):
+        why = (
+            "the model has no checkpointable blocks (the built-in GPT's blocks, or a "
+            "factory's marked with workbench.train.techniques.recompute.mark_checkpointable)"
+        )
+        p.append(SettingProblem("activation_checkpointing", mode, why))
+    if mode == "selective" and not selective_supported(module):
+        why = (
+            "selective recomputation needs an attention core to recompute (the built-in "
+            "GPT's, or a transformers model's attention function); use 'full' for a model "
+            "with marked blocks"
+        )
+        p.append(SettingProblem("activation_checkpointing", mode, why))
+    for found in (lora_problem(module, config), attention_problem(module, config.attention)):
+        if found is not None:
+            p.append(found)
+    return p
+
+
+def factory_problems(model: str, where: Path) -> list[SettingProblem]:
+    """A factory `pkg.module:function` that the job (run in `where`, its folder, with the
+    export's Python path) cannot import: not importable at all, importable only from the
+    current folder (a relative path the job's folder does not hold), or no such function.
+    Importing it runs the user's module: they named it on the command line."""
+    module_name, _, function = model.partition(":")
+    cwd = os.getcwd()
+    saved = list(sys.path)
+    try:
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            why = (
+                f"module {module_name!r} does not import here (not on the Python path); "
+                "install it or add its folder to PYTHONPATH"
+            )
+            return [SettingProblem("model", model, why)]
+        origin = spec.origin or ""
+        sys.path[:] = [p for p in sys.path if p not in ("", cwd, ".")]
+        top = module_name.split(".")[0]
+        cached = {k: v for k, v in sys.modules.items() if k == top or k.startswith(top + ".")}
+        for k in cached:
+            del sys.modules[k]
+        try:
+            elsewhere = importlib.util.find_spec(module_name) is not None
+        except (ImportError, ValueError):
+            elsewhere = False
+        finally:
+            sys.modules.update(cached)
+        inside = (where / Path(origin).name).exists() or str(Path(origin)).startswith(
+            str(where) + os.sep
+        )
+        if not elsewhere and not inside:
+            why = (
+                f"module {module_name!r} imports only from the folder you export from "
+                f"({cwd}); the job runs in its own folder: add {cwd} to PYTHONPATH (or "
+                "install the module) where the job runs"
+            )
+            return [SettingProblem("model", model, why)]
+        sys.path[:] = saved
+        try:
+            loaded = importlib.import_module(module_name)
+        except Exception as exc:  # the user's module: any error it raises is its problem
+            why = f"module {module_name!r} fails to import ({type(exc).__name__}: {exc})"
+            return [SettingProblem("model", model, why)]
+        if not callable(getattr(loaded, function, None)):
+            why = f"module {module_name!r} has no function {function!r}"
+            return [SettingProblem("model", model, why)]
+        return []
+    finally:
+        sys.path[:] = saved
+
+
+#: each format's script: the file that tells which format a job folder holds
+_SCRIPTS = {
+    "deepspeed": "train_deepspeed.py",
+    "fsdp": "train_fsdp.py",
+    "lightning": "train_lightning.py",
+}
+
+
+def stale_format(out: Path, format: str) -> str | None:
+    """The format of the job `out` holds already when it is not `format` (None: none, or
+    the same): from its job.json (a Lightning job names its strategy) or its scripts."""
+    try:
+        job = json.loads((out / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        job = None
+    if isinstance(job, dict):
+        if "strategy" in job:
+            held = "lightning"
+        elif (out / "ds_config.json").exists() and (out / _SCRIPTS["deepspeed"]).exists():
+            held = "deepspeed"
+        elif (out / _SCRIPTS["fsdp"]).exists():
+            held = "fsdp"
+        else:
+            held = None
+    else:
+        found = [f for f, script in _SCRIPTS.items() if (out / script).exists()]
+        held = found[0] if len(found) == 1 else None
+    return held if held is not None and held != format else None
+
+
+__all__ = [
+    "COMPILE_REASON",
+    "SCRIPT_OPTIMIZERS",
+    "factory_problems",
+    "format_problems",
+    "model_problems",
+    "stale_format",
+]
