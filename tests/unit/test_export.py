@@ -59,6 +59,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     job = tmp_path / "job"
     assert sorted(os.listdir(tmp_path)) == ["job"]  # no temporary directory left behind
     assert sorted(os.listdir(job)) == [
+        ".workbench-export.json",  # what the export wrote (a re-export keeps the rest)
         "ds_config.json",
         "job.json",
         "job_common.py",
@@ -512,6 +513,7 @@ def test_an_export_that_fails_on_one_file_leaves_the_previous_job_whole(
     assert json.loads((job / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
     assert sorted(os.listdir(job)) == sorted(
         [
+            ".workbench-export.json",
             "ds_config.json",
             "job.json",
             "job_common.py",

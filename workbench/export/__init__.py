@@ -25,8 +25,10 @@ writes into `out_dir`:
 * `hostfile` (only for `nodes > 1` without a `hostfile=`): a template to fill in.
 
 Exporting into a folder that holds a job already loses nothing edited there
-(`workbench.export.edits`): an edited script is kept as `NAME.edited`, a filled-in
-hostfile is kept instead of the template, and a warning says so.
+(`workbench.export.edits`): an edited script, and any other file it writes that the last
+export did not write as it is (`.workbench-export.json` records them), is kept as
+`NAME.edited`, a filled-in hostfile is kept instead of the template, and a warning says so;
+a folder holding another format's job is refused.
 
 The model is a built-in name (`tiny-gpt`, `mlp`, `cnn`; `model_options` as in
 `workbench.models.build_model`) or an importable factory `"pkg.module:function"` called
@@ -73,7 +75,13 @@ from workbench.config import (
 )
 from workbench.deepspeed import to_deepspeed
 from workbench.engines import ENGINES, engine_for, tp_problems
-from workbench.export.edits import keep_edited_scripts, kept_hostfile
+from workbench.export.edits import (
+    MANIFEST_NAME,
+    keep_edited_scripts,
+    keep_user_files,
+    kept_hostfile,
+    manifest_text,
+)
 from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's names, commands)
     CONFIG_NAME,
     MASTER_PORT,
@@ -85,7 +93,7 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
     launch_sh,
     model_flag,
 )
-from workbench.export.refusals import format_problems, model_problems
+from workbench.export.refusals import format_problems, model_problems, stale_format
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 from workbench.problems import listing
@@ -327,12 +335,17 @@ def export_job(
     )
     verbatim = (script, COMMON_NAME, "job_files.py", "job_parallel.py")
     kept, edited = keep_edited_scripts(out, files, verbatim)  # the user's text is not lost
+    derived = tuple(n for n in files if n not in verbatim)
+    mine, changed = keep_user_files(out, files, derived)
+    kept.update(mine)
+    edited += changed
     filled = kept_hostfile(out, HOSTFILE_NAME, nodes, gpus) if template else None
     if template and filled is None:
         files[HOSTFILE_NAME] = hostfile_template(nodes, gpus)
     warnings = (*warnings, *edited, *([filled] if filled else []))
     files.update(kept)
-    _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
+    written = {**files, MANIFEST_NAME: manifest_text(files)}
+    _write(_Job(out, written, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
     if template:
         host_path = out / HOSTFILE_NAME
     return ExportResult(
@@ -445,6 +458,9 @@ def _check(
             c.info, c.module = measured
     c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
     c.out = _check_out_dir(out_dir, problems)
+    stale = stale_format(c.out, format) if c.out is not None and format in FORMATS else None
+    if stale is not None:
+        problems.append(_out_dir_problem(out_dir, stale))
     if config is None:
         return c
     if steps is None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -164,25 +163,16 @@ _SCRIPTS = {
 
 
 def stale_format(out: Path, format: str) -> str | None:
-    """The format of the job `out` holds already when it is not `format` (None: none, or
-    the same): from its job.json (a Lightning job names its strategy) or its scripts."""
-    try:
-        job = json.loads((out / "job.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        job = None
-    if isinstance(job, dict):
-        if "strategy" in job:
-            held = "lightning"
-        elif (out / "ds_config.json").exists() and (out / _SCRIPTS["deepspeed"]).exists():
-            held = "deepspeed"
-        elif (out / _SCRIPTS["fsdp"]).exists():
-            held = "fsdp"
-        else:
-            held = None
-    else:
-        found = [f for f, script in _SCRIPTS.items() if (out / script).exists()]
-        held = found[0] if len(found) == 1 else None
-    return held if held is not None and held != format else None
+    """Why `out` cannot take a `format` job: it holds another format's job (that format's
+    script), whose files would be left beside the new job's; None when it holds none."""
+    held = [f for f, script in _SCRIPTS.items() if f != format and (out / script).exists()]
+    if not held:
+        return None
+    return (
+        f"holds a --format {held[0]} job ({_SCRIPTS[held[0]]}); a --format {format} job "
+        f"written there would leave that job's files beside it: export into another folder, "
+        "or move that job's files away first"
+    )
 
 
 __all__ = [
