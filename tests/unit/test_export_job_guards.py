@@ -94,3 +94,25 @@ def test_what_the_model_cannot_train_is_refused_at_export(
     settings: dict[str, object], model: str, said: str, tmp_path: Path
 ) -> None:
     assert said in _refused(tmp_path, TrainConfig(**settings), model=model)  # type: ignore[arg-type]
+
+
+def test_the_lightning_fsdp_job_carries_cpu_offload_and_the_fp32_reduce(tmp_path: Path) -> None:
+    import json
+
+    import torch
+
+    from workbench.export import train_lightning
+    from workbench.models import build_model
+
+    config = TrainConfig(fsdp="full_shard", precision="amp-bf16", offload_params="cpu")
+    out = tmp_path / "job"
+    export_job(config, format="lightning", gpus=2, out_dir=out, model_options=TINY_GPT)
+    job = json.loads((out / "job.json").read_text())
+    model = build_model("tiny-gpt", seed=0, **TINY_GPT)[0]
+    made = train_lightning.strategy(job, model, 2)
+    assert made.cpu_offload.offload_params is True
+    mp = made.mixed_precision_config
+    assert (mp.param_dtype, mp.reduce_dtype) == (torch.bfloat16, torch.float32)
+    job["config"].update(fsdp_reduce_fp32=False, offload_params="none")
+    made = train_lightning.strategy(job, model, 2)
+    assert not made.cpu_offload.offload_params and made.mixed_precision is None  # Lightning's
