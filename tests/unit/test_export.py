@@ -117,7 +117,13 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     subprocess.run(["bash", "-n", str(launch)], check=True)  # valid shell
 
 
-def test_steps_and_factory_model_go_into_the_script(tmp_path: Path) -> None:
+def test_steps_and_factory_model_go_into_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "src" / "mypkg").mkdir(parents=True)  # the factory must import at export
+    (tmp_path / "src" / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "mypkg" / "models.py").write_text("def make_model(width=1): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
     result = export_deepspeed(
         TrainConfig(total_steps=50),
         gpus=1,

@@ -116,3 +116,72 @@ def test_the_lightning_fsdp_job_carries_cpu_offload_and_the_fp32_reduce(tmp_path
     job["config"].update(fsdp_reduce_fp32=False, offload_params="none")
     made = train_lightning.strategy(job, model, 2)
     assert not made.cpu_offload.offload_params and made.mixed_precision is None  # Lightning's
+
+
+def test_a_relative_text_path_is_stored_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    (tmp_path / "mytext.txt").write_text("to be or not to be " * 20)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "job"
+    export_job(TrainConfig(), gpus=1, out_dir=out, model_options={**TINY_GPT, "text": "mytext.txt"})
+    job = json.loads((out / "job.json").read_text())
+    assert job["model_options"]["text"] == str(tmp_path / "mytext.txt")
+    assert f"--text {tmp_path / 'mytext.txt'}" in (out / "launch.sh").read_text()
+
+
+def test_a_factory_that_does_not_import_is_refused(tmp_path: Path) -> None:
+    text = _refused(tmp_path, TrainConfig(), model="nosuch.mod:fn")
+    assert "model='nosuch.mod:fn': module 'nosuch.mod' is not importable" in text
+
+
+def test_a_factory_found_only_in_the_export_folder_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mymodels_guard.py").write_text("def make():\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    result = export_job(
+        TrainConfig(), gpus=1, out_dir=tmp_path / "job", model="mymodels_guard:make"
+    )
+    (line,) = [w for w in result.warnings if "mymodels_guard" in w]
+    assert f"imports here from the folder you export from ({tmp_path})" in line
+    assert f"PYTHONPATH={tmp_path}" in line
+    # in the job folder itself: found where the job runs, nothing said
+    (tmp_path / "job2").mkdir()
+    (tmp_path / "job2" / "mymodels_guard.py").write_text("def make():\n    pass\n")
+    again = export_job(
+        TrainConfig(), gpus=1, out_dir=tmp_path / "job2", model="mymodels_guard:make"
+    )
+    assert not [w for w in again.warnings if "mymodels_guard" in w]
+
+
+def test_the_reports_batch_arithmetic_counts_data_parallel_ranks_under_tp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench.cli import main
+
+    argv = ["export", "--format", "fsdp", "--fsdp", "full_shard", "--tp", "2", "--gpus", "8"]
+    assert main([*argv, "--micro-batch", "8", "--out", str(tmp_path / "j")]) == 0
+    out = capsys.readouterr().out
+    assert "train_batch_size 32 = micro-batch 8 x grad-accum 1 x dp 4 (8 ranks / tp 2)" in out
+
+
+def test_the_launch_table_names_the_accounting_it_predicted_with(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import workbench.cli.launch as cli_launch
+    from workbench.cli import main
+    from workbench.train.launch import LaunchResult
+
+    done = LaunchResult(
+        ranks=(), world_size=2, launcher="torchrun", command=(), returncode=0,
+        first_error=None, timed_out=False, preempted=False, checkpoint_dir=None,
+        checkpoint_step=None, n_params=10,
+    )  # fmt: skip
+    monkeypatch.setattr(cli_launch, "launch_ranks", lambda *a, **k: done)
+    for flags, accounting in (([], "deepspeed"), (["--fsdp", "full_shard"], "fsdp")):
+        assert main(["launch", "--ranks", "2", "--steps", "1", *flags]) == 0
+        assert f"(accounting={accounting!r})" in capsys.readouterr().out

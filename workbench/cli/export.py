@@ -306,6 +306,13 @@ def _as_typed(text: str) -> str:
     return text if text.isprintable() else shown(text, limit=200)[1:-1]
 
 
+def _replicas(config: TrainConfig, world: int) -> str:
+    """The data-parallel ranks a batch is split over, as the report writes the factor:
+    the world size, or "dp N" when tensor-parallel ranks share each batch."""
+    tp = int(config.tp)
+    return str(world) if tp <= 1 else f"dp {world // tp} ({world} ranks / tp {tp})"
+
+
 def _report(result: ExportResult, config: TrainConfig) -> str:
     batch = config.effective_batch_size(result.world_size)
     lines = [
@@ -313,7 +320,7 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
         f"{describe(config, result.model)}",
         f"world size {result.world_size} ({result.gpus} GPU(s) x {result.nodes} node(s)): "
         f"train_batch_size {batch} = micro-batch {config.micro_batch} x grad-accum "
-        f"{config.grad_accum} x {result.world_size}",
+        f"{config.grad_accum} x {_replicas(config, result.world_size)}",
     ]
     e = result.estimate
     if e is not None:

@@ -23,7 +23,7 @@ from workbench.cli.config_flags import (
     parse_number,
 )
 from workbench.cli.model_flags import add_model_options_flag, parse_model_options
-from workbench.config import SettingProblem, TrainConfig, problem_lines
+from workbench.config import FsdpMode, SettingProblem, TrainConfig, problem_lines
 from workbench.inputs import InputFileError, read_json, shown, typed
 from workbench.outputs import target_problem
 from workbench.train.launch import (
@@ -281,7 +281,8 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.json:
         print(report_json(result.to_dict()))
     else:
-        print(_table(result))
+        fsdp = FsdpMode(config.fsdp) is not FsdpMode.OFF
+        print(_table(result, accounting="fsdp" if fsdp else "deepspeed"))
     if result.first_error is not None:
         err = result.first_error
         print(f"workbench launch: {err}", file=sys.stderr)
@@ -315,7 +316,10 @@ def _folder_problems(flag: str, path: str) -> list[str]:
     return [] if reason is None else [f"{flag} {typed(path)}: {reason}"]
 
 
-def _table(result: LaunchResult) -> str:
+def _table(result: LaunchResult, accounting: str = "deepspeed") -> str:
+    """The per-rank table; `accounting`: the layout the predictions were made with (FSDP2's
+    under `fsdp`, else DeepSpeed's), named in the header."""
+
     def kib(v: int | None) -> str:
         return "-" if v is None else f"{v / 1024:,.1f}"
 
@@ -377,7 +381,7 @@ def _table(result: LaunchResult) -> str:
             "the estimator's tensor-parallel share"
         )
     else:
-        what = "measured from each rank's tensors vs predicted (accounting='deepspeed')"
+        what = f"measured from each rank's tensors vs predicted (accounting={accounting!r})"
     lines = [
         f"{result.world_size} ranks ({result.launcher}), {result.n_params or '?'} parameters; "
         + what

@@ -93,7 +93,13 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
     launch_sh,
     model_flag,
 )
-from workbench.export.refusals import format_problems, model_problems, stale_format
+from workbench.export.refusals import (
+    factory_problems,
+    factory_warning,
+    format_problems,
+    model_problems,
+    stale_format,
+)
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
 from workbench.problems import listing
@@ -342,7 +348,8 @@ def export_job(
     filled = kept_hostfile(out, HOSTFILE_NAME, nodes, gpus) if template else None
     if template and filled is None:
         files[HOSTFILE_NAME] = hostfile_template(nodes, gpus)
-    warnings = (*warnings, *edited, *([filled] if filled else []))
+    elsewhere = factory_warning(model, out) if ":" in model else None
+    warnings = (*warnings, *edited, *([filled] if filled else []), *filter(None, [elsewhere]))
     files.update(kept)
     written = {**files, MANIFEST_NAME: manifest_text(files)}
     _write(_Job(out, written, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
@@ -449,7 +456,7 @@ def _check(
         message = _integer(1, *MAX_STEPS)
         problems.append(ExportProblem("steps", steps, message, unset="total_steps"))
     before = len(problems)
-    c.options = _check_model(model, model_options, problems)
+    c.options = _check_model(model, model_options, problems, out_dir)
     if config is not None:
         c.options = _with_documents(config, model, c.options, problems)
     if isinstance(model, str) and ":" not in model and len(problems) == before:
@@ -570,7 +577,9 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(problem_lines(exc))
 
 
-def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> dict[str, Any]:
+def _check_model(
+    model: Any, options: Any, problems: list[SettingProblem], out_dir: Any = None
+) -> dict[str, Any]:
     """The model options to bake into the script, checked as far as possible here: for a
     built-in model against its documented options and bounds, before anything is built."""
     if options is None:
@@ -596,6 +605,8 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
                 "a function name)"
             )
             problems.append(SettingProblem("model", model, message))
+        else:
+            problems += factory_problems(model, out_dir)
         return dict(options)
     from workbench.models import MODEL_NAMES, model_options
 
@@ -621,8 +632,9 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
                 value_text="",
             )
         )
-    if "text" in options and options["text"] is not None:
-        _check_text(options["text"], problems)
+    if "text" in options and options["text"] is not None and _check_text(options["text"], problems):
+        # the job runs in its own folder (launch.sh changes into it): the path as it is here
+        options = {**options, "text": str(Path(options["text"]).expanduser().resolve())}
     from workbench.models import option_problems
 
     known = {k: v for k, v in options.items() if k in defaults and k != "seed"}
@@ -664,17 +676,19 @@ def _option_problem(option: str, value: Any, message: str) -> ExportProblem:
     return ExportProblem("model_options", value, message, option=option)
 
 
-def _check_text(value: Any, problems: list[SettingProblem]) -> None:
-    """A tiny-gpt `text` option: a UTF-8 file of at most MAX_TEXT_BYTES (read through
-    `workbench.inputs`: no FIFO, device or directory)."""
+def _check_text(value: Any, problems: list[SettingProblem]) -> bool:
+    """Whether a tiny-gpt `text` option is a UTF-8 file of at most MAX_TEXT_BYTES (read
+    through `workbench.inputs`: no FIFO, device or directory); else a problem."""
     if not isinstance(value, str) or not value.strip():
         message = "must be the path of a UTF-8 text file or None"
         problems.append(_option_problem("text", value, message))
-        return
+        return False
     try:
         read_text(value, what="text", max_bytes=MAX_TEXT_BYTES)
     except InputFileError as exc:
         problems.append(_option_problem("text", value, exc.reason))
+        return False
+    return True
 
 
 def _measure(model: str, options: dict[str, Any], seed: int, problems: list[SettingProblem]) -> Any:

@@ -8,8 +8,8 @@ job that would stop at its start (or silently train something else) is never wri
   imported) cannot train of the settings, as a Session checks it (recomputation of blocks
   the model does not mark, an attention kernel it has none of, LoRA targets that match no
   layer);
-* `factory_problems`: a factory `pkg.module:function` that does not import, or imports
-  only from the folder the export was run in (the job runs in its own folder);
+* `factory_warning`: a factory `pkg.module:function` that imports only from the folder
+  the export was run in (the job runs in its own folder);
 * `stale_format`: a job folder that holds another format's job.
 
 Each problem is a `SettingProblem` naming the setting, the value and why.
@@ -17,10 +17,8 @@ Each problem is a `SettingProblem` naming the setting, the value and why.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import contextlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,59 +97,56 @@ def model_problems(config: TrainConfig, module: Any) -> list[SettingProblem]:
     return p
 
 
-def factory_problems(model: str, where: Path) -> list[SettingProblem]:
-    """A factory `pkg.module:function` that the job (run in `where`, its folder, with the
-    export's Python path) cannot import: not importable at all, importable only from the
-    current folder (a relative path the job's folder does not hold), or no such function.
-    Importing it runs the user's module: they named it on the command line."""
-    module_name, _, function = model.partition(":")
-    cwd = os.getcwd()
-    saved = list(sys.path)
-    try:
-        try:
-            spec = importlib.util.find_spec(module_name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            why = (
-                f"module {module_name!r} does not import here (not on the Python path); "
-                "install it or add its folder to PYTHONPATH"
-            )
-            return [SettingProblem("model", model, why)]
-        origin = spec.origin or ""
-        sys.path[:] = [p for p in sys.path if p not in ("", cwd, ".")]
-        top = module_name.split(".")[0]
-        cached = {k: v for k, v in sys.modules.items() if k == top or k.startswith(top + ".")}
-        for k in cached:
-            del sys.modules[k]
-        try:
-            elsewhere = importlib.util.find_spec(module_name) is not None
-        except (ImportError, ValueError):
-            elsewhere = False
-        finally:
-            sys.modules.update(cached)
-        inside = (where / Path(origin).name).exists() or str(Path(origin)).startswith(
-            str(where) + os.sep
+def factory_problems(model: str, out_dir: Any) -> list[SettingProblem]:
+    """A factory `pkg.module:function` that does not import, checked as `workbench launch`
+    checks it (`workbench.models.spec.spec_problems`: the current folder on the path), or
+    lies in the job folder `out_dir` already (the job imports from its own folder)."""
+    from workbench.models.spec import spec_problems
+
+    top = model.partition(":")[0].split(".")[0]
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        out = Path(out_dir).expanduser()
+        if (out / f"{top}.py").is_file() or (out / top).is_dir():
+            return []
+    found = spec_problems(model)
+    return [
+        SettingProblem(
+            p.field,
+            p.value,
+            p.message + "; the job imports it from its own folder or the Python path: "
+            "install it, or put it in the job folder before exporting",
         )
-        if not elsewhere and not inside:
-            why = (
-                f"module {module_name!r} imports only from the folder you export from "
-                f"({cwd}); the job runs in its own folder: add {cwd} to PYTHONPATH (or "
-                "install the module) where the job runs"
-            )
-            return [SettingProblem("model", model, why)]
-        sys.path[:] = saved
-        try:
-            loaded = importlib.import_module(module_name)
-        except Exception as exc:  # the user's module: any error it raises is its problem
-            why = f"module {module_name!r} fails to import ({type(exc).__name__}: {exc})"
-            return [SettingProblem("model", model, why)]
-        if not callable(getattr(loaded, function, None)):
-            why = f"module {module_name!r} has no function {function!r}"
-            return [SettingProblem("model", model, why)]
-        return []
-    finally:
-        sys.path[:] = saved
+        for p in found
+    ]
+
+
+def factory_warning(model: str, out: Path) -> str | None:
+    """A warning when the factory `pkg.module:function` imports here only because the
+    current folder is on the path (`workbench.models.spec` puts it there) while the job,
+    which runs in its own folder `out`, would not find it: not in `out`, not on
+    PYTHONPATH, not installed. None when the job finds it as the export did."""
+    from workbench.models.spec import importable_origin
+
+    module = model.partition(":")[0]
+    top_name = module.split(".")[0]
+    if (out / f"{top_name}.py").is_file() or (out / top_name).is_dir():
+        return None  # the job's own folder holds it
+    origin = importable_origin(model)
+    if not os.path.isabs(origin):
+        return None
+    cwd = Path.cwd().resolve()
+    top = Path(origin).resolve().parent
+    for _ in module.split(".")[1:] + ([""] if Path(origin).name == "__init__.py" else []):
+        top = top.parent
+    given = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    paths = [Path(p).resolve() for p in given if p]
+    if top != cwd or cwd in paths or top == out.resolve():
+        return None
+    return (
+        f"--model {model}: module {module!r} imports here from the folder you export from "
+        f"({cwd}), but the job runs in its own folder ({out}): copy it there, install it, or "
+        f"set PYTHONPATH={cwd} where the job runs"
+    )
 
 
 #: each format's script: the file that tells which format a job folder holds
@@ -178,7 +173,7 @@ def stale_format(out: Path, format: str) -> str | None:
 __all__ = [
     "COMPILE_REASON",
     "SCRIPT_OPTIMIZERS",
-    "factory_problems",
+    "factory_warning",
     "format_problems",
     "model_problems",
     "stale_format",
