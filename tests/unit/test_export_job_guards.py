@@ -43,7 +43,7 @@ def _refused(tmp_path: Path, config: TrainConfig, **kwargs: object) -> str:
     out = tmp_path / "job"
     options = {"model_options": TINY_GPT} if kwargs.get("model", "tiny-gpt") == "tiny-gpt" else {}
     with pytest.raises(ExportError) as caught:
-        export_job(config, gpus=1, out_dir=out, **{**options, **kwargs})  # type: ignore[arg-type]
+        export_job(config, out_dir=out, **{"gpus": 1, **options, **kwargs})  # type: ignore[arg-type]
     assert not out.exists()  # nothing written
     return str(caught.value)
 
@@ -185,3 +185,26 @@ def test_the_launch_table_names_the_accounting_it_predicted_with(
     for flags, accounting in (([], "deepspeed"), (["--fsdp", "full_shard"], "fsdp")):
         assert main(["launch", "--ranks", "2", "--steps", "1", *flags]) == 0
         assert f"(accounting={accounting!r})" in capsys.readouterr().out
+
+
+def test_problems_are_said_once_naming_what_the_user_gave(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench.cli import main
+
+    def code(argv: list[str]) -> object:
+        try:
+            return main(argv)
+        except SystemExit as exc:
+            return exc.code
+
+    base = ["export", "--out", str(tmp_path / "j")]
+    assert code([*base, "--model-option", "text=/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("text='/dev/zero'") == 1 and err.count("\n") == 1
+    assert code([*base, "--model-option", "documents=packed"]) == 2
+    err = capsys.readouterr().err
+    assert "--model-option documents='packed': the layout is the --documents setting" in err
+    text = _refused(tmp_path, TrainConfig(tp=2), format="fsdp", gpus=4)
+    assert "fsdp='off': no exported job carries plain data parallel (DDP)" in text
+    assert "--format fsdp needs" not in text

@@ -161,9 +161,7 @@ def _cli_config(
             base = imported.config
             for w in imported.warnings:
                 print(f"workbench launch: warning: {w}", file=sys.stderr)
-    config, cfg_problems = config_from_args(
-        args, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
-    )
+    config, cfg_problems = config_from_args(args, fields=_CLI_FIELDS, base=base, check_numbers=True)
     problems += cfg_problems
     return (None if problems else config), problems
 
@@ -214,7 +212,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     here = ranks_problem(config, ranks) if config is not None and world is not None else None
     if args.print_command and here is not None:
         api = [p for p in api if p != here]
-    problems += [_as_flag(p) for p in api if p.field not in unparsed]
+    problems += [_as_flag(p, args) for p in api if p.field not in unparsed]
     if config is None and world is not None and not args.print_command:
         # the machine's limit, said with the others
         try:
@@ -223,7 +221,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             device_only = None
         machine = None if device_only is None else ranks_problem(device_only, world)
         if machine:
-            problems.append(_as_flag(machine))
+            problems.append(_as_flag(machine, args))
     if args.checkpoint_dir is not None:
         problems += _folder_problems("--checkpoint-dir", args.checkpoint_dir)
     if problems:
@@ -275,7 +273,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print("workbench launch: interrupted; every rank was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     except LaunchError as exc:
-        parser.error("; ".join(_as_flag(p) for p in exc.problems))
+        parser.error("; ".join(_as_flag(p, args) for p in exc.problems))
     except ValueError as exc:
         parser.error("; ".join(" ".join(line.split()) for line in problem_lines(exc)))
     if args.json:
@@ -299,15 +297,18 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-def _as_flag(problem: SettingProblem) -> str:
+def _as_flag(problem: SettingProblem, args: argparse.Namespace | None = None) -> str:
     """A problem of the launch API (or of a TrainConfig setting) written with the flag
-    of its argument, from its data: "--ranks (ranks=999: this machine has ...)"; one
-    this command has no flag for as it is."""
+    of its argument and the value as typed (from `args`), from its data: "--ranks 999: this
+    machine has ..."; one this command has no flag for as it is."""
     flag = _FLAG_OF.get(problem.field)
     if flag is None and problem.field in _CLI_FIELDS:
         flag = CONFIG_FLAGS[problem.field].flag
-    text = " ".join(str(problem).split())
-    return text if flag is None else f"{flag} ({text})"
+    if flag is None:
+        return " ".join(str(problem).split())
+    given = getattr(args, problem.field, None) if args is not None else None
+    value = typed(given) if isinstance(given, str) else shown(problem.value)
+    return f"{flag} {value}: " + " ".join(problem.message.split())
 
 
 def _folder_problems(flag: str, path: str) -> list[str]:

@@ -478,6 +478,12 @@ def _check(
     refused = ENGINES[engine].fsdp_export_refusal
     if format == "fsdp" and refused == "fsdp" and FsdpMode(config.fsdp) is FsdpMode.OFF:
         message = "--format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
+        if engine is Engine.TENSOR_PARALLEL:  # what a plan of DDP x TP asks for
+            message = (
+                "no exported job carries plain data parallel (DDP) over tensor-parallel "
+                "ranks: the FSDP job shards its data-parallel ranks with FSDP2; use "
+                "full_shard or shard_grad_op with `tp` > 1"
+            )
         problems.append(SettingProblem("fsdp", FsdpMode(config.fsdp).value, message))
     if format == "fsdp" and refused == "zero_stage":
         message = "--format fsdp exports PyTorch FSDP jobs"
@@ -632,12 +638,17 @@ def _check_model(
                 value_text="",
             )
         )
-    if "text" in options and options["text"] is not None and _check_text(options["text"], problems):
+    text_refused = False
+    if "text" in options and options["text"] is not None:
+        text_refused = not _check_text(options["text"], problems)
+    if "text" in options and options["text"] is not None and not text_refused:
         # the job runs in its own folder (launch.sh changes into it): the path as it is here
         options = {**options, "text": str(Path(options["text"]).expanduser().resolve())}
     from workbench.models import option_problems
 
     known = {k: v for k, v in options.items() if k in defaults and k != "seed"}
+    if text_refused:  # said once, by the reader's own reason
+        known.pop("text", None)
     for found in option_problems(model, known):  # each carries its option and value
         if found.option in defaults:
             problems.append(_option_problem(found.option, found.value, found.message))
@@ -665,6 +676,13 @@ def _with_documents(
 
     documents = Documents(config.documents).value
     problem = documents_problem(documents, model, None, None, options)
+    given = options.get("documents")
+    if problem is not None and given is not None and model == "tiny-gpt" and given != documents:
+        message = (  # the option as the user gave it, not the setting they left alone
+            "the layout is the `documents` setting, not a model option: drop the option "
+            f"and set `documents` to {shown(given)}"
+        )
+        problem = _option_problem("documents", given, message)
     if problem is not None:
         problems.append(problem)
         return options
