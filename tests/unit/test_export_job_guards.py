@@ -208,3 +208,28 @@ def test_problems_are_said_once_naming_what_the_user_gave(
     text = _refused(tmp_path, TrainConfig(tp=2), format="fsdp", gpus=4)
     assert "fsdp='off': no exported job carries plain data parallel (DDP)" in text
     assert "--format fsdp needs" not in text
+
+
+def test_the_report_says_where_offloaded_states_go_and_what_a_lightning_job_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workbench.cli import main
+
+    nvme = ["--zero", "3", "--offload-optimizer", "nvme", "--nvme-path", str(tmp_path)]
+    assert main(["export", *nvme, "--out", str(tmp_path / "n")]) == 0
+    out = capsys.readouterr().out
+    assert "; offloaded to NVMe " in out and "offloaded to CPU" not in out
+    monkeypatch.chdir(tmp_path)  # --out left out: the format's own folder
+    assert main(["export", "--format", "lightning", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {tmp_path / 'lightning_job'}: ")
+    assert "tiny-gpt, data parallel (DDP), fp32" in out and "ZeRO stage" not in out
+    assert "data parallel (DDP)" in (tmp_path / "lightning_job" / "launch.sh").read_text()
+
+
+def test_a_hostfile_is_refused_where_the_job_starts_under_torchrun(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=1\nb slots=1\n")
+    config = TrainConfig(fsdp="full_shard")
+    text = _refused(tmp_path, config, format="fsdp", nodes=2, hostfile=str(hostfile))
+    assert "hostfile=" in text and "is for DeepSpeed's launcher; the --format fsdp job" in text

@@ -58,7 +58,6 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +92,7 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
     launch_sh,
     model_flag,
 )
+from workbench.export.problems import ExportError, ExportProblem
 from workbench.export.refusals import (
     factory_problems,
     factory_warning,
@@ -102,7 +102,6 @@ from workbench.export.refusals import (
 )
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
-from workbench.problems import listing
 
 #: The job's distributed strategy for the engine a config needs (`engine_for`), from the
 #: engines' rows: data parallel replicas (DDP) when the config asks for neither DeepSpeed nor
@@ -180,70 +179,12 @@ class ExportResult:
     warnings: tuple[str, ...] = ()
     estimate: Any | None = None
     format: str = "deepspeed"
+    description: str = ""  # the job's settings in one line, as job.json says them
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["estimate"] = None if self.estimate is None else self.estimate.to_dict()
         return data
-
-
-@dataclass(frozen=True)
-class ExportProblem(SettingProblem):
-    """A bad argument of an export, as data beyond (field, value, message):
-
-    * `option`: the one model option it is about (field "model_options"; `value` is that
-      option's): "model_options['hidden']=100000" ("model_options['seed']" when `value_text`
-      is "");
-    * `options`: several model options it is about, listed with their values (`value` a
-      dict of them: "model_options hidden=60000, depth=2") or by name alone when
-      `value_text` is "" ("model_options colour, size");
-    * `value_text`: how the text writes the value (None: its repr; "": not at all);
-    * `unset`: the TrainConfig setting the argument stands for when it is None (the text
-      adds ", or None (config.NAME)").
-
-    Each front end writes these parts its own way (the command line: `--model-option
-    hidden=100000`, "(without it: --total-steps)"); `render` writes the Python names."""
-
-    option: str | None = None
-    options: tuple[str, ...] = ()
-    value_text: str | None = None
-    unset: str | None = None
-
-    def render(
-        self,
-        name: Callable[[str], str] = str,
-        value_text: str | None = None,
-        sep: str = "=",
-    ) -> str:
-        """`field=value: message` as `SettingProblem.render`, with the model options after
-        the field's name and the `unset` alternative after the message."""
-        text = self.value_text if value_text is None else value_text
-        subject = name(self.field)
-        if self.option is not None:
-            subject += f"[{shown(self.option)}]"
-        elif self.options:
-            if text == "" or not isinstance(self.value, dict):
-                subject += " " + ", ".join(shown(k)[1:-1] for k in self.options)
-            else:
-                subject += " " + ", ".join(f"{k}={shown(self.value.get(k))}" for k in self.options)
-            text = ""
-        message = self.message + (f", or None (config.{self.unset})" if self.unset else "")
-        plain = SettingProblem(subject, self.value, message)
-        return plain.render(name=lambda n: n if n == subject else name(n), value_text=text, sep=sep)
-
-
-class ExportError(ValueError):
-    """Bad arguments to `export_deepspeed`; `problems` holds them as `SettingProblem`s
-    (each naming the argument, the value and what is allowed), and the text is made from
-    them."""
-
-    def __init__(self, problems: Sequence[SettingProblem]) -> None:
-        self.problems = tuple(problems)
-        lines = [str(p) for p in self.problems]
-        if len(lines) == 1:
-            super().__init__(listing(lines, "cannot export", ""))
-        else:  # "cannot export, N problems:" reads better than "N problems ..." here
-            super().__init__("cannot export, " + listing(lines, "", "problems"))
 
 
 @dataclass(frozen=True)
@@ -324,7 +265,9 @@ def export_job(
     primary = commands["multinode"] if several else commands["single"]
     ddp = format == "lightning" and strategy == STRATEGY[Engine.PLAIN]
     estimate = None if info is None else _estimate(config, info, world, ddp=ddp)
+    named = strategy if format == "lightning" else None  # what the description names
     job = _job(config, model=model, options=options, steps=total_steps, world=world)
+    job["description"] = describe(config, model, named)
     if format == "lightning":
         job["strategy"] = strategy
         if strategy == "deepspeed":  # Lightning runs the optimizer, schedule and batches
@@ -337,7 +280,7 @@ def export_job(
     files.update((n, _script_text(n)) for n in ("job_files.py", "job_parallel.py"))
     files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
     files[LAUNCH_NAME] = launch_sh(
-        format, config, model, gpus, nodes, primary, commands, options=options
+        format, config, model, gpus, nodes, primary, commands, options=options, strategy=named
     )
     verbatim = (script, COMMON_NAME, "job_files.py", "job_parallel.py")
     kept, edited = keep_edited_scripts(out, files, verbatim)  # the user's text is not lost
@@ -374,6 +317,7 @@ def export_job(
         warnings=tuple(warnings),
         estimate=estimate,
         format=format,
+        description=job["description"],
     )
 
 
@@ -463,7 +407,14 @@ def _check(
         measured = _measure(model, c.options, 0, problems)  # the seed changes no size
         if measured is not None:
             c.info, c.module = measured
-    c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
+    if hostfile is not None and format in FORMATS and format != "deepspeed":
+        why = (
+            f"is for DeepSpeed's launcher; the --format {format} job starts under torchrun on "
+            "each node (its launch.sh says how): leave it out"
+        )
+        problems.append(ExportProblem("hostfile", hostfile, why, value_text=shown(str(hostfile))))
+    else:
+        c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
     c.out = _check_out_dir(out_dir, problems)
     stale = stale_format(c.out, format) if c.out is not None and format in FORMATS else None
     if stale is not None:
