@@ -92,7 +92,8 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
     launch_sh,
     model_flag,
 )
-from workbench.export.problems import ExportError, ExportProblem
+from workbench.export.problems import ExportError as ExportError  # re-exported
+from workbench.export.problems import ExportProblem as ExportProblem  # re-exported
 from workbench.export.refusals import (
     factory_problems,
     factory_warning,
