@@ -238,7 +238,7 @@ def fsdp_mixed_precision(config: dict[str, Any]) -> Any:
     """FSDP's MixedPrecision for a 16-bit precision whose gradients are reduced in fp32
     (`fsdp_reduce_fp32`, the default): Lightning's own for the precision reduces in the
     16-bit dtype; None (Lightning's own) otherwise."""
-    half = FSDP_HALF.get(str(config["precision"]))
+    half = FSDP_HALF.get(str(config.get("precision", "fp32")))
     if half is None or not config.get("fsdp_reduce_fp32", True):
         return None
     from torch.distributed.fsdp import MixedPrecision
