@@ -207,6 +207,16 @@ def _optimizer_problems(config: TrainConfig, engine: Engine) -> list[SettingProb
     return []
 
 
+#: why DeepSpeed does not train torch's amp-fp16 here (DeepSpeed 0.19's engine scales the
+#: loss of its `torch_autocast` fp16 with torch's GradScaler only without ZeRO, and the
+#: workbench maps neither that block nor its loss-scale settings onto it)
+AMP_FP16_DEEPSPEED = (
+    "the workbench does not map amp-fp16 onto DeepSpeed (its torch_autocast fp16 scales "
+    "the loss only without ZeRO, and takes none of the loss-scale settings); use "
+    "precision='fp16' (DeepSpeed's loss-scaled fp16) or 'amp-bf16'"
+)
+
+
 def _deepspeed_why(config: TrainConfig, world_size: int) -> str:
     """What sends `config` to DeepSpeed, as a problem says it."""
     if int(config.zero_stage):
@@ -225,9 +235,8 @@ def _deepspeed_problems(config: TrainConfig, world_size: int) -> list[SettingPro
             SettingProblem(
                 "precision",
                 "amp-fp16",
-                f"{_deepspeed_why(config, world_size)} train through DeepSpeed, which does "
-                "not run torch's GradScaler; use precision='fp16' (DeepSpeed's loss-scaled "
-                "fp16) or 'amp-bf16'",
+                f"{_deepspeed_why(config, world_size)} train through DeepSpeed: "
+                + AMP_FP16_DEEPSPEED,
             )
         ]
     return _data_parallel_problems(Engine.DEEPSPEED)(config, world_size)

@@ -334,10 +334,10 @@ def test_cli_stage_two_memory_matches_deepspeed_accounting(
     ("argv", "needle"),
     [
         (["--ranks", "abc"], "--ranks abc: must be an integer"),
-        (["--zero", "7"], "--zero (zero_stage=7: must be 0, 1, 2 or 3)"),
+        (["--zero", "7"], "--zero 7: must be 0, 1, 2 or 3"),
         (["--launcher", "mpirun"], "--launcher mpirun: must be one of torchrun, deepspeed"),
-        (["--precision", "fp8"], "--precision (precision='fp8': must be one of"),
-        (["--ranks", "999", "--device", "cpu"], "--ranks (ranks=999: this machine has"),
+        (["--precision", "fp8"], "--precision fp8: must be one of"),
+        (["--ranks", "999", "--device", "cpu"], "--ranks 999: this machine has"),
         (["--offload-params", "cpu", "--zero", "2"], "--offload-params"),
         (["--model-options", "[1]"], "--model-options [1]: must be a JSON object"),
     ],
@@ -397,12 +397,12 @@ def test_cli_a_config_that_is_no_settings_file_is_named(
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--ranks", "1" + "0" * 60], "--ranks (ranks=<an integer of about 61 digits>: must be at"),
+        (["--ranks", "1" + "0" * 60], f"--ranks 1{'0' * 60}: must be at"),
         (["--steps", "1e300"], "--steps 1e300: must be an integer"),
-        (["--steps", "1" + "0" * 13], "--steps (steps=10000000000000: must be at most 1,000,000,"),
+        (["--steps", "1" + "0" * 13], "--steps 10000000000000: must be at most 1,000,000,"),
         (["--timeout", "inf"], "--timeout inf: must be a finite number"),
-        (["--timeout", "1e300"], "--timeout (timeout=1e+300: must be at most 2,592,000 seconds"),
-        (["--threads", "-1"], "--threads (threads=-1: must be an integer >= 1)"),
+        (["--timeout", "1e300"], "--timeout 1e300: must be at most 2,592,000 seconds"),
+        (["--threads", "-1"], "--threads -1: must be an integer >= 1"),
         (["--model-options", '{"a": 1, "a": 2}'], "key 'a' appears twice in one object"),
         (["--model-options", '{"a": NaN}'], "JSON numbers must be finite"),
     ],
@@ -430,12 +430,12 @@ def test_cli_every_problem_at_once(capsys: pytest.CaptureFixture[str]) -> None:
     for part in (
         "--steps x: must be an integer",
         "--timeout nan: must be a finite number",
-        "--threads (threads=0: must be an integer >= 1)",
-        "--micro-batch (micro_batch=0: must be an integer >= 1",
+        "--threads 0: must be an integer >= 1",
+        "--micro-batch 0: must be an integer >= 1",
         "--lr x: must be a finite number",
         "--launcher mpi: must be one of torchrun, deepspeed",
         "--model-options [1]: must be a JSON object",
-        f"--ranks (ranks={cores + 1}: this machine has {cores} CPU core(s)",
+        f"--ranks {cores + 1}: this machine has {cores} CPU core(s)",
     ):
         assert part in err
     assert err.count("\n") == 1
@@ -478,7 +478,8 @@ def test_cli_a_resumed_checkpoint_naming_a_factory_runs_nothing(
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before
     err = capsys.readouterr().err
     assert f"names the model factory {spec!r}" in err and "nothing of it was imported" in err
-    assert err.startswith("workbench launch: error: --resume (resume=") and err.count("\n") == 1
+    assert err.startswith(f"workbench launch: error: --resume {tmp_path / 'ck'}: ")
+    assert err.count("\n") == 1
 
 
 def test_cli_print_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -435,7 +435,7 @@ def test_launch_needs_a_built_in_model():
 
 def test_amp_fp16_with_zero_is_refused_up_front(tiny):
     with Session(TrainConfig(micro_batch=2, precision="amp-fp16"), model_options=tiny) as s:
-        refused = "precision='amp-fp16': zero_stage=1 runs train through DeepSpeed, which does not"
+        refused = "precision='amp-fp16': zero_stage=1 runs train through DeepSpeed: the workbench"
         with pytest.raises(ValueError, match=refused):
             s.update(zero_stage=1)
         assert s.config.zero_stage == 0 and s.events == []

@@ -111,7 +111,7 @@ def _optimizer_off(engine: str) -> OptimizerName:
     ("changes", "world_size", "field", "value", "why"),
     [
         ({"precision": "bf16-true"}, 2, "precision", "bf16-true", "fp32 master copy"),
-        ({"precision": "amp-fp16"}, 2, "precision", "amp-fp16", "GradScaler"),
+        ({"precision": "amp-fp16"}, 2, "precision", "amp-fp16", "loss-scale settings"),
         ({"qlora": True, "lora_rank": 8}, 2, "qlora", True, QLORA_ENGINES),
         ({"optimizer_in_backward": True}, 2, "optimizer_in_backward", True, "plain loop"),
         ({"tp": 2}, 3, "tp", 2, "must divide the 3 ranks"),

@@ -59,6 +59,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     job = tmp_path / "job"
     assert sorted(os.listdir(tmp_path)) == ["job"]  # no temporary directory left behind
     assert sorted(os.listdir(job)) == [
+        ".workbench-export.json",  # what the export wrote (a re-export keeps the rest)
         "ds_config.json",
         "job.json",
         "job_common.py",
@@ -116,7 +117,13 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
     subprocess.run(["bash", "-n", str(launch)], check=True)  # valid shell
 
 
-def test_steps_and_factory_model_go_into_the_script(tmp_path: Path) -> None:
+def test_steps_and_factory_model_go_into_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "src" / "mypkg").mkdir(parents=True)  # the factory must import at export
+    (tmp_path / "src" / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "mypkg" / "models.py").write_text("def make_model(width=1): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
     result = export_deepspeed(
         TrainConfig(total_steps=50),
         gpus=1,
@@ -512,6 +519,7 @@ def test_an_export_that_fails_on_one_file_leaves_the_previous_job_whole(
     assert json.loads((job / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
     assert sorted(os.listdir(job)) == sorted(
         [
+            ".workbench-export.json",
             "ds_config.json",
             "job.json",
             "job_common.py",

@@ -109,6 +109,8 @@ def test_exported_script_trains_two_steps_on_one_cpu_rank(launcher: str, tmp_pat
     else:  # an importable factory, ZeRO-3 in bf16
         config = TrainConfig(zero_stage=3, precision="bf16", micro_batch=8, lr=1e-2)
         model, options, n_params = "my_models:make", {"width": 5}, 6 * 5 + 5 + 5 + 1
+        (tmp_path / "job").mkdir()  # the factory lies in the job folder before the export
+        (tmp_path / "job" / "my_models.py").write_text(FACTORY)
     result = export_deepspeed(
         config, gpus=1, out_dir=tmp_path / "job", model=model, model_options=options
     )
@@ -215,6 +217,8 @@ def test_exported_fsdp_job_trains_on_two_ranks_and_without_workbench(tmp_path: P
     assert steps[0]["lr"] == pytest.approx(config.lr)  # warm-up step 1 of 1, then cosine
     assert done == {"event": "done", "steps": 2}
     # a factory model: the folder's own files and torch, nothing of workbench
+    (tmp_path / "mine").mkdir()  # the factory lies in the job folder before the export
+    (tmp_path / "mine" / "my_models.py").write_text(FACTORY)
     factory = export_job(
         TrainConfig(fsdp="no_shard", micro_batch=8, lr=1e-2),
         format="fsdp",
@@ -223,7 +227,6 @@ def test_exported_fsdp_job_trains_on_two_ranks_and_without_workbench(tmp_path: P
         model="my_models:make",
     )
     mine = Path(factory.out_dir)
-    (mine / "my_models.py").write_text(FACTORY)
     assert factory.command.endswith("train_fsdp.py --model my_models:make")
     code, lines, err = run_without_workbench(
         [sys.executable, "train_fsdp.py", "--steps", "2", "--model", "my_models:make"], mine
@@ -242,6 +245,8 @@ def test_exported_fsdp_and_lightning_jobs_train_pure_bf16(tmp_path: Path) -> Non
     from workbench.export import export_job
 
     pure = TrainConfig(precision="bf16-true", micro_batch=8, lr=1e-2)
+    (tmp_path / "fsdp").mkdir()  # the factory lies in the job folder before the export
+    (tmp_path / "fsdp" / "my_models.py").write_text(FACTORY)
     out = export_job(
         pure.replace(fsdp="full_shard"),
         format="fsdp",
@@ -250,7 +255,6 @@ def test_exported_fsdp_and_lightning_jobs_train_pure_bf16(tmp_path: Path) -> Non
         model="my_models:make",
     )
     job = Path(out.out_dir)
-    (job / "my_models.py").write_text(FACTORY)
     code, lines, err = run_without_workbench(
         [sys.executable, "train_fsdp.py", "--steps", "2", "--model", "my_models:make"], job
     )
@@ -269,6 +273,8 @@ def test_exported_fsdp_and_lightning_jobs_train_pure_bf16(tmp_path: Path) -> Non
 
 
 def test_exported_deepspeed_job_runs_without_workbench(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()  # the factory lies in the job folder before the export
+    (tmp_path / "job" / "my_models.py").write_text(FACTORY)
     result = export_deepspeed(
         TrainConfig(zero_stage=1, micro_batch=8, lr=1e-2),
         gpus=1,
@@ -276,7 +282,6 @@ def test_exported_deepspeed_job_runs_without_workbench(tmp_path: Path) -> None:
         model="my_models:make",
     )
     job = Path(result.out_dir)
-    (job / "my_models.py").write_text(FACTORY)
     code, lines, err = run_without_workbench(
         [sys.executable, "train_deepspeed.py", "--steps", "2", "--trust-model-spec"], job
     )

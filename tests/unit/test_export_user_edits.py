@@ -72,3 +72,50 @@ def test_a_filled_in_hostfile_is_kept(tmp_path: Path) -> None:
     assert str(hostfile) not in third.paths and third.hostfile_path == str(hostfile)
     (line,) = third.warnings
     assert "hostfile" in line and "kept as it is" in line and "3 host(s)" in line
+
+
+def test_edited_config_launcher_and_job_json_are_kept(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    export_deepspeed(TrainConfig(), gpus=1, out_dir=out)
+    edits = {}
+    for name in ("ds_config.json", "launch.sh", "job.json"):
+        path = out / name
+        edits[name] = path.read_text().replace("\n", "\n ", 1)  # same meaning, other bytes
+        path.write_text(edits[name])
+    again = export_deepspeed(TrainConfig(), gpus=1, out_dir=out)
+    for name, text in edits.items():
+        assert (out / f"{name}.edited").read_text() == text
+        assert (out / name).read_text() != text
+        (line,) = [w for w in again.warnings if w.startswith(name)]
+        assert "edited since the last export" in line and f"kept in {name}.edited" in line
+    # an export that changes the settings writes over its own unedited files, silently
+    third = export_deepspeed(TrainConfig(zero_stage=2), gpus=2, out_dir=out)
+    assert third.warnings == ()
+    assert sorted(p.name for p in out.glob("*.edited*")) == sorted(f"{n}.edited" for n in edits)
+
+
+def test_the_users_own_files_in_the_folder_are_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = '{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}\n'
+    (tmp_path / "ds_config.json").write_text(mine)
+    (tmp_path / "launch.sh").write_text("echo my own launcher\n")
+    code = main(["export", "--config", str(tmp_path / "ds_config.json"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert (tmp_path / "ds_config.json.edited").read_text() == mine  # the --config input
+    assert (tmp_path / "launch.sh.edited").read_text() == "echo my own launcher\n"
+    assert f"warning: ds_config.json in {tmp_path} was not written by an export" in err
+    assert f"warning: launch.sh in {tmp_path} was not written by an export" in err
+
+
+def test_another_formats_job_folder_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    export_deepspeed(TrainConfig(), gpus=1, out_dir=out)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ValueError, match=r"holds a --format deepspeed job \(train_deepspeed.py\)"):
+        export_job(TrainConfig(fsdp="full_shard"), format="fsdp", gpus=1, out_dir=out)
+    assert sorted(p.name for p in out.iterdir()) == before
+    export_job(TrainConfig(fsdp="full_shard"), format="fsdp", gpus=1, out_dir=tmp_path / "f")
+    with pytest.raises(ValueError, match=r"holds a --format fsdp job"):
+        export_deepspeed(TrainConfig(), gpus=1, out_dir=tmp_path / "f")

@@ -28,11 +28,11 @@ def test_a_run_keeps_the_core_limit(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--ranks", str(cores + 2), "--device", "cpu", "--steps", "1"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert f"--ranks (ranks={cores + 2}: this machine has {cores} CPU core(s)" in err
+    assert f"--ranks {cores + 2}: this machine has {cores} CPU core(s)" in err
 
 
 def test_print_command_still_checks_the_number(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--ranks", "0", "--device", "cpu", "--print-command"])
     assert info.value.code == 2
-    assert "--ranks (ranks=0: must be an integer >= 1" in capsys.readouterr().err
+    assert "--ranks 0: must be an integer >= 1" in capsys.readouterr().err

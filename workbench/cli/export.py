@@ -62,8 +62,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     job.add_argument(
         "--out",
         metavar="DIR",
-        default="deepspeed_job",
-        help="directory to write into (deepspeed_job)",
+        default=None,
+        help="directory to write into (FORMAT_job: deepspeed_job, fsdp_job, lightning_job)",
     )
     job.add_argument(
         "--gpus",
@@ -165,6 +165,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.format.strip().lower() not in FORMATS:
         parser.error(f"--format {shown(args.format)[1:-1]}: allowed formats: {', '.join(FORMATS)}")
     fmt = args.format.strip().lower()
+    if args.out is None:
+        args.out = f"{fmt}_job"
     problems: list[str] = []
     gpus = lenient_number(args.gpus, "int") if args.gpus is not None else None
     nodes = lenient_number(args.nodes, "int")
@@ -306,14 +308,28 @@ def _as_typed(text: str) -> str:
     return text if text.isprintable() else shown(text, limit=200)[1:-1]
 
 
+def _offload_target(config: TrainConfig) -> str:
+    """Where the offloaded states go: "CPU", "NVMe", or "CPU and NVMe"."""
+    found = {str(plain_value(config.offload_optimizer)), str(plain_value(config.offload_params))}
+    names = [name for key, name in (("cpu", "CPU"), ("nvme", "NVMe")) if key in found]
+    return " and ".join(names) or "CPU"
+
+
+def _replicas(config: TrainConfig, world: int) -> str:
+    """The data-parallel ranks a batch is split over, as the report writes the factor:
+    the world size, or "dp N" when tensor-parallel ranks share each batch."""
+    tp = int(config.tp)
+    return str(world) if tp <= 1 else f"dp {world // tp} ({world} ranks / tp {tp})"
+
+
 def _report(result: ExportResult, config: TrainConfig) -> str:
     batch = config.effective_batch_size(result.world_size)
     lines = [
         f"wrote {result.out_dir}: " + ", ".join(Path(p).name for p in result.paths),
-        f"{describe(config, result.model)}",
+        result.description or describe(config, result.model),
         f"world size {result.world_size} ({result.gpus} GPU(s) x {result.nodes} node(s)): "
         f"train_batch_size {batch} = micro-batch {config.micro_batch} x grad-accum "
-        f"{config.grad_accum} x {result.world_size}",
+        f"{config.grad_accum} x {_replicas(config, result.world_size)}",
     ]
     e = result.estimate
     if e is not None:
@@ -326,7 +342,7 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
             parts.append(f"activations {_size(e.activation_bytes)}")
         line = f"estimated per GPU: {', '.join(parts)}; total {_size(e.total_bytes)}"
         if e.cpu_offload_bytes:
-            line += f"; offloaded to CPU {_size(e.cpu_offload_bytes)}"
+            line += f"; offloaded to {_offload_target(config)} {_size(e.cpu_offload_bytes)}"
         lines.append(line)
     lines += [
         f"run (in {result.out_dir}):",

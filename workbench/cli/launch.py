@@ -23,7 +23,7 @@ from workbench.cli.config_flags import (
     parse_number,
 )
 from workbench.cli.model_flags import add_model_options_flag, parse_model_options
-from workbench.config import SettingProblem, TrainConfig, problem_lines
+from workbench.config import FsdpMode, SettingProblem, TrainConfig, problem_lines
 from workbench.inputs import InputFileError, read_json, shown, typed
 from workbench.outputs import target_problem
 from workbench.train.launch import (
@@ -161,9 +161,7 @@ def _cli_config(
             base = imported.config
             for w in imported.warnings:
                 print(f"workbench launch: warning: {w}", file=sys.stderr)
-    config, cfg_problems = config_from_args(
-        args, fields=_CLI_FIELDS, base=base, check_numbers=True, style="parenthesized"
-    )
+    config, cfg_problems = config_from_args(args, fields=_CLI_FIELDS, base=base, check_numbers=True)
     problems += cfg_problems
     return (None if problems else config), problems
 
@@ -214,7 +212,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     here = ranks_problem(config, ranks) if config is not None and world is not None else None
     if args.print_command and here is not None:
         api = [p for p in api if p != here]
-    problems += [_as_flag(p) for p in api if p.field not in unparsed]
+    problems += [_as_flag(p, args) for p in api if p.field not in unparsed]
     if config is None and world is not None and not args.print_command:
         # the machine's limit, said with the others
         try:
@@ -223,7 +221,7 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             device_only = None
         machine = None if device_only is None else ranks_problem(device_only, world)
         if machine:
-            problems.append(_as_flag(machine))
+            problems.append(_as_flag(machine, args))
     if args.checkpoint_dir is not None:
         problems += _folder_problems("--checkpoint-dir", args.checkpoint_dir)
     if problems:
@@ -275,13 +273,14 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print("workbench launch: interrupted; every rank was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     except LaunchError as exc:
-        parser.error("; ".join(_as_flag(p) for p in exc.problems))
+        parser.error("; ".join(_as_flag(p, args) for p in exc.problems))
     except ValueError as exc:
         parser.error("; ".join(" ".join(line.split()) for line in problem_lines(exc)))
     if args.json:
         print(report_json(result.to_dict()))
     else:
-        print(_table(result))
+        fsdp = FsdpMode(config.fsdp) is not FsdpMode.OFF
+        print(_table(result, accounting="fsdp" if fsdp else "deepspeed"))
     if result.first_error is not None:
         err = result.first_error
         print(f"workbench launch: {err}", file=sys.stderr)
@@ -298,15 +297,18 @@ def run_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-def _as_flag(problem: SettingProblem) -> str:
+def _as_flag(problem: SettingProblem, args: argparse.Namespace | None = None) -> str:
     """A problem of the launch API (or of a TrainConfig setting) written with the flag
-    of its argument, from its data: "--ranks (ranks=999: this machine has ...)"; one
-    this command has no flag for as it is."""
+    of its argument and the value as typed (from `args`), from its data: "--ranks 999: this
+    machine has ..."; one this command has no flag for as it is."""
     flag = _FLAG_OF.get(problem.field)
     if flag is None and problem.field in _CLI_FIELDS:
         flag = CONFIG_FLAGS[problem.field].flag
-    text = " ".join(str(problem).split())
-    return text if flag is None else f"{flag} ({text})"
+    if flag is None:
+        return " ".join(str(problem).split())
+    given = getattr(args, problem.field, None) if args is not None else None
+    value = typed(given) if isinstance(given, str) else shown(problem.value)
+    return f"{flag} {value}: " + " ".join(problem.message.split())
 
 
 def _folder_problems(flag: str, path: str) -> list[str]:
@@ -315,7 +317,10 @@ def _folder_problems(flag: str, path: str) -> list[str]:
     return [] if reason is None else [f"{flag} {typed(path)}: {reason}"]
 
 
-def _table(result: LaunchResult) -> str:
+def _table(result: LaunchResult, accounting: str = "deepspeed") -> str:
+    """The per-rank table; `accounting`: the layout the predictions were made with (FSDP2's
+    under `fsdp`, else DeepSpeed's), named in the header."""
+
     def kib(v: int | None) -> str:
         return "-" if v is None else f"{v / 1024:,.1f}"
 
@@ -377,7 +382,7 @@ def _table(result: LaunchResult) -> str:
             "the estimator's tensor-parallel share"
         )
     else:
-        what = "measured from each rank's tensors vs predicted (accounting='deepspeed')"
+        what = f"measured from each rank's tensors vs predicted (accounting={accounting!r})"
     lines = [
         f"{result.world_size} ranks ({result.launcher}), {result.n_params or '?'} parameters; "
         + what

@@ -25,8 +25,10 @@ writes into `out_dir`:
 * `hostfile` (only for `nodes > 1` without a `hostfile=`): a template to fill in.
 
 Exporting into a folder that holds a job already loses nothing edited there
-(`workbench.export.edits`): an edited script is kept as `NAME.edited`, a filled-in
-hostfile is kept instead of the template, and a warning says so.
+(`workbench.export.edits`): an edited script, and any other file it writes that the last
+export did not write as it is (`.workbench-export.json` records them), is kept as
+`NAME.edited`, a filled-in hostfile is kept instead of the template, and a warning says so;
+a folder holding another format's job is refused.
 
 The model is a built-in name (`tiny-gpt`, `mlp`, `cnn`; `model_options` as in
 `workbench.models.build_model`) or an importable factory `"pkg.module:function"` called
@@ -56,7 +58,6 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,13 @@ from workbench.config import (
 )
 from workbench.deepspeed import to_deepspeed
 from workbench.engines import ENGINES, engine_for, tp_problems
-from workbench.export.edits import keep_edited_scripts, kept_hostfile
+from workbench.export.edits import (
+    MANIFEST_NAME,
+    keep_edited_scripts,
+    keep_user_files,
+    kept_hostfile,
+    manifest_text,
+)
 from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's names, commands)
     CONFIG_NAME,
     MASTER_PORT,
@@ -85,9 +92,17 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
     launch_sh,
     model_flag,
 )
+from workbench.export.problems import ExportError as ExportError  # re-exported
+from workbench.export.problems import ExportProblem as ExportProblem  # re-exported
+from workbench.export.refusals import (
+    factory_problems,
+    factory_warning,
+    format_problems,
+    model_problems,
+    stale_format,
+)
 from workbench.inputs import InputFileError, read_text, shown
 from workbench.outputs import OutputError, write_files
-from workbench.problems import listing
 
 #: The job's distributed strategy for the engine a config needs (`engine_for`), from the
 #: engines' rows: data parallel replicas (DDP) when the config asks for neither DeepSpeed nor
@@ -165,70 +180,12 @@ class ExportResult:
     warnings: tuple[str, ...] = ()
     estimate: Any | None = None
     format: str = "deepspeed"
+    description: str = ""  # the job's settings in one line, as job.json says them
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["estimate"] = None if self.estimate is None else self.estimate.to_dict()
         return data
-
-
-@dataclass(frozen=True)
-class ExportProblem(SettingProblem):
-    """A bad argument of an export, as data beyond (field, value, message):
-
-    * `option`: the one model option it is about (field "model_options"; `value` is that
-      option's): "model_options['hidden']=100000" ("model_options['seed']" when `value_text`
-      is "");
-    * `options`: several model options it is about, listed with their values (`value` a
-      dict of them: "model_options hidden=60000, depth=2") or by name alone when
-      `value_text` is "" ("model_options colour, size");
-    * `value_text`: how the text writes the value (None: its repr; "": not at all);
-    * `unset`: the TrainConfig setting the argument stands for when it is None (the text
-      adds ", or None (config.NAME)").
-
-    Each front end writes these parts its own way (the command line: `--model-option
-    hidden=100000`, "(without it: --total-steps)"); `render` writes the Python names."""
-
-    option: str | None = None
-    options: tuple[str, ...] = ()
-    value_text: str | None = None
-    unset: str | None = None
-
-    def render(
-        self,
-        name: Callable[[str], str] = str,
-        value_text: str | None = None,
-        sep: str = "=",
-    ) -> str:
-        """`field=value: message` as `SettingProblem.render`, with the model options after
-        the field's name and the `unset` alternative after the message."""
-        text = self.value_text if value_text is None else value_text
-        subject = name(self.field)
-        if self.option is not None:
-            subject += f"[{shown(self.option)}]"
-        elif self.options:
-            if text == "" or not isinstance(self.value, dict):
-                subject += " " + ", ".join(shown(k)[1:-1] for k in self.options)
-            else:
-                subject += " " + ", ".join(f"{k}={shown(self.value.get(k))}" for k in self.options)
-            text = ""
-        message = self.message + (f", or None (config.{self.unset})" if self.unset else "")
-        plain = SettingProblem(subject, self.value, message)
-        return plain.render(name=lambda n: n if n == subject else name(n), value_text=text, sep=sep)
-
-
-class ExportError(ValueError):
-    """Bad arguments to `export_deepspeed`; `problems` holds them as `SettingProblem`s
-    (each naming the argument, the value and what is allowed), and the text is made from
-    them."""
-
-    def __init__(self, problems: Sequence[SettingProblem]) -> None:
-        self.problems = tuple(problems)
-        lines = [str(p) for p in self.problems]
-        if len(lines) == 1:
-            super().__init__(listing(lines, "cannot export", ""))
-        else:  # "cannot export, N problems:" reads better than "N problems ..." here
-            super().__init__("cannot export, " + listing(lines, "", "problems"))
 
 
 @dataclass(frozen=True)
@@ -309,7 +266,9 @@ def export_job(
     primary = commands["multinode"] if several else commands["single"]
     ddp = format == "lightning" and strategy == STRATEGY[Engine.PLAIN]
     estimate = None if info is None else _estimate(config, info, world, ddp=ddp)
+    named = strategy if format == "lightning" else None  # what the description names
     job = _job(config, model=model, options=options, steps=total_steps, world=world)
+    job["description"] = describe(config, model, named)
     if format == "lightning":
         job["strategy"] = strategy
         if strategy == "deepspeed":  # Lightning runs the optimizer, schedule and batches
@@ -322,16 +281,22 @@ def export_job(
     files.update((n, _script_text(n)) for n in ("job_files.py", "job_parallel.py"))
     files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
     files[LAUNCH_NAME] = launch_sh(
-        format, config, model, gpus, nodes, primary, commands, options=options
+        format, config, model, gpus, nodes, primary, commands, options=options, strategy=named
     )
     verbatim = (script, COMMON_NAME, "job_files.py", "job_parallel.py")
     kept, edited = keep_edited_scripts(out, files, verbatim)  # the user's text is not lost
+    derived = tuple(n for n in files if n not in verbatim)
+    mine, changed = keep_user_files(out, files, derived)
+    kept.update(mine)
+    edited += changed
     filled = kept_hostfile(out, HOSTFILE_NAME, nodes, gpus) if template else None
     if template and filled is None:
         files[HOSTFILE_NAME] = hostfile_template(nodes, gpus)
-    warnings = (*warnings, *edited, *([filled] if filled else []))
+    elsewhere = factory_warning(model, out) if ":" in model else None
+    warnings = (*warnings, *edited, *([filled] if filled else []), *filter(None, [elsewhere]))
     files.update(kept)
-    _write(_Job(out, files, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
+    written = {**files, MANIFEST_NAME: manifest_text(files)}
+    _write(_Job(out, written, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
     if template:
         host_path = out / HOSTFILE_NAME
     return ExportResult(
@@ -353,6 +318,7 @@ def export_job(
         warnings=tuple(warnings),
         estimate=estimate,
         format=format,
+        description=job["description"],
     )
 
 
@@ -366,6 +332,7 @@ class _Checked:
     host_path: Path | None = None
     ds: dict[str, Any] = field(default_factory=dict)
     info: Any | None = None  # the built-in model's ModelInfo (measured on the meta device)
+    module: Any | None = None  # the built-in model, on the meta device
 
 
 def check_export(
@@ -434,13 +401,25 @@ def _check(
         message = _integer(1, *MAX_STEPS)
         problems.append(ExportProblem("steps", steps, message, unset="total_steps"))
     before = len(problems)
-    c.options = _check_model(model, model_options, problems)
+    c.options = _check_model(model, model_options, problems, out_dir)
     if config is not None:
         c.options = _with_documents(config, model, c.options, problems)
     if isinstance(model, str) and ":" not in model and len(problems) == before:
-        c.info = _measure(model, c.options, 0, problems)  # the seed changes no size
-    c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
+        measured = _measure(model, c.options, 0, problems)  # the seed changes no size
+        if measured is not None:
+            c.info, c.module = measured
+    if hostfile is not None and format in FORMATS and format != "deepspeed":
+        why = (
+            f"is for DeepSpeed's launcher; the --format {format} job starts under torchrun on "
+            "each node (its launch.sh says how): leave it out"
+        )
+        problems.append(ExportProblem("hostfile", hostfile, why, value_text=shown(str(hostfile))))
+    else:
+        c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
     c.out = _check_out_dir(out_dir, problems)
+    stale = stale_format(c.out, format) if c.out is not None and format in FORMATS else None
+    if stale is not None:
+        problems.append(_out_dir_problem(out_dir, stale))
     if config is None:
         return c
     if steps is None:
@@ -451,6 +430,12 @@ def _check(
     refused = ENGINES[engine].fsdp_export_refusal
     if format == "fsdp" and refused == "fsdp" and FsdpMode(config.fsdp) is FsdpMode.OFF:
         message = "--format fsdp needs an FSDP mode (full_shard, shard_grad_op, no_shard)"
+        if engine is Engine.TENSOR_PARALLEL:  # what a plan of DDP x TP asks for
+            message = (
+                "no exported job carries plain data parallel (DDP) over tensor-parallel "
+                "ranks: the FSDP job shards its data-parallel ranks with FSDP2; use "
+                "full_shard or shard_grad_op with `tp` > 1"
+            )
         problems.append(SettingProblem("fsdp", FsdpMode(config.fsdp).value, message))
     if format == "fsdp" and refused == "zero_stage":
         message = "--format fsdp exports PyTorch FSDP jobs"
@@ -500,6 +485,10 @@ def _check(
                 )
             )
     strategy = STRATEGY[engine]
+    if format in FORMATS:
+        problems += format_problems(config, format, strategy)
+    if c.module is not None:
+        problems += model_problems(config, c.module)
     if (
         gpus_ok
         and nodes_ok
@@ -546,7 +535,9 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(problem_lines(exc))
 
 
-def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> dict[str, Any]:
+def _check_model(
+    model: Any, options: Any, problems: list[SettingProblem], out_dir: Any = None
+) -> dict[str, Any]:
     """The model options to bake into the script, checked as far as possible here: for a
     built-in model against its documented options and bounds, before anything is built."""
     if options is None:
@@ -572,6 +563,8 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
                 "a function name)"
             )
             problems.append(SettingProblem("model", model, message))
+        else:
+            problems += factory_problems(model, out_dir)
         return dict(options)
     from workbench.models import MODEL_NAMES, model_options
 
@@ -597,11 +590,17 @@ def _check_model(model: Any, options: Any, problems: list[SettingProblem]) -> di
                 value_text="",
             )
         )
+    text_refused = False
     if "text" in options and options["text"] is not None:
-        _check_text(options["text"], problems)
+        text_refused = not _check_text(options["text"], problems)
+    if "text" in options and options["text"] is not None and not text_refused:
+        # the job runs in its own folder (launch.sh changes into it): the path as it is here
+        options = {**options, "text": str(Path(options["text"]).expanduser().resolve())}
     from workbench.models import option_problems
 
     known = {k: v for k, v in options.items() if k in defaults and k != "seed"}
+    if text_refused:  # said once, by the reader's own reason
+        known.pop("text", None)
     for found in option_problems(model, known):  # each carries its option and value
         if found.option in defaults:
             problems.append(_option_problem(found.option, found.value, found.message))
@@ -629,6 +628,13 @@ def _with_documents(
 
     documents = Documents(config.documents).value
     problem = documents_problem(documents, model, None, None, options)
+    given = options.get("documents")
+    if problem is not None and given is not None and model == "tiny-gpt" and given != documents:
+        message = (  # the option as the user gave it, not the setting they left alone
+            "the layout is the `documents` setting, not a model option: drop the option "
+            f"and set `documents` to {shown(given)}"
+        )
+        problem = _option_problem("documents", given, message)
     if problem is not None:
         problems.append(problem)
         return options
@@ -640,21 +646,23 @@ def _option_problem(option: str, value: Any, message: str) -> ExportProblem:
     return ExportProblem("model_options", value, message, option=option)
 
 
-def _check_text(value: Any, problems: list[SettingProblem]) -> None:
-    """A tiny-gpt `text` option: a UTF-8 file of at most MAX_TEXT_BYTES (read through
-    `workbench.inputs`: no FIFO, device or directory)."""
+def _check_text(value: Any, problems: list[SettingProblem]) -> bool:
+    """Whether a tiny-gpt `text` option is a UTF-8 file of at most MAX_TEXT_BYTES (read
+    through `workbench.inputs`: no FIFO, device or directory); else a problem."""
     if not isinstance(value, str) or not value.strip():
         message = "must be the path of a UTF-8 text file or None"
         problems.append(_option_problem("text", value, message))
-        return
+        return False
     try:
         read_text(value, what="text", max_bytes=MAX_TEXT_BYTES)
     except InputFileError as exc:
         problems.append(_option_problem("text", value, exc.reason))
+        return False
+    return True
 
 
 def _measure(model: str, options: dict[str, Any], seed: int, problems: list[SettingProblem]) -> Any:
-    """The built-in model's ModelInfo, built on the meta device (no memory allocated, any
+    """(the built-in model's ModelInfo, the module), built on the meta device (no memory allocated, any
     size); a problem line when it cannot be built or it and its data would take more than
     MAX_MODEL_BYTES in the job."""
     import torch
@@ -682,7 +690,7 @@ def _measure(model: str, options: dict[str, Any], seed: int, problems: list[Sett
         )
         problems.append(ExportProblem("model_options", options, message, value_text=""))
         return None
-    return info
+    return info, module
 
 
 #: The most bytes and host lines a hostfile may have.

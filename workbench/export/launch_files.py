@@ -79,12 +79,21 @@ def launch_commands(
     return {kind: command + flag for kind, command in commands.items()}
 
 
-def describe(config: TrainConfig, model: str) -> str:
-    """One line naming the model and the settings that shape the job."""
+def describe(config: TrainConfig, model: str, strategy: str | None = None) -> str:
+    """One line naming the model and the settings that shape the job; `strategy`: a
+    Lightning job's strategy (its data-parallel and tensor-parallel jobs run no ZeRO)."""
     engine = FsdpMode(config.fsdp)
+    if engine is not FsdpMode.OFF:
+        layout = f"FSDP {engine.value}" + (f", tp {config.tp}" if int(config.tp) > 1 else "")
+    elif strategy == "tensor-parallel":
+        layout = f"tensor parallel tp {config.tp}"
+    elif strategy == "ddp":
+        layout = "data parallel (DDP)"
+    else:
+        layout = f"ZeRO stage {config.zero_stage}"
     parts = [
         model,
-        f"FSDP {engine.value}" if engine is not FsdpMode.OFF else f"ZeRO stage {config.zero_stage}",
+        layout,
         str(config.precision),
         str(config.optimizer),
         f"micro-batch {config.micro_batch}",
@@ -107,8 +116,10 @@ def launch_sh(
     commands: dict[str, str],
     *,
     options: dict[str, Any] | None = None,
+    strategy: str | None = None,
 ) -> str:
-    """The job's `launch.sh`: runs `primary`, with the other ways to start it in comments."""
+    """The job's `launch.sh`: runs `primary`, with the other ways to start it in comments
+    (`strategy`: a Lightning job's, for its description)."""
     world = gpus * nodes
     script = SCRIPTS[format]
     flag = model_flag(model, options)
@@ -144,7 +155,7 @@ def launch_sh(
         else ""
     )
     return f"""#!/usr/bin/env bash
-# {describe(config, model)}
+# {describe(config, model, strategy)}
 # world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format {format}`.
 # Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.{factory}
 set -euo pipefail

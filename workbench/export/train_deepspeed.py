@@ -46,6 +46,7 @@ try:
         approve_model,
         batches,
         build,
+        check_save_dir,
         count_parameters,
         fail,
         loss_of,
@@ -63,6 +64,7 @@ except ImportError:  # an exported folder without workbench installed
         approve_model,
         batches,
         build,
+        check_save_dir,
         count_parameters,
         fail,
         loss_of,
@@ -98,6 +100,7 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: must be an integer >= 1")
+    check_save_dir(args.save_dir, "--save_dir")  # before training: nothing trained is lost
     return args
 
 

@@ -13,7 +13,8 @@ of steps, the training settings (`config`: the workbench TrainConfig as a dict) 
 Lightning strategy the settings map to: DeepSpeed's (`ds_config.json` beside this file:
 the ZeRO stage, offload and 16-bit settings; Lightning runs the optimizer, schedule and
 batch sizes) for ZeRO or DeepSpeed 16-bit, FSDP's (`sharding_strategy` from `fsdp`,
-blocks the workbench marked wrapped) for FSDP, Lightning's ModelParallelStrategy for
+blocks the workbench marked wrapped, `offload_params="cpu"` as its `cpu_offload`, and
+with `fsdp_reduce_fp32` a MixedPrecision reducing gradients in fp32) for FSDP, Lightning's ModelParallelStrategy for
 `tp` > 1 (`configure_model` splits the layers over the tensor-parallel dimension with
 `job_common.tensor_parallelize`, then shards over the data-parallel one with FSDP2; the
 loss and its backward vocabulary-parallel), else data parallel. This file and
@@ -223,8 +224,26 @@ def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
         return FSDPStrategy(
             sharding_strategy=SHARDING[job["config"]["fsdp"]],  # type: ignore[arg-type]
             auto_wrap_policy=policy if wrapped else None,
+            cpu_offload=job["config"].get("offload_params") == "cpu",
+            mixed_precision=fsdp_mixed_precision(job["config"]),
         )
     return "auto"
+
+
+#: the dtype of each 16-bit precision's FSDP parameters (Lightning's FSDPPrecision's)
+FSDP_HALF = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16, "bf16-true": torch.bfloat16}
+
+
+def fsdp_mixed_precision(config: dict[str, Any]) -> Any:
+    """FSDP's MixedPrecision for a 16-bit precision whose gradients are reduced in fp32
+    (`fsdp_reduce_fp32`, the default): Lightning's own for the precision reduces in the
+    16-bit dtype; None (Lightning's own) otherwise."""
+    half = FSDP_HALF.get(str(config.get("precision", "fp32")))
+    if half is None or not config.get("fsdp_reduce_fp32", True):
+        return None
+    from torch.distributed.fsdp import MixedPrecision
+
+    return MixedPrecision(param_dtype=half, reduce_dtype=torch.float32, buffer_dtype=half)
 
 
 def job_units(model: torch.nn.Module, config: dict[str, Any]) -> list[Any]:
