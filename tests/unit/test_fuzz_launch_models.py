@@ -52,11 +52,11 @@ def _launch_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["--model-options", '{"bogus": 1}'], ["--model-options", "bogus", "allowed: layers="]),
         (
             ["--tp", "2", "--model-options", json.dumps({**TINY, "hidden": 6, "heads": 3})],
-            ["--tp", "tp=2", "heads=3"],
+            ["--tp 2:", "heads=3"],
         ),
         (
             ["--pp", "2", "--grad-accum", "2", "--model-options", json.dumps(TINY)],
-            ["--pp", "pp=2", "1 layers"],
+            ["--pp 2:", "1 layers"],
         ),
         (
             ["--model", "mlp", "--model-options", '{"hidden": 0}'],
