@@ -716,3 +716,30 @@ def test_sigterm_under_fsdp_checkpoints_every_rank_and_resume_continues(tmp_path
         assert [x.step for x in got] == list(range(k + 1, steps + 1))
         assert [x.loss for x in got] == [x.loss for x in straight.ranks[r].records[k:]]
     assert rank_workers() == []
+
+
+def test_cli_a_resume_with_other_model_options_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint trained with one width resumed with another: refused before any rank
+    starts, naming the options that differ (was: a rank's traceback on a shape mismatch)."""
+    from workbench.train import checkpoints as ckpt
+
+    with Session(TrainConfig(**CPU), model="mlp", model_options=MLP) as s:
+        s.run(optimizer_steps=2)
+        saved = ckpt.load(s.save_checkpoint(tmp_path / "saved"))
+    saved.pop("path")
+    saved.pop("manifest")
+    ckpt.save(saved, tmp_path / "ck" / "rank-0" / ckpt.checkpoint_name(2))
+    other = {**MLP, "hidden": 2 * MLP.get("hidden", 32)}
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["--resume", str(tmp_path / "ck"), "--ranks", "1", "--steps", "4", "--model", "mlp"]
+            + ["--model-options", json.dumps(other), "--device", "cpu", "--micro-batch", "4"]
+        )
+    assert info.value.code == 2
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    err = capsys.readouterr().err
+    assert "--model-options" in err and "'hidden':" in err and "would not fit the model" in err
+    assert err.count("\n") == 1

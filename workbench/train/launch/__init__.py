@@ -188,7 +188,7 @@ def launch_ranks(
                     "ask for more steps",
                 )
             )
-        mismatch = resume_model_problem(resume_str, ranks, resume_at, model)
+        mismatch = resume_model_problem(resume_str, ranks, resume_at, model, model_options)
         if mismatch:
             problems.append(mismatch)
         elif not problems:  # what each rank's Session checks when it loads its file

@@ -299,9 +299,15 @@ def resume_payload_problem(
 
 
 def resume_model_problem(
-    resume: str | os.PathLike[str], ranks: int, step: int, model: str
+    resume: str | os.PathLike[str],
+    ranks: int,
+    step: int,
+    model: str,
+    options: dict[str, Any] | None = None,
 ) -> SettingProblem | None:
-    """The problem when the checkpoints a launch resumes were not trained as `model`.
+    """The problem when the checkpoints a launch resumes were not trained as `model` (with
+    `options`: a built-in model's options, each compared with its default filled in; the
+    seed, the sample count and the documents layout change no weight and are not compared).
 
     The ranks always build the model the caller names; the model a checkpoint's manifest
     names is only compared with it, never imported (a factory a file names is code the
@@ -319,6 +325,17 @@ def resume_model_problem(
             continue
         saved = data.get("model") if isinstance(data, dict) else None
         name = saved.get("name") if isinstance(saved, dict) else None
+        if name == model and options is not None and isinstance(saved, dict):
+            differ = _options_differ(model, saved.get("options"), options)
+            if differ:
+                then, now = differ
+                return SettingProblem(
+                    "model_options",
+                    options,
+                    f"rank-{r}/{path.name} was trained with {shown(then)} and this launch "
+                    f"builds {shown(now)}: its weights would not fit the model; resume with "
+                    "the model options that saved it",
+                )
         if name is None or name == model:
             continue
         if isinstance(name, str) and is_factory(name):
@@ -336,6 +353,30 @@ def resume_model_problem(
             f"`model`={shown(model)}; resume with the model (and `model_options`) that saved it",
         )
     return None
+
+
+#: a built-in model's options that change no weight: not compared on resume
+_DATA_ONLY = frozenset({"seed", "samples", "documents"})
+
+
+def _options_differ(
+    model: str, saved: Any, given: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the saved values, the given ones) of a built-in model's options that differ, each
+    with its default filled in; None where they agree or the model is not built in."""
+    from workbench.models import model_options
+
+    if not isinstance(saved, dict):
+        return None
+    try:
+        defaults = model_options(model)
+    except ValueError:  # a factory: its options are its own
+        return None
+    then, now = {**defaults, **saved}, {**defaults, **given}
+    keys = sorted(k for k in {*then, *now} if k not in _DATA_ONLY and then.get(k) != now.get(k))
+    if not keys:
+        return None
+    return {k: then.get(k) for k in keys}, {k: now.get(k) for k in keys}
 
 
 def launch_problems(
