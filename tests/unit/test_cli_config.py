@@ -79,14 +79,19 @@ def test_number_check_refuses_non_finite_floats(text: str) -> None:
     assert config is None and problems == [f"--lr {text}: must be a finite number"]
 
 
-def test_number_check_names_thousands_separators() -> None:
+def test_thousands_separators_count_only_where_they_group_threes() -> None:
+    """docs/bad_input.md rule 3: "1,024" is 1024; "1,02,4" groups nothing and is refused
+    saying so."""
     parser = argparse.ArgumentParser()
     add_config_flags(parser, fields=("micro_batch",))
     args = parser.parse_args(["--micro-batch", "1,024"])
     config, problems = config_from_args(args, fields=("micro_batch",), check_numbers=True)
+    assert problems == [] and config is not None and config.micro_batch == 1024
+    args = parser.parse_args(["--micro-batch", "1,02,4"])
+    config, problems = config_from_args(args, fields=("micro_batch",), check_numbers=True)
     assert config is None
     assert problems == [
-        "--micro-batch 1,024: must be an integer (write it without thousands separators)"
+        "--micro-batch 1,02,4: must be an integer (commas only group digits in threes)"
     ]
 
 

@@ -29,7 +29,7 @@ from workbench.config import (
     problem_lines,
     setting_choices,
 )
-from workbench.inputs import shown, typed
+from workbench.inputs import shown, typed, ungrouped
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def parse_number(text: str, kind: str, flag: str, problems: list[str]) -> Any:
     value = _number(text, kind)
     if value is None:
         what = "an integer" if kind == "int" else "a finite number"
-        hint = " (write it without thousands separators)" if "," in str(text) else ""
+        hint = " (commas only group digits in threes)" if "," in str(text) else ""
         problems.append(
             f"{flag} {shown(text)[1:-1] if len(str(text)) > 80 else text}: must be {what}{hint}"
         )
@@ -131,6 +131,9 @@ def _number(text: str, kind: str) -> Any:
     ASCII digits make a number: Python's int() and float() also read other scripts' digits
     ("١٢" is 12 to them), which no one types as a number by intent."""
     if not isinstance(text, str) or not text.isascii():
+        return None
+    text = ungrouped(text)  # "1,000" is a thousand; "1,2,3" is no number
+    if text is None:
         return None
     try:
         if kind == "int":
