@@ -132,13 +132,13 @@ def _number(text: str, kind: str) -> Any:
     ("١٢" is 12 to them), which no one types as a number by intent."""
     if not isinstance(text, str) or not text.isascii():
         return None
-    text = ungrouped(text)  # "1,000" is a thousand; "1,2,3" is no number
-    if text is None:
+    plain = ungrouped(text)  # "1,000" is a thousand; "1,2,3" is no number
+    if plain is None:
         return None
     try:
         if kind == "int":
-            return int(text)
-        value = float(text)
+            return int(plain)
+        value = float(plain)
     except (TypeError, ValueError, OverflowError):
         return None
     return value if math.isfinite(value) else None
