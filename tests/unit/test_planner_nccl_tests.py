@@ -4,6 +4,7 @@ prints read, and every file that cannot say it refused naming the file and what 
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -246,6 +247,10 @@ def test_files_that_cannot_calibrate_are_refused_saying_why(tmp_path: Path) -> N
     assert "each process ran a test of its own" in _refusal(tmp_path, alone)
     only = nccl_tests_output("all_reduce", 2, 8, ok).replace("all_reduce_perf", "sendrecv_perf")
     assert "holds runs of sendrecv_perf only" in _refusal(tmp_path, only)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer: reading it would block for ever
+    with pytest.raises(NcclTestsError, match=r"a FIFO \(named pipe\), not a regular file"):
+        read_nccl_tests(fifo)
     (tmp_path / "dir").mkdir()
     with pytest.raises(NcclTestsError, match="is a directory"):
         read_nccl_tests(tmp_path / "dir")

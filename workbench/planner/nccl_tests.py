@@ -190,22 +190,19 @@ def _sections(lines: list[str]) -> list[tuple[str | None, list[str]]]:
 
 
 def _read_text(path: Any) -> str:
+    """The file's text: a regular file (never a FIFO or device, which could block or never
+    end), at most `MAX_FILE_BYTES`, UTF-8 (`workbench.inputs.read_bytes`)."""
+    from workbench.inputs import InputFileError, read_bytes
+
     if not isinstance(path, (str, Path)) or not str(path).strip():
         raise NcclTestsError(path, f"must be a path to a file; {WHAT}")
     file = Path(path).expanduser()
     if file.is_dir():
         raise NcclTestsError(path, f"is a directory; {WHAT}")
-    if not file.exists():
-        raise NcclTestsError(path, f"no such file; {WHAT}")
-    try:  # a file, or a pipe (`--nccl-tests <(ssh head cat run.txt)`)
-        with file.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise NcclTestsError(path, f"cannot be read ({exc.strerror or exc})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise NcclTestsError(
-            path, f"is over {MAX_FILE_BYTES // 2**20} MiB, larger than any nccl-tests output"
-        )
+    try:
+        data = read_bytes(file, what="nccl-tests output", max_bytes=MAX_FILE_BYTES)
+    except InputFileError as exc:
+        raise NcclTestsError(path, f"{exc.reason}; {WHAT}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
