@@ -54,6 +54,7 @@ mixtures that mix dense and expert layers, and any layer stack the shape does no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -523,6 +524,12 @@ ATTENTION_KERNELS = {
 
 
 def _family_defaults(model_type: Any) -> dict[str, Any]:
+    """A copy of `_family_defaults_of(model_type)` (built once a family: estimates repeat)."""
+    return dict(_family_defaults_of(model_type)) if isinstance(model_type, str) else {}
+
+
+@functools.lru_cache(maxsize=64)
+def _family_defaults_of(model_type: str) -> dict[str, Any]:
     """The settings transformers' config class of `model_type` gives a key the file leaves
     out (a Llama config without `attention_dropout` trains with 0.0, a GPT-2 one without
     `resid_pdrop` with 0.1); {} for a family transformers does not register. Only
