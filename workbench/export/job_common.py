@@ -33,10 +33,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 # Beside this file in an exported folder, modules of the package here: job.json and the
 # command line (job_files.py), tensor parallelism (job_parallel.py). Their names are this
 # module's too, for the scripts that import them from here.
-try:
+if __package__:  # a module of the package
     import workbench.export.job_files as job_files
     import workbench.export.job_parallel as job_parallel
-except ImportError:  # an exported folder without workbench installed
+else:  # the exported folder's own copies, imported by its script
     import job_files  # type: ignore[no-redef, import-not-found]
     import job_parallel  # type: ignore[no-redef, import-not-found]
 

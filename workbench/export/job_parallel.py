@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-try:
+if __package__:  # a module of the package
     from workbench.export.job_files import fail
-except ImportError:  # an exported folder without workbench installed: job_files.py beside
+else:  # the exported folder's own job_files.py beside it
     from job_files import fail  # type: ignore[no-redef, import-not-found]
 
 

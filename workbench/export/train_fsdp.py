@@ -50,8 +50,7 @@ import torch
 import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # job_common.py lies beside this script in an exported folder
-try:
+if __package__:  # imported from the package (the workbench, its tests): the package's modules
     from workbench.export.job_common import (
         JOB_NAME,
         add_model_arguments,
@@ -77,7 +76,9 @@ try:
         tensor_parallelize,
         to_device,
     )
-except ImportError:  # an exported folder without workbench installed
+else:  # run as a script: the job_common.py beside it, as exported (or as its user edited
+    # it), never an installed workbench's copy, which may be another version
+    sys.path.insert(0, HERE)
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
         add_model_arguments,
