@@ -233,3 +233,27 @@ def test_a_hostfile_is_refused_where_the_job_starts_under_torchrun(tmp_path: Pat
     config = TrainConfig(fsdp="full_shard")
     text = _refused(tmp_path, config, format="fsdp", nodes=2, hostfile=str(hostfile))
     assert "hostfile=" in text and "is for DeepSpeed's launcher; the --format fsdp job" in text
+
+
+def test_a_hostfile_naming_a_host_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeepSpeed's launcher refuses such a file when the job starts (each host is one node);
+    the export refuses it first, naming the file, the host and its lines."""
+    from workbench.cli import main
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# nodes\nnode-a slots=2\nnode-b slots=2\nnode-a slots=2  # again\n")
+    text = _refused(tmp_path, TrainConfig(), nodes=2, gpus=2, hostfile=str(hostfile))
+    assert (
+        f"hostfile={str(hostfile)!r}: names a host more than once ('node-a' on lines 2, 4): "
+        "list each host on one line" in text
+    )
+    hostfile.write_text("".join(f"{h} slots=1\n" for h in "abcde" * 2 + "a" * 5))
+    with pytest.raises(SystemExit) as exited:
+        main(["export", "--nodes", "2", "--hostfile", str(hostfile), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"--hostfile {hostfile}: names a host more than once (" in err
+    assert "'a' on lines 1, 6, 11, 12, 13 and 2 more; 'b' on lines 2, 7; 'c' on lines 3, 8" in err
+    assert "and 2 more host(s))" in err
+    assert sorted(os.listdir(tmp_path)) == ["hosts"]

@@ -722,6 +722,7 @@ def _check_hostfile(
         problem(f"cannot be read ({exc})")
         return None
     hosts = []
+    lines: dict[str, list[int]] = {}  # each host's line numbers
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -734,6 +735,13 @@ def _check_hostfile(
             )
             return None
         hosts.append((m.group(1), int(m.group(2))))
+        lines.setdefault(m.group(1), []).append(number)
+    twice = [(host, numbers) for host, numbers in lines.items() if len(numbers) > 1]
+    if twice:
+        said = "; ".join(f"{shown(host)} on lines {_numbers(found)}" for host, found in twice[:3])
+        more = f" and {len(twice) - 3} more host(s)" if len(twice) > 3 else ""
+        problem(f"names a host more than once ({said}{more}): list each host on one line")
+        return None
     if is_int(nodes) and len(hosts) < nodes:
         problem(f"lists {len(hosts)} host(s); --nodes {nodes} needs at least {nodes}")
     if is_int(gpus):
@@ -744,6 +752,12 @@ def _check_hostfile(
                 f"(`gpus`={gpus} per node)"
             )
     return path
+
+
+def _numbers(numbers: list[int], limit: int = 5) -> str:
+    """Line numbers as `2, 4` (the first `limit`, then how many more)."""
+    text = ", ".join(map(str, numbers[:limit]))
+    return text + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
 def _check_out_dir(out_dir: Any, problems: list[SettingProblem]) -> Path | None:
