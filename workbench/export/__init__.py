@@ -101,7 +101,7 @@ from workbench.export.refusals import (
     model_problems,
     stale_format,
 )
-from workbench.inputs import InputFileError, read_text, shown
+from workbench.inputs import InputFileError, is_int, plain_number, read_text, shown
 from workbench.outputs import OutputError, write_files
 
 #: The job's distributed strategy for the engine a config needs (`engine_for`), from the
@@ -231,6 +231,7 @@ def export_job(
     """
     if not isinstance(config, TrainConfig):
         raise ExportError([SettingProblem("config", config, "must be a workbench.TrainConfig")])
+    gpus, nodes, steps = plain_number(gpus), plain_number(nodes), plain_number(steps)
     checked = _check(
         config,
         format=format,
@@ -353,13 +354,13 @@ def check_export(
     return _check(
         config,
         format=format,
-        gpus=gpus,
+        gpus=plain_number(gpus),
         out_dir=out_dir,
         model=model,
-        nodes=nodes,
+        nodes=plain_number(nodes),
         hostfile=hostfile,
         model_options=model_options,
-        steps=steps,
+        steps=plain_number(steps),
     ).problems
 
 
@@ -525,11 +526,6 @@ _LIGHTNING_DS_KEYS = frozenset(
 
 
 # --------------------------------------------------------------------------- checks
-def is_int(v: Any) -> bool:
-    """An int that is not a bool."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def one_line(exc: BaseException) -> str:
     """A multi-problem ValueError as one line."""
     return "; ".join(problem_lines(exc))
@@ -546,6 +542,7 @@ def _check_model(
         message = "must be a dict of option name -> value"
         problems.append(SettingProblem("model_options", options, message))
         return {}
+    options = {k: plain_number(v) for k, v in options.items()}  # NumPy / torch: Python's
     for k, v in options.items():
         if not (v is None or isinstance(v, (bool, int, float, str))):
             message = "must be a number, string, bool or None"
