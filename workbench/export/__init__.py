@@ -95,6 +95,7 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
 from workbench.export.problems import ExportError as ExportError  # re-exported
 from workbench.export.problems import ExportProblem as ExportProblem  # re-exported
 from workbench.export.refusals import (
+    factory_option_problems,
     factory_problems,
     factory_warning,
     format_problems,
@@ -561,7 +562,8 @@ def _check_model(
             )
             problems.append(SettingProblem("model", model, message))
         else:
-            problems += factory_problems(model, out_dir)
+            unfound = factory_problems(model, out_dir)
+            problems += unfound or factory_option_problems(model, options, out_dir)
         return dict(options)
     from workbench.models import MODEL_NAMES, model_options
 
