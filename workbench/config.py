@@ -50,7 +50,7 @@ from workbench.choices import (  # the choices, re-exported here
     bf16_true_problem,
     did_you_mean,
 )
-from workbench.inputs import is_bool, is_int, is_number, shown
+from workbench.inputs import is_bool, is_int, plain_number, shown
 from workbench.problems import ConfigError, SettingProblem, format_problems, problem_lines
 from workbench.setting_spec import Setting, allowed_for, field_problem, setting
 from workbench.settings_check import (  # runtime_problems and the LoRA targets: re-exported
@@ -70,20 +70,9 @@ def _unknown_setting(name: str, value: Any) -> SettingProblem:
     )
 
 
-_is_bool, _is_int, _is_number = is_bool, is_int, is_number
-#: Values `_plain_number` returns as they are without asking what they hold.
+_is_bool, _is_int = is_bool, is_int
+#: Values kept as they are without asking what they hold (`plain_number`).
 _PLAIN_TYPES = frozenset({int, float, bool, str, type(None), *ENUM_FIELDS.values()})
-
-
-def _plain_number(v: Any) -> Any:
-    """A NumPy scalar as the Python int/float it holds (other values unchanged)."""
-    if type(v) in _PLAIN_TYPES:
-        return v
-    if _is_int(v) and not isinstance(v, int):
-        return int(v)
-    if _is_number(v) and not isinstance(v, (int, float)):
-        return float(v)
-    return v
 
 
 @dataclass(frozen=True)
@@ -656,13 +645,11 @@ class TrainConfig:
             if not isinstance(value, enum) and isinstance(value, str):
                 with contextlib.suppress(ValueError):  # reported by problems()
                     object.__setattr__(self, name, enum(value.strip().lower()))
-        for name in _FIELD_NAMES:  # NumPy scalars are numbers: kept as Python's own
+        for name in _FIELD_NAMES:  # NumPy and torch scalars: kept as Python's own
             value = getattr(self, name)
             if type(value) in _PLAIN_TYPES:
                 continue
-            plain = _plain_number(value)
-            if _is_bool(value) and not isinstance(value, bool):
-                plain = bool(value)
+            plain = plain_number(value)
             if plain is not value:
                 object.__setattr__(self, name, plain)
         problems = self.setting_problems()

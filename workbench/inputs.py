@@ -32,6 +32,7 @@ import os
 import re
 import reprlib
 import stat
+import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -59,39 +60,79 @@ _PLAIN_NOT_INT = frozenset({bool, float, str, type(None)})
 _PLAIN_NOT_NUMBER = frozenset({bool, str, type(None)})
 
 
+def _torch_scalar(v: Any) -> str | None:
+    """What a 0-dim torch tensor holds: "bool", "int" or "float" (a real dtype with its data
+    on a device, not a subclass such as a fake tensor), else None. torch is not imported
+    here: a tensor exists only where the caller imported it."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(v) is not getattr(torch, "Tensor", None):
+        return None
+    if v.dim() != 0 or v.is_meta:
+        return None
+    if v.dtype is torch.bool:
+        return "bool"
+    if v.dtype.is_floating_point:
+        return "float"
+    integers = ("uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64")
+    return "int" if any(v.dtype is getattr(torch, name, None) for name in integers) else None
+
+
 def is_bool(v: Any) -> bool:
-    """True/False, NumPy's booleans included (a numpy.bool_ is no number)."""
+    """True/False, NumPy's booleans and a 0-dim torch bool tensor included (no number)."""
     t = type(v)
     if t is bool:
         return True
     if t in _PLAIN_NOT_BOOL:
         return False
-    return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool") and hasattr(v, "item"))
+    if isinstance(v, bool) or (t.__name__ in ("bool_", "bool") and hasattr(v, "item")):
+        return True
+    return _torch_scalar(v) == "bool"
 
 
 def is_int(v: Any) -> bool:
-    """An integer: int or a NumPy integer scalar, never a bool."""
+    """An integer: int, a NumPy integer scalar or a 0-dim torch tensor of an integer dtype,
+    never a bool (`plain_number` gives the Python int it holds)."""
     t = type(v)
     if t is int:
         return True
     if t in _PLAIN_NOT_INT:
         return False
-    return isinstance(v, numbers.Integral) and not is_bool(v)
+    if isinstance(v, numbers.Integral):
+        return not is_bool(v)
+    return _torch_scalar(v) == "int"
 
 
 def is_number(v: Any) -> bool:
-    """A finite real number: int, float or a NumPy scalar of either, never a bool."""
+    """A finite real number: int, float, a NumPy scalar of either or a 0-dim torch tensor
+    of an integer or floating dtype, never a bool."""
     t = type(v)
     if t is float:
         return math.isfinite(v)
     if t in _PLAIN_NOT_NUMBER:
         return False
-    if not isinstance(v, numbers.Real) or is_bool(v):
+    if not isinstance(v, numbers.Real):
+        return _torch_scalar(v) in ("int", "float") and math.isfinite(float(v))
+    if is_bool(v):
         return False
     try:
         return math.isfinite(v)
     except OverflowError:  # an int too large for a float
         return False
+
+
+def plain_number(v: Any) -> Any:
+    """A NumPy or torch scalar as the Python bool, int or float it holds (`is_bool`,
+    `is_int`, `is_number`); any other value unchanged."""
+    t = type(v)
+    if t in _PLAIN_NOT_BOOL or t is bool:
+        return v
+    if is_bool(v):
+        return bool(v)
+    if is_int(v):
+        return int(v)
+    if is_number(v):
+        return float(v)
+    return v
 
 
 #: How much of a container `shown` looks at: nesting levels, and items per level. The
@@ -351,6 +392,7 @@ __all__ = [
     "open_regular",
     "is_int",
     "is_number",
+    "plain_number",
     "read_text",
     "shown",
     "typed",

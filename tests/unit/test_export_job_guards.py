@@ -233,3 +233,60 @@ def test_a_hostfile_is_refused_where_the_job_starts_under_torchrun(tmp_path: Pat
     config = TrainConfig(fsdp="full_shard")
     text = _refused(tmp_path, config, format="fsdp", nodes=2, hostfile=str(hostfile))
     assert "hostfile=" in text and "is for DeepSpeed's launcher; the --format fsdp job" in text
+
+
+def test_a_hostfile_naming_a_host_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeepSpeed's launcher refuses such a file when the job starts (each host is one node);
+    the export refuses it first, naming the file, the host and its lines."""
+    from workbench.cli import main
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# nodes\nnode-a slots=2\nnode-b slots=2\nnode-a slots=2  # again\n")
+    text = _refused(tmp_path, TrainConfig(), nodes=2, gpus=2, hostfile=str(hostfile))
+    assert (
+        f"hostfile={str(hostfile)!r}: names a host more than once ('node-a' on lines 2, 4): "
+        "list each host on one line" in text
+    )
+    hostfile.write_text("".join(f"{h} slots=1\n" for h in "abcde" * 2 + "a" * 5))
+    with pytest.raises(SystemExit) as exited:
+        main(["export", "--nodes", "2", "--hostfile", str(hostfile), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"--hostfile {hostfile}: names a host more than once (" in err
+    assert "'a' on lines 1, 6, 11, 12, 13 and 2 more; 'b' on lines 2, 7; 'c' on lines 3, 8" in err
+    assert "and 2 more host(s))" in err
+    assert sorted(os.listdir(tmp_path)) == ["hosts"]
+
+
+def test_numpy_and_torch_integers_are_taken_as_the_numbers_they_hold(tmp_path: Path) -> None:
+    """A sweep's `numpy.int64` values (or torch's) export the job plain ints would: job.json
+    and the result hold Python ints. A bool or a non-integral value is still refused by name."""
+    import json
+
+    import numpy as np
+    import torch
+
+    config = TrainConfig(micro_batch=np.int64(2), grad_accum=torch.tensor(2))
+    options = {**TINY_GPT, "layers": np.int64(1)}
+    result = export_job(
+        config, gpus=np.int64(2), nodes=torch.tensor(2), steps=np.int32(3),
+        model_options=options, out_dir=tmp_path / "sweep",
+    )  # fmt: skip
+    assert (result.gpus, result.nodes, result.world_size) == (2, 2, 4)
+    assert type(result.gpus) is int and type(result.nodes) is int
+    assert result.command.startswith("deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 2 ")
+    job = json.loads((tmp_path / "sweep" / "job.json").read_text())
+    assert job["steps"] == 3 and job["model_options"]["layers"] == 1
+    assert job["config"]["micro_batch"] == 2 and job["config"]["grad_accum"] == 2
+    plain = export_job(
+        TrainConfig(micro_batch=2, grad_accum=2), gpus=2, nodes=2, steps=3,
+        model_options={**TINY_GPT, "layers": 1}, out_dir=tmp_path / "plain",
+    )  # fmt: skip
+    assert plain.ds_config == result.ds_config and plain.command == result.command
+    text = _refused(tmp_path, TrainConfig(), gpus=np.bool_(True), steps=np.float64(2.5))
+    assert "gpus=True: must be an integer >= 1" in text
+    assert "steps=2.5: must be an integer >= 1" in text
+    text = _refused(tmp_path, TrainConfig(), gpus=torch.tensor(2.0), nodes=torch.tensor([2]))
+    assert "gpus=2.0: must be an integer >= 1" in text
+    assert "nodes=tensor([2]): must be an integer >= 1" in text

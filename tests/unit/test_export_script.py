@@ -466,6 +466,14 @@ DROPOUT = dict(TINY_GPT, dropout=0.1)
             "train_deepspeed.py",
             TrainConfig(zero_stage=2, micro_batch=4, grad_accum=2, clip_grad_norm=1.0, seed=3),
         ),
+        (  # Lightning, data parallel on one device: its schedule, clipping and accumulation
+            "lightning",
+            "train_lightning.py",
+            TrainConfig(
+                micro_batch=4, grad_accum=2, lr_schedule="cosine", warmup_steps=1,
+                total_steps=10, clip_grad_norm=1.0, seed=3,
+            ),
+        ),
     ],
 )  # fmt: skip
 def test_an_exported_job_trains_the_sessions_trajectory(
@@ -568,3 +576,52 @@ def test_an_exported_script_runs_its_own_folders_files_with_workbench_installed(
     assert code == 0, err[-3000:]
     for name in ("job_common.py", "job_files.py", "job_parallel.py"):
         assert f"edited {name}" in err
+
+
+#: the keys of every exported job's per-step line
+STEP_KEYS = {"step", "loss", "lr", "grad_norm", "skipped", "step_seconds"}
+
+
+def test_the_three_jobs_print_one_step_line_with_the_same_meaning(tmp_path: Path) -> None:
+    """Each format's per-step line has the same keys; `loss` is the mean over the step's
+    micro-batches (the same first batches: the same step-1 loss everywhere), `lr` the rate
+    the step applied (warm-up step 1 of 2: half the rate, where a rate read after the step
+    is the whole of it) and `grad_norm` the norm before clipping."""
+    from workbench import Session
+    from workbench.export import export_job
+
+    config = TrainConfig(
+        micro_batch=4, grad_accum=2, lr=1e-3, lr_schedule="cosine", warmup_steps=2,
+        total_steps=10, clip_grad_norm=0.5, seed=3,
+    )  # fmt: skip
+    engines = {"deepspeed": {"zero_stage": 1}, "fsdp": {"fsdp": "full_shard"}, "lightning": {}}
+    lines = {}
+    for fmt, engine in engines.items():
+        out = export_job(
+            config.replace(**engine), format=fmt, gpus=1, out_dir=tmp_path / fmt,
+            model_options=TINY_GPT,
+        )  # fmt: skip
+        code, printed, err = run_job(
+            [sys.executable, f"train_{fmt}.py", "--steps", "2"], Path(out.out_dir)
+        )
+        assert code == 0, err[-3000:]
+        lines[fmt] = [ln for ln in printed if "loss" in ln]
+        assert [ln["step"] for ln in lines[fmt]] == [1, 2]
+        assert all(set(ln) == STEP_KEYS for ln in lines[fmt]), lines[fmt]
+    with Session(config, model="tiny-gpt", model_options=TINY_GPT) as s:
+        records = s.run(2)
+    assert [r.lr for r in records] == pytest.approx([5e-4, 1e-3])
+    for fmt in ("fsdp", "lightning"):  # the workbench's schedule
+        assert [ln["lr"] for ln in lines[fmt]] == pytest.approx([r.lr for r in records])
+        assert [ln["grad_norm"] for ln in lines[fmt]] == pytest.approx(
+            [r.grad_norm for r in records], rel=1e-6
+        )
+        assert [ln["loss"] for ln in lines[fmt]] == pytest.approx(
+            [r.loss for r in records], rel=1e-6
+        )
+    # DeepSpeed's WarmupCosineLR starts at its minimum (docs/deepspeed.md): its first two
+    # steps run at 0, the third at half the rate
+    assert [ln["lr"] for ln in lines["deepspeed"]] == [0.0, 0.0]
+    assert lines["deepspeed"][0]["loss"] == pytest.approx(records[0].loss, rel=1e-6)
+    assert lines["deepspeed"][0]["grad_norm"] == pytest.approx(records[0].grad_norm, rel=1e-6)
+    assert not any(ln["skipped"] for fmt in lines for ln in lines[fmt])

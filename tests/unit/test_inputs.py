@@ -208,3 +208,36 @@ def test_target_problem_says_why_an_output_cannot_go_there(tmp_path) -> None:
     assert target_problem(tmp_path, folder=False) == "is a folder; name a file"
     assert target_problem(afile / "inside", folder=True) == f"{afile} is not a folder"
     assert target_problem("x" * 5000, folder=True).startswith("cannot be used (")
+
+
+def test_numpy_and_torch_scalars_are_the_numbers_they_hold() -> None:
+    """A sweep's `numpy.int64(2)` or a `torch.tensor(2)` is an integer to every check that
+    asks `is_int` (TrainConfig, export_job, launch_ranks, ...); a bool never is, and a float,
+    a tensor of several values or one without data is no integer either."""
+    import numpy as np
+    import torch
+
+    from workbench.inputs import is_bool, is_int, is_number, plain_number
+
+    integers = [np.int64(2), np.uint8(2), np.int32(2), torch.tensor(2), torch.tensor(2).int()]
+    for v in integers:
+        assert is_int(v) and is_number(v) and not is_bool(v), v
+        assert plain_number(v) == 2 and type(plain_number(v)) is int, v
+    for v in (np.float64(2.5), torch.tensor(2.5), torch.tensor(2.0, dtype=torch.bfloat16)):
+        assert not is_int(v) and is_number(v) and type(plain_number(v)) is float, v
+    for v in (np.bool_(True), torch.tensor(True)):
+        assert is_bool(v) and not is_int(v) and not is_number(v), v
+        assert plain_number(v) is True
+    others = [
+        torch.tensor([2]),  # a tensor of several values is no scalar
+        torch.tensor(2, device="meta"),  # no value to read
+        torch.tensor(float("nan")),
+        np.float64("inf"),
+        torch.tensor(1 + 2j),
+        "2",
+        None,
+    ]
+    for v in others:
+        assert not is_int(v) and not is_number(v) and plain_number(v) is v, v
+    for v in (2, 2.5, True, None, "x"):
+        assert plain_number(v) is v

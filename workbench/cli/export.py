@@ -27,10 +27,9 @@ from workbench.export import (
     check_export,
     describe,
     export_job,
-    is_int,
     one_line,
 )
-from workbench.inputs import InputFileError, parse_json, read_json, shown, typed
+from workbench.inputs import InputFileError, is_int, parse_json, read_json, shown, typed
 
 # The TrainConfig fields `workbench export` takes as flags: every one in
 # workbench.cli_config except --device, which an exported job does not take.

@@ -95,13 +95,14 @@ from workbench.export.launch_files import (  # noqa: F401  (re-exported: a job's
 from workbench.export.problems import ExportError as ExportError  # re-exported
 from workbench.export.problems import ExportProblem as ExportProblem  # re-exported
 from workbench.export.refusals import (
+    factory_option_problems,
     factory_problems,
     factory_warning,
     format_problems,
     model_problems,
     stale_format,
 )
-from workbench.inputs import InputFileError, read_text, shown
+from workbench.inputs import InputFileError, is_int, plain_number, read_text, shown
 from workbench.outputs import OutputError, write_files
 
 #: The job's distributed strategy for the engine a config needs (`engine_for`), from the
@@ -231,6 +232,7 @@ def export_job(
     """
     if not isinstance(config, TrainConfig):
         raise ExportError([SettingProblem("config", config, "must be a workbench.TrainConfig")])
+    gpus, nodes, steps = plain_number(gpus), plain_number(nodes), plain_number(steps)
     checked = _check(
         config,
         format=format,
@@ -353,13 +355,13 @@ def check_export(
     return _check(
         config,
         format=format,
-        gpus=gpus,
+        gpus=plain_number(gpus),
         out_dir=out_dir,
         model=model,
-        nodes=nodes,
+        nodes=plain_number(nodes),
         hostfile=hostfile,
         model_options=model_options,
-        steps=steps,
+        steps=plain_number(steps),
     ).problems
 
 
@@ -525,11 +527,6 @@ _LIGHTNING_DS_KEYS = frozenset(
 
 
 # --------------------------------------------------------------------------- checks
-def is_int(v: Any) -> bool:
-    """An int that is not a bool."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def one_line(exc: BaseException) -> str:
     """A multi-problem ValueError as one line."""
     return "; ".join(problem_lines(exc))
@@ -546,6 +543,7 @@ def _check_model(
         message = "must be a dict of option name -> value"
         problems.append(SettingProblem("model_options", options, message))
         return {}
+    options = {k: plain_number(v) for k, v in options.items()}  # NumPy / torch: Python's
     for k, v in options.items():
         if not (v is None or isinstance(v, (bool, int, float, str))):
             message = "must be a number, string, bool or None"
@@ -564,7 +562,8 @@ def _check_model(
             )
             problems.append(SettingProblem("model", model, message))
         else:
-            problems += factory_problems(model, out_dir)
+            unfound = factory_problems(model, out_dir)
+            problems += unfound or factory_option_problems(model, options, out_dir)
         return dict(options)
     from workbench.models import MODEL_NAMES, model_options
 
@@ -722,6 +721,7 @@ def _check_hostfile(
         problem(f"cannot be read ({exc})")
         return None
     hosts = []
+    lines: dict[str, list[int]] = {}  # each host's line numbers
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -734,6 +734,13 @@ def _check_hostfile(
             )
             return None
         hosts.append((m.group(1), int(m.group(2))))
+        lines.setdefault(m.group(1), []).append(number)
+    twice = [(host, numbers) for host, numbers in lines.items() if len(numbers) > 1]
+    if twice:
+        said = "; ".join(f"{shown(host)} on lines {_numbers(found)}" for host, found in twice[:3])
+        more = f" and {len(twice) - 3} more host(s)" if len(twice) > 3 else ""
+        problem(f"names a host more than once ({said}{more}): list each host on one line")
+        return None
     if is_int(nodes) and len(hosts) < nodes:
         problem(f"lists {len(hosts)} host(s); --nodes {nodes} needs at least {nodes}")
     if is_int(gpus):
@@ -744,6 +751,12 @@ def _check_hostfile(
                 f"(`gpus`={gpus} per node)"
             )
     return path
+
+
+def _numbers(numbers: list[int], limit: int = 5) -> str:
+    """Line numbers as `2, 4` (the first `limit`, then how many more)."""
+    text = ", ".join(map(str, numbers[:limit]))
+    return text + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
 def _check_out_dir(out_dir: Any, problems: list[SettingProblem]) -> Path | None:

@@ -4,10 +4,14 @@ job that would stop at its start (or silently train something else) is never wri
 * `format_problems`: a setting a format's script does not carry (an optimizer the FSDP
   and Lightning scripts do not build, torch's amp precisions under Lightning's DeepSpeed
   strategy, amp-fp16 under DeepSpeed, `compile`);
-* `model_problems`: what the model itself (built on the meta device, or the factory
-  imported) cannot train of the settings, as a Session checks it (recomputation of blocks
-  the model does not mark, an attention kernel it has none of, LoRA targets that match no
-  layer);
+* `model_problems`: what a built-in model itself (built on the meta device) cannot train
+  of the settings, as a Session checks it (recomputation of blocks the model does not
+  mark, an attention kernel it has none of, LoRA targets that match no layer); a factory
+  is not built at export (that would run the user's code): not checked for one;
+* `factory_option_problems`: model options a factory `pkg.module:function` cannot take,
+  checked against its function's parameters as its source declares them (read, never
+  imported or run: what a built-in's `model_problems` checks needs the model built, which
+  for a factory means running the user's code, and an export does not);
 * `factory_warning`: a factory `pkg.module:function` that imports only from the folder
   the export was run in (the job runs in its own folder);
 * `stale_format`: a job folder that holds another format's job.
@@ -24,6 +28,8 @@ from typing import Any
 
 from workbench.config import OptimizerName, Precision, SettingProblem, TrainConfig
 from workbench.engines import AMP_FP16_DEEPSPEED
+from workbench.export.problems import ExportProblem
+from workbench.inputs import shown
 from workbench.optimizers import OPTIMIZERS
 
 #: the optimizers the FSDP and Lightning scripts build (their copy of these rows is
@@ -120,6 +126,46 @@ def factory_problems(model: str, out_dir: Any) -> list[SettingProblem]:
     ]
 
 
+def factory_option_problems(
+    model: str, options: dict[str, Any], out_dir: Any
+) -> list[SettingProblem]:
+    """The model options the factory `pkg.module:function` cannot take, checked against
+    its function's parameters as its source declares them (`models.factory_source`: read,
+    never imported or run; nothing is checked where the source does not say for certain):
+    an option it has no parameter for (without `**kwargs`), a parameter without a default
+    that no option gives, a positional-only one without a default (the job calls it with
+    keyword options only)."""
+    from workbench.models.factory_source import factory_parameters
+
+    folder = None
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        folder = Path(out_dir).expanduser()
+    params = factory_parameters(model, folder)
+    if params is None:
+        return []
+    where = f"{params.function}() in {params.path}, line {params.line}"
+    p: list[SettingProblem] = []
+    if params.positional_only:
+        names = ", ".join(params.positional_only)
+        why = (
+            f"{where} has positional-only parameters without a default ({names}); the job "
+            f"calls it as {params.function}(**model_options): give them defaults or make them "
+            "keyword parameters"
+        )
+        p.append(SettingProblem("model", model, why))
+    unknown = [] if params.any_keyword else [k for k in options if k not in params.keywords]
+    if unknown:
+        takes = ", ".join(params.keywords) if params.keywords else "no options"
+        why = f"unknown for {shown(model)}; {where} takes {takes}"
+        given = {k: options[k] for k in unknown}
+        p.append(ExportProblem("model_options", given, why, options=tuple(unknown), value_text=""))
+    missing = [k for k in params.required if k not in options]
+    if missing:
+        why = f"needed by {shown(model)}: {where} has no default for it; give it as a model option"
+        p.append(ExportProblem("model_options", {}, why, options=tuple(missing), value_text=""))
+    return p
+
+
 def factory_warning(model: str, out: Path) -> str | None:
     """A warning when the factory `pkg.module:function` imports here only because the
     current folder is on the path (`workbench.models.spec` puts it there) while the job,
@@ -173,6 +219,7 @@ def stale_format(out: Path, format: str) -> str | None:
 __all__ = [
     "COMPILE_REASON",
     "SCRIPT_OPTIMIZERS",
+    "factory_option_problems",
     "factory_warning",
     "format_problems",
     "model_problems",

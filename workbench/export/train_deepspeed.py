@@ -19,8 +19,11 @@ torch and deepspeed; workbench only for a built-in model or activation checkpoin
 
 A batch is an `(inputs, targets)` pair with `loss_fn(outputs, targets)`, or a mapping of
 the model's keyword arguments (`model(**batch)`; without a loss_fn the output's `.loss`),
-as in a workbench Session. Rank 0 prints one JSON line per optimizer step
-({"step": ..., "loss": ...}); `--save_dir DIR` saves a DeepSpeed checkpoint at the end.
+as in a workbench Session. Rank 0 prints one JSON line per optimizer step, as
+`train_fsdp.py` and `train_lightning.py` do: {"step", "loss" (the mean over ranks and the
+step's micro-batches), "lr" (the rate the step applied), "grad_norm" (DeepSpeed's, before
+clipping; None where DeepSpeed has none), "skipped" (a step the loss scaler skipped),
+"step_seconds"}; `--save_dir DIR` saves a DeepSpeed checkpoint at the end.
 """
 
 from __future__ import annotations
@@ -187,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(start), flush=True)
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
+        lr = float(engine.get_lr()[0])  # the rate this step applies (its scheduler steps after it)
         skipped_before = engine.skipped_steps
         total = torch.zeros((), device=engine.device)
         for _ in range(accum):
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             record = {
                 "step": step,
                 "loss": loss_value,
-                "lr": float(engine.get_lr()[0]),
+                "lr": lr,
                 "grad_norm": None if norm is None else float(norm),
                 "skipped": engine.skipped_steps > skipped_before,
                 "step_seconds": time.perf_counter() - t0,

@@ -31,7 +31,10 @@ FSDP2 then sharding over the data-parallel dimension of the 2-D mesh, the loss
 vocabulary-parallel; `activation_offload` the forward's
 saved activations, in pinned memory on a side stream (`job_common.offloaded_activations`,
 nothing moves on a CPU). Rank 0 prints one JSON line per
-optimizer step ({"step": ..., "loss": ...}). `--save-dir DIR` writes the trained weights
+optimizer step, as `train_deepspeed.py` and `train_lightning.py` do: {"step", "loss" (the
+mean over ranks and the step's micro-batches), "lr" (the rate the step applied),
+"grad_norm" (before clipping), "skipped" (a step the loss scaler skipped),
+"step_seconds"}. `--save-dir DIR` writes the trained weights
 at the end, gathered from the shards (`job_common.save_trained`: model.safetensors, or
 with LoRA the adapters alone in peft's format).
 """

@@ -27,7 +27,11 @@ bf16 "bf16-true" is "bf16-true", Lightning's model cast to bf16 without a master
 `activation_offload` runs each training step's forward under `job_common`'s offload hooks
 (saved activations in pinned host memory on a GPU; nothing moves on a CPU).
 
-Rank 0 prints one JSON line per optimizer step ({"step": ..., "loss": ...}).
+Rank 0 prints one JSON line per optimizer step, as `train_deepspeed.py` and `train_fsdp.py`
+do: {"step", "loss" (the mean over ranks and the step's micro-batches), "lr" (the rate the
+step applied), "grad_norm" (before clipping; None under Lightning's FSDP strategy, whose
+sharded norm Lightning does not give), "skipped" (a step the loss scaler skipped),
+"step_seconds"}.
 `--save-dir DIR` writes the trained weights at the end (data parallel and tensor parallel:
 model.safetensors, or with LoRA the adapters alone in peft's format).
 """
@@ -108,14 +112,17 @@ SHARDING = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "no_sh
 class JobModule(L.LightningModule):
     """The job's model, loss, optimizer and schedule as a LightningModule."""
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Any, config: dict[str, Any]) -> None:
+    def __init__(
+        self, model: torch.nn.Module, loss_fn: Any, config: dict[str, Any], strategy: str = "ddp"
+    ) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
         self.settings = config
+        self.strategy_kind = strategy
         self._offload: Any = None  # activation offload's side stream, made on the device
-        self._t0 = time.perf_counter()
-        self._losses: list[float] = []
+        self._step: dict[str, Any] | None = None  # the optimizer step under way (`_open_step`)
+        self._steps_done = 0
 
     @property
     def tp(self) -> int:
@@ -152,7 +159,9 @@ class JobModule(L.LightningModule):
         with self._vocabulary_parallel():
             loss = loss_of(self.model, batch, self.loss_fn, self._offload)
         loss = loss.to_local() if hasattr(loss, "to_local") else loss
-        self._losses.append(float(loss.detach()))
+        assert self._step is not None
+        self._step["loss"] += loss.detach().float()
+        self._step["micro_batches"] += 1
         return loss
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
@@ -162,26 +171,72 @@ class JobModule(L.LightningModule):
     def configure_gradient_clipping(
         self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
     ) -> None:
-        if self.tp == 1:
-            super().configure_gradient_clipping(
-                optimizer, gradient_clip_val, gradient_clip_algorithm
-            )
-        elif gradient_clip_val is not None:  # DTensors on two meshes: over shards and replicas
-            params = [p for p in self.parameters() if p.requires_grad]
-            sharded_grad_norm(params, self.trainer.world_size, float(gradient_clip_val))
+        """Called before each optimizer step (the gradients unscaled, not yet clipped):
+        the gradient norm the step's line prints, then the clipping."""
+        assert self._step is not None
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.tp > 1:  # DTensors on two meshes: over shards and replicas
+            clip = None if gradient_clip_val is None else float(gradient_clip_val)
+            self._step["grad_norm"] = sharded_grad_norm(params, self.trainer.world_size, clip)
+            return
+        if self.strategy_kind == "ddp":  # every rank holds the averaged gradients whole
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads) if grads else None
+            self._step["grad_norm"] = None if norm is None else float(norm)  # host waits here
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def _open_step(self) -> dict[str, Any]:
+        """What an optimizer step's line needs from before its first micro-batch: the
+        rate the step applies (the schedule stepped after the previous one), the loss
+        scale (a smaller one after the step: skipped) and the DeepSpeed engine's count of
+        skipped steps."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        return {
+            "t0": time.perf_counter(),
+            "lr": float(self.trainer.optimizers[0].param_groups[0]["lr"]),
+            "loss": torch.zeros((), device=self.device),
+            "micro_batches": 0,
+            "grad_norm": None,
+            "scaler": scaler,
+            "scale": None if scaler is None else scaler.get_scale(),
+            "engine_skipped": getattr(self.trainer.model, "skipped_steps", None),
+        }
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._step is None:  # the first micro-batch of an optimizer step
+            self._step = self._open_step()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        accum = int(self.settings["grad_accum"])
-        if (batch_idx + 1) % accum or self.global_rank != 0:
+        """After the optimizer step (the last micro-batch of its accumulation): the line of
+        `train_deepspeed.py` and `train_fsdp.py`, the same keys with the same meaning."""
+        done = int(self.trainer.global_step)
+        if done == self._steps_done:  # accumulating: no optimizer step yet
+            return
+        self._steps_done, step = done, self._step
+        assert step is not None
+        self._step = None
+        # mean loss over ranks and micro-batches (every rank reduces; the host waits here)
+        loss = self.trainer.strategy.reduce(step["loss"] / step["micro_batches"], reduce_op="mean")
+        grad_norm, skipped = step["grad_norm"], False
+        if self.strategy_kind == "deepspeed":  # the engine clipped and stepped: its norm
+            engine: Any = self.trainer.model  # the DeepSpeedEngine
+            norm = engine.get_global_grad_norm()
+            grad_norm = None if norm is None else float(norm)
+            skipped = engine.skipped_steps > step["engine_skipped"]
+        elif step["scaler"] is not None:  # amp fp16: the scaler skips a step with inf/NaN
+            skipped = step["scaler"].get_scale() < step["scale"]
+        if self.global_rank != 0:
             return
         record = {
-            "step": int(self.trainer.global_step),
-            "loss": sum(self._losses) / len(self._losses),
-            "lr": float(self.trainer.optimizers[0].param_groups[0]["lr"]),
-            "step_seconds": time.perf_counter() - self._t0,
+            "step": done,
+            "loss": float(loss),
+            "lr": step["lr"],
+            "grad_norm": grad_norm,
+            "skipped": skipped,
+            "step_seconds": time.perf_counter() - step["t0"],
         }
         print(json.dumps(record), flush=True)
-        self._losses, self._t0 = [], time.perf_counter()
 
     def configure_optimizers(self) -> Any:
         cfg = self.settings
@@ -316,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(JobModule(model, loss_fn, config), train_dataloaders=loader)
+    module = JobModule(model, loss_fn, config, strategy=str(job["strategy"]))
+    trainer.fit(module, train_dataloaders=loader)
     if trainer.global_rank == 0:
         print(json.dumps({"event": "done", "steps": int(trainer.global_step)}), flush=True)
     if args.save_dir:

@@ -277,7 +277,7 @@ def _rng_problems(rng: Any) -> list[str]:
         and version == 3
         and isinstance(internal, (list, tuple))
         and len(internal) == 625
-        and all(is_int(x) and 0 <= x < 2**32 for x in internal)
+        and all(type(x) is int and 0 <= x < 2**32 for x in internal)  # random.setstate's
         and (gauss is None or _real(gauss))
     ):
         p.append(
