@@ -3,6 +3,7 @@
 The Session and its loop:
 session.py       Session: its states, the loop thread, public API
 session_tools.py the Session's memory, predict, profile and launch methods
+session_saves.py the Session's save_checkpoint() and its autosave
 session_step.py  one step of the Session's loop, its out-of-memory retry and its record
 run_folders.py   a run's id, the folders it claims and its checkpoint writes
 changes.py       the queue of settings changes; what a change rebuilds; what a session runs

@@ -41,7 +41,7 @@ beside it, one concept each (docs/architecture.md lists them): `runtime.py`, `ch
 `step.py` and `session_step.py` (one step, its out-of-memory retry and its record),
 `faults.py`, `resume.py` and `run_folders.py` (the run's folders and checkpoints),
 `session_log.py`, `session_tools.py` (its memory, predict, profile and launch methods, its
-weights file and `resume_from`). Past 700 lines because the public methods, each documented
+weights file and `resume_from`), `session_saves.py` (`save_checkpoint` and the autosave). Past 700 lines because the public methods, each documented
 for `help()`, and the state machine they drive share one lock and one set of states.
 """
 
@@ -65,7 +65,6 @@ from torch.utils.data import DataLoader, Dataset
 from workbench.config import ConfigError, Device, Documents, SettingProblem, TrainConfig
 from workbench.inputs import is_int, shown
 from workbench.models.spec import resolve_model
-from workbench.modelstats import count_parameters
 from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train import checkpoints as ckpt
 from workbench.train import owners
@@ -83,15 +82,14 @@ from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
 from workbench.train.resume import (
     check_checkpoint_arg,
-    manifest_fields,
     resumed_records,
-    save_target,
 )
 from workbench.train.run_folders import RunFolders
 from workbench.train.runlog import LOG_NAME
 from workbench.train.runtime import RngStream, Runtime
 from workbench.train.schedule import scaled_lr
 from workbench.train.session_log import SessionLog, tensorboard_setting
+from workbench.train.session_saves import SessionSaves
 from workbench.train.session_step import SessionStep
 from workbench.train.session_tools import SessionTools
 from workbench.train.step import (
@@ -122,7 +120,7 @@ class SessionStateError(RuntimeError):
     """A call that the session's current state does not allow."""
 
 
-class Session(SessionTools):
+class Session(SessionTools, SessionSaves):
     """A training run you can change while it runs (see the module docstring).
 
     `config`: a `TrainConfig` (its docstring lists every setting and its allowed values);
@@ -835,63 +833,3 @@ class Session(SessionTools):
                     f"on_record callback {shown(cb)} raised {shown(exc)}",
                     "warning",
                 )
-
-    # ------------------------------------------------------------------ checkpoints
-    def _autosave(self) -> None:
-        if self._folders.save_due(self._config, self._step):
-            try:
-                self.save_checkpoint()
-            except Exception as exc:
-                self._event("checkpoint-failed", f"autosave failed: {exc}", "warning")
-
-    def save_checkpoint(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Write a checkpoint at the current step boundary; returns its path. `path`: a file
-        name (used as is; its manifest beside it, `NAME.json`), a directory (`step-N.pt` and
-        `step-N.json` in it, then only the newest `keep_checkpoints` kept), or None for
-        `config.checkpoint_dir`; with several ranks a directory gets each rank's own folder
-        in it (`rank-<r>`, as `workbench launch` lays them out). The layout is in
-        `workbench.train.checkpoints`; `torch.load(path, weights_only=True)` reads it, the
-        trained weights under `payload["backend"]["model"]` (fp32, by parameter name). The
-        step records are in the run's log. An OSError (a folder it cannot write) names
-        `path`; the session trains on."""
-        self._check_open("save_checkpoint")
-        with self._step_lock:
-            self._apply_pending(raise_errors=False)
-            cfg = self._config
-            target, directory = save_target(
-                path, cfg.checkpoint_dir, self._step, self.world_size, self.rank
-            )
-            with self._rng_installed():  # the payload's RNG states are this session's
-                payload = ckpt.training_payload(
-                    step=self._step,
-                    config=cfg,
-                    runtime=self._rt,
-                    reference_batch=self.reference_batch,
-                    model_name=self.model_name,
-                    model_options=self.model_options,
-                )
-            written = self._folders.write(
-                payload,
-                target,
-                directory,
-                config=cfg,
-                step=self._step,
-                flush_log=self.flush_log,
-                describe=lambda: self._manifest_fields(target),
-                given=path if path is not None else cfg.checkpoint_dir,
-            )
-        self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
-        return str(written)
-
-    def _manifest_fields(self, target: Path) -> dict[str, Any]:
-        return manifest_fields(
-            target=target,
-            model_name=self.model_name,
-            model_options=self.model_options,
-            module_type=type(self._model).__name__,
-            n_params=count_parameters(self._model),
-            world_size=self.world_size,
-            rank=self.rank,
-            log_path=self.log_path,
-            run=self.run_id,
-        )
