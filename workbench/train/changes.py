@@ -271,9 +271,10 @@ class ChangeQueue:
         self,
         changes: dict[str, Any],
         problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
-    ) -> None:
+    ) -> dict[str, Any]:
         """Queue `changes` on top of the settings asked for; ConfigError naming every
-        problem (TrainConfig's own, then `problems(new, changed)`), nothing queued."""
+        problem (TrainConfig's own, then `problems(new, changed)`), nothing queued. Returns
+        what was queued before, for `withdraw`."""
         with self._lock:
             new = self.requested.replace(**changes)  # ConfigError: names, types, ranges
             # a setting given its present value changes nothing, and nothing is refused of it
@@ -281,9 +282,26 @@ class ChangeQueue:
             found = problems(new, changed)
             if found:
                 raise ConfigError(found)
+            before = dict(self._pending)
             self.requested = new
             for name in changes:
                 self._pending[name] = plain_value(getattr(new, name))
+            return before
+
+    def withdraw(self, names: set[str], before: dict[str, Any], current: TrainConfig) -> None:
+        """Take back the request of `names` (`request` returned `before`, what was queued
+        then) that was never applied (an interrupted `update`): those settings queued as
+        before it, the settings asked for `current` (those in effect) with the queue."""
+        with self._lock:
+            for name in names:
+                if name in before:
+                    self._pending[name] = before[name]
+                else:
+                    self._pending.pop(name, None)
+            try:
+                self.requested = current.replace(**self._pending)
+            except ConfigError:  # (another thread's request built on this one)
+                self.requested, self._pending = current, {}
 
     def follow(self, **settings: Any) -> None:
         """The session changed `settings` itself (the out-of-memory retry): ask for them too."""
@@ -313,7 +331,11 @@ class ChangeQueue:
             return
         try:
             rebuild(target, set(diff))
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing was applied,
+                with self._lock:  # the changes stay queued (under those queued meanwhile)
+                    self._pending = {**changes, **self._pending}
+                raise
             with self._lock:
                 self.requested = current
                 self._pending.clear()

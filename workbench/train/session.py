@@ -22,7 +22,9 @@ the data loader is rebuilt for micro_batch / num_workers / pin_memory / seed, th
 backend (optimizer, precision policy, schedule) for the optimizer settings, carrying
 weights and optimizer state; activation checkpointing is switched on the model. If
 anything fails to build, nothing changes and an Event("change-failed") says why. When no
-loop is running, the change is applied before `update` returns (and a failure raises).
+loop is running, the change is applied before `update` returns (and a failure raises); a
+Ctrl-C in that build leaves the session as before the call, one in the loop's leaves the
+change queued.
 The first StepRecord after a change carries `changes={...}`.
 
 Faults: a non-finite loss skips the step and pauses (Event "nan-loss"); out of memory
@@ -510,11 +512,17 @@ class Session(SessionTools, SessionSaves):
             return
         with self._state_lock:
             self._check_open("update")
-            self._changes.request(changes, self._problems)
+            before = self._changes.request(changes, self._problems)
             apply_now = not self._loop_active
         if apply_now:
             with self._step_lock:
-                self._apply_pending(raise_errors=True)
+                try:
+                    self._apply_pending(raise_errors=True)
+                except Exception:
+                    raise
+                except BaseException:  # KeyboardInterrupt in the build: as before the call
+                    self._changes.withdraw(set(changes), before, self._config)
+                    raise
 
     def _apply_pending(self, *, raise_errors: bool) -> None:
         """Apply queued changes (caller holds the step lock); see `ChangeQueue.apply`."""
@@ -735,6 +743,7 @@ class Session(SessionTools, SessionSaves):
     def _loop(self) -> None:
         self._loop_thread_id = threading.get_ident()
         final = "idle"
+        interrupted = False
         try:
             while True:
                 with self._state_lock:
@@ -753,6 +762,7 @@ class Session(SessionTools, SessionSaves):
                     final = outcome
                     break
         except BaseException as exc:  # KeyboardInterrupt, or a bug in the loop itself
+            interrupted = True
             self._rt.backend.zero_grad()
             final = "paused" if isinstance(exc, KeyboardInterrupt) else "error"
             self._last_error = f"{type(exc).__name__}: {exc}"
@@ -764,7 +774,8 @@ class Session(SessionTools, SessionSaves):
             )
             raise
         finally:
-            if final != "error" and self._changes:
+            # queued changes applied before the loop ends (after Ctrl-C they stay queued)
+            if final != "error" and not interrupted and self._changes:
                 with self._step_lock:
                     self._apply_pending(raise_errors=False)
             with self._cond:
