@@ -65,3 +65,48 @@ def test_ctrl_c_while_the_loop_applies_a_queued_change_keeps_it_queued(monkeypat
         assert s.config.precision == "bf16-true" and s.config.lr == 1e-3
         changes = [e.details["changes"] for e in s.events if e.kind == "change"]
         assert changes == [{"precision": "bf16-true", "lr": 1e-3}]
+
+
+def _failing_rebuild(monkeypatch, session: Session, meanwhile: dict) -> None:
+    """The next rebuild calls `session.update(**meanwhile)` (a change the user queues while
+    it runs) and then fails; later ones build."""
+    original = runtime.Runtime.rebuild
+    calls = []
+
+    def rebuild(self, target, changed, **kwargs):
+        calls.append(changed)
+        if len(calls) == 1:
+            session.update(**meanwhile)  # the loop is running: queued, not applied
+            raise RuntimeError("engine build failed (simulated)")
+        return original(self, target, changed, **kwargs)
+
+    monkeypatch.setattr(runtime.Runtime, "rebuild", rebuild)
+
+
+def test_a_failed_build_keeps_a_change_queued_while_it_ran(monkeypatch):
+    _, s = _session()
+    with s:
+        _failing_rebuild(monkeypatch, s, {"lr": 0.01})
+        s.on_record(lambda r: r.step == 1 and s.update(precision="bf16-true"))
+        records = s.run(4)
+        assert s.config.precision == "fp32" and s.config.lr == 0.01
+        assert s.pending_changes == {}
+        [failed] = [e for e in s.events if e.kind == "change-failed"]
+        assert failed.details["changes"] == {"precision": "bf16-true"}
+        assert "still queued: {'lr': 0.01}" in failed.message
+        assert [r.changes for r in records if r.changes] == [{"lr": 0.01}]
+
+
+def test_a_change_that_needs_the_failed_one_is_dropped_and_named(monkeypatch):
+    _, s = _session(grad_accum=2)
+    with s:
+        # optimizer_in_backward needs grad_accum=1: accepted on top of the failing change
+        _failing_rebuild(monkeypatch, s, {"optimizer_in_backward": True})
+        s.on_record(lambda r: r.step == 1 and s.update(grad_accum=1))
+        s.run(3)
+        assert s.config.grad_accum == 2 and s.config.optimizer_in_backward is False
+        assert s.pending_changes == {}
+        [failed] = [e for e in s.events if e.kind == "change-failed"]
+        assert failed.details["dropped"] == {"optimizer_in_backward": True}
+        assert "also dropped {'optimizer_in_backward': True}" in failed.message
+        assert "grad_accum" in failed.message.split("also dropped", 1)[1]

@@ -316,11 +316,13 @@ class ChangeQueue:
         first_step: int,
         event: Callable[..., Event],
         raise_errors: bool,
+        problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
     ) -> None:
         """Apply the queued changes that differ from `current` with `rebuild(target,
         changed)` (which takes `target` as the settings in effect and calls `applied`);
         an Event "change" says from which step, "change-failed" why nothing changed
-        (raised as ValueError too with `raise_errors`)."""
+        (raised as ValueError too with `raise_errors`). A failed build drops its own
+        changes only: those queued while it ran stay queued (`requeue`)."""
         with self._lock:
             if not self._pending:
                 return
@@ -337,18 +339,25 @@ class ChangeQueue:
                     self._pending = {**changes, **self._pending}
                 raise
             with self._lock:
-                self.requested = current
-                self._pending.clear()
+                kept, dropped, why = self._requeue(current, problems)
+            after = f"; still queued: {kept}" if kept else ""
+            if dropped:
+                after = (
+                    f"; also dropped {dropped}, queued meanwhile, which the settings in "
+                    f"effect cannot take: {why}"
+                )
             event(
                 "change-failed",
-                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous settings",
+                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous "
+                f"settings{after}",
                 "error",
                 changes=diff,
+                dropped=dropped,
                 error=f"{type(exc).__name__}: {exc}",
                 traceback=traceback.format_exc(),
             )
             if raise_errors:
-                raise ValueError(f"could not apply {diff}: {exc}") from exc
+                raise ValueError(f"could not apply {diff}: {exc}{after}") from exc
             return
         event(
             "change",
@@ -357,6 +366,28 @@ class ChangeQueue:
             changes=diff,
             effective_step=first_step,
         )
+
+    def _requeue(
+        self,
+        current: TrainConfig,
+        problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
+    ) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """After a failed build (`current` still in effect): the changes queued while it
+        ran stay queued, on top of `current` (returned as kept); if `current` cannot take
+        them (one made for the failed change), they are dropped, returned with why. The
+        caller holds the lock."""
+        queued = dict(self._pending)
+        try:
+            new = current.replace(**queued)
+            changed = {k for k in queued if getattr(new, k) != getattr(current, k)}
+            found = problems(new, changed) if changed else []
+        except ConfigError as exc:
+            found = exc.problems
+        if not found:
+            self.requested = new
+            return queued, {}, ""
+        self.requested, self._pending = current, {}
+        return {}, queued, "; ".join(str(p) for p in found)
 
     def applied(self, target: TrainConfig, changed: set[str]) -> None:
         """`target` is in effect now; the next record names `changed`."""

@@ -21,7 +21,8 @@ the session is untouched) and applied at the next optimizer-step boundary, all t
 the data loader is rebuilt for micro_batch / num_workers / pin_memory / seed, the
 backend (optimizer, precision policy, schedule) for the optimizer settings, carrying
 weights and optimizer state; activation checkpointing is switched on the model. If
-anything fails to build, nothing changes and an Event("change-failed") says why. When no
+anything fails to build, nothing changes and an Event("change-failed") says why (changes
+queued while it built stay queued, or are named there if they needed it). When no
 loop is running, the change is applied before `update` returns (and a failure raises); a
 Ctrl-C in that build leaves the session as before the call, one in the loop's leaves the
 change queued.
@@ -532,6 +533,7 @@ class Session(SessionTools, SessionSaves):
             first_step=self._step + 1,
             event=self._event,
             raise_errors=raise_errors,
+            problems=self._problems,
         )
 
     def _apply(
