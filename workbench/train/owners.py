@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
+import sys
 import warnings
 import weakref
 from typing import Protocol
@@ -50,9 +52,19 @@ def take_over(module: nn.Module) -> None:
     if previous is not None and previous.state != "closed":
         warnings.warn(
             f"closing {shown(previous)}: its model is now trained by a new Session",
-            stacklevel=3,
+            stacklevel=_user_frame(),
         )
         previous.close()
+
+
+def _user_frame() -> int:
+    """The `stacklevel` of the first caller outside the workbench package (the line that
+    built the new Session), counted from the function that calls this one."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def register(module: nn.Module, session: Closable) -> None:

@@ -85,6 +85,7 @@ from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
 from workbench.train.resume import (
     check_checkpoint_arg,
+    check_resumed_weights,
     resumed_records,
 )
 from workbench.train.run_folders import RunFolders
@@ -184,6 +185,8 @@ class Session(SessionTools, SessionSaves):
         config, module, data, loss_fn = self._setup_model(
             config, model, data, loss_fn, model_options, sampler
         )
+        if payload is not None:  # before the module's old Session is closed
+            check_resumed_weights(module, payload, model=model, model_options=self.model_options)
         self._setup_state(config, tensorboard)
         self._setup_runtime(config, module, data, loss_fn, payload)
 
@@ -239,7 +242,6 @@ class Session(SessionTools, SessionSaves):
             and data.batch_size != config.micro_batch
         ):
             config = config.replace(micro_batch=int(data.batch_size))
-        owners.take_over(module)  # a re-run cell's old Session on this module is closed
         self._model: nn.Module = module
         self._data_source = data
         self._sampler = sampler
@@ -313,6 +315,9 @@ class Session(SessionTools, SessionSaves):
                 state=state,
                 position=position,
                 buffers=buffers,
+                # a re-run cell's old Session on this module is closed once this one checked
+                # everything it can before changing the module
+                claim=lambda: owners.take_over(module),
             )
         except BaseException:
             self._runlog.close()
