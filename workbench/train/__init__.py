@@ -10,7 +10,8 @@ changes.py       the queue of settings changes; what a change rebuilds; what a s
 faults.py        what a failed step does: the out-of-memory retry, a non-finite loss, errors
 resume.py        where a save goes, its manifest, what a loaded checkpoint resumes with
 session_log.py   a Session's run log and TensorBoard writer
-owners.py        one live Session per module; open Sessions closed at exit
+owners.py        one live Session per module; open Sessions closed at exit, dropped
+                 ones' weights written back
 world.py         rank and world size from the environment
 progress.py      run()'s progress bar
 runtime.py       the data stream and backend one setting is built into; your module's weights

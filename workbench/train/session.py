@@ -153,7 +153,8 @@ class Session(SessionTools, SessionSaves):
 
     Your module's weights: the plain loop trains your module itself; a DeepSpeed engine
     (ZeRO, DeepSpeed 16-bit, several ranks) trains its own copy, and your module gets the
-    trained weights back, in its own dtypes, at every engine switch and at `close()`.
+    trained weights back, in its own dtypes, at every engine switch and at `close()` (or,
+    on one rank, when a session dropped without `close()` is garbage-collected).
     `state_dict()` and `save_weights(path)` give the full weights at any time.
 
     Reproducibility: each session draws its random numbers (dropout's) from its own
@@ -311,7 +312,7 @@ class Session(SessionTools, SessionSaves):
                 world_size=self.world_size,
                 rank=self.rank,
                 reference_batch=self.reference_batch,
-                on_event=self._event,
+                on_event=owners.weak_method(self._event),  # the runtime keeps no session alive
                 state=state,
                 position=position,
                 buffers=buffers,
@@ -338,6 +339,7 @@ class Session(SessionTools, SessionSaves):
             event=self._event,
         )
         owners.register(module, self)
+        self._finalizer = owners.when_dropped(self, self._rt)  # close() detaches it
         if payload is not None:  # the checkpoint's RNG stream, in place of the seeded one
             rng = payload["rng"]
             self._rt.rng = RngStream.made_by(lambda: ckpt.set_rng_state(rng), self.device)
@@ -737,6 +739,7 @@ class Session(SessionTools, SessionSaves):
                 )
                 log.error("workbench: %s", ev.message)
             self._set_state("closed")
+            self._finalizer.detach()
             owners.closed(self)
         self._runlog.close()  # every record and event written
 
