@@ -583,9 +583,17 @@ class Session(SessionTools, SessionSaves):
             yield self._rt
 
     @contextlib.contextmanager
-    def _interrupted(self) -> Iterator[None]:
+    def _interrupted(self, action: str) -> Iterator[None]:
         """A block run with the loop paused: a running session is paused for it and resumed
-        after; a paused one is paused again after it, towards its run's target."""
+        after; a paused one is paused again after it, towards its run's target. From the
+        loop's own thread (an `on_record` callback) SessionStateError naming `action`,
+        before anything changes: the loop cannot pause under its own step."""
+        if threading.get_ident() == self._loop_thread_id:
+            raise SessionStateError(
+                f"cannot {action} from the training loop's thread (an on_record callback): "
+                f"{action} runs steps of its own; call it after the run returns, or from "
+                "another thread while the session runs in the background"
+            )
         was_running = self._state == "running"
         if was_running:
             self.pause()
