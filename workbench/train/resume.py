@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError, SettingProblem, TrainConfig, plain_value
-from workbench.inputs import shown
+from workbench.inputs import file_kind, shown
 from workbench.models import options_from_file
 from workbench.train import checkpoints as ckpt
 from workbench.train.history import RECENT_RECORDS
@@ -59,17 +60,34 @@ def save_target(
             f"path={shown(path)}: must be a file or folder path (a non-empty str or "
             "os.PathLike), or None for config.checkpoint_dir"
         )
+    name = "path"
     if path is None:
         if checkpoint_dir is None:
             raise ValueError(
                 "path=None: pass a file or directory, or set checkpoint_dir in the config"
             )
-        path = checkpoint_dir
+        path, name = checkpoint_dir, "checkpoint_dir"
     p = Path(path)
-    directory = p if (p.is_dir() or p.suffix == "") else None
+    kind = _special_kind(p)
+    if kind is not None:
+        raise ValueError(
+            f"{name}={shown(str(p), 1000)}: exists and is {kind}, where a checkpoint file or a "
+            "folder for checkpoints is needed; nothing was written"
+        )
+    directory = p if (p.is_dir() or (p.suffix == "" and not os.path.lexists(p))) else None
     if directory is not None and world_size > 1 and directory.name != f"rank-{rank}":
         directory = directory / f"rank-{rank}"
     return (directory / ckpt.checkpoint_name(step) if directory else p), directory
+
+
+def _special_kind(path: Path) -> str | None:
+    """What an existing `path` is when it is neither a folder nor a regular file (a FIFO,
+    a device, a socket; a link followed), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISDIR(mode) or stat.S_ISREG(mode) else file_kind(mode)
 
 
 def _text(path: Any) -> str:
