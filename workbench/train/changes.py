@@ -167,36 +167,7 @@ def session_problems(
     tied = _tied_units(model, config)
     if tied is not None:
         p.append(tied)
-    if "pp" in changed:
-        p.append(
-            SettingProblem(
-                "pp",
-                int(config.pp),
-                "cannot change on a live session: the stage count decides which ranks hold "
-                "which layers and read which samples; create a new Session (or launch) with it",
-            )
-        )
-    for name in ("tp", "sequence_parallel"):
-        if name in changed:
-            p.append(
-                SettingProblem(
-                    name,
-                    plain_value(getattr(config, name)),
-                    "cannot change on a live session: the tensor-parallel layout decides "
-                    "which ranks read which samples and how each layer is split; create a "
-                    "new Session (or launch) with it",
-                )
-            )
-    if "documents" in changed:
-        p.append(
-            SettingProblem(
-                "documents",
-                plain_value(config.documents),
-                "cannot change on a live session: the layout decides the samples, their "
-                "number (the data position) and the vocabulary (the end-of-document token); "
-                "create a new Session",
-            )
-        )
+    p += [fixed_problem(n, plain_value(getattr(config, n))) for n in LIVE_FIXED if n in changed]
     if isinstance(data, DataLoader):
         for name in _LOADER_FIELDS:
             current = {
@@ -224,6 +195,23 @@ def session_problems(
             )
         )
     return p
+
+
+#: Settings a live session cannot change, and why (`fixed_problem`).
+LIVE_FIXED = {
+    "pp": "the stage count decides which ranks hold which layers and read which samples; "
+    "create a new Session (or launch) with it",
+    "tp": "the tensor-parallel layout decides which ranks read which samples and how each "
+    "layer is split; create a new Session (or launch) with it",
+    "documents": "the layout decides the samples, their number (the data position) and the "
+    "vocabulary (the end-of-document token); create a new Session",
+}
+LIVE_FIXED["sequence_parallel"] = LIVE_FIXED["tp"]
+
+
+def fixed_problem(name: str, value: Any) -> SettingProblem:
+    """`name` (one of `LIVE_FIXED`) asked to change to `value` on a live session."""
+    return SettingProblem(name, value, f"cannot change on a live session: {LIVE_FIXED[name]}")
 
 
 def _tied_units(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
@@ -276,6 +264,7 @@ class ChangeQueue:
         problem (TrainConfig's own, then `problems(new, changed)`), nothing queued. Returns
         what was queued before, for `withdraw`."""
         with self._lock:
+            self._refuse_fixed(changes)
             new = self.requested.replace(**changes)  # ConfigError: names, types, ranges
             # a setting given its present value changes nothing, and nothing is refused of it
             changed = {k for k in changes if getattr(new, k) != getattr(self.requested, k)}
@@ -287,6 +276,24 @@ class ChangeQueue:
             for name in changes:
                 self._pending[name] = plain_value(getattr(new, name))
             return before
+
+    def _refuse_fixed(self, changes: dict[str, Any]) -> None:
+        """A change to a setting a live session cannot change (`LIVE_FIXED`) is refused as
+        that, with the other changes' own problems, not as what it would need of the other
+        settings (`pp`=2 needing `grad_accum` >= 2)."""
+        fixed = [
+            n
+            for n in LIVE_FIXED
+            if n in changes and changes[n] != plain_value(getattr(self.requested, n))
+        ]
+        if not fixed:
+            return
+        found = [fixed_problem(n, changes[n]) for n in fixed]
+        try:
+            self.requested.replace(**{k: v for k, v in changes.items() if k not in fixed})
+        except ConfigError as exc:
+            found += exc.problems
+        raise ConfigError(found)
 
     def withdraw(self, names: set[str], before: dict[str, Any], current: TrainConfig) -> None:
         """Take back the request of `names` (`request` returned `before`, what was queued
