@@ -370,8 +370,8 @@ class Session(SessionTools, SessionSaves):
 
     @property
     def failure(self) -> str | None:
-        """Why the last run ended early (a non-finite loss, or an exception in a step), or
-        None. Cleared when a run starts."""
+        """Why the last run ended early (a non-finite loss, an exception in a step, a
+        KeyboardInterrupt), or None. Cleared when a run starts."""
         return self._failure
 
     @property
@@ -783,13 +783,17 @@ class Session(SessionTools, SessionSaves):
             interrupted = True
             self._rt.backend.zero_grad()
             final = "paused" if isinstance(exc, KeyboardInterrupt) else "error"
-            self._last_error = f"{type(exc).__name__}: {exc}"
-            self._event(
+            self._last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            message = f"training interrupted after step {self._step}: {self._last_error}"
+            if final == "paused":
+                message += "; the session paused (resume() or run() goes on)"
+            ev = self._event(
                 "interrupted" if final == "paused" else "error",
-                f"training interrupted: {self._last_error}",
+                message,
                 "warning" if final == "paused" else "error",
                 traceback=traceback.format_exc(),
             )
+            self._fail(ev.message, announce=self._background and final == "error")
             raise
         finally:
             # queued changes applied before the loop ends (after Ctrl-C they stay queued)
