@@ -86,7 +86,7 @@ def target_problem(path: str | os.PathLike[str], *, folder: bool) -> str | None:
     target = Path(path)
     try:
         if folder and target.exists() and not target.is_dir():
-            return "exists and is not a folder"
+            return f"exists and is {_kind(target)}, where a folder is needed"
         if not folder and target.is_dir():
             return "is a folder; name a file"
         if not folder:
@@ -96,11 +96,21 @@ def target_problem(path: str | os.PathLike[str], *, folder: bool) -> str | None:
                 return exc.reason
         parent = next((p for p in target.parents if p.exists()), None)
         if parent is not None and not parent.is_dir():
-            return f"{parent} is not a folder"
+            return f"{parent} is {_kind(parent)}, where a folder is needed"
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte
         reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())
         return f"cannot be used ({reason})"
     return None
+
+
+def _kind(path: Path) -> str:
+    """What an existing `path` that is no folder is ("a file", "a FIFO (named pipe)",
+    "a device", ...), a link followed."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "not a folder"
+    return "a file" if stat.S_ISREG(mode) else file_kind(mode)
 
 
 def _as_bytes(data: bytes | str) -> bytes:

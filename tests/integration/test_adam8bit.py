@@ -264,3 +264,23 @@ def test_the_dry_run_says_why_it_cannot_step_it() -> None:
     with pytest.raises(DryRunError, match="torch.compile") as info:
         simulate_memory("tiny-gpt", TrainConfig(optimizer="adam8bit"), model_options=TINY)
     assert [p.field for p in info.value.problems] == ["optimizer"]
+
+
+def test_each_record_carries_the_learning_rate_its_step_used() -> None:
+    """torchao keeps the learning rate as a tensor, set in place for the next step: a
+    record holds the value its own step used, the schedule's, as under adamw."""
+    from workbench.train.schedule import lr_at
+
+    config = TrainConfig(
+        micro_batch=8,
+        optimizer="adam8bit",
+        lr=1e-2,
+        lr_schedule="cosine",
+        warmup_steps=2,
+        total_steps=6,
+        seed=0,
+    )
+    with Session(config, model="mlp", model_options={"hidden": 32, "depth": 1}) as s:
+        records = s.run(6, progress=False)
+    assert [r.lr for r in records] == pytest.approx([lr_at(config, i, 1e-2) for i in range(6)])
+    assert len({r.lr for r in records}) > 2  # the schedule moves

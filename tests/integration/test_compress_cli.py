@@ -235,7 +235,7 @@ def test_every_problem_of_a_command_line_at_once(tmp_path, capsys) -> None:
         "--held-out nan: must be a finite number",
         "--repeats 1e300: must be an integer",
         "--model-options",
-        f"--out {fifo}: exists and is not a folder",
+        f"--out {fifo}: exists and is a FIFO (named pipe), where a folder is needed",
     ):
         assert part in err
 

@@ -540,6 +540,23 @@ def test_save_weights_never_turns_a_fifo_into_a_regular_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["weights.pt"]
 
 
+@pytest.mark.parametrize("name", ["ckpt.fifo", "fifo-without-suffix", "/dev/null"])
+def test_save_checkpoint_to_a_fifo_or_device_says_what_the_path_is(tmp_path, name):
+    target = Path(name) if name.startswith("/") else tmp_path / name
+    if not name.startswith("/"):
+        os.mkfifo(target)
+    kind = "a device" if name.startswith("/") else "a FIFO \\(named pipe\\)"
+    with Session(_config(), model_options=TINY) as s:
+        s.run(1)
+        with pytest.raises(ValueError, match=rf"path='{target}': exists and is {kind}, where a"):
+            s.save_checkpoint(target)
+        s.run(1)  # the session trains on
+        assert s.step == 2
+    if not name.startswith("/"):
+        assert stat.S_ISFIFO(os.stat(target).st_mode)
+        assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
 # --------------------------------------------------------------------------- the panel's save
 def test_the_panels_save_button_saves_each_session_in_its_own_folder(tmp_path, monkeypatch):
     from workbench.ui.training import TrainingPanel

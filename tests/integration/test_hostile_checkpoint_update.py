@@ -3,11 +3,14 @@ before its log moves there: nothing of the other run changes (docs/bad_input.md)
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
 from workbench import Session, TrainConfig
+from workbench.config import ConfigError
 from workbench.train.launch.checks import checkpoint_dir_problems
 
 TINY = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8}
@@ -98,3 +101,37 @@ def test_a_resume_whose_rank_holds_newer_checkpoints_says_so_before_torchrun(
         )
     # a new folder for the resumed run is free
     assert checkpoint_dir_problems(tmp_path / "new", 2, str(tmp_path / "run"), 2) == []
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda p: p.write_text("x"), "a file"),
+        (lambda p: os.mkfifo(p), "a FIFO (named pipe)"),
+        (None, "a device"),
+    ],
+    ids=["file", "fifo", "device"],
+)
+def test_a_checkpoint_dir_that_is_no_folder_is_refused_at_once(tmp_path: Path, make, kind) -> None:
+    path = "/dev/null" if make is None else str(tmp_path / "not-a-folder")
+    if make is not None:
+        make(Path(path))
+    said = rf"checkpoint_dir='{re.escape(path)}': exists and is {re.escape(kind)}, where a folder"
+    with pytest.raises(ConfigError, match=said):
+        Session(TrainConfig(micro_batch=2, checkpoint_dir=path), model_options=TINY)
+    with Session(TrainConfig(micro_batch=2), model_options=TINY) as s:
+        s.run(1)
+        with pytest.raises(ConfigError, match=said):
+            s.update(checkpoint_dir=path)
+        assert s.config.checkpoint_dir is None and s.pending_changes == {}
+        s.run(1)  # the session goes on, unchanged
+        assert s.step == 2 and s.log_path is None
+    if make is not None:
+        assert Path(path).exists() and not Path(path).is_dir()  # left as it was
+
+
+def test_a_checkpoint_dir_inside_a_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=rf"checkpoint_dir=.*: {re.escape(str(afile))} is a file"):
+        Session(TrainConfig(micro_batch=2, checkpoint_dir=str(afile / "run")), model_options=TINY)

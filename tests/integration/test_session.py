@@ -419,6 +419,25 @@ def test_step_error_in_run_raises_session_error(tiny):
         assert s.run(2)[-1].step == 3
 
 
+def test_a_keyboard_interrupt_pauses_and_says_why(tiny):
+    def interrupt_at_step_2(record):
+        if record.step == 2:
+            raise KeyboardInterrupt
+
+    with Session(TrainConfig(micro_batch=2), model_options=tiny) as s:
+        s.on_record(interrupt_at_step_2)
+        with pytest.raises(KeyboardInterrupt):
+            s.run(4)
+        assert s.state == "paused" and s.step == 2
+        assert s.failure == (
+            "training interrupted after step 2: KeyboardInterrupt; the session paused "
+            "(resume() or run() goes on)"
+        )
+        assert s.events[-1].kind == "interrupted" and s.events[-1].message == s.failure
+        s.run(1)  # a new run clears it
+        assert s.failure is None and s.step == 3
+
+
 def test_launch_needs_a_built_in_model():
     x = torch.randn(8, 2)
     with (

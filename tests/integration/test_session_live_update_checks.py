@@ -36,6 +36,20 @@ def test_an_update_to_the_present_values_is_accepted_and_changes_nothing() -> No
         s.close()
 
 
+def test_a_live_only_refusal_is_said_as_that_not_as_what_the_value_would_need() -> None:
+    s = Session(TrainConfig(micro_batch=2), model="mlp", model_options={"hidden": 16, "depth": 1})
+    try:
+        with pytest.raises(ConfigError) as refused:
+            s.update(pp=2)  # pp=2 would also need grad_accum >= 2: beside the point live
+        assert str(refused.value).startswith("invalid setting: pp=2: cannot change on a live")
+        with pytest.raises(ConfigError) as refused:
+            s.update(pp=2, lr=-1.0)  # the other change's own problem is said too
+        assert [p.field for p in refused.value.problems] == ["pp", "lr"]
+        assert s.config == TrainConfig(micro_batch=2) and s.pending_changes == {}
+    finally:
+        s.close()
+
+
 def test_a_sequence_parallel_change_is_refused_by_its_own_name() -> None:
     model = build_model("tiny-gpt")[0]
     config = TrainConfig(tp=2, sequence_parallel=True, micro_batch=2)

@@ -156,6 +156,28 @@ def test_session_exceptions_become_messages(panel: TrainingPanel, session: FakeS
     assert "save: checkpoint_dir is not set" in panel.message_text
 
 
+def test_a_refusal_of_several_problems_reads_as_one_line(
+    panel: TrainingPanel, session: FakeSession
+) -> None:
+    from workbench.config import ConfigError, SettingProblem
+
+    def refused(**_kw):
+        raise ConfigError(
+            [
+                SettingProblem("offload_optimizer", "cpu", "needs zero_stage 1, 2 or 3"),
+                SettingProblem("micro_batch", 16, "too large for this device"),
+            ]
+        )
+
+    session.update = refused  # type: ignore[method-assign]
+    _set(panel, "micro_batch", "16")
+    assert "not applied: 2 invalid settings: offload_optimizer='cpu': needs zero_stage 1, 2 " in (
+        panel.message_text
+    )
+    assert "; micro_batch=16: too large for this device" in panel.message_text
+    assert ":;" not in panel.message_text
+
+
 def test_profile_runs_off_the_kernel_thread(panel: TrainingPanel) -> None:
     panel.buttons["profile"].click()
     panel.wait_for_tasks()

@@ -204,9 +204,14 @@ def test_target_problem_says_why_an_output_cannot_go_there(tmp_path) -> None:
     afile = tmp_path / "a.txt"
     afile.write_text("x")
     assert target_problem(tmp_path / "new" / "deeper", folder=True) is None
-    assert target_problem(afile, folder=True) == "exists and is not a folder"
+    assert target_problem(afile, folder=True) == "exists and is a file, where a folder is needed"
     assert target_problem(tmp_path, folder=False) == "is a folder; name a file"
-    assert target_problem(afile / "inside", folder=True) == f"{afile} is not a folder"
+    assert target_problem(afile / "inside", folder=True) == (
+        f"{afile} is a file, where a folder is needed"
+    )
+    assert target_problem("/dev/null", folder=True) == (
+        "exists and is a device, where a folder is needed"
+    )
     assert target_problem("x" * 5000, folder=True).startswith("cannot be used (")
 
 

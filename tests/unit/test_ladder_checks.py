@@ -12,6 +12,7 @@ import os
 import pytest
 
 from workbench import TrainConfig
+from workbench.inputs import shown
 from workbench.train.ladder import Rung, default_rungs, ladder, plan_ladder
 from workbench.train.ladder import run as ladder_run
 from workbench.train.ladder import rungs as ladder_rungs
@@ -429,3 +430,15 @@ def test_the_model_parallel_rung_splits_the_data_parallel_ranks() -> None:
     # a model without a tensor-parallel plan: named before anything runs
     with pytest.raises(ValueError, match=r"tp=2: MLP has no tensor-parallel plan"):
         plan(None, steps=16, ranks=2, model_parallel=True)
+
+
+@pytest.mark.parametrize("ranks", [0, 10**9, "2", True])
+def test_a_refused_ranks_value_is_said_once_not_as_a_rung_that_changes_nothing(
+    monkeypatch, ranks
+) -> None:
+    monkeypatch.setattr(ladder_run, "run_plan", _must_not_run)
+    with pytest.raises(ValueError) as refused:
+        ladder([{"name": "a"}, {"name": "b", "ranks": ranks}], "mlp", 4, model_options=MLP)
+    text = str(refused.value)
+    assert f"rung 2 'b': ranks={shown(ranks)}: must be" in text
+    assert "changes nothing" not in text

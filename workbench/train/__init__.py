@@ -3,13 +3,15 @@
 The Session and its loop:
 session.py       Session: its states, the loop thread, public API
 session_tools.py the Session's memory, predict, profile and launch methods
+session_saves.py the Session's save_checkpoint() and its autosave
 session_step.py  one step of the Session's loop, its out-of-memory retry and its record
 run_folders.py   a run's id, the folders it claims and its checkpoint writes
 changes.py       the queue of settings changes; what a change rebuilds; what a session runs
 faults.py        what a failed step does: the out-of-memory retry, a non-finite loss, errors
 resume.py        where a save goes, its manifest, what a loaded checkpoint resumes with
 session_log.py   a Session's run log and TensorBoard writer
-owners.py        one live Session per module; open Sessions closed at exit
+owners.py        one live Session per module; open Sessions closed at exit, dropped
+                 ones' weights written back
 world.py         rank and world size from the environment
 progress.py      run()'s progress bar
 runtime.py       the data stream and backend one setting is built into; your module's weights

@@ -167,36 +167,7 @@ def session_problems(
     tied = _tied_units(model, config)
     if tied is not None:
         p.append(tied)
-    if "pp" in changed:
-        p.append(
-            SettingProblem(
-                "pp",
-                int(config.pp),
-                "cannot change on a live session: the stage count decides which ranks hold "
-                "which layers and read which samples; create a new Session (or launch) with it",
-            )
-        )
-    for name in ("tp", "sequence_parallel"):
-        if name in changed:
-            p.append(
-                SettingProblem(
-                    name,
-                    plain_value(getattr(config, name)),
-                    "cannot change on a live session: the tensor-parallel layout decides "
-                    "which ranks read which samples and how each layer is split; create a "
-                    "new Session (or launch) with it",
-                )
-            )
-    if "documents" in changed:
-        p.append(
-            SettingProblem(
-                "documents",
-                plain_value(config.documents),
-                "cannot change on a live session: the layout decides the samples, their "
-                "number (the data position) and the vocabulary (the end-of-document token); "
-                "create a new Session",
-            )
-        )
+    p += [fixed_problem(n, plain_value(getattr(config, n))) for n in LIVE_FIXED if n in changed]
     if isinstance(data, DataLoader):
         for name in _LOADER_FIELDS:
             current = {
@@ -224,6 +195,23 @@ def session_problems(
             )
         )
     return p
+
+
+#: Settings a live session cannot change, and why (`fixed_problem`).
+LIVE_FIXED = {
+    "pp": "the stage count decides which ranks hold which layers and read which samples; "
+    "create a new Session (or launch) with it",
+    "tp": "the tensor-parallel layout decides which ranks read which samples and how each "
+    "layer is split; create a new Session (or launch) with it",
+    "documents": "the layout decides the samples, their number (the data position) and the "
+    "vocabulary (the end-of-document token); create a new Session",
+}
+LIVE_FIXED["sequence_parallel"] = LIVE_FIXED["tp"]
+
+
+def fixed_problem(name: str, value: Any) -> SettingProblem:
+    """`name` (one of `LIVE_FIXED`) asked to change to `value` on a live session."""
+    return SettingProblem(name, value, f"cannot change on a live session: {LIVE_FIXED[name]}")
 
 
 def _tied_units(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
@@ -271,19 +259,56 @@ class ChangeQueue:
         self,
         changes: dict[str, Any],
         problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
-    ) -> None:
+    ) -> dict[str, Any]:
         """Queue `changes` on top of the settings asked for; ConfigError naming every
-        problem (TrainConfig's own, then `problems(new, changed)`), nothing queued."""
+        problem (TrainConfig's own, then `problems(new, changed)`), nothing queued. Returns
+        what was queued before, for `withdraw`."""
         with self._lock:
+            self._refuse_fixed(changes)
             new = self.requested.replace(**changes)  # ConfigError: names, types, ranges
             # a setting given its present value changes nothing, and nothing is refused of it
             changed = {k for k in changes if getattr(new, k) != getattr(self.requested, k)}
             found = problems(new, changed)
             if found:
                 raise ConfigError(found)
+            before = dict(self._pending)
             self.requested = new
             for name in changes:
                 self._pending[name] = plain_value(getattr(new, name))
+            return before
+
+    def _refuse_fixed(self, changes: dict[str, Any]) -> None:
+        """A change to a setting a live session cannot change (`LIVE_FIXED`) is refused as
+        that, with the other changes' own problems, not as what it would need of the other
+        settings (`pp`=2 needing `grad_accum` >= 2)."""
+        fixed = [
+            n
+            for n in LIVE_FIXED
+            if n in changes and changes[n] != plain_value(getattr(self.requested, n))
+        ]
+        if not fixed:
+            return
+        found = [fixed_problem(n, changes[n]) for n in fixed]
+        try:
+            self.requested.replace(**{k: v for k, v in changes.items() if k not in fixed})
+        except ConfigError as exc:
+            found += exc.problems
+        raise ConfigError(found)
+
+    def withdraw(self, names: set[str], before: dict[str, Any], current: TrainConfig) -> None:
+        """Take back the request of `names` (`request` returned `before`, what was queued
+        then) that was never applied (an interrupted `update`): those settings queued as
+        before it, the settings asked for `current` (those in effect) with the queue."""
+        with self._lock:
+            for name in names:
+                if name in before:
+                    self._pending[name] = before[name]
+                else:
+                    self._pending.pop(name, None)
+            try:
+                self.requested = current.replace(**self._pending)
+            except ConfigError:  # (another thread's request built on this one)
+                self.requested, self._pending = current, {}
 
     def follow(self, **settings: Any) -> None:
         """The session changed `settings` itself (the out-of-memory retry): ask for them too."""
@@ -298,11 +323,13 @@ class ChangeQueue:
         first_step: int,
         event: Callable[..., Event],
         raise_errors: bool,
+        problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
     ) -> None:
         """Apply the queued changes that differ from `current` with `rebuild(target,
         changed)` (which takes `target` as the settings in effect and calls `applied`);
         an Event "change" says from which step, "change-failed" why nothing changed
-        (raised as ValueError too with `raise_errors`)."""
+        (raised as ValueError too with `raise_errors`). A failed build drops its own
+        changes only: those queued while it ran stay queued (`requeue`)."""
         with self._lock:
             if not self._pending:
                 return
@@ -313,20 +340,31 @@ class ChangeQueue:
             return
         try:
             rebuild(target, set(diff))
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # KeyboardInterrupt: nothing was applied,
+                with self._lock:  # the changes stay queued (under those queued meanwhile)
+                    self._pending = {**changes, **self._pending}
+                raise
             with self._lock:
-                self.requested = current
-                self._pending.clear()
+                kept, dropped, why = self._requeue(current, problems)
+            after = f"; still queued: {kept}" if kept else ""
+            if dropped:
+                after = (
+                    f"; also dropped {dropped}, queued meanwhile, which the settings in "
+                    f"effect cannot take: {why}"
+                )
             event(
                 "change-failed",
-                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous settings",
+                f"could not apply {diff}: {type(exc).__name__}: {exc}; kept the previous "
+                f"settings{after}",
                 "error",
                 changes=diff,
+                dropped=dropped,
                 error=f"{type(exc).__name__}: {exc}",
                 traceback=traceback.format_exc(),
             )
             if raise_errors:
-                raise ValueError(f"could not apply {diff}: {exc}") from exc
+                raise ValueError(f"could not apply {diff}: {exc}{after}") from exc
             return
         event(
             "change",
@@ -335,6 +373,28 @@ class ChangeQueue:
             changes=diff,
             effective_step=first_step,
         )
+
+    def _requeue(
+        self,
+        current: TrainConfig,
+        problems: Callable[[TrainConfig, set[str]], list[SettingProblem]],
+    ) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """After a failed build (`current` still in effect): the changes queued while it
+        ran stay queued, on top of `current` (returned as kept); if `current` cannot take
+        them (one made for the failed change), they are dropped, returned with why. The
+        caller holds the lock."""
+        queued = dict(self._pending)
+        try:
+            new = current.replace(**queued)
+            changed = {k for k in queued if getattr(new, k) != getattr(current, k)}
+            found = problems(new, changed) if changed else []
+        except ConfigError as exc:
+            found = exc.problems
+        if not found:
+            self.requested = new
+            return queued, {}, ""
+        self.requested, self._pending = current, {}
+        return {}, queued, "; ".join(str(p) for p in found)
 
     def applied(self, target: TrainConfig, changed: set[str]) -> None:
         """`target` is in effect now; the next record names `changed`."""

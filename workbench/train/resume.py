@@ -17,6 +17,8 @@ the checks); this module is the Session's side of them:
   checkpoints without a run id are that run's);
 * `folder_check(...)`: refuses a folder a run must not write into (another run's
   checkpoints or log, or its own newer checkpoints), before anything is written;
+* `check_resumed_weights(module, payload, ...)`: the checkpoint's weights fit the module
+  a resumed session trains, else ValueError naming the checkpoint and `model=`;
 * `check_checkpoint_arg(name, value)`: a checkpoint argument (`resume`, `path_or_dir`)
   is a path (or a loaded payload), else ValueError naming it.
 """
@@ -25,11 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from workbench.config import ConfigError, SettingProblem, TrainConfig, plain_value
-from workbench.inputs import shown
+from workbench.inputs import file_kind, shown
 from workbench.models import options_from_file
 from workbench.train import checkpoints as ckpt
 from workbench.train.history import RECENT_RECORDS
@@ -54,17 +60,34 @@ def save_target(
             f"path={shown(path)}: must be a file or folder path (a non-empty str or "
             "os.PathLike), or None for config.checkpoint_dir"
         )
+    name = "path"
     if path is None:
         if checkpoint_dir is None:
             raise ValueError(
                 "path=None: pass a file or directory, or set checkpoint_dir in the config"
             )
-        path = checkpoint_dir
+        path, name = checkpoint_dir, "checkpoint_dir"
     p = Path(path)
-    directory = p if (p.is_dir() or p.suffix == "") else None
+    kind = _special_kind(p)
+    if kind is not None:
+        raise ValueError(
+            f"{name}={shown(str(p), 1000)}: exists and is {kind}, where a checkpoint file or a "
+            "folder for checkpoints is needed; nothing was written"
+        )
+    directory = p if (p.is_dir() or (p.suffix == "" and not os.path.lexists(p))) else None
     if directory is not None and world_size > 1 and directory.name != f"rank-{rank}":
         directory = directory / f"rank-{rank}"
     return (directory / ckpt.checkpoint_name(step) if directory else p), directory
+
+
+def _special_kind(path: Path) -> str | None:
+    """What an existing `path` is when it is neither a folder nor a regular file (a FIFO,
+    a device, a socket; a link followed), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISDIR(mode) or stat.S_ISREG(mode) else file_kind(mode)
 
 
 def _text(path: Any) -> str:
@@ -262,6 +285,7 @@ def _own_log(folder: Path, name: str) -> Path | None:
 
 
 __all__ = [
+    "check_resumed_weights",
     "folder_check",
     "manifest_fields",
     "resume_settings",
@@ -269,6 +293,43 @@ __all__ = [
     "resumed_run",
     "save_target",
 ]
+
+
+def check_resumed_weights(
+    module: nn.Module, payload: dict[str, Any], *, model: Any, model_options: Any
+) -> None:
+    """ValueError naming the checkpoint and `model=` (and `model_options=`) when the
+    checkpoint's weights do not fit `module`: a parameter it trains that the checkpoint
+    has no weights for, or one of another shape. Read before anything changes (a running
+    Session on `module` keeps training); a LoRA checkpoint's base layers are matched by
+    their names without peft's `base_layer`, and packed 4-bit weights are left to the
+    backend."""
+    weights = (payload.get("backend") or {}).get("model")
+    if not isinstance(weights, dict):
+        return  # the backend names what the state lacks
+    saved = {k.replace(".base_layer.", "."): v for k, v in weights.items() if isinstance(k, str)}
+    missing, shapes = [], []
+    for name, p in module.named_parameters():
+        w = saved.get(name)
+        if w is None:
+            if p.requires_grad:
+                missing.append(name)
+        elif isinstance(w, torch.Tensor) and w.is_floating_point() and w.shape != p.shape:
+            shapes.append(f"{name} is {tuple(w.shape)} there, {tuple(p.shape)} in the model")
+    if not missing and not shapes:
+        return
+    what = [f"parameter {shapes[0]}"] if shapes else []
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        what.append(f"no weights for {', '.join(missing[:3])}{more}")
+    given = f"model= (your {type(module).__name__})"
+    if isinstance(model, str):
+        given = f"model={shown(model)}, model_options={shown(model_options)}"
+    raise ValueError(
+        f"resume: the checkpoint {payload.get('path')} holds another model's weights than "
+        f"{given} ({'; '.join(what)}); pass the model the checkpoint was trained with "
+        "(the same architecture and options); nothing was changed"
+    )
 
 
 def check_checkpoint_arg(name: str, value: Any, *, payload_too: bool = False) -> None:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.config import SettingProblem, TrainConfig
+from workbench.config import ConfigError, SettingProblem, TrainConfig
 from workbench.inputs import shown
+from workbench.outputs import target_problem
 from workbench.train import checkpoints as ckpt
 from workbench.train.resume import folder_check, resumed_run, save_target
 
@@ -56,7 +57,20 @@ class RunFolders:
         self, checkpoint_dir: str, step: int, world_size: int, rank: int
     ) -> None:
         """Claim `config.checkpoint_dir` (this rank's folder in it, and the log there) for
-        saves from `step` on, as `claim_folder`."""
+        saves from `step` on, as `claim_folder`; a path that is no folder (a file, a FIFO,
+        a device) nor a place one can be made is a ConfigError naming `checkpoint_dir`."""
+        reason = target_problem(checkpoint_dir, folder=True)
+        if reason is not None:
+            raise ConfigError(
+                [
+                    SettingProblem(
+                        "checkpoint_dir",
+                        checkpoint_dir,
+                        f"{reason}; give a folder (an existing one, or a new one to make) "
+                        "for the checkpoints and the run's log",
+                    )
+                ]
+            )
         _, folder = save_target(None, checkpoint_dir, step, world_size, rank)
         self.claim_folder(folder or Path(checkpoint_dir), step, Path(checkpoint_dir))
 
@@ -64,11 +78,14 @@ class RunFolders:
         self, checkpoint_dir: str, step: int, world_size: int, rank: int
     ) -> list[SettingProblem]:
         """`claim_checkpoint_dir`'s refusal as a `checkpoint_dir` SettingProblem (a new
-        folder holding another run's checkpoints or log); [] once it is claimed."""
+        folder holding another run's checkpoints or log, or no folder); [] once it is
+        claimed."""
         try:
             self.claim_checkpoint_dir(checkpoint_dir, step, world_size, rank)
         except ckpt.CheckpointError as exc:
             return [SettingProblem("checkpoint_dir", checkpoint_dir, exc.reason)]
+        except ConfigError as exc:
+            return list(exc.problems)
         return []
 
     def claim_file(self, target: Path, step: int) -> None:

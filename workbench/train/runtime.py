@@ -81,7 +81,10 @@ class Runtime:
         state: dict[str, Any] | None = None,
         position: DataPosition | None = None,
         buffers: dict[str, torch.Tensor] | None = None,
+        claim: Callable[[], None] | None = None,
     ) -> None:
+        """`claim()` is called once the data's first batch is checked, before anything of
+        `model` changes (the Session closes the old Session training it there)."""
         self.config = config
         self.model = model  # your module
         self.source = data
@@ -96,15 +99,6 @@ class Runtime:
         self.read_memory = memory_reader(device)
         # times a step without a host-device sync of its own (workbench.train.measure.step_clock)
         self.clock = step_clock(device)
-        # A DeepSpeed engine trains its own copy on the device: keep yours in host memory
-        # then, so the GPU never holds a second fp32 copy (see park_model).
-        model.to("cpu" if engine_copies_model(config, world_size) else device)
-        model.train()
-        if buffers:
-            load_buffers(model, buffers)
-        set_activation_checkpointing(model, str(config.activation_checkpointing))
-        set_attention(model, config.attention)
-        self.offload = _offload_for(config, device)
         self.data = DataStream(
             data,
             micro_batch=int(config.micro_batch),
@@ -123,6 +117,18 @@ class Runtime:
             # never lands in another session's stream while that one steps in its thread
             with GLOBAL_RNG_LOCK:
                 batches.check_batch(self.data.peek(), loss_fn)  # a wrong data shape fails here
+            if claim is not None:
+                claim()  # outside the RNG lock: the old session's last step takes it
+            # A DeepSpeed engine trains its own copy on the device: keep yours in host
+            # memory then, so the GPU never holds a second fp32 copy (see park_model).
+            model.to("cpu" if engine_copies_model(config, world_size) else device)
+            model.train()
+            if buffers:
+                load_buffers(model, buffers)
+            set_activation_checkpointing(model, str(config.activation_checkpointing))
+            set_attention(model, config.attention)
+            self.offload = _offload_for(config, device)
+            with GLOBAL_RNG_LOCK:
                 self.lora = LoraAdapters.attach(model, config, device)
                 if state is not None:
                     _resume_weights(model, state.get("model") or {})

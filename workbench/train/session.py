@@ -21,8 +21,11 @@ the session is untouched) and applied at the next optimizer-step boundary, all t
 the data loader is rebuilt for micro_batch / num_workers / pin_memory / seed, the
 backend (optimizer, precision policy, schedule) for the optimizer settings, carrying
 weights and optimizer state; activation checkpointing is switched on the model. If
-anything fails to build, nothing changes and an Event("change-failed") says why. When no
-loop is running, the change is applied before `update` returns (and a failure raises).
+anything fails to build, nothing changes and an Event("change-failed") says why (changes
+queued while it built stay queued, or are named there if they needed it). When no
+loop is running, the change is applied before `update` returns (and a failure raises); a
+Ctrl-C in that build leaves the session as before the call, one in the loop's leaves the
+change queued.
 The first StepRecord after a change carries `changes={...}`.
 
 Faults: a non-finite loss skips the step and pauses (Event "nan-loss"); out of memory
@@ -41,7 +44,7 @@ beside it, one concept each (docs/architecture.md lists them): `runtime.py`, `ch
 `step.py` and `session_step.py` (one step, its out-of-memory retry and its record),
 `faults.py`, `resume.py` and `run_folders.py` (the run's folders and checkpoints),
 `session_log.py`, `session_tools.py` (its memory, predict, profile and launch methods, its
-weights file and `resume_from`). Past 700 lines because the public methods, each documented
+weights file and `resume_from`), `session_saves.py` (`save_checkpoint` and the autosave). Past 700 lines because the public methods, each documented
 for `help()`, and the state machine they drive share one lock and one set of states.
 """
 
@@ -65,7 +68,6 @@ from torch.utils.data import DataLoader, Dataset
 from workbench.config import ConfigError, Device, Documents, SettingProblem, TrainConfig
 from workbench.inputs import is_int, shown
 from workbench.models.spec import resolve_model
-from workbench.modelstats import count_parameters
 from workbench.rng import GLOBAL_RNG_LOCK
 from workbench.train import checkpoints as ckpt
 from workbench.train import owners
@@ -83,15 +85,15 @@ from workbench.train.progress import progress_bar
 from workbench.train.records import Event, StepRecord
 from workbench.train.resume import (
     check_checkpoint_arg,
-    manifest_fields,
+    check_resumed_weights,
     resumed_records,
-    save_target,
 )
 from workbench.train.run_folders import RunFolders
 from workbench.train.runlog import LOG_NAME
 from workbench.train.runtime import RngStream, Runtime
 from workbench.train.schedule import scaled_lr
 from workbench.train.session_log import SessionLog, tensorboard_setting
+from workbench.train.session_saves import SessionSaves
 from workbench.train.session_step import SessionStep
 from workbench.train.session_tools import SessionTools
 from workbench.train.step import (
@@ -122,7 +124,7 @@ class SessionStateError(RuntimeError):
     """A call that the session's current state does not allow."""
 
 
-class Session(SessionTools):
+class Session(SessionTools, SessionSaves):
     """A training run you can change while it runs (see the module docstring).
 
     `config`: a `TrainConfig` (its docstring lists every setting and its allowed values);
@@ -151,7 +153,8 @@ class Session(SessionTools):
 
     Your module's weights: the plain loop trains your module itself; a DeepSpeed engine
     (ZeRO, DeepSpeed 16-bit, several ranks) trains its own copy, and your module gets the
-    trained weights back, in its own dtypes, at every engine switch and at `close()`.
+    trained weights back, in its own dtypes, at every engine switch and at `close()` (or,
+    on one rank, when a session dropped without `close()` is garbage-collected).
     `state_dict()` and `save_weights(path)` give the full weights at any time.
 
     Reproducibility: each session draws its random numbers (dropout's) from its own
@@ -183,6 +186,8 @@ class Session(SessionTools):
         config, module, data, loss_fn = self._setup_model(
             config, model, data, loss_fn, model_options, sampler
         )
+        if payload is not None:  # before the module's old Session is closed
+            check_resumed_weights(module, payload, model=model, model_options=self.model_options)
         self._setup_state(config, tensorboard)
         self._setup_runtime(config, module, data, loss_fn, payload)
 
@@ -238,7 +243,6 @@ class Session(SessionTools):
             and data.batch_size != config.micro_batch
         ):
             config = config.replace(micro_batch=int(data.batch_size))
-        owners.take_over(module)  # a re-run cell's old Session on this module is closed
         self._model: nn.Module = module
         self._data_source = data
         self._sampler = sampler
@@ -308,10 +312,13 @@ class Session(SessionTools):
                 world_size=self.world_size,
                 rank=self.rank,
                 reference_batch=self.reference_batch,
-                on_event=self._event,
+                on_event=owners.weak_method(self._event),  # the runtime keeps no session alive
                 state=state,
                 position=position,
                 buffers=buffers,
+                # a re-run cell's old Session on this module is closed once this one checked
+                # everything it can before changing the module
+                claim=lambda: owners.take_over(module),
             )
         except BaseException:
             self._runlog.close()
@@ -332,6 +339,7 @@ class Session(SessionTools):
             event=self._event,
         )
         owners.register(module, self)
+        self._finalizer = owners.when_dropped(self, self._rt)  # close() detaches it
         if payload is not None:  # the checkpoint's RNG stream, in place of the seeded one
             rng = payload["rng"]
             self._rt.rng = RngStream.made_by(lambda: ckpt.set_rng_state(rng), self.device)
@@ -362,8 +370,8 @@ class Session(SessionTools):
 
     @property
     def failure(self) -> str | None:
-        """Why the last run ended early (a non-finite loss, or an exception in a step), or
-        None. Cleared when a run starts."""
+        """Why the last run ended early (a non-finite loss, an exception in a step, a
+        KeyboardInterrupt), or None. Cleared when a run starts."""
         return self._failure
 
     @property
@@ -512,11 +520,17 @@ class Session(SessionTools):
             return
         with self._state_lock:
             self._check_open("update")
-            self._changes.request(changes, self._problems)
+            before = self._changes.request(changes, self._problems)
             apply_now = not self._loop_active
         if apply_now:
             with self._step_lock:
-                self._apply_pending(raise_errors=True)
+                try:
+                    self._apply_pending(raise_errors=True)
+                except Exception:
+                    raise
+                except BaseException:  # KeyboardInterrupt in the build: as before the call
+                    self._changes.withdraw(set(changes), before, self._config)
+                    raise
 
     def _apply_pending(self, *, raise_errors: bool) -> None:
         """Apply queued changes (caller holds the step lock); see `ChangeQueue.apply`."""
@@ -526,6 +540,7 @@ class Session(SessionTools):
             first_step=self._step + 1,
             event=self._event,
             raise_errors=raise_errors,
+            problems=self._problems,
         )
 
     def _apply(
@@ -568,9 +583,17 @@ class Session(SessionTools):
             yield self._rt
 
     @contextlib.contextmanager
-    def _interrupted(self) -> Iterator[None]:
+    def _interrupted(self, action: str) -> Iterator[None]:
         """A block run with the loop paused: a running session is paused for it and resumed
-        after; a paused one is paused again after it, towards its run's target."""
+        after; a paused one is paused again after it, towards its run's target. From the
+        loop's own thread (an `on_record` callback) SessionStateError naming `action`,
+        before anything changes: the loop cannot pause under its own step."""
+        if threading.get_ident() == self._loop_thread_id:
+            raise SessionStateError(
+                f"cannot {action} from the training loop's thread (an on_record callback): "
+                f"{action} runs steps of its own; call it after the run returns, or from "
+                "another thread while the session runs in the background"
+            )
         was_running = self._state == "running"
         if was_running:
             self.pause()
@@ -724,6 +747,7 @@ class Session(SessionTools):
                 )
                 log.error("workbench: %s", ev.message)
             self._set_state("closed")
+            self._finalizer.detach()
             owners.closed(self)
         self._runlog.close()  # every record and event written
 
@@ -737,6 +761,7 @@ class Session(SessionTools):
     def _loop(self) -> None:
         self._loop_thread_id = threading.get_ident()
         final = "idle"
+        interrupted = False
         try:
             while True:
                 with self._state_lock:
@@ -755,18 +780,24 @@ class Session(SessionTools):
                     final = outcome
                     break
         except BaseException as exc:  # KeyboardInterrupt, or a bug in the loop itself
+            interrupted = True
             self._rt.backend.zero_grad()
             final = "paused" if isinstance(exc, KeyboardInterrupt) else "error"
-            self._last_error = f"{type(exc).__name__}: {exc}"
-            self._event(
+            self._last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            message = f"training interrupted after step {self._step}: {self._last_error}"
+            if final == "paused":
+                message += "; the session paused (resume() or run() goes on)"
+            ev = self._event(
                 "interrupted" if final == "paused" else "error",
-                f"training interrupted: {self._last_error}",
+                message,
                 "warning" if final == "paused" else "error",
                 traceback=traceback.format_exc(),
             )
+            self._fail(ev.message, announce=self._background and final == "error")
             raise
         finally:
-            if final != "error" and self._changes:
+            # queued changes applied before the loop ends (after Ctrl-C they stay queued)
+            if final != "error" and not interrupted and self._changes:
                 with self._step_lock:
                     self._apply_pending(raise_errors=False)
             with self._cond:
@@ -835,63 +866,3 @@ class Session(SessionTools):
                     f"on_record callback {shown(cb)} raised {shown(exc)}",
                     "warning",
                 )
-
-    # ------------------------------------------------------------------ checkpoints
-    def _autosave(self) -> None:
-        if self._folders.save_due(self._config, self._step):
-            try:
-                self.save_checkpoint()
-            except Exception as exc:
-                self._event("checkpoint-failed", f"autosave failed: {exc}", "warning")
-
-    def save_checkpoint(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Write a checkpoint at the current step boundary; returns its path. `path`: a file
-        name (used as is; its manifest beside it, `NAME.json`), a directory (`step-N.pt` and
-        `step-N.json` in it, then only the newest `keep_checkpoints` kept), or None for
-        `config.checkpoint_dir`; with several ranks a directory gets each rank's own folder
-        in it (`rank-<r>`, as `workbench launch` lays them out). The layout is in
-        `workbench.train.checkpoints`; `torch.load(path, weights_only=True)` reads it, the
-        trained weights under `payload["backend"]["model"]` (fp32, by parameter name). The
-        step records are in the run's log. An OSError (a folder it cannot write) names
-        `path`; the session trains on."""
-        self._check_open("save_checkpoint")
-        with self._step_lock:
-            self._apply_pending(raise_errors=False)
-            cfg = self._config
-            target, directory = save_target(
-                path, cfg.checkpoint_dir, self._step, self.world_size, self.rank
-            )
-            with self._rng_installed():  # the payload's RNG states are this session's
-                payload = ckpt.training_payload(
-                    step=self._step,
-                    config=cfg,
-                    runtime=self._rt,
-                    reference_batch=self.reference_batch,
-                    model_name=self.model_name,
-                    model_options=self.model_options,
-                )
-            written = self._folders.write(
-                payload,
-                target,
-                directory,
-                config=cfg,
-                step=self._step,
-                flush_log=self.flush_log,
-                describe=lambda: self._manifest_fields(target),
-                given=path if path is not None else cfg.checkpoint_dir,
-            )
-        self._event("checkpoint", f"saved checkpoint {written}", path=str(written))
-        return str(written)
-
-    def _manifest_fields(self, target: Path) -> dict[str, Any]:
-        return manifest_fields(
-            target=target,
-            model_name=self.model_name,
-            model_options=self.model_options,
-            module_type=type(self._model).__name__,
-            n_params=count_parameters(self._model),
-            world_size=self.world_size,
-            rank=self.rank,
-            log_path=self.log_path,
-            run=self.run_id,
-        )

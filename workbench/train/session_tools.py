@@ -63,8 +63,9 @@ class SessionTools:
         """A block between two steps, torch's RNG untouched; yields the runtime."""
         raise NotImplementedError
 
-    def _interrupted(self) -> AbstractContextManager[None]:
-        """A block with the loop paused, resumed after (a paused run stays paused)."""
+    def _interrupted(self, action: str) -> AbstractContextManager[None]:
+        """A block with the loop paused, resumed after (a paused run stays paused);
+        SessionStateError naming `action` from the loop's own thread."""
         raise NotImplementedError
 
     def layout(self) -> dict[str, Any] | None:
@@ -296,7 +297,7 @@ class SessionTools:
 
         check_profile_args(steps, record_memory)
         self._check_open("profile")
-        with self._interrupted():
+        with self._interrupted("profile"):
             return profile_session(
                 self, steps=steps, record_memory=record_memory, trace_path=trace_path
             )

@@ -653,9 +653,15 @@ def layout_text(session: Any) -> str:
 
 
 def _one_line(exc: Any) -> str:
-    text = str(exc).strip()
-    lines = [x.strip(" -") for x in text.splitlines() if x.strip()]
-    return "; ".join(lines) if lines else type(exc).__name__
+    """An error's text on one line: its lines joined by "; ", a heading ending in ":" by
+    a space ("2 invalid settings: a=...; b=...")."""
+    lines = [x.strip(" -") for x in str(exc).strip().splitlines() if x.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0]
+    for line in lines[1:]:
+        text += (" " if text.endswith(":") else "; ") + line
+    return text
 
 
 def _summarize(result: Any) -> str:

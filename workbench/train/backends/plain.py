@@ -160,7 +160,9 @@ class PlainBackend(Backend):
     def step(self, grad_norm: float | None = None) -> StepOutcome:
         """The optimizer step. `grad_norm`: the value of `prepare_step()`'s tensor, read by
         the caller (read here when not given)."""
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = float(
+            self.optimizer.param_groups[0]["lr"]
+        )  # torchao keeps a tensor, set in place below
         prepared, self._prepared = self._prepared, None
         if prepared is not None:
             if grad_norm is None:

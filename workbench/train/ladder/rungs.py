@@ -253,6 +253,7 @@ def cumulative_configs(
             out.append((config, world))
             continue
         where = f"rung {i + 1} {shown(rung.name)}"
+        refused_before = len(problems)  # a rung with a refused value is not "unchanged"
         changes = dict(rung.changes)
         new_world = world
         for name in [n for n in NOT_SETTINGS if n in changes]:
@@ -324,7 +325,7 @@ def cumulative_configs(
             problems += of_error(exc, where=where)
             out.append((config, new_world))
             continue
-        if i > 0 and new == config and new_world == world and not (unknown or refused or writes):
+        if i > 0 and new == config and new_world == world and len(problems) == refused_before:
             same = ", ".join(f"{k}={shown(v)}" for k, v in rung.changes.items()) or "no settings"
             problems.append(
                 said(
