@@ -34,7 +34,8 @@ Rank 0 prints one JSON line per optimizer step, as `train_deepspeed.py` and `tra
 do: {"step", "loss" (the mean over ranks and the step's micro-batches), "lr" (the rate the
 step applied), "grad_norm" (before clipping; None under Lightning's FSDP strategy, whose
 sharded norm Lightning does not give), "skipped" (a step the loss scaler skipped),
-"step_seconds"}.
+"step_seconds"}. Lightning's FSDP strategy does not clip by norm (its FSDPPrecision raises):
+the export refuses `clip_grad_norm` with it, and so does this script.
 `--save-dir DIR` writes the trained weights at the end (data parallel and tensor parallel:
 model.safetensors, or with LoRA the adapters alone in peft's format).
 """
@@ -358,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
             f"--save-dir {args.save_dir!r}: the job saves data-parallel and tensor-parallel "
             f"runs; Lightning's {job['strategy']} strategy keeps its own sharded checkpoint "
             "format (trainer.save_checkpoint), which this job does not write"
+        )
+    clip = job["config"].get("clip_grad_norm")
+    if job["strategy"] == "fsdp" and clip is not None:  # refused at export; job.json edited
+        fail(
+            f"{job_path}: config.clip_grad_norm={clip!r}: Lightning's FSDP strategy cannot "
+            "clip by norm (its FSDPPrecision raises at the first step); export --format fsdp, "
+            "whose script clips the norm over the shards, or set it null"
         )
     approved = approve_model(job, args.model, args.trust_model_spec, job_path, text=args.text)
     config = job["config"]
