@@ -444,6 +444,29 @@ def test_a_world_size_the_fake_group_cannot_form(world_size: Any) -> None:
     _nothing_left()
 
 
+def test_numpy_and_torch_integers_are_the_ranks_and_steps_they_hold() -> None:
+    """A sweep's `numpy.int64(2)` or `torch.tensor(3)` is the int it holds
+    (`workbench.inputs.is_int`, as TrainConfig and export_job take them); the result holds
+    plain ints. A NumPy float or bool is still refused by name."""
+    import numpy as np
+
+    config = TrainConfig(fsdp="full_shard", micro_batch=2)
+    plain = simulate_memory("tiny-gpt", config, world_size=2, steps=3, model_options=TINY)
+    given = simulate_memory(
+        "tiny-gpt", config, world_size=np.int64(2), steps=torch.tensor(3), model_options=TINY
+    )
+    assert type(given.world_size) is int and given.world_size == 2
+    assert given.peak_bytes == plain.peak_bytes
+    short = TrainConfig(micro_batch=2)
+    gpt2 = simulate_memory(_gpt2("eager"), short, seq_len=np.int32(16))
+    assert gpt2.peak_bytes == simulate_memory(_gpt2("eager"), short, seq_len=16).peak_bytes
+    for field, value in (("world_size", np.float64(2.0)), ("steps", np.bool_(True))):
+        with pytest.raises(DryRunError, match=f"{field}=.*: must be a whole number") as e:
+            simulate_memory("tiny-gpt", config, **{field: value}, model_options=TINY)
+        assert [p.field for p in e.value.problems] == [field]
+    _nothing_left()
+
+
 def test_a_live_process_group_is_refused_and_kept(tmp_path: Any) -> None:
     import torch.distributed as dist
 

@@ -63,6 +63,43 @@ def test_lightning_with_deepspeed_refuses_torchs_amp(tmp_path: Path) -> None:
     assert "precision='amp-bf16': Lightning's DeepSpeed strategy trains DeepSpeed's own" in text
 
 
+def test_lightning_with_fsdp_refuses_norm_clipping(tmp_path: Path) -> None:
+    """Lightning's FSDP strategy raises at the first clipped step (its FSDPPrecision, the
+    installed Lightning's: checked here): refused at export naming --format fsdp, whose
+    script clips, and by the job itself where job.json was edited to ask for it."""
+    import json
+
+    from lightning.pytorch.plugins.precision.fsdp import FSDPPrecision
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    with pytest.raises(MisconfigurationException, match="'norm'` is currently not supported"):
+        FSDPPrecision("32-true").clip_grad_by_norm(None, 1.0)
+    clipped = TrainConfig(fsdp="full_shard", clip_grad_norm=1.0)
+    text = _refused(tmp_path, clipped, format="lightning")
+    assert (
+        "clip_grad_norm=1.0: --format lightning with --fsdp (Lightning's FSDP strategy) "
+        "cannot clip by norm" in text
+    )
+    assert "use --format fsdp, whose script clips the norm over the shards" in text
+    export_job(clipped, format="fsdp", gpus=1, out_dir=tmp_path / "fsdp", model_options=TINY_GPT)
+    out = tmp_path / "lightning"
+    export_job(
+        clipped.replace(fsdp="off"), format="lightning", gpus=1, out_dir=tmp_path / "ddp",
+        model_options=TINY_GPT,
+    )  # fmt: skip
+    export_job(clipped.replace(clip_grad_norm=None), format="lightning", gpus=1, out_dir=out)
+    job = json.loads((out / "job.json").read_text())
+    job["config"]["clip_grad_norm"] = 1.0  # edited after the export
+    (out / "job.json").write_text(json.dumps(job))
+    done = subprocess.run(
+        [sys.executable, "train_lightning.py", "--steps", "1"],
+        cwd=out, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "config.clip_grad_norm=1.0: Lightning's FSDP strategy cannot clip by norm" in done.stderr
+    assert '"step"' not in done.stdout
+
+
 def test_deepspeed_refuses_amp_fp16_as_launch_does(tmp_path: Path) -> None:
     from workbench.engines import AMP_FP16_DEEPSPEED, engine_problems
 

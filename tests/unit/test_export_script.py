@@ -503,6 +503,42 @@ def test_an_exported_job_trains_the_sessions_trajectory(
     assert moved > 1e-3  # the steps train: a trajectory, not one loss repeated
 
 
+def test_the_lightning_job_on_two_devices_trains_each_rank_on_its_own_share(
+    tmp_path: Path,
+) -> None:
+    """`train_lightning.py --devices 2` (Lightning's DDP over gloo): each rank reads its own
+    share of the samples in the FSDP job's order, so its losses and gradient norms are the
+    2-rank FSDP job's (measured: equal to the last bit here; the same rank sharing every
+    rank the same samples gave the one-device figures instead)."""
+    from workbench.export import export_job
+
+    config = TrainConfig(
+        micro_batch=4, grad_accum=2, lr_schedule="cosine", warmup_steps=1, total_steps=10,
+        clip_grad_norm=1.0, seed=3,
+    )  # fmt: skip
+    steps = "3"
+    fsdp = export_job(
+        config.replace(fsdp="full_shard"), format="fsdp", gpus=2, out_dir=tmp_path / "fsdp",
+        model_options=DROPOUT,
+    )  # fmt: skip
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+    code, lines, err = run_job([*torchrun, "train_fsdp.py", "--steps", steps], Path(fsdp.out_dir))
+    assert code == 0, err[-3000:]
+    sharded = [ln for ln in lines if "loss" in ln]
+    lit = export_job(
+        config, format="lightning", gpus=2, out_dir=tmp_path / "lightning", model_options=DROPOUT
+    )
+    argv = [sys.executable, "train_lightning.py", "--steps", steps, "--devices", "2"]
+    code, lines, err = run_job(argv, Path(lit.out_dir))
+    assert code == 0, err[-3000:]
+    job = [ln for ln in lines if "loss" in ln]
+    assert [ln["step"] for ln in job] == [ln["step"] for ln in sharded] == [1, 2, 3]
+    assert [ln["loss"] for ln in job] == pytest.approx([ln["loss"] for ln in sharded], rel=1e-6)
+    assert [ln["grad_norm"] for ln in job] == pytest.approx(
+        [ln["grad_norm"] for ln in sharded], rel=1e-6
+    )
+
+
 @pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
 def test_an_exported_job_trains_with_the_sessions_attention_kernel(
     fmt: str, tmp_path: Path

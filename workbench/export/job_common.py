@@ -480,14 +480,16 @@ def count_parameters(module: torch.nn.Module) -> int:
     return total
 
 
-def batches(
+def data_loader(
     job: dict[str, Any], dataset: Any, micro_batch: int, world: int, rank: int
-) -> Iterator[Any]:
-    """This rank's micro-batches, epoch after epoch (each epoch reshuffled with the job's seed)."""
+) -> DataLoader[Any]:
+    """This rank's loader of `world` data-parallel ranks: a DistributedSampler seeded with the
+    job's seed (its share of each epoch's shuffle, the tail dropped; a caller sets its epoch)
+    and a generator of its own. Every job's ranks read through it (the Session's order)."""
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=True, seed=int(job["seed"]), drop_last=True
     )
-    loader = DataLoader(
+    return DataLoader(
         dataset,
         batch_size=micro_batch,
         sampler=sampler,
@@ -498,6 +500,14 @@ def batches(
         # seed from it, not from the global RNG dropout draws from
         generator=torch.Generator().manual_seed(int(job["seed"])),
     )
+
+
+def batches(
+    job: dict[str, Any], dataset: Any, micro_batch: int, world: int, rank: int
+) -> Iterator[Any]:
+    """This rank's micro-batches (`data_loader`), epoch after epoch (each reshuffled)."""
+    loader = data_loader(job, dataset, micro_batch, world, rank)
+    sampler: Any = loader.sampler
     epoch = 0
     while True:
         sampler.set_epoch(epoch)

@@ -3,7 +3,8 @@ job that would stop at its start (or silently train something else) is never wri
 
 * `format_problems`: a setting a format's script does not carry (an optimizer the FSDP
   and Lightning scripts do not build, torch's amp precisions under Lightning's DeepSpeed
-  strategy, amp-fp16 under DeepSpeed, `compile`);
+  strategy, norm clipping under Lightning's FSDP strategy, amp-fp16 under DeepSpeed,
+  `compile`);
 * `model_problems`: what a built-in model itself (built on the meta device) cannot train
   of the settings, as a Session checks it (recomputation of blocks the model does not
   mark, an attention kernel it has none of, LoRA targets that match no layer); a factory
@@ -45,6 +46,14 @@ COMPILE_REASON = (
     "it); a Session and `workbench launch` compile it"
 )
 
+#: why the Lightning job under Lightning's FSDP strategy does not clip by norm
+LIGHTNING_FSDP_CLIP = (
+    "--format lightning with --fsdp (Lightning's FSDP strategy) cannot clip by norm: "
+    "Lightning's FSDPPrecision raises \"gradient_clip_algorithm='norm' is currently not "
+    'supported" at the first step; use --format fsdp, whose script clips the norm over the '
+    "shards, or export without --clip-grad-norm"
+)
+
 
 def format_problems(config: TrainConfig, format: str, strategy: str) -> list[SettingProblem]:
     """The settings of `config` the `format` job (its Lightning `strategy`) does not
@@ -70,6 +79,8 @@ def format_problems(config: TrainConfig, format: str, strategy: str) -> list[Set
         p.append(SettingProblem("precision", precision.value, why))
     elif format == "deepspeed" and precision is Precision.AMP_FP16:
         p.append(SettingProblem("precision", precision.value, AMP_FP16_DEEPSPEED))
+    if format == "lightning" and strategy == "fsdp" and config.clip_grad_norm is not None:
+        p.append(SettingProblem("clip_grad_norm", config.clip_grad_norm, LIGHTNING_FSDP_CLIP))
     if config.compile:
         p.append(SettingProblem("compile", True, COMPILE_REASON))
     return p
@@ -218,6 +229,7 @@ def stale_format(out: Path, format: str) -> str | None:
 
 __all__ = [
     "COMPILE_REASON",
+    "LIGHTNING_FSDP_CLIP",
     "SCRIPT_OPTIMIZERS",
     "factory_option_problems",
     "factory_warning",

@@ -26,12 +26,16 @@ The precision is Lightning's name for it (`PRECISION`: "amp-bf16" is "bf16-mixed
 bf16 "bf16-true" is "bf16-true", Lightning's model cast to bf16 without a master copy).
 `activation_offload` runs each training step's forward under `job_common`'s offload hooks
 (saved activations in pinned host memory on a GPU; nothing moves on a CPU).
+Each data-parallel rank reads its own share of the samples, in the order of the Session's
+ranks and the FSDP and DeepSpeed jobs (`JobData`: `job_common.data_loader` built once the
+strategy knows the ranks).
 
 Rank 0 prints one JSON line per optimizer step, as `train_deepspeed.py` and `train_fsdp.py`
 do: {"step", "loss" (the mean over ranks and the step's micro-batches), "lr" (the rate the
 step applied), "grad_norm" (before clipping; None under Lightning's FSDP strategy, whose
 sharded norm Lightning does not give), "skipped" (a step the loss scaler skipped),
-"step_seconds"}.
+"step_seconds"}. Lightning's FSDP strategy does not clip by norm (its FSDPPrecision raises):
+the export refuses `clip_grad_norm` with it, and so does this script.
 `--save-dir DIR` writes the trained weights at the end (data parallel and tensor parallel:
 model.safetensors, or with LoRA the adapters alone in peft's format).
 """
@@ -48,7 +52,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:  # imported from the package (the workbench, its tests): the package's modules
@@ -59,6 +63,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
         approve_model,
         build,
         check_save_dir,
+        data_loader,
         fail,
         full_state,
         loss_of,
@@ -82,6 +87,7 @@ else:  # run as a script: the job_common.py beside it, as exported (or as its us
         approve_model,
         build,
         check_save_dir,
+        data_loader,
         fail,
         full_state,
         loss_of,
@@ -250,6 +256,27 @@ class JobModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
+class JobData(L.LightningDataModule):
+    """The job's samples: each data-parallel rank its own share, in the order of the Session
+    and the FSDP and DeepSpeed jobs (`job_common.data_loader`)."""
+
+    def __init__(self, job: dict[str, Any], dataset: Any) -> None:
+        super().__init__()
+        self.job = job
+        self.dataset = dataset
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        """Called once the strategy has set up its processes: the rank and the number of
+        data-parallel ranks are the strategy's (tensor parallel: the data-parallel
+        dimension's). Lightning keeps a DistributedSampler it is given (and calls its
+        set_epoch each epoch), so the sampler must be this rank's own."""
+        trainer: Any = self.trainer  # set by the time Lightning asks for the loader
+        shard = trainer.distributed_sampler_kwargs or {"num_replicas": 1, "rank": 0}
+        micro = int(self.job["config"]["micro_batch"])
+        world, rank = int(shard["num_replicas"]), int(shard["rank"])
+        return data_loader(self.job, self.dataset, micro, world, rank)
+
+
 def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
     """Lightning's strategy for the job's settings (see the module docstring)."""
     kind = job["strategy"]
@@ -333,27 +360,19 @@ def main(argv: list[str] | None = None) -> int:
             f"runs; Lightning's {job['strategy']} strategy keeps its own sharded checkpoint "
             "format (trainer.save_checkpoint), which this job does not write"
         )
+    clip = job["config"].get("clip_grad_norm")
+    if job["strategy"] == "fsdp" and clip is not None:  # refused at export; job.json edited
+        fail(
+            f"{job_path}: config.clip_grad_norm={clip!r}: Lightning's FSDP strategy cannot "
+            "clip by norm (its FSDPPrecision raises at the first step); export --format fsdp, "
+            "whose script clips the norm over the shards, or set it null"
+        )
     approved = approve_model(job, args.model, args.trust_model_spec, job_path, text=args.text)
     config = job["config"]
     if job["seed"] > 2**32 - 1:
         fail(f"{job_path}: seed={job['seed']}: Lightning's seed_everything takes a 32-bit seed")
     L.seed_everything(int(job["seed"]), verbose=False)
     model, dataset, loss_fn = build(job, approved=approved)
-    # the samples in the order the Session and the FSDP/DeepSpeed jobs draw them: a
-    # DistributedSampler seeded with the job's seed, reshuffled each epoch (Lightning calls
-    # its set_epoch), and a generator of its own; on several devices Lightning puts its own
-    # DistributedSampler in its place, seeded with the same seed (seed_everything above)
-    loader = DataLoader(
-        dataset,
-        batch_size=int(config["micro_batch"]),
-        sampler=DistributedSampler(
-            dataset, num_replicas=1, rank=0, shuffle=True, seed=int(job["seed"]), drop_last=True
-        ),
-        drop_last=True,
-        num_workers=int(job["num_workers"]),
-        pin_memory=bool(job["pin_memory"]),
-        generator=torch.Generator().manual_seed(int(job["seed"])),
-    )
     cpu = config.get("device") == "cpu" or not torch.cuda.is_available()
     if cpu and job["strategy"] in ("deepspeed", "fsdp"):
         name = {"deepspeed": "DeepSpeed", "fsdp": "FSDP"}[job["strategy"]]
@@ -372,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_model_summary=False,
     )
     module = JobModule(model, loss_fn, config, strategy=str(job["strategy"]))
-    trainer.fit(module, train_dataloaders=loader)
+    trainer.fit(module, datamodule=JobData(job, dataset))
     if trainer.global_rank == 0:
         print(json.dumps({"event": "done", "steps": int(trainer.global_step)}), flush=True)
     if args.save_dir:

@@ -80,6 +80,7 @@ from workbench.estimate.allocator import (
     replay,
 )
 from workbench.estimate.peak import OFFLOADED_TERM
+from workbench.inputs import plain_number
 from workbench.problems import SettingProblem
 from workbench.train.backends.optimizer import build_optimizers
 from workbench.train.dry_run.checks import OPTIMIZER_IMPLS, check_arguments
@@ -195,6 +196,9 @@ def simulate_memory(
     the batch's failure (see the module docstring).
     """
     started = time.perf_counter()
+    # a NumPy or torch integer (a sweep's value) as the Python int it holds
+    world_size, steps = plain_number(world_size), plain_number(steps)
+    seq_len = plain_number(seq_len)
     config, sim_device, problems = check_arguments(
         config, world_size, steps, optimizer_impl, seq_len, device, progress, loss_fn
     )

@@ -2,7 +2,8 @@
 
 `check_arguments` returns the config (`TrainConfig()` when none is given), the device the
 simulation runs on and every problem as a `SettingProblem` naming its argument: the
-numbers' ranges (`world_size`, `steps`, `seq_len`), the choices (`optimizer_impl`,
+numbers' ranges (`world_size`, `steps`, `seq_len`: ints, NumPy's and 0-dim torch
+integers included, `workbench.inputs.is_int`), the choices (`optimizer_impl`,
 `device`), the callables (`progress`, `loss_fn`), the settings a dry run cannot represent
 (DeepSpeed's ZeRO stages and 16-bit modes, offload, DeepSpeed-only optimizers: their
 buffers live in DeepSpeed's own C++/CUDA code) and, under FSDP, a process group that
@@ -24,6 +25,7 @@ from workbench.config import (
     TrainConfig,
 )
 from workbench.engines import engine_for, engine_problems
+from workbench.inputs import is_int
 from workbench.problems import SettingProblem
 from workbench.train.dry_run.fsdp import group_problem
 
@@ -31,10 +33,6 @@ from workbench.train.dry_run.fsdp import group_problem
 OPTIMIZER_IMPLS = ("foreach", "for-loop", "fused")
 MAX_STEPS = 100
 MAX_WORLD_SIZE = 65536
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_arguments(
@@ -54,7 +52,7 @@ def check_arguments(
     elif not isinstance(config, TrainConfig):
         p.append(SettingProblem("config", type(config).__name__, "must be a workbench.TrainConfig"))
         config = TrainConfig()
-    if not _is_int(world_size) or not 1 <= world_size <= MAX_WORLD_SIZE:
+    if not is_int(world_size) or not 1 <= world_size <= MAX_WORLD_SIZE:
         p.append(
             SettingProblem(
                 "world_size",
@@ -63,7 +61,7 @@ def check_arguments(
                 "group stands in for them)",
             )
         )
-    if not _is_int(steps) or not 2 <= steps <= MAX_STEPS:
+    if not is_int(steps) or not 2 <= steps <= MAX_STEPS:
         p.append(
             SettingProblem(
                 "steps",
@@ -76,7 +74,7 @@ def check_arguments(
         p.append(
             SettingProblem("optimizer_impl", impl, f"must be one of {', '.join(OPTIMIZER_IMPLS)}")
         )
-    if seq_len is not None and (not _is_int(seq_len) or not 1 <= seq_len <= 1 << 22):
+    if seq_len is not None and (not is_int(seq_len) or not 1 <= seq_len <= 1 << 22):
         p.append(
             SettingProblem("seq_len", seq_len, "must be None or a whole number from 1 to 2^22")
         )
@@ -90,7 +88,7 @@ def check_arguments(
         p.append(SettingProblem("loss_fn", loss_fn, "must be a function(outputs, targets)"))
     sim = _device(p, device)
     p += _setting_problems(config, world_size)
-    ranked = _is_int(world_size) and 1 <= world_size <= MAX_WORLD_SIZE
+    ranked = is_int(world_size) and 1 <= world_size <= MAX_WORLD_SIZE
     if device == "auto" and ranked and engine_for(config, world_size) is Engine.DEEPSPEED:
         # DeepSpeed's engine on fake tensors is verified with its CPU accelerator (fake CPU
         # tensors running the GPU's kernels); device="cuda" asks for its CUDA path
@@ -122,7 +120,7 @@ def _device(p: list[SettingProblem], device: Any) -> torch.device:
 def _setting_problems(config: TrainConfig, world_size: Any) -> list[SettingProblem]:
     """The settings a dry run cannot represent, each with what to do instead."""
     p: list[SettingProblem] = []
-    ranks = world_size if _is_int(world_size) and world_size >= 1 else 1
+    ranks = world_size if is_int(world_size) and world_size >= 1 else 1
     p += engine_problems(config, ranks)  # what the engine refuses (amp-fp16 on DeepSpeed, ...)
     for name in ("offload_optimizer", "offload_params"):
         if OffloadDevice(getattr(config, name)) is not OffloadDevice.NONE:
