@@ -301,6 +301,11 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
     assert [p.label() for p in by_tokens.plans] == [
         p.label() for p in plan(**base, global_batch=64).plans
     ]
+    import numpy as np  # a sweep's NumPy integer is the int it holds
+
+    assert [p.label() for p in plan(**base, global_tokens=np.int64(64 * 4096)).plans] == [
+        p.label() for p in by_tokens.plans
+    ]
     one = {"model": "llama-3-8b", "gpu": "h200", "gpus_per_node": 1, "seq_len": 1024}
     eight = plan(**one, global_batch=8, optimizer="adam8bit")
     assert eight.plans and {p.settings["optimizer"] for p in eight.plans} == {"adam8bit"}

@@ -34,7 +34,7 @@ from workbench.engines import engine_problems
 from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
 from workbench.estimate.activations import attention_terms
 from workbench.estimate.flops import FlopCount
-from workbench.inputs import shown
+from workbench.inputs import is_int, plain_number, shown
 from workbench.planner.checks import checked_numbers as _checked_numbers
 from workbench.planner.checks import counts as _counts
 from workbench.planner.efficiency import resolve as _efficiency_of
@@ -521,7 +521,8 @@ def plan(
         raise ValueError("seq_len: the planner needs the tokens a sample (--seq-len)")
     seq = int(probe.seq_len)
     if global_tokens is not None:
-        ok = isinstance(global_tokens, int) and not isinstance(global_tokens, bool)
+        ok = is_int(global_tokens)  # a NumPy or torch integer is the int it holds
+        global_tokens = plain_number(global_tokens)
         if not ok or global_tokens < seq or global_tokens % seq:
             near = max(1, round(global_tokens / seq)) * seq if ok else seq
             raise ValueError(
