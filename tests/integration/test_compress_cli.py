@@ -53,6 +53,10 @@ def test_json_report_of_a_checkpoint(checkpoint, capsys, tmp_path) -> None:
             "3",
             "--threads",
             "1",
+            "--max-loss-ratio",
+            "1.5",
+            "--max-accuracy-drop",
+            "2",
             "--json",
             "--out",
             str(tmp_path / "out"),
@@ -69,6 +73,10 @@ def test_json_report_of_a_checkpoint(checkpoint, capsys, tmp_path) -> None:
     assert before["held_out_samples"] == int(0.1 * MLP["samples"])
     assert "step 3" in data["title"] and "held-out split" in data["held_out"]
     assert data["rows"][2]["figures"]["zero_fraction"] == pytest.approx(0.25, abs=0.01)
+    # the quality tolerance given is the one the verdicts judged by
+    assert data["tolerance"] == {"max_loss_ratio": 1.5, "max_accuracy_drop": 2.0}
+    for v in data["verdicts"]:
+        assert v["quality"] == ("lost" if v["loss_ratio"] > 1.5 else "kept"), v
     written = set(os.listdir(tmp_path / "out"))
     assert written == {"int8.pt", "prune.pt", "channels+int8.pt", "report.json", "report.png"}
     pruned = torch.load(tmp_path / "out" / "prune.pt", weights_only=True)
@@ -207,6 +215,17 @@ LONG = "x" * 300
         (["--held-out", "nan"], "--held-out nan: must be a finite number"),
         (["--held-out", "1"], "--held-out 1: must be a fraction in (0, 1)"),
         (["--sparsity", "inf"], "--sparsity inf: must be a finite number"),
+        (["--max-loss-ratio", "0.9"], "--max-loss-ratio 0.9: must be a finite number >= 1"),
+        (["--max-loss-ratio", "nan"], "--max-loss-ratio nan: must be a finite number"),
+        (
+            ["--max-accuracy-drop", "-1"],
+            "--max-accuracy-drop -1: must be a number of accuracy points in [0, 100]",
+        ),
+        (
+            ["--max-accuracy-drop", "1e3", "--max-loss-ratio", "x"],
+            "--max-loss-ratio x: must be a finite number; --max-accuracy-drop 1e3: must be a "
+            "number of accuracy points in [0, 100]",
+        ),
         (["--model-options", '{"a": 1, "a": 2}'], "key 'a' appears twice in one object"),
         (["--model-options", '{"a": NaN}'], "JSON numbers must be finite"),
         (["--model-options", "[1]"], "--model-options [1]: must be a JSON object"),

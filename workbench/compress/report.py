@@ -3,18 +3,22 @@
 `CompressionReport` holds one `Row` per model: the model before compression first, then
 each method. `str(report)` and a notebook show it as a table; `report.verdict(method)`
 says in words what the method buys on this hardware, and says so plainly when it buys
-nothing (a change within `NOISE` of the model before counts as no change);
-`report.chart()` draws the same as bars; `report.to_dict()` gives the raw numbers.
+nothing (a change within `NOISE` of the model before counts as no change) or when it
+costs more quality than the report's `QualityTolerance` allows (then it does not pay
+until retrained); `report.chart()` draws the same as bars; `report.to_dict()` gives the
+raw numbers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
 from workbench.inputs import shown
+from workbench.problems import ConfigError, SettingProblem
 from workbench.spread import figure_png, spread_bars
 
 #: Ratios within 10% of 1 count as "no change": on a shared machine timings of the same
@@ -23,6 +27,17 @@ NOISE = 0.10
 #: In the chart, a held-out loss or accuracy within 1% of the model before's is drawn as
 #: unchanged (the table and verdicts give the exact figures).
 QUALITY_NOISE = 0.01
+#: The quality a method may lose and still pay (`QualityTolerance`'s defaults): its
+#: held-out loss at most 1.05x the model before's, its accuracy at most 1 point lower.
+#: A choice, not a law: a served model's quality budget is its owner's to set
+#: (`compress(..., max_loss_ratio=..., max_accuracy_drop=...)`).
+MAX_LOSS_RATIO = 1.05
+MAX_ACCURACY_DROP = 1.0
+#: What recovers the quality a smaller model lost, said in a verdict that lost some.
+RETRAIN = (
+    "retraining the compressed copy can recover it (fine-tune it on the training data, or "
+    "distill the model before into it), then measure again"
+)
 
 # bar colours: better, worse, no change, the model before
 _BETTER, _WORSE, _SAME, _BEFORE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0"
@@ -60,9 +75,59 @@ class Row:
     why_no_gain: str = ""
 
 
+def tolerance_problems(max_loss_ratio: Any, max_accuracy_drop: Any) -> list[SettingProblem]:
+    """What is wrong with a quality tolerance (empty when both values are usable)."""
+    problems = []
+    if not _finite(max_loss_ratio) or max_loss_ratio < 1:
+        problems.append(
+            SettingProblem(
+                "max_loss_ratio",
+                max_loss_ratio,
+                "must be a finite number >= 1 (the held-out loss after compression over the "
+                "loss before that still pays; 1 allows no rise)",
+            )
+        )
+    if not _finite(max_accuracy_drop) or not 0 <= max_accuracy_drop <= 100:
+        problems.append(
+            SettingProblem(
+                "max_accuracy_drop",
+                max_accuracy_drop,
+                "must be a number of accuracy points in [0, 100] (0 allows no drop)",
+            )
+        )
+    return problems
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class QualityTolerance:
+    """How much held-out quality a method may lose and still pay: its held-out loss at most
+    `max_loss_ratio` times the model before's, its accuracy (where the task has one) at
+    most `max_accuracy_drop` percentage points lower. Bad values raise a ValueError naming
+    each field, the value and what is allowed."""
+
+    max_loss_ratio: float = MAX_LOSS_RATIO
+    max_accuracy_drop: float = MAX_ACCURACY_DROP
+
+    def __post_init__(self) -> None:
+        problems = tolerance_problems(self.max_loss_ratio, self.max_accuracy_drop)
+        if problems:
+            raise ConfigError(problems)
+
+    def __str__(self) -> str:
+        return (
+            f"held-out loss at most {self.max_loss_ratio:g}x the model before's, accuracy at "
+            f"most {self.max_accuracy_drop:g} points lower"
+        )
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """What a method buys, relative to the model before (ratios are after / before)."""
+    """What a method buys, relative to the model before (ratios are after / before), and
+    what it costs in held-out quality against the report's `QualityTolerance`."""
 
     method: str
     size_ratio: float
@@ -72,8 +137,40 @@ class Verdict:
     accuracy_change: float | None
     size: str  # "smaller" | "larger" | "same"
     latency: str  # "faster" | "slower" | "same" | "unclear" (median and fastest disagree)
-    pays: bool  # smaller or faster beyond the noise
+    pays: bool  # smaller or faster beyond the noise, and quality within the tolerance
     summary: str
+    # the held-out loss after / before (None when the loss before is not a positive number)
+    loss_ratio: float | None = None
+    # "kept" (within the tolerance) | "lost" (beyond it) | "not judged" (no finite loss before)
+    quality: str = "kept"
+    lost: str = ""  # what was lost beyond the tolerance, in words ("" when kept)
+
+    @property
+    def outcome(self) -> str:
+        """The verdict in a few words: "pays", "smaller, but slower here", "smaller and
+        faster, but loses quality" (or "smaller, ..." / "faster, ..."), "does not pay here"."""
+        gains = [
+            word
+            for word, gained in (
+                ("smaller", self.size == "smaller"),
+                ("faster", self.latency == "faster"),
+            )
+            if gained
+        ]
+        if self.pays:
+            return "smaller, but slower here" if self.latency == "slower" else "pays"
+        if gains and self.quality == "lost":
+            return f"{' and '.join(gains)}, but loses quality"
+        return "does not pay here"
+
+
+def _chart_label(v: Verdict) -> str:
+    """A method's label in the chart: its name, marked when it does not pay."""
+    if v.pays:
+        return v.method
+    if v.quality == "lost" and v.outcome != "does not pay here":
+        return f"{v.method}\n(loses quality)"
+    return f"{v.method}\n(does not pay here)"
 
 
 def _direction(ratio: float, better: str, worse: str) -> str:
@@ -96,10 +193,38 @@ def _ratio(after: float, before: float) -> float:
     return after / before if before > 0 else 1.0
 
 
-def verdict_of(before: Row, after: Row) -> Verdict:
+def _quality(
+    b: Figures, a: Figures, acc: float | None, tolerance: QualityTolerance
+) -> tuple[float | None, str, list[str]]:
+    """(loss ratio, "kept" | "lost" | "not judged", what was lost beyond `tolerance`)."""
+    loss_ratio = a.loss / b.loss if math.isfinite(b.loss) and b.loss > 0 else None
+    if not math.isfinite(b.loss):
+        return loss_ratio, "not judged", []
+    lost = []
+    # the loss may rise by (ratio - 1) of its size: after/before <= ratio for a positive loss
+    allowed = b.loss + (tolerance.max_loss_ratio - 1) * abs(b.loss)
+    if not math.isfinite(a.loss) or a.loss > allowed + 1e-12 * abs(b.loss):
+        if not math.isfinite(a.loss):
+            rise = fmt_number(a.loss)
+        elif loss_ratio is not None:
+            rise = f"{fmt_number(loss_ratio, 3)}x the model before's"
+        else:
+            rise = f"up from {fmt_number(b.loss)}"
+        lost.append(f"held-out loss {rise} (allowed: {tolerance.max_loss_ratio:g}x)")
+    if acc is not None and -acc * 100 > tolerance.max_accuracy_drop + 1e-9:
+        lost.append(
+            f"accuracy {-acc * 100:.1f} points lower (allowed: {tolerance.max_accuracy_drop:g})"
+        )
+    return loss_ratio, "lost" if lost else "kept", lost
+
+
+def verdict_of(before: Row, after: Row, tolerance: QualityTolerance | None = None) -> Verdict:
     """Compare `after` with `before` (see `NOISE`). A speed change counts when the medians
     and the fastest repeats agree on it; when they disagree (a busy machine) it is
-    "unclear" and counts as none."""
+    "unclear" and counts as none. A method pays when it is smaller or faster and its
+    held-out quality stays within `tolerance` (default `QualityTolerance()`); one that is
+    smaller or faster but lost more says what it lost and that retraining recovers it."""
+    tolerance = QualityTolerance() if tolerance is None else tolerance
     b, a = before.figures, after.figures
     size_ratio = _ratio(a.params_bytes, b.params_bytes)
     latency_ratio = _ratio(a.latency_seconds, b.latency_seconds)
@@ -113,7 +238,9 @@ def verdict_of(before: Row, after: Row) -> Verdict:
     quality = f"held-out loss {fmt_number(b.loss)} -> {fmt_number(a.loss)}"
     if acc is not None:
         quality += f", accuracy {round(acc * 100, 1) + 0.0:+.1f} points"  # no "-0.0"
-    pays = size == "smaller" or latency == "faster"
+    loss_ratio, kept, lost = _quality(b, a, acc, tolerance)
+    gain = size == "smaller" or latency == "faster"
+    pays = gain and kept != "lost"
     speed = (
         f"no clear speed change (median {latency_ratio:.2f}x, fastest repeat "
         f"{fastest_ratio:.2f}x the time before: a busy machine?)"
@@ -121,13 +248,19 @@ def verdict_of(before: Row, after: Row) -> Verdict:
         else _times(latency_ratio, "faster", "slower")
     )
     parts = [_times(size_ratio, "smaller", "larger"), speed, quality]
+    if lost:
+        parts.append("beyond the tolerance: " + ", ".join(lost))
+    elif kept == "not judged":
+        parts.append("quality not judged (the held-out loss before is not finite)")
     summary = "; ".join(parts)
-    if not pays:
-        summary = "does not pay on this hardware: " + summary
-    elif latency == "slower":
+    if gain and latency == "slower":
         summary += "; slower on this hardware"
-    if (not pays or latency == "slower") and after.why_no_gain:
+    if (not gain or latency == "slower") and after.why_no_gain:
         summary += f" ({after.why_no_gain})"
+    if not gain:
+        summary = "does not pay on this hardware: " + summary
+    elif not pays:
+        summary = f"does not pay as it is (it loses quality): {summary}; {RETRAIN}"
     return Verdict(
         method=after.method,
         size_ratio=size_ratio,
@@ -139,6 +272,9 @@ def verdict_of(before: Row, after: Row) -> Verdict:
         latency=latency,
         pays=pays,
         summary=summary,
+        loss_ratio=loss_ratio,
+        quality=kept,
+        lost=", ".join(lost),
     )
 
 
@@ -148,13 +284,15 @@ class CompressionReport(Readable):
 
     `rows[0]` is the model before compression. `models`: the compressed models by method
     (not the one before), to keep, save or measure further. `setup`: how it was measured
-    (batch size, repeats, device, threads, held-out samples).
+    (batch size, repeats, device, threads, held-out samples). `tolerance`: the held-out
+    quality a method may lose and still pay (`QualityTolerance`).
     """
 
     title: str
     rows: tuple[Row, ...]
     setup: dict[str, Any]
     models: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    tolerance: QualityTolerance = field(default_factory=QualityTolerance)
 
     @property
     def before(self) -> Row:
@@ -171,7 +309,7 @@ class CompressionReport(Readable):
         raise ValueError(f"method={shown(method)}: not in this report ({', '.join(self.methods)})")
 
     def verdict(self, method: str) -> Verdict:
-        return verdict_of(self.before, self.row(method))
+        return verdict_of(self.before, self.row(method), self.tolerance)
 
     def verdicts(self) -> list[Verdict]:
         return [self.verdict(m) for m in self.methods]
@@ -181,6 +319,7 @@ class CompressionReport(Readable):
             "title": self.title,
             "setup": dict(self.setup),
             "noise": NOISE,
+            "tolerance": asdict(self.tolerance),
             "rows": [asdict(r) for r in self.rows],
             "verdicts": [asdict(v) for v in self.verdicts()],
         }
@@ -224,6 +363,9 @@ class CompressionReport(Readable):
             f"{s.get('batch_size')}-sample batch on {s.get('device')} (torch threads: "
             f"{s.get('threads')}), models taking turns (a speed change counts when the median and the fastest repeat agree); held-out quality on {s.get('held_out_samples')} "
             f"samples; changes within {NOISE:.0%} count as none"
+        )
+        notes.append(
+            f"a method pays when it is smaller or faster and keeps its quality: {self.tolerance}"
         )
         return Display(self.title, rows, header=header, notes=notes)
 
@@ -283,10 +425,7 @@ class CompressionReport(Readable):
             ax.margins(x=0.25)
         axes[0].set_yticks(y)
         axes[0].set_yticklabels(
-            [
-                label if i == 0 or verdicts[label].pays else f"{label}\n(does not pay here)"
-                for i, label in enumerate(labels)
-            ],
+            [label if i == 0 else _chart_label(verdicts[label]) for i, label in enumerate(labels)],
             fontsize=8,
         )
         axes[0].invert_yaxis()
