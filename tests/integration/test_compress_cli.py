@@ -71,7 +71,8 @@ def test_json_report_of_a_checkpoint(checkpoint, capsys, tmp_path) -> None:
     assert before["params_bytes"] == weights_bytes(trained.model)
     assert before["disk_bytes"] == disk_bytes(trained.model)
     assert before["held_out_samples"] == int(0.1 * MLP["samples"])
-    assert "step 3" in data["title"] and "held-out split" in data["held_out"]
+    assert "step 3" in data["title"] and "eval split" in data["held_out"]
+    assert data["quality_data"] == "eval"  # the checkpoint's own data: it may have seen it
     assert data["rows"][2]["figures"]["zero_fraction"] == pytest.approx(0.25, abs=0.01)
     # the quality tolerance given is the one the verdicts judged by
     assert data["tolerance"] == {"max_loss_ratio": 1.5, "max_accuracy_drop": 2.0}
@@ -104,7 +105,7 @@ def test_text_report_of_a_weights_file(checkpoint, capsys) -> None:
     )
     assert code == 0, err
     assert "before" in out and "channels" in out and "latency/batch" in out
-    assert "note: held-out split" in out
+    assert "note: eval split" in out and "eval loss" in out and "held-out loss" not in out
 
 
 def test_bad_flags_are_reported_together(checkpoint, capsys) -> None:

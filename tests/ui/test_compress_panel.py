@@ -35,7 +35,9 @@ def test_measure_shows_the_table_and_chart(session, no_leaked_threads) -> None:
         assert report is panel.report and report.methods == ("prune", "channels")
         assert report.row("prune").figures.zero_fraction == pytest.approx(0.25, abs=0.01)
         table = strip_tags(panel.table.value)
-        assert "held-out loss" in table and "channels" in table
+        # the tail of the session's data, which it may have trained on: "eval", not held-out
+        assert "eval loss" in table and "held-out loss" not in table and "channels" in table
+        assert report.quality_data == "eval"
         assert panel.chart.png.startswith(b"\x89PNG") and panel.charts() == [panel.chart]
         status = strip_tags(panel.status.value)
         assert status.startswith("measured; pays here:") and "may have trained on" in status

@@ -107,13 +107,27 @@ def test_the_tolerance_is_a_parameter_and_the_report_carries_it() -> None:
     assert r.verdict("channels").pays
     assert r.to_dict()["tolerance"] == {"max_loss_ratio": 2.0, "max_accuracy_drop": 5}
     assert (
-        "keeps its quality: held-out loss at most 2x the model before's, accuracy at most "
+        "keeps its held-out quality: loss at most 2x the model before's, accuracy at most "
         "5 points lower" in " ".join(str(r).split())
     )
     strict = CompressionReport("m", (BEFORE, after), {})
     assert strict.tolerance == QualityTolerance(MAX_LOSS_RATIO, MAX_ACCURACY_DROP)
     labels = [t.get_text() for t in strict.chart().axes[0].get_yticklabels()]
     assert labels[1] == "channels\n(loses quality)"
+
+
+def test_quality_on_data_the_model_may_have_seen_is_called_eval_not_held_out() -> None:
+    after = Row("channels", figures(1000, 5.0, loss=3.0))
+    r = CompressionReport("m", (BEFORE, after), {}, quality_data="eval")
+    text = " ".join(str(r).split())
+    assert "eval loss" in text and "held-out" not in text
+    assert r.verdict("channels").lost == "eval loss 3x the model before's (allowed: 1.05x)"
+    assert r.to_dict()["quality_data"] == "eval"
+    assert [ax.get_title() for ax in r.chart().axes][2:] == ["eval loss", "eval accuracy (%)"]
+    held = CompressionReport("m", (BEFORE, after), {})
+    assert "held-out loss" in str(held) and held.quality_data == "held-out"
+    with pytest.raises(ValueError, match="quality_data='test': must be one of 'held-out', 'eval'"):
+        CompressionReport("m", (BEFORE,), {}, quality_data="test")
 
 
 def test_a_loss_that_is_not_a_number_is_lost_and_one_before_is_not_judged() -> None:
@@ -168,6 +182,8 @@ def test_compare_and_compress_refuse_a_bad_tolerance_before_any_work() -> None:
     text = str(caught.value)
     assert "max_loss_ratio=0.5: must be a finite number >= 1" in text
     assert "max_accuracy_drop=-2: must be a number of accuracy points in [0, 100]" in text
+    with pytest.raises(ValueError, match="held_out_unseen='no': must be True or False"):
+        compare(model, {"same": model}, data, loss, held_out_unseen="no")
     with pytest.raises(ValueError, match="max_loss_ratio=0: must be a finite number >= 1"):
         compress(model, data, loss, methods=["prune"], max_loss_ratio=0)
 

@@ -199,6 +199,7 @@ def compare(
     cancel: Any = None,
     max_loss_ratio: float = MAX_LOSS_RATIO,
     max_accuracy_drop: float = MAX_ACCURACY_DROP,
+    held_out_unseen: bool = True,
 ) -> CompressionReport:
     """Measure `before` and each candidate (a module, or what a compression function
     returned) on the same held-out data and the same batch: weights and file size,
@@ -211,7 +212,9 @@ def compare(
     measurement at the next model or batch with `CompressionCancelled`.
     `max_loss_ratio`, `max_accuracy_drop`: the held-out quality a candidate may lose and
     still pay (`QualityTolerance`: its loss at most that many times the loss before, its
-    accuracy at most that many points lower; 1.05 and 1 by default).
+    accuracy at most that many points lower; 1.05 and 1 by default). `held_out_unseen=False`
+    when the model may have trained on `held_out` (a checkpoint's own data set): the report
+    then calls its quality figures "eval" ones, not "held-out".
     """
     check_model(before)
     problems = []
@@ -238,6 +241,8 @@ def compare(
     ]
     if not isinstance(compile, bool):
         problems.append(f"compile={shown(compile)}: must be True or False")
+    if not isinstance(held_out_unseen, bool):
+        problems.append(f"held_out_unseen={shown(held_out_unseen)}: must be True or False")
     if loss_fn is not None and not callable(loss_fn):
         problems.append(f"loss_fn={shown(loss_fn)}: must be callable(outputs, targets) or None")
     if not isinstance(held_out, (Dataset, DataLoader)):
@@ -289,6 +294,7 @@ def compare(
         setup=setup,
         models={n: c.model for n, c in results.items()},
         tolerance=QualityTolerance(max_loss_ratio, max_accuracy_drop),
+        quality_data="held-out" if held_out_unseen else "eval",
     )
 
 
@@ -311,8 +317,8 @@ def compress(
     unstructured magnitude pruning at `sparsity`), "channels" / "heads" (structured
     pruning of that fraction of the units), or steps joined by '+' ("channels+int8").
     `extra`: more models to measure alongside (a distilled student, say). `measure`:
-    `batch_size`, `repeats`, `eval_samples`, `compile`, and the quality tolerance
-    `max_loss_ratio`, `max_accuracy_drop` (see `compare`). `cancel`: a
+    `batch_size`, `repeats`, `eval_samples`, `compile`, `held_out_unseen` and the quality
+    tolerance `max_loss_ratio`, `max_accuracy_drop` (see `compare`). `cancel`: a
     threading.Event; setting it stops the work at the next method, model or batch with
     `CompressionCancelled`. Every problem with the arguments is reported at once, before
     any work; your model is never changed.

@@ -33,6 +33,9 @@ QUALITY_NOISE = 0.01
 #: (`compress(..., max_loss_ratio=..., max_accuracy_drop=...)`).
 MAX_LOSS_RATIO = 1.05
 MAX_ACCURACY_DROP = 1.0
+#: What a report's quality figures were measured on: data the model never trained on, or
+#: data it may have trained on (a checkpoint's own data set, a session's data).
+QUALITY_DATA = ("held-out", "eval")
 #: What recovers the quality a smaller model lost, said in a verdict that lost some.
 RETRAIN = (
     "retraining the compressed copy can recover it (fine-tune it on the training data, or "
@@ -119,8 +122,8 @@ class QualityTolerance:
 
     def __str__(self) -> str:
         return (
-            f"held-out loss at most {self.max_loss_ratio:g}x the model before's, accuracy at "
-            f"most {self.max_accuracy_drop:g} points lower"
+            f"loss at most {self.max_loss_ratio:g}x the model before's, accuracy at most "
+            f"{self.max_accuracy_drop:g} points lower"
         )
 
 
@@ -194,7 +197,7 @@ def _ratio(after: float, before: float) -> float:
 
 
 def _quality(
-    b: Figures, a: Figures, acc: float | None, tolerance: QualityTolerance
+    b: Figures, a: Figures, acc: float | None, tolerance: QualityTolerance, data: str
 ) -> tuple[float | None, str, list[str]]:
     """(loss ratio, "kept" | "lost" | "not judged", what was lost beyond `tolerance`)."""
     loss_ratio = a.loss / b.loss if math.isfinite(b.loss) and b.loss > 0 else None
@@ -210,7 +213,7 @@ def _quality(
             rise = f"{fmt_number(loss_ratio, 3)}x the model before's"
         else:
             rise = f"up from {fmt_number(b.loss)}"
-        lost.append(f"held-out loss {rise} (allowed: {tolerance.max_loss_ratio:g}x)")
+        lost.append(f"{data} loss {rise} (allowed: {tolerance.max_loss_ratio:g}x)")
     if acc is not None and -acc * 100 > tolerance.max_accuracy_drop + 1e-9:
         lost.append(
             f"accuracy {-acc * 100:.1f} points lower (allowed: {tolerance.max_accuracy_drop:g})"
@@ -218,12 +221,16 @@ def _quality(
     return loss_ratio, "lost" if lost else "kept", lost
 
 
-def verdict_of(before: Row, after: Row, tolerance: QualityTolerance | None = None) -> Verdict:
+def verdict_of(
+    before: Row, after: Row, tolerance: QualityTolerance | None = None, *, data: str = "held-out"
+) -> Verdict:
     """Compare `after` with `before` (see `NOISE`). A speed change counts when the medians
     and the fastest repeats agree on it; when they disagree (a busy machine) it is
     "unclear" and counts as none. A method pays when it is smaller or faster and its
     held-out quality stays within `tolerance` (default `QualityTolerance()`); one that is
-    smaller or faster but lost more says what it lost and that retraining recovers it."""
+    smaller or faster but lost more says what it lost and that retraining recovers it.
+    `data` names the data the quality was measured on ("held-out", or "eval" when the model
+    may have trained on it)."""
     tolerance = QualityTolerance() if tolerance is None else tolerance
     b, a = before.figures, after.figures
     size_ratio = _ratio(a.params_bytes, b.params_bytes)
@@ -235,10 +242,10 @@ def verdict_of(before: Row, after: Row, tolerance: QualityTolerance | None = Non
         latency = "unclear"
     acc = a.accuracy - b.accuracy if a.accuracy is not None and b.accuracy is not None else None
     loss_change = a.loss - b.loss
-    quality = f"held-out loss {fmt_number(b.loss)} -> {fmt_number(a.loss)}"
+    quality = f"{data} loss {fmt_number(b.loss)} -> {fmt_number(a.loss)}"
     if acc is not None:
         quality += f", accuracy {round(acc * 100, 1) + 0.0:+.1f} points"  # no "-0.0"
-    loss_ratio, kept, lost = _quality(b, a, acc, tolerance)
+    loss_ratio, kept, lost = _quality(b, a, acc, tolerance, data)
     gain = size == "smaller" or latency == "faster"
     pays = gain and kept != "lost"
     speed = (
@@ -251,7 +258,7 @@ def verdict_of(before: Row, after: Row, tolerance: QualityTolerance | None = Non
     if lost:
         parts.append("beyond the tolerance: " + ", ".join(lost))
     elif kept == "not judged":
-        parts.append("quality not judged (the held-out loss before is not finite)")
+        parts.append(f"quality not judged (the {data} loss before is not finite)")
     summary = "; ".join(parts)
     if gain and latency == "slower":
         summary += "; slower on this hardware"
@@ -285,7 +292,9 @@ class CompressionReport(Readable):
     `rows[0]` is the model before compression. `models`: the compressed models by method
     (not the one before), to keep, save or measure further. `setup`: how it was measured
     (batch size, repeats, device, threads, held-out samples). `tolerance`: the held-out
-    quality a method may lose and still pay (`QualityTolerance`).
+    quality a method may lose and still pay (`QualityTolerance`). `quality_data`: what the
+    quality figures were measured on, "held-out" (data the model never trained on) or
+    "eval" (data it may have trained on: the columns and verdicts say "eval loss").
     """
 
     title: str
@@ -293,6 +302,14 @@ class CompressionReport(Readable):
     setup: dict[str, Any]
     models: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     tolerance: QualityTolerance = field(default_factory=QualityTolerance)
+    quality_data: str = "held-out"
+
+    def __post_init__(self) -> None:
+        if self.quality_data not in QUALITY_DATA:
+            raise ValueError(
+                f"quality_data={shown(self.quality_data)}: must be one of "
+                f"{', '.join(map(repr, QUALITY_DATA))}"
+            )
 
     @property
     def before(self) -> Row:
@@ -309,7 +326,7 @@ class CompressionReport(Readable):
         raise ValueError(f"method={shown(method)}: not in this report ({', '.join(self.methods)})")
 
     def verdict(self, method: str) -> Verdict:
-        return verdict_of(self.before, self.row(method), self.tolerance)
+        return verdict_of(self.before, self.row(method), self.tolerance, data=self.quality_data)
 
     def verdicts(self) -> list[Verdict]:
         return [self.verdict(m) for m in self.methods]
@@ -320,6 +337,7 @@ class CompressionReport(Readable):
             "setup": dict(self.setup),
             "noise": NOISE,
             "tolerance": asdict(self.tolerance),
+            "quality_data": self.quality_data,
             "rows": [asdict(r) for r in self.rows],
             "verdicts": [asdict(v) for v in self.verdicts()],
         }
@@ -334,7 +352,7 @@ class CompressionReport(Readable):
             "latency/batch",
             "fastest",
             "vs before",
-            "held-out loss",
+            f"{self.quality_data} loss",
         ]
         if has_accuracy:
             header.append("accuracy")
@@ -361,11 +379,12 @@ class CompressionReport(Readable):
         notes.append(
             f"latency: median of {s.get('repeats')} forward passes of the same "
             f"{s.get('batch_size')}-sample batch on {s.get('device')} (torch threads: "
-            f"{s.get('threads')}), models taking turns (a speed change counts when the median and the fastest repeat agree); held-out quality on {s.get('held_out_samples')} "
+            f"{s.get('threads')}), models taking turns (a speed change counts when the median and the fastest repeat agree); {self.quality_data} quality on {s.get('held_out_samples')} "
             f"samples; changes within {NOISE:.0%} count as none"
         )
         notes.append(
-            f"a method pays when it is smaller or faster and keeps its quality: {self.tolerance}"
+            f"a method pays when it is smaller or faster and keeps its {self.quality_data} "
+            f"quality: {self.tolerance}"
         )
         return Display(self.title, rows, header=header, notes=notes)
 
@@ -380,10 +399,12 @@ class CompressionReport(Readable):
         panels: list[tuple[str, Callable[[Figures], float], bool]] = [
             ("weights (MiB)", lambda f: f.params_bytes / 2**20, True),
             ("latency per batch (ms)", lambda f: f.latency_seconds * 1e3, True),
-            ("held-out loss", lambda f: f.loss, True),
+            (f"{self.quality_data} loss", lambda f: f.loss, True),
         ]
         if has_accuracy:
-            panels.append(("held-out accuracy (%)", lambda f: (f.accuracy or 0.0) * 100, False))
+            panels.append(
+                (f"{self.quality_data} accuracy (%)", lambda f: (f.accuracy or 0.0) * 100, False)
+            )
         n = len(self.rows)
         fig = Figure(figsize=(3.0 * len(panels), 0.9 + 0.42 * n), dpi=80)
         axes = fig.subplots(1, len(panels), sharey=True)
@@ -396,7 +417,7 @@ class CompressionReport(Readable):
             colours = [_BEFORE]
             for v in values[1:]:
                 ratio = v / base if base else 1.0
-                if title.startswith("held-out"):
+                if title.startswith(self.quality_data):
                     better = v < base if lower_is_better else v > base
                     same = abs(ratio - 1) <= QUALITY_NOISE
                     colours.append(_SAME if same else (_BETTER if better else _WORSE))

@@ -212,7 +212,8 @@ class CompressionPanel(JobPanel):
                 engine=engine,
                 title=f"compression of {self.session.model_name or type(model).__name__}",
                 cancel=self._cancel,
-                **self._options,
+                # the tail of the session's data is "eval" data: the session may have seen it
+                **{"held_out_unseen": self._held_out is not None, **self._options},
             )
             if self._cancel.is_set():
                 return
