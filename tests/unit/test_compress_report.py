@@ -112,6 +112,7 @@ def test_the_tolerance_is_a_parameter_and_the_report_carries_it() -> None:
     )
     strict = CompressionReport("m", (BEFORE, after), {})
     assert strict.tolerance == QualityTolerance(MAX_LOSS_RATIO, MAX_ACCURACY_DROP)
+    assert str(strict.tolerance).endswith("accuracy at most 1 point lower")
     labels = [t.get_text() for t in strict.chart().axes[0].get_yticklabels()]
     assert labels[1] == "channels\n(loses quality)"
 

@@ -123,7 +123,7 @@ class QualityTolerance:
     def __str__(self) -> str:
         return (
             f"loss at most {self.max_loss_ratio:g}x the model before's, accuracy at most "
-            f"{self.max_accuracy_drop:g} points lower"
+            f"{self.max_accuracy_drop:g} point{'' if self.max_accuracy_drop == 1 else 's'} lower"
         )
 
 
