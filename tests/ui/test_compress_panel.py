@@ -140,4 +140,4 @@ def test_the_status_names_the_methods_that_lose_quality_and_what_recovers_it() -
     text = _paying(report)
     assert text.startswith("pays here: int8; smaller or faster but losing quality")
     assert "channels (held-out loss 5.83x the model before's (allowed: 1.05x))" in text
-    assert text.endswith("(retraining the compressed copy can recover it)")
+    assert text.endswith("(training the smaller model further can recover it)")

@@ -38,8 +38,8 @@ MAX_ACCURACY_DROP = 1.0
 QUALITY_DATA = ("held-out", "eval")
 #: What recovers the quality a smaller model lost, said in a verdict that lost some.
 RETRAIN = (
-    "retraining the compressed copy can recover it (fine-tune it on the training data, or "
-    "distill the model before into it), then measure again"
+    "training the smaller model further can recover it (fine-tune it on the training data, "
+    "or distill the model before into it), then measure again"
 )
 
 # bar colours: better, worse, no change, the model before
@@ -196,6 +196,16 @@ def _ratio(after: float, before: float) -> float:
     return after / before if before > 0 else 1.0
 
 
+def _above(ratio: float, limit: float) -> str:
+    """`ratio` to 3 significant digits, or as many more as show it above `limit` (1.053
+    beside a limit of 1.05 is "1.053", not "1.05")."""
+    for digits in range(3, 10):
+        text = f"{ratio:.{digits}g}"
+        if float(text) > limit:
+            return text
+    return repr(ratio)
+
+
 def _quality(
     b: Figures, a: Figures, acc: float | None, tolerance: QualityTolerance, data: str
 ) -> tuple[float | None, str, list[str]]:
@@ -210,7 +220,7 @@ def _quality(
         if not math.isfinite(a.loss):
             rise = fmt_number(a.loss)
         elif loss_ratio is not None:
-            rise = f"{fmt_number(loss_ratio, 3)}x the model before's"
+            rise = f"{_above(loss_ratio, tolerance.max_loss_ratio)}x the model before's"
         else:
             rise = f"up from {fmt_number(b.loss)}"
         lost.append(f"{data} loss {rise} (allowed: {tolerance.max_loss_ratio:g}x)")

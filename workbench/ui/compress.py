@@ -73,7 +73,7 @@ def _paying(report: Any) -> str:
     if lossy:
         text += (
             f"; smaller or faster but losing quality beyond the tolerance: {'; '.join(lossy)} "
-            "(retraining the compressed copy can recover it)"
+            "(training the smaller model further can recover it)"
         )
     return text
 
