@@ -53,6 +53,10 @@ def test_json_report_of_a_checkpoint(checkpoint, capsys, tmp_path) -> None:
             "3",
             "--threads",
             "1",
+            "--max-loss-ratio",
+            "1.5",
+            "--max-accuracy-drop",
+            "2",
             "--json",
             "--out",
             str(tmp_path / "out"),
@@ -67,8 +71,13 @@ def test_json_report_of_a_checkpoint(checkpoint, capsys, tmp_path) -> None:
     assert before["params_bytes"] == weights_bytes(trained.model)
     assert before["disk_bytes"] == disk_bytes(trained.model)
     assert before["held_out_samples"] == int(0.1 * MLP["samples"])
-    assert "step 3" in data["title"] and "held-out split" in data["held_out"]
+    assert "step 3" in data["title"] and "eval split" in data["held_out"]
+    assert data["quality_data"] == "eval"  # the checkpoint's own data: it may have seen it
     assert data["rows"][2]["figures"]["zero_fraction"] == pytest.approx(0.25, abs=0.01)
+    # the quality tolerance given is the one the verdicts judged by
+    assert data["tolerance"] == {"max_loss_ratio": 1.5, "max_accuracy_drop": 2.0}
+    for v in data["verdicts"]:
+        assert v["quality"] == ("lost" if v["loss_ratio"] > 1.5 else "kept"), v
     written = set(os.listdir(tmp_path / "out"))
     assert written == {"int8.pt", "prune.pt", "channels+int8.pt", "report.json", "report.png"}
     pruned = torch.load(tmp_path / "out" / "prune.pt", weights_only=True)
@@ -96,7 +105,7 @@ def test_text_report_of_a_weights_file(checkpoint, capsys) -> None:
     )
     assert code == 0, err
     assert "before" in out and "channels" in out and "latency/batch" in out
-    assert "note: held-out split" in out
+    assert "note: eval split" in out and "eval loss" in out and "held-out loss" not in out
 
 
 def test_bad_flags_are_reported_together(checkpoint, capsys) -> None:
@@ -207,6 +216,17 @@ LONG = "x" * 300
         (["--held-out", "nan"], "--held-out nan: must be a finite number"),
         (["--held-out", "1"], "--held-out 1: must be a fraction in (0, 1)"),
         (["--sparsity", "inf"], "--sparsity inf: must be a finite number"),
+        (["--max-loss-ratio", "0.9"], "--max-loss-ratio 0.9: must be a finite number >= 1"),
+        (["--max-loss-ratio", "nan"], "--max-loss-ratio nan: must be a finite number"),
+        (
+            ["--max-accuracy-drop", "-1"],
+            "--max-accuracy-drop -1: must be a number of accuracy points in [0, 100]",
+        ),
+        (
+            ["--max-accuracy-drop", "1e3", "--max-loss-ratio", "x"],
+            "--max-loss-ratio x: must be a finite number; --max-accuracy-drop 1e3: must be a "
+            "number of accuracy points in [0, 100]",
+        ),
         (["--model-options", '{"a": 1, "a": 2}'], "key 'a' appears twice in one object"),
         (["--model-options", '{"a": NaN}'], "JSON numbers must be finite"),
         (["--model-options", "[1]"], "--model-options [1]: must be a JSON object"),

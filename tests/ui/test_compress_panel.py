@@ -35,7 +35,9 @@ def test_measure_shows_the_table_and_chart(session, no_leaked_threads) -> None:
         assert report is panel.report and report.methods == ("prune", "channels")
         assert report.row("prune").figures.zero_fraction == pytest.approx(0.25, abs=0.01)
         table = strip_tags(panel.table.value)
-        assert "held-out loss" in table and "channels" in table
+        # the tail of the session's data, which it may have trained on: "eval", not held-out
+        assert "eval loss" in table and "held-out loss" not in table and "channels" in table
+        assert report.quality_data == "eval"
         assert panel.chart.png.startswith(b"\x89PNG") and panel.charts() == [panel.chart]
         status = strip_tags(panel.status.value)
         assert status.startswith("measured; pays here:") and "may have trained on" in status
@@ -102,3 +104,40 @@ def test_closing_mid_measurement_cancels_it(no_leaked_threads) -> None:
         assert not panel.running
         assert panel.report is None and panel.error is None
         assert strip_tags(panel.status.value) == "cancelled"
+
+
+def test_a_bad_quality_tolerance_shows_a_message_and_starts_nothing(
+    session, no_leaked_threads
+) -> None:
+    panel = CompressionPanel(session, max_loss_ratio=0.5, max_accuracy_drop=200)
+    try:
+        assert panel.measure() is None and not panel.running and panel.report is None
+        status = strip_tags(panel.status.value)
+        assert "max_loss_ratio=0.5: must be a finite number >= 1" in status
+        assert "max_accuracy_drop=200: must be a number of accuracy points in [0, 100]" in status
+    finally:
+        panel.close()
+
+
+def test_the_status_names_the_methods_that_lose_quality_and_what_recovers_it() -> None:
+    from workbench.compress.report import CompressionReport, Figures, Row
+    from workbench.ui.compress import _paying
+
+    def row(method: str, params: int, ms: float, loss: float) -> Row:
+        s = ms / 1e3
+        figures = Figures(params, params, s, s, s, s, 5, loss, None, 0.0, 100)
+        return Row(method, figures)
+
+    report = CompressionReport(
+        "m",
+        (
+            row("before", 4000, 10.0, 0.048),
+            row("int8", 1000, 30.0, 0.049),
+            row("channels", 1000, 5.0, 0.28),
+        ),
+        {},
+    )
+    text = _paying(report)
+    assert text.startswith("pays here: int8; smaller or faster but losing quality")
+    assert "channels (held-out loss 5.83x the model before's (allowed: 1.05x))" in text
+    assert text.endswith("(training the smaller model further can recover it)")

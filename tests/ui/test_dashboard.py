@@ -102,3 +102,60 @@ def test_snapshot_is_a_png_of_the_current_charts() -> None:
         assert p.snapshot().data == p.chart.png != img.data
     finally:
         p.close()
+
+
+def _setup_axis_label(d) -> str:
+    return d.estimator.chart.figure.axes[0].get_xlabel()
+
+
+def test_for_a_cpu_session_the_estimator_says_which_gpu_it_assumes(no_leaked_threads) -> None:
+    sampler = FakeSampler([host_sample(time.time())], "host", reason="test")
+    d = ui_dashboard(session=FakeSession(), sampler=sampler)  # no device: the CPU
+    try:
+        assert d.estimator.fields["gpu"].widget.value == "a100-80gb"
+        text = "a100-80gb assumed; this session trains on the CPU"
+        assert d.estimator.assumed_gpu_text() == text and _setup_axis_label(d) == text
+    finally:
+        d.close()
+    alone = EstimatorPanel()  # a panel on its own says nothing of a session
+    try:
+        assert alone.assumed_gpu_text() == "" and alone.chart.figure.axes[0].get_xlabel() == ""
+    finally:
+        alone.close()
+
+
+@pytest.mark.parametrize(
+    ("reported", "gpu"),
+    [("NVIDIA H100 80GB HBM3", "h100-80gb"), ("NVIDIA H100 PCIe", None)],
+)
+def test_a_session_on_a_gpu_starts_the_estimator_at_it_when_the_catalog_has_it(
+    monkeypatch, no_leaked_threads, reported, gpu
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: reported)
+    session = FakeSession()
+    session.device = torch.device("cuda", 0)
+    sampler = FakeSampler([host_sample(time.time())], "host", reason="test")
+    d = ui_dashboard(session=session, sampler=sampler)
+    try:
+        field = d.estimator.fields["gpu"].widget
+        if gpu is None:  # a board the catalog lacks: the default, said to be assumed
+            assert field.value == "a100-80gb"
+            assert _setup_axis_label(d) == f"a100-80gb assumed; this session trains on {reported}"
+        else:
+            assert field.value == gpu
+            assert _setup_axis_label(d) == f"{gpu}: the GPU this session trains on"
+            field.value = "a100-80gb"  # another GPU chosen: said to be assumed
+            assert _setup_axis_label(d) == f"a100-80gb assumed; this session trains on {reported}"
+    finally:
+        d.close()
+
+
+def test_the_estimators_training_device_is_checked() -> None:
+    with pytest.raises(
+        ValueError, match="training_gpu=.h100.: must be None or one of v100-16gb, .*h100-80gb"
+    ):
+        EstimatorPanel(training_gpu="h100")
+    with pytest.raises(ValueError, match="training_device=3: must be a device's name or None"):
+        EstimatorPanel(training_device=3)

@@ -290,6 +290,8 @@ def test_compress_flags(
             "--repeats",
             "--eval-samples",
             "--threads",
+            "--max-loss-ratio",
+            "--max-accuracy-drop",
         )
     }
     spec |= {

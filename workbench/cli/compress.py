@@ -3,7 +3,9 @@
 Rebuilds the model a Session checkpoint (or a `save_weights` file, with `--model`) holds
 (`workbench.compress.load_trained`), compresses copies of it with each method, and prints
 the report of `workbench.compress.compress`: weights and file size, latency per batch
-and held-out loss/accuracy, before and after, with a verdict per method.
+and held-out loss/accuracy, before and after, with a verdict per method. A method pays
+when it is smaller or faster and keeps its held-out quality within `--max-loss-ratio`
+and `--max-accuracy-drop` (1.05x the loss before, 1 accuracy point by default).
 
 A checkpoint is data: a model factory 'pkg.module:function' it names is code, so it is
 imported only with `--trust-model-spec` (a `--model` you give is your own choice and is
@@ -29,6 +31,7 @@ from typing import Any
 from workbench.cli import report_json
 from workbench.cli.config_flags import parse_number
 from workbench.cli.model_flags import add_model_options_flag, parse_model_options
+from workbench.compress.report import MAX_ACCURACY_DROP, MAX_LOSS_RATIO, tolerance_problems
 from workbench.inputs import shown, typed
 from workbench.outputs import target_problem
 from workbench.problems import ConfigError, SettingProblem
@@ -108,6 +111,20 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         action="store_true",
         help="time every model after torch.compile (takes a while per model)",
     )
+    how.add_argument(
+        "--max-loss-ratio",
+        default=str(MAX_LOSS_RATIO),
+        metavar="R",
+        help="a method pays only if its held-out loss is at most R times the loss before "
+        f"(>= 1; {MAX_LOSS_RATIO:g})",
+    )
+    how.add_argument(
+        "--max-accuracy-drop",
+        default=f"{MAX_ACCURACY_DROP:g}",
+        metavar="POINTS",
+        help="... and its held-out accuracy at most POINTS percentage points lower "
+        f"(0 to 100; {MAX_ACCURACY_DROP:g})",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument(
@@ -156,6 +173,19 @@ def _problems(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             )
             number = None
         values[attr] = number
+    for flag, attr in (
+        ("--max-loss-ratio", "max_loss_ratio"),
+        ("--max-accuracy-drop", "max_accuracy_drop"),
+    ):
+        values[attr] = parse_number(getattr(args, attr), "float", flag, problems)
+    ratio, drop = values["max_loss_ratio"], values["max_accuracy_drop"]
+    problems += [  # each parsed value against its range (an unparsed one is said above)
+        p.render(name=_flag_of, value_text=typed(getattr(args, p.field)), sep=" ")
+        for p in tolerance_problems(
+            MAX_LOSS_RATIO if ratio is None else ratio,
+            MAX_ACCURACY_DROP if drop is None else drop,
+        )
+    ]
     options = parse_model_options(args.model_options, problems)
     values["model_options"] = options
     if args.out is not None:
@@ -249,14 +279,18 @@ def run_compress(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             repeats=values["repeats"],
             eval_samples=values["eval_samples"],
             compile=args.compile,
+            max_loss_ratio=values["max_loss_ratio"],
+            max_accuracy_drop=values["max_accuracy_drop"],
+            held_out_unseen=False,  # the checkpoint's own data: it may have trained on it
         )
     except ConfigError as exc:
         parser.error(_as_flags(exc.problems, args))
     except (ValueError, ImportError) as exc:
         parser.error(_one_line(exc))
     held_note = (
-        f"held-out split: the last {values['held_out']:.0%} of the model's data set; a model "
-        "trained on the whole set has seen it (train on workbench.compress.held_out_split)"
+        f"eval split: the last {values['held_out']:.0%} of the model's data set, held out "
+        "only if the model never trained on it (a model trained on the whole set has seen "
+        "it: train on workbench.compress.held_out_split for a held-out quality)"
     )
     written: list[str] = []
     if args.out is not None:
@@ -324,6 +358,8 @@ _FLAG_OF = {
     "repeats": "--repeats",
     "eval_samples": "--eval-samples",
     "compile": "--compile",
+    "max_loss_ratio": "--max-loss-ratio",
+    "max_accuracy_drop": "--max-accuracy-drop",
 }
 
 

@@ -5,6 +5,7 @@
     report = compress.compress(model, held_out, loss_fn, methods=["int8", "prune", "channels"])
     report                      # table: weights, file size, latency, held-out loss/accuracy
     report.chart()              # the same as bars; methods that do not pay are marked
+    report.verdict("channels")  # smaller/faster, and within the quality tolerance?
     report.models["channels"]   # the compressed copies
 
 The methods, each returning a compressed copy (`Compressed`); your model is never changed:
@@ -46,7 +47,14 @@ from workbench.compress.measure import (
 )
 from workbench.compress.prune import prune_structured, prune_unstructured
 from workbench.compress.quantize import ENGINES, quantize_int8
-from workbench.compress.report import NOISE, CompressionReport, Figures, Row, Verdict
+from workbench.compress.report import (
+    NOISE,
+    CompressionReport,
+    Figures,
+    QualityTolerance,
+    Row,
+    Verdict,
+)
 from workbench.compress.structure import PrunedSelfAttention, find_groups
 
 __all__ = [
@@ -63,6 +71,7 @@ __all__ = [
     "Figures",
     "PrunedSelfAttention",
     "Quality",
+    "QualityTolerance",
     "Row",
     "TeacherInputs",
     "Trained",

@@ -36,7 +36,16 @@ from workbench.compress.measure import (
 )
 from workbench.compress.prune import prune_structured, prune_unstructured
 from workbench.compress.quantize import ENGINES, quantize_int8
-from workbench.compress.report import CompressionReport, Figures, Row, verdict_of
+from workbench.compress.report import (
+    MAX_ACCURACY_DROP,
+    MAX_LOSS_RATIO,
+    CompressionReport,
+    Figures,
+    QualityTolerance,
+    Row,
+    tolerance_problems,
+    verdict_of,
+)
 from workbench.inputs import shown
 from workbench.problems import SettingProblem
 from workbench.spread import spread
@@ -188,6 +197,9 @@ def compare(
     compile: bool = False,
     title: str | None = None,
     cancel: Any = None,
+    max_loss_ratio: float = MAX_LOSS_RATIO,
+    max_accuracy_drop: float = MAX_ACCURACY_DROP,
+    held_out_unseen: bool = True,
 ) -> CompressionReport:
     """Measure `before` and each candidate (a module, or what a compression function
     returned) on the same held-out data and the same batch: weights and file size,
@@ -198,6 +210,11 @@ def compare(
     `loss_fn(outputs, targets)` is the task's loss (None when batches are mappings and the
     model returns its own `.loss`). `cancel`: a threading.Event; setting it stops the
     measurement at the next model or batch with `CompressionCancelled`.
+    `max_loss_ratio`, `max_accuracy_drop`: the held-out quality a candidate may lose and
+    still pay (`QualityTolerance`: its loss at most that many times the loss before, its
+    accuracy at most that many points lower; 1.05 and 1 by default). `held_out_unseen=False`
+    when the model may have trained on `held_out` (a checkpoint's own data set): the report
+    then calls its quality figures "eval" ones, not "held-out".
     """
     check_model(before)
     problems = []
@@ -224,11 +241,14 @@ def compare(
     ]
     if not isinstance(compile, bool):
         problems.append(f"compile={shown(compile)}: must be True or False")
+    if not isinstance(held_out_unseen, bool):
+        problems.append(f"held_out_unseen={shown(held_out_unseen)}: must be True or False")
     if loss_fn is not None and not callable(loss_fn):
         problems.append(f"loss_fn={shown(loss_fn)}: must be callable(outputs, targets) or None")
     if not isinstance(held_out, (Dataset, DataLoader)):
         problems.append(f"held_out={shown(held_out)}: must be a torch Dataset or DataLoader")
     problems += _cancel_problems(cancel)
+    problems += [str(p) for p in tolerance_problems(max_loss_ratio, max_accuracy_drop)]
     raise_problems(problems)
 
     results = {
@@ -273,6 +293,8 @@ def compare(
         rows=tuple(rows),
         setup=setup,
         models={n: c.model for n, c in results.items()},
+        tolerance=QualityTolerance(max_loss_ratio, max_accuracy_drop),
+        quality_data="held-out" if held_out_unseen else "eval",
     )
 
 
@@ -295,7 +317,8 @@ def compress(
     unstructured magnitude pruning at `sparsity`), "channels" / "heads" (structured
     pruning of that fraction of the units), or steps joined by '+' ("channels+int8").
     `extra`: more models to measure alongside (a distilled student, say). `measure`:
-    `batch_size`, `repeats`, `eval_samples`, `compile` (see `compare`). `cancel`: a
+    `batch_size`, `repeats`, `eval_samples`, `compile`, `held_out_unseen` and the quality
+    tolerance `max_loss_ratio`, `max_accuracy_drop` (see `compare`). `cancel`: a
     threading.Event; setting it stops the work at the next method, model or batch with
     `CompressionCancelled`. Every problem with the arguments is reported at once, before
     any work; your model is never changed.
@@ -313,6 +336,10 @@ def compress(
     if extra is not None and not isinstance(extra, Mapping):
         problems.append("extra: must be a mapping of name -> model")
     problems += _cancel_problems(cancel)
+    problems += tolerance_problems(
+        measure.get("max_loss_ratio", MAX_LOSS_RATIO),
+        measure.get("max_accuracy_drop", MAX_ACCURACY_DROP),
+    )
     raise_problems(problems)
     candidates: dict[str, nn.Module | Compressed] = {}
     for spec in names:

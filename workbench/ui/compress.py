@@ -11,6 +11,11 @@ The model measured: a built-in model is rebuilt from `session.model_name` and
 `session.model_options` with the trained weights; your own module is copied. Held-out
 data: `held_out=` when given, else the last `held_out_fraction` of `session.data` (which
 the session may have trained on: the status says so).
+
+A method pays when it is smaller or faster and keeps its held-out quality within the
+report's tolerance (`max_loss_ratio=`, `max_accuracy_drop=` among the measure options;
+1.05x the loss before and 1 accuracy point by default); the status names the methods that
+pay and those that are smaller or faster but lose more quality (retraining recovers it).
 """
 
 from __future__ import annotations
@@ -55,12 +60,31 @@ def _rebuilt(session: Any) -> tuple[Any, Any]:
     return module, loss_fn
 
 
+def _paying(report: Any) -> str:
+    """Which methods pay, and which gain but lose more quality than the tolerance allows."""
+    verdicts = report.verdicts()
+    paying = [v.method for v in verdicts if v.pays]
+    text = f"pays here: {', '.join(paying) or 'none'}"
+    lossy = [
+        f"{v.method} ({v.lost})"
+        for v in verdicts
+        if v.quality == "lost" and v.outcome != "does not pay here"
+    ]
+    if lossy:
+        text += (
+            f"; smaller or faster but losing quality beyond the tolerance: {'; '.join(lossy)} "
+            "(training the smaller model further can recover it)"
+        )
+    return text
+
+
 class CompressionPanel(JobPanel):
     """Compress the session's model and show before/after (module docstring).
 
     `loss_fn`: the task's loss; needed for your own module (a built-in model brings its
     own). `held_out`: a held-out Dataset (default: the tail of `session.data`).
-    `measure_options` go to `compress` (`batch_size`, `repeats`, `eval_samples`).
+    `measure_options` go to `compress` (`batch_size`, `repeats`, `eval_samples`,
+    `max_loss_ratio`, `max_accuracy_drop`).
     """
 
     def __init__(
@@ -121,6 +145,11 @@ class CompressionPanel(JobPanel):
         block until done and return the report, or None on an error)."""
         from workbench.compress.compare import method_problems
         from workbench.compress.layers import sparsity_problem
+        from workbench.compress.report import (
+            MAX_ACCURACY_DROP,
+            MAX_LOSS_RATIO,
+            tolerance_problems,
+        )
 
         if self.closed:
             return None
@@ -132,6 +161,10 @@ class CompressionPanel(JobPanel):
         bad = sparsity_problem(self.sparsity.value)
         if bad:
             problems.append(bad)
+        problems += tolerance_problems(
+            self._options.get("max_loss_ratio", MAX_LOSS_RATIO),
+            self._options.get("max_accuracy_drop", MAX_ACCURACY_DROP),
+        )
         if problems:
             self.error = "; ".join(str(p) for p in problems)
             self._show_status("error", self.error)
@@ -179,18 +212,15 @@ class CompressionPanel(JobPanel):
                 engine=engine,
                 title=f"compression of {self.session.model_name or type(model).__name__}",
                 cancel=self._cancel,
-                **self._options,
+                # the tail of the session's data is "eval" data: the session may have seen it
+                **{"held_out_unseen": self._held_out is not None, **self._options},
             )
             if self._cancel.is_set():
                 return
             self.report = report
             self.table.value = report._repr_html_()
             self.chart.show(report.chart_png())
-            paying = [v.method for v in report.verdicts() if v.pays]
-            self._show_status(
-                "ok",
-                f"measured; pays here: {', '.join(paying) or 'none'}. {note}.",
-            )
+            self._show_status("ok", f"measured; {_paying(report)}. {note}.")
         except CompressionCancelled:
             self._show_status("info", "cancelled")
         except Exception as exc:

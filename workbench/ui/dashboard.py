@@ -25,6 +25,25 @@ TAB_TITLES = (
 )
 
 
+def training_device(session: Any) -> tuple[str, str | None]:
+    """(the device `session` trains on, in words; that GPU's catalog name, or None when it
+    is no GPU or one the catalog lacks), for the estimator tab to start at that GPU and to
+    say which one it assumes."""
+    device = getattr(session, "device", None)
+    kind = getattr(device, "type", device)
+    if kind in (None, "cpu"):
+        return "the CPU", None
+    if kind != "cuda":
+        return str(device), None
+    import torch
+
+    from workbench.estimate.catalog import find_gpu
+
+    name = torch.cuda.get_device_name(device)
+    found = find_gpu(name)
+    return name, (None if isinstance(found, str) else found.name)
+
+
 class Dashboard(TabbedPanels):
     """The six panels in tabs. `close()` closes the panels, and the session and sampler
     when the dashboard created them (ones passed in stay open; their owner closes them)."""
@@ -47,7 +66,8 @@ class Dashboard(TabbedPanels):
             self.session = session
             self.sampler = sampler
             self.training = TrainingPanel(session, sampler=sampler)
-            self.estimator = EstimatorPanel()
+            device, gpu = training_device(session)
+            self.estimator = EstimatorPanel(training_device=device, training_gpu=gpu)
             self.planner = PlannerPanel()
             self.monitor = MonitorPanel(sampler)
             self.compression = CompressionPanel(session)

@@ -151,12 +151,35 @@ class EstimatorPanel(PanelBase):
     `fields[name]` are the inputs (names as in `estimate_memory`), `estimate` the last
     valid `MemoryEstimate`, `stages` the last valid stage 0-3 comparison, `errors()`
     the messages now shown beside fields.
+
+    Beside a training session (the dashboard), `training_device` names the device it
+    trains on ("the CPU", "NVIDIA H100 80GB HBM3") and `training_gpu` that GPU's catalog
+    name, if it has one: the GPU field starts at it, and the chart says under the bars
+    which GPU the estimate assumes and whether it is the one training.
     """
 
-    def __init__(self, *, units: str = "GiB", **initial: Any) -> None:
+    def __init__(
+        self,
+        *,
+        units: str = "GiB",
+        training_device: str | None = None,
+        training_gpu: str | None = None,
+        **initial: Any,
+    ) -> None:
         super().__init__()
         if units not in UNITS:
             raise ValueError(f"units={shown(units)}: must be one of {', '.join(UNITS)}")
+        if training_device is not None and not isinstance(training_device, str):
+            raise ValueError(
+                f"training_device={shown(training_device)}: must be a device's name or None"
+            )
+        if training_gpu is not None and training_gpu not in gpu_names():
+            raise ValueError(
+                f"training_gpu={shown(training_gpu)}: must be None or one of "
+                f"{', '.join(gpu_names())}"
+            )
+        self.training_device = training_device
+        self.training_gpu = training_gpu
         defaults: dict[str, Any] = {
             "model": CUSTOM,
             "n_params": "7B",
@@ -187,7 +210,7 @@ class EstimatorPanel(PanelBase):
             "optimizer_impl": "auto",
             "loss_chunks": "1",
             "compile": False,
-            "gpu": "a100-80gb",
+            "gpu": training_gpu or "a100-80gb",
             "overhead_gib": OVERHEAD_AUTO,
             "tokens": "140B",
             "mfu": f"{DEFAULT_MFU:g}",
@@ -388,6 +411,7 @@ class EstimatorPanel(PanelBase):
             e.zero_stage,
             e.tensor_parallel,
             e.pipeline_parallel,
+            e.gpu,
         )
         if background != self._background_key:
             self._background_key = background
@@ -395,11 +419,22 @@ class EstimatorPanel(PanelBase):
                 ax.set_ylim(0, ymax)
                 ax.set_ylabel(f"{self.units.value} per GPU")
             self._ax_setup.set_xticklabels([_split_label(e)])
+            self._ax_setup.set_xlabel(self.assumed_gpu_text(), fontsize=8, color="#616161")
             current = 4 if e.fsdp != "off" else e.zero_stage
             for i, label in enumerate(self._ax_stages.get_xticklabels()):
                 label.set_fontweight("bold" if i == current else "normal")
             self.chart.invalidate()
         self.chart.render()
+
+    def assumed_gpu_text(self) -> str:
+        """Under the bars beside a training session: the GPU the estimate assumes, and
+        whether the session trains on it ("" for a panel on its own, or without a GPU)."""
+        e = self.estimate
+        if self.training_device is None or e is None or not e.gpu:
+            return ""
+        if e.gpu == self.training_gpu:
+            return f"{e.gpu}: the GPU this session trains on"
+        return f"{e.gpu} assumed; this session trains on {self.training_device}"
 
     def chart_data(self) -> dict[str, list[float]]:
         """Segment heights now drawn, in the chart's units: [this setup, ZeRO 0..3, FSDP]."""
