@@ -30,22 +30,33 @@ What is measured, and how:
   prediction's whole peak of a step (`predicted.peak_bytes`, with the optimizer step's
   temporaries) on its own row. `peak_rss_bytes` (CPU): the process's
   peak resident set size (`resource.getrusage`), a whole-process high-water mark.
+* `cpu_peak_bytes` (CPU, with `memory(cpu_peak=True)`): the CPU twin of the CUDA peak,
+  the most tensor memory held at once during the same probe step: what exists before it
+  (`held_bytes`: the model states, buffers and the batch, counted from the tensors) plus
+  the peak of what its operations allocate (`workbench.train.measure.cpu_peak`). Unlike
+  `total_bytes` it counts what exists at the same moment, transients included (under
+  activation checkpointing the recomputed block's activations; in the backward the
+  logits' gradients), and it does not add the first activations to the last gradients,
+  which never coexist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from contextlib import nullcontext
+from dataclasses import asdict, astuple, dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.peak import OFFLOADED_TERM, PAGED_TERM
 from workbench.train import batches
 from workbench.train.backends.base import Backend, ModelStateBytes, storage_bytes
 from workbench.train.batches import LossFn
+from workbench.train.measure.cpu_peak import StoragePeak
 from workbench.train.techniques.lora import parameter_bytes_by_dtype
 from workbench.train.techniques.offload import (
     ActivationOffload,
@@ -101,6 +112,8 @@ class MemoryReport(Readable):
     snapshot: dict[str, Any] | None = None
     snapshot_categories: dict[int, str] = field(default_factory=dict)
     snapshot_device: int = 0
+    #: `memory(cpu_peak=True)` on a CPU: the probe step's peak of tensor memory
+    cpu_peak_bytes: int | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -255,6 +268,14 @@ class MemoryReport(Readable):
                     fmt_bytes(self.predicted_forward_backward_bytes),
                 )
             )
+        if self.cpu_peak_bytes is not None:
+            rows.append(
+                (
+                    "CPU peak of forward + backward (probe)",
+                    fmt_bytes(self.cpu_peak_bytes),
+                    fmt_bytes(self.predicted_forward_backward_bytes),
+                )
+            )
         if self.peak_rss_bytes is not None:
             rows.append(("process peak RSS", fmt_bytes(self.peak_rss_bytes), ""))
         setup = (
@@ -386,6 +407,15 @@ def probe(
     return measure, states
 
 
+def held_bytes(backend: Backend, model: nn.Module, batch: Any = None) -> int:
+    """What a step starts from, counted from the tensors: the model states now held
+    (`Backend.model_state_bytes()`), `model`'s buffers and `batch`'s tensors. Added to a
+    `StoragePeak` (which sees only what a block allocates) it gives the absolute peak,
+    as `torch.cuda.max_memory_allocated()` does on CUDA."""
+    states = sum(astuple(backend.model_state_bytes()))
+    return states + storage_bytes(model.buffers()) + storage_bytes(tree_leaves(batch))
+
+
 def peak_rss_bytes() -> int | None:
     try:
         import resource
@@ -437,12 +467,15 @@ def measure(
     predict: Callable[[], Any],
     no_activation_note: str,
     snapshot: bool = False,
+    cpu_peak: bool = False,
 ) -> MemoryReport:
     """A `MemoryReport` of `runtime`'s settings (a `workbench.train.runtime.Runtime`) on one
     probe micro-batch, next to `predict()` (the Session's prediction). The caller holds the
     step boundary and keeps the RNG untouched. `snapshot` (CUDA only: a ValueError
     elsewhere): record the probe with `torch.cuda.memory._record_memory_history` and keep
-    its `torch.cuda.memory._snapshot()` (`MemoryReport.snapshot`, `.picture()`)."""
+    its `torch.cuda.memory._snapshot()` (`MemoryReport.snapshot`, `.picture()`).
+    `cpu_peak` (on a CPU; ignored on CUDA, whose peak is always measured): measure the
+    probe's peak of tensor memory (`MemoryReport.cpu_peak_bytes`)."""
     from workbench.modelstats import count_parameters
 
     cfg = runtime.config
@@ -455,10 +488,20 @@ def measure(
         torch.cuda.reset_peak_memory_stats(device)
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    allocator: StoragePeak | None = None
+    held_before = 0
+    if cpu_peak and device.type == "cpu":
+        allocator = StoragePeak()
+        held_before = held_bytes(backend, runtime.trained_module, batch)
     try:
-        activations, states = probe(
-            backend, runtime.loss_fn, batch, model=runtime.trained_module, offload=runtime.offload
-        )
+        with allocator if allocator is not None else nullcontext():
+            activations, states = probe(
+                backend,
+                runtime.loss_fn,
+                batch,
+                model=runtime.trained_module,
+                offload=runtime.offload,
+            )
         recorded = torch.cuda.memory._snapshot() if snapshot else None
     finally:
         if snapshot:
@@ -540,6 +583,7 @@ def measure(
         if snapshot
         else {},
         snapshot_device=(device.index or 0) if device.type == "cuda" else 0,
+        cpu_peak_bytes=held_before + allocator.peak_bytes if allocator is not None else None,
     )
 
 
