@@ -14,7 +14,10 @@ What is measured, and how:
   micro-batch (forward + loss), caught with `torch.autograd.graph.saved_tensors_hooks`
   and counted once per storage. Parameters and buffers saved for backward (and their
   autocast copies: a chain of view/copy ops ending at a leaf parameter) are not
-  activations; they are reported as `parameter_saved_bytes`. With activation
+  activations; they are reported as `parameter_saved_bytes`. Of those,
+  `parameter_copy_bytes` are new memory: saved tensors derived from a parameter that are
+  not its own storage (autocast's 16-bit copies of the weights). The rest are the
+  parameters themselves, which exist anyway (in fp32 every saved weight is). With activation
   checkpointing the inputs of checkpointed blocks are what the forward keeps, and they
   are counted (forward pre-hooks on those blocks); the recomputation during backward is
   a transient, not counted.
@@ -77,6 +80,8 @@ class ActivationMeasure:
     parameter_saved_bytes: int
     by_dtype: dict[str, int] = field(default_factory=dict)  # activation bytes per dtype
     offloaded_bytes: int = 0  # saved activations the activation offload keeps on the host
+    #: saved parameter-derived tensors with storage of their own (autocast's weight copies)
+    parameter_copy_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,9 @@ class MemoryReport(Readable):
     snapshot_device: int = 0
     #: `memory(cpu_peak=True)` on a CPU: the probe step's peak of tensor memory
     cpu_peak_bytes: int | None = None
+    #: the part of `parameter_saved_bytes` that is new memory: copies of the weights
+    #: (autocast's 16-bit ones), not the parameters' own storage
+    parameter_copy_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -305,6 +313,7 @@ def measure_activations(
     param_storages = parameter_storages(model)
     acts: dict[int, tuple[int, str]] = {}
     params: dict[int, int] = {}
+    copies: dict[int, int] = {}
 
     def record(t: torch.Tensor) -> None:
         st = local_tensor(t).untyped_storage()  # a DTensor's: its local tensor's
@@ -312,6 +321,8 @@ def measure_activations(
             return
         if is_parameter_derived(t, param_storages):
             params[st.data_ptr()] = st.nbytes()
+            if st.data_ptr() not in param_storages:
+                copies[st.data_ptr()] = st.nbytes()
         else:
             acts[st.data_ptr()] = (st.nbytes(), str(t.dtype).replace("torch.", ""))
 
@@ -361,6 +372,7 @@ def measure_activations(
         parameter_saved_bytes=sum(params.values()),
         by_dtype=by_dtype,
         offloaded_bytes=offload.total_moved_bytes if offload is not None else 0,
+        parameter_copy_bytes=sum(copies.values()),
     )
     return loss, measure
 
@@ -564,6 +576,7 @@ def measure(
         optimizer_step_counter_bytes=counters,
         activation_bytes=activations.activation_bytes,
         parameter_saved_bytes=activations.parameter_saved_bytes,
+        parameter_copy_bytes=activations.parameter_copy_bytes,
         activation_bytes_by_dtype=activations.by_dtype,
         micro_batch=int(cfg.micro_batch),
         precision=str(cfg.precision),
