@@ -133,6 +133,24 @@ def test_tiny_gpt_activations_match_the_formula(precision, checkpointing):
         assert report.parameter_saved_bytes > 0  # autocast weight copies, not activations
 
 
+def test_autocast_weight_copies_are_new_memory_fp32_saves_the_parameters_themselves(tiny):
+    """The weights the backward pass keeps: in fp32 (and in pure bf16) the parameters
+    themselves, no new memory; under autocast a 16-bit copy of each weight it casts, 2
+    bytes where fp32 keeps the 4-byte parameter; the weights it leaves in fp32
+    (LayerNorm's) are the parameters themselves in both."""
+    reports = {}
+    for precision in ("fp32", "amp-fp16", "amp-bf16", "bf16-true"):
+        with Session(TrainConfig(micro_batch=4, precision=precision), model_options=tiny) as s:
+            reports[precision] = s.memory()
+    fp32 = reports.pop("fp32")
+    assert fp32.parameter_copy_bytes == 0 < fp32.parameter_saved_bytes
+    assert reports.pop("bf16-true").parameter_copy_bytes == 0
+    for precision, amp in reports.items():
+        themselves = amp.parameter_saved_bytes - amp.parameter_copy_bytes
+        assert amp.parameter_copy_bytes > 0, precision
+        assert 2 * amp.parameter_copy_bytes == fp32.parameter_saved_bytes - themselves, precision
+
+
 def test_fp32_activations_match_the_formula_closely():
     """Without autocast every tensor of Table 2 is fp32: the gap is only LayerNorm
     statistics and int64 token ids (well under 1%)."""
@@ -180,10 +198,10 @@ def test_find_max_micro_batch_against_a_budget(tiny):
     probes = {p.micro_batch: p for p in result.probes}
     assert probes[m].fits and probes[m].measured_bytes <= budget
     assert not probes[m + 1].fits and probes[m + 1].measured_bytes > budget
-    # an independent measurement agrees
+    # an independent measurement agrees: the probe's peak of tensor memory on the CPU
     with Session(TrainConfig(micro_batch=m + 1), model_options=tiny) as s:
         s.run(1)
-        assert s.memory().total_bytes > budget
+        assert s.memory(cpu_peak=True).cpu_peak_bytes > budget
     # a smaller budget gives a smaller micro-batch; checkpointing a larger one
     smaller = find_max_micro_batch(TrainConfig(), budget // 2, model_options=tiny)
     assert smaller.micro_batch < m

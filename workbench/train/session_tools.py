@@ -91,7 +91,7 @@ class SessionTools:
             layout.update(report)
         return layout
 
-    def memory(self, snapshot: bool = False) -> Any:
+    def memory(self, snapshot: bool = False, *, cpu_peak: bool = False) -> Any:
         """Measured memory of the current settings on one probe micro-batch, next to the
         estimator's prediction (`workbench.train.measure.memory.MemoryReport`). Runs between
         steps (a running session keeps running); the probe does not change training.
@@ -100,6 +100,11 @@ class SessionTools:
         step is recorded with `torch.cuda.memory._record_memory_history` (`report.snapshot`,
         the pickle torch's memory viewer opens) and `report.picture()` draws it beside the
         dry run's picture of the same settings (`simulate()`, run when none is cached).
+
+        `cpu_peak=True` (on a CPU): also the most tensor memory the probe step held at
+        once (`report.cpu_peak_bytes`, `workbench.train.measure.cpu_peak`), the twin of
+        the CUDA peak a GPU session always measures. Off by default: it sees every
+        operation of the probe from Python, which slows it.
 
         The estimator predicts activations for transformer shapes only (tiny-gpt); for
         the mlp, the cnn and your own modules the report's notes say so and
@@ -114,6 +119,7 @@ class SessionTools:
                 predict=self.predict,
                 no_activation_note=NO_ACTIVATION_PREDICTION,
                 snapshot=snapshot,
+                cpu_peak=cpu_peak,
             )
         dry = self.cached_dry_run()
         if dry is None and snapshot:

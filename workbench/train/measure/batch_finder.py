@@ -2,16 +2,27 @@
 
 * On a GPU without a budget: out-of-memory probing. Each probe is one forward+backward
   of a real micro-batch (`Session.memory()`); an OOM means "does not fit".
-* With `memory_budget_bytes` (any device) or on the CPU: a probe fits when the measured
-  bytes stay within the budget. On CUDA the measure is the probe's
-  `torch.cuda.max_memory_allocated()`; on the CPU it is params + grads + optimizer states
-  + activations counted from the tensors (`MemoryReport.total_bytes`), and the budget
-  defaults to the memory the OS reports available.
+* With `memory_budget_bytes` (any device) or on the CPU: a probe fits when the peak of a
+  training step at its micro-batch stays within the budget. Both devices measure the same
+  thing, the most memory the allocator holds at once, so every transient counts (the
+  recomputed block under activation checkpointing, the logits' gradients):
+  - the probe's forward and backward: on CUDA its `torch.cuda.max_memory_allocated()`; on
+    the CPU the most tensor memory it held at once (`Session.memory(cpu_peak=True)`:
+    the model states, buffers and batch it starts from, plus the peak of what its
+    operations allocate, `workbench.train.measure.cpu_peak`);
+  - the optimizer step, whose temporaries do not grow with the micro-batch: the peak of
+    the search's first whole training step (at micro-batch 1, measured the same way), the
+    floor under every probe (`MicroBatchSearch.first_step_peak_bytes`).
+  A probe's `measured_bytes` is the higher of the two. On the CPU the budget defaults to
+  the memory the OS reports available; what the process holds besides the training
+  tensors (Python, libraries, the data set) is not counted, as on a GPU the CUDA
+  context is not.
 
 The search runs on a throwaway Session (a deep copy of your module, so your weights stay
 untouched), after one optimizer step so the optimizer states exist. It doubles the
-micro-batch until a probe does not fit (on the CPU it first jumps to the micro-batch the
-first two probes extrapolate to, since activations grow linearly), then bisects.
+micro-batch until a probe does not fit, then bisects; on the CPU, where the peak grows
+linearly with the micro-batch, it jumps to where the last two probes extrapolate to, and
+then to where the line between the nearest fit and misfit meets the budget.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from workbench.config import TrainConfig
 from workbench.inputs import shown
+from workbench.train.measure.cpu_peak import StoragePeak
+from workbench.train.measure.memory import held_bytes
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,9 @@ class MicroBatchSearch:
     memory_budget_bytes: int | None
     limit: int  # the largest micro-batch considered (dataset size / max_micro_batch)
     probes: tuple[Probe, ...]
+    #: the peak of the first whole training step (micro-batch 1, optimizer step included):
+    #: the floor of every probe's measured bytes; None in out-of-memory probing
+    first_step_peak_bytes: int | None = None
 
     @property
     def measured_bytes(self) -> int | None:
@@ -68,7 +84,8 @@ def find_max_micro_batch(
     max_micro_batch: int = 65536,
 ) -> MicroBatchSearch:
     """The largest micro-batch for `config` (its precision, optimizer, checkpointing...)
-    that fits on the device or within `memory_budget_bytes` (see the module docstring)."""
+    whose training step fits on the device or, with `memory_budget_bytes`, whose step's
+    peak stays within it (see the module docstring for what is measured)."""
     from workbench.train.session import Session, is_oom
 
     problems = []
@@ -115,16 +132,27 @@ def find_max_micro_batch(
 
             budget = int(psutil.virtual_memory().available)
         method = "measured-budget" if budget is not None else "oom-probe"
-        session.run(1)  # optimizer states exist from here on
+        # one whole step (optimizer states exist from here on), its peak measured
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+            session.run(1)
+            first_step = int(torch.cuda.max_memory_allocated(dev))
+        else:
+            held = held_bytes(session.backend, session.model)
+            with StoragePeak() as tracker:
+                session.run(1)
+            first_step = held + tracker.peak_bytes
+        floor = first_step if budget is not None else None
         probes: dict[int, Probe] = {}
-        per_sample: list[tuple[int, int]] = []
+        per_sample: list[tuple[int, int]] = []  # (micro-batch, its probe's peak), in order
+        peaks: dict[int, int] = {}
 
         def fits(m: int) -> bool:
             if m in probes:
                 return probes[m].fits
             session.update(micro_batch=m)
             try:
-                report = session.memory()
+                report = session.memory(cpu_peak=not cuda)
             except Exception as exc:
                 if not is_oom(exc):
                     raise
@@ -132,9 +160,12 @@ def find_max_micro_batch(
                     torch.cuda.empty_cache()
                 probes[m] = Probe(m, False, None)
                 return False
-            used = report.cuda_max_allocated_bytes if cuda else report.total_bytes
-            per_sample.append((m, report.total_bytes))
-            ok = budget is None or (used is not None and used <= budget)
+            peak = report.cuda_max_allocated_bytes if cuda else report.cpu_peak_bytes
+            assert peak is not None  # measured on both devices
+            per_sample.append((m, peak))
+            peaks[m] = peak
+            used = max(peak, floor or 0)
+            ok = budget is None or used <= budget
             probes[m] = Probe(m, ok, used)
             return ok
 
@@ -147,7 +178,7 @@ def find_max_micro_batch(
                     break
                 nxt = min(2 * m, limit)
                 if not cuda and budget is not None and len(per_sample) >= 2:
-                    (m1, b1), (m2, b2) = per_sample[0], per_sample[-1]
+                    (m1, b1), (m2, b2) = per_sample[-2], per_sample[-1]
                     slope = (b2 - b1) / (m2 - m1) if m2 != m1 else 0.0
                     if slope > 0:
                         guess = int(m2 + (budget - b2) / slope)
@@ -158,6 +189,10 @@ def find_max_micro_batch(
         if hi is not None:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
+                if not cuda and budget is not None and lo in peaks and hi in peaks:
+                    # the budget's place on the line through the two nearest probes
+                    share = (budget - peaks[lo]) / max(1, peaks[hi] - peaks[lo])
+                    mid = min(hi - 1, max(lo + 1, lo + int(share * (hi - lo))))
                 if fits(mid):
                     lo = mid
                 else:
@@ -169,4 +204,5 @@ def find_max_micro_batch(
             memory_budget_bytes=budget,
             limit=limit,
             probes=tuple(sorted(probes.values(), key=lambda p: p.micro_batch)),
+            first_step_peak_bytes=floor,
         )

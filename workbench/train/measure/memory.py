@@ -14,7 +14,10 @@ What is measured, and how:
   micro-batch (forward + loss), caught with `torch.autograd.graph.saved_tensors_hooks`
   and counted once per storage. Parameters and buffers saved for backward (and their
   autocast copies: a chain of view/copy ops ending at a leaf parameter) are not
-  activations; they are reported as `parameter_saved_bytes`. With activation
+  activations; they are reported as `parameter_saved_bytes`. Of those,
+  `parameter_copy_bytes` are new memory: saved tensors derived from a parameter that are
+  not its own storage (autocast's 16-bit copies of the weights). The rest are the
+  parameters themselves, which exist anyway (in fp32 every saved weight is). With activation
   checkpointing the inputs of checkpointed blocks are what the forward keeps, and they
   are counted (forward pre-hooks on those blocks); the recomputation during backward is
   a transient, not counted.
@@ -30,22 +33,33 @@ What is measured, and how:
   prediction's whole peak of a step (`predicted.peak_bytes`, with the optimizer step's
   temporaries) on its own row. `peak_rss_bytes` (CPU): the process's
   peak resident set size (`resource.getrusage`), a whole-process high-water mark.
+* `cpu_peak_bytes` (CPU, with `memory(cpu_peak=True)`): the CPU twin of the CUDA peak,
+  the most tensor memory held at once during the same probe step: what exists before it
+  (`held_bytes`: the model states, buffers and the batch, counted from the tensors) plus
+  the peak of what its operations allocate (`workbench.train.measure.cpu_peak`). Unlike
+  `total_bytes` it counts what exists at the same moment, transients included (under
+  activation checkpointing the recomputed block's activations; in the backward the
+  logits' gradients), and it does not add the first activations to the last gradients,
+  which never coexist.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from contextlib import nullcontext
+from dataclasses import asdict, astuple, dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
 from workbench.estimate.peak import OFFLOADED_TERM, PAGED_TERM
 from workbench.train import batches
 from workbench.train.backends.base import Backend, ModelStateBytes, storage_bytes
 from workbench.train.batches import LossFn
+from workbench.train.measure.cpu_peak import StoragePeak
 from workbench.train.techniques.lora import parameter_bytes_by_dtype
 from workbench.train.techniques.offload import (
     ActivationOffload,
@@ -66,6 +80,8 @@ class ActivationMeasure:
     parameter_saved_bytes: int
     by_dtype: dict[str, int] = field(default_factory=dict)  # activation bytes per dtype
     offloaded_bytes: int = 0  # saved activations the activation offload keeps on the host
+    #: saved parameter-derived tensors with storage of their own (autocast's weight copies)
+    parameter_copy_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,11 @@ class MemoryReport(Readable):
     snapshot: dict[str, Any] | None = None
     snapshot_categories: dict[int, str] = field(default_factory=dict)
     snapshot_device: int = 0
+    #: `memory(cpu_peak=True)` on a CPU: the probe step's peak of tensor memory
+    cpu_peak_bytes: int | None = None
+    #: the part of `parameter_saved_bytes` that is new memory: copies of the weights
+    #: (autocast's 16-bit ones), not the parameters' own storage
+    parameter_copy_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -255,6 +276,14 @@ class MemoryReport(Readable):
                     fmt_bytes(self.predicted_forward_backward_bytes),
                 )
             )
+        if self.cpu_peak_bytes is not None:
+            rows.append(
+                (
+                    "CPU peak of forward + backward (probe)",
+                    fmt_bytes(self.cpu_peak_bytes),
+                    fmt_bytes(self.predicted_forward_backward_bytes),
+                )
+            )
         if self.peak_rss_bytes is not None:
             rows.append(("process peak RSS", fmt_bytes(self.peak_rss_bytes), ""))
         setup = (
@@ -284,6 +313,7 @@ def measure_activations(
     param_storages = parameter_storages(model)
     acts: dict[int, tuple[int, str]] = {}
     params: dict[int, int] = {}
+    copies: dict[int, int] = {}
 
     def record(t: torch.Tensor) -> None:
         st = local_tensor(t).untyped_storage()  # a DTensor's: its local tensor's
@@ -291,6 +321,8 @@ def measure_activations(
             return
         if is_parameter_derived(t, param_storages):
             params[st.data_ptr()] = st.nbytes()
+            if st.data_ptr() not in param_storages:
+                copies[st.data_ptr()] = st.nbytes()
         else:
             acts[st.data_ptr()] = (st.nbytes(), str(t.dtype).replace("torch.", ""))
 
@@ -340,6 +372,7 @@ def measure_activations(
         parameter_saved_bytes=sum(params.values()),
         by_dtype=by_dtype,
         offloaded_bytes=offload.total_moved_bytes if offload is not None else 0,
+        parameter_copy_bytes=sum(copies.values()),
     )
     return loss, measure
 
@@ -384,6 +417,15 @@ def probe(
     states = backend.model_state_bytes()
     backend.zero_grad()
     return measure, states
+
+
+def held_bytes(backend: Backend, model: nn.Module, batch: Any = None) -> int:
+    """What a step starts from, counted from the tensors: the model states now held
+    (`Backend.model_state_bytes()`), `model`'s buffers and `batch`'s tensors. Added to a
+    `StoragePeak` (which sees only what a block allocates) it gives the absolute peak,
+    as `torch.cuda.max_memory_allocated()` does on CUDA."""
+    states = sum(astuple(backend.model_state_bytes()))
+    return states + storage_bytes(model.buffers()) + storage_bytes(tree_leaves(batch))
 
 
 def peak_rss_bytes() -> int | None:
@@ -437,12 +479,15 @@ def measure(
     predict: Callable[[], Any],
     no_activation_note: str,
     snapshot: bool = False,
+    cpu_peak: bool = False,
 ) -> MemoryReport:
     """A `MemoryReport` of `runtime`'s settings (a `workbench.train.runtime.Runtime`) on one
     probe micro-batch, next to `predict()` (the Session's prediction). The caller holds the
     step boundary and keeps the RNG untouched. `snapshot` (CUDA only: a ValueError
     elsewhere): record the probe with `torch.cuda.memory._record_memory_history` and keep
-    its `torch.cuda.memory._snapshot()` (`MemoryReport.snapshot`, `.picture()`)."""
+    its `torch.cuda.memory._snapshot()` (`MemoryReport.snapshot`, `.picture()`).
+    `cpu_peak` (on a CPU; ignored on CUDA, whose peak is always measured): measure the
+    probe's peak of tensor memory (`MemoryReport.cpu_peak_bytes`)."""
     from workbench.modelstats import count_parameters
 
     cfg = runtime.config
@@ -455,10 +500,20 @@ def measure(
         torch.cuda.reset_peak_memory_stats(device)
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    allocator: StoragePeak | None = None
+    held_before = 0
+    if cpu_peak and device.type == "cpu":
+        allocator = StoragePeak()
+        held_before = held_bytes(backend, runtime.trained_module, batch)
     try:
-        activations, states = probe(
-            backend, runtime.loss_fn, batch, model=runtime.trained_module, offload=runtime.offload
-        )
+        with allocator if allocator is not None else nullcontext():
+            activations, states = probe(
+                backend,
+                runtime.loss_fn,
+                batch,
+                model=runtime.trained_module,
+                offload=runtime.offload,
+            )
         recorded = torch.cuda.memory._snapshot() if snapshot else None
     finally:
         if snapshot:
@@ -521,6 +576,7 @@ def measure(
         optimizer_step_counter_bytes=counters,
         activation_bytes=activations.activation_bytes,
         parameter_saved_bytes=activations.parameter_saved_bytes,
+        parameter_copy_bytes=activations.parameter_copy_bytes,
         activation_bytes_by_dtype=activations.by_dtype,
         micro_batch=int(cfg.micro_batch),
         precision=str(cfg.precision),
@@ -540,6 +596,7 @@ def measure(
         if snapshot
         else {},
         snapshot_device=(device.index or 0) if device.type == "cuda" else 0,
+        cpu_peak_bytes=held_before + allocator.peak_bytes if allocator is not None else None,
     )
 
 
