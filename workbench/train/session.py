@@ -30,7 +30,8 @@ The first StepRecord after a change carries `changes={...}`.
 
 Faults: a non-finite loss skips the step and pauses (Event "nan-loss"); out of memory
 halves micro_batch and doubles grad_accum (same effective batch) and retries the same
-samples (Event "oom"); any other exception moves to "error" (Event "error" with the
+samples (Event "oom"; a micro_batch / grad_accum change queued meanwhile applies after it,
+unless its micro_batch would run out of memory too: Event "change-refused"); any other exception moves to "error" (Event "error" with the
 traceback) and the session can be `update`d and `resume`d; the weights and optimizer
 state are those before the failed step, whose micro-batches are not retried (a batch
 that always fails would otherwise block `resume`).
