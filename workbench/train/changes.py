@@ -36,6 +36,8 @@ from workbench.config import (
     TrainConfig,
     plain_value,
     runtime_problems,
+    setting_value,
+    value_problem,
 )
 from workbench.engines import ENGINES, engine_for, engine_problems
 from workbench.export.job_parallel import fsdp_units, tied_split, units_problem
@@ -291,11 +293,14 @@ class ChangeQueue:
     def _refuse_fixed(self, changes: dict[str, Any]) -> None:
         """A change to a setting a live session cannot change (`LIVE_FIXED`) is refused as
         that, with the other changes' own problems, not as what it would need of the other
-        settings (`pp`=2 needing `grad_accum` >= 2)."""
+        settings (`pp`=2 needing `grad_accum` >= 2). A value that is none of the setting's
+        (`pp`='x') is refused as that, with the rest, by TrainConfig's own checks."""
         fixed = [
             n
             for n in LIVE_FIXED
-            if n in changes and changes[n] != plain_value(getattr(self.requested, n))
+            if n in changes
+            and value_problem(n, changes[n]) is None
+            and setting_value(n, changes[n]) != getattr(self.requested, n)
         ]
         if not fixed:
             return
