@@ -635,23 +635,11 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        ckpt = self.activation_checkpointing
-        if _is_bool(ckpt):  # True / False: full / none
-            object.__setattr__(
-                self, "activation_checkpointing", Recompute.FULL if ckpt else Recompute.NONE
-            )
-        for name, enum in ENUM_FIELDS.items():
+        for name in _FIELD_NAMES:
             value = getattr(self, name)
-            if not isinstance(value, enum) and isinstance(value, str):
-                with contextlib.suppress(ValueError):  # reported by problems()
-                    object.__setattr__(self, name, enum(value.strip().lower()))
-        for name in _FIELD_NAMES:  # NumPy and torch scalars: kept as Python's own
-            value = getattr(self, name)
-            if type(value) in _PLAIN_TYPES:
-                continue
-            plain = plain_number(value)
-            if plain is not value:
-                object.__setattr__(self, name, plain)
+            taken = setting_value(name, value)
+            if taken is not value:
+                object.__setattr__(self, name, taken)
         problems = self.setting_problems()
         if problems:
             raise ConfigError(problems)
@@ -672,25 +660,10 @@ class TrainConfig:
             bad.add(name)
             p.append(problem)
 
-        for name, enum in ENUM_FIELDS.items():
-            value = getattr(self, name)
-            if not isinstance(value, enum):
-                hint = (
-                    did_you_mean(value, enum.choices(), VALUE_ALIASES.get(name))
-                    if isinstance(value, str) and len(value) < 100
-                    else ""
-                )
-                report(
-                    name,
-                    SettingProblem(
-                        name,
-                        value,
-                        f"must be one of {', '.join(enum.choices())}"
-                        + (" (or True: full, False: none)" if enum is Recompute else "")
-                        + (f";{hint}" if hint else ""),
-                    ),
-                )
-
+        for name in ENUM_FIELDS:  # the choices first
+            problem = _choice_problem(name, getattr(self, name))
+            if problem is not None:
+                report(name, problem)
         for name, spec in SETTINGS.items():
             if spec.kind == "choice":
                 continue  # the enum checks above
@@ -790,6 +763,46 @@ def _field_problem(name: str, v: Any, spec: Setting) -> SettingProblem | None:
     return field_problem(name, v, spec)
 
 
+def setting_value(name: str, value: Any) -> Any:
+    """`value` as TrainConfig keeps it for setting `name`: a choice's string as its enum
+    member (any case; True / False for `activation_checkpointing`: full / none), a NumPy
+    or torch number as Python's own; anything else as it is (its problem said later)."""
+    enum = ENUM_FIELDS.get(name)
+    if enum is Recompute and _is_bool(value):
+        return Recompute.FULL if value else Recompute.NONE
+    if enum is not None and not isinstance(value, enum) and isinstance(value, str):
+        with contextlib.suppress(ValueError):  # reported by problems()
+            return enum(value.strip().lower())
+    return value if type(value) in _PLAIN_TYPES else plain_number(value)
+
+
+def value_problem(name: str, value: Any) -> SettingProblem | None:
+    """The problem of `value` for setting `name` on its own (its type, range or choices),
+    not of what it needs of the other settings; None for a valid value."""
+    value = setting_value(name, value)
+    if name in ENUM_FIELDS:
+        return _choice_problem(name, value)
+    return field_problem(name, value, SETTINGS[name])
+
+
+def _choice_problem(name: str, value: Any) -> SettingProblem | None:
+    enum = ENUM_FIELDS[name]
+    if isinstance(value, enum):
+        return None
+    hint = (
+        did_you_mean(value, enum.choices(), VALUE_ALIASES.get(name))
+        if isinstance(value, str) and len(value) < 100
+        else ""
+    )
+    return SettingProblem(
+        name,
+        value,
+        f"must be one of {', '.join(enum.choices())}"
+        + (" (or True: full, False: none)" if enum is Recompute else "")
+        + (f";{hint}" if hint else ""),
+    )
+
+
 def _describe_settings() -> str:
     """TrainConfig's docstring: every setting with what it is, what it accepts and its
     default, from the schema."""
@@ -874,4 +887,6 @@ __all__ = [
     "runtime_problems",
     "setting",
     "setting_choices",
+    "setting_value",
+    "value_problem",
 ]

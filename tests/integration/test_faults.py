@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from workbench import Session, TrainConfig
 from workbench.train import runtime as runtime_module
+from workbench.train.changes import ChangeQueue
 
 
 def _wait_for(session: Session, condition, timeout: float = 60.0) -> None:
@@ -153,6 +155,97 @@ def test_out_of_memory_halves_micro_batch_and_retries_the_same_samples():
     with Session(cfg, model=reference, data=data, loss_fn=nn.functional.mse_loss) as r:
         r.run(2)
     assert torch.equal(torch.cat(model.inputs), torch.cat(reference.inputs))
+
+
+class FlakyUpdated(Flaky):
+    """Flaky, whose first out-of-memory call queues `changes` on `session` first (an
+    `update()` made while the step ran)."""
+
+    def __init__(self, changes: dict, **kw) -> None:
+        super().__init__(**kw)
+        self.changes: dict | None = changes
+        self.session: Session | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.changes is not None and x.shape[0] > (self.oom_above or 0):
+            changes, self.changes = self.changes, None
+            self.session.update(**changes)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize(
+    ("changes", "shape", "said"),
+    [
+        # grad_accum alone: doubled with the retry's, the effective batch asked for (8 x 4)
+        (
+            {"grad_accum": 4},
+            (4, 8),
+            "your queued grad_accum=4 applies from the next step as "
+            "micro_batch=4, grad_accum=8 (effective batch 32)",
+        ),
+        # a micro_batch below the one that ran out: as asked
+        (
+            {"micro_batch": 2},
+            (2, 1),
+            "your queued micro_batch=2 applies from the next step as "
+            "micro_batch=2, grad_accum=1 (effective batch 2)",
+        ),
+        (
+            {"micro_batch": 2, "grad_accum": 3},
+            (2, 3),
+            "your queued micro_batch=2, grad_accum=3 "
+            "applies from the next step (effective batch 6)",
+        ),
+    ],
+)
+def test_a_batch_change_queued_at_an_out_of_memory_step_applies_after_it(changes, shape, said):
+    model = FlakyUpdated(changes, oom_above=4)
+    cfg = TrainConfig(micro_batch=8, grad_accum=1)
+    with Session(cfg, model=model, data=_data(), loss_fn=nn.functional.mse_loss) as s:
+        model.session = s
+        recs = s.run(3)
+        assert (s.config.micro_batch, s.config.grad_accum) == shape
+        assert s.pending_changes == {}
+        oom = next(e for e in s.events if e.kind == "oom")
+        assert oom.message.endswith(said)
+        assert (recs[0].micro_batch, recs[0].grad_accum) == (4, 2)  # the retried step
+        assert (recs[1].micro_batch, recs[1].grad_accum) == shape
+        assert "change-refused" not in [e.kind for e in s.events]
+
+
+@pytest.mark.parametrize("changes", [{"micro_batch": 16}, {"micro_batch": 8, "grad_accum": 3}])
+def test_a_micro_batch_queued_at_an_out_of_memory_step_that_would_run_out_too_is_refused(changes):
+    model = FlakyUpdated(changes, oom_above=4)
+    cfg = TrainConfig(micro_batch=8, grad_accum=1)
+    with Session(cfg, model=model, data=_data(), loss_fn=nn.functional.mse_loss) as s:
+        model.session = s
+        s.run(3)
+        assert (s.config.micro_batch, s.config.grad_accum) == (4, 2)  # the retry's
+        assert s.pending_changes == {}
+        (refused,) = [e for e in s.events if e.kind == "change-refused"]
+        queued = ", ".join(f"{k}={v}" for k, v in changes.items())
+        assert refused.message == (
+            f"your queued {queued} was not applied: micro_batch={changes['micro_batch']} "
+            "would run out of memory too: micro_batch=8 did; training goes on at "
+            "micro_batch=4, grad_accum=2"
+        )
+        assert refused.details["changes"] == changes and refused.step == 1
+        assert [e.kind for e in s.events].count("oom") == 1
+
+
+def test_queued_changes_the_retry_cannot_take_are_refused_naming_why():
+    ran_out = TrainConfig(micro_batch=8)
+    retry = ran_out.replace(micro_batch=4, grad_accum=2)
+    queue = ChangeQueue(ran_out, threading.RLock())
+    queue.request({"grad_accum": 600_000}, lambda config, changed: [])  # doubled: over 10^6
+    out = queue.after_oom(ran_out, retry)
+    assert out.refused == {"grad_accum": 600_000} and out.why.startswith("grad_accum=1200000")
+    assert queue.requested == retry and queue.pending() == {}
+    queue = ChangeQueue(ran_out, threading.RLock())
+    queue.request({"optimizer_in_backward": True, "lr": 0.1}, lambda config, changed: [])
+    out = queue.after_oom(ran_out, retry)  # optimizer_in_backward needs grad_accum=1
+    assert out.refused == {"optimizer_in_backward": True} and "needs grad_accum=1" in out.why
+    assert queue.requested == retry.replace(lr=0.1) and queue.pending() == {"lr": 0.1}
 
 
 def test_out_of_memory_at_micro_batch_one_is_an_error():

@@ -15,6 +15,7 @@ import pytest
 from workbench import Session, TrainConfig
 from workbench.train import runlog
 from workbench.train.history import RECENT_RECORDS, THINNED_BUCKETS
+from workbench.train.records import Event
 
 
 def _lines(path: Path) -> list[dict]:
@@ -217,3 +218,28 @@ def test_a_long_session_keeps_a_bounded_history_and_a_resumed_one_reloads_2048(t
         assert len(r.history) == r.history.total == RECENT_RECORDS
         assert [x.step for x in r.history] == list(range(steps - RECENT_RECORDS + 1, steps + 1))
         assert [x.loss for x in r.history] == [x.loss for x in records[-RECENT_RECORDS:]]
+
+
+def test_close_on_the_writer_thread_itself_ends_it_after_writing_what_is_queued(tmp_path):
+    """A dropped Session's finalizer closes its log on whichever thread the garbage collector
+    ran, the writer's own included: there it cannot wait for itself."""
+    log = runlog.RunLog(tmp_path / runlog.LOG_NAME, name="own")
+
+    class ClosesTheLog:  # written as str() on the writer thread, as a finalizer runs there
+        def __str__(self) -> str:
+            log.close()
+            return "closed"
+
+    log.put(Event(kind="a", message="first", step=1, details={"x": ClosesTheLog()}))
+    log.put(Event(kind="b", message="second", step=1))
+    writer = next(t for t in threading.enumerate() if t.name == "workbench-log-own")
+    writer.join()  # it ends
+    closer = [t for t in threading.enumerate() if t.name == "workbench-log-own-close"]
+    for t in closer:
+        t.join()
+    assert log.error is None
+    assert [(e.kind, e.details) for e in runlog.read_events(log.path)] == [
+        ("a", {"x": "closed"}),
+        ("b", {}),
+    ]
+    assert log._file.closed

@@ -1,10 +1,11 @@
 """A Session dropped without `close()` (garbage-collected) still leaves the trained weights
-in your module, on the engines that train a copy of it (pure bf16, FSDP), and it is not
-kept alive to do so."""
+in your module, on the engines that train a copy of it (pure bf16, FSDP), and its whole
+run log on disk with its writer thread ended, and it is not kept alive to do so."""
 
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -13,6 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from workbench import Session, TrainConfig
+from workbench.train import runlog
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -42,3 +44,28 @@ def test_a_dropped_session_leaves_the_trained_weights_in_the_module(settings):
     for name, value in model.state_dict().items():
         assert torch.equal(value.float(), trained[name]), name
         assert not torch.equal(value, initial[name]), name
+
+
+def test_a_dropped_session_writes_its_whole_run_log_and_ends_its_writer(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 4))
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))
+    s = Session(
+        TrainConfig(micro_batch=8, checkpoint_dir=str(tmp_path)),
+        model=model,
+        data=data,
+        loss_fn=nn.CrossEntropyLoss(),
+    )
+    s.run(3)
+    s.update(lr=1e-2)  # an event ("change")
+    s.run(2)
+    records, events = len(s.history), len(s.events)
+    (writer,) = [t for t in threading.enumerate() if t.name == f"workbench-log-{s.id}"]
+    path = s.log_path
+    alive = weakref.ref(s)
+    del s
+    gc.collect()
+    assert alive() is None  # the log it hands to its finalizer keeps it alive no more
+    assert not writer.is_alive()
+    kinds = [line["type"] for line in runlog.iter_lines(path)]
+    assert (kinds.count("record"), kinds.count("event")) == (records, events) == (5, 1)
+    assert [r.step for r in runlog.read_records(path)] == [1, 2, 3, 4, 5]

@@ -50,6 +50,41 @@ def test_a_live_only_refusal_is_said_as_that_not_as_what_the_value_would_need() 
         s.close()
 
 
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"pp": "x"}, "pp='x': must be an integer >= 1, at most 64"),
+        ({"pp": 2.0}, "pp=2.0: must be an integer >= 1, at most 64"),
+        ({"tp": -1}, "tp=-1: must be an integer >= 1, at most 64"),
+        ({"sequence_parallel": "yes"}, "sequence_parallel='yes': must be True or False"),
+        (
+            {"documents": "packd"},
+            "documents='packd': must be one of stream, padded, packed; did you mean 'packed'?",
+        ),
+    ],
+)
+def test_a_value_the_setting_never_takes_is_refused_as_that_not_as_a_live_change(
+    changes: dict[str, Any], said: str
+) -> None:
+    s = Session(TrainConfig(micro_batch=2), model="mlp", model_options={"hidden": 16, "depth": 1})
+    try:
+        with pytest.raises(ConfigError) as refused:
+            s.update(**changes)
+        assert str(refused.value).startswith(f"invalid setting: {said}")
+        assert "cannot change on a live session" not in str(refused.value)
+        (name,) = changes
+        other = "pp" if name == "tp" else "tp"
+        with pytest.raises(ConfigError) as refused:  # a valid value: the live refusal, beside it
+            s.update(**changes, **{other: 2})
+        found = {p.field: p.message for p in refused.value.problems}
+        assert found[name].startswith(said.split(": ", 1)[1])
+        assert found[other].startswith("cannot change on a live session")
+        s.update(documents="STREAM")  # the present value, in another case: changes nothing
+        assert s.config == TrainConfig(micro_batch=2) and s.pending_changes == {}
+    finally:
+        s.close()
+
+
 def test_a_sequence_parallel_change_is_refused_by_its_own_name() -> None:
     model = build_model("tiny-gpt")[0]
     config = TrainConfig(tp=2, sequence_parallel=True, micro_batch=2)

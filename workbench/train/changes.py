@@ -19,7 +19,7 @@ import importlib.util
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -36,6 +36,8 @@ from workbench.config import (
     TrainConfig,
     plain_value,
     runtime_problems,
+    setting_value,
+    value_problem,
 )
 from workbench.engines import ENGINES, engine_for, engine_problems
 from workbench.export.job_parallel import fsdp_units, tied_split, units_problem
@@ -54,6 +56,8 @@ from workbench.train.techniques.tensor_plan import tp_model_problem
 DATA_FIELDS = frozenset(n for n, spec in SETTINGS.items() if "data" in spec.rebuilds)
 BACKEND_FIELDS = frozenset(n for n, spec in SETTINGS.items() if "backend" in spec.rebuilds)
 _LOADER_FIELDS = ("micro_batch", "num_workers", "pin_memory")
+#: The batch shape an out-of-memory retry changes (`ChangeQueue.after_oom`).
+_BATCH_FIELDS = ("micro_batch", "grad_accum")
 
 
 def needs_deepspeed(config: TrainConfig, world_size: int) -> bool:
@@ -231,6 +235,15 @@ def _tied_units(model: nn.Module, config: TrainConfig) -> SettingProblem | None:
     return None if problem is None else SettingProblem("fsdp_units", spec, problem)
 
 
+class OomQueue(NamedTuple):
+    """What `ChangeQueue.after_oom` did with the changes queued at an out-of-memory step."""
+
+    queued: dict[str, Any]  # the micro_batch / grad_accum changes queued then
+    asked: TrainConfig  # the settings asked for now (in effect from the next step)
+    refused: dict[str, Any]  # the queued changes refused (never applied), with `why`
+    why: str
+
+
 class ChangeQueue:
     """A Session's settings changes between `update()` and the step boundary.
 
@@ -280,11 +293,14 @@ class ChangeQueue:
     def _refuse_fixed(self, changes: dict[str, Any]) -> None:
         """A change to a setting a live session cannot change (`LIVE_FIXED`) is refused as
         that, with the other changes' own problems, not as what it would need of the other
-        settings (`pp`=2 needing `grad_accum` >= 2)."""
+        settings (`pp`=2 needing `grad_accum` >= 2). A value that is none of the setting's
+        (`pp`='x') is refused as that, with the rest, by TrainConfig's own checks."""
         fixed = [
             n
             for n in LIVE_FIXED
-            if n in changes and changes[n] != plain_value(getattr(self.requested, n))
+            if n in changes
+            and value_problem(n, changes[n]) is None
+            and setting_value(n, changes[n]) != getattr(self.requested, n)
         ]
         if not fixed:
             return
@@ -310,10 +326,64 @@ class ChangeQueue:
             except ConfigError:  # (another thread's request built on this one)
                 self.requested, self._pending = current, {}
 
-    def follow(self, **settings: Any) -> None:
-        """The session changed `settings` itself (the out-of-memory retry): ask for them too."""
+    def after_oom(self, ran_out: TrainConfig, retry: TrainConfig) -> OomQueue:
+        """The session retries a step that ran out of memory at `ran_out` with `retry` (its
+        micro-batch halved, grad_accum doubled): ask for that shape too, never dropping a
+        queued `micro_batch` / `grad_accum` change silently. A queued micro_batch below the
+        one that ran out stays queued as asked; a queued grad_accum alone is doubled with
+        the retry's (the effective batch asked for, at the micro-batch that fits); a queued
+        micro_batch at or above the one that ran out would run out again, and is refused
+        with the grad_accum queued beside it (so is every queued change when the retry's
+        shape cannot take one of them)."""
         with self._lock:
-            self.requested = self.requested.replace(**settings)
+            asked = self.requested
+            queued = {k: self._pending[k] for k in _BATCH_FIELDS if k in self._pending}
+            want = {"micro_batch": retry.micro_batch, "grad_accum": retry.grad_accum}
+            refused, why = dict(queued), ""
+            if "micro_batch" not in queued:
+                refused = {}
+                if "grad_accum" in queued:  # the effective batch asked for, at half the micro-batch
+                    want["grad_accum"] = asked.grad_accum * 2
+            elif asked.micro_batch < ran_out.micro_batch:  # as asked
+                want, refused = {k: getattr(asked, k) for k in _BATCH_FIELDS}, {}
+            else:
+                why = (
+                    f"micro_batch={asked.micro_batch} would run out of memory too: "
+                    f"micro_batch={ran_out.micro_batch} did"
+                )
+            try:
+                new = asked.replace(**want)
+            except ConfigError:  # a doubled grad_accum over its maximum, or a queued change
+                new, why = self._fit(retry, want, refused, why)  # the retry's shape refuses
+            self.requested = new
+            for name in _BATCH_FIELDS:
+                if getattr(new, name) != getattr(retry, name):
+                    self._pending[name] = getattr(new, name)
+                else:
+                    self._pending.pop(name, None)
+            return OomQueue(queued, new, refused, why)
+
+    def _fit(
+        self, retry: TrainConfig, want: dict[str, Any], refused: dict[str, Any], why: str
+    ) -> tuple[TrainConfig, str]:
+        """`retry` with each queued change it can take, then the batch shape `want`; the
+        others are refused (added to `refused`, their problems to `why`). The caller holds
+        the lock."""
+        new, whys = retry, [why] if why else []
+        for name, value in list(self._pending.items()):
+            if name in _BATCH_FIELDS:
+                continue
+            try:
+                new = new.replace(**{name: value})
+            except ConfigError as exc:
+                refused[name] = self._pending.pop(name)
+                whys += [str(p) for p in exc.problems]
+        try:
+            new = new.replace(**want)
+        except ConfigError as exc:
+            refused.update({k: self._pending[k] for k in _BATCH_FIELDS if k in self._pending})
+            whys += [str(p) for p in exc.problems]
+        return new, "; ".join(whys)
 
     def apply(
         self,

@@ -15,7 +15,10 @@ Pure decisions over `TrainConfig`: no torch, no session state.
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.config import TrainConfig
+from workbench.inputs import shown
 
 
 class CannotHalve(RuntimeError):
@@ -49,6 +52,31 @@ def oom_message(before: TrainConfig, after: TrainConfig) -> str:
     )
 
 
+def oom_queued_text(queued: dict[str, Any], asked: TrainConfig, retry: TrainConfig) -> str:
+    """What the "oom" event adds about the `queued` micro_batch / grad_accum change it kept
+    (`asked`: the settings asked for now; `retry`: those of the retried step)."""
+    if not queued:
+        return ""
+    shape = {"micro_batch": asked.micro_batch, "grad_accum": asked.grad_accum}
+    effective = f"(effective batch {asked.micro_batch * asked.grad_accum})"
+    if (asked.micro_batch, asked.grad_accum) == (retry.micro_batch, retry.grad_accum):
+        return f"; the retry runs your queued {_settings(queued)} {effective}"
+    as_shape = "" if queued == shape else f" as {_settings(shape)}"
+    return f"; your queued {_settings(queued)} applies from the next step{as_shape} {effective}"
+
+
+def oom_refused_message(refused: dict[str, Any], why: str, retry: TrainConfig) -> str:
+    """The "change-refused" event's text: the queued changes an out-of-memory retry refused."""
+    return (
+        f"your queued {_settings(refused)} was not applied: {why}; training goes on at "
+        f"micro_batch={retry.micro_batch}, grad_accum={retry.grad_accum}"
+    )
+
+
+def _settings(changes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={shown(v)}" for k, v in changes.items())
+
+
 def nan_message(loss: float, step: int, advice: str) -> str:
     """The "nan-loss" event's text: the step was not applied and the session paused."""
     return (
@@ -77,4 +105,6 @@ __all__ = [
     "halved_for_oom",
     "nan_message",
     "oom_message",
+    "oom_queued_text",
+    "oom_refused_message",
 ]

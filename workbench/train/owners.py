@@ -5,8 +5,8 @@ one (`take_over`), so two loops never train one module and the old thread does n
 linger. A process that ends with a Session still training (a script that never calls
 `close()`) stops and closes it at exit: the training thread would otherwise be killed
 inside a torch op, and the process abort. Both registries hold their Sessions weakly (a
-Session collected without `close()` gives your module its weights through its own
-finalizer, `workbench.train.session`).
+Session collected without `close()` gives your module its weights, and writes its run log
+to the end, through its own finalizer, `when_dropped`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from workbench.inputs import shown
 
 if TYPE_CHECKING:
     from workbench.train.runtime import Runtime
+    from workbench.train.session_log import SessionLog
 
 log = logging.getLogger("workbench")
 
@@ -87,25 +88,25 @@ def closed(session: Closable) -> None:
     _OPEN.discard(session)
 
 
-def when_dropped(session: Any, rt: Runtime) -> weakref.finalize:
+def when_dropped(session: Any, rt: Runtime, runlog: SessionLog) -> weakref.finalize:
     """A finalizer for a Session collected without `close()` (no loop ran: a loop keeps it
     alive): its runtime's `close()`, the trained weights into your module (from an
-    engine's copy), then the loader workers and backend released. It holds the runtime,
-    which must hold the session weakly only (`weak_method`); at exit the open Sessions are
+    engine's copy), then the loader workers and backend released; then its run log
+    written and its writer thread ended. It holds the runtime and the log, which must hold
+    the session weakly only (`weak_method`, `is_closed`); at exit the open Sessions are
     closed by `_close_open_sessions` instead. `close()` detaches it."""
-    finalizer = weakref.finalize(session, _release_dropped, rt, str(session.id))
+    finalizer = weakref.finalize(session, _release_dropped, rt, runlog, str(session.id))
     finalizer.atexit = False
     return finalizer
 
 
-def _release_dropped(rt: Runtime, session_id: str) -> None:
+def _release_dropped(rt: Runtime, runlog: SessionLog, session_id: str) -> None:
     """(Runs in whichever thread the garbage collector ran in; it takes no lock of any
-    Session.) Several ranks are left alone: the copy back is a collective, which one
+    Session.) Several ranks keep their runtimes: the copy back is a collective, which one
     rank's garbage collection must not start."""
-    if rt.world_size != 1:
-        return
     try:
-        rt.close()
+        if rt.world_size == 1:
+            rt.close()
     except Exception as exc:
         log.error(
             "workbench session %s, dropped without close(): could not copy the trained "
@@ -114,6 +115,20 @@ def _release_dropped(rt: Runtime, session_id: str) -> None:
             type(exc).__name__,
             exc,
         )
+    finally:
+        runlog.close()  # every record and event written, the writer thread ended
+
+
+def is_closed(session: Closable) -> Callable[[], bool]:
+    """Whether `session` is closed (or collected), holding it weakly (for its run log,
+    which its finalizer holds)."""
+    ref = weakref.ref(session)
+
+    def closed() -> bool:
+        held = ref()
+        return held is None or held.state == "closed"
+
+    return closed
 
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -155,10 +155,19 @@ class RunLog:
             self._queue.join()
 
     def close(self) -> None:
-        """Write what is queued, then end the writer thread and close the files."""
+        """Write what is queued, then end the writer thread and close the files. Called on
+        the writer thread itself (a dropped Session's finalizer, which the garbage collector
+        may run on any thread), another thread waits for it and closes them."""
         if self._closed:
             return
         self._closed = True
+        if threading.current_thread() is self._thread:
+            name = f"{self._thread.name}-close"
+            threading.Thread(target=self._finish, name=name, daemon=True).start()
+            return
+        self._finish()
+
+    def _finish(self) -> None:
         self._queue.put(_STOP)
         self._thread.join()
         for name in ("_file", "_tb"):  # a full disk here is reported, never raised

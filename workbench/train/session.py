@@ -30,7 +30,8 @@ The first StepRecord after a change carries `changes={...}`.
 
 Faults: a non-finite loss skips the step and pauses (Event "nan-loss"); out of memory
 halves micro_batch and doubles grad_accum (same effective batch) and retries the same
-samples (Event "oom"); any other exception moves to "error" (Event "error" with the
+samples (Event "oom"; a micro_batch / grad_accum change queued meanwhile applies after it,
+unless its micro_batch would run out of memory too: Event "change-refused"); any other exception moves to "error" (Event "error" with the
 traceback) and the session can be `update`d and `resume`d; the weights and optimizer
 state are those before the failed step, whose micro-batches are not retried (a batch
 that always fails would otherwise block `resume`).
@@ -274,9 +275,8 @@ class Session(SessionTools, SessionSaves):
         self._gpu_uuid = cuda_uuid(self.device)
         self.history: History = History()
         self.events: Recent = Recent()
-        self._runlog = SessionLog(
-            self.id, tensorboard, self._state_lock, lambda: self._state == "closed"
-        )
+        # the log holds this session weakly: the finalizer holds the log (`owners.when_dropped`)
+        self._runlog = SessionLog(self.id, tensorboard, self._state_lock, owners.is_closed(self))
         self._version = 0
         self._callbacks: list[Callable[[StepRecord], None]] = []
         self._folders.last_save_time = time.time()
@@ -339,7 +339,7 @@ class Session(SessionTools, SessionSaves):
             event=self._event,
         )
         owners.register(module, self)
-        self._finalizer = owners.when_dropped(self, self._rt)  # close() detaches it
+        self._finalizer = owners.when_dropped(self, self._rt, self._runlog)  # close() detaches it
         if payload is not None:  # the checkpoint's RNG stream, in place of the seeded one
             rng = payload["rng"]
             self._rt.rng = RngStream.made_by(lambda: ckpt.set_rng_state(rng), self.device)

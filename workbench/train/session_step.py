@@ -1,7 +1,8 @@
 """One optimizer step of a Session's loop and its record: the step measured
 (`workbench.train.step.optimizer_step`), a step out of memory retried on the same samples
 at half the micro-batch and twice the accumulation (`faults.halved_for_oom`, the same
-effective batch; Event "oom"), and the `StepRecord` of a step, or of one skipped for a
+effective batch; Event "oom"; a batch-shape change queued meanwhile is kept or refused by
+`ChangeQueue.after_oom`), and the `StepRecord` of a step, or of one skipped for a
 non-finite loss, with the settings, memory and monitor sample of that moment.
 
 `SessionStep` belongs to one Session and reads it only through the callables it is
@@ -90,16 +91,27 @@ class SessionStep:
         self._rt.data.requeue_split(fetched, 2)
         fetched.clear()
         self._apply(target, {"micro_batch", "grad_accum"}, release_first=True)
-        self._changes.follow(micro_batch=target.micro_batch, grad_accum=target.grad_accum)
+        queue = self._changes.after_oom(cfg, target)  # a change queued meanwhile: kept or refused
+        kept = {k: v for k, v in queue.queued.items() if k not in queue.refused}
+        step = self._steps_done() + 1
         self._event(
             "oom",
-            faults.oom_message(cfg, target),
+            faults.oom_message(cfg, target) + faults.oom_queued_text(kept, queue.asked, target),
             "warning",
-            step=self._steps_done() + 1,
+            step=step,
             error=message,
             micro_batch=target.micro_batch,
             grad_accum=target.grad_accum,
         )
+        if queue.refused:
+            self._event(
+                "change-refused",
+                faults.oom_refused_message(queue.refused, queue.why, target),
+                "warning",
+                step=step,
+                changes=queue.refused,
+                error=queue.why,
+            )
 
     def record(self, measure: StepMeasure) -> StepRecord:
         """The record of the step just measured (the next step number)."""
