@@ -10,7 +10,8 @@ kernels a GPU would run, and the names of what failed.
   changed, moved or copied in memory.
 * `fake_batch` does the same to the example micro-batch (a real tensor costs nothing: only
   its metadata is read), or makes one: a built-in model's dataset sample, or token ids of a
-  `transformers` model's vocabulary.
+  `transformers` model's vocabulary (an encoder-decoder's decoder fed ids of their shape,
+  so no `decoder_start_token_id` is needed to shift the labels).
 * `GpuKernels`, when the simulation runs on the CPU (a CPU-only torch cannot fake CUDA
   tensors through autograd: it aborts the process), routes the two calls whose CPU kernels
   keep more than the CUDA ones: dropout keeps a 1-byte mask (`native_dropout`, as CUDA's
@@ -31,6 +32,7 @@ keeps outside its parameters and buffers is read as metadata, never computed on.
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -387,7 +389,7 @@ def fake_batch(
                 "seq_len", seq_len, "give `seq_len` or a `batch`, not both (the batch has a shape)"
             )
         ]
-    problem = _batch_type_problem(fm, batch, micro_batch)
+    problem = _batch_type_problem(fm, batch, micro_batch) or _decoder_start_problem(fm, batch)
     if problem is not None:
         return [problem]
     memo: dict[int, torch.Tensor] = {}
@@ -412,9 +414,7 @@ def fake_batch(
     with fake_mode:
         if isinstance(batch, torch.Tensor):
             ids = fake(batch)
-            value: Any = (
-                {"input_ids": ids, "labels": ids} if fm.kind == "transformers" else (ids, ids)
-            )
+            value: Any = _token_batch(fm, ids) if fm.kind == "transformers" else (ids, ids)
         else:
             value = fake(batch)
     tensors = _tensors(
@@ -524,8 +524,62 @@ def _made_batch(
         ]
     with fake_mode:
         ids = torch.empty((micro_batch, s), dtype=torch.int64, device=device)
+        value = _token_batch(fm, ids)
     text = f"{micro_batch} x {s} token ids" + ("" if seq_len else " (its context length)")
-    return FakeBatch({"input_ids": ids, "labels": ids}, micro_batch, s, text, False)
+    if "decoder_input_ids" in value:
+        text += ", as many decoder_input_ids (the labels shifted right, as the model makes them)"
+    return FakeBatch(value, micro_batch, s, text, False)
+
+
+def _decoder_takes_ids(fm: FakeModel) -> bool:
+    """Whether `fm` is an encoder-decoder (t5, mt5, bart, ...) whose forward takes
+    `decoder_input_ids`."""
+    config = fm.hf_config
+    if config is None or getattr(config, "is_encoder_decoder", False) is not True:
+        return False
+    try:
+        return "decoder_input_ids" in inspect.signature(fm.module.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature
+        return False
+
+
+def _token_batch(fm: FakeModel, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A transformers model's keyword arguments for the token ids `ids` (called in the
+    fake mode): the ids as their own labels; an encoder-decoder's decoder fed ids of the
+    same shape, as a seq2seq collator makes them from the labels, so no config key is
+    needed (given labels alone, the model shifts them right itself, starting with its
+    config's `decoder_start_token_id`, which a t5 config.json may lack)."""
+    if not _decoder_takes_ids(fm):
+        return {"input_ids": ids, "labels": ids}
+    return {"input_ids": ids, "decoder_input_ids": torch.empty_like(ids), "labels": ids}
+
+
+#: What an encoder-decoder reads from its config to make `decoder_input_ids` from labels.
+_SHIFT_KEYS = ("decoder_start_token_id", "pad_token_id")
+
+
+def _decoder_start_problem(fm: FakeModel, batch: Any) -> SettingProblem | None:
+    """The problem of a dict batch with labels and no decoder inputs for an
+    encoder-decoder whose config lacks a key the model shifts the labels with."""
+    if not isinstance(batch, Mapping) or "labels" not in batch or not _decoder_takes_ids(fm):
+        return None
+    if "decoder_input_ids" in batch or "decoder_inputs_embeds" in batch:
+        return None
+    config = fm.hf_config
+    missing = [k for k in _SHIFT_KEYS if getattr(config, k, None) is None]
+    if not missing:
+        return None
+    source = getattr(config, "name_or_path", "") or ""  # where it was loaded from, if known
+    of = f" ({shown(source)})" if source else ""
+    return SettingProblem(
+        "batch",
+        describe(batch),
+        f"{fm.name} is an encoder-decoder: given labels without decoder_input_ids it makes "
+        f"them by shifting the labels right, and its config{of} has no "
+        f"{' and no '.join(missing)}: add decoder_input_ids to the batch, or set "
+        f"{', '.join(missing)} in the config (t5-small's config.json sets "
+        "decoder_start_token_id and pad_token_id to 0)",
+    )
 
 
 # ---------------------------------------------------------------------- GPU kernels on CPU

@@ -1,0 +1,109 @@
+"""The dry run of an encoder-decoder (t5, mt5, bart): its decoder is fed decoder_input_ids,
+so a config.json without `decoder_start_token_id` (what transformers writes for a
+`T5Config()`) runs as one with it; a batch of labels alone, for a model whose config lacks
+the key the model shifts them with, is refused naming the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from workbench.cli import main
+from workbench.config import TrainConfig
+from workbench.train.dry_run import DryRunError, simulate_memory
+
+T5 = {
+    "model_type": "t5",
+    "vocab_size": 256,
+    "d_model": 64,
+    "d_kv": 16,
+    "d_ff": 128,
+    "num_layers": 2,
+    "num_heads": 4,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+}
+BART = {
+    "model_type": "bart",
+    "vocab_size": 256,
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "max_position_embeddings": 64,
+}
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _dry_run(config: dict[str, object], tmp_path: Path, capsys) -> dict[str, object]:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    args = ["estimate", "--hf-config", str(path), "--seq-len", "16", "--micro-batch", "2"]
+    code, out, err = _run([*args, "--simulate", "--json"], capsys)
+    assert code == 0, err
+    dry: dict[str, object] = json.loads(out)["dry_run"]
+    return dry
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**T5},  # as T5Config().to_json_file() writes it: no decoder_start_token_id
+        {**T5, "model_type": "mt5"},
+        {**BART, "pad_token_id": 1},
+    ],
+    ids=["t5", "mt5", "bart"],
+)
+def test_an_encoder_decoder_runs_with_or_without_decoder_start_token_id(
+    config, tmp_path, capsys
+) -> None:
+    without = _dry_run(config, tmp_path, capsys)
+    with_it = _dry_run({**config, "decoder_start_token_id": 0}, tmp_path, capsys)
+    assert "decoder_input_ids" in str(without["batch"])
+    assert without["peak_bytes"] == with_it["peak_bytes"] > 0
+    assert without["params_bytes"] == with_it["params_bytes"]
+
+
+def _meta_t5() -> torch.nn.Module:
+    config = transformers.T5Config(**{k: v for k, v in T5.items() if k != "model_type"})
+    assert getattr(config, "decoder_start_token_id", None) is None
+    with torch.device("meta"):
+        return transformers.T5ForConditionalGeneration(config)
+
+
+def test_a_tensor_of_token_ids_feeds_the_decoder_too() -> None:
+    run = simulate_memory(
+        _meta_t5(), TrainConfig(), batch=torch.zeros((2, 16), dtype=torch.int64), progress=False
+    )
+    assert run.micro_batch == 2 and run.seq_len == 16 and run.peak_bytes > 0
+
+
+def test_labels_alone_without_the_key_to_shift_them_are_refused_naming_it() -> None:
+    ids = torch.zeros((2, 16), dtype=torch.int64)
+    with pytest.raises(DryRunError, match=r"batch=.*has no decoder_start_token_id") as info:
+        simulate_memory(
+            _meta_t5(), TrainConfig(), batch={"input_ids": ids, "labels": ids}, progress=False
+        )
+    assert "add decoder_input_ids to the batch" in str(info.value)
+    run = simulate_memory(  # the decoder's ids given: nothing to shift
+        _meta_t5(),
+        TrainConfig(),
+        batch={"input_ids": ids, "decoder_input_ids": ids, "labels": ids},
+        progress=False,
+    )
+    assert run.peak_bytes > 0
