@@ -107,3 +107,19 @@ def test_labels_alone_without_the_key_to_shift_them_are_refused_naming_it() -> N
         progress=False,
     )
     assert run.peak_bytes > 0
+
+
+def test_a_t5_config_json_with_n_positions_runs_at_that_length(tmp_path, capsys) -> None:
+    """t5-small's config.json names its length n_positions (512), not max_position_embeddings:
+    the dry run's token ids span it, as they span a gpt2 config's n_positions; a config with
+    none of the keys still asks for --seq-len, naming the keys it reads."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**T5, "decoder_start_token_id": 0, "n_positions": 24}))
+    code, out, err = _run(["estimate", "--hf-config", str(path), "--simulate", "--json"], capsys)
+    assert code == 0, err
+    dry = json.loads(out)["dry_run"]
+    assert dry["seq_len"] == 24 and "(its context length)" in dry["batch"]
+    path.write_text(json.dumps(T5))
+    code, _, err = _run(["estimate", "--hf-config", str(path), "--simulate"], capsys)
+    assert code == 2 and "sets none of max_position_embeddings, n_positions" in err
+    assert "give --seq-len" in err

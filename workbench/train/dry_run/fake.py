@@ -354,7 +354,7 @@ def expected_batch(fm: FakeModel, micro_batch: int) -> str | None:
         )
     config = fm.hf_config
     if config is not None:
-        longest = _context(config)
+        longest = context_length(config)
         limit = f" <= {longest}" if longest else ""
         return (
             f"a dict with input_ids (and labels) of shape (batch, sequence{limit}), int64 token "
@@ -363,10 +363,17 @@ def expected_batch(fm: FakeModel, micro_batch: int) -> str | None:
     return None
 
 
-def _context(config: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
+#: The config keys that give a transformers model's context length, the first one set used.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+
+
+def context_length(config: Any) -> int | None:
+    """A transformers model's context length: the first of `CONTEXT_KEYS` its config (the
+    model's config object, or a config.json read as a dict) sets to an integer > 0; the
+    sequence a dry run made of token ids runs when none is given."""
+    for key in CONTEXT_KEYS:
+        value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
 
@@ -511,7 +518,7 @@ def _made_batch(
             )
         ]
     vocab = getattr(config, "vocab_size", None)
-    longest = _context(config)
+    longest = context_length(config)
     s = seq_len if seq_len is not None else longest
     if not isinstance(vocab, int) or s is None:
         return [
@@ -740,6 +747,7 @@ def failure_problem(
 
 
 __all__ = [
+    "CONTEXT_KEYS",
     "SHAPE_KEYS",
     "FakeBatch",
     "FakeModel",
@@ -748,6 +756,7 @@ __all__ = [
     "OpRecorder",
     "architecture_of",
     "cast_copy",
+    "context_length",
     "count_unique",
     "expected_batch",
     "failure_problem",
