@@ -97,6 +97,7 @@ from workbench.train.dry_run.fake import (
     FakeBatch,
     FakeModel,
     GpuKernels,
+    GroupedMatmuls,
     ModuleStack,
     OpRecorder,
     cast_copy,
@@ -633,6 +634,7 @@ def _simulate(
                     notes_out.append(compile_note(compiled, formula))
             if device.type == "cpu":
                 ctx.enter_context(GpuKernels())
+            ctx.enter_context(GroupedMatmuls())  # under the tracker: it counts their outputs
             ctx.enter_context(tracker)
             ctx.enter_context(recorder)
             if offload is not None:  # the saved activations' device copies dropped

@@ -17,6 +17,9 @@ kernels a GPU would run, and the names of what failed.
   keep more than the CUDA ones: dropout keeps a 1-byte mask (`native_dropout`, as CUDA's
   fused kernel) instead of a mask in the input's dtype, and scaled-dot-product attention
   with dropout runs the fused kernel (which keeps a random seed, not an s x s mask).
+* `GroupedMatmuls` runs a mixture of experts' grouped matmuls (`torch._grouped_mm`, which
+  transformers' Mixtral experts call in the weights' dtype) in fp32 and fp16 too, as a GPU
+  does (torch's fake kernel takes bf16 alone).
 * `shape_config` turns the estimator's keywords (a preset of a transformers family, with
   its shape overrides, or a shape) into the config.json that builds that model
   (`workbench.estimate.hf_shape.config_of`; a Mistral preset with Mistral's classes): the
@@ -614,6 +617,56 @@ class GpuKernels(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class GroupedMatmuls(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Runs `aten._grouped_mm` (a mixture of experts' matmuls: transformers' MoE experts,
+    torchtitan's) on fake tensors of any floating dtype. torch's fake kernel takes bf16
+    alone, while a GPU's runs fp32 and fp16 too (a Mixtral trained in fp32, or under
+    autocast, whose experts call it in the weights' dtype); its output is made here with the
+    shape the fake kernel gives (every other call, and a bf16 one, passes unchanged). Entered
+    under the memory tracker, so the tracker counts the output as the kernel's."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.ops.aten._grouped_mm.default:
+            made = _grouped_mm_output(*args, **kwargs)
+            if made is not None:
+                return made
+        return func(*args, **kwargs)
+
+
+def _grouped_mm_output(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor | None:
+    """The output of `_grouped_mm(a, b, offs)` for floating inputs other than bf16 (the
+    shapes of torch's fake kernel: (S, K) x (G, K, N) -> (S, N); (K, S) x (S, N) -> (G, K, N);
+    (G, M, K) x (K, N) -> (M, N), all with offsets; (G, M, K) x (G, K, N) -> (G, M, N)
+    without); None for bf16, mixed dtypes, or what the kernel refuses (torch's own check
+    then says why)."""
+    if a.dtype != b.dtype or not a.is_floating_point() or a.dtype == torch.bfloat16:
+        return None
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.size(-1) != b.size(-2):
+        return None
+    batched = a.dim() == 3 and b.dim() == 3  # a batched matmul: no offsets
+    if (offs is None) != batched:
+        return None
+    groups = 0 if offs is None else offs.size(0)
+    if a.dim() == 2:
+        size = [a.size(0), b.size(-1)] if b.dim() == 3 else [groups, a.size(0), b.size(1)]
+    else:
+        size = [a.size(1), b.size(1)] if b.dim() == 2 else [a.size(0), a.size(1), b.size(-1)]
+    return torch.empty(size, dtype=out_dtype or a.dtype, device=a.device)
+
+
 def _dropout_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, float, bool, bool]:
     names = ("input", "p", "training", "inplace")
     values: dict[str, Any] = {"p": 0.5, "training": True, "inplace": False}
@@ -752,6 +805,7 @@ __all__ = [
     "FakeBatch",
     "FakeModel",
     "GpuKernels",
+    "GroupedMatmuls",
     "ModuleStack",
     "OpRecorder",
     "architecture_of",
