@@ -123,3 +123,24 @@ def test_a_t5_config_json_with_n_positions_runs_at_that_length(tmp_path, capsys)
     code, _, err = _run(["estimate", "--hf-config", str(path), "--simulate"], capsys)
     assert code == 2 and "sets none of max_position_embeddings, n_positions" in err
     assert "give --seq-len" in err
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_an_encoder_decoder_recomputes_its_blocks_without_a_kv_cache(family) -> None:
+    """t5's decoder stack holds a copy of the config with use_cache=True: the dry run's copy
+    trains without the cache there too, so a checkpointed decoder block recomputes what it
+    saved (with the cache the recomputation reads its own keys back: a CheckpointError)."""
+    if family == "t5":
+        module = _meta_t5()
+    else:
+        config = transformers.BartConfig(**{k: v for k, v in BART.items() if k != "model_type"})
+        with torch.device("meta"):
+            module = transformers.BartForConditionalGeneration(config)
+    before = [part.config.use_cache for part in module.modules() if hasattr(part, "config")]
+    plain = simulate_memory(module, TrainConfig(), seq_len=16, progress=False)
+    full = simulate_memory(
+        module, TrainConfig(activation_checkpointing="full"), seq_len=16, progress=False
+    )
+    assert 0 < full.peak_bytes < plain.peak_bytes
+    after = [part.config.use_cache for part in module.modules() if hasattr(part, "config")]
+    assert after == before and True in before  # the user's module keeps its own settings

@@ -226,8 +226,10 @@ def fake_model(
 
 def _described(module: nn.Module, name: str, twin: nn.Module) -> FakeModel:
     config = hf_config_of(module)
-    if config is not None and getattr(config, "use_cache", False):
-        config.use_cache = False  # the fake copy's own config: trained without a KV cache
+    for part in module.modules():  # an encoder-decoder's decoder holds a copy of its own
+        part_config = hf_config_of(part)
+        if part_config is not None and getattr(part_config, "use_cache", False):
+            part_config.use_cache = False  # the fake copy's own: trained without a KV cache
     kind = "transformers" if config is not None else "module"
     return FakeModel(module, name, kind, count_unique(module), twin=twin)
 
