@@ -123,7 +123,7 @@ from workbench.train.techniques.lora import (
     fake_four_bit,
     holds_four_bit,
     holds_lora,
-    resolve_targets,
+    targets_problem,
 )
 from workbench.train.techniques.offload import ActivationOffload
 from workbench.train.techniques.precision import PURE_DTYPES, build_precision, cast_floating_inputs
@@ -256,12 +256,9 @@ def simulate_memory(
             ]
         )
     if int(config.lora_rank) > 0:
-        try:
-            resolve_targets(fm.module, str(config.lora_targets))
-        except ValueError as exc:  # targets that pick none of the layers
-            raise DryRunError(
-                [SettingProblem("lora_targets", config.lora_targets, str(exc))]
-            ) from None
+        why = targets_problem(fm.module, str(config.lora_targets))
+        if why is not None:  # targets that pick none of the layers
+            raise DryRunError([SettingProblem("lora_targets", config.lora_targets, why)])
     if str(config.fsdp) != "off":  # unit names that match no module: refused by name
         units_error = units_refusal(fm.module, config)
         if units_error is not None:
