@@ -460,16 +460,22 @@ def dtypes_note(config: TrainConfig, dtypes: Mapping[str, str], cast: str | None
 
 def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
     """The transformer blocks FSDP shards and checkpointing recomputes: the marked ones (as
-    the Session's engines take them), else a transformers model's `_no_split_modules`,
-    else the children of its largest ModuleList (marked on the fake copy, and said)."""
+    the Session's engines take them), else a transformers model's `_no_split_modules` (those
+    in a ModuleList where some are: a one-off such as BertEmbeddings, which holds a weight
+    tied to the head, stays with the embedding's unit), else the children of its largest
+    ModuleList (marked on the fake copy, and said)."""
     marked = checkpointable_modules(module)
     if marked:
         return marked, None
     names = getattr(module, "_no_split_modules", None) or ()
     found: list[nn.Module] = []
     source = ""
-    if names:
+    if names:  # the repeated ones (BertLayer), not a one-off also listed (BertEmbeddings)
         found = [m for m in module.modules() if type(m).__name__ in set(names)]
+        listed = {
+            id(m) for part in module.modules() if isinstance(part, nn.ModuleList) for m in part
+        }
+        found = [m for m in found if id(m) in listed] or found
         source = "its _no_split_modules"
     if not found:
         lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
