@@ -161,6 +161,20 @@ def test_formula_within_the_measured_bounds(setup: tuple[Any, ...]) -> None:
             assert low <= share <= high, (key, share, dry, formula)
 
 
+@pytest.mark.parametrize(("precision", "ranks"), [("bf16", 1), ("fp16", 2), ("bf16", 2)])
+def test_deepspeeds_16_bit_modes_without_zero_step(precision: str, ranks: int) -> None:
+    """`--precision bf16` alone (or fp16, or several ranks): DeepSpeed's ZeRO-0 16-bit
+    optimizer, whose step reads the gradient norm back to the host, steps on fake tensors
+    (the norm answered as the overflow checks are) with DeepSpeed's model states to the
+    byte."""
+    run = dry_run("llama", 0, ranks, precision, "foreach")
+    assert (run.engine, run.zero_stage, run.world_size) == ("deepspeed", 0, ranks)
+    assert run.formula is not None and run.params_bytes == run.formula.params_bytes
+    extra = run.optimizer_bytes - run.formula.optimizer_bytes  # Adam's step counters
+    assert 0 <= extra <= run.optimizer_step_counter_bytes
+    assert abs(run.peak_bytes - run.formula.peak_bytes) <= 0.1 * run.peak_bytes
+
+
 def test_zero3_gathers_and_partitions_as_the_formula_counts() -> None:
     """ZeRO-3 on 4 ranks: each rank holds a quarter of the 16-bit weights, the gradient
     partition plus the reduce bucket from step to step, and gathers the layers it runs

@@ -105,3 +105,47 @@ def test_plan_states_the_one_range_of_mfu(mfu: object) -> None:
     with pytest.raises(ValueError, match=r"mfu=.*allowed: a finite number from 0.001 to 1$|"
                        r"mfu=.*: must be a finite number from 0.001 to 1$"):  # fmt: skip
         plan(model="llama-3-8b", mfu=mfu)
+
+
+#: every refusal about the price: (the value plan() is given, the CLI's text, the tokens, why)
+PRICE_REFUSALS = [
+    (-1.0, "-1", "1T", "must be a finite number from 0 to 10^6"),
+    (float("nan"), "nan", "1T", "must be a finite number from 0 to 10^6"),
+    (float("inf"), "inf", "1T", "must be a finite number from 0 to 10^6"),
+    (1e7, "1e7", "1T", "more than 10^6 per GPU-hour"),
+    (2.5, "2.5", None, "the cost is of training the tokens; give"),
+]
+
+
+@pytest.mark.parametrize(("value", "text", "tokens", "why"), PRICE_REFUSALS)
+@pytest.mark.parametrize("keyword", ["price_per_gpu_hour", "price"])
+def test_every_price_refusal_names_the_keyword_the_caller_gave(
+    keyword: str, value: float, text: str, tokens: str | None, why: str
+) -> None:
+    """plan() takes the price as price_per_gpu_hour= or by the command's name, price=; its
+    refusals name the one given."""
+    kw = {keyword: value, **({"tokens": tokens} if tokens else {})}
+    with pytest.raises(ValueError, match=rf"^{keyword}={value!r}: ") as got:
+        plan(model="llama-3-8b", gpus=8, **kw)
+    assert why in str(got.value)
+    if keyword == "price":
+        assert "price_per_gpu_hour" not in str(got.value)
+    if tokens is None:
+        assert "give tokens= too" in str(got.value)
+
+
+@pytest.mark.parametrize(("value", "text", "tokens", "why"), PRICE_REFUSALS)
+def test_every_price_refusal_names_the_flag_and_the_value_as_typed(
+    capsys: pytest.CaptureFixture[str], value: float, text: str, tokens: str | None, why: str
+) -> None:
+    more = ["--tokens", tokens] if tokens else []
+    (line,) = _err(capsys, "--model", "llama-3-8b", "--gpus", "8", "--price", text, *more)
+    assert line.startswith(f"--price {text}: {why}")
+    assert "price_per_gpu_hour" not in line and "=" not in line.split(":")[0]
+    if tokens is None:
+        assert "give --tokens too" in line
+
+
+def test_tokens_out_of_range_are_said_as_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    (line,) = _err(capsys, "--model", "llama-3-8b", "--tokens", "1e30", "--price", "2")
+    assert line.startswith("--tokens 1e30: more than 10^16 tokens")

@@ -473,7 +473,7 @@ def _simulate(
     """`--simulate`: the dry run of the model with the estimate's settings: the
     --hf-config model, or the transformers model of a --model preset or a shape (its
     config.json made by `workbench.train.dry_run.fake.shape_config`)."""
-    from workbench.train.dry_run.fake import shape_config
+    from workbench.train.dry_run.fake import CONTEXT_KEYS, shape_config
 
     problems = []
     source: Any = args.hf_config
@@ -516,11 +516,11 @@ def _simulate(
     if e.context_parallel > 1:
         problems.append("--simulate: context parallelism is not simulated")
     seq_len = e.seq_len if e.seq_len is not None else options.get("seq_len")
-    if seq_len is None and args.hf_config is not None:
+    if seq_len is None and args.hf_config is not None and _context_of(args.hf_config) is None:
         problems.append(
             f"--simulate: {_flag('hf_config', args)} {typed(args.hf_config)} gives no sequence "
-            f"length to run (its config.json has no max_position_embeddings the estimate "
-            f"reads): give {_flag('seq_len', args)}"
+            f"length to run (its config.json sets none of {', '.join(CONTEXT_KEYS)}): give "
+            f"{_flag('seq_len', args)}"
         )
     if problems:
         parser.error("; ".join(problems))
@@ -574,6 +574,16 @@ def _simulate(
         print()
         print(dry.compare())
     return 0
+
+
+def _context_of(path: str) -> int | None:
+    """The context length the --hf-config file names (t5's n_positions too), which the dry
+    run's token ids span when no --seq-len is given (`fake.context_length`); None: none."""
+    from workbench.estimate.hf_config import load_config
+    from workbench.train.dry_run.fake import context_length
+
+    config, _, _ = load_config(path, "hf_config")
+    return None if config is None else context_length(config)
 
 
 #: the estimate's settings the dry run takes as TrainConfig fields of the same names (the

@@ -151,15 +151,16 @@ def _gbps(flag: str, text: str | None, problems: list[str]) -> Any:
     return _number(flag, text, float, problems, MIN_GBPS, MAX_GBPS, allowed=allowed)
 
 
-def _rate(flag: str, text: str | None, problems: list[str]) -> Any:
-    """The efficiency (--mfu, --efficiency) in the estimator's range (`LIMITS["mfu"]`),
-    said as `workbench estimate --mfu` says it."""
+def _bounded(flag: str, text: str | None, problems: list[str], limit: str) -> Any:
+    """A number in the estimator's range `LIMITS[limit]` (the efficiency of --mfu and
+    --efficiency, the --price), or None after adding a problem naming `flag`, the text as
+    typed and the range, as `workbench estimate` says it."""
     from workbench.estimate.limits import LIMITS, check_number
 
-    value = _number(flag, text, float, problems, -math.inf, allowed=LIMITS["mfu"].allowed)
+    value = _number(flag, text, float, problems, -math.inf, allowed=LIMITS[limit].allowed)
     if value is None:
         return None
-    number, problem = check_number("mfu", value, LIMITS["mfu"])
+    number, problem = check_number(limit, value, LIMITS[limit])
     if problem is not None:
         problems.append(f"{flag} {typed(str(text))}: {problem}")
     return number
@@ -271,7 +272,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "global_batch": _number("--global-batch", _or(args.global_batch, "256"), int, problems, 1),
         "intra_node_gbps": _gbps("--intra-node-gbps", args.intra_node_gbps, problems),
         "inter_node_gbps": _gbps("--inter-node-gbps", args.inter_node_gbps, problems),
-        "price_per_gpu_hour": _number("--price", args.price, float, problems, 0),
+        "price_per_gpu_hour": _bounded("--price", args.price, problems, "price_per_gpu_hour"),
         "offload": not args.no_offload,
     }
     for flag, given in (("--model", args.model), ("--hf-config", args.hf_config)):
@@ -320,7 +321,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         problems.append(f"--probe {probe}: must be an integer from 1 to 20")
     for name in ("efficiency", "mfu"):
         if getattr(args, name) is not None:
-            kw[name] = _rate("--" + name, getattr(args, name), problems)
+            kw[name] = _bounded("--" + name, getattr(args, name), problems, "mfu")
     if args.calibrate is not None:
         if not args.calibrate:
             from workbench.planner.efficiency import WHERE_CLI
@@ -341,9 +342,14 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.engines is not None:
         kw["engines"] = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     if args.tokens is not None:
+        from workbench.estimate.limits import LIMITS, check_number
+
         count = parse_count(args.tokens)
+        too_many = check_number("tokens", count, LIMITS["tokens"])[1] if count else None
         if not count:
             problems.append(f"--tokens {typed(args.tokens)}: must be a count > 0, e.g. 1T, 2e12")
+        elif too_many is not None:  # said here, with the count as typed
+            problems.append(f"--tokens {typed(args.tokens)}: {too_many}")
         else:
             kw["tokens"] = float(count)
     if args.export is not None and not args.export_model:

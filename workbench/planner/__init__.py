@@ -424,6 +424,7 @@ def plan(
         for name, value in locals().items()
         if name not in ("shape", "gpus", "gpus_per_node", "nodes")
     }
+    price_name = "price" if "price" in shape else "price_per_gpu_hour"  # as the caller named it
     _cli_keywords(shape, given)
     n_params, price_per_gpu_hour, offload = (
         given["n_params"],
@@ -447,7 +448,7 @@ def plan(
         )
     tokens, price_per_gpu_hour, rate = _checked_numbers(
         tokens, price_per_gpu_hour, DEFAULT_MFU if given_rate is None else given_rate, headroom,
-        rate_name=rate_name,
+        rate_name=rate_name, price_name=price_name,
     )  # fmt: skip
     pins = checked_pins(pp_schedule, virtual_stages, compile, float8, hsdp)
     hw = cluster(

@@ -26,17 +26,25 @@ def counts(tokens: Any, global_tokens: Any) -> tuple[Any, Any]:
 
 
 def checked_numbers(
-    tokens: Any, price: Any, efficiency: Any, headroom: Any, *, rate_name: str = "efficiency"
+    tokens: Any,
+    price: Any,
+    efficiency: Any,
+    headroom: Any,
+    *,
+    rate_name: str = "efficiency",
+    price_name: str = "price_per_gpu_hour",
 ) -> tuple[Any, Any, float]:
     """(tokens, price_per_gpu_hour, efficiency) read with the estimator's bounds
     (`workbench.estimate.limits`); ValueError naming the first out of range (headroom
-    too: a fraction >= 0 and < 1)."""
+    too: a fraction >= 0 and < 1). `rate_name`, `price_name`: the keywords the caller gave
+    the efficiency and the price by (`mfu` or `efficiency`; `price`, the command's name, or
+    `price_per_gpu_hour`), as the errors name them."""
     from workbench.estimate.limits import LIMITS, check_number
 
     read: list[float | None] = []
     for name, value, bound in (
         ("tokens", tokens, LIMITS["tokens"]),
-        ("price_per_gpu_hour", price, LIMITS["price_per_gpu_hour"]),
+        (price_name, price, LIMITS["price_per_gpu_hour"]),
     ):
         if value is None:
             read.append(None)
@@ -47,7 +55,7 @@ def checked_numbers(
         read.append(float(number))
     if read[1] is not None and read[0] is None:
         raise ValueError(
-            f"price_per_gpu_hour={shown(price)}: the cost is of training the tokens; give "
+            f"{price_name}={shown(price)}: the cost is of training the tokens; give "
             "tokens= too (the tokens to train)"
         )
     mfu = LIMITS["mfu"]

@@ -98,6 +98,7 @@ from workbench.train.dry_run.fake import (
     FakeBatch,
     FakeModel,
     GpuKernels,
+    GroupedMatmuls,
     ModuleStack,
     OpRecorder,
     cast_copy,
@@ -123,7 +124,7 @@ from workbench.train.techniques.lora import (
     fake_four_bit,
     holds_four_bit,
     holds_lora,
-    resolve_targets,
+    targets_problem,
 )
 from workbench.train.techniques.offload import ActivationOffload
 from workbench.train.techniques.precision import PURE_DTYPES, build_precision, cast_floating_inputs
@@ -259,12 +260,9 @@ def simulate_memory(
             ]
         )
     if int(config.lora_rank) > 0:
-        try:
-            resolve_targets(fm.module, str(config.lora_targets))
-        except ValueError as exc:  # targets that pick none of the layers
-            raise DryRunError(
-                [SettingProblem("lora_targets", config.lora_targets, str(exc))]
-            ) from None
+        why = targets_problem(fm.module, str(config.lora_targets))
+        if why is not None:  # targets that pick none of the layers
+            raise DryRunError([SettingProblem("lora_targets", config.lora_targets, why)])
     if str(config.fsdp) != "off":  # unit names that match no module: refused by name
         units_error = units_refusal(fm.module, config)
         if units_error is not None:
@@ -466,16 +464,22 @@ def dtypes_note(config: TrainConfig, dtypes: Mapping[str, str], cast: str | None
 
 def _blocks(module: nn.Module) -> tuple[list[nn.Module], str | None]:
     """The transformer blocks FSDP shards and checkpointing recomputes: the marked ones (as
-    the Session's engines take them), else a transformers model's `_no_split_modules`,
-    else the children of its largest ModuleList (marked on the fake copy, and said)."""
+    the Session's engines take them), else a transformers model's `_no_split_modules` (those
+    in a ModuleList where some are: a one-off such as BertEmbeddings, which holds a weight
+    tied to the head, stays with the embedding's unit), else the children of its largest
+    ModuleList (marked on the fake copy, and said)."""
     marked = checkpointable_modules(module)
     if marked:
         return marked, None
     names = getattr(module, "_no_split_modules", None) or ()
     found: list[nn.Module] = []
     source = ""
-    if names:
+    if names:  # the repeated ones (BertLayer), not a one-off also listed (BertEmbeddings)
         found = [m for m in module.modules() if type(m).__name__ in set(names)]
+        listed = {
+            id(m) for part in module.modules() if isinstance(part, nn.ModuleList) for m in part
+        }
+        found = [m for m in found if id(m) in listed] or found
         source = "its _no_split_modules"
     if not found:
         lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
@@ -637,6 +641,7 @@ def _simulate(
                     notes_out.append(compile_note(compiled, formula))
             if device.type == "cpu":
                 ctx.enter_context(GpuKernels())
+            ctx.enter_context(GroupedMatmuls())  # under the tracker: it counts their outputs
             ctx.enter_context(tracker)
             ctx.enter_context(recorder)
             if offload is not None:  # the saved activations' device copies dropped

@@ -16,9 +16,10 @@ What a dry run changes in DeepSpeed, only while it runs (`deepspeed_dry_run`):
   set for rank 0 of N and put back after; DeepSpeed's communication layer is destroyed
   with it (`deepspeed.comm.destroy_process_group`, which drops its cached sub-groups);
 * the checks that read a value back from the device (the fp16 overflow flag, the
-  gradient norm's finiteness, ZeRO-3's "same parameter order on every rank" broadcast)
-  answer "no overflow, finite, same" without reading: fake tensors hold no values. The
-  steps therefore never skip, as a healthy run's steps do not;
+  gradient norm's finiteness, ZeRO-0's 16-bit optimizers' gradient norm, ZeRO-3's "same
+  parameter order on every rank" broadcast) answer "no overflow, finite, same" without
+  reading: fake tensors hold no values. The steps therefore never skip, as a healthy
+  run's steps do not;
 * the module's own `to`/`half`/`bfloat16`/`float` return it unchanged: `nn.Module._apply`
   cannot swap fake parameters, so the module comes already cast (`cast_copy`) and on its
   device, which is what those calls would make of it;
@@ -73,6 +74,18 @@ def _same_on_every_rank(*_: Any, **__: Any) -> None:
     return None
 
 
+def _weight_norm_unread(parameters: Any, norm_type: float = 2.0, mpu: Any = None) -> float:
+    """DeepSpeed's `get_weight_norm` (what its ZeRO-0 16-bit optimizers clip and check by)
+    without the read back: each gradient's norm is computed as DeepSpeed computes it (an
+    fp32 copy of it at a time, a transient the step holds), and the total answered finite,
+    as the overflow checks are. `mpu`: model parallelism, never simulated."""
+    del mpu
+    tensors = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    for p in tensors:
+        p.data.float().norm(norm_type)
+    return 1.0
+
+
 @contextlib.contextmanager
 def deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
     """DeepSpeed's communication over a fake group of `world_size` ranks and its
@@ -93,6 +106,8 @@ def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
     import deepspeed
     import deepspeed.accelerator.real_accelerator as ds_accelerator
     import deepspeed.comm as ds_comm
+    import deepspeed.runtime.fp16.fused_optimizer as ds_fp16_fused
+    import deepspeed.runtime.fp16.unfused_optimizer as ds_fp16_unfused
     import deepspeed.runtime.utils as ds_utils
     import deepspeed.runtime.zero.partition_parameters as ds_partition
     import deepspeed.runtime.zero.partitioned_param_coordinator as ds_coordinator
@@ -114,6 +129,8 @@ def _deepspeed_dry_run(world_size: int, device: torch.device) -> Iterator[None]:
         patch(ds_stage3.DeepSpeedZeroOptimizer_Stage3, "has_overflow", _no_overflow)
         patch(ds_utils.CheckOverflow, "has_overflow", _no_overflow)
         patch(ds_utils.CheckOverflow, "check", _no_overflow)
+        for mod in (ds_fp16_fused, ds_fp16_unfused):  # ZeRO-0's fp16 and bf16 optimizers
+            patch(mod, "get_weight_norm", _weight_norm_unread)
         for mod in (ds_partition, ds_coordinator, ds_stage3):
             if hasattr(mod, "assert_ints_same_as_other_ranks"):
                 patch(mod, "assert_ints_same_as_other_ranks", _same_on_every_rank)

@@ -10,12 +10,16 @@ kernels a GPU would run, and the names of what failed.
   changed, moved or copied in memory.
 * `fake_batch` does the same to the example micro-batch (a real tensor costs nothing: only
   its metadata is read), or makes one: a built-in model's dataset sample, or token ids of a
-  `transformers` model's vocabulary.
+  `transformers` model's vocabulary (an encoder-decoder's decoder fed ids of their shape,
+  so no `decoder_start_token_id` is needed to shift the labels).
 * `GpuKernels`, when the simulation runs on the CPU (a CPU-only torch cannot fake CUDA
   tensors through autograd: it aborts the process), routes the two calls whose CPU kernels
   keep more than the CUDA ones: dropout keeps a 1-byte mask (`native_dropout`, as CUDA's
   fused kernel) instead of a mask in the input's dtype, and scaled-dot-product attention
   with dropout runs the fused kernel (which keeps a random seed, not an s x s mask).
+* `GroupedMatmuls` runs a mixture of experts' grouped matmuls (`torch._grouped_mm`, which
+  transformers' Mixtral experts call in the weights' dtype) in fp32 and fp16 too, as a GPU
+  does (torch's fake kernel takes bf16 alone).
 * `shape_config` turns the estimator's keywords (a preset of a transformers family, with
   its shape overrides, or a shape) into the config.json that builds that model
   (`workbench.estimate.hf_shape.config_of`; a Mistral preset with Mistral's classes): the
@@ -31,6 +35,7 @@ keeps outside its parameters and buffers is read as metadata, never computed on.
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -221,8 +226,10 @@ def fake_model(
 
 def _described(module: nn.Module, name: str, twin: nn.Module) -> FakeModel:
     config = hf_config_of(module)
-    if config is not None and getattr(config, "use_cache", False):
-        config.use_cache = False  # the fake copy's own config: trained without a KV cache
+    for part in module.modules():  # an encoder-decoder's decoder holds a copy of its own
+        part_config = hf_config_of(part)
+        if part_config is not None and getattr(part_config, "use_cache", False):
+            part_config.use_cache = False  # the fake copy's own: trained without a KV cache
     kind = "transformers" if config is not None else "module"
     return FakeModel(module, name, kind, count_unique(module), twin=twin)
 
@@ -352,7 +359,7 @@ def expected_batch(fm: FakeModel, micro_batch: int) -> str | None:
         )
     config = fm.hf_config
     if config is not None:
-        longest = _context(config)
+        longest = context_length(config)
         limit = f" <= {longest}" if longest else ""
         return (
             f"a dict with input_ids (and labels) of shape (batch, sequence{limit}), int64 token "
@@ -361,10 +368,17 @@ def expected_batch(fm: FakeModel, micro_batch: int) -> str | None:
     return None
 
 
-def _context(config: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
+#: The config keys that give a transformers model's context length, the first one set used.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+
+
+def context_length(config: Any) -> int | None:
+    """A transformers model's context length: the first of `CONTEXT_KEYS` its config (the
+    model's config object, or a config.json read as a dict) sets to an integer > 0; the
+    sequence a dry run made of token ids runs when none is given."""
+    for key in CONTEXT_KEYS:
+        value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
 
@@ -387,7 +401,7 @@ def fake_batch(
                 "seq_len", seq_len, "give `seq_len` or a `batch`, not both (the batch has a shape)"
             )
         ]
-    problem = _batch_type_problem(fm, batch, micro_batch)
+    problem = _batch_type_problem(fm, batch, micro_batch) or _decoder_start_problem(fm, batch)
     if problem is not None:
         return [problem]
     memo: dict[int, torch.Tensor] = {}
@@ -412,9 +426,7 @@ def fake_batch(
     with fake_mode:
         if isinstance(batch, torch.Tensor):
             ids = fake(batch)
-            value: Any = (
-                {"input_ids": ids, "labels": ids} if fm.kind == "transformers" else (ids, ids)
-            )
+            value: Any = _token_batch(fm, ids) if fm.kind == "transformers" else (ids, ids)
         else:
             value = fake(batch)
     tensors = _tensors(
@@ -511,7 +523,7 @@ def _made_batch(
             )
         ]
     vocab = getattr(config, "vocab_size", None)
-    longest = _context(config)
+    longest = context_length(config)
     s = seq_len if seq_len is not None else longest
     if not isinstance(vocab, int) or s is None:
         return [
@@ -524,8 +536,62 @@ def _made_batch(
         ]
     with fake_mode:
         ids = torch.empty((micro_batch, s), dtype=torch.int64, device=device)
+        value = _token_batch(fm, ids)
     text = f"{micro_batch} x {s} token ids" + ("" if seq_len else " (its context length)")
-    return FakeBatch({"input_ids": ids, "labels": ids}, micro_batch, s, text, False)
+    if "decoder_input_ids" in value:
+        text += ", as many decoder_input_ids (the labels shifted right, as the model makes them)"
+    return FakeBatch(value, micro_batch, s, text, False)
+
+
+def _decoder_takes_ids(fm: FakeModel) -> bool:
+    """Whether `fm` is an encoder-decoder (t5, mt5, bart, ...) whose forward takes
+    `decoder_input_ids`."""
+    config = fm.hf_config
+    if config is None or getattr(config, "is_encoder_decoder", False) is not True:
+        return False
+    try:
+        return "decoder_input_ids" in inspect.signature(fm.module.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature
+        return False
+
+
+def _token_batch(fm: FakeModel, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A transformers model's keyword arguments for the token ids `ids` (called in the
+    fake mode): the ids as their own labels; an encoder-decoder's decoder fed ids of the
+    same shape, as a seq2seq collator makes them from the labels, so no config key is
+    needed (given labels alone, the model shifts them right itself, starting with its
+    config's `decoder_start_token_id`, which a t5 config.json may lack)."""
+    if not _decoder_takes_ids(fm):
+        return {"input_ids": ids, "labels": ids}
+    return {"input_ids": ids, "decoder_input_ids": torch.empty_like(ids), "labels": ids}
+
+
+#: What an encoder-decoder reads from its config to make `decoder_input_ids` from labels.
+_SHIFT_KEYS = ("decoder_start_token_id", "pad_token_id")
+
+
+def _decoder_start_problem(fm: FakeModel, batch: Any) -> SettingProblem | None:
+    """The problem of a dict batch with labels and no decoder inputs for an
+    encoder-decoder whose config lacks a key the model shifts the labels with."""
+    if not isinstance(batch, Mapping) or "labels" not in batch or not _decoder_takes_ids(fm):
+        return None
+    if "decoder_input_ids" in batch or "decoder_inputs_embeds" in batch:
+        return None
+    config = fm.hf_config
+    missing = [k for k in _SHIFT_KEYS if getattr(config, k, None) is None]
+    if not missing:
+        return None
+    source = getattr(config, "name_or_path", "") or ""  # where it was loaded from, if known
+    of = f" ({shown(source)})" if source else ""
+    return SettingProblem(
+        "batch",
+        describe(batch),
+        f"{fm.name} is an encoder-decoder: given labels without decoder_input_ids it makes "
+        f"them by shifting the labels right, and its config{of} has no "
+        f"{' and no '.join(missing)}: add decoder_input_ids to the batch, or set "
+        f"{', '.join(missing)} in the config (t5-small's config.json sets "
+        "decoder_start_token_id and pad_token_id to 0)",
+    )
 
 
 # ---------------------------------------------------------------------- GPU kernels on CPU
@@ -551,6 +617,56 @@ class GpuKernels(TorchFunctionMode):
             elif kwargs.get("dropout_p"):
                 kwargs["dropout_p"] = 0.0
         return func(*args, **kwargs)
+
+
+class GroupedMatmuls(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Runs `aten._grouped_mm` (a mixture of experts' matmuls: transformers' MoE experts,
+    torchtitan's) on fake tensors of any floating dtype. torch's fake kernel takes bf16
+    alone, while a GPU's runs fp32 and fp16 too (a Mixtral trained in fp32, or under
+    autocast, whose experts call it in the weights' dtype); its output is made here with the
+    shape the fake kernel gives (every other call, and a bf16 one, passes unchanged). Entered
+    under the memory tracker, so the tracker counts the output as the kernel's."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.ops.aten._grouped_mm.default:
+            made = _grouped_mm_output(*args, **kwargs)
+            if made is not None:
+                return made
+        return func(*args, **kwargs)
+
+
+def _grouped_mm_output(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor | None:
+    """The output of `_grouped_mm(a, b, offs)` for floating inputs other than bf16 (the
+    shapes of torch's fake kernel: (S, K) x (G, K, N) -> (S, N); (K, S) x (S, N) -> (G, K, N);
+    (G, M, K) x (K, N) -> (M, N), all with offsets; (G, M, K) x (G, K, N) -> (G, M, N)
+    without); None for bf16, mixed dtypes, or what the kernel refuses (torch's own check
+    then says why)."""
+    if a.dtype != b.dtype or not a.is_floating_point() or a.dtype == torch.bfloat16:
+        return None
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3) or a.size(-1) != b.size(-2):
+        return None
+    batched = a.dim() == 3 and b.dim() == 3  # a batched matmul: no offsets
+    if (offs is None) != batched:
+        return None
+    groups = 0 if offs is None else offs.size(0)
+    if a.dim() == 2:
+        size = [a.size(0), b.size(-1)] if b.dim() == 3 else [groups, a.size(0), b.size(1)]
+    else:
+        size = [a.size(1), b.size(1)] if b.dim() == 2 else [a.size(0), a.size(1), b.size(-1)]
+    return torch.empty(size, dtype=out_dtype or a.dtype, device=a.device)
 
 
 def _dropout_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, float, bool, bool]:
@@ -686,14 +802,17 @@ def failure_problem(
 
 
 __all__ = [
+    "CONTEXT_KEYS",
     "SHAPE_KEYS",
     "FakeBatch",
     "FakeModel",
     "GpuKernels",
+    "GroupedMatmuls",
     "ModuleStack",
     "OpRecorder",
     "architecture_of",
     "cast_copy",
+    "context_length",
     "count_unique",
     "expected_batch",
     "failure_problem",

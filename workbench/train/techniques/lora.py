@@ -168,7 +168,20 @@ def _head_names(model: nn.Module) -> set[str]:
 
 def resolve_targets(model: nn.Module, targets: str) -> list[str]:
     """The full names of the linear layers `targets` (a `lora_targets` value) picks.
-    Raises ValueError naming the setting when it picks none."""
+    Raises ValueError naming the setting when it picks none (`targets_problem`)."""
+    picked, why = _picked(model, targets)
+    if why is not None:
+        raise ValueError(f"lora_targets={shown(targets)}: {why}")
+    return picked
+
+
+def targets_problem(model: nn.Module, targets: str) -> str | None:
+    """Why `targets` (a `lora_targets` value) picks none of `model`'s linear layers, with
+    the names to pick from (None: it picks some)."""
+    return _picked(model, targets)[1]
+
+
+def _picked(model: nn.Module, targets: str) -> tuple[list[str], str | None]:
     linears = _linear_names(model)
     wanted = lora_target_names(targets)
     if wanted == ["all-linear"]:
@@ -176,13 +189,21 @@ def resolve_targets(model: nn.Module, targets: str) -> list[str]:
         picked = [n for n in linears if n not in heads]
     else:
         picked = [n for n in linears if any(n == w or n.endswith("." + w) for w in wanted)]
-    if not picked:
-        names = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
-        raise ValueError(
-            f"lora_targets={shown(targets)}: picks none of the model's linear layers "
-            f"({names or 'it has none'}); give their names or name endings, or 'all-linear'"
+    if picked:
+        return picked, None
+    names = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
+    conv1d = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Conv1D")
+    if conv1d:  # GPT-2's projections: transformers' Conv1D, a linear layer of its own class
+        shown_conv = ", ".join(conv1d[:4]) + (" ..." if len(conv1d) > 4 else "")
+        return [], (
+            f"picks none of the model's linear layers ({names or 'it has none'}): its "
+            f"projections are transformers' Conv1D layers ({shown_conv}), and LoRA here "
+            "wraps torch's nn.Linear alone"
         )
-    return picked
+    return [], (
+        f"picks none of the model's linear layers ({names or 'it has none'}); give their "
+        "names or name endings, or 'all-linear'"
+    )
 
 
 def adapter_parameter_count(model: nn.Module, config: TrainConfig) -> int:
@@ -581,11 +602,8 @@ def lora_problem(model: nn.Module, config: TrainConfig) -> SettingProblem | None
         except ImportError as exc:
             why = f"the 4-bit base is bitsandbytes' Linear4bit: pip install bitsandbytes ({exc})"
             return SettingProblem("qlora", True, why)
-    try:
-        resolve_targets(model, str(config.lora_targets))
-    except ValueError as exc:
-        return SettingProblem("lora_targets", config.lora_targets, str(exc).split(": ", 1)[1])
-    return None
+    why = targets_problem(model, str(config.lora_targets))
+    return None if why is None else SettingProblem("lora_targets", config.lora_targets, why)
 
 
 def parameter_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
