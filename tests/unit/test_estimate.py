@@ -624,6 +624,7 @@ SMALL = dict(layers=2, hidden=64, heads=4, seq_len=128, vocab=100)
         (dict(n_params=1e9, mfu=2), r"mfu=2: more than 1 \(a utilisation is a fraction of the"),
         (dict(n_params=1e9, price_per_gpu_hour=math.inf), r"price_per_gpu_hour=inf: must be a"),
         (dict(n_params=1e9, price_per_gpu_hour=1e7), r"price_per_gpu_hour=10000000.0: more than"),
+        (dict(n_params=1e9, price_per_gpu_hour=2.5), r"price_per_gpu_hour=2.5: the cost is of"),
         (dict(n_params=1e9, gpus=10**8), r"gpus=100000000: more than 10\^7 GPUs"),
         (dict(n_params=1e9, gpus="8"), r"gpus='8': must be an integer from 1 to 10\^7"),
         (dict(n_params=1e9, zero_stage=[1]), r"zero_stage=\[1\]: must be 0, 1, 2 or 3"),

@@ -643,6 +643,14 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
     price = given["price_per_gpu_hour"]
     if price is not None:
         price = _checked(p, "price_per_gpu_hour", price)
+        if given["tokens"] is None:  # a price alone prices nothing: said, as plan() says it
+            p.append(
+                Problem(
+                    "price_per_gpu_hour",
+                    given["price_per_gpu_hour"],
+                    "the cost is of training the tokens; give the tokens to train too (tokens=, --tokens)",
+                )
+            )
     if not isinstance(accounting, str) or accounting not in ACCOUNTINGS:  # a registry
         p.append(Problem("accounting", accounting, f"must be one of {', '.join(ACCOUNTINGS)}"))
     shard = _shard_params(p, gpus, n, arch, tp, pp, dp)

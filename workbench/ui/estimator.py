@@ -567,6 +567,7 @@ class EstimatorPanel(PanelBase):
             take("tokens", parse_count)
         else:
             kwargs["tokens"] = None
+            kwargs["price_per_gpu_hour"] = None  # no tokens: no time, so nothing to price
         for name in (
             "precision",
             "optimizer",
