@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -540,6 +541,22 @@ def to_fp32(out: Any) -> Any:
     return out
 
 
+def _takes_use_cache(engine: Any) -> bool:
+    """Whether the model under `engine` (DeepSpeed's engine, DDP, or the module itself)
+    takes `use_cache`: a transformers model, given `use_cache=False` in training as the
+    Session gives it (`workbench.train.batches`: a block that fills a KV cache cannot be
+    recomputed under activation checkpointing)."""
+    module = engine
+    while type(module).__name__ in ("DeepSpeedEngine", "DistributedDataParallel") and (
+        isinstance(getattr(module, "module", None), torch.nn.Module)
+    ):
+        module = module.module
+    try:
+        return "use_cache" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def loss_of(engine: Any, batch: Any, loss_fn: Any, offload: Any = None) -> torch.Tensor:
     """The fp32 loss of one batch (the data contract in the module docstring); with
     `offload` (`offload_stream`'s side stream) the forward keeps its saved activations in
@@ -548,8 +565,11 @@ def loss_of(engine: Any, batch: Any, loss_fn: Any, offload: Any = None) -> torch
     if offload is not None:  # the forward's saved activations, not the loss's
         hooks = offloaded_activations(getattr(engine, "module", engine), offload)
     if isinstance(batch, Mapping):
+        kwargs = dict(batch)
+        if "use_cache" not in kwargs and _takes_use_cache(engine):
+            kwargs["use_cache"] = False  # no KV cache in training (the Session's rule)
         with hooks:
-            out = engine(**batch)
+            out = engine(**kwargs)
         if loss_fn is not None:
             return loss_fn(to_fp32(out), batch)  # type: ignore[no-any-return]
         loss = getattr(out, "loss", None)

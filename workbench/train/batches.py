@@ -8,7 +8,10 @@ Two batch shapes, checked on one batch when a Session is built:
   `{"input_ids": ..., "attention_mask": ..., "labels": ...}`): `outputs = model(**batch)`,
   then `loss = loss_fn(outputs, batch)` when a `loss_fn` is given (it receives the whole
   batch, as the Hugging Face Trainer's `compute_loss` does), else the output's own loss:
-  `outputs.loss` or `outputs["loss"]` (a model given `labels` computes it).
+  `outputs.loss` or `outputs["loss"]` (a model given `labels` computes it). A model whose
+  forward takes `use_cache` (a transformers model) gets `use_cache=False` unless the batch
+  says otherwise: a training step needs no KV cache, and a block that fills one as it
+  runs cannot be recomputed under activation checkpointing (T5's decoder).
 
 `loss_fn` always receives fp32 outputs: 16-bit floating tensors in the output (a tensor,
 or the fields of an output object, a dict, a tuple) are cast to fp32 first, so the loss
@@ -18,6 +21,8 @@ autocast context; the loss outside it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -107,9 +112,34 @@ def output_loss(out: Any) -> torch.Tensor:
     return loss.float()
 
 
+#: the wrappers whose `.module` is the model they call with the same arguments
+_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel", "DeepSpeedEngine"})
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_use_cache(cls: type) -> bool:
+    try:
+        return "use_cache" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature to read
+        return False
+
+
+def _without_cache(module: nn.Module, batch: Mapping[str, Any]) -> bool:
+    """Whether `module(**batch)` should add `use_cache=False` (the module docstring)."""
+    if "use_cache" in batch:
+        return False
+    while type(module).__name__ in _WRAPPERS and isinstance(
+        getattr(module, "module", None), nn.Module
+    ):
+        module = module.module
+    return _takes_use_cache(type(module))
+
+
 def forward(module: nn.Module, batch: Any) -> Any:
     """The model's output for one batch (see the module docstring)."""
     if isinstance(batch, Mapping):
+        if _without_cache(module, batch):
+            return module(**batch, use_cache=False)
         return module(**batch)
     if not _is_pair(batch):
         raise DataContractError(f"data: a batch is {describe(batch)}; {EXPECTED}")
