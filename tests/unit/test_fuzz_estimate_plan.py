@@ -86,6 +86,8 @@ def test_plan_takes_the_clis_gpus_params_price_and_no_offload():
         params="1B", layers=4, hidden=256, heads=4, vocab=1000, seq_len=64, global_batch=8
     )
     assert shaped.plans
+    with pytest.raises(ValueError, match=r"input: params=1e\+30: more than 10\^16 parameters"):
+        plan(params=1e30, layers=4, hidden=256, heads=4, vocab=1000, seq_len=64, global_batch=8)
 
 
 @pytest.mark.parametrize(

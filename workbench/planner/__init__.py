@@ -425,6 +425,7 @@ def plan(
         if name not in ("shape", "gpus", "gpus_per_node", "nodes")
     }
     price_name = "price" if "price" in shape else "price_per_gpu_hour"  # as the caller named it
+    caller_names = {"n_params": "params"} if "params" in shape else {}  # the same for params=
     _cli_keywords(shape, given)
     n_params, price_per_gpu_hour, offload = (
         given["n_params"],
@@ -510,8 +511,12 @@ def plan(
         base["seq_len"] = seq_len
     try:
         probe = estimate_memory(**base, gpu=hw.gpu.name, gpus=1)
-    except EstimateInputError as exc:
-        raise ValueError(str(exc)) from exc
+    except EstimateInputError as exc:  # each named as the caller named it (params=)
+        problems = [pr.render(lambda f: caller_names.get(f, f)) for pr in exc.problems]
+        if len(problems) == 1:
+            raise ValueError(f"invalid estimate input: {problems[0]}") from exc
+        listed = "".join(f"\n  - {text}" for text in problems)
+        raise ValueError(f"{len(problems)} invalid estimate inputs:{listed}") from exc
     if probe.layers is None or probe.hidden is None or probe.heads is None:
         raise ValueError(
             "model: the planner needs the model's shape (layers, hidden, heads): give a "
