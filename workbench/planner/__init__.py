@@ -512,11 +512,11 @@ def plan(
     try:
         probe = estimate_memory(**base, gpu=hw.gpu.name, gpus=1)
     except EstimateInputError as exc:  # each named as the caller named it (params=)
-        problems = [pr.render(lambda f: caller_names.get(f, f)) for pr in exc.problems]
-        if len(problems) == 1:
-            raise ValueError(f"invalid estimate input: {problems[0]}") from exc
-        listed = "".join(f"\n  - {text}" for text in problems)
-        raise ValueError(f"{len(problems)} invalid estimate inputs:{listed}") from exc
+        said = [pr.render(lambda f: caller_names.get(f, f)) for pr in exc.problems]
+        if len(said) == 1:
+            raise ValueError(f"invalid estimate input: {said[0]}") from exc
+        listed = "".join(f"\n  - {text}" for text in said)
+        raise ValueError(f"{len(said)} invalid estimate inputs:{listed}") from exc
     if probe.layers is None or probe.hidden is None or probe.heads is None:
         raise ValueError(
             "model: the planner needs the model's shape (layers, hidden, heads): give a "
