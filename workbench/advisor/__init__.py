@@ -21,7 +21,9 @@ loss-scale-collapse    >= MIN_OVERFLOW_SKIPS skipped steps after the scaler's in
 data-loader-stall      the data wait > 20% of the time (all data_seconds over all
                        step_seconds: `workbench.rates`) over the last RECENT_STEPS
                        steps since the settings last changed (>= MIN_STEPS steps; the
-                       first step and a change's step, which pay for new workers, dropped)
+                       first step and a change's step, which pay for new workers, dropped).
+                       More workers past one a core only where the host CPU (a Sampler's
+                       readings) is under CPU_SATURATED_PERCENT busy
 low-gpu-util           median GPU utilization < 50% over >= MIN_STEPS readings with
                        micro_batch <= SMALL_MICRO_BATCH (skipped while the loader stalls)
 memory-growth          rss_bytes or cuda_allocated_bytes rises steadily over
@@ -80,6 +82,10 @@ MIN_PRECISION_STEPS = 3
 MIN_SPIKE_BASELINE = 10
 SPIKE_FACTOR = 5.0
 STALL_FRACTION = 0.20
+# a host this busy (percent of all cores) while the loop waits has no room for more loader
+# workers; below it, more workers overlap the waits (or use the idle cores)
+CPU_SATURATED_PERCENT = 85.0
+MAX_WORKERS = 1024  # TrainConfig's limit
 LOW_GPU_UTIL_PERCENT = 50.0
 SMALL_MICRO_BATCH = 32
 SLOWER_MARGIN = 0.05
@@ -286,16 +292,8 @@ def _rule_data_stall(c: _Ctx) -> list[Advice]:
     if c.device == "cuda" and c.setting("pin_memory") is False:
         apply["pin_memory"] = True
         fix += " and pin host memory for faster copies to the GPU"
-    cpus = os.cpu_count() or 1
-    if workers < cpus:
-        apply["num_workers"] = min(cpus, max(2, workers * 2))
-    more = (
-        f"raise num_workers from {workers} to {apply['num_workers']}"
-        if "num_workers" in apply
-        else f"num_workers={workers} already uses every CPU core; make the data pipeline "
-        "cheaper (pre-tokenize, cache decoded samples)"
-    )
     rate = t.samples_per_s or 0.0
+    busy = _cpu_busy_percent(c, recs)
     return [
         Advice(
             id="data-loader-stall",
@@ -303,7 +301,7 @@ def _rule_data_stall(c: _Ctx) -> list[Advice]:
             message=(
                 f"The loop waits for data {share:.0%} of the time over the last {t.steps} "
                 f"steps ({t.data_seconds:.3g} s of {t.seconds:.3g} s; {rate:.1f} samples/s): "
-                f"{more}{fix}."
+                f"{_more_workers(workers, busy, apply)}{fix}."
             ),
             evidence={
                 "data_seconds_total": t.data_seconds,
@@ -311,11 +309,71 @@ def _rule_data_stall(c: _Ctx) -> list[Advice]:
                 "data_fraction": share,
                 "samples_per_s": rate,
                 "num_workers": workers,
+                "cpu_util_percent": busy,
+                "cpus": os.cpu_count() or 1,
                 "steps": t.steps,
             },
             apply=apply or None,
         )
     ]
+
+
+def _cpu_busy_percent(c: _Ctx, recs: list[Rec]) -> float | None:
+    """How busy the host's CPU was (percent of all cores) over the steps `recs`: the
+    sampler's readings the records carry, each weighted by its step's time, else the
+    samples taken within the steps' span; None without readings."""
+    pairs = [
+        (r.cpu_util_percent, r.step_seconds or 0.0)
+        for r in recs
+        if r.cpu_util_percent is not None and math.isfinite(r.cpu_util_percent)
+    ]
+    weight = sum(w for _, w in pairs)
+    if pairs and weight > 0:
+        return sum(u * w for u, w in pairs) / weight
+    first, last = recs[0], recs[-1]
+    if first.wall_time is None or last.wall_time is None:
+        return None
+    begin = first.wall_time - (first.step_seconds or 0.0)
+    inside = _finite(
+        g.cpu_util_percent
+        for g in c.readings
+        if g.time is not None and begin <= g.time <= last.wall_time
+    )
+    return sum(inside) / len(inside) if inside else None
+
+
+def _more_workers(workers: int, busy: float | None, apply: dict[str, Any]) -> str:
+    """What to do about the loader: more workers where the CPU has room for them (or, not
+    knowing, up to one a core), else a cheaper pipeline; sets `apply["num_workers"]`."""
+    cpus = os.cpu_count() or 1
+    cheaper = "make the data pipeline cheaper (pre-tokenize, cache decoded samples)"
+    if busy is not None and busy >= CPU_SATURATED_PERCENT:
+        return (
+            f"the CPU is {busy:.0f}% busy over its {cpus} cores, so more loader workers would "
+            f"only share them: {cheaper}"
+        )
+    if busy is not None:  # the CPU has room: workers that wait (storage, network) overlap
+        more = apply["num_workers"] = min(MAX_WORKERS, max(2, workers * 2))
+        past = (
+            f"; more workers than the {cpus} cores help here: with {workers} the cores are "
+            "still idle, so the loader waits (on storage or the network) rather than computes"
+            if more > cpus and workers >= cpus
+            else ""
+        )
+        return (
+            f"the CPU is only {busy:.0f}% busy over its {cpus} cores: raise num_workers from "
+            f"{workers} to {more}{past}"
+        )
+    if workers < cpus:
+        apply["num_workers"] = min(cpus, max(2, workers * 2))
+        return f"raise num_workers from {workers} to {apply['num_workers']}"
+    return (
+        f"num_workers={workers} with {cpus} CPU cores: if the loader computes (decoding, "
+        f"augmenting), more workers only share the cores, so {cheaper}; if it "
+        f"waits on storage or the network, more workers than cores help (try num_workers="
+        f"{min(MAX_WORKERS, workers * 2)}). A Sampler (Session(sampler=...), or advise("
+        "samples=...)) tells the two apart by how busy the CPU is"
+    )
 
 
 def _rule_low_gpu_util(c: _Ctx, stalled: bool) -> list[Advice]:

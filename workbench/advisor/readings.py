@@ -3,7 +3,7 @@
 `read_records` takes StepRecords (or dicts of their fields) from any source (a Session, an
 observer, a run's log) and gives each as a `Rec` of the fields the rules read, one rank's
 view, in step order; `read_samples` gives each monitor `Sample` as a `Reading` of the run's
-GPU. A field of the wrong type is a ValueError naming the record (or
+GPU and the host's CPU. A field of the wrong type is a ValueError naming the record (or
 sample) and the field.
 """
 
@@ -27,6 +27,8 @@ _NUMERIC_FIELDS = (
     "cuda_allocated_bytes",
     "gpu_util_percent",
     "gpu_memory_used_bytes",
+    "cpu_util_percent",
+    "wall_time",
 )
 _INT_FIELDS = ("step", "micro_batch", "grad_accum", "world_size", "rank", "num_workers")
 
@@ -59,6 +61,8 @@ class Rec:
     cuda_allocated_bytes: float | None
     gpu_util_percent: float | None
     gpu_memory_used_bytes: float | None
+    cpu_util_percent: float | None
+    wall_time: float | None
 
     @property
     def effective_batch(self) -> int | None:
@@ -127,6 +131,8 @@ def read_record(obj: Any, i: int) -> Rec:
         cuda_allocated_bytes=nums["cuda_allocated_bytes"],
         gpu_util_percent=nums["gpu_util_percent"],
         gpu_memory_used_bytes=nums["gpu_memory_used_bytes"],
+        cpu_util_percent=nums["cpu_util_percent"],
+        wall_time=nums["wall_time"],
     )
 
 
@@ -144,11 +150,13 @@ def read_records(records: Any) -> list[Rec]:
 
 @dataclass(frozen=True)
 class Reading:
-    """One monitor sample as the rules read it: the run's GPU."""
+    """One monitor sample as the rules read it: the run's GPU, and the host's CPU."""
 
     util_percent: float | None
     memory_used_bytes: float | None
     memory_total_bytes: float | None
+    time: float | None = None
+    cpu_util_percent: float | None = None
 
 
 def read_samples(samples: Any, gpu_uuid: str | None = None) -> list[Reading]:
@@ -161,6 +169,12 @@ def read_samples(samples: Any, gpu_uuid: str | None = None) -> list[Reading]:
         gpus = get_field(s, "gpus")
         if gpus is None or isinstance(gpus, (str, bytes)):
             raise ValueError(f"samples[{i}]={shown(s)}: must be a monitor Sample (with .gpus)")
+        host: list[float | None] = []
+        for n in ("time", "cpu_util_percent"):
+            v = get_field(s, n)
+            if v is not None and not is_number(v):
+                raise ValueError(f"samples[{i}].{n}={shown(v)}: must be a number or None")
+            host.append(None if v is None else float(v))
         g = pick_gpu(gpus, gpu_uuid)
         vals: list[float | None] = []
         for n in ("util_percent", "memory_used_bytes", "memory_total_bytes"):
@@ -168,7 +182,7 @@ def read_samples(samples: Any, gpu_uuid: str | None = None) -> list[Reading]:
             if v is not None and not is_number(v):
                 raise ValueError(f"samples[{i}].gpus[0].{n}={shown(v)}: must be a number or None")
             vals.append(None if v is None else float(v))
-        out.append(Reading(vals[0], vals[1], vals[2]))
+        out.append(Reading(vals[0], vals[1], vals[2], host[0], host[1]))
     return out
 
 
