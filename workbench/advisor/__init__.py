@@ -230,6 +230,7 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
         stepped = any(not r.skipped for r in scaled)
         settled_at = last_scale if stepped else min(last_scale, 2.0**16)
         settled = max(1.0, 2.0 ** math.floor(math.log2(max(settled_at, 1.0))))
+        apply = {"loss_scale_init": settled}  # the cause's own fix, as for the interval
         cause = (
             f"more than {MAX_CALIBRATION_SKIPS} skips from the start: loss_scale_init is far "
             f"too high. Set loss_scale_init={settled:g}, or {bf16}."
