@@ -69,7 +69,7 @@ def test_a_waiting_loader_with_a_worker_a_core_is_told_to_add_more() -> None:
     a = stall(stalled(workers=CORES, cpu=30.0))
     assert a.apply == {"num_workers": 2 * CORES}
     assert "every CPU core" not in a.message and "cheaper" not in a.message
-    assert f"the CPU is only 30% busy over its {CORES} cores" in a.message
+    assert f"the CPU is 30% busy over its {CORES} cores, so it has room" in a.message
     assert f"more workers than the {CORES} cores help here" in a.message
     assert a.evidence["cpu_util_percent"] == pytest.approx(30.0)
 

@@ -356,14 +356,14 @@ def _more_workers(workers: int, busy: float | None, apply: dict[str, Any]) -> st
     if busy is not None:  # the CPU has room: workers that wait (storage, network) overlap
         more = apply["num_workers"] = min(MAX_WORKERS, max(2, workers * 2))
         past = (
-            f"; more workers than the {cpus} cores help here: with {workers} the cores are "
-            "still idle, so the loader waits (on storage or the network) rather than computes"
+            f"; more workers than the {cpus} cores help here: with {workers} the CPU still "
+            "has room, so the loader waits (on storage or the network) rather than computes"
             if more > cpus and workers >= cpus
             else ""
         )
         return (
-            f"the CPU is only {busy:.0f}% busy over its {cpus} cores: raise num_workers from "
-            f"{workers} to {more}{past}"
+            f"the CPU is {busy:.0f}% busy over its {cpus} cores, so it has room: raise "
+            f"num_workers from {workers} to {more}{past}"
         )
     if workers < cpus:
         apply["num_workers"] = min(cpus, max(2, workers * 2))
