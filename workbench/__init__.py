@@ -60,6 +60,7 @@ _LAZY = {
     "Sampler": "workbench.monitor",
     "advise": "workbench.advisor",
     "Advice": "workbench.advisor",
+    "throughput": "workbench.rates",
     # panels
     "dashboard": "workbench.ui",
     "EstimatorPanel": "workbench.ui",
@@ -95,6 +96,7 @@ __all__ = [
     "plan",
     "predict_memory",
     "simulate_memory",
+    "throughput",
     "to_deepspeed",
     "__version__",
 ]
@@ -109,6 +111,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the lazy names are, for type checke
     from workbench.monitor import Sampler
     from workbench.planner import PlanResult, plan
     from workbench.prediction import predict_memory
+    from workbench.rates import throughput
     from workbench.train.dry_run import simulate_memory
     from workbench.train.ladder import LadderResult, ladder
     from workbench.train.measure.batch_finder import find_max_micro_batch

@@ -10,7 +10,10 @@ Library noise is left out of the pages (`drop_library_noise`): lines other libra
 write to stderr that say nothing about the lesson, such as the linker's `cannot find -laio`
 when DeepSpeed probes for libaio while it builds an op (notebook 04), torchao's `Failed to
 load` of CUDA kernels a CPU machine lacks (notebook 06), the profiler's kineto start/stop
-lines and torch's pytree registration notices; the notebook itself runs unchanged.
+lines and its notice of a block allocated before it started, torch's pytree registration
+notices and transformers' note on GPT-2's unset `loss_type`; and the one line DeepSpeed's
+logger writes to stdout when it finds no GPU (`LIBRARY_STDOUT_NOISE`: every other stdout
+line is the lesson's). The notebook itself runs unchanged.
 
 Each page records its notebook's name and the SHA-256 of its cells' types and sources in
 two <meta> tags; tests/notebooks/test_notebooks.py fails when a notebook's cells changed
@@ -51,25 +54,44 @@ LIBRARY_NOISE = (
     re.compile(r"^Failed to load .*torchao.*: Could not load this library: .*$"),
     re.compile(r"^USDT:.*\] profiler_(start|stop)$"),
     re.compile(r"^W\d{4} [\d:.]+ \d+ .*_pytree\.py:\d+\] <enum '\w+'> is an Enum subclass.*$"),
+    re.compile(
+        r"^\[W\d{4} [\d:.]+ CPUAllocator\.cpp:\d+\] Memory block of unknown size was "
+        r"allocated before the profiling started, profiler results will not include the "
+        r"deallocation event$"
+    ),
+    re.compile(
+        r"^\[transformers\] `loss_type=None` was set in the config but it is unrecognized\. "
+        r"Using the default loss: `\w+`\.$"
+    ),
+)
+
+#: the lines of other libraries' loggers that write to stdout (see the docstring)
+LIBRARY_STDOUT_NOISE = (
+    re.compile(
+        r"^\[[\d\- :,]+\] \[WARNING\] \[real_accelerator\.py:\d+:get_accelerator\] Setting "
+        r"accelerator to CPU\. If you have GPU or other accelerator, we were unable to detect "
+        r"it\.$"
+    ),
 )
 
 
 def drop_library_noise(nb: Any) -> int:
-    """Removes the `LIBRARY_NOISE` lines from the stderr outputs of `nb`'s code cells (an
-    output left empty goes); returns how many lines were removed."""
+    """Removes the `LIBRARY_NOISE` lines from the stderr outputs of `nb`'s code cells and
+    the `LIBRARY_STDOUT_NOISE` lines from their stdout outputs (an output left empty goes);
+    returns how many lines were removed."""
     removed = 0
+    streams = {"stderr": LIBRARY_NOISE, "stdout": LIBRARY_STDOUT_NOISE}
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
             continue
         kept_outputs = []
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            noise = streams.get(out.get("name")) if out.get("output_type") == "stream" else None
+            if noise:
                 text = out.get("text", "")
                 text = "".join(text) if isinstance(text, list) else text
                 lines = text.splitlines(keepends=True)
-                kept = [
-                    ln for ln in lines if not any(p.match(ln.rstrip("\n")) for p in LIBRARY_NOISE)
-                ]
+                kept = [ln for ln in lines if not any(p.match(ln.rstrip("\n")) for p in noise)]
                 removed += len(lines) - len(kept)
                 if not kept:
                     continue

@@ -139,12 +139,15 @@ def test_the_advice_names_the_trainers_argument_and_applies_nothing(tmp_path) ->
     assert memory, [a.message for a in advice]
     (a,) = memory
     assert a.apply is None
-    # an fp32 run: pure bf16 frees the most (weights, gradients, moments and activations
-    # halved), said as the arguments that give it in transformers
-    assert a.evidence["workbench_change"] == {"precision": "bf16-true"}
-    assert (
-        "in your TrainingArguments: torch_dtype=torch.bfloat16 when loading the model" in a.message
-    )
+    # an fp32 run of a few MiB with GiBs to spare: not pure bf16 (no fp32 master copy),
+    # which is offered only where memory is short
+    assert a.evidence["workbench_change"] != {"precision": "bf16-true"}
+    assert "pure bf16" in a.evidence["not_offered"]["pure bf16 (precision='bf16-true')"]
+    assert f"→ in your TrainingArguments: {obs.say(a.evidence['workbench_change'])}" in a.message
+    # where it is offered, the model's dtype is from_pretrained's argument, not the Trainer's
+    text = obs.say({"precision": "bf16-true"})
+    assert text.startswith("bf16=False, and the model loaded in bf16: from_pretrained(")
+    assert "dtype=torch.bfloat16" in text and "torch_dtype= before transformers 4.56" in text
 
 
 def test_a_lightning_trainer_run_is_recorded_with_its_own_losses() -> None:

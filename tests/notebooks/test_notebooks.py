@@ -201,6 +201,44 @@ def test_library_noise_is_left_out_of_the_pages_and_the_rest_kept() -> None:
     assert nb["cells"][0]["source"] == "ld: cannot find -laio"
 
 
+def test_the_profilers_transformers_and_deepspeeds_notices_are_left_out() -> None:
+    """Notebook 06's page showed the profiler's notice of a block allocated before it
+    started, transformers' note on GPT-2's unset loss_type (stderr) and DeepSpeed's
+    accelerator notice, which its logger writes to stdout; the lesson's stdout stays."""
+    render = _render()
+    allocator = (
+        "[W1205 13:31:39.014617104 CPUAllocator.cpp:245] Memory block of unknown size was "
+        "allocated before the profiling started, profiler results will not include the "
+        "deallocation event\n"
+    )
+    loss_type = (
+        "[transformers] `loss_type=None` was set in the config but it is unrecognized. Using "
+        "the default loss: `ForCausalLMLoss`.\n"
+    )
+    accelerator = (
+        "[2026-12-05 13:32:01,496] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "
+        "accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.\n"
+    )
+    lesson = "peak 4.07 MiB:\n"
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {"output_type": "stream", "name": "stderr", "text": allocator + loss_type},
+                    {"output_type": "stream", "name": "stdout", "text": accelerator + lesson},
+                    {"output_type": "stream", "name": "stdout", "text": allocator},
+                ],
+            }
+        ]
+    }
+    assert render.drop_library_noise(nb) == 3
+    assert nb["cells"][0]["outputs"] == [
+        {"output_type": "stream", "name": "stdout", "text": lesson},
+        {"output_type": "stream", "name": "stdout", "text": allocator},  # stderr's noise only
+    ]
+
+
 @pytest.mark.parametrize("path", _notebooks(), ids=lambda p: p.name)
 def test_rendered_page_carries_no_library_noise(path: Path) -> None:
     render = _render()

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "display",
         "problems",
         "spread",
+        "rates",
         "rng",
     ),
     ("config", "settings_check", "setting_spec", "estimate", "models", "modelstats"),  # 2 core

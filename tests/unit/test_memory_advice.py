@@ -8,7 +8,11 @@ import pytest
 from workbench import Session, TrainConfig
 from workbench.models import build_model
 from workbench.prediction import predict_memory
-from workbench.train.measure.memory_advice import memory_advice
+from workbench.train.measure.memory_advice import (
+    PURE_BF16,
+    SHORT_FRACTION,
+    memory_advice,
+)
 
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64}
 
@@ -33,7 +37,9 @@ def test_a_tiny_gpt_s_activations_point_to_offloading_and_the_change_applies() -
     the most (in fp32, pure bf16 itself would: it halves the activations too) on a GPU.
     On a CPU offloading moves nothing, so it is not offered: checkpointing is."""
     info = build_model("tiny-gpt", **TINY)[3]
-    assert memory_advice(TrainConfig(micro_batch=8), info)[0].apply == {"precision": "bf16-true"}
+    short = predict_memory(TrainConfig(micro_batch=8), info, device="cpu").peak_bytes
+    (fp32,) = memory_advice(TrainConfig(micro_batch=8), info, capacity_bytes=short)
+    assert fp32.apply == {"precision": "bf16-true"}  # where memory is short
     config = TrainConfig(micro_batch=8, precision="bf16-true")
     (advice,) = memory_advice(config, info, device="cuda")
     assert advice.apply == {"activation_offload": True}
@@ -89,13 +95,42 @@ def test_with_8_bit_states_on_pure_bf16_frees_the_most_and_deepspeed_is_not_offe
     gradients, the most left to free; under ZeRO (DeepSpeed refuses pure bf16) it is not
     tried."""
     config = TrainConfig(precision="amp-bf16", optimizer="adam8bit")
-    (advice,) = memory_advice(config, 7_000_000_000)
+    (advice,) = memory_advice(config, 7_000_000_000, device="cuda", capacity_bytes=40 * 2**30)
     assert advice.apply == {"precision": "bf16-true"}
     base = predict_memory(config, 7_000_000_000)
     after = predict_memory(config.replace(precision="bf16-true"), 7_000_000_000)
+    assert base.peak_bytes > SHORT_FRACTION * 40 * 2**30  # short on a 40 GiB GPU
     assert advice.evidence["freed_bytes"]["pure bf16 (precision='bf16-true')"] == (
         base.peak_bytes - after.peak_bytes
     )
-    assert "pure bf16 (precision='bf16-true') frees" in advice.message
+    assert "pure bf16 (precision='bf16-true') keeps weights" in advice.message
+    assert "no fp32 master copy" in advice.message
     zero = memory_advice(TrainConfig(precision="bf16", zero_stage=2), 7_000_000_000, world_size=8)
     assert all("pure bf16" not in name for a in zero for name in a.evidence["freed_bytes"])
+
+
+def test_pure_bf16_is_offered_only_where_memory_is_short_and_says_what_it_costs() -> None:
+    """notebook 06 told an fp32 run peaking at 3.5 MiB, on a machine of GiBs, to drop its
+    fp32 master copy, without a word on the lost updates. Pure bf16 is the last resort:
+    offered when the predicted peak is above SHORT_FRACTION of the memory the run has,
+    with its cost; else the next technique, and the evidence says why."""
+    info = build_model("tiny-gpt", **TINY)[3]
+    config = TrainConfig(micro_batch=8)
+    peak = predict_memory(config, info, device="cpu").peak_bytes
+    (roomy,) = memory_advice(config, info, device="cpu", capacity_bytes=100 * peak)
+    assert roomy.apply != {"precision": "bf16-true"} and "bf16" not in roomy.message
+    assert "1.0% of the" in roomy.evidence["not_offered"][PURE_BF16]
+    assert roomy.evidence["capacity_bytes"] == 100 * peak
+    near = int(peak / (SHORT_FRACTION + 0.01))  # the peak just above the threshold
+    (short,) = memory_advice(config, info, device="cpu", capacity_bytes=near)
+    assert short.apply == {"precision": "bf16-true"}
+    assert "no fp32 master copy" in short.message and "small updates" in short.message
+    assert f"is {100 * peak / near:.0f}% of the" in short.message
+    assert "this machine's RAM" in short.message
+    (gpu,) = memory_advice(config, info, device="cuda", capacity_bytes=near)
+    assert "this GPU has" in gpu.message
+    unknown = memory_advice(config, info, device="cuda")  # no CUDA here: not known
+    assert all(a.apply != {"precision": "bf16-true"} for a in unknown)
+    for bad in (0, -1, 1.5, True, "80GB"):
+        with pytest.raises(ValueError, match=r"capacity_bytes=.*: must be an integer >= 1"):
+            memory_advice(config, info, capacity_bytes=bad)  # type: ignore[arg-type]

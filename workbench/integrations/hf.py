@@ -60,7 +60,13 @@ ARG_NAMES: dict[str, Any] = {
         "fp32": "bf16=False, fp16=False",
         "bf16": 'bf16=True with DeepSpeed\'s "bf16": {"enabled": true}',
         "fp16": 'fp16=True with DeepSpeed\'s "fp16": {"enabled": true}',
-        "bf16-true": "torch_dtype=torch.bfloat16 when loading the model, bf16=False",
+        # the model's dtype is from_pretrained's argument (dtype=, torch_dtype= before
+        # transformers 4.56), not a TrainingArguments one
+        "bf16-true": (
+            "bf16=False, and the model loaded in bf16: from_pretrained(..., "
+            "dtype=torch.bfloat16) (torch_dtype= before transformers 4.56; not a "
+            "TrainingArguments argument)"
+        ),
     },
     "optimizer": {r.name: r.hf_hint for r in OPTIMIZERS if r.hf_hint},  # each row's
     "attention": {

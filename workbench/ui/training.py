@@ -676,7 +676,10 @@ def _summarize(result: Any) -> str:
         )
         ops = getattr(result, "operators", ())
         if ops:
-            text += f"; top operator {ops[0].name} ({ops[0].self_cpu_seconds * 1000:.1f} ms self)"
+            text += (
+                f"; top operator {ops[0].name} ({ops[0].self_cpu_seconds * 1000:.1f} ms self, "
+                f"over the {result.steps} steps)"
+            )
         trace = getattr(result, "trace_path", None)
         if trace:
             text += f"; trace: {trace}"

@@ -18,6 +18,15 @@ Activation offload moves what the forward saves from the device to host memory: 
 the activations are already there, nothing moves and nothing is freed, so it is not
 offered for a run on a CPU (`device`, else the config's: "auto" is the CPU on a machine
 without CUDA); `evidence["not_on_this_device"]` says why.
+
+Pure bf16 keeps no fp32 master copy of the weights: an update below roughly 1/256 of a
+weight rounds away in bf16 (8 significant bits), so a run trained so can stop learning from
+small updates (a low lr, late in a schedule) unless its optimizer rounds stochastically or
+carries the lost part (Kahan summation). It is a last resort for memory, so it is offered
+only where memory is short: the predicted peak above `SHORT_FRACTION` of the memory the run
+has (`capacity_bytes`, default the device's: a GPU's total memory, the machine's RAM for a
+CPU), and its message says what it costs. Elsewhere `evidence["not_offered"]` says why it
+was left out.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from workbench.engines import engine_problems
 from workbench.inputs import shown
 from workbench.prediction import predict_memory
 
+#: The technique without an fp32 master copy: offered only where memory is short.
+PURE_BF16 = "pure bf16 (precision='bf16-true')"
+
 #: (what the advice calls it, the settings change) in the order they are tried.
 TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("8-bit AdamW", {"optimizer": "adam8bit"}),
@@ -39,9 +51,19 @@ TECHNIQUES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("activation checkpointing", {"activation_checkpointing": True}),
     ("activation offload", {"activation_offload": True}),
     # no fp32 master copy: weights, gradients and Adam's moments in bf16 (torchtune's default)
-    ("pure bf16 (precision='bf16-true')", {"precision": "bf16-true"}),
+    (PURE_BF16, {"precision": "bf16-true"}),
 )
 
+
+#: Memory is short when the predicted peak is above this share of what the run has.
+SHORT_FRACTION = 0.9
+
+#: What pure bf16 costs, said with it.
+PURE_BF16_CAVEAT = (
+    "no fp32 master copy, so an update below roughly 1/256 of a weight rounds away (bf16 "
+    "keeps 8 significant bits) and small updates (a low lr, late in a schedule) can be "
+    "lost; keep amp-bf16 where memory allows"
+)
 
 #: Techniques that move device memory to the host: they free nothing on a CPU.
 HOST_MOVES: frozenset[str] = frozenset({"activation offload"})
@@ -53,30 +75,52 @@ LORA_CHANGE: dict[str, Any] = {"lora_rank": 16}
 
 
 def memory_advice(
-    config: TrainConfig, model: Any, world_size: int = 1, *, device: Any = None
+    config: TrainConfig,
+    model: Any,
+    world_size: int = 1,
+    *,
+    device: Any = None,
+    capacity_bytes: int | None = None,
 ) -> list[Advice]:
     """The technique that frees the most of the predicted peak for `model` (a prediction
     description or a parameter count, as `predict_memory` takes) trained with `config` on
     `world_size` ranks, as one Advice; [] when none frees anything or the setup cannot be
     predicted. `device`: where the run trains (a torch device or its name; default: the
     config's `device`, "auto" resolved on this machine); on a CPU the techniques that only
-    move memory to the host (`HOST_MOVES`) are not offered."""
+    move memory to the host (`HOST_MOVES`) are not offered. `capacity_bytes`: the memory
+    the run has (default: the device's, see the module docstring); pure bf16 is offered
+    only where the peak is above `SHORT_FRACTION` of it."""
     if not isinstance(config, TrainConfig):
         raise ValueError(f"config={shown(config)}: must be a workbench.TrainConfig")
+    if capacity_bytes is not None and (
+        isinstance(capacity_bytes, bool)
+        or not isinstance(capacity_bytes, int)
+        or capacity_bytes < 1
+    ):
+        raise ValueError(
+            f"capacity_bytes={shown(capacity_bytes)}: must be an integer >= 1 (the bytes the "
+            "run has) or None (the device's)"
+        )
     where = _device_type(config, device)
     on_cpu = where == "cpu"
     try:
         base = predict_memory(config, model, world_size, device=where)
     except ValueError:
         return []
+    capacity = capacity_bytes if capacity_bytes is not None else _capacity(where, device)
+    short = capacity is not None and base.peak_bytes > SHORT_FRACTION * capacity
     tried: dict[str, int] = {}
     not_here: dict[str, str] = {}
+    not_offered: dict[str, str] = {}
     best: tuple[int, str, dict[str, Any], Any] | None = None
     for name, change in TECHNIQUES:
         if all(_same(getattr(config, k), v) for k, v in change.items()):
             continue  # already on
         if on_cpu and name in HOST_MOVES:
             not_here[name] = "on a CPU the activations are already in host memory: nothing moves"
+            continue
+        if name == PURE_BF16 and not short:
+            not_offered[name] = _not_short(base.peak_bytes, capacity)
             continue
         try:
             candidate = config.replace(**change)
@@ -97,11 +141,21 @@ def memory_advice(
     freed, name, change, predicted = best
     term, held = _shrunk_term(base.peak_terms, predicted.peak_terms)
     share = 100 * held / base.peak_bytes if base.peak_bytes else 0.0
-    message = (
-        f"{term} {'are' if term.endswith('s') else 'is'} {share:.0f}% of the peak of a step "
-        f"({fmt_bytes(held)}): {name} frees {fmt_bytes(freed)}, peak "
-        f"{fmt_bytes(base.peak_bytes)} -> {fmt_bytes(predicted.peak_bytes)}"
-    )
+    peak = f"peak {fmt_bytes(base.peak_bytes)} -> {fmt_bytes(predicted.peak_bytes)}"
+    if name == PURE_BF16:
+        assert capacity is not None  # offered only where memory is short
+        has = "this GPU has" if where == "cuda" else "this machine's RAM holds"
+        message = (
+            f"the predicted peak of a step ({fmt_bytes(base.peak_bytes)}) is "
+            f"{100 * base.peak_bytes / capacity:.0f}% of the {fmt_bytes(capacity)} {has}: "
+            f"{name} keeps weights, gradients, optimizer states and activations in bf16 and "
+            f"frees {fmt_bytes(freed)}, {peak}; the cost: {PURE_BF16_CAVEAT}"
+        )
+    else:
+        message = (
+            f"{term} {'are' if term.endswith('s') else 'is'} {share:.0f}% of the peak of a "
+            f"step ({fmt_bytes(held)}): {name} frees {fmt_bytes(freed)}, {peak}"
+        )
     lora = _lora_freed(config, model, world_size, base.peak_bytes, where)
     if lora is not None and lora > freed:
         tried["LoRA rank 16"] = lora
@@ -115,8 +169,12 @@ def memory_advice(
         "freed_bytes": {k: v for k, v in tried.items()},
         "term": term,
     }
+    if capacity is not None:
+        evidence["capacity_bytes"] = capacity
     if not_here:
         evidence["not_on_this_device"] = not_here
+    if not_offered:
+        evidence["not_offered"] = not_offered
     return [Advice("memory-technique", "info", message, evidence=evidence, apply=dict(change))]
 
 
@@ -134,6 +192,41 @@ def _lora_freed(
         return peak - predict_memory(candidate, model, world_size, device=device).peak_bytes
     except ValueError:  # ConfigError is one; a shape-less model predicts no adapters
         return None
+
+
+def _capacity(where: str, device: Any) -> int | None:
+    """The bytes the run has on `where`: the CUDA device's total memory (the one `device`
+    names, else the current one), the machine's RAM for a CPU; None when not known."""
+    import torch
+
+    try:
+        if where == "cuda":
+            if not torch.cuda.is_available():
+                return None
+            index = torch.device(device).index if device is not None else None
+            props = torch.cuda.get_device_properties(
+                index if index is not None else torch.cuda.current_device()
+            )
+            return int(props.total_memory)
+        import psutil  # type: ignore[import-untyped]
+
+        return int(psutil.virtual_memory().total)
+    except (RuntimeError, AssertionError, OSError, ValueError):
+        return None
+
+
+def _not_short(peak: int, capacity: int | None) -> str:
+    """Why pure bf16 was left out: memory is not short (or not known)."""
+    if capacity is None:
+        return (
+            "the device's memory is not known (capacity_bytes=None): pure bf16 (no fp32 "
+            "master copy) is offered only where the peak nears it"
+        )
+    return (
+        f"the predicted peak {fmt_bytes(peak)} is {100 * peak / capacity:.1f}% of the "
+        f"{fmt_bytes(capacity)} the run has: pure bf16 (no fp32 master copy) is offered only "
+        f"above {SHORT_FRACTION:.0%}"
+    )
 
 
 def _device_type(config: TrainConfig, device: Any) -> str:
@@ -168,4 +261,4 @@ def _shrunk_term(before: dict[str, int], after: dict[str, int]) -> tuple[str, in
     return term, before.get(term, 0)
 
 
-__all__ = ["HOST_MOVES", "TECHNIQUES", "memory_advice"]
+__all__ = ["HOST_MOVES", "PURE_BF16", "SHORT_FRACTION", "TECHNIQUES", "memory_advice"]

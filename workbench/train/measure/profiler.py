@@ -115,32 +115,42 @@ class ProfileResult(Readable):
         return statistics.median(spans), min(spans), max(spans)
 
     def _display(self) -> Display:
-        """The phase split (each phase's median step and range), then the top operators
-        (`table` has torch's full table)."""
-        rows = []
+        """Two kinds of rows, each time in its own column: the phases (the time inside each
+        label, the operators it ran included: the median step with the range, the total
+        over the recorded steps and its share), then the top operators (self time: inside
+        the operator itself, not the ops it called; their total over the recorded steps,
+        its share, the calls). `table` has torch's full table."""
+        n = self.steps
+        total_s = self.step_seconds * n
+        rows: list[tuple[str, ...]] = [
+            ("phases (inclusive: every op inside the label)", "", "", "", "")
+        ]
         for name, share in self.phase_shares.items():
             typical = self.typical_phase_seconds(name)
             if typical is None:
-                label, time_text = (
-                    f"{name} (mean per step)",
-                    fmt_seconds(self.phase_seconds.get(name, 0.0) / self.steps),
-                )
+                label, median_text = f"  {name} (outside the labels)", ""
             else:
                 median, low, high = typical
-                label = f"{name} (median step; {fmt_seconds(low)} to {fmt_seconds(high)})"
-                time_text = fmt_seconds(median)
-            rows.append((label, time_text, f"{share:.0%}", ""))
+                label = f"  {name} ({fmt_seconds(low)} to {fmt_seconds(high)})"
+                median_text = fmt_seconds(median)
+            seconds = self.phase_seconds.get(name, 0.0)
+            rows.append((label, median_text, fmt_seconds(seconds), f"{share:.0%}", ""))
         device = any(op.self_device_seconds is not None for op in self.operators)
+        kind = "device" if device else "CPU"
+        rows.append((f"operators (self {kind} time: inside the op itself)", "", "", "", ""))
         for op in self.operators[:10]:
-            self_time = op.self_device_seconds if device else op.self_cpu_seconds
-            rows.append((op.name[:48], fmt_seconds(self_time), "", str(op.calls)))
+            self_time = (op.self_device_seconds if device else op.self_cpu_seconds) or 0.0
+            share_text = f"{self_time / total_s:.0%}" if total_s > 0 else ""
+            rows.append(
+                (f"  {op.name[:46]}", "", fmt_seconds(self_time), share_text, str(op.calls))
+            )
         if self.memory_peak_bytes is not None:
-            rows.append(("memory peak", fmt_bytes(self.memory_peak_bytes), "", ""))
+            rows.append(("memory peak", "", fmt_bytes(self.memory_peak_bytes), "", ""))
         title = (
-            f"profile: {self.steps} steps, {fmt_seconds(self.step_seconds)} per step; "
+            f"profile: {n} steps, {fmt_seconds(self.step_seconds)} per step (mean); "
             f"trace {self.trace_path}"
         )
-        header = ("", "self device time" if device else "self CPU time", "share", "calls")
+        header = ("", "median step", f"total, {n} steps", "share", "calls")
         return Display(title, rows, header=header, notes=self.notes)
 
 

@@ -18,8 +18,12 @@ loss-scale-collapse    >= MIN_OVERFLOW_SKIPS skipped steps after the scaler's in
                        cause: a loss_scale_interval <= SHORT_GROWTH_INTERVAL, a
                        loss_scale_init the calibration could not come down from, or
                        gradients that keep growing
-data-loader-stall      median data_seconds > 20% of median step_seconds over the last
-                       RECENT_STEPS (>= MIN_STEPS steps, the first step dropped)
+data-loader-stall      the data wait > 20% of the time (all data_seconds over all
+                       step_seconds: `workbench.rates`) over the last RECENT_STEPS
+                       steps since the settings last changed (>= MIN_STEPS steps; the
+                       first step and a change's step, which pay for new workers, dropped).
+                       More workers past one a core only where the host CPU (a Sampler's
+                       readings) is under CPU_SATURATED_PERCENT busy
 low-gpu-util           median GPU utilization < 50% over >= MIN_STEPS readings with
                        micro_batch <= SMALL_MICRO_BATCH (skipped while the loader stalls)
 memory-growth          rss_bytes or cuda_allocated_bytes rises steadily over
@@ -27,8 +31,9 @@ memory-growth          rss_bytes or cuda_allocated_bytes rises steadily over
 tensor-core-alignment  16-bit precision on a GPU and a model dimension not divisible by 8
 lr-not-scaled          the effective batch changed, lr did not, lr_scaling is "none"
                        (>= 1 step before and the step of the change)
-precision-slower       the current precision ran > 5% slower than another precision
-                       measured at the same batch settings (>= MIN_PRECISION_STEPS each)
+precision-slower       the current precision ran > 5% slower (all samples over all
+                       seconds) than another precision measured at the same batch
+                       settings (>= MIN_PRECISION_STEPS each)
 grad-norm-spike        a grad_norm > 5x the median of the >= MIN_SPIKE_BASELINE steps
                        before it, in the last RECENT_STEPS, without effective clipping
 =====================  ==============================================================
@@ -46,8 +51,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from workbench.advisor.readings import (
+    Reading,
+    Rec,
+    read_model_dims,
+    read_records,
+    read_samples,
+)
 from workbench.config import LRScaling, OptimizerName, Precision, TrainConfig
 from workbench.inputs import shown
+from workbench.rates import throughput
 
 Severity = Literal["info", "warning", "critical"]
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -69,6 +82,10 @@ MIN_PRECISION_STEPS = 3
 MIN_SPIKE_BASELINE = 10
 SPIKE_FACTOR = 5.0
 STALL_FRACTION = 0.20
+# a host this busy (percent of all cores) while the loop waits has no room for more loader
+# workers; below it, more workers overlap the waits (or use the idle cores)
+CPU_SATURATED_PERCENT = 85.0
+MAX_WORKERS = 1024  # TrainConfig's limit
 LOW_GPU_UTIL_PERCENT = 50.0
 SMALL_MICRO_BATCH = 32
 SLOWER_MARGIN = 0.05
@@ -77,20 +94,6 @@ LEAK_MIN_CUDA_BYTES = 2**20
 LEAK_MIN_FRACTION = 0.02
 _SIXTEEN_BIT = {p.value for p in Precision if p is not Precision.FP32}
 _DEVICES = ("cpu", "cuda")
-_NUMERIC_FIELDS = (
-    "loss",
-    "samples_per_s",
-    "step_seconds",
-    "data_seconds",
-    "lr",
-    "grad_norm",
-    "scale",
-    "rss_bytes",
-    "cuda_allocated_bytes",
-    "gpu_util_percent",
-    "gpu_memory_used_bytes",
-)
-_INT_FIELDS = ("step", "micro_batch", "grad_accum", "world_size", "rank", "num_workers")
 
 
 @dataclass(frozen=True)
@@ -102,172 +105,6 @@ class Advice:
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
     apply: dict[str, Any] | None = None
-
-
-# --------------------------------------------------------------------------- input
-@dataclass(frozen=True)
-class _Rec:
-    """The fields of a StepRecord the rules read, checked and normalized."""
-
-    step: int
-    loss: float | None
-    samples_per_s: float | None
-    step_seconds: float | None
-    data_seconds: float | None
-    lr: float | None
-    grad_norm: float | None
-    scale: float | None
-    skipped: bool
-    precision: str | None
-    micro_batch: int | None
-    grad_accum: int | None
-    world_size: int
-    rank: int
-    zero_stage: int | None
-    activation_checkpointing: bool
-    num_workers: int | None
-    clip_grad_norm: float | None
-    changes: Mapping[str, Any]
-    rss_bytes: float | None
-    cuda_allocated_bytes: float | None
-    gpu_util_percent: float | None
-    gpu_memory_used_bytes: float | None
-
-    @property
-    def effective_batch(self) -> int | None:
-        if self.micro_batch is None or self.grad_accum is None:
-            return None
-        return self.micro_batch * self.grad_accum * self.world_size
-
-
-def _get(obj: Any, name: str) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _record(obj: Any, i: int) -> _Rec:
-    where = f"records[{i}]"
-    if isinstance(obj, (str, bytes)) or obj is None:
-        raise ValueError(f"{where}={shown(obj)}: must be a StepRecord or a dict of its fields")
-    nums: dict[str, float | None] = {}
-    for name in _NUMERIC_FIELDS:
-        v = _get(obj, name)
-        if v is not None and not _is_number(v):
-            raise ValueError(f"{where}.{name}={shown(v)}: must be a number or None")
-        nums[name] = None if v is None else float(v)
-    ints: dict[str, int | None] = {}
-    for name in _INT_FIELDS:
-        v = _get(obj, name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise ValueError(f"{where}.{name}={shown(v)}: must be an integer or None")
-        ints[name] = v
-    if ints["step"] is None:
-        raise ValueError(f"{where}.step=None: every record needs its step number (an integer)")
-    changes = _get(obj, "changes") or {}
-    if not isinstance(changes, Mapping):
-        raise ValueError(f"{where}.changes={shown(changes)}: must be a dict of applied settings")
-    precision = _get(obj, "precision")
-    zero = _get(obj, "zero_stage")
-    clip = _get(obj, "clip_grad_norm")
-    return _Rec(
-        step=ints["step"],
-        loss=nums["loss"],
-        samples_per_s=nums["samples_per_s"],
-        step_seconds=nums["step_seconds"],
-        data_seconds=nums["data_seconds"],
-        lr=nums["lr"],
-        grad_norm=nums["grad_norm"],
-        scale=nums["scale"],
-        skipped=bool(_get(obj, "skipped")),
-        precision=None if precision is None else str(precision),
-        micro_batch=ints["micro_batch"],
-        grad_accum=ints["grad_accum"],
-        world_size=ints["world_size"] or 1,
-        rank=ints["rank"] or 0,
-        zero_stage=zero if isinstance(zero, int) else None,
-        activation_checkpointing=_get(obj, "activation_checkpointing") not in (None, False, "none"),
-        num_workers=ints["num_workers"],
-        clip_grad_norm=float(clip) if _is_number(clip) else None,
-        changes=changes,
-        rss_bytes=nums["rss_bytes"],
-        cuda_allocated_bytes=nums["cuda_allocated_bytes"],
-        gpu_util_percent=nums["gpu_util_percent"],
-        gpu_memory_used_bytes=nums["gpu_memory_used_bytes"],
-    )
-
-
-def _records(records: Any) -> list[_Rec]:
-    if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Iterable):
-        raise ValueError(
-            f"records={shown(records)}: must be a sequence of StepRecord objects or dicts"
-        )
-    recs = [_record(r, i) for i, r in enumerate(records)]
-    if recs:  # one rank's view: several ranks' records would count every step twice
-        rank = min(r.rank for r in recs)
-        recs = [r for r in recs if r.rank == rank]
-    return sorted(recs, key=lambda r: r.step)
-
-
-@dataclass(frozen=True)
-class _GpuReading:
-    util_percent: float | None
-    memory_used_bytes: float | None
-    memory_total_bytes: float | None
-
-
-def _samples(samples: Any, gpu_uuid: str | None = None) -> list[_GpuReading]:
-    if samples is None:
-        return []
-    if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
-        raise ValueError(f"samples={shown(samples)}: must be a sequence of monitor Samples or None")
-    out: list[_GpuReading] = []
-    for i, s in enumerate(samples):
-        gpus = _get(s, "gpus")
-        if gpus is None or isinstance(gpus, (str, bytes)):
-            raise ValueError(f"samples[{i}]={shown(s)}: must be a monitor Sample (with .gpus)")
-        g = _pick_gpu(gpus, gpu_uuid)
-        if g is None:
-            out.append(_GpuReading(None, None, None))
-            continue
-        vals: list[float | None] = []
-        for n in ("util_percent", "memory_used_bytes", "memory_total_bytes"):
-            v = _get(g, n)
-            if v is not None and not _is_number(v):
-                raise ValueError(f"samples[{i}].gpus[0].{n}={shown(v)}: must be a number or None")
-            vals.append(None if v is None else float(v))
-        out.append(_GpuReading(vals[0], vals[1], vals[2]))
-    return out
-
-
-def _pick_gpu(gpus: Sequence[Any], uuid: str | None) -> Any:
-    """The GPU with `uuid` (the one the run trains on), the first without a uuid."""
-    if uuid is None:
-        return gpus[0] if gpus else None
-    for g in gpus:
-        found = _get(g, "uuid")
-        if isinstance(found, str) and found.lower() == uuid.lower():
-            return g
-    return None
-
-
-def _model_dims(model_dims: Any) -> dict[str, int]:
-    if model_dims is None:
-        return {}
-    if not isinstance(model_dims, Mapping):
-        raise ValueError(
-            f"model_dims={shown(model_dims)}: must be a dict like {{'hidden_size': 768}} or None"
-        )
-    out: dict[str, int] = {}
-    for k, v in model_dims.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"model_dims[{shown(k)}]={shown(v)}: must be an integer >= 1")
-        out[str(k)] = v
-    return out
 
 
 # --------------------------------------------------------------------------- helpers
@@ -292,15 +129,15 @@ def _mib(n: float) -> str:
 
 @dataclass(frozen=True)
 class _Ctx:
-    recs: list[_Rec]
-    recent: list[_Rec]
-    gpu: list[_GpuReading]
+    recs: list[Rec]
+    recent: list[Rec]
+    readings: list[Reading]  # the monitor's samples
     config: TrainConfig | None
     device: str | None
     dims: dict[str, int]
 
     @property
-    def latest(self) -> _Rec | None:
+    def latest(self) -> Rec | None:
         return self.recs[-1] if self.recs else None
 
     def setting(self, name: str) -> Any:
@@ -393,6 +230,7 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
         stepped = any(not r.skipped for r in scaled)
         settled_at = last_scale if stepped else min(last_scale, 2.0**16)
         settled = max(1.0, 2.0 ** math.floor(math.log2(max(settled_at, 1.0))))
+        apply = {"loss_scale_init": settled}  # the cause's own fix, as for the interval
         cause = (
             f"more than {MAX_CALIBRATION_SKIPS} skips from the start: loss_scale_init is far "
             f"too high. Set loss_scale_init={settled:g}, or {bf16}."
@@ -423,59 +261,126 @@ def _rule_loss_scale(c: _Ctx) -> list[Advice]:
     ]
 
 
-def _rule_data_stall(c: _Ctx) -> list[Advice]:
-    first = c.recs[0] if c.recs else None  # pays for starting the loader's workers
-    recs = [
+def _stall_window(c: _Ctx) -> list[Rec]:
+    """The newest RECENT_STEPS steps since the settings last changed: the step of a change
+    (new loader workers, a rebuilt engine) and the first step (starting the workers) pay
+    one-off costs, and the steps before a change measured other settings."""
+    start = 1
+    for i, r in enumerate(c.recs):
+        if r.changes or r.warmup:
+            start = max(start, i + 1)
+    return [
         r
-        for r in c.recent
-        if r is not first and r.data_seconds is not None and r.step_seconds is not None
+        for r in c.recs[start:][-RECENT_STEPS:]
+        if r.data_seconds is not None and r.step_seconds is not None
     ]
+
+
+def _rule_data_stall(c: _Ctx) -> list[Advice]:
+    recs = _stall_window(c)
     if len(recs) < MIN_STEPS:
         return []
-    data = _median([r.data_seconds for r in recs if r.data_seconds is not None])
-    step = _median([r.step_seconds for r in recs if r.step_seconds is not None])
-    if step <= 0 or data <= STALL_FRACTION * step:
+    # ratios of sums: workers hand over batches in bursts, so a median step (of the waits,
+    # the steps or their ratios) is one of the fast ones (`workbench.rates`)
+    t = throughput(recs)
+    share = t.data_share
+    if share is None or share <= STALL_FRACTION:
         return []
     workers = c.setting("num_workers")
     workers = workers if isinstance(workers, int) else 0
-    cpus = os.cpu_count() or 1
     apply: dict[str, Any] = {}
-    if workers < cpus:
-        apply["num_workers"] = min(cpus, max(2, workers * 2))
+    fix = ""
     if c.device == "cuda" and c.setting("pin_memory") is False:
         apply["pin_memory"] = True
-    fix = (
-        f"raise num_workers from {workers} to {apply['num_workers']}"
-        if "num_workers" in apply
-        else f"num_workers={workers} already uses every CPU core; make the data pipeline "
-        "cheaper (pre-tokenize, cache decoded samples)"
-    )
-    if apply.get("pin_memory"):
         fix += " and pin host memory for faster copies to the GPU"
+    rate = t.samples_per_s or 0.0
+    busy = _cpu_busy_percent(c, recs)
     return [
         Advice(
             id="data-loader-stall",
             severity="warning",
             message=(
-                f"The loop waits for data {data / step:.0%} of each step (median "
-                f"{data * 1000:.1f} ms of {step * 1000:.1f} ms over {len(recs)} steps): {fix}."
+                f"The loop waits for data {share:.0%} of the time over the last {t.steps} "
+                f"steps ({t.data_seconds:.3g} s of {t.seconds:.3g} s; {rate:.1f} samples/s): "
+                f"{_more_workers(workers, busy, apply)}{fix}."
             ),
             evidence={
-                "data_seconds_median": data,
-                "step_seconds_median": step,
-                "data_fraction": data / step,
+                "data_seconds_total": t.data_seconds,
+                "step_seconds_total": t.seconds,
+                "data_fraction": share,
+                "samples_per_s": rate,
                 "num_workers": workers,
-                "steps": len(recs),
+                "cpu_util_percent": busy,
+                "cpus": os.cpu_count() or 1,
+                "steps": t.steps,
             },
             apply=apply or None,
         )
     ]
 
 
+def _cpu_busy_percent(c: _Ctx, recs: list[Rec]) -> float | None:
+    """How busy the host's CPU was (percent of all cores) over the steps `recs`: the
+    sampler's readings the records carry, each weighted by its step's time, else the
+    samples taken within the steps' span; None without readings."""
+    pairs = [
+        (r.cpu_util_percent, r.step_seconds or 0.0)
+        for r in recs
+        if r.cpu_util_percent is not None and math.isfinite(r.cpu_util_percent)
+    ]
+    weight = sum(w for _, w in pairs)
+    if pairs and weight > 0:
+        return sum(u * w for u, w in pairs) / weight
+    first, last = recs[0], recs[-1]
+    if first.wall_time is None or last.wall_time is None:
+        return None
+    begin = first.wall_time - (first.step_seconds or 0.0)
+    inside = _finite(
+        g.cpu_util_percent
+        for g in c.readings
+        if g.time is not None and begin <= g.time <= last.wall_time
+    )
+    return sum(inside) / len(inside) if inside else None
+
+
+def _more_workers(workers: int, busy: float | None, apply: dict[str, Any]) -> str:
+    """What to do about the loader: more workers where the CPU has room for them (or, not
+    knowing, up to one a core), else a cheaper pipeline; sets `apply["num_workers"]`."""
+    cpus = os.cpu_count() or 1
+    cheaper = "make the data pipeline cheaper (pre-tokenize, cache decoded samples)"
+    if busy is not None and busy >= CPU_SATURATED_PERCENT:
+        return (
+            f"the CPU is {busy:.0f}% busy over its {cpus} cores, so more loader workers would "
+            f"only share them: {cheaper}"
+        )
+    if busy is not None:  # the CPU has room: workers that wait (storage, network) overlap
+        more = apply["num_workers"] = min(MAX_WORKERS, max(2, workers * 2))
+        past = (
+            f"; more workers than the {cpus} cores help here: with {workers} the CPU still "
+            "has room, so the loader waits (on storage or the network) rather than computes"
+            if more > cpus and workers >= cpus
+            else ""
+        )
+        return (
+            f"the CPU is {busy:.0f}% busy over its {cpus} cores, so it has room: raise "
+            f"num_workers from {workers} to {more}{past}"
+        )
+    if workers < cpus:
+        apply["num_workers"] = min(cpus, max(2, workers * 2))
+        return f"raise num_workers from {workers} to {apply['num_workers']}"
+    return (
+        f"num_workers={workers} with {cpus} CPU cores: if the loader computes (decoding, "
+        f"augmenting), more workers only share the cores, so {cheaper}; if it "
+        f"waits on storage or the network, more workers than cores help (try num_workers="
+        f"{min(MAX_WORKERS, workers * 2)}). A Sampler (Session(sampler=...), or advise("
+        "samples=...)) tells the two apart by how busy the CPU is"
+    )
+
+
 def _rule_low_gpu_util(c: _Ctx, stalled: bool) -> list[Advice]:
     if stalled or c.device == "cpu":
         return []  # the loader is the cause; its advice comes first
-    utils = _finite(g.util_percent for g in c.gpu[-RECENT_STEPS:])
+    utils = _finite(g.util_percent for g in c.readings[-RECENT_STEPS:])
     source = "samples"
     if len(utils) < MIN_STEPS:
         utils = _finite(r.gpu_util_percent for r in c.recent)
@@ -499,7 +404,7 @@ def _rule_low_gpu_util(c: _Ctx, stalled: bool) -> list[Advice]:
         how = f"micro_batch {mb} -> {mb * 2} (this doubles the effective batch; rescale lr)"
     fractions = [
         g.memory_used_bytes / g.memory_total_bytes
-        for g in c.gpu[-RECENT_STEPS:]
+        for g in c.readings[-RECENT_STEPS:]
         if g.memory_used_bytes is not None and g.memory_total_bytes
     ]
     mem_frac = _median(fractions) if fractions else None
@@ -541,7 +446,7 @@ def _rule_memory_growth(c: _Ctx) -> list[Advice]:
             start = i
     segment = c.recs[start:][LEAK_WARMUP_STEPS:]
     out: list[Advice] = []
-    metrics: list[tuple[str, Callable[[_Rec], float | None], float]] = [
+    metrics: list[tuple[str, Callable[[Rec], float | None], float]] = [
         ("cuda_allocated_bytes", lambda r: r.cuda_allocated_bytes, LEAK_MIN_CUDA_BYTES),
         ("rss_bytes", lambda r: r.rss_bytes, LEAK_MIN_RSS_BYTES),
     ]
@@ -672,13 +577,14 @@ def _rule_precision_speed(c: _Ctx) -> list[Advice]:
     if latest is None or latest.precision is None:
         return []
 
-    def key(r: _Rec) -> tuple[Any, ...]:
+    def key(r: Rec) -> tuple[Any, ...]:
         return (r.micro_batch, r.grad_accum, r.world_size, r.zero_stage, r.activation_checkpointing)
 
     # group by precision at the current batch settings; drop each stretch's first step
-    # (it pays for the switch: new autocast kernels, a rebuilt engine)
-    speeds: dict[str, list[float]] = {}
-    prev: _Rec | None = None
+    # (it pays for the switch: new autocast kernels, a rebuilt engine). A precision's speed
+    # is its samples over its seconds (`workbench.rates`), not a median step's
+    speeds: dict[str, list[Rec]] = {}
+    prev: Rec | None = None
     for r in c.recs:
         first_of_stretch = prev is None or prev.precision != r.precision or key(prev) != key(r)
         prev = r
@@ -686,15 +592,19 @@ def _rule_precision_speed(c: _Ctx) -> list[Advice]:
             continue
         if r.precision is None or r.samples_per_s is None or not math.isfinite(r.samples_per_s):
             continue
-        speeds.setdefault(r.precision, []).append(r.samples_per_s)
-    medians = {p: _median(v) for p, v in speeds.items() if len(v) >= MIN_PRECISION_STEPS}
+        speeds.setdefault(r.precision, []).append(r)
+    rates = {
+        p: rate
+        for p, v in speeds.items()
+        if len(v) >= MIN_PRECISION_STEPS and (rate := throughput(v).samples_per_s) is not None
+    }
     current = latest.precision
-    if current not in medians or len(medians) < 2:
+    if current not in rates or len(rates) < 2:
         return []
-    best = max(medians, key=lambda p: medians[p])
-    if best == current or medians[current] >= medians[best] * (1 - SLOWER_MARGIN):
+    best = max(rates, key=lambda p: rates[p])
+    if best == current or rates[current] >= rates[best] * (1 - SLOWER_MARGIN):
         return []
-    ratio = medians[current] / medians[best]
+    ratio = rates[current] / rates[best]
     where = f" on this device ({c.device})" if c.device else ""
     note = (
         " Most CPUs have no fast 16-bit matrix units, so autocast adds conversions "
@@ -707,12 +617,12 @@ def _rule_precision_speed(c: _Ctx) -> list[Advice]:
             id="precision-slower",
             severity="warning",
             message=(
-                f"Measured{where}: {current} runs at {medians[current]:.1f} samples/s, "
-                f"{best} at {medians[best]:.1f} samples/s ({ratio:.2f}x); switch to {best}." + note
+                f"Measured{where}: {current} runs at {rates[current]:.1f} samples/s, "
+                f"{best} at {rates[best]:.1f} samples/s ({ratio:.2f}x); switch to {best}." + note
             ),
             evidence={
-                "samples_per_s_median": medians,
-                "steps": {p: len(speeds[p]) for p in medians},
+                "samples_per_s": rates,
+                "steps": {p: len(speeds[p]) for p in rates},
                 "current": current,
                 "faster": best,
             },
@@ -787,12 +697,12 @@ def advise(
     device: "cpu" or "cuda" (default: config.device, else "cuda" when records carry CUDA
     memory); model_dims: sizes such as {"hidden_size": 1000, "vocab_size": 50257}.
     """
-    recs = _records(records)
+    recs = read_records(records)
     if gpu_uuid is not None and not isinstance(gpu_uuid, str):
         raise ValueError(
             f"gpu_uuid={shown(gpu_uuid)}: must be an NVML UUID string ('GPU-...') or None"
         )
-    gpu = _samples(samples, gpu_uuid)
+    gpu = read_samples(samples, gpu_uuid)
     if config is not None and not isinstance(config, TrainConfig):
         raise ValueError(f"config={shown(config)}: must be a TrainConfig or None")
     if device is not None and device not in _DEVICES:
@@ -805,10 +715,10 @@ def advise(
     ctx = _Ctx(
         recs=recs,
         recent=recs[-RECENT_STEPS:],
-        gpu=gpu,
+        readings=gpu,
         config=config,
         device=device,
-        dims=_model_dims(model_dims),
+        dims=read_model_dims(model_dims),
     )
     stall = _rule_data_stall(ctx)
     advice = [
