@@ -130,6 +130,18 @@ def test_nan_loss_in_fp32_halves_lr_and_clips() -> None:
     assert one(advise(records, config=cfg), "nonfinite-loss").apply == {"lr": 5e-4}
 
 
+def test_a_nan_before_the_fix_was_applied_does_not_fire_again() -> None:
+    records = run(10) + [rec(11, loss=math.nan)]
+    cfg = TrainConfig(lr=1e-3)
+    fix = one(advise(records, config=cfg), "nonfinite-loss").apply
+    assert fix is not None
+    after = [rec(12, changes=dict(fix))] + run(5, start=13)  # applied, resumed: finite
+    assert "nonfinite-loss" not in ids(advise(records + after, config=cfg.replace(**fix)))
+    again = records + after + [rec(18, loss=math.nan)]  # the fix did not hold: said again
+    a = one(advise(again, config=cfg.replace(**fix)), "nonfinite-loss")
+    assert a.evidence["steps"] == [18] and "of the last 7 steps" in a.message
+
+
 def test_finite_losses_or_old_nan_do_not_fire() -> None:
     assert "nonfinite-loss" not in ids(advise(run(30, loss=1e30)))
     records = [rec(1, loss=math.nan)] + run(60, start=2)  # outside the recent window

@@ -149,8 +149,19 @@ class _Ctx:
 
 
 # --------------------------------------------------------------------------- rules
+def _since_change(c: _Ctx) -> list[Rec]:
+    """The recent steps from the newest one that changed a setting on: the steps before it
+    measured other settings (a fix applied from this advice among them)."""
+    start = 0
+    for i, r in enumerate(c.recent):
+        if r.changes:
+            start = i
+    return c.recent[start:]
+
+
 def _rule_nonfinite_loss(c: _Ctx) -> list[Advice]:
-    bad = [r for r in c.recent if r.loss is not None and not math.isfinite(r.loss)]
+    window = _since_change(c)
+    bad = [r for r in window if r.loss is not None and not math.isfinite(r.loss)]
     if not bad:
         return []
     precision = c.setting("precision")
@@ -182,7 +193,7 @@ def _rule_nonfinite_loss(c: _Ctx) -> list[Advice]:
             id="nonfinite-loss",
             severity="critical",
             message=(
-                f"Loss was not finite at {len(bad)} of the last {len(c.recent)} steps "
+                f"Loss was not finite at {len(bad)} of the last {len(window)} steps "
                 f"(first at step {steps[0]}, value {bad[0].loss}) with precision "
                 f"{precision}: {what}."
             ),
