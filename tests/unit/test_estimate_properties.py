@@ -63,8 +63,9 @@ def valid_configs(draw):
         overhead_gib=draw(st.floats(0, 8)),
         tokens=draw(st.none() | st.floats(1, 1e13)),
         mfu=draw(st.floats(0.01, 1)),
-        price_per_gpu_hour=draw(st.none() | st.floats(0, 100)),
     )
+    if cfg["tokens"] is not None:  # a price prices the tokens' training: only with them
+        cfg["price_per_gpu_hour"] = draw(st.none() | st.floats(0, 100))
     return cfg
 
 
