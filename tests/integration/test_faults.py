@@ -258,6 +258,19 @@ def test_out_of_memory_at_micro_batch_one_is_an_error():
         assert "cannot halve micro_batch (micro_batch is 1)" in s.events[-1].message
 
 
+def test_out_of_memory_under_optimizer_in_backward_says_it_cannot_halve():
+    # grad_accum stays 1 under optimizer_in_backward: the halves could not be accumulated
+    model = Flaky(oom_above=2)
+    config = TrainConfig(micro_batch=4, optimizer_in_backward=True)
+    with Session(config, model=model, data=_data(), loss_fn=nn.functional.mse_loss) as s:
+        s.start(optimizer_steps=1)
+        assert s.wait(timeout=60) == "error"
+        message = s.events[-1].message
+        assert "cannot halve micro_batch (optimizer_in_backward steps inside backward" in message
+        assert "needs grad_accum=1" not in message
+        assert s.config.micro_batch == 4 and s.config.grad_accum == 1
+
+
 def test_a_change_that_fails_to_apply_is_rolled_back(monkeypatch, tiny):
     real = runtime_module.build_backend
 

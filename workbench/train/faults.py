@@ -4,8 +4,9 @@ The Session's loop (`session.py`) catches three kinds of failure and asks here w
 
 * out of memory: `halved_for_oom` gives the settings to retry the same samples with
   (micro_batch halved, grad_accum doubled: the same effective batch), or raises
-  `CannotHalve` when the micro-batch cannot be split (it is 1, or the data is your own
-  DataLoader, whose batches the session does not cut);
+  `CannotHalve` when the micro-batch cannot be split (it is 1, the data is your own
+  DataLoader, whose batches the session does not cut, or optimizer_in_backward keeps
+  grad_accum at 1);
 * a non-finite loss: `nan_message` says that the step was not applied and what to try;
 * any other exception: `failure_message` says which step failed, that it was not applied,
   and how to continue.
@@ -32,12 +33,24 @@ def first_line(message: str, limit: int = 300) -> str:
 
 def halved_for_oom(config: TrainConfig, *, user_loader: bool, message: str) -> TrainConfig:
     """The settings to retry an out-of-memory step with: micro_batch halved and grad_accum
-    doubled. `CannotHalve` (naming why) when micro_batch is 1 or the data is a DataLoader
-    of your own."""
+    doubled. `CannotHalve` (naming why) when micro_batch is 1, the data is a DataLoader of
+    your own, optimizer_in_backward keeps grad_accum at 1, or the halved settings are
+    refused."""
     if config.micro_batch <= 1 or user_loader:
         why = "micro_batch is 1" if config.micro_batch <= 1 else "data is your own DataLoader"
         raise CannotHalve(f"out of memory and cannot halve micro_batch ({why}): {message}")
-    return config.replace(micro_batch=config.micro_batch // 2, grad_accum=config.grad_accum * 2)
+    if config.optimizer_in_backward:
+        raise CannotHalve(
+            "out of memory and cannot halve micro_batch (optimizer_in_backward steps inside "
+            "backward, so grad_accum stays 1 and the halves cannot be accumulated; lower "
+            "micro_batch yourself, which changes the effective batch, or turn "
+            f"optimizer_in_backward off): {message}"
+        )
+    try:
+        return config.replace(micro_batch=config.micro_batch // 2, grad_accum=config.grad_accum * 2)
+    except ValueError as exc:  # the doubled accumulation is refused by another setting
+        why = " ".join(str(exc).split())
+        raise CannotHalve(f"out of memory and cannot halve micro_batch ({why}): {message}") from exc
 
 
 def oom_message(before: TrainConfig, after: TrainConfig) -> str:
