@@ -259,3 +259,23 @@ def test_a_bad_attention_kernel_lists_every_value_the_flag_takes(capsys):
     for kernel in ("model", " Model ", "sdpa", "EAGER", "megatron", "math"):  # each is taken
         code, _, err = run(["--model", "gpt2", "--attention", kernel], capsys)
         assert code == 0, (kernel, err)
+
+
+# ------------------------------------------- DeepSpeed's own layout beside the paper's count
+def test_a_deepspeed_setup_whose_layout_holds_more_says_deepspeeds_figures(capsys):
+    # fp32 ZeRO-2: DeepSpeed keeps an fp32 master partition beside the fp32 weights, which
+    # the ZeRO paper's accounting (the report's figures) does not count
+    argv = ["--model", "gpt2", "--seq-len", "128", "--micro-batch", "1", "--zero", "2"]
+    code, out, _ = run([*argv, "--gpus", "2"], capsys)
+    assert code == 0
+    engine = estimate_memory(
+        model="gpt2", seq_len=128, micro_batch=1, zero_stage=2, gpus=2, accounting="deepspeed"
+    )
+    paper = estimate_memory(model="gpt2", seq_len=128, micro_batch=1, zero_stage=2, gpus=2)
+    assert engine.peak_bytes > 1.1 * paper.peak_bytes
+    note = next(s for s in out.splitlines() if "DeepSpeed's engine lays" in s)
+    assert f"peak of a step {engine.peak_bytes / 2**30:.2f} GiB" in note
+    assert f"(here {paper.peak_bytes / 2**30:.2f})" in note
+    # DeepSpeed's bf16 ZeRO-2 on 8 GPUs: both count the same master copy; no note
+    code, out, _ = run([*LLAMA_RUN[:4], "--zero", "2", "--gpus", "8"], capsys)
+    assert code == 0 and "DeepSpeed's engine lays" not in out

@@ -371,10 +371,49 @@ def _with_devices(e: Any, asked: dict[str, str | None], args: argparse.Namespace
 _FP32_WEIGHTS = ("fp32", "amp-bf16", "amp-fp16")
 
 
-def _notes(e: Any, args: argparse.Namespace) -> list[str]:
-    """What the report says beside the figures: a config.json saved in a 16-bit dtype
-    estimated at a precision that trains fp32 weights (the precision decides, as in the
-    dry run, which casts them)."""
+def _notes(e: Any, args: argparse.Namespace, options: dict[str, Any] | None = None) -> list[str]:
+    """What the report says beside the figures: DeepSpeed's own layout where it holds more
+    than the ZeRO paper's accounting (`_layout_note`), and a config.json saved in a 16-bit
+    dtype estimated at a precision that trains fp32 weights (the precision decides, as in
+    the dry run, which casts them)."""
+    notes = _layout_note(e, options) if options is not None else []
+    return notes + _dtype_note(e, args)
+
+
+def _layout_note(e: Any, options: dict[str, Any]) -> list[str]:
+    """A DeepSpeed setup counted with the ZeRO paper's accounting (the estimator's default):
+    what DeepSpeed's engine holds where its layout differs by more than 1% of the peak (ZeRO
+    1/2 keep an fp32 master partition even in fp32 training, stage 0's 16-bit modes a whole
+    fp32 master copy, stage 3 a reduce bucket beside its gradient partition; padding:
+    `workbench.estimate.deepspeed_layout`), which the dry run's formula column and a
+    Session's prediction count."""
+    runs_deepspeed = e.fsdp == "off" and (e.zero_stage >= 1 or e.precision in ("fp16", "bf16"))
+    if e.accounting != "paper" or not runs_deepspeed:
+        return []
+    from workbench.estimate import estimate_memory
+
+    try:
+        engine = estimate_memory(**{**options, "accounting": "deepspeed"})
+    except ValueError:
+        return []
+    states = e.params_bytes + e.grads_bytes + e.optimizer_bytes
+    engine_states = engine.params_bytes + engine.grads_bytes + engine.optimizer_bytes
+    more = engine.peak_bytes - e.peak_bytes
+    if abs(more) <= 0.01 * max(1, e.peak_bytes):
+        return []
+    gib = 2**30
+    return [
+        f"these figures count model states as the ZeRO paper does; DeepSpeed's engine lays "
+        f"them out otherwise (docs/deepspeed.md: ZeRO 1/2 keep an fp32 master partition even "
+        f"in fp32 training, stage 0's 16-bit modes a whole fp32 master copy, stage 3 a "
+        f"reduce bucket beside its gradients): model states {engine_states / gib:.2f} GiB "
+        f"(here {states / gib:.2f}), peak of a step {engine.peak_bytes / gib:.2f} GiB "
+        f"(here {e.peak_bytes / gib:.2f}); a Session's prediction and the dry run count "
+        "DeepSpeed's"
+    ]
+
+
+def _dtype_note(e: Any, args: argparse.Namespace) -> list[str]:
     if args.hf_config is None or e.precision not in _FP32_WEIGHTS:
         return []
     from workbench.estimate.hf_config import config_dtype, load_config
@@ -462,7 +501,13 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         print(stages_table(stages, unit_bytes, unit_name, _asked_devices(args)))
     else:
         print(
-            report(stages[0], unit_bytes, unit_name, _asked_devices(args), _notes(stages[0], args))
+            report(
+                stages[0],
+                unit_bytes,
+                unit_name,
+                _asked_devices(args),
+                _notes(stages[0], args, options),
+            )
         )
     return 0
 
@@ -568,7 +613,7 @@ def _simulate(
         except ValueError as exc:
             parser.error(str(exc))
     else:
-        print(report(e, unit, name, _asked_devices(args), _notes(e, args)))
+        print(report(e, unit, name, _asked_devices(args), _notes(e, args, options)))
         print()
         print(dry)
         print()
