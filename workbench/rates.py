@@ -11,15 +11,19 @@ share) is one the run never sustains. The total over the window is what it deliv
 median stays right where a *typical step time* is the question (the profiler's phases: one
 slow step should not set it), not for a rate or a share.
 
+A live rate (a panel's status line) is read the same way over `recent(records)`: the last
+`RECENT_STEPS` steps, or the steps since the last settings change when fewer, so that it
+follows a change without mixing in the rate from before it.
+
 Pure Python. A record is a `StepRecord` or a dict of its fields: `step_seconds` and
 `data_seconds`, `samples_per_s` and `tokens_per_s` (a step's samples are its rate x its
-seconds, as the step computed the rate).
+seconds, as the step computed the rate), and for `recent` its `changes` and `warmup`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +65,12 @@ class Throughput:
         return self.seconds / self.steps if self.steps else None
 
 
+def _field(record: Any, name: str) -> Any:
+    return record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
+
+
 def _number(record: Any, name: str, i: int) -> float | None:
-    value = record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
+    value = _field(record, name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -100,4 +108,23 @@ def throughput(records: Iterable[Any]) -> Throughput:
     return Throughput(steps, samples, tokens if steps else None, seconds, data)
 
 
-__all__ = ["Throughput", "throughput"]
+#: the most steps a live rate (a panel's status line) is read over
+RECENT_STEPS = 20
+
+
+def recent(records: Sequence[Any]) -> list[Any]:
+    """The steps a live rate is read over: the last `RECENT_STEPS` of `records` (in step
+    order), or those since the last settings change when fewer (the record whose `changes`
+    is not empty ran with the new settings and starts them), leaving out warm-up steps (a
+    new engine's first step: `warmup`) unless nothing else is left. `throughput(recent(r))`
+    is the rate to show."""
+    window = list(records[-RECENT_STEPS:])
+    for i in range(len(window) - 1, -1, -1):
+        if _field(window[i], "changes"):
+            window = window[i:]
+            break
+    settled = [r for r in window if not _field(r, "warmup")]
+    return settled or window
+
+
+__all__ = ["RECENT_STEPS", "Throughput", "recent", "throughput"]

@@ -2,7 +2,9 @@
 
 * `spread(values)`: the median with the 25th and 75th percentiles (`Spread`), the quartiles
   by `statistics.quantiles(..., method="inclusive")` (for 1, 2, 3, 4, 5: 2 and 4); the
-  ladder's samples/s and the compression report's latency use it.
+  compression report's latency uses it whole (a typical latency is a median), the ladder
+  its percentiles only (the spread of its windows' rates: a rate itself is a ratio of sums,
+  `workbench.rates`, never a median).
 * `spread_bars(ax, values, ...)`: horizontal bars, one per row, each with its 25th-75th
   percentile range as whiskers when given and its figure written at the end of the bar or
   whisker.

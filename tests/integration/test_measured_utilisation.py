@@ -4,8 +4,6 @@ a rate that is no share of the planned GPU's peak (a CPU run of a toy)."""
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 
 from workbench import Session, TrainConfig
@@ -25,8 +23,10 @@ def test_a_sessions_steps_give_its_mfu_and_hfu() -> None:
     with Session(config, model_options=TINY) as s:
         records = s.run(optimizer_steps=4)
         u = measured_utilisation(s, gpu="h100", **shape)
-        steady = [r.tokens_per_s for r in records if not r.warmup and r.tokens_per_s]
-        assert u.tokens_per_s == pytest.approx(statistics.median(steady))
+        steady = [r for r in records if not r.warmup and r.tokens_per_s]
+        tokens = sum((r.tokens_per_s or 0.0) * r.step_seconds for r in steady)
+        assert u.tokens_per_s == pytest.approx(tokens / sum(r.step_seconds for r in steady))
+        assert u.steps == len(steady) and "after warm-up over their seconds" in u.text()
         count = estimate_memory(**shape).flop_count
         assert count is not None
         peak = get_gpu("h100").peak_fp32_flops  # the Session trained in fp32

@@ -4,6 +4,7 @@ from published runs, --mfu and --calibrate, and a pinned layout that cannot run.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from workbench.cli import main
 from workbench.estimate import estimate_memory
 from workbench.estimate.flops import FlopCount, matmul_params
 from workbench.planner import plan
-from workbench.planner.efficiency import PUBLISHED, default_efficiency
+from workbench.planner.efficiency import PUBLISHED, default_efficiency, measured_step
 
 SMALL = {"model": "llama-3-8b", "gpu": "h100", "gpus": 8, "seq_len": 2048, "global_batch": 16}
 
@@ -200,4 +201,30 @@ def test_calibrate_reads_a_bounded_tail_of_a_regular_file_only(tmp_path: Path) -
         f.write(("x" * 1023 + "\n") * (17 << 10))
         f.write(row * 4)
     r = plan(**SMALL, calibrate=big)
-    assert "median of 4 step(s)" in r.efficiency_source
+    assert "the tokens of 4 step(s) after warm-up over their seconds" in r.efficiency_source
+
+
+def test_calibrate_takes_the_tokens_over_the_seconds_of_bursty_steps() -> None:
+    """A loader that hands over its batches in bursts: of every five steps of 4,096 tokens,
+    three take 0.02 s and two wait 0.18 s. The median step's rate is a fast step's 204,800
+    tokens/s, which the run never sustains; its tokens over its seconds are 5 x 4,096 in
+    0.42 s, 48,762 tokens/s, what the efficiency is made of."""
+    count = estimate_memory(model="llama-3-8b", seq_len=2048).flop_count
+    assert count is not None
+    times = [1.5] + [0.02, 0.18, 0.02, 0.18, 0.02] * 2  # the warm-up step first
+    rows = [
+        {"type": "record", "step": i + 1, "tokens_per_s": 4096 / t, "step_seconds": t,
+         "world_size": 8, "activation_checkpointing": "none", "precision": "amp-bf16",
+         "warmup": i == 0}
+        for i, t in enumerate(times)
+    ]  # fmt: skip
+    step = measured_step(rows)
+    assert statistics.median(r["tokens_per_s"] for r in rows[1:]) == pytest.approx(204_800)
+    assert step.tokens_per_s == pytest.approx(10 * 4096 / 0.84) and step.steps == 10
+    r = plan(**SMALL, calibrate=rows)
+    expected = step.tokens_per_s * count.model_per_token() / (8 * 989.5e12)
+    assert r.efficiency == pytest.approx(expected, rel=1e-3)
+    assert "48,762 tokens/s, the tokens of 10 step(s) after warm-up" in r.efficiency_source
+    # steps that do not give their time count as steps of the same tokens: the same rate
+    untimed = [{k: v for k, v in row.items() if k != "step_seconds"} for row in rows]
+    assert measured_step(untimed).tokens_per_s == pytest.approx(step.tokens_per_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 
 import pytest
 
@@ -16,7 +17,14 @@ from workbench.inputs import shown
 from workbench.train.ladder import Rung, default_rungs, ladder, plan_ladder
 from workbench.train.ladder import run as ladder_run
 from workbench.train.ladder import rungs as ladder_rungs
-from workbench.train.ladder.report import RungPlan, RunMeasure, spread, summarize
+from workbench.train.ladder.report import (
+    RungPlan,
+    RunMeasure,
+    rate_band,
+    spread,
+    summarize,
+    windows,
+)
 
 MLP = {"in_features": 8, "hidden": 16, "depth": 2, "out_features": 4, "samples": 256}
 
@@ -164,7 +172,7 @@ def test_speedups_spreads_and_verdicts_from_measurements() -> None:
         [_run([1.0, 0.1, 0.1, 0.1]), _run([1.0, 0.1, 0.1, 0.1])],  # 80 samples/s
         [_run([2.0, 0.05, 0.05, 0.05]), _run([2.0, 0.05, 0.05, 0.05])],  # 160
         [_run([1.0, 0.2, 0.2, 0.2]), _run([1.0, 0.2, 0.2, 0.2])],  # 40
-        [_run([1.0, 0.1, 0.4, 0.2]), _run([1.0, 0.1, 0.4, 0.2])],  # 40 [20-80]
+        [_run([1.0, 0.1, 0.4, 0.2]), _run([1.0, 0.1, 0.4, 0.2])],  # 48 / 1.4 s [25-70]
     ]
     result = summarize(plans, runs, setup={"model": "mlp", "device": "cpu"})
     base, fast, slow, noisy = result.rungs
@@ -176,8 +184,10 @@ def test_speedups_spreads_and_verdicts_from_measurements() -> None:
     assert fast.summary.startswith("helped: 2.00x the previous rung's samples/s")
     assert slow.gain == pytest.approx(0.25) and slow.verdict == "slower"
     assert slow.helped is False and slow.summary.startswith("did not help: slower")
-    # 40 samples/s [26.7-66.7] against the slow rung's 40: the spread includes 1
-    assert noisy.samples_per_s == pytest.approx(40.0)
+    # 34.3 samples/s [25-70] (under 4 steps a run: one window a step) against the slow
+    # rung's 40: the spread includes 1
+    assert noisy.samples_per_s == pytest.approx(48 / 1.4)
+    assert (noisy.samples_per_s_low, noisy.samples_per_s_high) == pytest.approx((25.0, 70.0))
     assert noisy.gain_low < 1 < noisy.gain_high and noisy.verdict == "no gain"
     assert noisy.summary.startswith("did not help: no clear change")
     assert noisy.speedup_low <= noisy.speedup <= noisy.speedup_high
@@ -191,6 +201,56 @@ def test_speedups_spreads_and_verdicts_from_measurements() -> None:
     with pytest.raises(ValueError, match="name='nope': not a rung of this ladder"):
         result.rung("nope")
     assert result.chart_png().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_bursty_loader_is_measured_by_its_samples_over_its_seconds() -> None:
+    """Three loader workers hand over three batches every 0.3 s: one step waits 0.28 s,
+    the next two none. The median step's rate is the fast steps' 800 samples/s, which the
+    run never sustains; the rung delivers 8 x 12 samples in 1.2 s, 80 samples/s, the
+    steady baseline's rate: no clear change, and every time is at 80 samples/s."""
+    plans = [_plan("base", steps=13), _plan("+ 3 workers", steps=13)]
+    losses = [4.0 - 0.1 * i for i in range(13)]  # 3.0 at step 11
+    runs = [
+        [_run([1.0] + [0.1] * 12, losses)],
+        [_run([1.0] + [0.28, 0.01, 0.01] * 4, losses)],
+    ]
+    bursty = summarize(plans, runs, setup={}).rungs[1]
+    assert statistics.median(bursty.step_samples_per_s) == pytest.approx(800)  # the old figure
+    assert bursty.samples_per_s == pytest.approx(80)
+    # four windows of three steps, each one burst: 80 samples/s each
+    assert (bursty.samples_per_s_low, bursty.samples_per_s_high) == pytest.approx((80, 80))
+    assert bursty.speedup == pytest.approx(1.0) and bursty.verdict == "no gain"
+    assert bursty.time_seconds == pytest.approx(13 * 8 / 80)
+    assert bursty.step_seconds == pytest.approx(0.01)  # the typical step stays a median
+    target = summarize(plans, runs, setup={"target_loss": 3.0}, target_loss=3.0).rungs[1]
+    assert target.steps_to_target == 11
+    assert target.time_to_target_seconds == pytest.approx(11 * 8 / 80)  # not 11 x 0.01 s
+    assert target.gain_measure == "time to target" and target.gain == pytest.approx(1.0)
+
+
+def test_a_runs_steps_are_cut_into_windows_of_two_steps_or_more() -> None:
+    sizes = {n: [len(w) for w in windows([0.1] * n)] for n in (1, 2, 3, 4, 5, 7, 8, 9, 31)}
+    assert sizes == {
+        1: [1],
+        2: [1, 1],  # under 4 steps: one window a step
+        3: [1, 1, 1],
+        4: [2, 2],
+        5: [3, 2],
+        7: [3, 2, 2],
+        8: [2, 2, 2, 2],
+        9: [3, 2, 2, 2],
+        31: [8, 8, 8, 7],
+    }
+    assert windows([1.0, 2.0, 3.0, 4.0, 5.0]) == [[1.0, 2.0, 3.0], [4.0, 5.0]]  # in order
+
+
+def test_the_spread_of_a_rate_always_holds_the_rate() -> None:
+    # one slow window, three fast: the 25th percentile of the window rates (19.4) lies
+    # above the rate of all steps (8 samples in 1.04 s); the spread reaches down to it
+    band = rate_band([[0.4, 0.4] + [0.04] * 6], batch=1)
+    assert band is not None and band.value == pytest.approx(8 / 1.04)
+    assert band.low == pytest.approx(band.value) and band.high == pytest.approx(25.0)
+    assert rate_band([[]], batch=1) is None and rate_band([[0.0, 0.0]], batch=1) is None
 
 
 def test_time_to_target_decides_when_a_target_is_given() -> None:

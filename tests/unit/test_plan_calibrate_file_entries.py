@@ -48,6 +48,9 @@ def _cli(capsys: pytest.CaptureFixture[str], path: Path) -> str:
          "activation_checkpointing={'a': 1}: must be one of none, selective, selective-op, full"),
         ('"warmup": "false"', "warmup='false': must be true or false"),
         ('"tokens_per_s": "40000"', "tokens_per_s='40000': must be a finite number of tokens a second"),
+        ('"step_seconds": "0.5"', "step_seconds='0.5': must be a finite number of seconds >= 0"),
+        ('"step_seconds": -1', "step_seconds=-1: must be a finite number of seconds >= 0"),
+        ('"step_seconds": Infinity', "step_seconds=Infinity: must be a finite number of seconds"),
     ],
 )  # fmt: skip
 def test_a_step_files_bad_entry_is_one_line_naming_the_file_and_key(

@@ -1,5 +1,5 @@
-"""workbench.spread: one quartile method for every report (the ladder's samples/s, the
-compression report's latency), and the bars that draw a spread."""
+"""workbench.spread: one quartile method for every report (the spread of the ladder's
+window rates, the compression report's latency), and the bars that draw a spread."""
 
 from __future__ import annotations
 

@@ -235,8 +235,9 @@ class CalibrateError(ValueError):
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    """What a measured step says for calibration: tokens a second over `world_size` GPUs,
-    the recomputation and precision it ran with, and how many steps gave the median."""
+    """What measured steps say for calibration: tokens a second over `world_size` GPUs (all
+    the tokens of `steps` steps after warm-up over all their seconds), the recomputation and
+    precision they ran with."""
 
     tokens_per_s: float
     world_size: int
@@ -357,14 +358,23 @@ def _as_dict(record: Any) -> dict[str, Any]:
     return {k: getattr(record, k, None) for k in _KEYS}
 
 
-_KEYS = ("tokens_per_s", "world_size", "activation_checkpointing", "precision", "warmup")
+_KEYS = (
+    "tokens_per_s",
+    "step_seconds",
+    "world_size",
+    "activation_checkpointing",
+    "precision",
+    "warmup",
+    "skipped",
+)
 
 
 def _checked(record: dict[str, Any], name: str, is_file: bool) -> None:
     """CalibrateError naming the first entry of `record` calibration cannot read: a token
     rate that is no number, a world size that is no integer >= 1, a recomputation or a
     precision the Session does not train with, a warm-up or skipped flag that is not true
-    or false. A missing entry (or null) is its default."""
+    or false, a step time that is no finite number >= 0. A missing entry (or null) is its
+    default."""
     from workbench.choices import Precision
     from workbench.estimate.flops import RECOMPUTE
 
@@ -389,13 +399,21 @@ def _checked(record: dict[str, Any], name: str, is_file: bool) -> None:
     for key in ("warmup", "skipped"):
         if record.get(key) is not None and not is_bool(record[key]):
             raise bad(key, "true or false")
+    seconds = record.get("step_seconds")
+    if seconds is not None and (
+        is_bool(seconds)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise bad("step_seconds", "a finite number of seconds >= 0")
 
 
 def measured_step(calibrate: Any) -> MeasuredStep:
-    """The median measured step of `calibrate` (see `WHERE`): the steps after warm-up with
-    a token rate, of the last world size and settings seen. CalibrateError (a ValueError)
-    saying where a measured step comes from when it holds none, and naming the entry of a
-    step record it cannot read (`_checked`)."""
+    """The measured step of `calibrate` (see `WHERE`): the steps after warm-up with a token
+    rate, of the last world size and settings seen, their tokens over their seconds
+    (`tokens_per_s`). CalibrateError (a ValueError) saying where a measured step comes from
+    when it holds none, and naming the entry of a step record it cannot read (`_checked`)."""
     records, name = _record_dicts(calibrate)
     is_file = isinstance(calibrate, (str, Path))
     for r in records:
@@ -417,7 +435,7 @@ def measured_step(calibrate: Any) -> MeasuredStep:
     key = ("world_size", "activation_checkpointing", "precision")
     same = [r for r in steady if all(r.get(k) == last.get(k) for k in key)]
     return MeasuredStep(
-        tokens_per_s=float(statistics.median(r["tokens_per_s"] for r in same)),
+        tokens_per_s=_tokens_per_s(same),
         world_size=int(last.get("world_size") or 1),
         recompute=str(last.get("activation_checkpointing") or "none"),
         precision=str(last.get("precision") or "fp32"),
@@ -425,6 +443,24 @@ def measured_step(calibrate: Any) -> MeasuredStep:
         source=name,
         is_file=is_file,
     )
+
+
+def _tokens_per_s(steps: list[dict[str, Any]]) -> float:
+    """The token rate of `steps` (each with a token rate > 0): all their tokens over all
+    their seconds (`workbench.rates.throughput`), never the median of each step's rate,
+    which under a loader that delivers in bursts is one of the fast steps' rates. Records
+    that do not all give their step time (a hand-written `{"tokens_per_s": ...}`) count as
+    steps of the same tokens, as steps of one setting are: n over the sum of 1 / rate, the
+    same ratio of sums."""
+    from workbench.rates import throughput
+
+    if all(r.get("step_seconds") is not None for r in steps):
+        rate = throughput(
+            {"step_seconds": r["step_seconds"], "tokens_per_s": r["tokens_per_s"]} for r in steps
+        ).tokens_per_s
+        if rate:
+            return rate
+    return float(len(steps) / sum(1.0 / r["tokens_per_s"] for r in steps))
 
 
 def measured_efficiency(step: MeasuredStep, count: FlopCount, peak_flops: float) -> Efficiency:
@@ -446,9 +482,10 @@ def measured_efficiency(step: MeasuredStep, count: FlopCount, peak_flops: float)
         )
     return Efficiency(
         value,
-        f"efficiency {value:.2f} measured from your step ({step.source}: median of "
-        f"{step.steps} step(s), {step.tokens_per_s:,.0f} tokens/s on {step.world_size} "
-        f"GPU(s), {step.recompute} recomputation: MFU {mfu:.2f}, HFU {value:.2f})",
+        f"efficiency {value:.2f} measured from your step ({step.source}: "
+        f"{step.tokens_per_s:,.0f} tokens/s, the tokens of {step.steps} step(s) after "
+        f"warm-up over their seconds, on {step.world_size} GPU(s), {step.recompute} "
+        f"recomputation: MFU {mfu:.2f}, HFU {value:.2f})",
     )
 
 

@@ -23,7 +23,7 @@ from workbench.inputs import shown
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import status_html
 from workbench.ui.panel import PanelBase, RefreshTimer, TabbedPanels
-from workbench.ui.training_charts import TrainingCharts
+from workbench.ui.training_charts import TrainingCharts, recent_rate
 
 SERIES = ("loss", "samples_per_s", "data_seconds", "step_seconds")
 KEPT_RECORDS = 500
@@ -149,12 +149,13 @@ class ObserverPanel(PanelBase, TrainingCharts):
             waiting = "no step yet" if obs.attached else "waiting for training to start"
             return status_html("info", f"observing your {obs.trainer_name}: {waiting}")
         r = self.records[-1]
-        speed = f"{r.samples_per_s:.1f} samples/s"
+        speed = recent_rate(self.records)
         # a loss the observer could not read is None: the notes below say why
         loss = f"loss {r.loss:.4g}" if r.loss is not None else "loss unknown (why: see Settings)"
         return status_html(
             "info",
-            f"observing your {obs.trainer_name} ({obs.state}): step {r.step}, {loss}, {speed}",
+            f"observing your {obs.trainer_name} ({obs.state}): step {r.step}, {loss}"
+            + (f", {speed}" if speed else ""),
         )
 
     def _update_advice(self) -> None:

@@ -37,7 +37,7 @@ from workbench.inputs import shown
 from workbench.ui.charts import Chart, Downsampled
 from workbench.ui.fields import Field, status_html, strip_tags
 from workbench.ui.panel import PanelBase, RefreshTimer
-from workbench.ui.training_charts import TrainingCharts, memory_summary
+from workbench.ui.training_charts import TrainingCharts, memory_summary, recent_rate
 from workbench.ui.training_controls import (
     CONTROLS,
     Control,
@@ -495,7 +495,9 @@ class TrainingPanel(TrainingCharts, PanelBase):
             parts.append(f"step {r.step}")
             if r.loss is not None and math.isfinite(r.loss):
                 parts.append(f"loss {r.loss:.4f}")
-            parts.append(f"{r.samples_per_s:.1f} samples/s")
+            rate = recent_rate(self.records)
+            if rate is not None:
+                parts.append(rate)
         if self.change_steps:
             step, text = self.change_steps[-1]
             parts.append(f"last change at step {step}: {text}")

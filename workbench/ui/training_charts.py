@@ -251,6 +251,21 @@ class TrainingCharts:
         return [self.chart]
 
 
+def recent_rate(records: list[Any]) -> str | None:
+    """The status line's throughput: the samples of the recent steps over their seconds
+    (`workbench.rates.recent`: the last 20, or those since the last settings change), said
+    with how many steps it covers; one step's rate would swing with a loader's bursts.
+    None without a step of positive time."""
+    from workbench.rates import recent, throughput
+
+    window = recent(records)
+    rate = throughput(window).samples_per_s
+    if rate is None:
+        return None
+    n = len(window)
+    return f"{rate:.1f} samples/s over the last {n} step" + ("" if n == 1 else "s")
+
+
 def peak_pair(record: Any, predicted: Any) -> list[tuple[str, float | None, float | None]]:
     """("peak of a step", the newest step's CUDA peak (`torch.cuda.max_memory_allocated`
     over that step; None on a CPU), the predicted peak of a step); [] without either."""

@@ -8,7 +8,9 @@
 A ladder is a list of rungs; each rung is a set of `TrainConfig` changes applied on top
 of every rung before it (cumulative), plus `ranks` for data parallelism. The first rung
 is the baseline (its changes apply to `base`). Every rung trains on the same samples in
-the same order, `repeats` times, interleaved; the figures are medians with their spread.
+the same order, `repeats` times, interleaved; a rung's samples/s is all its samples over
+all its seconds (steps after each run's first), with the spread of the same ratio over
+windows of steps (report.py says how).
 
 One concept per module:
 

@@ -7,20 +7,32 @@ them into a `LadderResult`.
 
 How the figures are made, so that noise does not invent a speed-up:
 
-* throughput: every optimizer step after the first of a run (the first carries one-off
-  costs: start-up, loader workers, compilation) gives `effective batch / step seconds`;
-  a rung's samples/s is the median over the steps of all its repeats, with the 25th and
-  75th percentiles as its spread.
+* throughput: a rung's samples/s is a ratio of sums, all the samples of its steady steps
+  over all their seconds, every repeat together (a steady step is one after the first of a
+  run: the first carries one-off costs, start-up, loader workers, compilation). Never the
+  median of each step's rate: with loader workers the batches arrive in bursts, the steps
+  alternate between a long wait and almost none, and the median step is one of the fast
+  ones, a rate the run never sustains (`workbench.rates`).
+* its spread: each run's steady steps are cut into consecutive windows (`windows`: four,
+  fewer when a run has under 8 steady steps so that each keeps at least 2; one a step when
+  it has under 4), each window's rate again its samples over its seconds; the spread is
+  the 25th to 75th percentile of the window rates (`workbench.spread.spread`), widened to
+  include the rung's own rate where the percentiles leave it out. Windows of a few steps
+  take in a burst and the waits around it, so the spread shows how the sustained rate
+  varies (other work, a slow stretch), not the bursts themselves.
 * a ratio of two rungs (the speed-up over the baseline, the gain over the previous rung)
-  is the ratio of the medians; its spread is the lowest and highest ratio the two
-  spreads allow (25th percentile over 75th, 75th over 25th). A rung **helped** when the
-  whole spread of its gain over the previous rung lies above 1, is **slower** when it
-  lies below 1, and otherwise made **no clear change**; "slower" and "no clear change"
-  are reported as "did not help".
+  is the ratio of their rates; its spread is the lowest and highest ratio the two
+  spreads allow (low over high, high over low). A rung **helped** when the whole spread
+  of its gain over the previous rung lies above 1, is **slower** when it lies below 1,
+  and otherwise made **no clear change**; "slower" and "no clear change" are reported as
+  "did not help".
 * with a `target_loss`, the gain is measured on the time to reach it instead (samples to
-  target / samples per second), which is the honest measure for a schedule or a larger
-  batch: they buy fewer samples to a loss, not faster steps. A rung that reaches the
-  target when the previous one does not helped, and the reverse did not help.
+  target / the rung's samples per second), which is the honest measure for a schedule or
+  a larger batch: they buy fewer samples to a loss, not faster steps. A rung that reaches
+  the target when the previous one does not helped, and the reverse did not help.
+* `time_seconds` (the rung's samples) and `time_to_target_seconds` (its samples to the
+  target) are samples over the rung's samples/s; `step_seconds` is its median steady step,
+  a typical step time, which a burst of fast steps can put below the mean step.
 * one-off costs are reported apart from the step time: `warmup_seconds` is the first
   step's time minus the median step (under `compile` that is the compile time),
   `startup_seconds` the wall time of a run outside its steps (building the session, or
@@ -38,11 +50,11 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_number, fmt_seconds
 from workbench.inputs import shown
-from workbench.spread import Spread, figure_png, spread, spread_bars
+from workbench.spread import figure_png, spread, spread_bars
 
 # bar colours: helped, slower, no clear change, the baseline, failed
 _HELPED, _SLOWER, _SAME, _BASE, _FAILED = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#424242"
@@ -112,7 +124,7 @@ class RungResult:
     samples_per_s_low: float | None
     samples_per_s_high: float | None
     step_seconds: float | None
-    time_seconds: float | None  # the rung's samples at its median step time
+    time_seconds: float | None  # the rung's samples over its samples/s
     warmup_seconds: float | None
     startup_seconds: float | None
     final_loss: float | None
@@ -284,7 +296,9 @@ class LadderResult(Readable):
             if not any(times):
                 ax2.set_xlim(0, 1)
                 ax2.set_xticks([])
-            ax2.set_title(f"time to loss {fmt_number(target)} (s, at the median step)", fontsize=9)
+            ax2.set_title(
+                f"time to loss {fmt_number(target)} (s, at the rung's samples/s)", fontsize=9
+            )
             ax2.margins(x=0.3)
         for a in axes:
             a.tick_params(labelsize=8)
@@ -300,7 +314,8 @@ class LadderResult(Readable):
         fig.text(
             0.5,
             0.0,
-            "bars: median; whiskers: the lowest-highest ratio the 25th-75th percentiles allow; "
+            "bars: all samples over all seconds; whiskers: the lowest-highest ratio the "
+            "25th-75th percentiles of windows of steps allow; "
             "green: helped over the previous rung, red: slower, grey: no clear change",
             ha="center",
             va="top",
@@ -317,7 +332,8 @@ class LadderResult(Readable):
 
 def memory_notes(rungs: Sequence[RungResult]) -> list[str]:
     """The memory ladder's verdict per rung: what it frees (measured, and predicted)
-    and what it costs in step time, each against the last rung that ran."""
+    and what it costs in step time (the mean step: effective batch over samples/s), each
+    against the last rung that ran."""
     out: list[str] = []
     prev: RungResult | None = None
     for r in rungs:
@@ -331,8 +347,13 @@ def memory_notes(rungs: Sequence[RungResult]) -> list[str]:
                 else None
             )
             cost = (
-                f"step time x{fmt_number(r.step_seconds / prev.step_seconds, 3)}"
-                if r.step_seconds and prev.step_seconds
+                "step time x"
+                + fmt_number(
+                    (r.effective_batch / r.samples_per_s)
+                    / (prev.effective_batch / prev.samples_per_s),
+                    3,
+                )
+                if r.samples_per_s and prev.samples_per_s
                 else "step time n/a"
             )
             what = "frees" if freed >= 0 else "adds"
@@ -391,10 +412,54 @@ def _finite(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- statistics
-def ratio(a: Spread, b: Spread) -> Spread:
-    """a / b for two spreads: the ratio of the medians, and the lowest and highest ratio
-    their 25th-75th percentile ranges allow."""
-    return Spread(a.median / b.median, a.p25 / b.p75, a.p75 / b.p25)
+class Band(NamedTuple):
+    """A figure with its spread: `value` and the `low`-`high` range around it (a rung's
+    samples/s, a ratio of two rungs)."""
+
+    value: float
+    low: float
+    high: float
+
+
+#: the windows each run's steady steps are cut into for the spread of a rung's rate
+WINDOWS = 4
+
+
+def windows(steps: Sequence[float], most: int = WINDOWS) -> list[list[float]]:
+    """`steps` (a run's step times, in order) cut into consecutive windows of as even a
+    length as can be: `most` of them when there are 2 x `most` steps or more, else as many
+    as keep at least 2 steps each; one a step under 4 steps (two windows of two steps are
+    not possible, and one window would show no spread at all)."""
+    n = len(steps)
+    k = min(most, n // 2) if n >= 4 else n
+    out, start = [], 0
+    for i in range(k):
+        size = n // k + (1 if i < n % k else 0)
+        out.append(list(steps[start : start + size]))
+        start += size
+    return out
+
+
+def rate_band(runs: Sequence[Sequence[float]], batch: int) -> Band | None:
+    """The samples/s of steps of `batch` samples whose times are `runs` (one sequence a
+    run): all samples over all seconds, with the 25th-75th percentile of its windows'
+    rates (`windows`, each a ratio of sums) as its spread, widened to include the rate
+    itself. None without a step of positive time."""
+    steps = [s for run in runs for s in run]
+    if not steps or sum(steps) <= 0:
+        return None
+    rate = batch * len(steps) / sum(steps)
+    rates = [batch * len(w) / sum(w) for run in runs for w in windows(run) if sum(w) > 0]
+    quartiles = spread(rates)
+    if quartiles is None:
+        return Band(rate, rate, rate)
+    return Band(rate, min(quartiles.p25, rate), max(quartiles.p75, rate))
+
+
+def ratio(a: Band, b: Band) -> Band:
+    """a / b for two figures with their spreads: the ratio of the values, and the lowest
+    and highest ratio their ranges allow."""
+    return Band(a.value / b.value, a.low / b.high, a.high / b.low)
 
 
 def first_at_or_below(losses: Sequence[float], target: float) -> int | None:
@@ -421,7 +486,7 @@ def _final_loss(losses: Sequence[float]) -> float | None:
 class _Stats:
     plan: RungPlan
     runs: list[RunMeasure]
-    thr: Spread | None = None
+    thr: Band | None = None
     steps_per_s: tuple[float, ...] = ()
     step_s: float | None = None
     warmup_s: float | None = None
@@ -437,11 +502,12 @@ def _stats(plan: RungPlan, runs: list[RunMeasure], target: float | None) -> _Sta
     if failed or not runs:
         st.error = failed[0].error if failed else "no run"
         return st
-    steady = [s for r in runs for s in r.step_seconds[1:] if s > 0]
-    if not steady:  # a one-step run: its only step is the warm-up step
-        steady = [s for r in runs for s in r.step_seconds if s > 0]
+    per_run = [[s for s in r.step_seconds[1:] if s > 0] for r in runs]
+    if not any(per_run):  # one-step runs: their only step is the warm-up step
+        per_run = [[s for s in r.step_seconds if s > 0] for r in runs]
+    steady = [s for steps in per_run for s in steps]
     st.steps_per_s = tuple(plan.effective_batch / s for s in steady)
-    st.thr = spread(st.steps_per_s)
+    st.thr = rate_band(per_run, plan.effective_batch)
     st.step_s = statistics.median(steady) if steady else None
     if st.step_s is not None:
         extra = [r.step_seconds[0] - st.step_s for r in runs if len(r.step_seconds) > 1]
@@ -604,22 +670,22 @@ def summarize(
         results.append(
             RungResult(
                 **common,
-                samples_per_s=st.thr[0],
-                samples_per_s_low=st.thr[1],
-                samples_per_s_high=st.thr[2],
+                samples_per_s=st.thr.value,
+                samples_per_s_low=st.thr.low,
+                samples_per_s_high=st.thr.high,
                 step_seconds=st.step_s,
-                time_seconds=None if st.step_s is None else st.step_s * p.steps,
+                time_seconds=p.steps * p.effective_batch / st.thr.value,
                 warmup_seconds=st.warmup_s,
                 startup_seconds=st.startup_s,
                 final_loss=st.final_loss,
                 steps_to_target=hit,
                 samples_to_target=None if hit is None else hit * p.effective_batch,
                 time_to_target_seconds=None
-                if hit is None or st.step_s is None
-                else hit * st.step_s,
-                speedup=None if speed is None else speed[0],
-                speedup_low=None if speed is None else speed[1],
-                speedup_high=None if speed is None else speed[2],
+                if hit is None
+                else hit * p.effective_batch / st.thr.value,
+                speedup=None if speed is None else speed.value,
+                speedup_low=None if speed is None else speed.low,
+                speedup_high=None if speed is None else speed.high,
                 gain=gain,
                 gain_low=low,
                 gain_high=high,

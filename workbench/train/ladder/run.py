@@ -203,10 +203,11 @@ def run_plan(
     notes = [
         f"every rung trains on the same {plan.samples} samples in the same order (seed "
         f"{plan.rungs[0].config.seed}); {plan.repeats} repeat(s) interleaved; samples/s: "
-        "the median of every step after each run's first, [25th-75th percentile]; ratios: "
-        "[the lowest-highest the percentiles allow]",
-        "time: the rung's samples at its median step time; one-off costs (first step, "
-        "start-up) are reported apart",
+        "all samples over all seconds of the steps after each run's first, [the 25th-75th "
+        "percentile of that ratio over windows of a few steps]; ratios: [the lowest-highest "
+        "the percentiles allow]",
+        "time: the rung's samples at its samples/s; one-off costs (first step, start-up) are "
+        "reported apart",
         *plan.notes,
     ]
     if busiest is not None and busiest > (os.cpu_count() or 1):

@@ -5,8 +5,8 @@
     print(u.text())     # tokens/s, MFU and HFU, each named, on the GPU it ran on
 
 The steps are read as `plan(calibrate=...)` reads them (`workbench.planner.efficiency.
-measured_step`: a Session, an observer, their StepRecords or a run's log.jsonl; the median
-steady step of the last settings), the FLOPs a token are the one count
+measured_step`: a Session, an observer, their StepRecords or a run's log.jsonl; the steps
+after warm-up of the last settings, all their tokens over all their seconds), the FLOPs a token are the one count
 (`workbench.estimate.flops`, of the model as `estimate_memory` takes it: a preset, a
 config.json or the module itself), and the peak is the catalog's for the GPU (named, or the
 one this process sees). MFU counts the model's FLOPs, HFU the recomputed forward too; the
@@ -37,8 +37,9 @@ class Utilisation:
 
     def text(self) -> str:
         return (
-            f"{self.tokens_per_s:,.0f} tokens/s on {self.gpus} x {self.gpu} (median of "
-            f"{self.steps} step(s), {self.recompute} recomputation): MFU {self.mfu:.1%} "
+            f"{self.tokens_per_s:,.0f} tokens/s on {self.gpus} x {self.gpu} (the tokens of "
+            f"{self.steps} step(s) after warm-up over their seconds, {self.recompute} "
+            f"recomputation): MFU {self.mfu:.1%} "
             f"(model FLOPs, {self.model_flops_per_token / 1e9:,.2f} GFLOP a token), HFU "
             f"{self.hfu:.1%} (with the recomputed forward)"
         )
