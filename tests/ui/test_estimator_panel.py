@@ -85,7 +85,10 @@ def test_change_recomputes_and_redraws_in_place(panel: EstimatorPanel) -> None:
     before_png, renders = panel.chart.png, panel.chart.renders
     _set(panel, "micro_batch", "4")
     assert panel.estimate.micro_batch == 4
-    assert panel.chart_data()["activations"][0] == pytest.approx(4 * before_act)
+    # 4x the activations; the peak's moment may move within backward (micro-batch 1: the
+    # last layer's, beside ZeRO-2's flattened reduce copy; 4: the loss's), whose
+    # activations differ by selective recomputation's working set (30 parts per million)
+    assert panel.chart_data()["activations"][0] == pytest.approx(4 * before_act, rel=1e-4)
     assert panel.chart.renders == renders + 1 and panel.chart.png != before_png
     assert panel.chart.image.value == panel.chart.png
     # the same figure, axes and image widget: no new figure per change, nothing in pyplot

@@ -1,10 +1,11 @@
 """The terms of a training step that its micro-batch does not change: which engine trains
 the setup, the bytes per element it computes and reduces in, the autocast copies, and the
 engine's buffers (DDP's buckets, FSDP's gathered units and unsharded gradients,
-DeepSpeed's gathered parameters, reduce buckets and fp32 gradient partition), gathered
-once per estimate in `StepFixed` (`fixed_terms`). `workbench.estimate.peak` adds the
-terms that grow with the micro-batch and finds the step's highest point; its module
-docstring describes each engine's buffers and where they come from.
+DeepSpeed's gathered parameters, reduce buckets, flattened reduce copy and fp32 gradient
+partition), gathered once per estimate in `StepFixed` (`fixed_terms`).
+`workbench.estimate.peak` adds the terms that grow with the micro-batch and finds the
+step's highest point; its module docstring describes each engine's buffers and where they
+come from.
 """
 
 from __future__ import annotations
@@ -197,27 +198,70 @@ def _gathered_layer_bytes(i: EstimateInputs, layer: int, cw: int) -> int:
     return packed + cw * (layer - quantized + adapters)
 
 
-def _deepspeed_buffers(i: EstimateInputs) -> tuple[int, int, int]:
-    """(gathered stage-3 parameters, reduce buckets in backward, fp32 gradient copy at
-    the step) of DeepSpeed (module docstring)."""
+#: The term of DeepSpeed's flattened reduce copy (`DeepSpeedBuffers`).
+FLAT_REDUCE_TERM = "DeepSpeed flattened reduce copy"
+#: The elements DeepSpeed's ZeRO-0 engine flattens its gradients in, at most, per allreduce:
+#: `allreduce_gradients`' own bucket (DeepSpeed 0.19 engine.py `MEMORY_OPT_ALLREDUCE_SIZE`),
+#: whatever the config's reduce_bucket_size says.
+STAGE0_ALLREDUCE_ELEMENTS = 500_000_000
+
+
+class DeepSpeedBuffers(NamedTuple):
+    """DeepSpeed's buffers of a step, in bytes (the peak module's docstring): ZeRO-3's
+    gathered parameters; ZeRO 1/2's reduce buckets in backward; the flattened copy of a
+    reduce, beside the layers' backward (a reduce before the last: the bucket is smaller
+    than the trained parameters) and at the end of backward (the final reduce, or stage 0's
+    allreduce); whether the gradient partition exists at that final reduce; the fp32 copy
+    of the gradient partition the step makes."""
+
+    gathered: int
+    reduce: int
+    flat_layers: int
+    flat_end: int
+    partition_at_end: bool
+    fp32_grads: int
+
+
+def _deepspeed_buffers(i: EstimateInputs) -> DeepSpeedBuffers:
+    """DeepSpeed's buffers of `i`'s step (`DeepSpeedBuffers`).
+
+    The flattened reduce copy (DeepSpeed 0.19): ZeRO 1/2's `reduce_ipg_grads` ->
+    `average_tensor` -> `allreduce_and_scatter` -> `allreduce_bucket` cats the bucket's
+    gradient slices into one new tensor in the bucket's dtype (the gradient dtype; W x the
+    bucket's elements, at most `reduce_bucket_size`), all-reduces it and copies it back;
+    it is freed when the reduce returns, one at a time with or without `overlap_comm`.
+    Stage 2's gradient hooks reduce whenever the bucket fills and once more at the end of
+    backward (stage 1's only with `overlap_comm`; without it, `reduce_gradients` flattens
+    after backward the gradients it moved from their whole `.grad`s into the bucket, bytes
+    the end of backward's "DeepSpeed stage-1 whole gradients" hold already). The gradient
+    partition is allocated by the first reduce, after its copy is freed: a bucket that
+    holds every trained parameter reduces once, before any partition exists. Stage 0's
+    engine flattens every gradient (in chunks of `STAGE0_ALLREDUCE_ELEMENTS`) after
+    autograd's backward, the same copy."""
     ds = i.deepspeed
     w = grad_bytes(i.precision)
     psi = trained_params(i)  # DeepSpeed reduces and partitions the trained parameters only
     bucket = int(ds["reduce_bucket_size"])
     if not i.deepspeed_given:  # the workbench caps its bucket at the trained parameters
         bucket = min(bucket, -(-psi // 64) * 64)
-    gathered = reduce = 0
+    gathered = reduce = flat_layers = flat_end = 0
+    partition_at_end = True
     if i.zero_stage == 3:
         gathered = compute_bytes(i.precision) * _zero3_live(i)
     elif i.zero_stage in (1, 2):
         overlap = ds["overlap_comm"]
         reduce = w * bucket * (2 if overlap else 1)
+        if i.zero_stage == 2 or overlap:  # the gradient hooks reduce in backward
+            flat_end = w * min(bucket, psi)
+            if bucket < psi:  # the bucket fills (and is reduced) before the last layer
+                flat_layers = flat_end
+            partition_at_end = bucket < psi or i.grad_accum > 1
     else:
-        reduce = w * min(bucket, psi)
+        flat_end = w * min(STAGE0_ALLREDUCE_ELEMENTS, psi)
     fp32_grads = 0
     if w == 2 and not i.offload_optimizer:
         fp32_grads = 4 * (-(-psi // i.data_parallel) if i.zero_stage >= 1 else psi)
-    return gathered, reduce, fp32_grads
+    return DeepSpeedBuffers(gathered, reduce, flat_layers, flat_end, partition_at_end, fp32_grads)
 
 
 def _backward_end_engine(
@@ -243,8 +287,9 @@ def _backward_end_engine(
 class StepFixed(NamedTuple):
     """The terms of a step that do not change with the micro-batch (`fixed_terms`): the
     engine, the optimizer's implementation, the model states as the step holds them, the
-    autocast casts, the optimizer's temporaries, the gradients held before backward and
-    the first one made, QLoRA's dequantized weight and the engine's buffers."""
+    autocast casts, the optimizer's temporaries, the gradients held before backward, the
+    first one made and those held at its end, QLoRA's dequantized weight and the engine's
+    buffers."""
 
     engine: str
     impl: str
@@ -257,6 +302,9 @@ class StepFixed(NamedTuple):
     first: int
     dequant: int
     gathered_loss: int
+    #: the gradients the end of backward holds (DeepSpeed ZeRO 1/2: none before a final
+    #: reduce that is the first, `DeepSpeedBuffers.partition_at_end`)
+    end_grads: int
     engine_fwd: dict[str, int]
     engine_bwd: dict[str, int]
     engine_step: dict[str, int]
@@ -314,12 +362,15 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         engine_bwd["FSDP gathered parameters"] = gathered_bwd
         engine_bwd["FSDP unsharded gradients"] = unsharded
     elif engine == "deepspeed":
-        gathered, reduce, fp32_grads = _deepspeed_buffers(i)
+        buffers = _deepspeed_buffers(i)
+        gathered, reduce, fp32_grads = buffers.gathered, buffers.reduce, buffers.fp32_grads
         if gathered:
             engine_fwd["ZeRO-3 gathered parameters"] = gathered
             engine_bwd["ZeRO-3 gathered parameters"] = gathered
         if reduce:  # allocated in backward, released at its end (DeepSpeed 0.19)
             engine_bwd["DeepSpeed reduce buckets"] = reduce
+        if buffers.flat_layers:  # a reduce beside the layers' backward
+            engine_bwd[FLAT_REDUCE_TERM] = buffers.flat_layers
 
         if fp32_grads:
             engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
@@ -332,10 +383,20 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
                 if extra:
                     engine_step["DeepSpeed flattened gradient partition"] = extra
 
-    held_units = {k: v for k, v in engine_bwd.items() if "unsharded" not in k}
-    if engine == "fsdp":  # the loss's backward: the units gathered before any layer's
+    # the loss's backward: the units gathered before any layer's (no reduce has run yet)
+    held_units = {
+        k: v for k, v in engine_bwd.items() if "unsharded" not in k and k != FLAT_REDUCE_TERM
+    }
+    if engine == "fsdp":
         held_units["FSDP gathered parameters"] = gathered_loss
     backward_end = _backward_end_engine(i, engine, engine_bwd, engine_step)
+    end_grads = grads
+    if engine == "deepspeed":
+        backward_end.pop(FLAT_REDUCE_TERM, None)
+        if buffers.flat_end:  # the final reduce (stage 0: the allreduce after backward)
+            backward_end[FLAT_REDUCE_TERM] = buffers.flat_end
+        if not buffers.partition_at_end:  # made by the reduce, after its copy is freed
+            end_grads = 0
     if engine == "deepspeed" and i.zero_stage == 1 and not i.deepspeed["overlap_comm"]:
         # stage 1 partitions no gradient in backward: without overlap_comm (its default
         # there) its hooks reduce nothing, every parameter's 16-bit .grad is whole at the
@@ -356,6 +417,7 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         first,
         dequant,
         gathered_loss,
+        end_grads,
         engine_fwd,
         engine_bwd,
         engine_step,
@@ -369,6 +431,8 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
 
 
 __all__ = [
+    "FLAT_REDUCE_TERM",
+    "DeepSpeedBuffers",
     "StepFixed",
     "autocast_casts",
     "compute_bytes",

@@ -77,8 +77,18 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   bytes), for the whole run, unless `gradient_as_bucket_view=True` (`bucket_view`), where
   the gradients are views into the buckets and nothing is added.
 * **DeepSpeed buffers**: ZeRO 1 and 2 reduce gradients through a contiguous bucket of
-  `reduce_bucket_size` elements in the gradient dtype (two with `overlap_comm`); stage 0
-  flattens one allreduce bucket of that size; under 16-bit training the step makes an
+  `reduce_bucket_size` elements in the gradient dtype (two with `overlap_comm`). Each
+  reduce cats the bucket's gradients into a new tensor before the collective and copies
+  it back ("DeepSpeed flattened reduce copy": W x the bucket's elements, at most
+  min(`reduce_bucket_size`, Ψ); DeepSpeed 0.19 `allreduce_bucket`, one at a time): at the
+  end of backward (the final reduce; the gradient partition is made by the first
+  reduce, after its copy is freed, so a bucket that holds every trained parameter
+  reduces once with no partition yet) and, when the bucket is smaller than the trained
+  parameters, beside the layers' backward. Stage 1 without `overlap_comm` reduces after
+  backward, flattening gradients its whole `.grad`s no longer hold (no term of its
+  own). Stage 0 flattens every gradient (at most 5e8 elements at a time) after
+  autograd's backward: the copy at the end of backward only. Under 16-bit training the
+  step makes an
   fp32 copy of this GPU's gradient partition (4·Ψ/N); ZeRO 1/2 first flatten it in the
   gradient dtype (W·Ψ/N), alive with the fp32 copy until the optimizer runs: the step's
   highest moment holds the larger of that flat copy and the optimizer's temporaries
@@ -408,7 +418,7 @@ def _step_peak(
             + (sum(ring.values()) if ring else 0),
             "backward end": params + optim + recompute + transient
             + (dequant if lora_on else 0) + end_sum
-            + (one_grad + one_temps if i.optimizer_in_backward else grads),
+            + (one_grad + one_temps if i.optimizer_in_backward else f.end_grads),
         }  # fmt: skip
         moment = max(moment_totals, key=moment_totals.__getitem__)
         totals = {
@@ -466,7 +476,7 @@ def _step_peak(
         # the end of backward: every gradient, the first layer's recomputation
         moments["backward end"] = {
             **base,
-            "gradients": grads,
+            "gradients": f.end_grads,
             "activations": recompute,
             "backward transient": transient,
             **({"QLoRA dequantized weight": dequant} if i.lora is not None else {}),

@@ -88,6 +88,7 @@ ENGINE_TERMS = (
     "FSDP unsharded gradients",
     "ZeRO-3 gathered parameters",
     "DeepSpeed reduce buckets",
+    "DeepSpeed flattened reduce copy",
     "DeepSpeed fp32 gradient partition",
     "DeepSpeed flattened gradient partition",
 )

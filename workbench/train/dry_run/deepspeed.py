@@ -34,13 +34,15 @@ under ZeRO 1/2, each rank's partition under ZeRO-3, counted as "parameters"), th
 master partitions and the base optimizer's states ("optimizer states"), DeepSpeed's
 gradient partitions and buckets (relabelled as "gradients" at the start of each
 optimizer step from the engine's own containers; during the backward they are what the
-tracker calls temporaries, which is where they live).
+tracker calls temporaries, which is where they live). Each reduce's flattened copy, which
+no container holds, is told apart by where it is made (`DeepSpeedKinds`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -324,6 +326,8 @@ def engine_tensors(engine: Any) -> list[torch.Tensor]:
     return _tensors(list(vars(engine.optimizer).values()))
 
 
+#: The tracker's kind of what DeepSpeed's `allreduce_bucket` makes (`DeepSpeedKinds`).
+FLAT_COPY = "DeepSpeed Flat Copy"
 #: The tracker's kinds a DeepSpeed buffer may be filed under before it is told apart
 #: (made during a forward, a backward, or built with the engine).
 _MOVABLE = frozenset({"Other", "Activation", "Temp", "Gradient"})
@@ -333,18 +337,41 @@ class DeepSpeedKinds:
     """The tracker's `reclassify`: at each new highest moment, DeepSpeed's buffers alive
     then are moved from the kind the tracker filed them under (a tensor made in backward
     is a "Temp" to it, a gathered ZeRO-3 parameter a "Parameter") to what they are, each
-    storage once, in this order: the fp32 masters (optimizer states), the reduce buckets
-    (under ZeRO-3 counted with the gradients, as DeepSpeed's layout does), ZeRO-3's
-    gathered parameters, the gradients (the module's `.grad`s, the gradient partitions),
-    the masters' fp32 gradients, DeepSpeed's other buffers; during the optimizer step,
-    what DeepSpeed's step makes outside the base optimizer (the flattened and upcast
-    gradient partition before it becomes the masters' gradient) is a step temporary."""
+    storage once, in this order: the flattened copies of ZeRO 0-2's reduces, the fp32
+    masters (optimizer states), the reduce buckets (under ZeRO-3 counted with the
+    gradients, as DeepSpeed's layout does), ZeRO-3's gathered parameters, the gradients
+    (the module's `.grad`s, the gradient partitions), the masters' fp32 gradients,
+    DeepSpeed's other buffers; during the optimizer step, what DeepSpeed's step makes
+    outside the base optimizer (the flattened and upcast gradient partition before it
+    becomes the masters' gradient) is a step temporary.
+
+    The flattened copy of a reduce is what DeepSpeed's `allreduce_bucket` makes while it
+    runs (the engine's for stage 0, the ZeRO 1/2 optimizer's): the bucket's gradients
+    catted into one tensor (and cast to `communication_data_type` where that differs),
+    all-reduced, copied back and dropped; nothing of DeepSpeed's holds it. Each of the two
+    methods is wrapped on this engine's own objects, so the tracker files what it makes as
+    "DeepSpeed Flat Copy" (`tagging`)."""
 
     def __init__(self, engine: Any, tracker: Any, device_type: str) -> None:
         self.engine = engine
         self.tracker = tracker
         self.device_type = device_type
         self.zero3 = int(engine.zero_optimization_stage()) == 3
+        if not self.zero3:
+            for owner in (engine, engine.optimizer):
+                reduce = getattr(owner, "allreduce_bucket", None)
+                if callable(reduce):
+                    owner.allreduce_bucket = self._tagged(reduce)
+
+    def _tagged(self, reduce: Any) -> Any:
+        tracker = self.tracker
+
+        @functools.wraps(reduce)
+        def allreduce_bucket(*args: Any, **kwargs: Any) -> Any:
+            with tracker.tagging(FLAT_COPY):
+                return reduce(*args, **kwargs)
+
+        return allreduce_bucket
 
     def _groups(self) -> list[tuple[str, frozenset[str], list[torch.Tensor]]]:
         held = vars(self.engine.optimizer)
@@ -370,6 +397,12 @@ class DeepSpeedKinds:
         ]
 
     def __call__(self, now: dict[str, int]) -> None:
+        for kind, winfo in list(self.tracker.tagged.values()):
+            if winfo.device.type != self.device_type:
+                continue
+            old = str(getattr(winfo.reftype, "value", winfo.reftype))
+            if old != kind and old in _MOVABLE and winfo.mem_consumed:
+                _move(now, old, kind, int(winfo.mem_consumed))
         kept: list[Any] = []
         seen: set[int] = set()
         for kind, movable, tensors in self._groups():

@@ -90,8 +90,18 @@ _ROWS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
         ("DeepSpeed reduce buckets",),
         ("DeepSpeed reduce buckets",),
         "ZeRO 1/2's contiguous reduce buckets (reduce_bucket_size elements in the gradient "
-        "dtype) and stage 0's flat allreduce bucket, alive in backward; the dry run counts "
-        "the ones DeepSpeed's engine allocated",
+        "dtype, two with overlap_comm), alive in backward; the dry run counts the ones "
+        "DeepSpeed's engine allocated",
+    ),
+    (
+        "DeepSpeed flattened reduce copy",
+        ("DeepSpeed flattened reduce copy",),
+        ("DeepSpeed flattened reduce copy",),
+        "the new tensor DeepSpeed's allreduce_bucket cats a reduce's gradients into (the "
+        "bucket's elements in the gradient dtype, at most reduce_bucket_size; stage 0: "
+        "every gradient, after backward), freed when the reduce returns; formula: at the "
+        "end of backward, and beside the layers' when the bucket fills before; dry run: "
+        "what DeepSpeed's allreduce_bucket made that is alive then",
     ),
     (
         "DeepSpeed fp32 gradient partition",

@@ -24,7 +24,8 @@ themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,7 @@ KINDS: dict[str, str] = {
     "Reduce Scatter": "unsharded gradients",
     # DeepSpeed's own buffers, told apart by `dry_run_deepspeed.DeepSpeedKinds`
     "DeepSpeed Buckets": "DeepSpeed reduce buckets",
+    "DeepSpeed Flat Copy": "DeepSpeed flattened reduce copy",
     "DeepSpeed fp32 Grad": "DeepSpeed fp32 gradient partition",
     "ZeRO-3 Gathered": "ZeRO-3 gathered parameters",
     "DeepSpeed Other": "DeepSpeed other buffers",
@@ -80,6 +82,7 @@ CATEGORIES = (
     "gathered parameters",
     "unsharded gradients",
     "DeepSpeed reduce buckets",
+    "DeepSpeed flattened reduce copy",
     "DeepSpeed fp32 gradient partition",
     "ZeRO-3 gathered parameters",
     "DeepSpeed other buffers",
@@ -133,11 +136,19 @@ class TraceRecorder:
     def at(self, step: int, phase: str) -> None:
         self.step, self.phase = step, phase
 
-    def note(self, update: str, winfo: Any, old_bytes: int | None, module: str | None) -> None:
-        """One of the tracker's updates ("ADD", "DEL", "REF", "SIZE") of `winfo`."""
+    def note(
+        self,
+        update: str,
+        winfo: Any,
+        old_bytes: int | None,
+        module: str | None,
+        tag: str | None = None,
+    ) -> None:
+        """One of the tracker's updates ("ADD", "DEL", "REF", "SIZE") of `winfo`; `tag`:
+        the kind a new storage is filed under instead of the tracker's (`tagging`)."""
         if winfo.device.type != self.device_type:
             return
-        kind = str(getattr(winfo.reftype, "value", winfo.reftype))
+        kind = tag or str(getattr(winfo.reftype, "value", winfo.reftype))
         key = id(winfo)
         if update == "REF":
             block = self._live.get(key)
@@ -203,6 +214,10 @@ def phase_tracker(base: type, device_type: str) -> type:
             self.reclassify: Callable[[dict[str, int]], None] | None = None
             #: the allocations and frees in order (`alloc_trace()`)
             self.recorder = TraceRecorder(device_type)
+            self._tag: str | None = None
+            #: the storages made inside a `tagging` block and still alive: id(winfo) ->
+            #: (the block's kind, the tracker's record of the storage)
+            self.tagged: dict[int, tuple[str, Any]] = {}
 
         def _update_snap(
             self,
@@ -214,7 +229,23 @@ def phase_tracker(base: type, device_type: str) -> type:
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
             update = str(getattr(u_type, "name", u_type))
             module = _innermost(self._mod_tracker.parents) if update != "REF" else None
-            self.recorder.note(update, winfo, old_mem_consumed, module)
+            tag = self._tag if update == "ADD" else None
+            if tag is not None:
+                self.tagged[id(winfo)] = (tag, winfo)
+            elif update == "DEL":
+                self.tagged.pop(id(winfo), None)
+            self.recorder.note(update, winfo, old_mem_consumed, module, tag)
+
+        @contextlib.contextmanager
+        def tagging(self, kind: str) -> Iterator[None]:
+            """File the storages the operators make inside the block under `kind` (one of
+            `KINDS`): in the trace, and in `tagged` for the `reclassify` of the highest
+            moments (the tracker's own snapshot keeps its kinds)."""
+            outer, self._tag = self._tag, kind
+            try:
+                yield
+            finally:
+                self._tag = outer
 
         def __torch_dispatch__(
             self,
