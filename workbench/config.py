@@ -390,8 +390,9 @@ class TrainConfig:
         "all-linear",
         kind="text",
         label="LoRA targets",
-        help='the layers that get adapters: "all-linear" (every nn.Linear but the output '
-        "head) or comma-separated module names or name endings (qkv,proj)",
+        help='the layers that get adapters: "all-linear" (every nn.Linear, or GPT-2\'s '
+        "Conv1D, but the output head) or comma-separated module names or name endings "
+        "(qkv,proj; c_attn)",
         flag="--lora-targets",
         metavar="NAMES",
         rebuilds=("backend",),

@@ -1,6 +1,8 @@
 """LoRA targets that pick none of a model's linear layers: the dry run and the Session say
-why once, from the same data, and name GPT-2's Conv1D projections as what LoRA here does
-not wrap (an 'all-linear' that picks only the head told the user to give 'all-linear')."""
+why once, from the same data, naming the linear layers there are: on GPT-2 its
+transformers Conv1D projections, which LoRA wraps (an 'all-linear' that picked only the
+head once told the user to give 'all-linear'; GPT-2 was refused before LoRA wrapped
+Conv1D: tests/integration/test_lora_gpt2.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from workbench.config import TrainConfig
 from workbench.train.dry_run import DryRunError, simulate_memory
 from workbench.train.techniques.lora import lora_problem
 
+#: Llama's attention projections, which GPT-2 does not have
+LLAMA_NAMES = "q_proj,v_proj"
+
 
 def _meta_gpt2() -> torch.nn.Module:
     config = transformers.GPT2Config(
@@ -22,18 +27,23 @@ def _meta_gpt2() -> torch.nn.Module:
         return transformers.GPT2LMHeadModel(config)
 
 
-def test_gpt2s_conv1d_projections_are_named_once_by_the_dry_run() -> None:
+def test_targets_gpt2_lacks_are_named_once_by_the_dry_run_with_its_conv1d_layers() -> None:
+    config = TrainConfig(lora_rank=8, lora_targets=LLAMA_NAMES)
     with pytest.raises(DryRunError) as got:
-        simulate_memory(_meta_gpt2(), TrainConfig(lora_rank=8), seq_len=16, progress=False)
+        simulate_memory(_meta_gpt2(), config, seq_len=16, progress=False)
     text = str(got.value)
     assert text.count("lora_targets=") == 1, text
-    assert "transformers' Conv1D layers (transformer.h.0.attn.c_attn" in text
-    assert "give their names or name endings, or 'all-linear'" not in text
+    assert "picks none of the model's linear layers (transformer.h.0.attn.c_attn, " in text
     (problem,) = got.value.problems
-    assert (problem.field, problem.value) == ("lora_targets", "all-linear")
+    assert (problem.field, problem.value) == ("lora_targets", LLAMA_NAMES)
 
 
 def test_the_session_says_the_same_reason() -> None:
-    problem = lora_problem(_meta_gpt2(), TrainConfig(lora_rank=8))
+    problem = lora_problem(_meta_gpt2(), TrainConfig(lora_rank=8, lora_targets=LLAMA_NAMES))
     assert problem is not None and problem.field == "lora_targets"
-    assert problem.message.startswith("picks none of the model's linear layers (lm_head): its")
+    assert problem.message.startswith(
+        "picks none of the model's linear layers (transformer.h.0.attn.c_attn, "
+        "transformer.h.0.attn.c_proj, transformer.h.0.mlp.c_fc"
+    )
+    assert problem.message.endswith("give their names or name endings, or 'all-linear'")
+    assert lora_problem(_meta_gpt2(), TrainConfig(lora_rank=8)) is None  # all-linear picks them

@@ -16,6 +16,10 @@ the vocabulary, P learned positions, per layer:
     MLP biases          bias="all": gelu f + h, swiglu 2f + h; otherwise 0
     norms               two per layer: LayerNorm 2h (weight, bias), RMSNorm h (weight)
 
+(`fused_qkv`: Q, K and V held as one (h, q + 2g) matrix, as GPT-2's `c_attn` and
+GPT-NeoX's `query_key_value` are; the same parameters, one linear layer where LoRA puts
+one adapter instead of three)
+
 plus the token embedding V·h, the output projection V·h unless tied to the embedding,
 the learned position table P·h (none for rotary) and the final norm. With a = k, f = 4h,
 bias "all", LayerNorm, learned positions and tied embeddings this is GPT's
@@ -114,6 +118,7 @@ OPTIONAL = (
     "experts_per_token",
     "moe_ffn_hidden",
     "shared_ffn_hidden",
+    "fused_qkv",
 )
 FIELDS = REQUIRED + OPTIONAL
 #: The fields of a mixture of experts (all None for a dense model).
@@ -159,7 +164,9 @@ class Architecture:
     `parallel_residual` False (True: attention and MLP read the same layer input, as in
     GPT-NeoX; it changes the activations, not the count), `head_dim` hidden / heads,
     `causal` True (False: an encoder such as BERT, whose attention sees every position;
-    it changes neither the count nor the saved tensors), and checks every field, raising
+    it changes neither the count nor the saved tensors), `fused_qkv` False (True: Q, K and
+    V are one linear layer, as GPT-2's and GPT-NeoX's are; it changes LoRA's targets, not
+    the count), and checks every field, raising
     `EstimateInputError` with all problems at once.
 
     A mixture of experts sets `experts` (routed experts per layer) and
@@ -188,6 +195,7 @@ class Architecture:
     experts_per_token: int | None = None
     moe_ffn_hidden: int | None = None
     shared_ffn_hidden: int | None = None
+    fused_qkv: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -447,6 +455,7 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
         ("tied_embeddings", True),
         ("parallel_residual", False),
         ("causal", True),
+        ("fused_qkv", False),
     ):
         flag = as_bool(fields.get(name))
         if flag is None:

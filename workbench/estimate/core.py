@@ -139,7 +139,8 @@ def estimate_memory(
     `workbench.estimate.compiled`).
 
     LoRA (`workbench.estimate.lora`): `lora_rank` (0: off) adapters on `lora_targets`
-    ("all-linear": every linear layer of a block; "attention": Q, K, V and output), the base
+    ("all-linear": every linear layer of a block; "attention": Q, K, V and output; a fused
+    QKV matrix, `Architecture.fused_qkv` as GPT-2's c_attn, is one target), the base
     frozen; `lora_params` the exact adapter count (a module's; else the shape's),
     `lora_dropout` (each target keeps a dropped copy of its input) and `qlora` (the base
     linear layers in 4-bit NF4, bitsandbytes'; `qlora_params` the exact count of weights

@@ -19,7 +19,8 @@ Reads `model_type` and the shape keys of the families below; no network, no
 
 llama, mistral and qwen2 have a SwiGLU MLP, RMSNorm and rotary positions, and read
 `head_dim` (default hidden / heads; gpt2 and gpt_neox have none); gpt2 and gpt_neox a GELU
-MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions.
+MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions, and Q, K and V in
+one linear layer (`fused_qkv`: gpt2's Conv1D c_attn, gpt_neox's query_key_value).
 `tie_word_embeddings` is read when present, and gpt_neox's `use_parallel_residual`
 (default true). The sequence length is the config's longest
 position: pass `seq_len` to estimate a shorter training sequence (with `seq_len` given, a
@@ -43,6 +44,8 @@ from workbench.estimate.problems import Problem
 from workbench.inputs import MAX_JSON_DEPTH, InputFileError, shown
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox")
+#: The families of `FAMILIES` whose Q, K and V are one linear layer (`Architecture.fused_qkv`).
+_FUSED_QKV = ("gpt2", "gpt_neox")
 HEAD_DIM = FIELD_BOUNDS["head_dim"]
 
 _LLAMA_KEYS = {
@@ -219,6 +222,8 @@ def read_family(
     fields["tied_embeddings"] = config_flag(
         config, "tie_word_embeddings", model_type == "gpt2", problems
     )
+    # Q, K and V as one layer: GPT-2's Conv1D c_attn, GPT-NeoX's query_key_value
+    fields["fused_qkv"] = model_type in _FUSED_QKV
     if model_type == "gpt_neox":
         fields["parallel_residual"] = config_flag(config, "use_parallel_residual", True, problems)
         if not config_flag(config, "attention_bias", True, problems):

@@ -39,7 +39,9 @@ GPT-2's `n_layer` is also `num_hidden_layers`).
                                                                             (causal False)
 
 ("gelu" stands for any two-matrix MLP: ReLU's has the same shape; "swiglu" for any gated
-one with three.) Rotary and ALiBi positions have no table (`positions="rotary"`). Every
+one with three.) Q, K and V are one linear layer (`fused_qkv`, LoRA's one target) in gpt2,
+gpt_neox, falcon, gpt_bigcode and bloom (phi3's fused QKV and gate/up are left as separate
+matrices: its LoRA count is the shape's, not the module's). Rotary and ALiBi positions have no table (`positions="rotary"`). Every
 shape is checked against the built model: the parameters of its stack of layers must
 equal the shape's layer terms plus what the family's layers hold beyond them (counted per
 family below, e.g. Qwen3's per-head query/key norms or Gemma 2's extra norms); the
@@ -344,6 +346,7 @@ def _falcon(c: Mapping[str, Any], p: list[str]) -> _Mapped:
     parallel = config_flag(c, "parallel_attn", True, p)
     bias = "all" if config_flag(c, "bias", False, p) else "none"
     fields = _gelu(c, p, ffn_key="ffn_hidden_size", bias=bias, parallel_residual=parallel or new)
+    fields["fused_qkv"] = True  # query_key_value
     if new:
         fields["kv_heads"] = config_integer(c, "num_kv_heads", "kv_heads", p)
     elif config_flag(c, "multi_query", True, p):
@@ -373,6 +376,7 @@ def _gpt_bigcode(c: Mapping[str, Any], p: list[str]) -> _Mapped:
     multi_query = config_flag(c, "multi_query", True, p)
     fields = _gelu(c, p, ffn_key="n_inner", positions="learned", tied_embeddings=True)
     fields["kv_heads"] = 1 if multi_query else None
+    fields["fused_qkv"] = True  # c_attn, an nn.Linear of h -> q + 2g
     return _Mapped(fields)
 
 
@@ -391,6 +395,7 @@ def _opt(c: Mapping[str, Any], p: list[str]) -> _Mapped:
 def _bloom(c: Mapping[str, Any], p: list[str]) -> _Mapped:
     fields = _gelu(c, p, ffn_key=None)
     fields["kv_heads"] = None
+    fields["fused_qkv"] = True  # query_key_value
     if fields["seq_len"] is None:  # ALiBi: no table; the released configs' seq_length
         fields["seq_len"] = config_integer(c, "seq_length", "seq_len", p) or BLOOM_SEQ_LEN
     return _Mapped(fields)

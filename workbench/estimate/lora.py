@@ -43,7 +43,11 @@ weights, gradients and optimizer states are counted as fp32 training counts them
 
 Targets: "all-linear" (every linear layer of a block: Q, K, V, output, the MLP's two or
 three matrices; not the output head, as peft's "all-linear") or "attention" (Q, K, V and
-output, the original paper's choice). A mixture-of-experts MLP is counted as its dense
+output, the original paper's choice). Where the model holds Q, K and V as one matrix
+(`Architecture.fused_qkv`: GPT-2's Conv1D `c_attn`, GPT-NeoX's `query_key_value`) that
+matrix is one target, (h, q + 2g), as peft wraps it: GPT-2 124M at rank 8 gets 1,179,648
+adapters on every linear layer, as a Session attaches them (its `c_attn` alone, 294,912,
+is the module's count, which a Session passes). A mixture-of-experts MLP is counted as its dense
 MLP of `ffn_hidden`. A Session passes the exact adapter count of your module
 (`lora_params`); the shape's figure stands for it otherwise.
 
@@ -122,11 +126,21 @@ class LoraFacts:
     dtype: str = "auto"
 
 
+#: The roles of the attention's linear layers (`block_linears`): "attention"'s targets.
+ATTENTION_ROLES = ("q", "k", "v", "qkv", "o")
+
+
 def block_linears(arch: Any) -> dict[str, tuple[int, int]]:
-    """(in, out) of each linear layer of one block of `arch`, by role."""
+    """(in, out) of each linear layer of one block of `arch`, by role: Q, K and V as one
+    "qkv" layer (h, q + 2g) where the model holds them fused (`fused_qkv`: GPT-2's c_attn,
+    GPT-NeoX's query_key_value), else three."""
     h, q, g = arch.hidden, arch.q_dim, arch.kv_dim
     f = (arch.moe_ffn_hidden or arch.ffn_hidden) if arch.is_moe else arch.ffn_hidden
-    shapes = {"q": (h, q), "k": (h, g), "v": (h, g), "o": (q, h)}
+    shapes: dict[str, tuple[int, int]]
+    if arch.fused_qkv:
+        shapes = {"qkv": (h, q + 2 * g), "o": (q, h)}
+    else:
+        shapes = {"q": (h, q), "k": (h, g), "v": (h, g), "o": (q, h)}
     if arch.mlp == "swiglu":
         shapes.update({"gate": (h, f), "up": (h, f), "down": (f, h)})
     else:
@@ -137,8 +151,9 @@ def block_linears(arch: Any) -> dict[str, tuple[int, int]]:
 def target_shapes(arch: Any, targets: str) -> tuple[tuple[int, int], ...]:
     """(in, out) of the targets of one block."""
     shapes = block_linears(arch)
-    roles = ("q", "k", "v", "o") if targets == "attention" else tuple(shapes)
-    return tuple(shapes[r] for r in roles)
+    if targets == "attention":
+        return tuple(shape for role, shape in shapes.items() if role in ATTENTION_ROLES)
+    return tuple(shapes.values())
 
 
 def lora_facts(

@@ -37,7 +37,9 @@ def _gpt2(name: str, layers: int, hidden: int, heads: int, published: str) -> Mo
     return ModelPreset(
         name,
         "gpt2",
-        Architecture.create(layers=layers, hidden=hidden, heads=heads, seq_len=1024, vocab=50257),
+        Architecture.create(
+            layers=layers, hidden=hidden, heads=heads, seq_len=1024, vocab=50257, fused_qkv=True
+        ),
         "Shape: Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
         "Table 2 (layers, d_model), and the released config.json (openai-community/"
         f"{name}: n_head {heads}, n_positions 1024, vocab 50257, tied output). "
@@ -105,7 +107,9 @@ PRESETS: tuple[ModelPreset, ...] = (
     ModelPreset(
         "gpt3-175b",
         "gpt2",
-        Architecture.create(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257),
+        Architecture.create(
+            layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257, fused_qkv=True
+        ),
         "Shape: Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1 "
         "(96 layers, d_model 12288, 96 heads, context 2048; GPT-2's 50,257-token BPE, "
         "Section 2.1: 'the same model and architecture as GPT-2'). Published total: "
@@ -258,6 +262,7 @@ PRESETS: tuple[ModelPreset, ...] = (
             positions="rotary",
             tied_embeddings=False,
             parallel_residual=True,
+            fused_qkv=True,
         ),
         "Shape: Biderman et al. 2023, 'Pythia: A Suite for Analyzing Large Language "
         "Models', Table 1 (24 layers, model dim 2048, 16 heads; sequence length 2048) and "

@@ -25,6 +25,7 @@ import re
 import socket
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -175,11 +176,24 @@ def build(job: dict[str, Any], *, approved: bool = False) -> tuple[torch.nn.Modu
 #: Names of output heads "all-linear" leaves out (the Session's rule, `workbench.train.techniques.lora`).
 LORA_HEADS = frozenset({"lm_head", "head", "output", "embed_out", "classifier", "score"})
 
+#: The prefix of the names in a saved adapter, as peft's `save_pretrained` writes them (a
+#: `PeftModel`'s around the base model), which `PeftModel.from_pretrained` expects.
+PEFT_PREFIX = "base_model.model."
+
+
+def linear_kinds() -> tuple[type, ...]:
+    """The layers LoRA wraps: torch's nn.Linear, and transformers' Conv1D (GPT-2's
+    projections, weight stored as (in, out)) once transformers has loaded it."""
+    conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+    return (torch.nn.Linear,) if not isinstance(conv1d, type) else (torch.nn.Linear, conv1d)
+
 
 def lora_targets(module: torch.nn.Module, targets: str) -> list[str]:
-    """The job's own copy of the Session's target rule: "all-linear" is every nn.Linear
-    but the output head, else comma-separated module names or name endings."""
-    linears = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    """The job's own copy of the Session's target rule: "all-linear" is every linear layer
+    (nn.Linear or Conv1D) but the output head, else comma-separated module names or name
+    endings."""
+    kinds = linear_kinds()
+    linears = [n for n, m in module.named_modules() if isinstance(m, kinds)]
     wanted = [t.strip() for t in targets.split(",") if t.strip()]
     if wanted == ["all-linear"]:
         get = getattr(module, "get_output_embeddings", None)
@@ -220,15 +234,20 @@ def add_lora(module: torch.nn.Module, config: dict[str, Any]) -> None:
             f"lora_targets={config.get('lora_targets')!r}: picks none of the model's linear layers"
         )
     alpha: Any = float(alpha_in)  # peft scales by alpha / r (a float)
+    conv1d = linear_kinds()[1:]
     lora = LoraConfig(
         r=int(rank),
         lora_alpha=alpha,
         lora_dropout=float(dropout),
         target_modules="|".join(re.escape(n) for n in names),
         bias="none",
+        # GPT-2's Conv1D layers: the update transposed into their (in, out) weights
+        fan_in_fan_out=any(isinstance(module.get_submodule(n), conv1d) for n in names),
     )
-    # the adapters' initial A from the run's seed alone, as a Session draws it
-    with torch.random.fork_rng(devices=[]):
+    # the adapters' initial A from the run's seed alone, as a Session draws it; peft sets
+    # fan_in_fan_out per layer (its warning where a model mixes both kinds is left out)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to")
         torch.manual_seed(int(config.get("seed", 0)))
         inject_adapter_in_model(lora, module)
     adapters = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -307,11 +326,15 @@ def save_trained(
         from peft import get_peft_model_state_dict
 
         tensors = get_peft_model_state_dict(module, state_dict=state, adapter_name="default")
-        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        tensors = {PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
         peft_config: Any = module.peft_config  # inject_adapter_in_model's record
         config = peft_config["default"].to_dict()
         config["target_modules"] = lora_layers
+        # the layout of the layers (on for GPT-2's Conv1D), read by peft when it loads them
+        config["fan_in_fan_out"] = any(
+            bool(getattr(module.get_submodule(n), "fan_in_fan_out", False)) for n in lora_layers
+        )
         with open(os.path.join(folder, "adapter_config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True, default=list)
         files = ["adapter_model.safetensors", "adapter_config.json"]

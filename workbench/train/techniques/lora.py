@@ -1,23 +1,27 @@
 """LoRA and QLoRA on your module, through peft: adapters put in place, merged back.
 
 `LoraAdapters.attach(model, config, device)` puts peft's LoRA layers into your module in
-place (`peft.inject_adapter_in_model`): each target `nn.Linear` becomes a peft
-`lora.Linear` wrapping the original layer (`base_layer`) with two small matrices, and
-every other parameter is frozen (`requires_grad=False`). B starts at zero, so the module
+place (`peft.inject_adapter_in_model`): each target linear layer (torch's `nn.Linear`, or
+transformers' `Conv1D`, GPT-2's projections, whose weight is stored transposed as (in, out))
+becomes a peft `lora.Linear` wrapping the original layer (`base_layer`) with two small
+matrices, and every other parameter is frozen (`requires_grad=False`). A Conv1D target is
+wrapped as peft wraps it (`fan_in_fan_out=True`: the update is transposed into the weight's
+layout); A is (rank, in) and B (out, rank) on either kind. B starts at zero, so the module
 computes exactly what it did before; A is drawn from the run's seed alone (the exported
 jobs draw it the same way). The backend, whichever engine (the plain loop, DeepSpeed's or
 FSDP's copy of your module), then trains only the adapters.
 
 QLoRA (`qlora=True`): every linear layer but the output head is first replaced by
-bitsandbytes' `Linear4bit` (NF4, double quantisation, blocksize 64) and the adapters go on
-the targets among them. The original layers, with their weights in their own dtype, are
-kept aside in host memory. It computes in the autocast dtype (amp-bf16, amp-fp16), in fp32
-under fp32, and in bf16 under pure bf16 ("bf16-true", as torchtune's and PEFT's QLoRA
-recipes run it: the weights are quantised from their bf16 values, so a layer dequantises
-straight to bf16, and the engine's copy holds norms, embedding, head and biases in bf16).
-bitsandbytes 0.50 trains it on a CPU too (its 4-bit quantise, dequantise and matmul have
-CPU kernels); which engines train it is their rows' word
-(`workbench.engines.EngineRow.qlora`).
+bitsandbytes' `Linear4bit` (NF4, double quantisation, blocksize 64; a Conv1D's weight is
+transposed into nn.Linear's (out, in) layout first, as the 4-bit layer computes `x W^T`)
+and the adapters go on the targets among them. The original layers, with their weights in
+their own dtype, are kept aside in host memory. It computes in the autocast dtype
+(amp-bf16, amp-fp16), in fp32 under fp32, and in bf16 under pure bf16 ("bf16-true", as
+torchtune's and PEFT's QLoRA recipes run it: the weights are quantised from their bf16
+values, so a layer dequantises straight to bf16, and the engine's copy holds norms,
+embedding, head and biases in bf16). bitsandbytes 0.50 trains it on a CPU too (its 4-bit
+quantise, dequantise and matmul have CPU kernels); which engines train it is their rows'
+word (`workbench.engines.EngineRow.qlora`).
 
 The adapters' dtype (`lora_dtype`): "auto", the trained weights' (bf16 under bf16-true,
 as torchtune keeps them), or "fp32" over a bf16 base, as peft's `get_peft_model` gives
@@ -25,18 +29,19 @@ them (`autocast_adapter_dtype=True`): `adapters_in_dtype` casts them back after 
 engine's bf16 cast, and peft casts each adapter's input to its dtype.
 
 `merge()` gives your module back its own layers with the adapters' update added to the
-weights (`W += B A * alpha / rank`; under QLoRA into the kept original weight, not the
-4-bit copy) and the `requires_grad` every parameter had. The Session merges when LoRA is
-switched off or changed (then puts fresh adapters on: the outputs do not change at the
-switch) and at `close()`, so after either your module holds what was trained, in its own
-structure. `save(path)` writes the adapters alone in peft's format
-(`adapter_model.safetensors` and `adapter_config.json`), which
-`peft.PeftModel.from_pretrained` loads onto a `transformers` base model.
+weights (`W += B A * alpha / rank`; into a Conv1D's (in, out) weight as `(B A)^T`; under
+QLoRA into the kept original weight, not the 4-bit copy) and the `requires_grad` every
+parameter had. The Session merges when LoRA is switched off or changed (then puts fresh
+adapters on: the outputs do not change at the switch) and at `close()`, so after either
+your module holds what was trained, in its own structure. `save(path)` writes the adapters
+alone in peft's format (`adapter_model.safetensors` and `adapter_config.json`, with
+`fan_in_fan_out: true` when the targets are Conv1D layers, as peft writes it for GPT-2),
+which `peft.PeftModel.from_pretrained` loads onto a `transformers` base model.
 
-Targets: `lora_targets="all-linear"` (every `nn.Linear` but the output head: the layer a
-`transformers` model's `get_output_embeddings()` returns, or one named `lm_head`, `head`,
-`output`, `embed_out`, `classifier` or `score`), or comma-separated module names or name
-endings.
+Targets: `lora_targets="all-linear"` (every linear layer, `nn.Linear` or Conv1D, but the
+output head: the layer a `transformers` model's `get_output_embeddings()` returns, or one
+named `lm_head`, `head`, `output`, `embed_out`, `classifier` or `score`), or comma-separated
+module names or name endings (GPT-2's `c_attn`, the classic LoRA tutorial's target).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import importlib
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +67,7 @@ from workbench.config import (
     lora_target_names,
 )
 from workbench.estimate.lora import NF4_ABSMAX_BLOCK, NF4_BLOCK
-from workbench.export.job_common import LORA_HEADS
+from workbench.export.job_common import LORA_HEADS, PEFT_PREFIX, linear_kinds
 from workbench.inputs import shown
 
 #: Names of output heads "all-linear" leaves out (peft's "all-linear" leaves out the head):
@@ -85,6 +91,53 @@ def linear_4bit() -> type:
     from bitsandbytes.nn import Linear4bit
 
     return Linear4bit  # type: ignore[no-any-return]
+
+
+def conv1d_class() -> type | None:
+    """transformers' `Conv1D` (GPT-2's linear layers, weight stored as (in, out)), or None
+    when transformers has not loaded it: then no module holds one (read from the loaded
+    modules, so asking costs no import; the exported jobs' rule, one function)."""
+    kinds = linear_kinds()[1:]
+    return kinds[0] if kinds else None
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether `module` is transformers' `Conv1D`."""
+    kind = conv1d_class()
+    return kind is not None and isinstance(module, kind)
+
+
+def in_out(layer: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a linear layer (its base under LoRA): nn.Linear's (a 4-bit
+    layer's too), or a Conv1D's `nx` and `nf` (its weight's (in, out) shape, read from the
+    attributes so that a DeepSpeed-partitioned weight reads the same)."""
+    base = _base_linear(layer)
+    if is_conv1d(base):
+        return int(base.nx), int(base.nf)  # type: ignore[arg-type]
+    return int(base.in_features), int(base.out_features)  # type: ignore[arg-type]
+
+
+def _quantizable(layer: nn.Module) -> bool:
+    """An nn.Linear or a Conv1D: a layer QLoRA quantises."""
+    return isinstance(layer, nn.Linear) or is_conv1d(layer)
+
+
+def _as_linear(layer: nn.Module) -> nn.Linear:
+    """`layer` as an nn.Linear: itself, or a Conv1D's weight transposed into (out, in) and
+    its bias, copied on its device in its dtype (what a 4-bit layer is made from)."""
+    if isinstance(layer, nn.Linear):
+        return layer
+    fan_in, fan_out = in_out(layer)
+    weight = layer.weight
+    bias = getattr(layer, "bias", None)
+    linear = nn.Linear(
+        fan_in, fan_out, bias=bias is not None, device=weight.device, dtype=weight.dtype
+    )
+    with torch.no_grad():
+        linear.weight.copy_(weight.t())
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear
 
 
 def _is_lora_layer(module: nn.Module) -> bool:
@@ -134,10 +187,14 @@ def four_bit_library(config: TrainConfig) -> str:
 
 
 def _linear_names(model: nn.Module) -> list[str]:
-    """Names of the model's linear layers (as their base under LoRA or QLoRA)."""
+    """Names of the model's linear layers, nn.Linear or Conv1D (as their base under LoRA
+    or QLoRA)."""
     kinds: tuple[type, ...] = (nn.Linear,)
     with contextlib.suppress(ImportError):  # no bitsandbytes: no 4-bit layers either
         kinds = (nn.Linear, linear_4bit())
+    conv1d = conv1d_class()
+    if conv1d is not None:
+        kinds = (*kinds, conv1d)
     names = []
     for name, module in model.named_modules():
         plain = isinstance(module, kinds) and not _inside_lora(model, name)
@@ -192,14 +249,6 @@ def _picked(model: nn.Module, targets: str) -> tuple[list[str], str | None]:
     if picked:
         return picked, None
     names = ", ".join(linears[:12]) + (" ..." if len(linears) > 12 else "")
-    conv1d = sorted(n for n, m in model.named_modules() if type(m).__name__ == "Conv1D")
-    if conv1d:  # GPT-2's projections: transformers' Conv1D, a linear layer of its own class
-        shown_conv = ", ".join(conv1d[:4]) + (" ..." if len(conv1d) > 4 else "")
-        return [], (
-            f"picks none of the model's linear layers ({names or 'it has none'}): its "
-            f"projections are transformers' Conv1D layers ({shown_conv}), and LoRA here "
-            "wraps torch's nn.Linear alone"
-        )
     return [], (
         f"picks none of the model's linear layers ({names or 'it has none'}); give their "
         "names or name endings, or 'all-linear'"
@@ -214,8 +263,8 @@ def adapter_parameter_count(model: nn.Module, config: TrainConfig) -> int:
         return 0
     total = 0
     for name in resolve_targets(model, str(config.lora_targets)):
-        base = _base_linear(model.get_submodule(name))
-        total += rank * (int(base.in_features) + int(base.out_features))
+        fan_in, fan_out = in_out(model.get_submodule(name))
+        total += rank * (fan_in + fan_out)
     return total
 
 
@@ -226,8 +275,8 @@ def four_bit_weight_count(model: nn.Module) -> int:
     total = 0
     for name in _linear_names(model):
         if name not in heads:
-            base = _base_linear(model.get_submodule(name))
-            total += int(base.in_features) * int(base.out_features)
+            fan_in, fan_out = in_out(model.get_submodule(name))
+            total += fan_in * fan_out
     return total
 
 
@@ -244,9 +293,8 @@ def four_bit_weight_bytes(model: nn.Module, config: TrainConfig) -> int:
     total = 0
     for name in _linear_names(model):
         if name not in heads:
-            base = _base_linear(model.get_submodule(name))
-            n = int(base.in_features) * int(base.out_features)
-            total += nf4_weight_bytes(n, library, scale)
+            fan_in, fan_out = in_out(model.get_submodule(name))
+            total += nf4_weight_bytes(fan_in * fan_out, library, scale)
     return total
 
 
@@ -309,8 +357,6 @@ class LoraAdapters:
     """LoRA adapters in your module (see the module docstring)."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device) -> None:
-        from peft import inject_adapter_in_model
-
         if any(_is_lora_layer(m) for m in model.modules()):
             raise ValueError(
                 "lora_rank: the model holds peft LoRA layers already; give the Session the "
@@ -321,15 +367,19 @@ class LoraAdapters:
         self.targets = resolve_targets(model, str(config.lora_targets))
         self.qlora = bool(config.qlora)
         self.requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
+        # your module's layers are Conv1D (GPT-2): its saved adapters say so for peft
+        self.fan_in_fan_out = any(is_conv1d(model.get_submodule(n)) for n in self.targets)
         self.originals: dict[str, nn.Module] = {}
         if self.qlora:
             self._quantize(config, device)
-        self.peft_config = peft_lora_config(config, self.targets)
+        self.peft_config = peft_lora_config(
+            config, self.targets, _wraps_conv1d(model, self.targets)
+        )
         # the adapters' initial A from the run's seed alone (the exported jobs do the same),
         # without moving the RNG the run itself draws from
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(config.seed))
-            inject_adapter_in_model(self.peft_config, model, adapter_name=ADAPTER)
+            inject_lora(self.peft_config, model)
         adapters_in_dtype(model, config)
         model.to(device)
 
@@ -351,27 +401,29 @@ class LoraAdapters:
             pure = Precision(config.precision) is Precision.BF16_TRUE
             for name in _linear_names(self.model):
                 layer = self.model.get_submodule(name)
-                if name in heads or not isinstance(layer, nn.Linear):
+                if name in heads or not _quantizable(layer):
                     continue
                 own = layer.weight.dtype
-                four_nf4 = NF4Linear(layer, torch.bfloat16 if pure else own).to(device)
+                linear = _as_linear(layer)  # a Conv1D's weight as (out, in)
+                four_nf4 = NF4Linear(linear, torch.bfloat16 if pure else own).to(device)
                 self.originals[name] = layer.to("cpu")
                 _set(self.model, name, four_nf4)
             return
         Linear4bit = linear_4bit()
         for name in _linear_names(self.model):
             layer = self.model.get_submodule(name)
-            if name in heads or not isinstance(layer, nn.Linear):
+            if name in heads or not _quantizable(layer):
                 continue
+            linear = _as_linear(layer)  # a Conv1D's weight as (out, in)
             four = Linear4bit(
-                layer.in_features,
-                layer.out_features,
-                bias=layer.bias is not None,
+                linear.in_features,
+                linear.out_features,
+                bias=linear.bias is not None,
                 compute_dtype=dtype,
                 quant_type="nf4",
                 device="cpu",
             )
-            four.load_state_dict(layer.state_dict())
+            four.load_state_dict(linear.state_dict())
             if dtype is torch.bfloat16 and Precision(config.precision) is Precision.BF16_TRUE:
                 # quantised from the bf16 values: it dequantises straight to bf16
                 four.weight.data = four.weight.data.to(dtype)
@@ -404,11 +456,13 @@ class LoraAdapters:
 
     # ------------------------------------------------------------------ out
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The adapters' weights under peft's saved names (no adapter name)."""
+        """The adapters' weights under the names peft's `save_pretrained` writes them
+        (`base_model.model.<layer>.lora_A.weight`: no adapter name, the prefix of a
+        `PeftModel` around your module, which `PeftModel.from_pretrained` expects)."""
         from peft import get_peft_model_state_dict
 
         return {
-            k: v.detach().cpu().contiguous()
+            PEFT_PREFIX + k: v.detach().cpu().contiguous()
             for k, v in get_peft_model_state_dict(self.model, adapter_name=ADAPTER).items()
         }
 
@@ -421,6 +475,8 @@ class LoraAdapters:
         save_file(self.state_dict(), str(folder / "adapter_model.safetensors"))
         config = self.peft_config.to_dict()
         config["target_modules"] = self.targets
+        # the layout of your module's layers (peft reads it when it loads them onto GPT-2)
+        config["fan_in_fan_out"] = self.fan_in_fan_out
         (folder / "adapter_config.json").write_text(
             json.dumps(config, indent=2, sort_keys=True, default=list)
         )
@@ -436,12 +492,15 @@ class LoraAdapters:
                 layer = self.model.get_submodule(name)
                 if not _is_lora_layer(layer):
                     continue
+                # (out, in), or (in, out) from a layer peft wraps with fan_in_fan_out
                 delta = layer.get_delta_weight(ADAPTER)  # type: ignore[operator]
                 base = self.originals.pop(name, None)
                 if base is None:
                     base = _base_linear(layer)
                 else:
                     base.to(delta.device)
+                if is_conv1d(base) and not getattr(layer, "fan_in_fan_out", False):
+                    delta = delta.t()  # a 4-bit layer's (out, in) update into (in, out)
                 base.weight.add_(delta.to(base.weight.dtype))
                 _set(self.model, name, base)
             for name, original in list(self.originals.items()):  # 4-bit layers w/o adapters
@@ -455,8 +514,9 @@ class LoraAdapters:
             p.requires_grad_(self.requires_grad.get(name, True))
 
 
-def peft_lora_config(config: TrainConfig, targets: list[str]) -> Any:
-    """peft's `LoraConfig` of `config`'s LoRA settings on exactly the layers `targets`."""
+def peft_lora_config(config: TrainConfig, targets: list[str], fan_in_fan_out: bool = False) -> Any:
+    """peft's `LoraConfig` of `config`'s LoRA settings on exactly the layers `targets`;
+    `fan_in_fan_out` when they are Conv1D layers (weights stored as (in, out))."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -465,7 +525,26 @@ def peft_lora_config(config: TrainConfig, targets: list[str]) -> Any:
         lora_dropout=float(config.lora_dropout),
         target_modules="|".join(re.escape(n) for n in targets),
         bias="none",
+        fan_in_fan_out=fan_in_fan_out,
     )
+
+
+def _wraps_conv1d(model: nn.Module, targets: list[str]) -> bool:
+    """Whether any of `targets` is a Conv1D layer now (peft's `fan_in_fan_out`; under QLoRA
+    they are 4-bit nn.Linear layers by then)."""
+    return any(is_conv1d(_base_linear(model.get_submodule(n))) for n in targets)
+
+
+def inject_lora(peft_config: Any, model: nn.Module, **options: Any) -> None:
+    """peft's `inject_adapter_in_model` under the Session's adapter name. peft sets
+    `fan_in_fan_out` per layer (on for a Conv1D, off for an nn.Linear) and warns where the
+    config said otherwise: a model whose targets are of both kinds is wrapped right, so
+    that warning is left out."""
+    from peft import inject_adapter_in_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to")
+        inject_adapter_in_model(peft_config, model, adapter_name=ADAPTER, **options)
 
 
 def holds_lora(model: nn.Module) -> bool:
@@ -479,11 +558,9 @@ def fake_adapters(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
     base frozen. peft makes the adapters on the meta device (`low_cpu_mem_usage`: moving
     fake parameters with `.to()` is refused), and each becomes a fake tensor beside its
     layer's weight. Returns the adapter parameter count."""
-    from peft import inject_adapter_in_model
-
     targets = resolve_targets(model, str(config.lora_targets))
-    lora = peft_lora_config(config, targets)
-    inject_adapter_in_model(lora, model, adapter_name=ADAPTER, low_cpu_mem_usage=True)
+    lora = peft_lora_config(config, targets, _wraps_conv1d(model, targets))
+    inject_lora(lora, model, low_cpu_mem_usage=True)
     count = 0
     for name in targets:
         layer = model.get_submodule(name)
@@ -525,12 +602,12 @@ class FakeLinear4bit(nn.Linear):
     (`nf4_weight_bytes`), both frozen and never cast; the matmul dequantises as
     `_Dequantized4bit` does."""
 
-    def __init__(self, layer: nn.Linear, dtype: torch.dtype) -> None:
+    def __init__(self, layer: nn.Module, dtype: torch.dtype) -> None:
         from workbench.estimate.lora import nf4_weight_bytes
 
         nn.Module.__init__(self)
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        n = layer.in_features * layer.out_features
+        self.in_features, self.out_features = in_out(layer)  # a Conv1D's transposed
+        n = self.in_features * self.out_features
         device = layer.weight.device
         packed = torch.empty(((n + 1) // 2, 1), dtype=torch.uint8, device=device)
         state = torch.empty(nf4_weight_bytes(n) - (n + 1) // 2, dtype=torch.uint8, device=device)
@@ -564,14 +641,15 @@ def holds_four_bit(model: nn.Module) -> bool:
 
 def fake_four_bit(model: nn.Module, config: TrainConfig, fake_mode: Any) -> int:
     """QLoRA's 4-bit base put on a dry run's fake copy of a model, as a Session's plain loop
-    holds it: every linear layer but the head a `FakeLinear4bit`, quantised from bf16
-    under bf16-true (else from the weights' dtype). Returns the layers replaced."""
+    holds it: every linear layer (nn.Linear or Conv1D) but the head a `FakeLinear4bit`,
+    quantised from bf16 under bf16-true (else from the weights' dtype). Returns the layers
+    replaced."""
     pure = Precision(config.precision) is Precision.BF16_TRUE
     heads = _head_names(model)
     count = 0
     for name in _linear_names(model):
         layer = model.get_submodule(name)
-        if name in heads or type(layer) is not nn.Linear:
+        if name in heads or (type(layer) is not nn.Linear and not is_conv1d(layer)):
             continue
         with fake_mode:
             four = FakeLinear4bit(layer, torch.bfloat16 if pure else layer.weight.dtype)
