@@ -144,14 +144,12 @@ def test_with_one_gpu_the_two_rank_all_reduce_is_not_run_and_not_passed(tmp_path
     """As on a machine with one GPU: the launcher paths and the direct collectives run as
     one rank (said as such: nothing moves between GPUs); the 2-rank all-reduce is recorded
     as not run with why (NCCL needs one GPU per rank), the summary says so, and the run
-    fails (exit 3) without --allow-partial, passes with it."""
-    for extra, code in (([], 3), (["--allow-partial"], 0)):
-        out = tmp_path / f"one{code}.json"
-        done = gpu_check(
-            "--cpu-smoke", "--sections", "ranks", "--smoke-gpus", "1", "--out", str(out), *extra
-        )
-        assert done.returncode == code, done.stdout[-3000:]
-    result = results(tmp_path / "one3.json")
+    fails (exit 3) without --allow-partial (with it, `exit_status` passes the same result:
+    `test_a_partial_section_passes_only_with_allow_partial`)."""
+    out = tmp_path / "one3.json"
+    done = gpu_check("--cpu-smoke", "--sections", "ranks", "--smoke-gpus", "1", "--out", str(out))
+    assert done.returncode == 3, done.stdout[-3000:]
+    result = results(out)
     checks = {c["check"]: c for c in result["checks"]}
     reduce = checks["gloo all-reduce between 2 ranks (ZeRO-2 gradients)"]
     assert reduce["status"] == "not run" and reduce["ok"] is False
@@ -165,6 +163,25 @@ def test_with_one_gpu_the_two_rank_all_reduce_is_not_run_and_not_passed(tmp_path
     assert line.startswith("3 passed, 0 failed, 1 not run (of 4 checks)"), line
     assert "4 of 4" not in done.stdout and "all 4" not in done.stdout
     assert "NOT RUN [ranks]" in done.stdout
+
+
+def test_a_partial_section_passes_only_with_allow_partial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exit status of a run whose section is "partial" (checks passed, one not run, as
+    on one GPU): 3 without --allow-partial, 0 with it; a failed check fails it either way."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_harness
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    monkeypatch.setattr(gpu_harness, "RESULT", {"sections": {"ranks": {"status": "partial"}}})
+    checks = [
+        ("ranks", "torchrun launch of 1 rank(s)", gpu_harness.PASSED, ""),
+        ("ranks", "gloo all-reduce between 2 ranks", gpu_harness.NOT_RUN, "one GPU"),
+    ]
+    assert gpu_harness.exit_status(checks, allow_partial=False) == gpu_harness.EXIT_PARTIAL == 3
+    assert gpu_harness.exit_status(checks, allow_partial=True) == gpu_harness.EXIT_OK == 0
+    failed = [*checks, ("ranks", "a check", gpu_harness.FAILED, "")]
+    assert gpu_harness.exit_status(failed, allow_partial=True) == gpu_harness.EXIT_FAILED
 
 
 def test_the_collective_check_runs_ranks_and_judges_what_they_sum() -> None:
