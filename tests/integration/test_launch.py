@@ -271,18 +271,21 @@ def test_resume_needs_every_rank(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def cli_json(
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
     """The issue's command, `workbench launch --ranks 2 --zero 2 --steps 3 --json`, run as a
     user would: the `workbench` command in a folder of their own that holds `mymodels.py`,
     `--model mymodels:tiny` (a tiny GPT). One launch that the JSON-shape, stage-2 memory and
-    model-from-this-folder tests share."""
+    model-from-this-folder tests share. Its temporary directory (TMPDIR, the command's and
+    the ranks') is a fresh folder, `scratch`, that the launch must leave as it found it."""
     folder = tmp_path_factory.mktemp("user-folder")
+    scratch = tmp_path_factory.mktemp("scratch-tmp")
     (folder / "mymodels.py").write_text(
         "from workbench.models import build_model\n\n\n"
         "def tiny(**options):\n"
         "    return build_model('tiny-gpt', **options)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TMPDIR"] = str(scratch)
     proc = subprocess.run(
         [
             str(Path(sys.executable).parent / "workbench"),
@@ -310,11 +313,14 @@ def cli_json(
         timeout=LAUNCH_TIMEOUT + 60,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, json.loads(proc.stdout)
+    return proc, json.loads(proc.stdout), scratch
 
 
-def test_cli_json_shape(cli_json: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
-    proc, out = cli_json
+CliLaunch = tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]
+
+
+def test_cli_json_shape(cli_json: CliLaunch) -> None:
+    proc, out, _ = cli_json
     assert proc.stdout.lstrip().startswith("{")  # one JSON object, nothing else on stdout
     assert out["world_size"] == 2 and out["ok"] is True and out["error"] is None
     assert out["launcher"] == "torchrun" and out["n_params"] > 0
@@ -325,9 +331,16 @@ def test_cli_json_shape(cli_json: tuple[subprocess.CompletedProcess[str], dict[s
 
 
 def test_cli_stage_two_memory_matches_deepspeed_accounting(
-    cli_json: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+    cli_json: CliLaunch,
 ) -> None:
     check_memory(cli_json[1]["ranks"], 2)
+
+
+def test_a_launch_leaves_no_folder_in_the_temporary_directory(cli_json: CliLaunch) -> None:
+    """torchrun's agent folders and the launch's run folder live in the launch's own folder
+    and are removed: nothing of them is left in TMPDIR (a torch cache folder may be)."""
+    left = [p.name for p in cli_json[2].iterdir()]
+    assert [n for n in left if n.startswith(("torchelastic_", "workbench-launch-"))] == []
 
 
 @pytest.mark.parametrize(
