@@ -369,6 +369,8 @@ def compare(
                 cpu[model.name][name].append(cpu_s)
     results: dict[str, dict[str, Any]] = {}
     for model in models:
+        # each run's figure is its timed window over its steps (a ratio of sums); the median
+        # is over the interleaved runs, never over one run's steps
         runs, cpus = seconds[model.name], cpu[model.name]
         plain = statistics.median(runs["plain"]) if runs.get("plain") else None
         plain_cpu = statistics.median(cpus["plain"]) if cpus.get("plain") else None

@@ -53,10 +53,11 @@ ranks, speed, ladder:
    run (the run then exits 3 unless `--allow-partial`).
 * compress (~20 s): compression on CUDA: torchao INT8 (recorded as not run without
    torchao) and magnitude pruning, measured before/after on the GPU.
-* speed (~50 s): a GPT sized to load the GPU, fp32 vs amp-bf16 samples/s (warm-up steps
-   left out); GPU utilization sampled from NVML over a steady 5-second stretch of training
-   (after warm-up, >= 20 readings, judged by their median); the Session's overhead against
-   a hand-written loop on the same model.
+* speed (~50 s): a GPT sized to load the GPU, fp32 vs amp-bf16 samples/s (all samples over
+   all seconds of the steps after warm-up, not the median step's rate); GPU utilization
+   sampled from NVML over a steady 5-second stretch of training (after warm-up, >= 20
+   readings, judged by their median); the Session's overhead against a hand-written loop
+   on the same model.
 * ladder (~60 s): the optimization ladder (`workbench.ladder`) on the GPU: fp32, + AMP and
    loader workers with pinned memory, + data parallel over every GPU when there are 2 or
    more, + accumulation with a scaled LR and OneCycle, + torch.compile, + activation
@@ -234,6 +235,17 @@ def judge_utilization(
     )
 
 
+def run_rates(records: Sequence[Any]) -> dict[str, float | None]:
+    """A run's `samples_per_s` and `tokens_per_s` over `records`: all their samples (tokens)
+    over all their seconds (`workbench.throughput`), not the median step's rate, which a
+    loader's bursts set to a rate the run never sustains (workbench/rates.py). None: no
+    steps with time, or a step without a token rate."""
+    from workbench.rates import throughput
+
+    t = throughput(records)
+    return {"samples_per_s": t.samples_per_s, "tokens_per_s": t.tokens_per_s}
+
+
 # --------------------------------------------------------------------------- sections
 def nvml_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
     def run(out: dict[str, Any]) -> None:
@@ -295,7 +307,7 @@ def session_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                 "device": device,
                 "loss_first": records[0].loss,
                 "loss_last": r.loss,
-                "samples_per_s": statistics.median(x.samples_per_s for x in records[1:] or records),
+                "samples_per_s": run_rates(records[1:] or records)["samples_per_s"],
                 "cuda_allocated_bytes": r.cuda_allocated_bytes,
                 "cuda_max_allocated_bytes": report.cuda_max_allocated_bytes,
                 "measured": {
@@ -944,12 +956,9 @@ def speed_section(ctx: Ctx) -> Callable[[dict[str, Any]], None]:
                     recs = [r for r in s.run(optimizer_steps=steps) if not r.warmup]
                     n_params = sum(p.numel() for p in s.model.parameters())
                     util = steady_utilization(ctx, s, sampler) if precision == "amp-bf16" else []
-                speeds[precision] = statistics.median(r.samples_per_s for r in recs)
-                out[precision] = {
-                    "samples_per_s": speeds[precision],
-                    "tokens_per_s": statistics.median(r.tokens_per_s or 0 for r in recs),
-                    "n_params": n_params,
-                }
+                rates = run_rates(recs)
+                speeds[precision] = rates["samples_per_s"]
+                out[precision] = {**rates, "n_params": n_params}
                 if util:
                     out[precision]["gpu_util_readings"] = util
         out["amp_bf16_speedup"] = speeds["amp-bf16"] / speeds["fp32"]

@@ -159,6 +159,7 @@ def syncs_section(ctx: Any, check: Callable[..., bool]) -> Callable[[dict[str, A
                 "syncs_per_step": per_step,
                 "by_place": dict(where.most_common()),
                 "grad_norm_last": records[-1].grad_norm,
+                # the typical step, for scale beside the sync counts (no rate is read from it)
                 "step_seconds_median": statistics.median(r.step_seconds for r in records),
             }
             print(f"  {setup}: {per_step:g} syncs per step {dict(where.most_common(4))}")

@@ -7,8 +7,10 @@ pp=2 under GPipe, all on the same samples.
 tiny-gpt (4 layers, hidden 128, 4 heads, sequence 64, dropout 0), micro-batch 4, 4
 micro-batches a step, fp32 AdamW. Each setup is launched on 2 CPU ranks through
 `workbench.train.launch.launch_ranks` (the one-rank setup on 1), `--reps` times,
-interleaved; samples/s is the median over the steps after each run's first, and the
-ratio to the one-rank run is reported per rep and as the median of them. Each rank's
+interleaved; a run's samples/s is the samples of its steps after the first over their
+seconds (`workbench.throughput`: a ratio of sums, not the median step's rate), and the
+ratio to the one-rank run is reported per rep and as the median of them (a median of
+whole runs: one rep slowed by the shared machine does not set it). Each rank's
 measured parameter, gradient, optimizer and activation bytes sit next to the
 estimator's figure for that rank (the launch's own report), and a pipeline's last-step
 bubble next to (p - 1) / (m + p - 1).
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from _common import positive_int, write_results
 
 from workbench import TrainConfig
+from workbench.rates import throughput
 from workbench.train.launch import launch_ranks
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq_len": 64, "dropout": 0.0}
@@ -41,6 +45,12 @@ SETUPS: dict[str, tuple[dict[str, Any], int]] = {  # name -> (settings, ranks)
 }
 
 
+def run_samples_per_s(records: Sequence[Any]) -> float | None:
+    """A run's samples/s: the samples of its steps after the first (warm-up) over their
+    seconds, never the median step's rate (workbench/rates.py)."""
+    return throughput(records[1:]).samples_per_s
+
+
 def one_run(settings: dict[str, Any], ranks: int, steps: int) -> dict[str, Any]:
     config = TrainConfig(**BASE, **settings)
     # the same rank worker for every setup; one rank: one process, the plain loop
@@ -50,9 +60,8 @@ def one_run(settings: dict[str, Any], ranks: int, steps: int) -> dict[str, Any]:
     if not result.ok:
         raise RuntimeError(f"{settings}: {result.first_error}")
     rank0 = result.ranks[0]
-    speeds = [r.samples_per_s for r in rank0.records[1:]]
     return {
-        "samples_per_s": statistics.median(speeds),
+        "samples_per_s": run_samples_per_s(rank0.records),
         "losses": [r.loss for r in rank0.records],
         "ranks": [
             {
@@ -87,6 +96,8 @@ def main() -> None:
         f"{'setup':<26} {'samples/s':>10} {'vs one rank':>12}  rank 0: params / activations KiB (measured, predicted)"
     )
     for name, reps in runs.items():
+        # over whole runs, each one's rate a ratio of sums: one rep slowed by the machine's
+        # load does not set it
         speed = statistics.median(r["samples_per_s"] for r in reps)
         ratios = [r["samples_per_s"] / b for r, b in zip(reps, base, strict=True)]
         last = reps[-1]

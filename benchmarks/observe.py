@@ -81,6 +81,8 @@ class Halves:
         skip = warmup // 2
         on, off = self.times[True][skip:], self.times[False][skip:]
         mean_on, mean_off = statistics.fmean(on), statistics.fmean(off)
+        # the ratio is of mean steps (all seconds over the steps); the medians compare the
+        # typical step of each half beside it
         med_on, med_off = statistics.median(on), statistics.median(off)
         return {
             "steps_with": len(on),
