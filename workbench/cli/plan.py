@@ -100,7 +100,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         help="run the top K plans for a few steps here (GPUs, else 2 CPU ranks, the built-in "
         "GPT) and re-rank them by the measured step",
     )
-    out.add_argument("--export", metavar="DIR", help="write plan #1 as a job into DIR")
+    out.add_argument(
+        "--export",
+        metavar="DIR",
+        help="write the best plan a job can carry (#1 where it can) into DIR, "
+        "with the steps --tokens takes",
+    )
     out.add_argument(
         "--export-model",
         metavar="SPEC",
@@ -388,8 +393,6 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     exported = None
     if args.export is not None:
         exported = _export(result, args, parser)
-        if exported is None:
-            return 2
     if args.json:
         got = result.to_dict()
         if exported is not None:
@@ -411,30 +414,74 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
             print("\n" + text(probes))
         if exported is not None:
-            print(f"\nPlan #1 written to {exported['out_dir']} ({exported['format']}): "
-                  f"{exported['command']}")  # fmt: skip
-    return 0
+            _print_exported(exported)
+    return 0 if exported is not None or args.export is None else 2
+
+
+def _print_exported(exported: dict[str, Any]) -> None:
+    """Which plan was written where, why the better ones were not, and its steps."""
+    rank = exported["rank"]
+    print(f"\nPlan #{rank} written to {exported['out_dir']} ({exported['format']}): "
+          f"{exported['command']}")  # fmt: skip
+    if rank > 1:
+        print(f"  the best plan that can be exported; not {exported['skipped'][0]}")
+        if rank > 2:
+            print(f"  nor #2 to #{rank - 1} (--json lists why in exported.skipped)")
+    print(f"  {exported['steps_note']}")
+
+
+def _steps_of(result: Any, best: Any) -> tuple[int | None, str]:
+    """The optimizer steps that train --tokens with `best` (tokens / the tokens a step,
+    rounded up) and a line saying so; (None, why) when no tokens were given or the count is
+    past TrainConfig's total_steps range."""
+    if result.tokens is None:
+        return None, "steps: the job's default (give --tokens to carry the run's length)"
+    per_step = best.tokens_per_step
+    steps = max(1, math.ceil(result.tokens / per_step))
+    said = f"{result.tokens:,.0f} tokens / {per_step:,} tokens a step, rounded up"
+    if steps > 10**12:
+        return None, f"steps: the job's default: {said} = {steps:,} is past 10^12 steps"
+    return steps, f"steps: {steps:,} ({said})"
 
 
 def _export(result: Any, args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
-    """Plan #1 as a job (`workbench.export.export_job`), what was written; None after
-    printing why it was refused."""
-    from workbench.config import TrainConfig
-    from workbench.export import export_job
+    """The best plan that can be exported, written as a job (`workbench.export.export_job`):
+    what was written, with why each better plan could not be; None after printing why no
+    plan can be."""
+    from workbench.config import ConfigError, TrainConfig
+    from workbench.export import check_export, export_job
 
-    best = result.best
-    fmt = args.export_format or ("fsdp" if "fsdp" in best.settings or best.tp > 1 else "deepspeed")
-    try:
-        job = export_job(
-            TrainConfig(**best.settings),
-            format=fmt,
-            gpus=result.cluster.gpus_per_node,
-            nodes=result.cluster.nodes,
-            out_dir=args.export,
-            model=args.export_model,
-        )
-    except ValueError as exc:
-        print(f"{parser.prog}: error: --export {typed(args.export)}: plan #1 "
-              f"({best.label()}): {exc}", file=sys.stderr)  # fmt: skip
+    where = {"gpus": result.cluster.gpus_per_node, "nodes": result.cluster.nodes,
+             "out_dir": args.export, "model": args.export_model}  # fmt: skip
+    fmt0 = args.export_format or "deepspeed"
+    general = check_export(None, format=fmt0, **where)  # nothing about the plans: say it once
+    if general:
+        for problem in general:
+            print(f"{parser.prog}: error: --export {typed(args.export)}: {problem}",
+                  file=sys.stderr)  # fmt: skip
         return None
-    return {"out_dir": job.out_dir, "format": fmt, "command": job.command, "plan": best.label()}
+    skipped: list[str] = []
+    for rank, p in enumerate(result.plans, 1):
+        fmt = args.export_format or ("fsdp" if "fsdp" in p.settings or p.tp > 1 else "deepspeed")
+        steps, steps_line = _steps_of(result, p)
+        why = ""
+        if p.extras:
+            why = f"{', '.join(p.extras)}: planner-only choices no exported job carries"
+        else:
+            try:
+                config = TrainConfig(**p.settings, **({"total_steps": steps} if steps else {}))
+            except (ConfigError, ValueError) as exc:
+                why = str(exc).splitlines()[0]
+            else:
+                problems = check_export(config, format=fmt, steps=steps, **where)
+                why = str(problems[0]) if problems else ""
+        if why:
+            skipped.append(f"#{rank} ({p.label()}): {why}")
+            continue
+        job = export_job(config, format=fmt, steps=steps, **where)
+        return {"out_dir": job.out_dir, "format": fmt, "command": job.command,
+                "plan": p.label(), "rank": rank, "steps": steps, "steps_note": steps_line,
+                "skipped": skipped}  # fmt: skip
+    print(f"{parser.prog}: error: --export {typed(args.export)}: none of the "
+          f"{len(result.plans)} plans can be exported; {skipped[0]}", file=sys.stderr)  # fmt: skip
+    return None
