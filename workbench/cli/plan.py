@@ -90,7 +90,9 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     run.add_argument("--virtual-stages", metavar="V", help="stages a rank (interleaved: 2)")
     run.add_argument("--compile", action="store_true", help="pin torch.compile")
     run.add_argument("--float8", action="store_true", help="pin float8 matmuls (Hopper)")
-    run.add_argument("--hsdp", action="store_true", help="FSDP sharded in a node, replicated")
+    run.add_argument(
+        "--hsdp", action="store_true", help="pin HSDP (FSDP sharded in a node, replicated across)"
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--top", default="10", metavar="N", help="plans in the table (10)")
     out.add_argument("--json", action="store_true", help="every plan as JSON, best first")

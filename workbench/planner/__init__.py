@@ -49,7 +49,7 @@ from workbench.planner.keywords import (
 from workbench.planner.keywords import cli_keywords as _cli_keywords
 from workbench.planner.keywords import nodes_of as _nodes_of
 from workbench.planner.pins import check_pin, read_pin
-from workbench.planner.schedules import Pins, checked_pins, schedule_choices
+from workbench.planner.schedules import Pins, checked_pins, hsdp_engines, schedule_choices
 from workbench.planner.space import context_parallel_sizes as _cp_sizes
 from workbench.planner.space import element_bytes as _element_bytes
 from workbench.planner.space import offloads as _offloads
@@ -505,6 +505,8 @@ def plan(
     pinned = read_pin(pin, tuple(ENGINES))
     if "engine" in pinned:
         chosen = (pinned["engine"],)
+    if pins.hsdp:  # only HSDP layouts are planned
+        chosen = hsdp_engines(chosen, hw.nodes)
     base: dict[str, Any] = {"model": model, "hf_config": hf_config, "n_params": n_params}
     base.update(shape)
     if seq_len is not None:
@@ -652,6 +654,12 @@ def plan(
             f"divides the heads and widths and pp a divisor of layers={probe.layers}; a "
             f"multiple of {G} (e.g. {G} or {2 * G}) always works"
         )
+    if pins.hsdp and searched == 0:
+        raise ValueError(
+            f"hsdp=True: no layout of the {G} GPUs shards inside a node at global_batch="
+            f"{global_batch}: HSDP needs tp x pp (x cp) to divide the {hw.gpus_per_node} GPUs "
+            "of a node, and dp to divide the global batch"
+        )
     fits.sort(key=_rank_key)
     unfit.sort(key=_rank_key)
     piped = any(p.pp > 1 for p in fits + unfit)
@@ -783,6 +791,8 @@ def _one(
         shard_group = hw.gpus_per_node // (tp * pp)
         inputs["gpus"] = shard_group * tp * pp  # the memory of FSDP over the shard group
         extras.append(f"hsdp {shard_group}")
+    elif pins.hsdp:  # pinned: only layouts that shard inside a node and replicate across
+        return None
     try:
         est = estimate_memory(**inputs)
     except EstimateInputError:

@@ -117,6 +117,27 @@ def checked_pins(
     return Pins(str(pp_schedule), v, bool(compile), bool(float8), bool(hsdp))
 
 
+#: the engines HSDP shards with (FSDP's); `hsdp=True` plans only these
+HSDP_ENGINES = ("full_shard", "shard_grad_op")
+
+
+def hsdp_engines(engines: tuple[str, ...], nodes: int) -> tuple[str, ...]:
+    """The engines `hsdp=True` plans (FSDP's among `engines`); ValueError saying what rules
+    HSDP out: one node (nothing to replicate across), or no FSDP engine among them."""
+    if nodes < 2:
+        raise ValueError(
+            f"hsdp=True: HSDP shards inside a node and replicates across nodes; nodes={nodes}: "
+            "give two or more (nodes=, gpus=), or leave hsdp=True out"
+        )
+    sharded = tuple(e for e in engines if e in HSDP_ENGINES)
+    if not sharded:
+        raise ValueError(
+            f"hsdp=True: HSDP is FSDP's ({', '.join(HSDP_ENGINES)}); the engines planned are "
+            f"{', '.join(engines)}"
+        )
+    return sharded
+
+
 def schedule_choices(
     pins: Pins, stages: int, layers: int, micro_batches: int
 ) -> tuple[list[tuple[str, int]], list[str]]:
