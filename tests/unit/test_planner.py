@@ -345,7 +345,7 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
         ({"headroom": 0.99}, r"model: no setup of \d+ fits 8 x h100-80gb \(0.8 GiB each, 99% kept"),
         (
             {"global_tokens": 1000, "seq_len": 4096},
-            "global_tokens=1000: must be a whole number of 4096-token",
+            "global_tokens=1000: 1,000 tokens is 0.2 sequences of 4096: must be a whole number of 4096-token",
         ),
     ],
 )

@@ -21,10 +21,15 @@ from typing import Any
 from workbench.cli import json_text
 from workbench.inputs import typed
 
+#: a negative number or count as typed: -1, -0.5, -1T, -4Mi, -2e12
+_NEGATIVE_COUNT = re.compile(r"^-[0-9.,_]*[0-9](e[+-]?[0-9]+)? ?([kmgt]i|[kmbgt])?$", re.IGNORECASE)
 _SHAPE = ("layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden")
 
 
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    # a count typed negative (--tokens -1T) is a value to refuse by name, not a flag: argparse
+    # takes only "-1" and "-1.5" for numbers by itself
+    parser._negative_number_matcher = _NEGATIVE_COUNT  # type: ignore[attr-defined]
     model = parser.add_argument_group("model (as `workbench estimate` takes it)")
     model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b")
     model.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json on disk")
@@ -41,7 +46,7 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
     hw.add_argument("--inter-node-gbps", metavar="GB/s", help="per GPU per direction (catalog)")
     run = parser.add_argument_group("the run")
     run.add_argument("--global-batch", default=None, metavar="B", help="samples a step (256)")
-    run.add_argument("--global-tokens", metavar="T", help="or tokens a step (e.g. 4M)")
+    run.add_argument("--global-tokens", metavar="T", help="or tokens a step (e.g. 4Mi)")
     run.add_argument("--precision", metavar="P", help="pin one precision (e.g. bf16-true)")
     run.add_argument("--lora-rank", metavar="R", help="plan a LoRA fine-tune of rank R")
     run.add_argument("--headroom", metavar="F", help="fraction of GPU memory kept free (0)")
@@ -294,7 +299,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         count = parse_count(args.global_tokens)
         if not count:
             problems.append(
-                f"--global-tokens {typed(args.global_tokens)}: must be a count > 0, e.g. 4M"
+                f"--global-tokens {typed(args.global_tokens)}: must be a count > 0, e.g. 4Mi"
             )
         else:
             kw["global_tokens"] = count
@@ -354,7 +359,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         count = parse_count(args.tokens)
         too_many = check_number("tokens", count, LIMITS["tokens"])[1] if count else None
         if not count:
-            problems.append(f"--tokens {typed(args.tokens)}: must be a count > 0, e.g. 1T, 2e12")
+            allowed = LIMITS["tokens"].allowed
+            problems.append(f"--tokens {typed(args.tokens)}: must be a count, {allowed} (e.g. 1T)")
         elif too_many is not None:  # said here, with the count as typed
             problems.append(f"--tokens {typed(args.tokens)}: {too_many}")
         else:
@@ -374,6 +380,7 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for p in problems:
             print(f"{parser.prog}: error: {p}", file=sys.stderr)
         return 2
+    from workbench.planner.checks import GlobalTokensError
     from workbench.planner.efficiency import CalibrateError
     from workbench.planner.nccl_tests import NcclTestsError
 
@@ -381,6 +388,10 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         result = plan(**kw)
     except (CalibrateError, NcclTestsError) as exc:
         print(f"{parser.prog}: error: {exc.cli_text()}", file=sys.stderr)
+        return 2
+    except GlobalTokensError as exc:
+        print(f"{parser.prog}: error: {_global_tokens_line(exc, args.global_tokens)}",
+              file=sys.stderr)  # fmt: skip
         return 2
     except ValueError as exc:
         lines = _estimate_problems(exc, args) or [_as_flag(str(exc), args)]
@@ -430,6 +441,19 @@ def _print_exported(exported: dict[str, Any]) -> None:
         if rank > 2:
             print(f"  nor #2 to #{rank - 1} (--json lists why in exported.skipped)")
     print(f"  {exported['steps_note']}")
+
+
+def _global_tokens_line(exc: Any, text: str | None) -> str:
+    """--global-tokens that is not a whole number of sequences, said with the count as typed
+    and, for a decimal suffix (4M), the binary spelling (4Mi) where it is a whole number."""
+    from workbench.estimate import parse_count
+
+    line = f"--global-tokens {typed(str(text))}: {_as_flag(exc.reason)}"
+    m = re.fullmatch(r"\s*(.*[0-9]) ?([kmgtKMGT])\s*", str(text))
+    binary = parse_count(f"{m[1]}{m[2]}i") if m else None
+    if m and binary and binary % exc.seq_len == 0:
+        line += f"; or {m[1]}{m[2]}i = {binary:,} ({binary // exc.seq_len} sequences)"
+    return line
 
 
 def _steps_of(result: Any, best: Any) -> tuple[int | None, str]:

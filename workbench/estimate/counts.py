@@ -1,8 +1,9 @@
 """Counts written the way people say them: `7B`, `1.5e9`, `175B`, `350M`, `1.3T`.
 
 `parse_count` is the one reader of parameter and token counts for the estimator, the CLI
-and the panels. Suffixes (case-insensitive): K = 1e3, M = 1e6, B or G = 1e9, T = 1e12;
-a space may stand before the suffix (`7 B`). Digits may be grouped in thousands by commas,
+and the panels. Suffixes (case-insensitive): K = 1e3, M = 1e6, B or G = 1e9, T = 1e12, and
+the binary Ki = 2^10, Mi = 2^20, Gi = 2^30, Ti = 2^40 (a token batch of power-of-two
+sequences: 4Mi = 1024 x 4096); a space may stand before the suffix (`7 B`). Digits may be grouped in thousands by commas,
 underscores or spaces (`124,439,808`, `124_439_808`), one kind of separator per count and
 groups of exactly three digits after the first: `1,2,3` is refused, never read as 123. The
 value must be a whole number after scaling (`1.5e9`, `7.25B`); `1.5` parameters is refused.
@@ -19,10 +20,11 @@ from typing import Any
 
 from workbench.estimate.limits import is_bool
 
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12,
+           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
 _LARGEST = 10**30  # beyond any real count; keeps Decimal from huge exponents
 _MAX_TEXT = 100  # characters: no count is written longer
-_COUNT = re.compile(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]{1,3})?) ?([kmbgt]?)")
+_COUNT = re.compile(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]{1,3})?) ?([kmgt]i|[kmbgt]|)")
 _GROUPED = {sep: re.compile(rf"[0-9]{{1,3}}(?:{re.escape(sep)}[0-9]{{3}})+") for sep in ",_ "}
 
 #: What a count may look like, for error messages.

@@ -35,6 +35,7 @@ from workbench.estimate import DEFAULT_MFU, EstimateInputError, estimate_memory
 from workbench.estimate.activations import attention_terms
 from workbench.estimate.flops import FlopCount
 from workbench.inputs import is_int, plain_number, shown
+from workbench.planner.checks import GlobalTokensError
 from workbench.planner.checks import checked_numbers as _checked_numbers
 from workbench.planner.checks import counts as _counts
 from workbench.planner.efficiency import resolve as _efficiency_of
@@ -532,10 +533,15 @@ def plan(
         ok = is_int(global_tokens)  # a NumPy or torch integer is the int it holds
         global_tokens = plain_number(global_tokens)
         if not ok or global_tokens < seq or global_tokens % seq:
-            near = max(1, round(global_tokens / seq)) * seq if ok else seq
-            raise ValueError(
-                f"global_tokens={shown(global_tokens)}: must be a whole number of "
-                f"{seq}-token sequences (a multiple of seq_len={seq}, e.g. {near:,})"
+            q = global_tokens / seq if ok else 1.0
+            near = dict.fromkeys(max(1, n) for n in (math.floor(q), math.ceil(q)))
+            use = " or ".join(f"{n * seq:,} ({n})" for n in near)
+            said = f"{global_tokens:,} tokens is {q:,.1f} sequences of {seq}: " if ok else ""
+            raise GlobalTokensError(
+                global_tokens,
+                seq,
+                f"{said}must be a whole number of {seq}-token sequences (a multiple of "
+                f"seq_len={seq}): use {use}",
             )
         global_batch = global_tokens // seq
     dims = {"heads": probe.heads, "hidden": probe.hidden, "ffn_hidden": probe.ffn_hidden}

@@ -8,6 +8,15 @@ from typing import Any
 from workbench.inputs import shown
 
 
+class GlobalTokensError(ValueError):
+    """`global_tokens` that is not a whole number of sequences: the count, the sequence
+    length and why (`reason`), for a caller to say with the count as it was typed."""
+
+    def __init__(self, tokens: Any, seq_len: int, reason: str) -> None:
+        super().__init__(f"global_tokens={shown(tokens)}: {reason}")
+        self.tokens, self.seq_len, self.reason = tokens, seq_len, reason
+
+
 def counts(tokens: Any, global_tokens: Any) -> tuple[Any, Any]:
     """`tokens` and `global_tokens` given as text as the command takes them ("1T", "4M")
     read as counts (`workbench.estimate.parse_count`); ValueError naming text that is no
@@ -19,7 +28,7 @@ def counts(tokens: Any, global_tokens: Any) -> tuple[Any, Any]:
         if isinstance(value, str):
             count = parse_count(value)
             if not count:
-                raise ValueError(f"{name}={shown(value)}: must be a count > 0, e.g. 4M, 1T, 2e12")
+                raise ValueError(f"{name}={shown(value)}: must be a count > 0, e.g. 4Mi, 1T, 2e12")
             value = float(count) if name == "tokens" else count
         read.append(value)
     return read[0], read[1]
@@ -71,4 +80,4 @@ def checked_numbers(
     return read[0], read[1], float(number)
 
 
-__all__ = ["checked_numbers", "counts"]
+__all__ = ["GlobalTokensError", "checked_numbers", "counts"]
