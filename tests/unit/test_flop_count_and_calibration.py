@@ -159,7 +159,7 @@ def test_a_pinned_layout_is_the_only_one_planned() -> None:
         ({"pp": 5}, "pin pp=5: must divide layers=32"),
         ({"tp": 2, "pp": 2, "dp": 4}, r"pin tp 2 x pp 2 x dp 4 = 16: must be the 8 GPUs"),
         ({"tp": 2, "pp": 2, "dp": 2, "micro_batch": 3}, r"must divide global_batch / dp = 16 / 2"),
-        ({"dp": 3}, "pin dp 3 = 3: must divide the 8 GPUs"),
+        ({"dp": 3}, "pin dp=3: must divide the 8 GPUs"),
         ({"engine": "zero9"}, "pin engine='zero9': must be one of ddp"),
         ({"checkpointing": "half"}, "pin checkpointing='half': must be one of none"),
         ({"tp": 0}, "pin tp=0: must be an integer >= 1"),

@@ -72,7 +72,7 @@ def test_more_nodes_is_said_as_the_flag_on_the_cli_and_the_keyword_in_python(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     (line,) = _err(capsys, "--model", "llama-3-8b", "--headroom", "0.99")
-    assert line.startswith("--model llama-3-8b: no setup of ")
+    assert line.startswith("--model llama-3-8b: none of the ")
     assert line.endswith("more GPUs (--nodes), a larger GPU, or LoRA")
     with pytest.raises(ValueError, match=r"more GPUs \(nodes=\), a larger GPU"):
         plan(model="llama-3-8b", headroom=0.99)

@@ -206,7 +206,7 @@ def test_a_model_no_setup_fits_says_which_term_breaks_and_by_how_much() -> None:
     with pytest.raises(ValueError) as caught:
         plan(model="gpt3-175b", gpu="h100", gpus_per_node=1, global_batch=8, offload=False)
     text = str(caught.value)
-    assert text.startswith("model: no setup of ") and "GiB over, its largest term" in text
+    assert text.startswith("model: none of the ") and "GiB over, its largest term" in text
 
 
 @pytest.mark.parametrize(
@@ -342,7 +342,10 @@ def test_what_the_user_pins_holds_in_every_plan() -> None:
             r"optimizer='lion': must be one of adamw, adam8bit \(or adamw8bit\)",
         ),
         ({"attention": "flash"}, "attention='flash': must be one of sdpa, eager"),
-        ({"headroom": 0.99}, r"model: no setup of \d+ fits 8 x h100-80gb \(0.8 GiB each, 99% kept"),
+        (
+            {"headroom": 0.99},
+            r"model: none of the \d+ setups planned \(engine, layout, micro-batch, recomputation\) fits 8 x h100-80gb \(0.8 GiB each, 99% kept",
+        ),
         (
             {"global_tokens": 1000, "seq_len": 4096},
             "global_tokens=1000: 1,000 tokens is 0.2 sequences of 4096: must be a whole number of 4096-token",

@@ -49,7 +49,7 @@ from workbench.planner.keywords import (
 )
 from workbench.planner.keywords import cli_keywords as _cli_keywords
 from workbench.planner.keywords import nodes_of as _nodes_of
-from workbench.planner.pins import check_pin, read_pin
+from workbench.planner.pins import check_pin, pin_text, read_pin
 from workbench.planner.schedules import Pins, checked_pins, hsdp_engines, schedule_choices
 from workbench.planner.space import context_parallel_sizes as _cp_sizes
 from workbench.planner.space import element_bytes as _element_bytes
@@ -629,11 +629,11 @@ def plan(
                         try:  # a setup the Session trains on G ranks, as it is
                             problems = engine_problems(TrainConfig(**settings), G)
                             problem = str(problems[0]) if problems else None
-                        except ConfigError as exc:
-                            problem = str(exc)
+                        except ConfigError as exc:  # its first problem, on one line
+                            problem = str(exc.problems[0]) if exc.problems else str(exc)
                         session_checked[key] = problem
                     if problem is not None:
-                        first_problem = first_problem or f"{settings}: {problem}"
+                        first_problem = first_problem or problem
                         continue
                     runs, why = schedule_choices(pins, pp, sh.layers, per_replica // mb)
                     refused += [w for w in why if w not in refused]
@@ -647,12 +647,12 @@ def plan(
                         (fits if got.fits else unfit).append(got)
     if layouts_possible == 0 and pinned:
         raise ValueError(
-            f"pin={shown(pinned)}: no layout of the {G} GPUs has it at global_batch="
+            f"pin={pin_text(pinned)}: no layout of the {G} GPUs has it at global_batch="
             f"{global_batch}: dp = {G} / (tp x pp{' x cp' if 'cp' in pinned else ''}) must "
             "divide the global batch"
         )
     if pinned and searched == 0 and first_problem is not None:
-        raise ValueError(f"pin={shown(pinned)}: the Session does not train it: {first_problem}")
+        raise ValueError(f"pin={pin_text(pinned)}: the Session does not train it: {first_problem}")
     if layouts_possible == 0:
         raise ValueError(
             f"global_batch={global_batch}: no layout of the {G} GPUs divides it: dp = "
@@ -680,7 +680,8 @@ def plan(
         over = least.required_bytes - usable
         kept = f", {headroom:.0%} kept free" if headroom else ""
         raise ValueError(
-            f"model: no setup of {searched} fits {G} x {hw.gpu.name} "
+            f"model: none of the {searched} setups planned (engine, layout, micro-batch, "
+            f"recomputation) fits {G} x {hw.gpu.name} "
             f"({usable / _GIB:.1f} GiB each{kept}); the smallest, {least.label()}, needs "
             f"{least.required_bytes / _GIB:.1f} GiB, {over / _GIB:.1f} GiB over, its largest "
             f"term {term} {size / _GIB:.1f} GiB: more GPUs (nodes=), a larger GPU, or LoRA"

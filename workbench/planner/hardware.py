@@ -223,6 +223,8 @@ def cluster(
 
         from workbench.estimate import gpu_names
 
+        if "ambiguous" in str(exc):  # the error lists the names it may be
+            raise
         close = difflib.get_close_matches(str(gpu).lower(), gpu_names(), n=2, cutoff=0.5)
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         raise ValueError(f"{exc}{hint}") from None

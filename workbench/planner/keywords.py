@@ -99,7 +99,11 @@ def nodes_of(gpus: Any, gpus_per_node: int | None, nodes: int | None) -> tuple[A
     if gpus % per:
         raise ValueError(f"gpus={gpus}: must be a whole number of nodes of {per} GPUs")
     if nodes is not None and nodes != gpus // per:
-        raise ValueError(f"gpus={gpus}: is {gpus // per} nodes of {per}, not nodes={shown(nodes)}")
+        count = gpus // per
+        raise ValueError(
+            f"gpus={gpus}: is {count} node{'s' if count != 1 else ''} of {per} GPUs, not "
+            f"nodes={shown(nodes)}"
+        )
     return per, gpus // per
 
 

@@ -83,6 +83,11 @@ def read_pin(pin: Any, engines: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def pin_text(pin: dict[str, Any]) -> str:
+    """A pin as the command takes it: `tp=8,pp=2,engine=zero1`."""
+    return ",".join(f"{k}={v}" for k, v in pin.items())
+
+
 def check_pin(
     pin: dict[str, Any],
     *,
@@ -132,11 +137,15 @@ def check_pin(
     for v in sizes.values():
         product *= v
     said = " x ".join(f"{k} {v}" for k, v in sizes.items())
+    if len(sizes) == 1:  # one size: no product to show
+        said = next(f"{k}={v}" for k, v in sizes.items())
+    else:
+        said += f" = {product}"
     if {"tp", "pp", "dp"} <= sizes.keys() and product != gpus:
         whole = "tp x pp x cp x dp" if cp is not None else "tp x pp x dp"
-        raise ValueError(f"pin {said} = {product}: must be the {gpus} GPUs ({whole})")
+        raise ValueError(f"pin {said}: must be the {gpus} GPUs ({whole})")
     if gpus % product:
-        raise ValueError(f"pin {said} = {product}: must divide the {gpus} GPUs")
+        raise ValueError(f"pin {said}: must divide the {gpus} GPUs (tp x pp x cp x dp = the GPUs)")
     if dp is not None and global_batch % dp:
         raise ValueError(
             f"pin dp={dp}: must divide global_batch={global_batch} (each data-parallel "
@@ -153,4 +162,4 @@ def check_pin(
             raise ValueError(f"pin micro_batch={mb}: must divide global_batch={global_batch}")
 
 
-__all__ = ["PINNABLE", "check_pin", "read_pin"]
+__all__ = ["PINNABLE", "check_pin", "pin_text", "read_pin"]
