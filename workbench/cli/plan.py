@@ -29,7 +29,7 @@ _SHAPE = ("layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden")
 def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     # a count typed negative (--tokens -1T) is a value to refuse by name, not a flag: argparse
     # takes only "-1" and "-1.5" for numbers by itself
-    parser._negative_number_matcher = _NEGATIVE_COUNT  # type: ignore[attr-defined]
+    parser._negative_number_matcher = _NEGATIVE_COUNT
     model = parser.add_argument_group("model (as `workbench estimate` takes it)")
     model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b")
     model.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json on disk")
@@ -495,7 +495,8 @@ def _export(result: Any, args: argparse.Namespace, parser: argparse.ArgumentPars
             why = f"{', '.join(p.extras)}: planner-only choices no exported job carries"
         else:
             try:
-                config = TrainConfig(**p.settings, **({"total_steps": steps} if steps else {}))
+                settings = dict(p.settings) | ({"total_steps": steps} if steps else {})
+                config = TrainConfig(**settings)
             except (ConfigError, ValueError) as exc:
                 why = str(exc).splitlines()[0]
             else:

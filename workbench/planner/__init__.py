@@ -535,13 +535,13 @@ def plan(
         if not ok or global_tokens < seq or global_tokens % seq:
             q = global_tokens / seq if ok else 1.0
             near = dict.fromkeys(max(1, n) for n in (math.floor(q), math.ceil(q)))
-            use = " or ".join(f"{n * seq:,} ({n})" for n in near)
-            said = f"{global_tokens:,} tokens is {q:,.1f} sequences of {seq}: " if ok else ""
+            nearest = " or ".join(f"{n * seq:,} ({n})" for n in near)
+            counted = f"{global_tokens:,} tokens is {q:,.1f} sequences of {seq}: " if ok else ""
             raise GlobalTokensError(
                 global_tokens,
                 seq,
-                f"{said}must be a whole number of {seq}-token sequences (a multiple of "
-                f"seq_len={seq}): use {use}",
+                f"{counted}must be a whole number of {seq}-token sequences (a multiple of "
+                f"seq_len={seq}): use {nearest}",
             )
         global_batch = global_tokens // seq
     dims = {"heads": probe.heads, "hidden": probe.hidden, "ffn_hidden": probe.ffn_hidden}
