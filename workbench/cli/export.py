@@ -351,10 +351,15 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
     if result.nodes == 1:
         if result.torchrun_command != result.command:  # an FSDP job runs under torchrun
             lines.append(f"  or: {result.torchrun_command}")
-        lines += [
-            "  several nodes: re-export with --nodes M --hostfile FILE (train_batch_size grows "
-            "with the world size)",
-        ]
+        how = (
+            "--nodes M --hostfile FILE"
+            if result.format == "deepspeed"
+            else "--gpus G --nodes M (launch.sh on every node, no hostfile)"
+        )
+        lines.append(
+            f"  several nodes: re-export with {how}; train_batch_size grows with the world "
+            "size, and the job refuses to run on another world size than its export's"
+        )
     elif result.multinode_torchrun_command != result.command:
         lines.append(f"  or, torchrun on every node: {result.multinode_torchrun_command}")
     if result.hostfile_path in result.paths:
