@@ -164,9 +164,9 @@ def test_a_given_hostfile_is_checked_and_used(tmp_path: Path) -> None:
     result = export_deepspeed(
         TrainConfig(), gpus=4, nodes=2, hostfile=hostfile, out_dir=tmp_path / "job"
     )
-    assert result.hostfile_path == str(hostfile)
-    assert result.command.startswith(f"deepspeed --hostfile {hostfile} --num_nodes 2 --num_gpus 4 ")
-    assert "hostfile" not in os.listdir(tmp_path / "job")
+    copy = tmp_path / "job" / "hostfile"  # the job folder is what goes to the cluster
+    assert result.hostfile_path == str(copy) and copy.read_text() == hostfile.read_text()
+    assert result.command.startswith("deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 4 ")
     with pytest.raises(ValueError, match="lists 2 host\\(s\\); --nodes 3 needs at least 3"):
         export_deepspeed(TrainConfig(), gpus=4, nodes=3, hostfile=hostfile, out_dir=tmp_path / "x")
     with pytest.raises(ValueError, match="worker-a, worker-b have fewer than 8 slots"):

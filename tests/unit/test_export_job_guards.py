@@ -296,6 +296,27 @@ def test_a_hostfile_naming_a_host_twice_is_refused(
     assert sorted(os.listdir(tmp_path)) == ["hosts"]
 
 
+def test_a_given_hostfile_is_copied_into_the_job_and_named_relatively(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job folder is what goes to the cluster: the hostfile travels in it, as the
+    template does, and launch.sh names it from the folder (was: this machine's path)."""
+    from workbench.cli import main
+
+    given = tmp_path / "hosts"
+    given.write_text("# my cluster\ngpu-a slots=8\ngpu-b slots=8\n")
+    out = tmp_path / "job"
+    result = export_job(TrainConfig(), gpus=8, nodes=2, hostfile=str(given), out_dir=out)
+    assert (out / "hostfile").read_text() == given.read_text()
+    assert result.hostfile_path == str(out / "hostfile") and result.hostfile_path in result.paths
+    assert result.command.startswith("deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 ")
+    assert str(tmp_path) not in (out / "launch.sh").read_text()
+    argv = ["export", "--gpus", "8", "--nodes", "2", "--out", str(out)]
+    assert main([*argv, "--hostfile", str(out / "hostfile")]) == 0  # its own copy, again
+    assert (out / "hostfile").read_text() == given.read_text()
+    assert "edit " not in capsys.readouterr().out  # filled in already: nothing to edit
+
+
 def test_numpy_and_torch_integers_are_taken_as_the_numbers_they_hold(tmp_path: Path) -> None:
     """A sweep's `numpy.int64` values (or torch's) export the job plain ints would: job.json
     and the result hold Python ints. A bool or a non-integral value is still refused by name."""
@@ -327,3 +348,21 @@ def test_numpy_and_torch_integers_are_taken_as_the_numbers_they_hold(tmp_path: P
     text = _refused(tmp_path, TrainConfig(), gpus=torch.tensor(2.0), nodes=torch.tensor([2]))
     assert "gpus=2.0: must be an integer >= 1" in text
     assert "nodes=tensor([2]): must be an integer >= 1" in text
+
+
+@pytest.mark.parametrize("fmt", ["deepspeed", "fsdp", "lightning"])
+def test_pipeline_stages_are_refused_first_when_the_settings_are_refused_too(
+    fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--pp 2` alone also breaks TrainConfig's grad-accum rule: the refusal no fix of
+    --grad-accum lifts comes first, with the other problem beside it (was: --grad-accum
+    alone, then --pp after it was fixed)."""
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["export", "--format", fmt, "--pp", "2", "--gpus", "2", "--out", str(tmp_path / "j")])
+    err = capsys.readouterr().err
+    said = err.split("error: ", 1)[1]
+    assert exited.value.code == 2 and said.startswith(f"--pp 2: not exported to --format {fmt}")
+    assert "; --grad-accum 1: the micro-batches of a step fill the pipeline" in said
+    assert not (tmp_path / "j").exists()

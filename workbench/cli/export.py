@@ -29,6 +29,7 @@ from workbench.export import (
     export_job,
     one_line,
 )
+from workbench.export.refusals import model_parallel_problems
 from workbench.inputs import InputFileError, is_int, parse_json, read_json, shown, typed
 
 # The TrainConfig fields `workbench export` takes as flags: every one in
@@ -196,6 +197,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     raw = {k: typed(v) for k, v in raw_values(args, _CONFIG_FIELDS).items()}
     raw |= _export_raw(args)
     if problems or config is None:  # the other arguments' problems too, all at once
+        if config is None:  # the settings refused: a tp / pp no job carries is said first
+            split = {k: lenient_number(raw.get(k, "1"), "int") for k in ("tp", "pp")}
+            blocking = model_parallel_problems(fmt, split["tp"], split["pp"])
+            problems[:0] = [_as_flag_line(p, raw) for p in blocking]
         problems += [_as_flag_line(p, raw) for p in check_export(config, **where)]
         parser.error("; ".join(dict.fromkeys(problems)))
     try:
@@ -207,7 +212,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.json:
         print(report_json(result.to_dict(), default=str))
     else:
-        print(_report(result, config))
+        print(_report(result, config, given_hostfile=args.hostfile is not None))
     return 0
 
 
@@ -321,7 +326,7 @@ def _replicas(config: TrainConfig, world: int) -> str:
     return str(world) if tp <= 1 else f"dp {world // tp} ({world} ranks / tp {tp})"
 
 
-def _report(result: ExportResult, config: TrainConfig) -> str:
+def _report(result: ExportResult, config: TrainConfig, given_hostfile: bool = False) -> str:
     batch = config.effective_batch_size(result.world_size)
     lines = [
         f"wrote {result.out_dir}: " + ", ".join(Path(p).name for p in result.paths),
@@ -351,13 +356,18 @@ def _report(result: ExportResult, config: TrainConfig) -> str:
     if result.nodes == 1:
         if result.torchrun_command != result.command:  # an FSDP job runs under torchrun
             lines.append(f"  or: {result.torchrun_command}")
-        lines += [
-            "  several nodes: re-export with --nodes M --hostfile FILE (train_batch_size grows "
-            "with the world size)",
-        ]
+        how = (
+            "--nodes M --hostfile FILE"
+            if result.format == "deepspeed"
+            else "--gpus G --nodes M (launch.sh on every node, no hostfile)"
+        )
+        lines.append(
+            f"  several nodes: re-export with {how}; train_batch_size grows with the world "
+            "size, and the job refuses to run on another world size than its export's"
+        )
     elif result.multinode_torchrun_command != result.command:
         lines.append(f"  or, torchrun on every node: {result.multinode_torchrun_command}")
-    if result.hostfile_path in result.paths:
+    if result.hostfile_path in result.paths and not given_hostfile:  # the template
         lines.append(f"  edit {result.hostfile_path}: one 'HOSTNAME slots=GPUS' line per node")
     return "\n".join(lines)
 

@@ -22,7 +22,8 @@ writes into `out_dir`:
   `config.total_steps` and the script's `--steps` overrides it;
 * `launch.sh`: runs the launch command; its comments hold the torchrun and multi-node
   variants;
-* `hostfile` (only for `nodes > 1` without a `hostfile=`): a template to fill in.
+* `hostfile`: the given `hostfile=` copied (the folder is what goes to the cluster;
+  launch.sh names it relatively), or for `nodes > 1` without one a template to fill in.
 
 Exporting into a folder that holds a job already loses nothing edited there
 (`workbench.export.edits`): an edited script, and any other file it writes that the last
@@ -99,6 +100,7 @@ from workbench.export.refusals import (
     factory_problems,
     factory_warning,
     format_problems,
+    model_parallel_problems,
     model_problems,
     stale_format,
 )
@@ -111,16 +113,6 @@ from workbench.outputs import OutputError, write_files
 #: not carry them.
 STRATEGY: dict[Engine, str] = {engine: row.export_strategy for engine, row in ENGINES.items()}
 
-#: Why the exported jobs do not carry `tp` / `pp` (each target, the setting).
-MODEL_PARALLEL_EXPORT = {
-    "deepspeed": "the exported DeepSpeed job writes neither DeepSpeed's AutoTP training "
-    "(`tensor_parallel.autotp_size` in the config, DeepSpeed 0.16.4+, ZeRO 0-2) nor its "
-    "pipeline engine (PipelineModule, which needs the model rewritten as a list of layers)",
-    "fsdp": "the exported FSDP job splits layers over tensor-parallel ranks (`tp`) but does "
-    "not cut the model into pipeline stages",
-    "lightning": "the exported Lightning job splits layers over tensor-parallel ranks (`tp`, "
-    "Lightning's ModelParallelStrategy) but does not cut the model into pipeline stages",
-}
 FORMATS = ("deepspeed", "fsdp", "lightning")
 COMMON_NAME = "job_common.py"
 JOB_NAME = "job.json"
@@ -156,9 +148,9 @@ class ExportResult:
 
     The commands are meant to be run in `out_dir` (`launch.sh` changes into it itself).
     `command` is the one `launch.sh` runs: `deepspeed --num_gpus N ...` on one node, the
-    hostfile variant on several. `multinode_command` uses `hostfile_path` (the given
-    hostfile, the template written for `nodes > 1`, or `hostfile` for one node: a file you
-    write). `paths`: every file written (a hostfile only when the template was written).
+    hostfile variant on several. `multinode_command` uses the job folder's `hostfile`
+    (`hostfile_path`: the given hostfile's copy, or the template written for `nodes > 1`;
+    for one node without one, a file you write). `paths`: every file written.
     `estimate` is the memory estimator's per-GPU figure for the built-in model
     (`workbench.estimate.MemoryEstimate`), None for a factory model.
     """
@@ -260,9 +252,8 @@ def export_job(
     script = SCRIPTS[format]
     total_steps = int(config.total_steps) if steps is None else steps
     template = format == "deepspeed" and nodes > 1 and host_path is None
-    hostfile_text = str(host_path) if host_path is not None else HOSTFILE_NAME
     commands = launch_commands(
-        format, gpus=gpus, nodes=nodes, hostfile=hostfile_text, model=model, options=options
+        format, gpus=gpus, nodes=nodes, hostfile=HOSTFILE_NAME, model=model, options=options
     )
     several = nodes > 1 or (format == "deepspeed" and host_path is not None)
     primary = commands["multinode"] if several else commands["single"]
@@ -285,6 +276,8 @@ def export_job(
     files[LAUNCH_NAME] = launch_sh(
         format, config, model, gpus, nodes, primary, commands, options=options, strategy=named
     )
+    if host_path is not None:  # copied: the folder is what goes to the cluster
+        files[HOSTFILE_NAME] = checked.host_text
     verbatim = (script, COMMON_NAME, "job_files.py", "job_parallel.py")
     kept, edited = keep_edited_scripts(out, files, verbatim)  # the user's text is not lost
     derived = tuple(n for n in files if n not in verbatim)
@@ -299,7 +292,7 @@ def export_job(
     files.update(kept)
     written = {**files, MANIFEST_NAME: manifest_text(files)}
     _write(_Job(out, written, frozenset({script, LAUNCH_NAME})))  # ExportError on failure
-    if template:
+    if template or host_path is not None:
         host_path = out / HOSTFILE_NAME
     return ExportResult(
         out_dir=str(out),
@@ -332,6 +325,7 @@ class _Checked:
     out: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     host_path: Path | None = None
+    host_text: str = ""  # the given hostfile's text, copied into the job
     ds: dict[str, Any] = field(default_factory=dict)
     info: Any | None = None  # the built-in model's ModelInfo (measured on the meta device)
     module: Any | None = None  # the built-in model, on the meta device
@@ -417,7 +411,7 @@ def _check(
         )
         problems.append(ExportProblem("hostfile", hostfile, why, value_text=shown(str(hostfile))))
     else:
-        c.host_path = _check_hostfile(hostfile, nodes, gpus, problems)
+        c.host_path, c.host_text = _check_hostfile(hostfile, nodes, gpus, problems)
     c.out = _check_out_dir(out_dir, problems)
     stale = stale_format(c.out, format) if c.out is not None and format in FORMATS else None
     if stale is not None:
@@ -464,15 +458,7 @@ def _check(
     ):
         if value:
             problems.append(SettingProblem(name, plain_value(getattr(config, name)), why))
-    for name in ("tp", "pp"):
-        # the FSDP and Lightning jobs split the layers too
-        carried = name == "tp" and format in ("fsdp", "lightning")
-        if int(getattr(config, name)) > 1 and format in MODEL_PARALLEL_EXPORT and not carried:
-            why = (
-                f"not exported to --format {format}: {MODEL_PARALLEL_EXPORT[format]}; a "
-                f"Session and `workbench launch --{name}` train it"
-            )
-            problems.append(SettingProblem(name, int(getattr(config, name)), why))
+    problems += model_parallel_problems(format, config.tp, config.pp)
     if format in ("fsdp", "lightning") and int(config.tp) > 1 and gpus_ok and nodes_ok:
         problems += tp_problems(config, gpus * nodes)  # fsdp no_shard among them
         off = FsdpMode(config.fsdp) is FsdpMode.OFF
@@ -698,13 +684,14 @@ MAX_HOSTFILE_BYTES = 1 << 20
 
 def _check_hostfile(
     hostfile: Any, nodes: Any, gpus: Any, problems: list[SettingProblem]
-) -> Path | None:
+) -> tuple[Path | None, str]:
+    """The hostfile's path and text (to copy into the job), or None and its problems."""
     if hostfile is None:
-        return None
+        return None, ""
     if not isinstance(hostfile, (str, os.PathLike)) or not os.fspath(hostfile):
         message = "must be a path to a DeepSpeed hostfile"
         problems.append(SettingProblem("hostfile", hostfile, message))
-        return None
+        return None, ""
     given = os.fspath(hostfile)
 
     def problem(message: str) -> None:
@@ -716,10 +703,10 @@ def _check_hostfile(
         text = read_text(path, what="hostfile", max_bytes=MAX_HOSTFILE_BYTES)
     except InputFileError as exc:
         problem(f"cannot be read: {exc.reason}")
-        return None
+        return None, ""
     except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a name too long, a loop
         problem(f"cannot be read ({exc})")
-        return None
+        return None, ""
     hosts = []
     lines: dict[str, list[int]] = {}  # each host's line numbers
     for number, raw in enumerate(text.splitlines(), 1):
@@ -732,7 +719,7 @@ def _check_hostfile(
                 f"line {number} {shown(raw.strip())}: must be 'HOSTNAME slots=N' "
                 f"(N at most {MAX_GPUS[0]})"
             )
-            return None
+            return None, ""
         hosts.append((m.group(1), int(m.group(2))))
         lines.setdefault(m.group(1), []).append(number)
     twice = [(host, numbers) for host, numbers in lines.items() if len(numbers) > 1]
@@ -740,7 +727,7 @@ def _check_hostfile(
         said = "; ".join(f"{shown(host)} on lines {_numbers(found)}" for host, found in twice[:3])
         more = f" and {len(twice) - 3} more host(s)" if len(twice) > 3 else ""
         problem(f"names a host more than once ({said}{more}): list each host on one line")
-        return None
+        return None, ""
     if is_int(nodes) and len(hosts) < nodes:
         problem(f"lists {len(hosts)} host(s); --nodes {nodes} needs at least {nodes}")
     if is_int(gpus):
@@ -750,7 +737,7 @@ def _check_hostfile(
                 f"{shown(', '.join(short))[1:-1]} have fewer than {gpus} slots "
                 f"(`gpus`={gpus} per node)"
             )
-    return path
+    return path, text
 
 
 def _numbers(numbers: list[int], limit: int = 5) -> str:

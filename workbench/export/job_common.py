@@ -52,6 +52,7 @@ SCRIPT = job_files.SCRIPT
 add_model_arguments = job_files.add_model_arguments
 approve_model = job_files.approve_model
 approve_text = job_files.approve_text
+check_world_size = job_files.check_world_size
 fail = job_files.fail
 int_in = job_files.int_in
 number_in = job_files.number_in

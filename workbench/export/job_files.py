@@ -230,3 +230,22 @@ def approve_text(job: dict[str, Any], text: str | None, source: str) -> None:
             f"--text {repr(text)[:200]}: {source} names the text {repr(given)[:200]}; give the same "
             "path (or re-export the job for another text)"
         )
+
+
+def check_world_size(job: dict[str, Any], world: int, running: str, reexport: str) -> None:
+    """Stop a run on another number of ranks than `job` was exported for, before it trains:
+    the global batch (micro-batch x grad-accum x data-parallel ranks) and the learning rate
+    were chosen for that many, as train_deepspeed.py's train_batch_size check keeps them.
+    `running`: how this run counts its ranks; `reexport`: the export command for them."""
+    exported = int(job["exported_world_size"])
+    if world == exported:
+        return
+    config = job.get("config") or {}
+    micro, accum = int(config.get("micro_batch", 1)), int(config.get("grad_accum", 1))
+    replicas = max(1, exported // max(1, int(config.get("tp", 1))))
+    fail(
+        f"{JOB_NAME}: exported_world_size={exported}: the job was exported for world size "
+        f"{exported} (global batch {micro * accum * replicas} = micro {micro} x accum {accum} "
+        f"x {replicas} data-parallel rank(s)); this run has {running}. Launch {exported} "
+        f"ranks, or re-export with `{reexport}`"
+    )

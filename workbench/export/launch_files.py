@@ -22,6 +22,10 @@ SCRIPTS = {
     "lightning": "train_lightning.py",
 }
 MASTER_PORT = 29500
+#: why a job is re-exported for another world size, ending a launch.sh comment
+RESIZED = """
+# (the job refuses to run on another world size: its global batch, micro-batch x
+# grad-accum x data-parallel ranks, and learning rate were chosen for this one)."""
 
 
 def model_flag(model: str, options: dict[str, Any] | None = None) -> str:
@@ -63,8 +67,8 @@ def launch_commands(
         commands = {
             "single": f"python {script} {devices}",
             "torchrun": f"torchrun --standalone --nproc-per-node {gpus} {script} {devices}",
-            "multinode": f"{multinode_torchrun} {devices}",
-            "multinode_torchrun": f"{multinode_torchrun} {devices}",
+            "multinode": f"{multinode_torchrun} {devices} --num-nodes {nodes}",
+            "multinode_torchrun": f"{multinode_torchrun} {devices} --num-nodes {nodes}",
         }
     else:
         tail = f"{script} --deepspeed_config {CONFIG_NAME}"
@@ -136,16 +140,20 @@ def launch_sh(
 # 'HOSTNAME slots=GPUS' line per node; this directory at the same path on every node).
 # With torchrun instead, run on every node (NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0):
 #   {commands["multinode_torchrun"]}"""
-    elif format == "fsdp":
-        several = f"""# Several nodes: run on every node (NODE_RANK 0..N-1, MASTER_ADDR = node 0):
-#   {commands["multinode_torchrun"].replace(f"--nnodes {nodes}", "--nnodes N")}
-# One process without any launcher (rank 0 of 1; CPU works with gloo):
-#   python {script} --steps 2{flag}"""
-    else:
-        several = f"""# Under torchrun instead of Lightning's own process launch:
+    elif nodes == 1:
+        devices = " --devices 1" if format == "lightning" else ""
+        several = f"""# Several nodes: re-export with `workbench export --format {format} --gpus G --nodes M`,
+# whose launch.sh runs torchrun on every node{RESIZED}
+# One process without any launcher (CPU works with gloo), for a job exported with --gpus 1:
+#   python {script}{devices} --steps 2{flag}"""
+        if format == "lightning":
+            several = f"""# Under torchrun instead of Lightning's own process launch:
 #   {commands["torchrun"]}
-# One process on this machine's CPU or GPU:
-#   python {script} --devices 1 --steps 2{flag}"""
+{several}"""
+    else:
+        several = f"""# Run this on every node: NODE_RANK 0..{nodes - 1}, MASTER_ADDR = node 0's address, this
+# directory at the same path on each. Other GPU or node counts: re-export with
+# `workbench export --format {format} --gpus G --nodes M`{RESIZED}"""
     factory = (
         f"\n# --model {model}: the scripts import a factory only when their command line names it"
         if ":" in model

@@ -15,7 +15,9 @@ job that would stop at its start (or silently train something else) is never wri
   for a factory means running the user's code, and an export does not);
 * `factory_warning`: a factory `pkg.module:function` that imports only from the folder
   the export was run in (the job runs in its own folder);
-* `stale_format`: a job folder that holds another format's job.
+* `stale_format`: a job folder that holds another format's job;
+* `model_parallel_problems`: `tp` / `pp` > 1 a format's job does not carry (checked from
+  the numbers alone, so the CLI says it first even when the rest of the config is refused).
 
 Each problem is a `SettingProblem` naming the setting, the value and why.
 """
@@ -53,6 +55,33 @@ LIGHTNING_FSDP_CLIP = (
     'supported" at the first step; use --format fsdp, whose script clips the norm over the '
     "shards, or export without --clip-grad-norm"
 )
+
+
+#: Why the exported jobs do not carry `tp` / `pp` (each target, the setting).
+MODEL_PARALLEL_EXPORT = {
+    "deepspeed": "the exported DeepSpeed job writes neither DeepSpeed's AutoTP training "
+    "(`tensor_parallel.autotp_size` in the config, DeepSpeed 0.16.4+, ZeRO 0-2) nor its "
+    "pipeline engine (PipelineModule, which needs the model rewritten as a list of layers)",
+    "fsdp": "the exported FSDP job splits layers over tensor-parallel ranks (`tp`) but does "
+    "not cut the model into pipeline stages",
+    "lightning": "the exported Lightning job splits layers over tensor-parallel ranks (`tp`, "
+    "Lightning's ModelParallelStrategy) but does not cut the model into pipeline stages",
+}
+
+
+def model_parallel_problems(format: Any, tp: Any, pp: Any) -> list[SettingProblem]:
+    """`tp` or `pp` > 1 where `format`'s job does not carry it (the FSDP and Lightning jobs
+    split layers over tensor-parallel ranks; no job cuts pipeline stages)."""
+    problems = []
+    for name, value in (("tp", tp), ("pp", pp)):
+        carried = name == "tp" and format in ("fsdp", "lightning")
+        if isinstance(value, int) and value > 1 and format in MODEL_PARALLEL_EXPORT and not carried:
+            why = (
+                f"not exported to --format {format}: {MODEL_PARALLEL_EXPORT[format]}; a "
+                f"Session and `workbench launch --{name}` train it"
+            )
+            problems.append(SettingProblem(name, value, why))
+    return problems
 
 
 def format_problems(config: TrainConfig, format: str, strategy: str) -> list[SettingProblem]:
@@ -230,10 +259,12 @@ def stale_format(out: Path, format: str) -> str | None:
 __all__ = [
     "COMPILE_REASON",
     "LIGHTNING_FSDP_CLIP",
+    "MODEL_PARALLEL_EXPORT",
     "SCRIPT_OPTIMIZERS",
     "factory_option_problems",
     "factory_warning",
     "format_problems",
+    "model_parallel_problems",
     "model_problems",
     "stale_format",
 ]

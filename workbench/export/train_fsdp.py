@@ -6,6 +6,10 @@ Run it in its directory:
     torchrun --standalone --nproc-per-node N train_fsdp.py
     python train_fsdp.py                                  # one process, no launcher
 
+on as many ranks as it was exported for (job.json's `exported_world_size`; N x nodes):
+another number is refused before training, as train_deepspeed.py refuses it, since the
+global batch (micro-batch x grad-accum x data-parallel ranks) would change with it.
+
 `job.json` holds the model (a workbench built-in name, or an importable factory
 "pkg.module:function" found from the current folder, imported only when `--model SPEC`
 names it too or `--trust-model-spec` is given), its options, the seed, the number
@@ -62,6 +66,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
         batches,
         build,
         check_save_dir,
+        check_world_size,
         count_parameters,
         fail,
         full_state,
@@ -90,6 +95,7 @@ else:  # run as a script: the job_common.py beside it, as exported (or as its us
         batches,
         build,
         check_save_dir,
+        check_world_size,
         count_parameters,
         fail,
         full_state,
@@ -211,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     if config.get("fsdp", "off") == "off":
         fail(f"{JOB_NAME}: config.fsdp is 'off'; export with --fsdp full_shard (or another mode)")
     single_process_env()
+    launched = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, or 1 without a launcher
+    check_world_size(
+        job, launched, f"{launched} rank(s)", f"workbench export --format fsdp --gpus {launched}"
+    )
     cuda = torch.cuda.is_available() and config.get("device") != "cpu"
     dist.init_process_group(process_group_backend(cuda))
     world, rank = dist.get_world_size(), dist.get_rank()

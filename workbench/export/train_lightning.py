@@ -5,6 +5,13 @@ Run it in its directory:
 
     python train_lightning.py --devices N       # Lightning starts the N processes itself
     torchrun --standalone --nproc-per-node N train_lightning.py --devices N
+    torchrun --nnodes M --nproc-per-node N --node-rank R --master-addr HOST0 ...
+        train_lightning.py --devices N --num-nodes M     # on every node (launch.sh says all)
+
+N x M must be the world size the job was exported for (job.json's `exported_world_size`:
+the global batch is chosen for it); another is refused before training, as are a launcher's
+WORLD_SIZE other than N x M and a node rank past M - 1. `--num-nodes` is the Trainer's
+`num_nodes`: one model trains over every node's ranks.
 
 `job.json` holds the model (a workbench built-in name, or an importable factory
 "pkg.module:function" found from the current folder, imported only when `--model SPEC`
@@ -63,6 +70,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
         approve_model,
         build,
         check_save_dir,
+        check_world_size,
         data_loader,
         fail,
         full_state,
@@ -87,6 +95,7 @@ else:  # run as a script: the job_common.py beside it, as exported (or as its us
         approve_model,
         build,
         check_save_dir,
+        check_world_size,
         data_loader,
         fail,
         full_state,
@@ -341,6 +350,30 @@ def job_units(model: torch.nn.Module, config: dict[str, Any]) -> list[Any]:
     return units
 
 
+def check_ranks(job: dict[str, Any], devices: int, nodes: int) -> None:
+    """Stop before training unless `--devices` x `--num-nodes` is the world size the job was
+    exported for (its global batch) and the launcher's environment agrees: torchrun's
+    WORLD_SIZE and GROUP_RANK, or the NODE_RANK Lightning's own launch reads."""
+    ranks = devices * nodes
+    check_world_size(
+        job,
+        ranks,
+        f"--devices {devices} x --num-nodes {nodes} = {ranks} rank(s)",
+        f"workbench export --format lightning --gpus {devices} --nodes {nodes}",
+    )
+    launched = os.environ.get("WORLD_SIZE")
+    if launched is not None and launched.strip() != str(ranks):
+        fail(
+            f"WORLD_SIZE={launched!r}: the launcher started that many ranks, but --devices "
+            f"{devices} x --num-nodes {nodes} = {ranks}; start {devices} per node on {nodes} "
+            f"node(s) (torchrun --nnodes {nodes} --nproc-per-node {devices})"
+        )
+    for key in ("GROUP_RANK", "NODE_RANK"):
+        node = os.environ.get(key, "0").strip()
+        if not node.isdigit() or int(node) >= nodes:
+            fail(f"{key}={node!r}: must be a node index 0..{nodes - 1} (--num-nodes {nodes})")
+
+
 def main(argv: list[str] | None = None) -> int:
     job_path = os.path.join(HERE, JOB_NAME)
     job = read_job(job_path, extra=("config", "strategy"))
@@ -348,11 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     steps = int(job["steps"])
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
     parser.add_argument("--devices", type=int, default=1, help="processes, one per GPU (1)")
+    parser.add_argument("--num-nodes", type=int, default=1, help="nodes, each with --devices (1)")
     add_model_arguments(parser)
     add_save_argument(parser)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.devices < 1:
-        parser.error(f"--steps {args.steps} / --devices {args.devices}: must be integers >= 1")
+    if min(args.steps, args.devices, args.num_nodes) < 1:
+        parser.error(
+            f"--steps {args.steps} / --devices {args.devices} / --num-nodes {args.num_nodes}: "
+            "must be integers >= 1"
+        )
+    check_ranks(job, args.devices, args.num_nodes)
     check_save_dir(args.save_dir)
     if args.save_dir and job["strategy"] in ("deepspeed", "fsdp"):
         fail(
@@ -380,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = L.Trainer(
         accelerator="cpu" if cpu else "gpu",
         devices=args.devices,
+        num_nodes=args.num_nodes,  # one model over every node's ranks
         strategy=strategy(job, model, args.devices),
         precision=PRECISION[config["precision"]],  # type: ignore[arg-type]
         max_steps=args.steps,
