@@ -528,17 +528,65 @@ ATTENTION_KERNELS = {
 }
 
 
+#: The dropout rates transformers' config class of each common family gives the
+#: `DROPOUT_KEYS` a config.json leaves out (`CONFIG_MAPPING[family]().to_dict()`, transformers
+#: 5; a test holds the table to it): read from here, a plain config.json is estimated and
+#: planned without importing transformers (and torch), which takes seconds. A family not
+#: listed is looked up in transformers.
+FAMILY_DROPOUT: dict[str, dict[str, float]] = {
+    **{
+        family: {"attention_dropout": 0.0}
+        for family in (
+            "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+            "gemma", "gemma2", "gemma3_text", "starcoder2", "olmo", "olmo2", "deepseek_v3",
+            "granite", "cohere",
+        )
+    },
+    **{
+        family: {"attention_dropout": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+        for family in ("phi", "phi3")
+    },
+    **{
+        family: {"attention_dropout": 0.0, "hidden_dropout": 0.0}
+        for family in ("gpt_neox", "falcon", "bloom", "stablelm")
+    },
+    **{
+        family: {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+        for family in ("gpt2", "gpt_bigcode")
+    },
+    **{
+        family: {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+        for family in ("gptj", "codegen")
+    },
+    **{
+        family: {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+        for family in ("bert", "roberta", "deberta-v2")
+    },
+    "opt": {"attention_dropout": 0.0, "dropout": 0.1},
+    "bart": {"attention_dropout": 0.0, "dropout": 0.1, "activation_dropout": 0.0},
+    "mpt": {"resid_pdrop": 0.0},
+    "t5": {"dropout_rate": 0.1},
+    "mt5": {"dropout_rate": 0.1},
+}  # fmt: skip
+
+
 def _family_defaults(model_type: Any) -> dict[str, Any]:
-    """A copy of `_family_defaults_of(model_type)` (built once a family: estimates repeat)."""
-    return dict(_family_defaults_of(model_type)) if isinstance(model_type, str) else {}
+    """The dropout rates (`DROPOUT_KEYS`) the family of `model_type` gives a config that
+    leaves them out: `FAMILY_DROPOUT`, else `_family_defaults_of` (transformers)."""
+    if not isinstance(model_type, str):
+        return {}
+    if model_type in FAMILY_DROPOUT:
+        return dict(FAMILY_DROPOUT[model_type])
+    return dict(_family_defaults_of(model_type))
 
 
 @functools.lru_cache(maxsize=64)
 def _family_defaults_of(model_type: str) -> dict[str, Any]:
-    """The settings transformers' config class of `model_type` gives a key the file leaves
-    out (a Llama config without `attention_dropout` trains with 0.0, a GPT-2 one without
-    `resid_pdrop` with 0.1); {} for a family transformers does not register. Only
-    transformers' own registered classes are looked up: nothing in the file is run."""
+    """The dropout rates transformers' config class of `model_type` gives the keys of
+    `DROPOUT_KEYS` the file leaves out (a Llama config without `attention_dropout` trains
+    with 0.0, a GPT-2 one without `resid_pdrop` with 0.1); {} for a family transformers does
+    not register. Only transformers' own registered classes are looked up: nothing in the
+    file is run."""
     if not isinstance(model_type, str) or not model_type:
         return {}
     try:
@@ -546,9 +594,10 @@ def _family_defaults_of(model_type: str) -> dict[str, Any]:
 
         if model_type not in CONFIG_MAPPING:
             return {}
-        return dict(CONFIG_MAPPING[model_type]().to_dict())
+        defaults = CONFIG_MAPPING[model_type]().to_dict()
     except Exception:  # a transformers without the family, or one whose defaults fail
         return {}
+    return {k: defaults[k] for k in DROPOUT_KEYS if k in defaults}
 
 
 def training_facts(config: Mapping[str, Any], attn_implementation: Any = None) -> dict[str, Any]:
