@@ -200,6 +200,8 @@ def _gathered_layer_bytes(i: EstimateInputs, layer: int, cw: int) -> int:
 
 #: The term of DeepSpeed's flattened reduce copy (`DeepSpeedBuffers`).
 FLAT_REDUCE_TERM = "DeepSpeed flattened reduce copy"
+#: The term of ZeRO 1/2's contiguous reduce buckets (`DeepSpeedBuffers.reduce`).
+REDUCE_BUCKETS_TERM = "DeepSpeed reduce buckets"
 #: The elements DeepSpeed's ZeRO-0 engine flattens its gradients in, at most, per allreduce:
 #: `allreduce_gradients`' own bucket (DeepSpeed 0.19 engine.py `MEMORY_OPT_ALLREDUCE_SIZE`),
 #: whatever the config's reduce_bucket_size says.
@@ -367,8 +369,13 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         if gathered:
             engine_fwd["ZeRO-3 gathered parameters"] = gathered
             engine_bwd["ZeRO-3 gathered parameters"] = gathered
-        if reduce:  # allocated in backward, released at its end (DeepSpeed 0.19)
-            engine_bwd["DeepSpeed reduce buckets"] = reduce
+        if reduce:  # allocated at the first gradient hook, released after backward
+            engine_bwd[REDUCE_BUCKETS_TERM] = reduce
+            if i.zero_stage == 1 and i.grad_accum > 1:
+                # stage 1 releases them at the accumulation boundary only (its epilogue
+                # runs in `reduce_gradients`): the last micro-batch's forward and loss
+                # hold the buckets the first one's backward allocated
+                engine_fwd[REDUCE_BUCKETS_TERM] = reduce
         if buffers.flat_layers:  # a reduce beside the layers' backward
             engine_bwd[FLAT_REDUCE_TERM] = buffers.flat_layers
 
@@ -383,10 +390,16 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
                 if extra:
                     engine_step["DeepSpeed flattened gradient partition"] = extra
 
-    # the loss's backward: the units gathered before any layer's (no reduce has run yet)
+    # the loss's backward: the units gathered before any layer's (no reduce has run yet,
+    # and no gradient hook: DeepSpeed 0.19 allocates ZeRO 1/2's reduce buckets in the first
+    # parameter's hook, `process_gradients` -> `setup_buckets`)
     held_units = {
-        k: v for k, v in engine_bwd.items() if "unsharded" not in k and k != FLAT_REDUCE_TERM
+        k: v
+        for k, v in engine_bwd.items()
+        if "unsharded" not in k and k not in (FLAT_REDUCE_TERM, REDUCE_BUCKETS_TERM)
     }
+    if REDUCE_BUCKETS_TERM in engine_fwd:  # held from the previous micro-batch's backward
+        held_units[REDUCE_BUCKETS_TERM] = engine_fwd[REDUCE_BUCKETS_TERM]
     if engine == "fsdp":
         held_units["FSDP gathered parameters"] = gathered_loss
     backward_end = _backward_end_engine(i, engine, engine_bwd, engine_step)
@@ -432,6 +445,7 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
 
 __all__ = [
     "FLAT_REDUCE_TERM",
+    "REDUCE_BUCKETS_TERM",
     "DeepSpeedBuffers",
     "StepFixed",
     "autocast_casts",

@@ -77,7 +77,11 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   bytes), for the whole run, unless `gradient_as_bucket_view=True` (`bucket_view`), where
   the gradients are views into the buckets and nothing is added.
 * **DeepSpeed buffers**: ZeRO 1 and 2 reduce gradients through a contiguous bucket of
-  `reduce_bucket_size` elements in the gradient dtype (two with `overlap_comm`). Each
+  `reduce_bucket_size` elements in the gradient dtype (two with `overlap_comm`), which
+  DeepSpeed 0.19 allocates at the first gradient hook (`setup_buckets`, beside the output
+  projection's gradient: not in the loss's backward) and releases after backward (stage 1
+  only at the accumulation boundary: with accumulation the last micro-batch's forward
+  holds the buckets the first one's backward made). Each
   reduce cats the bucket's gradients into a new tensor before the collective and copies
   it back ("DeepSpeed flattened reduce copy": W x the bucket's elements, at most
   min(`reduce_bucket_size`, Ψ); DeepSpeed 0.19 `allreduce_bucket`, one at a time): at the
