@@ -62,6 +62,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
         ".workbench-export.json",  # what the export wrote (a re-export keeps the rest)
         "ds_config.json",
         "job.json",
+        "job_checkpoints.py",
         "job_common.py",
         "job_files.py",
         "job_parallel.py",
@@ -74,6 +75,7 @@ def test_export_writes_config_script_and_launcher(tmp_path: Path) -> None:
         "job_common.py",
         "job_files.py",
         "job_parallel.py",
+        "job_checkpoints.py",
         "job.json",
         "launch.sh",
     )
@@ -364,7 +366,7 @@ def test_cli_prints_where_it_wrote_and_the_command(
     assert code == 0
     assert out.splitlines()[0] == (
         f"wrote {out_dir}: ds_config.json, train_deepspeed.py, job_common.py, job_files.py, "
-        "job_parallel.py, job.json, launch.sh"
+        "job_parallel.py, job_checkpoints.py, job.json, launch.sh"
     )
     assert "deepspeed --num_gpus 2 train_deepspeed.py --deepspeed_config ds_config.json" in out
     assert "torchrun --standalone --nproc-per-node 2" in out
@@ -522,6 +524,7 @@ def test_an_export_that_fails_on_one_file_leaves_the_previous_job_whole(
             ".workbench-export.json",
             "ds_config.json",
             "job.json",
+            "job_checkpoints.py",
             "job_common.py",
             "job_files.py",
             "job_parallel.py",

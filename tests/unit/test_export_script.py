@@ -603,14 +603,14 @@ def test_an_exported_script_runs_its_own_folders_files_with_workbench_installed(
     config = TrainConfig(micro_batch=4, fsdp="full_shard" if fmt == "fsdp" else "off")
     out = export_job(config, format=fmt, gpus=1, out_dir=tmp_path / fmt)
     job = Path(out.out_dir)
-    for name in ("job_common.py", "job_files.py", "job_parallel.py"):
+    for name in ("job_common.py", "job_files.py", "job_parallel.py", "job_checkpoints.py"):
         with open(job / name, "a") as f:
             f.write(f"\nimport sys\nprint('edited {name}', file=sys.stderr)\n")
     code, _, err = _run_with_pythonpath(
         [sys.executable, f"train_{fmt}.py", "--help"], job, str(REPO)
     )
     assert code == 0, err[-3000:]
-    for name in ("job_common.py", "job_files.py", "job_parallel.py"):
+    for name in ("job_common.py", "job_files.py", "job_parallel.py", "job_checkpoints.py"):
         assert f"edited {name}" in err
 
 

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli", "ui"),  # 5 shells
 ]
 SHIPPED = (
+    "export/job_checkpoints.py",
     "export/job_common.py",
     "export/job_files.py",
     "export/job_parallel.py",

@@ -115,6 +115,8 @@ STRATEGY: dict[Engine, str] = {engine: row.export_strategy for engine, row in EN
 
 FORMATS = ("deepspeed", "fsdp", "lightning")
 COMMON_NAME = "job_common.py"
+#: the modules job_common.py and the scripts import from their folder, copied as is too
+JOB_MODULES = ("job_files.py", "job_parallel.py", "job_checkpoints.py")
 JOB_NAME = "job.json"
 LAUNCH_NAME = "launch.sh"
 HOSTFILE_NAME = "hostfile"
@@ -271,14 +273,14 @@ def export_job(
         files[CONFIG_NAME] = json.dumps(ds, indent=2) + "\n"
     files[script] = _script_text(script)
     files[COMMON_NAME] = _script_text(COMMON_NAME)
-    files.update((n, _script_text(n)) for n in ("job_files.py", "job_parallel.py"))
+    files.update((n, _script_text(n)) for n in JOB_MODULES)
     files[JOB_NAME] = json.dumps(job, indent=2) + "\n"
     files[LAUNCH_NAME] = launch_sh(
         format, config, model, gpus, nodes, primary, commands, options=options, strategy=named
     )
     if host_path is not None:  # copied: the folder is what goes to the cluster
         files[HOSTFILE_NAME] = checked.host_text
-    verbatim = (script, COMMON_NAME, "job_files.py", "job_parallel.py")
+    verbatim = (script, COMMON_NAME, *JOB_MODULES)
     kept, edited = keep_edited_scripts(out, files, verbatim)  # the user's text is not lost
     derived = tuple(n for n in files if n not in verbatim)
     mine, changed = keep_user_files(out, files, derived)

@@ -528,12 +528,27 @@ def data_loader(
 
 
 def batches(
-    job: dict[str, Any], dataset: Any, micro_batch: int, world: int, rank: int
+    job: dict[str, Any], dataset: Any, micro_batch: int, world: int, rank: int, skip: int = 0
 ) -> Iterator[Any]:
-    """This rank's micro-batches (`data_loader`), epoch after epoch (each reshuffled)."""
+    """This rank's micro-batches (`data_loader`), epoch after epoch (each reshuffled), from
+    its `skip`-th on (a resumed run's: the ones its checkpoint's steps trained, passed over
+    without loading them: the first epoch left reads the rest of that epoch's order)."""
     loader = data_loader(job, dataset, micro_batch, world, rank)
     sampler: Any = loader.sampler
-    epoch = 0
+    epoch, offset = divmod(skip, len(loader)) if skip and len(loader) else (0, 0)
+    if offset:
+        sampler.set_epoch(epoch)
+        rest = list(sampler)[offset * micro_batch :]
+        yield from DataLoader(
+            dataset,
+            batch_size=micro_batch,
+            sampler=rest,
+            drop_last=True,
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            generator=loader.generator,
+        )
+        epoch += 1
     while True:
         sampler.set_epoch(epoch)
         yield from loader

@@ -42,6 +42,7 @@ from deepspeed.accelerator import get_accelerator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:  # imported from the package (the workbench, its tests): the package's modules
+    from workbench.export import job_checkpoints as ckpt
     from workbench.export.job_common import (
         JOB_NAME,
         add_model_arguments,
@@ -62,6 +63,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
 else:  # run as a script: the job_common.py beside it, as exported (or as its user edited
     # it), never an installed workbench's copy, which may be another version
     sys.path.insert(0, HERE)
+    import job_checkpoints as ckpt  # type: ignore[no-redef, import-not-found]
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
         add_model_arguments,
@@ -101,10 +103,12 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
         "--save_dir", "--save-dir", default=None, help="save a DeepSpeed checkpoint here at the end"
     )
     add_model_arguments(parser)
+    ckpt.add_checkpoint_arguments(parser, job.get("config") or {})
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: must be an integer >= 1")
     check_save_dir(args.save_dir, "--save_dir")  # before training: nothing trained is lost
+    args.resume_folder = ckpt.resume_folder(args)
     return args
 
 
@@ -116,6 +120,24 @@ def half_dtype(ds_config: dict[str, Any]) -> torch.dtype | None:
         if ds_config.get(key, {}).get("enabled"):
             return torch.bfloat16
     return None
+
+
+def resume(engine: Any, folder: str, world: int) -> int:
+    """Load the checkpoint `folder` (DIR/step-N) into `engine` (weights, optimizer, loss
+    scaler, learning-rate schedule) and this rank's generators; returns N. Its files are
+    checked to hold plain data first (`job_checkpoints.safe_to_load`)."""
+    done = ckpt.read_complete(folder)
+    if done.get("format") != "deepspeed" or done.get("world_size") != world:
+        fail(
+            f"--resume {folder!r}: a {done.get('format')} checkpoint of "
+            f"{done.get('world_size')} rank(s); this is a deepspeed job on {world}"
+        )
+    ckpt.safe_to_load(folder, (".pt",))
+    loaded, _ = engine.load_checkpoint(os.path.dirname(folder), tag=os.path.basename(folder))
+    if loaded is None:
+        fail(f"--resume {folder!r}: DeepSpeed found no checkpoint there")
+    ckpt.load_rank_state(folder)
+    return int(done["step"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     # dropout draws from torch's global RNG: seeded where a Session seeds it, once the
     # engine is built, so the job's masks are a Session's
     torch.manual_seed(int(job["seed"]))
-    data = batches(job, dataset, micro, world, rank)
+    checkpoints = ckpt.Checkpoints(args, engine.device)
+    first = 1
+    if args.resume_folder is not None:
+        first = resume(engine, args.resume_folder, world) + 1
+    data = batches(job, dataset, micro, world, rank, skip=(first - 1) * accum)
     offload = offload_stream(bool(job["activation_offload"]), engine.device)
     n_params = count_parameters(engine.module)
     if rank == 0:
@@ -187,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
             "grad_accum": accum,
             "steps": args.steps,
         }
+        if args.resume_folder is not None:
+            start["resumed_from"] = args.resume_folder
         print(json.dumps(start), flush=True)
-    for step in range(1, args.steps + 1):
+    stopped = False
+    for step in range(first, args.steps + 1):
         t0 = time.perf_counter()
         lr = float(engine.get_lr()[0])  # the rate this step applies (its scheduler steps after it)
         skipped_before = engine.skipped_steps
@@ -212,9 +241,21 @@ def main(argv: list[str] | None = None) -> int:
                 "step_seconds": time.perf_counter() - t0,
             }
             print(json.dumps(record), flush=True)
-    if args.save_dir:
+        save, stop = checkpoints.due(step, args.steps)
+        if save:
+            folder = checkpoints.folder(step)
+            engine.save_checkpoint(
+                os.path.dirname(folder), tag=os.path.basename(folder), save_latest=False
+            )
+            ckpt.save_rank_state(folder)
+            path = checkpoints.commit(step, {"format": "deepspeed"})
+            if stop:
+                checkpoints.stopped(step, path)
+                stopped = True
+                break
+    if args.save_dir and not stopped:
         engine.save_checkpoint(args.save_dir)
-    if rank == 0:
+    if rank == 0 and not stopped:
         print(json.dumps({"event": "done", "steps": args.steps}), flush=True)
     engine.destroy()
     dist.destroy_process_group()

@@ -58,6 +58,7 @@ import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:  # imported from the package (the workbench, its tests): the package's modules
+    from workbench.export import job_checkpoints as ckpt
     from workbench.export.job_common import (
         JOB_NAME,
         add_model_arguments,
@@ -87,6 +88,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
 else:  # run as a script: the job_common.py beside it, as exported (or as its user edited
     # it), never an installed workbench's copy, which may be another version
     sys.path.insert(0, HERE)
+    import job_checkpoints as ckpt  # type: ignore[no-redef, import-not-found]
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
         add_model_arguments,
@@ -124,10 +126,12 @@ def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.N
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
     add_model_arguments(parser)
     add_save_argument(parser)
+    ckpt.add_checkpoint_arguments(parser, job["config"])
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: must be an integer >= 1")
     check_save_dir(args.save_dir)
+    args.resume_folder = ckpt.resume_folder(args)
     return args
 
 
@@ -208,6 +212,22 @@ def process_group_backend(cuda: bool) -> str:
     return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
+def resume(
+    folder: str, module: torch.nn.Module, optimizer: Any, world: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load the checkpoint `folder` (DIR/step-N): the sharded weights and optimizer states,
+    this rank's generators; returns (its complete.json, this rank's own state: the steps
+    the schedule applied, the loss scaler's state)."""
+    done = ckpt.read_complete(folder)
+    if done.get("format") != "fsdp" or done.get("world_size") != world:
+        fail(
+            f"--resume {folder!r}: a {done.get('format')} checkpoint of "
+            f"{done.get('world_size')} rank(s); this is an fsdp job on {world}"
+        )
+    ckpt.load_sharded(folder, module, optimizer)
+    return done, ckpt.load_rank_state(folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     job_path = os.path.join(HERE, JOB_NAME)
     job = read_job(job_path, extra=("config",))
@@ -266,7 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     # dropout draws from torch's global RNG: seeded where a Session seeds it, once the
     # engine is built, so the job's masks are a Session's
     torch.manual_seed(int(job["seed"]))
-    data = batches(job, dataset, micro, world // tp, rank // tp)  # a tp group: one sample set
+    checkpoints = ckpt.Checkpoints(args, device)
+    first, applied = 1, 0
+    if args.resume_folder is not None:
+        done, mine = resume(args.resume_folder, module, optimizer, world)
+        first, applied = int(done["step"]) + 1, int(mine["applied"])
+        if scaler is not None:
+            scaler.load_state_dict(mine["scaler"])
+    # a tp group: one sample set
+    data = batches(job, dataset, micro, world // tp, rank // tp, skip=(first - 1) * accum)
     offload = offload_stream(bool(job["activation_offload"]), device)
     n_params = count_parameters(module)
     if rank == 0:
@@ -282,14 +310,16 @@ def main(argv: list[str] | None = None) -> int:
             "grad_accum": accum,
             "steps": args.steps,
         }
+        if args.resume_folder is not None:
+            start["resumed_from"] = args.resume_folder
         print(json.dumps(start), flush=True)
     vocabulary_parallel: Any = contextlib.nullcontext
     if tp > 1:
         from torch.distributed.tensor.parallel import loss_parallel
 
         vocabulary_parallel = loss_parallel
-    applied = 0
-    for step in range(1, args.steps + 1):
+    stopped = False
+    for step in range(first, args.steps + 1):
         lr = base_lr * lr_multiplier(
             config["lr_schedule"], applied, int(config["warmup_steps"]), int(config["total_steps"])
         )
@@ -339,9 +369,20 @@ def main(argv: list[str] | None = None) -> int:
                 "step_seconds": time.perf_counter() - t0,
             }
             print(json.dumps(record), flush=True)
-    if rank == 0:
+        save, stop = checkpoints.due(step, args.steps)
+        if save:
+            folder = checkpoints.folder(step)
+            ckpt.save_sharded(folder, module, optimizer)
+            scaler_state = scaler.state_dict() if scaler is not None else {}
+            ckpt.save_rank_state(folder, {"applied": applied, "scaler": scaler_state})
+            path = checkpoints.commit(step, {"format": "fsdp"})
+            if stop:
+                checkpoints.stopped(step, path)
+                stopped = True
+                break
+    if rank == 0 and not stopped:
         print(json.dumps({"event": "done", "steps": args.steps}), flush=True)
-    if args.save_dir:
+    if args.save_dir and not stopped:
         state = full_state(module)  # every rank: the shards gathered to rank 0
         if rank == 0:
             print(json.dumps(save_trained(module, state, args.save_dir)), flush=True)
