@@ -163,3 +163,8 @@ def test_a_checkpoint_that_names_code_is_refused_before_it_is_loaded(tmp_path: P
     assert code == 2 and not marker.exists()
     assert "mp_rank_00_model_states.pt names posix.system, which is not plain data" in err
     assert not any("step" in ln for ln in lines)
+    # another format's checkpoint (or another number of ranks): refused by name
+    (ck / "complete.json").write_text(json.dumps({"step": 2, "world_size": 2, "format": "fsdp"}))
+    code, _, err = _run("deepspeed", job, "--steps", "3", "--resume", str(ck.parent))
+    assert code == 2 and not marker.exists()
+    assert "a fsdp checkpoint of 2 rank(s); this is a deepspeed job on 1" in err

@@ -162,10 +162,20 @@ def launch_sh(
         if flag
         else ""
     )
+    resume = (
+        f"# Checkpoints: every {config.checkpoint_every_steps or '-'} steps / "
+        f"{config.checkpoint_every_seconds or '-'} s into {config.checkpoint_dir} and on "
+        "SIGTERM; run again with\n# `--resume auto` to continue from the newest."
+        if config.checkpoint_dir
+        else "# A job the cluster may stop: `bash launch.sh --checkpoint-dir DIR "
+        "--checkpoint-every-steps N --resume auto`\n# saves every N steps and on SIGTERM, "
+        "and goes on from DIR's newest checkpoint when run again."
+    )
     return f"""#!/usr/bin/env bash
 # {describe(config, model, strategy)}
 # world size {world} ({gpus} GPU(s) x {nodes} node(s)); exported by `workbench export --format {format}`.
 # Extra arguments go to the training script, e.g. `bash launch.sh --steps 100`.{factory}
+{resume}
 set -euo pipefail
 cd "$(dirname "$0")"
 exec {primary} "$@"
