@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +163,7 @@ def test_sigterm_saves_at_the_next_step_and_the_run_resumes_after_it(
     folder = job / "ck" / f"step-{step}"
     done = json.loads((folder / "complete.json").read_text())
     assert done["step"] == step and done["world_size"] == devices
-    assert {f"rank-{r}.pt" for r in range(devices)} | {"lightning.ckpt"} <= set(
-        os.listdir(folder)
-    )
+    assert {f"rank-{r}.pt" for r in range(devices)} | {"lightning.ckpt"} <= set(os.listdir(folder))
     extra = ("--devices", str(devices), "--checkpoint-dir", "ck", "--resume", "auto")
     resumed, _ = run_script("train_lightning.py", job, steps=step + 2, extra=extra)
     assert [ln["step"] for ln in resumed] == [step + 1, step + 2]
@@ -176,14 +173,18 @@ def test_sigterm_saves_at_the_next_step_and_the_run_resumes_after_it(
 class RunsCode:
     """Pickled, a call of os.system: what a crafted checkpoint would run when unpickled."""
 
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, ("touch PWNED",))
+        return (os.system, (f"touch {self.marker}",))
 
 
-def crafted(path: Path) -> None:
-    """A torch file whose pickle names os.system (posix.system on Linux)."""
+def crafted(path: Path, marker: Path) -> None:
+    """A torch file whose pickle names os.system (posix.system on Linux), which would make
+    `marker` if it ran."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": {}, "loops": RunsCode()}, path)
+    torch.save({"state_dict": {}, "loops": RunsCode(marker)}, path)
 
 
 def complete(folder: Path, strategy: str | None, fmt: str = "lightning") -> None:
@@ -195,62 +196,96 @@ def complete(folder: Path, strategy: str | None, fmt: str = "lightning") -> None
     (folder / "complete.json").write_text(json.dumps(done))
 
 
+SYSTEM = f"{os.system.__module__}.system"
+
+
 def test_a_checkpoint_naming_code_is_refused_before_anything_of_it_is_loaded(
     tmp_path: Path,
 ) -> None:
-    """A checkpoint's pickles are checked to name only plain data before Lightning (or
-    DeepSpeed's engine, or the FSDP strategy's reader) loads them: one naming os.system is
-    refused by name and nothing runs (no PWNED file); so is a file that is a link, a
-    DeepSpeed `latest` naming another folder, another job's checkpoint. The DeepSpeed and
-    FSDP strategies' checkpoints are checked before their need for a GPU is said."""
-    system = f"{os.system.__module__}.system"
+    """`--resume` checks a checkpoint's pickles to name only plain data before Lightning (or
+    DeepSpeed's engine, or the FSDP strategy's reader) loads them, before anything is
+    built: Lightning's file of a real checkpoint made to name os.system is refused by name
+    and nothing runs; so is a DeepSpeed-strategy checkpoint's engine file, before the
+    strategy's need for a GPU is said (its engine unpickles without `weights_only`)."""
+    marker = tmp_path / "PWNED"
     job = export(tmp_path / "ddp")
-    run_script(
-        "train_lightning.py", job, steps=1,
-        extra=("--checkpoint-dir", "ck", "--checkpoint-every-steps", "1"),
-    )  # fmt: skip
-    good = job / "ck" / "step-1" / "lightning.ckpt"
-    kept = good.read_bytes()
-    crafted(good)
+    saving = ("--checkpoint-dir", "ck", "--checkpoint-every-steps", "1")
+    run_script("train_lightning.py", job, steps=1, extra=saving)
+    crafted(job / "ck" / "step-1" / "lightning.ckpt", marker)
     err = refused(job, "--checkpoint-dir", "ck", "--resume", "auto")
-    assert f"--resume 'ck/step-1': lightning.ckpt names {system}, which is not plain data" in err
-    good.write_bytes(kept)  # the rank's own file: read as weights only, checked all the same
-    crafted(job / "ck" / "step-1" / "rank-0.pt")
-    err = refused(job, "--checkpoint-dir", "ck", "--resume", "auto")
-    assert f"rank-0.pt names {system}, which is not plain data" in err
-    os.unlink(job / "ck" / "step-1" / "rank-0.pt")
-    os.symlink(tmp_path / "elsewhere.pt", job / "ck" / "step-1" / "rank-0.pt")
-    err = refused(job, "--checkpoint-dir", "ck", "--resume", "auto")
+    assert f"--resume 'ck/step-1': lightning.ckpt names {SYSTEM}, which is not plain data" in err
+    deepspeed = export(tmp_path / "deepspeed", zero_stage=2)
+    folder = deepspeed / "ck" / "step-1"
+    complete(folder, "deepspeed")
+    crafted(folder / "lightning.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt", marker)
+    (folder / "lightning.ckpt" / "latest").write_text("checkpoint")
+    err = refused(deepspeed, "--resume", "ck")
+    assert f"mp_rank_00_model_states.pt names {SYSTEM}, which is not plain data" in err
+    assert not marker.exists()
+
+
+def test_what_a_resume_checks_before_lightning_reads_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check_resume` (before anything is built) and the loader's own state (as training
+    starts): a rank's file naming code, a link, another job's checkpoint, a DeepSpeed
+    `latest` naming another folder than the checkpoint's, an FSDP checkpoint that is a
+    sharded folder (whose reader unpickles without `weights_only`) or names code, a loader
+    position past its epoch: each refused naming `--resume` and what is wrong."""
+    from workbench.export.train_lightning import EpochLoader, check_resume
+
+    marker = tmp_path / "PWNED"
+
+    def refusal(folder: Path, kind: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            check_resume(str(folder), kind, 1)
+        assert exc.value.code == 2
+        return capsys.readouterr().err
+
+    folder = tmp_path / "ddp" / "step-1"
+    complete(folder, "ddp")
+    torch.save({"state_dict": {}}, folder / "lightning.ckpt")
+    assert check_resume(str(folder), "ddp", 1) == str(folder / "lightning.ckpt")
+    crafted(folder / "rank-0.pt", marker)  # read as weights only, checked all the same
+    assert f"rank-0.pt names {SYSTEM}, which is not plain data" in refusal(folder, "ddp")
+    os.unlink(folder / "rank-0.pt")
+    os.symlink(tmp_path / "elsewhere.pt", folder / "rank-0.pt")
+    err = refusal(folder, "ddp")
     assert "rank-0.pt is a link, FIFO or device, not a regular file or folder" in err
     other = tmp_path / "other" / "step-1"
     complete(other, None, fmt="deepspeed")  # train_deepspeed.py's
-    err = refused(job, "--resume", str(other.parent))
     assert (
         f"--resume {str(other)!r}: a deepspeed job's checkpoint of 1 rank(s); this is a "
-        "lightning job (Lightning's ddp strategy) on 1 rank(s)" in err
+        "lightning job (Lightning's ddp strategy) on 1 rank(s)"
+    ) in refusal(other, "ddp")
+    assert "(Lightning's ddp strategy) of 1 rank(s); this is a lightning job (Lightning's fsdp" in (
+        refusal(folder, "fsdp")
     )
 
-    deepspeed = export(tmp_path / "deepspeed", zero_stage=2)  # DeepSpeed's engine's files
-    folder = deepspeed / "ck" / "step-1"
+    folder = tmp_path / "deepspeed" / "step-1"
     complete(folder, "deepspeed")
-    crafted(folder / "lightning.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
+    (folder / "lightning.ckpt" / "checkpoint").mkdir(parents=True)
+    torch.save({"module": {}}, folder / "lightning.ckpt" / "checkpoint" / "states.pt")
     (folder / "lightning.ckpt" / "latest").write_text("../../elsewhere")
-    err = refused(deepspeed, "--resume", "ck")
+    err = refusal(folder, "deepspeed")
     assert "lightning.ckpt/latest names '../../elsewhere'; Lightning's DeepSpeed" in err
     (folder / "lightning.ckpt" / "latest").write_text("checkpoint")
-    err = refused(deepspeed, "--resume", "ck")
-    assert f"mp_rank_00_model_states.pt names {system}, which is not plain data" in err
+    assert check_resume(str(folder), "deepspeed", 1) == str(folder / "lightning.ckpt")
 
-    fsdp = export(tmp_path / "fsdp", fsdp="full_shard", clip_grad_norm=None)  # its own reader
-    folder = fsdp / "ck" / "step-1"
+    folder = tmp_path / "fsdp" / "step-1"
     complete(folder, "fsdp")
     (folder / "lightning.ckpt").mkdir()  # a sharded (torch.distributed.checkpoint) folder
-    err = refused(fsdp, "--resume", "ck")
+    (folder / "lightning.ckpt" / ".metadata").write_bytes(b"")
+    err = refusal(folder, "fsdp")
     assert "holds no lightning.ckpt file (Lightning's checkpoint)" in err
-    os.rmdir(folder / "lightning.ckpt")
-    crafted(folder / "lightning.ckpt")
-    err = refused(fsdp, "--resume", "ck")
-    assert f"lightning.ckpt names {system}, which is not plain data" in err
-    for path in (job, deepspeed, fsdp):
-        assert not (path / "PWNED").exists()
-    assert zipfile.is_zipfile(folder / "lightning.ckpt")  # a torch file, as Lightning's are
+    shutil.rmtree(folder / "lightning.ckpt")
+    crafted(folder / "lightning.ckpt", marker)
+    assert f"lightning.ckpt names {SYSTEM}, which is not plain data" in refusal(folder, "fsdp")
+    assert not marker.exists()
+
+    loader = EpochLoader(torch.utils.data.DataLoader(list(range(40)), batch_size=4), lambda: (0, 0))
+    with pytest.raises(SystemExit):
+        loader.load_state_dict({"epoch": 0, "batches": 11})
+    err = capsys.readouterr().err
+    assert "--resume: the checkpoint's loader state {'epoch': 0, 'batches': 11}: must be an " in err
+    assert "epoch >= 0 and the batches trained in it, 0..10" in err

@@ -45,6 +45,31 @@ sharded norm Lightning does not give), "skipped" (a step the loss scaler skipped
 the export refuses `clip_grad_norm` with it, and so does this script.
 `--save-dir DIR` writes the trained weights at the end (data parallel and tensor parallel:
 model.safetensors, or with LoRA the adapters alone in peft's format).
+
+Checkpoints take the flags of `train_deepspeed.py` and `train_fsdp.py` (`job_checkpoints.py`
+beside this file; their defaults the config's): `--checkpoint-dir DIR` with
+`--checkpoint-every-steps N` or `--checkpoint-every-seconds S` saves DIR/step-N/ after an
+optimizer step (Lightning's `trainer.save_checkpoint` as `lightning.ckpt`, a file, under the
+DeepSpeed strategy its engine's folder; each rank's generators as `rank-R.pt`; complete.json
+last) and keeps the newest `--keep-checkpoints` (2). With a checkpoint folder, SIGTERM makes
+every rank save at the next optimizer-step boundary; the Trainer stops there, the run prints
+{"event": "stopped", "signal": "SIGTERM", "step": N, "checkpoint": DIR/step-N} and exits 0.
+Lightning's own SIGTERM handler is not installed then: it would end the run at the end of
+the micro-batch under way (mid-accumulation, nothing saved) after a collective broadcast from
+inside the handler. `--resume DIR|auto` continues from the newest complete checkpoint and
+prints {"event": "resumed", "step": N, "checkpoint": ...}: Lightning restores the weights,
+the optimizer, the schedule, the loss scaler and its loops' counters; the loader goes on
+where its epoch was (Lightning would start a plain DataLoader's epoch over: `EpochLoader`
+reads the rest of it), and each rank's generators (dropout) are set back, so the steps that
+follow have the uninterrupted run's losses. A checkpoint is checked before any of it is
+read: it must be this job's (format, strategy, world size), hold regular files only (no
+link, FIFO or device), and every pickle in it must name plain data only
+(`job_checkpoints.safe_to_load`): Lightning reads its file with `weights_only=True`, but
+DeepSpeed's engine (`torch.load(weights_only=False)`) and the FSDP strategy's reader of a
+full state (an unpickler of Lightning's) would build what the file names, and a DeepSpeed
+`latest` must name the checkpoint's own tag. Tensor parallel saves one file of whole tensors
+(`save_distributed_checkpoint=False`) and FSDP its full state (Lightning's default): the
+readers of their sharded formats (torch.distributed.checkpoint) unpickle what the files name.
 """
 
 from __future__ import annotations
