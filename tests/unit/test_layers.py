@@ -166,6 +166,7 @@ def test_the_shipped_job_scripts_stand_alone(script: str) -> None:
     path = ROOT / script
     name = "workbench." + script.removesuffix(".py").replace("/", ".")
     allowed = (
+        "workbench.export.job_checkpoints",
         "workbench.export.job_common",
         "workbench.export.job_files",
         "workbench.export.job_parallel",
