@@ -53,7 +53,8 @@ optimizer step (Lightning's `trainer.save_checkpoint` as `lightning.ckpt`, a fil
 DeepSpeed strategy its engine's folder; each rank's generators as `rank-R.pt`; complete.json
 last) and keeps the newest `--keep-checkpoints` (2). With a checkpoint folder, SIGTERM makes
 every rank save at the next optimizer-step boundary; the Trainer stops there, the run prints
-{"event": "stopped", "signal": "SIGTERM", "step": N, "checkpoint": DIR/step-N} and exits 0.
+{"event": "stopped", "signal": "SIGTERM", "step": N, "checkpoint": DIR/step-N} and exits 0
+(no "done" line, no `--save-dir`).
 Lightning's own SIGTERM handler is not installed then: it would end the run at the end of
 the micro-batch under way (mid-accumulation, nothing saved) after a collective broadcast from
 inside the handler. `--resume DIR|auto` continues from the newest complete checkpoint and
@@ -345,6 +346,7 @@ class EpochLoader:
     def __init__(self, loader: DataLoader[Any], position: Callable[[], tuple[int, int]]) -> None:
         self.loader = loader
         self.sampler = loader.sampler  # Lightning sets its epoch as each epoch starts
+        self.batch_sampler = loader.batch_sampler  # its batch size: the DeepSpeed strategy's
         self.position = position
         self.resume: tuple[int, int] | None = None  # (epoch, batches trained in it)
 
@@ -368,8 +370,9 @@ class EpochLoader:
         trained = state.get("batches") if isinstance(state, dict) else None
         if not (_count(epoch) and _count(trained) and trained <= len(self)):
             fail(
-                f"--resume: the checkpoint's loader state {str(state)[:200]}: must be an "
-                f"epoch >= 0 and the batches trained in it, 0..{len(self)}"
+                "--resume: the checkpoint's loader state (loops.fit_loop.state_dict."
+                f"combined_loader) {str(state)[:200]}: must be an epoch >= 0 and the batches "
+                f"trained in it, 0..{len(self)}"
             )
         if trained == len(self):  # at the epoch's end: the next one starts
             epoch, trained = epoch + 1, 0
