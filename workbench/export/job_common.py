@@ -537,22 +537,28 @@ def batches(
     sampler: Any = loader.sampler
     epoch, offset = divmod(skip, len(loader)) if skip and len(loader) else (0, 0)
     if offset:
-        sampler.set_epoch(epoch)
-        rest = list(sampler)[offset * micro_batch :]
-        yield from DataLoader(
-            dataset,
-            batch_size=micro_batch,
-            sampler=rest,
-            drop_last=True,
-            num_workers=loader.num_workers,
-            pin_memory=loader.pin_memory,
-            generator=loader.generator,
-        )
+        yield from rest_of_epoch(loader, epoch, offset)
         epoch += 1
     while True:
         sampler.set_epoch(epoch)
         yield from loader
         epoch += 1
+
+
+def rest_of_epoch(loader: DataLoader[Any], epoch: int, offset: int) -> DataLoader[Any]:
+    """`data_loader`'s epoch `epoch` from its `offset`-th micro-batch on: the same samples in
+    the same order, the ones before passed over without loading them (a resumed run's)."""
+    sampler: Any = loader.sampler
+    sampler.set_epoch(epoch)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=list(sampler)[offset * int(loader.batch_size or 1) :],
+        drop_last=True,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        generator=loader.generator,
+    )
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -45,6 +45,32 @@ sharded norm Lightning does not give), "skipped" (a step the loss scaler skipped
 the export refuses `clip_grad_norm` with it, and so does this script.
 `--save-dir DIR` writes the trained weights at the end (data parallel and tensor parallel:
 model.safetensors, or with LoRA the adapters alone in peft's format).
+
+Checkpoints take the flags of `train_deepspeed.py` and `train_fsdp.py` (`job_checkpoints.py`
+beside this file; their defaults the config's): `--checkpoint-dir DIR` with
+`--checkpoint-every-steps N` or `--checkpoint-every-seconds S` saves DIR/step-N/ after an
+optimizer step (Lightning's `trainer.save_checkpoint` as `lightning.ckpt`, a file, under the
+DeepSpeed strategy its engine's folder; each rank's generators as `rank-R.pt`; complete.json
+last) and keeps the newest `--keep-checkpoints` (2). With a checkpoint folder, SIGTERM makes
+every rank save at the next optimizer-step boundary; the Trainer stops there, the run prints
+{"event": "stopped", "signal": "SIGTERM", "step": N, "checkpoint": DIR/step-N} and exits 0
+(no "done" line, no `--save-dir`).
+Lightning's own SIGTERM handler is not installed then: it would end the run at the end of
+the micro-batch under way (mid-accumulation, nothing saved) after a collective broadcast from
+inside the handler. `--resume DIR|auto` continues from the newest complete checkpoint and
+prints {"event": "resumed", "step": N, "checkpoint": ...}: Lightning restores the weights,
+the optimizer, the schedule, the loss scaler and its loops' counters; the loader goes on
+where its epoch was (Lightning would start a plain DataLoader's epoch over: `EpochLoader`
+reads the rest of it), and each rank's generators (dropout) are set back, so the steps that
+follow have the uninterrupted run's losses. A checkpoint is checked before any of it is
+read: it must be this job's (format, strategy, world size), hold regular files only (no
+link, FIFO or device), and every pickle in it must name plain data only
+(`job_checkpoints.safe_to_load`): Lightning reads its file with `weights_only=True`, but
+DeepSpeed's engine (`torch.load(weights_only=False)`) and the FSDP strategy's reader of a
+full state (an unpickler of Lightning's) would build what the file names, and a DeepSpeed
+`latest` must name the checkpoint's own tag. Tensor parallel saves one file of whole tensors
+(`save_distributed_checkpoint=False`) and FSDP its full state (Lightning's default): the
+readers of their sharded formats (torch.distributed.checkpoint) unpickle what the files name.
 """
 
 from __future__ import annotations
@@ -55,7 +81,8 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeGuard
 
 import lightning as L
 import torch
@@ -63,6 +90,7 @@ from torch.utils.data import DataLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:  # imported from the package (the workbench, its tests): the package's modules
+    from workbench.export import job_checkpoints as ckpt
     from workbench.export.job_common import (
         JOB_NAME,
         add_model_arguments,
@@ -81,6 +109,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
         offload_stream,
         read_job,
         resolve_units,
+        rest_of_epoch,
         save_trained,
         sharded_grad_norm,
         tensor_parallelize,
@@ -88,6 +117,7 @@ if __package__:  # imported from the package (the workbench, its tests): the pac
 else:  # run as a script: the job_common.py beside it, as exported (or as its user edited
     # it), never an installed workbench's copy, which may be another version
     sys.path.insert(0, HERE)
+    import job_checkpoints as ckpt  # type: ignore[no-redef, import-not-found]
     from job_common import (  # type: ignore[no-redef, import-not-found]
         JOB_NAME,
         add_model_arguments,
@@ -106,6 +136,7 @@ else:  # run as a script: the job_common.py beside it, as exported (or as its us
         offload_stream,
         read_job,
         resolve_units,
+        rest_of_epoch,
         save_trained,
         sharded_grad_norm,
         tensor_parallelize,
@@ -128,13 +159,19 @@ class JobModule(L.LightningModule):
     """The job's model, loss, optimizer and schedule as a LightningModule."""
 
     def __init__(
-        self, model: torch.nn.Module, loss_fn: Any, config: dict[str, Any], strategy: str = "ddp"
+        self,
+        model: torch.nn.Module,
+        loss_fn: Any,
+        config: dict[str, Any],
+        strategy: str = "ddp",
+        checkpoints: JobCheckpoints | None = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
         self.settings = config
         self.strategy_kind = strategy
+        self.checkpoints = checkpoints
         self._offload: Any = None  # activation offload's side stream, made on the device
         self._step: dict[str, Any] | None = None  # the optimizer step under way (`_open_step`)
         self._steps_done = 0
@@ -218,6 +255,12 @@ class JobModule(L.LightningModule):
             "engine_skipped": getattr(self.trainer.model, "skipped_steps", None),
         }
 
+    def on_train_start(self) -> None:
+        """Training starts (a resumed run's checkpoint restored): count steps from its step."""
+        self._steps_done = int(self.trainer.global_step)
+        if self.checkpoints is not None:
+            self.checkpoints.start(self.trainer)
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._step is None:  # the first micro-batch of an optimizer step
             self._step = self._open_step()
@@ -241,17 +284,18 @@ class JobModule(L.LightningModule):
             skipped = engine.skipped_steps > step["engine_skipped"]
         elif step["scaler"] is not None:  # amp fp16: the scaler skips a step with inf/NaN
             skipped = step["scaler"].get_scale() < step["scale"]
-        if self.global_rank != 0:
-            return
-        record = {
-            "step": done,
-            "loss": float(loss),
-            "lr": step["lr"],
-            "grad_norm": grad_norm,
-            "skipped": skipped,
-            "step_seconds": time.perf_counter() - step["t0"],
-        }
-        print(json.dumps(record), flush=True)
+        if self.global_rank == 0:
+            record = {
+                "step": done,
+                "loss": float(loss),
+                "lr": step["lr"],
+                "grad_norm": grad_norm,
+                "skipped": skipped,
+                "step_seconds": time.perf_counter() - step["t0"],
+            }
+            print(json.dumps(record), flush=True)
+        if self.checkpoints is not None:  # every rank: a save is collective
+            self.checkpoints.after_step(self.trainer, done)
 
     def configure_optimizers(self) -> Any:
         cfg = self.settings
@@ -274,7 +318,7 @@ class JobData(L.LightningDataModule):
         self.job = job
         self.dataset = dataset
 
-    def train_dataloader(self) -> DataLoader[Any]:
+    def train_dataloader(self) -> EpochLoader:
         """Called once the strategy has set up its processes: the rank and the number of
         data-parallel ranks are the strategy's (tensor parallel: the data-parallel
         dimension's). Lightning keeps a DistributedSampler it is given (and calls its
@@ -283,7 +327,171 @@ class JobData(L.LightningDataModule):
         shard = trainer.distributed_sampler_kwargs or {"num_replicas": 1, "rank": 0}
         micro = int(self.job["config"]["micro_batch"])
         world, rank = int(shard["num_replicas"]), int(shard["rank"])
-        return data_loader(self.job, self.dataset, micro, world, rank)
+        loader = data_loader(self.job, self.dataset, micro, world, rank)
+
+        def position() -> tuple[int, int]:  # asked in a save, after a step's last micro-batch
+            return int(trainer.current_epoch), int(trainer.fit_loop.epoch_loop.batch_idx) + 1
+
+        return EpochLoader(loader, position)
+
+
+class EpochLoader:
+    """This rank's loader (`job_common.data_loader`) as Lightning sees it, saying where the
+    run is in its epoch. Lightning keeps a loader's `state_dict` in its checkpoints and gives
+    it back to a resumed run (`load_state_dict`), but starts a plain DataLoader over at its
+    epoch's first batch; this one reads the rest of that epoch instead
+    (`job_common.rest_of_epoch`: the batches the checkpoint's steps trained passed over
+    unread), so a resumed run trains on the batches the uninterrupted run would have."""
+
+    def __init__(self, loader: DataLoader[Any], position: Callable[[], tuple[int, int]]) -> None:
+        self.loader = loader
+        self.sampler = loader.sampler  # Lightning sets its epoch as each epoch starts
+        self.batch_sampler = loader.batch_sampler  # its batch size: the DeepSpeed strategy's
+        self.position = position
+        self.resume: tuple[int, int] | None = None  # (epoch, batches trained in it)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.resume is None:
+            return iter(self.loader)
+        (epoch, trained), self.resume = self.resume, None
+        return iter(rest_of_epoch(self.loader, epoch, trained))
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, trained = self.position()
+        return {"epoch": epoch, "batches": trained}
+
+    def load_state_dict(self, state: Any) -> None:
+        """A resumed run's position (the checkpoint's `state_dict`), checked: its next
+        iteration reads the rest of that epoch (at an epoch's end: the next epoch)."""
+        epoch = state.get("epoch") if isinstance(state, dict) else None
+        trained = state.get("batches") if isinstance(state, dict) else None
+        if not (_count(epoch) and _count(trained) and trained <= len(self)):
+            fail(
+                "--resume: the checkpoint's loader state (loops.fit_loop.state_dict."
+                f"combined_loader) {str(state)[:200]}: must be an epoch >= 0 and the batches "
+                f"trained in it, 0..{len(self)}"
+            )
+        if trained == len(self):  # at the epoch's end: the next one starts
+            epoch, trained = epoch + 1, 0
+        self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        self.resume = (epoch, trained) if trained else None
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+#: Lightning's checkpoint in a DIR/step-N folder: a file (DeepSpeed's strategy: its folder)
+CHECKPOINT_NAME = "lightning.ckpt"
+#: the tag Lightning's DeepSpeed strategy saves under (its folder's `latest` names it)
+DEEPSPEED_TAG = "checkpoint"
+
+
+class JobCheckpoints:
+    """The job's checkpoints (`job_checkpoints.py`: the flags, DIR/step-N folders committed
+    by complete.json, SIGTERM) under Lightning. After each optimizer step every rank asks
+    `Checkpoints.due`; a save is `trainer.save_checkpoint` into the step's folder (the
+    weights, the optimizer, the schedule, the loss scaler, the loops' counters and where the
+    loader is in its epoch: `EpochLoader`) and each rank's generators; a signal's save stops
+    the Trainer there. A resumed run's generators are set back as training starts."""
+
+    def __init__(self, args: argparse.Namespace, kind: str) -> None:
+        # the flags' device is the strategy's, known once it is set up (`start`)
+        self.checkpoints = ckpt.Checkpoints(args, torch.device("cpu"))
+        self.kind = kind
+        self.last = int(args.steps)
+        self.resume: str | None = args.resume_folder
+        self.stopped = False
+
+    def start(self, trainer: L.Trainer) -> None:
+        self.checkpoints.device = trainer.strategy.root_device
+        if self.resume is not None:  # the checkpoint's step's dropout masks go on
+            ckpt.load_rank_state(self.resume)
+            if trainer.global_rank == 0:
+                line = {"event": "resumed", "step": trainer.global_step, "checkpoint": self.resume}
+                print(json.dumps(line), flush=True)
+
+    def after_step(self, trainer: L.Trainer, step: int) -> None:
+        save, stop = self.checkpoints.due(step, self.last)
+        if not save:
+            return
+        folder = self.checkpoints.folder(step)
+        trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_NAME), weights_only=False)
+        ckpt.save_rank_state(folder)
+        path = self.checkpoints.commit(step, {"format": "lightning", "strategy": self.kind})
+        if stop:
+            self.checkpoints.stopped(step, path)
+            self.stopped = True
+            trainer.should_stop = True  # the loop ends after this batch: a step boundary
+
+
+def leave_sigterm_to_the_job(trainer: L.Trainer) -> None:
+    """With checkpoints on, SIGTERM is the job's (`job_checkpoints.Checkpoints`: every rank
+    saves at the next optimizer step, then stops). Lightning's signal connector would replace
+    its handler when fit starts with one that broadcasts from inside the handler (a
+    collective only the ranks the signal reached enter, wherever they are), and raises
+    SIGTERMException at the end of the micro-batch under way: mid-accumulation, no
+    checkpoint. Lightning has no switch for it, so its connector installs nothing here (the
+    job's handler also reaches every rank through `Checkpoints.due`'s all-reduce)."""
+    connector = trainer._signal_connector
+    connector.register_signal_handlers = lambda: None  # type: ignore[method-assign]
+
+
+def check_resume(folder: str, kind: str, world: int) -> str:
+    """The path of Lightning's checkpoint in `folder` (a complete DIR/step-N) for
+    `trainer.fit(ckpt_path=...)`, once it is known to be this job's and to name only plain
+    data: Lightning reads its file with `weights_only=True`, but DeepSpeed's engine
+    (`torch.load(weights_only=False)`) and the FSDP strategy's full-state reader (an
+    unpickler of its own) would build whatever their pickles name, so every pickle is
+    checked first (`job_checkpoints.safe_to_load`), and nothing is read through a link or
+    from another folder than the checkpoint's own; exits naming what cannot be loaded."""
+    done = ckpt.read_complete(folder)
+    mine = {"format": "lightning", "strategy": kind, "world_size": world}
+    if any(done.get(key) != value for key, value in mine.items()):
+        what = f"{done.get('format')} job's checkpoint"
+        if done.get("strategy") is not None:
+            what += f" (Lightning's {done.get('strategy')} strategy)"
+        fail(
+            f"--resume {folder!r}: a {what} of {done.get('world_size')} rank(s); this is a "
+            f"lightning job (Lightning's {kind} strategy) on {world} rank(s)"
+        )
+    _only_plain_files(folder)
+    path = os.path.join(folder, CHECKPOINT_NAME)
+    if kind == "deepspeed":  # DeepSpeed's folder: its `latest` names the tag it loads
+        latest = os.path.join(path, "latest")
+        tag = None
+        if os.path.isfile(latest):
+            with open(latest) as f:
+                tag = f.read(256).strip()
+        if tag != DEEPSPEED_TAG:
+            fail(
+                f"--resume {folder!r}: {CHECKPOINT_NAME}/latest names {tag!r}; Lightning's "
+                f"DeepSpeed checkpoint names its own folder, {DEEPSPEED_TAG!r}"
+            )
+        import deepspeed  # noqa: F401 - its data classes, which its files name, known by name
+    elif not os.path.isfile(path):
+        fail(f"--resume {folder!r}: holds no {CHECKPOINT_NAME} file (Lightning's checkpoint)")
+    ckpt.safe_to_load(folder, (".pt", ".ckpt"))
+    return path
+
+
+def _only_plain_files(folder: str) -> None:
+    """Every entry under `folder` is a regular file or a folder: a link (to files or a folder
+    nothing checked) or a FIFO (a read that blocks) is refused, naming it."""
+    import stat
+
+    for root, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                fail(
+                    f"--resume {folder!r}: {os.path.relpath(path, folder)} is a link, FIFO or "
+                    "device, not a regular file or folder; a checkpoint's files are its own"
+                )
 
 
 def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
@@ -295,7 +503,13 @@ def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
         tp = int(job["config"]["tp"])
         if devices % tp:
             fail(f"tp={tp}: must divide --devices {devices}")
-        return ModelParallelStrategy(data_parallel_size=devices // tp, tensor_parallel_size=tp)
+        # its checkpoints one file of whole tensors, which Lightning reads as weights only
+        # (its sharded format's reader unpickles what the files name)
+        return ModelParallelStrategy(
+            data_parallel_size=devices // tp,
+            tensor_parallel_size=tp,
+            save_distributed_checkpoint=False,
+        )
     if kind == "deepspeed":
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
@@ -374,9 +588,9 @@ def check_ranks(job: dict[str, Any], devices: int, nodes: int) -> None:
             fail(f"{key}={node!r}: must be a node index 0..{nodes - 1} (--num-nodes {nodes})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    job_path = os.path.join(HERE, JOB_NAME)
-    job = read_job(job_path, extra=("config", "strategy"))
+def parse_args(job: dict[str, Any], argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before anything is built (a --resume checkpoint too:
+    `check_resume`; `args.ckpt_path` is what `trainer.fit` resumes from, or None)."""
     parser = argparse.ArgumentParser(description=f"Train with Lightning: {job['description']}")
     steps = int(job["steps"])
     parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps ({steps})")
@@ -384,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-nodes", type=int, default=1, help="nodes, each with --devices (1)")
     add_model_arguments(parser)
     add_save_argument(parser)
+    ckpt.add_checkpoint_arguments(parser, job["config"])
     args = parser.parse_args(argv)
     if min(args.steps, args.devices, args.num_nodes) < 1:
         parser.error(
@@ -398,6 +613,18 @@ def main(argv: list[str] | None = None) -> int:
             f"runs; Lightning's {job['strategy']} strategy keeps its own sharded checkpoint "
             "format (trainer.save_checkpoint), which this job does not write"
         )
+    args.resume_folder = ckpt.resume_folder(args)
+    args.ckpt_path = None
+    if args.resume_folder is not None:
+        world = args.devices * args.num_nodes
+        args.ckpt_path = check_resume(args.resume_folder, str(job["strategy"]), world)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_path = os.path.join(HERE, JOB_NAME)
+    job = read_job(job_path, extra=("config", "strategy"))
+    args = parse_args(job, argv)
     clip = job["config"].get("clip_grad_norm")
     if job["strategy"] == "fsdp" and clip is not None:  # refused at export; job.json edited
         fail(
@@ -415,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     if cpu and job["strategy"] in ("deepspeed", "fsdp"):
         name = {"deepspeed": "DeepSpeed", "fsdp": "FSDP"}[job["strategy"]]
         fail(f"Lightning's {name} strategy runs on CUDA GPUs only; this run is on the CPU")
+    checkpoints = JobCheckpoints(args, str(job["strategy"]))
     trainer = L.Trainer(
         accelerator="cpu" if cpu else "gpu",
         devices=args.devices,
@@ -429,8 +657,16 @@ def main(argv: list[str] | None = None) -> int:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    module = JobModule(model, loss_fn, config, strategy=str(job["strategy"]))
-    trainer.fit(module, datamodule=JobData(job, dataset))
+    if checkpoints.checkpoints.enabled:
+        leave_sigterm_to_the_job(trainer)
+    module = JobModule(model, loss_fn, config, str(job["strategy"]), checkpoints)
+    # a resumed run: Lightning's file read as weights only (DeepSpeed's and FSDP's loaders
+    # ignore it: their files were checked to name plain data, `check_resume`)
+    trainer.fit(
+        module, datamodule=JobData(job, dataset), ckpt_path=args.ckpt_path, weights_only=True
+    )
+    if checkpoints.stopped:  # a signal's checkpoint is saved; the run ends there
+        return 0
     if trainer.global_rank == 0:
         print(json.dumps({"event": "done", "steps": int(trainer.global_step)}), flush=True)
     if args.save_dir:
