@@ -174,3 +174,23 @@ def test_a_resumed_data_stream_is_the_rest_of_the_uninterrupted_one() -> None:
     for skip in (0, 4, 6, 13):
         resumed = batches(job, data, 3, 2, 1, skip=skip)
         assert [next(resumed)[0].flatten().tolist() for _ in range(20 - skip)] == whole[skip:]
+
+
+def test_a_link_or_fifo_in_a_checkpoint_folder_is_refused_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = tmp_path / "step-2"
+    folder.mkdir()
+    torch.save({"w": torch.ones(1)}, folder / "rank-0.pt")
+    ckpt.safe_to_load(str(folder), (".pt",))
+    (folder / "more").symlink_to(outside, target_is_directory=True)  # os.walk would skip it
+    with pytest.raises(SystemExit):
+        ckpt.safe_to_load(str(folder), (".pt",))
+    assert "more is a link, FIFO or device" in capsys.readouterr().err
+    (folder / "more").unlink()
+    os.mkfifo(folder / "x.pt")  # reading it would block
+    with pytest.raises(SystemExit):
+        ckpt.safe_to_load(str(folder), (".pt",))
+    assert "x.pt is a link, FIFO or device" in capsys.readouterr().err

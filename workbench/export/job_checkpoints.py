@@ -45,6 +45,7 @@ import os
 import pickle
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -523,9 +524,25 @@ def pickled_globals(path: str) -> set[str]:
     return names
 
 
+def only_plain_files(folder: str) -> None:
+    """Every entry under `folder` is a regular file or a folder: a link (to files or a folder
+    nothing checked) or a FIFO (a read that blocks) is refused, naming it."""
+    for root, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                fail(
+                    f"--resume {folder!r}: {os.path.relpath(path, folder)} is a link, FIFO or "
+                    "device, not a regular file or folder; a checkpoint's files are its own"
+                )
+
+
 def safe_to_load(folder: str, suffixes: tuple[str, ...]) -> None:
-    """Every file under `folder` ending in one of `suffixes` is a pickle of plain data (see
-    `_plain_type`), else exits naming the file and the global it names."""
+    """Every entry under `folder` is a regular file or folder (`only_plain_files`) and every
+    file ending in one of `suffixes` is a pickle of plain data (see `_plain_type`), else
+    exits naming the file and the global it names."""
+    only_plain_files(folder)
     for root, _dirs, files in os.walk(folder):
         for name in sorted(files):
             if not name.endswith(suffixes):

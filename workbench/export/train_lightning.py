@@ -458,7 +458,7 @@ def check_resume(folder: str, kind: str, world: int) -> str:
             f"--resume {folder!r}: a {what} of {done.get('world_size')} rank(s); this is a "
             f"lightning job (Lightning's {kind} strategy) on {world} rank(s)"
         )
-    _only_plain_files(folder)
+    ckpt.only_plain_files(folder)
     path = os.path.join(folder, CHECKPOINT_NAME)
     if kind == "deepspeed":  # DeepSpeed's folder: its `latest` names the tag it loads
         latest = os.path.join(path, "latest")
@@ -476,22 +476,6 @@ def check_resume(folder: str, kind: str, world: int) -> str:
         fail(f"--resume {folder!r}: holds no {CHECKPOINT_NAME} file (Lightning's checkpoint)")
     ckpt.safe_to_load(folder, (".pt", ".ckpt"))
     return path
-
-
-def _only_plain_files(folder: str) -> None:
-    """Every entry under `folder` is a regular file or a folder: a link (to files or a folder
-    nothing checked) or a FIFO (a read that blocks) is refused, naming it."""
-    import stat
-
-    for root, dirs, files in os.walk(folder):
-        for name in (*dirs, *files):
-            path = os.path.join(root, name)
-            mode = os.lstat(path).st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                fail(
-                    f"--resume {folder!r}: {os.path.relpath(path, folder)} is a link, FIFO or "
-                    "device, not a regular file or folder; a checkpoint's files are its own"
-                )
 
 
 def strategy(job: dict[str, Any], model: torch.nn.Module, devices: int) -> Any:
