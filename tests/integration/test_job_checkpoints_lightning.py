@@ -71,9 +71,8 @@ def losses(lines: list[dict[str, Any]]) -> dict[int, float]:
     return {ln["step"]: ln["loss"] for ln in lines}
 
 
-@pytest.mark.parametrize(
-    ("tp", "devices"), [(1, 1), (1, 2), (2, 2)], ids=["ddp-1", "ddp-2", "tensor-parallel-2"]
-)
+# one device (Lightning's single-device strategy) is resumed step for step by the epoch test
+@pytest.mark.parametrize(("tp", "devices"), [(1, 2), (2, 2)], ids=["ddp-2", "tensor-parallel-2"])
 def test_a_resumed_run_trains_the_uninterrupted_runs_steps(
     tp: int, devices: int, tmp_path: Path
 ) -> None:
@@ -125,7 +124,7 @@ def test_a_resume_continues_the_data_across_an_epochs_end(tmp_path: Path) -> Non
         ), step
 
 
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("devices", [2])
 def test_sigterm_saves_at_the_next_step_and_the_run_resumes_after_it(
     devices: int, tmp_path: Path
 ) -> None:
