@@ -32,7 +32,9 @@ transformers' `ACT2FN` has.
 
 The names are transformers' (`ACT2FN`: what a config's `activation_function`,
 `hidden_act`, `hidden_activation` or `activation` names), plus `bloom_gelu` (BLOOM's
-`GeLUFunction`, an autograd Function that keeps its input only). `gelu` (torch's exact
+`GeLUFunction`, an autograd Function that keeps its input only), less `xielu` (its learned
+parameters, fp32 under autocast, promote some of its tensors to fp32, and its CUDA kernel
+is a package of its own: not counted, so a config naming it gets the default and a note). `gelu` (torch's exact
 GELU, one kernel) is the two-matrix MLP's default and `silu` the gated MLP's: the one-op
 picture of the paper. A config that names an activation outside the table is estimated
 with its MLP's default, and the estimate says so (`unknown_note`).
@@ -141,12 +143,6 @@ ACTIVATION_FUNCTIONS: dict[str, ActivationFunction] = dict(
         _row("swish", "torch's SiLU, one kernel (keeps its input)", *_ONE_OP),
         _row("tanh", "torch's tanh, one kernel (keeps its output only)", *_OUTPUT),
         _row("prelu", "torch's PReLU, one kernel (keeps its input)", *_ONE_OP),
-        _row(
-            "xielu",
-            "xIELU in Python (transformers' path without the xielu CUDA kernel)",
-            (5, 2, 3),
-            (7, 3, 4),
-        ),
         _row(
             "bloom_gelu",
             "BLOOM's GeLUFunction: an autograd Function that keeps its input only",
