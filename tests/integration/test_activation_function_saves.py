@@ -61,7 +61,10 @@ class CudaAutocastLists(TorchFunctionMode):
         sixteen = any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)
         if sixteen and torch.is_autocast_enabled("cpu"):
             try:
-                cuda, cpu = _dtype_on("cuda", func, args, kwargs), _dtype_on("cpu", func, args, kwargs)
+                cuda, cpu = (
+                    _dtype_on("cuda", func, args, kwargs),
+                    _dtype_on("cpu", func, args, kwargs),
+                )
             except Exception:  # not an op (a method without fake kernels): as CPU runs it
                 cuda = cpu = None
             if cuda == torch.float32 and cpu == torch.bfloat16:
@@ -147,7 +150,9 @@ def test_cuda_autocast_runs_pow_in_fp32_and_tanh_in_bf16() -> None:
     assert _dtype_on("cuda", torch.tanh, (x,), {}) == torch.bfloat16
 
 
-@pytest.mark.parametrize(("name", "gated"), [("gelu_new", False), ("relu", False), ("gelu_new", True)])
+@pytest.mark.parametrize(
+    ("name", "gated"), [("gelu_new", False), ("relu", False), ("gelu_new", True)]
+)
 def test_compiled_the_activation_s_chain_is_recomputed(name: str, gated: bool) -> None:
     """Inductor's partitioner keeps the matmul outputs: a two-matrix MLP the activation's
     input and output (one tensor where the activation keeps its output only), a gated one

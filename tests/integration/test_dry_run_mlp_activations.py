@@ -72,9 +72,7 @@ CASES: dict[str, tuple[Callable[[str], nn.Module], str, str, int, int, int, int,
 
 def _run(name: str, act: str, precision: str = "fp32", ckpt: bool = False, b: int = 0) -> Any:
     build, _, _, micro, seq, _, _, _ = CASES[name]
-    config = TrainConfig(
-        micro_batch=b or micro, precision=precision, activation_checkpointing=ckpt
-    )
+    config = TrainConfig(micro_batch=b or micro, precision=precision, activation_checkpointing=ckpt)
     return simulate_memory(lambda: build(act), config, seq_len=seq, progress=False)
 
 

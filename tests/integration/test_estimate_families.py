@@ -168,7 +168,9 @@ def test_saved_activations_equal_the_formula_plus_known_extras(family, act):
         parallel_residual=bool(e.parallel_residual),
         activation_function=e.activation_function,
     )
-    assert e.activation_function == (act or {"gpt2": "gelu", "gpt_neox": "gelu"}.get(family, "silu"))
+    assert e.activation_function == (
+        act or {"gpt2": "gelu", "gpt_neox": "gelu"}.get(family, "silu")
+    )
     assert measured.activation_bytes == formula.total_bytes + _extras(family, model)
     # the terms that tell the families apart, from the formula itself
     sbh, sbf = S * B * H, S * B * (e.ffn_hidden or 0)

@@ -127,6 +127,8 @@ def test_a_built_config_takes_the_activation_at_its_family_s_key(capsys):
         estimate_memory(hf_config=bloom, activation_function="relu")
     (problem,) = info.value.problems
     assert problem.field == "activation_function" and "no key that names its MLP" in problem.message
-    with pytest.raises(EstimateInputError, match="activation_function='bloom_gelu': must be one of"):
+    with pytest.raises(
+        EstimateInputError, match="activation_function='bloom_gelu': must be one of"
+    ):
         estimate_memory(hf_config=BERT, activation_function="bloom_gelu")
     assert estimate_memory(hf_config=bloom).activation_function == "bloom_gelu"

@@ -163,7 +163,9 @@ def test_an_unknown_activation_given_is_refused_with_the_names_known():
     shape = dict(layers=L, hidden=H, heads=A, seq_len=S, vocab=V)
     with pytest.raises(EstimateInputError, match="activation_function='geluu': must be one of"):
         Architecture.create(**shape, activation_function="geluu")
-    with pytest.raises(ValueError, match=r"activation_function='geluu': must be one of gelu, ") as e:
+    with pytest.raises(
+        ValueError, match=r"activation_function='geluu': must be one of gelu, "
+    ) as e:
         estimate_memory(**shape, activation_function="geluu")
     assert "gelu_new" in str(e.value) and "relu" in str(e.value)
     with pytest.raises(ValueError, match="activation_function='x': must be one of gelu, "):

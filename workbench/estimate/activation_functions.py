@@ -166,9 +166,8 @@ def default_activation(mlp: str) -> str:
 def inner_bytes(name: str, gated: bool, e: int, autocast: bool) -> int:
     """Bytes per MLP inner element (per s·b·f) one layer keeps with activation `name`: the
     table's tensors x `e` (the activation bytes), or under CUDA `autocast` (16-bit
-    activations, e = 2) its 16-bit and fp32 tensors. A name outside the table counts as
-    the MLP's default (one op that keeps its input)."""
-    row = ACTIVATION_FUNCTIONS.get(name) or ACTIVATION_FUNCTIONS[DEFAULT["swiglu" if gated else "gelu"]]
+    activations, e = 2) its 16-bit and fp32 tensors. `name` is one of `NAMES`."""
+    row = ACTIVATION_FUNCTIONS[name]
     kept = row.gated if gated else row.two
     if autocast and e == 2:
         sixteen, fp32 = kept.autocast
