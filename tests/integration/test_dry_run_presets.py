@@ -48,3 +48,24 @@ def test_a_shape_dry_runs_as_a_llama(capsys) -> None:
     code, out, err = _run([*args, "--vocab", "128", "--simulate", "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["dry_run"]["n_params"] > 0
+
+
+def test_the_gpt2_preset_dry_runs_gpt2_s_gelu_new(capsys) -> None:
+    """The GPT-2 preset's model runs its config.json's activation, transformers' Python
+    `gelu_new` (hf_shape.config_of), and the formula counts its tensors: with a one-op GELU
+    (`--activation-function gelu_pytorch_tanh`) the dry run and the formula drop by the
+    same bytes at the forward end, 3 MLP-wide fp32 tensors per layer."""
+    layers, b, s, f = 2, 2, 64, 3072
+    args = ["estimate", "--model", "gpt2", "--layers", str(layers), "--seq-len", str(s)]
+    ends = {}
+    for act in ("gelu_new", "gelu_pytorch_tanh"):
+        flags = ["--micro-batch", str(b), "--activation-function", act, "--simulate", "--json"]
+        code, out, err = _run([*args, *flags], capsys)
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["estimate"]["activation_function"] == act
+        formula = sum(data["estimate"]["peak"]["points"]["forward end"].values())
+        ends[act] = (data["dry_run"]["phases"]["forward end"], formula)
+    dry = ends["gelu_new"][0] - ends["gelu_pytorch_tanh"][0]
+    formula = ends["gelu_new"][1] - ends["gelu_pytorch_tanh"][1]
+    assert dry == formula == layers * 3 * 4 * b * s * f

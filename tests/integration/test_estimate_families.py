@@ -28,7 +28,16 @@ from workbench.train.measure.memory import measure_activations
 L, H, A, KV, F, V, S, B = 2, 64, 4, 2, 96, 100, 32, 3  # layers, hidden, heads, kv heads, ...
 
 
-def _config(family: str) -> transformers.PretrainedConfig:
+def _config(family: str, act: str | None = None) -> transformers.PretrainedConfig:
+    """The family's tiny config; `act` its MLP activation (GPT-2's `activation_function`,
+    the others' `hidden_act`) instead of the one below."""
+    config = _family_config(family)
+    if act is not None:
+        setattr(config, "activation_function" if family == "gpt2" else "hidden_act", act)
+    return config
+
+
+def _family_config(family: str) -> transformers.PretrainedConfig:
     llama_like = dict(
         num_hidden_layers=L,
         hidden_size=H,
@@ -71,9 +80,9 @@ def _config(family: str) -> transformers.PretrainedConfig:
     )
 
 
-def _model(family: str) -> torch.nn.Module:
+def _model(family: str, act: str | None = None) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = _config(family)
+    config = _config(family, act)
     config._attn_implementation = "eager"  # the unfused attention of Korthikanti's Table 2
     return transformers.AutoModelForCausalLM.from_config(config)
 
@@ -125,9 +134,22 @@ def _extras(family: str, model: torch.nn.Module) -> int:
     return extra
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_saved_activations_equal_the_formula_plus_known_extras(family):
-    model = _model(family)
+@pytest.mark.parametrize(
+    ("family", "act"),
+    [(family, None) for family in FAMILIES]
+    + [
+        ("gpt2", "gelu_new"),  # GPT-2's own: its Python tanh formula's intermediates
+        ("gpt2", "relu"),  # keeps its output only
+        ("gpt2", "quick_gelu"),
+        ("gpt_neox", "gelu_new"),
+        ("llama", "gelu_new"),  # gated
+        ("llama", "relu"),
+    ],
+)
+def test_saved_activations_equal_the_formula_plus_known_extras(family, act):
+    """With the MLP activation the config names (`activation_functions`): the formula
+    counts what its autograd keeps."""
+    model = _model(family, act)
     model.train()
     ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(1))
     _, measured = measure_activations(model, lambda: model(input_ids=ids, labels=ids).loss)
@@ -144,11 +166,16 @@ def test_saved_activations_equal_the_formula_plus_known_extras(family):
         ffn_hidden=e.ffn_hidden,
         mlp=e.mlp,
         parallel_residual=bool(e.parallel_residual),
+        activation_function=e.activation_function,
+    )
+    assert e.activation_function == (
+        act or {"gpt2": "gelu", "gpt_neox": "gelu"}.get(family, "silu")
     )
     assert measured.activation_bytes == formula.total_bytes + _extras(family, model)
     # the terms that tell the families apart, from the formula itself
     sbh, sbf = S * B * H, S * B * (e.ffn_hidden or 0)
-    mlp_terms = {"gelu": sbh + 2 * sbf, "swiglu": sbh + 4 * sbf}[e.mlp or ""]
+    kept = {None: 0, "gelu_new": 3, "relu": -1, "quick_gelu": 1}[act]  # beyond gelu's / silu's
+    mlp_terms = {"gelu": sbh + 2 * sbf, "swiglu": sbh + 4 * sbf}[e.mlp or ""] + kept * sbf
     norm_inputs = 1 if e.parallel_residual else 2
     per_layer = 4 * ((norm_inputs + 5) * sbh + mlp_terms + A * S * S * B)
     assert formula.per_layer_bytes == per_layer

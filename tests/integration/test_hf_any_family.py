@@ -151,6 +151,16 @@ def test_the_shapes_read_from_the_families():
         48,
     )
     assert (moe.bias, shape("qwen3").head_dim) == ("qkv", D)
+    # the MLP's activation: the default of each family's config class (the key its code reads)
+    activations = {name: shape(name).activation_function for name in MAPPED}
+    assert activations == {
+        **{name: "silu" for name in MAPPED},
+        "gemma": "gelu_pytorch_tanh", "gemma2": "gelu_pytorch_tanh",
+        "gemma3_text": "gelu_pytorch_tanh", "starcoder2": "gelu_pytorch_tanh",
+        "gpt_bigcode": "gelu_pytorch_tanh", "falcon": "gelu", "bert": "gelu",
+        "roberta": "gelu", "phi": "gelu_new", "gptj": "gelu_new", "opt": "relu",
+        "bloom": "bloom_gelu",
+    }  # fmt: skip
 
 
 def test_the_five_pure_families_count_as_the_built_model():

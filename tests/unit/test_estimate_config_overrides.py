@@ -110,3 +110,25 @@ def test_the_command_line_counts_the_overridden_model(tmp_path, capsys):
     assert edited.splitlines()[0] == eight.splitlines()[0]
     code, out, err = run(["--hf-config", str(path), "--norm", "layernorm"], capsys)
     assert code == 2 and err.count("\n") == 1 and "--norm layernorm:" in err
+
+
+def test_a_built_config_takes_the_activation_at_its_family_s_key(capsys):
+    """`activation_function` is set at the key the family's code reads (BERT's `hidden_act`)
+    and the model built so; a family whose code runs its own (BLOOM) has no key to set, and
+    a name transformers does not run cannot be built: both refused naming the keyword."""
+    relu = estimate_memory(hf_config=BERT, activation_function="relu")
+    edited = estimate_memory(hf_config={**BERT, "hidden_act": "relu"})
+    assert relu.activation_function == edited.activation_function == "relu"
+    assert relu.activation_bytes == edited.activation_bytes
+    assert relu.activation_bytes < estimate_memory(hf_config=BERT).activation_bytes
+    bloom = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4,
+             "vocab_size": 100}  # fmt: skip
+    with pytest.raises(EstimateInputError) as info:
+        estimate_memory(hf_config=bloom, activation_function="relu")
+    (problem,) = info.value.problems
+    assert problem.field == "activation_function" and "no key that names its MLP" in problem.message
+    with pytest.raises(
+        EstimateInputError, match="activation_function='bloom_gelu': must be one of"
+    ):
+        estimate_memory(hf_config=BERT, activation_function="bloom_gelu")
+    assert estimate_memory(hf_config=bloom).activation_function == "bloom_gelu"

@@ -375,9 +375,11 @@ def _notes(e: Any, args: argparse.Namespace, options: dict[str, Any] | None = No
     """What the report says beside the figures: DeepSpeed's own layout where it holds more
     than the ZeRO paper's accounting (`_layout_note`), and a config.json saved in a 16-bit
     dtype estimated at a precision that trains fp32 weights (the precision decides, as in
-    the dry run, which casts them)."""
+    the dry run, which casts them), and what the shape assumed of an MLP activation
+    function the config names and the estimator does not know."""
     notes = _layout_note(e, options) if options is not None else []
-    return notes + _dtype_note(e, args)
+    activation = [e.activation_function_note] if e.activation_function_note else []
+    return notes + _dtype_note(e, args) + activation
 
 
 def _layout_note(e: Any, options: dict[str, Any]) -> list[str]:
@@ -649,7 +651,7 @@ _NEUTRAL = frozenset({
 })  # fmt: skip
 _SHAPE_KEYS = frozenset({
     "layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "bias",
-    "positions", "tied_embeddings", "parallel_residual",
+    "positions", "tied_embeddings", "parallel_residual", "activation_function",
 })  # fmt: skip
 
 

@@ -97,7 +97,8 @@ def _shape_line(e: Any) -> str:
     heads = f"{e.heads} heads" + (f" ({e.kv_heads} kv)" if e.kv_heads != e.heads else "")
     embeddings = "tied" if e.tied_embeddings else "untied"
     return (
-        f"shape: {e.layers} layers, hidden {e.hidden}, {heads}, {e.mlp} MLP {e.ffn_hidden}, "
+        f"shape: {e.layers} layers, hidden {e.hidden}, {heads}, {e.mlp} MLP {e.ffn_hidden} "
+        f"with {e.activation_function}, "
         f"vocab {e.vocab}, sequence {e.seq_len}, {e.norm}, biases {e.bias}, "
         f"{e.positions} positions, {embeddings} embeddings"
     )

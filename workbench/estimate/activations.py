@@ -16,6 +16,9 @@ element terms:
     MLP        elements: GELU: sbh + 2sbf (first linear input, GELU input, GELU output)
                          SwiGLU: sbh + 4sbf (gate/up input, gate output = SiLU input,
                          SiLU output, up output, product = down-projection input)
+                         (with another activation function the inner tensors are that
+                         activation's, `activation_functions`: GPT-2's gelu_new 5sbf,
+                         ReLU sbf; under CUDA autocast some are fp32)
                masks:    sbh (output dropout)
     norms      elements: 2sbh (the inputs of the two norms; sbh with a parallel residual,
                          where attention and MLP normalise the same layer input)
@@ -91,6 +94,16 @@ the projection input instead of 4sbh. Selective recomputation then has almost no
 left to recompute (the log-sum-exp). tests/integration/test_peak_terms.py measures the
 three on a transformers Llama.
 
+MLP activation function (`activation_function`, transformers' names): the MLP's inner
+tensors are what its autograd keeps (`activation_functions.inner_bytes`): torch's one-kernel
+GELU and SiLU keep their input (the paper's 2sbf, SwiGLU's 4sbf), a ReLU its output only
+(sbf: the first matrix's output is freed), transformers' Python formulas their
+intermediates (GPT-2's gelu_new: 5sbf). Under CUDA autocast (`autocast`: amp-* outside
+FSDP) the ops autocast runs in fp32 (`pow`, `softplus`, ...) make fp32 tensors: gelu_new
+keeps 2 x 16-bit + 3 x fp32 (16 bytes per element, not 10). Full recomputation keeps the
+layer input only whatever the activation; its recomputation working set (one layer)
+includes the activation's tensors.
+
 Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
 transient peak of the backward pass (gradients of activations, about one layer's worth),
 the logits' fp32 copies in the loss; nor fused MLP kernels that store less (a fused
@@ -105,6 +118,8 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from workbench.estimate.activation_functions import NAMES as ACTIVATION_NAMES
+from workbench.estimate.activation_functions import default_activation, inner_bytes
 from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.limits import as_bool, as_int
 from workbench.inputs import shown
@@ -207,6 +222,13 @@ class ActivationBreakdown:
     in_flight_micro_batches: int = 1
     parallel_residual: bool = False
     attention: str = "eager"
+    #: the MLP's activation function (`activation_functions`) and whether CUDA autocast
+    #: ran it (its fp32 ops' tensors are fp32)
+    activation_function: str = "gelu"
+    autocast: bool = False
+    #: the bytes of one layer's MLP inner tensors (the activation function's), within
+    #: `per_layer_element_bytes` without recomputation
+    mlp_inner_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,8 +249,6 @@ def _layer_terms(
     b: int,
     h: int,
     a: int,
-    f: int,
-    gated: bool,
     dropout: bool,
     t: int,
     sp: bool,
@@ -239,7 +259,8 @@ def _layer_terms(
 ) -> tuple[int, int, int, int]:
     """(linear elements, attention-score elements, linear mask bytes, score bytes kept
     whatever the activation dtype) of one layer on one GPU of a tensor-parallel group of
-    `t` (see the module docstring). `fused`: the sdpa kernel, whose score bytes are its
+    `t` (see the module docstring), without the MLP's inner tensors (the activation
+    function's, `activation_breakdown` adds them in bytes). `fused`: the sdpa kernel, whose score bytes are its
     fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks, and which keeps K
     and V at their width `g` (grouped-query attention: no repeat). `math`: torch's math
     kernel on a CPU, whose copies of Q, K, V and score tensors are fp32 whatever the
@@ -247,8 +268,7 @@ def _layer_terms(
     of 16-bit Q, K and V)."""
     sbh = s * b * h
     outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
-    qkv = 2 * sbh + 2 * s * b * (g or h) if fused else 4 * sbh  # Q, K, V, projection input
-    split = qkv + (4 if gated else 2) * s * b * f  # and the MLP's inner tensors
+    split = 2 * sbh + 2 * s * b * (g or h) if fused else 4 * sbh  # Q, K, V, projection input
     norm_inputs = 1 if parallel else 2  # a parallel block's two norms read one tensor
     linear = (2 + norm_inputs) * sbh // outside + split // t
     masks = 2 * sbh // outside if dropout else 0
@@ -288,6 +308,8 @@ def transformer_activation_bytes(
     pipeline_parallel: int = 1,
     parallel_residual: bool = False,
     attention: str | Attention = Attention.MEGATRON,
+    activation_function: str | None = None,
+    autocast: bool = False,
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
 
@@ -301,6 +323,9 @@ def transformer_activation_bytes(
     `activation_bytes_per_element` is 2 for 16-bit activations, 4 for fp32. `ffn_hidden`
     is the MLP inner size f (default 4 x `hidden`), `mlp` "gelu" or "swiglu" (gated);
     `parallel_residual` blocks (GPT-NeoX) store one norm input per layer instead of two.
+    `activation_function` is the MLP's (transformers' names, `activation_functions.NAMES`;
+    None: gelu for "gelu", silu for "swiglu"); `autocast` True counts what CUDA autocast
+    keeps of it (16-bit activations only: some of its ops run in fp32).
     `tensor_parallel` must divide `heads` and `ffn_hidden`, `pipeline_parallel` must
     divide `layers`; `sequence_parallel` needs `tensor_parallel` > 1. Invalid arguments
     raise `ValueError` naming them.
@@ -331,6 +356,19 @@ def transformer_activation_bytes(
             bad.append(f"{flag_name}={shown(flag)}: must be True or False")
     if mlp not in ("gelu", "swiglu"):
         bad.append(f"mlp={shown(mlp)}: must be gelu or swiglu")
+    if activation_function is not None and activation_function not in ACTIVATION_NAMES:
+        bad.append(
+            f"activation_function={shown(activation_function)}: must be one of "
+            f"{', '.join(ACTIVATION_NAMES)}"
+        )
+    autocast = as_bool(autocast)
+    if not isinstance(autocast, bool):
+        bad.append(f"autocast={shown(autocast)}: must be True or False")
+    elif autocast and activation_bytes_per_element != 2:
+        bad.append(
+            f"autocast=True: needs activation_bytes_per_element=2 (autocast computes in 16 "
+            f"bits), not {activation_bytes_per_element}"
+        )
     try:
         mode = Checkpointing(checkpointing)
     except ValueError:
@@ -370,6 +408,8 @@ def transformer_activation_bytes(
         p,
         parallel_residual,
         kernel,
+        activation_function=activation_function,
+        autocast=bool(autocast),
     )
 
 
@@ -403,9 +443,13 @@ def activation_breakdown(
     kv_dim: int | None = None,
     experts: int = 0,
     experts_per_token: int = 0,
+    activation_function: str | None = None,
+    autocast: bool = False,
 ) -> ActivationBreakdown:
     """`transformer_activation_bytes` on arguments already checked (the estimator's path);
-    `kv_dim` (the K and V projections' width, default h) is read by selective-op only.
+    `kv_dim` (the K and V projections' width, default h) is read by selective-op only;
+    `activation_function` (None: the MLP's default) and `autocast` (CUDA autocast ran the
+    step) set the MLP's inner tensors (`activation_functions.inner_bytes`).
 
     A mixture of experts (`experts` E, `experts_per_token` k) passes as `f` the inner width
     one token goes through (k x the expert's inner size + a shared expert's): each token's
@@ -418,8 +462,6 @@ def activation_breakdown(
         b,
         h,
         a,
-        f,
-        mlp == "swiglu",
         dropout,
         t,
         sp,
@@ -428,6 +470,9 @@ def activation_breakdown(
         kv_dim,
         math,
     )
+    act = activation_function or default_activation(mlp)
+    # the MLP's inner tensors: the activation function's, in bytes (fp32 under autocast)
+    mlp_inner = inner_bytes(act, mlp == "swiglu", e, autocast) * s * b * f // t
     if attention is _EAGER and e == 2:  # transformers' fp32 softmax output
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is
         # dropout's input, not kept, and the fp32 output replaces it (+4 - 2 bytes)
@@ -438,14 +483,15 @@ def activation_breakdown(
         tokens = s * b // (t if sp else 1)
         lin_el += experts_per_token * s * b * h // t + experts * tokens
         lin_mask += 4 * experts * tokens
-    full_layer = e * (lin_el + score_el) + lin_mask + score_mask
+    full_layer = e * (lin_el + score_el) + mlp_inner + lin_mask + score_mask
     outside = t if sp else 1
     layer_input = e * (s * b * h // outside)
 
     if mode is _NONE:
-        per_el, per_mask, recompute = e * (lin_el + score_el), lin_mask + score_mask, 0
+        per_el = e * (lin_el + score_el) + mlp_inner
+        per_mask, recompute = lin_mask + score_mask, 0
     elif mode is _SELECTIVE:
-        per_el, per_mask = e * lin_el, lin_mask
+        per_el, per_mask = e * lin_el + mlp_inner, lin_mask
         recompute = e * score_el + score_mask
     elif mode is _SELECTIVE_OP:
         per_el = layer_input + e * _op_saved(s * b, h, kv_dim or h, f, mlp == "swiglu", t)
@@ -487,6 +533,9 @@ def activation_breakdown(
             in_flight_micro_batches=in_flight,
             parallel_residual=parallel_residual,
             attention=attention._value_,
+            activation_function=act,
+            autocast=autocast,
+            mlp_inner_bytes=mlp_inner,
         ),
     )
 

@@ -55,6 +55,8 @@ from enum import Enum
 from functools import lru_cache
 from typing import Any
 
+from workbench.estimate.activation_functions import NAMES as ACTIVATION_NAMES
+from workbench.estimate.activation_functions import default_activation
 from workbench.estimate.limits import LIMITS, Bound, as_bool, check_number
 from workbench.estimate.problems import EstimateInputError, Problem
 
@@ -69,8 +71,10 @@ class _Choice(str, Enum):
 
 
 class Mlp(_Choice):
-    """The MLP block: `gelu` (two matrices, h -> f -> h) or `swiglu` (gated: gate and up
-    projections h -> f, SiLU(gate) * up, down projection f -> h)."""
+    """The MLP block: `gelu` (two matrices, h -> f -> h, any activation between them) or
+    `swiglu` (gated: gate and up projections h -> f, act(gate) * up, down projection
+    f -> h). `Architecture.activation_function` names the activation (default GELU and
+    SiLU)."""
 
     GELU = "gelu"
     SWIGLU = "swiglu"
@@ -119,6 +123,7 @@ OPTIONAL = (
     "moe_ffn_hidden",
     "shared_ffn_hidden",
     "fused_qkv",
+    "activation_function",
 )
 FIELDS = REQUIRED + OPTIONAL
 #: The fields of a mixture of experts (all None for a dense model).
@@ -166,7 +171,10 @@ class Architecture:
     `causal` True (False: an encoder such as BERT, whose attention sees every position;
     it changes neither the count nor the saved tensors), `fused_qkv` False (True: Q, K and
     V are one linear layer, as GPT-2's and GPT-NeoX's are; it changes LoRA's targets, not
-    the count), and checks every field, raising
+    the count), `activation_function` the MLP's default (`gelu` for two matrices, `silu`
+    gated: one op that keeps its input; transformers' names, `activation_functions.NAMES`:
+    GPT-2's `gelu_new` keeps three more MLP-wide tensors, a `relu` one fewer; it changes
+    the activations, not the count), and checks every field, raising
     `EstimateInputError` with all problems at once.
 
     A mixture of experts sets `experts` (routed experts per layer) and
@@ -196,6 +204,7 @@ class Architecture:
     moe_ffn_hidden: int | None = None
     shared_ffn_hidden: int | None = None
     fused_qkv: bool = False
+    activation_function: str = "gelu"
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -270,6 +279,8 @@ class Architecture:
             values["head_dim"] = None
         if self.moe_ffn_hidden == self.ffn_hidden:
             values["moe_ffn_hidden"] = None
+        if self.activation_function == default_activation(self.mlp):
+            values["activation_function"] = None  # follows a change of `mlp`
         values.update(changes)
         return Architecture.create(**values)
 
@@ -451,6 +462,13 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
         if value not in choices:
             p.append(Problem(name, raw, f"must be one of {', '.join(choices)}"))
         v[name] = value
+    raw = fields.get("activation_function")
+    if raw is not None:
+        value = raw.strip().lower() if isinstance(raw, str) else None
+        if value not in ACTIVATION_NAMES:
+            message = f"must be one of {', '.join(ACTIVATION_NAMES)} (transformers' names)"
+            p.append(Problem("activation_function", raw, message))
+        v["activation_function"] = value
     for name, default in (
         ("tied_embeddings", True),
         ("parallel_residual", False),
@@ -501,6 +519,8 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
         v["max_positions"] = v["seq_len"]
     if v.get("head_dim") is None:
         v["head_dim"] = v["hidden"] // v["heads"]
+    if v.get("activation_function") is None:
+        v["activation_function"] = default_activation(v["mlp"])
     if v.get("experts") is not None and v.get("moe_ffn_hidden") is None:
         v["moe_ffn_hidden"] = v["ffn_hidden"]
     resolved: dict[str, Any] = {k: v.get(k) for k in FIELDS}

@@ -99,7 +99,16 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         arch.kv_dim,
         arch.experts or 0,
         arch.experts_per_token or 0,
+        arch.activation_function,
+        runs_autocast(i),
     )
+
+
+def runs_autocast(i: EstimateInputs) -> bool:
+    """Whether the step's forward runs under torch autocast: amp-* on the plain loop and
+    DeepSpeed (FSDP's mixed-precision policy casts the weights and runs every op in 16
+    bits instead)."""
+    return i.precision in (Precision.AMP_BF16, Precision.AMP_FP16) and i.fsdp == "off"
 
 
 def overhead_bytes(i: EstimateInputs, peak: StepPeak | None = None) -> int:
@@ -393,6 +402,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "kv_heads": arch.kv_heads if arch else None,
             "ffn_hidden": arch.ffn_hidden if arch else None,
             "mlp": arch.mlp if arch else None,
+            "activation_function": arch.activation_function if arch else None,
             "norm": arch.norm if arch else None,
             "bias": arch.bias if arch else None,
             "positions": arch.positions if arch else None,
@@ -412,6 +422,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
                 else i.n_params
             ),
             "activation_note": i.activation_note,
+            "activation_function_note": i.activation_function_note,
             "experts": arch.experts if arch else None,
             "experts_per_token": arch.experts_per_token if arch else None,
             "peak_bytes": peak.peak_bytes,

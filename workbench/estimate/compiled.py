@@ -18,9 +18,15 @@ f MLP inner, a heads, e the activation bytes; t the tensor-parallel size):
 * **a gated MLP (SwiGLU: Llama, Mistral, Qwen2)**: the SiLU output (e·sbf) is recomputed
   from the gate projection's output in backward; the gate and up outputs and their product
   (the down projection's input) are kept. The formula's 4sbf elements become 3sbf.
-* **a GELU MLP (the built-in GPT, GPT-2)**: nothing of the formula's: the GELU output is the
+* **a GELU MLP (the built-in GPT)**: nothing of the formula's: the GELU output is the
   second matmul's input, which the backward of that matmul reads, so it is kept beside the
-  GELU input. The built-in GPT's fused softmax (computed in fp32) is where the partitioner's
+  GELU input.
+* **an MLP activation written out in Python** (`activation_functions`: GPT-2's gelu_new,
+  quick_gelu, ...): its intermediates are recomputed from the first matmul's output, so a
+  two-matrix MLP keeps that output and the second matmul's input (2sbf; a ReLU, sigmoid,
+  tanh or identity, which keeps its output only, sbf) and a gated one the gate, up and
+  product (3sbf), in the activation dtype: under CUDA autocast, whose fp32 ops (gelu_new's
+  `pow`) are in the recomputed chain, too. The term is the eager count less that. The built-in GPT's fused softmax (computed in fp32) is where the partitioner's
   choice moves with the shape: in fp32 it may keep the softmax's fp32 row maximum and sum
   (2 x 4asb bytes per layer) beside the probabilities, and the layer norms' means; at the
   test's shape it keeps neither. The term is 0, within that bound (0.06% of a layer at
@@ -62,6 +68,11 @@ Pure Python: imports no torch.
 
 from __future__ import annotations
 
+from workbench.estimate.activation_functions import (
+    ACTIVATION_FUNCTIONS,
+    default_activation,
+    inner_bytes,
+)
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
 
 #: The peak's term: the activation bytes a compiled step does not keep (a negative term).
@@ -84,17 +95,24 @@ def compiled_layer_drop_bytes(
     activation_bytes_per_element: int,
     dropout: bool = False,
     tensor_parallel: int = 1,
+    activation_function: str | None = None,
+    autocast: bool = False,
 ) -> int:
     """The bytes one stored layer keeps eagerly (the formula's terms) and not under
     `torch.compile` (the module docstring's table). `ffn_hidden` is the inner width one
     token goes through (`Architecture.token_ffn_hidden`); `attention` and `checkpointing`
-    are the formula's words (`Attention`, `Checkpointing` values)."""
+    are the formula's words (`Attention`, `Checkpointing` values); `activation_function`
+    (None: the MLP's default) and `autocast` as the formula's (`activation_breakdown`)."""
     if checkpointing not in _KEEPS_LAYER:
         return 0
     s, b, t, e = seq_len, micro_batch, tensor_parallel, activation_bytes_per_element
-    drop = 0
-    if mlp == "swiglu":  # the SiLU output, recomputed from the gate projection's output
-        drop += e * s * b * ffn_hidden // t
+    gated = mlp == "swiglu"
+    act = activation_function or default_activation(mlp)
+    # the activation's pointwise chain, recomputed from the matmul outputs (SwiGLU: the
+    # SiLU output, from the gate projection's output)
+    kept = 3 if gated else min(2, ACTIVATION_FUNCTIONS[act].two.tensors)
+    eager = inner_bytes(act, gated, e, autocast)
+    drop = max(0, eager - e * kept) * s * b * ffn_hidden // t
     if (
         attention == Attention.EAGER.value
         and e == 2
@@ -135,6 +153,8 @@ def compiled_drop_bytes(
         activation_bytes_per_element=breakdown.activation_bytes_per_element,
         dropout=breakdown.dropout,
         tensor_parallel=breakdown.tensor_parallel,
+        activation_function=breakdown.activation_function,
+        autocast=breakdown.autocast,
     )
     stored_layers = layers // breakdown.pipeline_parallel * breakdown.in_flight_micro_batches
     return min(stored_layers * per_layer, breakdown.layers_bytes)

@@ -42,6 +42,7 @@ def estimate_memory(
     positions: str | None = None,
     tied_embeddings: bool | None = None,
     parallel_residual: bool | None = None,
+    activation_function: str | None = None,
     micro_batch: int = 1,
     precision: Precision | str = "fp32",
     optimizer: OptimizerName | str = "adamw",
@@ -98,7 +99,10 @@ def estimate_memory(
       transformer shape (`layers`, `hidden`, `heads`, `seq_len`, `vocab`), with optional
       `kv_heads`, `ffn_hidden`, `mlp` ("gelu"/"swiglu"), `norm` ("layernorm"/"rmsnorm"),
       `bias` ("all"/"qkv"/"none"), `positions` ("learned"/"rotary"),
-      `tied_embeddings` and `parallel_residual` (defaults: GPT's).
+      `tied_embeddings`, `parallel_residual` (defaults: GPT's) and `activation_function`
+      (the MLP's, transformers' name: "gelu_new", "relu", ...; default "gelu", gated
+      "silu": one op that keeps its input; `workbench.estimate.activation_functions`
+      counts what each keeps, a config's is read from it).
 
     Shape fields given with `model` or `hf_config` override theirs (e.g. `seq_len`).
     With both a shape and `n_params`, `n_params` counts the model states and the shape

@@ -66,17 +66,26 @@ def module_facts(model: Any) -> ModelFacts:
     # without a config, a module with experts does not say how many a token uses: None
     active = active_from_experts(n, routed_expert_params(module), {})
     note: str | None = None
+    act_note: str | None = None  # an MLP activation function the estimator does not know
     config = getattr(module, "config", None)
     if callable(getattr(config, "to_dict", None)) and isinstance(
         getattr(config, "model_type", None), str
     ):
         try:
-            fields, active, note = module_config_facts(module, n)
+            fields, active, note, act_note = module_config_facts(module, n)
         except Exception as exc:  # a config that cannot describe itself: count only
             msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             note = f"activations not estimated: its config could not be read ({msg})"
     return ModelFacts(
-        n, type(module).__name__, fields, active, note, [], shapes, training=_training_of(module)
+        n,
+        type(module).__name__,
+        fields,
+        active,
+        note,
+        [],
+        shapes,
+        training=_training_of(module),
+        activation_function_note=act_note,
     )
 
 

@@ -42,6 +42,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from workbench.estimate.activation_functions import TRANSFORMERS_NAMES, activation_key
 from workbench.estimate.architecture import Architecture, build_architecture
 from workbench.estimate.hf_config import (
     FAMILIES,
@@ -120,6 +121,9 @@ class ModelFacts(NamedTuple):
     #: what a built module's own config says of its training (`hf_shape.training_facts`:
     #: dropout, attention kernel); None where not read
     training: dict[str, Any] | None = None
+    #: the shape's assumption where the config names an MLP activation function the
+    #: estimator does not know (`activation_functions.unknown_note`)
+    activation_function_note: str | None = None
 
     def architecture(self) -> Architecture | None:
         """The shape as an `Architecture` (None without one, or when its fields do not
@@ -169,7 +173,9 @@ def config_facts(
         if read.problems:
             return _failed(*(Problem(field, where, m) for m in read.problems))
         if not read.unsupported:
-            return ModelFacts(None, None, read.fields, None, None, [])
+            return ModelFacts(
+                None, None, read.fields, None, None, [], activation_function_note=read.note
+            )
         unsupported = read.unsupported  # counted by building the model
     try:
         return build_facts(config, field, where, overrides)
@@ -220,7 +226,15 @@ def build_facts(
         return _failed(*unmet)
     active = active_from_experts(built.n_params, built.routed, built.resolved)
     return ModelFacts(
-        built.n_params, built.name, shape.fields, active, shape.note, [], None, shape.reason
+        built.n_params,
+        built.name,
+        shape.fields,
+        active,
+        shape.note,
+        [],
+        None,
+        shape.reason,
+        activation_function_note=shape.activation_function_note,
     )
 
 
@@ -296,6 +310,11 @@ def override_config(
             )
             problems.append(Problem(name, value, message))
             continue
+        if name == "activation_function":
+            refused = _activation_override(edited, keys, model_type, known, value)
+            if refused:
+                problems.append(Problem(name, value, refused))
+            continue
         if name not in OVERRIDE_KEYS:
             continue  # seq_len: the shape's
         if encoder_decoder and name in _SPLIT_KEYS:
@@ -323,6 +342,26 @@ def override_config(
         edited[key] = checked
         keys[name] = key
     return edited, keys, problems
+
+
+def _activation_override(
+    edited: dict[str, Any], keys: dict[str, str], model_type: str, known: set[str], value: Any
+) -> str | None:
+    """`activation_function` set at the family's key of `edited` (recorded in `keys`), or
+    why not: a family without such a key (BLOOM's is fixed), a name transformers does not
+    run."""
+    key = activation_key(model_type)
+    if key is None or key not in known:
+        return (
+            f"a {model_type} config.json has no key that names its MLP activation (its "
+            "code runs its own): leave it out"
+        )
+    name = value.strip().lower() if isinstance(value, str) else value
+    if name not in TRANSFORMERS_NAMES:
+        return f"must be one of {', '.join(TRANSFORMERS_NAMES)} (transformers' names)"
+    edited[key] = name
+    keys["activation_function"] = key
+    return None
 
 
 def config_key(config: Mapping[str, Any], name: str) -> str:
@@ -371,7 +410,7 @@ def _built_value(
     """Keyword `name` as the built model has it: its shape's, else its config's `key`."""
     if fields:
         return fields.get(name)
-    return resolved.get(key, resolved.get(OVERRIDE_KEYS[name]))
+    return resolved.get(key, resolved.get(OVERRIDE_KEYS.get(name, key)))
 
 
 def _not_taken(name: str, value: Any, key: str, model_type: str) -> Problem:
@@ -651,8 +690,9 @@ def routed_expert_params(module: Any) -> tuple[int, ...]:
 
 def module_config_facts(
     module: Any, n_params: int
-) -> tuple[dict[str, Any], int | None, str | None]:
-    """(`Architecture` fields, active parameters, the note when there is no shape) of a
+) -> tuple[dict[str, Any], int | None, str | None, str | None]:
+    """(`Architecture` fields, active parameters, the note when there is no shape, the
+    note when its MLP activation function is not one the estimator knows) of a
     transformers module with `n_params` parameters, from its `config`. A family mapped
     by name is trusted as it is (a module's layers may hold adapters, e.g. LoRA); any other
     is mapped only where its layers count exactly (`hf_shape`)."""
@@ -666,7 +706,7 @@ def module_config_facts(
     note = shape.note
     if shape.problems:
         note = no_activations(f"its config does not give a shape ({shape.problems[0]})")
-    return shape.fields, active, note
+    return shape.fields, active, note, shape.activation_function_note
 
 
 __all__ = [

@@ -22,7 +22,10 @@ llama, mistral and qwen2 have a SwiGLU MLP, RMSNorm and rotary positions, and re
 MLP and LayerNorm, with learned (gpt2) or rotary (gpt_neox) positions, and Q, K and V in
 one linear layer (`fused_qkv`: gpt2's Conv1D c_attn, gpt_neox's query_key_value).
 `tie_word_embeddings` is read when present, and gpt_neox's `use_parallel_residual`
-(default true). The sequence length is the config's longest
+(default true). The MLP's activation function is gpt2's `activation_function` (default
+gelu_new, transformers' Python tanh GELU) and the others' `hidden_act` (gpt_neox gelu,
+llama, mistral, qwen2 silu); one the estimator does not know (`activation_functions`) is
+counted as the MLP's default, with a note (`FamilyShape.note`). The sequence length is the config's longest
 position: pass `seq_len` to estimate a shorter training sequence (with `seq_len` given, a
 config of a family with rotary positions may leave `max_position_embeddings` out).
 
@@ -38,6 +41,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from workbench.estimate.activation_functions import config_activation
 from workbench.estimate.architecture import FIELD_BOUNDS
 from workbench.estimate.limits import Bound, as_bool, check_number, is_bool, nesting_problem
 from workbench.estimate.problems import Problem
@@ -70,6 +74,15 @@ _KEYS: dict[str, dict[str, str]] = {
     "gpt_neox": _LLAMA_KEYS,
 }
 _GATED = ("llama", "mistral", "qwen2")
+#: The MLP activation function each family's config class gives a config.json that leaves
+#: its key out (`GPT2Config.activation_function`, the others' `hidden_act`).
+ACTIVATION_DEFAULTS = {
+    "gpt2": "gelu_new",
+    "gpt_neox": "gelu",
+    "llama": "silu",
+    "mistral": "silu",
+    "qwen2": "silu",
+}
 
 
 #: The keys of the shape fields every family reads under the same name.
@@ -115,12 +128,14 @@ def config_dtype(config: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 class FamilyShape(NamedTuple):
     """What `read_family` read: the `Architecture` fields (empty when anything is wrong),
-    the `problems` (invalid values, each naming its key) and what is `unsupported` (valid,
-    but layers the shape does not describe)."""
+    the `problems` (invalid values, each naming its key), what is `unsupported` (valid,
+    but layers the shape does not describe) and the `note` when the config names an MLP
+    activation function the estimator does not know (its MLP's default is counted)."""
 
     fields: dict[str, Any]
     problems: list[str]
     unsupported: list[str]
+    note: str | None = None
 
 
 def read_hf_config(source: Any, field: str = "hf_config") -> tuple[dict[str, Any], list[Problem]]:
@@ -217,6 +232,9 @@ def read_family(
         fields["kv_heads"] = kv_heads  # None: = heads
         fields["head_dim"] = config_integer(config, "head_dim", "head_dim", problems, HEAD_DIM)
     fields["mlp"] = "swiglu" if gated else "gelu"
+    fields["activation_function"], note = config_activation(
+        config, model_type, fields["mlp"], ACTIVATION_DEFAULTS[model_type]
+    )
     fields["norm"] = "rmsnorm" if gated else "layernorm"
     fields["positions"] = "learned" if model_type == "gpt2" else "rotary"
     fields["tied_embeddings"] = config_flag(
@@ -244,7 +262,7 @@ def read_family(
         fields["bias"] = {"mistral": "none", "qwen2": "qkv"}.get(model_type, "all")
     if problems:
         return FamilyShape({}, problems, unsupported)
-    return FamilyShape({} if unsupported else fields, [], unsupported)
+    return FamilyShape({} if unsupported else fields, [], unsupported, note)
 
 
 #: The largest config.json read: real ones are a few KiB (1 MiB with a large label map).

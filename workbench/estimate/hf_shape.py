@@ -39,7 +39,14 @@ GPT-2's `n_layer` is also `num_hidden_layers`).
                                                                             (causal False)
 
 ("gelu" stands for any two-matrix MLP: ReLU's has the same shape; "swiglu" for any gated
-one with three.) Q, K and V are one linear layer (`fused_qkv`, LoRA's one target) in gpt2,
+one with three.) The MLP's activation function (`activation_function`, which sets its
+inner tensors: `activation_functions`) is the config's, under the key its family's code
+reads (`activation_functions.CONFIG_KEYS`: `activation_function` for gpt2, gptj,
+gpt_bigcode and opt, falcon's `activation`, gemma2's and gemma3's `hidden_activation`,
+`hidden_act` elsewhere; bloom runs its own `bloom_gelu`): gpt2, gptj and phi gelu_new, opt
+relu, gpt_bigcode and starcoder2 gelu_pytorch_tanh, bert and gpt_neox gelu, the gated
+families silu. A name the estimator does not know is counted as the MLP's default (one op
+that keeps its input), and `Shape.activation_function_note` says so. Q, K and V are one linear layer (`fused_qkv`, LoRA's one target) in gpt2,
 gpt_neox, falcon, gpt_bigcode and bloom (phi3's fused QKV and gate/up are left as separate
 matrices: its LoRA count is the shape's, not the module's). Rotary and ALiBi positions have no table (`positions="rotary"`). Every
 shape is checked against the built model: the parameters of its stack of layers must
@@ -60,6 +67,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from workbench.estimate.activation_functions import config_activation
 from workbench.estimate.architecture import build_architecture
 from workbench.estimate.hf_config import (
     FAMILIES,
@@ -98,13 +106,16 @@ BLOOM_SEQ_LEN = 2048
 
 class Shape(NamedTuple):
     """The `Architecture` fields of a config (empty without a shape), why there is none
-    (`note`, a sentence to show beside the estimate; `reason`, its reason alone) and the
-    config's invalid values (`problems`, each naming its key)."""
+    (`note`, a sentence to show beside the estimate; `reason`, its reason alone), the
+    config's invalid values (`problems`, each naming its key) and what the shape assumed
+    of an MLP activation function the estimator does not know
+    (`activation_function_note`)."""
 
     fields: dict[str, Any]
     note: str | None
     problems: list[str]
     reason: str | None = None  # why there is no shape (the note's reason alone)
+    activation_function_note: str | None = None
 
 
 class _Mapped(NamedTuple):
@@ -141,26 +152,30 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
         return _no_shape(reason)
     problems: list[str] = []
     mapped: _Mapped | str
+    act_note: str | None = None
     if model_type in _MAPPERS:  # llama too: every combination of its biases
         mapped = _MAPPERS[str(model_type)](config, problems)
     elif model_type in FAMILIES:
         read = read_family(config, str(model_type))
         if read.unsupported and not read.problems:
             return _no_shape(f"{name} with {read.unsupported[0]}")
-        problems, mapped = read.problems, _Mapped(read.fields)
+        problems, mapped, act_note = read.problems, _Mapped(read.fields), read.note
     else:
         return _inferred(config, name, layer_params)
     if problems:
         return Shape({}, None, problems)
     if isinstance(mapped, str):
         return _no_shape(f"{name} {mapped}")
+    if "activation_function" not in mapped.fields:
+        mlp = str(mapped.fields.get("mlp"))
+        mapped.fields["activation_function"], act_note = config_activation(config, name, mlp)
     hidden, heads = _size(mapped.fields, "hidden"), _size(mapped.fields, "heads")
     uneven = heads > 0 and hidden % heads > 0
     if uneven and mapped.fields.get("head_dim") is None and model_type not in FAMILIES:
         mapped.fields["head_dim"] = hidden // heads  # transformers' head size: floored
     arch, _ = build_architecture(mapped.fields)
     if arch is None or layer_params is None:  # the estimate reports the shape's problems
-        return Shape(mapped.fields, None, [])
+        return Shape(mapped.fields, None, [], None, act_note)
     expected = arch.layers * (arch.layer_params() + mapped.layer_extra)
     if expected != layer_params:
         reason = (
@@ -169,7 +184,7 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
             "not describe)"
         )
         return _no_shape(reason)
-    return Shape(mapped.fields, None, [])
+    return Shape(mapped.fields, None, [], None, act_note)
 
 
 def experts_and_top_k(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -475,9 +490,10 @@ def _inferred(config: Mapping[str, Any], name: str, layer_params: int | None) ->
         for expert in moe:
             fields = {**base, **expert, "mlp": mlp, "norm": norm, "bias": bias}
             fields["positions"] = "rotary"
+            fields["activation_function"], act_note = config_activation(config, name, mlp)
             arch, _ = build_architecture(fields)
             if arch is not None and arch.layers * arch.layer_params() == layer_params:
-                return Shape(fields, None, [])
+                return Shape(fields, None, [], None, act_note)
     reason += f" and neither Llama's nor GPT's layout counts its {layer_params:,} layer parameters"
     return _no_shape(reason)
 
@@ -629,8 +645,12 @@ def config_of(arch: Any) -> dict[str, Any] | None:
     """A transformers config.json (a dict) that builds a model of `arch`'s shape, for the
     dry run of a preset or a shape: Llama's for a SwiGLU / RMSNorm decoder, Mixtral's for
     its mixture of experts, GPT-2's for a GELU / LayerNorm decoder with learned positions
-    and tied embeddings, GPT-NeoX's for one with rotary positions; None for a shape none
-    of them builds (an encoder, a parallel residual with learned positions)."""
+    and tied embeddings, GPT-NeoX's for one with rotary positions, each with the shape's
+    MLP activation function (BLOOM's `bloom_gelu`, which transformers names nothing, as
+    `gelu_pytorch_tanh`: the same tanh GELU, one op that keeps its input); None for a shape
+    none of them builds (an encoder, a parallel residual with learned positions)."""
+    act = getattr(arch, "activation_function", None) or "gelu"
+    act = "gelu_pytorch_tanh" if act == "bloom_gelu" else act
     common = {"vocab_size": arch.vocab, "tie_word_embeddings": bool(arch.tied_embeddings)}
     if not getattr(arch, "causal", True):
         return None
@@ -647,6 +667,7 @@ def config_of(arch: Any) -> dict[str, Any] | None:
             else arch.ffn_hidden,
             "max_position_embeddings": arch.seq_len,
             "head_dim": arch.head_dim,
+            "hidden_act": act,
         }
         if arch.is_moe:
             if arch.shared_ffn_hidden:
@@ -669,7 +690,7 @@ def config_of(arch: Any) -> dict[str, Any] | None:
                 "n_head": arch.heads,
                 "n_inner": arch.ffn_hidden,
                 "n_positions": arch.max_positions or arch.seq_len,
-                "activation_function": "gelu_pytorch_tanh",
+                "activation_function": act,
             }
         if arch.positions == "rotary":
             return {
@@ -682,5 +703,6 @@ def config_of(arch: Any) -> dict[str, Any] | None:
                 "max_position_embeddings": arch.seq_len,
                 "use_parallel_residual": bool(arch.parallel_residual),
                 "rotary_pct": 1.0,
+                "hidden_act": act,
             }
     return None

@@ -69,6 +69,7 @@ ARCH_FIELDS = (
     "positions",
     "tied_embeddings",
     "parallel_residual",
+    "activation_function",
 )
 
 
@@ -155,6 +156,9 @@ class EstimateInputs:
     # its activations are not estimated when it gives no shape
     active_params: int | None = None
     activation_note: str | None = None
+    # what the shape assumed of an MLP activation function its config names and the
+    # estimator does not know (`activation_functions.unknown_note`)
+    activation_function_note: str | None = None
     # the trained parameters' shapes (a module's, or its shape's: `parameter_shapes_of`);
     # None where they do not describe `shard_params` (a factored optimizer's states
     # follow them; without them its bound is counted)
@@ -234,6 +238,7 @@ class _Source(NamedTuple):
     shapes: tuple[tuple[int, ...], ...] | None = None  # a module's parameters' shapes
     refused: bool = False  # the model, config or module itself was refused
     no_shape_reason: str | None = None  # why a counted model gives no shape
+    activation_function_note: str | None = None  # an unknown activation's assumption
 
 
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
@@ -306,6 +311,7 @@ def _model_source(
         shapes=facts.parameter_shapes,
         refused=bool(facts.problems),
         no_shape_reason=facts.no_shape_reason,
+        activation_function_note=facts.activation_function_note,
     )
 
 
@@ -754,6 +760,9 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             price_per_gpu_hour=price,
             active_params=source.active_params,
             activation_note=source.activation_note if arch is None else None,
+            activation_function_note=source.activation_function_note
+            if arch is not None and given["activation_function"] is None
+            else None,
             attention=attention,
             optimizer_impl=impl,
             grad_accum=grad_accum,

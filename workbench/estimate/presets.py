@@ -34,11 +34,19 @@ class ModelPreset:
 
 
 def _gpt2(name: str, layers: int, hidden: int, heads: int, published: str) -> ModelPreset:
+    # the released config's activation_function: transformers' Python tanh GELU, whose
+    # intermediates the MLP keeps (`activation_functions`)
     return ModelPreset(
         name,
         "gpt2",
         Architecture.create(
-            layers=layers, hidden=hidden, heads=heads, seq_len=1024, vocab=50257, fused_qkv=True
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            seq_len=1024,
+            vocab=50257,
+            fused_qkv=True,
+            activation_function="gelu_new",
         ),
         "Shape: Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
         "Table 2 (layers, d_model), and the released config.json (openai-community/"
@@ -107,6 +115,8 @@ PRESETS: tuple[ModelPreset, ...] = (
     ModelPreset(
         "gpt3-175b",
         "gpt2",
+        # trained with Megatron-LM's fused bias-GELU (Narayanan et al. 2021), one op that
+        # keeps its input: the default `gelu`, not GPT-2's Python formula
         Architecture.create(
             layers=96, hidden=12288, heads=96, seq_len=2048, vocab=50257, fused_qkv=True
         ),

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.display import Display, Readable, fmt_bytes, fmt_count
+from workbench.estimate.activation_functions import default_activation
 from workbench.estimate.activations import ActivationBreakdown
 from workbench.estimate.flops import FlopCount
 from workbench.estimate.frozen import field_names, of_every_field
@@ -99,6 +100,8 @@ class MemoryEstimate(Readable):
     kv_heads: int | None = None
     ffn_hidden: int | None = None
     mlp: str | None = None
+    #: the MLP's activation function (`activation_functions`: transformers' names)
+    activation_function: str | None = None
     norm: str | None = None
     bias: str | None = None
     positions: str | None = None
@@ -117,6 +120,9 @@ class MemoryEstimate(Readable):
     #: why activations are not estimated for a model given without a shape it maps onto
     #: (an encoder-decoder, latent attention): the dry run measures them
     activation_note: str | None = None
+    #: what the estimate assumed where the model's config names an MLP activation function
+    #: the estimator does not know (the MLP's default was counted); None otherwise
+    activation_function_note: str | None = None
     experts: int | None = None
     experts_per_token: int | None = None
     # the peak of a step
@@ -265,10 +271,12 @@ class MemoryEstimate(Readable):
         ]
 
     def _display(self) -> Display:
+        act = self.activation_function
+        own = act is not None and act != default_activation(self.mlp or "gelu")
         acts = (
             fmt_bytes(self.activation_bytes)
             + f" (micro-batch {self.micro_batch}, recomputation {self.checkpointing}, "
-            f"{self.attention} attention)"
+            f"{self.attention} attention" + (f", {act} MLP activation" if own else "") + ")"
             if self.activation_bytes is not None
             else (self.activation_note or "not estimated (give a transformer shape or a model)")
         )
@@ -294,6 +302,10 @@ class MemoryEstimate(Readable):
             ("  gradients", fmt_bytes(self.grads_bytes)),
             ("  optimizer states", fmt_bytes(self.optimizer_bytes)),
             ("stored activations", acts),
+        ]
+        if self.activation_function_note:
+            rows.append(("  assumed", self.activation_function_note))
+        rows += [
             ("states + activations", fmt_bytes(self.total_bytes)),
         ]
         if self.cpu_offload_bytes:

@@ -14,7 +14,7 @@ A flag shared with TrainConfig takes the TrainConfig setting's own flag and meta
 (`workbench.config.SETTINGS`), so `--activation-checkpointing` or `--tp` means the same in
 every command. Pure: imports no torch.
 
-Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 55
+Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 56
 keywords, a few lines each, and nothing else.
 """
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import SETTINGS, OptimizerName, Precision
+from workbench.estimate.activation_functions import NAMES as ACTIVATION_NAMES
 from workbench.estimate.activations import Attention, Checkpointing
 from workbench.estimate.architecture import Bias, Mlp, Norm, Positions
 from workbench.estimate.lora import LORA_DTYPES, LORA_TARGETS
@@ -331,6 +332,18 @@ FIELDS: tuple[EstimateField, ...] = (
         help="attention and MLP read the same input (GPT-NeoX)",
         flag="--parallel-residual",
         read="switch",
+        cli=_SHAPE,
+    ),
+    _f(
+        "activation_function",
+        "choice",
+        None,
+        choices=ACTIVATION_NAMES,
+        optional=True,
+        help="the MLP's activation, transformers' name: gelu_new (GPT-2's Python formula, "
+        "3 more MLP-wide tensors), relu, quick_gelu, ... (gelu; gated: silu)",
+        flag="--activation-function",
+        metavar="NAME",
         cli=_SHAPE,
     ),
     _f(

@@ -275,6 +275,7 @@ SHAPE_KEYS = (
     "positions",
     "tied_embeddings",
     "parallel_residual",
+    "activation_function",
 )
 
 
