@@ -172,6 +172,7 @@ from workbench.estimate.frozen import field_names, of_every_field
 from workbench.estimate.inputs_check import OPTIMIZER_IMPLS, EstimateInputs
 from workbench.estimate.lora import adapter_activation_bytes
 from workbench.estimate.model_states import ModelStates
+from workbench.estimate.tied_embedding import EMBEDDING_MOMENT, TIED_SUM_TERM
 from workbench.estimate.optimizer_step import (
     factored_means,
     in_backward_terms,
@@ -411,7 +412,7 @@ def _step_peak(
     # the highest point named; `step_peak` names every point and adds up their terms
     moment = phase = ""
     if not report:
-        fwd_sum, held_sum, bwd_sum, end_sum, step_sum = f.sums
+        fwd_sum, held_sum, bwd_sum, end_sum, step_sum, embedding_sum = f.sums
         lora_on = i.lora is not None
         held = params + optim + casts + mask - not_kept
         moment_totals = {
@@ -420,10 +421,16 @@ def _step_peak(
             "last layer's backward": held + held_grads + first + acts + transient
             + (in_flight + dequant if lora_on else 0) + bwd_sum
             + (sum(ring.values()) if ring else 0),
-            "backward end": params + optim + recompute + transient
-            + (dequant if lora_on else 0) + end_sum
-            + (one_grad + one_temps if i.optimizer_in_backward else f.end_grads),
         }  # fmt: skip
+        if f.tied_sum:  # in the order `step_peak` names them (a tie picks the first)
+            moment_totals[EMBEDDING_MOMENT] = (
+                params + optim + f.embedding_grads + f.tied_sum + embedding_sum
+            )
+        moment_totals["backward end"] = (
+            params + optim + recompute + transient
+            + (dequant if lora_on else 0) + end_sum
+            + (one_grad + one_temps if i.optimizer_in_backward else f.end_grads)
+        )  # fmt: skip
         moment = max(moment_totals, key=moment_totals.__getitem__)
         totals = {
             PHASES[0]: held + held_grads + stored + logits_kept + loss_fwd
@@ -475,6 +482,16 @@ def _step_peak(
             **lora_bwd,
             **engine_bwd,
             **kept_mask,
+        }
+    if f.tied_sum and named and (report or moment == EMBEDDING_MOMENT):
+        # a tied embedding's backward, after every layer's: every gradient, the one
+        # weight's two gradients and their sum (`tied_embedding`), the engine's buffers
+        # before its final reduce
+        moments[EMBEDDING_MOMENT] = {
+            **base,
+            "gradients": f.embedding_grads,
+            TIED_SUM_TERM: f.tied_sum,
+            **f.embedding_engine,
         }
     if named and (report or moment == "backward end"):
         # the end of backward: every gradient, the first layer's recomputation
@@ -568,6 +585,7 @@ def _step_peak(
                 forward["gradients"],
                 moments["loss backward"]["gradients"],
                 moments["last layer's backward"]["gradients"],
+                moments.get(EMBEDDING_MOMENT, {}).get("gradients", 0),
                 moments["backward end"]["gradients"],
                 step["gradients"],
             ),
