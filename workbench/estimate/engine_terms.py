@@ -429,7 +429,8 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
             backward_end["DeepSpeed stage-1 whole gradients"] = whole
     width = compute_bytes(i.precision) if engine == "fsdp" else grad_bytes(i.precision)
     tied_sum = tied_sum_bytes(i, engine, width)
-    embedding_grads, embedding_engine = 0, {}
+    embedding_grads = 0
+    embedding_engine: dict[str, int] = {}
     if tied_sum:
         embedding_grads, embedding_engine = _embedding_terms(i, engine, end_grads, backward_end)
     return StepFixed(
@@ -456,7 +457,14 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         embedding_engine,
         tuple(
             sum(d.values())
-            for d in (engine_fwd, held_units, engine_bwd, backward_end, engine_step, embedding_engine)
+            for d in (
+                engine_fwd,
+                held_units,
+                engine_bwd,
+                backward_end,
+                engine_step,
+                embedding_engine,
+            )
         ),  # type: ignore[arg-type]
     )
 
@@ -500,11 +508,15 @@ def _embedding_terms(
         out["ZeRO-3 gathered parameters"] = grad_bytes(i.precision) * arch.embedding_params(
             i.tensor_parallel
         )
-    elif engine == "deepspeed" and i.zero_stage == 1 and i.deepspeed["overlap_comm"]:
+    elif (
+        engine == "deepspeed"
+        and i.zero_stage == 1
+        and i.deepspeed["overlap_comm"]
+        and not _deepspeed_buffers(i).flat_layers
+    ):
         # its hooks reduce at the accumulation boundary only: a bucket that holds every
         # trained parameter has not reduced yet, so no partition exists at the instant
-        if not _deepspeed_buffers(i).flat_layers:
-            grads = 0
+        grads = 0
     return grads, out
 
 

@@ -20,21 +20,31 @@ engine's final reduce, the step holds beside every other gradient
 
 In the gradient's dtype as autograd makes it: the weights' (4 bytes under amp-*, whose
 weights are fp32) or, under FSDP, the compute dtype of the gathered weight; the rows of
-this GPU's vocabulary share (ceil(v / t)). The peak's "gradients" already count one of
-them where the gradient stays in the weight's `.grad` at the end of backward and none was
-held before (the plain loop, DDP, DeepSpeed's ZeRO-0 and ZeRO-1 without `overlap_comm`,
-without accumulation; FSDP's unsharded gradients of the root unit, with or without): the
-term (`TIED_SUM_TERM`) is the others. With accumulation the `.grad` the gradients count
-holds the earlier micro-batches' sum, a tensor of its own; under ZeRO-1 with
-`overlap_comm` and ZeRO 2/3 the hooks move gradients into the reduce buckets or the
-partition, which their own terms count; under `optimizer_in_backward` no gradient is
-counted at that instant (each is stepped and freed as it is made): the term is all of them.
+this GPU's vocabulary share (ceil(v / t)). Where the weight's `.grad` lives on from one
+micro-batch to the next (the plain loop, DDP, DeepSpeed's ZeRO-0 and ZeRO-1, which reduce
+at the accumulation boundary) it holds, with accumulation, the earlier micro-batches' sum:
+one more. The peak's other terms count one of them where the gradient stays in `.grad`
+(the plain loop, DDP, ZeRO-0 and ZeRO-1 without `overlap_comm`: "gradients", with ZeRO-1's
+whole gradients) or in the root unit's unsharded gradients (FSDP); none where the hooks
+move gradients into DeepSpeed's buckets or partition (ZeRO-1 with `overlap_comm`, ZeRO
+2/3) or each is stepped and freed as it is made (`optimizer_in_backward`). The term
+(`TIED_SUM_TERM`) is the others:
 
-Measured by the dry run (its fake tensors sum as a real step does,
-`workbench.train.dry_run.accumulation`) on GPT-2 124M's shape at 1 x 128 tokens, where
-this instant is the step's backward peak, on every engine (tests/integration/
-test_tied_embedding.py), and with real tensors and no dispatch mode on a CPU (torch's
-profiler: three fp32 tensors in fp32, two under autocast).
+    engine                                   fp32, pure 16-bit   amp-*   + accumulation
+    plain, DDP, ZeRO-0, ZeRO-1               2                   1       + 1
+    ZeRO-1 with overlap_comm                 3                   2       + 1
+    ZeRO-2                                   3                   2
+    ZeRO-3                                   2                   2
+    FSDP (no autocast: its policy)           2                   2
+    optimizer_in_backward                    3                   2
+
+vocab x hidden tensors. Measured by the dry run on GPT-2 124M's vocabulary and width
+(50257 x 768) at 1 x 128 tokens on every row (its fake tensors sum as a real step does,
+`workbench.train.dry_run.accumulation`): the formula's moment within 0.02% of the dry
+run's instant (tests/integration/test_tied_embedding.py); and with real tensors and no
+dispatch mode on this CPU (torch's profiler's memory timeline of one GPT-2 backward: three
+fp32 tensors above the other gradients in fp32, two under autocast, the same with the
+earlier micro-batch's `.grad` held).
 
 None with pipeline parallelism (the embedding and the output projection are on different
 stages, their copies synchronised apart), LoRA (the embedding is frozen) or an untied or

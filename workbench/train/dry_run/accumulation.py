@@ -84,7 +84,9 @@ def dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: some order of its dimensions is contiguous (size-1
     dimensions aside), as ATen's `is_non_overlapping_and_dense`."""
     expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+    for stride, size in sorted(
+        (st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1
+    ):
         if stride != expected:
             return False
         expected *= size
