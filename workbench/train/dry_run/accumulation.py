@@ -95,14 +95,11 @@ def dense(t: torch.Tensor) -> bool:
 
 class InPlaceSums(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Runs autograd's sum of a shared parameter's gradients in place where a real step
-    does (module docstring); every other call passes unchanged. `summed_in_place` counts
-    the sums run in place, `summed_new` those left as a new tensor."""
+    does (module docstring); every other call passes unchanged."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._pending: list[torch.Tensor] = []
-        self.summed_in_place = 0
-        self.summed_new = 0
 
     @contextlib.contextmanager
     def watch(self, loss: torch.Tensor) -> Iterator[None]:
@@ -149,9 +146,7 @@ class InPlaceSums(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     self._pending = [p for p in pending if p is not new]
                     old = args[0]
                     if sums_in_place(old, new):
-                        self.summed_in_place += 1
                         return _ADD_(old, new)
-                    self.summed_new += 1
             elif func.namespace != "prim":
                 # the engine's sums follow the hook at once (after reading the gradient's
                 # device, a `prim` query): any other operator ends them
