@@ -18,6 +18,7 @@ from workbench.estimate.inputs_check import EstimateInputs
 from workbench.estimate.lora import block_linears, dequantized_bytes, nf4_weight_bytes
 from workbench.estimate.model_states import ModelStates
 from workbench.estimate.optimizer_step import optimizer_temporaries, resolve_impl, stepped_params
+from workbench.estimate.tied_embedding import tied_sum_bytes
 from workbench.optimizers import row
 
 _LOOPS = ("plain", "ddp")  # engines whose gradients are plain `.grad` tensors
@@ -315,9 +316,17 @@ class StepFixed(NamedTuple):
     held_units: dict[str, int]
     #: the optimizer's states are paged (`PAGED_TERM`: beside the device peak)
     paged: bool
-    #: the sums of `engine_fwd`, `held_units`, `engine_bwd`, `backward_end_engine` and
-    #: `engine_step` (`peak_point` adds a point's terms without naming them)
-    sums: tuple[int, int, int, int, int]
+    #: a tied embedding's gradient sum at its backward (`tied_embedding.TIED_SUM_TERM`; 0:
+    #: no such instant)
+    tied_sum: int
+    #: the gradients and the engine's buffers at the embedding's backward (before the
+    #: final reduce)
+    embedding_grads: int
+    embedding_engine: dict[str, int]
+    #: the sums of `engine_fwd`, `held_units`, `engine_bwd`, `backward_end_engine`,
+    #: `engine_step` and `embedding_engine` (`peak_point` adds a point's terms without
+    #: naming them)
+    sums: tuple[int, int, int, int, int, int]
 
 
 def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
@@ -418,6 +427,12 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         whole = grad_bytes(i.precision) * trained_params(i) - grads
         if whole > 0:
             backward_end["DeepSpeed stage-1 whole gradients"] = whole
+    width = compute_bytes(i.precision) if engine == "fsdp" else grad_bytes(i.precision)
+    tied_sum = tied_sum_bytes(i, engine, width)
+    embedding_grads = 0
+    embedding_engine: dict[str, int] = {}
+    if tied_sum:
+        embedding_grads, embedding_engine = _embedding_terms(i, engine, end_grads, backward_end)
     return StepFixed(
         engine,
         impl,
@@ -437,10 +452,72 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
         backward_end,
         held_units,
         bool(optim and row(i.optimizer).paged and not i.offload_optimizer),
+        tied_sum,
+        embedding_grads,
+        embedding_engine,
         tuple(
-            sum(d.values()) for d in (engine_fwd, held_units, engine_bwd, backward_end, engine_step)
+            sum(d.values())
+            for d in (
+                engine_fwd,
+                held_units,
+                engine_bwd,
+                backward_end,
+                engine_step,
+                embedding_engine,
+            )
         ),  # type: ignore[arg-type]
     )
+
+
+def _embedding_terms(
+    i: EstimateInputs,
+    engine: str,
+    end_grads: int,
+    backward_end: dict[str, int],
+) -> tuple[int, dict[str, int]]:
+    """The gradients and the engine's buffers at a tied embedding's backward, after every
+    layer's and before the engine's final reduce: those of the end of backward (DDP's
+    buckets, ZeRO 1/2's reduce buckets, ZeRO-1's whole gradients) but the final reduce's
+    flattened copy, which comes after (ZeRO-1, which reduces at the accumulation boundary
+    only, has no partition yet when its bucket holds every trained parameter); ZeRO-3's
+    gathered parameters: the embedding, gathered for its backward; FSDP's root unit gathered with its unsharded gradients (the
+    embedding's, the head's, the final norm's) beside the last layer unit's reduce-scatter
+    input, in the reduce dtype, which the root's reduce waits on, and every unit's sharded
+    gradient but the root's, which its reduce makes (with accumulation the earlier
+    micro-batches' is held). None of the gradients under
+    `optimizer_in_backward` (each is stepped and freed as it is made)."""
+    grads = 0 if i.optimizer_in_backward else end_grads
+    if engine == "fsdp":
+        cw = compute_bytes(i.precision)
+        # the backend's MixedPrecisionPolicy reduces in fp32 under AMP and bf16-true alike
+        reduce = 4 if cw == 2 and i.fsdp_reduce_fp32 else cw
+        root = _block_params(i)[1]
+        layer, _ = _unit_trained(i)
+        if grads and i.grad_accum == 1:  # accumulated: the root's shard is held already
+            grads -= grads * root // max(1, i.shard_params)
+        return grads, {
+            "FSDP gathered parameters": backward_end["FSDP gathered parameters"],
+            "FSDP unsharded gradients": cw * root + reduce * layer,
+        }
+    out = {k: v for k, v in backward_end.items() if k != FLAT_REDUCE_TERM}
+    if engine == "deepspeed" and i.zero_stage >= 3:
+        # the embedding gathered for its backward, in the weights' dtype (fp32 under
+        # amp-*, whose weights are fp32): nothing is left to prefetch after it
+        arch = i.architecture
+        assert arch is not None  # a tied embedding has a shape
+        out["ZeRO-3 gathered parameters"] = grad_bytes(i.precision) * arch.embedding_params(
+            i.tensor_parallel
+        )
+    elif (
+        engine == "deepspeed"
+        and i.zero_stage == 1
+        and i.deepspeed["overlap_comm"]
+        and not _deepspeed_buffers(i).flat_layers
+    ):
+        # its hooks reduce at the accumulation boundary only: a bucket that holds every
+        # trained parameter has not reduced yet, so no partition exists at the instant
+        grads = 0
+    return grads, out
 
 
 __all__ = [

@@ -8,13 +8,16 @@ accumulation: its last micro-batch) through three points and takes the highest:
     forward end     parameters + gradients already held + optimizer states
                     + stored activations + the logits and the loss's fp32 copies
                     + the autocast weight casts + the engine's gathered parameters
-    backward        the highest of three moments (`StepPeak.backward_moment`):
+    backward        the highest of three moments (`StepPeak.backward_moment`), four
+                    with a tied embedding:
                     the loss's backward (fp32 log-probabilities, their gradient and the
                     logits' gradient, every activation still kept); the last layer's
                     backward (its recomputation working set, its activation gradients,
                     the output projection's gradient, the engine's unsharded
-                    gradients); the end of backward (every gradient, the first layer's
-                    recomputation, the engine's buckets and root unit)
+                    gradients); a tied embedding's backward (every gradient and the one
+                    weight's two gradients with their sum, `tied_embedding`, before the
+                    engine's final reduce); the end of backward (every gradient, the
+                    first layer's recomputation, the engine's buckets and root unit)
     optimizer step  parameters + all gradients + optimizer states + the optimizer's
                     temporaries + the engine's step buffers
 
@@ -134,6 +137,12 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   of the MLP's inner gradients (2·e·sbf for GELU, 3·e·sbf gated) and the attention's
   (eager: the scores' and probabilities' gradients, 2·e·as^2b; sdpa: its fp32 query
   gradient accumulator and the key and value gradients, 4sbh + 2·e·sbh), split over t.
+* **tied embedding gradient sum**: a tied embedding's weight gets the output
+  projection's gradient early in backward and the lookup's at its end; autograd adds them
+  while both are alive (in place into the first under autocast and ZeRO-3, into a new
+  tensor otherwise), at a moment of its own, "embedding's backward", after every layer's
+  and before the engine's final reduce: the vocab x hidden tensors beyond the one the
+  gradients count (`workbench.estimate.tied_embedding`).
 * **first gradients**: without accumulation no gradient exists before backward
   (`zero_grad(set_to_none=True)`); the first to appear, while the loss's backward
   buffers are alive, is the output projection's (W·vh/t). With accumulation every
@@ -179,6 +188,7 @@ from workbench.estimate.optimizer_step import (
     parameter_order,
     resolve_impl,
 )
+from workbench.estimate.tied_embedding import EMBEDDING_MOMENT, TIED_SUM_TERM
 
 PHASES = ("forward end", "backward", "optimizer step")
 _SDPA = Attention.SDPA  # bound once: an enum member read through its class costs more
@@ -216,8 +226,9 @@ class StepPeak:
     variable: dict[str, int] = field(default_factory=dict)
     #: every point's named terms (`terms` is the highest point's)
     points: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: the backward's highest moment: "loss backward", "last layer's backward" or
-    #: "backward end" (its terms are the "backward" point's)
+    #: the backward's highest moment: "loss backward", "last layer's backward",
+    #: "embedding's backward" (a tied embedding's, `tied_embedding`) or "backward end" (its
+    #: terms are the "backward" point's)
     backward_moment: str = "loss backward"
     #: what the step keeps in host memory, not in the device peak (`activation_offload`)
     host_terms: dict[str, int] = field(default_factory=dict)
@@ -228,7 +239,8 @@ class StepPeak:
     #: `activation_offload` off the host's share instead of a device term)
     compile_not_kept_bytes: int = 0
     #: every moment of the backward's named terms ("loss backward", "last layer's
-    #: backward", "backward end"; `points["backward"]` is the highest of them)
+    #: backward", "embedding's backward" with a tied embedding, "backward end";
+    #: `points["backward"]` is the highest of them)
     moments: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -411,7 +423,7 @@ def _step_peak(
     # the highest point named; `step_peak` names every point and adds up their terms
     moment = phase = ""
     if not report:
-        fwd_sum, held_sum, bwd_sum, end_sum, step_sum = f.sums
+        fwd_sum, held_sum, bwd_sum, end_sum, step_sum, embedding_sum = f.sums
         lora_on = i.lora is not None
         held = params + optim + casts + mask - not_kept
         moment_totals = {
@@ -420,10 +432,16 @@ def _step_peak(
             "last layer's backward": held + held_grads + first + acts + transient
             + (in_flight + dequant if lora_on else 0) + bwd_sum
             + (sum(ring.values()) if ring else 0),
-            "backward end": params + optim + recompute + transient
-            + (dequant if lora_on else 0) + end_sum
-            + (one_grad + one_temps if i.optimizer_in_backward else f.end_grads),
         }  # fmt: skip
+        if f.tied_sum:  # in the order `step_peak` names them (a tie picks the first)
+            moment_totals[EMBEDDING_MOMENT] = (
+                params + optim + f.embedding_grads + f.tied_sum + embedding_sum
+            )
+        moment_totals["backward end"] = (
+            params + optim + recompute + transient
+            + (dequant if lora_on else 0) + end_sum
+            + (one_grad + one_temps if i.optimizer_in_backward else f.end_grads)
+        )  # fmt: skip
         moment = max(moment_totals, key=moment_totals.__getitem__)
         totals = {
             PHASES[0]: held + held_grads + stored + logits_kept + loss_fwd
@@ -475,6 +493,16 @@ def _step_peak(
             **lora_bwd,
             **engine_bwd,
             **kept_mask,
+        }
+    if f.tied_sum and named and (report or moment == EMBEDDING_MOMENT):
+        # a tied embedding's backward, after every layer's: every gradient, the one
+        # weight's two gradients and their sum (`tied_embedding`), the engine's buffers
+        # before its final reduce
+        moments[EMBEDDING_MOMENT] = {
+            **base,
+            "gradients": f.embedding_grads,
+            TIED_SUM_TERM: f.tied_sum,
+            **f.embedding_engine,
         }
     if named and (report or moment == "backward end"):
         # the end of backward: every gradient, the first layer's recomputation
@@ -568,6 +596,7 @@ def _step_peak(
                 forward["gradients"],
                 moments["loss backward"]["gradients"],
                 moments["last layer's backward"]["gradients"],
+                moments.get(EMBEDDING_MOMENT, {}).get("gradients", 0),
                 moments["backward end"]["gradients"],
                 step["gradients"],
             ),

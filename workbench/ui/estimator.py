@@ -49,6 +49,7 @@ from workbench.estimate.schema import (
     labels,
     panel_fields,
 )
+from workbench.estimate.tied_embedding import TIED_SUM_TERM
 from workbench.inputs import shown
 from workbench.ui.charts import Chart
 from workbench.ui.estimator_dry_run import DryRunControl
@@ -97,6 +98,7 @@ TERM_SEGMENTS = {
     "LoRA adapter activations": "activations",
     "document mask": "activations",
     "QLoRA dequantized weight": "autocast weight casts",
+    TIED_SUM_TERM: "backward transient",
 }
 DROPOUT = {"model's": None, "on": True, "off": False}
 

@@ -83,6 +83,7 @@ from workbench.estimate.peak import OFFLOADED_TERM
 from workbench.inputs import plain_number
 from workbench.problems import SettingProblem
 from workbench.train.backends.optimizer import build_optimizers
+from workbench.train.dry_run.accumulation import InPlaceSums
 from workbench.train.dry_run.checks import OPTIMIZER_IMPLS, check_arguments
 from workbench.train.dry_run.compiled import compile_note, compile_problem, partitioned
 from workbench.train.dry_run.deepspeed import (
@@ -644,6 +645,7 @@ def _simulate(
             ctx.enter_context(GroupedMatmuls())  # under the tracker: it counts their outputs
             ctx.enter_context(tracker)
             ctx.enter_context(recorder)
+            sums = ctx.enter_context(InPlaceSums())  # above the tracker: it sees the add_
             if offload is not None:  # the saved activations' device copies dropped
                 trained = ds_engine.module if ds_engine is not None else module
                 autocast = offload.around(autocast, trained)
@@ -660,6 +662,7 @@ def _simulate(
                 progress=progress,
                 device_type=device.type,
                 engine=ds_engine,
+                sums=sums,
             )
             shown = _shown(module, blocks)
             measured = measure(

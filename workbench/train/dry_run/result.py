@@ -19,6 +19,7 @@ from workbench.estimate.allocator import (
     AllocEvent,
     AllocTrace,
 )
+from workbench.estimate.tied_embedding import TIED_SUM_TERM
 
 #: The formula's points of a step, in order (`workbench.estimate.PHASES`).
 POINTS = ("forward end", "backward", "optimizer step")
@@ -66,10 +67,17 @@ _ROWS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     (
         "activations and transients",
         ("activations", "temporaries"),
-        ("activations", "logits and loss", "autocast weight casts", "backward transient"),
+        (
+            "activations",
+            "logits and loss",
+            "autocast weight casts",
+            "backward transient",
+            TIED_SUM_TERM,
+        ),
         "formula: stored activations, logits and loss, autocast's weight casts, the backward "
-        "transient; dry run: every tensor the step made that is alive then (kept "
-        "activations, casts, logits, and in backward the activation gradients)",
+        "transient, a tied embedding's gradient sum at its backward; dry run: every tensor "
+        "the step made that is alive then (kept activations, casts, logits, and in backward "
+        "the activation gradients and the gradients autograd has yet to sum)",
     ),
     (
         "FSDP gathered parameters",

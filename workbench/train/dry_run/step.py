@@ -392,10 +392,13 @@ def run_steps(
     progress: Progress | None,
     device_type: str,
     engine: Any = None,
+    sums: Any = None,
 ) -> int:
     """Run the steps (see the module docstring); returns the gradient bytes held just
     before the last `zero_grad` (all of this rank's gradients). `on_phase(name)` is
-    called as each part begins ("forward", "backward", "optimizer step").
+    called as each part begins ("forward", "backward", "optimizer step"). `sums`: an
+    entered `accumulation.InPlaceSums`, told of each backward's graph (a shared
+    parameter's gradients summed in place where a real step sums them so).
 
     With a DeepSpeed `engine` (`dry_run_deepspeed`), the steps are the Session's DeepSpeed
     backend's: `engine(batch)`, `engine.backward(loss)` (DeepSpeed divides by the
@@ -421,7 +424,8 @@ def run_steps(
             _at(tracker, step, "backward")
             tracker.phase = PHASES[1] if measuring else None
             _report(progress, "backward", step, plan.steps)
-            backward(loss, micro == plan.grad_accum - 1)
+            with sums.watch(loss) if sums is not None else contextlib.nullcontext():
+                backward(loss, micro == plan.grad_accum - 1)
             del loss
         on_phase("optimizer step")
         _at(tracker, step, "optimizer step")
