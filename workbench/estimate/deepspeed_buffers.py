@@ -8,6 +8,8 @@ and reads from its `zero_optimization` block, and nothing else:
     overlap_comm                  two reduce buckets instead of one (stages 1 and 2)
     stage3_prefetch_bucket_size   elements stage 3 gathers ahead (default 5e7)
     stage3_max_live_parameters    elements stage 3 keeps gathered at most (default 1e9)
+    sub_group_size                elements of a rank's partition stage 3's step flattens
+                                  and upcasts at a time (default 1e9)
 
 A size may be an integer or an integral number (`5e8` in JSON is a number); Hugging Face's
 "auto" means the default here. The file is read by `workbench.inputs.read_json` (a regular
@@ -34,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "allgather_bucket_size": 500_000_000,
     "stage3_prefetch_bucket_size": 50_000_000,
     "stage3_max_live_parameters": 1_000_000_000,
+    "sub_group_size": 1_000_000_000,
     "overlap_comm": False,
 }
 _SIZES = tuple(k for k in DEFAULTS if k != "overlap_comm")

@@ -51,6 +51,12 @@ def grad_bytes(precision: Precision) -> int:
     return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
 
 
+def weight_bytes(precision: Precision) -> int:
+    """Bytes per weight element as the engine holds it: 2 where the weights are 16-bit,
+    else 4 (fp32, and amp-*, whose weights stay fp32 and are cast per matmul)."""
+    return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
+
+
 def autocast_casts(i: EstimateInputs, engine: str) -> int:
     """The 16-bit weight copies torch autocast keeps through forward and backward."""
     if i.precision not in (Precision.AMP_BF16, Precision.AMP_FP16) or engine == "fsdp":
@@ -215,7 +221,8 @@ class DeepSpeedBuffers(NamedTuple):
     reduce, beside the layers' backward (a reduce before the last: the bucket is smaller
     than the trained parameters) and at the end of backward (the final reduce, or stage 0's
     allreduce); whether the gradient partition exists at that final reduce; the fp32 copy
-    of the gradient partition the step makes."""
+    of the gradient partition the step makes (stage 3: of one sub-group's, in every
+    precision)."""
 
     gathered: int
     reduce: int
@@ -240,7 +247,16 @@ def _deepspeed_buffers(i: EstimateInputs) -> DeepSpeedBuffers:
     partition is allocated by the first reduce, after its copy is freed: a bucket that
     holds every trained parameter reduces once, before any partition exists. Stage 0's
     engine flattens every gradient (in chunks of `STAGE0_ALLREDUCE_ELEMENTS`) after
-    autograd's backward, the same copy."""
+    autograd's backward, the same copy.
+
+    Stage 3 gathers each layer in the dtype its partitions are held in: 16-bit under
+    bf16/fp16, fp32 under fp32 and amp-* (autocast casts per matmul, after the gather).
+    Its step (`stage3.py` `_prepare_fp32_grad_for_sub_group`) flattens one sub-group's
+    gradient partitions into a new tensor and upcasts it to fp32 for the masters, in every
+    precision (under fp32 and amp-* the flat copy is that fp32 gradient; under 16-bit
+    training the 16-bit flat copy is alive with it for the upcast), and frees it after the
+    sub-group's step (`_release_sub_group`): a sub-group holds `sub_group_size` elements
+    of this rank's partition (DeepSpeed's default 1e9)."""
     ds = i.deepspeed
     w = grad_bytes(i.precision)
     psi = trained_params(i)  # DeepSpeed reduces and partitions the trained parameters only
@@ -250,7 +266,7 @@ def _deepspeed_buffers(i: EstimateInputs) -> DeepSpeedBuffers:
     gathered = reduce = flat_layers = flat_end = 0
     partition_at_end = True
     if i.zero_stage == 3:
-        gathered = compute_bytes(i.precision) * _zero3_live(i)
+        gathered = weight_bytes(i.precision) * _zero3_live(i)
     elif i.zero_stage in (1, 2):
         overlap = ds["overlap_comm"]
         reduce = w * bucket * (2 if overlap else 1)
@@ -262,7 +278,9 @@ def _deepspeed_buffers(i: EstimateInputs) -> DeepSpeedBuffers:
     else:
         flat_end = w * min(STAGE0_ALLREDUCE_ELEMENTS, psi)
     fp32_grads = 0
-    if w == 2 and not i.offload_optimizer:
+    if i.zero_stage == 3 and not i.offload_optimizer:
+        fp32_grads = 4 * min(-(-psi // i.data_parallel), int(ds["sub_group_size"]))
+    elif w == 2 and not i.offload_optimizer:
         fp32_grads = 4 * (-(-psi // i.data_parallel) if i.zero_stage >= 1 else psi)
     return DeepSpeedBuffers(gathered, reduce, flat_layers, flat_end, partition_at_end, fp32_grads)
 
@@ -390,10 +408,11 @@ def fixed_terms(i: EstimateInputs, states: ModelStates) -> StepFixed:
 
         if fp32_grads:
             engine_step["DeepSpeed fp32 gradient partition"] = fp32_grads
-            if i.zero_stage in (1, 2):
+            if i.zero_stage in (1, 2) or (i.zero_stage == 3 and grad_bytes(i.precision) == 2):
                 # the partition is flattened in the gradient dtype, then upcast: both are
                 # alive before the optimizer runs, a moment above the step's own when its
-                # temporaries are smaller than the flat copy
+                # temporaries are smaller than the flat copy (stage 3 under fp32 and amp-*:
+                # the flat copy is the fp32 gradient itself)
                 flat = grad_bytes(i.precision) * (fp32_grads // 4)
                 extra = max(0, flat - temps)
                 if extra:

@@ -99,11 +99,14 @@ N the data-parallel size; e the activation bytes, 2 in 16-bit compute, 4 in fp32
   fp32 copy of this GPU's gradient partition (4·Ψ/N); ZeRO 1/2 first flatten it in the
   gradient dtype (W·Ψ/N), alive with the fp32 copy until the optimizer runs: the step's
   highest moment holds the larger of that flat copy and the optimizer's temporaries
-  ("DeepSpeed flattened gradient partition" is the flat copy beyond the temporaries). Stage 3 gathers parameters in the
-  compute dtype: the layer running plus what the prefetcher fetches ahead (at most
+  ("DeepSpeed flattened gradient partition" is the flat copy beyond the temporaries); stage 3
+  flattens and upcasts one sub-group's partition (`sub_group_size`) in every precision,
+  the flat copy being the fp32 one under fp32 and amp-*. Stage 3 gathers parameters in the
+  dtype its partitions are held in (fp32 under amp-*): the layer running plus what the
+  prefetcher fetches ahead (at most
   `stage3_prefetch_bucket_size` elements), capped at `stage3_max_live_parameters`, never
   more than the model; its reduce bucket is in the "deepspeed" accounting's gradients.
-  The sizes are DeepSpeed's defaults (5e8, 5e7, 1e9 elements) unless a DeepSpeed config
+  The sizes are DeepSpeed's defaults (5e8, 5e7, 1e9, 1e9 elements) unless a DeepSpeed config
   gives them (`deepspeed_config`); the workbench's own engine caps the reduce bucket at the
   model's size (`deepspeed_layout.bucket_elements`). DeepSpeed 0.19 releases the ZeRO 1/2
   buckets at the end of each backward and frees stage 0-2 gradients at each step, so
