@@ -47,7 +47,6 @@ import shutil
 import signal
 import stat
 import sys
-import tempfile
 import time
 import zipfile
 from typing import Any
@@ -56,9 +55,9 @@ import torch
 import torch.distributed as dist
 
 if __package__:  # a module of the package
-    from workbench.export.job_files import fail
+    from workbench.export.job_files import fail, writable_folder
 else:  # the exported folder's own copy, imported by its script
-    from job_files import fail  # type: ignore[no-redef, import-not-found]
+    from job_files import fail, writable_folder  # type: ignore[no-redef, import-not-found]
 
 PREFIX = "step-"
 COMPLETE = "complete.json"
@@ -190,7 +189,7 @@ def resume_folder(args: argparse.Namespace) -> str | None:
     if resume == AUTO and not ckdir:
         fail("--resume auto: needs --checkpoint-dir DIR (it continues from the newest there)")
     if ckdir is not None:
-        writable_folder(ckdir, "--checkpoint-dir")
+        writable_folder(ckdir, "--checkpoint-dir", make=True)
     found = None
     if resume is not None and resume != AUTO:
         if not os.path.isdir(resume):
@@ -212,20 +211,6 @@ def resume_folder(args: argparse.Namespace) -> str | None:
                 "another folder"
             )
     return found
-
-
-def writable_folder(path: str, flag: str) -> None:
-    """`path` is a folder, or a path to make one at, this process can write in; else exits
-    naming `flag` (before training: nothing trained is lost)."""
-    if not path or os.path.exists(path) and not os.path.isdir(path):
-        fail(f"{flag} {path!r}: must be a folder (or a path to make one at), not a file")
-    full = os.path.abspath(path)
-    try:
-        os.makedirs(full, exist_ok=True)
-        with tempfile.TemporaryFile(dir=full):
-            pass
-    except OSError as exc:
-        fail(f"{flag} {path!r}: cannot write there ({exc.strerror or exc})")
 
 
 def step_of(folder: str) -> int:

@@ -24,7 +24,6 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -58,6 +57,7 @@ int_in = job_files.int_in
 number_in = job_files.number_in
 read_job = job_files.read_job
 read_json_file = job_files.read_json_file
+writable_folder = job_files.writable_folder
 tensor_parallelize = job_parallel.tensor_parallelize
 sharded_grad_norm = job_parallel.sharded_grad_norm
 fsdp_units = job_parallel.fsdp_units
@@ -272,26 +272,10 @@ def add_save_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_save_dir(path: str | None, flag: str = "--save-dir") -> str | None:
-    """`--save-dir`'s folder, checked before training: a folder or a path to make one at;
-    exits naming it (as `flag`) when it is a file or cannot be made or written (nothing
-    trained yet, nothing lost). It writes there for real (a permission bit says nothing to
-    root, nor of /proc) and removes what it wrote."""
-    if path is None:
-        return None
-    if not path or os.path.exists(path) and not os.path.isdir(path):
-        fail(f"{flag} {path!r}: must be a folder (or a path to make one at), not a file")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        fail(f"{flag} {path!r}: its parent {parent!r} is not a writable folder")
-    full = os.path.abspath(path)
-    try:  # a file in it, or a folder beside where it will be: unique names, no rank races
-        if os.path.isdir(full):
-            with tempfile.TemporaryFile(dir=full):
-                pass
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=parent))
-    except OSError as exc:
-        fail(f"{flag} {path!r}: cannot write there ({exc.strerror or exc})")
+    """`--save-dir`'s folder, checked before training (`job_files.writable_folder`: a folder
+    or a path to make one at, in a writable parent; nothing made)."""
+    if path is not None:
+        writable_folder(path, flag)
     return path
 
 

@@ -28,6 +28,7 @@ import re
 import shlex
 import stat
 import sys
+import tempfile
 from typing import Any, NoReturn
 
 JOB_NAME = "job.json"
@@ -249,3 +250,27 @@ def check_world_size(job: dict[str, Any], world: int, running: str, reexport: st
         f"x {replicas} data-parallel rank(s)); this run has {running}. Launch {exported} "
         f"ranks, or re-export with `{reexport}`"
     )
+
+
+def writable_folder(path: str, flag: str, make: bool = False) -> None:
+    """`path` is a folder, or a path to make one at, this process can write in; else exits
+    naming `flag` (before training: nothing trained is lost). It writes there for real (a
+    permission bit says nothing to root, nor of /proc) and removes what it wrote. `make`:
+    the folder and any missing parents are made now (a checkpoint folder); otherwise the
+    parent must be a writable folder already and nothing is made (`--save-dir`)."""
+    if not path or os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{flag} {path!r}: must be a folder (or a path to make one at), not a file")
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    if not make and (not os.path.isdir(parent) or not os.access(parent, os.W_OK)):
+        fail(f"{flag} {path!r}: its parent {parent!r} is not a writable folder")
+    try:  # a file in it, or a folder beside where it will be: unique names, no rank races
+        if make:
+            os.makedirs(full, exist_ok=True)
+        if os.path.isdir(full):
+            with tempfile.TemporaryFile(dir=full):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=parent))
+    except OSError as exc:
+        fail(f"{flag} {path!r}: cannot write there ({exc.strerror or exc})")
