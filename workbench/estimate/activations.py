@@ -21,7 +21,9 @@ element terms:
                          ReLU sbf; under CUDA autocast some are fp32)
                masks:    sbh (output dropout)
     norms      elements: 2sbh (the inputs of the two norms; sbh with a parallel residual,
-                         where attention and MLP normalise the same layer input)
+                         where attention and MLP normalise the same layer input), with
+                         torch's one-kernel norm; transformers' RMSNorms keep more, and
+                         autocast keeps fp32 inputs (`implementations`, below)
 
     no recomputation:  elements 8sbh + 2sbf + 2as^2b, masks 2sbh + as^2b
                        (f = 4h: 34sbh + 5as^2b bytes, the paper's figure)
@@ -104,12 +106,26 @@ keeps 2 x 16-bit + 3 x fp32 (16 bytes per element, not 10). Full recomputation k
 layer input only whatever the activation; its recomputation working set (one layer)
 includes the activation's tensors.
 
+Norms (`norm_impl`, `implementations`): the paper's norm keeps its input (torch's
+one-kernel `layer_norm`, "kernel"). transformers' RMSNorms upcast: Llama's ("llama") keeps an
+fp32 copy of its input and the normalised input in the input's dtype (4 + e bytes an
+element per norm, where the paper counts e), Gemma's ("gemma") both in fp32 (8); with their
+weights frozen (LoRA) the fp32 copy alone (4). Each norm's output is kept once by the
+projections that read it (the QKV and MLP inputs above, e bytes). Under autocast (`autocast`)
+the residual stream is fp32: every norm's input, and a layer's input kept by full or
+op-level recomputation, takes 4 bytes, and each projection reading a norm's fp32 output
+keeps its own 16-bit cast (3 for separate Q, K and V, 1 for a fused QKV matrix; 2 for a
+gated MLP's gate and up, 1 for a two-matrix MLP and the output projection). The final norm
+and the output projection's input follow the same rows. transformers' unfused attention
+keeps an fp32 softmax output only where its family's code upcasts (`eager_softmax` "fp32",
+Llama's) or autocast runs the softmax in fp32 (GPT-2's "input"). The rotary embedding keeps
+its cos and sin tables alone (shared by every layer): no term.
+
 Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
 transient peak of the backward pass (gradients of activations, about one layer's worth),
 the logits' fp32 copies in the loss; nor fused MLP kernels that store less (a fused
-SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics, and what
-unfused implementations keep on top (Hugging Face's RMSNorm also saves its normalised
-input, sbh per norm): tests/integration/test_estimate_families.py measures them.
+SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics and the rotary tables:
+tests/integration/test_estimate_families.py and test_dry_run_norm_rope.py measure them.
 """
 
 from __future__ import annotations
