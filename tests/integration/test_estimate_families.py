@@ -118,10 +118,8 @@ def _extras(family: str, model: torch.nn.Module) -> int:
     norms = 2 * L + 1  # two per layer and the final one
     ids = 8 * sb + 8 * sb  # int64 input ids (embedding) and labels (loss)
     loss_normaliser = 4  # cross-entropy's fp32 total weight
-    if family in ("gpt2", "gpt_neox"):
-        stats = norms * 2 * 4 * sb  # LayerNorm keeps mean and 1/std per token, fp32
-    else:
-        stats = norms * 4 * sb  # RMSNorm keeps 1/rms per token
+    # LayerNorm keeps mean and 1/std per token, fp32; RMSNorm 1/rms
+    stats = norms * (2 if family in ("gpt2", "gpt_neox") else 1) * 4 * sb
     extra = stats + ids + loss_normaliser
     if family == "gpt2":
         extra += 8 * S  # int64 position ids (one row, broadcast over the batch)
