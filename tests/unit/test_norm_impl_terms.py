@@ -118,6 +118,15 @@ def test_a_bad_value_is_refused_naming_the_field_the_value_and_the_choices(
     assert estimate_memory(**shape, **{field: allowed.split(",")[0].upper()}).activations
 
 
+def test_fused_qkv_must_be_a_bool() -> None:
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100}
+    with pytest.raises(ValueError, match="fused_qkv='x': must be True or False"):
+        transformer_activation_bytes(**shape, micro_batch=1, fused_qkv="x")
+    one = transformer_activation_bytes(**shape, micro_batch=1, autocast=True, fused_qkv=True)
+    three = transformer_activation_bytes(**shape, micro_batch=1, autocast=True)
+    assert three.per_layer_bytes - one.per_layer_bytes == (3 - 1) * 2 * 32 * 64  # two casts
+
+
 # --------------------------------------------------------------------------- configs
 def _config(model_type: str, **extra: Any) -> dict[str, Any]:
     return {
