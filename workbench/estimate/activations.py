@@ -255,7 +255,7 @@ class ActivationBreakdown:
     mlp_inner_bytes: int = 0
     #: the norms' implementation (`implementations`) and the bytes of one layer's norm
     #: tensors (their inputs, what they keep of them, their outputs as the projections
-    #: keep them), within `per_layer_element_bytes` without full recomputation
+    #: keep them), within `per_layer_element_bytes` without full or op-level recomputation
     norm_impl: str = "kernel"
     norm_bytes: int = 0
     #: the dtype an unfused "eager" attention's softmax runs in ("fp32", "input")
