@@ -148,6 +148,9 @@ def _formula(family: str, dtype: torch.dtype, attention: str) -> tuple[int, int]
     sizes = GPT if family == "gpt" else LLAMA
     f = 4 * sizes["hidden"] if family == "gpt" else sizes["ffn"]
     mlp = "gelu" if family == "gpt" else "swiglu"
+    # transformers' RMSNorm keeps an fp32 copy of its input and the normalised input eagerly,
+    # which the compiled step recomputes (the term); the built-in GPT's LayerNorm its input
+    norm = "kernel" if family == "gpt" else "llama"
     breakdown = transformer_activation_bytes(
         layers=1,
         hidden=sizes["hidden"],
@@ -160,6 +163,7 @@ def _formula(family: str, dtype: torch.dtype, attention: str) -> tuple[int, int]
         ffn_hidden=f,
         mlp=mlp,
         attention=attention,
+        norm_impl=norm,
     )
     term = compiled_layer_drop_bytes(
         seq_len=S,
@@ -172,6 +176,7 @@ def _formula(family: str, dtype: torch.dtype, attention: str) -> tuple[int, int]
         checkpointing="none",
         activation_bytes_per_element=e,
         dropout=family == "gpt",
+        norm_impl=norm,
     )
     return breakdown.per_layer_bytes, term
 

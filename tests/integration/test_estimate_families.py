@@ -6,9 +6,10 @@ without dropout. Two checks per family:
 * the parameter count the estimator derives from the model's config.json equals the
   module's own count (GQA, SwiGLU, biases, norms, tied or untied embeddings);
 * the bytes autograd saves for backward (`workbench.train.measure.memory.measure_activations`)
-  equal the activation formula plus the implementation details it leaves out, each
-  counted by hand below: per-token norm statistics, the normalised copy an unfused
-  RMSNorm keeps, the rotary cos/sin tables, the int64 token ids and the loss normaliser.
+  equal the activation formula (with the family's norms: transformers' RMSNorm keeps its
+  normalised input too, `implementations`) plus the implementation details it leaves out,
+  each counted by hand below: per-token norm statistics, the rotary cos/sin tables, the
+  int64 token ids and the loss normaliser.
 """
 
 from __future__ import annotations
@@ -113,15 +114,12 @@ def test_parameter_count_from_the_config_equals_the_module(family):
 
 def _extras(family: str, model: torch.nn.Module) -> int:
     """Saved bytes that are implementation details outside the formula, by hand (fp32)."""
-    sb, sbh = S * B, S * B * H
+    sb = S * B
     norms = 2 * L + 1  # two per layer and the final one
     ids = 8 * sb + 8 * sb  # int64 input ids (embedding) and labels (loss)
     loss_normaliser = 4  # cross-entropy's fp32 total weight
-    if family in ("gpt2", "gpt_neox"):
-        stats = norms * 2 * 4 * sb  # LayerNorm keeps mean and 1/std per token, fp32
-    else:
-        stats = norms * 4 * sb  # RMSNorm keeps 1/rms per token
-        stats += norms * 4 * sbh  # and the normalised input before the weight multiply
+    # LayerNorm keeps mean and 1/std per token, fp32; RMSNorm 1/rms
+    stats = norms * (2 if family in ("gpt2", "gpt_neox") else 1) * 4 * sb
     extra = stats + ids + loss_normaliser
     if family == "gpt2":
         extra += 8 * S  # int64 position ids (one row, broadcast over the batch)
@@ -167,7 +165,9 @@ def test_saved_activations_equal_the_formula_plus_known_extras(family, act):
         mlp=e.mlp,
         parallel_residual=bool(e.parallel_residual),
         activation_function=e.activation_function,
+        norm_impl=e.norm_impl,
     )
+    assert e.norm_impl == ("kernel" if family in ("gpt2", "gpt_neox") else "llama")
     assert e.activation_function == (
         act or {"gpt2": "gelu", "gpt_neox": "gelu"}.get(family, "silu")
     )
@@ -177,7 +177,9 @@ def test_saved_activations_equal_the_formula_plus_known_extras(family, act):
     kept = {None: 0, "gelu_new": 3, "relu": -1, "quick_gelu": 1}[act]  # beyond gelu's / silu's
     mlp_terms = {"gelu": sbh + 2 * sbf, "swiglu": sbh + 4 * sbf}[e.mlp or ""] + kept * sbf
     norm_inputs = 1 if e.parallel_residual else 2
-    per_layer = 4 * ((norm_inputs + 5) * sbh + mlp_terms + A * S * S * B)
+    # each norm's input; in fp32 transformers' RMSNorm keeps its normalised input beside it
+    norm_kept = norm_inputs * (2 if e.norm_impl == "llama" else 1)
+    per_layer = 4 * ((norm_kept + 5) * sbh + mlp_terms + A * S * S * B)
     assert formula.per_layer_bytes == per_layer
 
 

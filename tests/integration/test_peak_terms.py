@@ -358,12 +358,13 @@ def test_checkpointed_block_keeps_the_formulas_per_layer_bytes(mode, precision):
 
 
 def test_uncheckpointed_block_keeps_the_formula_plus_the_norms_extras():
-    """Without checkpointing torch's RMSNorm also keeps its normalised input (sbh) and
-    1/rms per token (sb), fp32, for each of the block's two norms (outside the formula, as
-    in test_estimate_families); and this block, as torchtitan's, repeats K and V to every
-    head before sdpa, which then keeps them at full width: 2·e·sb(h - g) more than the
-    formula's sdpa, which counts them as transformers passes them (enable_gqa)."""
-    extras = 2 * 4 * (S * B * SAC_H + S * B)
+    """Without checkpointing torch's RMSNorm keeps its input and its normalised input in fp32,
+    as the formula's rmsnorm ("llama", `implementations`) counts in fp32, and 1/rms per token
+    (sb, fp32), for each of the block's two norms (outside the formula, as in
+    test_estimate_families); and this block, as torchtitan's, repeats K and V to every head
+    before sdpa, which then keeps them at full width: 2·e·sb(h - g) more than the formula's
+    sdpa, which counts them as transformers passes them (enable_gqa)."""
+    extras = 2 * 4 * (S * B)
     g = SAC_KV * SAC_H // SAC_A
     repeated = 2 * 4 * S * B * (SAC_H - g)
     kept = _block_kept_bytes("none", torch.float32)

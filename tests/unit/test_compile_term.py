@@ -13,7 +13,10 @@ from workbench.estimate.schema import SCHEMA, panel_fields
 from workbench.prediction import estimator_inputs, predict_memory
 
 LLAMA = {"model": "llama-3-8b", "precision": "bf16-true", "micro_batch": 1}
-# llama-3-8b: 32 layers, seq 8192, MLP inner 14336, 32 heads
+# llama-3-8b: 32 layers, seq 8192, hidden 4096, MLP inner 14336, 32 heads; transformers'
+# RMSNorms (`norm_impl` "llama"): compiled, each of the 2 x 32 + 1 norms keeps its input and
+# recomputes its fp32 copy of it and the normalised input, 4 + e - e = 4 bytes an element
+NORMS = (2 * 32 + 1) * 4 * 8192 * 4096
 
 
 def _term(e) -> int:
@@ -26,7 +29,7 @@ def _term(e) -> int:
 def test_a_gated_mlp_compiled_keeps_the_silu_output_less_per_layer() -> None:
     eager = estimate_memory(**LLAMA)
     compiled = estimate_memory(**LLAMA, compile=True)
-    term = 32 * 2 * 8192 * 1 * 14336  # layers x the SiLU output, e·sbf
+    term = 32 * 2 * 8192 * 1 * 14336 + NORMS  # layers x the SiLU output, e·sbf; the norms
     assert _term(compiled) == term
     assert compiled.peak.terms[COMPILE_TERM] == -term
     assert eager.peak_bytes - compiled.peak_bytes == term
@@ -40,8 +43,10 @@ def test_transformers_eager_attention_in_16_bits_also_drops_the_fp32_probabiliti
     a, s, b = 32, 1024, 1
     silu = 32 * 2 * s * b * 14336
     scores = 32 * (2 * a * s * s * b - 2 * 4 * a * s * b)
-    assert _term(estimate_memory(**kw, compile=True)) == silu + scores
-    assert _term(estimate_memory(**{**kw, "precision": "fp32"}, compile=True)) == 2 * silu
+    norms = NORMS // 8  # 1024 tokens, not 8192; fp32 too: (4 + 4) - 4 bytes an element
+    assert _term(estimate_memory(**kw, compile=True)) == silu + scores + norms
+    fp32 = estimate_memory(**{**kw, "precision": "fp32"}, compile=True)
+    assert _term(fp32) == 2 * silu + norms
 
 
 @pytest.mark.parametrize("mode", ["selective-op", "full"])
@@ -59,15 +64,18 @@ def test_a_gelu_mlp_drops_nothing_of_the_formula() -> None:
 
 def test_pipeline_stages_count_every_micro_batch_in_flight() -> None:
     kw = {**LLAMA, "pipeline_parallel": 4, "gpus": 4}
-    # the first stage: 8 layers for each of 4 micro-batches in flight
-    assert _term(estimate_memory(**kw, compile=True)) == 8 * 4 * 2 * 8192 * 14336
+    # the first stage: 8 layers (2 norms each) for each of 4 micro-batches in flight, and
+    # not the final norm (on the last stage)
+    per_layer = 2 * 8192 * 14336 + 2 * 4 * 8192 * 4096
+    assert _term(estimate_memory(**kw, compile=True)) == 8 * 4 * per_layer
 
 
 def test_activation_offload_takes_the_term_off_the_hosts_share() -> None:
     eager = estimate_memory(**LLAMA, activation_offload=True)
     compiled = estimate_memory(**LLAMA, activation_offload=True, compile=True)
     key = "offloaded activations (host)"
-    assert eager.peak.host_terms[key] - compiled.peak.host_terms[key] == 32 * 2 * 8192 * 14336
+    term = 32 * 2 * 8192 * 14336 + NORMS
+    assert eager.peak.host_terms[key] - compiled.peak.host_terms[key] == term
     assert COMPILE_TERM not in compiled.peak.terms
 
 
@@ -128,7 +136,7 @@ def test_the_sessions_activation_prediction_is_less_by_the_term(offload) -> None
     kw = {**LLAMA, "activation_offload": offload}
     eager = _report(estimate_memory(**kw))
     compiled = _report(estimate_memory(**kw, compile=True))
-    term = 32 * 2 * 8192 * 14336
+    term = 32 * 2 * 8192 * 14336 + NORMS
     assert compiled.predicted.peak.compile_not_kept_bytes == term
     device = eager.predicted_activation_bytes - compiled.predicted_activation_bytes
     host = (

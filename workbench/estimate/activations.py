@@ -21,7 +21,9 @@ element terms:
                          ReLU sbf; under CUDA autocast some are fp32)
                masks:    sbh (output dropout)
     norms      elements: 2sbh (the inputs of the two norms; sbh with a parallel residual,
-                         where attention and MLP normalise the same layer input)
+                         where attention and MLP normalise the same layer input), with
+                         torch's one-kernel norm; transformers' RMSNorms keep more, and
+                         autocast keeps fp32 inputs (`implementations`, below)
 
     no recomputation:  elements 8sbh + 2sbf + 2as^2b, masks 2sbh + as^2b
                        (f = 4h: 34sbh + 5as^2b bytes, the paper's figure)
@@ -104,12 +106,26 @@ keeps 2 x 16-bit + 3 x fp32 (16 bytes per element, not 10). Full recomputation k
 layer input only whatever the activation; its recomputation working set (one layer)
 includes the activation's tensors.
 
+Norms (`norm_impl`, `implementations`): the paper's norm keeps its input (torch's
+one-kernel `layer_norm`, "kernel"). transformers' RMSNorms upcast: Llama's ("llama") keeps an
+fp32 copy of its input and the normalised input in the input's dtype (4 + e bytes an
+element per norm, where the paper counts e), Gemma's ("gemma") both in fp32 (8); with their
+weights frozen (LoRA) the fp32 copy alone (4). Each norm's output is kept once by the
+projections that read it (the QKV and MLP inputs above, e bytes). Under autocast (`autocast`)
+the residual stream is fp32: every norm's input, and a layer's input kept by full or
+op-level recomputation, takes 4 bytes, and each projection reading a norm's fp32 output
+keeps its own 16-bit cast (3 for separate Q, K and V, 1 for a fused QKV matrix; 2 for a
+gated MLP's gate and up, 1 for a two-matrix MLP and the output projection). The final norm
+and the output projection's input follow the same rows. transformers' unfused attention
+keeps an fp32 softmax output only where its family's code upcasts (`eager_softmax` "fp32",
+Llama's) or autocast runs the softmax in fp32 (GPT-2's "input"). The rotary embedding keeps
+its cos and sin tables alone (shared by every layer): no term.
+
 Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
 transient peak of the backward pass (gradients of activations, about one layer's worth),
 the logits' fp32 copies in the loss; nor fused MLP kernels that store less (a fused
-SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics, and what
-unfused implementations keep on top (Hugging Face's RMSNorm also saves its normalised
-input, sbh per norm): tests/integration/test_estimate_families.py measures them.
+SwiGLU keeps 3sbf instead of 4sbf), per-token norm statistics and the rotary tables:
+tests/integration/test_estimate_families.py and test_dry_run_norm_rope.py measure them.
 """
 
 from __future__ import annotations
@@ -121,6 +137,14 @@ from typing import Any
 from workbench.estimate.activation_functions import NAMES as ACTIVATION_NAMES
 from workbench.estimate.activation_functions import default_activation, inner_bytes
 from workbench.estimate.frozen import field_names, of_every_field
+from workbench.estimate.implementations import (
+    NORM_NAMES,
+    SOFTMAX_NAMES,
+    eager_keeps_fp32,
+    input_bytes,
+    kept_bytes,
+    residual_bytes,
+)
 from workbench.estimate.limits import as_bool, as_int
 from workbench.inputs import shown
 
@@ -229,6 +253,15 @@ class ActivationBreakdown:
     #: the bytes of one layer's MLP inner tensors (the activation function's), within
     #: `per_layer_element_bytes` without recomputation
     mlp_inner_bytes: int = 0
+    #: the norms' implementation (`implementations`) and the bytes of one layer's norm
+    #: tensors (their inputs, what they keep of them, their outputs as the projections
+    #: keep them), within `per_layer_element_bytes` without full or op-level recomputation
+    norm_impl: str = "kernel"
+    norm_bytes: int = 0
+    #: the dtype an unfused "eager" attention's softmax runs in ("fp32", "input")
+    eager_softmax: str = "fp32"
+    #: the norms' weights do not train (LoRA): an upcast norm keeps no normalised input
+    frozen_norms: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -252,7 +285,6 @@ def _layer_terms(
     dropout: bool,
     t: int,
     sp: bool,
-    parallel: bool = False,
     fused: bool = False,
     g: int | None = None,
     math: bool = False,
@@ -260,17 +292,17 @@ def _layer_terms(
     """(linear elements, attention-score elements, linear mask bytes, score bytes kept
     whatever the activation dtype) of one layer on one GPU of a tensor-parallel group of
     `t` (see the module docstring), without the MLP's inner tensors (the activation
-    function's, `activation_breakdown` adds them in bytes). `fused`: the sdpa kernel, whose score bytes are its
+    function's) and the norms' inputs and outputs (the norm implementation's,
+    `implementations`): `activation_breakdown` adds both in bytes. `fused`: the sdpa kernel, whose score bytes are its
     fp32 log-sum-exp (4·asb) instead of the `as^2b` tensors and masks, and which keeps K
     and V at their width `g` (grouped-query attention: no repeat). `math`: torch's math
     kernel on a CPU, whose copies of Q, K, V and score tensors are fp32 whatever the
     activation dtype (the module docstring; `activation_breakdown` adds the fp32 copies
     of 16-bit Q, K and V)."""
     sbh = s * b * h
-    outside = t if sp else 1  # norms' inputs, QKV and MLP inputs, residual dropout masks
+    outside = t if sp else 1  # the residual dropout masks
     split = 2 * sbh + 2 * s * b * (g or h) if fused else 4 * sbh  # Q, K, V, projection input
-    norm_inputs = 1 if parallel else 2  # a parallel block's two norms read one tensor
-    linear = (2 + norm_inputs) * sbh // outside + split // t
+    linear = split // t
     masks = 2 * sbh // outside if dropout else 0
     if fused:
         return linear, 0, masks, 4 * (a * s * b) // t  # log-sum-exp, fp32
@@ -310,6 +342,9 @@ def transformer_activation_bytes(
     attention: str | Attention = Attention.MEGATRON,
     activation_function: str | None = None,
     autocast: bool = False,
+    norm_impl: str = "kernel",
+    fused_qkv: bool = False,
+    eager_softmax: str = "fp32",
 ) -> ActivationBreakdown:
     """Activation bytes of a decoder-only transformer on one GPU (see the module docstring).
 
@@ -325,7 +360,13 @@ def transformer_activation_bytes(
     `parallel_residual` blocks (GPT-NeoX) store one norm input per layer instead of two.
     `activation_function` is the MLP's (transformers' names, `activation_functions.NAMES`;
     None: gelu for "gelu", silu for "swiglu"); `autocast` True counts what CUDA autocast
-    keeps of it (16-bit activations only: some of its ops run in fp32).
+    keeps of it (16-bit activations only: some of its ops run in fp32) and of the
+    residual stream (fp32 under autocast). `norm_impl` is the norms' implementation
+    (`implementations.NORM_NAMES`: "kernel", this function's default, keeps its input;
+    transformers' RMSNorms "llama" and "gemma" an fp32 copy of it and the normalised
+    input); `fused_qkv` True (one QKV matrix) makes autocast keep one 16-bit cast of the
+    attention's input, not three; `eager_softmax` ("fp32", "input") whether "eager"
+    attention keeps an fp32 softmax output in 16-bit training without autocast.
     `tensor_parallel` must divide `heads` and `ffn_hidden`, `pipeline_parallel` must
     divide `layers`; `sequence_parallel` needs `tensor_parallel` > 1. Invalid arguments
     raise `ValueError` naming them.
@@ -369,6 +410,15 @@ def transformer_activation_bytes(
             f"autocast=True: needs activation_bytes_per_element=2 (autocast computes in 16 "
             f"bits), not {activation_bytes_per_element}"
         )
+    if norm_impl not in NORM_NAMES:
+        bad.append(f"norm_impl={shown(norm_impl)}: must be one of {', '.join(NORM_NAMES)}")
+    if eager_softmax not in SOFTMAX_NAMES:
+        bad.append(
+            f"eager_softmax={shown(eager_softmax)}: must be one of {', '.join(SOFTMAX_NAMES)}"
+        )
+    fused_qkv = as_bool(fused_qkv)
+    if not isinstance(fused_qkv, bool):
+        bad.append(f"fused_qkv={shown(fused_qkv)}: must be True or False")
     try:
         mode = Checkpointing(checkpointing)
     except ValueError:
@@ -410,6 +460,9 @@ def transformer_activation_bytes(
         kernel,
         activation_function=activation_function,
         autocast=bool(autocast),
+        norm_impl=norm_impl,
+        fused_qkv=bool(fused_qkv),
+        eager_softmax=eager_softmax,
     )
 
 
@@ -445,11 +498,19 @@ def activation_breakdown(
     experts_per_token: int = 0,
     activation_function: str | None = None,
     autocast: bool = False,
+    norm_impl: str = "kernel",
+    fused_qkv: bool = False,
+    eager_softmax: str = "fp32",
+    frozen_norms: bool = False,
 ) -> ActivationBreakdown:
     """`transformer_activation_bytes` on arguments already checked (the estimator's path);
     `kv_dim` (the K and V projections' width, default h) is read by selective-op only;
     `activation_function` (None: the MLP's default) and `autocast` (CUDA autocast ran the
-    step) set the MLP's inner tensors (`activation_functions.inner_bytes`).
+    step) set the MLP's inner tensors (`activation_functions.inner_bytes`); `norm_impl`,
+    `autocast` and, under autocast, `fused_qkv` (one cast of the attention's input, not
+    three) and `frozen_norms` (LoRA: the norms' weights do not train) set the norms' tensors
+    (`implementations`); `eager_softmax` whether an unfused "eager" attention keeps an
+    fp32 softmax output.
 
     A mixture of experts (`experts` E, `experts_per_token` k) passes as `f` the inner width
     one token goes through (k x the expert's inner size + a shared expert's): each token's
@@ -465,7 +526,6 @@ def activation_breakdown(
         dropout,
         t,
         sp,
-        parallel_residual,
         sdpa,
         kv_dim,
         math,
@@ -473,7 +533,19 @@ def activation_breakdown(
     act = activation_function or default_activation(mlp)
     # the MLP's inner tensors: the activation function's, in bytes (fp32 under autocast)
     mlp_inner = inner_bytes(act, mlp == "swiglu", e, autocast) * s * b * f // t
-    if attention is _EAGER and e == 2:  # transformers' fp32 softmax output
+    outside = t if sp else 1
+    sbh_out = s * b * h // outside
+    # the norms' inputs and what they keep of them (a parallel block's norms read one
+    # tensor), and their outputs as the projections reading them keep them
+    norms = 1 if parallel_residual else 2
+    mlp_readers = 1 if experts else (2 if mlp == "swiglu" else 1)  # a router, gate and up
+    norm_block = (
+        norms * kept_bytes(norm_impl, e, autocast, frozen_norms)
+        + input_bytes(e, autocast, 1 if fused_qkv else 3)
+        + input_bytes(e, autocast, mlp_readers)
+    ) * sbh_out
+    if attention is _EAGER and eager_keeps_fp32(eager_softmax, e, autocast):
+        # transformers' fp32 softmax output
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is
         # dropout's input, not kept, and the fp32 output replaces it (+4 - 2 bytes)
         score_mask += (2 if dropout else 4) * a * s * s * b // t
@@ -483,15 +555,14 @@ def activation_breakdown(
         tokens = s * b // (t if sp else 1)
         lin_el += experts_per_token * s * b * h // t + experts * tokens
         lin_mask += 4 * experts * tokens
-    full_layer = e * (lin_el + score_el) + mlp_inner + lin_mask + score_mask
-    outside = t if sp else 1
-    layer_input = e * (s * b * h // outside)
+    full_layer = e * (lin_el + score_el) + norm_block + mlp_inner + lin_mask + score_mask
+    layer_input = residual_bytes(e, autocast) * sbh_out
 
     if mode is _NONE:
-        per_el = e * (lin_el + score_el) + mlp_inner
+        per_el = e * (lin_el + score_el) + norm_block + mlp_inner
         per_mask, recompute = lin_mask + score_mask, 0
     elif mode is _SELECTIVE:
-        per_el, per_mask = e * lin_el + mlp_inner, lin_mask
+        per_el, per_mask = e * lin_el + norm_block + mlp_inner, lin_mask
         recompute = e * score_el + score_mask
     elif mode is _SELECTIVE_OP:
         per_el = layer_input + e * _op_saved(s * b, h, kv_dim or h, f, mlp == "swiglu", t)
@@ -504,9 +575,11 @@ def activation_breakdown(
 
     per_layer = per_el + per_mask
     in_flight = p  # 1F1B: the first stage holds p micro-batches of its n / p layers
-    embedding = in_flight * (s * b * h // outside) if dropout else 0
+    embedding = in_flight * sbh_out if dropout else 0
     logits = 4 * s * b * -(-v // t) if p == 1 else 0
-    output = e * 2 * (s * b * h // outside) + logits if p == 1 else 0
+    # the final norm's input and what it keeps of it, the output projection's input
+    final = kept_bytes(norm_impl, e, autocast, frozen_norms) + input_bytes(e, autocast, 1)
+    output = final * sbh_out + logits if p == 1 else 0
     layers_bytes = (n // p) * in_flight * per_layer
     total = layers_bytes + recompute + embedding + output
     return of_every_field(
@@ -536,6 +609,10 @@ def activation_breakdown(
             activation_function=act,
             autocast=autocast,
             mlp_inner_bytes=mlp_inner,
+            norm_impl=norm_impl,
+            norm_bytes=norm_block,
+            eager_softmax=eager_softmax,
+            frozen_norms=frozen_norms,
         ),
     )
 

@@ -57,6 +57,7 @@ from typing import Any
 
 from workbench.estimate.activation_functions import NAMES as ACTIVATION_NAMES
 from workbench.estimate.activation_functions import default_activation
+from workbench.estimate.implementations import NORM_NAMES, SOFTMAX_NAMES, default_norm_impl
 from workbench.estimate.limits import LIMITS, Bound, as_bool, check_number
 from workbench.estimate.problems import EstimateInputError, Problem
 
@@ -124,6 +125,8 @@ OPTIONAL = (
     "shared_ffn_hidden",
     "fused_qkv",
     "activation_function",
+    "norm_impl",
+    "eager_softmax",
 )
 FIELDS = REQUIRED + OPTIONAL
 #: The fields of a mixture of experts (all None for a dense model).
@@ -170,12 +173,19 @@ class Architecture:
     GPT-NeoX; it changes the activations, not the count), `head_dim` hidden / heads,
     `causal` True (False: an encoder such as BERT, whose attention sees every position;
     it changes neither the count nor the saved tensors), `fused_qkv` False (True: Q, K and
-    V are one linear layer, as GPT-2's and GPT-NeoX's are; it changes LoRA's targets, not
-    the count), `activation_function` the MLP's default (`gelu` for two matrices, `silu`
+    V are one linear layer, as GPT-2's and GPT-NeoX's are; it changes LoRA's targets and
+    the casts autocast keeps of the attention's input, not the count), `activation_function` the MLP's default (`gelu` for two matrices, `silu`
     gated: one op that keeps its input; transformers' names, `activation_functions.NAMES`:
     GPT-2's `gelu_new` keeps three more MLP-wide tensors, a `relu` one fewer; it changes
-    the activations, not the count), and checks every field, raising
-    `EstimateInputError` with all problems at once.
+    the activations, not the count), `norm_impl` what the norms keep
+    (`implementations.NORM_NAMES`: `kernel`, a layernorm's default, torch's one kernel
+    that keeps its input; `llama`, an rmsnorm's default, transformers' RMSNorm, which keeps
+    an fp32 copy of its input and the normalised input; `gemma`, the normalised input in
+    fp32; it changes the activations, not the count), `eager_softmax` the dtype
+    transformers' unfused attention runs its softmax in (`fp32`, Llama's and most
+    families': an fp32 output kept beside its 16-bit cast; `input`, GPT-2's and BERT's:
+    the scores' dtype), and checks every field, raising `EstimateInputError` with all
+    problems at once.
 
     A mixture of experts sets `experts` (routed experts per layer) and
     `experts_per_token` (top-k); `moe_ffn_hidden` (each expert's inner size) defaults to
@@ -205,6 +215,8 @@ class Architecture:
     shared_ffn_hidden: int | None = None
     fused_qkv: bool = False
     activation_function: str = "gelu"
+    norm_impl: str = "kernel"
+    eager_softmax: str = "fp32"
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -281,10 +293,19 @@ class Architecture:
             values["moe_ffn_hidden"] = None
         if self.activation_function == default_activation(self.mlp):
             values["activation_function"] = None  # follows a change of `mlp`
+        if self.norm_impl == default_norm_impl(self.norm):
+            values["norm_impl"] = None  # follows a change of `norm`
         values.update(changes)
         return Architecture.create(**values)
 
     # ------------------------------------------------------------------ counting
+    @property
+    def one_qkv_matrix(self) -> bool:
+        """Whether Q, K and V are one linear layer: `fused_qkv`, or GPT-2's layout (every
+        linear layer with a bias and learned positions, which `parameter_shapes` lays out as
+        one matrix); under autocast that layer keeps one 16-bit cast of its input, not three."""
+        return self.fused_qkv or (self.bias == _BIAS_ALL and self.positions != _ROTARY)
+
     @property
     def kv_dim(self) -> int:
         """g = kv_heads x head size: the width of the K and V projections."""
@@ -469,6 +490,14 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
             message = f"must be one of {', '.join(ACTIVATION_NAMES)} (transformers' names)"
             p.append(Problem("activation_function", raw, message))
         v["activation_function"] = value
+    for name, names in (("norm_impl", NORM_NAMES), ("eager_softmax", SOFTMAX_NAMES)):
+        raw = fields.get(name)
+        if raw is None:
+            continue
+        value = raw.strip().lower() if isinstance(raw, str) else None
+        if value not in names:
+            p.append(Problem(name, raw, f"must be one of {', '.join(names)}"))
+        v[name] = value
     for name, default in (
         ("tied_embeddings", True),
         ("parallel_residual", False),
@@ -521,6 +550,10 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
         v["head_dim"] = v["hidden"] // v["heads"]
     if v.get("activation_function") is None:
         v["activation_function"] = default_activation(v["mlp"])
+    if v.get("norm_impl") is None:
+        v["norm_impl"] = default_norm_impl(v["norm"])
+    if v.get("eager_softmax") is None:
+        v["eager_softmax"] = "fp32"
     if v.get("experts") is not None and v.get("moe_ffn_hidden") is None:
         v["moe_ffn_hidden"] = v["ffn_hidden"]
     resolved: dict[str, Any] = {k: v.get(k) for k in FIELDS}

@@ -101,6 +101,10 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         arch.experts_per_token or 0,
         arch.activation_function,
         runs_autocast(i),
+        arch.norm_impl,
+        arch.one_qkv_matrix,
+        arch.eager_softmax,
+        i.lora is not None,  # LoRA trains adapters only: the norms' weights are frozen
     )
 
 
@@ -403,6 +407,8 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "ffn_hidden": arch.ffn_hidden if arch else None,
             "mlp": arch.mlp if arch else None,
             "activation_function": arch.activation_function if arch else None,
+            "norm_impl": arch.norm_impl if arch else None,
+            "eager_softmax": arch.eager_softmax if arch else None,
             "norm": arch.norm if arch else None,
             "bias": arch.bias if arch else None,
             "positions": arch.positions if arch else None,

@@ -31,10 +31,15 @@ f MLP inner, a heads, e the activation bytes; t the tensor-parallel size):
   (2 x 4asb bytes per layer) beside the probabilities, and the layer norms' means; at the
   test's shape it keeps neither. The term is 0, within that bound (0.06% of a layer at
   h 1024, s 1024); in bf16 the compiled layer keeps what the eager one does.
-* **the norms**: the formula keeps each norm's input (e·sbh), as the compiled step does.
-  What compile drops beyond that (Hugging Face's RMSNorm keeps its normalised output and,
-  in 16 bits, an fp32 copy of its input; the final norm the same; the rotary embedding's
-  cos and sin) is not in the formula's eager figure either, so it is no part of the term.
+* **the norms** (`implementations`): the compiled step keeps each norm's input and its
+  per-token rstd and recomputes the rest. transformers' RMSNorms ("llama", "gemma") keep
+  an fp32 copy of their input and the normalised input eagerly, so the term holds what
+  they keep beyond the input (the residual stream's bytes: e, fp32 under autocast), in
+  every layer and in the final norm: (4 + e) - e bytes an element for "llama" in 16 bits,
+  8 - 4 in fp32. torch's one-kernel norm ("kernel") keeps its input either way. Under
+  autocast the projections' own 16-bit casts of the norm's output are left as the eager
+  step keeps them (not measured compiled). The rotary embedding's cos and sin are no part
+  of either figure.
 * **transformers' unfused attention ("eager") in 16 bits**: the eager step keeps the
   softmax's fp32 output (4as^2b) beside its 16-bit cast; the compiled step keeps the
   16-bit scores (2as^2b) and the softmax's fp32 row maximum and sum (2 x 4asb) and
@@ -74,6 +79,7 @@ from workbench.estimate.activation_functions import (
     inner_bytes,
 )
 from workbench.estimate.activations import ActivationBreakdown, Attention, Checkpointing
+from workbench.estimate.implementations import eager_keeps_fp32, kept_bytes, residual_bytes
 
 #: The peak's term: the activation bytes a compiled step does not keep (a negative term).
 COMPILE_TERM = "recomputed under torch.compile"
@@ -97,12 +103,19 @@ def compiled_layer_drop_bytes(
     tensor_parallel: int = 1,
     activation_function: str | None = None,
     autocast: bool = False,
+    norm_impl: str = "kernel",
+    norms: int = 2,
+    eager_softmax: str = "fp32",
+    sequence_parallel: bool = False,
+    frozen_norms: bool = False,
 ) -> int:
     """The bytes one stored layer keeps eagerly (the formula's terms) and not under
     `torch.compile` (the module docstring's table). `ffn_hidden` is the inner width one
     token goes through (`Architecture.token_ffn_hidden`); `attention` and `checkpointing`
     are the formula's words (`Attention`, `Checkpointing` values); `activation_function`
-    (None: the MLP's default) and `autocast` as the formula's (`activation_breakdown`)."""
+    (None: the MLP's default), `autocast`, `norm_impl` (with `norms` norms a layer, one
+    with a parallel residual; split over t with `sequence_parallel`) and `eager_softmax`
+    as the formula's (`activation_breakdown`)."""
     if checkpointing not in _KEEPS_LAYER:
         return 0
     s, b, t, e = seq_len, micro_batch, tensor_parallel, activation_bytes_per_element
@@ -113,9 +126,14 @@ def compiled_layer_drop_bytes(
     kept = 3 if gated else min(2, ACTIVATION_FUNCTIONS[act].two.tensors)
     eager = inner_bytes(act, gated, e, autocast)
     drop = max(0, eager - e * kept) * s * b * ffn_hidden // t
+    drop += (
+        norms
+        * norm_drop_bytes(norm_impl, e, autocast, frozen_norms)
+        * (s * b * hidden // (t if sequence_parallel else 1))
+    )
     if (
         attention == Attention.EAGER.value
-        and e == 2
+        and eager_keeps_fp32(eager_softmax, e, autocast)
         and not dropout
         and checkpointing == Checkpointing.NONE.value
     ):
@@ -127,6 +145,12 @@ def compiled_layer_drop_bytes(
         # a bool mask when compiled
         drop += 3 * heads * s * s * b // t
     return drop
+
+
+def norm_drop_bytes(norm_impl: str, e: int, autocast: bool, frozen: bool = False) -> int:
+    """Bytes per element of its input one norm keeps eagerly and not compiled: what it
+    keeps beyond its input (`implementations.kept_bytes` less the residual stream's)."""
+    return kept_bytes(norm_impl, e, autocast, frozen) - residual_bytes(e, autocast)
 
 
 def compiled_drop_bytes(
@@ -155,9 +179,20 @@ def compiled_drop_bytes(
         tensor_parallel=breakdown.tensor_parallel,
         activation_function=breakdown.activation_function,
         autocast=breakdown.autocast,
+        norm_impl=breakdown.norm_impl,
+        norms=1 if breakdown.parallel_residual else 2,
+        eager_softmax=breakdown.eager_softmax,
+        sequence_parallel=breakdown.sequence_parallel,
+        frozen_norms=breakdown.frozen_norms,
     )
+    split = breakdown.tensor_parallel if breakdown.sequence_parallel else 1
     stored_layers = layers // breakdown.pipeline_parallel * breakdown.in_flight_micro_batches
-    return min(stored_layers * per_layer, breakdown.layers_bytes)
+    drop = min(stored_layers * per_layer, breakdown.layers_bytes)
+    if breakdown.output_bytes:  # the final norm, on the last stage
+        e, autocast = breakdown.activation_bytes_per_element, breakdown.autocast
+        final = norm_drop_bytes(breakdown.norm_impl, e, autocast, breakdown.frozen_norms)
+        drop += final * (seq_len * micro_batch * hidden // split)
+    return drop
 
 
-__all__ = ["COMPILE_TERM", "compiled_drop_bytes", "compiled_layer_drop_bytes"]
+__all__ = ["COMPILE_TERM", "compiled_drop_bytes", "compiled_layer_drop_bytes", "norm_drop_bytes"]

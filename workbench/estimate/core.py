@@ -43,6 +43,8 @@ def estimate_memory(
     tied_embeddings: bool | None = None,
     parallel_residual: bool | None = None,
     activation_function: str | None = None,
+    norm_impl: str | None = None,
+    eager_softmax: str | None = None,
     micro_batch: int = 1,
     precision: Precision | str = "fp32",
     optimizer: OptimizerName | str = "adamw",
@@ -102,7 +104,13 @@ def estimate_memory(
       `tied_embeddings`, `parallel_residual` (defaults: GPT's) and `activation_function`
       (the MLP's, transformers' name: "gelu_new", "relu", ...; default "gelu", gated
       "silu": one op that keeps its input; `workbench.estimate.activation_functions`
-      counts what each keeps, a config's is read from it).
+      counts what each keeps, a config's is read from it), `norm_impl` (what the norms
+      keep: "kernel", torch's one-kernel norm, its input; "llama", transformers' RMSNorm,
+      an fp32 copy of its input and the normalised input; "gemma", that one in fp32;
+      default by `norm`: layernorm "kernel", rmsnorm "llama") and `eager_softmax` (the
+      dtype transformers' unfused attention runs its softmax in: "fp32", default, or
+      "input", GPT-2's; `workbench.estimate.implementations`; a config's family sets
+      both).
 
     Shape fields given with `model` or `hf_config` override theirs (e.g. `seq_len`).
     With both a shape and `n_params`, `n_params` counts the model states and the shape

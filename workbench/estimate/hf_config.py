@@ -25,7 +25,11 @@ one linear layer (`fused_qkv`: gpt2's Conv1D c_attn, gpt_neox's query_key_value)
 (default true). The MLP's activation function is gpt2's `activation_function` (default
 gelu_new, transformers' Python tanh GELU) and the others' `hidden_act` (gpt_neox gelu,
 llama, mistral, qwen2 silu); one the estimator does not know (`activation_functions`) is
-counted as the MLP's default, with a note (`FamilyShape.note`). The sequence length is the config's longest
+counted as the MLP's default, with a note (`FamilyShape.note`). What the family's code
+keeps of its norms and its unfused softmax (`implementations`): llama, mistral and qwen2
+run transformers' Python RMSNorm (`norm_impl` "llama"), gpt2 and gpt_neox torch's LayerNorm
+("kernel"); gpt2's eager attention runs its softmax in the scores' dtype (`eager_softmax`
+"input", unless `reorder_and_upcast_attn`), the others' in fp32. The sequence length is the config's longest
 position: pass `seq_len` to estimate a shorter training sequence (with `seq_len` given, a
 config of a family with rotary positions may leave `max_position_embeddings` out).
 
@@ -43,6 +47,7 @@ from typing import Any, NamedTuple
 
 from workbench.estimate.activation_functions import config_activation
 from workbench.estimate.architecture import FIELD_BOUNDS
+from workbench.estimate.implementations import family_eager_softmax, family_norm_impl
 from workbench.estimate.limits import Bound, as_bool, check_number, is_bool, nesting_problem
 from workbench.estimate.problems import Problem
 from workbench.inputs import MAX_JSON_DEPTH, InputFileError, shown
@@ -236,6 +241,10 @@ def read_family(
         config, model_type, fields["mlp"], ACTIVATION_DEFAULTS[model_type]
     )
     fields["norm"] = "rmsnorm" if gated else "layernorm"
+    # what the family's code runs: its norms (`implementations`: llama's RMSNorm, torch's
+    # LayerNorm) and its unfused softmax (GPT-2's in the scores' dtype)
+    fields["norm_impl"] = family_norm_impl(model_type, fields["norm"])
+    fields["eager_softmax"] = family_eager_softmax(model_type, config)
     fields["positions"] = "learned" if model_type == "gpt2" else "rotary"
     fields["tied_embeddings"] = config_flag(
         config, "tie_word_embeddings", model_type == "gpt2", problems

@@ -46,7 +46,12 @@ gpt_bigcode and opt, falcon's `activation`, gemma2's and gemma3's `hidden_activa
 `hidden_act` elsewhere; bloom runs its own `bloom_gelu`): gpt2, gptj and phi gelu_new, opt
 relu, gpt_bigcode and starcoder2 gelu_pytorch_tanh, bert and gpt_neox gelu, the gated
 families silu. A name the estimator does not know is counted as the MLP's default (one op
-that keeps its input), and `Shape.activation_function_note` says so. Q, K and V are one linear layer (`fused_qkv`, LoRA's one target) in gpt2,
+that keeps its input), and `Shape.activation_function_note` says so. The norms' and the
+unfused softmax's implementations are the family's (`implementations`): the RMSNorm
+families run transformers' Llama RMSNorm (`norm_impl` "llama"), gemma, gemma2/3 and olmo2
+theirs with the weight's multiply in fp32 ("gemma"), the LayerNorm families torch's kernel
+("kernel"); gpt2, bert, roberta and xlm-roberta run their eager softmax in the scores'
+dtype (`eager_softmax` "input"), the others in fp32. Q, K and V are one linear layer (`fused_qkv`, LoRA's one target) in gpt2,
 gpt_neox, falcon, gpt_bigcode and bloom (phi3's fused QKV and gate/up are left as separate
 matrices: its LoRA count is the shape's, not the module's). Rotary and ALiBi positions have no table (`positions="rotary"`). Every
 shape is checked against the built model: the parameters of its stack of layers must
@@ -76,6 +81,7 @@ from workbench.estimate.hf_config import (
     config_integer,
     read_family,
 )
+from workbench.estimate.implementations import family_eager_softmax, family_norm_impl
 from workbench.inputs import shown
 
 #: The standard config names `hf_build.resolved_config` resolves for every family.
@@ -169,6 +175,9 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
     if "activation_function" not in mapped.fields:
         mlp = str(mapped.fields.get("mlp"))
         mapped.fields["activation_function"], act_note = config_activation(config, name, mlp)
+    norm = str(mapped.fields.get("norm") or "layernorm")
+    mapped.fields.setdefault("norm_impl", family_norm_impl(model_type, norm))
+    mapped.fields.setdefault("eager_softmax", family_eager_softmax(model_type, config))
     hidden, heads = _size(mapped.fields, "hidden"), _size(mapped.fields, "heads")
     uneven = heads > 0 and hidden % heads > 0
     if uneven and mapped.fields.get("head_dim") is None and model_type not in FAMILIES:

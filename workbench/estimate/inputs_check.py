@@ -70,6 +70,8 @@ ARCH_FIELDS = (
     "tied_embeddings",
     "parallel_residual",
     "activation_function",
+    "norm_impl",
+    "eager_softmax",
 )
 
 

@@ -35,7 +35,8 @@ class ModelPreset:
 
 def _gpt2(name: str, layers: int, hidden: int, heads: int, published: str) -> ModelPreset:
     # the released config's activation_function: transformers' Python tanh GELU, whose
-    # intermediates the MLP keeps (`activation_functions`)
+    # intermediates the MLP keeps (`activation_functions`); transformers' GPT-2 runs its
+    # unfused softmax in the scores' dtype (`implementations`)
     return ModelPreset(
         name,
         "gpt2",
@@ -47,6 +48,7 @@ def _gpt2(name: str, layers: int, hidden: int, heads: int, published: str) -> Mo
             vocab=50257,
             fused_qkv=True,
             activation_function="gelu_new",
+            eager_softmax="input",
         ),
         "Shape: Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
         "Table 2 (layers, d_model), and the released config.json (openai-community/"

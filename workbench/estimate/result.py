@@ -102,6 +102,10 @@ class MemoryEstimate(Readable):
     mlp: str | None = None
     #: the MLP's activation function (`activation_functions`: transformers' names)
     activation_function: str | None = None
+    #: what the norms keep (`implementations`: kernel, llama, gemma) and the dtype an
+    #: unfused "eager" attention runs its softmax in (fp32, input)
+    norm_impl: str | None = None
+    eager_softmax: str | None = None
     norm: str | None = None
     bias: str | None = None
     positions: str | None = None

@@ -14,7 +14,7 @@ A flag shared with TrainConfig takes the TrainConfig setting's own flag and meta
 (`workbench.config.SETTINGS`), so `--activation-checkpointing` or `--tp` means the same in
 every command. Pure: imports no torch.
 
-Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 56
+Past 700 lines because it is a table: one declaration for each of `estimate_memory`'s 58
 keywords, a few lines each, and nothing else.
 """
 
@@ -27,6 +27,7 @@ from workbench.config import SETTINGS, OptimizerName, Precision
 from workbench.estimate.activation_functions import NAMES as ACTIVATION_NAMES
 from workbench.estimate.activations import Attention, Checkpointing
 from workbench.estimate.architecture import Bias, Mlp, Norm, Positions
+from workbench.estimate.implementations import NORM_NAMES, SOFTMAX_NAMES
 from workbench.estimate.lora import LORA_DTYPES, LORA_TARGETS
 from workbench.estimate.model_states import FSDP_MODES
 
@@ -344,6 +345,29 @@ FIELDS: tuple[EstimateField, ...] = (
         "3 more MLP-wide tensors), relu, quick_gelu, ... (gelu; gated: silu)",
         flag="--activation-function",
         metavar="NAME",
+        cli=_SHAPE,
+    ),
+    _f(
+        "norm_impl",
+        "choice",
+        None,
+        choices=NORM_NAMES,
+        optional=True,
+        help="what the norms keep: kernel (torch's one-kernel norm: its input), llama "
+        "(transformers' RMSNorm: an fp32 copy of its input and the normalised input), gemma "
+        "(that one in fp32) (layernorm: kernel; rmsnorm: llama)",
+        flag="--norm-impl",
+        cli=_SHAPE,
+    ),
+    _f(
+        "eager_softmax",
+        "choice",
+        None,
+        choices=SOFTMAX_NAMES,
+        optional=True,
+        help="the dtype eager attention's softmax runs in: fp32 (Llama's: an fp32 output "
+        "kept beside its 16-bit cast) or input (GPT-2's: the scores' dtype) (fp32)",
+        flag="--eager-softmax",
         cli=_SHAPE,
     ),
     _f(

@@ -29,14 +29,14 @@ Measured against the formula (`Session.memory()`, tests/integration/test_memory.
 fp32 within 1%. The remaining extras are layer-norm mean/rstd (two fp32 values per
 token per layer norm) and the int64 token ids kept by the embedding and the loss.
 
-Under torch autocast (amp-bf16, amp-fp16) the formula's one wrong assumption is that
-every activation is 16-bit: the residual stream (embeddings, residual adds) is not
-autocast and stays fp32, so each layer-norm input takes 4 bytes per element instead of
-2: +4sbh bytes per layer (+10% at the default size). With full activation
-checkpointing the kept block inputs are that fp32 residual stream too, 4sbh instead of
-2sbh per layer, so amp + checkpointing measures about 1.7x the formula at the default
-size. Keeping the residual stream in 16 bits (as Megatron's fp16 models do) would
-close the gap at the cost of precision in the residual sums; torch AMP does not.
+Under torch autocast (amp-bf16, amp-fp16) the residual stream (embeddings, residual
+adds) is not autocast and stays fp32, so each layer-norm input takes 4 bytes per element
+instead of 2 (+4sbh bytes per layer, +10% at the default size), and with full activation
+checkpointing the kept block inputs are that fp32 stream too (4sbh instead of 2sbh per
+layer). The formula counts both (`workbench.estimate.implementations`: before it did, amp
+measured 10% over it, and amp with checkpointing 1.7x). Keeping the residual stream in 16
+bits (as Megatron's fp16 models do) would save them at the cost of precision in the
+residual sums; torch AMP does not.
 """
 
 from __future__ import annotations

@@ -106,6 +106,7 @@ from workbench.train.dry_run.fake import (
     failure_problem,
     fake_batch,
     fake_model,
+    unpacked_positions,
 )
 from workbench.train.dry_run.formula import formula_attention, formula_of
 from workbench.train.dry_run.fsdp import (
@@ -643,6 +644,7 @@ def _simulate(
             if device.type == "cpu":
                 ctx.enter_context(GpuKernels())
             ctx.enter_context(GroupedMatmuls())  # under the tracker: it counts their outputs
+            ctx.enter_context(unpacked_positions(fm, fb))
             ctx.enter_context(tracker)
             ctx.enter_context(recorder)
             sums = ctx.enter_context(InPlaceSums())  # above the tracker: it sees the add_

@@ -17,6 +17,13 @@ kernels a GPU would run, and the names of what failed.
   keep more than the CUDA ones: dropout keeps a 1-byte mask (`native_dropout`, as CUDA's
   fused kernel) instead of a mask in the input's dtype, and scaled-dot-product attention
   with dropout runs the fused kernel (which keeps a random seed, not an s x s mask).
+* `unpacked_positions` answers transformers' packed-sequence check (its mask building
+  reads the positions' values, which fake tensors do not have, so it builds an s x s mask)
+  as a real batch of the model's own positions answers it: one sequence per row. Without
+  it, every causal attention gets a materialised mask: sdpa keeps a float copy of it per
+  layer and, with grouped-query attention, K and V repeated to every head, where a real
+  run calls sdpa with `is_causal` and `enable_gqa` (Llama, 2 x 128 tokens: +4% of the
+  forward end's total, what docs/dry_run.md once put down to the rotary embedding).
 * `GroupedMatmuls` runs a mixture of experts' grouped matmuls (`torch._grouped_mm`, which
   transformers' Mixtral experts call in the weights' dtype) in fp32 and fp16 too, as a GPU
   does (torch's fake kernel takes bf16 alone).
@@ -34,10 +41,11 @@ keeps outside its parameters and buffers is read as metadata, never computed on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -618,6 +626,40 @@ class GpuKernels(TorchFunctionMode):
             elif kwargs.get("dropout_p"):
                 kwargs["dropout_p"] = 0.0
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def unpacked_positions(fm: FakeModel, fb: FakeBatch) -> Iterator[None]:
+    """While the steps run: a `transformers` model fed neither `position_ids` nor an
+    `attention_mask` numbers each row's tokens 0 .. s - 1 itself, and transformers'
+    `find_packed_sequence_indices` (which reads those values to find packed sequences)
+    finds none on a real batch: it says so here, where fake tensors have no values to read
+    and it would report packing. So the causal mask is skipped for sdpa (`is_causal`) as in
+    a real step; every other model and batch runs as it is."""
+    batch = fb.value
+    given = set(batch) if isinstance(batch, Mapping) else set()
+    if fm.kind != "transformers" or given & {"position_ids", "attention_mask"}:
+        yield
+        return
+    try:
+        from transformers import masking_utils
+    except ImportError:  # no transformers: no such check
+        yield
+        return
+    found = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if found is None:  # a transformers without the check
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = _one_sequence_per_row  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = found  # type: ignore[attr-defined]
+
+
+def _one_sequence_per_row(position_ids: torch.Tensor) -> None:
+    """What `find_packed_sequence_indices` returns for positions 0 .. s - 1 on every row."""
+    return None
 
 
 class GroupedMatmuls(TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -1,0 +1,193 @@
+"""The norms' implementation (`Architecture.norm_impl`) and the unfused softmax's dtype
+(`Architecture.eager_softmax`) in the activation formula (`workbench.estimate.
+implementations`): per-layer bytes counted by hand, defaults, what configs and presets say,
+refusals, the command line. tests/integration/test_dry_run_norm_rope.py holds the counts to
+torch's autograd and to the dry run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from workbench.cli import main
+from workbench.estimate import Architecture, estimate_memory, transformer_activation_bytes
+from workbench.estimate.hf_config import read_hf_config
+from workbench.estimate.hf_shape import family_shape
+from workbench.estimate.implementations import NORM_IMPLS, kept_bytes
+from workbench.estimate.presets import find_model
+from workbench.estimate.problems import EstimateInputError
+
+# Llama-2-7B's layer at 1 x 2048 tokens (the dry run's real-shape grid)
+LLAMA = {"model": "llama-2-7b", "seq_len": 2048, "micro_batch": 1, "attention": "sdpa"}
+SBH = 2048 * 4096
+
+
+def _norm_bytes(**kw: Any) -> int:
+    e = estimate_memory(**{**LLAMA, **kw})
+    assert e.activations is not None
+    return e.activations.norm_bytes
+
+
+# --------------------------------------------------------------------------- the terms
+def test_a_llama_layer_s_norms_by_hand() -> None:
+    """Two norms a layer, each its input's kept bytes, and their outputs as the projections
+    keep them: one tensor in pure precisions; under autocast a 16-bit cast for each of Q,
+    K and V, and for gate and up."""
+    assert _norm_bytes(precision="bf16-true") == (2 * (4 + 2) + 2 + 2) * SBH  # was 8 SBH
+    assert _norm_bytes(precision="fp32") == (2 * (4 + 4) + 4 + 4) * SBH  # was 16 SBH
+    assert _norm_bytes(precision="amp-bf16") == (2 * (4 + 4) + 3 * 2 + 2 * 2) * SBH
+    # FSDP's mixed precision runs every op in bf16: no autocast
+    fsdp = _norm_bytes(precision="amp-bf16", fsdp="full_shard", gpus=8)
+    assert fsdp == _norm_bytes(precision="bf16-true")
+    assert _norm_bytes(precision="bf16-true", norm_impl="kernel") == 4 * 2 * SBH  # the paper's
+    assert _norm_bytes(precision="bf16-true", norm_impl="gemma") == (2 * (4 + 4) + 2 + 2) * SBH
+
+
+def test_lora_s_frozen_norms_keep_their_fp32_copy_alone() -> None:
+    lora = _norm_bytes(precision="bf16-true", lora_rank=8)
+    assert lora == (2 * 4 + 2 + 2) * SBH
+    assert kept_bytes("llama", 2, False, frozen=True) == kept_bytes("gemma", 4, True, True) == 4
+    assert kept_bytes("kernel", 2, False, frozen=True) == 2  # its input, trained or not
+
+
+def test_the_final_norm_and_full_recomputation_keep_the_residual_stream_s_bytes() -> None:
+    sbh, v = SBH, 32000
+    output = {
+        p: estimate_memory(**LLAMA, precision=p).activations.output_bytes
+        for p in ("fp32", "bf16-true", "amp-bf16")
+    }
+    assert output["bf16-true"] == (4 + 2 + 2) * sbh + 4 * 2048 * v
+    assert output["fp32"] == (8 + 4) * sbh + 4 * 2048 * v
+    assert output["amp-bf16"] == (8 + 2) * sbh + 4 * 2048 * v
+    full = {
+        p: estimate_memory(**LLAMA, precision=p, checkpointing="full").activations
+        for p in ("bf16-true", "amp-bf16")
+    }
+    assert full["bf16-true"].per_layer_bytes == 2 * sbh
+    assert full["amp-bf16"].per_layer_bytes == 4 * sbh  # autocast's fp32 layer input
+
+
+def test_gpt2_s_eager_softmax_runs_in_the_scores_dtype() -> None:
+    """In pure bf16 GPT-2's eager attention keeps one bf16 probabilities tensor (Megatron's
+    count); under autocast an fp32 one beside its cast, as Llama's does in every 16-bit
+    setting."""
+    kw = {"model": "gpt2", "micro_batch": 2, "dropout": False}
+    a, s, b = 12, 1024, 2
+    for precision in ("bf16-true", "amp-bf16"):
+        own = estimate_memory(**kw, precision=precision, attention="eager").activations
+        upcast = estimate_memory(
+            **kw, precision=precision, attention="eager", eager_softmax="fp32"
+        ).activations
+        extra = upcast.per_layer_bytes - own.per_layer_bytes
+        assert extra == (4 * a * s * s * b if precision == "bf16-true" else 0), precision
+    assert find_model("gpt2").architecture.eager_softmax == "input"
+    assert find_model("llama-2-7b").architecture.eager_softmax == "fp32"
+
+
+# --------------------------------------------------------------------------- the fields
+def test_the_default_follows_the_norm_and_a_named_one_is_kept() -> None:
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100}
+    gpt = Architecture.create(**shape)
+    assert (gpt.norm_impl, gpt.eager_softmax) == ("kernel", "fp32")
+    assert gpt.replace(norm="rmsnorm").norm_impl == "llama"
+    gemma = gpt.replace(norm="rmsnorm", norm_impl="gemma")
+    assert gemma.replace(norm="layernorm").norm_impl == "gemma"  # named: kept
+    assert gemma.n_params == gpt.replace(norm="rmsnorm").n_params  # no parameter changes
+    assert find_model("llama-2-7b").architecture.norm_impl == "llama"  # transformers' model
+    assert find_model("gpt2").architecture.norm_impl == "kernel"
+    assert set(NORM_IMPLS) == {"kernel", "llama", "gemma"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [("norm_impl", "rms", "kernel, llama, gemma"), ("eager_softmax", "bf16", "fp32, input")],
+)
+def test_a_bad_value_is_refused_naming_the_field_the_value_and_the_choices(
+    field: str, value: str, allowed: str
+) -> None:
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100}
+    message = f"{field}='{value}': must be one of {allowed}"
+    with pytest.raises(EstimateInputError, match=message):
+        Architecture.create(**shape, **{field: value})
+    with pytest.raises(ValueError, match=message):
+        estimate_memory(**shape, **{field: value})
+    with pytest.raises(ValueError, match=message):
+        transformer_activation_bytes(**shape, micro_batch=1, **{field: value})
+    assert estimate_memory(**shape, **{field: allowed.split(",")[0].upper()}).activations
+
+
+def test_fused_qkv_must_be_a_bool() -> None:
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 100}
+    with pytest.raises(ValueError, match="fused_qkv='x': must be True or False"):
+        transformer_activation_bytes(**shape, micro_batch=1, fused_qkv="x")
+    one = transformer_activation_bytes(**shape, micro_batch=1, autocast=True, fused_qkv=True)
+    three = transformer_activation_bytes(**shape, micro_batch=1, autocast=True)
+    assert three.per_layer_bytes - one.per_layer_bytes == (3 - 1) * 2 * 32 * 64  # two casts
+
+
+# --------------------------------------------------------------------------- configs
+def _config(model_type: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_type": model_type, "num_hidden_layers": 2, "hidden_size": 64,
+        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100,
+        "max_position_embeddings": 32, "n_layer": 2, "n_embd": 64, "n_head": 4,
+        "n_positions": 32, **extra,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "norm", "softmax"),
+    [
+        ("gpt2", {}, "kernel", "input"),
+        ("gpt2", {"reorder_and_upcast_attn": True}, "kernel", "fp32"),
+        ("llama", {}, "llama", "fp32"),
+        ("gpt_neox", {}, "kernel", "fp32"),
+    ],
+)
+def test_a_config_of_a_pure_family_says_its_norm_and_softmax(model_type, extra, norm, softmax):
+    fields, problems = read_hf_config(_config(model_type, **extra))
+    assert not problems
+    assert (fields["norm_impl"], fields["eager_softmax"]) == (norm, softmax)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "norm", "softmax"),
+    [
+        ("gemma", "gemma", "fp32"),
+        ("olmo2", "gemma", "fp32"),
+        ("qwen3", "llama", "fp32"),
+        ("bert", "kernel", "input"),
+        ("opt", "kernel", "fp32"),
+    ],
+)
+def test_each_mapped_family_says_what_its_code_runs(model_type, norm, softmax):
+    config = _config(model_type, ffn_dim=128, head_dim=16, hidden_act="gelu")
+    shape = family_shape(config, None)
+    assert (shape.fields["norm_impl"], shape.fields["eager_softmax"]) == (norm, softmax)
+
+
+def test_the_command_line_takes_and_shows_them(capsys) -> None:
+    assert main(["estimate", "--model", "llama-2-7b", "--json"]) == 0
+    llama = json.loads(capsys.readouterr().out)
+    assert (llama["norm_impl"], llama["eager_softmax"]) == ("llama", "fp32")
+    assert main(["estimate", "--model", "llama-2-7b", "--norm-impl", "kernel", "--json"]) == 0
+    kernel = json.loads(capsys.readouterr().out)
+    assert kernel["norm_impl"] == "kernel"
+    # fp32 at 1 x 4096 tokens: each of a layer's two norms keeps its normalised input too
+    assert llama["activations"]["norm_bytes"] - kernel["activations"]["norm_bytes"] == (
+        2 * 4 * 4096 * 4096
+    )
+    assert main(["estimate", "--model", "llama-2-7b"]) == 0
+    assert "rmsnorm (llama)" in capsys.readouterr().out
+    assert main(["estimate", "--model", "gpt2", "--attention", "eager"]) == 0
+    assert "input softmax" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["estimate", "--model", "llama-2-7b", "--norm-impl", "rms"])
+    assert "--norm-impl" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["estimate", "--model", "llama-2-7b", "--norm-impl", "kernel", "--simulate"])
+    assert "--norm-impl: not simulated (the dry run runs the model as it is built" in (
+        capsys.readouterr().err
+    )
