@@ -295,8 +295,12 @@ def test_a_transformers_llama_trains_sequence_parallel(
     positions, the RMSNorms and the residual stream hold s/t of them, and the attention
     and the MLP each gather their input once (q, k, v and gate, up share that copy, as
     torchtitan's plan does; a gather per projection would keep five). Measured at tp=2:
-    188,036 bytes of activations against 229,636 without, 640 bytes under the
-    estimator's sequence-parallel figure plus the single-rank offset."""
+    188,036 bytes of activations against 229,636 without: the estimator's sequence-parallel
+    figure plus the single-rank offset plus the gathered inputs' other half (the attention's
+    and the MLP's in each layer and the head's, which PyTorch keeps whole where Table 2
+    counts s/t of them, as the GPT test below says), within 1%. (Before transformers'
+    RMSNorm copies were the formula's, the single-rank offset held them whole where each
+    rank keeps s/t of them, which hid the gathered inputs.)"""
     got, out = ranks
     for r in range(2):
         run = got[2][r]["llama tp2 sp"]
@@ -308,7 +312,9 @@ def test_a_transformers_llama_trains_sequence_parallel(
     run, plain = got[2][0]["llama tp2 sp"], got[2][0]["llama tp2"]
     assert run["activation_bytes"] < plain["activation_bytes"]
     offset = single_llama["activation_bytes"] - single_llama["predicted"]["activation_bytes"]
-    expected = run["predicted"]["activation_bytes"] + offset
+    b, s, h, e, layers = 4, 16, 32, 4, 2  # the Tokens' micro-batch, the llama()'s shape, fp32
+    gathered = (2 * layers + 1) * e * b * s * h // 2  # t = 2: the other half of each input
+    expected = run["predicted"]["activation_bytes"] + offset + gathered
     assert run["activation_bytes"] == pytest.approx(expected, rel=0.01)
     assert run["predicted"]["activation_bytes"] < plain["predicted"]["activation_bytes"]
 
