@@ -406,8 +406,8 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     small = plan(model="llama-3-8b", **h100, global_batch=16, seq_len=8192)
     assert (small.best.engine, small.best.tp, small.best.dp) == ("shard_grad_op", 2, 4)
     # the preset's transformers RMSNorms keep an fp32 copy of each norm's input and the
-    # normalised input: ZeRO-3 over 8 at micro-batch 1 x 2 needs 86.9 GiB (77.5 before), FSDP
-    # over 8 without recomputation 88.6 (79.2 before); with full recomputation FSDP fits,
+    # normalised input: ZeRO-3 over 8 at micro-batch 1 x 2 needs 86.5 GiB (77.5 before), FSDP
+    # over 8 without recomputation 88.2 (79.2 before); with full recomputation FSDP fits,
     # 28% slower
     zero3 = next(
         p for p in small.unfit if p.engine == "zero3" and p.dp == 8 and p.label().endswith("mb1x2")
@@ -438,9 +438,9 @@ def test_the_published_runs_rank_where_docs_planner_md_says() -> None:
     assert (opt.best.tp, opt.best.dp, opt.best.engine) == (2, 496, "full_shard")
     megatron = plan(model="llama-3-70b", **h100, nodes=96, global_batch=384, seq_len=4096)
     assert _rank_of(megatron, 8, 2, 48) is None  # does not fit without ZeRO over tp x pp
-    # FSDP 384 x TP 2 without recomputation needs 103 GiB (79.8 before the preset's
+    # FSDP 384 x TP 2 without recomputation needs 102.5 GiB (79.8 before the preset's
     # transformers RMSNorms were counted): with full recomputation it is #1; TP 8 x PP 8
-    # with DDP (#1 before) needs 114 GiB under the Session's amp, whose fp32 residual stream
+    # with DDP (#1 before) needs 113.8 GiB under the Session's amp, whose fp32 residual stream
     # and each projection's 16-bit cast every rank of a TP 8 group holds whole
     assert (megatron.best.engine, megatron.best.tp, megatron.best.pp) == ("full_shard", 2, 1)
     assert megatron.best.settings["activation_checkpointing"] == "full"

@@ -104,7 +104,7 @@ RUNS: tuple[PublishedRun, ...] = (
         5762,
         f"{_TT}, Table 1 (FSDP)",
         planned_gpu="h200",
-        note="local batch 2 not pinned as one micro-batch: the estimator puts it at 155.0 GiB, "
+        note="local batch 2 not pinned as one micro-batch: the estimator puts it at 154.2 GiB, "
         "over the h200's 139.8 (the preset's transformers RMSNorms keep an fp32 copy of each "
         "norm's input and the normalised input, 16.3 GiB at 2 x 8192 tokens, which "
         "torchtitan's op-level selective recomputation recomputes)",
@@ -119,7 +119,7 @@ RUNS: tuple[PublishedRun, ...] = (
         5605,
         f"{_TT}, Table 3 (FSDP)",
         planned_gpu="h200",
-        note="local batch 2 not pinned as one micro-batch: the estimator puts it at 144.5 GiB, "
+        note="local batch 2 not pinned as one micro-batch: the estimator puts it at 143.7 GiB, "
         "over the h200's 139.8 (the preset's transformers RMSNorms keep an fp32 copy of each "
         "norm's input and the normalised input, 16.3 GiB at 2 x 8192 tokens, which "
         "torchtitan's op-level selective recomputation recomputes)",
@@ -134,7 +134,7 @@ RUNS: tuple[PublishedRun, ...] = (
         829,
         f"{_TT}, Table 4 (2D, torch.compile + Float8)",
         options={"compile": True, "float8": True},
-        note="local batch 16 not pinned as one micro-batch: the estimator puts it at 228 GiB "
+        note="local batch 16 not pinned as one micro-batch: the estimator puts it at 227 GiB "
         "(torchtitan measured 71.9 GiB)",
     ),
     PublishedRun(
@@ -263,7 +263,7 @@ RUNS: tuple[PublishedRun, ...] = (
         4 * 2048 / 1.10 / 8,
         f"{_KORTHIKANTI}: 1.10 s a step of 4 x 2048 tokens",
         note="micro-batch 4 not pinned: the Session's amp (torch autocast) keeps the residual "
-        "stream in fp32, which puts it at 82.7 GiB, over the A100's 79.1; Megatron-LM's "
+        "stream in fp32, which puts it at 82.4 GiB, over the A100's 79.1; Megatron-LM's "
         "16-bit modules keep it in 16 bits and sequence parallelism splits it over the 8 GPUs",
     ),
     PublishedRun(
