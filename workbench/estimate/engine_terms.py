@@ -46,15 +46,15 @@ def compute_bytes(precision: Precision) -> int:
     return 4 if precision is _FP32 else 2
 
 
-def grad_bytes(precision: Precision) -> int:
-    """Bytes per gradient element: 2 where the weights are 16-bit, else 4."""
-    return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
-
-
 def weight_bytes(precision: Precision) -> int:
     """Bytes per weight element as the engine holds it: 2 where the weights are 16-bit,
     else 4 (fp32, and amp-*, whose weights stay fp32 and are cast per matmul)."""
     return 2 if precision in _SIXTEEN_BIT_WEIGHTS else 4
+
+
+def grad_bytes(precision: Precision) -> int:
+    """Bytes per gradient element: a gradient is in its weight's dtype."""
+    return weight_bytes(precision)
 
 
 def autocast_casts(i: EstimateInputs, engine: str) -> int:
