@@ -32,16 +32,22 @@ import torch
 import transformers
 from torch import nn
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3DecoderLayer,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+)
 
 from workbench import TrainConfig
 from workbench.estimate import estimate_memory
-from workbench.estimate.implementations import kept_bytes
+from workbench.estimate.implementations import kept_bytes, qk_kept_bytes
 from workbench.train.dry_run import simulate_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -115,6 +121,67 @@ def test_each_norm_keeps_the_table_s_bytes(name: str, mode: str, frozen: bool) -
     wide = sum(nbytes for nbytes, _, shape in saved.values() if shape == (N, H))
     e = 4 if dtype == torch.float32 and kind is None else 2
     assert wide == N * H * kept_bytes(name, e, kind is not None, frozen), saved
+
+
+#: the query and key norms: Qwen3's (transformers' Llama RMSNorm, per head) and Gemma 3's
+QK_NORMS = {"llama": lambda d: Qwen3RMSNorm(d), "gemma": lambda d: Gemma3RMSNorm(d)}
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", list(QK_NORMS))
+def test_a_query_or_key_norm_keeps_qk_kept_bytes(name: str, mode: str, frozen: bool) -> None:
+    """A per-head norm on a projection's output (b, s, heads, head_dim): the output is in
+    the compute dtype (16 bits under autocast, where the residual stream is fp32), so the
+    norm keeps what its row keeps of a 16-bit input there, not of an fp32 one."""
+    dtype, _, kind = MODES[mode]
+    b, s, heads, d = 2, 8, 4, 16
+    torch.manual_seed(0)
+    norm = QK_NORMS[name](d).to(dtype)
+    norm.requires_grad_(not frozen)
+    compute = torch.bfloat16 if kind is not None else dtype  # autocast's linear output
+    leaf = torch.randn(b, s, heads, d, dtype=compute, requires_grad=True)
+    x = leaf * 1.0  # a projection's output: made by an op
+
+    def run() -> None:
+        with _autocast(kind):
+            norm(x).float().sum()
+
+    saved = _saved(run, [*norm.parameters(), leaf])
+    wide = sum(nbytes for nbytes, _, shape in saved.values() if shape == (b, s, heads, d))
+    e = 4 if compute == torch.float32 else 2
+    assert wide == b * s * heads * d * qk_kept_bytes(name, e, frozen), saved
+    if kind is not None and name == "llama" and not frozen:
+        # not what the same norm keeps of the fp32 residual stream (4 + 4 bytes)
+        assert qk_kept_bytes(name, e, frozen) < kept_bytes(name, e, True, frozen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_torch_rms_norm_on_cuda_keeps_what_kernel_keeps(dtype: torch.dtype) -> None:
+    """torch's `nn.RMSNorm` on a CUDA tensor runs `aten::_fused_rms_norm`, whose backward
+    reads the input and the per-token rstd: it keeps its input alone (docs/estimator.md),
+    not the CPU composite's fp32 copy and normalised input."""
+    norm = nn.RMSNorm(H).to("cuda", dtype)
+    leaf = torch.randn(N, H, dtype=dtype, device="cuda", requires_grad=True)
+    x = leaf * 1.0
+
+    saved = _saved(lambda: norm(x).float().sum(), [*norm.parameters(), leaf])
+    wide = sum(nbytes for nbytes, _, shape in saved.values() if shape == (N, H))
+    e = 4 if dtype == torch.float32 else 2
+    assert wide == N * H * kept_bytes("kernel", e, False), saved
+
+
+def test_torch_rms_norm_on_a_cpu_keeps_what_gemma_keeps() -> None:
+    """On a CPU `nn.RMSNorm` runs the composite: the fp32 copy and the normalised input in
+    fp32 (the weight multiplies in fp32), as the `gemma` row."""
+    norm = nn.RMSNorm(H).to(torch.bfloat16)
+    leaf = torch.randn(N, H, dtype=torch.bfloat16, requires_grad=True)
+    x = leaf * 1.0
+
+    saved = _saved(lambda: norm(x).float().sum(), [*norm.parameters(), leaf])
+    wide = sum(nbytes for nbytes, _, shape in saved.values() if shape == (N, H))
+    assert wide == N * H * kept_bytes("gemma", 2, False), saved
 
 
 # --------------------------------------------------------------------------- the rotary embedding
@@ -228,6 +295,46 @@ def test_a_llama_layer_keeps_the_formula_s_layer(mode: str) -> None:
         assert casts == 2 * sum(p.numel() for p in _LlamaLayer().layer.parameters() if p.dim() == 2)
 
 
+class _Qwen3Layer(_LlamaLayer):
+    """One transformers Qwen3 decoder layer: the Llama layer's shape with RMSNorms on Q and K
+    per head (head size 32)."""
+
+    def __init__(self) -> None:
+        nn.Module.__init__(self)
+        config = transformers.Qwen3Config(
+            hidden_size=128,
+            intermediate_size=352,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=64,
+            attention_dropout=0.0,
+        )
+        config._attn_implementation = "sdpa"
+        self.layer = Qwen3DecoderLayer(config, 0)
+        self.rotary = Qwen3RotaryEmbedding(config)
+
+
+@pytest.mark.parametrize("mode", list(_LAYER_MODES))
+def test_a_qwen3_layer_keeps_the_formula_s_layer_with_its_query_and_key_norms(mode: str) -> None:
+    """The Llama layer's tensors plus its query and key norms' (`qk_norm`): an fp32 copy of
+    the Q and K projections' outputs and their normalised copies in the compute dtype,
+    (q + g) x (4 + e) bytes a token; left out beside the Llama layer's: the per-head rsqrt
+    of each (4 bytes a head a token). Without `qk_norm` the formula is that much under."""
+    kept, _ = _layer_saved(_Qwen3Layer(), mode)
+    precision = _LAYER_MODES[mode][2]
+    e = estimate_memory(**_LLAMA_SHAPE, precision=precision, qk_norm=True)
+    tokens, d, heads, kv_heads = LAYER_B * LAYER_S, 32, 4, 2
+    table = 4 if precision != "bf16-true" else 2
+    left_out = 2 * 4 * tokens + 2 * LAYER_S * d * table + (heads + kv_heads) * 4 * tokens
+    assert e.qk_norm
+    assert kept == e.activations.per_layer_bytes + left_out
+    width = (heads + kv_heads) * d
+    compute = 4 if precision == "fp32" else 2
+    without = estimate_memory(**_LLAMA_SHAPE, precision=precision)
+    assert kept - left_out - without.activations.per_layer_bytes == tokens * width * (4 + compute)
+
+
 class _Gpt2Block(nn.Module):
     """One transformers GPT-2 block (eager attention, no dropout) and its causal mask."""
 
@@ -279,8 +386,29 @@ RUNS = [
     ("llama", "bf16-true", "sdpa"),
     ("llama", "bf16-true", "eager"),
     ("gpt2", "bf16-true", "eager"),
+    ("qwen3", "amp-bf16", "sdpa"),
+    ("qwen3", "bf16-true", "sdpa"),
 ]
 B, S = 2, 128  # test_dry_run.py's micro-batch
+
+
+def _qwen3(attention: str) -> nn.Module:
+    """test_dry_run.py's Llama as Qwen3 builds it: query and key norms per head."""
+    config = transformers.Qwen3Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+    )
+    config._attn_implementation = attention
+    return transformers.Qwen3ForCausalLM(config)
+
+
+BUILDS = {"llama": _llama, "gpt2": _gpt2, "qwen3": _qwen3}
 
 
 def _left_out(family: str, precision: str, layers: int = 2, hidden: int = 128) -> int:
@@ -288,25 +416,28 @@ def _left_out(family: str, precision: str, layers: int = 2, hidden: int = 128) -
     cos and sin (s x head_dim each, the residual stream's dtype), its norms' fp32 rsqrt
     (4 bytes a token each, 2 a layer and the final one), and under autocast the final
     norm's fp32 output, which the model's forward holds while its loss runs; GPT-2's
-    norms' mean and rstd (in the activation dtype on a CPU)."""
+    norms' mean and rstd (in the activation dtype on a CPU); Qwen3's query and key norms'
+    per-head rsqrt (4 bytes a head a token, 4 + 2 heads a layer)."""
     tokens, norms = B * S, 2 * layers + 1
     e = 2 if precision == "bf16-true" else 4
     if family == "gpt2":
         return norms * 2 * tokens * e
     table = 2 * S * (hidden // 4) * e
     final = 4 * tokens * hidden if precision == "amp-bf16" else 0
-    return table + norms * 4 * tokens + final
+    heads = layers * (4 + 2) * 4 * tokens if family == "qwen3" else 0
+    return table + norms * 4 * tokens + final + heads
 
 
 @pytest.mark.parametrize("run", RUNS, ids=["-".join(r) for r in RUNS])
 def test_the_formula_meets_the_dry_run(run: tuple[str, str, str]) -> None:
     family, precision, attention = run
-    build = _llama if family == "llama" else _gpt2
+    build = BUILDS[family]
     config = TrainConfig(micro_batch=B, precision=precision)
     dry_run = simulate_memory(lambda: build(attention), config, seq_len=S, progress=False)
     formula = dry_run.formula
-    assert formula.norm_impl == ("llama" if family == "llama" else "kernel")
-    assert formula.eager_softmax == ("fp32" if family == "llama" else "input")
+    assert formula.norm_impl == ("kernel" if family == "gpt2" else "llama")
+    assert formula.eager_softmax == ("input" if family == "gpt2" else "fp32")
+    assert formula.qk_norm is (family == "qwen3")
     dry = {p: sum(v.values()) for p, v in dry_run.points.items()}
     counted = {p: sum(v.values()) for p, v in formula.peak.points.items()}
     forward_end = dry["forward end"] - counted["forward end"] - _left_out(family, precision)

@@ -168,6 +168,49 @@ def test_each_mapped_family_says_what_its_code_runs(model_type, norm, softmax):
     assert (shape.fields["norm_impl"], shape.fields["eager_softmax"]) == (norm, softmax)
 
 
+@pytest.mark.parametrize(
+    ("model_type", "qk_norm"),
+    [("qwen3", True), ("gemma3_text", True), ("olmo2", True), ("gemma", False), ("opt", False)],
+)
+def test_each_mapped_family_says_whether_it_normalises_q_and_k(model_type, qk_norm):
+    """transformers 5's modules: Qwen3Attention and Gemma3Attention hold per-head `q_norm`
+    and `k_norm`, Olmo2Attention whole-width ones; Gemma's and OPT's attention none."""
+    config = _config(model_type, ffn_dim=128, head_dim=16, hidden_act="gelu")
+    assert family_shape(config, None).fields["qk_norm"] is qk_norm
+
+
+def test_query_and_key_norms_are_a_shape_field_with_their_bytes() -> None:
+    """(q + g) x (4 + e) bytes a token a layer for the Llama row (the projections' outputs
+    in the compute dtype: e = 2 under autocast, not the residual stream's 4), 4 frozen."""
+    shape = dict(
+        layers=2, hidden=256, heads=8, kv_heads=2, seq_len=512, vocab=1000, mlp="swiglu",
+        norm="rmsnorm", positions="rotary", bias="none", attention="sdpa", dropout=False,
+    )  # fmt: skip
+    tokens, q, g = 512, 256, 64
+    for precision, per_element in (("fp32", 8), ("bf16-true", 6), ("amp-bf16", 6)):
+        off = estimate_memory(**shape, precision=precision).activations
+        on = estimate_memory(**shape, precision=precision, qk_norm=True).activations
+        assert on.per_layer_bytes - off.per_layer_bytes == tokens * (q + g) * per_element
+    frozen = dict(shape, precision="bf16-true", lora_rank=8)
+    off = estimate_memory(**frozen).activations
+    on = estimate_memory(**frozen, qk_norm=True).activations
+    assert on.per_layer_bytes - off.per_layer_bytes == tokens * (q + g) * 4
+
+
+def test_a_bad_qk_norm_is_refused_naming_the_field_and_the_value(capsys) -> None:
+    with pytest.raises(EstimateInputError, match=r"qk_norm='maybe': must be True or False"):
+        estimate_memory(model="llama-3-8b", qk_norm="maybe")
+    config = _config("qwen3", head_dim=16)
+    with pytest.raises(
+        EstimateInputError,
+        match=r"qk_norm=False: the qwen3 config.json .*"
+        r"whose layout its model_type decides \(no key sets qk_norm\)",
+    ):
+        estimate_memory(hf_config=config, qk_norm=False)
+    assert main(["estimate", "--model", "llama-3-8b", "--qk-norm"]) == 0
+    assert "rmsnorm (llama) with query and key norms" in capsys.readouterr().out
+
+
 def test_the_command_line_takes_and_shows_them(capsys) -> None:
     assert main(["estimate", "--model", "llama-2-7b", "--json"]) == 0
     llama = json.loads(capsys.readouterr().out)

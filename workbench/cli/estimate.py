@@ -651,7 +651,7 @@ _NEUTRAL = frozenset({
 })  # fmt: skip
 _SHAPE_KEYS = frozenset({
     "layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "bias",
-    "positions", "tied_embeddings", "parallel_residual", "activation_function",
+    "positions", "tied_embeddings", "parallel_residual", "activation_function", "qk_norm",
 })  # fmt: skip
 
 

@@ -99,7 +99,9 @@ def _shape_line(e: Any) -> str:
     return (
         f"shape: {e.layers} layers, hidden {e.hidden}, {heads}, {e.mlp} MLP {e.ffn_hidden} "
         f"with {e.activation_function}, "
-        f"vocab {e.vocab}, sequence {e.seq_len}, {e.norm} ({e.norm_impl}), biases {e.bias}, "
+        f"vocab {e.vocab}, sequence {e.seq_len}, {e.norm} ({e.norm_impl})"
+        + (" with query and key norms" if e.qk_norm else "")
+        + f", biases {e.bias}, "
         f"{e.positions} positions, {embeddings} embeddings"
         + (f", {e.eager_softmax} softmax" if e.attention == "eager" else "")
     )

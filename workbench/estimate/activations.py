@@ -119,7 +119,9 @@ gated MLP's gate and up, 1 for a two-matrix MLP and the output projection). The 
 and the output projection's input follow the same rows. transformers' unfused attention
 keeps an fp32 softmax output only where its family's code upcasts (`eager_softmax` "fp32",
 Llama's) or autocast runs the softmax in fp32 (GPT-2's "input"). The rotary embedding keeps
-its cos and sin tables alone (shared by every layer): no term.
+its cos and sin tables alone (shared by every layer): no term. Query and key norms
+(`qk_norm`: Qwen3, Gemma 3, OLMo 2, OLMoE) keep what their row keeps of the Q and K
+projections' outputs (`qk_kept_bytes`, q + g elements a token, in the compute dtype).
 
 Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
 transient peak of the backward pass (gradients of activations, about one layer's worth),
@@ -143,6 +145,7 @@ from workbench.estimate.implementations import (
     eager_keeps_fp32,
     input_bytes,
     kept_bytes,
+    qk_kept_bytes,
     residual_bytes,
 )
 from workbench.estimate.limits import as_bool, as_int
@@ -502,6 +505,7 @@ def activation_breakdown(
     fused_qkv: bool = False,
     eager_softmax: str = "fp32",
     frozen_norms: bool = False,
+    qk_norm_width: int = 0,
 ) -> ActivationBreakdown:
     """`transformer_activation_bytes` on arguments already checked (the estimator's path);
     `kv_dim` (the K and V projections' width, default h) is read by selective-op only;
@@ -510,7 +514,9 @@ def activation_breakdown(
     `autocast` and, under autocast, `fused_qkv` (one cast of the attention's input, not
     three) and `frozen_norms` (LoRA: the norms' weights do not train) set the norms' tensors
     (`implementations`); `eager_softmax` whether an unfused "eager" attention keeps an
-    fp32 softmax output.
+    fp32 softmax output; `qk_norm_width` the elements a token's query and key norms read
+    (`Architecture.qk_norm_width`: q + g, 0 without them), each keeping
+    `implementations.qk_kept_bytes` of the norms' row.
 
     A mixture of experts (`experts` E, `experts_per_token` k) passes as `f` the inner width
     one token goes through (k x the expert's inner size + a shared expert's): each token's
@@ -544,6 +550,8 @@ def activation_breakdown(
         + input_bytes(e, autocast, 1 if fused_qkv else 3)
         + input_bytes(e, autocast, mlp_readers)
     ) * sbh_out
+    if qk_norm_width:  # inside the tensor-parallel region: split over t
+        norm_block += qk_kept_bytes(norm_impl, e, frozen_norms) * s * b * qk_norm_width // t
     if attention is _EAGER and eager_keeps_fp32(eager_softmax, e, autocast):
         # transformers' fp32 softmax output
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is

@@ -127,6 +127,7 @@ OPTIONAL = (
     "activation_function",
     "norm_impl",
     "eager_softmax",
+    "qk_norm",
 )
 FIELDS = REQUIRED + OPTIONAL
 #: The fields of a mixture of experts (all None for a dense model).
@@ -184,8 +185,12 @@ class Architecture:
     fp32; it changes the activations, not the count), `eager_softmax` the dtype
     transformers' unfused attention runs its softmax in (`fp32`, Llama's and most
     families': an fp32 output kept beside its 16-bit cast; `input`, GPT-2's and BERT's:
-    the scores' dtype), and checks every field, raising `EstimateInputError` with all
-    problems at once.
+    the scores' dtype), `qk_norm` False (True: a norm of the family's `norm_impl` on the
+    query and on the key projection's output, per head or over the whole width, as Qwen3,
+    Gemma 3, OLMo 2 and OLMoE run; each keeps what an RMSNorm keeps of its 16-bit input,
+    e.g. 4 + e bytes an element for "llama"; it changes the activations, not the count:
+    a config's family counts the norms' weights), and checks every field, raising
+    `EstimateInputError` with all problems at once.
 
     A mixture of experts sets `experts` (routed experts per layer) and
     `experts_per_token` (top-k); `moe_ffn_hidden` (each expert's inner size) defaults to
@@ -217,6 +222,7 @@ class Architecture:
     activation_function: str = "gelu"
     norm_impl: str = "kernel"
     eager_softmax: str = "fp32"
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -310,6 +316,12 @@ class Architecture:
     def kv_dim(self) -> int:
         """g = kv_heads x head size: the width of the K and V projections."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def qk_norm_width(self) -> int:
+        """The elements a token's query and key norms read (`qk_norm`): q + g = (heads +
+        kv_heads) x head size; 0 without them."""
+        return (self.heads + self.kv_heads) * self.head_dim if self.qk_norm else 0
 
     def _norm_params(self) -> int:
         return int(self.__dict__["_norm"])
@@ -503,6 +515,7 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
         ("parallel_residual", False),
         ("causal", True),
         ("fused_qkv", False),
+        ("qk_norm", False),
     ):
         flag = as_bool(fields.get(name))
         if flag is None:

@@ -105,6 +105,7 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         arch.one_qkv_matrix,
         arch.eager_softmax,
         i.lora is not None,  # LoRA trains adapters only: the norms' weights are frozen
+        arch.qk_norm_width,
     )
 
 
@@ -409,6 +410,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "activation_function": arch.activation_function if arch else None,
             "norm_impl": arch.norm_impl if arch else None,
             "eager_softmax": arch.eager_softmax if arch else None,
+            "qk_norm": arch.qk_norm if arch else None,
             "norm": arch.norm if arch else None,
             "bias": arch.bias if arch else None,
             "positions": arch.positions if arch else None,

@@ -39,7 +39,9 @@ f MLP inner, a heads, e the activation bytes; t the tensor-parallel size):
   8 - 4 in fp32. torch's one-kernel norm ("kernel") keeps its input either way. Under
   autocast the projections' own 16-bit casts of the norm's output are left as the eager
   step keeps them (not measured compiled). The rotary embedding's cos and sin are no part
-  of either figure.
+  of either figure. The query and key norms (`qk_norm`) are not measured compiled and
+  are counted as the eager step keeps them (no term): at most 4 bytes an element of the
+  q + g wide projection outputs over, if the partitioner treats them as the layer's norms.
 * **transformers' unfused attention ("eager") in 16 bits**: the eager step keeps the
   softmax's fp32 output (4as^2b) beside its 16-bit cast; the compiled step keeps the
   16-bit scores (2as^2b) and the softmax's fp32 row maximum and sum (2 x 4asb) and

@@ -45,6 +45,7 @@ def estimate_memory(
     activation_function: str | None = None,
     norm_impl: str | None = None,
     eager_softmax: str | None = None,
+    qk_norm: bool | None = None,
     micro_batch: int = 1,
     precision: Precision | str = "fp32",
     optimizer: OptimizerName | str = "adamw",
@@ -109,8 +110,9 @@ def estimate_memory(
       an fp32 copy of its input and the normalised input; "gemma", that one in fp32;
       default by `norm`: layernorm "kernel", rmsnorm "llama") and `eager_softmax` (the
       dtype transformers' unfused attention runs its softmax in: "fp32", default, or
-      "input", GPT-2's; `workbench.estimate.implementations`; a config's family sets
-      both).
+      "input", GPT-2's; `workbench.estimate.implementations`) and `qk_norm` (norms on the
+      query and key projections' outputs, as Qwen3, Gemma 3, OLMo 2 and OLMoE run: default
+      False); a config's family sets all three.
 
     Shape fields given with `model` or `hf_config` override theirs (e.g. `seq_len`).
     With both a shape and `n_params`, `n_params` counts the model states and the shape

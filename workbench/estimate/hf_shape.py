@@ -81,7 +81,11 @@ from workbench.estimate.hf_config import (
     config_integer,
     read_family,
 )
-from workbench.estimate.implementations import family_eager_softmax, family_norm_impl
+from workbench.estimate.implementations import (
+    family_eager_softmax,
+    family_norm_impl,
+    family_qk_norm,
+)
 from workbench.inputs import shown
 
 #: The standard config names `hf_build.resolved_config` resolves for every family.
@@ -178,6 +182,7 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
     norm = str(mapped.fields.get("norm") or "layernorm")
     mapped.fields.setdefault("norm_impl", family_norm_impl(model_type, norm))
     mapped.fields.setdefault("eager_softmax", family_eager_softmax(model_type, config))
+    mapped.fields.setdefault("qk_norm", family_qk_norm(model_type))
     hidden, heads = _size(mapped.fields, "hidden"), _size(mapped.fields, "heads")
     uneven = heads > 0 and hidden % heads > 0
     if uneven and mapped.fields.get("head_dim") is None and model_type not in FAMILIES:
@@ -656,8 +661,10 @@ def config_of(arch: Any) -> dict[str, Any] | None:
     its mixture of experts, GPT-2's for a GELU / LayerNorm decoder with learned positions
     and tied embeddings, GPT-NeoX's for one with rotary positions, each with the shape's
     MLP activation function (BLOOM's `bloom_gelu`, which transformers names nothing, as
-    `gelu_pytorch_tanh`: the same tanh GELU, one op that keeps its input); None for a shape
-    none of them builds (an encoder, a parallel residual with learned positions)."""
+    `gelu_pytorch_tanh`: the same tanh GELU, one op that keeps its input), Qwen3's for a
+    dense one with query and key norms (`qk_norm`) and no biases; None for a shape none of
+    them builds (an encoder, a parallel residual with learned positions, query and key
+    norms in any other layout)."""
     act = getattr(arch, "activation_function", None) or "gelu"
     act = "gelu_pytorch_tanh" if act == "bloom_gelu" else act
     common = {"vocab_size": arch.vocab, "tie_word_embeddings": bool(arch.tied_embeddings)}
@@ -678,6 +685,11 @@ def config_of(arch: Any) -> dict[str, Any] | None:
             "head_dim": arch.head_dim,
             "hidden_act": act,
         }
+        if getattr(arch, "qk_norm", False):  # Qwen3: RMSNorms on Q and K per head
+            if arch.is_moe or arch.bias != "none":
+                return None
+            config.update(model_type="qwen3", attention_bias=False)
+            return config
         if arch.is_moe:
             if arch.shared_ffn_hidden:
                 return None

@@ -72,6 +72,7 @@ ARCH_FIELDS = (
     "activation_function",
     "norm_impl",
     "eager_softmax",
+    "qk_norm",
 )
 
 

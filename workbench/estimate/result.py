@@ -106,6 +106,8 @@ class MemoryEstimate(Readable):
     #: unfused "eager" attention runs its softmax in (fp32, input)
     norm_impl: str | None = None
     eager_softmax: str | None = None
+    #: whether the attention normalises its query and key projections' outputs
+    qk_norm: bool | None = None
     norm: str | None = None
     bias: str | None = None
     positions: str | None = None

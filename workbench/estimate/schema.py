@@ -371,6 +371,16 @@ FIELDS: tuple[EstimateField, ...] = (
         cli=_SHAPE,
     ),
     _f(
+        "qk_norm",
+        "bool",
+        None,
+        optional=True,
+        help="norms on the query and key projections' outputs (Qwen3, Gemma 3, OLMo 2)",
+        flag="--qk-norm",
+        read="switch",
+        cli=_SHAPE,
+    ),
+    _f(
         "micro_batch",
         "int",
         1,

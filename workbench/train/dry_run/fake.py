@@ -284,6 +284,7 @@ SHAPE_KEYS = (
     "tied_embeddings",
     "parallel_residual",
     "activation_function",
+    "qk_norm",
 )
 
 
