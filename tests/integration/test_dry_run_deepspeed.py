@@ -191,6 +191,35 @@ def test_zero3_gathers_and_partitions_as_the_formula_counts() -> None:
     assert step["DeepSpeed fp32 gradient partition"] == 4 * -(-run.n_params // 4)
 
 
+def test_zero3_steps_on_deepspeed_s_largest_sub_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a `sub_group_size` under the rank's partition DeepSpeed's step upcasts one
+    sub-group of whole parameters at a time: the formula's copy is its largest group
+    (`engine_terms.largest_sub_group`), which runs past `sub_group_size` by up to a
+    parameter's partition; both the engine the dry run builds and the formula read the
+    same DeepSpeed config."""
+    from workbench.train.backends import deepspeed as backend
+
+    size = 20_000
+    made = backend.engine_config
+
+    def small_groups(*args: Any) -> dict[str, Any]:
+        ds = made(*args)
+        ds["zero_optimization"]["sub_group_size"] = size
+        return ds
+
+    monkeypatch.setattr(backend, "engine_config", small_groups)
+    run = simulate_memory(
+        "tiny-gpt",
+        TrainConfig(micro_batch=4, precision="bf16", zero_stage=3),
+        model_options=TINY,
+        world_size=4,
+        progress=False,
+    )
+    copy = run.points["optimizer step"]["DeepSpeed fp32 gradient partition"]
+    assert copy == run.formula.peak.points["optimizer step"]["DeepSpeed fp32 gradient partition"]
+    assert 4 * size < copy < 4 * -(-run.n_params // 4)  # past the size, under the partition
+
+
 def _gpt2_bucket_bound() -> torch.nn.Module:
     """GPT-2's shape scaled down until its reduce bucket outweighs its activations at
     1 x 32 tokens: 4 layers, hidden 256, vocabulary 1024 (3.4M parameters)."""

@@ -189,11 +189,15 @@ def test_sample_config_imports_with_one_grouped_warning() -> None:
     assert (c.precision.value, c.zero_stage, c.lr, c.weight_decay) == ("fp16", 3, 6e-5, 0.01)
     assert (c.offload_optimizer.value, c.offload_params.value, c.nvme_path) == ("cpu", "cpu", None)
     assert c.loss_scale_interval == 1000  # DeepSpeed's loss_scale_window default
-    (text,) = result.warnings
-    assert text.startswith("not modelled by the workbench, ignored (6): steps_per_print; ")
+    text, buffers = result.warnings
+    assert text.startswith("not modelled by the workbench, ignored (5): steps_per_print; ")
+    # DeepSpeed's buffer sizes: an estimate reads them, the session's engine sizes its own
+    assert buffers == (
+        "read by `workbench estimate --deepspeed-config` (its DeepSpeed buffer terms), not "
+        "set in the session, whose engine sizes its own (1): zero_optimization.overlap_comm"
+    )
     for entry in (
         "zero_optimization.contiguous_gradients",
-        "zero_optimization.overlap_comm",
         "zero_optimization.offload_optimizer.nvme_path='/mnt/nvme' (ignored while device is 'cpu')",
         "zero_optimization.offload_param.nvme_path='/mnt/nvme' (ignored while device is 'cpu')",
         "fp16.hysteresis=2 (DeepSpeed's default, the workbench backs off on every overflow, "
@@ -202,9 +206,9 @@ def test_sample_config_imports_with_one_grouped_warning() -> None:
         assert entry in text
     # world size given: micro is solved for it
     assert import_deepspeed(SAMPLE, world_size=4).config.micro_batch == 32
-    with pytest.warns(UserWarning, match=r"ignored \(6\): steps_per_print") as caught:
+    with pytest.warns(UserWarning, match=r"ignored \(5\): steps_per_print") as caught:
         config = from_deepspeed(SAMPLE)
-    assert len(caught) == 1
+    assert len(caught) == 2
     assert config == c
 
 
@@ -326,7 +330,7 @@ def test_auto_values_are_filled_from_the_sessions_settings_with_a_note() -> None
     assert (c.micro_batch, c.grad_accum, result.world_size) == (4, 2, 4)
     assert (c.lr, c.weight_decay, c.clip_grad_norm, c.precision) == (2e-5, 0.1, 1.0, "bf16")
     assert (c.lr_schedule, c.warmup_steps, c.zero_stage, c.seed) == ("constant", 10, 2, 7)
-    auto, ignored = result.warnings
+    auto, ignored, buffers = result.warnings
     assert auto == (
         '"auto" values filled from the session\'s settings: fp16.enabled=False (precision); '
         "bf16.enabled=True (precision); optimizer.params.lr=2e-05 (lr); "
@@ -341,11 +345,12 @@ def test_auto_values_are_filled_from_the_sessions_settings_with_a_note() -> None
         "train_micro_batch_size_per_gpu=4 (micro_batch); "
         "and left to DeepSpeed's defaults: zero_optimization.reduce_bucket_size"
     )
-    assert ignored.startswith("not modelled by the workbench, ignored (2): ")
+    assert ignored.startswith("not modelled by the workbench, ignored (1): ")
+    assert buffers.endswith("sizes its own (1): zero_optimization.overlap_comm")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert from_deepspeed(HF_AUTO, base=base, world_size=4) == c
-    assert [str(w.message) for w in caught] == [auto, ignored]
+    assert [str(w.message) for w in caught] == [auto, ignored, buffers]
     assert {w.filename for w in caught} == {__file__}  # pointing at the caller's line
     # the defaults fill them when no session is given, and every precision works
     plain = from_deepspeed_quiet(HF_AUTO)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.estimate import estimate_memory
+from workbench.estimate.problems import EstimateInputError
 
 SHAPE = dict(layers=2, hidden=128, heads=4, seq_len=128, vocab=512, micro_batch=2)
 GATHERED = "ZeRO-3 gathered parameters"
@@ -23,10 +24,12 @@ FLAT = "DeepSpeed flattened gradient partition"
 
 @pytest.mark.parametrize(("precision", "width"), [("fp32", 4), ("amp-bf16", 4), ("bf16", 2)])
 def test_stage_3_gathers_in_the_dtype_of_its_partitions(precision: str, width: int) -> None:
+    """This model's 478,720 parameters are under DeepSpeed's prefetch bucket (5e7) and its
+    live-parameter limit (1e9): every one is gathered at the forward's end, `width` bytes
+    each (fp32 under amp-bf16 too: the partitions are fp32 there)."""
     e = estimate_memory(**SHAPE, precision=precision, zero_stage=3, gpus=2, optimizer_impl="fused")
-    bf16 = estimate_memory(**SHAPE, precision="bf16", zero_stage=3, gpus=2, optimizer_impl="fused")
-    gathered = e.peak.points["forward end"][GATHERED]
-    assert gathered * 2 == bf16.peak.points["forward end"][GATHERED] * width
+    assert e.n_params == 478_720
+    assert e.peak.points["forward end"][GATHERED] == width * 478_720
 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
@@ -42,14 +45,48 @@ def test_stage_3_steps_on_an_fp32_copy_of_the_gradient_partition(precision: str)
     assert step.get(FLAT, 0) == (2 * partition if precision == "bf16" else 0)
 
 
-def test_a_smaller_sub_group_bounds_the_copy() -> None:
+def test_a_smaller_sub_group_is_whole_parameters_past_its_size() -> None:
+    """DeepSpeed closes a sub-group once it holds `sub_group_size` elements or more, whole
+    parameters each: with 10,000 over 2 ranks the shape's parameters (GPT's layout, in
+    order: token embedding 512 x 128, positions 128 x 128, then per layer two layer norms,
+    QKV 384 x 128 and its bias, the output projection, ...) make groups of 32,768 (the
+    embedding's half alone), 8,192 + 2 x 64 + 24,576 = 32,896 (positions, a norm, the QKV
+    matrix) and 192 + 8,192 + 3 x 64 + 32,768 = 41,344 (QKV's bias, the output projection
+    and its bias, a norm, the MLP's first matrix): the largest, not 10,000."""
     ds = {"zero_optimization": {"sub_group_size": 10_000}}
     e = estimate_memory(
         **SHAPE, precision="bf16", zero_stage=3, gpus=2, optimizer_impl="fused", deepspeed_config=ds
     )
     step = e.peak.points["optimizer step"]
+    assert step[FP32_GRAD] == 4 * 41_344
+    assert step[FLAT] == 2 * 41_344
+
+
+def test_without_the_parameters_shapes_the_sub_group_size_bounds_it_from_below() -> None:
+    """LoRA's adapters (rank 64 on every linear layer of the shape: 2 x (64 x (128 + 384) +
+    64 x 256 + 2 x 64 x 640) = 262,144, 131,072 a rank) are not walked: the copy is counted
+    at `sub_group_size`, the least DeepSpeed's groups hold."""
+    ds = {"zero_optimization": {"sub_group_size": 10_000}}
+    e = estimate_memory(
+        n_params=478_720, layers=2, hidden=128, heads=4, seq_len=128, vocab=512,
+        micro_batch=2, precision="bf16", zero_stage=3, gpus=2, optimizer_impl="fused",
+        deepspeed_config=ds, lora_rank=64,
+    )  # fmt: skip
+    step = e.peak.points["optimizer step"]
     assert step[FP32_GRAD] == 4 * 10_000
-    assert step[FLAT] == 2 * 10_000
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -3])
+def test_a_bad_sub_group_size_is_refused_naming_the_key(value: float) -> None:
+    ds = {"zero_optimization": {"sub_group_size": value}}
+    with pytest.raises(
+        EstimateInputError,
+        match=(
+            rf"zero_optimization.sub_group_size {value!r}: must be a whole number of elements "
+            r"from 1 to 10\^13"
+        ),
+    ):
+        estimate_memory(**SHAPE, zero_stage=3, gpus=2, deepspeed_config=ds)
 
 
 def test_offloaded_optimizer_makes_no_copy_on_the_gpu() -> None:

@@ -24,6 +24,8 @@ class Reader:
         self.errors: list[KeyProblem] = []
         self.ignored: list[str] = []  # read by DeepSpeed, not modelled by the workbench
         self.unread: list[str] = []  # not read by DeepSpeed either
+        # read by an estimate's DeepSpeed buffer terms, not set in a session
+        self.estimate_only: list[str] = []
         self.filled: list[str] = []  # "auto" values filled from the session's settings
         self.defaulted: list[str] = []  # "auto" values left to DeepSpeed's defaults
         self.auto_paths: set[str] = set()
@@ -55,6 +57,12 @@ class Reader:
                     + "; ".join(self.unread)
                 )
             out.append(". ".join(parts))
+        if self.estimate_only:
+            out.append(
+                "read by `workbench estimate --deepspeed-config` (its DeepSpeed buffer "
+                "terms), not set in the session, whose engine sizes its own "
+                f"({len(self.estimate_only)}): " + "; ".join(self.estimate_only)
+            )
         return (*out, *self.notes)
 
     def block(self, parent: dict[str, Any], key: str, path: str) -> dict[str, Any] | None:

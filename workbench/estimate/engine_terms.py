@@ -10,6 +10,7 @@ come from.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from workbench.config import Precision
@@ -255,8 +256,9 @@ def _deepspeed_buffers(i: EstimateInputs) -> DeepSpeedBuffers:
     gradient partitions into a new tensor and upcasts it to fp32 for the masters, in every
     precision (under fp32 and amp-* the flat copy is that fp32 gradient; under 16-bit
     training the 16-bit flat copy is alive with it for the upcast), and frees it after the
-    sub-group's step (`_release_sub_group`): a sub-group holds `sub_group_size` elements
-    of this rank's partition (DeepSpeed's default 1e9)."""
+    sub-group's step (`_release_sub_group`): its largest sub-group
+    (`largest_sub_group`: `sub_group_size` elements and up to one parameter's partition
+    more; DeepSpeed's default 1e9)."""
     ds = i.deepspeed
     w = grad_bytes(i.precision)
     psi = trained_params(i)  # DeepSpeed reduces and partitions the trained parameters only
@@ -279,10 +281,34 @@ def _deepspeed_buffers(i: EstimateInputs) -> DeepSpeedBuffers:
         flat_end = w * min(STAGE0_ALLREDUCE_ELEMENTS, psi)
     fp32_grads = 0
     if i.zero_stage == 3 and not i.offload_optimizer:
-        fp32_grads = 4 * min(-(-psi // i.data_parallel), int(ds["sub_group_size"]))
+        fp32_grads = 4 * largest_sub_group(i, psi)
     elif w == 2 and not i.offload_optimizer:
         fp32_grads = 4 * (-(-psi // i.data_parallel) if i.zero_stage >= 1 else psi)
     return DeepSpeedBuffers(gathered, reduce, flat_layers, flat_end, partition_at_end, fp32_grads)
+
+
+def largest_sub_group(i: EstimateInputs, psi: int) -> int:
+    """The elements of this rank's largest ZeRO-3 sub-group, of the `psi` trained
+    parameters: DeepSpeed's `_create_fp16_sub_groups` (stage3.py) keeps one group when
+    `sub_group_size` covers the rank's partition, else walks the parameters in order,
+    adding each one's partition (ceil(numel / ranks)) and closing a group once it holds
+    `sub_group_size` or more, so a group runs up to a parameter's partition past it.
+    The walk needs the parameters' shapes (`parameter_shapes`: a module's order, or the
+    shape's); without them (LoRA's adapters, a parameter count alone) `sub_group_size`
+    bounds it from below."""
+    size = int(i.deepspeed["sub_group_size"])
+    shapes = i.parameter_shapes if i.lora is None else None
+    if shapes is None:
+        return min(-(-psi // i.data_parallel), size)
+    partitions = [-(-math.prod(shape) // i.data_parallel) for shape in shapes]
+    if size >= sum(partitions):
+        return sum(partitions)
+    largest = group = 0
+    for partition in partitions:
+        group += partition
+        if group >= size:
+            largest, group = max(largest, group), 0
+    return max(largest, group)
 
 
 def _backward_end_engine(
