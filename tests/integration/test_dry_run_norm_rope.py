@@ -32,7 +32,11 @@ import torch
 import transformers
 from torch import nn
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
-from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.gemma3.modeling_gemma3 import (
+    Gemma3DecoderLayer,
+    Gemma3RMSNorm,
+    Gemma3RotaryEmbedding,
+)
 from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaRMSNorm,
@@ -333,6 +337,57 @@ def test_a_qwen3_layer_keeps_the_formula_s_layer_with_its_query_and_key_norms(mo
     compute = 4 if precision == "fp32" else 2
     without = estimate_memory(**_LLAMA_SHAPE, precision=precision)
     assert kept - left_out - without.activations.per_layer_bytes == tokens * width * (4 + compute)
+
+
+class _Gemma3Layer(nn.Module):
+    """One transformers Gemma 3 decoder layer (sdpa, GQA 4/2, head size 32, GeGLU): four
+    Gemma RMSNorms (before and after the attention and the MLP) and per-head Q/K norms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        config = transformers.Gemma3TextConfig(
+            hidden_size=128,
+            intermediate_size=352,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=64,
+            attention_dropout=0.0,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=32,
+        )
+        config._attn_implementation = "sdpa"
+        self.kind = config.layer_types[0]
+        self.layer = Gemma3DecoderLayer(config, 0)
+        self.rotary = Gemma3RotaryEmbedding(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1]).unsqueeze(0)
+        tables = self.rotary(x, positions, layer_type=self.kind)
+        out = self.layer(x, position_embeddings=tables, attention_mask=None, position_ids=positions)
+        return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("mode", list(_LAYER_MODES))
+def test_a_gemma3_layer_keeps_the_formula_s_layer_with_its_four_norms(mode: str) -> None:
+    """Gemma 3's layer: the formula's Gemma-norm layer with query and key norms
+    (`qk_norm`) and the norms of the attention's and the MLP's outputs (`post_norms`: an
+    fp32 copy and the normalised output in fp32 of each, 8 bytes an element of 2h a
+    token). Left out, counted here: the rotary tables, each norm's rstd (4 bytes a token;
+    a head a token for Q and K) and each norm's fp32 (1 + weight), weight-sized."""
+    kept, _ = _layer_saved(_Gemma3Layer(), mode)
+    precision = _LAYER_MODES[mode][2]
+    shape = dict(_LLAMA_SHAPE, activation_function="gelu_pytorch_tanh", norm_impl="gemma")
+    e = estimate_memory(**shape, precision=precision, qk_norm=True, post_norms=True)
+    tokens, d, heads, kv_heads, h = LAYER_B * LAYER_S, 32, 4, 2, 128
+    table = 4 if precision != "bf16-true" else 2
+    stats = 4 * 4 * tokens + (heads + kv_heads) * 4 * tokens
+    one_plus_weight = 4 * (4 * h + 2 * d)
+    left_out = 2 * LAYER_S * d * table + stats + one_plus_weight
+    assert (e.post_norms, e.qk_norm, e.norm_impl) == (True, True, "gemma")
+    assert kept == e.activations.per_layer_bytes + left_out
+    without = estimate_memory(**shape, precision=precision, qk_norm=True)
+    assert kept - left_out - without.activations.per_layer_bytes == 2 * 8 * tokens * h
 
 
 class _Gpt2Block(nn.Module):

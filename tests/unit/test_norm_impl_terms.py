@@ -169,14 +169,24 @@ def test_each_mapped_family_says_what_its_code_runs(model_type, norm, softmax):
 
 
 @pytest.mark.parametrize(
-    ("model_type", "qk_norm"),
-    [("qwen3", True), ("gemma3_text", True), ("olmo2", True), ("gemma", False), ("opt", False)],
+    ("model_type", "qk_norm", "post_norms"),
+    [
+        ("qwen3", True, False),
+        ("gemma3_text", True, True),
+        ("gemma2", False, True),
+        ("olmo2", True, False),
+        ("gemma", False, False),
+        ("opt", False, False),
+    ],
 )
-def test_each_mapped_family_says_whether_it_normalises_q_and_k(model_type, qk_norm):
+def test_each_mapped_family_says_which_extra_norms_it_runs(model_type, qk_norm, post_norms):
     """transformers 5's modules: Qwen3Attention and Gemma3Attention hold per-head `q_norm`
-    and `k_norm`, Olmo2Attention whole-width ones; Gemma's and OPT's attention none."""
+    and `k_norm`, Olmo2Attention whole-width ones; Gemma2DecoderLayer and Gemma3DecoderLayer
+    `post_attention_layernorm` and `post_feedforward_layernorm` on the blocks' outputs;
+    Gemma's and OPT's none of them."""
     config = _config(model_type, ffn_dim=128, head_dim=16, hidden_act="gelu")
-    assert family_shape(config, None).fields["qk_norm"] is qk_norm
+    fields = family_shape(config, None).fields
+    assert (fields["qk_norm"], fields["post_norms"]) == (qk_norm, post_norms)
 
 
 def test_query_and_key_norms_are_a_shape_field_with_their_bytes() -> None:
@@ -209,6 +219,24 @@ def test_a_bad_qk_norm_is_refused_naming_the_field_and_the_value(capsys) -> None
         estimate_memory(hf_config=config, qk_norm=False)
     assert main(["estimate", "--model", "llama-3-8b", "--qk-norm"]) == 0
     assert "rmsnorm (llama) with query and key norms" in capsys.readouterr().out
+    with pytest.raises(EstimateInputError, match=r"post_norms='yes please': must be True or False"):
+        estimate_memory(model="llama-3-8b", post_norms="yes please")
+    assert main(["estimate", "--model", "llama-3-8b", "--post-norms", "--norm-impl", "gemma"]) == 0
+    assert "gemma) and norms of each block's output" in capsys.readouterr().out
+
+
+def test_the_norms_of_the_blocks_outputs_are_two_h_wide_norms_a_layer() -> None:
+    """Gemma's norms on the attention's and the MLP's outputs: 2 x h x 8 bytes a token a
+    layer ("gemma": fp32 copy and normalised output), 2 x h x 4 with LoRA's frozen weights."""
+    shape = dict(
+        layers=2, hidden=256, heads=8, kv_heads=2, seq_len=512, vocab=1000, mlp="swiglu",
+        norm="rmsnorm", positions="rotary", bias="none", attention="sdpa", dropout=False,
+        norm_impl="gemma",
+    )  # fmt: skip
+    for extra, per_element in (({}, 8), ({"lora_rank": 8}, 4)):
+        off = estimate_memory(**shape, **extra, precision="bf16-true").activations
+        on = estimate_memory(**shape, **extra, precision="bf16-true", post_norms=True).activations
+        assert on.per_layer_bytes - off.per_layer_bytes == 2 * 512 * 256 * per_element
 
 
 def test_the_command_line_takes_and_shows_them(capsys) -> None:

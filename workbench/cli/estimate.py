@@ -652,6 +652,7 @@ _NEUTRAL = frozenset({
 _SHAPE_KEYS = frozenset({
     "layers", "hidden", "heads", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "bias",
     "positions", "tied_embeddings", "parallel_residual", "activation_function", "qk_norm",
+    "post_norms",
 })  # fmt: skip
 
 

@@ -101,6 +101,7 @@ def _shape_line(e: Any) -> str:
         f"with {e.activation_function}, "
         f"vocab {e.vocab}, sequence {e.seq_len}, {e.norm} ({e.norm_impl})"
         + (" with query and key norms" if e.qk_norm else "")
+        + (" and norms of each block's output" if e.post_norms else "")
         + f", biases {e.bias}, "
         f"{e.positions} positions, {embeddings} embeddings"
         + (f", {e.eager_softmax} softmax" if e.attention == "eager" else "")

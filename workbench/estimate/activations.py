@@ -121,7 +121,9 @@ keeps an fp32 softmax output only where its family's code upcasts (`eager_softma
 Llama's) or autocast runs the softmax in fp32 (GPT-2's "input"). The rotary embedding keeps
 its cos and sin tables alone (shared by every layer): no term. Query and key norms
 (`qk_norm`: Qwen3, Gemma 3, OLMo 2, OLMoE) keep what their row keeps of the Q and K
-projections' outputs (`qk_kept_bytes`, q + g elements a token, in the compute dtype).
+projections' outputs (`qk_kept_bytes`, q + g elements a token, in the compute dtype);
+Gemma 2's and 3's norms of the attention's and the MLP's outputs (`post_norms`) by the same
+rule, 2h elements a token.
 
 Not included here (the peak of a step, `workbench.estimate.peak`, adds them): the
 transient peak of the backward pass (gradients of activations, about one layer's worth),
@@ -506,6 +508,7 @@ def activation_breakdown(
     eager_softmax: str = "fp32",
     frozen_norms: bool = False,
     qk_norm_width: int = 0,
+    post_norms: bool = False,
 ) -> ActivationBreakdown:
     """`transformer_activation_bytes` on arguments already checked (the estimator's path);
     `kv_dim` (the K and V projections' width, default h) is read by selective-op only;
@@ -516,7 +519,8 @@ def activation_breakdown(
     (`implementations`); `eager_softmax` whether an unfused "eager" attention keeps an
     fp32 softmax output; `qk_norm_width` the elements a token's query and key norms read
     (`Architecture.qk_norm_width`: q + g, 0 without them), each keeping
-    `implementations.qk_kept_bytes` of the norms' row.
+    `implementations.qk_kept_bytes` of the norms' row; `post_norms` two more norms a layer
+    on the attention's and the MLP's outputs (Gemma 2 and 3), by the same rule.
 
     A mixture of experts (`experts` E, `experts_per_token` k) passes as `f` the inner width
     one token goes through (k x the expert's inner size + a shared expert's): each token's
@@ -552,6 +556,8 @@ def activation_breakdown(
     ) * sbh_out
     if qk_norm_width:  # inside the tensor-parallel region: split over t
         norm_block += qk_kept_bytes(norm_impl, e, frozen_norms) * s * b * qk_norm_width // t
+    if post_norms:  # after the row-parallel reduce: the whole width (split by sp only)
+        norm_block += 2 * qk_kept_bytes(norm_impl, e, frozen_norms) * sbh_out
     if attention is _EAGER and eager_keeps_fp32(eager_softmax, e, autocast):
         # transformers' fp32 softmax output
         # no dropout: kept besides its 16-bit cast (+4 bytes); with dropout the cast is

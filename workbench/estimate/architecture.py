@@ -128,6 +128,7 @@ OPTIONAL = (
     "norm_impl",
     "eager_softmax",
     "qk_norm",
+    "post_norms",
 )
 FIELDS = REQUIRED + OPTIONAL
 #: The fields of a mixture of experts (all None for a dense model).
@@ -189,7 +190,10 @@ class Architecture:
     query and on the key projection's output, per head or over the whole width, as Qwen3,
     Gemma 3, OLMo 2 and OLMoE run; each keeps what an RMSNorm keeps of its 16-bit input,
     e.g. 4 + e bytes an element for "llama"; it changes the activations, not the count:
-    a config's family counts the norms' weights), and checks every field, raising
+    a config's family counts the norms' weights), `post_norms` False (True: a norm on the
+    attention's and on the MLP's output before each residual add, Gemma 2's and 3's four
+    norms a layer; each keeps what its row keeps of that 16-bit output; the activations,
+    not the count), and checks every field, raising
     `EstimateInputError` with all problems at once.
 
     A mixture of experts sets `experts` (routed experts per layer) and
@@ -223,6 +227,7 @@ class Architecture:
     norm_impl: str = "kernel"
     eager_softmax: str = "fp32"
     qk_norm: bool = False
+    post_norms: bool = False
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -516,6 +521,7 @@ def _build_architecture(fields: dict[str, Any]) -> tuple[Architecture | None, li
         ("causal", True),
         ("fused_qkv", False),
         ("qk_norm", False),
+        ("post_norms", False),
     ):
         flag = as_bool(fields.get(name))
         if flag is None:

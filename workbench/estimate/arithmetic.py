@@ -106,6 +106,7 @@ def activations(i: EstimateInputs) -> ActivationBreakdown | None:
         arch.eager_softmax,
         i.lora is not None,  # LoRA trains adapters only: the norms' weights are frozen
         arch.qk_norm_width,
+        arch.post_norms,
     )
 
 
@@ -411,6 +412,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             "norm_impl": arch.norm_impl if arch else None,
             "eager_softmax": arch.eager_softmax if arch else None,
             "qk_norm": arch.qk_norm if arch else None,
+            "post_norms": arch.post_norms if arch else None,
             "norm": arch.norm if arch else None,
             "bias": arch.bias if arch else None,
             "positions": arch.positions if arch else None,

@@ -46,6 +46,7 @@ def estimate_memory(
     norm_impl: str | None = None,
     eager_softmax: str | None = None,
     qk_norm: bool | None = None,
+    post_norms: bool | None = None,
     micro_batch: int = 1,
     precision: Precision | str = "fp32",
     optimizer: OptimizerName | str = "adamw",
@@ -112,7 +113,8 @@ def estimate_memory(
       dtype transformers' unfused attention runs its softmax in: "fp32", default, or
       "input", GPT-2's; `workbench.estimate.implementations`) and `qk_norm` (norms on the
       query and key projections' outputs, as Qwen3, Gemma 3, OLMo 2 and OLMoE run: default
-      False); a config's family sets all three.
+      False) and `post_norms` (norms on the attention's and the MLP's outputs, Gemma 2's and
+      3's: default False); a config's family sets all four.
 
     Shape fields given with `model` or `hf_config` override theirs (e.g. `seq_len`).
     With both a shape and `n_params`, `n_params` counts the model states and the shape

@@ -262,7 +262,7 @@ FFN_KEYS = {
     "umt5": "d_ff",
 }
 #: Shape keywords a built model's family decides: no config key sets them.
-LAYOUT_FIELDS = ("mlp", "norm", "bias", "positions", "parallel_residual", "qk_norm")
+LAYOUT_FIELDS = ("mlp", "norm", "bias", "positions", "parallel_residual", "qk_norm", "post_norms")
 #: An encoder-decoder's keys for its encoder's and decoder's sizes, per shape keyword.
 _SPLIT_KEYS = {
     "layers": _LAYER_KEYS,

@@ -84,6 +84,7 @@ from workbench.estimate.hf_config import (
 from workbench.estimate.implementations import (
     family_eager_softmax,
     family_norm_impl,
+    family_post_norms,
     family_qk_norm,
 )
 from workbench.inputs import shown
@@ -183,6 +184,7 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
     mapped.fields.setdefault("norm_impl", family_norm_impl(model_type, norm))
     mapped.fields.setdefault("eager_softmax", family_eager_softmax(model_type, config))
     mapped.fields.setdefault("qk_norm", family_qk_norm(model_type))
+    mapped.fields.setdefault("post_norms", family_post_norms(model_type))
     hidden, heads = _size(mapped.fields, "hidden"), _size(mapped.fields, "heads")
     uneven = heads > 0 and hidden % heads > 0
     if uneven and mapped.fields.get("head_dim") is None and model_type not in FAMILIES:
@@ -685,6 +687,8 @@ def config_of(arch: Any) -> dict[str, Any] | None:
             "head_dim": arch.head_dim,
             "hidden_act": act,
         }
+        if getattr(arch, "post_norms", False):  # Gemma's layout: not built here
+            return None
         if getattr(arch, "qk_norm", False):  # Qwen3: RMSNorms on Q and K per head
             if arch.is_moe or arch.bias != "none":
                 return None

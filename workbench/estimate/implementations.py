@@ -61,7 +61,10 @@ residual stream), 4 + e bytes an element of the q + g wide outputs for "llama", 
 "gemma", 4 with the weights frozen; the rotary embedding then keeps nothing of them and the
 attention keeps its Q and K as without the norms (measured:
 tests/integration/test_dry_run_norm_rope.py, transformers' Qwen3 layer). Qwen3-8B at 4,096
-tokens keeps 126 MB more a layer in bf16 (+17% of its layer).
+tokens keeps 126 MB more a layer in bf16 (+17% of its layer). Gemma 2 and 3 also normalise
+the attention's and the MLP's outputs before each residual add (`post_norms`): two more
+norms a layer on h-wide projection outputs, by the same rule (8 bytes an element for
+"gemma"); their outputs go into the residual add, which keeps nothing.
 
 Not counted: the norms' per-token statistics (4 or 8 bytes a token per norm, under 1/h of
 the norm's tensors; a query or key norm's per head), GPT-J's
@@ -124,6 +127,9 @@ _GEMMA_NORMS = frozenset(("gemma", "gemma2", "gemma3", "gemma3_text", "olmo2"))
 #: (`Architecture.qk_norm`): per head (Qwen3, Gemma 3) or over the whole width (OLMo 2,
 #: OLMoE).
 _QK_NORMS = frozenset(("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmoe"))
+#: The families that also normalise the attention's and the MLP's outputs before each
+#: residual add (`Architecture.post_norms`: four norms a layer).
+_POST_NORMS = frozenset(("gemma2", "gemma3", "gemma3_text"))
 
 #: The unfused softmax's dtypes (`Architecture.eager_softmax`).
 SOFTMAX_NAMES = ("fp32", "input")
@@ -160,10 +166,17 @@ def family_qk_norm(model_type: Any) -> bool:
     return model_type in _QK_NORMS
 
 
+def family_post_norms(model_type: Any) -> bool:
+    """Whether the transformers family `model_type` normalises its attention's and MLP's
+    outputs before the residual adds (Gemma 2 and 3)."""
+    return model_type in _POST_NORMS
+
+
 def qk_kept_bytes(name: str, e: int, frozen: bool = False) -> int:
-    """Bytes per element of the Q and K projections' outputs one query or key norm `name`
-    keeps (`kept_bytes` of an input in the compute dtype `e`: a projection's output is
-    16-bit under autocast, not the fp32 residual stream)."""
+    """Bytes per element of a projection's output one norm `name` reading it keeps (a query
+    or key norm; Gemma's norms of the attention's and the MLP's outputs): `kept_bytes` of
+    an input in the compute dtype `e` (a projection's output is 16-bit under autocast, not
+    the fp32 residual stream)."""
     return kept_bytes(name, e, False, frozen)
 
 
@@ -210,6 +223,7 @@ __all__ = [
     "eager_keeps_fp32",
     "family_eager_softmax",
     "family_norm_impl",
+    "family_post_norms",
     "family_qk_norm",
     "input_bytes",
     "kept_bytes",

@@ -73,6 +73,7 @@ ARCH_FIELDS = (
     "norm_impl",
     "eager_softmax",
     "qk_norm",
+    "post_norms",
 )
 
 

@@ -108,6 +108,8 @@ class MemoryEstimate(Readable):
     eager_softmax: str | None = None
     #: whether the attention normalises its query and key projections' outputs
     qk_norm: bool | None = None
+    #: whether the attention's and the MLP's outputs are normalised before the residual adds
+    post_norms: bool | None = None
     norm: str | None = None
     bias: str | None = None
     positions: str | None = None

@@ -381,6 +381,17 @@ FIELDS: tuple[EstimateField, ...] = (
         cli=_SHAPE,
     ),
     _f(
+        "post_norms",
+        "bool",
+        None,
+        optional=True,
+        help="norms on the attention's and the MLP's outputs before each residual add "
+        "(Gemma 2 and 3: four norms a layer)",
+        flag="--post-norms",
+        read="switch",
+        cli=_SHAPE,
+    ),
+    _f(
         "micro_batch",
         "int",
         1,

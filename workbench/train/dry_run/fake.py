@@ -285,6 +285,7 @@ SHAPE_KEYS = (
     "parallel_residual",
     "activation_function",
     "qk_norm",
+    "post_norms",
 )
 
 
