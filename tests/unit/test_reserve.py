@@ -133,6 +133,26 @@ def test_a_verdict_says_its_margin_or_what_is_over_and_its_largest_term() -> Non
     assert estimate_memory(model="gpt2").verdict is None  # no GPU
 
 
+def test_a_verdict_without_activations_says_it_leaves_them_out(capsys) -> None:
+    """A parameter count alone (or a family not mapped onto the formula) has no activations:
+    its "fits" is of the model states and the step's buffers only, and says so, in the
+    API's verdict and on the command line."""
+    from workbench.cli import main
+
+    bare = estimate_memory(n_params="1B", gpu="h100", precision="bf16")
+    assert bare.fits and bare.activation_bytes is None
+    assert bare.verdict is not None and bare.verdict.endswith(
+        ", without its activations (activations not estimated: give a transformer shape or a model)"
+    )
+    shaped = estimate_memory(model="gpt2", gpu="h100", precision="bf16")
+    assert shaped.verdict is not None and "without its activations" not in shaped.verdict
+    assert main(["estimate", "--params", "1B", "--gpu", "h100", "--precision", "bf16"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "per GPU ->" in ln)
+    assert "fits" in line and line.endswith(
+        "(activations not estimated: give a transformer shape or a model)"
+    )
+
+
 def test_the_largest_micro_batch_fits_with_its_own_reserve_and_one_more_does_not() -> None:
     for gpu in ("t4", "a100-40gb"):
         kw = dict(model="gpt2", gpu=gpu, precision="amp-bf16", seq_len=1024)

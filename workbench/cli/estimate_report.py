@@ -188,6 +188,7 @@ def report(
                 if e.margin_bytes is not None
                 else ""
             )
+            + e.without_activations
         )
         if e.layers is not None:
             mmb = e.max_micro_batch

@@ -225,17 +225,29 @@ class MemoryEstimate(Readable):
     @property
     def verdict(self) -> str | None:
         """ "fits with 6.2 GiB to spare" or "over by 3.1 GiB: the largest term is
-        activations (40.0 GiB)"; None without a GPU."""
+        activations (40.0 GiB)"; None without a GPU. Where the activations are not
+        estimated (`activation_note`) it says the figure leaves them out."""
         margin = self.margin_bytes
         if margin is None:
             return None
         if margin >= 0:
-            return f"fits with {fmt_bytes(margin)} to spare"
+            return f"fits with {fmt_bytes(margin)} to spare" + self.without_activations
         name, value = self.largest_term
         return (
             f"does not fit: over by {fmt_bytes(-margin)}, the largest term is {name} "
-            f"({fmt_bytes(value)})"
+            f"({fmt_bytes(value)})" + self.without_activations
         )
+
+    @property
+    def without_activations(self) -> str:
+        """ ", without its activations (not estimated: why)" where they are not estimated,
+        else "": a fit that leaves them out is no answer to "will it fit?"."""
+        if self.activation_bytes is not None:
+            return ""
+        why = (
+            self.activation_note or "activations not estimated: give a transformer shape or a model"
+        )
+        return f", without its activations ({why})"
 
     @property
     def peak_terms(self) -> dict[str, int]:
