@@ -256,7 +256,9 @@ def test_sample_config_imports_is_estimated_and_reexports_with_the_nvme_warning(
         ["export", "--config", str(path), "--gpus", "8", "--out", str(tmp_path / "job")], capsys
     )
     assert code == 0, err
-    (warning,) = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    warning, buffers = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    # DeepSpeed's buffer sizes: read by an estimate, not set in the session
+    assert buffers.endswith("sizes its own (1): zero_optimization.overlap_comm")
     for key in ("offload_optimizer", "offload_param"):
         assert (
             f"zero_optimization.{key}.nvme_path='/mnt/nvme' (ignored while device is 'cpu')"

@@ -379,7 +379,8 @@ def _notes(e: Any, args: argparse.Namespace, options: dict[str, Any] | None = No
     function the config names and the estimator does not know."""
     notes = _layout_note(e, options) if options is not None else []
     activation = [e.activation_function_note] if e.activation_function_note else []
-    return notes + _dtype_note(e, args) + activation
+    shape = [e.shape_note] if e.shape_note else []
+    return notes + _dtype_note(e, args) + activation + shape
 
 
 def _layout_note(e: Any, options: dict[str, Any]) -> list[str]:

@@ -433,6 +433,7 @@ def estimate_from(i: EstimateInputs, breakdown: ActivationBreakdown | None) -> M
             ),
             "activation_note": i.activation_note,
             "activation_function_note": i.activation_function_note,
+            "shape_note": i.shape_note,
             "experts": arch.experts if arch else None,
             "experts_per_token": arch.experts_per_token if arch else None,
             "peak_bytes": peak.peak_bytes,

@@ -124,6 +124,9 @@ class ModelFacts(NamedTuple):
     #: the shape's assumption where the config names an MLP activation function the
     #: estimator does not know (`activation_functions.unknown_note`)
     activation_function_note: str | None = None
+    #: where the shape comes from when it is not the config's own top level (a multimodal
+    #: model's language model, `text_config`)
+    shape_note: str | None = None
 
     def architecture(self) -> Architecture | None:
         """The shape as an `Architecture` (None without one, or when its fields do not
@@ -235,6 +238,7 @@ def build_facts(
         None,
         shape.reason,
         activation_function_note=shape.activation_function_note,
+        shape_note=built.shape_note if shape.fields else None,
     )
 
 
@@ -463,6 +467,7 @@ class _Built(NamedTuple):
     layer_params: int | None
     routed: tuple[int, ...]
     problems: tuple[str, ...]
+    shape_note: str | None = None
 
 
 def _built(config: Mapping[str, Any]) -> _Built:
@@ -542,7 +547,7 @@ def _build(config: dict[str, Any]) -> _Built:
             f"the {type(module).__name__} built from it has {n:,} parameters, "
             f"{LIMITS['n_params'].too_large()}"
         )
-    resolved = resolved_config(module.config)
+    resolved, note = language_model_config(module.config)
     layers = resolved.get("num_hidden_layers")
     return _Built(
         n,
@@ -551,7 +556,32 @@ def _build(config: dict[str, Any]) -> _Built:
         layer_stack_params(module, layers) if type(layers) is int else None,
         routed_expert_params(module),
         (),
+        note,
     )
+
+
+def language_model_config(hf_config: Any) -> tuple[dict[str, Any], str | None]:
+    """(The resolved config the shape is read from, a note where that is not the config's
+    own top level.) A multimodal model (Gemma 3's, LLaVA's, Mistral 3's: a `text_config`
+    beside a vision tower's, and no layer count of its own) is read as its language model:
+    what a text-only step runs; its vision tower's parameters are in the count (from the
+    module), the activations of images through it are not."""
+    resolved = resolved_config(hf_config)
+    text = getattr(hf_config, "text_config", None)
+    if type(resolved.get("num_hidden_layers")) is int or text is None:
+        return resolved, None
+    try:
+        language = resolved_config(text)
+    except Exception:  # a sub-config that cannot be read: the top level as it is
+        return resolved, None
+    if type(language.get("num_hidden_layers")) is not int:
+        return resolved, None
+    kind = language.get("model_type") or "its language model"
+    note = (
+        f"the activations are {kind}'s, its language model (`text_config`): a text-only "
+        "step; images through its vision tower keep more"
+    )
+    return language, note
 
 
 def _checked_keys(config: Mapping[str, Any], attribute_map: Mapping[str, str]) -> list[str]:
@@ -696,7 +726,7 @@ def module_config_facts(
     transformers module with `n_params` parameters, from its `config`. A family mapped
     by name is trusted as it is (a module's layers may hold adapters, e.g. LoRA); any other
     is mapped only where its layers count exactly (`hf_shape`)."""
-    resolved = resolved_config(module.config)
+    resolved, _ = language_model_config(module.config)
     layers = resolved.get("num_hidden_layers")
     stack = None
     if resolved.get("model_type") not in MAPPED_FAMILIES and isinstance(layers, int):

@@ -61,6 +61,11 @@ embeddings and heads may differ (BERT's token-type table and pooler, OPT's proje
 since the count comes from the module. A family the table does not list gets a shape when
 Llama's or GPT's layout counts its layers exactly, and none otherwise.
 
+A multimodal model (Gemma 3's, LLaVA's, Mistral 3's: a `text_config` beside a vision
+tower's, no layer count at the top level) is read as its language model
+(`hf_build.language_model_config`): the activations of a text-only step; its count is the
+whole module's, the vision tower's too.
+
 No shape (the parameter count stays exact, activations are not estimated, and `note`
 says why) for: encoder-decoders (t5, bart), multi-head latent attention (deepseek_v2/v3),
 mixtures that mix dense and expert layers, and any layer stack the shape does not count.

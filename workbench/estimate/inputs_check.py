@@ -163,6 +163,8 @@ class EstimateInputs:
     # what the shape assumed of an MLP activation function its config names and the
     # estimator does not know (`activation_functions.unknown_note`)
     activation_function_note: str | None = None
+    # where the shape was read when not at the config's top level (`hf_build.ModelFacts`)
+    shape_note: str | None = None
     # the trained parameters' shapes (a module's, or its shape's: `parameter_shapes_of`);
     # None where they do not describe `shard_params` (a factored optimizer's states
     # follow them; without them its bound is counted)
@@ -243,6 +245,7 @@ class _Source(NamedTuple):
     refused: bool = False  # the model, config or module itself was refused
     no_shape_reason: str | None = None  # why a counted model gives no shape
     activation_function_note: str | None = None  # an unknown activation's assumption
+    shape_note: str | None = None  # a multimodal model's language model
 
 
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
@@ -260,11 +263,21 @@ def _training(model: Any, hf_config: Any) -> dict[str, Any]:
         except Exception:  # a config that cannot describe itself says nothing
             return {}
         kernel = getattr(config, "_attn_implementation", None)
-        return training_facts(data, kernel) if isinstance(data, Mapping) else {}
+        return training_facts(_language(data), kernel) if isinstance(data, Mapping) else {}
     from workbench.estimate.hf_config import load_config
 
     config, _, problem = load_config(hf_config, "hf_config")
-    return training_facts(config) if problem is None and config is not None else {}
+    return training_facts(_language(config)) if problem is None and config is not None else {}
+
+
+def _language(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal config's language model (`text_config`, where the top level counts no
+    layers: `hf_build.language_model_config`), whose dropout the step trains with; else the
+    config itself."""
+    text = config.get("text_config")
+    if type(config.get("num_hidden_layers")) is not int and isinstance(text, Mapping):
+        return text
+    return config
 
 
 def _model_source(
@@ -316,6 +329,7 @@ def _model_source(
         refused=bool(facts.problems),
         no_shape_reason=facts.no_shape_reason,
         activation_function_note=facts.activation_function_note,
+        shape_note=facts.shape_note,
     )
 
 
@@ -767,6 +781,7 @@ def check_inputs(given: Mapping[str, Any]) -> EstimateInputs:
             activation_function_note=source.activation_function_note
             if arch is not None and given["activation_function"] is None
             else None,
+            shape_note=source.shape_note if arch is not None else None,
             attention=attention,
             optimizer_impl=impl,
             grad_accum=grad_accum,

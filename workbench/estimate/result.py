@@ -131,6 +131,9 @@ class MemoryEstimate(Readable):
     #: what the estimate assumed where the model's config names an MLP activation function
     #: the estimator does not know (the MLP's default was counted); None otherwise
     activation_function_note: str | None = None
+    #: where the shape was read when not at the config's top level (a multimodal model's
+    #: language model); None otherwise
+    shape_note: str | None = None
     experts: int | None = None
     experts_per_token: int | None = None
     # the peak of a step
@@ -325,6 +328,8 @@ class MemoryEstimate(Readable):
         ]
         if self.activation_function_note:
             rows.append(("  assumed", self.activation_function_note))
+        if self.shape_note:
+            rows.append(("  read", self.shape_note))
         rows += [
             ("states + activations", fmt_bytes(self.total_bytes)),
         ]
