@@ -144,3 +144,21 @@ def test_the_docs_table_is_the_rows() -> None:
     text = (ROOT / "docs" / "estimator.md").read_text()
     block = f"{P.BEGIN}\n{P.markdown_table()}\n{P.END}"
     assert block in text, "run python benchmarks/published_finetune.py --write-docs"
+
+
+_PERCENT = re.compile(r"(?<![\w.])[+-]\d+\.\d%")
+_WAS = re.compile(r"\b(?:was|were) [+-]\d+\.\d%(?: and [+-]\d+\.\d%)?")
+
+
+def test_the_docs_prose_under_the_table_quotes_the_table() -> None:
+    """The bullets under the table ("What the rows show") quote its differences: each
+    signed percentage there is one the table gives (a former figure, after "was" or
+    "were", aside)."""
+    text = (ROOT / "docs" / "estimator.md").read_text()
+    table = P.markdown_table()
+    start = text.index(P.END)
+    prose = text[text.index("What the rows show", start) : text.index("\n## ", start)]
+    quoted = _PERCENT.findall(_WAS.sub("", prose))
+    assert len(quoted) >= 10, quoted
+    missing = [pct for pct in quoted if pct not in table]
+    assert not missing, f"docs/estimator.md quotes {missing}, which the table does not give"
