@@ -579,7 +579,9 @@ def language_model_config(hf_config: Any) -> tuple[dict[str, Any], str | None]:
     kind = language.get("model_type") or "its language model"
     note = (
         f"the activations are {kind}'s, its language model (`text_config`): a text-only "
-        "step; images through its vision tower keep more"
+        "step, where images through its vision tower would keep more; its vision tower's "
+        "parameters are counted as trained, though a text-only step gives them no gradients "
+        "(nor AdamW states): the model states are over by their share"
     )
     return language, note
 

@@ -533,6 +533,9 @@ def _made_batch(
                 "its shapes and dtypes are read)",
             )
         ]
+    if not isinstance(getattr(config, "vocab_size", None), int):
+        # a multimodal model (Gemma 3's, LLaVA's): its language model's tokens
+        config = getattr(config, "text_config", None) or config
     vocab = getattr(config, "vocab_size", None)
     longest = context_length(config)
     s = seq_len if seq_len is not None else longest
