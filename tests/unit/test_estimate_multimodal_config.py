@@ -70,3 +70,20 @@ def test_the_command_line_says_where_the_shape_was_read(tmp_path, capsys) -> Non
     out = capsys.readouterr().out
     assert "note: the activations are gemma3_text's, its language model" in out
     assert "shape: 3 layers, hidden 128" in out
+
+
+def test_a_multimodal_module_is_read_as_its_language_model_too() -> None:
+    """`model=` a built (meta) Gemma 3 module: the same shape, note and dropout as its
+    config.json."""
+    import transformers
+
+    config = _gemma3()
+    hf = transformers.Gemma3Config.from_dict({k: v for k, v in config.items() if k != "model_type"})
+    module = estimate_memory(
+        model=lambda: transformers.Gemma3ForConditionalGeneration(hf), seq_len=64,
+        precision="bf16-true",
+    )  # fmt: skip
+    from_config = estimate_memory(hf_config=config, seq_len=64, precision="bf16-true")
+    assert module.activations == from_config.activations
+    assert module.shape_note == from_config.shape_note
+    assert module.n_params == from_config.n_params

@@ -76,17 +76,41 @@ def test_without_the_parameters_shapes_the_sub_group_size_bounds_it_from_below()
     assert step[FP32_GRAD] == 4 * 10_000
 
 
-@pytest.mark.parametrize("value", [0, 1.5, -3])
-def test_a_bad_sub_group_size_is_refused_naming_the_key(value: float) -> None:
+@pytest.mark.parametrize("value", [1.5, -3, "1e9"])
+def test_a_bad_sub_group_size_is_refused_naming_the_key(value: object) -> None:
     ds = {"zero_optimization": {"sub_group_size": value}}
     with pytest.raises(
         EstimateInputError,
         match=(
             rf"zero_optimization.sub_group_size {value!r}: must be a whole number of elements "
-            r"from 1 to 10\^13"
+            r"from 0 to 10\^13"
         ),
     ):
         estimate_memory(**SHAPE, zero_stage=3, gpus=2, deepspeed_config=ds)
+    # DeepSpeed 0.19's reduce bucket must hold something (`gt=0`); its other sizes `ge=0`
+    with pytest.raises(EstimateInputError, match=r"reduce_bucket_size 0: .* from 1 to 10\^13"):
+        bucket = {"zero_optimization": {"reduce_bucket_size": 0}}
+        estimate_memory(**SHAPE, zero_stage=2, gpus=2, deepspeed_config=bucket)
+
+
+def test_a_sub_group_size_of_0_makes_a_group_of_each_parameter() -> None:
+    """DeepSpeed accepts 0 (`ge=0`): every parameter closes its own group, so the copy is
+    the largest parameter's partition, the token embedding's half: 512 x 128 / 2."""
+    ds = {"zero_optimization": {"sub_group_size": 0}}
+    e = estimate_memory(**SHAPE, precision="bf16", zero_stage=3, gpus=2, deepspeed_config=ds)
+    assert e.peak.points["optimizer step"][FP32_GRAD] == 4 * 32_768
+
+
+def test_stage_3_s_keys_are_read_under_deepspeed_s_field_names_too() -> None:
+    """DeepSpeed reads `max_live_parameters` as `stage3_max_live_parameters` (its field's
+    name beside the alias). Even at 0 what runs is gathered (DeepSpeed fetches per
+    submodule): the formula counts the layer, at most that, GPT's layer of hidden 128
+    (12 x 128^2 + 13 x 128 = 198,272 parameters) in bf16, with the 50-element prefetch:
+    min(all, max(0, the layer), the layer + 50)."""
+    for key in ("max_live_parameters", "stage3_max_live_parameters"):
+        ds = {"zero_optimization": {key: 0, "prefetch_bucket_size": 50}}
+        e = estimate_memory(**SHAPE, precision="bf16", zero_stage=3, gpus=2, deepspeed_config=ds)
+        assert e.peak.points["forward end"][GATHERED] == 2 * 198_272
 
 
 def test_offloaded_optimizer_makes_no_copy_on_the_gpu() -> None:

@@ -262,3 +262,78 @@ def test_the_command_line_takes_and_shows_them(capsys) -> None:
     assert "--norm-impl: not simulated (the dry run runs the model as it is built" in (
         capsys.readouterr().err
     )
+
+
+QWEN3_8B = {
+    "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "num_hidden_layers": 36, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
+}  # fmt: skip
+
+
+def test_qwen3_8b_s_query_and_key_norms_as_docs_estimator_md_gives_them() -> None:
+    """docs/estimator.md: at 1 x 4,096 in bf16 the norms keep (4,096 + 1,024) x 6 bytes a
+    token, 126 MB a layer, +17% of the layer; the allocated peak 78.2 -> 82.4 GiB, over an
+    H100 by 9.1 GiB with the reserve where it was 4.3 without them."""
+    kw = dict(seq_len=4096, precision="bf16-true", attention="sdpa", gpu="h100")
+    with_norms = estimate_memory(hf_config=QWEN3_8B, **kw)
+    assert with_norms.qk_norm
+    shape = Architecture.create(
+        layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn_hidden=12288,
+        mlp="swiglu", norm="rmsnorm", positions="rotary", bias="none", vocab=151936,
+        seq_len=4096, tied_embeddings=False,
+    )  # fmt: skip
+    without = estimate_memory(model=shape, n_params=with_norms.n_params, dropout=False, **kw)
+    a, b = without.activations, with_norms.activations
+    assert b.per_layer_bytes - a.per_layer_bytes == 4096 * (4096 + 1024) * 6 == 125_829_120
+    assert b.per_layer_bytes / a.per_layer_bytes == pytest.approx(1.17, abs=0.005)
+    assert without.peak_bytes / 2**30 == pytest.approx(78.2, abs=0.05)
+    assert with_norms.peak_bytes / 2**30 == pytest.approx(82.4, abs=0.05)
+    assert -without.margin_bytes / 2**30 == pytest.approx(4.3, abs=0.05)
+    assert -with_norms.margin_bytes / 2**30 == pytest.approx(9.1, abs=0.05)
+
+
+def test_gemma3_12b_s_norms_of_the_blocks_outputs_as_docs_estimator_md_gives_them() -> None:
+    """docs/estimator.md: at Gemma 3 12B's shape, 1 x 4,096 in bf16, a layer keeps 1.04 GiB
+    without `post_norms` and 1.27 GiB with them (2 x 3,840 x 8 bytes a token more)."""
+    arch = Architecture.create(
+        layers=48, hidden=3840, heads=16, kv_heads=8, head_dim=256, ffn_hidden=15360,
+        mlp="swiglu", norm="rmsnorm", positions="rotary", bias="none", vocab=262208,
+        seq_len=4096, activation_function="gelu_pytorch_tanh", norm_impl="gemma",
+        qk_norm=True, tied_embeddings=True,
+    )  # fmt: skip
+    kw = dict(precision="bf16-true", dropout=False, attention="sdpa")
+    a = estimate_memory(model=arch, **kw).activations.per_layer_bytes
+    b = estimate_memory(model=arch.replace(post_norms=True), **kw).activations.per_layer_bytes
+    assert b - a == 2 * 3840 * 8 * 4096
+    assert (round(a / 2**30, 2), round(b / 2**30, 2)) == (1.04, 1.27)
+
+
+def test_a_built_family_s_layout_flags_are_refused_naming_them(capsys, tmp_path) -> None:
+    """Whether a family's layers run query/key norms or norms of the blocks' outputs is its
+    `model_type`'s: a config counted by building its model refuses either flag."""
+    gemma = _config("gemma3_text", head_dim=16, hidden_activation="gelu_pytorch_tanh")
+    with pytest.raises(EstimateInputError, match=r"post_norms=False: the gemma3_text config"):
+        estimate_memory(hf_config=gemma, post_norms=False)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_8B))
+    with pytest.raises(SystemExit) as stopped:
+        main(["estimate", "--hf-config", str(path), "--qk-norm"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "--qk-norm: the qwen3 config.json is counted by building transformers' model" in err
+
+
+def test_a_shape_the_dry_run_cannot_build_with_its_norms_is_not_built() -> None:
+    """`hf_shape.config_of` builds query/key norms as Qwen3's (a Llama layout) and no norms
+    of the blocks' outputs: a GPT-2 shape with either, or a Llama one with the second, gets
+    no config rather than a model without them."""
+    from workbench.estimate.hf_shape import config_of
+
+    gpt2 = find_model("gpt2").architecture
+    llama = find_model("llama-3-8b").architecture
+    assert config_of(gpt2.replace(qk_norm=True)) is None
+    assert config_of(gpt2.replace(post_norms=True)) is None
+    assert config_of(llama.replace(post_norms=True)) is None
+    assert config_of(llama.replace(qk_norm=True))["model_type"] == "qwen3"

@@ -171,3 +171,16 @@ def test_without_lazy_module_loading_the_context_is_the_eager_measurement() -> N
     assert eager.overhead_bytes - lazy.overhead_bytes == 666_632_192 - 534 * MIB
     with pytest.raises(EstimateInputError, match="lazy_loading='no': must be True or False"):
         estimate_memory(model="gpt2", lazy_loading="no")
+
+
+def test_the_estimator_panel_s_verdict_says_it_leaves_the_activations_out_too() -> None:
+    """The panel words the verdict in its own units (`EstimatorPanel._verdict`): the same
+    ", without its activations (...)" where they are not estimated."""
+    from workbench.ui.estimator import EstimatorPanel
+
+    bare = estimate_memory(n_params="1B", gpu="h100", precision="bf16")
+    text = EstimatorPanel._verdict(bare, "GiB")
+    assert text.startswith("fits with ") and text.endswith(bare.without_activations)
+    assert bare.without_activations
+    shaped = estimate_memory(model="gpt2", gpu="h100", precision="bf16")
+    assert "without its activations" not in EstimatorPanel._verdict(shaped, "GiB")

@@ -27,7 +27,7 @@ from workbench.deepspeed.keys import (
 )
 from workbench.deepspeed.problems import KeyProblem, keyed
 from workbench.deepspeed.reader import Reader
-from workbench.estimate.deepspeed_buffers import DEFAULTS as BUFFER_DEFAULTS
+from workbench.estimate.deepspeed_buffers import READ_KEYS as BUFFER_KEYS
 from workbench.inputs import shown
 
 # ---- ZeRO and precision (as DeepSpeed parsed them)
@@ -48,7 +48,7 @@ def read_zero(r: Reader, raw: Any, parsed: Any, kw: dict[str, Any]) -> None:
         )
         return
     for key in raw:
-        if key in BUFFER_DEFAULTS:
+        if key in BUFFER_KEYS:
             r.estimate_only.append(f"zero_optimization.{key}")
         elif key not in _ZERO_MODELLED:
             r.ignore(f"zero_optimization.{key}")

@@ -11,8 +11,11 @@ and reads from its `zero_optimization` block, and nothing else:
     sub_group_size                elements of a rank's partition stage 3's step flattens
                                   and upcasts at a time (default 1e9)
 
-A size may be an integer or an integral number (`5e8` in JSON is a number); Hugging Face's
-"auto" means the default here. The file is read by `workbench.inputs.read_json` (a regular
+A size may be an integer or an integral number (`5e8` in JSON is a number), 0 or more as
+DeepSpeed 0.19 allows (`reduce_bucket_size` 1 or more: its field is `gt=0`, the others
+`ge=0`); stage 3's two keys also under their field names, as DeepSpeed reads them
+(`prefetch_bucket_size`, `max_live_parameters`). Hugging Face's "auto" means the default
+here. The file is read by `workbench.inputs.read_json` (a regular
 file, at most 16 MiB, strict JSON); nothing in it is run. The stage, precision and batch
 come from `estimate_memory`'s own arguments (`workbench estimate --deepspeed-config` reads
 those from the file through `workbench.deepspeed`).
@@ -40,6 +43,13 @@ DEFAULTS: dict[str, Any] = {
     "overlap_comm": False,
 }
 _SIZES = tuple(k for k in DEFAULTS if k != "overlap_comm")
+#: DeepSpeed's field names for the keys its config also takes under an alias
+FIELD_NAMES = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "max_live_parameters": "stage3_max_live_parameters",
+}
+#: every key of `zero_optimization` read here (`workbench.deepspeed` names them on import)
+READ_KEYS = frozenset((*DEFAULTS, *FIELD_NAMES))
 #: The largest bucket read (elements): 10^13, far beyond any GPU's memory.
 MAX_ELEMENTS = 10**13
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -77,13 +87,19 @@ def read_deepspeed_buffers(
         ]
     out = dict(DEFAULTS)
     problems: list[Problem] = []
+    named = {FIELD_NAMES.get(k, k): k for k in zero if isinstance(k, str)}
     for key in _SIZES:
-        value = zero.get(key)
+        given = named.get(key, key)
+        value = zero.get(given)
         if value is None or value == "auto":
             continue
+        least = 1 if key == "reduce_bucket_size" else 0
         number = as_float(value) if not isinstance(value, str) else None
-        if number is None or not number.is_integer() or not 1 <= number <= MAX_ELEMENTS:
-            message = f"zero_optimization.{key} {shown(value)}: must be a whole number of elements from 1 to 10^13"
+        if number is None or not number.is_integer() or not least <= number <= MAX_ELEMENTS:
+            message = (
+                f"zero_optimization.{given} {shown(value)}: must be a whole number of "
+                f"elements from {least} to 10^13"
+            )
             problems.append(Problem(field, where, message))
             continue
         out[key] = int(number)
@@ -97,4 +113,4 @@ def read_deepspeed_buffers(
     return out, problems
 
 
-__all__ = ["DEFAULTS", "read_deepspeed_buffers"]
+__all__ = ["DEFAULTS", "FIELD_NAMES", "READ_KEYS", "read_deepspeed_buffers"]

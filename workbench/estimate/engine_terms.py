@@ -128,7 +128,10 @@ def _zero3_live(i: EstimateInputs) -> int:
     ds = i.deepspeed
     layer, _ = _block_params(i)
     ahead = min(int(ds["stage3_prefetch_bucket_size"]), i.shard_params)
-    return min(i.shard_params, int(ds["stage3_max_live_parameters"]), layer + ahead)
+    # what runs is gathered whatever `stage3_max_live_parameters` says: DeepSpeed fetches
+    # per submodule, so a limit under a layer is counted as the layer (at most that)
+    live = max(int(ds["stage3_max_live_parameters"]), layer)
+    return min(i.shard_params, live, layer + ahead)
 
 
 def trained_params(i: EstimateInputs) -> int:
@@ -298,8 +301,8 @@ def largest_sub_group(i: EstimateInputs, psi: int) -> int:
     bounds it from below."""
     size = int(i.deepspeed["sub_group_size"])
     shapes = i.parameter_shapes if i.lora is None else None
-    if shapes is None:
-        return min(-(-psi // i.data_parallel), size)
+    if shapes is None:  # 0: a parameter a group, of sizes not known: the whole partition
+        return min(-(-psi // i.data_parallel), size or psi)
     partitions = [-(-math.prod(shape) // i.data_parallel) for shape in shapes]
     if size >= sum(partitions):
         return sum(partitions)

@@ -67,12 +67,13 @@ def module_facts(model: Any) -> ModelFacts:
     active = active_from_experts(n, routed_expert_params(module), {})
     note: str | None = None
     act_note: str | None = None  # an MLP activation function the estimator does not know
+    read: str | None = None  # a multimodal model's language model
     config = getattr(module, "config", None)
     if callable(getattr(config, "to_dict", None)) and isinstance(
         getattr(config, "model_type", None), str
     ):
         try:
-            fields, active, note, act_note = module_config_facts(module, n)
+            fields, active, note, act_note, read = module_config_facts(module, n)
         except Exception as exc:  # a config that cannot describe itself: count only
             msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             note = f"activations not estimated: its config could not be read ({msg})"
@@ -86,6 +87,7 @@ def module_facts(model: Any) -> ModelFacts:
         shapes,
         training=_training_of(module),
         activation_function_note=act_note,
+        shape_note=read,
     )
 
 
@@ -103,7 +105,11 @@ def _training_of(module: Any) -> dict[str, Any] | None:
     except Exception:  # a config that cannot describe itself says nothing
         return None
     kernel = getattr(config, "_attn_implementation", None)
-    return training_facts(data, kernel) if isinstance(data, Mapping) else None
+    if not isinstance(data, Mapping):
+        return None
+    from workbench.estimate.hf_build import language_model
+
+    return training_facts(language_model(data), kernel)
 
 
 def _name(obj: Any) -> str:

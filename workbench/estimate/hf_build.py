@@ -560,6 +560,16 @@ def _build(config: dict[str, Any]) -> _Built:
     )
 
 
+def language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config dict's language model: its `text_config` where the top level counts no
+    layers and the text config does (a multimodal model), else the config itself (the
+    dropout a step trains with is read from the same place as the shape)."""
+    text = config.get("text_config")
+    if type(config.get("num_hidden_layers")) is int or not isinstance(text, Mapping):
+        return config
+    return text if type(text.get("num_hidden_layers")) is int else config
+
+
 def language_model_config(hf_config: Any) -> tuple[dict[str, Any], str | None]:
     """(The resolved config the shape is read from, a note where that is not the config's
     own top level.) A multimodal model (Gemma 3's, LLaVA's, Mistral 3's: a `text_config`
@@ -568,7 +578,7 @@ def language_model_config(hf_config: Any) -> tuple[dict[str, Any], str | None]:
     module), the activations of images through it are not."""
     resolved = resolved_config(hf_config)
     text = getattr(hf_config, "text_config", None)
-    if type(resolved.get("num_hidden_layers")) is int or text is None:
+    if text is None or language_model(resolved) is resolved:
         return resolved, None
     try:
         language = resolved_config(text)
@@ -579,9 +589,9 @@ def language_model_config(hf_config: Any) -> tuple[dict[str, Any], str | None]:
     kind = language.get("model_type") or "its language model"
     note = (
         f"the activations are {kind}'s, its language model (`text_config`): a text-only "
-        "step, where images through its vision tower would keep more; its vision tower's "
-        "parameters are counted as trained, though a text-only step gives them no gradients "
-        "(nor AdamW states): the model states are over by their share"
+        "step, where images through its vision tower would keep more; its vision tower's and "
+        "projector's parameters are counted as trained, though a text-only step gives them "
+        "no gradients (nor AdamW states): the model states are over by their share"
     )
     return language, note
 
@@ -722,13 +732,14 @@ def routed_expert_params(module: Any) -> tuple[int, ...]:
 
 def module_config_facts(
     module: Any, n_params: int
-) -> tuple[dict[str, Any], int | None, str | None, str | None]:
+) -> tuple[dict[str, Any], int | None, str | None, str | None, str | None]:
     """(`Architecture` fields, active parameters, the note when there is no shape, the
-    note when its MLP activation function is not one the estimator knows) of a
+    note when its MLP activation function is not one the estimator knows, where the shape
+    was read when not at the config's top level: `language_model_config`) of a
     transformers module with `n_params` parameters, from its `config`. A family mapped
     by name is trusted as it is (a module's layers may hold adapters, e.g. LoRA); any other
     is mapped only where its layers count exactly (`hf_shape`)."""
-    resolved, _ = language_model_config(module.config)
+    resolved, read = language_model_config(module.config)
     layers = resolved.get("num_hidden_layers")
     stack = None
     if resolved.get("model_type") not in MAPPED_FAMILIES and isinstance(layers, int):
@@ -738,7 +749,8 @@ def module_config_facts(
     note = shape.note
     if shape.problems:
         note = no_activations(f"its config does not give a shape ({shape.problems[0]})")
-    return shape.fields, active, note, shape.activation_function_note
+    read = read if shape.fields else None
+    return shape.fields, active, note, shape.activation_function_note, read
 
 
 __all__ = [
@@ -753,6 +765,8 @@ __all__ = [
     "config_facts",
     "config_key",
     "layer_stack_params",
+    "language_model",
+    "language_model_config",
     "module_config_facts",
     "override_config",
     "resolved_config",

@@ -675,9 +675,12 @@ def config_of(arch: Any) -> dict[str, Any] | None:
     act = getattr(arch, "activation_function", None) or "gelu"
     act = "gelu_pytorch_tanh" if act == "bloom_gelu" else act
     common = {"vocab_size": arch.vocab, "tie_word_embeddings": bool(arch.tied_embeddings)}
-    if not getattr(arch, "causal", True):
-        return None
-    if arch.mlp == "swiglu" and arch.norm == "rmsnorm" and arch.positions == "rotary":
+    if not getattr(arch, "causal", True) or getattr(arch, "post_norms", False):
+        return None  # an encoder; Gemma's norms of the blocks' outputs
+    llama_like = arch.mlp == "swiglu" and arch.norm == "rmsnorm" and arch.positions == "rotary"
+    if getattr(arch, "qk_norm", False) and not llama_like:
+        return None  # query and key norms: built as Qwen3's, a Llama layout only
+    if llama_like:
         config = {
             **common,
             "model_type": "mixtral" if arch.is_moe else "llama",
@@ -692,8 +695,6 @@ def config_of(arch: Any) -> dict[str, Any] | None:
             "head_dim": arch.head_dim,
             "hidden_act": act,
         }
-        if getattr(arch, "post_norms", False):  # Gemma's layout: not built here
-            return None
         if getattr(arch, "qk_norm", False):  # Qwen3: RMSNorms on Q and K per head
             if arch.is_moe or arch.bias != "none":
                 return None

@@ -271,13 +271,10 @@ def _training(model: Any, hf_config: Any) -> dict[str, Any]:
 
 
 def _language(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A multimodal config's language model (`text_config`, where the top level counts no
-    layers: `hf_build.language_model_config`), whose dropout the step trains with; else the
-    config itself."""
-    text = config.get("text_config")
-    if type(config.get("num_hidden_layers")) is not int and isinstance(text, Mapping):
-        return text
-    return config
+    """`hf_build.language_model` (a multimodal config's `text_config`), imported when used."""
+    from workbench.estimate.hf_build import language_model
+
+    return language_model(config)
 
 
 def _model_source(

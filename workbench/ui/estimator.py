@@ -667,11 +667,11 @@ class EstimatorPanel(PanelBase):
         if margin is None:
             return ""
         if margin >= 0:
-            return f"fits with {format_bytes(margin, u)} to spare"
+            return f"fits with {format_bytes(margin, u)} to spare" + e.without_activations
         name, value = e.largest_term
         return (
             f"does not fit: over by {format_bytes(-margin, u)}, the largest term is {name} "
-            f"({format_bytes(value, u)})"
+            f"({format_bytes(value, u)})" + e.without_activations
         )
 
     @staticmethod
