@@ -103,8 +103,8 @@ def test_a_sub_group_size_of_0_makes_a_group_of_each_parameter() -> None:
 
 def test_stage_3_s_keys_are_read_under_deepspeed_s_field_names_too() -> None:
     """DeepSpeed reads `max_live_parameters` as `stage3_max_live_parameters` (its field's
-    name beside the alias). Even at 0 what runs is gathered (DeepSpeed fetches per
-    submodule): the formula counts the layer, at most that, GPT's layer of hidden 128
+    name beside the alias). Even at 0 what runs is gathered: the formula counts the layer
+    (a floor: docs/dry_run.md), GPT's layer of hidden 128
     (12 x 128^2 + 13 x 128 = 198,272 parameters) in bf16, with the 50-element prefetch:
     min(all, max(0, the layer), the layer + 50)."""
     for key in ("max_live_parameters", "stage3_max_live_parameters"):

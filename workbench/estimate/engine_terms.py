@@ -128,8 +128,9 @@ def _zero3_live(i: EstimateInputs) -> int:
     ds = i.deepspeed
     layer, _ = _block_params(i)
     ahead = min(int(ds["stage3_prefetch_bucket_size"]), i.shard_params)
-    # what runs is gathered whatever `stage3_max_live_parameters` says: DeepSpeed fetches
-    # per submodule, so a limit under a layer is counted as the layer (at most that)
+    # what runs is gathered whatever `stage3_max_live_parameters` says: a limit under a
+    # layer is counted as the layer (a floor: the dry run of DeepSpeed's engine keeps the
+    # whole tiny GPT gathered at the forward's end with the limit and prefetch at 0)
     live = max(int(ds["stage3_max_live_parameters"]), layer)
     return min(i.shard_params, live, layer + ahead)
 
