@@ -94,7 +94,7 @@ def module_facts(model: Any) -> ModelFacts:
 def _training_of(module: Any) -> dict[str, Any] | None:
     """The dropout and attention kernel the built module's Hugging Face config says it
     trains with (a module given or built by a function alike); None without one."""
-    from workbench.estimate.hf_shape import training_facts
+    from workbench.estimate.hf_shape import language_model, training_facts
 
     config = getattr(module, "config", None)
     to_dict = getattr(config, "to_dict", None)
@@ -105,11 +105,7 @@ def _training_of(module: Any) -> dict[str, Any] | None:
     except Exception:  # a config that cannot describe itself says nothing
         return None
     kernel = getattr(config, "_attn_implementation", None)
-    if not isinstance(data, Mapping):
-        return None
-    from workbench.estimate.hf_build import language_model
-
-    return training_facts(language_model(data), kernel)
+    return training_facts(language_model(data), kernel) if isinstance(data, Mapping) else None
 
 
 def _name(obj: Any) -> str:

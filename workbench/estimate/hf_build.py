@@ -59,6 +59,7 @@ from workbench.estimate.hf_shape import (
     STANDARD_KEYS,
     experts_and_top_k,
     family_shape,
+    language_model,
     no_activations,
 )
 from workbench.estimate.limits import LIMITS, as_bool, check_number
@@ -560,16 +561,6 @@ def _build(config: dict[str, Any]) -> _Built:
     )
 
 
-def language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A config dict's language model: its `text_config` where the top level counts no
-    layers and the text config does (a multimodal model), else the config itself (the
-    dropout a step trains with is read from the same place as the shape)."""
-    text = config.get("text_config")
-    if type(config.get("num_hidden_layers")) is int or not isinstance(text, Mapping):
-        return config
-    return text if type(text.get("num_hidden_layers")) is int else config
-
-
 def language_model_config(hf_config: Any) -> tuple[dict[str, Any], str | None]:
     """(The resolved config the shape is read from, a note where that is not the config's
     own top level.) A multimodal model (Gemma 3's, LLaVA's, Mistral 3's: a `text_config`
@@ -765,7 +756,6 @@ __all__ = [
     "config_facts",
     "config_key",
     "layer_stack_params",
-    "language_model",
     "language_model_config",
     "module_config_facts",
     "override_config",

@@ -208,6 +208,16 @@ def family_shape(config: Mapping[str, Any], layer_params: int | None) -> Shape:
     return Shape(mapped.fields, None, [], None, act_note)
 
 
+def language_model(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config dict's language model: its `text_config` where the top level counts no
+    layers and the text config does (a multimodal model), else the config itself (the
+    dropout a step trains with is read from the same place as the shape)."""
+    text = config.get("text_config")
+    if type(config.get("num_hidden_layers")) is int or not isinstance(text, Mapping):
+        return config
+    return text if type(text.get("num_hidden_layers")) is int else config
+
+
 def experts_and_top_k(config: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """(routed experts per layer, experts per token) under any of their names, or None."""
     return _first_int(config, EXPERT_KEYS), _first_int(config, TOP_K_KEYS)
@@ -531,6 +541,7 @@ _LAYOUTS = (
 
 __all__ = [
     "BLOOM_SEQ_LEN",
+    "language_model",
     "EXPERT_KEYS",
     "MAPPED_FAMILIES",
     "STANDARD_KEYS",

@@ -251,7 +251,7 @@ class _Source(NamedTuple):
 def _training(model: Any, hf_config: Any) -> dict[str, Any]:
     """The dropout and attention kernel a module's or a config's Hugging Face config says
     it trains with (`hf_shape.training_facts`; {} when there is no config)."""
-    from workbench.estimate.hf_shape import training_facts
+    from workbench.estimate.hf_shape import language_model, training_facts
 
     if model is not None:
         config = getattr(model, "config", None)
@@ -263,18 +263,11 @@ def _training(model: Any, hf_config: Any) -> dict[str, Any]:
         except Exception:  # a config that cannot describe itself says nothing
             return {}
         kernel = getattr(config, "_attn_implementation", None)
-        return training_facts(_language(data), kernel) if isinstance(data, Mapping) else {}
+        return training_facts(language_model(data), kernel) if isinstance(data, Mapping) else {}
     from workbench.estimate.hf_config import load_config
 
     config, _, problem = load_config(hf_config, "hf_config")
-    return training_facts(_language(config)) if problem is None and config is not None else {}
-
-
-def _language(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`hf_build.language_model` (a multimodal config's `text_config`), imported when used."""
-    from workbench.estimate.hf_build import language_model
-
-    return language_model(config)
+    return training_facts(language_model(config)) if problem is None and config is not None else {}
 
 
 def _model_source(
