@@ -292,12 +292,11 @@ class FSDPBackend(DistributedBackend):
         model.update(frozen_weights(self._frozen))
         opt_state: dict[str, dict[str, Any]] = {}
         if any(bool(s) for s in self.optimizer.state.values()):
-            full = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
-            for name, st in full["state"].items():  # 8-bit moments dequantized to fp32
-                opt_state[name] = {
-                    k: (neutral(v.detach()).cpu() if isinstance(v, torch.Tensor) else v)
-                    for k, v in st.items()
-                }
+            # the shards by name (no collective), each gathered here once it is a plain
+            # fp32 shard: see `_gathered`
+            shards = get_optimizer_state_dict(self._sharded, self.optimizer)
+            for name, st in shards["state"].items():
+                opt_state[name] = {k: _gathered(v) for k, v in st.items()}
         return self._neutral_state(
             model, opt_state, self._family, scaler_state(self.scaler, self.config)
         )
@@ -315,7 +314,8 @@ class FSDPBackend(DistributedBackend):
         if saved:
             options = StateDictOptions(full_state_dict=True)
             assert self._sharded is not None
-            fresh = get_optimizer_state_dict(self._sharded, self.optimizer, options=options)
+            # the groups by name; the state is replaced whole below, so it is not gathered
+            fresh = get_optimizer_state_dict(self._sharded, self.optimizer)
             # the full tensors where the shards live (host memory under CPU offload), in the
             # parameters' dtype (bf16 moments into fp32 shards and back)
             home = torch.device("cpu") if self.offload else self.device
@@ -409,6 +409,27 @@ def _state_tensor(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
     return value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+
+
+def _gathered(value: Any) -> Any:
+    """An optimizer-state value whole on the CPU, 8-bit moments dequantized to fp32
+    (collective for a DTensor: every rank calls it, in the same order). Each rank
+    dequantizes its own shard and the plain fp32 shards are gathered: gathering torchao's
+    `OptimState8bit` itself (its codes and scales through functional collectives, what
+    `get_optimizer_state_dict(full_state_dict=True)` does) corrupted gloo's heap now and
+    then on torch 2.13 / torchao 0.18 (a rank aborting in `malloc`)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not isinstance(value, DTensor):
+        return neutral(value.detach()).cpu()
+    local = neutral(value.to_local().detach())
+    plain = DTensor.from_local(
+        local, value.device_mesh, value.placements, run_check=False,
+        shape=value.shape, stride=value.stride(),
+    )  # fmt: skip
+    return plain.full_tensor().cpu()
 
 
 def _is_8bit(t: torch.Tensor) -> bool:
