@@ -77,6 +77,11 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+#: pip's byte-compiling of every installed module (about a minute for these 2 GB) left to
+#: Python, which compiles what it imports: what is installed, and how it runs, is the same
+NO_COMPILE = ("--no-compile",)
+
+
 def _torch_requirement() -> str:
     from importlib.metadata import version
 
@@ -104,7 +109,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     )  # fmt: skip
     wheel = dist / f"{STEM}-py3-none-any.whl"
     result = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *NO_COMPILE,
          f"{wheel}[test]", _torch_requirement()],
         capture_output=True, text=True, cwd=outside, env=_clean_env(), timeout=1500,
     )  # fmt: skip
@@ -247,7 +252,7 @@ def test_environment_yml_builds_an_environment_where_the_tests_pass(
     the Python release and pip alone, so the environment is a venv of that release (this
     interpreter's); its `pip:` section is installed as conda installs it, written to a
     requirements file beside environment.yml (a copy of the source tree) and run there with
-    `python -m pip install -U -r FILE --exists-action=b`. torch is this venv's release,
+    `python -m pip install -U -r FILE --exists-action=b` (`NO_COMPILE` beside). torch is this venv's release,
     installed first, as `make install` does on a machine without a GPU (with none, pip
     would take PyPI's default build: CUDA on Linux, which also runs on a CPU). In that
     environment the dependencies are consistent (`pip check`), the workbench's command
@@ -282,10 +287,11 @@ def test_environment_yml_builds_an_environment_where_the_tests_pass(
         return result.stdout
 
     try:
-        run(py, "-m", "pip", "install", "--quiet", _torch_requirement(), timeout=900)
+        run(py, "-m", "pip", "install", "--quiet", *NO_COMPILE, _torch_requirement(),
+            timeout=900)  # fmt: skip
         requirements = source / "condaenv.workbench.requirements.txt"
         requirements.write_text("\n".join(pip_specs))
-        run(py, "-m", "pip", "install", "--quiet", "-U", "-r", requirements.name,
+        run(py, "-m", "pip", "install", "--quiet", *NO_COMPILE, "-U", "-r", requirements.name,
             "--exists-action=b", timeout=1500)  # fmt: skip
         run(py, "-m", "pip", "check")
         out = run(str(env_dir / "bin" / "workbench"), "estimate", "--model", "llama-2-7b")
