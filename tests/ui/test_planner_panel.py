@@ -143,5 +143,12 @@ def test_the_mfu_and_your_nccl_tests_reach_the_planner(tmp_path) -> None:
         assert panel.plan() is None and "missing.txt" in panel.status.value
         assert "no such file" in panel.status.value
         assert panel.result is result and panel.table.value == table
+        panel.nccl_tests.value, panel.nccl_ib_defaults.value = "", True
+        untuned = panel.plan()
+        assert untuned.cluster.network_factor == 0.8
+        assert "NCCL's default InfiniBand settings" in html.unescape(panel.status.value)
+        panel.nccl_tests.value = str(run)  # both: refused, the last ranking stays
+        assert panel.plan() is None and panel.result is untuned
+        assert "nccl_ib_defaults=True: give it or nccl_tests=" in html.unescape(panel.status.value)
     finally:
         panel.close()

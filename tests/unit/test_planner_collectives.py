@@ -8,7 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from workbench.planner.collectives import Fabric, collective, placement, seconds
+from workbench.planner.collectives import (
+    NCCL_IB_DEFAULTS_SHARE,
+    Fabric,
+    collective,
+    placement,
+    seconds,
+)
 from workbench.planner.hardware import cluster
 from workbench.planner.schedules import bubble_fraction, compute_speedup, schedule_problems
 from workbench.planner.steptime import Layout, Shape, step_time
@@ -34,6 +40,16 @@ _DG = (
     "https://github.com/togethercomputer/together-dgxc-benchmarking, "
     "worklog/2026-04-09_nccl_benchmark.md"
 )
+# The second cluster's rows ran NCCL's default InfiniBand settings: the 2026-05-02 re-run is
+# the repository's benchmarks/B200/collective-scaling/submit_all.sh (the report's re-run
+# command; its 2G-16G sweep, -g 1, 5 + 20 iterations), whose job environment sets
+# NCCL_IB_HCA, NCCL_SOCKET_IFNAME, CUDA_DEVICE_MAX_CONNECTIONS, NCCL_TIMEOUT and NCCL_DEBUG
+# and no NCCL_IB_QPS_PER_CONNECTION or NCCL_IB_AR_THRESHOLD; the 2026-04-09 sweep is
+# benchmarks/run_slurm.sh's matrix (all_reduce, all_gather, reduce_scatter x ring, nvls,
+# collnet_sharp; 1M-8G; 5 + 20 iterations), whose job environment had none of them either
+# until the 2026-07-11 report found them worth 20-25% of a ring's bandwidth. So they are
+# planned as `plan(nccl_ib_defaults=True)` plans: the network at NCCL_IB_DEFAULTS_SHARE.
+_IB_DEFAULTS = (_MD, _DG)
 # a healthy two-node B200 pair (MIT ORCD), NCCL 2.29.2, NCCL's own algorithm choice
 _MIT = (
     "https://github.com/mit-orcd/orcd-benchmarks, b200-ubuntu/out-nccl-2node/"
@@ -143,21 +159,26 @@ PUBLISHED = [
     # reduce-scatter ring at 8 GiB, the mean of three runs, 384.1 GB/s (2026-07-11)
     ("reduce_scatter", 4, 8, "b200", 8, 400, 8 * _GIB, 384.1, "ring",
      f"{_FA}2026-07-11_nccl_4n_tuned_vs_may.md (4 x 8 B200, ring)", None),
-    # a second B200 cluster, 8 NDR 400 Gb/s HCAs a node, NCCL 2.29.7, no NCCL IB settings
-    # listed, -b 2G -e 16G, -g 1: Ring at 16 GiB, all-reduce 8 nodes 322.6, 32 nodes 304.4,
-    # all-gather 8 nodes 311.5 GB/s (the re-run tables, 2026-05-02)
+    # the same cluster's same-day A/B on 4 nodes (2026-07-11), ring at 8 GiB with the vendor
+    # IB settings: all-reduce 384.0, all-gather 376.2 GB/s (without them 307.3 and 308.7:
+    # the source of NCCL_IB_DEFAULTS_SHARE, test_nccls_default_ib_settings_cost_a_fifth)
+    ("all_reduce", 4, 8, "b200", 8, 400, 8 * _GIB, 384.0, "ring",
+     f"{_FA}2026-07-11_nccl_collective_scaling_report.md (4 x 8 B200, ring, tuned)", None),
+    ("all_gather", 4, 8, "b200", 8, 400, 8 * _GIB, 376.2, "ring",
+     f"{_FA}2026-07-11_nccl_collective_scaling_report.md (4 x 8 B200, ring, tuned)", None),
+    # a second B200 cluster, 8 NDR 400 Gb/s HCAs a node, NCCL 2.29.7, -b 2G -e 16G, -g 1,
+    # run with NCCL's default IB settings (_IB_DEFAULTS): Ring at 16 GiB, all-reduce 8 nodes
+    # 322.6, 32 nodes 304.4, all-gather 8 nodes 311.5 GB/s (the re-run tables, 2026-05-02)
     ("all_reduce", 8, 8, "b200", 8, 400, 16 * _GIB, 322.6, "ring", f"{_MD} (8 x 8 B200, Ring)",
-     "+18%: 8 x 48 GB/s of NDR channels carried at 322.6 (84%), where the first B200 "
-     "cluster carries 389.5 at 8 nodes; its own 4-node runs without NCCL_IB_QPS_PER_CONNECTION"
-     "=2, NCCL_IB_AR_THRESHOLD=0 and three other NCCL settings gave 307.3 GB/s, 384.0 with "
-     "them (2026-07-11 report); this report lists no NCCL settings, so no term is added"),
+     None),
     ("all_reduce", 32, 8, "b200", 8, 400, 16 * _GIB, 304.4, "ring", f"{_MD} (32 x 8 B200, Ring)",
-     "+23%: the 8-node row's shortfall, at 304.4 against the first cluster's 386.8"),
+     None),
     ("all_gather", 8, 8, "b200", 8, 400, 16 * _GIB, 311.5, "ring", f"{_MD} (8 x 8 B200, Ring)",
-     "+22%: the all-reduce rows' shortfall, at 311.5 against the first cluster's 380.6"),
+     None),
     # the second cluster's sweep of 2026-04-09 ("peak average busBW at the largest message
     # size (8 GB)", sizes 1 MB to 8 GB by factors of 2, 20 iterations), NCCL 2.29.7, its
-    # Ring column: NCCL_ALGO=RING, NCCL_NVLS_ENABLE=0, NCCL_COLLNET_ENABLE=0
+    # Ring column: NCCL_ALGO=RING, NCCL_NVLS_ENABLE=0, NCCL_COLLNET_ENABLE=0; NCCL's default
+    # IB settings (_IB_DEFAULTS)
     ("all_reduce", 1, 8, "b200", 8, 400, 8 * _GIB, 698.09, "ring", f"{_DG} (8 B200, Ring)", None),
     ("all_gather", 1, 8, "b200", 8, 400, 8 * _GIB, 676.14, "ring", f"{_DG} (8 B200, Ring)", None),
     ("reduce_scatter", 1, 8, "b200", 8, 400, 8 * _GIB, 690.56, "ring", f"{_DG} (8 B200, Ring)",
@@ -169,13 +190,11 @@ PUBLISHED = [
     ("reduce_scatter", 2, 8, "b200", 8, 400, 8 * _GIB, 343.30, "ring",
      f"{_DG} (2 x 8 B200, Ring)", None),
     ("reduce_scatter", 8, 8, "b200", 8, 400, 8 * _GIB, 312.85, "ring",
-     f"{_DG} (8 x 8 B200, Ring)",
-     "+21%: the cluster's shortfall of the all-reduce rows above (312.9 against the model's 378.9)"),
+     f"{_DG} (8 x 8 B200, Ring)", None),
     ("all_gather", 32, 8, "b200", 8, 400, 8 * _GIB, 324.02, "ring",
      f"{_DG} (32 x 8 B200, Ring)", None),
     ("reduce_scatter", 32, 8, "b200", 8, 400, 8 * _GIB, 309.29, "ring",
-     f"{_DG} (32 x 8 B200, Ring)",
-     "+18%: the cluster's shortfall of the all-reduce rows above (309.3 against the model's 364.3)"),
+     f"{_DG} (32 x 8 B200, Ring)", None),
     # two B200 nodes, 8 x 400 Gb/s NDR rails each (NCCL_IB_HCA names the eight), NCCL 2.29.2,
     # -b 1M -e 16G -f 4 -g 8, NCCL's own algorithm: out-of-place busbw at 16 GiB; the
     # reporter calls the fabric healthy (its summary.md: sendrecv at 98% of a rail)
@@ -220,6 +239,8 @@ def test_published_nccl_tests_bus_bandwidths(
     busbw: float, algo: str | None, source: str, off: str | None,
 ) -> None:  # fmt: skip
     fabric = _fabric(gpu, nics, nic_gbit)
+    if source.startswith(_IB_DEFAULTS):
+        fabric = replace(fabric, network_factor=NCCL_IB_DEFAULTS_SHARE)
     got = collective(kind, size, nodes * per_node, fabric, per_node=per_node, algorithm=algo)
     error = got.bus_bandwidth / _G / busbw - 1
     if off is None:
@@ -234,14 +255,31 @@ def test_the_grid_of_published_rows() -> None:
     missing ones were looked for)."""
     rows = [(kind, nodes, off) for kind, nodes, per_node, *_, off in PUBLISHED if per_node == 8]
     within = {(kind, nodes) for kind, nodes, off in rows if off is None}
-    named = {(kind, nodes) for kind, nodes, off in rows}
-    assert {("all_reduce", 1), ("all_reduce", 2), ("all_reduce", 8), ("all_reduce", 32),
-            ("all_gather", 1), ("all_gather", 2), ("all_gather", 8), ("all_gather", 32),
-            ("reduce_scatter", 1), ("reduce_scatter", 2),
-            ("reduce_scatter", 8)} <= within  # fmt: skip
-    # reduce-scatter on 32 nodes: issue #1229's row (+17%) and the second B200 cluster's
-    # (+18%), each gap named; no row within 15% was found (docs/planner.md says where)
-    assert ("reduce_scatter", 32) in named
+    grid = {(kind, nodes) for kind in ("all_reduce", "all_gather", "reduce_scatter")
+            for nodes in (1, 2, 8, 32)}  # fmt: skip
+    assert grid <= within
+    # issue #1229's 32-node H100 reduce-scatter stays outside, its gap named (its NCCL
+    # settings and message size are not given)
+    assert any(kind == "reduce_scatter" and nodes == 32 and off for kind, nodes, off in rows)
+
+
+def test_nccls_default_ib_settings_cost_a_fifth() -> None:
+    """NCCL_IB_DEFAULTS_SHARE is the first B200 cluster's same-day A/B (2026-07-11, 4 nodes,
+    the same eight rails, ring at 8 GiB): 307.3 GB/s of all-reduce without the vendor IB
+    settings, 384.0 with them (reduce-scatter 306.3 and 384.1, all-gather 308.7 and 376.2).
+    The model with them and without them gives each within 2%; the second cluster's rows
+    (PUBLISHED, _IB_DEFAULTS) are the check the share did not come from."""
+    assert round(307.3 / 384.0, 2) == NCCL_IB_DEFAULTS_SHARE == round(306.3 / 384.1, 2)
+    tuned = _fabric("b200", 8, 400)
+    untuned = replace(tuned, network_factor=NCCL_IB_DEFAULTS_SHARE)
+    for kind, without, with_ in (
+        ("all_reduce", 307.3, 384.0),
+        ("reduce_scatter", 306.3, 384.1),
+        ("all_gather", 308.7, 376.2),
+    ):
+        for fabric, busbw in ((untuned, without), (tuned, with_)):
+            got = collective(kind, 8 * _GIB, 32, fabric, per_node=8, algorithm="ring")
+            assert got.bus_bandwidth / _G == pytest.approx(busbw, rel=0.02), (kind, busbw)
 
 
 def test_nccl_runs_a_nics_channels_at_its_graph_search_rate() -> None:

@@ -286,3 +286,41 @@ def test_the_docs_example_prints_what_docs_planner_md_says(tmp_path: Path) -> No
     assert note.note() == said
     docs = (Path(__file__).parents[2] / "docs" / "planner.md").read_text()
     assert " ".join(said.split()) in " ".join(docs.replace("`", "").split())
+
+
+def test_nccls_default_ib_settings_plan_the_network_at_their_measured_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan(nccl_ib_defaults=True)` / `--nccl-ib-defaults`: jobs that leave NCCL's IB
+    settings at their defaults plan every collective across nodes at
+    NCCL_IB_DEFAULTS_SHARE of NCCL's channel rates, said on the plan; one node has no
+    network to scale; with an nccl-tests file (which measured whatever settings it ran) or
+    a value that is not a bool it is refused, naming the field."""
+    from workbench.planner.collectives import IB_DEFAULTS_NOTE, NCCL_IB_DEFAULTS_SHARE
+
+    kw = dict(model="llama-3-8b", gpu="h100", nodes=4, seq_len=4096, global_batch=256,
+              pin={"engine": "full_shard", "tp": 1, "pp": 1, "micro_batch": 2,
+                   "checkpointing": "full"})  # fmt: skip
+    before = plan(**kw)
+    after = plan(**kw, nccl_ib_defaults=True)
+    assert before.cluster.network_factor == 1.0 and "Network:" not in before.text()
+    assert after.cluster.network_factor == NCCL_IB_DEFAULTS_SHARE
+    assert f"Network: {IB_DEFAULTS_NOTE}" in after.text()
+    assert after.to_dict()["cluster"]["network_source"] == IB_DEFAULTS_NOTE
+    # FSDP's gathers over 4 nodes: NVLink (370.8) caps the tuned 8 x 48; untuned 0.8 x 384
+    assert after.best.time.data_parallel > before.best.time.data_parallel
+    one = plan(**{**kw, "nodes": 1}, nccl_ib_defaults=True)
+    assert one.cluster.network_factor == 1.0 and "Network:" not in one.text()
+    with pytest.raises(ValueError, match=r"^nccl_ib_defaults='yes': must be True or False$"):
+        plan(**kw, nccl_ib_defaults="yes")
+    model = _model_busbw("all_reduce", 8 * _GIB, 2)
+    run = _write(tmp_path, nccl_tests_output("all_reduce", 2, 8, {8 * _GIB: 0.75 * model}))
+    with pytest.raises(ValueError, match=r"^nccl_ib_defaults=True: give it or nccl_tests= "):
+        plan(**kw, nccl_ib_defaults=True, nccl_tests=str(run))
+
+    base = ["plan", "--model", "llama-3-8b", "--nodes", "2", "--seq-len", "2048"]
+    assert main([*base, "--nccl-ib-defaults"]) == 0
+    assert f"Network: {IB_DEFAULTS_NOTE}" in capsys.readouterr().out
+    assert main([*base, "--nccl-ib-defaults", "--nccl-tests", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "error: --nccl-ib-defaults: give it or --nccl-tests (your nccl-tests" in err

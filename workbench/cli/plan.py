@@ -74,6 +74,12 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         "all_reduce_perf, all_gather_perf or reduce_scatter_perf over 2+ nodes (repeatable)",
     )
     run.add_argument(
+        "--nccl-ib-defaults",
+        action="store_true",
+        help="your jobs run NCCL's default InfiniBand settings (no NCCL_IB_QPS_PER_CONNECTION=2, "
+        "NCCL_IB_AR_THRESHOLD=0): the network at 0.80 of NCCL's rates, as measured without them",
+    )
+    run.add_argument(
         "--pin",
         metavar="K=V,...",
         help="plan only this layout: tp, pp, cp (context parallel), dp, engine, micro_batch, "
@@ -222,7 +228,12 @@ _MODEL_FLAGS = {
     **{name: "--" + name.replace("_", "-") for name in _SHAPE},
 }
 #: plan()'s switches as this command's flags (`float8=True` is `--float8`)
-_SWITCHES = {"compile": "--compile", "float8": "--float8", "hsdp": "--hsdp"}
+_SWITCHES = {
+    "compile": "--compile",
+    "float8": "--float8",
+    "hsdp": "--hsdp",
+    "nccl_ib_defaults": "--nccl-ib-defaults",
+}
 
 
 def _as_flag(message: str, args: argparse.Namespace | None = None) -> str:
@@ -343,6 +354,8 @@ def run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             kw["calibrate"] = args.calibrate
     if args.nccl_tests is not None:
         kw["nccl_tests"] = args.nccl_tests
+    if args.nccl_ib_defaults:
+        kw["nccl_ib_defaults"] = True
     if args.pin is not None:
         kw["pin"] = args.pin
     if args.seq_len is not None:

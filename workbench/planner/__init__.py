@@ -39,6 +39,7 @@ from workbench.inputs import is_int, plain_number, shown
 from workbench.planner.checks import GlobalTokensError
 from workbench.planner.checks import checked_numbers as _checked_numbers
 from workbench.planner.checks import counts as _counts
+from workbench.planner.collectives import IB_DEFAULTS_NOTE, NCCL_IB_DEFAULTS_SHARE
 from workbench.planner.efficiency import resolve as _efficiency_of
 from workbench.planner.hardware import Cluster, cluster
 from workbench.planner.keywords import (
@@ -125,6 +126,7 @@ def plan(
     mfu: float | None = None,
     calibrate: Any = None,
     nccl_tests: Any = None,
+    nccl_ib_defaults: bool = False,
     pin: dict[str, Any] | str | None = None,
     **shape: Any,
 ) -> PlanResult:
@@ -145,7 +147,10 @@ def plan(
     it, `calibrate` measures it from a step of this model on your GPU (a Session, an
     observer, their step records or a run's log.jsonl), else the median of published runs
     on the GPU. `nccl_tests` (a path, or a list of them) scales the network to what your
-    cluster's nccl-tests measured (`workbench.planner.nccl_tests`). `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
+    cluster's nccl-tests measured (`workbench.planner.nccl_tests`); `nccl_ib_defaults=True`
+    says your jobs run NCCL's default InfiniBand settings (no NCCL_IB_QPS_PER_CONNECTION=2,
+    NCCL_IB_AR_THRESHOLD=0, ...): the network at `collectives.NCCL_IB_DEFAULTS_SHARE` of
+    NCCL's channel rates, as measured without them. `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
     pp, cp, dp, engine, micro_batch, checkpointing), e.g. {"tp": 8, "pp": 16, "dp": 8}.
     Context parallelism (cp: each sequence split over cp GPUs, torch's ring attention as
     torchtitan runs it) is searched from `space.CP_MIN_SEQ` tokens and planned wherever
@@ -200,11 +205,20 @@ def plan(
         intra_node_gbps=intra_node_gbps,
         inter_node_gbps=inter_node_gbps,
     )
+    if not isinstance(nccl_ib_defaults, bool):
+        raise ValueError(f"nccl_ib_defaults={shown(nccl_ib_defaults)}: must be True or False")
+    if nccl_ib_defaults and nccl_tests is not None:
+        raise ValueError(
+            "nccl_ib_defaults=True: give it or nccl_tests= (your nccl-tests measured the "
+            "network with whatever NCCL settings they ran), not both"
+        )
     if nccl_tests is not None:  # your fabric as it measured, on the plan and its label
         from workbench.planner.nccl_tests import calibrate_network
 
         network = calibrate_network(nccl_tests, hw)
         hw = replace(hw, network_factor=network.factor, network_source=network.note())
+    elif nccl_ib_defaults and hw.nodes > 1:
+        hw = replace(hw, network_factor=NCCL_IB_DEFAULTS_SHARE, network_source=IB_DEFAULTS_NOTE)
     G = hw.gpus
     if G > MAX_GPUS:
         raise ValueError(

@@ -56,7 +56,8 @@ Not modelled: SHARP in the network (CollNet, and the NVLS+CollNet all-reduce it 
 small-message protocols (LL, LL128), congestion of a shared fabric. A fabric that carries
 less than NCCL's channel rates is measured instead: `Fabric.network_factor` scales the
 network (every channel's rate, and so the NIC share of NVLS-Tree and the tree's ceiling),
-from the user's own nccl-tests run (`workbench.planner.nccl_tests`).
+from the user's own nccl-tests run (`workbench.planner.nccl_tests`), or, for jobs that run
+NCCL's default InfiniBand settings, `NCCL_IB_DEFAULTS_SHARE`.
 """
 
 from __future__ import annotations
@@ -88,6 +89,23 @@ NVLS_EFFICIENCY = 0.85
 NVLS_NVLINK_US = 25.0
 NVLS_TREE_NET_US = 20.9
 NVLS_TREE_MAX_2_NODES, NVLS_TREE_MAX_MORE = 57.7, 45.5
+#: the share of NCCL's channel rates a ring carries across nodes with NCCL's default
+#: InfiniBand settings (one queue pair a connection, adaptive routing above NCCL's default
+#: threshold) where the vendor settings NCCL's rates assume (NCCL_IB_QPS_PER_CONNECTION=2,
+#: NCCL_IB_AR_THRESHOLD=0, NCCL_IB_SPLIT_DATA_ON_QPS=0, NCCL_IB_PCI_RELAXED_ORDERING=1,
+#: NCCL_IGNORE_CPU_AFFINITY=1) are left out: one B200 cluster's same-day A/B over the same
+#: eight 400 Gb/s rails of 4 nodes, ring at 8 GiB, 307.3 GB/s of all-reduce without them
+#: and 384.0 with them (306.3 and 384.1 of reduce-scatter, 308.7 and 376.2 of all-gather;
+#: togethercomputer/together-nccl-tests, `baselines/flapping-airplanes/
+#: 2026-07-11_nccl_collective_scaling_report.md`)
+NCCL_IB_DEFAULTS_SHARE = 0.80
+#: the plan's `Network:` line for it
+IB_DEFAULTS_NOTE = (
+    f"network at x{NCCL_IB_DEFAULTS_SHARE:.2f} of NCCL's channel rates: NCCL's default "
+    "InfiniBand settings (without NCCL_IB_QPS_PER_CONNECTION=2 and NCCL_IB_AR_THRESHOLD=0 a "
+    "B200 cluster's rings carried 0.80 of what they carried with them); your own nccl-tests "
+    "measure your fabric (--nccl-tests)"
+)
 #: the per-channel rates (GB/s) NCCL's graph search tries on Hopper (`src/graph/search.cc`
 #: `sm90SpeedArrayIntra`, `sm90SpeedArrayInter`): inside one node, and with a network
 SM90_SPEEDS_INTRA = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)

@@ -4,9 +4,9 @@ Pick a model preset, the GPU, GPUs per node and nodes, the sequence length and t
 global batch, and pin what you must (the engines, one precision, the attention kernel, no
 offload, a LoRA rank, a memory headroom); give the compute's MFU (blank: published runs on
 the GPU) and your cluster's nccl-tests output (a file path, blank: NCCL's own model of the
-network, `workbench.planner.nccl_tests`) where you have them, press **plan**: the panel ranks every setup the
-workbench trains there
-(pure math, well under a second) and shows the top plans (peak per GPU, step time,
+network, `workbench.planner.nccl_tests`) where you have them, or tick NCCL's default IB
+settings where your jobs leave NCCL's InfiniBand settings untuned, press **plan**: the panel
+ranks every setup the workbench trains there (pure math, well under a second) and shows the top plans (peak per GPU, step time,
 tokens/s, MFU), why the first beats the next, and the fastest plan per memory budget.
 A bad value shows its message (the field, the value, what is allowed) in the status
 line and the last ranking stays.
@@ -83,6 +83,9 @@ class PlannerPanel(PanelBase):
         self.nccl_tests = widgets.Text(
             "", placeholder="blank: NCCL's model", description="nccl-tests file", style=style
         )
+        self.nccl_ib_defaults = widgets.Checkbox(
+            False, description="NCCL's default IB settings (untuned)", indent=False
+        )
         self.button = widgets.Button(description="plan", button_style="primary")
         self.button.on_click(lambda _: self.plan())
         self.status = widgets.HTML(status_html("info", "Rank every setup that fits: press plan."))
@@ -95,7 +98,9 @@ class PlannerPanel(PanelBase):
         pins = [self.engines, self.precision, self.attention, self.optimizer, self.offload]
         inputs = widgets.HBox(
             [
-                widgets.VBox([*setup, self.global_batch, self.mfu, self.nccl_tests]),
+                widgets.VBox(
+                    [*setup, self.global_batch, self.mfu, self.nccl_tests, self.nccl_ib_defaults]
+                ),
                 widgets.VBox([*pins, self.lora_rank, self.headroom]),
             ]
         )
@@ -125,6 +130,7 @@ class PlannerPanel(PanelBase):
                 headroom=float(self.headroom.value),
                 mfu=mfu,
                 nccl_tests=nccl_tests,
+                nccl_ib_defaults=bool(self.nccl_ib_defaults.value),
             )
         except ValueError as exc:
             self.status.value = status_html("error", str(exc))
