@@ -293,8 +293,8 @@ def test_nccls_default_ib_settings_plan_the_network_at_their_measured_share(
 ) -> None:
     """`plan(nccl_ib_defaults=True)` / `--nccl-ib-defaults`: jobs that leave NCCL's IB
     settings at their defaults plan every collective across nodes at
-    NCCL_IB_DEFAULTS_SHARE of NCCL's channel rates, said on the plan; one node has no
-    network to scale; with an nccl-tests file (which measured whatever settings it ran) or
+    NCCL_IB_DEFAULTS_SHARE of NCCL's channel rates, said on the plan, and a pipeline's sends
+    at their rate (the share was measured on collectives); one node has no network to scale; with an nccl-tests file (which measured whatever settings it ran) or
     a value that is not a bool it is refused, naming the field."""
     from workbench.planner.collectives import IB_DEFAULTS_NOTE, NCCL_IB_DEFAULTS_SHARE
 
@@ -309,6 +309,8 @@ def test_nccls_default_ib_settings_plan_the_network_at_their_measured_share(
     assert after.to_dict()["cluster"]["network_source"] == IB_DEFAULTS_NOTE
     # FSDP's gathers over 4 nodes: NVLink (370.8) caps the tuned 8 x 48; untuned 0.8 x 384
     assert after.best.time.data_parallel > before.best.time.data_parallel
+    # measured on collectives only: a pipeline's sends between nodes keep their rate
+    assert after.cluster.link(16) == before.cluster.link(16) == 50e9
     one = plan(**{**kw, "nodes": 1}, nccl_ib_defaults=True)
     assert one.cluster.network_factor == 1.0 and "Network:" not in one.text()
     with pytest.raises(ValueError, match=r"^nccl_ib_defaults='yes': must be True or False$"):

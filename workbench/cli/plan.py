@@ -77,7 +77,8 @@ def add_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace]
         "--nccl-ib-defaults",
         action="store_true",
         help="your jobs run NCCL's default InfiniBand settings (no NCCL_IB_QPS_PER_CONNECTION=2, "
-        "NCCL_IB_AR_THRESHOLD=0): the network at 0.80 of NCCL's rates, as measured without them",
+        "NCCL_IB_AR_THRESHOLD=0): collectives across nodes at 0.80 of NCCL's rates, as one "
+        "cluster's rings measured without them",
     )
     run.add_argument(
         "--pin",

@@ -149,8 +149,9 @@ def plan(
     on the GPU. `nccl_tests` (a path, or a list of them) scales the network to what your
     cluster's nccl-tests measured (`workbench.planner.nccl_tests`); `nccl_ib_defaults=True`
     says your jobs run NCCL's default InfiniBand settings (no NCCL_IB_QPS_PER_CONNECTION=2,
-    NCCL_IB_AR_THRESHOLD=0, ...): the network at `collectives.NCCL_IB_DEFAULTS_SHARE` of
-    NCCL's channel rates, as measured without them. `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
+    NCCL_IB_AR_THRESHOLD=0, ...): collectives across nodes at
+    `collectives.NCCL_IB_DEFAULTS_SHARE` of NCCL's channel rates, as one cluster's rings
+    measured without them (pipeline sends keep their rate). `pin` plans only the pinned layout (`workbench.planner.pins.PINNABLE`: tp,
     pp, cp, dp, engine, micro_batch, checkpointing), e.g. {"tp": 8, "pp": 16, "dp": 8}.
     Context parallelism (cp: each sequence split over cp GPUs, torch's ring attention as
     torchtitan runs it) is searched from `space.CP_MIN_SEQ` tokens and planned wherever
@@ -218,7 +219,12 @@ def plan(
         network = calibrate_network(nccl_tests, hw)
         hw = replace(hw, network_factor=network.factor, network_source=network.note())
     elif nccl_ib_defaults and hw.nodes > 1:
-        hw = replace(hw, network_factor=NCCL_IB_DEFAULTS_SHARE, network_source=IB_DEFAULTS_NOTE)
+        hw = replace(
+            hw,
+            network_factor=NCCL_IB_DEFAULTS_SHARE,
+            network_source=IB_DEFAULTS_NOTE,
+            sends_at_share=False,
+        )
     G = hw.gpus
     if G > MAX_GPUS:
         raise ValueError(

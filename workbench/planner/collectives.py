@@ -89,22 +89,23 @@ NVLS_EFFICIENCY = 0.85
 NVLS_NVLINK_US = 25.0
 NVLS_TREE_NET_US = 20.9
 NVLS_TREE_MAX_2_NODES, NVLS_TREE_MAX_MORE = 57.7, 45.5
-#: the share of NCCL's channel rates a ring carries across nodes with NCCL's default
-#: InfiniBand settings (one queue pair a connection, adaptive routing above NCCL's default
-#: threshold) where the vendor settings NCCL's rates assume (NCCL_IB_QPS_PER_CONNECTION=2,
-#: NCCL_IB_AR_THRESHOLD=0, NCCL_IB_SPLIT_DATA_ON_QPS=0, NCCL_IB_PCI_RELAXED_ORDERING=1,
-#: NCCL_IGNORE_CPU_AFFINITY=1) are left out: one B200 cluster's same-day A/B over the same
-#: eight 400 Gb/s rails of 4 nodes, ring at 8 GiB, 307.3 GB/s of all-reduce without them
-#: and 384.0 with them (306.3 and 384.1 of reduce-scatter, 308.7 and 376.2 of all-gather;
-#: togethercomputer/together-nccl-tests, `baselines/flapping-airplanes/
-#: 2026-07-11_nccl_collective_scaling_report.md`)
+#: the share of NCCL's channel rates a collective carries across nodes with NCCL's default
+#: InfiniBand settings, where the settings one B200 cluster's runs list as its "vendor NCCL
+#: tuning" (NCCL_IB_QPS_PER_CONNECTION=2, NCCL_IB_AR_THRESHOLD=0,
+#: NCCL_IB_SPLIT_DATA_ON_QPS=0, NCCL_IB_PCI_RELAXED_ORDERING=1, NCCL_IGNORE_CPU_AFFINITY=1)
+#: are left out: that cluster's same-day A/B over the same eight 400 Gb/s rails of 4 nodes
+#: at 8 GiB, forced ring (NCCL_ALGO=Ring), 307.3 GB/s of all-reduce without them and 384.0
+#: with them (reduce-scatter 306.3 and 384.1, all-gather 308.7 and 376.2; NCCL's NVLS
+#: all-reduce 301.8 and 350.8); togethercomputer/together-nccl-tests,
+#: `baselines/flapping-airplanes/2026-07-11_nccl_collective_scaling_report.md`. One
+#: cluster's figure, on B200 nodes with NDR rails: docs/planner.md says what it holds.
 NCCL_IB_DEFAULTS_SHARE = 0.80
 #: the plan's `Network:` line for it
 IB_DEFAULTS_NOTE = (
-    f"network at x{NCCL_IB_DEFAULTS_SHARE:.2f} of NCCL's channel rates: NCCL's default "
-    "InfiniBand settings (without NCCL_IB_QPS_PER_CONNECTION=2 and NCCL_IB_AR_THRESHOLD=0 a "
-    "B200 cluster's rings carried 0.80 of what they carried with them); your own nccl-tests "
-    "measure your fabric (--nccl-tests)"
+    f"network at x{NCCL_IB_DEFAULTS_SHARE:.2f} of NCCL's channel rates for collectives: "
+    "NCCL's default InfiniBand settings (without NCCL_IB_QPS_PER_CONNECTION=2, "
+    "NCCL_IB_AR_THRESHOLD=0 and three more, one B200 cluster's rings carried 0.80 of what "
+    "they carried with them); your own nccl-tests measure your fabric (--nccl-tests)"
 )
 #: the per-channel rates (GB/s) NCCL's graph search tries on Hopper (`src/graph/search.cc`
 #: `sm90SpeedArrayIntra`, `sm90SpeedArrayInter`): inside one node, and with a network

@@ -172,6 +172,10 @@ class Cluster:
     network_factor: float = 1.0
     #: where that share comes from (empty: NCCL's model; `planner.nccl_tests`' note)
     network_source: str = ""
+    #: whether a pipeline's sends between nodes run at that share too (a measured network
+    #: carries them as it carried its collectives; NCCL's default IB settings were
+    #: measured on collectives only)
+    sends_at_share: bool = True
 
     @property
     def gpus(self) -> int:
@@ -202,7 +206,7 @@ class Cluster:
         if span <= self.gpus_per_node or self.nodes == 1:
             return self.intra_node
         assert self.inter_node is not None
-        return self.inter_node * self.network_factor
+        return self.inter_node * (self.network_factor if self.sends_at_share else 1.0)
 
 
 def cluster(
