@@ -60,8 +60,12 @@ lab: install
 kernel: install
 	$(PY) -m ipykernel install --user --name workbench --display-name "workbench (.venv)"
 
+# Two pytest workers, each test file on one of them (its module fixtures stay whole); the
+# temporary folders under a short per-user base (it is emptied at the start of a run).
+TEST_WORKERS ?= 2
+TEST_TMP ?= /tmp/workbench-tests-$(shell id -u)
 test: install browser-deps
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --basetemp=$(TEST_TMP) tests
 
 test-fast: install
 	$(PY) -m pytest -q tests/unit

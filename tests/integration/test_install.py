@@ -204,12 +204,12 @@ def test_installed_export_copies_the_shipped_job_scripts(installed: Installed) -
 def test_the_test_extra_installs_its_packages(installed: Installed) -> None:
     out = installed.python(
         "import importlib.metadata as m\n"
-        "for name in ('tensorboard', 'pytest', 'hypothesis', 'nbclient', 'ipykernel',\n"
-        "             'playwright', 'transformers', 'lightning', 'build'):\n"
+        "for name in ('tensorboard', 'pytest', 'pytest-xdist', 'hypothesis', 'nbclient',\n"
+        "             'ipykernel', 'playwright', 'transformers', 'lightning', 'build'):\n"
         "    print(name, m.version(name))\n"
-        "import tensorboard, pytest, transformers, lightning\n"
+        "import tensorboard, pytest, xdist, transformers, lightning\n"
     )
-    assert len(out.splitlines()) == 9
+    assert len(out.splitlines()) == 10
 
 
 def test_environment_yml_makes_the_environment_make_install_makes() -> None:
