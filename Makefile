@@ -61,9 +61,10 @@ kernel: install
 	$(PY) -m ipykernel install --user --name workbench --display-name "workbench (.venv)"
 
 # Two pytest workers, each test file on one of them (its module fixtures stay whole); the
-# temporary folders under a short per-user base (it is emptied at the start of a run).
+# temporary folders under a short per-user base (emptied at the start of a run): messages
+# show a path whole up to 80 characters, and the tests read their paths back from them.
 TEST_WORKERS ?= 2
-TEST_TMP ?= /tmp/workbench-tests-$(shell id -u)
+TEST_TMP ?= /tmp/wb$(shell id -u)
 test: install browser-deps
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --basetemp=$(TEST_TMP) tests
 
