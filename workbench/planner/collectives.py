@@ -104,8 +104,9 @@ NCCL_IB_DEFAULTS_SHARE = 0.80
 IB_DEFAULTS_NOTE = (
     f"network at x{NCCL_IB_DEFAULTS_SHARE:.2f} of NCCL's channel rates for collectives: "
     "NCCL's default InfiniBand settings (without NCCL_IB_QPS_PER_CONNECTION=2, "
-    "NCCL_IB_AR_THRESHOLD=0 and three more, one B200 cluster's rings carried 0.80 of what "
-    "they carried with them); your own nccl-tests measure your fabric (--nccl-tests)"
+    f"NCCL_IB_AR_THRESHOLD=0 and three more, one B200 cluster's rings carried "
+    f"{NCCL_IB_DEFAULTS_SHARE:.2f} of what they carried with them); your own nccl-tests "
+    "measure your fabric (--nccl-tests)"
 )
 #: the per-channel rates (GB/s) NCCL's graph search tries on Hopper (`src/graph/search.cc`
 #: `sm90SpeedArrayIntra`, `sm90SpeedArrayInter`): inside one node, and with a network
